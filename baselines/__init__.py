@@ -1,0 +1,6 @@
+"""The systems Adaptra is compared with: 1F1B and ZeroBubble's handcrafted schedules."""
+
+from baselines.one_f_one_b import one_f_one_b
+from baselines.zero_bubble import zb_h1, zb_h2
+
+__all__ = ["one_f_one_b", "zb_h1", "zb_h2"]

@@ -1,0 +1,1 @@
+"""The user-facing layer: CLI, experiments, results and reports."""

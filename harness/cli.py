@@ -1,0 +1,250 @@
+"""The `adaptra-bench` command line: thin click commands over library calls."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from harness.experiment import default_experiment, new_run_id, run_experiment
+from harness.policies import POLICIES, PlannedSchedule, plan
+from harness.runner import BACKENDS, run_configuration
+from pipeline.errors import AdaptraBenchError, ConfigError
+from pipeline.gantt import plot_gantt
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.simulator import CommMode, simulate
+from pipeline.trace import write_chrome_trace
+
+__all__ = ["main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _load_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
+
+
+def _resolve(
+    profile_path: str | None, policy: str | None, schedule_path: str | None
+) -> tuple[Profile, PlannedSchedule]:
+    """The profile and the schedule a command works on, from --profile and --policy/--schedule."""
+    if (policy is None) == (schedule_path is None):
+        raise ConfigError("give exactly one of --policy and --schedule")
+    schedule_data = _load_json(schedule_path, "schedule") if schedule_path else None
+    if profile_path is not None:
+        profile = Profile.from_file(profile_path)
+    elif isinstance(schedule_data, dict) and isinstance(schedule_data.get("profile"), dict):
+        profile = Profile.from_dict(schedule_data["profile"])
+    else:
+        raise ConfigError("--profile is required (the schedule file has no 'profile' key)")
+    if policy is not None:
+        return profile, plan(policy, profile)
+    schedule = Schedule.from_dict(schedule_data or {})
+    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
+
+
+def _schedule_options(func: F) -> F:
+    func = click.option(
+        "--schedule",
+        "schedule_path",
+        type=click.Path(dir_okay=False),
+        help="JSON object with a 'stages' key: simulate exactly that order.",
+    )(func)
+    func = click.option(
+        "--policy",
+        "--system",
+        "policy",
+        type=click.Choice(list(POLICIES)),
+        help="Policy that orders the ops.",
+    )(func)
+    func = click.option(
+        "--profile",
+        "profile_path",
+        type=click.Path(dir_okay=False),
+        help="Profile JSON file (DESIGN.md).",
+    )(func)
+    return func
+
+
+def _emit_json(data: dict[str, Any]) -> None:
+    click.echo(json.dumps(data, indent=1))
+
+
+@click.group()
+@click.version_option(package_name="adaptra-bench")
+def cli() -> None:
+    """Fault-injection benchmarking of pipeline-parallel training schedules."""
+
+
+@cli.command()
+@_schedule_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "torch-csv"]), default="text")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+def schedule(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    fmt: str,
+    plot: str | None,
+) -> None:
+    """Produce a schedule and time it in `ideal` mode under the profile's delays."""
+    profile, planned = _resolve(profile_path, policy, schedule_path)
+    timeline = simulate(planned.schedule, profile, CommMode.IDEAL, validate=False)
+    metrics = compute_metrics(timeline)
+    if plot:
+        plot_gantt(timeline, plot, title=f"{planned.policy}: {metrics.iteration_time_ms:g} ms")
+    if fmt == "torch-csv":
+        from pipeline.torch_csv import to_torch_csv
+
+        click.echo(to_torch_csv(planned.schedule), nl=False)
+    elif fmt == "json":
+        _emit_json(
+            {
+                "policy": planned.policy,
+                "method": planned.method,
+                "warmup": list(planned.schedule.warmup_counts()),
+                "stages": planned.schedule.to_text(),
+                "iteration_time_ms": metrics.iteration_time_ms,
+                "generation_ms": planned.generation_ms,
+            }
+        )
+    else:
+        click.echo(
+            f"policy {planned.policy} ({planned.method}), warm-up "
+            f"{list(planned.schedule.warmup_counts())}, ideal iteration time "
+            f"{metrics.iteration_time_ms:g} ms"
+        )
+        click.echo(planned.schedule.render())
+
+
+@cli.command()
+@_schedule_options
+@click.option("--comm", type=click.Choice([m.value for m in CommMode]), default="ideal")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+def simulate_cmd(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    comm: str,
+    fmt: str,
+    trace: str | None,
+    plot: str | None,
+) -> None:
+    """Simulate one iteration of a schedule and print its metrics."""
+    profile, planned = _resolve(profile_path, policy, schedule_path)
+    timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False)
+    metrics = compute_metrics(timeline)
+    if trace:
+        write_chrome_trace(timeline, trace)
+    if plot:
+        plot_gantt(timeline, plot, title=f"{planned.policy}, {comm}")
+    if fmt == "json":
+        _emit_json({"policy": planned.policy, "comm": comm, **metrics.to_dict()})
+        return
+    click.echo(
+        f"{planned.policy}, {comm}: iteration {metrics.iteration_time_ms:g} ms, max "
+        f"stage span {metrics.max_stage_span_ms:g} ms, bubble ratio "
+        f"{metrics.bubble_ratio:.3f}"
+    )
+    click.echo(f"{'stage':>5} {'busy ms':>10} {'idle ms':>10} {'peak mem':>9}")
+    for idx, stage in enumerate(metrics.stages):
+        click.echo(
+            f"{idx:>5} {stage.busy_ms:>10.3f} {stage.idle_ms:>10.3f} {stage.peak_memory:>9g}"
+        )
+
+
+simulate_cmd.name = "simulate"
+
+
+@cli.command()
+@_schedule_options
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
+@click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
+@click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
+@click.option(
+    "--warmup-iterations",
+    type=click.IntRange(min=0),
+    default=1,
+    help="Iterations run first and not reported.",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="results",
+    help="Where the default experiment writes its run directory.",
+)
+@click.option("--run-id", help="Resume (or name) a default-experiment run directory.")
+def run(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    backend: str,
+    comm: str,
+    iterations: int,
+    warmup_iterations: int,
+    fmt: str,
+    out: str,
+    run_id: str | None,
+) -> None:
+    """Run one configuration, or with no --profile/--policy/--schedule the default experiment."""
+    if profile_path is None and policy is None and schedule_path is None:
+        spec = default_experiment()
+        run_dir = Path(out) / (run_id or new_run_id(spec.name))
+        run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
+        click.echo(f"results written to {run_dir}")
+        return
+    profile, planned = _resolve(profile_path, policy, schedule_path)
+    result = run_configuration(
+        planned.schedule,
+        profile,
+        backend=backend,
+        comm=comm,
+        num_iterations=iterations,
+        num_warmup_iterations=warmup_iterations,
+    )
+    if fmt == "json":
+        _emit_json(
+            {
+                "backend": backend,
+                "policy": planned.policy,
+                "comm": comm,
+                "iteration_times_ms": list(result.iteration_times_ms),
+                "median_iteration_ms": result.median_iteration_ms,
+                "step_times_ms": list(result.step_times_ms),
+            }
+        )
+        return
+    click.echo(
+        f"{planned.policy} over {comm} ({backend}): median iteration "
+        f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: the tool's own errors become one line on stderr and exit status 1."""
+    try:
+        cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as err:
+        err.show()
+        sys.exit(err.exit_code)
+    except AdaptraBenchError as err:
+        click.echo(f"error: {err}", err=True)
+        sys.exit(1)

@@ -1,0 +1,239 @@
+"""Experiments: a spec of policies x comm modes x delay scenarios, run into a results dir.
+
+`default_experiment()` is what `adaptra-bench run` does with no arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.plots import plot_iteration_time_vs_delay
+from harness.policies import POLICIES, plan, system_name
+from harness.results import (
+    ITERATIONS_COLUMNS,
+    RESULTS_SCHEMA_VERSION,
+    RUNS_COLUMNS,
+    git_revision,
+    read_csv_rows,
+    write_atomic,
+    write_csv_atomic,
+    write_json_atomic,
+)
+from harness.runner import BACKENDS, run_configuration
+from pipeline.errors import ConfigError
+from pipeline.gantt import plot_gantt
+from pipeline.profile import Profile, link_name
+from pipeline.simulator import CommMode
+
+__all__ = ["ExperimentSpec", "default_experiment", "run_experiment"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ExperimentSpec:
+    """Every combination of policy, comm and delay is one configuration, run `num_repeats` x."""
+
+    name: str
+    model: str
+    """Name of the profile (the model it describes), as written in the results."""
+    profile: Profile
+    policies: tuple[str, ...]
+    comms: tuple[str, ...] = ("direct",)
+    links: tuple[int, ...] = (0,)
+    """PP links that receive the injected delay (by index: 0 is link 0-1)."""
+    delays_ms: tuple[float, ...] = (0.0,)
+    num_iterations: int = 5
+    num_warmup_iterations: int = 1
+    num_repeats: int = 1
+    seed: int = 0
+    backend: str = "sim"
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if not self.policies or unknown:
+            raise ConfigError(
+                f"unknown policy {unknown[0] if unknown else '(none)'}; "
+                f"valid: {', '.join(POLICIES)}"
+            )
+        for comm in self.comms:
+            if comm not in ("direct", "delegated"):
+                raise ConfigError(f"unknown comm {comm!r}; valid: direct, delegated")
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        num_links = self.profile.num_stages - 1
+        for link_idx in self.links:
+            if not 0 <= link_idx < num_links:
+                raise ConfigError(
+                    f"link {link_idx} is out of range: {self.profile.num_stages} stages have "
+                    f"links 0..{num_links - 1}"
+                )
+        for delay in self.delays_ms:
+            if not delay >= 0:
+                raise ConfigError(f"delays must be >= 0 ms, got {delay}")
+        if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
+            raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["profile"] = self.profile.to_dict()
+        return data
+
+
+def default_experiment() -> ExperimentSpec:
+    """1F1B, ZB-H1 and ZB-H2 on the paper's Fig. 4 pipeline, a slow first link, in sim."""
+    return ExperimentSpec(
+        name="default",
+        model="fig4-uniform-10ms",
+        profile=Profile.uniform(4, 12, t_f_ms=10, t_b_ms=10, t_w_ms=10),
+        policies=("1f1b", "zb-h1", "zb-h2"),
+        comms=("direct",),
+        links=(0,),
+        delays_ms=(0.0, 10.0, 20.0, 40.0),
+    )
+
+
+def _scenario(links: tuple[int, ...], delay_ms: float) -> tuple[str, str]:
+    names = ",".join(link_name(i) for i in links)
+    return (f"{names}@{delay_ms:g}ms" if delay_ms else "fault-free"), names
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_experiment(
+    spec: ExperimentSpec,
+    run_dir: Path,
+    progress: Callable[[str], None] = logger.info,
+) -> Path:
+    """Run every configuration not already in `run_dir` (resume), writing files atomically."""
+    run_id = run_dir.name
+    spec_path = run_dir / "spec.json"
+    spec_record = {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "run_id": run_id,
+        "git_revision": git_revision(),
+        "spec": spec.to_dict(),
+    }
+    if spec_path.exists():
+        previous = json.loads(spec_path.read_text()).get("spec")
+        if previous != spec_record["spec"]:
+            raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
+    write_json_atomic(spec_path, spec_record)
+    runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
+    iterations: list[dict[str, Any]] = read_csv_rows(run_dir / "iterations.csv")
+    done = {(r["policy"], r["comm"], r["scenario"], r["repeat"]) for r in runs}
+    configs = [
+        (policy, comm, delay, repeat)
+        for policy in spec.policies
+        for comm in spec.comms
+        for delay in spec.delays_ms
+        for repeat in range(spec.num_repeats)
+    ]
+    planned = {policy: plan(policy, spec.profile) for policy in spec.policies}
+    for count, (policy, comm, delay, repeat) in enumerate(configs, start=1):
+        scenario, links = _scenario(spec.links, delay)
+        if (policy, comm, scenario, str(repeat)) in done:
+            continue
+        delays = [delay if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
+        result = run_configuration(
+            planned[policy].schedule,
+            spec.profile.with_delays(delays),
+            backend=spec.backend,
+            comm=comm,
+            num_iterations=spec.num_iterations,
+            num_warmup_iterations=spec.num_warmup_iterations,
+        )
+        system = system_name(policy, comm)
+        common = {
+            "run_id": run_id,
+            "backend": spec.backend,
+            "model": spec.model,
+            "policy": policy,
+            "comm": comm,
+            "system": system,
+            "scenario": scenario,
+            "repeat": repeat,
+        }
+        runs.append(
+            {
+                **common,
+                "links": links,
+                "delay_ms": delay,
+                "seed": spec.seed,
+                "iterations": len(result.iteration_times_ms),
+                "mean_iteration_ms": result.mean_iteration_ms,
+                "median_iteration_ms": result.median_iteration_ms,
+                "throughput_samples_per_s": spec.profile.num_microbatches
+                * 1000.0
+                / result.median_iteration_ms,
+                "bubble_ratio": sum(result.bubble_ratios) / len(result.bubble_ratios),
+                "schema_version": RESULTS_SCHEMA_VERSION,
+            }
+        )
+        for idx, (time_ms, step_ms, bubble) in enumerate(
+            zip(result.iteration_times_ms, result.step_times_ms, result.bubble_ratios, strict=True)
+        ):
+            iterations.append(
+                {
+                    **common,
+                    "iteration": idx,
+                    "iteration_time_ms": time_ms,
+                    "step_time_ms": step_ms,
+                    "bubble_ratio": bubble,
+                }
+            )
+        write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
+        write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
+        progress(
+            f"[{count}/{len(configs)}] {system} {scenario}: "
+            f"{result.median_iteration_ms:.1f} ms median"
+        )
+    _write_figures(spec, run_dir, runs)
+    return run_dir
+
+
+def _write_figures(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
+    plot_iteration_time_vs_delay(
+        run_dir / "runs.csv",
+        run_dir / "iteration_time_vs_delay.png",
+        title=f"{spec.model}: delay on link(s) {','.join(link_name(i) for i in spec.links)}",
+    )
+    worst = max(spec.delays_ms)
+    for policy in spec.policies:
+        delays = [worst if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
+        run = run_configuration(
+            plan(policy, spec.profile).schedule,
+            spec.profile.with_delays(delays),
+            backend="sim",
+            comm=CommMode(spec.comms[0]),
+            num_iterations=1,
+            num_warmup_iterations=0,
+        )
+        plot_gantt(
+            run.timeline,
+            run_dir / f"gantt_{policy}.png",
+            title=f"{policy}, {spec.comms[0]}, {worst:g} ms on link(s) {spec.links}",
+        )
+    lines = [
+        f"# {spec.name}: {spec.model}",
+        "",
+        f"Backend `{spec.backend}`, {spec.num_iterations} measured iterations per configuration.",
+        "",
+        "| system | scenario | median iteration (ms) | bubble ratio |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['system']} | {r['scenario']} | {float(r['median_iteration_ms']):.1f} | "
+        f"{float(r['bubble_ratio']):.3f} |"
+        for r in runs
+    ]
+    lines += ["", "![iteration time vs delay](iteration_time_vs_delay.png)", ""]
+    write_atomic(run_dir / "report.md", "\n".join(lines))

@@ -1,0 +1,61 @@
+"""One configuration (schedule x profile x comm x backend) run for K measured iterations."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+from pipeline.errors import ConfigError
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode, simulate_iterations
+from pipeline.timeline import Timeline
+
+__all__ = ["BACKENDS", "RunResult", "run_configuration"]
+
+BACKENDS = ("sim", "emulated", "megatron")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunResult:
+    """Measured iterations only: warm-up iterations are run but not reported."""
+
+    iteration_times_ms: tuple[float, ...]
+    step_times_ms: tuple[float, ...]
+    bubble_ratios: tuple[float, ...]
+    timeline: Timeline
+
+    @property
+    def median_iteration_ms(self) -> float:
+        return statistics.median(self.iteration_times_ms)
+
+    @property
+    def mean_iteration_ms(self) -> float:
+        return statistics.fmean(self.iteration_times_ms)
+
+
+def run_configuration(
+    schedule: Schedule,
+    profile: Profile,
+    *,
+    backend: str = "sim",
+    comm: CommMode | str = CommMode.DIRECT,
+    num_iterations: int = 5,
+    num_warmup_iterations: int = 1,
+) -> RunResult:
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if backend != "sim":
+        raise ConfigError(f"backend {backend!r} is not implemented yet; use --backend sim")
+    if num_iterations < 1 or num_warmup_iterations < 0:
+        raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
+    total = num_warmup_iterations + num_iterations
+    timeline = simulate_iterations(schedule, [profile] * total, CommMode(comm))
+    measured = [compute_metrics(timeline, i) for i in range(num_warmup_iterations, total)]
+    return RunResult(
+        iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
+        step_times_ms=tuple(m.step_time_ms for m in measured),
+        bubble_ratios=tuple(m.bubble_ratio for m in measured),
+        timeline=timeline,
+    )

@@ -1,0 +1,1 @@
+"""Fault injectors and the network testbed (to come)."""

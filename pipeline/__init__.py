@@ -1,0 +1,1 @@
+"""The shared core: ops, schedules, profiles, the simulator, timelines and metrics."""

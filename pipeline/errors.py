@@ -1,0 +1,31 @@
+"""The tool's exception hierarchy: one base class, specific subclasses a caller can catch."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AdaptraBenchError",
+    "ConfigError",
+    "DeadlockError",
+    "MemoryLimitError",
+    "ScheduleError",
+]
+
+
+class AdaptraBenchError(Exception):
+    """Base of every error the tool raises on purpose; the CLI prints it as one line."""
+
+
+class ConfigError(AdaptraBenchError, ValueError):
+    """A profile, spec or option is malformed or out of range."""
+
+
+class ScheduleError(AdaptraBenchError, ValueError):
+    """A schedule is not a valid order of ops for its profile."""
+
+
+class DeadlockError(ScheduleError):
+    """The ops cannot all run: some stage waits on an op that never ends."""
+
+
+class MemoryLimitError(ScheduleError):
+    """A schedule's activation-memory count exceeds the profile's `mem_limit`."""

@@ -1,0 +1,46 @@
+"""Pipeline ops (F, B, W, fused BW) and their text form ("F3", "B3", "W3", "BW3")."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import NamedTuple
+
+from pipeline.errors import ScheduleError
+
+__all__ = ["MEMORY_DELTA", "Op", "OpKind"]
+
+
+class OpKind(StrEnum):
+    """F: forward; B: backward-input; W: backward-weight; BW: B and W fused in one op."""
+
+    F = "F"
+    B = "B"
+    W = "W"
+    BW = "BW"
+
+
+# ZeroBubble's activation accounting, in microbatches: F holds one, B and W each free half.
+MEMORY_DELTA: dict[OpKind, float] = {OpKind.F: 1.0, OpKind.B: -0.5, OpKind.W: -0.5, OpKind.BW: -1.0}
+
+_OP_TEXT = re.compile(r"^(BW|F|B|W)(\d+)$")
+
+
+class Op(NamedTuple):
+    """One op of one stage: a kind and a microbatch index (from 0)."""
+
+    kind: OpKind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Op:
+        match = _OP_TEXT.match(text.strip()) if isinstance(text, str) else None
+        if match is None:
+            raise ScheduleError(
+                f"cannot read op {text!r}: expected a kind F, B, W or BW followed by a "
+                "microbatch index, e.g. 'F3' or 'BW0'"
+            )
+        return cls(OpKind(match.group(1)), int(match.group(2)))

@@ -1,0 +1,228 @@
+"""The profile: per-stage op times, per-link delays, message and transport parameters.
+
+It is the input of every engine; `Profile.from_dict` is the strict reader of the profile file
+described in DESIGN.md ("External contracts").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+__all__ = ["Profile", "link_name"]
+
+_REQUIRED_KEYS = ("stages", "microbatches", "t_f", "t_b", "t_w")
+_OPTIONAL_KEYS = (
+    "delay_ms",
+    "mem_limit",
+    "message_bytes",
+    "link_latency_ms",
+    "link_bandwidth_gbps",
+    "num_delegates",
+    "copy_gbps",
+)
+
+
+def link_name(link_idx: int) -> str:
+    """PP link i joins stage i and i+1 and is written "i-(i+1)"."""
+    return f"{link_idx}-{link_idx + 1}"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_time(name: str, value: object) -> float:
+    if not _is_number(value):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < 0:
+        raise ConfigError(f"{name} must be finite and >= 0, got {value!r}")
+    return number
+
+
+def _check_rate(name: str, value: object) -> float | None:
+    """Bandwidths and memory limits: None means unlimited, otherwise finite and > 0."""
+    if value is None:
+        return None
+    number = _check_time(name, value)
+    if number == 0:
+        raise ConfigError(f"{name} must be > 0 (or null for unlimited), got {value!r}")
+    return number
+
+
+def _per_stage(name: str, value: object, num_stages: int) -> tuple[float, ...]:
+    if _is_number(value):
+        return (_check_time(name, value),) * num_stages
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ConfigError(f"{name} must be a number or a list of {num_stages} numbers")
+    if len(value) != num_stages:
+        raise ConfigError(f"{name} has {len(value)} entries, expected one per stage ({num_stages})")
+    return tuple(_check_time(f"{name}[{i}]", v) for i, v in enumerate(value))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Profile:
+    """What an engine needs to time a schedule; validated at construction."""
+
+    num_stages: int
+    num_microbatches: int
+    t_f_ms: tuple[float, ...]
+    t_b_ms: tuple[float, ...]
+    t_w_ms: tuple[float, ...]
+    delay_ms: tuple[float, ...] = ()
+    """Extra delay per message on PP link i (both directions); missing entries are 0."""
+    mem_limit: float | None = None
+    """Bound on each stage's running activation count, in microbatches; None: unlimited."""
+    message_bytes: int = 0
+    link_latency_ms: float = 0.0
+    link_bandwidth_gbps: float | None = None
+    num_delegates: int | None = None
+    """Delegates per link direction in `delegated` mode; None: one per message."""
+    copy_gbps: float | None = None
+    """Device-host copy speed in `delegated` mode; None: copies are free."""
+
+    def __post_init__(self) -> None:
+        num_stages = _check_count("stages", self.num_stages, 1)
+        num_microbatches = _check_count("microbatches", self.num_microbatches, 1)
+        if num_microbatches < num_stages:
+            raise ConfigError(
+                f"microbatches ({num_microbatches}) must be >= stages ({num_stages}): "
+                "a pipeline needs at least one microbatch per stage"
+            )
+        for name in ("t_f_ms", "t_b_ms", "t_w_ms"):
+            object.__setattr__(self, name, _per_stage(name[:-3], getattr(self, name), num_stages))
+        delays = self.delay_ms
+        if _is_number(delays) or not isinstance(delays, Sequence) or isinstance(delays, str):
+            raise ConfigError(f"delay_ms must be a list of up to {num_stages - 1} numbers")
+        if len(delays) > num_stages - 1:
+            raise ConfigError(
+                f"delay_ms has {len(delays)} entries but {num_stages} stages have "
+                f"{num_stages - 1} links"
+            )
+        checked = [_check_time(f"delay_ms[{i}]", d) for i, d in enumerate(delays)]
+        object.__setattr__(
+            self, "delay_ms", tuple(checked) + (0.0,) * (num_stages - 1 - len(checked))
+        )
+        object.__setattr__(self, "mem_limit", _check_rate("mem_limit", self.mem_limit))
+        _check_count("message_bytes", self.message_bytes, 0)
+        object.__setattr__(
+            self, "link_latency_ms", _check_time("link_latency_ms", self.link_latency_ms)
+        )
+        object.__setattr__(
+            self,
+            "link_bandwidth_gbps",
+            _check_rate("link_bandwidth_gbps", self.link_bandwidth_gbps),
+        )
+        if self.num_delegates is not None:
+            _check_count("num_delegates", self.num_delegates, 1)
+        object.__setattr__(self, "copy_gbps", _check_rate("copy_gbps", self.copy_gbps))
+
+    @classmethod
+    def uniform(
+        cls,
+        num_stages: int,
+        num_microbatches: int,
+        t_f_ms: float,
+        t_b_ms: float,
+        t_w_ms: float,
+        **options: Any,
+    ) -> Profile:
+        """The same op times on every stage."""
+        return cls(
+            num_stages=num_stages,
+            num_microbatches=num_microbatches,
+            t_f_ms=(float(t_f_ms),) * num_stages,
+            t_b_ms=(float(t_b_ms),) * num_stages,
+            t_w_ms=(float(t_w_ms),) * num_stages,
+            **options,
+        )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Profile:
+        """Read the profile-file form (DESIGN.md); unknown or missing keys are errors."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("a profile must be a JSON object")
+        unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))
+        if unknown:
+            valid = ", ".join(_REQUIRED_KEYS + _OPTIONAL_KEYS)
+            raise ConfigError(f"unknown profile key(s) {', '.join(unknown)}; valid keys: {valid}")
+        missing = [key for key in _REQUIRED_KEYS if key not in data]
+        if missing:
+            raise ConfigError(f"profile is missing required key(s): {', '.join(missing)}")
+        optional = {key: data[key] for key in _OPTIONAL_KEYS if data.get(key) is not None}
+        if "delay_ms" in optional:
+            delays = optional["delay_ms"]
+            optional["delay_ms"] = tuple(delays) if isinstance(delays, list) else delays
+        return cls(
+            num_stages=data["stages"],
+            num_microbatches=data["microbatches"],
+            t_f_ms=data["t_f"],
+            t_b_ms=data["t_b"],
+            t_w_ms=data["t_w"],
+            **optional,
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Profile:
+        try:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ConfigError(f"cannot read profile {path}: {err.strerror}") from err
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"profile {path} is not valid JSON: {err}") from err
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"profile {path}: {err}") from err
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stages": self.num_stages,
+            "microbatches": self.num_microbatches,
+            "t_f": list(self.t_f_ms),
+            "t_b": list(self.t_b_ms),
+            "t_w": list(self.t_w_ms),
+            "delay_ms": list(self.delay_ms),
+            "mem_limit": self.mem_limit,
+            "message_bytes": self.message_bytes,
+            "link_latency_ms": self.link_latency_ms,
+            "link_bandwidth_gbps": self.link_bandwidth_gbps,
+            "num_delegates": self.num_delegates,
+            "copy_gbps": self.copy_gbps,
+        }
+
+    def with_delays(self, delay_ms: Sequence[float]) -> Profile:
+        return dataclasses.replace(self, delay_ms=tuple(delay_ms))
+
+    def wire_ms(self) -> float:
+        """Latency plus serialisation time of one message, before any injected delay."""
+        if self.link_bandwidth_gbps is None:
+            return self.link_latency_ms
+        return self.link_latency_ms + self.message_bytes * 8 / (self.link_bandwidth_gbps * 1e6)
+
+    def transfer_ms(self, link_idx: int) -> float:
+        """Time one message spends on PP link `link_idx`: injected delay + latency + bytes/bw."""
+        return self.delay_ms[link_idx] + self.wire_ms()
+
+    def copy_ms(self) -> float:
+        """One device-host copy of a message in `delegated` mode."""
+        if self.copy_gbps is None:
+            return 0.0
+        return self.message_bytes * 8 / (self.copy_gbps * 1e6)

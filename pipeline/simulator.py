@@ -1,0 +1,163 @@
+"""An exact, event-driven simulator of one schedule under a profile.
+
+With a fixed op order per stage every op starts at max(stage free, inputs arrived), so ops are
+evaluated in dependency order as their inputs become known: no time step, no rounding, and
+O(number of ops). The three communication modes are those of DESIGN.md.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pipeline.ops import Op, OpKind
+from pipeline.profile import Profile, link_name
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
+
+__all__ = ["CommMode", "simulate", "simulate_iterations"]
+
+
+class CommMode(StrEnum):
+    IDEAL = "ideal"
+    """A message arrives transfer time after its op ends; sending costs the stage nothing."""
+    DIRECT = "direct"
+    """The send runs on the stage after its op: head-of-line blocking until it completes."""
+    DELEGATED = "delegated"
+    """Copies to and from host on the stage; delegates per link direction carry messages."""
+
+
+def _durations(profile: Profile) -> dict[OpKind, tuple[float, ...]]:
+    fused = tuple(b + w for b, w in zip(profile.t_b_ms, profile.t_w_ms, strict=True))
+    return {
+        OpKind.F: profile.t_f_ms,
+        OpKind.B: profile.t_b_ms,
+        OpKind.W: profile.t_w_ms,
+        OpKind.BW: fused,
+    }
+
+
+def simulate(
+    schedule: Schedule,
+    profile: Profile,
+    comm: CommMode = CommMode.IDEAL,
+    *,
+    iteration: int = 0,
+    start_ms: float = 0.0,
+    validate: bool = True,
+) -> Timeline:
+    """Time every op and message of one iteration starting at `start_ms`."""
+    num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
+    if validate:
+        validate_schedule(schedule, num_stages, num_microbatches)
+    comm = CommMode(comm)
+    durations = _durations(profile)
+    transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
+    copy_ms = profile.copy_ms() if comm is CommMode.DELEGATED else 0.0
+    num_delegates = profile.num_delegates if comm is CommMode.DELEGATED else None
+    # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
+    delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
+    num_sent = [[0, 0] for _ in transfer]
+    links = [link_name(i) for i in range(num_stages - 1)]
+    last = num_stages - 1
+    # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
+    fwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
+    bwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
+    for m in range(num_microbatches):
+        fwd_arrival[0][m] = start_ms
+    free_at = [start_ms] * num_stages
+    position = [0] * num_stages
+    op_records: list[OpRecord] = []
+    messages: list[MessageRecord] = []
+    pending = list(range(num_stages - 1, -1, -1))
+    while pending:
+        stage_idx = pending.pop()
+        ops = schedule.stages[stage_idx]
+        free = free_at[stage_idx]
+        pos = position[stage_idx]
+        notify = []
+        while pos < len(ops):
+            op: Op = ops[pos]
+            kind, m = op
+            remote = True
+            if kind is OpKind.F:
+                ready = fwd_arrival[stage_idx][m]
+                remote = stage_idx > 0
+            elif kind is OpKind.W:
+                ready = free
+                remote = False
+            elif stage_idx == last:
+                ready = free  # its own F already ran earlier in this stage's order
+                remote = False
+            else:
+                ready = bwd_arrival[stage_idx][m]
+            if ready is None:
+                break
+            start = max(free, ready)
+            if remote and copy_ms:
+                start += copy_ms  # host-to-device copy of the received message
+            end = start + durations[kind][stage_idx]
+            op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end))
+            free = end
+            pos += 1
+            if kind is OpKind.F and stage_idx < last:
+                link_idx, direction, dest, arrivals = stage_idx, 0, stage_idx + 1, fwd_arrival
+            elif (kind is OpKind.B or kind is OpKind.BW) and stage_idx > 0:
+                link_idx, direction, dest, arrivals = stage_idx - 1, 1, stage_idx - 1, bwd_arrival
+            else:
+                continue
+            if comm is CommMode.IDEAL:
+                send_end = end
+                arrival = end + transfer[link_idx]
+            elif comm is CommMode.DIRECT:
+                send_end = arrival = end + transfer[link_idx]
+            else:
+                send_end = end + copy_ms
+                seq = num_sent[link_idx][direction]
+                num_sent[link_idx][direction] = seq + 1
+                if num_delegates is None:
+                    arrival = send_end + transfer[link_idx]
+                else:
+                    slots = delegate_free[link_idx][direction]
+                    slot = seq % num_delegates
+                    arrival = max(send_end, slots[slot]) + transfer[link_idx]
+                    slots[slot] = arrival
+            free = send_end
+            arrivals[dest][m] = arrival
+            messages.append(
+                MessageRecord(
+                    iteration,
+                    links[link_idx],
+                    "backward" if direction else "forward",
+                    m,
+                    profile.message_bytes,
+                    end,
+                    send_end,
+                    arrival,
+                )
+            )
+            notify.append(dest)
+        free_at[stage_idx] = free
+        position[stage_idx] = pos
+        pending.extend(notify)
+    end_ms = max((r.end_ms for r in op_records), default=start_ms)
+    return Timeline(
+        num_stages=num_stages,
+        ops=tuple(op_records),
+        messages=tuple(messages),
+        iterations=(IterationRecord(iteration, start_ms, end_ms),),
+    )
+
+
+def simulate_iterations(
+    schedule: Schedule, profiles: list[Profile], comm: CommMode = CommMode.IDEAL
+) -> Timeline:
+    """Simulate one iteration per profile (e.g. per-iteration delays), back to back."""
+    parts = []
+    start_ms = 0.0
+    for iteration, profile in enumerate(profiles):
+        part = simulate(
+            schedule, profile, comm, iteration=iteration, start_ms=start_ms, validate=iteration == 0
+        )
+        parts.append(part)
+        start_ms = part.iterations[0].end_ms
+    return Timeline.concat(parts)
