@@ -124,12 +124,17 @@ def run_experiment(
     }
     if spec_path.exists():
         previous = json.loads(spec_path.read_text()).get("spec")
-        if previous != spec_record["spec"]:
+        if previous != json.loads(json.dumps(spec_record["spec"])):
             raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
     write_json_atomic(spec_path, spec_record)
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
-    iterations: list[dict[str, Any]] = read_csv_rows(run_dir / "iterations.csv")
     done = {(r["policy"], r["comm"], r["scenario"], r["repeat"]) for r in runs}
+    # runs.csv is written after iterations.csv: rows of a configuration it lacks are stale.
+    iterations: list[dict[str, Any]] = [
+        r
+        for r in read_csv_rows(run_dir / "iterations.csv")
+        if (r["policy"], r["comm"], r["scenario"], r["repeat"]) in done
+    ]
     configs = [
         (policy, comm, delay, repeat)
         for policy in spec.policies

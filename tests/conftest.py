@@ -1,0 +1,27 @@
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# Two noisy CI cores make hypothesis deadlines flaky: none anywhere, fewer examples in CI.
+settings.register_profile(
+    "ci", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", deadline=None, max_examples=100)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+@pytest.fixture(scope="session")
+def fig4_fixture() -> dict[str, Any]:
+    """The paper's Fig. 4 schedule (a copy of ../shared/fixtures/fig4_zb_order.json)."""
+    return json.loads((ASSETS / "fig4_zb_order.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def fig4_path() -> Path:
+    return ASSETS / "fig4_zb_order.json"

@@ -1,0 +1,195 @@
+"""The machine-readable CLI of DESIGN.md, run as a user runs it: in a subprocess."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIG4_PROFILE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def write_profile(tmp_path: Path, **changes) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**FIG4_PROFILE, **changes}))
+    return path
+
+
+def test_schedule_json_contract(tmp_path: Path) -> None:
+    out = cli(
+        "schedule",
+        "--profile",
+        str(write_profile(tmp_path)),
+        "--policy",
+        "zb-h2",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) == {
+        "policy",
+        "method",
+        "warmup",
+        "stages",
+        "iteration_time_ms",
+        "generation_ms",
+    }
+    assert data["policy"] == "zb-h2"
+    assert data["warmup"] == [7, 5, 3, 1]
+    assert data["iteration_time_ms"] == 390.0
+    assert len(data["stages"]) == 4 and len(data["stages"][0]) == 36
+    assert 0 <= data["generation_ms"] < 1000
+
+
+def test_system_is_an_alias_and_delays_count(tmp_path: Path) -> None:
+    out = cli(
+        "schedule",
+        "--profile",
+        str(write_profile(tmp_path, delay_ms=[20])),
+        "--system",
+        "1f1b",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["warmup"] == [4, 3, 2, 1]
+    assert data["iteration_time_ms"] > 450.0  # the fault-free (N+S-1)(tF+tB+tW)
+    simulated = cli(
+        "simulate",
+        "--profile",
+        str(write_profile(tmp_path, delay_ms=[20])),
+        "--policy",
+        "1f1b",
+        "--comm",
+        "ideal",
+        "--format",
+        "json",
+    )
+    assert json.loads(simulated.stdout)["iteration_time_ms"] == data["iteration_time_ms"]
+
+
+@pytest.mark.parametrize(
+    ("c0", "expected"), [(None, 390), (10, 400), (20, 440), (30, 500), (40, 560)]
+)
+def test_simulate_the_fig4_fixture(tmp_path: Path, fig4_path: Path, c0, expected) -> None:
+    args = ["simulate", "--schedule", str(fig4_path), "--comm", "ideal", "--format", "json"]
+    if c0 is not None:  # without --profile, the fixture's own profile (no delay) is used
+        args += ["--profile", str(write_profile(tmp_path, delay_ms=[c0]))]
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["iteration_time_ms"] == expected
+    assert len(data["stages"]) == 4
+    assert set(data["stages"][0]) == {"busy_ms", "idle_ms", "peak_memory"}
+
+
+def test_simulate_writes_trace_and_plot(tmp_path: Path, fig4_path: Path) -> None:
+    trace, plot = tmp_path / "t.json", tmp_path / "g.png"
+    out = cli(
+        "simulate",
+        "--schedule",
+        str(fig4_path),
+        "--comm",
+        "direct",
+        "--trace",
+        str(trace),
+        "--plot",
+        str(plot),
+    )
+    assert out.returncode == 0, out.stderr
+    assert "iteration 390 ms" in out.stdout
+    assert len(json.loads(trace.read_text())["traceEvents"]) > 144
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_run_sim_json_contract(tmp_path: Path) -> None:
+    out = cli(
+        "run",
+        "--backend",
+        "sim",
+        "--profile",
+        str(write_profile(tmp_path, delay_ms=[40])),
+        "--policy",
+        "zb-h2",
+        "--comm",
+        "direct",
+        "--iterations",
+        "3",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["iteration_times_ms"] == [1050.0] * 3
+    assert data["median_iteration_ms"] == 1050.0
+    assert data["step_times_ms"] == [0.0] * 3
+
+
+def test_torch_csv_format(tmp_path: Path) -> None:
+    out = cli(
+        "schedule",
+        "--profile",
+        str(write_profile(tmp_path)),
+        "--policy",
+        "zb-h1",
+        "--format",
+        "torch-csv",
+    )
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.strip().splitlines()
+    assert len(rows) == 4
+    # ZB-H1's stage 0 runs its W right after its B; I is torch's name for backward-input.
+    assert rows[0].split(",")[:7] == ["0F0", "0F1", "0F2", "0F3", "0I0", "0W0", "0F4"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["schedule", "--profile", "{p}", "--policy", "1f1b", "--schedule", "{p}"],
+            "give exactly one of --policy and --schedule",
+        ),
+        (["schedule", "--profile", "{missing}", "--policy", "1f1b"], "cannot read profile"),
+        (["schedule", "--profile", "{bad}", "--policy", "1f1b"], "t_f has 2 entries"),
+        (["simulate", "--profile", "{p}", "--schedule", "{broken}"], "deadlock: stage 0"),
+        (
+            ["run", "--backend", "emulated", "--profile", "{p}", "--policy", "1f1b"],
+            "not implemented yet",
+        ),
+        (["schedule", "--profile", "{tight}", "--policy", "zb-h2"], "mem_limit is 3"),
+    ],
+)
+def test_errors_are_one_line_and_non_zero(
+    tmp_path: Path, fig4_fixture: dict, args: list[str], message: str
+) -> None:
+    paths = {
+        "p": write_profile(tmp_path),
+        "missing": tmp_path / "missing.json",
+        "bad": tmp_path / "bad.json",
+        "broken": tmp_path / "broken.json",
+        "tight": tmp_path / "tight.json",
+    }
+    paths["bad"].write_text(json.dumps({**FIG4_PROFILE, "t_f": [1, 2]}))
+    paths["tight"].write_text(json.dumps({**FIG4_PROFILE, "mem_limit": 3}))
+    # Stage 0 waits for BW0's gradient before sending F1, which stage 1 needs first.
+    stage_0 = ["F0", "BW0"] + [f"F{m}" for m in range(1, 12)] + [f"BW{m}" for m in range(1, 12)]
+    paths["broken"].write_text(json.dumps({"stages": [stage_0, *fig4_fixture["stages"][1:]]}))
+    out = cli(*[a.format(**{k: str(v) for k, v in paths.items()}) for a in args])
+    assert out.returncode == 1
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,99 @@
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.experiment import ExperimentSpec, default_experiment, run_experiment
+from harness.results import RUNS_COLUMNS
+from pipeline.errors import ConfigError
+from pipeline.profile import Profile
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_default_run_end_to_end(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = tmp_path.iterdir()
+    assert f"results written to {run_dir}" in out.stdout
+    assert "[12/12]" in out.stderr  # progress
+    runs = _rows(run_dir / "runs.csv")
+    assert tuple(runs[0]) == RUNS_COLUMNS
+    assert len(runs) == 3 * 4
+    by_key = {(r["system"], float(r["delay_ms"])): float(r["median_iteration_ms"]) for r in runs}
+    assert by_key[("1f1b", 0.0)] == 450.0 and by_key[("zb-h2", 0.0)] == 390.0
+    assert by_key[("zb-h2", 40.0)] == 1050.0  # 40 ms on link 0-1, head-of-line blocking
+    assert len(_rows(run_dir / "iterations.csv")) == 12 * 5
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert spec["spec"]["seed"] == 0 and spec["git_revision"]
+    for png in ["iteration_time_vs_delay.png", "gantt_1f1b.png", "gantt_zb-h2.png"]:
+        assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| zb-h2 | 0-1@40ms | 1050.0 |" in (run_dir / "report.md").read_text()
+
+
+def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
+    spec = ExperimentSpec(
+        name="t",
+        model="m",
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        policies=("1f1b", "zb-h1"),
+        delays_ms=(0.0, 5.0),
+        num_iterations=2,
+    )
+    run_dir = run_experiment(spec, tmp_path / "run")
+    complete = _rows(run_dir / "runs.csv")
+    # Simulate an interruption after the first configuration: keep its row only.
+    with (run_dir / "runs.csv").open() as handle:
+        lines = handle.readlines()
+    (run_dir / "runs.csv").write_text("".join(lines[:2]))
+    seen: list[str] = []
+    run_experiment(spec, run_dir, progress=seen.append)
+    assert len(seen) == 3  # only the three missing configurations ran again
+
+    def key(row: dict[str, str]) -> tuple[str, ...]:
+        return tuple(row.values())
+
+    assert sorted(_rows(run_dir / "runs.csv"), key=key) == sorted(complete, key=key)
+    assert len(_rows(run_dir / "iterations.csv")) == 4 * 2
+    assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
+    spec = default_experiment()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "spec.json").write_text(json.dumps({"spec": {"name": "other"}}))
+    with pytest.raises(ConfigError, match="holds a different experiment"):
+        run_experiment(spec, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"policies": ("nope",)}, "unknown policy nope"),
+        ({"links": (3,)}, "link 3 is out of range"),
+        ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
+        ({"comms": ("ideal",)}, "unknown comm"),
+        ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
+    ],
+)
+def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
+    base = {
+        "name": "t",
+        "model": "m",
+        "profile": Profile.uniform(3, 3, 1, 1, 1),
+        "policies": ("1f1b",),
+    }
+    with pytest.raises(ConfigError, match=message):
+        ExperimentSpec(**{**base, **change})

@@ -1,0 +1,84 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.profile import Profile
+
+BASE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
+
+
+def test_scalars_expand_and_missing_delays_are_zero() -> None:
+    profile = Profile.from_dict({**BASE, "delay_ms": [20]})
+    assert profile.t_f_ms == (10.0,) * 4
+    assert profile.delay_ms == (20.0, 0.0, 0.0)
+    assert profile.mem_limit is None
+    assert profile.transfer_ms(0) == 20.0
+    assert profile.copy_ms() == 0.0
+
+
+def test_transfer_adds_latency_and_serialisation() -> None:
+    profile = Profile.from_dict(
+        {
+            **BASE,
+            "delay_ms": [5, 0, 0],
+            "message_bytes": 1_000_000,
+            "link_latency_ms": 0.5,
+            "link_bandwidth_gbps": 8,
+            "copy_gbps": 16,
+        }
+    )
+    # 1 MB at 8 Gbit/s is 1 ms on the wire; at 16 Gbit/s 0.5 ms per copy.
+    assert profile.transfer_ms(0) == pytest.approx(6.5)
+    assert profile.transfer_ms(1) == pytest.approx(1.5)
+    assert profile.copy_ms() == pytest.approx(0.5)
+
+
+def test_dict_round_trip() -> None:
+    profile = Profile.from_dict({**BASE, "t_b": [1, 2, 3, 4], "mem_limit": 7, "num_delegates": 2})
+    assert Profile.from_dict(profile.to_dict()) == profile
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"colour": 1}, "unknown profile key"),
+        ({"t_f": None}, "missing required key"),
+        ({"microbatches": 3}, "must be >= stages"),
+        ({"stages": 0}, "stages must be >= 1"),
+        ({"stages": 2.5}, "stages must be an integer"),
+        ({"stages": True}, "stages must be an integer"),
+        ({"t_f": [1, 2, 3]}, "t_f has 3 entries"),
+        ({"t_b": -1}, "t_b must be finite and >= 0"),
+        ({"t_w": math.inf}, "t_w must be finite"),
+        ({"t_w": math.nan}, "t_w must be finite"),
+        ({"t_f": "10"}, "t_f must be a number"),
+        ({"delay_ms": [1, 2, 3, 4]}, "delay_ms has 4 entries"),
+        ({"delay_ms": [1, -2]}, r"delay_ms\[1\] must be finite and >= 0"),
+        ({"delay_ms": 5}, "delay_ms must be a list"),
+        ({"mem_limit": 0}, "mem_limit must be > 0"),
+        ({"num_delegates": 0}, "num_delegates must be >= 1"),
+        ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and >= 0"),
+        ({"message_bytes": -5}, "message_bytes must be >= 0"),
+    ],
+)
+def test_bad_profiles_are_clear_errors(change: dict, message: str) -> None:
+    data = {**BASE, **change}
+    data = {k: v for k, v in data.items() if not (k == "t_f" and v is None)}
+    with pytest.raises(ConfigError, match=message):
+        Profile.from_dict(data)
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read profile"):
+        Profile.from_file(tmp_path / "absent.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
+        Profile.from_file(broken)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**BASE, "microbatches": 2}))
+    with pytest.raises(ConfigError, match=r"bad.json: microbatches \(2\) must be >= stages"):
+        Profile.from_file(bad)

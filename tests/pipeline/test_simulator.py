@@ -1,0 +1,102 @@
+import itertools
+from collections import defaultdict
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from baselines import one_f_one_b, zb_h1, zb_h2
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode, simulate, simulate_iterations
+from tests.strategies import profiles
+
+BUILDERS = [one_f_one_b, zb_h1, zb_h2]
+
+
+@pytest.mark.parametrize("c0", [0, 10, 20, 30, 40])
+def test_fig5_replay_of_the_fig4_order(fig4_fixture: dict, c0: int) -> None:
+    schedule = Schedule.from_dict(fig4_fixture)
+    profile = Profile.from_dict({**fig4_fixture["profile"], "delay_ms": [c0]})
+    timeline = simulate(schedule, profile, CommMode.IDEAL)
+    expected = fig4_fixture["replay_ms_by_c0"][str(c0)]
+    assert compute_metrics(timeline).iteration_time_ms == expected
+
+
+def test_direct_mode_blocks_the_sender() -> None:
+    # F = 10, BW = 20, 5 ms per message. Ideal: stage 1 runs F0 15-25, BW0 25-45, F1 45-55,
+    # BW1 55-75; stage 0 gets BW1's gradient at 80 and ends at 100. Direct: every send also
+    # holds its stage for 5 ms, so stage 1 ends BW1 at 80, sends until 85, stage 0 ends at 105.
+    profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,))
+    schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
+    ideal = simulate(schedule, profile, CommMode.IDEAL)
+    direct = simulate(schedule, profile, CommMode.DIRECT)
+    # Ideal: stage 0 runs F1 right after F0 at 10; direct: only after its send ends at 15.
+    starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in direct.ops}
+    assert starts[(0, "F", 1)] == 15.0
+    assert {(r.stage, r.microbatch): r.start_ms for r in ideal.ops if r.kind == "F"}[(0, 1)] == 10
+    send = next(m for m in direct.messages if m.direction == "forward" and m.microbatch == 0)
+    assert (send.send_start_ms, send.send_end_ms, send.arrival_ms) == (10.0, 15.0, 15.0)
+    assert compute_metrics(direct).iteration_time_ms == 105.0
+    assert compute_metrics(ideal).iteration_time_ms == 100.0
+
+
+@given(profiles(), st.sampled_from(BUILDERS))
+def test_direct_is_never_faster_than_ideal(profile: Profile, build) -> None:
+    schedule = build(profile)
+    ideal = compute_metrics(simulate(schedule, profile, CommMode.IDEAL))
+    direct = compute_metrics(simulate(schedule, profile, CommMode.DIRECT))
+    assert direct.iteration_time_ms >= ideal.iteration_time_ms
+
+
+@given(profiles(), st.sampled_from(BUILDERS), st.integers(0, 3))
+def test_delegated_with_enough_delegates_and_free_copies_equals_ideal(
+    profile: Profile, build, extra: int
+) -> None:
+    schedule = build(profile)
+    enough = Profile.from_dict(
+        {**profile.to_dict(), "num_delegates": profile.num_microbatches + extra}
+    )
+    ideal = simulate(schedule, profile, CommMode.IDEAL)
+    delegated = simulate(schedule, enough, CommMode.DELEGATED)
+    assert sorted(delegated.ops) == sorted(ideal.ops)
+    assert sorted(m.arrival_ms for m in delegated.messages) == sorted(
+        m.arrival_ms for m in ideal.messages
+    )
+
+
+@given(profiles(), st.sampled_from(BUILDERS))
+def test_one_delegate_spaces_arrivals_by_the_link_delay(profile: Profile, build) -> None:
+    one = Profile.from_dict({**profile.to_dict(), "num_delegates": 1})
+    timeline = simulate(build(profile), one, CommMode.DELEGATED)
+    arrivals = defaultdict(list)
+    for message in timeline.messages:
+        arrivals[(message.link, message.direction)].append(message.arrival_ms)
+    for (link, _), times in arrivals.items():
+        delay = profile.delay_ms[int(link.split("-")[0])]
+        times.sort()
+        assert all(b - a >= delay - 1e-9 for a, b in itertools.pairwise(times))
+
+
+def test_delegated_copies_cost_the_stage() -> None:
+    profile = Profile.uniform(
+        2, 2, 10, 10, 10, message_bytes=1_000_000, copy_gbps=8.0, num_delegates=1
+    )
+    schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
+    timeline = simulate(schedule, profile, CommMode.DELEGATED)
+    starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in timeline.ops}
+    # 1 MB at 8 Gbit/s = 1 ms: stage 0 copies out after F0, stage 1 copies in before F0.
+    assert starts[(0, "F", 1)] == 11.0
+    assert starts[(1, "F", 0)] == 12.0
+
+
+def test_iterations_run_back_to_back() -> None:
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    schedule = one_f_one_b(profile)
+    timeline = simulate_iterations(schedule, [profile, profile.with_delays([10.0])])
+    first, second = (compute_metrics(timeline, i) for i in range(2))
+    assert first.iteration_time_ms == 90.0
+    # 1F1B's critical path crosses the slow link twice: F0 on its way down, BW1 on its way up.
+    assert second.iteration_time_ms == 90.0 + 2 * 10
+    assert timeline.iterations[1].start_ms == 90.0
