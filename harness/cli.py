@@ -19,6 +19,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import CommMode, simulate
+from pipeline.torch_csv import from_torch_csv, to_torch_csv
 from pipeline.trace import write_chrome_trace
 
 __all__ = ["main"]
@@ -26,13 +27,27 @@ __all__ = ["main"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _load_json(path: str, what: str) -> Any:
+def _read_text(path: str, what: str) -> str:
     try:
-        return json.loads(Path(path).read_text())
+        return Path(path).read_text()
     except OSError as err:
         raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+
+
+def _load_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(_read_text(path, what))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
+
+
+def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
+    """A schedule file (JSON with `stages`, or a torch CSV) and the profile it embeds, if any."""
+    if path.endswith(".csv"):
+        return from_torch_csv(_read_text(path, "schedule")), None
+    data = _load_json(path, "schedule")
+    embedded = data.get("profile") if isinstance(data, dict) else None
+    return Schedule.from_dict(data), embedded if isinstance(embedded, dict) else None
 
 
 def _resolve(
@@ -41,16 +56,15 @@ def _resolve(
     """The profile and the schedule a command works on, from --profile and --policy/--schedule."""
     if (policy is None) == (schedule_path is None):
         raise ConfigError("give exactly one of --policy and --schedule")
-    schedule_data = _load_json(schedule_path, "schedule") if schedule_path else None
+    schedule, embedded = _load_schedule(schedule_path) if schedule_path else (None, None)
     if profile_path is not None:
         profile = Profile.from_file(profile_path)
-    elif isinstance(schedule_data, dict) and isinstance(schedule_data.get("profile"), dict):
-        profile = Profile.from_dict(schedule_data["profile"])
+    elif embedded is not None:
+        profile = Profile.from_dict(embedded)
     else:
         raise ConfigError("--profile is required (the schedule file has no 'profile' key)")
-    if policy is not None:
-        return profile, plan(policy, profile)
-    schedule = Schedule.from_dict(schedule_data or {})
+    if schedule is None:
+        return profile, plan(str(policy), profile)
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
     return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
 
@@ -106,8 +120,6 @@ def schedule(
     if plot:
         plot_gantt(timeline, plot, title=f"{planned.policy}: {metrics.iteration_time_ms:g} ms")
     if fmt == "torch-csv":
-        from pipeline.torch_csv import to_torch_csv
-
         click.echo(to_torch_csv(planned.schedule), nl=False)
     elif fmt == "json":
         _emit_json(

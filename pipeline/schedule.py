@@ -76,73 +76,89 @@ class Schedule:
 
 
 def _check_coverage(stage_idx: int, ops: Sequence[Op], num_microbatches: int) -> None:
-    seen: set[Op] = set()
+    counts = {kind: [0] * num_microbatches for kind in OpKind}
     for op in ops:
         if not 0 <= op.microbatch < num_microbatches:
             raise ScheduleError(
                 f"stage {stage_idx}: op {op} has microbatch {op.microbatch} outside "
                 f"0..{num_microbatches - 1}"
             )
-        if op in seen:
+        per_microbatch = counts[op.kind]
+        if per_microbatch[op.microbatch]:
             raise ScheduleError(f"stage {stage_idx}: op {op} appears more than once")
-        seen.add(op)
+        per_microbatch[op.microbatch] = 1
+    f, b, w, bw = (counts[k] for k in (OpKind.F, OpKind.B, OpKind.W, OpKind.BW))
     for m in range(num_microbatches):
-        if Op(OpKind.F, m) not in seen:
+        if not f[m]:
             raise ScheduleError(f"stage {stage_idx}: op F{m} is missing")
-        has_b, has_w, has_bw = (Op(k, m) in seen for k in (OpKind.B, OpKind.W, OpKind.BW))
-        if has_bw and (has_b or has_w):
+        if bw[m] and (b[m] or w[m]):
             raise ScheduleError(
                 f"stage {stage_idx}: microbatch {m} has both BW{m} and a split B{m}/W{m}"
             )
-        if not has_bw and not (has_b and has_w):
-            missing = f"W{m}" if has_b else (f"B{m}" if has_w else f"B{m} and W{m} (or BW{m})")
+        if not bw[m] and not (b[m] and w[m]):
+            missing = f"W{m}" if b[m] else (f"B{m}" if w[m] else f"B{m} and W{m} (or BW{m})")
             raise ScheduleError(f"stage {stage_idx}: op {missing} is missing")
 
 
-def _waits_on(stage_idx: int, op: Op, num_stages: int, done: list[set[Op]]) -> str | None:
+def _waits_on(
+    stage_idx: int,
+    op: Op,
+    num_stages: int,
+    forward_done: list[list[bool]],
+    backward_done: list[list[bool]],
+) -> str | None:
     """What `op` on `stage_idx` still waits on, or None if it may run."""
     m = op.microbatch
     if op.kind is OpKind.F:
-        if stage_idx > 0 and Op(OpKind.F, m) not in done[stage_idx - 1]:
+        if stage_idx > 0 and not forward_done[stage_idx - 1][m]:
             return f"F{m} of stage {stage_idx - 1}"
         return None
     if op.kind is OpKind.W:
-        return None if Op(OpKind.B, m) in done[stage_idx] else f"B{m} of stage {stage_idx}"
-    if Op(OpKind.F, m) not in done[stage_idx]:
+        return None if backward_done[stage_idx][m] else f"B{m} of stage {stage_idx}"
+    if not forward_done[stage_idx][m]:
         return f"F{m} of stage {stage_idx}"
-    if stage_idx < num_stages - 1:
-        below = done[stage_idx + 1]
-        if Op(OpKind.B, m) not in below and Op(OpKind.BW, m) not in below:
-            return f"the backward of microbatch {m} on stage {stage_idx + 1}"
+    if stage_idx < num_stages - 1 and not backward_done[stage_idx + 1][m]:
+        return f"the backward of microbatch {m} on stage {stage_idx + 1}"
     return None
 
 
-def _check_dependencies(schedule: Schedule) -> None:
+def _check_dependencies(schedule: Schedule, num_microbatches: int) -> None:
     """Run the orders with no timing; a stage that can never advance is a deadlock."""
     num_stages = schedule.num_stages
-    done: list[set[Op]] = [set() for _ in range(num_stages)]
+    forward_done = [[False] * num_microbatches for _ in range(num_stages)]
+    backward_done = [[False] * num_microbatches for _ in range(num_stages)]  # B or BW
     position = [0] * num_stages
     pending = list(range(num_stages))
     while pending:
         stage_idx = pending.pop()
         ops = schedule.stages[stage_idx]
-        advanced = False
-        while position[stage_idx] < len(ops):
-            op = ops[position[stage_idx]]
-            if _waits_on(stage_idx, op, num_stages, done) is not None:
-                break
-            done[stage_idx].add(op)
-            position[stage_idx] += 1
-            advanced = True
-        if advanced:
+        start = pos = position[stage_idx]
+        own_forward, own_backward = forward_done[stage_idx], backward_done[stage_idx]
+        upstream = forward_done[stage_idx - 1] if stage_idx > 0 else None
+        downstream = backward_done[stage_idx + 1] if stage_idx < num_stages - 1 else None
+        while pos < len(ops):  # the fast path of _waits_on, inlined
+            kind, m = ops[pos]
+            if kind is OpKind.F:
+                if upstream is not None and not upstream[m]:
+                    break
+                own_forward[m] = True
+            elif kind is OpKind.W:
+                if not own_backward[m]:
+                    break
+            else:
+                if not own_forward[m] or (downstream is not None and not downstream[m]):
+                    break
+                own_backward[m] = True
+            pos += 1
+        position[stage_idx] = pos
+        if pos > start:
             pending.extend(n for n in (stage_idx - 1, stage_idx + 1) if 0 <= n < num_stages)
     blocked = []
     for stage_idx, ops in enumerate(schedule.stages):
         if position[stage_idx] < len(ops):
             op = ops[position[stage_idx]]
-            blocked.append(
-                f"stage {stage_idx} op {op} waits on {_waits_on(stage_idx, op, num_stages, done)}"
-            )
+            waits_on = _waits_on(stage_idx, op, num_stages, forward_done, backward_done)
+            blocked.append(f"stage {stage_idx} op {op} waits on {waits_on}")
     if blocked:
         raise DeadlockError("deadlock: " + "; ".join(blocked))
 
@@ -155,7 +171,7 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
         )
     for stage_idx, ops in enumerate(schedule.stages):
         _check_coverage(stage_idx, ops, num_microbatches)
-    _check_dependencies(schedule)
+    _check_dependencies(schedule, num_microbatches)
 
 
 def peak_memory(ops: Iterable[Op]) -> float:
