@@ -51,7 +51,10 @@ def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
 
 
 def _resolve(
-    profile_path: str | None, policy: str | None, schedule_path: str | None
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None = None,
 ) -> tuple[Profile, PlannedSchedule]:
     """The profile and the schedule a command works on, from --profile and --policy/--schedule."""
     if (policy is None) == (schedule_path is None):
@@ -64,7 +67,7 @@ def _resolve(
     else:
         raise ConfigError("--profile is required (the schedule file has no 'profile' key)")
     if schedule is None:
-        return profile, plan(str(policy), profile)
+        return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
     return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
 
@@ -74,7 +77,13 @@ def _schedule_options(func: F) -> F:
         "--schedule",
         "schedule_path",
         type=click.Path(dir_okay=False),
-        help="JSON object with a 'stages' key: simulate exactly that order.",
+        help="JSON object with a 'stages' key (or a torch CSV): run exactly that order.",
+    )(func)
+    func = click.option(
+        "--time-limit",
+        "time_limit_s",
+        type=float,
+        help="Seconds for the exact solver: `milp` (default 30), `adaptra` (default: none).",
     )(func)
     func = click.option(
         "--policy",
@@ -110,11 +119,12 @@ def schedule(
     profile_path: str | None,
     policy: str | None,
     schedule_path: str | None,
+    time_limit_s: float | None,
     fmt: str,
     plot: str | None,
 ) -> None:
     """Produce a schedule and time it in `ideal` mode under the profile's delays."""
-    profile, planned = _resolve(profile_path, policy, schedule_path)
+    profile, planned = _resolve(profile_path, policy, schedule_path, time_limit_s)
     timeline = simulate(planned.schedule, profile, CommMode.IDEAL, validate=False)
     metrics = compute_metrics(timeline)
     if plot:
@@ -151,13 +161,14 @@ def simulate_cmd(
     profile_path: str | None,
     policy: str | None,
     schedule_path: str | None,
+    time_limit_s: float | None,
     comm: str,
     fmt: str,
     trace: str | None,
     plot: str | None,
 ) -> None:
     """Simulate one iteration of a schedule and print its metrics."""
-    profile, planned = _resolve(profile_path, policy, schedule_path)
+    profile, planned = _resolve(profile_path, policy, schedule_path, time_limit_s)
     timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False)
     metrics = compute_metrics(timeline)
     if trace:
@@ -205,6 +216,7 @@ def run(
     profile_path: str | None,
     policy: str | None,
     schedule_path: str | None,
+    time_limit_s: float | None,
     backend: str,
     comm: str,
     iterations: int,
@@ -220,7 +232,7 @@ def run(
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
         return
-    profile, planned = _resolve(profile_path, policy, schedule_path)
+    profile, planned = _resolve(profile_path, policy, schedule_path, time_limit_s)
     result = run_configuration(
         planned.schedule,
         profile,

@@ -6,25 +6,16 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from baselines import one_f_one_b, zb_h1, zb_h2
+from adaptra.exact import solve_exact
+from adaptra.scheduler import plan_adaptra, plan_initial
+from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["POLICIES", "PlannedSchedule", "plan", "system_name"]
+__all__ = ["DEFAULT_MILP_TIME_LIMIT_S", "POLICIES", "PlannedSchedule", "plan", "system_name"]
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Policy:
-    build: Callable[[Profile], Schedule]
-    method: str
-
-
-POLICIES: dict[str, _Policy] = {
-    "1f1b": _Policy(one_f_one_b, "1f1b (megatron warm-up)"),
-    "zb-h1": _Policy(zb_h1, "zb-h1 (handcrafted)"),
-    "zb-h2": _Policy(zb_h2, "zb-h2 (handcrafted)"),
-}
+DEFAULT_MILP_TIME_LIMIT_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -35,15 +26,61 @@ class PlannedSchedule:
     generation_ms: float
 
 
-def plan(policy: str, profile: Profile) -> PlannedSchedule:
+Builder = Callable[[Profile, float | None], tuple[Schedule, str]]
+
+
+def _static(build: Callable[[Profile], Schedule], method: str) -> Builder:
+    return lambda profile, _time_limit_s: (build(profile), method)
+
+
+def _exact(
+    profile: Profile, time_limit_s: float | None, warm_start: Schedule, warm_method: str
+) -> tuple[Schedule, str]:
+    limit = DEFAULT_MILP_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    result = solve_exact(profile, time_limit_s=limit, warm_start=warm_start)
+    if result.optimal:
+        return result.schedule, "cp-sat optimal"
+    return result.schedule, (
+        f"cp-sat best found in {limit:g} s (bound {result.lower_bound_ms:g} ms), "
+        f"warm-started from {warm_method}"
+    )
+
+
+def _adaptra(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
+    """The heuristic; with a time limit, also the exact solver warm-started from it."""
+    planned = plan_adaptra(profile)
+    if time_limit_s is None:
+        return planned.schedule, planned.method
+    schedule, method = _exact(profile, time_limit_s, planned.schedule, planned.method)
+    return schedule, f"{planned.method}+{method}"
+
+
+def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
+    planned = plan_adaptra(profile)
+    return _exact(profile, time_limit_s, planned.schedule, planned.method)
+
+
+POLICIES: dict[str, Builder] = {
+    "1f1b": _static(one_f_one_b, "1f1b (megatron warm-up)"),
+    "zb-h1": _static(zb_h1, "zb-h1 (handcrafted)"),
+    "zb-h2": _static(zb_h2, "zb-h2 (handcrafted)"),
+    "zb": _static(zb_auto, "zb automatic heuristic, fault-free order"),
+    "adaptra-initial": _static(plan_initial, "alg1+generator"),
+    "adaptra": _adaptra,
+    "milp": _milp,
+}
+
+
+def plan(policy: str, profile: Profile, *, time_limit_s: float | None = None) -> PlannedSchedule:
     """Build the policy's schedule for the profile, timing everything the call does."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
-    entry = POLICIES[policy]
+    if time_limit_s is not None and time_limit_s <= 0:
+        raise ConfigError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
     start = time.perf_counter()
-    schedule = entry.build(profile)
+    schedule, method = POLICIES[policy](profile, time_limit_s)
     generation_ms = (time.perf_counter() - start) * 1000.0
-    return PlannedSchedule(policy, entry.method, schedule, generation_ms)
+    return PlannedSchedule(policy, method, schedule, generation_ms)
 
 
 def system_name(policy: str, comm: str) -> str:

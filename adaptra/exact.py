@@ -1,0 +1,371 @@
+"""The exact schedule solver: a CP-SAT model of the `ideal` problem (PAPER.md sections 2-3).
+
+It gives the project its honest optimality gap: every heuristic is measured against a
+schedule that CP-SAT proves optimal (or against the proven lower bound when time runs out).
+
+The model, per stage i and microbatch m, has fixed-size intervals F(i,m), B(i,m), W(i,m):
+- F(i+1,m) starts >= end F(i,m) + transfer(i); B(i,m) starts >= end B(i+1,m) + transfer(i)
+  for i < S-1 and >= end F(i,m) everywhere; W(i,m) starts >= end B(i,m);
+- one NoOverlap per stage (zero-size intervals count too: a sequence exists, see CP-SAT);
+- with `mem_limit`, a reservoir per stage in half-microbatch units (see `_add_memory`);
+- objective: the makespan, measured from t = 0 when stage 0 may start.
+Times are integers: every duration and transfer time is scaled by 1, 10, 100 or 1000.
+
+Symmetry breaking (per stage and kind, microbatch m runs before m+1) is sound because every
+constraint links two "families" (one kind on one stage, all ops of equal duration) by
+microbatch, as start X(m) >= end Y(m) + const. Relabelling each family by start rank keeps
+every such constraint: if a bijection satisfies x >= y + c, the sorted matching does too
+(the N-k+1 largest ends are matched to distinct starts >= y_(k) + c, so x_(k) >= y_(k) + c).
+NoOverlap, memory and makespan depend only on each family's multiset of intervals. So some
+optimal solution has ordered microbatches on every stage and kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Sequence
+
+from ortools.sat.python import cp_model
+
+from pipeline.errors import MemoryLimitError, ScheduleError
+from pipeline.metrics import compute_metrics
+from pipeline.ops import Op, OpKind
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, check_memory, validate_schedule
+from pipeline.simulator import CommMode, simulate
+
+__all__ = ["ExactResult", "solve_exact"]
+
+_SCALES = (1, 10, 100, 1000)
+_KINDS = (OpKind.F, OpKind.B, OpKind.W)
+_RANDOM_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExactResult:
+    """What the solver found and what it proved."""
+
+    schedule: Schedule
+    iteration_time_ms: float
+    """The schedule re-simulated in `ideal` mode under the real (unscaled) profile."""
+    lower_bound_ms: float
+    """Proven bound on the optimum (of the scaled model; see `exact_in_ms`)."""
+    optimal: bool
+    """CP-SAT proved the model's optimum (status OPTIMAL)."""
+    solve_ms: float
+    """In-process time of the whole call: scaling, model building, search, re-simulation."""
+    status: str
+    """CP-SAT's status name (OPTIMAL, FEASIBLE, UNKNOWN)."""
+    exact_in_ms: bool = True
+    """False when times had to be rounded to 1 us: bound and optimality refer to that model."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Scaled:
+    """The problem in integer time units (1/scale ms), as the model and hints see it."""
+
+    scale: int
+    exact: bool
+    durations: dict[OpKind, tuple[int, ...]]
+    transfer: tuple[int, ...]
+    profile: Profile
+    """A profile with these integer times, so that `simulate` times hints exactly."""
+
+
+def _choose_scale(values: Sequence[float]) -> tuple[int, bool]:
+    """The smallest scale making every value integral (1e-9), else 1000 and rounding."""
+    for scale in _SCALES:
+        if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, v * scale) for v in values):
+            return scale, True
+    return _SCALES[-1], False
+
+
+def _scale_problem(profile: Profile) -> _Scaled:
+    num_stages = profile.num_stages
+    transfer_ms = [profile.transfer_ms(i) for i in range(num_stages - 1)]
+    times = {OpKind.F: profile.t_f_ms, OpKind.B: profile.t_b_ms, OpKind.W: profile.t_w_ms}
+    scale, exact = _choose_scale([*transfer_ms, *(t for ts in times.values() for t in ts)])
+    durations = {k: tuple(round(t * scale) for t in ts) for k, ts in times.items()}
+    transfer = tuple(round(t * scale) for t in transfer_ms)
+    scaled_profile = Profile(
+        num_stages=num_stages,
+        num_microbatches=profile.num_microbatches,
+        t_f_ms=tuple(map(float, durations[OpKind.F])),
+        t_b_ms=tuple(map(float, durations[OpKind.B])),
+        t_w_ms=tuple(map(float, durations[OpKind.W])),
+        delay_ms=tuple(map(float, transfer)),
+    )
+    return _Scaled(scale, exact, durations, transfer, scaled_profile)
+
+
+def _split_fused(schedule: Schedule) -> Schedule:
+    """BW -> B, W in place: the gradient leaves earlier, so ideal times never get later."""
+    stages = []
+    for ops in schedule.stages:
+        split: list[Op] = []
+        for op in ops:
+            if op.kind is OpKind.BW:
+                split += [Op(OpKind.B, op.microbatch), Op(OpKind.W, op.microbatch)]
+            else:
+                split.append(op)
+        stages.append(tuple(split))
+    return Schedule(tuple(stages))
+
+
+def _one_f_one_b_split(num_stages: int, num_microbatches: int, cap: int) -> Schedule:
+    """1F1B with split backward and warm-up min(S - i, cap): peak memory <= cap, so it is
+    feasible whenever the model is; its makespan bounds the search horizon."""
+    stages = []
+    for i in range(num_stages):
+        warmup = max(1, min(num_stages - i, cap, num_microbatches))
+        ops = [Op(OpKind.F, m) for m in range(warmup)]
+        for m in range(num_microbatches):
+            ops += [Op(OpKind.B, m), Op(OpKind.W, m)]
+            if m + warmup < num_microbatches:
+                ops.append(Op(OpKind.F, m + warmup))
+        stages.append(tuple(ops))
+    return Schedule(tuple(stages))
+
+
+def _makespan(schedule: Schedule, profile: Profile) -> float:
+    return compute_metrics(simulate(schedule, profile, CommMode.IDEAL)).iteration_time_ms
+
+
+def _static_lower_bound(sc: _Scaled, num_microbatches: int) -> int:
+    """Per stage: release dates of its F and B ops plus the work that must follow them.
+
+    CP-SAT finds such bounds itself eventually; stating them closes uniform cases at once.
+    """
+    tf, tb, tw = (sc.durations[k] for k in _KINDS)
+    num_stages, n = len(tf), num_microbatches
+    best = 0
+    for i in range(num_stages):
+        release_f = sum(tf[j] + sc.transfer[j] for j in range(i))
+        round_trip = sum(tf[j] + tb[j] for j in range(i + 1, num_stages))
+        round_trip += 2 * sum(sc.transfer[i:])
+        release_b = release_f + tf[i] + round_trip
+        best = max(
+            best,
+            release_f + n * (tf[i] + tb[i] + tw[i]),
+            release_b + n * (tb[i] + tw[i]),
+            release_f + n * tf[i] + round_trip + tb[i] + tw[i],
+        )
+    return best
+
+
+_Starts = dict[tuple[OpKind, int, int], cp_model.IntVar]
+
+
+def _build_model(
+    sc: _Scaled, num_microbatches: int, horizon: int, mem_cap: int | None
+) -> tuple[cp_model.CpModel, _Starts, cp_model.IntVar]:
+    """Intervals, dependencies, NoOverlap, symmetry breaking, memory and the objective."""
+    model = cp_model.CpModel()
+    num_stages, n = len(sc.transfer) + 1, num_microbatches
+    starts: _Starts = {}
+    for i in range(num_stages):
+        intervals = []
+        for kind in _KINDS:
+            size = sc.durations[kind][i]
+            for m in range(n):
+                start = model.new_int_var(0, horizon - size, f"{kind.value}{m}@{i}")
+                starts[kind, i, m] = start
+                intervals.append(model.new_fixed_size_interval_var(start, size, f"i{start}"))
+        model.add_no_overlap(intervals)
+
+    def end(kind: OpKind, i: int, m: int) -> cp_model.LinearExprT:
+        return starts[kind, i, m] + sc.durations[kind][i]
+
+    for i in range(num_stages):
+        for m in range(n):
+            if i + 1 < num_stages:
+                model.add(starts[OpKind.F, i + 1, m] >= end(OpKind.F, i, m) + sc.transfer[i])
+                model.add(starts[OpKind.B, i, m] >= end(OpKind.B, i + 1, m) + sc.transfer[i])
+            model.add(starts[OpKind.B, i, m] >= end(OpKind.F, i, m))
+            model.add(starts[OpKind.W, i, m] >= end(OpKind.B, i, m))
+            for kind in _KINDS:  # symmetry breaking: see the module docstring
+                if m + 1 < n:
+                    model.add(starts[kind, i, m + 1] >= end(kind, i, m))
+        if mem_cap is not None:
+            _add_memory(model, sc, i, n, starts, mem_cap)
+    makespan = model.new_int_var(_static_lower_bound(sc, n), horizon, "makespan")
+    for i in range(num_stages):  # W(i, N-1) ends last on stage i, by the ordering above
+        model.add(makespan >= end(OpKind.W, i, n - 1))
+    model.minimize(makespan)
+    if os.environ.get("EXACT_STRATEGY"):
+        model.add_decision_strategy(
+            list(starts.values()), cp_model.CHOOSE_LOWEST_MIN, cp_model.SELECT_MIN_VALUE
+        )
+    return model, starts, makespan
+
+
+def _add_memory(
+    model: cp_model.CpModel, sc: _Scaled, i: int, n: int, starts: _Starts, mem_cap: int
+) -> None:
+    """At each F(i,m) start, 2(m+1) - #B ended - #W ended <= mem_cap (half-units).
+
+    The level only rises at an F, so checking there suffices. Exact when t_F > 0: the ops
+    before F in the order are exactly those ended by its start s (no overlap; every later op
+    starts at or after its end > s), and with ordered microbatches only B, W of 0..m can
+    have ended, a window of about mem_cap literals per F. With t_F = 0 every B, W counts
+    (a relaxation, as simultaneous zero-length ops have no time order); `solve_exact`
+    then checks the extracted order's memory.
+    """
+    if os.environ.get("EXACT_RESERVOIR"):
+        times: list[cp_model.LinearExprT] = []
+        changes: list[int] = []
+        for m in range(n):
+            times.append(starts[OpKind.F, i, m])
+            changes.append(2)
+            for kind in (OpKind.B, OpKind.W):
+                times.append(starts[kind, i, m] + sc.durations[kind][i])
+                changes.append(-1)
+        model.add_reservoir_constraint(times, changes, 0, mem_cap)
+    for m in range(n):
+        need = 2 * (m + 1) - mem_cap
+        if need <= 0:
+            continue
+        last = m if sc.durations[OpKind.F][i] > 0 else n - 1
+        forced = {OpKind.B: (need + 1) // 2, OpKind.W: max(0, need - (last + 1))}
+        lits: list[cp_model.IntVar] = []
+        for kind, first in forced.items():
+            ends = [starts[kind, i, j] + sc.durations[kind][i] for j in range(n)]
+            if first > 0:  # #W <= #B <= last + 1 force these, and the order their predecessors
+                model.add(starts[OpKind.F, i, m] >= ends[first - 1])
+            previous = None
+            for j in range(first, last + 1):
+                lit = model.new_bool_var(f"{kind.value}{j}<F{m}@{i}")
+                model.add(starts[OpKind.F, i, m] >= ends[j]).only_enforce_if(lit)
+                if previous is not None:
+                    model.add_implication(lit, previous)
+                previous = lit
+                lits.append(lit)
+        model.add(sum(lits) >= need - sum(forced.values()))
+
+
+def _add_hints(
+    model: cp_model.CpModel,
+    starts: _Starts,
+    makespan: cp_model.IntVar,
+    sc: _Scaled,
+    warm: Schedule,
+) -> None:
+    """The warm start's ideal times, relabelled by start rank per stage and kind (which
+    keeps them feasible, by the symmetry argument) so that they meet the ordering."""
+    timeline = simulate(warm, sc.profile, CommMode.IDEAL, validate=False)
+    families: dict[tuple[OpKind, int], list[int]] = {}
+    for record in timeline.ops:
+        families.setdefault((record.kind, record.stage), []).append(round(record.start_ms))
+    for (kind, i), values in families.items():
+        for m, value in enumerate(sorted(values)):
+            model.add_hint(starts[kind, i, m], value)
+    model.add_hint(makespan, round(max(r.end_ms for r in timeline.ops)))
+
+
+def _extract(solver: cp_model.CpSolver, starts: _Starts, sc: _Scaled) -> Schedule:
+    """Each stage's ops by (start, end, depth, microbatch): (start, end) is a NoOverlap
+    sequence; depth (F: i, B: 2S-1-i, W: 2S) orders equal zero-length ops by dependency."""
+    num_stages = len(sc.transfer) + 1
+    depth = {OpKind.F: lambda i: i, OpKind.B: lambda i: 2 * num_stages - 1 - i}
+    stages: list[list[tuple[int, int, int, int, Op]]] = [[] for _ in range(num_stages)]
+    for (kind, i, m), var in starts.items():
+        start = solver.value(var)
+        rank = depth[kind](i) if kind in depth else 2 * num_stages
+        stages[i].append((start, start + sc.durations[kind][i], rank, m, Op(kind, m)))
+    return Schedule(tuple(tuple(entry[-1] for entry in sorted(ops)) for ops in stages))
+
+
+def _solve(
+    model: cp_model.CpModel, time_limit_s: float, num_workers: int
+) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.0, time_limit_s)
+    solver.parameters.num_workers = max(1, num_workers)
+    solver.parameters.random_seed = _RANDOM_SEED
+    if os.environ.get("EXACT_LOG"):
+        solver.parameters.log_search_progress = True
+    return solver, solver.solve(model)
+
+
+def _prepare_warm_start(warm_start: Schedule | None, profile: Profile) -> Schedule | None:
+    if warm_start is None:
+        return None
+    validate_schedule(warm_start, profile.num_stages, profile.num_microbatches)
+    check_memory(warm_start, profile.mem_limit, "the warm start")
+    return _split_fused(warm_start)
+
+
+def _memory_cap(profile: Profile) -> int | None:
+    """mem_limit in half-microbatch units; below 1 no schedule fits (every F holds one)."""
+    if profile.mem_limit is None:
+        return None
+    if profile.mem_limit < 1:
+        raise MemoryLimitError(
+            f"mem_limit {profile.mem_limit:g} admits no schedule: every F holds one "
+            "microbatch of activations, so mem_limit must be >= 1"
+        )
+    return math.floor(2 * profile.mem_limit + 1e-9)
+
+
+def solve_exact(
+    profile: Profile,
+    *,
+    time_limit_s: float = 10.0,
+    warm_start: Schedule | None = None,
+    num_workers: int = 2,
+) -> ExactResult:
+    """The best schedule CP-SAT finds within `time_limit_s`, with its proven lower bound.
+
+    A warm start (any valid schedule; BW ops are split) is passed as a hint, and the result
+    is never worse than it. Without one, finding no solution in time is a ScheduleError.
+    """
+    began = time.perf_counter()
+    mem_cap = _memory_cap(profile)
+    warm = _prepare_warm_start(warm_start, profile)
+    sc = _scale_problem(profile)
+    n = profile.num_microbatches
+    cap = profile.num_stages if mem_cap is None else mem_cap // 2
+    candidates = [_one_f_one_b_split(profile.num_stages, n, cap)]
+    candidates += [] if warm is None else [warm]
+    horizon = round(max(_makespan(s, sc.profile) for s in candidates))
+    model, starts, makespan = _build_model(sc, n, horizon, mem_cap)
+    if warm is not None:
+        _add_hints(model, starts, makespan, sc, warm)
+    solver, status = _solve(model, time_limit_s, num_workers)
+    if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
+        raise ScheduleError(f"the exact model is {solver.status_name(status)}; this is a bug")
+    solved = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        solved = _extract(solver, starts, sc)
+        validate_schedule(solved, profile.num_stages, n)
+        solved = solved if _memory_ok(solved, profile) else None  # only if some t_F = 0
+    options = [s for s in (solved, warm) if s is not None]
+    if not options:
+        raise ScheduleError(
+            f"CP-SAT found no schedule for S={profile.num_stages}, N={n} within "
+            f"{time_limit_s:g} s (status {solver.status_name(status)}); raise time_limit_s "
+            "or pass a warm_start (e.g. a 1F1B or ZB order) to start from"
+        )
+    times = [_makespan(s, profile) for s in options]
+    best = min(range(len(options)), key=times.__getitem__)  # ties: the solver's schedule
+    bound = max(solver.best_objective_bound, _static_lower_bound(sc, n))
+    return ExactResult(
+        schedule=options[best],
+        iteration_time_ms=times[best],
+        lower_bound_ms=bound / sc.scale,
+        optimal=status == cp_model.OPTIMAL and solved is not None,
+        solve_ms=(time.perf_counter() - began) * 1e3,
+        status=solver.status_name(status),
+        exact_in_ms=sc.exact,
+    )
+
+
+def _memory_ok(schedule: Schedule, profile: Profile) -> bool:
+    try:
+        check_memory(schedule, profile.mem_limit)
+    except MemoryLimitError:
+        return False
+    return True

@@ -1,0 +1,56 @@
+"""ZeroBubble's automatic heuristic (`zb`), the static ZB baseline of the paper's experiments.
+
+A simplified reading of ZeroBubble's greedy scheduler (Qi et al., 2024, section 3.3): before
+the first B, start forwards while memory allows; then alternate F and B, and run a W whenever
+neither is ready (W fills gaps) or memory is full. The order is generated for the fault-free
+profile and then replayed as is under any fault: that is what "static" means here. ZeroBubble
+also weighs whether a gap is longer than tW; this version fills every gap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from pipeline.generator import Chooser, StageState, generate
+from pipeline.ops import OpKind
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+
+__all__ = ["zb_auto"]
+
+
+def _chooser(max_pending: int, mem_limit: float | None) -> Chooser:
+    memory_cap = math.inf if mem_limit is None else mem_limit
+    last: list[OpKind | None] = [None]
+
+    def choose(state: StageState) -> OpKind | None:
+        may_forward = (
+            bool(state.ready_f)
+            and state.num_f - state.num_w < max_pending
+            and state.memory + 1 <= memory_cap
+        )
+        if state.num_b == 0 and may_forward and not state.ready_b:
+            kind: OpKind | None = OpKind.F
+        elif state.ready_b and (last[0] is not OpKind.B or not may_forward):
+            kind = OpKind.B
+        elif may_forward:
+            kind = OpKind.F
+        elif state.ready_w:
+            kind = OpKind.W
+        else:
+            kind = None
+        if kind is not None and kind is not OpKind.W:
+            last[0] = kind
+        return kind
+
+    return choose
+
+
+def zb_auto(profile: Profile) -> Schedule:
+    """The fault-free ZB order: at most 2S pending microbatches per stage unless mem_limit."""
+    fault_free = dataclasses.replace(profile, delay_ms=(0.0,) * (profile.num_stages - 1))
+    max_pending = 2 * profile.num_stages
+    return generate(
+        fault_free, [_chooser(max_pending, profile.mem_limit) for _ in range(profile.num_stages)]
+    )
