@@ -285,6 +285,8 @@ def _solve(
     solver.parameters.max_time_in_seconds = max(0.0, time_limit_s)
     solver.parameters.num_workers = max(1, num_workers)
     solver.parameters.random_seed = _RANDOM_SEED
+    for name in filter(None, os.environ.get("EXACT_EXTRA", "").split(",")):
+        solver.parameters.extra_subsolvers.append(name)
     if os.environ.get("EXACT_LOG"):
         solver.parameters.log_search_progress = True
     return solver, solver.solve(model)

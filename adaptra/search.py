@@ -1,19 +1,18 @@
-"""Search around Algorithm 2's answer, judged by the simulator, within a time budget.
+"""Search around Algorithm 2's answer, judged by the simulator, within a candidate budget.
 
 The generator turns warm-up counts into a schedule; small changes to those counts (one link's
-slackness up or down, the in-flight cap on or off) often buy a few percent that Eq. (1)'s
-per-link rule cannot see. A hill climb from the planned vector keeps the best schedule
-found; it stops at a local optimum or when the budget runs out, whichever comes first.
+slackness up or down, the in-flight cap on or off) sometimes buy what Eq. (1)'s per-link rule
+cannot see. A hill climb from the planned vector keeps the best schedule found; it stops at a
+local optimum or after `max_candidates` evaluations. The budget counts candidates, not
+milliseconds, so the same profile always gives the same schedule.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterator, Sequence
 
 from adaptra.generator import generate_schedule
-from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
@@ -32,9 +31,8 @@ class Candidate:
 def evaluate(profile: Profile, warmup: Sequence[int], cap_in_flight: bool) -> Candidate:
     schedule = generate_schedule(profile, warmup, cap_in_flight=cap_in_flight)
     timeline = simulate(schedule, profile, CommMode.IDEAL, validate=False)
-    return Candidate(
-        tuple(warmup), cap_in_flight, schedule, compute_metrics(timeline).iteration_time_ms
-    )
+    # One iteration from t = 0: its end is its iteration time (see pipeline.metrics).
+    return Candidate(tuple(warmup), cap_in_flight, schedule, timeline.iterations[0].end_ms)
 
 
 def _neighbours(warmup: tuple[int, ...], x_cap: int) -> Iterator[tuple[int, ...]]:
@@ -52,10 +50,12 @@ def search_warmup(
     starts: Sequence[tuple[int, ...]],
     *,
     x_cap: int,
-    budget_ms: float,
+    max_candidates: int,
 ) -> tuple[Candidate, int]:
-    """Best candidate found from `starts` by hill climbing, and how many were evaluated."""
-    deadline = time.perf_counter() + budget_ms / 1000.0
+    """Best candidate found from `starts` by hill climbing, and how many were evaluated.
+
+    Every start is evaluated, whatever the budget.
+    """
     seen: set[tuple[tuple[int, ...], bool]] = set()
     best: Candidate | None = None
 
@@ -74,13 +74,13 @@ def search_warmup(
         consider(tuple(start), False)
     assert best is not None
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and len(seen) < max_candidates:
         improved = False
         current = best
         for warmup in _neighbours(current.warmup, x_cap):
-            if time.perf_counter() >= deadline:
+            if len(seen) >= max_candidates:
                 break
             improved |= consider(warmup, current.cap_in_flight)
-        if time.perf_counter() < deadline:
+        if len(seen) < max_candidates:
             improved |= consider(current.warmup, not current.cap_in_flight)
     return best, len(seen)

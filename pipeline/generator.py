@@ -57,8 +57,10 @@ def generate(profile: Profile, choosers: Sequence[Chooser]) -> Schedule:
     total = 3 * num_microbatches * num_stages
     started = 0
     while True:
+        woken: set[int] = set()  # only stages with news may decide differently than before
         while events and events[0][0] <= now:
             _, _, event, stage_idx, kind, m = heapq.heappop(events)
+            woken.add(stage_idx)
             state = states[stage_idx]
             if event == _ARRIVAL:
                 heapq.heappush(state.ready_f if kind is OpKind.F else state.ready_b, m)
@@ -78,9 +80,10 @@ def generate(profile: Profile, choosers: Sequence[Chooser]) -> Schedule:
                     seq += 1
                     arrival = now + transfer[stage_idx - 1]
                     heapq.heappush(events, (arrival, seq, _ARRIVAL, stage_idx - 1, OpKind.B, m))
-        for stage_idx, state in enumerate(states):
+        for stage_idx in sorted(woken) if now else range(num_stages):
             if busy_until[stage_idx] > now:
                 continue
+            state = states[stage_idx]
             choice = choosers[stage_idx](state)
             if choice is None:
                 continue

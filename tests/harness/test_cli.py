@@ -207,3 +207,30 @@ def test_torch_csv_imports_back(tmp_path: Path) -> None:
         json.loads(via_csv.stdout)["iteration_time_ms"]
         == json.loads(direct.stdout)["iteration_time_ms"]
     )
+
+
+@pytest.mark.parametrize(
+    ("policy", "extra", "method", "time_ms"),
+    [
+        ("adaptra", [], "alg2+generator+search", 410.0),
+        ("adaptra", ["--time-limit", "20"], "alg2+generator+search+cp-sat optimal", 410.0),
+        ("milp", ["--time-limit", "20"], "cp-sat optimal", 410.0),
+        ("adaptra-initial", [], "alg1+generator", 410.0),
+        ("zb", [], "zb automatic heuristic, fault-free order", 470.0),
+    ],
+)
+def test_scheduler_policies(tmp_path: Path, policy, extra, method, time_ms) -> None:
+    out = cli(
+        "schedule",
+        "--profile",
+        str(write_profile(tmp_path, delay_ms=[20])),
+        "--policy",
+        policy,
+        *extra,
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["policy"], data["method"], data["iteration_time_ms"]) == (policy, method, time_ms)
+    assert data["generation_ms"] > 0

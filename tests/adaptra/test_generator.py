@@ -1,0 +1,49 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaptra.generator import generate_schedule
+from adaptra.planning import algorithm1
+from pipeline.errors import ScheduleError
+from pipeline.generator import generate
+from pipeline.ops import OpKind
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, peak_memory, validate_schedule
+from tests.strategies import profiles
+
+
+def test_reproduces_the_fig4_fixture_op_for_op(fig4_fixture: dict) -> None:
+    profile = Profile.from_dict(fig4_fixture["profile"])
+    assert generate_schedule(profile, [7, 5, 3, 1]) == Schedule.from_dict(fig4_fixture)
+
+
+def test_uncapped_forwards_pile_up_behind_a_slow_link() -> None:
+    # PAPER.md: x = [1,1,1,1] with 40 ms on link 0 reaches 12 leading forwards on stage 0.
+    profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(40.0,))
+    assert generate_schedule(profile, [1, 1, 1, 1]).warmup_counts()[0] == 12
+    capped = generate_schedule(profile, [1, 1, 1, 1], cap_in_flight=True)
+    assert capped.warmup_counts() == (1, 1, 1, 1)
+    # #F - #B < 1 admits F, B, F: the W still pending holds half a microbatch.
+    assert max(peak_memory(ops) for ops in capped.stages) == 1.5
+
+
+@given(profiles(max_stages=5), st.data())
+def test_generated_schedules_are_valid_and_within_memory(profile: Profile, data) -> None:
+    limit = data.draw(st.one_of(st.none(), st.integers(1, 2 * profile.num_stages)))
+    limited = Profile.from_dict({**profile.to_dict(), "mem_limit": limit})
+    warmup = algorithm1(limited).warmup
+    cap = data.draw(st.booleans())
+    schedule = generate_schedule(limited, warmup, cap_in_flight=cap)
+    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    if limit is not None:
+        assert all(peak_memory(ops) <= limit for ops in schedule.stages)
+    if cap:
+        assert all(a >= b for a, b in zip(warmup, schedule.warmup_counts(), strict=True))
+
+
+def test_a_chooser_that_never_chooses_is_reported() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    with pytest.raises(ScheduleError, match="generation stalled: .*stage 0 after 0 ops"):
+        generate(profile, [lambda state: None, lambda state: None])
+    with pytest.raises(ScheduleError, match="stage 0: chooser picked B but none is ready"):
+        generate(profile, [lambda state: OpKind.B, lambda state: None])

@@ -1,0 +1,81 @@
+"""Adaptra's scheduler against the paper's numbers and the proven optimum."""
+
+import pytest
+
+from adaptra.exact import solve_exact
+from adaptra.generator import generate_schedule
+from adaptra.planning import algorithm2
+from adaptra.scheduler import plan_adaptra, plan_initial
+from adaptra.search import evaluate
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.simulator import simulate
+
+
+@pytest.mark.parametrize(
+    ("c0", "fixed_ms", "adapted_ms"), [(20, 440, 410), (30, 500, 420), (40, 560, 430)]
+)
+def test_fig5_adapted_schedule_reaches_the_proven_optimum(
+    fig4_fixture: dict, c0: int, fixed_ms: float, adapted_ms: float
+) -> None:
+    profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(float(c0),))
+    fixed = Schedule.from_dict(fig4_fixture)
+    assert compute_metrics(simulate(fixed, profile)).iteration_time_ms == fixed_ms
+    adapted = plan_adaptra(profile)
+    assert adapted.method == "alg2+generator+search"
+    assert adapted.iteration_time_ms == adapted_ms
+    assert compute_metrics(simulate(adapted.schedule, profile)).iteration_time_ms == adapted_ms
+    exact = solve_exact(profile, time_limit_s=20, warm_start=fixed)
+    assert exact.optimal and exact.lower_bound_ms == adapted_ms
+
+
+@pytest.mark.parametrize("delta", [2, 3, 4, 5, 6])
+def test_theorem1_delay_is_absorbed_up_to_the_threshold(delta: int) -> None:
+    """Fig. 8: S=2, N=30, t=10 ms, x = [1 + Delta, 1] with the in-flight cap: T(c) = T(0) + c
+    for every c <= (Delta - 1) t (the order regenerated for each delay)."""
+    base = Profile.uniform(2, 30, 10, 10, 10)
+
+    def iteration_ms(c: float) -> float:
+        profile = base.with_delays([c])
+        schedule = generate_schedule(profile, [1 + delta, 1], cap_in_flight=True)
+        return compute_metrics(simulate(schedule, profile)).iteration_time_ms
+
+    fault_free = iteration_ms(0.0)
+    assert fault_free == (30 * 3 + 1) * 10  # zero bubble but the last stage's first F
+    for c in range(0, (delta - 1) * 10 + 1):
+        assert iteration_ms(float(c)) == fault_free + c
+
+
+def test_search_closes_a_gap_that_algorithm2_leaves() -> None:
+    """A fixed straggler profile where Alg. 2 + generator is 2 ms off the proven optimum."""
+    profile = Profile(
+        num_stages=8,
+        num_microbatches=24,
+        t_f_ms=(15.0, 11.0, 19.0, 13.0, 18.0, 10.0, 11.0, 14.0),
+        t_b_ms=(11.0, 12.0, 17.0, 14.0, 17.0, 13.0, 10.0, 10.0),
+        t_w_ms=(11.0, 13.0, 16.0, 19.0, 19.0, 11.0, 18.0, 18.0),
+        delay_ms=(0.0, 0.0, 0.0, 30.0, 0.0, 0.0, 0.0),
+    )
+    plain = evaluate(profile, algorithm2(profile).warmup, cap_in_flight=False)
+    searched = plan_adaptra(profile, search_ops=100 * 3 * 8 * 24)
+    exact = solve_exact(profile, time_limit_s=30, warm_start=plain.schedule)
+    assert exact.optimal
+    assert plain.iteration_time_ms == 1390.0
+    assert searched.iteration_time_ms == exact.lower_bound_ms == 1388.0
+    assert searched.num_candidates > 2
+
+
+def test_no_delay_uses_algorithm1_and_is_zero_bubble_on_fig4() -> None:
+    profile = Profile.uniform(4, 12, 10, 10, 10)
+    planned = plan_adaptra(profile)
+    assert planned.method == "alg1+generator+search"
+    assert planned.plan.warmup == (7, 5, 3, 1)
+    assert planned.iteration_time_ms == 390.0
+
+
+def test_initial_plan_respects_a_memory_limit() -> None:
+    profile = Profile.uniform(4, 12, 10, 10, 10, mem_limit=5, delay_ms=(40.0,))
+    schedule = plan_initial(profile)
+    validate_schedule(schedule, 4, 12)
+    assert schedule.warmup_counts()[0] <= 5
