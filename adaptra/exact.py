@@ -287,6 +287,8 @@ def _solve(
     solver.parameters.random_seed = _RANDOM_SEED
     for name in filter(None, os.environ.get("EXACT_EXTRA", "").split(",")):
         solver.parameters.extra_subsolvers.append(name)
+    if os.environ.get("EXACT_PROBE"):
+        solver.parameters.cp_model_probing_level = int(os.environ["EXACT_PROBE"])
     if os.environ.get("EXACT_LOG"):
         solver.parameters.log_search_progress = True
     return solver, solver.solve(model)

@@ -9,11 +9,14 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+from adaptra.generator import generate_schedule
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule
+from pipeline.simulator import simulate
 
 __all__ = [
     "LinkSlackness",
+    "absorbed",
     "analyse",
     "eq1_absorbs",
     "slackness",
@@ -58,3 +61,12 @@ def analyse(profile: Profile, schedule: Schedule) -> tuple[LinkSlackness, ...]:
         cost = delay if absorbed else profile.num_microbatches * delay / (max(delta, 0) + 1)
         result.append(LinkSlackness(link_name(i), delay, delta, absorbed, cost))
     return tuple(result)
+
+
+def absorbed(profile: Profile, warmup: Sequence[int]) -> bool:
+    """PAPER.md's "absorbed": the counts, generated under the delays, cost at most the sum of
+    the delays over the same counts generated without them (only the latency is paid)."""
+    fault_free = dataclasses.replace(profile, delay_ms=(0.0,) * len(profile.delay_ms))
+    delayed_ms = simulate(generate_schedule(profile, warmup), profile).iterations[0].end_ms
+    base_ms = simulate(generate_schedule(fault_free, warmup), fault_free).iterations[0].end_ms
+    return delayed_ms - base_ms <= sum(profile.delay_ms) + 1e-9

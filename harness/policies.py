@@ -33,31 +33,22 @@ def _static(build: Callable[[Profile], Schedule], method: str) -> Builder:
     return lambda profile, _time_limit_s: (build(profile), method)
 
 
-def _exact(
-    profile: Profile, time_limit_s: float | None, warm_start: Schedule, warm_method: str
-) -> tuple[Schedule, str]:
+def _adaptra(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
+    planned = plan_adaptra(profile, exact_time_limit_s=time_limit_s)
+    return planned.schedule, planned.method
+
+
+def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
+    """The exact solver, warm-started from the heuristic; `method` says what was proven."""
     limit = DEFAULT_MILP_TIME_LIMIT_S if time_limit_s is None else time_limit_s
-    result = solve_exact(profile, time_limit_s=limit, warm_start=warm_start)
+    warm = plan_adaptra(profile, exact_time_limit_s=0)
+    result = solve_exact(profile, time_limit_s=limit, warm_start=warm.schedule)
     if result.optimal:
         return result.schedule, "cp-sat optimal"
     return result.schedule, (
         f"cp-sat best found in {limit:g} s (bound {result.lower_bound_ms:g} ms), "
-        f"warm-started from {warm_method}"
+        f"warm-started from {warm.method}"
     )
-
-
-def _adaptra(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
-    """The heuristic; with a time limit, also the exact solver warm-started from it."""
-    planned = plan_adaptra(profile)
-    if time_limit_s is None:
-        return planned.schedule, planned.method
-    schedule, method = _exact(profile, time_limit_s, planned.schedule, planned.method)
-    return schedule, f"{planned.method}+{method}"
-
-
-def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
-    planned = plan_adaptra(profile)
-    return _exact(profile, time_limit_s, planned.schedule, planned.method)
 
 
 POLICIES: dict[str, Builder] = {

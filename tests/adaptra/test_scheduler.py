@@ -22,12 +22,16 @@ def test_fig5_adapted_schedule_reaches_the_proven_optimum(
     profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(float(c0),))
     fixed = Schedule.from_dict(fig4_fixture)
     assert compute_metrics(simulate(fixed, profile)).iteration_time_ms == fixed_ms
-    adapted = plan_adaptra(profile)
+    adapted = plan_adaptra(profile, exact_time_limit_s=0)  # the heuristic alone
     assert adapted.method == "alg2+generator+search"
     assert adapted.iteration_time_ms == adapted_ms
     assert compute_metrics(simulate(adapted.schedule, profile)).iteration_time_ms == adapted_ms
     exact = solve_exact(profile, time_limit_s=20, warm_start=fixed)
     assert exact.optimal and exact.lower_bound_ms == adapted_ms
+    # 144 ops: the default call also proves it (EXACT_AUTO_MAX_OPS).
+    default = plan_adaptra(profile)
+    assert default.method == "alg2+generator+search+cp-sat optimal"
+    assert default.iteration_time_ms == adapted_ms
 
 
 @pytest.mark.parametrize("delta", [2, 3, 4, 5, 6])
@@ -68,7 +72,7 @@ def test_search_closes_a_gap_that_algorithm2_leaves() -> None:
 
 def test_no_delay_uses_algorithm1_and_is_zero_bubble_on_fig4() -> None:
     profile = Profile.uniform(4, 12, 10, 10, 10)
-    planned = plan_adaptra(profile)
+    planned = plan_adaptra(profile, exact_time_limit_s=0)
     assert planned.method == "alg1+generator+search"
     assert planned.plan.warmup == (7, 5, 3, 1)
     assert planned.iteration_time_ms == 390.0

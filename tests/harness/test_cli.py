@@ -212,7 +212,7 @@ def test_torch_csv_imports_back(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("policy", "extra", "method", "time_ms"),
     [
-        ("adaptra", [], "alg2+generator+search", 410.0),
+        ("adaptra", [], "alg2+generator+search+cp-sat optimal", 410.0),
         ("adaptra", ["--time-limit", "20"], "alg2+generator+search+cp-sat optimal", 410.0),
         ("milp", ["--time-limit", "20"], "cp-sat optimal", 410.0),
         ("adaptra-initial", [], "alg1+generator", 410.0),

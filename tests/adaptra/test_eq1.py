@@ -1,0 +1,57 @@
+"""Eq. (1) against what the generated schedules do (the reviewers' concrete test).
+
+Eq. (1) is unproven for the schedules the heuristic produces, and it is wrong on about a
+fifth of these profiles (BENCHMARKS.md); where it is wrong, `adaptra` must still be within
+1 % of the proven optimum.
+"""
+
+import random
+
+from adaptra.exact import solve_exact
+from adaptra.generator import generate_schedule
+from adaptra.planning import algorithm2
+from adaptra.scheduler import plan_adaptra
+from adaptra.slackness import absorbed, eq1_absorbs, slackness
+from pipeline.profile import Profile
+
+NUM_PROFILES = 200
+
+
+def random_profile(rng: random.Random) -> tuple[Profile, int]:
+    """Non-uniform times 5-20 ms, one slow link with 1-40 ms."""
+    num_stages = rng.randint(2, 4)
+    num_microbatches = rng.randint(2 * num_stages, 3 * num_stages)
+
+    def times() -> tuple[float, ...]:
+        return tuple(float(rng.randint(5, 20)) for _ in range(num_stages))
+
+    slow_link = rng.randrange(num_stages - 1)
+    delay = float(rng.randint(1, 40))
+    profile = Profile(
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        t_f_ms=times(),
+        t_b_ms=times(),
+        t_w_ms=times(),
+        delay_ms=tuple(delay if i == slow_link else 0.0 for i in range(num_stages - 1)),
+    )
+    return profile, slow_link
+
+
+def test_where_eq1_is_wrong_adaptra_is_within_1_percent_of_the_optimum() -> None:
+    rng = random.Random(0)
+    num_wrong = 0
+    for _ in range(NUM_PROFILES):
+        profile, link = random_profile(rng)
+        warmup = algorithm2(profile).warmup
+        achieved = generate_schedule(profile, warmup).warmup_counts()
+        predicted = eq1_absorbs(profile, link, slackness(achieved)[link])
+        if predicted == absorbed(profile, warmup):
+            continue
+        num_wrong += 1
+        planned = plan_adaptra(profile)
+        optimum = solve_exact(profile, time_limit_s=10, warm_start=planned.schedule)
+        assert optimum.optimal
+        assert planned.iteration_time_ms <= 1.01 * optimum.lower_bound_ms, profile
+    # Eq. (1) is wrong often enough for this test to mean something.
+    assert num_wrong >= NUM_PROFILES // 10
