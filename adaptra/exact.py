@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Sequence
 
@@ -195,7 +194,7 @@ def _build_model(
     for i in range(num_stages):  # W(i, N-1) ends last on stage i, by the ordering above
         model.add(makespan >= end(OpKind.W, i, n - 1))
     model.minimize(makespan)
-    if os.environ.get("EXACT_STRATEGY"):
+    if _memory_binds(mem_cap, n):  # list scheduling: earliest op first, at its earliest time
         model.add_decision_strategy(
             list(starts.values()), cp_model.CHOOSE_LOWEST_MIN, cp_model.SELECT_MIN_VALUE
         )
@@ -214,16 +213,6 @@ def _add_memory(
     (a relaxation, as simultaneous zero-length ops have no time order); `solve_exact`
     then checks the extracted order's memory.
     """
-    if os.environ.get("EXACT_RESERVOIR"):
-        times: list[cp_model.LinearExprT] = []
-        changes: list[int] = []
-        for m in range(n):
-            times.append(starts[OpKind.F, i, m])
-            changes.append(2)
-            for kind in (OpKind.B, OpKind.W):
-                times.append(starts[kind, i, m] + sc.durations[kind][i])
-                changes.append(-1)
-        model.add_reservoir_constraint(times, changes, 0, mem_cap)
     for m in range(n):
         need = 2 * (m + 1) - mem_cap
         if need <= 0:
@@ -278,19 +267,26 @@ def _extract(solver: cp_model.CpSolver, starts: _Starts, sc: _Scaled) -> Schedul
     return Schedule(tuple(tuple(entry[-1] for entry in sorted(ops)) for ops in stages))
 
 
+def _memory_binds(mem_cap: int | None, num_microbatches: int) -> bool:
+    return mem_cap is not None and mem_cap < 2 * num_microbatches
+
+
 def _solve(
-    model: cp_model.CpModel, time_limit_s: float, num_workers: int
+    model: cp_model.CpModel, time_limit_s: float, num_workers: int, memory_binds: bool
 ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+    """CP-SAT's defaults prove the unlimited-memory cases fast. With a binding memory limit
+    they find poor or no solutions at S=8, N=32: probing the memory literals in presolve
+    takes most of the time, so it is off, and a fixed list-scheduling search runs next to
+    the LP-based one (measured in the module's report; defaults: no solution in 30 s)."""
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.0, time_limit_s)
-    solver.parameters.num_workers = max(1, num_workers)
-    solver.parameters.random_seed = _RANDOM_SEED
-    for name in filter(None, os.environ.get("EXACT_EXTRA", "").split(",")):
-        solver.parameters.extra_subsolvers.append(name)
-    if os.environ.get("EXACT_PROBE"):
-        solver.parameters.cp_model_probing_level = int(os.environ["EXACT_PROBE"])
-    if os.environ.get("EXACT_LOG"):
-        solver.parameters.log_search_progress = True
+    params = solver.parameters
+    params.max_time_in_seconds = max(0.0, time_limit_s)
+    params.num_workers = max(1, num_workers)
+    params.random_seed = _RANDOM_SEED
+    if memory_binds:
+        params.cp_model_probing_level = 0
+        params.extra_subsolvers.append("fixed")
+        params.num_full_subsolvers = max(2, params.num_workers)
     return solver, solver.solve(model)
 
 
@@ -336,9 +332,10 @@ def solve_exact(
     candidates += [] if warm is None else [warm]
     horizon = round(max(_makespan(s, sc.profile) for s in candidates))
     model, starts, makespan = _build_model(sc, n, horizon, mem_cap)
-    if warm is not None:
-        _add_hints(model, starts, makespan, sc, warm)
-    solver, status = _solve(model, time_limit_s, num_workers)
+    binds = _memory_binds(mem_cap, n)
+    if warm is not None or binds:  # a hint slows the unlimited case down (see the report)
+        _add_hints(model, starts, makespan, sc, warm or candidates[0])
+    solver, status = _solve(model, time_limit_s, num_workers, binds)
     if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
         raise ScheduleError(f"the exact model is {solver.status_name(status)}; this is a bug")
     solved = None
