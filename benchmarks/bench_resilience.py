@@ -17,6 +17,7 @@ from pathlib import Path
 
 from adaptra.scheduler import plan_adaptra
 from baselines import one_f_one_b, zb_auto
+from harness.plots import plot_lines
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
 
@@ -36,34 +37,6 @@ def _systems(profile: Profile) -> dict[str, float]:
         name: simulate(schedule, profile, comm).iterations[0].end_ms
         for name, (schedule, comm) in runs.items()
     }
-
-
-def _plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    sns.lineplot(
-        data=pd.DataFrame(rows),
-        x="delay_ms",
-        y="iteration_time_ms",
-        hue="system",
-        style="system",
-        markers=True,
-        dashes=False,
-        ax=ax,
-    )
-    ax.set_xlabel("delay per message on link 0-1 (ms)")
-    ax.set_ylabel("iteration time (ms)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -96,10 +69,15 @@ def main() -> None:
                 }
                 for name, value in times.items()
             ]
-        _plot(
+        plot_lines(
             rows,
             args.out / f"resilience_S{num_stages}_N{num_microbatches}.png",
-            f"S={num_stages}, N={num_microbatches}, 10 ms ops",
+            x="delay_ms",
+            y="iteration_time_ms",
+            hue="system",
+            xlabel="delay per message on link 0-1 (ms)",
+            ylabel="iteration time (ms)",
+            title=f"S={num_stages}, N={num_microbatches}, 10 ms ops",
         )
         all_rows += rows
     with (args.out / "resilience.csv").open("w", newline="") as handle:

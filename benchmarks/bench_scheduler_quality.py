@@ -29,10 +29,7 @@ from adaptra.planning import algorithm2, authors_warmup
 from adaptra.scheduler import plan_adaptra
 from adaptra.search import evaluate
 from pipeline.profile import Profile
-
-
-def _times(rng: random.Random, num_stages: int, low: int) -> tuple[float, ...]:
-    return tuple(float(rng.randint(low, 2 * low)) for _ in range(num_stages))
+from pipeline.sampling import random_profile
 
 
 def paper_grid(num_seeds: int) -> list[tuple[str, Profile]]:
@@ -42,12 +39,12 @@ def paper_grid(num_seeds: int) -> list[tuple[str, Profile]]:
             for seed in range(num_seeds):
                 rng = random.Random(f"paper-{num_stages}-{low}-{seed}")
                 delay = float(rng.randint(1, 20))
-                profile = Profile(
-                    num_stages=num_stages,
-                    num_microbatches=num_microbatches,
-                    t_f_ms=_times(rng, num_stages, low),
-                    t_b_ms=_times(rng, num_stages, low),
-                    t_w_ms=_times(rng, num_stages, low),
+                profile = random_profile(
+                    rng,
+                    num_stages,
+                    num_microbatches,
+                    low_ms=low,
+                    high_ms=2 * low,
                     delay_ms=(delay,) * (num_stages - 1),
                 )
                 cases.append((f"paper S={num_stages} N={num_microbatches} b={low}", profile))
@@ -65,13 +62,8 @@ def straggler_grid(num_seeds: int) -> list[tuple[str, Profile]]:
                     delays = tuple(
                         float(delay) if i in slow else 0.0 for i in range(num_stages - 1)
                     )
-                    profile = Profile(
-                        num_stages=num_stages,
-                        num_microbatches=3 * num_stages,
-                        t_f_ms=_times(rng, num_stages, 10),
-                        t_b_ms=_times(rng, num_stages, 10),
-                        t_w_ms=_times(rng, num_stages, 10),
-                        delay_ms=delays,
+                    profile = random_profile(
+                        rng, num_stages, 3 * num_stages, low_ms=10, high_ms=20, delay_ms=delays
                     )
                     cases.append((f"straggler S={num_stages} slow={num_slow}", profile))
     return cases

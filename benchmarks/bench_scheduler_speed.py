@@ -15,7 +15,7 @@ import statistics
 import time
 
 from adaptra.scheduler import plan_adaptra
-from pipeline.profile import Profile
+from pipeline.sampling import random_profile
 
 
 def main() -> None:
@@ -25,17 +25,12 @@ def main() -> None:
     print("| S | N | ops | median ms | p90 ms | candidates | method |")
     print("|---|---|---|---|---|---|---|")
     for num_stages, num_microbatches in [(4, 12), (8, 32), (16, 64)]:
-        rng = random.Random(0)
-
-        def times(rng: random.Random = rng, num_stages: int = num_stages) -> tuple[float, ...]:
-            return tuple(float(rng.randint(10, 20)) for _ in range(num_stages))
-
-        profile = Profile(
-            num_stages=num_stages,
-            num_microbatches=num_microbatches,
-            t_f_ms=times(),
-            t_b_ms=times(),
-            t_w_ms=times(),
+        profile = random_profile(
+            random.Random(0),
+            num_stages,
+            num_microbatches,
+            low_ms=10,
+            high_ms=20,
             delay_ms=(10.0,) * (num_stages - 1),
         )
         samples = []

@@ -207,7 +207,7 @@ def run_experiment(
 
 def _write_figures(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
     plot_iteration_time_vs_delay(
-        run_dir / "runs.csv",
+        runs,
         run_dir / "iteration_time_vs_delay.png",
         title=f"{spec.model}: delay on link(s) {','.join(link_name(i) for i in spec.links)}",
     )
