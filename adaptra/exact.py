@@ -7,7 +7,7 @@ The model, per stage i and microbatch m, has fixed-size intervals F(i,m), B(i,m)
 - F(i+1,m) starts >= end F(i,m) + transfer(i); B(i,m) starts >= end B(i+1,m) + transfer(i)
   for i < S-1 and >= end F(i,m) everywhere; W(i,m) starts >= end B(i,m);
 - one NoOverlap per stage (zero-size intervals count too: a sequence exists, see CP-SAT);
-- with `mem_limit`, a reservoir per stage in half-microbatch units (see `_add_memory`);
+- with `mem_limit`, per F(i,m) a count of the B, W ended by its start (`_add_memory`);
 - objective: the makespan, measured from t = 0 when stage 0 may start.
 Times are integers: every duration and transfer time is scaled by 1, 10, 100 or 1000.
 
@@ -116,7 +116,7 @@ def _split_fused(schedule: Schedule) -> Schedule:
 
 def _one_f_one_b_split(num_stages: int, num_microbatches: int, cap: int) -> Schedule:
     """1F1B with split backward and warm-up min(S - i, cap): peak memory <= cap, so it is
-    feasible whenever the model is; its makespan bounds the search horizon."""
+    feasible whenever the model is: the default hint, and its makespan bounds the horizon."""
     stages = []
     for i in range(num_stages):
         warmup = max(1, min(num_stages - i, cap, num_microbatches))
@@ -204,35 +204,38 @@ def _build_model(
 def _add_memory(
     model: cp_model.CpModel, sc: _Scaled, i: int, n: int, starts: _Starts, mem_cap: int
 ) -> None:
-    """At each F(i,m) start, 2(m+1) - #B ended - #W ended <= mem_cap (half-units).
+    """At each F(i,m) start s: 2(m+1) - #{B, W of microbatches < m ended by s} <= mem_cap.
 
-    The level only rises at an F, so checking there suffices. Exact when t_F > 0: the ops
-    before F in the order are exactly those ended by its start s (no overlap; every later op
-    starts at or after its end > s), and with ordered microbatches only B, W of 0..m can
-    have ended, a window of about mem_cap literals per F. With t_F = 0 every B, W counts
-    (a relaxation, as simultaneous zero-length ops have no time order); `solve_exact`
-    then checks the extracted order's memory.
+    Half-units; the level only rises at an F, so checking there suffices. This is exact for
+    the order `_extract` returns, zero-length ops included: the B, W before F(i,m) in it are
+    those of microbatches < m that end by s (ties at one instant go by microbatch). It is a
+    relaxation of any other order (there, a B or W before F(i,m) also ends by s and, its F
+    being earlier, has a microbatch < m), so optimality is never overstated. A reservoir
+    (+2 at F start, -1 at B and W ends) sums equal-time events: exact when every op takes
+    time, not with zero-length ops, and 3-10x slower here. Ordered microbatches make it a
+    window: B(m - cap//2) and W(m + 1 - cap) must have ended, and about 1.5 cap literals
+    decide the rest.
     """
     for m in range(n):
         need = 2 * (m + 1) - mem_cap
         if need <= 0:
             continue
-        last = m if sc.durations[OpKind.F][i] > 0 else n - 1
-        forced = {OpKind.B: (need + 1) // 2, OpKind.W: max(0, need - (last + 1))}
+        forced = {OpKind.B: (need + 1) // 2, OpKind.W: max(0, need - m)}  # #W <= #B <= m
         lits: list[cp_model.IntVar] = []
         for kind, first in forced.items():
-            ends = [starts[kind, i, j] + sc.durations[kind][i] for j in range(n)]
-            if first > 0:  # #W <= #B <= last + 1 force these, and the order their predecessors
+            ends = [starts[kind, i, j] + sc.durations[kind][i] for j in range(m)]
+            if first > 0:  # the order makes all those before it end first too
                 model.add(starts[OpKind.F, i, m] >= ends[first - 1])
             previous = None
-            for j in range(first, last + 1):
+            for j in range(first, m):
                 lit = model.new_bool_var(f"{kind.value}{j}<F{m}@{i}")
                 model.add(starts[OpKind.F, i, m] >= ends[j]).only_enforce_if(lit)
                 if previous is not None:
                     model.add_implication(lit, previous)
                 previous = lit
                 lits.append(lit)
-        model.add(sum(lits) >= need - sum(forced.values()))
+        if need > sum(forced.values()):
+            model.add(sum(lits) >= need - sum(forced.values()))
 
 
 def _add_hints(
@@ -242,8 +245,8 @@ def _add_hints(
     sc: _Scaled,
     warm: Schedule,
 ) -> None:
-    """The warm start's ideal times, relabelled by start rank per stage and kind (which
-    keeps them feasible, by the symmetry argument) so that they meet the ordering."""
+    """The warm start's ideal times (scaled), relabelled by start rank per stage and kind,
+    which keeps them feasible (the symmetry argument) and meets the ordering."""
     timeline = simulate(warm, sc.profile, CommMode.IDEAL, validate=False)
     families: dict[tuple[OpKind, int], list[int]] = {}
     for record in timeline.ops:
@@ -255,15 +258,18 @@ def _add_hints(
 
 
 def _extract(solver: cp_model.CpSolver, starts: _Starts, sc: _Scaled) -> Schedule:
-    """Each stage's ops by (start, end, depth, microbatch): (start, end) is a NoOverlap
-    sequence; depth (F: i, B: 2S-1-i, W: 2S) orders equal zero-length ops by dependency."""
+    """Each stage's ops by (start, end, microbatch, depth). Sorting by (start, end) gives a
+    NoOverlap sequence; equal keys only occur for zero-length ops at one instant, and every
+    dependency stays in its microbatch with a smaller depth (F: i, B: 2S-1-i, W: 2S), so a
+    predecessor always sorts first and the order cannot deadlock."""
     num_stages = len(sc.transfer) + 1
-    depth = {OpKind.F: lambda i: i, OpKind.B: lambda i: 2 * num_stages - 1 - i}
+    depth = {OpKind.F: 0, OpKind.B: 2 * num_stages - 1, OpKind.W: 2 * num_stages}
+    sign = {OpKind.F: 1, OpKind.B: -1, OpKind.W: 0}
     stages: list[list[tuple[int, int, int, int, Op]]] = [[] for _ in range(num_stages)]
     for (kind, i, m), var in starts.items():
         start = solver.value(var)
-        rank = depth[kind](i) if kind in depth else 2 * num_stages
-        stages[i].append((start, start + sc.durations[kind][i], rank, m, Op(kind, m)))
+        rank = depth[kind] + sign[kind] * i
+        stages[i].append((start, start + sc.durations[kind][i], m, rank, Op(kind, m)))
     return Schedule(tuple(tuple(entry[-1] for entry in sorted(ops)) for ops in stages))
 
 
@@ -274,15 +280,18 @@ def _memory_binds(mem_cap: int | None, num_microbatches: int) -> bool:
 def _solve(
     model: cp_model.CpModel, time_limit_s: float, num_workers: int, memory_binds: bool
 ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
-    """CP-SAT's defaults prove the unlimited-memory cases fast. With a binding memory limit
-    they find poor or no solutions at S=8, N=32: probing the memory literals in presolve
-    takes most of the time, so it is off, and a fixed list-scheduling search runs next to
-    the LP-based one (measured in the module's report; defaults: no solution in 30 s)."""
+    """Defaults, except where measured worse (S=8, N=32, 2 cores). A hint makes the default
+    search stay near it (30 s instead of 1 s to the optimum from a 1F1B hint), so a hint
+    only becomes the first solution (hint_conflict_limit 0). With a binding memory limit,
+    presolve probing of the memory literals takes 15 s, so it is off, and a list-scheduling
+    search ("fixed", earliest op at its earliest time) runs next to the LP-based one:
+    with defaults, mem_limit=4 ended 30 s at 6485 ms (optimum 3302 ms)."""
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_time_in_seconds = max(0.0, time_limit_s)
     params.num_workers = max(1, num_workers)
     params.random_seed = _RANDOM_SEED
+    params.hint_conflict_limit = 0  # take a complete hint as is, but do not search near it
     if memory_binds:
         params.cp_model_probing_level = 0
         params.extra_subsolvers.append("fixed")
@@ -320,7 +329,10 @@ def solve_exact(
     """The best schedule CP-SAT finds within `time_limit_s`, with its proven lower bound.
 
     A warm start (any valid schedule; BW ops are split) is passed as a hint, and the result
-    is never worse than it. Without one, finding no solution in time is a ScheduleError.
+    is never worse than it. Without one, 1F1B with split backward (within mem_limit) is the
+    hint, and CP-SAT finding no solution in time (not even loading that) is a ScheduleError.
+    The seed is fixed, but with several workers and a time limit CP-SAT's parallel search
+    may still return different schedules (never a different proven optimum) between runs.
     """
     began = time.perf_counter()
     mem_cap = _memory_cap(profile)
@@ -332,17 +344,15 @@ def solve_exact(
     candidates += [] if warm is None else [warm]
     horizon = round(max(_makespan(s, sc.profile) for s in candidates))
     model, starts, makespan = _build_model(sc, n, horizon, mem_cap)
-    binds = _memory_binds(mem_cap, n)
-    if warm is not None or binds:  # a hint slows the unlimited case down (see the report)
-        _add_hints(model, starts, makespan, sc, warm or candidates[0])
-    solver, status = _solve(model, time_limit_s, num_workers, binds)
+    _add_hints(model, starts, makespan, sc, warm or candidates[0])
+    solver, status = _solve(model, time_limit_s, num_workers, _memory_binds(mem_cap, n))
     if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
         raise ScheduleError(f"the exact model is {solver.status_name(status)}; this is a bug")
     solved = None
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         solved = _extract(solver, starts, sc)
-        validate_schedule(solved, profile.num_stages, n)
-        solved = solved if _memory_ok(solved, profile) else None  # only if some t_F = 0
+        validate_schedule(solved, profile.num_stages, n)  # by construction; a bug otherwise
+        check_memory(solved, profile.mem_limit, "the exact solver's order (a bug)")
     options = [s for s in (solved, warm) if s is not None]
     if not options:
         raise ScheduleError(
@@ -362,11 +372,3 @@ def solve_exact(
         status=solver.status_name(status),
         exact_in_ms=sc.exact,
     )
-
-
-def _memory_ok(schedule: Schedule, profile: Profile) -> bool:
-    try:
-        check_memory(schedule, profile.mem_limit)
-    except MemoryLimitError:
-        return False
-    return True

@@ -1,0 +1,265 @@
+"""The exact solver: the paper's Fig. 4/5 optima, warm starts, and brute force on tiny cases.
+
+Brute force enumerates every op order per stage (at N=2 without assuming microbatch order), so
+it checks the symmetry breaking and the memory model independently of their proofs.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adaptra.exact import ExactResult, solve_exact
+from pipeline.errors import DeadlockError, MemoryLimitError, ScheduleError
+from pipeline.metrics import compute_metrics
+from pipeline.ops import Op, OpKind
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, peak_memory, validate_schedule
+from pipeline.simulator import CommMode, simulate
+
+FIG4_OPTIMUM = {0.0: 390.0, 20.0: 410.0, 30.0: 420.0, 40.0: 430.0}
+
+
+def fig4_profile(c0: float) -> Profile:
+    return Profile.uniform(4, 12, 10, 10, 10, delay_ms=(c0, 0.0, 0.0))
+
+
+def makespan(schedule: Schedule, profile: Profile) -> float:
+    return compute_metrics(simulate(schedule, profile, CommMode.IDEAL)).iteration_time_ms
+
+
+def check_result(result: ExactResult, profile: Profile) -> None:
+    """Valid, re-simulated honestly, within memory, and never better than its own bound."""
+    validate_schedule(result.schedule, profile.num_stages, profile.num_microbatches)
+    assert result.iteration_time_ms == makespan(result.schedule, profile)
+    assert result.lower_bound_ms <= result.iteration_time_ms + 1e-9
+    if profile.mem_limit is not None:
+        assert max(map(peak_memory, result.schedule.stages)) <= profile.mem_limit
+
+
+def one_f_one_b_split(num_stages: int, n: int, warmup: list[int], lag: int) -> Schedule:
+    """Warm-up forwards, then B, F pairs; each W runs `lag` B's after its own B."""
+    stages = []
+    for i in range(num_stages):
+        ops = [Op(OpKind.F, m) for m in range(warmup[i])]
+        for m in range(n):
+            ops.append(Op(OpKind.B, m))
+            if m >= lag:
+                ops.append(Op(OpKind.W, m - lag))
+            if m + warmup[i] < n:
+                ops.append(Op(OpKind.F, m + warmup[i]))
+        ops += [Op(OpKind.W, m) for m in range(max(0, n - lag), n)]
+        stages.append(tuple(ops))
+    return Schedule(tuple(stages))
+
+
+def best_1f1b_split(profile: Profile) -> float:
+    """The best of a family of 1F1B-split orders (warm-ups non-increasing) within memory."""
+    s, n = profile.num_stages, profile.num_microbatches
+    best = float("inf")
+    for top in range(1, n + 1):
+        for slope in (0, 1, 2):
+            warmup = [max(1, min(n, top - slope * i)) for i in range(s)]
+            for lag in (0, 1, 2):
+                schedule = one_f_one_b_split(s, n, warmup, lag)
+                peak = max(map(peak_memory, schedule.stages))
+                if profile.mem_limit is None or peak <= profile.mem_limit:
+                    best = min(best, makespan(schedule, profile))
+    return best
+
+
+@functools.cache
+def stage_orders(n: int, ordered: bool) -> tuple[tuple[Op, ...], ...]:
+    """Every order of F, B, W of n microbatches with F(m) < B(m) < W(m); `ordered` also
+    keeps each kind in microbatch order (the solver's symmetry breaking, so only use it
+    where the full enumeration is too large)."""
+    ops = [Op(kind, m) for m in range(n) for kind in (OpKind.F, OpKind.B, OpKind.W)]
+    orders = []
+    for perm in itertools.permutations(ops):
+        position = {op: k for k, op in enumerate(perm)}
+        chained = all(
+            position[ops[3 * m]] < position[ops[3 * m + 1]] < position[ops[3 * m + 2]]
+            for m in range(n)
+        )
+        in_order = all(
+            position[ops[3 * m + k]] < position[ops[3 * m + 3 + k]]
+            for m in range(n - 1)
+            for k in range(3)
+        )
+        if chained and (in_order or not ordered):
+            orders.append(perm)
+    return tuple(orders)
+
+
+def brute_force(profile: Profile, ordered: bool) -> float:
+    """The optimum over all valid orders within memory (tiny S and N only)."""
+    orders = stage_orders(profile.num_microbatches, ordered)
+    if profile.mem_limit is not None:
+        orders = [o for o in orders if peak_memory(o) <= profile.mem_limit]
+    best = float("inf")
+    for combo in itertools.product(orders, repeat=profile.num_stages):
+        try:
+            best = min(best, makespan(Schedule(combo), profile))
+        except DeadlockError:
+            continue
+    return best
+
+
+@pytest.mark.parametrize("c0", sorted(FIG4_OPTIMUM))
+def test_fig4_proven_optimum(c0: float) -> None:
+    profile = fig4_profile(c0)
+    result = solve_exact(profile, time_limit_s=10)
+    check_result(result, profile)
+    assert result.optimal and result.status == "OPTIMAL" and result.exact_in_ms
+    assert result.iteration_time_ms == FIG4_OPTIMUM[c0] == result.lower_bound_ms
+
+
+@pytest.mark.parametrize("c0", [0.0, 10.0, 20.0, 30.0, 40.0])
+def test_fig4_warm_start_never_worse(c0: float, fig4_fixture: dict[str, Any]) -> None:
+    profile = fig4_profile(c0)
+    warm = Schedule.from_dict(fig4_fixture)
+    replay = makespan(warm, profile)
+    assert replay == fig4_fixture["replay_ms_by_c0"][str(int(c0))]
+    result = solve_exact(profile, time_limit_s=10, warm_start=warm)
+    check_result(result, profile)
+    assert result.iteration_time_ms <= replay
+    if c0 in FIG4_OPTIMUM:
+        assert result.optimal and result.iteration_time_ms == FIG4_OPTIMUM[c0]
+
+
+def test_solver_strictly_beats_its_warm_start(fig4_fixture: dict[str, Any]) -> None:
+    profile = fig4_profile(40.0)
+    warm = Schedule.from_dict(fig4_fixture)
+    result = solve_exact(profile, time_limit_s=10, warm_start=warm)
+    assert makespan(warm, profile) == 560.0
+    assert result.iteration_time_ms == 430.0 and result.optimal
+    assert result.schedule != warm
+
+
+@st.composite
+def small_profiles(draw: st.DrawFn) -> Profile:
+    num_stages = draw(st.integers(1, 3))
+    n = draw(st.integers(num_stages, 6))
+    times = st.lists(st.integers(1, 20), min_size=num_stages, max_size=num_stages)
+    delays = st.lists(st.integers(0, 30), min_size=num_stages - 1, max_size=num_stages - 1)
+    return Profile(
+        num_stages=num_stages,
+        num_microbatches=n,
+        t_f_ms=tuple(map(float, draw(times))),
+        t_b_ms=tuple(map(float, draw(times))),
+        t_w_ms=tuple(map(float, draw(times))),
+        delay_ms=tuple(map(float, draw(delays))),
+        mem_limit=draw(st.sampled_from([None, None, 1.0, 1.5, 2.0, 3.0])),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_profiles())
+def test_random_small_profiles_optimal(profile: Profile) -> None:
+    result = solve_exact(profile, time_limit_s=5)
+    check_result(result, profile)
+    assert result.optimal
+    assert result.iteration_time_ms == result.lower_bound_ms
+    assert result.iteration_time_ms <= best_1f1b_split(profile)
+
+
+@pytest.mark.parametrize(
+    ("num_microbatches", "seed", "mem_limit"),
+    [
+        *((2, seed, mem) for seed, mem in enumerate([None, 1.0, 1.5, None, 1.0, 1.5])),
+        *((3, seed, mem) for seed, mem in enumerate([None, 1.0, 1.5, 2.0], start=6)),
+    ],
+)
+def test_matches_brute_force(num_microbatches: int, seed: int, mem_limit: float | None) -> None:
+    """S=2, including zero-length ops (equal-time corner cases of the memory model). N=2
+    enumerates every order; N=3 (40320 orders a stage) only microbatch-ordered ones."""
+    rng = random.Random(seed)
+
+    def times() -> tuple[float, float]:
+        return float(rng.choice([0, 1, 2, 3, 5])), float(rng.choice([0, 1, 2, 3, 5]))
+
+    profile = Profile(
+        num_stages=2,
+        num_microbatches=num_microbatches,
+        t_f_ms=times(),
+        t_b_ms=times(),
+        t_w_ms=times(),
+        delay_ms=(float(rng.randint(0, 4)),),
+        mem_limit=mem_limit,
+    )
+    result = solve_exact(profile, time_limit_s=5)
+    check_result(result, profile)
+    assert result.optimal
+    optimum = brute_force(profile, ordered=num_microbatches > 2)
+    assert result.iteration_time_ms == optimum == result.lower_bound_ms
+
+
+def test_fused_warm_start_is_split_and_kept_if_better() -> None:
+    """1F1B with BW ops as the warm start; with no time to search, its split form returns."""
+    profile = Profile.uniform(3, 6, 3, 4, 2, delay_ms=(5.0, 1.0))
+    split = one_f_one_b_split(3, 6, [3, 2, 1], lag=0)
+    fused = Schedule(
+        tuple(
+            tuple(
+                Op(OpKind.BW, m) if kind is OpKind.B else Op(kind, m)
+                for kind, m in ops
+                if kind is not OpKind.W
+            )
+            for ops in split.stages
+        )
+    )
+    result = solve_exact(profile, time_limit_s=0.0, warm_start=fused)
+    check_result(result, profile)
+    assert all(op.kind is not OpKind.BW for ops in result.schedule.stages for op in ops)
+    assert result.iteration_time_ms <= makespan(split, profile) <= makespan(fused, profile)
+    if result.status == "UNKNOWN":  # nothing found in no time: the warm start, split
+        assert result.schedule == split
+
+
+def test_no_solution_in_time_is_an_actionable_error() -> None:
+    with pytest.raises(ScheduleError, match="time_limit_s or pass a warm_start"):
+        solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=0.0)
+
+
+def test_memory_limit_below_one_microbatch_is_refused() -> None:
+    with pytest.raises(MemoryLimitError, match="mem_limit must be >= 1"):
+        solve_exact(Profile.uniform(2, 2, 1, 1, 1, mem_limit=0.5))
+
+
+def test_warm_start_over_the_memory_limit_is_refused(fig4_fixture: dict[str, Any]) -> None:
+    profile = Profile.uniform(4, 12, 10, 10, 10, mem_limit=3.0)
+    with pytest.raises(MemoryLimitError, match="warm start"):
+        solve_exact(profile, warm_start=Schedule.from_dict(fig4_fixture))
+
+
+def test_fractional_times_scale_exactly_or_round() -> None:
+    tenths = Profile.uniform(2, 3, 1.5, 2.25, 0.5, delay_ms=(0.1,))
+    result = solve_exact(tenths, time_limit_s=5)
+    check_result(result, tenths)
+    assert result.exact_in_ms and result.optimal
+    assert result.iteration_time_ms == pytest.approx(result.lower_bound_ms)
+    thirds = Profile.uniform(2, 3, 1 / 3, 1.0, 1.0)
+    rounded = solve_exact(thirds, time_limit_s=5)
+    check_result(rounded, thirds)
+    assert not rounded.exact_in_ms
+
+
+def test_deterministic_optimum() -> None:
+    profile = Profile(
+        num_stages=3,
+        num_microbatches=6,
+        t_f_ms=(3.0, 5.0, 4.0),
+        t_b_ms=(6.0, 7.0, 5.0),
+        t_w_ms=(2.0, 3.0, 4.0),
+        delay_ms=(7.0, 2.0),
+        mem_limit=2.0,
+    )
+    first, second = (solve_exact(profile, time_limit_s=5) for _ in range(2))
+    assert first.optimal and second.optimal
+    assert first.iteration_time_ms == second.iteration_time_ms
