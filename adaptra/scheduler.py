@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from adaptra.exact import solve_exact
 from adaptra.generator import generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup
 from adaptra.search import search_warmup
@@ -72,6 +71,8 @@ def plan_adaptra(
         exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
     if not exact_time_limit_s:
         return AdaptraPlan(best.schedule, method, plan, best.iteration_time_ms, num_candidates)
+    from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
+
     exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=best.schedule)
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
     return AdaptraPlan(

@@ -6,7 +6,6 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from adaptra.exact import solve_exact
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
 from pipeline.errors import ConfigError
@@ -40,6 +39,8 @@ def _adaptra(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, st
 
 def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
     """The exact solver, warm-started from the heuristic; `method` says what was proven."""
+    from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
+
     limit = DEFAULT_MILP_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     warm = plan_adaptra(profile, exact_time_limit_s=0)
     result = solve_exact(profile, time_limit_s=limit, warm_start=warm.schedule)

@@ -8,7 +8,7 @@ import statistics
 from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule
+from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import CommMode, simulate_iterations
 from pipeline.timeline import Timeline
 
@@ -46,12 +46,15 @@ def run_configuration(
 ) -> RunResult:
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
-    if backend != "sim":
-        raise ConfigError(f"backend {backend!r} is not implemented yet; use --backend sim")
+    if backend == "megatron":
+        raise ConfigError("backend 'megatron' is not implemented yet; use sim or emulated")
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     total = num_warmup_iterations + num_iterations
-    timeline = simulate_iterations(schedule, [profile] * total, CommMode(comm))
+    if backend == "sim":
+        timeline = simulate_iterations(schedule, [profile] * total, CommMode(comm))
+    else:
+        timeline = _run_emulated(schedule, profile, CommMode(comm), total)
     measured = [compute_metrics(timeline, i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
@@ -59,3 +62,21 @@ def run_configuration(
         bubble_ratios=tuple(m.bubble_ratio for m in measured),
         timeline=timeline,
     )
+
+
+def _run_emulated(
+    schedule: Schedule, profile: Profile, comm: CommMode, num_iterations: int
+) -> Timeline:
+    """Real worker processes, one per stage, each op a sleep of its profiled time."""
+    if comm is not CommMode.DIRECT:
+        raise ConfigError(
+            f"comm {comm.value!r} is not available in the emulated runtime yet; use --comm direct"
+        )
+    from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
+
+    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    with WorkerPool(profile.num_stages) as pool:
+        parts = [
+            pool.run_iteration(IterationConfig(i, schedule, profile)) for i in range(num_iterations)
+        ]
+    return Timeline.concat(parts)

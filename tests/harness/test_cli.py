@@ -166,8 +166,22 @@ def test_torch_csv_format(tmp_path: Path) -> None:
         (["schedule", "--profile", "{bad}", "--policy", "1f1b"], "t_f has 2 entries"),
         (["simulate", "--profile", "{p}", "--schedule", "{broken}"], "deadlock: stage 0"),
         (
-            ["run", "--backend", "emulated", "--profile", "{p}", "--policy", "1f1b"],
+            ["run", "--backend", "megatron", "--profile", "{p}", "--policy", "1f1b"],
             "not implemented yet",
+        ),
+        (
+            [
+                "run",
+                "--backend",
+                "emulated",
+                "--comm",
+                "delegated",
+                "--profile",
+                "{p}",
+                "--policy",
+                "1f1b",
+            ],
+            "not available in the emulated runtime yet",
         ),
         (["schedule", "--profile", "{tight}", "--policy", "zb-h2"], "mem_limit is 3"),
     ],
@@ -234,3 +248,43 @@ def test_scheduler_policies(tmp_path: Path, policy, extra, method, time_ms) -> N
     data = json.loads(out.stdout)
     assert (data["policy"], data["method"], data["iteration_time_ms"]) == (policy, method, time_ms)
     assert data["generation_ms"] > 0
+
+
+@pytest.mark.multiprocess
+def test_run_emulated_json_contract(tmp_path: Path) -> None:
+    profile = write_profile(
+        tmp_path, stages=2, microbatches=4, t_f=5, t_b=5, t_w=5, delay_ms=[10], message_bytes=4096
+    )
+    out = cli(
+        "run",
+        "--backend",
+        "emulated",
+        "--profile",
+        str(profile),
+        "--policy",
+        "1f1b",
+        "--iterations",
+        "2",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    simulated = json.loads(
+        cli(
+            "run",
+            "--backend",
+            "sim",
+            "--profile",
+            str(profile),
+            "--policy",
+            "1f1b",
+            "--iterations",
+            "1",
+            "--format",
+            "json",
+        ).stdout
+    )
+    predicted = simulated["median_iteration_ms"]
+    assert len(data["iteration_times_ms"]) == 2
+    assert all(predicted <= t < 1.3 * predicted for t in data["iteration_times_ms"])

@@ -1,0 +1,17 @@
+"""The multi-process runtime: real workers executing any schedule over torch.distributed."""
+
+from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
+from pipeline.runtime.hooks import FaultHook, FixedDelayHook, LaunchHook, local_launch
+from pipeline.runtime.pool import IterationConfig, WorkerError, WorkerPool
+
+__all__ = [
+    "ComputeBackend",
+    "EmulatedCompute",
+    "FaultHook",
+    "FixedDelayHook",
+    "IterationConfig",
+    "LaunchHook",
+    "WorkerError",
+    "WorkerPool",
+    "local_launch",
+]

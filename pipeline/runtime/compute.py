@@ -1,0 +1,64 @@
+"""Compute backends: what a worker does for an op. `emulated` sleeps the profiled time."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import torch
+
+from pipeline.ops import OpKind
+from pipeline.profile import Profile
+
+__all__ = ["ComputeBackend", "EmulatedCompute"]
+
+
+class ComputeBackend(Protocol):
+    """Built inside the worker by `setup`; `run` executes one op of this worker's stage.
+
+    `inputs` is the received activation (F) or gradient (B, BW) or None; the returned tensor
+    is the message to send (F: activation downstream, B/BW: gradient upstream) or None.
+    """
+
+    def setup(self, stage: int, num_stages: int, replica: int) -> None: ...
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None: ...
+
+    def message_buffer(self, profile: Profile) -> torch.Tensor:
+        """An empty receive buffer for one message."""
+        ...
+
+
+class EmulatedCompute:
+    """Each op sleeps its profiled duration; messages have the profile's size in bytes."""
+
+    def __init__(self) -> None:
+        self._stage = 0
+        self._payload = torch.empty(0, dtype=torch.uint8)
+
+    def setup(self, stage: int, num_stages: int, replica: int) -> None:
+        self._stage = stage
+
+    def message_buffer(self, profile: Profile) -> torch.Tensor:
+        return torch.empty(profile.message_bytes, dtype=torch.uint8)
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
+        stage = self._stage
+        duration_ms = {
+            OpKind.F: profile.t_f_ms[stage],
+            OpKind.B: profile.t_b_ms[stage],
+            OpKind.W: profile.t_w_ms[stage],
+            OpKind.BW: profile.t_b_ms[stage] + profile.t_w_ms[stage],
+        }[kind]
+        time.sleep(duration_ms / 1000.0)  # no CPU used: many ranks fit on few cores
+        if kind is OpKind.W:
+            return None
+        if self._payload.numel() != profile.message_bytes:
+            self._payload = torch.full(
+                (profile.message_bytes,), microbatch % 251, dtype=torch.uint8
+            )
+        return self._payload

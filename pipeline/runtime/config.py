@@ -1,0 +1,48 @@
+"""What the controller sends a worker for one iteration, and what it gets back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pipeline.profile import Profile
+from pipeline.runtime.hooks import FaultHook
+from pipeline.schedule import Schedule
+
+__all__ = ["IterationConfig", "RankResult"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IterationConfig:
+    """One iteration's setting: workers take a new one at every iteration boundary."""
+
+    iteration: int
+    schedule: Schedule
+    profile: Profile
+    comm: str = "direct"
+    fault_hook: FaultHook | None = None
+    """None: a fixed sleep per message from the profile's `delay_ms` (FixedDelayHook)."""
+    allreduce_bytes: int = 0
+    """Size of the emulated DP gradient all-reduce after the last op (0: none)."""
+
+    def __post_init__(self) -> None:
+        if self.comm != "direct":
+            raise ValueError(f"comm {self.comm!r} is not available in the runtime yet: use direct")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankResult:
+    """A rank's records for one iteration; times in seconds on the host's monotonic clock."""
+
+    rank: int
+    stage: int
+    replica: int
+    pid: int
+    ops: list[tuple[str, int, float, float]]
+    """(kind, microbatch, start, end)."""
+    sends: list[tuple[str, str, int, int, float, float]]
+    """(link, direction, microbatch, bytes, send start, send end)."""
+    receives: list[tuple[str, str, int, float | None]]
+    """(link, direction, microbatch, when a wait for it returned; None if already there)."""
+    step_start: float
+    step_end: float
+    bytes_sent: int

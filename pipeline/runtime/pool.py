@@ -1,0 +1,225 @@
+"""The controller side: a pool of worker processes, started once and reused.
+
+Each iteration the pool sends every worker its `IterationConfig` and a common start time on
+the host's monotonic clock (shared by all processes of one host), then gathers their records
+into one timeline. A dead, failing or silent worker ends the pool with a `WorkerError` that
+names the rank, and `close()` leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import TracebackType
+
+from pipeline.errors import AdaptraBenchError
+from pipeline.ops import OpKind
+from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
+from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.hooks import LaunchHook, local_launch
+from pipeline.runtime.worker import worker_main
+from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
+
+__all__ = ["IterationConfig", "WorkerError", "WorkerPool"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerError(AdaptraBenchError, RuntimeError):
+    """A worker died, failed or did not answer in time; the pool is closed."""
+
+
+class WorkerPool:
+    """`num_stages` x `num_replicas` workers (rank = replica * S + stage), one per process."""
+
+    def __init__(
+        self,
+        num_stages: int,
+        num_replicas: int = 1,
+        *,
+        compute_factory: Callable[[], ComputeBackend] = EmulatedCompute,
+        launch: LaunchHook = local_launch,
+        timeout_s: float = 60.0,
+        start_margin_s: float = 0.05,
+    ) -> None:
+        self.num_stages, self.num_replicas = num_stages, num_replicas
+        self.num_ranks = num_stages * num_replicas
+        self._compute_factory = compute_factory
+        self._launch = launch
+        self.timeout_s = timeout_s
+        self._start_margin_s = start_margin_s
+        self._processes: list[BaseProcess] = []
+        self._conns: list[Connection] = []
+        self._tmpdir: str | None = None
+        self._origin: float | None = None
+        self.pids: list[int] = []
+        self.bytes_sent = 0
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
+        init_file = str(Path(self._tmpdir) / "rendezvous")
+        try:
+            for rank in range(self.num_ranks):
+                parent, child = multiprocessing.get_context("spawn").Pipe()
+                args = (
+                    rank,
+                    self.num_stages,
+                    self.num_replicas,
+                    init_file,
+                    child,
+                    self.timeout_s,
+                    self._compute_factory(),
+                )
+                self._processes.append(self._launch(rank, worker_main, args))
+                self._conns.append(parent)
+                child.close()
+            self.pids = [int(pid) for pid in self._gather("start-up")]  # type: ignore[call-overload]
+        except BaseException:
+            self.close()
+            raise
+
+    def run_iteration(self, config: IterationConfig) -> Timeline:
+        """Run one iteration on every worker; its records, times in ms from the first start."""
+        if config.schedule.num_stages != self.num_stages:
+            raise ValueError(
+                f"schedule has {config.schedule.num_stages} stages, pool has {self.num_stages}"
+            )
+        start_at = time.monotonic() + self._start_margin_s
+        if self._origin is None:
+            self._origin = start_at
+        for conn in self._conns:
+            conn.send((config, start_at))
+        results: list[RankResult] = self._gather(f"iteration {config.iteration}")  # type: ignore[assignment]
+        self.bytes_sent += sum(r.bytes_sent for r in results)
+        return self._timeline(config, start_at, results)
+
+    def _gather(self, what: str) -> list[object]:
+        """One answer per rank, in rank order; any death, error or timeout is a WorkerError."""
+        answers: dict[int, object] = {}
+        # Workers give up on a single wait after timeout_s and say which op waited; the
+        # controller allows more, so that their word, naming the op, arrives first.
+        limit_s = 2 * self.timeout_s + 5.0
+        deadline = time.monotonic() + limit_s
+        while len(answers) < self.num_ranks:
+            waiting = [r for r in range(self.num_ranks) if r not in answers]
+            handles: dict[object, int] = {self._conns[r]: r for r in waiting}
+            handles.update({self._processes[r].sentinel: r for r in waiting})
+            ready = wait(list(handles), timeout=max(deadline - time.monotonic(), 0))  # type: ignore[arg-type]
+            if not ready:
+                self._fail(
+                    f"no answer from rank(s) {waiting} within {self.timeout_s:g} s during {what}"
+                )
+            for rank in sorted({handles[item] for item in ready}):
+                answer = self._receive(rank)  # an answer (or a last word) beats the exit code
+                if answer is not None:
+                    status, payload = answer
+                    if status == "error":
+                        self._fail(str(payload))
+                    answers[rank] = payload
+                elif not self._processes[rank].is_alive():
+                    code = self._processes[rank].exitcode
+                    self._fail(
+                        f"rank {rank} (stage {rank % self.num_stages}) exited with "
+                        f"code {code} during {what}"
+                    )
+        return [answers[rank] for rank in range(self.num_ranks)]
+
+    def _receive(self, rank: int) -> tuple[str, object] | None:
+        """The rank's next message, or None if there is none (or its pipe is closed)."""
+        conn = self._conns[rank]
+        try:
+            if conn.poll():
+                status, payload = conn.recv()
+                return str(status), payload
+        except (EOFError, OSError):
+            self._processes[rank].join(1.0)  # closed pipe: let the exit code settle
+        return None
+
+    def _fail(self, message: str) -> None:
+        self.close()
+        raise WorkerError(message)
+
+    def _timeline(
+        self, config: IterationConfig, start_at: float, results: list[RankResult]
+    ) -> Timeline:
+        assert self._origin is not None
+        origin, it = self._origin, config.iteration
+
+        def ms(t: float) -> float:
+            return (t - origin) * 1000.0
+
+        ops = [
+            OpRecord(it, r.stage, OpKind(kind), m, ms(a), ms(b))
+            for r in results
+            if r.replica == 0
+            for kind, m, a, b in r.ops
+        ]
+        seen = {(link, d, m): t for r in results if r.replica == 0 for link, d, m, t in r.receives}
+        messages = []
+        for r in results:
+            if r.replica != 0:
+                continue
+            for link, direction, m, num_bytes, a, b in r.sends:
+                arrival = seen.get((link, direction, m))
+                messages.append(
+                    MessageRecord(
+                        it,
+                        link,
+                        direction,
+                        m,
+                        num_bytes,
+                        ms(a),
+                        ms(b),
+                        ms(b if arrival is None else max(arrival, b)),
+                    )
+                )
+        end = max((rec.end_ms for rec in ops), default=ms(start_at))
+        step_ms = max((r.step_end - r.step_start) * 1000.0 for r in results)
+        return Timeline(
+            self.num_stages,
+            tuple(ops),
+            tuple(messages),
+            (IterationRecord(it, ms(start_at), end + step_ms, step_ms),),
+        )
+
+    def close(self) -> None:
+        """Stop every worker: ask, then terminate, then kill; remove the rendezvous files."""
+        for conn in self._conns:
+            with contextlib.suppress(OSError, ValueError):
+                conn.send(None)
+        deadline = time.monotonic() + 5.0
+        for process in self._processes:
+            process.join(max(deadline - time.monotonic(), 0))
+        for process in self._processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(2.0)
+        for conn in self._conns:
+            conn.close()
+        self._processes, self._conns = [], []
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None

@@ -1,0 +1,91 @@
+"""Transports move messages between neighbouring stages; every send passes the fault hook.
+
+A message is tagged with its iteration, kind (activation or gradient), microbatch and a
+sequence number. `direct` is the GPU-direct path: the send runs on the compute thread (so it
+blocks the next op: head-of-line blocking), and the iteration's receives are posted up front,
+since blocking sends with late receives deadlock under gloo (ENVIRONMENT.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipeline.runtime.hooks import FaultHook
+
+__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport"]
+
+ACTIVATION, GRADIENT = 0, 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Message:
+    iteration: int
+    kind: int  # ACTIVATION (sent downstream) or GRADIENT (sent upstream)
+    microbatch: int
+    seq: int
+    """Position among this iteration's messages on this link direction."""
+
+    @property
+    def tag(self) -> int:
+        # Receives of one iteration are all posted before it starts: (kind, microbatch) is
+        # unique within an iteration and iterations never overlap.
+        return 2 * self.microbatch + self.kind
+
+
+class PendingReceive(Protocol):
+    def wait(self, timeout_s: float) -> float | None:
+        """Block until the message is here: when a wait saw it arrive (monotonic s), or None
+        if it was already there."""
+        ...
+
+
+class Transport(Protocol):
+    def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive: ...
+
+    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> None: ...
+
+
+class _GlooReceive:
+    def __init__(self, work: dist.Work, what: str) -> None:
+        self._work = work
+        self._what = what
+
+    def wait(self, timeout_s: float) -> float | None:
+        if self._work.is_completed():
+            return None
+        try:
+            self._work.wait(dt.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            raise TimeoutError(f"waiting for {self._what} failed: {err}") from err
+        return time.monotonic()
+
+
+class DirectTransport:
+    """gloo point-to-point on the caller's thread, receives pre-posted (`irecv`)."""
+
+    def __init__(self, fault_hook: FaultHook) -> None:
+        self.fault_hook = fault_hook
+        self.bytes_sent = 0
+        self.num_sent = 0
+
+    def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive:
+        work = dist.irecv(buffer, src=peer, tag=message.tag)
+        if work is None:
+            raise RuntimeError(f"irecv from rank {peer} returned no handle")
+        kind = "activation" if message.kind == ACTIVATION else "gradient"
+        return _GlooReceive(work, f"the {kind} of microbatch {message.microbatch} from rank {peer}")
+
+    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> None:
+        direction = "forward" if message.kind == ACTIVATION else "backward"
+        kind = "F" if message.kind == ACTIVATION else "B"
+        num_bytes = payload.numel() * payload.element_size()
+        self.fault_hook(link, direction, message.iteration, kind, message.microbatch, num_bytes)
+        dist.send(payload, dst=peer, tag=message.tag)
+        self.bytes_sent += num_bytes
+        self.num_sent += 1
