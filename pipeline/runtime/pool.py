@@ -28,7 +28,7 @@ from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.worker import worker_main
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 
-__all__ = ["IterationConfig", "WorkerError", "WorkerPool"]
+__all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ class WorkerPool:
             conn.send((config, start_at))
         results: list[RankResult] = self._gather(f"iteration {config.iteration}")  # type: ignore[assignment]
         self.bytes_sent += sum(r.bytes_sent for r in results)
-        return self._timeline(config, start_at, results)
+        assert self._origin is not None
+        return assemble_timeline(self.num_stages, config.iteration, self._origin, start_at, results)
 
     def _gather(self, what: str) -> list[object]:
         """One answer per rank, in rank order; any death, error or timeout is a WorkerError."""
@@ -159,49 +160,6 @@ class WorkerPool:
         self.close()
         raise WorkerError(message)
 
-    def _timeline(
-        self, config: IterationConfig, start_at: float, results: list[RankResult]
-    ) -> Timeline:
-        assert self._origin is not None
-        origin, it = self._origin, config.iteration
-
-        def ms(t: float) -> float:
-            return (t - origin) * 1000.0
-
-        ops = [
-            OpRecord(it, r.stage, OpKind(kind), m, ms(a), ms(b))
-            for r in results
-            if r.replica == 0
-            for kind, m, a, b in r.ops
-        ]
-        seen = {(link, d, m): t for r in results if r.replica == 0 for link, d, m, t in r.receives}
-        messages = []
-        for r in results:
-            if r.replica != 0:
-                continue
-            for link, direction, m, num_bytes, a, b in r.sends:
-                arrival = seen.get((link, direction, m))
-                messages.append(
-                    MessageRecord(
-                        it,
-                        link,
-                        direction,
-                        m,
-                        num_bytes,
-                        ms(a),
-                        ms(b),
-                        ms(b if arrival is None else max(arrival, b)),
-                    )
-                )
-        end = max((rec.end_ms for rec in ops), default=ms(start_at))
-        step_ms = max((r.step_end - r.step_start) * 1000.0 for r in results)
-        return Timeline(
-            self.num_stages,
-            tuple(ops),
-            tuple(messages),
-            (IterationRecord(it, ms(start_at), end + step_ms, step_ms),),
-        )
-
     def close(self) -> None:
         """Stop every worker: ask, then terminate, then kill; remove the rendezvous files."""
         for conn in self._conns:
@@ -223,3 +181,45 @@ class WorkerPool:
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+
+def assemble_timeline(
+    num_stages: int, iteration: int, origin: float, start_at: float, results: list[RankResult]
+) -> Timeline:
+    """One iteration's timeline from every rank's records (replica 0's ops and messages; all
+    replicas' step times); times in ms from `origin`, the iteration starting at `start_at`."""
+
+    def ms(t: float) -> float:
+        return (t - origin) * 1000.0
+
+    first = [r for r in results if r.replica == 0]
+    ops = [
+        OpRecord(iteration, r.stage, OpKind(kind), m, ms(a), ms(b))
+        for r in first
+        for kind, m, a, b in r.ops
+    ]
+    seen = {(link, d, m): t for r in first for link, d, m, t in r.receives}
+    messages = []
+    for r in first:
+        for link, direction, m, num_bytes, a, b in r.sends:
+            arrival = seen.get((link, direction, m))
+            messages.append(
+                MessageRecord(
+                    iteration,
+                    link,
+                    direction,
+                    m,
+                    num_bytes,
+                    ms(a),
+                    ms(b),
+                    ms(b if arrival is None else max(arrival, b)),
+                )
+            )
+    end = max((rec.end_ms for rec in ops), default=ms(start_at))
+    step_ms = max((r.step_end - r.step_start) * 1000.0 for r in results)
+    return Timeline(
+        num_stages,
+        tuple(ops),
+        tuple(messages),
+        (IterationRecord(iteration, ms(start_at), end + step_ms, step_ms),),
+    )

@@ -23,7 +23,7 @@ from pipeline.runtime.transport import (
     PendingReceive,
 )
 
-__all__ = ["worker_main"]
+__all__ = ["join", "worker_main"]
 
 
 class _Worker:
@@ -125,6 +125,32 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
+def join(
+    rank: int,
+    num_stages: int,
+    num_replicas: int,
+    init_method: str,
+    timeout_s: float,
+    compute: ComputeBackend,
+) -> _Worker:
+    """Join the gloo process group and the DP groups; the worker for this rank."""
+    stage, replica = rank % num_stages, rank // num_stages
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=num_stages * num_replicas,
+        timeout=dt.timedelta(seconds=timeout_s),
+    )
+    dp_group = None
+    for s in range(num_stages):  # every rank creates every group, in the same order
+        group = dist.new_group([r * num_stages + s for r in range(num_replicas)])
+        if s == stage and num_replicas > 1:
+            dp_group = group
+    compute.setup(stage, num_stages, replica)
+    return _Worker(rank, stage, replica, num_stages, compute, dp_group, timeout_s)
+
+
 def worker_main(
     rank: int,
     num_stages: int,
@@ -137,22 +163,9 @@ def worker_main(
     """Process entry point; reports ready, then answers one command per iteration."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    stage, replica = rank % num_stages, rank // num_stages
+    stage = rank % num_stages
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=num_stages * num_replicas,
-            timeout=dt.timedelta(seconds=timeout_s),
-        )
-        dp_group = None
-        for s in range(num_stages):  # every rank creates every group, in the same order
-            group = dist.new_group([r * num_stages + s for r in range(num_replicas)])
-            if s == stage and num_replicas > 1:
-                dp_group = group
-        compute.setup(stage, num_stages, replica)
-        worker = _Worker(rank, stage, replica, num_stages, compute, dp_group, timeout_s)
+        worker = join(rank, num_stages, num_replicas, f"file://{init_file}", timeout_s, compute)
     except Exception as err:
         conn.send(("error", f"rank {rank} (stage {stage}) could not start: {err}"))
         return

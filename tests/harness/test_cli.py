@@ -288,3 +288,66 @@ def test_run_emulated_json_contract(tmp_path: Path) -> None:
     predicted = simulated["median_iteration_ms"]
     assert len(data["iteration_times_ms"]) == 2
     assert all(predicted <= t < 1.3 * predicted for t in data["iteration_times_ms"])
+
+
+def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
+    profile = write_profile(tmp_path)  # 4 stages
+    out = cli(
+        "launch",
+        "--profile",
+        str(profile),
+        "--policy",
+        "zb-h1",
+        "--nodes",
+        "2",
+        "--master-addr",
+        "10.1.2.3",
+        "--out",
+        str(tmp_path / "launch"),
+    )
+    assert out.returncode == 0, out.stderr
+    commands = out.stdout.strip().splitlines()
+    assert len(commands) == 2
+    for node_rank, command in enumerate(commands):
+        assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=2" in command
+        assert f"--node-rank={node_rank} --master-addr=10.1.2.3" in command
+        assert "-m pipeline.runtime.torchrun" in command
+    saved = json.loads((tmp_path / "launch" / "schedule.json").read_text())
+    assert len(saved["stages"]) == 4
+    uneven = cli(
+        "launch",
+        "--profile",
+        str(profile),
+        "--policy",
+        "zb-h1",
+        "--nodes",
+        "3",
+        "--out",
+        str(tmp_path / "launch"),
+    )
+    assert uneven.returncode == 1 and "do not split evenly over 3 nodes" in uneven.stderr
+
+
+@pytest.mark.multiprocess
+def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
+    profile = write_profile(
+        tmp_path, stages=2, microbatches=4, t_f=5, t_b=5, t_w=5, delay_ms=[10], message_bytes=4096
+    )
+    out = cli(
+        "launch",
+        "--profile",
+        str(profile),
+        "--policy",
+        "1f1b",
+        "--run",
+        "--iterations",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["iteration_times_ms"]) == 2
+    assert all(125.0 <= t < 1.4 * 125.0 for t in data["iteration_times_ms"])  # sim: 125 ms
+    timeline = json.loads(Path(data["timeline"]).read_text())
+    assert len(timeline["ops"]) == 2 * 2 * 4 * 2  # 2 iterations x 2 stages x (F, BW) x N

@@ -1,0 +1,112 @@
+"""Multi-node launch: torchrun starts one worker per rank on every node; each runs the same
+iterations on its own, and rank 0 gathers the records into a timeline.
+
+`torchrun_commands` writes the command line for each node; torchrun runs this module:
+`python -m torch.distributed.run ... -m pipeline.runtime.torchrun --profile P --schedule S`.
+Hosts' clocks are not shared, so each rank's times count from its own exit of the barrier
+that opens the iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pipeline.profile import Profile
+from pipeline.runtime.compute import EmulatedCompute
+from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.pool import assemble_timeline
+from pipeline.runtime.worker import join
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.timeline import Timeline
+
+__all__ = ["main", "torchrun_commands"]
+
+
+def torchrun_commands(
+    *,
+    num_nodes: int,
+    procs_per_node: int,
+    master_addr: str,
+    master_port: int,
+    worker_args: list[str],
+) -> list[str]:
+    """The command to run on node k (k = 0 .. num_nodes - 1), as shell text."""
+    commands = []
+    for node_rank in range(num_nodes):
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={num_nodes}",
+            f"--nproc-per-node={procs_per_node}",
+            f"--node-rank={node_rank}",
+            f"--master-addr={master_addr}",
+            f"--master-port={master_port}",
+            "-m",
+            "pipeline.runtime.torchrun",
+            *worker_args,
+        ]
+        commands.append(shlex.join(argv))
+    return commands
+
+
+def _shift(result: RankResult, delta: float) -> RankResult:
+    """The same records with every time moved by `delta` seconds."""
+    return dataclasses.replace(
+        result,
+        ops=[(k, m, a + delta, b + delta) for k, m, a, b in result.ops],
+        sends=[(li, d, m, n, a + delta, b + delta) for li, d, m, n, a, b in result.sends],
+        receives=[(li, d, m, None if t is None else t + delta) for li, d, m, t in result.receives],
+        step_start=result.step_start + delta,
+        step_end=result.step_end + delta,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", type=Path, required=True)
+    parser.add_argument("--schedule", type=Path, required=True)
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    profile = Profile.from_file(args.profile)
+    schedule = Schedule.from_dict(json.loads(args.schedule.read_text()))
+    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    worker = join(
+        rank, profile.num_stages, args.replicas, "env://", args.timeout, EmulatedCompute()
+    )
+    parts, offset = [], 0.0
+    for iteration in range(args.iterations):
+        dist.barrier()
+        start_at = time.monotonic()
+        result = worker.run(IterationConfig(iteration, schedule, profile), start_at)
+        gathered: list[RankResult | None] = [None] * dist.get_world_size()
+        dist.gather_object(_shift(result, offset - start_at), gathered if rank == 0 else None)
+        if rank == 0:
+            part = assemble_timeline(
+                profile.num_stages, iteration, 0.0, offset, [r for r in gathered if r is not None]
+            )
+            parts.append(part)
+            offset = part.iterations[0].end_ms / 1000.0
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "timeline.json").write_text(json.dumps(Timeline.concat(parts).to_dict()))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
