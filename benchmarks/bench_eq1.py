@@ -20,21 +20,7 @@ from adaptra.generator import generate_schedule
 from adaptra.planning import algorithm2
 from adaptra.scheduler import plan_adaptra
 from adaptra.slackness import absorbed, eq1_absorbs, slackness
-from pipeline.profile import Profile
-from pipeline.sampling import random_profile
-
-
-def random_eq1_profile(rng: random.Random) -> tuple[Profile, int]:
-    """S in 2..4, N in 2S..3S, times 5-20 ms, one slow link with 1-40 ms."""
-    num_stages = rng.randint(2, 4)
-    num_microbatches = rng.randint(2 * num_stages, 3 * num_stages)
-    slow_link = rng.randrange(num_stages - 1)
-    delay = float(rng.randint(1, 40))
-    delays = [delay if i == slow_link else 0.0 for i in range(num_stages - 1)]
-    profile = random_profile(
-        rng, num_stages, num_microbatches, low_ms=5, high_ms=20, delay_ms=delays
-    )
-    return profile, slow_link
+from pipeline.sampling import random_one_slow_link
 
 
 def main() -> None:
@@ -46,7 +32,7 @@ def main() -> None:
     counts = {(p, m): 0 for p in (True, False) for m in (True, False)}
     default_gaps, heuristic_gaps = [], []
     for _ in range(args.profiles):
-        profile, link = random_eq1_profile(rng)
+        profile, link = random_one_slow_link(rng)
         warmup = algorithm2(profile).warmup
         achieved = generate_schedule(profile, warmup).warmup_counts()
         predicted = eq1_absorbs(profile, link, slackness(achieved)[link])

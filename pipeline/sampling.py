@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pipeline.profile import Profile
 
-__all__ = ["random_profile"]
+__all__ = ["random_one_slow_link", "random_profile"]
 
 
 def random_profile(
@@ -33,3 +33,17 @@ def random_profile(
         t_w_ms=t_w,
         delay_ms=tuple(delay_ms),
     )
+
+
+def random_one_slow_link(rng: random.Random) -> tuple[Profile, int]:
+    """The Eq. (1) study's profiles: S in 2..4, N in 2S..3S, times 5-20 ms, one slow link
+    (returned with the profile) with 1-40 ms."""
+    num_stages = rng.randint(2, 4)
+    num_microbatches = rng.randint(2 * num_stages, 3 * num_stages)
+    slow_link = rng.randrange(num_stages - 1)
+    delay = float(rng.randint(1, 40))
+    delays = [delay if i == slow_link else 0.0 for i in range(num_stages - 1)]
+    profile = random_profile(
+        rng, num_stages, num_microbatches, low_ms=5, high_ms=20, delay_ms=delays
+    )
+    return profile, slow_link
