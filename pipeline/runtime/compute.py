@@ -20,7 +20,10 @@ class ComputeBackend(Protocol):
     is the message to send (F: activation downstream, B/BW: gradient upstream) or None.
     """
 
-    def setup(self, stage: int, num_stages: int, replica: int) -> None: ...
+    device: torch.device
+    """Where messages live: CUDA with NCCL, the CPU with gloo."""
+
+    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None: ...
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
@@ -36,13 +39,15 @@ class EmulatedCompute:
 
     def __init__(self) -> None:
         self._stage = 0
+        self.device = torch.device("cpu")
         self._payload = torch.empty(0, dtype=torch.uint8)
 
-    def setup(self, stage: int, num_stages: int, replica: int) -> None:
+    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
         self._stage = stage
+        self.device = device
 
     def message_buffer(self, profile: Profile) -> torch.Tensor:
-        return torch.empty(profile.message_bytes, dtype=torch.uint8)
+        return torch.empty(profile.message_bytes, dtype=torch.uint8, device=self.device)
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
@@ -58,7 +63,7 @@ class EmulatedCompute:
         if kind is OpKind.W:
             return None
         if self._payload.numel() != profile.message_bytes:
-            self._payload = torch.full(
-                (profile.message_bytes,), microbatch % 251, dtype=torch.uint8
+            self._payload = torch.zeros(
+                profile.message_bytes, dtype=torch.uint8, device=self.device
             )
         return self._payload

@@ -103,7 +103,7 @@ class _Worker:
             )
         step_start = time.monotonic()
         if self.dp_group is not None and config.allreduce_bytes > 0:
-            grads = torch.ones(max(config.allreduce_bytes // 4, 1), dtype=torch.float32)
+            grads = torch.ones(max(config.allreduce_bytes // 4, 1), device=self.compute.device)
             dist.all_reduce(grads, group=self.dp_group)
         return RankResult(
             self.rank,
@@ -135,8 +135,13 @@ def join(
 ) -> _Worker:
     """Join the gloo process group and the DP groups; the worker for this rank."""
     stage, replica = rank % num_stages, rank // num_stages
+    # NCCL where CUDA is present (untested: no GPU on the project's machines), gloo otherwise.
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "gloo",
+        "nccl" if device.type == "cuda" else "gloo",
         init_method=init_method,
         rank=rank,
         world_size=num_stages * num_replicas,
@@ -147,7 +152,7 @@ def join(
         group = dist.new_group([r * num_stages + s for r in range(num_replicas)])
         if s == stage and num_replicas > 1:
             dp_group = group
-    compute.setup(stage, num_stages, replica)
+    compute.setup(stage, num_stages, replica, device)
     return _Worker(rank, stage, replica, num_stages, compute, dp_group, timeout_s)
 
 

