@@ -217,6 +217,12 @@ simulate_cmd.name = "simulate"
     help="Where the default experiment writes its run directory.",
 )
 @click.option("--run-id", help="Resume (or name) a default-experiment run directory.")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Gantt chart PNG of the last measured iteration.",
+)
 def run(
     profile_path: str | None,
     policy: str | None,
@@ -229,6 +235,8 @@ def run(
     fmt: str,
     out: str,
     run_id: str | None,
+    trace: str | None,
+    plot: str | None,
 ) -> None:
     """Run one configuration, or with no --profile/--policy/--schedule the default experiment."""
     if profile_path is None and policy is None and schedule_path is None:
@@ -246,6 +254,15 @@ def run(
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
     )
+    if trace:
+        write_chrome_trace(result.timeline, trace)
+    if plot:
+        last = result.timeline.iterations[-1]
+        plot_gantt(
+            _shifted(result.timeline, last.iteration, last.start_ms),
+            plot,
+            title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
+        )
     if fmt == "json":
         _emit_json(
             {
@@ -343,6 +360,16 @@ def launch(
     click.echo(
         json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})
     )
+
+
+def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
+    """One iteration of a timeline, its times counted from its own start."""
+    ops = tuple(
+        r._replace(start_ms=r.start_ms - start_ms, end_ms=r.end_ms - start_ms)
+        for r in timeline.ops
+        if r.iteration == iteration
+    )
+    return Timeline(timeline.num_stages, ops, (), ())
 
 
 def _free_port() -> int:

@@ -267,9 +267,21 @@ def test_run_emulated_json_contract(tmp_path: Path) -> None:
         "2",
         "--format",
         "json",
+        "--trace",
+        str(tmp_path / "trace.json"),
+        "--plot",
+        str(tmp_path / "gantt.png"),
     )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
+    # The simulator's trace and Gantt code read the real run: 3 iterations (1 warm-up) x 16 ops.
+    spans = [
+        e
+        for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+        if e["ph"] == "X" and e["pid"] == 0
+    ]
+    assert len(spans) == 3 * 2 * 4 * 2
+    assert (tmp_path / "gantt.png").read_bytes()[:4] == b"\x89PNG"
     simulated = json.loads(
         cli(
             "run",
@@ -287,7 +299,7 @@ def test_run_emulated_json_contract(tmp_path: Path) -> None:
     )
     predicted = simulated["median_iteration_ms"]
     assert len(data["iteration_times_ms"]) == 2
-    assert all(predicted <= t < 1.3 * predicted for t in data["iteration_times_ms"])
+    assert all(predicted <= t < 1.5 * predicted for t in data["iteration_times_ms"])
 
 
 def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
