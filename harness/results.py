@@ -19,6 +19,7 @@ __all__ = [
     "read_csv_rows",
     "write_atomic",
     "write_csv_atomic",
+    "write_json_atomic",
 ]
 
 RESULTS_SCHEMA_VERSION = 1

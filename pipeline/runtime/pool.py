@@ -100,6 +100,8 @@ class WorkerPool:
 
     def run_iteration(self, config: IterationConfig) -> Timeline:
         """Run one iteration on every worker; its records, times in ms from the first start."""
+        if not self._processes:
+            raise WorkerError("the worker pool is not running (never started, or closed)")
         if config.schedule.num_stages != self.num_stages:
             raise ValueError(
                 f"schedule has {config.schedule.num_stages} stages, pool has {self.num_stages}"

@@ -123,3 +123,10 @@ def test_pp_by_dp_runs_the_gradient_all_reduce() -> None:
     assert len(timeline.ops) == 2 * 4 * 2  # F and BW; replica 0 records, replica 1 ran the same
     assert metrics.step_time_ms > 0
     assert timeline.iterations[0].end_ms >= max(r.end_ms for r in timeline.ops)
+
+
+def test_a_closed_pool_says_so() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    pool = WorkerPool(2)
+    with pytest.raises(WorkerError, match="not running"):
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
