@@ -13,7 +13,8 @@ _COLOURS = {OpKind.F: "#4c72b0", OpKind.B: "#55a868", OpKind.W: "#dd8452", OpKin
 
 
 def plot_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
-    """Write the chart; the microbatch index is printed in every box wide enough to hold it."""
+    """Write the chart of replica 0; the microbatch index is printed in every box wide enough
+    to hold it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +24,7 @@ def plot_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
     end_ms = max((r.end_ms for r in timeline.ops), default=1.0)
     fig, ax = plt.subplots(figsize=(12, 0.5 * timeline.num_stages + 1.2))
     min_label_ms = end_ms / 150
-    for r in timeline.ops:
+    for r in (op for op in timeline.ops if op.replica == 0):
         width = r.end_ms - r.start_ms
         ax.barh(
             r.stage,

@@ -36,15 +36,18 @@ class Metrics:
 
 
 def compute_metrics(timeline: Timeline, iteration: int = 0) -> Metrics:
-    """Metrics of one iteration of a timeline."""
+    """Metrics of one iteration of a timeline. With DP, the iteration time spans every
+    replica; the per-stage figures (and so the bubble ratio) are replica 0's."""
     bounds = next((r for r in timeline.iterations if r.iteration == iteration), None)
     if bounds is None:
         raise ValueError(f"timeline has no iteration {iteration}")
     per_stage: list[list[OpRecord]] = [[] for _ in range(timeline.num_stages)]
+    iteration_end = bounds.start_ms
     for record in timeline.ops:
         if record.iteration == iteration:
-            per_stage[record.stage].append(record)
-    iteration_end = max((r.end_ms for ops in per_stage for r in ops), default=bounds.start_ms)
+            iteration_end = max(iteration_end, record.end_ms)  # every replica counts here
+            if record.replica == 0:
+                per_stage[record.stage].append(record)
     iteration_time = iteration_end - bounds.start_ms
     stages = []
     max_span = 0.0

@@ -31,6 +31,8 @@ class OpRecord(NamedTuple):
     microbatch: int
     start_ms: float
     end_ms: float
+    replica: int = 0
+    """The DP replica whose copy of the stage ran it (0 without DP)."""
 
 
 class MessageRecord(NamedTuple):
@@ -44,6 +46,7 @@ class MessageRecord(NamedTuple):
     send_start_ms: float
     send_end_ms: float
     arrival_ms: float
+    replica: int = 0
 
 
 class IterationRecord(NamedTuple):

@@ -18,19 +18,22 @@ def _us(ms: float) -> float:
 
 
 def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
-    """One track per stage (ops) and one per link direction (messages in flight)."""
+    """One track per stage and replica (ops) and one per link direction (messages in
+    flight); replica 0 keeps the plain names ("stage 2", "2-3 forward")."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
     ]
-    for stage_idx in range(timeline.num_stages):
+    num_stages = timeline.num_stages
+    for replica, stage_idx in sorted({(r.replica, r.stage) for r in timeline.ops}):
+        name = f"stage {stage_idx}" if replica == 0 else f"replica {replica} stage {stage_idx}"
         events.append(
             {
                 "ph": "M",
                 "pid": _STAGES_PID,
-                "tid": stage_idx,
+                "tid": replica * num_stages + stage_idx,
                 "name": "thread_name",
-                "args": {"name": f"stage {stage_idx}"},
+                "args": {"name": name},
             }
         )
     for r in timeline.ops:
@@ -38,7 +41,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
             {
                 "ph": "X",
                 "pid": _STAGES_PID,
-                "tid": r.stage,
+                "tid": r.replica * num_stages + r.stage,
                 "name": f"{r.kind.value}{r.microbatch}",
                 "cat": r.kind.value,
                 "ts": _us(r.start_ms),
@@ -48,7 +51,8 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
         )
     tracks: dict[str, int] = {}
     for msg in timeline.messages:
-        track = f"{msg.link} {msg.direction}"
+        prefix = f"pp{msg.replica}:" if msg.replica else ""
+        track = f"{prefix}{msg.link} {msg.direction}"
         if track not in tracks:
             tracks[track] = len(tracks)
             events.append(

@@ -188,33 +188,26 @@ class WorkerPool:
 def assemble_timeline(
     num_stages: int, iteration: int, origin: float, start_at: float, results: list[RankResult]
 ) -> Timeline:
-    """One iteration's timeline from every rank's records (replica 0's ops and messages; all
-    replicas' step times); times in ms from `origin`, the iteration starting at `start_at`."""
+    """One iteration's timeline from every rank's records; times in ms from `origin`, the
+    iteration starting at `start_at`."""
 
     def ms(t: float) -> float:
         return (t - origin) * 1000.0
 
-    first = [r for r in results if r.replica == 0]
     ops = [
-        OpRecord(iteration, r.stage, OpKind(kind), m, ms(a), ms(b))
-        for r in first
+        OpRecord(iteration, r.stage, OpKind(kind), m, ms(a), ms(b), r.replica)
+        for r in results
         for kind, m, a, b in r.ops
     ]
-    seen = {(link, d, m): t for r in first for link, d, m, t in r.receives}
+    seen = {(r.replica, link, d, m): t for r in results for link, d, m, t in r.receives}
     messages = []
-    for r in first:
+    for r in results:
         for link, direction, m, num_bytes, a, b in r.sends:
-            arrival = seen.get((link, direction, m))
+            arrival = seen.get((r.replica, link, direction, m))
+            end = ms(b if arrival is None else max(arrival, b))
             messages.append(
                 MessageRecord(
-                    iteration,
-                    link,
-                    direction,
-                    m,
-                    num_bytes,
-                    ms(a),
-                    ms(b),
-                    ms(b if arrival is None else max(arrival, b)),
+                    iteration, link, direction, m, num_bytes, ms(a), ms(b), end, r.replica
                 )
             )
     end = max((rec.end_ms for rec in ops), default=ms(start_at))

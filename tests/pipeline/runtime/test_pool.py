@@ -120,7 +120,9 @@ def test_pp_by_dp_runs_the_gradient_all_reduce() -> None:
             IterationConfig(0, one_f_one_b(profile), profile, allreduce_bytes=4 << 20)
         )
     metrics = compute_metrics(timeline)
-    assert len(timeline.ops) == 2 * 4 * 2  # F and BW; replica 0 records, replica 1 ran the same
+    assert len(timeline.ops) == 2 * (2 * 4 * 2)  # every rank: 2 replicas x 2 stages x (F, BW)
+    assert {r.replica for r in timeline.ops} == {r.replica for r in timeline.messages} == {0, 1}
+    assert len(timeline.messages) == 2 * (2 * 4)
     assert metrics.step_time_ms > 0
     assert timeline.iterations[0].end_ms >= max(r.end_ms for r in timeline.ops)
 
