@@ -17,6 +17,7 @@ import click
 from harness.experiment import default_experiment, new_run_id, run_experiment
 from harness.policies import POLICIES, PlannedSchedule, plan
 from harness.runner import BACKENDS, run_configuration
+from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
 from pipeline.errors import AdaptraBenchError, ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
@@ -219,6 +220,12 @@ simulate_cmd.name = "simulate"
 @click.option("--run-id", help="Resume (or name) a default-experiment run directory.")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
 @click.option(
+    "--faults",
+    "faults_path",
+    type=click.Path(dir_okay=False),
+    help="Fault timeline: the paper's trace (.txt) or YAML (.yaml/.yml).",
+)
+@click.option(
     "--plot",
     type=click.Path(dir_okay=False),
     help="Gantt chart PNG of the last measured iteration.",
@@ -236,6 +243,7 @@ def run(
     out: str,
     run_id: str | None,
     trace: str | None,
+    faults_path: str | None,
     plot: str | None,
 ) -> None:
     """Run one configuration, or with no --profile/--policy/--schedule the default experiment."""
@@ -253,6 +261,7 @@ def run(
         comm=comm,
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
+        faults=_load_faults(faults_path) if faults_path else None,
     )
     if trace:
         write_chrome_trace(result.timeline, trace)
@@ -370,6 +379,11 @@ def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
         if r.iteration == iteration
     )
     return Timeline(timeline.num_stages, ops, (), ())
+
+
+def _load_faults(path: str) -> FaultTimeline:
+    text = _read_text(path, "fault timeline")
+    return parse_yaml(text) if path.endswith((".yaml", ".yml")) else parse_trace(text)
 
 
 def _free_port() -> int:

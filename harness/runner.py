@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from injectors.fault_timeline import FaultTimeline
 from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
@@ -43,7 +44,10 @@ def run_configuration(
     comm: CommMode | str = CommMode.DIRECT,
     num_iterations: int = 5,
     num_warmup_iterations: int = 1,
+    faults: FaultTimeline | None = None,
 ) -> RunResult:
+    """Warm-up iterations come first; a fault timeline counts iterations from the first
+    measured one, and its delays add to the profile's."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if backend == "megatron":
@@ -51,10 +55,11 @@ def run_configuration(
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     total = num_warmup_iterations + num_iterations
+    profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
     if backend == "sim":
-        timeline = simulate_iterations(schedule, [profile] * total, CommMode(comm))
+        timeline = simulate_iterations(schedule, profiles, CommMode(comm))
     else:
-        timeline = _run_emulated(schedule, profile, CommMode(comm), total)
+        timeline = _run_emulated(schedule, profiles, CommMode(comm))
     measured = [compute_metrics(timeline, i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
@@ -64,9 +69,31 @@ def run_configuration(
     )
 
 
-def _run_emulated(
-    schedule: Schedule, profile: Profile, comm: CommMode, num_iterations: int
-) -> Timeline:
+def _faulty_profiles(
+    profile: Profile, faults: FaultTimeline | None, num_iterations: int
+) -> list[Profile]:
+    if faults is None:
+        return [profile] * num_iterations
+    faults.validate(profile.num_stages, num_iterations)
+    if faults.failed_at(num_iterations - 1):
+        raise ConfigError(
+            "the fault timeline fails a NIC; failures are not modelled by the "
+            "sim and emulated backends yet (they come with NIC failover)"
+        )
+    return [
+        profile.with_delays(
+            [
+                a + b
+                for a, b in zip(
+                    profile.delay_ms, faults.delays_at(i, profile.num_stages), strict=True
+                )
+            ]
+        )
+        for i in range(num_iterations)
+    ]
+
+
+def _run_emulated(schedule: Schedule, profiles: list[Profile], comm: CommMode) -> Timeline:
     """Real worker processes, one per stage, each op a sleep of its profiled time."""
     if comm is not CommMode.DIRECT:
         raise ConfigError(
@@ -74,9 +101,10 @@ def _run_emulated(
         )
     from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
 
-    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
-    with WorkerPool(profile.num_stages) as pool:
+    first = profiles[0]
+    validate_schedule(schedule, first.num_stages, first.num_microbatches)
+    with WorkerPool(first.num_stages) as pool:
         parts = [
-            pool.run_iteration(IterationConfig(i, schedule, profile)) for i in range(num_iterations)
+            pool.run_iteration(IterationConfig(i, schedule, p)) for i, p in enumerate(profiles)
         ]
     return Timeline.concat(parts)

@@ -363,3 +363,38 @@ def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
     assert all(125.0 <= t < 1.4 * 125.0 for t in data["iteration_times_ms"])  # sim: 125 ms
     timeline = json.loads(Path(data["timeline"]).read_text())
     assert len(timeline["ops"]) == 2 * 2 * 4 * 2  # 2 iterations x 2 stages x (F, BW) x N
+
+
+def test_run_with_a_fault_timeline(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.txt"
+    faults.write_text("1;0_1;0.02 3;0_1;0\n")  # 20 ms on link 0-1 in iterations 1 and 2
+    out = cli(
+        "run",
+        "--profile",
+        str(write_profile(tmp_path, delay_ms=[20])),
+        "--policy",
+        "zb-h2",
+        "--iterations",
+        "4",
+        "--faults",
+        str(faults),
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    # 20 ms from the profile, 40 ms while the timeline adds its 20 (ZB-H2 over direct).
+    assert json.loads(out.stdout)["iteration_times_ms"] == [710.0, 1050.0, 1050.0, 710.0]
+    faults.write_text("9;0_1;0.02\n")
+    late = cli(
+        "run",
+        "--profile",
+        str(write_profile(tmp_path)),
+        "--policy",
+        "zb-h2",
+        "--iterations",
+        "4",
+        "--faults",
+        str(faults),
+    )
+    assert late.returncode == 1
+    assert "fault row 1: starts at iteration 9 but the run has 4" in late.stderr
