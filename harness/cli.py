@@ -371,6 +371,23 @@ def launch(
     )
 
 
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def doctor(fmt: str) -> None:
+    """What this machine can do, and what that means for a run."""
+    from injectors.doctor import run_checks
+
+    checks = run_checks()
+    if fmt == "json":
+        _emit_json(
+            {c.name: {"ok": c.ok, "detail": c.detail, "consequence": c.consequence} for c in checks}
+        )
+        return
+    for check in checks:
+        line = f"{'ok ' if check.ok else 'NO '} {check.name:<14} {check.detail}"
+        click.echo(line if check.ok else f"{line}\n     -> {check.consequence}")
+
+
 def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
     """One iteration of a timeline, its times counted from its own start."""
     ops = tuple(
