@@ -1,0 +1,215 @@
+"""The network testbed: one network namespace per host, built and torn down with pyroute2.
+
+Every host has two data interfaces, rnic0 and rnic1, on two bridges ("planes"), and mgmt on
+a management bridge that no fault touches (rendezvous and control). The bridges live in a
+switch namespace of the testbed's own, so nothing is added to the root namespace. Names
+carry a unique prefix, so testbeds coexist; teardown removes every namespace (and with them
+every link and qdisc) on normal exit, on exceptions and on SIGTERM; `cleanup()` removes the
+leftovers of a process that was killed outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from multiprocessing.process import BaseProcess
+from types import FrameType, TracebackType
+from typing import Any
+
+from pipeline.errors import AdaptraBenchError
+
+__all__ = ["PREFIX", "Testbed", "TestbedError", "cleanup"]
+
+PREFIX = "adb-"
+PLANES = ("rnic0", "rnic1", "mgmt")
+"""Interfaces of every host; plane index p uses the subnet 10.(p+1).0.0/24."""
+
+
+class TestbedError(AdaptraBenchError, RuntimeError):
+    """The testbed could not be built, changed or torn down."""
+
+    __test__ = False  # not a pytest test class
+
+
+def cleanup(prefix: str = PREFIX) -> list[str]:
+    """Remove every namespace whose name starts with `prefix`; returns their names."""
+    from pyroute2 import netns
+
+    removed = []
+    for name in netns.listnetns():
+        if name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                netns.remove(name)
+            removed.append(name)
+    return removed
+
+
+def _enter_and_run(
+    namespace: str, ifname: str, target: Callable[..., None], args: tuple[Any, ...]
+) -> None:
+    """Child-process entry: move into the host's namespace, bind gloo to its interface."""
+    from pyroute2 import netns
+
+    netns.setns(namespace)
+    os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    target(*args)
+
+
+class Testbed:
+    """`num_hosts` hosts; use as a context manager (it builds on enter, tears down on exit)."""
+
+    __test__ = False
+
+    def __init__(self, num_hosts: int, *, prefix: str = PREFIX) -> None:
+        if num_hosts < 1 or num_hosts > 250:
+            raise TestbedError(f"a testbed has 1 to 250 hosts, not {num_hosts}")
+        self.num_hosts = num_hosts
+        self.name = f"{prefix}{uuid.uuid4().hex[:8]}"
+        self.switch = f"{self.name}-sw"
+        self.hosts = [f"{self.name}-h{h}" for h in range(num_hosts)]
+        self._created: list[str] = []
+        self._previous_sigterm: Any = None
+        self._owner_pid = os.getpid()
+
+    @staticmethod
+    def address(host: int, plane: int = 0) -> str:
+        return f"10.{plane + 1}.0.{host + 1}"
+
+    def __enter__(self) -> Testbed:
+        self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            self.build()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.teardown()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner_pid:
+            # A forked helper (pyroute2 runs one per namespace) keeps the default: it dies.
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise SystemExit(128 + signum)  # unwinds through __exit__, which tears down
+
+    def build(self) -> None:
+        from pyroute2 import IPRoute, netns
+
+        for name in (self.switch, *self.hosts):
+            netns.create(name)
+            self._created.append(name)
+        with IPRoute(netns=self.switch) as ipr:
+            for plane in range(len(PLANES)):
+                ipr.link("add", ifname=f"br{plane}", kind="bridge")
+                ipr.link("set", index=ipr.link_lookup(ifname=f"br{plane}")[0], state="up")
+            for host, namespace in enumerate(self.hosts):
+                for plane in range(len(PLANES)):
+                    port, end = f"h{host}p{plane}", f"t{host}p{plane}"
+                    ipr.link("add", ifname=port, kind="veth", peer=end)
+                    bridge = ipr.link_lookup(ifname=f"br{plane}")[0]
+                    ipr.link(
+                        "set", index=ipr.link_lookup(ifname=port)[0], master=bridge, state="up"
+                    )
+                    ipr.link("set", index=ipr.link_lookup(ifname=end)[0], net_ns_fd=namespace)
+        for host, namespace in enumerate(self.hosts):
+            with IPRoute(netns=namespace) as ipr:
+                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+                for plane, ifname in enumerate(PLANES):
+                    index = ipr.link_lookup(ifname=f"t{host}p{plane}")[0]
+                    ipr.link("set", index=index, ifname=ifname)
+                    ipr.addr("add", index=index, address=self.address(host, plane), prefixlen=24)
+                    ipr.link("set", index=index, state="up")
+
+    def teardown(self) -> None:
+        """Remove every namespace this testbed made; idempotent."""
+        from pyroute2 import netns
+
+        for name in reversed(self._created):
+            with contextlib.suppress(OSError):
+                netns.remove(name)
+        self._created = []
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    @contextlib.contextmanager
+    def _host(self, host: int) -> Iterator[Any]:
+        from pyroute2 import IPRoute
+
+        with IPRoute(netns=self.hosts[host]) as ipr:
+            yield ipr
+
+    def set_link(self, host: int, plane: int, up: bool) -> None:
+        """A NIC failure (up=False) or its repair, on one host's interface of one plane."""
+        with self._host(host) as ipr:
+            index = ipr.link_lookup(ifname=PLANES[plane])[0]
+            ipr.link("set", index=index, state="up" if up else "down")
+            deadline = time.monotonic() + 5.0
+            while up and time.monotonic() < deadline:  # repaired once the carrier is back
+                (link,) = ipr.get_links(index)
+                if link.get("operstate") == "UP":
+                    return
+                time.sleep(0.05)
+            if up:
+                raise TestbedError(f"{PLANES[plane]} of host {host} did not come back up")
+
+    def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
+        """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst)."""
+        if plane >= 2:
+            raise TestbedError("the management plane never gets faults")
+        with self._host(src) as ipr:
+            index = ipr.link_lookup(ifname=PLANES[plane])[0]
+            if not any(q.get("handle") == 0x10000 for q in ipr.get_qdiscs(index=index)):
+                ipr.tc("add", "htb", index, 0x10000, default=0)  # unmatched: not shaped
+            classid = 0x10000 + 0x10 + dst
+            rate = f"{rate_mbit}mbit"
+            ipr.tc("add-class", "htb", index, classid, parent=0x10000, rate=rate, ceil=rate)
+            octets = [int(x) for x in self.address(dst, plane).split(".")]
+            key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
+            ipr.tc(
+                "add-filter",
+                "u32",
+                index,
+                parent=0x10000,
+                prio=1,
+                protocol=0x0800,
+                target=classid,
+                keys=[key],
+            )
+
+    def exec_prefix(self, host: int) -> list[str]:
+        """Argv prefix that runs a command inside a host (for subprocesses)."""
+        return ["ip", "netns", "exec", self.hosts[host]]
+
+    def launcher(self, ranks_per_host: int = 1, plane: int = 0) -> Callable[..., BaseProcess]:
+        """The launch hook: rank r runs on host r // ranks_per_host, gloo bound to the plane."""
+
+        def launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
+            host = rank // ranks_per_host
+            if host >= self.num_hosts:
+                raise TestbedError(
+                    f"rank {rank} needs host {host}, the testbed has {self.num_hosts}"
+                )
+            process = multiprocessing.get_context("spawn").Process(
+                target=_enter_and_run,
+                args=(self.hosts[host], PLANES[plane], target, args),
+                name=f"adaptra-worker-{rank}",
+                daemon=True,
+            )
+            process.start()
+            return process
+
+        return launch
