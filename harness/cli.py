@@ -388,6 +388,17 @@ def doctor(fmt: str) -> None:
         click.echo(line if check.ok else f"{line}\n     -> {check.consequence}")
 
 
+@cli.command()
+def cleanup() -> None:
+    """Remove network namespaces left behind by a testbed whose process was killed."""
+    from injectors.testbed import cleanup as remove_leftovers
+
+    removed = remove_leftovers()
+    click.echo(
+        f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else "")
+    )
+
+
 def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
     """One iteration of a timeline, its times counted from its own start."""
     ops = tuple(
