@@ -9,67 +9,12 @@ import time
 
 import pytest
 
+from injectors.probe import measure as _measure
 from injectors.testbed import Testbed, cleanup
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"
 )
-
-SERVER = textwrap.dedent("""
-    import socket, sys
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((sys.argv[1], 5000)); s.listen(); print("ready", flush=True)
-    c, _ = s.accept()
-    while True:
-        data = c.recv(1 << 16)
-        if not data:
-            break
-        if data == b"p":
-            c.sendall(b"p")
-""")
-CLIENT = textwrap.dedent("""
-    import socket, sys, time
-    s = socket.create_connection((sys.argv[1], 5000), timeout=float(sys.argv[3]))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if sys.argv[2] == "rtt":
-        times = []
-        for _ in range(20):
-            t = time.perf_counter(); s.sendall(b"p"); s.recv(1)
-            times.append(time.perf_counter() - t)
-        print(sorted(times)[10] * 1000)
-    else:
-        payload = b"x" * (1 << 20); t = time.perf_counter()
-        for _ in range(int(sys.argv[2])):
-            s.sendall(payload)
-        s.shutdown(socket.SHUT_WR); s.recv(1)
-        print(int(sys.argv[2]) * 8 * (1 << 20) / (time.perf_counter() - t) / 1e6)
-""")
-
-
-def _measure(
-    bed: Testbed, src: int, dst: int, plane: int, what: str, timeout_s: float = 10
-) -> float:
-    """Median RTT in ms ("rtt") or throughput in Mbit/s (a count of MiB) from src to dst."""
-    address = bed.address(dst, plane)
-    server = subprocess.Popen(
-        [*bed.exec_prefix(dst), sys.executable, "-c", SERVER, address],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
-        out = subprocess.run(
-            [*bed.exec_prefix(src), sys.executable, "-c", CLIENT, address, what, str(timeout_s)],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s + 30,
-        )
-        if out.returncode != 0:
-            raise ConnectionError(out.stderr.strip().splitlines()[-1])
-        return float(out.stdout)
-    finally:
-        server.kill()
-        server.wait()
 
 
 def test_build_addresses_and_teardown() -> None:
