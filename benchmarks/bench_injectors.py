@@ -1,0 +1,81 @@
+"""Accuracy of each injector (requested against measured) and the testbed's own cost.
+
+Run (as root, for the testbed part): python benchmarks/bench_injectors.py
+
+- Transport level, in a real emulated run (2 stages, gloo on loopback): the median time a
+  send is held for a requested delay, and for a bandwidth cap on 1 Mbit messages.
+- Network level, in the testbed: TCP throughput through an htb cap of 50/100/500 Mbit/s on
+  one pair, the uncapped pair and plane next to it, and the round trip of a pair (the cost of
+  veth + bridge + veth).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from baselines import one_f_one_b
+from injectors.probe import measure
+from injectors.testbed import Testbed
+from injectors.transport_faults import LinkFault, TransportFaultHook
+from pipeline.profile import Profile
+from pipeline.runtime import IterationConfig, WorkerPool
+
+
+def _held_ms(pool: WorkerPool, profile: Profile, hook: TransportFaultHook, it: int) -> float:
+    timeline = pool.run_iteration(
+        IterationConfig(it, one_f_one_b(profile), profile, fault_hook=hook)
+    )
+    return statistics.median(m.send_end_ms - m.send_start_ms for m in timeline.messages)
+
+
+def transport_level() -> None:
+    profile = Profile.uniform(2, 8, 2, 2, 2, message_bytes=125_000)  # 1 Mbit messages
+    print("| transport-level fault | requested ms per message | measured (median) |")
+    print("|---|---|---|")
+    with WorkerPool(2, timeout_s=30) as pool:
+        it = 0
+        pool.run_iteration(IterationConfig(it, one_f_one_b(profile), profile))
+        base = _held_ms(pool, profile, TransportFaultHook({}), it := it + 1)
+        print(f"| none | 0 | {base:.3f} |")
+        for delay in (5.0, 20.0, 50.0):
+            hook = TransportFaultHook.on_links({"0-1": LinkFault(delay_ms=delay)})
+            print(
+                f"| delay {delay:g} ms | {delay:g} | "
+                f"{_held_ms(pool, profile, hook, it := it + 1):.3f} |"
+            )
+        for rate in (100.0, 500.0):
+            hook = TransportFaultHook.on_links({"0-1": LinkFault(bandwidth_mbps=rate)})
+            print(
+                f"| cap {rate:g} Mbit/s | {1e3 / rate:g} | "
+                f"{_held_ms(pool, profile, hook, it := it + 1):.3f} |"
+            )
+
+
+def network_level() -> None:
+    print("\n| testbed | requested | measured |")
+    print("|---|---|---|")
+    with Testbed(3) as bed:
+        rtt = statistics.median(measure(bed, 0, 1, 0, "rtt") for _ in range(3))
+        print(f"| round trip, host 0 to 1 | - | {rtt:.3f} ms |")
+        print(f"| throughput, uncapped | - | {measure(bed, 0, 1, 0, '64'):.0f} Mbit/s |")
+        for rate in (50, 100, 500):
+            bed.cap_bandwidth(0, 1, plane=0, rate_mbit=rate)
+            capped = measure(bed, 0, 1, 0, str(max(8, rate // 8)))
+            print(f"| htb cap, host 0 to 1 | {rate} Mbit/s | {capped:.1f} Mbit/s |")
+            other = measure(bed, 0, 2, 0, "32")
+            print(f"| same plane, host 0 to 2 | uncapped | {other:.0f} Mbit/s |")
+            bed.teardown()
+            bed.build()
+
+
+def main() -> None:
+    transport_level()
+    if os.geteuid() == 0:
+        network_level()
+    else:
+        print("\n(testbed part skipped: it needs root)")
+
+
+if __name__ == "__main__":
+    main()
