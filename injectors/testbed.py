@@ -73,6 +73,7 @@ class Testbed:
         self.switch = f"{self.name}-sw"
         self.hosts = [f"{self.name}-h{h}" for h in range(num_hosts)]
         self._created: list[str] = []
+        self._wires: list[tuple[BaseProcess, Any]] = []
         self._previous_sigterm: Any = None
         self._owner_pid = os.getpid()
 
@@ -137,6 +138,14 @@ class Testbed:
         """Remove every namespace this testbed made; idempotent."""
         from pyroute2 import netns
 
+        for process, conn in self._wires:
+            with contextlib.suppress(OSError):
+                conn.send("stop")
+            process.join(2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(2.0)
+        self._wires = []
         for name in reversed(self._created):
             with contextlib.suppress(OSError):
                 netns.remove(name)
@@ -189,6 +198,40 @@ class Testbed:
                 target=classid,
                 keys=[key],
             )
+
+    def add_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:
+        """Per-packet one-way delay between two hosts on one plane (both directions), through
+        a userspace wire: this kernel has no netem (see `adaptra-bench doctor`)."""
+        from pyroute2 import IPRoute
+
+        from injectors.delay_wire import run_wire
+
+        if plane >= 2:
+            raise TestbedError("the management plane never gets faults")
+        if not delay_ms >= 0:
+            raise TestbedError(f"a delay must be >= 0 ms, got {delay_ms}")
+        ifname = f"w{len(self._wires)}"
+        parent, child = multiprocessing.get_context("spawn").Pipe()
+        process = multiprocessing.get_context("spawn").Process(
+            target=run_wire,
+            args=(self.hosts[host_a], self.hosts[host_b], ifname, delay_ms, child),
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        self._wires.append((process, parent))
+        if not parent.poll(10) or parent.recv() != "ready":
+            raise TestbedError(f"the delay wire between hosts {host_a} and {host_b} did not start")
+        for here, there in ((host_a, host_b), (host_b, host_a)):
+            with IPRoute(netns=self.hosts[here]) as ipr:
+                index = ipr.link_lookup(ifname=ifname)[0]
+                ipr.link("set", index=index, state="up")
+                ipr.route(
+                    "add",
+                    dst=f"{self.address(there, plane)}/32",
+                    oif=index,
+                    prefsrc=self.address(here, plane),
+                )
 
     def exec_prefix(self, host: int) -> list[str]:
         """Argv prefix that runs a command inside a host (for subprocesses)."""

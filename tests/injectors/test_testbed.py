@@ -110,3 +110,14 @@ def test_cleanup_removes_leftovers_of_a_killed_process() -> None:
     assert {f"{name}-sw", f"{name}-h0", f"{name}-h1"} <= set(removed)
     present = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert name not in present
+
+
+def test_a_delay_wire_delays_its_pair_only() -> None:
+    with Testbed(3) as bed:
+        bed.add_delay(0, 1, plane=0, delay_ms=20)
+        rtt = _measure(bed, 0, 1, 0, "rtt")
+        assert 36.0 <= rtt <= 44.0, rtt  # 2 x 20 ms one way, +-10 %
+        assert _measure(bed, 0, 2, 0, "rtt") < 5.0
+        assert _measure(bed, 0, 1, 1, "rtt") < 5.0
+        wires = [process for process, _ in bed._wires]
+    assert not any(process.is_alive() for process in wires)

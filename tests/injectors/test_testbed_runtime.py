@@ -40,3 +40,29 @@ def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
     measured = statistics.median(times[1:])  # after the warm-up iteration
     assert predicted > 400  # the cap dominates: the free-wire prediction is 75 ms
     assert abs(measured / predicted - 1) < 0.10, (measured, predicted)
+
+
+def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -> None:
+    """20 ms one way on the pair's plane, against a 20 ms sleep before every send on the same
+    link (the paper's injection). 8 KiB messages fit TCP's initial window; 64 KiB ones also
+    pay slow-start round trips after each idle gap and came out 13 % slower."""
+    profile = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8 << 10)
+    schedule = one_f_one_b(profile)
+
+    def median_ms(pool: WorkerPool, hook_profile: Profile, first: int) -> float:
+        times = [
+            compute_metrics(
+                pool.run_iteration(IterationConfig(i, schedule, hook_profile)), i
+            ).iteration_time_ms
+            for i in range(first, first + 3)
+        ]
+        return statistics.median(times[1:])
+
+    with Testbed(2) as bed:
+        with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
+            by_hook = median_ms(pool, profile.with_delays([20.0]), 0)
+        bed.add_delay(0, 1, plane=0, delay_ms=20)
+        with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
+            by_network = median_ms(pool, profile, 0)
+    assert by_hook > 2 * 75  # the delay dominates: 75 ms without it
+    assert abs(by_network / by_hook - 1) < 0.10, (by_network, by_hook)
