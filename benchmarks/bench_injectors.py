@@ -5,8 +5,9 @@ Run (as root, for the testbed part): python benchmarks/bench_injectors.py
 - Transport level, in a real emulated run (2 stages, gloo on loopback): the median time a
   send is held for a requested delay, and for a bandwidth cap on 1 Mbit messages.
 - Network level, in the testbed: TCP throughput through an htb cap of 50/100/500 Mbit/s on
-  one pair, the uncapped pair and plane next to it, and the round trip of a pair (the cost of
-  veth + bridge + veth).
+  one pair, the uncapped pair and plane next to it, the round trip of a pair (the cost of
+  veth + bridge + veth), and the userspace delay wire: one-way delay (half the round trip)
+  for 0/5/20 ms and its throughput at 0 ms.
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def network_level() -> None:
             print(f"| same plane, host 0 to 2 | uncapped | {other:.0f} Mbit/s |")
             bed.teardown()
             bed.build()
+    for delay in (0.0, 5.0, 20.0):
+        with Testbed(2) as bed:
+            bed.add_delay(0, 1, plane=0, delay_ms=delay)
+            rtt = statistics.median(measure(bed, 0, 1, 0, "rtt") for _ in range(3))
+            print(f"| delay wire, one way | {delay:g} ms | {rtt / 2:.3f} ms (half the RTT) |")
+            if delay == 0.0:
+                print(f"| delay wire throughput | - | {measure(bed, 0, 1, 0, '64'):.0f} Mbit/s |")
 
 
 def main() -> None:
