@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.plots import plot_iteration_time_vs_delay
-from harness.policies import POLICIES, plan, system_name
+from harness.policies import SYSTEMS, plan, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -38,14 +38,14 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
-    """Every combination of policy, comm and delay is one configuration, run `num_repeats` x."""
+    """Every combination of system and delay is one configuration, run `num_repeats` times."""
 
     name: str
     model: str
     """Name of the profile (the model it describes), as written in the results."""
     profile: Profile
-    policies: tuple[str, ...]
-    comms: tuple[str, ...] = ("direct",)
+    systems: tuple[str, ...]
+    """DESIGN.md's systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
     links: tuple[int, ...] = (0,)
     """PP links that receive the injected delay (by index: 0 is link 0-1)."""
     delays_ms: tuple[float, ...] = (0.0,)
@@ -56,15 +56,11 @@ class ExperimentSpec:
     backend: str = "sim"
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.policies if p not in POLICIES]
-        if not self.policies or unknown:
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if not self.systems or unknown:
             raise ConfigError(
-                f"unknown policy {unknown[0] if unknown else '(none)'}; "
-                f"valid: {', '.join(POLICIES)}"
+                f"unknown system {unknown[0] if unknown else '(none)'}; valid: {', '.join(SYSTEMS)}"
             )
-        for comm in self.comms:
-            if comm not in ("direct", "delegated"):
-                raise ConfigError(f"unknown comm {comm!r}; valid: direct, delegated")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         num_links = self.profile.num_stages - 1
@@ -87,15 +83,20 @@ class ExperimentSpec:
 
 
 def default_experiment() -> ExperimentSpec:
-    """1F1B, ZB-H1 and ZB-H2 on the paper's Fig. 4 pipeline, a slow first link, in sim."""
+    """1F1B, ZB, Adaptra-CPU and Adaptra on the paper's Fig. 4 pipeline, a slow first link."""
     return ExperimentSpec(
         name="default",
         model="fig4-uniform-10ms",
         profile=Profile.uniform(4, 12, t_f_ms=10, t_b_ms=10, t_w_ms=10),
-        policies=("1f1b", "zb-h1", "zb-h2"),
-        comms=("direct",),
+        systems=("1f1b", "zb", "adaptra-cpu", "adaptra"),
         links=(0,),
         delays_ms=(0.0, 10.0, 20.0, 40.0),
+    )
+
+
+def _delayed(spec: ExperimentSpec, delay_ms: float) -> Profile:
+    return spec.profile.with_delays(
+        [delay_ms if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
     )
 
 
@@ -128,35 +129,33 @@ def run_experiment(
             raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
     write_json_atomic(spec_path, spec_record)
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
-    done = {(r["policy"], r["comm"], r["scenario"], r["repeat"]) for r in runs}
+    done = {(r["system"], r["scenario"], r["repeat"]) for r in runs}
     # runs.csv is written after iterations.csv: rows of a configuration it lacks are stale.
     iterations: list[dict[str, Any]] = [
         r
         for r in read_csv_rows(run_dir / "iterations.csv")
-        if (r["policy"], r["comm"], r["scenario"], r["repeat"]) in done
+        if (r["system"], r["scenario"], r["repeat"]) in done
     ]
     configs = [
-        (policy, comm, delay, repeat)
-        for policy in spec.policies
-        for comm in spec.comms
+        (system, delay, repeat)
+        for system in spec.systems
         for delay in spec.delays_ms
         for repeat in range(spec.num_repeats)
     ]
-    planned = {policy: plan(policy, spec.profile) for policy in spec.policies}
-    for count, (policy, comm, delay, repeat) in enumerate(configs, start=1):
+    for count, (system, delay, repeat) in enumerate(configs, start=1):
         scenario, links = _scenario(spec.links, delay)
-        if (policy, comm, scenario, str(repeat)) in done:
+        if (system, scenario, str(repeat)) in done:
             continue
-        delays = [delay if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
+        profile = _delayed(spec, delay)
+        policy, comm = resolve_system(system, profile)
         result = run_configuration(
-            planned[policy].schedule,
-            spec.profile.with_delays(delays),
+            plan(policy, profile).schedule,  # planned for the scenario: Adaptra adapts
+            profile,
             backend=spec.backend,
             comm=comm,
             num_iterations=spec.num_iterations,
             num_warmup_iterations=spec.num_warmup_iterations,
         )
-        system = system_name(policy, comm)
         common = {
             "run_id": run_id,
             "backend": spec.backend,
@@ -212,20 +211,22 @@ def _write_figures(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any
         title=f"{spec.model}: delay on link(s) {','.join(link_name(i) for i in spec.links)}",
     )
     worst = max(spec.delays_ms)
-    for policy in spec.policies:
-        delays = [worst if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
+    profile = _delayed(spec, worst)
+    for system in spec.systems:
+        policy, comm = resolve_system(system, profile)
         run = run_configuration(
-            plan(policy, spec.profile).schedule,
-            spec.profile.with_delays(delays),
+            plan(policy, profile).schedule,
+            profile,
             backend="sim",
-            comm=CommMode(spec.comms[0]),
+            comm=CommMode(comm),
             num_iterations=1,
             num_warmup_iterations=0,
         )
         plot_gantt(
             run.timeline,
-            run_dir / f"gantt_{policy}.png",
-            title=f"{policy}, {spec.comms[0]}, {worst:g} ms on link(s) {spec.links}",
+            run_dir / f"gantt_{system}.png",
+            title=f"{system} ({policy} over {comm}), {worst:g} ms on link(s) "
+            f"{','.join(link_name(i) for i in spec.links)}",
         )
     lines = [
         f"# {spec.name}: {spec.model}",

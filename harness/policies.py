@@ -12,7 +12,15 @@ from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["DEFAULT_MILP_TIME_LIMIT_S", "POLICIES", "PlannedSchedule", "plan", "system_name"]
+__all__ = [
+    "DEFAULT_MILP_TIME_LIMIT_S",
+    "POLICIES",
+    "SYSTEMS",
+    "PlannedSchedule",
+    "plan",
+    "resolve_system",
+    "system_name",
+]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
 
@@ -73,6 +81,28 @@ def plan(policy: str, profile: Profile, *, time_limit_s: float | None = None) ->
     schedule, method = POLICIES[policy](profile, time_limit_s)
     generation_ms = (time.perf_counter() - start) * 1000.0
     return PlannedSchedule(policy, method, schedule, generation_ms)
+
+
+SYSTEMS: dict[str, tuple[str, str]] = {
+    "1f1b": ("1f1b", "direct"),
+    "zb-h1": ("zb-h1", "direct"),
+    "zb-h2": ("zb-h2", "direct"),
+    "zb": ("zb", "direct"),
+    "adaptra-cpu": ("zb", "delegated"),
+    "adaptra": ("adaptra", "delegated"),
+}
+"""DESIGN.md's systems as (policy, comm)."""
+
+
+def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
+    """The policy and comm of a system under a profile: Adaptra stays on the direct path while
+    no straggler is seen (no delay), and delegates once one is."""
+    if system not in SYSTEMS:
+        raise ConfigError(f"unknown system {system!r}; valid systems: {', '.join(SYSTEMS)}")
+    policy, comm = SYSTEMS[system]
+    if system == "adaptra" and not any(profile.delay_ms):
+        comm = "direct"
+    return policy, comm
 
 
 def system_name(policy: str, comm: str) -> str:

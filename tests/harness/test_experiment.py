@@ -27,19 +27,26 @@ def test_default_run_end_to_end(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     (run_dir,) = tmp_path.iterdir()
     assert f"results written to {run_dir}" in out.stdout
-    assert "[12/12]" in out.stderr  # progress
+    assert "[16/16]" in out.stderr  # progress
     runs = _rows(run_dir / "runs.csv")
     assert tuple(runs[0]) == RUNS_COLUMNS
-    assert len(runs) == 3 * 4
+    assert len(runs) == 4 * 4
     by_key = {(r["system"], float(r["delay_ms"])): float(r["median_iteration_ms"]) for r in runs}
-    assert by_key[("1f1b", 0.0)] == 450.0 and by_key[("zb-h2", 0.0)] == 390.0
-    assert by_key[("zb-h2", 40.0)] == 1050.0  # 40 ms on link 0-1, head-of-line blocking
-    assert len(_rows(run_dir / "iterations.csv")) == 12 * 5
+    assert by_key[("1f1b", 0.0)] == 450.0 and by_key[("zb", 0.0)] == 390.0
+    # Fig. 5: the adapted order pays only the delay; ZB's fixed order pays head-of-line
+    # blocking on the direct path, and only dependency bubbles over delegates.
+    assert [by_key[("adaptra", d)] for d in (10.0, 20.0, 40.0)] == [400.0, 410.0, 430.0]
+    assert by_key[("zb", 40.0)] > by_key[("adaptra-cpu", 40.0)] > by_key[("adaptra", 40.0)]
+    comms = {(r["system"], float(r["delay_ms"])): (r["policy"], r["comm"]) for r in runs}
+    assert comms[("adaptra", 0.0)] == ("adaptra", "direct")  # no straggler seen yet
+    assert comms[("adaptra", 40.0)] == ("adaptra", "delegated")
+    assert comms[("adaptra-cpu", 40.0)] == ("zb", "delegated")
+    assert len(_rows(run_dir / "iterations.csv")) == 16 * 5
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["spec"]["seed"] == 0 and spec["git_revision"]
-    for png in ["iteration_time_vs_delay.png", "gantt_1f1b.png", "gantt_zb-h2.png"]:
+    for png in ["iteration_time_vs_delay.png", "gantt_1f1b.png", "gantt_adaptra.png"]:
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| zb-h2 | 0-1@40ms | 1050.0 |" in (run_dir / "report.md").read_text()
+    assert "| adaptra | 0-1@40ms | 430.0 |" in (run_dir / "report.md").read_text()
 
 
 def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
@@ -47,7 +54,7 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
         name="t",
         model="m",
         profile=Profile.uniform(2, 4, 1, 1, 1),
-        policies=("1f1b", "zb-h1"),
+        systems=("1f1b", "zb-h1"),
         delays_ms=(0.0, 5.0),
         num_iterations=2,
     )
@@ -81,10 +88,9 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"policies": ("nope",)}, "unknown policy nope"),
+        ({"systems": ("nope",)}, "unknown system nope"),
         ({"links": (3,)}, "link 3 is out of range"),
         ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
-        ({"comms": ("ideal",)}, "unknown comm"),
         ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
     ],
 )
@@ -93,7 +99,7 @@ def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
         "name": "t",
         "model": "m",
         "profile": Profile.uniform(3, 3, 1, 1, 1),
-        "policies": ("1f1b",),
+        "systems": ("1f1b",),
     }
     with pytest.raises(ConfigError, match=message):
         ExperimentSpec(**{**base, **change})
