@@ -399,6 +399,40 @@ def cleanup() -> None:
     )
 
 
+@cli.command()
+@click.argument("base", type=click.Path(exists=True))
+@click.argument("new", type=click.Path(exists=True))
+@click.option(
+    "--tolerance",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Allowed worsening per metric, in percent.",
+)
+def compare(base: str, new: str, tolerance: float) -> None:
+    """Gate NEW against BASE (run directories or runs.csv files); exit 1 on a regression."""
+    from harness.compare import compare_runs, load_runs
+
+    changes = compare_runs(load_runs(Path(base)), load_runs(Path(new)), tolerance)
+    worse = [c for c in changes if c.worse]
+    width = max((len(c.configuration) for c in changes), default=10)
+    click.echo(f"{'configuration':<{width}}  {'metric':<24} {'base':>12} {'new':>12} {'change':>9}")
+    for c in changes:
+        new_text = "missing" if c.new is None else f"{c.new:.4g}"
+        pct = "" if c.change_pct is None else f"{c.change_pct:+.2f}%"
+        flag = "  WORSE" if c.worse else ""
+        click.echo(
+            f"{c.configuration:<{width}}  {c.metric:<24} {c.base:>12.4g} {new_text:>12} "
+            f"{pct:>9}{flag}"
+        )
+    if worse:
+        raise ConfigError(
+            f"{len(worse)} of {len(changes)} metrics got worse than "
+            f"{tolerance:g} % (see the table above)"
+        )
+    click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %")
+
+
 def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
     """One iteration of a timeline, its times counted from its own start."""
     ops = tuple(
