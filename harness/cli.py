@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from harness.experiment import default_experiment, new_run_id, run_experiment
+from harness.experiment import default_experiment, load_spec, new_run_id, run_experiment
 from harness.policies import POLICIES, PlannedSchedule, plan
 from harness.runner import BACKENDS, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
@@ -217,7 +217,13 @@ simulate_cmd.name = "simulate"
     default="results",
     help="Where the default experiment writes its run directory.",
 )
-@click.option("--run-id", help="Resume (or name) a default-experiment run directory.")
+@click.option("--run-id", help="Resume (or name) an experiment's run directory.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False),
+    help="Experiment spec (YAML) to run instead of the default experiment.",
+)
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
 @click.option(
     "--faults",
@@ -242,13 +248,15 @@ def run(
     fmt: str,
     out: str,
     run_id: str | None,
+    spec_path: str | None,
     trace: str | None,
     faults_path: str | None,
     plot: str | None,
 ) -> None:
-    """Run one configuration, or with no --profile/--policy/--schedule the default experiment."""
+    """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
+    --schedule the embedded default."""
     if profile_path is None and policy is None and schedule_path is None:
-        spec = default_experiment()
+        spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
@@ -431,6 +439,23 @@ def compare(base: str, new: str, tolerance: float) -> None:
             f"{tolerance:g} % (see the table above)"
         )
     click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def report(run_dir: str) -> None:
+    """Rebuild a run directory's figures and report.md from its results."""
+    from harness.experiment import ExperimentSpec, write_report
+    from harness.results import read_csv_rows
+
+    path = Path(run_dir)
+    spec_data = _load_json(str(path / "spec.json"), "spec")
+    spec = ExperimentSpec.from_dict(spec_data.get("spec") if isinstance(spec_data, dict) else None)
+    runs = read_csv_rows(path / "runs.csv")
+    if not runs:
+        raise ConfigError(f"{path} has no results in runs.csv")
+    write_report(spec, path, runs)
+    click.echo(f"report written to {path / 'report.md'}")
 
 
 def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:

@@ -31,7 +31,13 @@ from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile, link_name
 from pipeline.simulator import CommMode
 
-__all__ = ["ExperimentSpec", "default_experiment", "run_experiment"]
+__all__ = [
+    "ExperimentSpec",
+    "default_experiment",
+    "load_spec",
+    "run_experiment",
+    "write_report",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +86,55 @@ class ExperimentSpec:
         data = dataclasses.asdict(self)
         data["profile"] = self.profile.to_dict()
         return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ExperimentSpec:
+        """The `to_dict` form, which is also the YAML spec file's: links by index or "i-j"."""
+        if not isinstance(data, dict):
+            raise ConfigError("an experiment spec is a mapping of its fields")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ConfigError(
+                f"unknown spec key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}"
+            )
+        missing = [k for k in ("name", "model", "profile", "systems") if k not in data]
+        if missing:
+            raise ConfigError(f"the spec is missing {', '.join(missing)}")
+        values = dict(data)
+        values["profile"] = Profile.from_dict(data["profile"])
+        for key in ("systems", "delays_ms"):
+            if key in values:
+                values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
+        if "links" in values:
+            values["links"] = tuple(_link_index(link) for link in values["links"])
+        return cls(**values)
+
+
+def _link_index(link: Any) -> int:
+    if isinstance(link, int) and not isinstance(link, bool):
+        return link
+    text = str(link)
+    first, _, second = text.partition("-")
+    if not (first.isdigit() and second.isdigit() and int(second) == int(first) + 1):
+        raise ConfigError(f"link {text!r} is not a PP link like '0-1'")
+    return int(first)
+
+
+def load_spec(path: Path) -> ExperimentSpec:
+    """An experiment spec from a YAML (or JSON) file; every error names the file."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read spec {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"spec {path} is not valid YAML: {err}") from err
+    try:
+        return ExperimentSpec.from_dict(data)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"spec {path}: {err}") from err
 
 
 def default_experiment() -> ExperimentSpec:
@@ -200,11 +255,11 @@ def run_experiment(
             f"[{count}/{len(configs)}] {system} {scenario}: "
             f"{result.median_iteration_ms:.1f} ms median"
         )
-    _write_figures(spec, run_dir, runs)
+    write_report(spec, run_dir, runs)
     return run_dir
 
 
-def _write_figures(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
+def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
     plot_iteration_time_vs_delay(
         runs,
         run_dir / "iteration_time_vs_delay.png",

@@ -103,3 +103,96 @@ def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
     }
     with pytest.raises(ConfigError, match=message):
         ExperimentSpec(**{**base, **change})
+
+
+PRESET = Path(__file__).parents[2] / "harness" / "presets" / "fig5_straggler_sweep.yaml"
+
+
+def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--spec",
+            str(PRESET),
+            "--out",
+            str(tmp_path),
+            "--run-id",
+            "sweep",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    runs = _rows(tmp_path / "sweep" / "runs.csv")
+    assert len(runs) == 4 * 7
+    adaptra = {
+        float(r["delay_ms"]): float(r["median_iteration_ms"])
+        for r in runs
+        if r["system"] == "adaptra"
+    }
+    assert adaptra == {d: 390.0 + d for d in (0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0)}
+    (tmp_path / "sweep" / "report.md").unlink()
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(tmp_path / "sweep")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "| adaptra | 0-1@60ms | 450.0 |" in (tmp_path / "sweep" / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nmodel: m\nsystems: [1f1b]\n", "missing profile"),
+        (
+            "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
+            "systems: [warp]\n",
+            "unknown system warp",
+        ),
+        (
+            "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
+            "systems: [1f1b]\nlinks: ['1-2']\n",
+            "link 1 is out of range",
+        ),
+        (
+            "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
+            "systems: [1f1b]\ndelays_ms: [-5]\n",
+            "delays must be >= 0",
+        ),
+        (
+            "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 3, t_f: 1, t_b: 1, t_w: 1}\n"
+            "systems: [1f1b]\ncolour: red\n",
+            "unknown spec key",
+        ),
+    ],
+)
+def test_bad_spec_files_are_one_line_errors_and_write_nothing(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--spec",
+            str(spec),
+            "--out",
+            str(tmp_path / "results"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"error: spec {spec}:") and message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "results").exists()
