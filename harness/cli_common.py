@@ -1,0 +1,98 @@
+"""Helpers shared by the command modules: loading inputs, option sets, JSON output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from harness.policies import POLICIES, PlannedSchedule, plan
+from pipeline.errors import ConfigError
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.torch_csv import from_torch_csv
+
+__all__ = ["emit_json", "load_json", "read_text", "resolve", "schedule_options"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
+
+
+def load_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(read_text(path, what))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
+
+
+def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
+    """A schedule file (JSON with `stages`, or a torch CSV) and the profile it embeds, if any."""
+    if path.endswith(".csv"):
+        return from_torch_csv(read_text(path, "schedule")), None
+    data = load_json(path, "schedule")
+    embedded = data.get("profile") if isinstance(data, dict) else None
+    return Schedule.from_dict(data), embedded if isinstance(embedded, dict) else None
+
+
+def resolve(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None = None,
+) -> tuple[Profile, PlannedSchedule]:
+    """The profile and the schedule a command works on, from --profile and --policy/--schedule."""
+    if (policy is None) == (schedule_path is None):
+        raise ConfigError("give exactly one of --policy and --schedule")
+    schedule, embedded = _load_schedule(schedule_path) if schedule_path else (None, None)
+    if profile_path is not None:
+        profile = Profile.from_file(profile_path)
+    elif embedded is not None:
+        profile = Profile.from_dict(embedded)
+    else:
+        raise ConfigError("--profile is required (the schedule file has no 'profile' key)")
+    if schedule is None:
+        return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
+    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
+
+
+def schedule_options(func: F) -> F:
+    func = click.option(
+        "--schedule",
+        "schedule_path",
+        type=click.Path(dir_okay=False),
+        help="JSON object with a 'stages' key (or a torch CSV): run exactly that order.",
+    )(func)
+    func = click.option(
+        "--time-limit",
+        "time_limit_s",
+        type=float,
+        help="Seconds for the exact solver: `milp` (default 30), `adaptra` (default: none).",
+    )(func)
+    func = click.option(
+        "--policy",
+        "--system",
+        "policy",
+        type=click.Choice(list(POLICIES)),
+        help="Policy that orders the ops.",
+    )(func)
+    func = click.option(
+        "--profile",
+        "profile_path",
+        type=click.Path(dir_okay=False),
+        help="Profile JSON file (DESIGN.md).",
+    )(func)
+    return func
+
+
+def emit_json(data: dict[str, Any]) -> None:
+    click.echo(json.dumps(data, indent=1))

@@ -1,0 +1,134 @@
+"""`launch`, `doctor` and `cleanup`: the machines a run needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+from pathlib import Path
+
+import click
+
+from harness.cli_common import emit_json, resolve, schedule_options
+from pipeline.errors import ConfigError
+from pipeline.metrics import compute_metrics
+from pipeline.timeline import Timeline
+
+__all__ = ["cleanup", "doctor", "launch"]
+
+
+@click.command()
+@schedule_options
+@click.option("--nodes", type=click.IntRange(min=1), default=1, help="Hosts to run on.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, help="DP replicas.")
+@click.option("--master-addr", default="127.0.0.1", help="Address of node 0.")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=29500)
+@click.option("--iterations", type=click.IntRange(min=1), default=3)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="results/launch",
+    help="Where the profile, schedule and (with --run) timeline.json go.",
+)
+@click.option("--run", "run_here", is_flag=True, help="Run it on this host (one node only).")
+def launch(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None,
+    nodes: int,
+    replicas: int,
+    master_addr: str,
+    master_port: int,
+    iterations: int,
+    out: str,
+    run_here: bool,
+) -> None:
+    """Print the torchrun command for every node (emulated compute), or run it here."""
+    from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
+
+    profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    world = profile.num_stages * replicas
+    if world % nodes:
+        raise ConfigError(f"{world} ranks do not split evenly over {nodes} nodes")
+    if run_here and nodes != 1:
+        raise ConfigError("--run starts one node only; run the printed commands on each node")
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "profile.json").write_text(json.dumps(profile.to_dict()))
+    (out_dir / "schedule.json").write_text(json.dumps(planned.schedule.to_dict()))
+    worker_args = [
+        "--profile",
+        str(out_dir / "profile.json"),
+        "--schedule",
+        str(out_dir / "schedule.json"),
+        "--replicas",
+        str(replicas),
+        "--iterations",
+        str(iterations),
+        "--out",
+        str(out_dir),
+    ]
+    port = _free_port() if run_here else master_port
+    commands = torchrun_commands(
+        num_nodes=nodes,
+        procs_per_node=world // nodes,
+        master_addr=master_addr,
+        master_port=port,
+        worker_args=worker_args,
+    )
+    if not run_here:
+        for command in commands:
+            click.echo(command)
+        return
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    try:
+        done = subprocess.run(
+            shlex.split(commands[0]), env=env, capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired as err:
+        raise ConfigError("torchrun did not finish within 600 s") from err
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ConfigError(f"torchrun failed with exit code {done.returncode}: {last}")
+    timeline = Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
+    times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
+    click.echo(
+        json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})
+    )
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def doctor(fmt: str) -> None:
+    """What this machine can do, and what that means for a run."""
+    from injectors.doctor import run_checks
+
+    checks = run_checks()
+    if fmt == "json":
+        emit_json(
+            {c.name: {"ok": c.ok, "detail": c.detail, "consequence": c.consequence} for c in checks}
+        )
+        return
+    for check in checks:
+        line = f"{'ok ' if check.ok else 'NO '} {check.name:<14} {check.detail}"
+        click.echo(line if check.ok else f"{line}\n     -> {check.consequence}")
+
+
+@click.command()
+def cleanup() -> None:
+    """Remove network namespaces left behind by a testbed whose process was killed."""
+    from injectors.testbed import cleanup as remove_leftovers
+
+    removed = remove_leftovers()
+    click.echo(
+        f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else "")
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,183 @@
+"""`run`, `report` and `compare`: experiments, their reports and the regression gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from harness.cli_common import emit_json, load_json, read_text, resolve, schedule_options
+from harness.experiment import default_experiment, load_spec, new_run_id, run_experiment
+from harness.runner import BACKENDS, run_configuration
+from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
+from pipeline.errors import ConfigError
+from pipeline.gantt import plot_gantt
+from pipeline.timeline import Timeline
+from pipeline.trace import write_chrome_trace
+
+__all__ = ["compare", "report", "run"]
+
+
+@click.command()
+@schedule_options
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
+@click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
+@click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
+@click.option(
+    "--warmup-iterations",
+    type=click.IntRange(min=0),
+    default=1,
+    help="Iterations run first and not reported.",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default="results",
+    help="Where the default experiment writes its run directory.",
+)
+@click.option("--run-id", help="Resume (or name) an experiment's run directory.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False),
+    help="Experiment spec (YAML) to run instead of the default experiment.",
+)
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
+@click.option(
+    "--faults",
+    "faults_path",
+    type=click.Path(dir_okay=False),
+    help="Fault timeline: the paper's trace (.txt) or YAML (.yaml/.yml).",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False),
+    help="Gantt chart PNG of the last measured iteration.",
+)
+def run(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None,
+    backend: str,
+    comm: str,
+    iterations: int,
+    warmup_iterations: int,
+    fmt: str,
+    out: str,
+    run_id: str | None,
+    spec_path: str | None,
+    trace: str | None,
+    faults_path: str | None,
+    plot: str | None,
+) -> None:
+    """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
+    --schedule the embedded default."""
+    if profile_path is None and policy is None and schedule_path is None:
+        spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
+        run_dir = Path(out) / (run_id or new_run_id(spec.name))
+        run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
+        click.echo(f"results written to {run_dir}")
+        return
+    profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    result = run_configuration(
+        planned.schedule,
+        profile,
+        backend=backend,
+        comm=comm,
+        num_iterations=iterations,
+        num_warmup_iterations=warmup_iterations,
+        faults=_load_faults(faults_path) if faults_path else None,
+    )
+    if trace:
+        write_chrome_trace(result.timeline, trace)
+    if plot:
+        last = result.timeline.iterations[-1]
+        plot_gantt(
+            _shifted(result.timeline, last.iteration, last.start_ms),
+            plot,
+            title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
+        )
+    if fmt == "json":
+        emit_json(
+            {
+                "backend": backend,
+                "policy": planned.policy,
+                "comm": comm,
+                "iteration_times_ms": list(result.iteration_times_ms),
+                "median_iteration_ms": result.median_iteration_ms,
+                "step_times_ms": list(result.step_times_ms),
+            }
+        )
+        return
+    click.echo(
+        f"{planned.policy} over {comm} ({backend}): median iteration "
+        f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
+    )
+
+
+@click.command()
+@click.argument("base", type=click.Path(exists=True))
+@click.argument("new", type=click.Path(exists=True))
+@click.option(
+    "--tolerance",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Allowed worsening per metric, in percent.",
+)
+def compare(base: str, new: str, tolerance: float) -> None:
+    """Gate NEW against BASE (run directories or runs.csv files); exit 1 on a regression."""
+    from harness.compare import compare_runs, load_runs
+
+    changes = compare_runs(load_runs(Path(base)), load_runs(Path(new)), tolerance)
+    worse = [c for c in changes if c.worse]
+    width = max((len(c.configuration) for c in changes), default=10)
+    click.echo(f"{'configuration':<{width}}  {'metric':<24} {'base':>12} {'new':>12} {'change':>9}")
+    for c in changes:
+        new_text = "missing" if c.new is None else f"{c.new:.4g}"
+        pct = "" if c.change_pct is None else f"{c.change_pct:+.2f}%"
+        flag = "  WORSE" if c.worse else ""
+        click.echo(
+            f"{c.configuration:<{width}}  {c.metric:<24} {c.base:>12.4g} {new_text:>12} "
+            f"{pct:>9}{flag}"
+        )
+    if worse:
+        raise ConfigError(
+            f"{len(worse)} of {len(changes)} metrics got worse than "
+            f"{tolerance:g} % (see the table above)"
+        )
+    click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %")
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def report(run_dir: str) -> None:
+    """Rebuild a run directory's figures and report.md from its results."""
+    from harness.experiment import ExperimentSpec, write_report
+    from harness.results import read_csv_rows
+
+    path = Path(run_dir)
+    spec_data = load_json(str(path / "spec.json"), "spec")
+    spec = ExperimentSpec.from_dict(spec_data.get("spec") if isinstance(spec_data, dict) else None)
+    runs = read_csv_rows(path / "runs.csv")
+    if not runs:
+        raise ConfigError(f"{path} has no results in runs.csv")
+    write_report(spec, path, runs)
+    click.echo(f"report written to {path / 'report.md'}")
+
+
+def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
+    """One iteration of a timeline, its times counted from its own start."""
+    ops = tuple(
+        r._replace(start_ms=r.start_ms - start_ms, end_ms=r.end_ms - start_ms)
+        for r in timeline.ops
+        if r.iteration == iteration
+    )
+    return Timeline(timeline.num_stages, ops, (), ())
+
+
+def _load_faults(path: str) -> FaultTimeline:
+    text = read_text(path, "fault timeline")
+    return parse_yaml(text) if path.endswith((".yaml", ".yml")) else parse_trace(text)

@@ -1,0 +1,96 @@
+"""`schedule` and `simulate`: produce and time schedules."""
+
+from __future__ import annotations
+
+import click
+
+from harness.cli_common import emit_json, resolve, schedule_options
+from pipeline.gantt import plot_gantt
+from pipeline.metrics import compute_metrics
+from pipeline.simulator import CommMode, simulate
+from pipeline.torch_csv import to_torch_csv
+from pipeline.trace import write_chrome_trace
+
+__all__ = ["schedule", "simulate_cmd"]
+
+
+@click.command()
+@schedule_options
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "torch-csv"]), default="text")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+def schedule(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None,
+    fmt: str,
+    plot: str | None,
+) -> None:
+    """Produce a schedule and time it in `ideal` mode under the profile's delays."""
+    profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    timeline = simulate(planned.schedule, profile, CommMode.IDEAL, validate=False)
+    metrics = compute_metrics(timeline)
+    if plot:
+        plot_gantt(timeline, plot, title=f"{planned.policy}: {metrics.iteration_time_ms:g} ms")
+    if fmt == "torch-csv":
+        click.echo(to_torch_csv(planned.schedule), nl=False)
+    elif fmt == "json":
+        emit_json(
+            {
+                "policy": planned.policy,
+                "method": planned.method,
+                "warmup": list(planned.schedule.warmup_counts()),
+                "stages": planned.schedule.to_text(),
+                "iteration_time_ms": metrics.iteration_time_ms,
+                "generation_ms": planned.generation_ms,
+            }
+        )
+    else:
+        click.echo(
+            f"policy {planned.policy} ({planned.method}), warm-up "
+            f"{list(planned.schedule.warmup_counts())}, ideal iteration time "
+            f"{metrics.iteration_time_ms:g} ms"
+        )
+        click.echo(planned.schedule.render())
+
+
+@click.command()
+@schedule_options
+@click.option("--comm", type=click.Choice([m.value for m in CommMode]), default="ideal")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+def simulate_cmd(
+    profile_path: str | None,
+    policy: str | None,
+    schedule_path: str | None,
+    time_limit_s: float | None,
+    comm: str,
+    fmt: str,
+    trace: str | None,
+    plot: str | None,
+) -> None:
+    """Simulate one iteration of a schedule and print its metrics."""
+    profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False)
+    metrics = compute_metrics(timeline)
+    if trace:
+        write_chrome_trace(timeline, trace)
+    if plot:
+        plot_gantt(timeline, plot, title=f"{planned.policy}, {comm}")
+    if fmt == "json":
+        emit_json({"policy": planned.policy, "comm": comm, **metrics.to_dict()})
+        return
+    click.echo(
+        f"{planned.policy}, {comm}: iteration {metrics.iteration_time_ms:g} ms, max "
+        f"stage span {metrics.max_stage_span_ms:g} ms, bubble ratio "
+        f"{metrics.bubble_ratio:.3f}"
+    )
+    click.echo(f"{'stage':>5} {'busy ms':>10} {'idle ms':>10} {'peak mem':>9}")
+    for idx, stage in enumerate(metrics.stages):
+        click.echo(
+            f"{idx:>5} {stage.busy_ms:>10.3f} {stage.idle_ms:>10.3f} {stage.peak_memory:>9g}"
+        )
+
+
+simulate_cmd.name = "simulate"
