@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
@@ -26,7 +27,7 @@ class IterationConfig:
 
     def __post_init__(self) -> None:
         if self.comm != "direct":
-            raise ValueError(f"comm {self.comm!r} is not available in the runtime yet: use direct")
+            raise ConfigError(f"comm {self.comm!r} is not available in the runtime yet: use direct")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
