@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BASELINE = Path(__file__).parents[2] / "benchmarks" / "baselines" / "default_runs.csv"
+BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
 
 
 def _compare(base: Path, new: Path, *extra: str) -> subprocess.CompletedProcess[str]:
