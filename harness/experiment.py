@@ -29,6 +29,7 @@ from harness.runner import BACKENDS, run_configuration
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile, link_name
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
 __all__ = [
@@ -197,14 +198,17 @@ def run_experiment(
         for delay in spec.delays_ms
         for repeat in range(spec.num_repeats)
     ]
+    schedules: dict[tuple[str, float], Schedule] = {}
     for count, (system, delay, repeat) in enumerate(configs, start=1):
         scenario, links = _scenario(spec.links, delay)
         if (system, scenario, str(repeat)) in done:
             continue
         profile = _delayed(spec, delay)
         policy, comm = resolve_system(system, profile)
+        if (policy, delay) not in schedules:  # planned per scenario (Adaptra adapts), once
+            schedules[policy, delay] = plan(policy, profile).schedule
         result = run_configuration(
-            plan(policy, profile).schedule,  # planned for the scenario: Adaptra adapts
+            schedules[policy, delay],
             profile,
             backend=spec.backend,
             comm=comm,

@@ -19,7 +19,6 @@ __all__ = [
     "PlannedSchedule",
     "plan",
     "resolve_system",
-    "system_name",
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
@@ -103,12 +102,3 @@ def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
     if system == "adaptra" and not any(profile.delay_ms):
         comm = "direct"
     return policy, comm
-
-
-def system_name(policy: str, comm: str) -> str:
-    """DESIGN.md's system names: a ZB order over `delegated` is `adaptra-cpu`."""
-    if comm == "direct":
-        return policy
-    if comm == "delegated" and policy == "zb":
-        return "adaptra-cpu"
-    return f"{policy}+{comm}"

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from injectors.testbed import add_peer_filter
+
 __all__ = ["Check", "run_checks"]
 
 
@@ -52,19 +54,11 @@ def _probe_kernel() -> dict[str, tuple[bool, str]]:
                 try:
                     if kind == "u32":
                         ipr.tc("add", "htb", index, 0x10000, default=0x10)
-                        ipr.tc(
-                            "add-filter",
-                            "u32",
-                            index,
-                            parent=0x10000,
-                            prio=1,
-                            protocol=0x0800,
-                            target=0x10001,
-                            keys=["0x0a000002/0xffffffff+16"],
-                        )
+                        add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
                     else:
                         ipr.tc("add", kind, index, 0x10000, **options)
-                    found[kind] = (True, "a qdisc was attached")
+                    what = "filter" if kind == "u32" else "qdisc"
+                    found[kind] = (True, f"a {kind} {what} was attached")
                 except Exception as err:
                     found[kind] = (False, str(err))
     finally:

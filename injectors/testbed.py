@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.errors import AdaptraBenchError
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "cleanup"]
+__all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter", "cleanup"]
 
 PREFIX = "adb-"
 PLANES = ("rnic0", "rnic1", "mgmt")
@@ -47,6 +47,22 @@ def cleanup(prefix: str = PREFIX) -> list[str]:
                 netns.remove(name)
             removed.append(name)
     return removed
+
+
+def add_peer_filter(ipr: Any, index: int, address: str, classid: int) -> None:
+    """A u32 filter on the htb root 1: sending IPv4 packets for `address` to `classid`."""
+    octets = [int(x) for x in address.split(".")]
+    key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
+    ipr.tc(
+        "add-filter",
+        "u32",
+        index,
+        parent=0x10000,
+        prio=1,
+        protocol=0x0800,
+        target=classid,
+        keys=[key],
+    )
 
 
 def _enter_and_run(
@@ -186,18 +202,7 @@ class Testbed:
             classid = 0x10000 + 0x10 + dst
             rate = f"{rate_mbit}mbit"
             ipr.tc("add-class", "htb", index, classid, parent=0x10000, rate=rate, ceil=rate)
-            octets = [int(x) for x in self.address(dst, plane).split(".")]
-            key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
-            ipr.tc(
-                "add-filter",
-                "u32",
-                index,
-                parent=0x10000,
-                prio=1,
-                protocol=0x0800,
-                target=classid,
-                keys=[key],
-            )
+            add_peer_filter(ipr, index, self.address(dst, plane), classid)
 
     def add_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:
         """Per-packet one-way delay between two hosts on one plane (both directions), through

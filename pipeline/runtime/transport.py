@@ -72,7 +72,6 @@ class DirectTransport:
     def __init__(self, fault_hook: FaultHook) -> None:
         self.fault_hook = fault_hook
         self.bytes_sent = 0
-        self.num_sent = 0
 
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive:
         work = dist.irecv(buffer, src=peer, tag=message.tag)
@@ -88,4 +87,3 @@ class DirectTransport:
         self.fault_hook(link, direction, message.iteration, kind, message.microbatch, num_bytes)
         dist.send(payload, dst=peer, tag=message.tag)
         self.bytes_sent += num_bytes
-        self.num_sent += 1
