@@ -90,6 +90,7 @@ def run(
         num_warmup_iterations=warmup_iterations,
         faults=_load_faults(faults_path) if faults_path else None,
     )
+    assert result.timeline is not None  # kept by default
     if trace:
         write_chrome_trace(result.timeline, trace)
     if plot:
@@ -155,7 +156,8 @@ def compare(base: str, new: str, tolerance: float) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def report(run_dir: str) -> None:
     """Rebuild a run directory's figures and report.md from its results."""
-    from harness.experiment import ExperimentSpec, write_report
+    from harness.experiment import ExperimentSpec
+    from harness.report import write_report
     from harness.results import read_csv_rows
 
     path = Path(run_dir)

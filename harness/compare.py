@@ -15,6 +15,7 @@ __all__ = ["METRICS", "Change", "compare_runs", "load_runs"]
 METRICS: dict[str, bool] = {
     "median_iteration_ms": False,
     "mean_iteration_ms": False,
+    "median_wall_ms": False,
     "throughput_samples_per_s": True,
     "bubble_ratio": False,
 }
@@ -54,6 +55,8 @@ def compare_runs(
         name = " ".join(key[1:4]) + ("" if key[4] == "0" else f" #{key[4]}")
         other = new_by_key.get(key)
         for metric, higher_is_better in METRICS.items():
+            if row.get(metric) in (None, ""):
+                continue  # a baseline older than the metric
             before = float(row[metric])
             if other is None:
                 changes.append(Change(name, metric, before, None, None, True))

@@ -1,6 +1,8 @@
-"""Experiments: a spec of policies x comm modes x delay scenarios, run into a results dir.
+"""Experiments: models x systems x fault scenarios, run into a results directory.
 
-`default_experiment()` is what `adaptra-bench run` does with no arguments.
+A model is either one of the cost model's GPT-2 configurations (pipeline.cost_model) or, with
+`profile`, a label for a hand-written profile. `default_experiment()` is what
+`adaptra-bench run` does with no arguments.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.plots import plot_iteration_time_vs_delay
 from harness.policies import SYSTEMS, plan, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
@@ -21,41 +23,109 @@ from harness.results import (
     RUNS_COLUMNS,
     git_revision,
     read_csv_rows,
-    write_atomic,
     write_csv_atomic,
     write_json_atomic,
 )
-from harness.runner import BACKENDS, run_configuration
+from harness.runner import BACKENDS, Replan, run_configuration
+from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
+from pipeline.cost_model import CALIBRATED, Calibration, ModelCost, model_cost, resolve_model
 from pipeline.errors import ConfigError
-from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
 __all__ = [
     "ExperimentSpec",
+    "Scenario",
+    "Target",
     "default_experiment",
+    "fault_free_step_ms",
     "load_spec",
     "run_experiment",
-    "write_report",
 ]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    """One fault scenario: a delay on a set of PP links, or a fault timeline."""
+
+    links: tuple[int, ...] = ()
+    delay_ms: float = 0.0
+    faults: FaultTimeline | None = None
+    faults_name: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.faults is not None:
+            return f"trace:{self.faults_name}"
+        if not self.delay_ms or not self.links:
+            return "fault-free"
+        return f"{self.link_names}@{self.delay_ms:g}ms"
+
+    @property
+    def link_names(self) -> str:
+        return ",".join(link_name(i) for i in self.links)
+
+    def apply(self, profile: Profile) -> Profile:
+        delays = [self.delay_ms if i in self.links else 0.0 for i in range(profile.num_stages - 1)]
+        return profile.with_delays(delays)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """A model as the engines see it: its label, its profile and, if it has one, its cost."""
+
+    label: str
+    profile: Profile
+    cost: ModelCost | None
+
+    @property
+    def samples_per_iteration(self) -> int:
+        if self.cost is None:
+            return self.profile.num_microbatches
+        model = self.cost.model
+        return model.microbatches * model.microbatch_size * model.dp
+
+
+def _link_index(link: Any, num_stages: int) -> int:
+    """A PP link by index, as "i-j", or as "first" / "last"."""
+    if isinstance(link, int) and not isinstance(link, bool):
+        index = link
+    elif link == "first":
+        index = 0
+    elif link == "last":
+        index = num_stages - 2
+    else:
+        text = str(link)
+        first, _, second = text.partition("-")
+        if not (first.isdigit() and second.isdigit() and int(second) == int(first) + 1):
+            raise ConfigError(f"link {text!r} is not a PP link like '0-1', 'first' or 'last'")
+        index = int(first)
+    if not 0 <= index < num_stages - 1:
+        raise ConfigError(
+            f"link {link} is out of range: {num_stages} stages have links 0..{num_stages - 2}"
+        )
+    return index
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
-    """Every combination of system and delay is one configuration, run `num_repeats` times."""
+    """Every model x system x scenario is one configuration, run `num_repeats` times."""
 
     name: str
-    model: str
-    """Name of the profile (the model it describes), as written in the results."""
-    profile: Profile
+    models: tuple[Any, ...]
+    """Cost-model names or mappings (pipeline.cost_model.resolve_model); with `profile`, one
+    label for it."""
     systems: tuple[str, ...]
     """DESIGN.md's systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
-    links: tuple[int, ...] = (0,)
-    """PP links that receive the injected delay (by index: 0 is link 0-1)."""
+    profile: Profile | None = None
+    link_sets: tuple[tuple[Any, ...], ...] = (("0-1",),)
+    """Each set of PP links ("i-j", an index, "first" or "last") gets each delay in turn."""
     delays_ms: tuple[float, ...] = (0.0,)
+    faults: str | None = None
+    """A fault timeline file (paper trace or YAML): one scenario replacing links x delays."""
     num_iterations: int = 5
     num_warmup_iterations: int = 1
     num_repeats: int = 1
@@ -70,56 +140,89 @@ class ExperimentSpec:
             )
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
-        num_links = self.profile.num_stages - 1
-        for link_idx in self.links:
-            if not 0 <= link_idx < num_links:
-                raise ConfigError(
-                    f"link {link_idx} is out of range: {self.profile.num_stages} stages have "
-                    f"links 0..{num_links - 1}"
-                )
+        if not self.models:
+            raise ConfigError("the spec names no model")
+        if self.profile is not None and (
+            len(self.models) != 1 or not isinstance(self.models[0], str)
+        ):
+            raise ConfigError("with a profile, `models` is one label for it")
         for delay in self.delays_ms:
             if not delay >= 0:
                 raise ConfigError(f"delays must be >= 0 ms, got {delay}")
         if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
             raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
+        for target in self.targets():
+            self.scenarios(target.profile.num_stages)
+
+    def targets(self) -> list[Target]:
+        if self.profile is not None:
+            return [Target(str(self.models[0]), self.profile, None)]
+        targets = []
+        for entry in self.models:
+            cost = model_cost(resolve_model(entry))
+            targets.append(Target(cost.model.name, cost.profile, cost))
+        return targets
+
+    def scenarios(self, num_stages: int) -> list[Scenario]:
+        """The fault-free scenario once (if a delay is 0), then every link set x delay."""
+        if self.faults is not None:
+            timeline = load_faults(Path(self.faults))
+            timeline.validate(num_stages, self.num_iterations)
+            return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
+        sets = [tuple(_link_index(link, num_stages) for link in s) for s in self.link_sets]
+        if not sets:
+            raise ConfigError("link_sets is empty")
+        scenarios = [Scenario()] if 0 in self.delays_ms else []
+        scenarios += [Scenario(links, d) for links in sets for d in self.delays_ms if d]
+        return scenarios
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["profile"] = self.profile.to_dict()
+        data["profile"] = None if self.profile is None else self.profile.to_dict()
         return data
 
     @classmethod
-    def from_dict(cls, data: Any) -> ExperimentSpec:
-        """The `to_dict` form, which is also the YAML spec file's: links by index or "i-j"."""
+    def from_dict(cls, data: Any, base_dir: Path | None = None) -> ExperimentSpec:
+        """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
+        accepted for one model and one link set); `faults` is relative to `base_dir`."""
         if not isinstance(data, dict):
             raise ConfigError("an experiment spec is a mapping of its fields")
+        values = dict(data)
+        for single, plural in (("model", "models"), ("links", "link_sets")):
+            if single in values:
+                if plural in values:
+                    raise ConfigError(f"give {single!r} or {plural!r}, not both")
+                values[plural] = [values.pop(single)]
         fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - fields)
+        unknown = sorted(set(values) - fields)
         if unknown:
             raise ConfigError(
-                f"unknown spec key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}"
+                f"unknown spec key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted(fields | {'model', 'links'}))}"
             )
-        missing = [k for k in ("name", "model", "profile", "systems") if k not in data]
+        missing = [k for k in ("name", "models", "systems") if k not in values]
         if missing:
             raise ConfigError(f"the spec is missing {', '.join(missing)}")
-        values = dict(data)
-        values["profile"] = Profile.from_dict(data["profile"])
-        for key in ("systems", "delays_ms"):
+        if values.get("profile") is not None:
+            values["profile"] = Profile.from_dict(values["profile"])
+        for key in ("models", "systems", "delays_ms"):
             if key in values:
                 values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
-        if "links" in values:
-            values["links"] = tuple(_link_index(link) for link in values["links"])
+        if "link_sets" in values:
+            values["link_sets"] = tuple(
+                tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
+            )
+        if values.get("faults") is not None and base_dir is not None:
+            values["faults"] = str((base_dir / str(values["faults"])).resolve())
         return cls(**values)
 
 
-def _link_index(link: Any) -> int:
-    if isinstance(link, int) and not isinstance(link, bool):
-        return link
-    text = str(link)
-    first, _, second = text.partition("-")
-    if not (first.isdigit() and second.isdigit() and int(second) == int(first) + 1):
-        raise ConfigError(f"link {text!r} is not a PP link like '0-1'")
-    return int(first)
+def load_faults(path: Path) -> FaultTimeline:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read fault timeline {path}: {err.strerror}") from err
+    return parse_yaml(text) if path.suffix in (".yaml", ".yml") else parse_trace(text)
 
 
 def load_spec(path: Path) -> ExperimentSpec:
@@ -133,7 +236,7 @@ def load_spec(path: Path) -> ExperimentSpec:
     except yaml.YAMLError as err:
         raise ConfigError(f"spec {path} is not valid YAML: {err}") from err
     try:
-        return ExperimentSpec.from_dict(data)
+        return ExperimentSpec.from_dict(data, base_dir=path.parent)
     except (ConfigError, TypeError) as err:
         raise ConfigError(f"spec {path}: {err}") from err
 
@@ -142,27 +245,46 @@ def default_experiment() -> ExperimentSpec:
     """1F1B, ZB, Adaptra-CPU and Adaptra on the paper's Fig. 4 pipeline, a slow first link."""
     return ExperimentSpec(
         name="default",
-        model="fig4-uniform-10ms",
+        models=("fig4-uniform-10ms",),
         profile=Profile.uniform(4, 12, t_f_ms=10, t_b_ms=10, t_w_ms=10),
         systems=("1f1b", "zb", "adaptra-cpu", "adaptra"),
-        links=(0,),
         delays_ms=(0.0, 10.0, 20.0, 40.0),
     )
 
 
-def _delayed(spec: ExperimentSpec, delay_ms: float) -> Profile:
-    return spec.profile.with_delays(
-        [delay_ms if i in spec.links else 0.0 for i in range(spec.profile.num_stages - 1)]
-    )
-
-
-def _scenario(links: tuple[int, ...], delay_ms: float) -> tuple[str, str]:
-    names = ",".join(link_name(i) for i in links)
-    return (f"{names}@{delay_ms:g}ms" if delay_ms else "fault-free"), names
-
-
 def new_run_id(name: str) -> str:
     return f"{name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+
+
+def system_planner(system: str, target: Target) -> Replan:
+    """What `system` runs under a (delayed) profile of `target`, planned once per delay
+    vector: Adaptra re-plans whenever the delays change (the paper's oracle controller)."""
+    cache: dict[tuple[str, tuple[float, ...]], Schedule] = {}
+
+    def replan(profile: Profile) -> tuple[Schedule, Profile, CommMode]:
+        policy, comm = resolve_system(system, profile)
+        key = (policy, profile.delay_ms)
+        if key not in cache:
+            cache[key] = plan(policy, profile).schedule
+        schedule = cache[key]
+        if target.cost is not None:
+            profile = target.cost.profile_for(schedule).with_delays(profile.delay_ms)
+        return schedule, profile, CommMode(comm)
+
+    return replan
+
+
+def fault_free_step_ms(
+    model: str | dict[str, Any], system: str, calibration: Calibration = CALIBRATED
+) -> float:
+    """One fault-free step (pipeline, all-reduce, optimizer) of a cost-model model."""
+    cost = model_cost(resolve_model(model), calibration=calibration)
+    target = Target(cost.model.name, cost.profile, cost)
+    schedule, profile, comm = system_planner(system, target)(cost.profile)
+    result = run_configuration(
+        schedule, profile, comm=comm, num_iterations=1, allreduce=cost.allreduce
+    )
+    return result.median_wall_ms
 
 
 def run_experiment(
@@ -171,6 +293,8 @@ def run_experiment(
     progress: Callable[[str], None] = logger.info,
 ) -> Path:
     """Run every configuration not already in `run_dir` (resume), writing files atomically."""
+    from harness.report import write_report  # plotting libraries load slowly
+
     run_id = run_dir.name
     spec_path = run_dir / "spec.json"
     spec_record = {
@@ -184,69 +308,83 @@ def run_experiment(
         if previous != json.loads(json.dumps(spec_record["spec"])):
             raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
     write_json_atomic(spec_path, spec_record)
+    key_columns = ("model", "system", "scenario", "repeat")
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
-    done = {(r["system"], r["scenario"], r["repeat"]) for r in runs}
+    done = {tuple(r[k] for k in key_columns) for r in runs}
     # runs.csv is written after iterations.csv: rows of a configuration it lacks are stale.
     iterations: list[dict[str, Any]] = [
         r
         for r in read_csv_rows(run_dir / "iterations.csv")
-        if (r["system"], r["scenario"], r["repeat"]) in done
+        if tuple(r[k] for k in key_columns) in done
     ]
     configs = [
-        (system, delay, repeat)
+        (target, system, scenario, repeat)
+        for target in spec.targets()
         for system in spec.systems
-        for delay in spec.delays_ms
+        for scenario in spec.scenarios(target.profile.num_stages)
         for repeat in range(spec.num_repeats)
     ]
-    schedules: dict[tuple[str, float], Schedule] = {}
-    for count, (system, delay, repeat) in enumerate(configs, start=1):
-        scenario, links = _scenario(spec.links, delay)
-        if (system, scenario, str(repeat)) in done:
+    planners: dict[tuple[str, str], Replan] = {}
+    for count, (target, system, scenario, repeat) in enumerate(configs, start=1):
+        if (target.label, system, scenario.name, str(repeat)) in done:
             continue
-        profile = _delayed(spec, delay)
-        policy, comm = resolve_system(system, profile)
-        if (policy, delay) not in schedules:  # planned per scenario (Adaptra adapts), once
-            schedules[policy, delay] = plan(policy, profile).schedule
+        replan = planners.setdefault((target.label, system), system_planner(system, target))
+        schedule, profile, comm = replan(scenario.apply(target.profile))
         result = run_configuration(
-            schedules[policy, delay],
+            schedule,
             profile,
             backend=spec.backend,
             comm=comm,
             num_iterations=spec.num_iterations,
             num_warmup_iterations=spec.num_warmup_iterations,
+            faults=scenario.faults,
+            replan=replan,
+            allreduce=None if target.cost is None else target.cost.allreduce,
+            keep_timeline=False,
         )
+        policy, comm_name = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
         common = {
             "run_id": run_id,
             "backend": spec.backend,
-            "model": spec.model,
+            "model": target.label,
             "policy": policy,
-            "comm": comm,
+            "comm": comm_name,
             "system": system,
-            "scenario": scenario,
+            "scenario": scenario.name,
             "repeat": repeat,
         }
+        median_wall_ms = result.median_wall_ms
         runs.append(
             {
                 **common,
-                "links": links,
-                "delay_ms": delay,
+                "links": scenario.link_names,
+                "delay_ms": scenario.delay_ms,
                 "seed": spec.seed,
                 "iterations": len(result.iteration_times_ms),
                 "mean_iteration_ms": result.mean_iteration_ms,
                 "median_iteration_ms": result.median_iteration_ms,
-                "throughput_samples_per_s": spec.profile.num_microbatches
+                "median_wall_ms": median_wall_ms,
+                # samples over the whole run's time: a fault timeline's slow steps count
+                "throughput_samples_per_s": target.samples_per_iteration
                 * 1000.0
-                / result.median_iteration_ms,
+                / statistics.fmean(result.wall_times_ms),
                 "bubble_ratio": sum(result.bubble_ratios) / len(result.bubble_ratios),
                 "schema_version": RESULTS_SCHEMA_VERSION,
             }
         )
-        for idx, (time_ms, step_ms, bubble) in enumerate(
-            zip(result.iteration_times_ms, result.step_times_ms, result.bubble_ratios, strict=True)
+        for idx, (time_ms, step_ms, bubble, iteration_comm) in enumerate(
+            zip(
+                result.iteration_times_ms,
+                result.step_times_ms,
+                result.bubble_ratios,
+                result.comms,
+                strict=True,
+            )
         ):
             iterations.append(
                 {
                     **common,
+                    "comm": iteration_comm.value,
                     "iteration": idx,
                     "iteration_time_ms": time_ms,
                     "step_time_ms": step_ms,
@@ -256,49 +394,8 @@ def run_experiment(
         write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
         write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
         progress(
-            f"[{count}/{len(configs)}] {system} {scenario}: "
-            f"{result.median_iteration_ms:.1f} ms median"
+            f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}: "
+            f"{median_wall_ms:.1f} ms median"
         )
     write_report(spec, run_dir, runs)
     return run_dir
-
-
-def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
-    plot_iteration_time_vs_delay(
-        runs,
-        run_dir / "iteration_time_vs_delay.png",
-        title=f"{spec.model}: delay on link(s) {','.join(link_name(i) for i in spec.links)}",
-    )
-    worst = max(spec.delays_ms)
-    profile = _delayed(spec, worst)
-    for system in spec.systems:
-        policy, comm = resolve_system(system, profile)
-        run = run_configuration(
-            plan(policy, profile).schedule,
-            profile,
-            backend="sim",
-            comm=CommMode(comm),
-            num_iterations=1,
-            num_warmup_iterations=0,
-        )
-        plot_gantt(
-            run.timeline,
-            run_dir / f"gantt_{system}.png",
-            title=f"{system} ({policy} over {comm}), {worst:g} ms on link(s) "
-            f"{','.join(link_name(i) for i in spec.links)}",
-        )
-    lines = [
-        f"# {spec.name}: {spec.model}",
-        "",
-        f"Backend `{spec.backend}`, {spec.num_iterations} measured iterations per configuration.",
-        "",
-        "| system | scenario | median iteration (ms) | bubble ratio |",
-        "|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['system']} | {r['scenario']} | {float(r['median_iteration_ms']):.1f} | "
-        f"{float(r['bubble_ratio']):.3f} |"
-        for r in runs
-    ]
-    lines += ["", "![iteration time vs delay](iteration_time_vs_delay.png)", ""]
-    write_atomic(run_dir / "report.md", "\n".join(lines))

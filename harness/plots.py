@@ -6,7 +6,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_iteration_time_vs_delay", "plot_lines"]
+__all__ = [
+    "plot_iteration_time_vs_delay",
+    "plot_lines",
+    "plot_slowdown",
+    "plot_throughput_over_time",
+]
 
 
 def plot_lines(
@@ -21,13 +26,10 @@ def plot_lines(
     title: str = "",
 ) -> None:
     """One line per `hue` value, markers on the points, y axis from 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
     import seaborn as sns
 
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sns.lineplot(
         data=pd.DataFrame(list(rows)),
@@ -50,25 +52,126 @@ def plot_lines(
     plt.close(fig)
 
 
-def plot_iteration_time_vs_delay(
-    runs: Sequence[Mapping[str, Any]], path: Path, title: str = ""
-) -> None:
-    """Median iteration time against the injected delay, one line per system (runs.csv rows)."""
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Median time per step against the injected delay: a panel per model, a line per system
+    and a line style per link set (runs.csv rows)."""
+    import pandas as pd
+    import seaborn as sns
+
+    plt = _pyplot()
+    frame = pd.DataFrame(
+        [
+            {
+                "model": r["model"],
+                "system": r["system"],
+                "links": r["links"] or "none",
+                "delay (ms)": float(r["delay_ms"]),
+                "median step (ms)": float(r["median_wall_ms"]),
+            }
+            for r in runs
+        ]
+    )
+    # The fault-free point belongs to every link set's line.
+    free = frame[frame["delay (ms)"] == 0]
+    faulty = frame[frame["delay (ms)"] > 0]
+    for links in faulty["links"].unique():
+        frame = pd.concat([frame, free.assign(links=links)])
+    frame = frame[(frame["links"] != "none") | faulty.empty]
+    grid = sns.relplot(
+        data=frame,
+        x="delay (ms)",
+        y="median step (ms)",
+        hue="system",
+        style="links",
+        col="model",
+        col_wrap=min(4, frame["model"].nunique()),
+        kind="line",
+        markers=True,
+        errorbar=None,
+        height=3.6,
+        facet_kws={"sharey": False},
+    )
+    grid.set(ylim=(0, None))
+    grid.savefig(path, dpi=110)
+    plt.close(grid.figure)
+
+
+def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
+    """Fig. 15/16 style bars: each system's step time over its own fault-free step time.
+    False (and no file) when the runs have no fault-free baseline."""
+    import pandas as pd
+    import seaborn as sns
+
+    base = {
+        (r["model"], r["system"]): float(r["median_wall_ms"])
+        for r in runs
+        if r["scenario"] == "fault-free"
+    }
     rows = [
         {
-            **r,
-            "delay_ms": float(r["delay_ms"]),
-            "median_iteration_ms": float(r["median_iteration_ms"]),
+            "model": r["model"],
+            "system": r["system"],
+            "scenario": r["scenario"],
+            "slowdown": float(r["median_wall_ms"]) / base[r["model"], r["system"]],
         }
         for r in runs
+        if r["scenario"] != "fault-free" and (r["model"], r["system"]) in base
     ]
-    plot_lines(
-        rows,
-        path,
-        x="delay_ms",
-        y="median_iteration_ms",
+    if not rows:
+        return False
+    plt = _pyplot()
+    frame = pd.DataFrame(rows)
+    grid = sns.catplot(
+        data=frame,
+        x="scenario",
+        y="slowdown",
         hue="system",
-        xlabel="injected delay per message (ms)",
-        ylabel="median iteration time (ms)",
-        title=title,
+        col="model",
+        col_wrap=min(4, frame["model"].nunique()),
+        kind="bar",
+        height=3.6,
+        sharex=False,
     )
+    for ax in grid.axes.flat:
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.tick_params(axis="x", labelrotation=30)
+    grid.savefig(path, dpi=110)
+    plt.close(grid.figure)
+    return True
+
+
+def plot_throughput_over_time(
+    iterations: Sequence[Mapping[str, Any]], samples_per_iteration: int, path: Path
+) -> None:
+    """Fig. 21 style: samples/s per iteration over a fault timeline, a line per system."""
+    import pandas as pd
+    import seaborn as sns
+
+    plt = _pyplot()
+    frame = pd.DataFrame(
+        [
+            {
+                "iteration": int(r["iteration"]),
+                "system": r["system"],
+                "samples/s": samples_per_iteration
+                * 1000.0
+                / (float(r["iteration_time_ms"]) + float(r["step_time_ms"])),
+            }
+            for r in iterations
+        ]
+    )
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    sns.lineplot(data=frame, x="iteration", y="samples/s", hue="system", ax=ax, linewidth=1)
+    ax.set_ylim(bottom=0)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

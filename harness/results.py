@@ -39,6 +39,7 @@ RUNS_COLUMNS = (
     "iterations",
     "mean_iteration_ms",
     "median_iteration_ms",
+    "median_wall_ms",
     "throughput_samples_per_s",
     "bubble_ratio",
     "schema_version",

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 
 from injectors.fault_timeline import FaultTimeline
+from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
-from pipeline.simulator import CommMode, simulate_iterations
+from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import Timeline
 
-__all__ = ["BACKENDS", "RunResult", "run_configuration"]
+__all__ = ["BACKENDS", "Replan", "RunResult", "run_configuration"]
 
 BACKENDS = ("sim", "emulated", "megatron")
+
+Replan = Callable[[Profile], tuple[Schedule, Profile, CommMode]]
+"""What a system runs under an iteration's (delayed) profile: its schedule, the profile that
+schedule sees, and its comm mode (a controller re-planning at iteration boundaries)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -25,11 +31,25 @@ class RunResult:
     iteration_times_ms: tuple[float, ...]
     step_times_ms: tuple[float, ...]
     bubble_ratios: tuple[float, ...]
-    timeline: Timeline
+    comms: tuple[CommMode, ...]
+    """The comm mode of each measured iteration (a controller may switch it)."""
+    timeline: Timeline | None
+    """Every iteration's ops and messages (None when the caller did not keep it)."""
 
     @property
     def median_iteration_ms(self) -> float:
         return statistics.median(self.iteration_times_ms)
+
+    @property
+    def wall_times_ms(self) -> tuple[float, ...]:
+        """Iteration plus step (DP all-reduce and optimizer): the time per training step."""
+        return tuple(
+            t + s for t, s in zip(self.iteration_times_ms, self.step_times_ms, strict=True)
+        )
+
+    @property
+    def median_wall_ms(self) -> float:
+        return statistics.median(self.wall_times_ms)
 
     @property
     def mean_iteration_ms(self) -> float:
@@ -45,9 +65,13 @@ def run_configuration(
     num_iterations: int = 5,
     num_warmup_iterations: int = 1,
     faults: FaultTimeline | None = None,
+    replan: Replan | None = None,
+    allreduce: AllReduce | None = None,
+    keep_timeline: bool = True,
 ) -> RunResult:
     """Warm-up iterations come first; a fault timeline counts iterations from the first
-    measured one, and its delays add to the profile's."""
+    measured one, and its delays add to the profile's. With `replan`, every iteration runs
+    what it returns for that iteration's profile instead of `schedule` over `comm`."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if backend == "megatron":
@@ -56,17 +80,43 @@ def run_configuration(
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     total = num_warmup_iterations + num_iterations
     profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
+    plans = [replan(p) if replan else (schedule, p, CommMode(comm)) for p in profiles]
     if backend == "sim":
-        timeline = simulate_iterations(schedule, profiles, CommMode(comm))
+        parts = _simulate(plans, allreduce)
     else:
-        timeline = _run_emulated(schedule, profiles, CommMode(comm))
-    measured = [compute_metrics(timeline, i) for i in range(num_warmup_iterations, total)]
+        if allreduce is not None:
+            raise ConfigError("the emulated runtime does not model the DP all-reduce step yet")
+        parts = _run_emulated(plans)
+    measured = [compute_metrics(parts[i], i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
         step_times_ms=tuple(m.step_time_ms for m in measured),
         bubble_ratios=tuple(m.bubble_ratio for m in measured),
-        timeline=timeline,
+        comms=tuple(comm for _, _, comm in plans[num_warmup_iterations:]),
+        timeline=Timeline.concat(parts) if keep_timeline else None,
     )
+
+
+def _simulate(
+    plans: list[tuple[Schedule, Profile, CommMode]], allreduce: AllReduce | None
+) -> list[Timeline]:
+    parts: list[Timeline] = []
+    start_ms = 0.0
+    validated: set[int] = set()
+    for iteration, (schedule, profile, comm) in enumerate(plans):
+        part = simulate(
+            schedule,
+            profile,
+            comm,
+            iteration=iteration,
+            start_ms=start_ms,
+            validate=id(schedule) not in validated,
+            allreduce=allreduce,
+        )
+        validated.add(id(schedule))
+        parts.append(part)
+        start_ms = part.iterations[0].end_ms
+    return parts
 
 
 def _faulty_profiles(
@@ -93,18 +143,21 @@ def _faulty_profiles(
     ]
 
 
-def _run_emulated(schedule: Schedule, profiles: list[Profile], comm: CommMode) -> Timeline:
+def _run_emulated(plans: list[tuple[Schedule, Profile, CommMode]]) -> list[Timeline]:
     """Real worker processes, one per stage, each op a sleep of its profiled time."""
-    if comm is not CommMode.DIRECT:
-        raise ConfigError(
-            f"comm {comm.value!r} is not available in the emulated runtime yet; use --comm direct"
-        )
+    for _, _, comm in plans:
+        if comm is not CommMode.DIRECT:
+            raise ConfigError(
+                f"comm {comm.value!r} is not available in the emulated runtime yet; "
+                "use --comm direct"
+            )
     from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
 
-    first = profiles[0]
-    validate_schedule(schedule, first.num_stages, first.num_microbatches)
+    first = plans[0][1]
+    for schedule, _, _ in plans:
+        validate_schedule(schedule, first.num_stages, first.num_microbatches)
     with WorkerPool(first.num_stages) as pool:
-        parts = [
-            pool.run_iteration(IterationConfig(i, schedule, p)) for i, p in enumerate(profiles)
+        return [
+            pool.run_iteration(IterationConfig(i, schedule, p))
+            for i, (schedule, p, _) in enumerate(plans)
         ]
-    return Timeline.concat(parts)

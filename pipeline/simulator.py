@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pipeline.allreduce import AllReduce
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule, validate_schedule
@@ -44,8 +45,11 @@ def simulate(
     iteration: int = 0,
     start_ms: float = 0.0,
     validate: bool = True,
+    allreduce: AllReduce | None = None,
 ) -> Timeline:
-    """Time every op and message of one iteration starting at `start_ms`."""
+    """Time every op and message of one iteration starting at `start_ms`. With `allreduce`,
+    every DP replica runs the same pipeline (the profile's PP delays apply to each) and the
+    iteration ends with the step: each stage's all-reduce and optimizer."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     if validate:
         validate_schedule(schedule, num_stages, num_microbatches)
@@ -140,23 +144,44 @@ def simulate(
         position[stage_idx] = pos
         pending.extend(notify)
     end_ms = max((r.end_ms for r in op_records), default=start_ms)
+    if allreduce is None:
+        return Timeline(
+            num_stages=num_stages,
+            ops=tuple(op_records),
+            messages=tuple(messages),
+            iterations=(IterationRecord(iteration, start_ms, end_ms),),
+        )
+    step_end_ms = allreduce.step_end_ms(free_at)
+    num_replicas = allreduce.num_replicas
     return Timeline(
         num_stages=num_stages,
-        ops=tuple(op_records),
-        messages=tuple(messages),
-        iterations=(IterationRecord(iteration, start_ms, end_ms),),
+        ops=tuple(op_records)
+        + tuple(OpRecord(*r[:-1], k) for k in range(1, num_replicas) for r in op_records),
+        messages=tuple(messages)
+        + tuple(MessageRecord(*r[:-1], k) for k in range(1, num_replicas) for r in messages),
+        iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
     )
 
 
 def simulate_iterations(
-    schedule: Schedule, profiles: list[Profile], comm: CommMode = CommMode.IDEAL
+    schedule: Schedule,
+    profiles: list[Profile],
+    comm: CommMode = CommMode.IDEAL,
+    *,
+    allreduce: AllReduce | None = None,
 ) -> Timeline:
     """Simulate one iteration per profile (e.g. per-iteration delays), back to back."""
     parts = []
     start_ms = 0.0
     for iteration, profile in enumerate(profiles):
         part = simulate(
-            schedule, profile, comm, iteration=iteration, start_ms=start_ms, validate=iteration == 0
+            schedule,
+            profile,
+            comm,
+            iteration=iteration,
+            start_ms=start_ms,
+            validate=iteration == 0,
+            allreduce=allreduce,
         )
         parts.append(part)
         start_ms = part.iterations[0].end_ms

@@ -31,7 +31,7 @@ def _rows() -> list[dict[str, str]]:
 def test_unchanged_passes(tmp_path: Path) -> None:
     out = _compare(BASELINE, _write(tmp_path / "same.csv", _rows()))
     assert out.returncode == 0, out.stderr
-    assert "no regression: 64 metrics within 0 %" in out.stdout
+    assert "no regression: 80 metrics within 0 %" in out.stdout
 
 
 def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert out.returncode == 1
     worse = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
     assert len(worse) == 1 and "adaptra 0-1@40ms" in worse[0] and "+10.00%" in worse[0]
-    assert "1 of 64 metrics got worse than 5 %" in out.stderr
+    assert "1 of 80 metrics got worse than 5 %" in out.stderr
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 

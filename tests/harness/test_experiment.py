@@ -44,15 +44,18 @@ def test_default_run_end_to_end(tmp_path: Path) -> None:
     assert len(_rows(run_dir / "iterations.csv")) == 16 * 5
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["spec"]["seed"] == 0 and spec["git_revision"]
-    for png in ["iteration_time_vs_delay.png", "gantt_1f1b.png", "gantt_adaptra.png"]:
+    pngs = ["iteration_time_vs_delay.png", "slowdown.png", "gantt_1f1b.png", "gantt_adaptra.png"]
+    for png in pngs:
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| adaptra | 0-1@40ms | 430.0 |" in (run_dir / "report.md").read_text()
+    assert (
+        "| fig4-uniform-10ms | adaptra | 0-1@40ms | 430.0 |" in (run_dir / "report.md").read_text()
+    )
 
 
 def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
     spec = ExperimentSpec(
         name="t",
-        model="m",
+        models=("m",),
         profile=Profile.uniform(2, 4, 1, 1, 1),
         systems=("1f1b", "zb-h1"),
         delays_ms=(0.0, 5.0),
@@ -89,7 +92,12 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
     ("change", "message"),
     [
         ({"systems": ("nope",)}, "unknown system nope"),
-        ({"links": (3,)}, "link 3 is out of range"),
+        ({"link_sets": ((3,),)}, "link 3 is out of range"),
+        ({"link_sets": (("2-4",),)}, "is not a PP link"),
+        ({"models": ("gpt2-7b",), "profile": None, "link_sets": (("5-6",),)}, "out of range"),
+        ({"models": ({"base": "gpt2-140b", "pp": 2},), "profile": None}, "does not fit 2 stages"),
+        ({"models": ({"base": "gpt2-7b", "pp": 5},), "profile": None}, "do not split evenly"),
+        ({"models": ("gpt2-3b",), "profile": None}, "unknown model 'gpt2-3b'"),
         ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
         ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
     ],
@@ -97,7 +105,7 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
 def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
     base = {
         "name": "t",
-        "model": "m",
+        "models": ("m",),
         "profile": Profile.uniform(3, 3, 1, 1, 1),
         "systems": ("1f1b",),
     }
@@ -143,13 +151,18 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
         timeout=120,
     )
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert "| adaptra | 0-1@60ms | 450.0 |" in (tmp_path / "sweep" / "report.md").read_text()
+    report = (tmp_path / "sweep" / "report.md").read_text()
+    assert "| fig4-uniform-10ms | adaptra | 0-1@60ms | 450.0 |" in report
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("name: x\nmodel: m\nsystems: [1f1b]\n", "missing profile"),
+        ("name: x\nmodel: m\nsystems: [1f1b]\n", "unknown model 'm'"),
+        (
+            "name: x\nmodels: [{base: gpt2-140b, pp: 2}]\nsystems: [1f1b]\n",
+            "does not fit 2 stages",
+        ),
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
             "systems: [warp]\n",
@@ -158,7 +171,7 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
             "systems: [1f1b]\nlinks: ['1-2']\n",
-            "link 1 is out of range",
+            "link 1-2 is out of range",
         ),
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"

@@ -1,0 +1,78 @@
+"""The paper's published numbers (PAPER.md section 6) for the presets that reproduce them.
+
+Keyed by preset name, then (model, system, scenario) as the results name them. A value is
+seconds per iteration, a slowdown against the same system's fault-free run, or samples/s.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+__all__ = ["PAPER", "PaperValue"]
+
+
+class PaperValue(NamedTuple):
+    kind: Literal["seconds", "slowdown", "samples_per_s"]
+    value: float
+
+
+_SYSTEMS = ("1f1b", "zb", "adaptra-cpu", "adaptra")
+
+
+def _seconds(model: str, scenario: str, values: tuple[float, ...]) -> dict:
+    return {
+        (model, system, scenario): PaperValue("seconds", v)
+        for system, v in zip(_SYSTEMS, values, strict=False)
+    }
+
+
+def _fig16() -> dict:
+    """Fig. 16: rows are (case, 1F1B, ZB, Adaptra-CPU, Adaptra) for 7B / 14B / 30B / 60B."""
+    rows = {
+        ("first", 30): ((0.80, 1.60, 1.73, 1.77), (0.90, 1.97, 2.19, 2.08),
+                        (0.54, 0.97, 1.53, 1.71), (0.46, 0.93, 1.39, 1.65)),
+        ("first", 60): ((1.23, 2.53, 2.64, 2.63), (1.50, 3.40, 3.63, 3.52),
+                        (0.73, 1.24, 1.83, 2.00), (0.50, 0.96, 1.56, 1.83)),
+        ("last", 30): ((1.10, 1.56, 1.83, 1.78), (0.88, 1.83, 2.13, 1.94),
+                       (0.62, 1.18, 1.87, 1.83), (0.43, 0.87, 1.60, 1.62)),
+        ("last", 60): ((1.82, 2.32, 2.44, 2.45), (1.48, 3.25, 3.47, 3.36),
+                       (0.87, 1.68, 2.29, 2.45), (0.49, 0.93, 1.49, 1.69)),
+    }  # fmt: skip
+    models = (("gpt2-7b", 4), ("gpt2-14b", 8), ("gpt2-30b", 8), ("gpt2-60b", 8))
+    table = {}
+    for (which, delay), per_system in rows.items():
+        for col, (model, stages) in enumerate(models):
+            link = "0-1" if which == "first" else f"{stages - 2}-{stages - 1}"
+            values = tuple(v[col] for v in per_system)
+            table.update(_seconds(model, f"{link}@{delay}ms", values))
+    return table
+
+
+PAPER: dict[str, dict[tuple[str, str, str], PaperValue]] = {
+    "fig1": {
+        **_seconds("gpt2-14b", "fault-free", (0.86, 0.79)),
+        **_seconds("gpt2-14b", "6-7@20ms", (1.33, 1.36)),
+        **_seconds("gpt2-14b", "6-7@40ms", (1.83, 2.30)),
+        **_seconds("gpt2-14b", "6-7@60ms", (2.33, 3.26)),
+    },
+    "fig15": {
+        ("gpt2-14b", system, "6-7@60ms"): PaperValue("slowdown", v)
+        for system, v in zip(_SYSTEMS, (2.70, 4.24, 2.15, 1.13), strict=True)
+    },
+    "fig16": _fig16(),
+    "fig17": {
+        key: value
+        for scenario, values in (
+            ("0-1,1-2@30ms", (2.11, 2.31, 1.11, 0.90)),
+            ("0-1,2-3@30ms", (2.19, 2.10, 1.11, 0.89)),
+            ("0-1,6-7@30ms", (1.63, 1.99, 1.22, 0.88)),
+            ("0-1,3-4,6-7@30ms", (1.69, 2.12, 1.27, 0.94)),
+        )
+        for key, value in _seconds("gpt2-14b", scenario, values).items()
+    },
+    "table3-trace": {
+        ("gpt2-140b", system, "trace:table3_trace"): PaperValue("samples_per_s", v)
+        for system, v in (("1f1b", 21.12), ("zb", 20.43), ("adaptra", 28.84))
+    },
+}
+"""Table 3's samples/s include its NIC-failure row, which our trace leaves out."""

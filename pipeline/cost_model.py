@@ -1,0 +1,301 @@
+"""The GPT-2 cost model: per-stage op times, message sizes and memory of the paper's models.
+
+FLOPs and activation sizes per transformer layer are ZeroBubble's (PAPER.md section 7); the
+embedding and the output head each take one layer slot (PAPER.md section 6). A hardware
+profile turns FLOPs into milliseconds; `Calibration` holds the free parameters, fitted once on
+the paper's fault-free iteration times (benchmarks/calibrate_cost_model.py) and then frozen as
+`CALIBRATED`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pipeline.allreduce import AllReduce
+from pipeline.errors import ConfigError
+from pipeline.ops import OpKind
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+
+__all__ = [
+    "CALIBRATED",
+    "H800_IB400",
+    "MODELS",
+    "Calibration",
+    "GPTModel",
+    "Hardware",
+    "ModelCost",
+    "model_cost",
+    "resolve_model",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class GPTModel:
+    """A GPT-2-style model and its parallel layout (PAPER.md section 6, Table 2)."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    num_heads: int = 32
+    seq_len: int = 1024
+    microbatch_size: int = 1
+    vocab_size: int = 50257
+    tp: int = 1
+    dp: int = 1
+    pp: int = 1
+    num_microbatches: int | None = None
+    """None: 3 x PP, as in the paper."""
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "hidden", "num_heads", "seq_len", "microbatch_size", "tp"):
+            if getattr(self, field) < 1:
+                raise ConfigError(f"model {self.name}: {field} must be >= 1")
+        if self.dp < 1 or self.pp < 1:
+            raise ConfigError(f"model {self.name}: dp and pp must be >= 1")
+        if (self.num_layers + 2) % self.pp:
+            raise ConfigError(
+                f"model {self.name}: {self.num_layers} layers + embedding + head = "
+                f"{self.num_layers + 2} slots do not split evenly over {self.pp} stages"
+            )
+        if (self.num_layers + 2) // self.pp < 2 and self.pp > 1:
+            raise ConfigError(f"model {self.name}: fewer than 2 layer slots per stage")
+        if self.microbatches < self.pp:
+            raise ConfigError(
+                f"model {self.name}: {self.microbatches} microbatches < {self.pp} stages"
+            )
+
+    @property
+    def microbatches(self) -> int:
+        return 3 * self.pp if self.num_microbatches is None else self.num_microbatches
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def layers_on_stage(self, stage: int) -> int:
+        """Transformer layers on a stage: its slots less the embedding (first) or head (last)."""
+        slots = (self.num_layers + 2) // self.pp
+        return slots - (stage == 0) - (stage == self.pp - 1)
+
+
+MODELS: dict[str, GPTModel] = {
+    m.name: m
+    for m in (
+        GPTModel(name="gpt2-7b", num_layers=22, hidden=5120, pp=4),
+        GPTModel(name="gpt2-7b-dp2", num_layers=22, hidden=5120, dp=2, pp=4),
+        GPTModel(name="gpt2-14b", num_layers=46, hidden=5120, pp=8),
+        GPTModel(name="gpt2-30b", num_layers=38, hidden=8192, tp=2, dp=4, pp=8),
+        GPTModel(name="gpt2-60b", num_layers=38, hidden=11264, tp=4, dp=2, pp=8),
+        GPTModel(name="gpt2-140b", num_layers=78, hidden=12288, tp=8, dp=2, pp=8),
+    )
+}
+"""The paper's models (gpt2-7b-dp2 is Fig. 3's DP 2 x PP 4 layout of the 7B model)."""
+
+
+def resolve_model(entry: str | Mapping[str, Any]) -> GPTModel:
+    """A model by name, or a mapping: `base` (a name) with fields to change, or every field."""
+    if isinstance(entry, str):
+        if entry not in MODELS:
+            raise ConfigError(f"unknown model {entry!r}; valid models: {', '.join(MODELS)}")
+        return MODELS[entry]
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"a model is a name or a mapping, got {entry!r}")
+    fields = dict(entry)
+    base_name = fields.pop("base", None)
+    valid = {f.name for f in dataclasses.fields(GPTModel)}
+    unknown = sorted(set(fields) - valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown model field(s) {', '.join(unknown)}; valid: base, {', '.join(sorted(valid))}"
+        )
+    try:
+        if base_name is None:
+            return GPTModel(**fields)
+        base = resolve_model(str(base_name))
+        fields.setdefault("name", f"{base.name}-custom")
+        return dataclasses.replace(base, **fields)
+    except TypeError as err:
+        raise ConfigError(f"model {entry!r}: {err}") from err
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Hardware:
+    """One GPU and its links; public data-sheet figures, not fitted."""
+
+    name: str
+    peak_tflops: float
+    """Dense fp16/bf16 tensor-core peak."""
+    memory_gb: float
+    hbm_gbps: float
+    """Memory bandwidth in GB/s (the optimizer step is memory-bound)."""
+    nvlink_gbps: float
+    """Per-direction NVLink bandwidth in GB/s (TP all-reduces stay inside a node)."""
+    network_gbps: float
+    """Per-GPU network bandwidth in Gbit/s (PP messages and DP all-reduce)."""
+    link_latency_ms: float
+    copy_gbps: float
+    """Device-host copy speed in Gbit/s (the delegated path)."""
+
+
+H800_IB400 = Hardware(
+    name="h800-ib400",
+    peak_tflops=989.0,
+    memory_gb=80.0,
+    hbm_gbps=3350.0,
+    nvlink_gbps=200.0,
+    network_gbps=400.0,
+    link_latency_ms=0.01,
+    copy_gbps=200.0,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """The free parameters, fitted on fault-free iteration times only."""
+
+    mfu: float
+    """Achieved fraction of peak FLOPs in every op."""
+    split_backward_overhead: float
+    """Extra time, as a fraction, of running B and W as two ops instead of one fused BW (ZB's
+    split: smaller kernels, a second pass over saved tensors)."""
+    allreduce_efficiency: float
+    """Achieved fraction of network bandwidth in the DP ring all-reduce."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.mfu <= 1 or not 0 < self.allreduce_efficiency <= 1:
+            raise ConfigError("mfu and allreduce_efficiency must be in (0, 1]")
+        if self.split_backward_overhead < 0:
+            raise ConfigError("split_backward_overhead must be >= 0")
+
+
+CALIBRATED = Calibration(mfu=0.449, split_backward_overhead=0.140, allreduce_efficiency=0.787)
+"""Fitted by benchmarks/calibrate_cost_model.py on 14B 1F1B 0.86 s, 14B ZB 0.79 s and 7B
+DP 2 x PP 4 ZB 0.49 s (fault-free), then frozen: every other paper number is a prediction."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelCost:
+    """What the cost model gives for one model on one hardware profile."""
+
+    model: GPTModel
+    profile: Profile
+    """Op times of schedules that split the backward into B and W."""
+    fused_profile: Profile
+    """Op times of schedules that fuse it (BW = t_b + t_w, with no split overhead)."""
+    allreduce: AllReduce
+    weights_gb: tuple[float, ...]
+    """Parameters, gradients and optimizer state per GPU of each stage."""
+    activation_gb: tuple[float, ...]
+    """Activation memory of one in-flight microbatch per GPU of each stage."""
+    max_in_flight: tuple[int, ...]
+    """Microbatches whose activations fit next to the weights, per stage."""
+
+    def profile_for(self, schedule: Schedule) -> Profile:
+        """The op times `schedule` sees: fused ones if it runs BW ops (1F1B), split otherwise."""
+        fused = any(op.kind is OpKind.BW for ops in schedule.stages for op in ops)
+        return self.fused_profile if fused else self.profile
+
+
+_BYTES_PER_ELEMENT = 2  # fp16 activations, messages and gradients
+_BYTES_PER_PARAM_STATE = 16  # fp16 weight and grad, fp32 master weight and two Adam moments
+_ADAM_BYTES_MOVED_PER_PARAM = 32  # read and write of the fp32 state plus the fp16 copies
+
+
+def _layer_flops(m: GPTModel) -> tuple[float, float, float]:
+    s, b, h = m.seq_len, m.microbatch_size, m.hidden
+    return s * b * h * (24 * h + 4 * s), s * b * h * (24 * h + 8 * s), 24.0 * s * b * h * h
+
+
+def _head_flops(m: GPTModel) -> float:
+    """One of the logits GEMM's three passes (forward, input gradient, weight gradient)."""
+    return 2.0 * m.seq_len * m.microbatch_size * m.hidden * m.vocab_size
+
+
+def _tp_allreduce_ms(m: GPTModel, hw: Hardware) -> float:
+    """One TP all-reduce of an activation inside a node (two per layer per F and per B)."""
+    if m.tp == 1:
+        return 0.0
+    num_bytes = m.seq_len * m.microbatch_size * m.hidden * _BYTES_PER_ELEMENT
+    return 2 * (m.tp - 1) / m.tp * num_bytes / (hw.nvlink_gbps * 1e6)
+
+
+def model_cost(
+    model: GPTModel, hardware: Hardware = H800_IB400, calibration: Calibration = CALIBRATED
+) -> ModelCost:
+    """Per-stage times, message bytes, memory and the DP all-reduce of `model`."""
+    m, hw, cal = model, hardware, calibration
+    flops_per_ms = hw.peak_tflops * 1e9 * cal.mfu
+    layer_f, layer_b, layer_w = _layer_flops(m)
+    tp_ms = _tp_allreduce_ms(m, hw)
+    head = _head_flops(m)
+    params_per_layer = 12 * m.hidden**2 + 13 * m.hidden
+    embedding_params = m.vocab_size * m.hidden + m.seq_len * m.hidden
+    t_f, t_b, t_w, weights_gb, activation_gb, grad_bytes, optimizer_ms = [], [], [], [], [], [], []
+    for stage in range(m.pp):
+        layers = m.layers_on_stage(stage)
+        has_head = stage == m.pp - 1
+        flops_f = layers * layer_f + has_head * head
+        flops_b = layers * layer_b + has_head * head
+        flops_w = layers * layer_w + has_head * head
+        t_f.append(flops_f / m.tp / flops_per_ms + 2 * layers * tp_ms)
+        t_b.append(flops_b / m.tp / flops_per_ms + 2 * layers * tp_ms)
+        t_w.append(flops_w / m.tp / flops_per_ms)
+        params = layers * params_per_layer + (stage == 0 or has_head) * embedding_params
+        params_per_gpu = params / m.tp
+        weights_gb.append(params_per_gpu * _BYTES_PER_PARAM_STATE / 1e9)
+        grad_bytes.append(int(params_per_gpu * _BYTES_PER_ELEMENT))
+        optimizer_ms.append(params_per_gpu * _ADAM_BYTES_MOVED_PER_PARAM / (hw.hbm_gbps * 1e6))
+        s, b, h, a = m.seq_len, m.microbatch_size, m.hidden, m.num_heads
+        per_layer = s * b * (34 * h + 5 * a * s) / m.tp
+        logits = has_head * s * b * m.vocab_size * 4 / m.tp  # fp32 logits for the loss
+        activation_gb.append((layers * per_layer + logits) / 1e9)
+    max_in_flight = tuple(
+        math.floor((hw.memory_gb - w) / a) if a > 0 else m.microbatches
+        for w, a in zip(weights_gb, activation_gb, strict=True)
+    )
+    needed = min(m.microbatches, m.pp)  # 1F1B's warm-up on stage 0
+    for stage, fit in enumerate(max_in_flight):
+        if fit < needed:
+            raise ConfigError(
+                f"model {m.name} does not fit {m.pp} stages on {hw.name}: stage {stage} holds "
+                f"{weights_gb[stage]:.1f} GB of weights and optimizer state and room for "
+                f"{max(fit, 0)} microbatches of {activation_gb[stage]:.2f} GB, but needs "
+                f"{needed}; use more stages or more tensor parallelism"
+            )
+    fused_profile = Profile(
+        num_stages=m.pp,
+        num_microbatches=m.microbatches,
+        t_f_ms=tuple(t_f),
+        t_b_ms=tuple(t_b),
+        t_w_ms=tuple(t_w),
+        message_bytes=m.seq_len * m.microbatch_size * m.hidden * _BYTES_PER_ELEMENT,
+        link_latency_ms=hw.link_latency_ms,
+        link_bandwidth_gbps=hw.network_gbps,
+        copy_gbps=hw.copy_gbps,
+    )
+    split = 1.0 + cal.split_backward_overhead
+    profile = dataclasses.replace(
+        fused_profile,
+        t_b_ms=tuple(t * split for t in t_b),
+        t_w_ms=tuple(t * split for t in t_w),
+    )
+    allreduce = AllReduce(
+        num_replicas=m.dp,
+        grad_bytes=tuple(grad_bytes),
+        bandwidth_gbps=hw.network_gbps * cal.allreduce_efficiency,
+        latency_ms=hw.link_latency_ms,
+        optimizer_ms=tuple(optimizer_ms),
+    )
+    return ModelCost(
+        m,
+        profile,
+        fused_profile,
+        allreduce,
+        tuple(weights_gb),
+        tuple(activation_gb),
+        max_in_flight,
+    )

@@ -1,0 +1,90 @@
+import dataclasses
+
+import pytest
+
+from pipeline.cost_model import CALIBRATED, MODELS, GPTModel, model_cost, resolve_model
+from pipeline.errors import ConfigError
+from pipeline.ops import Op, OpKind
+from pipeline.schedule import Schedule
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [("gpt2-7b", 7), ("gpt2-14b", 14), ("gpt2-30b", 30), ("gpt2-60b", 60), ("gpt2-140b", 140)],
+)
+def test_models_have_their_nominal_size(name: str, billions: int) -> None:
+    cost = model_cost(MODELS[name])
+    model = cost.model
+    # weights_gb is 16 bytes of state per parameter per GPU; a stage's GPUs split it by TP.
+    params = sum(cost.weights_gb) * 1e9 / 16 * model.tp
+    assert params / 1e9 == pytest.approx(billions, rel=0.1)
+    assert cost.profile.num_stages == model.pp
+    assert cost.profile.num_microbatches == 3 * model.pp
+
+
+def test_layer_slots_give_the_embedding_and_head_one_each() -> None:
+    model = MODELS["gpt2-7b"]  # 22 layers + 2 slots over 4 stages: 6 slots each
+    assert [model.layers_on_stage(i) for i in range(4)] == [5, 6, 6, 5]
+    profile = model_cost(model).fused_profile
+    # ZeroBubble's per-layer FLOPs: T_W < T_F < T_B on the middle stages.
+    assert profile.t_w_ms[1] < profile.t_f_ms[1] < profile.t_b_ms[1]
+    # Stage 0 has one layer fewer and only an embedding lookup: the cheapest forward.
+    assert profile.t_f_ms[0] == min(profile.t_f_ms)
+
+
+def test_split_backward_costs_more_than_fused() -> None:
+    cost = model_cost(MODELS["gpt2-14b"])
+    ratio = 1 + CALIBRATED.split_backward_overhead
+    for split, fused in zip(cost.profile.t_b_ms, cost.fused_profile.t_b_ms, strict=True):
+        assert split == pytest.approx(fused * ratio)
+    assert cost.profile.t_f_ms == cost.fused_profile.t_f_ms
+    fused_order = Schedule(stages=tuple((Op(OpKind.F, 0), Op(OpKind.BW, 0)) for _ in range(8)))
+    split_order = Schedule(
+        stages=tuple((Op(OpKind.F, 0), Op(OpKind.B, 0), Op(OpKind.W, 0)) for _ in range(8))
+    )
+    assert cost.profile_for(fused_order) is cost.fused_profile
+    assert cost.profile_for(split_order) is cost.profile
+
+
+def test_tensor_parallelism_divides_compute_and_adds_its_all_reduce() -> None:
+    one = model_cost(MODELS["gpt2-14b"]).profile
+    two = model_cost(dataclasses.replace(MODELS["gpt2-14b"], tp=2, name="tp2")).profile
+    assert one.t_w_ms[1] / 2 == pytest.approx(two.t_w_ms[1])  # W has no TP communication
+    assert two.t_f_ms[1] > one.t_f_ms[1] / 2
+
+
+def test_all_reduce_is_a_ring_over_the_replicas() -> None:
+    cost = model_cost(MODELS["gpt2-30b"])  # DP 4
+    ring = cost.allreduce
+    assert ring.num_replicas == 4
+    chunk_ms = ring.grad_bytes[1] / 4 * 8 / (ring.bandwidth_gbps * 1e6)
+    assert ring.ring_ms(1) == pytest.approx(6 * (ring.latency_ms + chunk_ms))
+    # A slow DP link slows every ring step by its delay.
+    assert ring.ring_ms(1, (0.0, 5.0, 0.0)) == pytest.approx(ring.ring_ms(1) + 6 * 5.0)
+    assert model_cost(MODELS["gpt2-14b"]).allreduce.ring_ms(1) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("gpt2-1t", "unknown model 'gpt2-1t'"),
+        ({"base": "gpt2-14b", "colour": 1}, "unknown model field"),
+        ({"base": "gpt2-14b", "pp": 7}, "do not split evenly over 7 stages"),
+        ({"base": "gpt2-14b", "num_microbatches": 4}, "4 microbatches < 8 stages"),
+    ],
+)
+def test_bad_models_are_clear_errors(entry: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_model(entry)  # type: ignore[arg-type]
+
+
+def test_a_model_that_does_not_fit_its_stages_is_refused() -> None:
+    model = resolve_model({"base": "gpt2-140b", "pp": 2})
+    with pytest.raises(ConfigError, match="does not fit 2 stages.*use more stages"):
+        model_cost(model)
+
+
+def test_custom_models_take_every_field() -> None:
+    model = resolve_model({"name": "tiny", "num_layers": 2, "hidden": 64, "pp": 2})
+    assert isinstance(model, GPTModel) and model.layers_on_stage(0) == 1
+    assert model_cost(model).profile.num_stages == 2
