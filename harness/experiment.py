@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import re
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from harness.results import (
 )
 from harness.runner import BACKENDS, Replan, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
+from pipeline.allreduce import AllReduce, dp_link_name
 from pipeline.cost_model import CALIBRATED, Calibration, ModelCost, model_cost, resolve_model
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile, link_name
@@ -49,10 +51,13 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scenario:
-    """One fault scenario: a delay on a set of PP links, or a fault timeline."""
+    """One fault scenario: a delay on a set of links (PP and DP), or a fault timeline."""
 
     links: tuple[int, ...] = ()
+    """PP links by index (0 is link 0-1)."""
     delay_ms: float = 0.0
+    dp_links: tuple[tuple[int, int], ...] = ()
+    """DP ring links as (stage, r): the link "dp<stage>:r-(r+1)" of every ring step."""
     faults: FaultTimeline | None = None
     faults_name: str = ""
 
@@ -60,17 +65,22 @@ class Scenario:
     def name(self) -> str:
         if self.faults is not None:
             return f"trace:{self.faults_name}"
-        if not self.delay_ms or not self.links:
+        if not self.delay_ms or not (self.links or self.dp_links):
             return "fault-free"
         return f"{self.link_names}@{self.delay_ms:g}ms"
 
     @property
     def link_names(self) -> str:
-        return ",".join(link_name(i) for i in self.links)
+        names = [link_name(i) for i in self.links]
+        names += [dp_link_name(stage, r) for stage, r in self.dp_links]
+        return ",".join(names)
 
     def apply(self, profile: Profile) -> Profile:
         delays = [self.delay_ms if i in self.links else 0.0 for i in range(profile.num_stages - 1)]
         return profile.with_delays(delays)
+
+    def apply_allreduce(self, allreduce: AllReduce) -> AllReduce:
+        return allreduce.with_delays({link: self.delay_ms for link in self.dp_links})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,8 +99,22 @@ class Target:
         return model.microbatches * model.microbatch_size * model.dp
 
 
-def _link_index(link: Any, num_stages: int) -> int:
-    """A PP link by index, as "i-j", or as "first" / "last"."""
+_DP_LINK = re.compile(r"dp(\d+):(\d+)-(\d+)")
+
+
+def _link(link: Any, target: Target) -> int | tuple[int, int]:
+    """A PP link by index, as "i-j", "first" or "last"; or a DP link "dp<stage>:r-(r+1)"."""
+    num_stages = target.profile.num_stages
+    dp = _DP_LINK.fullmatch(str(link))
+    if dp:
+        stage, first, second = (int(g) for g in dp.groups())
+        num_replicas = 1 if target.cost is None else target.cost.model.dp
+        if second != first + 1 or not (stage < num_stages and second < num_replicas):
+            raise ConfigError(
+                f"link {link} does not exist: {target.label} has {num_stages} stages and "
+                f"{num_replicas} DP replicas (ring links dp<stage>:r-(r+1))"
+            )
+        return stage, first
     if isinstance(link, int) and not isinstance(link, bool):
         index = link
     elif link == "first":
@@ -99,10 +123,17 @@ def _link_index(link: Any, num_stages: int) -> int:
         index = num_stages - 2
     else:
         text = str(link)
-        first, _, second = text.partition("-")
-        if not (first.isdigit() and second.isdigit() and int(second) == int(first) + 1):
-            raise ConfigError(f"link {text!r} is not a PP link like '0-1', 'first' or 'last'")
-        index = int(first)
+        first_text, _, second_text = text.partition("-")
+        if not (
+            first_text.isdigit()
+            and second_text.isdigit()
+            and int(second_text) == int(first_text) + 1
+        ):
+            raise ConfigError(
+                f"link {text!r} is not a PP link like '0-1', 'first' or 'last', "
+                "nor a DP link like 'dp0:0-1'"
+            )
+        index = int(first_text)
     if not 0 <= index < num_stages - 1:
         raise ConfigError(
             f"link {link} is out of range: {num_stages} stages have links 0..{num_stages - 2}"
@@ -152,7 +183,7 @@ class ExperimentSpec:
         if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
             raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
         for target in self.targets():
-            self.scenarios(target.profile.num_stages)
+            self.scenarios(target)
 
     def targets(self) -> list[Target]:
         if self.profile is not None:
@@ -163,17 +194,20 @@ class ExperimentSpec:
             targets.append(Target(cost.model.name, cost.profile, cost))
         return targets
 
-    def scenarios(self, num_stages: int) -> list[Scenario]:
+    def scenarios(self, target: Target) -> list[Scenario]:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
         if self.faults is not None:
             timeline = load_faults(Path(self.faults))
-            timeline.validate(num_stages, self.num_iterations)
+            timeline.validate(target.profile.num_stages, self.num_iterations)
             return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
-        sets = [tuple(_link_index(link, num_stages) for link in s) for s in self.link_sets]
-        if not sets:
+        if not self.link_sets:
             raise ConfigError("link_sets is empty")
         scenarios = [Scenario()] if 0 in self.delays_ms else []
-        scenarios += [Scenario(links, d) for links in sets for d in self.delays_ms if d]
+        for link_set in self.link_sets:
+            links = [_link(link, target) for link in link_set]
+            pp = tuple(link for link in links if isinstance(link, int))
+            dp = tuple(link for link in links if isinstance(link, tuple))
+            scenarios += [Scenario(pp, d, dp) for d in self.delays_ms if d]
         return scenarios
 
     def to_dict(self) -> dict[str, Any]:
@@ -321,7 +355,7 @@ def run_experiment(
         (target, system, scenario, repeat)
         for target in spec.targets()
         for system in spec.systems
-        for scenario in spec.scenarios(target.profile.num_stages)
+        for scenario in spec.scenarios(target)
         for repeat in range(spec.num_repeats)
     ]
     planners: dict[tuple[str, str], Replan] = {}
@@ -339,7 +373,9 @@ def run_experiment(
             num_warmup_iterations=spec.num_warmup_iterations,
             faults=scenario.faults,
             replan=replan,
-            allreduce=None if target.cost is None else target.cost.allreduce,
+            allreduce=None
+            if target.cost is None
+            else scenario.apply_allreduce(target.cost.allreduce),
             keep_timeline=False,
         )
         policy, comm_name = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)

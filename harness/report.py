@@ -47,7 +47,7 @@ def paper_comparison(
 def _gantt_charts(spec: ExperimentSpec, run_dir: Path) -> list[str]:
     """One Gantt chart per system: the first model under its worst static scenario."""
     target: Target = spec.targets()[0]
-    scenarios = spec.scenarios(target.profile.num_stages)
+    scenarios = spec.scenarios(target)
     worst = max(scenarios, key=lambda s: (s.faults is None, s.delay_ms))
     if worst.faults is not None:
         return []

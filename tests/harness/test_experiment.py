@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.experiment import ExperimentSpec, default_experiment, run_experiment
-from harness.results import RUNS_COLUMNS
+from harness.results import RUNS_COLUMNS, read_csv_rows
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 
@@ -209,3 +209,31 @@ def test_bad_spec_files_are_one_line_errors_and_write_nothing(
     assert out.stderr.startswith(f"error: spec {spec}:") and message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "results").exists()
+
+
+def test_a_slow_dp_link_slows_the_step_not_the_pipeline(tmp_path: Path) -> None:
+    spec = ExperimentSpec(
+        name="dp",
+        models=("gpt2-7b-dp2",),
+        systems=("zb",),
+        link_sets=(("dp1:0-1",),),
+        delays_ms=(0.0, 10.0),
+        num_iterations=1,
+        num_warmup_iterations=0,
+    )
+    runs = {
+        r["scenario"]: r for r in read_csv_rows(run_experiment(spec, tmp_path / "r") / "runs.csv")
+    }
+    healthy, slow = runs["fault-free"], runs["dp1:0-1@10ms"]
+    assert slow["links"] == "dp1:0-1"
+    assert float(slow["median_iteration_ms"]) == float(healthy["median_iteration_ms"])
+    # Two ring steps (2 replicas), each 10 ms slower, unless another stage's ring is longer.
+    added_ms = float(slow["median_wall_ms"]) - float(healthy["median_wall_ms"])
+    assert 0 < added_ms <= 20.0 + 1e-9
+
+
+def test_dp_links_must_exist() -> None:
+    with pytest.raises(ConfigError, match="link dp1:1-2 does not exist"):
+        ExperimentSpec(
+            name="dp", models=("gpt2-7b-dp2",), systems=("zb",), link_sets=(("dp1:1-2",),)
+        )

@@ -26,7 +26,7 @@ def test_frozen_calibration_reproduces_its_fault_free_targets(
 def test_every_preset_is_valid(preset: str) -> None:
     spec = load_spec(PRESETS / preset)
     for target in spec.targets():
-        assert spec.scenarios(target.profile.num_stages)
+        assert spec.scenarios(target)
 
 
 def _run(preset: str, tmp_path: Path) -> list[dict[str, str]]:

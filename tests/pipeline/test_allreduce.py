@@ -15,13 +15,16 @@ def test_each_stage_reduces_when_its_replicas_are_done() -> None:
     assert ring.ring_ms(0) == pytest.approx(2 * 0.5)  # 0.5 MB chunk at 1 GB/s, twice
     # Stage 0 finishes late but reduces little; stage 1 early with four times the bytes.
     assert ring.step_end_ms([10.0, 5.0]) == max(10.0 + 1.0 + 1.0, 5.0 + 4.0 + 2.0)
-    assert ring.step_end_ms([10.0, 5.0], [[3.0], [0.0]]) == 10.0 + 1.0 + 2 * 3.0 + 1.0
+    slow = ring.with_delays({(0, 0): 3.0})
+    assert slow.step_end_ms([10.0, 5.0]) == 10.0 + 1.0 + 2 * 3.0 + 1.0
     assert dp_link_name(3, 0) == "dp3:0-1"
 
 
 def test_bad_all_reduce_is_refused() -> None:
     with pytest.raises(ConfigError, match="num_replicas"):
         AllReduce(num_replicas=0, grad_bytes=(1,), bandwidth_gbps=1.0)
+    with pytest.raises(ConfigError, match="DP link dp0:1-2 does not exist"):
+        AllReduce(num_replicas=2, grad_bytes=(1,), bandwidth_gbps=1.0, dp_delay_ms={(0, 1): 1.0})
     with pytest.raises(ConfigError, match="one entry per stage"):
         AllReduce(num_replicas=2, grad_bytes=(1, 1), bandwidth_gbps=1.0, optimizer_ms=(1.0,))
 
