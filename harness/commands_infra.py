@@ -33,6 +33,13 @@ __all__ = ["cleanup", "doctor", "launch"]
     help="Where the profile, schedule and (with --run) timeline.json go.",
 )
 @click.option("--run", "run_here", is_flag=True, help="Run it on this host (one node only).")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False),
+    help="Write a Slurm script (OUT/run.sbatch) running this experiment spec instead.",
+)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 def launch(
     profile_path: str | None,
     policy: str | None,
@@ -45,8 +52,25 @@ def launch(
     iterations: int,
     out: str,
     run_here: bool,
+    spec_path: str | None,
+    gpus_per_node: int,
 ) -> None:
-    """Print the torchrun command for every node (emulated compute), or run it here."""
+    """Print the torchrun command for every node (emulated compute), or run it here; with
+    --spec, write a Slurm batch script for every configuration of an experiment."""
+    if spec_path is not None:
+        from harness.experiment import load_spec
+        from harness.slurm import write_slurm_script
+
+        if profile_path or policy or schedule_path or run_here:
+            raise ConfigError("--spec takes the configurations from the spec: drop the others")
+        script, num_steps = write_slurm_script(
+            load_spec(Path(spec_path)),
+            Path(out),
+            gpus_per_node=gpus_per_node,
+            master_port=master_port,
+        )
+        click.echo(f"wrote {script} ({num_steps} configurations): sbatch {script}")
+        return
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)

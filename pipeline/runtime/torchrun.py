@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schedule", type=Path, required=True)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument(
+        "--compute", choices=["emulated"], default="emulated", help="What each op runs."
+    )
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

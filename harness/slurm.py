@@ -1,0 +1,130 @@
+"""Cluster launch of an experiment spec: a Slurm batch script that runs every configuration
+through torchrun (pipeline.runtime.torchrun), one srun step per configuration.
+
+Each configuration's profile and schedule are planned here and written next to the script,
+so the cluster runs exactly what the simulator would have run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+from harness.experiment import ExperimentSpec, system_planner
+from harness.results import write_atomic
+from pipeline.errors import ConfigError
+from pipeline.simulator import CommMode
+
+__all__ = ["write_slurm_script"]
+
+
+def write_slurm_script(
+    spec: ExperimentSpec,
+    out_dir: Path,
+    *,
+    gpus_per_node: int = 8,
+    time_limit: str = "01:00:00",
+    master_port: int = 29500,
+    compute: str = "emulated",
+) -> tuple[Path, int]:
+    """Write `out_dir/run.sbatch` and each configuration's files; return the script and the
+    number of configurations it runs. Configurations the runtime cannot run yet (the
+    delegated path, fault timelines, TP) are listed in the script as skipped, with why."""
+    if gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    out_dir = out_dir.resolve()  # the script may run from anywhere
+    steps: list[str] = []
+    skipped: list[str] = []
+    max_nodes = 1
+    for target in spec.targets():
+        model = target.cost.model if target.cost else None
+        num_replicas = model.dp if model else 1
+        for scenario in spec.scenarios(target):
+            for system in spec.systems:
+                name = f"{target.label}/{system}/{scenario.name}"
+                why = _unsupported(model.tp if model else 1, scenario.faults is not None)
+                schedule, profile, comm = system_planner(system, target)(
+                    scenario.apply(target.profile)
+                )
+                if why is None and comm is not CommMode.DIRECT:
+                    why = f"{comm.value} comm: the runtime has no delegate transport yet"
+                if why is None and scenario.dp_links:
+                    why = "DP link delays are modelled by the simulator only"
+                if why:
+                    skipped.append(f"# skipped {name}: {why}")
+                    continue
+                slug = "_".join(
+                    part.replace("/", "-").replace("@", "-").replace(",", "+").replace(":", "-")
+                    for part in (target.label, system, scenario.name)
+                )
+                config_dir = out_dir / slug
+                config_dir.mkdir(parents=True, exist_ok=True)
+                write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
+                write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
+                world = profile.num_stages * num_replicas
+                num_nodes = math.ceil(world / gpus_per_node)
+                if world % num_nodes:
+                    skipped.append(f"# skipped {name}: {world} ranks do not split over nodes")
+                    continue
+                max_nodes = max(max_nodes, num_nodes)
+                worker_args = [
+                    "--profile",
+                    str(config_dir / "profile.json"),
+                    "--schedule",
+                    str(config_dir / "schedule.json"),
+                    "--replicas",
+                    str(num_replicas),
+                    "--iterations",
+                    str(spec.num_warmup_iterations + spec.num_iterations),
+                    "--compute",
+                    compute,
+                    "--out",
+                    str(config_dir),
+                ]
+                steps += [
+                    f"# {name}: {world} ranks on {num_nodes} node(s)",
+                    f"run_step {num_nodes} {world // num_nodes} {shlex.quote(slug)} "
+                    + shlex.join(worker_args),
+                ]
+    if not steps:
+        raise ConfigError(
+            "no configuration of this spec can run on the cluster yet: " + "; ".join(skipped)
+        )
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={shlex.quote(spec.name)}",
+            f"#SBATCH --nodes={max_nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --gpus-per-node={gpus_per_node}",
+            f"#SBATCH --time={time_limit}",
+            f"# Written by adaptra-bench from spec {spec.name!r}: one srun step per configuration,",
+            "# each a torchrun of pipeline.runtime.torchrun; timelines land in each step's folder.",
+            "set -euo pipefail",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "run_step() {  # nodes, ranks per node, step name, worker arguments...",
+            "  local nodes=$1 per_node=$2 name=$3; shift 3",
+            '  srun --nodes="$nodes" --ntasks-per-node=1 python -m torch.distributed.run \\',
+            '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
+            f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',
+            '    -m pipeline.runtime.torchrun "$@"',
+            "}",
+            *steps,
+            *skipped,
+            "",
+        ]
+    )
+    path = out_dir / "run.sbatch"
+    write_atomic(path, script)
+    path.chmod(0o755)
+    return path, sum(1 for s in steps if s.startswith("run_step"))
+
+
+def _unsupported(tp: int, has_faults: bool) -> str | None:
+    if tp > 1:
+        return f"TP {tp}: the runtime runs PP x DP ranks; TP is modelled by the simulator only"
+    if has_faults:
+        return "fault timelines are replayed by `adaptra-bench run`, not by the cluster script"
+    return None
