@@ -183,6 +183,12 @@ class ExperimentSpec:
         if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
             raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
         for target in self.targets():
+            if target.cost is not None and self.backend != "sim":
+                raise ConfigError(
+                    f"model {target.label} comes from the cost model, whose DP all-reduce and "
+                    "optimizer step only the sim backend times; use backend: sim, or give a "
+                    "profile of the model instead"
+                )
             self.scenarios(target)
 
     def targets(self) -> list[Target]:

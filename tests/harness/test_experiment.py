@@ -98,6 +98,7 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"models": ({"base": "gpt2-140b", "pp": 2},), "profile": None}, "does not fit 2 stages"),
         ({"models": ({"base": "gpt2-7b", "pp": 5},), "profile": None}, "do not split evenly"),
         ({"models": ("gpt2-3b",), "profile": None}, "unknown model 'gpt2-3b'"),
+        ({"models": ("gpt2-7b",), "profile": None, "backend": "emulated"}, "use backend: sim"),
         ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
         ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
     ],
