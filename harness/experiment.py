@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import statistics
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -365,6 +366,8 @@ def run_experiment(
         for repeat in range(spec.num_repeats)
     ]
     planners: dict[tuple[str, str], Replan] = {}
+    todo = sum((t.label, system, sc.name, str(r)) not in done for t, system, sc, r in configs)
+    started, num_run = time.monotonic(), 0
     for count, (target, system, scenario, repeat) in enumerate(configs, start=1):
         if (target.label, system, scenario.name, str(repeat)) in done:
             continue
@@ -435,9 +438,12 @@ def run_experiment(
             )
         write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
         write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
+        num_run += 1
+        elapsed_s = time.monotonic() - started
+        left_s = elapsed_s / num_run * (todo - num_run)
         progress(
             f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}: "
-            f"{median_wall_ms:.1f} ms median"
+            f"{median_wall_ms:.1f} ms median ({elapsed_s:.0f} s elapsed, ~{left_s:.0f} s left)"
         )
     write_report(spec, run_dir, runs)
     return run_dir
