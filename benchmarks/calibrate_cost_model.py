@@ -14,6 +14,7 @@ Run: python benchmarks/calibrate_cost_model.py
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 from harness.experiment import fault_free_step_ms
@@ -38,26 +39,25 @@ def bisect(f: Callable[[float], float], goal: float, low: float, high: float) ->
     return (low + high) / 2
 
 
+def _step_with(model: str, system: str, cal: Calibration, field: str, value: float) -> float:
+    return step_s(model, system, dataclasses.replace(cal, **{field: value}))
+
+
+FITS = (  # parameter, the model and system whose fault-free step fixes it, search range
+    ("mfu", "gpt2-14b", "1f1b", 0.05, 1.0),
+    ("split_backward_overhead", "gpt2-14b", "zb", 0.0, 1.0),
+    ("allreduce_efficiency", "gpt2-7b-dp2", "zb", 0.01, 1.0),
+)
+
+
 def calibrate() -> Calibration:
+    """Each parameter in turn, the ones after it held at neutral values."""
     cal = dataclasses.replace(CALIBRATED, split_backward_overhead=0.0, allreduce_efficiency=1.0)
-    mfu = bisect(
-        lambda x: step_s("gpt2-14b", "1f1b", dataclasses.replace(cal, mfu=x)), 0.86, 0.05, 1.0
-    )
-    cal = dataclasses.replace(cal, mfu=mfu)
-    overhead = bisect(
-        lambda x: step_s("gpt2-14b", "zb", dataclasses.replace(cal, split_backward_overhead=x)),
-        0.79,
-        0.0,
-        1.0,
-    )
-    cal = dataclasses.replace(cal, split_backward_overhead=overhead)
-    efficiency = bisect(
-        lambda x: step_s("gpt2-7b-dp2", "zb", dataclasses.replace(cal, allreduce_efficiency=x)),
-        0.49,
-        0.01,
-        1.0,
-    )
-    return dataclasses.replace(cal, allreduce_efficiency=efficiency)
+    for name, model, system, low, high in FITS:
+        step_with = functools.partial(_step_with, model, system, cal, name)
+        value = bisect(step_with, TARGETS_S[model, system], low, high)
+        cal = dataclasses.replace(cal, **{name: value})
+    return cal
 
 
 if __name__ == "__main__":

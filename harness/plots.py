@@ -14,6 +14,15 @@ __all__ = [
 ]
 
 
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_lines(
     rows: Sequence[Mapping[str, Any]],
     path: Path,
@@ -50,15 +59,6 @@ def plot_lines(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) -> None:

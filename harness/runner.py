@@ -12,7 +12,7 @@ from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
-from pipeline.simulator import CommMode, simulate
+from pipeline.simulator import CommMode, simulate_iterations
 from pipeline.timeline import Timeline
 
 __all__ = ["BACKENDS", "Replan", "RunResult", "run_configuration"]
@@ -82,7 +82,7 @@ def run_configuration(
     profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
     plans = [replan(p) if replan else (schedule, p, CommMode(comm)) for p in profiles]
     if backend == "sim":
-        parts = _simulate(plans, allreduce)
+        parts = simulate_iterations(plans, allreduce=allreduce)
     else:
         if allreduce is not None:
             raise ConfigError("the emulated runtime does not model the DP all-reduce step yet")
@@ -95,28 +95,6 @@ def run_configuration(
         comms=tuple(comm for _, _, comm in plans[num_warmup_iterations:]),
         timeline=Timeline.concat(parts) if keep_timeline else None,
     )
-
-
-def _simulate(
-    plans: list[tuple[Schedule, Profile, CommMode]], allreduce: AllReduce | None
-) -> list[Timeline]:
-    parts: list[Timeline] = []
-    start_ms = 0.0
-    validated: set[int] = set()
-    for iteration, (schedule, profile, comm) in enumerate(plans):
-        part = simulate(
-            schedule,
-            profile,
-            comm,
-            iteration=iteration,
-            start_ms=start_ms,
-            validate=id(schedule) not in validated,
-            allreduce=allreduce,
-        )
-        validated.add(id(schedule))
-        parts.append(part)
-        start_ms = part.iterations[0].end_ms
-    return parts
 
 
 def _faulty_profiles(

@@ -7,6 +7,7 @@ O(number of ops). The three communication modes are those of DESIGN.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pipeline.allreduce import AllReduce
@@ -164,25 +165,24 @@ def simulate(
 
 
 def simulate_iterations(
-    schedule: Schedule,
-    profiles: list[Profile],
-    comm: CommMode = CommMode.IDEAL,
-    *,
-    allreduce: AllReduce | None = None,
-) -> Timeline:
-    """Simulate one iteration per profile (e.g. per-iteration delays), back to back."""
-    parts = []
+    plans: Sequence[tuple[Schedule, Profile, CommMode]], *, allreduce: AllReduce | None = None
+) -> list[Timeline]:
+    """One iteration per (schedule, profile, comm), back to back: a controller may change any
+    of them between iterations. Each schedule is validated once."""
+    parts: list[Timeline] = []
     start_ms = 0.0
-    for iteration, profile in enumerate(profiles):
+    validated: set[int] = set()
+    for iteration, (schedule, profile, comm) in enumerate(plans):
         part = simulate(
             schedule,
             profile,
             comm,
             iteration=iteration,
             start_ms=start_ms,
-            validate=iteration == 0,
+            validate=id(schedule) not in validated,
             allreduce=allreduce,
         )
+        validated.add(id(schedule))
         parts.append(part)
         start_ms = part.iterations[0].end_ms
-    return Timeline.concat(parts)
+    return parts

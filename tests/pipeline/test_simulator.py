@@ -10,6 +10,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate, simulate_iterations
+from pipeline.timeline import Timeline
 from tests.strategies import profiles
 
 BUILDERS = [one_f_one_b, zb_h1, zb_h2]
@@ -94,7 +95,11 @@ def test_delegated_copies_cost_the_stage() -> None:
 def test_iterations_run_back_to_back() -> None:
     profile = Profile.uniform(2, 2, 10, 10, 10)
     schedule = one_f_one_b(profile)
-    timeline = simulate_iterations(schedule, [profile, profile.with_delays([10.0])])
+    timeline = Timeline.concat(
+        simulate_iterations(
+            [(schedule, profile, CommMode.IDEAL), (schedule, profile.with_delays([10.0]), "ideal")]
+        )
+    )
     first, second = (compute_metrics(timeline, i) for i in range(2))
     assert first.iteration_time_ms == 90.0
     # 1F1B's critical path crosses the slow link twice: F0 on its way down, BW1 on its way up.
