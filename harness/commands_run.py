@@ -8,7 +8,7 @@ import click
 
 from harness.cli_common import emit_json, load_json, read_text, resolve, schedule_options
 from harness.experiment import default_experiment, load_spec, new_run_id, run_experiment
-from harness.runner import BACKENDS, run_configuration
+from harness.runner import BACKENDS, INJECTIONS, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
@@ -22,6 +22,15 @@ __all__ = ["compare", "report", "run"]
 @schedule_options
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
 @click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
+@click.option(
+    "--inject",
+    "injection",
+    type=click.Choice(list(INJECTIONS)),
+    default="hook",
+    show_default=True,
+    help="Emulated runs: delays as a sleep before each send (hook) or in a namespace "
+    "testbed's network (network; root).",
+)
 @click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
 @click.option(
     "--warmup-iterations",
@@ -62,6 +71,7 @@ def run(
     time_limit_s: float | None,
     backend: str,
     comm: str,
+    injection: str,
     iterations: int,
     warmup_iterations: int,
     fmt: str,
@@ -89,6 +99,7 @@ def run(
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
         faults=_load_faults(faults_path) if faults_path else None,
+        injection=injection,
     )
     assert result.timeline is not None  # kept by default
     if trace:

@@ -28,7 +28,7 @@ from harness.results import (
     write_csv_atomic,
     write_json_atomic,
 )
-from harness.runner import BACKENDS, Replan, run_configuration
+from harness.runner import BACKENDS, INJECTIONS, Replan, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
 from pipeline.allreduce import AllReduce, dp_link_name
 from pipeline.cost_model import CALIBRATED, Calibration, ModelCost, model_cost, resolve_model
@@ -163,6 +163,8 @@ class ExperimentSpec:
     num_repeats: int = 1
     seed: int = 0
     backend: str = "sim"
+    injection: str = "hook"
+    """How an emulated run injects delays (harness.runner.INJECTIONS)."""
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.systems if s not in SYSTEMS]
@@ -172,6 +174,13 @@ class ExperimentSpec:
             )
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        if self.injection not in INJECTIONS or (
+            self.injection == "network" and (self.backend == "sim" or self.faults)
+        ):
+            raise ConfigError(
+                f"injection {self.injection!r}: valid are {', '.join(INJECTIONS)}; network "
+                "needs a runtime backend and fixed delays (no fault timeline)"
+            )
         if not self.models:
             raise ConfigError("the spec names no model")
         if self.profile is not None and (
@@ -386,6 +395,7 @@ def run_experiment(
             if target.cost is None
             else scenario.apply_allreduce(target.cost.allreduce),
             keep_timeline=False,
+            injection=spec.injection,
         )
         policy, comm_name = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
         common = {

@@ -15,9 +15,13 @@ from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import CommMode, simulate_iterations
 from pipeline.timeline import Timeline
 
-__all__ = ["BACKENDS", "Replan", "RunResult", "run_configuration"]
+__all__ = ["BACKENDS", "INJECTIONS", "Replan", "RunResult", "run_configuration"]
 
 BACKENDS = ("sim", "emulated", "megatron")
+INJECTIONS = ("hook", "network")
+"""How the emulated runtime injects a profile's link delays: a sleep before each send in the
+fault hook (the paper's artifact), or in the network of a namespace testbed (a delay wire per
+slow link, and htb caps for a link bandwidth; root only)."""
 
 Replan = Callable[[Profile], tuple[Schedule, Profile, CommMode]]
 """What a system runs under an iteration's (delayed) profile: its schedule, the profile that
@@ -68,6 +72,7 @@ def run_configuration(
     replan: Replan | None = None,
     allreduce: AllReduce | None = None,
     keep_timeline: bool = True,
+    injection: str = "hook",
 ) -> RunResult:
     """Warm-up iterations come first; a fault timeline counts iterations from the first
     measured one, and its delays add to the profile's. With `replan`, every iteration runs
@@ -78,6 +83,10 @@ def run_configuration(
         raise ConfigError("backend 'megatron' is not implemented yet; use sim or emulated")
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
+    if injection not in INJECTIONS:
+        raise ConfigError(f"unknown injection {injection!r}; valid: {', '.join(INJECTIONS)}")
+    if injection == "network" and backend == "sim":
+        raise ConfigError("--inject network needs a runtime backend (emulated)")
     total = num_warmup_iterations + num_iterations
     profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
     plans = [replan(p) if replan else (schedule, p, CommMode(comm)) for p in profiles]
@@ -86,7 +95,7 @@ def run_configuration(
     else:
         if allreduce is not None:
             raise ConfigError("the emulated runtime does not model the DP all-reduce step yet")
-        parts = _run_emulated(plans)
+        parts = _run_emulated(plans, injection)
     measured = [compute_metrics(parts[i], i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
@@ -121,7 +130,9 @@ def _faulty_profiles(
     ]
 
 
-def _run_emulated(plans: list[tuple[Schedule, Profile, CommMode]]) -> list[Timeline]:
+def _run_emulated(
+    plans: list[tuple[Schedule, Profile, CommMode]], injection: str = "hook"
+) -> list[Timeline]:
     """Real worker processes, one per stage, each op a sleep of its profiled time."""
     for _, _, comm in plans:
         if comm is not CommMode.DIRECT:
@@ -134,8 +145,28 @@ def _run_emulated(plans: list[tuple[Schedule, Profile, CommMode]]) -> list[Timel
     first = plans[0][1]
     for schedule, _, _ in plans:
         validate_schedule(schedule, first.num_stages, first.num_microbatches)
-    with WorkerPool(first.num_stages) as pool:
-        return [
-            pool.run_iteration(IterationConfig(i, schedule, p))
-            for i, (schedule, p, _) in enumerate(plans)
-        ]
+    if injection == "hook":
+        with WorkerPool(first.num_stages) as pool:
+            return [
+                pool.run_iteration(IterationConfig(i, schedule, p))
+                for i, (schedule, p, _) in enumerate(plans)
+            ]
+    if any(p.delay_ms != first.delay_ms for _, p, _ in plans):
+        raise ConfigError(
+            "--inject network sets each link's delay once, for the whole run; replay a "
+            "fault timeline with --inject hook"
+        )
+    from injectors.testbed import Testbed
+
+    with Testbed(first.num_stages) as bed:
+        for link, delay_ms in enumerate(first.delay_ms):
+            if delay_ms:
+                bed.add_delay(link, link + 1, plane=0, delay_ms=delay_ms)
+            if first.link_bandwidth_gbps is not None:
+                for src, dst in ((link, link + 1), (link + 1, link)):
+                    bed.cap_bandwidth(src, dst, plane=0, rate_mbit=first.link_bandwidth_gbps * 1e3)
+        with WorkerPool(first.num_stages, launch=bed.launcher()) as pool:
+            return [
+                pool.run_iteration(IterationConfig(i, schedule, p.with_delays(())))  # no sleeps
+                for i, (schedule, p, _) in enumerate(plans)
+            ]

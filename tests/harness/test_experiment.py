@@ -101,6 +101,8 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"models": ("gpt2-7b",), "profile": None, "backend": "emulated"}, "use backend: sim"),
         ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
         ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
+        ({"injection": "network"}, "network needs a runtime backend"),
+        ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
     ],
 )
 def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:

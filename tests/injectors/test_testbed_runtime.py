@@ -66,3 +66,43 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
             by_network = median_ms(pool, profile, 0)
     assert by_hook > 2 * 75  # the delay dominates: 75 ms without it
     assert abs(by_network / by_hook - 1) < 0.10, (by_network, by_hook)
+
+
+def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> None:
+    """`run --inject network`: the profile's 20 ms on link 0-1 goes onto the testbed's wire."""
+    import json
+    import subprocess
+    import sys
+
+    from injectors.testbed import PREFIX
+
+    profile = tmp_path / "p.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "stages": 2,
+                "microbatches": 4,
+                "t_f": 5,
+                "t_b": 5,
+                "t_w": 5,
+                "delay_ms": [20],
+                "message_bytes": 8192,
+            }
+        )
+    )
+
+    def median_ms(injection: str) -> float:
+        out = subprocess.run(
+            [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--profile",
+             str(profile), "--policy", "1f1b", "--iterations", "5", "--format", "json",
+             "--inject", injection],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return float(json.loads(out.stdout)["median_iteration_ms"])
+
+    by_network, by_hook = median_ms("network"), median_ms("hook")
+    assert by_hook > 150  # 1F1B crosses the slow link 4 times: 95 ms without it
+    assert abs(by_network / by_hook - 1) < 0.10, (by_network, by_hook)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert PREFIX not in left  # the testbed is gone
