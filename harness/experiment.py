@@ -154,7 +154,8 @@ class ExperimentSpec:
     """DESIGN.md's systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
     profile: Profile | None = None
     link_sets: tuple[tuple[Any, ...], ...] = (("0-1",),)
-    """Each set of PP links ("i-j", an index, "first" or "last") gets each delay in turn."""
+    """Each set of links gets each delay in turn: PP links ("i-j", an index, "first", "last")
+    and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce ring step)."""
     delays_ms: tuple[float, ...] = (0.0,)
     faults: str | None = None
     """A fault timeline file (paper trace or YAML): one scenario replacing links x delays."""
