@@ -21,6 +21,10 @@ __all__ = ["compare", "report", "run"]
 @click.command()
 @schedule_options
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
+@click.option(
+    "--model",
+    help="GPT configuration of --backend megatron (default: tiny): tiny, small, gpt2-124m.",
+)
 @click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
 @click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
 @click.option(
@@ -61,6 +65,7 @@ def run(
     schedule_path: str | None,
     time_limit_s: float | None,
     backend: str,
+    model: str | None,
     comm: str,
     iterations: int,
     warmup_iterations: int,
@@ -89,6 +94,7 @@ def run(
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
         faults=_load_faults(faults_path) if faults_path else None,
+        model=model,
     )
     if trace:
         write_chrome_trace(result.timeline, trace)
@@ -99,6 +105,7 @@ def run(
             plot,
             title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
         )
+    megatron = {"model": model or "tiny", "losses": list(result.losses)}
     if fmt == "json":
         emit_json(
             {
@@ -108,6 +115,7 @@ def run(
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
+                **(megatron if backend == "megatron" else {}),
             }
         )
         return
@@ -115,6 +123,8 @@ def run(
         f"{planned.policy} over {comm} ({backend}): median iteration "
         f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
     )
+    if backend == "megatron":
+        click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
 
 
 @click.command()
