@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import BackendError, ConfigError
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.config import IterationConfig, StepOutput
@@ -30,7 +31,7 @@ from pipeline.runtime.megatron.model import (
     stage_layer_offset,
     stage_state_from_reference,
 )
-from pipeline.runtime.megatron.shim import cpu_shim, seed_cpu_rng_tracker
+from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
 
 __all__ = ["MegatronCompute"]
@@ -51,7 +52,7 @@ class MegatronCompute:
     ) -> None:
         self.preset = get_preset(model)
         if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr:g}")
+            raise ConfigError(f"lr must be > 0, got {lr:g}")
         self.seed, self.lr, self.init_state = seed, lr, init_state
         self.device = torch.device("cpu")
         self._stage = self._num_stages = self._replica = 0
@@ -60,6 +61,10 @@ class MegatronCompute:
         self._layer_offset = 0
 
     def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+        with quiet_megatron():
+            self._setup(stage, num_stages, replica, device)
+
+    def _setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
         from megatron.core import parallel_state
 
         self.preset.check_stages(num_stages)
@@ -76,7 +81,7 @@ class MegatronCompute:
             parallel_state.get_data_parallel_rank(),
         )
         if placed != (stage, replica):
-            raise RuntimeError(
+            raise BackendError(
                 f"megatron placed this rank at (stage, replica) {placed}, the runtime at "
                 f"{(stage, replica)}"
             )
@@ -111,7 +116,7 @@ class MegatronCompute:
     @property
     def runner(self) -> StageRunner:
         if self._runner is None:
-            raise RuntimeError("the megatron backend is not set up (setup() was not called)")
+            raise BackendError("the megatron backend is not set up (setup() was not called)")
         return self._runner
 
     def message_buffer(self, profile: Profile) -> torch.Tensor:

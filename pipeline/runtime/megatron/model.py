@@ -46,11 +46,11 @@ class GPTPreset:
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
             if getattr(self, field) < 1:
-                raise ValueError(f"{field} must be >= 1")
+                raise ConfigError(f"{field} must be >= 1")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
+            raise ConfigError("hidden_size must be divisible by num_attention_heads")
         if self.seq_length < 2 or self.micro_batch_size < 1:
-            raise ValueError("seq_length must be >= 2 and micro_batch_size >= 1")
+            raise ConfigError("seq_length must be >= 2 and micro_batch_size >= 1")
 
     @property
     def num_slots(self) -> int:

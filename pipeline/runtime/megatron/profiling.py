@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import statistics
 
+from pipeline.errors import BackendError, ConfigError
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.megatron.model import get_preset
@@ -47,7 +48,7 @@ def measure_profile(
     preset = get_preset(model)
     preset.check_stages(num_stages)
     if num_iterations < 1 or num_warmup_iterations < 0:
-        raise ValueError("iterations must be >= 1 and warm-up iterations >= 0")
+        raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     placeholder = Profile.uniform(num_stages, num_microbatches, 1.0, 1.0, 1.0)
     order = schedule or split_backward_gpipe(num_stages, num_microbatches)
     validate_schedule(order, num_stages, num_microbatches)
@@ -76,5 +77,5 @@ def _median_ms(timeline: Timeline, num_stages: int, kind: OpKind) -> tuple[float
         if op.kind is kind:
             per_stage[op.stage].append(op.end_ms - op.start_ms)
     if not all(per_stage):
-        raise RuntimeError(f"the schedule ran no {kind.value} op on some stage")
+        raise BackendError(f"the schedule ran no {kind.value} op on some stage")
     return tuple(round(statistics.median(d), 4) for d in per_stage)

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import BackendError
 from pipeline.runtime.megatron.model import (
     GPTPreset,
     build_stage_model,
     global_param_name,
     microbatch_tokens,
 )
-from pipeline.runtime.megatron.shim import cpu_shim, seed_cpu_rng_tracker
+from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
 
 __all__ = ["ReferenceIteration", "build_whole_model", "single_process_megatron", "train_reference"]
@@ -31,10 +32,11 @@ __all__ = ["ReferenceIteration", "build_whole_model", "single_process_megatron",
 def single_process_megatron() -> Iterator[None]:
     """A one-rank gloo group and megatron's parallel state (TP = PP = DP = 1), torn down on
     exit. On a CPU, megatron's CUDA-only spots are patched for the duration."""
-    from megatron.core import parallel_state
+    with quiet_megatron():
+        from megatron.core import parallel_state
 
     if dist.is_initialized():
-        raise RuntimeError("a process group already exists in this process")
+        raise BackendError("a process group already exists in this process")
     with tempfile.TemporaryDirectory(prefix="adaptra-megatron-") as tmp:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(
@@ -56,7 +58,7 @@ def single_process_megatron() -> Iterator[None]:
 def build_whole_model(preset: GPTPreset, seed: int) -> Any:
     """The whole model as one stage, seeded; inside `single_process_megatron()`."""
     torch.manual_seed(seed)
-    with cpu_shim(building=True):
+    with cpu_shim(building=True), quiet_megatron():
         model = build_stage_model(preset, 1, use_cpu_initialization=True)
     seed_cpu_rng_tracker(seed)
     return model

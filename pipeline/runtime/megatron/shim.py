@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["cpu_shim", "patched", "seed_cpu_rng_tracker"]
+__all__ = ["cpu_shim", "patched", "quiet_megatron", "seed_cpu_rng_tracker"]
 
 _MISSING = object()
 
@@ -111,3 +112,12 @@ def seed_cpu_rng_tracker(seed: int) -> None:
             mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME: state(seed + 1024),
         }
     )
+
+
+@contextlib.contextmanager
+def quiet_megatron() -> Iterator[None]:
+    """Silence megatron's import- and build-time UserWarnings (Apex and Transformer Engine not
+    installed, deprecated defaults): every worker would print them all."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+        yield

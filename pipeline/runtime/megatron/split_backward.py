@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import BackendError
 from pipeline.runtime.megatron.shim import patched
 
 __all__ = ["WeightGradStore", "accumulate_grad", "deferred_linears"]
@@ -48,9 +49,11 @@ class WeightGradStore:
     def defer(self, microbatch: int) -> Iterator[None]:
         """Inside: linears queue their weight GEMMs under `microbatch` instead of running them."""
         if self._current is not None:
-            raise RuntimeError("a weight-gradient store is already deferring")
+            raise BackendError("a weight-gradient store is already deferring (nested B?)")
         if microbatch in self._queues:
-            raise RuntimeError(f"microbatch {microbatch} already has deferred weight gradients")
+            raise BackendError(
+                f"microbatch {microbatch} already has deferred weight gradients (B twice?)"
+            )
         queue: list[_Deferred] = []
         self._current = queue
         try:
@@ -70,7 +73,7 @@ class WeightGradStore:
         """Run `microbatch`'s queued weight GEMMs and accumulate them; how many ran."""
         queue = self._queues.pop(microbatch, None)
         if queue is None:
-            raise RuntimeError(f"microbatch {microbatch} has no deferred weight gradients (no B?)")
+            raise BackendError(f"microbatch {microbatch} has no deferred weight gradients (no B?)")
         for item in queue:
             # The GEMM of megatron's fused backward, on the same 2-D views: equal results.
             accumulate_grad(item.weight, item.grad_output.t().matmul(item.inputs))
@@ -100,7 +103,7 @@ def _deferring_subclass(base: Any, store: WeightGradStore) -> Any:
         if not store.deferring:
             return base.backward(ctx, grad_output)  # type: ignore[no-any-return]
         if ctx.sequence_parallel or ctx.gradient_accumulation_fusion:
-            raise NotImplementedError(
+            raise BackendError(
                 "the deferred weight gradient supports neither sequence parallelism nor "
                 "gradient-accumulation fusion; turn them off in the TransformerConfig"
             )

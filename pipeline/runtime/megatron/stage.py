@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipeline.errors import BackendError
 from pipeline.runtime.megatron.split_backward import (
     WeightGradStore,
     accumulate_grad,
@@ -56,26 +57,26 @@ class StageRunner:
         """F: the activation to send on (None on the last stage). Stage 0 takes `tokens`, or a
         `stage_input` in their place (the embedding is then skipped); the last takes `labels`."""
         if microbatch in self._saved:
-            raise RuntimeError(f"F{microbatch} ran twice before its backward")
+            raise BackendError(f"F{microbatch} ran twice before its backward")
         x = None if stage_input is None else stage_input.detach().clone().requires_grad_(True)
         kwargs: dict[str, Any] = {"attention_mask": None}
         if self.first and x is None:
             if tokens is None:
-                raise ValueError("the first stage needs tokens (or a stage input)")
+                raise BackendError("the first stage needs tokens (or a stage input)")
             batch, seq = tokens.shape
             kwargs["input_ids"] = tokens
             kwargs["position_ids"] = torch.arange(seq, device=tokens.device).expand(batch, seq)
         else:
             kwargs["input_ids"] = kwargs["position_ids"] = None
             if x is None:
-                raise ValueError("a stage after the first needs its input activation")
+                raise BackendError("a stage after the first needs its input activation")
             if self.first:
                 kwargs["decoder_input"] = x
             else:
                 self.model.set_input_tensor(x)
         if self.last:
             if labels is None:
-                raise ValueError("the last stage needs labels")
+                raise BackendError("the last stage needs labels")
             kwargs["labels"] = labels
         with deferred_linears(self.store) if deferred else contextlib.nullcontext():
             output = self.model(**kwargs)
@@ -89,7 +90,7 @@ class StageRunner:
     def _take(self, microbatch: int) -> _Saved:
         saved = self._saved.pop(microbatch, None)
         if saved is None:
-            raise RuntimeError(f"backward of microbatch {microbatch} before its F (or twice)")
+            raise BackendError(f"backward of microbatch {microbatch} before its F (or twice)")
         return saved
 
     def backward_input(
@@ -115,7 +116,7 @@ class StageRunner:
     def backward_weight(self, microbatch: int) -> None:
         """W: the queued weight GEMMs and the kept gradients, accumulated into the parameters."""
         if microbatch not in self._param_grads:
-            raise RuntimeError(f"W{microbatch} before its B")
+            raise BackendError(f"W{microbatch} before its B")
         self.store.flush(microbatch)
         for param, grad in self._param_grads.pop(microbatch):
             accumulate_grad(param, grad)
@@ -133,7 +134,7 @@ class StageRunner:
         """Every F had its backward and every B its W."""
         left = sorted(self._saved) + sorted(self._param_grads)
         if left:
-            raise RuntimeError(f"microbatch(es) {left} still wait for a backward or a W")
+            raise BackendError(f"microbatch(es) {left} still wait for a backward or a W")
 
     def reset(self) -> None:
         self._saved.clear()
