@@ -80,6 +80,11 @@ def run(
     """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
     --schedule the embedded default."""
     if profile_path is None and policy is None and schedule_path is None:
+        if backend == "megatron" or model is not None:
+            raise ConfigError(
+                "--backend megatron runs one configuration: give --profile (its stages and "
+                "microbatches) and --policy or --schedule"
+            )
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))

@@ -180,6 +180,10 @@ def test_torch_csv_format(tmp_path: Path) -> None:
             "unknown model 'nope'; valid models: tiny",
         ),
         (
+            ["run", "--backend", "megatron", "--model", "tiny"],
+            "--backend megatron runs one configuration: give --profile",
+        ),
+        (
             ["run", "--backend", "sim", "--model", "tiny", "--profile", "{p}", "--policy", "1f1b"],
             "--model applies to --backend megatron only",
         ),
