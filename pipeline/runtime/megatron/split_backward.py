@@ -7,7 +7,9 @@ subclass in its place (`deferred_linears`) covers every linear built on it. Whil
 deferring (inside B), the subclass's backward computes only the input gradient and the bias
 gradient (a cheap sum) and queues (weight, input, grad_output); W then runs the queued GEMMs
 and accumulates them (the idea of ZeroBubble's WeightGradStore). Outside B it behaves exactly
-as megatron's own backward.
+as megatron's own backward. megatron's DDP gradient hooks do not fire for deferred weights: a
+caller using its DDP would have to trigger them after W (this backend reduces gradients
+itself).
 """
 
 from __future__ import annotations
