@@ -1,7 +1,6 @@
 """The B/W split is real: B leaves every parameter gradient alone, W touches only them, and
 B + W costs about one fused backward (no recomputation). One process, no pipeline."""
 
-import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -108,11 +107,11 @@ def test_b_plus_w_costs_about_one_fused_backward(megatron_process: None) -> None
         runner.backward_weight(0)
         return time.perf_counter() - start
 
-    for _ in range(2):
-        fused_s(), split_s()
+    fused_s(), split_s()  # warm-up
     fused, split = [], []
-    for _ in range(5):  # interleaved, so drifts of a noisy machine hit both alike
+    for _ in range(7):  # interleaved, so drifts of a noisy machine hit both alike
         fused.append(fused_s())
         split.append(split_s())
-    ratio = statistics.median(split) / statistics.median(fused)
+    # The fastest of each: other load on shared cores only ever adds time.
+    ratio = min(split) / min(fused)
     assert ratio <= 1.3, f"B + W took {ratio:.2f} x a fused backward"
