@@ -37,8 +37,10 @@ def single_process_megatron() -> Iterator[None]:
 
     if dist.is_initialized():
         raise BackendError("a process group already exists in this process")
-    with tempfile.TemporaryDirectory(prefix="adaptra-megatron-") as tmp:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with (
+        tempfile.TemporaryDirectory(prefix="adaptra-megatron-") as tmp,
+        _environ("GLOO_SOCKET_IFNAME", "lo"),
+    ):
         dist.init_process_group(
             "gloo",
             init_method=f"file://{Path(tmp) / 'rendezvous'}",
@@ -53,6 +55,18 @@ def single_process_megatron() -> Iterator[None]:
         finally:
             parallel_state.destroy_model_parallel()
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _environ(name: str, default: str) -> Iterator[None]:
+    """`name` set to `default` unless already set; restored on exit."""
+    old = os.environ.get(name)
+    os.environ.setdefault(name, default)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
 
 
 def build_whole_model(preset: GPTPreset, seed: int) -> Any:
