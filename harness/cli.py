@@ -7,6 +7,7 @@ import sys
 import click
 
 from harness.commands_infra import cleanup, doctor, launch
+from harness.commands_profile import profile
 from harness.commands_run import compare, report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
@@ -20,7 +21,7 @@ def cli() -> None:
     """Fault-injection benchmarking of pipeline-parallel training schedules."""
 
 
-for _command in (schedule, simulate_cmd, run, report, compare, launch, doctor, cleanup):
+for _command in (schedule, simulate_cmd, run, profile, report, compare, launch, doctor, cleanup):
     cli.add_command(_command)
 
 

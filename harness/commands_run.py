@@ -21,6 +21,10 @@ __all__ = ["compare", "report", "run"]
 @click.command()
 @schedule_options
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
+@click.option(
+    "--model",
+    help="GPT configuration of --backend megatron (default: tiny): tiny, small, gpt2-124m.",
+)
 @click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
 @click.option(
     "--inject",
@@ -70,6 +74,7 @@ def run(
     schedule_path: str | None,
     time_limit_s: float | None,
     backend: str,
+    model: str | None,
     comm: str,
     injection: str,
     iterations: int,
@@ -85,6 +90,11 @@ def run(
     """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
     --schedule the embedded default."""
     if profile_path is None and policy is None and schedule_path is None:
+        if backend == "megatron" or model is not None:
+            raise ConfigError(
+                "--backend megatron runs one configuration: give --profile (its stages and "
+                "microbatches) and --policy or --schedule"
+            )
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
@@ -100,6 +110,7 @@ def run(
         num_warmup_iterations=warmup_iterations,
         faults=_load_faults(faults_path) if faults_path else None,
         injection=injection,
+        model=model,
     )
     assert result.timeline is not None  # kept by default
     if trace:
@@ -111,6 +122,7 @@ def run(
             plot,
             title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
         )
+    megatron = {"model": model or "tiny", "losses": list(result.losses)}
     if fmt == "json":
         emit_json(
             {
@@ -120,6 +132,7 @@ def run(
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
+                **(megatron if backend == "megatron" else {}),
             }
         )
         return
@@ -127,6 +140,8 @@ def run(
         f"{planned.policy} over {comm} ({backend}): median iteration "
         f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
     )
+    if backend == "megatron":
+        click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
 
 
 @click.command()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 from collections.abc import Callable
 
@@ -39,6 +40,8 @@ class RunResult:
     """The comm mode of each measured iteration (a controller may switch it)."""
     timeline: Timeline | None
     """Every iteration's ops and messages (None when the caller did not keep it)."""
+    losses: tuple[float, ...] = ()
+    """Training loss of each measured iteration (the megatron backend; empty otherwise)."""
 
     @property
     def median_iteration_ms(self) -> float:
@@ -73,14 +76,16 @@ def run_configuration(
     allreduce: AllReduce | None = None,
     keep_timeline: bool = True,
     injection: str = "hook",
+    model: str | None = None,
 ) -> RunResult:
     """Warm-up iterations come first; a fault timeline counts iterations from the first
     measured one, and its delays add to the profile's. With `replan`, every iteration runs
-    what it returns for that iteration's profile instead of `schedule` over `comm`."""
+    what it returns for that iteration's profile instead of `schedule` over `comm`. `model`
+    names the megatron backend's GPT configuration (default: tiny); the others take none."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
-    if backend == "megatron":
-        raise ConfigError("backend 'megatron' is not implemented yet; use sim or emulated")
+    if model is not None and backend != "megatron":
+        raise ConfigError(f"--model applies to --backend megatron only, not {backend!r}")
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     if injection not in INJECTIONS:
@@ -90,12 +95,17 @@ def run_configuration(
     total = num_warmup_iterations + num_iterations
     profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
     plans = [replan(p) if replan else (schedule, p, CommMode(comm)) for p in profiles]
+    losses: list[float] = []
+    if allreduce is not None and backend != "sim":
+        raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     if backend == "sim":
         parts = simulate_iterations(plans, allreduce=allreduce)
-    else:
-        if allreduce is not None:
-            raise ConfigError("the emulated runtime does not model the DP all-reduce step yet")
+    elif backend == "emulated":
         parts = _run_emulated(plans, injection)
+    else:
+        if injection != "hook":
+            raise ConfigError("--inject network is for the emulated backend")
+        parts, losses = _run_megatron(plans, model or "tiny")
     measured = [compute_metrics(parts[i], i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
@@ -103,6 +113,7 @@ def run_configuration(
         bubble_ratios=tuple(m.bubble_ratio for m in measured),
         comms=tuple(comm for _, _, comm in plans[num_warmup_iterations:]),
         timeline=Timeline.concat(parts) if keep_timeline else None,
+        losses=tuple(losses[num_warmup_iterations:]),
     )
 
 
@@ -170,3 +181,31 @@ def _run_emulated(
                 pool.run_iteration(IterationConfig(i, schedule, p.with_delays(())))  # no sleeps
                 for i, (schedule, p, _) in enumerate(plans)
             ]
+
+
+def _run_megatron(
+    plans: list[tuple[Schedule, Profile, CommMode]], model: str
+) -> tuple[list[Timeline], list[float]]:
+    """Real worker processes, one per stage, each computing its stage of a megatron GPT; the
+    profile gives the stage and microbatch counts and the injected delays (not op times)."""
+    for _, _, comm in plans:
+        if comm is not CommMode.DIRECT:
+            raise ConfigError(
+                f"comm {comm.value!r} is not available in the megatron runtime yet; "
+                "use --comm direct"
+            )
+    from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
+    from pipeline.runtime.megatron import MegatronCompute, get_preset
+
+    first = plans[0][1]
+    get_preset(model).check_stages(first.num_stages)
+    for schedule, _, _ in plans:
+        validate_schedule(schedule, first.num_stages, first.num_microbatches)
+    parts, losses = [], []
+    factory = functools.partial(MegatronCompute, model)
+    with WorkerPool(first.num_stages, compute_factory=factory) as pool:
+        for i, (schedule, p, _) in enumerate(plans):
+            parts.append(pool.run_iteration(IterationConfig(i, schedule, p)))
+            last = [r.step_output.loss for r in pool.last_results if r.step_output.loss is not None]
+            losses.append(last[0])
+    return parts, losses

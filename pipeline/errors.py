@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "AdaptraBenchError",
+    "BackendError",
     "ConfigError",
     "DeadlockError",
     "MemoryLimitError",
@@ -29,3 +30,7 @@ class DeadlockError(ScheduleError):
 
 class MemoryLimitError(ScheduleError):
     """A schedule's activation-memory count exceeds the profile's `mem_limit`."""
+
+
+class BackendError(AdaptraBenchError, RuntimeError):
+    """A compute backend was driven out of order (e.g. W before its B) or cannot run here."""

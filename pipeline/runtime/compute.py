@@ -9,6 +9,7 @@ import torch
 
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
+from pipeline.runtime.config import IterationConfig, StepOutput
 
 __all__ = ["ComputeBackend", "EmulatedCompute"]
 
@@ -33,6 +34,14 @@ class ComputeBackend(Protocol):
         """An empty receive buffer for one message."""
         ...
 
+    def begin_iteration(self, config: IterationConfig) -> None:
+        """Before the iteration's first op (iteration 0 starts from the initial state)."""
+        ...
+
+    def end_iteration(self, config: IterationConfig) -> StepOutput:
+        """After the last op, inside the step time: gradient all-reduces, optimizer step."""
+        ...
+
 
 class EmulatedCompute:
     """Each op sleeps its profiled duration; messages have the profile's size in bytes."""
@@ -48,6 +57,12 @@ class EmulatedCompute:
 
     def message_buffer(self, profile: Profile) -> torch.Tensor:
         return torch.empty(profile.message_bytes, dtype=torch.uint8, device=self.device)
+
+    def begin_iteration(self, config: IterationConfig) -> None:
+        pass
+
+    def end_iteration(self, config: IterationConfig) -> StepOutput:
+        return StepOutput()
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
 
-__all__ = ["IterationConfig", "RankResult"]
+__all__ = ["IterationConfig", "RankResult", "StepOutput"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,10 +26,23 @@ class IterationConfig:
     """None: a fixed sleep per message from the profile's `delay_ms` (FixedDelayHook)."""
     allreduce_bytes: int = 0
     """Size of the emulated DP gradient all-reduce after the last op (0: none)."""
+    collect_grads: bool = False
+    """Backends that train (megatron): return every parameter's gradient, after the DP and
+    tied-embedding all-reduces and before the optimizer step (for tests; costs a copy)."""
 
     def __post_init__(self) -> None:
         if self.comm != "direct":
             raise ConfigError(f"comm {self.comm!r} is not available in the runtime yet: use direct")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepOutput:
+    """What a compute backend reports after an iteration's step (emulated: nothing)."""
+
+    loss: float | None = None
+    """The iteration's mean loss over the global batch (last stages of a training backend)."""
+    grads: dict[str, np.ndarray] | None = None
+    """Parameter gradients by the whole model's parameter names, if asked for."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,3 +62,4 @@ class RankResult:
     step_start: float
     step_end: float
     bytes_sent: int
+    step_output: StepOutput = StepOutput()

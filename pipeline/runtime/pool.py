@@ -62,6 +62,8 @@ class WorkerPool:
         self._origin: float | None = None
         self.pids: list[int] = []
         self.bytes_sent = 0
+        self.last_results: list[RankResult] = []
+        """Every rank's records of the latest iteration, in rank order."""
 
     def __enter__(self) -> WorkerPool:
         self.start()
@@ -113,6 +115,7 @@ class WorkerPool:
             conn.send((config, start_at))
         results: list[RankResult] = self._gather(f"iteration {config.iteration}")  # type: ignore[assignment]
         self.bytes_sent += sum(r.bytes_sent for r in results)
+        self.last_results = results
         assert self._origin is not None
         return assemble_timeline(self.num_stages, config.iteration, self._origin, start_at, results)
 

@@ -65,6 +65,7 @@ class _Worker:
         sends: list[tuple[str, str, int, int, float, float]] = []
         receives: list[tuple[str, str, int, float | None]] = []
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
+        self.compute.begin_iteration(config)
         _sleep_until(start_at)
         for op in config.schedule.stages[self.stage]:
             kind, m = op.kind, op.microbatch
@@ -105,6 +106,7 @@ class _Worker:
         if self.dp_group is not None and config.allreduce_bytes > 0:
             grads = torch.ones(max(config.allreduce_bytes // 4, 1), device=self.compute.device)
             dist.all_reduce(grads, group=self.dp_group)
+        step_output = self.compute.end_iteration(config)
         return RankResult(
             self.rank,
             self.stage,
@@ -116,6 +118,7 @@ class _Worker:
             step_start,
             time.monotonic(),
             transport.bytes_sent,
+            step_output,
         )
 
 

@@ -166,8 +166,30 @@ def test_torch_csv_format(tmp_path: Path) -> None:
         (["schedule", "--profile", "{bad}", "--policy", "1f1b"], "t_f has 2 entries"),
         (["simulate", "--profile", "{p}", "--schedule", "{broken}"], "deadlock: stage 0"),
         (
-            ["run", "--backend", "megatron", "--profile", "{p}", "--policy", "1f1b"],
-            "not implemented yet",
+            [
+                "run",
+                "--backend",
+                "megatron",
+                "--model",
+                "nope",
+                "--profile",
+                "{p}",
+                "--policy",
+                "1f1b",
+            ],
+            "unknown model 'nope'; valid models: tiny",
+        ),
+        (
+            ["run", "--backend", "megatron", "--model", "tiny"],
+            "--backend megatron runs one configuration: give --profile",
+        ),
+        (
+            ["run", "--backend", "sim", "--model", "tiny", "--profile", "{p}", "--policy", "1f1b"],
+            "--model applies to --backend megatron only",
+        ),
+        (
+            ["profile", "--model", "tiny", "--stages", "3", "--out", "{missing}"],
+            "which 3 stages cannot split evenly; valid stage counts: 1, 2, 4, 8",
         ),
         (
             [

@@ -1,0 +1,65 @@
+"""`profile`: measure a real model's per-stage op times into a profile file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from harness.cli_common import emit_json
+from pipeline.errors import ConfigError
+
+__all__ = ["profile"]
+
+
+@click.command()
+@click.option("--backend", type=click.Choice(["megatron"]), default="megatron")
+@click.option("--model", default="tiny", show_default=True, help="GPT configuration.")
+@click.option("--stages", type=click.IntRange(min=1), required=True, help="Pipeline stages.")
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    help="Microbatches per iteration (default: 2 x stages).",
+)
+@click.option("--iterations", type=click.IntRange(min=1), default=3, help="Measured iterations.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Where to write the profile JSON (DESIGN.md's profile file).",
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def profile(
+    backend: str,
+    model: str,
+    stages: int,
+    microbatches: int | None,
+    iterations: int,
+    out: str,
+    fmt: str,
+) -> None:
+    """Run MODEL split into STAGES worker processes and write its median tF/tB/tW per stage
+    (ms) and message bytes as a profile file for `schedule`, `simulate` and `run`. Times from
+    a machine with fewer cores than stages are not results."""
+    from pipeline.runtime.megatron.model import get_preset
+    from pipeline.runtime.megatron.profiling import measure_profile
+
+    get_preset(model).check_stages(stages)
+    num_microbatches = microbatches if microbatches is not None else 2 * stages
+    if num_microbatches < stages:
+        raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
+    measured = measure_profile(model, stages, num_microbatches, num_iterations=iterations)
+    data = measured.to_dict()
+    try:
+        Path(out).write_text(json.dumps(data, indent=1) + "\n")
+    except OSError as err:
+        raise ConfigError(f"cannot write {out}: {err.strerror}") from err
+    if fmt == "json":
+        emit_json(data)
+        return
+    click.echo(
+        f"{model} ({backend}) over {stages} stages: t_f {list(measured.t_f_ms)}, "
+        f"t_b {list(measured.t_b_ms)}, t_w {list(measured.t_w_ms)} ms, "
+        f"{measured.message_bytes} bytes per message; written to {out}"
+    )

@@ -1,0 +1,204 @@
+"""The `megatron` compute backend: each worker runs its stage of a megatron-core GPTModel.
+
+F, B and W are separate ops (B: input gradient only; W: the deferred weight gradients), BW
+runs B then W. After the last op of an iteration: the tied-embedding gradient is all-reduced
+between the first and last stage (megatron's embedding group), the gradients are summed over
+the DP replicas (each microbatch's loss is already divided by the global batch's microbatch
+count, so the sum is the DP average), and plain SGD steps. On a CPU, megatron's CUDA-only
+spots are patched around every call into megatron (`shim.cpu_shim`); on a GPU nothing is
+patched (that path is untested: no GPU on the project's machines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import BackendError, ConfigError
+from pipeline.ops import OpKind
+from pipeline.profile import Profile
+from pipeline.runtime.config import IterationConfig, StepOutput
+from pipeline.runtime.megatron.model import (
+    build_stage_model,
+    get_preset,
+    global_param_name,
+    microbatch_tokens,
+    stage_layer_offset,
+    stage_state_from_reference,
+)
+from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
+from pipeline.runtime.megatron.stage import StageRunner, sgd_step
+
+__all__ = ["MegatronCompute"]
+
+
+class MegatronCompute:
+    """Built in the controller (cheap, picklable: it only checks its settings), set up in the
+    worker. `init_state`: a file with the whole model's state dict (torch.save) to start
+    from, e.g. a single-process reference's, instead of seeded initialisation."""
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        seed: int = 0,
+        lr: float = 0.5,
+        init_state: str | None = None,
+    ) -> None:
+        self.preset = get_preset(model)
+        if lr <= 0:
+            raise ConfigError(f"lr must be > 0, got {lr:g}")
+        self.seed, self.lr, self.init_state = seed, lr, init_state
+        self.device = torch.device("cpu")
+        self._stage = self._num_stages = self._replica = 0
+        self._runner: StageRunner | None = None
+        self._initial: dict[str, Any] = {}
+        self._layer_offset = 0
+
+    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+        with quiet_megatron():
+            self._setup(stage, num_stages, replica, device)
+
+    def _setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+        from megatron.core import parallel_state
+
+        self.preset.check_stages(num_stages)
+        self._stage, self._num_stages, self._replica = stage, num_stages, replica
+        self.device = device
+        # Ranks as the runtime numbers them (replica * S + stage): PP varies fastest after TP.
+        parallel_state.initialize_model_parallel(
+            pipeline_model_parallel_size=num_stages,
+            order="tp-pp-dp",
+            create_gloo_process_groups=False,
+        )
+        placed = (
+            parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_data_parallel_rank(),
+        )
+        if placed != (stage, replica):
+            raise BackendError(
+                f"megatron placed this rank at (stage, replica) {placed}, the runtime at "
+                f"{(stage, replica)}"
+            )
+        torch.manual_seed(self.seed * 1009 + stage)  # DP replicas of a stage start equal
+        on_cpu = device.type == "cpu"
+        with self._shim(building=True):
+            model = build_stage_model(self.preset, num_stages, use_cpu_initialization=on_cpu)
+        if on_cpu:
+            seed_cpu_rng_tracker(self.seed)
+        else:
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(self.seed)
+        self._layer_offset = stage_layer_offset(self.preset, stage, num_stages)
+        if self.init_state is not None:
+            reference = torch.load(self.init_state, map_location="cpu", weights_only=True)
+            model.load_state_dict(stage_state_from_reference(model, reference, self._layer_offset))
+        self._initial = {
+            k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+            for k, v in model.state_dict().items()
+        }
+        self._runner = StageRunner(model)
+
+    @contextlib.contextmanager
+    def _shim(self, *, building: bool = False) -> Iterator[None]:
+        if self.device.type == "cpu":
+            with cpu_shim(building=building):
+                yield
+        else:
+            yield
+
+    @property
+    def runner(self) -> StageRunner:
+        if self._runner is None:
+            raise BackendError("the megatron backend is not set up (setup() was not called)")
+        return self._runner
+
+    def message_buffer(self, profile: Profile) -> torch.Tensor:
+        return torch.empty(self.preset.message_shape(), dtype=torch.float32, device=self.device)
+
+    def begin_iteration(self, config: IterationConfig) -> None:
+        runner = self.runner
+        runner.reset()
+        if config.iteration == 0:  # a new run: start from the initial weights again
+            runner.model.load_state_dict(self._initial)
+            for param in runner.params:
+                param.grad = None
+        num_replicas = dist.get_world_size() // self._num_stages
+        runner.loss_scale = 1.0 / (config.profile.num_microbatches * num_replicas)
+
+    def _tokens(self, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, labels = microbatch_tokens(self.preset, self.seed, self._replica, microbatch)
+        return tokens.to(self.device), labels.to(self.device)
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
+        runner = self.runner
+        with self._shim():
+            if kind is OpKind.F:
+                tokens, labels = self._tokens(microbatch)
+                return runner.forward(
+                    microbatch,
+                    tokens=tokens if runner.first else None,
+                    labels=labels if runner.last else None,
+                    stage_input=None if runner.first else inputs,
+                )
+            if kind is OpKind.W:
+                runner.backward_weight(microbatch)
+                return None
+            grad = runner.backward_input(microbatch, inputs)
+            if kind is OpKind.BW:
+                runner.backward_weight(microbatch)
+            return grad
+
+    def end_iteration(self, config: IterationConfig) -> StepOutput:
+        from megatron.core import parallel_state
+
+        runner = self.runner
+        runner.check_drained()
+        model = runner.model
+        if self._num_stages > 1 and (runner.first or runner.last):
+            shared = model.shared_embedding_or_output_weight()
+            dist.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
+        dp_group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(dp_group) > 1:
+            _all_reduce_grads(runner.params, dp_group)
+        loss = None
+        if runner.last:
+            total = torch.tensor(
+                [sum(runner.losses.values()) * runner.loss_scale], dtype=torch.float64
+            )
+            if dist.get_world_size(dp_group) > 1:
+                dist.all_reduce(total, group=dp_group)
+            loss = float(total.item())
+        grads = None
+        if config.collect_grads:
+            grads = {
+                global_param_name(name, self._layer_offset): _to_numpy(p.grad)
+                for name, p in model.named_parameters()
+                if p.grad is not None
+            }
+        sgd_step(runner.params, self.lr)
+        return StepOutput(loss, grads)
+
+
+@torch.no_grad()
+def _all_reduce_grads(params: list[Any], group: Any) -> None:
+    """Sum every gradient over the group in one flat buffer."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu").numpy().copy()

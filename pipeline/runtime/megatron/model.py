@@ -1,0 +1,212 @@
+"""GPT configurations by name, and one pipeline stage of a megatron-core GPTModel.
+
+Stages come from megatron's own split (`parallel_state` must be initialised first): the
+transformer layers, the embedding and the output head (with the loss) count as one layer slot
+each (`account_for_embedding_in_pipeline_split`, `account_for_loss_in_pipeline_split`), and
+the slots are split evenly, so (num_layers + 2) must be divisible by the number of stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from pipeline.errors import ConfigError
+
+__all__ = [
+    "MODELS",
+    "GPTPreset",
+    "build_stage_model",
+    "get_preset",
+    "global_param_name",
+    "microbatch_tokens",
+    "stage_layer_offset",
+    "stage_state_from_reference",
+]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class GPTPreset:
+    """A GPT configuration: the model and the shape of one microbatch."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_length: int
+    """Tokens per sequence (also the size of the learned position table)."""
+    micro_batch_size: int
+    """Sequences per microbatch."""
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size"):
+            if getattr(self, field) < 1:
+                raise ConfigError(f"{field} must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError("hidden_size must be divisible by num_attention_heads")
+        if self.seq_length < 2 or self.micro_batch_size < 1:
+            raise ConfigError("seq_length must be >= 2 and micro_batch_size >= 1")
+
+    @property
+    def num_slots(self) -> int:
+        """Layer slots the pipeline split divides: the layers, the embedding, the head."""
+        return self.num_layers + 2
+
+    def valid_stage_counts(self) -> list[int]:
+        return [s for s in range(1, self.num_slots + 1) if self.num_slots % s == 0]
+
+    def check_stages(self, num_stages: int) -> None:
+        if num_stages < 1 or (num_stages > 1 and self.num_slots % num_stages):
+            valid = ", ".join(map(str, self.valid_stage_counts()))
+            raise ConfigError(
+                f"model {self.name!r} has {self.num_layers} layers + embedding + head = "
+                f"{self.num_slots} slots, which {num_stages} stages cannot split evenly; "
+                f"valid stage counts: {valid}"
+            )
+
+    def message_shape(self) -> tuple[int, int, int]:
+        """A stage boundary's activation (and gradient): [sequence, batch, hidden]."""
+        return (self.seq_length, self.micro_batch_size, self.hidden_size)
+
+    def transformer_config(self, num_stages: int, *, use_cpu_initialization: bool) -> Any:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        self.check_stages(num_stages)
+        split = num_stages > 1  # megatron counts the extra slots only with a pipeline
+        return TransformerConfig(
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            pipeline_model_parallel_size=num_stages,
+            account_for_embedding_in_pipeline_split=split,
+            account_for_loss_in_pipeline_split=split,
+            use_cpu_initialization=use_cpu_initialization,
+            hidden_dropout=0.0,  # deterministic: a pipelined run must equal one process
+            attention_dropout=0.0,
+            params_dtype=torch.float32,
+            pipeline_dtype=torch.float32,
+            gradient_accumulation_fusion=False,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            persist_layer_norm=False,
+        )
+
+
+MODELS: dict[str, GPTPreset] = {
+    p.name: p
+    for p in (
+        # Trains on a CPU in seconds; 6 layers: 8 slots split over 1, 2, 4 or 8 stages.
+        GPTPreset(
+            name="tiny",
+            num_layers=6,
+            hidden_size=64,
+            num_attention_heads=4,
+            vocab_size=128,
+            seq_length=16,
+            micro_batch_size=2,
+        ),
+        # Large enough that GEMMs, not Python, dominate a CPU backward (the B + W measurement).
+        GPTPreset(
+            name="small",
+            num_layers=6,
+            hidden_size=256,
+            num_attention_heads=8,
+            vocab_size=1024,
+            seq_length=256,
+            micro_batch_size=1,
+        ),
+        # GPT-2 (124M) shapes with a vocabulary padded to a multiple of 128, for GPUs.
+        GPTPreset(
+            name="gpt2-124m",
+            num_layers=12,
+            hidden_size=768,
+            num_attention_heads=12,
+            vocab_size=50304,
+            seq_length=1024,
+            micro_batch_size=1,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> GPTPreset:
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def build_stage_model(preset: GPTPreset, num_stages: int, *, use_cpu_initialization: bool) -> Any:
+    """This rank's stage of the GPTModel (local layer spec, tied embeddings), as megatron's
+    `parallel_state` places it. Call inside `cpu_shim(building=True)` on a CPU."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = preset.transformer_config(num_stages, use_cpu_initialization=use_cpu_initialization)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=preset.vocab_size,
+        max_sequence_length=preset.seq_length,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=True,
+    )
+
+
+def stage_layer_offset(preset: GPTPreset, stage: int, num_stages: int) -> int:
+    """Global index of the stage's first transformer layer (megatron's even slot split)."""
+    preset.check_stages(num_stages)
+    if num_stages == 1:
+        return 0
+    per_stage = preset.num_slots // num_stages
+    return 0 if stage == 0 else stage * per_stage - 1  # the embedding holds stage 0's slot
+
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+_SHARED = "embedding.word_embeddings.weight"
+
+
+def global_param_name(local_name: str, layer_offset: int) -> str:
+    """A stage's parameter name as the whole model (one stage) names it; the last stage's
+    copy of the tied embedding is named as the embedding."""
+    if local_name == "output_layer.weight":
+        return _SHARED
+    match = _LAYER.match(local_name)
+    if match is None:
+        return local_name
+    return f"decoder.layers.{int(match.group(1)) + layer_offset}.{local_name[match.end() :]}"
+
+
+def stage_state_from_reference(
+    model: torch.nn.Module, reference: Mapping[str, torch.Tensor], layer_offset: int
+) -> dict[str, torch.Tensor]:
+    """The entries of a one-stage model's state dict that this stage's model holds."""
+    state = {}
+    for name, value in model.state_dict().items():
+        if name.endswith("_extra_state"):
+            state[name] = value
+            continue
+        source = global_param_name(name, layer_offset)
+        if source not in reference:
+            raise ConfigError(f"the reference state has no {source!r} (for {name!r})")
+        state[name] = reference[source]
+    return state
+
+
+def microbatch_tokens(
+    preset: GPTPreset, seed: int, replica: int, microbatch: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic (input ids, labels) of one microbatch: fixed by (seed, replica, microbatch),
+    the same in every iteration and under every policy, so a model can learn them."""
+    generator = torch.Generator().manual_seed((seed * 1_000_003 + replica) * 1_000_003 + microbatch)
+    shape = (preset.micro_batch_size, preset.seq_length + 1)
+    tokens = torch.randint(0, preset.vocab_size, shape, generator=generator)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

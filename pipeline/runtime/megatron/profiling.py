@@ -1,0 +1,81 @@
+"""Measure a megatron model's per-stage tF, tB, tW and message size: a profile file for the
+simulator and the schedulers.
+
+The stages run as real workers (one process each) on a schedule with separate F, B and W ops
+(by default every F, then every B, then every W); each op's duration is its median over the
+measured iterations. On a machine with fewer cores than stages the workers share cores, so
+the times there say little about any real machine (no performance claim comes from them).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+from pipeline.errors import BackendError, ConfigError
+from pipeline.ops import Op, OpKind
+from pipeline.profile import Profile
+from pipeline.runtime.megatron.model import get_preset
+from pipeline.schedule import Schedule, validate_schedule
+from pipeline.timeline import Timeline
+
+__all__ = ["measure_profile", "split_backward_gpipe"]
+
+
+def split_backward_gpipe(num_stages: int, num_microbatches: int) -> Schedule:
+    """Every F, then every B, then every W, on each stage (valid for any S <= N)."""
+    order = tuple(
+        Op(kind, m) for kind in (OpKind.F, OpKind.B, OpKind.W) for m in range(num_microbatches)
+    )
+    return Schedule((order,) * num_stages)
+
+
+def measure_profile(
+    model: str,
+    num_stages: int,
+    num_microbatches: int,
+    *,
+    num_iterations: int = 3,
+    num_warmup_iterations: int = 1,
+    schedule: Schedule | None = None,
+    seed: int = 0,
+) -> Profile:
+    """A profile of `model` split into `num_stages`: median F/B/W times per stage (ms) and the
+    bytes of one stage-boundary message; nothing else is measured (delays 0, no limits)."""
+    from pipeline.runtime import IterationConfig, WorkerPool
+    from pipeline.runtime.megatron.backend import MegatronCompute
+
+    preset = get_preset(model)
+    preset.check_stages(num_stages)
+    if num_iterations < 1 or num_warmup_iterations < 0:
+        raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
+    placeholder = Profile.uniform(num_stages, num_microbatches, 1.0, 1.0, 1.0)
+    order = schedule or split_backward_gpipe(num_stages, num_microbatches)
+    validate_schedule(order, num_stages, num_microbatches)
+    factory = functools.partial(MegatronCompute, model, seed=seed)
+    total = num_warmup_iterations + num_iterations
+    with WorkerPool(num_stages, compute_factory=factory) as pool:
+        parts = [pool.run_iteration(IterationConfig(i, order, placeholder)) for i in range(total)]
+    timeline = Timeline.concat(parts[num_warmup_iterations:])
+    times = {
+        kind: _median_ms(timeline, num_stages, kind) for kind in OpKind if kind is not OpKind.BW
+    }
+    shape = preset.message_shape()
+    return Profile(
+        num_stages=num_stages,
+        num_microbatches=num_microbatches,
+        t_f_ms=times[OpKind.F],
+        t_b_ms=times[OpKind.B],
+        t_w_ms=times[OpKind.W],
+        message_bytes=shape[0] * shape[1] * shape[2] * 4,  # float32 activations
+    )
+
+
+def _median_ms(timeline: Timeline, num_stages: int, kind: OpKind) -> tuple[float, ...]:
+    per_stage: list[list[float]] = [[] for _ in range(num_stages)]
+    for op in timeline.ops:
+        if op.kind is kind:
+            per_stage[op.stage].append(op.end_ms - op.start_ms)
+    if not all(per_stage):
+        raise BackendError(f"the schedule ran no {kind.value} op on some stage")
+    return tuple(round(statistics.median(d), 4) for d in per_stage)

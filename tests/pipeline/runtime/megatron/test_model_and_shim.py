@@ -1,0 +1,62 @@
+"""Presets, stage placement and the CPU shim (which must leave megatron as it found it)."""
+
+import pytest
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.runtime.megatron.model import (
+    MODELS,
+    get_preset,
+    global_param_name,
+    stage_layer_offset,
+)
+from pipeline.runtime.megatron.shim import cpu_shim
+
+
+def test_unknown_model_names_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown model 'gpt5'; valid models: tiny, small"):
+        get_preset("gpt5")
+
+
+def test_slots_must_split_evenly() -> None:
+    tiny = get_preset("tiny")  # 6 layers + embedding + head = 8 slots
+    assert tiny.valid_stage_counts() == [1, 2, 4, 8]
+    with pytest.raises(ConfigError, match=r"8 slots, which 3 stages cannot split evenly"):
+        tiny.check_stages(3)
+    for preset in MODELS.values():
+        assert 2 in preset.valid_stage_counts()
+
+
+def test_layer_offsets_follow_megatrons_split() -> None:
+    tiny = get_preset("tiny")
+    # 4 stages x 2 slots: [embedding, L0], [L1, L2], [L3, L4], [L5, head].
+    assert [stage_layer_offset(tiny, s, 4) for s in range(4)] == [0, 1, 3, 5]
+    assert [stage_layer_offset(tiny, s, 2) for s in range(2)] == [0, 3]
+    assert global_param_name("decoder.layers.1.mlp.linear_fc1.weight", 3) == (
+        "decoder.layers.4.mlp.linear_fc1.weight"
+    )
+    assert global_param_name("output_layer.weight", 5) == "embedding.word_embeddings.weight"
+    assert global_param_name("decoder.final_layernorm.weight", 5) == (
+        "decoder.final_layernorm.weight"
+    )
+
+
+def test_the_shim_undoes_itself() -> None:
+    from megatron.core import utils
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random
+
+    targets = [
+        (random, "_get_cuda_rng_state"),
+        (random, "_set_cuda_rng_state"),
+        (utils.GlobalMemoryBuffer, "get_tensor"),
+        (fused_softmax, "get_default_causal_mask"),
+    ]
+    before = [getattr(t, n) for t, n in targets]
+    assert "cuda" not in vars(torch.Tensor)  # inherited from the C base class
+    with pytest.raises(KeyError), cpu_shim(building=True):
+        assert "cuda" in vars(torch.Tensor)
+        assert fused_softmax.get_default_causal_mask(3).device.type == "cpu"
+        raise KeyError("undone on errors too")
+    assert [getattr(t, n) for t, n in targets] == before
+    assert "cuda" not in vars(torch.Tensor)
