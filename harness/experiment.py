@@ -193,6 +193,15 @@ class ExperimentSpec:
                 raise ConfigError(f"delays must be >= 0 ms, got {delay}")
         if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
             raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
+        if self.backend == "megatron":
+            from pipeline.runtime.megatron import get_preset  # no megatron import: a table
+
+            if self.profile is None:
+                raise ConfigError(
+                    "backend megatron runs a megatron GPT named by `model` (e.g. tiny) over a "
+                    "`profile` that gives its stages, microbatches and delays"
+                )
+            get_preset(str(self.models[0])).check_stages(self.profile.num_stages)
         for target in self.targets():
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
@@ -397,6 +406,7 @@ def run_experiment(
             else scenario.apply_allreduce(target.cost.allreduce),
             keep_timeline=False,
             injection=spec.injection,
+            model=target.label if spec.backend == "megatron" else None,
         )
         policy, comm_name = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
         common = {
@@ -428,12 +438,14 @@ def run_experiment(
                 "schema_version": RESULTS_SCHEMA_VERSION,
             }
         )
-        for idx, (time_ms, step_ms, bubble, iteration_comm) in enumerate(
+        losses = result.losses or (None,) * len(result.iteration_times_ms)
+        for idx, (time_ms, step_ms, bubble, iteration_comm, loss) in enumerate(
             zip(
                 result.iteration_times_ms,
                 result.step_times_ms,
                 result.bubble_ratios,
                 result.comms,
+                losses,
                 strict=True,
             )
         ):
@@ -441,6 +453,7 @@ def run_experiment(
                 {
                     **common,
                     "comm": iteration_comm.value,
+                    "loss": "" if loss is None else loss,
                     "iteration": idx,
                     "iteration_time_ms": time_ms,
                     "step_time_ms": step_ms,

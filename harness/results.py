@@ -57,6 +57,7 @@ ITERATIONS_COLUMNS = (
     "iteration_time_ms",
     "step_time_ms",
     "bubble_ratio",
+    "loss",
 )
 
 

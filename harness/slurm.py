@@ -27,7 +27,6 @@ def write_slurm_script(
     gpus_per_node: int = 8,
     time_limit: str = "01:00:00",
     master_port: int = 29500,
-    compute: str = "emulated",
 ) -> tuple[Path, int]:
     """Write `out_dir/run.sbatch` and each configuration's files; return the script and the
     number of configurations it runs. Configurations the runtime cannot run yet (the
@@ -35,6 +34,9 @@ def write_slurm_script(
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     out_dir = out_dir.resolve()  # the script may run from anywhere
+    compute_args = ["--compute", "emulated"]
+    if spec.backend == "megatron":  # a megatron spec names its GPT preset as its model
+        compute_args = ["--compute", "megatron", "--model", str(spec.models[0])]
     steps: list[str] = []
     skipped: list[str] = []
     max_nodes = 1
@@ -78,8 +80,7 @@ def write_slurm_script(
                     str(num_replicas),
                     "--iterations",
                     str(spec.num_warmup_iterations + spec.num_iterations),
-                    "--compute",
-                    compute,
+                    *compute_args,
                     "--out",
                     str(config_dir),
                 ]

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.profile import Profile
-from pipeline.runtime.compute import EmulatedCompute
+from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.pool import assemble_timeline
 from pipeline.runtime.worker import join
@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument(
-        "--compute", choices=["emulated"], default="emulated", help="What each op runs."
+        "--compute", choices=["emulated", "megatron"], default="emulated", help="What ops run."
     )
+    parser.add_argument("--model", default="tiny", help="The megatron GPT configuration.")
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -89,10 +90,13 @@ def main(argv: list[str] | None = None) -> None:
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    worker = join(
-        rank, profile.num_stages, args.replicas, "env://", args.timeout, EmulatedCompute()
-    )
-    parts, offset = [], 0.0
+    compute: ComputeBackend = EmulatedCompute()
+    if args.compute == "megatron":
+        from pipeline.runtime.megatron import MegatronCompute
+
+        compute = MegatronCompute(args.model)
+    worker = join(rank, profile.num_stages, args.replicas, "env://", args.timeout, compute)
+    parts, losses, offset = [], [], 0.0
     for iteration in range(args.iterations):
         dist.barrier()
         start_at = time.monotonic()
@@ -105,9 +109,16 @@ def main(argv: list[str] | None = None) -> None:
             )
             parts.append(part)
             offset = part.iterations[0].end_ms / 1000.0
+            losses += [
+                r.step_output.loss
+                for r in gathered
+                if r is not None and r.step_output.loss is not None and r.replica == 0
+            ]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timeline.json").write_text(json.dumps(Timeline.concat(parts).to_dict()))
+        if losses:  # a training backend: one loss per iteration
+            (args.out / "losses.json").write_text(json.dumps(losses))
     dist.destroy_process_group()
 
 

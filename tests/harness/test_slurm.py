@@ -40,22 +40,27 @@ def test_nothing_runnable_is_an_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["emulated", "megatron"])
+def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) -> None:
     """srun and scontrol replaced by stand-ins that run the step here: torchrun really
-    starts the ranks and they write a timeline."""
+    starts the ranks, they run (or train: megatron) and write a timeline (and losses)."""
     spec = ExperimentSpec(
         name="tiny",
         models=("tiny",),
         profile=Profile.uniform(2, 2, 1, 1, 1),
         systems=("1f1b",),
-        num_iterations=1,
+        num_iterations=2,
         num_warmup_iterations=0,
+        backend=backend,
     )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     script, num_steps = write_slurm_script(spec, tmp_path / "job", master_port=port)
     assert num_steps == 1
+    assert (f"--compute {backend}" in script.read_text()) and (
+        backend == "emulated" or "--model tiny" in script.read_text()
+    )
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
@@ -77,7 +82,11 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path) -> None:
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    timeline = Timeline.from_dict(
-        json.loads((tmp_path / "job" / "tiny_1f1b_fault-free" / "timeline.json").read_text())
-    )
-    assert len(timeline.iterations) == 1 and len(timeline.ops) == 2 * 2 * 2
+    step = tmp_path / "job" / "tiny_1f1b_fault-free"
+    timeline = Timeline.from_dict(json.loads((step / "timeline.json").read_text()))
+    assert len(timeline.iterations) == 2 and len(timeline.ops) == 2 * 2 * 2 * 2
+    if backend == "megatron":
+        losses = json.loads((step / "losses.json").read_text())
+        assert len(losses) == 2 and losses[1] < losses[0]  # it trains
+    else:
+        assert not (step / "losses.json").exists()
