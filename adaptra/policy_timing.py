@@ -91,63 +91,74 @@ def _run(profile: Profile, policy: Policy) -> _Run:
     now = 0.0
     woken = list(range(num_stages))
     while True:
-        posted: list[tuple[list[float], float, int]] = []  # seen from the next pass on
+        # An arrival at `now` itself (zero op and transfer time) is seen from the next pass
+        # on, as in the generator, where it is an event of its own.
+        deferred: list[tuple[list[float], float, int]] | None = None
         for stage_idx in woken:
             if busy_until[stage_idx] > now:
                 continue
             nf, nb, nw = num_f[stage_idx], num_b[stage_idx], num_w[stage_idx]
-            arrived = fwd_arrival[stage_idx]
-            may_forward = (
-                nf < len(arrived) and arrived[nf] <= now and nf - 0.5 * (nb + nw) + 1 <= memory_cap
-            )
             grads = bwd_arrival[stage_idx]
-            if nf < warmup[stage_idx]:
-                if not may_forward:
-                    continue
-                kind = 0
-            elif nb < len(grads) and grads[nb] <= now:
+            if nf >= warmup[stage_idx] and nb < len(grads) and grads[nb] <= now:
                 kind = 1
-            elif may_forward and nf - nb < caps[stage_idx]:
-                kind = 0
-            elif nw < nb:
-                kind = 2
             else:
-                continue
+                arrived = fwd_arrival[stage_idx]
+                if (
+                    nf < len(arrived)
+                    and arrived[nf] <= now
+                    and nf - 0.5 * (nb + nw) + 1 <= memory_cap
+                    and (nf < warmup[stage_idx] or nf - nb < caps[stage_idx])
+                ):
+                    kind = 0
+                elif nf < warmup[stage_idx] or nw >= nb:
+                    continue
+                else:
+                    kind = 2
             if kind == 0:
                 end = now + t_f[stage_idx]
                 num_f[stage_idx] = nf + 1
                 if stage_idx == last:
-                    posted.append((grads, end, stage_idx))
+                    dest, times, arrival = stage_idx, grads, end
                 else:
                     dest = stage_idx + 1
-                    posted.append((fwd_arrival[dest], end + transfer[stage_idx], dest))
+                    times, arrival = fwd_arrival[dest], end + transfer[stage_idx]
             elif kind == 1:
                 end = now + t_b[stage_idx]
                 num_b[stage_idx] = nb + 1
                 if nb == 0:
                     counts[stage_idx] = nf
-                if stage_idx:
-                    dest = stage_idx - 1
-                    posted.append((bwd_arrival[dest], end + transfer[dest], dest))
+                dest = stage_idx - 1
+                if dest >= 0:
+                    times, arrival = bwd_arrival[dest], end + transfer[dest]
             else:
                 end = now + t_w[stage_idx]
                 num_w[stage_idx] = nw + 1
+                dest = -1
             kinds[stage_idx].append(kind)
             busy_until[stage_idx] = end
             push(wakeups, (end, stage_idx))
-        for times, arrival, dest in posted:
+            if dest < 0:
+                continue
+            if arrival <= now:
+                deferred = [] if deferred is None else deferred
+                deferred.append((times, arrival, dest))
+                continue
             times.append(arrival)
             free_ms = busy_until[dest]
             if free_ms <= now or free_ms < arrival:  # else the end of its op wakes it
                 push(wakeups, (arrival, dest))
+        for times, arrival, dest in deferred or ():
+            times.append(arrival)
+            push(wakeups, (arrival, dest))
         if not wakeups:
             break
-        now = wakeups[0][0]
-        woken = []
+        now, stage_idx = pop(wakeups)
+        woken = [stage_idx]
         while wakeups and wakeups[0][0] <= now:
             stage_idx = pop(wakeups)[1]
             if stage_idx not in woken:
                 woken.append(stage_idx)
-        woken.sort()
+        if len(woken) > 1:
+            woken.sort()
     finished = sum(num_f) + sum(num_b) + sum(num_w) == 3 * num_stages * num_microbatches
     return _Run(tuple(busy_until), tuple(counts), tuple(tuple(k) for k in kinds), finished)
