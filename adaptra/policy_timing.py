@@ -30,47 +30,36 @@ _KINDS = (OpKind.F, OpKind.B, OpKind.W)
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PolicyTiming:
+    """What one policy does under one profile."""
+
     iteration_time_ms: float
     """End of the last op; inf when the policy stalls (a cap that never lets F run)."""
     warmup_counts: tuple[int, ...]
     """Forwards each stage ran before its first B (`Schedule.warmup_counts`)."""
+    op_kinds: tuple[tuple[int, ...], ...]
+    """Per stage, the kinds it ran in order (0 F, 1 B, 2 W): the schedule, as each kind runs
+    in microbatch order."""
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Run:
-    end_ms: tuple[float, ...]
-    """When each stage finished its last op."""
-    warmup_counts: tuple[int, ...]
-    kinds: tuple[tuple[int, ...], ...]
-    """Per stage, the kinds it ran in order: 0 F, 1 B, 2 W."""
-    finished: bool
+    def schedule(self) -> Schedule:
+        """The schedule `generate_policy` builds; the same ScheduleError if it stalls."""
+        if math.isinf(self.iteration_time_ms):
+            raise ScheduleError("generation stalled: the policy leaves ops unscheduled")
+        stages = []
+        for kinds in self.op_kinds:
+            next_microbatch = [0, 0, 0]
+            ops = []
+            for kind in kinds:
+                ops.append(Op(_KINDS[kind], next_microbatch[kind]))
+                next_microbatch[kind] += 1
+            stages.append(tuple(ops))
+        return Schedule(tuple(stages))
 
 
 def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
-    """Time the schedule `generate_policy(profile, policy)` builds, without building it."""
-    run = _run(profile, policy)
-    return PolicyTiming(max(run.end_ms) if run.finished else math.inf, run.warmup_counts)
+    """Time the schedule `generate_policy(profile, policy)` builds, without building it.
 
-
-def schedule_policy(profile: Profile, policy: Policy) -> Schedule:
-    """The schedule `generate_policy(profile, policy)` builds (the same ScheduleError if the
-    policy stalls)."""
-    run = _run(profile, policy)
-    if not run.finished:
-        raise ScheduleError(f"generation stalled: {policy} leaves ops unscheduled")
-    stages = []
-    for kinds in run.kinds:
-        next_microbatch = [0, 0, 0]
-        ops = []
-        for kind in kinds:
-            ops.append(Op(_KINDS[kind], next_microbatch[kind]))
-            next_microbatch[kind] += 1
-        stages.append(tuple(ops))
-    return Schedule(tuple(stages))
-
-
-def _run(profile: Profile, policy: Policy) -> _Run:
-    """The event loop; long because it is the search's inner loop (no calls per op)."""
+    The event loop is long because it is the search's inner loop (no calls per op).
+    """
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     last = num_stages - 1
     t_f, t_b, t_w = profile.t_f_ms, profile.t_b_ms, profile.t_w_ms
@@ -161,4 +150,13 @@ def _run(profile: Profile, policy: Policy) -> _Run:
         if len(woken) > 1:
             woken.sort()
     finished = sum(num_f) + sum(num_b) + sum(num_w) == 3 * num_stages * num_microbatches
-    return _Run(tuple(busy_until), tuple(counts), tuple(tuple(k) for k in kinds), finished)
+    return PolicyTiming(
+        max(busy_until) if finished else math.inf,
+        tuple(counts),
+        tuple(tuple(k) for k in kinds),
+    )
+
+
+def schedule_policy(profile: Profile, policy: Policy) -> Schedule:
+    """The schedule `generate_policy(profile, policy)` builds, by the fast engine."""
+    return time_policy(profile, policy).schedule()

@@ -8,7 +8,6 @@ import dataclasses
 from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup
-from adaptra.policy_timing import schedule_policy
 from adaptra.search import search_policy
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -76,7 +75,7 @@ def plan_adaptra(
         max_candidates=search_ops // num_ops,
         lower_bound_ms=iteration_lower_bound_ms(profile),
     )
-    schedule = schedule_policy(profile, found.policy)
+    schedule = found.timing.schedule()
     num_candidates = found.num_candidates
     method = ("alg2" if delayed else "alg1") + "+generator+search"
     if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:

@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 from adaptra.generator import Policy
-from adaptra.policy_timing import time_policy
+from adaptra.policy_timing import PolicyTiming, time_policy
 from pipeline.profile import Profile
 
 __all__ = ["SearchResult", "policy_neighbours", "search_policy"]
@@ -30,11 +30,16 @@ _TOLERANCE_MS = 1e-9
 @dataclasses.dataclass(frozen=True, slots=True)
 class SearchResult:
     policy: Policy
-    iteration_time_ms: float
+    timing: PolicyTiming
+    """Its iteration time and schedule (`timing.schedule()`)."""
     num_candidates: int
     """Policies timed, starts included."""
     at_lower_bound: bool
     """The iteration time meets the lower bound: no schedule is faster."""
+
+    @property
+    def iteration_time_ms(self) -> float:
+        return self.timing.iteration_time_ms
 
 
 def policy_neighbours(policy: Policy, x_cap: int, num_microbatches: int) -> Iterator[Policy]:
@@ -82,37 +87,43 @@ def search_policy(
 ) -> SearchResult:
     """The best policy found from `starts` (and their exact warm-up twins) by hill climbing.
 
-    Every start and twin is timed, whatever the budget; the result is never worse than the
-    best start.
+    Every start and twin is timed, whatever the budget, unless one meets the lower bound; the
+    result is never worse than the best start.
     """
-    timed: dict[Policy, float] = {}
+    timed: dict[Policy, PolicyTiming] = {}
 
     def time_of(policy: Policy) -> float:
         if policy not in timed:
-            timed[policy] = time_policy(profile, policy).iteration_time_ms
-        return timed[policy]
+            timed[policy] = time_policy(profile, policy)
+        return timed[policy].iteration_time_ms
+
+    def result(best: Policy) -> SearchResult:
+        timing = timed[best]
+        at_bound = timing.iteration_time_ms <= lower_bound_ms + _TOLERANCE_MS
+        return SearchResult(best, timing, len(timed), at_bound)
 
     seeds: list[Policy] = []
     for start in starts:
-        timing = time_policy(profile, start)
-        timed[start] = timing.iteration_time_ms
+        if time_of(start) <= lower_bound_ms + _TOLERANCE_MS:
+            return result(start)
         twin = Policy(
-            tuple(min(x, x_cap) for x in timing.warmup_counts),
+            tuple(min(x, x_cap) for x in timed[start].warmup_counts),
             tuple(None if x >= profile.num_microbatches else x for x in start.warmup),
         )
+        if time_of(twin) <= lower_bound_ms + _TOLERANCE_MS:
+            return result(twin)
         seeds += [twin, start]
     # Twins first: on a tie they are the better place to climb from.
     best = min(seeds, key=time_of)
     improved = True
     while improved and len(timed) < max_candidates:
-        if timed[best] <= lower_bound_ms + _TOLERANCE_MS:
-            break
         improved = False
         for neighbour in policy_neighbours(best, x_cap, profile.num_microbatches):
             if len(timed) >= max_candidates:
                 break
-            if time_of(neighbour) < timed[best] - _TOLERANCE_MS:
+            if time_of(neighbour) < time_of(best) - _TOLERANCE_MS:
                 best, improved = neighbour, True
                 break
-    best_ms = timed[best]
-    return SearchResult(best, best_ms, len(timed), best_ms <= lower_bound_ms + _TOLERANCE_MS)
+        if time_of(best) <= lower_bound_ms + _TOLERANCE_MS:
+            break
+    return result(best)

@@ -1,6 +1,7 @@
 """Adaptra's scheduler against the paper's numbers and the proven optimum."""
 
 import pytest
+from hypothesis import given
 
 from adaptra.exact import solve_exact
 from adaptra.generator import Policy, generate_policy, generate_schedule
@@ -12,6 +13,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import simulate
 from tests.adaptra.worst_profiles import WORST_PAPER, WORST_STRAGGLER
+from tests.strategies import profiles
 
 
 @pytest.mark.parametrize(
@@ -100,3 +102,16 @@ def test_default_call_is_within_one_percent_on_the_former_worst_profiles(
     assert compute_metrics(simulate(planned.schedule, profile)).iteration_time_ms == default_ms
     authors = generate_schedule(profile, authors_warmup(profile))
     assert compute_metrics(simulate(authors, profile)).iteration_time_ms == authors_ms
+
+
+@given(profiles(max_stages=5))
+def test_heuristic_is_never_worse_than_its_plan_or_the_authors_rule(profile: Profile) -> None:
+    planned = plan_adaptra(profile, exact_time_limit_s=0)
+    simulated = compute_metrics(simulate(planned.schedule, profile)).iteration_time_ms
+    assert planned.iteration_time_ms == simulated
+    plan_ms = time_policy(profile, Policy.uncapped(planned.plan.warmup)).iteration_time_ms
+    assert planned.iteration_time_ms <= plan_ms
+    if any(profile.delay_ms):
+        authors = tuple(min(x, planned.plan.warmup[0]) for x in authors_warmup(profile))
+        authors_ms = time_policy(profile, Policy.uncapped(authors)).iteration_time_ms
+        assert planned.iteration_time_ms <= authors_ms
