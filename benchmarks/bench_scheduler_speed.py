@@ -7,8 +7,9 @@ covers everything the call does (planning, generation, search; no exact solve at
 sizes), as `generation_ms` in `adaptra-bench schedule` does. The search stops early when it
 meets the lower bound, as it does on these profiles; a second table times the default call on
 the quality benchmark's larger profiles (bench_scheduler_quality.py, no exact solve there
-either), where some searches spend their whole budget: the median over profiles of each
-profile's best of `--repeats` calls, and the slowest.
+either) and six profiles made the same way at (16, 64), where some searches spend their
+whole budget: the median over profiles of each profile's best of `--grid-repeats` calls, and
+the slowest.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ def grid_table(repeats: int) -> None:
         if 3 * profile.num_stages * profile.num_microbatches > 150:  # no exact solve
             key = f"{group.split()[0]} S={profile.num_stages} N={profile.num_microbatches}"
             groups.setdefault(key, []).append(best_of_ms(profile, repeats))
+    for low in (10, 20, 30):  # paper-style profiles at (16, 64): the grid has none
+        for seed in range(2):
+            rng = random.Random(f"speed-16-{low}-{seed}")
+            delay = float(rng.randint(1, 20))
+            profile = random_profile(
+                rng, 16, 64, low_ms=low, high_ms=2 * low, delay_ms=(delay,) * 15
+            )
+            groups.setdefault("paper-style S=16 N=64", []).append(best_of_ms(profile, repeats))
     for key, runs in groups.items():
         times_ms = [t for t, _ in runs]
         print(
