@@ -5,11 +5,11 @@ small changes to it sometimes buy what Eq. (1)'s per-link rule cannot see. The s
 from the given policies and, for each, from its "exact warm-up" twin: the forwards that policy
 actually ran before its first B (`B > F > W` keeps starting forwards while gradients are on
 their way) as the warm-up, capped after it at the planned x_i, so that a stage holds back
-forwards once the gradients arrive. From the best start it climbs (first improvement) over:
-one link's slackness up or down (x_0..x_i together), one stage's x_i up or down, one stage's
-cap up or down (or on at x_i - 1 or x_i). It stops at a local optimum, after `max_candidates`
-timings, or when the incumbent meets `lower_bound_ms` (proven optimal). Candidates are timed
-by `time_policy`, which builds no schedule; the budget counts candidates, not milliseconds, so
+forwards once the gradients arrive. From the best start it climbs (first improvement) over
+one stage's x_i, one link's slackness (x_0..x_i together), one stage's cap (see
+`policy_neighbours`). It stops at a local optimum, after `max_candidates` timings, or as soon
+as a start, twin or step meets `lower_bound_ms` (proven optimal). Candidates are timed by
+`time_policy`, which builds no schedule; the budget counts candidates, not milliseconds, so
 the same profile always gives the same policy.
 """
 
