@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -10,7 +11,26 @@ from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["algorithm3_chooser", "generate_schedule"]
+__all__ = ["Policy", "algorithm3_chooser", "generate_policy", "generate_schedule"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """Algorithm 3's knobs, per stage."""
+
+    warmup: tuple[int, ...]
+    """x_i: only forwards until x_i have started."""
+    in_flight_caps: tuple[int | None, ...]
+    """k_i: after the warm-up, a forward also needs #F - #B < k_i; None: no cap."""
+
+    @classmethod
+    def uncapped(cls, warmup: tuple[int, ...]) -> Policy:
+        return cls(tuple(warmup), (None,) * len(warmup))
+
+    @classmethod
+    def capped_at_warmup(cls, warmup: tuple[int, ...]) -> Policy:
+        """At most x_i forwards in flight (the paper's in-flight cap)."""
+        return cls(tuple(warmup), tuple(warmup))
 
 
 def algorithm3_chooser(
@@ -18,22 +38,20 @@ def algorithm3_chooser(
 ) -> Chooser:
     """Warm-up: only F until `num_warmup` have started; then B > F > W among ready ops.
 
-    An F also needs #F - #B < `max_in_flight` (None: no cap) and memory + 1 <= `mem_limit`.
+    An F also needs memory + 1 <= `mem_limit` and, after the warm-up, #F - #B <
+    `max_in_flight` (None: no cap). A cap below `num_warmup` makes the warm-up exact: no
+    further F until enough B have run.
     """
     in_flight_cap = math.inf if max_in_flight is None else max_in_flight
     memory_cap = math.inf if mem_limit is None else mem_limit
 
     def choose(state: StageState) -> OpKind | None:
-        may_forward = (
-            state.ready_f
-            and state.num_f - state.num_b < in_flight_cap
-            and state.memory + 1 <= memory_cap
-        )
+        may_forward = state.ready_f and state.memory + 1 <= memory_cap
         if state.num_f < num_warmup:
             return OpKind.F if may_forward else None
         if state.ready_b:
             return OpKind.B
-        if may_forward:
+        if may_forward and state.num_f - state.num_b < in_flight_cap:
             return OpKind.F
         if state.ready_w:
             return OpKind.W
@@ -46,7 +64,15 @@ def generate_schedule(
     profile: Profile, warmup: Sequence[int], *, cap_in_flight: bool = False
 ) -> Schedule:
     """Algorithm 4: the schedule the warm-up counts `warmup` produce under the profile."""
+    warmup = tuple(warmup)
+    policy = Policy.capped_at_warmup(warmup) if cap_in_flight else Policy.uncapped(warmup)
+    return generate_policy(profile, policy)
+
+
+def generate_policy(profile: Profile, policy: Policy) -> Schedule:
+    """Algorithm 4 with per-stage warm-up counts and in-flight caps."""
     choosers = [
-        algorithm3_chooser(x, x if cap_in_flight else None, profile.mem_limit) for x in warmup
+        algorithm3_chooser(x, k, profile.mem_limit)
+        for x, k in zip(policy.warmup, policy.in_flight_caps, strict=True)
     ]
     return generate(profile, choosers)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from adaptra.generator import generate_schedule
+from adaptra.bounds import iteration_lower_bound_ms
+from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup
-from adaptra.search import search_warmup
+from adaptra.search import search_policy
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
@@ -20,10 +21,12 @@ __all__ = [
     "plan_initial",
 ]
 
-DEFAULT_SEARCH_OPS = 2000
-"""Ops the default search may generate and simulate in all (a candidate costs 3 S N): two
-candidates at S=8, N=32 (about 3 ms each), which keeps the default call under 10 ms there;
-thirteen at S=4, N=12."""
+DEFAULT_SEARCH_OPS = 8000
+"""Ops the default search may time in all (a candidate costs 3 S N, about 1 us each in
+`time_policy`): ten candidates at S=8, N=32 (under 10 ms with the rest of the call), thirteen
+at S=8, N=24, twenty-four at S=6, N=18; a search whose incumbent meets the lower bound
+(`adaptra.bounds`) stops before. The starts (the plan, the authors' rule and their exact
+warm-up twins) are timed whatever the budget."""
 
 EXACT_AUTO_MAX_OPS = 150
 EXACT_AUTO_TIME_LIMIT_S = 0.5
@@ -53,27 +56,35 @@ def plan_adaptra(
     search_ops: int = DEFAULT_SEARCH_OPS,
     exact_time_limit_s: float | None = None,
 ) -> AdaptraPlan:
-    """Alg. 1 with no delay, otherwise Alg. 2; then the generator and the search within
-    `search_ops`; then CP-SAT within `exact_time_limit_s` (None: only for small problems,
-    see EXACT_AUTO_MAX_OPS; 0: never). The result is never worse than the heuristic's."""
+    """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
+    in-flight caps within `search_ops`, and the generator; then CP-SAT within
+    `exact_time_limit_s` (None: only for small problems, see EXACT_AUTO_MAX_OPS; 0: never).
+    The result is never worse than the plan's or the authors' rule's schedule."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
-    starts = [plan.warmup]
+    starts = [Policy.uncapped(plan.warmup)]
     if delayed:
-        starts.append(tuple(min(x, plan.warmup[0]) for x in authors_warmup(profile)))
+        authors = tuple(min(x, plan.warmup[0]) for x in authors_warmup(profile))
+        starts.append(Policy.uncapped(authors))
     x_cap = plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
     num_ops = 3 * profile.num_stages * profile.num_microbatches
-    best, num_candidates = search_warmup(
-        profile, starts, x_cap=x_cap, max_candidates=search_ops // num_ops
+    found = search_policy(
+        profile,
+        starts,
+        x_cap=x_cap,
+        max_candidates=search_ops // num_ops,
+        lower_bound_ms=iteration_lower_bound_ms(profile),
     )
+    schedule = found.timing.schedule()
+    num_candidates = found.num_candidates
     method = ("alg2" if delayed else "alg1") + "+generator+search"
     if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
         exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
     if not exact_time_limit_s:
-        return AdaptraPlan(best.schedule, method, plan, best.iteration_time_ms, num_candidates)
+        return AdaptraPlan(schedule, method, plan, found.iteration_time_ms, num_candidates)
     from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
 
-    exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=best.schedule)
+    exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
     return AdaptraPlan(
         exact.schedule,

@@ -1,10 +1,16 @@
-"""Search around Algorithm 2's answer, judged by the simulator, within a candidate budget.
+"""Search over Algorithm 3's per-stage knobs, judged by exact timing, within a candidate budget.
 
-The generator turns warm-up counts into a schedule; small changes to those counts (one link's
-slackness up or down, the in-flight cap on or off) sometimes buy what Eq. (1)'s per-link rule
-cannot see. A hill climb from the planned vector keeps the best schedule found; it stops at a
-local optimum or after `max_candidates` evaluations. The budget counts candidates, not
-milliseconds, so the same profile always gives the same schedule.
+The generator turns a policy (warm-up counts x_i and in-flight caps k_i) into a schedule;
+small changes to it sometimes buy what Eq. (1)'s per-link rule cannot see. The search starts
+from the given policies and, for each, from its "exact warm-up" twin: the forwards that policy
+actually ran before its first B (`B > F > W` keeps starting forwards while gradients are on
+their way) as the warm-up, capped after it at the planned x_i, so that a stage holds back
+forwards once the gradients arrive. From the best start it climbs (first improvement) over
+one stage's x_i, one link's slackness (x_0..x_i together), one stage's cap (see
+`policy_neighbours`). It stops at a local optimum, after `max_candidates` timings, or as soon
+as a start, twin or step meets `lower_bound_ms` (proven optimal). Candidates are timed by
+`time_policy`, which builds no schedule; the budget counts candidates, not milliseconds, so
+the same profile always gives the same policy.
 """
 
 from __future__ import annotations
@@ -12,75 +18,112 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 
-from adaptra.generator import generate_schedule
+from adaptra.generator import Policy
+from adaptra.policy_timing import PolicyTiming, time_policy
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule
-from pipeline.simulator import CommMode, simulate
 
-__all__ = ["Candidate", "search_warmup"]
+__all__ = ["SearchResult", "policy_neighbours", "search_policy"]
+
+_TOLERANCE_MS = 1e-9
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Candidate:
-    warmup: tuple[int, ...]
-    cap_in_flight: bool
-    schedule: Schedule
-    iteration_time_ms: float
+class SearchResult:
+    policy: Policy
+    timing: PolicyTiming
+    """Its iteration time and schedule (`timing.schedule()`)."""
+    num_candidates: int
+    """Policies timed, starts included."""
+    at_lower_bound: bool
+    """The iteration time meets the lower bound: no schedule is faster."""
+
+    @property
+    def iteration_time_ms(self) -> float:
+        return self.timing.iteration_time_ms
 
 
-def evaluate(profile: Profile, warmup: Sequence[int], cap_in_flight: bool) -> Candidate:
-    schedule = generate_schedule(profile, warmup, cap_in_flight=cap_in_flight)
-    timeline = simulate(schedule, profile, CommMode.IDEAL, validate=False)
-    # One iteration from t = 0: its end is its iteration time (see pipeline.metrics).
-    return Candidate(tuple(warmup), cap_in_flight, schedule, timeline.iterations[0].end_ms)
+def policy_neighbours(policy: Policy, x_cap: int, num_microbatches: int) -> Iterator[Policy]:
+    """One-step changes of `policy`, within 1 <= x_i <= x_cap and 1 <= k_i < N (None: no cap).
+
+    In the order they pay most often on the quality benchmark: one stage's x_i down, one
+    link's slackness down (x_0..x_i together), the same two up, then one stage's cap.
+    """
+    for step in (-1, 1):
+        yield from _warmup_steps(policy, step, x_cap)
+        yield from _slackness_steps(policy, step, x_cap)
+    warmup, caps = policy.warmup, policy.in_flight_caps
+    for stage_idx, cap in enumerate(caps):
+        options = (warmup[stage_idx] - 1, warmup[stage_idx]) if cap is None else (cap - 1, cap + 1)
+        for option in options:
+            new_cap = None if option >= num_microbatches else option
+            if new_cap != cap and (new_cap is None or new_cap >= 1):
+                yield Policy(warmup, (*caps[:stage_idx], new_cap, *caps[stage_idx + 1 :]))
 
 
-def _neighbours(warmup: tuple[int, ...], x_cap: int) -> Iterator[tuple[int, ...]]:
-    """Vectors with one link's slackness changed by one, still 1 <= ... <= x_cap, decreasing."""
-    for link_idx in range(len(warmup) - 1):
-        for step in (1, -1):
-            # Changing Delta_i shifts x_0..x_i together.
-            shifted = tuple(x + step if j <= link_idx else x for j, x in enumerate(warmup))
-            if shifted[0] <= x_cap and shifted[link_idx] >= shifted[link_idx + 1] >= 1:
-                yield shifted
+def _warmup_steps(policy: Policy, step: int, x_cap: int) -> Iterator[Policy]:
+    warmup = policy.warmup
+    for stage_idx, x in enumerate(warmup):
+        if 1 <= x + step <= x_cap:
+            changed = (*warmup[:stage_idx], x + step, *warmup[stage_idx + 1 :])
+            yield Policy(changed, policy.in_flight_caps)
 
 
-def search_warmup(
+def _slackness_steps(policy: Policy, step: int, x_cap: int) -> Iterator[Policy]:
+    warmup = policy.warmup
+    for link_idx in range(1, len(warmup) - 1):  # link 0's is x_0's own step
+        # Changing Delta_i shifts x_0..x_i together.
+        shifted = tuple(x + step if j <= link_idx else x for j, x in enumerate(warmup))
+        if shifted[0] <= x_cap and shifted[link_idx] >= shifted[link_idx + 1] >= 1:
+            yield Policy(shifted, policy.in_flight_caps)
+
+
+def search_policy(
     profile: Profile,
-    starts: Sequence[tuple[int, ...]],
+    starts: Sequence[Policy],
     *,
     x_cap: int,
     max_candidates: int,
-) -> tuple[Candidate, int]:
-    """Best candidate found from `starts` by hill climbing, and how many were evaluated.
+    lower_bound_ms: float = 0.0,
+) -> SearchResult:
+    """The best policy found from `starts` (and their exact warm-up twins) by hill climbing.
 
-    Every start is evaluated, whatever the budget.
+    Every start and twin is timed, whatever the budget, unless one meets the lower bound; the
+    result is never worse than the best start.
     """
-    seen: set[tuple[tuple[int, ...], bool]] = set()
-    best: Candidate | None = None
+    timed: dict[Policy, PolicyTiming] = {}
 
-    def consider(warmup: tuple[int, ...], cap: bool) -> bool:
-        nonlocal best
-        if (warmup, cap) in seen:
-            return False
-        seen.add((warmup, cap))
-        candidate = evaluate(profile, warmup, cap)
-        if best is None or candidate.iteration_time_ms < best.iteration_time_ms - 1e-9:
-            best = candidate
-            return True
-        return False
+    def time_of(policy: Policy) -> float:
+        if policy not in timed:
+            timed[policy] = time_policy(profile, policy)
+        return timed[policy].iteration_time_ms
 
+    def result(best: Policy) -> SearchResult:
+        timing = timed[best]
+        at_bound = timing.iteration_time_ms <= lower_bound_ms + _TOLERANCE_MS
+        return SearchResult(best, timing, len(timed), at_bound)
+
+    seeds: list[Policy] = []
     for start in starts:
-        consider(tuple(start), False)
-    assert best is not None
+        if time_of(start) <= lower_bound_ms + _TOLERANCE_MS:
+            return result(start)
+        twin = Policy(
+            tuple(min(x, x_cap) for x in timed[start].warmup_counts),
+            tuple(None if x >= profile.num_microbatches else x for x in start.warmup),
+        )
+        if time_of(twin) <= lower_bound_ms + _TOLERANCE_MS:
+            return result(twin)
+        seeds += [twin, start]
+    # Twins first: on a tie they are the better place to climb from.
+    best = min(seeds, key=time_of)
     improved = True
-    while improved and len(seen) < max_candidates:
+    while improved and len(timed) < max_candidates:
         improved = False
-        current = best
-        for warmup in _neighbours(current.warmup, x_cap):
-            if len(seen) >= max_candidates:
+        for neighbour in policy_neighbours(best, x_cap, profile.num_microbatches):
+            if len(timed) >= max_candidates:
                 break
-            improved |= consider(warmup, current.cap_in_flight)
-        if len(seen) < max_candidates:
-            improved |= consider(current.warmup, not current.cap_in_flight)
-    return best, len(seen)
+            if time_of(neighbour) < time_of(best) - _TOLERANCE_MS:
+                best, improved = neighbour, True
+                break
+        if time_of(best) <= lower_bound_ms + _TOLERANCE_MS:
+            break
+    return result(best)

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adaptra.generator import generate_schedule
+from adaptra.generator import Policy, generate_policy, generate_schedule
 from adaptra.planning import algorithm1
 from pipeline.errors import ScheduleError
 from pipeline.generator import generate
@@ -25,6 +25,28 @@ def test_uncapped_forwards_pile_up_behind_a_slow_link() -> None:
     assert capped.warmup_counts() == (1, 1, 1, 1)
     # #F - #B < 1 admits F, B, F: the W still pending holds half a microbatch.
     assert max(peak_memory(ops) for ops in capped.stages) == 1.5
+
+
+def test_a_cap_below_the_warmup_makes_the_warmup_exact() -> None:
+    # 40 ms on link 0: B>F>W alone runs all 12 forwards on stage 0 before B0 returns.
+    profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(40.0,))
+    assert generate_policy(profile, Policy.uncapped((7, 5, 3, 1))).warmup_counts()[0] == 12
+    exact = generate_policy(profile, Policy((7, 5, 3, 1), (4, None, None, None)))
+    assert exact.warmup_counts() == (7, 5, 3, 1)
+    stage0 = [str(op) for op in exact.stages[0]]
+    # After 7 forwards, #F - #B < 4 first holds after B3: W's fill the wait.
+    assert stage0[:16] == [
+        *(f"F{m}" for m in range(7)),
+        "B0",
+        "W0",
+        "B1",
+        "W1",
+        "B2",
+        "W2",
+        "B3",
+        "F7",
+        "B4",
+    ]
 
 
 @given(profiles(max_stages=5), st.data())

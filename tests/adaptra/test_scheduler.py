@@ -1,16 +1,19 @@
 """Adaptra's scheduler against the paper's numbers and the proven optimum."""
 
 import pytest
+from hypothesis import given
 
 from adaptra.exact import solve_exact
-from adaptra.generator import generate_schedule
-from adaptra.planning import algorithm2
+from adaptra.generator import Policy, generate_policy, generate_schedule
+from adaptra.planning import algorithm2, authors_warmup
+from adaptra.policy_timing import time_policy
 from adaptra.scheduler import plan_adaptra, plan_initial
-from adaptra.search import evaluate
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import simulate
+from tests.adaptra.worst_profiles import WORST_PAPER, WORST_STRAGGLER
+from tests.strategies import profiles
 
 
 @pytest.mark.parametrize(
@@ -61,11 +64,11 @@ def test_search_closes_a_gap_that_algorithm2_leaves() -> None:
         t_w_ms=(11.0, 13.0, 16.0, 19.0, 19.0, 11.0, 18.0, 18.0),
         delay_ms=(0.0, 0.0, 0.0, 30.0, 0.0, 0.0, 0.0),
     )
-    plain = evaluate(profile, algorithm2(profile).warmup, cap_in_flight=False)
+    plain = Policy.uncapped(algorithm2(profile).warmup)
     searched = plan_adaptra(profile, search_ops=100 * 3 * 8 * 24)
-    exact = solve_exact(profile, time_limit_s=30, warm_start=plain.schedule)
+    exact = solve_exact(profile, time_limit_s=30, warm_start=generate_policy(profile, plain))
     assert exact.optimal
-    assert plain.iteration_time_ms == 1390.0
+    assert time_policy(profile, plain).iteration_time_ms == 1390.0
     assert searched.iteration_time_ms == exact.lower_bound_ms == 1388.0
     assert searched.num_candidates > 2
 
@@ -83,3 +86,32 @@ def test_initial_plan_respects_a_memory_limit() -> None:
     schedule = plan_initial(profile)
     validate_schedule(schedule, 4, 12)
     assert schedule.warmup_counts()[0] <= 5
+
+
+@pytest.mark.parametrize(
+    ("profile", "optimum_ms", "authors_ms", "default_ms"),
+    [(WORST_PAPER, 887.0, 922.0, 888.0), (WORST_STRAGGLER, 1382.0, 1411.0, 1392.0)],
+)
+def test_default_call_is_within_one_percent_on_the_former_worst_profiles(
+    profile: Profile, optimum_ms: float, authors_ms: float, default_ms: float
+) -> None:
+    planned = plan_adaptra(profile)
+    assert planned.method == "alg2+generator+search"
+    assert planned.iteration_time_ms == default_ms
+    assert default_ms <= 1.01 * optimum_ms
+    assert compute_metrics(simulate(planned.schedule, profile)).iteration_time_ms == default_ms
+    authors = generate_schedule(profile, authors_warmup(profile))
+    assert compute_metrics(simulate(authors, profile)).iteration_time_ms == authors_ms
+
+
+@given(profiles(max_stages=5))
+def test_heuristic_is_never_worse_than_its_plan_or_the_authors_rule(profile: Profile) -> None:
+    planned = plan_adaptra(profile, exact_time_limit_s=0)
+    simulated = compute_metrics(simulate(planned.schedule, profile)).iteration_time_ms
+    assert planned.iteration_time_ms == simulated
+    plan_ms = time_policy(profile, Policy.uncapped(planned.plan.warmup)).iteration_time_ms
+    assert planned.iteration_time_ms <= plan_ms
+    if any(profile.delay_ms):
+        authors = tuple(min(x, planned.plan.warmup[0]) for x in authors_warmup(profile))
+        authors_ms = time_policy(profile, Policy.uncapped(authors)).iteration_time_ms
+        assert planned.iteration_time_ms <= authors_ms
