@@ -31,7 +31,14 @@ from harness.results import (
 from harness.runner import BACKENDS, INJECTIONS, Replan, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
 from pipeline.allreduce import AllReduce, dp_link_name
-from pipeline.cost_model import CALIBRATED, Calibration, ModelCost, model_cost, resolve_model
+from pipeline.cost_model import (
+    CALIBRATED,
+    Calibration,
+    ModelCost,
+    model_cost,
+    resolve_hardware,
+    resolve_model,
+)
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule
@@ -153,6 +160,9 @@ class ExperimentSpec:
     systems: tuple[str, ...]
     """DESIGN.md's systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
     profile: Profile | None = None
+    hardware: Any = "h800-ib400"
+    """The cost model's hardware: a name (pipeline.cost_model.HARDWARE) or a mapping, e.g.
+    {base: h800-ib400, network_gbps: 200}."""
     link_sets: tuple[tuple[Any, ...], ...] = (("0-1",),)
     """Each set of links gets each delay in turn: PP links ("i-j", an index, "first", "last")
     and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce ring step)."""
@@ -216,7 +226,7 @@ class ExperimentSpec:
             return [Target(str(self.models[0]), self.profile, None)]
         targets = []
         for entry in self.models:
-            cost = model_cost(resolve_model(entry))
+            cost = model_cost(resolve_model(entry), resolve_hardware(self.hardware))
             targets.append(Target(cost.model.name, cost.profile, cost))
         return targets
 

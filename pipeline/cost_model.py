@@ -23,12 +23,14 @@ from pipeline.schedule import Schedule
 __all__ = [
     "CALIBRATED",
     "H800_IB400",
+    "HARDWARE",
     "MODELS",
     "Calibration",
     "GPTModel",
     "Hardware",
     "ModelCost",
     "model_cost",
+    "resolve_hardware",
     "resolve_model",
 ]
 
@@ -96,32 +98,6 @@ MODELS: dict[str, GPTModel] = {
 """The paper's models (gpt2-7b-dp2 is Fig. 3's DP 2 x PP 4 layout of the 7B model)."""
 
 
-def resolve_model(entry: str | Mapping[str, Any]) -> GPTModel:
-    """A model by name, or a mapping: `base` (a name) with fields to change, or every field."""
-    if isinstance(entry, str):
-        if entry not in MODELS:
-            raise ConfigError(f"unknown model {entry!r}; valid models: {', '.join(MODELS)}")
-        return MODELS[entry]
-    if not isinstance(entry, Mapping):
-        raise ConfigError(f"a model is a name or a mapping, got {entry!r}")
-    fields = dict(entry)
-    base_name = fields.pop("base", None)
-    valid = {f.name for f in dataclasses.fields(GPTModel)}
-    unknown = sorted(set(fields) - valid)
-    if unknown:
-        raise ConfigError(
-            f"unknown model field(s) {', '.join(unknown)}; valid: base, {', '.join(sorted(valid))}"
-        )
-    try:
-        if base_name is None:
-            return GPTModel(**fields)
-        base = resolve_model(str(base_name))
-        fields.setdefault("name", f"{base.name}-custom")
-        return dataclasses.replace(base, **fields)
-    except TypeError as err:
-        raise ConfigError(f"model {entry!r}: {err}") from err
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Hardware:
     """One GPU and its links; public data-sheet figures, not fitted."""
@@ -140,6 +116,14 @@ class Hardware:
     copy_gbps: float
     """Device-host copy speed in Gbit/s (the delegated path)."""
 
+    def __post_init__(self) -> None:
+        rates = ("peak_tflops", "memory_gb", "hbm_gbps", "nvlink_gbps", "network_gbps", "copy_gbps")
+        for name in rates:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"hardware {self.name}: {name} must be > 0")
+        if not self.link_latency_ms >= 0:
+            raise ConfigError(f"hardware {self.name}: link_latency_ms must be >= 0")
+
 
 H800_IB400 = Hardware(
     name="h800-ib400",
@@ -151,6 +135,48 @@ H800_IB400 = Hardware(
     link_latency_ms=0.01,
     copy_gbps=200.0,
 )
+HARDWARE: dict[str, Hardware] = {H800_IB400.name: H800_IB400}
+"""The paper's cluster (16 nodes x 8 H800, 400 Gbit/s InfiniBand); others by changing fields."""
+
+
+def _resolve(entry: Any, table: Mapping[str, Any], kind: str) -> Any:
+    """An entry of `table` by name, or a mapping: `base` (a name) with fields to change, or
+    every field of the table's dataclass."""
+    if isinstance(entry, str):
+        if entry not in table:
+            raise ConfigError(f"unknown {kind} {entry!r}; valid: {', '.join(table)}")
+        return table[entry]
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"a {kind} is a name or a mapping, got {entry!r}")
+    cls = type(next(iter(table.values())))
+    fields = dict(entry)
+    base_name = fields.pop("base", None)
+    valid = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown {kind} field(s) {', '.join(unknown)}; valid: base, {', '.join(sorted(valid))}"
+        )
+    try:
+        if base_name is None:
+            return cls(**fields)
+        base = _resolve(str(base_name), table, kind)
+        fields.setdefault("name", f"{base.name}-custom")
+        return dataclasses.replace(base, **fields)
+    except TypeError as err:
+        raise ConfigError(f"{kind} {entry!r}: {err}") from err
+
+
+def resolve_model(entry: str | Mapping[str, Any]) -> GPTModel:
+    """A model by name (MODELS), or a mapping: `base` with fields to change, or every field."""
+    model: GPTModel = _resolve(entry, MODELS, "model")
+    return model
+
+
+def resolve_hardware(entry: str | Mapping[str, Any]) -> Hardware:
+    """A hardware profile by name (HARDWARE), or a mapping like a model's."""
+    hardware: Hardware = _resolve(entry, HARDWARE, "hardware")
+    return hardware
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

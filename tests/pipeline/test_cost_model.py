@@ -2,7 +2,14 @@ import dataclasses
 
 import pytest
 
-from pipeline.cost_model import CALIBRATED, MODELS, GPTModel, model_cost, resolve_model
+from pipeline.cost_model import (
+    CALIBRATED,
+    MODELS,
+    GPTModel,
+    model_cost,
+    resolve_hardware,
+    resolve_model,
+)
 from pipeline.errors import ConfigError
 from pipeline.ops import Op, OpKind
 from pipeline.schedule import Schedule
@@ -89,3 +96,30 @@ def test_custom_models_take_every_field() -> None:
     model = resolve_model({"name": "tiny", "num_layers": 2, "hidden": 64, "pp": 2})
     assert isinstance(model, GPTModel) and model.layers_on_stage(0) == 1
     assert model_cost(model).profile.num_stages == 2
+
+
+def test_hardware_is_configurable() -> None:
+    slow_net = resolve_hardware({"base": "h800-ib400", "network_gbps": 100})
+    assert slow_net.name == "h800-ib400-custom" and slow_net.peak_tflops == 989.0
+    fast, slow = (
+        model_cost(MODELS["gpt2-30b"], hw) for hw in (resolve_hardware("h800-ib400"), slow_net)
+    )
+    assert slow.allreduce.ring_ms(1) == pytest.approx(4 * fast.allreduce.ring_ms(1), rel=0.01)
+    assert slow.profile.t_f_ms == fast.profile.t_f_ms  # compute does not move
+    smaller = resolve_hardware({"base": "h800-ib400", "memory_gb": 40})
+    with pytest.raises(ConfigError, match="does not fit"):
+        model_cost(MODELS["gpt2-14b"], smaller)
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("tpu", "unknown hardware 'tpu'"),
+        ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be > 0"),
+        ({"base": "h800-ib400", "warp": 9}, "unknown hardware field"),
+        ({"base": "h800-ib400", "memory_gb": "lots"}, "hardware"),
+    ],
+)
+def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_hardware(entry)  # type: ignore[arg-type]
