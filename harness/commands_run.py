@@ -6,10 +6,15 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json, load_json, read_text, resolve, schedule_options
-from harness.experiment import default_experiment, load_spec, new_run_id, run_experiment
+from harness.cli_common import emit_json, load_json, resolve, schedule_options
+from harness.experiment import (
+    default_experiment,
+    load_faults,
+    load_spec,
+    new_run_id,
+    run_experiment,
+)
 from harness.runner import BACKENDS, INJECTIONS, run_configuration
-from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.timeline import Timeline
@@ -108,7 +113,7 @@ def run(
         comm=comm,
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
-        faults=_load_faults(faults_path) if faults_path else None,
+        faults=load_faults(Path(faults_path)) if faults_path else None,
         injection=injection,
         model=model,
     )
@@ -204,8 +209,3 @@ def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
         if r.iteration == iteration
     )
     return Timeline(timeline.num_stages, ops, (), ())
-
-
-def _load_faults(path: str) -> FaultTimeline:
-    text = read_text(path, "fault timeline")
-    return parse_yaml(text) if path.endswith((".yaml", ".yml")) else parse_trace(text)

@@ -400,7 +400,9 @@ def run_experiment(
     for count, (target, system, scenario, repeat) in enumerate(configs, start=1):
         if (target.label, system, scenario.name, str(repeat)) in done:
             continue
-        replan = planners.setdefault((target.label, system), system_planner(system, target))
+        if (target.label, system) not in planners:  # one plan cache per model and system
+            planners[target.label, system] = system_planner(system, target)
+        replan = planners[target.label, system]
         schedule, profile, comm = replan(scenario.apply(target.profile))
         result = run_configuration(
             schedule,

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.results import fault_free_wall_ms
+
 __all__ = [
     "plot_iteration_time_vs_delay",
     "plot_lines",
@@ -111,11 +113,7 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     import pandas as pd
     import seaborn as sns
 
-    base = {
-        (r["model"], r["system"]): float(r["median_wall_ms"])
-        for r in runs
-        if r["scenario"] == "fault-free"
-    }
+    base = fault_free_wall_ms(runs)
     rows = [
         {
             "model": r["model"],

@@ -10,7 +10,7 @@ from typing import Any
 from harness.experiment import ExperimentSpec, Target, system_planner
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
-from harness.results import read_csv_rows, write_atomic
+from harness.results import fault_free_wall_ms, read_csv_rows, write_atomic
 from harness.runner import run_configuration
 from pipeline.gantt import plot_gantt
 
@@ -22,11 +22,7 @@ def paper_comparison(
 ) -> list[tuple[Mapping[str, Any], PaperValue, float]]:
     """(row, the paper's value, ours in the same unit) for every row the paper reports."""
     reference = PAPER.get(experiment, {})
-    base = {
-        (r["model"], r["system"]): float(r["median_wall_ms"])
-        for r in runs
-        if r["scenario"] == "fault-free"
-    }
+    base = fault_free_wall_ms(runs)
     out = []
     for row in runs:
         paper = reference.get((row["model"], row["system"], row["scenario"]))

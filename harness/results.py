@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "ITERATIONS_COLUMNS",
     "RUNS_COLUMNS",
+    "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
     "write_atomic",
@@ -59,6 +60,15 @@ ITERATIONS_COLUMNS = (
     "bubble_ratio",
     "loss",
 )
+
+
+def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
+    """Each (model, system)'s median step in its fault-free scenario: the slowdown baseline."""
+    return {
+        (r["model"], r["system"]): float(r["median_wall_ms"])
+        for r in runs
+        if r["scenario"] == "fault-free"
+    }
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -141,21 +141,27 @@ def _faulty_profiles(
     ]
 
 
+def _check_runtime_plans(plans: list[tuple[Schedule, Profile, CommMode]], runtime: str) -> Profile:
+    """The first iteration's profile, once every plan is runnable by the worker runtime:
+    direct comm only (no delegate transport yet), schedules valid for that profile."""
+    first = plans[0][1]
+    for schedule, _, comm in plans:
+        if comm is not CommMode.DIRECT:
+            raise ConfigError(
+                f"comm {comm.value!r} is not available in the {runtime} runtime yet; "
+                "use --comm direct"
+            )
+        validate_schedule(schedule, first.num_stages, first.num_microbatches)
+    return first
+
+
 def _run_emulated(
     plans: list[tuple[Schedule, Profile, CommMode]], injection: str = "hook"
 ) -> list[Timeline]:
     """Real worker processes, one per stage, each op a sleep of its profiled time."""
-    for _, _, comm in plans:
-        if comm is not CommMode.DIRECT:
-            raise ConfigError(
-                f"comm {comm.value!r} is not available in the emulated runtime yet; "
-                "use --comm direct"
-            )
+    first = _check_runtime_plans(plans, "emulated")
     from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
 
-    first = plans[0][1]
-    for schedule, _, _ in plans:
-        validate_schedule(schedule, first.num_stages, first.num_microbatches)
     if injection == "hook":
         with WorkerPool(first.num_stages) as pool:
             return [
@@ -188,19 +194,11 @@ def _run_megatron(
 ) -> tuple[list[Timeline], list[float]]:
     """Real worker processes, one per stage, each computing its stage of a megatron GPT; the
     profile gives the stage and microbatch counts and the injected delays (not op times)."""
-    for _, _, comm in plans:
-        if comm is not CommMode.DIRECT:
-            raise ConfigError(
-                f"comm {comm.value!r} is not available in the megatron runtime yet; "
-                "use --comm direct"
-            )
+    first = _check_runtime_plans(plans, "megatron")
     from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
     from pipeline.runtime.megatron import MegatronCompute, get_preset
 
-    first = plans[0][1]
     get_preset(model).check_stages(first.num_stages)
-    for schedule, _, _ in plans:
-        validate_schedule(schedule, first.num_stages, first.num_microbatches)
     parts, losses = [], []
     factory = functools.partial(MegatronCompute, model)
     with WorkerPool(first.num_stages, compute_factory=factory) as pool:
