@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from pipeline.errors import AdaptraBenchError
 from pipeline.ops import OpKind
@@ -31,6 +32,9 @@ from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
 logger = logging.getLogger(__name__)
+
+DEATH_GRACE_S = 1.0
+"""How long a failure waits for a dead process before it is blamed on the rank that spoke."""
 
 
 class WorkerError(AdaptraBenchError, RuntimeError):
@@ -133,21 +137,21 @@ class WorkerPool:
             ready = wait(list(handles), timeout=max(deadline - time.monotonic(), 0))  # type: ignore[arg-type]
             if not ready:
                 self._fail(
-                    f"no answer from rank(s) {waiting} within {self.timeout_s:g} s during {what}"
+                    f"no answer from rank(s) {waiting} within {self.timeout_s:g} s during {what}",
+                    what,
                 )
             for rank in sorted({handles[item] for item in ready}):
                 answer = self._receive(rank)  # an answer (or a last word) beats the exit code
-                if answer is not None:
-                    status, payload = answer
-                    if status == "error":
-                        self._fail(str(payload))
-                    answers[rank] = payload
-                elif not self._processes[rank].is_alive():
-                    code = self._processes[rank].exitcode
+                if answer is None:  # its pipe closed or its process ended, unanswered
                     self._fail(
-                        f"rank {rank} (stage {rank % self.num_stages}) exited with "
-                        f"code {code} during {what}"
+                        f"rank {rank} (stage {rank % self.num_stages}) ended without an "
+                        f"answer during {what}",
+                        what,
                     )
+                status, payload = answer
+                if status == "error":
+                    self._fail(str(payload), what, reporter=rank)
+                answers[rank] = payload
         return [answers[rank] for rank in range(self.num_ranks)]
 
     def _receive(self, rank: int) -> tuple[str, object] | None:
@@ -158,10 +162,33 @@ class WorkerPool:
                 status, payload = conn.recv()
                 return str(status), payload
         except (EOFError, OSError):
-            self._processes[rank].join(1.0)  # closed pipe: let the exit code settle
+            pass
         return None
 
-    def _fail(self, message: str) -> None:
+    def _dead_rank(self, spare: int | None) -> tuple[int, int] | None:
+        """A rank (not `spare`) whose process died (a non-zero exit status), looked for up to
+        DEATH_GRACE_S: a killed rank's sockets close before its exit status is there, so its
+        neighbours' errors can arrive first."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while True:
+            for rank, process in enumerate(self._processes):
+                code = process.exitcode
+                if rank != spare and code is not None and code != 0:
+                    return rank, code
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                return None
+            time.sleep(min(left_s, 0.01))
+
+    def _fail(self, message: str, what: str, reporter: int | None = None) -> NoReturn:
+        """Close the pool and raise: a dead rank is the cause if there is one, else `message`."""
+        dead = self._dead_rank(spare=reporter)
+        if dead is not None:
+            rank, code = dead
+            message = (
+                f"rank {rank} (stage {rank % self.num_stages}) exited with code {code} "
+                f"during {what}"
+            )
         self.close()
         raise WorkerError(message)
 

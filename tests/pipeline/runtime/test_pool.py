@@ -1,7 +1,10 @@
 """The runtime with real processes and real gloo traffic (emulated compute: sleeps)."""
 
+import contextlib
+import dataclasses
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -70,9 +73,9 @@ def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None
             assert all(m.send_end_ms - m.send_start_ms >= delay for m in slow)
             measured = compute_metrics(timeline, iteration).iteration_time_ms
             predicted = compute_metrics(simulate(schedule, delayed, CommMode.DIRECT))
-            # Never faster than the model; slower only by the runtime's own costs (a loose
-            # bound: BENCHMARKS.md measures the fidelity, within 5 % on a quiet machine).
-            assert predicted.iteration_time_ms <= measured < 1.5 * predicted.iteration_time_ms
+            # Never faster than the model; slower only by the runtime's own costs and load (a
+            # loose bound: BENCHMARKS.md measures the fidelity, within 5 % on a quiet machine).
+            assert predicted.iteration_time_ms <= measured < 2 * predicted.iteration_time_ms
         assert pool.bytes_sent == 4 * 72 * MB
     tx_after = _loopback_tx_bytes()
     if tx_before is not None and tx_after is not None:
@@ -93,6 +96,40 @@ def test_a_killed_worker_fails_the_run_clearly_and_leaves_no_process() -> None:
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DieSlowly:
+    """A fault hook: the stage that sends the first gradient shuts its TCP connections down
+    (its neighbour fails at once with "Connection closed by peer"), then exits 0.3 s later
+    with status 7: the neighbour's error reaches the controller before the death does (after
+    a SIGKILL it only sometimes does)."""
+
+    def __call__(self, link: str, direction: str, *args: object) -> None:
+        if direction != "backward":
+            return
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                sock = socket.socket(fileno=int(fd))
+            except OSError:
+                continue  # not a socket
+            if sock.family in (socket.AF_INET, socket.AF_INET6):  # gloo's; not the pipe
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            sock.detach()
+        time.sleep(0.3)
+        os._exit(7)
+
+
+def test_a_death_is_named_even_when_a_neighbour_s_error_comes_first() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    with WorkerPool(2, timeout_s=20) as pool:
+        pids = list(pool.pids)
+        config = IterationConfig(0, one_f_one_b(profile), profile, fault_hook=_DieSlowly())
+        # Status 7, or -6: gloo's own threads may abort the process on its shut sockets first.
+        with pytest.raises(WorkerError, match=r"^rank 1 \(stage 1\) exited with code (7|-6) "):
+            pool.run_iteration(config)
     assert not any(_alive(pid) for pid in pids)
 
 

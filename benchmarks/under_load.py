@@ -1,0 +1,59 @@
+"""Run a command several times with CPU-bound processes beside it: is it green under load?
+
+    python benchmarks/under_load.py --runs 30 --busy 2 -- \
+        .venv/bin/python -m pytest -q -p no:cacheprovider \
+        "tests/pipeline/runtime/test_pool.py::test_a_killed_worker_fails_the_run_clearly_and_leaves_no_process"
+
+Each busy process spins on one core for the whole loop; they are this script's own children
+and are stopped (by their handles) when it ends, also on failure or Ctrl-C. Prints one line
+per run and a summary; exits 1 if any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+_SPIN = "while True: pass"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="How often to run the command.")
+    parser.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside it.")
+    parser.add_argument("--stop-on-failure", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command")
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command or args.runs < 1 or args.busy < 0:
+        parser.error("give --runs >= 1, --busy >= 0 and a command after --")
+    busy = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(args.busy)]
+    failures = num_run = 0
+    try:
+        for run in range(1, args.runs + 1):
+            num_run = run
+            start = time.monotonic()
+            done = subprocess.run(command, capture_output=True, text=True)
+            last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+            print(
+                f"run {run}/{args.runs}: exit {done.returncode} in "
+                f"{time.monotonic() - start:.0f} s: {last}",
+                flush=True,
+            )
+            if done.returncode != 0:
+                failures += 1
+                print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)
+                if args.stop_on_failure:
+                    break
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    print(f"{num_run - failures} passed, {failures} failed, {args.busy} busy process(es) beside")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
