@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+import traceback
 
 import click
 
@@ -26,7 +29,9 @@ for _command in (schedule, simulate_cmd, run, profile, report, compare, launch, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: the tool's own errors become one line on stderr and exit status 1."""
+    """Entry point. Exit status: 0 done, 1 a refused input or a failed run (the tool's own
+    errors, one line on stderr), 2 a usage error, 3 an internal error (a bug: one line on
+    stderr naming a log file with the traceback), 130 interrupted."""
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
     except click.exceptions.Abort:
@@ -35,6 +40,25 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
-    except AdaptraBenchError as err:
+    except (AdaptraBenchError, OSError) as err:  # OSError: a file or the system said no
         click.echo(f"error: {err}", err=True)
         sys.exit(1)
+    except Exception as err:
+        log = _write_crash_log(argv)
+        summary = f"{type(err).__name__}: {err}".splitlines()[0]
+        click.echo(f"internal error: {summary} (a bug; traceback in {log})", err=True)
+        sys.exit(3)
+
+
+def _write_crash_log(argv: list[str] | None) -> str:
+    """The current exception's traceback in a new file under the temp directory, and its
+    path; on stderr if no file can be written."""
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        handle, path = tempfile.mkstemp(prefix="adaptra-bench-internal-error-", suffix=".log")
+        with os.fdopen(handle, "w") as log:
+            log.write(f"adaptra-bench {command}\n\n{traceback.format_exc()}")
+    except OSError as err:
+        traceback.print_exc()
+        return f"stderr above (no log file: {err.strerror})"
+    return path

@@ -14,6 +14,7 @@ from harness.experiment import (
     new_run_id,
     run_experiment,
 )
+from harness.names import check_run_name
 from harness.runner import BACKENDS, INJECTIONS, run_configuration
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
@@ -54,7 +55,11 @@ __all__ = ["compare", "report", "run"]
     default="results",
     help="Where the default experiment writes its run directory.",
 )
-@click.option("--run-id", help="Resume (or name) an experiment's run directory.")
+@click.option(
+    "--run-id",
+    callback=lambda _ctx, param, value: _run_name(param, value),
+    help="Resume (or name) an experiment's run directory: one name inside --out.",
+)
 @click.option(
     "--spec",
     "spec_path",
@@ -199,6 +204,13 @@ def report(run_dir: str) -> None:
         raise ConfigError(f"{path} has no results in runs.csv")
     write_report(spec, path, runs)
     click.echo(f"report written to {path / 'report.md'}")
+
+
+def _run_name(param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return None if value is None else check_run_name(value, "the run id")
+    except ConfigError as err:
+        raise click.BadParameter(str(err), param=param) from err
 
 
 def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:

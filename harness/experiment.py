@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, plan, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
@@ -178,6 +179,11 @@ class ExperimentSpec:
     """How an emulated run injects delays (harness.runner.INJECTIONS)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"the spec name must be a string, not {self.name!r}")
+        check_run_name(self.name, "spec name")  # the run directory's default name
+        if self.faults is not None:
+            check_label(Path(self.faults).stem, "fault timeline file name")
         unknown = [s for s in self.systems if s not in SYSTEMS]
         if not self.systems or unknown:
             raise ConfigError(
@@ -213,6 +219,7 @@ class ExperimentSpec:
                 )
             get_preset(str(self.models[0])).check_stages(self.profile.num_stages)
         for target in self.targets():
+            check_label(target.label, "model name")
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
                     f"model {target.label} comes from the cost model, whose DP all-reduce and "

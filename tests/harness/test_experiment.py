@@ -103,6 +103,13 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
         ({"injection": "network"}, "network needs a runtime backend"),
         ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
+        ({"name": "../outside"}, "spec name '../outside' must be a single path component"),
+        ({"name": "a/b"}, "must be a single path component"),
+        ({"name": ".."}, "must be a single path component"),
+        ({"name": ""}, "spec name is empty"),
+        ({"name": 7}, "the spec name must be a string"),
+        ({"models": ("m\tx",)}, r"model name 'm\\tx' contains the control character"),
+        ({"faults": "/tmp/a\nb.txt"}, r"fault timeline file name 'a\\nb' contains"),
     ],
 )
 def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
