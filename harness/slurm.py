@@ -55,7 +55,7 @@ def write_slurm_script(
                 if why is None and scenario.dp_links:
                     why = "DP link delays are modelled by the simulator only"
                 if why:
-                    skipped.append(f"# skipped {name}: {why}")
+                    skipped.append(_comment(f"skipped {name}: {why}"))
                     continue
                 slug = "_".join(
                     part.replace("/", "-").replace("@", "-").replace(",", "+").replace(":", "-")
@@ -68,7 +68,7 @@ def write_slurm_script(
                 world = profile.num_stages * num_replicas
                 num_nodes = math.ceil(world / gpus_per_node)
                 if world % num_nodes:
-                    skipped.append(f"# skipped {name}: {world} ranks do not split over nodes")
+                    skipped.append(_comment(f"skipped {name}: {world} ranks do not split"))
                     continue
                 max_nodes = max(max_nodes, num_nodes)
                 worker_args = [
@@ -85,7 +85,7 @@ def write_slurm_script(
                     str(config_dir),
                 ]
                 steps += [
-                    f"# {name}: {world} ranks on {num_nodes} node(s)",
+                    _comment(f"{name}: {world} ranks on {num_nodes} node(s)"),
                     f"run_step {num_nodes} {world // num_nodes} {shlex.quote(slug)} "
                     + shlex.join(worker_args),
                 ]
@@ -96,13 +96,14 @@ def write_slurm_script(
     script = "\n".join(
         [
             "#!/bin/bash",
-            f"#SBATCH --job-name={shlex.quote(spec.name)}",
+            f"#SBATCH --job-name={_job_name(spec.name)}",
             f"#SBATCH --nodes={max_nodes}",
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --gpus-per-node={gpus_per_node}",
             f"#SBATCH --time={time_limit}",
-            f"# Written by adaptra-bench from spec {spec.name!r}: one srun step per configuration,",
-            "# each a torchrun of pipeline.runtime.torchrun; timelines land in each step's folder.",
+            _comment(f"Written by adaptra-bench from spec {spec.name!r}."),
+            "# One srun step per configuration, each a torchrun of pipeline.runtime.torchrun;",
+            "# timelines land in each step's folder.",
             "set -euo pipefail",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "run_step() {  # nodes, ranks per node, step name, worker arguments...",
@@ -121,6 +122,20 @@ def write_slurm_script(
     write_atomic(path, script)
     path.chmod(0o755)
     return path, sum(1 for s in steps if s.startswith("run_step"))
+
+
+def _comment(text: str) -> str:
+    """A comment line of the script: any line break or other control character in `text`
+    (user-given names are in it) is written as its escape, so the line stays a comment."""
+    return "# " + "".join(
+        c if c == " " or c.isprintable() else c.encode("unicode_escape").decode() for c in text
+    )
+
+
+def _job_name(name: str) -> str:
+    """The spec name as a Slurm job name: sbatch reads #SBATCH lines itself, not a shell, so
+    anything but letters, digits and "._-" becomes "_"."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
 
 
 def _unsupported(tp: int, has_faults: bool) -> str | None:

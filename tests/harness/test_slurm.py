@@ -90,3 +90,94 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         assert len(losses) == 2 and losses[1] < losses[0]  # it trains
     else:
         assert not (step / "losses.json").exists()
+
+
+INJECTIONS = ["'; touch PWNED; echo '", "$(touch PWNED)", "`touch PWNED`", '"; touch PWNED; "']
+"""Shell that runs `touch PWNED` if a field reaches the script unquoted."""
+
+
+def _stand_in_slurm(tmp_path: Path) -> dict[str, str]:
+    """scontrol, and an srun that records its arguments (one JSON list a line) instead of
+    running them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    recorder = (
+        "import json, os, sys; "
+        "open(os.environ['SRUN_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')"
+    )
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nexec {sys.executable} -c "{recorder}" "$@"\n')
+    for name in ("scontrol", "srun"):
+        (bin_dir / name).chmod(0o755)
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_ID": "7",
+        "SRUN_LOG": str(tmp_path / "srun.log"),
+    }
+
+
+@pytest.mark.parametrize("text", INJECTIONS)
+@pytest.mark.parametrize("field", ["name", "label", "cost-model name", "out"])
+def test_user_text_in_any_field_is_data_not_shell(tmp_path: Path, field: str, text: str) -> None:
+    """Quotes, $() and backticks in the spec name, a profile's label, a cost model's name or
+    the output folder: the script runs its one step with them as plain arguments."""
+    fields = {"name": "x", "models": ("x",), "profile": Profile.uniform(2, 2, 1, 1, 1)}
+    out = tmp_path / "job"
+    if field == "name":
+        fields["name"] = text
+    elif field == "label":
+        fields["models"] = (text,)
+    elif field == "cost-model name":
+        fields = {"name": "x", "models": ({"base": "gpt2-7b", "name": text, "tp": 1},)}
+    else:
+        out = tmp_path / text / "job"
+    spec = ExperimentSpec(**fields, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0)
+    script, num_steps = write_slurm_script(spec, out)
+    assert num_steps == 1
+    done = subprocess.run(
+        ["bash", str(script)], env=_stand_in_slurm(tmp_path), cwd=tmp_path, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob("PWNED")), "a field ran as shell code"
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    profile = Path(argv[argv.index("--profile") + 1])
+    assert profile.is_file() and profile.parent.parent == out.resolve()
+    assert Profile.from_file(profile).num_stages == spec.targets()[0].profile.num_stages
+
+
+@pytest.mark.parametrize("field", ["name", "label", "cost-model name"])
+def test_a_line_break_in_a_name_is_refused(field: str) -> None:
+    text = "x\ntouch PWNED\n"
+    fields = {"name": "x", "models": ("x",), "profile": Profile.uniform(2, 2, 1, 1, 1)}
+    if field == "name":
+        fields["name"] = text
+    elif field == "label":
+        fields["models"] = (text,)
+    else:
+        fields = {"name": "x", "models": ({"base": "gpt2-7b", "name": text, "tp": 1},)}
+    with pytest.raises(ConfigError, match=r"contains the control character '\\n'"):
+        ExperimentSpec(**fields, systems=("1f1b",))
+
+
+def test_a_line_break_in_the_output_folder_stays_in_its_argument(tmp_path: Path) -> None:
+    spec = ExperimentSpec(
+        name="x", models=("x",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
+    )
+    out = tmp_path / "a\ntouch PWNED\n" / "job"
+    script, _ = write_slurm_script(spec, out)
+    done = subprocess.run(
+        ["bash", str(script)], env=_stand_in_slurm(tmp_path), cwd=tmp_path, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.rglob("PWNED"))
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert Path(argv[argv.index("--out") + 1]).parent == out.resolve()
+
+
+def test_comments_and_the_job_name_keep_to_their_line() -> None:
+    from harness.slurm import _comment, _job_name
+
+    assert _comment("a\nb\tc `d` $(e)") == "# a\\nb\\tc `d` $(e)"
+    assert _job_name("my run; $(x)\n") == "my_run____x__"
