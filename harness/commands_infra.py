@@ -143,13 +143,22 @@ def doctor(fmt: str) -> None:
 
 @click.command()
 def cleanup() -> None:
-    """Remove network namespaces left behind by a testbed whose process was killed."""
-    from injectors.testbed import cleanup as remove_leftovers
+    """Remove the network namespaces of testbeds whose process is gone (a killed run's
+    leftovers); namespaces of live runs are left, and so are namespaces no testbed owns."""
+    from injectors.ownership import cleanup as remove_leftovers
+    from injectors.testbed import PREFIX, TestbedError
 
-    removed = remove_leftovers()
+    report = remove_leftovers(PREFIX)
     click.echo(
-        f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else "")
+        f"removed {len(report.removed)} namespace(s)"
+        + (": " + ", ".join(report.removed) if report.removed else "")
     )
+    for name, why in report.left:
+        click.echo(f"left {name}: {why}")
+    for name, error in report.failed:
+        click.echo(f"could not remove {name}: {error}", err=True)
+    if report.failed:
+        raise TestbedError(f"{len(report.failed)} namespace(s) could not be removed (see above)")
 
 
 def _free_port() -> int:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from injectors.ownership import OwnerRecord
 from injectors.testbed import add_peer_filter
 
 __all__ = ["Check", "run_checks"]
@@ -40,10 +41,13 @@ def _probe_kernel() -> dict[str, tuple[bool, str]]:
     except ImportError as err:
         return {"namespaces": (False, f"pyroute2 missing: {err}")}
     name = f"adb-doctor-{uuid.uuid4().hex[:8]}"
+    owner = OwnerRecord.for_this_process(name, (name,))  # `cleanup` knows it is ours
     found: dict[str, tuple[bool, str]] = {}
     try:
+        owner.write()
         netns.create(name)
     except Exception as err:
+        owner.remove()
         return {"namespaces": (False, str(err))}
     found["namespaces"] = (True, "created and removed one")
     try:
@@ -63,6 +67,7 @@ def _probe_kernel() -> dict[str, tuple[bool, str]]:
                     found[kind] = (False, str(err))
     finally:
         netns.remove(name)
+        owner.remove()
     return found
 
 

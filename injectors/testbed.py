@@ -4,13 +4,16 @@ Every host has two data interfaces, rnic0 and rnic1, on two bridges ("planes"), 
 a management bridge that no fault touches (rendezvous and control). The bridges live in a
 switch namespace of the testbed's own, so nothing is added to the root namespace. Names
 carry a unique prefix, so testbeds coexist; teardown removes every namespace (and with them
-every link and qdisc) on normal exit, on exceptions and on SIGTERM; `cleanup()` removes the
-leftovers of a process that was killed outright.
+every link and qdisc) on normal exit, on exceptions and on SIGTERM; each testbed records its
+owner process (injectors.ownership), so that `cleanup()` there removes the leftovers of a
+process that was killed outright, and only those.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -21,9 +24,12 @@ from multiprocessing.process import BaseProcess
 from types import FrameType, TracebackType
 from typing import Any
 
+from injectors.ownership import OwnerRecord
 from pipeline.errors import AdaptraBenchError
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter", "cleanup"]
+__all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "adb-"
 PLANES = ("rnic0", "rnic1", "mgmt")
@@ -34,19 +40,6 @@ class TestbedError(AdaptraBenchError, RuntimeError):
     """The testbed could not be built, changed or torn down."""
 
     __test__ = False  # not a pytest test class
-
-
-def cleanup(prefix: str = PREFIX) -> list[str]:
-    """Remove every namespace whose name starts with `prefix`; returns their names."""
-    from pyroute2 import netns
-
-    removed = []
-    for name in netns.listnetns():
-        if name.startswith(prefix):
-            with contextlib.suppress(OSError):
-                netns.remove(name)
-            removed.append(name)
-    return removed
 
 
 def add_peer_filter(ipr: Any, index: int, address: str, classid: int) -> None:
@@ -92,6 +85,7 @@ class Testbed:
         self._wires: list[tuple[BaseProcess, Any]] = []
         self._previous_sigterm: Any = None
         self._owner_pid = os.getpid()
+        self._owner: OwnerRecord | None = None
 
     @staticmethod
     def address(host: int, plane: int = 0) -> str:
@@ -125,6 +119,8 @@ class Testbed:
     def build(self) -> None:
         from pyroute2 import IPRoute, netns
 
+        self._owner = OwnerRecord.for_this_process(self.name, (self.switch, *self.hosts))
+        self._owner.write()  # before any namespace exists: none is ever without an owner
         for name in (self.switch, *self.hosts):
             netns.create(name)
             self._created.append(name)
@@ -162,10 +158,17 @@ class Testbed:
                 process.kill()
                 process.join(2.0)
         self._wires = []
+        kept = []
         for name in reversed(self._created):
-            with contextlib.suppress(OSError):
+            try:
                 netns.remove(name)
+            except OSError as err:
+                kept.append(name)
+                logger.warning("could not remove namespace %s: %s", name, err)
         self._created = []
+        if self._owner is not None and not kept:  # else `cleanup` retries once we are gone
+            self._owner.remove()
+            self._owner = None
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
@@ -195,13 +198,25 @@ class Testbed:
         """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst)."""
         if plane >= 2:
             raise TestbedError("the management plane never gets faults")
+        if not (math.isfinite(rate_mbit) and rate_mbit > 0):
+            raise TestbedError(f"a bandwidth cap must be a finite rate > 0 Mbit/s, not {rate_mbit}")
+        # pyroute2 parses a rate string's digits as an int ("12.5mbit" fails): give bytes/s
+        # (rates of 2^32 bytes/s and more go out as htb's 64-bit rate).
+        rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             if not any(q.get("handle") == 0x10000 for q in ipr.get_qdiscs(index=index)):
                 ipr.tc("add", "htb", index, 0x10000, default=0)  # unmatched: not shaped
             classid = 0x10000 + 0x10 + dst
-            rate = f"{rate_mbit}mbit"
-            ipr.tc("add-class", "htb", index, classid, parent=0x10000, rate=rate, ceil=rate)
+            ipr.tc(
+                "add-class",
+                "htb",
+                index,
+                classid,
+                parent=0x10000,
+                rate=rate_bytes_s,
+                ceil=rate_bytes_s,
+            )
             add_peer_filter(ipr, index, self.address(dst, plane), classid)
 
     def add_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:

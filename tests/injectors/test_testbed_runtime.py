@@ -1,5 +1,6 @@
 """The runtime's workers inside the testbed: network-level faults act on real gloo traffic."""
 
+import dataclasses
 import os
 import statistics
 
@@ -10,6 +11,7 @@ from injectors.testbed import Testbed
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 
 pytestmark = [
@@ -18,6 +20,19 @@ pytestmark = [
 ]
 
 MIB = 1 << 20
+
+
+def _assert_delayed_alike(
+    by_network: float, by_hook: float, schedule: Schedule, delayed: Profile
+) -> None:
+    """Both runs pay the delay: load only adds time, so the simulator's times with the delay
+    are floors (ideal: the network delays arrivals only; direct: the hook also holds the
+    sender), and the network run is not far off the hook's (within 10 % quiet: BENCHMARKS.md).
+    Without the delay both would take 75 ms."""
+    ideal = compute_metrics(simulate(schedule, delayed, CommMode.IDEAL)).iteration_time_ms
+    direct = compute_metrics(simulate(schedule, delayed, CommMode.DIRECT)).iteration_time_ms
+    assert by_network >= 0.98 * ideal and by_hook >= 0.98 * direct, (by_network, by_hook)
+    assert 0.67 < by_network / by_hook < 1.5, (by_network, by_hook)
 
 
 def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
@@ -39,7 +54,9 @@ def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
     predicted = compute_metrics(simulate(schedule, capped, CommMode.DIRECT)).iteration_time_ms
     measured = statistics.median(times[1:])  # after the warm-up iteration
     assert predicted > 400  # the cap dominates: the free-wire prediction is 75 ms
-    assert abs(measured / predicted - 1) < 0.10, (measured, predicted)
+    # Load only adds time: the cap sets a floor (htb gives 94-96 % of its rate, so a little
+    # above it). Within 10 % on a quiet machine: bench_injectors.py.
+    assert 0.95 * predicted <= measured < 1.5 * predicted, (measured, predicted)
 
 
 def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -> None:
@@ -64,8 +81,7 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
         bed.add_delay(0, 1, plane=0, delay_ms=20)
         with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
             by_network = median_ms(pool, profile, 0)
-    assert by_hook > 2 * 75  # the delay dominates: 75 ms without it
-    assert abs(by_network / by_hook - 1) < 0.10, (by_network, by_hook)
+    _assert_delayed_alike(by_network, by_hook, schedule, profile.with_delays([20.0]))
 
 
 def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> None:
@@ -102,7 +118,32 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
         return float(json.loads(out.stdout)["median_iteration_ms"])
 
     by_network, by_hook = median_ms("network"), median_ms("hook")
-    assert by_hook > 150  # 1F1B crosses the slow link 4 times: 95 ms without it
-    assert abs(by_network / by_hook - 1) < 0.10, (by_network, by_hook)
+    slow = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8192).with_delays([20.0])
+    _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow)
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert PREFIX not in left  # the testbed is gone
+
+
+def test_run_caps_the_network_at_a_profile_s_float_bandwidth(tmp_path) -> None:
+    """`run --inject network` with `link_bandwidth_gbps: 0.25` (tc rates are ints to
+    pyroute2: a float rate once crashed): 256 KiB messages take 8.4 ms on the wire."""
+    import json
+    import subprocess
+    import sys
+
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=256 << 10, link_bandwidth_gbps=0.25)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile.to_dict()))
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--profile",
+         str(path), "--policy", "1f1b", "--iterations", "2", "--format", "json",
+         "--inject", "network"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    times = json.loads(out.stdout)["iteration_times_ms"]
+    predicted = compute_metrics(simulate(one_f_one_b(profile), profile, CommMode.DIRECT))
+    free_wire = dataclasses.replace(profile, link_bandwidth_gbps=None)
+    free = compute_metrics(simulate(one_f_one_b(profile), free_wire, CommMode.DIRECT))
+    assert predicted.iteration_time_ms > 3 * free.iteration_time_ms  # the cap dominates
+    assert all(t >= 0.95 * predicted.iteration_time_ms for t in times), times
