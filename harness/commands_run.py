@@ -132,7 +132,11 @@ def run(
             plot,
             title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
         )
-    megatron = {"model": model or "tiny", "losses": list(result.losses)}
+    megatron = {
+        "model": model or "tiny",
+        "losses": list(result.losses),
+        "params_sha256": result.params_sha256,
+    }
     if fmt == "json":
         emit_json(
             {
@@ -152,6 +156,7 @@ def run(
     )
     if backend == "megatron":
         click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
+        click.echo(f"params_sha256: {result.params_sha256}")
 
 
 @click.command()

@@ -454,6 +454,7 @@ def run_experiment(
                 * 1000.0
                 / statistics.fmean(result.wall_times_ms),
                 "bubble_ratio": sum(result.bubble_ratios) / len(result.bubble_ratios),
+                "params_sha256": result.params_sha256,
                 "schema_version": RESULTS_SCHEMA_VERSION,
             }
         )

@@ -43,6 +43,7 @@ RUNS_COLUMNS = (
     "median_wall_ms",
     "throughput_samples_per_s",
     "bubble_ratio",
+    "params_sha256",
     "schema_version",
 )
 ITERATIONS_COLUMNS = (

@@ -42,6 +42,9 @@ class RunResult:
     """Every iteration's ops and messages (None when the caller did not keep it)."""
     losses: tuple[float, ...] = ()
     """Training loss of each measured iteration (the megatron backend; empty otherwise)."""
+    params_sha256: str = ""
+    """The trained model's parameters after the last iteration (pipeline.runtime.digest;
+    the megatron backend; empty otherwise)."""
 
     @property
     def median_iteration_ms(self) -> float:
@@ -96,6 +99,7 @@ def run_configuration(
     profiles = [profile] * num_warmup_iterations + _faulty_profiles(profile, faults, num_iterations)
     plans = [replan(p) if replan else (schedule, p, CommMode(comm)) for p in profiles]
     losses: list[float] = []
+    digest = ""
     if allreduce is not None and backend != "sim":
         raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     if backend == "sim":
@@ -105,7 +109,7 @@ def run_configuration(
     else:
         if injection != "hook":
             raise ConfigError("--inject network is for the emulated backend")
-        parts, losses = _run_megatron(plans, model or "tiny")
+        parts, losses, digest = _run_megatron(plans, model or "tiny")
     measured = [compute_metrics(parts[i], i) for i in range(num_warmup_iterations, total)]
     return RunResult(
         iteration_times_ms=tuple(m.iteration_time_ms for m in measured),
@@ -114,6 +118,7 @@ def run_configuration(
         comms=tuple(comm for _, _, comm in plans[num_warmup_iterations:]),
         timeline=Timeline.concat(parts) if keep_timeline else None,
         losses=tuple(losses[num_warmup_iterations:]),
+        params_sha256=digest,
     )
 
 
@@ -191,11 +196,13 @@ def _run_emulated(
 
 def _run_megatron(
     plans: list[tuple[Schedule, Profile, CommMode]], model: str
-) -> tuple[list[Timeline], list[float]]:
+) -> tuple[list[Timeline], list[float], str]:
     """Real worker processes, one per stage, each computing its stage of a megatron GPT; the
-    profile gives the stage and microbatch counts and the injected delays (not op times)."""
+    profile gives the stage and microbatch counts and the injected delays (not op times).
+    Returns the timelines, the losses and the trained parameters' digest."""
     first = _check_runtime_plans(plans, "megatron")
     from pipeline.runtime import IterationConfig, WorkerPool  # torch: only when needed
+    from pipeline.runtime.digest import params_sha256, whole_model_params
     from pipeline.runtime.megatron import MegatronCompute, get_preset
 
     get_preset(model).check_stages(first.num_stages)
@@ -203,7 +210,9 @@ def _run_megatron(
     factory = functools.partial(MegatronCompute, model)
     with WorkerPool(first.num_stages, compute_factory=factory) as pool:
         for i, (schedule, p, _) in enumerate(plans):
-            parts.append(pool.run_iteration(IterationConfig(i, schedule, p)))
+            config = IterationConfig(i, schedule, p, collect_params=i == len(plans) - 1)
+            parts.append(pool.run_iteration(config))
             last = [r.step_output.loss for r in pool.last_results if r.step_output.loss is not None]
             losses.append(last[0])
-    return parts, losses
+        digest = params_sha256(whole_model_params(pool.last_results))
+    return parts, losses, digest

@@ -29,6 +29,9 @@ class IterationConfig:
     collect_grads: bool = False
     """Backends that train (megatron): return every parameter's gradient, after the DP and
     tied-embedding all-reduces and before the optimizer step (for tests; costs a copy)."""
+    collect_params: bool = False
+    """Backends that train: return every parameter after the step (pipeline.runtime.digest;
+    costs a copy)."""
 
     def __post_init__(self) -> None:
         if self.comm != "direct":
@@ -43,6 +46,9 @@ class StepOutput:
     """The iteration's mean loss over the global batch (last stages of a training backend)."""
     grads: dict[str, np.ndarray] | None = None
     """Parameter gradients by the whole model's parameter names, if asked for."""
+    params: tuple[tuple[str, np.ndarray], ...] | None = None
+    """The stage's parameters after the step, by the whole model's names, in the stage's
+    order, if asked for."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

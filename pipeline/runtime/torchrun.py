@@ -24,6 +24,7 @@ import torch.distributed as dist
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.pool import assemble_timeline
 from pipeline.runtime.worker import join
 from pipeline.schedule import Schedule, validate_schedule
@@ -100,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     for iteration in range(args.iterations):
         dist.barrier()
         start_at = time.monotonic()
-        result = worker.run(IterationConfig(iteration, schedule, profile), start_at)
+        last = iteration == args.iterations - 1
+        config = IterationConfig(iteration, schedule, profile, collect_params=last)
+        result = worker.run(config, start_at)
         gathered: list[RankResult | None] = [None] * dist.get_world_size()
         dist.gather_object(_shift(result, offset - start_at), gathered if rank == 0 else None)
         if rank == 0:
@@ -117,8 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "timeline.json").write_text(json.dumps(Timeline.concat(parts).to_dict()))
-        if losses:  # a training backend: one loss per iteration
+        if losses:  # a training backend: one loss per iteration, the trained model's digest
             (args.out / "losses.json").write_text(json.dumps(losses))
+            digest = params_sha256(whole_model_params([r for r in gathered if r is not None]))
+            (args.out / "params_sha256.txt").write_text(digest + "\n")
     dist.destroy_process_group()
 
 

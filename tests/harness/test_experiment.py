@@ -267,6 +267,8 @@ def test_a_megatron_experiment_records_losses(tmp_path: Path) -> None:
     assert len(losses["1f1b"]) == 2 and losses["1f1b"][1] < losses["1f1b"][0]
     # The same data and seed under both orders: the same training, to rounding.
     assert losses["zb"] == pytest.approx(losses["1f1b"], rel=1e-5)
+    digests = {r["system"]: r["params_sha256"] for r in read_csv_rows(run_dir / "runs.csv")}
+    assert set(digests) == {"1f1b", "zb"} and all(len(d) == 64 for d in digests.values())
 
 
 def test_a_megatron_spec_needs_a_preset_and_a_profile() -> None:

@@ -88,6 +88,7 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
     if backend == "megatron":
         losses = json.loads((step / "losses.json").read_text())
         assert len(losses) == 2 and losses[1] < losses[0]  # it trains
+        assert len((step / "params_sha256.txt").read_text().strip()) == 64
     else:
         assert not (step / "losses.json").exists()
 

@@ -27,6 +27,7 @@ from pipeline.runtime.megatron.model import (
     build_stage_model,
     get_preset,
     global_param_name,
+    initialize_parameters,
     microbatch_tokens,
     stage_layer_offset,
     stage_state_from_reference,
@@ -85,7 +86,7 @@ class MegatronCompute:
                 f"megatron placed this rank at (stage, replica) {placed}, the runtime at "
                 f"{(stage, replica)}"
             )
-        torch.manual_seed(self.seed * 1009 + stage)  # DP replicas of a stage start equal
+        torch.manual_seed(self.seed)  # megatron draws an initialisation we then replace
         on_cpu = device.type == "cpu"
         with self._shim(building=True):
             model = build_stage_model(self.preset, num_stages, use_cpu_initialization=on_cpu)
@@ -99,6 +100,8 @@ class MegatronCompute:
         if self.init_state is not None:
             reference = torch.load(self.init_state, map_location="cpu", weights_only=True)
             model.load_state_dict(stage_state_from_reference(model, reference, self._layer_offset))
+        else:
+            initialize_parameters(model, self.seed, self._layer_offset)
         self._initial = {
             k: v.detach().clone() if isinstance(v, torch.Tensor) else v
             for k, v in model.state_dict().items()
@@ -185,7 +188,13 @@ class MegatronCompute:
                 if p.grad is not None
             }
         sgd_step(runner.params, self.lr)
-        return StepOutput(loss, grads)
+        params = None
+        if config.collect_params:
+            params = tuple(
+                (global_param_name(name, self._layer_offset), _to_numpy(p))
+                for name, p in model.named_parameters()
+            )
+        return StepOutput(loss, grads, params)
 
 
 @torch.no_grad()

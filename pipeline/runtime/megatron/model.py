@@ -9,13 +9,15 @@ the slots are split evenly, so (num_layers + 2) must be divisible by the number 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from pipeline.errors import ConfigError
+from pipeline.errors import BackendError, ConfigError
 
 __all__ = [
     "MODELS",
@@ -23,6 +25,7 @@ __all__ = [
     "build_stage_model",
     "get_preset",
     "global_param_name",
+    "initialize_parameters",
     "microbatch_tokens",
     "stage_layer_offset",
     "stage_state_from_reference",
@@ -183,6 +186,40 @@ def global_param_name(local_name: str, layer_offset: int) -> str:
     if match is None:
         return local_name
     return f"decoder.layers.{int(match.group(1)) + layer_offset}.{local_name[match.end() :]}"
+
+
+_SCALED_INIT = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+"""Weights megatron initialises with its scaled (output-layer) method: std / sqrt(2 L)."""
+
+
+def _initial_value(name: str, shape: torch.Size, seed: int, config: Any) -> torch.Tensor:
+    """Megatron's GPT initialisation of the parameter called `name` in the whole model,
+    drawn from a generator of its own: norms' weights 1, biases 0, weights N(0, std) (the
+    residual outputs N(0, std / sqrt(2 L)))."""
+    if name.endswith("layernorm.weight"):
+        return torch.ones(shape)
+    if name.endswith(".bias"):
+        return torch.zeros(shape)
+    if not (name.endswith(".weight") and ("embedding" in name or "decoder.layers." in name)):
+        raise BackendError(f"no initialisation is known for parameter {name!r}")
+    std = config.init_method_std
+    if name.endswith(_SCALED_INIT):
+        std /= math.sqrt(2.0 * config.num_layers)
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    return torch.empty(shape).normal_(0.0, std, generator=generator)
+
+
+@torch.no_grad()
+def initialize_parameters(model: torch.nn.Module, seed: int, layer_offset: int) -> None:
+    """Set a stage's parameters from the seed and each one's name in the whole model only,
+    never from the split: every stage count starts from the same model (a stage's draws are
+    made on the CPU, then copied to its device; the tied output weight equals the
+    embedding)."""
+    config = model.config  # type: ignore[attr-defined]
+    for local_name, param in model.named_parameters():
+        name = global_param_name(local_name, layer_offset)
+        param.copy_(_initial_value(name, param.shape, seed, config))
 
 
 def stage_state_from_reference(

@@ -20,6 +20,7 @@ from pipeline.runtime.megatron.model import (
     GPTPreset,
     build_stage_model,
     global_param_name,
+    initialize_parameters,
     microbatch_tokens,
 )
 from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
@@ -70,11 +71,13 @@ def _environ(name: str, default: str) -> Iterator[None]:
 
 
 def build_whole_model(preset: GPTPreset, seed: int) -> Any:
-    """The whole model as one stage, seeded; inside `single_process_megatron()`."""
+    """The whole model as one stage, initialised as every stage count initialises it;
+    inside `single_process_megatron()`."""
     torch.manual_seed(seed)
     with cpu_shim(building=True), quiet_megatron():
         model = build_stage_model(preset, 1, use_cpu_initialization=True)
     seed_cpu_rng_tracker(seed)
+    initialize_parameters(model, seed, 0)
     return model
 
 

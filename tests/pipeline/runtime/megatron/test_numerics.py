@@ -2,13 +2,13 @@
 
 A tiny GPT (6 layers, hidden 64) for 3 iterations under 1F1B, ZB-H1, ZB-H2 and a deep
 warm-up schedule, at 2 and 4 stages and at PP 2 x DP 2, against one process accumulating the
-same microbatches in the same order with torch's ordinary backward. Stage weights come from
-the reference's state dict; the tied embedding's gradients are compared after the
-embedding-group all-reduce, every gradient after the DP all-reduce.
+same microbatches in the same order with torch's ordinary backward. Every stage initialises
+its weights from the seed and the parameters' names alone, as `run` does, so no state is
+handed over; the tied embedding's gradients are compared after the embedding-group
+all-reduce, every gradient after the DP all-reduce.
 """
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.megatron import MegatronCompute, get_preset
 from pipeline.runtime.megatron.reference import (
     ReferenceIteration,
@@ -33,12 +34,14 @@ pytestmark = pytest.mark.multiprocess
 NUM_ITERATIONS, SEED, LR = 3, 0, 0.5
 
 
-def _reference(tmp: Path, num_microbatches: int, num_replicas: int) -> list[ReferenceIteration]:
+def _reference(
+    num_microbatches: int, num_replicas: int
+) -> tuple[list[ReferenceIteration], list[tuple[str, np.ndarray]]]:
+    """One process's iterations, and its parameters after them (in the model's order)."""
     preset = get_preset("tiny")
     with single_process_megatron():
         model = build_whole_model(preset, SEED)
-        torch.save(model.state_dict(), tmp / "init.pt")  # the same init for any R, N
-        return train_reference(
+        iterations = train_reference(
             model,
             preset,
             num_microbatches=num_microbatches,
@@ -47,6 +50,8 @@ def _reference(tmp: Path, num_microbatches: int, num_replicas: int) -> list[Refe
             seed=SEED,
             lr=LR,
         )
+        params = [(name, p.detach().numpy().copy()) for name, p in model.named_parameters()]
+    return iterations, params
 
 
 def _assert_close(got: np.ndarray, expected: np.ndarray, where: str) -> None:
@@ -78,22 +83,31 @@ def _schedules(profile: Profile, fig4: dict[str, Any]) -> dict[str, Schedule]:
     ids=["pp2", "pp4", "pp2xdp2"],
 )
 def test_pipelined_training_equals_one_process(
-    tmp_path: Path,
     fig4_fixture: dict[str, Any],
     num_stages: int,
     num_replicas: int,
     num_microbatches: int,
 ) -> None:
-    reference = _reference(tmp_path, num_microbatches, num_replicas)
+    """...and the trained parameters: each within 1e-5 of one process's. Their digests differ
+    between schedules and from one process's because floating-point sums depend on their
+    order (W's weight gradients accumulate microbatches in the schedule's order, the tied
+    embedding's two halves are added after the fact), so equality is to 1e-5, not bits; the
+    same schedule run again in the same pool gives the same bits."""
+    reference, reference_params = _reference(num_microbatches, num_replicas)
     profile = Profile.uniform(num_stages, num_microbatches, 1, 1, 1)
-    factory = functools.partial(
-        MegatronCompute, "tiny", seed=SEED, lr=LR, init_state=str(tmp_path / "init.pt")
-    )
+    # The stages initialise themselves from the seed, as `run` does: the reference's model.
+    factory = functools.partial(MegatronCompute, "tiny", seed=SEED, lr=LR)
+    schedules = list(_schedules(profile, fig4_fixture).items())
+    digests: dict[str, str] = {}
     with WorkerPool(num_stages, num_replicas, compute_factory=factory, timeout_s=60) as pool:
-        for name, schedule in _schedules(profile, fig4_fixture).items():
+        for name, schedule in [*schedules, ("again: " + schedules[0][0], schedules[0][1])]:
             losses = []
             for it in range(NUM_ITERATIONS):
-                pool.run_iteration(IterationConfig(it, schedule, profile, collect_grads=True))
+                last_iteration = it == NUM_ITERATIONS - 1
+                config = IterationConfig(
+                    it, schedule, profile, collect_grads=True, collect_params=last_iteration
+                )
+                pool.run_iteration(config)
                 results = pool.last_results
                 last = [r for r in results if r.stage == num_stages - 1]
                 for r in last:
@@ -112,3 +126,10 @@ def test_pipelined_training_equals_one_process(
                 assert seen == reference[it].grads.keys(), name  # every parameter compared
             assert losses[-1] < losses[0], f"{name}: the loss did not fall: {losses}"
             assert np.isfinite(losses).all()
+            params = whole_model_params(pool.last_results)
+            assert [n for n, _ in params] == [n for n, _ in reference_params]
+            for (param, got), (_, expected) in zip(params, reference_params, strict=True):
+                _assert_close(got, expected, f"{name}, trained {param}")
+            digests[name] = params_sha256(params)
+    assert digests["again: 1f1b"] == digests["1f1b"]  # the same run, the same bits
+    assert all(len(d) == 64 for d in digests.values())
