@@ -1,81 +1,79 @@
-"""The emulated runtime against the simulator, and the runtime's own overhead.
+"""The emulated runtime against the calibrated simulator: the fidelity band.
 
-Run: python benchmarks/bench_runtime.py [--iterations 5]
+Run: python benchmarks/bench_runtime.py [--iterations 5] [--calibration HOST.json]
 
-Fidelity: 1F1B and ZB-H2, S=4, N=12, F=B=W=10 ms, 1 MB messages, 0/20/40/60 ms on link 0-1,
-`direct` in both: median of the measured iterations (after one warm-up) against the
-simulator's prediction for the same schedule and profile (bandwidth unmodelled: infinite).
-Overhead: the same pool with every op 0 ms and empty messages: per-op bookkeeping (the
-iteration time divided by the ops of the busiest stage) and the fixed cost of an iteration.
-One pool serves every configuration (workers are reconfigured, never restarted).
+This host's costs are measured first (pipeline.runtime.calibrate; or read from
+--calibration), then 1F1B and ZB-H2 on S=4, N=12, F=B=W=10 ms, with 64 KiB, 1 MiB and 8 MiB
+messages and 0/20/40/60 ms on link 0-1, `direct`: the median of the measured iterations
+(after one warm-up; one pool for every point) against the simulator's prediction, free
+(no host costs) and calibrated. The fidelity is measured / calibrated; its benchmark band on
+an idle machine is 0.97-1.03 (BENCHMARKS.md). The load average is printed with the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
 import statistics
 
 from baselines import one_f_one_b, zb_h2
+from pipeline.host_costs import HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime.calibrate import measure_host_costs
 from pipeline.simulator import CommMode, simulate
 
-
-def _median_ms(pool: WorkerPool, schedule, profile, iterations: int, counter: list[int]) -> float:
-    times = []
-    for k in range(iterations + 1):
-        timeline = pool.run_iteration(IterationConfig(counter[0], schedule, profile))
-        if k > 0:  # the first one is a warm-up
-            times.append(compute_metrics(timeline, counter[0]).iteration_time_ms)
-        counter[0] += 1
-    return statistics.median(times)
-
-
-def _wire_ms(pool: WorkerPool, schedule, profile: Profile, counter: list[int]) -> float:
-    """Median time a send blocks its sender with no injected delay (after a warm-up)."""
-    durations = []
-    for k in range(3):
-        timeline = pool.run_iteration(IterationConfig(counter[0], schedule, profile))
-        counter[0] += 1
-        if k > 0:
-            durations += [m.send_end_ms - m.send_start_ms for m in timeline.messages]
-    return statistics.median(durations)
+SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--calibration", help="A calibration file instead of measuring one.")
     args = parser.parse_args()
-    counter = [0]
+    load_before = os.getloadavg()[0]
+    host = HostCosts.from_file(args.calibration) if args.calibration else measure_host_costs()
+    print(f"host costs: {host.to_dict()}\n")
+    print(
+        "| policy | message | delay ms | emulated ms | free sim ms | emulated/free |"
+        " calibrated sim ms | fidelity |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    fidelities = []
+    iteration = 0
     with WorkerPool(4, timeout_s=60) as pool:
-        base = Profile.uniform(4, 12, 10, 10, 10, message_bytes=1 << 20)
-        wire_ms = _wire_ms(pool, zb_h2(base), base, counter)
-        print(f"measured cost of one 1 MB send on loopback: {wire_ms:.3f} ms\n")
-        print(
-            "| policy | delay ms | emulated ms (median) | simulated, free wire | error |"
-            " simulated, measured wire | error |"
-        )
-        print("|---|---|---|---|---|---|---|")
-        for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
-            for delay in (0.0, 20.0, 40.0, 60.0):
-                profile = base.with_delays([delay])
-                schedule = build(profile)
-                measured = _median_ms(pool, schedule, profile, args.iterations, counter)
-                cells = []
-                for model in (profile, dataclasses.replace(profile, link_latency_ms=wire_ms)):
-                    predicted = simulate(schedule, model, CommMode.DIRECT).iterations[0].end_ms
-                    cells.append(f"{predicted:.1f} | {100 * (measured / predicted - 1):+.2f} %")
-                print(f"| {name} | {delay:g} | {measured:.1f} | {' | '.join(cells)} |")
-        zero = Profile.uniform(4, 12, 0, 0, 0)
-        print("\n| policy | ops on busiest stage | iteration ms (median) | per op us |")
-        print("|---|---|---|---|")
-        for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
-            schedule = build(zero)
-            measured = _median_ms(pool, schedule, zero, args.iterations * 4, counter)
-            num_ops = max(len(ops) for ops in schedule.stages)
-            print(f"| {name} | {num_ops} | {measured:.2f} | {1000 * measured / num_ops:.0f} |")
+        for size_name, num_bytes in SIZES.items():
+            for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
+                for delay in (0.0, 20.0, 40.0, 60.0):
+                    profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes)
+                    profile = profile.with_delays([delay])
+                    schedule = build(profile)
+                    times = []
+                    for k in range(args.iterations + 1):
+                        timeline = pool.run_iteration(IterationConfig(iteration, schedule, profile))
+                        if k:
+                            times.append(compute_metrics(timeline, iteration).iteration_time_ms)
+                        iteration += 1
+                    measured = statistics.median(times)
+                    free, calibrated = (
+                        compute_metrics(
+                            simulate(schedule, profile, CommMode.DIRECT, host=costs)
+                        ).iteration_time_ms
+                        for costs in (HostCosts(), host)
+                    )
+                    fidelities.append(measured / calibrated)
+                    print(
+                        f"| {name} | {size_name} | {delay:g} | {measured:.1f} | {free:.1f} | "
+                        f"{measured / free:.3f} | {calibrated:.1f} | {measured / calibrated:.3f} |",
+                        flush=True,
+                    )
+    inside = sum(0.97 <= f <= 1.03 for f in fidelities)
+    print(
+        f"\n{inside} of {len(fidelities)} points in 0.97-1.03 (min {min(fidelities):.3f}, max "
+        f"{max(fidelities):.3f}); load average {load_before:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
+    )
 
 
 if __name__ == "__main__":

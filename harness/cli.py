@@ -10,7 +10,7 @@ import traceback
 import click
 
 from harness.commands_infra import cleanup, doctor, launch
-from harness.commands_profile import profile
+from harness.commands_profile import calibrate, profile
 from harness.commands_run import compare, report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
@@ -24,7 +24,18 @@ def cli() -> None:
     """Fault-injection benchmarking of pipeline-parallel training schedules."""
 
 
-for _command in (schedule, simulate_cmd, run, profile, report, compare, launch, doctor, cleanup):
+for _command in (
+    schedule,
+    simulate_cmd,
+    run,
+    profile,
+    calibrate,
+    report,
+    compare,
+    launch,
+    doctor,
+    cleanup,
+):
     cli.add_command(_command)
 
 

@@ -11,11 +11,20 @@ import click
 
 from harness.policies import POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.torch_csv import from_torch_csv
 
-__all__ = ["emit_json", "load_json", "read_text", "resolve", "schedule_options"]
+__all__ = [
+    "calibration_option",
+    "emit_json",
+    "load_host_costs",
+    "load_json",
+    "read_text",
+    "resolve",
+    "schedule_options",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -92,6 +101,20 @@ def schedule_options(func: F) -> F:
         help="Profile JSON file (DESIGN.md).",
     )(func)
     return func
+
+
+def calibration_option(func: F) -> F:
+    return click.option(
+        "--calibration",
+        "calibration_path",
+        type=click.Path(dir_okay=False),
+        help="This host's runtime costs (`adaptra-bench calibrate --out HOST.json`): the "
+        "direct and delegated models then predict a real run here.",
+    )(func)
+
+
+def load_host_costs(path: str | None) -> HostCosts:
+    return FREE if path is None else HostCosts.from_file(path)
 
 
 def emit_json(data: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ import click
 from harness.cli_common import emit_json
 from pipeline.errors import ConfigError
 
-__all__ = ["profile"]
+__all__ = ["calibrate", "profile"]
 
 
 @click.command()
@@ -62,4 +62,36 @@ def profile(
         f"{model} ({backend}) over {stages} stages: t_f {list(measured.t_f_ms)}, "
         f"t_b {list(measured.t_b_ms)}, t_w {list(measured.t_w_ms)} ms, "
         f"{measured.message_bytes} bytes per message; written to {out}"
+    )
+
+
+@click.command()
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="Where to write this host's costs (a calibration JSON for --calibration).",
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Per point."
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def calibrate(out: str, repeats: int, fmt: str) -> None:
+    """Measure what the worker runtime costs on this host (per-op overhead, a send's fixed
+    and per-MiB cost, the receive lag) with microbenchmarks of real worker processes, and
+    write them for `simulate`/`run --calibration`. Takes about 10 s; run it on an idle host."""
+    from harness.results import write_atomic
+    from pipeline.runtime.calibrate import measure_host_costs
+
+    costs = measure_host_costs(repeats, progress=lambda line: click.echo(line, err=True))
+    data = costs.to_dict()
+    write_atomic(Path(out), json.dumps(data, indent=1) + "\n")
+    if fmt == "json":
+        emit_json(data)
+        return
+    click.echo(
+        f"per op {costs.op_overhead_ms:.3f} ms, per send {costs.send_fixed_ms:.3f} ms + "
+        f"{costs.send_ms_per_mib:.3f} ms/MiB, receive lag {costs.receive_lag_ms:.3f} ms + "
+        f"{costs.receive_lag_ms_per_mib:.3f} ms/MiB; "
+        f"written to {out}"
     )

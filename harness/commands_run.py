@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json, load_json, resolve, schedule_options
+from harness.cli_common import (
+    calibration_option,
+    emit_json,
+    load_host_costs,
+    load_json,
+    resolve,
+    schedule_options,
+)
 from harness.experiment import (
     default_experiment,
     load_faults,
@@ -78,6 +85,7 @@ __all__ = ["compare", "report", "run"]
     type=click.Path(dir_okay=False),
     help="Gantt chart PNG of the last measured iteration.",
 )
+@calibration_option
 def run(
     profile_path: str | None,
     policy: str | None,
@@ -96,6 +104,7 @@ def run(
     trace: str | None,
     faults_path: str | None,
     plot: str | None,
+    calibration_path: str | None,
 ) -> None:
     """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
     --schedule the embedded default."""
@@ -105,6 +114,8 @@ def run(
                 "--backend megatron runs one configuration: give --profile (its stages and "
                 "microbatches) and --policy or --schedule"
             )
+        if calibration_path is not None:
+            raise ConfigError("an experiment takes its calibration from its spec's `calibration`")
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
@@ -121,6 +132,7 @@ def run(
         faults=load_faults(Path(faults_path)) if faults_path else None,
         injection=injection,
         model=model,
+        host=load_host_costs(calibration_path),
     )
     assert result.timeline is not None  # kept by default
     if trace:

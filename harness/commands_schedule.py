@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from harness.cli_common import emit_json, resolve, schedule_options
+from harness.cli_common import (
+    calibration_option,
+    emit_json,
+    load_host_costs,
+    resolve,
+    schedule_options,
+)
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode, simulate
@@ -60,6 +66,7 @@ def schedule(
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+@calibration_option
 def simulate_cmd(
     profile_path: str | None,
     policy: str | None,
@@ -69,10 +76,12 @@ def simulate_cmd(
     fmt: str,
     trace: str | None,
     plot: str | None,
+    calibration_path: str | None,
 ) -> None:
     """Simulate one iteration of a schedule and print its metrics."""
+    host = load_host_costs(calibration_path)
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
-    timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False)
+    timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False, host=host)
     metrics = compute_metrics(timeline)
     if trace:
         write_chrome_trace(timeline, trace)

@@ -41,6 +41,7 @@ from pipeline.cost_model import (
     resolve_model,
 )
 from pipeline.errors import ConfigError
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -177,6 +178,9 @@ class ExperimentSpec:
     backend: str = "sim"
     injection: str = "hook"
     """How an emulated run injects delays (harness.runner.INJECTIONS)."""
+    calibration: str | None = None
+    """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
+    calibrate`), relative to the spec file."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -200,6 +204,10 @@ class ExperimentSpec:
             )
         if not self.models:
             raise ConfigError("the spec names no model")
+        if self.calibration is not None:
+            if self.backend != "sim":
+                raise ConfigError("a calibration is for the sim backend")
+            self.host_costs()  # readable and valid
         if self.profile is not None and (
             len(self.models) != 1 or not isinstance(self.models[0], str)
         ):
@@ -227,6 +235,9 @@ class ExperimentSpec:
                     "profile of the model instead"
                 )
             self.scenarios(target)
+
+    def host_costs(self) -> HostCosts:
+        return FREE if self.calibration is None else HostCosts.from_file(self.calibration)
 
     def targets(self) -> list[Target]:
         if self.profile is not None:
@@ -289,8 +300,9 @@ class ExperimentSpec:
             values["link_sets"] = tuple(
                 tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
             )
-        if values.get("faults") is not None and base_dir is not None:
-            values["faults"] = str((base_dir / str(values["faults"])).resolve())
+        for key in ("faults", "calibration"):
+            if values.get(key) is not None and base_dir is not None:
+                values[key] = str((base_dir / str(values[key])).resolve())
         return cls(**values)
 
 
@@ -402,6 +414,7 @@ def run_experiment(
         for repeat in range(spec.num_repeats)
     ]
     planners: dict[tuple[str, str], Replan] = {}
+    host = spec.host_costs()
     todo = sum((t.label, system, sc.name, str(r)) not in done for t, system, sc, r in configs)
     started, num_run = time.monotonic(), 0
     for count, (target, system, scenario, repeat) in enumerate(configs, start=1):
@@ -426,6 +439,7 @@ def run_experiment(
             keep_timeline=False,
             injection=spec.injection,
             model=target.label if spec.backend == "megatron" else None,
+            host=host,
         )
         policy, comm_name = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
         common = {

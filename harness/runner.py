@@ -10,6 +10,7 @@ from collections.abc import Callable
 from injectors.fault_timeline import FaultTimeline
 from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
@@ -80,11 +81,13 @@ def run_configuration(
     keep_timeline: bool = True,
     injection: str = "hook",
     model: str | None = None,
+    host: HostCosts = FREE,
 ) -> RunResult:
     """Warm-up iterations come first; a fault timeline counts iterations from the first
     measured one, and its delays add to the profile's. With `replan`, every iteration runs
     what it returns for that iteration's profile instead of `schedule` over `comm`. `model`
-    names the megatron backend's GPT configuration (default: tiny); the others take none."""
+    names the megatron backend's GPT configuration (default: tiny); the others take none.
+    `host`: a host's runtime costs for the simulator (the sim backend only)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if model is not None and backend != "megatron":
@@ -93,6 +96,11 @@ def run_configuration(
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     if injection not in INJECTIONS:
         raise ConfigError(f"unknown injection {injection!r}; valid: {', '.join(INJECTIONS)}")
+    if host != FREE and backend != "sim":
+        raise ConfigError(
+            f"a calibration is for the simulator (backend sim); the {backend} runtime is "
+            "what it is calibrated on"
+        )
     if injection == "network" and backend == "sim":
         raise ConfigError("--inject network needs a runtime backend (emulated)")
     total = num_warmup_iterations + num_iterations
@@ -103,7 +111,7 @@ def run_configuration(
     if allreduce is not None and backend != "sim":
         raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     if backend == "sim":
-        parts = simulate_iterations(plans, allreduce=allreduce)
+        parts = simulate_iterations(plans, allreduce=allreduce, host=host)
     elif backend == "emulated":
         parts = _run_emulated(plans, injection)
     else:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from pipeline.allreduce import AllReduce
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule, validate_schedule
@@ -47,14 +48,24 @@ def simulate(
     start_ms: float = 0.0,
     validate: bool = True,
     allreduce: AllReduce | None = None,
+    host: HostCosts = FREE,
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms`. With `allreduce`,
     every DP replica runs the same pipeline (the profile's PP delays apply to each) and the
-    iteration ends with the step: each stage's all-reduce and optimizer."""
+    iteration ends with the step: each stage's all-reduce and optimizer. `host` adds a real
+    host's runtime costs to `direct` and `delegated` (not to `ideal`, the paper's model):
+    after each op its stage is busy `op_overhead_ms` more; a send holds its sender (direct)
+    or its delegate (delegated) `host.send_ms(bytes)`, and the message is there
+    `host.receive_lag_for_ms(bytes)` after the send returns."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     if validate:
         validate_schedule(schedule, num_stages, num_microbatches)
     comm = CommMode(comm)
+    if comm is CommMode.IDEAL:
+        host = FREE
+    op_overhead_ms = host.op_overhead_ms
+    send_ms = host.send_ms(profile.message_bytes)
+    lag_ms = host.receive_lag_for_ms(profile.message_bytes)
     durations = _durations(profile)
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
     copy_ms = profile.copy_ms() if comm is CommMode.DELEGATED else 0.0
@@ -102,7 +113,7 @@ def simulate(
                 start += copy_ms  # host-to-device copy of the received message
             end = start + durations[kind][stage_idx]
             op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end))
-            free = end
+            free = end + op_overhead_ms
             pos += 1
             if kind is OpKind.F and stage_idx < last:
                 link_idx, direction, dest, arrivals = stage_idx, 0, stage_idx + 1, fwd_arrival
@@ -114,19 +125,21 @@ def simulate(
                 send_end = end
                 arrival = end + transfer[link_idx]
             elif comm is CommMode.DIRECT:
-                send_end = arrival = end + transfer[link_idx]
+                send_end = end + transfer[link_idx] + send_ms
+                arrival = send_end + lag_ms
             else:
                 send_end = end + copy_ms
                 seq = num_sent[link_idx][direction]
                 num_sent[link_idx][direction] = seq + 1
                 if num_delegates is None:
-                    arrival = send_end + transfer[link_idx]
+                    arrival = send_end + transfer[link_idx] + send_ms
                 else:
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
-                    arrival = max(send_end, slots[slot]) + transfer[link_idx]
+                    arrival = max(send_end, slots[slot]) + transfer[link_idx] + send_ms
                     slots[slot] = arrival
-            free = send_end
+                arrival += lag_ms
+            free = max(free, send_end)
             arrivals[dest][m] = arrival
             messages.append(
                 MessageRecord(
@@ -165,7 +178,10 @@ def simulate(
 
 
 def simulate_iterations(
-    plans: Sequence[tuple[Schedule, Profile, CommMode]], *, allreduce: AllReduce | None = None
+    plans: Sequence[tuple[Schedule, Profile, CommMode]],
+    *,
+    allreduce: AllReduce | None = None,
+    host: HostCosts = FREE,
 ) -> list[Timeline]:
     """One iteration per (schedule, profile, comm), back to back: a controller may change any
     of them between iterations. Each schedule is validated once."""
@@ -181,6 +197,7 @@ def simulate_iterations(
             start_ms=start_ms,
             validate=id(schedule) not in validated,
             allreduce=allreduce,
+            host=host,
         )
         validated.add(id(schedule))
         parts.append(part)

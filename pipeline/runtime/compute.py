@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 import torch
@@ -10,6 +9,7 @@ import torch
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.config import IterationConfig, StepOutput
+from pipeline.runtime.sleep import PreciseSleep
 
 __all__ = ["ComputeBackend", "EmulatedCompute"]
 
@@ -50,6 +50,7 @@ class EmulatedCompute:
         self._stage = 0
         self.device = torch.device("cpu")
         self._payload = torch.empty(0, dtype=torch.uint8)
+        self._sleep = PreciseSleep()
 
     def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
         self._stage = stage
@@ -74,7 +75,7 @@ class EmulatedCompute:
             OpKind.W: profile.t_w_ms[stage],
             OpKind.BW: profile.t_b_ms[stage] + profile.t_w_ms[stage],
         }[kind]
-        time.sleep(duration_ms / 1000.0)  # no CPU used: many ranks fit on few cores
+        self._sleep(duration_ms / 1000.0)  # on time; idle but for its last ~0.3 ms
         if kind is OpKind.W:
             return None
         if self._payload.numel() != profile.message_bytes:

@@ -474,3 +474,40 @@ def test_a_bug_is_an_internal_error_with_a_log(
     with pytest.raises(SystemExit) as exited:
         main(["schedule", "--profile", profile, "--policy", "1f1b", "--colour", "red"])
     assert exited.value.code == 2  # a usage error
+
+
+@pytest.mark.multiprocess
+def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
+    """`calibrate` measures real worker processes (no timing is asserted: only that the
+    costs are there); `simulate`/`run --calibration` then add them to the direct model."""
+    host = tmp_path / "host.json"
+    out = cli("calibrate", "--out", str(host), "--repeats", "1", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    costs = json.loads(host.read_text())
+    assert costs == json.loads(out.stdout) and costs["schema_version"] == 1
+    names = ("send_fixed_ms", "send_ms_per_mib", "receive_lag_ms", "receive_lag_ms_per_mib")
+    assert all(costs[name] >= 0 for name in (*names, "op_overhead_ms"))
+    profile = str(write_profile(tmp_path, message_bytes=1 << 20))
+
+    def simulated_ms(*extra: str) -> float:
+        done = cli("simulate", "--profile", profile, "--policy", "1f1b", "--format", "json", *extra)
+        assert done.returncode == 0, done.stderr
+        return float(json.loads(done.stdout)["iteration_time_ms"])
+
+    free, calibrated = (
+        simulated_ms("--comm", "direct"),
+        simulated_ms("--comm", "direct", "--calibration", str(host)),
+    )
+    assert calibrated >= free == 450.0
+    assert simulated_ms("--calibration", str(host)) == 450.0  # ideal: the paper's model
+    ran = cli(
+        "run", "--profile", profile, "--policy", "1f1b", "--format", "json",
+        "--calibration", str(host),
+    )  # fmt: skip
+    assert ran.returncode == 0
+    assert json.loads(ran.stdout)["median_iteration_ms"] == pytest.approx(calibrated)
+    refused = cli(
+        "run", "--backend", "emulated", "--profile", profile, "--policy", "1f1b",
+        "--calibration", str(host),
+    )  # fmt: skip
+    assert refused.returncode == 1 and "a calibration is for the simulator" in refused.stderr

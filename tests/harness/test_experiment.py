@@ -110,6 +110,8 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"name": 7}, "the spec name must be a string"),
         ({"models": ("m\tx",)}, r"model name 'm\\tx' contains the control character"),
         ({"faults": "/tmp/a\nb.txt"}, r"fault timeline file name 'a\\nb' contains"),
+        ({"calibration": "/nonexistent/host.json"}, "cannot read calibration"),
+        ({"calibration": "h.json", "backend": "emulated"}, "calibration is for the sim backend"),
     ],
 )
 def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:

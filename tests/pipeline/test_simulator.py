@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -105,3 +106,46 @@ def test_iterations_run_back_to_back() -> None:
     # 1F1B's critical path crosses the slow link twice: F0 on its way down, BW1 on its way up.
     assert second.iteration_time_ms == 90.0 + 2 * 10
     assert timeline.iterations[1].start_ms == 90.0
+
+
+def test_host_costs_in_direct_mode() -> None:
+    """The two-stage case above with a host's costs: 0.5 ms between ops, a send of 1 MiB holds
+    its sender 1 + 2 ms, and the message is usable 0.25 + 0.25 ms after the send returns."""
+    profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,), message_bytes=1 << 20)
+    schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
+    host = HostCosts(
+        send_fixed_ms=1.0,
+        send_ms_per_mib=2.0,
+        receive_lag_ms=0.25,
+        receive_lag_ms_per_mib=0.25,
+        op_overhead_ms=0.5,
+    )
+    direct = simulate(schedule, profile, CommMode.DIRECT, host=host)
+    send = next(m for m in direct.messages if m.direction == "forward" and m.microbatch == 0)
+    assert (send.send_start_ms, send.send_end_ms, send.arrival_ms) == (10.0, 18.0, 18.5)
+    starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in direct.ops}
+    assert starts[(0, "F", 1)] == 18.0  # the send ended after the op's bookkeeping
+    assert starts[(1, "F", 0)] == 18.5
+    assert starts[(1, "BW", 0)] == 18.5 + 10 + 0.5  # F0's end, then the overhead
+    # ideal is the paper's model: a host changes nothing there
+    assert simulate(schedule, profile, CommMode.IDEAL, host=host) == simulate(
+        schedule, profile, CommMode.IDEAL
+    )
+
+
+@given(profiles(), st.sampled_from(BUILDERS), st.sampled_from(["direct", "delegated"]))
+def test_host_costs_only_ever_add_time(profile: Profile, build, comm: str) -> None:
+    schedule = build(profile)
+    host = HostCosts(
+        send_fixed_ms=0.2,
+        send_ms_per_mib=0.4,
+        receive_lag_ms=0.3,
+        receive_lag_ms_per_mib=0.1,
+        op_overhead_ms=0.05,
+    )
+    free = compute_metrics(simulate(schedule, profile, CommMode(comm)))
+    costly = compute_metrics(simulate(schedule, profile, CommMode(comm), host=host))
+    assert costly.iteration_time_ms >= free.iteration_time_ms
+    assert simulate(schedule, profile, CommMode(comm), host=FREE) == simulate(
+        schedule, profile, CommMode(comm)
+    )

@@ -1,0 +1,110 @@
+"""What the worker runtime costs on one host beyond a profile's op times: the calibration file.
+
+`adaptra-bench calibrate --out HOST.json` measures these costs with microbenchmarks of the
+real runtime (pipeline.runtime.calibrate); `simulate`, `run --backend sim` and specs take the
+file (`--calibration`, a spec's `calibration:`), so that the simulator's `direct` and
+`delegated` modes predict a real run on that host. Without one every cost is 0 (`FREE`): the
+paper's model, exactly.
+
+The file is a JSON object: `schema_version` (1), the five costs below in ms, and free-form
+`host` and `measured_at` strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+__all__ = ["FREE", "HOST_COSTS_SCHEMA_VERSION", "HostCosts"]
+
+HOST_COSTS_SCHEMA_VERSION = 1
+_COSTS = (
+    "send_fixed_ms",
+    "send_ms_per_mib",
+    "receive_lag_ms",
+    "receive_lag_ms_per_mib",
+    "op_overhead_ms",
+)
+_MIB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class HostCosts:
+    send_fixed_ms: float = 0.0
+    """A blocking send holds its sender this long per message (sizes aside)..."""
+    send_ms_per_mib: float = 0.0
+    """...plus this long per MiB of payload."""
+    receive_lag_ms: float = 0.0
+    """From a send's return to the start of the op that waited for the message (sizes
+    aside: the receiver still reads what the sender's socket took)..."""
+    receive_lag_ms_per_mib: float = 0.0
+    """...plus this long per MiB."""
+    op_overhead_ms: float = 0.0
+    """The runtime's own time between one op and the next on a stage (bookkeeping)."""
+    host: str = ""
+    measured_at: str = ""
+
+    def __post_init__(self) -> None:
+        for name in _COSTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{name} must be a number of ms, got {value!r}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name} must be finite and >= 0 ms, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    def send_ms(self, num_bytes: int) -> float:
+        """How long a blocking send of `num_bytes` holds its sender."""
+        return self.send_fixed_ms + self.send_ms_per_mib * num_bytes / _MIB
+
+    def receive_lag_for_ms(self, num_bytes: int) -> float:
+        """From a send's return until the message can be used, when the receiver waits."""
+        return self.receive_lag_ms + self.receive_lag_ms_per_mib * num_bytes / _MIB
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": HOST_COSTS_SCHEMA_VERSION, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> HostCosts:
+        if not isinstance(data, dict):
+            raise ConfigError("a calibration is a JSON object of costs in ms")
+        values = dict(data)
+        version = values.pop("schema_version", None)
+        if version != HOST_COSTS_SCHEMA_VERSION:
+            raise ConfigError(
+                f"calibration schema_version {version!r} is not supported "
+                f"(expected {HOST_COSTS_SCHEMA_VERSION}; run `adaptra-bench calibrate` again)"
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        missing = [name for name in _COSTS if name not in values]
+        if unknown or missing:
+            raise ConfigError(
+                f"calibration: unknown key(s) {unknown or 'none'}, missing {missing or 'none'}; "
+                f"keys: schema_version, {', '.join(sorted(fields))}"
+            )
+        for name in ("host", "measured_at"):
+            values[name] = str(values.get(name, ""))
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HostCosts:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as err:
+            raise ConfigError(f"cannot read calibration {path}: {err.strerror}") from err
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"calibration {path} is not valid JSON: {err}") from err
+        try:
+            return cls.from_dict(data)
+        except ConfigError as err:
+            raise ConfigError(f"calibration {path}: {err}") from err
+
+
+FREE = HostCosts()
+"""No costs: the simulator's plain model."""
