@@ -11,6 +11,7 @@ import click
 
 from harness.policies import POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
+from pipeline.files import read_json
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
@@ -20,7 +21,6 @@ __all__ = [
     "calibration_option",
     "emit_json",
     "load_host_costs",
-    "load_json",
     "read_text",
     "resolve",
     "schedule_options",
@@ -36,18 +36,11 @@ def read_text(path: str, what: str) -> str:
         raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
 
 
-def load_json(path: str, what: str) -> Any:
-    try:
-        return json.loads(read_text(path, what))
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
-
-
 def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
     """A schedule file (JSON with `stages`, or a torch CSV) and the profile it embeds, if any."""
     if path.endswith(".csv"):
         return from_torch_csv(read_text(path, "schedule")), None
-    data = load_json(path, "schedule")
+    data = read_json(path, "schedule")
     embedded = data.get("profile") if isinstance(data, dict) else None
     return Schedule.from_dict(data), embedded if isinstance(embedded, dict) else None
 

@@ -10,7 +10,6 @@ from harness.cli_common import (
     calibration_option,
     emit_json,
     load_host_costs,
-    load_json,
     resolve,
     schedule_options,
 )
@@ -24,6 +23,7 @@ from harness.experiment import (
 from harness.names import check_run_name
 from harness.runner import BACKENDS, INJECTIONS, run_configuration
 from pipeline.errors import ConfigError
+from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 from pipeline.timeline import Timeline
 from pipeline.trace import write_chrome_trace
@@ -214,7 +214,7 @@ def report(run_dir: str) -> None:
     from harness.results import read_csv_rows
 
     path = Path(run_dir)
-    spec_data = load_json(str(path / "spec.json"), "spec")
+    spec_data = read_json(path / "spec.json", "spec")
     spec = ExperimentSpec.from_dict(spec_data.get("spec") if isinstance(spec_data, dict) else None)
     runs = read_csv_rows(path / "runs.csv")
     if not runs:

@@ -13,12 +13,12 @@ The file is a JSON object: `schema_version` (1), the five costs below in ms, and
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.files import read_json
 
 __all__ = ["FREE", "HOST_COSTS_SCHEMA_VERSION", "HostCosts"]
 
@@ -94,12 +94,7 @@ class HostCosts:
 
     @classmethod
     def from_file(cls, path: str | Path) -> HostCosts:
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as err:
-            raise ConfigError(f"cannot read calibration {path}: {err.strerror}") from err
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"calibration {path} is not valid JSON: {err}") from err
+        data = read_json(path, "calibration")
         try:
             return cls.from_dict(data)
         except ConfigError as err:

@@ -7,13 +7,13 @@ described in DESIGN.md ("External contracts").
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.files import read_json
 
 __all__ = ["Profile", "link_name"]
 
@@ -179,14 +179,7 @@ class Profile:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Profile:
-        try:
-            text = Path(path).read_text()
-        except OSError as err:
-            raise ConfigError(f"cannot read profile {path}: {err.strerror}") from err
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"profile {path} is not valid JSON: {err}") from err
+        data = read_json(path, "profile")
         try:
             return cls.from_dict(data)
         except ConfigError as err:
