@@ -75,15 +75,22 @@ def profile(
 @click.option(
     "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Per point."
 )
+@click.option(
+    "--stages",
+    type=click.IntRange(min=2),
+    default=4,
+    show_default=True,
+    help="Workers passing messages: as many as the runs to predict.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def calibrate(out: str, repeats: int, fmt: str) -> None:
+def calibrate(out: str, repeats: int, stages: int, fmt: str) -> None:
     """Measure what the worker runtime costs on this host (per-op overhead, a send's fixed
     and per-MiB cost, the receive lag) with microbenchmarks of real worker processes, and
     write them for `simulate`/`run --calibration`. Takes about 10 s; run it on an idle host."""
     from harness.results import write_atomic
     from pipeline.runtime.calibrate import measure_host_costs
 
-    costs = measure_host_costs(repeats, progress=lambda line: click.echo(line, err=True))
+    costs = measure_host_costs(repeats, stages, progress=lambda line: click.echo(line, err=True))
     data = costs.to_dict()
     write_atomic(Path(out), json.dumps(data, indent=1) + "\n")
     if fmt == "json":

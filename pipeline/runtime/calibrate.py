@@ -3,9 +3,9 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
 
 - per-op overhead: one stage running 2 ms ops back to back (no messages): the time between
   consecutive op starts beyond the ops' own durations;
-- send cost: two stages passing messages of 0, 1/4, 1, 4 and 8 MiB: how long each blocking
-  send holds its sender, fitted as a fixed cost plus a cost per MiB (least squares on the
-  medians);
+- send cost: `num_stages` stages passing messages of 0, 1/4, 1, 4 and 8 MiB in GPipe's
+  order (all forwards, then all backwards; 1 ms ops): how long each blocking send holds its
+  sender, fitted as a fixed cost plus a cost per MiB (Theil-Sen on the medians);
 - receive lag: in the same runs, from a send's return to the start of the op that was
   waiting for it (only ops whose stage was idle when the send returned), fitted alike.
 """
@@ -30,12 +30,11 @@ SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 _MIB = 1 << 20
 
 
-def _one_f_one_b_two_stages(num_microbatches: int) -> Schedule:
-    """1F1B on two stages (written out: the runtime layer imports no baseline)."""
-    n = num_microbatches
-    first = ["F0", *(op for m in range(1, n) for op in (f"F{m}", f"BW{m - 1}")), f"BW{n - 1}"]
-    last = [op for m in range(n) for op in (f"F{m}", f"BW{m}")]
-    return Schedule.from_dict({"stages": [first, last]})
+def _gpipe(num_stages: int, num_microbatches: int) -> Schedule:
+    """Every forward, then every backward (GPipe's order, which no judged schedule uses):
+    while the forwards flow, every link carries a message at once, as in a busy pipeline."""
+    ops = [f"F{m}" for m in range(num_microbatches)] + [f"BW{m}" for m in range(num_microbatches)]
+    return Schedule.from_dict({"stages": [ops] * num_stages})
 
 
 def _runs(
@@ -60,13 +59,11 @@ def _op_overhead_ms(timelines: list[Timeline], op_ms: float) -> float:
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares y = a + b x, both clamped at 0 (costs)."""
-    xs, ys = [x for x, _ in points], [y for _, y in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / spread if spread else 0.0
-    slope = max(slope, 0.0)
-    return max(mean_y - slope * mean_x, 0.0), slope
+    """y = a + b x by Theil-Sen (the median of the pairwise slopes, then the median
+    intercept): one noisy point does not move it. Both clamped at 0 (they are costs)."""
+    slopes = [(y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in itertools.combinations(points, 2)]
+    slope = max(statistics.median(slopes), 0.0)
+    return max(statistics.median(y - slope * x for x, y in points), 0.0), slope
 
 
 def _receive_lags_ms(timeline: Timeline) -> list[float]:
@@ -88,9 +85,13 @@ def _receive_lags_ms(timeline: Timeline) -> list[float]:
 
 
 def measure_host_costs(
-    repeats: int = 3, progress: Callable[[str], None] = lambda line: None
+    repeats: int = 3,
+    num_stages: int = 4,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> HostCosts:
-    """About 10 s: two pools (1 and 2 workers), `repeats` measured iterations per point."""
+    """About 15 s: two pools (1 and `num_stages` workers: as many as the runs to predict,
+    since concurrent transfers share the host's cores), `repeats` measured iterations per
+    point."""
     counter = [0]
     op_ms = 2.0
     with WorkerPool(1) as pool:
@@ -102,18 +103,20 @@ def measure_host_costs(
     sends: list[tuple[float, float]] = []
     lags: list[tuple[float, float]] = []
     counter = [0]
-    with WorkerPool(2) as pool:
-        schedule = _one_f_one_b_two_stages(8)
+    with WorkerPool(num_stages) as pool:
+        schedule = _gpipe(num_stages, 8)
         for num_bytes in SEND_SIZES:
-            profile = Profile.uniform(2, 8, 1.0, 0.5, 0.5, message_bytes=num_bytes)
+            profile = Profile.uniform(num_stages, 8, 1.0, 0.5, 0.5, message_bytes=num_bytes)
             timelines = _runs(pool, schedule, profile, repeats, counter)
             durations = [m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages]
             sends.append((num_bytes / _MIB, statistics.median(durations)))
             waited = [lag for t in timelines for lag in _receive_lags_ms(t)]
-            lags.append((num_bytes / _MIB, statistics.median(waited)))
-            progress(f"{num_bytes} B: send {sends[-1][1]:.3f} ms, receive lag {lags[-1][1]:.3f} ms")
+            lag_ms = statistics.median(waited) if waited else 0.0
+            if waited:
+                lags.append((num_bytes / _MIB, lag_ms))
+            progress(f"{num_bytes} B: send {sends[-1][1]:.3f} ms, receive lag {lag_ms:.3f} ms")
     send_fixed_ms, send_ms_per_mib = _fit_line(sends)
-    receive_lag_ms, receive_lag_ms_per_mib = _fit_line(lags)
+    receive_lag_ms, receive_lag_ms_per_mib = _fit_line(lags) if len(lags) > 1 else (0.0, 0.0)
     return HostCosts(
         send_fixed_ms=send_fixed_ms,
         send_ms_per_mib=send_ms_per_mib,
