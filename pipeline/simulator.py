@@ -7,10 +7,13 @@ O(number of ops). The three communication modes are those of DESIGN.md.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
 from pipeline.allreduce import AllReduce
+from pipeline.errors import ScheduleError
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile, link_name
@@ -39,6 +42,22 @@ def _durations(profile: Profile) -> dict[OpKind, tuple[float, ...]]:
     }
 
 
+_DIRECTIONS = ("forward", "backward")
+
+
+def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
+    """The messages' records, once every one sent has been taken in by an op (a schedule that
+    was not validated could leave one behind)."""
+    for fields in messages:
+        if fields[8] is None:
+            raise ScheduleError(
+                f"no op takes in the {fields[2]} message of microbatch {fields[3]} on link "
+                f"{fields[1]} (a schedule that was not validated)"
+            )
+    # What MessageRecord._make does (every field is there), without a Python call per message.
+    return tuple(map(functools.partial(tuple.__new__, MessageRecord), messages))
+
+
 def simulate(
     schedule: Schedule,
     profile: Profile,
@@ -58,6 +77,7 @@ def simulate(
     or its delegate (delegated) `host.send_ms(bytes)`, and the message is there
     `host.receive_lag_for_ms(bytes)` after the send returns."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
+    message_bytes = profile.message_bytes
     if validate:
         validate_schedule(schedule, num_stages, num_microbatches)
     comm = CommMode(comm)
@@ -80,10 +100,15 @@ def simulate(
     bwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
     for m in range(num_microbatches):
         fwd_arrival[0][m] = start_ms
+    # in_flight[direction][i][m]: the fields of the message of m to stage i (0 fwd, 1 bwd),
+    # from its send on; the op that takes it in fills in `needed_ms`.
+    in_flight: list[list[list[list[Any]]]] = [
+        [[[]] * num_microbatches for _ in range(num_stages)] for _ in range(2)
+    ]
     free_at = [start_ms] * num_stages
     position = [0] * num_stages
     op_records: list[OpRecord] = []
-    messages: list[MessageRecord] = []
+    messages: list[list[Any]] = []
     pending = list(range(num_stages - 1, -1, -1))
     while pending:
         stage_idx = pending.pop()
@@ -109,8 +134,10 @@ def simulate(
             if ready is None:
                 break
             start = max(free, ready)
-            if remote and copy_ms:
-                start += copy_ms  # host-to-device copy of the received message
+            if remote:
+                # The stage asked for the message at `free` (it arrived at `ready`).
+                in_flight[0 if kind is OpKind.F else 1][stage_idx][m][8] = free
+                start += copy_ms  # host-to-device copy of the received message (delegated)
             end = start + durations[kind][stage_idx]
             op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end))
             free = end + op_overhead_ms
@@ -141,28 +168,31 @@ def simulate(
                 arrival += lag_ms
             free = max(free, send_end)
             arrivals[dest][m] = arrival
-            messages.append(
-                MessageRecord(
-                    iteration,
-                    links[link_idx],
-                    "backward" if direction else "forward",
-                    m,
-                    profile.message_bytes,
-                    end,
-                    send_end,
-                    arrival,
-                )
-            )
+            fields = [
+                iteration,
+                links[link_idx],
+                _DIRECTIONS[direction],
+                m,
+                message_bytes,
+                end,
+                send_end,
+                arrival,
+                None,  # needed_ms, from the op that takes it in
+                0,  # replica
+            ]
+            in_flight[direction][dest][m] = fields
+            messages.append(fields)
             notify.append(dest)
         free_at[stage_idx] = free
         position[stage_idx] = pos
         pending.extend(notify)
     end_ms = max((r.end_ms for r in op_records), default=start_ms)
+    records = _records(messages)
     if allreduce is None:
         return Timeline(
             num_stages=num_stages,
             ops=tuple(op_records),
-            messages=tuple(messages),
+            messages=records,
             iterations=(IterationRecord(iteration, start_ms, end_ms),),
         )
     step_end_ms = allreduce.step_end_ms(free_at)
@@ -171,8 +201,8 @@ def simulate(
         num_stages=num_stages,
         ops=tuple(op_records)
         + tuple(OpRecord(*r[:-1], k) for k in range(1, num_replicas) for r in op_records),
-        messages=tuple(messages)
-        + tuple(MessageRecord(*r[:-1], k) for k in range(1, num_replicas) for r in messages),
+        messages=records
+        + tuple(MessageRecord(*r[:-1], k) for k in range(1, num_replicas) for r in records),
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
     )
 

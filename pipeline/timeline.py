@@ -21,7 +21,9 @@ __all__ = [
     "Timeline",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2: messages gained `needed_ms`, and the runtime's `arrival_ms` is the true arrival (in 1 it
+was when the consumer's wait returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -36,7 +38,21 @@ class OpRecord(NamedTuple):
 
 
 class MessageRecord(NamedTuple):
-    """One message on a PP link: `send_end_ms` is when the sending stage is free again."""
+    """One message on a PP link, from its send to the op that takes it in.
+
+    - `send_start_ms`: the sending stage starts the send (a fault hook's delay is inside it);
+      `send_end_ms`: the sending stage is free again.
+    - `arrival_ms`: the whole message is at the receiving stage. The runtime's receiver thread
+      stamps it as the receive completes (late by the stamp's resolution: receiver.py,
+      BENCHMARKS.md); it can come a little before `send_end_ms`, as a sender is free again
+      only after its data has gone.
+    - `needed_ms`: the op that takes it in asked for it: its stage had finished everything
+      before that op in its order (sends included). The op starts at max(arrival, needed)
+      (plus the copy to the device under delegated), so the stage waited on the message
+      max(0, arrival - needed) and the message waited on its consumer max(0, needed -
+      arrival). Both times are read on the receiver's clock: their difference holds across
+      hosts too.
+    """
 
     iteration: int
     link: str
@@ -46,6 +62,7 @@ class MessageRecord(NamedTuple):
     send_start_ms: float
     send_end_ms: float
     arrival_ms: float
+    needed_ms: float
     replica: int = 0
 
 
@@ -81,11 +98,15 @@ class Timeline:
             raise ConfigError(
                 f"timeline schema version {version!r} is not supported (expected {SCHEMA_VERSION})"
             )
+        ops, messages, iterations = data["ops"], data["messages"], data["iterations"]
+        _check_rows("ops", ops, OpRecord._fields)
+        _check_rows("messages", messages, MessageRecord._fields)
+        _check_rows("iterations", iterations, IterationRecord._fields)
         return cls(
             num_stages=data["num_stages"],
-            ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in data["ops"]),
-            messages=tuple(MessageRecord(*r) for r in data["messages"]),
-            iterations=tuple(IterationRecord(*r) for r in data["iterations"]),
+            ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
+            messages=tuple(MessageRecord(*r) for r in messages),
+            iterations=tuple(IterationRecord(*r) for r in iterations),
         )
 
     @classmethod
@@ -99,3 +120,13 @@ class Timeline:
             messages=tuple(r for part in parts for r in part.messages),
             iterations=tuple(r for part in parts for r in part.iterations),
         )
+
+
+def _check_rows(name: str, rows: Any, fields: tuple[str, ...]) -> None:
+    """Every row holds all of a record's fields, in order (as `to_dict` writes them)."""
+    for index, row in enumerate(rows):
+        if not isinstance(row, list | tuple) or len(row) != len(fields):
+            raise ConfigError(
+                f"timeline {name}[{index}] must be a list of the {len(fields)} fields "
+                f"{', '.join(fields)}; got {row!r}"
+            )

@@ -1,4 +1,10 @@
-"""Chrome/Perfetto trace export of a timeline (Trace Event Format, JSON)."""
+"""Chrome/Perfetto trace export of a timeline (Trace Event Format, JSON).
+
+Ops are slices on their stage's track. Each message is a slice on its link direction's track
+from its send's start to its arrival, and an instant event when its consumer asked for it
+(`MessageRecord.needed_ms`): an instant after the slice's end marks a message that waited for
+its consumer, one before it a consumer that waited for the message.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.timeline import Timeline
+from pipeline.timeline import MessageRecord, Timeline
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
 
@@ -18,8 +24,8 @@ def _us(ms: float) -> float:
 
 
 def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
-    """One track per stage and replica (ops) and one per link direction (messages in
-    flight); replica 0 keeps the plain names ("stage 2", "2-3 forward")."""
+    """One track per stage and replica (ops) and one per link direction (messages); replica
+    0 keeps the plain names ("stage 2", "2-3 forward")."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
@@ -64,24 +70,43 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
                     "args": {"name": track},
                 }
             )
-        events.append(
-            {
-                "ph": "X",
-                "pid": _LINKS_PID,
-                "tid": tracks[track],
-                "name": f"m{msg.microbatch}",
-                "cat": msg.direction,
-                "ts": _us(msg.send_start_ms),
-                "dur": _us(msg.arrival_ms - msg.send_start_ms),
-                "args": {
-                    "iteration": msg.iteration,
-                    "bytes": msg.num_bytes,
-                    "send_end_ms": msg.send_end_ms,
-                },
-            }
-        )
+        events += _message_events(msg, tracks[track])
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 def write_chrome_trace(timeline: Timeline, path: str | Path) -> None:
     Path(path).write_text(json.dumps(to_chrome_trace(timeline)))
+
+
+def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:
+    """A message on its link's track: a slice "m3" from its send's start to its arrival, and
+    an instant "m3 needed" when the op that takes it in asked for it."""
+    args = {
+        "iteration": msg.iteration,
+        "bytes": msg.num_bytes,
+        "send_end_ms": msg.send_end_ms,
+        "arrival_ms": msg.arrival_ms,
+        "needed_ms": msg.needed_ms,
+    }
+    in_flight = {
+        "ph": "X",
+        "pid": _LINKS_PID,
+        "tid": tid,
+        "name": f"m{msg.microbatch}",
+        "cat": msg.direction,
+        "ts": _us(msg.send_start_ms),
+        # Never negative, even where two hosts' clocks disagree (torchrun).
+        "dur": _us(max(msg.arrival_ms - msg.send_start_ms, 0.0)),
+        "args": args,
+    }
+    needed = {
+        "ph": "i",
+        "s": "t",
+        "pid": _LINKS_PID,
+        "tid": tid,
+        "name": f"m{msg.microbatch} needed",
+        "cat": msg.direction,
+        "ts": _us(msg.needed_ms),
+        "args": args,
+    }
+    return [in_flight, needed]

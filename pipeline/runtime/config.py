@@ -63,8 +63,9 @@ class RankResult:
     """(kind, microbatch, start, end)."""
     sends: list[tuple[str, str, int, int, float, float]]
     """(link, direction, microbatch, bytes, send start, send end)."""
-    receives: list[tuple[str, str, int, float | None]]
-    """(link, direction, microbatch, when a wait for it returned; None if already there)."""
+    receives: list[tuple[str, str, int, float, float]]
+    """(link, direction, microbatch, arrived, needed) per message an op took in: when the
+    receiver thread saw it arrive, and when the op began to wait for it (receiver.py)."""
     step_start: float
     step_end: float
     bytes_sent: int

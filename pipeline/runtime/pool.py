@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
-from pipeline.errors import AdaptraBenchError
+from pipeline.errors import AdaptraBenchError, ScheduleError
 from pipeline.ops import OpKind
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -219,7 +219,7 @@ def assemble_timeline(
     num_stages: int, iteration: int, origin: float, start_at: float, results: list[RankResult]
 ) -> Timeline:
     """One iteration's timeline from every rank's records; times in ms from `origin`, the
-    iteration starting at `start_at`."""
+    iteration starting at `start_at`. Every message sent must have been taken in by an op."""
 
     def ms(t: float) -> float:
         return (t - origin) * 1000.0
@@ -229,15 +229,33 @@ def assemble_timeline(
         for r in results
         for kind, m, a, b in r.ops
     ]
-    seen = {(r.replica, link, d, m): t for r in results for link, d, m, t in r.receives}
+    taken = {
+        (r.replica, link, d, m): (arrived, needed)
+        for r in results
+        for link, d, m, arrived, needed in r.receives
+    }
     messages = []
     for r in results:
         for link, direction, m, num_bytes, a, b in r.sends:
-            arrival = seen.get((r.replica, link, direction, m))
-            end = ms(b if arrival is None else max(arrival, b))
+            times = taken.get((r.replica, link, direction, m))
+            if times is None:
+                raise ScheduleError(
+                    f"iteration {iteration}: no op took in the {direction} message of "
+                    f"microbatch {m} on link {link} (replica {r.replica}): the schedule is invalid"
+                )
+            arrived, needed = times
             messages.append(
                 MessageRecord(
-                    iteration, link, direction, m, num_bytes, ms(a), ms(b), end, r.replica
+                    iteration,
+                    link,
+                    direction,
+                    m,
+                    num_bytes,
+                    ms(a),
+                    ms(b),
+                    ms(arrived),
+                    ms(needed),
+                    r.replica,
                 )
             )
     end = max((rec.end_ms for rec in ops), default=ms(start_at))

@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from pipeline.profile import Profile
@@ -26,7 +25,7 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.pool import assemble_timeline
-from pipeline.runtime.worker import join
+from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
 
@@ -67,7 +66,7 @@ def _shift(result: RankResult, delta: float) -> RankResult:
         result,
         ops=[(k, m, a + delta, b + delta) for k, m, a, b in result.ops],
         sends=[(li, d, m, n, a + delta, b + delta) for li, d, m, n, a, b in result.sends],
-        receives=[(li, d, m, None if t is None else t + delta) for li, d, m, t in result.receives],
+        receives=[(li, d, m, a + delta, n + delta) for li, d, m, a, n in result.receives],
         step_start=result.step_start + delta,
         step_end=result.step_end + delta,
     )
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = Profile.from_file(args.profile)
     schedule = Schedule.from_dict(json.loads(args.schedule.read_text()))
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
-    torch.set_num_threads(1)
+    configure_threads()
     rank = int(os.environ["RANK"])
     compute: ComputeBackend = EmulatedCompute()
     if args.compute == "megatron":

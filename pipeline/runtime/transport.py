@@ -3,14 +3,15 @@
 A message is tagged with its iteration, kind (activation or gradient), microbatch and a
 sequence number. `direct` is the GPU-direct path: the send runs on the compute thread (so it
 blocks the next op: head-of-line blocking), and the iteration's receives are posted up front,
-since blocking sends with late receives deadlock under gloo (ENVIRONMENT.md).
+since blocking sends with late receives deadlock under gloo (ENVIRONMENT.md). Who waits on a
+posted receive, and when, is the receiver's business (receiver.py): gloo only marks a receive
+complete inside a `wait()` on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 from typing import Protocol
 
 import torch
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from pipeline.runtime.hooks import FaultHook
 
-__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport"]
+__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport", "describe"]
 
 ACTIVATION, GRADIENT = 0, 1
 
@@ -38,10 +39,16 @@ class Message:
         return 2 * self.microbatch + self.kind
 
 
+def describe(peer: int, kind: int, microbatch: int) -> str:
+    """A message in words, for errors: "the gradient of microbatch 3 from rank 2"."""
+    what = "activation" if kind == ACTIVATION else "gradient"
+    return f"the {what} of microbatch {microbatch} from rank {peer}"
+
+
 class PendingReceive(Protocol):
-    def wait(self, timeout_s: float) -> float | None:
-        """Block until the message is here: when a wait saw it arrive (monotonic s), or None
-        if it was already there."""
+    def wait(self, timeout_s: float) -> None:
+        """Block until the message is in its buffer; TimeoutError if it is not within
+        `timeout_s` or the link failed."""
         ...
 
 
@@ -56,14 +63,11 @@ class _GlooReceive:
         self._work = work
         self._what = what
 
-    def wait(self, timeout_s: float) -> float | None:
-        if self._work.is_completed():
-            return None
+    def wait(self, timeout_s: float) -> None:
         try:
             self._work.wait(dt.timedelta(seconds=timeout_s))
         except RuntimeError as err:
             raise TimeoutError(f"waiting for {self._what} failed: {err}") from err
-        return time.monotonic()
 
 
 class DirectTransport:
@@ -77,8 +81,7 @@ class DirectTransport:
         work = dist.irecv(buffer, src=peer, tag=message.tag)
         if work is None:
             raise RuntimeError(f"irecv from rank {peer} returned no handle")
-        kind = "activation" if message.kind == ACTIVATION else "gradient"
-        return _GlooReceive(work, f"the {kind} of microbatch {message.microbatch} from rank {peer}")
+        return _GlooReceive(work, describe(peer, message.kind, message.microbatch))
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> None:
         direction = "forward" if message.kind == ACTIVATION else "backward"

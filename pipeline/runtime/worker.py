@@ -1,29 +1,82 @@
-"""The worker process: joins the process group once, then runs iterations on command."""
+"""The worker process: joins the process group once, then runs iterations on command.
+
+Each iteration a worker posts a receive for every message its neighbours will send it, starts
+a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
+in order on this, the compute thread: take the op's message, compute, send the result.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
+import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 import torch
 import torch.distributed as dist
 
-from pipeline.ops import OpKind
+from pipeline.ops import Op, OpKind
 from pipeline.profile import link_name
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.hooks import FixedDelayHook
-from pipeline.runtime.transport import (
-    ACTIVATION,
-    GRADIENT,
-    DirectTransport,
-    Message,
-    PendingReceive,
-)
+from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.transport import ACTIVATION, GRADIENT, DirectTransport, Message
 
-__all__ = ["join", "worker_main"]
+__all__ = ["SWITCH_INTERVAL_S", "configure_threads", "join", "worker_main"]
+
+SWITCH_INTERVAL_S = 0.0005
+"""A worker's GIL switch interval (Python's default: 5 ms). A receiver thread that must stamp
+an arrival while the compute thread runs Python waits about this long for the GIL; it costs
+the compute thread nothing while no other thread asks for the GIL (BENCHMARKS.md)."""
+
+
+FAILURE_JOIN_S = 0.1
+"""How long a failed iteration waits for its receiver threads to end (one whose error failed it
+already has)."""
+
+_MESSAGE_KIND = {OpKind.F: ACTIVATION, OpKind.B: GRADIENT, OpKind.BW: GRADIENT}
+"""What an op takes in and sends on: F an activation (from upstream, on downstream), B and BW a
+gradient (from downstream, on upstream); W neither."""
+
+_DIRECTION = {ACTIVATION: "forward", GRADIENT: "backward"}
+
+
+def _sent_microbatches(ops: Sequence[Op], msg_kind: int) -> list[int]:
+    """The microbatches whose `msg_kind` messages a stage running `ops` sends, in order."""
+    return [op.microbatch for op in ops if _MESSAGE_KIND.get(op.kind) == msg_kind]
+
+
+def _prefixed(err: Exception, where: str) -> Exception:
+    """`err` again with `where` (e.g. the op that waited) in front of its message; its type
+    kept where that type is built from one message."""
+    try:
+        return type(err)(f"{where}: {err}")
+    except Exception:
+        return RuntimeError(f"{where}: {type(err).__name__}: {err}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Inbound:
+    """One neighbour's messages of one iteration: their link and direction, the thread
+    receiving them, and their buffers by microbatch."""
+
+    link: str
+    direction: str
+    receiver: Receiver
+    buffers: dict[int, torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Records:
+    """A rank's records of its ops, in `RankResult`'s forms."""
+
+    ops: list[tuple[str, int, float, float]] = dataclasses.field(default_factory=list)
+    sends: list[tuple[str, str, int, int, float, float]] = dataclasses.field(default_factory=list)
+    receives: list[tuple[str, str, int, float, float]] = dataclasses.field(default_factory=list)
 
 
 class _Worker:
@@ -46,62 +99,26 @@ class _Worker:
         self.down = (rank + 1, link_name(stage)) if stage < num_stages - 1 else None
 
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
-        profile, it = config.profile, config.iteration
+        profile = config.profile
         hook = config.fault_hook or FixedDelayHook(
             {link_name(i): d for i, d in enumerate(profile.delay_ms)}
         )
         transport = DirectTransport(hook)
-        buffers: dict[tuple[int, int], torch.Tensor] = {}
-        pending: dict[tuple[int, int], PendingReceive] = {}
-        for msg_kind, neighbour in ((ACTIVATION, self.up), (GRADIENT, self.down)):
-            if neighbour is None:
-                continue
-            for m in range(profile.num_microbatches):
-                buffers[msg_kind, m] = self.compute.message_buffer(profile)
-                pending[msg_kind, m] = transport.post_receive(
-                    neighbour[0], Message(it, msg_kind, m, m), buffers[msg_kind, m]
-                )
-        ops: list[tuple[str, int, float, float]] = []
-        sends: list[tuple[str, str, int, int, float, float]] = []
-        receives: list[tuple[str, str, int, float | None]] = []
-        num_sent = {ACTIVATION: 0, GRADIENT: 0}
-        self.compute.begin_iteration(config)
-        _sleep_until(start_at)
-        for op in config.schedule.stages[self.stage]:
-            kind, m = op.kind, op.microbatch
-            backward = kind is OpKind.B or kind is OpKind.BW
-            source = (ACTIVATION, self.up) if kind is OpKind.F else (GRADIENT, self.down)
-            inputs = None
-            if (kind is OpKind.F or backward) and source[1] is not None:
-                try:
-                    seen = pending.pop((source[0], m)).wait(self.timeout_s)
-                except TimeoutError as err:
-                    raise TimeoutError(f"op {op}: {err}") from err
-                direction = "forward" if source[0] == ACTIVATION else "backward"
-                receives.append((source[1][1], direction, m, seen))
-                inputs = buffers[source[0], m]
-            start = time.monotonic()
-            output = self.compute.run(kind, m, inputs, profile)
-            ops.append((kind.value, m, start, time.monotonic()))
-            target = (ACTIVATION, self.down) if kind is OpKind.F else (GRADIENT, self.up)
-            if output is None or not (kind is OpKind.F or backward) or target[1] is None:
-                continue
-            (peer, link), msg_kind = target[1], target[0]
-            message = Message(it, msg_kind, m, num_sent[msg_kind])
-            num_sent[msg_kind] += 1
-            send_start = time.monotonic()
-            transport.send(peer, link, message, output)
-            direction = "forward" if msg_kind == ACTIVATION else "backward"
-            sends.append(
-                (
-                    link,
-                    direction,
-                    m,
-                    output.numel() * output.element_size(),
-                    send_start,
-                    time.monotonic(),
-                )
-            )
+        inbound = self._post_receives(config, transport)
+        try:
+            for inbox in inbound.values():
+                inbox.receiver.start()
+            self.compute.begin_iteration(config)
+            _sleep_until(start_at)
+            records = self._run_ops(config, transport, inbound)
+            self._finish_receivers(inbound)
+        except BaseException:
+            # A failed iteration ends the worker (worker_main reports it and returns). A thread
+            # still inside a wait on a silent peer is a daemon and ends with the process:
+            # waiting for it would only hold the report back, up to the timeout.
+            for inbox in inbound.values():
+                inbox.receiver.stop(FAILURE_JOIN_S)
+            raise
         step_start = time.monotonic()
         if self.dp_group is not None and config.allreduce_bytes > 0:
             grads = torch.ones(max(config.allreduce_bytes // 4, 1), device=self.compute.device)
@@ -112,14 +129,95 @@ class _Worker:
             self.stage,
             self.replica,
             os.getpid(),
-            ops,
-            sends,
-            receives,
+            records.ops,
+            records.sends,
+            records.receives,
             step_start,
             time.monotonic(),
             transport.bytes_sent,
             step_output,
         )
+
+    def _post_receives(
+        self, config: IterationConfig, transport: DirectTransport
+    ) -> dict[int, _Inbound]:
+        """Post a receive for every message a neighbour will send this iteration, in its send
+        order, each with a receiver thread (not started) per neighbour; by message kind."""
+        inbound = {}
+        for msg_kind, neighbour, peer_stage in (
+            (ACTIVATION, self.up, self.stage - 1),
+            (GRADIENT, self.down, self.stage + 1),
+        ):
+            if neighbour is None:
+                continue
+            peer, link = neighbour
+            microbatches = _sent_microbatches(config.schedule.stages[peer_stage], msg_kind)
+            buffers = {m: self.compute.message_buffer(config.profile) for m in microbatches}
+            receives = [
+                (
+                    m,
+                    transport.post_receive(
+                        peer, Message(config.iteration, msg_kind, m, seq), buffers[m]
+                    ),
+                )
+                for seq, m in enumerate(microbatches)
+            ]
+            receiver = Receiver(peer, msg_kind, receives, self.timeout_s)
+            inbound[msg_kind] = _Inbound(link, _DIRECTION[msg_kind], receiver, buffers)
+        return inbound
+
+    def _finish_receivers(self, inbound: dict[int, _Inbound]) -> None:
+        """Join the receiver threads after the last op: in a valid schedule every message a
+        neighbour sends has been taken in by then, so they are done or about to be."""
+        for inbox in inbound.values():
+            try:
+                inbox.receiver.finish(self.timeout_s)
+            except Exception as err:
+                raise _prefixed(err, "after the last op") from err
+
+    def _run_ops(
+        self, config: IterationConfig, transport: DirectTransport, inbound: dict[int, _Inbound]
+    ) -> _Records:
+        """Run this stage's ops in order: take each op's message, compute, send the result."""
+        records = _Records()
+        num_sent = {ACTIVATION: 0, GRADIENT: 0}
+        for op in config.schedule.stages[self.stage]:
+            msg_kind = _MESSAGE_KIND.get(op.kind)
+            inbox = None if msg_kind is None else inbound.get(msg_kind)
+            inputs = None
+            if inbox is not None:
+                needed = time.monotonic()
+                try:
+                    arrived = inbox.receiver.take(op.microbatch, self.timeout_s)
+                except Exception as err:
+                    raise _prefixed(err, f"op {op}") from err
+                records.receives.append(
+                    (inbox.link, inbox.direction, op.microbatch, arrived, needed)
+                )
+                inputs = inbox.buffers[op.microbatch]
+            start = time.monotonic()
+            output = self.compute.run(op.kind, op.microbatch, inputs, config.profile)
+            records.ops.append((op.kind.value, op.microbatch, start, time.monotonic()))
+            target = self.down if msg_kind == ACTIVATION else self.up
+            if output is None or msg_kind is None or target is None:
+                continue
+            peer, link = target
+            message = Message(config.iteration, msg_kind, op.microbatch, num_sent[msg_kind])
+            num_sent[msg_kind] += 1
+            send_start = time.monotonic()
+            transport.send(peer, link, message, output)
+            num_bytes = output.numel() * output.element_size()
+            records.sends.append(
+                (link, _DIRECTION[msg_kind], op.microbatch, num_bytes, send_start, time.monotonic())
+            )
+        return records
+
+
+def configure_threads() -> None:
+    """A worker process's threads: one intra-op torch thread (many ranks share few cores) and
+    a short GIL switch interval (receiver threads stamp arrivals promptly)."""
+    torch.set_num_threads(1)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
 def _sleep_until(deadline: float) -> None:
@@ -170,7 +268,7 @@ def worker_main(
 ) -> None:
     """Process entry point; reports ready, then answers one command per iteration."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
+    configure_threads()
     stage = rank % num_stages
     try:
         worker = join(rank, num_stages, num_replicas, f"file://{init_file}", timeout_s, compute)

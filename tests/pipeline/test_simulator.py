@@ -6,12 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
+from pipeline.errors import ScheduleError
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.metrics import compute_metrics
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate, simulate_iterations
-from pipeline.timeline import Timeline
+from pipeline.timeline import MessageRecord, OpRecord, Timeline
 from tests.strategies import profiles
 
 BUILDERS = [one_f_one_b, zb_h1, zb_h2]
@@ -42,6 +44,58 @@ def test_direct_mode_blocks_the_sender() -> None:
     assert (send.send_start_ms, send.send_end_ms, send.arrival_ms) == (10.0, 15.0, 15.0)
     assert compute_metrics(direct).iteration_time_ms == 105.0
     assert compute_metrics(ideal).iteration_time_ms == 100.0
+
+
+def test_a_message_records_when_it_arrived_and_when_its_consumer_asked() -> None:
+    # As above, ideal: F0's activation arrives at 15, stage 1 idle since 0 (it waits 15 ms);
+    # F1's arrives at 25, but stage 1 asks only after BW0, at 45 (the message waits 20 ms).
+    profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,))
+    schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
+    timeline = simulate(schedule, profile, CommMode.IDEAL)
+    forward = {m.microbatch: m for m in timeline.messages if m.direction == "forward"}
+    assert (forward[0].arrival_ms, forward[0].needed_ms) == (15.0, 0.0)
+    assert (forward[1].arrival_ms, forward[1].needed_ms) == (25.0, 45.0)
+
+
+def _consumer(timeline: Timeline, message: MessageRecord) -> OpRecord:
+    """The op that takes the message in: the next stage's F, or the previous stage's B/BW."""
+    first, second = (int(s) for s in message.link.split("-"))
+    stage = second if message.direction == "forward" else first
+    kinds = {OpKind.F} if message.direction == "forward" else {OpKind.B, OpKind.BW}
+    (op,) = [
+        r
+        for r in timeline.ops
+        if r.stage == stage and r.microbatch == message.microbatch and r.kind in kinds
+    ]
+    return op
+
+
+@given(profiles(), st.sampled_from(BUILDERS), st.sampled_from(list(CommMode)))
+def test_the_consumer_starts_once_it_asked_and_the_message_is_there(
+    profile: Profile, build, comm: CommMode
+) -> None:
+    profile = Profile.from_dict({**profile.to_dict(), "num_delegates": 2, "copy_gbps": 100.0})
+    timeline = simulate(build(profile), profile, comm)
+    copy_ms = profile.copy_ms() if comm is CommMode.DELEGATED else 0.0
+    by_stage = defaultdict(list)
+    for r in timeline.ops:
+        by_stage[r.stage].append(r)  # each stage's ops in its order
+    for message in timeline.messages:
+        op = _consumer(timeline, message)
+        assert op.start_ms == max(message.arrival_ms, message.needed_ms) + copy_ms
+        # It asked once the op before it was done (and its sends), not before.
+        position = by_stage[op.stage].index(op)
+        previous_end_ms = by_stage[op.stage][position - 1].end_ms if position else 0.0
+        assert previous_end_ms <= message.needed_ms <= op.start_ms
+
+
+def test_an_unvalidated_schedule_with_a_message_no_op_takes_is_refused() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    broken = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0"]])
+    with pytest.raises(
+        ScheduleError, match="no op takes in the forward message of microbatch 1 on link 0-1"
+    ):
+        simulate(broken, profile, validate=False)
 
 
 @given(profiles(), st.sampled_from(BUILDERS))

@@ -14,9 +14,12 @@ import pytest
 from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h2
 from pipeline.metrics import compute_metrics
+from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
+from pipeline.trace import to_chrome_trace
 
 pytestmark = pytest.mark.multiprocess
 
@@ -133,20 +136,106 @@ def test_a_death_is_named_even_when_a_neighbour_s_error_comes_first() -> None:
     assert not any(_alive(pid) for pid in pids)
 
 
-def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
-    """A stage whose schedule never sends what its neighbour waits for: gloo times out."""
+def test_a_message_the_peer_never_sends_fails_at_once_naming_the_op() -> None:
+    """A stage whose schedule never sends what its neighbour takes in: no wait, an error."""
     profile = Profile.uniform(2, 2, 1, 1, 1)
-    with WorkerPool(2, timeout_s=3) as pool:
+    with WorkerPool(2, timeout_s=30) as pool:
         pids = list(pool.pids)
         good = one_f_one_b(profile)
         pool.run_iteration(IterationConfig(0, good, profile))
-        # Stage 1's list lacks F1/BW1, so stage 0 waits forever for BW1's gradient.
-        from pipeline.schedule import Schedule
-
+        # Stage 1's list lacks F1/BW1, so BW1's gradient never comes to stage 0.
         broken = Schedule((good.stages[0], good.stages[1][:2]))
-        with pytest.raises(WorkerError, match=r"rank 0 \(stage 0\), iteration 1: op BW1"):
+        start = time.monotonic()
+        with pytest.raises(
+            WorkerError,
+            match=r"rank 0 \(stage 0\), iteration 1: op BW1: the gradient of microbatch 1 "
+            r"from rank 1 never comes: rank 1's schedule does not send it",
+        ):
             pool.run_iteration(IterationConfig(1, broken, profile))
+        assert time.monotonic() - start < 30  # it did not wait for the timeout
     assert not any(_alive(pid) for pid in pids)
+
+
+def _profile(t_f_ms: float, t_b_ms: float, t_w_ms: float, stage_1_t_f_ms: float = 1.0) -> Profile:
+    """Two stages, two microbatches, 1 KiB messages; stage 0's op times as given, stage 1's
+    1 ms but its F."""
+    return Profile(
+        num_stages=2,
+        num_microbatches=2,
+        t_f_ms=(t_f_ms, stage_1_t_f_ms),
+        t_b_ms=(t_b_ms, 1.0),
+        t_w_ms=(t_w_ms, 1.0),
+        message_bytes=1024,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _StallBeforeGradient:
+    """A fault hook: the sender of the gradient of `microbatch` sleeps `stall_s` first."""
+
+    microbatch: int
+    stall_s: float
+
+    def __call__(self, link: str, direction: str, iteration: int, kind: str, m: int, *_: object):
+        if direction == "backward" and m == self.microbatch:
+            time.sleep(self.stall_s)
+
+
+def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> None:
+    """Stage 1 stalls before BW1's gradient. Stage 0's receiver thread waits for it from the
+    moment BW0's gradient came, so its wait times out (after 2 s) while stage 0 still runs
+    its 1.5 s BW0: the error it meets reaches the compute thread, which names the op."""
+    profile = _profile(1.0, 750.0, 750.0)
+    schedule = one_f_one_b(profile)
+    assert schedule.stages[0][2:] == (Op(OpKind.BW, 0), Op(OpKind.BW, 1))
+    with WorkerPool(2, timeout_s=2) as pool:
+        pids = list(pool.pids)
+        quick = _profile(1.0, 1.0, 1.0)
+        pool.run_iteration(IterationConfig(0, schedule, quick))  # gloo connects the pair
+        # Stage 1 stalls past stage 0's timeout, then carries on (and so ends soon after).
+        config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 4.0))
+        with pytest.raises(
+            WorkerError,
+            match=r"^rank 0 \(stage 0\), iteration 1: op BW1: waiting for the gradient of "
+            r"microbatch 1 from rank 1 failed: .*Timed out waiting 2000ms",  # gloo's own error
+        ):
+            pool.run_iteration(config)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> None:
+    """Stage 1 spends 400 ms on F0 while F1's activation has long arrived; stage 0 asks for
+    BW0's gradient long before stage 1 sends it. Load only makes things later, so the test
+    asserts orderings and at least half of each known gap."""
+    profile = _profile(1.0, 1.0, 1.0, stage_1_t_f_ms=400.0)
+    schedule = one_f_one_b(profile)
+    assert schedule.stages[1] == tuple(Op.parse(t) for t in ("F0", "BW0", "F1", "BW1"))
+    with WorkerPool(2, timeout_s=30) as pool:
+        pool.run_iteration(IterationConfig(0, schedule, profile))  # gloo connects the pair
+        timeline = pool.run_iteration(IterationConfig(1, schedule, profile))
+    ops = {(r.stage, str(Op(r.kind, r.microbatch))): r for r in timeline.ops}
+    msgs = {(m.direction, m.microbatch): m for m in timeline.messages}
+    assert len(msgs) == len(timeline.messages) == 4
+    for msg in timeline.messages:
+        assert msg.arrival_ms >= msg.send_start_ms  # causality, on one host's clock
+    # F1's activation: there while stage 1 still ran F0, needed only after BW0.
+    f1 = msgs["forward", 1]
+    assert f1.arrival_ms < ops[1, "F0"].end_ms
+    assert f1.needed_ms >= ops[1, "BW0"].end_ms
+    assert f1.needed_ms - f1.arrival_ms >= 0.5 * (400.0 + 2.0)
+    assert ops[1, "F1"].start_ms >= f1.needed_ms
+    # BW0's gradient: stage 0 asked for it after F1, and waited for it.
+    grad0 = msgs["backward", 0]
+    assert grad0.needed_ms <= ops[0, "BW0"].start_ms
+    assert grad0.arrival_ms >= ops[1, "BW0"].end_ms
+    assert grad0.arrival_ms - grad0.needed_ms >= 0.5 * (400.0 + 2.0)
+    assert ops[0, "BW0"].start_ms >= grad0.arrival_ms
+    # The trace shows both: the slice ends at the arrival, the instant marks the need.
+    events = [e for e in to_chrome_trace(timeline)["traceEvents"] if e.get("name", "")[:2] == "m1"]
+    forward = [e for e in events if e.get("cat") == "forward"]
+    (in_flight,) = [e for e in forward if e["ph"] == "X"]
+    (needed,) = [e for e in forward if e["ph"] == "i"]
+    assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 402_000  # us
 
 
 def test_pp_by_dp_runs_the_gradient_all_reduce() -> None:

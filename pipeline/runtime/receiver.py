@@ -1,0 +1,125 @@
+"""Receiver threads: when each message really arrived.
+
+gloo marks a posted receive (`irecv`) complete only inside a `wait()` on it: `is_completed()`
+stays False however long ago the data came in. A compute thread that waits when its op needs a
+message therefore learns when it asked, not when the message came. A `Receiver` is one thread
+per neighbour that waits on that neighbour's receives in the order the neighbour sends them
+(one TCP pair per neighbour delivers in order, so each wait returns as its message lands) and
+stamps `time.monotonic()` as each wait returns. The compute thread takes a message with `take`,
+which blocks on an event, never on gloo.
+
+Timeouts: the thread's wait for a message gives up after `timeout_s` counted from when it
+starts that wait, i.e. from the arrival of the neighbour's previous message (or from the
+iteration's start): a neighbour that owes a message and stays silent that long fails the
+iteration even if no op has asked for it yet. `take` gives up after its own timeout counted
+from the op's ask. The first error ends the thread; every message not yet received then
+raises that error in whoever takes it, and `finish` raises it at the end of the iteration.
+
+Over gloo the stamp is never early. It is late by the thread's wake-up once gloo's own thread
+has read the message, plus the wait for the GIL once awake: next to nothing while the compute
+thread sleeps or runs GIL-free code (gloo sends, torch ops), about the interpreter's switch
+interval while it runs Python (workers set 0.5 ms, `worker.SWITCH_INTERVAL_S`; Python's default
+is 5 ms); and on a loaded machine, any time the OS keeps the thread off a core (BENCHMARKS.md,
+"Runtime: how late a message's arrival is stamped"). Over NCCL (untested: no GPU here) `wait()`
+only makes a CUDA stream wait unless TORCH_NCCL_BLOCKING_WAIT=1, so stamps would come early.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from pipeline.errors import ScheduleError
+from pipeline.runtime.transport import ACTIVATION, PendingReceive, describe
+
+__all__ = ["Receiver"]
+
+
+class _Slot:
+    """One message's outcome, written once by the receiver thread, then `done` is set."""
+
+    __slots__ = ("arrived_s", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.arrived_s = 0.0
+        self.error: BaseException | None = None
+
+
+class Receiver:
+    """The thread that receives one neighbour's messages (all of one kind) in one iteration."""
+
+    def __init__(
+        self,
+        peer: int,
+        kind: int,
+        receives: Sequence[tuple[int, PendingReceive]],
+        timeout_s: float,
+    ) -> None:
+        """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
+        each wait on one of them gives up after `timeout_s`."""
+        self.peer, self.kind = peer, kind
+        self._receives = tuple(receives)
+        self._slots = {microbatch: _Slot() for microbatch, _ in self._receives}
+        self._timeout_s = timeout_s
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        what = "activations" if kind == ACTIVATION else "gradients"
+        self.name = f"receiver of {what} from rank {peer}"
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def take(self, microbatch: int, timeout_s: float) -> float:
+        """Block until the message of `microbatch` is here; when it arrived (monotonic s).
+
+        Raises the exception the thread met receiving it (or an earlier message: the thread
+        stops at its first error), TimeoutError if nothing came within `timeout_s`, or
+        ScheduleError if the peer's schedule never sends it."""
+        what = describe(self.peer, self.kind, microbatch)
+        slot = self._slots.get(microbatch)
+        if slot is None:
+            raise ScheduleError(f"{what} never comes: rank {self.peer}'s schedule does not send it")
+        if not slot.done.wait(timeout_s):
+            raise TimeoutError(f"waiting for {what} failed: nothing came within {timeout_s:g} s")
+        if slot.error is not None:
+            raise slot.error
+        return slot.arrived_s
+
+    def finish(self, timeout_s: float) -> None:
+        """Join the thread once every message is in. Raises TimeoutError if it still waits
+        after `timeout_s`, or the error it stopped at (a message sent but never taken)."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the {self.name} still waits after {timeout_s:g} s")
+        if self._error is not None:
+            raise self._error
+
+    def stop(self, grace_s: float) -> bool:
+        """Let the thread end after its current wait, and join it for up to `grace_s`. False
+        if it still waits (a daemon thread: it cannot keep the process alive)."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join(grace_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        num_done = 0
+        try:
+            for microbatch, receive in self._receives:
+                if self._stop.is_set():
+                    raise RuntimeError(f"the {self.name} was stopped")
+                receive.wait(self._timeout_s)
+                arrived_s = time.monotonic()
+                slot = self._slots[microbatch]
+                slot.arrived_s = arrived_s
+                slot.done.set()
+                num_done += 1
+        except BaseException as err:  # handed to whoever takes a message not received
+            self._error = err
+            for microbatch, _ in self._receives[num_done:]:
+                slot = self._slots[microbatch]
+                slot.error = err
+                slot.done.set()

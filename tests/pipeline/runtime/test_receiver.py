@@ -1,0 +1,99 @@
+"""The receiver thread on its own, over stand-in receives (no processes, no gloo)."""
+
+import threading
+import time
+
+import pytest
+
+from pipeline.errors import ScheduleError
+from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.transport import ACTIVATION, GRADIENT
+
+
+class _Receive:
+    """A posted receive that completes when the test says so (or fails with `error`)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.error = error
+        self.returned_s: float | None = None
+
+    def wait(self, timeout_s: float) -> None:
+        self.entered.set()
+        if self.error is not None:
+            raise self.error
+        if not self.release.wait(timeout_s):
+            raise TimeoutError("stand-in receive timed out")
+        self.returned_s = time.monotonic()
+
+
+def _receiver_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("receiver of ")]
+
+
+def test_a_message_is_stamped_when_it_arrives_not_when_it_is_taken() -> None:
+    first, second = _Receive(), _Receive()
+    receiver = Receiver(3, GRADIENT, [(0, first), (1, second)], timeout_s=10)
+    receiver.start()
+    first.release.set()
+    # The thread waits on the next receive only after it has stamped the first one.
+    assert second.entered.wait(10)
+    asked_s = time.monotonic()
+    arrived_s = receiver.take(0, timeout_s=10)
+    assert first.returned_s is not None
+    assert first.returned_s <= arrived_s < asked_s
+    second.release.set()
+    assert receiver.take(1, timeout_s=10) >= arrived_s
+    receiver.finish(timeout_s=10)
+    assert receiver.name == "receiver of gradients from rank 3"
+    assert receiver.name not in [t.name for t in _receiver_threads()]
+
+
+def test_the_thread_s_error_reaches_the_taker_with_its_type_and_message() -> None:
+    error = ConnectionResetError("waiting for the link failed: Connection closed by peer")
+    receives = [(0, _Receive()), (2, _Receive(error)), (1, _Receive())]
+    receives[0][1].release.set()
+    receiver = Receiver(0, ACTIVATION, receives, timeout_s=10)
+    receiver.start()
+    receiver.take(0, timeout_s=10)
+    for microbatch in (2, 1):  # the failed one, and one after it the thread never waited on
+        with pytest.raises(ConnectionResetError, match="Connection closed by peer") as caught:
+            receiver.take(microbatch, timeout_s=10)
+        assert caught.value is error
+    assert not receives[2][1].entered.is_set()
+    with pytest.raises(ConnectionResetError):  # the end of the iteration says so too
+        receiver.finish(timeout_s=10)
+    assert not _receiver_threads()
+
+
+def test_an_error_no_op_took_still_ends_the_iteration_with_it() -> None:
+    receiver = Receiver(0, ACTIVATION, [(0, _Receive(TimeoutError("gloo timed out")))], 10)
+    receiver.start()
+    with pytest.raises(TimeoutError, match="gloo timed out"):
+        receiver.finish(timeout_s=10)
+
+
+def test_a_message_never_sent_and_one_that_does_not_come_are_named() -> None:
+    stuck, later = _Receive(), _Receive()
+    receiver = Receiver(1, ACTIVATION, [(0, stuck), (1, later)], timeout_s=10)
+    receiver.start()
+    with pytest.raises(ScheduleError, match="activation of microbatch 5 from rank 1 never comes"):
+        receiver.take(5, timeout_s=10)
+    with pytest.raises(
+        TimeoutError,
+        match=r"^waiting for the activation of microbatch 0 from rank 1 failed: nothing came "
+        r"within 0.05 s$",
+    ):
+        receiver.take(0, timeout_s=0.05)
+    with pytest.raises(TimeoutError, match="the receiver of activations from rank 1 still waits"):
+        receiver.finish(timeout_s=0.05)
+    assert not receiver.stop(grace_s=0.05)  # still inside its wait on microbatch 0
+    stuck.release.set()
+    assert receiver.stop(grace_s=10)  # and once that wait is over, it stops
+    assert not later.entered.is_set()
+    assert not _receiver_threads()
+
+
+def test_stopping_a_receiver_never_started_is_fine() -> None:
+    assert Receiver(0, GRADIENT, [(0, _Receive())], timeout_s=1).stop(grace_s=1)

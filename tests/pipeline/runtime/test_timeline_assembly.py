@@ -1,0 +1,41 @@
+"""`assemble_timeline`: every rank's records into one timeline (no processes)."""
+
+import pytest
+
+from pipeline.errors import ScheduleError
+from pipeline.runtime.config import RankResult
+from pipeline.runtime.pool import assemble_timeline
+
+
+def _results(receives: list[tuple[str, str, int, float, float]]) -> list[RankResult]:
+    """Stage 0 runs F0 (10.0-10.1 s) and sends its activation (10.1-10.2 s); stage 1 runs F0
+    from 10.5 s, having taken in what `receives` says."""
+    sender = RankResult(
+        0,
+        0,
+        0,
+        100,
+        [("F", 0, 10.0, 10.1)],
+        [("0-1", "forward", 0, 64, 10.1, 10.2)],
+        [],
+        11,
+        11,
+        64,
+    )
+    receiver = RankResult(1, 1, 0, 101, [("F", 0, 10.5, 10.6)], [], receives, 11, 11, 0)
+    return [sender, receiver]
+
+
+def test_arrival_and_need_come_from_the_receiving_rank() -> None:
+    # The activation arrived at 10.15 s (before the sender was free again), needed at 10.4 s.
+    results = _results([("0-1", "forward", 0, 10.15, 10.4)])
+    timeline = assemble_timeline(2, 3, 10.0, 10.0, results)
+    (message,) = timeline.messages
+    assert message.iteration == 3 and message.num_bytes == 64
+    assert (message.send_start_ms, message.send_end_ms) == pytest.approx((100.0, 200.0))
+    assert (message.arrival_ms, message.needed_ms) == pytest.approx((150.0, 400.0))
+
+
+def test_a_message_no_op_took_in_is_refused() -> None:
+    with pytest.raises(ScheduleError, match="no op took in the forward message of microbatch 0"):
+        assemble_timeline(2, 3, 10.0, 10.0, _results([]))
