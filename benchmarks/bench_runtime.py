@@ -21,10 +21,14 @@ from pipeline.host_costs import HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
-from pipeline.runtime.calibrate import measure_host_costs
+from pipeline.runtime.calibrate import measure_host_costs, receive_lags_ms
 from pipeline.simulator import CommMode, simulate
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
+
+
+def _p90(values: list[float]) -> float:
+    return sorted(values)[int(0.9 * (len(values) - 1))]
 
 
 def main() -> None:
@@ -41,6 +45,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     fidelities = []
+    inside_runs: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     iteration = 0
     with WorkerPool(4, timeout_s=60) as pool:
         for size_name, num_bytes in SIZES.items():
@@ -54,6 +59,12 @@ def main() -> None:
                         timeline = pool.run_iteration(IterationConfig(iteration, schedule, profile))
                         if k:
                             times.append(compute_metrics(timeline, iteration).iteration_time_ms)
+                            if not delay:
+                                seen = inside_runs.setdefault((name, size_name), ([], []))
+                                seen[0].extend(
+                                    m.send_end_ms - m.send_start_ms for m in timeline.messages
+                                )
+                                seen[1].extend(receive_lags_ms(timeline))
                         iteration += 1
                     measured = statistics.median(times)
                     free, calibrated = (
@@ -68,6 +79,18 @@ def main() -> None:
                         f"{measured / free:.3f} | {calibrated:.1f} | {measured / calibrated:.3f} |",
                         flush=True,
                     )
+    print("\nInside the runs with no delay, against the calibration (medians, p90):\n")
+    print(
+        "| policy | message | send ms | calibrated send ms | receive lag ms | calibrated lag ms |"
+    )
+    print("|---|---|---|---|---|---|")
+    for (name, size_name), (sends, lags) in inside_runs.items():
+        num_bytes = SIZES[size_name]
+        print(
+            f"| {name} | {size_name} | {statistics.median(sends):.2f} (p90 {_p90(sends):.2f}) | "
+            f"{host.send_ms(num_bytes):.2f} | {statistics.median(lags):.2f} "
+            f"(p90 {_p90(lags):.2f}) | {host.receive_lag_for_ms(num_bytes):.2f} |"
+        )
     inside = sum(0.97 <= f <= 1.03 for f in fidelities)
     print(
         f"\n{inside} of {len(fidelities)} points in 0.97-1.03 (min {min(fidelities):.3f}, max "

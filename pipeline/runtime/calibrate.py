@@ -24,7 +24,7 @@ from pipeline.runtime.pool import IterationConfig, WorkerPool
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
 
-__all__ = ["SEND_SIZES", "measure_host_costs"]
+__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
 
 SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 _MIB = 1 << 20
@@ -66,7 +66,7 @@ def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
     return max(statistics.median(y - slope * x for x, y in points), 0.0), slope
 
 
-def _receive_lags_ms(timeline: Timeline) -> list[float]:
+def receive_lags_ms(timeline: Timeline) -> list[float]:
     """Send return to the consuming op's start, where the consumer sat idle waiting."""
     by_stage: dict[int, list] = {}
     for record in sorted(timeline.ops, key=lambda r: r.start_ms):
@@ -110,7 +110,7 @@ def measure_host_costs(
             timelines = _runs(pool, schedule, profile, repeats, counter)
             durations = [m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages]
             sends.append((num_bytes / _MIB, statistics.median(durations)))
-            waited = [lag for t in timelines for lag in _receive_lags_ms(t)]
+            waited = [lag for t in timelines for lag in receive_lags_ms(t)]
             lag_ms = statistics.median(waited) if waited else 0.0
             if waited:
                 lags.append((num_bytes / _MIB, lag_ms))
