@@ -91,7 +91,7 @@ def schedule_options(func: F) -> F:
         "--profile",
         "profile_path",
         type=click.Path(dir_okay=False),
-        help="Profile JSON file (DESIGN.md).",
+        help="Profile JSON file (its format: the README).",
     )(func)
     return func
 

@@ -27,7 +27,7 @@ __all__ = ["calibrate", "profile"]
     "--out",
     type=click.Path(dir_okay=False),
     required=True,
-    help="Where to write the profile JSON (DESIGN.md's profile file).",
+    help="Where to write the profile JSON (the README's profile file).",
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def profile(

@@ -160,7 +160,7 @@ class ExperimentSpec:
     """Cost-model names or mappings (pipeline.cost_model.resolve_model); with `profile`, one
     label for it."""
     systems: tuple[str, ...]
-    """DESIGN.md's systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
+    """The systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
     profile: Profile | None = None
     hardware: Any = "h800-ib400"
     """The cost model's hardware: a name (pipeline.cost_model.HARDWARE) or a mapping, e.g.

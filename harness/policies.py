@@ -90,7 +90,7 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "adaptra-cpu": ("zb", "delegated"),
     "adaptra": ("adaptra", "delegated"),
 }
-"""DESIGN.md's systems as (policy, comm)."""
+"""The benchmarked systems as (policy, comm)."""
 
 
 def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
