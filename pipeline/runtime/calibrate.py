@@ -1,13 +1,17 @@
 """Measure this host's runtime costs (pipeline.host_costs) with microbenchmarks of the real
 worker runtime: never the schedules a calibrated simulator is then judged on.
 
-- per-op overhead: one stage running 2 ms ops back to back (no messages): the time between
-  consecutive op starts beyond the ops' own durations;
-- send cost: `num_stages` stages passing messages of 0, 1/4, 1, 4 and 8 MiB in GPipe's
-  order (all forwards, then all backwards; 1 ms ops): how long each blocking send holds its
-  sender, fitted as a fixed cost plus a cost per MiB (Theil-Sen on the medians);
+- per-op overhead: one stage running 2 ms ops back to back (no messages): the mean time
+  between consecutive op starts beyond the ops' own durations;
+- send cost: `num_stages` stages passing messages of 0, 1/4, 1, 4 and 8 MiB in an order with
+  traffic both ways at once (the same warm-up on every stage, then a backward and a forward
+  in turn; 1 ms ops): how long a blocking send holds its sender, fitted as a fixed cost plus
+  a cost per MiB (Theil-Sen over the sizes);
 - receive lag: in the same runs, from a send's return to the start of the op that was
   waiting for it (only ops whose stage was idle when the send returned), fitted alike.
+
+Means, not medians: an iteration adds these costs up along its critical path, so their
+expected values count, long tails included (a send of 8 MiB: median 5 ms, p90 8 ms here).
 """
 
 from __future__ import annotations
@@ -30,10 +34,15 @@ SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 _MIB = 1 << 20
 
 
-def _gpipe(num_stages: int, num_microbatches: int) -> Schedule:
-    """Every forward, then every backward (GPipe's order, which no judged schedule uses):
-    while the forwards flow, every link carries a message at once, as in a busy pipeline."""
-    ops = [f"F{m}" for m in range(num_microbatches)] + [f"BW{m}" for m in range(num_microbatches)]
+def _busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
+    """Every stage runs `num_stages` forwards, then alternates a backward and a forward: a
+    pipeline whose links carry activations down and gradients up at once, as training does
+    (the warm-up is the same on every stage: no judged schedule has this order)."""
+    warmup = min(num_stages, num_microbatches)
+    ops = [f"F{m}" for m in range(warmup)]
+    for m in range(num_microbatches - warmup):
+        ops += [f"BW{m}", f"F{m + warmup}"]
+    ops += [f"BW{m}" for m in range(num_microbatches - warmup, num_microbatches)]
     return Schedule.from_dict({"stages": [ops] * num_stages})
 
 
@@ -55,7 +64,7 @@ def _op_overhead_ms(timelines: list[Timeline], op_ms: float) -> float:
     for timeline in timelines:
         starts = sorted(r.start_ms for r in timeline.ops)
         gaps += [b - a - op_ms for a, b in itertools.pairwise(starts)]
-    return max(statistics.median(gaps), 0.0)
+    return max(statistics.fmean(gaps), 0.0)
 
 
 def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -104,14 +113,14 @@ def measure_host_costs(
     lags: list[tuple[float, float]] = []
     counter = [0]
     with WorkerPool(num_stages) as pool:
-        schedule = _gpipe(num_stages, 8)
+        schedule = _busy_both_ways(num_stages, 12)
         for num_bytes in SEND_SIZES:
-            profile = Profile.uniform(num_stages, 8, 1.0, 0.5, 0.5, message_bytes=num_bytes)
+            profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=num_bytes)
             timelines = _runs(pool, schedule, profile, repeats, counter)
             durations = [m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages]
-            sends.append((num_bytes / _MIB, statistics.median(durations)))
+            sends.append((num_bytes / _MIB, statistics.fmean(durations)))
             waited = [lag for t in timelines for lag in receive_lags_ms(t)]
-            lag_ms = statistics.median(waited) if waited else 0.0
+            lag_ms = statistics.fmean(waited) if waited else 0.0
             if waited:
                 lags.append((num_bytes / _MIB, lag_ms))
             progress(f"{num_bytes} B: send {sends[-1][1]:.3f} ms, receive lag {lag_ms:.3f} ms")
