@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from harness.policies import POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
-from pipeline.files import read_json
+from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
@@ -21,19 +20,11 @@ __all__ = [
     "calibration_option",
     "emit_json",
     "load_host_costs",
-    "read_text",
     "resolve",
     "schedule_options",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def read_text(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
 
 
 def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:

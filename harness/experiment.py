@@ -41,6 +41,7 @@ from pipeline.cost_model import (
     resolve_model,
 )
 from pipeline.errors import ConfigError
+from pipeline.files import read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile, link_name
 from pipeline.schedule import Schedule
@@ -307,10 +308,7 @@ class ExperimentSpec:
 
 
 def load_faults(path: Path) -> FaultTimeline:
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read fault timeline {path}: {err.strerror}") from err
+    text = read_text(path, "fault timeline")
     return parse_yaml(text) if path.suffix in (".yaml", ".yml") else parse_trace(text)
 
 
@@ -318,10 +316,9 @@ def load_spec(path: Path) -> ExperimentSpec:
     """An experiment spec from a YAML (or JSON) file; every error names the file."""
     import yaml
 
+    text = read_text(path, "spec")
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read spec {path}: {err.strerror}") from err
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"spec {path} is not valid YAML: {err}") from err
     try:

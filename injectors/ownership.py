@@ -107,7 +107,8 @@ def cleanup(prefix: str = "adb-", directory: Path = OWNER_DIR) -> CleanupReport:
     process is gone; leave the others, and say why."""
     from pyroute2 import netns
 
-    owners = {ns: record for record in OwnerRecord.read_all(directory) for ns in record.namespaces}
+    records = OwnerRecord.read_all(directory)
+    owners = {ns: record for record in records for ns in record.namespaces}
     removed: list[str] = []
     left: list[tuple[str, str]] = []
     failed: list[tuple[str, str]] = []
@@ -128,7 +129,7 @@ def cleanup(prefix: str = "adb-", directory: Path = OWNER_DIR) -> CleanupReport:
             except OSError as err:
                 failed.append((name, err.strerror or str(err)))
     present = set(netns.listnetns())
-    for record in OwnerRecord.read_all(directory):
+    for record in records:
         if not record.owner_alive() and not present.intersection(record.namespaces):
             record.remove(directory)
     return CleanupReport(tuple(removed), tuple(left), tuple(failed))

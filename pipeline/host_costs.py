@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.files import read_json
+from pipeline.files import parse_json_file
 
 __all__ = ["FREE", "HOST_COSTS_SCHEMA_VERSION", "HostCosts"]
 
@@ -94,11 +94,7 @@ class HostCosts:
 
     @classmethod
     def from_file(cls, path: str | Path) -> HostCosts:
-        data = read_json(path, "calibration")
-        try:
-            return cls.from_dict(data)
-        except ConfigError as err:
-            raise ConfigError(f"calibration {path}: {err}") from err
+        return parse_json_file(path, "calibration", cls.from_dict)
 
 
 FREE = HostCosts()

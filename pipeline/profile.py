@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.files import read_json
+from pipeline.files import parse_json_file
 
 __all__ = ["Profile", "link_name"]
 
@@ -179,11 +179,7 @@ class Profile:
 
     @classmethod
     def from_file(cls, path: str | Path) -> Profile:
-        data = read_json(path, "profile")
-        try:
-            return cls.from_dict(data)
-        except ConfigError as err:
-            raise ConfigError(f"profile {path}: {err}") from err
+        return parse_json_file(path, "profile", cls.from_dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {

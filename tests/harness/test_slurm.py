@@ -61,23 +61,13 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
     assert (f"--compute {backend}" in script.read_text()) and (
         backend == "emulated" or "--model tiny" in script.read_text()
     )
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
     # srun: drop its own --options, run the command on this host.
-    (bin_dir / "srun").write_text(
-        '#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n'
+    env = _stand_in_slurm(
+        tmp_path,
+        srun='while [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"',
+        python=f'exec {sys.executable} "$@"',
     )
-    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
-    for name in ("scontrol", "srun", "python"):
-        (bin_dir / name).chmod(0o755)
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "SLURM_JOB_NODELIST": "localhost",
-        "SLURM_JOB_ID": "1",
-        "GLOO_SOCKET_IFNAME": "lo",
-    }
+    env["GLOO_SOCKET_IFNAME"] = "lo"
     done = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=180
     )
@@ -97,18 +87,13 @@ INJECTIONS = ["'; touch PWNED; echo '", "$(touch PWNED)", "`touch PWNED`", '"; t
 """Shell that runs `touch PWNED` if a field reaches the script unquoted."""
 
 
-def _stand_in_slurm(tmp_path: Path) -> dict[str, str]:
-    """scontrol, and an srun that records its arguments (one JSON list a line) instead of
-    running them."""
+def _stand_in_slurm(tmp_path: Path, **commands: str) -> dict[str, str]:
+    """The environment of a job whose `scontrol` names this host and whose other commands
+    (`srun`, ...) are the given shell scripts."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
-    recorder = (
-        "import json, os, sys; "
-        "open(os.environ['SRUN_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\n')"
-    )
-    (bin_dir / "srun").write_text(f'#!/bin/sh\nexec {sys.executable} -c "{recorder}" "$@"\n')
-    for name in ("scontrol", "srun"):
+    for name, body in {"scontrol": "echo 127.0.0.1", **commands}.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     return {
         **os.environ,
@@ -117,6 +102,13 @@ def _stand_in_slurm(tmp_path: Path) -> dict[str, str]:
         "SLURM_JOB_ID": "7",
         "SRUN_LOG": str(tmp_path / "srun.log"),
     }
+
+
+_RECORD_SRUN = (
+    f'exec {sys.executable} -c "import json, os, sys; '
+    "open(os.environ['SRUN_LOG'], 'a').write(json.dumps(sys.argv[1:]) + '\\\\n')\" \"$@\""
+)
+"""An srun that records its arguments (one JSON list a line) instead of running them."""
 
 
 @pytest.mark.parametrize("text", INJECTIONS)
@@ -138,7 +130,10 @@ def test_user_text_in_any_field_is_data_not_shell(tmp_path: Path, field: str, te
     script, num_steps = write_slurm_script(spec, out)
     assert num_steps == 1
     done = subprocess.run(
-        ["bash", str(script)], env=_stand_in_slurm(tmp_path), cwd=tmp_path, capture_output=True
+        ["bash", str(script)],
+        env=_stand_in_slurm(tmp_path, srun=_RECORD_SRUN),
+        cwd=tmp_path,
+        capture_output=True,
     )
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.rglob("PWNED")), "a field ran as shell code"
@@ -169,7 +164,10 @@ def test_a_line_break_in_the_output_folder_stays_in_its_argument(tmp_path: Path)
     out = tmp_path / "a\ntouch PWNED\n" / "job"
     script, _ = write_slurm_script(spec, out)
     done = subprocess.run(
-        ["bash", str(script)], env=_stand_in_slurm(tmp_path), cwd=tmp_path, capture_output=True
+        ["bash", str(script)],
+        env=_stand_in_slurm(tmp_path, srun=_RECORD_SRUN),
+        cwd=tmp_path,
+        capture_output=True,
     )
     assert done.returncode == 0, done.stderr
     assert not list(tmp_path.rglob("PWNED"))
