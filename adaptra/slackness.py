@@ -10,9 +10,10 @@ import itertools
 from collections.abc import Sequence
 
 from adaptra.generator import generate_schedule
-from pipeline.profile import Profile, link_name
+from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import simulate
+from pipeline.topology import link_name
 
 __all__ = [
     "LinkSlackness",

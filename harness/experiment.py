@@ -11,7 +11,6 @@ import dataclasses
 import datetime as dt
 import json
 import logging
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -31,7 +30,7 @@ from harness.results import (
 )
 from harness.runner import BACKENDS, INJECTIONS, Replan, run_configuration
 from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
-from pipeline.allreduce import AllReduce, dp_link_name
+from pipeline.allreduce import AllReduce
 from pipeline.cost_model import (
     CALIBRATED,
     Calibration,
@@ -43,9 +42,10 @@ from pipeline.cost_model import (
 from pipeline.errors import ConfigError
 from pipeline.files import read_text
 from pipeline.host_costs import FREE, HostCosts
-from pipeline.profile import Profile, link_name
+from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
+from pipeline.topology import Link, Topology
 
 __all__ = [
     "ExperimentSpec",
@@ -64,11 +64,10 @@ logger = logging.getLogger(__name__)
 class Scenario:
     """One fault scenario: a delay on a set of links (PP and DP), or a fault timeline."""
 
-    links: tuple[int, ...] = ()
-    """PP links by index (0 is link 0-1)."""
+    links: tuple[Link, ...] = ()
+    """PP links of every replica ("0-1") and DP ring links ("dp<stage>:r-(r+1)", a delay
+    per all-reduce ring step)."""
     delay_ms: float = 0.0
-    dp_links: tuple[tuple[int, int], ...] = ()
-    """DP ring links as (stage, r): the link "dp<stage>:r-(r+1)" of every ring step."""
     faults: FaultTimeline | None = None
     faults_name: str = ""
 
@@ -76,22 +75,24 @@ class Scenario:
     def name(self) -> str:
         if self.faults is not None:
             return f"trace:{self.faults_name}"
-        if not self.delay_ms or not (self.links or self.dp_links):
+        if not self.delay_ms or not self.links:
             return "fault-free"
         return f"{self.link_names}@{self.delay_ms:g}ms"
 
     @property
     def link_names(self) -> str:
-        names = [link_name(i) for i in self.links]
-        names += [dp_link_name(stage, r) for stage, r in self.dp_links]
-        return ",".join(names)
+        return ",".join(str(link) for link in self.links)
 
     def apply(self, profile: Profile) -> Profile:
-        delays = [self.delay_ms if i in self.links else 0.0 for i in range(profile.num_stages - 1)]
-        return profile.with_delays(delays)
+        slow = {link.first for link in self.links if link.is_pp}
+        return profile.with_delays(
+            [self.delay_ms if i in slow else 0.0 for i in range(profile.num_stages - 1)]
+        )
 
     def apply_allreduce(self, allreduce: AllReduce) -> AllReduce:
-        return allreduce.with_delays({link: self.delay_ms for link in self.dp_links})
+        return allreduce.with_delays(
+            {(link.dp_stage, link.first): self.delay_ms for link in self.links if not link.is_pp}
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,46 +111,17 @@ class Target:
         return model.microbatches * model.microbatch_size * model.dp
 
 
-_DP_LINK = re.compile(r"dp(\d+):(\d+)-(\d+)")
-
-
-def _link(link: Any, target: Target) -> int | tuple[int, int]:
-    """A PP link by index, as "i-j", "first" or "last"; or a DP link "dp<stage>:r-(r+1)"."""
+def _link(value: Any, target: Target) -> Link:
+    """A spec's link (pipeline.topology.Link.from_spec) that exists in `target`: a PP link of
+    every replica, or a DP ring link r-(r+1)."""
     num_stages = target.profile.num_stages
-    dp = _DP_LINK.fullmatch(str(link))
-    if dp:
-        stage, first, second = (int(g) for g in dp.groups())
-        num_replicas = 1 if target.cost is None else target.cost.model.dp
-        if second != first + 1 or not (stage < num_stages and second < num_replicas):
-            raise ConfigError(
-                f"link {link} does not exist: {target.label} has {num_stages} stages and "
-                f"{num_replicas} DP replicas (ring links dp<stage>:r-(r+1))"
-            )
-        return stage, first
-    if isinstance(link, int) and not isinstance(link, bool):
-        index = link
-    elif link == "first":
-        index = 0
-    elif link == "last":
-        index = num_stages - 2
-    else:
-        text = str(link)
-        first_text, _, second_text = text.partition("-")
-        if not (
-            first_text.isdigit()
-            and second_text.isdigit()
-            and int(second_text) == int(first_text) + 1
-        ):
-            raise ConfigError(
-                f"link {text!r} is not a PP link like '0-1', 'first' or 'last', "
-                "nor a DP link like 'dp0:0-1'"
-            )
-        index = int(first_text)
-    if not 0 <= index < num_stages - 1:
-        raise ConfigError(
-            f"link {link} is out of range: {num_stages} stages have links 0..{num_stages - 2}"
-        )
-    return index
+    num_replicas = 1 if target.cost is None else target.cost.model.dp
+    link = Link.from_spec(value, num_stages)
+    if link.is_pp and link.group is not None:
+        raise ConfigError(f"link {link}: a scenario slows a PP link in every replica ('2-3')")
+    if not link.is_pp and link.second != link.first + 1:
+        raise ConfigError(f"link {link}: a scenario slows DP ring links dp<stage>:r-(r+1)")
+    return Topology(num_stages, num_replicas).check(link)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -259,10 +231,8 @@ class ExperimentSpec:
             raise ConfigError("link_sets is empty")
         scenarios = [Scenario()] if 0 in self.delays_ms else []
         for link_set in self.link_sets:
-            links = [_link(link, target) for link in link_set]
-            pp = tuple(link for link in links if isinstance(link, int))
-            dp = tuple(link for link in links if isinstance(link, tuple))
-            scenarios += [Scenario(pp, d, dp) for d in self.delays_ms if d]
+            links = tuple(_link(link, target) for link in link_set)
+            scenarios += [Scenario(links, d) for d in self.delays_ms if d]
         return scenarios
 
     def to_dict(self) -> dict[str, Any]:

@@ -52,7 +52,7 @@ def write_slurm_script(
                 )
                 if why is None and comm is not CommMode.DIRECT:
                     why = f"{comm.value} comm: the runtime has no delegate transport yet"
-                if why is None and scenario.dp_links:
+                if why is None and not all(link.is_pp for link in scenario.links):
                     why = "DP link delays are modelled by the simulator only"
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.profile import link_name
+from pipeline.topology import Link, link_name
 
 __all__ = ["FaultEvent", "FaultTimeline", "parse_trace", "parse_yaml"]
-
-_PAPER_LINK = re.compile(r"^(\d+)_(\d+)$")
-_LINK = re.compile(r"^(\d+)-(\d+)$")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,16 +84,23 @@ def _delay_ms(row: int, value: Any, scale: float) -> float:
     return number
 
 
-def _links(row: int, names: Sequence[str], pattern: re.Pattern[str]) -> tuple[int, ...]:
+def _links(row: int, names: Sequence[str], separator: str) -> tuple[int, ...]:
+    """PP links written "i<separator>(i+1)" ("_" in the paper's trace, "-" in YAML)."""
     links = []
     for name in names:
-        match = pattern.match(name.strip())
-        if match is None or int(match.group(2)) != int(match.group(1)) + 1:
+        text = name.strip()
+        try:
+            if text.count(separator) != 1:
+                raise ConfigError(f"separator {separator!r}")
+            link = Link.parse(text.replace(separator, "-"))
+            if not link.is_pp or link.group is not None:
+                raise ConfigError("not a PP link of every replica")
+        except ConfigError:
             raise ConfigError(
                 f"fault row {row}: {name!r} is not a PP link between neighbouring "
                 "stages (e.g. '2_3' in a trace, '2-3' in YAML)"
-            )
-        links.append(int(match.group(1)))
+            ) from None
+        links.append(link.first)
     return tuple(links)
 
 
@@ -114,9 +117,7 @@ def parse_trace(text: str) -> FaultTimeline:
         delay = _delay_ms(row, fields[2], 1000.0)
         if not names and delay != math.inf:
             raise ConfigError(f"fault row {row}: a delay needs at least one link")
-        events.append(
-            FaultEvent(_iteration(row, fields[0]), _links(row, names, _PAPER_LINK), delay)
-        )
+        events.append(FaultEvent(_iteration(row, fields[0]), _links(row, names, "_"), delay))
     return FaultTimeline(tuple(events))
 
 
@@ -145,7 +146,7 @@ def parse_yaml(text: str) -> FaultTimeline:
         events.append(
             FaultEvent(
                 _iteration(row, item.get("start_iteration")),
-                _links(row, [str(n) for n in names], _LINK),
+                _links(row, [str(n) for n in names], "-"),
                 delay,
             )
         )

@@ -75,10 +75,10 @@ class TransportFaultHook:
         kind: str,
         microbatch: int,
         num_bytes: int,
-    ) -> None:
+    ) -> float:
         fault = self.faults.get((link, direction))
         if fault is None:
-            return
+            return 0.0
         if fault.failed:
             raise LinkFailure(
                 f"link {link} ({direction}) has failed: the {kind} message of "
@@ -90,3 +90,4 @@ class TransportFaultHook:
         wait_ms = fault.wait_ms(draw.uniform(-1.0, 1.0), num_bytes, first)
         if wait_ms > 0:
             time.sleep(wait_ms / 1000.0)
+        return wait_ms

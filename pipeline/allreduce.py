@@ -11,13 +11,9 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from pipeline.errors import ConfigError
+from pipeline.topology import Link
 
-__all__ = ["AllReduce", "dp_link_name"]
-
-
-def dp_link_name(stage: int, replica: int) -> str:
-    """DP ring link of `stage` from `replica` to the next one (DESIGN.md's link names)."""
-    return f"dp{stage}:{replica}-{replica + 1}"
+__all__ = ["AllReduce"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -45,7 +41,7 @@ class AllReduce:
         for (stage, replica), delay in self.dp_delay_ms.items():
             if not (0 <= stage < len(self.grad_bytes) and 0 <= replica < self.num_replicas - 1):
                 raise ConfigError(
-                    f"DP link {dp_link_name(stage, replica)} does not exist with "
+                    f"DP link {Link.dp(stage, replica)} does not exist with "
                     f"{len(self.grad_bytes)} stages and {self.num_replicas} replicas"
                 )
             if not delay >= 0:

@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 
-__all__ = ["Profile", "link_name"]
+__all__ = ["Profile"]
 
 _REQUIRED_KEYS = ("stages", "microbatches", "t_f", "t_b", "t_w")
 _OPTIONAL_KEYS = (
@@ -27,11 +27,6 @@ _OPTIONAL_KEYS = (
     "num_delegates",
     "copy_gbps",
 )
-
-
-def link_name(link_idx: int) -> str:
-    """PP link i joins stage i and i+1 and is written "i-(i+1)"."""
-    return f"{link_idx}-{link_idx + 1}"
 
 
 def _is_number(value: object) -> bool:

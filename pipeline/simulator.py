@@ -13,12 +13,14 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.allreduce import AllReduce
-from pipeline.errors import ScheduleError
+from pipeline.errors import ConfigError, ScheduleError
+from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
-from pipeline.profile import Profile, link_name
+from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
+from pipeline.topology import Link
 
 __all__ = ["CommMode", "simulate", "simulate_iterations"]
 
@@ -68,8 +70,10 @@ def simulate(
     validate: bool = True,
     allreduce: AllReduce | None = None,
     host: HostCosts = FREE,
+    faults: FaultView = NO_FAULTS,
 ) -> Timeline:
-    """Time every op and message of one iteration starting at `start_ms`. With `allreduce`,
+    """Time every op and message of one iteration starting at `start_ms`. `faults` adds each
+    message's fault delay (pipeline.faults) to its link's transfer time. With `allreduce`,
     every DP replica runs the same pipeline (the profile's PP delays apply to each) and the
     iteration ends with the step: each stage's all-reduce and optimizer. `host` adds a real
     host's runtime costs to `direct` and `delegated` (not to `ideal`, the paper's model):
@@ -93,7 +97,8 @@ def simulate(
     # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
     delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
     num_sent = [[0, 0] for _ in transfer]
-    links = [link_name(i) for i in range(num_stages - 1)]
+    pp_links = [Link.pp(i) for i in range(num_stages - 1)]
+    links = [str(link) for link in pp_links]
     last = num_stages - 1
     # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
     fwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
@@ -148,22 +153,35 @@ def simulate(
                 link_idx, direction, dest, arrivals = stage_idx - 1, 1, stage_idx - 1, bwd_arrival
             else:
                 continue
+            transfer_ms = transfer[link_idx]
+            fault_ms = profile.delay_ms[link_idx]
+            if faults is not NO_FAULTS:
+                fault = faults.message_fault(
+                    iteration, pp_links[link_idx], _DIRECTIONS[direction], "FB"[direction], m
+                )
+                if fault.failed:
+                    raise ConfigError(
+                        f"iteration {iteration}: link {links[link_idx]} has failed; the "
+                        "simulator does not model failures yet"
+                    )
+                transfer_ms += fault.delay_ms
+                fault_ms += fault.delay_ms
             if comm is CommMode.IDEAL:
                 send_end = end
-                arrival = end + transfer[link_idx]
+                arrival = end + transfer_ms
             elif comm is CommMode.DIRECT:
-                send_end = end + transfer[link_idx] + send_ms
+                send_end = end + transfer_ms + send_ms
                 arrival = send_end + lag_ms
             else:
                 send_end = end + copy_ms
                 seq = num_sent[link_idx][direction]
                 num_sent[link_idx][direction] = seq + 1
                 if num_delegates is None:
-                    arrival = send_end + transfer[link_idx] + send_ms
+                    arrival = send_end + transfer_ms + send_ms
                 else:
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
-                    arrival = max(send_end, slots[slot]) + transfer[link_idx] + send_ms
+                    arrival = max(send_end, slots[slot]) + transfer_ms + send_ms
                     slots[slot] = arrival
                 arrival += lag_ms
             free = max(free, send_end)
@@ -179,6 +197,7 @@ def simulate(
                 arrival,
                 None,  # needed_ms, from the op that takes it in
                 0,  # replica
+                fault_ms,
             ]
             in_flight[direction][dest][m] = fields
             messages.append(fields)
@@ -202,7 +221,7 @@ def simulate(
         ops=tuple(op_records)
         + tuple(OpRecord(*r[:-1], k) for k in range(1, num_replicas) for r in op_records),
         messages=records
-        + tuple(MessageRecord(*r[:-1], k) for k in range(1, num_replicas) for r in records),
+        + tuple(r._replace(replica=k) for k in range(1, num_replicas) for r in records),
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
     )
 
@@ -212,6 +231,7 @@ def simulate_iterations(
     *,
     allreduce: AllReduce | None = None,
     host: HostCosts = FREE,
+    faults: FaultView = NO_FAULTS,
 ) -> list[Timeline]:
     """One iteration per (schedule, profile, comm), back to back: a controller may change any
     of them between iterations. Each schedule is validated once."""
@@ -228,6 +248,7 @@ def simulate_iterations(
             validate=id(schedule) not in validated,
             allreduce=allreduce,
             host=host,
+            faults=faults,
         )
         validated.add(id(schedule))
         parts.append(part)

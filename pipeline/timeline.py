@@ -21,9 +21,9 @@ __all__ = [
     "Timeline",
 ]
 
-SCHEMA_VERSION = 2
-"""2: messages gained `needed_ms`, and the runtime's `arrival_ms` is the true arrival (in 1 it
-was when the consumer's wait returned)."""
+SCHEMA_VERSION = 3
+"""3: messages gained `fault_ms`. 2: messages gained `needed_ms`, and the runtime's
+`arrival_ms` is the true arrival (in 1 it was when the consumer's wait returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -52,6 +52,9 @@ class MessageRecord(NamedTuple):
       max(0, arrival - needed) and the message waited on its consumer max(0, needed -
       arrival). Both times are read on the receiver's clock: their difference holds across
       hosts too.
+    - `fault_ms`: the delay injected into it (the profile's `delay_ms` of its link plus what
+      the fault model assigned it: pipeline.faults), the same in every engine; an emulated
+      send lasts at least that long.
     """
 
     iteration: int
@@ -64,6 +67,7 @@ class MessageRecord(NamedTuple):
     arrival_ms: float
     needed_ms: float
     replica: int = 0
+    fault_ms: float = 0.0
 
 
 class IterationRecord(NamedTuple):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.timeline import MessageRecord, Timeline
+from pipeline.topology import Link, Position, Topology
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
 
@@ -30,14 +31,15 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
     ]
-    num_stages = timeline.num_stages
+    num_replicas = 1 + max((r.replica for r in timeline.ops), default=0)
+    grid = Topology(timeline.num_stages, num_replicas)
     for replica, stage_idx in sorted({(r.replica, r.stage) for r in timeline.ops}):
         name = f"stage {stage_idx}" if replica == 0 else f"replica {replica} stage {stage_idx}"
         events.append(
             {
                 "ph": "M",
                 "pid": _STAGES_PID,
-                "tid": replica * num_stages + stage_idx,
+                "tid": grid.index(Position(stage_idx, replica)),
                 "name": "thread_name",
                 "args": {"name": name},
             }
@@ -47,7 +49,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
             {
                 "ph": "X",
                 "pid": _STAGES_PID,
-                "tid": r.replica * num_stages + r.stage,
+                "tid": grid.index(Position(r.stage, r.replica)),
                 "name": f"{r.kind.value}{r.microbatch}",
                 "cat": r.kind.value,
                 "ts": _us(r.start_ms),
@@ -57,8 +59,10 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
         )
     tracks: dict[str, int] = {}
     for msg in timeline.messages:
-        prefix = f"pp{msg.replica}:" if msg.replica else ""
-        track = f"{prefix}{msg.link} {msg.direction}"
+        link = Link.parse(msg.link)
+        if msg.replica:
+            link = Link.pp(link.first, msg.replica)
+        track = f"{link} {msg.direction}"
         if track not in tracks:
             tracks[track] = len(tracks)
             events.append(

@@ -27,6 +27,7 @@ from pipeline.profile import Profile
 from pipeline.runtime.pool import IterationConfig, WorkerPool
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
+from pipeline.topology import Link
 
 __all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
 
@@ -82,7 +83,8 @@ def receive_lags_ms(timeline: Timeline) -> list[float]:
         by_stage.setdefault(record.stage, []).append(record)
     lags = []
     for message in timeline.messages:
-        stage = int(message.link.split("-")[1 if message.direction == "forward" else 0])
+        link = Link.parse(message.link)
+        stage = link.second if message.direction == "forward" else link.first
         wanted = "F" if message.direction == "forward" else "BW"
         ops = by_stage[stage]
         for before, op in itertools.pairwise(ops):

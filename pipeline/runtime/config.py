@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 
 from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
@@ -22,8 +23,10 @@ class IterationConfig:
     schedule: Schedule
     profile: Profile
     comm: str = "direct"
+    faults: FaultView = NO_FAULTS
+    """What the faults in force do to each message (injectors build it)."""
     fault_hook: FaultHook | None = None
-    """None: a fixed sleep per message from the profile's `delay_ms` (FixedDelayHook)."""
+    """None: the runtime's own hook (FaultViewHook): the profile's `delay_ms` plus `faults`."""
     allreduce_bytes: int = 0
     """Size of the emulated DP gradient all-reduce after the last op (0: none)."""
     collect_grads: bool = False
@@ -61,8 +64,8 @@ class RankResult:
     pid: int
     ops: list[tuple[str, int, float, float]]
     """(kind, microbatch, start, end)."""
-    sends: list[tuple[str, str, int, int, float, float]]
-    """(link, direction, microbatch, bytes, send start, send end)."""
+    sends: list[tuple[str, str, int, int, float, float, float]]
+    """(link, direction, microbatch, bytes, send start, send end, fault ms)."""
     receives: list[tuple[str, str, int, float, float]]
     """(link, direction, microbatch, arrived, needed) per message an op took in: when the
     receiver thread saw it arrive, and when the op began to wait for it (receiver.py)."""

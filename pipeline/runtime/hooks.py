@@ -1,7 +1,8 @@
 """The core's two hooks, and their trivial versions (injectors/ provides the real ones).
 
 - The fault hook runs in the sending worker before every message; it may sleep (a delay),
-  or raise (a failure). It must be picklable: the pool ships it to the workers.
+  or raise (a failure), and returns the delay it injected in ms (the message's `fault_ms`).
+  It must be picklable: the pool ships it to the workers.
 - The launch hook starts one worker process (e.g. inside a network namespace).
 """
 
@@ -9,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-__all__ = ["FaultHook", "FixedDelayHook", "LaunchHook", "local_launch"]
+from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.runtime.sleep import PreciseSleep
+from pipeline.topology import Link
+
+__all__ = ["FaultHook", "FaultViewHook", "LaunchHook", "local_launch"]
 
 
 class FaultHook(Protocol):
@@ -26,15 +30,20 @@ class FaultHook(Protocol):
         kind: str,
         microbatch: int,
         num_bytes: int,
-    ) -> None: ...
+    ) -> float: ...
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class FixedDelayHook:
-    """Sleep a fixed time per PP link before each message, both directions (the paper's
-    artifact did this on the GPU path: a sleep kernel before each send)."""
+@dataclasses.dataclass(slots=True)
+class FaultViewHook:
+    """The runtime's own hook: each message waits its link's delay in the profile plus what a
+    fault view assigns it (pipeline.faults), on time (a precise sleep), as the paper's
+    artifact did on the GPU path (a sleep kernel before each send). `replica` is the
+    sender's, to name the concrete link."""
 
     delay_ms_by_link: dict[str, float]
+    faults: FaultView = NO_FAULTS
+    replica: int = 0
+    _sleep: PreciseSleep = dataclasses.field(default_factory=PreciseSleep)
 
     def __call__(
         self,
@@ -44,10 +53,20 @@ class FixedDelayHook:
         kind: str,
         microbatch: int,
         num_bytes: int,
-    ) -> None:
+    ) -> float:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
+        if self.faults is not NO_FAULTS:
+            concrete = Link.pp(Link.parse(link).first, self.replica)
+            fault = self.faults.message_fault(iteration, concrete, direction, kind, microbatch)
+            if fault.failed:
+                raise ConnectionError(
+                    f"link {concrete} ({direction}) has failed: the {kind} message of "
+                    f"microbatch {microbatch} in iteration {iteration} cannot go"
+                )
+            delay_ms += fault.delay_ms
         if delay_ms > 0:
-            time.sleep(delay_ms / 1000.0)
+            self._sleep(delay_ms / 1000.0)
+        return delay_ms
 
 
 class LaunchHook(Protocol):

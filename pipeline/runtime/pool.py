@@ -236,7 +236,7 @@ def assemble_timeline(
     }
     messages = []
     for r in results:
-        for link, direction, m, num_bytes, a, b in r.sends:
+        for link, direction, m, num_bytes, a, b, fault_ms in r.sends:
             times = taken.get((r.replica, link, direction, m))
             if times is None:
                 raise ScheduleError(
@@ -256,6 +256,7 @@ def assemble_timeline(
                     ms(arrived),
                     ms(needed),
                     r.replica,
+                    fault_ms,
                 )
             )
     end = max((rec.end_ms for rec in ops), default=ms(start_at))

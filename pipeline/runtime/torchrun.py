@@ -65,7 +65,7 @@ def _shift(result: RankResult, delta: float) -> RankResult:
     return dataclasses.replace(
         result,
         ops=[(k, m, a + delta, b + delta) for k, m, a, b in result.ops],
-        sends=[(li, d, m, n, a + delta, b + delta) for li, d, m, n, a, b in result.sends],
+        sends=[(li, d, m, n, a + delta, b + delta, f) for li, d, m, n, a, b, f in result.sends],
         receives=[(li, d, m, a + delta, n + delta) for li, d, m, a, n in result.receives],
         step_start=result.step_start + delta,
         step_end=result.step_end + delta,

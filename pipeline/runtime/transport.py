@@ -55,7 +55,9 @@ class PendingReceive(Protocol):
 class Transport(Protocol):
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive: ...
 
-    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> None: ...
+    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
+        """Send through the fault hook; the delay it injected, in ms."""
+        ...
 
 
 class _GlooReceive:
@@ -83,10 +85,13 @@ class DirectTransport:
             raise RuntimeError(f"irecv from rank {peer} returned no handle")
         return _GlooReceive(work, describe(peer, message.kind, message.microbatch))
 
-    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> None:
+    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
         direction = "forward" if message.kind == ACTIVATION else "backward"
         kind = "F" if message.kind == ACTIVATION else "B"
         num_bytes = payload.numel() * payload.element_size()
-        self.fault_hook(link, direction, message.iteration, kind, message.microbatch, num_bytes)
+        fault_ms = self.fault_hook(
+            link, direction, message.iteration, kind, message.microbatch, num_bytes
+        )
         dist.send(payload, dst=peer, tag=message.tag)
         self.bytes_sent += num_bytes
+        return fault_ms

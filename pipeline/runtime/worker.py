@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from pipeline.ops import Op, OpKind
-from pipeline.profile import link_name
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
-from pipeline.runtime.hooks import FixedDelayHook
+from pipeline.runtime.hooks import FaultViewHook
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.transport import ACTIVATION, GRADIENT, DirectTransport, Message
+from pipeline.topology import Position, Topology, link_name
 
 __all__ = ["SWITCH_INTERVAL_S", "configure_threads", "join", "worker_main"]
 
@@ -75,7 +75,9 @@ class _Records:
     """A rank's records of its ops, in `RankResult`'s forms."""
 
     ops: list[tuple[str, int, float, float]] = dataclasses.field(default_factory=list)
-    sends: list[tuple[str, str, int, int, float, float]] = dataclasses.field(default_factory=list)
+    sends: list[tuple[str, str, int, int, float, float, float]] = dataclasses.field(
+        default_factory=list
+    )
     receives: list[tuple[str, str, int, float, float]] = dataclasses.field(default_factory=list)
 
 
@@ -100,8 +102,8 @@ class _Worker:
 
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
         profile = config.profile
-        hook = config.fault_hook or FixedDelayHook(
-            {link_name(i): d for i, d in enumerate(profile.delay_ms)}
+        hook = config.fault_hook or FaultViewHook(
+            {link_name(i): d for i, d in enumerate(profile.delay_ms)}, config.faults, self.replica
         )
         transport = DirectTransport(hook)
         inbound = self._post_receives(config, transport)
@@ -205,10 +207,18 @@ class _Worker:
             message = Message(config.iteration, msg_kind, op.microbatch, num_sent[msg_kind])
             num_sent[msg_kind] += 1
             send_start = time.monotonic()
-            transport.send(peer, link, message, output)
+            fault_ms = transport.send(peer, link, message, output)
             num_bytes = output.numel() * output.element_size()
             records.sends.append(
-                (link, _DIRECTION[msg_kind], op.microbatch, num_bytes, send_start, time.monotonic())
+                (
+                    link,
+                    _DIRECTION[msg_kind],
+                    op.microbatch,
+                    num_bytes,
+                    send_start,
+                    time.monotonic(),
+                    fault_ms,
+                )
             )
         return records
 
@@ -234,8 +244,11 @@ def join(
     timeout_s: float,
     compute: ComputeBackend,
 ) -> _Worker:
-    """Join the gloo process group and the DP groups; the worker for this rank."""
-    stage, replica = rank % num_stages, rank // num_stages
+    """Join the gloo process group and the DP groups; the worker for this rank (under the
+    default placement: pipeline.topology)."""
+    grid = Topology(num_stages, num_replicas)
+    position = grid.position_of_worker(rank)
+    stage, replica = position.stage, position.replica
     # NCCL where CUDA is present (untested: no GPU on the project's machines), gloo otherwise.
     device = torch.device("cpu")
     if torch.cuda.is_available():
@@ -245,12 +258,12 @@ def join(
         "nccl" if device.type == "cuda" else "gloo",
         init_method=init_method,
         rank=rank,
-        world_size=num_stages * num_replicas,
+        world_size=grid.num_workers,
         timeout=dt.timedelta(seconds=timeout_s),
     )
     dp_group = None
     for s in range(num_stages):  # every rank creates every group, in the same order
-        group = dist.new_group([r * num_stages + s for r in range(num_replicas)])
+        group = dist.new_group([grid.worker(Position(s, r)) for r in range(num_replicas)])
         if s == stage and num_replicas > 1:
             dp_group = group
     compute.setup(stage, num_stages, replica, device)

@@ -92,9 +92,10 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
     ("change", "message"),
     [
         ({"systems": ("nope",)}, "unknown system nope"),
-        ({"link_sets": ((3,),)}, "link 3 is out of range"),
-        ({"link_sets": (("2-4",),)}, "is not a PP link"),
-        ({"models": ("gpt2-7b",), "profile": None, "link_sets": (("5-6",),)}, "out of range"),
+        ({"link_sets": ((3,),)}, "link 3-4 does not exist with 3 stages"),
+        ({"link_sets": (("2-4",),)}, "must join neighbouring stages"),
+        ({"link_sets": (("pp0:0-1",),)}, "slows a PP link in every replica"),
+        ({"models": ("gpt2-7b",), "profile": None, "link_sets": (("5-6",),)}, "does not exist"),
         ({"models": ({"base": "gpt2-140b", "pp": 2},), "profile": None}, "does not fit 2 stages"),
         ({"models": ({"base": "gpt2-7b", "pp": 5},), "profile": None}, "do not split evenly"),
         ({"models": ("gpt2-3b",), "profile": None}, "unknown model 'gpt2-3b'"),
@@ -183,7 +184,7 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
             "systems: [1f1b]\nlinks: ['1-2']\n",
-            "link 1-2 is out of range",
+            "link 1-2 does not exist",
         ),
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"

@@ -1,11 +1,12 @@
 import pytest
 
 from baselines import one_f_one_b
-from pipeline.allreduce import AllReduce, dp_link_name
+from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
+from pipeline.topology import Link
 
 
 def test_each_stage_reduces_when_its_replicas_are_done() -> None:
@@ -17,7 +18,7 @@ def test_each_stage_reduces_when_its_replicas_are_done() -> None:
     assert ring.step_end_ms([10.0, 5.0]) == max(10.0 + 1.0 + 1.0, 5.0 + 4.0 + 2.0)
     slow = ring.with_delays({(0, 0): 3.0})
     assert slow.step_end_ms([10.0, 5.0]) == 10.0 + 1.0 + 2 * 3.0 + 1.0
-    assert dp_link_name(3, 0) == "dp3:0-1"
+    assert str(Link.dp(3, 0)) == "dp3:0-1"
 
 
 def test_bad_all_reduce_is_refused() -> None:

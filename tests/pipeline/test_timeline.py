@@ -18,26 +18,27 @@ def _timeline() -> Timeline:
 
 def test_messages_carry_arrival_and_need_through_json() -> None:
     timeline = _timeline()
-    assert SCHEMA_VERSION == 2
-    assert MessageRecord._fields[7:] == ("arrival_ms", "needed_ms", "replica")
+    assert SCHEMA_VERSION == 3
+    assert MessageRecord._fields[7:] == ("arrival_ms", "needed_ms", "replica", "fault_ms")
     assert {m.replica for m in timeline.messages} == {0, 1}
+    assert {m.fault_ms for m in timeline.messages} == {3.0}  # the profile's delay
     data = json.loads(json.dumps(timeline.to_dict()))
     assert data["schema_version"] == SCHEMA_VERSION
     assert Timeline.from_dict(data) == timeline
 
 
-def test_a_version_1_timeline_is_refused() -> None:
+def test_an_older_timeline_is_refused() -> None:
     data = _timeline().to_dict()
-    # Version 1 rows had no needed_ms: 9 fields, replica where needed_ms now is.
-    old = {**data, "schema_version": 1, "messages": [r[:8] + r[9:] for r in data["messages"]]}
-    with pytest.raises(ConfigError, match=r"schema version 1 is not supported \(expected 2\)"):
+    # Version 2 rows had no fault_ms.
+    old = {**data, "schema_version": 2, "messages": [r[:-1] for r in data["messages"]]}
+    with pytest.raises(ConfigError, match=r"schema version 2 is not supported \(expected 3\)"):
         Timeline.from_dict(old)
 
 
 def test_a_row_short_of_a_field_is_refused() -> None:
     data = _timeline().to_dict()
-    short = {**data, "messages": [data["messages"][0][:9], *data["messages"][1:]]}
-    with pytest.raises(ConfigError, match=r"messages\[0\] must be a list of the 10 fields"):
+    short = {**data, "messages": [data["messages"][0][:10], *data["messages"][1:]]}
+    with pytest.raises(ConfigError, match=r"messages\[0\] must be a list of the 11 fields"):
         Timeline.from_dict(short)
     with pytest.raises(ConfigError, match=r"ops\[1\] must be a list of the 7 fields"):
         Timeline.from_dict({**data, "ops": [data["ops"][0], "F0"]})

@@ -109,9 +109,9 @@ class _DieSlowly:
     with status 7: the neighbour's error reaches the controller before the death does (after
     a SIGKILL it only sometimes does)."""
 
-    def __call__(self, link: str, direction: str, *args: object) -> None:
+    def __call__(self, link: str, direction: str, *args: object) -> float:
         if direction != "backward":
-            return
+            return 0.0
         for fd in os.listdir("/proc/self/fd"):
             try:
                 sock = socket.socket(fileno=int(fd))
@@ -176,9 +176,13 @@ class _StallBeforeGradient:
     microbatch: int
     stall_s: float
 
-    def __call__(self, link: str, direction: str, iteration: int, kind: str, m: int, *_: object):
+    def __call__(
+        self, link: str, direction: str, iteration: int, kind: str, m: int, *_: object
+    ) -> float:
         if direction == "backward" and m == self.microbatch:
             time.sleep(self.stall_s)
+            return self.stall_s * 1000.0
+        return 0.0
 
 
 def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> None:

@@ -16,7 +16,7 @@ def _results(receives: list[tuple[str, str, int, float, float]]) -> list[RankRes
         0,
         100,
         [("F", 0, 10.0, 10.1)],
-        [("0-1", "forward", 0, 64, 10.1, 10.2)],
+        [("0-1", "forward", 0, 64, 10.1, 10.2, 20.0)],
         [],
         11,
         11,
@@ -34,6 +34,7 @@ def test_arrival_and_need_come_from_the_receiving_rank() -> None:
     assert message.iteration == 3 and message.num_bytes == 64
     assert (message.send_start_ms, message.send_end_ms) == pytest.approx((100.0, 200.0))
     assert (message.arrival_ms, message.needed_ms) == pytest.approx((150.0, 400.0))
+    assert message.fault_ms == 20.0  # what the sender's fault hook injected
 
 
 def test_a_message_no_op_took_in_is_refused() -> None:

@@ -1,0 +1,243 @@
+"""Where things run: positions (stage, replica), the worker playing each, hosts, NICs, links.
+
+- A position is a (stage, replica) of the PP x DP grid; its index is `replica * S + stage`
+  (`Topology.index`), the one place that formula lives.
+- A worker is one process (one torch.distributed rank). A placement says which worker plays
+  which position; by default worker i plays position i. A placement may change between
+  iterations (a rank swap: `Topology.swapped`).
+- A host runs `workers_per_host` consecutive workers (default 1: host index = worker index)
+  and has the data-plane NICs `nics` (all traffic on the first until something moves it).
+- A `Link` is a logical link, parsed and printed here only: "2-3" is PP link 2-3 in every
+  replica, "pp1:2-3" the one of replica 1, "dp0:0-1" the DP ring link of stage 0 between
+  replicas 0 and 1 (its ring closes with "dp0:0-(D-1)" for D > 2). Under a placement a
+  concrete link runs between two hosts (`Topology.hosts_of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from enum import StrEnum
+from typing import Any
+
+from pipeline.errors import ConfigError
+
+__all__ = ["DEFAULT_NICS", "Link", "LinkKind", "Position", "Topology", "link_name"]
+
+DEFAULT_NICS = ("rnic0", "rnic1")
+
+_LINK = re.compile(r"^(?:(pp|dp)(\d+):)?(\d+)-(\d+)$")
+
+
+class LinkKind(StrEnum):
+    PP = "pp"
+    """Between neighbouring stages of one replica: activations down, gradients up."""
+    DP = "dp"
+    """Between two replicas of one stage on its gradient all-reduce ring."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class Link:
+    kind: LinkKind
+    group: int | None
+    """PP: the replica (None: the short form, every replica); DP: the stage."""
+    first: int
+    """PP: the upstream stage; DP: the lower replica."""
+    second: int
+
+    def __post_init__(self) -> None:
+        if self.first < 0 or self.second <= self.first:
+            raise ConfigError(f"link {self.first}-{self.second}: write the lower end first")
+        if self.kind is LinkKind.PP and self.second != self.first + 1:
+            raise ConfigError(f"PP link {self.first}-{self.second} must join neighbouring stages")
+        if self.kind is LinkKind.DP and self.group is None:
+            raise ConfigError("a DP link names its stage: dp<stage>:a-b")
+
+    @classmethod
+    def pp(cls, stage: int, replica: int | None = None) -> Link:
+        """PP link `stage`-(`stage`+1), of one replica or (None) of every replica."""
+        return cls(LinkKind.PP, replica, stage, stage + 1)
+
+    @classmethod
+    def dp(cls, stage: int, replica_a: int, replica_b: int | None = None) -> Link:
+        """The DP ring link of `stage` between `replica_a` and `replica_b` (default a+1)."""
+        b = replica_a + 1 if replica_b is None else replica_b
+        return cls(LinkKind.DP, stage, min(replica_a, b), max(replica_a, b))
+
+    @classmethod
+    def parse(cls, text: str) -> Link:
+        match = _LINK.match(str(text).strip())
+        if match is None:
+            raise ConfigError(
+                f"{text!r} is not a link: 'i-(i+1)' (PP, every replica), 'pp<replica>:i-(i+1)' "
+                "or 'dp<stage>:a-b'"
+            )
+        prefix, group, first, second = match.groups()
+        kind = LinkKind(prefix) if prefix else LinkKind.PP
+        return cls(kind, None if group is None else int(group), int(first), int(second))
+
+    @classmethod
+    def from_spec(cls, value: Any, num_stages: int) -> Link:
+        """A spec's link: a name, a PP link index, or the sugar `first` / `last` (PP)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return cls.pp(value)
+        if value == "first":
+            return cls.pp(0)
+        if value == "last":
+            return cls.pp(num_stages - 2)
+        return cls.parse(value)
+
+    def __str__(self) -> str:
+        if self.kind is LinkKind.PP and self.group is None:
+            return f"{self.first}-{self.second}"
+        return f"{self.kind.value}{self.group}:{self.first}-{self.second}"
+
+    @property
+    def is_pp(self) -> bool:
+        return self.kind is LinkKind.PP
+
+    @property
+    def dp_stage(self) -> int:
+        """The stage whose replicas a DP link joins."""
+        if self.kind is not LinkKind.DP or self.group is None:
+            raise ConfigError(f"{self} is not a DP link")
+        return self.group
+
+
+def link_name(stage: int) -> str:
+    """PP link `stage`-(`stage`+1) as text, every replica ("2-3")."""
+    return str(Link.pp(stage))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class Position:
+    stage: int
+    replica: int = 0
+
+    def __str__(self) -> str:
+        return f"stage {self.stage}" + (f" replica {self.replica}" if self.replica else "")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Topology:
+    num_stages: int
+    num_replicas: int = 1
+    placement: tuple[int, ...] = ()
+    """The worker playing each position, by position index (empty: worker i plays i)."""
+    workers_per_host: int = 1
+    nics: tuple[str, ...] = DEFAULT_NICS
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 1 or self.num_replicas < 1 or self.workers_per_host < 1:
+            raise ConfigError("a topology needs >= 1 stage, replica and worker per host")
+        if self.placement and sorted(self.placement) != list(range(self.num_positions)):
+            raise ConfigError(
+                f"a placement gives each of the {self.num_positions} positions its own worker, "
+                f"got {list(self.placement)}"
+            )
+        if not self.nics:
+            raise ConfigError("a host needs at least one NIC")
+
+    @property
+    def num_positions(self) -> int:
+        return self.num_stages * self.num_replicas
+
+    @property
+    def num_workers(self) -> int:
+        return self.num_positions
+
+    @property
+    def num_hosts(self) -> int:
+        return -(-self.num_workers // self.workers_per_host)
+
+    def index(self, position: Position) -> int:
+        """The position's index (and, under the default placement, its worker)."""
+        self.check_position(position)
+        return position.replica * self.num_stages + position.stage
+
+    def position(self, index: int) -> Position:
+        if not 0 <= index < self.num_positions:
+            raise ConfigError(f"position index {index} is out of range 0..{self.num_positions - 1}")
+        return Position(index % self.num_stages, index // self.num_stages)
+
+    def worker(self, position: Position) -> int:
+        index = self.index(position)
+        return self.placement[index] if self.placement else index
+
+    def position_of_worker(self, worker: int) -> Position:
+        index = self.placement.index(worker) if self.placement else worker
+        return self.position(index)
+
+    def host_of_worker(self, worker: int) -> int:
+        return worker // self.workers_per_host
+
+    def host(self, position: Position) -> int:
+        return self.host_of_worker(self.worker(position))
+
+    def check_position(self, position: Position) -> None:
+        stage, replica = position.stage, position.replica
+        if not (0 <= stage < self.num_stages and 0 <= replica < self.num_replicas):
+            raise ConfigError(
+                f"{position} does not exist: {self.num_stages} stages x "
+                f"{self.num_replicas} replicas"
+            )
+
+    def check(self, link: Link) -> Link:
+        """`link` itself, once it exists here; else a ConfigError saying what does."""
+        if link.is_pp:
+            ok = link.second < self.num_stages and (
+                link.group is None or link.group < self.num_replicas
+            )
+        else:
+            last = self.num_replicas - 1
+            ok = link.dp_stage < self.num_stages and (
+                link.second == link.first + 1 <= last or (link.first, link.second) == (0, last)
+            )
+        if not ok:
+            raise ConfigError(
+                f"link {link} does not exist with {self.num_stages} stages and "
+                f"{self.num_replicas} replicas (PP links i-(i+1) < {self.num_stages}, "
+                "DP ring links dp<stage>:a-(a+1) and dp<stage>:0-(D-1))"
+            )
+        return link
+
+    def expand(self, link: Link) -> tuple[Link, ...]:
+        """The concrete links a name stands for: "2-3" is "pp<r>:2-3" of every replica."""
+        self.check(link)
+        if link.is_pp and link.group is None:
+            return tuple(Link.pp(link.first, r) for r in range(self.num_replicas))
+        return (link,)
+
+    def ends(self, link: Link) -> tuple[Position, Position]:
+        """The two positions a concrete link joins, lower end first."""
+        self.check(link)
+        if link.is_pp:
+            replica = 0 if link.group is None else link.group
+            return Position(link.first, replica), Position(link.second, replica)
+        return Position(link.dp_stage, link.first), Position(link.dp_stage, link.second)
+
+    def hosts_of(self, link: Link) -> tuple[int, int]:
+        """The hosts a concrete link runs between under this placement, lower end first."""
+        a, b = self.ends(link)
+        return self.host(a), self.host(b)
+
+    def pp_links(self) -> tuple[Link, ...]:
+        """Every PP link of every replica."""
+        return tuple(
+            Link.pp(s, r) for r in range(self.num_replicas) for s in range(self.num_stages - 1)
+        )
+
+    def dp_ring(self, stage: int) -> tuple[Link, ...]:
+        """The ring of `stage`'s replicas: r -> r+1, closing with (D-1) -> 0 (one link for D=2)."""
+        num = self.num_replicas
+        if num == 1:
+            return ()
+        ring = [Link.dp(stage, r) for r in range(num - 1)]
+        return tuple(ring + ([Link.dp(stage, 0, num - 1)] if num > 2 else []))
+
+    def swapped(self, a: Position, b: Position) -> Topology:
+        """The same hosts with the workers of positions `a` and `b` exchanged."""
+        workers = list(self.placement or range(self.num_positions))
+        i, j = self.index(a), self.index(b)
+        workers[i], workers[j] = workers[j], workers[i]
+        return dataclasses.replace(self, placement=tuple(workers))

@@ -1,0 +1,107 @@
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError
+from pipeline.topology import Link, LinkKind, Position, Topology
+
+_links = st.one_of(
+    st.builds(Link.pp, st.integers(0, 50), st.one_of(st.none(), st.integers(0, 50))),
+    st.builds(
+        lambda stage, a, gap: Link.dp(stage, a, a + gap),
+        st.integers(0, 50),
+        st.integers(0, 50),
+        st.integers(1, 50),
+    ),
+)
+
+
+@given(_links)
+def test_a_link_prints_as_it_parses(link: Link) -> None:
+    assert Link.parse(str(link)) == link
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "group", "ends"),
+    [
+        ("2-3", LinkKind.PP, None, (2, 3)),
+        ("pp1:2-3", LinkKind.PP, 1, (2, 3)),
+        ("dp0:0-1", LinkKind.DP, 0, (0, 1)),
+        (" dp3:0-7 ", LinkKind.DP, 3, (0, 7)),
+    ],
+)
+def test_the_three_forms(text: str, kind: LinkKind, group: int | None, ends: tuple) -> None:
+    link = Link.parse(text)
+    assert (link.kind, link.group, (link.first, link.second)) == (kind, group, ends)
+
+
+@pytest.mark.parametrize("text", ["2-4", "3-2", "2_3", "dp0-1", "pp:1-2", "x1:0-1", "", "1-"])
+def test_malformed_links_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError):
+        Link.parse(text)
+
+
+def test_spec_sugar() -> None:
+    assert [str(Link.from_spec(v, 4)) for v in ("first", "last", 1, "dp2:0-1")] == [
+        "0-1",
+        "2-3",
+        "1-2",
+        "dp2:0-1",
+    ]
+
+
+def test_default_placement_and_the_position_index() -> None:
+    topology = Topology(4, 2)
+    assert topology.index(Position(3, 1)) == 7
+    assert topology.position(6) == Position(2, 1)
+    assert [topology.worker(topology.position(i)) for i in range(8)] == list(range(8))
+    assert topology.host(Position(1, 1)) == 5  # one worker per host: host = worker
+    assert Topology(4, 2, workers_per_host=4).host(Position(1, 1)) == 1
+    assert topology.num_hosts == 8 and topology.nics == ("rnic0", "rnic1")
+
+
+def test_links_exist_or_say_what_does() -> None:
+    topology = Topology(4, 3)
+    for text in ("2-3", "pp2:0-1", "dp3:1-2", "dp0:0-2"):
+        assert topology.check(Link.parse(text)) == Link.parse(text)
+    for text in ("3-4", "pp3:0-1", "dp4:0-1", "dp0:1-3", "dp0:0-3"):
+        with pytest.raises(ConfigError, match="does not exist"):
+            topology.check(Link.parse(text))
+    assert [str(link) for link in topology.expand(Link.parse("1-2"))] == [
+        "pp0:1-2",
+        "pp1:1-2",
+        "pp2:1-2",
+    ]
+    assert [str(link) for link in topology.dp_ring(1)] == ["dp1:0-1", "dp1:1-2", "dp1:0-2"]
+    assert Topology(4, 2).dp_ring(0) == (Link.dp(0, 0),) and Topology(4).dp_ring(0) == ()
+    assert len(topology.pp_links()) == 9
+
+
+def test_a_swap_moves_a_logical_link_onto_other_hosts() -> None:
+    topology = Topology(4)
+    assert topology.hosts_of(Link.pp(0)) == (0, 1)
+    swapped = topology.swapped(Position(1), Position(2))
+    assert swapped.worker(Position(1)) == 2 and swapped.position_of_worker(1) == Position(2)
+    assert swapped.hosts_of(Link.pp(0)) == (0, 2)  # the pair (0, 1) now carries no PP link
+    assert swapped.hosts_of(Link.pp(1)) == (2, 1)
+    assert swapped.swapped(Position(1), Position(2)).worker(Position(1)) == 1
+
+
+@given(st.integers(1, 6), st.integers(1, 4), st.data())
+def test_any_sequence_of_swaps_is_a_placement(num_stages: int, num_replicas: int, data) -> None:
+    topology = Topology(num_stages, num_replicas)
+    positions = st.builds(
+        Position, st.integers(0, num_stages - 1), st.integers(0, num_replicas - 1)
+    )
+    for a, b in data.draw(st.lists(st.tuples(positions, positions), max_size=6)):
+        topology = topology.swapped(a, b)
+    workers = [topology.worker(topology.position(i)) for i in range(topology.num_positions)]
+    assert sorted(workers) == list(range(topology.num_workers))
+    assert all(
+        topology.position_of_worker(w) == topology.position(i) for i, w in enumerate(workers)
+    )
+
+
+def test_a_placement_must_be_a_permutation() -> None:
+    with pytest.raises(ConfigError, match="its own worker"):
+        Topology(2, placement=(0, 0))
