@@ -13,10 +13,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from harness.experiment import load_spec, run_experiment
+from harness.experiment import run_experiment
 from harness.paper import PAPER
 from harness.report import paper_comparison
 from harness.results import read_csv_rows
+from harness.spec import load_spec
 
 PRESETS = Path(__file__).resolve().parents[1] / "harness" / "presets"
 

@@ -58,7 +58,9 @@ def resolve(
     return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
 
 
-def schedule_options(func: F) -> F:
+def schedule_options(func: F, *, system_alias: bool = True) -> F:
+    """--profile, --policy (alias --system unless `system_alias` is False), --time-limit and
+    --schedule."""
     func = click.option(
         "--schedule",
         "schedule_path",
@@ -73,7 +75,7 @@ def schedule_options(func: F) -> F:
     )(func)
     func = click.option(
         "--policy",
-        "--system",
+        *(["--system"] if system_alias else []),
         "policy",
         type=click.Choice(list(POLICIES)),
         help="Policy that orders the ops.",

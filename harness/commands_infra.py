@@ -58,8 +58,8 @@ def launch(
     """Print the torchrun command for every node (emulated compute), or run it here; with
     --spec, write a Slurm batch script for every configuration of an experiment."""
     if spec_path is not None:
-        from harness.experiment import load_spec
         from harness.slurm import write_slurm_script
+        from harness.spec import load_spec
 
         if profile_path or policy or schedule_path or run_here:
             raise ConfigError("--spec takes the configurations from the spec: drop the others")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -13,18 +14,17 @@ from harness.cli_common import (
     resolve,
     schedule_options,
 )
-from harness.experiment import (
-    default_experiment,
-    load_faults,
-    load_spec,
-    new_run_id,
-    run_experiment,
-)
+from harness.experiment import new_run_id, run_experiment
 from harness.names import check_run_name
-from harness.runner import BACKENDS, INJECTIONS, run_configuration
+from harness.policies import SYSTEMS, system_controller
+from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
+from harness.spec import default_experiment, load_faults, load_spec
+from pipeline.engines import Controller
 from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
+from pipeline.profile import Profile
 from pipeline.timeline import Timeline
 from pipeline.trace import write_chrome_trace
 
@@ -32,13 +32,23 @@ __all__ = ["compare", "report", "run"]
 
 
 @click.command()
-@schedule_options
+@functools.partial(schedule_options, system_alias=False)
+@click.option(
+    "--system",
+    type=click.Choice(list(SYSTEMS)),
+    help="A system: its policy, comm and controller (adaptra re-plans where the delays in "
+    "force change, over the delegates once one is slow); instead of --policy/--comm.",
+)
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
 @click.option(
     "--model",
     help="GPT configuration of --backend megatron (default: tiny): tiny, small, gpt2-124m.",
 )
-@click.option("--comm", type=click.Choice(["direct", "delegated"]), default="direct")
+@click.option(
+    "--comm",
+    type=click.Choice(["direct", "delegated"]),
+    help="Transport of --policy/--schedule (default: direct).",
+)
 @click.option(
     "--inject",
     "injection",
@@ -91,9 +101,10 @@ def run(
     policy: str | None,
     schedule_path: str | None,
     time_limit_s: float | None,
+    system: str | None,
     backend: str,
     model: str | None,
-    comm: str,
+    comm: str | None,
     injection: str,
     iterations: int,
     warmup_iterations: int,
@@ -107,8 +118,8 @@ def run(
     calibration_path: str | None,
 ) -> None:
     """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
-    --schedule the embedded default."""
-    if profile_path is None and policy is None and schedule_path is None:
+    --schedule/--system the embedded default."""
+    if profile_path is None and policy is None and schedule_path is None and system is None:
         if backend == "megatron" or model is not None:
             raise ConfigError(
                 "--backend megatron runs one configuration: give --profile (its stages and "
@@ -121,15 +132,36 @@ def run(
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
         return
-    profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    if system is not None:
+        if policy is not None or schedule_path is not None or comm is not None:
+            raise ConfigError(
+                "--system is a policy, a comm and a controller: give no --policy, "
+                "--schedule or --comm with it"
+            )
+        if profile_path is None:
+            raise ConfigError("--system needs --profile")
+        profile = Profile.from_file(profile_path)
+    else:
+        profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    faults: FaultView = NO_FAULTS
+    if faults_path:
+        timeline = load_faults(Path(faults_path))
+        timeline.validate(profile.num_stages, iterations)
+        faults = timeline
+    controller: Controller
+    if system is not None:
+        controller = system_controller(system, profile, faults)
+        label, comm = system, SYSTEMS[system][1]
+    else:
+        comm = comm or "direct"
+        controller = fixed_plan(planned.schedule, profile, comm)
+        label = planned.policy
     result = run_configuration(
-        planned.schedule,
-        profile,
+        controller,
         backend=backend,
-        comm=comm,
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
-        faults=load_faults(Path(faults_path)) if faults_path else None,
+        faults=faults,
         injection=injection,
         model=model,
         host=load_host_costs(calibration_path),
@@ -142,7 +174,7 @@ def run(
         plot_gantt(
             _shifted(result.timeline, last.iteration, last.start_ms),
             plot,
-            title=f"{planned.policy}, {comm}, {backend}, iteration {last.iteration}",
+            title=f"{label}, {comm}, {backend}, iteration {last.iteration}",
         )
     megatron = {
         "model": model or "tiny",
@@ -153,8 +185,10 @@ def run(
         emit_json(
             {
                 "backend": backend,
-                "policy": planned.policy,
+                "policy": label if system is None else SYSTEMS[system][0],
+                **({"system": system} if system else {}),
                 "comm": comm,
+                "controller": result.controller,
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
@@ -163,7 +197,7 @@ def run(
         )
         return
     click.echo(
-        f"{planned.policy} over {comm} ({backend}): median iteration "
+        f"{label} over {comm} ({backend}, {result.controller} plan): median iteration "
         f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
     )
     if backend == "megatron":
@@ -209,9 +243,9 @@ def compare(base: str, new: str, tolerance: float) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def report(run_dir: str) -> None:
     """Rebuild a run directory's figures and report.md from its results."""
-    from harness.experiment import ExperimentSpec
     from harness.report import write_report
     from harness.results import read_csv_rows
+    from harness.spec import ExperimentSpec
 
     path = Path(run_dir)
     spec_data = read_json(path / "spec.json", "spec")

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.results import read_csv_rows
+from harness.results import RESULTS_SCHEMA_VERSION, read_csv_rows
 from pipeline.errors import ConfigError
 
 __all__ = ["METRICS", "Change", "compare_runs", "load_runs"]
@@ -38,7 +38,14 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.exists():
         raise ConfigError(f"no results at {csv_path}")
-    return read_csv_rows(csv_path)
+    rows = read_csv_rows(csv_path)
+    versions = sorted({str(r.get("schema_version", "")) for r in rows})
+    if versions and versions != [str(RESULTS_SCHEMA_VERSION)]:
+        raise ConfigError(
+            f"{csv_path} has results schema version {', '.join(versions)}; this version reads "
+            f"{RESULTS_SCHEMA_VERSION} only (run it again)"
+        )
+    return rows
 
 
 def compare_runs(

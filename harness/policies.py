@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 
+from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
+from baselines.fixed_plan import FixedPlan
+from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode
 
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
@@ -19,6 +25,7 @@ __all__ = [
     "PlannedSchedule",
     "plan",
     "resolve_system",
+    "system_controller",
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
@@ -102,3 +109,37 @@ def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
     if system == "adaptra" and not any(profile.delay_ms):
         comm = "direct"
     return policy, comm
+
+
+Planner = Callable[[str, Profile], Schedule]
+"""A policy's schedule for a profile (memoise it to share plans between configurations)."""
+
+
+def _planned(policy: str, profile: Profile) -> Schedule:
+    return plan(policy, profile).schedule
+
+
+def system_controller(
+    system: str,
+    profile: Profile,
+    faults: FaultView = NO_FAULTS,
+    *,
+    planner: Planner = _planned,
+    profile_for: Callable[[Schedule], Profile] | None = None,
+) -> Controller:
+    """What runs `system` on `profile` (its op times and static delays) under `faults`:
+    Adaptra's oracle controller (it re-plans where the delays in force change), or for the
+    other systems their fixed plan. `profile_for`: the op times a schedule runs under (a
+    cost model's fused or split times)."""
+    policy, comm = resolve_system(system, profile)
+    if system == "adaptra":
+        return OracleController(
+            profile,
+            faults,
+            planner=functools.partial(planner, policy),
+            profile_for=profile_for,
+        )
+    schedule = planner(policy, profile)
+    if profile_for is not None:
+        profile = profile_for(schedule).with_delays(profile.delay_ms)
+    return FixedPlan(Plan(schedule, profile, CommMode(comm)))

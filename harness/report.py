@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.experiment import ExperimentSpec, Target, system_planner
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.results import fault_free_wall_ms, read_csv_rows, write_atomic
 from harness.runner import run_configuration
+from harness.spec import ExperimentSpec, Target, controller_for
 from pipeline.gantt import plot_gantt
 
 __all__ = ["paper_comparison", "write_report"]
@@ -49,11 +49,9 @@ def _gantt_charts(spec: ExperimentSpec, run_dir: Path) -> list[str]:
         return []
     names = []
     for system in spec.systems:
-        replan = system_planner(system, target)
-        schedule, profile, comm = replan(worst.apply(target.profile))
-        run = run_configuration(
-            schedule, profile, comm=comm, num_iterations=1, num_warmup_iterations=0
-        )
+        controller = controller_for(system, target, worst)
+        comm = controller.plan(0).comm
+        run = run_configuration(controller, num_iterations=1, num_warmup_iterations=0)
         assert run.timeline is not None
         name = f"gantt_{system}.png"
         plot_gantt(

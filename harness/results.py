@@ -23,7 +23,8 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 1
+RESULTS_SCHEMA_VERSION = 2
+"""2: runs.csv and iterations.csv gained `controller`."""
 
 RUNS_COLUMNS = (
     "run_id",
@@ -32,6 +33,7 @@ RUNS_COLUMNS = (
     "policy",
     "comm",
     "system",
+    "controller",
     "scenario",
     "links",
     "delay_ms",
@@ -53,6 +55,7 @@ ITERATIONS_COLUMNS = (
     "policy",
     "comm",
     "system",
+    "controller",
     "scenario",
     "repeat",
     "iteration",

@@ -12,8 +12,8 @@ import math
 import shlex
 from pathlib import Path
 
-from harness.experiment import ExperimentSpec, system_planner
 from harness.results import write_atomic
+from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.simulator import CommMode
 
@@ -47,9 +47,8 @@ def write_slurm_script(
             for system in spec.systems:
                 name = f"{target.label}/{system}/{scenario.name}"
                 why = _unsupported(model.tp if model else 1, scenario.faults is not None)
-                schedule, profile, comm = system_planner(system, target)(
-                    scenario.apply(target.profile)
-                )
+                planned = controller_for(system, target, scenario).plan(0)
+                schedule, profile, comm = planned.schedule, planned.profile, planned.comm
                 if why is None and comm is not CommMode.DIRECT:
                     why = f"{comm.value} comm: the runtime has no delegate transport yet"
                 if why is None and not all(link.is_pp for link in scenario.links):

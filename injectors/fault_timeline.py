@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.faults import MessageFault
 from pipeline.topology import Link, link_name
 
 __all__ = ["FaultEvent", "FaultTimeline", "parse_trace", "parse_yaml"]
@@ -29,7 +30,19 @@ class FaultEvent:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class _InForce:
+    """The delays in force during one iteration, by PP link index (every replica)."""
+
+    delay_ms_by_link: dict[int, float]
+
+    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int) -> MessageFault:
+        return MessageFault(self.delay_ms_by_link.get(link.first, 0.0))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class FaultTimeline:
+    """A pipeline.faults.FaultView: its delays add to the profile's."""
+
     events: tuple[FaultEvent, ...]
 
     def validate(self, num_stages: int, num_iterations: int) -> None:
@@ -48,17 +61,21 @@ class FaultTimeline:
                     f"{num_iterations - 1})"
                 )
 
-    def delays_at(self, iteration: int, num_stages: int) -> tuple[float, ...]:
-        """Per-link delay in force at `iteration` (the latest event on each link wins)."""
-        delays = [0.0] * (num_stages - 1)
+    def at(self, iteration: int) -> _InForce:
+        """The latest event on each link wins."""
+        delays: dict[int, float] = {}
         for event in sorted(self.events, key=lambda e: e.start_iteration):
             if event.start_iteration > iteration:
                 break
             for link in event.links:
                 delays[link] = event.delay_ms
-        return tuple(delays)
+        return _InForce({link: d for link, d in delays.items() if d})
 
-    def failed_at(self, iteration: int) -> bool:
+    def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
+        in_force = self.at(iteration).delay_ms_by_link
+        return tuple(in_force.get(i, 0.0) for i in range(num_stages - 1))
+
+    def has_failure(self, iteration: int) -> bool:
         """A failure (any `inf` event) has started by `iteration`."""
         return any(e.delay_ms == math.inf and e.start_iteration <= iteration for e in self.events)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pipeline.topology import Link
 
-__all__ = ["NO_FAULTS", "FaultView", "MessageFault", "NoFaults"]
+__all__ = ["NO_FAULTS", "AfterWarmup", "FaultView", "IterationFaults", "MessageFault", "NoFaults"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -29,15 +29,21 @@ class MessageFault:
 NONE = MessageFault()
 
 
-class FaultView(Protocol):
-    """Picklable: the runtimes ship it to every worker."""
+class IterationFaults(Protocol):
+    """What is in force during one iteration. Picklable: the runtimes ship it to every
+    worker with the iteration's config."""
 
-    def message_fault(
-        self, iteration: int, link: Link, direction: str, kind: str, microbatch: int
-    ) -> MessageFault:
+    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int) -> MessageFault:
         """The effect on one message of a concrete PP link (`Link.pp(stage, replica)`) in
         `direction` ("forward": an activation, `kind` "F"; "backward": a gradient, "B")."""
         ...
+
+
+class FaultView(Protocol):
+    """A whole run's faults, iteration by iteration (iterations count from the first
+    measured one)."""
+
+    def at(self, iteration: int) -> IterationFaults: ...
 
     def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
         """The delay in force on each PP link (every replica) at `iteration`: what an oracle
@@ -51,12 +57,13 @@ class FaultView(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NoFaults:
-    """A healthy cluster."""
+    """A healthy cluster: every iteration, every message."""
 
-    def message_fault(
-        self, iteration: int, link: Link, direction: str, kind: str, microbatch: int
-    ) -> MessageFault:
+    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int) -> MessageFault:
         return NONE
+
+    def at(self, iteration: int) -> NoFaults:
+        return self
 
     def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
         return (0.0,) * (num_stages - 1)
@@ -66,3 +73,25 @@ class NoFaults:
 
 
 NO_FAULTS = NoFaults()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AfterWarmup:
+    """`faults` with its iteration 0 moved to iteration `num_warmup` of a run: the warm-up
+    iterations run healthy (a fault timeline counts from the first measured iteration)."""
+
+    faults: FaultView
+    num_warmup: int
+
+    def at(self, iteration: int) -> IterationFaults:
+        if iteration < self.num_warmup:
+            return NO_FAULTS
+        return self.faults.at(iteration - self.num_warmup)
+
+    def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
+        if iteration < self.num_warmup:
+            return NO_FAULTS.pp_delays_ms(iteration, num_stages)
+        return self.faults.pp_delays_ms(iteration - self.num_warmup, num_stages)
+
+    def has_failure(self, iteration: int) -> bool:
+        return iteration >= self.num_warmup and self.faults.has_failure(iteration - self.num_warmup)

@@ -8,13 +8,12 @@ O(number of ops). The three communication modes are those of DESIGN.md.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError, ScheduleError
-from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -22,7 +21,7 @@ from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link
 
-__all__ = ["CommMode", "simulate", "simulate_iterations"]
+__all__ = ["CommMode", "simulate"]
 
 
 class CommMode(StrEnum):
@@ -70,7 +69,7 @@ def simulate(
     validate: bool = True,
     allreduce: AllReduce | None = None,
     host: HostCosts = FREE,
-    faults: FaultView = NO_FAULTS,
+    faults: IterationFaults = NO_FAULTS,
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms`. `faults` adds each
     message's fault delay (pipeline.faults) to its link's transfer time. With `allreduce`,
@@ -157,7 +156,7 @@ def simulate(
             fault_ms = profile.delay_ms[link_idx]
             if faults is not NO_FAULTS:
                 fault = faults.message_fault(
-                    iteration, pp_links[link_idx], _DIRECTIONS[direction], "FB"[direction], m
+                    pp_links[link_idx], _DIRECTIONS[direction], "FB"[direction], m
                 )
                 if fault.failed:
                     raise ConfigError(
@@ -224,33 +223,3 @@ def simulate(
         + tuple(r._replace(replica=k) for k in range(1, num_replicas) for r in records),
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
     )
-
-
-def simulate_iterations(
-    plans: Sequence[tuple[Schedule, Profile, CommMode]],
-    *,
-    allreduce: AllReduce | None = None,
-    host: HostCosts = FREE,
-    faults: FaultView = NO_FAULTS,
-) -> list[Timeline]:
-    """One iteration per (schedule, profile, comm), back to back: a controller may change any
-    of them between iterations. Each schedule is validated once."""
-    parts: list[Timeline] = []
-    start_ms = 0.0
-    validated: set[int] = set()
-    for iteration, (schedule, profile, comm) in enumerate(plans):
-        part = simulate(
-            schedule,
-            profile,
-            comm,
-            iteration=iteration,
-            start_ms=start_ms,
-            validate=id(schedule) not in validated,
-            allreduce=allreduce,
-            host=host,
-            faults=faults,
-        )
-        validated.add(id(schedule))
-        parts.append(part)
-        start_ms = part.iterations[0].end_ms
-    return parts

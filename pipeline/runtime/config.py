@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 
 from pipeline.errors import ConfigError
-from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
@@ -23,8 +23,8 @@ class IterationConfig:
     schedule: Schedule
     profile: Profile
     comm: str = "direct"
-    faults: FaultView = NO_FAULTS
-    """What the faults in force do to each message (injectors build it)."""
+    faults: IterationFaults = NO_FAULTS
+    """What the faults in force this iteration do to each message (injectors build it)."""
     fault_hook: FaultHook | None = None
     """None: the runtime's own hook (FaultViewHook): the profile's `delay_ms` plus `faults`."""
     allreduce_bytes: int = 0

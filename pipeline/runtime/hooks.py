@@ -14,7 +14,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
 
@@ -41,7 +41,7 @@ class FaultViewHook:
     sender's, to name the concrete link."""
 
     delay_ms_by_link: dict[str, float]
-    faults: FaultView = NO_FAULTS
+    faults: IterationFaults = NO_FAULTS
     replica: int = 0
     _sleep: PreciseSleep = dataclasses.field(default_factory=PreciseSleep)
 
@@ -57,7 +57,7 @@ class FaultViewHook:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
         if self.faults is not NO_FAULTS:
             concrete = Link.pp(Link.parse(link).first, self.replica)
-            fault = self.faults.message_fault(iteration, concrete, direction, kind, microbatch)
+            fault = self.faults.message_fault(concrete, direction, kind, microbatch)
             if fault.failed:
                 raise ConnectionError(
                     f"link {concrete} ({direction}) has failed: the {kind} message of "

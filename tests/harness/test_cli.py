@@ -203,7 +203,7 @@ def test_torch_csv_format(tmp_path: Path) -> None:
                 "--policy",
                 "1f1b",
             ],
-            "not available in the emulated runtime yet",
+            "not available in the emulated engine yet",
         ),
         (["schedule", "--profile", "{tight}", "--policy", "zb-h2"], "mem_limit is 3"),
     ],

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment import ExperimentSpec, default_experiment, run_experiment
-from harness.results import RUNS_COLUMNS, read_csv_rows
+from harness.experiment import run_experiment
+from harness.results import RESULTS_SCHEMA_VERSION, RUNS_COLUMNS, read_csv_rows
+from harness.spec import ExperimentSpec, default_experiment
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 
@@ -83,8 +84,12 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
     spec = default_experiment()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "spec.json").write_text(json.dumps({"spec": {"name": "other"}}))
+    record = {"schema_version": RESULTS_SCHEMA_VERSION, "spec": {"name": "other"}}
+    (run_dir / "spec.json").write_text(json.dumps(record))
     with pytest.raises(ConfigError, match="holds a different experiment"):
+        run_experiment(spec, run_dir)
+    (run_dir / "spec.json").write_text(json.dumps({**record, "schema_version": 1}))
+    with pytest.raises(ConfigError, match="schema version 1; this version resumes 2 only"):
         run_experiment(spec, run_dir)
 
 

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment import fault_free_step_ms, load_spec, run_experiment
+from harness.experiment import fault_free_step_ms, run_experiment
 from harness.report import paper_comparison
 from harness.results import read_csv_rows
+from harness.spec import load_spec
 
 PRESETS = Path(__file__).parents[2] / "harness" / "presets"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiment import ExperimentSpec, load_spec
 from harness.slurm import write_slurm_script
+from harness.spec import ExperimentSpec, load_spec
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline

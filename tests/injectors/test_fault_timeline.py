@@ -16,12 +16,12 @@ def test_the_papers_fig21_trace() -> None:
     timeline = parse_trace(FIG21)
     assert len(timeline.events) == 19
     timeline.validate(num_stages=8, num_iterations=1200)
-    assert timeline.delays_at(14, 8) == (0.0,) * 7
-    assert timeline.delays_at(15, 8) == (0.0, 0.0, 30.0, 0.0, 0.0, 0.0, 0.0)
-    assert timeline.delays_at(85, 8) == (0.0,) * 7
-    assert timeline.delays_at(345, 8) == (0.0, 0.0, 50.0, 50.0, 0.0, 0.0, 50.0)
-    assert not timeline.failed_at(1029)
-    assert timeline.failed_at(1030)
+    assert timeline.pp_delays_ms(14, 8) == (0.0,) * 7
+    assert timeline.pp_delays_ms(15, 8) == (0.0, 0.0, 30.0, 0.0, 0.0, 0.0, 0.0)
+    assert timeline.pp_delays_ms(85, 8) == (0.0,) * 7
+    assert timeline.pp_delays_ms(345, 8) == (0.0, 0.0, 50.0, 50.0, 0.0, 0.0, 50.0)
+    assert not timeline.has_failure(1029)
+    assert timeline.has_failure(1030)
     assert timeline.events[-1].links == () and timeline.events[-1].delay_ms == math.inf
 
 

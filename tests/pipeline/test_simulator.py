@@ -12,7 +12,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
-from pipeline.simulator import CommMode, simulate, simulate_iterations
+from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, OpRecord, Timeline
 from tests.strategies import profiles
 
@@ -145,21 +145,6 @@ def test_delegated_copies_cost_the_stage() -> None:
     # 1 MB at 8 Gbit/s = 1 ms: stage 0 copies out after F0, stage 1 copies in before F0.
     assert starts[(0, "F", 1)] == 11.0
     assert starts[(1, "F", 0)] == 12.0
-
-
-def test_iterations_run_back_to_back() -> None:
-    profile = Profile.uniform(2, 2, 10, 10, 10)
-    schedule = one_f_one_b(profile)
-    timeline = Timeline.concat(
-        simulate_iterations(
-            [(schedule, profile, CommMode.IDEAL), (schedule, profile.with_delays([10.0]), "ideal")]
-        )
-    )
-    first, second = (compute_metrics(timeline, i) for i in range(2))
-    assert first.iteration_time_ms == 90.0
-    # 1F1B's critical path crosses the slow link twice: F0 on its way down, BW1 on its way up.
-    assert second.iteration_time_ms == 90.0 + 2 * 10
-    assert timeline.iterations[1].start_ms == 90.0
 
 
 def test_host_costs_in_direct_mode() -> None:

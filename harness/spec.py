@@ -1,0 +1,311 @@
+"""Experiment specs: models x systems x fault scenarios, and what each configuration runs.
+
+A model is either one of the cost model's GPT-2 configurations (pipeline.cost_model) or, with
+`profile`, a label for a hand-written profile. `default_experiment()` is what
+`adaptra-bench run` does with no arguments. The spec file's form is the README's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from harness.names import check_label, check_run_name
+from harness.policies import SYSTEMS, Planner, plan, system_controller
+from harness.runner import BACKENDS, INJECTIONS
+from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
+from pipeline.allreduce import AllReduce
+from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
+from pipeline.engines import Controller
+from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS
+from pipeline.files import read_text
+from pipeline.host_costs import FREE, HostCosts
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.topology import Link, Topology
+
+__all__ = [
+    "ExperimentSpec",
+    "Scenario",
+    "Target",
+    "controller_for",
+    "default_experiment",
+    "load_faults",
+    "load_spec",
+    "memoised_planner",
+]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scenario:
+    """One fault scenario: a delay on a set of links (PP and DP), or a fault timeline."""
+
+    links: tuple[Link, ...] = ()
+    """PP links of every replica ("0-1") and DP ring links ("dp<stage>:r-(r+1)", a delay
+    per all-reduce ring step)."""
+    delay_ms: float = 0.0
+    faults: FaultTimeline | None = None
+    faults_name: str = ""
+
+    @property
+    def name(self) -> str:
+        if self.faults is not None:
+            return f"trace:{self.faults_name}"
+        if not self.delay_ms or not self.links:
+            return "fault-free"
+        return f"{self.link_names}@{self.delay_ms:g}ms"
+
+    @property
+    def link_names(self) -> str:
+        return ",".join(str(link) for link in self.links)
+
+    def apply(self, profile: Profile) -> Profile:
+        slow = {link.first for link in self.links if link.is_pp}
+        return profile.with_delays(
+            [self.delay_ms if i in slow else 0.0 for i in range(profile.num_stages - 1)]
+        )
+
+    def apply_allreduce(self, allreduce: AllReduce) -> AllReduce:
+        return allreduce.with_delays(
+            {(link.dp_stage, link.first): self.delay_ms for link in self.links if not link.is_pp}
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    """A model as the engines see it: its label, its profile and, if it has one, its cost."""
+
+    label: str
+    profile: Profile
+    cost: ModelCost | None
+
+    @property
+    def samples_per_iteration(self) -> int:
+        if self.cost is None:
+            return self.profile.num_microbatches
+        model = self.cost.model
+        return model.microbatches * model.microbatch_size * model.dp
+
+
+def _link(value: Any, target: Target) -> Link:
+    """A spec's link (pipeline.topology.Link.from_spec) that exists in `target`: a PP link of
+    every replica, or a DP ring link r-(r+1)."""
+    num_stages = target.profile.num_stages
+    num_replicas = 1 if target.cost is None else target.cost.model.dp
+    link = Link.from_spec(value, num_stages)
+    if link.is_pp and link.group is not None:
+        raise ConfigError(f"link {link}: a scenario slows a PP link in every replica ('2-3')")
+    if not link.is_pp and link.second != link.first + 1:
+        raise ConfigError(f"link {link}: a scenario slows DP ring links dp<stage>:r-(r+1)")
+    return Topology(num_stages, num_replicas).check(link)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ExperimentSpec:
+    """Every model x system x scenario is one configuration, run `num_repeats` times."""
+
+    name: str
+    models: tuple[Any, ...]
+    """Cost-model names or mappings (pipeline.cost_model.resolve_model); with `profile`, one
+    label for it."""
+    systems: tuple[str, ...]
+    """The systems (harness.policies.SYSTEMS), e.g. 1f1b, zb, adaptra-cpu, adaptra."""
+    profile: Profile | None = None
+    hardware: Any = "h800-ib400"
+    """The cost model's hardware: a name (pipeline.cost_model.HARDWARE) or a mapping, e.g.
+    {base: h800-ib400, network_gbps: 200}."""
+    link_sets: tuple[tuple[Any, ...], ...] = (("0-1",),)
+    """Each set of links gets each delay in turn: PP links ("i-j", an index, "first", "last")
+    and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce ring step)."""
+    delays_ms: tuple[float, ...] = (0.0,)
+    faults: str | None = None
+    """A fault timeline file (paper trace or YAML): one scenario replacing links x delays."""
+    num_iterations: int = 5
+    num_warmup_iterations: int = 1
+    num_repeats: int = 1
+    seed: int = 0
+    backend: str = "sim"
+    injection: str = "hook"
+    """How an emulated run injects delays (harness.runner.INJECTIONS)."""
+    calibration: str | None = None
+    """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
+    calibrate`), relative to the spec file."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"the spec name must be a string, not {self.name!r}")
+        check_run_name(self.name, "spec name")  # the run directory's default name
+        if self.faults is not None:
+            check_label(Path(self.faults).stem, "fault timeline file name")
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if not self.systems or unknown:
+            raise ConfigError(
+                f"unknown system {unknown[0] if unknown else '(none)'}; valid: {', '.join(SYSTEMS)}"
+            )
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        if self.injection not in INJECTIONS or (
+            self.injection == "network" and (self.backend == "sim" or self.faults)
+        ):
+            raise ConfigError(
+                f"injection {self.injection!r}: valid are {', '.join(INJECTIONS)}; network "
+                "needs a runtime backend and fixed delays (no fault timeline)"
+            )
+        if not self.models:
+            raise ConfigError("the spec names no model")
+        if self.calibration is not None:
+            if self.backend != "sim":
+                raise ConfigError("a calibration is for the sim backend")
+            self.host_costs()  # readable and valid
+        if self.profile is not None and (
+            len(self.models) != 1 or not isinstance(self.models[0], str)
+        ):
+            raise ConfigError("with a profile, `models` is one label for it")
+        for delay in self.delays_ms:
+            if not delay >= 0:
+                raise ConfigError(f"delays must be >= 0 ms, got {delay}")
+        if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
+            raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
+        if self.backend == "megatron":
+            from pipeline.runtime.megatron import get_preset  # no megatron import: a table
+
+            if self.profile is None:
+                raise ConfigError(
+                    "backend megatron runs a megatron GPT named by `model` (e.g. tiny) over a "
+                    "`profile` that gives its stages, microbatches and delays"
+                )
+            get_preset(str(self.models[0])).check_stages(self.profile.num_stages)
+        for target in self.targets():
+            check_label(target.label, "model name")
+            if target.cost is not None and self.backend != "sim":
+                raise ConfigError(
+                    f"model {target.label} comes from the cost model, whose DP all-reduce and "
+                    "optimizer step only the sim backend times; use backend: sim, or give a "
+                    "profile of the model instead"
+                )
+            self.scenarios(target)
+
+    def host_costs(self) -> HostCosts:
+        return FREE if self.calibration is None else HostCosts.from_file(self.calibration)
+
+    def targets(self) -> list[Target]:
+        if self.profile is not None:
+            return [Target(str(self.models[0]), self.profile, None)]
+        targets = []
+        for entry in self.models:
+            cost = model_cost(resolve_model(entry), resolve_hardware(self.hardware))
+            targets.append(Target(cost.model.name, cost.profile, cost))
+        return targets
+
+    def scenarios(self, target: Target) -> list[Scenario]:
+        """The fault-free scenario once (if a delay is 0), then every link set x delay."""
+        if self.faults is not None:
+            timeline = load_faults(Path(self.faults))
+            timeline.validate(target.profile.num_stages, self.num_iterations)
+            return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
+        if not self.link_sets:
+            raise ConfigError("link_sets is empty")
+        scenarios = [Scenario()] if 0 in self.delays_ms else []
+        for link_set in self.link_sets:
+            links = tuple(_link(link, target) for link in link_set)
+            scenarios += [Scenario(links, d) for d in self.delays_ms if d]
+        return scenarios
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["profile"] = None if self.profile is None else self.profile.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, base_dir: Path | None = None) -> ExperimentSpec:
+        """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
+        accepted for one model and one link set); `faults` is relative to `base_dir`."""
+        if not isinstance(data, dict):
+            raise ConfigError("an experiment spec is a mapping of its fields")
+        values = dict(data)
+        for single, plural in (("model", "models"), ("links", "link_sets")):
+            if single in values:
+                if plural in values:
+                    raise ConfigError(f"give {single!r} or {plural!r}, not both")
+                values[plural] = [values.pop(single)]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ConfigError(
+                f"unknown spec key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted(fields | {'model', 'links'}))}"
+            )
+        missing = [k for k in ("name", "models", "systems") if k not in values]
+        if missing:
+            raise ConfigError(f"the spec is missing {', '.join(missing)}")
+        if values.get("profile") is not None:
+            values["profile"] = Profile.from_dict(values["profile"])
+        for key in ("models", "systems", "delays_ms"):
+            if key in values:
+                values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
+        if "link_sets" in values:
+            values["link_sets"] = tuple(
+                tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
+            )
+        for key in ("faults", "calibration"):
+            if values.get(key) is not None and base_dir is not None:
+                values[key] = str((base_dir / str(values[key])).resolve())
+        return cls(**values)
+
+
+def load_faults(path: Path) -> FaultTimeline:
+    text = read_text(path, "fault timeline")
+    return parse_yaml(text) if path.suffix in (".yaml", ".yml") else parse_trace(text)
+
+
+def load_spec(path: Path) -> ExperimentSpec:
+    """An experiment spec from a YAML (or JSON) file; every error names the file."""
+    import yaml
+
+    text = read_text(path, "spec")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"spec {path} is not valid YAML: {err}") from err
+    try:
+        return ExperimentSpec.from_dict(data, base_dir=path.parent)
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"spec {path}: {err}") from err
+
+
+def default_experiment() -> ExperimentSpec:
+    """1F1B, ZB, Adaptra-CPU and Adaptra on the paper's Fig. 4 pipeline, a slow first link."""
+    return ExperimentSpec(
+        name="default",
+        models=("fig4-uniform-10ms",),
+        profile=Profile.uniform(4, 12, t_f_ms=10, t_b_ms=10, t_w_ms=10),
+        systems=("1f1b", "zb", "adaptra-cpu", "adaptra"),
+        delays_ms=(0.0, 10.0, 20.0, 40.0),
+    )
+
+
+def memoised_planner() -> Planner:
+    """Plans each (policy, profile) once: an experiment's configurations share them."""
+    cache: dict[tuple[str, Profile], Schedule] = {}
+
+    def planner(policy: str, profile: Profile) -> Schedule:
+        if (policy, profile) not in cache:
+            cache[policy, profile] = plan(policy, profile).schedule
+        return cache[policy, profile]
+
+    return planner
+
+
+def controller_for(
+    system: str, target: Target, scenario: Scenario, planner: Planner | None = None
+) -> Controller:
+    """What runs `system` on `target` in `scenario` (harness.policies.system_controller)."""
+    return system_controller(
+        system,
+        scenario.apply(target.profile),
+        scenario.faults or NO_FAULTS,
+        planner=planner or memoised_planner(),
+        profile_for=None if target.cost is None else target.cost.profile_for,
+    )

@@ -1,0 +1,6 @@
+"""Engines (sim, emulated, megatron) behind one interface, and the controller interface."""
+
+from pipeline.engines.base import Action, Capabilities, Engine, Outcome, Plan, check_plan
+from pipeline.engines.control import Controller
+
+__all__ = ["Action", "Capabilities", "Controller", "Engine", "Outcome", "Plan", "check_plan"]

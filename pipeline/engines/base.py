@@ -1,0 +1,112 @@
+"""The engine interface: one iteration of a plan, under the faults in force, on any engine.
+
+A controller (pipeline.engines.control) says what each iteration runs (a `Plan`); an engine
+(`sim`, `emulated`, `megatron`) runs it and returns what it measured (an `Outcome`). Each
+engine declares what it can do once, in its `Capabilities`; `check_plan` is the one place
+a plan is held against them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import StrEnum
+from types import TracebackType
+from typing import Protocol
+
+from pipeline.errors import ConfigError
+from pipeline.faults import IterationFaults
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode
+from pipeline.timeline import Timeline
+from pipeline.topology import Topology
+
+__all__ = ["Action", "Capabilities", "Engine", "Outcome", "Plan", "check_plan"]
+
+
+class Action(StrEnum):
+    RUN = "run"
+    """Run the iteration."""
+    RESTART = "restart"
+    """Restart the job from its last checkpoint before running it."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """One iteration as a controller asks for it."""
+
+    schedule: Schedule
+    profile: Profile
+    """The op times and the static link delays the schedule is run under (a fault view's
+    delays come on top, per message)."""
+    comm: CommMode = CommMode.DIRECT
+    topology: Topology | None = None
+    """Which worker plays which position (None: the default placement)."""
+    action: Action = Action.RUN
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    comms: frozenset[CommMode]
+    """The comm modes it realises."""
+    dp_step: bool = False
+    """It times the DP all-reduce and optimizer step after the pipeline."""
+    trains: bool = False
+    """It computes a real model: losses and a parameter digest."""
+    placements: bool = False
+    """It runs plans whose topology is not the default placement."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Outcome:
+    timeline: Timeline
+    """The iteration's ops, messages and boundary (one iteration)."""
+    loss: float | None = None
+    """Training loss (engines that train)."""
+    params_sha256: str = ""
+    """The parameters' digest after the iteration, when it was asked for (engines that
+    train; pipeline.runtime.digest)."""
+
+
+class Engine(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def run(
+        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+    ) -> Outcome:
+        """Run iteration `iteration` of the current run (iteration 0 starts a new run: a
+        training engine starts again from the initial parameters). `digest`: report the
+        parameters' digest after it."""
+        ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Engine: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+def check_plan(engine: Engine, plan: Plan) -> None:
+    """Refuse, with the engine's name, a plan it cannot run."""
+    capabilities = engine.capabilities
+    if plan.comm not in capabilities.comms:
+        valid = ", ".join(sorted(c.value for c in capabilities.comms))
+        raise ConfigError(
+            f"comm {plan.comm.value!r} is not available in the {engine.name} engine yet; "
+            f"it runs {valid}"
+        )
+    if plan.action is not Action.RUN:
+        raise ConfigError(f"the {engine.name} engine cannot {plan.action.value} yet")
+    if plan.topology is not None and not capabilities.placements:
+        default = Topology(plan.topology.num_stages, plan.topology.num_replicas)
+        if plan.topology.placement and plan.topology != default:
+            raise ConfigError(f"the {engine.name} engine runs the default placement only")

@@ -1,0 +1,104 @@
+"""The `emulated` and `megatron` engines: a pool of real worker processes, kept for the
+engine's life (configurations of one experiment share it), one per position.
+
+`emulated` workers sleep each op's profiled time and send messages of the profile's size;
+`megatron` workers compute a megatron-core GPT (the profile gives the stage and microbatch
+counts and the delays, not the op times) and start from the initial parameters again at
+every run's iteration 0.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import TracebackType
+
+from pipeline.engines.base import Capabilities, Outcome, Plan
+from pipeline.faults import IterationFaults
+from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
+from pipeline.runtime.config import IterationConfig
+from pipeline.runtime.digest import params_sha256, whole_model_params
+from pipeline.runtime.hooks import LaunchHook, local_launch
+from pipeline.runtime.pool import WorkerPool
+from pipeline.schedule import validate_schedule
+from pipeline.simulator import CommMode
+
+__all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
+
+
+class RuntimeEngine:
+    capabilities = Capabilities(comms=frozenset({CommMode.DIRECT}))
+
+    def __init__(
+        self,
+        name: str,
+        num_stages: int,
+        *,
+        num_replicas: int = 1,
+        compute_factory: Callable[[], ComputeBackend] = EmulatedCompute,
+        launch: LaunchHook = local_launch,
+        trains: bool = False,
+    ) -> None:
+        self.name = name
+        self.num_stages, self.num_replicas = num_stages, num_replicas
+        if trains:
+            self.capabilities = Capabilities(comms=frozenset({CommMode.DIRECT}), trains=True)
+        self._pool = WorkerPool(
+            num_stages, num_replicas, compute_factory=compute_factory, launch=launch
+        )
+        self._started = False
+        self._validated: set[int] = set()
+
+    @property
+    def pids(self) -> list[int]:
+        return list(self._pool.pids)
+
+    def run(
+        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+    ) -> Outcome:
+        profile = plan.profile
+        if id(plan.schedule) not in self._validated:
+            validate_schedule(plan.schedule, profile.num_stages, profile.num_microbatches)
+            self._validated.add(id(plan.schedule))
+        if not self._started:
+            self._pool.start()
+            self._started = True
+        timeline = self._pool.run_iteration(
+            IterationConfig(iteration, plan.schedule, profile, faults=faults, collect_params=digest)
+        )
+        results = self._pool.last_results
+        losses = [r.step_output.loss for r in results if r.step_output.loss is not None]
+        return Outcome(
+            timeline,
+            loss=losses[0] if losses else None,
+            params_sha256=params_sha256(whole_model_params(results)) if digest else "",
+        )
+
+    def close(self) -> None:
+        self._pool.close()
+        self._started = False
+        self._validated.clear()
+
+    def __enter__(self) -> RuntimeEngine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def emulated_engine(num_stages: int, *, launch: LaunchHook = local_launch) -> RuntimeEngine:
+    return RuntimeEngine("emulated", num_stages, launch=launch)
+
+
+def megatron_engine(num_stages: int, model: str) -> RuntimeEngine:
+    """Importing megatron-core only inside the workers (and to check the model's split)."""
+    from pipeline.runtime.megatron import MegatronCompute, get_preset
+
+    get_preset(model).check_stages(num_stages)
+    factory = functools.partial(MegatronCompute, model)
+    return RuntimeEngine("megatron", num_stages, compute_factory=factory, trains=True)

@@ -1,0 +1,60 @@
+import dataclasses
+
+import pytest
+
+from baselines import one_f_one_b
+from pipeline.engines import Action, Plan, check_plan
+from pipeline.engines.sim import SimEngine
+from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS, MessageFault
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.simulator import CommMode
+from pipeline.topology import Link, Position, Topology
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlowForward:
+    """10 ms more on every activation of link 0-1 (replica 0), nothing on gradients."""
+
+    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int):
+        slow = link == Link.pp(0) and direction == "forward"
+        return MessageFault(10.0 if slow else 0.0)
+
+
+def test_iterations_run_back_to_back_and_a_fault_view_delays_its_messages() -> None:
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.IDEAL)
+    with SimEngine() as engine:
+        first = engine.run(plan, 0, NO_FAULTS).timeline
+        second = engine.run(plan, 1, _SlowForward()).timeline
+    assert compute_metrics(first, 0).iteration_time_ms == 90.0
+    assert second.iterations[0].start_ms == 90.0
+    # 1F1B's critical path crosses link 0-1 forward once (F0 on its way down): +10 ms.
+    assert compute_metrics(second, 1).iteration_time_ms == 90.0 + 10
+    forward = [m.fault_ms for m in second.messages if m.direction == "forward"]
+    backward = [m.fault_ms for m in second.messages if m.direction == "backward"]
+    assert forward == [10.0, 10.0] and backward == [0.0, 0.0]
+
+
+def test_fault_delays_add_to_the_profile_s() -> None:
+    profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,))
+    plan = Plan(one_f_one_b(profile), profile, CommMode.IDEAL)
+    with SimEngine() as engine:
+        timeline = engine.run(plan, 0, _SlowForward()).timeline
+    assert sorted({m.fault_ms for m in timeline.messages}) == [5.0, 15.0]
+
+
+def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
+    from pipeline.engines.runtime import RuntimeEngine  # no pool starts until run()
+
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    delegated = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    check_plan(SimEngine(), delegated)
+    with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
+        check_plan(RuntimeEngine("emulated", 2), delegated)
+    with pytest.raises(ConfigError, match="cannot restart"):
+        check_plan(SimEngine(), dataclasses.replace(delegated, action=Action.RESTART))
+    swapped = Topology(2).swapped(Position(0), Position(1))
+    with pytest.raises(ConfigError, match="default placement only"):
+        check_plan(SimEngine(), dataclasses.replace(delegated, topology=swapped))
