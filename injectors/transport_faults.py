@@ -2,8 +2,9 @@
 
 Each message on a faulty link direction pays, before it is sent: a one-off stall (the first
 message of each iteration), a fixed delay plus a seeded jitter, and its bytes at the capped
-rate; or it fails. The hook is picklable and deterministic: the jitter of a message depends
-only on the seed and the message's (link, direction, iteration, microbatch).
+rate; or it fails (`pipeline.errors.LinkFailure`). The hook is picklable and deterministic:
+the jitter of a message depends only on the seed and the message's (link, direction,
+iteration, microbatch).
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ import random
 import time
 from collections.abc import Mapping
 
-from pipeline.errors import AdaptraBenchError, ConfigError
+from pipeline.errors import ConfigError, LinkFailure
 
-__all__ = ["LinkFailure", "LinkFault", "TransportFaultHook"]
+__all__ = ["LinkFault", "TransportFaultHook"]
 
 DIRECTIONS = ("forward", "backward")
-
-
-class LinkFailure(AdaptraBenchError, ConnectionError):
-    """A message was sent on a link marked failed (a NIC failure at the transport level)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "DeadlockError",
+    "LinkFailure",
     "MemoryLimitError",
     "ScheduleError",
 ]
@@ -34,3 +35,8 @@ class MemoryLimitError(ScheduleError):
 
 class BackendError(AdaptraBenchError, RuntimeError):
     """A compute backend was driven out of order (e.g. W before its B) or cannot run here."""
+
+
+class LinkFailure(AdaptraBenchError, ConnectionError):
+    """A message was sent on a link or through a NIC that has failed (the fault injectors
+    raise it in the sending worker; the controller reports it as a `WorkerLinkFailure`)."""

@@ -2,7 +2,15 @@
 
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.hooks import FaultHook, FaultViewHook, LaunchHook, local_launch
-from pipeline.runtime.pool import IterationConfig, WorkerError, WorkerPool
+from pipeline.runtime.pool import IterationConfig, WorkerPool
+from pipeline.runtime.remote_error import (
+    RemoteError,
+    WorkerCrash,
+    WorkerDeadlock,
+    WorkerError,
+    WorkerLinkFailure,
+    WorkerTimeout,
+)
 
 __all__ = [
     "ComputeBackend",
@@ -11,7 +19,12 @@ __all__ = [
     "FaultViewHook",
     "IterationConfig",
     "LaunchHook",
+    "RemoteError",
+    "WorkerCrash",
+    "WorkerDeadlock",
     "WorkerError",
+    "WorkerLinkFailure",
     "WorkerPool",
+    "WorkerTimeout",
     "local_launch",
 ]

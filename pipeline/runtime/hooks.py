@@ -14,6 +14,7 @@ from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
+from pipeline.errors import LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
@@ -59,7 +60,7 @@ class FaultViewHook:
             concrete = Link.pp(Link.parse(link).first, self.replica)
             fault = self.faults.message_fault(concrete, direction, kind, microbatch)
             if fault.failed:
-                raise ConnectionError(
+                raise LinkFailure(
                     f"link {concrete} ({direction}) has failed: the {kind} message of "
                     f"microbatch {microbatch} in iteration {iteration} cannot go"
                 )

@@ -3,7 +3,8 @@
 Each iteration the pool sends every worker its `IterationConfig` and a common start time on
 the host's monotonic clock (shared by all processes of one host), then gathers their records
 into one timeline. A dead, failing or silent worker ends the pool with a `WorkerError` that
-names the rank, and `close()` leaves no process behind.
+names the rank, of the subclass that says what happened (remote_error.py), and `close()`
+leaves no process behind.
 """
 
 from __future__ import annotations
@@ -21,11 +22,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
-from pipeline.errors import AdaptraBenchError, ScheduleError
+from pipeline.errors import ScheduleError
 from pipeline.ops import OpKind
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.hooks import LaunchHook, local_launch
+from pipeline.runtime.remote_error import (
+    RemoteError,
+    WorkerCrash,
+    WorkerError,
+    WorkerTimeout,
+    worker_error,
+)
 from pipeline.runtime.worker import worker_main
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 
@@ -35,10 +43,6 @@ logger = logging.getLogger(__name__)
 
 DEATH_GRACE_S = 1.0
 """How long a failure waits for a dead process before it is blamed on the rank that spoke."""
-
-
-class WorkerError(AdaptraBenchError, RuntimeError):
-    """A worker died, failed or did not answer in time; the pool is closed."""
 
 
 class WorkerPool:
@@ -137,20 +141,29 @@ class WorkerPool:
             ready = wait(list(handles), timeout=max(deadline - time.monotonic(), 0))  # type: ignore[arg-type]
             if not ready:
                 self._fail(
-                    f"no answer from rank(s) {waiting} within {self.timeout_s:g} s during {what}",
+                    WorkerTimeout(
+                        f"no answer from rank(s) {waiting} within {limit_s:g} s during {what}",
+                        rank=waiting[0] if len(waiting) == 1 else None,
+                    ),
                     what,
                 )
             for rank in sorted({handles[item] for item in ready}):
                 answer = self._receive(rank)  # an answer (or a last word) beats the exit code
                 if answer is None:  # its pipe closed or its process ended, unanswered
                     self._fail(
-                        f"rank {rank} (stage {rank % self.num_stages}) ended without an "
-                        f"answer during {what}",
+                        WorkerCrash(
+                            f"{self._name(rank)} ended without an answer during {what}", rank=rank
+                        ),
                         what,
                     )
                 status, payload = answer
                 if status == "error":
-                    self._fail(str(payload), what, reporter=rank)
+                    error = (
+                        worker_error(payload)
+                        if isinstance(payload, RemoteError)
+                        else WorkerCrash(f"{self._name(rank)}: {payload}", rank=rank)
+                    )
+                    self._fail(error, what, reporter=rank)
                 answers[rank] = payload
         return [answers[rank] for rank in range(self.num_ranks)]
 
@@ -180,17 +193,19 @@ class WorkerPool:
                 return None
             time.sleep(min(left_s, 0.01))
 
-    def _fail(self, message: str, what: str, reporter: int | None = None) -> NoReturn:
-        """Close the pool and raise: a dead rank is the cause if there is one, else `message`."""
+    def _name(self, rank: int) -> str:
+        return f"rank {rank} (stage {rank % self.num_stages})"
+
+    def _fail(self, error: WorkerError, what: str, reporter: int | None = None) -> NoReturn:
+        """Close the pool and raise: a dead rank's `WorkerCrash` if there is one (`error`, a
+        neighbour's report of the broken connection, its cause), else `error`."""
         dead = self._dead_rank(spare=reporter)
+        self.close()
         if dead is not None:
             rank, code = dead
-            message = (
-                f"rank {rank} (stage {rank % self.num_stages}) exited with code {code} "
-                f"during {what}"
-            )
-        self.close()
-        raise WorkerError(message)
+            message = f"{self._name(rank)} exited with code {code} during {what}"
+            raise WorkerCrash(message, rank=rank) from error
+        raise error
 
     def close(self) -> None:
         """Stop every worker: ask, then terminate, then kill; remove the rendezvous files."""

@@ -48,7 +48,7 @@ def describe(peer: int, kind: int, microbatch: int) -> str:
 class PendingReceive(Protocol):
     def wait(self, timeout_s: float) -> None:
         """Block until the message is in its buffer; TimeoutError if it is not within
-        `timeout_s` or the link failed."""
+        `timeout_s`, ConnectionError if the connection to the peer broke."""
         ...
 
 
@@ -69,7 +69,10 @@ class _GlooReceive:
         try:
             self._work.wait(dt.timedelta(seconds=timeout_s))
         except RuntimeError as err:
-            raise TimeoutError(f"waiting for {self._what} failed: {err}") from err
+            # gloo raises RuntimeError for both; only its text tells "Timed out waiting 2000ms
+            # for recv" from "Connection reset by peer" (a peer that died or broke off).
+            kind = TimeoutError if "timed out" in str(err).lower() else ConnectionError
+            raise kind(f"waiting for {self._what} failed: {err}") from err
 
 
 class DirectTransport:

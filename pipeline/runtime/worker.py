@@ -23,6 +23,7 @@ from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.hooks import FaultViewHook
 from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.remote_error import RemoteError
 from pipeline.runtime.transport import ACTIVATION, GRADIENT, DirectTransport, Message
 from pipeline.topology import Position, Topology, link_name
 
@@ -48,15 +49,6 @@ _DIRECTION = {ACTIVATION: "forward", GRADIENT: "backward"}
 def _sent_microbatches(ops: Sequence[Op], msg_kind: int) -> list[int]:
     """The microbatches whose `msg_kind` messages a stage running `ops` sends, in order."""
     return [op.microbatch for op in ops if _MESSAGE_KIND.get(op.kind) == msg_kind]
-
-
-def _prefixed(err: Exception, where: str) -> Exception:
-    """`err` again with `where` (e.g. the op that waited) in front of its message; its type
-    kept where that type is built from one message."""
-    try:
-        return type(err)(f"{where}: {err}")
-    except Exception:
-        return RuntimeError(f"{where}: {type(err).__name__}: {err}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,6 +91,8 @@ class _Worker:
         # Neighbours and the link to each: activations come from up, gradients from down.
         self.up = (rank - 1, link_name(stage - 1)) if stage > 0 else None
         self.down = (rank + 1, link_name(stage)) if stage < num_stages - 1 else None
+        self.current_op: str | None = None
+        """The op running ("F3"), None outside ops: where a failure happened."""
 
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
         profile = config.profile
@@ -106,6 +100,7 @@ class _Worker:
             {link_name(i): d for i, d in enumerate(profile.delay_ms)}, config.faults, self.replica
         )
         transport = DirectTransport(hook)
+        self.current_op = None
         inbound = self._post_receives(config, transport)
         try:
             for inbox in inbound.values():
@@ -172,10 +167,7 @@ class _Worker:
         """Join the receiver threads after the last op: in a valid schedule every message a
         neighbour sends has been taken in by then, so they are done or about to be."""
         for inbox in inbound.values():
-            try:
-                inbox.receiver.finish(self.timeout_s)
-            except Exception as err:
-                raise _prefixed(err, "after the last op") from err
+            inbox.receiver.finish(self.timeout_s)
 
     def _run_ops(
         self, config: IterationConfig, transport: DirectTransport, inbound: dict[int, _Inbound]
@@ -184,15 +176,13 @@ class _Worker:
         records = _Records()
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
         for op in config.schedule.stages[self.stage]:
+            self.current_op = str(op)
             msg_kind = _MESSAGE_KIND.get(op.kind)
             inbox = None if msg_kind is None else inbound.get(msg_kind)
             inputs = None
             if inbox is not None:
                 needed = time.monotonic()
-                try:
-                    arrived = inbox.receiver.take(op.microbatch, self.timeout_s)
-                except Exception as err:
-                    raise _prefixed(err, f"op {op}") from err
+                arrived = inbox.receiver.take(op.microbatch, self.timeout_s)
                 records.receives.append(
                     (inbox.link, inbox.direction, op.microbatch, arrived, needed)
                 )
@@ -220,6 +210,7 @@ class _Worker:
                     fault_ms,
                 )
             )
+        self.current_op = None
         return records
 
 
@@ -279,14 +270,16 @@ def worker_main(
     timeout_s: float,
     compute: ComputeBackend,
 ) -> None:
-    """Process entry point; reports ready, then answers one command per iteration."""
+    """Process entry point; reports ready, then answers one command per iteration. A failure
+    (in start-up or an iteration) is reported as a `RemoteError` and ends the worker."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     configure_threads()
-    stage = rank % num_stages
+    stage, replica = rank % num_stages, rank // num_stages
     try:
         worker = join(rank, num_stages, num_replicas, f"file://{init_file}", timeout_s, compute)
     except Exception as err:
-        conn.send(("error", f"rank {rank} (stage {stage}) could not start: {err}"))
+        remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)
+        conn.send(("error", remote))
         return
     conn.send(("ok", os.getpid()))
     while True:
@@ -300,8 +293,14 @@ def worker_main(
         try:
             conn.send(("ok", worker.run(config, start_at)))
         except Exception as err:
-            conn.send(
-                ("error", f"rank {rank} (stage {stage}), iteration {config.iteration}: {err}")
+            remote = RemoteError.from_exception(
+                err,
+                rank=rank,
+                stage=stage,
+                replica=replica,
+                iteration=config.iteration,
+                op=worker.current_op,
             )
+            conn.send(("error", remote))
             return
     dist.destroy_process_group()

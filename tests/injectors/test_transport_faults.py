@@ -8,7 +8,7 @@ from baselines import zb_h2
 from injectors.transport_faults import LinkFault, TransportFaultHook
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
-from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.runtime import IterationConfig, WorkerLinkFailure, WorkerPool
 
 
 def test_jitter_is_seeded_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,5 +65,5 @@ def test_faults_act_on_real_sends() -> None:
             m.send_end_ms - m.send_start_ms for m in timeline.messages if m.link == "1-2"
         ]
         assert min(capped_sends) >= 20.0 and statistics.median(capped_sends) < 40.0
-        with pytest.raises(WorkerError, match=r"link 1-2 \(.*\) has failed"):
+        with pytest.raises(WorkerLinkFailure, match=r"link 1-2 \(.*\) has failed"):
             pool.run_iteration(IterationConfig(3, schedule, profile, fault_hook=failed))

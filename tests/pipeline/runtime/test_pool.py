@@ -10,13 +10,24 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h2
+from injectors.transport_faults import LinkFault, TransportFaultHook
 from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
-from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.runtime import (
+    EmulatedCompute,
+    IterationConfig,
+    WorkerCrash,
+    WorkerDeadlock,
+    WorkerError,
+    WorkerLinkFailure,
+    WorkerPool,
+    WorkerTimeout,
+)
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.trace import to_chrome_trace
@@ -93,9 +104,11 @@ def test_a_killed_worker_fails_the_run_clearly_and_leaves_no_process() -> None:
         victim = pids[1]
         threading.Timer(0.3, os.kill, (victim, signal.SIGKILL)).start()
         start = time.monotonic()
-        with pytest.raises(WorkerError, match=r"rank 1 \(stage 1\) exited with code -9"):
+        with pytest.raises(WorkerCrash, match=r"rank 1 \(stage 1\) exited with code -9") as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
         assert time.monotonic() - start < 20
+    assert info.value.rank == 1 and info.value.remote is None  # a death: no report
+    assert info.value.traceback_text == ""
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -131,8 +144,13 @@ def test_a_death_is_named_even_when_a_neighbour_s_error_comes_first() -> None:
         pids = list(pool.pids)
         config = IterationConfig(0, one_f_one_b(profile), profile, fault_hook=_DieSlowly())
         # Status 7, or -6: gloo's own threads may abort the process on its shut sockets first.
-        with pytest.raises(WorkerError, match=r"^rank 1 \(stage 1\) exited with code (7|-6) "):
+        with pytest.raises(
+            WorkerCrash, match=r"^rank 1 \(stage 1\) exited with code (7|-6) "
+        ) as info:
             pool.run_iteration(config)
+    assert info.value.rank == 1 and info.value.remote is None
+    # What came first (rank 0's report, or rank 1's silent end) is kept as the cause.
+    assert isinstance(info.value.__cause__, WorkerError)
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -147,12 +165,16 @@ def test_a_message_the_peer_never_sends_fails_at_once_naming_the_op() -> None:
         broken = Schedule((good.stages[0], good.stages[1][:2]))
         start = time.monotonic()
         with pytest.raises(
-            WorkerError,
-            match=r"rank 0 \(stage 0\), iteration 1: op BW1: the gradient of microbatch 1 "
-            r"from rank 1 never comes: rank 1's schedule does not send it",
-        ):
+            WorkerDeadlock,
+            match=r"^rank 0 \(stage 0\), iteration 1, op BW1: ScheduleError: the gradient of "
+            r"microbatch 1 from rank 1 never comes: rank 1's schedule does not send it",
+        ) as info:
             pool.run_iteration(IterationConfig(1, broken, profile))
         assert time.monotonic() - start < 30  # it did not wait for the timeout
+    assert "\n" not in str(info.value)  # one line; the traceback is in the notes
+    remote = info.value.remote
+    assert remote is not None and remote.type_name == "pipeline.errors.ScheduleError"
+    assert (remote.rank, remote.iteration, remote.op) == (0, 1, "BW1")
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -199,12 +221,85 @@ def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> No
         # Stage 1 stalls past stage 0's timeout, then carries on (and so ends soon after).
         config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 4.0))
         with pytest.raises(
-            WorkerError,
-            match=r"^rank 0 \(stage 0\), iteration 1: op BW1: waiting for the gradient of "
-            r"microbatch 1 from rank 1 failed: .*Timed out waiting 2000ms",  # gloo's own error
-        ):
+            WorkerTimeout,
+            match=r"^rank 0 \(stage 0\), iteration 1, op BW1: TimeoutError: waiting for the "
+            r"gradient of microbatch 1 from rank 1 failed: .*Timed out waiting 2000ms",  # gloo's
+        ) as info:
             pool.run_iteration(config)
+    remote = info.value.remote
+    assert remote is not None and info.value.rank == 0
+    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "BW1")
+    assert remote.cause_type_name == "builtins.RuntimeError"  # gloo's, kept as the cause
+    assert "Timed out waiting 2000ms" in remote.message
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
+    """Stage 1's first gradient goes on a failed link: its rank reports the LinkFailure, the
+    op and the fault hook's frame; its neighbour's broken connection comes later."""
+    profile = _profile(1.0, 1.0, 1.0)
+    hook = TransportFaultHook({("0-1", "backward"): LinkFault(failed=True)})
+    with WorkerPool(2, timeout_s=20) as pool:
+        pids = list(pool.pids)
+        with pytest.raises(WorkerLinkFailure) as info:
+            pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile, fault_hook=hook))
+    err = info.value
+    assert isinstance(err, WorkerError) and err.rank == 1
+    assert str(err) == (
+        "rank 1 (stage 1), iteration 0, op BW0: LinkFailure: link 0-1 (backward) has failed: "
+        "the B message of microbatch 0 in iteration 0 cannot go"
+    )
+    remote = err.remote
+    assert remote is not None
+    assert (remote.rank, remote.stage, remote.replica, remote.iteration) == (1, 1, 0, 0)
+    assert remote.type_name == "pipeline.errors.LinkFailure"
+    assert "builtins.ConnectionError" in remote.type_names
+    # The worker's traceback, down to the hook that raised: an attribute and a note.
+    assert "transport_faults.py" in err.traceback_text
+    assert "raise LinkFailure(" in err.traceback_text
+    assert any(err.traceback_text.rstrip() in note for note in err.__notes__)
+    assert not any(_alive(pid) for pid in pids)
+
+
+class _BrokenBackward(EmulatedCompute):
+    """A compute backend with a bug: stage 1's backward raises a plain ValueError."""
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
+        if self._stage == 1 and kind is OpKind.BW:
+            raise ValueError(f"a backend bug in {kind.value}{microbatch}")
+        return super().run(kind, microbatch, inputs, profile)
+
+
+class _BrokenSetup(EmulatedCompute):
+    """A compute backend that cannot set itself up."""
+
+    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+        raise ValueError(f"no device for stage {stage}")
+
+
+def test_a_bug_in_a_compute_backend_is_a_crash_with_its_type() -> None:
+    profile = _profile(1.0, 1.0, 1.0)
+    pool = WorkerPool(2, compute_factory=_BrokenBackward, timeout_s=20)
+    with pool, pytest.raises(WorkerCrash) as info:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    err = info.value
+    assert str(err) == "rank 1 (stage 1), iteration 0, op BW0: ValueError: a backend bug in BW0"
+    assert err.rank == 1 and err.remote is not None
+    assert err.remote.type_name == "builtins.ValueError" and err.remote.op == "BW0"
+    assert "in run" in err.traceback_text  # the backend's frame
+
+
+def test_a_worker_that_cannot_start_says_so() -> None:
+    pool = WorkerPool(1, compute_factory=_BrokenSetup, timeout_s=20)
+    with pytest.raises(WorkerCrash) as info:
+        pool.start()
+    assert str(info.value) == "rank 0 (stage 0) could not start: ValueError: no device for stage 0"
+    remote = info.value.remote
+    assert remote is not None and remote.iteration is None and remote.op is None
+    assert remote.type_name == "builtins.ValueError"
+    assert "in setup" in remote.traceback_text
 
 
 def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> None:
