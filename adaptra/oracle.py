@@ -17,6 +17,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
+from pipeline.topology import Topology
 
 __all__ = ["OracleController"]
 
@@ -45,7 +46,7 @@ class OracleController:
         self._schedules: dict[tuple[float, ...], Schedule] = {}
 
     def delays_in_force(self, iteration: int) -> tuple[float, ...]:
-        extra = self.faults.pp_delays_ms(iteration, self.profile.num_stages)
+        extra = self.faults.pp_delays_ms(iteration, Topology(self.profile.num_stages))
         return tuple(a + b for a, b in zip(self.profile.delay_ms, extra, strict=True))
 
     def plan(self, iteration: int) -> Plan:

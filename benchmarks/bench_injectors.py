@@ -3,7 +3,8 @@
 Run (as root, for the testbed part): python benchmarks/bench_injectors.py
 
 - Transport level, in a real emulated run (2 stages, gloo on loopback): the median time a
-  send is held for a requested delay, and for a bandwidth cap on 1 Mbit messages.
+  send is held for a requested delay, and for a bandwidth cap on 1 Mbit messages (the fault
+  model's rows, realised by the runtime's fault hook).
 - Network level, in the testbed: TCP throughput through an htb cap of 50/100/500 Mbit/s on
   one pair, the uncapped pair and plane next to it, the round trip of a pair (the cost of
   veth + bridge + veth), and the userspace delay wire: one-way delay (half the round trip)
@@ -16,17 +17,18 @@ import os
 import statistics
 
 from baselines import one_f_one_b
+from injectors.fault_files import parse_yaml
 from injectors.probe import measure
 from injectors.testbed import Testbed
-from injectors.transport_faults import LinkFault, TransportFaultHook
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.topology import Topology
 
 
-def _held_ms(pool: WorkerPool, profile: Profile, hook: TransportFaultHook, it: int) -> float:
-    timeline = pool.run_iteration(
-        IterationConfig(it, one_f_one_b(profile), profile, fault_hook=hook)
-    )
+def _held_ms(pool: WorkerPool, profile: Profile, effect: str, it: int) -> float:
+    """The median send on link 0-1 under one fault-model row's `effect` (YAML)."""
+    faults = parse_yaml(f'[{{start_iteration: 0, links: ["0-1"], {effect}}}]').at(0, Topology(2))
+    timeline = pool.run_iteration(IterationConfig(it, one_f_one_b(profile), profile, faults=faults))
     return statistics.median(m.send_end_ms - m.send_start_ms for m in timeline.messages)
 
 
@@ -37,20 +39,14 @@ def transport_level() -> None:
     with WorkerPool(2, timeout_s=30) as pool:
         it = 0
         pool.run_iteration(IterationConfig(it, one_f_one_b(profile), profile))
-        base = _held_ms(pool, profile, TransportFaultHook({}), it := it + 1)
+        base = _held_ms(pool, profile, "delay_ms: 0", it := it + 1)
         print(f"| none | 0 | {base:.3f} |")
         for delay in (5.0, 20.0, 50.0):
-            hook = TransportFaultHook.on_links({"0-1": LinkFault(delay_ms=delay)})
-            print(
-                f"| delay {delay:g} ms | {delay:g} | "
-                f"{_held_ms(pool, profile, hook, it := it + 1):.3f} |"
-            )
+            held = _held_ms(pool, profile, f"delay_ms: {delay}", it := it + 1)
+            print(f"| delay {delay:g} ms | {delay:g} | {held:.3f} |")
         for rate in (100.0, 500.0):
-            hook = TransportFaultHook.on_links({"0-1": LinkFault(bandwidth_mbps=rate)})
-            print(
-                f"| cap {rate:g} Mbit/s | {1e3 / rate:g} | "
-                f"{_held_ms(pool, profile, hook, it := it + 1):.3f} |"
-            )
+            held = _held_ms(pool, profile, f"bandwidth_gbps: {rate / 1e3}", it := it + 1)
+            print(f"| cap {rate:g} Mbit/s | {1e3 / rate:g} | {held:.3f} |")
 
 
 def network_level() -> None:

@@ -56,7 +56,8 @@ def launch(
     gpus_per_node: int,
 ) -> None:
     """Print the torchrun command for every node (emulated compute), or run it here; with
-    --spec, write a Slurm batch script for every configuration of an experiment."""
+    --spec, write a Slurm batch script for every configuration of an experiment. This path
+    runs fixed plans only for now (no fault timeline, no re-planning controller)."""
     if spec_path is not None:
         from harness.slurm import write_slurm_script
         from harness.spec import load_spec

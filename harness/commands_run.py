@@ -18,7 +18,8 @@ from harness.experiment import new_run_id, run_experiment
 from harness.names import check_run_name
 from harness.policies import SYSTEMS, system_controller
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
-from harness.spec import default_experiment, load_faults, load_spec
+from harness.spec import default_experiment, load_spec
+from injectors.fault_files import load_faults
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
@@ -26,6 +27,7 @@ from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline
+from pipeline.topology import Topology
 from pipeline.trace import write_chrome_trace
 
 __all__ = ["compare", "report", "run"]
@@ -146,7 +148,7 @@ def run(
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path))
-        timeline.validate(profile.num_stages, iterations)
+        timeline.validate(Topology(profile.num_stages), iterations)
         faults = timeline
     controller: Controller
     if system is not None:

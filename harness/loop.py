@@ -20,6 +20,7 @@ from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
+from pipeline.topology import Topology
 
 __all__ = ["RunResult", "run_loop"]
 
@@ -77,15 +78,15 @@ def run_loop(
     view = AfterWarmup(faults, num_warmup_iterations)
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts = [], [], [], [], [], []
-    digest = ""
+    params_sha256 = ""
     for k in range(total):
         plan = controller.plan(k)
         check_plan(engine, plan)
-        outcome = engine.run(
-            plan, k, view.at(k), digest=k == total - 1 and engine.capabilities.trains
-        )
+        topology = plan.topology or Topology(plan.profile.num_stages)
+        digest = k == total - 1 and engine.capabilities.trains
+        outcome = engine.run(plan, k, view.at(k, topology), digest=digest)
         controller.observe(k, outcome.timeline)
-        digest = outcome.params_sha256 or digest
+        params_sha256 = outcome.params_sha256 or params_sha256
         if keep_timeline:
             parts.append(outcome.timeline)
         if k < num_warmup_iterations:
@@ -105,5 +106,5 @@ def run_loop(
         timeline=Timeline.concat(parts) if keep_timeline else None,
         controller=controller.name,
         losses=tuple(losses),
-        params_sha256=digest,
+        params_sha256=params_sha256,
     )

@@ -20,6 +20,7 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
+from pipeline.topology import Topology
 
 __all__ = [
     "BACKENDS",
@@ -170,12 +171,12 @@ def run_configuration(
         raise ConfigError("--inject network needs the emulated backend")
     if allreduce is not None and backend != "sim":
         raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
-    if faults.has_failure(num_iterations - 1):
+    profile = controller.plan(0).profile
+    if faults.has_failure(num_iterations - 1, Topology(profile.num_stages)):
         raise ConfigError(
             "the fault timeline fails a NIC; failures are not modelled by the "
             "sim and emulated backends yet (they come with NIC failover)"
         )
-    profile = controller.plan(0).profile
     run = functools.partial(
         run_loop,
         controller=controller,

@@ -14,7 +14,8 @@ from typing import Any
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
-from injectors.fault_timeline import FaultTimeline, parse_trace, parse_yaml
+from injectors.fault_files import load_faults
+from injectors.fault_model import FaultModel
 from pipeline.allreduce import AllReduce
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
@@ -32,7 +33,6 @@ __all__ = [
     "Target",
     "controller_for",
     "default_experiment",
-    "load_faults",
     "load_spec",
     "memoised_planner",
 ]
@@ -46,7 +46,7 @@ class Scenario:
     """PP links of every replica ("0-1") and DP ring links ("dp<stage>:r-(r+1)", a delay
     per all-reduce ring step)."""
     delay_ms: float = 0.0
-    faults: FaultTimeline | None = None
+    faults: FaultModel | None = None
     faults_name: str = ""
 
     @property
@@ -202,8 +202,8 @@ class ExperimentSpec:
     def scenarios(self, target: Target) -> list[Scenario]:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
         if self.faults is not None:
-            timeline = load_faults(Path(self.faults))
-            timeline.validate(target.profile.num_stages, self.num_iterations)
+            timeline = load_faults(Path(self.faults), self.seed)
+            timeline.validate(Topology(target.profile.num_stages), self.num_iterations)
             return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
         if not self.link_sets:
             raise ConfigError("link_sets is empty")
@@ -253,11 +253,6 @@ class ExperimentSpec:
             if values.get(key) is not None and base_dir is not None:
                 values[key] = str((base_dir / str(values[key])).resolve())
         return cls(**values)
-
-
-def load_faults(path: Path) -> FaultTimeline:
-    text = read_text(path, "fault timeline")
-    return parse_yaml(text) if path.suffix in (".yaml", ".yml") else parse_trace(text)
 
 
 def load_spec(path: Path) -> ExperimentSpec:

@@ -40,3 +40,8 @@ class BackendError(AdaptraBenchError, RuntimeError):
 class LinkFailure(AdaptraBenchError, ConnectionError):
     """A message was sent on a link or through a NIC that has failed (the fault injectors
     raise it in the sending worker; the controller reports it as a `WorkerLinkFailure`)."""
+
+    def __init__(self, message: str, *, at_ms: float | None = None) -> None:
+        super().__init__(message)
+        self.at_ms = at_ms
+        """When it failed, on the engine's clock (the simulator's; None where not known)."""

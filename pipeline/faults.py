@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from pipeline.topology import Link
+from pipeline.topology import Link, Topology
 
 __all__ = ["NO_FAULTS", "AfterWarmup", "FaultView", "IterationFaults", "MessageFault", "NoFaults"]
 
@@ -33,9 +33,19 @@ class IterationFaults(Protocol):
     """What is in force during one iteration. Picklable: the runtimes ship it to every
     worker with the iteration's config."""
 
-    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int) -> MessageFault:
-        """The effect on one message of a concrete PP link (`Link.pp(stage, replica)`) in
-        `direction` ("forward": an activation, `kind` "F"; "backward": a gradient, "B")."""
+    def message_fault(
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        microbatch: int,
+        num_bytes: int = 0,
+        offset_ms: float = 0.0,
+    ) -> MessageFault:
+        """The effect on one message of a concrete link (`Link.pp(stage, replica)`) in
+        `direction` ("forward": an activation, `kind` "F"; "backward": a gradient, "B"),
+        of `num_bytes`, sent `offset_ms` into the iteration (on the engine's clock). Called
+        once per message, in each sender's send order: a view may keep per-sender state."""
         ...
 
 
@@ -43,14 +53,16 @@ class FaultView(Protocol):
     """A whole run's faults, iteration by iteration (iterations count from the first
     measured one)."""
 
-    def at(self, iteration: int) -> IterationFaults: ...
+    def at(self, iteration: int, topology: Topology) -> IterationFaults:
+        """What is in force at `iteration` with positions placed as in `topology`."""
+        ...
 
-    def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
-        """The delay in force on each PP link (every replica) at `iteration`: what an oracle
+    def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
+        """The delay in force on each PP link of replica 0 at `iteration`: what an oracle
         controller plans for."""
         ...
 
-    def has_failure(self, iteration: int) -> bool:
+    def has_failure(self, iteration: int, topology: Topology) -> bool:
         """A failure is in force at `iteration`."""
         ...
 
@@ -59,16 +71,24 @@ class FaultView(Protocol):
 class NoFaults:
     """A healthy cluster: every iteration, every message."""
 
-    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int) -> MessageFault:
+    def message_fault(
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        microbatch: int,
+        num_bytes: int = 0,
+        offset_ms: float = 0.0,
+    ) -> MessageFault:
         return NONE
 
-    def at(self, iteration: int) -> NoFaults:
+    def at(self, iteration: int, topology: Topology) -> NoFaults:
         return self
 
-    def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
-        return (0.0,) * (num_stages - 1)
+    def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
+        return (0.0,) * (topology.num_stages - 1)
 
-    def has_failure(self, iteration: int) -> bool:
+    def has_failure(self, iteration: int, topology: Topology) -> bool:
         return False
 
 
@@ -83,15 +103,17 @@ class AfterWarmup:
     faults: FaultView
     num_warmup: int
 
-    def at(self, iteration: int) -> IterationFaults:
+    def at(self, iteration: int, topology: Topology) -> IterationFaults:
         if iteration < self.num_warmup:
             return NO_FAULTS
-        return self.faults.at(iteration - self.num_warmup)
+        return self.faults.at(iteration - self.num_warmup, topology)
 
-    def pp_delays_ms(self, iteration: int, num_stages: int) -> tuple[float, ...]:
+    def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         if iteration < self.num_warmup:
-            return NO_FAULTS.pp_delays_ms(iteration, num_stages)
-        return self.faults.pp_delays_ms(iteration - self.num_warmup, num_stages)
+            return NO_FAULTS.pp_delays_ms(iteration, topology)
+        return self.faults.pp_delays_ms(iteration - self.num_warmup, topology)
 
-    def has_failure(self, iteration: int) -> bool:
-        return iteration >= self.num_warmup and self.faults.has_failure(iteration - self.num_warmup)
+    def has_failure(self, iteration: int, topology: Topology) -> bool:
+        return iteration >= self.num_warmup and self.faults.has_failure(
+            iteration - self.num_warmup, topology
+        )

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.allreduce import AllReduce
-from pipeline.errors import ConfigError, ScheduleError
+from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
@@ -96,8 +96,8 @@ def simulate(
     # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
     delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
     num_sent = [[0, 0] for _ in transfer]
-    pp_links = [Link.pp(i) for i in range(num_stages - 1)]
-    links = [str(link) for link in pp_links]
+    pp_links = [Link.pp(i, 0) for i in range(num_stages - 1)]  # replica 0's (faults)
+    links = [str(Link.pp(i)) for i in range(num_stages - 1)]  # every replica's name
     last = num_stages - 1
     # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
     fwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
@@ -156,12 +156,19 @@ def simulate(
             fault_ms = profile.delay_ms[link_idx]
             if faults is not NO_FAULTS:
                 fault = faults.message_fault(
-                    pp_links[link_idx], _DIRECTIONS[direction], "FB"[direction], m
+                    pp_links[link_idx],
+                    _DIRECTIONS[direction],
+                    "FB"[direction],
+                    m,
+                    message_bytes,
+                    end - start_ms,
                 )
                 if fault.failed:
-                    raise ConfigError(
-                        f"iteration {iteration}: link {links[link_idx]} has failed; the "
-                        "simulator does not model failures yet"
+                    raise LinkFailure(
+                        f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
+                        f"microbatch {m} on link {links[link_idx]} cannot go: its link or a "
+                        f"NIC on its route is down ({end - start_ms:.3f} ms into the iteration)",
+                        at_ms=end,
                     )
                 transfer_ms += fault.delay_ms
                 fault_ms += fault.delay_ms

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -39,11 +40,13 @@ class FaultViewHook:
     """The runtime's own hook: each message waits its link's delay in the profile plus what a
     fault view assigns it (pipeline.faults), on time (a precise sleep), as the paper's
     artifact did on the GPU path (a sleep kernel before each send). `replica` is the
-    sender's, to name the concrete link."""
+    sender's, to name the concrete link; `iteration_start` (host monotonic seconds) is when
+    the iteration began, to tell the view how far into it a message goes."""
 
     delay_ms_by_link: dict[str, float]
     faults: IterationFaults = NO_FAULTS
     replica: int = 0
+    iteration_start: float = 0.0
     _sleep: PreciseSleep = dataclasses.field(default_factory=PreciseSleep)
 
     def __call__(
@@ -58,7 +61,10 @@ class FaultViewHook:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
         if self.faults is not NO_FAULTS:
             concrete = Link.pp(Link.parse(link).first, self.replica)
-            fault = self.faults.message_fault(concrete, direction, kind, microbatch)
+            offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
+            fault = self.faults.message_fault(
+                concrete, direction, kind, microbatch, num_bytes, offset_ms
+            )
             if fault.failed:
                 raise LinkFailure(
                     f"link {concrete} ({direction}) has failed: the {kind} message of "

@@ -97,7 +97,10 @@ class _Worker:
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
         profile = config.profile
         hook = config.fault_hook or FaultViewHook(
-            {link_name(i): d for i, d in enumerate(profile.delay_ms)}, config.faults, self.replica
+            {link_name(i): d for i, d in enumerate(profile.delay_ms)},
+            config.faults,
+            self.replica,
+            start_at,
         )
         transport = DirectTransport(hook)
         self.current_op = None

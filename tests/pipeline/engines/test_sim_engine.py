@@ -17,8 +17,10 @@ from pipeline.topology import Link, Position, Topology
 class _SlowForward:
     """10 ms more on every activation of link 0-1 (replica 0), nothing on gradients."""
 
-    def message_fault(self, link: Link, direction: str, kind: str, microbatch: int):
-        slow = link == Link.pp(0) and direction == "forward"
+    def message_fault(
+        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+    ) -> MessageFault:
+        slow = link == Link.pp(0, 0) and direction == "forward"
         return MessageFault(10.0 if slow else 0.0)
 
 

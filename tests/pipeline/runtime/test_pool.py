@@ -14,7 +14,7 @@ import torch
 
 from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h2
-from injectors.transport_faults import LinkFault, TransportFaultHook
+from injectors.fault_files import parse_yaml
 from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -30,6 +30,7 @@ from pipeline.runtime import (
 )
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
+from pipeline.topology import Topology
 from pipeline.trace import to_chrome_trace
 
 pytestmark = pytest.mark.multiprocess
@@ -235,27 +236,28 @@ def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> No
 
 
 def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
-    """Stage 1's first gradient goes on a failed link: its rank reports the LinkFailure, the
-    op and the fault hook's frame; its neighbour's broken connection comes later."""
+    """Stage 0's first activation goes on a failed link: its rank reports the LinkFailure,
+    the op and the fault hook's frame; its neighbour's broken connection comes later."""
     profile = _profile(1.0, 1.0, 1.0)
-    hook = TransportFaultHook({("0-1", "backward"): LinkFault(failed=True)})
+    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(0, Topology(2))
+    config = IterationConfig(0, one_f_one_b(profile), profile, faults=down)
     with WorkerPool(2, timeout_s=20) as pool:
         pids = list(pool.pids)
         with pytest.raises(WorkerLinkFailure) as info:
-            pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile, fault_hook=hook))
+            pool.run_iteration(config)
     err = info.value
-    assert isinstance(err, WorkerError) and err.rank == 1
+    assert isinstance(err, WorkerError) and err.rank == 0
     assert str(err) == (
-        "rank 1 (stage 1), iteration 0, op BW0: LinkFailure: link 0-1 (backward) has failed: "
-        "the B message of microbatch 0 in iteration 0 cannot go"
+        "rank 0 (stage 0), iteration 0, op F0: LinkFailure: link pp0:0-1 (forward) has "
+        "failed: the F message of microbatch 0 in iteration 0 cannot go"
     )
     remote = err.remote
     assert remote is not None
-    assert (remote.rank, remote.stage, remote.replica, remote.iteration) == (1, 1, 0, 0)
+    assert (remote.rank, remote.stage, remote.replica, remote.iteration) == (0, 0, 0, 0)
     assert remote.type_name == "pipeline.errors.LinkFailure"
     assert "builtins.ConnectionError" in remote.type_names
     # The worker's traceback, down to the hook that raised: an attribute and a note.
-    assert "transport_faults.py" in err.traceback_text
+    assert "hooks.py" in err.traceback_text
     assert "raise LinkFailure(" in err.traceback_text
     assert any(err.traceback_text.rstrip() in note for note in err.__notes__)
     assert not any(_alive(pid) for pid in pids)

@@ -1,0 +1,208 @@
+"""Fault timeline files, read into a FaultModel (injectors.fault_model). Every error names its
+row.
+
+- The paper's trace: rows `start_iteration;links;delay_s` separated by newlines or spaces,
+  links "i_j" joined by commas. A delay of 0 ends what is in force on those links; `inf`
+  with links fails those logical links (both ways); `inf` with no link fails `rnic0` of the
+  host of stage floor(S/2), replica 0 (the paper's NIC failure).
+- YAML: a list of rows `{start_iteration, at_ms?, end_iteration?, <target>, <effect>}`:
+  target `links: ["2-3", "pp1:0-1", "dp0:0-1"]`, `hosts: [a, b]` or `nic: "host1:rnic0"`;
+  effect `delay_ms` (with optional `jitter_ms`), `distribution: {normal: {mean_ms, std_ms},
+  redraw_every_ms: [lo, hi]}`, `bandwidth_gbps`, `stall_ms` or `down: true`.
+  `delay_ms: inf` is `down: true`; `links: []` with it is the paper's NIC failure.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
+from pipeline.errors import ConfigError
+from pipeline.files import read_text
+from pipeline.topology import Link
+
+__all__ = ["load_faults", "parse_trace", "parse_yaml"]
+
+_NIC = re.compile(r"^host(\d+):([A-Za-z][\w-]*)$")
+_PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
+_TARGETS = ("links", "hosts", "nic")
+_EFFECTS = ("delay_ms", "distribution", "bandwidth_gbps", "stall_ms", "down")
+_KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_EFFECTS)
+
+
+def load_faults(path: str | Path, seed: int = 0) -> FaultModel:
+    """A paper trace (any suffix but .yaml/.yml) or a YAML timeline."""
+    text = read_text(path, "fault timeline")
+    yaml_file = Path(path).suffix in (".yaml", ".yml")
+    return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
+
+
+def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"fault row {row}: {name} {value!r} is not an integer") from None
+    if number < 0:
+        raise ConfigError(f"fault row {row}: {name} must be >= 0, got {number}")
+    return number
+
+
+def _ms(row: int, value: Any, name: str, scale: float = 1.0, *, inf: bool = False) -> float:
+    text = str(value).strip().lower()
+    try:
+        number = math.inf if inf and text == "inf" else float(text) * scale
+    except ValueError:
+        what = "a number or inf" if inf else "a number"
+        raise ConfigError(f"fault row {row}: {name} {value!r} is not {what}") from None
+    if math.isnan(number) or number < 0 or (not inf and math.isinf(number)):
+        raise ConfigError(f"fault row {row}: {name} must be >= 0, got {value!r}")
+    return number
+
+
+def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
+    links = []
+    for name in names:
+        text = name.strip()
+        try:
+            if text.count("_") != 1:
+                raise ConfigError("not i_j")
+            link = Link.parse(text.replace("_", "-"))
+        except ConfigError:
+            raise ConfigError(
+                f"fault row {row}: {name!r} is not a PP link between neighbouring stages "
+                "(e.g. '2_3')"
+            ) from None
+        links.append(link)
+    return tuple(links)
+
+
+def parse_trace(text: str, seed: int = 0) -> FaultModel:
+    """The paper's trace: rows separated by newlines or spaces, fields by ';'."""
+    events = []
+    for row, line in enumerate(text.split(), 1):
+        fields = line.split(";")
+        if len(fields) != 3:
+            raise ConfigError(
+                f"fault row {row}: {line!r} needs 3 fields 'start_iteration;links;delay_s'"
+            )
+        links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
+        delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True)
+        if not links and delay_ms != math.inf:
+            raise ConfigError(f"fault row {row}: a delay needs at least one link")
+        target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
+        effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
+        events.append(FaultEvent(_iteration(row, fields[0]), target, effect, row=row))
+    return FaultModel(tuple(events), seed)
+
+
+def _target(row: int, item: dict[str, Any], failure: bool) -> Target:
+    given = [key for key in _TARGETS if key in item]
+    if len(given) != 1:
+        raise ConfigError(f"fault row {row}: give one target: links, hosts or nic")
+    value = item[given[0]]
+    if given[0] == "links":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"fault row {row}: links must be a list like ['0-1']")
+        if not value:
+            if failure:
+                return _PAPER_NIC
+            raise ConfigError(f"fault row {row}: a delay needs at least one link")
+        try:
+            return Target(TargetKind.LINKS, links=tuple(Link.parse(v) for v in value))
+        except ConfigError as err:
+            raise ConfigError(f"fault row {row}: {err}") from None
+    if given[0] == "hosts":
+        ok = isinstance(value, list) and len(value) == 2
+        hosts = [_iteration(row, h, "host") for h in value] if ok else []
+        if not ok or hosts[0] == hosts[1]:
+            raise ConfigError(f"fault row {row}: hosts is a pair of two hosts, like [0, 1]")
+        return Target(TargetKind.HOSTS, hosts=(min(hosts), max(hosts)))
+    match = _NIC.match(str(value))
+    if match is None:
+        raise ConfigError(f"fault row {row}: nic {value!r} is not like 'host1:rnic0'")
+    return Target(TargetKind.NIC, hosts=(int(match.group(1)), 0), nic=match.group(2))
+
+
+def _effect(row: int, item: dict[str, Any]) -> Effect:
+    given = [key for key in _EFFECTS if key in item]
+    if len(given) != 1:
+        raise ConfigError(
+            f"fault row {row}: give one effect: delay_ms (with jitter_ms), distribution, "
+            "bandwidth_gbps, stall_ms or down"
+        )
+    kind, value = given[0], item[given[0]]
+    if "jitter_ms" in item and kind != "delay_ms":
+        raise ConfigError(f"fault row {row}: jitter_ms goes with delay_ms")
+    if kind == "delay_ms":
+        delay_ms = _ms(row, value, "delay_ms", inf=True)
+        if delay_ms == math.inf:
+            return Effect(down=True)
+        return Effect(delay_ms=delay_ms, jitter_ms=_ms(row, item.get("jitter_ms", 0), "jitter_ms"))
+    if kind == "distribution":
+        normal = value.get("normal") if isinstance(value, dict) else None
+        every = value.get("redraw_every_ms") if isinstance(value, dict) else None
+        if (
+            not isinstance(normal, dict)
+            or set(normal) != {"mean_ms", "std_ms"}
+            or set(value) != {"normal", "redraw_every_ms"}
+            or not (isinstance(every, list) and len(every) == 2)
+        ):
+            raise ConfigError(
+                f"fault row {row}: distribution is {{normal: {{mean_ms, std_ms}}, "
+                "redraw_every_ms: [lo, hi]}"
+            )
+        lo, hi = (_ms(row, v, "redraw_every_ms") for v in every)
+        if not 0 < lo <= hi:
+            raise ConfigError(f"fault row {row}: redraw_every_ms needs 0 < lo <= hi")
+        mean, std = _ms(row, normal["mean_ms"], "mean_ms"), _ms(row, normal["std_ms"], "std_ms")
+        return Effect(normal_ms=(mean, std), redraw_every_ms=(lo, hi))
+    if kind == "bandwidth_gbps":
+        rate = _ms(row, value, "bandwidth_gbps")
+        if not rate > 0:
+            raise ConfigError(f"fault row {row}: bandwidth_gbps must be > 0, got {value!r}")
+        return Effect(bandwidth_gbps=rate)
+    if kind == "stall_ms":
+        return Effect(stall_ms=_ms(row, value, "stall_ms"))
+    if value is not True:
+        raise ConfigError(f"fault row {row}: down takes true")
+    return Effect(down=True)
+
+
+def parse_yaml(text: str, seed: int = 0) -> FaultModel:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"fault timeline is not valid YAML: {err}") from err
+    if not isinstance(data, list):
+        raise ConfigError("a YAML fault timeline is a list of rows {start_iteration, ...}")
+    events = []
+    for row, item in enumerate(data, 1):
+        if not isinstance(item, dict) or "start_iteration" not in item:
+            raise ConfigError(f"fault row {row}: a mapping with start_iteration")
+        unknown = sorted(set(item) - set(_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"fault row {row}: unknown key(s) {', '.join(unknown)}; keys: {', '.join(_KEYS)}"
+            )
+        effect = _effect(row, item)
+        start = _iteration(row, item["start_iteration"])
+        end = item.get("end_iteration")
+        end_iteration = None if end is None else _iteration(row, end, "end iteration")
+        if end_iteration is not None and end_iteration <= start:
+            raise ConfigError(f"fault row {row}: end_iteration must come after start_iteration")
+        events.append(
+            FaultEvent(
+                start,
+                _target(row, item, effect.down),
+                effect,
+                at_ms=_ms(row, item.get("at_ms", 0), "at_ms"),
+                end_iteration=end_iteration,
+                row=row,
+            )
+        )
+    return FaultModel(tuple(events), seed)

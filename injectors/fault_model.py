@@ -1,0 +1,274 @@
+"""The fault model: events on the physical things faults hit (host pairs, NICs), what is in
+force at each iteration, and what that does to each message (a pipeline.faults.FaultView).
+
+- A target is logical links ("2-3" in every replica, "pp1:2-3", "dp0:0-1"), a host pair, or
+  one host's NIC. Links are resolved to the host pairs they run on under the default
+  placement: a fault stays on its hosts when a rank swap moves a logical link elsewhere.
+- Effects: a fixed delay (+ uniform jitter), a normal delay redrawn every U[lo, hi] ms, a
+  bandwidth cap, a one-off stall, or down (a failure). An event is in force from
+  `start_iteration` (at `at_ms` into it) until `end_iteration` (exclusive) or until a later
+  event of the same kind on the same host pair or NIC replaces it (a delay of 0 ends one).
+  Effects of different kinds on one target add up.
+- Per message: its hosts and route (every message uses each end's first NIC, `rnic0`, until
+  failover moves it) pick the effects. Jitter, caps and stalls are pure functions of (seed,
+  link, direction, iteration, kind, microbatch), so every engine assigns a message the same
+  `fault_ms`; redrawn distributions follow each engine's clock (the offset into the
+  iteration) and agree in distribution only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from enum import StrEnum
+
+from pipeline.errors import ConfigError
+from pipeline.faults import MessageFault
+from pipeline.topology import Link, Position, Topology
+
+__all__ = ["Effect", "FaultEvent", "FaultModel", "InForce", "Target", "TargetKind"]
+
+
+class TargetKind(StrEnum):
+    LINKS = "links"
+    HOSTS = "hosts"
+    NIC = "nic"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Target:
+    kind: TargetKind
+    links: tuple[Link, ...] = ()
+    hosts: tuple[int, int] = (0, 0)
+    """A host pair (HOSTS), lower first; NIC: (host, 0), host -1 meaning the paper's choice:
+    the host of stage floor(S/2), replica 0."""
+    nic: str = ""
+
+    def __str__(self) -> str:
+        if self.kind is TargetKind.LINKS:
+            return ",".join(str(link) for link in self.links)
+        if self.kind is TargetKind.HOSTS:
+            return f"hosts {self.hosts[0]}-{self.hosts[1]}"
+        host = "mid" if self.hosts[0] < 0 else str(self.hosts[0])
+        return f"host{host}:{self.nic}"
+
+    def units(self, topology: Topology) -> tuple[tuple[str, int, int | str], ...]:
+        """What it hits: ("pair", a, b) host pairs (a < b) or ("nic", host, name)."""
+        if self.kind is TargetKind.NIC:
+            host = self.hosts[0]
+            if host < 0:
+                host = topology.host(Position(topology.num_stages // 2, 0))
+            if not 0 <= host < topology.num_hosts or self.nic not in topology.nics:
+                raise ConfigError(
+                    f"NIC {self} does not exist: hosts 0..{topology.num_hosts - 1} with "
+                    f"{', '.join(topology.nics)}"
+                )
+            return (("nic", host, self.nic),)
+        if self.kind is TargetKind.HOSTS:
+            a, b = self.hosts
+            if not (0 <= a < b < topology.num_hosts):
+                raise ConfigError(
+                    f"host pair {a}-{b} does not exist: hosts 0..{topology.num_hosts - 1}"
+                )
+            return (("pair", a, b),)
+        default = Topology(topology.num_stages, topology.num_replicas, nics=topology.nics)
+        pairs = []
+        for link in self.links:
+            for concrete in default.expand(link):
+                a, b = sorted(default.hosts_of(concrete))
+                pairs.append(("pair", a, b))
+        return tuple(dict.fromkeys(pairs))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Effect:
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    """Uniform in [-jitter, +jitter] around `delay_ms`, clipped at 0."""
+    normal_ms: tuple[float, float] | None = None
+    """(mean, std) of a delay redrawn every U[`redraw_every_ms`] ms, clipped at 0."""
+    redraw_every_ms: tuple[float, float] = (0.0, 0.0)
+    bandwidth_gbps: float | None = None
+    stall_ms: float = 0.0
+    """The first message on each direction of the target at or after the start waits this
+    long: the direction is held (a one-off, in the start iteration)."""
+    down: bool = False
+
+    @property
+    def kind(self) -> str:
+        """Events of one kind on one target replace each other."""
+        if self.down:
+            return "down"
+        if self.bandwidth_gbps is not None:
+            return "bandwidth"
+        if self.stall_ms:
+            return "stall"
+        return "delay"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultEvent:
+    start_iteration: int
+    target: Target
+    effect: Effect
+    at_ms: float = 0.0
+    end_iteration: int | None = None
+    row: int = 0
+    """Its row in the file it came from (for errors)."""
+
+
+_Unit = tuple[str, int, int | str]
+
+
+@dataclasses.dataclass(slots=True)
+class InForce:
+    """The effects in force during one iteration under one topology (a
+    pipeline.faults.IterationFaults). Picklable; each worker gets its own copy and keeps
+    the state its own sends need (which stall it has paid)."""
+
+    iteration: int
+    topology: Topology
+    effects: dict[_Unit, tuple[tuple[Effect, float], ...]]
+    """(effect, offset ms into this iteration from which it holds) per unit."""
+    seed: int
+    _stalled: set[tuple[_Unit, str]] = dataclasses.field(default_factory=set)
+
+    def message_fault(
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        microbatch: int,
+        num_bytes: int = 0,
+        offset_ms: float = 0.0,
+    ) -> MessageFault:
+        if not self.effects:
+            return MessageFault()
+        a, b = self.topology.hosts_of(link)
+        sender, receiver = (a, b) if direction == "forward" else (b, a)
+        nic = self.topology.nics[0]
+        units: list[_Unit] = [
+            ("pair", min(a, b), max(a, b)),
+            ("nic", sender, nic),
+            ("nic", receiver, nic),
+        ]
+        delay_ms = 0.0
+        for unit in units:
+            for effect, from_ms in self.effects.get(unit, ()):
+                if offset_ms < from_ms:
+                    continue
+                if effect.down:
+                    return MessageFault(failed=True)
+                delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
+                if effect.bandwidth_gbps is not None:
+                    delay_ms += num_bytes * 8 / (effect.bandwidth_gbps * 1e6)
+                if effect.normal_ms is not None:
+                    delay_ms += _redrawn_ms(effect, self.seed, unit, self.iteration, offset_ms)
+        return MessageFault(delay_ms)
+
+    def _delay_ms(
+        self, effect: Effect, unit: _Unit, link: Link, direction: str, kind: str, m: int
+    ) -> float:
+        if effect.stall_ms and (unit, direction) not in self._stalled:
+            self._stalled.add((unit, direction))
+            return effect.stall_ms
+        if not effect.jitter_ms:
+            return effect.delay_ms
+        draw = random.Random(f"{self.seed}:{link}:{direction}:{self.iteration}:{kind}:{m}")
+        return max(0.0, effect.delay_ms + effect.jitter_ms * draw.uniform(-1.0, 1.0))
+
+
+def _redrawn_ms(effect: Effect, seed: int, unit: _Unit, iteration: int, offset_ms: float) -> float:
+    """The normal delay in force `offset_ms` into the iteration: values held for seeded
+    U[lo, hi] ms intervals from the iteration's start."""
+    assert effect.normal_ms is not None
+    mean_ms, std_ms = effect.normal_ms
+    lo, hi = effect.redraw_every_ms
+    rng = random.Random(f"{seed}:{unit}:{iteration}:redraw")
+    held_until = rng.uniform(lo, hi)
+    value = rng.gauss(mean_ms, std_ms)
+    while held_until <= offset_ms:
+        held_until += max(rng.uniform(lo, hi), 1e-3)
+        value = rng.gauss(mean_ms, std_ms)
+    return max(0.0, value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FaultModel:
+    """A run's fault events (a pipeline.faults.FaultView); iterations count from the first
+    measured one. Its delays add to the profile's `delay_ms`."""
+
+    events: tuple[FaultEvent, ...]
+    seed: int = 0
+
+    def validate(self, topology: Topology, num_iterations: int) -> None:
+        """Targets must exist and every event must start within the run."""
+        for event in self.events:
+            try:
+                event.target.units(topology)
+            except ConfigError as err:
+                raise ConfigError(f"fault row {event.row}: {err}") from None
+            if event.start_iteration >= num_iterations:
+                raise ConfigError(
+                    f"fault row {event.row}: starts at iteration {event.start_iteration}"
+                    f" but the run has {num_iterations} iterations (0.."
+                    f"{num_iterations - 1})"
+                )
+
+    def _in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[FaultEvent]]:
+        """Per unit, the latest-started event of each kind that has not ended; an event with
+        no effect (a delay of 0) ends every event on its target."""
+        latest: dict[_Unit, dict[str, FaultEvent]] = {}
+        for event in sorted(self.events, key=lambda e: (e.start_iteration, e.at_ms)):
+            if event.start_iteration > iteration:
+                break
+            for unit in event.target.units(topology):
+                kinds = latest.setdefault(unit, {})
+                if event.effect == Effect():
+                    kinds.clear()
+                else:
+                    kinds[event.effect.kind] = event
+        by_unit: dict[_Unit, list[FaultEvent]] = {}
+        for unit, kinds in latest.items():
+            for event in kinds.values():
+                ended = event.end_iteration is not None and iteration >= event.end_iteration
+                one_off = event.effect.stall_ms and iteration != event.start_iteration
+                if not (ended or one_off):
+                    by_unit.setdefault(unit, []).append(event)
+        return by_unit
+
+    def at(self, iteration: int, topology: Topology) -> InForce:
+        effects = {
+            unit: tuple(
+                (e.effect, e.at_ms if e.start_iteration == iteration else 0.0) for e in events
+            )
+            for unit, events in self._in_force(iteration, topology).items()
+        }
+        return InForce(iteration, topology, effects, self.seed)
+
+    def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
+        """The fixed (or mean) delay in force on each PP link of replica 0: what an oracle
+        plans for (caps, stalls and failures left out)."""
+        in_force = self._in_force(iteration, topology)
+        delays = []
+        for stage in range(topology.num_stages - 1):
+            a, b = sorted(topology.hosts_of(Link.pp(stage, 0)))
+            total = 0.0
+            for event in in_force.get(("pair", a, b), []):
+                effect = event.effect
+                if effect.kind == "delay":
+                    total += effect.normal_ms[0] if effect.normal_ms else effect.delay_ms
+            delays.append(total)
+        return tuple(delays)
+
+    def has_failure(self, iteration: int, topology: Topology) -> bool:
+        """A link or NIC is down at `iteration` (from some point in it on)."""
+        return any(
+            e.effect.down for events in self._in_force(iteration, topology).values() for e in events
+        )
+
+    def event_iterations(self) -> tuple[int, ...]:
+        """The iterations at which some event starts or ends, in order."""
+        marks = {e.start_iteration for e in self.events}
+        marks |= {e.end_iteration for e in self.events if e.end_iteration is not None}
+        return tuple(sorted(marks))

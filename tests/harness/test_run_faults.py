@@ -1,0 +1,100 @@
+"""Faults through `run` and specs, into every engine as faults (the fault model)."""
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from baselines import zb_h2
+from harness.experiment import run_experiment
+from harness.runner import fixed_plan, run_configuration
+from harness.spec import ExperimentSpec
+from injectors.fault_files import parse_yaml
+from pipeline.profile import Profile
+from tests.harness.test_cli import cli, write_profile
+
+MIXED = """
+- {start_iteration: 0, links: ["0-1"], delay_ms: 6, jitter_ms: 4}
+- {start_iteration: 0, links: ["1-2"], bandwidth_gbps: 0.2}
+- {start_iteration: 1, links: ["1-2"], stall_ms: 15}
+"""
+
+
+@pytest.mark.multiprocess
+def test_jitter_a_cap_and_a_stall_agree_in_sim_and_emulated_message_by_message() -> None:
+    """The same faults through the simulator and through real worker processes: every
+    message gets the same fault_ms, every emulated send lasts at least that long, and the
+    iteration times agree within the test band (docs/design.md: 0.95-1.20)."""
+    profile = Profile.uniform(3, 6, 4, 4, 4, message_bytes=250_000)  # 10 ms at 0.2 Gbit/s
+    faults = parse_yaml(MIXED, seed=11)
+    runs = {
+        backend: run_configuration(
+            fixed_plan(zb_h2(profile), profile),
+            backend=backend,
+            num_iterations=3,
+            num_warmup_iterations=1,
+            faults=faults,
+        )
+        for backend in ("sim", "emulated")
+    }
+    assert runs["sim"].timeline is not None and runs["emulated"].timeline is not None
+
+    def by_message(timeline):
+        return {(m.iteration, m.link, m.direction, m.microbatch): m for m in timeline.messages}
+
+    sim, emulated = by_message(runs["sim"].timeline), by_message(runs["emulated"].timeline)
+    assert sim.keys() == emulated.keys() and len(sim) == 4 * 2 * 2 * 6
+    assert all(sim[key].fault_ms == emulated[key].fault_ms for key in sim)
+    assert all(
+        m.send_end_ms - m.send_start_ms >= m.fault_ms for m in emulated.values()
+    )  # the hook's sleep is inside the send
+    measured = {(k[0], k[1]): m.fault_ms for k, m in sim.items()}
+    assert measured[(0, "0-1")] == 0.0 and measured[(0, "1-2")] == 0.0  # warm-up: healthy
+    jitter = {m.fault_ms for k, m in sim.items() if k[0] > 0 and k[1] == "0-1"}
+    assert len(jitter) > 10 and all(2.0 <= d <= 10.0 for d in jitter)
+    capped = sorted(m.fault_ms for k, m in sim.items() if k[0] == 2 and k[1] == "1-2")
+    assert capped == [10.0] * 10 + [25.0] * 2  # the stall: once per direction, iteration 1
+    ratio = statistics.median(runs["emulated"].iteration_times_ms) / statistics.median(
+        runs["sim"].iteration_times_ms
+    )
+    assert 0.95 <= ratio <= 1.20
+
+
+def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) -> None:
+    faults = tmp_path / "faults.txt"
+    faults.write_text("1;0_1;0.02 3;0_1;0\n")  # 20 ms on link 0-1 in iterations 1 and 2
+    profile = write_profile(tmp_path)
+    out = cli(
+        "run", "--profile", str(profile), "--system", "adaptra", "--iterations", "4",
+        "--faults", str(faults), "--format", "json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["system"], data["controller"], data["policy"]) == ("adaptra", "oracle", "adaptra")
+    fixed = cli(
+        "run", "--profile", str(profile), "--policy", "adaptra", "--iterations", "4",
+        "--faults", str(faults), "--format", "json",
+    )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr
+    assert json.loads(fixed.stdout)["controller"] == "fixed"
+    spec = ExperimentSpec.from_dict(
+        {
+            "name": "replan",
+            "models": ["fig4"],
+            "profile": json.loads(profile.read_text()),
+            "systems": ["adaptra"],
+            "faults": str(faults),
+            "num_iterations": 4,
+        }
+    )
+    run_dir = run_experiment(spec, tmp_path / "run")
+    with (run_dir / "iterations.csv").open() as rows:
+        spec_times = [float(r["iteration_time_ms"]) for r in csv.DictReader(rows)]
+    assert data["iteration_times_ms"] == spec_times
+    # Re-planned for the slow link it beats the fault-free plan run under it.
+    slow = json.loads(fixed.stdout)["iteration_times_ms"]
+    assert data["iteration_times_ms"][1] < slow[1] and data["iteration_times_ms"][0] == slow[0]
+    both = cli("run", "--profile", str(profile), "--system", "adaptra", "--policy", "zb")
+    assert both.returncode == 1 and "give no --policy, --schedule or --comm" in both.stderr

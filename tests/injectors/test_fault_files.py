@@ -1,0 +1,126 @@
+import pytest
+
+from injectors.fault_files import load_faults, parse_trace, parse_yaml
+from injectors.fault_model import Effect, Target, TargetKind
+from pipeline.errors import ConfigError
+from pipeline.topology import Link, Topology
+
+# PAPER.md section 6, Fig. 21.
+FIG21 = """15;2_3;0.03  85;2_3;0  120;0_1,5_6;0.04  190;0_1,5_6;0  230;6_7;0.02  300;6_7;0
+340;2_3,3_4,6_7;0.05  410;2_3,3_4,6_7;0  450;5_6;0.06  520;5_6;0  560;1_2,6_7;0.06
+630;1_2,6_7;0  670;0_1,4_5;0.02  740;0_1,4_5;0  780;0_1,1_2,2_3;0.04  850;0_1,1_2,2_3;0
+890;4_5,5_6;0.05  960;4_5,5_6;0  1030;;inf"""
+
+
+def test_the_papers_fig21_trace() -> None:
+    model = parse_trace(FIG21)
+    eight = Topology(8)
+    assert len(model.events) == 19
+    model.validate(eight, num_iterations=1200)
+    assert model.pp_delays_ms(14, eight) == (0.0,) * 7
+    assert model.pp_delays_ms(15, eight) == (0.0, 0.0, 30.0, 0.0, 0.0, 0.0, 0.0)
+    assert model.pp_delays_ms(85, eight) == (0.0,) * 7
+    assert model.pp_delays_ms(345, eight) == (0.0, 0.0, 50.0, 50.0, 0.0, 0.0, 50.0)
+    assert not model.has_failure(1029, eight)
+    assert model.has_failure(1030, eight)
+    # The paper's NIC failure: rnic0 of the host of stage floor(S/2) = 4, replica 0.
+    last = model.events[-1]
+    assert last.effect == Effect(down=True) and last.target.units(eight) == (("nic", 4, "rnic0"),)
+
+
+def test_yaml_form_means_the_same() -> None:
+    yaml_text = """
+- {start_iteration: 15, links: ["2-3"], delay_ms: 30}
+- {start_iteration: 85, links: ["2-3"], delay_ms: 0}
+- {start_iteration: 1030, links: [], delay_ms: inf}
+"""
+    from_yaml = parse_yaml(yaml_text)
+    from_trace = parse_trace("15;2_3;0.03 85;2_3;0 1030;;inf")
+    assert [(e.start_iteration, e.target, e.effect) for e in from_yaml.events] == [
+        (e.start_iteration, e.target, e.effect) for e in from_trace.events
+    ]
+
+
+def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
+    path = tmp_path / "faults.yaml"
+    path.write_text(
+        """
+- start_iteration: 1
+  at_ms: 5
+  end_iteration: 4
+  links: ["pp1:0-1", "dp0:0-1"]
+  delay_ms: 20
+  jitter_ms: 5
+- {start_iteration: 2, hosts: [3, 1], bandwidth_gbps: 0.5}
+- {start_iteration: 2, nic: "host2:rnic1", down: true}
+- {start_iteration: 3, links: ["2-3"], stall_ms: 40}
+- start_iteration: 3
+  links: ["0-1"]
+  distribution: {normal: {mean_ms: 10, std_ms: 2}, redraw_every_ms: [50, 100]}
+"""
+    )
+    model = load_faults(path, seed=3)
+    first, cap, nic, stall, normal = model.events
+    assert (first.at_ms, first.end_iteration, first.effect) == (5.0, 4, Effect(20.0, 5.0))
+    assert first.target.links == (Link.pp(0, 1), Link.dp(0, 0))
+    assert cap.target == Target(TargetKind.HOSTS, hosts=(1, 3))
+    assert cap.effect.bandwidth_gbps == 0.5
+    assert str(nic.target) == "host2:rnic1" and nic.effect.down
+    assert stall.effect.stall_ms == 40.0
+    assert normal.effect.normal_ms == (10.0, 2.0)
+    assert normal.effect.redraw_every_ms == (50.0, 100.0)
+    assert model.seed == 3
+    model.validate(Topology(4, 2), num_iterations=5)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("5;2_3;0.03 7;2_3", "fault row 2: '7;2_3' needs 3 fields"),
+        ("5;2_4;0.03", "fault row 1: '2_4' is not a PP link"),
+        ("x;2_3;0.03", "fault row 1: start iteration 'x' is not an integer"),
+        ("5;2_3;-0.01", "fault row 1: delay must be >= 0"),
+        ("5;2_3;slow", "fault row 1: delay 'slow' is not a number"),
+        ("-1;2_3;0.01", "fault row 1: start iteration must be >= 0"),
+        ("5;;0.03", "fault row 1: a delay needs at least one link"),
+    ],
+)
+def test_bad_trace_rows_are_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_trace(text)
+
+
+def test_targets_and_iterations_are_checked_against_the_run() -> None:
+    model = parse_trace("5;2_3;0.03 50;6_7;0.02")
+    with pytest.raises(ConfigError, match="fault row 2: link 6-7 does not exist with 4 stages"):
+        model.validate(Topology(4), num_iterations=100)
+    with pytest.raises(ConfigError, match="fault row 2: starts at iteration 50 but the run has 20"):
+        model.validate(Topology(8), num_iterations=20)
+    with pytest.raises(ConfigError, match="fault row 1: host pair 1-9 does not exist"):
+        parse_yaml("- {start_iteration: 0, hosts: [1, 9], delay_ms: 1}").validate(Topology(4), 5)
+    with pytest.raises(ConfigError, match="fault row 1: NIC host1:rnic7 does not exist"):
+        parse_yaml("- {start_iteration: 0, nic: host1:rnic7, down: true}").validate(Topology(4), 5)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{a: 1}", "is a list"),
+        ("- {start_iteration: 1, links: ['0-1'], delay_ms: 5, colour: red}", "unknown key"),
+        ("- {start_iteration: 1, links: '0-1', delay_ms: 5}", "links must be a list"),
+        ("- {start_iteration: 1, links: ['0_1'], delay_ms: 5}", "'0_1' is not a link"),
+        ("- {start_iteration: 1, links: ['0-1']}", "give one effect"),
+        ("- {start_iteration: 1, links: ['0-1'], hosts: [0, 1], delay_ms: 1}", "one target"),
+        ("- {start_iteration: 1, links: ['0-1'], stall_ms: 5, jitter_ms: 1}", "jitter_ms goes"),
+        ("- {start_iteration: 1, links: ['0-1'], bandwidth_gbps: 0}", "must be > 0"),
+        ("- {start_iteration: 3, end_iteration: 3, links: ['0-1'], delay_ms: 1}", "must come"),
+        ("- {start_iteration: 1, hosts: [2, 2], delay_ms: 1}", "pair of two hosts"),
+        ("- {start_iteration: 1, nic: rnic0, down: true}", "not like 'host1:rnic0'"),
+        ("- {start_iteration: 1, links: ['0-1'], down: yes please}", "down takes true"),
+        ("- {start_iteration: 1, links: ['0-1'], distribution: {normal: 3}}", "distribution is"),
+        ("- [unclosed", "not valid YAML"),
+    ],
+)
+def test_bad_yaml_is_named(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_yaml(text)

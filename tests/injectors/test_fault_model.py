@@ -1,0 +1,114 @@
+"""What the fault model assigns messages: pure, seeded, on the hosts a fault hits."""
+
+import statistics
+
+from injectors.fault_files import parse_yaml
+from pipeline.topology import Link, Position, Topology
+
+FOUR = Topology(4)
+
+
+def _model(rows: str, seed: int = 0):
+    return parse_yaml(rows, seed)
+
+
+def test_jitter_is_a_pure_function_of_the_message() -> None:
+    model = _model('[{start_iteration: 0, links: ["0-1"], delay_ms: 10, jitter_ms: 4}]', seed=7)
+    draws = [
+        model.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
+        for m in range(50)
+    ]
+    again = [
+        model.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
+        for m in range(50)
+    ]
+    assert draws == again and all(6 <= d <= 14 for d in draws) and len(set(draws)) > 40
+    other_seed = _model('[{start_iteration: 0, links: ["0-1"], delay_ms: 10, jitter_ms: 4}]', 8)
+    assert (
+        other_seed.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", 0).delay_ms
+        != (draws[0])
+    )
+    assert model.at(2, FOUR).message_fault(Link.pp(1, 0), "forward", "F", 0).delay_ms == 0
+
+
+def test_a_cap_a_stall_and_their_directions() -> None:
+    model = _model(
+        '[{start_iteration: 3, links: ["0-1"], bandwidth_gbps: 0.1},'
+        ' {start_iteration: 3, links: ["0-1"], stall_ms: 50}]'
+    )
+    in_force = model.at(3, FOUR)
+    link = Link.pp(0, 0)
+    mbit = 125_000  # 1 Mbit at 0.1 Gbit/s: 10 ms
+    first = in_force.message_fault(link, "backward", "B", 0, mbit).delay_ms
+    second = in_force.message_fault(link, "backward", "B", 1, mbit).delay_ms
+    forward = in_force.message_fault(link, "forward", "F", 1, mbit).delay_ms
+    assert (first, second, forward) == (60.0, 10.0, 60.0)  # each direction stalls once
+    assert model.at(4, FOUR).message_fault(link, "forward", "F", 0, mbit).delay_ms == 10.0
+
+
+def test_at_ms_end_iteration_and_a_zero_delay_end_events() -> None:
+    model = _model(
+        '[{start_iteration: 1, at_ms: 30, end_iteration: 3, links: ["1-2"], delay_ms: 5},'
+        ' {start_iteration: 4, links: ["2-3"], delay_ms: 7},'
+        ' {start_iteration: 6, links: ["2-3"], delay_ms: 0}]'
+    )
+
+    def delay(k: int, stage: int, offset_ms: float = 0.0) -> float:
+        return (
+            model.at(k, FOUR)
+            .message_fault(Link.pp(stage, 0), "forward", "F", 0, 0, offset_ms)
+            .delay_ms
+        )
+
+    assert (delay(1, 1, 29.9), delay(1, 1, 30.0), delay(2, 1), delay(3, 1)) == (0, 5, 5, 0)
+    assert (delay(5, 2), delay(6, 2)) == (7, 0)
+    assert model.pp_delays_ms(5, FOUR) == (0.0, 0.0, 7.0)
+    assert model.event_iterations() == (1, 3, 4, 6)
+
+
+def test_a_fault_stays_on_its_hosts_when_a_swap_moves_the_logical_link() -> None:
+    model = _model("[{start_iteration: 0, hosts: [1, 2], delay_ms: 25}]")
+    swapped = FOUR.swapped(Position(1), Position(2))  # hosts 1 and 2 trade stages
+    before = [
+        model.at(0, FOUR).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms for s in range(3)
+    ]
+    after = [
+        model.at(0, swapped).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms
+        for s in range(3)
+    ]
+    assert before == [0.0, 25.0, 0.0]
+    # Link 0-1 now runs host 0 -> host 2, 1-2 host 2 -> host 1 (the slow pair), 2-3 host 1 -> 3.
+    assert after == [0.0, 25.0, 0.0] and swapped.hosts_of(Link.pp(1, 0)) == (2, 1)
+    model_13 = _model("[{start_iteration: 0, hosts: [1, 3], delay_ms: 25}]")
+    moved = [
+        model_13.at(0, swapped).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms
+        for s in range(3)
+    ]
+    assert moved == [0.0, 0.0, 25.0]  # hosts 1-3 carried no link; now 2-3 (host 1 plays 2)
+
+
+def test_a_nic_down_fails_every_message_routed_through_it() -> None:
+    model = _model('[{start_iteration: 2, nic: "host2:rnic0", down: true}]')
+    in_force = model.at(2, FOUR)
+    failed = [in_force.message_fault(Link.pp(s, 0), "forward", "F", 0).failed for s in range(3)]
+    assert failed == [False, True, True]  # links 1-2 and 2-3 touch host 2
+    assert not model.has_failure(1, FOUR) and model.has_failure(2, FOUR)
+    rnic1 = _model('[{start_iteration: 0, nic: "host2:rnic1", down: true}]').at(0, FOUR)
+    assert not rnic1.message_fault(Link.pp(1, 0), "forward", "F", 0).failed  # not on the route
+
+
+def test_a_redrawn_normal_delay_follows_the_clock() -> None:
+    model = _model(
+        '[{start_iteration: 0, links: ["0-1"], distribution: {normal: {mean_ms: 20, std_ms: 4},'
+        " redraw_every_ms: [10, 10]}}]"
+    )
+    in_force = model.at(0, FOUR)
+    values = [
+        in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms
+        for t in range(0, 20_000, 10)
+    ]
+    held = [
+        in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms for t in (1, 5, 9)
+    ]
+    assert len(set(held)) == 1  # one draw held for 10 ms
+    assert abs(statistics.fmean(values) - 20) < 0.5 and abs(statistics.stdev(values) - 4) < 0.5
