@@ -194,6 +194,10 @@ def run(
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
+                "restarts": result.restarts,
+                "lost_iterations": result.lost_iterations,
+                "restart_wall_ms": result.restart_wall_ms,
+                "restart_model_ms": result.restart_model_ms,
                 **(megatron if backend == "megatron" else {}),
             }
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -112,6 +111,7 @@ def run_experiment(
                 model=target.label if spec.backend == "megatron" else None,
                 host=spec.host_costs(),
                 engines=engines,
+                recovery=spec.recovery(),
             )
             common = _row_keys(run_id, spec, target, system, scenario, repeat, result)
             runs.append(_run_row(common, spec, target, scenario, result))
@@ -167,21 +167,26 @@ def _run_row(
         "links": scenario.link_names,
         "delay_ms": scenario.delay_ms,
         "seed": spec.seed,
-        "iterations": len(result.iteration_times_ms),
+        "iterations": len(result.iteration_times_ms) - result.lost_iterations,
         "mean_iteration_ms": result.mean_iteration_ms,
         "median_iteration_ms": result.median_iteration_ms,
         "median_wall_ms": result.median_wall_ms,
-        # samples over the whole run's time: a fault timeline's slow steps count
+        # useful samples over the whole run's time: slow steps, lost steps and restarts count
         "throughput_samples_per_s": target.samples_per_iteration
         * 1000.0
-        / statistics.fmean(result.wall_times_ms),
+        / (result.total_ms / spec.num_iterations),
         "bubble_ratio": sum(result.bubble_ratios) / len(result.bubble_ratios),
+        "restarts": result.restarts,
+        "lost_iterations": result.lost_iterations,
+        "restart_wall_ms": result.restart_wall_ms,
+        "restart_model_ms": result.restart_model_ms,
         "params_sha256": result.params_sha256,
         "schema_version": RESULTS_SCHEMA_VERSION,
     }
 
 
 def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str, Any]]:
+    """One row per measured iteration run (after a restart, the lost ones again)."""
     losses = result.losses or (None,) * len(result.iteration_times_ms)
     return [
         {
@@ -193,14 +198,13 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             "step_time_ms": step_ms,
             "bubble_ratio": bubble,
         }
-        for index, (time_ms, step_ms, bubble, comm, loss) in enumerate(
-            zip(
-                result.iteration_times_ms,
-                result.step_times_ms,
-                result.bubble_ratios,
-                result.comms,
-                losses,
-                strict=True,
-            )
+        for index, time_ms, step_ms, bubble, comm, loss in zip(
+            result.iterations,
+            result.iteration_times_ms,
+            result.step_times_ms,
+            result.bubble_ratios,
+            result.comms,
+            losses,
+            strict=True,
         )
     ]

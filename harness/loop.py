@@ -12,17 +12,19 @@ number of iterations unless the caller keeps the timelines.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
+import time
 
 from pipeline.engines import Controller, Engine, check_plan
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
-__all__ = ["RunResult", "run_loop"]
+__all__ = ["CHECKPOINT_RESTART", "Recovery", "RunResult", "run_loop"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,6 +32,8 @@ class RunResult:
     """Measured iterations only: warm-up iterations are run but not reported."""
 
     iteration_times_ms: tuple[float, ...]
+    """One per measured iteration run, in the order run (after a restart, the lost ones
+    again)."""
     step_times_ms: tuple[float, ...]
     bubble_ratios: tuple[float, ...]
     comms: tuple[CommMode, ...]
@@ -43,6 +47,17 @@ class RunResult:
     params_sha256: str = ""
     """The trained model's parameters after the last iteration (pipeline.runtime.digest;
     engines that train; empty otherwise)."""
+    iterations: tuple[int, ...] = ()
+    """Which measured iteration (from 0) each time is of."""
+    restarts: int = 0
+    """Checkpoint-restarts after link or NIC failures."""
+    lost_iterations: int = 0
+    """Iterations run again after restarts (they are in the times too)."""
+    restart_wall_ms: float = 0.0
+    """Measured: the harness's time restarting engines (closing and starting pools)."""
+    restart_model_ms: float = 0.0
+    """Modelled: per restart, the failed iteration up to its failure, the detection timeout
+    (sim) and the configured restart cost (harness.loop.Recovery)."""
 
     @property
     def median_iteration_ms(self) -> float:
@@ -63,6 +78,44 @@ class RunResult:
     def mean_iteration_ms(self) -> float:
         return statistics.fmean(self.iteration_times_ms)
 
+    @property
+    def total_ms(self) -> float:
+        """The whole run's time: every step run (lost ones again) and the restarts."""
+        return math.fsum(self.wall_times_ms) + self.restart_model_ms
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recovery:
+    """How a job without NIC failover comes back from a failed link or NIC: the harness
+    checkpoint-restarts it (every system, until Adaptra's failover exists)."""
+
+    checkpoint_every: int = 500
+    """Measured iterations between checkpoints (torchtitan's default `checkpoint.interval`:
+    500 steps); the run starts from one."""
+    failure_timeout_ms: float = 600_000.0
+    """How long the simulated job takes to notice a failure: the collective's timeout (10 min:
+    torch.distributed's NCCL default and Megatron's `--distributed-timeout-minutes`). The
+    runtimes' fault hook fails the send at once: there it is not added."""
+    restart_ms: float = 0.0
+    """The cluster's cost to restart the job and reload its checkpoint (rescheduling,
+    process start, communicator set-up, loading): not modelled unless configured."""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or not (self.failure_timeout_ms >= 0 and self.restart_ms >= 0):
+            raise ConfigError("checkpoint_every must be >= 1 and the restart costs >= 0 ms")
+
+
+CHECKPOINT_RESTART = Recovery()
+"""The default recovery (the values above)."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Restarts:
+    count: int = 0
+    lost_iterations: int = 0
+    wall_ms: float = 0.0
+    model_ms: float = 0.0
+
 
 def run_loop(
     engine: Engine,
@@ -72,26 +125,46 @@ def run_loop(
     num_warmup_iterations: int = 1,
     faults: FaultView = NO_FAULTS,
     keep_timeline: bool = True,
+    recovery: Recovery = CHECKPOINT_RESTART,
 ) -> RunResult:
+    """A link failure in a measured iteration restarts the job from its last checkpoint on
+    repaired hardware: the iterations since are lost and run again (they count in the
+    times); the failed iteration costs `restart_model_ms` (its time to the failure, the
+    detection timeout in sim, the configured restart cost)."""
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
-    view = AfterWarmup(faults, num_warmup_iterations)
+    view: FaultView = AfterWarmup(faults, num_warmup_iterations)
     total = num_warmup_iterations + num_iterations
-    times, steps, bubbles, comms, losses, parts = [], [], [], [], [], []
+    times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
     params_sha256 = ""
-    for k in range(total):
+    restarts = _Restarts()
+    checkpoint = num_warmup_iterations
+    k = 0
+    while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
         topology = plan.topology or Topology(plan.profile.num_stages)
         digest = k == total - 1 and engine.capabilities.trains
-        outcome = engine.run(plan, k, view.at(k, topology), digest=digest)
+        try:
+            outcome = engine.run(plan, k, view.at(k, topology), digest=digest)
+        except LinkFailure as failure:
+            if k < num_warmup_iterations or not engine.capabilities.restarts:
+                raise
+            _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
+            view = view.repaired(k)
+            k = checkpoint
+            continue
         controller.observe(k, outcome.timeline)
         params_sha256 = outcome.params_sha256 or params_sha256
         if keep_timeline:
             parts.append(outcome.timeline)
-        if k < num_warmup_iterations:
+        k += 1
+        if k <= num_warmup_iterations:
             continue
-        metrics = compute_metrics(outcome.timeline, k)
+        if (k - num_warmup_iterations) % recovery.checkpoint_every == 0:
+            checkpoint = k
+        metrics = compute_metrics(outcome.timeline, k - 1)
+        indices.append(k - 1 - num_warmup_iterations)
         times.append(metrics.iteration_time_ms)
         steps.append(metrics.step_time_ms)
         bubbles.append(metrics.bubble_ratio)
@@ -107,4 +180,21 @@ def run_loop(
         controller=controller.name,
         losses=tuple(losses),
         params_sha256=params_sha256,
+        iterations=tuple(indices),
+        restarts=restarts.count,
+        lost_iterations=restarts.lost_iterations,
+        restart_wall_ms=restarts.wall_ms,
+        restart_model_ms=restarts.model_ms,
     )
+
+
+def _restart(
+    engine: Engine, restarts: _Restarts, recovery: Recovery, failure: LinkFailure, lost: int
+) -> None:
+    started = time.monotonic()
+    engine.restart()
+    restarts.wall_ms += (time.monotonic() - started) * 1000.0
+    restarts.count += 1
+    restarts.lost_iterations += lost
+    detection_ms = recovery.failure_timeout_ms if engine.name == "sim" else 0.0
+    restarts.model_ms += (failure.at_ms or 0.0) + detection_ms + recovery.restart_ms

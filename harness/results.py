@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 RESULTS_SCHEMA_VERSION = 2
-"""2: runs.csv and iterations.csv gained `controller`."""
+"""2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
+`lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
 
 RUNS_COLUMNS = (
     "run_id",
@@ -45,6 +46,10 @@ RUNS_COLUMNS = (
     "median_wall_ms",
     "throughput_samples_per_s",
     "bubble_ratio",
+    "restarts",
+    "lost_iterations",
+    "restart_wall_ms",
+    "restart_model_ms",
     "params_sha256",
     "schema_version",
 )

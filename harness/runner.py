@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from types import TracebackType
 
 from baselines.fixed_plan import FixedPlan
-from harness.loop import RunResult, run_loop
+from harness.loop import CHECKPOINT_RESTART, Recovery, RunResult, run_loop
 from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
 from pipeline.engines.sim import SimEngine
@@ -101,6 +101,9 @@ class _NetworkDelays:
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
         return self.inner.run(quiet, iteration, faults, digest=digest)
 
+    def restart(self) -> None:
+        self.inner.restart()
+
     def close(self) -> None:
         self.inner.close()
 
@@ -149,6 +152,7 @@ def run_configuration(
     model: str | None = None,
     host: HostCosts = FREE,
     engines: RuntimeEngines | None = None,
+    recovery: Recovery = CHECKPOINT_RESTART,
 ) -> RunResult:
     """Run what `controller` plans. Warm-up iterations come first; a fault timeline counts
     iterations from the first measured one, and its delays add to the profile's. `model`
@@ -172,10 +176,14 @@ def run_configuration(
     if allreduce is not None and backend != "sim":
         raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     profile = controller.plan(0).profile
-    if faults.has_failure(num_iterations - 1, Topology(profile.num_stages)):
+    topology = Topology(profile.num_stages)
+    if (backend == "megatron" or injection == "network") and any(
+        faults.has_failure(i, topology) for i in range(num_iterations)
+    ):
         raise ConfigError(
-            "the fault timeline fails a NIC; failures are not modelled by the "
-            "sim and emulated backends yet (they come with NIC failover)"
+            "the fault timeline fails a link or NIC: the harness checkpoint-restarts sim and "
+            "emulated (hook) runs; megatron (reloading its checkpoint) and --inject network "
+            "cannot restart yet"
         )
     run = functools.partial(
         run_loop,
@@ -184,6 +192,7 @@ def run_configuration(
         num_warmup_iterations=num_warmup_iterations,
         faults=faults,
         keep_timeline=keep_timeline,
+        recovery=recovery,
     )
     if backend == "sim":
         with SimEngine(allreduce=allreduce, host=host) as sim:

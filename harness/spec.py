@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
@@ -129,6 +130,10 @@ class ExperimentSpec:
     backend: str = "sim"
     injection: str = "hook"
     """How an emulated run injects delays (harness.runner.INJECTIONS)."""
+    checkpoint_every: int = CHECKPOINT_RESTART.checkpoint_every
+    """Iterations between the checkpoints a failure restarts from (harness.loop.Recovery)."""
+    restart_ms: float = CHECKPOINT_RESTART.restart_ms
+    """The cluster's cost of one restart, ms (not modelled unless given)."""
     calibration: str | None = None
     """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
     calibrate`), relative to the spec file."""
@@ -155,6 +160,7 @@ class ExperimentSpec:
             )
         if not self.models:
             raise ConfigError("the spec names no model")
+        self.recovery()  # valid
         if self.calibration is not None:
             if self.backend != "sim":
                 raise ConfigError("a calibration is for the sim backend")
@@ -186,6 +192,9 @@ class ExperimentSpec:
                     "profile of the model instead"
                 )
             self.scenarios(target)
+
+    def recovery(self) -> Recovery:
+        return Recovery(checkpoint_every=self.checkpoint_every, restart_ms=self.restart_ms)
 
     def host_costs(self) -> HostCosts:
         return FREE if self.calibration is None else HostCosts.from_file(self.calibration)

@@ -2,9 +2,10 @@
 row.
 
 - The paper's trace: rows `start_iteration;links;delay_s` separated by newlines or spaces,
-  links "i_j" joined by commas. A delay of 0 ends what is in force on those links; `inf`
-  with links fails those logical links (both ways); `inf` with no link fails `rnic0` of the
-  host of stage floor(S/2), replica 0 (the paper's NIC failure).
+  links "i_j" joined by commas; lines starting with `#` are comments. A delay of 0 ends
+  what is in force on those links; `inf` with links fails those logical links (both ways);
+  `inf` with no link fails `rnic0` of the host of stage floor(S/2), replica 0 (the paper's
+  NIC failure).
 - YAML: a list of rows `{start_iteration, at_ms?, end_iteration?, <target>, <effect>}`:
   target `links: ["2-3", "pp1:0-1", "dp0:0-1"]`, `hosts: [a, b]` or `nic: "host1:rnic0"`;
   effect `delay_ms` (with optional `jitter_ms`), `distribution: {normal: {mean_ms, std_ms},
@@ -80,9 +81,11 @@ def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
 
 
 def parse_trace(text: str, seed: int = 0) -> FaultModel:
-    """The paper's trace: rows separated by newlines or spaces, fields by ';'."""
+    """The paper's trace: rows separated by newlines or spaces, fields by ';'; lines that
+    start with '#' are comments."""
+    rows = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     events = []
-    for row, line in enumerate(text.split(), 1):
+    for row, line in enumerate(rows.split(), 1):
         fields = line.split(";")
         if len(fields) != 3:
             raise ConfigError(

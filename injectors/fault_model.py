@@ -267,6 +267,13 @@ class FaultModel:
             e.effect.down for events in self._in_force(iteration, topology).values() for e in events
         )
 
+    def repaired(self, iteration: int) -> FaultModel:
+        """Without the failures that started by `iteration` (the failed hardware replaced)."""
+        kept = tuple(
+            e for e in self.events if not (e.effect.down and e.start_iteration <= iteration)
+        )
+        return dataclasses.replace(self, events=kept)
+
     def event_iterations(self) -> tuple[int, ...]:
         """The iterations at which some event starts or ends, in order."""
         marks = {e.start_iteration for e in self.events}

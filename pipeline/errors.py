@@ -44,4 +44,4 @@ class LinkFailure(AdaptraBenchError, ConnectionError):
     def __init__(self, message: str, *, at_ms: float | None = None) -> None:
         super().__init__(message)
         self.at_ms = at_ms
-        """When it failed, on the engine's clock (the simulator's; None where not known)."""
+        """How far into its iteration the failed message went, ms (None where not known)."""

@@ -66,6 +66,11 @@ class FaultView(Protocol):
         """A failure is in force at `iteration`."""
         ...
 
+    def repaired(self, iteration: int) -> FaultView:
+        """The same faults with every failure that started by `iteration` cleared: the
+        failed hardware replaced (a checkpoint-restart resumes on healthy hardware)."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NoFaults:
@@ -90,6 +95,9 @@ class NoFaults:
 
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         return False
+
+    def repaired(self, iteration: int) -> NoFaults:
+        return self
 
 
 NO_FAULTS = NoFaults()
@@ -117,3 +125,6 @@ class AfterWarmup:
         return iteration >= self.num_warmup and self.faults.has_failure(
             iteration - self.num_warmup, topology
         )
+
+    def repaired(self, iteration: int) -> AfterWarmup:
+        return AfterWarmup(self.faults.repaired(iteration - self.num_warmup), self.num_warmup)

@@ -168,7 +168,7 @@ def simulate(
                         f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
                         f"microbatch {m} on link {links[link_idx]} cannot go: its link or a "
                         f"NIC on its route is down ({end - start_ms:.3f} ms into the iteration)",
-                        at_ms=end,
+                        at_ms=end - start_ms,
                     )
                 transfer_ms += fault.delay_ms
                 fault_ms += fault.delay_ms

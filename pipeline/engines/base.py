@@ -55,6 +55,8 @@ class Capabilities:
     """It computes a real model: losses and a parameter digest."""
     placements: bool = False
     """It runs plans whose topology is not the default placement."""
+    restarts: bool = False
+    """It can be checkpoint-restarted after a link failure (`Engine.restart`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -80,7 +82,12 @@ class Engine(Protocol):
     ) -> Outcome:
         """Run iteration `iteration` of the current run (iteration 0 starts a new run: a
         training engine starts again from the initial parameters). `digest`: report the
-        parameters' digest after it."""
+        parameters' digest after it. A message that cannot go (its link or a NIC on its
+        route is down) raises `pipeline.errors.LinkFailure`."""
+        ...
+
+    def restart(self) -> None:
+        """Come back after a failure, as a checkpoint-restart does: fresh processes."""
         ...
 
     def close(self) -> None: ...

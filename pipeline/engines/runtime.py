@@ -14,12 +14,14 @@ from collections.abc import Callable
 from types import TracebackType
 
 from pipeline.engines.base import Capabilities, Outcome, Plan
+from pipeline.errors import LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
+from pipeline.runtime.remote_error import WorkerLinkFailure
 from pipeline.schedule import validate_schedule
 from pipeline.simulator import CommMode
 
@@ -27,8 +29,6 @@ __all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
 
 
 class RuntimeEngine:
-    capabilities = Capabilities(comms=frozenset({CommMode.DIRECT}))
-
     def __init__(
         self,
         name: str,
@@ -41,8 +41,10 @@ class RuntimeEngine:
     ) -> None:
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
-        if trains:
-            self.capabilities = Capabilities(comms=frozenset({CommMode.DIRECT}), trains=True)
+        # A training engine would reload its checkpoint after a restart: not built yet.
+        self.capabilities = Capabilities(
+            comms=frozenset({CommMode.DIRECT}), trains=trains, restarts=not trains
+        )
         self._pool = WorkerPool(
             num_stages, num_replicas, compute_factory=compute_factory, launch=launch
         )
@@ -63,9 +65,14 @@ class RuntimeEngine:
         if not self._started:
             self._pool.start()
             self._started = True
-        timeline = self._pool.run_iteration(
-            IterationConfig(iteration, plan.schedule, profile, faults=faults, collect_params=digest)
+        config = IterationConfig(
+            iteration, plan.schedule, profile, faults=faults, collect_params=digest
         )
+        try:
+            timeline = self._pool.run_iteration(config)
+        except WorkerLinkFailure as err:  # the pool has closed itself
+            self._started = False
+            raise LinkFailure(str(err)) from err
         results = self._pool.last_results
         losses = [r.step_output.loss for r in results if r.step_output.loss is not None]
         return Outcome(
@@ -73,6 +80,12 @@ class RuntimeEngine:
             loss=losses[0] if losses else None,
             params_sha256=params_sha256(whole_model_params(results)) if digest else "",
         )
+
+    def restart(self) -> None:
+        """A fresh pool of workers (the failed one is closed)."""
+        self._pool.close()
+        self._pool.start()
+        self._started = True
 
     def close(self) -> None:
         self._pool.close()

@@ -18,7 +18,7 @@ class SimEngine:
     optimizer step (the step time). `host`: a host's runtime costs (a calibration)."""
 
     name = "sim"
-    capabilities = Capabilities(comms=frozenset(CommMode), dp_step=True)
+    capabilities = Capabilities(comms=frozenset(CommMode), dp_step=True, restarts=True)
 
     def __init__(self, *, allreduce: AllReduce | None = None, host: HostCosts = FREE) -> None:
         self.allreduce, self.host = allreduce, host
@@ -44,6 +44,9 @@ class SimEngine:
         self._validated.add(id(plan.schedule))
         self._clock_ms = timeline.iterations[0].end_ms
         return Outcome(timeline)
+
+    def restart(self) -> None:
+        """Nothing to restart; the clock goes on."""
 
     def close(self) -> None:
         self._validated.clear()

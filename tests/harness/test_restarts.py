@@ -1,0 +1,64 @@
+"""Link and NIC failures: every system is checkpoint-restarted by the harness (no failover
+yet), in sim and in real worker processes alike. The scaled Table 3 trace in both engines
+is a benchmark (benchmarks/bench_restarts.py: about a minute of injected delays)."""
+
+from pathlib import Path
+
+import pytest
+
+from baselines import one_f_one_b, zb_h2
+from harness.loop import Recovery
+from harness.runner import fixed_plan, run_configuration
+from injectors.fault_files import load_faults, parse_trace
+from pipeline.profile import Profile
+
+PRESETS = Path(__file__).parents[2] / "harness" / "presets"
+
+
+@pytest.mark.parametrize("build", [one_f_one_b, zb_h2])
+def test_the_paper_trace_s_nic_failure_restarts_1f1b_and_zb_in_sim(build) -> None:
+    """The whole Fig. 21 trace on 8 stages: the NIC failure at 1030 restarts the job from
+    the checkpoint at 1000 (one every 500 iterations): 30 iterations run twice."""
+    profile = Profile.uniform(8, 24, 10, 10, 10)
+    result = run_configuration(
+        fixed_plan(build(profile), profile),
+        num_iterations=1200,
+        num_warmup_iterations=0,
+        faults=load_faults(PRESETS / "table3_trace.txt"),
+        keep_timeline=False,
+    )
+    assert (result.restarts, result.lost_iterations) == (1, 30)
+    assert result.iterations == tuple(range(1030)) + tuple(range(1000, 1200))
+    # The failed iteration costs its time up to the failed message, and 10 min to notice.
+    healthy_ms = min(result.iteration_times_ms)
+    assert 600_000 < result.restart_model_ms < 600_000 + healthy_ms
+    assert result.total_ms == pytest.approx(sum(result.wall_times_ms) + result.restart_model_ms)
+
+
+@pytest.mark.multiprocess
+def test_a_failed_nic_restarts_sim_and_emulated_alike() -> None:
+    """A delay, then the paper's NIC failure at iteration 7 (checkpoints every 3): both
+    engines restart once and run iterations 6 and 7 again; the emulated one closes its pool
+    and starts a fresh one, and the failed hardware is replaced."""
+    faults = parse_trace("1;0_1;0.01 4;0_1;0 7;;inf")
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=1024)
+    runs = {
+        backend: run_configuration(
+            fixed_plan(one_f_one_b(profile), profile),
+            backend=backend,
+            num_iterations=10,
+            num_warmup_iterations=1,
+            faults=faults,
+            recovery=Recovery(checkpoint_every=3, restart_ms=250.0),
+            keep_timeline=False,
+        )
+        for backend in ("sim", "emulated")
+    }
+    sim, emulated = runs["sim"], runs["emulated"]
+    assert (sim.restarts, sim.lost_iterations) == (1, 1)  # from 6, failed at 7
+    assert (emulated.restarts, emulated.lost_iterations) == (1, 1)
+    assert len(emulated.iteration_times_ms) == len(sim.iteration_times_ms) == 11
+    assert emulated.restart_wall_ms > 0  # a fresh pool really started
+    # The hook fails the send at once: no detection timeout, the configured restart cost.
+    assert 250.0 <= emulated.restart_model_ms < 250.0 + max(emulated.iteration_times_ms)
+    assert sim.restart_model_ms > 600_000
