@@ -20,7 +20,7 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
-from pipeline.topology import Topology
+from pipeline.topology import Link, Topology
 
 __all__ = [
     "BACKENDS",
@@ -99,7 +99,7 @@ class _NetworkDelays:
                 "fault timeline with --inject hook"
             )
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
-        return self.inner.run(quiet, iteration, faults, digest=digest)
+        return self.inner.run(quiet, iteration, NO_FAULTS, digest=digest)  # on the wires
 
     def restart(self) -> None:
         self.inner.restart()
@@ -115,14 +115,28 @@ class _NetworkDelays:
 
 
 @contextlib.contextmanager
-def _network_engine(profile: Profile) -> Iterator[Engine]:
+def _network_engine(profile: Profile, faults: FaultView) -> Iterator[Engine]:
+    """A testbed with a delay wire per slow host pair (the profile's links under the default
+    placement, and the fault timeline's delays when they hold for the whole run) and htb
+    caps for the profile's link bandwidth."""
+    from injectors.fault_model import FaultModel
     from injectors.testbed import Testbed
     from pipeline.engines.runtime import emulated_engine  # torch: only when needed
 
+    topology = Topology(profile.num_stages)
+    pair_delays_ms: dict[tuple[int, int], float] = {}
+    if isinstance(faults, FaultModel):
+        pair_delays_ms = faults.fixed_pair_delays_ms(topology)
+    elif faults is not NO_FAULTS:
+        raise ConfigError("--inject network takes a fault timeline file's fixed delays only")
+    for link, delay_ms in enumerate(profile.delay_ms):
+        a, b = sorted(topology.hosts_of(Link.pp(link, 0)))
+        pair_delays_ms[a, b] = pair_delays_ms.get((a, b), 0.0) + delay_ms
     with Testbed(profile.num_stages) as bed:
-        for link, delay_ms in enumerate(profile.delay_ms):
+        for (a, b), delay_ms in sorted(pair_delays_ms.items()):
             if delay_ms:
-                bed.add_delay(link, link + 1, plane=0, delay_ms=delay_ms)
+                bed.add_delay(a, b, plane=0, delay_ms=delay_ms)
+        for link in range(profile.num_stages - 1):
             if profile.link_bandwidth_gbps is not None:
                 for src, dst in ((link, link + 1), (link + 1, link)):
                     rate_mbit = profile.link_bandwidth_gbps * 1e3
@@ -198,9 +212,7 @@ def run_configuration(
         with SimEngine(allreduce=allreduce, host=host) as sim:
             return run(sim)
     if injection == "network":
-        if faults is not NO_FAULTS:
-            raise ConfigError("--inject network takes fixed delays, not a fault timeline")
-        with _network_engine(profile) as engine:
+        with _network_engine(profile, faults) as engine:
             return run(engine)
     if engines is not None:
         return run(engines.get(backend, profile.num_stages, model))

@@ -267,6 +267,29 @@ class FaultModel:
             e.effect.down for events in self._in_force(iteration, topology).values() for e in events
         )
 
+    def fixed_pair_delays_ms(self, topology: Topology) -> dict[tuple[int, int], float]:
+        """The delay on each host pair when every event is a plain delay in force for the
+        whole run (from iteration 0, no offset, no end): what a testbed's delay wires set
+        once. A ConfigError names the first event that is not."""
+        delays: dict[tuple[int, int], float] = {}
+        for event in self.events:
+            effect = event.effect
+            plain = effect == Effect(delay_ms=effect.delay_ms) and effect.delay_ms > 0
+            whole_run = (event.start_iteration, event.at_ms, event.end_iteration) == (0, 0, None)
+            if not (plain and whole_run):
+                raise ConfigError(
+                    f"fault row {event.row}: a testbed sets fixed delays for the whole run "
+                    "(from iteration 0, no jitter, no end); replay this timeline with "
+                    "--inject hook"
+                )
+            for unit in event.target.units(topology):
+                if unit[0] != "pair":
+                    raise ConfigError(f"fault row {event.row}: a NIC takes no delay")
+                _, a, b = unit
+                assert isinstance(b, int)
+                delays[a, b] = effect.delay_ms
+        return delays
+
     def repaired(self, iteration: int) -> FaultModel:
         """Without the failures that started by `iteration` (the failed hardware replaced)."""
         kept = tuple(

@@ -218,7 +218,7 @@ def simulate(
             num_stages=num_stages,
             ops=tuple(op_records),
             messages=records,
-            iterations=(IterationRecord(iteration, start_ms, end_ms),),
+            iterations=(IterationRecord(iteration, start_ms, end_ms, 0.0, ()),),
         )
     step_end_ms = allreduce.step_end_ms(free_at)
     num_replicas = allreduce.num_replicas

@@ -22,8 +22,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
-"""3: messages gained `fault_ms`. 2: messages gained `needed_ms`, and the runtime's
-`arrival_ms` is the true arrival (in 1 it was when the consumer's wait returned)."""
+"""3: messages gained `fault_ms`, iterations `pids`. 2: messages gained `needed_ms`, and the
+runtime's `arrival_ms` is the true arrival (in 1 it was when the consumer's wait returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -77,6 +77,9 @@ class IterationRecord(NamedTuple):
     start_ms: float
     end_ms: float
     step_time_ms: float = 0.0
+    pids: tuple[int, ...] = ()
+    """The process that played each position (by position index, pipeline.topology) in
+    the runtimes: a rank swap shows here; empty from the simulator."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -110,7 +113,7 @@ class Timeline:
             num_stages=data["num_stages"],
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
             messages=tuple(MessageRecord(*r) for r in messages),
-            iterations=tuple(IterationRecord(*r) for r in iterations),
+            iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
         )
 
     @classmethod

@@ -41,9 +41,13 @@ class RuntimeEngine:
     ) -> None:
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
-        # A training engine would reload its checkpoint after a restart: not built yet.
+        # A training engine would reload its checkpoint after a restart, and move its model
+        # state in a rank swap: neither is built yet.
         self.capabilities = Capabilities(
-            comms=frozenset({CommMode.DIRECT}), trains=trains, restarts=not trains
+            comms=frozenset({CommMode.DIRECT}),
+            trains=trains,
+            restarts=not trains,
+            placements=not trains,
         )
         self._pool = WorkerPool(
             num_stages, num_replicas, compute_factory=compute_factory, launch=launch
@@ -66,7 +70,12 @@ class RuntimeEngine:
             self._pool.start()
             self._started = True
         config = IterationConfig(
-            iteration, plan.schedule, profile, faults=faults, collect_params=digest
+            iteration,
+            plan.schedule,
+            profile,
+            topology=plan.topology,
+            faults=faults,
+            collect_params=digest,
         )
         try:
             timeline = self._pool.run_iteration(config)

@@ -18,7 +18,9 @@ class SimEngine:
     optimizer step (the step time). `host`: a host's runtime costs (a calibration)."""
 
     name = "sim"
-    capabilities = Capabilities(comms=frozenset(CommMode), dp_step=True, restarts=True)
+    capabilities = Capabilities(
+        comms=frozenset(CommMode), dp_step=True, restarts=True, placements=True
+    )
 
     def __init__(self, *, allreduce: AllReduce | None = None, host: HostCosts = FREE) -> None:
         self.allreduce, self.host = allreduce, host

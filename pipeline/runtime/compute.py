@@ -38,6 +38,11 @@ class ComputeBackend(Protocol):
         """Before the iteration's first op (iteration 0 starts from the initial state)."""
         ...
 
+    def move(self, stage: int, replica: int) -> None:
+        """Play another position from the next iteration on (a rank swap); a backend with
+        model state raises BackendError (moving the state is not built)."""
+        ...
+
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         """After the last op, inside the step time: gradient all-reduces, optimizer step."""
         ...
@@ -61,6 +66,9 @@ class EmulatedCompute:
 
     def begin_iteration(self, config: IterationConfig) -> None:
         pass
+
+    def move(self, stage: int, replica: int) -> None:
+        self._stage = stage
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         return StepOutput()

@@ -11,6 +11,7 @@ from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
+from pipeline.topology import Topology
 
 __all__ = ["IterationConfig", "RankResult", "StepOutput"]
 
@@ -23,6 +24,8 @@ class IterationConfig:
     schedule: Schedule
     profile: Profile
     comm: str = "direct"
+    topology: Topology | None = None
+    """Which worker plays which position this iteration (None: the default placement)."""
     faults: IterationFaults = NO_FAULTS
     """What the faults in force this iteration do to each message (injectors build it)."""
     fault_hook: FaultHook | None = None

@@ -36,6 +36,7 @@ from pipeline.runtime.remote_error import (
 )
 from pipeline.runtime.worker import worker_main
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
+from pipeline.topology import Position, Topology
 
 __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
@@ -194,7 +195,9 @@ class WorkerPool:
             time.sleep(min(left_s, 0.01))
 
     def _name(self, rank: int) -> str:
-        return f"rank {rank} (stage {rank % self.num_stages})"
+        """The rank and the stage it plays under the default placement."""
+        grid = Topology(self.num_stages, self.num_replicas)
+        return f"rank {rank} (stage {grid.position_of_worker(rank).stage})"
 
     def _fail(self, error: WorkerError, what: str, reporter: int | None = None) -> NoReturn:
         """Close the pool and raise: a dead rank's `WorkerCrash` if there is one (`error`, a
@@ -280,5 +283,12 @@ def assemble_timeline(
         num_stages,
         tuple(ops),
         tuple(messages),
-        (IterationRecord(iteration, ms(start_at), end + step_ms, step_ms),),
+        (IterationRecord(iteration, ms(start_at), end + step_ms, step_ms, _pids(results)),),
     )
+
+
+def _pids(results: list[RankResult]) -> tuple[int, ...]:
+    """The pid that played each position, by position index."""
+    grid = Topology(1 + max(r.stage for r in results), 1 + max(r.replica for r in results))
+    by_position = {grid.index(Position(r.stage, r.replica)): r.pid for r in results}
+    return tuple(by_position[i] for i in range(grid.num_positions))

@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import BackendError
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -85,16 +86,33 @@ class _Worker:
         timeout_s: float,
     ) -> None:
         self.rank, self.stage, self.replica = rank, stage, replica
+        self.num_stages = num_stages
         self.compute = compute
         self.dp_group = dp_group
         self.timeout_s = timeout_s
-        # Neighbours and the link to each: activations come from up, gradients from down.
-        self.up = (rank - 1, link_name(stage - 1)) if stage > 0 else None
-        self.down = (rank + 1, link_name(stage)) if stage < num_stages - 1 else None
+        self.up: tuple[int, str] | None = None
+        self.down: tuple[int, str] | None = None
+        self._place(Topology(num_stages, _num_replicas(dp_group)))
         self.current_op: str | None = None
         """The op running ("F3"), None outside ops: where a failure happened."""
 
+    def _place(self, topology: Topology) -> None:
+        """Play this worker's position under `topology`; neighbours are the workers playing
+        the next positions up and down (activations come from up, gradients from down)."""
+        position = topology.position_of_worker(self.rank)
+        if (position.stage, position.replica) != (self.stage, self.replica):
+            if self.dp_group is not None:
+                raise BackendError("a rank swap with DP replicas is not supported yet")
+            self.compute.move(position.stage, position.replica)
+        self.stage, self.replica = position.stage, position.replica
+        up, down = Position(self.stage - 1, self.replica), Position(self.stage + 1, self.replica)
+        self.up = (topology.worker(up), link_name(up.stage)) if self.stage > 0 else None
+        last = self.stage == self.num_stages - 1
+        self.down = None if last else (topology.worker(down), link_name(self.stage))
+
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
+        if config.topology is not None:
+            self._place(config.topology)
         profile = config.profile
         hook = config.fault_hook or FaultViewHook(
             {link_name(i): d for i, d in enumerate(profile.delay_ms)},
@@ -215,6 +233,10 @@ class _Worker:
             )
         self.current_op = None
         return records
+
+
+def _num_replicas(dp_group: dist.ProcessGroup | None) -> int:
+    return 1 if dp_group is None else dist.get_world_size(dp_group)
 
 
 def configure_threads() -> None:

@@ -125,6 +125,12 @@ class MegatronCompute:
     def message_buffer(self, profile: Profile) -> torch.Tensor:
         return torch.empty(self.preset.message_shape(), dtype=torch.float32, device=self.device)
 
+    def move(self, stage: int, replica: int) -> None:
+        raise BackendError(
+            f"the megatron backend cannot move stage {self._stage}'s model to stage {stage} "
+            "(a rank swap moves model state: not built yet)"
+        )
+
     def begin_iteration(self, config: IterationConfig) -> None:
         runner = self.runner
         runner.reset()

@@ -57,6 +57,10 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
         check_plan(RuntimeEngine("emulated", 2), delegated)
     with pytest.raises(ConfigError, match="cannot restart"):
         check_plan(SimEngine(), dataclasses.replace(delegated, action=Action.RESTART))
-    swapped = Topology(2).swapped(Position(0), Position(1))
-    with pytest.raises(ConfigError, match="default placement only"):
-        check_plan(SimEngine(), dataclasses.replace(delegated, topology=swapped))
+    swapped = dataclasses.replace(
+        delegated, comm=CommMode.DIRECT, topology=Topology(2).swapped(Position(0), Position(1))
+    )
+    check_plan(SimEngine(), swapped)
+    check_plan(RuntimeEngine("emulated", 2), swapped)
+    with pytest.raises(ConfigError, match="the megatron engine runs the default placement only"):
+        check_plan(RuntimeEngine("megatron", 2, trains=True), swapped)

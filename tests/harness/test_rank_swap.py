@@ -1,0 +1,97 @@
+"""A fault stays on its hosts; a rank swap moves which logical link it slows (emulated: the
+processes really play other stages)."""
+
+import dataclasses
+import os
+import shutil
+
+import pytest
+
+from baselines import one_f_one_b
+from harness.runner import fixed_plan, run_configuration
+from injectors.fault_files import parse_yaml
+from pipeline.engines import Plan
+from pipeline.profile import Profile
+from pipeline.timeline import Timeline
+from pipeline.topology import Position, Topology
+
+DELAY_MS = 30.0
+PROFILE = Profile.uniform(4, 4, 2, 2, 2, message_bytes=1024)
+SWAPPED = Topology(4).swapped(Position(1), Position(3))  # host 1 plays stage 3, host 3 stage 1
+
+
+@dataclasses.dataclass
+class _SwapAt:
+    """The default placement, then stages 1 and 3 swap places from iteration `at` on."""
+
+    at: int
+    fixed: Plan = dataclasses.field(
+        default_factory=lambda: fixed_plan(one_f_one_b(PROFILE), PROFILE).fixed
+    )
+    name: str = "swap"
+
+    def plan(self, iteration: int) -> Plan:
+        if iteration < self.at:
+            return self.fixed
+        return dataclasses.replace(self.fixed, topology=SWAPPED)
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        pass
+
+
+def _slow_links(timeline: Timeline, iteration: int) -> set[str]:
+    """The links whose messages took the delay (fault_ms, or a late arrival on the wire)."""
+    return {
+        m.link
+        for m in timeline.messages
+        if m.iteration == iteration
+        and (m.fault_ms >= DELAY_MS or m.arrival_ms - m.send_start_ms >= DELAY_MS)
+    }
+
+
+def _check(timeline: Timeline) -> None:
+    before, after = timeline.iterations[1], timeline.iterations[3]
+    # Hosts 1 and 2 carry link 1-2, then (host 3 on stage 1, host 1 on stage 3) link 2-3.
+    assert _slow_links(timeline, 1) == {"1-2"}
+    assert _slow_links(timeline, 3) == {"2-3"}
+    assert before.pids[3] == after.pids[1] and before.pids[1] == after.pids[3]
+    assert before.pids[0] == after.pids[0] and before.pids[2] == after.pids[2]
+
+
+def test_a_host_pair_delay_moves_with_a_swap_in_sim() -> None:
+    faults = parse_yaml(f"[{{start_iteration: 0, hosts: [1, 2], delay_ms: {DELAY_MS}}}]")
+    run = run_configuration(_SwapAt(3), num_iterations=4, num_warmup_iterations=0, faults=faults)
+    assert run.timeline is not None
+    assert _slow_links(run.timeline, 1) == {"1-2"} and _slow_links(run.timeline, 3) == {"2-3"}
+    assert run.controller == "swap"
+
+
+@pytest.mark.multiprocess
+def test_a_host_pair_delay_moves_with_a_swap_through_the_hook() -> None:
+    faults = parse_yaml(f"[{{start_iteration: 0, hosts: [1, 2], delay_ms: {DELAY_MS}}}]")
+    run = run_configuration(
+        _SwapAt(3), backend="emulated", num_iterations=4, num_warmup_iterations=0, faults=faults
+    )
+    assert run.timeline is not None
+    _check(run.timeline)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_host_pair_delay_moves_with_a_swap_in_the_testbed() -> None:
+    """The delay is on the wire between hosts 1 and 2 (a userspace delay wire): after the
+    swap the processes in those namespaces play stages 3 and 2, so link 2-3 arrives late."""
+    faults = parse_yaml(f"[{{start_iteration: 0, hosts: [1, 2], delay_ms: {DELAY_MS}}}]")
+    run = run_configuration(
+        _SwapAt(3),
+        backend="emulated",
+        injection="network",
+        num_iterations=4,
+        num_warmup_iterations=0,
+        faults=faults,
+    )
+    assert run.timeline is not None
+    assert all(m.fault_ms == 0.0 for m in run.timeline.messages)  # the wire delays, not a hook
+    _check(run.timeline)
