@@ -194,6 +194,7 @@ def run(
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
+                "reused_iterations": result.reused_iterations,
                 "restarts": result.restarts,
                 "lost_iterations": result.lost_iterations,
                 "restart_wall_ms": result.restart_wall_ms,
@@ -206,6 +207,13 @@ def run(
         f"{label} over {comm} ({backend}, {result.controller} plan): median iteration "
         f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
     )
+    if result.restarts:
+        click.echo(
+            f"{result.restarts} checkpoint-restart(s), {result.lost_iterations} iteration(s) "
+            f"run again, {result.restart_model_ms:.0f} ms of modelled restart cost"
+        )
+    if result.reused_iterations:
+        click.echo(f"{result.reused_iterations} identical iterations reused (same plan and faults)")
     if backend == "megatron":
         click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
         click.echo(f"params_sha256: {result.params_sha256}")

@@ -121,10 +121,13 @@ def run_experiment(
             num_run += 1
             elapsed_s = time.monotonic() - started
             left_s = elapsed_s / num_run * (todo - num_run)
+            reused = result.reused_iterations
             progress(
                 f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}: "
-                f"{result.median_wall_ms:.1f} ms median ({elapsed_s:.0f} s elapsed, "
-                f"~{left_s:.0f} s left)"
+                f"{result.median_wall_ms:.1f} ms median"
+                + (f", {result.restarts} restart(s)" if result.restarts else "")
+                + (f", {reused} identical iterations reused" if reused else "")
+                + f" ({elapsed_s:.0f} s elapsed, ~{left_s:.0f} s left)"
             )
     write_report(spec, run_dir, runs)
     return run_dir

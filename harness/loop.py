@@ -49,6 +49,9 @@ class RunResult:
     engines that train; empty otherwise)."""
     iterations: tuple[int, ...] = ()
     """Which measured iteration (from 0) each time is of."""
+    reused_iterations: int = 0
+    """Iterations the engine did not compute again: the same plan and faults as an earlier
+    one (the simulator; per-message draws rule it out)."""
     restarts: int = 0
     """Checkpoint-restarts after link or NIC failures."""
     lost_iterations: int = 0
@@ -138,6 +141,7 @@ def run_loop(
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
     params_sha256 = ""
     restarts = _Restarts()
+    reused = 0
     checkpoint = num_warmup_iterations
     k = 0
     while k < total:
@@ -156,6 +160,7 @@ def run_loop(
             continue
         controller.observe(k, outcome.timeline)
         params_sha256 = outcome.params_sha256 or params_sha256
+        reused += outcome.reused
         if keep_timeline:
             parts.append(outcome.timeline)
         k += 1
@@ -181,6 +186,7 @@ def run_loop(
         losses=tuple(losses),
         params_sha256=params_sha256,
         iterations=tuple(indices),
+        reused_iterations=reused,
         restarts=restarts.count,
         lost_iterations=restarts.lost_iterations,
         restart_wall_ms=restarts.wall_ms,

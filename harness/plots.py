@@ -168,7 +168,9 @@ def plot_throughput_over_time(
         ]
     )
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    sns.lineplot(data=frame, x="iteration", y="samples/s", hue="system", ax=ax, linewidth=1)
+    sns.lineplot(
+        data=frame, x="iteration", y="samples/s", hue="system", ax=ax, linewidth=1, errorbar=None
+    )
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

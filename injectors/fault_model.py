@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Hashable
 from enum import StrEnum
 
 from pipeline.errors import ConfigError
@@ -118,6 +119,7 @@ class FaultEvent:
 
 
 _Unit = tuple[str, int, int | str]
+_HEALTHY = MessageFault()
 
 
 @dataclasses.dataclass(slots=True)
@@ -132,6 +134,33 @@ class InForce:
     """(effect, offset ms into this iteration from which it holds) per unit."""
     seed: int
     _stalled: set[tuple[_Unit, str]] = dataclasses.field(default_factory=set)
+    _routes: dict[tuple[Link, str], list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]] = (
+        dataclasses.field(default_factory=dict)
+    )
+    """Per link direction, the units on its route that have effects (looked up once)."""
+
+    def cache_key(self) -> Hashable | None:
+        """The topology and the effects, unless one draws per message, follows the clock or
+        keeps state (jitter, a redrawn normal delay, a stall)."""
+        drawn = any(
+            e.jitter_ms or e.normal_ms is not None or e.stall_ms
+            for effects in self.effects.values()
+            for e, _ in effects
+        )
+        return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
+
+    def _route(
+        self, link: Link, direction: str
+    ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
+        a, b = self.topology.hosts_of(link)
+        sender, receiver = (a, b) if direction == "forward" else (b, a)
+        nic = self.topology.nics[0]
+        units: list[_Unit] = [
+            ("pair", min(a, b), max(a, b)),
+            ("nic", sender, nic),
+            ("nic", receiver, nic),
+        ]
+        return [(unit, self.effects[unit]) for unit in units if unit in self.effects]
 
     def message_fault(
         self,
@@ -143,18 +172,13 @@ class InForce:
         offset_ms: float = 0.0,
     ) -> MessageFault:
         if not self.effects:
-            return MessageFault()
-        a, b = self.topology.hosts_of(link)
-        sender, receiver = (a, b) if direction == "forward" else (b, a)
-        nic = self.topology.nics[0]
-        units: list[_Unit] = [
-            ("pair", min(a, b), max(a, b)),
-            ("nic", sender, nic),
-            ("nic", receiver, nic),
-        ]
+            return _HEALTHY
+        route = self._routes.get((link, direction))
+        if route is None:
+            route = self._routes[link, direction] = self._route(link, direction)
         delay_ms = 0.0
-        for unit in units:
-            for effect, from_ms in self.effects.get(unit, ()):
+        for unit, effects in route:
+            for effect, from_ms in effects:
                 if offset_ms < from_ms:
                     continue
                 if effect.down:

@@ -9,6 +9,7 @@ Nothing here changes a fault: a view is a pure function of what it is asked.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable
 from typing import Protocol
 
 from pipeline.topology import Link, Topology
@@ -46,6 +47,12 @@ class IterationFaults(Protocol):
         `direction` ("forward": an activation, `kind` "F"; "backward": a gradient, "B"),
         of `num_bytes`, sent `offset_ms` into the iteration (on the engine's clock). Called
         once per message, in each sender's send order: a view may keep per-sender state."""
+        ...
+
+    def cache_key(self) -> Hashable | None:
+        """Equal keys give every message the same effect, so an engine may reuse an
+        iteration it ran under an equal key; None: never reuse (seeded per-message draws,
+        values redrawn over time, or state)."""
         ...
 
 
@@ -86,6 +93,9 @@ class NoFaults:
         offset_ms: float = 0.0,
     ) -> MessageFault:
         return NONE
+
+    def cache_key(self) -> Hashable | None:
+        return ()
 
     def at(self, iteration: int, topology: Topology) -> NoFaults:
         return self

@@ -59,6 +59,10 @@ def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
     return tuple(map(functools.partial(tuple.__new__, MessageRecord), messages))
 
 
+def _message(*fields: Any) -> MessageRecord:
+    return tuple.__new__(MessageRecord, fields)
+
+
 def simulate(
     schedule: Schedule,
     profile: Profile,
@@ -227,6 +231,6 @@ def simulate(
         ops=tuple(op_records)
         + tuple(OpRecord(*r[:-1], k) for k in range(1, num_replicas) for r in op_records),
         messages=records
-        + tuple(r._replace(replica=k) for k in range(1, num_replicas) for r in records),
+        + tuple(_message(*r[:9], k, r[10]) for k in range(1, num_replicas) for r in records),
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
     )

@@ -116,6 +116,31 @@ class Timeline:
             iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
         )
 
+    def moved(self, iteration: int, start_ms: float) -> Timeline:
+        """This one-iteration timeline as iteration `iteration` starting at `start_ms`."""
+        (record,) = self.iterations
+        shift = start_ms - record.start_ms
+        new = tuple.__new__
+        return Timeline(
+            self.num_stages,
+            tuple(
+                new(OpRecord, (iteration, s, k, m, a + shift, b + shift, r))
+                for _, s, k, m, a, b, r in self.ops
+            ),
+            tuple(
+                new(
+                    MessageRecord,
+                    (iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift, r, f),
+                )
+                for _, li, d, m, n, a, b, c, e, r, f in self.messages
+            ),
+            (
+                record._replace(
+                    iteration=iteration, start_ms=start_ms, end_ms=record.end_ms + shift
+                ),
+            ),
+        )
+
     @classmethod
     def concat(cls, parts: list[Timeline]) -> Timeline:
         """Join per-iteration timelines of one run into one."""

@@ -68,6 +68,9 @@ class Outcome:
     params_sha256: str = ""
     """The parameters' digest after the iteration, when it was asked for (engines that
     train; pipeline.runtime.digest)."""
+    reused: bool = False
+    """An earlier iteration's result under the same plan and faults, moved to now (the
+    simulator; never with per-message draws)."""
 
 
 class Engine(Protocol):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import Any
 
 from pipeline.allreduce import AllReduce
 from pipeline.engines.base import Capabilities, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.simulator import CommMode, simulate
+from pipeline.timeline import Timeline
 
 __all__ = ["SimEngine"]
+
+_CACHED_ITERATIONS = 64
+"""Distinct iterations kept for reuse (oldest dropped first): memory stays flat."""
 
 
 class SimEngine:
@@ -26,32 +31,46 @@ class SimEngine:
         self.allreduce, self.host = allreduce, host
         self._clock_ms = 0.0
         self._validated: set[int] = set()
+        self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline]] = {}
 
     def run(
         self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
     ) -> Outcome:
+        """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
+        that iteration again, moved to now (`Outcome.reused`)."""
         if iteration == 0:
             self._clock_ms = 0.0
-        timeline = simulate(
-            plan.schedule,
-            plan.profile,
-            plan.comm,
-            iteration=iteration,
-            start_ms=self._clock_ms,
-            validate=id(plan.schedule) not in self._validated,
-            allreduce=self.allreduce,
-            host=self.host,
-            faults=faults,
-        )
-        self._validated.add(id(plan.schedule))
+        faults_key = faults.cache_key()
+        key = None if faults_key is None else (plan, faults_key)
+        cached = None if key is None else self._cache.get(key)
+        if cached is not None:
+            timeline = cached[1].moved(iteration, self._clock_ms)
+        else:
+            timeline = simulate(
+                plan.schedule,
+                plan.profile,
+                plan.comm,
+                iteration=iteration,
+                start_ms=self._clock_ms,
+                validate=id(plan.schedule) not in self._validated,
+                allreduce=self.allreduce,
+                host=self.host,
+                faults=faults,
+            )
+            self._validated.add(id(plan.schedule))
+            if key is not None:
+                if len(self._cache) >= _CACHED_ITERATIONS:
+                    self._cache.pop(next(iter(self._cache)))
+                self._cache[key] = (plan, timeline)  # the plan keeps its schedule's id taken
         self._clock_ms = timeline.iterations[0].end_ms
-        return Outcome(timeline)
+        return Outcome(timeline, reused=cached is not None)
 
     def restart(self) -> None:
         """Nothing to restart; the clock goes on."""
 
     def close(self) -> None:
         self._validated.clear()
+        self._cache.clear()
 
     def __enter__(self) -> SimEngine:
         return self
