@@ -1,0 +1,38 @@
+"""The per-iteration loop over the sim engine: reuse of identical iterations, streaming."""
+
+import pytest
+
+from baselines import zb_h2
+from harness.runner import fixed_plan, run_configuration
+from injectors.fault_files import parse_yaml
+from pipeline.profile import Profile
+from pipeline.simulator import CommMode, simulate
+
+PROFILE = Profile.uniform(4, 8, 3, 2, 1, delay_ms=(0.0, 7.0, 0.0))
+
+
+def test_identical_iterations_are_reused_and_equal_what_the_simulator_gives() -> None:
+    faults = parse_yaml('[{start_iteration: 50, end_iteration: 60, links: ["0-1"], delay_ms: 9}]')
+    run = run_configuration(
+        fixed_plan(zb_h2(PROFILE), PROFILE), num_iterations=200, num_warmup_iterations=1,
+        faults=faults,
+    )  # fmt: skip
+    # Computed: the warm-up (healthy), the first slow one (50) and the first healthy after (60).
+    assert run.reused_iterations == 201 - 3
+    assert run.timeline is not None
+    healthy = simulate(zb_h2(PROFILE), PROFILE, CommMode.DIRECT)
+    assert run.iteration_times_ms[0] == pytest.approx(healthy.iterations[0].end_ms, abs=1e-9)
+    assert len(set(round(t, 9) for t in run.iteration_times_ms)) == 2
+    # A moved iteration is renumbered and placed after the one before.
+    last, before = run.timeline.iterations[-1], run.timeline.iterations[-2]
+    assert last.iteration == 200 and last.start_ms == before.end_ms
+    assert {r.iteration for r in run.timeline.ops if r.start_ms >= last.start_ms} == {200}
+
+
+def test_per_message_draws_are_never_reused() -> None:
+    jitter = parse_yaml('[{start_iteration: 0, links: ["1-2"], delay_ms: 5, jitter_ms: 2}]')
+    run = run_configuration(
+        fixed_plan(zb_h2(PROFILE), PROFILE), num_iterations=20, faults=jitter, keep_timeline=False
+    )
+    assert run.reused_iterations == 0  # the warm-up is healthy; every later one draws anew
+    assert len(set(run.iteration_times_ms)) > 15
