@@ -149,8 +149,12 @@ def run_loop(
         check_plan(engine, plan)
         topology = plan.topology or Topology(plan.profile.num_stages)
         digest = k == total - 1 and engine.capabilities.trains
+        # A checkpoint is the state after iteration k: the end of the warm-up, then every
+        # `checkpoint_every` measured iterations.
+        done = k + 1 - num_warmup_iterations
+        save = done >= 0 and done % recovery.checkpoint_every == 0
         try:
-            outcome = engine.run(plan, k, view.at(k, topology), digest=digest)
+            outcome = engine.run(plan, k, view.at(k, topology), digest=digest, checkpoint=save)
         except LinkFailure as failure:
             if k < num_warmup_iterations or not engine.capabilities.restarts:
                 raise

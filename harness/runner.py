@@ -91,7 +91,13 @@ class _NetworkDelays:
         return self.inner.capabilities
 
     def run(
-        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+        self,
+        plan: Plan,
+        iteration: int,
+        faults: IterationFaults,
+        *,
+        digest: bool = False,
+        checkpoint: bool = False,
     ) -> Outcome:
         if plan.profile.delay_ms != self.profile.delay_ms:
             raise ConfigError(
@@ -99,7 +105,7 @@ class _NetworkDelays:
                 "fault timeline with --inject hook"
             )
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
-        return self.inner.run(quiet, iteration, NO_FAULTS, digest=digest)  # on the wires
+        return self.inner.run(quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint)
 
     def restart(self) -> None:
         self.inner.restart()
@@ -191,13 +197,12 @@ def run_configuration(
         raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     profile = controller.plan(0).profile
     topology = Topology(profile.num_stages)
-    if (backend == "megatron" or injection == "network") and any(
+    if injection == "network" and any(
         faults.has_failure(i, topology) for i in range(num_iterations)
     ):
         raise ConfigError(
-            "the fault timeline fails a link or NIC: the harness checkpoint-restarts sim and "
-            "emulated (hook) runs; megatron (reloading its checkpoint) and --inject network "
-            "cannot restart yet"
+            "the fault timeline fails a link or NIC: the testbed cannot take a NIC down "
+            "during a run yet; replay it with --inject hook"
         )
     run = functools.partial(
         run_loop,

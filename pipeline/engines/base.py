@@ -81,16 +81,25 @@ class Engine(Protocol):
     def capabilities(self) -> Capabilities: ...
 
     def run(
-        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+        self,
+        plan: Plan,
+        iteration: int,
+        faults: IterationFaults,
+        *,
+        digest: bool = False,
+        checkpoint: bool = False,
     ) -> Outcome:
         """Run iteration `iteration` of the current run (iteration 0 starts a new run: a
         training engine starts again from the initial parameters). `digest`: report the
-        parameters' digest after it. A message that cannot go (its link or a NIC on its
-        route is down) raises `pipeline.errors.LinkFailure`."""
+        parameters' digest after it; `checkpoint`: a training engine saves its state after
+        it. A message that cannot go (its link or a NIC on its route is down) raises
+        `pipeline.errors.LinkFailure`."""
         ...
 
     def restart(self) -> None:
-        """Come back after a failure, as a checkpoint-restart does: fresh processes."""
+        """Come back after a failure, as a checkpoint-restart does: fresh processes, which
+        (a training engine) resume from the last checkpoint of this run, or from the initial
+        parameters at iteration 0."""
         ...
 
     def close(self) -> None: ...

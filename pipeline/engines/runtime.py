@@ -10,6 +10,8 @@ every run's iteration 0.
 from __future__ import annotations
 
 import functools
+import shutil
+import tempfile
 from collections.abc import Callable
 from types import TracebackType
 
@@ -41,12 +43,11 @@ class RuntimeEngine:
     ) -> None:
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
-        # A training engine would reload its checkpoint after a restart, and move its model
-        # state in a rank swap: neither is built yet.
+        # A training engine would move its model state in a rank swap: not built yet.
         self.capabilities = Capabilities(
             comms=frozenset({CommMode.DIRECT}),
             trains=trains,
-            restarts=not trains,
+            restarts=True,
             placements=not trains,
         )
         self._pool = WorkerPool(
@@ -54,15 +55,27 @@ class RuntimeEngine:
         )
         self._started = False
         self._validated: set[int] = set()
+        self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{name}-checkpoints-")
+        """Where a training engine writes its checkpoints (one per stage, the latest)."""
+        self._saved = False
+        self._resume: str | None = None
 
     @property
     def pids(self) -> list[int]:
         return list(self._pool.pids)
 
     def run(
-        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+        self,
+        plan: Plan,
+        iteration: int,
+        faults: IterationFaults,
+        *,
+        digest: bool = False,
+        checkpoint: bool = False,
     ) -> Outcome:
         profile = plan.profile
+        if iteration == 0:
+            self._saved = False
         if id(plan.schedule) not in self._validated:
             validate_schedule(plan.schedule, profile.num_stages, profile.num_microbatches)
             self._validated.add(id(plan.schedule))
@@ -76,12 +89,16 @@ class RuntimeEngine:
             topology=plan.topology,
             faults=faults,
             collect_params=digest,
+            save_checkpoint=self._checkpoints if checkpoint and self.capabilities.trains else None,
+            load_checkpoint=self._resume,
         )
         try:
             timeline = self._pool.run_iteration(config)
         except WorkerLinkFailure as err:  # the pool has closed itself
             self._started = False
             raise LinkFailure(str(err)) from err
+        self._resume = None
+        self._saved = self._saved or config.save_checkpoint is not None
         results = self._pool.last_results
         losses = [r.step_output.loss for r in results if r.step_output.loss is not None]
         return Outcome(
@@ -91,13 +108,16 @@ class RuntimeEngine:
         )
 
     def restart(self) -> None:
-        """A fresh pool of workers (the failed one is closed)."""
+        """A fresh pool of workers (the failed one is closed); a training engine's first
+        iteration then loads the run's last checkpoint, if it saved one."""
         self._pool.close()
         self._pool.start()
         self._started = True
+        self._resume = self._checkpoints if self._saved else None
 
     def close(self) -> None:
         self._pool.close()
+        shutil.rmtree(self._checkpoints, ignore_errors=True)
         self._started = False
         self._validated.clear()
 

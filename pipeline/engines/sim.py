@@ -34,7 +34,13 @@ class SimEngine:
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline]] = {}
 
     def run(
-        self, plan: Plan, iteration: int, faults: IterationFaults, *, digest: bool = False
+        self,
+        plan: Plan,
+        iteration: int,
+        faults: IterationFaults,
+        *,
+        digest: bool = False,
+        checkpoint: bool = False,
     ) -> Outcome:
         """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
         that iteration again, moved to now (`Outcome.reused`)."""

@@ -38,6 +38,12 @@ class IterationConfig:
     collect_params: bool = False
     """Backends that train: return every parameter after the step (pipeline.runtime.digest;
     costs a copy)."""
+    save_checkpoint: str | None = None
+    """Backends that train: after the step, write this stage's state into this directory
+    (a checkpoint a restart resumes from)."""
+    load_checkpoint: str | None = None
+    """Backends that train: before the first op, load this stage's state from this
+    directory (the first iteration after a restart)."""
 
     def __post_init__(self) -> None:
         if self.comm != "direct":

@@ -8,7 +8,7 @@ import pytest
 
 from baselines import one_f_one_b, zb_h2
 from harness.loop import Recovery
-from harness.runner import fixed_plan, run_configuration
+from harness.runner import RuntimeEngines, fixed_plan, run_configuration
 from injectors.fault_files import load_faults, parse_trace
 from pipeline.profile import Profile
 
@@ -62,3 +62,33 @@ def test_a_failed_nic_restarts_sim_and_emulated_alike() -> None:
     # The hook fails the send at once: no detection timeout, the configured restart cost.
     assert 250.0 <= emulated.restart_model_ms < 250.0 + max(emulated.iteration_times_ms)
     assert sim.restart_model_ms > 600_000
+
+
+@pytest.mark.multiprocess
+def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_failure() -> None:
+    """A NIC failure at iteration 3 restarts a megatron run from the checkpoint written after
+    iteration 1: fresh processes load it, iterations 2 and 3 run again, and the run ends with
+    the same losses and the same parameter digest as a run that never failed."""
+    pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    with RuntimeEngines() as engines:  # one pool for both runs (a restart starts another)
+        runs = {
+            name: run_configuration(
+                fixed_plan(one_f_one_b(profile), profile),
+                backend="megatron",
+                model="tiny",
+                num_iterations=5,
+                num_warmup_iterations=0,
+                faults=parse_trace(trace),
+                recovery=Recovery(checkpoint_every=2),
+                keep_timeline=False,
+                engines=engines,
+            )
+            for name, trace in (("healthy", "0;0_1;0"), ("failed", "3;;inf"))
+        }
+    healthy, failed = runs["healthy"], runs["failed"]
+    assert (failed.restarts, failed.lost_iterations) == (1, 1)
+    assert failed.iterations == (0, 1, 2, 2, 3, 4)
+    assert failed.losses[:3] + failed.losses[4:] == pytest.approx(healthy.losses, rel=0, abs=0)
+    assert failed.losses[3] == failed.losses[2]  # iteration 2 again, from the same state
+    assert failed.params_sha256 == healthy.params_sha256 != ""

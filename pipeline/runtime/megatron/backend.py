@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,12 +135,19 @@ class MegatronCompute:
     def begin_iteration(self, config: IterationConfig) -> None:
         runner = self.runner
         runner.reset()
-        if config.iteration == 0:  # a new run: start from the initial weights again
+        if config.load_checkpoint is not None:  # after a restart: the last checkpoint
+            state = torch.load(self._checkpoint_file(config.load_checkpoint), weights_only=True)
+            runner.model.load_state_dict(state)
+        elif config.iteration == 0:  # a new run: start from the initial weights again
             runner.model.load_state_dict(self._initial)
+        if config.load_checkpoint is not None or config.iteration == 0:
             for param in runner.params:
                 param.grad = None
         num_replicas = dist.get_world_size() // self._num_stages
         runner.loss_scale = 1.0 / (config.profile.num_microbatches * num_replicas)
+
+    def _checkpoint_file(self, directory: str) -> Path:
+        return Path(directory) / f"stage{self._stage}-replica{self._replica}.pt"
 
     def _tokens(self, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         tokens, labels = microbatch_tokens(self.preset, self.seed, self._replica, microbatch)
@@ -193,7 +201,11 @@ class MegatronCompute:
                 for name, p in model.named_parameters()
                 if p.grad is not None
             }
-        sgd_step(runner.params, self.lr)
+        sgd_step(runner.params, self.lr)  # plain SGD: the parameters are the whole state
+        if config.save_checkpoint is not None:
+            path = self._checkpoint_file(config.save_checkpoint)
+            torch.save(model.state_dict(), path.with_suffix(".tmp"))
+            path.with_suffix(".tmp").replace(path)  # whole or absent
         params = None
         if config.collect_params:
             params = tuple(
