@@ -8,9 +8,11 @@ import dataclasses
 import functools
 from collections.abc import Iterator
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, Recovery, RunResult, run_loop
+from injectors.fault_model import InForce
 from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
 from pipeline.engines.sim import SimEngine
@@ -21,6 +23,9 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 from pipeline.topology import Link, Topology
+
+if TYPE_CHECKING:
+    from injectors.testbed import Testbed
 
 __all__ = [
     "BACKENDS",
@@ -76,11 +81,15 @@ class RuntimeEngines:
 
 @dataclasses.dataclass(slots=True)
 class _NetworkDelays:
-    """An emulated engine whose link delays are in a namespace testbed's network: the
-    workers get plans without them (no sleeps), and plans must keep the testbed's delays."""
+    """An emulated engine whose link delays are in a namespace testbed's network: at every
+    iteration boundary the testbed's wires take the delays in force on their host pairs
+    (the profile's links under the default placement, plus the fault timeline's); the
+    workers get plans without them and no fault view (no sleeps)."""
 
     inner: Engine
+    bed: Testbed
     profile: Profile
+    applied: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -101,9 +110,19 @@ class _NetworkDelays:
     ) -> Outcome:
         if plan.profile.delay_ms != self.profile.delay_ms:
             raise ConfigError(
-                "--inject network sets each link's delay once, for the whole run; replay a "
-                "fault timeline with --inject hook"
+                "--inject network takes the profile's delays for the whole run; put changing "
+                "delays in a fault timeline"
             )
+        wanted = _profile_pair_delays_ms(self.profile)
+        if isinstance(faults, InForce):
+            for pair, delay_ms in faults.pair_delays_ms().items():
+                wanted[pair] = wanted.get(pair, 0.0) + delay_ms
+        elif faults is not NO_FAULTS:
+            raise ConfigError("--inject network takes a fault timeline file's delays only")
+        for pair in sorted(set(wanted) | set(self.applied)):
+            if wanted.get(pair, 0.0) != self.applied.get(pair, 0.0):
+                self.bed.set_delay(*pair, plane=0, delay_ms=wanted.get(pair, 0.0))
+        self.applied = wanted
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
         return self.inner.run(quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint)
 
@@ -120,35 +139,31 @@ class _NetworkDelays:
         self.close()
 
 
+def _profile_pair_delays_ms(profile: Profile) -> dict[tuple[int, int], float]:
+    topology = Topology(profile.num_stages)
+    delays: dict[tuple[int, int], float] = {}
+    for link, delay_ms in enumerate(profile.delay_ms):
+        if delay_ms:
+            a, b = sorted(topology.hosts_of(Link.pp(link, 0)))
+            delays[a, b] = delay_ms
+    return delays
+
+
 @contextlib.contextmanager
-def _network_engine(profile: Profile, faults: FaultView) -> Iterator[Engine]:
-    """A testbed with a delay wire per slow host pair (the profile's links under the default
-    placement, and the fault timeline's delays when they hold for the whole run) and htb
-    caps for the profile's link bandwidth."""
-    from injectors.fault_model import FaultModel
+def _network_engine(profile: Profile) -> Iterator[Engine]:
+    """A testbed of one host per stage, htb caps for the profile's link bandwidth, and
+    delay wires set at each iteration boundary."""
     from injectors.testbed import Testbed
     from pipeline.engines.runtime import emulated_engine  # torch: only when needed
 
-    topology = Topology(profile.num_stages)
-    pair_delays_ms: dict[tuple[int, int], float] = {}
-    if isinstance(faults, FaultModel):
-        pair_delays_ms = faults.fixed_pair_delays_ms(topology)
-    elif faults is not NO_FAULTS:
-        raise ConfigError("--inject network takes a fault timeline file's fixed delays only")
-    for link, delay_ms in enumerate(profile.delay_ms):
-        a, b = sorted(topology.hosts_of(Link.pp(link, 0)))
-        pair_delays_ms[a, b] = pair_delays_ms.get((a, b), 0.0) + delay_ms
     with Testbed(profile.num_stages) as bed:
-        for (a, b), delay_ms in sorted(pair_delays_ms.items()):
-            if delay_ms:
-                bed.add_delay(a, b, plane=0, delay_ms=delay_ms)
         for link in range(profile.num_stages - 1):
             if profile.link_bandwidth_gbps is not None:
                 for src, dst in ((link, link + 1), (link + 1, link)):
                     rate_mbit = profile.link_bandwidth_gbps * 1e3
                     bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
         inner = emulated_engine(profile.num_stages, launch=bed.launcher())
-        with _NetworkDelays(inner, profile) as engine:
+        with _NetworkDelays(inner, bed, profile) as engine:
             yield engine
 
 
@@ -217,7 +232,7 @@ def run_configuration(
         with SimEngine(allreduce=allreduce, host=host) as sim:
             return run(sim)
     if injection == "network":
-        with _network_engine(profile, faults) as engine:
+        with _network_engine(profile) as engine:
             return run(engine)
     if engines is not None:
         return run(engines.get(backend, profile.num_stages, model))

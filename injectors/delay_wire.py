@@ -34,7 +34,8 @@ def _open_tap(namespace: str, ifname: str) -> int:
 
 
 def run_wire(ns_a: str, ns_b: str, ifname: str, delay_ms: float, conn: Connection) -> None:
-    """Process entry: open both taps, report ready, then forward frames until told to stop."""
+    """Process entry: open both taps, report ready, then forward frames until told to stop;
+    ("delay", ms) changes the delay of frames read from then on (answered "ok")."""
     fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
     conn.send("ready")
     delay_s = delay_ms / 1000.0
@@ -45,7 +46,15 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, delay_ms: float, conn: Connectio
         watched: list[Any] = [*fds, conn]
         readable, _, _ = select.select(watched, [], [], timeout)
         if conn in readable:
-            return  # any word (or EOF) from the testbed means stop
+            try:
+                word = conn.recv()
+            except EOFError:
+                return
+            if not (isinstance(word, tuple) and word[0] == "delay"):
+                return  # any other word (or EOF) from the testbed means stop
+            delay_s = float(word[1]) / 1000.0  # frames already queued keep their due time
+            conn.send("ok")
+            continue
         now = time.monotonic()
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)

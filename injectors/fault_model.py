@@ -149,6 +149,25 @@ class InForce:
         )
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
+    def pair_delays_ms(self) -> dict[tuple[int, int], float]:
+        """The plain delays in force on host pairs for the whole iteration: what a testbed's
+        wires take at its start. A ConfigError for any other effect (jitter, a cap, a stall,
+        a redrawn delay, a NIC down, or an event starting inside the iteration)."""
+        delays: dict[tuple[int, int], float] = {}
+        for unit, effects in self.effects.items():
+            for effect, from_ms in effects:
+                if unit[0] != "pair" or effect != Effect(effect.delay_ms) or from_ms:
+                    raise ConfigError(
+                        f"iteration {self.iteration}: --inject network sets plain delays on "
+                        f"host pairs at iteration boundaries, not a {effect.kind} effect on "
+                        f"{unit[0]} {unit[1]}-{unit[2]} (at {from_ms:g} ms); replay this "
+                        "timeline with --inject hook"
+                    )
+                _, a, b = unit
+                assert isinstance(b, int)
+                delays[a, b] = delays.get((a, b), 0.0) + effect.delay_ms
+        return delays
+
     def _route(
         self, link: Link, direction: str
     ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
@@ -290,29 +309,6 @@ class FaultModel:
         return any(
             e.effect.down for events in self._in_force(iteration, topology).values() for e in events
         )
-
-    def fixed_pair_delays_ms(self, topology: Topology) -> dict[tuple[int, int], float]:
-        """The delay on each host pair when every event is a plain delay in force for the
-        whole run (from iteration 0, no offset, no end): what a testbed's delay wires set
-        once. A ConfigError names the first event that is not."""
-        delays: dict[tuple[int, int], float] = {}
-        for event in self.events:
-            effect = event.effect
-            plain = effect == Effect(delay_ms=effect.delay_ms) and effect.delay_ms > 0
-            whole_run = (event.start_iteration, event.at_ms, event.end_iteration) == (0, 0, None)
-            if not (plain and whole_run):
-                raise ConfigError(
-                    f"fault row {event.row}: a testbed sets fixed delays for the whole run "
-                    "(from iteration 0, no jitter, no end); replay this timeline with "
-                    "--inject hook"
-                )
-            for unit in event.target.units(topology):
-                if unit[0] != "pair":
-                    raise ConfigError(f"fault row {event.row}: a NIC takes no delay")
-                _, a, b = unit
-                assert isinstance(b, int)
-                delays[a, b] = effect.delay_ms
-        return delays
 
     def repaired(self, iteration: int) -> FaultModel:
         """Without the failures that started by `iteration` (the failed hardware replaced)."""

@@ -83,6 +83,8 @@ class Testbed:
         self.hosts = [f"{self.name}-h{h}" for h in range(num_hosts)]
         self._created: list[str] = []
         self._wires: list[tuple[BaseProcess, Any]] = []
+        self._wire_of: dict[tuple[int, int, int], int] = {}
+        """The wire of each (host pair, plane) that has one, by its index in `_wires`."""
         self._previous_sigterm: Any = None
         self._owner_pid = os.getpid()
         self._owner: OwnerRecord | None = None
@@ -158,6 +160,7 @@ class Testbed:
                 process.kill()
                 process.join(2.0)
         self._wires = []
+        self._wire_of = {}
         kept = []
         for name in reversed(self._created):
             try:
@@ -239,6 +242,7 @@ class Testbed:
         )
         process.start()
         child.close()
+        self._wire_of[min(host_a, host_b), max(host_a, host_b), plane] = len(self._wires)
         self._wires.append((process, parent))
         if not parent.poll(10) or parent.recv() != "ready":
             raise TestbedError(f"the delay wire between hosts {host_a} and {host_b} did not start")
@@ -252,6 +256,21 @@ class Testbed:
                     oif=index,
                     prefsrc=self.address(here, plane),
                 )
+
+    def set_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:
+        """The pair's delay from now on: its wire's, changed in place (workers keep their
+        connections), or a new wire."""
+        key = (min(host_a, host_b), max(host_a, host_b), plane)
+        if key not in self._wire_of:
+            if delay_ms:
+                self.add_delay(host_a, host_b, plane, delay_ms)
+            return
+        if not delay_ms >= 0:
+            raise TestbedError(f"a delay must be >= 0 ms, got {delay_ms}")
+        _, conn = self._wires[self._wire_of[key]]
+        conn.send(("delay", delay_ms))
+        if not conn.poll(5) or conn.recv() != "ok":
+            raise TestbedError(f"the delay wire between hosts {host_a} and {host_b} did not answer")
 
     def exec_prefix(self, host: int) -> list[str]:
         """Argv prefix that runs a command inside a host (for subprocesses)."""
