@@ -42,6 +42,10 @@ __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
 logger = logging.getLogger(__name__)
 
+START_UP_S = 120.0
+"""How long workers may take to start (import torch, join the group; megatron builds its
+stage): load stretches it, and it does not depend on the pool's per-wait timeout."""
+
 DEATH_GRACE_S = 1.0
 """How long a failure waits for a dead process before it is blamed on the rank that spoke."""
 
@@ -104,7 +108,8 @@ class WorkerPool:
                 self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
                 child.close()
-            self.pids = [int(pid) for pid in self._gather("start-up")]  # type: ignore[call-overload]
+            answers = self._gather("start-up", START_UP_S)
+            self.pids = [int(pid) for pid in answers]  # type: ignore[call-overload]
         except BaseException:
             self.close()
             raise
@@ -128,12 +133,13 @@ class WorkerPool:
         assert self._origin is not None
         return assemble_timeline(self.num_stages, config.iteration, self._origin, start_at, results)
 
-    def _gather(self, what: str) -> list[object]:
-        """One answer per rank, in rank order; any death, error or timeout is a WorkerError."""
+    def _gather(self, what: str, limit_s: float | None = None) -> list[object]:
+        """One answer per rank, in rank order; any death, error or timeout is a WorkerError.
+        By default the wait is twice the pool's timeout plus 5 s: workers give up on a single
+        wait after `timeout_s` and say which op waited, so their word comes first."""
         answers: dict[int, object] = {}
-        # Workers give up on a single wait after timeout_s and say which op waited; the
-        # controller allows more, so that their word, naming the op, arrives first.
-        limit_s = 2 * self.timeout_s + 5.0
+        if limit_s is None:
+            limit_s = 2 * self.timeout_s + 5.0
         deadline = time.monotonic() + limit_s
         while len(answers) < self.num_ranks:
             waiting = [r for r in range(self.num_ranks) if r not in answers]
