@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Iterator
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from baselines.fixed_plan import FixedPlan
@@ -15,6 +14,7 @@ from harness.loop import CHECKPOINT_RESTART, Recovery, RunResult, run_loop
 from injectors.fault_model import InForce
 from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
+from pipeline.engines.base import Closing
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView, IterationFaults
@@ -43,7 +43,7 @@ fault hook (the paper's artifact), or in the network of a namespace testbed (a d
 slow link, and htb caps for a link bandwidth; root only)."""
 
 
-class RuntimeEngines:
+class RuntimeEngines(Closing):
     """The runtime engines of an experiment, one per (backend, stages, model), each started
     at its first iteration and kept until the experiment ends: configurations share pools."""
 
@@ -67,20 +67,9 @@ class RuntimeEngines:
         for engine in engines:
             engine.close()
 
-    def __enter__(self) -> RuntimeEngines:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 @dataclasses.dataclass(slots=True)
-class _NetworkDelays:
+class _NetworkDelays(Closing):
     """An emulated engine whose link delays are in a namespace testbed's network: at every
     iteration boundary the testbed's wires take the delays in force on their host pairs
     (the profile's links under the default placement, plus the fault timeline's); the
@@ -131,12 +120,6 @@ class _NetworkDelays:
 
     def close(self) -> None:
         self.inner.close()
-
-    def __enter__(self) -> _NetworkDelays:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _profile_pair_delays_ms(profile: Profile) -> dict[tuple[int, int], float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from enum import StrEnum
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 from pipeline.errors import ConfigError
 from pipeline.faults import IterationFaults
@@ -21,7 +21,7 @@ from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
-__all__ = ["Action", "Capabilities", "Engine", "Outcome", "Plan", "check_plan"]
+__all__ = ["Action", "Capabilities", "Closing", "Engine", "Outcome", "Plan", "check_plan"]
 
 
 class Action(StrEnum):
@@ -112,6 +112,24 @@ class Engine(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class Closing:
+    """`with` closes it: engines (and what holds engines) are context managers."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def check_plan(engine: Engine, plan: Plan) -> None:

@@ -13,9 +13,8 @@ import functools
 import shutil
 import tempfile
 from collections.abc import Callable
-from types import TracebackType
 
-from pipeline.engines.base import Capabilities, Outcome, Plan
+from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.errors import LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
@@ -30,7 +29,7 @@ from pipeline.simulator import CommMode
 __all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
 
 
-class RuntimeEngine:
+class RuntimeEngine(Closing):
     def __init__(
         self,
         name: str,
@@ -120,17 +119,6 @@ class RuntimeEngine:
         shutil.rmtree(self._checkpoints, ignore_errors=True)
         self._started = False
         self._validated.clear()
-
-    def __enter__(self) -> RuntimeEngine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def emulated_engine(num_stages: int, *, launch: LaunchHook = local_launch) -> RuntimeEngine:

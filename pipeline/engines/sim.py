@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 from pipeline.allreduce import AllReduce
-from pipeline.engines.base import Capabilities, Outcome, Plan
+from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.simulator import CommMode, simulate
@@ -18,7 +17,7 @@ _CACHED_ITERATIONS = 64
 """Distinct iterations kept for reuse (oldest dropped first): memory stays flat."""
 
 
-class SimEngine:
+class SimEngine(Closing):
     """`allreduce`: every DP replica runs the pipeline, then each stage's all-reduce and
     optimizer step (the step time). `host`: a host's runtime costs (a calibration)."""
 
@@ -77,14 +76,3 @@ class SimEngine:
     def close(self) -> None:
         self._validated.clear()
         self._cache.clear()
-
-    def __enter__(self) -> SimEngine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
