@@ -23,6 +23,9 @@ class _SlowForward:
         slow = link == Link.pp(0, 0) and direction == "forward"
         return MessageFault(10.0 if slow else 0.0)
 
+    def cache_key(self) -> None:
+        return None  # never reuse an iteration under it
+
 
 def test_iterations_run_back_to_back_and_a_fault_view_delays_its_messages() -> None:
     profile = Profile.uniform(2, 2, 10, 10, 10)
