@@ -1,5 +1,6 @@
 """`run --backend megatron` and `profile --backend megatron`, run as a user runs them."""
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -14,27 +15,54 @@ pytestmark = pytest.mark.multiprocess
 
 
 def test_the_same_model_trains_alike_at_any_stage_count(tmp_path: Path, fig4_path: Path) -> None:
-    """Through `run`: 1, 2 and 4 stages (1F1B) and the Fig. 4 order (x = [7, 5, 3, 1]) start
-    from the same weights and train alike: the same losses to 1e-5 relative, the first one
-    before any update. Digests may differ between stage counts (sums in another order: the
-    parameters are bounded to 1e-5 of one process's in test_numerics.py); each is a sha256."""
-    runs: dict[str, dict] = {}
-    for name, stages, schedule in [
-        ("S=1", 1, None), ("S=2", 2, None), ("S=4", 4, None), ("S=4 fig4", 4, fig4_path),
-    ]:  # fmt: skip
-        profile = tmp_path / f"{stages}.json"
-        profile.write_text(json.dumps(Profile.uniform(stages, 12, 1, 1, 1).to_dict()))
-        order = ["--schedule", str(schedule)] if schedule else ["--policy", "1f1b"]
-        out = cli(
-            "run", "--backend", "megatron", "--model", "tiny", "--profile", str(profile),
-            *order, "--iterations", "3", "--warmup-iterations", "0", "--format", "json",
-        )  # fmt: skip
+    """Through the CLI: 1, 2 and 4 stages under 1F1B, ZB-H1 and ZB-H2 (one spec per stage
+    count: its three systems share one pool of workers) and the Fig. 4 order (x = [7, 5, 3,
+    1]) start from the same weights and train alike: the same losses to 1e-5 relative, the
+    first one before any update. Digests may differ between stage counts and orders (sums in
+    another order: the parameters are bounded to 1e-5 of one process's in test_numerics.py);
+    each is a sha256, and the same run twice gives the same one."""
+    losses: dict[str, list[float]] = {}
+    digests: dict[str, str] = {}
+    for stages in (1, 2, 4):
+        spec = tmp_path / f"s{stages}.yaml"
+        spec.write_text(
+            json.dumps(
+                {
+                    "name": f"s{stages}",
+                    "model": "tiny",
+                    "profile": Profile.uniform(stages, 12, 1, 1, 1).to_dict(),
+                    "systems": ["1f1b", "zb-h1", "zb-h2"],
+                    "backend": "megatron",
+                    "num_iterations": 3,
+                    "num_warmup_iterations": 0,
+                }
+            )
+        )
+        out = cli("run", "--spec", str(spec), "--out", str(tmp_path), "--run-id", f"s{stages}")
         assert out.returncode == 0, out.stderr
-        runs[name] = json.loads(out.stdout)
-    for name, data in runs.items():
-        assert data["losses"] == pytest.approx(runs["S=1"]["losses"], rel=1e-5), name
-        assert len(data["params_sha256"]) == 64 and int(data["params_sha256"], 16) >= 0
-    assert runs["S=1"]["losses"][-1] < runs["S=1"]["losses"][0]
+        with (tmp_path / f"s{stages}" / "iterations.csv").open() as rows:
+            for row in csv.DictReader(rows):
+                losses.setdefault(f"S={stages} {row['system']}", []).append(float(row["loss"]))
+        with (tmp_path / f"s{stages}" / "runs.csv").open() as rows:
+            digests |= {
+                f"S={stages} {r['system']}": r["params_sha256"] for r in csv.DictReader(rows)
+            }
+    profile = tmp_path / "4.json"
+    profile.write_text(json.dumps(Profile.uniform(4, 12, 1, 1, 1).to_dict()))
+    fig4 = cli(
+        "run", "--backend", "megatron", "--model", "tiny", "--profile", str(profile),
+        "--schedule", str(fig4_path), "--iterations", "3", "--warmup-iterations", "0",
+        "--format", "json",
+    )  # fmt: skip
+    assert fig4.returncode == 0, fig4.stderr
+    losses["S=4 fig4"] = json.loads(fig4.stdout)["losses"]
+    assert len(losses) == 10
+    reference = losses["S=1 1f1b"]
+    for name, run in losses.items():
+        assert run == pytest.approx(reference, rel=1e-5), name
+    assert reference[-1] < reference[0]
+    assert all(len(d) == 64 and int(d, 16) >= 0 for d in digests.values())
+    assert digests["S=1 zb-h1"] == digests["S=1 zb-h2"]  # one stage: the same sums
 
 
 def test_run_megatron_reports_one_falling_loss_per_iteration(tmp_path: Path) -> None:
