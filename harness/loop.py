@@ -3,16 +3,19 @@
     for k in iterations:  plan = controller.plan(k)
                           outcome = engine.run(plan, k, faults.at(k))
                           controller.observe(k, outcome.timeline)
+                          on_iteration(k, outcome.timeline, measured)
 
 Warm-up iterations come first and run healthy; a fault view counts its iterations from the
 first measured one. Metrics are taken per iteration as it ends, so memory stays flat in the
-number of iterations unless the caller keeps the timelines.
+number of iterations unless the caller keeps the timelines: a caller that wants some of them,
+or wants to save each one as it ends, passes `on_iteration` (harness.saved).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Callable
 
 from pipeline.engines import Controller, Engine, check_plan
 from pipeline.errors import ConfigError
@@ -21,7 +24,11 @@ from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 
-__all__ = ["RunResult", "run_loop"]
+__all__ = ["OnIteration", "RunResult", "run_loop"]
+
+OnIteration = Callable[[int, Timeline, bool], None]
+"""Called as each iteration ends: (the engine's iteration index, warm-ups included; its
+timeline; whether it is measured)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +78,7 @@ def run_loop(
     num_warmup_iterations: int = 1,
     faults: FaultView = NO_FAULTS,
     keep_timeline: bool = True,
+    on_iteration: OnIteration | None = None,
 ) -> RunResult:
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
@@ -86,6 +94,8 @@ def run_loop(
         )
         controller.observe(k, outcome.timeline)
         digest = outcome.params_sha256 or digest
+        if on_iteration is not None:
+            on_iteration(k, outcome.timeline, k >= num_warmup_iterations)
         if keep_timeline:
             parts.append(outcome.timeline)
         if k < num_warmup_iterations:

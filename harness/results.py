@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import io
 import json
 import os
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
     "ITERATIONS_COLUMNS",
+    "MESSAGES_COLUMNS",
+    "RESULTS_SCHEMA_VERSION",
     "RUNS_COLUMNS",
+    "atomic_writer",
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
@@ -23,8 +27,11 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 2
-"""2: runs.csv and iterations.csv gained `controller`."""
+RESULTS_SCHEMA_VERSION = 3
+"""3: a run directory keeps what its engines measured: messages.csv (every measured
+iteration's messages) and timelines/ (the drawn iterations' full timelines, from which the
+report draws its Gantt charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv
+gained `controller`."""
 
 RUNS_COLUMNS = (
     "run_id",
@@ -64,6 +71,25 @@ ITERATIONS_COLUMNS = (
     "bubble_ratio",
     "loss",
 )
+MESSAGES_COLUMNS = (
+    "model",
+    "system",
+    "scenario",
+    "repeat",
+    "iteration",
+    "link",
+    "direction",
+    "replica",
+    "microbatch",
+    "num_bytes",
+    "send_start_ms",
+    "send_end_ms",
+    "arrival_ms",
+    "needed_ms",
+    "fault_ms",
+)
+"""One row per message of every measured iteration (harness.saved writes them): times in ms
+from that iteration's start, rounded to 1 us."""
 
 
 def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
@@ -75,25 +101,34 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
     }
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and rename: a reader never sees half a file."""
+@contextlib.contextmanager
+def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
+    """A text file written through a temporary file and renamed onto `path` when the block
+    ends without an error (otherwise removed): a reader never sees half a file. `append`:
+    the temporary file starts as a copy of `path` (if it exists)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
+        if append and path.exists():
+            shutil.copyfile(path, tmp)  # in the kernel where it can
+        with os.fdopen(fd, "a" if append else "w", newline="") as handle:
+            yield handle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_csv_atomic(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())
+def write_atomic(path: Path, text: str) -> None:
+    with atomic_writer(path) as handle:
+        handle.write(text)
+
+
+def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
+    with atomic_writer(path) as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
@@ -103,8 +138,10 @@ def read_csv_rows(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(handle))
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=1) + "\n")
+def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
+    """Indented for people, or `compact` (no spaces) for big files such as timelines."""
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=1)
+    write_atomic(path, text + "\n")
 
 
 def git_revision() -> str:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from types import TracebackType
 
 from baselines.fixed_plan import FixedPlan
-from harness.loop import RunResult, run_loop
+from harness.loop import OnIteration, RunResult, run_loop
 from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
 from pipeline.engines.sim import SimEngine
@@ -148,13 +148,15 @@ def run_configuration(
     model: str | None = None,
     host: HostCosts = FREE,
     engines: RuntimeEngines | None = None,
+    on_iteration: OnIteration | None = None,
 ) -> RunResult:
     """Run what `controller` plans. Warm-up iterations come first; a fault timeline counts
     iterations from the first measured one, and its delays add to the profile's. `model`
     names the megatron
     backend's GPT configuration (default: tiny); the others take none. `host`: a host's
     runtime costs for the simulator (the sim backend only). `engines`: runtime engines to
-    share with other configurations (default: this configuration's own)."""
+    share with other configurations (default: this configuration's own). `on_iteration`:
+    called with each iteration's timeline as it ends (harness.loop)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if model is not None and backend != "megatron":
@@ -183,6 +185,7 @@ def run_configuration(
         num_warmup_iterations=num_warmup_iterations,
         faults=faults,
         keep_timeline=keep_timeline,
+        on_iteration=on_iteration,
     )
     if backend == "sim":
         with SimEngine(allreduce=allreduce, host=host) as sim:
