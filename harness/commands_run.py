@@ -26,7 +26,6 @@ from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
-from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 from pipeline.trace import write_chrome_trace
 
@@ -174,7 +173,7 @@ def run(
     if plot:
         last = result.timeline.iterations[-1]
         plot_gantt(
-            _shifted(result.timeline, last.iteration, last.start_ms),
+            result.timeline.one_iteration(last.iteration),
             plot,
             title=f"{label}, {comm}, {backend}, iteration {last.iteration}",
         )
@@ -276,13 +275,3 @@ def _run_name(param: click.Parameter, value: str | None) -> str | None:
         return None if value is None else check_run_name(value, "the run id")
     except ConfigError as err:
         raise click.BadParameter(str(err), param=param) from err
-
-
-def _shifted(timeline: Timeline, iteration: int, start_ms: float) -> Timeline:
-    """One iteration of a timeline, its times counted from its own start."""
-    ops = tuple(
-        r._replace(start_ms=r.start_ms - start_ms, end_ms=r.end_ms - start_ms)
-        for r in timeline.ops
-        if r.iteration == iteration
-    )
-    return Timeline(timeline.num_stages, ops, (), ())

@@ -1,5 +1,5 @@
 """Experiments: every configuration of a spec (harness.spec) run into a results directory,
-resumable, every file written atomically."""
+resumable, every file written atomically (the directory's files: docs/design.md, "Results")."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ from harness.results import (
     write_json_atomic,
 )
 from harness.runner import RunResult, RuntimeEngines, run_configuration
+from harness.saved import (
+    ConfigurationKey,
+    ConfigurationRecorder,
+    drawn_iterations,
+    drop_stale,
+    messages_writer,
+    timeline_name,
+    write_timeline,
+)
 from harness.spec import ExperimentSpec, Scenario, Target, controller_for, memoised_planner
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
 from pipeline.errors import ConfigError
@@ -74,15 +83,11 @@ def run_experiment(
         if previous.get("spec") != json.loads(json.dumps(spec_record["spec"])):
             raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
     write_json_atomic(spec_path, spec_record)
-    key_columns = ("model", "system", "scenario", "repeat")
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
-    done = {tuple(r[k] for k in key_columns) for r in runs}
-    # runs.csv is written after iterations.csv: rows of a configuration it lacks are stale.
-    iterations: list[dict[str, Any]] = [
-        r
-        for r in read_csv_rows(run_dir / "iterations.csv")
-        if tuple(r[k] for k in key_columns) in done
-    ]
+    done = {_row_key(r) for r in runs}
+    # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
+    # another file holds of a configuration it lacks is stale.
+    iterations = [r for r in read_csv_rows(run_dir / "iterations.csv") if _row_key(r) in done]
     configs = [
         (target, system, scenario, repeat)
         for target in spec.targets()
@@ -90,29 +95,39 @@ def run_experiment(
         for scenario in spec.scenarios(target)
         for repeat in range(spec.num_repeats)
     ]
+    keys = [_key(target, system, scenario, repeat) for target, system, scenario, repeat in configs]
+    _check_names(keys)
+    drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
-    todo = sum((t.label, system, sc.name, str(r)) not in done for t, system, sc, r in configs)
+    todo = sum(key not in done for key in keys)
     started, num_run = time.monotonic(), 0
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
-        for count, (target, system, scenario, repeat) in enumerate(configs, start=1):
-            if (target.label, system, scenario.name, str(repeat)) in done:
+        for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
+            target, system, scenario, repeat = config
+            if key in done:
                 continue
-            result = run_configuration(
-                controller_for(system, target, scenario, planner),
-                backend=spec.backend,
-                num_iterations=spec.num_iterations,
-                num_warmup_iterations=spec.num_warmup_iterations,
-                faults=scenario.faults or NO_FAULTS,
-                allreduce=None
-                if target.cost is None
-                else scenario.apply_allreduce(target.cost.allreduce),
-                keep_timeline=False,
-                injection=spec.injection,
-                model=target.label if spec.backend == "megatron" else None,
-                host=spec.host_costs(),
-                engines=engines,
-                recovery=spec.recovery(),
-            )
+            starts = [e.start_iteration for e in scenario.faults.events] if scenario.faults else []
+            with messages_writer(run_dir) as messages:
+                drawn = drawn_iterations(spec.num_iterations, starts)
+                recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
+                result = run_configuration(
+                    controller_for(system, target, scenario, planner),
+                    backend=spec.backend,
+                    num_iterations=spec.num_iterations,
+                    num_warmup_iterations=spec.num_warmup_iterations,
+                    faults=scenario.faults or NO_FAULTS,
+                    allreduce=None
+                    if target.cost is None
+                    else scenario.apply_allreduce(target.cost.allreduce),
+                    keep_timeline=False,
+                    injection=spec.injection,
+                    model=target.label if spec.backend == "megatron" else None,
+                    host=spec.host_costs(),
+                    engines=engines,
+                    recovery=spec.recovery(),
+                    on_iteration=recorder,
+                )
+            write_timeline(run_dir, key, recorder.timeline())
             common = _row_keys(run_id, spec, target, system, scenario, repeat, result)
             runs.append(_run_row(common, spec, target, scenario, result))
             iterations += _iteration_rows(common, result)
@@ -131,6 +146,26 @@ def run_experiment(
             )
     write_report(spec, run_dir, runs)
     return run_dir
+
+
+def _key(target: Target, system: str, scenario: Scenario, repeat: int) -> ConfigurationKey:
+    return (target.label, system, scenario.name, str(repeat))
+
+
+def _row_key(row: dict[str, Any]) -> ConfigurationKey:
+    return (row["model"], row["system"], row["scenario"], row["repeat"])
+
+
+def _check_names(keys: list[ConfigurationKey]) -> None:
+    """Every configuration's saved timeline has a file of its own."""
+    seen: dict[str, ConfigurationKey] = {}
+    for key in keys:
+        other = seen.setdefault(timeline_name(key), key)
+        if other != key:
+            raise ConfigError(
+                f"configurations {'/'.join(other)} and {'/'.join(key)} would save their "
+                f"timelines to the same file {timeline_name(key)}; rename a model"
+            )
 
 
 def _row_keys(

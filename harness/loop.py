@@ -3,10 +3,12 @@
     for k in iterations:  plan = controller.plan(k)
                           outcome = engine.run(plan, k, faults.at(k))
                           controller.observe(k, outcome.timeline)
+                          on_iteration(k, outcome.timeline, measured)
 
 Warm-up iterations come first and run healthy; a fault view counts its iterations from the
 first measured one. Metrics are taken per iteration as it ends, so memory stays flat in the
-number of iterations unless the caller keeps the timelines.
+number of iterations unless the caller keeps the timelines: a caller that wants some of them,
+or wants to save each one as it ends, passes `on_iteration` (harness.saved).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
 
 from pipeline.engines import Controller, Engine, check_plan
 from pipeline.errors import ConfigError, LinkFailure
@@ -24,7 +27,11 @@ from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
-__all__ = ["CHECKPOINT_RESTART", "Recovery", "RunResult", "run_loop"]
+__all__ = ["CHECKPOINT_RESTART", "OnIteration", "Recovery", "RunResult", "run_loop"]
+
+OnIteration = Callable[[int, Timeline, bool], None]
+"""Called as each iteration ends: (the engine's iteration index, warm-ups included; its
+timeline; whether it is measured). After a restart the lost iterations end again."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,6 +136,7 @@ def run_loop(
     faults: FaultView = NO_FAULTS,
     keep_timeline: bool = True,
     recovery: Recovery = CHECKPOINT_RESTART,
+    on_iteration: OnIteration | None = None,
 ) -> RunResult:
     """A link failure in a measured iteration restarts the job from its last checkpoint on
     repaired hardware: the iterations since are lost and run again (they count in the
@@ -165,6 +173,8 @@ def run_loop(
         controller.observe(k, outcome.timeline)
         params_sha256 = outcome.params_sha256 or params_sha256
         reused += outcome.reused
+        if on_iteration is not None:
+            on_iteration(k, outcome.timeline, k >= num_warmup_iterations)
         if keep_timeline:
             parts.append(outcome.timeline)
         k += 1

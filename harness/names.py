@@ -4,10 +4,11 @@ one path component (a run directory never lands outside --out)."""
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["check_label", "check_run_name"]
+__all__ = ["check_label", "check_run_name", "slug"]
 
 
 def check_label(text: str, what: str) -> str:
@@ -29,3 +30,14 @@ def check_run_name(text: str, what: str) -> str:
             f"{what} {text!r} must be a single path component (no '/', not '.' or '..')"
         )
     return text
+
+
+def slug(parts: Sequence[str], what: str) -> str:
+    """A configuration's parts (model, system, scenario, ...) as one file name: joined by
+    '_', with '/' and ':' and '@' written '-' and ',' written '+' ("0-1,2-3@40ms" is
+    "0-1+2-3-40ms"); refused (naming `what`) unless it is one path component."""
+    text = "_".join(
+        part.replace("/", "-").replace("@", "-").replace(",", "+").replace(":", "-")
+        for part in parts
+    )
+    return check_run_name(text, what)

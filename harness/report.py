@@ -1,18 +1,21 @@
-"""A run directory's figures and report.md, rebuilt from its CSVs (`adaptra-bench report`)."""
+"""A run directory's figures and report.md, rebuilt from what it saved (`adaptra-bench report`):
+its CSVs and its timelines (harness.saved). Nothing is planned or simulated again."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.results import fault_free_wall_ms, read_csv_rows, write_atomic
-from harness.runner import run_configuration
-from harness.spec import ExperimentSpec, Target, controller_for
+from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
 from pipeline.gantt import plot_gantt
+
+if TYPE_CHECKING:
+    from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
 
 __all__ = ["paper_comparison", "write_report"]
 
@@ -40,45 +43,74 @@ def paper_comparison(
     return out
 
 
-def _gantt_charts(spec: ExperimentSpec, run_dir: Path) -> list[str]:
-    """One Gantt chart per system: the first model under its worst static scenario."""
-    target: Target = spec.targets()[0]
-    scenarios = spec.scenarios(target)
-    worst = max(scenarios, key=lambda s: (s.faults is None, s.delay_ms))
-    if worst.faults is not None:
-        return []
-    names = []
+def _gantt_charts(
+    spec: ExperimentSpec,
+    run_dir: Path,
+    runs: Sequence[Mapping[str, Any]],
+    iterations: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
+    model under its worst static scenario, its last measured iteration, or the first drawn
+    iteration of a fault timeline. Returns the figures and, per system, where its chart came
+    from (or why there is none)."""
+    model = spec.targets()[0].label
+    rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
+    if not rows:
+        return [], []
+    worst = max(rows, key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0)))
+    scenario = str(worst["scenario"])
+    comms = {
+        (r["system"], str(r["iteration"])): r["comm"]
+        for r in iterations
+        if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
+    }
+    figures, sources = [], []
     for system in spec.systems:
-        controller = controller_for(system, target, worst)
-        comm = controller.plan(0).comm
-        run = run_configuration(controller, num_iterations=1, num_warmup_iterations=0)
-        assert run.timeline is not None
+        key = (model, system, scenario, "0")
+        timeline = read_timeline(run_dir, key)
+        where = f"{TIMELINES_DIR}/{timeline_name(key)}"
+        if timeline is None:
+            sources.append(
+                f"- {system}: no chart, the run directory has no saved timeline `{where}` "
+                "(a run of an older version, or one that did not finish)"
+            )
+            continue
+        drawn = sorted(r.iteration for r in timeline.iterations)
+        iteration = drawn[0] if _traced(worst) else drawn[-1]
+        comm = comms.get((system, str(iteration)), "")
         name = f"gantt_{system}.png"
         plot_gantt(
-            run.timeline,
+            timeline.one_iteration(iteration),
             run_dir / name,
-            title=f"{target.label}: {system} ({comm.value}), {worst.name}",
+            title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}, {spec.backend}",
         )
-        names.append(name)
-    return names
+        figures.append((f"Gantt chart, {system}", name))
+        sources.append(
+            f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"
+        )
+    return figures, sources
+
+
+def _traced(row: Mapping[str, Any]) -> bool:
+    return str(row["scenario"]).startswith("trace:")
 
 
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
     figures: list[tuple[str, str]] = []
-    static = [r for r in runs if not r["scenario"].startswith("trace:")]
+    static = [r for r in runs if not _traced(r)]
     if static:
         plot_iteration_time_vs_delay(static, run_dir / "iteration_time_vs_delay.png")
         figures.append(("time per step vs delay", "iteration_time_vs_delay.png"))
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
-    traced = [
-        r for r in read_csv_rows(run_dir / "iterations.csv") if r["scenario"].startswith("trace:")
-    ]
+    iterations = read_csv_rows(run_dir / "iterations.csv")
+    traced = [r for r in iterations if _traced(r)]
     if traced:
         samples = spec.targets()[0].samples_per_iteration
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
         figures.append(("throughput over the fault timeline", "throughput_over_time.png"))
-    figures += [(f"Gantt chart, {name[6:-4]}", name) for name in _gantt_charts(spec, run_dir)]
+    gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
+    figures += gantt
     lines = [
         f"# {spec.name}",
         "",
@@ -114,6 +146,9 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
             f"{paper.value:.2f} | {ours:.2f} | {100 * (ours - paper.value) / paper.value:+.1f} % |"
             for r, paper, ours in compared
         ]
+    if sources:
+        lines += ["", "## Gantt charts", "", "Drawn from the timelines the run saved:", ""]
+        lines += sources
     lines.append("")
     lines += [f"![{caption}]({name})\n" for caption, name in figures]
     write_atomic(run_dir / "report.md", "\n".join(lines))

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
-import io
 import json
 import os
+import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
     "ITERATIONS_COLUMNS",
+    "MESSAGES_COLUMNS",
+    "RESULTS_SCHEMA_VERSION",
     "RUNS_COLUMNS",
+    "atomic_writer",
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
@@ -23,8 +27,10 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 2
-"""2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
+RESULTS_SCHEMA_VERSION = 3
+"""3: a run directory keeps what its engines measured: messages.csv and timelines/ (the drawn
+iterations' full timelines, from which the report draws its Gantt charts; docs/design.md,
+"Results"). 2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
 `lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
 
 RUNS_COLUMNS = (
@@ -69,6 +75,29 @@ ITERATIONS_COLUMNS = (
     "bubble_ratio",
     "loss",
 )
+MESSAGES_COLUMNS = (
+    "model",
+    "system",
+    "scenario",
+    "repeat",
+    "iteration",
+    "link",
+    "direction",
+    "replica",
+    "num_messages",
+    "num_bytes",
+    "first_send_start_ms",
+    "last_send_end_ms",
+    "last_arrival_ms",
+    "send_ms",
+    "fault_ms",
+    "waited_ms",
+)
+"""One row per link direction (and replica) of every measured iteration (harness.saved writes
+them): its messages' count and bytes, the first send's start, the last send's end and the last
+arrival (ms from the iteration's start), and sums over its messages of the send time, the
+injected `fault_ms` and the consumers' wait (arrival - needed where positive); rounded to 1 us.
+The whole timelines of the drawn iterations are in timelines/."""
 
 
 def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
@@ -80,25 +109,34 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
     }
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and rename: a reader never sees half a file."""
+@contextlib.contextmanager
+def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
+    """A text file written through a temporary file and renamed onto `path` when the block
+    ends without an error (otherwise removed): a reader never sees half a file. `append`:
+    the temporary file starts as a copy of `path` (if it exists)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
+        if append and path.exists():
+            shutil.copyfile(path, tmp)  # in the kernel where it can
+        with os.fdopen(fd, "a" if append else "w", newline="") as handle:
+            yield handle
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def write_csv_atomic(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_atomic(path, buffer.getvalue())
+def write_atomic(path: Path, text: str) -> None:
+    with atomic_writer(path) as handle:
+        handle.write(text)
+
+
+def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
+    with atomic_writer(path) as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def read_csv_rows(path: Path) -> list[dict[str, Any]]:
@@ -108,8 +146,10 @@ def read_csv_rows(path: Path) -> list[dict[str, Any]]:
         return list(csv.DictReader(handle))
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    write_atomic(path, json.dumps(data, indent=1) + "\n")
+def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
+    """Indented for people, or `compact` (no spaces) for big files such as timelines."""
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=1)
+    write_atomic(path, text + "\n")
 
 
 def git_revision() -> str:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from baselines.fixed_plan import FixedPlan
-from harness.loop import CHECKPOINT_RESTART, Recovery, RunResult, run_loop
+from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
 from injectors.fault_model import InForce
 from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
@@ -171,13 +171,15 @@ def run_configuration(
     host: HostCosts = FREE,
     engines: RuntimeEngines | None = None,
     recovery: Recovery = CHECKPOINT_RESTART,
+    on_iteration: OnIteration | None = None,
 ) -> RunResult:
     """Run what `controller` plans. Warm-up iterations come first; a fault timeline counts
     iterations from the first measured one, and its delays add to the profile's. `model`
     names the megatron
     backend's GPT configuration (default: tiny); the others take none. `host`: a host's
     runtime costs for the simulator (the sim backend only). `engines`: runtime engines to
-    share with other configurations (default: this configuration's own)."""
+    share with other configurations (default: this configuration's own). `on_iteration`:
+    called with each iteration's timeline as it ends (harness.loop)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if model is not None and backend != "megatron":
@@ -210,6 +212,7 @@ def run_configuration(
         faults=faults,
         keep_timeline=keep_timeline,
         recovery=recovery,
+        on_iteration=on_iteration,
     )
     if backend == "sim":
         with SimEngine(allreduce=allreduce, host=host) as sim:

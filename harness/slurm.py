@@ -12,6 +12,7 @@ import math
 import shlex
 from pathlib import Path
 
+from harness.names import slug
 from harness.results import write_atomic
 from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
@@ -56,11 +57,8 @@ def write_slurm_script(
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))
                     continue
-                slug = "_".join(
-                    part.replace("/", "-").replace("@", "-").replace(",", "+").replace(":", "-")
-                    for part in (target.label, system, scenario.name)
-                )
-                config_dir = out_dir / slug
+                config = slug((target.label, system, scenario.name), "configuration name")
+                config_dir = out_dir / config
                 config_dir.mkdir(parents=True, exist_ok=True)
                 write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
                 write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
@@ -85,7 +83,7 @@ def write_slurm_script(
                 ]
                 steps += [
                     _comment(f"{name}: {world} ranks on {num_nodes} node(s)"),
-                    f"run_step {num_nodes} {world // num_nodes} {shlex.quote(slug)} "
+                    f"run_step {num_nodes} {world // num_nodes} {shlex.quote(config)} "
                     + shlex.join(worker_args),
                 ]
     if not steps:

@@ -24,17 +24,16 @@ def plot_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
     end_ms = max((r.end_ms for r in timeline.ops), default=1.0)
     fig, ax = plt.subplots(figsize=(12, 0.5 * timeline.num_stages + 1.2))
     min_label_ms = end_ms / 150
-    for r in (op for op in timeline.ops if op.replica == 0):
-        width = r.end_ms - r.start_ms
-        ax.barh(
-            r.stage,
-            width,
-            left=r.start_ms,
-            height=0.8,
-            color=_COLOURS[r.kind],
-            edgecolor="white",
-            linewidth=0.5,
+    ops = [op for op in timeline.ops if op.replica == 0]
+    boxes: dict[tuple[int, OpKind], list[tuple[float, float]]] = {}
+    for r in ops:
+        boxes.setdefault((r.stage, r.kind), []).append((r.start_ms, r.end_ms - r.start_ms))
+    for (stage, kind), spans in boxes.items():  # one collection per row and kind: fast
+        ax.broken_barh(
+            spans, (stage - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white", linewidth=0.5
         )
+    for r in ops:
+        width = r.end_ms - r.start_ms
         if width >= min_label_ms:
             ax.text(
                 r.start_ms + width / 2,

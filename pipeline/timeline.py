@@ -141,6 +141,32 @@ class Timeline:
             ),
         )
 
+    def one_iteration(self, iteration: int) -> Timeline:
+        """Iteration `iteration` alone, its times counted from its own start."""
+        bounds = next((r for r in self.iterations if r.iteration == iteration), None)
+        if bounds is None:
+            raise ValueError(f"timeline has no iteration {iteration}")
+        t0 = bounds.start_ms
+        return Timeline(
+            num_stages=self.num_stages,
+            ops=tuple(
+                r._replace(start_ms=r.start_ms - t0, end_ms=r.end_ms - t0)
+                for r in self.ops
+                if r.iteration == iteration
+            ),
+            messages=tuple(
+                r._replace(
+                    send_start_ms=r.send_start_ms - t0,
+                    send_end_ms=r.send_end_ms - t0,
+                    arrival_ms=r.arrival_ms - t0,
+                    needed_ms=r.needed_ms - t0,
+                )
+                for r in self.messages
+                if r.iteration == iteration
+            ),
+            iterations=(bounds._replace(start_ms=0.0, end_ms=bounds.end_ms - t0),),
+        )
+
     @classmethod
     def concat(cls, parts: list[Timeline]) -> Timeline:
         """Join per-iteration timelines of one run into one."""

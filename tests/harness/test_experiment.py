@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from harness.experiment import run_experiment
-from harness.results import RESULTS_SCHEMA_VERSION, RUNS_COLUMNS, read_csv_rows
+from harness.results import (
+    MESSAGES_COLUMNS,
+    RESULTS_SCHEMA_VERSION,
+    RUNS_COLUMNS,
+    read_csv_rows,
+)
 from harness.spec import ExperimentSpec, default_experiment
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
@@ -43,6 +48,9 @@ def test_default_run_end_to_end(tmp_path: Path) -> None:
     assert comms[("adaptra", 40.0)] == ("adaptra", "delegated")
     assert comms[("adaptra-cpu", 40.0)] == ("zb", "delegated")
     assert len(_rows(run_dir / "iterations.csv")) == 16 * 5
+    # every measured iteration's messages: 3 links x 12 microbatches x 2 directions
+    assert len(_rows(run_dir / "messages.csv")) == 16 * 5 * 3 * 12 * 2
+    assert len(list((run_dir / "timelines").iterdir())) == 16
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["spec"]["seed"] == 0 and spec["git_revision"]
     pngs = ["iteration_time_vs_delay.png", "slowdown.png", "gantt_1f1b.png", "gantt_adaptra.png"]
@@ -64,10 +72,16 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
     )
     run_dir = run_experiment(spec, tmp_path / "run")
     complete = _rows(run_dir / "runs.csv")
-    # Simulate an interruption after the first configuration: keep its row only.
+    messages = _rows(run_dir / "messages.csv")
+    timelines = {p.name: p.read_text() for p in (run_dir / "timelines").iterdir()}
+    assert len(messages) == 4 * 2 * 4 * 2 and len(timelines) == 4
+    # Simulate an interruption after the first configuration: keep its row only (and leave
+    # a half-written timeline of another behind).
     with (run_dir / "runs.csv").open() as handle:
         lines = handle.readlines()
     (run_dir / "runs.csv").write_text("".join(lines[:2]))
+    (run_dir / "timelines" / "m_zb-h1_fault-free_r0.json").write_text("{")
+    (run_dir / ".messages.csv.killed.tmp").write_text("m,zb-h1")
     seen: list[str] = []
     run_experiment(spec, run_dir, progress=seen.append)
     assert len(seen) == 3  # only the three missing configurations ran again
@@ -77,6 +91,11 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
 
     assert sorted(_rows(run_dir / "runs.csv"), key=key) == sorted(complete, key=key)
     assert len(_rows(run_dir / "iterations.csv")) == 4 * 2
+    # The unfinished configurations' messages were dropped, then written again: no duplicates.
+    again = _rows(run_dir / "messages.csv")
+    assert tuple(again[0]) == MESSAGES_COLUMNS
+    assert sorted(again, key=key) == sorted(messages, key=key)
+    assert {p.name: p.read_text() for p in (run_dir / "timelines").iterdir()} == timelines
     assert not list(run_dir.glob(".*.tmp"))
 
 
@@ -89,7 +108,9 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="holds a different experiment"):
         run_experiment(spec, run_dir)
     (run_dir / "spec.json").write_text(json.dumps({**record, "schema_version": 1}))
-    with pytest.raises(ConfigError, match="schema version 1; this version resumes 2 only"):
+    with pytest.raises(
+        ConfigError, match=f"schema version 1; this version resumes {RESULTS_SCHEMA_VERSION} only"
+    ):
         run_experiment(spec, run_dir)
 
 

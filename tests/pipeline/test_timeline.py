@@ -42,3 +42,15 @@ def test_a_row_short_of_a_field_is_refused() -> None:
         Timeline.from_dict(short)
     with pytest.raises(ConfigError, match=r"ops\[1\] must be a list of the 7 fields"):
         Timeline.from_dict({**data, "ops": [data["ops"][0], "F0"]})
+
+
+def test_one_iteration_counts_from_its_own_start() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    first = simulate(one_f_one_b(profile), profile, CommMode.DIRECT)
+    later = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, iteration=1, start_ms=100.0)
+    alone = Timeline.concat([first, later]).one_iteration(1)
+    assert alone.iterations == (first.iterations[0]._replace(iteration=1),)
+    assert alone.ops == tuple(r._replace(iteration=1) for r in first.ops)
+    assert alone.messages == tuple(r._replace(iteration=1) for r in first.messages)
+    with pytest.raises(ValueError, match="timeline has no iteration 2"):
+        alone.one_iteration(2)

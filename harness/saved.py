@@ -1,0 +1,182 @@
+"""What a run directory keeps of each configuration's timelines (docs/design.md, "Results"):
+every measured iteration's messages per link direction in messages.csv, streamed as each
+iteration ends, and the drawn iterations' whole timelines in timelines/, from which the
+report draws its Gantt charts.
+
+Only the drawn iterations' timelines stay in memory, so a configuration's memory is flat in
+its number of iterations. Measured iterations are numbered as iterations.csv numbers them
+(the first measured iteration is 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import functools
+import io
+from collections.abc import Collection, Iterable, Iterator
+from pathlib import Path
+from typing import TextIO
+
+from harness.names import slug
+from harness.results import MESSAGES_COLUMNS, atomic_writer, write_json_atomic
+from pipeline.files import parse_json_file
+from pipeline.timeline import Timeline
+
+__all__ = [
+    "MESSAGES_FILE",
+    "TIMELINES_DIR",
+    "ConfigurationKey",
+    "ConfigurationRecorder",
+    "drawn_iterations",
+    "drop_stale",
+    "messages_writer",
+    "read_timeline",
+    "timeline_name",
+    "write_timeline",
+]
+
+MESSAGES_FILE = "messages.csv"
+TIMELINES_DIR = "timelines"
+
+ConfigurationKey = tuple[str, str, str, str]
+"""(model, system, scenario, repeat) as runs.csv writes them: what names a configuration."""
+
+
+def timeline_name(key: ConfigurationKey) -> str:
+    """The file under timelines/ of a configuration: its key slugged as harness.slurm names
+    a configuration's folder, the repeat as r<repeat> (fig4_1f1b_0-1-40ms_r0.json)."""
+    model, system, scenario, repeat = key
+    return slug((model, system, scenario, f"r{repeat}"), "configuration name") + ".json"
+
+
+def drawn_iterations(num_iterations: int, event_starts: Iterable[int] = ()) -> frozenset[int]:
+    """The measured iterations whose whole timelines are kept: the last one, and around each
+    fault event (its start counted from the first measured iteration) the iteration before
+    it and the one it starts in."""
+    drawn = {num_iterations - 1}
+    for start in event_starts:
+        drawn |= {start - 1, start}
+    return frozenset(i for i in drawn if 0 <= i < num_iterations)
+
+
+class ConfigurationRecorder:
+    """harness.loop's `on_iteration` for one configuration: writes each measured iteration's
+    messages to `out` (messages.csv rows) as it ends, and keeps the timelines of the `drawn`
+    measured iterations only."""
+
+    def __init__(
+        self, out: TextIO, key: ConfigurationKey, drawn: Collection[int], num_warmup: int
+    ) -> None:
+        self._out = out
+        self._prefix = _csv_line(key) + ","
+        self._drawn = frozenset(drawn)
+        self._kept: list[Timeline] = []
+        self._num_warmup = num_warmup
+
+    @property
+    def num_kept(self) -> int:
+        """How many iterations' timelines are held now (at most len(drawn))."""
+        return len(self._kept)
+
+    def __call__(self, iteration: int, timeline: Timeline, measured: bool) -> None:
+        if not measured:
+            return
+        index = iteration - self._num_warmup  # after a restart, a lost one comes again
+        self._out.writelines(_link_lines(self._prefix, index, timeline))
+        if index in self._drawn:
+            self._kept.append(_renumbered(timeline, index))
+
+    def timeline(self) -> Timeline:
+        """The drawn iterations, numbered as iterations.csv numbers them, times as measured."""
+        return Timeline.concat(self._kept)
+
+
+@contextlib.contextmanager
+def messages_writer(run_dir: Path) -> Iterator[TextIO]:
+    """messages.csv, to append one configuration's rows to: the new file (the old rows, then
+    what the block writes) replaces the old one only if the block ends without an error."""
+    path = run_dir / MESSAGES_FILE
+    with atomic_writer(path, append=True) as out:
+        if not out.tell():
+            out.write(_csv_line(MESSAGES_COLUMNS) + "\n")
+        yield out
+
+
+def write_timeline(run_dir: Path, key: ConfigurationKey, timeline: Timeline) -> Path:
+    path = run_dir / TIMELINES_DIR / timeline_name(key)
+    write_json_atomic(path, timeline.to_dict(), compact=True)
+    return path
+
+
+def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
+    """The saved timeline of a configuration, or None if the run directory has none."""
+    path = run_dir / TIMELINES_DIR / timeline_name(key)
+    if not path.exists():
+        return None
+    return parse_json_file(path, "timeline", Timeline.from_dict)
+
+
+def drop_stale(
+    run_dir: Path, done: Collection[ConfigurationKey], stale: Iterable[ConfigurationKey]
+) -> None:
+    """Before a resume: keep only the messages of configurations in runs.csv (`done`: it is
+    written last), and remove the saved timelines of the `stale` ones (to be run again) and
+    the messages a killed run was writing (a temporary file, as big as messages.csv)."""
+    for key in stale:
+        (run_dir / TIMELINES_DIR / timeline_name(key)).unlink(missing_ok=True)
+    path = run_dir / MESSAGES_FILE
+    for left in run_dir.glob(f".{MESSAGES_FILE}.*.tmp"):
+        left.unlink(missing_ok=True)
+    if not path.exists():
+        return
+    with path.open(newline="") as old, atomic_writer(path) as new:
+        reader, writer = csv.reader(old), csv.writer(new, lineterminator="\n")
+        writer.writerow(next(reader, MESSAGES_COLUMNS))
+        writer.writerows(row for row in reader if tuple(row[:4]) in done)
+
+
+def _renumbered(timeline: Timeline, index: int) -> Timeline:
+    return Timeline(
+        num_stages=timeline.num_stages,
+        ops=tuple(r._replace(iteration=index) for r in timeline.ops),
+        messages=tuple(r._replace(iteration=index) for r in timeline.messages),
+        iterations=tuple(r._replace(iteration=index) for r in timeline.iterations),
+    )
+
+
+def _link_lines(prefix: str, index: int, timeline: Timeline) -> list[str]:
+    """messages.csv's rows of one iteration: one per link direction and replica."""
+    t0 = timeline.iterations[0].start_ms
+    groups: dict[tuple[str, str, int], list[float]] = {}
+    for _, link, way, _, size, start, end, arrival, needed, replica, fault in timeline.messages:
+        group = groups.get((link, way, replica))
+        if group is None:
+            groups[link, way, replica] = [1, size, start, end, arrival, end - start, fault,
+                                          max(0.0, arrival - needed)]  # fmt: skip
+            continue
+        group[0] += 1
+        group[1] += size
+        group[2] = min(group[2], start)
+        group[3] = max(group[3], end)
+        group[4] = max(group[4], arrival)
+        group[5] += end - start
+        group[6] += fault
+        group[7] += max(0.0, arrival - needed)
+    row = f"{prefix}{index},%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n"
+    return [
+        row % (_field(link), _field(way), replica, n, size, a - t0, b - t0, c - t0, d, f, w)
+        for (link, way, replica), (n, size, a, b, c, d, f, w) in sorted(groups.items())
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def _field(text: str) -> str:
+    return _csv_line((text,))
+
+
+def _csv_line(values: Iterable[object]) -> str:
+    """One CSV row, quoted as the csv module quotes it, without its line end."""
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="").writerow(values)
+    return buffer.getvalue()

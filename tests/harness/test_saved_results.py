@@ -1,0 +1,203 @@
+"""A run directory keeps what its engines measured (messages.csv, timelines/), and the report
+draws from it: nothing is planned or simulated again."""
+
+import ast
+import itertools
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harness.experiment
+from harness.cli import main
+from harness.experiment import run_experiment
+from harness.policies import plan
+from harness.results import read_csv_rows
+from harness.saved import ConfigurationRecorder, drawn_iterations
+from harness.spec import ExperimentSpec
+from pipeline.files import read_json
+from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
+from pipeline.simulator import CommMode, simulate
+from pipeline.timeline import Timeline
+
+
+def _messages(run_dir: Path, system: str) -> list[dict[str, str]]:
+    return [r for r in read_csv_rows(run_dir / "messages.csv") if r["system"] == system]
+
+
+def _chart_sources(run_dir: Path) -> dict[str, tuple[Path, int]]:
+    """report.md's record of where each Gantt chart came from: system -> (file, iteration)."""
+    found = re.findall(
+        r"^- (\S+): `(timelines/[^`]+)`, iteration (\d+),",
+        (run_dir / "report.md").read_text(),
+        re.M,
+    )
+    return {system: (run_dir / path, int(iteration)) for system, path, iteration in found}
+
+
+def _saved(path: Path) -> Timeline:
+    return Timeline.from_dict(read_json(path, "timeline"))
+
+
+def _csv_times(row: dict[str, str]) -> tuple[float, ...]:
+    columns = ("first_send_start_ms", "last_send_end_ms", "last_arrival_ms", "send_ms")
+    return tuple(float(row[c]) for c in columns)
+
+
+@pytest.mark.multiprocess
+def test_an_emulated_report_draws_what_the_workers_measured(tmp_path: Path) -> None:
+    profile = Profile.uniform(2, 3, 3, 3, 3, message_bytes=4096)
+    spec = ExperimentSpec(
+        name="em",
+        models=("m",),
+        profile=profile,
+        systems=("1f1b", "zb-h1"),
+        num_iterations=3,
+        backend="emulated",
+    )
+    run_dir = run_experiment(spec, tmp_path / "em")
+    sources = _chart_sources(run_dir)
+    assert set(sources) == {"1f1b", "zb-h1"}
+    assert "recorded by the emulated backend" in (run_dir / "report.md").read_text()
+    for system in spec.systems:
+        rows = _messages(run_dir, system)
+        # one row per link direction per measured iteration: link 0-1 both ways, 3 messages
+        keys = sorted((int(r["iteration"]), r["direction"]) for r in rows)
+        assert keys == sorted(itertools.product(range(3), ("backward", "forward")))
+        assert {
+            (r["link"], r["replica"], r["num_messages"], r["num_bytes"], r["fault_ms"])
+            for r in rows
+        } == {("0-1", "0", "3", str(3 * 4096), "0.000")}
+        path, iteration = sources[system]
+        assert path.name == f"m_{system}_fault-free_r0.json" and iteration == 2
+        saved = _saved(path)
+        assert [r.iteration for r in saved.iterations] == [2]  # the last measured only
+        assert (run_dir / f"gantt_{system}.png").read_bytes()[:4] == b"\x89PNG"
+        # The chart's file holds what the run measured: iterations.csv's time, to the bit...
+        measured = next(
+            r
+            for r in read_csv_rows(run_dir / "iterations.csv")
+            if r["system"] == system and r["iteration"] == "2"
+        )
+        assert compute_metrics(saved, 2).iteration_time_ms == float(measured["iteration_time_ms"])
+        # ...and messages.csv's rows of that iteration, from its start, to 1 us...
+        mine = saved.one_iteration(2)
+        for row in (r for r in rows if r["iteration"] == "2"):
+            ours = [m for m in mine.messages if m.direction == row["direction"]]
+            expected = (
+                min(m.send_start_ms for m in ours),
+                max(m.send_end_ms for m in ours),
+                max(m.arrival_ms for m in ours),
+                sum(m.send_end_ms - m.send_start_ms for m in ours),
+            )
+            assert _csv_times(row) == pytest.approx(expected, abs=0.002)
+        # ...which are real clocks' times, not the simulator's.
+        simulated = simulate(plan(system, profile).schedule, profile, CommMode.DIRECT)
+        predicted = {(r.stage, r.kind, r.microbatch): r.start_ms for r in simulated.ops}
+        starts = {(r.stage, r.kind, r.microbatch): r.start_ms for r in mine.ops}
+        assert starts.keys() == predicted.keys()
+        assert all(starts[op] != predicted[op] for op in starts if predicted[op] > 0)
+
+
+def _trace_spec(tmp_path: Path, num_iterations: int, **changes: Any) -> ExperimentSpec:
+    trace = tmp_path / "two.txt"
+    trace.write_text("2;0_1;0.02\n5;0_1;0\n")  # 20 ms on link 0-1 from iteration 2, off at 5
+    values: dict[str, Any] = {
+        "name": "tr",
+        "models": ("m",),
+        "profile": Profile.uniform(2, 2, 1, 1, 1),
+        "systems": ("1f1b", "zb"),
+        "faults": str(trace),
+        "num_iterations": num_iterations,
+        **changes,
+    }
+    return ExperimentSpec(**values)
+
+
+def test_a_fault_timeline_keeps_the_iterations_around_each_event(tmp_path: Path) -> None:
+    run_dir = run_experiment(_trace_spec(tmp_path, 8), tmp_path / "tr")
+    sources = _chart_sources(run_dir)
+    for system in ("1f1b", "zb"):
+        path, iteration = sources[system]
+        assert path.name == f"m_{system}_trace-two_r0.json"
+        assert iteration == 1  # a fault timeline's chart: its first drawn iteration
+        saved = _saved(path)
+        # the last, and before/at each event (counted from the first measured iteration)
+        assert [r.iteration for r in saved.iterations] == [1, 2, 4, 5, 7]
+        assert {m.fault_ms for m in saved.messages if m.iteration in (2, 4)} == {20.0}
+        assert {m.fault_ms for m in saved.messages if m.iteration in (1, 5, 7)} == {0.0}
+        rows = _messages(run_dir, system)
+        assert len(rows) == 8 * 2  # every iteration: link 0-1 both ways
+        faults = {(int(r["iteration"]), float(r["fault_ms"])) for r in rows}
+        assert faults == {(i, 40.0 if 2 <= i < 5 else 0.0) for i in range(8)}  # 2 messages
+
+
+def test_retained_timelines_do_not_grow_with_iterations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peaks: list[int] = []
+
+    class Counting(ConfigurationRecorder):
+        def __call__(self, iteration: int, timeline: Timeline, measured: bool) -> None:
+            super().__call__(iteration, timeline, measured)
+            peaks[-1] = max(peaks[-1], self.num_kept)
+
+    monkeypatch.setattr(harness.experiment, "ConfigurationRecorder", Counting)
+    kept = {}
+    for num_iterations in (40, 400):
+        peaks.append(0)
+        spec = _trace_spec(tmp_path, num_iterations, systems=("1f1b",), num_warmup_iterations=0)
+        run_dir = run_experiment(spec, tmp_path / str(num_iterations))
+        assert len(_messages(run_dir, "1f1b")) == num_iterations * 2
+        saved = _saved(next((run_dir / "timelines").iterdir()))
+        kept[num_iterations] = [r.iteration for r in saved.iterations]
+    assert peaks == [5, 5]  # 2 events x 2 iterations + the last, at any length
+    assert kept == {40: [1, 2, 4, 5, 39], 400: [1, 2, 4, 5, 399]}
+
+
+def test_drawn_iterations() -> None:
+    assert drawn_iterations(5) == {4}
+    assert drawn_iterations(5, [0, 2, 4]) == {0, 1, 2, 3, 4}
+    assert drawn_iterations(1, [0]) == {0}
+
+
+def test_report_without_saved_timelines_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = ExperimentSpec(
+        name="old", models=("m",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
+    )
+    run_dir = run_experiment(spec, tmp_path / "old")
+    for path in [*(run_dir / "timelines").iterdir(), *run_dir.glob("gantt_*.png")]:
+        path.unlink()
+    main(["report", str(run_dir)])  # returns: exit status 0 (errors exit 1, 2 or 3)
+    assert capsys.readouterr().out == f"report written to {run_dir / 'report.md'}\n"
+    report = (run_dir / "report.md").read_text()
+    assert (
+        "- 1f1b: no chart, the run directory has no saved timeline "
+        "`timelines/m_1f1b_fault-free_r0.json`" in report
+    )
+    assert "gantt_" not in report and not list(run_dir.glob("gantt_*.png"))
+
+
+def test_the_report_imports_no_runner() -> None:
+    """The report reads results: it can neither plan nor run (nor import the experiment)."""
+    code = (
+        "import sys, harness.report; "
+        "print(sorted(m for m in sys.modules if m.startswith(('harness.', 'adaptra', "
+        "'baselines', 'injectors'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert ast.literal_eval(out.stdout) == [
+        "harness.names",
+        "harness.paper",
+        "harness.plots",
+        "harness.report",
+        "harness.results",
+        "harness.saved",
+    ]
