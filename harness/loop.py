@@ -22,16 +22,20 @@ from collections.abc import Callable
 from pipeline.engines import Controller, Engine, check_plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
-from pipeline.metrics import compute_metrics
+from pipeline.metrics import Metrics, compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
 __all__ = ["CHECKPOINT_RESTART", "OnIteration", "Recovery", "RunResult", "run_loop"]
 
-OnIteration = Callable[[int, Timeline, bool], None]
+OnIteration = Callable[[int, Timeline, bool, int | None], None]
 """Called as each iteration ends: (the engine's iteration index, warm-ups included; its
-timeline; whether it is measured). After a restart the lost iterations end again."""
+timeline; whether it is measured; the earlier iteration it repeats, `Outcome.same_as`).
+After a restart the lost iterations end again."""
+
+_REMEMBERED = 64
+"""Metrics of this many computed iterations are kept for the iterations that repeat them."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,6 +154,7 @@ def run_loop(
     params_sha256 = ""
     restarts = _Restarts()
     reused = 0
+    remembered: dict[int, Metrics] = {}
     checkpoint = num_warmup_iterations
     k = 0
     while k < total:
@@ -172,9 +177,9 @@ def run_loop(
             continue
         controller.observe(k, outcome.timeline)
         params_sha256 = outcome.params_sha256 or params_sha256
-        reused += outcome.reused
+        reused += outcome.same_as is not None
         if on_iteration is not None:
-            on_iteration(k, outcome.timeline, k >= num_warmup_iterations)
+            on_iteration(k, outcome.timeline, k >= num_warmup_iterations, outcome.same_as)
         if keep_timeline:
             parts.append(outcome.timeline)
         k += 1
@@ -182,7 +187,12 @@ def run_loop(
             continue
         if (k - num_warmup_iterations) % recovery.checkpoint_every == 0:
             checkpoint = k
-        metrics = compute_metrics(outcome.timeline, k - 1)
+        metrics = remembered.get(outcome.same_as) if outcome.same_as is not None else None
+        if metrics is None:
+            metrics = compute_metrics(outcome.timeline, k - 1)
+            if len(remembered) >= _REMEMBERED:
+                remembered.pop(next(iter(remembered)))
+            remembered[k - 1] = metrics
         indices.append(k - 1 - num_warmup_iterations)
         times.append(metrics.iteration_time_ms)
         steps.append(metrics.step_time_ms)

@@ -73,17 +73,29 @@ class ConfigurationRecorder:
         self._drawn = frozenset(drawn)
         self._kept: list[Timeline] = []
         self._num_warmup = num_warmup
+        self._rows_of: dict[int, list[str]] = {}
+        """The rows (without their iteration) of recent computed iterations, for the ones
+        that repeat them (`same_as`)."""
 
     @property
     def num_kept(self) -> int:
         """How many iterations' timelines are held now (at most len(drawn))."""
         return len(self._kept)
 
-    def __call__(self, iteration: int, timeline: Timeline, measured: bool) -> None:
+    def __call__(
+        self, iteration: int, timeline: Timeline, measured: bool, same_as: int | None = None
+    ) -> None:
         if not measured:
             return
         index = iteration - self._num_warmup  # after a restart, a lost one comes again
-        self._out.writelines(_link_lines(self._prefix, index, timeline))
+        rows = self._rows_of.get(same_as) if same_as is not None else None
+        if rows is None:
+            rows = _link_rows(timeline)
+            if len(self._rows_of) >= 64:
+                self._rows_of.pop(next(iter(self._rows_of)))
+            self._rows_of[iteration] = rows
+        start = f"{self._prefix}{index},"
+        self._out.writelines(start + row for row in rows)
         if index in self._drawn:
             self._kept.append(_renumbered(timeline, index))
 
@@ -145,8 +157,9 @@ def _renumbered(timeline: Timeline, index: int) -> Timeline:
     )
 
 
-def _link_lines(prefix: str, index: int, timeline: Timeline) -> list[str]:
-    """messages.csv's rows of one iteration: one per link direction and replica."""
+def _link_rows(timeline: Timeline) -> list[str]:
+    """messages.csv's rows of one iteration, after its key and iteration columns: one per
+    link direction and replica."""
     t0 = timeline.iterations[0].start_ms
     groups: dict[tuple[str, str, int], list[float]] = {}
     for _, link, way, _, size, start, end, arrival, needed, replica, fault in timeline.messages:
@@ -163,7 +176,7 @@ def _link_lines(prefix: str, index: int, timeline: Timeline) -> list[str]:
         group[5] += end - start
         group[6] += fault
         group[7] += max(0.0, arrival - needed)
-    row = f"{prefix}{index},%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n"
+    row = "%s,%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n"
     return [
         row % (_field(link), _field(way), replica, n, size, a - t0, b - t0, c - t0, d, f, w)
         for (link, way, replica), (n, size, a, b, c, d, f, w) in sorted(groups.items())

@@ -68,9 +68,10 @@ class Outcome:
     params_sha256: str = ""
     """The parameters' digest after the iteration, when it was asked for (engines that
     train; pipeline.runtime.digest)."""
-    reused: bool = False
-    """An earlier iteration's result under the same plan and faults, moved to now (the
-    simulator; never with per-message draws)."""
+    same_as: int | None = None
+    """This iteration is iteration `same_as` of the run again, moved to now: the same plan
+    and faults (the simulator; never with per-message draws). Whatever was derived from
+    that one's timeline holds for this one."""
 
 
 class Engine(Protocol):

@@ -30,7 +30,7 @@ class SimEngine(Closing):
         self.allreduce, self.host = allreduce, host
         self._clock_ms = 0.0
         self._validated: set[int] = set()
-        self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline]] = {}
+        self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
 
     def run(
         self,
@@ -42,7 +42,7 @@ class SimEngine(Closing):
         checkpoint: bool = False,
     ) -> Outcome:
         """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
-        that iteration again, moved to now (`Outcome.reused`)."""
+        that iteration again, moved to now (`Outcome.same_as`)."""
         if iteration == 0:
             self._clock_ms = 0.0
         faults_key = faults.cache_key()
@@ -50,6 +50,7 @@ class SimEngine(Closing):
         cached = None if key is None else self._cache.get(key)
         if cached is not None:
             timeline = cached[1].moved(iteration, self._clock_ms)
+            same_as: int | None = cached[2]
         else:
             timeline = simulate(
                 plan.schedule,
@@ -63,12 +64,13 @@ class SimEngine(Closing):
                 faults=faults,
             )
             self._validated.add(id(plan.schedule))
+            same_as = None
             if key is not None:
                 if len(self._cache) >= _CACHED_ITERATIONS:
                     self._cache.pop(next(iter(self._cache)))
-                self._cache[key] = (plan, timeline)  # the plan keeps its schedule's id taken
+                self._cache[key] = (plan, timeline, iteration)
         self._clock_ms = timeline.iterations[0].end_ms
-        return Outcome(timeline, reused=cached is not None)
+        return Outcome(timeline, same_as=same_as)
 
     def restart(self) -> None:
         """Nothing to restart; the clock goes on."""

@@ -142,8 +142,10 @@ def test_retained_timelines_do_not_grow_with_iterations(
     peaks: list[int] = []
 
     class Counting(ConfigurationRecorder):
-        def __call__(self, iteration: int, timeline: Timeline, measured: bool) -> None:
-            super().__call__(iteration, timeline, measured)
+        def __call__(
+            self, iteration: int, timeline: Timeline, measured: bool, same_as: int | None = None
+        ) -> None:
+            super().__call__(iteration, timeline, measured, same_as)
             peaks[-1] = max(peaks[-1], self.num_kept)
 
     monkeypatch.setattr(harness.experiment, "ConfigurationRecorder", Counting)
