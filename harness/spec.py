@@ -103,6 +103,9 @@ def _link(value: Any, target: Target) -> Link:
     return Topology(num_stages, num_replicas).check(link)
 
 
+_DEFAULT_LINK_SETS: tuple[tuple[Any, ...], ...] = (("0-1",),)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
     """Every model x system x scenario is one configuration, run `num_repeats` times."""
@@ -117,7 +120,7 @@ class ExperimentSpec:
     hardware: Any = "h800-ib400"
     """The cost model's hardware: a name (pipeline.cost_model.HARDWARE) or a mapping, e.g.
     {base: h800-ib400, network_gbps: 200}."""
-    link_sets: tuple[tuple[Any, ...], ...] = (("0-1",),)
+    link_sets: tuple[tuple[Any, ...], ...] = _DEFAULT_LINK_SETS
     """Each set of links gets each delay in turn: PP links ("i-j", an index, "first", "last")
     and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce ring step)."""
     delays_ms: tuple[float, ...] = (0.0,)
@@ -218,7 +221,9 @@ class ExperimentSpec:
             raise ConfigError("link_sets is empty")
         scenarios = [Scenario()] if 0 in self.delays_ms else []
         slow = [d for d in self.delays_ms if d]
-        for link_set in self.link_sets if slow else ():  # fault-free only: no link needed
+        # Fault-free only, with the default links: none needs to exist (one stage has none).
+        needed = slow or self.link_sets != _DEFAULT_LINK_SETS
+        for link_set in self.link_sets if needed else ():
             links = tuple(_link(link, target) for link in link_set)
             scenarios += [Scenario(links, d) for d in slow]
         return scenarios
