@@ -46,7 +46,9 @@ class OracleController:
         self._schedules: dict[tuple[float, ...], Schedule] = {}
 
     def delays_in_force(self, iteration: int) -> tuple[float, ...]:
-        extra = self.faults.pp_delays_ms(iteration, Topology(self.profile.num_stages))
+        extra = self.faults.pp_delays_ms(
+            iteration, Topology(self.profile.num_stages, self.profile.num_replicas)
+        )
         return tuple(a + b for a, b in zip(self.profile.delay_ms, extra, strict=True))
 
     def plan(self, iteration: int) -> Plan:
@@ -56,7 +58,7 @@ class OracleController:
         schedule = self._schedules[delays]
         profile = self.profile
         if self._profile_for is not None:
-            profile = self._profile_for(schedule).with_delays(profile.delay_ms)
+            profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
         comm = CommMode.DELEGATED if any(delays) else CommMode.DIRECT
         return Plan(schedule, profile, comm)
 

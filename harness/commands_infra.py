@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -22,7 +23,9 @@ __all__ = ["cleanup", "doctor", "launch"]
 @click.command()
 @schedule_options
 @click.option("--nodes", type=click.IntRange(min=1), default=1, help="Hosts to run on.")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, help="DP replicas.")
+@click.option(
+    "--replicas", type=click.IntRange(min=1), default=None, help="DP replicas [the profile's dp]."
+)
 @click.option("--master-addr", default="127.0.0.1", help="Address of node 0.")
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500)
 @click.option("--iterations", type=click.IntRange(min=1), default=3)
@@ -46,7 +49,7 @@ def launch(
     schedule_path: str | None,
     time_limit_s: float | None,
     nodes: int,
-    replicas: int,
+    replicas: int | None,
     master_addr: str,
     master_port: int,
     iterations: int,
@@ -75,7 +78,9 @@ def launch(
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
-    world = profile.num_stages * replicas
+    if replicas is not None:
+        profile = dataclasses.replace(profile, num_replicas=replicas)
+    world = profile.num_stages * profile.num_replicas
     if world % nodes:
         raise ConfigError(f"{world} ranks do not split evenly over {nodes} nodes")
     if run_here and nodes != 1:
@@ -89,8 +94,6 @@ def launch(
         str(out_dir / "profile.json"),
         "--schedule",
         str(out_dir / "schedule.json"),
-        "--replicas",
-        str(replicas),
         "--iterations",
         str(iterations),
         "--out",

@@ -147,7 +147,7 @@ def run(
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path))
-        timeline.validate(Topology(profile.num_stages), iterations)
+        timeline.validate(Topology(profile.num_stages, profile.num_replicas), iterations)
         faults = timeline
     controller: Controller
     if system is not None:

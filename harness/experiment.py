@@ -51,9 +51,7 @@ def fault_free_step_ms(
     """One fault-free step (pipeline, all-reduce, optimizer) of a cost-model model."""
     cost = model_cost(resolve_model(model), calibration=calibration)
     target = Target(cost.model.name, cost.profile, cost)
-    result = run_configuration(
-        controller_for(system, target, Scenario()), num_iterations=1, allreduce=cost.allreduce
-    )
+    result = run_configuration(controller_for(system, target, Scenario()), num_iterations=1)
     return result.median_wall_ms
 
 
@@ -116,9 +114,6 @@ def run_experiment(
                     num_iterations=spec.num_iterations,
                     num_warmup_iterations=spec.num_warmup_iterations,
                     faults=scenario.faults or NO_FAULTS,
-                    allreduce=None
-                    if target.cost is None
-                    else scenario.apply_allreduce(target.cost.allreduce),
                     keep_timeline=False,
                     injection=spec.injection,
                     model=target.label if spec.backend == "megatron" else None,

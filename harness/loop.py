@@ -160,7 +160,7 @@ def run_loop(
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
-        topology = plan.topology or Topology(plan.profile.num_stages)
+        topology = plan.topology or Topology(plan.profile.num_stages, plan.profile.num_replicas)
         digest = k == total - 1 and engine.capabilities.trains
         # A checkpoint is the state after iteration k: the end of the warm-up, then every
         # `checkpoint_every` measured iterations.

@@ -141,5 +141,5 @@ def system_controller(
         )
     schedule = planner(policy, profile)
     if profile_for is not None:
-        profile = profile_for(schedule).with_delays(profile.delay_ms)
+        profile = profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
     return FixedPlan(Plan(schedule, profile, CommMode(comm)))

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
 from injectors.fault_model import InForce
-from pipeline.allreduce import AllReduce
 from pipeline.engines import Capabilities, Controller, Engine, Outcome, Plan
 from pipeline.engines.base import Closing
 from pipeline.engines.sim import SimEngine
@@ -44,21 +43,24 @@ slow link, and htb caps for a link bandwidth; root only)."""
 
 
 class RuntimeEngines(Closing):
-    """The runtime engines of an experiment, one per (backend, stages, model), each started
-    at its first iteration and kept until the experiment ends: configurations share pools."""
+    """The runtime engines of an experiment, one per (backend, stages, replicas, model), each
+    started at its first iteration and kept until the experiment ends: configurations share
+    pools."""
 
     def __init__(self) -> None:
-        self._engines: dict[tuple[str, int, str], Engine] = {}
+        self._engines: dict[tuple[str, int, int, str], Engine] = {}
 
-    def get(self, backend: str, num_stages: int, model: str | None) -> Engine:
-        key = (backend, num_stages, model or "")
+    def get(
+        self, backend: str, num_stages: int, model: str | None, *, num_replicas: int = 1
+    ) -> Engine:
+        key = (backend, num_stages, num_replicas, model or "")
         if key not in self._engines:
             from pipeline.engines.runtime import emulated_engine, megatron_engine  # torch
 
             self._engines[key] = (
-                emulated_engine(num_stages)
+                emulated_engine(num_stages, num_replicas=num_replicas)
                 if backend == "emulated"
-                else megatron_engine(num_stages, model or "tiny")
+                else megatron_engine(num_stages, model or "tiny", num_replicas=num_replicas)
             )
         return self._engines[key]
 
@@ -139,6 +141,8 @@ def _network_engine(profile: Profile) -> Iterator[Engine]:
     from injectors.testbed import Testbed
     from pipeline.engines.runtime import emulated_engine  # torch: only when needed
 
+    if profile.num_replicas > 1:
+        raise ConfigError("--inject network runs one replica (its testbed has PP links only)")
     with Testbed(profile.num_stages) as bed:
         for link in range(profile.num_stages - 1):
             if profile.link_bandwidth_gbps is not None:
@@ -164,7 +168,6 @@ def run_configuration(
     num_iterations: int = 5,
     num_warmup_iterations: int = 1,
     faults: FaultView = NO_FAULTS,
-    allreduce: AllReduce | None = None,
     keep_timeline: bool = True,
     injection: str = "hook",
     model: str | None = None,
@@ -193,10 +196,8 @@ def run_configuration(
         )
     if injection == "network" and backend != "emulated":
         raise ConfigError("--inject network needs the emulated backend")
-    if allreduce is not None and backend != "sim":
-        raise ConfigError(f"the {backend} runtime does not model the DP all-reduce step yet")
     profile = controller.plan(0).profile
-    topology = Topology(profile.num_stages)
+    topology = Topology(profile.num_stages, profile.num_replicas)
     if injection == "network" and any(
         faults.has_failure(i, topology) for i in range(num_iterations)
     ):
@@ -215,12 +216,13 @@ def run_configuration(
         on_iteration=on_iteration,
     )
     if backend == "sim":
-        with SimEngine(allreduce=allreduce, host=host) as sim:
+        with SimEngine(host=host) as sim:
             return run(sim)
     if injection == "network":
         with _network_engine(profile) as engine:
             return run(engine)
+    shape = (backend, profile.num_stages, model)
     if engines is not None:
-        return run(engines.get(backend, profile.num_stages, model))
+        return run(engines.get(*shape, num_replicas=profile.num_replicas))
     with RuntimeEngines() as own:
-        return run(own.get(backend, profile.num_stages, model))
+        return run(own.get(*shape, num_replicas=profile.num_replicas))

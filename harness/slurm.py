@@ -43,7 +43,6 @@ def write_slurm_script(
     max_nodes = 1
     for target in spec.targets():
         model = target.cost.model if target.cost else None
-        num_replicas = model.dp if model else 1
         for scenario in spec.scenarios(target):
             for system in spec.systems:
                 name = f"{target.label}/{system}/{scenario.name}"
@@ -52,8 +51,6 @@ def write_slurm_script(
                 schedule, profile, comm = planned.schedule, planned.profile, planned.comm
                 if why is None and comm is not CommMode.DIRECT:
                     why = f"{comm.value} comm: the runtime has no delegate transport yet"
-                if why is None and not all(link.is_pp for link in scenario.links):
-                    why = "DP link delays are modelled by the simulator only"
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))
                     continue
@@ -62,7 +59,7 @@ def write_slurm_script(
                 config_dir.mkdir(parents=True, exist_ok=True)
                 write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
                 write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
-                world = profile.num_stages * num_replicas
+                world = profile.num_stages * profile.num_replicas
                 num_nodes = math.ceil(world / gpus_per_node)
                 if world % num_nodes:
                     skipped.append(_comment(f"skipped {name}: {world} ranks do not split"))
@@ -73,8 +70,6 @@ def write_slurm_script(
                     str(config_dir / "profile.json"),
                     "--schedule",
                     str(config_dir / "schedule.json"),
-                    "--replicas",
-                    str(num_replicas),
                     "--iterations",
                     str(spec.num_warmup_iterations + spec.num_iterations),
                     *compute_args,

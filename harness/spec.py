@@ -17,7 +17,6 @@ from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
 from injectors.fault_files import load_faults
 from injectors.fault_model import FaultModel
-from pipeline.allreduce import AllReduce
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
@@ -44,8 +43,9 @@ class Scenario:
     """One fault scenario: a delay on a set of links (PP and DP), or a fault timeline."""
 
     links: tuple[Link, ...] = ()
-    """PP links of every replica ("0-1") and DP ring links ("dp<stage>:r-(r+1)", a delay
-    per all-reduce ring step)."""
+    """PP links of every replica ("0-1") and DP ring links ("dp<stage>:r-(r+1)"); each of
+    their messages pays the delay (a DP link's: every message of the all-reduce's ring on
+    it, pipeline.allreduce)."""
     delay_ms: float = 0.0
     faults: FaultModel | None = None
     faults_name: str = ""
@@ -63,14 +63,11 @@ class Scenario:
         return ",".join(str(link) for link in self.links)
 
     def apply(self, profile: Profile) -> Profile:
+        """`profile` with this scenario's static delays on its PP and DP links."""
         slow = {link.first for link in self.links if link.is_pp}
         return profile.with_delays(
-            [self.delay_ms if i in slow else 0.0 for i in range(profile.num_stages - 1)]
-        )
-
-    def apply_allreduce(self, allreduce: AllReduce) -> AllReduce:
-        return allreduce.with_delays(
-            {(link.dp_stage, link.first): self.delay_ms for link in self.links if not link.is_pp}
+            [self.delay_ms if i in slow else 0.0 for i in range(profile.num_stages - 1)],
+            {link: self.delay_ms for link in self.links if not link.is_pp},
         )
 
 
@@ -93,8 +90,7 @@ class Target:
 def _link(value: Any, target: Target) -> Link:
     """A spec's link (pipeline.topology.Link.from_spec) that exists in `target`: a PP link of
     every replica, or a DP ring link r-(r+1)."""
-    num_stages = target.profile.num_stages
-    num_replicas = 1 if target.cost is None else target.cost.model.dp
+    num_stages, num_replicas = target.profile.num_stages, target.profile.num_replicas
     link = Link.from_spec(value, num_stages)
     if link.is_pp and link.group is not None:
         raise ConfigError(f"link {link}: a scenario slows a PP link in every replica ('2-3')")
@@ -122,7 +118,7 @@ class ExperimentSpec:
     {base: h800-ib400, network_gbps: 200}."""
     link_sets: tuple[tuple[Any, ...], ...] = _DEFAULT_LINK_SETS
     """Each set of links gets each delay in turn: PP links ("i-j", an index, "first", "last")
-    and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce ring step)."""
+    and DP ring links ("dp<stage>:r-(r+1)", a delay per all-reduce message on the link)."""
     delays_ms: tuple[float, ...] = (0.0,)
     faults: str | None = None
     """A fault timeline file (paper trace or YAML): one scenario replacing links x delays."""
@@ -190,8 +186,8 @@ class ExperimentSpec:
             check_label(target.label, "model name")
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
-                    f"model {target.label} comes from the cost model, whose DP all-reduce and "
-                    "optimizer step only the sim backend times; use backend: sim, or give a "
+                    f"model {target.label} comes from the cost model, the paper's cluster's "
+                    "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
             self.scenarios(target)
@@ -215,7 +211,10 @@ class ExperimentSpec:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
         if self.faults is not None:
             timeline = load_faults(Path(self.faults), self.seed)
-            timeline.validate(Topology(target.profile.num_stages), self.num_iterations)
+            timeline.validate(
+                Topology(target.profile.num_stages, target.profile.num_replicas),
+                self.num_iterations,
+            )
             return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
         if not self.link_sets:
             raise ConfigError("link_sets is empty")

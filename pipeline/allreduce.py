@@ -1,74 +1,131 @@
-"""The step after a pipeline iteration: each stage's DP gradient all-reduce, then its optimizer.
+"""The DP gradient all-reduce every engine runs after a stage's last op: one semantics.
 
-A stage's replicas reduce over a ring of DP links ("dp<stage>:r-(r+1)") as soon as the last of
-them has finished its last op, so stages that finish early overlap their all-reduce with the
-others' tail (the simulator's step time).
+Per stage, the gradient (`Profile.allreduce_bytes`) is split into buckets of
+`Profile.dp_bucket_bytes` (the last one smaller), as megatron-core's DDP does. Each bucket is
+reduced by a ring over the stage's replicas (`Topology.dp_ring`): 2 (D-1) steps
+(reduce-scatter, then all-gather); in each step every replica r sends one chunk of
+ceil(bucket / D) bytes to replica (r+1) mod D, a point-to-point message over the DP link
+between them. A replica starts its step k+1 send once its step k send has gone and the step k
+chunk from (r-1) mod D has arrived (it forwards what it received), and starts a bucket once it
+is done with the one before (its last send gone, its last chunk in): buckets run one after
+another on each replica, as NCCL runs the collectives of one communicator in issue order.
+
+Every message passes the fault path: `IterationFaults.message_fault(link, direction, "AR",
+index)`, where `direction` is "forward" when the sender is the link's lower replica (r to r+1)
+and "backward" otherwise (the ring-closing message D-1 to 0; with D = 2 the message 1 to 0),
+and `index` numbers the messages of that link direction in the iteration: bucket b, step k
+is index b * 2 (D-1) + k. A delay on a DP link is paid per message, before it goes, and holds
+its sender: a slow link costs about (messages on it) x delay.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.errors import ConfigError
 from pipeline.topology import Link
 
-__all__ = ["AllReduce"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "KIND",
+    "buckets",
+    "chunk_bytes",
+    "message_index",
+    "messages_per_link_direction",
+    "ring_done_ms",
+    "ring_peer",
+    "ring_steps",
+]
+
+DEFAULT_BUCKET_BYTES = 80_000_000
+"""megatron-core's DDP bucket: 40,000,000 parameters (DistributedDataParallel's default,
+max(40,000,000, 1,000,000 x DP size), for DP sizes up to 40) at 2 bytes per bf16/fp16
+gradient (grad_reduce_in_fp32 off)."""
+
+KIND = "AR"
+"""The `kind` a DP all-reduce message has on the fault path."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class AllReduce:
-    """The DP gradient all-reduce and optimizer step of every stage."""
-
-    num_replicas: int
-    grad_bytes: tuple[int, ...]
-    """Gradient bytes per GPU of each stage."""
-    bandwidth_gbps: float
-    """Achieved per-link bandwidth in Gbit/s."""
-    latency_ms: float = 0.0
-    optimizer_ms: tuple[float, ...] = ()
-    """The optimizer step of each stage, after its all-reduce (missing: free)."""
-    dp_delay_ms: Mapping[tuple[int, int], float] = dataclasses.field(default_factory=dict)
-    """Injected delay per ring step on DP link (stage, r): the link "dp<stage>:r-(r+1)"."""
-
-    def __post_init__(self) -> None:
-        if self.num_replicas < 1:
-            raise ConfigError(f"num_replicas must be >= 1, got {self.num_replicas}")
-        if not self.bandwidth_gbps > 0 or self.latency_ms < 0:
-            raise ConfigError("all-reduce bandwidth must be > 0 and latency >= 0")
-        if self.optimizer_ms and len(self.optimizer_ms) != len(self.grad_bytes):
-            raise ConfigError("optimizer_ms needs one entry per stage, like grad_bytes")
-        for (stage, replica), delay in self.dp_delay_ms.items():
-            if not (0 <= stage < len(self.grad_bytes) and 0 <= replica < self.num_replicas - 1):
-                raise ConfigError(
-                    f"DP link {Link.dp(stage, replica)} does not exist with "
-                    f"{len(self.grad_bytes)} stages and {self.num_replicas} replicas"
-                )
-            if not delay >= 0:
-                raise ConfigError(f"DP link delays must be >= 0 ms, got {delay}")
-
-    def with_delays(self, dp_delay_ms: Mapping[tuple[int, int], float]) -> AllReduce:
-        return dataclasses.replace(self, dp_delay_ms=dict(dp_delay_ms))
-
-    def ring_ms(self, stage: int) -> float:
-        """2 (D-1) ring steps, each moving 1/D of the gradients over every ring link at once,
-        so each step lasts as long as its slowest link (latency + injected delay + bytes/bw).
-        The ring closes with link (D-1) -> 0, which takes no injected delay here."""
-        num = self.num_replicas
-        if num == 1:
-            return 0.0
-        chunk_ms = self.grad_bytes[stage] / num * 8 / (self.bandwidth_gbps * 1e6)
-        slowest_ms = max((d for (s, _), d in self.dp_delay_ms.items() if s == stage), default=0.0)
-        return 2 * (num - 1) * (self.latency_ms + slowest_ms + chunk_ms)
-
-    def step_end_ms(self, stage_end_ms: Sequence[float]) -> float:
-        """When the last stage has reduced its gradients and stepped, given when each stage's
-        replicas were all done."""
-        if len(stage_end_ms) != len(self.grad_bytes):
-            raise ConfigError(
-                f"all-reduce is for {len(self.grad_bytes)} stages, got {len(stage_end_ms)}"
-            )
-        return max(
-            end + self.ring_ms(stage) + (self.optimizer_ms[stage] if self.optimizer_ms else 0.0)
-            for stage, end in enumerate(stage_end_ms)
+def buckets(grad_bytes: int, bucket_bytes: int) -> tuple[int, ...]:
+    """The bucket sizes of a stage's gradient, in the order they are reduced."""
+    if grad_bytes < 0 or bucket_bytes < 1:
+        raise ConfigError(
+            f"gradient bytes must be >= 0 and buckets >= 1 byte, got {grad_bytes} and "
+            f"{bucket_bytes}"
         )
+    full, rest = divmod(grad_bytes, bucket_bytes)
+    return (bucket_bytes,) * full + ((rest,) if rest else ())
+
+
+def ring_steps(num_replicas: int) -> int:
+    """Steps of one bucket's ring: D-1 reduce-scatter and D-1 all-gather."""
+    return 2 * (num_replicas - 1)
+
+
+def chunk_bytes(bucket: int, num_replicas: int) -> int:
+    """Bytes of each message of a bucket's ring (the bucket padded to a multiple of D, as
+    megatron pads its buckets to a multiple of the DP size)."""
+    return -(-bucket // num_replicas)
+
+
+def message_index(bucket: int, step: int, num_replicas: int) -> int:
+    """The message's number among its link direction's messages in the iteration."""
+    return bucket * ring_steps(num_replicas) + step
+
+
+def messages_per_link_direction(grad_bytes: int, bucket_bytes: int, num_replicas: int) -> int:
+    """How many messages each direction the ring uses of each of the stage's DP links
+    carries (both directions of the one link when D = 2, one direction of each link else)."""
+    if num_replicas < 2:
+        return 0
+    return len(buckets(grad_bytes, bucket_bytes)) * ring_steps(num_replicas)
+
+
+def ring_peer(stage: int, replica: int, num_replicas: int) -> tuple[int, Link, str]:
+    """Where `replica` sends on its stage's ring: the receiving replica, the link and the
+    direction ("forward" from the link's lower replica)."""
+    receiver = (replica + 1) % num_replicas
+    link = Link.dp(stage, replica, receiver)
+    return receiver, link, "forward" if replica < receiver else "backward"
+
+
+MessageDelay = Callable[[Link, str, int, int, float], float]
+"""(link, direction, index, bytes, when the send starts in ms) -> its injected delay, ms."""
+ChunkCost = Callable[[int], tuple[float, float]]
+"""bytes -> (how long a send holds its sender besides its delay, ms: wire time and the
+host's send cost; then how long until the receiver can forward it)."""
+
+
+def ring_done_ms(
+    stage: int,
+    start_ms: Sequence[float],
+    grad_bytes: int,
+    bucket_bytes: int,
+    chunk_cost: ChunkCost,
+    message_delay: MessageDelay | None = None,
+) -> tuple[float, ...]:
+    """When each replica of `stage` is done with its all-reduce, message by message, given
+    when each was done with its pipeline (`start_ms`, one per replica). A message holds its
+    sender for its delay (`message_delay`, asked once per message in each sender's send
+    order; None: none) and its cost; the receiver can forward it the cost's lag later."""
+    num_replicas = len(start_ms)
+    free = list(start_ms)
+    if num_replicas < 2:
+        return tuple(free)
+    peers = [(r, *ring_peer(stage, r, num_replicas)) for r in range(num_replicas)]
+    steps = ring_steps(num_replicas)
+    sent = [0.0] * num_replicas
+    arrived = [0.0] * num_replicas
+    for b, bucket in enumerate(buckets(grad_bytes, bucket_bytes)):
+        chunk = chunk_bytes(bucket, num_replicas)
+        hold_ms, lag_ms = chunk_cost(chunk)
+        for k in range(steps):
+            index = message_index(b, k, num_replicas)
+            for sender, receiver, link, direction in peers:
+                done = free[sender] + hold_ms
+                if message_delay is not None:
+                    done += message_delay(link, direction, index, chunk, free[sender])
+                sent[sender] = done
+                arrived[receiver] = done + lag_ms
+            free = [s if s > a else a for s, a in zip(sent, arrived, strict=True)]
+    return tuple(free)

@@ -14,7 +14,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -209,10 +208,10 @@ class ModelCost:
 
     model: GPTModel
     profile: Profile
-    """Op times of schedules that split the backward into B and W."""
+    """Op times of schedules that split the backward into B and W, and the DP step (replicas,
+    each stage's gradient bytes, the DP links' bandwidth, the optimizer)."""
     fused_profile: Profile
     """Op times of schedules that fuse it (BW = t_b + t_w, with no split overhead)."""
-    allreduce: AllReduce
     weights_gb: tuple[float, ...]
     """Parameters, gradients and optimizer state per GPU of each stage."""
     activation_gb: tuple[float, ...]
@@ -252,7 +251,8 @@ def _tp_allreduce_ms(m: GPTModel, hw: Hardware) -> float:
 def model_cost(
     model: GPTModel, hardware: Hardware = H800_IB400, calibration: Calibration = CALIBRATED
 ) -> ModelCost:
-    """Per-stage times, message bytes, memory and the DP all-reduce of `model`."""
+    """Per-stage times, message bytes, memory and the DP step of `model` (its all-reduce in
+    buckets of megatron's default size: pipeline.allreduce)."""
     m, hw, cal = model, hardware, calibration
     flops_per_ms = hw.peak_tflops * 1e9 * cal.mfu
     layer_f, layer_b, layer_w = _layer_flops(m)
@@ -302,6 +302,10 @@ def model_cost(
         link_latency_ms=hw.link_latency_ms,
         link_bandwidth_gbps=hw.network_gbps,
         copy_gbps=hw.copy_gbps,
+        num_replicas=m.dp,
+        allreduce_bytes=tuple(grad_bytes),
+        dp_bandwidth_gbps=hw.network_gbps * cal.allreduce_efficiency,
+        optimizer_ms=tuple(optimizer_ms),
     )
     split = 1.0 + cal.split_backward_overhead
     profile = dataclasses.replace(
@@ -309,18 +313,10 @@ def model_cost(
         t_b_ms=tuple(t * split for t in t_b),
         t_w_ms=tuple(t * split for t in t_w),
     )
-    allreduce = AllReduce(
-        num_replicas=m.dp,
-        grad_bytes=tuple(grad_bytes),
-        bandwidth_gbps=hw.network_gbps * cal.allreduce_efficiency,
-        latency_ms=hw.link_latency_ms,
-        optimizer_ms=tuple(optimizer_ms),
-    )
     return ModelCost(
         m,
         profile,
         fused_profile,
-        allreduce,
         tuple(weights_gb),
         tuple(activation_gb),
         max_in_flight,

@@ -43,10 +43,14 @@ class IterationFaults(Protocol):
         num_bytes: int = 0,
         offset_ms: float = 0.0,
     ) -> MessageFault:
-        """The effect on one message of a concrete link (`Link.pp(stage, replica)`) in
-        `direction` ("forward": an activation, `kind` "F"; "backward": a gradient, "B"),
-        of `num_bytes`, sent `offset_ms` into the iteration (on the engine's clock). Called
-        once per message, in each sender's send order: a view may keep per-sender state."""
+        """The effect on one message of a concrete link in `direction`, of `num_bytes`, sent
+        `offset_ms` into the iteration (on the engine's clock). On a PP link
+        (`Link.pp(stage, replica)`), "forward" is an activation (`kind` "F"), "backward" a
+        gradient ("B"), of `microbatch`; on a DP ring link (`Link.dp(stage, a, b)`) the
+        all-reduce's messages have `kind` "AR", "forward" from the lower replica to the
+        higher, and `microbatch` is the message's index on that link direction in the
+        iteration (pipeline.allreduce). Called once per message, in each sender's send
+        order: a view may keep per-sender state."""
         ...
 
     def cache_key(self) -> Hashable | None:

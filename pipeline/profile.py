@@ -1,4 +1,5 @@
-"""The profile: per-stage op times, per-link delays, message and transport parameters.
+"""The profile: per-stage op times, per-link delays, message and transport parameters, and
+the DP step after the pipeline (replicas, gradient bytes and buckets, optimizer).
 
 It is the input of every engine; `Profile.from_dict` is the strict reader of the profile file
 described in DESIGN.md ("External contracts").
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline.allreduce import DEFAULT_BUCKET_BYTES
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
+from pipeline.topology import Link, Topology
 
 __all__ = ["Profile"]
 
@@ -26,7 +29,14 @@ _OPTIONAL_KEYS = (
     "link_bandwidth_gbps",
     "num_delegates",
     "copy_gbps",
+    "dp",
+    "allreduce_bytes",
+    "dp_bucket_bytes",
+    "dp_bandwidth_gbps",
+    "dp_delay_ms",
+    "optimizer_ms",
 )
+_FIELD_OF_KEY = {"dp": "num_replicas"}
 
 
 def _is_number(value: object) -> bool:
@@ -70,6 +80,38 @@ def _per_stage(name: str, value: object, num_stages: int) -> tuple[float, ...]:
     return tuple(_check_time(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
+def _per_stage_count(name: str, value: object, num_stages: int) -> tuple[int, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        return (_check_count(name, value, 0),) * num_stages
+    if len(value) != num_stages:
+        raise ConfigError(f"{name} has {len(value)} entries, expected one per stage ({num_stages})")
+    return tuple(_check_count(f"{name}[{i}]", v, 0) for i, v in enumerate(value))
+
+
+def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], ...]:
+    """DP ring links and their delays (a mapping, or (link, delay) pairs), links checked,
+    sorted, zero delays left out."""
+    items = value.items() if isinstance(value, Mapping) else value
+    if not isinstance(items, Iterable) or isinstance(items, str):
+        raise ConfigError("dp_delay_ms must map DP links to delays, e.g. {'dp1:0-1': 30}")
+    delays: dict[Link, float] = {}
+    for item in items:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            raise ConfigError(f"dp_delay_ms must map DP links to delays, got {item!r}")
+        name, delay = item
+        link = name if isinstance(name, Link) else Link.parse(str(name))
+        if link.is_pp:
+            raise ConfigError(
+                f"dp_delay_ms: {link} is a PP link (delay_ms has those); DP ring links are "
+                "dp<stage>:a-b"
+            )
+        topology.check(link)
+        checked = _check_time(f"dp_delay_ms[{link}]", delay)
+        if checked:
+            delays[link] = checked
+    return tuple(sorted(delays.items()))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Profile:
     """What an engine needs to time a schedule; validated at construction."""
@@ -90,6 +132,20 @@ class Profile:
     """Delegates per link direction in `delegated` mode; None: one per message."""
     copy_gbps: float | None = None
     """Device-host copy speed in `delegated` mode; None: copies are free."""
+    num_replicas: int = 1
+    """DP replicas (the file's `dp`): each runs the pipeline, then the DP step
+    (pipeline.allreduce) reduces each stage's gradients over its replicas."""
+    allreduce_bytes: tuple[int, ...] = ()
+    """Each stage's gradient bytes (per GPU) that its DP all-reduce reduces; missing: 0."""
+    dp_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """The gradient is reduced in buckets of this many bytes (the last one smaller)."""
+    dp_bandwidth_gbps: float | None = None
+    """Bandwidth of a DP ring link; None: `link_bandwidth_gbps`. A DP message also pays
+    `link_latency_ms`."""
+    dp_delay_ms: tuple[tuple[Link, float], ...] = ()
+    """Extra delay per message on DP ring links (both directions), as (link, delay) pairs."""
+    optimizer_ms: tuple[float, ...] = ()
+    """Each stage's optimizer step, after its all-reduce; missing: 0."""
 
     def __post_init__(self) -> None:
         num_stages = _check_count("stages", self.num_stages, 1)
@@ -126,6 +182,22 @@ class Profile:
         if self.num_delegates is not None:
             _check_count("num_delegates", self.num_delegates, 1)
         object.__setattr__(self, "copy_gbps", _check_rate("copy_gbps", self.copy_gbps))
+        num_replicas = _check_count("dp", self.num_replicas, 1)
+        object.__setattr__(
+            self,
+            "allreduce_bytes",
+            _per_stage_count("allreduce_bytes", self.allreduce_bytes or 0, num_stages),
+        )
+        _check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1)
+        object.__setattr__(
+            self, "dp_bandwidth_gbps", _check_rate("dp_bandwidth_gbps", self.dp_bandwidth_gbps)
+        )
+        object.__setattr__(
+            self, "dp_delay_ms", _dp_delays(self.dp_delay_ms, Topology(num_stages, num_replicas))
+        )
+        object.__setattr__(
+            self, "optimizer_ms", _per_stage("optimizer_ms", self.optimizer_ms or 0.0, num_stages)
+        )
 
     @classmethod
     def uniform(
@@ -159,10 +231,16 @@ class Profile:
         missing = [key for key in _REQUIRED_KEYS if key not in data]
         if missing:
             raise ConfigError(f"profile is missing required key(s): {', '.join(missing)}")
-        optional = {key: data[key] for key in _OPTIONAL_KEYS if data.get(key) is not None}
-        if "delay_ms" in optional:
-            delays = optional["delay_ms"]
-            optional["delay_ms"] = tuple(delays) if isinstance(delays, list) else delays
+        optional = {
+            _FIELD_OF_KEY.get(key, key): data[key]
+            for key in _OPTIONAL_KEYS
+            if data.get(key) is not None
+        }
+        if "dp_delay_ms" in optional and not isinstance(optional["dp_delay_ms"], Mapping):
+            raise ConfigError("dp_delay_ms must map DP links to delays, e.g. {'dp1:0-1': 30}")
+        for key in ("delay_ms", "allreduce_bytes", "optimizer_ms"):
+            if isinstance(optional.get(key), list):
+                optional[key] = tuple(optional[key])
         return cls(
             num_stages=data["stages"],
             num_microbatches=data["microbatches"],
@@ -190,10 +268,39 @@ class Profile:
             "link_bandwidth_gbps": self.link_bandwidth_gbps,
             "num_delegates": self.num_delegates,
             "copy_gbps": self.copy_gbps,
+            "dp": self.num_replicas,
+            "allreduce_bytes": list(self.allreduce_bytes),
+            "dp_bucket_bytes": self.dp_bucket_bytes,
+            "dp_bandwidth_gbps": self.dp_bandwidth_gbps,
+            "dp_delay_ms": {str(link): delay for link, delay in self.dp_delay_ms},
+            "optimizer_ms": list(self.optimizer_ms),
         }
 
-    def with_delays(self, delay_ms: Sequence[float]) -> Profile:
-        return dataclasses.replace(self, delay_ms=tuple(delay_ms))
+    def with_delays(
+        self,
+        delay_ms: Sequence[float],
+        dp_delay_ms: Mapping[Link, float] | tuple[tuple[Link, float], ...] | None = None,
+    ) -> Profile:
+        """PP link delays `delay_ms`, and DP link delays `dp_delay_ms` (None: this profile's)."""
+        dp = self.dp_delay_ms if dp_delay_ms is None else dp_delay_ms
+        pairs = tuple(dp.items()) if isinstance(dp, Mapping) else dp
+        return dataclasses.replace(self, delay_ms=tuple(delay_ms), dp_delay_ms=pairs)
+
+    @property
+    def has_dp_step(self) -> bool:
+        """The iteration ends with a DP step: an all-reduce over replicas or an optimizer."""
+        return self.num_replicas > 1 or any(self.optimizer_ms)
+
+    def dp_delay_for(self, link: Link) -> float:
+        """The static delay of each message on DP link `link`."""
+        return dict(self.dp_delay_ms).get(link, 0.0)
+
+    def dp_wire_ms(self, num_bytes: int) -> float:
+        """Latency plus serialisation time of one DP message of `num_bytes`."""
+        bandwidth = self.dp_bandwidth_gbps or self.link_bandwidth_gbps
+        if bandwidth is None:
+            return self.link_latency_ms
+        return self.link_latency_ms + num_bytes * 8 / (bandwidth * 1e6)
 
     def wire_ms(self) -> float:
         """Latency plus serialisation time of one message, before any injected delay."""

@@ -11,7 +11,7 @@ import functools
 from enum import StrEnum
 from typing import Any
 
-from pipeline.allreduce import AllReduce
+from pipeline.allreduce import KIND, MessageDelay, ring_done_ms
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
@@ -71,14 +71,15 @@ def simulate(
     iteration: int = 0,
     start_ms: float = 0.0,
     validate: bool = True,
-    allreduce: AllReduce | None = None,
     host: HostCosts = FREE,
     faults: IterationFaults = NO_FAULTS,
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms`. `faults` adds each
-    message's fault delay (pipeline.faults) to its link's transfer time. With `allreduce`,
-    every DP replica runs the same pipeline (the profile's PP delays apply to each) and the
-    iteration ends with the step: each stage's all-reduce and optimizer. `host` adds a real
+    message's fault delay (pipeline.faults) to its link's transfer time. With DP replicas
+    (`profile.num_replicas`), every replica runs the same pipeline (the profile's PP delays
+    apply to each), and with a DP step (`profile.has_dp_step`) the iteration ends with it:
+    each stage's all-reduce, message by message (pipeline.allreduce), and optimizer; its
+    messages are not in the timeline's records (PP only). `host` adds a real
     host's runtime costs to `direct` and `delegated` (not to `ideal`, the paper's model):
     after each op its stage is busy `op_overhead_ms` more; a send holds its sender (direct)
     or its delegate (delegated) `host.send_ms(bytes)`, and the message is there
@@ -217,15 +218,15 @@ def simulate(
         pending.extend(notify)
     end_ms = max((r.end_ms for r in op_records), default=start_ms)
     records = _records(messages)
-    if allreduce is None:
+    if not profile.has_dp_step:
         return Timeline(
             num_stages=num_stages,
             ops=tuple(op_records),
             messages=records,
             iterations=(IterationRecord(iteration, start_ms, end_ms, 0.0, ()),),
         )
-    step_end_ms = allreduce.step_end_ms(free_at)
-    num_replicas = allreduce.num_replicas
+    step_end_ms = _step_end_ms(profile, free_at, host, faults, iteration, start_ms)
+    num_replicas = profile.num_replicas
     return Timeline(
         num_stages=num_stages,
         ops=tuple(op_records)
@@ -233,4 +234,59 @@ def simulate(
         messages=records
         + tuple(_message(*r[:9], k, r[10]) for k in range(1, num_replicas) for r in records),
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
+    )
+
+
+def _step_end_ms(
+    profile: Profile,
+    stage_end_ms: list[float],
+    host: HostCosts,
+    faults: IterationFaults,
+    iteration: int,
+    start_ms: float,
+) -> float:
+    """When the last stage has reduced its gradients over its replicas and stepped, given
+    when each stage was done with its pipeline (the same on every replica). A DP message
+    holds its sender for its injected delay, its wire time and the host's send cost, and can
+    be used the host's receive lag later (the `direct` path's rule)."""
+    static_ms = dict(profile.dp_delay_ms)
+
+    def chunk_cost(num_bytes: int) -> tuple[float, float]:
+        hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
+        return hold_ms, host.receive_lag_for_ms(num_bytes)
+
+    ask = None if faults is NO_FAULTS else faults.message_fault
+
+    def message_delay(
+        link: Link, direction: str, index: int, num_bytes: int, sent_at_ms: float
+    ) -> float:
+        delay_ms = static_ms.get(link, 0.0) if static_ms else 0.0
+        if ask is not None:
+            offset_ms = sent_at_ms - start_ms
+            fault = ask(link, direction, KIND, index, num_bytes, offset_ms)
+            if fault.failed:
+                raise LinkFailure(
+                    f"iteration {iteration}: all-reduce message {index} ({direction}) on link "
+                    f"{link} cannot go: its link or a NIC on its route is down "
+                    f"({offset_ms:.3f} ms into the iteration)",
+                    at_ms=offset_ms,
+                )
+            delay_ms += fault.delay_ms
+        return delay_ms
+
+    delay: MessageDelay | None = message_delay if static_ms or ask is not None else None
+    num_replicas = profile.num_replicas
+    return max(
+        max(
+            ring_done_ms(
+                stage,
+                [end] * num_replicas,
+                profile.allreduce_bytes[stage],
+                profile.dp_bucket_bytes,
+                chunk_cost,
+                delay,
+            )
+        )
+        + profile.optimizer_ms[stage]
+        for stage, end in enumerate(stage_end_ms)
     )

@@ -1,9 +1,11 @@
 """The `emulated` and `megatron` engines: a pool of real worker processes, kept for the
 engine's life (configurations of one experiment share it), one per position.
 
-`emulated` workers sleep each op's profiled time and send messages of the profile's size;
-`megatron` workers compute a megatron-core GPT (the profile gives the stage and microbatch
-counts and the delays, not the op times) and start from the initial parameters again at
+`emulated` workers sleep each op's profiled time and send messages of the profile's size,
+then run the DP all-reduce's ring message by message (pipeline.allreduce) and sleep the
+optimizer's time; `megatron` workers compute a megatron-core GPT (the profile gives the stage
+and microbatch counts and the delays, not the op times), all-reduce its real gradients with
+`dist.all_reduce` (outside the fault path) and start from the initial parameters again at
 every run's iteration 0.
 """
 
@@ -15,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
-from pipeline.errors import LinkFailure
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig
@@ -45,6 +47,7 @@ class RuntimeEngine(Closing):
         # A training engine would move its model state in a rank swap: not built yet.
         self.capabilities = Capabilities(
             comms=frozenset({CommMode.DIRECT}),
+            dp_step=True,
             trains=trains,
             restarts=True,
             placements=not trains,
@@ -73,6 +76,16 @@ class RuntimeEngine(Closing):
         checkpoint: bool = False,
     ) -> Outcome:
         profile = plan.profile
+        if profile.num_replicas != self.num_replicas:
+            raise ConfigError(
+                f"the profile has {profile.num_replicas} DP replica(s), the {self.name} engine's "
+                f"pool {self.num_replicas}"
+            )
+        if self.capabilities.trains and any(profile.allreduce_bytes):
+            raise ConfigError(
+                f"the {self.name} engine all-reduces its model's real gradients (outside the "
+                "fault path); its profile's allreduce_bytes must be 0"
+            )
         if iteration == 0:
             self._saved = False
         if id(plan.schedule) not in self._validated:
@@ -121,14 +134,18 @@ class RuntimeEngine(Closing):
         self._validated.clear()
 
 
-def emulated_engine(num_stages: int, *, launch: LaunchHook = local_launch) -> RuntimeEngine:
-    return RuntimeEngine("emulated", num_stages, launch=launch)
+def emulated_engine(
+    num_stages: int, *, num_replicas: int = 1, launch: LaunchHook = local_launch
+) -> RuntimeEngine:
+    return RuntimeEngine("emulated", num_stages, num_replicas=num_replicas, launch=launch)
 
 
-def megatron_engine(num_stages: int, model: str) -> RuntimeEngine:
+def megatron_engine(num_stages: int, model: str, *, num_replicas: int = 1) -> RuntimeEngine:
     """Importing megatron-core only inside the workers (and to check the model's split)."""
     from pipeline.runtime.megatron import MegatronCompute, get_preset
 
     get_preset(model).check_stages(num_stages)
     factory = functools.partial(MegatronCompute, model)
-    return RuntimeEngine("megatron", num_stages, compute_factory=factory, trains=True)
+    return RuntimeEngine(
+        "megatron", num_stages, num_replicas=num_replicas, compute_factory=factory, trains=True
+    )

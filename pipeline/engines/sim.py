@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.allreduce import AllReduce
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
@@ -18,16 +17,17 @@ _CACHED_ITERATIONS = 64
 
 
 class SimEngine(Closing):
-    """`allreduce`: every DP replica runs the pipeline, then each stage's all-reduce and
-    optimizer step (the step time). `host`: a host's runtime costs (a calibration)."""
+    """Every DP replica of a plan's profile runs the pipeline, then each stage's all-reduce
+    and optimizer step (the step time: pipeline.simulator). `host`: a host's runtime costs
+    (a calibration)."""
 
     name = "sim"
     capabilities = Capabilities(
         comms=frozenset(CommMode), dp_step=True, restarts=True, placements=True
     )
 
-    def __init__(self, *, allreduce: AllReduce | None = None, host: HostCosts = FREE) -> None:
-        self.allreduce, self.host = allreduce, host
+    def __init__(self, *, host: HostCosts = FREE) -> None:
+        self.host = host
         self._clock_ms = 0.0
         self._validated: set[int] = set()
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
@@ -59,7 +59,6 @@ class SimEngine(Closing):
                 iteration=iteration,
                 start_ms=self._clock_ms,
                 validate=id(plan.schedule) not in self._validated,
-                allreduce=self.allreduce,
                 host=self.host,
                 faults=faults,
             )

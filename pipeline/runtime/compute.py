@@ -1,4 +1,5 @@
-"""Compute backends: what a worker does for an op. `emulated` sleeps the profiled time."""
+"""Compute backends: what a worker does for an op. `emulated` sleeps the profiled time (and
+the optimizer's, `Profile.optimizer_ms`, at the end of the iteration)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ class EmulatedCompute:
         self._stage = stage
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
+        optimizer_ms = config.profile.optimizer_ms[self._stage]
+        if optimizer_ms > 0:
+            self._sleep(optimizer_ms / 1000.0)
         return StepOutput()
 
     def run(

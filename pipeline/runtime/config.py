@@ -30,8 +30,6 @@ class IterationConfig:
     """What the faults in force this iteration do to each message (injectors build it)."""
     fault_hook: FaultHook | None = None
     """None: the runtime's own hook (FaultViewHook): the profile's `delay_ms` plus `faults`."""
-    allreduce_bytes: int = 0
-    """Size of the emulated DP gradient all-reduce after the last op (0: none)."""
     collect_grads: bool = False
     """Backends that train (megatron): return every parameter's gradient, after the DP and
     tied-embedding all-reduces and before the optimizer step (for tests; costs a copy)."""

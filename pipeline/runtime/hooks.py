@@ -2,7 +2,10 @@
 
 - The fault hook runs in the sending worker before every message; it may sleep (a delay),
   or raise (a failure), and returns the delay it injected in ms (the message's `fault_ms`).
-  It must be picklable: the pool ships it to the workers.
+  It must be picklable: the pool ships it to the workers. `link` names the link: a PP link
+  "i-(i+1)" (of the sender's replica) or a DP ring link "dp<stage>:a-b"; a PP message has
+  `kind` "F" or "B" and its microbatch, a DP all-reduce message `kind` "AR" and, in place of
+  the microbatch, its index on its link direction (pipeline.allreduce).
 - The launch hook starts one worker process (e.g. inside a network namespace).
 """
 
@@ -37,11 +40,13 @@ class FaultHook(Protocol):
 
 @dataclasses.dataclass(slots=True)
 class FaultViewHook:
-    """The runtime's own hook: each message waits its link's delay in the profile plus what a
-    fault view assigns it (pipeline.faults), on time (a precise sleep), as the paper's
-    artifact did on the GPU path (a sleep kernel before each send). `replica` is the
-    sender's, to name the concrete link; `iteration_start` (host monotonic seconds) is when
-    the iteration began, to tell the view how far into it a message goes."""
+    """The runtime's own hook: each message waits its link's delay in the profile
+    (`delay_ms_by_link`, by the link's name: PP "0-1", DP "dp1:0-1") plus what a fault view
+    assigns it (pipeline.faults), on time (a precise sleep), as the paper's artifact did on
+    the GPU path (a sleep kernel before each send). `replica` is the sender's, to name the
+    concrete PP link (a DP link's name is concrete already); `iteration_start` (host
+    monotonic seconds) is when the iteration began, to tell the view how far into it a
+    message goes."""
 
     delay_ms_by_link: dict[str, float]
     faults: IterationFaults = NO_FAULTS
@@ -60,15 +65,21 @@ class FaultViewHook:
     ) -> float:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
         if self.faults is not NO_FAULTS:
-            concrete = Link.pp(Link.parse(link).first, self.replica)
+            named = Link.parse(link)
+            concrete = Link.pp(named.first, self.replica) if named.is_pp else named
             offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
             fault = self.faults.message_fault(
                 concrete, direction, kind, microbatch, num_bytes, offset_ms
             )
             if fault.failed:
+                what = (
+                    f"the {kind} message of microbatch {microbatch}"
+                    if named.is_pp
+                    else f"all-reduce message {microbatch}"
+                )
                 raise LinkFailure(
-                    f"link {concrete} ({direction}) has failed: the {kind} message of "
-                    f"microbatch {microbatch} in iteration {iteration} cannot go"
+                    f"link {concrete} ({direction}) has failed: {what} in iteration "
+                    f"{iteration} cannot go"
                 )
             delay_ms += fault.delay_ms
         if delay_ms > 0:

@@ -122,6 +122,11 @@ class WorkerPool:
             raise ValueError(
                 f"schedule has {config.schedule.num_stages} stages, pool has {self.num_stages}"
             )
+        if config.profile.num_replicas != self.num_replicas:
+            raise ValueError(
+                f"profile has {config.profile.num_replicas} DP replica(s), pool has "
+                f"{self.num_replicas}"
+            )
         start_at = time.monotonic() + self._start_margin_s
         if self._origin is None:
             self._origin = start_at
@@ -283,13 +288,15 @@ def assemble_timeline(
                     fault_ms,
                 )
             )
+    # The step (all-reduce, optimizer) ends when the last rank's does: a stage whose
+    # pipeline ends early reduces while the others still run.
     end = max((rec.end_ms for rec in ops), default=ms(start_at))
-    step_ms = max((r.step_end - r.step_start) * 1000.0 for r in results)
+    step_end = max([end, *(ms(r.step_end) for r in results)])
     return Timeline(
         num_stages,
         tuple(ops),
         tuple(messages),
-        (IterationRecord(iteration, ms(start_at), end + step_ms, step_ms, _pids(results)),),
+        (IterationRecord(iteration, ms(start_at), step_end, step_end - end, _pids(results)),),
     )
 
 

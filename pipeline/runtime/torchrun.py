@@ -76,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", type=Path, required=True)
     parser.add_argument("--schedule", type=Path, required=True)
-    parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument(
         "--compute", choices=["emulated", "megatron"], default="emulated", help="What ops run."
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         from pipeline.runtime.megatron import MegatronCompute
 
         compute = MegatronCompute(args.model)
-    worker = join(rank, profile.num_stages, args.replicas, "env://", args.timeout, compute)
+    worker = join(rank, profile.num_stages, profile.num_replicas, "env://", args.timeout, compute)
     parts, losses, offset = [], [], 0.0
     for iteration in range(args.iterations):
         dist.barrier()

@@ -1,9 +1,12 @@
-"""Transports move messages between neighbouring stages; every send passes the fault hook.
+"""Transports move messages between neighbouring stages, and the DP all-reduce's chunks
+between a stage's replicas; every send passes the fault hook.
 
 A message is tagged with its iteration, kind (activation or gradient), microbatch and a
-sequence number. `direct` is the GPU-direct path: the send runs on the compute thread (so it
-blocks the next op: head-of-line blocking), and the iteration's receives are posted up front,
-since blocking sends with late receives deadlock under gloo (ENVIRONMENT.md). Who waits on a
+sequence number; a DP chunk with its index on its link direction (`dp_tag`). `direct` is the
+GPU-direct path: the send runs on the compute thread (so it blocks the next op: head-of-line
+blocking), and the iteration's receives are posted up front, since blocking sends with late
+receives deadlock under gloo (ENVIRONMENT.md); a DP bucket's receives are posted before its
+ring's first send (pipeline.runtime.dp_ring). Who waits on a
 posted receive, and when, is the receiver's business (receiver.py): gloo only marks a receive
 complete inside a `wait()` on it.
 """
@@ -17,11 +20,20 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
 
-__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport", "describe"]
+__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport", "describe", "dp_tag"]
 
 ACTIVATION, GRADIENT = 0, 1
+
+DP_TAG_BASE = 1 << 20
+"""DP chunks' tags start here, above every PP message's (2 x microbatch + kind)."""
+
+
+def dp_tag(index: int) -> int:
+    """The tag of the DP chunk `index` of its link direction (pipeline.allreduce)."""
+    return DP_TAG_BASE + index
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,10 +95,19 @@ class DirectTransport:
         self.bytes_sent = 0
 
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive:
-        work = dist.irecv(buffer, src=peer, tag=message.tag)
+        return self._post(
+            peer, message.tag, buffer, describe(peer, message.kind, message.microbatch)
+        )
+
+    def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive:
+        """The DP chunk `index` from rank `peer` (its sender's link direction's numbering)."""
+        return self._post(peer, dp_tag(index), buffer, f"all-reduce chunk {index} from rank {peer}")
+
+    def _post(self, peer: int, tag: int, buffer: torch.Tensor, what: str) -> PendingReceive:
+        work = dist.irecv(buffer, src=peer, tag=tag)
         if work is None:
             raise RuntimeError(f"irecv from rank {peer} returned no handle")
-        return _GlooReceive(work, describe(peer, message.kind, message.microbatch))
+        return _GlooReceive(work, what)
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
         direction = "forward" if message.kind == ACTIVATION else "backward"
@@ -96,5 +117,22 @@ class DirectTransport:
             link, direction, message.iteration, kind, message.microbatch, num_bytes
         )
         dist.send(payload, dst=peer, tag=message.tag)
+        self.bytes_sent += num_bytes
+        return fault_ms
+
+    def send_dp(
+        self,
+        peer: int,
+        link: str,
+        direction: str,
+        iteration: int,
+        index: int,
+        payload: torch.Tensor,
+    ) -> float:
+        """Send DP chunk `index` on DP link `link` ("dp1:0-1") through the fault hook (kind
+        "AR", the index in place of a microbatch); the delay it injected, in ms."""
+        num_bytes = payload.numel() * payload.element_size()
+        fault_ms = self.fault_hook(link, direction, iteration, KIND, index, num_bytes)
+        dist.send(payload, dst=peer, tag=dp_tag(index))
         self.bytes_sent += num_bytes
         return fault_ms

@@ -2,7 +2,10 @@
 
 Each iteration a worker posts a receive for every message its neighbours will send it, starts
 a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
-in order on this, the compute thread: take the op's message, compute, send the result.
+in order on this, the compute thread: take the op's message, compute, send the result. The
+step follows: the DP all-reduce's ring with the stage's other replicas (dp_ring.py), then the
+compute backend's own end of the iteration (emulated: the optimizer's time; megatron: its
+real gradient all-reduces and SGD).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
+from pipeline.allreduce import KIND
 from pipeline.errors import BackendError
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.dp_ring import run_ring
 from pipeline.runtime.hooks import FaultViewHook
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.remote_error import RemoteError
@@ -78,21 +83,19 @@ class _Worker:
     def __init__(
         self,
         rank: int,
-        stage: int,
-        replica: int,
-        num_stages: int,
+        topology: Topology,
         compute: ComputeBackend,
-        dp_group: dist.ProcessGroup | None,
         timeout_s: float,
     ) -> None:
-        self.rank, self.stage, self.replica = rank, stage, replica
-        self.num_stages = num_stages
+        self.rank, self.num_stages = rank, topology.num_stages
+        self.topology = topology
+        self.position = topology.position_of_worker(rank)
+        self.stage, self.replica = self.position.stage, self.position.replica
         self.compute = compute
-        self.dp_group = dp_group
         self.timeout_s = timeout_s
         self.up: tuple[int, str] | None = None
         self.down: tuple[int, str] | None = None
-        self._place(Topology(num_stages, _num_replicas(dp_group)))
+        self._place(topology)
         self.current_op: str | None = None
         """The op running ("F3"), None outside ops: where a failure happened."""
 
@@ -100,10 +103,11 @@ class _Worker:
         """Play this worker's position under `topology`; neighbours are the workers playing
         the next positions up and down (activations come from up, gradients from down)."""
         position = topology.position_of_worker(self.rank)
-        if (position.stage, position.replica) != (self.stage, self.replica):
-            if self.dp_group is not None:
+        if position != self.position:
+            if topology.num_replicas > 1:
                 raise BackendError("a rank swap with DP replicas is not supported yet")
             self.compute.move(position.stage, position.replica)
+        self.topology, self.position = topology, position
         self.stage, self.replica = position.stage, position.replica
         up, down = Position(self.stage - 1, self.replica), Position(self.stage + 1, self.replica)
         self.up = (topology.worker(up), link_name(up.stage)) if self.stage > 0 else None
@@ -114,12 +118,9 @@ class _Worker:
         if config.topology is not None:
             self._place(config.topology)
         profile = config.profile
-        hook = config.fault_hook or FaultViewHook(
-            {link_name(i): d for i, d in enumerate(profile.delay_ms)},
-            config.faults,
-            self.replica,
-            start_at,
-        )
+        delays = {link_name(i): d for i, d in enumerate(profile.delay_ms)}
+        delays.update((str(link), d) for link, d in profile.dp_delay_ms)
+        hook = config.fault_hook or FaultViewHook(delays, config.faults, self.replica, start_at)
         transport = DirectTransport(hook)
         self.current_op = None
         inbound = self._post_receives(config, transport)
@@ -138,9 +139,17 @@ class _Worker:
                 inbox.receiver.stop(FAILURE_JOIN_S)
             raise
         step_start = time.monotonic()
-        if self.dp_group is not None and config.allreduce_bytes > 0:
-            grads = torch.ones(max(config.allreduce_bytes // 4, 1), device=self.compute.device)
-            dist.all_reduce(grads, group=self.dp_group)
+        self.current_op = KIND  # a failure in the ring names it
+        run_ring(
+            transport,
+            self.topology,
+            self.position,
+            profile,
+            config.iteration,
+            self.timeout_s,
+            self.compute.device,
+        )
+        self.current_op = None
         step_output = self.compute.end_iteration(config)
         return RankResult(
             self.rank,
@@ -235,10 +244,6 @@ class _Worker:
         return records
 
 
-def _num_replicas(dp_group: dist.ProcessGroup | None) -> int:
-    return 1 if dp_group is None else dist.get_world_size(dp_group)
-
-
 def configure_threads() -> None:
     """A worker process's threads: one intra-op torch thread (many ranks share few cores) and
     a short GIL switch interval (receiver threads stamp arrivals promptly)."""
@@ -260,8 +265,8 @@ def join(
     timeout_s: float,
     compute: ComputeBackend,
 ) -> _Worker:
-    """Join the gloo process group and the DP groups; the worker for this rank (under the
-    default placement: pipeline.topology)."""
+    """Join the gloo process group; the worker for this rank (under the default placement:
+    pipeline.topology)."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
@@ -277,13 +282,8 @@ def join(
         world_size=grid.num_workers,
         timeout=dt.timedelta(seconds=timeout_s),
     )
-    dp_group = None
-    for s in range(num_stages):  # every rank creates every group, in the same order
-        group = dist.new_group([grid.worker(Position(s, r)) for r in range(num_replicas)])
-        if s == stage and num_replicas > 1:
-            dp_group = group
     compute.setup(stage, num_stages, replica, device)
-    return _Worker(rank, stage, replica, num_stages, compute, dp_group, timeout_s)
+    return _Worker(rank, grid, compute, timeout_s)
 
 
 def worker_main(

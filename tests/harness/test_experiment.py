@@ -14,6 +14,8 @@ from harness.results import (
     read_csv_rows,
 )
 from harness.spec import ExperimentSpec, default_experiment
+from pipeline.allreduce import messages_per_link_direction
+from pipeline.cost_model import MODELS, model_cost
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 
@@ -267,9 +269,13 @@ def test_a_slow_dp_link_slows_the_step_not_the_pipeline(tmp_path: Path) -> None:
     healthy, slow = runs["fault-free"], runs["dp1:0-1@10ms"]
     assert slow["links"] == "dp1:0-1"
     assert float(slow["median_iteration_ms"]) == float(healthy["median_iteration_ms"])
-    # Two ring steps (2 replicas), each 10 ms slower, unless another stage's ring is longer.
+    # Every message of stage 1's ring on dp1:0-1 waits 10 ms (3.78 GB of gradients: 48
+    # buckets of 80 MB, 2 steps each), less what stage 1's ring was shorter than the longest.
+    profile = model_cost(MODELS["gpt2-7b-dp2"]).profile
+    messages = messages_per_link_direction(profile.allreduce_bytes[1], profile.dp_bucket_bytes, 2)
+    assert messages == 96
     added_ms = float(slow["median_wall_ms"]) - float(healthy["median_wall_ms"])
-    assert 0 < added_ms <= 20.0 + 1e-9
+    assert messages * 10.0 - 50.0 < added_ms <= messages * 10.0 + 1e-6
 
 
 def test_dp_links_must_exist() -> None:

@@ -112,3 +112,18 @@ def test_a_redrawn_normal_delay_follows_the_clock() -> None:
     ]
     assert len(set(held)) == 1  # one draw held for 10 ms
     assert abs(statistics.fmean(values) - 20) < 0.5 and abs(statistics.stdev(values) - 4) < 0.5
+
+
+def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
+    """A fault named by a DP link hits that ring's messages, both ways; a PP link's fault is
+    on other host pairs (one host per position here), so the rings do not see it."""
+    dp = Topology(4, 2)
+    model = _model(
+        '[{start_iteration: 0, links: ["dp1:0-1"], delay_ms: 30},'
+        ' {start_iteration: 0, links: ["0-1"], delay_ms: 20}]'
+    )
+    in_force = model.at(0, dp)
+    assert in_force.message_fault(Link.dp(1, 0), "forward", "AR", 0).delay_ms == 30.0
+    assert in_force.message_fault(Link.dp(1, 0), "backward", "AR", 5).delay_ms == 30.0
+    assert in_force.message_fault(Link.dp(0, 0), "forward", "AR", 0).delay_ms == 0.0
+    assert in_force.message_fault(Link.pp(0, 1), "forward", "F", 0).delay_ms == 20.0

@@ -1,45 +1,181 @@
+"""The DP all-reduce (pipeline.allreduce): buckets, the ring's messages, and the simulator's
+step, message by message."""
+
+import dataclasses
+
 import pytest
 
 from baselines import one_f_one_b
-from pipeline.allreduce import AllReduce
-from pipeline.errors import ConfigError
+from pipeline.allreduce import (
+    DEFAULT_BUCKET_BYTES,
+    buckets,
+    chunk_bytes,
+    message_index,
+    messages_per_link_direction,
+    ring_peer,
+)
+from pipeline.errors import ConfigError, LinkFailure
+from pipeline.faults import MessageFault
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.simulator import simulate
+from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Link
 
+MB = 1_000_000
 
-def test_each_stage_reduces_when_its_replicas_are_done() -> None:
-    ring = AllReduce(
-        num_replicas=2, grad_bytes=(1_000_000, 4_000_000), bandwidth_gbps=8.0, optimizer_ms=(1, 2)
+
+def test_a_gradient_splits_into_buckets_the_last_smaller() -> None:
+    assert DEFAULT_BUCKET_BYTES == 40_000_000 * 2  # megatron's 40M parameters, 2 bytes each
+    assert buckets(10 * MB, 4 * MB) == (4 * MB, 4 * MB, 2 * MB)
+    assert buckets(8 * MB, 4 * MB) == (4 * MB, 4 * MB)
+    assert buckets(0, 4 * MB) == ()
+    assert chunk_bytes(10, 3) == 4  # a bucket padded to a multiple of D
+    assert messages_per_link_direction(10 * MB, 4 * MB, 2) == 3 * 2
+    assert messages_per_link_direction(10 * MB, 4 * MB, 4) == 3 * 6
+    assert messages_per_link_direction(10 * MB, 4 * MB, 1) == 0
+    with pytest.raises(ConfigError, match="buckets >= 1 byte"):
+        buckets(1, 0)
+
+
+def test_the_ring_sends_to_the_next_replica_forward_from_the_lower() -> None:
+    assert ring_peer(1, 0, 2) == (1, Link.dp(1, 0), "forward")
+    assert ring_peer(1, 1, 2) == (0, Link.dp(1, 0), "backward")  # D = 2: both ways on 0-1
+    assert ring_peer(2, 1, 3) == (2, Link.dp(2, 1), "forward")
+    assert ring_peer(2, 2, 3) == (0, Link.dp(2, 0, 2), "backward")  # the ring closes
+    assert str(Link.dp(2, 0, 2)) == "dp2:0-2"
+    assert [message_index(b, k, 3) for b in range(2) for k in range(4)] == list(range(8))
+
+
+def _profile(num_replicas: int, **options: object) -> Profile:
+    """Two stages; stage 1 reduces 25 MB in 4 MB buckets (7 of them), stage 0 10 MB (3)."""
+    return Profile.uniform(
+        2,
+        4,
+        1,
+        2,
+        1,
+        num_replicas=num_replicas,
+        allreduce_bytes=(10 * MB, 25 * MB),
+        dp_bucket_bytes=4 * MB,
+        **options,
     )
-    assert ring.ring_ms(0) == pytest.approx(2 * 0.5)  # 0.5 MB chunk at 1 GB/s, twice
-    # Stage 0 finishes late but reduces little; stage 1 early with four times the bytes.
-    assert ring.step_end_ms([10.0, 5.0]) == max(10.0 + 1.0 + 1.0, 5.0 + 4.0 + 2.0)
-    slow = ring.with_delays({(0, 0): 3.0})
-    assert slow.step_end_ms([10.0, 5.0]) == 10.0 + 1.0 + 2 * 3.0 + 1.0
-    assert str(Link.dp(3, 0)) == "dp3:0-1"
 
 
-def test_bad_all_reduce_is_refused() -> None:
-    with pytest.raises(ConfigError, match="num_replicas"):
-        AllReduce(num_replicas=0, grad_bytes=(1,), bandwidth_gbps=1.0)
-    with pytest.raises(ConfigError, match="DP link dp0:1-2 does not exist"):
-        AllReduce(num_replicas=2, grad_bytes=(1,), bandwidth_gbps=1.0, dp_delay_ms={(0, 1): 1.0})
-    with pytest.raises(ConfigError, match="one entry per stage"):
-        AllReduce(num_replicas=2, grad_bytes=(1, 1), bandwidth_gbps=1.0, optimizer_ms=(1.0,))
+@pytest.mark.parametrize("num_replicas", [2, 3, 4])
+def test_a_dp_link_delay_costs_its_messages_times_the_delay(num_replicas: int) -> None:
+    healthy = _profile(num_replicas)
+    slow = healthy.with_delays((), {Link.dp(1, 0): 10.0})
+    schedule = one_f_one_b(healthy)
+    base = simulate(schedule, healthy, CommMode.DIRECT)
+    delayed = simulate(schedule, slow, CommMode.DIRECT)
+    # No bandwidth, no latency: the ring is free without the delay, and each of stage 1's
+    # sends on dp1:0-1 (forward; also backward with D = 2) waits 10 ms, one after another.
+    stage1_end = max(r.end_ms for r in base.ops if r.stage == 1)
+    assert base.iterations[0].end_ms == max(r.end_ms for r in base.ops)
+    messages = messages_per_link_direction(25 * MB, 4 * MB, num_replicas)
+    assert messages == 7 * 2 * (num_replicas - 1)
+    assert delayed.iterations[0].end_ms == stage1_end + messages * 10.0
+    assert compute_metrics(delayed).iteration_time_ms == compute_metrics(base).iteration_time_ms
+    assert {r.replica for r in delayed.ops} == set(range(num_replicas))
 
 
-def test_simulated_step_follows_the_pipeline_on_every_replica() -> None:
-    profile = Profile.uniform(2, 4, 1, 2, 1)
-    ring = AllReduce(num_replicas=3, grad_bytes=(8_000_000, 8_000_000), bandwidth_gbps=64.0)
-    plain = simulate(one_f_one_b(profile), profile)
-    timeline = simulate(one_f_one_b(profile), profile, allreduce=ring)
-    assert {r.replica for r in timeline.ops} == {0, 1, 2}
-    assert len(timeline.ops) == 3 * len(plain.ops)
-    metrics = compute_metrics(timeline)
-    assert metrics.iteration_time_ms == compute_metrics(plain).iteration_time_ms
-    # 4 ring steps of 8/3 MB at 8 GB/s after the later stage (stage 0) ends.
-    stage0_end = max(r.end_ms for r in plain.ops if r.stage == 0)
-    assert timeline.iterations[0].end_ms == pytest.approx(stage0_end + 4 * (8 / 3) / 8)
-    assert metrics.step_time_ms == pytest.approx(timeline.iterations[0].end_ms - stage0_end)
+def test_wire_time_host_costs_and_the_optimizer_add_per_message() -> None:
+    from pipeline.host_costs import HostCosts
+
+    profile = _profile(2, link_latency_ms=0.5, dp_bandwidth_gbps=8.0, optimizer_ms=(0.0, 3.0))
+    host = HostCosts(
+        send_fixed_ms=0.25, send_ms_per_mib=0.0, receive_lag_ms=0.125, receive_lag_ms_per_mib=0.0
+    )
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=host)
+    # Stage 1: 25 MB = 6 x 4 MB + 1 MB, 2 steps each. A step: 0.5 ms latency + its chunk at
+    # 1 GB/s (2 MB, or 0.5 MB in the last bucket) + the send's 0.25 ms, then 0.125 ms until
+    # the receiver may forward it. Then the optimizer's 3 ms. The ring starts once stage 1's
+    # last gradient has gone to stage 0 (0.5 ms latency + 0.25 ms send after its last op).
+    stage1_end = max(r.end_ms for r in timeline.ops if r.stage == 1) + 0.75
+    fixed_ms = 0.5 + 0.25 + 0.125
+    expected = stage1_end + 12 * (fixed_ms + 2.0) + 2 * (fixed_ms + 0.5) + 3.0
+    assert timeline.iterations[0].end_ms == pytest.approx(expected)
+    large = dataclasses.replace(profile, dp_bucket_bytes=24 * MB)  # 24 MB + 1 MB
+    end = simulate(one_f_one_b(large), large, CommMode.DIRECT, host=host).iterations[0].end_ms
+    assert end == pytest.approx(stage1_end + 2 * (fixed_ms + 12.0) + 2 * (fixed_ms + 0.5) + 3.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recording:
+    """A fault view that slows forward DP messages by 1 ms and notes every message asked."""
+
+    asked: list[tuple[Link, str, str, int]] = dataclasses.field(default_factory=list)
+    sizes: set[int] = dataclasses.field(default_factory=set)
+
+    def message_fault(
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        microbatch: int,
+        num_bytes: int = 0,
+        offset_ms: float = 0.0,
+    ) -> MessageFault:
+        self.asked.append((link, direction, kind, microbatch))
+        if not link.is_pp:
+            self.sizes.add(num_bytes)
+        return MessageFault(1.0 if not link.is_pp and direction == "forward" else 0.0)
+
+
+def test_every_dp_message_asks_the_fault_view_with_its_link_direction_and_index() -> None:
+    profile = _profile(3)
+    faults = _Recording()
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.IDEAL, faults=faults)
+    dp = [a for a in faults.asked if not a[0].is_pp]
+    assert {kind for _, _, kind, _ in dp} == {"AR"}
+    assert faults.sizes == {chunk_bytes(4 * MB, 3), chunk_bytes(2 * MB, 3), chunk_bytes(MB, 3)}
+    by_direction: dict[tuple[Link, str], list[int]] = {}
+    for link, direction, _, index in dp:
+        by_direction.setdefault((link, direction), []).append(index)
+    # Each link direction the ring uses, 3 replicas: r -> r+1 forward, 2 -> 0 backward.
+    assert set(by_direction) == {
+        (link, direction)
+        for s in (0, 1)
+        for link, direction in (
+            (Link.dp(s, 0), "forward"),
+            (Link.dp(s, 1), "forward"),
+            (Link.dp(s, 0, 2), "backward"),
+        )
+    }
+    for (link, _), indices in by_direction.items():
+        count = messages_per_link_direction(profile.allreduce_bytes[link.dp_stage], 4 * MB, 3)
+        assert sorted(indices) == list(range(count))
+    # Forward messages cost 1 ms each, so replicas 0 and 1 send one after another 1 ms apart
+    # and replica 2's sends wait for theirs: stage 0's ring (3 buckets x 4 steps) takes 12 ms,
+    # stage 1's (7 x 4) 28 ms.
+    stage_end = [max(r.end_ms for r in timeline.ops if r.stage == s) for s in (0, 1)]
+    assert timeline.iterations[0].end_ms == max(stage_end[0] + 12.0, stage_end[1] + 28.0)
+
+
+def test_a_failed_dp_link_is_a_link_failure_in_the_simulator() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Failed:
+        def message_fault(
+            self,
+            link: Link,
+            direction: str,
+            kind: str,
+            microbatch: int,
+            num_bytes: int = 0,
+            offset_ms: float = 0.0,
+        ) -> MessageFault:
+            return MessageFault(failed=not link.is_pp)
+
+    profile = _profile(2)
+    with pytest.raises(LinkFailure, match="all-reduce message 0 .forward. on link dp0:0-1") as info:
+        simulate(one_f_one_b(profile), profile, faults=Failed())
+    stage0_end = max(r.end_ms for r in simulate(one_f_one_b(profile), profile).ops if r.stage == 0)
+    assert info.value.at_ms == stage0_end  # the ring's first message, after stage 0's last op
+
+
+def test_one_replica_without_an_optimizer_has_no_step() -> None:
+    profile = dataclasses.replace(_profile(2), num_replicas=1)
+    timeline = simulate(one_f_one_b(profile), profile)
+    assert not profile.has_dp_step
+    assert timeline.iterations[0].step_time_ms == 0.0
+    assert {r.replica for r in timeline.ops} == {0}

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from pipeline.allreduce import DEFAULT_BUCKET_BYTES
 from pipeline.cost_model import (
     CALIBRATED,
     MODELS,
@@ -60,16 +61,17 @@ def test_tensor_parallelism_divides_compute_and_adds_its_all_reduce() -> None:
     assert two.t_f_ms[1] > one.t_f_ms[1] / 2
 
 
-def test_all_reduce_is_a_ring_over_the_replicas() -> None:
-    cost = model_cost(MODELS["gpt2-30b"])  # DP 4
-    ring = cost.allreduce
-    assert ring.num_replicas == 4
-    chunk_ms = ring.grad_bytes[1] / 4 * 8 / (ring.bandwidth_gbps * 1e6)
-    assert ring.ring_ms(1) == pytest.approx(6 * (ring.latency_ms + chunk_ms))
-    # A slow DP link slows every ring step by its delay.
-    slow = ring.with_delays({(1, 1): 5.0, (2, 0): 1.0})
-    assert slow.ring_ms(1) == pytest.approx(ring.ring_ms(1) + 6 * 5.0)
-    assert model_cost(MODELS["gpt2-14b"]).allreduce.ring_ms(1) == 0.0
+def test_the_dp_step_is_in_the_profile() -> None:
+    profile = model_cost(MODELS["gpt2-30b"]).profile  # DP 4, TP 2
+    assert profile.num_replicas == 4
+    assert profile.dp_bucket_bytes == DEFAULT_BUCKET_BYTES
+    assert profile.dp_bandwidth_gbps == pytest.approx(400 * CALIBRATED.allreduce_efficiency)
+    # fp16 gradients of a middle stage's 5 layers, halved by TP.
+    assert profile.allreduce_bytes[1] == int(5 * (12 * 8192**2 + 13 * 8192) / 2 * 2)
+    assert all(t > 0 for t in profile.optimizer_ms)
+    fused = model_cost(MODELS["gpt2-30b"]).fused_profile
+    assert (fused.num_replicas, fused.allreduce_bytes) == (4, profile.allreduce_bytes)
+    assert model_cost(MODELS["gpt2-14b"]).profile.num_replicas == 1
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,11 @@ def test_hardware_is_configurable() -> None:
     fast, slow = (
         model_cost(MODELS["gpt2-30b"], hw) for hw in (resolve_hardware("h800-ib400"), slow_net)
     )
-    assert slow.allreduce.ring_ms(1) == pytest.approx(4 * fast.allreduce.ring_ms(1), rel=0.01)
+    chunk = DEFAULT_BUCKET_BYTES // 4  # one DP message of a full bucket's ring at DP 4
+    latency_ms = fast.profile.link_latency_ms
+    assert slow.profile.dp_wire_ms(chunk) - latency_ms == pytest.approx(
+        4 * (fast.profile.dp_wire_ms(chunk) - latency_ms)
+    )
     assert slow.profile.t_f_ms == fast.profile.t_f_ms  # compute does not move
     smaller = resolve_hardware({"base": "h800-ib400", "memory_gb": 40})
     with pytest.raises(ConfigError, match="does not fit"):

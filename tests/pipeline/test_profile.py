@@ -6,6 +6,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
+from pipeline.topology import Link
 
 BASE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
 
@@ -39,6 +40,42 @@ def test_transfer_adds_latency_and_serialisation() -> None:
 def test_dict_round_trip() -> None:
     profile = Profile.from_dict({**BASE, "t_b": [1, 2, 3, 4], "mem_limit": 7, "num_delegates": 2})
     assert Profile.from_dict(profile.to_dict()) == profile
+    dp = Profile.from_dict(
+        {
+            **BASE,
+            "dp": 3,
+            "allreduce_bytes": [4, 3, 2, 1],
+            "dp_bucket_bytes": 2,
+            "dp_bandwidth_gbps": 100,
+            "dp_delay_ms": {"dp1:0-1": 30, "dp2:0-2": 5, "dp3:1-2": 0},
+            "optimizer_ms": 2,
+        }
+    )
+    assert Profile.from_dict(dp.to_dict()) == dp
+    assert dp.to_dict()["dp_delay_ms"] == {"dp1:0-1": 30.0, "dp2:0-2": 5.0}
+    assert hash(dp) == hash(Profile.from_dict(dp.to_dict()))  # a planner's cache key
+
+
+def test_the_dp_step_s_keys_and_their_defaults() -> None:
+    plain = Profile.from_dict(BASE)
+    assert (plain.num_replicas, plain.allreduce_bytes, plain.optimizer_ms) == (
+        1,
+        (0,) * 4,
+        (0.0,) * 4,
+    )
+    assert plain.dp_bucket_bytes == 80_000_000 and not plain.has_dp_step
+    dp = Profile.from_dict(
+        {**BASE, "dp": 2, "allreduce_bytes": 10**9, "dp_delay_ms": {"dp1:0-1": 30}}
+    )
+    assert dp.allreduce_bytes == (10**9,) * 4 and dp.has_dp_step
+    assert dp.dp_delay_for(Link.dp(1, 0)) == 30.0 and dp.dp_delay_for(Link.dp(0, 0)) == 0.0
+    # DP messages use the PP links' latency and bandwidth unless dp_bandwidth_gbps is given.
+    wired = Profile.from_dict({**BASE, "link_latency_ms": 0.5, "link_bandwidth_gbps": 8})
+    assert wired.dp_wire_ms(1_000_000) == pytest.approx(1.5)
+    faster = Profile.from_dict({**BASE, "link_bandwidth_gbps": 8, "dp_bandwidth_gbps": 16})
+    assert faster.dp_wire_ms(1_000_000) == pytest.approx(0.5)
+    assert dp.with_delays([5]).dp_delay_ms == dp.dp_delay_ms  # PP delays only
+    assert dp.with_delays([], {}).dp_delay_ms == ()
 
 
 @pytest.mark.parametrize(
@@ -62,6 +99,17 @@ def test_dict_round_trip() -> None:
         ({"num_delegates": 0}, "num_delegates must be >= 1"),
         ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and >= 0"),
         ({"message_bytes": -5}, "message_bytes must be >= 0"),
+        ({"dp": 0}, "dp must be >= 1"),
+        ({"allreduce_bytes": [1, 2]}, "allreduce_bytes has 2 entries"),
+        ({"allreduce_bytes": -1}, "allreduce_bytes must be >= 0"),
+        ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),
+        ({"dp_bucket_bytes": 0}, "dp_bucket_bytes must be >= 1"),
+        ({"optimizer_ms": [1]}, "optimizer_ms has 1 entries"),
+        ({"dp_delay_ms": {"dp1:0-1": 5}}, "link dp1:0-1 does not exist with 4 stages and 1"),
+        ({"dp": 2, "dp_delay_ms": {"0-1": 5}}, "0-1 is a PP link"),
+        ({"dp": 2, "dp_delay_ms": {"dp4:0-1": 5}}, "link dp4:0-1 does not exist"),
+        ({"dp": 2, "dp_delay_ms": {"dp1:0-1": -5}}, r"dp_delay_ms\[dp1:0-1\] must be finite"),
+        ({"dp": 2, "dp_delay_ms": [5]}, "dp_delay_ms must map DP links to delays"),
     ],
 )
 def test_bad_profiles_are_clear_errors(change: dict, message: str) -> None:

@@ -3,7 +3,6 @@ import json
 import pytest
 
 from baselines import one_f_one_b
-from pipeline.allreduce import AllReduce
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
@@ -11,9 +10,18 @@ from pipeline.timeline import SCHEMA_VERSION, MessageRecord, Timeline
 
 
 def _timeline() -> Timeline:
-    profile = Profile.uniform(2, 4, 1, 2, 1, delay_ms=(3.0,))
-    ring = AllReduce(num_replicas=2, grad_bytes=(1_000_000, 1_000_000), bandwidth_gbps=8.0)
-    return simulate(one_f_one_b(profile), profile, CommMode.DIRECT, allreduce=ring)
+    profile = Profile.uniform(
+        2,
+        4,
+        1,
+        2,
+        1,
+        delay_ms=(3.0,),
+        num_replicas=2,
+        allreduce_bytes=1_000_000,
+        dp_bandwidth_gbps=8.0,
+    )
+    return simulate(one_f_one_b(profile), profile, CommMode.DIRECT)
 
 
 def test_messages_carry_arrival_and_need_through_json() -> None:

@@ -339,21 +339,6 @@ def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> 
     assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 402_000  # us
 
 
-def test_pp_by_dp_runs_the_gradient_all_reduce() -> None:
-    profile = Profile.uniform(2, 4, 2, 2, 2, message_bytes=1024)
-    with WorkerPool(2, num_replicas=2, timeout_s=30) as pool:
-        assert len(set(pool.pids)) == 4
-        timeline = pool.run_iteration(
-            IterationConfig(0, one_f_one_b(profile), profile, allreduce_bytes=4 << 20)
-        )
-    metrics = compute_metrics(timeline)
-    assert len(timeline.ops) == 2 * (2 * 4 * 2)  # every rank: 2 replicas x 2 stages x (F, BW)
-    assert {r.replica for r in timeline.ops} == {r.replica for r in timeline.messages} == {0, 1}
-    assert len(timeline.messages) == 2 * (2 * 4)
-    assert metrics.step_time_ms > 0
-    assert timeline.iterations[0].end_ms >= max(r.end_ms for r in timeline.ops)
-
-
 def test_a_closed_pool_says_so() -> None:
     profile = Profile.uniform(2, 2, 1, 1, 1)
     pool = WorkerPool(2)

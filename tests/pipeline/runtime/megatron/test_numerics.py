@@ -94,7 +94,7 @@ def test_pipelined_training_equals_one_process(
     embedding's two halves are added after the fact), so equality is to 1e-5, not bits; the
     same schedule run again in the same pool gives the same bits."""
     reference, reference_params = _reference(num_microbatches, num_replicas)
-    profile = Profile.uniform(num_stages, num_microbatches, 1, 1, 1)
+    profile = Profile.uniform(num_stages, num_microbatches, 1, 1, 1, num_replicas=num_replicas)
     # The stages initialise themselves from the seed, as `run` does: the reference's model.
     factory = functools.partial(MegatronCompute, "tiny", seed=SEED, lr=LR)
     schedules = list(_schedules(profile, fig4_fixture).items())
