@@ -316,9 +316,3 @@ class FaultModel:
             e for e in self.events if not (e.effect.down and e.start_iteration <= iteration)
         )
         return dataclasses.replace(self, events=kept)
-
-    def event_iterations(self) -> tuple[int, ...]:
-        """The iterations at which some event starts or ends, in order."""
-        marks = {e.start_iteration for e in self.events}
-        marks |= {e.end_iteration for e in self.events if e.end_iteration is not None}
-        return tuple(sorted(marks))

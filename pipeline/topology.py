@@ -221,12 +221,6 @@ class Topology:
         a, b = self.ends(link)
         return self.host(a), self.host(b)
 
-    def pp_links(self) -> tuple[Link, ...]:
-        """Every PP link of every replica."""
-        return tuple(
-            Link.pp(s, r) for r in range(self.num_replicas) for s in range(self.num_stages - 1)
-        )
-
     def dp_ring(self, stage: int) -> tuple[Link, ...]:
         """The ring of `stage`'s replicas: r -> r+1, closing with (D-1) -> 0 (one link for D=2)."""
         num = self.num_replicas

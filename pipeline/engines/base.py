@@ -143,7 +143,10 @@ def check_plan(engine: Engine, plan: Plan) -> None:
             f"it runs {valid}"
         )
     if plan.action is not Action.RUN:
-        raise ConfigError(f"the {engine.name} engine cannot {plan.action.value} yet")
+        raise ConfigError(
+            f"a controller cannot {plan.action.value} the {engine.name} engine yet (the loop "
+            "restarts it after a link failure)"
+        )
     if plan.topology is not None and not capabilities.placements:
         default = Topology(plan.topology.num_stages, plan.topology.num_replicas)
         if plan.topology.placement and plan.topology != default:
