@@ -7,7 +7,9 @@ O(number of ops). The three communication modes are those of DESIGN.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -21,7 +23,7 @@ from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link
 
-__all__ = ["CommMode", "simulate"]
+__all__ = ["CommMode", "LinkComm", "simulate"]
 
 
 class CommMode(StrEnum):
@@ -31,6 +33,16 @@ class CommMode(StrEnum):
     """The send runs on the stage after its op: head-of-line blocking until it completes."""
     DELEGATED = "delegated"
     """Copies to and from host on the stage; delegates per link direction carry messages."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkComm:
+    """One PP link direction's comm mode (every replica), where a plan mixes modes."""
+
+    link: Link
+    direction: str
+    """"forward" (activations) or "backward" (gradients)."""
+    comm: CommMode
 
 
 def _durations(profile: Profile) -> dict[OpKind, tuple[float, ...]]:
@@ -73,10 +85,13 @@ def simulate(
     validate: bool = True,
     host: HostCosts = FREE,
     faults: IterationFaults = NO_FAULTS,
+    link_comms: Sequence[LinkComm] = (),
 ) -> Timeline:
-    """Time every op and message of one iteration starting at `start_ms`. `faults` adds each
-    message's fault delay (pipeline.faults) to its link's transfer time. With DP replicas
-    (`profile.num_replicas`), every replica runs the same pipeline (the profile's PP delays
+    """Time every op and message of one iteration starting at `start_ms`. `comm` is every
+    link direction's mode but those `link_comms` give another (modes mixed per direction).
+    `faults` adds each message's fault delay (pipeline.faults) to its link's transfer time.
+    With DP replicas (`profile.num_replicas`), every replica runs the same pipeline (the
+    profile's PP delays
     apply to each), and with a DP step (`profile.has_dp_step`) the iteration ends with it:
     each stage's all-reduce, message by message (pipeline.allreduce), and optimizer; its
     messages are not in the timeline's records (PP only). `host` adds a real
@@ -89,15 +104,23 @@ def simulate(
     if validate:
         validate_schedule(schedule, num_stages, num_microbatches)
     comm = CommMode(comm)
-    if comm is CommMode.IDEAL:
+    # modes[link][direction]: how that link direction's messages go.
+    modes = [[comm, comm] for _ in range(num_stages - 1)]
+    for override in link_comms:
+        modes[override.link.first][_DIRECTIONS.index(override.direction)] = override.comm
+    if all(mode is CommMode.IDEAL for pair in modes for mode in pair):
         host = FREE
     op_overhead_ms = host.op_overhead_ms
     send_ms = host.send_ms(profile.message_bytes)
     lag_ms = host.receive_lag_for_ms(profile.message_bytes)
     durations = _durations(profile)
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
-    copy_ms = profile.copy_ms() if comm is CommMode.DELEGATED else 0.0
-    num_delegates = profile.num_delegates if comm is CommMode.DELEGATED else None
+    copy_ms = profile.copy_ms()
+    num_delegates = profile.num_delegates
+    # The host-to-device copy before an op that takes in a delegated message.
+    copy_in = [[copy_ms if mode is CommMode.DELEGATED else 0.0 for mode in pair] for pair in modes]
+    copy_before_f = [0.0] + [copy_in[i][0] for i in range(num_stages - 1)]
+    copy_before_b = [copy_in[i][1] for i in range(num_stages - 1)] + [0.0]
     # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
     delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
     num_sent = [[0, 0] for _ in transfer]
@@ -146,7 +169,8 @@ def simulate(
             if remote:
                 # The stage asked for the message at `free` (it arrived at `ready`).
                 in_flight[0 if kind is OpKind.F else 1][stage_idx][m][8] = free
-                start += copy_ms  # host-to-device copy of the received message (delegated)
+                # the host-to-device copy of the received message (delegated)
+                start += (copy_before_f if kind is OpKind.F else copy_before_b)[stage_idx]
             end = start + durations[kind][stage_idx]
             op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end))
             free = end + op_overhead_ms
@@ -177,10 +201,11 @@ def simulate(
                     )
                 transfer_ms += fault.delay_ms
                 fault_ms += fault.delay_ms
-            if comm is CommMode.IDEAL:
+            mode = modes[link_idx][direction]
+            if mode is CommMode.IDEAL:
                 send_end = end
                 arrival = end + transfer_ms
-            elif comm is CommMode.DIRECT:
+            elif mode is CommMode.DIRECT:
                 send_end = end + transfer_ms + send_ms
                 arrival = send_end + lag_ms
             else:

@@ -17,7 +17,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import IterationFaults
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
-from pipeline.simulator import CommMode
+from pipeline.simulator import CommMode, LinkComm
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
@@ -40,6 +40,9 @@ class Plan:
     """The op times and the static link delays the schedule is run under (a fault view's
     delays come on top, per message)."""
     comm: CommMode = CommMode.DIRECT
+    link_comms: tuple[LinkComm, ...] = ()
+    """Link directions whose messages go another way than `comm` (modes mixed per link
+    direction)."""
     topology: Topology | None = None
     """Which worker plays which position (None: the default placement)."""
     action: Action = Action.RUN
@@ -136,12 +139,13 @@ class Closing:
 def check_plan(engine: Engine, plan: Plan) -> None:
     """Refuse, with the engine's name, a plan it cannot run."""
     capabilities = engine.capabilities
-    if plan.comm not in capabilities.comms:
-        valid = ", ".join(sorted(c.value for c in capabilities.comms))
-        raise ConfigError(
-            f"comm {plan.comm.value!r} is not available in the {engine.name} engine yet; "
-            f"it runs {valid}"
-        )
+    for comm in (plan.comm, *(c.comm for c in plan.link_comms)):
+        if comm not in capabilities.comms:
+            valid = ", ".join(sorted(c.value for c in capabilities.comms))
+            raise ConfigError(
+                f"comm {comm.value!r} is not available in the {engine.name} engine yet; "
+                f"it runs {valid}"
+            )
     if plan.action is not Action.RUN:
         raise ConfigError(
             f"a controller cannot {plan.action.value} the {engine.name} engine yet (the loop "

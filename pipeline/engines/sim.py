@@ -61,6 +61,7 @@ class SimEngine(Closing):
                 validate=id(plan.schedule) not in self._validated,
                 host=self.host,
                 faults=faults,
+                link_comms=plan.link_comms,
             )
             self._validated.add(id(plan.schedule))
             same_as = None

@@ -188,3 +188,32 @@ def test_host_costs_only_ever_add_time(profile: Profile, build, comm: str) -> No
     assert simulate(schedule, profile, CommMode(comm), host=FREE) == simulate(
         schedule, profile, CommMode(comm)
     )
+
+
+def test_comm_modes_mix_per_link_direction() -> None:
+    """Delegates on link 0-1 only: its messages free their sender after the device-to-host
+    copy, link 1-2's hold it for the transfer; all link directions delegated is delegated."""
+    from pipeline.simulator import LinkComm
+    from pipeline.topology import Link
+
+    profile = Profile.uniform(
+        3, 6, 10, 10, 10, delay_ms=(20.0, 20.0), message_bytes=1_000_000, copy_gbps=8.0
+    )
+    schedule = one_f_one_b(profile)
+    slow_first = tuple(LinkComm(Link.pp(0), d, CommMode.DELEGATED) for d in ("forward", "backward"))
+    mixed = simulate(schedule, profile, CommMode.DIRECT, link_comms=slow_first)
+    for m in mixed.messages:
+        held = m.send_end_ms - m.send_start_ms
+        assert held == pytest.approx(1.0 if m.link == "0-1" else 20.0), m  # copy: 1 MB at 8 Gb/s
+    every = tuple(
+        LinkComm(Link.pp(i), d, CommMode.DELEGATED)
+        for i in range(2)
+        for d in ("forward", "backward")
+    )
+    assert simulate(schedule, profile, CommMode.DIRECT, link_comms=every) == simulate(
+        schedule, profile, CommMode.DELEGATED
+    )
+    direct = simulate(schedule, profile, CommMode.DIRECT)
+    end = compute_metrics(mixed).iteration_time_ms
+    assert compute_metrics(simulate(schedule, profile, CommMode.DELEGATED)).iteration_time_ms < end
+    assert end < compute_metrics(direct).iteration_time_ms

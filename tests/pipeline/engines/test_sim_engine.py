@@ -9,7 +9,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, MessageFault
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.simulator import CommMode
+from pipeline.simulator import CommMode, LinkComm
 from pipeline.topology import Link, Position, Topology
 
 
@@ -65,5 +65,11 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
     )
     check_plan(SimEngine(), swapped)
     check_plan(RuntimeEngine("emulated", 2), swapped)
+    mixed = dataclasses.replace(
+        swapped, link_comms=(LinkComm(Link.pp(0), "forward", CommMode.DELEGATED),)
+    )
+    check_plan(SimEngine(), mixed)
+    with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
+        check_plan(RuntimeEngine("emulated", 2), mixed)
     with pytest.raises(ConfigError, match="the megatron engine runs the default placement only"):
         check_plan(RuntimeEngine("megatron", 2, trains=True), swapped)
