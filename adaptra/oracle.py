@@ -17,7 +17,6 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
-from pipeline.topology import Topology
 
 __all__ = ["OracleController"]
 
@@ -46,9 +45,7 @@ class OracleController:
         self._schedules: dict[tuple[float, ...], Schedule] = {}
 
     def delays_in_force(self, iteration: int) -> tuple[float, ...]:
-        extra = self.faults.pp_delays_ms(
-            iteration, Topology(self.profile.num_stages, self.profile.num_replicas)
-        )
+        extra = self.faults.pp_delays_ms(iteration, self.profile.topology)
         return tuple(a + b for a, b in zip(self.profile.delay_ms, extra, strict=True))
 
     def plan(self, iteration: int) -> Plan:

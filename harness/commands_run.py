@@ -26,7 +26,6 @@ from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
-from pipeline.topology import Topology
 from pipeline.trace import write_chrome_trace
 
 __all__ = ["compare", "report", "run"]
@@ -147,7 +146,7 @@ def run(
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path))
-        timeline.validate(Topology(profile.num_stages, profile.num_replicas), iterations)
+        timeline.validate(profile.topology, iterations)
         faults = timeline
     controller: Controller
     if system is not None:

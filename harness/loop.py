@@ -25,7 +25,6 @@ from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import Metrics, compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
-from pipeline.topology import Topology
 
 __all__ = ["CHECKPOINT_RESTART", "OnIteration", "Recovery", "RunResult", "run_loop"]
 
@@ -160,7 +159,7 @@ def run_loop(
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
-        topology = plan.topology or Topology(plan.profile.num_stages, plan.profile.num_replicas)
+        topology = plan.topology or plan.profile.topology
         digest = k == total - 1 and engine.capabilities.trains
         # A checkpoint is the state after iteration k: the end of the warm-up, then every
         # `checkpoint_every` measured iterations.

@@ -197,7 +197,7 @@ def run_configuration(
     if injection == "network" and backend != "emulated":
         raise ConfigError("--inject network needs the emulated backend")
     profile = controller.plan(0).profile
-    topology = Topology(profile.num_stages, profile.num_replicas)
+    topology = profile.topology
     if injection == "network" and any(
         faults.has_failure(i, topology) for i in range(num_iterations)
     ):

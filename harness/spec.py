@@ -212,7 +212,7 @@ class ExperimentSpec:
         if self.faults is not None:
             timeline = load_faults(Path(self.faults), self.seed)
             timeline.validate(
-                Topology(target.profile.num_stages, target.profile.num_replicas),
+                target.profile.topology,
                 self.num_iterations,
             )
             return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]

@@ -19,6 +19,7 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Hashable
 from enum import StrEnum
@@ -53,12 +54,16 @@ class Target:
         host = "mid" if self.hosts[0] < 0 else str(self.hosts[0])
         return f"host{host}:{self.nic}"
 
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (targets and topologies are few, frozen)
     def units(self, topology: Topology) -> tuple[tuple[str, int, int | str], ...]:
-        """What it hits: ("pair", a, b) host pairs (a < b) or ("nic", host, name)."""
+        """What it hits: ("pair", a, b) host pairs (a < b) or ("nic", host, name); logical
+        links and the paper's NIC are placed as by the default placement (a fault stays on
+        its hosts when ranks move)."""
+        default = Topology(topology.num_stages, topology.num_replicas, nics=topology.nics)
         if self.kind is TargetKind.NIC:
             host = self.hosts[0]
             if host < 0:
-                host = topology.host(Position(topology.num_stages // 2, 0))
+                host = default.host(Position(topology.num_stages // 2, 0))
             if not 0 <= host < topology.num_hosts or self.nic not in topology.nics:
                 raise ConfigError(
                     f"NIC {self} does not exist: hosts 0..{topology.num_hosts - 1} with "
@@ -72,7 +77,6 @@ class Target:
                     f"host pair {a}-{b} does not exist: hosts 0..{topology.num_hosts - 1}"
                 )
             return (("pair", a, b),)
-        default = Topology(topology.num_stages, topology.num_replicas, nics=topology.nics)
         pairs = []
         for link in self.links:
             for concrete in default.expand(link):

@@ -276,6 +276,11 @@ class Profile:
             "optimizer_ms": list(self.optimizer_ms),
         }
 
+    @property
+    def topology(self) -> Topology:
+        """Its stages and replicas under the default placement."""
+        return Topology(self.num_stages, self.num_replicas)
+
     def with_delays(
         self,
         delay_ms: Sequence[float],
