@@ -20,6 +20,7 @@ from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from injectors.probe import measure
 from injectors.testbed import Testbed
+from injectors.wire import WireState
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.topology import Topology
@@ -66,7 +67,7 @@ def network_level() -> None:
             bed.build()
     for delay in (0.0, 5.0, 20.0):
         with Testbed(2) as bed:
-            bed.add_delay(0, 1, plane=0, delay_ms=delay)
+            bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=delay))
             rtt = statistics.median(measure(bed, 0, 1, 0, "rtt") for _ in range(3))
             print(f"| delay wire, one way | {delay:g} ms | {rtt / 2:.3f} ms (half the RTT) |")
             if delay == 0.0:

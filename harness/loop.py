@@ -112,10 +112,16 @@ class Recovery:
     restart_ms: float = 0.0
     """The cluster's cost to restart the job and reload its checkpoint (rescheduling,
     process start, communicator set-up, loading): not modelled unless configured."""
+    transport_timeout_s: float = 60.0
+    """How long a worker on the namespace testbed (`--inject network`) waits for one message
+    before it gives up (the runtime pool's default): there a failed NIC is noticed by this
+    timeout, and the failed iteration's measured time includes it."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1 or not (self.failure_timeout_ms >= 0 and self.restart_ms >= 0):
             raise ConfigError("checkpoint_every must be >= 1 and the restart costs >= 0 ms")
+        if not 0 < self.transport_timeout_s < float("inf"):
+            raise ConfigError(f"transport_timeout_s must be > 0 s, not {self.transport_timeout_s}")
 
 
 CHECKPOINT_RESTART = Recovery()

@@ -133,6 +133,8 @@ class ExperimentSpec:
     """Iterations between the checkpoints a failure restarts from (harness.loop.Recovery)."""
     restart_ms: float = CHECKPOINT_RESTART.restart_ms
     """The cluster's cost of one restart, ms (not modelled unless given)."""
+    transport_timeout_s: float = CHECKPOINT_RESTART.transport_timeout_s
+    """With injection network: a worker's wait for one message before it gives up, s."""
     calibration: str | None = None
     """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
     calibrate`), relative to the spec file."""
@@ -151,11 +153,11 @@ class ExperimentSpec:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.injection not in INJECTIONS or (
-            self.injection == "network" and (self.backend == "sim" or self.faults)
+            self.injection == "network" and self.backend != "emulated"
         ):
             raise ConfigError(
                 f"injection {self.injection!r}: valid are {', '.join(INJECTIONS)}; network "
-                "needs a runtime backend and fixed delays (no fault timeline)"
+                "needs the emulated backend"
             )
         if not self.models:
             raise ConfigError("the spec names no model")
@@ -193,7 +195,11 @@ class ExperimentSpec:
             self.scenarios(target)
 
     def recovery(self) -> Recovery:
-        return Recovery(checkpoint_every=self.checkpoint_every, restart_ms=self.restart_ms)
+        return Recovery(
+            checkpoint_every=self.checkpoint_every,
+            restart_ms=self.restart_ms,
+            transport_timeout_s=self.transport_timeout_s,
+        )
 
     def host_costs(self) -> HostCosts:
         return FREE if self.calibration is None else HostCosts.from_file(self.calibration)

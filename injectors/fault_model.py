@@ -153,25 +153,6 @@ class InForce:
         )
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
-    def pair_delays_ms(self) -> dict[tuple[int, int], float]:
-        """The plain delays in force on host pairs for the whole iteration: what a testbed's
-        wires take at its start. A ConfigError for any other effect (jitter, a cap, a stall,
-        a redrawn delay, a NIC down, or an event starting inside the iteration)."""
-        delays: dict[tuple[int, int], float] = {}
-        for unit, effects in self.effects.items():
-            for effect, from_ms in effects:
-                if unit[0] != "pair" or effect != Effect(effect.delay_ms) or from_ms:
-                    raise ConfigError(
-                        f"iteration {self.iteration}: --inject network sets plain delays on "
-                        f"host pairs at iteration boundaries, not a {effect.kind} effect on "
-                        f"{unit[0]} {unit[1]}-{unit[2]} (at {from_ms:g} ms); replay this "
-                        "timeline with --inject hook"
-                    )
-                _, a, b = unit
-                assert isinstance(b, int)
-                delays[a, b] = delays.get((a, b), 0.0) + effect.delay_ms
-        return delays
-
     def _route(
         self, link: Link, direction: str
     ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:

@@ -25,6 +25,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from injectors.ownership import OwnerRecord
+from injectors.wire import WireState, run_wire
 from pipeline.errors import AdaptraBenchError
 
 __all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
@@ -184,18 +185,30 @@ class Testbed:
             yield ipr
 
     def set_link(self, host: int, plane: int, up: bool) -> None:
-        """A NIC failure (up=False) or its repair, on one host's interface of one plane."""
+        """A NIC failure (up=False) or its repair, on one host's interface of one plane, and
+        on the host's ends of its wires on that plane (they stand in for the same NIC)."""
+        if plane >= 2:
+            raise TestbedError("the management plane never gets faults")
         with self._host(host) as ipr:
-            index = ipr.link_lookup(ifname=PLANES[plane])[0]
-            ipr.link("set", index=index, state="up" if up else "down")
-            deadline = time.monotonic() + 5.0
-            while up and time.monotonic() < deadline:  # repaired once the carrier is back
-                (link,) = ipr.get_links(index)
-                if link.get("operstate") == "UP":
-                    return
-                time.sleep(0.05)
-            if up:
-                raise TestbedError(f"{PLANES[plane]} of host {host} did not come back up")
+            ends = [(PLANES[plane], None), *self._wire_ends(host, plane)]
+            for ifname, there in ends:
+                index = ipr.link_lookup(ifname=ifname)[0]
+                ipr.link("set", index=index, state="up" if up else "down")
+                if up:
+                    self._wait_up(ipr, index, f"{ifname} of host {host}")
+                if up and there is not None:
+                    self._route_wire(ipr, index, host, there, plane)
+
+    @staticmethod
+    def _wait_up(ipr: Any, index: int, what: str) -> None:
+        """Until the carrier is back (a TAP with its wire reports UNKNOWN)."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            (link,) = ipr.get_links(index)
+            if link.get("operstate") in ("UP", "UNKNOWN"):
+                return
+            time.sleep(0.05)
+        raise TestbedError(f"{what} did not come back up")
 
     def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
         """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst)."""
@@ -222,55 +235,75 @@ class Testbed:
             )
             add_peer_filter(ipr, index, self.address(dst, plane), classid)
 
-    def add_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:
-        """Per-packet one-way delay between two hosts on one plane (both directions), through
-        a userspace wire: this kernel has no netem (see `adaptra-bench doctor`)."""
-        from pyroute2 import IPRoute
-
-        from injectors.delay_wire import run_wire
-
+    def set_wire(
+        self,
+        host_a: int,
+        host_b: int,
+        plane: int,
+        forward: WireState,
+        backward: WireState | None = None,
+        *,
+        at: float = 0.0,
+    ) -> None:
+        """The pair's wire on one plane from monotonic time `at` on (0: now): `forward` for
+        frames from `host_a` to `host_b`, `backward` (default: the same) the other way. The
+        pair's first wire is made here (its traffic on that plane goes through it from then
+        on); later calls change it in place, so workers keep their connections. This kernel
+        has no netem (see `adaptra-bench doctor`): the wire is a userspace process."""
         if plane >= 2:
             raise TestbedError("the management plane never gets faults")
-        if not delay_ms >= 0:
-            raise TestbedError(f"a delay must be >= 0 ms, got {delay_ms}")
+        if not 0 <= host_a < self.num_hosts or not 0 <= host_b < self.num_hosts or host_a == host_b:
+            raise TestbedError(f"no host pair {host_a}-{host_b} in {self.num_hosts} hosts")
+        backward = forward if backward is None else backward
+        if host_a > host_b:
+            host_a, host_b, forward, backward = host_b, host_a, backward, forward
+        key = (host_a, host_b, plane)
+        if key not in self._wire_of:
+            self._add_wire(host_a, host_b, plane)
+        _, conn = self._wires[self._wire_of[key]]
+        conn.send(("state", at, forward, backward))
+        if not conn.poll(5) or conn.recv() != "ok":
+            raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not answer")
+
+    def _add_wire(self, host_a: int, host_b: int, plane: int) -> None:
+        from pyroute2 import IPRoute
+
         ifname = f"w{len(self._wires)}"
         parent, child = multiprocessing.get_context("spawn").Pipe()
         process = multiprocessing.get_context("spawn").Process(
             target=run_wire,
-            args=(self.hosts[host_a], self.hosts[host_b], ifname, delay_ms, child),
+            args=(self.hosts[host_a], self.hosts[host_b], ifname, child),
             daemon=True,
         )
         process.start()
         child.close()
-        self._wire_of[min(host_a, host_b), max(host_a, host_b), plane] = len(self._wires)
+        self._wire_of[host_a, host_b, plane] = len(self._wires)
         self._wires.append((process, parent))
         if not parent.poll(10) or parent.recv() != "ready":
-            raise TestbedError(f"the delay wire between hosts {host_a} and {host_b} did not start")
+            raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not start")
         for here, there in ((host_a, host_b), (host_b, host_a)):
             with IPRoute(netns=self.hosts[here]) as ipr:
                 index = ipr.link_lookup(ifname=ifname)[0]
                 ipr.link("set", index=index, state="up")
-                ipr.route(
-                    "add",
-                    dst=f"{self.address(there, plane)}/32",
-                    oif=index,
-                    prefsrc=self.address(here, plane),
-                )
+                self._route_wire(ipr, index, here, there, plane)
 
-    def set_delay(self, host_a: int, host_b: int, plane: int, delay_ms: float) -> None:
-        """The pair's delay from now on: its wire's, changed in place (workers keep their
-        connections), or a new wire."""
-        key = (min(host_a, host_b), max(host_a, host_b), plane)
-        if key not in self._wire_of:
-            if delay_ms:
-                self.add_delay(host_a, host_b, plane, delay_ms)
-            return
-        if not delay_ms >= 0:
-            raise TestbedError(f"a delay must be >= 0 ms, got {delay_ms}")
-        _, conn = self._wires[self._wire_of[key]]
-        conn.send(("delay", delay_ms))
-        if not conn.poll(5) or conn.recv() != "ok":
-            raise TestbedError(f"the delay wire between hosts {host_a} and {host_b} did not answer")
+    def _route_wire(self, ipr: Any, index: int, here: int, there: int, plane: int) -> None:
+        """`here`'s traffic for `there` on `plane` through the wire's end `index` (again after
+        the end was down: the kernel drops a device's routes when it goes down)."""
+        ipr.route(
+            "replace",
+            dst=f"{self.address(there, plane)}/32",
+            oif=index,
+            prefsrc=self.address(here, plane),
+        )
+
+    def _wire_ends(self, host: int, plane: int) -> list[tuple[str, int]]:
+        """The host's ends of its wires on `plane`: (interface, the host at the other end)."""
+        return [
+            (f"w{index}", b if host == a else a)
+            for (a, b, p), index in self._wire_of.items()
+            if p == plane and host in (a, b)
+        ]
 
     def exec_prefix(self, host: int) -> list[str]:
         """Argv prefix that runs a command inside a host (for subprocesses)."""

@@ -41,7 +41,11 @@ class RuntimeEngine(Closing):
         compute_factory: Callable[[], ComputeBackend] = EmulatedCompute,
         launch: LaunchHook = local_launch,
         trains: bool = False,
+        timeout_s: float = 60.0,
+        on_start: Callable[[float], None] | None = None,
     ) -> None:
+        """`timeout_s`: how long a worker waits on one message before it gives up;
+        `on_start`: told each iteration's start (monotonic s) before the workers start."""
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
         # A training engine would move its model state in a rank swap: not built yet.
@@ -53,8 +57,13 @@ class RuntimeEngine(Closing):
             placements=not trains,
         )
         self._pool = WorkerPool(
-            num_stages, num_replicas, compute_factory=compute_factory, launch=launch
+            num_stages,
+            num_replicas,
+            compute_factory=compute_factory,
+            launch=launch,
+            timeout_s=timeout_s,
         )
+        self._on_start = on_start
         self._started = False
         self._validated: set[int] = set()
         self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{name}-checkpoints-")
@@ -105,7 +114,7 @@ class RuntimeEngine(Closing):
             load_checkpoint=self._resume,
         )
         try:
-            timeline = self._pool.run_iteration(config)
+            timeline = self._pool.run_iteration(config, self._on_start)
         except WorkerLinkFailure as err:  # the pool has closed itself
             self._started = False
             raise LinkFailure(str(err)) from err
@@ -135,9 +144,21 @@ class RuntimeEngine(Closing):
 
 
 def emulated_engine(
-    num_stages: int, *, num_replicas: int = 1, launch: LaunchHook = local_launch
+    num_stages: int,
+    *,
+    num_replicas: int = 1,
+    launch: LaunchHook = local_launch,
+    timeout_s: float = 60.0,
+    on_start: Callable[[float], None] | None = None,
 ) -> RuntimeEngine:
-    return RuntimeEngine("emulated", num_stages, num_replicas=num_replicas, launch=launch)
+    return RuntimeEngine(
+        "emulated",
+        num_stages,
+        num_replicas=num_replicas,
+        launch=launch,
+        timeout_s=timeout_s,
+        on_start=on_start,
+    )
 
 
 def megatron_engine(num_stages: int, model: str, *, num_replicas: int = 1) -> RuntimeEngine:

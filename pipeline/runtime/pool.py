@@ -61,7 +61,7 @@ class WorkerPool:
         compute_factory: Callable[[], ComputeBackend] = EmulatedCompute,
         launch: LaunchHook = local_launch,
         timeout_s: float = 60.0,
-        start_margin_s: float = 0.05,
+        start_margin_s: float = 0.02,
     ) -> None:
         self.num_stages, self.num_replicas = num_stages, num_replicas
         self.num_ranks = num_stages * num_replicas
@@ -114,8 +114,11 @@ class WorkerPool:
             self.close()
             raise
 
-    def run_iteration(self, config: IterationConfig) -> Timeline:
-        """Run one iteration on every worker; its records, times in ms from the first start."""
+    def run_iteration(
+        self, config: IterationConfig, on_start: Callable[[float], None] | None = None
+    ) -> Timeline:
+        """Run one iteration on every worker; its records, times in ms from the first start.
+        `on_start` is told the monotonic time the workers start at, before they get it."""
         if not self._processes:
             raise WorkerError("the worker pool is not running (never started, or closed)")
         if config.schedule.num_stages != self.num_stages:
@@ -130,6 +133,8 @@ class WorkerPool:
         start_at = time.monotonic() + self._start_margin_s
         if self._origin is None:
             self._origin = start_at
+        if on_start is not None:
+            on_start(start_at)
         for conn in self._conns:
             conn.send((config, start_at))
         results: list[RankResult] = self._gather(f"iteration {config.iteration}")  # type: ignore[assignment]

@@ -12,6 +12,7 @@ import pytest
 from injectors.ownership import OWNER_DIR, cleanup
 from injectors.probe import measure as _measure
 from injectors.testbed import Testbed, TestbedError
+from injectors.wire import HEALTHY, WireState
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"
@@ -213,10 +214,21 @@ def test_a_delay_wire_delays_its_pair_only() -> None:
     """2 x 20 ms one way: load only adds to a round trip, so a floor proves the delay, and
     the other pair and plane staying under the half of it prove it is this pair's only."""
     with Testbed(3) as bed:
-        bed.add_delay(0, 1, plane=0, delay_ms=20)
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
         rtt = _measure(bed, 0, 1, 0, "rtt")
         assert 38.0 <= rtt < 80.0, rtt  # the median of 20 round trips (bench: +0.35 ms)
         assert _measure(bed, 0, 2, 0, "rtt") < FREE_RTT_MS
         assert _measure(bed, 0, 1, 1, "rtt") < FREE_RTT_MS
         wires = [process for process, _ in bed._wires]
     assert not any(process.is_alive() for process in wires)
+
+
+def test_a_wire_caps_one_direction() -> None:
+    """Load only slows traffic: the capped direction stays under its cap and the other is
+    more than twice as fast (a down wire and a downed NIC's wire ends: tests/harness/
+    test_network.py, in a real run)."""
+    with Testbed(2) as bed:
+        bed.set_wire(0, 1, plane=0, forward=WireState(rate_bit_s=40e6), backward=HEALTHY)
+        capped = _measure(bed, 0, 1, 0, "2")
+        reverse = _measure(bed, 1, 0, 0, "2")
+    assert capped <= 42.0 and reverse > 2 * capped, (capped, reverse)

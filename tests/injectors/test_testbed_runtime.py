@@ -8,6 +8,7 @@ import pytest
 
 from baselines import one_f_one_b
 from injectors.testbed import Testbed
+from injectors.wire import WireState
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
@@ -78,7 +79,7 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
     with Testbed(2) as bed:
         with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
             by_hook = median_ms(pool, profile.with_delays([20.0]), 0)
-        bed.add_delay(0, 1, plane=0, delay_ms=20)
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
         with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
             by_network = median_ms(pool, profile, 0)
     _assert_delayed_alike(by_network, by_hook, schedule, profile.with_delays([20.0]))

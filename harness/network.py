@@ -1,0 +1,262 @@
+"""The emulated engine on a namespace testbed (`--inject network`): faults in the network,
+not in the workers.
+
+One host per stage. At every iteration boundary the testbed takes what is in force: each
+host pair with an effect gets a userspace wire (injectors.wire) set to it, from the
+iteration's start or from the event's `at_ms` into it (delay, jitter, a redrawn normal delay,
+a cap, a stall, down); a failed NIC goes down through pyroute2 (at its `at_ms`, by a timer).
+The profile's link delays and bandwidth are the wires' base (the bandwidth also as htb caps
+on the data NIC); the workers get plans without them and no fault view, so they sleep no
+delay and their messages carry no `fault_ms`. A worker notices a failed NIC or link as a
+real job does: its wait for a message times out (`Recovery.transport_timeout_s`); the engine
+reports that as a `LinkFailure` at the measured time, and a restart repairs the testbed
+(every NIC up, every wire at its base) before the fresh pool starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+
+from injectors.fault_model import Effect, InForce
+from injectors.testbed import Testbed
+from injectors.wire import HEALTHY, WireState
+from pipeline.engines import Capabilities, Engine, Outcome, Plan
+from pipeline.engines.base import Closing
+from pipeline.errors import ConfigError, LinkFailure
+from pipeline.faults import NO_FAULTS, IterationFaults
+from pipeline.profile import Profile
+from pipeline.runtime.remote_error import WorkerError
+from pipeline.topology import Link
+
+__all__ = ["network_engine"]
+
+_Pair = tuple[int, int]
+_Changes = tuple[tuple[float, WireState, WireState], ...]
+"""A wire's states in one iteration: (from ms into it, forward state, backward state)."""
+
+
+def _base_states(profile: Profile) -> dict[_Pair, WireState]:
+    """Each PP link's pair with the profile's own delay and bandwidth (default placement)."""
+    rate = None if profile.link_bandwidth_gbps is None else profile.link_bandwidth_gbps * 1e9
+    states = {}
+    for stage, delay_ms in enumerate(profile.delay_ms):
+        a, b = sorted(profile.topology.hosts_of(Link.pp(stage, 0)))
+        states[a, b] = WireState(delay_ms=delay_ms, rate_bit_s=rate)
+    return states
+
+
+def _unwired(base: dict[_Pair, WireState], pair: _Pair) -> _Changes:
+    """What a pair's traffic meets with no wire: the profile's bandwidth (as htb caps)."""
+    rate = base[pair].rate_bit_s if pair in base else None
+    state = WireState(rate_bit_s=rate)
+    return ((0.0, state, state),)
+
+
+def _wire_state(base: WireState, effects: list[Effect], seed: str) -> WireState:
+    """`base` with `effects` (of different kinds) added: delays add up, the lowest cap holds."""
+    drawn = any(effect.jitter_ms or effect.normal_ms for effect in effects)
+    state = dataclasses.replace(base, seed=seed if drawn else "")  # plain: equal every time
+    for effect in effects:
+        rate = None if effect.bandwidth_gbps is None else effect.bandwidth_gbps * 1e9
+        if rate is not None and state.rate_bit_s is not None:
+            rate = min(rate, state.rate_bit_s)
+        state = dataclasses.replace(
+            state,
+            delay_ms=state.delay_ms + effect.delay_ms,
+            jitter_ms=state.jitter_ms + effect.jitter_ms,
+            normal_ms=effect.normal_ms or state.normal_ms,
+            redraw_every_ms=effect.redraw_every_ms if effect.normal_ms else state.redraw_every_ms,
+            rate_bit_s=rate if rate is not None else state.rate_bit_s,
+            stall_ms=state.stall_ms + effect.stall_ms,
+            down=state.down or effect.down,
+        )
+    return state
+
+
+def _wire_changes(
+    base: WireState, effects: tuple[tuple[Effect, float], ...], seed: str
+) -> _Changes:
+    """The states a pair's wire takes through one iteration: one per distinct start offset,
+    each with every effect started by then (a stall only at its own start: it is a one-off)."""
+    changes = []
+    for from_ms in sorted({0.0} | {at for _, at in effects}):
+        held = [e for e, at in effects if at <= from_ms and (not e.stall_ms or at == from_ms)]
+        changes.append(
+            (
+                from_ms,
+                _wire_state(base, held, f"{seed}:forward:{from_ms}"),
+                _wire_state(base, held, f"{seed}:backward:{from_ms}"),
+            )
+        )
+    return tuple(changes)
+
+
+@dataclasses.dataclass(slots=True)
+class _Network:
+    """What the testbed is to do in one iteration."""
+
+    wires: dict[_Pair, _Changes]
+    nics_down: dict[tuple[int, int], float]
+    """(host, plane) -> from ms into the iteration."""
+
+    @property
+    def fails(self) -> bool:
+        return bool(self.nics_down) or any(
+            state.down for changes in self.wires.values() for _, state, _ in changes
+        )
+
+
+def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: int) -> _Network:
+    wires: dict[_Pair, _Changes] = {pair: ((0.0, s, s),) for pair, s in base.items()}
+    nics_down: dict[tuple[int, int], float] = {}
+    if faults is NO_FAULTS:
+        return _Network(wires, nics_down)
+    if not isinstance(faults, InForce):
+        raise ConfigError("--inject network takes a fault timeline file's faults only")
+    for unit, effects in faults.effects.items():
+        kind, host, other = unit
+        if kind == "nic":
+            assert isinstance(other, str)
+            if not all(effect.down for effect, _ in effects):
+                raise ConfigError(
+                    f"iteration {iteration}: --inject network takes a NIC down, not another "
+                    f"effect on a NIC ({other} of host {host}); replay it with --inject hook"
+                )
+            plane = faults.topology.nics.index(other)
+            nics_down[host, plane] = min(at for _, at in effects)
+            continue
+        assert isinstance(other, int)
+        seed = f"{faults.seed}:{host}-{other}:{iteration}"
+        wires[host, other] = _wire_changes(base.get((host, other), HEALTHY), effects, seed)
+    return _Network(wires, nics_down)
+
+
+class _NetworkEngine(Closing):
+    """An emulated engine whose faults are in a testbed's network (see the module)."""
+
+    def __init__(self, bed: Testbed, profile: Profile, timeout_s: float) -> None:
+        from pipeline.engines.runtime import emulated_engine  # torch: only when needed
+
+        self.bed, self.profile = bed, profile
+        self._base = _base_states(profile)
+        self._inner = emulated_engine(
+            profile.num_stages, launch=bed.launcher(), timeout_s=timeout_s, on_start=self._start
+        )
+        self._wires: dict[_Pair, _Changes] = {}
+        self._nics_down: set[tuple[int, int]] = set()
+        self._pending: _Network | None = None
+        self._timers: list[threading.Timer] = []
+        self._started_at = 0.0
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._inner.capabilities
+
+    def run(
+        self,
+        plan: Plan,
+        iteration: int,
+        faults: IterationFaults,
+        *,
+        digest: bool = False,
+        checkpoint: bool = False,
+    ) -> Outcome:
+        if plan.profile.delay_ms != self.profile.delay_ms:
+            raise ConfigError(
+                "--inject network takes the profile's delays for the whole run; put changing "
+                "delays in a fault timeline"
+            )
+        network = _network(faults, self._base, iteration)
+        for (host, plane), from_ms in network.nics_down.items():
+            if from_ms == 0.0 and (host, plane) not in self._nics_down:
+                self.bed.set_link(host, plane, up=False)
+                self._nics_down.add((host, plane))
+        for host, plane in sorted(self._nics_down - set(network.nics_down)):
+            self.bed.set_link(host, plane, up=True)
+            self._nics_down.discard((host, plane))
+        for pair in sorted(set(network.wires) | set(self._wires)):
+            unwired = _unwired(self._base, pair)
+            changes = network.wires.get(pair, unwired)
+            steady = len(changes) == 1
+            if steady and self._wires.get(pair, unwired) == changes:
+                continue  # in force already
+            _, forward, backward = changes[0]
+            self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward)
+            self._wires[pair] = changes if steady else ()  # (): set it again next time
+        self._pending = network
+        quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
+        try:
+            return self._inner.run(
+                quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint
+            )
+        except WorkerError as err:
+            if not network.fails:
+                raise
+            at_ms = (time.monotonic() - self._started_at) * 1000.0
+            raise LinkFailure(
+                f"iteration {iteration}: a failed NIC or link on the testbed: {err}", at_ms=at_ms
+            ) from err
+        finally:
+            for timer in self._timers:
+                timer.cancel()
+                timer.join()
+            self._timers = []
+
+    def _start(self, start_at: float) -> None:
+        """The iteration's start is known: its changes inside the iteration go out."""
+        self._started_at = start_at
+        network, self._pending = self._pending, None
+        if network is None:
+            return
+        for pair, changes in network.wires.items():
+            for from_ms, forward, backward in changes[1:]:
+                at = start_at + from_ms / 1000.0
+                self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward, at=at)
+        for (host, plane), from_ms in network.nics_down.items():
+            if from_ms > 0.0 and (host, plane) not in self._nics_down:
+                delay_s = max(0.0, start_at + from_ms / 1000.0 - time.monotonic())
+                timer = threading.Timer(delay_s, self._take_down, (host, plane))
+                timer.start()
+                self._timers.append(timer)
+
+    def _take_down(self, host: int, plane: int) -> None:
+        self.bed.set_link(host, plane, up=False)
+        self._nics_down.add((host, plane))
+
+    def restart(self) -> None:
+        """The failed hardware replaced: every NIC up, every wire at its base; a fresh pool."""
+        for host, plane in sorted(self._nics_down):
+            self.bed.set_link(host, plane, up=True)
+        self._nics_down.clear()
+        for pair in sorted(self._wires):
+            state = self._base.get(pair, HEALTHY)
+            self.bed.set_wire(*pair, plane=0, forward=state, backward=state)
+            self._wires[pair] = ((0.0, state, state),)
+        self._inner.restart()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@contextlib.contextmanager
+def network_engine(profile: Profile, *, transport_timeout_s: float = 60.0) -> Iterator[Engine]:
+    """A testbed of one host per stage, htb caps for the profile's link bandwidth, and the
+    engine that sets its wires and NICs at each iteration boundary."""
+    if profile.num_replicas > 1:
+        raise ConfigError("--inject network runs one replica (its testbed has PP links only)")
+    with Testbed(profile.num_stages) as bed:
+        if profile.link_bandwidth_gbps is not None:
+            rate_mbit = profile.link_bandwidth_gbps * 1e3
+            for link in range(profile.num_stages - 1):
+                for src, dst in ((link, link + 1), (link + 1, link)):
+                    bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
+        with _NetworkEngine(bed, profile, transport_timeout_s) as engine:
+            yield engine

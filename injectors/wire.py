@@ -1,0 +1,155 @@
+"""A userspace wire between two hosts of a testbed, for what this kernel has no qdisc for.
+
+A TAP device in each of the two hosts' namespaces and one process between them that forwards
+every frame, per direction, as that direction's `WireState` says: after a delay (fixed, with
+uniform jitter, or a normal value redrawn every U[lo, hi] ms of the wire's clock), at a
+capped rate, held once for a stall, or not at all (down). Frames of one direction keep their
+order. Host routes (/32) send the pair's traffic for that plane through the wire instead of
+the bridge; every other pair is untouched.
+
+The testbed sends ("state", at, forward, backward): the directions' states from monotonic
+time `at` on (0: at once), answered "ok"; a state change keeps the frames already queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import heapq
+import math
+import os
+import random
+import select
+import struct
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["HEALTHY", "WireState", "run_wire"]
+
+_TUNSETIFF = 0x400454CA
+_IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
+_MAX_FRAME = 65536
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WireState:
+    """What one direction of a wire does to the frames it reads."""
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    """Uniform in [-jitter, +jitter] around `delay_ms` per frame (clipped at 0)."""
+    normal_ms: tuple[float, float] | None = None
+    """(mean, std) of a delay added on top, redrawn every U[`redraw_every_ms`] ms."""
+    redraw_every_ms: tuple[float, float] = (0.0, 0.0)
+    rate_bit_s: float | None = None
+    """A cap: frames leave no faster than this (one rate for every sender on the direction)."""
+    stall_ms: float = 0.0
+    """The first frame read under this state holds the direction this long (once)."""
+    down: bool = False
+    seed: str = ""
+    """Seeds the jitter and the redraws."""
+
+    def __post_init__(self) -> None:
+        rate_ok = self.rate_bit_s is None or (
+            math.isfinite(self.rate_bit_s) and self.rate_bit_s > 0
+        )
+        if not (self.delay_ms >= 0 and self.jitter_ms >= 0 and self.stall_ms >= 0 and rate_ok):
+            raise ValueError(f"a wire takes delays, jitter and stalls >= 0 and a rate > 0: {self}")
+
+
+HEALTHY = WireState()
+
+
+@dataclasses.dataclass(slots=True)
+class _Direction:
+    """One direction's state and what it has done under it."""
+
+    state: WireState = HEALTHY
+    rng: random.Random = dataclasses.field(default_factory=random.Random)
+    stalled: bool = False
+    free_at: float = 0.0
+    """When the capped direction has sent its last frame."""
+    last_due: float = 0.0
+    redraw_at: float = math.inf
+    redrawn_ms: float = 0.0
+
+    def take(self, state: WireState, now: float) -> None:
+        self.state, self.rng, self.stalled = state, random.Random(state.seed), False
+        self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
+
+    def due(self, now: float, num_bytes: int) -> float | None:
+        """When a frame read `now` leaves; None: it is lost."""
+        state = self.state
+        if state.down:
+            return None
+        start = now
+        if state.stall_ms and not self.stalled:
+            self.stalled = True
+            start = now + state.stall_ms / 1000.0
+        delay_ms = state.delay_ms
+        if state.jitter_ms:
+            delay_ms = max(0.0, delay_ms + state.jitter_ms * self.rng.uniform(-1.0, 1.0))
+        if state.normal_ms is not None:
+            while self.redraw_at <= now:
+                lo, hi = state.redraw_every_ms
+                self.redraw_at += max(self.rng.uniform(lo, hi), 1e-3) / 1000.0
+                self.redrawn_ms = max(0.0, self.rng.gauss(*state.normal_ms))
+            delay_ms += self.redrawn_ms
+        if state.rate_bit_s is not None:
+            self.free_at = max(self.free_at, start) + num_bytes * 8 / state.rate_bit_s
+            start = self.free_at
+        self.last_due = max(start + delay_ms / 1000.0, self.last_due)
+        return self.last_due
+
+
+def _open_tap(namespace: str, ifname: str) -> int:
+    from pyroute2 import netns
+
+    netns.setns(namespace)
+    fd = os.open("/dev/net/tun", os.O_RDWR)
+    fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", ifname.encode(), _IFF_TAP | _IFF_NO_PI))
+    return fd
+
+
+def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
+    """Process entry: open both taps, report ready, then forward frames until told to stop
+    (any word but a state, or EOF)."""
+    fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
+    conn.send("ready")
+    directions = {fds[0]: _Direction(), fds[1]: _Direction()}  # by the fd frames come from
+    changes: list[tuple[float, int, WireState, WireState]] = []  # (at, seq, a->b, b->a)
+    queue: list[tuple[float, int, int, bytes]] = []  # (due, seq, destination fd, frame)
+    seq = 0
+    while True:
+        next_at = min(queue[0][0] if queue else math.inf, changes[0][0] if changes else math.inf)
+        timeout = 0.5 if next_at == math.inf else max(0.0, next_at - time.monotonic())
+        watched: list[Any] = [*fds, conn]
+        readable, _, _ = select.select(watched, [], [], timeout)
+        if conn in readable:
+            try:
+                word = conn.recv()
+            except EOFError:
+                return
+            if not (isinstance(word, tuple) and word[0] == "state"):
+                return
+            _, at, forward, backward = word
+            seq += 1
+            heapq.heappush(changes, (at, seq, forward, backward))
+            conn.send("ok")
+        now = time.monotonic()
+        while changes and changes[0][0] <= now:
+            _, _, forward, backward = heapq.heappop(changes)
+            directions[fds[0]].take(forward, now)
+            directions[fds[1]].take(backward, now)
+        for fd in (f for f in fds if f in readable):
+            frame = os.read(fd, _MAX_FRAME)
+            due = directions[fd].due(now, len(frame))
+            if due is not None:
+                seq += 1
+                heapq.heappush(queue, (due, seq, fds[1] if fd == fds[0] else fds[0], frame))
+        while queue and queue[0][0] <= time.monotonic():
+            _, _, destination, frame = heapq.heappop(queue)
+            with contextlib.suppress(OSError):  # the other side is down: lost, as on a wire
+                os.write(destination, frame)

@@ -1,0 +1,95 @@
+"""The emulated engine on a namespace testbed: a fault timeline's caps, stalls and NIC
+failures applied in the network at their iteration boundaries and offsets (needs root)."""
+
+import os
+import shutil
+
+import pytest
+
+from baselines import one_f_one_b
+from harness.loop import Recovery
+from harness.network import _network, _wire_changes
+from harness.runner import fixed_plan, run_configuration
+from injectors.fault_files import parse_yaml
+from injectors.fault_model import Effect
+from injectors.wire import WireState
+from pipeline.errors import ConfigError
+from pipeline.profile import Profile
+from pipeline.timeline import Timeline
+from pipeline.topology import Topology
+
+KIB_64 = 64 * 1024
+CAP_GBPS = 0.008  # 64 KiB take 65.5 ms at 8 Mbit/s
+STALL_MS = 600.0
+TIMEOUT_S = 3.0
+
+
+def test_a_stall_is_in_the_state_of_its_own_start_only() -> None:
+    stall, cap = Effect(stall_ms=50.0), Effect(bandwidth_gbps=1.0)
+    changes = _wire_changes(WireState(delay_ms=5.0), ((stall, 10.0), (cap, 30.0)), "s")
+    assert [(at, f.stall_ms, f.rate_bit_s, f.delay_ms) for at, f, _ in changes] == [
+        (0.0, 0.0, None, 5.0),
+        (10.0, 50.0, None, 5.0),
+        (30.0, 0.0, 1e9, 5.0),
+    ]
+
+
+def test_a_nic_takes_down_only() -> None:
+    faults = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", delay_ms: 5}]')
+    with pytest.raises(ConfigError, match="takes a NIC down, not another effect"):
+        _network(faults.at(0, Topology(4)), {}, 0)
+
+
+def _transfer_ms(timeline: Timeline, iteration: int, link: str) -> list[float]:
+    return [
+        m.arrival_ms - m.send_start_ms
+        for m in timeline.messages
+        if m.iteration == iteration and m.link == link
+    ]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_caps_stalls_and_a_nic_failure_in_the_testbed_as_in_sim() -> None:
+    """Link 1-2 capped from iteration 1, link 2-3 stalled 40 ms into iteration 2, host 1's
+    NIC down from iteration 3 (checkpoints every 2): the workers keep running until the NIC
+    fails; they notice it by their transport timeout, and the run restarts once from the
+    checkpoint at 2 on a repaired testbed, as sim does. Load only adds time: every bound is
+    a floor the fault sets (unfaulted, 64 KiB arrive in about a millisecond)."""
+    faults = parse_yaml(
+        f'[{{start_iteration: 1, end_iteration: 3, links: ["1-2"], bandwidth_gbps: {CAP_GBPS}}},'
+        f' {{start_iteration: 2, at_ms: 40, links: ["2-3"], stall_ms: {STALL_MS}}},'
+        ' {start_iteration: 3, nic: "host1:rnic0", down: true}]'
+    )
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=KIB_64)
+    recovery = Recovery(checkpoint_every=2, transport_timeout_s=TIMEOUT_S)
+    runs = {
+        injection: run_configuration(
+            fixed_plan(one_f_one_b(profile), profile),
+            backend=backend,
+            injection=injection,
+            num_iterations=5,
+            num_warmup_iterations=1,
+            faults=faults,
+            recovery=recovery,
+        )
+        for backend, injection in (("sim", "hook"), ("emulated", "network"))
+    }
+    sim, network = runs["hook"], runs["network"]
+    assert (network.restarts, network.lost_iterations) == (sim.restarts, sim.lost_iterations)
+    assert (sim.restarts, sim.lost_iterations) == (1, 1)
+    assert network.iterations == sim.iterations == (0, 1, 2, 2, 3, 4)
+    assert network.restart_model_ms >= TIMEOUT_S * 1000  # noticed by the timeout, measured
+    assert network.timeline is not None
+    timeline = network.timeline  # its iterations count the warm-up: fault iteration i is i + 1
+    capped = 8 * KIB_64 / (CAP_GBPS * 1e6)
+    # Capped in fault iterations 1 and 2, also when 2 runs again after the restart: host 1's
+    # wire end came back up with its route (else its sends would bypass the wire).
+    assert len(_transfer_ms(timeline, 3, "1-2")) == 2 * len(_transfer_ms(timeline, 2, "1-2"))
+    assert min(_transfer_ms(timeline, 2, "1-2") + _transfer_ms(timeline, 3, "1-2")) >= 0.9 * capped
+    assert max(_transfer_ms(timeline, 3, "2-3")) >= STALL_MS
+    assert timeline.iterations[3].end_ms - timeline.iterations[3].start_ms >= STALL_MS
+    assert len({record.pids for record in timeline.iterations[:4]}) == 1  # same workers
+    assert timeline.iterations[4].pids != timeline.iterations[3].pids  # a fresh pool

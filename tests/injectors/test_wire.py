@@ -1,0 +1,79 @@
+"""A wire direction's timing of the frames it reads (pure: no namespaces, no clock)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from injectors.wire import WireState, _Direction
+
+
+def _dues(state: WireState, frames: list[tuple[float, int]]) -> list[float | None]:
+    direction = _Direction()
+    direction.take(state, now=0.0)
+    return [direction.due(at, size) for at, size in frames]
+
+
+def test_a_delay_holds_every_frame_that_long() -> None:
+    assert _dues(WireState(delay_ms=20.0), [(0.0, 100), (0.5, 100)]) == [0.02, 0.52]
+
+
+def test_a_cap_sends_frames_one_after_another_at_its_rate() -> None:
+    # 1 Mbit/s: a 1250-byte frame takes 10 ms; a second one read at once waits its turn.
+    dues = _dues(WireState(rate_bit_s=1e6), [(0.0, 1250), (0.0, 1250), (1.0, 1250)])
+    assert dues == pytest.approx([0.01, 0.02, 1.01])
+
+
+def test_a_stall_holds_the_direction_once() -> None:
+    # The first frame waits 300 ms; one read meanwhile stays behind it; later ones pass.
+    dues = _dues(WireState(stall_ms=300.0), [(1.0, 100), (1.1, 100), (2.0, 100)])
+    assert dues == pytest.approx([1.3, 1.3, 2.0])
+
+
+def test_a_down_direction_loses_every_frame() -> None:
+    assert _dues(WireState(down=True), [(0.0, 100), (1.0, 100)]) == [None, None]
+
+
+def test_jitter_is_seeded_and_within_its_band() -> None:
+    frames = [(i * 1.0, 100) for i in range(50)]
+    state = WireState(delay_ms=10.0, jitter_ms=5.0, seed="s")
+    dues = _dues(state, frames)
+    assert dues == _dues(state, frames)  # the same seed, the same draws
+    assert dues != _dues(WireState(delay_ms=10.0, jitter_ms=5.0, seed="t"), frames)
+    held_ms = [(due - at) * 1000 for due, (at, _) in zip(dues, frames, strict=True)]  # type: ignore[operator]
+    assert all(5.0 <= ms <= 15.0 for ms in held_ms) and len(set(held_ms)) > 40
+
+
+def test_a_redrawn_delay_holds_its_value_between_redraws() -> None:
+    state = WireState(normal_ms=(50.0, 10.0), redraw_every_ms=(100.0, 100.0), seed="s")
+    frames = [(i * 0.05, 100) for i in range(20)]  # 1 s, a frame every 50 ms
+    held = [round(due - at, 9) for due, (at, _) in zip(_dues(state, frames), frames, strict=True)]  # type: ignore[operator]
+    assert 9 <= len(set(held)) <= 11  # a value per 100 ms
+    assert 0.02 < sum(held) / len(held) < 0.08
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 10), st.integers(1, 9000)), min_size=1, max_size=40).map(
+        sorted
+    ),
+    st.floats(0, 50),
+    st.floats(0, 20),
+    st.one_of(st.none(), st.floats(1e5, 1e10)),
+    st.floats(0, 500),
+)
+def test_frames_keep_their_order_and_never_leave_early(
+    frames: list[tuple[float, int]],
+    delay_ms: float,
+    jitter_ms: float,
+    rate_bit_s: float | None,
+    stall_ms: float,
+) -> None:
+    state = WireState(delay_ms, jitter_ms, rate_bit_s=rate_bit_s, stall_ms=stall_ms, seed="p")
+    dues = _dues(state, frames)
+    assert all(due is not None and due >= at for due, (at, _) in zip(dues, frames, strict=True))
+    assert dues == sorted(dues)  # type: ignore[type-var]
+
+
+def test_a_bad_state_is_refused() -> None:
+    for bad in ({"delay_ms": -1.0}, {"rate_bit_s": 0.0}, {"rate_bit_s": float("inf")}):
+        with pytest.raises(ValueError, match="a wire takes"):
+            WireState(**bad)  # type: ignore[arg-type]
