@@ -153,6 +153,9 @@ class InForce:
         )
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
+    def affects(self, link: Link) -> bool:
+        return bool(self._route(link, "forward") or self._route(link, "backward"))
+
     def _route(
         self, link: Link, direction: str
     ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:

@@ -53,6 +53,12 @@ class IterationFaults(Protocol):
         order: a view may keep per-sender state."""
         ...
 
+    def affects(self, link: Link) -> bool:
+        """Some message on the concrete `link` (either direction) may get an effect: False
+        lets an engine time a DP replica whose links are all unaffected as a copy of another
+        such replica."""
+        ...
+
     def cache_key(self) -> Hashable | None:
         """Equal keys give every message the same effect, so an engine may reuse an
         iteration it ran under an equal key; None: never reuse (seeded per-message draws,
@@ -97,6 +103,9 @@ class NoFaults:
         offset_ms: float = 0.0,
     ) -> MessageFault:
         return NONE
+
+    def affects(self, link: Link) -> bool:
+        return False
 
     def cache_key(self) -> Hashable | None:
         return ()

@@ -90,14 +90,15 @@ def simulate(
     """Time every op and message of one iteration starting at `start_ms`. `comm` is every
     link direction's mode but those `link_comms` give another (modes mixed per direction).
     `faults` adds each message's fault delay (pipeline.faults) to its link's transfer time.
-    With DP replicas (`profile.num_replicas`), every replica runs the same pipeline (the
-    profile's PP delays
-    apply to each), and with a DP step (`profile.has_dp_step`) the iteration ends with it:
-    each stage's all-reduce, message by message (pipeline.allreduce), and optimizer; its
-    messages are not in the timeline's records (PP only). `host` adds a real
-    host's runtime costs to `direct` and `delegated` (not to `ideal`, the paper's model):
-    after each op its stage is busy `op_overhead_ms` more; a send holds its sender (direct)
-    or its delegate (delegated) `host.send_ms(bytes)`, and the message is there
+    With DP replicas (`profile.num_replicas`), every replica runs the pipeline (the profile's
+    PP delays apply to each; a replica whose links the faults leave alone, beside a replica 0
+    they leave alone too, is a copy of replica 0), and with a DP step
+    (`profile.has_dp_step`) the iteration ends with it: each stage's all-reduce, message by
+    message (pipeline.allreduce), and optimizer; its messages are not in the timeline's
+    records (PP only). `host` adds a real host's runtime costs to `direct` and `delegated`
+    (not to `ideal`, the paper's model): after each op its stage is busy `op_overhead_ms`
+    more; a send holds its sender (direct) or its delegate (delegated) `host.send_ms(bytes)`,
+    and the message is there
     `host.receive_lag_for_ms(bytes)` after the send returns."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     message_bytes = profile.message_bytes
@@ -122,158 +123,186 @@ def simulate(
     copy_before_f = [0.0] + [copy_in[i][0] for i in range(num_stages - 1)]
     copy_before_b = [copy_in[i][1] for i in range(num_stages - 1)] + [0.0]
     # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
-    delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
-    num_sent = [[0, 0] for _ in transfer]
-    pp_links = [Link.pp(i, 0) for i in range(num_stages - 1)]  # replica 0's (faults)
     links = [str(Link.pp(i)) for i in range(num_stages - 1)]  # every replica's name
     last = num_stages - 1
-    # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
-    fwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
-    bwd_arrival: list[list[float | None]] = [[None] * num_microbatches for _ in range(num_stages)]
-    for m in range(num_microbatches):
-        fwd_arrival[0][m] = start_ms
-    # in_flight[direction][i][m]: the fields of the message of m to stage i (0 fwd, 1 bwd),
-    # from its send on; the op that takes it in fills in `needed_ms`.
-    in_flight: list[list[list[list[Any]]]] = [
-        [[[]] * num_microbatches for _ in range(num_stages)] for _ in range(2)
-    ]
-    free_at = [start_ms] * num_stages
-    position = [0] * num_stages
-    op_records: list[OpRecord] = []
-    messages: list[list[Any]] = []
-    pending = list(range(num_stages - 1, -1, -1))
-    while pending:
-        stage_idx = pending.pop()
-        ops = schedule.stages[stage_idx]
-        free = free_at[stage_idx]
-        pos = position[stage_idx]
-        notify = []
-        while pos < len(ops):
-            op: Op = ops[pos]
-            kind, m = op
-            remote = True
-            if kind is OpKind.F:
-                ready = fwd_arrival[stage_idx][m]
-                remote = stage_idx > 0
-            elif kind is OpKind.W:
-                ready = free
-                remote = False
-            elif stage_idx == last:
-                ready = free  # its own F already ran earlier in this stage's order
-                remote = False
-            else:
-                ready = bwd_arrival[stage_idx][m]
-            if ready is None:
-                break
-            start = max(free, ready)
-            if remote:
-                # The stage asked for the message at `free` (it arrived at `ready`).
-                in_flight[0 if kind is OpKind.F else 1][stage_idx][m][8] = free
-                # the host-to-device copy of the received message (delegated)
-                start += (copy_before_f if kind is OpKind.F else copy_before_b)[stage_idx]
-            end = start + durations[kind][stage_idx]
-            op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end))
-            free = end + op_overhead_ms
-            pos += 1
-            if kind is OpKind.F and stage_idx < last:
-                link_idx, direction, dest, arrivals = stage_idx, 0, stage_idx + 1, fwd_arrival
-            elif (kind is OpKind.B or kind is OpKind.BW) and stage_idx > 0:
-                link_idx, direction, dest, arrivals = stage_idx - 1, 1, stage_idx - 1, bwd_arrival
-            else:
-                continue
-            transfer_ms = transfer[link_idx]
-            fault_ms = profile.delay_ms[link_idx]
-            if faults is not NO_FAULTS:
-                fault = faults.message_fault(
-                    pp_links[link_idx],
+
+    def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
+        """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
+        delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
+        num_sent = [[0, 0] for _ in transfer]
+        pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
+        # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
+        fwd_arrival: list[list[float | None]] = [
+            [None] * num_microbatches for _ in range(num_stages)
+        ]
+        bwd_arrival: list[list[float | None]] = [
+            [None] * num_microbatches for _ in range(num_stages)
+        ]
+        for m in range(num_microbatches):
+            fwd_arrival[0][m] = start_ms
+        # in_flight[direction][i][m]: the fields of the message of m to stage i (0 fwd, 1 bwd),
+        # from its send on; the op that takes it in fills in `needed_ms`.
+        in_flight: list[list[list[list[Any]]]] = [
+            [[[]] * num_microbatches for _ in range(num_stages)] for _ in range(2)
+        ]
+        free_at = [start_ms] * num_stages
+        position = [0] * num_stages
+        op_records: list[OpRecord] = []
+        messages: list[list[Any]] = []
+        pending = list(range(num_stages - 1, -1, -1))
+        while pending:
+            stage_idx = pending.pop()
+            ops = schedule.stages[stage_idx]
+            free = free_at[stage_idx]
+            pos = position[stage_idx]
+            notify = []
+            while pos < len(ops):
+                op: Op = ops[pos]
+                kind, m = op
+                remote = True
+                if kind is OpKind.F:
+                    ready = fwd_arrival[stage_idx][m]
+                    remote = stage_idx > 0
+                elif kind is OpKind.W:
+                    ready = free
+                    remote = False
+                elif stage_idx == last:
+                    ready = free  # its own F already ran earlier in this stage's order
+                    remote = False
+                else:
+                    ready = bwd_arrival[stage_idx][m]
+                if ready is None:
+                    break
+                start = max(free, ready)
+                if remote:
+                    # The stage asked for the message at `free` (it arrived at `ready`).
+                    in_flight[0 if kind is OpKind.F else 1][stage_idx][m][8] = free
+                    # the host-to-device copy of the received message (delegated)
+                    start += (copy_before_f if kind is OpKind.F else copy_before_b)[stage_idx]
+                end = start + durations[kind][stage_idx]
+                op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end, replica))
+                free = end + op_overhead_ms
+                pos += 1
+                if kind is OpKind.F and stage_idx < last:
+                    link_idx, direction, dest, arrivals = stage_idx, 0, stage_idx + 1, fwd_arrival
+                elif (kind is OpKind.B or kind is OpKind.BW) and stage_idx > 0:
+                    link_idx, direction, dest, arrivals = (
+                        stage_idx - 1,
+                        1,
+                        stage_idx - 1,
+                        bwd_arrival,
+                    )
+                else:
+                    continue
+                transfer_ms = transfer[link_idx]
+                fault_ms = profile.delay_ms[link_idx]
+                if faults is not NO_FAULTS:
+                    fault = faults.message_fault(
+                        pp_links[link_idx],
+                        _DIRECTIONS[direction],
+                        "FB"[direction],
+                        m,
+                        message_bytes,
+                        end - start_ms,
+                    )
+                    if fault.failed:
+                        raise LinkFailure(
+                            f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
+                            f"microbatch {m} on link {pp_links[link_idx]} cannot go: its link or"
+                            f" a NIC on its route is down ({end - start_ms:.3f} ms into the "
+                            "iteration)",
+                            at_ms=end - start_ms,
+                        )
+                    transfer_ms += fault.delay_ms
+                    fault_ms += fault.delay_ms
+                mode = modes[link_idx][direction]
+                if mode is CommMode.IDEAL:
+                    send_end = end
+                    arrival = end + transfer_ms
+                elif mode is CommMode.DIRECT:
+                    send_end = end + transfer_ms + send_ms
+                    arrival = send_end + lag_ms
+                else:
+                    send_end = end + copy_ms
+                    seq = num_sent[link_idx][direction]
+                    num_sent[link_idx][direction] = seq + 1
+                    if num_delegates is None:
+                        arrival = send_end + transfer_ms + send_ms
+                    else:
+                        slots = delegate_free[link_idx][direction]
+                        slot = seq % num_delegates
+                        arrival = max(send_end, slots[slot]) + transfer_ms + send_ms
+                        slots[slot] = arrival
+                    arrival += lag_ms
+                free = max(free, send_end)
+                arrivals[dest][m] = arrival
+                fields = [
+                    iteration,
+                    links[link_idx],
                     _DIRECTIONS[direction],
-                    "FB"[direction],
                     m,
                     message_bytes,
-                    end - start_ms,
-                )
-                if fault.failed:
-                    raise LinkFailure(
-                        f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
-                        f"microbatch {m} on link {links[link_idx]} cannot go: its link or a "
-                        f"NIC on its route is down ({end - start_ms:.3f} ms into the iteration)",
-                        at_ms=end - start_ms,
-                    )
-                transfer_ms += fault.delay_ms
-                fault_ms += fault.delay_ms
-            mode = modes[link_idx][direction]
-            if mode is CommMode.IDEAL:
-                send_end = end
-                arrival = end + transfer_ms
-            elif mode is CommMode.DIRECT:
-                send_end = end + transfer_ms + send_ms
-                arrival = send_end + lag_ms
-            else:
-                send_end = end + copy_ms
-                seq = num_sent[link_idx][direction]
-                num_sent[link_idx][direction] = seq + 1
-                if num_delegates is None:
-                    arrival = send_end + transfer_ms + send_ms
-                else:
-                    slots = delegate_free[link_idx][direction]
-                    slot = seq % num_delegates
-                    arrival = max(send_end, slots[slot]) + transfer_ms + send_ms
-                    slots[slot] = arrival
-                arrival += lag_ms
-            free = max(free, send_end)
-            arrivals[dest][m] = arrival
-            fields = [
-                iteration,
-                links[link_idx],
-                _DIRECTIONS[direction],
-                m,
-                message_bytes,
-                end,
-                send_end,
-                arrival,
-                None,  # needed_ms, from the op that takes it in
-                0,  # replica
-                fault_ms,
-            ]
-            in_flight[direction][dest][m] = fields
-            messages.append(fields)
-            notify.append(dest)
-        free_at[stage_idx] = free
-        position[stage_idx] = pos
-        pending.extend(notify)
+                    end,
+                    send_end,
+                    arrival,
+                    None,  # needed_ms, from the op that takes it in
+                    replica,
+                    fault_ms,
+                ]
+                in_flight[direction][dest][m] = fields
+                messages.append(fields)
+                notify.append(dest)
+            free_at[stage_idx] = free
+            position[stage_idx] = pos
+            pending.extend(notify)
+        return op_records, messages, free_at
+
+    op_records, messages, free_at = run_replica(0)
+    stage_ends = [free_at]
+    num_replicas = profile.num_replicas
+    affected = [
+        faults is not NO_FAULTS
+        and any(faults.affects(Link.pp(i, k)) for i in range(num_stages - 1))
+        for k in range(num_replicas)
+    ]
+    replica_ops, replica_messages = [], []
+    for k in range(1, num_replicas):
+        if affected[0] or affected[k]:  # its own faults: its own timing
+            ops_k, messages_k, free_k = run_replica(k)
+            replica_ops += ops_k
+            replica_messages += messages_k
+            stage_ends.append(free_k)
+        else:  # the same as replica 0's
+            replica_ops += [OpRecord(*r[:-1], k) for r in op_records]
+            replica_messages += [[*r[:9], k, r[10]] for r in messages]
+            stage_ends.append(free_at)
+    op_records += replica_ops
+    messages += replica_messages
     end_ms = max((r.end_ms for r in op_records), default=start_ms)
     records = _records(messages)
-    if not profile.has_dp_step:
-        return Timeline(
-            num_stages=num_stages,
-            ops=tuple(op_records),
-            messages=records,
-            iterations=(IterationRecord(iteration, start_ms, end_ms, 0.0, ()),),
-        )
-    step_end_ms = _step_end_ms(profile, free_at, host, faults, iteration, start_ms)
-    num_replicas = profile.num_replicas
+    step_end_ms = end_ms
+    if profile.has_dp_step:
+        step_end_ms = _step_end_ms(profile, stage_ends, host, faults, iteration, start_ms)
     return Timeline(
         num_stages=num_stages,
-        ops=tuple(op_records)
-        + tuple(OpRecord(*r[:-1], k) for k in range(1, num_replicas) for r in op_records),
-        messages=records
-        + tuple(_message(*r[:9], k, r[10]) for k in range(1, num_replicas) for r in records),
-        iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms),),
+        ops=tuple(op_records),
+        messages=records,
+        iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms, ()),),
     )
 
 
 def _step_end_ms(
     profile: Profile,
-    stage_end_ms: list[float],
+    stage_end_ms: list[list[float]],
     host: HostCosts,
     faults: IterationFaults,
     iteration: int,
     start_ms: float,
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
-    when each stage was done with its pipeline (the same on every replica). A DP message
-    holds its sender for its injected delay, its wire time and the host's send cost, and can
-    be used the host's receive lag later (the `direct` path's rule)."""
+    when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
+    DP message holds its sender for its injected delay, its wire time and the host's send
+    cost, and can be used the host's receive lag later (the `direct` path's rule)."""
     static_ms = dict(profile.dp_delay_ms)
 
     def chunk_cost(num_bytes: int) -> tuple[float, float]:
@@ -300,12 +329,11 @@ def _step_end_ms(
         return delay_ms
 
     delay: MessageDelay | None = message_delay if static_ms or ask is not None else None
-    num_replicas = profile.num_replicas
     return max(
         max(
             ring_done_ms(
                 stage,
-                [end] * num_replicas,
+                [ends[stage] for ends in stage_end_ms],
                 profile.allreduce_bytes[stage],
                 profile.dp_bucket_bytes,
                 chunk_cost,
@@ -313,5 +341,5 @@ def _step_end_ms(
             )
         )
         + profile.optimizer_ms[stage]
-        for stage, end in enumerate(stage_end_ms)
+        for stage in range(profile.num_stages)
     )

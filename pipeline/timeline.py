@@ -117,29 +117,9 @@ class Timeline:
         )
 
     def moved(self, iteration: int, start_ms: float) -> Timeline:
-        """This one-iteration timeline as iteration `iteration` starting at `start_ms`."""
-        (record,) = self.iterations
-        shift = start_ms - record.start_ms
-        new = tuple.__new__
-        return Timeline(
-            self.num_stages,
-            tuple(
-                new(OpRecord, (iteration, s, k, m, a + shift, b + shift, r))
-                for _, s, k, m, a, b, r in self.ops
-            ),
-            tuple(
-                new(
-                    MessageRecord,
-                    (iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift, r, f),
-                )
-                for _, li, d, m, n, a, b, c, e, r, f in self.messages
-            ),
-            (
-                record._replace(
-                    iteration=iteration, start_ms=start_ms, end_ms=record.end_ms + shift
-                ),
-            ),
-        )
+        """This one-iteration timeline as iteration `iteration` starting at `start_ms` (its
+        records are made when first read)."""
+        return _Moved(self, iteration, start_ms)
 
     def one_iteration(self, iteration: int) -> Timeline:
         """Iteration `iteration` alone, its times counted from its own start."""
@@ -188,3 +168,69 @@ def _check_rows(name: str, rows: Any, fields: tuple[str, ...]) -> None:
                 f"timeline {name}[{index}] must be a list of the {len(fields)} fields "
                 f"{', '.join(fields)}; got {row!r}"
             )
+
+
+class _Moved(Timeline):
+    """A one-iteration timeline moved to another iteration and start. Its op and message
+    records are made when first read: a long run repeats many iterations whose records
+    nobody reads (their metrics and message rows are those of the iteration repeated)."""
+
+    __slots__ = ("_iteration", "_records", "_shift", "_source")
+    _iteration: int
+    _records: tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]] | None
+    _shift: float
+    _source: Timeline
+
+    def __init__(self, source: Timeline, iteration: int, start_ms: float) -> None:
+        (record,) = source.iterations
+        shift = start_ms - record.start_ms
+        moved = record._replace(
+            iteration=iteration, start_ms=start_ms, end_ms=record.end_ms + shift
+        )
+        object.__setattr__(self, "num_stages", source.num_stages)
+        object.__setattr__(self, "iterations", (moved,))
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_iteration", iteration)
+        object.__setattr__(self, "_shift", shift)
+        object.__setattr__(self, "_records", None)
+
+    def _made(self) -> tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]]:
+        if self._records is None:
+            source, iteration, shift = self._source, self._iteration, self._shift
+            new = tuple.__new__
+            ops = tuple(
+                new(OpRecord, (iteration, s, k, m, a + shift, b + shift, r))
+                for _, s, k, m, a, b, r in source.ops
+            )
+            messages = tuple(
+                new(
+                    MessageRecord,
+                    (iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift, r, f),
+                )
+                for _, li, d, m, n, a, b, c, e, r, f in source.messages
+            )
+            object.__setattr__(self, "_records", (ops, messages))
+        assert self._records is not None
+        return self._records
+
+    @property  # type: ignore[override]
+    def ops(self) -> tuple[OpRecord, ...]:
+        return self._made()[0]
+
+    @property  # type: ignore[override]
+    def messages(self) -> tuple[MessageRecord, ...]:
+        return self._made()[1]
+
+    def _as_timeline(self) -> Timeline:
+        return Timeline(self.num_stages, self.ops, self.messages, self.iterations)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _Moved):
+            other = other._as_timeline()
+        return self._as_timeline() == other
+
+    def __hash__(self) -> int:
+        return hash(self._as_timeline())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Timeline, (self.num_stages, self.ops, self.messages, self.iterations))

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from pipeline.allreduce import KIND
-from pipeline.errors import BackendError
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -104,8 +103,6 @@ class _Worker:
         the next positions up and down (activations come from up, gradients from down)."""
         position = topology.position_of_worker(self.rank)
         if position != self.position:
-            if topology.num_replicas > 1:
-                raise BackendError("a rank swap with DP replicas is not supported yet")
             self.compute.move(position.stage, position.replica)
         self.topology, self.position = topology, position
         self.stage, self.replica = position.stage, position.replica

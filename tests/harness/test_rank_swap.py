@@ -123,3 +123,62 @@ def test_the_testbed_applies_each_event_at_its_iteration_boundary() -> None:
     slow = [_slow_links(run.timeline, k) for k in range(1, 5)]
     assert slow == [set(), {"0-1"}, {"0-1", "2-3"}, {"2-3"}]
     assert len({record.pids for record in run.timeline.iterations}) == 1  # no restart
+
+
+DP_PROFILE = Profile.uniform(2, 4, 2, 2, 2, message_bytes=1024, num_replicas=2)
+DP_PROFILE = dataclasses.replace(DP_PROFILE, allreduce_bytes=(4096, 4096))
+DP_SWAPPED = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
+"""Host 1 plays stage 0 of replica 1, host 2 stage 1 of replica 0: hosts 0-1 carried PP link
+pp0:0-1, now they carry DP link dp0:0-1."""
+
+
+@dataclasses.dataclass
+class _SwapReplicasAt:
+    at: int
+    fixed: Plan = dataclasses.field(
+        default_factory=lambda: fixed_plan(one_f_one_b(DP_PROFILE), DP_PROFILE).fixed
+    )
+    name: str = "swap"
+
+    def plan(self, iteration: int) -> Plan:
+        topology = DP_SWAPPED if iteration >= self.at else DP_PROFILE.topology
+        return dataclasses.replace(self.fixed, topology=topology)
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        pass
+
+
+def _slow_pp_links(timeline: Timeline, iteration: int) -> set[tuple[str, int]]:
+    slow = set()
+    for link, replica in {(m.link, m.replica) for m in timeline.messages}:
+        took = [
+            max(m.fault_ms, m.arrival_ms - m.send_start_ms)
+            for m in timeline.messages
+            if (m.iteration, m.link, m.replica) == (iteration, link, replica)
+        ]
+        if statistics.median(took) >= DELAY_MS:
+            slow.add((link, replica))
+    return slow
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("backend", ["sim", "emulated"])
+def test_a_swap_across_replicas_moves_a_pp_delay_onto_a_dp_link(backend: str) -> None:
+    """The DP ring follows the placement: after the swap the slow pair's messages are the
+    stage-0 all-reduce's (each waits the delay), and no PP message is slow any more."""
+    faults = parse_yaml(f"[{{start_iteration: 0, hosts: [0, 1], delay_ms: {DELAY_MS}}}]")
+    run = run_configuration(
+        _SwapReplicasAt(2),
+        backend=backend,
+        num_iterations=3,
+        num_warmup_iterations=0,
+        faults=faults,
+    )
+    assert run.timeline is not None
+    timeline = run.timeline
+    assert _slow_pp_links(timeline, 1) == {("0-1", 0)}
+    assert _slow_pp_links(timeline, 2) == set()
+    assert timeline.iterations[2].step_time_ms >= 2 * DELAY_MS  # 2 ring steps, each delayed
+    if backend == "emulated":
+        before, after = timeline.iterations[1].pids, timeline.iterations[2].pids
+        assert (after[1], after[2]) == (before[2], before[1])  # by position index

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from baselines import zb_h2
+from baselines import one_f_one_b, zb_h2
 from harness.experiment import run_experiment
 from harness.runner import fixed_plan, run_configuration
 from harness.spec import ExperimentSpec
@@ -98,3 +98,22 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     assert data["iteration_times_ms"][1] < slow[1] and data["iteration_times_ms"][0] == slow[0]
     both = cli("run", "--profile", str(profile), "--system", "adaptra", "--policy", "zb")
     assert both.returncode == 1 and "give no --policy, --schedule or --comm" in both.stderr
+
+
+def test_a_fault_on_one_replica_s_pp_link_slows_that_replica_only_in_sim() -> None:
+    """`pp1:0-1` is replica 1's link only: its messages take the delay, replica 0's do not,
+    and the DP step waits for the slower replica."""
+    profile = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=(1024, 1024))
+    faults = parse_yaml('[{start_iteration: 0, links: ["pp1:0-1"], delay_ms: 30}]')
+    run = run_configuration(
+        fixed_plan(one_f_one_b(profile), profile),
+        num_iterations=1,
+        num_warmup_iterations=0,
+        faults=faults,
+    )
+    assert run.timeline is not None
+    fault_ms = {r: {m.fault_ms for m in run.timeline.messages if m.replica == r} for r in (0, 1)}
+    assert fault_ms == {0: {0.0}, 1: {30.0}}
+    ends = {r: max(op.end_ms for op in run.timeline.ops if op.replica == r) for r in (0, 1)}
+    assert ends[1] >= ends[0] + 30.0
+    assert run.timeline.iterations[0].end_ms >= ends[1]

@@ -121,6 +121,9 @@ class _Recording:
             self.sizes.add(num_bytes)
         return MessageFault(1.0 if not link.is_pp and direction == "forward" else 0.0)
 
+    def affects(self, link: Link) -> bool:
+        return not link.is_pp
+
 
 def test_every_dp_message_asks_the_fault_view_with_its_link_direction_and_index() -> None:
     profile = _profile(3)
@@ -165,6 +168,9 @@ def test_a_failed_dp_link_is_a_link_failure_in_the_simulator() -> None:
             offset_ms: float = 0.0,
         ) -> MessageFault:
             return MessageFault(failed=not link.is_pp)
+
+        def affects(self, link: Link) -> bool:
+            return not link.is_pp
 
     profile = _profile(2)
     with pytest.raises(LinkFailure, match="all-reduce message 0 .forward. on link dp0:0-1") as info:

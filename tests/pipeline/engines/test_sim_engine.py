@@ -23,6 +23,9 @@ class _SlowForward:
         slow = link == Link.pp(0, 0) and direction == "forward"
         return MessageFault(10.0 if slow else 0.0)
 
+    def affects(self, link: Link) -> bool:
+        return link == Link.pp(0, 0)
+
     def cache_key(self) -> None:
         return None  # never reuse an iteration under it
 
