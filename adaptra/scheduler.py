@@ -9,8 +9,10 @@ from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup
 from adaptra.search import search_policy
+from baselines.zb_auto import zb_order
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode, simulate
 
 __all__ = [
     "DEFAULT_SEARCH_OPS",
@@ -19,9 +21,10 @@ __all__ = [
     "AdaptraPlan",
     "plan_adaptra",
     "plan_initial",
+    "starts",
 ]
 
-DEFAULT_SEARCH_OPS = 8000
+DEFAULT_SEARCH_OPS = 32000
 """Ops the default search may time in all (a candidate costs 3 S N, about 1 us each in
 `time_policy`): ten candidates at S=8, N=32 (under 10 ms with the rest of the call), thirteen
 at S=8, N=24, twenty-four at S=6, N=18; a search whose incumbent meets the lower bound
@@ -57,31 +60,35 @@ def plan_adaptra(
     exact_time_limit_s: float | None = None,
 ) -> AdaptraPlan:
     """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
-    in-flight caps within `search_ops`, and the generator; then CP-SAT within
-    `exact_time_limit_s` (None: only for small problems, see EXACT_AUTO_MAX_OPS; 0: never).
-    The result is never worse than the plan's or the authors' rule's schedule."""
+    in-flight caps within `search_ops`, from the plan and the published rules (`starts`),
+    and the generator; the ZeroBubble heuristic's order at the profile's delays where it is
+    faster; then, unless a candidate meets the lower bound (`adaptra.bounds`: it is
+    optimal), CP-SAT within `exact_time_limit_s` (None: only for small problems, see
+    EXACT_AUTO_MAX_OPS; 0: never). Never worse than any of those rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
-    starts = [Policy.uncapped(plan.warmup)]
-    if delayed:
-        authors = tuple(min(x, plan.warmup[0]) for x in authors_warmup(profile))
-        starts.append(Policy.uncapped(authors))
     x_cap = plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
     num_ops = 3 * profile.num_stages * profile.num_microbatches
+    lower_bound_ms = iteration_lower_bound_ms(profile)
     found = search_policy(
         profile,
-        starts,
+        starts(profile, plan),
         x_cap=x_cap,
         max_candidates=search_ops // num_ops,
-        lower_bound_ms=iteration_lower_bound_ms(profile),
+        lower_bound_ms=lower_bound_ms,
     )
-    schedule = found.timing.schedule()
-    num_candidates = found.num_candidates
+    schedule, time_ms = found.timing.schedule(), found.iteration_time_ms
     method = ("alg2" if delayed else "alg1") + "+generator+search"
-    if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
+    if not found.at_lower_bound:
+        zb = zb_order(profile)
+        zb_ms = simulate(zb, profile, CommMode.IDEAL, validate=False).iterations[0].end_ms
+        if zb_ms < time_ms - 1e-9:
+            schedule, time_ms, method = zb, zb_ms, "zb-heuristic"
+    at_bound = time_ms <= lower_bound_ms + 1e-9
+    if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS and not at_bound:
         exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
     if not exact_time_limit_s:
-        return AdaptraPlan(schedule, method, plan, found.iteration_time_ms, num_candidates)
+        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)
     from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
 
     exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
@@ -91,5 +98,20 @@ def plan_adaptra(
         f"{method}+cp-sat {proof}",
         plan,
         exact.iteration_time_ms,
-        num_candidates,
+        found.num_candidates,
     )
+
+
+def starts(profile: Profile, plan: WarmupPlan) -> list[Policy]:
+    """Where the search starts: the plan's warm-up counts; with delays, the authors' rule
+    x_i = x_(i+1) + ceil(c_i / tF_i) + 2 (at most N, or the plan's x_0 under a memory
+    limit: uncapped it can ask for forwards that do not exist); and the published
+    greedy rule, warm-up 1 everywhere then B > F > W (the authors' later policy at the real
+    per-link delays)."""
+    x_cap = plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
+    policies = [Policy.uncapped(plan.warmup)]
+    if any(profile.delay_ms):
+        authors = tuple(min(x, x_cap) for x in authors_warmup(profile))
+        policies.append(Policy.uncapped(authors))
+    policies.append(Policy.uncapped((1,) * profile.num_stages))
+    return policies

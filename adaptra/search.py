@@ -7,8 +7,9 @@ actually ran before its first B (`B > F > W` keeps starting forwards while gradi
 their way) as the warm-up, capped after it at the planned x_i, so that a stage holds back
 forwards once the gradients arrive. From the best start it climbs (first improvement) over
 one stage's x_i, one link's slackness (x_0..x_i together), one stage's cap (see
-`policy_neighbours`). It stops at a local optimum, after `max_candidates` timings, or as soon
-as a start, twin or step meets `lower_bound_ms` (proven optimal). Candidates are timed by
+`policy_neighbours`), and from a local optimum on from the next best start. It stops after
+`max_candidates` timings, once every start has been climbed, or as soon as a start, twin or
+step meets `lower_bound_ms` (proven optimal). Candidates are timed by
 `time_policy`, which builds no schedule; the budget counts candidates, not milliseconds, so
 the same profile always gives the same policy.
 """
@@ -113,17 +114,25 @@ def search_policy(
         if time_of(twin) <= lower_bound_ms + _TOLERANCE_MS:
             return result(twin)
         seeds += [twin, start]
-    # Twins first: on a tie they are the better place to climb from.
-    best = min(seeds, key=time_of)
-    improved = True
-    while improved and len(timed) < max_candidates:
-        improved = False
-        for neighbour in policy_neighbours(best, x_cap, profile.num_microbatches):
-            if len(timed) >= max_candidates:
-                break
-            if time_of(neighbour) < time_of(best) - _TOLERANCE_MS:
-                best, improved = neighbour, True
-                break
-        if time_of(best) <= lower_bound_ms + _TOLERANCE_MS:
+    # Twins first: on a tie they are the better place to climb from. Climb from the best
+    # seed; with budget left at a local optimum, from the next one (the incumbent is the
+    # best policy seen).
+    incumbent = min(seeds, key=time_of)
+    for seed in sorted(dict.fromkeys(seeds), key=time_of):
+        best = seed
+        improved = True
+        while improved and len(timed) < max_candidates:
+            improved = False
+            for neighbour in policy_neighbours(best, x_cap, profile.num_microbatches):
+                if len(timed) >= max_candidates:
+                    break
+                if time_of(neighbour) < time_of(best) - _TOLERANCE_MS:
+                    best, improved = neighbour, True
+                    break
+            if time_of(best) <= lower_bound_ms + _TOLERANCE_MS:
+                return result(best)
+        if time_of(best) < time_of(incumbent) - _TOLERANCE_MS:
+            incumbent = best
+        if len(timed) >= max_candidates:
             break
-    return result(best)
+    return result(incumbent)

@@ -17,7 +17,7 @@ from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["zb_auto"]
+__all__ = ["zb_auto", "zb_order"]
 
 
 def _chooser(max_pending: int, mem_limit: float | None) -> Chooser:
@@ -49,8 +49,12 @@ def _chooser(max_pending: int, mem_limit: float | None) -> Chooser:
 
 def zb_auto(profile: Profile) -> Schedule:
     """The fault-free ZB order: at most 2S pending microbatches per stage unless mem_limit."""
-    fault_free = dataclasses.replace(profile, delay_ms=(0.0,) * (profile.num_stages - 1))
+    return zb_order(dataclasses.replace(profile, delay_ms=(0.0,) * (profile.num_stages - 1)))
+
+
+def zb_order(profile: Profile) -> Schedule:
+    """The heuristic's order generated under `profile` as it is (its delays included)."""
     max_pending = 2 * profile.num_stages
     return generate(
-        fault_free, [_chooser(max_pending, profile.mem_limit) for _ in range(profile.num_stages)]
+        profile, [_chooser(max_pending, profile.mem_limit) for _ in range(profile.num_stages)]
     )

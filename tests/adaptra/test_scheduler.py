@@ -1,5 +1,9 @@
 """Adaptra's scheduler against the paper's numbers and the proven optimum."""
 
+import random
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 
@@ -8,8 +12,10 @@ from adaptra.generator import Policy, generate_policy, generate_schedule
 from adaptra.planning import algorithm2, authors_warmup
 from adaptra.policy_timing import time_policy
 from adaptra.scheduler import plan_adaptra, plan_initial
+from baselines.zb_auto import zb_order
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
+from pipeline.sampling import random_profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import simulate
 from tests.adaptra.worst_profiles import WORST_PAPER, WORST_STRAGGLER
@@ -31,9 +37,9 @@ def test_fig5_adapted_schedule_reaches_the_proven_optimum(
     assert compute_metrics(simulate(adapted.schedule, profile)).iteration_time_ms == adapted_ms
     exact = solve_exact(profile, time_limit_s=20, warm_start=fixed)
     assert exact.optimal and exact.lower_bound_ms == adapted_ms
-    # 144 ops: the default call also proves it (EXACT_AUTO_MAX_OPS).
+    # 144 ops, but the heuristic meets the lower bound: the default call runs no CP-SAT.
     default = plan_adaptra(profile)
-    assert default.method == "alg2+generator+search+cp-sat optimal"
+    assert default.method == "alg2+generator+search"
     assert default.iteration_time_ms == adapted_ms
 
 
@@ -90,15 +96,15 @@ def test_initial_plan_respects_a_memory_limit() -> None:
 
 @pytest.mark.parametrize(
     ("profile", "optimum_ms", "authors_ms", "default_ms"),
-    [(WORST_PAPER, 887.0, 922.0, 888.0), (WORST_STRAGGLER, 1382.0, 1411.0, 1392.0)],
+    [(WORST_PAPER, 887.0, 922.0, 888.0), (WORST_STRAGGLER, 1382.0, 1411.0, 1382.0)],
 )
-def test_default_call_is_within_one_percent_on_the_former_worst_profiles(
+def test_default_call_is_within_half_a_percent_on_the_former_worst_profiles(
     profile: Profile, optimum_ms: float, authors_ms: float, default_ms: float
 ) -> None:
     planned = plan_adaptra(profile)
     assert planned.method == "alg2+generator+search"
     assert planned.iteration_time_ms == default_ms
-    assert default_ms <= 1.01 * optimum_ms
+    assert default_ms <= 1.005 * optimum_ms
     assert compute_metrics(simulate(planned.schedule, profile)).iteration_time_ms == default_ms
     authors = generate_schedule(profile, authors_warmup(profile))
     assert compute_metrics(simulate(authors, profile)).iteration_time_ms == authors_ms
@@ -115,3 +121,46 @@ def test_heuristic_is_never_worse_than_its_plan_or_the_authors_rule(profile: Pro
         authors = tuple(min(x, planned.plan.warmup[0]) for x in authors_warmup(profile))
         authors_ms = time_policy(profile, Policy.uncapped(authors)).iteration_time_ms
         assert planned.iteration_time_ms <= authors_ms
+
+
+def _ms(schedule: Schedule, profile: Profile) -> float:
+    return compute_metrics(simulate(schedule, profile)).iteration_time_ms
+
+
+@given(profiles())
+def test_no_published_rule_beats_the_default_heuristic(profile: Profile) -> None:
+    """Greedy (warm-up 1, then B > F > W: the authors' later policy at the real delays), the
+    authors' warm-up rule (at most N), ZeroBubble's heuristic at the real delays, and the
+    plan itself: none gives a shorter iteration than the search (no CP-SAT here)."""
+    planned = plan_adaptra(profile, exact_time_limit_s=0)
+    n = profile.num_microbatches
+    rules = [
+        generate_schedule(profile, (1,) * profile.num_stages),
+        generate_schedule(profile, tuple(min(x, n) for x in authors_warmup(profile))),
+        zb_order(profile),
+        generate_schedule(profile, planned.plan.warmup),
+    ]
+    assert planned.iteration_time_ms == _ms(planned.schedule, profile)
+    assert all(planned.iteration_time_ms <= _ms(rule, profile) + 1e-9 for rule in rules)
+
+
+def test_the_greedy_rule_s_profile_from_the_issue_is_no_longer_lost() -> None:
+    """S=8, N=32, seed 42, 20 ms on link 3: greedy gives 3347 ms where the search alone
+    (from the plan and the authors' rule) stopped at 3387; the optimum is 3328."""
+    delays = (0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0)
+    profile = random_profile(random.Random(42), 8, 32, low_ms=20, high_ms=40, delay_ms=delays)
+    assert _ms(generate_schedule(profile, (1,) * 8), profile) == 3347.0
+    assert plan_adaptra(profile, exact_time_limit_s=0).iteration_time_ms <= 3347.0
+
+
+def test_no_or_tools_when_a_candidate_meets_the_lower_bound() -> None:
+    """Fig. 5 at c = 20 ms (144 ops, where CP-SAT would run): the search meets the bound, so
+    the default call neither solves nor imports OR-Tools."""
+    code = (
+        "import sys; from adaptra.scheduler import plan_adaptra; "
+        "from pipeline.profile import Profile; "
+        "p = plan_adaptra(Profile.uniform(4, 12, 10, 10, 10, delay_ms=(20.0,))); "
+        "print(p.method, p.iteration_time_ms, 'ortools' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["alg2+generator+search", "410.0", "False"]
