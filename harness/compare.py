@@ -1,16 +1,25 @@
-"""Regression gate: compare two runs' results metric by metric."""
+"""Regression gate: compare two runs' results metric by metric.
+
+A gate that passes on garbage protects nothing: an empty, unreadable or incomplete runs.csv,
+a NaN metric, a duplicate configuration or a NaN tolerance is `UnusableResults` (the CLI
+exits 2), a configuration on one side only is a failure (the CLI exits 1; one only in the
+new results may be allowed), and every metric has its direction (times: lower is better,
+throughput: higher) and a tolerance of its own if given.
+"""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.results import RESULTS_SCHEMA_VERSION, read_csv_rows
+from harness.results import RESULTS_SCHEMA_VERSION
 from pipeline.errors import ConfigError
 
-__all__ = ["METRICS", "Change", "compare_runs", "load_runs"]
+__all__ = ["KEY", "METRICS", "Change", "UnusableResults", "compare_runs", "load_runs"]
 
 METRICS: dict[str, bool] = {
     "median_iteration_ms": False,
@@ -20,7 +29,12 @@ METRICS: dict[str, bool] = {
     "bubble_ratio": False,
 }
 """Compared metrics, and whether higher is better."""
-_KEY = ("backend", "model", "system", "scenario", "repeat")
+KEY = ("backend", "model", "system", "scenario", "repeat")
+"""What names a configuration (with its repeat)."""
+
+
+class UnusableResults(ConfigError):
+    """The inputs cannot be compared (not a regression: nothing was measured against)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,52 +42,114 @@ class Change:
     configuration: str
     metric: str
     base: float | None
+    """None: the configuration is in the new results only."""
     new: float | None
+    """None: the configuration is missing from the new results."""
     change_pct: float | None
     worse: bool
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
-    """runs.csv of a run directory, or a runs.csv file itself."""
+    """runs.csv of a run directory, or a runs.csv file itself: every row with its key columns
+    and every metric a finite number (a metric column a baseline predates may be absent)."""
     csv_path = path / "runs.csv" if path.is_dir() else path
-    if not csv_path.exists():
-        raise ConfigError(f"no results at {csv_path}")
-    rows = read_csv_rows(csv_path)
+    if not csv_path.is_file():
+        raise UnusableResults(f"no results at {csv_path}")
+    try:
+        with csv_path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            rows = list(reader)
+            columns = list(reader.fieldnames or [])
+    except (csv.Error, UnicodeDecodeError) as err:
+        raise UnusableResults(f"{csv_path} is not a readable CSV file: {err}") from None
+    if not rows:
+        raise UnusableResults(f"{csv_path} holds no results (a header at most)")
+    missing = [c for c in (*KEY, "schema_version") if c not in columns]
+    if missing or not any(metric in columns for metric in METRICS):
+        absent = ", ".join(missing) if missing else "every metric"
+        raise UnusableResults(f"{csv_path} is not a runs.csv: it lacks {absent}")
     versions = sorted({str(r.get("schema_version", "")) for r in rows})
-    if versions and versions != [str(RESULTS_SCHEMA_VERSION)]:
-        raise ConfigError(
+    if versions != [str(RESULTS_SCHEMA_VERSION)]:
+        raise UnusableResults(
             f"{csv_path} has results schema version {', '.join(versions)}; this version reads "
             f"{RESULTS_SCHEMA_VERSION} only (run it again)"
         )
+    seen: set[tuple[str, ...]] = set()
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        key = tuple(str(row[k]) for k in KEY)
+        if key in seen or None in row:
+            problem = "repeats a configuration" if key in seen else "has more fields than columns"
+            raise UnusableResults(f"{csv_path} line {number} {problem}")
+        seen.add(key)
+        for metric in (m for m in METRICS if m in columns):
+            try:
+                value = float(row[metric])
+            except (TypeError, ValueError):
+                value = math.nan
+            if not math.isfinite(value):
+                raise UnusableResults(
+                    f"{csv_path} line {number}: {metric} is {row[metric]!r}, not a finite number"
+                )
     return rows
 
 
+def _name(key: tuple[str, ...]) -> str:
+    return " ".join(key[1:4]) + ("" if key[4] == "0" else f" #{key[4]}")
+
+
+def _check_tolerance(metric: str, pct: float) -> None:
+    if not (math.isfinite(pct) and pct >= 0):
+        raise UnusableResults(f"the tolerance of {metric} must be finite and >= 0 %, not {pct}")
+
+
 def compare_runs(
-    base: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]], tolerance_pct: float
+    base: Sequence[Mapping[str, Any]],
+    new: Sequence[Mapping[str, Any]],
+    tolerance_pct: float,
+    *,
+    metric_tolerances_pct: Mapping[str, float] | None = None,
+    allow_new: bool = False,
 ) -> list[Change]:
-    """Every metric of every configuration in `base`; worse means beyond the tolerance in the
-    bad direction, or missing from `new`."""
-    if tolerance_pct < 0:
-        raise ConfigError(f"the tolerance must be >= 0 %, got {tolerance_pct:g}")
-    new_by_key = {tuple(str(r[k]) for k in _KEY): r for r in new}
+    """Every metric of every configuration on either side (rows as `load_runs` gives them).
+    Worse: beyond the metric's tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in
+    its bad direction, missing from `new`, or only in `new` (unless `allow_new`)."""
+    tolerances = dict(metric_tolerances_pct or {})
+    unknown = sorted(set(tolerances) - set(METRICS))
+    if unknown:
+        raise UnusableResults(
+            f"no metric {', '.join(unknown)}; the compared metrics: {', '.join(METRICS)}"
+        )
+    _check_tolerance("every metric", tolerance_pct)
+    for metric, pct in tolerances.items():
+        _check_tolerance(metric, pct)
+    new_by_key = {tuple(str(r[k]) for k in KEY): r for r in new}
+    base_keys = set()
     changes = []
     for row in base:
-        key = tuple(str(row[k]) for k in _KEY)
-        name = " ".join(key[1:4]) + ("" if key[4] == "0" else f" #{key[4]}")
+        key = tuple(str(row[k]) for k in KEY)
+        base_keys.add(key)
         other = new_by_key.get(key)
         for metric, higher_is_better in METRICS.items():
             if row.get(metric) in (None, ""):
                 continue  # a baseline older than the metric
             before = float(row[metric])
             if other is None:
-                changes.append(Change(name, metric, before, None, None, True))
+                changes.append(Change(_name(key), metric, before, None, None, True))
                 continue
+            if other.get(metric) in (None, ""):
+                raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
             after = float(other[metric])
             pct = (
                 0.0
                 if after == before
-                else (100.0 * (after - before) / abs(before) if before else float("inf"))
+                else (100.0 * (after - before) / abs(before) if before else math.inf)
             )
             worse_by = -pct if higher_is_better else pct
-            changes.append(Change(name, metric, before, after, pct, worse_by > tolerance_pct))
+            limit = tolerances.get(metric, tolerance_pct)
+            changes.append(Change(_name(key), metric, before, after, pct, worse_by > limit))
+    for key, row in new_by_key.items():
+        if key not in base_keys:
+            for metric in (m for m in METRICS if row.get(m) not in (None, "")):
+                after = float(row[metric])
+                changes.append(Change(_name(key), metric, None, after, None, not allow_new))
     return changes

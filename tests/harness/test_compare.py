@@ -1,7 +1,10 @@
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
 
@@ -43,7 +46,7 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert out.returncode == 1
     worse = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
     assert len(worse) == 1 and "adaptra 0-1@40ms" in worse[0] and "+10.00%" in worse[0]
-    assert "1 of 80 metrics got worse than 5 %" in out.stderr
+    assert "1 of 80 metrics got worse than their tolerance (5 %" in out.stderr
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 
@@ -51,3 +54,122 @@ def test_a_missing_configuration_fails(tmp_path: Path) -> None:
     out = _compare(BASELINE, _write(tmp_path / "short.csv", _rows()[1:]))
     assert out.returncode == 1
     assert "missing" in out.stdout
+
+
+def _garbage(tmp_path: Path, name: str) -> Path:
+    """One unusable results file of each kind."""
+    rows = _rows()
+    path = tmp_path / f"{name}.csv"
+    if name == "empty":
+        path.write_text("")
+    elif name == "header-only":
+        path.write_text(",".join(rows[0]) + "\n")
+    elif name == "binary":
+        path.write_bytes(b"\xff\xfe\x00garbage\x00")
+    elif name == "no-key-columns":
+        _write(path, [{k: v for k, v in r.items() if k != "system"} for r in rows])
+    elif name == "no-metrics":
+        _write(
+            path,
+            [
+                {
+                    k: v
+                    for k, v in r.items()
+                    if "_ms" not in k and "bubble" not in k and "throughput" not in k
+                }
+                for r in rows
+            ],
+        )
+    elif name in ("nan", "text", "inf"):
+        rows[3]["median_iteration_ms"] = {"nan": "nan", "text": "fast", "inf": "inf"}[name]
+        _write(path, rows)
+    elif name == "duplicate":
+        _write(path, [*rows, rows[0]])
+    elif name == "old-schema":
+        _write(path, [{**r, "schema_version": "1"} for r in rows])
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("empty", "holds no results"),
+        ("header-only", "holds no results"),
+        ("binary", "not a runs.csv|not a readable CSV"),
+        ("no-key-columns", "it lacks system"),
+        ("no-metrics", "it lacks every metric"),
+        ("nan", "median_iteration_ms is 'nan', not a finite number"),
+        ("text", "median_iteration_ms is 'fast'"),
+        ("inf", "median_iteration_ms is 'inf'"),
+        ("duplicate", "repeats a configuration"),
+        ("old-schema", "schema version 1"),
+    ],
+)
+@pytest.mark.parametrize("side", ["base", "new"])
+def test_unusable_results_on_either_side_exit_2_with_one_line(
+    tmp_path: Path, name: str, message: str, side: str
+) -> None:
+    bad = _garbage(tmp_path, name)
+    base, new = (bad, BASELINE) if side == "base" else (BASELINE, bad)
+    out = _compare(base, new)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert re.search(message, out.stderr) and len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr and "no regression" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tolerance", "nan"], "finite and >= 0 %, not nan"),
+        (["--tolerance", "inf"], "finite and >= 0 %, not inf"),
+        (["--tolerance", "-1"], "finite and >= 0 %"),
+        (["--metric-tolerance", "median_wall_ms=nan"], "median_wall_ms must be finite"),
+        (["--metric-tolerance", "speed=5"], "no metric speed"),
+    ],
+)
+def test_bad_tolerances_exit_2(extra: list[str], message: str) -> None:
+    out = _compare(BASELINE, BASELINE, *extra)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_a_malformed_metric_tolerance_is_a_usage_error() -> None:
+    out = _compare(BASELINE, BASELINE, "--metric-tolerance", "median_wall_ms")
+    assert out.returncode == 2 and "is not METRIC=PERCENT" in out.stderr
+
+
+def test_a_configuration_only_in_the_new_results_fails_unless_allowed(tmp_path: Path) -> None:
+    rows = _rows()
+    extra = {**rows[0], "scenario": "0-1@80ms"}
+    new = _write(tmp_path / "more.csv", [*rows, extra])
+    out = _compare(BASELINE, new)
+    assert out.returncode == 1
+    only_new = [line for line in out.stdout.splitlines() if "0-1@80ms" in line]
+    assert len(only_new) == 5 and all("missing" in line and "WORSE" in line for line in only_new)
+    assert _compare(BASELINE, new, "--allow-new").returncode == 0
+
+
+def test_each_metric_has_its_direction_and_may_have_its_own_tolerance(tmp_path: Path) -> None:
+    """Throughput up and time down are improvements; a 10 % slower wall time passes only
+    with its own 15 % tolerance, and the other metrics keep the global 0 %."""
+    rows = _rows()
+    row = rows[5]
+    row["throughput_samples_per_s"] = str(float(row["throughput_samples_per_s"]) * 1.5)
+    row["median_iteration_ms"] = str(float(row["median_iteration_ms"]) * 0.5)
+    assert _compare(BASELINE, _write(tmp_path / "better.csv", rows)).returncode == 0
+    row["median_wall_ms"] = str(float(row["median_wall_ms"]) * 1.10)
+    slower = _write(tmp_path / "slower.csv", rows)
+    assert _compare(BASELINE, slower).returncode == 1
+    assert _compare(BASELINE, slower, "--metric-tolerance", "median_wall_ms=15").returncode == 0
+    row["throughput_samples_per_s"] = str(float(row["throughput_samples_per_s"]) * 0.5)
+    worse = _write(tmp_path / "worse.csv", rows)
+    assert _compare(BASELINE, worse, "--metric-tolerance", "median_wall_ms=15").returncode == 1
+
+
+def test_markdown_is_a_table_for_a_job_summary(tmp_path: Path) -> None:
+    out = _compare(BASELINE, BASELINE, "--format", "markdown")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert lines[0] == "| configuration | metric | base | new | change | |"
+    assert lines[1] == "|---|---|---|---|---|---|"
+    assert len([line for line in lines if line.startswith("| ")]) == 81  # header + 80 metrics
+    assert lines[-1] == "no regression: 80 metrics within 0 %"
