@@ -23,18 +23,21 @@ SWAPPED = Topology(4).swapped(Position(1), Position(3))  # host 1 plays stage 3,
 
 @dataclasses.dataclass
 class _SwapAt:
-    """The default placement, then stages 1 and 3 swap places from iteration `at` on."""
+    """`profile`'s default placement, then `swapped` from iteration `at` on (default: stages
+    1 and 3 of PROFILE swap places)."""
 
     at: int
-    fixed: Plan = dataclasses.field(
-        default_factory=lambda: fixed_plan(one_f_one_b(PROFILE), PROFILE).fixed
-    )
+    profile: Profile = PROFILE
+    swapped: Topology = SWAPPED
     name: str = "swap"
+    fixed: Plan = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fixed = fixed_plan(one_f_one_b(self.profile), self.profile).fixed
 
     def plan(self, iteration: int) -> Plan:
-        if iteration < self.at:
-            return self.fixed
-        return dataclasses.replace(self.fixed, topology=SWAPPED)
+        topology = self.profile.topology if iteration < self.at else self.swapped
+        return dataclasses.replace(self.fixed, topology=topology)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
@@ -132,22 +135,6 @@ DP_SWAPPED = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
 pp0:0-1, now they carry DP link dp0:0-1."""
 
 
-@dataclasses.dataclass
-class _SwapReplicasAt:
-    at: int
-    fixed: Plan = dataclasses.field(
-        default_factory=lambda: fixed_plan(one_f_one_b(DP_PROFILE), DP_PROFILE).fixed
-    )
-    name: str = "swap"
-
-    def plan(self, iteration: int) -> Plan:
-        topology = DP_SWAPPED if iteration >= self.at else DP_PROFILE.topology
-        return dataclasses.replace(self.fixed, topology=topology)
-
-    def observe(self, iteration: int, timeline: Timeline) -> None:
-        pass
-
-
 def _slow_pp_links(timeline: Timeline, iteration: int) -> set[tuple[str, int]]:
     slow = set()
     for link, replica in {(m.link, m.replica) for m in timeline.messages}:
@@ -168,7 +155,7 @@ def test_a_swap_across_replicas_moves_a_pp_delay_onto_a_dp_link(backend: str) ->
     stage-0 all-reduce's (each waits the delay), and no PP message is slow any more."""
     faults = parse_yaml(f"[{{start_iteration: 0, hosts: [0, 1], delay_ms: {DELAY_MS}}}]")
     run = run_configuration(
-        _SwapReplicasAt(2),
+        _SwapAt(2, DP_PROFILE, DP_SWAPPED),
         backend=backend,
         num_iterations=3,
         num_warmup_iterations=0,
