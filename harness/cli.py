@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
+from types import FrameType
 
 import click
 
@@ -39,15 +42,46 @@ for _command in (
     cli.add_command(_command)
 
 
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a command the way Ctrl-C does (SIGINT): every context manager unwinds
+(worker pools, temporary files, namespaces), one line, exit status 128 + the signal."""
+
+
+class Terminated(BaseException):
+    """A shutdown signal arrived (a BaseException, like KeyboardInterrupt: nothing catches
+    it on the way out but the cleanups)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner_pid:  # a forked helper (pyroute2 forks some): it just dies
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated(signum)
+
+    return handle
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Exit status: 0 done, 1 a refused input or a failed run (the tool's own
     errors, one line on stderr), 2 a usage error, 3 an internal error (a bug: one line on
-    stderr naming a log file with the traceback), 130 interrupted."""
+    stderr naming a log file with the traceback), 128 + n on signal n (SIGINT 130, SIGHUP
+    129, SIGTERM 143) after every cleanup."""
+    handler = _shutdown_handler(os.getpid())
+    previous = {signum: signal.signal(signum, handler) for signum in SHUTDOWN_SIGNALS}
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("interrupted (SIGINT)", err=True)
+        sys.exit(128 + signal.SIGINT)
+    except Terminated as err:
+        click.echo(f"terminated ({err})", err=True)
+        sys.exit(128 + err.signum)
     except click.ClickException as err:
         err.show()
         sys.exit(err.exit_code)
@@ -59,6 +93,9 @@ def main(argv: list[str] | None = None) -> None:
         summary = f"{type(err).__name__}: {err}".splitlines()[0]
         click.echo(f"internal error: {summary} (a bug; traceback in {log})", err=True)
         sys.exit(3)
+    finally:
+        for signum, earlier in previous.items():
+            signal.signal(signum, earlier)
 
 
 def _write_crash_log(argv: list[str] | None) -> str:

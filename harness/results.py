@@ -109,6 +109,13 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
     }
 
 
+def _readable_mode() -> int:
+    """0666 less the process's umask: what `open` would have given the file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextlib.contextmanager
 def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
     """A text file written through a temporary file and renamed onto `path` when the block
@@ -117,6 +124,7 @@ def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _readable_mode())  # like any output file (mkstemp makes it 0600)
         if append and path.exists():
             shutil.copyfile(path, tmp)  # in the kernel where it can
         with os.fdopen(fd, "a" if append else "w", newline="") as handle:

@@ -95,7 +95,8 @@ class Testbed:
         return f"10.{plane + 1}.0.{host + 1}"
 
     def __enter__(self) -> Testbed:
-        self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # else its owner unwinds
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self.build()
         except BaseException:

@@ -1,0 +1,30 @@
+"""Result files: written whole or not at all, readable like any other output file."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from harness.results import atomic_writer, write_atomic
+
+
+def test_a_result_file_gets_the_mode_open_would_give_it(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "runs.csv", "a,b\n")
+        (tmp_path / "plain.txt").write_text("x")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "runs.csv").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o644
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    write_atomic(path, "old\n")
+    with pytest.raises(RuntimeError), atomic_writer(path) as handle:
+        handle.write("half")
+        raise RuntimeError("midway")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]

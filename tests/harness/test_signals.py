@@ -1,0 +1,128 @@
+"""SIGINT, SIGTERM and SIGHUP end a run the same way: every worker, temporary file and
+namespace gone, one line, exit status 128 + the signal."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        here = todo.pop()
+        try:
+            children = Path(f"/proc/{here}/task/{here}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize(
+    ("signum", "line"),
+    [
+        (signal.SIGTERM, "terminated (SIGTERM)"),
+        (signal.SIGHUP, "terminated (SIGHUP)"),
+        (signal.SIGINT, "interrupted (SIGINT)"),
+    ],
+)
+def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
+    tmp_path: Path, signum: int, line: str
+) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 4, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
+    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "1000000"]
+    run = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            pool = any(p.name.startswith("adaptra-pool-") for p in scratch.iterdir())
+            workers = _descendants(run.pid)
+            if pool and len(workers) >= 6:  # the fork server, its helper, four workers
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and len(workers) >= 6, run.stderr.read() if run.stderr else ""
+        time.sleep(0.5)  # inside the iterations
+        run.send_signal(signum)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signum
+    assert err.strip().splitlines() == [line]
+    assert list(scratch.iterdir()) == []  # the pool's rendezvous, checkpoints, fork server's
+    deadline = time.monotonic() + 10  # orphans are reaped by init, not at once
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/proc/self/task").exists(), reason="namespaces need root"
+)
+def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(
+        json.dumps({"stages": 2, "microbatches": 2, "t_f": 5, "t_b": 5, "t_w": 5, "delay_ms": [5]})
+    )
+    before = _namespaces()
+    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--inject"]
+    command += ["network", "--profile", str(profile), "--policy", "1f1b"]
+    command += ["--iterations", "1000000"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        made: set[str] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            made = {n for n in _namespaces() - before if n.startswith("adb-")}
+            if len(made) == 3 and len(_descendants(run.pid)) >= 4:  # switch + 2 hosts, workers
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and len(made) == 3
+        time.sleep(1.0)
+        run.send_signal(signal.SIGHUP)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signal.SIGHUP
+    assert err.strip().splitlines() == ["terminated (SIGHUP)"]
+    assert not made & _namespaces()
