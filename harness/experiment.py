@@ -18,6 +18,7 @@ from harness.results import (
     RUNS_COLUMNS,
     git_revision,
     read_csv_rows,
+    run_dir_held,
     write_csv_atomic,
     write_json_atomic,
 )
@@ -60,7 +61,13 @@ def run_experiment(
     run_dir: Path,
     progress: Callable[[str], None] = logger.info,
 ) -> Path:
-    """Run every configuration not already in `run_dir` (resume), writing files atomically."""
+    """Run every configuration not already in `run_dir` (resume), writing files atomically;
+    the run holds `run_dir` (a second run of it refuses)."""
+    with run_dir_held(run_dir):
+        return _run_experiment(spec, run_dir, progress)
+
+
+def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str], None]) -> Path:
     from harness.report import write_report  # plotting libraries load slowly
 
     run_id = run_dir.name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import fcntl
 import json
 import os
 import shutil
@@ -12,6 +13,8 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+from pipeline.errors import ConfigError
 
 __all__ = [
     "ITERATIONS_COLUMNS",
@@ -22,6 +25,7 @@ __all__ = [
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
+    "run_dir_held",
     "write_atomic",
     "write_csv_atomic",
     "write_json_atomic",
@@ -107,6 +111,28 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
         for r in runs
         if r["scenario"] == "fault-free"
     }
+
+
+@contextlib.contextmanager
+def run_dir_held(run_dir: Path) -> Iterator[None]:
+    """This process's hold on a run directory (an flock on its `.lock`, released however the
+    process ends): a second run of the same directory refuses instead of racing it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(
+                f"{run_dir} is in use by another run (pid {holder}); wait for it to end or "
+                "pick another --run-id"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _readable_mode() -> int:
