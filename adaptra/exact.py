@@ -1,4 +1,4 @@
-"""The exact schedule solver: a CP-SAT model of the `ideal` problem (PAPER.md sections 2-3).
+"""The exact schedule solver: a CP-SAT model of the `ideal` problem (docs/paper.md).
 
 It gives the project its honest optimality gap: every heuristic is measured against a
 schedule that CP-SAT proves optimal (or against the proven lower bound when time runs out).

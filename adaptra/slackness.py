@@ -1,4 +1,4 @@
-"""Slackness analysis (PAPER.md section 2): warm-up counts, Theorem 1 and Eq. (1).
+"""Slackness analysis (docs/paper.md): warm-up counts, Theorem 1 and Eq. (1).
 
 These are the paper's predictions; the project measures where they hold (BENCHMARKS.md).
 """
@@ -65,7 +65,7 @@ def analyse(profile: Profile, schedule: Schedule) -> tuple[LinkSlackness, ...]:
 
 
 def absorbed(profile: Profile, warmup: Sequence[int]) -> bool:
-    """PAPER.md's "absorbed": the counts, generated under the delays, cost at most the sum of
+    """The paper's "absorbed": the counts, generated under the delays, cost at most the sum of
     the delays over the same counts generated without them (only the latency is paid)."""
     fault_free = dataclasses.replace(profile, delay_ms=(0.0,) * len(profile.delay_ms))
     delayed_ms = simulate(generate_schedule(profile, warmup), profile).iterations[0].end_ms

@@ -21,7 +21,7 @@ from pipeline.allreduce import buckets, messages_per_link_direction
 from pipeline.cost_model import MODELS, model_cost
 
 PRESET = Path(__file__).resolve().parents[1] / "harness" / "presets" / "fig3_dp_link.yaml"
-PAPER_S = {  # PAPER.md section 6, Fig. 3 / 18
+PAPER_S = {  # docs/paper.md, Fig. 3 / 18
     "fault-free": 0.49,
     "dp": {10: 1.87, 20: 2.79, 30: 3.94},
     "pp": {10: 0.64, 20: 0.86, 30: 1.10},

@@ -2,7 +2,7 @@
 
 Run: python benchmarks/bench_resilience.py [--out results/resilience]
 
-DESIGN.md's systems: `1f1b` (1F1B over direct), `zb` (the fault-free ZB order over direct),
+docs/design.md's systems: `1f1b` (1F1B over direct), `zb` (the fault-free ZB order over direct),
 `adaptra-cpu` (that ZB order over delegated), `adaptra` (Adaptra's order, planned for the
 delay, over delegated; at 0 ms, over direct, since no straggler is seen). Uniform 10 ms ops,
 delegates enough and copies free (the `delegated` mode's ideal limit), delay on link 0-1.

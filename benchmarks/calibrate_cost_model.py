@@ -1,6 +1,6 @@
 """Fit the cost model's free parameters on the paper's fault-free times, and print them.
 
-Three parameters, three fault-free targets (PAPER.md section 6), solved one at a time by
+Three parameters, three fault-free targets (docs/paper.md), solved one at a time by
 bisection since each target moves with one parameter only:
 - mfu: 14B 1F1B, 0.86 s per step (1F1B fuses B and W, so the split overhead does not enter);
 - split_backward_overhead: 14B ZB, 0.79 s;

@@ -1,7 +1,7 @@
 """The GPT-2 cost model: per-stage op times, message sizes and memory of the paper's models.
 
-FLOPs and activation sizes per transformer layer are ZeroBubble's (PAPER.md section 7); the
-embedding and the output head each take one layer slot (PAPER.md section 6). A hardware
+FLOPs and activation sizes per transformer layer are ZeroBubble's (docs/paper.md); the
+embedding and the output head each take one layer slot (docs/paper.md). A hardware
 profile turns FLOPs into milliseconds; `Calibration` holds the free parameters, fitted once on
 the paper's fault-free iteration times (benchmarks/calibrate_cost_model.py) and then frozen as
 `CALIBRATED`.
@@ -36,7 +36,7 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class GPTModel:
-    """A GPT-2-style model and its parallel layout (PAPER.md section 6, Table 2)."""
+    """A GPT-2-style model and its parallel layout (docs/paper.md, Table 2)."""
 
     name: str
     num_layers: int

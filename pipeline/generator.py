@@ -1,7 +1,7 @@
 """Event-driven schedule generation: stages pick their next op as time unfolds.
 
 The engine behind Algorithm 4 and the ZeroBubble heuristic. It simulates the `ideal` mode
-(DESIGN.md) with no time step: at each event time, all completions and arrivals are applied
+(docs/design.md) with no time step: at each event time, all completions and arrivals are applied
 first, then every idle stage, in stage-index order, asks its chooser which kind of op to run;
 the lowest ready microbatch of that kind starts. What a chooser decides is the policy; this
 module knows none.

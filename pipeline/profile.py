@@ -2,7 +2,7 @@
 the DP step after the pipeline (replicas, gradient bytes and buckets, optimizer).
 
 It is the input of every engine; `Profile.from_dict` is the strict reader of the profile file
-described in DESIGN.md ("External contracts").
+described in docs/design.md.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class Profile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Profile:
-        """Read the profile-file form (DESIGN.md); unknown or missing keys are errors."""
+        """Read the profile-file form (docs/design.md); unknown or missing keys are errors."""
         if not isinstance(data, Mapping):
             raise ConfigError("a profile must be a JSON object")
         unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))

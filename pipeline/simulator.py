@@ -2,7 +2,7 @@
 
 With a fixed op order per stage every op starts at max(stage free, inputs arrived), so ops are
 evaluated in dependency order as their inputs become known: no time step, no rounding, and
-O(number of ops). The three communication modes are those of DESIGN.md.
+O(number of ops). The three communication modes are those of docs/design.md.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ ASSETS = Path(__file__).parent / "assets"
 
 @pytest.fixture(scope="session")
 def fig4_fixture() -> dict[str, Any]:
-    """The paper's Fig. 4 schedule (a copy of ../shared/fixtures/fig4_zb_order.json)."""
+    """The paper's Fig. 4 schedule (the paper's Fig. 4, docs/paper.md)."""
     return json.loads((ASSETS / "fig4_zb_order.json").read_text())
 
 

@@ -5,7 +5,7 @@ A message is tagged with its iteration, kind (activation or gradient), microbatc
 sequence number; a DP chunk with its index on its link direction (`dp_tag`). `direct` is the
 GPU-direct path: the send runs on the compute thread (so it blocks the next op: head-of-line
 blocking), and the iteration's receives are posted up front, since blocking sends with late
-receives deadlock under gloo (ENVIRONMENT.md); a DP bucket's receives are posted before its
+receives deadlock under gloo (measured here); a DP bucket's receives are posted before its
 ring's first send (pipeline.runtime.dp_ring). Who waits on a
 posted receive, and when, is the receiver's business (receiver.py): gloo only marks a receive
 complete inside a `wait()` on it.

@@ -18,7 +18,7 @@ def test_reproduces_the_fig4_fixture_op_for_op(fig4_fixture: dict) -> None:
 
 
 def test_uncapped_forwards_pile_up_behind_a_slow_link() -> None:
-    # PAPER.md: x = [1,1,1,1] with 40 ms on link 0 reaches 12 leading forwards on stage 0.
+    # The paper (docs/paper.md): x = [1,1,1,1], 40 ms on link 0: 12 leading forwards on stage 0.
     profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(40.0,))
     assert generate_schedule(profile, [1, 1, 1, 1]).warmup_counts()[0] == 12
     capped = generate_schedule(profile, [1, 1, 1, 1], cap_in_flight=True)

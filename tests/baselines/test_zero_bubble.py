@@ -1,4 +1,4 @@
-"""Closed forms of the ZeroBubble paper (PAPER.md section 7) and 1F1B, in the simulator.
+"""Closed forms of the ZeroBubble paper (docs/paper.md) and 1F1B, in the simulator.
 
 Conditions under which the formulas hold (and are asserted): the same op times on every
 stage, tW <= tF and tW <= tB, no link delay, N >= S (and N >= 2S - 1 for ZB-H2). Outside

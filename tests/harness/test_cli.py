@@ -1,4 +1,4 @@
-"""The machine-readable CLI of DESIGN.md, run as a user runs it: in a subprocess."""
+"""The machine-readable CLI of docs/design.md, run as a user runs it: in a subprocess."""
 
 import json
 import subprocess

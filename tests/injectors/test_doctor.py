@@ -51,7 +51,7 @@ def test_the_real_probe_leaves_no_namespace_behind() -> None:
     )
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
-    # ENVIRONMENT.md: these machines have namespaces, tbf and htb with u32, and no netem.
+    # Measured on these machines: have namespaces, tbf and htb with u32, and no netem.
     assert found["root"]["ok"] and found["namespaces"]["ok"]
     assert found["tbf"]["ok"] and found["htb"]["ok"] and found["u32"]["ok"]
     assert _namespaces() == before

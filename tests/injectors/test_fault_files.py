@@ -5,7 +5,7 @@ from injectors.fault_model import Effect, Target, TargetKind
 from pipeline.errors import ConfigError
 from pipeline.topology import Link, Topology
 
-# PAPER.md section 6, Fig. 21.
+# docs/paper.md, Fig. 21.
 FIG21 = """15;2_3;0.03  85;2_3;0  120;0_1,5_6;0.04  190;0_1,5_6;0  230;6_7;0.02  300;6_7;0
 340;2_3,3_4,6_7;0.05  410;2_3,3_4,6_7;0  450;5_6;0.06  520;5_6;0  560;1_2,6_7;0.06
 630;1_2,6_7;0  670;0_1,4_5;0.02  740;0_1,4_5;0  780;0_1,1_2,2_3;0.04  850;0_1,1_2,2_3;0

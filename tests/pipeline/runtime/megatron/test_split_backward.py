@@ -87,7 +87,7 @@ def test_b_leaves_gradients_and_w_only_adds_them(megatron_process: None, with_in
 def test_b_plus_w_computes_one_fused_backward_s_flops(megatron_process: None) -> None:
     """B + W do exactly the fused backward's floating-point work, counted op by op, so B does
     not redo W's GEMMs (the generic split of torch.distributed.pipelining costs ~2x here:
-    ENVIRONMENT.md); W holds the weight GEMMs, about half of it. What that is in time is a
+    measured here); W holds the weight GEMMs, about half of it. What that is in time is a
     benchmark (bench_megatron_split.py), not a test: load only moves times."""
     from torch.utils.flop_counter import FlopCounterMode
 
