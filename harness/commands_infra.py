@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -17,6 +19,8 @@ from pipeline.errors import ConfigError
 from pipeline.metrics import compute_metrics
 from pipeline.timeline import Timeline
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["cleanup", "doctor", "launch"]
 
 
@@ -26,7 +30,10 @@ __all__ = ["cleanup", "doctor", "launch"]
 @click.option(
     "--replicas", type=click.IntRange(min=1), default=None, help="DP replicas [the profile's dp]."
 )
-@click.option("--master-addr", default="127.0.0.1", help="Address of node 0.")
+@click.option(
+    "--master-addr",
+    help="Address of node 0 (needed with --nodes > 1; one node: 127.0.0.1).",
+)
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500)
 @click.option("--iterations", type=click.IntRange(min=1), default=3)
 @click.option(
@@ -50,7 +57,7 @@ def launch(
     time_limit_s: float | None,
     nodes: int,
     replicas: int | None,
-    master_addr: str,
+    master_addr: str | None,
     master_port: int,
     iterations: int,
     out: str,
@@ -60,7 +67,9 @@ def launch(
 ) -> None:
     """Print the torchrun command for every node (emulated compute), or run it here; with
     --spec, write a Slurm batch script for every configuration of an experiment. This path
-    runs fixed plans only for now (no fault timeline, no re-planning controller)."""
+    runs fixed plans only for now (no fault timeline, no re-planning controller). Workers
+    send rank 0 pickled records and torchrun's store listens on every interface: launch
+    across hosts only on a network you trust (--run keeps it on loopback where it can)."""
     if spec_path is not None:
         from harness.slurm import write_slurm_script
         from harness.spec import load_spec
@@ -85,6 +94,8 @@ def launch(
         raise ConfigError(f"{world} ranks do not split evenly over {nodes} nodes")
     if run_here and nodes != 1:
         raise ConfigError("--run starts one node only; run the printed commands on each node")
+    if master_addr is None and nodes > 1:
+        raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "profile.json").write_text(json.dumps(profile.to_dict()))
@@ -103,7 +114,7 @@ def launch(
     commands = torchrun_commands(
         num_nodes=nodes,
         procs_per_node=world // nodes,
-        master_addr=master_addr,
+        master_addr=master_addr or "127.0.0.1",
         master_port=port,
         worker_args=worker_args,
     )
@@ -114,7 +125,11 @@ def launch(
     env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     try:
         done = subprocess.run(
-            shlex.split(commands[0]), env=env, capture_output=True, text=True, timeout=600
+            _loopback_only(shlex.split(commands[0])),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     except subprocess.TimeoutExpired as err:
         raise ConfigError("torchrun did not finish within 600 s") from err
@@ -163,6 +178,24 @@ def cleanup() -> None:
         click.echo(f"could not remove {name}: {error}", err=True)
     if report.failed:
         raise TestbedError(f"{len(report.failed)} namespace(s) could not be removed (see above)")
+
+
+def _loopback_only(argv: list[str]) -> list[str]:
+    """`argv` in a network namespace of its own with only loopback, where the machine allows
+    one (a user namespace: no root needed): torchrun's store listens on every interface
+    whatever address it is given, and a local run must not be reachable from outside."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if unshare is None or ip is None:
+        logger.warning("no unshare or ip here: torchrun's store listens on every interface")
+        return argv
+    probe = [unshare, "--user", "--map-root-user", "--net", "true"]
+    if subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
+        logger.warning(
+            "no network namespace allowed here: torchrun's store listens on every interface"
+        )
+        return argv
+    script = f'{shlex.quote(ip)} link set lo up && exec "$@"'
+    return [unshare, "--user", "--map-root-user", "--net", "sh", "-c", script, "sh", *argv]
 
 
 def _free_port() -> int:

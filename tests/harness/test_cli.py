@@ -361,6 +361,8 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
         str(tmp_path / "launch"),
     )
     assert uneven.returncode == 1 and "do not split evenly over 3 nodes" in uneven.stderr
+    no_master = cli("launch", "--profile", str(profile), "--policy", "zb-h1", "--nodes", "2")
+    assert no_master.returncode == 1 and "--nodes 2 needs --master-addr" in no_master.stderr
 
 
 @pytest.mark.multiprocess
