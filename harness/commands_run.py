@@ -16,6 +16,7 @@ from harness.cli_common import (
 )
 from harness.compare import Change, UnusableResults, compare_runs, load_runs
 from harness.experiment import new_run_id, run_experiment
+from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_run_name
 from harness.policies import SYSTEMS, system_controller
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
@@ -60,6 +61,13 @@ __all__ = ["compare", "report", "run"]
     "testbed's network (network; root).",
 )
 @click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    help="Runtime backends: how long a worker waits for one message, s [60] (a spec: "
+    "transport_timeout_s).",
+)
 @click.option(
     "--warmup-iterations",
     type=click.IntRange(min=0),
@@ -108,6 +116,7 @@ def run(
     comm: str | None,
     injection: str,
     iterations: int,
+    timeout_s: float | None,
     warmup_iterations: int,
     fmt: str,
     out: str,
@@ -128,6 +137,8 @@ def run(
             )
         if calibration_path is not None:
             raise ConfigError("an experiment takes its calibration from its spec's `calibration`")
+        if timeout_s is not None:
+            raise ConfigError("an experiment takes its timeout from its spec's transport_timeout_s")
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
@@ -157,12 +168,16 @@ def run(
         comm = comm or "direct"
         controller = fixed_plan(planned.schedule, profile, comm)
         label = planned.policy
+    if timeout_s is not None and backend == "sim":
+        raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
+    recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     result = run_configuration(
         controller,
         backend=backend,
         num_iterations=iterations,
         num_warmup_iterations=warmup_iterations,
         faults=faults,
+        recovery=recovery,
         injection=injection,
         model=model,
         host=load_host_costs(calibration_path),

@@ -113,9 +113,9 @@ class Recovery:
     """The cluster's cost to restart the job and reload its checkpoint (rescheduling,
     process start, communicator set-up, loading): not modelled unless configured."""
     transport_timeout_s: float = 60.0
-    """How long a worker on the namespace testbed (`--inject network`) waits for one message
-    before it gives up (the runtime pool's default): there a failed NIC is noticed by this
-    timeout, and the failed iteration's measured time includes it."""
+    """How long a runtime worker waits for one message before it gives up (`run --timeout`,
+    a spec's `transport_timeout_s`; the pool's default): on the namespace testbed a failed
+    NIC is noticed by this timeout, and the failed iteration's measured time includes it."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1 or not (self.failure_timeout_ms >= 0 and self.restart_ms >= 0):

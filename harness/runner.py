@@ -39,19 +39,27 @@ class RuntimeEngines(Closing):
     pools."""
 
     def __init__(self) -> None:
-        self._engines: dict[tuple[str, int, int, str], Engine] = {}
+        self._engines: dict[tuple[str, int, int, str, float], Engine] = {}
 
     def get(
-        self, backend: str, num_stages: int, model: str | None, *, num_replicas: int = 1
+        self,
+        backend: str,
+        num_stages: int,
+        model: str | None,
+        *,
+        num_replicas: int = 1,
+        timeout_s: float = CHECKPOINT_RESTART.transport_timeout_s,
     ) -> Engine:
-        key = (backend, num_stages, num_replicas, model or "")
+        key = (backend, num_stages, num_replicas, model or "", timeout_s)
         if key not in self._engines:
             from pipeline.engines.runtime import emulated_engine, megatron_engine  # torch
 
             self._engines[key] = (
-                emulated_engine(num_stages, num_replicas=num_replicas)
+                emulated_engine(num_stages, num_replicas=num_replicas, timeout_s=timeout_s)
                 if backend == "emulated"
-                else megatron_engine(num_stages, model or "tiny", num_replicas=num_replicas)
+                else megatron_engine(
+                    num_stages, model or "tiny", num_replicas=num_replicas, timeout_s=timeout_s
+                )
             )
         return self._engines[key]
 
@@ -117,13 +125,21 @@ def run_configuration(
     if backend == "sim":
         with SimEngine(host=host) as sim:
             return run(sim)
+    timeout_s = recovery.transport_timeout_s
+    longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
+    if longest_ms >= 1000 * timeout_s:
+        raise ConfigError(
+            f"a delay of {longest_ms:g} ms is not shorter than the workers' {timeout_s:g} s "
+            "timeout for one message: raise the timeout (--timeout, a spec's "
+            "transport_timeout_s) or lower the delay"
+        )
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
-        with network_engine(profile, transport_timeout_s=recovery.transport_timeout_s) as engine:
+        with network_engine(profile, transport_timeout_s=timeout_s) as engine:
             return run(engine)
     shape = (backend, profile.num_stages, model)
     if engines is not None:
-        return run(engines.get(*shape, num_replicas=profile.num_replicas))
+        return run(engines.get(*shape, num_replicas=profile.num_replicas, timeout_s=timeout_s))
     with RuntimeEngines() as own:
-        return run(own.get(*shape, num_replicas=profile.num_replicas))
+        return run(own.get(*shape, num_replicas=profile.num_replicas, timeout_s=timeout_s))

@@ -161,12 +161,19 @@ def emulated_engine(
     )
 
 
-def megatron_engine(num_stages: int, model: str, *, num_replicas: int = 1) -> RuntimeEngine:
+def megatron_engine(
+    num_stages: int, model: str, *, num_replicas: int = 1, timeout_s: float = 60.0
+) -> RuntimeEngine:
     """Importing megatron-core only inside the workers (and to check the model's split)."""
     from pipeline.runtime.megatron import MegatronCompute, get_preset
 
     get_preset(model).check_stages(num_stages)
     factory = functools.partial(MegatronCompute, model)
     return RuntimeEngine(
-        "megatron", num_stages, num_replicas=num_replicas, compute_factory=factory, trains=True
+        "megatron",
+        num_stages,
+        num_replicas=num_replicas,
+        compute_factory=factory,
+        trains=True,
+        timeout_s=timeout_s,
     )

@@ -43,8 +43,11 @@ __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 logger = logging.getLogger(__name__)
 
 START_UP_S = 120.0
-"""How long workers may take to start (import torch, join the group; megatron builds its
-stage): load stretches it, and it does not depend on the pool's per-wait timeout."""
+START_UP_PER_RANK_S = 15.0
+"""How long workers may take to start (join the group; megatron imports megatron-core and
+builds its stage): START_UP_S, or START_UP_PER_RANK_S per rank for larger pools (their start
+shares the machine's cores); load stretches it, and it does not depend on the pool's per-wait
+timeout."""
 
 DEATH_GRACE_S = 1.0
 """How long a failure waits for a dead process before it is blamed on the rank that spoke."""
@@ -108,7 +111,8 @@ class WorkerPool:
                 self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
                 child.close()
-            answers = self._gather("start-up", START_UP_S)
+            limit_s = max(START_UP_S, START_UP_PER_RANK_S * self.num_ranks)
+            answers = self._gather("start-up", limit_s)
             self.pids = [int(pid) for pid in answers]  # type: ignore[call-overload]
         except BaseException:
             self.close()

@@ -514,3 +514,15 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
         "--calibration", str(host),
     )  # fmt: skip
     assert refused.returncode == 1 and "a calibration is for the simulator" in refused.stderr
+
+
+def test_a_delay_past_the_worker_timeout_is_refused_up_front(tmp_path: Path) -> None:
+    profile = str(write_profile(tmp_path, stages=2, microbatches=2, delay_ms=[2500]))
+    common = ["run", "--profile", profile, "--policy", "1f1b"]
+    late = cli(*common, "--backend", "emulated", "--timeout", "2")
+    assert late.returncode == 1
+    assert "a delay of 2500 ms is not shorter than the workers' 2 s timeout" in late.stderr
+    sim = cli(*common, "--timeout", "2")
+    assert sim.returncode == 1 and "--timeout is the runtime workers'" in sim.stderr
+    bad = cli(*common, "--backend", "emulated", "--timeout", "0")
+    assert bad.returncode == 2 and "--timeout" in bad.stderr
