@@ -62,6 +62,8 @@ def _shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
+        for other in SHUTDOWN_SIGNALS:  # one shutdown: a second signal must not cut it short
+            signal.signal(other, signal.SIG_IGN)
         raise Terminated(signum)
 
     return handle

@@ -125,7 +125,9 @@ def launch(
     env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
     try:
         done = subprocess.run(
-            _loopback_only(shlex.split(commands[0])),
+            _loopback_only(shlex.split(commands[0]))
+            if master_addr in (None, "127.0.0.1", "localhost", "::1")
+            else shlex.split(commands[0]),
             env=env,
             capture_output=True,
             text=True,
@@ -188,7 +190,7 @@ def _loopback_only(argv: list[str]) -> list[str]:
     if unshare is None or ip is None:
         logger.warning("no unshare or ip here: torchrun's store listens on every interface")
         return argv
-    probe = [unshare, "--user", "--map-root-user", "--net", "true"]
+    probe = [unshare, "--user", "--map-root-user", "--net", ip, "link", "set", "lo", "up"]
     if subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
         logger.warning(
             "no network namespace allowed here: torchrun's store listens on every interface"

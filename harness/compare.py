@@ -60,7 +60,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             reader = csv.DictReader(handle)
             rows = list(reader)
             columns = list(reader.fieldnames or [])
-    except (csv.Error, UnicodeDecodeError) as err:
+    except (csv.Error, UnicodeDecodeError, OSError) as err:
         raise UnusableResults(f"{csv_path} is not a readable CSV file: {err}") from None
     if not rows:
         raise UnusableResults(f"{csv_path} holds no results (a header at most)")

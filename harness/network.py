@@ -22,14 +22,14 @@ import time
 from collections.abc import Iterator
 
 from injectors.fault_model import Effect, InForce
-from injectors.testbed import Testbed
+from injectors.testbed import Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 from pipeline.engines import Capabilities, Engine, Outcome, Plan
 from pipeline.engines.base import Closing
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
-from pipeline.runtime.remote_error import WorkerError
+from pipeline.runtime.remote_error import WorkerLinkFailure, WorkerTimeout
 from pipeline.topology import Link
 
 __all__ = ["network_engine"]
@@ -81,10 +81,11 @@ def _wire_changes(
     base: WireState, effects: tuple[tuple[Effect, float], ...], seed: str
 ) -> _Changes:
     """The states a pair's wire takes through one iteration: one per distinct start offset,
-    each with every effect started by then (a stall only at its own start: it is a one-off)."""
+    each with every effect started by then (a stall is paid once per direction: the wire
+    keeps it paid through the iteration's later changes)."""
     changes = []
     for from_ms in sorted({0.0} | {at for _, at in effects}):
-        held = [e for e, at in effects if at <= from_ms and (not e.stall_ms or at == from_ms)]
+        held = [e for e, at in effects if at <= from_ms]  # a stall the wire paid stays paid
         changes.append(
             (
                 from_ms,
@@ -150,7 +151,8 @@ class _NetworkEngine(Closing):
         self._nics_down: set[tuple[int, int]] = set()
         self._pending: _Network | None = None
         self._timers: list[threading.Timer] = []
-        self._started_at = 0.0
+        self._started_at: float | None = None
+        self._timer_error: Exception | None = None
 
     @property
     def name(self) -> str:
@@ -175,13 +177,6 @@ class _NetworkEngine(Closing):
                 "delays in a fault timeline"
             )
         network = _network(faults, self._base, iteration)
-        for (host, plane), from_ms in network.nics_down.items():
-            if from_ms == 0.0 and (host, plane) not in self._nics_down:
-                self.bed.set_link(host, plane, up=False)
-                self._nics_down.add((host, plane))
-        for host, plane in sorted(self._nics_down - set(network.nics_down)):
-            self.bed.set_link(host, plane, up=True)
-            self._nics_down.discard((host, plane))
         for pair in sorted(set(network.wires) | set(self._wires)):
             unwired = _unwired(self._base, pair)
             changes = network.wires.get(pair, unwired)
@@ -191,16 +186,24 @@ class _NetworkEngine(Closing):
             _, forward, backward = changes[0]
             self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward)
             self._wires[pair] = changes if steady else ()  # (): set it again next time
-        self._pending = network
+        for (host, plane), from_ms in network.nics_down.items():  # after the wires: a new
+            if from_ms == 0.0 and (host, plane) not in self._nics_down:  # one goes down too
+                self._nics_down.add((host, plane))
+                self.bed.set_link(host, plane, up=False)
+        for host, plane in sorted(self._nics_down - set(network.nics_down)):
+            self.bed.set_link(host, plane, up=True)
+            self._nics_down.discard((host, plane))
+        self._pending, self._started_at, self._timer_error = network, None, None
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
         try:
-            return self._inner.run(
+            outcome = self._inner.run(
                 quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint
             )
-        except WorkerError as err:
+        except (WorkerTimeout, WorkerLinkFailure) as err:  # how a dead NIC shows in gloo
             if not network.fails:
                 raise
-            at_ms = (time.monotonic() - self._started_at) * 1000.0
+            started = self._started_at
+            at_ms = None if started is None else (time.monotonic() - started) * 1000.0
             raise LinkFailure(
                 f"iteration {iteration}: a failed NIC or link on the testbed: {err}", at_ms=at_ms
             ) from err
@@ -209,6 +212,11 @@ class _NetworkEngine(Closing):
                 timer.cancel()
                 timer.join()
             self._timers = []
+        if self._timer_error is not None:
+            raise TestbedError(
+                f"iteration {iteration}: a NIC could not be taken down: {self._timer_error}"
+            ) from self._timer_error
+        return outcome
 
     def _start(self, start_at: float) -> None:
         """The iteration's start is known: its changes inside the iteration go out."""
@@ -228,8 +236,12 @@ class _NetworkEngine(Closing):
                 self._timers.append(timer)
 
     def _take_down(self, host: int, plane: int) -> None:
-        self.bed.set_link(host, plane, up=False)
-        self._nics_down.add((host, plane))
+        """A timer's: the NIC down at its offset (an error is raised again by `run`)."""
+        self._nics_down.add((host, plane))  # first: a restart repairs it even half-done
+        try:
+            self.bed.set_link(host, plane, up=False)
+        except Exception as err:  # kept: `run` raises it in the controller's thread
+            self._timer_error = err
 
     def restart(self) -> None:
         """The failed hardware replaced: every NIC up, every wire at its base; a fresh pool."""

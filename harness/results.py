@@ -136,9 +136,16 @@ def run_dir_held(run_dir: Path) -> Iterator[None]:
 
 
 def _readable_mode() -> int:
-    """0666 less the process's umask: what `open` would have given the file."""
-    umask = os.umask(0)
-    os.umask(umask)
+    """0666 less the process's umask: what `open` would have given the file (the umask read
+    from /proc, which leaves it as it is; elsewhere set and restored)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        umask = next(
+            int(line.split()[1], 8) for line in status.splitlines() if line.startswith("Umask:")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
     return 0o666 & ~umask
 
 

@@ -84,6 +84,8 @@ class Testbed:
         self.hosts = [f"{self.name}-h{h}" for h in range(num_hosts)]
         self._created: list[str] = []
         self._wires: list[tuple[BaseProcess, Any]] = []
+        self._down: set[tuple[int, int]] = set()
+        """(host, plane) NICs taken down (`set_link`): a wire made meanwhile ends down there."""
         self._wire_of: dict[tuple[int, int, int], int] = {}
         """The wire of each (host pair, plane) that has one, by its index in `_wires`."""
         self._previous_sigterm: Any = None
@@ -190,6 +192,7 @@ class Testbed:
         on the host's ends of its wires on that plane (they stand in for the same NIC)."""
         if plane >= 2:
             raise TestbedError("the management plane never gets faults")
+        (self._down.discard if up else self._down.add)((host, plane))
         with self._host(host) as ipr:
             ends = [(PLANES[plane], None), *self._wire_ends(host, plane)]
             for ifname, there in ends:
@@ -283,6 +286,8 @@ class Testbed:
         if not parent.poll(10) or parent.recv() != "ready":
             raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not start")
         for here, there in ((host_a, host_b), (host_b, host_a)):
+            if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
+                continue
             with IPRoute(netns=self.hosts[here]) as ipr:
                 index = ipr.link_lookup(ifname=ifname)[0]
                 ipr.link("set", index=index, state="up")

@@ -8,7 +8,9 @@ order. Host routes (/32) send the pair's traffic for that plane through the wire
 the bridge; every other pair is untouched.
 
 The testbed sends ("state", at, forward, backward): the directions' states from monotonic
-time `at` on (0: at once), answered "ok"; a state change keeps the frames already queued.
+time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
+still pending from an earlier iteration is dropped. A state change keeps the frames already
+queued.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class _Direction:
     redraw_at: float = math.inf
     redrawn_ms: float = 0.0
 
-    def take(self, state: WireState, now: float) -> None:
-        self.state, self.rng, self.stalled = state, random.Random(state.seed), False
+    def take(self, state: WireState, now: float, *, new_iteration: bool = True) -> None:
+        """From `now` on, `state`; inside an iteration (not `new_iteration`) a stall already
+        paid stays paid while the stall stays the same."""
+        paid = self.stalled and not new_iteration and state.stall_ms == self.state.stall_ms
+        self.state, self.rng, self.stalled = state, random.Random(state.seed), paid
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
 
     def due(self, now: float, num_bytes: int) -> float | None:
@@ -135,14 +140,19 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             if not (isinstance(word, tuple) and word[0] == "state"):
                 return
             _, at, forward, backward = word
-            seq += 1
-            heapq.heappush(changes, (at, seq, forward, backward))
+            if not at:  # an iteration boundary: what an earlier iteration timed is void
+                changes.clear()
+                directions[fds[0]].take(forward, time.monotonic())
+                directions[fds[1]].take(backward, time.monotonic())
+            else:
+                seq += 1
+                heapq.heappush(changes, (at, seq, forward, backward))
             conn.send("ok")
         now = time.monotonic()
         while changes and changes[0][0] <= now:
             _, _, forward, backward = heapq.heappop(changes)
-            directions[fds[0]].take(forward, now)
-            directions[fds[1]].take(backward, now)
+            directions[fds[0]].take(forward, now, new_iteration=False)
+            directions[fds[1]].take(backward, now, new_iteration=False)
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)
             due = directions[fd].due(now, len(frame))

@@ -24,13 +24,15 @@ STALL_MS = 600.0
 TIMEOUT_S = 3.0
 
 
-def test_a_stall_is_in_the_state_of_its_own_start_only() -> None:
+def test_a_stall_stays_in_the_iteration_s_later_states() -> None:
+    """A cap from 30 ms keeps the stall from 10 ms (the wire pays it once per direction, so a
+    first frame after 30 ms still waits it, as the fault model's first message does)."""
     stall, cap = Effect(stall_ms=50.0), Effect(bandwidth_gbps=1.0)
     changes = _wire_changes(WireState(delay_ms=5.0), ((stall, 10.0), (cap, 30.0)), "s")
     assert [(at, f.stall_ms, f.rate_bit_s, f.delay_ms) for at, f, _ in changes] == [
         (0.0, 0.0, None, 5.0),
         (10.0, 50.0, None, 5.0),
-        (30.0, 0.0, 1e9, 5.0),
+        (30.0, 50.0, 1e9, 5.0),
     ]
 
 

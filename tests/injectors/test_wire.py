@@ -77,3 +77,13 @@ def test_a_bad_state_is_refused() -> None:
     for bad in ({"delay_ms": -1.0}, {"rate_bit_s": 0.0}, {"rate_bit_s": float("inf")}):
         with pytest.raises(ValueError, match="a wire takes"):
             WireState(**bad)  # type: ignore[arg-type]
+
+
+def test_a_paid_stall_stays_paid_through_a_change_inside_the_iteration() -> None:
+    direction = _Direction()
+    direction.take(WireState(stall_ms=300.0), now=0.0)
+    assert direction.due(1.0, 100) == pytest.approx(1.3)
+    direction.take(WireState(stall_ms=300.0, delay_ms=10.0), now=2.0, new_iteration=False)
+    assert direction.due(3.0, 100) == pytest.approx(3.01)  # not stalled again
+    direction.take(WireState(stall_ms=300.0), now=4.0)  # the next iteration's: a new stall
+    assert direction.due(5.0, 100) == pytest.approx(5.3)
