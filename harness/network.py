@@ -29,7 +29,7 @@ from pipeline.engines.base import Closing
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
-from pipeline.runtime.remote_error import WorkerLinkFailure, WorkerTimeout
+from pipeline.runtime.remote_error import WorkerCrash, WorkerError, WorkerTimeout
 from pipeline.topology import Link
 
 __all__ = ["network_engine"]
@@ -136,6 +136,19 @@ def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: i
     return _Network(wires, nics_down)
 
 
+def _gloo_gave_up(err: WorkerError) -> bool:
+    """How a dead NIC or link shows in a worker: its wait timed out, or gloo raised (a
+    RuntimeError such as "Application timeout caused pair closure" in a send); a worker
+    that died without a word is a crash, not this."""
+    if isinstance(err, WorkerTimeout):
+        return True
+    return (
+        isinstance(err, WorkerCrash)
+        and err.remote is not None
+        and err.remote.type_name == "builtins.RuntimeError"
+    )
+
+
 class _NetworkEngine(Closing):
     """An emulated engine whose faults are in a testbed's network (see the module)."""
 
@@ -199,8 +212,8 @@ class _NetworkEngine(Closing):
             outcome = self._inner.run(
                 quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint
             )
-        except (WorkerTimeout, WorkerLinkFailure) as err:  # how a dead NIC shows in gloo
-            if not network.fails:
+        except WorkerError as err:
+            if not (network.fails and _gloo_gave_up(err)):
                 raise
             started = self._started_at
             at_ms = None if started is None else (time.monotonic() - started) * 1000.0

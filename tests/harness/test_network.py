@@ -8,13 +8,14 @@ import pytest
 
 from baselines import one_f_one_b
 from harness.loop import Recovery
-from harness.network import _network, _wire_changes
+from harness.network import _gloo_gave_up, _network, _wire_changes
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import Effect
 from injectors.wire import WireState
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
+from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
@@ -95,3 +96,17 @@ def test_caps_stalls_and_a_nic_failure_in_the_testbed_as_in_sim() -> None:
     assert timeline.iterations[3].end_ms - timeline.iterations[3].start_ms >= STALL_MS
     assert len({record.pids for record in timeline.iterations[:4]}) == 1  # same workers
     assert timeline.iterations[4].pids != timeline.iterations[3].pids  # a fresh pool
+
+
+def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
+    """A timed-out wait, or gloo's RuntimeError in a worker (e.g. "Application timeout caused
+    pair closure" in a send); a worker that died without a word, or raised something else,
+    is not a link failure."""
+    gloo = RemoteError.from_exception(
+        RuntimeError("Application timeout caused pair closure"), rank=0, stage=0, replica=0
+    )
+    bug = RemoteError.from_exception(KeyError("x"), rank=0, stage=0, replica=0)
+    assert _gloo_gave_up(WorkerTimeout("no answer", rank=1))
+    assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=gloo))
+    assert not _gloo_gave_up(WorkerCrash("rank 0 exited with code -9", rank=0))
+    assert not _gloo_gave_up(WorkerCrash("rank 0: KeyError", rank=0, remote=bug))
