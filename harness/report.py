@@ -12,6 +12,7 @@ from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.results import fault_free_wall_ms, read_csv_rows, write_atomic
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
+from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 
 if TYPE_CHECKING:
@@ -95,6 +96,45 @@ def _traced(row: Mapping[str, Any]) -> bool:
     return str(row["scenario"]).startswith("trace:")
 
 
+def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each system's worst slowdown against its fault-free step, and Adaptra's speed-up over
+    the best other system in each faulted scenario (lines with a blank one after; none if
+    there is nothing to compare)."""
+    lines = []
+    baseline = fault_free_wall_ms(runs)
+    worst: dict[tuple[str, str], tuple[float, str]] = {}
+    for r in runs:
+        base = baseline.get((r["model"], r["system"]))
+        if base and r["scenario"] != "fault-free":
+            slowdown = float(r["median_wall_ms"]) / base
+            key = (r["model"], r["system"])
+            if slowdown > worst.get(key, (0.0, ""))[0]:
+                worst[key] = (slowdown, str(r["scenario"]))
+    if worst:
+        lines.append(
+            "Worst slowdown against the same system's fault-free step: "
+            + "; ".join(f"{m} {s} {x:.2f}x ({c})" for (m, s), (x, c) in worst.items())
+            + "."
+        )
+    speedups = []
+    by_case: dict[tuple[str, str], dict[str, float]] = {}
+    for r in runs:
+        if r["scenario"] != "fault-free":
+            by_case.setdefault((r["model"], r["scenario"]), {})[r["system"]] = float(
+                r["median_wall_ms"]
+            )
+    for (model, scenario), steps in by_case.items():
+        others = {s: ms for s, ms in steps.items() if not s.startswith("adaptra")}
+        if "adaptra" in steps and others:
+            best = min(others, key=others.__getitem__)
+            speedups.append(
+                f"{model} {scenario} {others[best] / steps['adaptra']:.2f}x over {best}"
+            )
+    if speedups:
+        lines.append("Adaptra's speed-up over the best baseline: " + "; ".join(speedups) + ".")
+    return [*lines, ""] if lines else []
+
+
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
     figures: list[tuple[str, str]] = []
     static = [r for r in runs if not _traced(r)]
@@ -111,22 +151,34 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         figures.append(("throughput over the fault timeline", "throughput_over_time.png"))
     gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
     figures += gantt
+    record = read_json(run_dir / "spec.json", "spec record")
+    recorded = record if isinstance(record, dict) else {}
     lines = [
         f"# {spec.name}",
         "",
         f"Backend `{spec.backend}`, {spec.num_iterations} measured iterations per configuration "
-        f"after {spec.num_warmup_iterations} warm-up. A step is the pipeline iteration plus the "
-        "DP all-reduce and the optimizer.",
+        f"after {spec.num_warmup_iterations} warm-up; seed {spec.seed}; git revision "
+        f"`{recorded.get('git_revision', 'unknown')}`.",
         "",
-        "| model | system | scenario | median step (ms) | median iteration (ms) | samples/s "
-        "| bubble ratio |",
-        "|---|---|---|---|---|---|---|",
+        *_headline(runs),
+        "| model | system | comm | controller | scenario | median step (ms) | median iteration "
+        "(ms) | samples/s | bubble ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [
-        f"| {r['model']} | {r['system']} | {r['scenario']} | {float(r['median_wall_ms']):.1f} | "
-        f"{float(r['median_iteration_ms']):.1f} | {float(r['throughput_samples_per_s']):.2f} | "
-        f"{float(r['bubble_ratio']):.3f} |"
+        f"| {r['model']} | {r['system']} | {r['comm']} | {r['controller']} | {r['scenario']} | "
+        f"{float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
+        f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} |"
         for r in runs
+    ]
+    lines += [
+        "",
+        "A step is the pipeline iteration plus the DP all-reduce and the optimizer; the "
+        "iteration is the pipeline alone (its start to its last op's end). samples/s: the "
+        "measured iterations' samples (each once) over the time of every step run, lost ones "
+        "run again after a restart included, plus the modelled restart cost. Bubble ratio: "
+        "1 - (time the stages spent in ops) / (stages x iteration time), replica 0's, the "
+        "mean over the measured iterations.",
     ]
     compared = paper_comparison(spec.name, runs)
     if compared:
