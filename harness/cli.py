@@ -12,9 +12,10 @@ from types import FrameType
 
 import click
 
+from harness.commands_compare import compare
 from harness.commands_infra import cleanup, doctor, launch
 from harness.commands_profile import calibrate, profile
-from harness.commands_run import compare, report, run
+from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
 
