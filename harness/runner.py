@@ -7,6 +7,7 @@ import functools
 
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
+from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Engine, Plan
 from pipeline.engines.base import Closing
 from pipeline.engines.sim import SimEngine
@@ -127,6 +128,8 @@ def run_configuration(
             return run(sim)
     timeout_s = recovery.transport_timeout_s
     longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
+    if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
+        longest_ms += faults.longest_hold_ms()
     if longest_ms >= 1000 * timeout_s:
         raise ConfigError(
             f"a delay of {longest_ms:g} ms is not shorter than the workers' {timeout_s:g} s "

@@ -292,6 +292,18 @@ class FaultModel:
             delays.append(total)
         return tuple(delays)
 
+    def longest_hold_ms(self) -> float:
+        """The longest one event may hold a message (a fixed delay with its jitter, a stall;
+        a redrawn normal delay counts its mean plus four standard deviations)."""
+        held = [0.0]
+        for event in self.events:
+            effect = event.effect
+            if not effect.down:
+                held.append(effect.delay_ms + effect.jitter_ms + effect.stall_ms)
+            if effect.normal_ms is not None:
+                held.append(effect.normal_ms[0] + 4 * effect.normal_ms[1])
+        return max(held)
+
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         """A link or NIC is down at `iteration` (from some point in it on)."""
         return any(

@@ -526,3 +526,10 @@ def test_a_delay_past_the_worker_timeout_is_refused_up_front(tmp_path: Path) -> 
     assert sim.returncode == 1 and "--timeout is the runtime workers'" in sim.stderr
     bad = cli(*common, "--backend", "emulated", "--timeout", "0")
     assert bad.returncode == 2 and "--timeout" in bad.stderr
+    faults = tmp_path / "faults.yaml"
+    faults.write_text('[{start_iteration: 1, links: ["0-1"], delay_ms: 900, jitter_ms: 200}]\n')
+    quiet = str(write_profile(tmp_path, stages=2, microbatches=2, delay_ms=[0]))
+    timeline = ["run", "--profile", quiet, "--policy", "1f1b", "--backend", "emulated"]
+    late = cli(*timeline, "--faults", str(faults), "--timeout", "1")
+    assert late.returncode == 1  # 900 + 200 ms of the timeline's, before any worker starts
+    assert "a delay of 1100 ms is not shorter than the workers' 1 s timeout" in late.stderr
