@@ -71,7 +71,7 @@ def plan_adaptra(
     EXACT_AUTO_MAX_OPS; 0: never). Never worse than any of those rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
-    x_cap = plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
+    x_cap = _warmup_cap(profile, plan)
     num_ops = 3 * profile.num_stages * profile.num_microbatches
     lower_bound_ms = iteration_lower_bound_ms(profile)
     found = search_policy(
@@ -105,13 +105,19 @@ def plan_adaptra(
     )
 
 
+def _warmup_cap(profile: Profile, plan: WarmupPlan) -> int:
+    """The most warm-up forwards a stage may be given: N, or the plan's x_0 under a memory
+    limit."""
+    return plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
+
+
 def starts(profile: Profile, plan: WarmupPlan) -> list[Policy]:
     """Where the search starts: the plan's warm-up counts; with delays, the authors' rule
     x_i = x_(i+1) + ceil(c_i / tF_i) + 2 (at most N, or the plan's x_0 under a memory
     limit: uncapped it can ask for forwards that do not exist); and the published
     greedy rule, warm-up 1 everywhere then B > F > W (the authors' later policy at the real
     per-link delays)."""
-    x_cap = plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
+    x_cap = _warmup_cap(profile, plan)
     policies = [Policy.uncapped(plan.warmup)]
     if any(profile.delay_ms):
         authors = tuple(min(x, x_cap) for x in authors_warmup(profile))

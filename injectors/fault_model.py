@@ -159,6 +159,15 @@ class InForce:
     def _route(
         self, link: Link, direction: str
     ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
+        """The units with effects on the route of `link` in `direction` (looked up once)."""
+        route = self._routes.get((link, direction))
+        if route is None:
+            route = self._routes[link, direction] = self._route_units(link, direction)
+        return route
+
+    def _route_units(
+        self, link: Link, direction: str
+    ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
         a, b = self.topology.hosts_of(link)
         sender, receiver = (a, b) if direction == "forward" else (b, a)
         nic = self.topology.nics[0]
@@ -180,9 +189,7 @@ class InForce:
     ) -> MessageFault:
         if not self.effects:
             return _HEALTHY
-        route = self._routes.get((link, direction))
-        if route is None:
-            route = self._routes[link, direction] = self._route(link, direction)
+        route = self._route(link, direction)
         delay_ms = 0.0
         for unit, effects in route:
             for effect, from_ms in effects:
