@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from harness.experiment import run_experiment
-from harness.results import read_csv_rows
+from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
 from pipeline.allreduce import buckets, messages_per_link_direction
 from pipeline.cost_model import MODELS, model_cost
@@ -35,7 +35,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="fig3-"))
     spec = load_spec(PRESET)
     runs = read_csv_rows(
-        run_experiment(spec, out / spec.name, progress=lambda _: None) / "runs.csv"
+        run_experiment(spec, out / spec.name, progress=lambda _: None) / "runs.csv", RUNS_COLUMNS
     )
     step_s = {r["scenario"]: float(r["median_wall_ms"]) / 1000 for r in runs}
     profile = model_cost(MODELS["gpt2-7b-dp2"]).profile

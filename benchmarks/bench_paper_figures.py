@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.experiment import run_experiment
 from harness.paper import PAPER
 from harness.report import paper_comparison
-from harness.results import read_csv_rows
+from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
 
 PRESETS = Path(__file__).resolve().parents[1] / "harness" / "presets"
@@ -33,7 +33,7 @@ def main() -> None:
         if spec.name not in PAPER:
             continue
         run_dir = run_experiment(spec, out / spec.name, progress=lambda _: None)
-        compared = paper_comparison(spec.name, read_csv_rows(run_dir / "runs.csv"))
+        compared = paper_comparison(spec.name, read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS))
         errors = [abs(ours - paper.value) / paper.value for _, paper, ours in compared]
         summary.append(
             f"| {spec.name} | {path.name} | {len(errors)} | "

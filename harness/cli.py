@@ -85,8 +85,11 @@ def main(argv: list[str] | None = None) -> None:
     except Terminated as err:
         click.echo(f"terminated ({err})", err=True)
         sys.exit(128 + err.signum)
+    except click.exceptions.NoArgsIsHelpError as err:
+        click.echo(err.format_message(), err=True)  # the help, as asked for by giving nothing
+        sys.exit(err.exit_code)
     except click.ClickException as err:
-        err.show()
+        click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)
     except (AdaptraBenchError, OSError) as err:  # OSError: a file or the system said no
         click.echo(f"error: {err}", err=True)
@@ -99,6 +102,15 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for signum, earlier in previous.items():
             signal.signal(signum, earlier)
+
+
+def _one_line(err: click.ClickException) -> str:
+    """click's message on one line; a usage error names the help to read (click's own form
+    prints the usage and a hint on lines of their own)."""
+    message = " ".join(err.format_message().split())
+    if isinstance(err, click.UsageError) and err.ctx is not None:
+        message += f" (see {err.ctx.command_path} --help)"
+    return message
 
 
 def _write_crash_log(argv: list[str] | None) -> str:

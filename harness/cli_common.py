@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from harness.policies import POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
@@ -19,7 +21,10 @@ from pipeline.torch_csv import from_torch_csv
 __all__ = [
     "calibration_option",
     "emit_json",
+    "given_options",
     "load_host_costs",
+    "output_file_option",
+    "refuse_options",
     "resolve",
     "schedule_options",
 ]
@@ -101,6 +106,46 @@ def calibration_option(func: F) -> F:
 
 def load_host_costs(path: str | None) -> HostCosts:
     return FREE if path is None else HostCosts.from_file(path)
+
+
+def given_options() -> set[str]:
+    """The running command's parameters that the command line (or the environment) set."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    }
+
+
+def refuse_options(names: set[str], why: str) -> None:
+    """An option the command would ignore is a mistake: refuse `names`, saying `why`."""
+    if not names:
+        return
+    ctx = click.get_current_context()
+    flags = [p.opts[0] for p in ctx.command.params if p.name in names]
+    raise ConfigError(f"{', '.join(flags)}: {why}")
+
+
+def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> Callable[[F], F]:
+    """An output file: its suffix one of `suffixes` and its folder existing, checked before
+    the command does any work (so nothing computed is lost to a bad path)."""
+
+    def check(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = Path(value)
+        if path.suffix.lower() not in suffixes:
+            raise click.BadParameter(
+                f"{value!r} must end in {' or '.join(suffixes)}", param_hint=flag
+            )
+        if not path.parent.is_dir():
+            raise click.BadParameter(
+                f"{value!r}: the folder {str(path.parent)!r} does not exist", param_hint=flag
+            )
+        return value
+
+    return click.option(flag, type=click.Path(dir_okay=False), callback=check, **kwargs)
 
 
 def emit_json(data: dict[str, Any]) -> None:

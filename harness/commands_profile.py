@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json
+from harness.cli_common import emit_json, output_file_option
 from pipeline.errors import ConfigError
 
 __all__ = ["calibrate", "profile"]
@@ -23,9 +23,9 @@ __all__ = ["calibrate", "profile"]
     help="Microbatches per iteration (default: 2 x stages).",
 )
 @click.option("--iterations", type=click.IntRange(min=1), default=3, help="Measured iterations.")
-@click.option(
+@output_file_option(
     "--out",
-    type=click.Path(dir_okay=False),
+    (".json",),
     required=True,
     help="Where to write the profile JSON (the README's profile file).",
 )
@@ -66,9 +66,9 @@ def profile(
 
 
 @click.command()
-@click.option(
+@output_file_option(
     "--out",
-    type=click.Path(dir_okay=False),
+    (".json",),
     required=True,
     help="Where to write this host's costs (a calibration JSON for --calibration).",
 )

@@ -12,7 +12,10 @@ import click
 from harness.cli_common import (
     calibration_option,
     emit_json,
+    given_options,
     load_host_costs,
+    output_file_option,
+    refuse_options,
     resolve,
     schedule_options,
 )
@@ -26,7 +29,6 @@ from injectors.fault_files import load_faults
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
-from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline
@@ -94,18 +96,14 @@ __all__ = ["report", "run"]
     type=click.Path(dir_okay=False),
     help="Experiment spec (YAML) to run instead of the default experiment.",
 )
-@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
+@output_file_option("--trace", (".json",), help="Write a Chrome/Perfetto trace (JSON).")
 @click.option(
     "--faults",
     "faults_path",
     type=click.Path(dir_okay=False),
     help="Fault timeline: the paper's trace (.txt) or YAML (.yaml/.yml).",
 )
-@click.option(
-    "--plot",
-    type=click.Path(dir_okay=False),
-    help="Gantt chart PNG of the last measured iteration.",
-)
+@output_file_option("--plot", (".png",), help="Gantt chart PNG of the last measured iteration.")
 @calibration_option
 def run(
     profile_path: str | None,
@@ -131,21 +129,23 @@ def run(
 ) -> None:
     """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
     --schedule/--system the embedded default."""
-    if profile_path is None and policy is None and schedule_path is None and system is None:
-        if backend == "megatron" or model is not None:
-            raise ConfigError(
-                "--backend megatron runs one configuration: give --profile (its stages and "
-                "microbatches) and --policy or --schedule"
-            )
-        if calibration_path is not None:
-            raise ConfigError("an experiment takes its calibration from its spec's `calibration`")
-        if timeout_s is not None:
-            raise ConfigError("an experiment takes its timeout from its spec's transport_timeout_s")
+    single = {"profile_path", "policy", "schedule_path", "system"}
+    given = given_options()
+    if spec_path is not None or not given & single:
+        refuse_options(
+            given - {"spec_path", "out", "run_id"},
+            "--spec runs an experiment, which takes these from its file"
+            if spec_path
+            else "without --profile/--policy/--schedule/--system, run runs the default "
+            "experiment, which takes only --out and --run-id (give --profile and --system to "
+            "run one configuration)",
+        )
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
         run_dir = Path(out) / (run_id or new_run_id(spec.name))
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
         return
+    refuse_options(given & {"out", "run_id"}, "one configuration writes no run directory")
     if system is not None:
         if policy is not None or schedule_path is not None or comm is not None:
             raise ConfigError(
@@ -154,6 +154,8 @@ def run(
             )
         if profile_path is None:
             raise ConfigError("--system needs --profile")
+        if time_limit_s is not None:
+            raise ConfigError("--time-limit goes with --policy milp or adaptra, not --system")
         profile = Profile.from_file(profile_path)
     else:
         profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
@@ -269,13 +271,15 @@ class _Progress:
 def report(run_dir: str) -> None:
     """Rebuild a run directory's figures and report.md from its results."""
     from harness.report import write_report
-    from harness.results import read_csv_rows
+    from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record
     from harness.spec import ExperimentSpec
 
     path = Path(run_dir)
-    spec_data = read_json(path / "spec.json", "spec")
-    spec = ExperimentSpec.from_dict(spec_data.get("spec") if isinstance(spec_data, dict) else None)
-    runs = read_csv_rows(path / "runs.csv")
+    try:
+        spec = ExperimentSpec.from_dict(read_spec_record(path)["spec"])
+    except TypeError as err:  # a field of the wrong type
+        raise ConfigError(f"{path / 'spec.json'}: {err}") from err
+    runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)
     if not runs:
         raise ConfigError(f"{path} has no results in runs.csv")
     write_report(spec, path, runs)

@@ -8,6 +8,7 @@ from harness.cli_common import (
     calibration_option,
     emit_json,
     load_host_costs,
+    output_file_option,
     resolve,
     schedule_options,
 )
@@ -23,7 +24,7 @@ __all__ = ["schedule", "simulate_cmd"]
 @click.command()
 @schedule_options
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "torch-csv"]), default="text")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+@output_file_option("--plot", (".png",), help="Write a Gantt chart PNG here.")
 def schedule(
     profile_path: str | None,
     policy: str | None,
@@ -64,8 +65,8 @@ def schedule(
 @schedule_options
 @click.option("--comm", type=click.Choice([m.value for m in CommMode]), default="ideal")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Write a Chrome/Perfetto trace.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Write a Gantt chart PNG here.")
+@output_file_option("--trace", (".json",), help="Write a Chrome/Perfetto trace (JSON).")
+@output_file_option("--plot", (".png",), help="Write a Gantt chart PNG here.")
 @calibration_option
 def simulate_cmd(
     profile_path: str | None,

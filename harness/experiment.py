@@ -18,6 +18,7 @@ from harness.results import (
     RUNS_COLUMNS,
     git_revision,
     read_csv_rows,
+    read_spec_record,
     run_dir_held,
     write_csv_atomic,
     write_json_atomic,
@@ -79,20 +80,16 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         "spec": spec.to_dict(),
     }
     if spec_path.exists():
-        previous = json.loads(spec_path.read_text())
-        if previous.get("schema_version") != RESULTS_SCHEMA_VERSION:
-            raise ConfigError(
-                f"{run_dir} holds results of schema version {previous.get('schema_version')!r}; "
-                f"this version resumes {RESULTS_SCHEMA_VERSION} only: pick a new run id"
-            )
-        if previous.get("spec") != json.loads(json.dumps(spec_record["spec"])):
+        previous = read_spec_record(run_dir)
+        if previous["spec"] != json.loads(json.dumps(spec_record["spec"])):
             raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
-    write_json_atomic(spec_path, spec_record)
-    runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv")
+    runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
     # another file holds of a configuration it lacks is stale.
-    iterations = [r for r in read_csv_rows(run_dir / "iterations.csv") if _row_key(r) in done]
+    saved = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    iterations = [r for r in saved if _row_key(r) in done]
+    write_json_atomic(spec_path, spec_record)
     configs = [
         (target, system, scenario, repeat)
         for target in spec.targets()

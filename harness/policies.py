@@ -77,12 +77,21 @@ POLICIES: dict[str, Builder] = {
 }
 
 
+TIMED_POLICIES = ("adaptra", "milp")
+"""The policies that run the exact solver, which a time limit bounds."""
+
+
 def plan(policy: str, profile: Profile, *, time_limit_s: float | None = None) -> PlannedSchedule:
     """Build the policy's schedule for the profile, timing everything the call does."""
     if policy not in POLICIES:
         raise ConfigError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
-    if time_limit_s is not None and time_limit_s <= 0:
-        raise ConfigError(f"--time-limit must be > 0 seconds, got {time_limit_s:g}")
+    if time_limit_s is not None:
+        if policy not in TIMED_POLICIES:
+            raise ConfigError(
+                f"--time-limit is for the exact solver ({', '.join(TIMED_POLICIES)}), not {policy}"
+            )
+        if not 0 < time_limit_s <= 86400:
+            raise ConfigError(f"--time-limit must be in (0, 86400] seconds, got {time_limit_s:g}")
     start = time.perf_counter()
     schedule, method = POLICIES[policy](profile, time_limit_s)
     generation_ms = (time.perf_counter() - start) * 1000.0

@@ -10,9 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
-from harness.results import fault_free_wall_ms, read_csv_rows, write_atomic
+from harness.results import (
+    ITERATIONS_COLUMNS,
+    fault_free_wall_ms,
+    read_csv_rows,
+    read_spec_record,
+    write_atomic,
+)
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
-from pipeline.files import read_json
 from pipeline.gantt import plot_gantt
 
 if TYPE_CHECKING:
@@ -143,7 +148,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         figures.append(("time per step vs delay", "iteration_time_vs_delay.png"))
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
-    iterations = read_csv_rows(run_dir / "iterations.csv")
+    iterations = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     traced = [r for r in iterations if _traced(r)]
     if traced:
         samples = spec.targets()[0].samples_per_iteration
@@ -151,8 +156,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         figures.append(("throughput over the fault timeline", "throughput_over_time.png"))
     gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
     figures += gantt
-    record = read_json(run_dir / "spec.json", "spec record")
-    recorded = record if isinstance(record, dict) else {}
+    recorded = read_spec_record(run_dir)
     lines = [
         f"# {spec.name}",
         "",

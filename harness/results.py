@@ -25,6 +25,7 @@ __all__ = [
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
+    "read_spec_record",
     "run_dir_held",
     "write_atomic",
     "write_csv_atomic",
@@ -180,11 +181,52 @@ def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[
         writer.writerows(rows)
 
 
-def read_csv_rows(path: Path) -> list[dict[str, Any]]:
+def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of a result CSV this version wrote (none if there is no file): its header must
+    be `columns`, every row must have each of them and no more, and every `schema_version`
+    must be this version's. Anything else (a truncated, edited or older file) is refused: a
+    resumed run or a report must not build on it."""
     if not path.exists():
         return []
-    with path.open(newline="") as handle:
-        return list(csv.DictReader(handle))
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            header = tuple(reader.fieldnames or ())
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from err
+    if header != tuple(columns):
+        raise ConfigError(f"{path} does not have the columns this version writes: damaged?")
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        if None in row or None in row.values():
+            raise ConfigError(f"{path} line {number} does not have {len(columns)} fields: damaged?")
+        version = row.get("schema_version", str(RESULTS_SCHEMA_VERSION))
+        if version != str(RESULTS_SCHEMA_VERSION):
+            raise ConfigError(
+                f"{path} line {number} is of schema version {version!r}; this version reads "
+                f"{RESULTS_SCHEMA_VERSION} only"
+            )
+    return rows
+
+
+def read_spec_record(run_dir: Path) -> dict[str, Any]:
+    """The run directory's spec.json (its spec, schema version, run id and git revision);
+    one of another schema version is refused."""
+    path = run_dir / "spec.json"
+    try:
+        record = json.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}") from err
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ConfigError(f"{path} is not valid JSON (damaged?): {err}") from err
+    if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
+        raise ConfigError(f"{path} is not a spec record (an object with a `spec`)")
+    if record.get("schema_version") != RESULTS_SCHEMA_VERSION:
+        raise ConfigError(
+            f"{run_dir} holds results of schema version {record.get('schema_version')!r}; "
+            f"this version reads {RESULTS_SCHEMA_VERSION} only: pick a new run id"
+        )
+    return record
 
 
 def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:

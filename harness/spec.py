@@ -17,11 +17,12 @@ from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
 from injectors.fault_files import load_faults
 from injectors.fault_model import FaultModel
+from pipeline.checks import check_count, check_ms, is_number
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
-from pipeline.files import read_text
+from pipeline.files import load_yaml, read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -140,8 +141,7 @@ class ExperimentSpec:
     calibrate`), relative to the spec file."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
-            raise ConfigError(f"the spec name must be a string, not {self.name!r}")
+        self._check_types()
         check_run_name(self.name, "spec name")  # the run directory's default name
         if self.faults is not None:
             check_label(Path(self.faults).stem, "fault timeline file name")
@@ -170,11 +170,10 @@ class ExperimentSpec:
             len(self.models) != 1 or not isinstance(self.models[0], str)
         ):
             raise ConfigError("with a profile, `models` is one label for it")
-        for delay in self.delays_ms:
-            if not delay >= 0:
-                raise ConfigError(f"delays must be >= 0 ms, got {delay}")
-        if self.num_iterations < 1 or self.num_repeats < 1 or self.num_warmup_iterations < 0:
-            raise ConfigError("iterations and repeats must be >= 1, warm-up iterations >= 0")
+        if not self.delays_ms:
+            raise ConfigError("delays_ms is empty (0 is the fault-free run)")
+        for i, delay in enumerate(self.delays_ms):
+            check_ms(f"delays_ms[{i}]", delay)
         if self.backend == "megatron":
             from pipeline.runtime.megatron import get_preset  # no megatron import: a table
 
@@ -193,6 +192,33 @@ class ExperimentSpec:
                     "profile of the model instead"
                 )
             self.scenarios(target)
+
+    def _check_types(self) -> None:
+        """What YAML gives is any type: each field must be of its own (a float count, a
+        string delay or a bool seed is a mistake in the file)."""
+        for name in ("name", "backend", "injection"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("faults", "calibration"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise ConfigError(f"{name} must be a file name, got {getattr(self, name)!r}")
+        for name, minimum in (
+            ("num_iterations", 1),
+            ("num_warmup_iterations", 0),
+            ("num_repeats", 1),
+            ("seed", 0),
+            ("checkpoint_every", 1),
+        ):
+            check_count(name, getattr(self, name), minimum)
+        check_ms("restart_ms", self.restart_ms)
+        if not is_number(self.transport_timeout_s):
+            raise ConfigError(
+                f"transport_timeout_s must be a number, got {self.transport_timeout_s!r}"
+            )
+        if not all(isinstance(s, str) for s in self.systems):
+            raise ConfigError(f"systems must be a list of names, got {list(self.systems)!r}")
+        if not all(isinstance(m, (str, dict)) for m in self.models):
+            raise ConfigError(f"models must be names or mappings, got {list(self.models)!r}")
 
     def recovery(self) -> Recovery:
         return Recovery(
@@ -277,13 +303,7 @@ class ExperimentSpec:
 
 def load_spec(path: Path) -> ExperimentSpec:
     """An experiment spec from a YAML (or JSON) file; every error names the file."""
-    import yaml
-
-    text = read_text(path, "spec")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"spec {path} is not valid YAML: {err}") from err
+    data = load_yaml(read_text(path, "spec"), f"spec {path}")
     try:
         return ExperimentSpec.from_dict(data, base_dir=path.parent)
     except (ConfigError, TypeError) as err:

@@ -15,14 +15,16 @@ row.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from pathlib import Path
 from typing import Any
 
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
+from pipeline.checks import MAX_DURATION_MS
 from pipeline.errors import ConfigError
-from pipeline.files import read_text
+from pipeline.files import load_yaml, read_text
 from pipeline.topology import Link
 
 __all__ = ["load_faults", "parse_trace", "parse_yaml"]
@@ -38,7 +40,10 @@ def load_faults(path: str | Path, seed: int = 0) -> FaultModel:
     """A paper trace (any suffix but .yaml/.yml) or a YAML timeline."""
     text = read_text(path, "fault timeline")
     yaml_file = Path(path).suffix in (".yaml", ".yml")
-    return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
+    try:
+        return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
+    except ConfigError as err:
+        raise ConfigError(f"fault timeline {path}: {err}") from err
 
 
 def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
@@ -51,16 +56,39 @@ def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
     return number
 
 
-def _ms(row: int, value: Any, name: str, scale: float = 1.0, *, inf: bool = False) -> float:
+def _ms(
+    row: int, value: Any, name: str, scale: float = 1.0, *, inf: bool = False, unit: str = "ms"
+) -> float:
     text = str(value).strip().lower()
     try:
         number = math.inf if inf and text == "inf" else float(text) * scale
     except ValueError:
         what = "a number or inf" if inf else "a number"
         raise ConfigError(f"fault row {row}: {name} {value!r} is not {what}") from None
-    if math.isnan(number) or number < 0 or (not inf and math.isinf(number)):
-        raise ConfigError(f"fault row {row}: {name} must be >= 0, got {value!r}")
+    if number == math.inf and inf:
+        return number
+    if not 0 <= number <= MAX_DURATION_MS:
+        bound = " (inf: down)" if inf else ""
+        raise ConfigError(
+            f"fault row {row}: {name} must be in 0..{MAX_DURATION_MS:.0f} {unit}{bound}, got "
+            f"{value!r}"
+        )
     return number
+
+
+def _timeline(events: list[FaultEvent], seed: int) -> FaultModel:
+    """The rows as a timeline: at least one, in the order they start (a row out of order is
+    a mistake in the file, not something to sort silently)."""
+    if not events:
+        raise ConfigError("the timeline has no rows (a run without faults takes no --faults)")
+    for before, after in itertools.pairwise(events):
+        if (after.start_iteration, after.at_ms) < (before.start_iteration, before.at_ms):
+            raise ConfigError(
+                f"fault row {after.row} starts before row {before.row} (iteration "
+                f"{after.start_iteration} at {after.at_ms:g} ms after iteration "
+                f"{before.start_iteration} at {before.at_ms:g} ms): order rows by when they start"
+            )
+    return FaultModel(tuple(events), seed)
 
 
 def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
@@ -98,7 +126,7 @@ def parse_trace(text: str, seed: int = 0) -> FaultModel:
         target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
         effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
         events.append(FaultEvent(_iteration(row, fields[0]), target, effect, row=row))
-    return FaultModel(tuple(events), seed)
+    return _timeline(events, seed)
 
 
 def _target(row: int, item: dict[str, Any], failure: bool) -> Target:
@@ -163,7 +191,7 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
         mean, std = _ms(row, normal["mean_ms"], "mean_ms"), _ms(row, normal["std_ms"], "std_ms")
         return Effect(normal_ms=(mean, std), redraw_every_ms=(lo, hi))
     if kind == "bandwidth_gbps":
-        rate = _ms(row, value, "bandwidth_gbps")
+        rate = _ms(row, value, "bandwidth_gbps", unit="Gbit/s")
         if not rate > 0:
             raise ConfigError(f"fault row {row}: bandwidth_gbps must be > 0, got {value!r}")
         return Effect(bandwidth_gbps=rate)
@@ -175,12 +203,7 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
 
 
 def parse_yaml(text: str, seed: int = 0) -> FaultModel:
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"fault timeline is not valid YAML: {err}") from err
+    data = load_yaml(text, "the timeline")
     if not isinstance(data, list):
         raise ConfigError("a YAML fault timeline is a list of rows {start_iteration, ...}")
     events = []
@@ -208,4 +231,4 @@ def parse_yaml(text: str, seed: int = 0) -> FaultModel:
                 row=row,
             )
         )
-    return FaultModel(tuple(events), seed)
+    return _timeline(events, seed)

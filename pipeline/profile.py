@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.allreduce import DEFAULT_BUCKET_BYTES
+from pipeline.checks import check_count, check_ms, is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 from pipeline.topology import Link, Topology
@@ -38,54 +39,36 @@ _OPTIONAL_KEYS = (
 )
 _FIELD_OF_KEY = {"dp": "num_replicas"}
 
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_count(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _check_time(name: str, value: object) -> float:
-    if not _is_number(value):
-        raise ConfigError(f"{name} must be a number, got {value!r}")
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < 0:
-        raise ConfigError(f"{name} must be finite and >= 0, got {value!r}")
-    return number
+MAX_STAGES, MAX_MICROBATCHES, MAX_REPLICAS = 512, 4096, 1024
+"""Far beyond any pipeline in use (the paper's largest: 8 stages, 128 microbatches, DP 4), and
+small enough that a schedule of them fits in memory."""
 
 
 def _check_rate(name: str, value: object) -> float | None:
     """Bandwidths and memory limits: None means unlimited, otherwise finite and > 0."""
     if value is None:
         return None
-    number = _check_time(name, value)
-    if number == 0:
-        raise ConfigError(f"{name} must be > 0 (or null for unlimited), got {value!r}")
-    return number
+    if not is_number(value) or not 0 < float(value) < math.inf:  # type: ignore[arg-type]
+        raise ConfigError(f"{name} must be finite and > 0 (or null for unlimited), got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def _per_stage(name: str, value: object, num_stages: int) -> tuple[float, ...]:
-    if _is_number(value):
-        return (_check_time(name, value),) * num_stages
+    if is_number(value):
+        return (check_ms(name, value),) * num_stages
     if not isinstance(value, Sequence) or isinstance(value, str):
         raise ConfigError(f"{name} must be a number or a list of {num_stages} numbers")
     if len(value) != num_stages:
         raise ConfigError(f"{name} has {len(value)} entries, expected one per stage ({num_stages})")
-    return tuple(_check_time(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return tuple(check_ms(f"{name}[{i}]", v) for i, v in enumerate(value))
 
 
 def _per_stage_count(name: str, value: object, num_stages: int) -> tuple[int, ...]:
     if not isinstance(value, Sequence) or isinstance(value, str):
-        return (_check_count(name, value, 0),) * num_stages
+        return (check_count(name, value, 0),) * num_stages
     if len(value) != num_stages:
         raise ConfigError(f"{name} has {len(value)} entries, expected one per stage ({num_stages})")
-    return tuple(_check_count(f"{name}[{i}]", v, 0) for i, v in enumerate(value))
+    return tuple(check_count(f"{name}[{i}]", v, 0) for i, v in enumerate(value))
 
 
 def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], ...]:
@@ -106,7 +89,7 @@ def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], .
                 "dp<stage>:a-b"
             )
         topology.check(link)
-        checked = _check_time(f"dp_delay_ms[{link}]", delay)
+        checked = check_ms(f"dp_delay_ms[{link}]", delay)
         if checked:
             delays[link] = checked
     return tuple(sorted(delays.items()))
@@ -148,8 +131,8 @@ class Profile:
     """Each stage's optimizer step, after its all-reduce; missing: 0."""
 
     def __post_init__(self) -> None:
-        num_stages = _check_count("stages", self.num_stages, 1)
-        num_microbatches = _check_count("microbatches", self.num_microbatches, 1)
+        num_stages = check_count("stages", self.num_stages, 1, MAX_STAGES)
+        num_microbatches = check_count("microbatches", self.num_microbatches, 1, MAX_MICROBATCHES)
         if num_microbatches < num_stages:
             raise ConfigError(
                 f"microbatches ({num_microbatches}) must be >= stages ({num_stages}): "
@@ -158,21 +141,21 @@ class Profile:
         for name in ("t_f_ms", "t_b_ms", "t_w_ms"):
             object.__setattr__(self, name, _per_stage(name[:-3], getattr(self, name), num_stages))
         delays = self.delay_ms
-        if _is_number(delays) or not isinstance(delays, Sequence) or isinstance(delays, str):
+        if is_number(delays) or not isinstance(delays, Sequence) or isinstance(delays, str):
             raise ConfigError(f"delay_ms must be a list of up to {num_stages - 1} numbers")
         if len(delays) > num_stages - 1:
             raise ConfigError(
                 f"delay_ms has {len(delays)} entries but {num_stages} stages have "
                 f"{num_stages - 1} links"
             )
-        checked = [_check_time(f"delay_ms[{i}]", d) for i, d in enumerate(delays)]
+        checked = [check_ms(f"delay_ms[{i}]", d) for i, d in enumerate(delays)]
         object.__setattr__(
             self, "delay_ms", tuple(checked) + (0.0,) * (num_stages - 1 - len(checked))
         )
         object.__setattr__(self, "mem_limit", _check_rate("mem_limit", self.mem_limit))
-        _check_count("message_bytes", self.message_bytes, 0)
+        check_count("message_bytes", self.message_bytes, 0)
         object.__setattr__(
-            self, "link_latency_ms", _check_time("link_latency_ms", self.link_latency_ms)
+            self, "link_latency_ms", check_ms("link_latency_ms", self.link_latency_ms)
         )
         object.__setattr__(
             self,
@@ -180,15 +163,15 @@ class Profile:
             _check_rate("link_bandwidth_gbps", self.link_bandwidth_gbps),
         )
         if self.num_delegates is not None:
-            _check_count("num_delegates", self.num_delegates, 1)
+            check_count("num_delegates", self.num_delegates, 1)
         object.__setattr__(self, "copy_gbps", _check_rate("copy_gbps", self.copy_gbps))
-        num_replicas = _check_count("dp", self.num_replicas, 1)
+        num_replicas = check_count("dp", self.num_replicas, 1, MAX_REPLICAS)
         object.__setattr__(
             self,
             "allreduce_bytes",
             _per_stage_count("allreduce_bytes", self.allreduce_bytes or 0, num_stages),
         )
-        _check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1)
+        check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1)
         object.__setattr__(
             self, "dp_bandwidth_gbps", _check_rate("dp_bandwidth_gbps", self.dp_bandwidth_gbps)
         )
@@ -241,7 +224,7 @@ class Profile:
         for key in ("delay_ms", "allreduce_bytes", "optimizer_ms"):
             if isinstance(optional.get(key), list):
                 optional[key] = tuple(optional[key])
-        return cls(
+        profile = cls(
             num_stages=data["stages"],
             num_microbatches=data["microbatches"],
             t_f_ms=data["t_f"],
@@ -249,6 +232,13 @@ class Profile:
             t_w_ms=data["t_w"],
             **optional,
         )
+        given = data.get("delay_ms")
+        if given is not None and len(given) != profile.num_stages - 1:
+            raise ConfigError(  # in a file, a short list is a mistake, not "the rest 0"
+                f"delay_ms has {len(given)} entries; {profile.num_stages} stages have "
+                f"{profile.num_stages - 1} links, one delay each"
+            )
+        return profile
 
     @classmethod
     def from_file(cls, path: str | Path) -> Profile:

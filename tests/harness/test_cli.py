@@ -57,7 +57,7 @@ def test_system_is_an_alias_and_delays_count(tmp_path: Path) -> None:
     out = cli(
         "schedule",
         "--profile",
-        str(write_profile(tmp_path, delay_ms=[20])),
+        str(write_profile(tmp_path, delay_ms=[20, 0, 0])),
         "--system",
         "1f1b",
         "--format",
@@ -70,7 +70,7 @@ def test_system_is_an_alias_and_delays_count(tmp_path: Path) -> None:
     simulated = cli(
         "simulate",
         "--profile",
-        str(write_profile(tmp_path, delay_ms=[20])),
+        str(write_profile(tmp_path, delay_ms=[20, 0, 0])),
         "--policy",
         "1f1b",
         "--comm",
@@ -87,7 +87,7 @@ def test_system_is_an_alias_and_delays_count(tmp_path: Path) -> None:
 def test_simulate_the_fig4_fixture(tmp_path: Path, fig4_path: Path, c0, expected) -> None:
     args = ["simulate", "--schedule", str(fig4_path), "--comm", "ideal", "--format", "json"]
     if c0 is not None:  # without --profile, the fixture's own profile (no delay) is used
-        args += ["--profile", str(write_profile(tmp_path, delay_ms=[c0]))]
+        args += ["--profile", str(write_profile(tmp_path, delay_ms=[c0, 0, 0]))]
     out = cli(*args)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -121,7 +121,7 @@ def test_run_sim_json_contract(tmp_path: Path) -> None:
         "--backend",
         "sim",
         "--profile",
-        str(write_profile(tmp_path, delay_ms=[40])),
+        str(write_profile(tmp_path, delay_ms=[40, 0, 0])),
         "--policy",
         "zb-h2",
         "--comm",
@@ -181,7 +181,8 @@ def test_torch_csv_format(tmp_path: Path) -> None:
         ),
         (
             ["run", "--backend", "megatron", "--model", "tiny"],
-            "--backend megatron runs one configuration: give --profile",
+            "--backend, --model: without --profile/--policy/--schedule/--system, run runs "
+            "the default experiment",
         ),
         (
             ["run", "--backend", "sim", "--model", "tiny", "--profile", "{p}", "--policy", "1f1b"],
@@ -232,7 +233,7 @@ def test_errors_are_one_line_and_non_zero(
 
 
 def test_torch_csv_imports_back(tmp_path: Path) -> None:
-    profile = str(write_profile(tmp_path, delay_ms=[10]))
+    profile = str(write_profile(tmp_path, delay_ms=[10, 0, 0]))
     exported = cli("schedule", "--profile", profile, "--policy", "zb-h1", "--format", "torch-csv")
     csv_path = tmp_path / "zb_h1.csv"
     csv_path.write_text(exported.stdout)
@@ -260,7 +261,7 @@ def test_scheduler_policies(tmp_path: Path, policy, extra, method, time_ms) -> N
     out = cli(
         "schedule",
         "--profile",
-        str(write_profile(tmp_path, delay_ms=[20])),
+        str(write_profile(tmp_path, delay_ms=[20, 0, 0])),
         "--policy",
         policy,
         *extra,
@@ -396,7 +397,7 @@ def test_run_with_a_fault_timeline(tmp_path: Path) -> None:
     out = cli(
         "run",
         "--profile",
-        str(write_profile(tmp_path, delay_ms=[20])),
+        str(write_profile(tmp_path, delay_ms=[20, 0, 0])),
         "--policy",
         "zb-h2",
         "--iterations",

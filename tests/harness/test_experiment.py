@@ -8,6 +8,7 @@ import pytest
 
 from harness.experiment import run_experiment
 from harness.results import (
+    ITERATIONS_COLUMNS,
     MESSAGES_COLUMNS,
     RESULTS_SCHEMA_VERSION,
     RUNS_COLUMNS,
@@ -113,7 +114,7 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         run_experiment(spec, run_dir)
     (run_dir / "spec.json").write_text(json.dumps({**record, "schema_version": 1}))
     with pytest.raises(
-        ConfigError, match=f"schema version 1; this version resumes {RESULTS_SCHEMA_VERSION} only"
+        ConfigError, match=f"schema version 1; this version reads {RESULTS_SCHEMA_VERSION} only"
     ):
         run_experiment(spec, run_dir)
 
@@ -130,8 +131,17 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"models": ({"base": "gpt2-7b", "pp": 5},), "profile": None}, "do not split evenly"),
         ({"models": ("gpt2-3b",), "profile": None}, "unknown model 'gpt2-3b'"),
         ({"models": ("gpt2-7b",), "profile": None, "backend": "emulated"}, "use backend: sim"),
-        ({"delays_ms": (-1.0,)}, "delays must be >= 0"),
-        ({"num_iterations": 0}, "iterations and repeats must be >= 1"),
+        ({"delays_ms": (-1.0,)}, r"delays_ms\[0\] must be finite and in 0\.\.3600000 ms"),
+        ({"delays_ms": (1e12,)}, r"delays_ms\[0\] must be finite and in 0\.\.3600000 ms"),
+        ({"delays_ms": ("1e12",)}, r"delays_ms\[0\] must be a number, got '1e12'"),
+        ({"delays_ms": ()}, "delays_ms is empty"),
+        ({"num_iterations": 0}, "num_iterations must be >= 1, got 0"),
+        ({"num_iterations": 2.5}, "num_iterations must be an integer, got 2.5"),
+        ({"num_repeats": True}, "num_repeats must be an integer, got True"),
+        ({"seed": "x"}, "seed must be an integer"),
+        ({"restart_ms": "5"}, "restart_ms must be a number"),
+        ({"transport_timeout_s": None}, "transport_timeout_s must be a number"),
+        ({"systems": (["1f1b"],)}, "systems must be a list of names"),
         ({"injection": "network"}, "network needs the emulated backend"),
         ({"transport_timeout_s": 0.0}, "transport_timeout_s must be > 0 s"),
         ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
@@ -139,7 +149,7 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"name": "a/b"}, "must be a single path component"),
         ({"name": ".."}, "must be a single path component"),
         ({"name": ""}, "spec name is empty"),
-        ({"name": 7}, "the spec name must be a string"),
+        ({"name": 7}, "name must be a string, got 7"),
         ({"models": ("m\tx",)}, r"model name 'm\\tx' contains the control character"),
         ({"faults": "/tmp/a\nb.txt"}, r"fault timeline file name 'a\\nb' contains"),
         ({"calibration": "/nonexistent/host.json"}, "cannot read calibration"),
@@ -220,7 +230,7 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
             "systems: [1f1b]\ndelays_ms: [-5]\n",
-            "delays must be >= 0",
+            "delays_ms[0] must be finite and in 0..3600000 ms, got -5",
         ),
         (
             "name: x\nmodel: m\nprofile: {stages: 2, microbatches: 3, t_f: 1, t_b: 1, t_w: 1}\n"
@@ -266,7 +276,8 @@ def test_a_slow_dp_link_slows_the_step_not_the_pipeline(tmp_path: Path) -> None:
         num_warmup_iterations=0,
     )
     runs = {
-        r["scenario"]: r for r in read_csv_rows(run_experiment(spec, tmp_path / "r") / "runs.csv")
+        r["scenario"]: r
+        for r in read_csv_rows(run_experiment(spec, tmp_path / "r") / "runs.csv", RUNS_COLUMNS)
     }
     healthy, slow = runs["fault-free"], runs["dp1:0-1@10ms"]
     assert slow["links"] == "dp1:0-1"
@@ -300,12 +311,14 @@ def test_a_megatron_experiment_records_losses(tmp_path: Path) -> None:
     )
     run_dir = run_experiment(spec, tmp_path / "mg")
     losses: dict[str, list[float]] = {}
-    for row in read_csv_rows(run_dir / "iterations.csv"):
+    for row in read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS):
         losses.setdefault(row["system"], []).append(float(row["loss"]))
     assert len(losses["1f1b"]) == 2 and losses["1f1b"][1] < losses["1f1b"][0]
     # The same data and seed under both orders: the same training, to rounding.
     assert losses["zb"] == pytest.approx(losses["1f1b"], rel=1e-5)
-    digests = {r["system"]: r["params_sha256"] for r in read_csv_rows(run_dir / "runs.csv")}
+    digests = {
+        r["system"]: r["params_sha256"] for r in read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    }
     assert set(digests) == {"1f1b", "zb"} and all(len(d) == 64 for d in digests.values())
 
 

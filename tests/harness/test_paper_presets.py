@@ -7,7 +7,7 @@ import pytest
 
 from harness.experiment import fault_free_step_ms, run_experiment
 from harness.report import paper_comparison
-from harness.results import read_csv_rows
+from harness.results import ITERATIONS_COLUMNS, RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
 
 PRESETS = Path(__file__).parents[2] / "harness" / "presets"
@@ -34,7 +34,7 @@ def _run(preset: str, tmp_path: Path) -> list[dict[str, str]]:
     spec = load_spec(PRESETS / preset)
     run_dir = run_experiment(spec, tmp_path / spec.name, progress=lambda _: None)
     assert (run_dir / "report.md").exists()
-    return read_csv_rows(run_dir / "runs.csv")
+    return read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
 
 
 def _by_cell(runs: list[dict[str, str]]) -> dict[tuple[str, str], dict[str, float]]:
@@ -72,12 +72,12 @@ def test_fig17_several_slow_links(tmp_path: Path) -> None:
 def test_table3_trace_adaptra_keeps_throughput(tmp_path: Path) -> None:
     spec = load_spec(PRESETS / "table3_trace.yaml")
     run_dir = run_experiment(spec, tmp_path / "t3", progress=lambda _: None)
-    runs = {r["system"]: r for r in read_csv_rows(run_dir / "runs.csv")}
+    runs = {r["system"]: r for r in read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)}
     assert {r["scenario"] for r in runs.values()} == {"trace:table3_trace"}
     assert all(int(r["iterations"]) == 1200 for r in runs.values())
     throughput = {s: float(r["throughput_samples_per_s"]) for s, r in runs.items()}
     assert throughput["adaptra"] > 1.2 * max(throughput["1f1b"], throughput["zb"])
-    iterations = read_csv_rows(run_dir / "iterations.csv")
+    iterations = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     adaptra = {int(r["iteration"]): r for r in iterations if r["system"] == "adaptra"}
     # Delegates only once the first straggler (iteration 15) is seen; healthy steps are equal.
     assert adaptra[0]["comm"] == "direct" and adaptra[20]["comm"] == "delegated"

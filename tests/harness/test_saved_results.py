@@ -15,7 +15,7 @@ import harness.experiment
 from harness.cli import main
 from harness.experiment import run_experiment
 from harness.policies import plan
-from harness.results import read_csv_rows
+from harness.results import ITERATIONS_COLUMNS, MESSAGES_COLUMNS, read_csv_rows
 from harness.saved import ConfigurationRecorder, drawn_iterations
 from harness.spec import ExperimentSpec
 from pipeline.files import read_json
@@ -26,7 +26,11 @@ from pipeline.timeline import Timeline
 
 
 def _messages(run_dir: Path, system: str) -> list[dict[str, str]]:
-    return [r for r in read_csv_rows(run_dir / "messages.csv") if r["system"] == system]
+    return [
+        r
+        for r in read_csv_rows(run_dir / "messages.csv", MESSAGES_COLUMNS)
+        if r["system"] == system
+    ]
 
 
 def _chart_sources(run_dir: Path) -> dict[str, tuple[Path, int]]:
@@ -80,7 +84,7 @@ def test_an_emulated_report_draws_what_the_workers_measured(tmp_path: Path) -> N
         # The chart's file holds what the run measured: iterations.csv's time, to the bit...
         measured = next(
             r
-            for r in read_csv_rows(run_dir / "iterations.csv")
+            for r in read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
             if r["system"] == system and r["iteration"] == "2"
         )
         assert compute_metrics(saved, 2).iteration_time_ms == float(measured["iteration_time_ms"])

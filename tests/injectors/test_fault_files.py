@@ -79,7 +79,7 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
         ("5;2_3;0.03 7;2_3", "fault row 2: '7;2_3' needs 3 fields"),
         ("5;2_4;0.03", "fault row 1: '2_4' is not a PP link"),
         ("x;2_3;0.03", "fault row 1: start iteration 'x' is not an integer"),
-        ("5;2_3;-0.01", "fault row 1: delay must be >= 0"),
+        ("5;2_3;-0.01", r"fault row 1: delay must be in 0..3600000 ms \(inf: down\)"),
         ("5;2_3;slow", "fault row 1: delay 'slow' is not a number"),
         ("-1;2_3;0.01", "fault row 1: start iteration must be >= 0"),
         ("5;;0.03", "fault row 1: a delay needs at least one link"),

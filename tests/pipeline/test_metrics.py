@@ -16,7 +16,7 @@ from pipeline.trace import to_chrome_trace
 
 
 def _fig4(fig4_fixture: dict, c0: float = 0.0) -> Timeline:
-    profile = Profile.from_dict({**fig4_fixture["profile"], "delay_ms": [c0]})
+    profile = Profile.from_dict({**fig4_fixture["profile"], "delay_ms": [c0, 0, 0]})
     return simulate(Schedule.from_dict(fig4_fixture), profile, CommMode.IDEAL)
 
 

@@ -11,8 +11,9 @@ from pipeline.topology import Link
 BASE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
 
 
-def test_scalars_expand_and_missing_delays_are_zero() -> None:
-    profile = Profile.from_dict({**BASE, "delay_ms": [20]})
+def test_scalars_expand_and_no_delays_are_zero() -> None:
+    assert Profile.from_dict(BASE).delay_ms == (0.0, 0.0, 0.0)
+    profile = Profile.from_dict({**BASE, "delay_ms": [20, 0, 0]})
     assert profile.t_f_ms == (10.0,) * 4
     assert profile.delay_ms == (20.0, 0.0, 0.0)
     assert profile.mem_limit is None
@@ -84,22 +85,26 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"colour": 1}, "unknown profile key"),
         ({"t_f": None}, "missing required key"),
         ({"microbatches": 3}, "must be >= stages"),
-        ({"stages": 0}, "stages must be >= 1"),
+        ({"stages": 0}, r"stages must be in 1\.\.512, got 0"),
+        ({"stages": 10**6}, r"stages must be in 1\.\.512"),
+        ({"microbatches": 10**9}, r"microbatches must be in 1\.\.4096"),
         ({"stages": 2.5}, "stages must be an integer"),
         ({"stages": True}, "stages must be an integer"),
         ({"t_f": [1, 2, 3]}, "t_f has 3 entries"),
-        ({"t_b": -1}, "t_b must be finite and >= 0"),
+        ({"t_b": -1}, r"t_b must be finite and in 0..3600000 ms"),
         ({"t_w": math.inf}, "t_w must be finite"),
         ({"t_w": math.nan}, "t_w must be finite"),
+        ({"t_f": 1e300}, r"t_f must be finite and in 0\.\.3600000 ms, got 1e\+300"),
+        ({"delay_ms": [1]}, "delay_ms has 1 entries; 4 stages have 3 links, one delay each"),
         ({"t_f": "10"}, "t_f must be a number"),
         ({"delay_ms": [1, 2, 3, 4]}, "delay_ms has 4 entries"),
-        ({"delay_ms": [1, -2]}, r"delay_ms\[1\] must be finite and >= 0"),
+        ({"delay_ms": [1, -2]}, r"delay_ms\[1\] must be finite and in 0..3600000 ms"),
         ({"delay_ms": 5}, "delay_ms must be a list"),
-        ({"mem_limit": 0}, "mem_limit must be > 0"),
+        ({"mem_limit": 0}, "mem_limit must be finite and > 0"),
         ({"num_delegates": 0}, "num_delegates must be >= 1"),
-        ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and >= 0"),
+        ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and > 0"),
         ({"message_bytes": -5}, "message_bytes must be >= 0"),
-        ({"dp": 0}, "dp must be >= 1"),
+        ({"dp": 0}, r"dp must be in 1\.\.1024"),
         ({"allreduce_bytes": [1, 2]}, "allreduce_bytes has 2 entries"),
         ({"allreduce_bytes": -1}, "allreduce_bytes must be >= 0"),
         ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),

@@ -22,7 +22,7 @@ BUILDERS = [one_f_one_b, zb_h1, zb_h2]
 @pytest.mark.parametrize("c0", [0, 10, 20, 30, 40])
 def test_fig5_replay_of_the_fig4_order(fig4_fixture: dict, c0: int) -> None:
     schedule = Schedule.from_dict(fig4_fixture)
-    profile = Profile.from_dict({**fig4_fixture["profile"], "delay_ms": [c0]})
+    profile = Profile.from_dict({**fig4_fixture["profile"], "delay_ms": [c0, 0, 0]})
     timeline = simulate(schedule, profile, CommMode.IDEAL)
     expected = fig4_fixture["replay_ms_by_c0"][str(c0)]
     assert compute_metrics(timeline).iteration_time_ms == expected

@@ -1,0 +1,38 @@
+"""Checks of the numbers an input file gives: one place for what a count or a duration may be,
+so every file (profiles, specs, fault timelines) refuses the same values with the same words."""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.errors import ConfigError
+
+__all__ = ["MAX_DURATION_MS", "check_count", "check_ms", "is_number"]
+
+MAX_DURATION_MS = 3_600_000.0
+"""The longest op time, delay or stall an input may give: an hour (a delay longer than a
+collective's timeout, 10 minutes by default, is a failure, which inputs say as `down`)."""
+
+
+def is_number(value: object) -> bool:
+    """An int or a float, not a bool (YAML's `yes`, JSON's `true`)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_count(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ConfigError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def check_ms(name: str, value: object, maximum_ms: float = MAX_DURATION_MS) -> float:
+    """A duration in ms: a finite number in [0, `maximum_ms`]."""
+    if not is_number(value):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    number = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(number) or not 0 <= number <= maximum_ms:
+        raise ConfigError(f"{name} must be finite and in 0..{maximum_ms:.0f} ms, got {value!r}")
+    return number

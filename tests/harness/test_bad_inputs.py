@@ -1,0 +1,493 @@
+"""Every command and every input file, given bad input of each class (missing, empty, invalid
+syntax, wrong types, negative/zero/NaN/huge numbers, wrong lengths, unknown names, path
+traversal, options the command would ignore): one error line on stderr, exit status 1 (a
+refused input) or 2 (a usage error), and nothing written. A traceback, an internal error
+(exit 3), exit 0 or a leftover file fails the case."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.results import RUNS_COLUMNS
+
+PROFILE = {"stages": 3, "microbatches": 6, "t_f": 10, "t_b": 10, "t_w": 5}
+SMALL = {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1}
+
+
+def profile(**changes: object) -> str:
+    return json.dumps({**PROFILE, **changes})
+
+
+def spec(**changes: object) -> str:
+    return json.dumps({"name": "s", "model": "m", "profile": SMALL, "systems": ["1f1b"], **changes})
+
+
+def row(**fields: object) -> str:
+    """One YAML fault-timeline row."""
+    return json.dumps([{"start_iteration": 0, "links": ["0-1"], "delay_ms": 5, **fields}])
+
+
+P = {"p.json": profile()}
+RUN_P = ["run", "--profile", "p.json", "--system", "1f1b"]
+RUN_SPEC = ["run", "--spec", "s.yaml", "--out", "out"]
+RESUME = [*RUN_SPEC, "--run-id", "s"]
+COMPARE = ["compare", "a.csv", "b.csv"]
+
+# (name, files to write, argv, what the error line must contain)
+CASES: list[tuple[str, dict[str, str], list[str], str]] = [
+    # output files: suffix and folder, checked before any work
+    (
+        "plot bad suffix",
+        P,
+        ["schedule", "--profile", "p.json", "--policy", "1f1b", "--plot", "x.txt"],
+        "must end in .png",
+    ),
+    ("plot missing folder", P, [*RUN_P, "--plot", "no/x.png"], "the folder 'no' does not exist"),
+    ("trace bad suffix", P, [*RUN_P, "--trace", "x.png"], "must end in .json"),
+    (
+        "trace missing folder",
+        P,
+        ["simulate", "--profile", "p.json", "--policy", "1f1b", "--trace", "no/t.json"],
+        "the folder 'no' does not exist",
+    ),
+    ("profile out suffix", {}, ["profile", "--stages", "2", "--out", "p.txt"], "end in .json"),
+    ("profile out folder", {}, ["profile", "--stages", "2", "--out", "no/p.json"], "'no' does"),
+    (
+        "profile out is a dir",
+        {"d/x": ""},
+        ["profile", "--stages", "2", "--out", "d"],
+        "is a directory",
+    ),
+    ("calibrate out suffix", {}, ["calibrate", "--out", "c.txt"], "must end in .json"),
+    ("calibrate out folder", {}, ["calibrate", "--out", "no/c.json"], "'no' does not exist"),
+    # profiles
+    (
+        "profile missing",
+        {},
+        ["schedule", "--profile", "p.json", "--policy", "1f1b"],
+        "cannot read profile p.json",
+    ),
+    (
+        "profile empty",
+        {"p.json": ""},
+        ["schedule", "--profile", "p.json", "--policy", "1f1b"],
+        "profile p.json is not valid JSON",
+    ),
+    (
+        "profile syntax",
+        {"p.json": "{"},
+        ["simulate", "--profile", "p.json", "--policy", "1f1b"],
+        "not valid JSON",
+    ),
+    (
+        "profile binary",
+        {"p.json": "\udcff"},
+        ["schedule", "--profile", "p.json", "--policy", "1f1b"],
+        "is not text",
+    ),
+    (
+        "profile a list",
+        {"p.json": "[1]"},
+        ["schedule", "--profile", "p.json", "--policy", "zb"],
+        "a profile must be a JSON object",
+    ),
+    ("profile unknown key", {"p.json": profile(colour=1)}, RUN_P, "unknown profile key(s) colour"),
+    ("profile stages 0", {"p.json": profile(stages=0)}, RUN_P, "stages must be in 1..512"),
+    ("profile stages float", {"p.json": profile(stages=2.5)}, RUN_P, "stages must be an integer"),
+    (
+        "profile huge microbatches",
+        {"p.json": profile(microbatches=10**9)},
+        RUN_P,
+        "microbatches must be in 1..4096",
+    ),
+    ("profile NaN time", {"p.json": profile(t_f=float("nan"))}, RUN_P, "t_f must be finite"),
+    ("profile huge time", {"p.json": profile(t_b=1e300)}, RUN_P, "t_b must be finite and in"),
+    ("profile string time", {"p.json": profile(t_w="5")}, RUN_P, "t_w must be a number"),
+    (
+        "profile short delays",
+        {"p.json": profile(delay_ms=[1])},
+        RUN_P,
+        "delay_ms has 1 entries; 3 stages have 2 links",
+    ),
+    (
+        "profile huge delay",
+        {"p.json": profile(delay_ms=[1e12, 0])},
+        RUN_P,
+        "delay_ms[0] must be finite and in 0..3600000 ms",
+    ),
+    ("profile negative delay", {"p.json": profile(delay_ms=[-1, 0])}, RUN_P, "delay_ms[0]"),
+    ("profile dp 0", {"p.json": profile(dp=0)}, RUN_P, "dp must be in 1..1024"),
+    # schedules
+    (
+        "schedule syntax",
+        {**P, "s.json": "{"},
+        ["simulate", "--profile", "p.json", "--schedule", "s.json"],
+        "schedule s.json is not valid JSON",
+    ),
+    (
+        "schedule stages",
+        {**P, "s.json": json.dumps({"stages": [["F0"]]})},
+        ["simulate", "--profile", "p.json", "--schedule", "s.json"],
+        "schedule has 1 stages",
+    ),
+    (
+        "schedule unknown op",
+        {**P, "s.json": json.dumps({"stages": [["X0"]] * 3})},
+        ["run", "--profile", "p.json", "--schedule", "s.json"],
+        "cannot read op 'X0'",
+    ),
+    (
+        "torch csv garbage",
+        {**P, "s.csv": "1,2,3\n"},
+        ["simulate", "--profile", "p.json", "--schedule", "s.csv"],
+        "torch CSV row 0",
+    ),
+    (
+        "schedule and policy",
+        {**P, "s.json": json.dumps({"stages": [["F0"]] * 3})},
+        ["simulate", "--profile", "p.json", "--schedule", "s.json", "--policy", "1f1b"],
+        "give exactly one of --policy and --schedule",
+    ),
+    # numbers on the command line
+    (
+        "time limit NaN",
+        P,
+        ["schedule", "--profile", "p.json", "--policy", "milp", "--time-limit", "nan"],
+        "--time-limit must be in (0, 86400]",
+    ),
+    (
+        "time limit unused",
+        P,
+        ["schedule", "--profile", "p.json", "--policy", "1f1b", "--time-limit", "3"],
+        "--time-limit is for the exact solver",
+    ),
+    ("time limit with system", P, [*RUN_P, "--time-limit", "3"], "not --system"),
+    ("timeout 0", P, [*RUN_P, "--backend", "emulated", "--timeout", "0"], "--timeout"),
+    (
+        "timeout NaN",
+        P,
+        [*RUN_P, "--backend", "emulated", "--timeout", "nan"],
+        "transport_timeout_s must be > 0 s, not nan",
+    ),
+    ("iterations 0", P, [*RUN_P, "--iterations", "0"], "--iterations"),
+    ("unknown system", P, ["run", "--profile", "p.json", "--system", "warp"], "'warp'"),
+    ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
+    ("unknown command", {}, ["fly"], "No such command 'fly'"),
+    # options a command would ignore
+    ("timeout in sim", P, [*RUN_P, "--timeout", "5"], "--timeout is the runtime workers'"),
+    ("network in sim", P, [*RUN_P, "--inject", "network"], "needs the emulated backend"),
+    ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
+    (
+        "unknown megatron model",
+        P,
+        [*RUN_P, "--backend", "megatron", "--model", "gpt5"],
+        "unknown model 'gpt5'",
+    ),
+    (
+        "faults without profile",
+        {"f.yaml": row()},
+        ["run", "--faults", "f.yaml"],
+        "--faults: without --profile",
+    ),
+    ("emulated without profile", {}, ["run", "--backend", "emulated"], "--backend: without"),
+    (
+        "spec and profile",
+        {"s.yaml": spec(), **P},
+        [*RUN_SPEC, "--profile", "p.json"],
+        "--profile: --spec runs an experiment",
+    ),
+    (
+        "spec and iterations",
+        {"s.yaml": spec()},
+        [*RUN_SPEC, "--iterations", "3"],
+        "--iterations: --spec runs an experiment",
+    ),
+    ("out for one run", P, [*RUN_P, "--out", "o"], "one configuration writes no run directory"),
+    (
+        "delay beyond timeout",
+        {"p.json": profile(delay_ms=[5000, 0])},
+        [*RUN_P, "--backend", "emulated", "--timeout", "1"],
+        "not shorter than the workers' 1 s",
+    ),
+    # fault timelines
+    ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),
+    (
+        "faults empty yaml",
+        {**P, "f.yaml": ""},
+        [*RUN_P, "--faults", "f.yaml"],
+        "fault timeline f.yaml: a YAML fault timeline is a list",
+    ),
+    (
+        "faults empty trace",
+        {**P, "f.txt": "# nothing\n"},
+        [*RUN_P, "--faults", "f.txt"],
+        "fault timeline f.txt: the timeline has no rows",
+    ),
+    (
+        "faults yaml syntax",
+        {**P, "f.yaml": "- {start_iteration: [}"},
+        [*RUN_P, "--faults", "f.yaml"],
+        "is not valid YAML at line 1",
+    ),
+    (
+        "faults unsorted trace",
+        {**P, "f.txt": "3;0_1;0.01\n1;1_2;0.01\n"},
+        [*RUN_P, "--faults", "f.txt"],
+        "fault row 2 starts before row 1",
+    ),
+    (
+        "faults unknown link",
+        {**P, "f.yaml": row(links=["5-6"])},
+        [*RUN_P, "--faults", "f.yaml"],
+        "link 5-6 does not exist",
+    ),
+    (
+        "faults huge delay",
+        {**P, "f.yaml": row(delay_ms=1e12)},
+        [*RUN_P, "--faults", "f.yaml"],
+        "delay_ms must be in 0..3600000 ms",
+    ),
+    (
+        "faults string delay",
+        {**P, "f.yaml": row(delay_ms="abc")},
+        [*RUN_P, "--faults", "f.yaml"],
+        "delay_ms 'abc' is not a number",
+    ),
+    (
+        "faults NaN at_ms",
+        {**P, "f.yaml": row(at_ms=float("nan"))},
+        [*RUN_P, "--faults", "f.yaml"],
+        "at_ms must be in",
+    ),
+    (
+        "faults float start",
+        {**P, "f.yaml": row(start_iteration=1.5)},
+        [*RUN_P, "--faults", "f.yaml"],
+        "start iteration 1.5 is not an integer",
+    ),
+    (
+        "faults past the run",
+        {**P, "f.yaml": row(start_iteration=50)},
+        [*RUN_P, "--faults", "f.yaml"],
+        "starts at iteration 50 but the run has 5",
+    ),
+    (
+        "faults unknown key",
+        {**P, "f.yaml": row(colour=1)},
+        [*RUN_P, "--faults", "f.yaml"],
+        "unknown key(s) colour",
+    ),
+    # experiment specs
+    ("spec missing", {}, RUN_SPEC, "cannot read spec s.yaml"),
+    ("spec empty", {"s.yaml": ""}, RUN_SPEC, "an experiment spec is a mapping"),
+    ("spec syntax", {"s.yaml": "{[}"}, RUN_SPEC, "spec s.yaml is not valid YAML at line 1"),
+    ("spec a list", {"s.yaml": "[1, 2]"}, RUN_SPEC, "an experiment spec is a mapping"),
+    ("spec unknown key", {"s.yaml": spec(colour=1)}, RUN_SPEC, "unknown spec key(s) colour"),
+    (
+        "spec float iterations",
+        {"s.yaml": spec(num_iterations=2.5)},
+        RUN_SPEC,
+        "num_iterations must be an integer, got 2.5",
+    ),
+    ("spec bool repeats", {"s.yaml": spec(num_repeats=True)}, RUN_SPEC, "num_repeats must be an"),
+    ("spec string seed", {"s.yaml": spec(seed="x")}, RUN_SPEC, "seed must be an integer"),
+    ("spec no delays", {"s.yaml": spec(delays_ms=[])}, RUN_SPEC, "delays_ms is empty"),
+    (
+        "spec YAML 1e12 string",
+        {
+            "s.yaml": "name: s\nmodel: m\nprofile: {stages: 2, microbatches:"
+            " 4, t_f: 1, t_b: 1, t_w: 1}\nsystems: [1f1b]\ndelays_ms: [1e12]\n"
+        },
+        RUN_SPEC,
+        "delays_ms[0] must be a number, got '1e12'",
+    ),
+    ("spec huge delay", {"s.yaml": spec(delays_ms=[1e12])}, RUN_SPEC, "delays_ms[0] must be"),
+    (
+        "spec NaN timeout",
+        {
+            "s.yaml": "name: s\nmodel: m\nprofile: {stages: 2, microbatches: 4, "
+            "t_f: 1, t_b: 1, t_w: 1}\nsystems: [1f1b]\ntransport_timeout_s: .nan\n"
+        },
+        RUN_SPEC,
+        "transport_timeout_s must be > 0 s, not nan",
+    ),
+    ("spec unknown system", {"s.yaml": spec(systems=["warp"])}, RUN_SPEC, "unknown system warp"),
+    (
+        "spec unknown model",
+        {"s.yaml": json.dumps({"name": "s", "models": ["gpt2-9b"], "systems": ["1f1b"]})},
+        RUN_SPEC,
+        "unknown model 'gpt2-9b'",
+    ),
+    (
+        "spec unknown link",
+        {"s.yaml": spec(links=["7-8"], delays_ms=[10])},
+        RUN_SPEC,
+        "link 7-8 does not exist",
+    ),
+    (
+        "spec name traversal",
+        {"s.yaml": spec(name="../x")},
+        RUN_SPEC,
+        "must be a single path component",
+    ),
+    (
+        "spec faults missing",
+        {"s.yaml": spec(faults="none.yaml")},
+        RUN_SPEC,
+        "cannot read fault timeline",
+    ),
+    ("run id traversal", {}, ["run", "--run-id", "../x"], "must be a single path component"),
+    ("run id empty", {}, ["run", "--run-id", ""], "the run id is empty"),
+    # resuming and reporting a damaged run directory (made by the fixture below)
+    ("resume truncated runs.csv", {"@": "truncate runs.csv"}, RESUME, "out/s/runs.csv"),
+    ("resume short row", {"@": "short row"}, RESUME, "line 2 does not have 24 fields"),
+    ("resume garbage spec.json", {"@": "garbage spec.json"}, RESUME, "is not valid JSON"),
+    ("resume other schema", {"@": "schema 999"}, RESUME, "schema version 999"),
+    ("resume other experiment", {"@": "other spec"}, RESUME, "holds a different experiment"),
+    ("report damaged runs.csv", {"@": "truncate runs.csv"}, ["report", "out/s"], "runs.csv"),
+    ("report no spec.json", {"out/s/runs.csv": ""}, ["report", "out/s"], "cannot read"),
+    ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
+    # compare
+    ("compare missing", {}, COMPARE, "'a.csv' does not exist"),
+    ("compare empty", {"a.csv": "", "b.csv": ""}, COMPARE, "holds no results"),
+    (
+        "compare no columns",
+        {"a.csv": "x,y\n1,2\n", "b.csv": "x,y\n1,2\n"},
+        COMPARE,
+        "is not a runs.csv",
+    ),
+    ("compare NaN tolerance", {"@": "compare"}, [*COMPARE, "--tolerance", "nan"], "not nan"),
+    (
+        "compare unknown metric",
+        {"@": "compare"},
+        [*COMPARE, "--metric-tolerance", "x=3"],
+        "no metric x",
+    ),
+    # launch
+    (
+        "launch nodes without address",
+        P,
+        ["launch", "--profile", "p.json", "--policy", "1f1b", "--nodes", "3", "--out", "job"],
+        "--master-addr",
+    ),
+    (
+        "launch uneven nodes",
+        P,
+        [
+            "launch",
+            "--profile",
+            "p.json",
+            "--policy",
+            "1f1b",
+            "--nodes",
+            "2",
+            "--master-addr",
+            "10.0.0.1",
+            "--out",
+            "job",
+        ],
+        "3 ranks do not split evenly over 2 nodes",
+    ),
+    (
+        "launch spec syntax",
+        {"s.yaml": "{"},
+        ["launch", "--spec", "s.yaml", "--out", "job"],
+        "not valid YAML",
+    ),
+    # profile (the command)
+    (
+        "profile too many stages",
+        {},
+        ["profile", "--stages", "50", "--out", "p.json"],
+        "which 50 stages cannot split evenly",
+    ),
+    (
+        "profile unknown model",
+        {},
+        ["profile", "--stages", "2", "--model", "gpt5", "--out", "p.json"],
+        "unknown model 'gpt5'",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished experiment's run directory (out/s) beside its spec file (s.yaml)."""
+    root = tmp_path_factory.mktemp("finished")
+    (root / "s.yaml").write_text(spec())
+    with pytest.raises(SystemExit) as done:
+        _in(root, lambda: main([*RESUME]))
+    assert done.value.code in (None, 0)
+    return root
+
+
+def _damage(root: Path, how: str) -> None:
+    run_dir = root / "out" / "s"
+    runs, record = run_dir / "runs.csv", run_dir / "spec.json"
+    if how == "truncate runs.csv":
+        runs.write_text(runs.read_text()[:40])
+    elif how == "short row":
+        header = ",".join(RUNS_COLUMNS)
+        runs.write_text(f"{header}\n{','.join(['x'] * 5)}\n")
+    elif how == "garbage spec.json":
+        record.write_text("{garb")
+    elif how == "schema 999":
+        record.write_text(json.dumps({**json.loads(record.read_text()), "schema_version": 999}))
+    elif how == "other spec":
+        (root / "s.yaml").write_text(spec(num_iterations=3))
+    elif how == "compare":
+        shutil.copy(runs, root / "a.csv")
+        shutil.copy(runs, root / "b.csv")
+    else:
+        raise AssertionError(how)
+
+
+def _in(directory: Path, call: Callable[[], None]) -> None:
+    """`call` run with `directory` as the working directory (the CLI's relative paths)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(directory)
+        call()
+        raise SystemExit(0)  # main returned: exit 0
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != ".lock"  # the lock names its holder: not an output
+    }
+
+
+@pytest.mark.parametrize(("name", "files", "argv", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line_and_writes_nothing(
+    name: str,
+    files: dict[str, str],
+    argv: list[str],
+    message: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    if "@" in files:
+        shutil.copytree(request.getfixturevalue("finished_run"), tmp_path, dirs_exist_ok=True)
+        _damage(tmp_path, files["@"])
+    for relative, text in files.items():
+        if relative != "@":
+            (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / relative).write_bytes(text.encode(errors="surrogateescape"))
+    before = _files(tmp_path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # any other exception is a traceback: it fails
+        _in(tmp_path, lambda: main(argv))
+    err = capsys.readouterr().err
+    assert exit_.value.code in (1, 2), (exit_.value.code, err)  # not 0, not 3 (a bug)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0], lines[0]
+    assert _files(tmp_path) == before  # nothing written, nothing changed
