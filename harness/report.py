@@ -18,10 +18,11 @@ from harness.results import (
     write_atomic,
 )
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
-from pipeline.gantt import plot_gantt
+from pipeline.gantt import drawn_end_ms, plot_gantt
 
 if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
+    from pipeline.timeline import Timeline
 
 __all__ = ["paper_comparison", "write_report"]
 
@@ -57,8 +58,9 @@ def _gantt_charts(
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
     model under its worst static scenario, its last measured iteration, or the first drawn
-    iteration of a fault timeline. Returns the figures and, per system, where its chart came
-    from (or why there is none)."""
+    iteration of a fault timeline. The charts share one time axis, each iteration's from its
+    start, so a longer iteration draws longer. Returns the figures and, per system, where its
+    chart came from (or why there is none)."""
     model = spec.targets()[0].label
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
@@ -70,7 +72,8 @@ def _gantt_charts(
         for r in iterations
         if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
     }
-    figures, sources = [], []
+    charts: list[tuple[str, int, Timeline]] = []
+    sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
         timeline = read_timeline(run_dir, key)
@@ -83,17 +86,22 @@ def _gantt_charts(
             continue
         drawn = sorted(r.iteration for r in timeline.iterations)
         iteration = drawn[0] if _traced(worst) else drawn[-1]
-        comm = comms.get((system, str(iteration)), "")
-        name = f"gantt_{system}.png"
-        plot_gantt(
-            timeline.one_iteration(iteration),
-            run_dir / name,
-            title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}, {spec.backend}",
-        )
-        figures.append((f"Gantt chart, {system}", name))
+        charts.append((system, iteration, timeline.one_iteration(iteration)))
         sources.append(
             f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"
         )
+    end_ms = max((drawn_end_ms(timeline) for _, _, timeline in charts), default=1.0)
+    figures = []
+    for system, iteration, timeline in charts:
+        comm = comms.get((system, str(iteration)), "")
+        name = f"gantt_{system}.png"
+        plot_gantt(
+            timeline,
+            run_dir / name,
+            title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}, {spec.backend}",
+            end_ms=end_ms,
+        )
+        figures.append((f"Gantt chart, {system}", name))
     return figures, sources
 
 

@@ -1,29 +1,86 @@
-"""Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper."""
+"""Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper, and
+the messages of the links with an injected delay drawn from their send to their arrival."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from pipeline.ops import OpKind
 from pipeline.timeline import Timeline
+from pipeline.topology import Link
 
-__all__ = ["plot_gantt"]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = ["SlowMessage", "drawn_end_ms", "plot_gantt", "slow_messages"]
 
 _COLOURS = {OpKind.F: "#4c72b0", OpKind.B: "#55a868", OpKind.W: "#dd8452", OpKind.BW: "#8172b3"}
+_SLOW_COLOUR = "#c44e52"
+_MESSAGE_ZORDER = 2.5
+"""Over the boxes (1), under their microbatch labels (3)."""
 
 
-def plot_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
-    """Write the chart of replica 0; the microbatch index is printed in every box wide enough
-    to hold it."""
+class SlowMessage(NamedTuple):
+    """A message with an injected delay, as the chart draws it: from its sending stage's row
+    at its send's start to its receiving stage's row at its arrival."""
+
+    send_start_ms: float
+    sender: int
+    arrival_ms: float
+    receiver: int
+    fault_ms: float
+
+
+def drawn_end_ms(timeline: Timeline) -> float:
+    """Where a chart of `timeline` ends by itself: its last op's end."""
+    return max((r.end_ms for r in timeline.ops), default=1.0)
+
+
+def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
+    """`replica`'s PP messages with `fault_ms` > 0: "forward" ones go from a link's upstream
+    stage to its downstream one, "backward" ones the other way."""
+    out = []
+    for m in timeline.messages:
+        if m.replica != replica or m.fault_ms <= 0:
+            continue
+        link = Link.parse(m.link)
+        if not link.is_pp:
+            continue
+        ends = (link.first, link.second) if m.direction == "forward" else (link.second, link.first)
+        out.append(SlowMessage(m.send_start_ms, ends[0], m.arrival_ms, ends[1], m.fault_ms))
+    return out
+
+
+def plot_gantt(
+    timeline: Timeline, path: str | Path, title: str = "", end_ms: float | None = None
+) -> None:
+    """Write the chart of replica 0, its time axis from 0 to `end_ms` (default
+    `drawn_end_ms`: charts to compare share one); the microbatch index is printed in every
+    box wide enough to hold it. The legend sits right of the axes, off the ops."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
-    end_ms = max((r.end_ms for r in timeline.ops), default=1.0)
-    fig, ax = plt.subplots(figsize=(12, 0.5 * timeline.num_stages + 1.2))
-    min_label_ms = end_ms / 150
+    end_ms = drawn_end_ms(timeline) if end_ms is None else end_ms
+    fig, ax = plt.subplots(figsize=(12, 0.5 * timeline.num_stages + 1.2), layout="constrained")
+    _draw_ops(ax, timeline, min_label_ms=end_ms / 150)
+    slow = slow_messages(timeline)
+    _draw_slow_messages(ax, slow)
+    ax.set_yticks(range(timeline.num_stages), [f"stage {i}" for i in range(timeline.num_stages)])
+    ax.set_ylim(timeline.num_stages - 0.5, -0.5)  # stage 0 on top
+    ax.set_xlim(0, end_ms)
+    ax.set_xlabel("time (ms)")
+    _legend(ax, sorted({r.kind for r in timeline.ops}, key=list(OpKind).index), slow)
+    if title:
+        ax.set_title(title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _draw_ops(ax: Axes, timeline: Timeline, min_label_ms: float) -> None:
     ops = [op for op in timeline.ops if op.replica == 0]
     boxes: dict[tuple[int, OpKind], list[tuple[float, float]]] = {}
     for r in ops:
@@ -44,19 +101,40 @@ def plot_gantt(timeline: Timeline, path: str | Path, title: str = "") -> None:
                 fontsize=6,
                 color="white",
             )
-    ax.set_yticks(range(timeline.num_stages), [f"stage {i}" for i in range(timeline.num_stages)])
-    ax.invert_yaxis()
-    ax.set_xlim(0, end_ms)
-    ax.set_xlabel("time (ms)")
-    kinds = sorted({r.kind for r in timeline.ops}, key=list(OpKind).index)
-    ax.legend(
-        handles=[Patch(color=_COLOURS[k], label=k.value) for k in kinds],
-        loc="upper right",
-        ncols=len(kinds),
-        fontsize=7,
+
+
+def _draw_slow_messages(ax: Axes, slow: list[SlowMessage]) -> None:
+    """One line collection for every message and one scatter for their arrivals: fast."""
+    if not slow:
+        return
+    from matplotlib.collections import LineCollection
+
+    segments = [[(m.send_start_ms, m.sender), (m.arrival_ms, m.receiver)] for m in slow]
+    ax.add_collection(
+        LineCollection(segments, colors=_SLOW_COLOUR, linewidths=1.0, zorder=_MESSAGE_ZORDER)
     )
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    ax.scatter(
+        [m.arrival_ms for m in slow],
+        [m.receiver for m in slow],
+        s=8,
+        color=_SLOW_COLOUR,
+        zorder=_MESSAGE_ZORDER,
+    )
+
+
+def _legend(ax: Axes, kinds: list[OpKind], slow: list[SlowMessage]) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Patch | Line2D] = [Patch(color=_COLOURS[k], label=k.value) for k in kinds]
+    if slow:
+        label = f"message on a slow link ({_delay_text(m.fault_ms for m in slow)})"
+        handles.append(Line2D([], [], color=_SLOW_COLOUR, marker="o", markersize=3, label=label))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7)
+
+
+def _delay_text(delays_ms: Iterable[float]) -> str:
+    """ "+40 ms", or "+10-40 ms" when the messages were delayed by different amounts."""
+    values = sorted(set(delays_ms))
+    low, high = values[0], values[-1]
+    return f"+{low:g} ms" if low == high else f"+{low:g}-{high:g} ms"

@@ -1,14 +1,41 @@
 """report.md says what a reader needs first: the headline, how each system ran, what the
-columns mean, and which seed and revision made it."""
+columns mean, and which seed and revision made it; its Gantt charts share one time axis."""
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+import harness.report
 from harness.experiment import run_experiment
 from harness.spec import default_experiment
+from pipeline.gantt import drawn_end_ms, plot_gantt
+from pipeline.timeline import Timeline
+
+GanttCall = tuple[Timeline, Path, str, float | None]
 
 
-def test_the_default_experiment_s_report_leads_with_its_headline(tmp_path: Path) -> None:
-    run_dir = run_experiment(default_experiment(), tmp_path / "r")
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[GanttCall]]]:
+    """The default experiment's run directory, and every chart its report drew."""
+    calls: list[GanttCall] = []
+
+    def drawing(
+        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+    ) -> None:
+        calls.append((timeline, path, title, end_ms))
+        plot_gantt(timeline, path, title, end_ms)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(harness.report, "plot_gantt", drawing)
+        yield run_experiment(default_experiment(), tmp_path_factory.mktemp("r") / "r"), calls
+
+
+def test_the_default_experiment_s_report_leads_with_its_headline(
+    default_run: tuple[Path, list[Any]],
+) -> None:
+    run_dir, _ = default_run
     report = (run_dir / "report.md").read_text()
     assert "seed 0; git revision `" in report
     assert "fig4-uniform-10ms zb 2.69x (0-1@40ms)" in report  # 1050 / 390 ms
@@ -16,3 +43,22 @@ def test_the_default_experiment_s_report_leads_with_its_headline(tmp_path: Path)
     assert "| fig4-uniform-10ms | adaptra | delegated | oracle | 0-1@40ms | 430.0 |" in report
     assert "| fig4-uniform-10ms | 1f1b | direct | fixed | fault-free | 450.0 |" in report
     assert "Bubble ratio: 1 - (time the stages spent in ops)" in report
+
+
+def test_the_gantt_charts_of_the_worst_scenario_share_the_longest_one_s_time_axis(
+    default_run: tuple[Path, list[GanttCall]],
+) -> None:
+    run_dir, calls = default_run
+    drawn = {
+        path.name: (drawn_end_ms(timeline), title, end_ms)
+        for timeline, path, title, end_ms in calls
+    }
+    systems = default_experiment().systems
+    assert sorted(drawn) == sorted(f"gantt_{s}.png" for s in systems)
+    assert all((run_dir / name).read_bytes()[:4] == b"\x89PNG" for name in drawn)
+    # each iteration from its own start: ZB's 1050 ms the longest, Adaptra's 430 ms
+    assert drawn["gantt_zb.png"][0] == 1050.0 and drawn["gantt_adaptra.png"][0] == 430.0
+    assert {end_ms for _, _, end_ms in drawn.values()} == {1050.0}
+    for system in systems:
+        title = drawn[f"gantt_{system}.png"][1]
+        assert title.startswith(f"fig4-uniform-10ms: {system} (") and ", 0-1@40ms," in title
