@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,6 +29,7 @@ __all__ = [
     "refuse_options",
     "resolve",
     "schedule_options",
+    "terminal_progress",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -150,3 +153,30 @@ def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> C
 
 def emit_json(data: dict[str, Any]) -> None:
     click.echo(json.dumps(data, indent=1))
+
+
+class IterationProgress:
+    """One line on a terminal's stderr, rewritten as each iteration ends: how many, how long
+    so far, about how long left (at the mean pace so far)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.started, self.count = total, time.monotonic(), 0
+
+    def step(self) -> None:
+        self.count += 1
+        elapsed_s = time.monotonic() - self.started
+        left_s = elapsed_s / self.count * max(self.total - self.count, 0)
+        click.echo(
+            f"\riteration {self.count}/{self.total}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ",
+            err=True,
+            nl=False,
+        )
+
+    def done(self) -> None:
+        click.echo("", err=True)
+
+
+def terminal_progress(total: int, fmt: str) -> IterationProgress | None:
+    """Progress for a long command when a person watches: text output on a terminal (none
+    with --format json or when stderr is a file or a pipe)."""
+    return IterationProgress(total) if fmt == "text" and sys.stderr.isatty() else None

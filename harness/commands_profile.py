@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json, output_file_option
+from harness.cli_common import emit_json, output_file_option, terminal_progress
 from pipeline.errors import ConfigError
 
 __all__ = ["calibrate", "profile"]
@@ -49,7 +49,16 @@ def profile(
     num_microbatches = microbatches if microbatches is not None else 2 * stages
     if num_microbatches < stages:
         raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
-    measured = measure_profile(model, stages, num_microbatches, num_iterations=iterations)
+    progress = terminal_progress(iterations + 1, fmt)  # measure_profile's one warm-up too
+    measured = measure_profile(
+        model,
+        stages,
+        num_microbatches,
+        num_iterations=iterations,
+        on_iteration=None if progress is None else progress.step,
+    )
+    if progress is not None:
+        progress.done()
     data = measured.to_dict()
     try:
         Path(out).write_text(json.dumps(data, indent=1) + "\n")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
-import time
 from pathlib import Path
 
 import click
@@ -18,6 +16,7 @@ from harness.cli_common import (
     refuse_options,
     resolve,
     schedule_options,
+    terminal_progress,
 )
 from harness.experiment import new_run_id, run_experiment
 from harness.loop import CHECKPOINT_RESTART, Recovery
@@ -31,7 +30,6 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
-from pipeline.timeline import Timeline
 from pipeline.trace import write_chrome_trace
 
 __all__ = ["report", "run"]
@@ -175,9 +173,7 @@ def run(
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
-    progress = (
-        _Progress(iterations + warmup_iterations) if fmt == "text" and sys.stderr.isatty() else None
-    )
+    progress = terminal_progress(iterations + warmup_iterations, fmt)
     result = run_configuration(
         controller,
         backend=backend,
@@ -188,7 +184,7 @@ def run(
         injection=injection,
         model=model,
         host=load_host_costs(calibration_path),
-        on_iteration=progress,
+        on_iteration=None if progress is None else lambda *_: progress.step(),
     )
     if progress is not None:
         progress.done()
@@ -241,29 +237,6 @@ def run(
     if backend == "megatron":
         click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
         click.echo(f"params_sha256: {result.params_sha256}")
-
-
-class _Progress:
-    """One line on a terminal's stderr, rewritten as each iteration ends: how many, how long
-    so far, about how long left (at the mean pace so far)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.started, self.count = total, time.monotonic(), 0
-
-    def __call__(
-        self, iteration: int, timeline: Timeline, measured: bool, same_as: int | None
-    ) -> None:
-        self.count += 1
-        elapsed_s = time.monotonic() - self.started
-        left_s = elapsed_s / self.count * max(self.total - self.count, 0)
-        click.echo(
-            f"\riteration {self.count}/{self.total}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ",
-            err=True,
-            nl=False,
-        )
-
-    def done(self) -> None:
-        click.echo("", err=True)
 
 
 @click.command()

@@ -1,5 +1,6 @@
 """Long commands show progress on a terminal, and only there."""
 
+import json
 import os
 import pty
 import subprocess
@@ -17,6 +18,22 @@ def test_run_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     args += ["--iterations", "3"]
     piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and "iteration 1/4" not in piped.stderr
+    returncode, text = on_a_terminal(args)
+    assert returncode == 0
+    assert all(f"\riteration {k}/4, " in text for k in (1, 2, 3, 4)), text
+
+
+def test_profile_shows_progress_on_a_terminal(tmp_path: Path) -> None:
+    out = tmp_path / "measured.json"
+    args = [sys.executable, "-m", "harness", "profile", "--stages", "2", "--iterations", "2"]
+    returncode, text = on_a_terminal([*args, "--out", str(out)])
+    assert returncode == 0, text
+    assert all(f"\riteration {k}/3, " in text for k in (1, 2, 3)), text  # with the warm-up
+    assert json.loads(out.read_text())["stages"] == 2
+
+
+def on_a_terminal(args: list[str]) -> tuple[int, str]:
+    """Run `args` with stderr on a pseudo-terminal; its exit status and what it showed there."""
     leader, follower = pty.openpty()
     try:
         done = subprocess.run(args, stdout=subprocess.PIPE, stderr=follower, text=True, timeout=120)
@@ -35,6 +52,4 @@ def test_run_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
         os.close(leader)
         if follower >= 0:
             os.close(follower)
-    assert done.returncode == 0
-    text = shown.decode()
-    assert all(f"\riteration {k}/4, " in text for k in (1, 2, 3, 4)), text
+    return done.returncode, shown.decode()

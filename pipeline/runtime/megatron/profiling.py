@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Callable
 
 from pipeline.errors import BackendError, ConfigError
 from pipeline.ops import Op, OpKind
@@ -39,9 +40,11 @@ def measure_profile(
     num_warmup_iterations: int = 1,
     schedule: Schedule | None = None,
     seed: int = 0,
+    on_iteration: Callable[[], None] | None = None,
 ) -> Profile:
     """A profile of `model` split into `num_stages`: median F/B/W times per stage (ms) and the
-    bytes of one stage-boundary message; nothing else is measured (delays 0, no limits)."""
+    bytes of one stage-boundary message; nothing else is measured (delays 0, no limits).
+    `on_iteration` is called as each iteration (warm-up ones too) ends."""
     from pipeline.runtime import IterationConfig, WorkerPool
     from pipeline.runtime.megatron.backend import MegatronCompute
 
@@ -55,7 +58,11 @@ def measure_profile(
     factory = functools.partial(MegatronCompute, model, seed=seed)
     total = num_warmup_iterations + num_iterations
     with WorkerPool(num_stages, compute_factory=factory) as pool:
-        parts = [pool.run_iteration(IterationConfig(i, order, placeholder)) for i in range(total)]
+        parts = []
+        for i in range(total):
+            parts.append(pool.run_iteration(IterationConfig(i, order, placeholder)))
+            if on_iteration is not None:
+                on_iteration()
     timeline = Timeline.concat(parts[num_warmup_iterations:])
     times = {
         kind: _median_ms(timeline, num_stages, kind) for kind in OpKind if kind is not OpKind.BW
