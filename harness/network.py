@@ -137,15 +137,18 @@ def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: i
 
 
 def _gloo_gave_up(err: WorkerError) -> bool:
-    """How a dead NIC or link shows in a worker: its wait timed out, or gloo raised (a
-    RuntimeError such as "Application timeout caused pair closure" in a send); a worker
-    that died without a word is a crash, not this."""
+    """How a dead NIC or link shows in a worker: a wait or a send timed out (a TimeoutError:
+    "Timed out waiting ...", "Application timeout caused pair closure"), or its connection
+    broke (the transport's ConnectionError, "Connection reset by peer" in a send or a wait,
+    or gloo's bare RuntimeError from a call the transport does not wrap); a worker that died
+    without a word is a crash, not this, and so is any other exception."""
     if isinstance(err, WorkerTimeout):
         return True
+    remote = err.remote
     return (
         isinstance(err, WorkerCrash)
-        and err.remote is not None
-        and err.remote.type_name == "builtins.RuntimeError"
+        and remote is not None
+        and (remote.is_a(ConnectionError) or remote.type_name == "builtins.RuntimeError")
     )
 
 

@@ -96,8 +96,9 @@ class LaunchHook(Protocol):
     ) -> BaseProcess: ...
 
 
-WORKER_PRELOAD = ("pipeline.runtime.worker",)
-"""What the worker processes' fork server imports once (torch with it)."""
+WORKER_PRELOAD = ("pipeline.runtime.worker", "pipeline.runtime.fork_server")
+"""What the worker processes' fork server imports once, in order: the worker (torch with it),
+then what freezes all that for the garbage collector (fork_server.py)."""
 
 
 @functools.cache

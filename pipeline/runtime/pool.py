@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import NoReturn
 
-from pipeline.errors import ScheduleError
+from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.ops import OpKind
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -50,7 +50,21 @@ shares the machine's cores); load stretches it, and it does not depend on the po
 timeout."""
 
 DEATH_GRACE_S = 1.0
-"""How long a failure waits for a dead process before it is blamed on the rank that spoke."""
+"""How long a broken connection's report (what a neighbour's death looks like) waits for a
+dead process, or another rank's report of what went wrong, before it is blamed on the rank
+that spoke. Any other report is raised at once."""
+
+CLOSE_GRACE_S = 5.0
+"""How long a close waits for idle workers to end once asked (here they take about 0.05 s:
+BENCHMARKS.md); those still running then are terminated."""
+
+BUSY_GRACE_S = 0.1
+"""The same for workers inside a start-up or an iteration (a failed or interrupted one): they
+cannot hear the ask. Those that reported an error end by themselves within a few ms; the
+others are terminated."""
+
+TERMINATE_GRACE_S = 1.0
+"""How long terminated workers have to end before they are killed."""
 
 
 class WorkerPool:
@@ -80,6 +94,12 @@ class WorkerPool:
         self.bytes_sent = 0
         self.last_results: list[RankResult] = []
         """Every rank's records of the latest iteration, in rank order."""
+        self.exit_codes: list[int | None] = []
+        """Every rank's exit status at the last close, in rank order: 0 for a worker that
+        ended when asked (or after reporting its failure), -15 or -9 for one the close had to
+        terminate or kill, None for one still running even then."""
+        self._busy = False
+        """Whether the workers are inside a command (start-up, an iteration), deaf to a stop."""
 
     def __enter__(self) -> WorkerPool:
         self.start()
@@ -96,6 +116,7 @@ class WorkerPool:
     def start(self) -> None:
         self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
         init_file = str(Path(self._tmpdir) / "rendezvous")
+        self._busy = True
         try:
             for rank in range(self.num_ranks):
                 parent, child = multiprocessing.get_context("spawn").Pipe()
@@ -112,8 +133,11 @@ class WorkerPool:
                 self._conns.append(parent)
                 child.close()
             limit_s = max(START_UP_S, START_UP_PER_RANK_S * self.num_ranks)
-            answers = self._gather("start-up", limit_s)
+            answers = self._gather(
+                "start-up", "a ready message (group joined, stage set up)", limit_s
+            )
             self.pids = [int(pid) for pid in answers]  # type: ignore[call-overload]
+            self._busy = False
         except BaseException:
             self.close()
             raise
@@ -139,21 +163,27 @@ class WorkerPool:
             self._origin = start_at
         if on_start is not None:
             on_start(start_at)
+        self._busy = True
         for conn in self._conns:
             conn.send((config, start_at))
-        results: list[RankResult] = self._gather(f"iteration {config.iteration}")  # type: ignore[assignment]
+        what = f"iteration {config.iteration}"
+        results: list[RankResult] = self._gather(what, "records")  # type: ignore[assignment]
+        self._busy = False
         self.bytes_sent += sum(r.bytes_sent for r in results)
         self.last_results = results
         assert self._origin is not None
         return assemble_timeline(self.num_stages, config.iteration, self._origin, start_at, results)
 
-    def _gather(self, what: str, limit_s: float | None = None) -> list[object]:
-        """One answer per rank, in rank order; any death, error or timeout is a WorkerError.
-        By default the wait is twice the pool's timeout plus 5 s: workers give up on a single
-        wait after `timeout_s` and say which op waited, so their word comes first."""
+    def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
+        """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
+        error or timeout is a WorkerError. By default the wait is twice the pool's timeout
+        plus 5 s: workers give up on a single wait after `timeout_s` and say which op waited,
+        so their word comes first."""
         answers: dict[int, object] = {}
+        why = ""
         if limit_s is None:
             limit_s = 2 * self.timeout_s + 5.0
+            why = f" (twice the workers' {self.timeout_s:g} s wait for one message, plus 5 s)"
         deadline = time.monotonic() + limit_s
         while len(answers) < self.num_ranks:
             waiting = [r for r in range(self.num_ranks) if r not in answers]
@@ -163,7 +193,8 @@ class WorkerPool:
             if not ready:
                 self._fail(
                     WorkerTimeout(
-                        f"no answer from rank(s) {waiting} within {limit_s:g} s during {what}",
+                        f"no answer from rank(s) {waiting} within {limit_s:g} s during {what}"
+                        f"{why}: neither {owed} nor an error came from them, and they did not exit",
                         rank=waiting[0] if len(waiting) == 1 else None,
                     ),
                     what,
@@ -199,20 +230,30 @@ class WorkerPool:
             pass
         return None
 
-    def _dead_rank(self, spare: int | None) -> tuple[int, int] | None:
-        """A rank (not `spare`) whose process died (a non-zero exit status), looked for up to
-        DEATH_GRACE_S: a killed rank's sockets close before its exit status is there, so its
-        neighbours' errors can arrive first."""
-        deadline = time.monotonic() + DEATH_GRACE_S
+    def _cause(self, error: WorkerError, what: str, reporter: int | None) -> WorkerError | None:
+        """What caused `error` (reported by rank `reporter`, if any), if not itself: a dead
+        rank (a non-zero exit status) is always looked for; where `error` is a broken
+        connection, what a neighbour's death looks like, the death, or another rank's report
+        of a failure of its own, is awaited up to DEATH_GRACE_S: a killed rank's sockets close
+        before its exit status is there, so its neighbours' errors can arrive first."""
+        secondary = _is_secondary(error)
+        deadline = time.monotonic() + (DEATH_GRACE_S if secondary else 0.0)
         while True:
             for rank, process in enumerate(self._processes):
                 code = process.exitcode
-                if rank != spare and code is not None and code != 0:
-                    return rank, code
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
+                if rank != reporter and code is not None and code != 0:
+                    message = f"{self._name(rank)} exited with code {code} during {what}"
+                    return WorkerCrash(message, rank=rank)
+            if secondary:
+                for rank in range(self.num_ranks):
+                    answer = None if rank == reporter else self._receive(rank)
+                    if answer is not None and isinstance(answer[1], RemoteError):
+                        other = worker_error(answer[1])
+                        if not _is_secondary(other):
+                            return other
+            if time.monotonic() >= deadline:
                 return None
-            time.sleep(min(left_s, 0.01))
+            time.sleep(0.005)
 
     def _name(self, rank: int) -> str:
         """The rank and the stage it plays under the default placement."""
@@ -220,37 +261,68 @@ class WorkerPool:
         return f"rank {rank} (stage {grid.position_of_worker(rank).stage})"
 
     def _fail(self, error: WorkerError, what: str, reporter: int | None = None) -> NoReturn:
-        """Close the pool and raise: a dead rank's `WorkerCrash` if there is one (`error`, a
-        neighbour's report of the broken connection, its cause), else `error`."""
-        dead = self._dead_rank(spare=reporter)
+        """Close the pool and raise: what caused `error` (`_cause`: a dead rank's
+        `WorkerCrash`, or another rank's report), `error` (what came first, e.g. a
+        neighbour's report of the broken connection) as its cause; else `error`. The close
+        gives the workers, deaf inside the failed command, BUSY_GRACE_S before terminating
+        them, so the error is raised soon after it came."""
+        cause = self._cause(error, what, reporter)
         self.close()
-        if dead is not None:
-            rank, code = dead
-            message = f"{self._name(rank)} exited with code {code} during {what}"
-            raise WorkerCrash(message, rank=rank) from error
+        if cause is not None:
+            raise cause from error
         raise error
 
     def close(self) -> None:
-        """Stop every worker: ask, then terminate, then kill; remove the rendezvous files."""
+        """Stop every worker: ask, then terminate, then kill; remove the rendezvous files.
+        Idle workers end when asked (exit status 0) and get CLOSE_GRACE_S for it; workers
+        inside a command (a failed or interrupted one) cannot hear it and get BUSY_GRACE_S."""
+        grace_s = BUSY_GRACE_S if self._busy else CLOSE_GRACE_S
         for conn in self._conns:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
-        deadline = time.monotonic() + 5.0
-        for process in self._processes:
-            process.join(max(deadline - time.monotonic(), 0))
-        for process in self._processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
+        _join(self._processes, grace_s)
+        running = [process for process in self._processes if process.is_alive()]
+        if running and not self._busy:
+            logger.warning(
+                "%d worker(s) did not end within %g s of being asked to; terminating them",
+                len(running),
+                grace_s,
+            )
+        for process in running:
+            process.terminate()
+        _join(running, TERMINATE_GRACE_S)
+        running = [process for process in running if process.is_alive()]
+        for process in running:
+            process.kill()
+        _join(running, TERMINATE_GRACE_S)
         for conn in self._conns:
             conn.close()
+        if self._processes:
+            self.exit_codes = [process.exitcode for process in self._processes]
         self._processes, self._conns = [], []
+        self._busy = False
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
+
+
+def _join(processes: list[BaseProcess], limit_s: float) -> None:
+    """Wait for every one of `processes` to end, up to `limit_s` in all."""
+    deadline = time.monotonic() + limit_s
+    for process in processes:
+        process.join(max(deadline - time.monotonic(), 0))
+
+
+def _is_secondary(error: WorkerError) -> bool:
+    """Whether `error` may only be the echo of another rank's end: a broken connection (a
+    ConnectionError other than a LinkFailure, or gloo's bare RuntimeError) or a rank that
+    ended unanswered; a rank's failure of its own (a timeout, a LinkFailure, a bug) is not."""
+    remote = error.remote
+    if remote is None:
+        return isinstance(error, WorkerCrash)
+    if remote.is_a(LinkFailure):
+        return False
+    return remote.is_a(ConnectionError) or remote.type_name == "builtins.RuntimeError"
 
 
 def assemble_timeline(

@@ -6,9 +6,10 @@ sequence number; a DP chunk with its index on its link direction (`dp_tag`). `di
 GPU-direct path: the send runs on the compute thread (so it blocks the next op: head-of-line
 blocking), and the iteration's receives are posted up front, since blocking sends with late
 receives deadlock under gloo (measured here); a DP bucket's receives are posted before its
-ring's first send (pipeline.runtime.dp_ring). Who waits on a
-posted receive, and when, is the receiver's business (receiver.py): gloo only marks a receive
-complete inside a `wait()` on it.
+ring's first send (pipeline.runtime.dp_ring). Who waits on a posted receive, and when, is
+the receiver's business (receiver.py): gloo only marks a receive complete inside a `wait()` on
+it. A send or a wait that gloo gives up on raises TimeoutError or ConnectionError naming what
+it sent or waited for (`gloo_failure`), chained from gloo's RuntimeError.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ import torch.distributed as dist
 from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
 
-__all__ = ["DirectTransport", "Message", "PendingReceive", "Transport", "describe", "dp_tag"]
+__all__ = [
+    "DirectTransport",
+    "Message",
+    "PendingReceive",
+    "Transport",
+    "describe",
+    "describe_chunk",
+    "dp_tag",
+    "gloo_failure",
+]
 
 ACTIVATION, GRADIENT = 0, 1
 
@@ -51,10 +61,28 @@ class Message:
         return 2 * self.microbatch + self.kind
 
 
-def describe(peer: int, kind: int, microbatch: int) -> str:
-    """A message in words, for errors: "the gradient of microbatch 3 from rank 2"."""
+def describe(peer: int, kind: int, microbatch: int, *, sending: bool = False) -> str:
+    """A message in words, for errors: "the gradient of microbatch 3 from rank 2" (`sending`:
+    "... to rank 2")."""
     what = "activation" if kind == ACTIVATION else "gradient"
-    return f"the {what} of microbatch {microbatch} from rank {peer}"
+    return f"the {what} of microbatch {microbatch} {'to' if sending else 'from'} rank {peer}"
+
+
+def describe_chunk(peer: int, index: int, *, sending: bool = False) -> str:
+    """A DP chunk in words, for errors: "all-reduce chunk 4 from rank 5" (`sending`: "to")."""
+    return f"all-reduce chunk {index} {'to' if sending else 'from'} rank {peer}"
+
+
+def gloo_failure(doing: str, err: RuntimeError) -> OSError:
+    """gloo's error in a send or a wait as what it was, to raise from `err`: "{doing} failed:
+    {gloo's text}". gloo raises RuntimeError for all; only its text tells a TimeoutError
+    ("Timed out waiting 2000ms for recv"; "Application timeout caused pair closure": an
+    earlier wait on the pair timed out) from a ConnectionError ("Connection reset by peer",
+    "Connection closed by peer": a peer that died or broke off)."""
+    text = str(err)
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    kind = TimeoutError if timed_out else ConnectionError
+    return kind(f"{doing} failed: {text}")
 
 
 class PendingReceive(Protocol):
@@ -68,7 +96,8 @@ class Transport(Protocol):
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive: ...
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
-        """Send through the fault hook; the delay it injected, in ms."""
+        """Send through the fault hook; the delay it injected, in ms. TimeoutError or
+        ConnectionError (`gloo_failure`) if the send fails, naming the message."""
         ...
 
 
@@ -81,10 +110,7 @@ class _GlooReceive:
         try:
             self._work.wait(dt.timedelta(seconds=timeout_s))
         except RuntimeError as err:
-            # gloo raises RuntimeError for both; only its text tells "Timed out waiting 2000ms
-            # for recv" from "Connection reset by peer" (a peer that died or broke off).
-            kind = TimeoutError if "timed out" in str(err).lower() else ConnectionError
-            raise kind(f"waiting for {self._what} failed: {err}") from err
+            raise gloo_failure(f"waiting for {self._what}", err) from err
 
 
 class DirectTransport:
@@ -101,7 +127,7 @@ class DirectTransport:
 
     def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive:
         """The DP chunk `index` from rank `peer` (its sender's link direction's numbering)."""
-        return self._post(peer, dp_tag(index), buffer, f"all-reduce chunk {index} from rank {peer}")
+        return self._post(peer, dp_tag(index), buffer, describe_chunk(peer, index))
 
     def _post(self, peer: int, tag: int, buffer: torch.Tensor, what: str) -> PendingReceive:
         work = dist.irecv(buffer, src=peer, tag=tag)
@@ -116,7 +142,8 @@ class DirectTransport:
         fault_ms = self.fault_hook(
             link, direction, message.iteration, kind, message.microbatch, num_bytes
         )
-        dist.send(payload, dst=peer, tag=message.tag)
+        what = describe(peer, message.kind, message.microbatch, sending=True)
+        _send(payload, peer, message.tag, f"sending {what} on link {link}")
         self.bytes_sent += num_bytes
         return fault_ms
 
@@ -133,6 +160,15 @@ class DirectTransport:
         "AR", the index in place of a microbatch); the delay it injected, in ms."""
         num_bytes = payload.numel() * payload.element_size()
         fault_ms = self.fault_hook(link, direction, iteration, KIND, index, num_bytes)
-        dist.send(payload, dst=peer, tag=dp_tag(index))
+        what = describe_chunk(peer, index, sending=True)
+        _send(payload, peer, dp_tag(index), f"sending {what} on link {link}")
         self.bytes_sent += num_bytes
         return fault_ms
+
+
+def _send(payload: torch.Tensor, peer: int, tag: int, doing: str) -> None:
+    """A blocking gloo send; its failure as `gloo_failure` says, naming what it sent."""
+    try:
+        dist.send(payload, dst=peer, tag=tag)
+    except RuntimeError as err:
+        raise gloo_failure(doing, err) from err

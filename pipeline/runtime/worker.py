@@ -40,10 +40,6 @@ an arrival while the compute thread runs Python waits about this long for the GI
 the compute thread nothing while no other thread asks for the GIL (BENCHMARKS.md)."""
 
 
-FAILURE_JOIN_S = 0.1
-"""How long a failed iteration waits for its receiver threads to end (one whose error failed it
-already has)."""
-
 _MESSAGE_KIND = {OpKind.F: ACTIVATION, OpKind.B: GRADIENT, OpKind.BW: GRADIENT}
 """What an op takes in and sends on: F an activation (from upstream, on downstream), B and BW a
 gradient (from downstream, on upstream); W neither."""
@@ -131,9 +127,10 @@ class _Worker:
         except BaseException:
             # A failed iteration ends the worker (worker_main reports it and returns). A thread
             # still inside a wait on a silent peer is a daemon and ends with the process:
-            # waiting for it would only hold the report back, up to the timeout.
+            # waiting for it would only hold the report back (the one whose error failed the
+            # iteration has ended already).
             for inbox in inbound.values():
-                inbox.receiver.stop(FAILURE_JOIN_S)
+                inbox.receiver.stop(0.0)
             raise
         step_start = time.monotonic()
         self.current_op = KIND  # a failure in the ring names it

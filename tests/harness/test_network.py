@@ -15,7 +15,7 @@ from injectors.fault_model import Effect
 from injectors.wire import WireState
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
-from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout
+from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout, worker_error
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
@@ -99,14 +99,25 @@ def test_caps_stalls_and_a_nic_failure_in_the_testbed_as_in_sim() -> None:
 
 
 def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
-    """A timed-out wait, or gloo's RuntimeError in a worker (e.g. "Application timeout caused
-    pair closure" in a send); a worker that died without a word, or raised something else,
-    is not a link failure."""
-    gloo = RemoteError.from_exception(
+    """A timed-out wait or send, a connection the transport saw break (its ConnectionError,
+    chained from gloo's), or gloo's bare RuntimeError in a worker; a worker that died without
+    a word, or raised something else, is not a link failure."""
+    bare = RemoteError.from_exception(
         RuntimeError("Application timeout caused pair closure"), rank=0, stage=0, replica=0
     )
+    try:
+        try:
+            raise RuntimeError("[pair.cc:598] Connection reset by peer")
+        except RuntimeError as err:
+            raise ConnectionError(
+                "sending the activation of microbatch 0 to rank 1 on link 0-1 failed: "
+                "[pair.cc:598] Connection reset by peer"
+            ) from err
+    except ConnectionError as err:
+        sent = RemoteError.from_exception(err, rank=0, stage=0, replica=0, iteration=0, op="F0")
     bug = RemoteError.from_exception(KeyError("x"), rank=0, stage=0, replica=0)
     assert _gloo_gave_up(WorkerTimeout("no answer", rank=1))
-    assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=gloo))
+    assert _gloo_gave_up(worker_error(sent))  # a WorkerCrash naming the send
+    assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=bare))
     assert not _gloo_gave_up(WorkerCrash("rank 0 exited with code -9", rank=0))
     assert not _gloo_gave_up(WorkerCrash("rank 0: KeyError", rank=0, remote=bug))

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import socket
 import threading
@@ -337,6 +338,82 @@ def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> 
     (in_flight,) = [e for e in forward if e["ph"] == "X"]
     (needed,) = [e for e in forward if e["ph"] == "i"]
     assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 402_000  # us
+
+
+class _SlowToPost(EmulatedCompute):
+    """Stage 1 takes `STALL_S` to make its message buffers, so its receives are posted late:
+    stage 0's first send finds no receive on the other side, and gloo gives up on it."""
+
+    STALL_S = 4.0
+
+    def message_buffer(self, profile: Profile) -> torch.Tensor:
+        if self._stage == 1:
+            time.sleep(self.STALL_S)
+        return super().message_buffer(profile)
+
+
+def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
+    profile = _profile(1.0, 1.0, 1.0)
+    with WorkerPool(2, compute_factory=_SlowToPost, timeout_s=1) as pool:
+        pids = list(pool.pids)
+        with pytest.raises(WorkerTimeout) as info:
+            pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    err = info.value
+    # gloo's text: "Timed out waiting 1000ms for send ..." or, where the receiver thread's
+    # wait on the same pair timed out first, "Application timeout caused pair closure".
+    assert re.fullmatch(
+        r"rank 0 \(stage 0\), iteration 0, op F0: TimeoutError: sending the activation of "
+        r"microbatch 0 to rank 1 on link 0-1 failed: .*(Timed out|timeout).*",
+        str(err),
+    ), str(err)
+    remote = err.remote
+    assert remote is not None and err.rank == 0
+    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "F0")
+    assert remote.cause_type_name == "builtins.RuntimeError"  # gloo's, kept as the cause
+    assert "in send" in remote.traceback_text  # the transport's frame
+    assert not any(_alive(pid) for pid in pids)
+
+
+class _Stuck(EmulatedCompute):
+    """A compute backend whose op never ends and never waits on gloo: a silent worker."""
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
+        time.sleep(3600)
+        return None
+
+
+def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> None:
+    """One stage alone (no neighbour's wait can time out first), its op stuck: the pool waits
+    twice the 0.5 s timeout plus 5 s, says so and what it waited for, and ends the worker."""
+    profile = Profile.uniform(1, 1, 1, 1, 1)
+    with WorkerPool(1, compute_factory=_Stuck, timeout_s=0.5) as pool:
+        pids = list(pool.pids)
+        with pytest.raises(WorkerTimeout) as info:
+            pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    assert str(info.value) == (
+        "no answer from rank(s) [0] within 6 s during iteration 0 (twice the workers' 0.5 s "
+        "wait for one message, plus 5 s): neither records nor an error came from them, and "
+        "they did not exit"
+    )
+    assert info.value.rank == 0 and info.value.remote is None
+    assert pool.exit_codes == [-signal.SIGTERM]  # inside its op, it could not hear the ask
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_clean_close_ends_every_worker_by_itself() -> None:
+    """Idle workers asked to stop end with exit status 0: none is terminated or killed."""
+    profile = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    with WorkerPool(2, 2, timeout_s=30) as pool:
+        pids = list(pool.pids)
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+        assert pool.exit_codes == []  # not closed yet
+    assert pool.exit_codes == [0, 0, 0, 0]
+    assert not any(_alive(pid) for pid in pids)
+    pool.start()  # a pool starts again after a close, and ends the same way
+    pool.close()
+    assert pool.exit_codes == [0, 0, 0, 0]
 
 
 def test_a_closed_pool_says_so() -> None:
