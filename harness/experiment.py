@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.policies import SYSTEMS, resolve_system
+from harness.policies import SYSTEMS, Planner, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -101,8 +101,11 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     _check_names(keys)
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
-    todo = sum(key not in done for key in keys)
-    started, num_run = time.monotonic(), 0
+    weights = [
+        _expected_cost(spec, config, planner) if key not in done else 0.0
+        for config, key in zip(configs, keys, strict=True)
+    ]
+    pace = _Pace(sum(weights))
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
         for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
             target, system, scenario, repeat = config
@@ -132,9 +135,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             iterations += _iteration_rows(common, result)
             write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
             write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
-            num_run += 1
-            elapsed_s = time.monotonic() - started
-            left_s = elapsed_s / num_run * (todo - num_run)
+            elapsed_s, left_s = pace.done(weights[count - 1])
             reused = result.reused_iterations
             progress(
                 f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}: "
@@ -145,6 +146,49 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             )
     write_report(spec, run_dir, runs)
     return run_dir
+
+
+class _Pace:
+    """Time left in an experiment: the configurations' expected costs still to run, at the
+    pace of those run so far. The first one run also starts the worker pool (seconds, where a
+    configuration may take a second), so it sets the pace only until a second one is done."""
+
+    def __init__(self, total: float) -> None:
+        self.started = self.after_first = time.monotonic()
+        self.left, self.since_first, self.num_done = total, 0.0, 0
+
+    def done(self, cost: float) -> tuple[float, float]:
+        """Elapsed and estimated remaining seconds, once a configuration of `cost` ended."""
+        now = time.monotonic()
+        self.left -= cost
+        self.num_done += 1
+        if self.num_done == 1:
+            self.after_first, first_cost = now, cost
+            pace = (now - self.started) / first_cost if first_cost > 0 else 0.0
+        else:
+            self.since_first += cost
+            pace = (now - self.after_first) / self.since_first if self.since_first > 0 else 0.0
+        return now - self.started, pace * max(self.left, 0.0)
+
+
+def _expected_cost(
+    spec: ExperimentSpec, config: tuple[Target, str, Scenario, int], planner: Planner
+) -> float:
+    """How long a configuration should take relative to the others, for the time-left
+    estimate: 1 each in sim (they all take milliseconds); in the runtimes, the simulator's
+    step of its first iteration (its plan, made by the shared `planner`, is reused when the
+    configuration runs), times its iterations. Configurations differ by several times (a
+    slow link under 1F1B against the fault-free run), so counting them would misjudge."""
+    if spec.backend == "sim":
+        return 1.0
+    target, system, scenario, _ = config
+    first = run_configuration(
+        controller_for(system, target, scenario, planner),
+        num_iterations=1,
+        faults=scenario.faults or NO_FAULTS,
+        keep_timeline=False,
+    )
+    return first.median_wall_ms * (spec.num_iterations + spec.num_warmup_iterations)
 
 
 def _key(target: Target, system: str, scenario: Scenario, repeat: int) -> ConfigurationKey:

@@ -21,7 +21,20 @@ from pipeline.simulator import CommMode, LinkComm
 from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
-__all__ = ["Action", "Capabilities", "Closing", "Engine", "Outcome", "Plan", "check_plan"]
+__all__ = [
+    "RUNTIME_COMMS",
+    "Action",
+    "Capabilities",
+    "Closing",
+    "Engine",
+    "Outcome",
+    "Plan",
+    "check_plan",
+]
+
+RUNTIME_COMMS = frozenset({CommMode.DIRECT})
+"""The comm modes the runtime engines (emulated, megatron) realise, here so that inputs can be
+checked against them without starting (or importing) the runtime."""
 
 
 class Action(StrEnum):

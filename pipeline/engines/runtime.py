@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
-from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
+from pipeline.engines.base import RUNTIME_COMMS, Capabilities, Closing, Outcome, Plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
@@ -26,7 +26,6 @@ from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerLinkFailure
 from pipeline.schedule import validate_schedule
-from pipeline.simulator import CommMode
 
 __all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
 
@@ -50,7 +49,7 @@ class RuntimeEngine(Closing):
         self.num_stages, self.num_replicas = num_stages, num_replicas
         # A training engine would move its model state in a rank swap: not built yet.
         self.capabilities = Capabilities(
-            comms=frozenset({CommMode.DIRECT}),
+            comms=RUNTIME_COMMS,
             dp_step=True,
             trains=trains,
             restarts=True,

@@ -215,6 +215,34 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         [*RUN_P, "--backend", "emulated", "--timeout", "1"],
         "not shorter than the workers' 1 s",
     ),
+    (
+        "delegates in emulated",
+        P,
+        [*RUN_P[:-1], "adaptra-cpu", "--backend", "emulated"],
+        "system adaptra-cpu goes over the delegated transport, which the emulated backend",
+    ),
+    (
+        "delegated comm in emulated",
+        P,
+        [
+            "run",
+            "--profile",
+            "p.json",
+            "--policy",
+            "zb",
+            "--comm",
+            "delegated",
+            "--backend",
+            "emulated",
+        ],
+        "--comm delegated goes over the delegated transport",
+    ),
+    (
+        "spec delegates in emulated",
+        {"s.yaml": spec(systems=["adaptra"], backend="emulated", links=["0-1"], delays_ms=[0, 20])},
+        RUN_SPEC,
+        "system adaptra (0-1@20ms) goes over the delegated transport",
+    ),
     # fault timelines
     ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),
     (

@@ -204,7 +204,7 @@ def test_torch_csv_format(tmp_path: Path) -> None:
                 "--policy",
                 "1f1b",
             ],
-            "not available in the emulated engine yet",
+            "--comm delegated goes over the delegated transport, which the emulated backend",
         ),
         (["schedule", "--profile", "{tight}", "--policy", "zb-h2"], "mem_limit is 3"),
     ],

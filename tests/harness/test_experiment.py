@@ -333,3 +333,18 @@ def test_a_megatron_spec_needs_a_preset_and_a_profile() -> None:
         )
     with pytest.raises(ConfigError, match="backend megatron runs a megatron GPT"):
         ExperimentSpec(name="mg", models=("gpt2-7b",), systems=("1f1b",), backend="megatron")
+
+
+def test_time_left_follows_the_expected_costs_after_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first configuration also starts the pool: after it, the pace is what the others
+    took per unit of expected cost (a slow link's configuration costs more)."""
+    from harness import experiment
+
+    clock = iter([100.0, 105.0, 107.0, 111.0])  # start; three configurations end
+    monkeypatch.setattr(experiment.time, "monotonic", lambda: next(clock))
+    pace = experiment._Pace(total=1.0 + 1.0 + 2.0 + 4.0)
+    assert pace.done(1.0) == (5.0, 5.0 * 7.0)  # only the first: its pace, pool start included
+    assert pace.done(1.0) == (7.0, 2.0 * 6.0)  # 2 s for a cost of 1
+    assert pace.done(2.0) == (11.0, 2.0 * 4.0)  # 4 s more for 2 more: still 2 s per unit
