@@ -165,12 +165,12 @@ def run(
     controller: Controller
     if system is not None:
         comm = SYSTEMS[system][1] if faults is not NO_FAULTS else resolve_system(system, profile)[1]
-        check_comm(backend, comm, f"system {system}")
+        check_comm(backend, comm, f"system {system}", injection)
         controller = system_controller(system, profile, faults)
         label, comm = system, SYSTEMS[system][1]
     else:
         comm = comm or "direct"
-        check_comm(backend, comm, f"--comm {comm}")
+        check_comm(backend, comm, f"--comm {comm}", injection)
         controller = fixed_plan(planned.schedule, profile, comm)
         label = planned.policy
     if timeout_s is not None and backend == "sim":
@@ -188,6 +188,7 @@ def run(
         model=model,
         host=load_host_costs(calibration_path),
         on_iteration=None if progress is None else lambda *_: progress.step(),
+        delegated=comm == "delegated",
     )
     if progress is not None:
         progress.done()

@@ -32,11 +32,13 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 3
-"""3: a run directory keeps what its engines measured: messages.csv and timelines/ (the drawn
-iterations' full timelines, from which the report draws its Gantt charts; docs/design.md,
-"Results"). 2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
-`lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
+RESULTS_SCHEMA_VERSION = 4
+"""4: the saved timelines are of timeline schema 4 (messages' wire start, copy in and
+carrier: pipeline.timeline). 3: a run directory keeps what its engines measured:
+messages.csv and timelines/ (the drawn iterations' full timelines, from which the report
+draws its Gantt charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv gained
+`controller`; runs.csv `restarts`, `lost_iterations`, `restart_wall_ms` and
+`restart_model_ms`."""
 
 RUNS_COLUMNS = (
     "run_id",

@@ -35,10 +35,15 @@ worker's fault hook (a sleep before each send, a raised LinkFailure; the paper's
 or in the network of a namespace testbed (harness.network; root only)."""
 
 
-def check_comm(backend: str, comm: str, who: str) -> None:
+def check_comm(backend: str, comm: str, who: str, injection: str = "hook") -> None:
     """Refuse up front what a backend's engine would refuse at its first iteration of `comm`:
     `who` (a system, a policy) would go over a transport it does not have."""
     comms = frozenset(CommMode) if backend == "sim" else RUNTIME_COMMS
+    if injection == "network" and CommMode(comm) is CommMode.DELEGATED:
+        raise ConfigError(
+            f"{who} goes over the delegates, which do not run in the namespace testbed yet "
+            "(their wire is not bound to its NICs): use --inject hook"
+        )
     if CommMode(comm) not in comms:
         valid = ", ".join(sorted(c.value for c in comms))
         raise ConfigError(
@@ -53,7 +58,7 @@ class RuntimeEngines(Closing):
     pools."""
 
     def __init__(self) -> None:
-        self._engines: dict[tuple[str, int, int, str, float], Engine] = {}
+        self._engines: dict[tuple[str, int, int, str, float, bool], Engine] = {}
 
     def get(
         self,
@@ -63,16 +68,26 @@ class RuntimeEngines(Closing):
         *,
         num_replicas: int = 1,
         timeout_s: float = CHECKPOINT_RESTART.transport_timeout_s,
+        delegated: bool = False,
     ) -> Engine:
-        key = (backend, num_stages, num_replicas, model or "", timeout_s)
+        """`delegated`: its plans may delegate (its pool then starts delegates)."""
+        key = (backend, num_stages, num_replicas, model or "", timeout_s, delegated)
         if key not in self._engines:
-            from pipeline.engines.runtime import emulated_engine, megatron_engine  # torch
+            from adaptra.transport import Delegates  # torch, as the engines below
+            from pipeline.engines.runtime import emulated_engine, megatron_engine
 
+            delegates = Delegates() if delegated else None
             self._engines[key] = (
-                emulated_engine(num_stages, num_replicas=num_replicas, timeout_s=timeout_s)
+                emulated_engine(
+                    num_stages, num_replicas=num_replicas, timeout_s=timeout_s, delegates=delegates
+                )
                 if backend == "emulated"
                 else megatron_engine(
-                    num_stages, model or "tiny", num_replicas=num_replicas, timeout_s=timeout_s
+                    num_stages,
+                    model or "tiny",
+                    num_replicas=num_replicas,
+                    timeout_s=timeout_s,
+                    delegates=delegates,
                 )
             )
         return self._engines[key]
@@ -104,6 +119,7 @@ def run_configuration(
     engines: RuntimeEngines | None = None,
     recovery: Recovery = CHECKPOINT_RESTART,
     on_iteration: OnIteration | None = None,
+    delegated: bool = False,
 ) -> RunResult:
     """Run what `controller` plans. Warm-up iterations come first; a fault timeline counts
     iterations from the first measured one, and its delays add to the profile's. `model`
@@ -111,7 +127,8 @@ def run_configuration(
     backend's GPT configuration (default: tiny); the others take none. `host`: a host's
     runtime costs for the simulator (the sim backend only). `engines`: runtime engines to
     share with other configurations (default: this configuration's own). `on_iteration`:
-    called with each iteration's timeline as it ends (harness.loop)."""
+    called with each iteration's timeline as it ends (harness.loop). `delegated`: the
+    controller may send over delegates (a runtime then starts them with its pool)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if model is not None and backend != "megatron":
@@ -154,8 +171,18 @@ def run_configuration(
 
         with network_engine(profile, transport_timeout_s=timeout_s) as engine:
             return run(engine)
-    shape = (backend, profile.num_stages, model)
+
+    def engine_of(pools: RuntimeEngines) -> Engine:
+        return pools.get(
+            backend,
+            profile.num_stages,
+            model,
+            num_replicas=profile.num_replicas,
+            timeout_s=timeout_s,
+            delegated=delegated,
+        )
+
     if engines is not None:
-        return run(engines.get(*shape, num_replicas=profile.num_replicas, timeout_s=timeout_s))
+        return run(engine_of(engines))
     with RuntimeEngines() as own:
-        return run(own.get(*shape, num_replicas=profile.num_replicas, timeout_s=timeout_s))
+        return run(engine_of(own))

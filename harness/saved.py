@@ -162,7 +162,7 @@ def _link_rows(timeline: Timeline) -> list[str]:
     link direction and replica."""
     t0 = timeline.iterations[0].start_ms
     groups: dict[tuple[str, str, int], list[float]] = {}
-    for _, link, way, _, size, start, end, arrival, needed, replica, fault in timeline.messages:
+    for _, link, way, _, size, start, end, arrival, needed, replica, fault, *_ in timeline.messages:
         group = groups.get((link, way, replica))
         if group is None:
             groups[link, way, replica] = [1, size, start, end, arrival, end - start, fault,

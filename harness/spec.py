@@ -196,7 +196,9 @@ class ExperimentSpec:
                     _, comm = resolve_system(system, scenario.apply(target.profile))
                     if scenario.faults is not None and system == "adaptra":
                         comm = SYSTEMS[system][1]  # it delegates once a fault is in force
-                    check_comm(self.backend, comm, f"system {system} ({scenario.name})")
+                    check_comm(
+                        self.backend, comm, f"system {system} ({scenario.name})", self.injection
+                    )
 
     def _check_types(self) -> None:
         """What YAML gives is any type: each field must be of its own (a float count, a

@@ -71,10 +71,6 @@ def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
     return tuple(map(functools.partial(tuple.__new__, MessageRecord), messages))
 
 
-def _message(*fields: Any) -> MessageRecord:
-    return tuple.__new__(MessageRecord, fields)
-
-
 def simulate(
     schedule: Schedule,
     profile: Profile,
@@ -216,6 +212,7 @@ def simulate(
                     transfer_ms += fault.delay_ms
                     fault_ms += fault.delay_ms
                 mode = modes[link_idx][direction]
+                wire_start, copied_in = end, 0.0
                 if mode is CommMode.IDEAL:
                     send_end = end
                     arrival = end + transfer_ms
@@ -223,17 +220,16 @@ def simulate(
                     send_end = end + transfer_ms + send_ms
                     arrival = send_end + lag_ms
                 else:
-                    send_end = end + copy_ms
+                    send_end = wire_start = end + copy_ms
+                    copied_in = copy_ms
                     seq = num_sent[link_idx][direction]
                     num_sent[link_idx][direction] = seq + 1
-                    if num_delegates is None:
-                        arrival = send_end + transfer_ms + send_ms
-                    else:
+                    if num_delegates is not None:
                         slots = delegate_free[link_idx][direction]
                         slot = seq % num_delegates
-                        arrival = max(send_end, slots[slot]) + transfer_ms + send_ms
-                        slots[slot] = arrival
-                    arrival += lag_ms
+                        wire_start = max(send_end, slots[slot])
+                        slots[slot] = wire_start + transfer_ms + send_ms
+                    arrival = wire_start + transfer_ms + send_ms + lag_ms
                 free = max(free, send_end)
                 arrivals[dest][m] = arrival
                 fields = [
@@ -248,6 +244,9 @@ def simulate(
                     None,  # needed_ms, from the op that takes it in
                     replica,
                     fault_ms,
+                    wire_start,
+                    copied_in,
+                    0,  # carrier_pid: no process
                 ]
                 in_flight[direction][dest][m] = fields
                 messages.append(fields)
@@ -274,7 +273,7 @@ def simulate(
             stage_ends.append(free_k)
         else:  # the same as replica 0's
             replica_ops += [OpRecord(*r[:-1], k) for r in op_records]
-            replica_messages += [[*r[:9], k, r[10]] for r in messages]
+            replica_messages += [[*r[:9], k, *r[10:]] for r in messages]
             stage_ends.append(free_at)
     op_records += replica_ops
     messages += replica_messages

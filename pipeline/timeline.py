@@ -21,8 +21,9 @@ __all__ = [
     "Timeline",
 ]
 
-SCHEMA_VERSION = 3
-"""3: messages gained `fault_ms`, iterations `pids`. 2: messages gained `needed_ms`, and the
+SCHEMA_VERSION = 4
+"""4: messages gained `wire_start_ms`, `copy_in_ms` and `carrier_pid` (the delegated path's
+steps). 3: messages gained `fault_ms`, iterations `pids`. 2: messages gained `needed_ms`, and the
 runtime's `arrival_ms` is the true arrival (in 1 it was when the consumer's wait returned)."""
 
 
@@ -68,6 +69,16 @@ class MessageRecord(NamedTuple):
     needed_ms: float
     replica: int = 0
     fault_ms: float = 0.0
+    wire_start_ms: float = 0.0
+    """When the message went on the wire: the send's start (direct), when a delegate picked
+    it up (delegated: between it and `arrival_ms` the message is on the wire, the link's
+    delay included; before it, it waited for a free delegate)."""
+    copy_in_ms: float = 0.0
+    """The copy into the consuming op's buffer (delegated: the copy to the device; the op
+    starts after it); 0 direct."""
+    carrier_pid: int = 0
+    """The process that carried it: the sender (direct), a delegate (delegated); 0 from the
+    simulator."""
 
 
 class IterationRecord(NamedTuple):
@@ -140,6 +151,7 @@ class Timeline:
                     send_end_ms=r.send_end_ms - t0,
                     arrival_ms=r.arrival_ms - t0,
                     needed_ms=r.needed_ms - t0,
+                    wire_start_ms=r.wire_start_ms - t0,
                 )
                 for r in self.messages
                 if r.iteration == iteration
@@ -205,9 +217,12 @@ class _Moved(Timeline):
             messages = tuple(
                 new(
                     MessageRecord,
-                    (iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift, r, f),
+                    (
+                        *(iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift),
+                        *(r, f, w + shift, i, p),
+                    ),
                 )
-                for _, li, d, m, n, a, b, c, e, r, f in source.messages
+                for _, li, d, m, n, a, b, c, e, r, f, w, i, p in source.messages
             )
             object.__setattr__(self, "_records", (ops, messages))
         assert self._records is not None

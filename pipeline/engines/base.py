@@ -32,9 +32,10 @@ __all__ = [
     "check_plan",
 ]
 
-RUNTIME_COMMS = frozenset({CommMode.DIRECT})
-"""The comm modes the runtime engines (emulated, megatron) realise, here so that inputs can be
-checked against them without starting (or importing) the runtime."""
+RUNTIME_COMMS = frozenset({CommMode.DIRECT, CommMode.DELEGATED})
+"""The comm modes the runtime engines (emulated, megatron) realise (delegated: with a delegate
+factory), here so that inputs can be checked against them without starting (or importing) the
+runtime."""
 
 
 class Action(StrEnum):

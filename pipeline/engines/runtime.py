@@ -25,9 +25,16 @@ from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerLinkFailure
+from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import validate_schedule
+from pipeline.simulator import CommMode
 
-__all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
+__all__ = ["DEFAULT_NUM_DELEGATES", "RuntimeEngine", "emulated_engine", "megatron_engine"]
+
+DEFAULT_NUM_DELEGATES = 3
+"""Delegates per link direction and side when a profile gives no `num_delegates` (the paper's
+rule, enough that sending keeps up with production, is to come; the simulator reads a missing
+`num_delegates` as no limit)."""
 
 
 class RuntimeEngine(Closing):
@@ -42,18 +49,23 @@ class RuntimeEngine(Closing):
         trains: bool = False,
         timeout_s: float = 60.0,
         on_start: Callable[[float], None] | None = None,
+        delegates: DelegateFactory | None = None,
     ) -> None:
         """`timeout_s`: how long a worker waits on one message before it gives up;
-        `on_start`: told each iteration's start (monotonic s) before the workers start."""
+        `on_start`: told each iteration's start (monotonic s) before the workers start;
+        `delegates`: how workers start their delegates (adaptra.transport), for plans that
+        delegate (the pool then starts them with its workers: the profile's `num_delegates`
+        per link direction and side, DEFAULT_NUM_DELEGATES if it gives none)."""
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
-        # A training engine would move its model state in a rank swap: not built yet.
+        # A training engine would move its model state in a rank swap: not built yet; the
+        # delegates are wired to their neighbours.
         self.capabilities = Capabilities(
-            comms=RUNTIME_COMMS,
+            comms=RUNTIME_COMMS if delegates is not None else frozenset({CommMode.DIRECT}),
             dp_step=True,
             trains=trains,
             restarts=True,
-            placements=not trains,
+            placements=not trains and delegates is None,
         )
         self._pool = WorkerPool(
             num_stages,
@@ -61,6 +73,7 @@ class RuntimeEngine(Closing):
             compute_factory=compute_factory,
             launch=launch,
             timeout_s=timeout_s,
+            delegates=delegates,
         )
         self._on_start = on_start
         self._started = False
@@ -99,6 +112,12 @@ class RuntimeEngine(Closing):
         if id(plan.schedule) not in self._validated:
             validate_schedule(plan.schedule, profile.num_stages, profile.num_microbatches)
             self._validated.add(id(plan.schedule))
+        if self._pool.delegates is not None:
+            wanted = profile.num_delegates or DEFAULT_NUM_DELEGATES
+            if self._started and wanted != self._pool.num_delegates:
+                self._pool.close()  # its delegates are started with it: a fresh one
+                self._started = False
+            self._pool.num_delegates = wanted
         if not self._started:
             self._pool.start()
             self._started = True
@@ -106,6 +125,8 @@ class RuntimeEngine(Closing):
             iteration,
             plan.schedule,
             profile,
+            comm=plan.comm.value,
+            link_comms=tuple((str(c.link), c.direction, c.comm.value) for c in plan.link_comms),
             topology=plan.topology,
             faults=faults,
             collect_params=digest,
@@ -149,6 +170,7 @@ def emulated_engine(
     launch: LaunchHook = local_launch,
     timeout_s: float = 60.0,
     on_start: Callable[[float], None] | None = None,
+    delegates: DelegateFactory | None = None,
 ) -> RuntimeEngine:
     return RuntimeEngine(
         "emulated",
@@ -157,11 +179,17 @@ def emulated_engine(
         launch=launch,
         timeout_s=timeout_s,
         on_start=on_start,
+        delegates=delegates,
     )
 
 
 def megatron_engine(
-    num_stages: int, model: str, *, num_replicas: int = 1, timeout_s: float = 60.0
+    num_stages: int,
+    model: str,
+    *,
+    num_replicas: int = 1,
+    timeout_s: float = 60.0,
+    delegates: DelegateFactory | None = None,
 ) -> RuntimeEngine:
     """Importing megatron-core only inside the workers (and to check the model's split)."""
     from pipeline.runtime.megatron import MegatronCompute, get_preset
@@ -175,4 +203,5 @@ def megatron_engine(
         compute_factory=factory,
         trains=True,
         timeout_s=timeout_s,
+        delegates=delegates,
     )

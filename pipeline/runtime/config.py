@@ -13,7 +13,9 @@ from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
 from pipeline.topology import Topology
 
-__all__ = ["IterationConfig", "RankResult", "StepOutput"]
+__all__ = ["COMMS", "IterationConfig", "RankResult", "StepOutput"]
+
+COMMS = ("direct", "delegated")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,6 +26,10 @@ class IterationConfig:
     schedule: Schedule
     profile: Profile
     comm: str = "direct"
+    """How PP messages go ("direct" or "delegated"), but on the link directions of
+    `link_comms`."""
+    link_comms: tuple[tuple[str, str, str], ...] = ()
+    """(link, direction, comm) where a link direction goes another way than `comm`."""
     topology: Topology | None = None
     """Which worker plays which position this iteration (None: the default placement)."""
     faults: IterationFaults = NO_FAULTS
@@ -44,8 +50,16 @@ class IterationConfig:
     directory (the first iteration after a restart)."""
 
     def __post_init__(self) -> None:
-        if self.comm != "direct":
-            raise ConfigError(f"comm {self.comm!r} is not available in the runtime yet: use direct")
+        for comm in (self.comm, *(c for _, _, c in self.link_comms)):
+            if comm not in COMMS:
+                raise ConfigError(f"comm {comm!r}: the runtime has {', '.join(COMMS)}")
+
+    def comm_of(self, link: str, direction: str) -> str:
+        """How the messages of `link` ("0-1", every replica) in `direction` go."""
+        for named, way, comm in self.link_comms:
+            if (named, way) == (link, direction):
+                return comm
+        return self.comm
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,11 +85,15 @@ class RankResult:
     pid: int
     ops: list[tuple[str, int, float, float]]
     """(kind, microbatch, start, end)."""
-    sends: list[tuple[str, str, int, int, float, float, float]]
-    """(link, direction, microbatch, bytes, send start, send end, fault ms)."""
-    receives: list[tuple[str, str, int, float, float]]
-    """(link, direction, microbatch, arrived, needed) per message an op took in: when the
-    receiver thread saw it arrive, and when the op began to wait for it (receiver.py)."""
+    sends: list[tuple[str, str, int, int, float, float, float, float, int]]
+    """(link, direction, microbatch, bytes, send start, send end, fault ms, wire start,
+    carrier pid): the sender is busy from send start to send end (direct: the whole send;
+    delegated: the copy out), the wire carries it from wire start (direct: the send start;
+    delegated: when a delegate picked it up) in the process `carrier pid`."""
+    receives: list[tuple[str, str, int, float, float, float]]
+    """(link, direction, microbatch, arrived, needed, copy in) per message an op took in:
+    when it arrived (receiver.py; delegated: the receiver delegate's stamp), when the op began
+    to wait for it, and how long its copy into the op's buffer took (delegated; 0 direct)."""
     step_start: float
     step_end: float
     bytes_sent: int

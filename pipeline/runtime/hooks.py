@@ -38,7 +38,12 @@ class FaultHook(Protocol):
         kind: str,
         microbatch: int,
         num_bytes: int,
-    ) -> float: ...
+        *,
+        wait: bool = True,
+    ) -> float:
+        """`wait` False: return the delay without waiting it (a delegate waits it on the
+        wire instead of the sender)."""
+        ...
 
 
 @dataclasses.dataclass(slots=True)
@@ -65,6 +70,8 @@ class FaultViewHook:
         kind: str,
         microbatch: int,
         num_bytes: int,
+        *,
+        wait: bool = True,
     ) -> float:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
         if self.faults is not NO_FAULTS:
@@ -85,7 +92,7 @@ class FaultViewHook:
                     f"{iteration} cannot go"
                 )
             delay_ms += fault.delay_ms
-        if delay_ms > 0:
+        if delay_ms > 0 and wait:
             self._sleep(delay_ms / 1000.0)
         return delay_ms
 

@@ -34,6 +34,7 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
+from pipeline.runtime.transport import DelegateFactory
 from pipeline.runtime.worker import worker_main
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Position, Topology
@@ -79,8 +80,13 @@ class WorkerPool:
         launch: LaunchHook = local_launch,
         timeout_s: float = 60.0,
         start_margin_s: float = 0.02,
+        delegates: DelegateFactory | None = None,
+        num_delegates: int = 0,
     ) -> None:
+        """`delegates`: how each worker starts `num_delegates` delegates per link direction
+        and side, with the pool (adaptra.transport), for iterations that delegate."""
         self.num_stages, self.num_replicas = num_stages, num_replicas
+        self.delegates, self.num_delegates = delegates, num_delegates
         self.num_ranks = num_stages * num_replicas
         self._compute_factory = compute_factory
         self._launch = launch
@@ -91,6 +97,8 @@ class WorkerPool:
         self._tmpdir: str | None = None
         self._origin: float | None = None
         self.pids: list[int] = []
+        self.delegate_pids: list[list[int]] = []
+        """Each rank's delegate processes (none without delegates)."""
         self.bytes_sent = 0
         self.last_results: list[RankResult] = []
         """Every rank's records of the latest iteration, in rank order."""
@@ -128,6 +136,8 @@ class WorkerPool:
                     child,
                     self.timeout_s,
                     self._compute_factory(),
+                    self.delegates,
+                    self.num_delegates,
                 )
                 self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
@@ -136,7 +146,9 @@ class WorkerPool:
             answers = self._gather(
                 "start-up", "a ready message (group joined, stage set up)", limit_s
             )
-            self.pids = [int(pid) for pid in answers]  # type: ignore[call-overload]
+            ready: list[tuple[int, list[int]]] = answers  # type: ignore[assignment]
+            self.pids = [int(pid) for pid, _ in ready]
+            self.delegate_pids = [list(d) for _, d in ready]
             self._busy = False
         except BaseException:
             self.close()
@@ -340,20 +352,20 @@ def assemble_timeline(
         for kind, m, a, b in r.ops
     ]
     taken = {
-        (r.replica, link, d, m): (arrived, needed)
+        (r.replica, link, d, m): (arrived, needed, copy_in)
         for r in results
-        for link, d, m, arrived, needed in r.receives
+        for link, d, m, arrived, needed, copy_in in r.receives
     }
     messages = []
     for r in results:
-        for link, direction, m, num_bytes, a, b, fault_ms in r.sends:
+        for link, direction, m, num_bytes, a, b, fault_ms, wire, pid in r.sends:
             times = taken.get((r.replica, link, direction, m))
             if times is None:
                 raise ScheduleError(
                     f"iteration {iteration}: no op took in the {direction} message of "
                     f"microbatch {m} on link {link} (replica {r.replica}): the schedule is invalid"
                 )
-            arrived, needed = times
+            arrived, needed, copy_in = times
             messages.append(
                 MessageRecord(
                     iteration,
@@ -367,6 +379,9 @@ def assemble_timeline(
                     ms(needed),
                     r.replica,
                     fault_ms,
+                    ms(wire),
+                    copy_in * 1000.0,
+                    pid,
                 )
             )
     # The step (all-reduce, optimizer) ends when the last rank's does: a stage whose

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 
 from pipeline.errors import ScheduleError
-from pipeline.runtime.transport import ACTIVATION, PendingReceive, describe
+from pipeline.runtime.transport import ACTIVATION, Arrival, PendingReceive, describe
 
 __all__ = ["Receiver"]
 
@@ -39,11 +39,11 @@ __all__ = ["Receiver"]
 class _Slot:
     """One message's outcome, written once by the receiver thread, then `done` is set."""
 
-    __slots__ = ("arrived_s", "done", "error")
+    __slots__ = ("arrival", "done", "error")
 
     def __init__(self) -> None:
         self.done = threading.Event()
-        self.arrived_s = 0.0
+        self.arrival = Arrival(0.0)
         self.error: BaseException | None = None
 
 
@@ -72,8 +72,9 @@ class Receiver:
     def start(self) -> None:
         self._thread.start()
 
-    def take(self, microbatch: int, timeout_s: float) -> float:
-        """Block until the message of `microbatch` is here; when it arrived (monotonic s).
+    def take(self, microbatch: int, timeout_s: float) -> Arrival:
+        """Block until the message of `microbatch` is here; when it arrived (monotonic s) and
+        what copying it into its buffer took.
 
         Raises the exception the thread met receiving it (or an earlier message: the thread
         stops at its first error), TimeoutError if nothing came within `timeout_s`, or
@@ -86,7 +87,7 @@ class Receiver:
             raise TimeoutError(f"waiting for {what} failed: nothing came within {timeout_s:g} s")
         if slot.error is not None:
             raise slot.error
-        return slot.arrived_s
+        return slot.arrival
 
     def finish(self, timeout_s: float) -> None:
         """Join the thread once every message is in. Raises TimeoutError if it still waits
@@ -111,10 +112,9 @@ class Receiver:
             for microbatch, receive in self._receives:
                 if self._stop.is_set():
                     raise RuntimeError(f"the {self.name} was stopped")
-                receive.wait(self._timeout_s)
-                arrived_s = time.monotonic()
+                stamped = receive.wait(self._timeout_s)
                 slot = self._slots[microbatch]
-                slot.arrived_s = arrived_s
+                slot.arrival = stamped or Arrival(time.monotonic())
                 slot.done.set()
                 num_done += 1
         except BaseException as err:  # handed to whoever takes a message not received

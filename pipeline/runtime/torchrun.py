@@ -65,8 +65,11 @@ def _shift(result: RankResult, delta: float) -> RankResult:
     return dataclasses.replace(
         result,
         ops=[(k, m, a + delta, b + delta) for k, m, a, b in result.ops],
-        sends=[(li, d, m, n, a + delta, b + delta, f) for li, d, m, n, a, b, f in result.sends],
-        receives=[(li, d, m, a + delta, n + delta) for li, d, m, a, n in result.receives],
+        sends=[
+            (li, d, m, n, a + delta, b + delta, f, w + delta, pid)
+            for li, d, m, n, a, b, f, w, pid in result.sends
+        ],
+        receives=[(li, d, m, a + delta, n + delta, c) for li, d, m, a, n, c in result.receives],
         step_start=result.step_start + delta,
         step_end=result.step_end + delta,
     )

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from typing import Protocol
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,10 +26,16 @@ from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
 
 __all__ = [
+    "Arrival",
+    "DelegateFactory",
+    "DelegateSetup",
+    "DelegatedLinks",
     "DirectTransport",
+    "LinkDirection",
     "Message",
     "PendingReceive",
     "Transport",
+    "WireRecord",
     "describe",
     "describe_chunk",
     "dp_tag",
@@ -85,11 +92,97 @@ def gloo_failure(doing: str, err: RuntimeError) -> OSError:
     return kind(f"{doing} failed: {text}")
 
 
+class Arrival(NamedTuple):
+    """What a transport knows of a message it received."""
+
+    arrived_s: float
+    """When its last byte was in (host monotonic s), stamped where it landed."""
+    copy_in_s: float = 0.0
+    """How long copying it into the op's buffer took afterwards (the delegated path's copy
+    to the device; 0 where it lands in the buffer)."""
+
+
 class PendingReceive(Protocol):
-    def wait(self, timeout_s: float) -> None:
+    def wait(self, timeout_s: float) -> Arrival | None:
         """Block until the message is in its buffer; TimeoutError if it is not within
-        `timeout_s`, ConnectionError if the connection to the peer broke."""
+        `timeout_s`, ConnectionError if the connection to the peer broke. Its `Arrival` if
+        the transport stamped one, else None (the waiter stamps it as the wait returns)."""
         ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinkDirection:
+    """One direction of a PP link: "forward" carries activations, "backward" gradients."""
+
+    link: str
+    direction: str
+
+    @classmethod
+    def of(cls, link: str, kind: int) -> LinkDirection:
+        return cls(link, "forward" if kind == ACTIVATION else "backward")
+
+
+class WireRecord(NamedTuple):
+    """A delegated message on the wire, as its sending trainer learns it."""
+
+    direction: LinkDirection
+    microbatch: int
+    wire_start_s: float
+    """When a delegate picked it up (its wait for the link's delay included)."""
+    carrier_pid: int
+    """The delegate process that carried it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DelegateSetup:
+    """What a worker's delegates need at start-up: the link directions it sends and receives
+    on, each with its peer rank, D delegates per direction and side, and `exchange`, which
+    swaps the receiving delegates' ports with the neighbours (over the process group): it
+    takes this worker's ports by inbound direction and returns its neighbours' by outbound
+    direction."""
+
+    rank: int
+    inbound: tuple[tuple[LinkDirection, int], ...]
+    outbound: tuple[tuple[LinkDirection, int], ...]
+    num_delegates: int
+    timeout_s: float
+    exchange: Callable[[dict[LinkDirection, list[int]]], dict[LinkDirection, list[int]]]
+
+
+class DelegatedLinks(Protocol):
+    """A worker's delegated link directions (adaptra.transport provides them)."""
+
+    @property
+    def pids(self) -> list[int]:
+        """Its delegate processes."""
+        ...
+
+    def begin_iteration(self, sizes: dict[LinkDirection, tuple[int, int]]) -> None:
+        """Slots for this iteration's delegated directions: (messages, bytes each)."""
+        ...
+
+    def post_receive(
+        self, direction: LinkDirection, message: Message, buffer: torch.Tensor
+    ) -> PendingReceive: ...
+
+    def send(
+        self, direction: LinkDirection, message: Message, payload: torch.Tensor, fault_ms: float
+    ) -> None:
+        """Hand the message over (copying it out) and return; its delegate waits `fault_ms`
+        (the link's delay) and carries it."""
+        ...
+
+    def finish_iteration(self, iteration: int) -> list[WireRecord]:
+        """Once every op ran: wait until every message handed over is on the wire."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DelegateFactory(Protocol):
+    """Picklable: the pool ships it to every worker, which calls it once it has joined."""
+
+    def connect(self, setup: DelegateSetup) -> DelegatedLinks: ...
 
 
 class Transport(Protocol):

@@ -22,14 +22,25 @@ import torch
 import torch.distributed as dist
 
 from pipeline.allreduce import KIND
+from pipeline.errors import ConfigError
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.dp_ring import run_ring
-from pipeline.runtime.hooks import FaultViewHook
+from pipeline.runtime.hooks import FaultHook, FaultViewHook
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.remote_error import RemoteError
-from pipeline.runtime.transport import ACTIVATION, GRADIENT, DirectTransport, Message
+from pipeline.runtime.transport import (
+    ACTIVATION,
+    GRADIENT,
+    DelegatedLinks,
+    DelegateFactory,
+    DelegateSetup,
+    DirectTransport,
+    LinkDirection,
+    Message,
+    WireRecord,
+)
 from pipeline.topology import Position, Topology, link_name
 
 __all__ = ["SWITCH_INTERVAL_S", "configure_threads", "join", "worker_main"]
@@ -68,10 +79,21 @@ class _Records:
     """A rank's records of its ops, in `RankResult`'s forms."""
 
     ops: list[tuple[str, int, float, float]] = dataclasses.field(default_factory=list)
-    sends: list[tuple[str, str, int, int, float, float, float]] = dataclasses.field(
+    sends: list[tuple[str, str, int, int, float, float, float, float, int]] = dataclasses.field(
         default_factory=list
     )
-    receives: list[tuple[str, str, int, float, float]] = dataclasses.field(default_factory=list)
+    receives: list[tuple[str, str, int, float, float, float]] = dataclasses.field(
+        default_factory=list
+    )
+
+    def add_wire(self, wire: list[WireRecord]) -> None:
+        """The delegates' side of the delegated sends: when each went on the wire, and who
+        carried it."""
+        carried = {(w.direction.link, w.direction.direction, w.microbatch): w for w in wire}
+        for i, send in enumerate(self.sends):
+            w = carried.get((send[0], send[1], send[2]))
+            if w is not None:
+                self.sends[i] = (*send[:7], w.wire_start_s, w.carrier_pid)
 
 
 class _Worker:
@@ -81,8 +103,11 @@ class _Worker:
         topology: Topology,
         compute: ComputeBackend,
         timeout_s: float,
+        delegates: DelegatedLinks | None = None,
     ) -> None:
         self.rank, self.num_stages = rank, topology.num_stages
+        self.delegates = delegates
+        """This worker's delegate processes, if the pool has them (adaptra.transport)."""
         self.topology = topology
         self.position = topology.position_of_worker(rank)
         self.stage, self.replica = self.position.stage, self.position.replica
@@ -116,14 +141,17 @@ class _Worker:
         hook = config.fault_hook or FaultViewHook(delays, config.faults, self.replica, start_at)
         transport = DirectTransport(hook)
         self.current_op = None
+        self._begin_delegated(config)
         inbound = self._post_receives(config, transport)
         try:
             for inbox in inbound.values():
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
             _sleep_until(start_at)
-            records = self._run_ops(config, transport, inbound)
+            records = self._run_ops(config, transport, inbound, hook)
             self._finish_receivers(inbound)
+            if self.delegates is not None:
+                records.add_wire(self.delegates.finish_iteration(config.iteration))
         except BaseException:
             # A failed iteration ends the worker (worker_main reports it and returns). A thread
             # still inside a wait on a silent peer is a daemon and ends with the process:
@@ -159,6 +187,35 @@ class _Worker:
             step_output,
         )
 
+    def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
+        """Every PP link direction this worker sends or receives on: (it, the peer, whether
+        this worker receives on it)."""
+        out = []
+        if self.up is not None:
+            peer, link = self.up
+            out += [(LinkDirection(link, "forward"), peer, True)]
+            out += [(LinkDirection(link, "backward"), peer, False)]
+        if self.down is not None:
+            peer, link = self.down
+            out += [(LinkDirection(link, "backward"), peer, True)]
+            out += [(LinkDirection(link, "forward"), peer, False)]
+        return out
+
+    def _begin_delegated(self, config: IterationConfig) -> None:
+        """Slots for the link directions this iteration sends over delegates."""
+        delegated = [
+            d for d, _, _ in self._directions() if config.comm_of(d.link, d.direction) != "direct"
+        ]
+        if not delegated:
+            return
+        if self.delegates is None:
+            raise ConfigError("this worker pool has no delegates: the delegated comm needs them")
+        if config.topology is not None:
+            raise ConfigError("delegates are wired to their neighbours: no rank swap with them")
+        buffer = self.compute.message_buffer(config.profile)
+        size = (config.profile.num_microbatches, buffer.numel() * buffer.element_size())
+        self.delegates.begin_iteration(dict.fromkeys(delegated, size))
+
     def _post_receives(
         self, config: IterationConfig, transport: DirectTransport
     ) -> dict[int, _Inbound]:
@@ -174,15 +231,21 @@ class _Worker:
             peer, link = neighbour
             microbatches = _sent_microbatches(config.schedule.stages[peer_stage], msg_kind)
             buffers = {m: self.compute.message_buffer(config.profile) for m in microbatches}
-            receives = [
-                (
-                    m,
-                    transport.post_receive(
-                        peer, Message(config.iteration, msg_kind, m, seq), buffers[m]
-                    ),
+            direction = LinkDirection.of(link, msg_kind)
+            delegates = (
+                self.delegates if config.comm_of(link, direction.direction) == "delegated" else None
+            )
+            receives = []
+            for seq, m in enumerate(microbatches):
+                message = Message(config.iteration, msg_kind, m, seq)
+                receives.append(
+                    (
+                        m,
+                        transport.post_receive(peer, message, buffers[m])
+                        if delegates is None
+                        else delegates.post_receive(direction, message, buffers[m]),
+                    )
                 )
-                for seq, m in enumerate(microbatches)
-            ]
             receiver = Receiver(peer, msg_kind, receives, self.timeout_s)
             inbound[msg_kind] = _Inbound(link, _DIRECTION[msg_kind], receiver, buffers)
         return inbound
@@ -194,7 +257,11 @@ class _Worker:
             inbox.receiver.finish(self.timeout_s)
 
     def _run_ops(
-        self, config: IterationConfig, transport: DirectTransport, inbound: dict[int, _Inbound]
+        self,
+        config: IterationConfig,
+        transport: DirectTransport,
+        inbound: dict[int, _Inbound],
+        hook: FaultHook,
     ) -> _Records:
         """Run this stage's ops in order: take each op's message, compute, send the result."""
         records = _Records()
@@ -206,9 +273,16 @@ class _Worker:
             inputs = None
             if inbox is not None:
                 needed = time.monotonic()
-                arrived = inbox.receiver.take(op.microbatch, self.timeout_s)
+                arrival = inbox.receiver.take(op.microbatch, self.timeout_s)
                 records.receives.append(
-                    (inbox.link, inbox.direction, op.microbatch, arrived, needed)
+                    (
+                        inbox.link,
+                        inbox.direction,
+                        op.microbatch,
+                        arrival.arrived_s,
+                        needed,
+                        arrival.copy_in_s,
+                    )
                 )
                 inputs = inbox.buffers[op.microbatch]
             start = time.monotonic()
@@ -220,18 +294,30 @@ class _Worker:
             peer, link = target
             message = Message(config.iteration, msg_kind, op.microbatch, num_sent[msg_kind])
             num_sent[msg_kind] += 1
-            send_start = time.monotonic()
-            fault_ms = transport.send(peer, link, message, output)
+            direction = LinkDirection.of(link, msg_kind)
             num_bytes = output.numel() * output.element_size()
+            send_start = time.monotonic()
+            if config.comm_of(link, direction.direction) == "delegated":
+                assert self.delegates is not None  # _begin_delegated checked
+                kind = "F" if msg_kind == ACTIVATION else "B"
+                fault_ms = hook(
+                    link, direction.direction, config.iteration, kind, op.microbatch, num_bytes,
+                    wait=False,
+                )  # fmt: skip
+                self.delegates.send(direction, message, output, fault_ms)
+            else:
+                fault_ms = transport.send(peer, link, message, output)
             records.sends.append(
                 (
                     link,
-                    _DIRECTION[msg_kind],
+                    direction.direction,
                     op.microbatch,
                     num_bytes,
                     send_start,
                     time.monotonic(),
                     fault_ms,
+                    send_start,  # the wire's start: a delegate's is filled in at the end
+                    os.getpid(),
                 )
             )
         self.current_op = None
@@ -258,9 +344,12 @@ def join(
     init_method: str,
     timeout_s: float,
     compute: ComputeBackend,
+    delegates: DelegateFactory | None = None,
+    num_delegates: int = 0,
 ) -> _Worker:
     """Join the gloo process group; the worker for this rank (under the default placement:
-    pipeline.topology)."""
+    pipeline.topology), with `num_delegates` delegates per link direction and side from
+    `delegates` if given."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
@@ -277,7 +366,43 @@ def join(
         timeout=dt.timedelta(seconds=timeout_s),
     )
     compute.setup(stage, num_stages, replica, device)
-    return _Worker(rank, grid, compute, timeout_s)
+    worker = _Worker(rank, grid, compute, timeout_s)
+    if delegates is not None:
+        worker.delegates = _start_delegates(worker, delegates, num_delegates)
+    return worker
+
+
+PORTS_TAG = 1 << 21
+"""The tag (plus the message kind) of the delegates' ports, swapped once at start-up."""
+
+
+def _start_delegates(
+    worker: _Worker, factory: DelegateFactory, num_delegates: int
+) -> DelegatedLinks:
+    """This worker's delegates, wired to its neighbours': each side starts its receiving
+    delegates, the two swap their ports over the process group, and each starts its sending
+    delegates connected to the other's."""
+    directions = worker._directions()
+    inbound = tuple((d, peer) for d, peer, receives in directions if receives)
+    outbound = tuple((d, peer) for d, peer, receives in directions if not receives)
+
+    def exchange(mine: dict[LinkDirection, list[int]]) -> dict[LinkDirection, list[int]]:
+        works, theirs = [], {}
+        for direction, peer in inbound:
+            kind = ACTIVATION if direction.direction == "forward" else GRADIENT
+            ports = torch.tensor(mine[direction], dtype=torch.int64)
+            works.append(dist.isend(ports, dst=peer, tag=PORTS_TAG + kind))
+        for direction, peer in outbound:
+            kind = ACTIVATION if direction.direction == "forward" else GRADIENT
+            theirs[direction] = torch.zeros(num_delegates, dtype=torch.int64)
+            works.append(dist.irecv(theirs[direction], src=peer, tag=PORTS_TAG + kind))
+        for work in works:
+            if work is not None:
+                work.wait()
+        return {d: [int(p) for p in ports] for d, ports in theirs.items()}
+
+    setup = DelegateSetup(worker.rank, inbound, outbound, num_delegates, worker.timeout_s, exchange)
+    return factory.connect(setup)
 
 
 def worker_main(
@@ -288,19 +413,40 @@ def worker_main(
     conn: Connection,
     timeout_s: float,
     compute: ComputeBackend,
+    delegates: DelegateFactory | None = None,
+    num_delegates: int = 0,
 ) -> None:
-    """Process entry point; reports ready, then answers one command per iteration. A failure
-    (in start-up or an iteration) is reported as a `RemoteError` and ends the worker."""
+    """Process entry point; reports ready (with its delegates' pids), then answers one
+    command per iteration. A failure (in start-up or an iteration) is reported as a
+    `RemoteError` and ends the worker."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     configure_threads()
     stage, replica = rank % num_stages, rank // num_stages
     try:
-        worker = join(rank, num_stages, num_replicas, f"file://{init_file}", timeout_s, compute)
+        worker = join(
+            rank,
+            num_stages,
+            num_replicas,
+            f"file://{init_file}",
+            timeout_s,
+            compute,
+            delegates,
+            num_delegates,
+        )
     except Exception as err:
         remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)
         conn.send(("error", remote))
         return
-    conn.send(("ok", os.getpid()))
+    try:
+        _serve(worker, conn, rank, stage, replica)
+    finally:
+        if worker.delegates is not None:
+            worker.delegates.close()
+
+
+def _serve(worker: _Worker, conn: Connection, rank: int, stage: int, replica: int) -> None:
+    delegate_pids = [] if worker.delegates is None else worker.delegates.pids
+    conn.send(("ok", (os.getpid(), delegate_pids)))
     while True:
         try:
             command = conn.recv()

@@ -216,13 +216,13 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "not shorter than the workers' 1 s",
     ),
     (
-        "delegates in emulated",
+        "delegates in the testbed",
         P,
-        [*RUN_P[:-1], "adaptra-cpu", "--backend", "emulated"],
-        "system adaptra-cpu goes over the delegated transport, which the emulated backend",
+        [*RUN_P[:-1], "adaptra-cpu", "--backend", "emulated", "--inject", "network"],
+        "system adaptra-cpu goes over the delegates, which do not run in the namespace testbed",
     ),
     (
-        "delegated comm in emulated",
+        "delegated comm in the testbed",
         P,
         [
             "run",
@@ -234,14 +234,30 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
             "delegated",
             "--backend",
             "emulated",
+            "--inject",
+            "network",
         ],
-        "--comm delegated goes over the delegated transport",
+        "--comm delegated goes over the delegates, which do not run in the namespace",
     ),
     (
-        "spec delegates in emulated",
-        {"s.yaml": spec(systems=["adaptra"], backend="emulated", links=["0-1"], delays_ms=[0, 20])},
+        "spec delegates in the testbed",
+        {
+            "s.yaml": spec(
+                systems=["adaptra"],
+                backend="emulated",
+                injection="network",
+                links=["0-1"],
+                delays_ms=[0, 20],
+            )
+        },
         RUN_SPEC,
-        "system adaptra (0-1@20ms) goes over the delegated transport",
+        "system adaptra (0-1@20ms) goes over the delegates",
+    ),
+    (
+        "delegated comm in sim ideal",
+        P,
+        ["simulate", "--profile", "p.json", "--policy", "zb", "--comm", "warp"],
+        "Invalid value for '--comm'",
     ),
     # fault timelines
     ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),

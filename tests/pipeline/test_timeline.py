@@ -26,8 +26,17 @@ def _timeline() -> Timeline:
 
 def test_messages_carry_arrival_and_need_through_json() -> None:
     timeline = _timeline()
-    assert SCHEMA_VERSION == 3
-    assert MessageRecord._fields[7:] == ("arrival_ms", "needed_ms", "replica", "fault_ms")
+    assert SCHEMA_VERSION == 4
+    assert MessageRecord._fields[7:] == (
+        "arrival_ms",
+        "needed_ms",
+        "replica",
+        "fault_ms",
+        "wire_start_ms",
+        "copy_in_ms",
+        "carrier_pid",
+    )
+    assert all(m.wire_start_ms == m.send_start_ms for m in timeline.messages)  # direct
     assert {m.replica for m in timeline.messages} == {0, 1}
     assert {m.fault_ms for m in timeline.messages} == {3.0}  # the profile's delay
     data = json.loads(json.dumps(timeline.to_dict()))
@@ -37,16 +46,16 @@ def test_messages_carry_arrival_and_need_through_json() -> None:
 
 def test_an_older_timeline_is_refused() -> None:
     data = _timeline().to_dict()
-    # Version 2 rows had no fault_ms.
-    old = {**data, "schema_version": 2, "messages": [r[:-1] for r in data["messages"]]}
-    with pytest.raises(ConfigError, match=r"schema version 2 is not supported \(expected 3\)"):
+    # Version 3 rows had no wire_start_ms, copy_in_ms and carrier_pid.
+    old = {**data, "schema_version": 3, "messages": [r[:-3] for r in data["messages"]]}
+    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 4\)"):
         Timeline.from_dict(old)
 
 
 def test_a_row_short_of_a_field_is_refused() -> None:
     data = _timeline().to_dict()
     short = {**data, "messages": [data["messages"][0][:10], *data["messages"][1:]]}
-    with pytest.raises(ConfigError, match=r"messages\[0\] must be a list of the 11 fields"):
+    with pytest.raises(ConfigError, match=r"messages\[0\] must be a list of the 14 fields"):
         Timeline.from_dict(short)
     with pytest.raises(ConfigError, match=r"ops\[1\] must be a list of the 7 fields"):
         Timeline.from_dict({**data, "ops": [data["ops"][0], "F0"]})

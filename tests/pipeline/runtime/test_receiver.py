@@ -40,11 +40,11 @@ def test_a_message_is_stamped_when_it_arrives_not_when_it_is_taken() -> None:
     # The thread waits on the next receive only after it has stamped the first one.
     assert second.entered.wait(10)
     asked_s = time.monotonic()
-    arrived_s = receiver.take(0, timeout_s=10)
+    arrived_s = receiver.take(0, timeout_s=10).arrived_s
     assert first.returned_s is not None
     assert first.returned_s <= arrived_s < asked_s
     second.release.set()
-    assert receiver.take(1, timeout_s=10) >= arrived_s
+    assert receiver.take(1, timeout_s=10).arrived_s >= arrived_s
     receiver.finish(timeout_s=10)
     assert receiver.name == "receiver of gradients from rank 3"
     assert receiver.name not in [t.name for t in _receiver_threads()]

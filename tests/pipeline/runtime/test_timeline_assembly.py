@@ -7,7 +7,7 @@ from pipeline.runtime.config import RankResult
 from pipeline.runtime.pool import assemble_timeline
 
 
-def _results(receives: list[tuple[str, str, int, float, float]]) -> list[RankResult]:
+def _results(receives: list[tuple[str, str, int, float, float, float]]) -> list[RankResult]:
     """Stage 0 runs F0 (10.0-10.1 s) and sends its activation (10.1-10.2 s); stage 1 runs F0
     from 10.5 s, having taken in what `receives` says."""
     sender = RankResult(
@@ -16,7 +16,7 @@ def _results(receives: list[tuple[str, str, int, float, float]]) -> list[RankRes
         0,
         100,
         [("F", 0, 10.0, 10.1)],
-        [("0-1", "forward", 0, 64, 10.1, 10.2, 20.0)],
+        [("0-1", "forward", 0, 64, 10.1, 10.2, 20.0, 10.15, 100)],
         [],
         11,
         11,
@@ -28,13 +28,15 @@ def _results(receives: list[tuple[str, str, int, float, float]]) -> list[RankRes
 
 def test_arrival_and_need_come_from_the_receiving_rank() -> None:
     # The activation arrived at 10.15 s (before the sender was free again), needed at 10.4 s.
-    results = _results([("0-1", "forward", 0, 10.15, 10.4)])
+    results = _results([("0-1", "forward", 0, 10.15, 10.4, 0.001)])
     timeline = assemble_timeline(2, 3, 10.0, 10.0, results)
     (message,) = timeline.messages
     assert message.iteration == 3 and message.num_bytes == 64
     assert (message.send_start_ms, message.send_end_ms) == pytest.approx((100.0, 200.0))
     assert (message.arrival_ms, message.needed_ms) == pytest.approx((150.0, 400.0))
     assert message.fault_ms == 20.0  # what the sender's fault hook injected
+    assert message.wire_start_ms == pytest.approx(150.0)  # when its carrier picked it up
+    assert (message.copy_in_ms, message.carrier_pid) == (pytest.approx(1.0), 100)
 
 
 def test_a_message_no_op_took_in_is_refused() -> None:

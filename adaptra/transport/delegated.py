@@ -1,0 +1,353 @@
+"""The trainer's side of the delegate transport (the paper's CPU delegates): for each link
+direction a trainer sends on, D sender delegates; for each it receives on, D receiver
+delegates (delegate.py), started with the worker pool and kept for its life.
+
+A send copies the tensor into a slot of the direction's slot file (a file in /dev/shm, mapped
+by the trainer and its delegates: the paper's copy to host memory, the only cost the trainer
+pays) and hands the slot to delegate seq mod D, which waits the link's delay and carries it.
+A receive is the receiver delegate's report that the message is in the receiving trainer's
+slot (with when its last byte came), then the copy from the slot into the op's input buffer
+(the paper's copy to the device). Slots are those of the message's sequence number: an
+iteration's messages all have one, and iterations never overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from adaptra.transport.delegate import (
+    ARRIVED,
+    FAILED,
+    JOB,
+    MAP,
+    MESSAGE,
+    NOTE,
+    PORT,
+    READY,
+    SENT,
+)
+from pipeline.runtime.transport import (
+    Arrival,
+    DelegateSetup,
+    LinkDirection,
+    Message,
+    PendingReceive,
+    WireRecord,
+    describe,
+)
+
+__all__ = ["DelegateTransport", "Delegates"]
+
+DELEGATE_FILE = Path(__file__).with_name("delegate.py")
+SLOT_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+_POLL_S = 0.2
+"""How often a wait on delegates looks whether they are still alive."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Delegates:
+    """The factory the worker pool calls in every worker (picklable)."""
+
+    host: str = "127.0.0.1"
+    """Where receiver delegates listen and sender delegates connect."""
+
+    def connect(self, setup: DelegateSetup) -> DelegateTransport:
+        return DelegateTransport(setup, self.host)
+
+
+class _SlotFile:
+    """A file of `num_slots` slots of `slot_bytes`, mapped: where a direction's messages wait
+    for their delegate (sending side) or for their op (receiving side)."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.path, self.size, self.slot_bytes = what, "", 0, 0
+        self._map: object = None
+
+    def ensure(self, num_slots: int, slot_bytes: int) -> bool:
+        """Room for `num_slots` of `slot_bytes`; True if that needed a new file."""
+        size = num_slots * slot_bytes
+        if size <= self.size and slot_bytes == self.slot_bytes:
+            return False
+        import mmap
+
+        self.close()
+        fd, self.path = tempfile.mkstemp(dir=SLOT_DIR, prefix=f"adaptra-slots-{self.what}-")
+        try:
+            os.ftruncate(fd, max(size, 1))
+            self._map = mmap.mmap(fd, max(size, 1))
+        finally:
+            os.close(fd)
+        self.size, self.slot_bytes = size, slot_bytes
+        return True
+
+    def offset(self, seq: int) -> int:
+        return (seq * self.slot_bytes) % max(self.size, 1)
+
+    def tensor(self, offset: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.frombuffer(
+            self._map,  # type: ignore[arg-type]
+            dtype=like.dtype,
+            count=like.numel(),
+            offset=offset,
+        )
+
+    def map_job(self) -> bytes:
+        return JOB.pack(MAP, 0, 0, 0, self.slot_bytes, self.size, 0.0, self.path.encode())
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()  # type: ignore[attr-defined]
+            self._map = None
+        if self.path:
+            Path(self.path).unlink(missing_ok=True)
+            self.path = ""
+
+
+class _Process:
+    """One delegate process, its job pipe's write end and its notify pipe's read end."""
+
+    def __init__(self, role: str, index: int, direction: LinkDirection, args: list[str]) -> None:
+        self.role, self.index, self.direction = role, index, direction
+        control_r, self.control = os.pipe()
+        self.notify, notify_w = os.pipe()
+        command = [sys.executable, "-S", str(DELEGATE_FILE), role, str(os.getpid())]
+        command += [str(control_r), str(notify_w), *args]
+        self.process = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
+        os.close(control_r)
+        os.close(notify_w)
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.role}er delegate {self.index} (pid {self.process.pid}) of link "
+            f"{self.direction.link} ({self.direction.direction})"
+        )
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise ConnectionError(f"the {self.name} has died (exit status {code})")
+
+    def close(self) -> None:
+        for fd in (self.control, self.notify):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.process.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
+    """The next note of `process`, waiting until `deadline` (monotonic s)."""
+    data = b""
+    while len(data) < NOTE.size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the {process.name} said nothing in time")
+        readable, _, _ = select.select([process.notify], [], [], min(left, _POLL_S))
+        if not readable:
+            process.check_alive()
+            continue
+        chunk = os.read(process.notify, NOTE.size - len(data))
+        if not chunk:
+            process.check_alive()
+            raise ConnectionError(f"the {process.name} closed its pipe")
+        data += chunk
+    return NOTE.unpack(data)
+
+
+class _Outbound:
+    """The sender delegates of one link direction this trainer sends on."""
+
+    def __init__(self, direction: LinkDirection, ports: list[int], host: str) -> None:
+        self.direction = direction
+        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-out")
+        self.delegates = [
+            _Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)
+        ]
+        self.pending: dict[int, tuple[int, float]] = {}
+        """seq -> (microbatch, send start) of messages handed over, not yet acked."""
+
+    def begin(self, num_messages: int, slot_bytes: int) -> None:
+        if self.slots.ensure(num_messages, slot_bytes):
+            for delegate in self.delegates:
+                os.write(delegate.control, self.slots.map_job())
+
+    def send(self, message: Message, payload: torch.Tensor, fault_ms: float) -> None:
+        delegate = self.delegates[message.seq % len(self.delegates)]
+        delegate.check_alive()
+        nbytes = payload.numel() * payload.element_size()
+        offset = self.slots.offset(message.seq)
+        self.slots.tensor(offset, payload).copy_(payload.detach().reshape(-1))
+        job = JOB.pack(
+            MESSAGE, message.iteration, message.microbatch, message.seq, offset, nbytes,
+            fault_ms, b"",
+        )  # fmt: skip
+        os.write(delegate.control, job)
+        self.pending[message.seq] = (message.microbatch, time.monotonic())
+
+    def finish(self, iteration: int, timeout_s: float) -> list[WireRecord]:
+        """Wait for every message handed over this iteration to be on the wire."""
+        records = []
+        deadline = time.monotonic() + timeout_s
+        for seq in sorted(self.pending):
+            delegate = self.delegates[seq % len(self.delegates)]
+            kind, it, microbatch, got, _, _, picked_s, _, pid = _read_note(delegate, deadline)
+            if kind != SENT or it != iteration or got != seq:
+                raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
+            records.append(WireRecord(self.direction, microbatch, picked_s, pid))
+        self.pending.clear()
+        return records
+
+    def close(self) -> None:
+        for delegate in self.delegates:
+            delegate.close()
+        self.slots.close()
+
+
+class _DelegatedReceive:
+    def __init__(self, inbound: _Inbound, message: Message, buffer: torch.Tensor) -> None:
+        self._inbound, self._message, self._buffer = inbound, message, buffer
+
+    def wait(self, timeout_s: float) -> Arrival:
+        return self._inbound.take(self._message, self._buffer, timeout_s)
+
+
+class _Inbound:
+    """The receiver delegates of one link direction this trainer receives on."""
+
+    def __init__(self, direction: LinkDirection, peer: int, num_delegates: int, host: str):
+        self.direction, self.peer = direction, peer
+        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-in")
+        self.delegates = [_Process("recv", k, direction, [host]) for k in range(num_delegates)]
+        self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
+        """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
+
+    def ports(self, timeout_s: float) -> list[int]:
+        deadline = time.monotonic() + timeout_s
+        ports = []
+        for delegate in self.delegates:
+            kind, *_, port, _, _, _, _ = _read_note(delegate, deadline)
+            if kind != PORT:
+                raise ConnectionError(f"the {delegate.name} did not report its port")
+            ports.append(port)
+        return ports
+
+    def begin(self, num_messages: int, slot_bytes: int) -> None:
+        if self.slots.ensure(num_messages, slot_bytes):
+            for delegate in self.delegates:
+                os.write(delegate.control, self.slots.map_job())
+
+    def take(self, message: Message, buffer: torch.Tensor, timeout_s: float) -> Arrival:
+        """Wait for the message's delegate to report it in, then copy it into `buffer`."""
+        key = (message.iteration, message.seq)
+        delegate = self.delegates[message.seq % len(self.delegates)]
+        deadline = time.monotonic() + timeout_s
+        while key not in self.arrived:
+            try:
+                note = _read_note(delegate, deadline)
+            except TimeoutError:
+                what = describe(self.peer, message.kind, message.microbatch)
+                raise TimeoutError(
+                    f"waiting for {what} failed: its {delegate.name} received nothing within "
+                    f"{timeout_s:g} s"
+                ) from None
+            kind, iteration, _, seq, offset, _, arrived_s, _, _ = note
+            if kind == FAILED:
+                raise ConnectionError(
+                    f"the {delegate.name} lost its sender delegate (rank {self.peer}'s side): "
+                    "its connection closed"
+                )
+            if kind == ARRIVED:
+                self.arrived[iteration, seq] = (offset, arrived_s)
+        offset, arrived_s = self.arrived.pop(key)
+        copy_start = time.monotonic()
+        buffer.reshape(-1).copy_(self.slots.tensor(offset, buffer))
+        return Arrival(arrived_s, time.monotonic() - copy_start)
+
+    def close(self) -> None:
+        for delegate in self.delegates:
+            delegate.close()
+        self.slots.close()
+
+
+class DelegateTransport:
+    """A trainer's delegated link directions (the runtime's `DelegatedLinks`)."""
+
+    def __init__(self, setup: DelegateSetup, host: str) -> None:
+        self._outbound: dict[LinkDirection, _Outbound] = {}
+        self._inbound: dict[LinkDirection, _Inbound] = {}
+        self.timeout_s = setup.timeout_s
+        try:
+            for direction, peer in setup.inbound:
+                self._inbound[direction] = _Inbound(direction, peer, setup.num_delegates, host)
+            mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
+            theirs = setup.exchange(mine)
+            for direction, _peer in setup.outbound:
+                self._outbound[direction] = _Outbound(direction, theirs[direction], host)
+            self._wait_ready(setup.timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Until every delegate is connected to its peer (and done starting: idle)."""
+        deadline = time.monotonic() + timeout_s
+        processes = [d for o in self._outbound.values() for d in o.delegates]
+        processes += [d for i in self._inbound.values() for d in i.delegates]
+        for process in processes:
+            if _read_note(process, deadline)[0] != READY:
+                raise ConnectionError(f"the {process.name} did not connect")
+
+    @property
+    def pids(self) -> list[int]:
+        """Every delegate process of this trainer."""
+        processes = [d for o in self._outbound.values() for d in o.delegates]
+        processes += [d for i in self._inbound.values() for d in i.delegates]
+        return [d.process.pid for d in processes]
+
+    def begin_iteration(self, sizes: dict[LinkDirection, tuple[int, int]]) -> None:
+        """Slots for this iteration's delegated directions: (messages, bytes each)."""
+        for direction, (num_messages, slot_bytes) in sizes.items():
+            if direction in self._outbound:
+                self._outbound[direction].begin(num_messages, slot_bytes)
+            elif direction in self._inbound:
+                self._inbound[direction].begin(num_messages, slot_bytes)
+            else:
+                raise ValueError(f"no delegates for {direction}")
+
+    def post_receive(
+        self, direction: LinkDirection, message: Message, buffer: torch.Tensor
+    ) -> PendingReceive:
+        return _DelegatedReceive(self._inbound[direction], message, buffer)
+
+    def send(
+        self, direction: LinkDirection, message: Message, payload: torch.Tensor, fault_ms: float
+    ) -> None:
+        self._outbound[direction].send(message, payload, fault_ms)
+
+    def finish_iteration(self, iteration: int) -> list[WireRecord]:
+        records: list[WireRecord] = []
+        for outbound in self._outbound.values():
+            records += outbound.finish(iteration, self.timeout_s)
+        return records
+
+    def close(self) -> None:
+        for outbound in self._outbound.values():
+            outbound.close()
+        for inbound in self._inbound.values():
+            inbound.close()
+        self._outbound.clear()
+        self._inbound.clear()

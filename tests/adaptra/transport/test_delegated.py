@@ -1,0 +1,94 @@
+"""The delegate transport in real runs: worker processes hand their messages to delegate
+processes (emulated compute), which carry them over TCP between shared-memory slots."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from adaptra.transport import Delegates
+from baselines import zb_h2
+from pipeline.profile import Profile
+from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.timeline import Timeline
+
+pytestmark = pytest.mark.multiprocess
+
+S, N, D = 4, 8, 2
+DELAY_MS = 40.0
+PROFILE = Profile.uniform(S, N, 5, 5, 5, message_bytes=1 << 20).with_delays([DELAY_MS, 0, 0])
+SCHEDULE = zb_h2(PROFILE)
+ON_LINK_0_1 = (("0-1", "forward", "delegated"), ("0-1", "backward", "delegated"))
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of a process so far, in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # a zombie: ended, not yet reaped by its parent's parent
+
+
+def _count(timeline: Timeline) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for m in timeline.messages:
+        counts[m.link, m.direction] = counts.get((m.link, m.direction), 0) + 1
+    return counts
+
+
+def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it() -> None:
+    with WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=20) as pool:
+        workers, delegates = set(pool.pids), [p for ps in pool.delegate_pids for p in ps]
+        # per link, D per direction and side: (S - 1) links x 2 directions x 2 sides x D
+        assert len(delegates) == len(set(delegates)) == (S - 1) * 2 * 2 * D
+        assert not workers & set(delegates)
+        idle = {pid: _cpu_ticks(pid) for pid in delegates}
+        first = pool.run_iteration(IterationConfig(0, SCHEDULE, PROFILE))
+        assert {pid: _cpu_ticks(pid) for pid in delegates} == idle  # direct: delegates sleep
+        second = pool.run_iteration(IterationConfig(1, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
+        third = pool.run_iteration(IterationConfig(2, SCHEDULE, PROFILE))
+        for timeline in (first, second, third):  # every message once, none lost
+            assert _count(timeline) == {(f"{i}-{i + 1}", d): N for i in range(S - 1)
+                                        for d in ("forward", "backward")}  # fmt: skip
+            keys = [(m.link, m.direction, m.microbatch) for m in timeline.messages]
+            assert len(set(keys)) == len(keys)
+        for m in second.messages:
+            if m.link == "0-1":  # carried by a delegate: not a worker, not a thread of one
+                assert m.carrier_pid in delegates
+                assert m.arrival_ms - m.wire_start_ms >= DELAY_MS  # the delay is on the wire
+                assert m.send_end_ms - m.send_start_ms < DELAY_MS  # not on the trainer
+                assert m.copy_in_ms > 0
+            else:
+                assert m.carrier_pid in workers and m.copy_in_ms == 0
+        for m in (*first.messages, *third.messages):
+            assert m.carrier_pid in workers
+            assert m.send_end_ms - m.send_start_ms >= (DELAY_MS if m.link == "0-1" else 0)
+    assert all(_gone(pid) for pid in delegates)
+
+
+def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing() -> None:
+    pool = WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=5)
+    with pool:
+        delegates = [p for ps in pool.delegate_pids for p in ps]
+        victim = pool.delegate_pids[0][0]  # rank 0's first: a sender on link 0-1, forward
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(WorkerError) as failed:
+            pool.run_iteration(IterationConfig(0, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
+    text = f"{failed.value} {failed.value.__cause__}"
+    assert "delegate 0" in text and "link 0-1 (forward)" in text, text
+    assert all(_gone(pid) for pid in [*pool.pids, *delegates])
+
+
+def test_a_pool_without_delegates_refuses_a_delegated_iteration() -> None:
+    with WorkerPool(2, timeout_s=5) as pool, pytest.raises(WorkerError, match="no delegates"):
+        profile = Profile.uniform(2, 2, 1, 1, 1)
+        pool.run_iteration(IterationConfig(0, zb_h2(profile), profile, comm="delegated"))

@@ -1,0 +1,54 @@
+"""Adaptra's systems in real runs over the delegate transport, through the CLI."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.harness.test_cli import cli
+
+pytestmark = pytest.mark.multiprocess
+
+FIDELITY_TEST_BAND = (0.95, 1.20)
+"""The fidelity band of tests and CI gates at any load (docs/design.md)."""
+
+
+def _run(*args: str) -> dict:
+    out = cli("run", *args, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_megatron_through_the_delegates_trains_exactly_as_direct(tmp_path: Path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 4, "microbatches": 8, "t_f": 1, "t_b": 1,
+                                   "t_w": 1, "num_delegates": 2}))  # fmt: skip
+    args = ("--backend", "megatron", "--profile", str(profile), "--policy", "zb-h2")
+    direct = _run(*args, "--comm", "direct", "--iterations", "3")
+    delegated = _run(*args, "--comm", "delegated", "--iterations", "3")
+    assert delegated["comm"] == "delegated" and len(delegated["losses"]) == 3
+    assert delegated["losses"] == direct["losses"]  # the same bytes arrive: bit for bit
+    assert delegated["params_sha256"] == direct["params_sha256"]
+
+
+def test_delegates_remove_the_slow_links_head_of_line_blocking(tmp_path: Path) -> None:
+    """S=4, N=12, 10 ms ops, 40 ms on link 0-1: ZB over direct against ZB over delegates
+    (adaptra-cpu) and Adaptra over delegates, each next to the simulator's prediction."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10,
+                                   "t_w": 10, "delay_ms": [40, 0, 0],
+                                   "message_bytes": 1 << 20, "num_delegates": 3}))  # fmt: skip
+    measured, predicted = {}, {}
+    for system in ("zb", "adaptra-cpu", "adaptra"):
+        args = ("--profile", str(profile), "--system", system, "--iterations", "3")
+        run = _run("--backend", "emulated", *args)
+        measured[system] = statistics.median(run["iteration_times_ms"])
+        predicted[system] = _run(*args)["median_iteration_ms"]
+        low, high = FIDELITY_TEST_BAND
+        assert low <= measured[system] / predicted[system] <= high, (system, run)
+    assert predicted == {"zb": 1050.0, "adaptra-cpu": 640.0, "adaptra": 430.0}
+    assert measured["zb"] >= 1.3 * measured["adaptra-cpu"]
+    assert measured["zb"] >= 1.3 * measured["adaptra"]
