@@ -106,7 +106,8 @@ def run_sender(control: int, notify: int, host: str, port: int) -> None:
         if fault_ms > 0:
             time.sleep(fault_ms / 1000.0)
         sock.sendall(HEADER.pack(iteration, microbatch, seq, nbytes))
-        sock.sendall(slots.view[offset : offset + nbytes])
+        with slots.view[offset : offset + nbytes] as payload:  # released: remappable
+            sock.sendall(payload)
         _note(
             notify,
             SENT,
@@ -154,14 +155,15 @@ def run_receiver(control: int, notify: int, host: str) -> None:
                 _, _, _, _, slot_bytes, size, _, path = JOB.unpack(_read_exactly(control, JOB.size))
                 slots.map(path.rstrip(b"\0").decode(), size, slot_bytes)
             offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
-            target = slots.view[offset : offset + nbytes]
             got = 0
-            while got < nbytes:
-                count = sock.recv_into(target[got:], nbytes - got)
-                if count == 0:
-                    _note(notify, FAILED, iteration, microbatch, seq, 0, 0, 0.0, 0.0, pid)
-                    return
-                got += count
+            with slots.view[offset : offset + nbytes] as target:  # released: remappable
+                while got < nbytes:
+                    with target[got:] as rest:
+                        count = sock.recv_into(rest, nbytes - got)
+                    if count == 0:
+                        _note(notify, FAILED, iteration, microbatch, seq, 0, 0, 0.0, 0.0, pid)
+                        return
+                    got += count
             arrived_s = time.monotonic()
             _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
 

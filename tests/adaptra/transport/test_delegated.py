@@ -3,6 +3,7 @@ processes (emulated compute), which carry them over TCP between shared-memory sl
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -56,7 +57,11 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
         assert {pid: _cpu_ticks(pid) for pid in delegates} == idle  # direct: delegates sleep
         second = pool.run_iteration(IterationConfig(1, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
         third = pool.run_iteration(IterationConfig(2, SCHEDULE, PROFILE))
-        for timeline in (first, second, third):  # every message once, none lost
+        bigger = dataclasses.replace(PROFILE, message_bytes=3 << 20)  # new slot files
+        fourth = pool.run_iteration(IterationConfig(3, SCHEDULE, bigger, comm="delegated"))
+        assert {m.num_bytes for m in fourth.messages} == {3 << 20}
+        assert {m.carrier_pid for m in fourth.messages} <= set(delegates)
+        for timeline in (first, second, third, fourth):  # every message once, none lost
             assert _count(timeline) == {(f"{i}-{i + 1}", d): N for i in range(S - 1)
                                         for d in ("forward", "backward")}  # fmt: skip
             keys = [(m.link, m.direction, m.microbatch) for m in timeline.messages]
