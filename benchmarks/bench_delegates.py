@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from pathlib import Path
 
 from adaptra.transport import Delegates
 from harness.policies import system_controller
@@ -53,15 +54,25 @@ def _breakdown(timelines: list[Timeline]) -> tuple[float, float, float, float]:
     )
 
 
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(x for x in status.splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
 def overhead(num_iterations: int) -> None:
     from baselines import zb_h2
 
     print(f"load average {os.getloadavg()[0]:.2f}")
-    print("| message | direct ms | delegated ms | delegated/direct | copy out ms | wait for a "
-          "delegate ms | wire ms | copy in ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
     iteration = 0
     with WorkerPool(4, delegates=Delegates(), num_delegates=3, timeout_s=60) as pool:
+        pids = [pid for ranks in pool.delegate_pids for pid in ranks]
+        rss_mb = [_rss_mb(pid) for pid in pids]
+        print(f"{len(pids)} delegate processes, resident memory {statistics.median(rss_mb):.1f} "
+              f"MB each (median; {sum(rss_mb):.0f} MB in all)\n")  # fmt: skip
+        print("| message | direct ms | delegated ms | delegated/direct | copy out ms | wait for a "
+              "delegate ms | wire ms | copy in ms |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         for name, num_bytes in SIZES.items():
             profile = _profile(num_bytes)
             schedule = zb_h2(profile)
@@ -86,8 +97,8 @@ def overhead(num_iterations: int) -> None:
 def slowdown(num_iterations: int) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}")
     print("| system | delay ms | emulated ms | sim ms | emulated/sim | slowdown (emulated) | "
-          "slowdown (sim) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+          "slowdown (sim) | trainer's send on 0-1, median ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for system in ("zb", "adaptra-cpu", "adaptra"):
         base: dict[str, float] = {}
         for delay in (0.0, 30.0, 60.0):
@@ -102,9 +113,16 @@ def slowdown(num_iterations: int) -> None:
                 )
                 row[backend] = result.median_iteration_ms
                 base.setdefault(backend, row[backend])
+                if backend == "emulated":
+                    assert result.timeline is not None
+                    send_ms = statistics.median(
+                        m.send_end_ms - m.send_start_ms
+                        for m in result.timeline.messages
+                        if m.link == "0-1"
+                    )
             print(f"| {system} | {delay:g} | {row['emulated']:.1f} | {row['sim']:.1f} | "
                   f"{row['emulated'] / row['sim']:.3f} | {row['emulated'] / base['emulated']:.2f}x"
-                  f" | {row['sim'] / base['sim']:.2f}x |")  # fmt: skip
+                  f" | {row['sim'] / base['sim']:.2f}x | {send_ms:.2f} |")  # fmt: skip
 
 
 def count(num_iterations: int) -> None:
