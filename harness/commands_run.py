@@ -21,8 +21,8 @@ from harness.cli_common import (
 from harness.experiment import new_run_id, run_experiment
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_run_name
-from harness.policies import SYSTEMS, resolve_system, system_controller
-from harness.runner import BACKENDS, INJECTIONS, check_comm, fixed_plan, run_configuration
+from harness.policies import SYSTEMS, system_controller
+from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
 from pipeline.engines import Controller
@@ -164,13 +164,10 @@ def run(
         faults = timeline
     controller: Controller
     if system is not None:
-        comm = SYSTEMS[system][1] if faults is not NO_FAULTS else resolve_system(system, profile)[1]
-        check_comm(backend, comm, f"system {system}", injection)
         controller = system_controller(system, profile, faults)
         label, comm = system, SYSTEMS[system][1]
     else:
         comm = comm or "direct"
-        check_comm(backend, comm, f"--comm {comm}", injection)
         controller = fixed_plan(planned.schedule, profile, comm)
         label = planned.policy
     if timeout_s is not None and backend == "sim":

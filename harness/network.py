@@ -155,13 +155,23 @@ def _gloo_gave_up(err: WorkerError) -> bool:
 class _NetworkEngine(Closing):
     """An emulated engine whose faults are in a testbed's network (see the module)."""
 
-    def __init__(self, bed: Testbed, profile: Profile, timeout_s: float) -> None:
-        from pipeline.engines.runtime import emulated_engine  # torch: only when needed
+    def __init__(
+        self, bed: Testbed, profile: Profile, timeout_s: float, delegated: bool = False
+    ) -> None:
+        """`delegated`: start delegates, which listen on their hosts' NICs (their traffic
+        crosses the testbed's wires as the workers' does)."""
+        from adaptra.transport import Delegates  # torch: only when needed
+        from pipeline.engines.runtime import emulated_engine
 
         self.bed, self.profile = bed, profile
         self._base = _base_states(profile)
+        addresses = tuple(bed.address(host) for host in range(profile.num_stages))
         self._inner = emulated_engine(
-            profile.num_stages, launch=bed.launcher(), timeout_s=timeout_s, on_start=self._start
+            profile.num_stages,
+            launch=bed.launcher(),
+            timeout_s=timeout_s,
+            on_start=self._start,
+            delegates=Delegates(addresses) if delegated else None,
         )
         self._wires: dict[_Pair, _Changes] = {}
         self._nics_down: set[tuple[int, int]] = set()
@@ -275,9 +285,12 @@ class _NetworkEngine(Closing):
 
 
 @contextlib.contextmanager
-def network_engine(profile: Profile, *, transport_timeout_s: float = 60.0) -> Iterator[Engine]:
+def network_engine(
+    profile: Profile, *, transport_timeout_s: float = 60.0, delegated: bool = False
+) -> Iterator[Engine]:
     """A testbed of one host per stage, htb caps for the profile's link bandwidth, and the
-    engine that sets its wires and NICs at each iteration boundary."""
+    engine that sets its wires and NICs at each iteration boundary (`delegated`: with
+    delegates on the hosts)."""
     if profile.num_replicas > 1:
         raise ConfigError("--inject network runs one replica (its testbed has PP links only)")
     with Testbed(profile.num_stages) as bed:
@@ -286,5 +299,5 @@ def network_engine(profile: Profile, *, transport_timeout_s: float = 60.0) -> It
             for link in range(profile.num_stages - 1):
                 for src, dst in ((link, link + 1), (link + 1, link)):
                     bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
-        with _NetworkEngine(bed, profile, transport_timeout_s) as engine:
+        with _NetworkEngine(bed, profile, transport_timeout_s, delegated) as engine:
             yield engine

@@ -9,7 +9,7 @@ from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
 from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Engine, Plan
-from pipeline.engines.base import RUNTIME_COMMS, Closing
+from pipeline.engines.base import Closing
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
@@ -23,7 +23,6 @@ __all__ = [
     "INJECTIONS",
     "RunResult",
     "RuntimeEngines",
-    "check_comm",
     "fixed_plan",
     "run_configuration",
 ]
@@ -33,23 +32,6 @@ INJECTIONS = ("hook", "network")
 """How the emulated runtime injects the profile's delays and the fault timeline: in each
 worker's fault hook (a sleep before each send, a raised LinkFailure; the paper's artifact),
 or in the network of a namespace testbed (harness.network; root only)."""
-
-
-def check_comm(backend: str, comm: str, who: str, injection: str = "hook") -> None:
-    """Refuse up front what a backend's engine would refuse at its first iteration of `comm`:
-    `who` (a system, a policy) would go over a transport it does not have."""
-    comms = frozenset(CommMode) if backend == "sim" else RUNTIME_COMMS
-    if injection == "network" and CommMode(comm) is CommMode.DELEGATED:
-        raise ConfigError(
-            f"{who} goes over the delegates, which do not run in the namespace testbed yet "
-            "(their wire is not bound to its NICs): use --inject hook"
-        )
-    if CommMode(comm) not in comms:
-        valid = ", ".join(sorted(c.value for c in comms))
-        raise ConfigError(
-            f"{who} goes over the {comm} transport, which the {backend} backend does not have "
-            f"yet (it has: {valid}); run it with --backend sim (a spec's backend: sim)"
-        )
 
 
 class RuntimeEngines(Closing):
@@ -169,7 +151,7 @@ def run_configuration(
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
-        with network_engine(profile, transport_timeout_s=timeout_s) as engine:
+        with network_engine(profile, transport_timeout_s=timeout_s, delegated=delegated) as engine:
             return run(engine)
 
     def engine_of(pools: RuntimeEngines) -> Engine:

@@ -13,8 +13,8 @@ from typing import Any
 
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_label, check_run_name
-from harness.policies import SYSTEMS, Planner, plan, resolve_system, system_controller
-from harness.runner import BACKENDS, INJECTIONS, check_comm
+from harness.policies import SYSTEMS, Planner, plan, system_controller
+from harness.runner import BACKENDS, INJECTIONS
 from injectors.fault_files import load_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import check_count, check_ms, is_number
@@ -191,14 +191,7 @@ class ExperimentSpec:
                     "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
-            for scenario in self.scenarios(target):
-                for system in self.systems:
-                    _, comm = resolve_system(system, scenario.apply(target.profile))
-                    if scenario.faults is not None and system == "adaptra":
-                        comm = SYSTEMS[system][1]  # it delegates once a fault is in force
-                    check_comm(
-                        self.backend, comm, f"system {system} ({scenario.name})", self.injection
-                    )
+            self.scenarios(target)
 
     def _check_types(self) -> None:
         """What YAML gives is any type: each field must be of its own (a float count, a

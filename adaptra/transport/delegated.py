@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,11 +59,16 @@ _POLL_S = 0.2
 class Delegates:
     """The factory the worker pool calls in every worker (picklable)."""
 
-    host: str = "127.0.0.1"
-    """Where receiver delegates listen and sender delegates connect."""
+    addresses: tuple[str, ...] = ()
+    """Each rank's data-plane address (a testbed host's NIC, pipeline.topology's host of the
+    rank): its receiver delegates listen there and its neighbours' sender delegates connect
+    to it, so delegate traffic crosses that NIC and its wires. Empty: loopback for all."""
+
+    def address(self, rank: int) -> str:
+        return self.addresses[rank] if self.addresses else "127.0.0.1"
 
     def connect(self, setup: DelegateSetup) -> DelegateTransport:
-        return DelegateTransport(setup, self.host)
+        return DelegateTransport(setup, self.address)
 
 
 class _SlotFile:
@@ -129,9 +135,17 @@ class _Process:
     @property
     def name(self) -> str:
         return (
-            f"{self.role}er delegate {self.index} (pid {self.process.pid}) of link "
+            f"{'sender' if self.role == 'send' else 'receiver'} delegate {self.index} (pid "
+            f"{self.process.pid}) of link "
             f"{self.direction.link} ({self.direction.direction})"
         )
+
+    def write(self, job: bytes) -> None:
+        """Hand it a job; ConnectionError naming it if it is gone."""
+        try:
+            os.write(self.control, job)
+        except BrokenPipeError as err:
+            raise ConnectionError(f"the {self.name} is gone (its pipe is closed)") from err
 
     def check_alive(self) -> None:
         code = self.process.poll()
@@ -172,6 +186,7 @@ class _Outbound:
     """The sender delegates of one link direction this trainer sends on."""
 
     def __init__(self, direction: LinkDirection, ports: list[int], host: str) -> None:
+        """`host`: the receiving side's address, where `ports` listen."""
         self.direction = direction
         self.slots = _SlotFile(f"{direction.link}-{direction.direction}-out")
         self.delegates = [
@@ -183,7 +198,7 @@ class _Outbound:
     def begin(self, num_messages: int, slot_bytes: int) -> None:
         if self.slots.ensure(num_messages, slot_bytes):
             for delegate in self.delegates:
-                os.write(delegate.control, self.slots.map_job())
+                delegate.write(self.slots.map_job())
 
     def send(self, message: Message, payload: torch.Tensor, fault_ms: float) -> None:
         delegate = self.delegates[message.seq % len(self.delegates)]
@@ -195,7 +210,7 @@ class _Outbound:
             MESSAGE, message.iteration, message.microbatch, message.seq, offset, nbytes,
             fault_ms, b"",
         )  # fmt: skip
-        os.write(delegate.control, job)
+        delegate.write(job)
         self.pending[message.seq] = (message.microbatch, time.monotonic())
 
     def finish(self, iteration: int, timeout_s: float) -> list[WireRecord]:
@@ -229,6 +244,7 @@ class _Inbound:
     """The receiver delegates of one link direction this trainer receives on."""
 
     def __init__(self, direction: LinkDirection, peer: int, num_delegates: int, host: str):
+        """`host`: this side's address, where its delegates listen."""
         self.direction, self.peer = direction, peer
         self.slots = _SlotFile(f"{direction.link}-{direction.direction}-in")
         self.delegates = [_Process("recv", k, direction, [host]) for k in range(num_delegates)]
@@ -248,7 +264,7 @@ class _Inbound:
     def begin(self, num_messages: int, slot_bytes: int) -> None:
         if self.slots.ensure(num_messages, slot_bytes):
             for delegate in self.delegates:
-                os.write(delegate.control, self.slots.map_job())
+                delegate.write(self.slots.map_job())
 
     def take(self, message: Message, buffer: torch.Tensor, timeout_s: float) -> Arrival:
         """Wait for the message's delegate to report it in, then copy it into `buffer`."""
@@ -286,17 +302,20 @@ class _Inbound:
 class DelegateTransport:
     """A trainer's delegated link directions (the runtime's `DelegatedLinks`)."""
 
-    def __init__(self, setup: DelegateSetup, host: str) -> None:
+    def __init__(self, setup: DelegateSetup, address: Callable[[int], str]) -> None:
+        """`address`: a rank's data-plane address."""
         self._outbound: dict[LinkDirection, _Outbound] = {}
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
         try:
+            here = address(setup.rank)
             for direction, peer in setup.inbound:
-                self._inbound[direction] = _Inbound(direction, peer, setup.num_delegates, host)
+                self._inbound[direction] = _Inbound(direction, peer, setup.num_delegates, here)
             mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
             theirs = setup.exchange(mine)
-            for direction, _peer in setup.outbound:
-                self._outbound[direction] = _Outbound(direction, theirs[direction], host)
+            for direction, peer in setup.outbound:
+                there = address(peer)
+                self._outbound[direction] = _Outbound(direction, theirs[direction], there)
             self._wait_ready(setup.timeout_s)
         except BaseException:
             self.close()

@@ -22,7 +22,6 @@ from pipeline.timeline import Timeline
 from pipeline.topology import Topology
 
 __all__ = [
-    "RUNTIME_COMMS",
     "Action",
     "Capabilities",
     "Closing",
@@ -31,11 +30,6 @@ __all__ = [
     "Plan",
     "check_plan",
 ]
-
-RUNTIME_COMMS = frozenset({CommMode.DIRECT, CommMode.DELEGATED})
-"""The comm modes the runtime engines (emulated, megatron) realise (delegated: with a delegate
-factory), here so that inputs can be checked against them without starting (or importing) the
-runtime."""
 
 
 class Action(StrEnum):

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
-from pipeline.engines.base import RUNTIME_COMMS, Capabilities, Closing, Outcome, Plan
+from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
@@ -61,7 +61,7 @@ class RuntimeEngine(Closing):
         # A training engine would move its model state in a rank swap: not built yet; the
         # delegates are wired to their neighbours.
         self.capabilities = Capabilities(
-            comms=RUNTIME_COMMS if delegates is not None else frozenset({CommMode.DIRECT}),
+            comms=frozenset({CommMode.DIRECT, *([CommMode.DELEGATED] if delegates else [])}),
             dp_step=True,
             trains=trains,
             restarts=True,

@@ -216,45 +216,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "not shorter than the workers' 1 s",
     ),
     (
-        "delegates in the testbed",
-        P,
-        [*RUN_P[:-1], "adaptra-cpu", "--backend", "emulated", "--inject", "network"],
-        "system adaptra-cpu goes over the delegates, which do not run in the namespace testbed",
-    ),
-    (
-        "delegated comm in the testbed",
-        P,
-        [
-            "run",
-            "--profile",
-            "p.json",
-            "--policy",
-            "zb",
-            "--comm",
-            "delegated",
-            "--backend",
-            "emulated",
-            "--inject",
-            "network",
-        ],
-        "--comm delegated goes over the delegates, which do not run in the namespace",
-    ),
-    (
-        "spec delegates in the testbed",
-        {
-            "s.yaml": spec(
-                systems=["adaptra"],
-                backend="emulated",
-                injection="network",
-                links=["0-1"],
-                delays_ms=[0, 20],
-            )
-        },
-        RUN_SPEC,
-        "system adaptra (0-1@20ms) goes over the delegates",
-    ),
-    (
-        "delegated comm in sim ideal",
+        "unknown comm",
         P,
         ["simulate", "--profile", "p.json", "--policy", "zb", "--comm", "warp"],
         "Invalid value for '--comm'",

@@ -192,22 +192,6 @@ def test_torch_csv_format(tmp_path: Path) -> None:
             ["profile", "--model", "tiny", "--stages", "3", "--out", "{missing}"],
             "which 3 stages cannot split evenly; valid stage counts: 1, 2, 4, 8",
         ),
-        (
-            [
-                "run",
-                "--backend",
-                "emulated",
-                "--comm",
-                "delegated",
-                "--profile",
-                "{p}",
-                "--policy",
-                "1f1b",
-                "--inject",
-                "network",
-            ],
-            "--comm delegated goes over the delegates, which do not run in the namespace",
-        ),
         (["schedule", "--profile", "{tight}", "--policy", "zb-h2"], "mem_limit is 3"),
     ],
 )

@@ -121,3 +121,36 @@ def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
     assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=bare))
     assert not _gloo_gave_up(WorkerCrash("rank 0 exited with code -9", rank=0))
     assert not _gloo_gave_up(WorkerCrash("rank 0: KeyError", rank=0, remote=bug))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_delegates_on_the_testbed_carry_the_slow_link_on_its_wire() -> None:
+    """A 40 ms delay on the wire of hosts 0-1, Adaptra-CPU (ZB over delegates): the delegates
+    listen on their hosts' NICs, so the delegated messages of link 0-1 cross that wire and
+    wait its delay there, while the sending trainer only copies them out."""
+    from harness.policies import system_controller
+
+    delay_ms = 40.0
+    profile = Profile.uniform(4, 8, 5, 5, 5, message_bytes=KIB_64, num_delegates=2)
+    profile = profile.with_delays([delay_ms, 0.0, 0.0])
+    result = run_configuration(
+        system_controller("adaptra-cpu", profile),
+        backend="emulated",
+        injection="network",
+        num_iterations=2,
+        delegated=True,
+    )
+    assert result.timeline is not None
+    workers = set(result.timeline.iterations[-1].pids)
+    messages = result.timeline.messages
+    slow = [m for m in messages if m.link == "0-1"]
+    assert {m.direction for m in slow} == {"forward", "backward"} and len(slow) == 3 * 2 * 8
+    assert all(m.carrier_pid not in workers for m in messages)  # every one by a delegate
+    assert all(m.fault_ms == 0.0 for m in messages)  # no sleep: the delay is the network's
+    assert min(m.arrival_ms - m.wire_start_ms for m in slow) >= delay_ms  # on the wire
+    assert max(m.send_end_ms - m.send_start_ms for m in slow) < delay_ms  # not the trainer
+    fast = [m.arrival_ms - m.wire_start_ms for m in messages if m.link != "0-1"]
+    assert sorted(fast)[len(fast) // 2] < delay_ms  # the other links' wires are not delayed
