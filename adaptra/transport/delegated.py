@@ -50,7 +50,6 @@ from pipeline.runtime.transport import (
 __all__ = ["DelegateTransport", "Delegates"]
 
 DELEGATE_FILE = Path(__file__).with_name("delegate.py")
-SLOT_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 _POLL_S = 0.2
 """How often a wait on delegates looks whether they are still alive."""
 
@@ -75,8 +74,8 @@ class _SlotFile:
     """A file of `num_slots` slots of `slot_bytes`, mapped: where a direction's messages wait
     for their delegate (sending side) or for their op (receiving side)."""
 
-    def __init__(self, what: str) -> None:
-        self.what, self.path, self.size, self.slot_bytes = what, "", 0, 0
+    def __init__(self, what: str, folder: str) -> None:
+        self.what, self.folder, self.path, self.size, self.slot_bytes = what, folder, "", 0, 0
         self._map: object = None
 
     def ensure(self, num_slots: int, slot_bytes: int) -> bool:
@@ -87,7 +86,7 @@ class _SlotFile:
         import mmap
 
         self.close()
-        fd, self.path = tempfile.mkstemp(dir=SLOT_DIR, prefix=f"adaptra-slots-{self.what}-")
+        fd, self.path = tempfile.mkstemp(dir=self.folder, prefix=f"slots-{self.what}-")
         try:
             os.ftruncate(fd, max(size, 1))
             self._map = mmap.mmap(fd, max(size, 1))
@@ -185,10 +184,11 @@ def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[typ
 class _Outbound:
     """The sender delegates of one link direction this trainer sends on."""
 
-    def __init__(self, direction: LinkDirection, ports: list[int], host: str) -> None:
-        """`host`: the receiving side's address, where `ports` listen."""
+    def __init__(self, direction: LinkDirection, ports: list[int], host: str, folder: str) -> None:
+        """`host`: the receiving side's address, where `ports` listen; `folder`: where its
+        slot file goes."""
         self.direction = direction
-        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-out")
+        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-out", folder)
         self.delegates = [
             _Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)
         ]
@@ -243,10 +243,13 @@ class _DelegatedReceive:
 class _Inbound:
     """The receiver delegates of one link direction this trainer receives on."""
 
-    def __init__(self, direction: LinkDirection, peer: int, num_delegates: int, host: str):
-        """`host`: this side's address, where its delegates listen."""
+    def __init__(
+        self, direction: LinkDirection, peer: int, num_delegates: int, host: str, folder: str
+    ):
+        """`host`: this side's address, where its delegates listen; `folder`: where its slot
+        file goes."""
         self.direction, self.peer = direction, peer
-        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-in")
+        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-in", folder)
         self.delegates = [_Process("recv", k, direction, [host]) for k in range(num_delegates)]
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
@@ -310,12 +313,16 @@ class DelegateTransport:
         try:
             here = address(setup.rank)
             for direction, peer in setup.inbound:
-                self._inbound[direction] = _Inbound(direction, peer, setup.num_delegates, here)
+                self._inbound[direction] = _Inbound(
+                    direction, peer, setup.num_delegates, here, setup.slot_dir
+                )
             mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
             theirs = setup.exchange(mine)
             for direction, peer in setup.outbound:
                 there = address(peer)
-                self._outbound[direction] = _Outbound(direction, theirs[direction], there)
+                self._outbound[direction] = _Outbound(
+                    direction, theirs[direction], there, setup.slot_dir
+                )
             self._wait_ready(setup.timeout_s)
         except BaseException:
             self.close()

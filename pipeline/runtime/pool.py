@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import shutil
 import tempfile
 import time
@@ -122,7 +123,10 @@ class WorkerPool:
         self.close()
 
     def start(self) -> None:
-        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
+        # In memory where there is /dev/shm: the delegates' slot files go here too (the
+        # workers' own files, removed with it by close() whatever happened to the workers).
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-", dir=shm)
         init_file = str(Path(self._tmpdir) / "rendezvous")
         self._busy = True
         try:

@@ -142,6 +142,8 @@ class DelegateSetup:
     direction."""
 
     rank: int
+    slot_dir: str
+    """Where its shared files go (the pool's own folder, which the pool removes)."""
     inbound: tuple[tuple[LinkDirection, int], ...]
     outbound: tuple[tuple[LinkDirection, int], ...]
     num_delegates: int

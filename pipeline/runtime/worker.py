@@ -368,7 +368,8 @@ def join(
     compute.setup(stage, num_stages, replica, device)
     worker = _Worker(rank, grid, compute, timeout_s)
     if delegates is not None:
-        worker.delegates = _start_delegates(worker, delegates, num_delegates)
+        slot_dir = os.path.dirname(init_method.removeprefix("file://"))
+        worker.delegates = _start_delegates(worker, delegates, num_delegates, slot_dir)
     return worker
 
 
@@ -377,7 +378,7 @@ PORTS_TAG = 1 << 21
 
 
 def _start_delegates(
-    worker: _Worker, factory: DelegateFactory, num_delegates: int
+    worker: _Worker, factory: DelegateFactory, num_delegates: int, slot_dir: str
 ) -> DelegatedLinks:
     """This worker's delegates, wired to its neighbours': each side starts its receiving
     delegates, the two swap their ports over the process group, and each starts its sending
@@ -401,7 +402,9 @@ def _start_delegates(
                 work.wait()
         return {d: [int(p) for p in ports] for d, ports in theirs.items()}
 
-    setup = DelegateSetup(worker.rank, inbound, outbound, num_delegates, worker.timeout_s, exchange)
+    setup = DelegateSetup(
+        worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange
+    )
     return factory.connect(setup)
 
 

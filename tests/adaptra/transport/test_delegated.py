@@ -49,6 +49,7 @@ def _count(timeline: Timeline) -> dict[tuple[str, str], int]:
 def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it() -> None:
     with WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=20) as pool:
         workers, delegates = set(pool.pids), [p for ps in pool.delegate_pids for p in ps]
+        folder = Path(str(pool._tmpdir))  # the pool's own: the slot files go there
         # per link, D per direction and side: (S - 1) links x 2 directions x 2 sides x D
         assert len(delegates) == len(set(delegates)) == (S - 1) * 2 * 2 * D
         assert not workers & set(delegates)
@@ -61,6 +62,7 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
         fourth = pool.run_iteration(IterationConfig(3, SCHEDULE, bigger, comm="delegated"))
         assert {m.num_bytes for m in fourth.messages} == {3 << 20}
         assert {m.carrier_pid for m in fourth.messages} <= set(delegates)
+        assert len(list(folder.glob("slots-*"))) == 2 * 2 * (S - 1)  # both sides, each way
         for timeline in (first, second, third, fourth):  # every message once, none lost
             assert _count(timeline) == {(f"{i}-{i + 1}", d): N for i in range(S - 1)
                                         for d in ("forward", "backward")}  # fmt: skip
@@ -77,20 +79,21 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
         for m in (*first.messages, *third.messages):
             assert m.carrier_pid in workers
             assert m.send_end_ms - m.send_start_ms >= (DELAY_MS if m.link == "0-1" else 0)
-    assert all(_gone(pid) for pid in delegates)
+    assert all(_gone(pid) for pid in delegates) and not folder.exists()
 
 
 def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing() -> None:
     pool = WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=5)
     with pool:
         delegates = [p for ps in pool.delegate_pids for p in ps]
+        folder = Path(str(pool._tmpdir))
         victim = pool.delegate_pids[0][0]  # rank 0's first: a sender on link 0-1, forward
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(WorkerError) as failed:
             pool.run_iteration(IterationConfig(0, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
     text = f"{failed.value} {failed.value.__cause__}"
     assert "delegate 0" in text and "link 0-1 (forward)" in text, text
-    assert all(_gone(pid) for pid in [*pool.pids, *delegates])
+    assert all(_gone(pid) for pid in [*pool.pids, *delegates]) and not folder.exists()
 
 
 def test_a_pool_without_delegates_refuses_a_delegated_iteration() -> None:
