@@ -29,6 +29,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Protocol
 
 JOB = struct.Struct("<iqiiqqd96s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
@@ -86,10 +87,68 @@ def _note(fd: int, *fields: object) -> None:
     os.write(fd, NOTE.pack(*fields))
 
 
+class Wire(Protocol):
+    """What carries messages from a sender delegate to its receiver delegate: the
+    implementation here is TCP (`TcpWire`); an RDMA one (pyverbs) would fit the same four
+    calls, and none is written: no RDMA device exists where this runs (`adaptra-bench
+    doctor`)."""
+
+    def fileno(self) -> int:
+        """What a select waits on for the next message."""
+        ...
+
+    def send(self, header: bytes, payload: memoryview) -> None: ...
+
+    def receive(self, size: int) -> bytes:
+        """The next `size` bytes; fewer only if the other side has gone."""
+        ...
+
+    def receive_into(self, target: memoryview) -> bool:
+        """Fill `target`; False if the other side went first."""
+        ...
+
+
+class TcpWire:
+    """A TCP connection (no Nagle: a header must not wait for its payload)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+
+    @classmethod
+    def connect(cls, host: str, port: int) -> TcpWire:
+        return cls(socket.create_connection((host, port)))
+
+    @classmethod
+    def accept(cls, listener: socket.socket) -> TcpWire:
+        sock, _ = listener.accept()
+        listener.close()
+        return cls(sock)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def send(self, header: bytes, payload: memoryview) -> None:
+        self._sock.sendall(header)
+        self._sock.sendall(payload)
+
+    def receive(self, size: int) -> bytes:
+        return self._sock.recv(size, socket.MSG_WAITALL)
+
+    def receive_into(self, target: memoryview) -> bool:
+        got = 0
+        while got < len(target):
+            with target[got:] as rest:
+                count = self._sock.recv_into(rest)
+            if count == 0:
+                return False
+            got += count
+        return True
+
+
 def run_sender(control: int, notify: int, host: str, port: int) -> None:
     slots = _SlotFile()
-    sock = socket.create_connection((host, port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wire: Wire = TcpWire.connect(host, port)
     pid = os.getpid()
     _note(notify, READY, 0, 0, 0, port, 0, 0.0, 0.0, pid)
     while True:
@@ -105,9 +164,8 @@ def run_sender(control: int, notify: int, host: str, port: int) -> None:
         picked_s = time.monotonic()
         if fault_ms > 0:
             time.sleep(fault_ms / 1000.0)
-        sock.sendall(HEADER.pack(iteration, microbatch, seq, nbytes))
         with slots.view[offset : offset + nbytes] as payload:  # released: remappable
-            sock.sendall(payload)
+            wire.send(HEADER.pack(iteration, microbatch, seq, nbytes), payload)
         _note(
             notify,
             SENT,
@@ -127,13 +185,11 @@ def run_receiver(control: int, notify: int, host: str) -> None:
     listener = socket.create_server((host, 0))
     pid = os.getpid()
     _note(notify, PORT, 0, 0, 0, listener.getsockname()[1], 0, 0.0, 0.0, pid)
-    sock, _ = listener.accept()
-    listener.close()
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    wire: Wire = TcpWire.accept(listener)
     _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
-    selector.register(sock, selectors.EVENT_READ)
+    selector.register(wire.fileno(), selectors.EVENT_READ)
     while True:
         for key, _ in selector.select():
             if key.fileobj == control:
@@ -145,7 +201,7 @@ def run_receiver(control: int, notify: int, host: str) -> None:
                     return
                 slots.map(path.rstrip(b"\0").decode(), size, slot_bytes)
                 continue
-            header = sock.recv(HEADER.size, socket.MSG_WAITALL)
+            header = wire.receive(HEADER.size)
             if len(header) < HEADER.size:  # the sender delegate is gone
                 if header or not _control_closed(control):
                     _note(notify, FAILED, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
@@ -155,15 +211,11 @@ def run_receiver(control: int, notify: int, host: str) -> None:
                 _, _, _, _, slot_bytes, size, _, path = JOB.unpack(_read_exactly(control, JOB.size))
                 slots.map(path.rstrip(b"\0").decode(), size, slot_bytes)
             offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
-            got = 0
             with slots.view[offset : offset + nbytes] as target:  # released: remappable
-                while got < nbytes:
-                    with target[got:] as rest:
-                        count = sock.recv_into(rest, nbytes - got)
-                    if count == 0:
-                        _note(notify, FAILED, iteration, microbatch, seq, 0, 0, 0.0, 0.0, pid)
-                        return
-                    got += count
+                whole = wire.receive_into(target)
+            if not whole:
+                _note(notify, FAILED, iteration, microbatch, seq, 0, 0, 0.0, 0.0, pid)
+                return
             arrived_s = time.monotonic()
             _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
 
