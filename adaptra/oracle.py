@@ -8,6 +8,7 @@ slow (the direct path while none is). The detector-driven controller replaces it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from adaptra.scheduler import plan_adaptra
@@ -56,6 +57,7 @@ class OracleController:
         profile = self.profile
         if self._profile_for is not None:
             profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
+            profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
         comm = CommMode.DELEGATED if any(delays) else CommMode.DIRECT
         return Plan(schedule, profile, comm)
 

@@ -21,7 +21,7 @@ from harness.cli_common import (
 from harness.experiment import new_run_id, run_experiment
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_run_name
-from harness.policies import SYSTEMS, system_controller
+from harness.policies import SYSTEMS, system_controller, with_delegate_count
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
@@ -168,6 +168,8 @@ def run(
         label, comm = system, SYSTEMS[system][1]
     else:
         comm = comm or "direct"
+        if comm == "delegated":
+            profile = with_delegate_count(profile, faults)
         controller = fixed_plan(planned.schedule, profile, comm)
         label = planned.policy
     if timeout_s is not None and backend == "sim":

@@ -11,6 +11,7 @@ from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
 from baselines.fixed_plan import FixedPlan
+from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
@@ -26,6 +27,7 @@ __all__ = [
     "plan",
     "resolve_system",
     "system_controller",
+    "with_delegate_count",
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
@@ -141,6 +143,8 @@ def system_controller(
     other systems their fixed plan. `profile_for`: the op times a schedule runs under (a
     cost model's fused or split times)."""
     policy, comm = resolve_system(system, profile)
+    if SYSTEMS[system][1] == "delegated":
+        profile = with_delegate_count(profile, faults)
     if system == "adaptra":
         return OracleController(
             profile,
@@ -150,5 +154,19 @@ def system_controller(
         )
     schedule = planner(policy, profile)
     if profile_for is not None:
-        profile = profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
+        profile = dataclasses.replace(
+            profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms),
+            num_delegates=profile.num_delegates,
+        )
     return FixedPlan(Plan(schedule, profile, CommMode(comm)))
+
+
+def with_delegate_count(profile: Profile, faults: FaultView = NO_FAULTS) -> Profile:
+    """`profile` with its delegate count settled for a whole run: its `num_delegates`, or
+    the paper's rule for the longest delay the run will see (the profile's, plus the longest
+    a fault timeline keeps on a link), so that every engine (the runtimes start their
+    delegates once, with their pool) runs the same D."""
+    if profile.num_delegates is not None:
+        return profile
+    extra_ms = faults.longest_delay_ms() if isinstance(faults, FaultModel) else 0.0
+    return dataclasses.replace(profile, num_delegates=profile.delegates_needed(extra_ms))

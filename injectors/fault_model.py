@@ -311,6 +311,19 @@ class FaultModel:
                 held.append(effect.normal_ms[0] + 4 * effect.normal_ms[1])
         return max(held)
 
+    def longest_delay_ms(self) -> float:
+        """The longest delay one event keeps on its messages while in force (a fixed delay
+        with its jitter, a redrawn normal delay's mean plus four standard deviations; not a
+        stall, which holds one message once)."""
+        held = [0.0]
+        for event in self.events:
+            effect = event.effect
+            if not effect.down:
+                held.append(effect.delay_ms + effect.jitter_ms)
+            if effect.normal_ms is not None:
+                held.append(effect.normal_ms[0] + 4 * effect.normal_ms[1])
+        return max(held)
+
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         """A link or NIC is down at `iteration` (from some point in it on)."""
         return any(

@@ -112,7 +112,8 @@ class Profile:
     link_latency_ms: float = 0.0
     link_bandwidth_gbps: float | None = None
     num_delegates: int | None = None
-    """Delegates per link direction in `delegated` mode; None: one per message."""
+    """Delegates per link direction and side in `delegated` mode; None: the paper's rule
+    (`delegates_needed`)."""
     copy_gbps: float | None = None
     """Device-host copy speed in `delegated` mode; None: copies are free."""
     num_replicas: int = 1
@@ -306,6 +307,27 @@ class Profile:
     def transfer_ms(self, link_idx: int) -> float:
         """Time one message spends on PP link `link_idx`: injected delay + latency + bytes/bw."""
         return self.delay_ms[link_idx] + self.wire_ms()
+
+    def delegates_needed(self, extra_delay_ms: float = 0.0) -> int:
+        """The paper's rule for the delegate count (docs/paper.md, CPU delegation): per PP
+        link direction, enough delegates that sending keeps up with production. A message
+        holds its delegate for its link's transfer (its delay, plus `extra_delay_ms` a fault
+        timeline may add, plus the wire); the sending stage makes one per F (forward) or per
+        B (backward), so D = ceil(transfer / that op's time) (the artifact: 3 at 30 ms and
+        6 at 60 ms, with ops of about 10 ms). At least 1, at most one per microbatch."""
+        needed = 1
+        for link in range(self.num_stages - 1):
+            transfer_ms = self.transfer_ms(link) + extra_delay_ms
+            for made_every_ms in (self.t_f_ms[link], self.t_b_ms[link + 1]):
+                if made_every_ms <= 0:
+                    return self.num_microbatches
+                needed = max(needed, math.ceil(transfer_ms / made_every_ms - 1e-9))
+        return min(needed, self.num_microbatches)
+
+    def delegate_count(self) -> int:
+        """Delegates per link direction and side: `num_delegates`, or the paper's rule
+        (`delegates_needed`) where the profile gives none; every engine takes this."""
+        return self.num_delegates if self.num_delegates is not None else self.delegates_needed()
 
     def copy_ms(self) -> float:
         """One device-host copy of a message in `delegated` mode."""

@@ -113,7 +113,7 @@ def simulate(
     durations = _durations(profile)
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
     copy_ms = profile.copy_ms()
-    num_delegates = profile.num_delegates
+    num_delegates = profile.delegate_count()
     # The host-to-device copy before an op that takes in a delegated message.
     copy_in = [[copy_ms if mode is CommMode.DELEGATED else 0.0 for mode in pair] for pair in modes]
     copy_before_f = [0.0] + [copy_in[i][0] for i in range(num_stages - 1)]
@@ -124,7 +124,7 @@ def simulate(
 
     def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
         """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
-        delegate_free = [[[start_ms] * (num_delegates or 1) for _ in range(2)] for _ in transfer]
+        delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
         # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
@@ -220,15 +220,14 @@ def simulate(
                     send_end = end + transfer_ms + send_ms
                     arrival = send_end + lag_ms
                 else:
-                    send_end = wire_start = end + copy_ms
+                    send_end = end + copy_ms
                     copied_in = copy_ms
                     seq = num_sent[link_idx][direction]
                     num_sent[link_idx][direction] = seq + 1
-                    if num_delegates is not None:
-                        slots = delegate_free[link_idx][direction]
-                        slot = seq % num_delegates
-                        wire_start = max(send_end, slots[slot])
-                        slots[slot] = wire_start + transfer_ms + send_ms
+                    slots = delegate_free[link_idx][direction]
+                    slot = seq % num_delegates
+                    wire_start = max(send_end, slots[slot])
+                    slots[slot] = wire_start + transfer_ms + send_ms
                     arrival = wire_start + transfer_ms + send_ms + lag_ms
                 free = max(free, send_end)
                 arrivals[dest][m] = arrival

@@ -81,7 +81,7 @@ class _SlotFile:
     def ensure(self, num_slots: int, slot_bytes: int) -> bool:
         """Room for `num_slots` of `slot_bytes`; True if that needed a new file."""
         size = num_slots * slot_bytes
-        if size <= self.size and slot_bytes == self.slot_bytes:
+        if self._map is not None and size <= self.size and slot_bytes == self.slot_bytes:
             return False
         import mmap
 
@@ -99,6 +99,9 @@ class _SlotFile:
         return (seq * self.slot_bytes) % max(self.size, 1)
 
     def tensor(self, offset: int, like: torch.Tensor) -> torch.Tensor:
+        """The slot at `offset` as a tensor shaped like `like`, flat."""
+        if like.numel() == 0:  # an empty message (a profile without message bytes)
+            return torch.empty(0, dtype=like.dtype)
         return torch.frombuffer(
             self._map,  # type: ignore[arg-type]
             dtype=like.dtype,

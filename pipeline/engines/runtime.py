@@ -29,12 +29,7 @@ from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import validate_schedule
 from pipeline.simulator import CommMode
 
-__all__ = ["DEFAULT_NUM_DELEGATES", "RuntimeEngine", "emulated_engine", "megatron_engine"]
-
-DEFAULT_NUM_DELEGATES = 3
-"""Delegates per link direction and side when a profile gives no `num_delegates` (the paper's
-rule, enough that sending keeps up with production, is to come; the simulator reads a missing
-`num_delegates` as no limit)."""
+__all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
 
 
 class RuntimeEngine(Closing):
@@ -54,8 +49,8 @@ class RuntimeEngine(Closing):
         """`timeout_s`: how long a worker waits on one message before it gives up;
         `on_start`: told each iteration's start (monotonic s) before the workers start;
         `delegates`: how workers start their delegates (adaptra.transport), for plans that
-        delegate (the pool then starts them with its workers: the profile's `num_delegates`
-        per link direction and side, DEFAULT_NUM_DELEGATES if it gives none)."""
+        delegate (the pool then starts them with its workers: `Profile.delegate_count` per
+        link direction and side)."""
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
         # A training engine would move its model state in a rank swap: not built yet; the
@@ -87,6 +82,11 @@ class RuntimeEngine(Closing):
     def pids(self) -> list[int]:
         return list(self._pool.pids)
 
+    @property
+    def delegate_pids(self) -> list[list[int]]:
+        """Each rank's delegate processes (none in an engine without delegates)."""
+        return [list(pids) for pids in self._pool.delegate_pids]
+
     def run(
         self,
         plan: Plan,
@@ -113,7 +113,7 @@ class RuntimeEngine(Closing):
             validate_schedule(plan.schedule, profile.num_stages, profile.num_microbatches)
             self._validated.add(id(plan.schedule))
         if self._pool.delegates is not None:
-            wanted = profile.num_delegates or DEFAULT_NUM_DELEGATES
+            wanted = profile.delegate_count()
             if self._started and wanted != self._pool.num_delegates:
                 self._pool.close()  # its delegates are started with it: a fresh one
                 self._started = False

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -135,3 +136,18 @@ def test_file_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text(json.dumps({**BASE, "microbatches": 2}))
     with pytest.raises(ConfigError, match=r"bad.json: microbatches \(2\) must be >= stages"):
         Profile.from_file(bad)
+
+
+def test_the_delegate_count_rule_keeps_sending_up_with_production() -> None:
+    """docs/paper.md: the artifact used D = 3 at 30 ms and D = 6 at 60 ms (ops of ~10 ms)."""
+    base = Profile.uniform(4, 12, 10, 10, 10)
+    assert [base.with_delays([d, 0, 0]).delegates_needed() for d in (0, 10, 30, 60)] == [1, 1, 3, 6]
+    assert base.with_delays([30, 0, 0]).delegates_needed(extra_delay_ms=30) == 6
+    assert base.with_delays([0, 0, 500]).delegates_needed() == 12  # one per microbatch at most
+    slow_b = Profile.from_dict(
+        {"stages": 3, "microbatches": 6, "t_f": 10, "t_b": [20, 20, 5], "t_w": 10,
+         "delay_ms": [0, 20]}
+    )  # fmt: skip
+    assert slow_b.delegates_needed() == 4  # stage 2 makes a gradient every 5 ms
+    assert base.with_delays([60, 0, 0]).delegate_count() == 6
+    assert dataclasses.replace(base, num_delegates=2).with_delays([60, 0, 0]).delegate_count() == 2

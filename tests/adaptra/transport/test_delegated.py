@@ -100,3 +100,20 @@ def test_a_pool_without_delegates_refuses_a_delegated_iteration() -> None:
     with WorkerPool(2, timeout_s=5) as pool, pytest.raises(WorkerError, match="no delegates"):
         profile = Profile.uniform(2, 2, 1, 1, 1)
         pool.run_iteration(IterationConfig(0, zb_h2(profile), profile, comm="delegated"))
+
+
+def test_every_engine_runs_the_delegate_count_of_the_papers_rule() -> None:
+    """No `num_delegates`: a fault timeline putting 30 ms on link 0-1 (ops of 10 ms) settles
+    D = 3 for the run (harness.policies.with_delegate_count); the simulator uses it, and the
+    emulated engine starts that many per link direction and side."""
+    from harness.policies import system_controller
+    from injectors.fault_files import parse_yaml
+    from pipeline.engines.runtime import emulated_engine
+
+    profile = Profile.uniform(2, 6, 10, 10, 10)
+    faults = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 30}]')
+    plan = system_controller("adaptra-cpu", profile, faults).plan(0)
+    assert profile.num_delegates is None and plan.profile.num_delegates == 3
+    with emulated_engine(2, delegates=Delegates(), timeout_s=20) as engine:
+        engine.run(plan, 0, faults.at(0, profile.topology))
+        assert [len(pids) for pids in engine.delegate_pids] == [2 * 3, 2 * 3]
