@@ -9,7 +9,8 @@ Run: python benchmarks/bench_delegates.py [--iterations 5] [--part overhead,slow
 - slowdown: the paper's Fig. 14/15 shape on this machine: 0, 30 and 60 ms on link 0-1, ZB
   over direct, Adaptra-CPU (ZB over delegates) and Adaptra over delegates, 1 MiB messages,
   emulated next to the (uncalibrated) simulator; slowdown against each system's own
-  fault-free run (the paper at 60 ms: ZB 4.24x, Adaptra-CPU 2.15x, Adaptra 1.13x).
+  fault-free run (the paper at 60 ms: ZB 4.24x, Adaptra-CPU 2.15x, Adaptra 1.13x); and the
+  simulator calibrated on this host first (with the delegated path's costs): the fidelity.
 - count: ZB over delegates against D = 1..4 at 30 and 60 ms.
 The load average is printed with each table.
 """
@@ -26,6 +27,7 @@ from harness.policies import system_controller
 from harness.runner import run_configuration
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime.calibrate import measure_host_costs
 from pipeline.timeline import Timeline
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
@@ -95,10 +97,13 @@ def overhead(num_iterations: int) -> None:
 
 
 def slowdown(num_iterations: int) -> None:
+    host = measure_host_costs(delegates=Delegates())
+    print(f"host costs (with the delegated path's): {host.to_dict()}\n")
     print(f"load average {os.getloadavg()[0]:.2f}")
     print("| system | delay ms | emulated ms | sim ms | emulated/sim | slowdown (emulated) | "
-          "slowdown (sim) | trainer's send on 0-1, median ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "slowdown (sim) | trainer's send on 0-1, median ms | calibrated sim ms | "
+          "fidelity |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for system in ("zb", "adaptra-cpu", "adaptra"):
         base: dict[str, float] = {}
         for delay in (0.0, 30.0, 60.0):
@@ -120,9 +125,13 @@ def slowdown(num_iterations: int) -> None:
                         for m in result.timeline.messages
                         if m.link == "0-1"
                     )
+            calibrated = run_configuration(
+                system_controller(system, profile), num_iterations=1, host=host
+            ).median_iteration_ms
             print(f"| {system} | {delay:g} | {row['emulated']:.1f} | {row['sim']:.1f} | "
                   f"{row['emulated'] / row['sim']:.3f} | {row['emulated'] / base['emulated']:.2f}x"
-                  f" | {row['sim'] / base['sim']:.2f}x | {send_ms:.2f} |")  # fmt: skip
+                  f" | {row['sim'] / base['sim']:.2f}x | {send_ms:.2f} | {calibrated:.1f} | "
+                  f"{row['emulated'] / calibrated:.3f} |")  # fmt: skip
 
 
 def count(num_iterations: int) -> None:

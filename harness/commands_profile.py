@@ -94,12 +94,16 @@ def profile(
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def calibrate(out: str, repeats: int, stages: int, fmt: str) -> None:
     """Measure what the worker runtime costs on this host (per-op overhead, a send's fixed
-    and per-MiB cost, the receive lag) with microbenchmarks of real worker processes, and
-    write them for `simulate`/`run --calibration`. Takes about 10 s; run it on an idle host."""
+    and per-MiB cost, the receive lag, the delegated path's copies and pick-up) with
+    microbenchmarks of real worker processes and delegates, and write them for
+    `simulate`/`run --calibration`. Takes about 20 s; run it on an idle host."""
+    from adaptra.transport import Delegates
     from harness.results import write_atomic
     from pipeline.runtime.calibrate import measure_host_costs
 
-    costs = measure_host_costs(repeats, stages, progress=lambda line: click.echo(line, err=True))
+    costs = measure_host_costs(
+        repeats, stages, progress=lambda line: click.echo(line, err=True), delegates=Delegates()
+    )
     data = costs.to_dict()
     write_atomic(Path(out), json.dumps(data, indent=1) + "\n")
     if fmt == "json":

@@ -30,6 +30,14 @@ _COSTS = (
     "receive_lag_ms_per_mib",
     "op_overhead_ms",
 )
+_DELEGATE_COSTS = (
+    "copy_out_fixed_ms",
+    "copy_out_ms_per_mib",
+    "delegate_pickup_ms",
+    "copy_in_fixed_ms",
+    "copy_in_ms_per_mib",
+)
+"""The delegated path's costs: optional in a file (one measured without delegates: 0)."""
 _MIB = 1 << 20
 
 
@@ -46,11 +54,22 @@ class HostCosts:
     """...plus this long per MiB."""
     op_overhead_ms: float = 0.0
     """The runtime's own time between one op and the next on a stage (bookkeeping)."""
+    copy_out_fixed_ms: float = 0.0
+    """Delegated: handing a message to its delegate holds the sender this long (its copy
+    into a slot and the job), plus..."""
+    copy_out_ms_per_mib: float = 0.0
+    """...this long per MiB."""
+    delegate_pickup_ms: float = 0.0
+    """Delegated: from the hand-over until a free delegate has picked the message up."""
+    copy_in_fixed_ms: float = 0.0
+    """Delegated: the copy of an arrived message into its op's buffer, before the op, plus..."""
+    copy_in_ms_per_mib: float = 0.0
+    """...this long per MiB."""
     host: str = ""
     measured_at: str = ""
 
     def __post_init__(self) -> None:
-        for name in _COSTS:
+        for name in (*_COSTS, *_DELEGATE_COSTS):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{name} must be a number of ms, got {value!r}")
@@ -65,6 +84,12 @@ class HostCosts:
     def receive_lag_for_ms(self, num_bytes: int) -> float:
         """From a send's return until the message can be used, when the receiver waits."""
         return self.receive_lag_ms + self.receive_lag_ms_per_mib * num_bytes / _MIB
+
+    def copy_out_ms(self, num_bytes: int) -> float:
+        return self.copy_out_fixed_ms + self.copy_out_ms_per_mib * num_bytes / _MIB
+
+    def copy_in_ms(self, num_bytes: int) -> float:
+        return self.copy_in_fixed_ms + self.copy_in_ms_per_mib * num_bytes / _MIB
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": HOST_COSTS_SCHEMA_VERSION, **dataclasses.asdict(self)}

@@ -94,8 +94,9 @@ def simulate(
     records (PP only). `host` adds a real host's runtime costs to `direct` and `delegated`
     (not to `ideal`, the paper's model): after each op its stage is busy `op_overhead_ms`
     more; a send holds its sender (direct) or its delegate (delegated) `host.send_ms(bytes)`,
-    and the message is there
-    `host.receive_lag_for_ms(bytes)` after the send returns."""
+    and the message is there `host.receive_lag_for_ms(bytes)` after the send returns;
+    delegated, the sender pays `host.copy_out_ms(bytes)`, a delegate picks the message up
+    `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`)."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     message_bytes = profile.message_bytes
     if validate:
@@ -112,10 +113,14 @@ def simulate(
     lag_ms = host.receive_lag_for_ms(profile.message_bytes)
     durations = _durations(profile)
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
-    copy_ms = profile.copy_ms()
+    copy_out_ms = profile.copy_ms() + host.copy_out_ms(message_bytes)
+    pickup_ms = host.delegate_pickup_ms
     num_delegates = profile.delegate_count()
     # The host-to-device copy before an op that takes in a delegated message.
-    copy_in = [[copy_ms if mode is CommMode.DELEGATED else 0.0 for mode in pair] for pair in modes]
+    copy_in_ms = profile.copy_ms() + host.copy_in_ms(message_bytes)
+    copy_in = [
+        [copy_in_ms if mode is CommMode.DELEGATED else 0.0 for mode in pair] for pair in modes
+    ]
     copy_before_f = [0.0] + [copy_in[i][0] for i in range(num_stages - 1)]
     copy_before_b = [copy_in[i][1] for i in range(num_stages - 1)] + [0.0]
     # delegate_free[link][direction][slot]: when that delegate has delivered its last message.
@@ -220,13 +225,13 @@ def simulate(
                     send_end = end + transfer_ms + send_ms
                     arrival = send_end + lag_ms
                 else:
-                    send_end = end + copy_ms
-                    copied_in = copy_ms
+                    send_end = end + copy_out_ms
+                    copied_in = copy_in_ms
                     seq = num_sent[link_idx][direction]
                     num_sent[link_idx][direction] = seq + 1
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
-                    wire_start = max(send_end, slots[slot])
+                    wire_start = max(send_end + pickup_ms, slots[slot])
                     slots[slot] = wire_start + transfer_ms + send_ms
                     arrival = wire_start + transfer_ms + send_ms + lag_ms
                 free = max(free, send_end)

@@ -16,6 +16,7 @@ expected values count, long tails included (a send of 8 MiB: median 5 ms, p90 8 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import itertools
 import platform
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 from pipeline.runtime.pool import IterationConfig, WorkerPool
+from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
@@ -48,12 +50,18 @@ def _busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
 
 
 def _runs(
-    pool: WorkerPool, schedule: Schedule, profile: Profile, repeats: int, counter: list[int]
+    pool: WorkerPool,
+    schedule: Schedule,
+    profile: Profile,
+    repeats: int,
+    counter: list[int],
+    comm: str = "direct",
 ) -> list[Timeline]:
     """`repeats` measured iterations after one warm-up."""
     timelines = []
     for k in range(repeats + 1):
-        timeline = pool.run_iteration(IterationConfig(counter[0], schedule, profile))
+        config = IterationConfig(counter[0], schedule, profile, comm=comm)
+        timeline = pool.run_iteration(config)
         counter[0] += 1
         if k:
             timelines.append(timeline)
@@ -99,10 +107,12 @@ def measure_host_costs(
     repeats: int = 3,
     num_stages: int = 4,
     progress: Callable[[str], None] = lambda line: None,
+    delegates: DelegateFactory | None = None,
 ) -> HostCosts:
     """About 15 s: two pools (1 and `num_stages` workers: as many as the runs to predict,
     since concurrent transfers share the host's cores), `repeats` measured iterations per
-    point."""
+    point; with `delegates` (adaptra.transport), a third with them, for the delegated
+    path's costs (about 10 s more)."""
     counter = [0]
     op_ms = 2.0
     with WorkerPool(1) as pool:
@@ -128,7 +138,7 @@ def measure_host_costs(
             progress(f"{num_bytes} B: send {sends[-1][1]:.3f} ms, receive lag {lag_ms:.3f} ms")
     send_fixed_ms, send_ms_per_mib = _fit_line(sends)
     receive_lag_ms, receive_lag_ms_per_mib = _fit_line(lags) if len(lags) > 1 else (0.0, 0.0)
-    return HostCosts(
+    costs = HostCosts(
         send_fixed_ms=send_fixed_ms,
         send_ms_per_mib=send_ms_per_mib,
         receive_lag_ms=receive_lag_ms,
@@ -136,4 +146,48 @@ def measure_host_costs(
         op_overhead_ms=op_overhead_ms,
         host=platform.node(),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    if delegates is None:
+        return costs
+    return _with_delegated_costs(costs, delegates, repeats, num_stages, progress)
+
+
+def _with_delegated_costs(
+    costs: HostCosts,
+    delegates: DelegateFactory,
+    repeats: int,
+    num_stages: int,
+    progress: Callable[[str], None],
+) -> HostCosts:
+    """The same runs over delegates (3 per link direction and side: each free when its next
+    message comes): the sender's hand-over, the delegate's pick-up, the copy in."""
+    copies_out: list[tuple[float, float]] = []
+    copies_in: list[tuple[float, float]] = []
+    pickups: list[float] = []
+    counter = [0]
+    with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
+        schedule = _busy_both_ways(num_stages, 12)
+        for num_bytes in SEND_SIZES:
+            profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=num_bytes)
+            timelines = _runs(pool, schedule, profile, repeats, counter, comm="delegated")
+            messages = [m for t in timelines for m in t.messages]
+            mib = num_bytes / _MIB
+            copies_out.append(
+                (mib, statistics.fmean(m.send_end_ms - m.send_start_ms for m in messages))
+            )
+            copies_in.append((mib, statistics.fmean(m.copy_in_ms for m in messages)))
+            pickups += [m.wire_start_ms - m.send_end_ms for m in messages]
+            progress(
+                f"{num_bytes} B delegated: copy out {copies_out[-1][1]:.3f} ms, copy in "
+                f"{copies_in[-1][1]:.3f} ms"
+            )
+    out_fixed, out_per_mib = _fit_line(copies_out)
+    in_fixed, in_per_mib = _fit_line(copies_in)
+    return dataclasses.replace(
+        costs,
+        copy_out_fixed_ms=out_fixed,
+        copy_out_ms_per_mib=out_per_mib,
+        delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
+        copy_in_fixed_ms=in_fixed,
+        copy_in_ms_per_mib=in_per_mib,
     )

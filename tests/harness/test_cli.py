@@ -477,6 +477,9 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     assert costs == json.loads(out.stdout) and costs["schema_version"] == 1
     names = ("send_fixed_ms", "send_ms_per_mib", "receive_lag_ms", "receive_lag_ms_per_mib")
     assert all(costs[name] >= 0 for name in (*names, "op_overhead_ms"))
+    delegated = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "copy_in_fixed_ms")
+    assert costs["copy_out_fixed_ms"] + costs["copy_out_ms_per_mib"] > 0  # measured: a copy
+    assert all(costs[name] >= 0 for name in (*delegated, "delegate_pickup_ms"))
     profile = str(write_profile(tmp_path, message_bytes=1 << 20))
 
     def simulated_ms(*extra: str) -> float:
