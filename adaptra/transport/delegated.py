@@ -195,8 +195,8 @@ class _Outbound:
         self.delegates = [
             _Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)
         ]
-        self.pending: dict[int, tuple[int, float]] = {}
-        """seq -> (microbatch, send start) of messages handed over, not yet acked."""
+        self.pending: list[int] = []
+        """The seqs of the messages handed over this iteration, not yet acked."""
 
     def begin(self, num_messages: int, slot_bytes: int) -> None:
         if self.slots.ensure(num_messages, slot_bytes):
@@ -214,7 +214,7 @@ class _Outbound:
             fault_ms, b"",
         )  # fmt: skip
         delegate.write(job)
-        self.pending[message.seq] = (message.microbatch, time.monotonic())
+        self.pending.append(message.seq)
 
     def finish(self, iteration: int, timeout_s: float) -> list[WireRecord]:
         """Wait for every message handed over this iteration to be on the wire."""

@@ -96,6 +96,7 @@ class WorkerPool:
         self._processes: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._tmpdir: str | None = None
+        self._slot_dir: str | None = None
         self._origin: float | None = None
         self.pids: list[int] = []
         self.delegate_pids: list[list[int]] = []
@@ -123,11 +124,14 @@ class WorkerPool:
         self.close()
 
     def start(self) -> None:
-        # In memory where there is /dev/shm: the delegates' slot files go here too (the
-        # workers' own files, removed with it by close() whatever happened to the workers).
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-", dir=shm)
+        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
         init_file = str(Path(self._tmpdir) / "rendezvous")
+        # The delegates' slot files: in memory where there is /dev/shm, else with the rest;
+        # the pool's own, so close() removes them whatever happened to the workers.
+        memory = os.path.isdir("/dev/shm") and self.delegates is not None
+        self._slot_dir = (
+            tempfile.mkdtemp(prefix="adaptra-slots-", dir="/dev/shm") if memory else self._tmpdir
+        )
         self._busy = True
         try:
             for rank in range(self.num_ranks):
@@ -142,6 +146,7 @@ class WorkerPool:
                     self._compute_factory(),
                     self.delegates,
                     self.num_delegates,
+                    self._slot_dir,
                 )
                 self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
@@ -317,9 +322,9 @@ class WorkerPool:
             self.exit_codes = [process.exitcode for process in self._processes]
         self._processes, self._conns = [], []
         self._busy = False
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
+        for folder in {self._tmpdir, self._slot_dir} - {None}:
+            shutil.rmtree(str(folder), ignore_errors=True)
+        self._tmpdir = self._slot_dir = None
 
 
 def _join(processes: list[BaseProcess], limit_s: float) -> None:

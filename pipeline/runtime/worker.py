@@ -346,10 +346,11 @@ def join(
     compute: ComputeBackend,
     delegates: DelegateFactory | None = None,
     num_delegates: int = 0,
+    slot_dir: str = "",
 ) -> _Worker:
     """Join the gloo process group; the worker for this rank (under the default placement:
     pipeline.topology), with `num_delegates` delegates per link direction and side from
-    `delegates` if given."""
+    `delegates` if given (their slot files in `slot_dir`)."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
@@ -368,7 +369,6 @@ def join(
     compute.setup(stage, num_stages, replica, device)
     worker = _Worker(rank, grid, compute, timeout_s)
     if delegates is not None:
-        slot_dir = os.path.dirname(init_method.removeprefix("file://"))
         worker.delegates = _start_delegates(worker, delegates, num_delegates, slot_dir)
     return worker
 
@@ -418,6 +418,7 @@ def worker_main(
     compute: ComputeBackend,
     delegates: DelegateFactory | None = None,
     num_delegates: int = 0,
+    slot_dir: str = "",
 ) -> None:
     """Process entry point; reports ready (with its delegates' pids), then answers one
     command per iteration. A failure (in start-up or an iteration) is reported as a
@@ -435,6 +436,7 @@ def worker_main(
             compute,
             delegates,
             num_delegates,
+            slot_dir,
         )
     except Exception as err:
         remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)

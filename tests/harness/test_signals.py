@@ -71,7 +71,9 @@ def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
             if pool and len(workers) >= 6:  # the fork server, its helper, four workers
                 break
             time.sleep(0.2)
-        assert run.poll() is None and len(workers) >= 6, run.stderr.read() if run.stderr else ""
+        assert run.poll() is None and pool and len(workers) >= 6, (
+            run.stderr.read() if run.stderr else ""
+        )
         time.sleep(0.5)  # inside the iterations
         run.send_signal(signum)
         _, err = run.communicate(timeout=60)

@@ -49,7 +49,7 @@ def _count(timeline: Timeline) -> dict[tuple[str, str], int]:
 def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it() -> None:
     with WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=20) as pool:
         workers, delegates = set(pool.pids), [p for ps in pool.delegate_pids for p in ps]
-        folder = Path(str(pool._tmpdir))  # the pool's own: the slot files go there
+        folder = Path(str(pool._slot_dir))  # the pool's own: the slot files go there
         # per link, D per direction and side: (S - 1) links x 2 directions x 2 sides x D
         assert len(delegates) == len(set(delegates)) == (S - 1) * 2 * 2 * D
         assert not workers & set(delegates)
@@ -86,7 +86,7 @@ def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing() -> None:
     pool = WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=5)
     with pool:
         delegates = [p for ps in pool.delegate_pids for p in ps]
-        folder = Path(str(pool._tmpdir))
+        folder = Path(str(pool._slot_dir))
         victim = pool.delegate_pids[0][0]  # rank 0's first: a sender on link 0-1, forward
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(WorkerError) as failed:
