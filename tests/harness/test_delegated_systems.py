@@ -52,3 +52,24 @@ def test_delegates_remove_the_slow_links_head_of_line_blocking(tmp_path: Path) -
     assert predicted == {"zb": 1050.0, "adaptra-cpu": 640.0, "adaptra": 430.0}
     assert measured["zb"] >= 1.3 * measured["adaptra-cpu"]
     assert measured["zb"] >= 1.3 * measured["adaptra"]
+
+
+def test_a_spec_runs_the_delegated_systems_on_the_emulated_runtime(tmp_path: Path) -> None:
+    from harness.results import RUNS_COLUMNS, read_csv_rows
+    from harness.saved import read_timeline
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(json.dumps({
+        "name": "d", "model": "m", "systems": ["zb", "adaptra-cpu"], "backend": "emulated",
+        "profile": {"stages": 2, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5},
+        "links": ["0-1"], "delays_ms": [20], "num_iterations": 2,
+    }))  # fmt: skip
+    out = cli("run", "--spec", str(spec), "--out", str(tmp_path), "--run-id", "r")
+    assert out.returncode == 0, out.stderr
+    runs = {r["system"]: r for r in read_csv_rows(tmp_path / "r" / "runs.csv", RUNS_COLUMNS)}
+    assert (runs["zb"]["comm"], runs["adaptra-cpu"]["comm"]) == ("direct", "delegated")
+    assert float(runs["adaptra-cpu"]["median_wall_ms"]) < float(runs["zb"]["median_wall_ms"])
+    saved = read_timeline(tmp_path / "r", ("m", "adaptra-cpu", "0-1@20ms", "0"))
+    assert saved is not None
+    workers = {pid for record in saved.iterations for pid in record.pids}
+    assert saved.messages and all(m.carrier_pid not in workers for m in saved.messages)
