@@ -40,7 +40,6 @@ For every profile all systems run one after the other (ours first), before the n
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import math
@@ -58,6 +57,7 @@ from typing import Any
 from bench_scheduler_quality import paper_grid, straggler_grid
 
 from adaptra.scheduler import plan_adaptra
+from harness.results import write_csv_atomic
 from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
@@ -349,11 +349,7 @@ def main() -> None:
                 f" theirs {r[f'{branch}_ms']:.1f} ms (x {r[f'{branch}_warmup']})"
             )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv_atomic(args.out, list(rows[0]), rows)
         print(f"\nper-profile rows: {args.out}")
 
 

@@ -29,6 +29,7 @@ from adaptra.generator import Policy, generate_policy
 from adaptra.planning import algorithm2, authors_warmup
 from adaptra.policy_timing import time_policy
 from adaptra.scheduler import plan_adaptra
+from harness.results import write_csv_atomic
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
 
@@ -151,11 +152,7 @@ def main() -> None:
         rows = [measure(group, profile, args.time_limit) for group, profile in cases]
         summarise(rows, title)
         all_rows += rows
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(all_rows[0]))
-        writer.writeheader()
-        writer.writerows(all_rows)
+    write_csv_atomic(args.out, list(all_rows[0]), all_rows)
     print(f"\nper-profile rows: {args.out}")
 
 

@@ -184,27 +184,44 @@ def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[typ
     return NOTE.unpack(data)
 
 
-class _Outbound:
+class _Side:
+    """One side of a link direction: its slot file and its delegates (message seq k goes
+    through delegate k mod D)."""
+
+    def __init__(self, direction: LinkDirection, slots: _SlotFile, delegates: list[_Process]):
+        self.direction, self.slots, self.delegates = direction, slots, delegates
+
+    def delegate_of(self, seq: int) -> _Process:
+        return self.delegates[seq % len(self.delegates)]
+
+    def begin(self, num_messages: int, slot_bytes: int) -> None:
+        """Slots for an iteration's messages; the delegates map a new slot file."""
+        if self.slots.ensure(num_messages, slot_bytes):
+            for delegate in self.delegates:
+                delegate.write(self.slots.map_job())
+
+    def close(self) -> None:
+        for delegate in self.delegates:
+            delegate.close()
+        self.slots.close()
+
+
+class _Outbound(_Side):
     """The sender delegates of one link direction this trainer sends on."""
 
     def __init__(self, direction: LinkDirection, ports: list[int], host: str, folder: str) -> None:
         """`host`: the receiving side's address, where `ports` listen; `folder`: where its
         slot file goes."""
-        self.direction = direction
-        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-out", folder)
-        self.delegates = [
-            _Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)
-        ]
+        super().__init__(
+            direction,
+            _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
+            [_Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)],
+        )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
 
-    def begin(self, num_messages: int, slot_bytes: int) -> None:
-        if self.slots.ensure(num_messages, slot_bytes):
-            for delegate in self.delegates:
-                delegate.write(self.slots.map_job())
-
     def send(self, message: Message, payload: torch.Tensor, fault_ms: float) -> None:
-        delegate = self.delegates[message.seq % len(self.delegates)]
+        delegate = self.delegate_of(message.seq)
         delegate.check_alive()
         nbytes = payload.numel() * payload.element_size()
         offset = self.slots.offset(message.seq)
@@ -221,18 +238,13 @@ class _Outbound:
         records = []
         deadline = time.monotonic() + timeout_s
         for seq in sorted(self.pending):
-            delegate = self.delegates[seq % len(self.delegates)]
+            delegate = self.delegate_of(seq)
             kind, it, microbatch, got, _, _, picked_s, _, pid = _read_note(delegate, deadline)
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
             records.append(WireRecord(self.direction, microbatch, picked_s, pid))
         self.pending.clear()
         return records
-
-    def close(self) -> None:
-        for delegate in self.delegates:
-            delegate.close()
-        self.slots.close()
 
 
 class _DelegatedReceive:
@@ -243,7 +255,7 @@ class _DelegatedReceive:
         return self._inbound.take(self._message, self._buffer, timeout_s)
 
 
-class _Inbound:
+class _Inbound(_Side):
     """The receiver delegates of one link direction this trainer receives on."""
 
     def __init__(
@@ -251,9 +263,12 @@ class _Inbound:
     ):
         """`host`: this side's address, where its delegates listen; `folder`: where its slot
         file goes."""
-        self.direction, self.peer = direction, peer
-        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-in", folder)
-        self.delegates = [_Process("recv", k, direction, [host]) for k in range(num_delegates)]
+        super().__init__(
+            direction,
+            _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
+            [_Process("recv", k, direction, [host]) for k in range(num_delegates)],
+        )
+        self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
 
@@ -267,15 +282,10 @@ class _Inbound:
             ports.append(port)
         return ports
 
-    def begin(self, num_messages: int, slot_bytes: int) -> None:
-        if self.slots.ensure(num_messages, slot_bytes):
-            for delegate in self.delegates:
-                delegate.write(self.slots.map_job())
-
     def take(self, message: Message, buffer: torch.Tensor, timeout_s: float) -> Arrival:
         """Wait for the message's delegate to report it in, then copy it into `buffer`."""
         key = (message.iteration, message.seq)
-        delegate = self.delegates[message.seq % len(self.delegates)]
+        delegate = self.delegate_of(message.seq)
         deadline = time.monotonic() + timeout_s
         while key not in self.arrived:
             try:
@@ -298,11 +308,6 @@ class _Inbound:
         copy_start = time.monotonic()
         buffer.reshape(-1).copy_(self.slots.tensor(offset, buffer))
         return Arrival(arrived_s, time.monotonic() - copy_start)
-
-    def close(self) -> None:
-        for delegate in self.delegates:
-            delegate.close()
-        self.slots.close()
 
 
 class DelegateTransport:
@@ -331,31 +336,30 @@ class DelegateTransport:
             self.close()
             raise
 
+    def _sides(self) -> dict[LinkDirection, _Side]:
+        """Every link direction this trainer sends or receives on (each has one side)."""
+        return {**self._outbound, **self._inbound}
+
     def _wait_ready(self, timeout_s: float) -> None:
         """Until every delegate is connected to its peer (and done starting: idle)."""
         deadline = time.monotonic() + timeout_s
-        processes = [d for o in self._outbound.values() for d in o.delegates]
-        processes += [d for i in self._inbound.values() for d in i.delegates]
-        for process in processes:
-            if _read_note(process, deadline)[0] != READY:
-                raise ConnectionError(f"the {process.name} did not connect")
+        for side in self._sides().values():
+            for process in side.delegates:
+                if _read_note(process, deadline)[0] != READY:
+                    raise ConnectionError(f"the {process.name} did not connect")
 
     @property
     def pids(self) -> list[int]:
         """Every delegate process of this trainer."""
-        processes = [d for o in self._outbound.values() for d in o.delegates]
-        processes += [d for i in self._inbound.values() for d in i.delegates]
-        return [d.process.pid for d in processes]
+        return [d.process.pid for side in self._sides().values() for d in side.delegates]
 
     def begin_iteration(self, sizes: dict[LinkDirection, tuple[int, int]]) -> None:
         """Slots for this iteration's delegated directions: (messages, bytes each)."""
+        sides = self._sides()
         for direction, (num_messages, slot_bytes) in sizes.items():
-            if direction in self._outbound:
-                self._outbound[direction].begin(num_messages, slot_bytes)
-            elif direction in self._inbound:
-                self._inbound[direction].begin(num_messages, slot_bytes)
-            else:
+            if direction not in sides:
                 raise ValueError(f"no delegates for {direction}")
+            sides[direction].begin(num_messages, slot_bytes)
 
     def post_receive(
         self, direction: LinkDirection, message: Message, buffer: torch.Tensor
@@ -374,9 +378,7 @@ class DelegateTransport:
         return records
 
     def close(self) -> None:
-        for outbound in self._outbound.values():
-            outbound.close()
-        for inbound in self._inbound.values():
-            inbound.close()
+        for side in self._sides().values():
+            side.close()
         self._outbound.clear()
         self._inbound.clear()

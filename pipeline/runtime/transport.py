@@ -62,6 +62,11 @@ class Message:
     """Position among this iteration's messages on this link direction."""
 
     @property
+    def hook_kind(self) -> str:
+        """Its kind as the fault hook names it: "F" (an activation) or "B" (a gradient)."""
+        return "F" if self.kind == ACTIVATION else "B"
+
+    @property
     def tag(self) -> int:
         # Receives of one iteration are all posted before it starts: (kind, microbatch) is
         # unique within an iteration and iterations never overlap.
@@ -232,10 +237,9 @@ class DirectTransport:
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
         direction = "forward" if message.kind == ACTIVATION else "backward"
-        kind = "F" if message.kind == ACTIVATION else "B"
         num_bytes = payload.numel() * payload.element_size()
         fault_ms = self.fault_hook(
-            link, direction, message.iteration, kind, message.microbatch, num_bytes
+            link, direction, message.iteration, message.hook_kind, message.microbatch, num_bytes
         )
         what = describe(peer, message.kind, message.microbatch, sending=True)
         _send(payload, peer, message.tag, f"sending {what} on link {link}")

@@ -299,10 +299,9 @@ class _Worker:
             send_start = time.monotonic()
             if config.comm_of(link, direction.direction) == "delegated":
                 assert self.delegates is not None  # _begin_delegated checked
-                kind = "F" if msg_kind == ACTIVATION else "B"
                 fault_ms = hook(
-                    link, direction.direction, config.iteration, kind, op.microbatch, num_bytes,
-                    wait=False,
+                    link, direction.direction, config.iteration, message.hook_kind,
+                    op.microbatch, num_bytes, wait=False,
                 )  # fmt: skip
                 self.delegates.send(direction, message, output, fault_ms)
             else:
