@@ -51,7 +51,7 @@ def _probe_kernel() -> dict[str, tuple[bool, str]]:
         return {"namespaces": (False, str(err))}
     found["namespaces"] = (True, "created and removed one")
     try:
-        with IPRoute(netns=name) as ipr:
+        with IPRoute(netns=name, flags=0) as ipr:
             for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
                 ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
                 index = ipr.link_lookup(ifname=f"a{number}")[0]

@@ -27,6 +27,7 @@ from typing import Any
 from injectors.ownership import OwnerRecord
 from injectors.wire import WireState, run_wire
 from pipeline.errors import AdaptraBenchError
+from pipeline.signals import held_signals
 
 __all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
 
@@ -65,7 +66,7 @@ def _enter_and_run(
     """Child-process entry: move into the host's namespace, bind gloo to its interface."""
     from pyroute2 import netns
 
-    netns.setns(namespace)
+    netns.setns(namespace, flags=0)  # never made anew: it may be gone (a teardown)
     os.environ["GLOO_SOCKET_IFNAME"] = ifname
     target(*args)
 
@@ -130,7 +131,7 @@ class Testbed:
         for name in (self.switch, *self.hosts):
             netns.create(name)
             self._created.append(name)
-        with IPRoute(netns=self.switch) as ipr:
+        with IPRoute(netns=self.switch, flags=0) as ipr:
             for plane in range(len(PLANES)):
                 ipr.link("add", ifname=f"br{plane}", kind="bridge")
                 ipr.link("set", index=ipr.link_lookup(ifname=f"br{plane}")[0], state="up")
@@ -144,7 +145,7 @@ class Testbed:
                     )
                     ipr.link("set", index=ipr.link_lookup(ifname=end)[0], net_ns_fd=namespace)
         for host, namespace in enumerate(self.hosts):
-            with IPRoute(netns=namespace) as ipr:
+            with IPRoute(netns=namespace, flags=0) as ipr:
                 ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
                 for plane, ifname in enumerate(PLANES):
                     index = ipr.link_lookup(ifname=f"t{host}p{plane}")[0]
@@ -184,7 +185,7 @@ class Testbed:
     def _host(self, host: int) -> Iterator[Any]:
         from pyroute2 import IPRoute
 
-        with IPRoute(netns=self.hosts[host]) as ipr:
+        with IPRoute(netns=self.hosts[host], flags=0) as ipr:
             yield ipr
 
     def set_link(self, host: int, plane: int, up: bool) -> None:
@@ -279,16 +280,17 @@ class Testbed:
             args=(self.hosts[host_a], self.hosts[host_b], ifname, child),
             daemon=True,
         )
-        process.start()
+        with held_signals():  # a wire started is a wire recorded (teardown stops it)
+            process.start()
+            self._wire_of[host_a, host_b, plane] = len(self._wires)
+            self._wires.append((process, parent))
         child.close()
-        self._wire_of[host_a, host_b, plane] = len(self._wires)
-        self._wires.append((process, parent))
         if not parent.poll(10) or parent.recv() != "ready":
             raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not start")
         for here, there in ((host_a, host_b), (host_b, host_a)):
             if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
                 continue
-            with IPRoute(netns=self.hosts[here]) as ipr:
+            with IPRoute(netns=self.hosts[here], flags=0) as ipr:
                 index = ipr.link_lookup(ifname=ifname)[0]
                 ipr.link("set", index=index, state="up")
                 self._route_wire(ipr, index, here, there, plane)

@@ -112,7 +112,7 @@ class _Direction:
 def _open_tap(namespace: str, ifname: str) -> int:
     from pyroute2 import netns
 
-    netns.setns(namespace)
+    netns.setns(namespace, flags=0)  # never made anew: it may be gone (a teardown)
     fd = os.open("/dev/net/tun", os.O_RDWR)
     fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", ifname.encode(), _IFF_TAP | _IFF_NO_PI))
     return fd

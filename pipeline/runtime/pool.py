@@ -37,6 +37,7 @@ from pipeline.runtime.remote_error import (
 )
 from pipeline.runtime.transport import DelegateFactory
 from pipeline.runtime.worker import worker_main
+from pipeline.signals import held_signals
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Position, Topology
 
@@ -148,7 +149,8 @@ class WorkerPool:
                     self.num_delegates,
                     self._slot_dir,
                 )
-                self._processes.append(self._launch(rank, worker_main, args))
+                with held_signals():  # a worker started is a worker recorded (close ends it)
+                    self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
                 child.close()
             limit_s = max(START_UP_S, START_UP_PER_RANK_S * self.num_ranks)

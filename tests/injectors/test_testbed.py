@@ -232,3 +232,25 @@ def test_a_wire_caps_one_direction() -> None:
         capped = _measure(bed, 0, 1, 0, "2")
         reverse = _measure(bed, 1, 0, 0, "2")
     assert capped <= 42.0 and reverse > 2 * capped, (capped, reverse)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "from injectors.testbed import _enter_and_run; _enter_and_run(NAME, 'rnic0', print, ())",
+        "from injectors.wire import _open_tap; _open_tap(NAME, 'w0')",
+    ],
+    ids=["worker", "wire"],
+)
+def test_a_process_late_into_a_removed_host_fails_and_makes_no_namespace(entry: str) -> None:
+    """A worker or wire that a teardown overtook (a signal mid-start) finds its host gone and
+    ends; it once made the namespace anew (pyroute2's default) and waited there, leaving it."""
+    with Testbed(1) as bed:
+        name = bed.hosts[0]
+    code = f"NAME = {name!r}\n{entry}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    if name in left:  # the failure this test is for: undo it
+        subprocess.run(["ip", "netns", "delete", name], check=True)
+    assert out.returncode == 1 and "FileNotFoundError" in out.stderr
+    assert name not in left

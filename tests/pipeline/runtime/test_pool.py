@@ -29,6 +29,7 @@ from pipeline.runtime import (
     WorkerPool,
     WorkerTimeout,
 )
+from pipeline.runtime.hooks import local_launch
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Topology
@@ -303,6 +304,40 @@ def test_a_worker_that_cannot_start_says_so() -> None:
     assert remote is not None and remote.iteration is None and remote.op is None
     assert remote.type_name == "builtins.ValueError"
     assert "in setup" in remote.traceback_text
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def test_a_signal_while_a_worker_starts_still_ends_that_worker() -> None:
+    """A shutdown signal inside a launch (a fork server slow to answer, under load) is handled
+    once the started worker is recorded, so the unwinding pool stops it: left running, it
+    waited out its rendezvous holding the controller's stderr (and on a testbed made its
+    removed namespace anew)."""
+    started = []
+
+    def launch(rank: int, target, args):  # type: ignore[no-untyped-def]
+        process = local_launch(rank, target, args)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGHUP)  # its handler would run here, before the return
+        return process
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGHUP, interrupt)
+    try:
+        with pytest.raises(_Interrupted):
+            WorkerPool(2, launch=launch, timeout_s=20).start()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        alive = [process for process in started if process.is_alive()]
+        for process in alive:
+            process.kill()
+            process.join()
+    assert len(started) == 1  # the signal came in the first launch, and ended the start
+    assert not alive and started[0].exitcode is not None
 
 
 def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> None:
