@@ -1,9 +1,12 @@
 """Adaptra's controller as the paper evaluates it when the straggler is known: an oracle.
 
-It reads the fault model's view (what delay is in force on which PP link), never the
-measurements, and says so in its name. Where the delays in force change it plans Adaptra's
-schedule for them (each delay vector once), and it runs over the delegates once any link is
-slow (the direct path while none is). The detector-driven controller replaces it.
+It reads the fault model's view (what delay is in force on which PP link, whether a link or
+NIC has failed), never the measurements, and says so in its name. Where the delays in force
+change it plans Adaptra's schedule for them (each delay vector once), and it runs over the
+delegates while any link is slow or anything has failed (the delegates fail over to another
+NIC: adaptra.transport), the direct path otherwise. The detector-driven controller replaces
+it. Its iterations are the run's (warm-up included), as the engines'; the view counts from the
+first measured one (pipeline.faults.AfterWarmup).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Callable
 
 from adaptra.scheduler import plan_adaptra
 from pipeline.engines import Plan
-from pipeline.faults import FaultView
+from pipeline.faults import AfterWarmup, FaultView
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -34,13 +37,17 @@ class OracleController:
         profile: Profile,
         faults: FaultView,
         *,
+        num_warmup_iterations: int = 1,
         planner: Callable[[Profile], Schedule] = _adaptra_schedule,
         profile_for: Callable[[Schedule], Profile] | None = None,
     ) -> None:
-        """`profile`: the op times and static delays; `planner`: Adaptra's schedule for a
-        profile whose delays are those in force; `profile_for`: the op times a schedule runs
-        under (a cost model's fused or split times; default: `profile`'s)."""
-        self.profile, self.faults = profile, faults
+        """`profile`: the op times and static delays; `faults`: the run's view, counted from
+        its first measured iteration, as a fault timeline is; `num_warmup_iterations`: the
+        run's warm-up, healthy; `planner`: Adaptra's schedule for a profile whose delays are
+        those in force; `profile_for`: the op times a schedule runs under (a cost model's
+        fused or split times; default: `profile`'s)."""
+        self.profile = profile
+        self.faults: FaultView = AfterWarmup(faults, num_warmup_iterations)
         self._planner = planner
         self._profile_for = profile_for
         self._schedules: dict[tuple[float, ...], Schedule] = {}
@@ -58,7 +65,8 @@ class OracleController:
         if self._profile_for is not None:
             profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
             profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
-        comm = CommMode.DELEGATED if any(delays) else CommMode.DIRECT
+        failed = self.faults.has_failure(iteration, self.profile.topology)
+        comm = CommMode.DELEGATED if any(delays) or failed else CommMode.DIRECT
         return Plan(schedule, profile, comm)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:

@@ -164,7 +164,9 @@ def run(
         faults = timeline
     controller: Controller
     if system is not None:
-        controller = system_controller(system, profile, faults)
+        controller = system_controller(
+            system, profile, faults, num_warmup_iterations=warmup_iterations
+        )
         label, comm = system, SYSTEMS[system][1]
     else:
         comm = comm or "direct"

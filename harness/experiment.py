@@ -115,8 +115,11 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             with messages_writer(run_dir) as messages:
                 drawn = drawn_iterations(spec.num_iterations, starts)
                 recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
+                controller = controller_for(
+                    system, target, scenario, planner, spec.num_warmup_iterations
+                )
                 result = run_configuration(
-                    controller_for(system, target, scenario, planner),
+                    controller,
                     backend=spec.backend,
                     num_iterations=spec.num_iterations,
                     num_warmup_iterations=spec.num_warmup_iterations,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 from injectors.fault_model import Effect, InForce
-from injectors.testbed import Testbed, TestbedError
+from injectors.testbed import DATA_PLANES, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 from pipeline.engines import Capabilities, Engine, Outcome, Plan
 from pipeline.engines.base import Closing
@@ -165,13 +165,16 @@ class _NetworkEngine(Closing):
 
         self.bed, self.profile = bed, profile
         self._base = _base_states(profile)
-        addresses = tuple(bed.address(host) for host in range(profile.num_stages))
+        nics = range(len(DATA_PLANES))
+        addresses = tuple(
+            tuple(bed.address(host, plane) for plane in nics) for host in range(profile.num_stages)
+        )
         self._inner = emulated_engine(
             profile.num_stages,
             launch=bed.launcher(),
             timeout_s=timeout_s,
             on_start=self._start,
-            delegates=Delegates(addresses) if delegated else None,
+            delegates=Delegates(addresses, DATA_PLANES) if delegated else None,
         )
         self._wires: dict[_Pair, _Changes] = {}
         self._nics_down: set[tuple[int, int]] = set()

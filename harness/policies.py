@@ -135,13 +135,15 @@ def system_controller(
     profile: Profile,
     faults: FaultView = NO_FAULTS,
     *,
+    num_warmup_iterations: int = 1,
     planner: Planner = _planned,
     profile_for: Callable[[Schedule], Profile] | None = None,
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's oracle controller (it re-plans where the delays in force change), or for the
-    other systems their fixed plan. `profile_for`: the op times a schedule runs under (a
-    cost model's fused or split times)."""
+    other systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
+    iterations count and `faults` does not. `profile_for`: the op times a schedule runs
+    under (a cost model's fused or split times)."""
     policy, comm = resolve_system(system, profile)
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)
@@ -149,6 +151,7 @@ def system_controller(
         return OracleController(
             profile,
             faults,
+            num_warmup_iterations=num_warmup_iterations,
             planner=functools.partial(planner, policy),
             profile_for=profile_for,
         )

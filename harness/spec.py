@@ -334,13 +334,19 @@ def memoised_planner() -> Planner:
 
 
 def controller_for(
-    system: str, target: Target, scenario: Scenario, planner: Planner | None = None
+    system: str,
+    target: Target,
+    scenario: Scenario,
+    planner: Planner | None = None,
+    num_warmup_iterations: int = 1,
 ) -> Controller:
-    """What runs `system` on `target` in `scenario` (harness.policies.system_controller)."""
+    """What runs `system` on `target` in `scenario` (harness.policies.system_controller)
+    after `num_warmup_iterations`."""
     return system_controller(
         system,
         scenario.apply(target.profile),
         scenario.faults or NO_FAULTS,
+        num_warmup_iterations=num_warmup_iterations,
         planner=planner or memoised_planner(),
         profile_for=None if target.cost is None else target.cost.profile_for,
     )

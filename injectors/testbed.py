@@ -29,13 +29,15 @@ from injectors.wire import WireState, run_wire
 from pipeline.errors import AdaptraBenchError
 from pipeline.signals import held_signals
 
-__all__ = ["PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
+__all__ = ["DATA_PLANES", "PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "adb-"
 PLANES = ("rnic0", "rnic1", "mgmt")
 """Interfaces of every host; plane index p uses the subnet 10.(p+1).0.0/24."""
+DATA_PLANES = PLANES[:2]
+"""The data-plane NICs (pipeline.topology's `nics`): the management plane carries no data."""
 
 
 class TestbedError(AdaptraBenchError, RuntimeError):

@@ -15,16 +15,18 @@ from pipeline.ops import OpKind
 
 __all__ = [
     "SCHEMA_VERSION",
+    "FailoverRecord",
     "IterationRecord",
     "MessageRecord",
     "OpRecord",
     "Timeline",
 ]
 
-SCHEMA_VERSION = 4
-"""4: messages gained `wire_start_ms`, `copy_in_ms` and `carrier_pid` (the delegated path's
-steps). 3: messages gained `fault_ms`, iterations `pids`. 2: messages gained `needed_ms`, and the
-runtime's `arrival_ms` is the true arrival (in 1 it was when the consumer's wait returned)."""
+SCHEMA_VERSION = 5
+"""5: `failovers` (the delegates' moves to another NIC). 4: messages gained `wire_start_ms`,
+`copy_in_ms` and `carrier_pid` (the delegated path's steps). 3: messages gained `fault_ms`,
+iterations `pids`. 2: messages gained `needed_ms`, and the runtime's `arrival_ms` is the true
+arrival (in 1 it was when the consumer's wait returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -81,6 +83,25 @@ class MessageRecord(NamedTuple):
     simulator."""
 
 
+class FailoverRecord(NamedTuple):
+    """A sender delegate's move to another NIC (delegated runs, adaptra.transport): it noticed
+    the NIC it used fail at `noticed_ms` (by `cause`: "link state", "timeout" or "fault
+    hook"), and at `resumed_ms` its connection over `nic_to` had taken over, the messages
+    from `resume_seq` on (of the link direction's seqs; -1: none) sent again."""
+
+    iteration: int
+    link: str
+    direction: str
+    replica: int
+    cause: str
+    nic_from: str
+    nic_to: str
+    noticed_ms: float
+    resumed_ms: float
+    resume_seq: int
+    carrier_pid: int
+
+
 class IterationRecord(NamedTuple):
     """t = `start_ms` is when stage 0 may start its first op; `end_ms` ends the step too."""
 
@@ -99,6 +120,7 @@ class Timeline:
     ops: tuple[OpRecord, ...]
     messages: tuple[MessageRecord, ...]
     iterations: tuple[IterationRecord, ...]
+    failovers: tuple[FailoverRecord, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -107,6 +129,7 @@ class Timeline:
             "ops": [[*r[:2], r.kind.value, *r[3:]] for r in self.ops],
             "messages": [list(r) for r in self.messages],
             "iterations": [list(r) for r in self.iterations],
+            "failovers": [list(r) for r in self.failovers],
         }
 
     @classmethod
@@ -120,11 +143,14 @@ class Timeline:
         _check_rows("ops", ops, OpRecord._fields)
         _check_rows("messages", messages, MessageRecord._fields)
         _check_rows("iterations", iterations, IterationRecord._fields)
+        failovers = data.get("failovers", [])
+        _check_rows("failovers", failovers, FailoverRecord._fields)
         return cls(
             num_stages=data["num_stages"],
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
             messages=tuple(MessageRecord(*r) for r in messages),
             iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
+            failovers=tuple(FailoverRecord(*r) for r in failovers),
         )
 
     def moved(self, iteration: int, start_ms: float) -> Timeline:
@@ -157,6 +183,11 @@ class Timeline:
                 if r.iteration == iteration
             ),
             iterations=(bounds._replace(start_ms=0.0, end_ms=bounds.end_ms - t0),),
+            failovers=tuple(
+                r._replace(noticed_ms=r.noticed_ms - t0, resumed_ms=r.resumed_ms - t0)
+                for r in self.failovers
+                if r.iteration == iteration
+            ),
         )
 
     @classmethod
@@ -169,6 +200,7 @@ class Timeline:
             ops=tuple(r for part in parts for r in part.ops),
             messages=tuple(r for part in parts for r in part.messages),
             iterations=tuple(r for part in parts for r in part.iterations),
+            failovers=tuple(r for part in parts for r in part.failovers),
         )
 
 
@@ -201,6 +233,18 @@ class _Moved(Timeline):
         )
         object.__setattr__(self, "num_stages", source.num_stages)
         object.__setattr__(self, "iterations", (moved,))
+        object.__setattr__(
+            self,
+            "failovers",
+            tuple(
+                r._replace(
+                    iteration=iteration,
+                    noticed_ms=r.noticed_ms + shift,
+                    resumed_ms=r.resumed_ms + shift,
+                )
+                for r in source.failovers
+            ),
+        )
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_iteration", iteration)
         object.__setattr__(self, "_shift", shift)
@@ -237,7 +281,7 @@ class _Moved(Timeline):
         return self._made()[1]
 
     def _as_timeline(self) -> Timeline:
-        return Timeline(self.num_stages, self.ops, self.messages, self.iterations)
+        return Timeline(self.num_stages, self.ops, self.messages, self.iterations, self.failovers)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _Moved):
@@ -248,4 +292,7 @@ class _Moved(Timeline):
         return hash(self._as_timeline())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Timeline, (self.num_stages, self.ops, self.messages, self.iterations))
+        return (
+            Timeline,
+            (self.num_stages, self.ops, self.messages, self.iterations, self.failovers),
+        )

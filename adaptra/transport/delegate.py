@@ -1,19 +1,33 @@
 """A delegate: the light process that carries messages of one link direction for a trainer
 (the paper's CPU delegates, docs/paper.md). It imports nothing but the standard library (no
 torch: about 10 MB each) and is started by path (`python delegate.py ...`), so no package is
-imported either. It blocks on its pipe and its socket (select, recv, sendall: never a spin),
+imported either. It blocks on its pipe and its sockets (select, recv, sendall: never a spin),
 and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 - A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file) or
-  "message" (a slot's offset and size, and the delay the fault model puts on its wire). For a
-  message it waits the delay (the slow link delays the delegate, not the trainer), sends a
-  header and the slot's bytes to its receiver delegate over TCP, and acks the message on its
-  notify pipe with when it picked it up and when the wire took its last byte.
-- A receiver delegate listens, reports its port on its notify pipe, accepts its sender
-  delegate (both then report that they are ready), and receives each message straight into
-  the receiving trainer's slot file (the slot of its sequence number), then reports it with
-  when its last byte came in. "map" jobs on its pipe say which slot file and slot size the
-  coming messages use.
+  "message" (a slot's offset and size, the delay the fault model puts on its wire, and which
+  of the route's NICs the fault model says are down). For a message it waits the delay (the
+  slow link delays the delegate, not the trainer), sends a header and the slot's bytes to
+  its receiver delegate over TCP, and acks the message on its notify pipe with when it
+  picked it up and when the wire took its last byte.
+- A receiver delegate listens on each of its host's data-plane addresses (one port on all),
+  reports the port on its notify pipe, accepts its sender delegate (both then report that
+  they are ready), and receives each message straight into the receiving trainer's slot file
+  (the slot of its sequence number), then reports it with when its last byte came in. "map"
+  jobs on its pipe say which slot file and slot size the coming messages use.
+
+NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
+runs over one pair of them (the first, until one fails). The sender notices a failure by
+netlink (its own NIC's link going down: at once), by TCP's user timeout (data unacked for
+`timeout_ms`: the peer's NIC), or by the fault hook's word (a NIC the fault model has down:
+hook injection, no namespaces). It then drops the connection and connects over the next NIC
+it has not seen fail (never the management plane, never waiting for the failed one); the
+receiver answers the new connection's hello with the last message it got whole (its resume
+point) and drops the old connection with whatever part-message it held; the sender sends
+again, in order, each of the iteration's messages past that point. Messages are numbered (the
+iteration's seq): nothing is sent twice in normal operation, and a receiver drops anything at
+or before its resume point, so every message arrives once. The sender notes the failover
+(when noticed, why, which NICs, the first seq sent again, when that went).
 
 Records on the pipes are fixed-size structs (below), each written whole (under PIPE_BUF).
 """
@@ -21,6 +35,7 @@ Records on the pipes are fixed-size structs (below), each written whole (under P
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import selectors
@@ -29,20 +44,39 @@ import socket
 import struct
 import sys
 import time
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-JOB = struct.Struct("<iqiiqqd96s")
+JOB = struct.Struct("<iqiiqqdI96s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
-fault_ms, slot file path (map)."""
+fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
 HEADER = struct.Struct("<qiiq")
-"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes."""
+"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes. A hello (a
+sender's first words on a connection) is (-1, NIC index, -1, HELLO)."""
+RESUME = struct.Struct("<qi")
+"""A receiver's answer to a hello: the iteration and seq of the last message it got whole
+((-1, -1): none yet)."""
 NOTE = struct.Struct("<iqiiqqddi")
-"""kind, iteration, microbatch, seq, offset or port, nbytes, time 1, time 2, pid."""
+"""kind, iteration, microbatch (FAILOVER: its cause), seq (FAILOVER: the first seq sent again,
+-1 if none), offset or port (FAILOVER: the NIC left), nbytes (FAILOVER: the NIC taken), time 1
+(FAILOVER: noticed), time 2 (FAILOVER: the connection taken over, after what it sent again),
+pid."""
 
 MAP, MESSAGE = 1, 2
-PORT, READY, SENT, ARRIVED, FAILED = 1, 2, 3, 4, 5
+PORT, READY, SENT, ARRIVED, FAILED, FAILOVER = 1, 2, 3, 4, 5, 6
+HELLO = -1
+BY_LINK_STATE, BY_TIMEOUT, BY_FAULT_HOOK = 1, 2, 3
+"""Why a sender failed over: netlink said its NIC went down; the connection broke or timed
+out (TCP's user timeout: the peer's NIC); the fault hook has the route down."""
+
+CONNECT_TIMEOUT_S = 5.0
+"""How long a connect and its hello may take on a NIC before that NIC counts as failed too."""
 
 _PR_SET_PDEATHSIG = 1
+_TCP_USER_TIMEOUT = 18  # linux/tcp.h
+_RTMGRP_LINK, _RTM_NEWLINK = 1, 16
+_IFF_UP, _IFF_RUNNING = 0x1, 0x40
+_NLMSG = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+_IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 
 
 def _die_with_parent(parent: int) -> None:
@@ -82,6 +116,10 @@ class _SlotFile:
             self.path, self.view = path, memoryview(self._map)
         self.slot_bytes = slot_bytes
 
+    def map_job(self, job: tuple) -> None:  # type: ignore[type-arg]
+        _, _, _, _, slot_bytes, size, _, _, path = job
+        self.map(path.rstrip(b"\0").decode(), size, slot_bytes)
+
 
 def _note(fd: int, *fields: object) -> None:
     os.write(fd, NOTE.pack(*fields))
@@ -89,41 +127,46 @@ def _note(fd: int, *fields: object) -> None:
 
 class Wire(Protocol):
     """What carries messages from a sender delegate to its receiver delegate: the
-    implementation here is TCP (`TcpWire`); an RDMA one (pyverbs) would fit the same four
-    calls, and none is written: no RDMA device exists where this runs (`adaptra-bench
-    doctor`)."""
+    implementation here is TCP (`TcpWire`); an RDMA one (pyverbs) would fit the same calls,
+    and none is written: no RDMA device exists where this runs (`adaptra-bench doctor`)."""
 
     def fileno(self) -> int:
-        """What a select waits on for the next message."""
+        """What a select waits on (the sender: only for the connection's failure)."""
         ...
 
     def send(self, header: bytes, payload: memoryview) -> None: ...
 
-    def receive(self, size: int) -> bytes:
-        """The next `size` bytes; fewer only if the other side has gone."""
+    def receive_into(self, target: memoryview) -> int:
+        """Some of `target`'s bytes, as many as are in (at least one); 0 if the other side
+        closed; OSError if the connection broke."""
         ...
 
-    def receive_into(self, target: memoryview) -> bool:
-        """Fill `target`; False if the other side went first."""
+    def abandon(self) -> None:
+        """Drop the connection at once (a reset: nothing queued is sent)."""
         ...
 
 
 class TcpWire:
     """A TCP connection (no Nagle: a header must not wait for its payload)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, timeout_ms: int = 0) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if timeout_ms:  # data unacked this long breaks the connection (ETIMEDOUT)
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, timeout_ms)
         self._sock = sock
 
     @classmethod
-    def connect(cls, host: str, port: int) -> TcpWire:
-        return cls(socket.create_connection((host, port)))
-
-    @classmethod
-    def accept(cls, listener: socket.socket) -> TcpWire:
-        sock, _ = listener.accept()
-        listener.close()
-        return cls(sock)
+    def connect(cls, source: str, host: str, port: int, timeout_ms: int) -> TcpWire:
+        """From the NIC with address `source` to `host`:`port`."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.bind((source, 0))
+            sock.connect((host, port))
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock, timeout_ms)
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -132,92 +175,340 @@ class TcpWire:
         self._sock.sendall(header)
         self._sock.sendall(payload)
 
-    def receive(self, size: int) -> bytes:
-        return self._sock.recv(size, socket.MSG_WAITALL)
+    def receive_exactly(self, size: int) -> bytes:
+        """`size` bytes (the socket's timeout applies); ConnectionError if it closes first."""
+        data = self._sock.recv(size, socket.MSG_WAITALL)
+        if len(data) < size:
+            raise ConnectionError("the connection closed")
+        return data
 
-    def receive_into(self, target: memoryview) -> bool:
-        got = 0
-        while got < len(target):
-            with target[got:] as rest:
-                count = self._sock.recv_into(rest)
-            if count == 0:
-                return False
-            got += count
-        return True
+    def receive_into(self, target: memoryview) -> int:
+        return self._sock.recv_into(target)
+
+    def peek(self) -> bytes:
+        """A byte that is in, left there; b"" if closed; BlockingIOError if none is."""
+        return self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+
+    def blocking(self, timeout_s: float | None) -> None:
+        self._sock.settimeout(timeout_s)
+
+    def abandon(self) -> None:
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._sock.close()
 
 
-def run_sender(control: int, notify: int, host: str, port: int) -> None:
+class _LinkWatch:
+    """Netlink's link events for this host (its namespace): which interfaces went down."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self._sock.bind((0, _RTMGRP_LINK))
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def read(self) -> tuple[set[int], set[int]]:
+        """(interface indices now down, now up) from the events waiting."""
+        down: set[int] = set()
+        up: set[int] = set()
+        data = self._sock.recv(65536)
+        while len(data) >= _NLMSG.size:
+            length, kind, _, _, _ = _NLMSG.unpack_from(data)
+            if length < _NLMSG.size:
+                break
+            if kind == _RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
+                _, _, index, flags, _ = _IFINFO.unpack_from(data, _NLMSG.size)
+                running = flags & _IFF_UP and flags & _IFF_RUNNING
+                (up if running else down).add(index)
+            data = data[(length + 3) & ~3 :]
+        return down, up
+
+
+class _Message(NamedTuple):
+    iteration: int
+    microbatch: int
+    seq: int
+    offset: int
+    nbytes: int
+
+
+class _Sender:
+    """A sender delegate's connection to its receiver, over one NIC at a time."""
+
+    def __init__(
+        self, port: int, peers: list[str], sources: list[str], ifnames: list[str], timeout_ms: int
+    ) -> None:
+        """NIC k: from this host's address `sources[k]` (interface `ifnames[k]`, watched by
+        netlink if named) to the receiver's `peers[k]`."""
+        self.port, self.peers, self.sources, self.timeout_ms = port, peers, sources, timeout_ms
+        self.indices = [socket.if_nametoindex(name) if name else 0 for name in ifnames]
+        self.active = 0
+        self.failed: set[int] = set()
+        """NICs seen to fail and not seen back."""
+        self.wire: TcpWire | None = None
+
+    def connect(self) -> tuple[int, int]:
+        """A connection over the first NIC that has not failed (each that cannot connect
+        fails too): the receiver's resume point. ConnectionError if none is left."""
+        for nic in range(len(self.peers)):
+            if nic in self.failed:
+                continue
+            try:
+                wire = TcpWire.connect(
+                    self.sources[nic], self.peers[nic], self.port, self.timeout_ms
+                )
+                wire.send(HEADER.pack(-1, nic, -1, HELLO), memoryview(b""))
+                resume = RESUME.unpack(wire.receive_exactly(RESUME.size))
+            except OSError:
+                self.failed.add(nic)
+                continue
+            wire.blocking(None)
+            self.wire, self.active = wire, nic
+            return resume
+        raise ConnectionError("no data-plane NIC reaches the receiver")
+
+    def drop(self) -> None:
+        """The active NIC has failed: its connection dropped."""
+        self.failed.add(self.active)
+        if self.wire is not None:
+            self.wire.abandon()
+            self.wire = None
+
+
+def run_sender(
+    control: int,
+    notify: int,
+    port: int,
+    timeout_ms: int,
+    peers: list[str],
+    sources: list[str],
+    ifnames: list[str],
+) -> None:
     slots = _SlotFile()
-    wire: Wire = TcpWire.connect(host, port)
+    link = _Sender(port, peers, sources, ifnames, timeout_ms)
+    link.connect()
     pid = os.getpid()
     _note(notify, READY, 0, 0, 0, port, 0, 0.0, 0.0, pid)
-    while True:
-        try:
-            kind, iteration, microbatch, seq, offset, nbytes, fault_ms, path = JOB.unpack(
-                _read_exactly(control, JOB.size)
-            )
-        except EOFError:  # the trainer closed its end: the run is over
-            return
-        if kind == MAP:
-            slots.map(path.rstrip(b"\0").decode(), nbytes, offset)
-            continue
-        picked_s = time.monotonic()
-        if fault_ms > 0:
-            time.sleep(fault_ms / 1000.0)
-        with slots.view[offset : offset + nbytes] as payload:  # released: remappable
-            wire.send(HEADER.pack(iteration, microbatch, seq, nbytes), payload)
-        _note(
-            notify,
-            SENT,
-            iteration,
-            microbatch,
-            seq,
-            offset,
-            nbytes,
-            picked_s,
-            time.monotonic(),
-            pid,
-        )
+    watch = _LinkWatch() if any(link.indices) else None
+    retained: list[_Message] = []
+    """This iteration's messages so far, to send again after a failover (an iteration's
+    messages all have their slots, and the next begins only once all arrived)."""
 
+    def send(message: _Message) -> None:
+        assert link.wire is not None
+        with slots.view[message.offset : message.offset + message.nbytes] as payload:
+            header = HEADER.pack(message.iteration, message.microbatch, message.seq, message.nbytes)
+            link.wire.send(header, payload)  # released after: remappable
 
-def run_receiver(control: int, notify: int, host: str) -> None:
-    slots = _SlotFile()
-    listener = socket.create_server((host, 0))
-    pid = os.getpid()
-    _note(notify, PORT, 0, 0, 0, listener.getsockname()[1], 0, 0.0, 0.0, pid)
-    wire: Wire = TcpWire.accept(listener)
-    _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
+    def fail_over(cause: int) -> None:
+        noticed_s, left = time.monotonic(), link.active
+        link.drop()
+        while True:
+            try:
+                resume = link.connect()
+            except ConnectionError:  # every NIC has failed: the trainer is told, and ends it
+                _note(notify, FAILED, 0, 0, 0, 0, 0, noticed_s, time.monotonic(), pid)
+                raise
+            again = [m for m in retained if (m.iteration, m.seq) > resume]
+            try:
+                for message in again:
+                    send(message)
+            except OSError:
+                link.drop()
+                continue
+            break
+        first_seq = again[0].seq if again else -1
+        iteration = retained[-1].iteration if retained else -1
+        _note(notify, FAILOVER, iteration, cause, first_seq, left, link.active, noticed_s,
+              time.monotonic(), pid)  # fmt: skip
+
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
-    selector.register(wire.fileno(), selectors.EVENT_READ)
+    if watch is not None:
+        selector.register(watch.fileno(), selectors.EVENT_READ)
+    watched = link.wire
+    assert watched is not None
+    watched_fd = watched.fileno()
+    selector.register(watched_fd, selectors.EVENT_READ)
+    while True:
+        if link.wire is not watched:  # a failover: watch the new connection
+            selector.unregister(watched_fd)  # by number: the old socket is closed
+            watched = link.wire
+            assert watched is not None
+            watched_fd = watched.fileno()
+            selector.register(watched_fd, selectors.EVENT_READ)
+        for key, _ in selector.select():
+            if link.wire is not watched:
+                break  # the rest of these events may be of the old connection
+            if key.fd == control:
+                try:
+                    job = JOB.unpack(_read_exactly(control, JOB.size))
+                except EOFError:  # the trainer closed its end: the run is over
+                    return
+                kind, iteration, microbatch, seq, offset, nbytes, fault_ms, down, _ = job
+                if kind == MAP:
+                    slots.map_job(job)
+                    continue
+                picked_s = time.monotonic()
+                if retained and retained[-1].iteration != iteration:
+                    retained.clear()
+                message = _Message(iteration, microbatch, seq, offset, nbytes)
+                retained.append(message)
+                if fault_ms > 0:
+                    time.sleep(fault_ms / 1000.0)
+                if down >> link.active & 1:
+                    fail_over(BY_FAULT_HOOK)  # sends it too
+                else:
+                    try:
+                        send(message)
+                    except OSError:
+                        fail_over(BY_TIMEOUT)
+                _note(notify, SENT, iteration, microbatch, seq, offset, nbytes, picked_s,
+                      time.monotonic(), pid)  # fmt: skip
+            elif watch is not None and key.fd == watch.fileno():
+                went_down, came_up = watch.read()
+                link.failed -= {k for k, i in enumerate(link.indices) if i in came_up}
+                if link.indices[link.active] in went_down:
+                    fail_over(BY_LINK_STATE)
+            elif key.fd == watched_fd:
+                # The receiver never speaks after its resume point: this is a reset, a
+                # timeout or its end.
+                try:
+                    closed = not watched.peek()
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    closed = False
+                if closed and _control_closed(control):
+                    return  # the run is over: the receiving trainer closed first
+                fail_over(BY_TIMEOUT)
+
+
+class _Inbox:
+    """A receiver's connection and the message it is reading from it."""
+
+    def __init__(self, wire: TcpWire) -> None:
+        self.wire = wire
+        self.header = bytearray(HEADER.size)
+        self.got = 0
+        """Bytes in of the header, then of the payload."""
+        self.message: tuple[int, int, int, int] | None = None
+        """(iteration, microbatch, seq, nbytes) once its header is in."""
+
+
+def _listen(addresses: list[str]) -> list[socket.socket]:
+    """A listener on each address, all on one port (a few tries for a port free on all)."""
+    for _ in range(20):
+        first = socket.create_server((addresses[0], 0))
+        port = first.getsockname()[1]
+        listeners = [first]
+        try:
+            listeners += [socket.create_server((address, port)) for address in addresses[1:]]
+        except OSError as err:
+            for listener in listeners:
+                listener.close()
+            if err.errno != errno.EADDRINUSE:
+                raise
+            continue
+        return listeners
+    raise OSError(errno.EADDRINUSE, "no port free on every data-plane address")
+
+
+def run_receiver(control: int, notify: int, addresses: list[str]) -> None:
+    slots = _SlotFile()
+    listeners = _listen(addresses)
+    pid = os.getpid()
+    _note(notify, PORT, 0, 0, 0, listeners[0].getsockname()[1], 0, 0.0, 0.0, pid)
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ)
+    for listener in listeners:
+        selector.register(listener, selectors.EVENT_READ)
+    last = (-1, -1)
+    """The iteration and seq of the last message in whole (the resume point)."""
+    inbox: _Inbox | None = None
+    ready = False
+
+    def map_from_control() -> bool:
+        try:
+            slots.map_job(JOB.unpack(_read_exactly(control, JOB.size)))
+        except EOFError:
+            return False
+        return True
+
     while True:
         for key, _ in selector.select():
             if key.fileobj == control:
-                try:
-                    _, _, _, _, slot_bytes, size, _, path = JOB.unpack(
-                        _read_exactly(control, JOB.size)
-                    )
-                except EOFError:
+                if not map_from_control():
                     return
-                slots.map(path.rstrip(b"\0").decode(), size, slot_bytes)
-                continue
-            header = wire.receive(HEADER.size)
-            if len(header) < HEADER.size:  # the sender delegate is gone
-                if header or not _control_closed(control):
-                    _note(notify, FAILED, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
-                return
-            iteration, microbatch, seq, nbytes = HEADER.unpack(header)
-            while slots.slot_bytes < nbytes:  # its slot file is on the way: wait for it
-                _, _, _, _, slot_bytes, size, _, path = JOB.unpack(_read_exactly(control, JOB.size))
-                slots.map(path.rstrip(b"\0").decode(), size, slot_bytes)
-            offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
-            with slots.view[offset : offset + nbytes] as target:  # released: remappable
-                whole = wire.receive_into(target)
-            if not whole:
-                _note(notify, FAILED, iteration, microbatch, seq, 0, 0, 0.0, 0.0, pid)
-                return
-            arrived_s = time.monotonic()
-            _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
+            elif key.fileobj in listeners:
+                sock, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                wire = TcpWire(sock)
+                try:
+                    wire.blocking(CONNECT_TIMEOUT_S)
+                    _, _, _, hello = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    if hello != HELLO:
+                        raise ConnectionError("a connection without a hello")
+                    sock.sendall(RESUME.pack(*last))
+                    wire.blocking(None)
+                except OSError:
+                    sock.close()
+                    continue
+                if inbox is not None:  # the sender moved: the old connection is dead
+                    selector.unregister(inbox.wire.fileno())
+                    inbox.wire.abandon()
+                inbox = _Inbox(wire)
+                selector.register(wire.fileno(), selectors.EVENT_READ)
+                if not ready:
+                    _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
+                    ready = True
+            elif inbox is not None and key.fd == inbox.wire.fileno():
+                if inbox.message is None:
+                    with memoryview(inbox.header)[inbox.got :] as rest:
+                        count = _receive(inbox.wire, rest)
+                else:
+                    iteration, microbatch, seq, nbytes = inbox.message
+                    offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
+                    start = offset + inbox.got
+                    with slots.view[start : offset + nbytes] as rest:  # released: remappable
+                        count = _receive(inbox.wire, rest)
+                if count is None:  # broken (reset, timeout): its sender fails over to us
+                    selector.unregister(inbox.wire.fileno())
+                    inbox.wire.abandon()
+                    inbox = None
+                    continue
+                if count == 0:  # closed: the sender delegate is gone
+                    if inbox.got or inbox.message or not _control_closed(control):
+                        _note(notify, FAILED, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
+                    return
+                inbox.got += count
+                if inbox.message is None:
+                    if inbox.got < HEADER.size:
+                        continue
+                    inbox.message = HEADER.unpack(inbox.header)
+                    inbox.got = 0
+                    while slots.slot_bytes < inbox.message[3]:  # its slot file is on the way
+                        if not map_from_control():
+                            return
+                    if inbox.message[3] > 0:
+                        continue
+                iteration, microbatch, seq, nbytes = inbox.message
+                if inbox.got < nbytes:
+                    continue
+                inbox.message, inbox.got = None, 0
+                if (iteration, seq) <= last:  # sent again after a failover, and in already
+                    continue
+                last = (iteration, seq)
+                offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
+                _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes,
+                      time.monotonic(), 0.0, pid)  # fmt: skip
+
+
+def _receive(wire: TcpWire, target: memoryview) -> int | None:
+    """What `wire.receive_into` got; None if the connection broke."""
+    try:
+        return wire.receive_into(target)
+    except OSError:
+        return None
 
 
 def _control_closed(control: int) -> bool:
@@ -229,14 +520,19 @@ def _control_closed(control: int) -> bool:
 
 
 def main(argv: list[str]) -> None:
+    """argv: role, the trainer's pid, the job pipe, the notify pipe, then for "send": the
+    receiver's port, the user timeout (ms), and per NIC (comma-separated): the receiver's
+    addresses, this host's, this host's interface names (empty: not watched); for "recv":
+    this host's data-plane addresses."""
     role, parent, control, notify = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
     try:
         if role == "send":
-            run_sender(control, notify, argv[4], int(argv[5]))
+            peers, sources, ifnames = (argv[k].split(",") for k in (6, 7, 8))
+            run_sender(control, notify, int(argv[4]), int(argv[5]), peers, sources, ifnames)
         else:
-            run_receiver(control, notify, argv[4])
+            run_receiver(control, notify, argv[4].split(","))
     except (BrokenPipeError, ConnectionError):
         pass  # the other side is gone; whoever waits on this delegate hears it from its peer
     finally:

@@ -9,6 +9,10 @@ A receive is the receiver delegate's report that the message is in the receiving
 slot (with when its last byte came), then the copy from the slot into the op's input buffer
 (the paper's copy to the device). Slots are those of the message's sequence number: an
 iteration's messages all have one, and iterations never overlap.
+
+Each host has data-plane NICs (`Delegates.addresses`, one address per NIC), and each delegate
+pair talks over one of them at a time: when it fails, the sender delegate moves to the next
+(delegate.py, "NIC failover"), and its trainer learns it as a `Failover`.
 """
 
 from __future__ import annotations
@@ -21,14 +25,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from adaptra.transport.delegate import (
     ARRIVED,
+    BY_FAULT_HOOK,
+    BY_LINK_STATE,
+    BY_TIMEOUT,
     FAILED,
+    FAILOVER,
     JOB,
     MAP,
     MESSAGE,
@@ -37,9 +44,11 @@ from adaptra.transport.delegate import (
     READY,
     SENT,
 )
+from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import (
     Arrival,
     DelegateSetup,
+    Failover,
     LinkDirection,
     Message,
     PendingReceive,
@@ -53,21 +62,39 @@ DELEGATE_FILE = Path(__file__).with_name("delegate.py")
 _POLL_S = 0.2
 """How often a wait on delegates looks whether they are still alive."""
 
+LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
+"""Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
+
+CAUSES = {BY_LINK_STATE: "link state", BY_TIMEOUT: "timeout", BY_FAULT_HOOK: "fault hook"}
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Delegates:
     """The factory the worker pool calls in every worker (picklable)."""
 
-    addresses: tuple[str, ...] = ()
-    """Each rank's data-plane address (a testbed host's NIC, pipeline.topology's host of the
-    rank): its receiver delegates listen there and its neighbours' sender delegates connect
-    to it, so delegate traffic crosses that NIC and its wires. Empty: loopback for all."""
+    addresses: tuple[tuple[str, ...], ...] = ()
+    """Each rank's data-plane addresses, one per NIC (a testbed host's NICs: pipeline.topology's
+    host of the rank): its receiver delegates listen on all, its neighbours' sender delegates
+    connect to the first that works, so delegate traffic crosses that NIC and its wires.
+    Empty: `LOOPBACK_NICS` for all."""
+    ifnames: tuple[str, ...] = ()
+    """The NICs' interface names, the same on every host, whose link state the senders watch
+    (netlink); empty: none watched (loopback)."""
+    timeout_ms: int = 2000
+    """TCP's user timeout on the delegates' connections: data unacked this long means the
+    far NIC failed. Above any delay the links put on a message's acks."""
 
-    def address(self, rank: int) -> str:
-        return self.addresses[rank] if self.addresses else "127.0.0.1"
+    def __post_init__(self) -> None:
+        if any(len(nics) != len(self.nics(0)) for nics in self.addresses) or (
+            self.ifnames and len(self.ifnames) != len(self.nics(0))
+        ):
+            raise ValueError("every rank needs one address per NIC, and one name per NIC")
+
+    def nics(self, rank: int) -> tuple[str, ...]:
+        return self.addresses[rank] if self.addresses else LOOPBACK_NICS
 
     def connect(self, setup: DelegateSetup) -> DelegateTransport:
-        return DelegateTransport(setup, self.address)
+        return DelegateTransport(setup, self)
 
 
 class _SlotFile:
@@ -110,7 +137,7 @@ class _SlotFile:
         )
 
     def map_job(self) -> bytes:
-        return JOB.pack(MAP, 0, 0, 0, self.slot_bytes, self.size, 0.0, self.path.encode())
+        return JOB.pack(MAP, 0, 0, 0, self.slot_bytes, self.size, 0.0, 0, self.path.encode())
 
     def close(self) -> None:
         if self._map is not None:
@@ -141,6 +168,9 @@ class _Process:
             f"{self.process.pid}) of link "
             f"{self.direction.link} ({self.direction.direction})"
         )
+
+    def __str__(self) -> str:
+        return self.name
 
     def write(self, job: bytes) -> None:
         """Hand it a job; ConnectionError naming it if it is gone."""
@@ -209,18 +239,25 @@ class _Side:
 class _Outbound(_Side):
     """The sender delegates of one link direction this trainer sends on."""
 
-    def __init__(self, direction: LinkDirection, ports: list[int], host: str, folder: str) -> None:
-        """`host`: the receiving side's address, where `ports` listen; `folder`: where its
-        slot file goes."""
+    def __init__(
+        self, direction: LinkDirection, ports: list[int], args: list[str], folder: str
+    ) -> None:
+        """`ports`: where the receiving side's delegates listen; `args`: what every sender
+        delegate is told after its port (delegate.py's `main`); `folder`: where its slot
+        file goes."""
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
-            [_Process("send", k, direction, [host, str(port)]) for k, port in enumerate(ports)],
+            [_Process("send", k, direction, [str(port), *args]) for k, port in enumerate(ports)],
         )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
+        self.failovers: list[Failover] = []
+        """Its delegates' moves to another NIC, noted and not yet taken."""
 
-    def send(self, message: Message, payload: torch.Tensor, fault_ms: float) -> None:
+    def send(
+        self, message: Message, payload: torch.Tensor, fault_ms: float, route_down: bool
+    ) -> None:
         delegate = self.delegate_of(message.seq)
         delegate.check_alive()
         nbytes = payload.numel() * payload.element_size()
@@ -228,7 +265,7 @@ class _Outbound(_Side):
         self.slots.tensor(offset, payload).copy_(payload.detach().reshape(-1))
         job = JOB.pack(
             MESSAGE, message.iteration, message.microbatch, message.seq, offset, nbytes,
-            fault_ms, b"",
+            fault_ms, int(route_down), b"",
         )  # fmt: skip
         delegate.write(job)
         self.pending.append(message.seq)
@@ -239,10 +276,21 @@ class _Outbound(_Side):
         deadline = time.monotonic() + timeout_s
         for seq in sorted(self.pending):
             delegate = self.delegate_of(seq)
-            kind, it, microbatch, got, _, _, picked_s, _, pid = _read_note(delegate, deadline)
+            while True:
+                kind, it, microbatch, got, left, took, t1, t2, pid = _read_note(delegate, deadline)
+                if kind == FAILED:
+                    raise LinkFailure(
+                        f"the {delegate} could not reach its receiver over any NIC: link "
+                        f"{self.direction.link} ({self.direction.direction}) has failed"
+                    )
+                if kind != FAILOVER:
+                    break
+                self.failovers.append(
+                    Failover(self.direction, it, CAUSES[microbatch], left, took, t1, t2, got, pid)
+                )
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
-            records.append(WireRecord(self.direction, microbatch, picked_s, pid))
+            records.append(WireRecord(self.direction, microbatch, t1, pid))
         self.pending.clear()
         return records
 
@@ -259,14 +307,19 @@ class _Inbound(_Side):
     """The receiver delegates of one link direction this trainer receives on."""
 
     def __init__(
-        self, direction: LinkDirection, peer: int, num_delegates: int, host: str, folder: str
+        self,
+        direction: LinkDirection,
+        peer: int,
+        num_delegates: int,
+        nics: tuple[str, ...],
+        folder: str,
     ):
-        """`host`: this side's address, where its delegates listen; `folder`: where its slot
+        """`nics`: this side's addresses, where its delegates listen; `folder`: where its slot
         file goes."""
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
-            [_Process("recv", k, direction, [host]) for k in range(num_delegates)],
+            [_Process("recv", k, direction, [",".join(nics)]) for k in range(num_delegates)],
         )
         self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
@@ -303,6 +356,8 @@ class _Inbound(_Side):
                     "its connection closed"
                 )
             if kind == ARRIVED:
+                if (iteration, seq) in self.arrived:
+                    raise ConnectionError(f"the {delegate.name} had message {seq} twice")
                 self.arrived[iteration, seq] = (offset, arrived_s)
         offset, arrived_s = self.arrived.pop(key)
         copy_start = time.monotonic()
@@ -313,13 +368,12 @@ class _Inbound(_Side):
 class DelegateTransport:
     """A trainer's delegated link directions (the runtime's `DelegatedLinks`)."""
 
-    def __init__(self, setup: DelegateSetup, address: Callable[[int], str]) -> None:
-        """`address`: a rank's data-plane address."""
+    def __init__(self, setup: DelegateSetup, delegates: Delegates) -> None:
         self._outbound: dict[LinkDirection, _Outbound] = {}
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
         try:
-            here = address(setup.rank)
+            here = delegates.nics(setup.rank)
             for direction, peer in setup.inbound:
                 self._inbound[direction] = _Inbound(
                     direction, peer, setup.num_delegates, here, setup.slot_dir
@@ -327,9 +381,10 @@ class DelegateTransport:
             mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
             theirs = setup.exchange(mine)
             for direction, peer in setup.outbound:
-                there = address(peer)
+                args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), ",".join(here)]
+                args.append(",".join(delegates.ifnames) or ",".join("" for _ in here))
                 self._outbound[direction] = _Outbound(
-                    direction, theirs[direction], there, setup.slot_dir
+                    direction, theirs[direction], args, setup.slot_dir
                 )
             self._wait_ready(setup.timeout_s)
         except BaseException:
@@ -367,15 +422,26 @@ class DelegateTransport:
         return _DelegatedReceive(self._inbound[direction], message, buffer)
 
     def send(
-        self, direction: LinkDirection, message: Message, payload: torch.Tensor, fault_ms: float
+        self,
+        direction: LinkDirection,
+        message: Message,
+        payload: torch.Tensor,
+        fault_ms: float,
+        route_down: bool = False,
     ) -> None:
-        self._outbound[direction].send(message, payload, fault_ms)
+        self._outbound[direction].send(message, payload, fault_ms, route_down)
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:
         records: list[WireRecord] = []
         for outbound in self._outbound.values():
             records += outbound.finish(iteration, self.timeout_s)
         return records
+
+    def take_failovers(self) -> list[Failover]:
+        taken = [f for outbound in self._outbound.values() for f in outbound.failovers]
+        for outbound in self._outbound.values():
+            outbound.failovers = []
+        return sorted(taken, key=lambda f: f.noticed_s)
 
     def close(self) -> None:
         for side in self._sides().values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -12,6 +13,9 @@ from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import Schedule
 from pipeline.topology import Topology
+
+if TYPE_CHECKING:  # torch with it: the controller's side needs not import it for this
+    from pipeline.runtime.transport import Failover
 
 __all__ = ["COMMS", "IterationConfig", "RankResult", "StepOutput"]
 
@@ -98,3 +102,5 @@ class RankResult:
     step_end: float
     bytes_sent: int
     step_output: StepOutput = StepOutput()
+    failovers: list[Failover] = dataclasses.field(default_factory=list)
+    """Its sender delegates' moves to another NIC (delegated)."""

@@ -35,11 +35,11 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
-from pipeline.runtime.transport import DelegateFactory
+from pipeline.runtime.transport import DelegateFactory, Failover
 from pipeline.runtime.worker import worker_main
 from pipeline.signals import held_signals
-from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
-from pipeline.topology import Position, Topology
+from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
+from pipeline.topology import DEFAULT_NICS, Position, Topology
 
 __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
@@ -195,7 +195,10 @@ class WorkerPool:
         self.bytes_sent += sum(r.bytes_sent for r in results)
         self.last_results = results
         assert self._origin is not None
-        return assemble_timeline(self.num_stages, config.iteration, self._origin, start_at, results)
+        nics = DEFAULT_NICS if config.topology is None else config.topology.nics
+        return assemble_timeline(
+            self.num_stages, config.iteration, self._origin, start_at, results, nics
+        )
 
     def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
@@ -349,10 +352,16 @@ def _is_secondary(error: WorkerError) -> bool:
 
 
 def assemble_timeline(
-    num_stages: int, iteration: int, origin: float, start_at: float, results: list[RankResult]
+    num_stages: int,
+    iteration: int,
+    origin: float,
+    start_at: float,
+    results: list[RankResult],
+    nics: tuple[str, ...] = DEFAULT_NICS,
 ) -> Timeline:
     """One iteration's timeline from every rank's records; times in ms from `origin`, the
-    iteration starting at `start_at`. Every message sent must have been taken in by an op."""
+    iteration starting at `start_at`; `nics`: the hosts' data-plane NICs, by index. Every
+    message sent must have been taken in by an op."""
 
     def ms(t: float) -> float:
         return (t - origin) * 1000.0
@@ -404,7 +413,19 @@ def assemble_timeline(
         tuple(ops),
         tuple(messages),
         (IterationRecord(iteration, ms(start_at), step_end, step_end - end, _pids(results)),),
+        tuple(_failover_record(f, r.replica, nics, ms) for r in results for f in r.failovers),
     )
+
+
+def _failover_record(
+    failover: Failover, replica: int, nics: tuple[str, ...], ms: Callable[[float], float]
+) -> FailoverRecord:
+    f = failover
+    return FailoverRecord(
+        f.iteration, f.direction.link, f.direction.direction, replica, f.cause,
+        nics[f.nic_from], nics[f.nic_to], ms(f.noticed_s), ms(f.resumed_s), f.resume_seq,
+        f.carrier_pid,
+    )  # fmt: skip
 
 
 def _pids(results: list[RankResult]) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ __all__ = [
     "DelegateSetup",
     "DelegatedLinks",
     "DirectTransport",
+    "Failover",
     "LinkDirection",
     "Message",
     "PendingReceive",
@@ -138,6 +139,28 @@ class WireRecord(NamedTuple):
     """The delegate process that carried it."""
 
 
+class Failover(NamedTuple):
+    """A sender delegate's move to another NIC, as its trainer learns it."""
+
+    direction: LinkDirection
+    iteration: int
+    """The iteration whose messages it was carrying (-1: before any)."""
+    cause: str
+    """What noticed the failure: "link state" (netlink: its own NIC went down), "timeout"
+    (its connection broke or its data went unacked: the far NIC), "fault hook" (the fault
+    model has the route down: hook injection)."""
+    nic_from: int
+    """The NIC it left, by index among the host's data-plane NICs (pipeline.topology)."""
+    nic_to: int
+    noticed_s: float
+    resumed_s: float
+    """When the new connection had taken over: connected, agreed the resume point, and sent
+    again what the receiver lacked."""
+    resume_seq: int
+    """The first seq it sent again (-1: the receiver had everything)."""
+    carrier_pid: int
+
+
 @dataclasses.dataclass(frozen=True)
 class DelegateSetup:
     """What a worker's delegates need at start-up: the link directions it sends and receives
@@ -173,14 +196,24 @@ class DelegatedLinks(Protocol):
     ) -> PendingReceive: ...
 
     def send(
-        self, direction: LinkDirection, message: Message, payload: torch.Tensor, fault_ms: float
+        self,
+        direction: LinkDirection,
+        message: Message,
+        payload: torch.Tensor,
+        fault_ms: float,
+        route_down: bool = False,
     ) -> None:
         """Hand the message over (copying it out) and return; its delegate waits `fault_ms`
-        (the link's delay) and carries it."""
+        (the link's delay) and carries it. `route_down`: the fault model has its route over
+        the NIC in use down (the delegate fails over first)."""
         ...
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:
         """Once every op ran: wait until every message handed over is on the wire."""
+        ...
+
+    def take_failovers(self) -> list[Failover]:
+        """The failovers its delegates noted since the last call, in the order noticed."""
         ...
 
     def close(self) -> None: ...

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pipeline.allreduce import KIND
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -37,6 +37,7 @@ from pipeline.runtime.transport import (
     DelegateFactory,
     DelegateSetup,
     DirectTransport,
+    Failover,
     LinkDirection,
     Message,
     WireRecord,
@@ -85,6 +86,7 @@ class _Records:
     receives: list[tuple[str, str, int, float, float, float]] = dataclasses.field(
         default_factory=list
     )
+    failovers: list[Failover] = dataclasses.field(default_factory=list)
 
     def add_wire(self, wire: list[WireRecord]) -> None:
         """The delegates' side of the delegated sends: when each went on the wire, and who
@@ -148,10 +150,11 @@ class _Worker:
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
             _sleep_until(start_at)
-            records = self._run_ops(config, transport, inbound, hook)
+            records = self._run_ops(config, transport, inbound, hook, delays)
             self._finish_receivers(inbound)
             if self.delegates is not None:
                 records.add_wire(self.delegates.finish_iteration(config.iteration))
+                records.failovers.extend(self.delegates.take_failovers())
         except BaseException:
             # A failed iteration ends the worker (worker_main reports it and returns). A thread
             # still inside a wait on a silent peer is a daemon and ends with the process:
@@ -185,6 +188,7 @@ class _Worker:
             time.monotonic(),
             transport.bytes_sent,
             step_output,
+            records.failovers,
         )
 
     def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
@@ -262,8 +266,11 @@ class _Worker:
         transport: DirectTransport,
         inbound: dict[int, _Inbound],
         hook: FaultHook,
+        delays: dict[str, float],
     ) -> _Records:
-        """Run this stage's ops in order: take each op's message, compute, send the result."""
+        """Run this stage's ops in order: take each op's message, compute, send the result.
+        `delays`: each link's own delay (the profile's), what a message that fails over
+        carries (the fault model's effects are on the route it left)."""
         records = _Records()
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
         for op in config.schedule.stages[self.stage]:
@@ -299,11 +306,15 @@ class _Worker:
             send_start = time.monotonic()
             if config.comm_of(link, direction.direction) == "delegated":
                 assert self.delegates is not None  # _begin_delegated checked
-                fault_ms = hook(
-                    link, direction.direction, config.iteration, message.hook_kind,
-                    op.microbatch, num_bytes, wait=False,
-                )  # fmt: skip
-                self.delegates.send(direction, message, output, fault_ms)
+                try:
+                    fault_ms = hook(
+                        link, direction.direction, config.iteration, message.hook_kind,
+                        op.microbatch, num_bytes, wait=False,
+                    )  # fmt: skip
+                    route_down = False
+                except LinkFailure:  # on the NIC in use: the delegate moves to another NIC
+                    fault_ms, route_down = delays.get(link, 0.0), True
+                self.delegates.send(direction, message, output, fault_ms, route_down)
             else:
                 fault_ms = transport.send(peer, link, message, output)
             records.sends.append(

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -6,7 +7,7 @@ from baselines import one_f_one_b
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import SCHEMA_VERSION, MessageRecord, Timeline
+from pipeline.timeline import SCHEMA_VERSION, FailoverRecord, MessageRecord, Timeline
 
 
 def _timeline() -> Timeline:
@@ -26,7 +27,7 @@ def _timeline() -> Timeline:
 
 def test_messages_carry_arrival_and_need_through_json() -> None:
     timeline = _timeline()
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     assert MessageRecord._fields[7:] == (
         "arrival_ms",
         "needed_ms",
@@ -44,11 +45,29 @@ def test_messages_carry_arrival_and_need_through_json() -> None:
     assert Timeline.from_dict(data) == timeline
 
 
+def test_failovers_go_through_json_and_with_their_iteration() -> None:
+    moved = FailoverRecord(0, "1-2", "forward", 1, "link state", "rnic0", "rnic1", 4.0, 9.5, 3, 7)
+    timeline = dataclasses.replace(_timeline(), failovers=(moved,))
+    data = json.loads(json.dumps(timeline.to_dict()))
+    assert data["failovers"] == [
+        [0, "1-2", "forward", 1, "link state", "rnic0", "rnic1", 4.0, 9.5, 3, 7]
+    ]
+    assert Timeline.from_dict(data) == timeline
+    start = timeline.iterations[0].start_ms
+    alone = timeline.one_iteration(0).failovers
+    assert alone == (moved._replace(noticed_ms=4.0 - start, resumed_ms=9.5 - start),)
+    later = timeline.one_iteration(0).moved(5, 100.0).failovers
+    assert later == (
+        moved._replace(iteration=5, noticed_ms=104.0 - start, resumed_ms=109.5 - start),
+    )
+    assert Timeline.concat([timeline, timeline]).failovers == (moved, moved)
+
+
 def test_an_older_timeline_is_refused() -> None:
     data = _timeline().to_dict()
     # Version 3 rows had no wire_start_ms, copy_in_ms and carrier_pid.
     old = {**data, "schema_version": 3, "messages": [r[:-3] for r in data["messages"]]}
-    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 4\)"):
+    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 5\)"):
         Timeline.from_dict(old)
 
 
