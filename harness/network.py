@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 
 from injectors.fault_model import Effect, InForce
-from injectors.testbed import DATA_PLANES, Testbed, TestbedError
+from injectors.testbed import DATA_PLANES, PLANES, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 from pipeline.engines import Capabilities, Engine, Outcome, Plan
 from pipeline.engines.base import Closing
@@ -169,12 +169,16 @@ class _NetworkEngine(Closing):
         addresses = tuple(
             tuple(bed.address(host, plane) for plane in nics) for host in range(profile.num_stages)
         )
+        management = PLANES.index("mgmt")
+        notices = tuple(bed.address(host, management) for host in range(profile.num_stages))
         self._inner = emulated_engine(
             profile.num_stages,
             launch=bed.launcher(),
             timeout_s=timeout_s,
             on_start=self._start,
-            delegates=Delegates(addresses, DATA_PLANES) if delegated else None,
+            delegates=Delegates(addresses, DATA_PLANES, notice_addresses=notices)
+            if delegated
+            else None,
         )
         self._wires: dict[_Pair, _Changes] = {}
         self._nics_down: set[tuple[int, int]] = set()

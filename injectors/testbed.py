@@ -206,6 +206,18 @@ class Testbed:
                 if up and there is not None:
                     self._route_wire(ipr, index, host, there, plane)
 
+    def bytes_sent(self, host: int) -> dict[str, int]:
+        """What each of the host's interfaces has sent, in bytes, by plane name (a plane's
+        wire ends count as its NIC: they stand in for it)."""
+        with self._host(host) as ipr:
+            sent = {ifname: 0 for ifname in PLANES}
+            for plane, ifname in enumerate(PLANES):
+                ends = [ifname, *(name for name, _ in self._wire_ends(host, plane))]
+                for name in ends:
+                    (link,) = ipr.get_links(ipr.link_lookup(ifname=name)[0])
+                    sent[ifname] += link.get_attr("IFLA_STATS64")["tx_bytes"]
+        return sent
+
     @staticmethod
     def _wait_up(ipr: Any, index: int, what: str) -> None:
         """Until the carrier is back (a TAP with its wire reports UNKNOWN)."""

@@ -4,9 +4,10 @@ torch: about 10 MB each) and is started by path (`python delegate.py ...`), so n
 imported either. It blocks on its pipe and its sockets (select, recv, sendall: never a spin),
 and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
-- A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file) or
+- A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file),
   "message" (a slot's offset and size, the delay the fault model puts on its wire, and which
-  of the route's NICs the fault model says are down). For a message it waits the delay (the
+  of the route's NICs the fault model says are down) or "move" (which NICs another sender of
+  its link direction left). For a message it waits the delay (the
   slow link delays the delegate, not the trainer), sends a header and the slot's bytes to
   its receiver delegate over TCP, and acks the message on its notify pipe with when it
   picked it up and when the wire took its last byte.
@@ -34,6 +35,7 @@ Records on the pipes are fixed-size structs (below), each written whole (under P
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -51,7 +53,10 @@ JOB = struct.Struct("<iqiiqqdI96s")
 fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
 HEADER = struct.Struct("<qiiq")
 """On the wire, before a message's bytes: iteration, microbatch, seq, nbytes. A hello (a
-sender's first words on a connection) is (-1, NIC index, -1, HELLO)."""
+sender's first words on a connection) is (-1, NIC index, -1, HELLO), or (-1, 0, -1,
+NOTICE_HELLO) on its notice connection."""
+NOTICE = struct.Struct("<i")
+"""On a notice connection, receiver to sender: the receiver's NIC that went down."""
 RESUME = struct.Struct("<qi")
 """A receiver's answer to a hello: the iteration and seq of the last message it got whole
 ((-1, -1): none yet)."""
@@ -61,12 +66,14 @@ NOTE = struct.Struct("<iqiiqqddi")
 (FAILOVER: noticed), time 2 (FAILOVER: the connection taken over, after what it sent again),
 pid."""
 
-MAP, MESSAGE = 1, 2
+MAP, MESSAGE, MOVE = 1, 2, 3
 PORT, READY, SENT, ARRIVED, FAILED, FAILOVER = 1, 2, 3, 4, 5, 6
-HELLO = -1
-BY_LINK_STATE, BY_TIMEOUT, BY_FAULT_HOOK = 1, 2, 3
+HELLO, NOTICE_HELLO = -1, -2
+BY_LINK_STATE, BY_TIMEOUT, BY_FAULT_HOOK, BY_SIBLING, BY_NOTICE = 1, 2, 3, 4, 5
 """Why a sender failed over: netlink said its NIC went down; the connection broke or timed
-out (TCP's user timeout: the peer's NIC); the fault hook has the route down."""
+out (TCP's user timeout: the peer's NIC); the fault hook has the route down; another sender
+of its link direction failed over from its NIC (its trainer says so with a "move" job); its
+receiver's netlink said the receiver's NIC went down (a notice over the management plane)."""
 
 CONNECT_TIMEOUT_S = 5.0
 """How long a connect and its hello may take on a NIC before that NIC counts as failed too."""
@@ -283,10 +290,13 @@ def run_sender(
     peers: list[str],
     sources: list[str],
     ifnames: list[str],
+    notice_peer: str,
 ) -> None:
+    """`notice_peer`: the receiver's management-plane address, for its notices ("": none)."""
     slots = _SlotFile()
     link = _Sender(port, peers, sources, ifnames, timeout_ms)
     link.connect()
+    notices = _notice_connection(notice_peer, port) if notice_peer else None
     pid = os.getpid()
     _note(notify, READY, 0, 0, 0, port, 0, 0.0, 0.0, pid)
     watch = _LinkWatch() if any(link.indices) else None
@@ -326,6 +336,8 @@ def run_sender(
     selector.register(control, selectors.EVENT_READ)
     if watch is not None:
         selector.register(watch.fileno(), selectors.EVENT_READ)
+    if notices is not None:
+        selector.register(notices, selectors.EVENT_READ)
     watched = link.wire
     assert watched is not None
     watched_fd = watched.fileno()
@@ -349,6 +361,10 @@ def run_sender(
                 if kind == MAP:
                     slots.map_job(job)
                     continue
+                if kind == MOVE:
+                    if down >> link.active & 1:
+                        fail_over(BY_SIBLING)
+                    continue
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:
                     retained.clear()
@@ -365,6 +381,14 @@ def run_sender(
                         fail_over(BY_TIMEOUT)
                 _note(notify, SENT, iteration, microbatch, seq, offset, nbytes, picked_s,
                       time.monotonic(), pid)  # fmt: skip
+            elif notices is not None and key.fileobj is notices:
+                notice = notices.recv(NOTICE.size, socket.MSG_WAITALL)
+                if len(notice) < NOTICE.size:  # the receiver has ended: no more notices
+                    selector.unregister(notices)
+                    notices.close()
+                    notices = None
+                elif NOTICE.unpack(notice)[0] == link.active:
+                    fail_over(BY_NOTICE)
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
                 link.failed -= {k for k, i in enumerate(link.indices) if i in came_up}
@@ -384,11 +408,19 @@ def run_sender(
                 fail_over(BY_TIMEOUT)
 
 
+def _notice_connection(host: str, port: int) -> socket.socket:
+    """A sender's connection for its receiver's notices (the receiver listens there too)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    sock.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO))
+    sock.settimeout(None)
+    return sock
+
+
 class _Inbox:
     """A receiver's connection and the message it is reading from it."""
 
-    def __init__(self, wire: TcpWire) -> None:
-        self.wire = wire
+    def __init__(self, wire: TcpWire, nic: int) -> None:
+        self.wire, self.nic = wire, nic
         self.header = bytearray(HEADER.size)
         self.got = 0
         """Bytes in of the header, then of the payload."""
@@ -414,15 +446,26 @@ def _listen(addresses: list[str]) -> list[socket.socket]:
     raise OSError(errno.EADDRINUSE, "no port free on every data-plane address")
 
 
-def run_receiver(control: int, notify: int, addresses: list[str]) -> None:
+def run_receiver(
+    control: int, notify: int, addresses: list[str], notice_address: str, ifnames: list[str]
+) -> None:
+    """`addresses`: this host's per NIC (interface `ifnames[k]`, watched by netlink if
+    named); `notice_address`: its management-plane address, where its sender's notice
+    connection comes ("": none)."""
     slots = _SlotFile()
-    listeners = _listen(addresses)
+    listeners = _listen([*addresses, notice_address] if notice_address else addresses)
     pid = os.getpid()
     _note(notify, PORT, 0, 0, 0, listeners[0].getsockname()[1], 0, 0.0, 0.0, pid)
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ)
     for listener in listeners:
         selector.register(listener, selectors.EVENT_READ)
+    indices = [socket.if_nametoindex(name) if name else 0 for name in ifnames]
+    watch = _LinkWatch() if any(indices) and notice_address else None
+    if watch is not None:
+        selector.register(watch.fileno(), selectors.EVENT_READ)
+    noticed: list[socket.socket] = []
+    """Its sender's notice connection (its latest, if it made another)."""
     last = (-1, -1)
     """The iteration and seq of the last message in whole (the resume point)."""
     inbox: _Inbox | None = None
@@ -445,7 +488,10 @@ def run_receiver(control: int, notify: int, addresses: list[str]) -> None:
                 wire = TcpWire(sock)
                 try:
                     wire.blocking(CONNECT_TIMEOUT_S)
-                    _, _, _, hello = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    _, nic, _, hello = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    if hello == NOTICE_HELLO:
+                        noticed[:] = [sock]
+                        continue
                     if hello != HELLO:
                         raise ConnectionError("a connection without a hello")
                     sock.sendall(RESUME.pack(*last))
@@ -456,11 +502,17 @@ def run_receiver(control: int, notify: int, addresses: list[str]) -> None:
                 if inbox is not None:  # the sender moved: the old connection is dead
                     selector.unregister(inbox.wire.fileno())
                     inbox.wire.abandon()
-                inbox = _Inbox(wire)
+                inbox = _Inbox(wire, nic)
                 selector.register(wire.fileno(), selectors.EVENT_READ)
                 if not ready:
                     _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
                     ready = True
+            elif watch is not None and key.fd == watch.fileno():
+                went_down, _ = watch.read()
+                if inbox is not None and indices[inbox.nic] in went_down:
+                    for sock in noticed:  # its sender moves at once, not at a timeout
+                        with contextlib.suppress(OSError):
+                            sock.sendall(NOTICE.pack(inbox.nic))
             elif inbox is not None and key.fd == inbox.wire.fileno():
                 if inbox.message is None:
                     with memoryview(inbox.header)[inbox.got :] as rest:
@@ -521,18 +573,21 @@ def _control_closed(control: int) -> bool:
 
 def main(argv: list[str]) -> None:
     """argv: role, the trainer's pid, the job pipe, the notify pipe, then for "send": the
-    receiver's port, the user timeout (ms), and per NIC (comma-separated): the receiver's
-    addresses, this host's, this host's interface names (empty: not watched); for "recv":
-    this host's data-plane addresses."""
+    receiver's port, the user timeout (ms), per NIC (comma-separated) the receiver's
+    addresses, this host's and this host's interface names (empty: not watched), and the
+    receiver's management-plane address (empty: no notices); for "recv": this host's
+    data-plane addresses, its management-plane address and its interface names (the same
+    forms)."""
     role, parent, control, notify = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
     try:
         if role == "send":
             peers, sources, ifnames = (argv[k].split(",") for k in (6, 7, 8))
-            run_sender(control, notify, int(argv[4]), int(argv[5]), peers, sources, ifnames)
+            port, timeout_ms = int(argv[4]), int(argv[5])
+            run_sender(control, notify, port, timeout_ms, peers, sources, ifnames, argv[9])
         else:
-            run_receiver(control, notify, argv[4].split(","))
+            run_receiver(control, notify, argv[4].split(","), argv[5], argv[6].split(","))
     except (BrokenPipeError, ConnectionError):
         pass  # the other side is gone; whoever waits on this delegate hears it from its peer
     finally:

@@ -33,12 +33,15 @@ from adaptra.transport.delegate import (
     ARRIVED,
     BY_FAULT_HOOK,
     BY_LINK_STATE,
+    BY_NOTICE,
+    BY_SIBLING,
     BY_TIMEOUT,
     FAILED,
     FAILOVER,
     JOB,
     MAP,
     MESSAGE,
+    MOVE,
     NOTE,
     PORT,
     READY,
@@ -65,7 +68,13 @@ _POLL_S = 0.2
 LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
 """Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
 
-CAUSES = {BY_LINK_STATE: "link state", BY_TIMEOUT: "timeout", BY_FAULT_HOOK: "fault hook"}
+CAUSES = {
+    BY_LINK_STATE: "link state",
+    BY_TIMEOUT: "timeout",
+    BY_FAULT_HOOK: "fault hook",
+    BY_SIBLING: "sibling",
+    BY_NOTICE: "notice",
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,8 +87,11 @@ class Delegates:
     connect to the first that works, so delegate traffic crosses that NIC and its wires.
     Empty: `LOOPBACK_NICS` for all."""
     ifnames: tuple[str, ...] = ()
-    """The NICs' interface names, the same on every host, whose link state the senders watch
-    (netlink); empty: none watched (loopback)."""
+    """The NICs' interface names, the same on every host, whose link state the delegates
+    watch (netlink); empty: none watched (loopback)."""
+    notice_addresses: tuple[str, ...] = ()
+    """Each rank's management-plane address, where its receiver delegates tell their senders
+    that their NIC went down (else the senders notice it by TCP's timeout); empty: none."""
     timeout_ms: int = 2000
     """TCP's user timeout on the delegates' connections: data unacked this long means the
     far NIC failed. Above any delay the links put on a message's acks."""
@@ -92,6 +104,13 @@ class Delegates:
 
     def nics(self, rank: int) -> tuple[str, ...]:
         return self.addresses[rank] if self.addresses else LOOPBACK_NICS
+
+    def notice_address(self, rank: int) -> str:
+        return self.notice_addresses[rank] if self.notice_addresses else ""
+
+    def ifname_list(self) -> str:
+        """The NICs' interface names as the delegates take them (one per NIC, maybe "")."""
+        return ",".join(self.ifnames or ["" for _ in self.nics(0)])
 
     def connect(self, setup: DelegateSetup) -> DelegateTransport:
         return DelegateTransport(setup, self)
@@ -254,6 +273,8 @@ class _Outbound(_Side):
         """The seqs of the messages handed over this iteration, not yet acked."""
         self.failovers: list[Failover] = []
         """Its delegates' moves to another NIC, noted and not yet taken."""
+        self.nic_of = [0] * len(ports)
+        """The NIC each of its delegates is on."""
 
     def send(
         self, message: Message, payload: torch.Tensor, fault_ms: float, route_down: bool
@@ -288,11 +309,24 @@ class _Outbound(_Side):
                 self.failovers.append(
                     Failover(self.direction, it, CAUSES[microbatch], left, took, t1, t2, got, pid)
                 )
+                self.nic_of[delegate.index] = took
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
             records.append(WireRecord(self.direction, microbatch, t1, pid))
         self.pending.clear()
+        self._move_the_others()
         return records
+
+    def _move_the_others(self) -> None:
+        """Where one delegate left a NIC, its siblings on it leave too, before their next
+        message: the same route, whose failure each would otherwise notice on its own (by
+        TCP's timeout, once per delegate). Their failovers are noted with the next
+        iteration's."""
+        left = {f.nic_from for f in self.failovers}
+        for delegate in self.delegates:
+            if self.nic_of[delegate.index] in left:
+                mask = 1 << self.nic_of[delegate.index]
+                delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
 
 
 class _DelegatedReceive:
@@ -311,15 +345,15 @@ class _Inbound(_Side):
         direction: LinkDirection,
         peer: int,
         num_delegates: int,
-        nics: tuple[str, ...],
+        args: list[str],
         folder: str,
     ):
-        """`nics`: this side's addresses, where its delegates listen; `folder`: where its slot
-        file goes."""
+        """`args`: what every receiver delegate is told (delegate.py's `main`); `folder`:
+        where its slot file goes."""
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
-            [_Process("recv", k, direction, [",".join(nics)]) for k in range(num_delegates)],
+            [_Process("recv", k, direction, args) for k in range(num_delegates)],
         )
         self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
@@ -373,16 +407,18 @@ class DelegateTransport:
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
         try:
-            here = delegates.nics(setup.rank)
+            here = ",".join(delegates.nics(setup.rank))
+            ifnames = delegates.ifname_list()
+            listen = [here, delegates.notice_address(setup.rank), ifnames]
             for direction, peer in setup.inbound:
                 self._inbound[direction] = _Inbound(
-                    direction, peer, setup.num_delegates, here, setup.slot_dir
+                    direction, peer, setup.num_delegates, listen, setup.slot_dir
                 )
             mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
             theirs = setup.exchange(mine)
             for direction, peer in setup.outbound:
-                args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), ",".join(here)]
-                args.append(",".join(delegates.ifnames) or ",".join("" for _ in here))
+                args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), here, ifnames]
+                args.append(delegates.notice_address(peer))
                 self._outbound[direction] = _Outbound(
                     direction, theirs[direction], args, setup.slot_dir
                 )
