@@ -36,6 +36,7 @@ _DELEGATE_COSTS = (
     "delegate_pickup_ms",
     "copy_in_fixed_ms",
     "copy_in_ms_per_mib",
+    "failover_ms",
 )
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
 _MIB = 1 << 20
@@ -64,6 +65,9 @@ class HostCosts:
     copy_in_fixed_ms: float = 0.0
     """Delegated: the copy of an arrived message into its op's buffer, before the op, plus..."""
     copy_in_ms_per_mib: float = 0.0
+    failover_ms: float = 0.0
+    """Delegated: a link direction's move to another NIC, from its sender delegate noticing
+    the failure to the connection over the next NIC taking over (adaptra.transport)."""
     """...this long per MiB."""
     host: str = ""
     measured_at: str = ""

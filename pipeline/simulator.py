@@ -20,7 +20,7 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
-from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
+from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link
 
 __all__ = ["CommMode", "LinkComm", "simulate"]
@@ -82,6 +82,7 @@ def simulate(
     host: HostCosts = FREE,
     faults: IterationFaults = NO_FAULTS,
     link_comms: Sequence[LinkComm] = (),
+    failed_over: frozenset[tuple[int, str, str]] = frozenset(),
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms`. `comm` is every
     link direction's mode but those `link_comms` give another (modes mixed per direction).
@@ -96,7 +97,14 @@ def simulate(
     more; a send holds its sender (direct) or its delegate (delegated) `host.send_ms(bytes)`,
     and the message is there `host.receive_lag_for_ms(bytes)` after the send returns;
     delegated, the sender pays `host.copy_out_ms(bytes)`, a delegate picks the message up
-    `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`)."""
+    `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`).
+
+    A message whose route has failed (a NIC or link down) is a LinkFailure over the direct
+    path; over delegates, its link direction fails over to the next NIC (adaptra.transport):
+    its delegates are busy `host.failover_ms` from the message's send, and it and the
+    direction's later messages go over the other NIC, where the failed route's faults are
+    not (the timeline's `failovers`). `failed_over`: the (replica, link, direction)s that
+    moved in an earlier iteration (no cost again)."""
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     message_bytes = profile.message_bytes
     if validate:
@@ -127,9 +135,13 @@ def simulate(
     links = [str(Link.pp(i)) for i in range(num_stages - 1)]  # every replica's name
     last = num_stages - 1
 
+    failovers: list[FailoverRecord] = []
+    nics = profile.topology.nics
+
     def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
         """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
+        moved = {(link, d) for r, link, d in failed_over if r == replica}
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
         # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
@@ -206,7 +218,9 @@ def simulate(
                         message_bytes,
                         end - start_ms,
                     )
-                    if fault.failed:
+                    mode = modes[link_idx][direction]
+                    here = (links[link_idx], _DIRECTIONS[direction])
+                    if fault.failed and (mode is not CommMode.DELEGATED or len(nics) < 2):
                         raise LinkFailure(
                             f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
                             f"microbatch {m} on link {pp_links[link_idx]} cannot go: its link or"
@@ -214,8 +228,19 @@ def simulate(
                             "iteration)",
                             at_ms=end - start_ms,
                         )
-                    transfer_ms += fault.delay_ms
-                    fault_ms += fault.delay_ms
+                    if fault.failed and here not in moved:  # its delegates move to a NIC
+                        moved.add(here)
+                        slots = delegate_free[link_idx][direction]
+                        slots[:] = [max(t, end) + host.failover_ms for t in slots]
+                        seq = num_sent[link_idx][direction]
+                        record = FailoverRecord(
+                            iteration, here[0], here[1], replica, "fault hook", nics[0],
+                            nics[1], end, end + host.failover_ms, seq, carrier_pid=0,
+                        )  # fmt: skip
+                        failovers.append(record)
+                    if not fault.failed:
+                        transfer_ms += fault.delay_ms
+                        fault_ms += fault.delay_ms
                 mode = modes[link_idx][direction]
                 wire_start, copied_in = end, 0.0
                 if mode is CommMode.IDEAL:
@@ -291,6 +316,7 @@ def simulate(
         ops=tuple(op_records),
         messages=records,
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms, ()),),
+        failovers=tuple(failovers),
     )
 
 

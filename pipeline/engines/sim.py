@@ -29,6 +29,8 @@ class SimEngine(Closing):
     def __init__(self, *, host: HostCosts = FREE) -> None:
         self.host = host
         self._clock_ms = 0.0
+        self._failed_over: frozenset[tuple[int, str, str]] = frozenset()
+        """The link directions whose delegates moved to another NIC (until a restart)."""
         self._validated: set[int] = set()
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
 
@@ -44,9 +46,9 @@ class SimEngine(Closing):
         """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
         that iteration again, moved to now (`Outcome.same_as`)."""
         if iteration == 0:
-            self._clock_ms = 0.0
+            self._clock_ms, self._failed_over = 0.0, frozenset()
         faults_key = faults.cache_key()
-        key = None if faults_key is None else (plan, faults_key)
+        key = None if faults_key is None else (plan, faults_key, self._failed_over)
         cached = None if key is None else self._cache.get(key)
         if cached is not None:
             timeline = cached[1].moved(iteration, self._clock_ms)
@@ -62,6 +64,7 @@ class SimEngine(Closing):
                 host=self.host,
                 faults=faults,
                 link_comms=plan.link_comms,
+                failed_over=self._failed_over,
             )
             self._validated.add(id(plan.schedule))
             same_as = None
@@ -70,10 +73,13 @@ class SimEngine(Closing):
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[key] = (plan, timeline, iteration)
         self._clock_ms = timeline.iterations[0].end_ms
+        moved = {(f.replica, f.link, f.direction) for f in timeline.failovers}
+        self._failed_over = self._failed_over | moved
         return Outcome(timeline, same_as=same_as)
 
     def restart(self) -> None:
-        """Nothing to restart; the clock goes on."""
+        """Nothing to restart but the NICs: the clock goes on, on repaired hardware."""
+        self._failed_over = frozenset()
 
     def close(self) -> None:
         self._validated.clear()

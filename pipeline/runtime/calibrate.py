@@ -8,7 +8,10 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   in turn; 1 ms ops): how long a blocking send holds its sender, fitted as a fixed cost plus
   a cost per MiB (Theil-Sen over the sizes);
 - receive lag: in the same runs, from a send's return to the start of the op that was
-  waiting for it (only ops whose stage was idle when the send returned), fitted alike.
+  waiting for it (only ops whose stage was idle when the send returned), fitted alike;
+- with delegates, the delegated path's copies and pick-up, and a failover: one iteration in
+  which the fault hook has every route's NIC down, so that every sender delegate moves to
+  the next NIC at its first message (the median, from noticing to taking over).
 
 Means, not medians: an iteration adds these costs up along its critical path, so their
 expected values count, long tails included (a send of 8 MiB: median 5 ms, p90 8 ms here).
@@ -23,6 +26,7 @@ import platform
 import statistics
 from collections.abc import Callable
 
+from pipeline.faults import MessageFault
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 from pipeline.runtime.pool import IterationConfig, WorkerPool
@@ -181,6 +185,8 @@ def _with_delegated_costs(
                 f"{num_bytes} B delegated: copy out {copies_out[-1][1]:.3f} ms, copy in "
                 f"{copies_in[-1][1]:.3f} ms"
             )
+        failover_ms = _failover_ms(pool, schedule, num_stages, counter)
+        progress(f"failover to the next NIC: {failover_ms:.3f} ms")
     out_fixed, out_per_mib = _fit_line(copies_out)
     in_fixed, in_per_mib = _fit_line(copies_in)
     return dataclasses.replace(
@@ -190,4 +196,41 @@ def _with_delegated_costs(
         delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
         copy_in_fixed_ms=in_fixed,
         copy_in_ms_per_mib=in_per_mib,
+        failover_ms=failover_ms,
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _EveryRouteDown:
+    """Faults in which every PP message's route has its NIC down (picklable)."""
+
+    def message_fault(
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        microbatch: int,
+        num_bytes: int = 0,
+        offset_ms: float = 0.0,
+    ) -> MessageFault:
+        return MessageFault(failed=link.is_pp)
+
+    def affects(self, link: Link) -> bool:
+        return True
+
+    def cache_key(self) -> None:
+        return None
+
+
+def _failover_ms(
+    pool: WorkerPool, schedule: Schedule, num_stages: int, counter: list[int]
+) -> float:
+    """The median failover of the pool's sender delegates, each moving once (a pool's last
+    measurement: its delegates stay on the next NIC)."""
+    profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=1 << 16)
+    config = IterationConfig(
+        counter[0], schedule, profile, comm="delegated", faults=_EveryRouteDown()
+    )
+    timeline = pool.run_iteration(config)
+    counter[0] += 1
+    return statistics.median(f.resumed_ms - f.noticed_ms for f in timeline.failovers)

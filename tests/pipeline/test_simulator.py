@@ -217,3 +217,33 @@ def test_comm_modes_mix_per_link_direction() -> None:
     end = compute_metrics(mixed).iteration_time_ms
     assert compute_metrics(simulate(schedule, profile, CommMode.DELEGATED)).iteration_time_ms < end
     assert end < compute_metrics(direct).iteration_time_ms
+
+
+def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None:
+    """rnic0 of stage 1's host down from 3 ms: over the direct path its first message there
+    is a LinkFailure; over delegates each of the four link directions through the host
+    moves once, its delegates busy `failover_ms` from the message that found it failed, and
+    the next iteration (those directions moved already) runs as a healthy one."""
+    from injectors.fault_files import parse_yaml
+    from pipeline.errors import LinkFailure
+    from pipeline.topology import Topology
+
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    view = parse_yaml('[{start_iteration: 0, at_ms: 3, nic: "host1:rnic0", down: true}]')
+    faults = view.at(0, Topology(4))
+    schedule = one_f_one_b(profile)
+    with pytest.raises(LinkFailure, match="microbatch 2 on link pp0:0-1 cannot go"):
+        simulate(schedule, profile, CommMode.DIRECT, faults=faults)
+    healthy = simulate(schedule, profile, CommMode.DELEGATED)
+    host = HostCosts(failover_ms=2.5)
+    failed = simulate(schedule, profile, CommMode.DELEGATED, faults=faults, host=host)
+    assert {(f.link, f.direction) for f in failed.failovers} == {
+        (link, way) for link in ("0-1", "1-2") for way in ("forward", "backward")
+    }
+    assert all(f.resumed_ms - f.noticed_ms == 2.5 and f.noticed_ms >= 3 for f in failed.failovers)
+    assert failed.iterations[0].end_ms > healthy.iterations[0].end_ms
+    moved = frozenset((0, f.link, f.direction) for f in failed.failovers)
+    again = simulate(
+        schedule, profile, CommMode.DELEGATED, faults=faults, host=host, failed_over=moved
+    )
+    assert not again.failovers and again.iterations == healthy.iterations

@@ -13,6 +13,7 @@ import pytest
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 from pipeline.timeline import FailoverRecord, Timeline
 
@@ -62,6 +63,18 @@ def test_a_nic_failing_at_iteration_20_of_50_loses_nothing_at_the_transport_leve
     assert all(f.resumed_ms >= f.noticed_ms >= timeline.iterations[21].start_ms for f in moved)
     # the message that heard it, sent anew
     assert all(f.resume_seq >= 0 for f in moved if f.cause == "fault hook")
+    sim = run_configuration(
+        system_controller("adaptra", profile, faults),
+        num_iterations=50,
+        num_warmup_iterations=1,
+        faults=faults,
+        host=HostCosts(failover_ms=3.0),
+    )
+    assert (sim.restarts, sim.lost_iterations) == (0, 0)  # sim agrees: the same directions move
+    assert sim.timeline is not None
+    assert {(f.link, f.direction) for f in sim.timeline.failovers} == {
+        (f.link, f.direction) for f in moved
+    }
 
 
 @pytest.mark.parametrize("system", ["1f1b", "zb"])
