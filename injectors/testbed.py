@@ -25,6 +25,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from injectors.ownership import OwnerRecord
+from injectors.peer_tc import HTB_ROOT, add_htb_root, add_peer_filter, cap_classid
 from injectors.wire import WireState, run_wire
 from pipeline.errors import AdaptraBenchError
 from pipeline.signals import held_signals
@@ -42,22 +43,6 @@ class TestbedError(AdaptraBenchError, RuntimeError):
     """The testbed could not be built, changed or torn down."""
 
     __test__ = False  # not a pytest test class
-
-
-def add_peer_filter(ipr: Any, index: int, address: str, classid: int) -> None:
-    """A u32 filter on the htb root 1: sending IPv4 packets for `address` to `classid`."""
-    octets = [int(x) for x in address.split(".")]
-    key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
-    ipr.tc(
-        "add-filter",
-        "u32",
-        index,
-        parent=0x10000,
-        prio=1,
-        protocol=0x0800,
-        target=classid,
-        keys=[key],
-    )
 
 
 def _enter_and_run(
@@ -226,15 +211,14 @@ class Testbed:
         rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
-            if not any(q.get("handle") == 0x10000 for q in ipr.get_qdiscs(index=index)):
-                ipr.tc("add", "htb", index, 0x10000, default=0)  # unmatched: not shaped
-            classid = 0x10000 + 0x10 + dst
+            add_htb_root(ipr, index)
+            classid = cap_classid(dst)
             ipr.tc(
                 "add-class",
                 "htb",
                 index,
                 classid,
-                parent=0x10000,
+                parent=HTB_ROOT,
                 rate=rate_bytes_s,
                 ceil=rate_bytes_s,
             )
