@@ -12,6 +12,7 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
+from injectors.kernel_probe import NETEM_ENV, per_link_path
 from injectors.netem import (
     NETEM_LIMIT_PACKETS,
     NETEM_TICK_NS,
@@ -199,3 +200,28 @@ def test_what_netem_cannot_express_is_refused_with_the_reason(state: WireState, 
     assert reason is not None and why in reason
     with pytest.raises(ConfigError, match="netem cannot express"):
         netem_request(state)
+
+
+def test_the_automatic_choice_follows_the_probe_and_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(NETEM_ENV, raising=False)
+    assert per_link_path({"netem": (True, "attached")}).netem
+    assert per_link_path({"netem": (True, "attached")}).detail == "kernel netem"
+    without = per_link_path({"netem": (False, "(2, 'No such file or directory')")})
+    assert not without.netem and without.detail == "userspace delay wire (no sch_netem)"
+    assert not per_link_path({}).netem  # not probed (no root): the wire
+    monkeypatch.setenv(NETEM_ENV, "0")
+    forced = per_link_path({"netem": (True, "attached")})
+    assert not forced.netem and forced.detail == "userspace delay wire (ADAPTRA_BENCH_NETEM=0)"
+
+
+def test_a_testbed_told_to_take_the_wire_never_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import injectors.testbed
+
+    def no_probe(*_: object) -> None:
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(injectors.testbed, "kernel_features", no_probe)
+    monkeypatch.setattr(injectors.testbed, "per_link_path", no_probe)
+    assert not injectors.testbed.Testbed(2, netem=False).uses_netem
