@@ -158,7 +158,7 @@ def doctor(fmt: str) -> None:
         )
         return
     for check in checks:
-        line = f"{'ok ' if check.ok else 'NO '} {check.name:<14} {check.detail}"
+        line = f"{'ok ' if check.ok else 'NO '} {check.name:<16} {check.detail}"
         click.echo(line if check.ok else f"{line}\n     -> {check.consequence}")
 
 

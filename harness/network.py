@@ -2,11 +2,13 @@
 not in the workers.
 
 One host per stage. At every iteration boundary the testbed takes what is in force: each
-host pair with an effect gets a userspace wire (injectors.wire) set to it, from the
-iteration's start or from the event's `at_ms` into it (delay, jitter, a redrawn normal delay,
-a cap, a stall, down); a failed NIC goes down through pyroute2 (at its `at_ms`, by a timer).
-The profile's link delays and bandwidth are the wires' base (the bandwidth also as htb caps
-on the data NIC); the workers get plans without them and no fault view, so they sleep no
+host pair with an effect gets its state, from the iteration's start or from the event's
+`at_ms` into it (delay, jitter, a redrawn normal delay, a cap, a stall, down), on kernel
+netem where netem can express it and the kernel has it, else on a userspace wire
+(`Testbed.set_wire` decides; a pair with changes inside the iteration takes the wire at the
+boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a timer). The
+profile's link delays and bandwidth are the pairs' base (the bandwidth also as htb caps on
+the data NIC); the workers get plans without them and no fault view, so they sleep no
 delay and their messages carry no `fault_ms`. A worker notices a failed NIC or link as a
 real job does: its wait for a message times out (`Recovery.transport_timeout_s`); the engine
 reports that as a `LinkFailure` at the measured time, and a restart repairs the testbed
@@ -217,7 +219,9 @@ class _NetworkEngine(Closing):
             if steady and self._wires.get(pair, unwired) == changes:
                 continue  # in force already
             _, forward, backward = changes[0]
-            self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward)
+            self.bed.set_wire(
+                *pair, plane=0, forward=forward, backward=backward, scheduled=not steady
+            )
             self._wires[pair] = changes if steady else ()  # (): set it again next time
         for (host, plane), from_ms in network.nics_down.items():  # after the wires: a new
             if from_ms == 0.0 and (host, plane) not in self._nics_down:  # one goes down too

@@ -1,6 +1,7 @@
 """`adaptra-bench doctor`: what this machine can do, each with its consequence for the user.
 
-Kernel features are probed for real, inside a namespace of our own that is always removed.
+Kernel features are probed for real, inside a namespace of our own that is always removed
+(injectors.kernel_probe, the probe the testbed's choice of netem or the wire also uses).
 """
 
 from __future__ import annotations
@@ -9,12 +10,10 @@ import dataclasses
 import importlib.util
 import os
 import shutil
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from injectors.ownership import OwnerRecord
-from injectors.testbed import add_peer_filter
+from injectors.kernel_probe import Found, kernel_features, per_link_path
 
 __all__ = ["Check", "run_checks"]
 
@@ -27,53 +26,7 @@ class Check:
     consequence: str
 
 
-_QDISCS: dict[str, dict[str, object]] = {
-    "netem": {"delay": 1000},
-    "tbf": {"rate": "10mbit", "burst": 10240, "latency": 50},
-    "htb": {"default": 0x10},
-}
-
-
-def _probe_kernel() -> dict[str, tuple[bool, str]]:
-    """Namespaces, qdiscs and the u32 classifier, tried in a throwaway namespace."""
-    try:
-        from pyroute2 import IPRoute, netns
-    except ImportError as err:
-        return {"namespaces": (False, f"pyroute2 missing: {err}")}
-    name = f"adb-doctor-{uuid.uuid4().hex[:8]}"
-    owner = OwnerRecord.for_this_process(name, (name,))  # `cleanup` knows it is ours
-    found: dict[str, tuple[bool, str]] = {}
-    try:
-        owner.write()
-        netns.create(name)
-    except Exception as err:
-        owner.remove()
-        return {"namespaces": (False, str(err))}
-    found["namespaces"] = (True, "created and removed one")
-    try:
-        with IPRoute(netns=name, flags=0) as ipr:
-            for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
-                ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
-                index = ipr.link_lookup(ifname=f"a{number}")[0]
-                try:
-                    if kind == "u32":
-                        ipr.tc("add", "htb", index, 0x10000, default=0x10)
-                        add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
-                    else:
-                        ipr.tc("add", kind, index, 0x10000, **options)
-                    what = "filter" if kind == "u32" else "qdisc"
-                    found[kind] = (True, f"a {kind} {what} was attached")
-                except Exception as err:
-                    found[kind] = (False, str(err))
-    finally:
-        netns.remove(name)
-        owner.remove()
-    return found
-
-
-def run_checks(
-    probe_kernel: Callable[[], dict[str, tuple[bool, str]]] = _probe_kernel,
-) -> list[Check]:
+def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Check]:
     root = os.geteuid() == 0
     kernel = probe_kernel() if root else {}
 
@@ -91,7 +44,9 @@ def run_checks(
             "" if root else "no network testbed: namespaces, qdiscs and link faults need root",
         ),
         kernel_check("namespaces", "no network testbed; transport-level faults still work"),
-        kernel_check("netem", "no kernel per-packet delay: inject delays at the transport level"),
+        kernel_check(
+            "netem", "the testbed's per-link faults all go through the userspace delay wire"
+        ),
         kernel_check("tbf", "no bandwidth caps at the network level"),
         kernel_check("htb", "no per-peer bandwidth caps at the network level"),
         kernel_check("u32", "a cap would hit the whole interface, not one peer"),
@@ -101,6 +56,7 @@ def run_checks(
             "/dev/net/tun",
             "" if Path("/dev/net/tun").exists() else "no userspace delay wire",
         ),
+        _per_link_check(root, kernel),
         Check(
             "iptables",
             shutil.which("iptables") is not None,
@@ -130,6 +86,23 @@ def run_checks(
             else "no `--backend megatron` (pip install megatron-core)",
         ),
     ]
+
+
+def _per_link_check(root: bool, kernel: Found) -> Check:
+    """Which path the testbed's per-link faults take (the wire also takes what netem cannot:
+    a redrawn normal delay, a stall, a change at a later time)."""
+    name = "per-link faults"
+    if not root:
+        return Check(name, False, "needs root", "no network testbed")
+    path = per_link_path(kernel)
+    if path.netem or Path("/dev/net/tun").exists():
+        return Check(name, True, path.detail, "")
+    return Check(
+        name,
+        False,
+        "none: no sch_netem and no /dev/net/tun",
+        "no per-pair delays, jitter, loss or stalls in the testbed (caps still work: htb)",
+    )
 
 
 def _cuda() -> tuple[bool, str]:

@@ -7,6 +7,12 @@ carry a unique prefix, so testbeds coexist; teardown removes every namespace (an
 every link and qdisc) on normal exit, on exceptions and on SIGTERM; each testbed records its
 owner process (injectors.ownership), so that `cleanup()` there removes the leftovers of a
 process that was killed outright, and only those.
+
+A host pair's per-link faults (`set_wire`) go to kernel netem on the hosts' plane interfaces
+where the kernel has sch_netem (probed once per process, injectors.kernel_probe) and netem
+can express them (injectors.netem); else, and for changes scheduled at a later time, to a
+userspace wire between the two hosts (injectors.wire). A pair that once took the wire keeps
+it for the testbed's life.
 """
 
 from __future__ import annotations
@@ -24,8 +30,18 @@ from multiprocessing.process import BaseProcess
 from types import FrameType, TracebackType
 from typing import Any
 
+from injectors.kernel_probe import kernel_features, per_link_path
+from injectors.netem import netem_cannot
 from injectors.ownership import OwnerRecord
-from injectors.wire import WireState, run_wire
+from injectors.peer_tc import (
+    HTB_ROOT,
+    add_htb_root,
+    add_netem_class,
+    add_peer_filter,
+    cap_classid,
+    set_netem,
+)
+from injectors.wire import HEALTHY, WireState, run_wire
 from pipeline.errors import AdaptraBenchError
 from pipeline.signals import held_signals
 
@@ -46,22 +62,6 @@ class TestbedError(AdaptraBenchError, RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-def add_peer_filter(ipr: Any, index: int, address: str, classid: int) -> None:
-    """A u32 filter on the htb root 1: sending IPv4 packets for `address` to `classid`."""
-    octets = [int(x) for x in address.split(".")]
-    key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
-    ipr.tc(
-        "add-filter",
-        "u32",
-        index,
-        parent=0x10000,
-        prio=1,
-        protocol=0x0800,
-        target=classid,
-        keys=[key],
-    )
-
-
 def _enter_and_run(
     namespace: str, ifname: str, target: Callable[..., None], args: tuple[Any, ...]
 ) -> None:
@@ -78,7 +78,9 @@ class Testbed:
 
     __test__ = False
 
-    def __init__(self, num_hosts: int, *, prefix: str = PREFIX) -> None:
+    def __init__(self, num_hosts: int, *, prefix: str = PREFIX, netem: bool | None = None) -> None:
+        """`netem`: None chooses netem or the wire for per-link faults by what the kernel has
+        (`per_link_path`); False always takes the wire; True requires netem."""
         if num_hosts < 1 or num_hosts > 250:
             raise TestbedError(f"a testbed has 1 to 250 hosts, not {num_hosts}")
         self.num_hosts = num_hosts
@@ -91,6 +93,11 @@ class Testbed:
         """(host, plane) NICs taken down (`set_link`): a wire made meanwhile ends down there."""
         self._wire_of: dict[tuple[int, int, int], int] = {}
         """The wire of each (host pair, plane) that has one, by its index in `_wires`."""
+        self._netem = netem
+        self._netem_of: dict[tuple[int, int, int], tuple[WireState, WireState]] = {}
+        """Each (host pair, plane) on netem: its (forward, backward) states in force."""
+        self._netem_classes: set[tuple[int, int, int]] = set()
+        """(source, destination, plane) with a netem class on the source's interface."""
         self._previous_sigterm: Any = None
         self._owner_pid = os.getpid()
         self._owner: OwnerRecord | None = None
@@ -168,6 +175,7 @@ class Testbed:
                 process.join(2.0)
         self._wires = []
         self._wire_of = {}
+        self._netem_of, self._netem_classes = {}, set()  # gone with the namespaces
         kept = []
         for name in reversed(self._created):
             try:
@@ -240,19 +248,29 @@ class Testbed:
         rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
-            if not any(q.get("handle") == 0x10000 for q in ipr.get_qdiscs(index=index)):
-                ipr.tc("add", "htb", index, 0x10000, default=0)  # unmatched: not shaped
-            classid = 0x10000 + 0x10 + dst
+            add_htb_root(ipr, index)
+            classid = cap_classid(dst)
             ipr.tc(
                 "add-class",
                 "htb",
                 index,
                 classid,
-                parent=0x10000,
+                parent=HTB_ROOT,
                 rate=rate_bytes_s,
                 ceil=rate_bytes_s,
             )
             add_peer_filter(ipr, index, self.address(dst, plane), classid)
+
+    @property
+    def uses_netem(self) -> bool:
+        """Whether per-link faults go to kernel netem where it can express them."""
+        if self._netem is None:
+            self._netem = per_link_path().netem
+        elif self._netem:
+            present, why = kernel_features().get("netem", (False, "not probed"))
+            if not present:
+                raise TestbedError(f"this kernel has no sch_netem: {why}")
+        return self._netem
 
     def set_wire(
         self,
@@ -263,12 +281,15 @@ class Testbed:
         backward: WireState | None = None,
         *,
         at: float = 0.0,
+        scheduled: bool = False,
     ) -> None:
-        """The pair's wire on one plane from monotonic time `at` on (0: now): `forward` for
-        frames from `host_a` to `host_b`, `backward` (default: the same) the other way. The
-        pair's first wire is made here (its traffic on that plane goes through it from then
-        on); later calls change it in place, so workers keep their connections. This kernel
-        has no netem (see `adaptra-bench doctor`): the wire is a userspace process."""
+        """The pair's per-link faults on one plane from monotonic time `at` on (0: now):
+        `forward` for packets from `host_a` to `host_b`, `backward` (default: the same) the
+        other way. `scheduled`: changes at later times follow in this iteration, so the pair
+        takes the wire now, not mid-iteration. Kernel netem takes them where it can (see the
+        module); else the pair's wire does: its first is made here (the pair's traffic on that
+        plane goes through it from then on, starting with the netem states in force), later
+        calls change it in place, so workers keep their connections."""
         if plane >= 2:
             raise TestbedError("the management plane never gets faults")
         if not 0 <= host_a < self.num_hosts or not 0 <= host_b < self.num_hosts or host_a == host_b:
@@ -277,14 +298,62 @@ class Testbed:
         if host_a > host_b:
             host_a, host_b, forward, backward = host_b, host_a, backward, forward
         key = (host_a, host_b, plane)
+        if (
+            key not in self._wire_of
+            and not (at or scheduled)
+            and self._netem_serves(key, forward, backward)
+        ):
+            self._set_netem(host_a, host_b, plane, forward)
+            self._set_netem(host_b, host_a, plane, backward)
+            self._netem_of[key] = (forward, backward)
+            return
         if key not in self._wire_of:
-            self._add_wire(host_a, host_b, plane)
+            carried = self._netem_of.pop(key, None)
+            if carried is not None:
+                first = carried
+            else:
+                first = (HEALTHY, HEALTHY) if at else (forward, backward)
+            self._add_wire(host_a, host_b, plane, first)
+            if carried is not None:  # its traffic has left netem: leave netem healthy
+                self._set_netem(host_a, host_b, plane, HEALTHY)
+                self._set_netem(host_b, host_a, plane, HEALTHY)
+            elif not at:
+                return  # the wire started in this state
+        self._send_state(key, at, forward, backward)
+
+    def _netem_serves(
+        self, key: tuple[int, int, int], forward: WireState, backward: WireState
+    ) -> bool:
+        """Whether netem is in use and expresses both directions' states."""
+        if not self.uses_netem:
+            return False
+        why = netem_cannot(forward) or netem_cannot(backward)
+        if why is not None:
+            logger.debug("hosts %d-%d on plane %d take the userspace wire: %s", *key, why)
+        return why is None
+
+    def _set_netem(self, src: int, dst: int, plane: int, state: WireState) -> None:
+        """`state` on the traffic from host `src` to host `dst` on `plane` (a netem leaf)."""
+        with self._host(src) as ipr:
+            index = ipr.link_lookup(ifname=PLANES[plane])[0]
+            if (src, dst, plane) not in self._netem_classes:
+                add_netem_class(ipr, index, dst, self.address(dst, plane))
+                self._netem_classes.add((src, dst, plane))
+            set_netem(ipr, index, dst, state)
+
+    def _send_state(
+        self, key: tuple[int, int, int], at: float, forward: WireState, backward: WireState
+    ) -> None:
         _, conn = self._wires[self._wire_of[key]]
         conn.send(("state", at, forward, backward))
         if not conn.poll(5) or conn.recv() != "ok":
+            host_a, host_b, _ = key
             raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not answer")
 
-    def _add_wire(self, host_a: int, host_b: int, plane: int) -> None:
+    def _add_wire(
+        self, host_a: int, host_b: int, plane: int, first: tuple[WireState, WireState]
+    ) -> None:
+        """The pair's wire, in the states `first` before any traffic is routed through it."""
         from pyroute2 import IPRoute
 
         ifname = f"w{len(self._wires)}"
@@ -301,6 +370,7 @@ class Testbed:
         child.close()
         if not parent.poll(10) or parent.recv() != "ready":
             raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not start")
+        self._send_state((host_a, host_b, plane), 0.0, *first)
         for here, there in ((host_a, host_b), (host_b, host_a)):
             if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
                 continue

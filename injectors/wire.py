@@ -1,11 +1,13 @@
-"""A userspace wire between two hosts of a testbed, for what this kernel has no qdisc for.
+"""A userspace wire between two hosts of a testbed, for what kernel netem cannot do.
 
-A TAP device in each of the two hosts' namespaces and one process between them that forwards
-every frame, per direction, as that direction's `WireState` says: after a delay (fixed, with
-uniform jitter, or a normal value redrawn every U[lo, hi] ms of the wire's clock), at a
-capped rate, held once for a stall, or not at all (down). Frames of one direction keep their
-order. Host routes (/32) send the pair's traffic for that plane through the wire instead of
-the bridge; every other pair is untouched.
+The testbed uses it for a state netem cannot express (injectors.netem: a redrawn normal
+delay, a stall), for changes scheduled at a later time, and for everything where the kernel
+has no sch_netem. A TAP device in each of the two hosts' namespaces and one process between
+them that forwards every frame, per direction, as that direction's `WireState` says: after a
+delay (fixed, with uniform jitter, or a normal value redrawn every U[lo, hi] ms of the wire's
+clock), at a capped rate, held once for a stall, lost at random (`loss_pct`), or not at all
+(down). Frames of one direction keep their order. Host routes (/32) send the pair's traffic
+for that plane through the wire instead of the bridge; every other pair is untouched.
 
 The testbed sends ("state", at, forward, backward): the directions' states from monotonic
 time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
@@ -51,14 +53,20 @@ class WireState:
     """The first frame read under this state holds the direction this long (once)."""
     down: bool = False
     seed: str = ""
-    """Seeds the jitter and the redraws."""
+    """Seeds the jitter, the losses and the redraws."""
+    loss_pct: float = 0.0
+    """The chance, in %, that a frame is lost (drawn per frame; 100: as down)."""
 
     def __post_init__(self) -> None:
         rate_ok = self.rate_bit_s is None or (
             math.isfinite(self.rate_bit_s) and self.rate_bit_s > 0
         )
-        if not (self.delay_ms >= 0 and self.jitter_ms >= 0 and self.stall_ms >= 0 and rate_ok):
-            raise ValueError(f"a wire takes delays, jitter and stalls >= 0 and a rate > 0: {self}")
+        times_ok = self.delay_ms >= 0 and self.jitter_ms >= 0 and self.stall_ms >= 0
+        if not (times_ok and rate_ok and 0.0 <= self.loss_pct <= 100.0):
+            raise ValueError(
+                "a wire takes delays, jitter and stalls >= 0, a loss of 0 to 100 % and a "
+                f"rate > 0: {self}"
+            )
 
 
 HEALTHY = WireState()
@@ -89,6 +97,8 @@ class _Direction:
         state = self.state
         if state.down:
             return None
+        if state.loss_pct and self.rng.random() * 100.0 < state.loss_pct:
+            return None  # lost before anything else: it pays no stall and takes no rate
         start = now
         if state.stall_ms and not self.stalled:
             self.stalled = True

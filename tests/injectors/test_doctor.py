@@ -27,6 +27,7 @@ def test_every_missing_feature_says_what_it_means() -> None:
         "htb",
         "u32",
         "tap",
+        "per-link faults",
         "iptables",
         "cuda",
         "rdma",
@@ -34,8 +35,10 @@ def test_every_missing_feature_says_what_it_means() -> None:
     }
     if os.geteuid() == 0:
         assert by_name["namespaces"].ok and not by_name["netem"].ok
-        assert "transport level" in by_name["netem"].consequence
+        assert "userspace delay wire" in by_name["netem"].consequence
         assert not by_name["tbf"].ok  # the fake probe did not report it
+        if by_name["tap"].ok:
+            assert by_name["per-link faults"].detail == "userspace delay wire (no sch_netem)"
     for check in checks:
         assert check.ok == (check.consequence == ""), check
 
@@ -54,4 +57,7 @@ def test_the_real_probe_leaves_no_namespace_behind() -> None:
     # Measured on these machines: have namespaces, tbf and htb with u32, and no netem.
     assert found["root"]["ok"] and found["namespaces"]["ok"]
     assert found["tbf"]["ok"] and found["htb"]["ok"] and found["u32"]["ok"]
+    per_link = "kernel netem" if found["netem"]["ok"] else "userspace delay wire (no sch_netem)"
+    if os.environ.get("ADAPTRA_BENCH_NETEM") != "0":
+        assert found["per-link faults"]["detail"] == per_link
     assert _namespaces() == before

@@ -73,8 +73,43 @@ def test_frames_keep_their_order_and_never_leave_early(
     assert dues == sorted(dues)  # type: ignore[type-var]
 
 
+def test_loss_is_seeded_and_loses_about_its_share() -> None:
+    frames = [(i * 0.001, 100) for i in range(2000)]
+    state = WireState(delay_ms=1.0, loss_pct=30.0, seed="s")
+    dues = _dues(state, frames)
+    assert dues == _dues(state, frames)  # the same seed, the same frames lost
+    assert dues != _dues(WireState(delay_ms=1.0, loss_pct=30.0, seed="t"), frames)
+    lost = dues.count(None)
+    assert 500 <= lost <= 700, lost  # 600 expected; a binomial's sd is 20
+    kept = [(due, at) for due, (at, _) in zip(dues, frames, strict=True) if due is not None]
+    assert all(due == pytest.approx(at + 0.001) for due, at in kept)  # the rest: delayed
+
+
+def test_a_loss_of_100_percent_is_down_and_0_loses_nothing() -> None:
+    frames = [(i * 0.01, 100) for i in range(100)]
+    assert _dues(WireState(loss_pct=100.0), frames) == [None] * 100
+    assert None not in _dues(WireState(loss_pct=0.0, jitter_ms=1.0, seed="s"), frames)
+
+
+def test_a_lost_frame_pays_no_stall() -> None:
+    direction = _Direction()
+    direction.take(WireState(stall_ms=300.0, loss_pct=50.0, seed="s"), now=0.0)
+    dues = [direction.due(i * 1.0, 100) for i in range(20)]
+    first = next(i for i, due in enumerate(dues) if due is not None)
+    assert first > 0  # seed "s" loses the first frame read
+    assert dues[first] == pytest.approx(first + 0.3)  # the first frame through pays it
+    assert all(due == pytest.approx(i) for i, due in enumerate(dues) if due and i > first)
+
+
 def test_a_bad_state_is_refused() -> None:
-    for bad in ({"delay_ms": -1.0}, {"rate_bit_s": 0.0}, {"rate_bit_s": float("inf")}):
+    for bad in (
+        {"delay_ms": -1.0},
+        {"rate_bit_s": 0.0},
+        {"rate_bit_s": float("inf")},
+        {"loss_pct": -1.0},
+        {"loss_pct": 100.5},
+        {"loss_pct": float("nan")},
+    ):
         with pytest.raises(ValueError, match="a wire takes"):
             WireState(**bad)  # type: ignore[arg-type]
 

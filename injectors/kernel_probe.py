@@ -1,0 +1,94 @@
+"""What this kernel can do for a testbed, tried for real in a throwaway namespace, and the
+path the testbed's per-link faults take because of it (kernel netem or the userspace wire).
+
+`kernel_features` probes once per process (doctor and every testbed share it); the namespace
+it makes is recorded as this process's (injectors.ownership) and always removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from injectors.ownership import OwnerRecord
+from injectors.peer_tc import add_peer_filter
+
+__all__ = ["NETEM_ENV", "PerLinkPath", "kernel_features", "per_link_path", "probe_kernel"]
+
+NETEM_ENV = "ADAPTRA_BENCH_NETEM"
+"""Set to 0, testbeds leave netem alone and put every per-link fault on the userspace wire."""
+
+_QDISCS: dict[str, dict[str, object]] = {
+    "netem": {"delay": 1000},
+    "tbf": {"rate": "10mbit", "burst": 10240, "latency": 50},
+    "htb": {"default": 0x10},
+}
+
+Found = Mapping[str, tuple[bool, str]]
+"""Feature name -> (present, what the probe saw)."""
+
+
+def probe_kernel() -> dict[str, tuple[bool, str]]:
+    """Namespaces, qdiscs and the u32 classifier, tried in a throwaway namespace."""
+    try:
+        from pyroute2 import IPRoute, netns
+    except ImportError as err:
+        return {"namespaces": (False, f"pyroute2 missing: {err}")}
+    name = f"adb-probe-{uuid.uuid4().hex[:8]}"
+    owner = OwnerRecord.for_this_process(name, (name,))  # `cleanup` knows it is ours
+    found: dict[str, tuple[bool, str]] = {}
+    try:
+        owner.write()
+        netns.create(name)
+    except Exception as err:
+        owner.remove()
+        return {"namespaces": (False, str(err))}
+    found["namespaces"] = (True, "created and removed one")
+    try:
+        with IPRoute(netns=name, flags=0) as ipr:
+            for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
+                ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
+                index = ipr.link_lookup(ifname=f"a{number}")[0]
+                try:
+                    if kind == "u32":
+                        ipr.tc("add", "htb", index, 0x10000, default=0x10)
+                        add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
+                    else:
+                        ipr.tc("add", kind, index, 0x10000, **options)
+                    what = "filter" if kind == "u32" else "qdisc"
+                    found[kind] = (True, f"a {kind} {what} was attached")
+                except Exception as err:
+                    found[kind] = (False, str(err))
+    finally:
+        netns.remove(name)
+        owner.remove()
+    return found
+
+
+@functools.cache
+def kernel_features() -> Found:
+    """`probe_kernel`'s answer, probed on the first call of this process (needs root)."""
+    return MappingProxyType(probe_kernel())
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PerLinkPath:
+    """Where a testbed puts per-link faults that netem can express (the rest: the wire)."""
+
+    netem: bool
+    detail: str
+
+
+def per_link_path(found: Found | None = None) -> PerLinkPath:
+    """The automatic choice: kernel netem where the kernel has it (`found`, default: this
+    process's probe), unless ADAPTRA_BENCH_NETEM=0; else the userspace wire."""
+    if os.environ.get(NETEM_ENV) == "0":
+        return PerLinkPath(False, f"userspace delay wire ({NETEM_ENV}=0)")
+    present, _ = (kernel_features() if found is None else found).get("netem", (False, ""))
+    if present:
+        return PerLinkPath(True, "kernel netem")
+    return PerLinkPath(False, "userspace delay wire (no sch_netem)")

@@ -1,0 +1,100 @@
+"""Per-peer traffic control on one host's plane interface, through pyroute2.
+
+An htb root 1: whose unmatched traffic leaves unshaped (default 0), and per destination host
+an htb class that a u32 filter on the destination's address feeds: a bandwidth cap's class
+(`Testbed.cap_bandwidth`), or netem's, an uncapped class with a netem qdisc as its leaf
+(its state from injectors.netem). netem's filters come first (a lower prio), so a pair on
+netem bypasses a cap as a pair on the userspace wire does: the pair's state alone rules it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from injectors.netem import netem_message
+from injectors.wire import WireState
+
+__all__ = [
+    "CAP_FILTER_PRIO",
+    "HTB_ROOT",
+    "NETEM_FILTER_PRIO",
+    "add_htb_root",
+    "add_netem_class",
+    "add_peer_filter",
+    "cap_classid",
+    "netem_classid",
+    "netem_handle",
+    "set_netem",
+]
+
+HTB_ROOT = 0x10000
+NETEM_FILTER_PRIO = 1
+CAP_FILTER_PRIO = 2
+UNCAPPED_BYTES_S = 1 << 40
+"""The rate of a netem class (8.8 Tbit/s: htb needs one; the netem leaf carries the cap)."""
+
+
+def cap_classid(dst: int) -> int:
+    """The htb class of a cap on the traffic for host `dst` (1:10 + dst)."""
+    return HTB_ROOT + 0x10 + dst
+
+
+def netem_classid(dst: int) -> int:
+    """The htb class whose netem leaf shapes the traffic for host `dst` (1:200 + dst)."""
+    return HTB_ROOT + 0x200 + dst
+
+
+def netem_handle(dst: int) -> int:
+    """The handle of the netem qdisc for host `dst` (200 + dst:)."""
+    return (0x200 + dst) << 16
+
+
+def add_peer_filter(
+    ipr: Any, index: int, address: str, classid: int, *, prio: int = CAP_FILTER_PRIO
+) -> None:
+    """A u32 filter on the htb root 1: sending IPv4 packets for `address` to `classid`."""
+    octets = [int(x) for x in address.split(".")]
+    key = "0x{:02x}{:02x}{:02x}{:02x}/0xffffffff+16".format(*octets)
+    ipr.tc(
+        "add-filter",
+        "u32",
+        index,
+        parent=HTB_ROOT,
+        prio=prio,
+        protocol=0x0800,
+        target=classid,
+        keys=[key],
+    )
+
+
+def add_htb_root(ipr: Any, index: int) -> None:
+    """The htb root 1: on interface `index`, unless it has one (unmatched: not shaped)."""
+    if not any(q.get("handle") == HTB_ROOT for q in ipr.get_qdiscs(index=index)):
+        ipr.tc("add", "htb", index, HTB_ROOT, default=0)
+
+
+def add_netem_class(ipr: Any, index: int, dst: int, address: str) -> None:
+    """Host `dst`'s netem class (uncapped) and its filter, ahead of any cap's."""
+    add_htb_root(ipr, index)
+    classid = netem_classid(dst)
+    ipr.tc(
+        "add-class",
+        "htb",
+        index,
+        classid,
+        parent=HTB_ROOT,
+        rate=UNCAPPED_BYTES_S,
+        ceil=UNCAPPED_BYTES_S,
+    )
+    add_peer_filter(ipr, index, address, classid, prio=NETEM_FILTER_PRIO)
+
+
+def set_netem(ipr: Any, index: int, dst: int, state: WireState) -> None:
+    """Host `dst`'s netem leaf to `state` (made on first use; a change keeps its queue)."""
+    from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+    from pyroute2.netlink.rtnl import RTM_NEWQDISC
+
+    msg = netem_message(index, netem_handle(dst), netem_classid(dst), state)
+    msg["header"]["type"] = RTM_NEWQDISC
+    msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+    ipr.nlm_request_batch([msg])  # its `nlm_request` fails in a namespace (pyroute2 0.9.7)
