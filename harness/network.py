@@ -22,6 +22,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from injectors.fault_model import Effect, InForce
 from injectors.testbed import DATA_PLANES, PLANES, Testbed, TestbedError
@@ -34,7 +35,7 @@ from pipeline.profile import Profile
 from pipeline.runtime.remote_error import WorkerCrash, WorkerError, WorkerTimeout
 from pipeline.topology import Link
 
-__all__ = ["network_engine"]
+__all__ = ["NicDown", "network_engine"]
 
 _Pair = tuple[int, int]
 _Changes = tuple[tuple[float, WireState, WireState], ...]
@@ -154,14 +155,31 @@ def _gloo_gave_up(err: WorkerError) -> bool:
     )
 
 
+class NicDown(NamedTuple):
+    """A NIC the engine took down inside an iteration: `at_ms` into it, once it was down
+    (set_link returned: the kernel had it down a little earlier)."""
+
+    iteration: int
+    host: int
+    plane: int
+    at_ms: float
+
+
 class _NetworkEngine(Closing):
     """An emulated engine whose faults are in a testbed's network (see the module)."""
 
     def __init__(
-        self, bed: Testbed, profile: Profile, timeout_s: float, delegated: bool = False
+        self,
+        bed: Testbed,
+        profile: Profile,
+        timeout_s: float,
+        delegated: bool = False,
+        notices: bool = True,
     ) -> None:
         """`delegated`: start delegates, which listen on their hosts' NICs (their traffic
-        crosses the testbed's wires as the workers' does)."""
+        crosses the testbed's wires as the workers' does) and fail over between them;
+        `notices`: their receivers tell their senders of a NIC's failure over the management
+        plane (False: the senders notice it by TCP's user timeout)."""
         from adaptra.transport import Delegates  # torch: only when needed
         from pipeline.engines.runtime import emulated_engine
 
@@ -172,13 +190,13 @@ class _NetworkEngine(Closing):
             tuple(bed.address(host, plane) for plane in nics) for host in range(profile.num_stages)
         )
         management = PLANES.index("mgmt")
-        notices = tuple(bed.address(host, management) for host in range(profile.num_stages))
+        told = tuple(bed.address(host, management) for host in range(profile.num_stages))
         self._inner = emulated_engine(
             profile.num_stages,
             launch=bed.launcher(),
             timeout_s=timeout_s,
             on_start=self._start,
-            delegates=Delegates(addresses, DATA_PLANES, notice_addresses=notices)
+            delegates=Delegates(addresses, DATA_PLANES, notice_addresses=told if notices else ())
             if delegated
             else None,
         )
@@ -187,6 +205,9 @@ class _NetworkEngine(Closing):
         self._pending: _Network | None = None
         self._timers: list[threading.Timer] = []
         self._started_at: float | None = None
+        self._iteration = 0
+        self.nics_taken_down: list[NicDown] = []
+        """Every NIC a timer took down inside an iteration, when it was down."""
         self._timer_error: Exception | None = None
 
     @property
@@ -231,6 +252,7 @@ class _NetworkEngine(Closing):
             self.bed.set_link(host, plane, up=True)
             self._nics_down.discard((host, plane))
         self._pending, self._started_at, self._timer_error = network, None, None
+        self._iteration = iteration
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
         try:
             outcome = self._inner.run(
@@ -279,6 +301,10 @@ class _NetworkEngine(Closing):
             self.bed.set_link(host, plane, up=False)
         except Exception as err:  # kept: `run` raises it in the controller's thread
             self._timer_error = err
+            return
+        assert self._started_at is not None
+        at_ms = (time.monotonic() - self._started_at) * 1000.0
+        self.nics_taken_down.append(NicDown(self._iteration, host, plane, at_ms))
 
     def restart(self) -> None:
         """The failed hardware replaced: every NIC up, every wire at its base; a fresh pool."""
@@ -297,11 +323,15 @@ class _NetworkEngine(Closing):
 
 @contextlib.contextmanager
 def network_engine(
-    profile: Profile, *, transport_timeout_s: float = 60.0, delegated: bool = False
+    profile: Profile,
+    *,
+    transport_timeout_s: float = 60.0,
+    delegated: bool = False,
+    notices: bool = True,
 ) -> Iterator[Engine]:
     """A testbed of one host per stage, htb caps for the profile's link bandwidth, and the
     engine that sets its wires and NICs at each iteration boundary (`delegated`: with
-    delegates on the hosts)."""
+    delegates on the hosts; `notices`: see _NetworkEngine)."""
     if profile.num_replicas > 1:
         raise ConfigError("--inject network runs one replica (its testbed has PP links only)")
     with Testbed(profile.num_stages) as bed:
@@ -310,5 +340,5 @@ def network_engine(
             for link in range(profile.num_stages - 1):
                 for src, dst in ((link, link + 1), (link + 1, link)):
                     bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
-        with _NetworkEngine(bed, profile, transport_timeout_s, delegated) as engine:
+        with _NetworkEngine(bed, profile, transport_timeout_s, delegated, notices) as engine:
             yield engine
