@@ -156,8 +156,8 @@ def _gloo_gave_up(err: WorkerError) -> bool:
 
 
 class NicDown(NamedTuple):
-    """A NIC the engine took down inside an iteration: `at_ms` into it, once it was down
-    (set_link returned: the kernel had it down a little earlier)."""
+    """A NIC the engine took down inside an iteration: `at_ms` into it, when the call that
+    set it down began (the kernel had it down at most that call's time later)."""
 
     iteration: int
     host: int
@@ -175,12 +175,15 @@ class _NetworkEngine(Closing):
         timeout_s: float,
         delegated: bool = False,
         notices: bool = True,
+        longest_hold_ms: float = 0.0,
     ) -> None:
         """`delegated`: start delegates, which listen on their hosts' NICs (their traffic
         crosses the testbed's wires as the workers' does) and fail over between them;
         `notices`: their receivers tell their senders of a NIC's failure over the management
-        plane (False: the senders notice it by TCP's user timeout)."""
+        plane (False: the senders notice it by TCP's user timeout); `longest_hold_ms`: the
+        longest a fault may hold a message (their TCP timeout stays well above it)."""
         from adaptra.transport import Delegates  # torch: only when needed
+        from adaptra.transport.delegated import USER_TIMEOUT_MS
         from pipeline.engines.runtime import emulated_engine
 
         self.bed, self.profile = bed, profile
@@ -196,7 +199,12 @@ class _NetworkEngine(Closing):
             launch=bed.launcher(),
             timeout_s=timeout_s,
             on_start=self._start,
-            delegates=Delegates(addresses, DATA_PLANES, notice_addresses=told if notices else ())
+            delegates=Delegates(
+                addresses,
+                DATA_PLANES,
+                timeout_ms=max(USER_TIMEOUT_MS, round(2 * longest_hold_ms) + 1000),
+                notice_addresses=told if notices else (),
+            )
             if delegated
             else None,
         )
@@ -298,12 +306,12 @@ class _NetworkEngine(Closing):
         """A timer's: the NIC down at its offset (an error is raised again by `run`)."""
         self._nics_down.add((host, plane))  # first: a restart repairs it even half-done
         try:
-            self.bed.set_link(host, plane, up=False)
+            down_at = self.bed.set_link(host, plane, up=False)
         except Exception as err:  # kept: `run` raises it in the controller's thread
             self._timer_error = err
             return
         assert self._started_at is not None
-        at_ms = (time.monotonic() - self._started_at) * 1000.0
+        at_ms = (down_at - self._started_at) * 1000.0
         self.nics_taken_down.append(NicDown(self._iteration, host, plane, at_ms))
 
     def restart(self) -> None:
@@ -328,6 +336,7 @@ def network_engine(
     transport_timeout_s: float = 60.0,
     delegated: bool = False,
     notices: bool = True,
+    longest_hold_ms: float = 0.0,
 ) -> Iterator[Engine]:
     """A testbed of one host per stage, htb caps for the profile's link bandwidth, and the
     engine that sets its wires and NICs at each iteration boundary (`delegated`: with
@@ -340,5 +349,7 @@ def network_engine(
             for link in range(profile.num_stages - 1):
                 for src, dst in ((link, link + 1), (link + 1, link)):
                     bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
-        with _NetworkEngine(bed, profile, transport_timeout_s, delegated, notices) as engine:
+        with _NetworkEngine(
+            bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms
+        ) as engine:
             yield engine

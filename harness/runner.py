@@ -151,7 +151,9 @@ def run_configuration(
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
-        with network_engine(profile, transport_timeout_s=timeout_s, delegated=delegated) as engine:
+        with network_engine(
+            profile, transport_timeout_s=timeout_s, delegated=delegated, longest_hold_ms=longest_ms
+        ) as engine:
             return run(engine)
 
     def engine_of(pools: RuntimeEngines) -> Engine:

@@ -198,21 +198,26 @@ class Testbed:
         with IPRoute(netns=self.hosts[host], flags=0) as ipr:
             yield ipr
 
-    def set_link(self, host: int, plane: int, up: bool) -> None:
+    def set_link(self, host: int, plane: int, up: bool) -> float:
         """A NIC failure (up=False) or its repair, on one host's interface of one plane, and
-        on the host's ends of its wires on that plane (they stand in for the same NIC)."""
+        on the host's ends of its wires on that plane (they stand in for the same NIC); when
+        the call that sets the NIC itself began (monotonic s: the kernel changed it, and its
+        netlink event went out, at most the call's time later)."""
         if plane >= 2:
             raise TestbedError("the management plane never gets faults")
         (self._down.discard if up else self._down.add)((host, plane))
+        set_at = 0.0
         with self._host(host) as ipr:
             ends = [(PLANES[plane], None), *self._wire_ends(host, plane)]
             for ifname, there in ends:
                 index = ipr.link_lookup(ifname=ifname)[0]
+                set_at = set_at or time.monotonic()
                 ipr.link("set", index=index, state="up" if up else "down")
                 if up:
                     self._wait_up(ipr, index, f"{ifname} of host {host}")
                 if up and there is not None:
                     self._route_wire(ipr, index, host, there, plane)
+        return set_at
 
     def bytes_sent(self, host: int) -> dict[str, int]:
         """What each of the host's interfaces has sent, in bytes, by plane name (a plane's

@@ -65,10 +65,10 @@ class HostCosts:
     copy_in_fixed_ms: float = 0.0
     """Delegated: the copy of an arrived message into its op's buffer, before the op, plus..."""
     copy_in_ms_per_mib: float = 0.0
+    """...this long per MiB."""
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
-    """...this long per MiB."""
     host: str = ""
     measured_at: str = ""
 

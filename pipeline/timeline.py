@@ -85,9 +85,11 @@ class MessageRecord(NamedTuple):
 
 class FailoverRecord(NamedTuple):
     """A sender delegate's move to another NIC (delegated runs, adaptra.transport): it noticed
-    the NIC it used fail at `noticed_ms` (by `cause`: "link state", "timeout" or "fault
-    hook"), and at `resumed_ms` its connection over `nic_to` had taken over, the messages
-    from `resume_seq` on (of the link direction's seqs; -1: none) sent again."""
+    the NIC it used fail at `noticed_ms` (by `cause`: "link state", "notice", "timeout",
+    "fault hook" or "sibling": pipeline.runtime.transport.Failover), and at `resumed_ms` its
+    connection over `nic_to` had taken over, the messages from `resume_seq` on (of the link
+    direction's seqs; -1: none) sent again. `iteration`: that of the last message it was
+    given; a move between iterations is reported with the next one's records."""
 
     iteration: int
     link: str

@@ -46,20 +46,22 @@ import socket
 import struct
 import sys
 import time
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 JOB = struct.Struct("<iqiiqqdI96s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
-HEADER = struct.Struct("<qiiq")
-"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes. A hello (a
-sender's first words on a connection) is (-1, NIC index, -1, HELLO), or (-1, 0, -1,
-NOTICE_HELLO) on its notice connection."""
-NOTICE = struct.Struct("<i")
-"""On a notice connection, receiver to sender: the receiver's NIC that went down."""
-RESUME = struct.Struct("<qi")
-"""A receiver's answer to a hello: the iteration and seq of the last message it got whole
-((-1, -1): none yet)."""
+HEADER = struct.Struct("<qiiqq")
+"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, and its number
+on this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
+iterations, not this). A hello (a sender's first words on a connection) is (-1, NIC index,
+-1, HELLO, the connection's number: each newer than the last), or (-1, 0, -1, NOTICE_HELLO,
+0) on its notice connection."""
+NOTICE = struct.Struct("<ii")
+"""On a notice connection, receiver to sender: one of the receiver's NICs, and whether it
+came up (1: usable again) or went down (0: the one in use: move)."""
+RESUME = struct.Struct("<q")
+"""A receiver's answer to a hello: the number of the last message it got whole (-1: none)."""
 NOTE = struct.Struct("<iqiiqqddi")
 """kind, iteration, microbatch (FAILOVER: its cause), seq (FAILOVER: the first seq sent again,
 -1 if none), offset or port (FAILOVER: the NIC left), nbytes (FAILOVER: the NIC taken), time 1
@@ -132,29 +134,10 @@ def _note(fd: int, *fields: object) -> None:
     os.write(fd, NOTE.pack(*fields))
 
 
-class Wire(Protocol):
-    """What carries messages from a sender delegate to its receiver delegate: the
-    implementation here is TCP (`TcpWire`); an RDMA one (pyverbs) would fit the same calls,
-    and none is written: no RDMA device exists where this runs (`adaptra-bench doctor`)."""
-
-    def fileno(self) -> int:
-        """What a select waits on (the sender: only for the connection's failure)."""
-        ...
-
-    def send(self, header: bytes, payload: memoryview) -> None: ...
-
-    def receive_into(self, target: memoryview) -> int:
-        """Some of `target`'s bytes, as many as are in (at least one); 0 if the other side
-        closed; OSError if the connection broke."""
-        ...
-
-    def abandon(self) -> None:
-        """Drop the connection at once (a reset: nothing queued is sent)."""
-        ...
-
-
 class TcpWire:
-    """A TCP connection (no Nagle: a header must not wait for its payload)."""
+    """What carries messages between a sender delegate and its receiver delegate: a TCP
+    connection (no Nagle: a header must not wait for its payload). The one implementation:
+    no RDMA device exists where this runs (`adaptra-bench doctor`)."""
 
     def __init__(self, sock: socket.socket, timeout_ms: int = 0) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -183,13 +166,19 @@ class TcpWire:
         self._sock.sendall(payload)
 
     def receive_exactly(self, size: int) -> bytes:
-        """`size` bytes (the socket's timeout applies); ConnectionError if it closes first."""
-        data = self._sock.recv(size, socket.MSG_WAITALL)
-        if len(data) < size:
-            raise ConnectionError("the connection closed")
+        """`size` bytes (the socket's timeout applies to each read); ConnectionError if it
+        closes first."""
+        data = b""
+        while len(data) < size:
+            chunk = self._sock.recv(size - len(data))
+            if not chunk:
+                raise ConnectionError("the connection closed")
+            data += chunk
         return data
 
     def receive_into(self, target: memoryview) -> int:
+        """Some of `target`'s bytes (at least one); 0 if the other side closed; OSError if
+        the connection broke."""
         return self._sock.recv_into(target)
 
     def peek(self) -> bytes:
@@ -200,7 +189,9 @@ class TcpWire:
         self._sock.settimeout(timeout_s)
 
     def abandon(self) -> None:
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        """Drop the connection at once (a reset: nothing queued is sent)."""
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self._sock.close()
 
 
@@ -237,6 +228,8 @@ class _Message(NamedTuple):
     seq: int
     offset: int
     nbytes: int
+    number: int
+    """Its number on the delegate pair (HEADER)."""
 
 
 class _Sender:
@@ -253,25 +246,36 @@ class _Sender:
         self.failed: set[int] = set()
         """NICs seen to fail and not seen back."""
         self.wire: TcpWire | None = None
+        self.num_connections = 0
 
-    def connect(self) -> tuple[int, int]:
+    def connect(self) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
-        fails too): the receiver's resume point. ConnectionError if none is left."""
-        for nic in range(len(self.peers)):
-            if nic in self.failed:
-                continue
+        fails too), or if all have, over each again (a repair on the far side, with its
+        notices off, goes unseen): the receiver's resume point. ConnectionRefusedError if
+        every NIC refused (the receiver is gone), ConnectionError if none connects."""
+        nics = range(len(self.peers))
+        refused = True
+        for nic in [k for k in nics if k not in self.failed] or nics:
+            self.num_connections += 1
+            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections)
+            wire = None
             try:
                 wire = TcpWire.connect(
                     self.sources[nic], self.peers[nic], self.port, self.timeout_ms
                 )
-                wire.send(HEADER.pack(-1, nic, -1, HELLO), memoryview(b""))
-                resume = RESUME.unpack(wire.receive_exactly(RESUME.size))
-            except OSError:
+                wire.send(hello, memoryview(b""))
+                (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
+            except OSError as err:
+                refused = refused and isinstance(err, ConnectionRefusedError)
+                if wire is not None:
+                    wire.abandon()
                 self.failed.add(nic)
                 continue
             wire.blocking(None)
             self.wire, self.active = wire, nic
             return resume
+        if refused:
+            raise ConnectionRefusedError("the receiver delegate is gone (every NIC refused)")
         raise ConnectionError("no data-plane NIC reaches the receiver")
 
     def drop(self) -> None:
@@ -303,11 +307,13 @@ def run_sender(
     retained: list[_Message] = []
     """This iteration's messages so far, to send again after a failover (an iteration's
     messages all have their slots, and the next begins only once all arrived)."""
+    num_sent = 0
 
     def send(message: _Message) -> None:
         assert link.wire is not None
-        with slots.view[message.offset : message.offset + message.nbytes] as payload:
-            header = HEADER.pack(message.iteration, message.microbatch, message.seq, message.nbytes)
+        m = message
+        with slots.view[m.offset : m.offset + m.nbytes] as payload:
+            header = HEADER.pack(m.iteration, m.microbatch, m.seq, m.nbytes, m.number)
             link.wire.send(header, payload)  # released after: remappable
 
     def fail_over(cause: int) -> None:
@@ -316,10 +322,13 @@ def run_sender(
         while True:
             try:
                 resume = link.connect()
+            except ConnectionRefusedError:
+                raise  # the receiver is gone: its own trainer's failure is the news
             except ConnectionError:  # every NIC has failed: the trainer is told, and ends it
                 _note(notify, FAILED, 0, 0, 0, 0, 0, noticed_s, time.monotonic(), pid)
+                _wait_for_the_end(control)
                 raise
-            again = [m for m in retained if (m.iteration, m.seq) > resume]
+            again = [m for m in retained if m.number > resume]
             try:
                 for message in again:
                     send(message)
@@ -368,7 +377,8 @@ def run_sender(
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:
                     retained.clear()
-                message = _Message(iteration, microbatch, seq, offset, nbytes)
+                message = _Message(iteration, microbatch, seq, offset, nbytes, num_sent)
+                num_sent += 1
                 retained.append(message)
                 if fault_ms > 0:
                     time.sleep(fault_ms / 1000.0)
@@ -382,12 +392,19 @@ def run_sender(
                 _note(notify, SENT, iteration, microbatch, seq, offset, nbytes, picked_s,
                       time.monotonic(), pid)  # fmt: skip
             elif notices is not None and key.fileobj is notices:
-                notice = notices.recv(NOTICE.size, socket.MSG_WAITALL)
-                if len(notice) < NOTICE.size:  # the receiver has ended: no more notices
+                try:
+                    notice = _read_whole(notices, NOTICE.size)
+                except OSError:
+                    notice = b""
+                if not notice:  # the receiver has ended: no more notices
                     selector.unregister(notices)
                     notices.close()
                     notices = None
-                elif NOTICE.unpack(notice)[0] == link.active:
+                    continue
+                nic, up = NOTICE.unpack(notice)
+                if up:
+                    link.failed.discard(nic)
+                elif nic == link.active:
                     fail_over(BY_NOTICE)
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
@@ -396,24 +413,41 @@ def run_sender(
                     fail_over(BY_LINK_STATE)
             elif key.fd == watched_fd:
                 # The receiver never speaks after its resume point: this is a reset, a
-                # timeout or its end.
+                # timeout or its end (then no NIC connects: refused, the delegate ends).
                 try:
-                    closed = not watched.peek()
+                    watched.peek()
                 except BlockingIOError:
                     continue
                 except OSError:
-                    closed = False
-                if closed and _control_closed(control):
-                    return  # the run is over: the receiving trainer closed first
+                    pass
                 fail_over(BY_TIMEOUT)
 
 
 def _notice_connection(host: str, port: int) -> socket.socket:
     """A sender's connection for its receiver's notices (the receiver listens there too)."""
     sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    sock.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO))
+    sock.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO, 0))
     sock.settimeout(None)
     return sock
+
+
+def _read_whole(sock: socket.socket, size: int) -> bytes:
+    """`size` bytes, or b"" if the other side closed first."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _wait_for_the_end(control: int) -> None:
+    """Until the trainer closes the job pipe (it reads the note written before, at its next
+    wait on this delegate), the jobs meanwhile dropped: this delegate is dead to it then."""
+    with contextlib.suppress(OSError):
+        while os.read(control, JOB.size):
+            pass
 
 
 class _Inbox:
@@ -424,8 +458,8 @@ class _Inbox:
         self.header = bytearray(HEADER.size)
         self.got = 0
         """Bytes in of the header, then of the payload."""
-        self.message: tuple[int, int, int, int] | None = None
-        """(iteration, microbatch, seq, nbytes) once its header is in."""
+        self.message: tuple[int, int, int, int, int] | None = None
+        """(iteration, microbatch, seq, nbytes, number) once its header is in."""
 
 
 def _listen(addresses: list[str]) -> list[socket.socket]:
@@ -466,8 +500,10 @@ def run_receiver(
         selector.register(watch.fileno(), selectors.EVENT_READ)
     noticed: list[socket.socket] = []
     """Its sender's notice connection (its latest, if it made another)."""
-    last = (-1, -1)
-    """The iteration and seq of the last message in whole (the resume point)."""
+    last = -1
+    """The number of the last message in whole (the resume point)."""
+    newest = 0
+    """The number of the newest connection taken (an older one's hello may come late)."""
     inbox: _Inbox | None = None
     ready = False
 
@@ -488,43 +524,45 @@ def run_receiver(
                 wire = TcpWire(sock)
                 try:
                     wire.blocking(CONNECT_TIMEOUT_S)
-                    _, nic, _, hello = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    _, nic, _, hello, number = HEADER.unpack(wire.receive_exactly(HEADER.size))
                     if hello == NOTICE_HELLO:
                         noticed[:] = [sock]
                         continue
-                    if hello != HELLO:
-                        raise ConnectionError("a connection without a hello")
-                    sock.sendall(RESUME.pack(*last))
+                    if hello != HELLO or number <= newest:
+                        raise ConnectionError("not a hello, or an older one than taken")
+                    sock.sendall(RESUME.pack(last))
                     wire.blocking(None)
                 except OSError:
-                    sock.close()
+                    wire.abandon()
                     continue
                 if inbox is not None:  # the sender moved: the old connection is dead
-                    selector.unregister(inbox.wire.fileno())
+                    selector.unregister(inbox.wire)
                     inbox.wire.abandon()
-                inbox = _Inbox(wire, nic)
-                selector.register(wire.fileno(), selectors.EVENT_READ)
+                inbox, newest = _Inbox(wire, nic), number
+                selector.register(wire, selectors.EVENT_READ)
                 if not ready:
                     _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
                     ready = True
             elif watch is not None and key.fd == watch.fileno():
-                went_down, _ = watch.read()
+                went_down, came_up = watch.read()
+                told = [NOTICE.pack(k, 1) for k, i in enumerate(indices) if i in came_up]
                 if inbox is not None and indices[inbox.nic] in went_down:
-                    for sock in noticed:  # its sender moves at once, not at a timeout
-                        with contextlib.suppress(OSError):
-                            sock.sendall(NOTICE.pack(inbox.nic))
-            elif inbox is not None and key.fd == inbox.wire.fileno():
+                    told.append(NOTICE.pack(inbox.nic, 0))  # its sender moves at once
+                for sock in noticed:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b"".join(told))
+            elif inbox is not None and key.fileobj is inbox.wire:  # not an older one's event
                 if inbox.message is None:
                     with memoryview(inbox.header)[inbox.got :] as rest:
                         count = _receive(inbox.wire, rest)
                 else:
-                    iteration, microbatch, seq, nbytes = inbox.message
+                    iteration, microbatch, seq, nbytes, number = inbox.message
                     offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
                     start = offset + inbox.got
                     with slots.view[start : offset + nbytes] as rest:  # released: remappable
                         count = _receive(inbox.wire, rest)
                 if count is None:  # broken (reset, timeout): its sender fails over to us
-                    selector.unregister(inbox.wire.fileno())
+                    selector.unregister(inbox.wire)
                     inbox.wire.abandon()
                     inbox = None
                     continue
@@ -543,13 +581,13 @@ def run_receiver(
                             return
                     if inbox.message[3] > 0:
                         continue
-                iteration, microbatch, seq, nbytes = inbox.message
+                iteration, microbatch, seq, nbytes, number = inbox.message
                 if inbox.got < nbytes:
                     continue
                 inbox.message, inbox.got = None, 0
-                if (iteration, seq) <= last:  # sent again after a failover, and in already
+                if number <= last:  # sent again after a failover, and in already
                     continue
-                last = (iteration, seq)
+                last = number
                 offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
                 _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes,
                       time.monotonic(), 0.0, pid)  # fmt: skip

@@ -59,7 +59,7 @@ from pipeline.runtime.transport import (
     describe,
 )
 
-__all__ = ["DelegateTransport", "Delegates"]
+__all__ = ["USER_TIMEOUT_MS", "DelegateTransport", "Delegates"]
 
 DELEGATE_FILE = Path(__file__).with_name("delegate.py")
 _POLL_S = 0.2
@@ -67,6 +67,9 @@ _POLL_S = 0.2
 
 LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
 """Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
+
+USER_TIMEOUT_MS = 2000
+"""The delegates' TCP user timeout by default (`Delegates.timeout_ms`)."""
 
 CAUSES = {
     BY_LINK_STATE: "link state",
@@ -92,7 +95,7 @@ class Delegates:
     notice_addresses: tuple[str, ...] = ()
     """Each rank's management-plane address, where its receiver delegates tell their senders
     that their NIC went down (else the senders notice it by TCP's timeout); empty: none."""
-    timeout_ms: int = 2000
+    timeout_ms: int = USER_TIMEOUT_MS
     """TCP's user timeout on the delegates' connections: data unacked this long means the
     far NIC failed. Above any delay the links put on a message's acks."""
 
@@ -101,6 +104,8 @@ class Delegates:
             self.ifnames and len(self.ifnames) != len(self.nics(0))
         ):
             raise ValueError("every rank needs one address per NIC, and one name per NIC")
+        if self.notice_addresses and len(self.notice_addresses) != len(self.addresses):
+            raise ValueError("every rank needs a management-plane address, or none does")
 
     def nics(self, rank: int) -> tuple[str, ...]:
         return self.addresses[rank] if self.addresses else LOOPBACK_NICS
@@ -320,8 +325,8 @@ class _Outbound(_Side):
     def _move_the_others(self) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
         message: the same route, whose failure each would otherwise notice on its own (by
-        TCP's timeout, once per delegate). Their failovers are noted with the next
-        iteration's."""
+        TCP's timeout, once per delegate). Their trainer reads their failovers at its next
+        wait on them (the next iteration's records)."""
         left = {f.nic_from for f in self.failovers}
         for delegate in self.delegates:
             if self.nic_of[delegate.index] in left:

@@ -146,9 +146,11 @@ class Failover(NamedTuple):
     iteration: int
     """The iteration whose messages it was carrying (-1: before any)."""
     cause: str
-    """What noticed the failure: "link state" (netlink: its own NIC went down), "timeout"
-    (its connection broke or its data went unacked: the far NIC), "fault hook" (the fault
-    model has the route down: hook injection)."""
+    """What noticed the failure: "link state" (netlink: its own NIC went down), "notice"
+    (its receiver's netlink, over the management plane: the far NIC), "timeout" (its
+    connection broke or its data went unacked: the far NIC, with notices off), "fault hook"
+    (the fault model has the route down: hook injection), "sibling" (another delegate of its
+    link direction left that NIC: its trainer moved it)."""
     nic_from: int
     """The NIC it left, by index among the host's data-plane NICs (pipeline.topology)."""
     nic_to: int
