@@ -71,3 +71,7 @@ class OracleController:
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
+
+    def restarted(self, iteration: int) -> None:
+        """The job came back on repaired hardware: the failures so far are gone."""
+        self.faults = self.faults.repaired(iteration)

@@ -23,3 +23,6 @@ class FixedPlan:
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
+
+    def restarted(self, iteration: int) -> None:
+        pass

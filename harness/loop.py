@@ -178,6 +178,7 @@ def run_loop(
                 raise
             _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
             view = view.repaired(k)
+            controller.restarted(k)
             k = checkpoint
             continue
         controller.observe(k, outcome.timeline)

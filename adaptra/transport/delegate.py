@@ -19,15 +19,18 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
-netlink (its own NIC's link going down: at once), by TCP's user timeout (data unacked for
-`timeout_ms`: the peer's NIC), or by the fault hook's word (a NIC the fault model has down:
-hook injection, no namespaces). It then drops the connection and connects over the next NIC
-it has not seen fail (never the management plane, never waiting for the failed one); the
-receiver answers the new connection's hello with the last message it got whole (its resume
-point) and drops the old connection with whatever part-message it held; the sender sends
-again, in order, each of the iteration's messages past that point. Messages are numbered (the
-iteration's seq): nothing is sent twice in normal operation, and a receiver drops anything at
-or before its resume point, so every message arrives once. The sender notes the failover
+netlink (its own NIC's link going down: at once), by its receiver's notice over the
+management plane (the receiver's netlink: the peer's NIC), by TCP's user timeout (data
+unacked for `timeout_ms`: the peer's NIC, with no notices), by the fault hook's word (a NIC
+the fault model has down: hook injection, no namespaces), or by its trainer's "move" (a
+sibling left the NIC). It then drops the connection and connects over the next NIC
+it has not seen fail (never the management plane, never waiting for the failed one; a NIC
+comes back when netlink or the receiver's notice says it is up); the receiver answers the
+new connection's hello with the number of the last message it got whole (its resume point)
+and drops the old connection with whatever part-message it held; the sender sends again, in
+order, each of the iteration's messages past that point. Messages are numbered per delegate
+pair: nothing is sent twice in normal operation, and a receiver drops anything at or before
+its resume point, so every message arrives once. The sender notes the failover
 (when noticed, why, which NICs, the first seq sent again, when that went).
 
 Records on the pipes are fixed-size structs (below), each written whole (under PIPE_BUF).
@@ -319,15 +322,13 @@ def run_sender(
     def fail_over(cause: int) -> None:
         noticed_s, left = time.monotonic(), link.active
         link.drop()
-        while True:
+        for _ in range(2 * len(peers)):  # each NIC twice at most (one may break again)
             try:
                 resume = link.connect()
             except ConnectionRefusedError:
                 raise  # the receiver is gone: its own trainer's failure is the news
-            except ConnectionError:  # every NIC has failed: the trainer is told, and ends it
-                _note(notify, FAILED, 0, 0, 0, 0, 0, noticed_s, time.monotonic(), pid)
-                _wait_for_the_end(control)
-                raise
+            except ConnectionError:
+                break
             again = [m for m in retained if m.number > resume]
             try:
                 for message in again:
@@ -336,6 +337,10 @@ def run_sender(
                 link.drop()
                 continue
             break
+        if link.wire is None:  # every NIC has failed: the trainer is told, and ends the run
+            _note(notify, FAILED, 0, 0, 0, 0, 0, noticed_s, time.monotonic(), pid)
+            _wait_for_the_end(control)
+            raise ConnectionError("no data-plane NIC reaches the receiver")
         first_seq = again[0].seq if again else -1
         iteration = retained[-1].iteration if retained else -1
         _note(notify, FAILOVER, iteration, cause, first_seq, left, link.active, noticed_s,

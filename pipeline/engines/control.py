@@ -1,8 +1,10 @@
 """The controller interface: what each iteration runs, and what it is told afterwards.
 
 The per-iteration loop (harness.loop) asks `plan(k)` before iteration k and hands the
-iteration's measured timeline to `observe(k, timeline)` after it. A controller that reads the
-fault model (an oracle) says so in its `name`; a detector-driven one sees timelines only.
+iteration's measured timeline to `observe(k, timeline)` after it; after a
+checkpoint-restart at iteration k it says `restarted(k)` (the failed hardware replaced)
+before planning again. A controller that reads the fault model (an oracle) says so in its
+`name`; a detector-driven one sees timelines only.
 """
 
 from __future__ import annotations
@@ -24,3 +26,5 @@ class Controller(Protocol):
     def plan(self, iteration: int) -> Plan: ...
 
     def observe(self, iteration: int, timeline: Timeline) -> None: ...
+
+    def restarted(self, iteration: int) -> None: ...

@@ -42,6 +42,9 @@ class _SwapAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
+    def restarted(self, iteration: int) -> None:
+        pass
+
 
 def _slow_links(timeline: Timeline, iteration: int) -> set[str]:
     """The links whose messages took the delay: the hook's fault_ms, or on the wire a median
