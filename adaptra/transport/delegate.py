@@ -54,12 +54,14 @@ from typing import NamedTuple
 JOB = struct.Struct("<iqiiqqdI96s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
-HEADER = struct.Struct("<qiiqq")
-"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, and its number
-on this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
-iterations, not this). A hello (a sender's first words on a connection) is (-1, NIC index,
--1, HELLO, the connection's number: each newer than the last), or (-1, 0, -1, NOTICE_HELLO,
-0) on its notice connection."""
+HEADER = struct.Struct("<qiiqqqq")
+"""On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, its number on
+this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
+iterations, not this), and the slot and file bytes of the slot file it came from (both
+trainers size theirs alike per iteration: the receiver waits for its map of that size). A
+hello (a sender's first words on a connection) is (-1, NIC index, -1, HELLO, the
+connection's number: each newer than the last, 0, 0), or (-1, 0, -1, NOTICE_HELLO, 0, 0, 0)
+on its notice connection."""
 NOTICE = struct.Struct("<ii")
 """On a notice connection, receiver to sender: one of the receiver's NICs, and whether it
 came up (1: usable again) or went down (0: the one in use: move)."""
@@ -260,7 +262,7 @@ class _Sender:
         refused = True
         for nic in [k for k in nics if k not in self.failed] or nics:
             self.num_connections += 1
-            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections)
+            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, 0, 0)
             wire = None
             try:
                 wire = TcpWire.connect(
@@ -316,7 +318,10 @@ def run_sender(
         assert link.wire is not None
         m = message
         with slots.view[m.offset : m.offset + m.nbytes] as payload:
-            header = HEADER.pack(m.iteration, m.microbatch, m.seq, m.nbytes, m.number)
+            header = HEADER.pack(
+                m.iteration, m.microbatch, m.seq, m.nbytes, m.number, slots.slot_bytes,
+                len(slots.view),
+            )  # fmt: skip
             link.wire.send(header, payload)  # released after: remappable
 
     def fail_over(cause: int) -> None:
@@ -431,7 +436,7 @@ def run_sender(
 def _notice_connection(host: str, port: int) -> socket.socket:
     """A sender's connection for its receiver's notices (the receiver listens there too)."""
     sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    sock.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO, 0))
+    sock.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO, 0, 0, 0))
     sock.settimeout(None)
     return sock
 
@@ -463,8 +468,8 @@ class _Inbox:
         self.header = bytearray(HEADER.size)
         self.got = 0
         """Bytes in of the header, then of the payload."""
-        self.message: tuple[int, int, int, int, int] | None = None
-        """(iteration, microbatch, seq, nbytes, number) once its header is in."""
+        self.message: tuple[int, int, int, int, int, int, int] | None = None
+        """Its header's fields once they are in."""
 
 
 def _listen(addresses: list[str]) -> list[socket.socket]:
@@ -529,7 +534,8 @@ def run_receiver(
                 wire = TcpWire(sock)
                 try:
                     wire.blocking(CONNECT_TIMEOUT_S)
-                    _, nic, _, hello, number = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    hello_fields = HEADER.unpack(wire.receive_exactly(HEADER.size))
+                    _, nic, _, hello, number, _, _ = hello_fields
                     if hello == NOTICE_HELLO:
                         noticed[:] = [sock]
                         continue
@@ -561,7 +567,7 @@ def run_receiver(
                     with memoryview(inbox.header)[inbox.got :] as rest:
                         count = _receive(inbox.wire, rest)
                 else:
-                    iteration, microbatch, seq, nbytes, number = inbox.message
+                    iteration, microbatch, seq, nbytes, number, _, _ = inbox.message
                     offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
                     start = offset + inbox.got
                     with slots.view[start : offset + nbytes] as rest:  # released: remappable
@@ -581,12 +587,13 @@ def run_receiver(
                         continue
                     inbox.message = HEADER.unpack(inbox.header)
                     inbox.got = 0
-                    while slots.slot_bytes < inbox.message[3]:  # its slot file is on the way
-                        if not map_from_control():
+                    *_, slot_bytes, file_bytes = inbox.message
+                    while (slots.slot_bytes, len(slots.view)) != (slot_bytes, file_bytes):
+                        if not map_from_control():  # its slot file is on the way
                             return
                     if inbox.message[3] > 0:
                         continue
-                iteration, microbatch, seq, nbytes, number = inbox.message
+                iteration, microbatch, seq, nbytes, number, _, _ = inbox.message
                 if inbox.got < nbytes:
                     continue
                 inbox.message, inbox.got = None, 0

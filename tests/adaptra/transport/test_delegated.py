@@ -63,7 +63,11 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
         assert {m.num_bytes for m in fourth.messages} == {3 << 20}
         assert {m.carrier_pid for m in fourth.messages} <= set(delegates)
         assert len(list(folder.glob("slots-*"))) == 2 * 2 * (S - 1)  # both sides, each way
-        for timeline in (first, second, third, fourth):  # every message once, none lost
+        # Smaller again: new slot files, and a receiver must not take a message into its old,
+        # larger one (its map job may come after the message: it waits for the right one).
+        fifth = pool.run_iteration(IterationConfig(4, SCHEDULE, PROFILE, comm="delegated"))
+        assert {m.num_bytes for m in fifth.messages} == {PROFILE.message_bytes}
+        for timeline in (first, second, third, fourth, fifth):  # every message once
             assert _count(timeline) == {(f"{i}-{i + 1}", d): N for i in range(S - 1)
                                         for d in ("forward", "backward")}  # fmt: skip
             keys = [(m.link, m.direction, m.microbatch) for m in timeline.messages]
