@@ -39,7 +39,12 @@ def held_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for held, handler in previous.items():
-            signal.signal(held, handler)
+        # Blocked while the handlers go back, so that none runs with only some restored.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+        try:
+            for held, handler in previous.items():
+                signal.signal(held, handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for signum in noted:
             signal.raise_signal(signum)
