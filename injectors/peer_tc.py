@@ -20,6 +20,7 @@ __all__ = [
     "NETEM_FILTER_PRIO",
     "add_htb_root",
     "add_netem_class",
+    "add_peer_class",
     "add_peer_filter",
     "cap_classid",
     "netem_classid",
@@ -73,20 +74,27 @@ def add_htb_root(ipr: Any, index: int) -> None:
         ipr.tc("add", "htb", index, HTB_ROOT, default=0)
 
 
-def add_netem_class(ipr: Any, index: int, dst: int, address: str) -> None:
-    """Host `dst`'s netem class (uncapped) and its filter, ahead of any cap's."""
+def add_peer_class(
+    ipr: Any, index: int, classid: int, rate_bytes_s: int, address: str, prio: int
+) -> None:
+    """An htb class `classid` at `rate_bytes_s` under the root 1: (made if missing), fed the
+    packets for `address` by a filter of `prio`."""
     add_htb_root(ipr, index)
-    classid = netem_classid(dst)
     ipr.tc(
         "add-class",
         "htb",
         index,
         classid,
         parent=HTB_ROOT,
-        rate=UNCAPPED_BYTES_S,
-        ceil=UNCAPPED_BYTES_S,
+        rate=rate_bytes_s,
+        ceil=rate_bytes_s,
     )
-    add_peer_filter(ipr, index, address, classid, prio=NETEM_FILTER_PRIO)
+    add_peer_filter(ipr, index, address, classid, prio=prio)
+
+
+def add_netem_class(ipr: Any, index: int, dst: int, address: str) -> None:
+    """Host `dst`'s netem class (uncapped) and its filter, ahead of any cap's."""
+    add_peer_class(ipr, index, netem_classid(dst), UNCAPPED_BYTES_S, address, NETEM_FILTER_PRIO)
 
 
 def set_netem(ipr: Any, index: int, dst: int, state: WireState) -> None:

@@ -34,9 +34,9 @@ from injectors.kernel_probe import kernel_features, per_link_path
 from injectors.netem import netem_cannot
 from injectors.ownership import OwnerRecord
 from injectors.peer_tc import (
-    HTB_ROOT,
-    add_htb_root,
+    CAP_FILTER_PRIO,
     add_netem_class,
+    add_peer_class,
     add_peer_filter,
     cap_classid,
     set_netem,
@@ -253,18 +253,8 @@ class Testbed:
         rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
-            add_htb_root(ipr, index)
-            classid = cap_classid(dst)
-            ipr.tc(
-                "add-class",
-                "htb",
-                index,
-                classid,
-                parent=HTB_ROOT,
-                rate=rate_bytes_s,
-                ceil=rate_bytes_s,
-            )
-            add_peer_filter(ipr, index, self.address(dst, plane), classid)
+            address = self.address(dst, plane)
+            add_peer_class(ipr, index, cap_classid(dst), rate_bytes_s, address, CAP_FILTER_PRIO)
 
     @property
     def uses_netem(self) -> bool:
