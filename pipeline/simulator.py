@@ -209,6 +209,7 @@ def simulate(
                     continue
                 transfer_ms = transfer[link_idx]
                 fault_ms = profile.delay_ms[link_idx]
+                mode = modes[link_idx][direction]
                 if faults is not NO_FAULTS:
                     fault = faults.message_fault(
                         pp_links[link_idx],
@@ -218,9 +219,10 @@ def simulate(
                         message_bytes,
                         end - start_ms,
                     )
-                    mode = modes[link_idx][direction]
-                    here = (links[link_idx], _DIRECTIONS[direction])
-                    if fault.failed and (mode is not CommMode.DELEGATED or len(nics) < 2):
+                    if not fault.failed:
+                        transfer_ms += fault.delay_ms
+                        fault_ms += fault.delay_ms
+                    elif mode is not CommMode.DELEGATED or len(nics) < 2:
                         raise LinkFailure(
                             f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
                             f"microbatch {m} on link {pp_links[link_idx]} cannot go: its link or"
@@ -228,8 +230,8 @@ def simulate(
                             "iteration)",
                             at_ms=end - start_ms,
                         )
-                    if fault.failed and here not in moved:  # its delegates move to a NIC
-                        moved.add(here)
+                    elif (here := (links[link_idx], _DIRECTIONS[direction])) not in moved:
+                        moved.add(here)  # its delegates move to the next NIC
                         slots = delegate_free[link_idx][direction]
                         slots[:] = [max(t, end) + host.failover_ms for t in slots]
                         seq = num_sent[link_idx][direction]
@@ -238,10 +240,6 @@ def simulate(
                             nics[1], end, end + host.failover_ms, seq, carrier_pid=0,
                         )  # fmt: skip
                         failovers.append(record)
-                    if not fault.failed:
-                        transfer_ms += fault.delay_ms
-                        fault_ms += fault.delay_ms
-                mode = modes[link_idx][direction]
                 wire_start, copied_in = end, 0.0
                 if mode is CommMode.IDEAL:
                     send_end = end
