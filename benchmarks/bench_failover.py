@@ -2,6 +2,7 @@
 costs an iteration, and what it saves a run.
 
 Run (root: the namespace testbed): python benchmarks/bench_failover.py [--failures 10]
+(`--sim-only FAILOVER_MS`: part 3 alone)
 
 1. The testbed: Adaptra over delegates (S=4, N=8, 2 ms ops, 64 KiB messages, D=2); the NIC
    of stage 1's host in use goes down at a seeded random point of every other iteration
@@ -175,7 +176,17 @@ def main() -> None:
     parser.add_argument("--failures", type=int, default=10)
     parser.add_argument("--timeout-failures", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--sim-only",
+        type=float,
+        metavar="FAILOVER_MS",
+        help="run part 3 alone, with this failover time (no root needed)",
+    )
     args = parser.parse_args()
+    if args.sim_only is not None:
+        print(f"Table 3 at 140B on 128 GPUs, sim, failover_ms = {args.sim_only:.2f}:")
+        print("\n".join(_table3_sim(args.sim_only)))
+        return
     if os.geteuid() != 0:
         sys.exit("the testbed needs root")
     print(f"load average before: {os.getloadavg()[0]:.2f}")

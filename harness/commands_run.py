@@ -59,7 +59,7 @@ __all__ = ["report", "run"]
     type=click.Choice(list(INJECTIONS)),
     default="hook",
     show_default=True,
-    help="Emulated runs: delays as a sleep before each send (hook) or in a namespace "
+    help="Runtime backends: delays as a sleep before each send (hook) or in a namespace "
     "testbed's network (network; root).",
 )
 @click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")

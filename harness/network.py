@@ -1,15 +1,16 @@
-"""The emulated engine on a namespace testbed (`--inject network`): faults in the network,
-not in the workers.
+"""A runtime engine (emulated or megatron) on a namespace testbed (`--inject network`): faults
+in the network, not in the workers.
 
-One host per stage. At every iteration boundary the testbed takes what is in force: each
-host pair with an effect gets its state, from the iteration's start or from the event's
-`at_ms` into it (delay, jitter, a redrawn normal delay, a cap, a stall, down), on kernel
-netem where netem can express it and the kernel has it, else on a userspace wire
-(`Testbed.set_wire` decides; a pair with changes inside the iteration takes the wire at the
-boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a timer). The
-profile's link delays and bandwidth are the pairs' base (the bandwidth also as htb caps on
-the data NIC); the workers get plans without them and no fault view, so they sleep no
-delay and their messages carry no `fault_ms`. A worker notices a failed NIC or link as a
+One host per worker (stage and replica). At every iteration boundary the testbed takes what
+is in force: each host pair with an effect gets its state on rnic0, from the iteration's
+start or from the event's `at_ms` into it (delay, jitter, a redrawn normal delay, a cap, a
+stall, down), on kernel netem where netem can express it and the kernel has it, else on a
+userspace wire (`Testbed.set_wire` decides; a pair with changes inside the iteration takes
+the wire at the boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a
+timer). The profile's link delays and bandwidth are the pairs' base on both data NICs (the
+bandwidth as htb caps; on rnic1 for what fails over to it, without the faults); the
+workers get plans without them and no fault view, so they sleep no delay and their messages
+carry no `fault_ms`. A worker notices a failed NIC or link as a
 real job does: its wait for a message times out (`Recovery.transport_timeout_s`); the engine
 reports that as a `LinkFailure` at the measured time, and a restart repairs the testbed
 (every NIC up, every wire at its base) before the fresh pool starts.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -43,12 +45,26 @@ _Changes = tuple[tuple[float, WireState, WireState], ...]
 
 
 def _base_states(profile: Profile) -> dict[_Pair, WireState]:
-    """Each PP link's pair with the profile's own delay and bandwidth (default placement)."""
-    rate = None if profile.link_bandwidth_gbps is None else profile.link_bandwidth_gbps * 1e9
+    """The host pair of each PP link of every replica and of each DP ring link, with the
+    profile's own delay and bandwidth for it (default placement)."""
+    topology = profile.topology
+    pp_gbps = profile.link_bandwidth_gbps
+    dp_gbps = pp_gbps if profile.dp_bandwidth_gbps is None else profile.dp_bandwidth_gbps
+    dp_delays = dict(profile.dp_delay_ms)
+    links = [
+        (Link.pp(stage, replica), profile.delay_ms[stage], pp_gbps)
+        for replica in range(profile.num_replicas)
+        for stage in range(profile.num_stages - 1)
+    ]
+    links += [
+        (link, dp_delays.get(link, 0.0), dp_gbps)
+        for stage in range(profile.num_stages)
+        for link in topology.dp_ring(stage)
+    ]
     states = {}
-    for stage, delay_ms in enumerate(profile.delay_ms):
-        a, b = sorted(profile.topology.hosts_of(Link.pp(stage, 0)))
-        states[a, b] = WireState(delay_ms=delay_ms, rate_bit_s=rate)
+    for link, delay_ms, gbps in links:
+        a, b = sorted(topology.hosts_of(link))
+        states[a, b] = WireState(delay_ms=delay_ms, rate_bit_s=None if gbps is None else gbps * 1e9)
     return states
 
 
@@ -176,26 +192,30 @@ class _NetworkEngine(Closing):
         delegated: bool = False,
         notices: bool = True,
         longest_hold_ms: float = 0.0,
+        model: str | None = None,
     ) -> None:
-        """`delegated`: start delegates, which listen on their hosts' NICs (their traffic
+        """`model`: the megatron backend's model (None: the emulated backend); `delegated`:
+        start delegates, which listen on their hosts' NICs (their traffic
         crosses the testbed's wires as the workers' does) and fail over between them;
         `notices`: their receivers tell their senders of a NIC's failure over the management
         plane (False: the senders notice it by TCP's user timeout); `longest_hold_ms`: the
         longest a fault may hold a message (their TCP timeout stays well above it)."""
         from adaptra.transport import Delegates  # torch: only when needed
         from adaptra.transport.delegated import USER_TIMEOUT_MS
-        from pipeline.engines.runtime import emulated_engine
+        from pipeline.engines.runtime import emulated_engine, megatron_engine
 
         self.bed, self.profile = bed, profile
         self._base = _base_states(profile)
         nics = range(len(DATA_PLANES))
         addresses = tuple(
-            tuple(bed.address(host, plane) for plane in nics) for host in range(profile.num_stages)
+            tuple(bed.address(host, plane) for plane in nics) for host in range(bed.num_hosts)
         )
         management = PLANES.index("mgmt")
-        told = tuple(bed.address(host, management) for host in range(profile.num_stages))
-        self._inner = emulated_engine(
+        told = tuple(bed.address(host, management) for host in range(bed.num_hosts))
+        make = emulated_engine if model is None else functools.partial(megatron_engine, model=model)
+        self._inner = make(
             profile.num_stages,
+            num_replicas=profile.num_replicas,
             launch=bed.launcher(),
             timeout_s=timeout_s,
             on_start=self._start,
@@ -337,19 +357,23 @@ def network_engine(
     delegated: bool = False,
     notices: bool = True,
     longest_hold_ms: float = 0.0,
+    model: str | None = None,
 ) -> Iterator[Engine]:
-    """A testbed of one host per stage, htb caps for the profile's link bandwidth, and the
-    engine that sets its wires and NICs at each iteration boundary (`delegated`: with
-    delegates on the hosts; `notices`: see _NetworkEngine)."""
-    if profile.num_replicas > 1:
-        raise ConfigError("--inject network runs one replica (its testbed has PP links only)")
-    with Testbed(profile.num_stages) as bed:
-        if profile.link_bandwidth_gbps is not None:
-            rate_mbit = profile.link_bandwidth_gbps * 1e3
-            for link in range(profile.num_stages - 1):
-                for src, dst in ((link, link + 1), (link + 1, link)):
-                    bed.cap_bandwidth(src, dst, plane=0, rate_mbit=rate_mbit)
+    """A testbed of one host per worker (stage and replica), htb caps for the profile's link
+    bandwidths, and the
+    engine that sets its wires and NICs at each iteration boundary (`model`: megatron's,
+    None for the emulated backend; `delegated`: with delegates on the hosts; `notices`: see
+    _NetworkEngine)."""
+    with Testbed(profile.topology.num_hosts) as bed:
+        for (a, b), state in _base_states(profile).items():
+            if state.rate_bit_s is not None:
+                for plane in range(len(DATA_PLANES)):
+                    for src, dst in ((a, b), (b, a)):
+                        bed.cap_bandwidth(src, dst, plane=plane, rate_mbit=state.rate_bit_s / 1e6)
+            if state.delay_ms:  # the other NICs' (rnic0's: the engine's, with the faults)
+                for plane in range(1, len(DATA_PLANES)):
+                    bed.set_wire(a, b, plane=plane, forward=state)
         with _NetworkEngine(
-            bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms
+            bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms, model
         ) as engine:
             yield engine

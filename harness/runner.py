@@ -122,8 +122,8 @@ def run_configuration(
             f"a calibration is for the simulator (backend sim); the {backend} runtime is "
             "what it is calibrated on"
         )
-    if injection == "network" and backend != "emulated":
-        raise ConfigError("--inject network needs the emulated backend")
+    if injection == "network" and backend == "sim":
+        raise ConfigError("--inject network needs a runtime backend (emulated or megatron)")
     profile = controller.plan(0).profile
     run = functools.partial(
         run_loop,
@@ -152,7 +152,11 @@ def run_configuration(
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
         with network_engine(
-            profile, transport_timeout_s=timeout_s, delegated=delegated, longest_hold_ms=longest_ms
+            profile,
+            transport_timeout_s=timeout_s,
+            delegated=delegated,
+            longest_hold_ms=longest_ms,
+            model=None if backend == "emulated" else model or "tiny",
         ) as engine:
             return run(engine)
 

@@ -153,11 +153,11 @@ class ExperimentSpec:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.injection not in INJECTIONS or (
-            self.injection == "network" and self.backend != "emulated"
+            self.injection == "network" and self.backend == "sim"
         ):
             raise ConfigError(
                 f"injection {self.injection!r}: valid are {', '.join(INJECTIONS)}; network "
-                "needs the emulated backend"
+                "needs a runtime backend (emulated or megatron)"
             )
         if not self.models:
             raise ConfigError("the spec names no model")

@@ -308,7 +308,11 @@ def simulate(
     records = _records(messages)
     step_end_ms = end_ms
     if profile.has_dp_step:
-        step_end_ms = _step_end_ms(profile, stage_ends, host, faults, iteration, start_ms)
+        dp_moved = {(r, link, d) for r, link, d in failed_over if link.startswith("dp")}
+        step_end_ms = _step_end_ms(
+            profile, stage_ends, host, faults, iteration, start_ms,
+            _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
+        )  # fmt: skip
     return Timeline(
         num_stages=num_stages,
         ops=tuple(op_records),
@@ -318,6 +322,19 @@ def simulate(
     )
 
 
+@dataclasses.dataclass(slots=True)
+class _DpFailover:
+    """The DP ring's link directions over delegates (`delegated`: the plan's comm is, and
+    hosts have a second NIC): one whose route fails moves to the next NIC once, holding its
+    sender `host.failover_ms` (recorded in `failovers`); `moved` ((sender replica, link,
+    direction)) are those that moved already, here or in an earlier iteration."""
+
+    delegated: bool
+    moved: set[tuple[int, str, str]]
+    failovers: list[FailoverRecord]
+    nics: tuple[str, ...]
+
+
 def _step_end_ms(
     profile: Profile,
     stage_end_ms: list[list[float]],
@@ -325,11 +342,14 @@ def _step_end_ms(
     faults: IterationFaults,
     iteration: int,
     start_ms: float,
+    failover: _DpFailover,
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
-    cost, and can be used the host's receive lag later (the `direct` path's rule)."""
+    cost, and can be used the host's receive lag later (the `direct` path's rule, over
+    delegates too). A message whose route failed is a LinkFailure, unless its link direction
+    is delegated (`failover`)."""
     static_ms = dict(profile.dp_delay_ms)
 
     def chunk_cost(num_bytes: int) -> tuple[float, float]:
@@ -345,6 +365,19 @@ def _step_end_ms(
         if ask is not None:
             offset_ms = sent_at_ms - start_ms
             fault = ask(link, direction, KIND, index, num_bytes, offset_ms)
+            sender = link.first if direction == "forward" else link.second
+            here = (sender, str(link), direction)
+            if fault.failed and failover.delegated:
+                if here in failover.moved:
+                    return delay_ms  # on the next NIC already: the failed route's faults not
+                failover.moved.add(here)
+                record = FailoverRecord(
+                    iteration, here[1], direction, sender, "fault hook", failover.nics[0],
+                    failover.nics[1], sent_at_ms, sent_at_ms + host.failover_ms, index,
+                    carrier_pid=0,
+                )  # fmt: skip
+                failover.failovers.append(record)
+                return delay_ms + host.failover_ms
             if fault.failed:
                 raise LinkFailure(
                     f"iteration {iteration}: all-reduce message {index} ({direction}) on link "

@@ -188,7 +188,9 @@ def megatron_engine(
     model: str,
     *,
     num_replicas: int = 1,
+    launch: LaunchHook = local_launch,
     timeout_s: float = 60.0,
+    on_start: Callable[[float], None] | None = None,
     delegates: DelegateFactory | None = None,
 ) -> RuntimeEngine:
     """Importing megatron-core only inside the workers (and to check the model's split)."""
@@ -202,6 +204,8 @@ def megatron_engine(
         num_replicas=num_replicas,
         compute_factory=factory,
         trains=True,
+        launch=launch,
         timeout_s=timeout_s,
+        on_start=on_start,
         delegates=delegates,
     )

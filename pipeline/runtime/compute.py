@@ -44,8 +44,16 @@ class ComputeBackend(Protocol):
         model state raises BackendError (moving the state is not built)."""
         ...
 
+    def tied_weight(self) -> torch.Tensor | None:
+        """The parameter this stage shares with another stage of its replica: the first
+        stage's with the last's (megatron's tied embedding and output weight, S > 1). After
+        the last op the worker sums its gradient with the other stage's (`tied_link`);
+        None where nothing is tied."""
+        ...
+
     def end_iteration(self, config: IterationConfig) -> StepOutput:
-        """After the last op, inside the step time: gradient all-reduces, optimizer step."""
+        """After the last op and the tied and DP gradient sums, inside the step time: the
+        compute backend's own gradient all-reduces, the optimizer step."""
         ...
 
 
@@ -70,6 +78,9 @@ class EmulatedCompute:
 
     def move(self, stage: int, replica: int) -> None:
         self._stage = stage
+
+    def tied_weight(self) -> torch.Tensor | None:
+        return None
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         optimizer_ms = config.profile.optimizer_ms[self._stage]

@@ -3,10 +3,12 @@
 After its last op a worker reduces its stage's gradient bytes (`Profile.allreduce_bytes`)
 with its stage's other replicas: bucket by bucket, 2 (D-1) chunks to the next replica on the
 ring, each through the fault hook, each step's send once the previous step's chunk has come
-from the previous replica. A bucket's receives are posted before its first send (a blocking
-send to an unposted receive could deadlock under gloo), so a worker holds 2 (D-1) chunk
-buffers, reused bucket after bucket. The chunks carry zeros: the traffic and its timing are
-emulated, not the arithmetic (no compute backend's gradients travel here).
+from the previous replica; over gloo, or over the delegates where the plan delegates the
+ring's link directions (the worker's `RingTransport`). A bucket's receives are posted
+before its first send (a blocking send to an unposted receive could deadlock under gloo), so
+a worker holds 2 (D-1) chunk buffers, reused bucket after bucket. The chunks carry zeros:
+the traffic and its timing are emulated, not the arithmetic (no compute backend's gradients
+travel here).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import torch
 
 from pipeline.allreduce import buckets, chunk_bytes, message_index, ring_peer, ring_steps
 from pipeline.profile import Profile
-from pipeline.runtime.transport import DirectTransport
+from pipeline.runtime.transport import RingTransport
 from pipeline.topology import Position, Topology
 
 __all__ = ["run_ring"]
 
 
 def run_ring(
-    transport: DirectTransport,
+    transport: RingTransport,
     topology: Topology,
     position: Position,
     profile: Profile,

@@ -35,12 +35,15 @@ __all__ = [
     "LinkDirection",
     "Message",
     "PendingReceive",
+    "RingTransport",
     "Transport",
     "WireRecord",
     "describe",
     "describe_chunk",
     "dp_tag",
     "gloo_failure",
+    "route_kind",
+    "tied_link",
 ]
 
 ACTIVATION, GRADIENT = 0, 1
@@ -49,9 +52,27 @@ DP_TAG_BASE = 1 << 20
 """DP chunks' tags start here, above every PP message's (2 x microbatch + kind)."""
 
 
+TIED_TAG = 1 << 22
+"""The tag of the tied weight's gradient, swapped once per iteration (`DirectTransport`)."""
+
+
 def dp_tag(index: int) -> int:
     """The tag of the DP chunk `index` of its link direction (pipeline.allreduce)."""
     return DP_TAG_BASE + index
+
+
+def route_kind(link: str) -> str:
+    """What a link direction's link names: "tied" (`tied_link`), "dp" (a DP ring link,
+    "dp1:0-1") or "pp"."""
+    return "tied" if link.startswith("tied:") else "dp" if link.startswith("dp") else "pp"
+
+
+def tied_link(num_stages: int) -> str:
+    """The name of the route between the first and the last stage of a replica, over which
+    they sum their tied weight's gradients (megatron's embedding group): "tied:0-3" at S=4;
+    its "forward" direction goes from the first stage to the last. Not a `Link` of the
+    topology: no fault targets it by name, but it crosses the NICs of both stages' hosts."""
+    return f"tied:0-{num_stages - 1}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,6 +248,17 @@ class DelegateFactory(Protocol):
     def connect(self, setup: DelegateSetup) -> DelegatedLinks: ...
 
 
+class RingTransport(Protocol):
+    """How a DP ring's chunks go (pipeline.runtime.dp_ring): `DirectTransport`'s methods."""
+
+    def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive: ...
+
+    def send_dp(
+        self, peer: int, link: str, direction: str, iteration: int, index: int,
+        payload: torch.Tensor,
+    ) -> float: ...  # fmt: skip
+
+
 class Transport(Protocol):
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive: ...
 
@@ -298,6 +330,16 @@ class DirectTransport:
         _send(payload, peer, dp_tag(index), f"sending {what} on link {link}")
         self.bytes_sent += num_bytes
         return fault_ms
+
+    def post_tied_receive(self, peer: int, buffer: torch.Tensor) -> PendingReceive:
+        """The tied weight's gradient from rank `peer` (`tied_link`)."""
+        return self._post(peer, TIED_TAG, buffer, f"the tied weight's gradient from rank {peer}")
+
+    def send_tied(self, peer: int, link: str, payload: torch.Tensor) -> None:
+        """The tied weight's gradient to rank `peer`: no fault hook (`tied_link`)."""
+        what = f"the tied weight's gradient to rank {peer}"
+        _send(payload, peer, TIED_TAG, f"sending {what} on {link}")
+        self.bytes_sent += payload.numel() * payload.element_size()
 
 
 def _send(payload: torch.Tensor, peer: int, tag: int, doing: str) -> None:

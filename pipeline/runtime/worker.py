@@ -3,9 +3,11 @@
 Each iteration a worker posts a receive for every message its neighbours will send it, starts
 a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
 in order on this, the compute thread: take the op's message, compute, send the result. The
-step follows: the DP all-reduce's ring with the stage's other replicas (dp_ring.py), then the
+step follows: the first and last stage sum their tied weight's gradient (megatron's tied
+embedding), the DP all-reduce's ring with the stage's other replicas (dp_ring.py), then the
 compute backend's own end of the iteration (emulated: the optimizer's time; megatron: its
-real gradient all-reduces and SGD).
+real DP gradient all-reduce and SGD). Each of these routes goes over gloo or, where the plan
+delegates its link direction, over the worker's delegates (which fail over between NICs).
 """
 
 from __future__ import annotations
@@ -17,13 +19,21 @@ import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from pipeline.allreduce import KIND
+from pipeline.allreduce import (
+    KIND,
+    buckets,
+    chunk_bytes,
+    messages_per_link_direction,
+    ring_peer,
+)
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.ops import Op, OpKind
+from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.dp_ring import run_ring
@@ -40,7 +50,11 @@ from pipeline.runtime.transport import (
     Failover,
     LinkDirection,
     Message,
+    PendingReceive,
+    RingTransport,
     WireRecord,
+    route_kind,
+    tied_link,
 )
 from pipeline.topology import Position, Topology, link_name
 
@@ -62,6 +76,16 @@ _DIRECTION = {ACTIVATION: "forward", GRADIENT: "backward"}
 def _sent_microbatches(ops: Sequence[Op], msg_kind: int) -> list[int]:
     """The microbatches whose `msg_kind` messages a stage running `ops` sends, in order."""
     return [op.microbatch for op in ops if _MESSAGE_KIND.get(op.kind) == msg_kind]
+
+
+class _Route(NamedTuple):
+    """A route of the step's gradient sums (the tied weight's, the DP ring's): the peer's
+    rank, the link direction this worker sends on to it and the one it receives on from it
+    (None: not this route's)."""
+
+    peer: int
+    sends: LinkDirection | None
+    receives: LinkDirection | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -117,6 +141,10 @@ class _Worker:
         self.timeout_s = timeout_s
         self.up: tuple[int, str] | None = None
         self.down: tuple[int, str] | None = None
+        self.tied: _Route | None = None
+        """The route to the other stage of a tied weight (`ComputeBackend.tied_weight`)."""
+        self.ring: tuple[_Route, _Route] | None = None
+        """The DP ring's routes: from the previous replica, to the next (D > 1)."""
         self._place(topology)
         self.current_op: str | None = None
         """The op running ("F3"), None outside ops: where a failure happened."""
@@ -133,6 +161,31 @@ class _Worker:
         self.up = (topology.worker(up), link_name(up.stage)) if self.stage > 0 else None
         last = self.stage == self.num_stages - 1
         self.down = None if last else (topology.worker(down), link_name(self.stage))
+        self.tied = None
+        if self.compute.tied_weight() is not None:
+            other = Position(self.num_stages - 1 if self.stage == 0 else 0, self.replica)
+            link = tied_link(self.num_stages)
+            mine, theirs = ("forward", "backward") if self.stage == 0 else ("backward", "forward")
+            route = (LinkDirection(link, mine), LinkDirection(link, theirs))
+            self.tied = _Route(topology.worker(other), *route)
+        self.ring = None
+        num_replicas = topology.num_replicas
+        if num_replicas > 1:
+            receiver, out_link, direction = ring_peer(self.stage, self.replica, num_replicas)
+            sender = (self.replica - 1) % num_replicas
+            _, in_link, in_direction = ring_peer(self.stage, sender, num_replicas)
+            self.ring = (
+                _Route(
+                    topology.worker(Position(self.stage, sender)),
+                    None,
+                    LinkDirection(str(in_link), in_direction),
+                ),
+                _Route(
+                    topology.worker(Position(self.stage, receiver)),
+                    LinkDirection(str(out_link), direction),
+                    None,
+                ),
+            )
 
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
         if config.topology is not None:
@@ -154,7 +207,6 @@ class _Worker:
             self._finish_receivers(inbound)
             if self.delegates is not None:
                 records.add_wire(self.delegates.finish_iteration(config.iteration))
-                records.failovers.extend(self.delegates.take_failovers())
         except BaseException:
             # A failed iteration ends the worker (worker_main reports it and returns). A thread
             # still inside a wait on a silent peer is a daemon and ends with the process:
@@ -164,9 +216,11 @@ class _Worker:
                 inbox.receiver.stop(0.0)
             raise
         step_start = time.monotonic()
+        self.current_op = "tied"  # a failure in the sum names it
+        self._sum_tied(config, transport)
         self.current_op = KIND  # a failure in the ring names it
         run_ring(
-            transport,
+            self._ring_transport(config, transport, hook, delays),
             self.topology,
             self.position,
             profile,
@@ -174,6 +228,9 @@ class _Worker:
             self.timeout_s,
             self.compute.device,
         )
+        if self.delegates is not None:  # the step's delegated messages, and every failover
+            self.delegates.finish_iteration(config.iteration)
+            records.failovers.extend(self.delegates.take_failovers())
         self.current_op = None
         step_output = self.compute.end_iteration(config)
         return RankResult(
@@ -192,8 +249,19 @@ class _Worker:
         )
 
     def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
-        """Every PP link direction this worker sends or receives on: (it, the peer, whether
-        this worker receives on it)."""
+        """Every link direction this worker sends or receives on: (it, the peer, whether
+        this worker receives on it). PP ones first, then the tied route's, then the DP
+        ring's (received from the previous replica, sent to the next)."""
+        out = self._pp_directions()
+        for route in (self.tied, *(self.ring or ())):
+            if route is not None and route.receives is not None:
+                out += [(route.receives, route.peer, True)]
+            if route is not None and route.sends is not None:
+                out += [(route.sends, route.peer, False)]
+        return out
+
+    def _pp_directions(self) -> list[tuple[LinkDirection, int, bool]]:
+        """Every PP link direction this worker sends or receives on (as `_directions`)."""
         out = []
         if self.up is not None:
             peer, link = self.up
@@ -207,18 +275,81 @@ class _Worker:
 
     def _begin_delegated(self, config: IterationConfig) -> None:
         """Slots for the link directions this iteration sends over delegates."""
-        delegated = [
-            d for d, _, _ in self._directions() if config.comm_of(d.link, d.direction) != "direct"
-        ]
-        if not delegated:
+        sizes = {
+            d: size
+            for d, _, _ in self._directions()
+            if config.comm_of(d.link, d.direction) != "direct"
+            and (size := self._slots_of(d, config.profile))[0] > 0
+        }
+        if not sizes:
             return
         if self.delegates is None:
             raise ConfigError("this worker pool has no delegates: the delegated comm needs them")
         if config.topology is not None:
             raise ConfigError("delegates are wired to their neighbours: no rank swap with them")
-        buffer = self.compute.message_buffer(config.profile)
-        size = (config.profile.num_microbatches, buffer.numel() * buffer.element_size())
-        self.delegates.begin_iteration(dict.fromkeys(delegated, size))
+        self.delegates.begin_iteration(sizes)
+
+    def _slots_of(self, direction: LinkDirection, profile: Profile) -> tuple[int, int]:
+        """The messages of one iteration on `direction`, and the bytes of the largest."""
+        kind = route_kind(direction.link)
+        if kind == "tied":
+            weight = self.compute.tied_weight()
+            assert weight is not None
+            return 1, weight.numel() * weight.element_size()
+        if kind == "dp":
+            grad_bytes = profile.allreduce_bytes[self.stage]
+            num_replicas = self.topology.num_replicas
+            sizes = buckets(grad_bytes, profile.dp_bucket_bytes)
+            count = messages_per_link_direction(grad_bytes, profile.dp_bucket_bytes, num_replicas)
+            return count, chunk_bytes(max(sizes, default=0), num_replicas)
+        buffer = self.compute.message_buffer(profile)
+        return profile.num_microbatches, buffer.numel() * buffer.element_size()
+
+    def _sum_tied(self, config: IterationConfig, transport: DirectTransport) -> None:
+        """The tied weight's gradient plus the other stage's, on both (a + b = b + a: both
+        hold the same bits), over gloo or the delegates as the plan has the direction."""
+        weight = self.compute.tied_weight()
+        if self.tied is None or weight is None or weight.grad is None:
+            return
+        peer, sends, receives = self.tied
+        assert sends is not None and receives is not None
+        grad = weight.grad
+        inbox = torch.empty_like(grad)
+        message = Message(config.iteration, GRADIENT, 0, 0)
+        delegates = self.delegates
+        pending: PendingReceive
+        if config.comm_of(receives.link, receives.direction) == "delegated":
+            assert delegates is not None  # _begin_delegated checked
+            pending = delegates.post_receive(receives, message, inbox)
+        else:
+            pending = transport.post_tied_receive(peer, inbox)
+        if config.comm_of(sends.link, sends.direction) == "delegated":
+            assert delegates is not None
+            delegates.send(sends, message, grad, 0.0)
+        else:
+            transport.send_tied(peer, sends.link, grad)
+        pending.wait(self.timeout_s)
+        grad.add_(inbox)
+
+    def _ring_transport(
+        self,
+        config: IterationConfig,
+        transport: DirectTransport,
+        hook: FaultHook,
+        delays: dict[str, float],
+    ) -> RingTransport:
+        """How this worker's DP ring chunks go: gloo, or the delegates for a direction the
+        plan delegates."""
+        if self.ring is None or self.delegates is None:
+            return transport
+        receives, sends = self.ring[0].receives, self.ring[1].sends
+        assert receives is not None and sends is not None
+        modes = {d: config.comm_of(d.link, d.direction) for d in (receives, sends)}
+        if all(mode == "direct" for mode in modes.values()):
+            return transport
+        return _DelegatedRing(
+            transport, self.delegates, hook, delays, config.iteration, receives, modes
+        )
 
     def _post_receives(
         self, config: IterationConfig, transport: DirectTransport
@@ -334,6 +465,49 @@ class _Worker:
         return records
 
 
+class _DelegatedRing:
+    """A worker's DP ring chunks over its delegates (`RingTransport`), for the directions
+    the plan delegates; over gloo (`transport`) for the others. A chunk is message `index`
+    of its direction (seq and microbatch both: pipeline.allreduce's numbering)."""
+
+    def __init__(
+        self,
+        transport: DirectTransport,
+        delegates: DelegatedLinks,
+        hook: FaultHook,
+        delays: dict[str, float],
+        iteration: int,
+        inbound: LinkDirection,
+        modes: dict[LinkDirection, str],
+    ) -> None:
+        self._transport, self._delegates, self._hook = transport, delegates, hook
+        self._delays, self._iteration = delays, iteration
+        self._inbound, self._modes = inbound, modes
+
+    def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive:
+        if self._modes[self._inbound] != "delegated":
+            return self._transport.post_dp_receive(peer, index, buffer)
+        message = Message(self._iteration, GRADIENT, index, index)
+        return self._delegates.post_receive(self._inbound, message, buffer)
+
+    def send_dp(
+        self, peer: int, link: str, direction: str, iteration: int, index: int,
+        payload: torch.Tensor,
+    ) -> float:  # fmt: skip
+        outbound = LinkDirection(link, direction)
+        if self._modes[outbound] != "delegated":
+            return self._transport.send_dp(peer, link, direction, iteration, index, payload)
+        num_bytes = payload.numel() * payload.element_size()
+        try:
+            fault_ms = self._hook(link, direction, iteration, KIND, index, num_bytes, wait=False)
+            route_down = False
+        except LinkFailure:  # on the NIC in use: the delegate moves to another NIC
+            fault_ms, route_down = self._delays.get(link, 0.0), True
+        message = Message(iteration, GRADIENT, index, index)
+        self._delegates.send(outbound, message, payload, fault_ms, route_down)
+        return fault_ms
+
+
 def configure_threads() -> None:
     """A worker process's threads: one intra-op torch thread (many ranks share few cores) and
     a short GIL switch interval (receiver threads stamp arrivals promptly)."""
@@ -384,7 +558,14 @@ def join(
 
 
 PORTS_TAG = 1 << 21
-"""The tag (plus the message kind) of the delegates' ports, swapped once at start-up."""
+"""The tag (plus `_ports_tag`'s number) of the delegates' ports, swapped once at start-up."""
+
+
+def _ports_tag(direction: LinkDirection) -> int:
+    """Each kind of route and direction its own tag: a worker may swap the ports of a PP
+    link, the tied route and a DP ring link with one peer (S = 2 or D = 2)."""
+    route = {"pp": 0, "tied": 2, "dp": 4}[route_kind(direction.link)]
+    return PORTS_TAG + route + (direction.direction == "backward")
 
 
 def _start_delegates(
@@ -400,13 +581,11 @@ def _start_delegates(
     def exchange(mine: dict[LinkDirection, list[int]]) -> dict[LinkDirection, list[int]]:
         works, theirs = [], {}
         for direction, peer in inbound:
-            kind = ACTIVATION if direction.direction == "forward" else GRADIENT
             ports = torch.tensor(mine[direction], dtype=torch.int64)
-            works.append(dist.isend(ports, dst=peer, tag=PORTS_TAG + kind))
+            works.append(dist.isend(ports, dst=peer, tag=_ports_tag(direction)))
         for direction, peer in outbound:
-            kind = ACTIVATION if direction.direction == "forward" else GRADIENT
             theirs[direction] = torch.zeros(num_delegates, dtype=torch.int64)
-            works.append(dist.irecv(theirs[direction], src=peer, tag=PORTS_TAG + kind))
+            works.append(dist.irecv(theirs[direction], src=peer, tag=_ports_tag(direction)))
         for work in works:
             if work is not None:
                 work.wait()

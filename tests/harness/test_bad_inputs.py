@@ -181,7 +181,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
     # options a command would ignore
     ("timeout in sim", P, [*RUN_P, "--timeout", "5"], "--timeout is the runtime workers'"),
-    ("network in sim", P, [*RUN_P, "--inject", "network"], "needs the emulated backend"),
+    ("network in sim", P, [*RUN_P, "--inject", "network"], "needs a runtime backend"),
     ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
     (
         "unknown megatron model",

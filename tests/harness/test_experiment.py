@@ -142,7 +142,7 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ({"restart_ms": "5"}, "restart_ms must be a number"),
         ({"transport_timeout_s": None}, "transport_timeout_s must be a number"),
         ({"systems": (["1f1b"],)}, "systems must be a list of names"),
-        ({"injection": "network"}, "network needs the emulated backend"),
+        ({"injection": "network"}, "network needs a runtime backend"),
         ({"transport_timeout_s": 0.0}, "transport_timeout_s must be > 0 s"),
         ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
         ({"name": "../outside"}, "spec name '../outside' must be a single path component"),

@@ -1,8 +1,9 @@
 """The `megatron` compute backend: each worker runs its stage of a megatron-core GPTModel.
 
 F, B and W are separate ops (B: input gradient only; W: the deferred weight gradients), BW
-runs B then W. After the last op of an iteration: the tied-embedding gradient is all-reduced
-between the first and last stage (megatron's embedding group), the gradients are summed over
+runs B then W. After the last op of an iteration the worker sums the tied embedding's
+gradient of the first and the last stage (`tied_weight`: megatron's embedding group, over the
+plan's transport), then this backend sums the gradients over
 the DP replicas (each microbatch's loss is already divided by the global batch's microbatch
 count, so the sum is the DP average), and plain SGD steps. On a CPU, megatron's CUDA-only
 spots are patched around every call into megatron (`shim.cpu_shim`); on a GPU nothing is
@@ -174,15 +175,19 @@ class MegatronCompute:
                 runner.backward_weight(microbatch)
             return grad
 
+    def tied_weight(self) -> torch.Tensor | None:
+        runner = self.runner
+        if self._num_stages == 1 or not (runner.first or runner.last):
+            return None
+        weight: torch.Tensor = runner.model.shared_embedding_or_output_weight()
+        return weight
+
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         from megatron.core import parallel_state
 
         runner = self.runner
         runner.check_drained()
         model = runner.model
-        if self._num_stages > 1 and (runner.first or runner.last):
-            shared = model.shared_embedding_or_output_weight()
-            dist.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
         dp_group = parallel_state.get_data_parallel_group()
         if dist.get_world_size(dp_group) > 1:
             _all_reduce_grads(runner.params, dp_group)

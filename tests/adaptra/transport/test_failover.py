@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.loop import RunResult
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
@@ -23,8 +25,10 @@ pytestmark = pytest.mark.multiprocess
 def _delivered_once(timeline: Timeline, profile: Profile, num_iterations: int) -> None:
     """Every message of every iteration is in the timeline once (the receiving trainer also
     refuses a message its delegate reports twice)."""
-    keys = Counter((m.iteration, m.link, m.direction, m.microbatch) for m in timeline.messages)
-    per_iteration = 2 * (profile.num_stages - 1) * profile.num_microbatches
+    keys = Counter(
+        (m.iteration, m.replica, m.link, m.direction, m.microbatch) for m in timeline.messages
+    )
+    per_iteration = 2 * (profile.num_stages - 1) * profile.num_microbatches * profile.num_replicas
     assert len(keys) == per_iteration * num_iterations and set(keys.values()) == {1}
 
 
@@ -77,6 +81,44 @@ def test_a_nic_failing_at_iteration_20_of_50_loses_nothing_at_the_transport_leve
     }
 
 
+def test_a_nic_failing_on_a_host_of_a_dp_ring_loses_nothing() -> None:
+    """PP 4 x DP 2, emulated, hook injection: from iteration 3, 5 ms in, rnic0 of host 5 is
+    down. Host 5 plays stage 1 of replica 1: links 0-1 and 1-2 of replica 1, and stage 1's DP
+    ring with replica 0 (link dp1:0-1), whose all-reduce chunks go over delegates too. Every
+    delegate on a route through that NIC moves to rnic1, the DP ring's included; nothing is
+    restarted. The simulator moves the same link directions."""
+    profile = Profile.uniform(
+        4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2, num_replicas=2,
+        allreduce_bytes=16384, dp_bucket_bytes=4096,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 3, at_ms: 5, nic: "host5:rnic0", down: true}]')
+    result = run_configuration(
+        system_controller("adaptra", profile, faults),
+        backend="emulated",
+        num_iterations=6,
+        faults=faults,
+        delegated=True,
+    )
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.iterations == tuple(range(6))
+    timeline = result.timeline
+    assert timeline is not None
+    moved = {(f.link, f.direction, f.replica) for f in timeline.failovers}
+    ring = {("dp1:0-1", "forward", 0), ("dp1:0-1", "backward", 1)}
+    pp = {(link, d, 1) for link in ("0-1", "1-2") for d in ("forward", "backward")}
+    assert moved == ring | pp
+    assert {(f.nic_from, f.nic_to) for f in timeline.failovers} == {("rnic0", "rnic1")}
+    sim = run_configuration(
+        system_controller("adaptra", profile, faults),
+        num_iterations=6,
+        faults=faults,
+        host=HostCosts(failover_ms=3.0),
+    )
+    assert (sim.restarts, sim.lost_iterations) == (0, 0)
+    assert sim.timeline is not None
+    assert {(f.link, f.direction, f.replica) for f in sim.timeline.failovers} == moved
+
+
 @pytest.mark.parametrize("system", ["1f1b", "zb"])
 def test_the_baselines_over_direct_restart_from_their_checkpoint(system: str) -> None:
     """The same failure under 1F1B and ZB over the direct path: the send on the dead NIC is
@@ -96,28 +138,106 @@ def test_the_baselines_over_direct_restart_from_their_checkpoint(system: str) ->
     assert result.timeline is not None and not result.timeline.failovers
 
 
+MEGATRON = Profile.uniform(4, 8, 1, 1, 1, num_delegates=2)
+"""The megatron runs' profile: the tiny GPT's stages, 8 microbatches, 2 delegates."""
+
+
+@pytest.fixture(scope="module")
+def healthy_megatron() -> RunResult:
+    """The run the failed ones must equal: the same 6 iterations without a failure."""
+    return run_configuration(
+        system_controller("adaptra", MEGATRON), backend="megatron", num_iterations=6
+    )
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
 )
 @pytest.mark.parametrize("host", [1, 0])
-def test_rnic0_of_a_host_down_mid_iteration_on_the_testbed(host: int) -> None:
-    """The namespace testbed, Adaptra over delegates (S=4, 64 KiB messages): rnic0 of the
-    host of stage 1 (or 0: the first stage, one link only) goes down 8 ms into fault
-    iteration 2 and stays down. Its host's delegates
-    see the link go down (netlink); each sender moves to rnic1 and sends again what its
-    receiver lacks. Every
-    iteration completes once, nothing is restarted, every message arrives once; the host's
+def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothing_failed(
+    host: int, healthy_megatron: RunResult
+) -> None:
+    """The namespace testbed, Adaptra over delegates training the tiny megatron GPT (S=4):
+    rnic0 of the host of stage 1 (or 0, which also sums the tied embedding's gradient with
+    stage 3) goes down 40 ms into iteration 2, the third (of about 100 ms), and stays down.
+    The host's delegates see the link go down (netlink), its receivers tell their senders
+    over the management plane; each sender moves to rnic1 and sends again what its receiver
+    lacks. Every iteration completes once, nothing is restarted, every message arrives once,
+    and the losses and the parameters equal the healthy run's bit for bit. The host's
     traffic after the failure leaves by rnic1, and none of it by the management plane (it
     carries the receivers' notices only)."""
     from harness.loop import run_loop
     from harness.network import network_engine
+    from pipeline.runtime.megatron import get_preset
 
-    profile = Profile.uniform(4, 8, 2, 2, 2, message_bytes=1 << 16, num_delegates=2)
-    faults = parse_yaml(f'[{{start_iteration: 2, at_ms: 8, nic: "host{host}:rnic0", down: true}}]')
-    with network_engine(profile, delegated=True) as engine:
+    faults = parse_yaml(f'[{{start_iteration: 2, at_ms: 40, nic: "host{host}:rnic0", down: true}}]')
+    with network_engine(MEGATRON, delegated=True, model="tiny") as engine:
         bed = engine.bed  # type: ignore[attr-defined]
         names = {bed.switch, *bed.hosts}
         before = bed.bytes_sent(host)
+        result = run_loop(
+            engine,
+            system_controller("adaptra", MEGATRON, faults),
+            num_iterations=6,
+            num_warmup_iterations=1,
+            faults=faults,
+        )
+        after = bed.bytes_sent(host)
+    assert not names & set(_namespaces())
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.iterations == tuple(range(6))
+    assert len(result.losses) == 6 and result.losses == healthy_megatron.losses
+    assert result.params_sha256 == healthy_megatron.params_sha256 != ""
+    timeline = result.timeline
+    assert timeline is not None
+    _delivered_once(timeline, MEGATRON, 7)
+    moved = timeline.failovers
+    assert {(f.nic_from, f.nic_to) for f in moved} == {("rnic0", "rnic1")}
+    # Run iteration 3, or the iteration of a delegate's last message before it (or -1: it
+    # had none yet) where it heard netlink before its first message of iteration 3.
+    assert {f.iteration for f in moved} <= {-1, 2, 3, 4}
+    # The host's own senders hear netlink; their receivers there tell the others over the
+    # management plane (else TCP's user timeout would, seconds later).
+    links = [link for link in ("0-1", "1-2", "2-3") if str(host) in link.split("-")]
+    routes = links + (["tied:0-3"] if host == 0 else [])
+    assert {(f.link, f.direction) for f in moved} == {
+        (route, direction) for route in routes for direction in ("forward", "backward")
+    }
+    assert {f.cause for f in moved if _sent_by(host, f)} == {"link state"}
+    assert {f.cause for f in moved if not _sent_by(host, f)} <= {"notice", "timeout"}
+    assert len(moved) == 2 * 2 * len(links) + 2 * (host == 0)  # each delegate once (D=2)
+    assert len({f.carrier_pid for f in moved}) == len(moved)
+    # The host sends 8 messages per iteration on each of its links; from iteration 2 on
+    # they leave by rnic1: at least the three iterations after it, whole.
+    message_bytes = 4 * math.prod(get_preset("tiny").message_shape())
+    sent = {name: after[name] - before[name] for name in after}
+    assert sent["rnic1"] >= 3 * 8 * len(links) * message_bytes
+    assert sent["mgmt"] < 0.02 * sent["rnic1"]  # nothing of the data (a few control frames)
+    alive = [pid for f in moved if _alive(pid := f.carrier_pid)]
+    assert not alive  # every delegate ended with its pool
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> None:
+    """PP 4 x DP 2 on the namespace testbed (a host per worker), Adaptra over delegates: rnic0
+    of host 5 (stage 1 of replica 1) goes down 8 ms into iteration 2. Its PP link directions
+    and stage 1's DP ring with replica 0 move to rnic1 (its own senders by netlink, the far
+    ones by their receivers' notices), the emulated all-reduce goes on there, nothing is
+    restarted, and host 5's traffic after the failure leaves by rnic1."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+
+    profile = Profile.uniform(
+        4, 4, 2, 2, 2, message_bytes=1 << 16, num_delegates=2, num_replicas=2,
+        allreduce_bytes=1 << 18, dp_bucket_bytes=1 << 16,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 2, at_ms: 8, nic: "host5:rnic0", down: true}]')
+    with network_engine(profile, delegated=True) as engine:
+        bed = engine.bed  # type: ignore[attr-defined]
+        names = {bed.switch, *bed.hosts}
+        before = bed.bytes_sent(5)
         result = run_loop(
             engine,
             system_controller("adaptra", profile, faults),
@@ -125,38 +245,63 @@ def test_rnic0_of_a_host_down_mid_iteration_on_the_testbed(host: int) -> None:
             num_warmup_iterations=1,
             faults=faults,
         )
-        after = bed.bytes_sent(host)
+        after = bed.bytes_sent(5)
     assert not names & set(_namespaces())
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert result.iterations == tuple(range(5))
     timeline = result.timeline
     assert timeline is not None
     _delivered_once(timeline, profile, 6)
-    moved = timeline.failovers
-    assert {(f.nic_from, f.nic_to) for f in moved} == {("rnic0", "rnic1")}
-    assert {f.iteration for f in moved} <= {3, 4}  # fault iteration 2 is run iteration 3
-    # The host's own senders hear netlink; their receivers there tell the others over the
-    # management plane (else TCP's user timeout would, seconds later).
-    links = [link for link in ("0-1", "1-2", "2-3") if str(host) in link.split("-")]
-    assert {(f.link, f.direction) for f in moved} == {
-        (link, direction) for link in links for direction in ("forward", "backward")
+    causes = {(f.link, f.direction, f.replica): f.cause for f in timeline.failovers}
+    assert causes == {
+        ("0-1", "backward", 1): "link state",  # host 5 sends these
+        ("1-2", "forward", 1): "link state",
+        ("dp1:0-1", "backward", 1): "link state",
+        ("0-1", "forward", 1): "notice",  # and receives these
+        ("1-2", "backward", 1): "notice",
+        ("dp1:0-1", "forward", 0): "notice",
     }
-    assert {f.cause for f in moved if _sent_by(host, f)} == {"link state"}
-    assert {f.cause for f in moved if not _sent_by(host, f)} <= {"notice", "timeout"}
-    assert len(moved) == 2 * 2 * len(links)  # each delegate (2 per direction) once
-    assert len({f.carrier_pid for f in moved}) == len(moved)
-    # The host sends 8 messages of 64 KiB per iteration on each of its links; from fault
-    # iteration 2 on they leave by rnic1: at least the two iterations after it, whole.
+    # Per iteration host 5 sends 4 x 64 KiB on each PP link and 256 KiB of all-reduce
+    # chunks: at least the two iterations after the failure's, whole, by rnic1.
     sent = {name: after[name] - before[name] for name in after}
-    assert sent["rnic1"] >= 2 * 8 * len(links) * (1 << 16)
-    assert sent["mgmt"] < 0.01 * sent["rnic1"]  # nothing of the data (a few control frames)
-    alive = [pid for f in moved if _alive(pid := f.carrier_pid)]
-    assert not alive  # every delegate ended with its pool
+    assert sent["rnic1"] >= 2 * (2 * 4 * (1 << 16) + (1 << 18))
+    assert sent["mgmt"] < 0.01 * sent["rnic1"]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
+    """The profile's 20 ms on link 0-1 is the link's, on both of a host's NICs: after rnic0
+    of host 1 goes down, the messages that moved to rnic1 still take 20 ms on the wire."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+
+    profile = Profile.uniform(2, 4, 1, 1, 1, delay_ms=[20], message_bytes=4096, num_delegates=2)
+    faults = parse_yaml('[{start_iteration: 1, at_ms: 5, nic: "host1:rnic0", down: true}]')
+    with network_engine(profile, delegated=True, longest_hold_ms=20) as engine:
+        result = run_loop(
+            engine,
+            system_controller("adaptra", profile, faults),
+            num_iterations=3,
+            num_warmup_iterations=1,
+            faults=faults,
+        )
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    timeline = result.timeline
+    assert timeline is not None
+    # (a delegate that heard netlink before its first message of run iteration 2 names the
+    # iteration of its last message)
+    assert {f.iteration for f in timeline.failovers} <= {1, 2}
+    after = [m for m in timeline.messages if m.iteration >= 3]  # all on rnic1
+    assert len(after) == 2 * 4 and all(m.fault_ms == 0.0 for m in after)  # the workers: none
+    assert min(m.arrival_ms - m.wire_start_ms for m in after) >= 20.0
 
 
 def _sent_by(host: int, failover: FailoverRecord) -> bool:
-    """Stage h sends gradients on link (h-1)-h and activations on link h-(h+1)."""
-    first, second = (int(end) for end in failover.link.split("-"))
+    """Stage h sends gradients on link (h-1)-h and activations on link h-(h+1) (on the tied
+    route "tied:0-3", stage 0 sends forward, stage 3 backward)."""
+    first, second = (int(end) for end in failover.link.removeprefix("tied:").split("-"))
     return (failover.direction == "backward" and second == host) or (
         failover.direction == "forward" and first == host
     )
