@@ -15,6 +15,7 @@ from harness.loop import RunResult
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.engines import Controller, Plan
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 from pipeline.timeline import FailoverRecord, Timeline
@@ -296,6 +297,63 @@ def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
     after = [m for m in timeline.messages if m.iteration >= 3]  # all on rnic1
     assert len(after) == 2 * 4 and all(m.fault_ms == 0.0 for m in after)  # the workers: none
     assert min(m.arrival_ms - m.wire_start_ms for m in after) >= 20.0
+
+
+class _FailsAt:
+    """A controller that plans as `inner` until it raises at `iteration`: a run that fails."""
+
+    def __init__(self, inner: Controller, iteration: int) -> None:
+        self.inner, self.iteration, self.name = inner, iteration, inner.name
+
+    def plan(self, iteration: int) -> Plan:
+        if iteration == self.iteration:
+            raise RuntimeError(f"the controller failed at iteration {iteration}")
+        return self.inner.plan(iteration)
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        self.inner.observe(iteration, timeline)
+
+    def restarted(self, iteration: int) -> None:
+        self.inner.restarted(iteration)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_run_that_fails_after_a_failover_leaves_nothing_behind() -> None:
+    """rnic0 of host 1 goes down as iteration 1 begins and its delegates fail over; then the
+    run itself fails (its controller raises at iteration 3). Nothing is left: no namespace,
+    no worker, no delegate that carried a message (those that moved included)."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+
+    profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    faults = parse_yaml('[{start_iteration: 1, nic: "host1:rnic0", down: true}]')
+    pids: set[int] = set()
+    failovers: list[FailoverRecord] = []
+
+    def seen(k: int, timeline: Timeline, measured: bool, same_as: int | None) -> None:
+        pids.update(pid for record in timeline.iterations for pid in record.pids)
+        pids.update(message.carrier_pid for message in timeline.messages)
+        failovers.extend(timeline.failovers)
+
+    engine = network_engine(profile, delegated=True)
+    with pytest.raises(RuntimeError, match="failed at iteration 3"), engine as running:
+        bed = running.bed  # type: ignore[attr-defined]
+        names = {bed.switch, *bed.hosts}
+        run_loop(
+            running,
+            _FailsAt(system_controller("adaptra", profile, faults), 3),
+            num_iterations=5,
+            num_warmup_iterations=1,
+            faults=faults,
+            on_iteration=seen,
+        )
+    assert not names & set(_namespaces())
+    assert {(f.link, f.nic_from, f.nic_to) for f in failovers} == {("0-1", "rnic0", "rnic1")}
+    assert {f.carrier_pid for f in failovers} <= pids
+    assert len(pids) == 2 + 2 * 2  # the workers and the four sender delegates
+    assert not [pid for pid in pids if _alive(pid)]
 
 
 def _sent_by(host: int, failover: FailoverRecord) -> bool:
