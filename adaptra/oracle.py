@@ -21,6 +21,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
+from pipeline.topology import link_name
 
 __all__ = ["OracleController"]
 
@@ -67,7 +68,9 @@ class OracleController:
             profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
         failed = self.faults.has_failure(iteration, self.profile.topology)
         comm = CommMode.DELEGATED if any(delays) or failed else CommMode.DIRECT
-        return Plan(schedule, profile, comm)
+        known = tuple((link_name(i), d) for i, d in enumerate(delays) if d)
+        policy = "adaptra" if any(delays) else "adaptra-initial"
+        return Plan(schedule, profile, comm, policy=policy, believed_ms=known)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass

@@ -72,7 +72,7 @@ def _testbed(num_failures: int, notices: bool, seed: int) -> list[Figures]:
     with network_engine(profile, delegated=True, notices=notices) as engine:
         result = run_loop(
             engine,
-            system_controller("adaptra", profile, faults),
+            system_controller("adaptra-oracle", profile, faults),
             num_iterations=num_iterations,
             num_warmup_iterations=1,
             faults=faults,
@@ -123,7 +123,7 @@ def _table3_emulated() -> list[str]:
         "| system | restarts | lost iterations | iterations run | run wall s | samples/s |",
         "|---|---|---|---|---|---|",
     ]
-    for system in ("1f1b", "zb", "adaptra-cpu", "adaptra"):
+    for system in ("1f1b", "zb", "adaptra-cpu", "adaptra", "adaptra-oracle"):
         started = time.monotonic()
         result = run_configuration(
             system_controller(system, profile, faults),

@@ -172,7 +172,7 @@ def run(
         comm = comm or "direct"
         if comm == "delegated":
             profile = with_delegate_count(profile, faults)
-        controller = fixed_plan(planned.schedule, profile, comm)
+        controller = fixed_plan(planned.schedule, profile, comm, planned.policy)
         label = planned.policy
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
@@ -217,6 +217,18 @@ def run(
                 "comm": comm,
                 "controller": result.controller,
                 "iteration_times_ms": list(result.iteration_times_ms),
+                "iterations": [
+                    {
+                        "iteration": index,
+                        "iteration_ms": time_ms,
+                        "detected_ms": decision.detected_ms,
+                        "policy": decision.policy or label,
+                        "comm": decision.comm,
+                    }
+                    for index, time_ms, decision in zip(
+                        result.iterations, result.iteration_times_ms, result.decisions, strict=True
+                    )
+                ],
                 "median_iteration_ms": result.median_iteration_ms,
                 "step_times_ms": list(result.step_times_ms),
                 "reused_iterations": result.reused_iterations,

@@ -276,20 +276,24 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
     return [
         {
             **common,
+            "policy": decision.policy or common["policy"],
             "comm": comm.value,
             "loss": "" if loss is None else loss,
             "iteration": index,
             "iteration_time_ms": time_ms,
             "step_time_ms": step_ms,
             "bubble_ratio": bubble,
+            "detected_ms": json.dumps(decision.detected_ms, sort_keys=True),
+            "link_comms": json.dumps(decision.comm, sort_keys=True),
         }
-        for index, time_ms, step_ms, bubble, comm, loss in zip(
+        for index, time_ms, step_ms, bubble, comm, loss, decision in zip(
             result.iterations,
             result.iteration_times_ms,
             result.step_times_ms,
             result.bubble_ratios,
             result.comms,
             losses,
+            result.decisions,
             strict=True,
         )
     ]

@@ -26,7 +26,14 @@ from pipeline.metrics import Metrics, compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 
-__all__ = ["CHECKPOINT_RESTART", "OnIteration", "Recovery", "RunResult", "run_loop"]
+__all__ = [
+    "CHECKPOINT_RESTART",
+    "IterationDecision",
+    "OnIteration",
+    "Recovery",
+    "RunResult",
+    "run_loop",
+]
 
 OnIteration = Callable[[int, Timeline, bool, int | None], None]
 """Called as each iteration ends: (the engine's iteration index, warm-ups included; its
@@ -35,6 +42,19 @@ After a restart the lost iterations end again."""
 
 _REMEMBERED = 64
 """Metrics of this many computed iterations are kept for the iterations that repeat them."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IterationDecision:
+    """What the controller believed when it planned a measured iteration, and what it ran
+    (the `iterations` records of `run --format json` and iterations.csv)."""
+
+    detected_ms: dict[str, float]
+    """The PP links it called slow, with their estimated extra delays (ms)."""
+    policy: str
+    """The policy that made the iteration's schedule (empty: the run's)."""
+    comm: dict[str, str]
+    """Each PP link's comm mode: "direct", "delegated" (or "ideal")."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,6 +91,8 @@ class RunResult:
     restart_model_ms: float = 0.0
     """Modelled: per restart, the failed iteration up to its failure, the detection timeout
     (sim) and the configured restart cost (harness.loop.Recovery)."""
+    decisions: tuple[IterationDecision, ...] = ()
+    """One per measured iteration run, as the times."""
 
     @property
     def median_iteration_ms(self) -> float:
@@ -99,8 +121,9 @@ class RunResult:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Recovery:
-    """How a job without NIC failover comes back from a failed link or NIC: the harness
-    checkpoint-restarts it (every system, until Adaptra's failover exists)."""
+    """How a job comes back from a failed link or NIC that its traffic does not fail over
+    (1F1B and ZB always, Adaptra over the direct path or with no NIC left): the harness
+    checkpoint-restarts it."""
 
     checkpoint_every: int = 500
     """Measured iterations between checkpoints (torchtitan's default `checkpoint.interval`:
@@ -156,6 +179,7 @@ def run_loop(
     view: FaultView = AfterWarmup(faults, num_warmup_iterations)
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
+    decisions: list[IterationDecision] = []
     params_sha256 = ""
     restarts = _Restarts()
     reused = 0
@@ -204,6 +228,9 @@ def run_loop(
         steps.append(metrics.step_time_ms)
         bubbles.append(metrics.bubble_ratio)
         comms.append(plan.comm)
+        decisions.append(
+            IterationDecision(dict(plan.believed_ms), plan.policy, plan.comm_by_link())
+        )
         if outcome.loss is not None:
             losses.append(outcome.loss)
     return RunResult(
@@ -221,6 +248,7 @@ def run_loop(
         lost_iterations=restarts.lost_iterations,
         restart_wall_ms=restarts.wall_ms,
         restart_model_ms=restarts.model_ms,
+        decisions=tuple(decisions),
     )
 
 

@@ -7,6 +7,7 @@ import functools
 import time
 from collections.abc import Callable
 
+from adaptra.control import DetectingController
 from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
@@ -107,8 +108,14 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "zb": ("zb", "direct"),
     "adaptra-cpu": ("zb", "delegated"),
     "adaptra": ("adaptra", "delegated"),
+    "adaptra-oracle": ("adaptra", "delegated"),
 }
-"""The benchmarked systems as (policy, comm)."""
+"""The benchmarked systems as (policy, comm). `adaptra` plans from what its detector
+measures (adaptra.control); `adaptra-oracle` reads the fault model (adaptra.oracle): the
+reference for what detecting costs."""
+
+ADAPTIVE = ("adaptra", "adaptra-oracle")
+"""The systems whose controller re-plans during a run."""
 
 
 def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
@@ -117,7 +124,7 @@ def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
     if system not in SYSTEMS:
         raise ConfigError(f"unknown system {system!r}; valid systems: {', '.join(SYSTEMS)}")
     policy, comm = SYSTEMS[system]
-    if system == "adaptra" and not any(profile.delay_ms):
+    if system in ADAPTIVE and not any(profile.delay_ms):
         comm = "direct"
     return policy, comm
 
@@ -140,7 +147,8 @@ def system_controller(
     profile_for: Callable[[Schedule], Profile] | None = None,
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
-    Adaptra's oracle controller (it re-plans where the delays in force change), or for the
+    Adaptra's controller from measurements (it never reads `faults` or the profile's
+    delays), Adaptra's oracle (it re-plans where the delays in force change), or for the
     other systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
     iterations count and `faults` does not. `profile_for`: the op times a schedule runs
     under (a cost model's fused or split times)."""
@@ -148,6 +156,10 @@ def system_controller(
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)
     if system == "adaptra":
+        return DetectingController(
+            profile, planner=functools.partial(planner, policy), profile_for=profile_for
+        )
+    if system == "adaptra-oracle":
         return OracleController(
             profile,
             faults,
@@ -161,7 +173,7 @@ def system_controller(
             profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms),
             num_delegates=profile.num_delegates,
         )
-    return FixedPlan(Plan(schedule, profile, CommMode(comm)))
+    return FixedPlan(Plan(schedule, profile, CommMode(comm), policy=policy))
 
 
 def with_delegate_count(profile: Profile, faults: FaultView = NO_FAULTS) -> Profile:

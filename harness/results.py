@@ -32,8 +32,10 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 4
-"""4: the saved timelines are of timeline schema 4 (messages' wire start, copy in and
+RESULTS_SCHEMA_VERSION = 5
+"""5: iterations.csv says what the controller believed and ran: `detected_ms` and
+`link_comms` (JSON objects by PP link), `policy` the iteration's (adaptra: "adaptra-initial"
+or "adaptra"). 4: the saved timelines are of timeline schema 4 (messages' wire start, copy in and
 carrier: pipeline.timeline). 3: a run directory keeps what its engines measured:
 messages.csv and timelines/ (the drawn iterations' full timelines, from which the report
 draws its Gantt charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv gained
@@ -81,6 +83,8 @@ ITERATIONS_COLUMNS = (
     "step_time_ms",
     "bubble_ratio",
     "loss",
+    "detected_ms",
+    "link_comms",
 )
 MESSAGES_COLUMNS = (
     "model",

@@ -81,10 +81,10 @@ class RuntimeEngines(Closing):
 
 
 def fixed_plan(
-    schedule: Schedule, profile: Profile, comm: CommMode | str = CommMode.DIRECT
+    schedule: Schedule, profile: Profile, comm: CommMode | str = CommMode.DIRECT, policy: str = ""
 ) -> FixedPlan:
-    """`schedule` over `comm` every iteration (the baselines' controller)."""
-    return FixedPlan(Plan(schedule, profile, CommMode(comm)))
+    """`schedule` (made by `policy`) over `comm` every iteration (the baselines' controller)."""
+    return FixedPlan(Plan(schedule, profile, CommMode(comm), policy=policy))
 
 
 def run_configuration(

@@ -47,7 +47,10 @@ def write_slurm_script(
             for system in spec.systems:
                 name = f"{target.label}/{system}/{scenario.name}"
                 why = _unsupported(model.tp if model else 1, scenario.faults is not None)
-                planned = controller_for(system, target, scenario).plan(0)
+                # One fixed schedule per step: Adaptra's is the one it runs once it has found
+                # the scenario's delays (its oracle's plan).
+                known = "adaptra-oracle" if system == "adaptra" else system
+                planned = controller_for(known, target, scenario).plan(0)
                 schedule, profile, comm = planned.schedule, planned.profile, planned.comm
                 if why is None and comm is not CommMode.DIRECT:
                     why = f"{comm.value} comm: the runtime has no delegate transport yet"

@@ -19,7 +19,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, LinkComm
 from pipeline.timeline import Timeline
-from pipeline.topology import Topology
+from pipeline.topology import Link, Topology
 
 __all__ = [
     "Action",
@@ -54,6 +54,21 @@ class Plan:
     topology: Topology | None = None
     """Which worker plays which position (None: the default placement)."""
     action: Action = Action.RUN
+    policy: str = dataclasses.field(default="", compare=False)
+    """The policy that made `schedule` (reported per iteration; empty: the run's)."""
+    believed_ms: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
+    """The PP links the controller believed slow when it made this plan, with their extra
+    delay in ms (a detector's estimates, an oracle's knowledge): reported, never run."""
+
+    def comm_by_link(self) -> dict[str, str]:
+        """Each PP link's comm mode ("delegated" where either direction is)."""
+        modes = {str(Link.pp(i)): [self.comm] for i in range(self.schedule.num_stages - 1)}
+        for override in self.link_comms:
+            modes[str(Link.pp(override.link.first))].append(override.comm)
+        return {
+            link: CommMode.DELEGATED.value if CommMode.DELEGATED in ways else ways[-1].value
+            for link, ways in modes.items()
+        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

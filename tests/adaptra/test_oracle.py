@@ -17,13 +17,13 @@ def test_the_oracle_delegates_exactly_while_a_delay_or_a_failure_is_in_force() -
         '[{start_iteration: 2, end_iteration: 4, links: ["1-2"], delay_ms: 20},'
         ' {start_iteration: 5, nic: "host2:rnic0", down: true}]'
     )
-    controller = system_controller("adaptra", profile, faults, num_warmup_iterations=2)
+    controller = system_controller("adaptra-oracle", profile, faults, num_warmup_iterations=2)
     assert [controller.plan(k).comm for k in range(2 + 7)] == [
         *(DIRECT,) * 4, DELEGATED, DELEGATED, DIRECT, DELEGATED, DELEGATED
     ]  # fmt: skip
     controller.restarted(2 + 6)  # a checkpoint-restart there: the NIC replaced
     assert [controller.plan(k).comm for k in range(2 + 5, 2 + 9)] == [DIRECT] * 4
-    controller = system_controller("adaptra", profile, faults, num_warmup_iterations=2)
+    controller = system_controller("adaptra-oracle", profile, faults, num_warmup_iterations=2)
     result = run_configuration(
         controller, backend="sim", num_iterations=4, num_warmup_iterations=2, faults=faults
     )

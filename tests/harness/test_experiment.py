@@ -61,7 +61,7 @@ def test_default_run_end_to_end(tmp_path: Path) -> None:
     for png in pngs:
         assert (run_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (
-        "| fig4-uniform-10ms | adaptra | delegated | oracle | 0-1@40ms | 430.0 |"
+        "| fig4-uniform-10ms | adaptra | delegated | detector | 0-1@40ms | 430.0 |"
         in (run_dir / "report.md").read_text()
     )
 
@@ -206,7 +206,7 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
     )
     assert rebuilt.returncode == 0, rebuilt.stderr
     report = (tmp_path / "sweep" / "report.md").read_text()
-    assert "| fig4-uniform-10ms | adaptra | delegated | oracle | 0-1@60ms | 450.0 |" in report
+    assert "| fig4-uniform-10ms | adaptra | delegated | detector | 0-1@60ms | 450.0 |" in report
 
 
 @pytest.mark.parametrize(

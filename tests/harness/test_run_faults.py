@@ -72,7 +72,26 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert (data["system"], data["controller"], data["policy"]) == ("adaptra", "oracle", "adaptra")
+    assert (data["system"], data["controller"], data["policy"]) == (
+        "adaptra",
+        "detector",
+        "adaptra",
+    )
+    records = data["iterations"]
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    # The detector sees iteration 1's slow messages; iteration 2 runs the plan for them.
+    assert [r["detected_ms"] for r in records[:2]] == [{}, {}]
+    assert records[2]["detected_ms"] == {"0-1": pytest.approx(20.0, abs=1e-6)}
+    assert [r["policy"] for r in records] == ["adaptra-initial"] * 2 + ["adaptra"] * 2
+    assert records[1]["comm"] == {"0-1": "direct", "1-2": "direct", "2-3": "direct"}
+    assert set(records[2]["comm"].values()) == {"delegated"}
+    oracle = cli(
+        "run", "--profile", str(profile), "--system", "adaptra-oracle", "--iterations", "4",
+        "--faults", str(faults), "--format", "json",
+    )  # fmt: skip
+    assert oracle.returncode == 0, oracle.stderr
+    known = json.loads(oracle.stdout)
+    assert known["controller"] == "oracle" and known["iterations"][1]["detected_ms"] == {"0-1": 20}
     fixed = cli(
         "run", "--profile", str(profile), "--policy", "adaptra", "--iterations", "4",
         "--faults", str(faults), "--format", "json",
@@ -93,9 +112,11 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     with (run_dir / "iterations.csv").open() as rows:
         spec_times = [float(r["iteration_time_ms"]) for r in csv.DictReader(rows)]
     assert data["iteration_times_ms"] == spec_times
-    # Re-planned for the slow link it beats the fault-free plan run under it.
+    # Re-planned for the slow link it beats the fault-free plan run under it: the oracle from
+    # iteration 1, the detector once it has seen it.
     slow = json.loads(fixed.stdout)["iteration_times_ms"]
-    assert data["iteration_times_ms"][1] < slow[1] and data["iteration_times_ms"][0] == slow[0]
+    assert known["iteration_times_ms"][1] < slow[1] and known["iteration_times_ms"][0] == slow[0]
+    assert data["iteration_times_ms"][:2] == slow[:2] and data["iteration_times_ms"][2] < slow[2]
     both = cli("run", "--profile", str(profile), "--system", "adaptra", "--policy", "zb")
     assert both.returncode == 1 and "give no --policy, --schedule or --comm" in both.stderr
 

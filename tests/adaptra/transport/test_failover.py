@@ -1,4 +1,7 @@
-"""NIC failover in the delegate transport: a run goes on over the other NIC, losing nothing."""
+"""NIC failover in the delegate transport: a run goes on over the other NIC, losing nothing.
+
+Adaptra here is its oracle (`adaptra-oracle`): it runs over the delegates while a failure is
+in force, which is what these tests need; the failover is the transport's own."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ def test_a_nic_failing_at_iteration_20_of_50_loses_nothing_at_the_transport_leve
     profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
     faults = parse_yaml('[{start_iteration: 20, at_ms: 5, nic: "host1:rnic0", down: true}]')
     result = run_configuration(
-        system_controller("adaptra", profile, faults),
+        system_controller("adaptra-oracle", profile, faults),
         backend="emulated",
         num_iterations=50,
         num_warmup_iterations=1,
@@ -69,7 +72,7 @@ def test_a_nic_failing_at_iteration_20_of_50_loses_nothing_at_the_transport_leve
     # the message that heard it, sent anew
     assert all(f.resume_seq >= 0 for f in moved if f.cause == "fault hook")
     sim = run_configuration(
-        system_controller("adaptra", profile, faults),
+        system_controller("adaptra-oracle", profile, faults),
         num_iterations=50,
         num_warmup_iterations=1,
         faults=faults,
@@ -94,7 +97,7 @@ def test_a_nic_failing_on_a_host_of_a_dp_ring_loses_nothing() -> None:
     )  # fmt: skip
     faults = parse_yaml('[{start_iteration: 3, at_ms: 5, nic: "host5:rnic0", down: true}]')
     result = run_configuration(
-        system_controller("adaptra", profile, faults),
+        system_controller("adaptra-oracle", profile, faults),
         backend="emulated",
         num_iterations=6,
         faults=faults,
@@ -110,7 +113,7 @@ def test_a_nic_failing_on_a_host_of_a_dp_ring_loses_nothing() -> None:
     assert moved == ring | pp
     assert {(f.nic_from, f.nic_to) for f in timeline.failovers} == {("rnic0", "rnic1")}
     sim = run_configuration(
-        system_controller("adaptra", profile, faults),
+        system_controller("adaptra-oracle", profile, faults),
         num_iterations=6,
         faults=faults,
         host=HostCosts(failover_ms=3.0),
@@ -147,7 +150,7 @@ MEGATRON = Profile.uniform(4, 8, 1, 1, 1, num_delegates=2)
 def healthy_megatron() -> RunResult:
     """The run the failed ones must equal: the same 6 iterations without a failure."""
     return run_configuration(
-        system_controller("adaptra", MEGATRON), backend="megatron", num_iterations=6
+        system_controller("adaptra-oracle", MEGATRON), backend="megatron", num_iterations=6
     )
 
 
@@ -178,7 +181,7 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
         before = bed.bytes_sent(host)
         result = run_loop(
             engine,
-            system_controller("adaptra", MEGATRON, faults),
+            system_controller("adaptra-oracle", MEGATRON, faults),
             num_iterations=6,
             num_warmup_iterations=1,
             faults=faults,
@@ -241,7 +244,7 @@ def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> Non
         before = bed.bytes_sent(5)
         result = run_loop(
             engine,
-            system_controller("adaptra", profile, faults),
+            system_controller("adaptra-oracle", profile, faults),
             num_iterations=5,
             num_warmup_iterations=1,
             faults=faults,
@@ -283,7 +286,7 @@ def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
     with network_engine(profile, delegated=True, longest_hold_ms=20) as engine:
         result = run_loop(
             engine,
-            system_controller("adaptra", profile, faults),
+            system_controller("adaptra-oracle", profile, faults),
             num_iterations=3,
             num_warmup_iterations=1,
             faults=faults,
@@ -343,7 +346,7 @@ def test_a_run_that_fails_after_a_failover_leaves_nothing_behind() -> None:
         names = {bed.switch, *bed.hosts}
         run_loop(
             running,
-            _FailsAt(system_controller("adaptra", profile, faults), 3),
+            _FailsAt(system_controller("adaptra-oracle", profile, faults), 3),
             num_iterations=5,
             num_warmup_iterations=1,
             faults=faults,

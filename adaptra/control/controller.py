@@ -1,0 +1,113 @@
+"""Adaptra's controller from measurements: it plans from what the detector estimates, never
+from the fault model.
+
+It starts with Algorithm 1's plan over `direct` (no straggler known). After each iteration
+it hands the iteration's messages to the detector (adaptra.control.detector); when a PP
+link is found slow, the next iteration runs over the delegates with Adaptra's plan
+(Algorithm 2, the generator, the search) for the estimated delays; it plans again when the
+slow set changes or an estimate stays past the re-plan margin two iterations in a row, and
+goes back to the initial plan and `direct` once every link has recovered. A route that
+failed over (the timeline's failovers: the transport's own records) keeps the run on the
+delegates until a restart.
+Plans are cached per delay vector, so a return to a delay seen before costs nothing.
+
+The run's profile is passed through to every plan untouched (it says what the engine
+injects, e.g. its static delays); the controller itself reads only its op times and link
+model (`Profile.with_delays(())`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from adaptra.control.detector import DEFAULT_THRESHOLDS, Belief, LinkDetector, Thresholds
+from adaptra.scheduler import plan_adaptra
+from pipeline.engines import Plan
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode
+from pipeline.timeline import Timeline
+from pipeline.topology import link_name
+
+__all__ = ["DetectingController"]
+
+
+def _adaptra_schedule(profile: Profile) -> Schedule:
+    return plan_adaptra(profile).schedule
+
+
+class DetectingController:
+    name = "detector"
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        planner: Callable[[Profile], Schedule] = _adaptra_schedule,
+        profile_for: Callable[[Schedule], Profile] | None = None,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    ) -> None:
+        """`profile`: the run's (passed through to the plans); `planner`: Adaptra's schedule
+        for a profile whose delays are the estimated ones; `profile_for`: the op times a
+        schedule runs under (a cost model's fused or split times)."""
+        self.profile = profile
+        self._model = profile.with_delays(())
+        self.detector = LinkDetector(self._model, thresholds)
+        self.thresholds = thresholds
+        self._planner = planner
+        self._profile_for = profile_for
+        self._links = [link_name(i) for i in range(profile.num_stages - 1)]
+        self._planned: tuple[float, ...] = (0.0,) * len(self._links)
+        self._detected: dict[str, float] = {}
+        self._moved_before = False
+        """Whether the previous belief's estimates had moved past the margin too."""
+        self._failed_over = False
+        self._schedules: dict[tuple[float, ...], Schedule] = {}
+        self.num_replans = 0
+        """How often the planned delays changed (onsets, changes and recoveries)."""
+
+    def plan(self, iteration: int) -> Plan:
+        delays = self._planned
+        if delays not in self._schedules:
+            self._schedules[delays] = self._planner(self._model.with_delays(delays))
+        schedule = self._schedules[delays]
+        profile = self.profile
+        if self._profile_for is not None:
+            profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
+            profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
+        adapted = any(delays)
+        comm = CommMode.DELEGATED if adapted or self._failed_over else CommMode.DIRECT
+        return Plan(
+            schedule,
+            profile,
+            comm,
+            policy="adaptra" if adapted else "adaptra-initial",
+            believed_ms=tuple(sorted(self._detected.items())),
+        )
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        belief = self.detector.observe(iteration, timeline.messages)
+        self._failed_over = self._failed_over or bool(timeline.failovers)
+        self._update(belief)
+
+    def _update(self, belief: Belief) -> None:
+        estimates = tuple(
+            belief.extra_ms[link] if link in belief.slow else 0.0 for link in self._links
+        )
+        planned_slow = {link for link, d in zip(self._links, self._planned, strict=True) if d}
+        moved = any(
+            self.thresholds.moved(p, e)
+            for p, e in zip(self._planned, estimates, strict=True)
+            if p and e
+        )
+        if planned_slow != belief.slow or (moved and self._moved_before):
+            self._planned = tuple(round(e, 1) for e in estimates)
+            self.num_replans += 1
+            moved = False
+        self._moved_before = moved
+        self._detected = belief.detected_ms
+
+    def restarted(self, iteration: int) -> None:
+        """The job came back on repaired hardware: no route has failed over any more."""
+        self._failed_over = False

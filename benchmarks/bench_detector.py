@@ -1,0 +1,184 @@
+"""Adaptra's detector-driven controller (adaptra.control) against its oracle, the baselines
+and ground truth, in emulated runs (hook injection: the delays are real sleeps in the
+workers; the controller sees only the messages' timestamps).
+
+Run: python benchmarks/bench_detector.py [--scenarios 20] [--healthy 1000]
+
+1. The scaled Table 3 trace (harness/presets/table3_trace_s4.txt) under 1F1B, ZB, Adaptra-CPU,
+   Adaptra (detector) and Adaptra's oracle: wall time, samples/s, median iteration, restarts;
+   what detecting costs (per change of the delays in force, the iterations until the
+   controller's plan matched it) and the planning time per re-plan.
+2. Dynamic stragglers: 30 +- 10 ms (normal) on link 1-2, redrawn every 50-400 ms: median
+   iteration time per system, and how often Adaptra re-planned.
+3. Accuracy over seeded scenarios (one or two slow links of 10-60 ms from a random
+   iteration): detection rate, latency in iterations (median, max), the estimates' mean
+   error; then false alarms in `--healthy` fault-free iterations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+from adaptra.control import DetectingController
+from adaptra.scheduler import plan_adaptra
+from harness.loop import Recovery, RunResult
+from harness.policies import system_controller
+from harness.runner import RuntimeEngines, run_configuration
+from injectors.fault_files import load_faults, parse_yaml
+from pipeline.engines import Controller
+from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.profile import Profile
+
+PRESETS = Path(__file__).parents[1] / "harness" / "presets"
+SYSTEMS = ("1f1b", "zb", "adaptra-cpu", "adaptra", "adaptra-oracle")
+
+
+def _run(
+    system: str,
+    profile: Profile,
+    faults: FaultView,
+    num_iterations: int,
+    engines: RuntimeEngines,
+) -> tuple[RunResult, float, Controller]:
+    started = time.monotonic()
+    controller = system_controller(system, profile, faults)
+    result = run_configuration(
+        controller,
+        backend="emulated",
+        num_iterations=num_iterations,
+        faults=faults,
+        recovery=Recovery(checkpoint_every=50),
+        keep_timeline=False,
+        engines=engines,
+        delegated=system.startswith("adaptra"),
+    )
+    return result, time.monotonic() - started, controller
+
+
+def _believed(result: RunResult) -> list[frozenset[str]]:
+    return [frozenset(d.detected_ms) for d in result.decisions]
+
+
+def _table3(engines: RuntimeEngines) -> None:
+    faults = load_faults(PRESETS / "table3_trace_s4.txt")
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=1024, num_delegates=2)
+    print("| system | restarts | iterations run | run wall s | samples/s | median iteration ms |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for system in SYSTEMS:
+        result, wall_s, _ = _run(system, profile, faults, 120, engines)
+        results[system] = result
+        samples = 120 * profile.num_microbatches
+        print(
+            f"| {system} | {result.restarts} | {len(result.iteration_times_ms)} | {wall_s:.1f} "
+            f"| {samples / wall_s:.1f} | {result.median_iteration_ms:.1f} |"
+        )
+    detector, oracle = results["adaptra"], results["adaptra-oracle"]
+    if detector.restarts or oracle.restarts:
+        print("(a restart: the per-iteration comparison below is of the runs' first pass)")
+    truth, seen = _believed(oracle), _believed(detector)
+    lags, lag = [], None
+    for k in range(1, len(truth)):
+        if truth[k] != truth[k - 1]:
+            lag = 0
+        if lag is not None:
+            if k < len(seen) and seen[k] == truth[k]:
+                lags.append(lag)
+                lag = None
+            else:
+                lag += 1
+    extra = sum(detector.iteration_times_ms) / sum(oracle.iteration_times_ms) - 1
+    planning_ms = []
+    for delays in ((0.0, 30.0, 0.0), (20.0, 0.0, 40.0), (0.0, 0.0, 60.0)):
+        started = time.perf_counter()
+        plan_adaptra(profile.with_delays(delays))
+        planning_ms.append((time.perf_counter() - started) * 1000.0)
+    print(f"planning one delay vector: {statistics.median(planning_ms):.1f} ms (median of 3)")
+    print(
+        f"\nchanges of the delays in force: {len(lags)}; iterations until the detector's "
+        f"plan matched: median {statistics.median(lags) if lags else 0}, max "
+        f"{max(lags, default=0)}; iteration time summed: detector {extra:+.1%} against the "
+        "oracle"
+    )
+
+
+def _dynamic(engines: RuntimeEngines) -> None:
+    faults = parse_yaml(
+        '[{start_iteration: 0, links: ["1-2"], distribution: {normal: {mean_ms: 30, std_ms: 10},'
+        " redraw_every_ms: [50, 400]}}]"
+    )
+    profile = Profile.uniform(4, 8, 10, 10, 10, message_bytes=1 << 16, num_delegates=4)
+    print("\n| system | median iteration ms | mean iteration ms | re-plans |")
+    print("|---|---|---|---|")
+    for system in SYSTEMS:
+        result, _, controller = _run(system, profile, faults, 40, engines)
+        beliefs = [d.detected_ms for d in result.decisions]
+        changes = sum(1 for a, b in itertools.pairwise(beliefs) if a != b)
+        replans = {"adaptra-oracle": str(changes)}
+        if isinstance(controller, DetectingController):
+            replans[system] = str(controller.num_replans)
+        print(
+            f"| {system} | {result.median_iteration_ms:.1f} | "
+            f"{statistics.fmean(result.iteration_times_ms):.1f} | {replans.get(system, '-')} |"
+        )
+
+
+def _accuracy(engines: RuntimeEngines, num_scenarios: int, num_healthy: int) -> None:
+    rng = random.Random(11)
+    profile = Profile.uniform(4, 8, 2, 2, 2, message_bytes=4096, num_delegates=4)
+    found, latencies, errors = 0, [], []
+    wrong_links = 0
+    for _ in range(num_scenarios):
+        links = rng.sample(["0-1", "1-2", "2-3"], rng.choice([1, 2]))
+        delays = {link: rng.choice([10, 20, 30, 40, 50, 60]) for link in links}
+        onset = rng.randrange(3, 10)
+        rows = ", ".join(
+            f'{{start_iteration: {onset}, links: ["{link}"], delay_ms: {delay}}}'
+            for link, delay in delays.items()
+        )
+        result, _, _ = _run("adaptra", profile, parse_yaml(f"[{rows}]"), onset + 6, engines)
+        # the decision of measured iteration k is from what iteration k - 1 measured
+        hit = next(
+            (k for k in range(onset + 1, len(result.decisions))
+             if set(result.decisions[k].detected_ms) == set(delays)),
+            None,
+        )  # fmt: skip
+        wrong_links += any(set(d.detected_ms) - set(delays) for d in result.decisions[onset + 1 :])
+        if hit is not None:
+            found += 1
+            latencies.append(hit - onset)
+            errors += [abs(result.decisions[hit].detected_ms[k] - d) for k, d in delays.items()]
+    print(
+        f"\n{num_scenarios} scenarios: detected {found} ({found / num_scenarios:.0%}); latency "
+        f"in iterations from the onset to the first plan for it: median "
+        f"{statistics.median(latencies) if latencies else '-'}, max "
+        f"{max(latencies, default='-')}; mean estimate error "
+        f"{statistics.fmean(errors) if errors else float('nan'):.2f} ms; scenarios with a "
+        f"healthy link called slow: {wrong_links}"
+    )
+    result, _, _ = _run("adaptra", profile, NO_FAULTS, num_healthy, engines)
+    alarms = sum(1 for d in result.decisions if d.detected_ms)
+    print(f"false alarms: {alarms} in {num_healthy} fault-free iterations")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scenarios", type=int, default=20)
+    parser.add_argument("--healthy", type=int, default=1000)
+    args = parser.parse_args()
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    with RuntimeEngines() as engines:
+        _table3(engines)
+        _dynamic(engines)
+        _accuracy(engines, args.scenarios, args.healthy)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

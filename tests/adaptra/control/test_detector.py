@@ -1,0 +1,105 @@
+"""The straggler detector on saved timelines (the simulator's): what it names, its
+estimates, and what it never reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from adaptra.control import LinkDetector, Thresholds
+from harness.policies import system_controller
+from harness.runner import run_configuration
+from injectors.fault_files import parse_yaml
+from pipeline.profile import Profile
+from pipeline.timeline import Timeline
+
+PROFILE = Profile.uniform(4, 8, 2, 2, 2, message_bytes=1 << 16, num_delegates=3)
+
+
+def _sim_timeline(faults_yaml: str, num_iterations: int, profile: Profile = PROFILE) -> Timeline:
+    """A fixed plan's (1F1B over direct) simulated run: the detector reads its messages."""
+    faults = parse_yaml(faults_yaml)
+    result = run_configuration(
+        system_controller("1f1b", profile, faults), num_iterations=num_iterations, faults=faults
+    )
+    assert result.timeline is not None
+    return result.timeline
+
+
+def _beliefs(timeline: Timeline, profile: Profile = PROFILE) -> list[dict[str, float]]:
+    detector = LinkDetector(profile)
+    by_iteration: dict[int, list] = {}
+    for m in timeline.messages:
+        by_iteration.setdefault(m.iteration, []).append(m)
+    return [detector.observe(k, by_iteration[k]).detected_ms for k in sorted(by_iteration)]
+
+
+def test_a_slow_link_is_named_with_its_delay_from_its_first_iteration_and_until_it_ends() -> None:
+    """30 ms on link 1-2 in fault iterations 5-9 (run iterations 6-10, after the warm-up)."""
+    timeline = _sim_timeline(
+        '[{start_iteration: 5, end_iteration: 10, links: ["1-2"], delay_ms: 30}]', 14
+    )
+    beliefs = _beliefs(timeline)
+    assert [set(b) for b in beliefs] == [set()] * 6 + [{"1-2"}] * 5 + [set()] * 4
+    assert all(b["1-2"] == pytest.approx(30.0, abs=1e-6) for b in beliefs[6:11])
+
+
+def test_two_slow_links_are_told_apart() -> None:
+    timeline = _sim_timeline('[{start_iteration: 0, links: ["0-1"], delay_ms: 15},'
+                             ' {start_iteration: 0, links: ["2-3"], delay_ms: 40}]', 3)  # fmt: skip
+    *_, last = _beliefs(timeline)
+    assert set(last) == {"0-1", "2-3"}
+    assert last["0-1"] == pytest.approx(15.0, rel=0.10)
+    assert last["2-3"] == pytest.approx(40.0, rel=0.10)
+
+
+def test_a_slow_link_from_the_start_is_found_against_the_healthy_links() -> None:
+    """The profile's own 30 ms on link 1-2: slow in the first iteration the detector sees
+    (the other links give the host's floor)."""
+    profile = PROFILE.with_delays((0.0, 30.0, 0.0))
+    timeline = _sim_timeline('[{start_iteration: 3, links: ["0-1"], delay_ms: 0}]', 2, profile)
+    first, *_ = _beliefs(timeline, profile)
+    assert first == {"1-2": pytest.approx(30.0, abs=1e-6)}
+
+
+def test_the_injected_delay_in_the_records_changes_nothing() -> None:
+    """`fault_ms` (what the fault model injected) scrambled: the same beliefs."""
+    timeline = _sim_timeline(
+        '[{start_iteration: 2, end_iteration: 5, links: ["0-1"], delay_ms: 25}]', 7
+    )
+    rng = random.Random(1)
+    tampered = dataclasses.replace(
+        timeline,
+        messages=tuple(m._replace(fault_ms=rng.uniform(0, 100)) for m in timeline.messages),
+    )
+    assert _beliefs(tampered) == _beliefs(timeline)
+    assert any(_beliefs(timeline))
+
+
+def test_hysteresis_keeps_a_wavering_link_slow_between_the_thresholds() -> None:
+    """A delay of 10 ms, then 6 ms (between recovery 4 and onset 8): still slow; then 3 ms:
+    healthy."""
+    timeline = _sim_timeline(
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 10},'
+        ' {start_iteration: 2, links: ["0-1"], delay_ms: 6},'
+        ' {start_iteration: 4, links: ["0-1"], delay_ms: 3}]',
+        6,
+    )
+    assert [set(b) for b in _beliefs(timeline)] == [set()] + [{"0-1"}] * 4 + [set()] * 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"onset_ms": 2.0, "recovery_ms": 3.0}, "recovery_ms"), ({"replan_ms": -1}, "margins")],
+)
+def test_bad_thresholds_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Thresholds(**kwargs)
+
+
+def test_the_re_plan_margin_is_3_ms_or_10_percent() -> None:
+    thresholds = Thresholds()
+    assert not thresholds.moved(30.0, 32.9) and thresholds.moved(30.0, 33.1)
+    assert not thresholds.moved(60.0, 65.9) and thresholds.moved(60.0, 66.1)
