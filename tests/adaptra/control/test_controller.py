@@ -51,16 +51,19 @@ def _slow(decisions: tuple[IterationDecision, ...]) -> list[set[str]]:
 def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulator_does() -> None:
     """30 ms on link 1-2 in the testbed's network (its wire: nothing in the workers knows it)
     in measured iterations 5-9. The controller plans each iteration from the one before: the
-    delay is named on link 1-2 from iteration 6, estimated within 3 ms of 30, run over the
+    delay is named on link 1-2 from iteration 6, estimated at 29-40 ms, run over the
     delegates with Adaptra's plan for it by iteration 8, and after the delay ends (iteration
     10) back on the initial plan and `direct` within 3 iterations. The simulator's run of the
-    same scenario reaches the same decisions."""
+    same scenario reaches the same decisions, its estimate within 3 ms of 30."""
     faults = parse_yaml('[{start_iteration: 5, end_iteration: 10, links: ["1-2"], delay_ms: 30}]')
     real = _run(PROFILE, faults, 14, "emulated", "network")
     sim = _run(PROFILE, faults, 14, "sim", "hook")
     assert _slow(real.decisions) == [set()] * 6 + [{"1-2"}] * 5 + [set()] * 3
     assert _slow(sim.decisions) == _slow(real.decisions)
-    assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in real.decisions[6:11])
+    # The simulator's estimate is the delay; on the wire TCP adds its own (BBR's pacing over
+    # a long RTT, docs/design.md): never below the delay, up to about 7 ms above it.
+    assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in sim.decisions[6:11])
+    assert all(29.0 <= d.detected_ms["1-2"] <= 40.0 for d in real.decisions[6:11])
     adapted = [
         d.policy == "adaptra" and set(d.comm.values()) == {"delegated"} for d in real.decisions
     ]
@@ -86,7 +89,7 @@ def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_deci
     assert _slow(by_hook.decisions) == _slow(by_wire.decisions) == [{"1-2"}] * 6
     assert [d.policy for d in by_hook.decisions] == [d.policy for d in by_wire.decisions]
     # once the connections have carried a few messages, within 20 %
-    assert by_wire.decisions[-1].detected_ms["1-2"] == pytest.approx(30.0, rel=0.20)
+    assert 29.0 <= by_wire.decisions[-1].detected_ms["1-2"] <= 40.0
     assert by_hook.decisions[-1].detected_ms["1-2"] == pytest.approx(30.0, abs=3.0)
 
 
