@@ -11,10 +11,9 @@ first measured one (pipeline.faults.AfterWarmup).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
-from adaptra.scheduler import plan_adaptra
+from adaptra.plans import AdaptraPlans, adaptra_schedule
 from pipeline.engines import Plan
 from pipeline.faults import AfterWarmup, FaultView
 from pipeline.profile import Profile
@@ -26,10 +25,6 @@ from pipeline.topology import link_name
 __all__ = ["OracleController"]
 
 
-def _adaptra_schedule(profile: Profile) -> Schedule:
-    return plan_adaptra(profile).schedule
-
-
 class OracleController:
     name = "oracle"
 
@@ -39,7 +34,7 @@ class OracleController:
         faults: FaultView,
         *,
         num_warmup_iterations: int = 1,
-        planner: Callable[[Profile], Schedule] = _adaptra_schedule,
+        planner: Callable[[Profile], Schedule] = adaptra_schedule,
         profile_for: Callable[[Schedule], Profile] | None = None,
     ) -> None:
         """`profile`: the op times and static delays; `faults`: the run's view, counted from
@@ -49,9 +44,7 @@ class OracleController:
         fused or split times; default: `profile`'s)."""
         self.profile = profile
         self.faults: FaultView = AfterWarmup(faults, num_warmup_iterations)
-        self._planner = planner
-        self._profile_for = profile_for
-        self._schedules: dict[tuple[float, ...], Schedule] = {}
+        self._plans = AdaptraPlans(profile, planner, profile_for)
 
     def delays_in_force(self, iteration: int) -> tuple[float, ...]:
         extra = self.faults.pp_delays_ms(iteration, self.profile.topology)
@@ -59,18 +52,10 @@ class OracleController:
 
     def plan(self, iteration: int) -> Plan:
         delays = self.delays_in_force(iteration)
-        if delays not in self._schedules:
-            self._schedules[delays] = self._planner(self.profile.with_delays(delays))
-        schedule = self._schedules[delays]
-        profile = self.profile
-        if self._profile_for is not None:
-            profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
-            profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
         failed = self.faults.has_failure(iteration, self.profile.topology)
         comm = CommMode.DELEGATED if any(delays) or failed else CommMode.DIRECT
         known = tuple((link_name(i), d) for i, d in enumerate(delays) if d)
-        policy = "adaptra" if any(delays) else "adaptra-initial"
-        return Plan(schedule, profile, comm, policy=policy, believed_ms=known)
+        return self._plans.plan(delays, comm, known)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass

@@ -9,7 +9,8 @@ slow set changes or an estimate stays past the re-plan margin two iterations in 
 goes back to the initial plan and `direct` once every link has recovered. A route that
 failed over (the timeline's failovers: the transport's own records) keeps the run on the
 delegates until a restart.
-Plans are cached per delay vector, so a return to a delay seen before costs nothing.
+Plans are cached per delay vector (adaptra.plans), so a return to a delay seen before costs
+nothing.
 
 The run's profile is passed through to every plan untouched (it says what the engine
 injects, e.g. its static delays); the controller itself reads only its op times and link
@@ -18,11 +19,10 @@ model (`Profile.with_delays(())`).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from adaptra.control.detector import DEFAULT_THRESHOLDS, Belief, LinkDetector, Thresholds
-from adaptra.scheduler import plan_adaptra
+from adaptra.plans import AdaptraPlans, adaptra_schedule
 from pipeline.engines import Plan
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -33,10 +33,6 @@ from pipeline.topology import link_name
 __all__ = ["DetectingController"]
 
 
-def _adaptra_schedule(profile: Profile) -> Schedule:
-    return plan_adaptra(profile).schedule
-
-
 class DetectingController:
     name = "detector"
 
@@ -44,7 +40,7 @@ class DetectingController:
         self,
         profile: Profile,
         *,
-        planner: Callable[[Profile], Schedule] = _adaptra_schedule,
+        planner: Callable[[Profile], Schedule] = adaptra_schedule,
         profile_for: Callable[[Schedule], Profile] | None = None,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
     ) -> None:
@@ -55,36 +51,20 @@ class DetectingController:
         self._model = profile.with_delays(())
         self.detector = LinkDetector(self._model, thresholds)
         self.thresholds = thresholds
-        self._planner = planner
-        self._profile_for = profile_for
+        self._plans = AdaptraPlans(profile, planner, profile_for)
         self._links = [link_name(i) for i in range(profile.num_stages - 1)]
         self._planned: tuple[float, ...] = (0.0,) * len(self._links)
         self._detected: dict[str, float] = {}
         self._moved_before = False
         """Whether the previous belief's estimates had moved past the margin too."""
         self._failed_over = False
-        self._schedules: dict[tuple[float, ...], Schedule] = {}
         self.num_replans = 0
         """How often the planned delays changed (onsets, changes and recoveries)."""
 
     def plan(self, iteration: int) -> Plan:
         delays = self._planned
-        if delays not in self._schedules:
-            self._schedules[delays] = self._planner(self._model.with_delays(delays))
-        schedule = self._schedules[delays]
-        profile = self.profile
-        if self._profile_for is not None:
-            profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
-            profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
-        adapted = any(delays)
-        comm = CommMode.DELEGATED if adapted or self._failed_over else CommMode.DIRECT
-        return Plan(
-            schedule,
-            profile,
-            comm,
-            policy="adaptra" if adapted else "adaptra-initial",
-            believed_ms=tuple(sorted(self._detected.items())),
-        )
+        comm = CommMode.DELEGATED if any(delays) or self._failed_over else CommMode.DIRECT
+        return self._plans.plan(delays, comm, tuple(sorted(self._detected.items())))
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         belief = self.detector.observe(iteration, timeline.messages)
