@@ -48,8 +48,7 @@ class DetectingController:
         for a profile whose delays are the estimated ones; `profile_for`: the op times a
         schedule runs under (a cost model's fused or split times)."""
         self.profile = profile
-        self._model = profile.with_delays(())
-        self.detector = LinkDetector(self._model, thresholds)
+        self.detector = LinkDetector(profile.with_delays(()), thresholds)
         self.thresholds = thresholds
         self._plans = AdaptraPlans(profile, planner, profile_for)
         self._links = [link_name(i) for i in range(profile.num_stages - 1)]
