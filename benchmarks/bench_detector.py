@@ -2,7 +2,8 @@
 and ground truth, in emulated runs (hook injection: the delays are real sleeps in the
 workers; the controller sees only the messages' timestamps).
 
-Run: python benchmarks/bench_detector.py [--scenarios 20] [--healthy 1000]
+Run: python benchmarks/bench_detector.py [--scenarios 20] [--healthy 1000] [--dp-healthy 300]
+     [--sections 1,2,3]
 
 1. The scaled Table 3 trace (harness/presets/table3_trace_s4.txt) under 1F1B, ZB, Adaptra-CPU,
    Adaptra (detector) and Adaptra's oracle: wall time, samples/s, median iteration, restarts;
@@ -12,7 +13,9 @@ Run: python benchmarks/bench_detector.py [--scenarios 20] [--healthy 1000]
    iteration time per system, and how often Adaptra re-planned.
 3. Accuracy over seeded scenarios (one or two slow links of 10-60 ms from a random
    iteration): detection rate, latency in iterations (median, max), the estimates' mean
-   error; then false alarms in `--healthy` fault-free iterations.
+   error; then false alarms in `--healthy` fault-free iterations. Then the same with PP 4 x
+   DP 2, the slow links drawn from the PP and the DP ring links (`--dp-healthy` fault-free
+   iterations).
 """
 
 from __future__ import annotations
@@ -129,13 +132,19 @@ def _dynamic(engines: RuntimeEngines) -> None:
         )
 
 
-def _accuracy(engines: RuntimeEngines, num_scenarios: int, num_healthy: int) -> None:
-    rng = random.Random(11)
-    profile = Profile.uniform(4, 8, 2, 2, 2, message_bytes=4096, num_delegates=4)
+def _accuracy(
+    engines: RuntimeEngines,
+    profile: Profile,
+    links_to_draw: list[str],
+    num_scenarios: int,
+    num_healthy: int,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
     found, latencies, errors = 0, [], []
     wrong_links = 0
     for _ in range(num_scenarios):
-        links = rng.sample(["0-1", "1-2", "2-3"], rng.choice([1, 2]))
+        links = rng.sample(links_to_draw, rng.choice([1, 2]))
         delays = {link: rng.choice([10, 20, 30, 40, 50, 60]) for link in links}
         onset = rng.randrange(3, 10)
         rows = ", ".join(
@@ -155,8 +164,9 @@ def _accuracy(engines: RuntimeEngines, num_scenarios: int, num_healthy: int) -> 
             latencies.append(hit - onset)
             errors += [abs(result.decisions[hit].detected_ms[k] - d) for k, d in delays.items()]
     print(
-        f"\n{num_scenarios} scenarios: detected {found} ({found / num_scenarios:.0%}); latency "
-        f"in iterations from the onset to the first plan for it: median "
+        f"\n{num_scenarios} scenarios (links from {', '.join(links_to_draw)}): detected {found} "
+        f"({found / num_scenarios:.0%}); latency in iterations from the onset to the first "
+        f"iteration that believed it: median "
         f"{statistics.median(latencies) if latencies else '-'}, max "
         f"{max(latencies, default='-')}; mean estimate error "
         f"{statistics.fmean(errors) if errors else float('nan'):.2f} ms; scenarios with a "
@@ -171,12 +181,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scenarios", type=int, default=20)
     parser.add_argument("--healthy", type=int, default=1000)
+    parser.add_argument("--dp-healthy", type=int, default=300)
+    parser.add_argument(
+        "--sections", default="1,2,3", help="which of the sections above to run (default all)"
+    )
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     with RuntimeEngines() as engines:
-        _table3(engines)
-        _dynamic(engines)
-        _accuracy(engines, args.scenarios, args.healthy)
+        if "1" in sections:
+            _table3(engines)
+        if "2" in sections:
+            _dynamic(engines)
+        if "3" in sections:
+            pp = Profile.uniform(4, 8, 2, 2, 2, message_bytes=4096, num_delegates=4)
+            _accuracy(engines, pp, ["0-1", "1-2", "2-3"], args.scenarios, args.healthy, seed=11)
+            # PP 4 x DP 2, with the ring links (each stage's: 6 chunks of 125 kB each way)
+            dp = Profile.uniform(
+                4, 8, 2, 2, 2, message_bytes=4096, num_delegates=4, num_replicas=2,
+                allreduce_bytes=750_000, dp_bucket_bytes=250_000,
+            )  # fmt: skip
+            links = ["0-1", "1-2", "2-3", *(f"dp{stage}:0-1" for stage in range(4))]
+            _accuracy(engines, dp, links, args.scenarios, args.dp_healthy, seed=12)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -14,6 +14,7 @@ import contextlib
 import csv
 import functools
 import io
+import itertools
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
@@ -154,15 +155,18 @@ def _renumbered(timeline: Timeline, index: int) -> Timeline:
         ops=tuple(r._replace(iteration=index) for r in timeline.ops),
         messages=tuple(r._replace(iteration=index) for r in timeline.messages),
         iterations=tuple(r._replace(iteration=index) for r in timeline.iterations),
+        failovers=tuple(r._replace(iteration=index) for r in timeline.failovers),
+        dp_messages=tuple(r._replace(iteration=index) for r in timeline.dp_messages),
     )
 
 
 def _link_rows(timeline: Timeline) -> list[str]:
     """messages.csv's rows of one iteration, after its key and iteration columns: one per
-    link direction and replica."""
+    link direction and replica, PP links first, then DP links."""
     t0 = timeline.iterations[0].start_ms
     groups: dict[tuple[str, str, int], list[float]] = {}
-    for _, link, way, _, size, start, end, arrival, needed, replica, fault, *_ in timeline.messages:
+    every = itertools.chain(timeline.messages, timeline.dp_messages)
+    for _, link, way, _, size, start, end, arrival, needed, replica, fault, *_ in every:
         group = groups.get((link, way, replica))
         if group is None:
             groups[link, way, replica] = [1, size, start, end, arrival, end - start, fault,

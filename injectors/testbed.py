@@ -8,6 +8,20 @@ every link and qdisc) on normal exit, on exceptions and on SIGTERM; each testbed
 owner process (injectors.ownership), so that `cleanup()` there removes the leftovers of a
 process that was killed outright, and only those.
 
+The hosts' TCP stands in for an RDMA fabric, which has no congestion window to open and no
+pacing on a path that carries little, so that a delay on a link costs a message the delay
+and not round trips of TCP's own (`HOST_TCP`, `ROUTE_METRICS`, `MTU`): Reno instead of the
+machine's default (BBR paces a flow that starts on a long path at the rate it has measured
+of it: 34.5 ms per 4 KiB message over a 30 ms wire), initial windows of 128 segments on
+every route and buffers of 8 MiB (a fresh connection, or one whose path just became long,
+need not wait for its window), and jumbo frames: MTU and GSO size 9,000 on every interface,
+wires included (a TAP hands the wire one frame per segment; 1,500-byte frames made a 1 MiB
+message 725 of them, and htb sees frames, not 64 KiB GSO bursts). Measured over a 30 ms
+wire (BENCHMARKS.md, "What TCP adds on the testbed's wire"): 4 KiB and 64 KiB messages
+arrive 30.2-30.5 ms after they went, from the first iteration on; 1 MiB ones 35-50 ms late
+in their first two iterations on the long path, 1-4 ms after. The price: htb lets a burst's
+first frame through at once, so a cap gives a little more than its rate to short messages.
+
 A host pair's per-link faults (`set_wire`) go to kernel netem on the hosts' plane interfaces
 where the kernel has sch_netem (probed once per process, injectors.kernel_probe) and netem
 can express them (injectors.netem); else, and for changes scheduled at a later time, to a
@@ -50,6 +64,16 @@ __all__ = ["DATA_PLANES", "PREFIX", "Testbed", "TestbedError", "add_peer_filter"
 logger = logging.getLogger(__name__)
 
 PREFIX = "adb-"
+HOST_TCP = {
+    "net.ipv4.tcp_congestion_control": "reno",
+    "net.ipv4.tcp_rmem": "4096 8388608 33554432",
+    "net.ipv4.tcp_wmem": "4096 8388608 33554432",
+}
+"""Sysctls set in every host's namespace (see the module)."""
+MTU = 9000
+"""MTU and GSO size of every interface of the testbed (see the module)."""
+ROUTE_METRICS = {"initcwnd": 128, "initrwnd": 128}
+"""Metrics of every route on a host's planes (see the module)."""
 PLANES = ("rnic0", "rnic1", "mgmt")
 """Interfaces of every host; plane index p uses the subnet 10.(p+1).0.0/24."""
 DATA_PLANES = PLANES[:2]
@@ -60,6 +84,20 @@ class TestbedError(AdaptraBenchError, RuntimeError):
     """The testbed could not be built, changed or torn down."""
 
     __test__ = False  # not a pytest test class
+
+
+def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
+    """Write `values` (key: value, as sysctl names them) in `namespace`: this thread enters it
+    for the writes (/proc/sys/net is the opener's namespace's) and comes back."""
+    from pyroute2 import netns
+
+    netns.pushns(namespace)
+    try:
+        for key, value in values.items():
+            with open(f"/proc/sys/{key.replace('.', '/')}", "w") as file:
+                file.write(value)
+    finally:
+        netns.popns()
 
 
 def _enter_and_run(
@@ -150,7 +188,11 @@ class Testbed:
                     ipr.link("add", ifname=port, kind="veth", peer=end)
                     bridge = ipr.link_lookup(ifname=f"br{plane}")[0]
                     ipr.link(
-                        "set", index=ipr.link_lookup(ifname=port)[0], master=bridge, state="up"
+                        "set",
+                        index=ipr.link_lookup(ifname=port)[0],
+                        master=bridge,
+                        mtu=MTU,
+                        state="up",
                     )
                     ipr.link("set", index=ipr.link_lookup(ifname=end)[0], net_ns_fd=namespace)
         for host, namespace in enumerate(self.hosts):
@@ -158,9 +200,11 @@ class Testbed:
                 ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
                 for plane, ifname in enumerate(PLANES):
                     index = ipr.link_lookup(ifname=f"t{host}p{plane}")[0]
-                    ipr.link("set", index=index, ifname=ifname)
+                    ipr.link("set", index=index, ifname=ifname, mtu=MTU, gso_max_size=MTU)
                     ipr.addr("add", index=index, address=self.address(host, plane), prefixlen=24)
                     ipr.link("set", index=index, state="up")
+                    self._route_plane(ipr, index, host, plane)
+            _set_sysctls(namespace, HOST_TCP)
 
     def teardown(self) -> None:
         """Remove every namespace this testbed made; idempotent."""
@@ -213,9 +257,12 @@ class Testbed:
                 index = ipr.link_lookup(ifname=ifname)[0]
                 set_at = set_at or time.monotonic()
                 ipr.link("set", index=index, state="up" if up else "down")
-                if up:
-                    self._wait_up(ipr, index, f"{ifname} of host {host}")
-                if up and there is not None:
+                if not up:
+                    continue
+                self._wait_up(ipr, index, f"{ifname} of host {host}")
+                if there is None:
+                    self._route_plane(ipr, index, host, plane)
+                else:
                     self._route_wire(ipr, index, host, there, plane)
         return set_at
 
@@ -371,8 +418,21 @@ class Testbed:
                 continue
             with IPRoute(netns=self.hosts[here], flags=0) as ipr:
                 index = ipr.link_lookup(ifname=ifname)[0]
-                ipr.link("set", index=index, state="up")
+                ipr.link("set", index=index, mtu=MTU, state="up")
                 self._route_wire(ipr, index, here, there, plane)
+
+    def _route_plane(self, ipr: Any, index: int, host: int, plane: int) -> None:
+        """The host's subnet route on `plane`, with `ROUTE_METRICS` (the kernel made it
+        without them as the interface came up)."""
+        ipr.route(
+            "replace",
+            dst=f"10.{plane + 1}.0.0/24",
+            oif=index,
+            prefsrc=self.address(host, plane),
+            proto="kernel",
+            scope="link",
+            metrics=ROUTE_METRICS,
+        )
 
     def _route_wire(self, ipr: Any, index: int, here: int, there: int, plane: int) -> None:
         """`here`'s traffic for `there` on `plane` through the wire's end `index` (again after
@@ -382,6 +442,7 @@ class Testbed:
             dst=f"{self.address(there, plane)}/32",
             oif=index,
             prefsrc=self.address(here, plane),
+            metrics=ROUTE_METRICS,
         )
 
     def _wire_ends(self, host: int, plane: int) -> list[tuple[str, int]]:

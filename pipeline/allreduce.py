@@ -21,6 +21,7 @@ its sender: a slow link costs about (messages on it) x delay.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from pipeline.errors import ConfigError
 from pipeline.topology import Link
@@ -28,6 +29,7 @@ from pipeline.topology import Link
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "KIND",
+    "RingMessage",
     "buckets",
     "chunk_bytes",
     "message_index",
@@ -89,6 +91,26 @@ def ring_peer(stage: int, replica: int, num_replicas: int) -> tuple[int, Link, s
     return receiver, link, "forward" if replica < receiver else "backward"
 
 
+class RingMessage(NamedTuple):
+    """One message of a ring, as `ring_done_ms` timed it (ms)."""
+
+    link: Link
+    direction: str
+    number: int
+    """Its index among its link direction's messages (`message_index`)."""
+    num_bytes: int
+    sender: int
+    """The sending replica."""
+    send_start_ms: float
+    send_end_ms: float
+    """The sender is free again: its delay and its cost paid."""
+    arrival_ms: float
+    """The receiver can forward it."""
+    needed_ms: float
+    """The receiver had sent its own chunk of the step and waited for this one."""
+    fault_ms: float
+
+
 MessageDelay = Callable[[Link, str, int, int, float], float]
 """(link, direction, index, bytes, when the send starts in ms) -> its injected delay, ms."""
 ChunkCost = Callable[[int], tuple[float, float]]
@@ -103,11 +125,13 @@ def ring_done_ms(
     bucket_bytes: int,
     chunk_cost: ChunkCost,
     message_delay: MessageDelay | None = None,
+    record: Callable[[RingMessage], None] | None = None,
 ) -> tuple[float, ...]:
     """When each replica of `stage` is done with its all-reduce, message by message, given
     when each was done with its pipeline (`start_ms`, one per replica). A message holds its
     sender for its delay (`message_delay`, asked once per message in each sender's send
-    order; None: none) and its cost; the receiver can forward it the cost's lag later."""
+    order; None: none) and its cost; the receiver can forward it the cost's lag later.
+    `record` is handed every message, step by step."""
     num_replicas = len(start_ms)
     free = list(start_ms)
     if num_replicas < 2:
@@ -121,11 +145,21 @@ def ring_done_ms(
         hold_ms, lag_ms = chunk_cost(chunk)
         for k in range(steps):
             index = message_index(b, k, num_replicas)
+            delays = [0.0] * num_replicas
             for sender, receiver, link, direction in peers:
                 done = free[sender] + hold_ms
                 if message_delay is not None:
-                    done += message_delay(link, direction, index, chunk, free[sender])
+                    delays[sender] = message_delay(link, direction, index, chunk, free[sender])
+                    done += delays[sender]
                 sent[sender] = done
                 arrived[receiver] = done + lag_ms
+            if record is not None:
+                for sender, receiver, link, direction in peers:
+                    record(
+                        RingMessage(
+                            link, direction, index, chunk, sender, free[sender], sent[sender],
+                            arrived[receiver], sent[receiver], delays[sender],
+                        )
+                    )  # fmt: skip
             free = [s if s > a else a for s, a in zip(sent, arrived, strict=True)]
     return tuple(free)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from pipeline.allreduce import KIND, MessageDelay, ring_done_ms
+from pipeline.allreduce import KIND, MessageDelay, RingMessage, ring_done_ms
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
@@ -307,11 +307,13 @@ def simulate(
     end_ms = max((r.end_ms for r in op_records), default=start_ms)
     records = _records(messages)
     step_end_ms = end_ms
+    dp_messages: list[MessageRecord] = []
     if profile.has_dp_step:
         dp_moved = {(r, link, d) for r, link, d in failed_over if link.startswith("dp")}
         step_end_ms = _step_end_ms(
             profile, stage_ends, host, faults, iteration, start_ms,
             _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
+            dp_messages,
         )  # fmt: skip
     return Timeline(
         num_stages=num_stages,
@@ -319,6 +321,7 @@ def simulate(
         messages=records,
         iterations=(IterationRecord(iteration, start_ms, step_end_ms, step_end_ms - end_ms, ()),),
         failovers=tuple(failovers),
+        dp_messages=tuple(dp_messages),
     )
 
 
@@ -343,13 +346,15 @@ def _step_end_ms(
     iteration: int,
     start_ms: float,
     failover: _DpFailover,
+    dp_messages: list[MessageRecord],
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
     cost, and can be used the host's receive lag later (the `direct` path's rule, over
     delegates too). A message whose route failed is a LinkFailure, unless its link direction
-    is delegated (`failover`)."""
+    is delegated (`failover`). Every DP message's record goes to `dp_messages` (its
+    `replica`: the sender's; `microbatch`: its index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
 
     def chunk_cost(num_bytes: int) -> tuple[float, float]:
@@ -388,6 +393,14 @@ def _step_end_ms(
             delay_ms += fault.delay_ms
         return delay_ms
 
+    def record(m: RingMessage) -> None:
+        dp_messages.append(
+            MessageRecord(
+                iteration, str(m.link), m.direction, m.number, m.num_bytes, m.send_start_ms,
+                m.send_end_ms, m.arrival_ms, m.needed_ms, m.sender, m.fault_ms, m.send_start_ms,
+            )
+        )  # fmt: skip
+
     delay: MessageDelay | None = message_delay if static_ms or ask is not None else None
     return max(
         max(
@@ -398,6 +411,7 @@ def _step_end_ms(
                 profile.dp_bucket_bytes,
                 chunk_cost,
                 delay,
+                record,
             )
         )
         + profile.optimizer_ms[stage]

@@ -22,11 +22,12 @@ __all__ = [
     "Timeline",
 ]
 
-SCHEMA_VERSION = 5
-"""5: `failovers` (the delegates' moves to another NIC). 4: messages gained `wire_start_ms`,
-`copy_in_ms` and `carrier_pid` (the delegated path's steps). 3: messages gained `fault_ms`,
-iterations `pids`. 2: messages gained `needed_ms`, and the runtime's `arrival_ms` is the true
-arrival (in 1 it was when the consumer's wait returned)."""
+SCHEMA_VERSION = 6
+"""6: `dp_messages` (the DP all-reduce's ring messages). 5: `failovers` (the delegates' moves
+to another NIC). 4: messages gained `wire_start_ms`, `copy_in_ms` and `carrier_pid` (the
+delegated path's steps). 3: messages gained `fault_ms`, iterations `pids`. 2: messages
+gained `needed_ms`, and the runtime's `arrival_ms` is the true arrival (in 1 it was when the
+consumer's wait returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -41,7 +42,12 @@ class OpRecord(NamedTuple):
 
 
 class MessageRecord(NamedTuple):
-    """One message on a PP link, from its send to the op that takes it in.
+    """One message on a link, from its send to the op that takes it in.
+
+    A timeline's `messages` are its PP links' (activations, gradients); its `dp_messages`
+    the DP all-reduce's ring messages (pipeline.allreduce): `link` a DP link, `microbatch`
+    the message's index among its link direction's, `replica` the sender's, `needed_ms`
+    when the receiver had sent its own chunk of the step and waited for this one.
 
     - `send_start_ms`: the sending stage starts the send (a fault hook's delay is inside it);
       `send_end_ms`: the sending stage is free again.
@@ -123,6 +129,7 @@ class Timeline:
     messages: tuple[MessageRecord, ...]
     iterations: tuple[IterationRecord, ...]
     failovers: tuple[FailoverRecord, ...] = ()
+    dp_messages: tuple[MessageRecord, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +139,7 @@ class Timeline:
             "messages": [list(r) for r in self.messages],
             "iterations": [list(r) for r in self.iterations],
             "failovers": [list(r) for r in self.failovers],
+            "dp_messages": [list(r) for r in self.dp_messages],
         }
 
     @classmethod
@@ -147,12 +155,15 @@ class Timeline:
         _check_rows("iterations", iterations, IterationRecord._fields)
         failovers = data.get("failovers", [])
         _check_rows("failovers", failovers, FailoverRecord._fields)
+        dp_messages = data.get("dp_messages", [])
+        _check_rows("dp_messages", dp_messages, MessageRecord._fields)
         return cls(
             num_stages=data["num_stages"],
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
             messages=tuple(MessageRecord(*r) for r in messages),
             iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
             failovers=tuple(FailoverRecord(*r) for r in failovers),
+            dp_messages=tuple(MessageRecord(*r) for r in dp_messages),
         )
 
     def moved(self, iteration: int, start_ms: float) -> Timeline:
@@ -166,14 +177,9 @@ class Timeline:
         if bounds is None:
             raise ValueError(f"timeline has no iteration {iteration}")
         t0 = bounds.start_ms
-        return Timeline(
-            num_stages=self.num_stages,
-            ops=tuple(
-                r._replace(start_ms=r.start_ms - t0, end_ms=r.end_ms - t0)
-                for r in self.ops
-                if r.iteration == iteration
-            ),
-            messages=tuple(
+
+        def shifted(messages: tuple[MessageRecord, ...]) -> tuple[MessageRecord, ...]:
+            return tuple(
                 r._replace(
                     send_start_ms=r.send_start_ms - t0,
                     send_end_ms=r.send_end_ms - t0,
@@ -181,15 +187,25 @@ class Timeline:
                     needed_ms=r.needed_ms - t0,
                     wire_start_ms=r.wire_start_ms - t0,
                 )
-                for r in self.messages
+                for r in messages
+                if r.iteration == iteration
+            )
+
+        return Timeline(
+            num_stages=self.num_stages,
+            ops=tuple(
+                r._replace(start_ms=r.start_ms - t0, end_ms=r.end_ms - t0)
+                for r in self.ops
                 if r.iteration == iteration
             ),
+            messages=shifted(self.messages),
             iterations=(bounds._replace(start_ms=0.0, end_ms=bounds.end_ms - t0),),
             failovers=tuple(
                 r._replace(noticed_ms=r.noticed_ms - t0, resumed_ms=r.resumed_ms - t0)
                 for r in self.failovers
                 if r.iteration == iteration
             ),
+            dp_messages=shifted(self.dp_messages),
         )
 
     @classmethod
@@ -203,6 +219,7 @@ class Timeline:
             messages=tuple(r for part in parts for r in part.messages),
             iterations=tuple(r for part in parts for r in part.iterations),
             failovers=tuple(r for part in parts for r in part.failovers),
+            dp_messages=tuple(r for part in parts for r in part.dp_messages),
         )
 
 
@@ -223,7 +240,9 @@ class _Moved(Timeline):
 
     __slots__ = ("_iteration", "_records", "_shift", "_source")
     _iteration: int
-    _records: tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]] | None
+    _records: (
+        tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...], tuple[MessageRecord, ...]] | None
+    )
     _shift: float
     _source: Timeline
 
@@ -252,7 +271,9 @@ class _Moved(Timeline):
         object.__setattr__(self, "_shift", shift)
         object.__setattr__(self, "_records", None)
 
-    def _made(self) -> tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]]:
+    def _made(
+        self,
+    ) -> tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...], tuple[MessageRecord, ...]]:
         if self._records is None:
             source, iteration, shift = self._source, self._iteration, self._shift
             new = tuple.__new__
@@ -260,17 +281,21 @@ class _Moved(Timeline):
                 new(OpRecord, (iteration, s, k, m, a + shift, b + shift, r))
                 for _, s, k, m, a, b, r in source.ops
             )
-            messages = tuple(
-                new(
-                    MessageRecord,
-                    (
-                        *(iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift),
-                        *(r, f, w + shift, i, p),
-                    ),
+
+            def moved(messages: tuple[MessageRecord, ...]) -> tuple[MessageRecord, ...]:
+                return tuple(
+                    new(
+                        MessageRecord,
+                        (
+                            *(iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift),
+                            *(r, f, w + shift, i, p),
+                        ),
+                    )
+                    for _, li, d, m, n, a, b, c, e, r, f, w, i, p in messages
                 )
-                for _, li, d, m, n, a, b, c, e, r, f, w, i, p in source.messages
-            )
-            object.__setattr__(self, "_records", (ops, messages))
+
+            records = (ops, moved(source.messages), moved(source.dp_messages))
+            object.__setattr__(self, "_records", records)
         assert self._records is not None
         return self._records
 
@@ -282,8 +307,19 @@ class _Moved(Timeline):
     def messages(self) -> tuple[MessageRecord, ...]:
         return self._made()[1]
 
+    @property  # type: ignore[override]
+    def dp_messages(self) -> tuple[MessageRecord, ...]:
+        return self._made()[2]
+
     def _as_timeline(self) -> Timeline:
-        return Timeline(self.num_stages, self.ops, self.messages, self.iterations, self.failovers)
+        return Timeline(
+            self.num_stages,
+            self.ops,
+            self.messages,
+            self.iterations,
+            self.failovers,
+            self.dp_messages,
+        )
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _Moved):
@@ -296,5 +332,12 @@ class _Moved(Timeline):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             Timeline,
-            (self.num_stages, self.ops, self.messages, self.iterations, self.failovers),
+            (
+                self.num_stages,
+                self.ops,
+                self.messages,
+                self.iterations,
+                self.failovers,
+                self.dp_messages,
+            ),
         )

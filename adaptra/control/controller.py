@@ -2,15 +2,16 @@
 from the fault model.
 
 It starts with Algorithm 1's plan over `direct` (no straggler known). After each iteration
-it hands the iteration's messages to the detector (adaptra.control.detector); when a PP
-link is found slow, the next iteration runs over the delegates with Adaptra's plan
+it hands the iteration's messages, PP and DP, to the detector (adaptra.control.detector);
+when a PP link is found slow, the next iteration runs over the delegates with Adaptra's plan
 (Algorithm 2, the generator, the search) for the estimated delays; it plans again when the
 slow set changes or an estimate stays past the re-plan margin two iterations in a row, and
-goes back to the initial plan and `direct` once every link has recovered. A route that
-failed over (the timeline's failovers: the transport's own records) keeps the run on the
-delegates until a restart.
-Plans are cached per delay vector (adaptra.plans), so a return to a delay seen before costs
-nothing.
+goes back to the initial plan and `direct` once every PP link has recovered. A slow DP ring
+link is believed (in `Plan.believed_ms`, so in every iteration's record) but not planned
+for: what absorbs it is a rank swap that puts it on a PP edge, which this controller does
+not make yet. A route that failed over (the timeline's failovers: the transport's own
+records) keeps the run on the delegates until a restart. Plans are cached per delay vector
+(adaptra.plans), so a return to a delay seen before costs nothing.
 
 The run's profile is passed through to every plan untouched (it says what the engine
 injects, e.g. its static delays); the controller itself reads only its op times and link
@@ -19,6 +20,7 @@ model (`Profile.with_delays(())`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 from adaptra.control.detector import DEFAULT_THRESHOLDS, Belief, LinkDetector, Thresholds
@@ -66,7 +68,8 @@ class DetectingController:
         return self._plans.plan(delays, comm, tuple(sorted(self._detected.items())))
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
-        belief = self.detector.observe(iteration, timeline.messages)
+        messages = itertools.chain(timeline.messages, timeline.dp_messages)
+        belief = self.detector.observe(iteration, messages)
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
 
@@ -80,7 +83,7 @@ class DetectingController:
             for p, e in zip(self._planned, estimates, strict=True)
             if p and e
         )
-        if planned_slow != belief.slow or (moved and self._moved_before):
+        if planned_slow != belief.slow & set(self._links) or (moved and self._moved_before):
             self._planned = tuple(round(e, 1) for e in estimates)
             self.num_replans += 1
             moved = False

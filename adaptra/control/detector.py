@@ -1,5 +1,6 @@
-"""The straggler detector: every PP link's extra delay, estimated from the run's own message
-timestamps, and whether the link is slow.
+"""The straggler detector: every link's extra delay, estimated from the run's own message
+timestamps, and whether the link is slow: PP links (activations, gradients) and the DP
+all-reduce's ring links (pipeline.allreduce).
 
 It reads, for each message of an iteration, when it went on the wire (`wire_start_ms`: the
 send's start over the direct path, the delegate's pick-up over delegates) and when its last
@@ -9,9 +10,10 @@ link's delay plus the host's own cost of carrying it (the wire, copies, the rece
 wake-up). Per link direction and iteration the detector takes the median of that over the
 direction's messages (robust to a few late stamps under load), less what the profile's
 link model expects (latency, bytes over bandwidth: no delay), less the host's floor: the
-least such median seen on any link direction so far (what a healthy route costs here). What
-is left is the direction's extra delay; a link's is the larger of its two directions' (over
-every replica), and its estimate is that of its latest iteration.
+least such median seen so far on any link direction of the same kind (PP or DP: their
+messages differ in size, and so in what the host adds). What is left is the direction's
+extra delay; a link's is the larger of its two directions' (over every replica), and its
+estimate is that of its latest iteration.
 
 Thresholds (`Thresholds`), and why:
 - onset at 8 ms: the paper's stragglers are 10-60 ms; a healthy direction's median stays
@@ -25,9 +27,9 @@ Thresholds (`Thresholds`), and why:
   Adaptra's schedule little, while each re-plan costs a search, and one iteration's spike
   (a fresh connection's first messages) is not a change.
 
-Known limits: a link slow from the first iteration on every link direction at once leaves
-no healthy floor (then only the model's expectation is subtracted); DP ring links are not
-estimated (the timeline records PP messages only).
+Known limit: links of a kind that are all slow from the first iteration on (every PP link
+direction, or every stage's DP ring) leave that kind no healthy floor (then only the
+model's expectation is subtracted).
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ class Belief:
 
     iteration: int
     extra_ms: Mapping[str, float]
-    """Every PP link's estimated extra delay (links with messages in the iteration)."""
+    """Every link's estimated extra delay (links with messages in the iteration): PP links
+    as pipeline.topology names them ("1-2"), DP ring links too ("dp0:0-1")."""
     slow: frozenset[str]
     """The links it calls slow."""
 
@@ -94,33 +97,37 @@ class LinkDetector:
     def __init__(self, profile: Profile, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
         """`profile`: the link model (latency, bandwidth) and the stage count; its delays
         are not read."""
-        healthy = profile.with_delays(())
-        self._expected_ms = {
-            link_name(i): healthy.transfer_ms(i) for i in range(profile.num_stages - 1)
+        self._healthy = profile.with_delays(())
+        self._pp_expected_ms = {
+            link_name(i): self._healthy.transfer_ms(i) for i in range(profile.num_stages - 1)
         }
         self.thresholds = thresholds
-        self._floor_ms = math.inf
+        self._floor_ms = {True: math.inf, False: math.inf}
+        """The least median seen so far, by whether its link is a PP link."""
         self._slow: set[str] = set()
         self.belief = Belief(-1, {}, frozenset())
         """The latest belief (iteration -1: none yet)."""
 
     def observe(self, iteration: int, messages: Iterable[MessageRecord]) -> Belief:
-        """The belief after iteration `iteration`, from its messages (other iterations' are
-        ignored)."""
+        """The belief after iteration `iteration`, from its messages, PP and DP (other
+        iterations' are ignored)."""
         spent: dict[tuple[str, str, int], list[float]] = {}
         for m in messages:
             if m.iteration == iteration:
                 key = (m.link, m.direction, m.replica)
-                spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms)
-        medians = {
-            key: statistics.median(times) - self._expected_ms.get(key[0], 0.0)
-            for key, times in spent.items()
-        }
-        if medians:
-            self._floor_ms = min(self._floor_ms, *medians.values())
+                expected_ms = self._pp_expected_ms.get(m.link)
+                if expected_ms is None:  # a DP link's: its chunks' sizes differ by bucket
+                    expected_ms = self._healthy.dp_wire_ms(m.num_bytes)
+                spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms - expected_ms)
+        medians = {key: statistics.median(times) for key, times in spent.items()}
+        is_pp = {link: link in self._pp_expected_ms for link, _, _ in medians}
+        for (link, _, _), median in medians.items():
+            kind = is_pp[link]
+            self._floor_ms[kind] = min(self._floor_ms[kind], median)
         extra: dict[str, float] = {}
         for (link, _, _), median in medians.items():
-            extra[link] = max(extra.get(link, 0.0), median - self._floor_ms)
+            floor_ms = self._floor_ms[is_pp[link]]
+            extra[link] = max(extra.get(link, 0.0), median - floor_ms)
         onset, recovery = self.thresholds.onset_ms, self.thresholds.recovery_ms
         for link, extra_ms in extra.items():
             if extra_ms >= onset:

@@ -4,57 +4,164 @@ After its last op a worker reduces its stage's gradient bytes (`Profile.allreduc
 with its stage's other replicas: bucket by bucket, 2 (D-1) chunks to the next replica on the
 ring, each through the fault hook, each step's send once the previous step's chunk has come
 from the previous replica; over gloo, or over the delegates where the plan delegates the
-ring's link directions (the worker's `RingTransport`). A bucket's receives are posted
-before its first send (a blocking send to an unposted receive could deadlock under gloo), so
-a worker holds 2 (D-1) chunk buffers, reused bucket after bucket. The chunks carry zeros:
-the traffic and its timing are emulated, not the arithmetic (no compute backend's gradients
-travel here).
+ring's link directions (the worker's `RingTransport`). The chunks carry zeros: the traffic
+and its timing are emulated, not the arithmetic (no compute backend's gradients travel here).
+
+Receives are posted a bucket ahead: the first bucket's as the iteration starts (`Ring.post`,
+before the pipeline's ops), each next one's as the bucket before it starts, so a worker
+holds 2 x 2 (D-1) chunk buffers, used bucket after bucket; a bucket's receiver thread starts
+with the bucket (the delegated path's waits on one link direction must not overlap). A gloo
+send waits until its receive is posted at the far end and the far end has said so; with
+receives posted only as their bucket began, each bucket's first send waited a round trip of
+the link first (on the testbed's delayed wire: 20 ms for a 20 ms delay, measured), which a
+ring over a link that delays each message does not pay.
+
+Every chunk is recorded, as the PP messages are (`RankResult.sends` and `receives`, the
+chunk's index in place of a microbatch): a bucket's receives are waited on by a receiver
+thread of its own (pipeline.runtime.receiver), which stamps each chunk's true arrival, and
+the ring takes a chunk from it when it forwards it (`needed`).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
+import time
 
 import torch
 
 from pipeline.allreduce import buckets, chunk_bytes, message_index, ring_peer, ring_steps
 from pipeline.profile import Profile
+from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.transport import RingTransport
 from pipeline.topology import Position, Topology
 
-__all__ = ["run_ring"]
+__all__ = ["Ring", "RingRecords"]
 
 
-def run_ring(
-    transport: RingTransport,
-    topology: Topology,
-    position: Position,
-    profile: Profile,
-    iteration: int,
-    timeout_s: float,
-    device: torch.device,
-) -> None:
-    """Run this position's part of its stage's all-reduce; returns when its last chunk has
-    been sent and the last one from its ring predecessor has arrived."""
-    num_replicas = topology.num_replicas
-    stage, replica = position.stage, position.replica
-    sizes = buckets(profile.allreduce_bytes[stage], profile.dp_bucket_bytes)
-    if num_replicas < 2 or not sizes:
-        return
-    receiver, link, direction = ring_peer(stage, replica, num_replicas)
-    to_rank = topology.worker(Position(stage, receiver))
-    from_rank = topology.worker(Position(stage, (replica - 1) % num_replicas))
-    steps = ring_steps(num_replicas)
-    largest = chunk_bytes(max(sizes), num_replicas)
-    payload = torch.zeros(largest, dtype=torch.uint8, device=device)
-    inbox = [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(steps)]
-    for bucket, size in enumerate(sizes):
-        chunk = chunk_bytes(size, num_replicas)
-        indices = [message_index(bucket, k, num_replicas) for k in range(steps)]
-        pending = [
-            transport.post_dp_receive(from_rank, index, buffer[:chunk])
-            for index, buffer in zip(indices, inbox, strict=True)
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingRecords:
+    """A worker's ring chunks, in `RankResult`'s forms (the index in place of a microbatch;
+    a delegated chunk's wire start is its send's start until the worker fills it in)."""
+
+    sends: list[tuple[str, str, int, int, float, float, float, float, int]] = dataclasses.field(
+        default_factory=list
+    )
+    receives: list[tuple[str, str, int, float, float, float]] = dataclasses.field(
+        default_factory=list
+    )
+
+
+class Ring:
+    """This position's part of its stage's all-reduce in one iteration: `post` as the
+    iteration starts, `run` after the last op, `stop` if the iteration fails."""
+
+    def __init__(
+        self,
+        transport: RingTransport,
+        topology: Topology,
+        position: Position,
+        profile: Profile,
+        iteration: int,
+        timeout_s: float,
+        device: torch.device,
+    ) -> None:
+        num_replicas = topology.num_replicas
+        stage, replica = position.stage, position.replica
+        self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
+        self._num_replicas = num_replicas
+        self._sizes: tuple[int, ...] = ()
+        self._incoming: dict[int, Receiver] = {}
+        """The receiver thread of each bucket whose receives are posted, by bucket."""
+        if num_replicas < 2:
+            return  # no ring
+        self._sizes = buckets(profile.allreduce_bytes[stage], profile.dp_bucket_bytes)
+        receiver, self._link, self._direction = ring_peer(stage, replica, num_replicas)
+        sender = (replica - 1) % num_replicas
+        _, self._in_link, self._in_direction = ring_peer(stage, sender, num_replicas)
+        self._to_rank = topology.worker(Position(stage, receiver))
+        self._from_rank = topology.worker(Position(stage, sender))
+        largest = chunk_bytes(max(self._sizes, default=0), num_replicas)
+        steps = ring_steps(num_replicas)
+        self._payload = torch.zeros(largest, dtype=torch.uint8, device=device)
+        self._inboxes = [
+            [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(steps)]
+            for _ in range(min(2, len(self._sizes)))
         ]
-        for k, index in enumerate(indices):
-            if k:
-                pending[k - 1].wait(timeout_s)  # the chunk this step forwards
-            transport.send_dp(to_rank, str(link), direction, iteration, index, payload[:chunk])
-        pending[-1].wait(timeout_s)
+
+    def post(self) -> None:
+        """Post the first bucket's receives (none without a ring)."""
+        if self._sizes:
+            self._post(0)
+
+    def run(self) -> RingRecords:
+        """The all-reduce; returns, with its records, when this position's last chunk has
+        been sent and the last one from its ring predecessor has arrived."""
+        records = RingRecords()
+        if not self._sizes:
+            return records
+        pid = os.getpid()
+        link, direction = str(self._link), self._direction
+        for bucket, size in enumerate(self._sizes):
+            if bucket + 1 < len(self._sizes):
+                self._post(bucket + 1)
+            chunk = chunk_bytes(size, self._num_replicas)
+            indices = self._indices(bucket)
+            incoming = self._incoming[bucket]
+            incoming.start()  # once the bucket before is in: one thread waits at a time
+            for k, index in enumerate(indices):
+                if k:
+                    self._take(incoming, indices[k - 1], records)
+                start = time.monotonic()
+                fault_ms = self._transport.send_dp(
+                    self._to_rank, link, direction, self._iteration, index, self._payload[:chunk]
+                )
+                records.sends.append(
+                    (link, direction, index, chunk, start, time.monotonic(), fault_ms, start, pid)
+                )
+            self._take(incoming, indices[-1], records)
+            incoming.finish(self._timeout_s)
+            del self._incoming[bucket]
+        return records
+
+    def stop(self) -> None:
+        """Let every receiver thread end (daemons: one still inside a wait ends with the
+        process)."""
+        for incoming in self._incoming.values():
+            incoming.stop(0.0)
+        self._incoming.clear()
+
+    def _indices(self, bucket: int) -> list[int]:
+        return [
+            message_index(bucket, k, self._num_replicas)
+            for k in range(ring_steps(self._num_replicas))
+        ]
+
+    def _post(self, bucket: int) -> None:
+        chunk = chunk_bytes(self._sizes[bucket], self._num_replicas)
+        inbox = self._inboxes[bucket % 2]
+        incoming = Receiver(
+            self._from_rank,
+            None,
+            [
+                (index, self._transport.post_dp_receive(self._from_rank, index, buffer[:chunk]))
+                for index, buffer in zip(self._indices(bucket), inbox, strict=True)
+            ],
+            self._timeout_s,
+        )
+        self._incoming[bucket] = incoming
+
+    def _take(self, incoming: Receiver, index: int, records: RingRecords) -> None:
+        """Wait for chunk `index` from the ring predecessor and record it."""
+        needed = time.monotonic()
+        arrival = incoming.take(index, self._timeout_s)
+        records.receives.append(
+            (
+                str(self._in_link),
+                self._in_direction,
+                index,
+                arrival.arrived_s,
+                needed,
+                arrival.copy_in_s,
+            )
+        )

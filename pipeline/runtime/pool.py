@@ -35,11 +35,11 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
-from pipeline.runtime.transport import DelegateFactory, Failover
+from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
 from pipeline.runtime.worker import worker_main
 from pipeline.signals import held_signals
 from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
-from pipeline.topology import DEFAULT_NICS, Position, Topology
+from pipeline.topology import DEFAULT_NICS, Link, Position, Topology
 
 __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
@@ -372,11 +372,12 @@ def assemble_timeline(
         for kind, m, a, b in r.ops
     ]
     taken = {
-        (r.replica, link, d, m): (arrived, needed, copy_in)
+        (_sender_replica(link, d, r.replica), link, d, m): (arrived, needed, copy_in)
         for r in results
         for link, d, m, arrived, needed, copy_in in r.receives
     }
-    messages = []
+    messages: list[MessageRecord] = []
+    dp_messages: list[MessageRecord] = []
     for r in results:
         for link, direction, m, num_bytes, a, b, fault_ms, wire, pid in r.sends:
             times = taken.get((r.replica, link, direction, m))
@@ -386,7 +387,7 @@ def assemble_timeline(
                     f"microbatch {m} on link {link} (replica {r.replica}): the schedule is invalid"
                 )
             arrived, needed, copy_in = times
-            messages.append(
+            (dp_messages if route_kind(link) == "dp" else messages).append(
                 MessageRecord(
                     iteration,
                     link,
@@ -414,7 +415,17 @@ def assemble_timeline(
         tuple(messages),
         (IterationRecord(iteration, ms(start_at), step_end, step_end - end, _pids(results)),),
         tuple(_failover_record(f, r.replica, nics, ms) for r in results for f in r.failovers),
+        tuple(dp_messages),
     )
+
+
+def _sender_replica(link: str, direction: str, receiver: int) -> int:
+    """The replica that sent a message `receiver` took in: its own on a PP link; on a DP
+    link, the link's lower replica forward, its upper one backward (pipeline.allreduce)."""
+    if route_kind(link) != "dp":
+        return receiver
+    dp = Link.parse(link)
+    return dp.first if direction == "forward" else dp.second
 
 
 def _failover_record(

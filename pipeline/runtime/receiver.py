@@ -31,7 +31,13 @@ import time
 from collections.abc import Sequence
 
 from pipeline.errors import ScheduleError
-from pipeline.runtime.transport import ACTIVATION, Arrival, PendingReceive, describe
+from pipeline.runtime.transport import (
+    ACTIVATION,
+    Arrival,
+    PendingReceive,
+    describe,
+    describe_chunk,
+)
 
 __all__ = ["Receiver"]
 
@@ -53,19 +59,20 @@ class Receiver:
     def __init__(
         self,
         peer: int,
-        kind: int,
+        kind: int | None,
         receives: Sequence[tuple[int, PendingReceive]],
         timeout_s: float,
     ) -> None:
         """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
-        each wait on one of them gives up after `timeout_s`."""
+        each wait on one of them gives up after `timeout_s`. `kind` None: DP all-reduce
+        chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring)."""
         self.peer, self.kind = peer, kind
         self._receives = tuple(receives)
         self._slots = {microbatch: _Slot() for microbatch, _ in self._receives}
         self._timeout_s = timeout_s
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        what = "activations" if kind == ACTIVATION else "gradients"
+        what = {None: "all-reduce chunks", ACTIVATION: "activations"}.get(kind, "gradients")
         self.name = f"receiver of {what} from rank {peer}"
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
@@ -79,7 +86,10 @@ class Receiver:
         Raises the exception the thread met receiving it (or an earlier message: the thread
         stops at its first error), TimeoutError if nothing came within `timeout_s`, or
         ScheduleError if the peer's schedule never sends it."""
-        what = describe(self.peer, self.kind, microbatch)
+        if self.kind is None:
+            what = describe_chunk(self.peer, microbatch)
+        else:
+            what = describe(self.peer, self.kind, microbatch)
         slot = self._slots.get(microbatch)
         if slot is None:
             raise ScheduleError(f"{what} never comes: rank {self.peer}'s schedule does not send it")

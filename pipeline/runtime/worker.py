@@ -36,7 +36,7 @@ from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult
-from pipeline.runtime.dp_ring import run_ring
+from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.remote_error import RemoteError
@@ -198,7 +198,17 @@ class _Worker:
         self.current_op = None
         self._begin_delegated(config)
         inbound = self._post_receives(config, transport)
+        ring = Ring(
+            self._ring_transport(config, transport, hook, delays),
+            self.topology,
+            self.position,
+            profile,
+            config.iteration,
+            self.timeout_s,
+            self.compute.device,
+        )
         try:
+            ring.post()
             for inbox in inbound.values():
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
@@ -214,22 +224,21 @@ class _Worker:
             # iteration has ended already).
             for inbox in inbound.values():
                 inbox.receiver.stop(0.0)
+            ring.stop()
             raise
         step_start = time.monotonic()
-        self.current_op = "tied"  # a failure in the sum names it
-        self._sum_tied(config, transport)
-        self.current_op = KIND  # a failure in the ring names it
-        run_ring(
-            self._ring_transport(config, transport, hook, delays),
-            self.topology,
-            self.position,
-            profile,
-            config.iteration,
-            self.timeout_s,
-            self.compute.device,
-        )
+        try:
+            self.current_op = "tied"  # a failure in the sum names it
+            self._sum_tied(config, transport)
+            self.current_op = KIND  # a failure in the ring names it
+            chunks = ring.run()
+        except BaseException:
+            ring.stop()
+            raise
+        records.sends.extend(chunks.sends)
+        records.receives.extend(chunks.receives)
         if self.delegates is not None:  # the step's delegated messages, and every failover
-            self.delegates.finish_iteration(config.iteration)
+            records.add_wire(self.delegates.finish_iteration(config.iteration))
             records.failovers.extend(self.delegates.take_failovers())
         self.current_op = None
         step_output = self.compute.end_iteration(config)

@@ -34,6 +34,33 @@ def test_build_addresses_and_teardown() -> None:
     assert not any(name in present for name in names)
 
 
+def _routes(bed: Testbed, host: int) -> str:
+    return subprocess.run(
+        ["ip", "-n", bed.hosts[host], "route"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_hosts_run_reno_with_wide_initial_windows_on_every_route_also_after_a_repair() -> None:
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as file:
+        root_congestion = file.read()
+    with Testbed(2, netem=False) as bed:
+        congestion = subprocess.run(
+            [*bed.exec_prefix(1), "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert congestion.strip() == "reno"
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
+        bed.set_link(0, plane=0, up=False)
+        bed.set_link(0, plane=0, up=True)
+        routes = _routes(bed, 0).splitlines()
+        assert len(routes) == 4  # three subnets and the wire's host route
+        assert all("initcwnd 128 initrwnd 128" in route for route in routes)
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as file:
+            assert file.read() == root_congestion  # the root namespace's own: untouched
+
+
 def test_two_testbeds_coexist() -> None:
     with Testbed(2) as first, Testbed(2) as second:
         assert first.name != second.name

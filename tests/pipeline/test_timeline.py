@@ -27,7 +27,7 @@ def _timeline() -> Timeline:
 
 def test_messages_carry_arrival_and_need_through_json() -> None:
     timeline = _timeline()
-    assert SCHEMA_VERSION == 5
+    assert SCHEMA_VERSION == 6
     assert MessageRecord._fields[7:] == (
         "arrival_ms",
         "needed_ms",
@@ -43,6 +43,50 @@ def test_messages_carry_arrival_and_need_through_json() -> None:
     data = json.loads(json.dumps(timeline.to_dict()))
     assert data["schema_version"] == SCHEMA_VERSION
     assert Timeline.from_dict(data) == timeline
+
+
+def test_the_dp_rings_messages_are_records_of_their_own_through_json_and_moves() -> None:
+    """S=2, D=2, 1 MB per stage in one bucket: each stage's DP link carries 2 chunks of
+    500 kB per direction (reduce-scatter, all-gather), sent by replica 0 forward and by
+    replica 1 backward, in index order, each arriving after it went and before its
+    receiver forwards it."""
+    timeline = _timeline()
+    dp = timeline.dp_messages
+    assert sorted((m.link, m.direction, m.replica, m.microbatch) for m in dp) == sorted(
+        (f"dp{stage}:0-1", direction, replica, index)
+        for stage in range(2)
+        for direction, replica in (("forward", 0), ("backward", 1))
+        for index in range(2)
+    )
+    assert {m.num_bytes for m in dp} == {500_000}
+    assert all(m.send_start_ms < m.send_end_ms <= m.arrival_ms for m in dp)
+    assert all(m.wire_start_ms == m.send_start_ms and m.fault_ms == 0.0 for m in dp)
+    data = json.loads(json.dumps(timeline.to_dict()))
+    assert len(data["dp_messages"]) == 8
+    assert Timeline.from_dict(data) == timeline
+    alone = timeline.one_iteration(0)
+    assert alone.dp_messages == tuple(
+        m._replace(
+            send_start_ms=m.send_start_ms - timeline.iterations[0].start_ms,
+            send_end_ms=m.send_end_ms - timeline.iterations[0].start_ms,
+            arrival_ms=m.arrival_ms - timeline.iterations[0].start_ms,
+            needed_ms=m.needed_ms - timeline.iterations[0].start_ms,
+            wire_start_ms=m.wire_start_ms - timeline.iterations[0].start_ms,
+        )
+        for m in dp
+    )
+    assert alone.moved(5, 100.0).dp_messages == tuple(
+        m._replace(
+            iteration=5,
+            send_start_ms=m.send_start_ms + 100.0,
+            send_end_ms=m.send_end_ms + 100.0,
+            arrival_ms=m.arrival_ms + 100.0,
+            needed_ms=m.needed_ms + 100.0,
+            wire_start_ms=m.wire_start_ms + 100.0,
+        )
+        for m in alone.dp_messages
+    )
+    assert Timeline.concat([timeline, timeline]).dp_messages == dp + dp
 
 
 def test_failovers_go_through_json_and_with_their_iteration() -> None:
@@ -67,7 +111,7 @@ def test_an_older_timeline_is_refused() -> None:
     data = _timeline().to_dict()
     # Version 3 rows had no wire_start_ms, copy_in_ms and carrier_pid.
     old = {**data, "schema_version": 3, "messages": [r[:-3] for r in data["messages"]]}
-    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 5\)"):
+    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 6\)"):
         Timeline.from_dict(old)
 
 

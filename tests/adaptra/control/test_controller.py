@@ -51,19 +51,17 @@ def _slow(decisions: tuple[IterationDecision, ...]) -> list[set[str]]:
 def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulator_does() -> None:
     """30 ms on link 1-2 in the testbed's network (its wire: nothing in the workers knows it)
     in measured iterations 5-9. The controller plans each iteration from the one before: the
-    delay is named on link 1-2 from iteration 6, estimated at 29-40 ms, run over the
+    delay is named on link 1-2 from iteration 6, estimated within 3 ms of 30, run over the
     delegates with Adaptra's plan for it by iteration 8, and after the delay ends (iteration
     10) back on the initial plan and `direct` within 3 iterations. The simulator's run of the
-    same scenario reaches the same decisions, its estimate within 3 ms of 30."""
+    same scenario reaches the same decisions and estimates."""
     faults = parse_yaml('[{start_iteration: 5, end_iteration: 10, links: ["1-2"], delay_ms: 30}]')
     real = _run(PROFILE, faults, 14, "emulated", "network")
     sim = _run(PROFILE, faults, 14, "sim", "hook")
     assert _slow(real.decisions) == [set()] * 6 + [{"1-2"}] * 5 + [set()] * 3
     assert _slow(sim.decisions) == _slow(real.decisions)
-    # The simulator's estimate is the delay; on the wire TCP adds its own (BBR's pacing over
-    # a long RTT, docs/design.md): never below the delay, up to about 7 ms above it.
-    assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in sim.decisions[6:11])
-    assert all(29.0 <= d.detected_ms["1-2"] <= 40.0 for d in real.decisions[6:11])
+    for result in (real, sim):
+        assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in result.decisions[6:11])
     adapted = [
         d.policy == "adaptra" and set(d.comm.values()) == {"delegated"} for d in real.decisions
     ]
@@ -80,17 +78,14 @@ def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulato
 def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_decisions() -> None:
     """No leak: 30 ms on link 1-2 as the profile's `delay_ms`, slept by the workers' fault
     hook, or put on the testbed's wire; the controller never reads either, and decides the
-    same. Its estimates differ as the two delays do: on the wire TCP pays for the delay too
-    (fresh connections' first messages, BBR's pacing on a long-RTT path that carries little:
-    about 34.5 ms per 4 KiB message here, 30.3 under the hook)."""
+    same, and estimates it within 3 ms of 30 either way."""
     profile = PROFILE.with_delays((0.0, 30.0, 0.0))
     by_hook = _run(profile, NO_FAULTS, 6, "emulated", "hook")
     by_wire = _run(profile, NO_FAULTS, 6, "emulated", "network")
     assert _slow(by_hook.decisions) == _slow(by_wire.decisions) == [{"1-2"}] * 6
     assert [d.policy for d in by_hook.decisions] == [d.policy for d in by_wire.decisions]
-    # once the connections have carried a few messages, within 20 %
-    assert 29.0 <= by_wire.decisions[-1].detected_ms["1-2"] <= 40.0
-    assert by_hook.decisions[-1].detected_ms["1-2"] == pytest.approx(30.0, abs=3.0)
+    for result in (by_hook, by_wire):
+        assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in result.decisions)
 
 
 def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> None:
@@ -119,3 +114,36 @@ def test_two_slow_links_at_different_delays_are_told_apart() -> None:
     for decision in result.decisions[2:]:
         assert decision.detected_ms["0-1"] == pytest.approx(20.0, rel=0.10)
         assert decision.detected_ms["2-3"] == pytest.approx(50.0, rel=0.10)
+
+
+DP_PROFILE = Profile.uniform(
+    4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+    allreduce_bytes=750_000, dp_bucket_bytes=250_000,
+)  # fmt: skip
+"""PP 4 x DP 2 (8 workers): each stage's ring sends 6 chunks of 125 kB each way."""
+
+
+@pytest.mark.parametrize(
+    "injection",
+    [
+        "hook",
+        pytest.param("network", marks=needs_root),  # 8 hosts: the delay on the pair's wire
+    ],
+)
+def test_a_slow_dp_ring_link_is_named_with_its_delay_and_the_pp_plan_stays(injection: str) -> None:
+    """20 ms on stage 1's ring link (dp1:0-1) in measured iterations 2-3: the detector
+    names that link, within 3 ms of 20, from the iteration after each one it slowed and no
+    PP link; the controller believes it (the iteration's record) but its plan for the PP
+    links stays the initial one over `direct` (a slow DP link is absorbed by a rank swap,
+    which it does not make). The simulator decides the same."""
+    faults = parse_yaml(
+        '[{start_iteration: 2, end_iteration: 4, links: ["dp1:0-1"], delay_ms: 20}]'
+    )
+    real = _run(DP_PROFILE, faults, 6, "emulated", injection)
+    sim = _run(DP_PROFILE, faults, 6, "sim", "hook")
+    expected = [set(), set(), set(), {"dp1:0-1"}, {"dp1:0-1"}, set()]
+    assert _slow(real.decisions) == _slow(sim.decisions) == expected
+    for result in (real, sim):
+        assert all(abs(d.detected_ms["dp1:0-1"] - 20.0) <= 3.0 for d in result.decisions[3:5])
+        assert {d.policy for d in result.decisions} == {"adaptra-initial"}
+        assert {c for d in result.decisions for c in d.comm.values()} == {"direct"}

@@ -4,6 +4,7 @@ estimates, and what it never reads."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -16,6 +17,11 @@ from pipeline.profile import Profile
 from pipeline.timeline import Timeline
 
 PROFILE = Profile.uniform(4, 8, 2, 2, 2, message_bytes=1 << 16, num_delegates=3)
+DP_PROFILE = Profile.uniform(
+    4, 8, 2, 2, 2, message_bytes=1 << 16, num_delegates=3, num_replicas=2,
+    allreduce_bytes=750_000, dp_bucket_bytes=250_000, dp_bandwidth_gbps=8.0,
+)  # fmt: skip
+"""PP 4 x DP 2: every stage's ring sends 6 chunks of 125 kB each way per iteration."""
 
 
 def _sim_timeline(faults_yaml: str, num_iterations: int, profile: Profile = PROFILE) -> Timeline:
@@ -31,7 +37,7 @@ def _sim_timeline(faults_yaml: str, num_iterations: int, profile: Profile = PROF
 def _beliefs(timeline: Timeline, profile: Profile = PROFILE) -> list[dict[str, float]]:
     detector = LinkDetector(profile)
     by_iteration: dict[int, list] = {}
-    for m in timeline.messages:
+    for m in itertools.chain(timeline.messages, timeline.dp_messages):
         by_iteration.setdefault(m.iteration, []).append(m)
     return [detector.observe(k, by_iteration[k]).detected_ms for k in sorted(by_iteration)]
 
@@ -64,18 +70,39 @@ def test_a_slow_link_from_the_start_is_found_against_the_healthy_links() -> None
     assert first == {"1-2": pytest.approx(30.0, abs=1e-6)}
 
 
-def test_the_injected_delay_in_the_records_changes_nothing() -> None:
-    """`fault_ms` (what the fault model injected) scrambled: the same beliefs."""
+def test_a_slow_dp_ring_link_is_named_with_its_delay_beside_a_slow_pp_link() -> None:
+    """12 ms on stage 2's ring link in fault iterations 2-4, 30 ms on PP link 0-1 in 3-5:
+    each named while its delay lasts, with that delay (the simulator's times are exact)."""
     timeline = _sim_timeline(
-        '[{start_iteration: 2, end_iteration: 5, links: ["0-1"], delay_ms: 25}]', 7
+        '[{start_iteration: 2, end_iteration: 5, links: ["dp2:0-1"], delay_ms: 12},'
+        ' {start_iteration: 3, end_iteration: 6, links: ["0-1"], delay_ms: 30}]',
+        8,
+        DP_PROFILE,
+    )
+    beliefs = _beliefs(timeline, DP_PROFILE)
+    assert [set(b) for b in beliefs] == [set(), set(), set(), {"dp2:0-1"},
+                                         {"dp2:0-1", "0-1"}, {"dp2:0-1", "0-1"}, {"0-1"},
+                                         set(), set()]  # fmt: skip
+    assert all(b["dp2:0-1"] == pytest.approx(12.0, abs=1e-6) for b in beliefs[3:6])
+    assert all(b["0-1"] == pytest.approx(30.0, abs=1e-6) for b in beliefs[4:7])
+
+
+def test_the_injected_delay_in_the_records_changes_nothing() -> None:
+    """`fault_ms` (what the fault model injected) scrambled, PP and DP: the same beliefs."""
+    timeline = _sim_timeline(
+        '[{start_iteration: 2, end_iteration: 5, links: ["0-1"], delay_ms: 25},'
+        ' {start_iteration: 3, end_iteration: 5, links: ["dp1:0-1"], delay_ms: 15}]',
+        7,
+        DP_PROFILE,
     )
     rng = random.Random(1)
     tampered = dataclasses.replace(
         timeline,
         messages=tuple(m._replace(fault_ms=rng.uniform(0, 100)) for m in timeline.messages),
+        dp_messages=tuple(m._replace(fault_ms=rng.uniform(0, 100)) for m in timeline.dp_messages),
     )
-    assert _beliefs(tampered) == _beliefs(timeline)
-    assert any(_beliefs(timeline))
+    assert _beliefs(tampered, DP_PROFILE) == _beliefs(timeline, DP_PROFILE)
+    assert {link for b in _beliefs(timeline, DP_PROFILE) for link in b} == {"0-1", "dp1:0-1"}
 
 
 def test_hysteresis_keeps_a_wavering_link_slow_between_the_thresholds() -> None:
