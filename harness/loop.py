@@ -50,7 +50,8 @@ class IterationDecision:
     (the `iterations` records of `run --format json` and iterations.csv)."""
 
     detected_ms: dict[str, float]
-    """The PP links it called slow, with their estimated extra delays (ms)."""
+    """The links it called slow (PP and DP ring links), with their estimated extra delays
+    (ms)."""
     policy: str
     """The policy that made the iteration's schedule (empty: the run's)."""
     comm: dict[str, str]

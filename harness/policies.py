@@ -11,6 +11,7 @@ from adaptra.control import DetectingController
 from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
+from baselines.falcon import FalconController
 from baselines.fixed_plan import FixedPlan
 from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
@@ -25,6 +26,7 @@ __all__ = [
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
+    "check_system_backend",
     "plan",
     "resolve_system",
     "system_controller",
@@ -109,13 +111,25 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "adaptra-cpu": ("zb", "delegated"),
     "adaptra": ("adaptra", "delegated"),
     "adaptra-oracle": ("adaptra", "delegated"),
+    "falcon": ("zb", "direct"),
 }
 """The benchmarked systems as (policy, comm). `adaptra` plans from what its detector
 measures (adaptra.control); `adaptra-oracle` reads the fault model (adaptra.oracle): the
-reference for what detecting costs."""
+reference for what detecting costs. `falcon` runs ZB's schedule and mitigates a slow DP link
+from what it measures (baselines.falcon)."""
 
 ADAPTIVE = ("adaptra", "adaptra-oracle")
 """The systems whose controller re-plans during a run."""
+
+
+def check_system_backend(system: str, backend: str) -> None:
+    """Refuse a system the backend cannot run: Falcon's rank swap moves workers, which the
+    megatron backend (it holds each stage's model state) does not do."""
+    if system == "falcon" and backend == "megatron":
+        raise ConfigError(
+            "system falcon swaps ranks, which the megatron backend does not run (moving model "
+            "state is not built): use backend sim or emulated"
+        )
 
 
 def resolve_system(system: str, profile: Profile) -> tuple[str, str]:
@@ -168,6 +182,8 @@ def system_controller(
             profile_for=profile_for,
         )
     schedule = planner(policy, profile)
+    if system == "falcon":
+        return FalconController(schedule, profile)
     if profile_for is not None:
         profile = dataclasses.replace(
             profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms),

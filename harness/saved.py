@@ -156,8 +156,7 @@ def _renumbered(timeline: Timeline, index: int) -> Timeline:
         messages=tuple(r._replace(iteration=index) for r in timeline.messages),
         iterations=tuple(r._replace(iteration=index) for r in timeline.iterations),
         failovers=tuple(r._replace(iteration=index) for r in timeline.failovers),
-        dp_messages=tuple(r._replace(iteration=index) for r in timeline.dp_messages),
-    )
+    )  # no dp_messages: messages.csv has them per link direction (see docs/design.md)
 
 
 def _link_rows(timeline: Timeline) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_label, check_run_name
-from harness.policies import SYSTEMS, Planner, plan, system_controller
+from harness.policies import SYSTEMS, Planner, check_system_backend, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
 from injectors.fault_files import load_faults
 from injectors.fault_model import FaultModel
@@ -152,6 +152,8 @@ class ExperimentSpec:
             )
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        for system in self.systems:
+            check_system_backend(system, self.backend)
         if self.injection not in INJECTIONS or (
             self.injection == "network" and self.backend == "sim"
         ):

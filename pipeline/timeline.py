@@ -166,6 +166,13 @@ class Timeline:
             dp_messages=tuple(MessageRecord(*r) for r in dp_messages),
         )
 
+    @property
+    def repeats(self) -> Timeline | None:
+        """The one-iteration timeline this one is a moved copy of (`moved`), or None: its
+        records are that one's, shifted in time, so what is computed from their times alone
+        (per-link medians of arrival - wire start, say) is that one's too."""
+        return None
+
     def moved(self, iteration: int, start_ms: float) -> Timeline:
         """This one-iteration timeline as iteration `iteration` starting at `start_ms` (its
         records are made when first read)."""
@@ -235,14 +242,14 @@ def _check_rows(name: str, rows: Any, fields: tuple[str, ...]) -> None:
 
 class _Moved(Timeline):
     """A one-iteration timeline moved to another iteration and start. Its op and message
-    records are made when first read: a long run repeats many iterations whose records
-    nobody reads (their metrics and message rows are those of the iteration repeated)."""
+    records are made when first read (ops, PP messages and DP messages each on their own): a
+    long run repeats many iterations whose records nobody reads (their metrics and message
+    rows are those of the iteration repeated)."""
 
-    __slots__ = ("_iteration", "_records", "_shift", "_source")
+    __slots__ = ("_dp", "_iteration", "_records", "_shift", "_source")
     _iteration: int
-    _records: (
-        tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...], tuple[MessageRecord, ...]] | None
-    )
+    _records: tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]] | None
+    _dp: tuple[MessageRecord, ...] | None
     _shift: float
     _source: Timeline
 
@@ -270,10 +277,26 @@ class _Moved(Timeline):
         object.__setattr__(self, "_iteration", iteration)
         object.__setattr__(self, "_shift", shift)
         object.__setattr__(self, "_records", None)
+        object.__setattr__(self, "_dp", None)
 
-    def _made(
-        self,
-    ) -> tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...], tuple[MessageRecord, ...]]:
+    @property
+    def repeats(self) -> Timeline:
+        return self._source
+
+    def _moved_messages(self, messages: tuple[MessageRecord, ...]) -> tuple[MessageRecord, ...]:
+        iteration, shift, new = self._iteration, self._shift, tuple.__new__
+        return tuple(
+            new(
+                MessageRecord,
+                (
+                    *(iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift),
+                    *(r, f, w + shift, i, p),
+                ),
+            )
+            for _, li, d, m, n, a, b, c, e, r, f, w, i, p in messages
+        )
+
+    def _made(self) -> tuple[tuple[OpRecord, ...], tuple[MessageRecord, ...]]:
         if self._records is None:
             source, iteration, shift = self._source, self._iteration, self._shift
             new = tuple.__new__
@@ -281,21 +304,7 @@ class _Moved(Timeline):
                 new(OpRecord, (iteration, s, k, m, a + shift, b + shift, r))
                 for _, s, k, m, a, b, r in source.ops
             )
-
-            def moved(messages: tuple[MessageRecord, ...]) -> tuple[MessageRecord, ...]:
-                return tuple(
-                    new(
-                        MessageRecord,
-                        (
-                            *(iteration, li, d, m, n, a + shift, b + shift, c + shift, e + shift),
-                            *(r, f, w + shift, i, p),
-                        ),
-                    )
-                    for _, li, d, m, n, a, b, c, e, r, f, w, i, p in messages
-                )
-
-            records = (ops, moved(source.messages), moved(source.dp_messages))
-            object.__setattr__(self, "_records", records)
+            object.__setattr__(self, "_records", (ops, self._moved_messages(source.messages)))
         assert self._records is not None
         return self._records
 
@@ -309,35 +318,21 @@ class _Moved(Timeline):
 
     @property  # type: ignore[override]
     def dp_messages(self) -> tuple[MessageRecord, ...]:
-        return self._made()[2]
+        if self._dp is None:
+            object.__setattr__(self, "_dp", self._moved_messages(self._source.dp_messages))
+        assert self._dp is not None
+        return self._dp
 
-    def _as_timeline(self) -> Timeline:
-        return Timeline(
-            self.num_stages,
-            self.ops,
-            self.messages,
-            self.iterations,
-            self.failovers,
-            self.dp_messages,
-        )
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(Timeline))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, _Moved):
-            other = other._as_timeline()
-        return self._as_timeline() == other
+            other = Timeline(*other._fields())
+        return Timeline(*self._fields()) == other
 
     def __hash__(self) -> int:
-        return hash(self._as_timeline())
+        return hash(Timeline(*self._fields()))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            Timeline,
-            (
-                self.num_stages,
-                self.ops,
-                self.messages,
-                self.iterations,
-                self.failovers,
-                self.dp_messages,
-            ),
-        )
+        return (Timeline, self._fields())

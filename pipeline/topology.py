@@ -229,6 +229,19 @@ class Topology:
         ring = [Link.dp(stage, r) for r in range(num - 1)]
         return tuple(ring + ([Link.dp(stage, 0, num - 1)] if num > 2 else []))
 
+    def dp_pair_onto_pp(self, link: Link) -> Topology:
+        """A placement where the two hosts of DP ring link `link` (under this placement) are
+        PP neighbours instead (Falcon's topology change; the paper's first step for a slow DP
+        link): the upper replica's worker of the stage swaps with the lower replica's worker
+        of the next stage (the previous one for the last stage), so the pair carries that PP
+        link of the lower replica, and the stage's ring no longer crosses it."""
+        self.check(link)
+        if link.is_pp or self.num_stages < 2:
+            raise ConfigError(f"{link} is not a DP ring link between two stages' worth of hosts")
+        stage = link.dp_stage
+        neighbour = stage + 1 if stage + 1 < self.num_stages else stage - 1
+        return self.swapped(Position(stage, link.second), Position(neighbour, link.first))
+
     def swapped(self, a: Position, b: Position) -> Topology:
         """The same hosts with the workers of positions `a` and `b` exchanged."""
         workers = list(self.placement or range(self.num_positions))

@@ -111,15 +111,26 @@ class LinkDetector:
     def observe(self, iteration: int, messages: Iterable[MessageRecord]) -> Belief:
         """The belief after iteration `iteration`, from its messages, PP and DP (other
         iterations' are ignored)."""
+        ours = (m for m in messages if m.iteration == iteration)
+        return self.believe(iteration, self.direction_medians(ours))
+
+    def direction_medians(
+        self, messages: Iterable[MessageRecord]
+    ) -> dict[tuple[str, str, int], float]:
+        """Per (link, direction, replica): the median over `messages` of arrival - wire start
+        less what the link model expects. A function of the messages' times alone (the same
+        for a timeline moved in time: `Timeline.repeats`)."""
         spent: dict[tuple[str, str, int], list[float]] = {}
         for m in messages:
-            if m.iteration == iteration:
-                key = (m.link, m.direction, m.replica)
-                expected_ms = self._pp_expected_ms.get(m.link)
-                if expected_ms is None:  # a DP link's: its chunks' sizes differ by bucket
-                    expected_ms = self._healthy.dp_wire_ms(m.num_bytes)
-                spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms - expected_ms)
-        medians = {key: statistics.median(times) for key, times in spent.items()}
+            key = (m.link, m.direction, m.replica)
+            expected_ms = self._pp_expected_ms.get(m.link)
+            if expected_ms is None:  # a DP link's: its chunks' sizes differ by bucket
+                expected_ms = self._healthy.dp_wire_ms(m.num_bytes)
+            spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms - expected_ms)
+        return {key: statistics.median(times) for key, times in spent.items()}
+
+    def believe(self, iteration: int, medians: Mapping[tuple[str, str, int], float]) -> Belief:
+        """The belief after iteration `iteration`, from its `direction_medians`."""
         is_pp = {link: link in self._pp_expected_ms for link, _, _ in medians}
         for (link, _, _), median in medians.items():
             kind = is_pp[link]

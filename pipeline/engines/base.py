@@ -57,8 +57,9 @@ class Plan:
     policy: str = dataclasses.field(default="", compare=False)
     """The policy that made `schedule` (reported per iteration; empty: the run's)."""
     believed_ms: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
-    """The PP links the controller believed slow when it made this plan, with their extra
-    delay in ms (a detector's estimates, an oracle's knowledge): reported, never run."""
+    """The links (PP, DP ring) the controller believed slow when it made this plan, with
+    their extra delay in ms (a detector's estimates, an oracle's knowledge): reported, never
+    run."""
 
     def comm_by_link(self) -> dict[str, str]:
         """Each PP link's comm mode ("delegated" where either direction is)."""

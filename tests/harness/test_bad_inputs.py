@@ -177,6 +177,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("iterations 0", P, [*RUN_P, "--iterations", "0"], "--iterations"),
     ("unknown system", P, ["run", "--profile", "p.json", "--system", "warp"], "'warp'"),
+    (
+        "falcon on megatron",
+        P,
+        ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
+        "system falcon swaps ranks",
+    ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
     # options a command would ignore
@@ -324,6 +330,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "transport_timeout_s must be > 0 s, not nan",
     ),
     ("spec unknown system", {"s.yaml": spec(systems=["warp"])}, RUN_SPEC, "unknown system warp"),
+    (
+        "spec falcon on megatron",
+        {"s.yaml": spec(systems=["falcon"], backend="megatron")},
+        RUN_SPEC,
+        "system falcon swaps ranks",
+    ),
     (
         "spec unknown model",
         {"s.yaml": json.dumps({"name": "s", "models": ["gpt2-9b"], "systems": ["1f1b"]})},

@@ -1,0 +1,150 @@
+"""Falcon's first step: a change in iteration time, found by Bayesian online change-point
+detection (Adams and MacKay, 2007) over the run's iteration times, kept only where the new
+level differs from the old one by at least a minimum relative change.
+
+The model: iteration times are normal within a segment, with unknown mean and variance
+(a normal-gamma prior, so each run length's predictive is a Student t), and a segment ends
+with a constant hazard per iteration. After each time the detector holds the posterior over
+the current segment's length (its run length, truncated at `max_run_length`). It reports a
+change when the most likely run length is shorter than the iterations since the last
+change it reported (a new segment began) and that new segment's mean so far differs from
+the previous segment's by at least `min_relative_change`.
+
+Why these values (`ChangePointConfig`): a hazard of 1/100 (a straggler per hundred
+iterations is already a bad cluster); the prior's scale is taken from the data (the first
+iterations' spread, at least 1 % of their mean: an emulated run's iterations vary by a few
+%), so the detector needs no units; 10 % minimum change, as Falcon's own threshold of
+"slow" (1.1 x) and well above iteration-time noise here (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+__all__ = ["DEFAULT_CHANGES", "ChangePointConfig", "ChangePointDetector"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChangePointConfig:
+    hazard: float = 0.01
+    """The prior chance, per iteration, that a new segment begins."""
+    min_relative_change: float = 0.10
+    """A new segment counts only if its mean differs from the previous one's by this much."""
+    num_calibration: int = 3
+    """Iterations that set the prior's scale before anything is reported."""
+    max_run_length: int = 200
+
+    def __post_init__(self) -> None:
+        if not 0 < self.hazard < 1 or self.min_relative_change < 0 or self.num_calibration < 2:
+            raise ValueError("need 0 < hazard < 1, min_relative_change >= 0, calibration >= 2")
+
+
+DEFAULT_CHANGES = ChangePointConfig()
+
+
+@dataclasses.dataclass(slots=True)
+class _Stats:
+    """A run length's normal-gamma posterior."""
+
+    count: float
+    mean: float
+    alpha: float
+    beta: float
+
+    def log_predictive(self, x: float, kappa0: float) -> float:
+        """Student t log density of `x` under this posterior."""
+        kappa = kappa0 + self.count
+        scale2 = self.beta * (kappa + 1) / (self.alpha * kappa)
+        nu = 2 * self.alpha
+        z = (x - self.mean) ** 2 / (nu * scale2)
+        return (
+            math.lgamma((nu + 1) / 2)
+            - math.lgamma(nu / 2)
+            - 0.5 * math.log(nu * math.pi * scale2)
+            - (nu + 1) / 2 * math.log1p(z)
+        )
+
+    def updated(self, x: float, kappa0: float) -> _Stats:
+        kappa = kappa0 + self.count
+        mean = (kappa * self.mean + x) / (kappa + 1)
+        beta = self.beta + kappa * (x - self.mean) ** 2 / (2 * (kappa + 1))
+        return _Stats(self.count + 1, mean, self.alpha + 0.5, beta)
+
+
+class ChangePointDetector:
+    """Feed it iteration times in order (`update`); it says where a change began."""
+
+    def __init__(self, config: ChangePointConfig = DEFAULT_CHANGES) -> None:
+        self.config = config
+        self._times: list[float] = []
+        self._prior: _Stats | None = None
+        self._kappa0 = 1.0
+        self._log_probs: list[float] = []
+        self._stats: list[_Stats] = []
+        self._segment_start = 0
+        """The index of the first time of the current segment (the last change reported)."""
+        self.baseline_ms: float | None = None
+        """The mean of the segment before the latest change (or of the first one)."""
+
+    @property
+    def segment_mean_ms(self) -> float:
+        """The current segment's mean iteration time so far."""
+        return statistics.fmean(self._times[self._segment_start :])
+
+    def update(self, iteration_ms: float) -> bool:
+        """Take the next iteration time; True if it completes the detection of a change (a new
+        segment, `min_relative_change` away from the one before, began at `change_index`)."""
+        self._times.append(iteration_ms)
+        config = self.config
+        if self._prior is None:
+            if len(self._times) < config.num_calibration:
+                return False
+            first = self._times[: config.num_calibration]
+            mean = statistics.fmean(first)
+            spread = max(statistics.pstdev(first), 0.01 * abs(mean), 1e-9)
+            self._prior = _Stats(0.0, mean, 1.0, spread**2)
+            self.baseline_ms = mean
+            self._log_probs, self._stats = [0.0], [self._prior]
+            for x in first:
+                self._step(x)
+            return False
+        self._step(iteration_ms)
+        most_likely = max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
+        since = len(self._times) - self._segment_start
+        if most_likely >= since - 1 or most_likely == 0:
+            return False
+        start = len(self._times) - most_likely
+        new_mean = statistics.fmean(self._times[start:])
+        old_mean = statistics.fmean(self._times[self._segment_start : start])
+        if abs(new_mean - old_mean) < config.min_relative_change * old_mean:
+            return False
+        self._segment_start = start
+        self.baseline_ms = old_mean
+        return True
+
+    @property
+    def change_index(self) -> int:
+        """The index (in the times fed) of the first time of the current segment."""
+        return self._segment_start
+
+    def _step(self, x: float) -> None:
+        """The run-length posterior after `x` (growth and change, then normalise)."""
+        assert self._prior is not None
+        hazard = self.config.hazard
+        log_h, log_1h = math.log(hazard), math.log1p(-hazard)
+        predictive = [lp + s.log_predictive(x, self._kappa0) for lp, s in zip(
+            self._log_probs, self._stats, strict=True)]  # fmt: skip
+        grown = [p + log_1h for p in predictive]
+        changed = _log_sum_exp(predictive) + log_h
+        log_probs = [changed, *grown][: self.config.max_run_length]
+        total = _log_sum_exp(log_probs)
+        self._log_probs = [p - total for p in log_probs]
+        stats = [self._prior, *(s.updated(x, self._kappa0) for s in self._stats)]
+        self._stats = stats[: self.config.max_run_length]
+
+
+def _log_sum_exp(values: list[float]) -> float:
+    top = max(values)
+    return top + math.log(sum(math.exp(v - top) for v in values))

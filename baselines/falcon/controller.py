@@ -1,0 +1,201 @@
+"""Falcon (arXiv 2410.12588) as a baseline controller: it finds a slow DP link from the
+run's own measurements and climbs its mitigation ladder by the ski-rental rule.
+
+Detection, from what a real system measures (never the fault model or `fault_ms`):
+1. a change in iteration time (baselines.falcon.changepoint) to a level at least 10 % above
+   the one before;
+2. per-group profiling of that iteration: the DP ring links slower than 1.1 x the median
+   link (baselines.falcon.profiling);
+3. validation: the same link suspect again in the next iteration. Then the straggler is
+   known, and so is the baseline (the mean iteration time before the change).
+
+Mitigation, from the lowest level up: ignore -> rebalance microbatches across the DP groups
+-> change the topology so that the slow DP link becomes a PP link (a rank swap:
+`Topology.dp_pair_onto_pp`) -> checkpoint-restart. Ski rental: it stays on a level until the
+time lost on it (the sum, over the iterations since it took that level, of iteration time
+less the baseline) reaches the next level's cost, then climbs. Rebalancing needs unequal
+microbatch counts per replica, which the engines do not run yet: the ladder skips it.
+
+The costs it assumes (`FalconCosts.for_profile`):
+- the swap: the two swapped workers' model state over the DP link (mixed-precision Adam:
+  16 bytes per parameter, 8 x the 2-byte gradient the profile's `allreduce_bytes` counts,
+  both ways at once), plus one healthy iteration for the groups to re-form;
+- the restart: `restart_ms`, five minutes by default (rescheduling the job, starting its
+  processes, loading the checkpoint; the harness's `Recovery.restart_ms` models the same).
+
+Falcon runs on ZeroBubble (`falcon` = ZB's schedule over the direct path, as in the paper's
+comparison); the swap is a placement, so it needs an engine that runs placements (the
+simulator; the emulated runtime without delegates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
+from baselines.falcon.profiling import dp_link_times_ms, suspect_dp_links
+from pipeline.engines import Action, Plan
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode
+from pipeline.timeline import Timeline
+from pipeline.topology import Link, Topology
+
+__all__ = ["FalconController", "FalconCosts", "Level"]
+
+STATE_BYTES_PER_GRADIENT_BYTE = 8
+"""Mixed-precision Adam: fp16 weight and gradient, fp32 master weight, momentum and
+variance: 16 bytes per parameter, against the 2 of its gradient."""
+
+DEFAULT_RESTART_MS = 300_000.0
+"""A job's restart from its checkpoint, assumed: five minutes."""
+
+
+class Level(enum.IntEnum):
+    IGNORE = 0
+    REBALANCE = 1
+    SWAP = 2
+    RESTART = 3
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FalconCosts:
+    """What each level costs once, in ms (None: not available here)."""
+
+    swap_ms: float
+    restart_ms: float = DEFAULT_RESTART_MS
+    rebalance_ms: float | None = None
+
+    @classmethod
+    def for_profile(
+        cls, profile: Profile, healthy_iteration_ms: float, restart_ms: float = DEFAULT_RESTART_MS
+    ) -> FalconCosts:
+        """The module's assumptions for `profile` (the swap moves the largest stage's state)."""
+        state_bytes = STATE_BYTES_PER_GRADIENT_BYTE * max(profile.allreduce_bytes, default=0)
+        transfer_ms = profile.dp_wire_ms(state_bytes) - profile.link_latency_ms
+        return cls(swap_ms=transfer_ms + healthy_iteration_ms, restart_ms=restart_ms)
+
+    def of(self, level: Level) -> float | None:
+        return {
+            Level.IGNORE: 0.0,
+            Level.REBALANCE: self.rebalance_ms,
+            Level.SWAP: self.swap_ms,
+            Level.RESTART: self.restart_ms,
+        }[level]
+
+
+@dataclasses.dataclass(slots=True)
+class _Straggler:
+    """A validated slow DP link and what Falcon has done about it."""
+
+    link: str
+    baseline_ms: float
+    level: Level = Level.IGNORE
+    lost_ms: float = 0.0
+    """Time lost on the current level so far."""
+    measured_ms: float = 0.0
+    """The link's time in the iteration that validated it (what Falcon believes)."""
+
+
+class FalconController:
+    name = "falcon"
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        profile: Profile,
+        costs: FalconCosts | None = None,
+        changes: ChangePointConfig = DEFAULT_CHANGES,
+    ) -> None:
+        """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` once
+        the first iterations have given a healthy time."""
+        self.schedule, self.profile = schedule, profile
+        self._model = profile.with_delays(())
+        self._costs = costs
+        self._changes = ChangePointDetector(changes)
+        self.topology: Topology = profile.topology
+        self._suspect: str | None = None
+        self.straggler: _Straggler | None = None
+        self._restart_pending = False
+        self.climbs: list[tuple[int, Level]] = []
+        """(iteration, level) of every climb, in order."""
+
+    def plan(self, iteration: int) -> Plan:
+        believed: tuple[tuple[str, float], ...] = ()
+        if self.straggler is not None:
+            believed = ((self.straggler.link, round(self.straggler.measured_ms, 3)),)
+        action = Action.RESTART if self._restart_pending else Action.RUN
+        return Plan(
+            self.schedule,
+            self.profile,
+            CommMode.DIRECT,
+            topology=self.topology,
+            action=action,
+            policy="zb",
+            believed_ms=believed,
+        )
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        (record,) = timeline.iterations[-1:]
+        iteration_ms = record.end_ms - record.start_ms
+        changed = self._changes.update(iteration_ms)
+        times = dp_link_times_ms(
+            self._model, (m for m in timeline.dp_messages if m.iteration == iteration)
+        )
+        suspects = suspect_dp_links(times)
+        straggler = self.straggler
+        if straggler is None:
+            self._detect(changed, suspects, times)
+            return
+        back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
+        if back or (straggler.level < Level.SWAP and straggler.link not in suspects):
+            self.straggler = None  # it went away (or a swap absorbed it); the placement stays
+            return
+        straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
+        self._climb(iteration)
+
+    def restarted(self, iteration: int) -> None:
+        """On repaired hardware: the default placement, nothing known to be slow."""
+        self._restart_pending = False
+        self.topology = self.profile.topology
+        self.straggler, self._suspect = None, None
+        self._changes = ChangePointDetector(self._changes.config)
+
+    def _detect(self, changed: bool, suspects: set[str], times: dict[str, float]) -> None:
+        if self._suspect is not None:  # validating: suspect again, alone
+            if suspects == {self._suspect}:
+                baseline = self._changes.baseline_ms
+                assert baseline is not None
+                measured_ms = times[self._suspect]
+                self.straggler = _Straggler(self._suspect, baseline, measured_ms=measured_ms)
+            self._suspect = None
+            return
+        slower = (
+            changed
+            and self._changes.baseline_ms is not None
+            and self._changes.segment_mean_ms > self._changes.baseline_ms
+        )
+        if slower and len(suspects) == 1:
+            (self._suspect,) = suspects
+
+    def _climb(self, iteration: int) -> None:
+        straggler = self.straggler
+        assert straggler is not None
+        costs = self._costs or FalconCosts.for_profile(self.profile, straggler.baseline_ms)
+        self._costs = costs
+        for level in Level:
+            if level <= straggler.level:
+                continue
+            cost = costs.of(level)
+            if cost is None:
+                continue  # not available here
+            if straggler.lost_ms < cost:
+                return
+            straggler.level, straggler.lost_ms = level, 0.0
+            self.climbs.append((iteration, level))
+            if level is Level.SWAP:
+                self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
+            elif level is Level.RESTART:
+                self._restart_pending = True
+            return

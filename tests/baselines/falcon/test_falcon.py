@@ -1,0 +1,108 @@
+"""Falcon finds a slow DP link from measurements and climbs its ladder as the ski-rental
+rule says: a short fault only ignored, a long one mitigated by the rank swap that puts the
+slow pair on a PP edge (simulator, and one emulated run with real processes swapping)."""
+
+from __future__ import annotations
+
+import pytest
+
+from baselines.falcon import FalconController, FalconCosts, Level
+from harness.loop import RunResult
+from harness.policies import system_controller
+from harness.runner import run_configuration
+from injectors.fault_files import parse_yaml
+from pipeline.profile import Profile
+from pipeline.topology import Link, Topology
+
+PROFILE = Profile.uniform(
+    4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
+    allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+)  # fmt: skip
+"""PP 4 x DP 2; each stage's ring sends 48 chunks each way per iteration, against 16
+messages on a PP link: a slow DP link costs the step more than the same delay on a PP link
+(the paper's Fig. 18 setting, scaled)."""
+SWAPPED = Topology(4, 2).dp_pair_onto_pp(Link.parse("dp1:0-1"))
+
+
+def _run(
+    end_iteration: int, num_iterations: int, swap_ms: float, backend: str = "sim"
+) -> tuple[RunResult, FalconController]:
+    faults = parse_yaml(
+        f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["dp1:0-1"], '
+        "delay_ms: 20}]"
+    )
+    controller = system_controller("falcon", PROFILE, faults)
+    assert isinstance(controller, FalconController)
+    controller = FalconController(controller.schedule, PROFILE, FalconCosts(swap_ms=swap_ms))
+    result = run_configuration(
+        controller, backend=backend, num_iterations=num_iterations, faults=faults
+    )
+    return result, controller
+
+
+def _with_step(result: RunResult) -> list[float]:
+    return [t + s for t, s in zip(result.iteration_times_ms, result.step_times_ms, strict=True)]
+
+
+def test_a_long_dp_fault_is_ignored_until_the_time_lost_pays_for_a_swap() -> None:
+    """20 ms on dp1:0-1 from iteration 3 on: the change is seen in iteration 3, validated in
+    4; ignored while 5-7 lose 950 ms each (2,000 ms buys the swap); iteration 8 runs swapped:
+    the slow pair carries PP link 1-2 of replica 0, which costs ZB far less."""
+    result, falcon = _run(40, 14, swap_ms=2000.0)
+    assert falcon.climbs == [(8, Level.SWAP)]  # seen in the run's iteration 8: measured 7
+    assert falcon.topology == SWAPPED
+    assert [set(d.detected_ms) for d in result.decisions] == [set()] * 5 + [{"dp1:0-1"}] * 9
+    times = _with_step(result)
+    assert times[3] > 5 * times[0]  # the DP ring pays 48 x 20 ms
+    assert max(times[8:]) < 0.4 * times[3]  # swapped: 16 messages on the slow pair
+    faults = parse_yaml('[{start_iteration: 3, links: ["dp1:0-1"], delay_ms: 20}]')
+    zb = run_configuration(
+        system_controller("zb", PROFILE, faults), num_iterations=14, faults=faults
+    )
+    assert _with_step(zb)[8:] == [times[3]] * 6  # no mitigation
+
+
+def test_a_short_dp_fault_is_only_ignored() -> None:
+    """The same delay in iterations 3-5 only: believed from iteration 4 (planning 5 and 6),
+    950 ms lost, under the swap's 2,000 ms, then gone; Falcon never climbs and forgets it."""
+    result, falcon = _run(6, 10, swap_ms=2000.0)
+    assert falcon.climbs == []
+    assert falcon.straggler is None
+    assert falcon.topology == PROFILE.topology
+    assert [set(d.detected_ms) for d in result.decisions] == (
+        [set()] * 5 + [{"dp1:0-1"}] * 2 + [set()] * 3
+    )
+
+
+def test_the_swap_in_real_processes_loses_no_iteration() -> None:
+    """Emulated, 8 worker processes: the swap is a placement the pool runs from the next
+    iteration on (workers 5 and 2 trade stages 1 and 2), nothing restarts, and the swapped
+    iterations are far faster than the slow ones before."""
+    result, falcon = _run(40, 9, swap_ms=200.0, backend="emulated")
+    assert [level for _, level in falcon.climbs] == [Level.SWAP]
+    ((at, _),) = falcon.climbs
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.timeline is not None
+    # Falcon climbed as it saw the run's iteration `at` (the timeline's numbering, the
+    # warm-up first): iteration `at` + 1 on, measured `at` on, ran swapped.
+    pids = {r.iteration: r.pids for r in result.timeline.iterations}
+    before, after = pids[at], pids[at + 1]
+    assert after == tuple(before[w] for w in SWAPPED.placement)
+    times = _with_step(result)
+    assert max(times[at:]) < 0.7 * min(times[3:at])
+
+
+def test_the_costs_it_assumes() -> None:
+    costs = FalconCosts.for_profile(PROFILE, healthy_iteration_ms=100.0)
+    assert costs.of(Level.IGNORE) == 0.0
+    assert costs.of(Level.REBALANCE) is None  # unequal microbatch counts are not run yet
+    # 8 x 750 kB of model state per stage over the DP link (no bandwidth set: free), plus
+    # one healthy iteration
+    assert costs.of(Level.SWAP) == pytest.approx(100.0)
+    fast = FalconCosts.for_profile(
+        Profile.uniform(4, 8, 5, 5, 5, num_replicas=2, allreduce_bytes=750_000,
+                        dp_bandwidth_gbps=8.0),
+        healthy_iteration_ms=100.0,
+    )  # fmt: skip
+    assert fast.swap_ms == pytest.approx(100.0 + 6_000_000 * 8 / 8e6)  # 6 MB at 8 Gbit/s
+    assert costs.of(Level.RESTART) == 300_000.0
