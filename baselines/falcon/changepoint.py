@@ -7,13 +7,15 @@ The model: iteration times are normal within a segment, with unknown mean and va
 with a constant hazard per iteration. After each time the detector holds the posterior over
 the current segment's length (its run length, truncated at `max_run_length`). It reports a
 change when the most likely run length is shorter than the iterations since the last
-change it reported (a new segment began) and that new segment's mean so far differs from
-the previous segment's by at least `min_relative_change`.
+change it reported (a new segment began) and that new segment's median so far differs from
+the previous segment's by at least `min_relative_change` (medians: a run's first iteration
+may be far slower than the rest).
 
 Why these values (`ChangePointConfig`): a hazard of 1/100 (a straggler per hundred
-iterations is already a bad cluster); the prior's scale is taken from the data (the first
-iterations' spread, at least 1 % of their mean: an emulated run's iterations vary by a few
-%), so the detector needs no units; 10 % minimum change, as Falcon's own threshold of
+iterations is already a bad cluster); the prior is taken from the data (the first
+iterations' median and 1.4826 x their median absolute deviation, at least 1 % of the median;
+a calibration time more than 5 of those from the median is left out), so the detector needs
+no units; 10 % minimum change, as Falcon's own threshold of
 "slow" (1.1 x) and well above iteration-time noise here (BENCHMARKS.md).
 """
 
@@ -86,12 +88,13 @@ class ChangePointDetector:
         self._segment_start = 0
         """The index of the first time of the current segment (the last change reported)."""
         self.baseline_ms: float | None = None
-        """The mean of the segment before the latest change (or of the first one)."""
+        """The median iteration time of the segment before the latest change (before any:
+        of the first iterations)."""
 
     @property
-    def segment_mean_ms(self) -> float:
-        """The current segment's mean iteration time so far."""
-        return statistics.fmean(self._times[self._segment_start :])
+    def segment_ms(self) -> float:
+        """The current segment's median iteration time so far."""
+        return statistics.median(self._times[self._segment_start :])
 
     def update(self, iteration_ms: float) -> bool:
         """Take the next iteration time; True if it completes the detection of a change (a new
@@ -102,13 +105,15 @@ class ChangePointDetector:
             if len(self._times) < config.num_calibration:
                 return False
             first = self._times[: config.num_calibration]
-            mean = statistics.fmean(first)
-            spread = max(statistics.pstdev(first), 0.01 * abs(mean), 1e-9)
+            mean = statistics.median(first)  # robust: a run's first iteration may be slow
+            mad = statistics.median(abs(x - mean) for x in first)
+            spread = max(1.4826 * mad, 0.01 * abs(mean), 1e-9)
             self._prior = _Stats(0.0, mean, 1.0, spread**2)
             self.baseline_ms = mean
             self._log_probs, self._stats = [0.0], [self._prior]
             for x in first:
-                self._step(x)
+                if abs(x - mean) <= 5 * spread:  # an outlier is in no segment's statistics
+                    self._step(x)
             return False
         self._step(iteration_ms)
         most_likely = max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
@@ -116,12 +121,12 @@ class ChangePointDetector:
         if most_likely >= since - 1 or most_likely == 0:
             return False
         start = len(self._times) - most_likely
-        new_mean = statistics.fmean(self._times[start:])
-        old_mean = statistics.fmean(self._times[self._segment_start : start])
-        if abs(new_mean - old_mean) < config.min_relative_change * old_mean:
+        new_ms = statistics.median(self._times[start:])
+        old_ms = statistics.median(self._times[self._segment_start : start])
+        if abs(new_ms - old_ms) < config.min_relative_change * old_ms:
             return False
         self._segment_start = start
-        self.baseline_ms = old_mean
+        self.baseline_ms = old_ms
         return True
 
     @property

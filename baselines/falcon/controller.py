@@ -6,7 +6,8 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
    the one before;
 2. per-group profiling of that iteration: the DP ring links slower than 1.1 x the median
    link (baselines.falcon.profiling);
-3. validation: the same link suspect again in the next iteration. Then the straggler is
+3. validation: the same link the slowest suspect again in the next iteration (while no new
+   change has said otherwise; a noisy iteration only delays it). Then the straggler is
    known, and so is the baseline (the mean iteration time before the change).
 
 Mitigation, from the lowest level up: ignore -> rebalance microbatches across the DP groups
@@ -116,6 +117,9 @@ class FalconController:
         self._changes = ChangePointDetector(changes)
         self.topology: Topology = profile.topology
         self._suspect: str | None = None
+        """The slowest suspect link of the last iteration, to be validated."""
+        self._slower = False
+        """The change-point detector's latest change was to slower iterations."""
         self.straggler: _Straggler | None = None
         self._restart_pending = False
         self.climbs: list[tuple[int, Level]] = []
@@ -159,25 +163,26 @@ class FalconController:
         """On repaired hardware: the default placement, nothing known to be slow."""
         self._restart_pending = False
         self.topology = self.profile.topology
-        self.straggler, self._suspect = None, None
+        self.straggler, self._suspect, self._slower = None, None, False
         self._changes = ChangePointDetector(self._changes.config)
 
     def _detect(self, changed: bool, suspects: set[str], times: dict[str, float]) -> None:
-        if self._suspect is not None:  # validating: suspect again, alone
-            if suspects == {self._suspect}:
-                baseline = self._changes.baseline_ms
-                assert baseline is not None
-                measured_ms = times[self._suspect]
-                self.straggler = _Straggler(self._suspect, baseline, measured_ms=measured_ms)
+        """Between a change up and the next change: the slowest suspect link, the same in two
+        iterations in a row, is the straggler (a noisy iteration only delays it)."""
+        changes = self._changes
+        if changed:
+            assert changes.baseline_ms is not None
+            self._slower = changes.segment_ms > changes.baseline_ms
+        if not self._slower or not suspects:
             self._suspect = None
             return
-        slower = (
-            changed
-            and self._changes.baseline_ms is not None
-            and self._changes.segment_mean_ms > self._changes.baseline_ms
-        )
-        if slower and len(suspects) == 1:
-            (self._suspect,) = suspects
+        slowest = max(suspects, key=times.__getitem__)
+        if slowest != self._suspect:
+            self._suspect = slowest
+            return
+        assert changes.baseline_ms is not None
+        self.straggler = _Straggler(slowest, changes.baseline_ms, measured_ms=times[slowest])
+        self._suspect = None
 
     def _climb(self, iteration: int) -> None:
         straggler = self.straggler

@@ -45,3 +45,15 @@ def test_noise_alone_looks_like_no_change() -> None:
 def test_a_bad_config_is_refused() -> None:
     with pytest.raises(ValueError, match="hazard"):
         ChangePointConfig(hazard=0.0)
+
+
+@pytest.mark.parametrize("first_ms", [270.0, 2000.0, 5000.0])
+def test_a_slow_first_iteration_neither_hides_a_change_nor_sets_the_baseline(
+    first_ms: float,
+) -> None:
+    """A fresh pool's first iteration may take many times the others' (first use of every
+    path): the change at index 5 is still found there, against a baseline of the healthy
+    iterations' median."""
+    detector, found = _feed([first_ms, 270, 272, 268, 275, 1190, 1185, 1200, 1195])
+    assert found == [5]
+    assert detector.baseline_ms in (270, 272)  # the median of the healthy ones
