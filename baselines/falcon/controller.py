@@ -14,15 +14,15 @@ Mitigation, from the lowest level up: ignore -> rebalance microbatches across th
 -> change the topology so that the slow DP link becomes a PP link (a rank swap:
 `Topology.dp_pair_onto_pp`) -> checkpoint-restart. Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
-less the baseline) reaches the next level's cost, then climbs. Rebalancing needs unequal
-microbatch counts per replica, which the engines do not run yet: the ladder skips it.
+less the baseline) reaches the next level's cost, then climbs. Two levels are not available
+yet, and the ladder skips them: rebalancing (the engines run equal microbatch counts per
+replica only) and the restart (the harness restarts a job after a link failure, not on a
+controller's request; `Action.RESTART` is not carried out).
 
-The costs it assumes (`FalconCosts.for_profile`):
-- the swap: the two swapped workers' model state over the DP link (mixed-precision Adam:
-  16 bytes per parameter, 8 x the 2-byte gradient the profile's `allreduce_bytes` counts,
-  both ways at once), plus one healthy iteration for the groups to re-form;
-- the restart: `restart_ms`, five minutes by default (rescheduling the job, starting its
-  processes, loading the checkpoint; the harness's `Recovery.restart_ms` models the same).
+The cost it assumes (`FalconCosts.for_profile`) of the swap: the two swapped workers' model
+state over the DP link (mixed-precision Adam: 16 bytes per parameter, 8 x the 2-byte
+gradient the profile's `allreduce_bytes` counts, both ways at once), plus one healthy
+iteration for the groups to re-form.
 
 Falcon runs on ZeroBubble (`falcon` = ZB's schedule over the direct path, as in the paper's
 comparison); the swap is a placement, so it needs an engine that runs placements (the
@@ -36,7 +36,7 @@ import enum
 
 from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
 from baselines.falcon.profiling import dp_link_times_ms, suspect_dp_links
-from pipeline.engines import Action, Plan
+from pipeline.engines import Plan
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -49,9 +49,6 @@ STATE_BYTES_PER_GRADIENT_BYTE = 8
 """Mixed-precision Adam: fp16 weight and gradient, fp32 master weight, momentum and
 variance: 16 bytes per parameter, against the 2 of its gradient."""
 
-DEFAULT_RESTART_MS = 300_000.0
-"""A job's restart from its checkpoint, assumed: five minutes."""
-
 
 class Level(enum.IntEnum):
     IGNORE = 0
@@ -62,28 +59,19 @@ class Level(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FalconCosts:
-    """What each level costs once, in ms (None: not available here)."""
+    """What each level costs once, in ms (None: not available here, see the module)."""
 
     swap_ms: float
-    restart_ms: float = DEFAULT_RESTART_MS
-    rebalance_ms: float | None = None
 
     @classmethod
-    def for_profile(
-        cls, profile: Profile, healthy_iteration_ms: float, restart_ms: float = DEFAULT_RESTART_MS
-    ) -> FalconCosts:
+    def for_profile(cls, profile: Profile, healthy_iteration_ms: float) -> FalconCosts:
         """The module's assumptions for `profile` (the swap moves the largest stage's state)."""
         state_bytes = STATE_BYTES_PER_GRADIENT_BYTE * max(profile.allreduce_bytes, default=0)
         transfer_ms = profile.dp_wire_ms(state_bytes) - profile.link_latency_ms
-        return cls(swap_ms=transfer_ms + healthy_iteration_ms, restart_ms=restart_ms)
+        return cls(swap_ms=transfer_ms + healthy_iteration_ms)
 
     def of(self, level: Level) -> float | None:
-        return {
-            Level.IGNORE: 0.0,
-            Level.REBALANCE: self.rebalance_ms,
-            Level.SWAP: self.swap_ms,
-            Level.RESTART: self.restart_ms,
-        }[level]
+        return {Level.IGNORE: 0.0, Level.SWAP: self.swap_ms}.get(level)
 
 
 @dataclasses.dataclass(slots=True)
@@ -121,7 +109,6 @@ class FalconController:
         self._slower = False
         """The change-point detector's latest change was to slower iterations."""
         self.straggler: _Straggler | None = None
-        self._restart_pending = False
         self.climbs: list[tuple[int, Level]] = []
         """(iteration, level) of every climb, in order."""
 
@@ -129,13 +116,11 @@ class FalconController:
         believed: tuple[tuple[str, float], ...] = ()
         if self.straggler is not None:
             believed = ((self.straggler.link, round(self.straggler.measured_ms, 3)),)
-        action = Action.RESTART if self._restart_pending else Action.RUN
         return Plan(
             self.schedule,
             self.profile,
             CommMode.DIRECT,
             topology=self.topology,
-            action=action,
             policy="zb",
             believed_ms=believed,
         )
@@ -161,7 +146,6 @@ class FalconController:
 
     def restarted(self, iteration: int) -> None:
         """On repaired hardware: the default placement, nothing known to be slow."""
-        self._restart_pending = False
         self.topology = self.profile.topology
         self.straggler, self._suspect, self._slower = None, None, False
         self._changes = ChangePointDetector(self._changes.config)
@@ -201,6 +185,4 @@ class FalconController:
             self.climbs.append((iteration, level))
             if level is Level.SWAP:
                 self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
-            elif level is Level.RESTART:
-                self._restart_pending = True
             return
