@@ -123,12 +123,14 @@ ADAPTIVE = ("adaptra", "adaptra-oracle")
 
 
 def check_system_backend(system: str, backend: str) -> None:
-    """Refuse a system the backend cannot run: Falcon's rank swap moves workers, which the
-    megatron backend (it holds each stage's model state) does not do."""
+    """Refuse a system the backend cannot run: Falcon finds a slow DP link from the DP ring's
+    message times, and the megatron backend all-reduces its real gradients outside the ring
+    (a rank swap itself runs there: the swapped workers move their model state)."""
     if system == "falcon" and backend == "megatron":
         raise ConfigError(
-            "system falcon swaps ranks, which the megatron backend does not run (moving model "
-            "state is not built): use backend sim or emulated"
+            "system falcon profiles the DP ring's messages, which the megatron backend does "
+            "not send (it all-reduces its gradients outside the ring): use backend sim or "
+            "emulated"
         )
 
 

@@ -19,15 +19,17 @@ __all__ = [
     "IterationRecord",
     "MessageRecord",
     "OpRecord",
+    "SwapRecord",
     "Timeline",
 ]
 
-SCHEMA_VERSION = 6
-"""6: `dp_messages` (the DP all-reduce's ring messages). 5: `failovers` (the delegates' moves
-to another NIC). 4: messages gained `wire_start_ms`, `copy_in_ms` and `carrier_pid` (the
-delegated path's steps). 3: messages gained `fault_ms`, iterations `pids`. 2: messages
-gained `needed_ms`, and the runtime's `arrival_ms` is the true arrival (in 1 it was when the
-consumer's wait returned)."""
+SCHEMA_VERSION = 7
+"""7: `swaps` (rank swaps: who moved where, the state it moved, when). 6: `dp_messages` (the
+DP all-reduce's ring messages). 5: `failovers` (the delegates' moves to another NIC). 4:
+messages gained `wire_start_ms`, `copy_in_ms` and `carrier_pid` (the delegated path's
+steps). 3: messages gained `fault_ms`, iterations `pids`. 2: messages gained `needed_ms`,
+and the runtime's `arrival_ms` is the true arrival (in 1 it was when the consumer's wait
+returned)."""
 
 
 class OpRecord(NamedTuple):
@@ -110,6 +112,25 @@ class FailoverRecord(NamedTuple):
     carrier_pid: int
 
 
+class SwapRecord(NamedTuple):
+    """A worker's move in a rank swap (pipeline.topology): at the start of iteration
+    `iteration` the process `pid` left position (`stage_from`, `replica_from`) for
+    (`stage_to`, `replica_to`), from `start_ms` to `end_ms` building that stage and
+    exchanging `num_bytes` of model state each way with the other movers (0: nothing to
+    move: no model state, or the iteration starts from the initial state or a checkpoint).
+    The iteration's ops start after it: its time is in the iteration's."""
+
+    iteration: int
+    pid: int
+    stage_from: int
+    replica_from: int
+    stage_to: int
+    replica_to: int
+    num_bytes: int
+    start_ms: float
+    end_ms: float
+
+
 class IterationRecord(NamedTuple):
     """t = `start_ms` is when stage 0 may start its first op; `end_ms` ends the step too."""
 
@@ -130,6 +151,7 @@ class Timeline:
     iterations: tuple[IterationRecord, ...]
     failovers: tuple[FailoverRecord, ...] = ()
     dp_messages: tuple[MessageRecord, ...] = ()
+    swaps: tuple[SwapRecord, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -140,6 +162,7 @@ class Timeline:
             "iterations": [list(r) for r in self.iterations],
             "failovers": [list(r) for r in self.failovers],
             "dp_messages": [list(r) for r in self.dp_messages],
+            "swaps": [list(r) for r in self.swaps],
         }
 
     @classmethod
@@ -157,6 +180,8 @@ class Timeline:
         _check_rows("failovers", failovers, FailoverRecord._fields)
         dp_messages = data.get("dp_messages", [])
         _check_rows("dp_messages", dp_messages, MessageRecord._fields)
+        swaps = data.get("swaps", [])
+        _check_rows("swaps", swaps, SwapRecord._fields)
         return cls(
             num_stages=data["num_stages"],
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
@@ -164,6 +189,7 @@ class Timeline:
             iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
             failovers=tuple(FailoverRecord(*r) for r in failovers),
             dp_messages=tuple(MessageRecord(*r) for r in dp_messages),
+            swaps=tuple(SwapRecord(*r) for r in swaps),
         )
 
     @property
@@ -213,6 +239,11 @@ class Timeline:
                 if r.iteration == iteration
             ),
             dp_messages=shifted(self.dp_messages),
+            swaps=tuple(
+                r._replace(start_ms=r.start_ms - t0, end_ms=r.end_ms - t0)
+                for r in self.swaps
+                if r.iteration == iteration
+            ),
         )
 
     @classmethod
@@ -227,6 +258,7 @@ class Timeline:
             iterations=tuple(r for part in parts for r in part.iterations),
             failovers=tuple(r for part in parts for r in part.failovers),
             dp_messages=tuple(r for part in parts for r in part.dp_messages),
+            swaps=tuple(r for part in parts for r in part.swaps),
         )
 
 
@@ -271,6 +303,16 @@ class _Moved(Timeline):
                     resumed_ms=r.resumed_ms + shift,
                 )
                 for r in source.failovers
+            ),
+        )
+        object.__setattr__(
+            self,
+            "swaps",
+            tuple(
+                r._replace(
+                    iteration=iteration, start_ms=r.start_ms + shift, end_ms=r.end_ms + shift
+                )
+                for r in source.swaps
             ),
         )
         object.__setattr__(self, "_source", source)

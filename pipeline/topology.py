@@ -150,6 +150,11 @@ class Topology:
     def num_hosts(self) -> int:
         return -(-self.num_workers // self.workers_per_host)
 
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """The worker playing each position, by position index."""
+        return self.placement or tuple(range(self.num_positions))
+
     def index(self, position: Position) -> int:
         """The position's index (and, under the default placement, its worker)."""
         self.check_position(position)
@@ -244,7 +249,7 @@ class Topology:
 
     def swapped(self, a: Position, b: Position) -> Topology:
         """The same hosts with the workers of positions `a` and `b` exchanged."""
-        workers = list(self.placement or range(self.num_positions))
+        workers = list(self.workers)
         i, j = self.index(a), self.index(b)
         workers[i], workers[j] = workers[j], workers[i]
         return dataclasses.replace(self, placement=tuple(workers))

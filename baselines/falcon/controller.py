@@ -25,8 +25,7 @@ gradient the profile's `allreduce_bytes` counts, both ways at once), plus one he
 iteration for the groups to re-form.
 
 Falcon runs on ZeroBubble (`falcon` = ZB's schedule over the direct path, as in the paper's
-comparison); the swap is a placement, so it needs an engine that runs placements (the
-simulator; the emulated runtime without delegates).
+comparison); the swap is a placement (every engine runs one: pipeline.topology).
 """
 
 from __future__ import annotations

@@ -80,8 +80,6 @@ class Capabilities:
     """It times the DP all-reduce and optimizer step after the pipeline."""
     trains: bool = False
     """It computes a real model: losses and a parameter digest."""
-    placements: bool = False
-    """It runs plans whose topology is not the default placement."""
     restarts: bool = False
     """It can be checkpoint-restarted after a link failure (`Engine.restart`)."""
 
@@ -175,7 +173,3 @@ def check_plan(engine: Engine, plan: Plan) -> None:
             f"a controller cannot {plan.action.value} the {engine.name} engine yet (the loop "
             "restarts it after a link failure)"
         )
-    if plan.topology is not None and not capabilities.placements:
-        default = Topology(plan.topology.num_stages, plan.topology.num_replicas)
-        if plan.topology.placement and plan.topology != default:
-            raise ConfigError(f"the {engine.name} engine runs the default placement only")

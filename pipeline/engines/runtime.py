@@ -53,14 +53,11 @@ class RuntimeEngine(Closing):
         link direction and side)."""
         self.name = name
         self.num_stages, self.num_replicas = num_stages, num_replicas
-        # A training engine would move its model state in a rank swap: not built yet; the
-        # delegates are wired to their neighbours.
         self.capabilities = Capabilities(
             comms=frozenset({CommMode.DIRECT, *([CommMode.DELEGATED] if delegates else [])}),
             dp_step=True,
             trains=trains,
             restarts=True,
-            placements=not trains and delegates is None,
         )
         self._pool = WorkerPool(
             num_stages,

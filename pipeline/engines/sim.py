@@ -22,9 +22,7 @@ class SimEngine(Closing):
     (a calibration)."""
 
     name = "sim"
-    capabilities = Capabilities(
-        comms=frozenset(CommMode), dp_step=True, restarts=True, placements=True
-    )
+    capabilities = Capabilities(comms=frozenset(CommMode), dp_step=True, restarts=True)
 
     def __init__(self, *, host: HostCosts = FREE) -> None:
         self.host = host

@@ -11,6 +11,7 @@ from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.config import IterationConfig, StepOutput
 from pipeline.runtime.sleep import PreciseSleep
+from pipeline.topology import Topology
 
 __all__ = ["ComputeBackend", "EmulatedCompute"]
 
@@ -40,8 +41,30 @@ class ComputeBackend(Protocol):
         ...
 
     def move(self, stage: int, replica: int) -> None:
-        """Play another position from the next iteration on (a rank swap); a backend with
-        model state raises BackendError (moving the state is not built)."""
+        """Play position (stage, replica) from now on (a rank swap): a backend with model
+        state builds that stage's model, at its initial state until `import_state`."""
+        ...
+
+    def state_bytes(self) -> int:
+        """The size of `export_state`'s buffer for the position played now (0: no state)."""
+        ...
+
+    def export_state(self) -> torch.Tensor:
+        """The position's whole training state as one uint8 buffer (what a rank swap moves to
+        the position's next player)."""
+        ...
+
+    def import_state(self, state: torch.Tensor) -> None:
+        """Take the state its last player exported for the position played now."""
+        ...
+
+    def regroup(self, topology: Topology) -> None:
+        """On every worker whenever the placement changes (a rank swap), before any move:
+        the backend's own groups of workers (megatron's DP groups) follow it."""
+        ...
+
+    def ties(self, stage: int, num_stages: int) -> bool:
+        """Whether stage `stage` has a `tied_weight` (known before its model is built)."""
         ...
 
     def tied_weight(self) -> torch.Tensor | None:
@@ -78,6 +101,21 @@ class EmulatedCompute:
 
     def move(self, stage: int, replica: int) -> None:
         self._stage = stage
+
+    def state_bytes(self) -> int:
+        return 0
+
+    def export_state(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8)
+
+    def import_state(self, state: torch.Tensor) -> None:
+        pass
+
+    def regroup(self, topology: Topology) -> None:
+        pass
+
+    def ties(self, stage: int, num_stages: int) -> bool:
+        return False
 
     def tied_weight(self) -> torch.Tensor | None:
         return None

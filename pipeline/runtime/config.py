@@ -17,7 +17,7 @@ from pipeline.topology import Topology
 if TYPE_CHECKING:  # torch with it: the controller's side needs not import it for this
     from pipeline.runtime.transport import Failover
 
-__all__ = ["COMMS", "IterationConfig", "RankResult", "StepOutput"]
+__all__ = ["COMMS", "IterationConfig", "RankResult", "StateMove", "StepOutput"]
 
 COMMS = ("direct", "delegated")
 
@@ -80,6 +80,20 @@ class StepOutput:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class StateMove:
+    """A worker's part in a rank swap: it left position (from_stage, from_replica) for the
+    one its result names, sending that position's state on and taking in the new one's
+    (`num_bytes` each way; 0 for a backend without state, or where the iteration starts
+    from the initial state or a checkpoint anyway). Times: monotonic s."""
+
+    from_stage: int
+    from_replica: int
+    num_bytes: int
+    start_s: float
+    end_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class RankResult:
     """A rank's records for one iteration; times in seconds on the host's monotonic clock."""
 
@@ -104,3 +118,5 @@ class RankResult:
     step_output: StepOutput = StepOutput()
     failovers: list[Failover] = dataclasses.field(default_factory=list)
     """Its sender delegates' moves to another NIC (delegated)."""
+    moved: StateMove | None = None
+    """Its move to another position at the start of the iteration (a rank swap)."""

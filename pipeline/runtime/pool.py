@@ -38,7 +38,14 @@ from pipeline.runtime.remote_error import (
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
 from pipeline.runtime.worker import worker_main
 from pipeline.signals import held_signals
-from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
+from pipeline.timeline import (
+    FailoverRecord,
+    IterationRecord,
+    MessageRecord,
+    OpRecord,
+    SwapRecord,
+    Timeline,
+)
 from pipeline.topology import DEFAULT_NICS, Link, Position, Topology
 
 __all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
@@ -416,6 +423,7 @@ def assemble_timeline(
         (IterationRecord(iteration, ms(start_at), step_end, step_end - end, _pids(results)),),
         tuple(_failover_record(f, r.replica, nics, ms) for r in results for f in r.failovers),
         tuple(dp_messages),
+        tuple(_swap_record(iteration, r, ms) for r in results if r.moved is not None),
     )
 
 
@@ -436,6 +444,15 @@ def _failover_record(
         f.iteration, f.direction.link, f.direction.direction, replica, f.cause,
         nics[f.nic_from], nics[f.nic_to], ms(f.noticed_s), ms(f.resumed_s), f.resume_seq,
         f.carrier_pid,
+    )  # fmt: skip
+
+
+def _swap_record(iteration: int, result: RankResult, ms: Callable[[float], float]) -> SwapRecord:
+    m = result.moved
+    assert m is not None
+    return SwapRecord(
+        iteration, result.pid, m.from_stage, m.from_replica, result.stage, result.replica,
+        m.num_bytes, ms(m.start_s), ms(m.end_s),
     )  # fmt: skip
 
 

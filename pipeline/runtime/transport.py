@@ -56,6 +56,10 @@ TIED_TAG = 1 << 22
 """The tag of the tied weight's gradient, swapped once per iteration (`DirectTransport`)."""
 
 
+STATE_TAG = 1 << 23
+"""The tag of a rank swap's model state (`DirectTransport.send_state`)."""
+
+
 def dp_tag(index: int) -> int:
     """The tag of the DP chunk `index` of its link direction (pipeline.allreduce)."""
     return DP_TAG_BASE + index
@@ -339,6 +343,17 @@ class DirectTransport:
         """The tied weight's gradient to rank `peer`: no fault hook (`tied_link`)."""
         what = f"the tied weight's gradient to rank {peer}"
         _send(payload, peer, TIED_TAG, f"sending {what} on {link}")
+        self.bytes_sent += payload.numel() * payload.element_size()
+
+    def post_state_receive(self, peer: int, buffer: torch.Tensor) -> PendingReceive:
+        """A rank swap's model state from rank `peer`, the last player of this worker's new
+        position: no fault hook (it is not a training message; on the testbed it crosses the
+        wire all the same)."""
+        return self._post(peer, STATE_TAG, buffer, f"the model state from rank {peer}")
+
+    def send_state(self, peer: int, payload: torch.Tensor) -> None:
+        """The model state of the position this worker left, to its new player `peer`."""
+        _send(payload, peer, STATE_TAG, f"sending the model state to rank {peer}")
         self.bytes_sent += payload.numel() * payload.element_size()
 
 

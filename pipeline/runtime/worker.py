@@ -35,7 +35,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend
-from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.config import IterationConfig, RankResult, StateMove
 from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
 from pipeline.runtime.receiver import Receiver
@@ -134,7 +134,10 @@ class _Worker:
         self.rank, self.num_stages = rank, topology.num_stages
         self.delegates = delegates
         """This worker's delegate processes, if the pool has them (adaptra.transport)."""
-        self.topology = topology
+        self._delegate_setup: tuple[DelegateFactory, int, str] | None = None
+        """How its delegates start (a rank swap wires new ones): factory, count, slot folder."""
+        self.topology = self._grid = topology
+        """The placement played now; `_grid`: the default one (an iteration's None)."""
         self.position = topology.position_of_worker(rank)
         self.stage, self.replica = self.position.stage, self.position.replica
         self.compute = compute
@@ -152,17 +155,14 @@ class _Worker:
     def _place(self, topology: Topology) -> None:
         """Play this worker's position under `topology`; neighbours are the workers playing
         the next positions up and down (activations come from up, gradients from down)."""
-        position = topology.position_of_worker(self.rank)
-        if position != self.position:
-            self.compute.move(position.stage, position.replica)
-        self.topology, self.position = topology, position
-        self.stage, self.replica = position.stage, position.replica
+        self.topology, self.position = topology, topology.position_of_worker(self.rank)
+        self.stage, self.replica = self.position.stage, self.position.replica
         up, down = Position(self.stage - 1, self.replica), Position(self.stage + 1, self.replica)
         self.up = (topology.worker(up), link_name(up.stage)) if self.stage > 0 else None
         last = self.stage == self.num_stages - 1
         self.down = None if last else (topology.worker(down), link_name(self.stage))
         self.tied = None
-        if self.compute.tied_weight() is not None:
+        if self.compute.ties(self.stage, self.num_stages):
             other = Position(self.num_stages - 1 if self.stage == 0 else 0, self.replica)
             link = tied_link(self.num_stages)
             mine, theirs = ("forward", "backward") if self.stage == 0 else ("backward", "forward")
@@ -188,14 +188,20 @@ class _Worker:
             )
 
     def run(self, config: IterationConfig, start_at: float) -> RankResult:
-        if config.topology is not None:
-            self._place(config.topology)
+        topology = config.topology or self._grid
         profile = config.profile
         delays = {link_name(i): d for i, d in enumerate(profile.delay_ms)}
         delays.update((str(link), d) for link, d in profile.dp_delay_ms)
-        hook = config.fault_hook or FaultViewHook(delays, config.faults, self.replica, start_at)
+        replica = topology.position_of_worker(self.rank).replica
+        hook = config.fault_hook or FaultViewHook(delays, config.faults, replica, start_at)
         transport = DirectTransport(hook)
         self.current_op = None
+        moved = None
+        if topology.workers != self.topology.workers:  # a rank swap: the iteration's first work
+            _sleep_until(start_at)
+            self.current_op = "swap"  # a failure in it names it
+            moved = self._swap(topology, config, transport)
+            self.current_op = None
         self._begin_delegated(config)
         inbound = self._post_receives(config, transport)
         ring = Ring(
@@ -255,7 +261,40 @@ class _Worker:
             transport.bytes_sent,
             step_output,
             records.failovers,
+            moved,
         )
+
+    def _swap(
+        self, topology: Topology, config: IterationConfig, transport: DirectTransport
+    ) -> StateMove | None:
+        """Play `topology` from now on, on every worker at once: the backend regroups, the
+        delegates are wired to the new neighbours, and a worker that plays another position
+        builds it, sends the left one's state to its new player and takes the new one's
+        from its last (a permutation: every mover sends one and takes one). An iteration
+        that starts from the initial state or a checkpoint moves no state. Its record, for
+        a worker that moved."""
+        start = time.monotonic()
+        left, before = self.position, self.topology
+        self.compute.regroup(topology)
+        self._place(topology)
+        if self.delegates is not None:
+            self.delegates.close()
+            self.delegates = None
+            assert self._delegate_setup is not None
+            self.delegates = _start_delegates(self, *self._delegate_setup)
+        if self.position == left:
+            return None
+        outgoing = self.compute.export_state()
+        self.compute.move(self.stage, self.replica)
+        num_bytes = 0
+        if outgoing.numel() and config.iteration > 0 and config.load_checkpoint is None:
+            incoming = torch.empty(self.compute.state_bytes(), dtype=torch.uint8)
+            pending = transport.post_state_receive(before.worker(self.position), incoming)
+            transport.send_state(topology.worker(left), outgoing)
+            pending.wait(self.timeout_s)
+            self.compute.import_state(incoming)
+            num_bytes = outgoing.numel()
+        return StateMove(left.stage, left.replica, num_bytes, start, time.monotonic())
 
     def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
         """Every link direction this worker sends or receives on: (it, the peer, whether
@@ -294,8 +333,6 @@ class _Worker:
             return
         if self.delegates is None:
             raise ConfigError("this worker pool has no delegates: the delegated comm needs them")
-        if config.topology is not None:
-            raise ConfigError("delegates are wired to their neighbours: no rank swap with them")
         self.delegates.begin_iteration(sizes)
 
     def _slots_of(self, direction: LinkDirection, profile: Profile) -> tuple[int, int]:
@@ -562,6 +599,7 @@ def join(
     compute.setup(stage, num_stages, replica, device)
     worker = _Worker(rank, grid, compute, timeout_s)
     if delegates is not None:
+        worker._delegate_setup = (delegates, num_delegates, slot_dir)
         worker.delegates = _start_delegates(worker, delegates, num_delegates, slot_dir)
     return worker
 

@@ -181,7 +181,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "falcon on megatron",
         P,
         ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
-        "system falcon swaps ranks",
+        "system falcon profiles the DP ring",
     ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
@@ -334,7 +334,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "spec falcon on megatron",
         {"s.yaml": spec(systems=["falcon"], backend="megatron")},
         RUN_SPEC,
-        "system falcon swaps ranks",
+        "system falcon profiles the DP ring",
     ),
     (
         "spec unknown model",

@@ -13,6 +13,7 @@ from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
 from pipeline.profile import Profile
+from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Position, Topology
 
@@ -29,11 +30,12 @@ class _SwapAt:
     at: int
     profile: Profile = PROFILE
     swapped: Topology = SWAPPED
+    comm: CommMode = CommMode.DIRECT
     name: str = "swap"
     fixed: Plan = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        self.fixed = fixed_plan(one_f_one_b(self.profile), self.profile).fixed
+        self.fixed = fixed_plan(one_f_one_b(self.profile), self.profile, self.comm).fixed
 
     def plan(self, iteration: int) -> Plan:
         topology = self.profile.topology if iteration < self.at else self.swapped
@@ -172,3 +174,35 @@ def test_a_swap_across_replicas_moves_a_pp_delay_onto_a_dp_link(backend: str) ->
     if backend == "emulated":
         before, after = timeline.iterations[1].pids, timeline.iterations[2].pids
         assert (after[1], after[2]) == (before[2], before[1])  # by position index
+
+
+@pytest.mark.multiprocess
+def test_the_delegates_are_wired_anew_at_a_swap() -> None:
+    """Every PP and DP message of a delegated run goes over delegates before and after the
+    swap (each to its new neighbour's), none is lost, and the swap is in the records."""
+    profile = dataclasses.replace(DP_PROFILE, num_delegates=1)
+    run = run_configuration(
+        _SwapAt(2, profile, DP_SWAPPED, CommMode.DELEGATED),
+        backend="emulated",
+        delegated=True,
+        num_iterations=3,
+        num_warmup_iterations=0,
+    )
+    assert run.timeline is not None
+    timeline = run.timeline
+    workers = {k: set(timeline.iterations[k].pids) for k in range(3)}
+    assert workers[0] == workers[1] == workers[2]  # the same workers, no restart
+    for k in range(3):
+        messages = [m for m in (*timeline.messages, *timeline.dp_messages) if m.iteration == k]
+        assert len([m for m in messages if m.link == "0-1"]) == 2 * 2 * profile.num_microbatches
+        assert len(messages) > 2 * 2 * profile.num_microbatches  # the ring's too
+        assert all(m.carrier_pid not in workers[k] for m in messages)  # a delegate carried it
+    carriers = {k: {m.carrier_pid for m in timeline.messages if m.iteration == k} for k in (1, 2)}
+    assert carriers[1].isdisjoint(carriers[2])  # new delegates after the swap
+    swaps = sorted(timeline.swaps, key=lambda r: r.stage_to)
+    assert [(r.iteration, r.stage_to, r.replica_to, r.num_bytes) for r in swaps] == [
+        (2, 0, 1, 0),
+        (2, 1, 0, 0),
+    ]  # no state in the emulated compute
+    record = timeline.iterations[2]
+    assert all(record.start_ms <= r.start_ms < r.end_ms <= record.end_ms for r in swaps)

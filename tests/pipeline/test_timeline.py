@@ -7,7 +7,13 @@ from baselines import one_f_one_b
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import SCHEMA_VERSION, FailoverRecord, MessageRecord, Timeline
+from pipeline.timeline import (
+    SCHEMA_VERSION,
+    FailoverRecord,
+    MessageRecord,
+    SwapRecord,
+    Timeline,
+)
 
 
 def _timeline() -> Timeline:
@@ -27,7 +33,7 @@ def _timeline() -> Timeline:
 
 def test_messages_carry_arrival_and_need_through_json() -> None:
     timeline = _timeline()
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     assert MessageRecord._fields[7:] == (
         "arrival_ms",
         "needed_ms",
@@ -107,11 +113,26 @@ def test_failovers_go_through_json_and_with_their_iteration() -> None:
     assert Timeline.concat([timeline, timeline]).failovers == (moved, moved)
 
 
+def test_swaps_go_through_json_and_with_their_iteration() -> None:
+    swap = SwapRecord(0, 4242, 1, 0, 0, 1, 65536, 2.0, 7.5)
+    timeline = dataclasses.replace(_timeline(), swaps=(swap,))
+    data = json.loads(json.dumps(timeline.to_dict()))
+    assert data["swaps"] == [[0, 4242, 1, 0, 0, 1, 65536, 2.0, 7.5]]
+    assert Timeline.from_dict(data) == timeline
+    start = timeline.iterations[0].start_ms
+    alone = timeline.one_iteration(0)
+    assert alone.swaps == (swap._replace(start_ms=2.0 - start, end_ms=7.5 - start),)
+    assert alone.moved(3, 50.0).swaps == (
+        swap._replace(iteration=3, start_ms=52.0 - start, end_ms=57.5 - start),
+    )
+    assert Timeline.concat([timeline, timeline]).swaps == (swap, swap)
+
+
 def test_an_older_timeline_is_refused() -> None:
     data = _timeline().to_dict()
     # Version 3 rows had no wire_start_ms, copy_in_ms and carrier_pid.
     old = {**data, "schema_version": 3, "messages": [r[:-3] for r in data["messages"]]}
-    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 6\)"):
+    with pytest.raises(ConfigError, match=r"schema version 3 is not supported \(expected 7\)"):
         Timeline.from_dict(old)
 
 

@@ -3,9 +3,11 @@
 F, B and W are separate ops (B: input gradient only; W: the deferred weight gradients), BW
 runs B then W. After the last op of an iteration the worker sums the tied embedding's
 gradient of the first and the last stage (`tied_weight`: megatron's embedding group, over the
-plan's transport), then this backend sums the gradients over
-the DP replicas (each microbatch's loss is already divided by the global batch's microbatch
-count, so the sum is the DP average), and plain SGD steps. On a CPU, megatron's CUDA-only
+plan's transport), then this backend sums the gradients over the DP replicas (each
+microbatch's loss is already divided by the global batch's microbatch count, so the sum is
+the DP average), and plain SGD steps. In a rank swap a worker builds the stage it takes
+over and gets that stage's state from its last player (`export_state`, `import_state`);
+the DP groups follow the placement (`regroup`). On a CPU, megatron's CUDA-only
 spots are patched around every call into megatron (`shim.cpu_shim`); on a GPU nothing is
 patched (that path is untested: no GPU on the project's machines).
 """
@@ -36,6 +38,7 @@ from pipeline.runtime.megatron.model import (
 )
 from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
+from pipeline.topology import Position, Topology
 
 __all__ = ["MegatronCompute"]
 
@@ -62,6 +65,9 @@ class MegatronCompute:
         self._runner: StageRunner | None = None
         self._initial: dict[str, Any] = {}
         self._layer_offset = 0
+        self._num_replicas = 1
+        self._dp_groups: dict[tuple[int, ...], Any] = {}
+        self._dp_group: Any = None
 
     def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
         with quiet_megatron():
@@ -88,17 +94,31 @@ class MegatronCompute:
                 f"megatron placed this rank at (stage, replica) {placed}, the runtime at "
                 f"{(stage, replica)}"
             )
+        self._num_replicas = dist.get_world_size() // num_stages
+        grid = Topology(num_stages, self._num_replicas)
+        self._dp_groups = {_stage_ranks(grid, s): None for s in range(num_stages)}
+        """Every stage's DP group by its ranks, where this worker is in it (None: elsewhere)."""
+        self._dp_group = self._dp_groups[_stage_ranks(grid, stage)] = (
+            parallel_state.get_data_parallel_group() if self._num_replicas > 1 else None
+        )
+        self._build(stage, replica)
+
+    def _build(self, stage: int, replica: int) -> None:
+        """The model of position (stage, replica), at its initial parameters."""
+        self._stage, self._replica = stage, replica
         torch.manual_seed(self.seed)  # megatron draws an initialisation we then replace
-        on_cpu = device.type == "cpu"
+        on_cpu = self.device.type == "cpu"
         with self._shim(building=True):
-            model = build_stage_model(self.preset, num_stages, use_cpu_initialization=on_cpu)
+            model = build_stage_model(
+                self.preset, stage, self._num_stages, use_cpu_initialization=on_cpu
+            )
         if on_cpu:
             seed_cpu_rng_tracker(self.seed)
         else:
             from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
             model_parallel_cuda_manual_seed(self.seed)
-        self._layer_offset = stage_layer_offset(self.preset, stage, num_stages)
+        self._layer_offset = stage_layer_offset(self.preset, stage, self._num_stages)
         if self.init_state is not None:
             reference = torch.load(self.init_state, map_location="cpu", weights_only=True)
             model.load_state_dict(stage_state_from_reference(model, reference, self._layer_offset))
@@ -109,6 +129,22 @@ class MegatronCompute:
             for k, v in model.state_dict().items()
         }
         self._runner = StageRunner(model)
+
+    def ties(self, stage: int, num_stages: int) -> bool:
+        return num_stages > 1 and stage in (0, num_stages - 1)
+
+    def regroup(self, topology: Topology) -> None:
+        """The DP all-reduce's group of this worker's stage under `topology`: a group for
+        every stage whose players are new is made here, on every worker, in stage order
+        (torch.distributed's rule for `new_group`)."""
+        if self._num_replicas == 1:
+            return
+        for stage in range(self._num_stages):
+            ranks = _stage_ranks(topology, stage)
+            if ranks not in self._dp_groups:
+                self._dp_groups[ranks] = dist.new_group(list(ranks))
+        mine = topology.position_of_worker(dist.get_rank()).stage
+        self._dp_group = self._dp_groups[_stage_ranks(topology, mine)]
 
     @contextlib.contextmanager
     def _shim(self, *, building: bool = False) -> Iterator[None]:
@@ -128,10 +164,41 @@ class MegatronCompute:
         return torch.empty(self.preset.message_shape(), dtype=torch.float32, device=self.device)
 
     def move(self, stage: int, replica: int) -> None:
-        raise BackendError(
-            f"the megatron backend cannot move stage {self._stage}'s model to stage {stage} "
-            "(a rank swap moves model state: not built yet)"
-        )
+        """Play position (stage, replica): its model, at its initial parameters until
+        `import_state` gives it the state its last player had."""
+        with quiet_megatron():
+            self._build(stage, replica)
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._state_tensors())
+
+    def export_state(self) -> torch.Tensor:
+        """The model's whole training state as one byte buffer: its parameters and buffers in
+        state-dict order (plain SGD keeps no other state)."""
+        tensors = self._state_tensors()
+        if not tensors:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.cat([t.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+                          for t in tensors])  # fmt: skip
+
+    @torch.no_grad()
+    def import_state(self, state: torch.Tensor) -> None:
+        """Set the model's state from `export_state`'s bytes of the same position."""
+        tensors = self._state_tensors()
+        if state.numel() != sum(t.numel() * t.element_size() for t in tensors):
+            raise BackendError(
+                f"a model state of {state.numel()} bytes does not fit stage {self._stage}'s model"
+            )
+        offset = 0
+        for tensor in tensors:
+            size = tensor.numel() * tensor.element_size()
+            part = state[offset : offset + size].view(tensor.dtype).view(tensor.shape)
+            tensor.copy_(part)
+            offset += size
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        return [v for v in self.runner.model.state_dict(keep_vars=True).values()
+                if isinstance(v, torch.Tensor)]  # fmt: skip
 
     def begin_iteration(self, config: IterationConfig) -> None:
         runner = self.runner
@@ -144,8 +211,7 @@ class MegatronCompute:
         if config.load_checkpoint is not None or config.iteration == 0:
             for param in runner.params:
                 param.grad = None
-        num_replicas = dist.get_world_size() // self._num_stages
-        runner.loss_scale = 1.0 / (config.profile.num_microbatches * num_replicas)
+        runner.loss_scale = 1.0 / (config.profile.num_microbatches * self._num_replicas)
 
     def _checkpoint_file(self, directory: str) -> Path:
         return Path(directory) / f"stage{self._stage}-replica{self._replica}.pt"
@@ -183,20 +249,18 @@ class MegatronCompute:
         return weight
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
-        from megatron.core import parallel_state
-
         runner = self.runner
         runner.check_drained()
         model = runner.model
-        dp_group = parallel_state.get_data_parallel_group()
-        if dist.get_world_size(dp_group) > 1:
+        dp_group = self._dp_group
+        if dp_group is not None:
             _all_reduce_grads(runner.params, dp_group)
         loss = None
         if runner.last:
             total = torch.tensor(
                 [sum(runner.losses.values()) * runner.loss_scale], dtype=torch.float64
             )
-            if dist.get_world_size(dp_group) > 1:
+            if dp_group is not None:
                 dist.all_reduce(total, group=dp_group)
             loss = float(total.item())
         grads = None
@@ -218,6 +282,11 @@ class MegatronCompute:
                 for name, p in model.named_parameters()
             )
         return StepOutput(loss, grads, params)
+
+
+def _stage_ranks(topology: Topology, stage: int) -> tuple[int, ...]:
+    """The workers playing `stage`'s replicas under `topology`, in rank order."""
+    return tuple(sorted(topology.worker(Position(stage, r)) for r in range(topology.num_replicas)))
 
 
 @torch.no_grad()

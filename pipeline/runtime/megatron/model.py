@@ -145,22 +145,48 @@ def get_preset(name: str) -> GPTPreset:
     return MODELS[name]
 
 
-def build_stage_model(preset: GPTPreset, num_stages: int, *, use_cpu_initialization: bool) -> Any:
-    """This rank's stage of the GPTModel (local layer spec, tied embeddings), as megatron's
-    `parallel_state` places it. Call inside `cpu_shim(building=True)` on a CPU."""
-    from megatron.core import parallel_state
+class _PlayedStage:
+    """What a model's construction asks of its pipeline group (`rank()`, `size()`), for the
+    stage it is built for: megatron reads the stage from the group's rank, so a worker can
+    build any stage, also one it took over in a rank swap."""
+
+    def __init__(self, stage: int, num_stages: int) -> None:
+        self._stage, self._num_stages = stage, num_stages
+
+    def rank(self) -> int:
+        return self._stage
+
+    def size(self) -> int:
+        return self._num_stages
+
+
+def build_stage_model(
+    preset: GPTPreset, stage: int, num_stages: int, *, use_cpu_initialization: bool
+) -> Any:
+    """Stage `stage` of the GPTModel (local layer spec, tied embeddings), whichever rank
+    builds it (`parallel_state` must be initialised). Megatron's own start-up sum of the
+    tied weight's two copies is left out: `initialize_parameters` (or a saved state) sets
+    both. Call inside `cpu_shim(building=True)` on a CPU."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.process_groups_config import ProcessGroupCollection
 
+    preset.check_stages(num_stages)
+    if not 0 <= stage < num_stages:
+        raise ConfigError(f"stage {stage} does not exist with {num_stages} stages")
+    groups = ProcessGroupCollection.use_mpu_process_groups()
+    groups.pp = _PlayedStage(stage, num_stages)
+    groups.embd = None
     config = preset.transformer_config(num_stages, use_cpu_initialization=use_cpu_initialization)
     return GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(),
         vocab_size=preset.vocab_size,
         max_sequence_length=preset.seq_length,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=stage == 0,
+        post_process=stage == num_stages - 1,
         share_embeddings_and_output_weights=True,
+        pg_collection=groups,
     )
 
 

@@ -75,7 +75,7 @@ def build_whole_model(preset: GPTPreset, seed: int) -> Any:
     inside `single_process_megatron()`."""
     torch.manual_seed(seed)
     with cpu_shim(building=True), quiet_megatron():
-        model = build_stage_model(preset, 1, use_cpu_initialization=True)
+        model = build_stage_model(preset, 0, 1, use_cpu_initialization=True)
     seed_cpu_rng_tracker(seed)
     initialize_parameters(model, seed, 0)
     return model
