@@ -16,7 +16,7 @@ import argparse
 import statistics
 
 from baselines.falcon import FalconController
-from harness.policies import system_controller
+from harness.policies import SYSTEMS, system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
@@ -33,7 +33,10 @@ EMULATED = Profile.uniform(
 def _steps(system: str, profile: Profile, delay_ms: int, backend: str, n: int) -> tuple:
     faults = parse_yaml(f'[{{start_iteration: 3, links: ["dp1:0-1"], delay_ms: {delay_ms}}}]')
     controller = system_controller(system, profile, faults)
-    result = run_configuration(controller, backend=backend, num_iterations=n, faults=faults)
+    delegated = SYSTEMS[system][1] == "delegated"
+    result = run_configuration(
+        controller, backend=backend, num_iterations=n, faults=faults, delegated=delegated
+    )
     steps = [t + s for t, s in zip(result.iteration_times_ms, result.step_times_ms, strict=True)]
     climbs = controller.climbs if isinstance(controller, FalconController) else []
     return statistics.median(steps[-10:]), climbs

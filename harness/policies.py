@@ -7,7 +7,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from adaptra.control import DetectingController
+from adaptra.control import DelegatingController, DetectingController
 from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
@@ -114,9 +114,10 @@ SYSTEMS: dict[str, tuple[str, str]] = {
     "falcon": ("zb", "direct"),
 }
 """The benchmarked systems as (policy, comm). `adaptra` plans from what its detector
-measures (adaptra.control); `adaptra-oracle` reads the fault model (adaptra.oracle): the
-reference for what detecting costs. `falcon` runs ZB's schedule and mitigates a slow DP link
-from what it measures (baselines.falcon)."""
+measures (adaptra.control); `adaptra-cpu` delegates ZB's schedule throughout; both move a
+slow DP ring link they detect onto a PP edge (a rank swap); `adaptra-oracle` reads the
+fault model (adaptra.oracle): the reference for what detecting costs. `falcon` runs ZB's
+schedule and mitigates a slow DP link from what it measures (baselines.falcon)."""
 
 ADAPTIVE = ("adaptra", "adaptra-oracle")
 """The systems whose controller re-plans during a run."""
@@ -186,12 +187,16 @@ def system_controller(
     schedule = planner(policy, profile)
     if system == "falcon":
         return FalconController(schedule, profile)
+    run_profile = profile
     if profile_for is not None:
         profile = dataclasses.replace(
             profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms),
             num_delegates=profile.num_delegates,
         )
-    return FixedPlan(Plan(schedule, profile, CommMode(comm), policy=policy))
+    fixed = Plan(schedule, profile, CommMode(comm), policy=policy)
+    if system == "adaptra-cpu":
+        return DelegatingController(fixed, run_profile)
+    return FixedPlan(fixed)
 
 
 def with_delegate_count(profile: Profile, faults: FaultView = NO_FAULTS) -> Profile:

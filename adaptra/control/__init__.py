@@ -1,6 +1,6 @@
 """Adaptra's control plane from measurements: the straggler detector and the controller."""
 
-from adaptra.control.controller import DetectingController
+from adaptra.control.controller import DelegatingController, DetectingController
 from adaptra.control.detector import Belief, LinkDetector, Thresholds
 
-__all__ = ["Belief", "DetectingController", "LinkDetector", "Thresholds"]
+__all__ = ["Belief", "DelegatingController", "DetectingController", "LinkDetector", "Thresholds"]

@@ -7,11 +7,13 @@ when a PP link is found slow, the next iteration runs over the delegates with Ad
 (Algorithm 2, the generator, the search) for the estimated delays; it plans again when the
 slow set changes or an estimate stays past the re-plan margin two iterations in a row, and
 goes back to the initial plan and `direct` once every PP link has recovered. A slow DP ring
-link is believed (in `Plan.believed_ms`, so in every iteration's record) but not planned
-for: what absorbs it is a rank swap that puts it on a PP edge, which this controller does
-not make yet. A route that failed over (the timeline's failovers: the transport's own
-records) keeps the run on the delegates until a restart. Plans are cached per delay vector
-(adaptra.plans), so a return to a delay seen before costs nothing.
+link is moved onto a PP edge by a rank swap (adaptra.control.swaps), where the PP machinery
+above absorbs it. Every belief is in `Plan.believed_ms`, so in every iteration's record.
+`DelegatingController` is Adaptra-CPU: ZB's schedule over the delegates throughout (no
+schedule adaptation), with the same swap for a slow DP link. A route that failed over (the
+timeline's failovers: the transport's own records) keeps the run on the delegates until a
+restart. Plans are cached per delay vector (adaptra.plans), so a return to a delay seen
+before costs nothing.
 
 The run's profile is passed through to every plan untouched (it says what the engine
 injects, e.g. its static delays); the controller itself reads only its op times and link
@@ -20,10 +22,17 @@ model (`Profile.with_delays(())`).
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 from collections.abc import Callable
 
-from adaptra.control.detector import DEFAULT_THRESHOLDS, Belief, LinkDetector, Thresholds
+from adaptra.control.detector import (
+    DEFAULT_THRESHOLDS,
+    Belief,
+    LinkDetector,
+    Thresholds,
+    TimelineMedians,
+)
+from adaptra.control.swaps import DpSwaps
 from adaptra.plans import AdaptraPlans, adaptra_schedule
 from pipeline.engines import Plan
 from pipeline.profile import Profile
@@ -32,7 +41,7 @@ from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import link_name
 
-__all__ = ["DetectingController"]
+__all__ = ["DelegatingController", "DetectingController"]
 
 
 class DetectingController:
@@ -59,30 +68,23 @@ class DetectingController:
         self._moved_before = False
         """Whether the previous belief's estimates had moved past the margin too."""
         self._failed_over = False
-        self._medians_of: dict[int, tuple[Timeline, dict[tuple[str, str, int], float]]] = {}
-        """The detector's medians of the timelines that moved copies repeat, by their id."""
+        self._medians = TimelineMedians(self.detector)
+        self.swaps = DpSwaps(profile.topology)
         self.num_replans = 0
         """How often the planned delays changed (onsets, changes and recoveries)."""
 
     def plan(self, iteration: int) -> Plan:
         delays = self._planned
         comm = CommMode.DELEGATED if any(delays) or self._failed_over else CommMode.DIRECT
-        return self._plans.plan(delays, comm, tuple(sorted(self._detected.items())))
+        plan = self._plans.plan(delays, comm, tuple(sorted(self._detected.items())))
+        return dataclasses.replace(plan, topology=self.swaps.swapped)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         """`timeline`: the iteration's alone (an engine's `Outcome.timeline`)."""
-        source = timeline.repeats or timeline
-        cached = self._medians_of.get(id(source))
-        if cached is None or cached[0] is not source:
-            every = itertools.chain(source.messages, source.dp_messages)
-            cached = (source, self.detector.direction_medians(every))
-            if timeline.repeats is not None:  # it may come again: a simulator's repeat
-                if len(self._medians_of) >= 8:
-                    self._medians_of.pop(next(iter(self._medians_of)))
-                self._medians_of[id(source)] = cached
-        belief = self.detector.believe(iteration, cached[1])
+        belief = self.detector.believe(iteration, self._medians(timeline))
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
+        self.swaps.update(belief)
 
     def _update(self, belief: Belief) -> None:
         estimates = tuple(
@@ -104,3 +106,34 @@ class DetectingController:
     def restarted(self, iteration: int) -> None:
         """The job came back on repaired hardware: no route has failed over any more."""
         self._failed_over = False
+
+
+class DelegatingController:
+    """Adaptra-CPU: one schedule (ZB's) over the delegates in every iteration, and the rank
+    swap that moves a slow DP ring link onto a PP edge (its detector reads the DP ring's
+    messages only: a slow PP link changes nothing here)."""
+
+    name = "delegation"
+
+    def __init__(
+        self, plan: Plan, profile: Profile, *, thresholds: Thresholds = DEFAULT_THRESHOLDS
+    ) -> None:
+        """`plan`: what every iteration runs (its topology aside); `profile`: the run's."""
+        self._plan = plan
+        self.detector = LinkDetector(profile.with_delays(()), thresholds)
+        self._medians = TimelineMedians(self.detector, dp_only=True)
+        self.swaps = DpSwaps(profile.topology)
+        self._detected: tuple[tuple[str, float], ...] = ()
+
+    def plan(self, iteration: int) -> Plan:
+        return dataclasses.replace(
+            self._plan, topology=self.swaps.swapped, believed_ms=self._detected
+        )
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        belief = self.detector.believe(iteration, self._medians(timeline))
+        self._detected = tuple(sorted(belief.detected_ms.items()))
+        self.swaps.update(belief)
+
+    def restarted(self, iteration: int) -> None:
+        pass

@@ -264,11 +264,12 @@ class _Outbound(_Side):
     """The sender delegates of one link direction this trainer sends on."""
 
     def __init__(
-        self, direction: LinkDirection, ports: list[int], args: list[str], folder: str
+        self, direction: LinkDirection, peer: int, ports: list[int], args: list[str], folder: str
     ) -> None:
-        """`ports`: where the receiving side's delegates listen; `args`: what every sender
-        delegate is told after its port (delegate.py's `main`); `folder`: where its slot
-        file goes."""
+        """`peer`: the receiving rank; `ports`: where its delegates listen; `args`: what every
+        sender delegate is told after its port (delegate.py's `main`); `folder`: where its
+        slot file goes."""
+        self.peer = peer
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
@@ -411,23 +412,51 @@ class DelegateTransport:
         self._outbound: dict[LinkDirection, _Outbound] = {}
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
+        self._delegates = delegates
         try:
-            here = ",".join(delegates.nics(setup.rank))
-            ifnames = delegates.ifname_list()
-            listen = [here, delegates.notice_address(setup.rank), ifnames]
-            for direction, peer in setup.inbound:
-                self._inbound[direction] = _Inbound(
-                    direction, peer, setup.num_delegates, listen, setup.slot_dir
-                )
-            mine = {d: inbound.ports(setup.timeout_s) for d, inbound in self._inbound.items()}
-            theirs = setup.exchange(mine)
-            for direction, peer in setup.outbound:
-                args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), here, ifnames]
-                args.append(delegates.notice_address(peer))
-                self._outbound[direction] = _Outbound(
-                    direction, theirs[direction], args, setup.slot_dir
-                )
-            self._wait_ready(setup.timeout_s)
+            self._wire(setup, setup.inbound, setup.outbound)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wire(
+        self,
+        setup: DelegateSetup,
+        inbound: tuple[tuple[LinkDirection, int], ...],
+        outbound: tuple[tuple[LinkDirection, int], ...],
+    ) -> None:
+        """Start the delegates of these link directions, connected to their peers'."""
+        delegates = self._delegates
+        here = ",".join(delegates.nics(setup.rank))
+        ifnames = delegates.ifname_list()
+        listen = [here, delegates.notice_address(setup.rank), ifnames]
+        for direction, peer in inbound:
+            self._inbound[direction] = _Inbound(
+                direction, peer, setup.num_delegates, listen, setup.slot_dir
+            )
+        mine = {d: self._inbound[d].ports(setup.timeout_s) for d, _ in inbound}
+        theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
+        started: list[_Side] = [self._inbound[d] for d, _ in inbound]
+        for direction, peer in outbound:
+            args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), here, ifnames]
+            args.append(delegates.notice_address(peer))
+            self._outbound[direction] = _Outbound(
+                direction, peer, theirs[direction], args, setup.slot_dir
+            )
+            started.append(self._outbound[direction])
+        self._wait_ready(started, setup.timeout_s)
+
+    def rewire(self, setup: DelegateSetup) -> None:
+        peers = {**dict(setup.inbound), **dict(setup.outbound)}
+        for sides in (self._inbound, self._outbound):
+            for direction in [d for d, side in sides.items() if peers.get(d) != side.peer]:
+                sides.pop(direction).close()
+        try:
+            self._wire(
+                setup,
+                tuple((d, p) for d, p in setup.inbound if d not in self._inbound),
+                tuple((d, p) for d, p in setup.outbound if d not in self._outbound),
+            )
         except BaseException:
             self.close()
             raise
@@ -436,10 +465,11 @@ class DelegateTransport:
         """Every link direction this trainer sends or receives on (each has one side)."""
         return {**self._outbound, **self._inbound}
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        """Until every delegate is connected to its peer (and done starting: idle)."""
+    def _wait_ready(self, sides: list[_Side], timeout_s: float) -> None:
+        """Until every delegate of `sides` is connected to its peer (and done starting:
+        idle)."""
         deadline = time.monotonic() + timeout_s
-        for side in self._sides().values():
+        for side in sides:
             for process in side.delegates:
                 if _read_note(process, deadline)[0] != READY:
                     raise ConnectionError(f"the {process.name} did not connect")

@@ -190,11 +190,11 @@ class Failover(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class DelegateSetup:
-    """What a worker's delegates need at start-up: the link directions it sends and receives
-    on, each with its peer rank, D delegates per direction and side, and `exchange`, which
-    swaps the receiving delegates' ports with the neighbours (over the process group): it
-    takes this worker's ports by inbound direction and returns its neighbours' by outbound
-    direction."""
+    """What a worker's delegates are wired to: the link directions it sends and receives on,
+    each with its peer rank, D delegates per direction and side, and `exchange`, which swaps
+    the receiving delegates' ports with the neighbours (over the process group): it takes
+    this worker's ports by inbound direction (the ones being wired) and the outbound
+    directions being wired, and returns the neighbours' ports for those."""
 
     rank: int
     slot_dir: str
@@ -203,7 +203,9 @@ class DelegateSetup:
     outbound: tuple[tuple[LinkDirection, int], ...]
     num_delegates: int
     timeout_s: float
-    exchange: Callable[[dict[LinkDirection, list[int]]], dict[LinkDirection, list[int]]]
+    exchange: Callable[
+        [dict[LinkDirection, list[int]], tuple[LinkDirection, ...]], dict[LinkDirection, list[int]]
+    ]
 
 
 class DelegatedLinks(Protocol):
@@ -241,6 +243,12 @@ class DelegatedLinks(Protocol):
 
     def take_failovers(self) -> list[Failover]:
         """The failovers its delegates noted since the last call, in the order noticed."""
+        ...
+
+    def rewire(self, setup: DelegateSetup) -> None:
+        """Wire to `setup`'s neighbours (a rank swap): a link direction whose peer stays
+        keeps its delegates, one whose peer changed (or that is new) gets new ones, one no
+        longer used is closed; both ends of a changed route do this at once."""
         ...
 
     def close(self) -> None: ...

@@ -134,8 +134,8 @@ class _Worker:
         self.rank, self.num_stages = rank, topology.num_stages
         self.delegates = delegates
         """This worker's delegate processes, if the pool has them (adaptra.transport)."""
-        self._delegate_setup: tuple[DelegateFactory, int, str] | None = None
-        """How its delegates start (a rank swap wires new ones): factory, count, slot folder."""
+        self.delegate_files = (0, "")
+        """Its delegates per link direction and side, and their slot files' folder."""
         self.topology = self._grid = topology
         """The placement played now; `_grid`: the default one (an iteration's None)."""
         self.position = topology.position_of_worker(rank)
@@ -268,20 +268,17 @@ class _Worker:
         self, topology: Topology, config: IterationConfig, transport: DirectTransport
     ) -> StateMove | None:
         """Play `topology` from now on, on every worker at once: the backend regroups, the
-        delegates are wired to the new neighbours, and a worker that plays another position
-        builds it, sends the left one's state to its new player and takes the new one's
-        from its last (a permutation: every mover sends one and takes one). An iteration
-        that starts from the initial state or a checkpoint moves no state. Its record, for
-        a worker that moved."""
+        delegates of each link direction whose peer changed are wired to the new one, and a
+        worker that plays another position builds it, sends the left one's state to its new
+        player and takes the new one's from its last (a permutation: every mover sends one
+        and takes one). An iteration that starts from the initial state or a checkpoint
+        moves no state. Its record, for a worker that moved."""
         start = time.monotonic()
         left, before = self.position, self.topology
         self.compute.regroup(topology)
         self._place(topology)
         if self.delegates is not None:
-            self.delegates.close()
-            self.delegates = None
-            assert self._delegate_setup is not None
-            self.delegates = _start_delegates(self, *self._delegate_setup)
+            self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
         if self.position == left:
             return None
         outgoing = self.compute.export_state()
@@ -599,8 +596,8 @@ def join(
     compute.setup(stage, num_stages, replica, device)
     worker = _Worker(rank, grid, compute, timeout_s)
     if delegates is not None:
-        worker._delegate_setup = (delegates, num_delegates, slot_dir)
-        worker.delegates = _start_delegates(worker, delegates, num_delegates, slot_dir)
+        worker.delegate_files = (num_delegates, slot_dir)
+        worker.delegates = delegates.connect(_delegate_setup(worker, num_delegates, slot_dir))
     return worker
 
 
@@ -615,33 +612,35 @@ def _ports_tag(direction: LinkDirection) -> int:
     return PORTS_TAG + route + (direction.direction == "backward")
 
 
-def _start_delegates(
-    worker: _Worker, factory: DelegateFactory, num_delegates: int, slot_dir: str
-) -> DelegatedLinks:
-    """This worker's delegates, wired to its neighbours': each side starts its receiving
-    delegates, the two swap their ports over the process group, and each starts its sending
-    delegates connected to the other's."""
+def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> DelegateSetup:
+    """What this worker's delegates are wired to: its neighbours under its placement. Their
+    `exchange` swaps ports with the neighbours over the process group: each receiving side
+    sends its delegates' ports, each sending side takes the far end's."""
     directions = worker._directions()
     inbound = tuple((d, peer) for d, peer, receives in directions if receives)
     outbound = tuple((d, peer) for d, peer, receives in directions if not receives)
+    peer_in, peer_out = dict(inbound), dict(outbound)
 
-    def exchange(mine: dict[LinkDirection, list[int]]) -> dict[LinkDirection, list[int]]:
+    def exchange(
+        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, list[int]]:
         works, theirs = [], {}
-        for direction, peer in inbound:
-            ports = torch.tensor(mine[direction], dtype=torch.int64)
-            works.append(dist.isend(ports, dst=peer, tag=_ports_tag(direction)))
-        for direction, peer in outbound:
+        for direction, ports in mine.items():
+            sent = torch.tensor(ports, dtype=torch.int64)
+            works.append(dist.isend(sent, dst=peer_in[direction], tag=_ports_tag(direction)))
+        for direction in wanted:
             theirs[direction] = torch.zeros(num_delegates, dtype=torch.int64)
-            works.append(dist.irecv(theirs[direction], src=peer, tag=_ports_tag(direction)))
+            works.append(
+                dist.irecv(theirs[direction], src=peer_out[direction], tag=_ports_tag(direction))
+            )
         for work in works:
             if work is not None:
                 work.wait()
         return {d: [int(p) for p in ports] for d, ports in theirs.items()}
 
-    setup = DelegateSetup(
+    return DelegateSetup(
         worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange
     )
-    return factory.connect(setup)
 
 
 def worker_main(

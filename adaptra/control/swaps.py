@@ -1,0 +1,40 @@
+"""Adaptra and a slow DP ring link: it moves the link onto a PP edge, where its schedule and
+delegates absorb it (the paper's section 5: a DP straggler costs every bucket of the
+all-reduce, a PP one only what the schedule cannot hide).
+
+A DP ring link the detector believes slow joins two hosts under the placement in force; the
+next iteration runs a placement where those two hosts are PP neighbours instead
+(`Topology.dp_pair_onto_pp`, the rank swap both Adaptra and Falcon use): the slow pair then
+carries a PP link of the lower replica, which the detector sees slow from the iteration
+after, and the controller plans for like any slow PP link. At most one swap per iteration,
+for the slowest DP link believed; the placement stays after the link recovers (swapping
+back costs another state transfer and gains nothing while the pair is a PP edge).
+"""
+
+from __future__ import annotations
+
+from adaptra.control.detector import Belief
+from pipeline.topology import Link, LinkKind, Topology
+
+__all__ = ["DpSwaps"]
+
+
+class DpSwaps:
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        """The placement the next iteration runs."""
+        self.num_swaps = 0
+
+    def update(self, belief: Belief) -> None:
+        slow = [Link.parse(name) for name in belief.slow]
+        slow_dp = [link for link in slow if link.kind is LinkKind.DP]
+        if not slow_dp or self.topology.num_stages < 2:
+            return
+        slowest = max(slow_dp, key=lambda link: (belief.extra_ms[str(link)], link))
+        self.topology = self.topology.dp_pair_onto_pp(slowest)
+        self.num_swaps += 1
+
+    @property
+    def swapped(self) -> Topology | None:
+        """The placement, once it is not the default one (None before any swap)."""
+        return self.topology if self.num_swaps else None
