@@ -1,13 +1,15 @@
-"""Fig. 18 so far: ZB against Falcon with a slow DP ring link, in the simulator at 7B (DP 2 x
-PP 4, the frozen cost model) and in emulated runs scaled to this machine.
+"""Fig. 18: a slow DP ring link under ZB (no mitigation), Falcon, Adaptra-CPU and Adaptra, in
+the simulator at 7B (DP 2 x PP 4, the frozen cost model) and in emulated runs scaled to this
+machine, next to the calibrated simulator's prediction of those runs.
 
-A delay of 10, 20 or 30 ms per message on stage 1's ring link (dp1:0-1) from measured
-iteration 3 on (a fault: Falcon needs a healthy baseline to see the change); printed: the
-median step (pipeline plus all-reduce) over the last 10 iterations (of 30 in sim, 20
-emulated), and when Falcon climbed. Adaptra-CPU and Adaptra do not move a slow DP link
-yet (no column).
+7B: a delay of 10, 20 or 30 ms per message on stage 1's ring link (dp1:0-1) from measured
+iteration 3 on, 30 iterations; printed: the median step (pipeline plus all-reduce) over the
+last 10. Emulated: the Fig. 18 test's setting (tests/harness/test_fig18.py: PP 4 x DP 2, 2 ms
+ops, 24 chunks per DP link direction), one run per system with the delay at 10, 20, then 30
+ms for 6 iterations each; printed: the median of each phase's last 3 steps, the calibrated
+simulator's for the same run, and their ratio; and the longest step (the swap's).
 
-Run: python benchmarks/bench_fig18.py [--emulated-iterations 20]
+Run: python benchmarks/bench_fig18.py [--calibration HOST.json]
 """
 
 from __future__ import annotations
@@ -15,57 +17,87 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from baselines.falcon import FalconController
 from harness.policies import SYSTEMS, system_controller
-from harness.runner import run_configuration
+from harness.runner import RuntimeEngines, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
+from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 
-PAPER_S = {"zb": {10: 1.87, 20: 2.79, 30: 3.94}, "falcon": {10: 0.64, 20: 0.86, 30: 1.10}}
-EMULATED = Profile.uniform(
-    4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
-    allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+PROFILE = Profile.uniform(
+    4, 8, 2, 2, 2, message_bytes=4096, num_replicas=2,
+    allreduce_bytes=1_500_000, dp_bucket_bytes=125_000,
 )  # fmt: skip
-"""The tests' scaled setting: 48 chunks per DP link direction against 16 PP messages."""
-
-
-def _steps(system: str, profile: Profile, delay_ms: int, backend: str, n: int) -> tuple:
-    faults = parse_yaml(f'[{{start_iteration: 3, links: ["dp1:0-1"], delay_ms: {delay_ms}}}]')
-    controller = system_controller(system, profile, faults)
-    delegated = SYSTEMS[system][1] == "delegated"
-    result = run_configuration(
-        controller, backend=backend, num_iterations=n, faults=faults, delegated=delegated
+"""The Fig. 18 test's setting (tests/harness/test_fig18.py)."""
+PHASES = ((10, 2, 8), (20, 8, 14), (30, 14, 20))
+"""(delay ms, first, end) measured iterations on dp1:0-1."""
+FAULTS = parse_yaml(
+    "["
+    + ", ".join(
+        f'{{start_iteration: {a}, end_iteration: {b}, links: ["dp1:0-1"], delay_ms: {d}}}'
+        for d, a, b in PHASES
     )
-    steps = [t + s for t, s in zip(result.iteration_times_ms, result.step_times_ms, strict=True)]
-    climbs = controller.climbs if isinstance(controller, FalconController) else []
-    return statistics.median(steps[-10:]), climbs
+    + "]"
+)
+
+SYSTEM_NAMES = ("zb", "falcon", "adaptra-cpu", "adaptra")
+PAPER_S = {
+    "zb": (1.87, 2.79, 3.94),
+    "falcon": (0.64, 0.86, 1.10),
+    "adaptra-cpu": (0.54, 0.63, 0.71),
+    "adaptra": (0.53, 0.55, 0.56),
+}
+
+
+def _seven_b(system: str, delay_ms: int) -> float:
+    profile = model_cost(MODELS["gpt2-7b-dp2"]).profile
+    faults = parse_yaml(f'[{{start_iteration: 3, links: ["dp1:0-1"], delay_ms: {delay_ms}}}]')
+    run = run_configuration(system_controller(system, profile, faults), num_iterations=30,
+                            faults=faults)  # fmt: skip
+    return statistics.median(run.wall_times_ms[-10:])
+
+
+def _phases(system: str, backend: str, host: HostCosts, engines: RuntimeEngines) -> tuple:
+    """The median step of each phase's last 3 iterations, and the longest step."""
+    run = run_configuration(
+        system_controller(system, PROFILE, FAULTS),
+        backend=backend,
+        num_iterations=PHASES[-1][2],
+        faults=FAULTS,
+        **(
+            {"host": host}
+            if backend == "sim"
+            else {"engines": engines, "delegated": SYSTEMS[system][1] == "delegated"}
+        ),
+    )
+    steps = run.wall_times_ms
+    return [statistics.median(steps[end - 3 : end]) for _, _, end in PHASES], max(steps)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--emulated-iterations", type=int, default=20)
+    parser.add_argument("--calibration", help="this host's costs (adaptra-bench calibrate)")
     args = parser.parse_args()
-    seven_b = model_cost(MODELS["gpt2-7b-dp2"]).profile
-    print("| engine | delay | ZB s (paper) | Falcon s (paper) | Falcon's climbs |")
+    host = HostCosts.from_file(args.calibration) if args.calibration else FREE
+    print("| sim 7B | 10 ms s (paper) | 20 ms s (paper) | 30 ms s (paper) |")
+    print("|---|---|---|---|")
+    for system in SYSTEM_NAMES:
+        cells = [
+            f"{_seven_b(system, d) / 1000:.3f} ({p})"
+            for d, p in zip((10, 20, 30), PAPER_S[system], strict=True)
+        ]
+        print(f"| {system} | " + " | ".join(cells) + " |", flush=True)
+    print()
+    print("| emulated | 10 ms: ms (sim, ratio) | 20 ms | 30 ms | longest step ms |")
     print("|---|---|---|---|---|")
-    for engine, profile, n in (
-        ("sim 7B", seven_b, 30),
-        ("emulated", EMULATED, args.emulated_iterations),
-    ):
-        backend = "sim" if engine.startswith("sim") else "emulated"
-        for delay in (10, 20, 30):
-            zb, _ = _steps("zb", profile, delay, backend, n)
-            falcon, climbs = _steps("falcon", profile, delay, backend, n)
-            paper = f" ({PAPER_S['zb'][delay]})", f" ({PAPER_S['falcon'][delay]})"
-            if backend == "emulated":
-                paper = ("", "")
-            shown = ", ".join(f"{level.name.lower()} after iteration {k}" for k, level in climbs)
-            print(
-                f"| {engine} | {delay} ms | {zb / 1000:.3f}{paper[0]} | "
-                f"{falcon / 1000:.3f}{paper[1]} | {shown or 'none'} |",
-                flush=True,
-            )
+    with RuntimeEngines() as engines:
+        for system in SYSTEM_NAMES:
+            measured, longest = _phases(system, "emulated", host, engines)
+            predicted, _ = _phases(system, "sim", host, engines)
+            cells = [
+                f"{m:.0f} ({p:.0f}, {m / p:.2f})" for m, p in zip(measured, predicted, strict=True)
+            ]
+            print(f"| {system} | " + " | ".join(cells) + f" | {longest:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""What a rank swap costs in the runtimes: the model state moved and the swap's time.
+
+PP 2 x DP 2 (4 workers), 1F1B, 4 microbatches; the placement `dp_pair_onto_pp(dp0:0-1)`
+from measured iteration 2 on (worker 2, stage 0 of replica 1, and worker 1, stage 1 of
+replica 0, trade places). Per configuration: the state each mover sent, the swap's time
+(from its start to its end on the slower mover: regroup, delegates, build, state exchange),
+and the swap iteration's time against the median of the others. megatron: the tiny and
+small GPT presets over direct; emulated: no state, over direct and over delegates (whose
+link directions with a new peer get new delegates).
+
+Run: python benchmarks/bench_swap.py [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+
+from baselines import one_f_one_b
+from harness.runner import RuntimeEngines, fixed_plan, run_configuration
+from pipeline.engines import Plan
+from pipeline.profile import Profile
+from pipeline.simulator import CommMode
+from pipeline.timeline import Timeline
+from pipeline.topology import Link, Topology
+
+SWAP_AT, NUM_ITERATIONS = 2, 5
+
+
+@dataclasses.dataclass
+class _SwapAt:
+    profile: Profile
+    comm: CommMode
+    name: str = "swap"
+    fixed: Plan = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fixed = fixed_plan(one_f_one_b(self.profile), self.profile, self.comm).fixed
+
+    def plan(self, iteration: int) -> Plan:
+        swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+        return dataclasses.replace(self.fixed, topology=swapped if iteration > SWAP_AT else None)
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        pass
+
+    def restarted(self, iteration: int) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print("| backend | model / comm | state sent per mover (MiB) | swap ms | swap iteration ms "
+          "| other iterations ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    settings = [
+        ("megatron", "tiny", CommMode.DIRECT),
+        ("megatron", "small", CommMode.DIRECT),
+        ("emulated", None, CommMode.DIRECT),
+        ("emulated", None, CommMode.DELEGATED),
+    ]
+    with RuntimeEngines() as engines:
+        for backend, model, comm in settings:
+            profile = Profile.uniform(2, 4, 2, 2, 2, num_replicas=2, num_delegates=2)
+            if backend == "emulated":
+                profile = dataclasses.replace(profile, message_bytes=1 << 16)
+            swap_ms, swap_iteration_ms, others_ms, sent = [], [], [], set()
+            for _ in range(args.repeats):
+                run = run_configuration(
+                    _SwapAt(profile, comm),
+                    backend=backend,
+                    model=model,
+                    num_iterations=NUM_ITERATIONS,
+                    engines=engines,
+                    delegated=comm is CommMode.DELEGATED,
+                )
+                assert run.timeline is not None
+                swaps = run.timeline.swaps
+                sent |= {r.num_bytes for r in swaps}
+                swap_ms.append(max(r.end_ms for r in swaps) - min(r.start_ms for r in swaps))
+                times = run.wall_times_ms
+                swap_iteration_ms.append(times[SWAP_AT])
+                others_ms += [t for k, t in enumerate(times) if k != SWAP_AT]
+            mib = ", ".join(f"{b / (1 << 20):.3f}" for b in sorted(sent))
+            print(
+                f"| {backend} | {model or 'none'} / {comm.value} | {mib} | "
+                f"{statistics.median(swap_ms):.1f} | {statistics.median(swap_iteration_ms):.1f} | "
+                f"{statistics.median(others_ms):.1f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
