@@ -7,7 +7,8 @@ iteration 3 on, 30 iterations; printed: the median step (pipeline plus all-reduc
 last 10. Emulated: the Fig. 18 test's setting (tests/harness/test_fig18.py: PP 4 x DP 2, 2 ms
 ops, 24 chunks per DP link direction), one run per system with the delay at 10, 20, then 30
 ms for 6 iterations each; printed: the median of each phase's last 3 steps, the calibrated
-simulator's for the same run, and their ratio; and the longest step (the swap's).
+simulator's for the same run, and their ratio; and the longest step (the swap's). Last, the
+healthy DP ring's step at PP 1, 2 and 4 x DP 2, emulated and predicted.
 
 Run: python benchmarks/bench_fig18.py [--calibration HOST.json]
 """
@@ -74,6 +75,26 @@ def _phases(system: str, backend: str, host: HostCosts, engines: RuntimeEngines)
     return [statistics.median(steps[end - 3 : end]) for _, _, end in PHASES], max(steps)
 
 
+def _healthy_steps(host: HostCosts, engines: RuntimeEngines) -> None:
+    """The healthy step (the DP ring's, 48 chunks of 62.5 kB per link direction) at PP 1, 2
+    and 4 x DP 2: emulated (median of 8) against the calibrated simulator."""
+    print("| PP x DP | emulated step ms | calibrated sim step ms |")
+    print("|---|---|---|")
+    for stages in (1, 2, 4):
+        profile = Profile.uniform(
+            stages, 8, 2, 2, 2, message_bytes=4096, num_replicas=2,
+            allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+        )  # fmt: skip
+        steps = {}
+        for backend in ("emulated", "sim"):
+            run = run_configuration(
+                system_controller("1f1b", profile), backend=backend, num_iterations=8,
+                **({"host": host} if backend == "sim" else {"engines": engines}),
+            )  # fmt: skip
+            steps[backend] = statistics.median(run.step_times_ms)
+        print(f"| {stages} x 2 | {steps['emulated']:.1f} | {steps['sim']:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", help="this host's costs (adaptra-bench calibrate)")
@@ -98,6 +119,8 @@ def main() -> None:
                 f"{m:.0f} ({p:.0f}, {m / p:.2f})" for m, p in zip(measured, predicted, strict=True)
             ]
             print(f"| {system} | " + " | ".join(cells) + f" | {longest:.0f} |", flush=True)
+        print()
+        _healthy_steps(host, engines)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from pipeline.engines import Controller, Engine, check_plan
+from pipeline.engines import Action, Controller, Engine, check_plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import Metrics, compute_metrics
@@ -84,14 +84,15 @@ class RunResult:
     """Iterations the engine did not compute again: the same plan and faults as an earlier
     one (the simulator; per-message draws rule it out)."""
     restarts: int = 0
-    """Checkpoint-restarts after link or NIC failures."""
+    """Checkpoint-restarts: after link or NIC failures, and those a controller asked for."""
     lost_iterations: int = 0
     """Iterations run again after restarts (they are in the times too)."""
     restart_wall_ms: float = 0.0
     """Measured: the harness's time restarting engines (closing and starting pools)."""
     restart_model_ms: float = 0.0
     """Modelled: per restart, the failed iteration up to its failure, the detection timeout
-    (sim) and the configured restart cost (harness.loop.Recovery)."""
+    (sim) and the configured restart cost (harness.loop.Recovery); a restart a controller
+    asked for, the configured restart cost."""
     decisions: tuple[IterationDecision, ...] = ()
     """One per measured iteration run, as the times."""
 
@@ -174,7 +175,10 @@ def run_loop(
     """A link failure in a measured iteration restarts the job from its last checkpoint on
     repaired hardware: the iterations since are lost and run again (they count in the
     times); the failed iteration costs `restart_model_ms` (its time to the failure, the
-    detection timeout in sim, the configured restart cost)."""
+    detection timeout in sim, the configured restart cost). A plan whose action is
+    `Action.RESTART` (a controller's choice, in a measured iteration) restarts the same way
+    before that iteration runs, on hardware without the failures and slow links in force
+    (the restart leaves them out), at the configured restart cost."""
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     view: FaultView = AfterWarmup(faults, num_warmup_iterations)
@@ -187,9 +191,22 @@ def run_loop(
     remembered: dict[int, Metrics] = {}
     checkpoint = num_warmup_iterations
     k = 0
+    asked = False
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
+        if plan.action is Action.RESTART:
+            if k < num_warmup_iterations or asked:
+                raise ConfigError(
+                    f"controller {controller.name} asked for a restart at iteration {k}: "
+                    + ("in the warm-up" if not asked else "again, before any iteration ran")
+                )
+            _restart(engine, restarts, recovery, None, lost=k - checkpoint)
+            view = view.repaired(k, stragglers=True)
+            controller.restarted(k)
+            k, asked = checkpoint, True
+            continue
+        asked = False
         topology = plan.topology or plan.profile.topology
         digest = k == total - 1 and engine.capabilities.trains
         # A checkpoint is the state after iteration k: the end of the warm-up, then every
@@ -254,12 +271,19 @@ def run_loop(
 
 
 def _restart(
-    engine: Engine, restarts: _Restarts, recovery: Recovery, failure: LinkFailure, lost: int
+    engine: Engine,
+    restarts: _Restarts,
+    recovery: Recovery,
+    failure: LinkFailure | None,
+    lost: int,
 ) -> None:
+    """`failure`: what failed (None: a controller asked for the restart)."""
     started = time.monotonic()
     engine.restart()
     restarts.wall_ms += (time.monotonic() - started) * 1000.0
     restarts.count += 1
     restarts.lost_iterations += lost
-    detection_ms = recovery.failure_timeout_ms if engine.name == "sim" else 0.0
-    restarts.model_ms += (failure.at_ms or 0.0) + detection_ms + recovery.restart_ms
+    restarts.model_ms += recovery.restart_ms
+    if failure is not None:
+        detection_ms = recovery.failure_timeout_ms if engine.name == "sim" else 0.0
+        restarts.model_ms += (failure.at_ms or 0.0) + detection_ms

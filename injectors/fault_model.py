@@ -330,9 +330,12 @@ class FaultModel:
             e.effect.down for events in self._in_force(iteration, topology).values() for e in events
         )
 
-    def repaired(self, iteration: int) -> FaultModel:
-        """Without the failures that started by `iteration` (the failed hardware replaced)."""
+    def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultModel:
+        """Without the failures that started by `iteration` (the failed hardware replaced);
+        `stragglers`: without every event that started by then (slow hardware too)."""
         kept = tuple(
-            e for e in self.events if not (e.effect.down and e.start_iteration <= iteration)
+            e
+            for e in self.events
+            if not ((e.effect.down or stragglers) and e.start_iteration <= iteration)
         )
         return dataclasses.replace(self, events=kept)

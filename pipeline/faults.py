@@ -83,9 +83,11 @@ class FaultView(Protocol):
         """A failure is in force at `iteration`."""
         ...
 
-    def repaired(self, iteration: int) -> FaultView:
+    def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultView:
         """The same faults with every failure that started by `iteration` cleared: the
-        failed hardware replaced (a checkpoint-restart resumes on healthy hardware)."""
+        failed hardware replaced (a checkpoint-restart resumes on healthy hardware);
+        `stragglers`: every slow link and NIC that started by then too (a restart that a
+        controller asked for, to leave the slow hardware out)."""
         ...
 
 
@@ -119,7 +121,7 @@ class NoFaults:
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         return False
 
-    def repaired(self, iteration: int) -> NoFaults:
+    def repaired(self, iteration: int, *, stragglers: bool = False) -> NoFaults:
         return self
 
 
@@ -149,5 +151,6 @@ class AfterWarmup:
             iteration - self.num_warmup, topology
         )
 
-    def repaired(self, iteration: int) -> AfterWarmup:
-        return AfterWarmup(self.faults.repaired(iteration - self.num_warmup), self.num_warmup)
+    def repaired(self, iteration: int, *, stragglers: bool = False) -> AfterWarmup:
+        repaired = self.faults.repaired(iteration - self.num_warmup, stragglers=stragglers)
+        return AfterWarmup(repaired, self.num_warmup)

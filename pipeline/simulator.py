@@ -114,8 +114,8 @@ def simulate(
     modes = [[comm, comm] for _ in range(num_stages - 1)]
     for override in link_comms:
         modes[override.link.first][_DIRECTIONS.index(override.direction)] = override.comm
-    if all(mode is CommMode.IDEAL for pair in modes for mode in pair):
-        host = FREE
+    if comm is CommMode.IDEAL and all(mode is CommMode.IDEAL for pair in modes for mode in pair):
+        host = FREE  # (a one-stage pipeline has no PP link, and its ring its host's costs)
     op_overhead_ms = host.op_overhead_ms
     send_ms = host.send_ms(profile.message_bytes)
     lag_ms = host.receive_lag_for_ms(profile.message_bytes)

@@ -14,15 +14,18 @@ Mitigation, from the lowest level up: ignore -> rebalance microbatches across th
 -> change the topology so that the slow DP link becomes a PP link (a rank swap:
 `Topology.dp_pair_onto_pp`) -> checkpoint-restart. Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
-less the baseline) reaches the next level's cost, then climbs. Two levels are not available
-yet, and the ladder skips them: rebalancing (the engines run equal microbatch counts per
-replica only) and the restart (the harness restarts a job after a link failure, not on a
-controller's request; `Action.RESTART` is not carried out).
+less the baseline) reaches the next level's cost, then climbs. Rebalancing is not available
+yet (the engines run equal microbatch counts per replica only), and the ladder skips it. The
+restart is a plan with `Action.RESTART`: the harness restarts the job from its last
+checkpoint on hardware without the slow link (harness.loop), and Falcon starts afresh.
 
-The cost it assumes (`FalconCosts.for_profile`) of the swap: the two swapped workers' model
+The costs it assumes (`FalconCosts.for_profile`): the swap, the two swapped workers' model
 state over the DP link (mixed-precision Adam: 16 bytes per parameter, 8 x the 2-byte
 gradient the profile's `allreduce_bytes` counts, both ways at once), plus one healthy
-iteration for the groups to re-form.
+iteration for the groups to re-form; the restart, the work a restart loses on average (half
+a checkpoint interval of healthy iterations: `checkpoint_every`, the harness's default 500)
+plus the cluster's restart time (`restart_overhead_ms`, default 0: not modelled, as the
+harness's `Recovery.restart_ms`).
 
 Falcon runs on ZeroBubble (`falcon` = ZB's schedule over the direct path, as in the paper's
 comparison); the swap is a placement (every engine runs one: pipeline.topology).
@@ -35,7 +38,7 @@ import enum
 
 from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
 from baselines.falcon.profiling import dp_link_times_ms, suspect_dp_links
-from pipeline.engines import Plan
+from pipeline.engines import Action, Plan
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -61,16 +64,29 @@ class FalconCosts:
     """What each level costs once, in ms (None: not available here, see the module)."""
 
     swap_ms: float
+    restart_ms: float
 
     @classmethod
-    def for_profile(cls, profile: Profile, healthy_iteration_ms: float) -> FalconCosts:
+    def for_profile(
+        cls,
+        profile: Profile,
+        healthy_iteration_ms: float,
+        *,
+        checkpoint_every: int = 500,
+        restart_overhead_ms: float = 0.0,
+    ) -> FalconCosts:
         """The module's assumptions for `profile` (the swap moves the largest stage's state)."""
         state_bytes = STATE_BYTES_PER_GRADIENT_BYTE * max(profile.allreduce_bytes, default=0)
         transfer_ms = profile.dp_wire_ms(state_bytes) - profile.link_latency_ms
-        return cls(swap_ms=transfer_ms + healthy_iteration_ms)
+        lost_ms = checkpoint_every / 2 * healthy_iteration_ms
+        return cls(
+            swap_ms=transfer_ms + healthy_iteration_ms,
+            restart_ms=lost_ms + restart_overhead_ms,
+        )
 
     def of(self, level: Level) -> float | None:
-        return {Level.IGNORE: 0.0, Level.SWAP: self.swap_ms}.get(level)
+        costs = {Level.IGNORE: 0.0, Level.SWAP: self.swap_ms, Level.RESTART: self.restart_ms}
+        return costs.get(level)
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,6 +126,8 @@ class FalconController:
         self.straggler: _Straggler | None = None
         self.climbs: list[tuple[int, Level]] = []
         """(iteration, level) of every climb, in order."""
+        self._restart = False
+        """The next plan asks for a restart."""
 
     def plan(self, iteration: int) -> Plan:
         believed: tuple[tuple[str, float], ...] = ()
@@ -120,6 +138,7 @@ class FalconController:
             self.profile,
             CommMode.DIRECT,
             topology=self.topology,
+            action=Action.RESTART if self._restart else Action.RUN,
             policy="zb",
             believed_ms=believed,
         )
@@ -147,6 +166,7 @@ class FalconController:
         """On repaired hardware: the default placement, nothing known to be slow."""
         self.topology = self.profile.topology
         self.straggler, self._suspect, self._slower = None, None, False
+        self._restart = False
         self._changes = ChangePointDetector(self._changes.config)
 
     def _detect(self, changed: bool, suspects: set[str], times: dict[str, float]) -> None:
@@ -184,4 +204,6 @@ class FalconController:
             self.climbs.append((iteration, level))
             if level is Level.SWAP:
                 self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
+            if level is Level.RESTART:
+                self._restart = True
             return

@@ -168,8 +168,5 @@ def check_plan(engine: Engine, plan: Plan) -> None:
                 f"comm {comm.value!r} is not available in the {engine.name} engine yet; "
                 f"it runs {valid}"
             )
-    if plan.action is not Action.RUN:
-        raise ConfigError(
-            f"a controller cannot {plan.action.value} the {engine.name} engine yet (the loop "
-            "restarts it after a link failure)"
-        )
+    if plan.action is Action.RESTART and not capabilities.restarts:
+        raise ConfigError(f"the {engine.name} engine cannot restart")

@@ -2,6 +2,7 @@
 yet), in sim and in real worker processes alike. The scaled Table 3 trace runs in both
 engines below (with ZB-H2 too in benchmarks/bench_restarts.py)."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,11 @@ import pytest
 from baselines import one_f_one_b, zb_h2
 from harness.loop import Recovery
 from harness.runner import RuntimeEngines, fixed_plan, run_configuration
-from injectors.fault_files import load_faults, parse_trace
+from injectors.fault_files import load_faults, parse_trace, parse_yaml
+from pipeline.engines import Action, Plan
+from pipeline.errors import ConfigError
 from pipeline.profile import Profile
+from pipeline.timeline import Timeline
 
 PRESETS = Path(__file__).parents[2] / "harness" / "presets"
 
@@ -97,3 +101,52 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
     assert failed.losses[:3] + failed.losses[4:] == pytest.approx(healthy.losses, rel=0, abs=0)
     assert failed.losses[3] == failed.losses[2]  # iteration 2 again, from the same state
     assert failed.params_sha256 == healthy.params_sha256 != ""
+
+
+@dataclasses.dataclass
+class _RestartAt:
+    """A fixed plan that asks for one restart at iteration `at` (or `again` times there)."""
+
+    plan_: Plan
+    at: int
+    again: int = 1
+    name: str = "restarter"
+    restarted_at: list[int] = dataclasses.field(default_factory=list)
+
+    def plan(self, iteration: int) -> Plan:
+        if iteration == self.at and len(self.restarted_at) < self.again:
+            return dataclasses.replace(self.plan_, action=Action.RESTART)
+        return self.plan_
+
+    def observe(self, iteration: int, timeline: Timeline) -> None:
+        pass
+
+    def restarted(self, iteration: int) -> None:
+        self.restarted_at.append(iteration)
+
+
+def test_a_restart_a_controller_asks_for_leaves_the_slow_link_out() -> None:
+    """40 ms on link 0-1 from measured iteration 0; the controller asks for a restart before
+    the run's iteration 3 (measured 2): the job comes back from its checkpoint (the end of the
+    warm-up) on hardware without the slow link, and iterations 0-3 run again, healthy; the
+    restart costs the configured 5 s."""
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    faults = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 40}]')
+    controller = _RestartAt(fixed_plan(one_f_one_b(profile), profile).fixed, at=3)
+    result = run_configuration(
+        controller, num_iterations=4, faults=faults, recovery=Recovery(restart_ms=5000.0)
+    )
+    assert controller.restarted_at == [3]
+    assert (result.restarts, result.lost_iterations, result.restart_model_ms) == (1, 2, 5000.0)
+    assert result.iterations == (0, 1, 0, 1, 2, 3)
+    slow, healthy = result.iteration_times_ms[0], result.iteration_times_ms[2]
+    assert slow > healthy and result.iteration_times_ms[2:] == (healthy,) * 4
+
+
+def test_a_restart_asked_for_in_the_warm_up_or_twice_in_a_row_is_refused() -> None:
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    plan = fixed_plan(one_f_one_b(profile), profile).fixed
+    with pytest.raises(ConfigError, match="restart at iteration 0: in the warm-up"):
+        run_configuration(_RestartAt(plan, at=0), num_iterations=2)
+    with pytest.raises(ConfigError, match="again, before any iteration ran"):
+        run_configuration(_RestartAt(plan, at=1, again=2), num_iterations=2)

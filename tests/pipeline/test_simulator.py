@@ -172,6 +172,19 @@ def test_host_costs_in_direct_mode() -> None:
     )
 
 
+def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
+    """No PP link, but a DP ring: the host's costs hold for its messages as with stages."""
+    host = HostCosts(send_fixed_ms=0.2, receive_lag_ms=0.3)
+    steps = []
+    for num_stages in (1, 2):
+        profile = Profile.uniform(num_stages, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=2000,
+                                  dp_bucket_bytes=1000)  # fmt: skip
+        timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=host)
+        steps.append(timeline.iterations[0].step_time_ms)
+    # 2 buckets x 2 ring steps, each a send (0.2 ms) and the receiver's lag (0.3 ms).
+    assert steps == [pytest.approx(2.0), pytest.approx(2.0)]
+
+
 @given(profiles(), st.sampled_from(BUILDERS), st.sampled_from(["direct", "delegated"]))
 def test_host_costs_only_ever_add_time(profile: Profile, build, comm: str) -> None:
     schedule = build(profile)

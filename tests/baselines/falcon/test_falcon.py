@@ -4,6 +4,8 @@ slow pair on a PP edge (simulator, and one emulated run with real processes swap
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from baselines.falcon import FalconController, FalconCosts, Level
@@ -25,7 +27,11 @@ SWAPPED = Topology(4, 2).dp_pair_onto_pp(Link.parse("dp1:0-1"))
 
 
 def _run(
-    end_iteration: int, num_iterations: int, swap_ms: float, backend: str = "sim"
+    end_iteration: int,
+    num_iterations: int,
+    swap_ms: float,
+    backend: str = "sim",
+    restart_ms: float = math.inf,
 ) -> tuple[RunResult, FalconController]:
     faults = parse_yaml(
         f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["dp1:0-1"], '
@@ -33,7 +39,8 @@ def _run(
     )
     controller = system_controller("falcon", PROFILE, faults)
     assert isinstance(controller, FalconController)
-    controller = FalconController(controller.schedule, PROFILE, FalconCosts(swap_ms=swap_ms))
+    costs = FalconCosts(swap_ms=swap_ms, restart_ms=restart_ms)
+    controller = FalconController(controller.schedule, PROFILE, costs)
     result = run_configuration(
         controller, backend=backend, num_iterations=num_iterations, faults=faults
     )
@@ -60,6 +67,24 @@ def test_a_long_dp_fault_is_ignored_until_the_time_lost_pays_for_a_swap() -> Non
         system_controller("zb", PROFILE, faults), num_iterations=14, faults=faults
     )
     assert _with_step(zb)[8:] == [times[3]] * 6  # no mitigation
+
+
+def test_a_fault_the_swap_leaves_costly_is_restarted_away() -> None:
+    """The long fault again, the restart at 1,000 ms: after the swap each iteration still
+    loses to the baseline (the slow pair is a PP link now), and once that adds up to the
+    restart's cost Falcon asks for it: the harness restarts the job from its checkpoint (the
+    end of the warm-up) on hardware without the slow link; the lost iterations run again,
+    healthy, on the default placement."""
+    result, falcon = _run(40, 16, swap_ms=2000.0, restart_ms=1000.0)
+    # Climbs as it saw the run's iterations 8 and 13 (the warm-up first): measured 7, 12.
+    assert falcon.climbs == [(8, Level.SWAP), (13, Level.RESTART)]
+    assert (result.restarts, result.lost_iterations) == (1, 13)  # measured 0-12 again
+    assert falcon.topology == PROFILE.topology and falcon.straggler is None
+    times = _with_step(result)
+    healthy, swapped = times[0], times[8:13]
+    assert sum(t - healthy for t in swapped) >= 1000.0 > sum(t - healthy for t in swapped[:4])
+    assert len(times) == 13 + 16 and times[13:] == [healthy] * 16
+    assert result.iterations == (*range(13), *range(16))
 
 
 def test_a_short_dp_fault_is_only_ignored() -> None:
@@ -96,7 +121,12 @@ def test_the_costs_it_assumes() -> None:
     costs = FalconCosts.for_profile(PROFILE, healthy_iteration_ms=100.0)
     assert costs.of(Level.IGNORE) == 0.0
     assert costs.of(Level.REBALANCE) is None  # unequal microbatch counts are not run yet
-    assert costs.of(Level.RESTART) is None  # the loop restarts after link failures only
+    # half of 500 iterations lost on average, no restart overhead unless configured
+    assert costs.of(Level.RESTART) == pytest.approx(250 * 100.0)
+    slow_restart = FalconCosts.for_profile(
+        PROFILE, healthy_iteration_ms=100.0, checkpoint_every=10, restart_overhead_ms=60_000.0
+    )
+    assert slow_restart.restart_ms == pytest.approx(5 * 100.0 + 60_000.0)
     # 8 x 750 kB of model state per stage over the DP link (no bandwidth set: free), plus
     # one healthy iteration
     assert costs.of(Level.SWAP) == pytest.approx(100.0)

@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 
 from baselines import one_f_one_b
-from pipeline.engines import Action, Plan, check_plan
+from pipeline.engines import Action, Capabilities, Plan, check_plan
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, MessageFault
@@ -61,8 +61,15 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
     check_plan(SimEngine(), delegated)
     with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
         check_plan(RuntimeEngine("emulated", 2), delegated)
-    with pytest.raises(ConfigError, match="cannot restart"):
-        check_plan(SimEngine(), dataclasses.replace(delegated, action=Action.RESTART))
+    restart = dataclasses.replace(delegated, action=Action.RESTART)
+    check_plan(SimEngine(), restart)
+
+    class _NoRestarts:
+        name = "frozen"
+        capabilities = Capabilities(comms=frozenset(CommMode))
+
+    with pytest.raises(ConfigError, match="the frozen engine cannot restart"):
+        check_plan(_NoRestarts(), restart)  # type: ignore[arg-type]
     swapped = dataclasses.replace(
         delegated, comm=CommMode.DIRECT, topology=Topology(2).swapped(Position(0), Position(1))
     )
