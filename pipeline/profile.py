@@ -19,7 +19,7 @@ from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 from pipeline.topology import Link, Topology
 
-__all__ = ["Profile"]
+__all__ = ["STATE_BYTES_PER_GRADIENT_BYTE", "Profile"]
 
 _REQUIRED_KEYS = ("stages", "microbatches", "t_f", "t_b", "t_w")
 _OPTIONAL_KEYS = (
@@ -93,6 +93,10 @@ def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], .
         if checked:
             delays[link] = checked
     return tuple(sorted(delays.items()))
+
+
+STATE_BYTES_PER_GRADIENT_BYTE = 8
+"""Mixed-precision Adam: 16 bytes of state per parameter against its 2-byte gradient."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -290,6 +294,13 @@ class Profile:
     def dp_delay_for(self, link: Link) -> float:
         """The static delay of each message on DP link `link`."""
         return dict(self.dp_delay_ms).get(link, 0.0)
+
+    def state_bytes(self, stage: int) -> int:
+        """The training state a stage's worker holds, as the cost model assumes it: mixed-
+        precision Adam's 16 bytes per parameter (fp16 weight and gradient, fp32 master
+        weight, momentum and variance), 8 x the stage's 2-byte gradient (`allreduce_bytes`).
+        What a rank swap moves (the simulator; Falcon's swap cost)."""
+        return STATE_BYTES_PER_GRADIENT_BYTE * self.allreduce_bytes[stage]
 
     def dp_wire_ms(self, num_bytes: int) -> float:
         """Latency plus serialisation time of one DP message of `num_bytes`."""

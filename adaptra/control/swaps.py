@@ -6,9 +6,12 @@ A DP ring link the detector believes slow joins two hosts under the placement in
 next iteration runs a placement where those two hosts are PP neighbours instead
 (`Topology.dp_pair_onto_pp`, the rank swap both Adaptra and Falcon use): the slow pair then
 carries a PP link of the lower replica, which the detector sees slow from the iteration
-after, and the controller plans for like any slow PP link. At most one swap per iteration,
-for the slowest DP link believed; the placement stays after the link recovers (swapping
-back costs another state transfer and gains nothing while the pair is a PP edge).
+after, and the controller plans for like any slow PP link. A swap moves model state, so it
+waits for the same DP link to be the slowest believed in two iterations in a row (one
+iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
+under a new placement, does not move anything); at most one swap per iteration; the
+placement stays after the link recovers (swapping back costs another state transfer and
+gains nothing while the pair is a PP edge).
 """
 
 from __future__ import annotations
@@ -24,15 +27,22 @@ class DpSwaps:
         self.topology = topology
         """The placement the next iteration runs."""
         self.num_swaps = 0
+        self._slowest: Link | None = None
+        """The slowest DP link of the last belief (under the placement in force)."""
 
     def update(self, belief: Belief) -> None:
         slow = [Link.parse(name) for name in belief.slow]
         slow_dp = [link for link in slow if link.kind is LinkKind.DP]
         if not slow_dp or self.topology.num_stages < 2:
+            self._slowest = None
             return
         slowest = max(slow_dp, key=lambda link: (belief.extra_ms[str(link)], link))
+        if slowest != self._slowest:
+            self._slowest = slowest
+            return
         self.topology = self.topology.dp_pair_onto_pp(slowest)
         self.num_swaps += 1
+        self._slowest = None
 
     @property
     def swapped(self) -> Topology | None:

@@ -47,10 +47,6 @@ from pipeline.topology import Link, Topology
 
 __all__ = ["FalconController", "FalconCosts", "Level"]
 
-STATE_BYTES_PER_GRADIENT_BYTE = 8
-"""Mixed-precision Adam: fp16 weight and gradient, fp32 master weight, momentum and
-variance: 16 bytes per parameter, against the 2 of its gradient."""
-
 
 class Level(enum.IntEnum):
     IGNORE = 0
@@ -76,7 +72,7 @@ class FalconCosts:
         restart_overhead_ms: float = 0.0,
     ) -> FalconCosts:
         """The module's assumptions for `profile` (the swap moves the largest stage's state)."""
-        state_bytes = STATE_BYTES_PER_GRADIENT_BYTE * max(profile.allreduce_bytes, default=0)
+        state_bytes = max((profile.state_bytes(s) for s in range(profile.num_stages)), default=0)
         transfer_ms = profile.dp_wire_ms(state_bytes) - profile.link_latency_ms
         lost_ms = checkpoint_every / 2 * healthy_iteration_ms
         return cls(

@@ -1,4 +1,6 @@
-"""The `sim` engine: the event-driven simulator, one iteration after another on one clock."""
+"""The `sim` engine: the event-driven simulator, one iteration after another on one clock.
+A change of placement (a rank swap) starts its iteration with the swap, timed by the cost
+model (`_swap_records`)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ from typing import Any
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
+from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import Timeline
+from pipeline.timeline import SwapRecord, Timeline
+from pipeline.topology import Topology
 
 __all__ = ["SimEngine"]
 
@@ -31,6 +35,8 @@ class SimEngine(Closing):
         """The link directions whose delegates moved to another NIC (until a restart)."""
         self._validated: set[int] = set()
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
+        self._placement: Topology | None = None
+        """The placement the last iteration ran (None: none ran yet)."""
 
     def run(
         self,
@@ -45,8 +51,17 @@ class SimEngine(Closing):
         that iteration again, moved to now (`Outcome.same_as`)."""
         if iteration == 0:
             self._clock_ms, self._failed_over = 0.0, frozenset()
+        placement = plan.topology or plan.profile.topology
+        before, self._placement = self._placement, placement
+        swaps: tuple[SwapRecord, ...] = ()
+        if iteration > 0 and before is not None and before.workers != placement.workers:
+            swaps = _swap_records(plan.profile, before, placement, iteration, self._clock_ms)
+        iteration_start_ms = self._clock_ms
+        if swaps:
+            self._clock_ms = max(r.end_ms for r in swaps)
         faults_key = faults.cache_key()
-        key = None if faults_key is None else (plan, faults_key, self._failed_over)
+        # A swap's iteration is its own: no later one repeats it (nor its metrics).
+        key = None if faults_key is None or swaps else (plan, faults_key, self._failed_over)
         cached = None if key is None else self._cache.get(key)
         if cached is not None:
             timeline = cached[1].moved(iteration, self._clock_ms)
@@ -70,15 +85,59 @@ class SimEngine(Closing):
                 if len(self._cache) >= _CACHED_ITERATIONS:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[key] = (plan, timeline, iteration)
+        if swaps:  # the iteration starts with its swap: its time is in the iteration's
+            (record,) = timeline.iterations
+            timeline = Timeline(
+                timeline.num_stages,
+                timeline.ops,
+                timeline.messages,
+                (record._replace(start_ms=iteration_start_ms),),
+                timeline.failovers,
+                timeline.dp_messages,
+                swaps,
+            )
         self._clock_ms = timeline.iterations[0].end_ms
         moved = {(f.replica, f.link, f.direction) for f in timeline.failovers}
         self._failed_over = self._failed_over | moved
         return Outcome(timeline, same_as=same_as)
 
     def restart(self) -> None:
-        """Nothing to restart but the NICs: the clock goes on, on repaired hardware."""
+        """Nothing to restart but the NICs: the clock goes on, on repaired hardware (whose
+        processes start on the default placement)."""
         self._failed_over = frozenset()
+        self._placement = None
 
     def close(self) -> None:
         self._validated.clear()
         self._cache.clear()
+
+
+def _swap_records(
+    profile: Profile, before: Topology, after: Topology, iteration: int, start_ms: float
+) -> tuple[SwapRecord, ...]:
+    """A rank swap as the runtimes make it, timed by the cost model: every worker that plays
+    another position sends the left one's training state (`Profile.state_bytes`) to its new
+    player over a DP link and takes its new one's, all at once; the swap lasts as long as
+    the largest transfer (`Profile.dp_wire_ms`)."""
+    moves = []
+    for index in range(after.num_positions):
+        position = after.position(index)
+        worker = after.worker(position)
+        left = before.position_of_worker(worker)
+        if left != position:
+            moves.append((left, position, profile.state_bytes(left.stage)))
+    end_ms = start_ms + max(profile.dp_wire_ms(num_bytes) for _, _, num_bytes in moves)
+    return tuple(
+        SwapRecord(
+            iteration,
+            0,
+            left.stage,
+            left.replica,
+            to.stage,
+            to.replica,
+            num_bytes,
+            start_ms,
+            end_ms,
+        )
+        for left, to, num_bytes in moves
+    )

@@ -206,3 +206,18 @@ def test_the_delegates_are_wired_anew_at_a_swap() -> None:
     ]  # no state in the emulated compute
     record = timeline.iterations[2]
     assert all(record.start_ms <= r.start_ms < r.end_ms <= record.end_ms for r in swaps)
+
+
+def test_a_swap_costs_its_own_iteration_only_in_sim() -> None:
+    """With the state transfer timed (8 x 1 MB over 8 Gbit/s: 8 ms), the swap's iteration is
+    8 ms longer and no later iteration repeats it (the simulator's reuse of identical
+    iterations leaves it out)."""
+    profile = dataclasses.replace(DP_PROFILE, allreduce_bytes=(1_000_000, 1_000_000),
+                                  dp_bandwidth_gbps=8.0)  # fmt: skip
+    run = run_configuration(
+        _SwapAt(3, profile, DP_SWAPPED), num_iterations=6, num_warmup_iterations=0
+    )
+    times = run.iteration_times_ms
+    assert times[3] == pytest.approx(times[2] + 8.0)
+    assert times[:3] == (times[0],) * 3 and times[4:] == (times[2],) * 2
+    assert run.reused_iterations == 3  # 1 and 2 repeat 0, 5 repeats 4 (not the swap's 3)

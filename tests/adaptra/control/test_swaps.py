@@ -20,17 +20,25 @@ def _belief(extra_ms: dict[str, float], slow: set[str]) -> Belief:
     return Belief(0, extra_ms, frozenset(slow))
 
 
-def test_the_slowest_dp_link_believed_becomes_a_pp_edge_once_per_iteration() -> None:
+def test_the_slowest_dp_link_believed_twice_in_a_row_becomes_a_pp_edge() -> None:
     swaps = DpSwaps(Topology(4, 2))
-    swaps.update(_belief({"1-2": 30.0, "dp0:0-1": 1.0}, {"1-2"}))  # PP links stay put
+    for _ in range(2):
+        swaps.update(_belief({"1-2": 30.0, "dp0:0-1": 1.0}, {"1-2"}))  # PP links stay put
     assert swaps.swapped is None and swaps.num_swaps == 0
-    swaps.update(_belief({"dp1:0-1": 20.0, "dp3:0-1": 25.0, "0-1": 0.0}, {"dp1:0-1", "dp3:0-1"}))
+    both = _belief({"dp1:0-1": 20.0, "dp3:0-1": 25.0, "0-1": 0.0}, {"dp1:0-1", "dp3:0-1"})
+    swaps.update(both)
+    assert swaps.swapped is None  # once is not enough
+    swaps.update(both)
     # The slowest (stage 3's, the last: its replica-1 host moves to stage 2 of replica 0).
     first = Topology(4, 2).swapped(Position(3, 1), Position(2, 0))
     assert swaps.swapped == first and swaps.num_swaps == 1
     a, b = first.hosts_of(Link.pp(2, 0))
     assert {a, b} == set(Topology(4, 2).hosts_of(Link.parse("dp3:0-1")))
     swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))  # the next one, from there
+    swaps.update(_belief({"dp1:0-1": 0.0}, set()))  # ... had gone
+    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))
+    assert swaps.num_swaps == 1
+    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))
     assert swaps.swapped == first.dp_pair_onto_pp(Link.parse("dp1:0-1")) and swaps.num_swaps == 2
     swaps.update(_belief({"dp1:0-1": 0.0}, set()))
     assert swaps.num_swaps == 2  # it stays after the link recovers

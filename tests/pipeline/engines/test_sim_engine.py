@@ -82,3 +82,30 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
         check_plan(RuntimeEngine("emulated", 2), mixed)
     check_plan(RuntimeEngine("megatron", 2, trains=True), swapped)
+
+
+def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_gives() -> None:
+    """PP 2 x DP 2, 1 MB of gradient per stage, DP links at 8 Gbit/s: a swap of two workers
+    moves 8 MB of training state each way (mixed-precision Adam), 8 ms, before the
+    iteration's first op; the iteration after it is the plain one again."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=1_000_000, dp_bandwidth_gbps=8.0
+    )
+    swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DIRECT)
+    engine = SimEngine()
+    times, swaps = [], []
+    for k, topology in enumerate((None, None, swapped, swapped)):
+        outcome = engine.run(dataclasses.replace(plain, topology=topology), k, NO_FAULTS)
+        times.append(compute_metrics(outcome.timeline, k).iteration_time_ms)
+        swaps.append(outcome.timeline.swaps)
+        if k == 2:
+            assert outcome.same_as is None  # not iteration 1 again: it has the swap
+            first_op = min(r.start_ms for r in outcome.timeline.ops)
+    assert swaps[:2] == [(), ()] and swaps[3] == ()
+    moved = sorted((r.stage_from, r.replica_from, r.stage_to, r.replica_to) for r in swaps[2])
+    assert moved == [(0, 1, 1, 0), (1, 0, 0, 1)]
+    assert {r.num_bytes for r in swaps[2]} == {8_000_000}
+    (start, end) = {(r.start_ms, r.end_ms) for r in swaps[2]}.pop()
+    assert end - start == pytest.approx(8.0) and first_op == pytest.approx(end)
+    assert times[2] == pytest.approx(times[1] + 8.0) and times[3] == pytest.approx(times[1])
