@@ -42,16 +42,23 @@ DP_EVENTS = parse_yaml(
 
 
 def _dp_beliefs(result: RunResult) -> str:
-    """The DP ring links the controller believed slow, as runs of measured iterations."""
-    runs: list[tuple[str, int, int]] = []
-    for k, decision in enumerate(result.decisions):
+    """The DP ring links the controller believed slow, as runs of measured iterations (after
+    a restart the lost iterations run again: "again")."""
+    runs: list[tuple[str, int, int, int]] = []
+    rerun, last = 0, -1
+    for k, decision in zip(result.iterations, result.decisions, strict=True):
+        rerun, last = rerun + (k <= last), k
         for name in sorted(n for n in decision.detected_ms if n.startswith("dp")):
-            match = next((i for i, r in enumerate(runs) if r[0] == name and r[2] == k - 1), None)
+            match = next(
+                (i for i, r in enumerate(runs) if r[:1] == (name,) and r[2:] == (k - 1, rerun)),
+                None,
+            )
             if match is None:
-                runs.append((name, k, k))
+                runs.append((name, k, k, rerun))
             else:
-                runs[match] = (name, runs[match][1], k)
-    return ", ".join(f"{name} {a}-{b}" for name, a, b in runs) or "none"
+                runs[match] = (name, runs[match][1], k, rerun)
+    shown = [f"{name} {a}-{b}" + (" again" if again else "") for name, a, b, again in runs]
+    return ", ".join(shown) or "none"
 
 
 def main() -> None:

@@ -175,7 +175,7 @@ class FalconController:
         if not self._slower or not suspects:
             self._suspect = None
             return
-        slowest = max(suspects, key=times.__getitem__)
+        slowest = max(sorted(suspects), key=times.__getitem__)  # ties: the first by name
         if slowest != self._suspect:
             self._suspect = slowest
             return
