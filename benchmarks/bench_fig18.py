@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
+from pathlib import Path
 
 from harness.policies import SYSTEMS, system_controller
 from harness.runner import RuntimeEngines, run_configuration
@@ -25,21 +27,8 @@ from pipeline.cost_model import MODELS, model_cost
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 
-PROFILE = Profile.uniform(
-    4, 8, 2, 2, 2, message_bytes=4096, num_replicas=2,
-    allreduce_bytes=1_500_000, dp_bucket_bytes=125_000,
-)  # fmt: skip
-"""The Fig. 18 test's setting (tests/harness/test_fig18.py)."""
-PHASES = ((10, 2, 8), (20, 8, 14), (30, 14, 20))
-"""(delay ms, first, end) measured iterations on dp1:0-1."""
-FAULTS = parse_yaml(
-    "["
-    + ", ".join(
-        f'{{start_iteration: {a}, end_iteration: {b}, links: ["dp1:0-1"], delay_ms: {d}}}'
-        for d, a, b in PHASES
-    )
-    + "]"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' setting, shared
+from tests.harness.test_fig18 import FAULTS, PHASES, PROFILE
 
 SYSTEM_NAMES = ("zb", "falcon", "adaptra-cpu", "adaptra")
 PAPER_S = {
