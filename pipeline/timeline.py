@@ -7,8 +7,8 @@ trace exporter and one Gantt chart serve them all.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
@@ -19,6 +19,7 @@ __all__ = [
     "IterationRecord",
     "MessageRecord",
     "OpRecord",
+    "PerSource",
     "SwapRecord",
     "Timeline",
 ]
@@ -378,3 +379,28 @@ class _Moved(Timeline):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Timeline, self._fields())
+
+
+_T = TypeVar("_T")
+
+
+class PerSource(Generic[_T]):
+    """`of(timeline)` for one-iteration timelines, computed once per timeline that moved
+    copies repeat (`Timeline.repeats`: a simulator's repeated iterations), for what depends
+    on the records' times alone, not on when they were; the last few kept."""
+
+    def __init__(self, of: Callable[[Timeline], _T], keep: int = 8) -> None:
+        self._of, self._keep = of, keep
+        self._cache: dict[int, tuple[Timeline, _T]] = {}
+
+    def __call__(self, timeline: Timeline) -> _T:
+        source = timeline.repeats or timeline
+        cached = self._cache.get(id(source))
+        if cached is not None and cached[0] is source:
+            return cached[1]
+        value = self._of(source)
+        if timeline.repeats is not None:  # it may come again
+            if len(self._cache) >= self._keep:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[id(source)] = (source, value)
+        return value

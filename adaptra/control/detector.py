@@ -41,7 +41,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 from pipeline.profile import Profile
-from pipeline.timeline import MessageRecord, Timeline
+from pipeline.timeline import MessageRecord, PerSource, Timeline
 from pipeline.topology import link_name
 
 __all__ = ["DEFAULT_THRESHOLDS", "Belief", "LinkDetector", "Thresholds", "TimelineMedians"]
@@ -153,22 +153,16 @@ class LinkDetector:
 class TimelineMedians:
     """A detector's `direction_medians` of an iteration's timeline: of its PP and DP messages
     (or its DP ones only), computed once per timeline that moved copies repeat (a
-    simulator's repeated iterations)."""
+    simulator's repeated iterations: `pipeline.timeline.PerSource`)."""
 
     def __init__(self, detector: LinkDetector, *, dp_only: bool = False) -> None:
-        self._detector, self._dp_only = detector, dp_only
-        self._of: dict[int, tuple[Timeline, dict[tuple[str, str, int], float]]] = {}
+        def medians(source: Timeline) -> dict[tuple[str, str, int], float]:
+            messages: Iterable[MessageRecord] = source.dp_messages
+            if not dp_only:
+                messages = itertools.chain(source.messages, messages)
+            return detector.direction_medians(messages)
+
+        self._medians = PerSource(medians)
 
     def __call__(self, timeline: Timeline) -> dict[tuple[str, str, int], float]:
-        source = timeline.repeats or timeline
-        cached = self._of.get(id(source))
-        if cached is None or cached[0] is not source:
-            messages: Iterable[MessageRecord] = source.dp_messages
-            if not self._dp_only:
-                messages = itertools.chain(source.messages, messages)
-            cached = (source, self._detector.direction_medians(messages))
-            if timeline.repeats is not None:  # it may come again
-                if len(self._of) >= 8:
-                    self._of.pop(next(iter(self._of)))
-                self._of[id(source)] = cached
-        return cached[1]
+        return self._medians(timeline)

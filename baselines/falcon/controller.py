@@ -42,7 +42,7 @@ from pipeline.engines import Action, Plan
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
-from pipeline.timeline import Timeline
+from pipeline.timeline import PerSource, Timeline
 from pipeline.topology import Link, Topology
 
 __all__ = ["FalconController", "FalconCosts", "Level"]
@@ -114,6 +114,8 @@ class FalconController:
         self._model = profile.with_delays(())
         self._costs = costs
         self._changes = ChangePointDetector(changes)
+        self._link_times = PerSource(lambda t: dp_link_times_ms(self._model, t.dp_messages))
+        """Each DP link's profiled time in an iteration's timeline (its own, one iteration)."""
         self.topology: Topology = profile.topology
         self._suspect: str | None = None
         """The slowest suspect link of the last iteration, to be validated."""
@@ -143,9 +145,7 @@ class FalconController:
         (record,) = timeline.iterations[-1:]
         iteration_ms = record.end_ms - record.start_ms
         changed = self._changes.update(iteration_ms)
-        times = dp_link_times_ms(
-            self._model, (m for m in timeline.dp_messages if m.iteration == iteration)
-        )
+        times = self._link_times(timeline)
         suspects = suspect_dp_links(times)
         straggler = self.straggler
         if straggler is None:
@@ -200,6 +200,6 @@ class FalconController:
             self.climbs.append((iteration, level))
             if level is Level.SWAP:
                 self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
-            if level is Level.RESTART:
+            elif level is Level.RESTART:
                 self._restart = True
             return
