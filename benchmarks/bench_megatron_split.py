@@ -25,7 +25,7 @@ from pipeline.runtime.megatron.stage import StageRunner
 def _measure(model_name: str, repeats: int) -> tuple[float, float, float]:
     preset = get_preset(model_name)
     runner = StageRunner(build_whole_model(preset, seed=0))
-    _, labels = microbatch_tokens(preset, 0, 0, 0)
+    _, labels = microbatch_tokens(preset, 0, 0)
     x = torch.randn(preset.message_shape(), generator=torch.Generator().manual_seed(1))
     fused, b_times, w_times = [], [], []
     for k in range(repeats + 2):  # two warm-ups

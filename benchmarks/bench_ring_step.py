@@ -4,8 +4,10 @@ runtime's own ring step (BENCHMARKS.md, Fig. 18).
 
 Two processes, chunks of 62.5 kB; each step both send their chunk and wait for the other's.
 Printed per process: the cost of posting one `irecv` (us), a bare step (receives posted two
-ahead, waited on by the main thread; us) and a step whose receives a thread per bucket of two
-waits on, handing each over through an event (us). Medians of `--repeats` runs of 200 steps.
+ahead, waited on by the main thread; us), a step whose receives a thread per bucket of two
+waits on, handing each over through an event (us), and one whose receives one thread for
+the whole ring waits on, fed each bucket's as they are posted (us). Medians of `--repeats`
+runs of 200 steps.
 
 Run: python benchmarks/bench_ring_step.py [--repeats 5]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import statistics
 import tempfile
 import threading
@@ -70,12 +73,48 @@ def _threaded(peer: int, out: torch.Tensor) -> float:
     return (time.perf_counter() - start) / NUM_STEPS * 1e6
 
 
+def _one_thread(peer: int, out: torch.Tensor) -> float:
+    """One receiver thread for the whole ring, fed each bucket's receives as they are
+    posted (a bucket ahead), waiting on them in order."""
+    feed: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run() -> None:
+        while (item := feed.get()) is not None:
+            work, event = item
+            work.wait()
+            event.set()
+
+    def post(bucket: int) -> list[threading.Event]:
+        events = []
+        for k in range(2):
+            event = threading.Event()
+            feed.put((dist.irecv(_chunk(), src=peer, tag=7000 + 2 * bucket + k), event))
+            events.append(event)
+        return events
+
+    start = time.perf_counter()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    num_buckets = NUM_STEPS // 2
+    upcoming = post(0)
+    for bucket in range(num_buckets):
+        events = upcoming
+        if bucket + 1 < num_buckets:
+            upcoming = post(bucket + 1)
+        for k, event in enumerate(events):
+            dist.send(out, dst=peer, tag=7000 + 2 * bucket + k)
+            event.wait()
+    feed.put(None)
+    thread.join()
+    return (time.perf_counter() - start) / NUM_STEPS * 1e6
+
+
 def _worker(rank: int, init_file: str, repeats: int, results: Queue) -> None:
     torch.set_num_threads(1)
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     peer, out = 1 - rank, torch.zeros(CHUNK_BYTES, dtype=torch.uint8)
-    posts, bare, threaded = [], [], []
+    posts, bare, threaded, one = [], [], [], []
     for _ in range(repeats):
         dist.barrier()
         start = time.perf_counter()
@@ -89,7 +128,9 @@ def _worker(rank: int, init_file: str, repeats: int, results: Queue) -> None:
         bare.append(_bare(peer, out))
         dist.barrier()
         threaded.append(_threaded(peer, out))
-    results.put((rank, *(statistics.median(v) for v in (posts, bare, threaded))))
+        dist.barrier()
+        one.append(_one_thread(peer, out))
+    results.put((rank, *(statistics.median(v) for v in (posts, bare, threaded, one))))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -110,10 +151,11 @@ def main() -> None:
         rows = sorted(results.get() for _ in workers)
         for worker in workers:
             worker.join()
-    print("| process | irecv post us | bare step us | step with a receiver thread per bucket us |")
-    print("|---|---|---|---|")
-    for rank, post, bare, threaded in rows:
-        print(f"| {rank} | {post:.0f} | {bare:.0f} | {threaded:.0f} |")
+    print("| process | irecv post us | bare step us | step, a receiver thread per bucket us "
+          "| step, one receiver thread us |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for rank, post, bare, threaded, one in rows:
+        print(f"| {rank} | {post:.0f} | {bare:.0f} | {threaded:.0f} | {one:.0f} |")
 
 
 if __name__ == "__main__":

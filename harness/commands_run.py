@@ -225,6 +225,7 @@ def run(
                         "detected_ms": decision.detected_ms,
                         "policy": decision.policy or label,
                         "comm": decision.comm,
+                        "microbatches": decision.microbatches,
                     }
                     for index, time_ms, decision in zip(
                         result.iterations, result.iteration_times_ms, result.decisions, strict=True

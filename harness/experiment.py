@@ -285,6 +285,7 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             "bubble_ratio": bubble,
             "detected_ms": json.dumps(decision.detected_ms, sort_keys=True),
             "link_comms": json.dumps(decision.comm, sort_keys=True),
+            "microbatches": decision.microbatches,
         }
         for index, time_ms, step_ms, bubble, comm, loss, decision in zip(
             result.iterations,

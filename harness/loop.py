@@ -56,6 +56,9 @@ class IterationDecision:
     """The policy that made the iteration's schedule (empty: the run's)."""
     comm: dict[str, str]
     """Each PP link's comm mode: "direct", "delegated" (or "ideal")."""
+    microbatches: str = ""
+    """How the global batch was split over the DP replicas where unevenly (a rebalance),
+    e.g. "12+4" (`ReplicaSchedules`); empty: equally."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -247,7 +250,12 @@ def run_loop(
         bubbles.append(metrics.bubble_ratio)
         comms.append(plan.comm)
         decisions.append(
-            IterationDecision(dict(plan.believed_ms), plan.policy, plan.comm_by_link())
+            IterationDecision(
+                dict(plan.believed_ms),
+                plan.policy,
+                plan.comm_by_link(),
+                "" if plan.replica_schedules is None else str(plan.replica_schedules),
+            )
         )
         if outcome.loss is not None:
             losses.append(outcome.loss)

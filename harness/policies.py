@@ -186,7 +186,7 @@ def system_controller(
         )
     schedule = planner(policy, profile)
     if system == "falcon":
-        return FalconController(schedule, profile)
+        return FalconController(schedule, profile, planner=functools.partial(planner, policy))
     run_profile = profile
     if profile_for is not None:
         profile = dataclasses.replace(

@@ -14,6 +14,7 @@ from pipeline.errors import DeadlockError, MemoryLimitError, ScheduleError
 from pipeline.ops import MEMORY_DELTA, Op, OpKind
 
 __all__ = [
+    "ReplicaSchedules",
     "Schedule",
     "check_memory",
     "peak_memory",
@@ -73,6 +74,40 @@ class Schedule:
         return "\n".join(
             f"stage {i}: {' '.join(map(str, ops))}" for i, ops in enumerate(self.stages)
         )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReplicaSchedules:
+    """The schedule of each DP replica where the global batch is split unevenly over them (a
+    rebalance): replica r runs `schedules[r]`, on the global batch's microbatches
+    `offset(r)` to `offset(r) + counts[r] - 1` (its op `F0` is microbatch `offset(r)`)."""
+
+    schedules: tuple[Schedule, ...]
+
+    def __post_init__(self) -> None:
+        if not self.schedules:
+            raise ScheduleError("replica schedules need at least one replica's")
+        stages = {s.num_stages for s in self.schedules}
+        if len(stages) > 1:
+            raise ScheduleError(f"replica schedules with different stage counts {sorted(stages)}")
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Each replica's microbatch count."""
+        return tuple(s.num_microbatches for s in self.schedules)
+
+    @property
+    def num_microbatches(self) -> int:
+        """The global batch's."""
+        return sum(self.counts)
+
+    def offset(self, replica: int) -> int:
+        """The global index of replica `replica`'s first microbatch."""
+        return sum(self.counts[:replica])
+
+    def __str__(self) -> str:
+        """E.g. "5+3": the microbatch counts, replica 0's first."""
+        return "+".join(map(str, self.counts))
 
 
 def _check_coverage(stage_idx: int, ops: Sequence[Op], num_microbatches: int) -> None:

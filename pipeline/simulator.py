@@ -19,7 +19,7 @@ from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule, validate_schedule
+from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link
 
@@ -83,6 +83,7 @@ def simulate(
     faults: IterationFaults = NO_FAULTS,
     link_comms: Sequence[LinkComm] = (),
     failed_over: frozenset[tuple[int, str, str]] = frozenset(),
+    replica_schedules: ReplicaSchedules | None = None,
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms`. `comm` is every
     link direction's mode but those `link_comms` give another (modes mixed per direction).
@@ -104,11 +105,24 @@ def simulate(
     its delegates are busy `host.failover_ms` from the message's send, and it and the
     direction's later messages go over the other NIC, where the failed route's faults are
     not (the timeline's `failovers`). `failed_over`: the (replica, link, direction)s that
-    moved in an earlier iteration (no cost again)."""
-    num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
+    moved in an earlier iteration (no cost again). `replica_schedules`: each replica's own
+    schedule on its share of the global batch (unequal microbatch counts; None: every
+    replica runs `schedule`)."""
+    num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
+    if replica_schedules is None:
+        counts = (profile.num_microbatches,) * num_replicas
+    else:
+        counts = replica_schedules.counts
+        if len(counts) != num_replicas:
+            raise ScheduleError(f"{len(counts)} replica schedules for {num_replicas} replicas")
+
+    def schedule_of(replica: int) -> Schedule:
+        return schedule if replica_schedules is None else replica_schedules.schedules[replica]
+
     if validate:
-        validate_schedule(schedule, num_stages, num_microbatches)
+        for replica in range(num_replicas):
+            validate_schedule(schedule_of(replica), num_stages, counts[replica])
     comm = CommMode(comm)
     # modes[link][direction]: how that link direction's messages go.
     modes = [[comm, comm] for _ in range(num_stages - 1)]
@@ -140,23 +154,21 @@ def simulate(
 
     def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
         """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
+        stages = schedule_of(replica).stages
+        count = counts[replica]
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
         moved = {(link, d) for r, link, d in failed_over if r == replica}
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
         # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
-        fwd_arrival: list[list[float | None]] = [
-            [None] * num_microbatches for _ in range(num_stages)
-        ]
-        bwd_arrival: list[list[float | None]] = [
-            [None] * num_microbatches for _ in range(num_stages)
-        ]
-        for m in range(num_microbatches):
+        fwd_arrival: list[list[float | None]] = [[None] * count for _ in range(num_stages)]
+        bwd_arrival: list[list[float | None]] = [[None] * count for _ in range(num_stages)]
+        for m in range(count):
             fwd_arrival[0][m] = start_ms
         # in_flight[direction][i][m]: the fields of the message of m to stage i (0 fwd, 1 bwd),
         # from its send on; the op that takes it in fills in `needed_ms`.
         in_flight: list[list[list[list[Any]]]] = [
-            [[[]] * num_microbatches for _ in range(num_stages)] for _ in range(2)
+            [[[]] * count for _ in range(num_stages)] for _ in range(2)
         ]
         free_at = [start_ms] * num_stages
         position = [0] * num_stages
@@ -165,7 +177,7 @@ def simulate(
         pending = list(range(num_stages - 1, -1, -1))
         while pending:
             stage_idx = pending.pop()
-            ops = schedule.stages[stage_idx]
+            ops = stages[stage_idx]
             free = free_at[stage_idx]
             pos = position[stage_idx]
             notify = []
@@ -285,7 +297,6 @@ def simulate(
 
     op_records, messages, free_at = run_replica(0)
     stage_ends = [free_at]
-    num_replicas = profile.num_replicas
     affected = [
         faults is not NO_FAULTS
         and any(faults.affects(Link.pp(i, k)) for i in range(num_stages - 1))
@@ -293,7 +304,7 @@ def simulate(
     ]
     replica_ops, replica_messages = [], []
     for k in range(1, num_replicas):
-        if affected[0] or affected[k]:  # its own faults: its own timing
+        if affected[0] or affected[k] or schedule_of(k) != schedule_of(0):  # its own timing
             ops_k, messages_k, free_k = run_replica(k)
             replica_ops += ops_k
             replica_messages += messages_k

@@ -4,28 +4,36 @@ run's own measurements and climbs its mitigation ladder by the ski-rental rule.
 Detection, from what a real system measures (never the fault model or `fault_ms`):
 1. a change in iteration time (baselines.falcon.changepoint) to a level at least 10 % above
    the one before;
-2. per-group profiling of that iteration: the DP ring links slower than 1.1 x the median
-   link (baselines.falcon.profiling);
+2. per-group profiling of that iteration: the DP ring links and each replica's PP links
+   slower than 1.1 x the median link of their kind (baselines.falcon.profiling);
 3. validation: the same link the slowest suspect again in the next iteration (while no new
    change has said otherwise; a noisy iteration only delays it). Then the straggler is
    known, and so is the baseline (the mean iteration time before the change).
 
 Mitigation, from the lowest level up: ignore -> rebalance microbatches across the DP groups
 -> change the topology so that the slow DP link becomes a PP link (a rank swap:
-`Topology.dp_pair_onto_pp`) -> checkpoint-restart. Ski rental: it stays on a level until the
+`Topology.dp_pair_onto_pp`) -> checkpoint-restart. A level is there for the stragglers it
+helps: a rebalance for a slow PP link (it slows its replica's pipeline, and a replica with
+fewer microbatches finishes sooner; a slow DP link holds every replica in the ring alike),
+where the replicas' per-microbatch times differ (a PP link slow in every replica leaves
+nothing to move), the swap for a slow DP link. Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
-less the baseline) reaches the next level's cost, then climbs. Rebalancing is not available
-yet (the engines run equal microbatch counts per replica only), and the ladder skips it. The
-restart is a plan with `Action.RESTART`: the harness restarts the job from its last
-checkpoint on hardware without the slow link (harness.loop), and Falcon starts afresh.
+less the baseline) reaches the next level's cost, then climbs. The rebalance gives each
+replica its share of the global batch by min max_i m_i t_i (baselines.falcon.rebalance;
+t_i: its per-microbatch time in the iteration that climbed, at least one microbatch per
+stage each), each replica its own schedule of the policy for its count
+(`Plan.replica_schedules`), until the link is no longer suspect; then the equal split
+again. The restart is a plan with `Action.RESTART`: the harness restarts the job from its
+last checkpoint on hardware without the slow link (harness.loop), and Falcon starts afresh.
 
-The costs it assumes (`FalconCosts.for_profile`): the swap, the two swapped workers' model
-state over the DP link (mixed-precision Adam: 16 bytes per parameter, 8 x the 2-byte
-gradient the profile's `allreduce_bytes` counts, both ways at once), plus one healthy
-iteration for the groups to re-form; the restart, the work a restart loses on average (half
-a checkpoint interval of healthy iterations: `checkpoint_every`, the harness's default 500)
-plus the cluster's restart time (`restart_overhead_ms`, default 0: not modelled, as the
-harness's `Recovery.restart_ms`).
+The costs it assumes (`FalconCosts.for_profile`): the rebalance, one healthy iteration (the
+data loaders re-partitioned and the schedules re-made; no state moves); the swap, the two
+swapped workers' model state over the DP link (mixed-precision Adam: 16 bytes per
+parameter, 8 x the 2-byte gradient the profile's `allreduce_bytes` counts, both ways at
+once), plus one healthy iteration for the groups to re-form; the restart, the work a
+restart loses on average (half a checkpoint interval of healthy iterations:
+`checkpoint_every`, the harness's default 500) plus the cluster's restart time
+(`restart_overhead_ms`, default 0: not modelled, as the harness's `Recovery.restart_ms`).
 
 Falcon runs on ZeroBubble (`falcon` = ZB's schedule over the direct path, as in the paper's
 comparison); the swap is a placement (every engine runs one: pipeline.topology).
@@ -35,15 +43,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 
 from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
-from baselines.falcon.profiling import dp_link_times_ms, suspect_dp_links
+from baselines.falcon.profiling import (
+    dp_link_times_ms,
+    per_microbatch_ms,
+    pp_link_times_ms,
+    suspect_links,
+)
+from baselines.falcon.rebalance import rebalance
 from pipeline.engines import Action, Plan
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule
+from pipeline.schedule import ReplicaSchedules, Schedule
 from pipeline.simulator import CommMode
 from pipeline.timeline import PerSource, Timeline
-from pipeline.topology import Link, Topology
+from pipeline.topology import Link, LinkKind, Topology
 
 __all__ = ["FalconController", "FalconCosts", "Level"]
 
@@ -55,10 +70,18 @@ class Level(enum.IntEnum):
     RESTART = 3
 
 
+_LEVELS = {
+    LinkKind.PP: (Level.IGNORE, Level.REBALANCE, Level.RESTART),
+    LinkKind.DP: (Level.IGNORE, Level.SWAP, Level.RESTART),
+}
+"""The levels that help a slow link of each kind, in the order climbed (the module)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FalconCosts:
-    """What each level costs once, in ms (None: not available here, see the module)."""
+    """What each level costs once, in ms."""
 
+    rebalance_ms: float
     swap_ms: float
     restart_ms: float
 
@@ -76,18 +99,23 @@ class FalconCosts:
         transfer_ms = profile.dp_wire_ms(state_bytes) - profile.link_latency_ms
         lost_ms = checkpoint_every / 2 * healthy_iteration_ms
         return cls(
+            rebalance_ms=healthy_iteration_ms,
             swap_ms=transfer_ms + healthy_iteration_ms,
             restart_ms=lost_ms + restart_overhead_ms,
         )
 
-    def of(self, level: Level) -> float | None:
-        costs = {Level.IGNORE: 0.0, Level.SWAP: self.swap_ms, Level.RESTART: self.restart_ms}
-        return costs.get(level)
+    def of(self, level: Level) -> float:
+        return {
+            Level.IGNORE: 0.0,
+            Level.REBALANCE: self.rebalance_ms,
+            Level.SWAP: self.swap_ms,
+            Level.RESTART: self.restart_ms,
+        }[level]
 
 
 @dataclasses.dataclass(slots=True)
 class _Straggler:
-    """A validated slow DP link and what Falcon has done about it."""
+    """A validated slow link and what Falcon has done about it."""
 
     link: str
     baseline_ms: float
@@ -96,6 +124,10 @@ class _Straggler:
     """Time lost on the current level so far."""
     measured_ms: float = 0.0
     """The link's time in the iteration that validated it (what Falcon believes)."""
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return _LEVELS[Link.parse(self.link).kind]
 
 
 class FalconController:
@@ -107,16 +139,28 @@ class FalconController:
         profile: Profile,
         costs: FalconCosts | None = None,
         changes: ChangePointConfig = DEFAULT_CHANGES,
+        *,
+        planner: Callable[[Profile], Schedule] | None = None,
     ) -> None:
         """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` once
-        the first iterations have given a healthy time."""
+        the first iterations have given a healthy time; `planner`: the same policy for
+        another microbatch count (a rebalanced replica's; None: no rebalance level)."""
         self.schedule, self.profile = schedule, profile
+        self._planner = planner
         self._model = profile.with_delays(())
         self._costs = costs
         self._changes = ChangePointDetector(changes)
-        self._link_times = PerSource(lambda t: dp_link_times_ms(self._model, t.dp_messages))
-        """Each DP link's profiled time in an iteration's timeline (its own, one iteration)."""
+        self._link_times = PerSource(
+            lambda t: {
+                **dp_link_times_ms(self._model, t.dp_messages),
+                **pp_link_times_ms(self._model, t.messages),
+            }
+        )
+        """Each link's profiled time in an iteration's timeline (its own, one iteration)."""
         self.topology: Topology = profile.topology
+        self.split: ReplicaSchedules | None = None
+        """The replicas' schedules of a rebalance (None: every replica runs `schedule`)."""
+        self._schedules: dict[int, Schedule] = {profile.num_microbatches: schedule}
         self._suspect: str | None = None
         """The slowest suspect link of the last iteration, to be validated."""
         self._slower = False
@@ -137,6 +181,7 @@ class FalconController:
             CommMode.DIRECT,
             topology=self.topology,
             action=Action.RESTART if self._restart else Action.RUN,
+            replica_schedules=self.split,
             policy="zb",
             believed_ms=believed,
         )
@@ -146,21 +191,26 @@ class FalconController:
         iteration_ms = record.end_ms - record.start_ms
         changed = self._changes.update(iteration_ms)
         times = self._link_times(timeline)
-        suspects = suspect_dp_links(times)
+        suspects = _suspects(times)
         straggler = self.straggler
         if straggler is None:
             self._detect(changed, suspects, times)
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
-        if back or (straggler.level < Level.SWAP and straggler.link not in suspects):
-            self.straggler = None  # it went away (or a swap absorbed it); the placement stays
+        gone = {
+            Level.IGNORE: back or straggler.link not in suspects,
+            Level.REBALANCE: straggler.link not in suspects,  # (it keeps iterations fast)
+            Level.SWAP: back,  # the slow pair carries a PP link now: its DP time says nothing
+        }.get(straggler.level, False)
+        if gone:  # it went away (or a swap absorbed it); a placement stays, a split goes
+            self.straggler, self.split = None, None
             return
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
-        self._climb(iteration)
+        self._climb(iteration, timeline)
 
     def restarted(self, iteration: int) -> None:
-        """On repaired hardware: the default placement, nothing known to be slow."""
-        self.topology = self.profile.topology
+        """On repaired hardware: the default placement and split, nothing known to be slow."""
+        self.topology, self.split = self.profile.topology, None
         self.straggler, self._suspect, self._slower = None, None, False
         self._restart = False
         self._changes = ChangePointDetector(self._changes.config)
@@ -183,19 +233,21 @@ class FalconController:
         self.straggler = _Straggler(slowest, changes.baseline_ms, measured_ms=times[slowest])
         self._suspect = None
 
-    def _climb(self, iteration: int) -> None:
+    def _climb(self, iteration: int, timeline: Timeline) -> None:
         straggler = self.straggler
         assert straggler is not None
         costs = self._costs or FalconCosts.for_profile(self.profile, straggler.baseline_ms)
         self._costs = costs
-        for level in Level:
+        for level in straggler.levels:
             if level <= straggler.level:
                 continue
-            cost = costs.of(level)
-            if cost is None:
-                continue  # not available here
-            if straggler.lost_ms < cost:
+            if straggler.lost_ms < costs.of(level):
                 return
+            if level is Level.REBALANCE:
+                split = self._rebalanced(timeline)
+                if split is None:  # the replicas are alike: nothing to move, the next level
+                    continue
+                self.split = split
             straggler.level, straggler.lost_ms = level, 0.0
             self.climbs.append((iteration, level))
             if level is Level.SWAP:
@@ -203,3 +255,36 @@ class FalconController:
             elif level is Level.RESTART:
                 self._restart = True
             return
+
+    def _rebalanced(self, timeline: Timeline) -> ReplicaSchedules | None:
+        """The split by the replicas' per-microbatch times in `timeline` (None: the equal
+        split is the best, or there is no planner to make the replicas' schedules)."""
+        profile = self.profile
+        if self._planner is None:
+            return None
+        counts = (profile.num_microbatches,) * profile.num_replicas
+        if self.split is not None:
+            counts = self.split.counts
+        split = rebalance(
+            profile.num_replicas * profile.num_microbatches,
+            per_microbatch_ms(timeline, counts),
+            minimum=profile.num_stages,
+        )
+        if len(set(split)) == 1:
+            return None
+        return ReplicaSchedules(tuple(self._schedule_for(count) for count in split))
+
+    def _schedule_for(self, num_microbatches: int) -> Schedule:
+        if num_microbatches not in self._schedules:
+            assert self._planner is not None
+            profile = dataclasses.replace(self.profile, num_microbatches=num_microbatches)
+            self._schedules[num_microbatches] = self._planner(profile)
+        return self._schedules[num_microbatches]
+
+
+def _suspects(times_ms: dict[str, float]) -> set[str]:
+    """The suspect links among the DP links and among the PP links (see the module)."""
+    by_kind: dict[LinkKind, dict[str, float]] = {}
+    for link, took in times_ms.items():
+        by_kind.setdefault(Link.parse(link).kind, {})[link] = took
+    return set().union(*(suspect_links(times) for times in by_kind.values()))

@@ -16,7 +16,7 @@ from typing import Protocol, Self
 from pipeline.errors import ConfigError
 from pipeline.faults import IterationFaults
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule
+from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.simulator import CommMode, LinkComm
 from pipeline.timeline import Timeline
 from pipeline.topology import Link, Topology
@@ -54,12 +54,44 @@ class Plan:
     topology: Topology | None = None
     """Which worker plays which position (None: the default placement)."""
     action: Action = Action.RUN
+    replica_schedules: ReplicaSchedules | None = None
+    """Each DP replica's own schedule, on its share of the global batch (a rebalance: unequal
+    microbatch counts, `profile.num_replicas` x `profile.num_microbatches` in all; None:
+    every replica runs `schedule`)."""
     policy: str = dataclasses.field(default="", compare=False)
     """The policy that made `schedule` (reported per iteration; empty: the run's)."""
     believed_ms: tuple[tuple[str, float], ...] = dataclasses.field(default=(), compare=False)
     """The links (PP, DP ring) the controller believed slow when it made this plan, with
     their extra delay in ms (a detector's estimates, an oracle's knowledge): reported, never
     run."""
+
+    def __post_init__(self) -> None:
+        split = self.replica_schedules
+        if split is None:
+            return
+        profile = self.profile
+        total = profile.num_replicas * profile.num_microbatches
+        if len(split.schedules) != profile.num_replicas or split.num_microbatches != total:
+            raise ConfigError(
+                f"replica schedules {split} do not split the global batch of {total} "
+                f"microbatches over {profile.num_replicas} replica(s)"
+            )
+
+    def schedule_of(self, replica: int) -> Schedule:
+        """The schedule replica `replica` runs."""
+        split = self.replica_schedules
+        return self.schedule if split is None else split.schedules[replica]
+
+    def validate(self, validated: set[int]) -> None:
+        """Validate each replica's schedule for its microbatch count, but those whose ids are
+        in `validated` (an engine's: a schedule object is validated once), and add them."""
+        split = self.replica_schedules
+        for replica in range(self.profile.num_replicas):
+            schedule = self.schedule_of(replica)
+            if id(schedule) not in validated:
+                counts = self.profile.num_microbatches if split is None else split.counts[replica]
+                validate_schedule(schedule, self.profile.num_stages, counts)
+                validated.add(id(schedule))
 
     def comm_by_link(self) -> dict[str, str]:
         """Each PP link's comm mode ("delegated" where either direction is)."""

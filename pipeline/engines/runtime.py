@@ -26,7 +26,6 @@ from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerLinkFailure
 from pipeline.runtime.transport import DelegateFactory
-from pipeline.schedule import validate_schedule
 from pipeline.simulator import CommMode
 
 __all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
@@ -106,9 +105,7 @@ class RuntimeEngine(Closing):
             )
         if iteration == 0:
             self._saved = False
-        if id(plan.schedule) not in self._validated:
-            validate_schedule(plan.schedule, profile.num_stages, profile.num_microbatches)
-            self._validated.add(id(plan.schedule))
+        plan.validate(self._validated)
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()
             if self._started and wanted != self._pool.num_delegates:
@@ -125,6 +122,7 @@ class RuntimeEngine(Closing):
             comm=plan.comm.value,
             link_comms=tuple((str(c.link), c.direction, c.comm.value) for c in plan.link_comms),
             topology=plan.topology,
+            replica_schedules=plan.replica_schedules,
             faults=faults,
             collect_params=digest,
             save_checkpoint=self._checkpoints if checkpoint and self.capabilities.trains else None,

@@ -67,19 +67,20 @@ class SimEngine(Closing):
             timeline = cached[1].moved(iteration, self._clock_ms)
             same_as: int | None = cached[2]
         else:
+            plan.validate(self._validated)
             timeline = simulate(
                 plan.schedule,
                 plan.profile,
                 plan.comm,
                 iteration=iteration,
                 start_ms=self._clock_ms,
-                validate=id(plan.schedule) not in self._validated,
+                validate=False,
                 host=self.host,
                 faults=faults,
                 link_comms=plan.link_comms,
                 failed_over=self._failed_over,
+                replica_schedules=plan.replica_schedules,
             )
-            self._validated.add(id(plan.schedule))
             same_as = None
             if key is not None:
                 if len(self._cache) >= _CACHED_ITERATIONS:

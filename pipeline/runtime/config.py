@@ -11,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
-from pipeline.schedule import Schedule
+from pipeline.schedule import ReplicaSchedules, Schedule
 from pipeline.topology import Topology
 
 if TYPE_CHECKING:  # torch with it: the controller's side needs not import it for this
@@ -36,6 +36,9 @@ class IterationConfig:
     """(link, direction, comm) where a link direction goes another way than `comm`."""
     topology: Topology | None = None
     """Which worker plays which position this iteration (None: the default placement)."""
+    replica_schedules: ReplicaSchedules | None = None
+    """Each DP replica's own schedule on its share of the global batch (None: every replica
+    runs `schedule`, on `profile.num_microbatches` microbatches)."""
     faults: IterationFaults = NO_FAULTS
     """What the faults in force this iteration do to each message (injectors build it)."""
     fault_hook: FaultHook | None = None
@@ -57,6 +60,21 @@ class IterationConfig:
         for comm in (self.comm, *(c for _, _, c in self.link_comms)):
             if comm not in COMMS:
                 raise ConfigError(f"comm {comm!r}: the runtime has {', '.join(COMMS)}")
+
+    def schedule_of(self, replica: int) -> Schedule:
+        """The schedule replica `replica` runs."""
+        split = self.replica_schedules
+        return self.schedule if split is None else split.schedules[replica]
+
+    def microbatch_offset(self, replica: int) -> int:
+        """The global batch index of replica `replica`'s microbatch 0."""
+        split = self.replica_schedules
+        return replica * self.profile.num_microbatches if split is None else split.offset(replica)
+
+    @property
+    def num_global_microbatches(self) -> int:
+        """The microbatches of all replicas together."""
+        return self.profile.num_replicas * self.profile.num_microbatches
 
     def comm_of(self, link: str, direction: str) -> str:
         """How the messages of `link` ("0-1", every replica) in `direction` go."""

@@ -33,7 +33,6 @@ from pipeline.allreduce import (
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.ops import Op, OpKind
-from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult, StateMove
 from pipeline.runtime.dp_ring import Ring
@@ -324,7 +323,7 @@ class _Worker:
             d: size
             for d, _, _ in self._directions()
             if config.comm_of(d.link, d.direction) != "direct"
-            and (size := self._slots_of(d, config.profile))[0] > 0
+            and (size := self._slots_of(d, config))[0] > 0
         }
         if not sizes:
             return
@@ -332,8 +331,9 @@ class _Worker:
             raise ConfigError("this worker pool has no delegates: the delegated comm needs them")
         self.delegates.begin_iteration(sizes)
 
-    def _slots_of(self, direction: LinkDirection, profile: Profile) -> tuple[int, int]:
+    def _slots_of(self, direction: LinkDirection, config: IterationConfig) -> tuple[int, int]:
         """The messages of one iteration on `direction`, and the bytes of the largest."""
+        profile = config.profile
         kind = route_kind(direction.link)
         if kind == "tied":
             weight = self.compute.tied_weight()
@@ -346,7 +346,8 @@ class _Worker:
             count = messages_per_link_direction(grad_bytes, profile.dp_bucket_bytes, num_replicas)
             return count, chunk_bytes(max(sizes, default=0), num_replicas)
         buffer = self.compute.message_buffer(profile)
-        return profile.num_microbatches, buffer.numel() * buffer.element_size()
+        num_microbatches = config.schedule_of(self.replica).num_microbatches
+        return num_microbatches, buffer.numel() * buffer.element_size()
 
     def _sum_tied(self, config: IterationConfig, transport: DirectTransport) -> None:
         """The tied weight's gradient plus the other stage's, on both (a + b = b + a: both
@@ -407,7 +408,8 @@ class _Worker:
             if neighbour is None:
                 continue
             peer, link = neighbour
-            microbatches = _sent_microbatches(config.schedule.stages[peer_stage], msg_kind)
+            peer_ops = config.schedule_of(self.replica).stages[peer_stage]
+            microbatches = _sent_microbatches(peer_ops, msg_kind)
             buffers = {m: self.compute.message_buffer(config.profile) for m in microbatches}
             direction = LinkDirection.of(link, msg_kind)
             delegates = (
@@ -447,7 +449,7 @@ class _Worker:
         carries (the fault model's effects are on the route it left)."""
         records = _Records()
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
-        for op in config.schedule.stages[self.stage]:
+        for op in config.schedule_of(self.replica).stages[self.stage]:
             self.current_op = str(op)
             msg_kind = _MESSAGE_KIND.get(op.kind)
             inbox = None if msg_kind is None else inbound.get(msg_kind)

@@ -7,9 +7,12 @@ plan's transport), then this backend sums the gradients over the DP replicas (ea
 microbatch's loss is already divided by the global batch's microbatch count, so the sum is
 the DP average), and plain SGD steps. In a rank swap a worker builds the stage it takes
 over and gets that stage's state from its last player (`export_state`, `import_state`);
-the DP groups follow the placement (`regroup`). On a CPU, megatron's CUDA-only
-spots are patched around every call into megatron (`shim.cpu_shim`); on a GPU nothing is
-patched (that path is untested: no GPU on the project's machines).
+the DP groups follow the placement (`regroup`). A replica computes its microbatches of the
+global batch (`IterationConfig.microbatch_offset`: a rebalance gives replicas unequal
+counts) and scales each loss by 1 / the global count, so the DP sum stays the batch's mean.
+On a CPU, megatron's CUDA-only spots are patched around every call into megatron
+(`shim.cpu_shim`); on a GPU nothing is patched (that path is untested: no GPU on the
+project's machines).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class MegatronCompute:
         self._initial: dict[str, Any] = {}
         self._layer_offset = 0
         self._num_replicas = 1
+        self._first_microbatch = 0
+        """The global batch index of this replica's microbatch 0 this iteration."""
         self._dp_groups: dict[tuple[int, ...], Any] = {}
         self._dp_group: Any = None
 
@@ -211,13 +216,15 @@ class MegatronCompute:
         if config.load_checkpoint is not None or config.iteration == 0:
             for param in runner.params:
                 param.grad = None
-        runner.loss_scale = 1.0 / (config.profile.num_microbatches * self._num_replicas)
+        runner.loss_scale = 1.0 / config.num_global_microbatches
+        self._first_microbatch = config.microbatch_offset(self._replica)
 
     def _checkpoint_file(self, directory: str) -> Path:
         return Path(directory) / f"stage{self._stage}-replica{self._replica}.pt"
 
     def _tokens(self, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens, labels = microbatch_tokens(self.preset, self.seed, self._replica, microbatch)
+        index = self._first_microbatch + microbatch
+        tokens, labels = microbatch_tokens(self.preset, self.seed, index)
         return tokens.to(self.device), labels.to(self.device)
 
     def run(

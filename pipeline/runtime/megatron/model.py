@@ -265,11 +265,13 @@ def stage_state_from_reference(
 
 
 def microbatch_tokens(
-    preset: GPTPreset, seed: int, replica: int, microbatch: int
+    preset: GPTPreset, seed: int, index: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthetic (input ids, labels) of one microbatch: fixed by (seed, replica, microbatch),
-    the same in every iteration and under every policy, so a model can learn them."""
-    generator = torch.Generator().manual_seed((seed * 1_000_003 + replica) * 1_000_003 + microbatch)
+    """Synthetic (input ids, labels) of the global batch's microbatch `index` (replica r's
+    microbatch m is index r x M + m with M microbatches per replica; a rebalance moves
+    microbatches, not their data): fixed by (seed, index), the same in every iteration and
+    under every policy and split, so a model can learn them."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003**2 + index)
     shape = (preset.micro_batch_size, preset.seq_length + 1)
     tokens = torch.randint(0, preset.vocab_size, shape, generator=generator)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

@@ -108,8 +108,8 @@ def train_reference(
         runner.reset()
         for replica in range(num_replicas):
             for m in range(num_microbatches):
-                tokens, labels = microbatch_tokens(preset, seed, replica, m)
                 idx = replica * num_microbatches + m
+                tokens, labels = microbatch_tokens(preset, seed, idx)
                 runner.forward(idx, tokens=tokens, labels=labels, deferred=False)
                 runner.backward_fused(idx, None)
         grads = {

@@ -1,6 +1,7 @@
-"""Falcon finds a slow DP link from measurements and climbs its ladder as the ski-rental
-rule says: a short fault only ignored, a long one mitigated by the rank swap that puts the
-slow pair on a PP edge (simulator, and one emulated run with real processes swapping)."""
+"""Falcon finds a slow link from measurements and climbs its ladder as the ski-rental rule
+says: a short fault only ignored; a long one on a DP link mitigated by the rank swap that
+puts the slow pair on a PP edge (simulator, and one emulated run with real processes
+swapping), on a PP link of one replica by rebalancing the global batch away from it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 
 import pytest
 
+from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
 from harness.loop import RunResult
 from harness.policies import system_controller
@@ -32,15 +34,21 @@ def _run(
     swap_ms: float,
     backend: str = "sim",
     restart_ms: float = math.inf,
+    link: str = "dp1:0-1",
+    rebalance_ms: float = 0.0,
 ) -> tuple[RunResult, FalconController]:
     faults = parse_yaml(
-        f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["dp1:0-1"], '
-        "delay_ms: 20}]"
+        f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["{link}"], delay_ms: 20}}]'
     )
     controller = system_controller("falcon", PROFILE, faults)
     assert isinstance(controller, FalconController)
-    costs = FalconCosts(swap_ms=swap_ms, restart_ms=restart_ms)
-    controller = FalconController(controller.schedule, PROFILE, costs)
+    costs = FalconCosts(rebalance_ms=rebalance_ms, swap_ms=swap_ms, restart_ms=restart_ms)
+    controller = FalconController(
+        controller.schedule,
+        PROFILE,
+        costs,
+        planner=zb_auto,
+    )
     result = run_configuration(
         controller, backend=backend, num_iterations=num_iterations, faults=faults
     )
@@ -99,6 +107,55 @@ def test_a_short_dp_fault_is_only_ignored() -> None:
     )
 
 
+def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> None:
+    """20 ms on PP link 1-2 of replica 1 in iterations 3-13: seen in 3, validated in 4 (the
+    replica's link, not a DP one); 5-7 lose 215 ms each, so 7 buys the 500 ms rebalance.
+    From 8 on replica 0 runs 12 of the 16 microbatches and replica 1 the minimum, 4 (one
+    per stage), each under ZB for its count: 215 ms, against ZB's 350 unmitigated. The link
+    fast again (14), the equal split returns (15) and with it the healthy time; nothing is
+    swapped or restarted. The iteration records say what ran."""
+    result, falcon = _run(14, 20, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0)
+    assert falcon.climbs == [(8, Level.REBALANCE)]  # seen in the run's iteration 8: measured 7
+    assert (falcon.split, falcon.straggler, falcon.topology) == (None, None, PROFILE.topology)
+    assert [set(d.detected_ms) for d in result.decisions] == (
+        [set()] * 5 + [{"pp1:1-2"}] * 10 + [set()] * 5
+    )
+    assert [d.microbatches for d in result.decisions] == [""] * 8 + ["12+4"] * 7 + [""] * 5
+    times = _with_step(result)
+    healthy, slow = times[0], times[3]
+    assert times[:3] == [healthy] * 3 and times[3:8] == [slow] * 5
+    assert max(times[8:14]) < 0.65 * slow
+    assert times[15:] == [healthy] * 5
+    faults = parse_yaml('[{start_iteration: 3, end_iteration: 14, links: ["pp1:1-2"], '
+                        "delay_ms: 20}]")  # fmt: skip
+    zb = run_configuration(
+        system_controller("zb", PROFILE, faults), num_iterations=20, faults=faults
+    )
+    assert _with_step(zb)[3:14] == [slow] * 11  # no mitigation
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+
+
+def test_a_short_pp_fault_is_only_ignored() -> None:
+    """The same delay in iterations 3-5: believed in 5 and 6, 215 ms lost, under the
+    rebalance's 500: the split never changes."""
+    result, falcon = _run(6, 10, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0)
+    assert falcon.climbs == [] and falcon.straggler is None
+    assert [set(d.detected_ms) for d in result.decisions] == (
+        [set()] * 5 + [{"pp1:1-2"}] * 2 + [set()] * 3
+    )
+    assert {d.microbatches for d in result.decisions} == {""}
+
+
+def test_a_pp_link_slow_in_every_replica_leaves_nothing_to_rebalance() -> None:
+    """The delay on link 1-2 of both replicas: Falcon believes the first by name, but both
+    replicas are alike per microbatch, so the rebalance would move nothing: it is passed
+    over (the restart, at an unbounded cost, never comes) and the split stays equal."""
+    result, falcon = _run(40, 14, swap_ms=2000.0, link="1-2", rebalance_ms=500.0)
+    assert falcon.climbs == [] and falcon.split is None
+    assert falcon.straggler is not None and falcon.straggler.link == "pp0:1-2"
+    assert {d.microbatches for d in result.decisions} == {""}
+
+
 def test_the_swap_in_real_processes_loses_no_iteration() -> None:
     """Emulated, 8 worker processes: the swap is a placement the pool runs from the next
     iteration on (workers 5 and 2 trade stages 1 and 2), nothing restarts, and the swapped
@@ -120,7 +177,7 @@ def test_the_swap_in_real_processes_loses_no_iteration() -> None:
 def test_the_costs_it_assumes() -> None:
     costs = FalconCosts.for_profile(PROFILE, healthy_iteration_ms=100.0)
     assert costs.of(Level.IGNORE) == 0.0
-    assert costs.of(Level.REBALANCE) is None  # unequal microbatch counts are not run yet
+    assert costs.of(Level.REBALANCE) == pytest.approx(100.0)  # one healthy iteration
     # half of 500 iterations lost on average, no restart overhead unless configured
     assert costs.of(Level.RESTART) == pytest.approx(250 * 100.0)
     slow_restart = FalconCosts.for_profile(

@@ -9,6 +9,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, MessageFault
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
+from pipeline.schedule import ReplicaSchedules
 from pipeline.simulator import CommMode, LinkComm
 from pipeline.topology import Link, Position, Topology
 
@@ -109,3 +110,43 @@ def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_give
     (start, end) = {(r.start_ms, r.end_ms) for r in swaps[2]}.pop()
     assert end - start == pytest.approx(8.0) and first_op == pytest.approx(end)
     assert times[2] == pytest.approx(times[1] + 8.0) and times[3] == pytest.approx(times[1])
+
+
+def test_each_replica_runs_its_own_share_of_a_rebalanced_batch() -> None:
+    """PP 2 x DP 2, 4 microbatches each, split 3 + 5: each replica runs its own schedule for
+    its own count (1F1B over 10 ms ops: (m + 1) x 20 ms), the iteration lasts as long as the
+    longer one, and the plan refuses a split that is not the global batch's."""
+    profile = Profile.uniform(2, 4, 10, 5, 5, num_replicas=2)
+    split = ReplicaSchedules(
+        tuple(one_f_one_b(dataclasses.replace(profile, num_microbatches=m)) for m in (3, 5))
+    )
+    assert (split.counts, split.num_microbatches, split.offset(1), str(split)) == (
+        (3, 5), 8, 3, "3+5",
+    )  # fmt: skip
+    plan = Plan(one_f_one_b(profile), profile, CommMode.IDEAL, replica_schedules=split)
+    assert plan.schedule_of(1) is split.schedules[1]
+    with SimEngine() as engine:
+        timeline = engine.run(plan, 0, NO_FAULTS).timeline
+        balanced = engine.run(dataclasses.replace(plan, replica_schedules=None), 0, NO_FAULTS)
+    forwards = {
+        r: sorted(o.microbatch for o in timeline.ops if (o.kind.value, o.stage, o.replica) ==
+                  ("F", 1, r))
+        for r in (0, 1)
+    }  # fmt: skip
+    assert forwards == {0: [0, 1, 2], 1: [0, 1, 2, 3, 4]}
+    ends = {r: max(o.end_ms for o in timeline.ops if o.replica == r) for r in (0, 1)}
+    assert ends == {0: 80.0, 1: 120.0}
+    assert compute_metrics(timeline, 0).iteration_time_ms == 120.0
+    assert compute_metrics(balanced.timeline, 0).iteration_time_ms == 100.0
+    for counts in ((4, 3), (3, 3, 2)):  # 7 microbatches; three replicas
+        with pytest.raises(ConfigError, match="do not split the global batch of 8"):
+            Plan(
+                plan.schedule,
+                profile,
+                replica_schedules=ReplicaSchedules(
+                    tuple(
+                        one_f_one_b(dataclasses.replace(profile, num_microbatches=m))
+                        for m in counts
+                    )
+                ),
+            )

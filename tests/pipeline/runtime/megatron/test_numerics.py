@@ -8,6 +8,7 @@ handed over; the tied embedding's gradients are compared after the embedding-gro
 all-reduce, every gradient after the DP all-reduce.
 """
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 
 from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h1, zb_h2
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.digest import params_sha256, whole_model_params
@@ -27,7 +29,7 @@ from pipeline.runtime.megatron.reference import (
     single_process_megatron,
     train_reference,
 )
-from pipeline.schedule import Schedule
+from pipeline.schedule import ReplicaSchedules, Schedule
 
 pytestmark = pytest.mark.multiprocess
 
@@ -133,3 +135,56 @@ def test_pipelined_training_equals_one_process(
             digests[name] = params_sha256(params)
     assert digests["again: 1f1b"] == digests["1f1b"]  # the same run, the same bits
     assert all(len(d) == 64 for d in digests.values())
+
+
+def test_a_rebalanced_global_batch_trains_like_the_balanced_one() -> None:
+    """Falcon's rebalance: PP 2 x DP 2 with the global batch of 8 microbatches split 3 + 5
+    (1F1B on replica 0, ZB-H1 on replica 1) gives the balanced run's losses within 1e-5 (and
+    one process's gradients and trained parameters): each replica takes its own microbatches
+    of the global batch and scales its losses by 1 / 8, not 1 / its own count."""
+    num_stages, num_replicas, num_microbatches = 2, 2, 4
+    reference, reference_params = _reference(num_microbatches, num_replicas)
+    profile = Profile.uniform(num_stages, num_microbatches, 1, 1, 1, num_replicas=num_replicas)
+    split = ReplicaSchedules(
+        (
+            one_f_one_b(dataclasses.replace(profile, num_microbatches=3)),
+            zb_h1(dataclasses.replace(profile, num_microbatches=5)),
+        )
+    )
+    factory = functools.partial(MegatronCompute, "tiny", seed=SEED, lr=LR)
+    F = OpKind.F
+    runs: dict[str, list[float]] = {}
+    with WorkerPool(num_stages, num_replicas, compute_factory=factory, timeout_s=60) as pool:
+        for name, replica_schedules in (("balanced", None), ("3+5", split)):
+            losses = []
+            for it in range(NUM_ITERATIONS):
+                config = IterationConfig(
+                    it,
+                    one_f_one_b(profile),
+                    profile,
+                    replica_schedules=replica_schedules,
+                    collect_grads=True,
+                    collect_params=it == NUM_ITERATIONS - 1,
+                )
+                timeline = pool.run_iteration(config)
+                forwards = [
+                    sum(1 for o in timeline.ops if (o.kind, o.stage, o.replica) == (F, 0, r))
+                    for r in range(num_replicas)
+                ]
+                assert forwards == ([4, 4] if replica_schedules is None else [3, 5])
+                results = pool.last_results
+                last = [r.step_output.loss for r in results if r.stage == num_stages - 1]
+                assert last[0] is not None and last[0] == last[1]  # the DP-summed mean
+                losses.append(last[0])
+                for r in results:
+                    assert r.step_output.grads is not None
+                    for param, grad in r.step_output.grads.items():
+                        where = f"{name}, iteration {it}, rank {r.rank}, {param}"
+                        _assert_close(grad, reference[it].grads[param], where)
+            runs[name] = losses
+            params = whole_model_params(pool.last_results)
+            for (param, got), (_, expected) in zip(params, reference_params, strict=True):
+                _assert_close(got, expected, f"{name}, trained {param}")
+    assert runs["3+5"] == pytest.approx(runs["balanced"], rel=1e-5, abs=0)
+    assert runs["balanced"] == pytest.approx([r.loss for r in reference], rel=1e-5, abs=0)
+    assert runs["3+5"][-1] < runs["3+5"][0]

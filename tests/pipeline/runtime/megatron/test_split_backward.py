@@ -46,7 +46,7 @@ def test_b_leaves_gradients_and_w_only_adds_them(megatron_process: None, with_in
     preset = get_preset("tiny")
     model = build_whole_model(preset, seed=0)
     runner = StageRunner(model)
-    tokens, labels = microbatch_tokens(preset, 0, 0, 0)
+    tokens, labels = microbatch_tokens(preset, 0, 0)
     x = torch.randn(preset.message_shape(), generator=torch.Generator().manual_seed(1))
     feed = {"stage_input": x} if with_input else {"tokens": tokens}
 
@@ -94,7 +94,7 @@ def test_b_plus_w_computes_one_fused_backward_s_flops(megatron_process: None) ->
     preset = get_preset("tiny")
     model = build_whole_model(preset, seed=0)
     runner = StageRunner(model)
-    _, labels = microbatch_tokens(preset, 0, 0, 0)
+    _, labels = microbatch_tokens(preset, 0, 0)
     x = torch.randn(preset.message_shape(), generator=torch.Generator().manual_seed(1))
 
     def flops(step: Any) -> int:
