@@ -156,8 +156,12 @@ def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     slow = [set()] * 3 + [{"dp1:0-1"}] * 2 + [{"0-1"}] * 3 + [set()] * 2
     assert _slow(sim.decisions) == slow
     # Real runs: recovered within 2 iterations (load may keep a recovered link's estimate
-    # above the 4 ms of recovery for an iteration).
-    assert _slow(real.decisions)[:8] == slow[:8] and _slow(real.decisions)[9] == set()
+    # above the 4 ms of recovery for an iteration). The first iteration after the swap runs
+    # the ring over new process pairs (gloo connects them on first use): under load the
+    # detector may still hold the ring link then, beside the PP link it now finds.
+    real_slow = _slow(real.decisions)
+    assert real_slow[:5] == slow[:5] and real_slow[6:8] == slow[6:8]
+    assert real_slow[5] in ({"0-1"}, {"0-1", "dp1:0-1"}) and real_slow[9] == set()
     assert [d.detected_ms["dp1:0-1"] for d in sim.decisions[3:5]] == [20.0] * 2
     assert [d.detected_ms["0-1"] for d in sim.decisions[5:8]] == [20.0] * 3
     # Real runs: 20.2-20.7 ms on a quiet machine; load only adds (a 125 kB chunk crosses more
