@@ -89,8 +89,8 @@ class Plan:
         for replica in range(self.profile.num_replicas):
             schedule = self.schedule_of(replica)
             if id(schedule) not in validated:
-                counts = self.profile.num_microbatches if split is None else split.counts[replica]
-                validate_schedule(schedule, self.profile.num_stages, counts)
+                count = self.profile.num_microbatches if split is None else split.counts[replica]
+                validate_schedule(schedule, self.profile.num_stages, count)
                 validated.add(id(schedule))
 
     def comm_by_link(self) -> dict[str, str]:
