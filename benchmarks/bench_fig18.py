@@ -5,12 +5,13 @@ machine, next to the calibrated simulator's prediction of those runs.
 7B: a delay of 10, 20 or 30 ms per message on stage 1's ring link (dp1:0-1) from measured
 iteration 3 on, 30 iterations; printed: the median step (pipeline plus all-reduce) over the
 last 10. Emulated: the Fig. 18 test's setting (tests/harness/test_fig18.py: PP 4 x DP 2, 2 ms
-ops, 24 chunks per DP link direction), one run per system with the delay at 10, 20, then 30
-ms for 6 iterations each; printed: the median of each phase's last 3 steps, the calibrated
-simulator's for the same run, and their ratio; and the longest step (the swap's). Last, the
-healthy DP ring's step at PP 1, 2 and 4 x DP 2, emulated and predicted.
+ops, 24 chunks per DP link direction), `--repeats` runs per system (the systems in turn) with
+the delay at 10, 20, then 30 ms for 9, 6 and 6 iterations; printed: the median over the runs
+of each phase's median of its last 3 steps, the calibrated simulator's for the same run, and
+their ratio; and the longest step (the swap's). Last, the healthy DP ring's step at PP 1, 2
+and 4 x DP 2, emulated and predicted.
 
-Run: python benchmarks/bench_fig18.py [--calibration HOST.json]
+Run: python benchmarks/bench_fig18.py [--calibration HOST.json] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def _healthy_steps(host: HostCosts, engines: RuntimeEngines) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", help="this host's costs (adaptra-bench calibrate)")
+    parser.add_argument("--repeats", type=int, default=1, help="emulated runs per system")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
     host = HostCosts.from_file(args.calibration) if args.calibration else FREE
     print("| sim 7B | 10 ms s (paper) | 20 ms s (paper) | 30 ms s (paper) |")
     print("|---|---|---|---|")
@@ -101,8 +105,14 @@ def main() -> None:
     print("| emulated | 10 ms: ms (sim, ratio) | 20 ms | 30 ms | longest step ms |")
     print("|---|---|---|---|---|")
     with RuntimeEngines() as engines:
+        runs: dict[str, list[tuple]] = {system: [] for system in SYSTEM_NAMES}
+        for _ in range(args.repeats):
+            for system in SYSTEM_NAMES:
+                runs[system].append(_phases(system, "emulated", host, engines))
         for system in SYSTEM_NAMES:
-            measured, longest = _phases(system, "emulated", host, engines)
+            phases = zip(*(r[0] for r in runs[system]), strict=True)
+            measured = [statistics.median(p) for p in phases]
+            longest = max(r[1] for r in runs[system])
             predicted, _ = _phases(system, "sim", host, engines)
             cells = [
                 f"{m:.0f} ({p:.0f}, {m / p:.2f})" for m, p in zip(measured, predicted, strict=True)

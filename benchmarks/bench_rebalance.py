@@ -5,8 +5,8 @@ setting: PP 4 x DP 2, 5 ms ops, 8 microbatches per replica).
 
 A delay of 10, 20 or 30 ms per message on PP link 1-2 of replica 1 (pp1:1-2) from measured
 iteration 3 on, 30 iterations (emulated: 20 ms, 16 iterations); printed: the median step
-(pipeline plus all-reduce) over the last 10 (emulated: 6), the healthy one, and the split
-Falcon ran last.
+(pipeline plus all-reduce) over the last 10 (emulated: 6), the healthy one (the median of
+the first 3), and the split Falcon ran last.
 
 Run: python benchmarks/bench_rebalance.py
 """
@@ -36,8 +36,8 @@ def _run(
     last: int,
     engines: RuntimeEngines | None = None,
 ) -> tuple[float, float, str]:
-    """The median step of the last `last` iterations, the healthy (first) step, and the split
-    of the last iteration."""
+    """The median step of the last `last` iterations, the median healthy step (iterations
+    0-2), and the split of the last iteration."""
     faults = parse_yaml(f'[{{start_iteration: 3, links: ["pp1:1-2"], delay_ms: {delay_ms}}}]')
     run = run_configuration(
         system_controller(system, profile, faults),
@@ -48,7 +48,8 @@ def _run(
         delegated=engines is not None and system == "adaptra",
     )
     steps = run.wall_times_ms
-    return statistics.median(steps[-last:]), steps[0], run.decisions[-1].microbatches or "equal"
+    healthy_ms = statistics.median(steps[:3])  # before the fault
+    return statistics.median(steps[-last:]), healthy_ms, run.decisions[-1].microbatches or "equal"
 
 
 def main() -> None:

@@ -39,6 +39,8 @@ _DELEGATE_COSTS = (
     "failover_ms",
 )
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
+_RING_COSTS = ("ring_lag_ms",)
+"""The DP ring's: optional in a file (one written before it was measured: 0)."""
 _MIB = 1 << 20
 
 
@@ -69,11 +71,15 @@ class HostCosts:
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
+    ring_lag_ms: float = 0.0
+    """A DP ring's chunk can be forwarded this much later than a PP message of its size
+    could be used: the ring's receiver hand-off and its share of the host's cores while every
+    stage runs its ring at once (pipeline.runtime.dp_ring)."""
     host: str = ""
     measured_at: str = ""
 
     def __post_init__(self) -> None:
-        for name in (*_COSTS, *_DELEGATE_COSTS):
+        for name in (*_COSTS, *_DELEGATE_COSTS, *_RING_COSTS):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"{name} must be a number of ms, got {value!r}")

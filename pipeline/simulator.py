@@ -362,15 +362,15 @@ def _step_end_ms(
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
-    cost, and can be used the host's receive lag later (the `direct` path's rule, over
-    delegates too). A message whose route failed is a LinkFailure, unless its link direction
-    is delegated (`failover`). Every DP message's record goes to `dp_messages` (its
+    cost, and can be used the host's receive lag and ring lag later (the `direct` path's
+    rule, over delegates too). A message whose route failed is a LinkFailure, unless its
+    link direction is delegated (`failover`). Every DP message's record goes to `dp_messages` (its
     `replica`: the sender's; `microbatch`: its index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
 
     def chunk_cost(num_bytes: int) -> tuple[float, float]:
         hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
-        return hold_ms, host.receive_lag_for_ms(num_bytes)
+        return hold_ms, host.receive_lag_for_ms(num_bytes) + host.ring_lag_ms
 
     ask = None if faults is NO_FAULTS else faults.message_fault
 

@@ -9,6 +9,10 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   a cost per MiB (Theil-Sen over the sizes);
 - receive lag: in the same runs, from a send's return to the start of the op that was
   waiting for it (only ops whose stage was idle when the send returned), fitted alike;
+- ring lag: a healthy DP ring on `num_stages` stages x 2 replicas (every stage's ring at
+  once, as in training; 16 chunks of 125 kB per link direction after a short 1F1B): the mean
+  time between a link direction's consecutive chunk sends, beyond what the send cost and the
+  receive lag fitted above make of it;
 - with delegates, the delegated path's copies and pick-up, and a failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
   the next NIC at its first message (the median, from noticing to taking over).
@@ -35,7 +39,7 @@ from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
 
-__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
+__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms", "ring_step_gaps_ms"]
 
 SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 _MIB = 1 << 20
@@ -113,10 +117,10 @@ def measure_host_costs(
     progress: Callable[[str], None] = lambda line: None,
     delegates: DelegateFactory | None = None,
 ) -> HostCosts:
-    """About 15 s: two pools (1 and `num_stages` workers: as many as the runs to predict,
-    since concurrent transfers share the host's cores), `repeats` measured iterations per
-    point; with `delegates` (adaptra.transport), a third with them, for the delegated
-    path's costs (about 10 s more)."""
+    """About 20 s: three pools (1, `num_stages` and 2 x `num_stages` workers: as many as
+    the runs to predict, since concurrent transfers share the host's cores), `repeats`
+    measured iterations per point; with `delegates` (adaptra.transport), a fourth with them,
+    for the delegated path's costs (about 10 s more)."""
     counter = [0]
     op_ms = 2.0
     with WorkerPool(1) as pool:
@@ -151,9 +155,47 @@ def measure_host_costs(
         host=platform.node(),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
+    costs = dataclasses.replace(costs, ring_lag_ms=_ring_lag_ms(costs, num_stages, repeats))
+    progress(f"DP ring lag: {costs.ring_lag_ms:.3f} ms per chunk")
     if delegates is None:
         return costs
     return _with_delegated_costs(costs, delegates, repeats, num_stages, progress)
+
+
+def ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
+    """(chunk bytes, ms from its send's start to the next one's) for each DP chunk that a
+    link direction sent after another in the same iteration."""
+    by_direction: dict[tuple[int, str, str], list] = {}
+    for message in timeline.dp_messages:
+        key = (message.iteration, message.link, message.direction)
+        by_direction.setdefault(key, []).append(message)
+    gaps = []
+    for messages in by_direction.values():
+        messages.sort(key=lambda m: m.send_start_ms)
+        gaps += [
+            (b.num_bytes, b.send_start_ms - a.send_start_ms)
+            for a, b in itertools.pairwise(messages)
+        ]
+    return gaps
+
+
+def _ring_lag_ms(costs: HostCosts, num_stages: int, repeats: int) -> float:
+    """The mean ring step beyond the simulator's for it with `costs` (a send, then the
+    receive lag: `pipeline.allreduce.ring_done_ms`), clamped at 0."""
+    chunk_bytes = 125_000
+    profile = Profile.uniform(
+        num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
+        allreduce_bytes=8 * 2 * chunk_bytes, dp_bucket_bytes=2 * chunk_bytes,
+    )  # fmt: skip
+    counter = [0]
+    with WorkerPool(num_stages, 2) as pool:
+        timelines = _runs(pool, _busy_both_ways(num_stages, 4), profile, repeats, counter)
+    beyond = [
+        gap - profile.dp_wire_ms(size) - costs.send_ms(size) - costs.receive_lag_for_ms(size)
+        for timeline in timelines
+        for size, gap in ring_step_gaps_ms(timeline)
+    ]
+    return max(statistics.fmean(beyond), 0.0)
 
 
 def _with_delegated_costs(

@@ -9,17 +9,19 @@ and its timing are emulated, not the arithmetic (no compute backend's gradients 
 
 Receives are posted a bucket ahead: the first bucket's as the iteration starts (`Ring.post`,
 before the pipeline's ops), each next one's as the bucket before it starts, so a worker
-holds 2 x 2 (D-1) chunk buffers, used bucket after bucket; a bucket's receiver thread starts
-with the bucket (the delegated path's waits on one link direction must not overlap). A gloo
+holds 2 x 2 (D-1) chunk buffers, used bucket after bucket. One receiver thread waits on them
+all, in order, from the first bucket's start (its waits on the link direction never overlap,
+as the delegated path needs): a thread per bucket cost its start and join, about 0.1 ms a
+bucket here (BENCHMARKS.md, Fig. 18). A gloo
 send waits until its receive is posted at the far end and the far end has said so; with
 receives posted only as their bucket began, each bucket's first send waited a round trip of
 the link first (on the testbed's delayed wire: 20 ms for a 20 ms delay, measured), which a
 ring over a link that delays each message does not pay.
 
 Every chunk is recorded, as the PP messages are (`RankResult.sends` and `receives`, the
-chunk's index in place of a microbatch): a bucket's receives are waited on by a receiver
-thread of its own (pipeline.runtime.receiver), which stamps each chunk's true arrival, and
-the ring takes a chunk from it when it forwards it (`needed`).
+chunk's index in place of a microbatch): the receiver thread (pipeline.runtime.receiver)
+stamps each chunk's true arrival, and the ring takes a chunk from it when it forwards it
+(`needed`).
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ class Ring:
         self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
         self._num_replicas = num_replicas
         self._sizes: tuple[int, ...] = ()
-        self._incoming: dict[int, Receiver] = {}
-        """The receiver thread of each bucket whose receives are posted, by bucket."""
+        self._incoming: Receiver | None = None
+        """The receiver thread of the ring predecessor's chunks, once a bucket is posted."""
         if num_replicas < 2:
             return  # no ring
         self._sizes = buckets(profile.allreduce_bytes[stage], profile.dp_bucket_bytes)
@@ -102,13 +104,14 @@ class Ring:
             return records
         pid = os.getpid()
         link, direction = str(self._link), self._direction
+        incoming = self._incoming
+        assert incoming is not None, "post() first"
+        incoming.start()
         for bucket, size in enumerate(self._sizes):
             if bucket + 1 < len(self._sizes):
                 self._post(bucket + 1)
             chunk = chunk_bytes(size, self._num_replicas)
             indices = self._indices(bucket)
-            incoming = self._incoming[bucket]
-            incoming.start()  # once the bucket before is in: one thread waits at a time
             for k, index in enumerate(indices):
                 if k:
                     self._take(incoming, indices[k - 1], records)
@@ -120,16 +123,16 @@ class Ring:
                     (link, direction, index, chunk, start, time.monotonic(), fault_ms, start, pid)
                 )
             self._take(incoming, indices[-1], records)
-            incoming.finish(self._timeout_s)
-            del self._incoming[bucket]
+        incoming.finish(self._timeout_s)
+        self._incoming = None
         return records
 
     def stop(self) -> None:
-        """Let every receiver thread end (daemons: one still inside a wait ends with the
+        """Let the receiver thread end (a daemon: one still inside a wait ends with the
         process)."""
-        for incoming in self._incoming.values():
-            incoming.stop(0.0)
-        self._incoming.clear()
+        if self._incoming is not None:
+            self._incoming.stop(0.0)
+            self._incoming = None
 
     def _indices(self, bucket: int) -> list[int]:
         return [
@@ -140,16 +143,14 @@ class Ring:
     def _post(self, bucket: int) -> None:
         chunk = chunk_bytes(self._sizes[bucket], self._num_replicas)
         inbox = self._inboxes[bucket % 2]
-        incoming = Receiver(
-            self._from_rank,
-            None,
-            [
-                (index, self._transport.post_dp_receive(self._from_rank, index, buffer[:chunk]))
-                for index, buffer in zip(self._indices(bucket), inbox, strict=True)
-            ],
-            self._timeout_s,
-        )
-        self._incoming[bucket] = incoming
+        receives = [
+            (index, self._transport.post_dp_receive(self._from_rank, index, buffer[:chunk]))
+            for index, buffer in zip(self._indices(bucket), inbox, strict=True)
+        ]
+        if self._incoming is None:
+            self._incoming = Receiver(self._from_rank, None, receives, self._timeout_s, more=True)
+        else:
+            self._incoming.add(receives)
 
     def _take(self, incoming: Receiver, index: int, records: RingRecords) -> None:
         """Wait for chunk `index` from the ring predecessor and record it."""

@@ -6,7 +6,8 @@ message therefore learns when it asked, not when the message came. A `Receiver` 
 per neighbour that waits on that neighbour's receives in the order the neighbour sends them
 (one TCP pair per neighbour delivers in order, so each wait returns as its message lands) and
 stamps `time.monotonic()` as each wait returns. The compute thread takes a message with `take`,
-which blocks on an event, never on gloo.
+which blocks on an event, never on gloo. A DP ring's receiver (`more`) is fed each bucket's
+receives as they are posted (`add`) and lives for the whole all-reduce.
 
 Timeouts: the thread's wait for a message gives up after `timeout_s` counted from when it
 starts that wait, i.e. from the arrival of the neighbour's previous message (or from the
@@ -62,22 +63,42 @@ class Receiver:
         kind: int | None,
         receives: Sequence[tuple[int, PendingReceive]],
         timeout_s: float,
+        *,
+        more: bool = False,
     ) -> None:
         """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
         each wait on one of them gives up after `timeout_s`. `kind` None: DP all-reduce
-        chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring)."""
+        chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring). `more`:
+        further receives come by `add` while the thread runs, until `finish`."""
         self.peer, self.kind = peer, kind
-        self._receives = tuple(receives)
-        self._slots = {microbatch: _Slot() for microbatch, _ in self._receives}
+        self._receives: list[tuple[int, PendingReceive]] = []
+        self._slots: dict[int, _Slot] = {}
         self._timeout_s = timeout_s
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._posted = threading.Condition()
+        """Guards `_receives`, `_slots` and `_closed` (`add` appends while the thread reads)."""
+        self._closed = False
         what = {None: "all-reduce chunks", ACTIVATION: "activations"}.get(kind, "gradients")
         self.name = f"receiver of {what} from rank {peer}"
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self.add(receives)
+        self._closed = not more
 
     def start(self) -> None:
         self._thread.start()
+
+    def add(self, receives: Sequence[tuple[int, PendingReceive]]) -> None:
+        """More receives, sent after those before (a receiver made with `more`)."""
+        with self._posted:
+            if self._closed:
+                raise RuntimeError(f"the {self.name} takes no more receives")
+            for microbatch, receive in receives:
+                self._receives.append((microbatch, receive))
+                self._slots[microbatch] = _Slot()
+                if self._error is not None:  # the thread has stopped: these fail alike
+                    self._fail(self._slots[microbatch], self._error)
+            self._posted.notify()
 
     def take(self, microbatch: int, timeout_s: float) -> Arrival:
         """Block until the message of `microbatch` is here; when it arrived (monotonic s) and
@@ -90,7 +111,8 @@ class Receiver:
             what = describe_chunk(self.peer, microbatch)
         else:
             what = describe(self.peer, self.kind, microbatch)
-        slot = self._slots.get(microbatch)
+        with self._posted:
+            slot = self._slots.get(microbatch)
         if slot is None:
             raise ScheduleError(f"{what} never comes: rank {self.peer}'s schedule does not send it")
         if not slot.done.wait(timeout_s):
@@ -100,8 +122,10 @@ class Receiver:
         return slot.arrival
 
     def finish(self, timeout_s: float) -> None:
-        """Join the thread once every message is in. Raises TimeoutError if it still waits
-        after `timeout_s`, or the error it stopped at (a message sent but never taken)."""
+        """Join the thread once every message is in (no more come by `add`). Raises
+        TimeoutError if it still waits after `timeout_s`, or the error it stopped at (a
+        message sent but never taken)."""
+        self._close()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise TimeoutError(f"the {self.name} still waits after {timeout_s:g} s")
@@ -112,24 +136,42 @@ class Receiver:
         """Let the thread end after its current wait, and join it for up to `grace_s`. False
         if it still waits (a daemon thread: it cannot keep the process alive)."""
         self._stop.set()
+        self._close()
         if self._thread.ident is not None:  # started
             self._thread.join(grace_s)
         return not self._thread.is_alive()
 
+    def _close(self) -> None:
+        with self._posted:
+            self._closed = True
+            self._posted.notify()
+
+    def _next(self, num_done: int) -> tuple[int, PendingReceive] | None:
+        """The receive after the first `num_done`, once it is posted; None once no more come."""
+        with self._posted:
+            while num_done == len(self._receives) and not self._closed:
+                self._posted.wait()
+            return self._receives[num_done] if num_done < len(self._receives) else None
+
+    @staticmethod
+    def _fail(slot: _Slot, err: BaseException) -> None:
+        slot.error = err
+        slot.done.set()
+
     def _run(self) -> None:
         num_done = 0
         try:
-            for microbatch, receive in self._receives:
+            while (posted := self._next(num_done)) is not None:
                 if self._stop.is_set():
                     raise RuntimeError(f"the {self.name} was stopped")
+                microbatch, receive = posted
                 stamped = receive.wait(self._timeout_s)
                 slot = self._slots[microbatch]
                 slot.arrival = stamped or Arrival(time.monotonic())
                 slot.done.set()
                 num_done += 1
         except BaseException as err:  # handed to whoever takes a message not received
-            self._error = err
-            for microbatch, _ in self._receives[num_done:]:
-                slot = self._slots[microbatch]
-                slot.error = err
-                slot.done.set()
+            with self._posted:
+                self._error = err
+                for microbatch, _ in self._receives[num_done:]:
+                    self._fail(self._slots[microbatch], err)

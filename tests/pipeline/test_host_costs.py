@@ -24,9 +24,9 @@ def test_round_trip_and_costs(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
     path.write_text(json.dumps(COSTS))
     costs = HostCosts.from_file(path)
-    delegated = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "delegate_pickup_ms",
-                 "copy_in_fixed_ms", "copy_in_ms_per_mib", "failover_ms")  # fmt: skip
-    assert costs.to_dict() == {**COSTS, **dict.fromkeys(delegated, 0.0)}  # measured without
+    optional = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "delegate_pickup_ms",
+                "copy_in_fixed_ms", "copy_in_ms_per_mib", "failover_ms", "ring_lag_ms")  # fmt: skip
+    assert costs.to_dict() == {**COSTS, **dict.fromkeys(optional, 0.0)}  # measured without
     assert HostCosts.from_dict(costs.to_dict()) == costs
     assert costs.send_ms(2 << 20) == pytest.approx(0.2 + 0.8)
     assert costs.receive_lag_for_ms(1 << 19) == pytest.approx(0.3 + 0.05)
@@ -43,6 +43,7 @@ def test_round_trip_and_costs(tmp_path: Path) -> None:
         ({"receive_lag_ms": True}, "receive_lag_ms must be a number"),
         ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
         ({"send_ms_per_mib": None}, "send_ms_per_mib must be a number"),
+        ({"ring_lag_ms": -0.5}, "ring_lag_ms must be finite and >= 0"),
     ],
 )
 def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str) -> None:

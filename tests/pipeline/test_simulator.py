@@ -1,3 +1,4 @@
+import dataclasses
 import itertools
 from collections import defaultdict
 
@@ -183,6 +184,10 @@ def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
         steps.append(timeline.iterations[0].step_time_ms)
     # 2 buckets x 2 ring steps, each a send (0.2 ms) and the receiver's lag (0.3 ms).
     assert steps == [pytest.approx(2.0), pytest.approx(2.0)]
+    ringed = dataclasses.replace(host, ring_lag_ms=0.25)  # the ring's own lag, per step too
+    with_lag = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=ringed)
+    assert with_lag.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * 0.25)
+    assert with_lag.ops == timeline.ops  # the pipeline's messages do not pay it
 
 
 @given(profiles(), st.sampled_from(BUILDERS), st.sampled_from(["direct", "delegated"]))

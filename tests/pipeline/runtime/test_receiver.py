@@ -97,3 +97,43 @@ def test_a_message_never_sent_and_one_that_does_not_come_are_named() -> None:
 
 def test_stopping_a_receiver_never_started_is_fine() -> None:
     assert Receiver(0, GRADIENT, [(0, _Receive())], timeout_s=1).stop(grace_s=1)
+
+
+def test_receives_added_while_it_runs_are_waited_on_in_order_until_finish() -> None:
+    """A ring's receiver (`more`): each bucket's receives come as the bucket before starts."""
+    first, second, third = _Receive(), _Receive(), _Receive()
+    receiver = Receiver(2, None, [(0, first)], timeout_s=10, more=True)
+    receiver.start()
+    first.release.set()
+    arrived_s = receiver.take(0, timeout_s=10).arrived_s
+    assert first.returned_s is not None and arrived_s >= first.returned_s
+    receiver.add([(1, second), (2, third)])  # the thread was waiting for them
+    second.release.set()
+    third.release.set()
+    assert receiver.take(2, timeout_s=10).arrived_s >= receiver.take(1, timeout_s=10).arrived_s
+    assert second.returned_s is not None and third.returned_s is not None
+    assert second.returned_s <= third.returned_s
+    assert receiver.name in [t.name for t in _receiver_threads()]  # more may come
+    receiver.finish(timeout_s=10)
+    assert receiver.name == "receiver of all-reduce chunks from rank 2"
+    assert not _receiver_threads()
+    with pytest.raises(RuntimeError, match="takes no more receives"):
+        receiver.add([(3, _Receive())])
+
+
+def test_an_error_fails_the_receives_added_after_it_and_stop_ends_a_waiting_thread() -> None:
+    error = ConnectionResetError("Connection closed by peer")
+    failed = Receiver(0, None, [(0, _Receive(error))], timeout_s=10, more=True)
+    failed.start()
+    with pytest.raises(ConnectionResetError):
+        failed.take(0, timeout_s=10)
+    failed.add([(1, _Receive())])
+    with pytest.raises(ConnectionResetError) as caught:
+        failed.take(1, timeout_s=10)
+    assert caught.value is error
+    with pytest.raises(ConnectionResetError):
+        failed.finish(timeout_s=10)
+    idle = Receiver(1, None, [], timeout_s=10, more=True)
+    idle.start()  # waits for receives that never come
+    assert idle.stop(grace_s=10)
+    assert not _receiver_threads()
