@@ -39,7 +39,7 @@ _DELEGATE_COSTS = (
     "failover_ms",
 )
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
-_RING_COSTS = ("ring_lag_ms",)
+_RING_COSTS = ("ring_lag_ms", "delegated_ring_lag_ms")
 """The DP ring's: optional in a file (one written before it was measured: 0)."""
 _MIB = 1 << 20
 
@@ -75,6 +75,9 @@ class HostCosts:
     """A DP ring's chunk can be forwarded this much later than a PP message of its size
     could be used: the ring's receiver hand-off and its share of the host's cores while every
     stage runs its ring at once (pipeline.runtime.dp_ring)."""
+    delegated_ring_lag_ms: float = 0.0
+    """The same, for a ring whose chunks go over the delegates (the plan delegates its link
+    directions), in place of `ring_lag_ms`."""
     host: str = ""
     measured_at: str = ""
 

@@ -325,6 +325,7 @@ def simulate(
             profile, stage_ends, host, faults, iteration, start_ms,
             _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
             dp_messages,
+            host.delegated_ring_lag_ms if comm is CommMode.DELEGATED else host.ring_lag_ms,
         )  # fmt: skip
     return Timeline(
         num_stages=num_stages,
@@ -358,19 +359,21 @@ def _step_end_ms(
     start_ms: float,
     failover: _DpFailover,
     dp_messages: list[MessageRecord],
+    ring_lag_ms: float,
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
-    cost, and can be used the host's receive lag and ring lag later (the `direct` path's
-    rule, over delegates too). A message whose route failed is a LinkFailure, unless its
-    link direction is delegated (`failover`). Every DP message's record goes to `dp_messages` (its
-    `replica`: the sender's; `microbatch`: its index; on the wire from its send's start)."""
+    cost, and can be used the host's receive lag and `ring_lag_ms` later (the `direct`
+    path's rule, over delegates too, with the delegated ring's lag). A message whose route
+    failed is a LinkFailure, unless its link direction is delegated (`failover`). Every DP
+    message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
+    index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
 
     def chunk_cost(num_bytes: int) -> tuple[float, float]:
         hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
-        return hold_ms, host.receive_lag_for_ms(num_bytes) + host.ring_lag_ms
+        return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag_ms
 
     ask = None if faults is NO_FAULTS else faults.message_fault
 

@@ -13,7 +13,8 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   once, as in training; 16 chunks of 125 kB per link direction after a short 1F1B): the mean
   time between a link direction's consecutive chunk sends, beyond what the send cost and the
   receive lag fitted above make of it;
-- with delegates, the delegated path's copies and pick-up, and a failover: one iteration in
+- with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
+  failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
   the next NIC at its first message (the median, from noticing to taking over).
 
@@ -119,8 +120,8 @@ def measure_host_costs(
 ) -> HostCosts:
     """About 20 s: three pools (1, `num_stages` and 2 x `num_stages` workers: as many as
     the runs to predict, since concurrent transfers share the host's cores), `repeats`
-    measured iterations per point; with `delegates` (adaptra.transport), a fourth with them,
-    for the delegated path's costs (about 10 s more)."""
+    measured iterations per point; with `delegates` (adaptra.transport), two more with them,
+    for the delegated path's costs (about 15 s more)."""
     counter = [0]
     op_ms = 2.0
     with WorkerPool(1) as pool:
@@ -179,17 +180,23 @@ def ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
     return gaps
 
 
-def _ring_lag_ms(costs: HostCosts, num_stages: int, repeats: int) -> float:
+def _ring_lag_ms(
+    costs: HostCosts, num_stages: int, repeats: int, delegates: DelegateFactory | None = None
+) -> float:
     """The mean ring step beyond the simulator's for it with `costs` (a send, then the
-    receive lag: `pipeline.allreduce.ring_done_ms`), clamped at 0."""
+    receive lag: `pipeline.allreduce.ring_done_ms`), clamped at 0; with `delegates`, of a
+    ring over them (3 per link direction and side)."""
     chunk_bytes = 125_000
     profile = Profile.uniform(
         num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
         allreduce_bytes=8 * 2 * chunk_bytes, dp_bucket_bytes=2 * chunk_bytes,
     )  # fmt: skip
     counter = [0]
-    with WorkerPool(num_stages, 2) as pool:
-        timelines = _runs(pool, _busy_both_ways(num_stages, 4), profile, repeats, counter)
+    comm = "direct" if delegates is None else "delegated"
+    num_delegates = 0 if delegates is None else 3
+    with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
+        schedule = _busy_both_ways(num_stages, 4)
+        timelines = _runs(pool, schedule, profile, repeats, counter, comm=comm)
     beyond = [
         gap - profile.dp_wire_ms(size) - costs.send_ms(size) - costs.receive_lag_for_ms(size)
         for timeline in timelines
@@ -231,6 +238,8 @@ def _with_delegated_costs(
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
     out_fixed, out_per_mib = _fit_line(copies_out)
     in_fixed, in_per_mib = _fit_line(copies_in)
+    ring_lag_ms = _ring_lag_ms(costs, num_stages, repeats, delegates)
+    progress(f"DP ring lag over the delegates: {ring_lag_ms:.3f} ms per chunk")
     return dataclasses.replace(
         costs,
         copy_out_fixed_ms=out_fixed,
@@ -239,6 +248,7 @@ def _with_delegated_costs(
         copy_in_fixed_ms=in_fixed,
         copy_in_ms_per_mib=in_per_mib,
         failover_ms=failover_ms,
+        delegated_ring_lag_ms=ring_lag_ms,
     )
 
 

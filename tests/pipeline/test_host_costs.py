@@ -25,7 +25,8 @@ def test_round_trip_and_costs(tmp_path: Path) -> None:
     path.write_text(json.dumps(COSTS))
     costs = HostCosts.from_file(path)
     optional = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "delegate_pickup_ms",
-                "copy_in_fixed_ms", "copy_in_ms_per_mib", "failover_ms", "ring_lag_ms")  # fmt: skip
+                "copy_in_fixed_ms", "copy_in_ms_per_mib", "failover_ms", "ring_lag_ms",
+                "delegated_ring_lag_ms")  # fmt: skip
     assert costs.to_dict() == {**COSTS, **dict.fromkeys(optional, 0.0)}  # measured without
     assert HostCosts.from_dict(costs.to_dict()) == costs
     assert costs.send_ms(2 << 20) == pytest.approx(0.2 + 0.8)
