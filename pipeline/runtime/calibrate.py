@@ -40,7 +40,7 @@ from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
 
-__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms", "ring_step_gaps_ms"]
+__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
 
 SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 _MIB = 1 << 20
@@ -163,7 +163,7 @@ def measure_host_costs(
     return _with_delegated_costs(costs, delegates, repeats, num_stages, progress)
 
 
-def ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
+def _ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
     """(chunk bytes, ms from its send's start to the next one's) for each DP chunk that a
     link direction sent after another in the same iteration."""
     by_direction: dict[tuple[int, str, str], list] = {}
@@ -200,7 +200,7 @@ def _ring_lag_ms(
     beyond = [
         gap - profile.dp_wire_ms(size) - costs.send_ms(size) - costs.receive_lag_for_ms(size)
         for timeline in timelines
-        for size, gap in ring_step_gaps_ms(timeline)
+        for size, gap in _ring_step_gaps_ms(timeline)
     ]
     return max(statistics.fmean(beyond), 0.0)
 

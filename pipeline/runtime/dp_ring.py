@@ -12,8 +12,8 @@ before the pipeline's ops), each next one's as the bucket before it starts, so a
 holds 2 x 2 (D-1) chunk buffers, used bucket after bucket. One receiver thread waits on them
 all, in order, from the first bucket's start (its waits on the link direction never overlap,
 as the delegated path needs): a thread per bucket cost its start and join, about 0.1 ms a
-bucket here (BENCHMARKS.md, Fig. 18). A gloo
-send waits until its receive is posted at the far end and the far end has said so; with
+bucket here (BENCHMARKS.md, Fig. 18). A gloo send waits until its receive is posted at the
+far end and the far end has said so; with
 receives posted only as their bucket began, each bucket's first send waited a round trip of
 the link first (on the testbed's delayed wire: 20 ms for a 20 ms delay, measured), which a
 ring over a link that delays each message does not pay.
