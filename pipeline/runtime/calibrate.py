@@ -186,10 +186,10 @@ def _ring_lag_ms(
     """The mean ring step beyond the simulator's for it with `costs` (a send, then the
     receive lag: `pipeline.allreduce.ring_done_ms`), clamped at 0; with `delegates`, of a
     ring over them (3 per link direction and side)."""
-    chunk_bytes = 125_000
+    chunk = 125_000  # bytes: 8 buckets of 2 chunks each way
     profile = Profile.uniform(
         num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
-        allreduce_bytes=8 * 2 * chunk_bytes, dp_bucket_bytes=2 * chunk_bytes,
+        allreduce_bytes=8 * 2 * chunk, dp_bucket_bytes=2 * chunk,
     )  # fmt: skip
     counter = [0]
     comm = "direct" if delegates is None else "delegated"

@@ -190,8 +190,8 @@ def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
     assert with_lag.ops == timeline.ops  # the pipeline's messages do not pay it
     over_delegates = dataclasses.replace(ringed, delegated_ring_lag_ms=0.5)
     for comm, lag_ms in ((CommMode.DIRECT, 0.25), (CommMode.DELEGATED, 0.5)):
-        delegated = simulate(one_f_one_b(profile), profile, comm, host=over_delegates)
-        assert delegated.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * lag_ms)
+        run = simulate(one_f_one_b(profile), profile, comm, host=over_delegates)
+        assert run.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * lag_ms)
 
 
 @given(profiles(), st.sampled_from(BUILDERS), st.sampled_from(["direct", "delegated"]))

@@ -83,8 +83,8 @@ def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulato
 def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_decisions() -> None:
     """No leak: 30 ms on link 1-2 as the profile's `delay_ms`, slept by the workers' fault
     hook, or put on the testbed's wire; the controller never reads either, and decides the
-    same, and estimates it within 20 % of 30 ms either way (the stamps of a machine as loaded
-    as CI's own runs make it once put one estimate more than 3 ms from 30)."""
+    same, and estimates it within 20 % of 30 ms either way (under the load of CI's own runs
+    one estimate once came out more than 3 ms from 30)."""
     profile = PROFILE.with_delays((0.0, 30.0, 0.0))
     by_hook = _run(profile, NO_FAULTS, 6, "emulated", "hook")
     by_wire = _run(profile, NO_FAULTS, 6, "emulated", "network")
