@@ -162,13 +162,16 @@ def system_controller(
     num_warmup_iterations: int = 1,
     planner: Planner = _planned,
     profile_for: Callable[[Schedule], Profile] | None = None,
+    direct_comm: CommMode = CommMode.DIRECT,
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's controller from measurements (it never reads `faults` or the profile's
     delays), Adaptra's oracle (it re-plans where the delays in force change), or for the
     other systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
     iterations count and `faults` does not. `profile_for`: the op times a schedule runs
-    under (a cost model's fused or split times)."""
+    under (a cost model's fused or split times). `direct_comm`: how the systems on the direct
+    path send (the paper's models: `nccl-sleep`, its GPU path as its artifact injects delays;
+    Adaptra before it delegates and Falcon stay on `direct`)."""
     policy, comm = resolve_system(system, profile)
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)
@@ -193,7 +196,8 @@ def system_controller(
             profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms),
             num_delegates=profile.num_delegates,
         )
-    fixed = Plan(schedule, profile, CommMode(comm), policy=policy)
+    sends = direct_comm if comm == "direct" else CommMode(comm)
+    fixed = Plan(schedule, profile, sends, policy=policy)
     if system == "adaptra-cpu":
         return DelegatingController(fixed, run_profile)
     return FixedPlan(fixed)

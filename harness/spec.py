@@ -26,6 +26,7 @@ from pipeline.files import load_yaml, read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
+from pipeline.simulator import CommMode
 from pipeline.topology import Link, Topology
 
 __all__ = [
@@ -351,4 +352,5 @@ def controller_for(
         num_warmup_iterations=num_warmup_iterations,
         planner=planner or memoised_planner(),
         profile_for=None if target.cost is None else target.cost.profile_for,
+        direct_comm=CommMode.DIRECT if target.cost is None else CommMode.NCCL_SLEEP,
     )

@@ -17,6 +17,7 @@ from pipeline.allreduce import KIND, MessageDelay, RingMessage, ring_done_ms
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, HostCosts
+from pipeline.nccl_sleep import time_replica
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
@@ -33,6 +34,9 @@ class CommMode(StrEnum):
     """The send runs on the stage after its op: head-of-line blocking until it completes."""
     DELEGATED = "delegated"
     """Copies to and from host on the stage; delegates per link direction carry messages."""
+    NCCL_SLEEP = "nccl-sleep"
+    """The paper's GPU path as its artifact injects delays (pipeline.nccl_sleep): NCCL sends
+    and receives on one dispatch queue per GPU, each delay a sleep kernel before a send."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -124,6 +128,8 @@ def simulate(
         for replica in range(num_replicas):
             validate_schedule(schedule_of(replica), num_stages, counts[replica])
     comm = CommMode(comm)
+    if CommMode.NCCL_SLEEP in (comm, *(o.comm for o in link_comms)) and link_comms:
+        raise ScheduleError("comm nccl-sleep times every link alike: it mixes with no other mode")
     # modes[link][direction]: how that link direction's messages go.
     modes = [[comm, comm] for _ in range(num_stages - 1)]
     for override in link_comms:
@@ -154,6 +160,8 @@ def simulate(
 
     def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
         """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
+        if comm is CommMode.NCCL_SLEEP:
+            return run_nccl_replica(replica)
         stages = schedule_of(replica).stages
         count = counts[replica]
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
@@ -294,6 +302,59 @@ def simulate(
             position[stage_idx] = pos
             pending.extend(notify)
         return op_records, messages, free_at
+
+    def run_nccl_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
+        pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]
+
+        def sleep_for(
+            link_idx: int, direction: str, message: tuple[str, int], at_ms: float
+        ) -> float:
+            delay_ms = profile.delay_ms[link_idx]
+            if faults is not NO_FAULTS:
+                kind, m = message
+                fault = faults.message_fault(
+                    pp_links[link_idx], direction, kind, m, message_bytes, at_ms
+                )
+                if fault.failed:
+                    raise LinkFailure(
+                        f"iteration {iteration}: the {direction} message of microbatch {m} on "
+                        f"link {pp_links[link_idx]} cannot go: its link or a NIC on its route "
+                        f"is down ({at_ms:.3f} ms into the iteration)",
+                        at_ms=at_ms,
+                    )
+                delay_ms += fault.delay_ms
+            return delay_ms
+
+        ops, sent, done = time_replica(
+            schedule_of(replica).stages,
+            lambda stage, op: durations[op.kind][stage],
+            profile.wire_ms(),
+            sleep_for,
+            start_ms,
+        )
+        op_records = [
+            OpRecord(iteration, s, op.kind, op.microbatch, a, b, replica) for s, op, a, b in ops
+        ]
+        fields = [
+            [
+                iteration,
+                links[min(m.sender, m.receiver)],
+                "forward" if m.receiver > m.sender else "backward",
+                m.message[1],
+                message_bytes,
+                m.sent_ms,
+                m.arrival_ms,
+                m.arrival_ms,
+                m.asked_ms,
+                replica,
+                m.sleep_ms,
+                m.wire_start_ms,
+                0.0,
+                0,
+            ]
+            for m in sent
+        ]
+        return op_records, fields, done
 
     op_records, messages, free_at = run_replica(0)
     stage_ends = [free_at]

@@ -91,9 +91,12 @@ def test_table3_trace_adaptra_keeps_throughput(tmp_path: Path) -> None:
     assert throughput["adaptra-oracle"] > throughput["adaptra"]
     iterations = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     adaptra = {int(r["iteration"]): r for r in iterations if r["system"] == "adaptra"}
-    # Delegates only once the first straggler (iteration 15) is seen; healthy steps are equal.
+    # Delegates only once the first straggler (iteration 15) is seen. A healthy step is ZB's
+    # within 2 %: Adaptra's direct path is the runtime's (a send holds its sender while on
+    # the wire), ZB's the paper's GPU path (nccl-sleep: NCCL sends beside the compute).
     assert adaptra[0]["comm"] == "direct" and adaptra[20]["comm"] == "delegated"
-    healthy_1f1b = next(r for r in iterations if r["system"] == "zb" and r["iteration"] == "5")
-    assert float(adaptra[5]["iteration_time_ms"]) <= float(healthy_1f1b["iteration_time_ms"])
+    healthy_zb = next(r for r in iterations if r["system"] == "zb" and r["iteration"] == "5")
+    zb_ms, adaptra_ms = (float(r["iteration_time_ms"]) for r in (healthy_zb, adaptra[5]))
+    assert zb_ms <= adaptra_ms <= 1.02 * zb_ms
     png = run_dir / "throughput_over_time.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,115 @@
+"""The paper's GPU path as its artifact injects delays (pipeline.nccl_sleep, comm nccl-sleep)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from baselines.one_f_one_b import one_f_one_b
+from baselines.zero_bubble import zb_h1
+from pipeline.errors import LinkFailure, ScheduleError
+from pipeline.faults import MessageFault
+from pipeline.profile import Profile
+from pipeline.simulator import CommMode, LinkComm, simulate
+from pipeline.topology import Link
+
+
+def _profile(num_stages: int, delay_ms: dict[int, float] | None = None) -> Profile:
+    delays = tuple((delay_ms or {}).get(i, 0.0) for i in range(num_stages - 1))
+    return Profile(
+        num_stages=num_stages,
+        num_microbatches=2 * num_stages,
+        t_f_ms=(10.0,) * num_stages,
+        t_b_ms=(10.0,) * num_stages,
+        t_w_ms=(10.0,) * num_stages,
+        delay_ms=delays,
+    )
+
+
+def _end_ms(schedule, profile: Profile) -> float:  # type: ignore[no-untyped-def]
+    return simulate(schedule, profile, CommMode.NCCL_SLEEP).iterations[0].end_ms
+
+
+def _sleeps(schedule, profile: Profile) -> dict[tuple[str, str], set[float]]:  # type: ignore[no-untyped-def]
+    timeline = simulate(schedule, profile, CommMode.NCCL_SLEEP)
+    found: dict[tuple[str, str], set[float]] = {}
+    for m in timeline.messages:
+        found.setdefault((m.link, m.direction), set()).add(m.fault_ms)
+    return found
+
+
+def test_without_delays_it_is_the_ideal_pipeline() -> None:
+    """No sleep, messages instantaneous: both runtimes' orders give the ideal times."""
+    for build in (one_f_one_b, zb_h1):
+        profile = _profile(4)
+        schedule = build(profile)
+        ideal = simulate(schedule, profile, CommMode.IDEAL).iterations[0].end_ms
+        assert _end_ms(schedule, profile) == pytest.approx(ideal)
+
+
+def test_megatron_batched_calls_count_stage_2_to_1_on_link_2_3() -> None:
+    """On the PP group's communicator the injector takes peer rank 1 for 'the next stage':
+    stage 2's gradients to stage 1 sleep when link 2-3 is slow, and not when 1-2 is."""
+    schedule = one_f_one_b(_profile(4))
+    slow_2_3 = _sleeps(schedule, _profile(4, {2: 30.0}))
+    assert slow_2_3[("2-3", "forward")] == slow_2_3[("2-3", "backward")] == {30.0}
+    assert slow_2_3[("1-2", "backward")] == {30.0}  # the injector's misreading
+    assert slow_2_3[("1-2", "forward")] == slow_2_3[("0-1", "backward")] == {0.0}
+    slow_1_2 = _sleeps(schedule, _profile(4, {1: 30.0}))
+    assert slow_1_2[("1-2", "forward")] == {30.0}
+    assert slow_1_2[("1-2", "backward")] == {0.0}
+
+
+def test_zero_bubble_pair_communicators_sleep_on_the_slow_link_only() -> None:
+    schedule = zb_h1(_profile(4))
+    found = _sleeps(schedule, _profile(4, {2: 30.0}))
+    assert found[("2-3", "forward")] == found[("2-3", "backward")] == {30.0}
+    assert found[("1-2", "backward")] == found[("0-1", "forward")] == {0.0}
+
+
+def test_a_sleep_holds_its_senders_queue() -> None:
+    """Two stages, one microbatch per op: stage 0's F1 waits behind F0's send and its
+    sleep on the one dispatch queue, so F1 starts at 10 + 40 ms, not at 10 ms."""
+    profile = dataclasses.replace(_profile(2, {0: 40.0}), num_microbatches=2)
+    timeline = simulate(zb_h1(profile), profile, CommMode.NCCL_SLEEP)
+    starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in timeline.ops}
+    assert starts[0, "F", 0] == 0.0
+    assert starts[0, "F", 1] == pytest.approx(50.0)
+    assert starts[1, "F", 0] == pytest.approx(50.0)  # the activation left after the sleep
+
+
+def test_megatron_round_trips_serialise_on_the_last_link() -> None:
+    """1F1B with link 2-3 slow pays more than with link 0-1 slow at S = 4 (the injector's
+    misreading adds stage 2's sends to stage 1), as the paper's Fig. 16 shows for 7B."""
+    schedule = one_f_one_b(_profile(4))
+    first = _end_ms(schedule, _profile(4, {0: 60.0}))
+    last = _end_ms(schedule, _profile(4, {2: 60.0}))
+    assert last > first + 100.0
+
+
+class _DownLink:
+    """An iteration's faults: PP link 1-2 of replica 0 down."""
+
+    def message_fault(self, link, direction, kind, microbatch, num_bytes=0, offset_ms=0.0):  # type: ignore[no-untyped-def]
+        return MessageFault(failed=link == Link.pp(1, 0))
+
+    def affects(self, link: Link) -> bool:
+        return link == Link.pp(1, 0)
+
+    def cache_key(self) -> None:
+        return None
+
+
+def test_a_failed_link_is_a_link_failure() -> None:
+    profile = _profile(4)
+    faults = _DownLink()
+    with pytest.raises(LinkFailure, match="link pp0:1-2"):
+        simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, faults=faults)
+
+
+def test_it_mixes_with_no_other_mode() -> None:
+    profile = _profile(3)
+    mixed = (LinkComm(Link.pp(0), "forward", CommMode.DELEGATED),)
+    with pytest.raises(ScheduleError, match="nccl-sleep"):
+        simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, link_comms=mixed)
