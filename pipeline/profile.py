@@ -30,6 +30,7 @@ _OPTIONAL_KEYS = (
     "link_bandwidth_gbps",
     "num_delegates",
     "copy_gbps",
+    "delegate_gbps",
     "dp",
     "allreduce_bytes",
     "dp_bucket_bytes",
@@ -120,6 +121,9 @@ class Profile:
     (`delegates_needed`)."""
     copy_gbps: float | None = None
     """Device-host copy speed in `delegated` mode; None: copies are free."""
+    delegate_gbps: float | None = None
+    """One delegate's own send rate in `delegated` mode (a CPU-side send, e.g. gloo over one
+    TCP connection): a delegated message's bytes go at this rate; None: the link's."""
     num_replicas: int = 1
     """DP replicas (the file's `dp`): each runs the pipeline, then the DP step
     (pipeline.allreduce) reduces each stage's gradients over its replicas."""
@@ -170,6 +174,7 @@ class Profile:
         if self.num_delegates is not None:
             check_count("num_delegates", self.num_delegates, 1)
         object.__setattr__(self, "copy_gbps", _check_rate("copy_gbps", self.copy_gbps))
+        object.__setattr__(self, "delegate_gbps", _check_rate("delegate_gbps", self.delegate_gbps))
         num_replicas = check_count("dp", self.num_replicas, 1, MAX_REPLICAS)
         object.__setattr__(
             self,
@@ -263,6 +268,7 @@ class Profile:
             "link_bandwidth_gbps": self.link_bandwidth_gbps,
             "num_delegates": self.num_delegates,
             "copy_gbps": self.copy_gbps,
+            "delegate_gbps": self.delegate_gbps,
             "dp": self.num_replicas,
             "allreduce_bytes": list(self.allreduce_bytes),
             "dp_bucket_bytes": self.dp_bucket_bytes,
@@ -339,6 +345,13 @@ class Profile:
         """Delegates per link direction and side: `num_delegates`, or the paper's rule
         (`delegates_needed`) where the profile gives none; every engine takes this."""
         return self.num_delegates if self.num_delegates is not None else self.delegates_needed()
+
+    def delegated_wire_ms(self) -> float:
+        """Latency plus serialisation time of one message a delegate sends (`delegate_gbps`,
+        else the link's), before any injected delay."""
+        if self.delegate_gbps is None:
+            return self.wire_ms()
+        return self.link_latency_ms + self.message_bytes * 8 / (self.delegate_gbps * 1e6)
 
     def copy_ms(self) -> float:
         """One device-host copy of a message in `delegated` mode."""

@@ -143,6 +143,8 @@ def simulate(
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
     copy_out_ms = profile.copy_ms() + host.copy_out_ms(message_bytes)
     pickup_ms = host.delegate_pickup_ms
+    # A delegate sends at its own rate (profile.delegate_gbps), not the link's.
+    delegated_extra_ms = profile.delegated_wire_ms() - profile.wire_ms()
     num_delegates = profile.delegate_count()
     # The host-to-device copy before an op that takes in a delegated message.
     copy_in_ms = profile.copy_ms() + host.copy_in_ms(message_bytes)
@@ -275,8 +277,9 @@ def simulate(
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
                     wire_start = max(send_end + pickup_ms, slots[slot])
-                    slots[slot] = wire_start + transfer_ms + send_ms
-                    arrival = wire_start + transfer_ms + send_ms + lag_ms
+                    carried_ms = transfer_ms + delegated_extra_ms
+                    slots[slot] = wire_start + carried_ms + send_ms
+                    arrival = wire_start + carried_ms + send_ms + lag_ms
                 free = max(free, send_end)
                 arrivals[dest][m] = arrival
                 fields = [

@@ -68,6 +68,8 @@ class DetectingController:
         self._moved_before = False
         """Whether the previous belief's estimates had moved past the margin too."""
         self._failed_over = False
+        self._delegating = False
+        """The last plan's PP messages go over delegates."""
         self._medians = TimelineMedians(self.detector)
         self.swaps = DpSwaps(profile.topology)
         self.num_replans = 0
@@ -76,12 +78,14 @@ class DetectingController:
     def plan(self, iteration: int) -> Plan:
         delays = self._planned
         comm = CommMode.DELEGATED if any(delays) or self._failed_over else CommMode.DIRECT
+        self._delegating = comm is CommMode.DELEGATED
         plan = self._plans.plan(delays, comm, tuple(sorted(self._detected.items())))
         return dataclasses.replace(plan, topology=self.swaps.swapped)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         """`timeline`: the iteration's alone (an engine's `Outcome.timeline`)."""
-        belief = self.detector.believe(iteration, self._medians(timeline))
+        medians = self._medians(timeline, delegated=self._delegating)
+        belief = self.detector.believe(iteration, medians)
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
         self.swaps.update(belief)

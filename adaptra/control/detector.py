@@ -35,6 +35,7 @@ model's expectation is subtracted).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import statistics
@@ -102,6 +103,11 @@ class LinkDetector:
         self._pp_expected_ms = {
             link_name(i): self._healthy.transfer_ms(i) for i in range(profile.num_stages - 1)
         }
+        # over delegates a message goes at a delegate's own rate (profile.delegate_gbps)
+        slower_ms = self._healthy.delegated_wire_ms() - self._healthy.wire_ms()
+        self._delegated_expected_ms = {
+            link: expected_ms + slower_ms for link, expected_ms in self._pp_expected_ms.items()
+        }
         self.thresholds = thresholds
         self._floor_ms = {True: math.inf, False: math.inf}
         """The least median seen so far, by whether its link is a PP link."""
@@ -116,15 +122,17 @@ class LinkDetector:
         return self.believe(iteration, self.direction_medians(ours))
 
     def direction_medians(
-        self, messages: Iterable[MessageRecord]
+        self, messages: Iterable[MessageRecord], *, delegated: bool = False
     ) -> dict[tuple[str, str, int], float]:
         """Per (link, direction, replica): the median over `messages` of arrival - wire start
-        less what the link model expects. A function of the messages' times alone (the same
-        for a timeline moved in time: `Timeline.repeats`)."""
+        less what the link model expects (`delegated`: for PP messages over delegates). A
+        function of the messages' times alone (the same for a timeline moved in time:
+        `Timeline.repeats`)."""
+        pp_expected_ms = self._delegated_expected_ms if delegated else self._pp_expected_ms
         spent: dict[tuple[str, str, int], list[float]] = {}
         for m in messages:
             key = (m.link, m.direction, m.replica)
-            expected_ms = self._pp_expected_ms.get(m.link)
+            expected_ms = pp_expected_ms.get(m.link)
             if expected_ms is None:  # a DP link's: its chunks' sizes differ by bucket
                 expected_ms = self._healthy.dp_wire_ms(m.num_bytes)
             spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms - expected_ms)
@@ -156,13 +164,19 @@ class TimelineMedians:
     simulator's repeated iterations: `pipeline.timeline.PerSource`)."""
 
     def __init__(self, detector: LinkDetector, *, dp_only: bool = False) -> None:
-        def medians(source: Timeline) -> dict[tuple[str, str, int], float]:
+        def medians(source: Timeline, delegated: bool) -> dict[tuple[str, str, int], float]:
             messages: Iterable[MessageRecord] = source.dp_messages
             if not dp_only:
                 messages = itertools.chain(source.messages, messages)
-            return detector.direction_medians(messages)
+            return detector.direction_medians(messages, delegated=delegated)
 
-        self._medians = PerSource(medians)
+        self._medians = {
+            delegated: PerSource(functools.partial(medians, delegated=delegated))
+            for delegated in (False, True)
+        }
 
-    def __call__(self, timeline: Timeline) -> dict[tuple[str, str, int], float]:
-        return self._medians(timeline)
+    def __call__(
+        self, timeline: Timeline, *, delegated: bool = False
+    ) -> dict[tuple[str, str, int], float]:
+        """`delegated`: the timeline's PP messages went over delegates."""
+        return self._medians[delegated](timeline)
