@@ -3,8 +3,8 @@
 FLOPs and activation sizes per transformer layer are ZeroBubble's (docs/paper.md); the
 embedding and the output head each take one layer slot (docs/paper.md). A hardware
 profile turns FLOPs into milliseconds; `Calibration` holds the free parameters, fitted once on
-the paper's fault-free iteration times (benchmarks/calibrate_cost_model.py) and then frozen as
-`CALIBRATED`.
+the paper's fault-free iteration times and its delegation overhead
+(benchmarks/calibrate_cost_model.py) and then frozen as `CALIBRATED`.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def resolve_hardware(entry: str | Mapping[str, Any]) -> Hardware:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
-    """The free parameters, fitted on fault-free iteration times only."""
+    """The free parameters, fitted on fault-free iteration times and the fault-free overhead of
+    delegating every PP message."""
 
     mfu: float
     """Achieved fraction of peak FLOPs in every op."""

@@ -1,5 +1,6 @@
 """The paper's experiments as presets, in the simulator with the frozen cost model."""
 
+import itertools
 import statistics
 from pathlib import Path
 
@@ -21,6 +22,17 @@ def test_frozen_calibration_reproduces_its_fault_free_targets(
     model: str, system: str, paper_s: float
 ) -> None:
     assert fault_free_step_ms(model, system) / 1000 == pytest.approx(paper_s, rel=0.01)
+
+
+def test_frozen_calibration_reproduces_the_delegation_overhead() -> None:
+    """host_delegate_gbps is fitted on the mean of the paper's +10.6 % (30B) and +16.4 %
+    (60B) for delegating every PP message with no straggler (one delegate per direction)."""
+    overheads = [
+        fault_free_step_ms(m, "adaptra-cpu") / fault_free_step_ms(m, "zb") - 1
+        for m in ("gpt2-30b", "gpt2-60b")
+    ]
+    assert statistics.mean(overheads) == pytest.approx(0.135, abs=0.002)
+    assert overheads[0] < overheads[1]  # 60B's bigger messages share the same hosts
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in PRESETS.glob("*.yaml")))
@@ -56,8 +68,27 @@ def test_fig16_adaptra_beats_every_system_in_every_cell(tmp_path: Path) -> None:
         assert step_ms["adaptra"] < min(step_ms["1f1b"], step_ms["zb"]), cell
     compared = paper_comparison("fig16", runs)
     assert len(compared) == 64
-    errors = [abs(ours - paper.value) / paper.value for _, paper, ours in compared]
-    assert statistics.median(errors) < 0.20
+    errors: dict[str, list[float]] = {}
+    for row, paper, ours in compared:
+        errors.setdefault(row["system"], []).append(abs(ours - paper.value) / paper.value)
+    assert statistics.median(itertools.chain(*errors.values())) < 0.065  # measured 6.1 %
+    medians = {system: statistics.median(e) for system, e in errors.items()}
+    # measured 2.6 / 6.8 / 6.8 / 11.3 % (BENCHMARKS.md: what is still off at 30B and 60B)
+    assert medians["1f1b"] < 0.03 and medians["zb"] < 0.075
+    assert medians["adaptra-cpu"] < 0.075 and medians["adaptra"] < 0.12
+    assert max(max(e) for s, e in errors.items() if s in ("1f1b", "zb")) < 0.17
+    # Every order of two systems the paper shows 10 % apart is ours too.
+    cell: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+    for row, paper, ours in compared:
+        cell.setdefault((row["model"], row["scenario"]), {})[row["system"]] = (paper.value, ours)
+    pairs = [
+        (a, b)
+        for systems in cell.values()
+        for a, b in itertools.combinations(systems.values(), 2)
+        if abs(a[0] - b[0]) >= 0.1 * min(a[0], b[0])
+    ]
+    assert len(pairs) > 80
+    assert all((a[0] < b[0]) == (a[1] < b[1]) for a, b in pairs)
 
 
 def test_fig17_several_slow_links(tmp_path: Path) -> None:
