@@ -205,10 +205,19 @@ def _zero_bubble_program(
         receive = isinstance(node, _Comm) and not node.is_send
         if receive and isinstance(before, Op) and when <= times[stage, before][1]:
             nodes[k - 1], nodes[k] = nodes[k], nodes[k - 1]
+    order = [node for _, _, node in nodes]
+    next_input: list[Message | None] = [None] * len(order)  # the next op's input, from k on
+    following: Message | None = None
+    for k in range(len(order) - 1, -1, -1):
+        item = order[k]
+        if isinstance(item, Op):
+            source = _input_of(item, stage, num_stages)
+            following = None if source is None else source[1]
+        next_input[k] = following
     items: list[_Item] = []
     posted: list[_Comm] = []  # sends and receives posted together
     waits: dict[Message, list[_Comm]] = {}
-    for k, (_, _, node) in enumerate(nodes):
+    for k, node in enumerate(order):
         if isinstance(node, Op):
             source = _input_of(node, stage, num_stages)
             items.append(_Compute(node, waits.pop(source[1], []) if source else []))
@@ -216,11 +225,8 @@ def _zero_bubble_program(
         node.group = len(items) + 1  # each its own isend / irecv
         items.append(node)
         posted.append(node)
-        after = [n for _, _, n in nodes[k + 1 :]]
-        next_op = next((n for n in after if isinstance(n, Op)), None)
-        source = None if next_op is None else _input_of(next_op, stage, num_stages)
-        consumed = not node.is_send and source is not None and source[1] == node.message
-        if consumed or not after or isinstance(after[0], Op):
+        consumed = not node.is_send and next_input[k] == node.message
+        if consumed or k + 1 == len(order) or isinstance(order[k + 1], Op):
             for comm in posted:
                 if not comm.is_send:
                     waits[comm.message] = list(posted)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 
@@ -83,8 +84,9 @@ def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulato
 def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_decisions() -> None:
     """No leak: 30 ms on link 1-2 as the profile's `delay_ms`, slept by the workers' fault
     hook, or put on the testbed's wire; the controller never reads either, and decides the
-    same, and estimates it within 20 % of 30 ms either way (under the load of CI's own runs
-    one estimate once came out more than 3 ms from 30)."""
+    same, and estimates it near 30 ms either way: the median of its six estimates within
+    10 %, each within 24-48 ms (a loaded machine stamps late: under CI's own load one
+    iteration's estimate came out 3 ms, once 6 ms, above 30)."""
     profile = PROFILE.with_delays((0.0, 30.0, 0.0))
     by_hook = _run(profile, NO_FAULTS, 6, "emulated", "hook")
     by_wire = _run(profile, NO_FAULTS, 6, "emulated", "network")
@@ -92,7 +94,8 @@ def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_deci
     assert [d.policy for d in by_hook.decisions] == [d.policy for d in by_wire.decisions]
     for result in (by_hook, by_wire):
         estimates_ms = [d.detected_ms["1-2"] for d in result.decisions]
-        assert all(24.0 <= e <= 36.0 for e in estimates_ms), estimates_ms
+        assert statistics.median(estimates_ms) == pytest.approx(30.0, rel=0.10), estimates_ms
+        assert all(24.0 <= e <= 48.0 for e in estimates_ms), estimates_ms
 
 
 def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> None:
