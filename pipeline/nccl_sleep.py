@@ -27,12 +27,12 @@ What the authors' artifact (github wutianyuan1/PipeMorph) does, and what this ti
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.errors import ScheduleError
 from pipeline.ops import Op, OpKind
 
-__all__ = ["NcclMessage", "SleepFor", "time_replica"]
+__all__ = ["FaultFreeTimes", "NcclMessage", "SleepFor", "time_replica"]
 
 Message = tuple[str, int]
 """A message's name: ("F", m) an activation, ("B", m) a gradient of microbatch m."""
@@ -137,41 +137,12 @@ def _megatron_program(ops: Sequence[Op], stage: int, num_stages: int) -> list[_I
     return items
 
 
-def _fault_free_ms(
-    stages: Sequence[Sequence[Op]], duration_ms: Callable[[int, Op], float], wire_ms: float
-) -> dict[tuple[int, Op], tuple[float, float]]:
-    """(start, end) of every op with each message taking `wire_ms` and nothing injected."""
-    num_stages = len(stages)
-    times: dict[tuple[int, Op], tuple[float, float]] = {}
-    sent: dict[tuple[int, Message], float] = {}  # (sender, message) -> its producer's end
-    position, free = [0] * num_stages, [0.0] * num_stages
-    progress = True
-    while progress:
-        progress = False
-        for stage, ops in enumerate(stages):
-            while position[stage] < len(ops):
-                op = ops[position[stage]]
-                source = _input_of(op, stage, num_stages)
-                ready = free[stage]
-                if source is not None:
-                    if (source[0], source[1]) not in sent:
-                        break
-                    ready = max(ready, sent[source[0], source[1]] + wire_ms)
-                end = ready + duration_ms(stage, op)
-                times[stage, op] = (ready, end)
-                output = _output_of(op, stage, num_stages)
-                if output is not None:
-                    sent[stage, output[1]] = end
-                free[stage] = end
-                position[stage] += 1
-                progress = True
-    if any(position[s] < len(ops) for s, ops in enumerate(stages)):
-        raise ScheduleError("the schedule's ops wait on each other: no stage can go on")
-    return times
+FaultFreeTimes = Mapping[tuple[int, Op], tuple[float, float]]
+"""(stage, op) -> its (start, end) with nothing injected (the simulator's `ideal` mode)."""
 
 
 def _zero_bubble_program(
-    stages: Sequence[Sequence[Op]], stage: int, times: dict[tuple[int, Op], tuple[float, float]]
+    stages: Sequence[Sequence[Op]], stage: int, times: FaultFreeTimes
 ) -> list[_Item]:
     """ZeroBubble's runtime order for one stage: its ops at their fault-free starts and each
     of its sends and receives at its message's fault-free send time (at equal times sends and
@@ -354,15 +325,17 @@ def time_replica(
     wire_ms: float,
     sleep_for: SleepFor,
     start_ms: float,
+    fault_free: Callable[[], FaultFreeTimes],
 ) -> tuple[list[tuple[int, Op, float, float]], list[NcclMessage], list[float]]:
     """Time one replica's pipeline: its ops (stage, op, start, end), its messages, and when
-    each stage is done (its last op and its last send)."""
+    each stage is done (its last op and its last send). `fault_free`: the schedule's times
+    with nothing injected, where ZeroBubble's runtime places its sends and receives."""
     num_stages = len(stages)
     fused = any(op.kind is OpKind.BW for ops in stages for op in ops)
     if fused:
         programs = [_megatron_program(ops, s, num_stages) for s, ops in enumerate(stages)]
     else:
-        times = _fault_free_ms(stages, duration_ms, wire_ms)
+        times = fault_free()
         programs = [_zero_bubble_program(stages, s, times) for s in range(num_stages)]
     _execute(programs, duration_ms, wire_ms, sleep_for, start_ms, synchronize=fused)
     ops: list[tuple[int, Op, float, float]] = []

@@ -328,12 +328,24 @@ def simulate(
                 delay_ms += fault.delay_ms
             return delay_ms
 
+        def fault_free() -> dict[tuple[int, Op], tuple[float, float]]:
+            """This replica's pipeline alone with nothing injected (`ideal`)."""
+            healthy = Profile(
+                num_stages=num_stages, num_microbatches=counts[replica],
+                t_f_ms=profile.t_f_ms, t_b_ms=profile.t_b_ms, t_w_ms=profile.t_w_ms,
+                message_bytes=message_bytes, link_latency_ms=profile.link_latency_ms,
+                link_bandwidth_gbps=profile.link_bandwidth_gbps,
+            )  # fmt: skip
+            ops = simulate(schedule_of(replica), healthy, validate=False).ops
+            return {(r.stage, Op(r.kind, r.microbatch)): (r.start_ms, r.end_ms) for r in ops}
+
         ops, sent, done = time_replica(
             schedule_of(replica).stages,
             lambda stage, op: durations[op.kind][stage],
             profile.wire_ms(),
             sleep_for,
             start_ms,
+            fault_free,
         )
         op_records = [
             OpRecord(iteration, s, op.kind, op.microbatch, a, b, replica) for s, op, a, b in ops
