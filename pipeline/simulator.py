@@ -75,6 +75,17 @@ def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
     return tuple(map(functools.partial(tuple.__new__, MessageRecord), messages))
 
 
+def _pp_link_down(
+    iteration: int, direction: str, microbatch: int, link: Link, at_ms: float
+) -> LinkFailure:
+    return LinkFailure(
+        f"iteration {iteration}: the {direction} message of microbatch {microbatch} on link "
+        f"{link} cannot go: its link or a NIC on its route is down ({at_ms:.3f} ms into the "
+        "iteration)",
+        at_ms=at_ms,
+    )
+
+
 def simulate(
     schedule: Schedule,
     profile: Profile,
@@ -111,7 +122,8 @@ def simulate(
     not (the timeline's `failovers`). `failed_over`: the (replica, link, direction)s that
     moved in an earlier iteration (no cost again). `replica_schedules`: each replica's own
     schedule on its share of the global batch (unequal microbatch counts; None: every
-    replica runs `schedule`)."""
+    replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host costs, mixes
+    with no other mode, and fails a message whose route is down over any link."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
     if replica_schedules is None:
@@ -245,13 +257,10 @@ def simulate(
                         transfer_ms += fault.delay_ms
                         fault_ms += fault.delay_ms
                     elif mode is not CommMode.DELEGATED or len(nics) < 2:
-                        raise LinkFailure(
-                            f"iteration {iteration}: the {_DIRECTIONS[direction]} message of "
-                            f"microbatch {m} on link {pp_links[link_idx]} cannot go: its link or"
-                            f" a NIC on its route is down ({end - start_ms:.3f} ms into the "
-                            "iteration)",
-                            at_ms=end - start_ms,
-                        )
+                        raise _pp_link_down(
+                            iteration, _DIRECTIONS[direction], m, pp_links[link_idx],
+                            end - start_ms,
+                        )  # fmt: skip
                     elif (here := (links[link_idx], _DIRECTIONS[direction])) not in moved:
                         moved.add(here)  # its delegates move to the next NIC
                         slots = delegate_free[link_idx][direction]
@@ -319,12 +328,7 @@ def simulate(
                     pp_links[link_idx], direction, kind, m, message_bytes, at_ms
                 )
                 if fault.failed:
-                    raise LinkFailure(
-                        f"iteration {iteration}: the {direction} message of microbatch {m} on "
-                        f"link {pp_links[link_idx]} cannot go: its link or a NIC on its route "
-                        f"is down ({at_ms:.3f} ms into the iteration)",
-                        at_ms=at_ms,
-                    )
+                    raise _pp_link_down(iteration, direction, m, pp_links[link_idx], at_ms)
                 delay_ms += fault.delay_ms
             return delay_ms
 
