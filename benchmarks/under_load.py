@@ -5,18 +5,23 @@
         "tests/pipeline/runtime/test_pool.py::test_a_killed_worker_fails_the_run_clearly_and_leaves_no_process"
 
 Each busy process spins on one core for the whole loop; they are this script's own children
-and are stopped (by their handles) when it ends, also on failure or Ctrl-C. Prints one line
-per run and a summary; exits 1 if any run failed.
+and are stopped (by their handles) when it ends, also on failure, Ctrl-C, SIGTERM or SIGHUP.
+Prints one line per run and a summary; exits 1 if any run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
 
 _SPIN = "while True: pass"
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # the finally below stops the busy processes and the run
 
 
 def main() -> int:
@@ -29,6 +34,8 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.runs < 1 or args.busy < 0:
         parser.error("give --runs >= 1, --busy >= 0 and a command after --")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     busy = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(args.busy)]
     failures = num_run = 0
     try:
