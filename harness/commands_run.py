@@ -21,7 +21,7 @@ from harness.cli_common import (
 from harness.experiment import new_run_id, run_experiment
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from harness.names import check_run_name
-from harness.policies import SYSTEMS, check_system_backend, system_controller, with_delegate_count
+from harness.policies import SYSTEMS, system_controller, with_delegate_count
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
@@ -154,10 +154,13 @@ def run(
             raise ConfigError("--system needs --profile")
         if time_limit_s is not None:
             raise ConfigError("--time-limit goes with --policy milp or adaptra, not --system")
-        check_system_backend(system, backend)
         profile = Profile.from_file(profile_path)
     else:
         profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    if backend == "megatron":  # its DP ring sums the model's real gradients
+        from pipeline.runtime.megatron.model import get_preset, with_gradient_bytes
+
+        profile = with_gradient_bytes(profile, get_preset(model or "tiny"))
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path))

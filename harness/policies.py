@@ -26,7 +26,6 @@ __all__ = [
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
-    "check_system_backend",
     "plan",
     "resolve_system",
     "system_controller",
@@ -121,18 +120,6 @@ schedule and mitigates a slow DP link from what it measures (baselines.falcon)."
 
 ADAPTIVE = ("adaptra", "adaptra-oracle")
 """The systems whose controller re-plans during a run."""
-
-
-def check_system_backend(system: str, backend: str) -> None:
-    """Refuse a system the backend cannot run: Falcon finds a slow DP link from the DP ring's
-    message times, and the megatron backend all-reduces its real gradients outside the ring
-    (a rank swap itself runs there: the swapped workers move their model state)."""
-    if system == "falcon" and backend == "megatron":
-        raise ConfigError(
-            "system falcon profiles the DP ring's messages, which the megatron backend does "
-            "not send (it all-reduces its gradients outside the ring): use backend sim or "
-            "emulated"
-        )
 
 
 def resolve_system(system: str, profile: Profile) -> tuple[str, str]:

@@ -64,10 +64,13 @@ def ring_steps(num_replicas: int) -> int:
     return 2 * (num_replicas - 1)
 
 
-def chunk_bytes(bucket: int, num_replicas: int) -> int:
-    """Bytes of each message of a bucket's ring (the bucket padded to a multiple of D, as
-    megatron pads its buckets to a multiple of the DP size)."""
-    return -(-bucket // num_replicas)
+def chunk_bytes(bucket: int, num_replicas: int, element_bytes: int = 1) -> int:
+    """Bytes of each message of a bucket's ring: the bucket padded to a multiple of D
+    elements of `element_bytes` each, as megatron pads its buckets to a multiple of the DP
+    size (the simulator and the emulated ring count bytes: elements of 1 byte; a ring over a
+    real fp32 gradient sends whole elements)."""
+    elements = -(-bucket // element_bytes)
+    return element_bytes * -(-elements // num_replicas)
 
 
 def message_index(bucket: int, step: int, num_replicas: int) -> int:

@@ -4,9 +4,9 @@ engine's life (configurations of one experiment share it), one per position.
 `emulated` workers sleep each op's profiled time and send messages of the profile's size,
 then run the DP all-reduce's ring message by message (pipeline.allreduce) and sleep the
 optimizer's time; `megatron` workers compute a megatron-core GPT (the profile gives the stage
-and microbatch counts and the delays, not the op times), all-reduce its real gradients with
-`dist.all_reduce` (outside the fault path) and start from the initial parameters again at
-every run's iteration 0.
+and microbatch counts and the delays, not the op times), sum its real gradients over the same
+DP ring (through the fault path) and start from the initial parameters again at every run's
+iteration 0.
 """
 
 from __future__ import annotations
@@ -97,11 +97,6 @@ class RuntimeEngine(Closing):
             raise ConfigError(
                 f"the profile has {profile.num_replicas} DP replica(s), the {self.name} engine's "
                 f"pool {self.num_replicas}"
-            )
-        if self.capabilities.trains and any(profile.allreduce_bytes):
-            raise ConfigError(
-                f"the {self.name} engine all-reduces its model's real gradients (outside the "
-                "fault path); its profile's allreduce_bytes must be 0"
             )
         if iteration == 0:
             self._saved = False

@@ -3,6 +3,7 @@ the optimizer's, `Profile.optimizer_ms`, at the end of the iteration)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import torch
@@ -13,7 +14,17 @@ from pipeline.runtime.config import IterationConfig, StepOutput
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Topology
 
-__all__ = ["ComputeBackend", "EmulatedCompute"]
+__all__ = ["ComputeBackend", "EmulatedCompute", "GradientLayout"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GradientLayout:
+    """What a position's DP ring sums with its stage's other replicas (pipeline.runtime.
+    dp_ring): `num_bytes` in elements of `element_bytes` each (1: bytes of zeros, an emulated
+    gradient; 4: a real fp32 one, whose chunks hold whole elements)."""
+
+    num_bytes: int
+    element_bytes: int = 1
 
 
 class ComputeBackend(Protocol):
@@ -74,9 +85,21 @@ class ComputeBackend(Protocol):
         None where nothing is tied."""
         ...
 
+    def dp_gradient_layout(self, profile: Profile) -> GradientLayout:
+        """The gradient the DP ring sums for the position played now: the model's own, or
+        the profile's `allreduce_bytes` where the backend has none."""
+        ...
+
+    def dp_gradient(self) -> torch.Tensor | None:
+        """After the last op and the tied sum, where the stage has replicas: its gradient as
+        one flat tensor of `dp_gradient_layout`'s size, which the DP ring sums in place
+        (`end_iteration` takes the sums from it); None: nothing real to sum (the ring
+        carries zeros)."""
+        ...
+
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         """After the last op and the tied and DP gradient sums, inside the step time: the
-        compute backend's own gradient all-reduces, the optimizer step."""
+        optimizer step."""
         ...
 
 
@@ -118,6 +141,12 @@ class EmulatedCompute:
         return False
 
     def tied_weight(self) -> torch.Tensor | None:
+        return None
+
+    def dp_gradient_layout(self, profile: Profile) -> GradientLayout:
+        return GradientLayout(profile.allreduce_bytes[self._stage])
+
+    def dp_gradient(self) -> torch.Tensor | None:
         return None
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:

@@ -4,8 +4,14 @@ After its last op a worker reduces its stage's gradient bytes (`Profile.allreduc
 with its stage's other replicas: bucket by bucket, 2 (D-1) chunks to the next replica on the
 ring, each through the fault hook, each step's send once the previous step's chunk has come
 from the previous replica; over gloo, or over the delegates where the plan delegates the
-ring's link directions (the worker's `RingTransport`). The chunks carry zeros: the traffic
-and its timing are emulated, not the arithmetic (no compute backend's gradients travel here).
+ring's link directions (the worker's `RingTransport`). What it sums is the compute backend's
+(`ComputeBackend.dp_gradient_layout`): the emulated backend's chunks carry zeros (the traffic
+and its timing are emulated, not the arithmetic); megatron's carry its real fp32 gradient,
+summed as the ring goes (a reduce-scatter: each step adds the chunk that came in to its own
+and forwards the sum; then an all-gather: each step keeps the finished chunk that came in
+and forwards it), the bucket padded with zeros to a multiple of D elements. With D = 2 every
+element is a + b, the bits a single all-reduce gives; with D > 2 the order of the sum is the
+ring's.
 
 Receives are posted a bucket ahead: the first bucket's as the iteration starts (`Ring.post`,
 before the pipeline's ops), each next one's as the bucket before it starts, so a worker
@@ -33,12 +39,17 @@ import time
 import torch
 
 from pipeline.allreduce import buckets, chunk_bytes, message_index, ring_peer, ring_steps
+from pipeline.errors import BackendError, ConfigError
 from pipeline.profile import Profile
+from pipeline.runtime.compute import GradientLayout
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.transport import RingTransport
 from pipeline.topology import Position, Topology
 
 __all__ = ["Ring", "RingRecords"]
+
+_ELEMENT_DTYPES = {4: torch.float32}
+"""A real gradient's element type by its size (megatron's fp32 gradients)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -64,6 +75,7 @@ class Ring:
         topology: Topology,
         position: Position,
         profile: Profile,
+        layout: GradientLayout,
         iteration: int,
         timeout_s: float,
         device: torch.device,
@@ -71,61 +83,123 @@ class Ring:
         num_replicas = topology.num_replicas
         stage, replica = position.stage, position.replica
         self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
-        self._num_replicas = num_replicas
+        self._num_replicas, self._layout = num_replicas, layout
+        self._replica = replica
         self._sizes: tuple[int, ...] = ()
         self._incoming: Receiver | None = None
         """The receiver thread of the ring predecessor's chunks, once a bucket is posted."""
         if num_replicas < 2:
             return  # no ring
-        self._sizes = buckets(profile.allreduce_bytes[stage], profile.dp_bucket_bytes)
+        element_bytes = layout.element_bytes
+        if profile.dp_bucket_bytes % element_bytes or layout.num_bytes % element_bytes:
+            raise ConfigError(
+                f"a ring over a gradient of {layout.element_bytes}-byte elements needs whole "
+                f"elements: dp_bucket_bytes {profile.dp_bucket_bytes} and the gradient's "
+                f"{layout.num_bytes} bytes must be multiples of {layout.element_bytes}"
+            )
+        self._sizes = buckets(layout.num_bytes, profile.dp_bucket_bytes)
         receiver, self._link, self._direction = ring_peer(stage, replica, num_replicas)
         sender = (replica - 1) % num_replicas
         _, self._in_link, self._in_direction = ring_peer(stage, sender, num_replicas)
         self._to_rank = topology.worker(Position(stage, receiver))
         self._from_rank = topology.worker(Position(stage, sender))
-        largest = chunk_bytes(max(self._sizes, default=0), num_replicas)
+        largest = self._chunk_bytes(max(self._sizes, default=0))
         steps = ring_steps(num_replicas)
         self._payload = torch.zeros(largest, dtype=torch.uint8, device=device)
+        """The emulated chunks' zeros; with a real gradient, a bucket padded to D chunks."""
+        if layout.element_bytes > 1:
+            self._payload = torch.zeros(num_replicas * largest, dtype=torch.uint8, device=device)
         self._inboxes = [
             [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(steps)]
             for _ in range(min(2, len(self._sizes)))
         ]
+
+    def _chunk_bytes(self, bucket: int) -> int:
+        return chunk_bytes(bucket, self._num_replicas, self._layout.element_bytes)
 
     def post(self) -> None:
         """Post the first bucket's receives (none without a ring)."""
         if self._sizes:
             self._post(0)
 
-    def run(self) -> RingRecords:
-        """The all-reduce; returns, with its records, when this position's last chunk has
-        been sent and the last one from its ring predecessor has arrived."""
+    def run(self, gradient: torch.Tensor | None = None) -> RingRecords:
+        """The all-reduce (of `gradient` in place: a flat tensor of the layout's size; None:
+        zeros); returns, with its records, when this position's last chunk has been sent and
+        the last one from its ring predecessor has arrived."""
         records = RingRecords()
         if not self._sizes:
             return records
+        if (gradient is None) != (self._layout.element_bytes == 1) or (
+            gradient is not None
+            and (gradient.element_size(), gradient.numel() * gradient.element_size())
+            != (self._layout.element_bytes, self._layout.num_bytes)
+        ):
+            raise BackendError(
+                f"the DP ring was set up for {self._layout}, and is given "
+                + ("no gradient" if gradient is None else f"{gradient.numel()} x {gradient.dtype}")
+            )
         pid = os.getpid()
         link, direction = str(self._link), self._direction
         incoming = self._incoming
         assert incoming is not None, "post() first"
         incoming.start()
+        first_byte = 0
         for bucket, size in enumerate(self._sizes):
             if bucket + 1 < len(self._sizes):
                 self._post(bucket + 1)
-            chunk = chunk_bytes(size, self._num_replicas)
+            chunk = self._chunk_bytes(size)
             indices = self._indices(bucket)
+            sums = None if gradient is None else self._load(gradient, first_byte, size, chunk)
             for k, index in enumerate(indices):
                 if k:
                     self._take(incoming, indices[k - 1], records)
+                    if sums is not None:
+                        self._combine(sums, k - 1, self._inboxes[bucket % 2][k - 1][:chunk])
+                payload = self._payload[:chunk] if sums is None else sums[self._sent_chunk(k)]
                 start = time.monotonic()
                 fault_ms = self._transport.send_dp(
-                    self._to_rank, link, direction, self._iteration, index, self._payload[:chunk]
+                    self._to_rank, link, direction, self._iteration, index, payload
                 )
                 records.sends.append(
                     (link, direction, index, chunk, start, time.monotonic(), fault_ms, start, pid)
                 )
             self._take(incoming, indices[-1], records)
+            if sums is not None and gradient is not None:
+                last = len(indices) - 1
+                self._combine(sums, last, self._inboxes[bucket % 2][last][:chunk])
+                gradient.view(torch.uint8)[first_byte : first_byte + size].copy_(
+                    self._payload[:size]
+                )
+            first_byte += size
         incoming.finish(self._timeout_s)
         self._incoming = None
         return records
+
+    def _load(
+        self, gradient: torch.Tensor, first_byte: int, size: int, chunk: int
+    ) -> list[torch.Tensor]:
+        """The bucket's bytes of `gradient` in the padded work buffer, as its D chunks."""
+        work = self._payload[: self._num_replicas * chunk]
+        work[:size].copy_(gradient.view(torch.uint8)[first_byte : first_byte + size])
+        work[size:].zero_()
+        return list(work.split(chunk))
+
+    def _sent_chunk(self, step: int) -> int:
+        """Which of the bucket's chunks replica r sends at `step`: r - k in the reduce-scatter
+        (k < D-1), then r + 1 - (k - (D-1)): each step forwards what the step before
+        finished."""
+        d = self._num_replicas
+        return (self._replica - step if step < d - 1 else self._replica + d - step) % d
+
+    def _combine(self, sums: list[torch.Tensor], step: int, received: torch.Tensor) -> None:
+        """Step `step`'s chunk from the predecessor (its own chunk `_sent_chunk(step)`, one
+        below ours) into ours: added in the reduce-scatter, kept in the all-gather."""
+        target = sums[(self._sent_chunk(step) - 1) % self._num_replicas]
+        if step < self._num_replicas - 1:
+            dtype = _ELEMENT_DTYPES[self._layout.element_bytes]
+            target.view(dtype).add_(received.view(dtype))
+        else:
+            target.copy_(received)
 
     def stop(self) -> None:
         """Let the receiver thread end (a daemon: one still inside a wait ends with the
@@ -141,7 +215,7 @@ class Ring:
         ]
 
     def _post(self, bucket: int) -> None:
-        chunk = chunk_bytes(self._sizes[bucket], self._num_replicas)
+        chunk = self._chunk_bytes(self._sizes[bucket])
         inbox = self._inboxes[bucket % 2]
         receives = [
             (index, self._transport.post_dp_receive(self._from_rank, index, buffer[:chunk]))

@@ -4,10 +4,11 @@ Each iteration a worker posts a receive for every message its neighbours will se
 a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
 in order on this, the compute thread: take the op's message, compute, send the result. The
 step follows: the first and last stage sum their tied weight's gradient (megatron's tied
-embedding), the DP all-reduce's ring with the stage's other replicas (dp_ring.py), then the
-compute backend's own end of the iteration (emulated: the optimizer's time; megatron: its
-real DP gradient all-reduce and SGD). Each of these routes goes over gloo or, where the plan
-delegates its link direction, over the worker's delegates (which fail over between NICs).
+embedding), the DP all-reduce's ring with the stage's other replicas (dp_ring.py: megatron's
+real gradient, the emulated backend's zeros), then the compute backend's own end of the
+iteration (emulated: the optimizer's time; megatron: SGD). Each of these routes goes over
+gloo or, where the plan delegates its link direction, over the worker's delegates (which fail
+over between NICs).
 """
 
 from __future__ import annotations
@@ -208,6 +209,7 @@ class _Worker:
             self.topology,
             self.position,
             profile,
+            self.compute.dp_gradient_layout(profile),
             config.iteration,
             self.timeout_s,
             self.compute.device,
@@ -236,7 +238,9 @@ class _Worker:
             self.current_op = "tied"  # a failure in the sum names it
             self._sum_tied(config, transport)
             self.current_op = KIND  # a failure in the ring names it
-            chunks = ring.run()
+            chunks = ring.run(
+                self.compute.dp_gradient() if self.topology.num_replicas > 1 else None
+            )
         except BaseException:
             ring.stop()
             raise
@@ -340,11 +344,14 @@ class _Worker:
             assert weight is not None
             return 1, weight.numel() * weight.element_size()
         if kind == "dp":
-            grad_bytes = profile.allreduce_bytes[self.stage]
+            layout = self.compute.dp_gradient_layout(profile)
             num_replicas = self.topology.num_replicas
-            sizes = buckets(grad_bytes, profile.dp_bucket_bytes)
-            count = messages_per_link_direction(grad_bytes, profile.dp_bucket_bytes, num_replicas)
-            return count, chunk_bytes(max(sizes, default=0), num_replicas)
+            sizes = buckets(layout.num_bytes, profile.dp_bucket_bytes)
+            count = messages_per_link_direction(
+                layout.num_bytes, profile.dp_bucket_bytes, num_replicas
+            )
+            largest = chunk_bytes(max(sizes, default=0), num_replicas, layout.element_bytes)
+            return count, largest
         buffer = self.compute.message_buffer(profile)
         num_microbatches = config.schedule_of(self.replica).num_microbatches
         return num_microbatches, buffer.numel() * buffer.element_size()

@@ -178,10 +178,10 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("iterations 0", P, [*RUN_P, "--iterations", "0"], "--iterations"),
     ("unknown system", P, ["run", "--profile", "p.json", "--system", "warp"], "'warp'"),
     (
-        "falcon on megatron",
-        P,
+        "megatron with other gradient bytes",
+        {"p.json": json.dumps({**SMALL, "dp": 2, "allreduce_bytes": 8})},
         ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
-        "system falcon profiles the DP ring",
+        "are not model 'tiny''s gradients at 2 stage(s), [636672, 633088]: give those or 0",
     ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
@@ -331,10 +331,10 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("spec unknown system", {"s.yaml": spec(systems=["warp"])}, RUN_SPEC, "unknown system warp"),
     (
-        "spec falcon on megatron",
-        {"s.yaml": spec(systems=["falcon"], backend="megatron")},
+        "spec megatron part-element buckets",
+        {"s.yaml": spec(profile={**SMALL, "dp_bucket_bytes": 6}, model="tiny", backend="megatron")},
         RUN_SPEC,
-        "system falcon profiles the DP ring",
+        "dp_bucket_bytes 6 must be a multiple of 4",
     ),
     (
         "spec unknown model",

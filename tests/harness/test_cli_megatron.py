@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.profile import Profile
+from pipeline.runtime.megatron.model import get_preset
 from tests.harness.test_cli import cli
 
 pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
@@ -101,3 +102,46 @@ def test_profile_writes_a_file_schedule_and_simulate_accept(tmp_path: Path) -> N
     )  # fmt: skip
     assert simulated.returncode == 0, simulated.stderr
     assert json.loads(simulated.stdout)["iteration_time_ms"] > 0
+
+
+def test_falcon_trains_megatron_through_the_faults_of_its_dp_ring(tmp_path: Path) -> None:
+    """PP 2 x DP 2 with 20 ms on DP link dp1:0-1, ZB and Falcon on one pool: megatron's real
+    gradients go over the DP ring (every link direction's chunks add up to its stage's
+    gradient bytes), the slow link's sends carry the injected delay as every other message's
+    do, and Falcon, whatever it decides from the measured times, trains like ZB."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "dp",
+                "model": "tiny",
+                "profile": {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "dp": 2},
+                "systems": ["zb", "falcon"],
+                "backend": "megatron",
+                "link_sets": [["dp1:0-1"]],
+                "delays_ms": [20],
+                "num_iterations": 4,
+                "num_warmup_iterations": 1,
+            }
+        )
+    )
+    out = cli("run", "--spec", str(spec), "--out", str(tmp_path), "--run-id", "dp")
+    assert out.returncode == 0, out.stderr
+    losses: dict[str, list[float]] = {}
+    with (tmp_path / "dp" / "iterations.csv").open() as rows:
+        for row in csv.DictReader(rows):
+            losses.setdefault(row["system"], []).append(float(row["loss"]))
+    assert len(losses["zb"]) == 4
+    assert losses["falcon"] == pytest.approx(losses["zb"], rel=1e-5)
+    assert losses["zb"][-1] < losses["zb"][0]
+    gradient_bytes = get_preset("tiny").gradient_bytes(2)
+    with (tmp_path / "dp" / "messages.csv").open() as rows:
+        ring = [r for r in csv.DictReader(rows) if r["link"].startswith("dp")]
+    for system in ("zb", "falcon"):
+        rows = [r for r in ring if r["system"] == system]
+        assert {r["iteration"] for r in rows} == {"0", "1", "2", "3"}
+        for r in rows:  # D = 2: each direction sends the stage's gradient in two halves
+            assert int(r["num_bytes"]) == gradient_bytes[int(r["link"][2])], r
+    for r in (r for r in ring if r["system"] == "zb"):
+        delayed = r["link"] == "dp1:0-1"
+        assert float(r["fault_ms"]) == (20.0 * int(r["num_messages"]) if delayed else 0.0), r

@@ -30,6 +30,8 @@ def test_a_gradient_splits_into_buckets_the_last_smaller() -> None:
     assert buckets(8 * MB, 4 * MB) == (4 * MB, 4 * MB)
     assert buckets(0, 4 * MB) == ()
     assert chunk_bytes(10, 3) == 4  # a bucket padded to a multiple of D
+    assert chunk_bytes(20, 3, element_bytes=4) == 8  # 5 fp32 elements: 2 each, padded
+    assert chunk_bytes(24, 3, element_bytes=4) == 8 and chunk_bytes(4, 2, element_bytes=4) == 4
     assert messages_per_link_direction(10 * MB, 4 * MB, 2) == 3 * 2
     assert messages_per_link_direction(10 * MB, 4 * MB, 4) == 3 * 6
     assert messages_per_link_direction(10 * MB, 4 * MB, 1) == 0

@@ -3,10 +3,11 @@
 F, B and W are separate ops (B: input gradient only; W: the deferred weight gradients), BW
 runs B then W. After the last op of an iteration the worker sums the tied embedding's
 gradient of the first and the last stage (`tied_weight`: megatron's embedding group, over the
-plan's transport), then this backend sums the gradients over the DP replicas (each
-microbatch's loss is already divided by the global batch's microbatch count, so the sum is
-the DP average), and plain SGD steps. In a rank swap a worker builds the stage it takes
-over and gets that stage's state from its last player (`export_state`, `import_state`);
+plan's transport), then the worker's DP ring sums this stage's gradients over its replicas
+(`dp_gradient`: one flat fp32 buffer, over the DP links and their faults, like every other
+message; each microbatch's loss is already divided by the global batch's microbatch count,
+so the sum is the DP average), and plain SGD steps. In a rank swap a worker builds the stage
+it takes over and gets that stage's state from its last player (`export_state`, `import_state`);
 the DP groups follow the placement (`regroup`). A replica computes its microbatches of the
 global batch (`IterationConfig.microbatch_offset`: a rebalance gives replicas unequal
 counts) and scales each loss by 1 / the global count, so the DP sum stays the batch's mean.
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from pipeline.errors import BackendError, ConfigError
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
+from pipeline.runtime.compute import GradientLayout
 from pipeline.runtime.config import IterationConfig, StepOutput
 from pipeline.runtime.megatron.model import (
     build_stage_model,
@@ -73,6 +75,9 @@ class MegatronCompute:
         """The global batch index of this replica's microbatch 0 this iteration."""
         self._dp_groups: dict[tuple[int, ...], Any] = {}
         self._dp_group: Any = None
+        """This stage's replicas' group: the loss's DP sum (the gradients go over the ring)."""
+        self._dp_sums: torch.Tensor | None = None
+        """The flat gradient handed to the DP ring this iteration (`dp_gradient`)."""
 
     def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
         with quiet_megatron():
@@ -208,6 +213,7 @@ class MegatronCompute:
     def begin_iteration(self, config: IterationConfig) -> None:
         runner = self.runner
         runner.reset()
+        self._dp_sums = None  # a failed iteration's
         if config.load_checkpoint is not None:  # after a restart: the last checkpoint
             state = torch.load(self._checkpoint_file(config.load_checkpoint), weights_only=True)
             runner.model.load_state_dict(state)
@@ -255,13 +261,51 @@ class MegatronCompute:
         weight: torch.Tensor = runner.model.shared_embedding_or_output_weight()
         return weight
 
+    def dp_gradient_layout(self, profile: Profile) -> GradientLayout:
+        """The stage's parameters' fp32 gradients; the profile's `allreduce_bytes` for the
+        stage must be 0 (it told the planner nothing) or theirs."""
+        params = self.runner.params
+        element_bytes = params[0].element_size() if params else 4
+        num_bytes = sum(p.numel() * p.element_size() for p in params)
+        told = profile.allreduce_bytes[self._stage]
+        if told not in (0, num_bytes):
+            raise ConfigError(
+                f"the profile's allreduce_bytes for stage {self._stage} is {told}; model "
+                f"{self.preset.name!r}'s stage {self._stage} of {self._num_stages} has "
+                f"{num_bytes} bytes of gradients (give 0 or that)"
+            )
+        return GradientLayout(num_bytes, element_bytes)
+
+    @torch.no_grad()
+    def dp_gradient(self) -> torch.Tensor:
+        """Every parameter's gradient (zeros where none was made) in one flat buffer."""
+        self._dp_sums = torch.cat(
+            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+             for p in self.runner.params]
+        )  # fmt: skip
+        return self._dp_sums
+
+    @torch.no_grad()
+    def _take_dp_sums(self) -> None:
+        """The ring's sums back into the gradients."""
+        sums, self._dp_sums = self._dp_sums, None
+        if sums is None:
+            return
+        offset = 0
+        for param in self.runner.params:
+            part = sums[offset : offset + param.numel()].view_as(param)
+            if param.grad is None:
+                param.grad = part.clone()
+            else:
+                param.grad.copy_(part)
+            offset += param.numel()
+
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         runner = self.runner
         runner.check_drained()
         model = runner.model
         dp_group = self._dp_group
-        if dp_group is not None:
-            _all_reduce_grads(runner.params, dp_group)
+        self._take_dp_sums()
         loss = None
         if runner.last:
             total = torch.tensor(
@@ -294,18 +338,6 @@ class MegatronCompute:
 def _stage_ranks(topology: Topology, stage: int) -> tuple[int, ...]:
     """The workers playing `stage`'s replicas under `topology`, in rank order."""
     return tuple(sorted(topology.worker(Position(stage, r)) for r in range(topology.num_replicas)))
-
-
-@torch.no_grad()
-def _all_reduce_grads(params: list[Any], group: Any) -> None:
-    """Sum every gradient over the group in one flat buffer."""
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for grad in grads:
-        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-        offset += grad.numel()
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

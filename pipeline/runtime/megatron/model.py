@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pipeline.errors import BackendError, ConfigError
+from pipeline.profile import Profile
 
 __all__ = [
     "MODELS",
@@ -29,6 +30,7 @@ __all__ = [
     "microbatch_tokens",
     "stage_layer_offset",
     "stage_state_from_reference",
+    "with_gradient_bytes",
 ]
 
 
@@ -71,6 +73,30 @@ class GPTPreset:
                 f"{self.num_slots} slots, which {num_stages} stages cannot split evenly; "
                 f"valid stage counts: {valid}"
             )
+
+    def stage_num_params(self, stage: int, num_stages: int) -> int:
+        """Parameters stage `stage` of `num_stages` holds (megatron's local layer spec): per
+        layer 12 h^2 + 13 h (QKV, projection, two MLP matrices, their biases, two layer
+        norms), the word and position embeddings on the first stage, the final layer norm
+        and, with more than one stage, its own copy of the tied output weight on the last."""
+        h = self.hidden_size
+        first = stage_layer_offset(self, stage, num_stages)
+        end = (
+            self.num_layers
+            if stage == num_stages - 1
+            else stage_layer_offset(self, stage + 1, num_stages)
+        )
+        count = (end - first) * (12 * h * h + 13 * h)
+        if stage == 0:
+            count += (self.vocab_size + self.seq_length) * h
+        if stage == num_stages - 1:
+            count += 2 * h + (self.vocab_size * h if num_stages > 1 else 0)
+        return count
+
+    def gradient_bytes(self, num_stages: int) -> tuple[int, ...]:
+        """Each stage's fp32 gradient: the bytes its DP all-reduce sums
+        (`Profile.allreduce_bytes`)."""
+        return tuple(4 * self.stage_num_params(s, num_stages) for s in range(num_stages))
 
     def message_shape(self) -> tuple[int, int, int]:
         """A stage boundary's activation (and gradient): [sequence, batch, hidden]."""
@@ -143,6 +169,26 @@ def get_preset(name: str) -> GPTPreset:
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}; valid models: {', '.join(MODELS)}")
     return MODELS[name]
+
+
+def with_gradient_bytes(profile: Profile, preset: GPTPreset) -> Profile:
+    """`profile` with its DP all-reduce's bytes the model's real gradients, so that what
+    plans and predicts a megatron run sees the traffic its DP ring sends; a profile that
+    gives other non-zero bytes is refused, and so is a bucket size of part-elements."""
+    preset.check_stages(profile.num_stages)
+    real = preset.gradient_bytes(profile.num_stages)
+    if any(profile.allreduce_bytes) and profile.allreduce_bytes != real:
+        raise ConfigError(
+            f"the profile's allreduce_bytes {list(profile.allreduce_bytes)} are not model "
+            f"{preset.name!r}'s gradients at {profile.num_stages} stage(s), "
+            f"{list(real)}: give those or 0"
+        )
+    if profile.dp_bucket_bytes % 4:
+        raise ConfigError(
+            f"dp_bucket_bytes {profile.dp_bucket_bytes} must be a multiple of 4 (the fp32 "
+            "gradient's elements) with the megatron backend"
+        )
+    return dataclasses.replace(profile, allreduce_bytes=real)
 
 
 class _PlayedStage:

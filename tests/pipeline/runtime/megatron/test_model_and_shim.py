@@ -4,12 +4,16 @@ import pytest
 import torch
 
 from pipeline.errors import ConfigError
+from pipeline.profile import Profile
 from pipeline.runtime.megatron.model import (
     MODELS,
+    build_stage_model,
     get_preset,
     global_param_name,
     stage_layer_offset,
+    with_gradient_bytes,
 )
+from pipeline.runtime.megatron.reference import single_process_megatron
 from pipeline.runtime.megatron.shim import cpu_shim
 
 
@@ -60,3 +64,22 @@ def test_the_shim_undoes_itself() -> None:
         raise KeyError("undone on errors too")
     assert [getattr(t, n) for t, n in targets] == before
     assert "cuda" not in vars(torch.Tensor)
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 4, 8])
+def test_a_stages_gradient_bytes_are_its_built_parameters(num_stages: int) -> None:
+    """The table's count (what a megatron run's profile gets as `allreduce_bytes`, with no
+    model built) is every built stage's fp32 parameter bytes, the tied copies included."""
+    tiny = get_preset("tiny")
+    built = []
+    with single_process_megatron():
+        for stage in range(num_stages):
+            with cpu_shim(building=True):
+                model = build_stage_model(tiny, stage, num_stages, use_cpu_initialization=True)
+            built.append(sum(4 * p.numel() for p in model.parameters()))
+    assert tiny.gradient_bytes(num_stages) == tuple(built)
+    profile = Profile.uniform(num_stages, 8, 1, 1, 1, num_replicas=2)
+    assert with_gradient_bytes(profile, tiny).allreduce_bytes == tuple(built)
+    assert with_gradient_bytes(with_gradient_bytes(profile, tiny), tiny).allreduce_bytes == tuple(
+        built
+    )

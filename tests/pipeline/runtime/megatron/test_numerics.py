@@ -18,6 +18,7 @@ import torch
 
 from adaptra.generator import generate_schedule
 from baselines import one_f_one_b, zb_h1, zb_h2
+from pipeline.allreduce import buckets, chunk_bytes
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
@@ -30,6 +31,7 @@ from pipeline.runtime.megatron.reference import (
     train_reference,
 )
 from pipeline.schedule import ReplicaSchedules, Schedule
+from pipeline.topology import Link
 
 pytestmark = pytest.mark.multiprocess
 
@@ -188,3 +190,52 @@ def test_a_rebalanced_global_batch_trains_like_the_balanced_one() -> None:
     assert runs["3+5"] == pytest.approx(runs["balanced"], rel=1e-5, abs=0)
     assert runs["balanced"] == pytest.approx([r.loss for r in reference], rel=1e-5, abs=0)
     assert runs["3+5"][-1] < runs["3+5"][0]
+
+
+def test_the_dp_ring_sums_real_gradients_through_its_faults() -> None:
+    """PP 1 x DP 3: the worker's DP ring (not a collective) sums megatron's gradients, in
+    buckets of 64 KiB whose element counts do not divide by 3 (every chunk padded), with a
+    5 ms delay on one ring link: the same losses, gradients and trained parameters as one
+    process, within 1e-5 (with three replicas the ring's summation order is not one
+    process's), and every chunk of the gradient is a DP message, the delayed link's with its
+    delay."""
+    num_replicas, num_microbatches, bucket_bytes = 3, 2, 65_536
+    reference, reference_params = _reference(num_microbatches, num_replicas)
+    profile = Profile.uniform(
+        1, num_microbatches, 1, 1, 1, num_replicas=num_replicas, dp_bucket_bytes=bucket_bytes
+    )
+    slow_link = Link.dp(0, 1)
+    profile = profile.with_delays((), {slow_link: 5.0})
+    factory = functools.partial(MegatronCompute, "tiny", seed=SEED, lr=LR)
+    with WorkerPool(1, num_replicas, compute_factory=factory, timeout_s=60) as pool:
+        for it in range(NUM_ITERATIONS):
+            config = IterationConfig(
+                it,
+                one_f_one_b(profile),
+                profile,
+                collect_grads=True,
+                collect_params=it == NUM_ITERATIONS - 1,
+            )
+            timeline = pool.run_iteration(config)
+            results = pool.last_results
+            grad_bytes = 4 * sum(g.size for g in reference[it].grads.values())
+            chunks = [chunk_bytes(b, num_replicas, 4) for b in buckets(grad_bytes, bucket_bytes)]
+            assert grad_bytes % bucket_bytes and (grad_bytes // 4) % num_replicas
+            for sender in range(num_replicas):
+                sent = [m for m in timeline.dp_messages if m.replica == sender]
+                # 2 (D - 1) chunks per bucket, in bucket order.
+                assert [m.num_bytes for m in sent] == [c for c in chunks for _ in range(4)]
+                for m in sent:
+                    assert m.fault_ms == (5.0 if m.link == str(slow_link) else 0.0)
+            for r in results:
+                assert r.step_output.loss is not None
+                torch.testing.assert_close(
+                    r.step_output.loss, reference[it].loss, rtol=1e-5, atol=1e-6
+                )
+                assert r.step_output.grads is not None
+                assert r.step_output.grads.keys() == reference[it].grads.keys()
+                for param, grad in r.step_output.grads.items():
+                    _assert_close(grad, reference[it].grads[param], f"it {it}, {param}")
+        params = whole_model_params(pool.last_results)
+        for (param, got), (_, expected) in zip(params, reference_params, strict=True):
+            _assert_close(got, expected, f"trained {param}")
