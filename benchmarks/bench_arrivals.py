@@ -26,6 +26,7 @@ import torch
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import EmulatedCompute, IterationConfig, WorkerPool
+from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.worker import SWITCH_INTERVAL_S
 from pipeline.schedule import Schedule
 
@@ -38,8 +39,8 @@ class SpinCompute(EmulatedCompute):
         self._switch_interval_s = switch_interval_s
         self._spins = False
 
-    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
-        super().setup(stage, num_stages, replica, device)
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
+        super().setup(stage, num_stages, replica, devices)
         self._spins = stage == 1
         sys.setswitchinterval(self._switch_interval_s)  # this worker process only
 

@@ -235,6 +235,7 @@ def run(
                     )
                 ],
                 "median_iteration_ms": result.median_iteration_ms,
+                **({"devices": result.devices} if result.devices else {}),
                 "step_times_ms": list(result.step_times_ms),
                 "reused_iterations": result.reused_iterations,
                 "restarts": result.restarts,
@@ -256,6 +257,8 @@ def run(
         )
     if result.reused_iterations:
         click.echo(f"{result.reused_iterations} identical iterations reused (same plan and faults)")
+    if result.devices:
+        click.echo(f"workers: {result.devices}")
     if backend == "megatron":
         click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
         click.echo(f"params_sha256: {result.params_sha256}")

@@ -81,6 +81,8 @@ class RunResult:
     params_sha256: str = ""
     """The trained model's parameters after the last iteration (pipeline.runtime.digest;
     engines that train; empty otherwise)."""
+    devices: str = ""
+    """Where a runtime's workers computed and how they talked (`Outcome.devices`)."""
     iterations: tuple[int, ...] = ()
     """Which measured iteration (from 0) each time is of."""
     reused_iterations: int = 0
@@ -188,7 +190,7 @@ def run_loop(
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
     decisions: list[IterationDecision] = []
-    params_sha256 = ""
+    params_sha256 = devices = ""
     restarts = _Restarts()
     reused = 0
     remembered: dict[int, Metrics] = {}
@@ -228,6 +230,7 @@ def run_loop(
             continue
         controller.observe(k, outcome.timeline)
         params_sha256 = outcome.params_sha256 or params_sha256
+        devices = outcome.devices or devices
         reused += outcome.same_as is not None
         if on_iteration is not None:
             on_iteration(k, outcome.timeline, k >= num_warmup_iterations, outcome.same_as)
@@ -268,6 +271,7 @@ def run_loop(
         controller=controller.name,
         losses=tuple(losses),
         params_sha256=params_sha256,
+        devices=devices,
         iterations=tuple(indices),
         reused_iterations=reused,
         restarts=restarts.count,

@@ -125,6 +125,9 @@ class Outcome:
     params_sha256: str = ""
     """The parameters' digest after the iteration, when it was asked for (engines that
     train; pipeline.runtime.digest)."""
+    devices: str = ""
+    """Where a runtime's workers computed and how they talked (pipeline.runtime.devices:
+    `describe_pool`); empty for the simulator."""
     same_as: int | None = None
     """This iteration is iteration `same_as` of the run again, moved to now: the same plan
     and faults (the simulator; never with per-message draws). Whatever was derived from

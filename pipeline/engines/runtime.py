@@ -21,6 +21,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig
+from pipeline.runtime.devices import describe_pool
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
@@ -136,6 +137,7 @@ class RuntimeEngine(Closing):
             timeline,
             loss=losses[0] if losses else None,
             params_sha256=params_sha256(whole_model_params(results)) if digest else "",
+            devices=describe_pool(self._pool.devices),
         )
 
     def restart(self) -> None:

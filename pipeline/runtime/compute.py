@@ -11,6 +11,7 @@ import torch
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.config import IterationConfig, StepOutput
+from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Topology
 
@@ -35,9 +36,10 @@ class ComputeBackend(Protocol):
     """
 
     device: torch.device
-    """Where messages live: CUDA with NCCL, the CPU with gloo."""
+    """Where messages live (`RankDevices.message_device`): the GPU with NCCL, the host with
+    gloo; a backend that computes elsewhere copies its messages here and back."""
 
-    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None: ...
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None: ...
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
@@ -112,9 +114,9 @@ class EmulatedCompute:
         self._payload = torch.empty(0, dtype=torch.uint8)
         self._sleep = PreciseSleep()
 
-    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         self._stage = stage
-        self.device = device
+        self.device = torch.device(devices.message_device)
 
     def message_buffer(self, profile: Profile) -> torch.Tensor:
         return torch.empty(profile.message_bytes, dtype=torch.uint8, device=self.device)

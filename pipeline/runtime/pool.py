@@ -27,6 +27,7 @@ from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.ops import OpKind
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.remote_error import (
     RemoteError,
@@ -109,6 +110,8 @@ class WorkerPool:
         self.pids: list[int] = []
         self.delegate_pids: list[list[int]] = []
         """Each rank's delegate processes (none without delegates)."""
+        self.devices: list[RankDevices] = []
+        """Each rank's devices and process-group backend, as it chose them at start-up."""
         self.bytes_sent = 0
         self.last_results: list[RankResult] = []
         """Every rank's records of the latest iteration, in rank order."""
@@ -164,9 +167,10 @@ class WorkerPool:
             answers = self._gather(
                 "start-up", "a ready message (group joined, stage set up)", limit_s
             )
-            ready: list[tuple[int, list[int]]] = answers  # type: ignore[assignment]
-            self.pids = [int(pid) for pid, _ in ready]
-            self.delegate_pids = [list(d) for _, d in ready]
+            ready: list[tuple[int, list[int], RankDevices]] = answers  # type: ignore[assignment]
+            self.pids = [int(pid) for pid, _, _ in ready]
+            self.delegate_pids = [list(d) for _, d, _ in ready]
+            self.devices = [devices for _, _, devices in ready]
             self._busy = False
         except BaseException:
             self.close()

@@ -36,6 +36,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult, StateMove
+from pipeline.runtime.devices import RankDevices, choose_devices, num_visible_gpus
 from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
 from pipeline.runtime.receiver import Receiver
@@ -142,6 +143,8 @@ class _Worker:
         self.stage, self.replica = self.position.stage, self.position.replica
         self.compute = compute
         self.timeout_s = timeout_s
+        self.devices = RankDevices("gloo", "cpu", "cpu")
+        """Set by `join` (pipeline.runtime.devices)."""
         self.up: tuple[int, str] | None = None
         self.down: tuple[int, str] | None = None
         self.tied: _Route | None = None
@@ -284,11 +287,13 @@ class _Worker:
             self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
         if self.position == left:
             return None
-        outgoing = self.compute.export_state()
+        outgoing = self.compute.export_state().to(self.compute.device)
         self.compute.move(self.stage, self.replica)
         num_bytes = 0
         if outgoing.numel() and config.iteration > 0 and config.load_checkpoint is None:
-            incoming = torch.empty(self.compute.state_bytes(), dtype=torch.uint8)
+            incoming = torch.empty(
+                self.compute.state_bytes(), dtype=torch.uint8, device=self.compute.device
+            )
             pending = transport.post_state_receive(before.worker(self.position), incoming)
             transport.send_state(topology.worker(left), outgoing)
             pending.wait(self.timeout_s)
@@ -364,7 +369,7 @@ class _Worker:
             return
         peer, sends, receives = self.tied
         assert sends is not None and receives is not None
-        grad = weight.grad
+        grad = weight.grad.to(self.compute.device)  # the same tensor unless off the host
         inbox = torch.empty_like(grad)
         message = Message(config.iteration, GRADIENT, 0, 0)
         delegates = self.delegates
@@ -380,7 +385,7 @@ class _Worker:
         else:
             transport.send_tied(peer, sends.link, grad)
         pending.wait(self.timeout_s)
-        grad.add_(inbox)
+        weight.grad.add_(inbox.to(weight.grad.device))
 
     def _ring_transport(
         self,
@@ -584,26 +589,26 @@ def join(
     num_delegates: int = 0,
     slot_dir: str = "",
 ) -> _Worker:
-    """Join the gloo process group; the worker for this rank (under the default placement:
+    """Join the process group (pipeline.runtime.devices: NCCL where every worker has a GPU of
+    its own, gloo otherwise); the worker for this rank (under the default placement:
     pipeline.topology), with `num_delegates` delegates per link direction and side from
     `delegates` if given (their slot files in `slot_dir`)."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
-    # NCCL where CUDA is present (untested: no GPU on the project's machines), gloo otherwise.
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    devices = choose_devices(rank, grid.num_workers, num_visible_gpus())
+    if devices.compute_device != "cpu":
+        torch.cuda.set_device(torch.device(devices.compute_device))
     dist.init_process_group(
-        "nccl" if device.type == "cuda" else "gloo",
+        devices.process_group,
         init_method=init_method,
         rank=rank,
         world_size=grid.num_workers,
         timeout=dt.timedelta(seconds=timeout_s),
     )
-    compute.setup(stage, num_stages, replica, device)
+    compute.setup(stage, num_stages, replica, devices)
     worker = _Worker(rank, grid, compute, timeout_s)
+    worker.devices = devices
     if delegates is not None:
         worker.delegate_files = (num_delegates, slot_dir)
         worker.delegates = delegates.connect(_delegate_setup(worker, num_delegates, slot_dir))
@@ -664,7 +669,8 @@ def worker_main(
     num_delegates: int = 0,
     slot_dir: str = "",
 ) -> None:
-    """Process entry point; reports ready (with its delegates' pids), then answers one
+    """Process entry point; reports ready (with its delegates' pids and its devices), then
+    answers one
     command per iteration. A failure (in start-up or an iteration) is reported as a
     `RemoteError` and ends the worker."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -695,7 +701,7 @@ def worker_main(
 
 def _serve(worker: _Worker, conn: Connection, rank: int, stage: int, replica: int) -> None:
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
-    conn.send(("ok", (os.getpid(), delegate_pids)))
+    conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
     while True:
         try:
             command = conn.recv()

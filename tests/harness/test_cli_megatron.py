@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.profile import Profile
+from pipeline.runtime.devices import choose_devices, describe_pool, num_visible_gpus
 from pipeline.runtime.megatron.model import get_preset
 from tests.harness.test_cli import cli
 
@@ -76,6 +77,11 @@ def test_run_megatron_reports_one_falling_loss_per_iteration(tmp_path: Path) -> 
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert (data["backend"], data["model"], data["policy"]) == ("megatron", "tiny", "zb-h1")
+    # Which process group and devices the workers took (on the CPU: gloo, no copies).
+    chosen = [choose_devices(rank, 2, num_visible_gpus()) for rank in range(2)]
+    assert data["devices"] == describe_pool(chosen)
+    if not num_visible_gpus():
+        assert data["devices"] == "gloo: 2 worker(s) on the CPU"
     assert len(data["losses"]) == len(data["iteration_times_ms"]) == 3
     assert all(math.isfinite(x) for x in data["losses"])
     assert data["losses"][-1] < data["losses"][0]

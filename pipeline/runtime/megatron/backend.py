@@ -32,7 +32,9 @@ from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.compute import GradientLayout
 from pipeline.runtime.config import IterationConfig, StepOutput
+from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.megatron.model import (
+    GPTPreset,
     build_stage_model,
     get_preset,
     global_param_name,
@@ -50,22 +52,30 @@ __all__ = ["MegatronCompute"]
 
 class MegatronCompute:
     """Built in the controller (cheap, picklable: it only checks its settings), set up in the
-    worker. `init_state`: a file with the whole model's state dict (torch.save) to start
-    from, e.g. a single-process reference's, instead of seeded initialisation."""
+    worker. `model`: a preset's name or a preset. `init_state`: a file with the whole model's
+    state dict (torch.save) to start from, e.g. a single-process reference's, instead of
+    seeded initialisation. `allow_tf32`: on a GPU, float32 matrix products on tensor cores
+    (TF32); off by default, so a GPU run computes in float32 as a CPU run does. On a GPU
+    every op ends by waiting for its kernels, so that its record is its compute time."""
 
     def __init__(
         self,
-        model: str = "tiny",
+        model: str | GPTPreset = "tiny",
         *,
         seed: int = 0,
         lr: float = 0.5,
         init_state: str | None = None,
+        allow_tf32: bool = False,
     ) -> None:
-        self.preset = get_preset(model)
+        self.preset = get_preset(model) if isinstance(model, str) else model
+        self.allow_tf32 = allow_tf32
         if lr <= 0:
             raise ConfigError(f"lr must be > 0, got {lr:g}")
         self.seed, self.lr, self.init_state = seed, lr, init_state
         self.device = torch.device("cpu")
+        """Where messages live (`RankDevices.message_device`)."""
+        self._compute_device = torch.device("cpu")
+        """Where the model runs: messages are copied between the two where they differ."""
         self._stage = self._num_stages = self._replica = 0
         self._runner: StageRunner | None = None
         self._initial: dict[str, Any] = {}
@@ -79,16 +89,19 @@ class MegatronCompute:
         self._dp_sums: torch.Tensor | None = None
         """The flat gradient handed to the DP ring this iteration (`dp_gradient`)."""
 
-    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         with quiet_megatron():
-            self._setup(stage, num_stages, replica, device)
+            self._setup(stage, num_stages, replica, devices)
 
-    def _setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+    def _setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         from megatron.core import parallel_state
 
         self.preset.check_stages(num_stages)
         self._stage, self._num_stages, self._replica = stage, num_stages, replica
-        self.device = device
+        self.device = torch.device(devices.message_device)
+        self._compute_device = torch.device(devices.compute_device)
+        if self._compute_device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = self.allow_tf32
         # Ranks as the runtime numbers them (replica * S + stage): PP varies fastest after TP.
         parallel_state.initialize_model_parallel(
             pipeline_model_parallel_size=num_stages,
@@ -117,7 +130,7 @@ class MegatronCompute:
         """The model of position (stage, replica), at its initial parameters."""
         self._stage, self._replica = stage, replica
         torch.manual_seed(self.seed)  # megatron draws an initialisation we then replace
-        on_cpu = self.device.type == "cpu"
+        on_cpu = self._compute_device.type == "cpu"
         with self._shim(building=True):
             model = build_stage_model(
                 self.preset, stage, self._num_stages, use_cpu_initialization=on_cpu
@@ -158,7 +171,7 @@ class MegatronCompute:
 
     @contextlib.contextmanager
     def _shim(self, *, building: bool = False) -> Iterator[None]:
-        if self.device.type == "cpu":
+        if self._compute_device.type == "cpu":
             with cpu_shim(building=building):
                 yield
         else:
@@ -215,7 +228,11 @@ class MegatronCompute:
         runner.reset()
         self._dp_sums = None  # a failed iteration's
         if config.load_checkpoint is not None:  # after a restart: the last checkpoint
-            state = torch.load(self._checkpoint_file(config.load_checkpoint), weights_only=True)
+            state = torch.load(
+                self._checkpoint_file(config.load_checkpoint),
+                map_location=self._compute_device,
+                weights_only=True,
+            )
             runner.model.load_state_dict(state)
         elif config.iteration == 0:  # a new run: start from the initial weights again
             runner.model.load_state_dict(self._initial)
@@ -231,28 +248,33 @@ class MegatronCompute:
     def _tokens(self, microbatch: int) -> tuple[torch.Tensor, torch.Tensor]:
         index = self._first_microbatch + microbatch
         tokens, labels = microbatch_tokens(self.preset, self.seed, index)
-        return tokens.to(self.device), labels.to(self.device)
+        return tokens.to(self._compute_device), labels.to(self._compute_device)
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
     ) -> torch.Tensor | None:
         runner = self.runner
+        if inputs is not None:
+            inputs = inputs.to(self._compute_device)  # the received message, off the host
         with self._shim():
             if kind is OpKind.F:
                 tokens, labels = self._tokens(microbatch)
-                return runner.forward(
+                output = runner.forward(
                     microbatch,
                     tokens=tokens if runner.first else None,
                     labels=labels if runner.last else None,
                     stage_input=None if runner.first else inputs,
                 )
-            if kind is OpKind.W:
+            elif kind is OpKind.W:
                 runner.backward_weight(microbatch)
                 return None
-            grad = runner.backward_input(microbatch, inputs)
-            if kind is OpKind.BW:
-                runner.backward_weight(microbatch)
-            return grad
+            else:
+                output = runner.backward_input(microbatch, inputs)
+                if kind is OpKind.BW:
+                    runner.backward_weight(microbatch)
+        if self._compute_device.type == "cuda":
+            torch.cuda.synchronize(self._compute_device)  # the op's record: its kernels' time
+        return None if output is None else output.to(self.device)
 
     def tied_weight(self) -> torch.Tensor | None:
         runner = self.runner
@@ -280,9 +302,9 @@ class MegatronCompute:
     def dp_gradient(self) -> torch.Tensor:
         """Every parameter's gradient (zeros where none was made) in one flat buffer."""
         self._dp_sums = torch.cat(
-            [p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+            [p.grad.reshape(-1) if p.grad is not None else torch.zeros_like(p).reshape(-1)
              for p in self.runner.params]
-        )  # fmt: skip
+        ).to(self.device)  # fmt: skip
         return self._dp_sums
 
     @torch.no_grad()
@@ -295,7 +317,7 @@ class MegatronCompute:
         for param in self.runner.params:
             part = sums[offset : offset + param.numel()].view_as(param)
             if param.grad is None:
-                param.grad = part.clone()
+                param.grad = part.to(param.device, copy=True)
             else:
                 param.grad.copy_(part)
             offset += param.numel()
@@ -309,7 +331,9 @@ class MegatronCompute:
         loss = None
         if runner.last:
             total = torch.tensor(
-                [sum(runner.losses.values()) * runner.loss_scale], dtype=torch.float64
+                [sum(runner.losses.values()) * runner.loss_scale],
+                dtype=torch.float64,
+                device=self.device,
             )
             if dp_group is not None:
                 dist.all_reduce(total, group=dp_group)

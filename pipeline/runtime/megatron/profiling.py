@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pipeline.errors import BackendError, ConfigError
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
-from pipeline.runtime.megatron.model import get_preset
+from pipeline.runtime.megatron.model import GPTPreset, get_preset
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
 
@@ -32,7 +32,7 @@ def split_backward_gpipe(num_stages: int, num_microbatches: int) -> Schedule:
 
 
 def measure_profile(
-    model: str,
+    model: str | GPTPreset,
     num_stages: int,
     num_microbatches: int,
     *,
@@ -41,21 +41,23 @@ def measure_profile(
     schedule: Schedule | None = None,
     seed: int = 0,
     on_iteration: Callable[[], None] | None = None,
+    allow_tf32: bool = False,
 ) -> Profile:
     """A profile of `model` split into `num_stages`: median F/B/W times per stage (ms) and the
     bytes of one stage-boundary message; nothing else is measured (delays 0, no limits).
-    `on_iteration` is called as each iteration (warm-up ones too) ends."""
+    `on_iteration` is called as each iteration (warm-up ones too) ends; `model` is a
+    preset or its name; `allow_tf32`: MegatronCompute's."""
     from pipeline.runtime import IterationConfig, WorkerPool
     from pipeline.runtime.megatron.backend import MegatronCompute
 
-    preset = get_preset(model)
+    preset = get_preset(model) if isinstance(model, str) else model
     preset.check_stages(num_stages)
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     placeholder = Profile.uniform(num_stages, num_microbatches, 1.0, 1.0, 1.0)
     order = schedule or split_backward_gpipe(num_stages, num_microbatches)
     validate_schedule(order, num_stages, num_microbatches)
-    factory = functools.partial(MegatronCompute, model, seed=seed)
+    factory = functools.partial(MegatronCompute, preset, seed=seed, allow_tf32=allow_tf32)
     total = num_warmup_iterations + num_iterations
     with WorkerPool(num_stages, compute_factory=factory) as pool:
         parts = []

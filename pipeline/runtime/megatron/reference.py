@@ -30,9 +30,10 @@ __all__ = ["ReferenceIteration", "build_whole_model", "single_process_megatron",
 
 
 @contextlib.contextmanager
-def single_process_megatron() -> Iterator[None]:
+def single_process_megatron(device: str = "cpu") -> Iterator[None]:
     """A one-rank gloo group and megatron's parallel state (TP = PP = DP = 1), torn down on
-    exit. On a CPU, megatron's CUDA-only spots are patched for the duration."""
+    exit. For a model on the CPU (`device`), megatron's CUDA-only spots are patched for the
+    duration; on a GPU they are megatron's own."""
     with quiet_megatron():
         from megatron.core import parallel_state
 
@@ -51,7 +52,7 @@ def single_process_megatron() -> Iterator[None]:
         )
         try:
             parallel_state.initialize_model_parallel(create_gloo_process_groups=False)
-            with cpu_shim():
+            with cpu_shim() if device == "cpu" else contextlib.nullcontext():
                 yield
         finally:
             parallel_state.destroy_model_parallel()

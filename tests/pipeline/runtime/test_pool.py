@@ -29,6 +29,7 @@ from pipeline.runtime import (
     WorkerPool,
     WorkerTimeout,
 )
+from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
@@ -279,7 +280,7 @@ class _BrokenBackward(EmulatedCompute):
 class _BrokenSetup(EmulatedCompute):
     """A compute backend that cannot set itself up."""
 
-    def setup(self, stage: int, num_stages: int, replica: int, device: torch.device) -> None:
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         raise ValueError(f"no device for stage {stage}")
 
 

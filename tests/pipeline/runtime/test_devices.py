@@ -1,0 +1,65 @@
+"""The process-group backend and devices each worker takes (the choice, not a fake CUDA)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError
+from pipeline.runtime.devices import RankDevices, choose_devices, describe_pool
+
+
+def test_no_gpu_is_gloo_on_the_cpu() -> None:
+    assert choose_devices(3, 4, 0) == RankDevices("gloo", "cpu", "cpu")
+    assert not choose_devices(3, 4, 0).host_copies
+
+
+def test_a_gpu_each_is_nccl_with_messages_on_the_gpu() -> None:
+    assert [choose_devices(r, 2, 8) for r in range(2)] == [
+        RankDevices("nccl", "cuda:0", "cuda:0"),
+        RankDevices("nccl", "cuda:1", "cuda:1"),
+    ]
+
+
+def test_ranks_sharing_one_gpu_talk_gloo_through_host_copies() -> None:
+    """S = 2 on a one-GPU machine: NCCL would refuse two ranks on cuda:0."""
+    chosen = [choose_devices(r, 2, 1) for r in range(2)]
+    assert chosen == [RankDevices("gloo", "cuda:0", "cpu")] * 2
+    assert chosen[0].host_copies
+    assert chosen[0].describe() == "gloo, compute on cuda:0, messages through host copies"
+    assert describe_pool(chosen) == "gloo: 2 worker(s) share 1 GPU(s), messages through host copies"
+
+
+@given(num_workers=st.integers(1, 64), num_gpus=st.integers(0, 16))
+def test_one_backend_per_pool_and_nccl_never_shares_a_gpu(num_workers: int, num_gpus: int) -> None:
+    chosen = [choose_devices(r, num_workers, num_gpus) for r in range(num_workers)]
+    assert len({d.process_group for d in chosen}) == 1  # one communicator, one backend
+    nccl = chosen[0].process_group == "nccl"
+    assert nccl == (num_gpus > 0 and num_workers <= num_gpus)
+    if nccl:
+        assert len({d.compute_device for d in chosen}) == num_workers
+        assert all(d.message_device == d.compute_device for d in chosen)
+    else:  # gloo sends host memory
+        assert all(d.message_device == "cpu" for d in chosen)
+    used = {d.compute_device for d in chosen}
+    assert used == (
+        {"cpu"} if num_gpus == 0 else {f"cuda:{i}" for i in range(min(num_gpus, num_workers))}
+    )
+
+
+def test_describes_a_pool_in_one_line() -> None:
+    assert (
+        describe_pool([choose_devices(r, 4, 0) for r in range(4)]) == "gloo: 4 worker(s) on the CPU"
+    )
+    assert (
+        describe_pool([choose_devices(r, 2, 2) for r in range(2)])
+        == "nccl: 2 worker(s), a GPU each"
+    )
+    assert describe_pool([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("rank", "num_workers", "num_gpus"), [(2, 2, 0), (-1, 2, 0), (0, 0, 0), (0, 1, -1)]
+)
+def test_an_impossible_placement_is_refused(rank: int, num_workers: int, num_gpus: int) -> None:
+    with pytest.raises(ConfigError, match="is not a placement"):
+        choose_devices(rank, num_workers, num_gpus)
