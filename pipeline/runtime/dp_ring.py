@@ -105,10 +105,11 @@ class Ring:
         self._from_rank = topology.worker(Position(stage, sender))
         largest = self._chunk_bytes(max(self._sizes, default=0))
         steps = ring_steps(num_replicas)
-        self._payload = torch.zeros(largest, dtype=torch.uint8, device=device)
+        real = layout.element_bytes > 1
+        self._payload = torch.zeros(
+            num_replicas * largest if real else largest, dtype=torch.uint8, device=device
+        )
         """The emulated chunks' zeros; with a real gradient, a bucket padded to D chunks."""
-        if layout.element_bytes > 1:
-            self._payload = torch.zeros(num_replicas * largest, dtype=torch.uint8, device=device)
         self._inboxes = [
             [torch.empty(largest, dtype=torch.uint8, device=device) for _ in range(steps)]
             for _ in range(min(2, len(self._sizes)))
@@ -164,7 +165,7 @@ class Ring:
                     (link, direction, index, chunk, start, time.monotonic(), fault_ms, start, pid)
                 )
             self._take(incoming, indices[-1], records)
-            if sums is not None and gradient is not None:
+            if gradient is not None and sums is not None:  # sums: the bucket's, loaded
                 last = len(indices) - 1
                 self._combine(sums, last, self._inboxes[bucket % 2][last][:chunk])
                 gradient.view(torch.uint8)[first_byte : first_byte + size].copy_(
