@@ -1,6 +1,7 @@
 """The emulated runtime against the calibrated simulator: the fidelity band.
 
 Run: python benchmarks/bench_runtime.py [--iterations 5] [--calibration HOST.json]
+     [--fresh-pools K]
 
 This host's costs are measured first (pipeline.runtime.calibrate; or read from
 --calibration), then 1F1B and ZB-H2 on S=4, N=12, F=B=W=10 ms, with 64 KiB, 1 MiB and 8 MiB
@@ -35,6 +36,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--calibration", help="A calibration file instead of measuring one.")
+    parser.add_argument(
+        "--fresh-pools",
+        type=int,
+        default=0,
+        help="Then run each point with no delay in this many fresh pools: how far one point's "
+        "median moves from one pool to the next (the band is only as tight as that).",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     host = HostCosts.from_file(args.calibration) if args.calibration else measure_host_costs()
@@ -79,7 +87,7 @@ def main() -> None:
                         f"{measured / free:.3f} | {calibrated:.1f} | {measured / calibrated:.3f} |",
                         flush=True,
                     )
-    print("\nInside the runs with no delay, against the calibration (medians, p90):\n")
+    print("\nInside the runs with no delay, against the calibration (means; median, p90):\n")
     print(
         "| policy | message | send ms | calibrated send ms | receive lag ms | calibrated lag ms |"
     )
@@ -87,9 +95,8 @@ def main() -> None:
     for (name, size_name), (sends, lags) in inside_runs.items():
         num_bytes = SIZES[size_name]
         print(
-            f"| {name} | {size_name} | {statistics.median(sends):.2f} (p90 {_p90(sends):.2f}) | "
-            f"{host.send_ms(num_bytes):.2f} | {statistics.median(lags):.2f} "
-            f"(p90 {_p90(lags):.2f}) | {host.receive_lag_for_ms(num_bytes):.2f} |"
+            f"| {name} | {size_name} | {_spread(sends)} | {host.send_ms(num_bytes):.2f} | "
+            f"{_spread(lags)} | {host.receive_lag_for_ms(num_bytes):.2f} |"
         )
     inside = sum(0.97 <= f <= 1.03 for f in fidelities)
     print(
@@ -97,6 +104,47 @@ def main() -> None:
         f"{max(fidelities):.3f}); load average {load_before:.2f} before, "
         f"{os.getloadavg()[0]:.2f} after"
     )
+    if args.fresh_pools:
+        _fresh_pools(args.fresh_pools, args.iterations, host)
+
+
+def _spread(values: list[float]) -> str:
+    return (
+        f"{statistics.fmean(values):.2f} ({statistics.median(values):.2f}, p90 {_p90(values):.2f})"
+    )
+
+
+def _fresh_pools(num_pools: int, num_iterations: int, host: HostCosts) -> None:
+    """Each point with no delay, once per fresh pool (the pools in turn, point by point)."""
+    points = [(s, n, b) for s in SIZES for n, b in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]]
+    medians: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in points}
+    for _ in range(num_pools):
+        with WorkerPool(4, timeout_s=60) as pool:
+            for iteration, (size_name, name, build) in enumerate(points):
+                profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=SIZES[size_name])
+                schedule = build(profile)
+                times = []
+                for k in range(num_iterations + 1):
+                    config = IterationConfig(iteration * 100 + k, schedule, profile)
+                    timeline = pool.run_iteration(config)
+                    if k:
+                        times.append(compute_metrics(timeline, config.iteration).iteration_time_ms)
+                medians[(size_name, name)].append(statistics.median(times))
+    print(f"\nNo delay, {num_pools} fresh pools (each pool's median of {num_iterations}):\n")
+    print("| policy | message | pool medians ms | max / min | calibrated sim ms | fidelity range |")
+    print("|---|---|---|---|---|---|")
+    for size_name, name, build in points:
+        profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=SIZES[size_name])
+        predicted = compute_metrics(
+            simulate(build(profile), profile, CommMode.DIRECT, host=host)
+        ).iteration_time_ms
+        values = medians[(size_name, name)]
+        print(
+            f"| {name} | {size_name} | {', '.join(f'{v:.1f}' for v in values)} | "
+            f"{max(values) / min(values):.3f} | {predicted:.1f} | "
+            f"{min(values) / predicted:.3f}-{max(values) / predicted:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import click
 
 from harness.cli_common import emit_json, output_file_option, terminal_progress
 from pipeline.errors import ConfigError
+from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, CostCurve
 
 __all__ = ["calibrate", "profile"]
 
@@ -91,18 +92,29 @@ def profile(
     show_default=True,
     help="Workers passing messages: as many as the runs to predict.",
 )
+@click.option(
+    "--op-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_CALIBRATION_OP_MS,
+    show_default=True,
+    help="How long the microbenchmarks' ops last: as long as those of the runs to predict.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def calibrate(out: str, repeats: int, stages: int, fmt: str) -> None:
-    """Measure what the worker runtime costs on this host (per-op overhead, a send's fixed
-    and per-MiB cost, the receive lag, the delegated path's copies and pick-up) with
-    microbenchmarks of real worker processes and delegates, and write them for
-    `simulate`/`run --calibration`. Takes about 20 s; run it on an idle host."""
+def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> None:
+    """Measure what the worker runtime costs on this host (per-op overhead, a send's cost
+    and the receive lag by message size, the delegated path's copies and pick-up, the DP
+    ring's lag, a failover) with microbenchmarks of real worker processes and delegates, and
+    write them for `simulate`/`run --calibration`. Takes about 45 s; run it on an idle host."""
     from adaptra.transport import Delegates
     from harness.results import write_atomic
     from pipeline.runtime.calibrate import measure_host_costs
 
     costs = measure_host_costs(
-        repeats, stages, progress=lambda line: click.echo(line, err=True), delegates=Delegates()
+        repeats,
+        stages,
+        progress=lambda line: click.echo(line, err=True),
+        delegates=Delegates(),
+        op_ms=op_ms,
     )
     data = costs.to_dict()
     write_atomic(Path(out), json.dumps(data, indent=1) + "\n")
@@ -110,8 +122,10 @@ def calibrate(out: str, repeats: int, stages: int, fmt: str) -> None:
         emit_json(data)
         return
     click.echo(
-        f"per op {costs.op_overhead_ms:.3f} ms, per send {costs.send_fixed_ms:.3f} ms + "
-        f"{costs.send_ms_per_mib:.3f} ms/MiB, receive lag {costs.receive_lag_ms:.3f} ms + "
-        f"{costs.receive_lag_ms_per_mib:.3f} ms/MiB; "
-        f"written to {out}"
+        f"per op {costs.op_overhead_ms:.3f} ms; a send {_by_size(costs.send_ms_by_bytes)}; "
+        f"receive lag {_by_size(costs.receive_lag_ms_by_bytes)}; written to {out}"
     )
+
+
+def _by_size(curve: CostCurve) -> str:
+    return ", ".join(f"{ms:.3f} ms at {size >> 10} KiB" for size, ms in curve.points) or "0 ms"

@@ -6,12 +6,14 @@ file (`--calibration`, a spec's `calibration:`), so that the simulator's `direct
 `delegated` modes predict a real run on that host. Without one every cost is 0 (`FREE`): the
 paper's model, exactly.
 
-The file is a JSON object: `schema_version` (1), the five costs below in ms, and free-form
-`host` and `measured_at` strings.
+The file is a JSON object: `schema_version` (2), the costs below (a cost that depends on a
+message's size is a `CostCurve`, written as `[[bytes, ms], ...]`; the others are ms), and
+free-form `host` and `measured_at` strings.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from pathlib import Path
@@ -20,54 +22,115 @@ from typing import Any
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 
-__all__ = ["FREE", "HOST_COSTS_SCHEMA_VERSION", "HostCosts"]
+__all__ = [
+    "DEFAULT_CALIBRATION_OP_MS",
+    "FREE",
+    "HOST_COSTS_SCHEMA_VERSION",
+    "NO_COST",
+    "CostCurve",
+    "HostCosts",
+]
 
-HOST_COSTS_SCHEMA_VERSION = 1
-_COSTS = (
-    "send_fixed_ms",
-    "send_ms_per_mib",
-    "receive_lag_ms",
-    "receive_lag_ms_per_mib",
-    "op_overhead_ms",
-)
-_DELEGATE_COSTS = (
-    "copy_out_fixed_ms",
-    "copy_out_ms_per_mib",
-    "delegate_pickup_ms",
-    "copy_in_fixed_ms",
-    "copy_in_ms_per_mib",
-    "failover_ms",
-)
+DEFAULT_CALIBRATION_OP_MS = 10.0
+"""How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
+
+HOST_COSTS_SCHEMA_VERSION = 2
+"""2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost plus one
+per MiB, which a host whose cost per byte grows with the size (sockets' buffers, copies
+sharing the cores) does not follow: the line's fit lost the small messages' fixed cost."""
+
+
+def _check_ms(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number of ms, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{name} must be finite and >= 0 ms, got {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CostCurve:
+    """A cost in ms by message size, measured at some sizes: linear between them, the first
+    point's cost below the first size, and the last segment's slope (never negative) beyond
+    the last. No points: free."""
+
+    points: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        sizes = [size for size, _ in self.points]
+        if sizes != sorted(set(sizes)) or any(size < 0 for size in sizes):
+            raise ConfigError(f"a cost curve's sizes must rise from >= 0 bytes, got {sizes}")
+        for _, ms in self.points:
+            _check_ms("a cost curve's cost", ms)
+
+    def ms(self, num_bytes: int) -> float:
+        points = self.points
+        if not points:
+            return 0.0
+        if len(points) == 1 or num_bytes <= points[0][0]:
+            return points[0][1]
+        i = min(max(bisect.bisect_right(points, (num_bytes, math.inf)), 1), len(points) - 1)
+        (x0, y0), (x1, y1) = points[i - 1], points[i]
+        slope = (y1 - y0) / (x1 - x0)
+        if num_bytes > x1:
+            return y1 + max(slope, 0.0) * (num_bytes - x1)
+        return y0 + slope * (num_bytes - x0)
+
+    @classmethod
+    def line(cls, fixed_ms: float, ms_per_mib: float = 0.0) -> CostCurve:
+        """`fixed_ms` plus `ms_per_mib` per MiB, at every size."""
+        return cls(((0, fixed_ms), (_MIB, fixed_ms + ms_per_mib)))
+
+    def to_json(self) -> list[list[float]]:
+        return [[size, ms] for size, ms in self.points]
+
+    @classmethod
+    def parse(cls, value: Any, name: str) -> CostCurve:
+        """From `[[bytes, ms], ...]`, `name` in errors."""
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list of [bytes, ms] pairs, got {value!r}")
+        points = []
+        for pair in value:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ConfigError(f"{name}: {pair!r} is not a [bytes, ms] pair")
+            size, ms = pair
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise ConfigError(f"{name}: a size must be a whole number of bytes, got {size!r}")
+            points.append((size, _check_ms(name, ms)))
+        try:
+            return cls(tuple(points))
+        except ConfigError as err:
+            raise ConfigError(f"{name}: {err}") from None
+
+
+NO_COST = CostCurve()
+_MIB = 1 << 20
+_CURVES = ("send_ms_by_bytes", "receive_lag_ms_by_bytes")
+"""Required in a file."""
+_COSTS = ("op_overhead_ms",)
+_DELEGATE_CURVES = ("copy_out_ms_by_bytes", "copy_in_ms_by_bytes")
+_DELEGATE_COSTS = ("delegate_pickup_ms", "failover_ms")
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
 _RING_COSTS = ("ring_lag_ms", "delegated_ring_lag_ms")
-"""The DP ring's: optional in a file (one written before it was measured: 0)."""
-_MIB = 1 << 20
+"""The DP ring's: optional in a file (0)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class HostCosts:
-    send_fixed_ms: float = 0.0
-    """A blocking send holds its sender this long per message (sizes aside)..."""
-    send_ms_per_mib: float = 0.0
-    """...plus this long per MiB of payload."""
-    receive_lag_ms: float = 0.0
-    """From a send's return to the start of the op that waited for the message (sizes
-    aside: the receiver still reads what the sender's socket took)..."""
-    receive_lag_ms_per_mib: float = 0.0
-    """...plus this long per MiB."""
+    send_ms_by_bytes: CostCurve = NO_COST
+    """How long a blocking send holds its sender, by the message's size."""
+    receive_lag_ms_by_bytes: CostCurve = NO_COST
+    """From a send's return to the start of the op that waited for the message, by size
+    (the receiver still reads what the sender's socket took)."""
     op_overhead_ms: float = 0.0
     """The runtime's own time between one op and the next on a stage (bookkeeping)."""
-    copy_out_fixed_ms: float = 0.0
+    copy_out_ms_by_bytes: CostCurve = NO_COST
     """Delegated: handing a message to its delegate holds the sender this long (its copy
-    into a slot and the job), plus..."""
-    copy_out_ms_per_mib: float = 0.0
-    """...this long per MiB."""
+    into a slot and the job), by size."""
     delegate_pickup_ms: float = 0.0
     """Delegated: from the hand-over until a free delegate has picked the message up."""
-    copy_in_fixed_ms: float = 0.0
-    """Delegated: the copy of an arrived message into its op's buffer, before the op, plus..."""
-    copy_in_ms_per_mib: float = 0.0
-    """...this long per MiB."""
+    copy_in_ms_by_bytes: CostCurve = NO_COST
+    """Delegated: the copy of an arrived message into its op's buffer, before the op."""
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
@@ -83,29 +146,31 @@ class HostCosts:
 
     def __post_init__(self) -> None:
         for name in (*_COSTS, *_DELEGATE_COSTS, *_RING_COSTS):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f"{name} must be a number of ms, got {value!r}")
-            if not (math.isfinite(value) and value >= 0):
-                raise ConfigError(f"{name} must be finite and >= 0 ms, got {value!r}")
-            object.__setattr__(self, name, float(value))
+            object.__setattr__(self, name, _check_ms(name, getattr(self, name)))
+        for name in (*_CURVES, *_DELEGATE_CURVES):
+            if not isinstance(getattr(self, name), CostCurve):
+                raise ConfigError(f"{name} must be a CostCurve")
 
     def send_ms(self, num_bytes: int) -> float:
         """How long a blocking send of `num_bytes` holds its sender."""
-        return self.send_fixed_ms + self.send_ms_per_mib * num_bytes / _MIB
+        return self.send_ms_by_bytes.ms(num_bytes)
 
     def receive_lag_for_ms(self, num_bytes: int) -> float:
         """From a send's return until the message can be used, when the receiver waits."""
-        return self.receive_lag_ms + self.receive_lag_ms_per_mib * num_bytes / _MIB
+        return self.receive_lag_ms_by_bytes.ms(num_bytes)
 
     def copy_out_ms(self, num_bytes: int) -> float:
-        return self.copy_out_fixed_ms + self.copy_out_ms_per_mib * num_bytes / _MIB
+        return self.copy_out_ms_by_bytes.ms(num_bytes)
 
     def copy_in_ms(self, num_bytes: int) -> float:
-        return self.copy_in_fixed_ms + self.copy_in_ms_per_mib * num_bytes / _MIB
+        return self.copy_in_ms_by_bytes.ms(num_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": HOST_COSTS_SCHEMA_VERSION, **dataclasses.asdict(self)}
+        data: dict[str, Any] = {"schema_version": HOST_COSTS_SCHEMA_VERSION}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            data[field.name] = value.to_json() if isinstance(value, CostCurve) else value
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> HostCosts:
@@ -120,12 +185,15 @@ class HostCosts:
             )
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - fields)
-        missing = [name for name in _COSTS if name not in values]
+        missing = [name for name in (*_CURVES, *_COSTS) if name not in values]
         if unknown or missing:
             raise ConfigError(
                 f"calibration: unknown key(s) {unknown or 'none'}, missing {missing or 'none'}; "
                 f"keys: schema_version, {', '.join(sorted(fields))}"
             )
+        for name in (*_CURVES, *_DELEGATE_CURVES):
+            if name in values:
+                values[name] = CostCurve.parse(values[name], name)
         for name in ("host", "measured_at"):
             values[name] = str(values.get(name, ""))
         return cls(**values)

@@ -3,16 +3,17 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
 
 - per-op overhead: one stage running 2 ms ops back to back (no messages): the mean time
   between consecutive op starts beyond the ops' own durations;
-- send cost: `num_stages` stages passing messages of 0, 1/4, 1, 4 and 8 MiB in an order with
+- send cost: `num_stages` stages passing messages of each of `SEND_SIZES` in an order with
   traffic both ways at once (the same warm-up on every stage, then a backward and a forward
-  in turn; 1 ms ops): how long a blocking send holds its sender, fitted as a fixed cost plus
-  a cost per MiB (Theil-Sen over the sizes);
+  in turn; ops of `op_ms`): how long a blocking send holds its sender, its mean at each size,
+  made non-decreasing in the size (a `CostCurve`: the cost per byte is not one number here,
+  it grows with the size);
 - receive lag: in the same runs, from a send's return to the start of the op that was
-  waiting for it (only ops whose stage was idle when the send returned), fitted alike;
+  waiting for it (only ops whose stage was idle when the send returned), alike;
 - ring lag: a healthy DP ring on `num_stages` stages x 2 replicas (every stage's ring at
   once, as in training; 16 chunks of 125 kB per link direction after a short 1F1B): the mean
   time between a link direction's consecutive chunk sends, beyond what the send cost and the
-  receive lag fitted above make of it;
+  receive lag measured above make of it;
 - with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
   failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
@@ -20,6 +21,11 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
 
 Means, not medians: an iteration adds these costs up along its critical path, so their
 expected values count, long tails included (a send of 8 MiB: median 5 ms, p90 8 ms here).
+The ops last `op_ms` (10 ms unless asked: longer than the largest message's send, as in
+the runs to predict, where compute hides the transfers; with ops shorter than a send, the
+sends queue behind each other and their cost is the queue's). A host whose vCPUs idle between
+messages also wakes later after longer ops (0.13 ms a 0 B send after 1 ms ops, 0.18 after
+10 ms here): measure with ops as long as those of the runs to predict.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import itertools
+import math
 import platform
 import statistics
 from collections.abc import Callable
 
+from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
-from pipeline.host_costs import HostCosts
+from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, NO_COST, CostCurve, HostCosts
 from pipeline.profile import Profile
 from pipeline.runtime.pool import IterationConfig, WorkerPool
 from pipeline.runtime.transport import DelegateFactory
@@ -42,8 +50,7 @@ from pipeline.topology import Link
 
 __all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
 
-SEND_SIZES = (0, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
-_MIB = 1 << 20
+SEND_SIZES = (0, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 
 
 def _busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
@@ -85,14 +92,6 @@ def _op_overhead_ms(timelines: list[Timeline], op_ms: float) -> float:
     return max(statistics.fmean(gaps), 0.0)
 
 
-def _fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """y = a + b x by Theil-Sen (the median of the pairwise slopes, then the median
-    intercept): one noisy point does not move it. Both clamped at 0 (they are costs)."""
-    slopes = [(y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in itertools.combinations(points, 2)]
-    slope = max(statistics.median(slopes), 0.0)
-    return max(statistics.median(y - slope * x for x, y in points), 0.0), slope
-
-
 def receive_lags_ms(timeline: Timeline) -> list[float]:
     """Send return to the consuming op's start, where the consumer sat idle waiting."""
     by_stage: dict[int, list] = {}
@@ -112,16 +111,48 @@ def receive_lags_ms(timeline: Timeline) -> list[float]:
     return lags
 
 
+def _curve(samples: dict[int, list[float]]) -> CostCurve:
+    """The mean cost at each size, made non-decreasing in the size (a longer message never
+    costs less: where a smaller size's mean is above a larger's, a tail caught in one of
+    them, the two are pooled, weighted by their counts) and never below 0."""
+    blocks: list[tuple[int, float, int]] = []  # (first size, mean, count), sizes in order
+    for size in sorted(samples):
+        values = samples[size]
+        if not values:
+            continue
+        block = (size, statistics.fmean(values), len(values))
+        while blocks and blocks[-1][1] > block[1]:
+            first, mean, count = blocks.pop()
+            total = count + block[2]
+            block = (first, (mean * count + block[1] * block[2]) / total, total)
+        blocks.append(block)
+    means = {first: max(mean, 0.0) for first, mean, _ in blocks}
+    points, level = [], 0.0
+    for size in sorted(samples):
+        if samples[size]:
+            level = means.get(size, level)
+            points.append((size, level))
+    return CostCurve(tuple(points)) if points else NO_COST
+
+
+def _busy_profile(num_stages: int, num_bytes: int, op_ms: float) -> Profile:
+    """Forwards of `op_ms`, backwards and weight gradients of half that (BW: `op_ms`)."""
+    return Profile.uniform(num_stages, 12, op_ms, op_ms / 2, op_ms / 2, message_bytes=num_bytes)
+
+
 def measure_host_costs(
     repeats: int = 3,
     num_stages: int = 4,
     progress: Callable[[str], None] = lambda line: None,
     delegates: DelegateFactory | None = None,
+    op_ms: float = DEFAULT_CALIBRATION_OP_MS,
 ) -> HostCosts:
-    """About 20 s: three pools (1, `num_stages` and 2 x `num_stages` workers: as many as
-    the runs to predict, since concurrent transfers share the host's cores), `repeats`
-    measured iterations per point; with `delegates` (adaptra.transport), two more with them,
-    for the delegated path's costs (about 15 s more)."""
+    """About 25 s with 10 ms ops: three pools (1, `num_stages` and 2 x `num_stages` workers:
+    as many as the runs to predict, since concurrent transfers share the host's cores),
+    `repeats` measured iterations per point; with `delegates` (adaptra.transport), two more
+    with them, for the delegated path's costs (about 20 s more)."""
+    if not (math.isfinite(op_ms) and op_ms > 0):
+        raise ConfigError(f"calibration ops must last > 0 ms, got {op_ms!r}")
     counter = [0]
     op_ms = 2.0
     with WorkerPool(1) as pool:
@@ -130,28 +161,25 @@ def measure_host_costs(
         schedule = Schedule.from_dict({"stages": [ops]})
         op_overhead_ms = _op_overhead_ms(_runs(pool, schedule, lone, repeats, counter), op_ms)
     progress(f"per-op overhead: {op_overhead_ms:.3f} ms")
-    sends: list[tuple[float, float]] = []
-    lags: list[tuple[float, float]] = []
+    sends: dict[int, list[float]] = {}
+    lags: dict[int, list[float]] = {}
     counter = [0]
     with WorkerPool(num_stages) as pool:
         schedule = _busy_both_ways(num_stages, 12)
         for num_bytes in SEND_SIZES:
-            profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=num_bytes)
+            profile = _busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter)
-            durations = [m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages]
-            sends.append((num_bytes / _MIB, statistics.fmean(durations)))
-            waited = [lag for t in timelines for lag in receive_lags_ms(t)]
-            lag_ms = statistics.fmean(waited) if waited else 0.0
-            if waited:
-                lags.append((num_bytes / _MIB, lag_ms))
-            progress(f"{num_bytes} B: send {sends[-1][1]:.3f} ms, receive lag {lag_ms:.3f} ms")
-    send_fixed_ms, send_ms_per_mib = _fit_line(sends)
-    receive_lag_ms, receive_lag_ms_per_mib = _fit_line(lags) if len(lags) > 1 else (0.0, 0.0)
+            sends[num_bytes] = [
+                m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages
+            ]
+            lags[num_bytes] = [lag for t in timelines for lag in receive_lags_ms(t)]
+            progress(
+                f"{num_bytes} B: send {statistics.fmean(sends[num_bytes]):.3f} ms, receive lag "
+                f"{statistics.fmean(lags[num_bytes] or [0.0]):.3f} ms"
+            )
     costs = HostCosts(
-        send_fixed_ms=send_fixed_ms,
-        send_ms_per_mib=send_ms_per_mib,
-        receive_lag_ms=receive_lag_ms,
-        receive_lag_ms_per_mib=receive_lag_ms_per_mib,
+        send_ms_by_bytes=_curve(sends),
+        receive_lag_ms_by_bytes=_curve(lags),
         op_overhead_ms=op_overhead_ms,
         host=platform.node(),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -160,7 +188,7 @@ def measure_host_costs(
     progress(f"DP ring lag: {costs.ring_lag_ms:.3f} ms per chunk")
     if delegates is None:
         return costs
-    return _with_delegated_costs(costs, delegates, repeats, num_stages, progress)
+    return _with_delegated_costs(costs, delegates, repeats, num_stages, progress, op_ms)
 
 
 def _ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
@@ -211,42 +239,37 @@ def _with_delegated_costs(
     repeats: int,
     num_stages: int,
     progress: Callable[[str], None],
+    op_ms: float,
 ) -> HostCosts:
     """The same runs over delegates (3 per link direction and side: each free when its next
     message comes): the sender's hand-over, the delegate's pick-up, the copy in."""
-    copies_out: list[tuple[float, float]] = []
-    copies_in: list[tuple[float, float]] = []
+    copies_out: dict[int, list[float]] = {}
+    copies_in: dict[int, list[float]] = {}
     pickups: list[float] = []
     counter = [0]
     with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
         schedule = _busy_both_ways(num_stages, 12)
         for num_bytes in SEND_SIZES:
-            profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=num_bytes)
+            profile = _busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter, comm="delegated")
             messages = [m for t in timelines for m in t.messages]
-            mib = num_bytes / _MIB
-            copies_out.append(
-                (mib, statistics.fmean(m.send_end_ms - m.send_start_ms for m in messages))
-            )
-            copies_in.append((mib, statistics.fmean(m.copy_in_ms for m in messages)))
+            copies_out[num_bytes] = [m.send_end_ms - m.send_start_ms for m in messages]
+            copies_in[num_bytes] = [m.copy_in_ms for m in messages]
             pickups += [m.wire_start_ms - m.send_end_ms for m in messages]
             progress(
-                f"{num_bytes} B delegated: copy out {copies_out[-1][1]:.3f} ms, copy in "
-                f"{copies_in[-1][1]:.3f} ms"
+                f"{num_bytes} B delegated: copy out "
+                f"{statistics.fmean(copies_out[num_bytes]):.3f} ms, copy in "
+                f"{statistics.fmean(copies_in[num_bytes]):.3f} ms"
             )
         failover_ms = _failover_ms(pool, schedule, num_stages, counter)
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
-    out_fixed, out_per_mib = _fit_line(copies_out)
-    in_fixed, in_per_mib = _fit_line(copies_in)
     ring_lag_ms = _ring_lag_ms(costs, num_stages, repeats, delegates)
     progress(f"DP ring lag over the delegates: {ring_lag_ms:.3f} ms per chunk")
     return dataclasses.replace(
         costs,
-        copy_out_fixed_ms=out_fixed,
-        copy_out_ms_per_mib=out_per_mib,
+        copy_out_ms_by_bytes=_curve(copies_out),
         delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
-        copy_in_fixed_ms=in_fixed,
-        copy_in_ms_per_mib=in_per_mib,
+        copy_in_ms_by_bytes=_curve(copies_in),
         failover_ms=failover_ms,
         delegated_ring_lag_ms=ring_lag_ms,
     )

@@ -474,12 +474,14 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     out = cli("calibrate", "--out", str(host), "--repeats", "1", "--format", "json")
     assert out.returncode == 0, out.stderr
     costs = json.loads(host.read_text())
-    assert costs == json.loads(out.stdout) and costs["schema_version"] == 1
-    names = ("send_fixed_ms", "send_ms_per_mib", "receive_lag_ms", "receive_lag_ms_per_mib")
-    assert all(costs[name] >= 0 for name in (*names, "op_overhead_ms"))
-    delegated = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "copy_in_fixed_ms")
-    assert costs["copy_out_fixed_ms"] + costs["copy_out_ms_per_mib"] > 0  # measured: a copy
-    assert all(costs[name] >= 0 for name in (*delegated, "delegate_pickup_ms"))
+    assert costs == json.loads(out.stdout) and costs["schema_version"] == 2
+    from pipeline.runtime.calibrate import SEND_SIZES
+
+    for name in ("send_ms_by_bytes", "copy_out_ms_by_bytes", "copy_in_ms_by_bytes"):
+        assert [size for size, _ in costs[name]] == list(SEND_SIZES), name  # each measured
+    assert all(ms > 0 for _, ms in costs["send_ms_by_bytes"])  # a real send takes time
+    assert costs["copy_out_ms_by_bytes"][-1][1] > 0  # measured: a copy of 8 MiB
+    assert costs["op_overhead_ms"] >= 0 and costs["delegate_pickup_ms"] >= 0
     profile = str(write_profile(tmp_path, message_bytes=1 << 20))
 
     def simulated_ms(*extra: str) -> float:

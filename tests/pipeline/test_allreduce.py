@@ -82,11 +82,11 @@ def test_a_dp_link_delay_costs_its_messages_times_the_delay(num_replicas: int) -
 
 
 def test_wire_time_host_costs_and_the_optimizer_add_per_message() -> None:
-    from pipeline.host_costs import HostCosts
+    from pipeline.host_costs import CostCurve, HostCosts
 
     profile = _profile(2, link_latency_ms=0.5, dp_bandwidth_gbps=8.0, optimizer_ms=(0.0, 3.0))
     host = HostCosts(
-        send_fixed_ms=0.25, send_ms_per_mib=0.0, receive_lag_ms=0.125, receive_lag_ms_per_mib=0.0
+        send_ms_by_bytes=CostCurve.line(0.25), receive_lag_ms_by_bytes=CostCurve.line(0.125)
     )
     timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=host)
     # Stage 1: 25 MB = 6 x 4 MB + 1 MB, 2 steps each. A step: 0.5 ms latency + its chunk at

@@ -4,16 +4,16 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.host_costs import FREE, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts
 
 COSTS = {
-    "schema_version": 1,
-    "send_fixed_ms": 0.2,
-    "send_ms_per_mib": 0.4,
-    "receive_lag_ms": 0.3,
-    "receive_lag_ms_per_mib": 0.1,
+    "schema_version": 2,
+    "send_ms_by_bytes": [[0, 0.2], [1 << 20, 0.6], [1 << 23, 5.0]],
+    "receive_lag_ms_by_bytes": [[0, 0.3], [1 << 20, 0.4]],
     "op_overhead_ms": 0.05,
     "host": "h",
     "measured_at": "2026-12-01T00:00:00+00:00",
@@ -24,26 +24,53 @@ def test_round_trip_and_costs(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
     path.write_text(json.dumps(COSTS))
     costs = HostCosts.from_file(path)
-    optional = ("copy_out_fixed_ms", "copy_out_ms_per_mib", "delegate_pickup_ms",
-                "copy_in_fixed_ms", "copy_in_ms_per_mib", "failover_ms", "ring_lag_ms",
-                "delegated_ring_lag_ms")  # fmt: skip
-    assert costs.to_dict() == {**COSTS, **dict.fromkeys(optional, 0.0)}  # measured without
+    optional = {"copy_out_ms_by_bytes": [], "copy_in_ms_by_bytes": [], "delegate_pickup_ms": 0.0,
+                "failover_ms": 0.0, "ring_lag_ms": 0.0, "delegated_ring_lag_ms": 0.0}  # fmt: skip
+    assert costs.to_dict() == {**COSTS, **optional}  # measured without delegates: free
     assert HostCosts.from_dict(costs.to_dict()) == costs
-    assert costs.send_ms(2 << 20) == pytest.approx(0.2 + 0.8)
-    assert costs.receive_lag_for_ms(1 << 19) == pytest.approx(0.3 + 0.05)
+    assert costs.send_ms(0) == 0.2 and costs.send_ms(1 << 19) == pytest.approx(0.4)
+    # between measured sizes: linear; past the last: the last segment's slope
+    assert costs.send_ms(1 << 22) == pytest.approx(0.6 + 4.4 * 3 / 7)
+    assert costs.send_ms(1 << 24) == pytest.approx(5.0 + 4.4 * 8 / 7)
+    assert costs.receive_lag_for_ms(1 << 21) == pytest.approx(0.5)
     assert FREE.send_ms(1 << 30) == FREE.receive_lag_for_ms(1 << 30) == 0.0
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 1 << 24), st.floats(0, 100)), min_size=1, max_size=6,
+        unique_by=lambda point: point[0],
+    ),
+    st.integers(0, 1 << 26),
+)  # fmt: skip
+def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
+    points: list[tuple[int, float]], num_bytes: int
+) -> None:
+    curve = CostCurve(tuple(sorted(points)))
+    for size, ms in points:
+        assert curve.ms(size) == pytest.approx(ms)
+    low, high = min(ms for _, ms in points), max(ms for _, ms in points)
+    if num_bytes <= max(size for size, _ in points):  # inside: between its costs
+        assert low - 1e-9 <= curve.ms(num_bytes) <= high + 1e-9
+    else:  # past the last point it never falls
+        assert curve.ms(num_bytes) >= curve.ms(max(size for size, _ in points)) - 1e-9
+    assert CostCurve.parse(curve.to_json(), "c") == curve
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"schema_version": 2}, "schema_version 2 is not supported"),
-        ({"send_fixed_ms": -1}, "send_fixed_ms must be finite and >= 0"),
+        ({"schema_version": 1}, "schema_version 1 is not supported"),
+        ({"send_ms_by_bytes": [[0, -1]]}, "send_ms_by_bytes must be finite and >= 0"),
+        ({"send_ms_by_bytes": [[5, 1.0], [0, 1.0]]}, "sizes must rise from >= 0 bytes"),
+        ({"send_ms_by_bytes": [[0.5, 1.0]]}, "a size must be a whole number of bytes"),
+        ({"send_ms_by_bytes": [[0, 1.0, 2]]}, "is not a \\[bytes, ms\\] pair"),
+        ({"send_ms_by_bytes": 0.2}, "must be a list of \\[bytes, ms\\] pairs"),
         ({"op_overhead_ms": float("nan")}, "op_overhead_ms must be finite"),
-        ({"receive_lag_ms": "fast"}, "receive_lag_ms must be a number"),
-        ({"receive_lag_ms": True}, "receive_lag_ms must be a number"),
+        ({"receive_lag_ms_by_bytes": [[0, "fast"]]}, "receive_lag_ms_by_bytes must be a number"),
+        ({"receive_lag_ms_by_bytes": [[0, True]]}, "receive_lag_ms_by_bytes must be a number"),
         ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
-        ({"send_ms_per_mib": None}, "send_ms_per_mib must be a number"),
+        ({"op_overhead_ms": None}, "op_overhead_ms must be a number"),
         ({"ring_lag_ms": -0.5}, "ring_lag_ms must be finite and >= 0"),
     ],
 )
@@ -56,9 +83,9 @@ def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str
 
 def test_a_missing_cost_or_file_is_named(tmp_path: Path) -> None:
     data = dict(COSTS)
-    del data["receive_lag_ms"]
+    del data["receive_lag_ms_by_bytes"]
     (tmp_path / "host.json").write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match=r"missing \['receive_lag_ms'\]"):
+    with pytest.raises(ConfigError, match=r"missing \['receive_lag_ms_by_bytes'\]"):
         HostCosts.from_file(tmp_path / "host.json")
     with pytest.raises(ConfigError, match="cannot read calibration"):
         HostCosts.from_file(tmp_path / "absent.json")
@@ -75,8 +102,8 @@ def test_the_delegated_paths_costs_in_the_simulator() -> None:
     from pipeline.simulator import CommMode, simulate
 
     host = HostCosts(
-        copy_out_fixed_ms=0.5, copy_out_ms_per_mib=1.0, delegate_pickup_ms=0.25,
-        copy_in_fixed_ms=0.1, copy_in_ms_per_mib=2.0,
+        copy_out_ms_by_bytes=CostCurve.line(0.5, 1.0), delegate_pickup_ms=0.25,
+        copy_in_ms_by_bytes=CostCurve.line(0.1, 2.0),
     )  # fmt: skip
     profile = Profile.uniform(2, 2, 10, 10, 10, message_bytes=1 << 20).with_delays([5.0])
     timeline = simulate(one_f_one_b(profile), profile, CommMode.DELEGATED, host=host)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.errors import ScheduleError
-from pipeline.host_costs import FREE, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -157,10 +157,8 @@ def test_host_costs_in_direct_mode() -> None:
     profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,), message_bytes=1 << 20)
     schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
     host = HostCosts(
-        send_fixed_ms=1.0,
-        send_ms_per_mib=2.0,
-        receive_lag_ms=0.25,
-        receive_lag_ms_per_mib=0.25,
+        send_ms_by_bytes=CostCurve.line(1.0, 2.0),
+        receive_lag_ms_by_bytes=CostCurve.line(0.25, 0.25),
         op_overhead_ms=0.5,
     )
     direct = simulate(schedule, profile, CommMode.DIRECT, host=host)
@@ -178,7 +176,9 @@ def test_host_costs_in_direct_mode() -> None:
 
 def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
     """No PP link, but a DP ring: the host's costs hold for its messages as with stages."""
-    host = HostCosts(send_fixed_ms=0.2, receive_lag_ms=0.3)
+    host = HostCosts(
+        send_ms_by_bytes=CostCurve.line(0.2), receive_lag_ms_by_bytes=CostCurve.line(0.3)
+    )
     steps = []
     for num_stages in (1, 2):
         profile = Profile.uniform(num_stages, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=2000,
@@ -201,10 +201,8 @@ def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
 def test_host_costs_only_ever_add_time(profile: Profile, build, comm: str) -> None:
     schedule = build(profile)
     host = HostCosts(
-        send_fixed_ms=0.2,
-        send_ms_per_mib=0.4,
-        receive_lag_ms=0.3,
-        receive_lag_ms_per_mib=0.1,
+        send_ms_by_bytes=CostCurve(((0, 0.2), (1 << 16, 0.19), (1 << 20, 0.6))),  # not a line
+        receive_lag_ms_by_bytes=CostCurve.line(0.3, 0.1),
         op_overhead_ms=0.05,
     )
     free = compute_metrics(simulate(schedule, profile, CommMode(comm)))
