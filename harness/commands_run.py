@@ -158,9 +158,9 @@ def run(
     else:
         profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if backend == "megatron":  # its DP ring sums the model's real gradients
-        from pipeline.runtime.megatron.model import get_preset, with_gradient_bytes
+        from pipeline.runtime.megatron.model import get_preset, with_model_bytes
 
-        profile = with_gradient_bytes(profile, get_preset(model or "tiny"))
+        profile = with_model_bytes(profile, get_preset(model or "tiny"))
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path))

@@ -231,9 +231,9 @@ class ExperimentSpec:
         if self.profile is not None:
             profile = self.profile
             if self.backend == "megatron":  # its DP ring sums the model's real gradients
-                from pipeline.runtime.megatron.model import get_preset, with_gradient_bytes
+                from pipeline.runtime.megatron.model import get_preset, with_model_bytes
 
-                profile = with_gradient_bytes(profile, get_preset(str(self.models[0])))
+                profile = with_model_bytes(profile, get_preset(str(self.models[0])))
             return [Target(str(self.models[0]), profile, None)]
         targets = []
         for entry in self.models:

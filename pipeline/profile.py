@@ -37,8 +37,9 @@ _OPTIONAL_KEYS = (
     "dp_bandwidth_gbps",
     "dp_delay_ms",
     "optimizer_ms",
+    "state_bytes",
 )
-_FIELD_OF_KEY = {"dp": "num_replicas"}
+_FIELD_OF_KEY = {"dp": "num_replicas", "state_bytes": "stage_state_bytes"}
 
 MAX_STAGES, MAX_MICROBATCHES, MAX_REPLICAS = 512, 4096, 1024
 """Far beyond any pipeline in use (the paper's largest: 8 stages, 128 microbatches, DP 4), and
@@ -138,6 +139,9 @@ class Profile:
     """Extra delay per message on DP ring links (both directions), as (link, delay) pairs."""
     optimizer_ms: tuple[float, ...] = ()
     """Each stage's optimizer step, after its all-reduce; missing: 0."""
+    stage_state_bytes: tuple[int, ...] = ()
+    """Each stage's training state (the file's `state_bytes`), what a rank swap moves; empty:
+    the cost model's assumption (`state_bytes`)."""
 
     def __post_init__(self) -> None:
         num_stages = check_count("stages", self.num_stages, 1, MAX_STAGES)
@@ -191,6 +195,12 @@ class Profile:
         object.__setattr__(
             self, "optimizer_ms", _per_stage("optimizer_ms", self.optimizer_ms or 0.0, num_stages)
         )
+        if self.stage_state_bytes != ():
+            object.__setattr__(
+                self,
+                "stage_state_bytes",
+                _per_stage_count("state_bytes", self.stage_state_bytes, num_stages),
+            )
 
     @classmethod
     def uniform(
@@ -275,6 +285,7 @@ class Profile:
             "dp_bandwidth_gbps": self.dp_bandwidth_gbps,
             "dp_delay_ms": {str(link): delay for link, delay in self.dp_delay_ms},
             "optimizer_ms": list(self.optimizer_ms),
+            "state_bytes": list(self.stage_state_bytes) if self.stage_state_bytes else None,
         }
 
     @property
@@ -302,10 +313,14 @@ class Profile:
         return dict(self.dp_delay_ms).get(link, 0.0)
 
     def state_bytes(self, stage: int) -> int:
-        """The training state a stage's worker holds, as the cost model assumes it: mixed-
-        precision Adam's 16 bytes per parameter (fp16 weight and gradient, fp32 master
-        weight, momentum and variance), 8 x the stage's 2-byte gradient (`allreduce_bytes`).
-        What a rank swap moves (the simulator; Falcon's swap cost)."""
+        """The training state a stage's worker holds: what a rank swap moves (the simulator;
+        Falcon's swap cost). The profile's `stage_state_bytes` where given (a megatron run's:
+        its stage's fp32 parameters, plain SGD keeping nothing else), otherwise as the cost
+        model assumes it: mixed-precision Adam's 16 bytes per parameter (fp16 weight and
+        gradient, fp32 master weight, momentum and variance), 8 x the stage's 2-byte gradient
+        (`allreduce_bytes`)."""
+        if self.stage_state_bytes:
+            return self.stage_state_bytes[stage]
         return STATE_BYTES_PER_GRADIENT_BYTE * self.allreduce_bytes[stage]
 
     def dp_wire_ms(self, num_bytes: int) -> float:

@@ -183,6 +183,13 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
         "are not model 'tiny''s gradients at 2 stage(s), [636672, 633088]: give those or 0",
     ),
+    (
+        "megatron with another state",
+        {"p.json": json.dumps({**SMALL, "dp": 2, "state_bytes": 8})},
+        ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
+        "state_bytes [8, 8] are not what model 'tiny''s workers hold at 2 stage(s), "
+        "[636672, 633088]: give those or none",
+    ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
     # options a command would ignore

@@ -51,9 +51,11 @@ def test_dict_round_trip() -> None:
             "dp_bandwidth_gbps": 100,
             "dp_delay_ms": {"dp1:0-1": 30, "dp2:0-2": 5, "dp3:1-2": 0},
             "optimizer_ms": 2,
+            "state_bytes": [40, 30, 20, 10],
         }
     )
     assert Profile.from_dict(dp.to_dict()) == dp
+    assert [dp.state_bytes(s) for s in range(4)] == [40, 30, 20, 10]  # what a swap moves
     assert dp.to_dict()["dp_delay_ms"] == {"dp1:0-1": 30.0, "dp2:0-2": 5.0}
     assert hash(dp) == hash(Profile.from_dict(dp.to_dict()))  # a planner's cache key
 
@@ -66,10 +68,12 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         (0.0,) * 4,
     )
     assert plain.dp_bucket_bytes == 80_000_000 and not plain.has_dp_step
+    assert plain.stage_state_bytes == () and plain.to_dict()["state_bytes"] is None
     dp = Profile.from_dict(
         {**BASE, "dp": 2, "allreduce_bytes": 10**9, "dp_delay_ms": {"dp1:0-1": 30}}
     )
     assert dp.allreduce_bytes == (10**9,) * 4 and dp.has_dp_step
+    assert dp.state_bytes(2) == 8 * 10**9  # no state_bytes: mixed-precision Adam's 8 x
     assert dp.dp_delay_for(Link.dp(1, 0)) == 30.0 and dp.dp_delay_for(Link.dp(0, 0)) == 0.0
     # DP messages use the PP links' latency and bandwidth unless dp_bandwidth_gbps is given.
     wired = Profile.from_dict({**BASE, "link_latency_ms": 0.5, "link_bandwidth_gbps": 8})
@@ -111,6 +115,8 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),
         ({"dp_bucket_bytes": 0}, "dp_bucket_bytes must be >= 1"),
         ({"optimizer_ms": [1]}, "optimizer_ms has 1 entries"),
+        ({"state_bytes": [1]}, "state_bytes has 1 entries"),
+        ({"state_bytes": -1}, "state_bytes must be >= 0"),
         ({"dp_delay_ms": {"dp1:0-1": 5}}, "link dp1:0-1 does not exist with 4 stages and 1"),
         ({"dp": 2, "dp_delay_ms": {"0-1": 5}}, "0-1 is a PP link"),
         ({"dp": 2, "dp_delay_ms": {"dp4:0-1": 5}}, "link dp4:0-1 does not exist"),

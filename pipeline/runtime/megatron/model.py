@@ -30,7 +30,7 @@ __all__ = [
     "microbatch_tokens",
     "stage_layer_offset",
     "stage_state_from_reference",
-    "with_gradient_bytes",
+    "with_model_bytes",
 ]
 
 
@@ -97,6 +97,11 @@ class GPTPreset:
         """Each stage's fp32 gradient: the bytes its DP all-reduce sums
         (`Profile.allreduce_bytes`)."""
         return tuple(4 * self.stage_num_params(s, num_stages) for s in range(num_stages))
+
+    def state_bytes(self, num_stages: int) -> tuple[int, ...]:
+        """Each stage's training state as the megatron backend keeps it: its fp32 parameters
+        (plain SGD, no optimizer state; `Profile.stage_state_bytes`, what a swap moves)."""
+        return self.gradient_bytes(num_stages)
 
     def message_shape(self) -> tuple[int, int, int]:
         """A stage boundary's activation (and gradient): [sequence, batch, hidden]."""
@@ -171,24 +176,33 @@ def get_preset(name: str) -> GPTPreset:
     return MODELS[name]
 
 
-def with_gradient_bytes(profile: Profile, preset: GPTPreset) -> Profile:
-    """`profile` with its DP all-reduce's bytes the model's real gradients, so that what
-    plans and predicts a megatron run sees the traffic its DP ring sends; a profile that
-    gives other non-zero bytes is refused, and so is a bucket size of part-elements."""
+def with_model_bytes(profile: Profile, preset: GPTPreset) -> Profile:
+    """`profile` with its DP all-reduce's bytes the model's real gradients and its training
+    state what a megatron worker holds (its fp32 parameters: `state_bytes`, plain SGD keeps
+    nothing else), so that what plans and predicts a megatron run sees the traffic its DP
+    ring sends and the state a rank swap moves; a profile that gives other non-zero bytes is
+    refused, and so is a bucket size of part-elements."""
     preset.check_stages(profile.num_stages)
     real = preset.gradient_bytes(profile.num_stages)
+    state = preset.state_bytes(profile.num_stages)
     if any(profile.allreduce_bytes) and profile.allreduce_bytes != real:
         raise ConfigError(
             f"the profile's allreduce_bytes {list(profile.allreduce_bytes)} are not model "
             f"{preset.name!r}'s gradients at {profile.num_stages} stage(s), "
             f"{list(real)}: give those or 0"
         )
+    if profile.stage_state_bytes and profile.stage_state_bytes != state:
+        raise ConfigError(
+            f"the profile's state_bytes {list(profile.stage_state_bytes)} are not what model "
+            f"{preset.name!r}'s workers hold at {profile.num_stages} stage(s), "
+            f"{list(state)}: give those or none"
+        )
     if profile.dp_bucket_bytes % 4:
         raise ConfigError(
             f"dp_bucket_bytes {profile.dp_bucket_bytes} must be a multiple of 4 (the fp32 "
             "gradient's elements) with the megatron backend"
         )
-    return dataclasses.replace(profile, allreduce_bytes=real)
+    return dataclasses.replace(profile, allreduce_bytes=real, stage_state_bytes=state)
 
 
 class _PlayedStage:

@@ -5,6 +5,7 @@ swapping), on a PP link of one replica by rebalancing the global batch away from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -187,9 +188,12 @@ def test_the_costs_it_assumes() -> None:
     # 8 x 750 kB of model state per stage over the DP link (no bandwidth set: free), plus
     # one healthy iteration
     assert costs.of(Level.SWAP) == pytest.approx(100.0)
-    fast = FalconCosts.for_profile(
-        Profile.uniform(4, 8, 5, 5, 5, num_replicas=2, allreduce_bytes=750_000,
-                        dp_bandwidth_gbps=8.0),
-        healthy_iteration_ms=100.0,
-    )  # fmt: skip
+    adam = Profile.uniform(4, 8, 5, 5, 5, num_replicas=2, allreduce_bytes=750_000,
+                           dp_bandwidth_gbps=8.0)  # fmt: skip
+    fast = FalconCosts.for_profile(adam, healthy_iteration_ms=100.0)
     assert fast.swap_ms == pytest.approx(100.0 + 6_000_000 * 8 / 8e6)  # 6 MB at 8 Gbit/s
+    # a profile that says what its workers hold (a megatron run's: its fp32 parameters,
+    # plain SGD) is costed by that, the largest stage's
+    sgd = dataclasses.replace(adam, stage_state_bytes=(750_000, 500_000, 500_000, 750_000))
+    held = FalconCosts.for_profile(sgd, healthy_iteration_ms=100.0)
+    assert held.swap_ms == pytest.approx(100.0 + 750_000 * 8 / 8e6)

@@ -11,7 +11,7 @@ from pipeline.runtime.megatron.model import (
     get_preset,
     global_param_name,
     stage_layer_offset,
-    with_gradient_bytes,
+    with_model_bytes,
 )
 from pipeline.runtime.megatron.reference import single_process_megatron
 from pipeline.runtime.megatron.shim import cpu_shim
@@ -71,15 +71,20 @@ def test_a_stages_gradient_bytes_are_its_built_parameters(num_stages: int) -> No
     """The table's count (what a megatron run's profile gets as `allreduce_bytes`, with no
     model built) is every built stage's fp32 parameter bytes, the tied copies included."""
     tiny = get_preset("tiny")
-    built = []
+    built, states = [], []
     with single_process_megatron():
         for stage in range(num_stages):
             with cpu_shim(building=True):
                 model = build_stage_model(tiny, stage, num_stages, use_cpu_initialization=True)
             built.append(sum(4 * p.numel() for p in model.parameters()))
+            states.append(sum(t.numel() * t.element_size() for t in model.state_dict().values()
+                              if isinstance(t, torch.Tensor)))  # fmt: skip
     assert tiny.gradient_bytes(num_stages) == tuple(built)
     profile = Profile.uniform(num_stages, 8, 1, 1, 1, num_replicas=2)
-    assert with_gradient_bytes(profile, tiny).allreduce_bytes == tuple(built)
-    assert with_gradient_bytes(with_gradient_bytes(profile, tiny), tiny).allreduce_bytes == tuple(
-        built
-    )
+    given = with_model_bytes(profile, tiny)
+    assert given.allreduce_bytes == tuple(built)
+    # what a swap moves: the stage's whole state (its parameters; SGD keeps nothing else),
+    # not the cost model's 8 x of mixed-precision Adam
+    assert given.stage_state_bytes == tuple(states) == tiny.state_bytes(num_stages)
+    assert [given.state_bytes(s) for s in range(num_stages)] == states
+    assert with_model_bytes(given, tiny) == given
