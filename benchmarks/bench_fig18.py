@@ -12,6 +12,8 @@ their ratio; and the longest step (the swap's). Last, the healthy DP ring's step
 and 4 x DP 2, emulated and predicted.
 
 Run: python benchmarks/bench_fig18.py [--calibration HOST.json] [--repeats 3]
+(HOST.json from `adaptra-bench calibrate --op-ms 2 --out HOST.json`: ops as long as these
+runs' ops.)
 """
 
 from __future__ import annotations

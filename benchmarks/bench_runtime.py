@@ -1,6 +1,6 @@
 """The emulated runtime against the calibrated simulator: the fidelity band.
 
-Run: python benchmarks/bench_runtime.py [--iterations 5] [--calibration HOST.json]
+Run: python benchmarks/bench_runtime.py [--iterations 5] [--calibration HOST.json | --op-ms MS]
      [--fresh-pools K]
 
 This host's costs are measured first (pipeline.runtime.calibrate; or read from
@@ -18,7 +18,7 @@ import os
 import statistics
 
 from baselines import one_f_one_b, zb_h2
-from pipeline.host_costs import HostCosts
+from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
@@ -37,6 +37,12 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=5)
     parser.add_argument("--calibration", help="A calibration file instead of measuring one.")
     parser.add_argument(
+        "--op-ms",
+        type=float,
+        default=DEFAULT_CALIBRATION_OP_MS,
+        help="The calibration's op length (when it is measured here).",
+    )
+    parser.add_argument(
         "--fresh-pools",
         type=int,
         default=0,
@@ -45,7 +51,11 @@ def main() -> None:
     )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    host = HostCosts.from_file(args.calibration) if args.calibration else measure_host_costs()
+    host = (
+        HostCosts.from_file(args.calibration)
+        if args.calibration
+        else measure_host_costs(op_ms=args.op_ms)
+    )
     print(f"host costs: {host.to_dict()}\n")
     print(
         "| policy | message | delay ms | emulated ms | free sim ms | emulated/free |"

@@ -154,12 +154,13 @@ def measure_host_costs(
     if not (math.isfinite(op_ms) and op_ms > 0):
         raise ConfigError(f"calibration ops must last > 0 ms, got {op_ms!r}")
     counter = [0]
-    op_ms = 2.0
+    lone_op_ms = 2.0
     with WorkerPool(1) as pool:
-        lone = Profile.uniform(1, 16, op_ms, op_ms / 2, op_ms / 2)  # every op 2 ms
+        lone = Profile.uniform(1, 16, lone_op_ms, lone_op_ms / 2, lone_op_ms / 2)  # every op 2 ms
         ops = [f"F{m}" for m in range(16)] + [f"BW{m}" for m in range(16)]
         schedule = Schedule.from_dict({"stages": [ops]})
-        op_overhead_ms = _op_overhead_ms(_runs(pool, schedule, lone, repeats, counter), op_ms)
+        timelines = _runs(pool, schedule, lone, repeats, counter)
+        op_overhead_ms = _op_overhead_ms(timelines, lone_op_ms)
     progress(f"per-op overhead: {op_overhead_ms:.3f} ms")
     sends: dict[int, list[float]] = {}
     lags: dict[int, list[float]] = {}
@@ -174,7 +175,8 @@ def measure_host_costs(
             ]
             lags[num_bytes] = [lag for t in timelines for lag in receive_lags_ms(t)]
             progress(
-                f"{num_bytes} B: send {statistics.fmean(sends[num_bytes]):.3f} ms, receive lag "
+                f"{num_bytes} B, ops of {profile.t_f_ms[0]:g} ms: send "
+                f"{statistics.fmean(sends[num_bytes]):.3f} ms, receive lag "
                 f"{statistics.fmean(lags[num_bytes] or [0.0]):.3f} ms"
             )
     costs = HostCosts(

@@ -471,8 +471,9 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     """`calibrate` measures real worker processes (no timing is asserted: only that the
     costs are there); `simulate`/`run --calibration` then add them to the direct model."""
     host = tmp_path / "host.json"
-    out = cli("calibrate", "--out", str(host), "--repeats", "1", "--op-ms", "2", "--format", "json")
+    out = cli("calibrate", "--out", str(host), "--repeats", "1", "--op-ms", "3", "--format", "json")
     assert out.returncode == 0, out.stderr
+    assert "8388608 B, ops of 3 ms: send" in out.stderr  # measured with the ops asked for
     costs = json.loads(host.read_text())
     assert costs == json.loads(out.stdout) and costs["schema_version"] == 2
     from pipeline.runtime.calibrate import SEND_SIZES
