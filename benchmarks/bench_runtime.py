@@ -69,7 +69,7 @@ def main() -> None:
         for size_name, num_bytes in SIZES.items():
             for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
                 for delay in (0.0, 20.0, 40.0, 60.0):
-                    profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes)
+                    profile = _judged_profile(num_bytes)
                     profile = profile.with_delays([delay])
                     schedule = build(profile)
                     times = []
@@ -124,31 +124,36 @@ def _spread(values: list[float]) -> str:
     )
 
 
+def _judged_profile(num_bytes: int) -> Profile:
+    """S=4, N=12, F=B=W=10 ms, no delay (a point adds its own)."""
+    return Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes)
+
+
 def _fresh_pools(num_pools: int, num_iterations: int, host: HostCosts) -> None:
     """Each point with no delay, once per fresh pool (the pools in turn, point by point)."""
-    points = [(s, n, b) for s in SIZES for n, b in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]]
-    medians: dict[tuple[str, str], list[float]] = {(s, n): [] for s, n, _ in points}
+    points = []
+    for size_name, num_bytes in SIZES.items():
+        for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
+            profile = _judged_profile(num_bytes)
+            points.append((size_name, name, profile, build(profile)))
+    medians: list[list[float]] = [[] for _ in points]
     for _ in range(num_pools):
         with WorkerPool(4, timeout_s=60) as pool:
-            for iteration, (size_name, name, build) in enumerate(points):
-                profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=SIZES[size_name])
-                schedule = build(profile)
+            for index, (_, _, profile, schedule) in enumerate(points):
                 times = []
                 for k in range(num_iterations + 1):
-                    config = IterationConfig(iteration * 100 + k, schedule, profile)
+                    config = IterationConfig(index * 100 + k, schedule, profile)
                     timeline = pool.run_iteration(config)
                     if k:
                         times.append(compute_metrics(timeline, config.iteration).iteration_time_ms)
-                medians[(size_name, name)].append(statistics.median(times))
+                medians[index].append(statistics.median(times))
     print(f"\nNo delay, {num_pools} fresh pools (each pool's median of {num_iterations}):\n")
     print("| policy | message | pool medians ms | max / min | calibrated sim ms | fidelity range |")
     print("|---|---|---|---|---|---|")
-    for size_name, name, build in points:
-        profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=SIZES[size_name])
+    for (size_name, name, profile, schedule), values in zip(points, medians, strict=True):
         predicted = compute_metrics(
-            simulate(build(profile), profile, CommMode.DIRECT, host=host)
+            simulate(schedule, profile, CommMode.DIRECT, host=host)
         ).iteration_time_ms
-        values = medians[(size_name, name)]
         print(
             f"| {name} | {size_name} | {', '.join(f'{v:.1f}' for v in values)} | "
             f"{max(values) / min(values):.3f} | {predicted:.1f} | "
