@@ -115,24 +115,20 @@ def _curve(samples: dict[int, list[float]]) -> CostCurve:
     """The mean cost at each size, made non-decreasing in the size (a longer message never
     costs less: where a smaller size's mean is above a larger's, a tail caught in one of
     them, the two are pooled, weighted by their counts) and never below 0."""
-    blocks: list[tuple[int, float, int]] = []  # (first size, mean, count), sizes in order
+    blocks: list[tuple[list[int], float, int]] = []  # (sizes, mean, count), sizes in order
     for size in sorted(samples):
         values = samples[size]
         if not values:
             continue
-        block = (size, statistics.fmean(values), len(values))
-        while blocks and blocks[-1][1] > block[1]:
-            first, mean, count = blocks.pop()
-            total = count + block[2]
-            block = (first, (mean * count + block[1] * block[2]) / total, total)
-        blocks.append(block)
-    means = {first: max(mean, 0.0) for first, mean, _ in blocks}
-    points, level = [], 0.0
-    for size in sorted(samples):
-        if samples[size]:
-            level = means.get(size, level)
-            points.append((size, level))
-    return CostCurve(tuple(points)) if points else NO_COST
+        sizes, mean, count = [size], statistics.fmean(values), len(values)
+        while blocks and blocks[-1][1] > mean:
+            before, before_mean, before_count = blocks.pop()
+            sizes = before + sizes
+            mean = (before_mean * before_count + mean * count) / (before_count + count)
+            count += before_count
+        blocks.append((sizes, mean, count))
+    points = tuple((size, max(mean, 0.0)) for sizes, mean, _ in blocks for size in sizes)
+    return CostCurve(points) if points else NO_COST
 
 
 def _busy_profile(num_stages: int, num_bytes: int, op_ms: float) -> Profile:
