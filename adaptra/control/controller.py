@@ -30,7 +30,7 @@ from adaptra.control.detector import (
     Belief,
     LinkDetector,
     Thresholds,
-    TimelineMedians,
+    TimelineTimes,
 )
 from adaptra.control.swaps import DpSwaps
 from adaptra.plans import AdaptraPlans, adaptra_schedule
@@ -70,7 +70,7 @@ class DetectingController:
         self._failed_over = False
         self._delegating = False
         """The last plan's PP messages go over delegates."""
-        self._medians = TimelineMedians(self.detector)
+        self._times = TimelineTimes(self.detector)
         self.swaps = DpSwaps(profile.topology)
         self.num_replans = 0
         """How often the planned delays changed (onsets, changes and recoveries)."""
@@ -84,8 +84,8 @@ class DetectingController:
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         """`timeline`: the iteration's alone (an engine's `Outcome.timeline`)."""
-        medians = self._medians(timeline, delegated=self._delegating)
-        belief = self.detector.believe(iteration, medians)
+        directions = self._times(timeline, delegated=self._delegating)
+        belief = self.detector.believe(iteration, directions)
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
         self.swaps.update(belief)
@@ -125,7 +125,7 @@ class DelegatingController:
         """`plan`: what every iteration runs (its topology aside); `profile`: the run's."""
         self._plan = plan
         self.detector = LinkDetector(profile.with_delays(()), thresholds)
-        self._medians = TimelineMedians(self.detector, dp_only=True)
+        self._times = TimelineTimes(self.detector, dp_only=True)
         self.swaps = DpSwaps(profile.topology)
         self._detected: tuple[tuple[str, float], ...] = ()
 
@@ -135,7 +135,7 @@ class DelegatingController:
         )
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
-        belief = self.detector.believe(iteration, self._medians(timeline))
+        belief = self.detector.believe(iteration, self._times(timeline))
         self._detected = tuple(sorted(belief.detected_ms.items()))
         self.swaps.update(belief)
 

@@ -99,6 +99,9 @@ def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_deci
 
 
 def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> None:
+    """On a loaded host receivers stamp late; the detector calls a link slow only when most
+    of a direction's messages are late (its lower quartile: adaptra.control.detector). With
+    the median as the evidence, CI once saw a false alarm here."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         result = _run(PROFILE, NO_FAULTS, 60, "emulated", "hook")
@@ -106,7 +109,8 @@ def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> 
         for process in busy:
             process.kill()
             process.wait()
-    assert all(d.detected_ms == {} for d in result.decisions)
+    alarms = [(k, d.detected_ms) for k, d in enumerate(result.decisions) if d.detected_ms]
+    assert alarms == []
     assert {d.policy for d in result.decisions} == {"adaptra-initial"}
     assert {c for d in result.decisions for c in d.comm.values()} == {"direct"}
 

@@ -130,3 +130,31 @@ def test_the_re_plan_margin_is_3_ms_or_10_percent() -> None:
     thresholds = Thresholds()
     assert not thresholds.moved(30.0, 32.9) and thresholds.moved(30.0, 33.1)
     assert not thresholds.moved(60.0, 65.9) and thresholds.moved(60.0, 66.1)
+
+
+def _late(timeline: Timeline, iteration: int, num_late: int, late_ms: float) -> Timeline:
+    """`timeline` with the first `num_late` gradients of link 1-2 in `iteration` stamped
+    `late_ms` late (as by a receiver that was not scheduled)."""
+    late = 0
+    messages = []
+    for m in timeline.messages:
+        if (m.iteration, m.link, m.direction) == (iteration, "1-2", "backward") and late < num_late:
+            m = m._replace(arrival_ms=m.arrival_ms + late_ms)
+            late += 1
+        messages.append(m)
+    assert late == num_late
+    return dataclasses.replace(timeline, messages=tuple(messages))
+
+
+def test_late_stamps_on_most_of_a_direction_s_messages_are_no_straggler() -> None:
+    """Load only makes stamps late: 5 of a direction's 8 messages stamped 20 ms late move its
+    median (the estimate) but not its lower quartile (the evidence), so no link is called
+    slow; all 8 late (a delayed link) is one, with its 20 ms."""
+    timeline = _sim_timeline('[{start_iteration: 0, links: ["0-1"], delay_ms: 0}]', 4)
+    detector = LinkDetector(PROFILE)
+    stamped_late = _late(timeline, 2, 5, 20.0)
+    directions = detector.direction_times(m for m in stamped_late.messages if m.iteration == 2)
+    times = directions[("1-2", "backward", 0)]
+    assert times.median_ms - times.lower_quartile_ms == pytest.approx(20.0, abs=1e-6)
+    assert _beliefs(stamped_late) == [{}] * 5  # the warm-up iteration, then 4 measured
+    assert _beliefs(_late(timeline, 2, 8, 20.0))[2] == {"1-2": pytest.approx(20.0, abs=1e-6)}
