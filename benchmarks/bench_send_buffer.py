@@ -1,0 +1,130 @@
+"""Why a blocking 8 MiB send is dear and heavy-tailed on loopback: the socket's send buffer.
+
+Run (as root): python benchmarks/bench_send_buffer.py [--iterations 5] [--sizes-mib 4 8]
+
+1F1B and ZB-H2 on S=4, N=12, F=B=W=10 ms, `direct`, each size in turn: every message's
+blocking send (send start to send end), in this namespace (the host's sysctls: here
+tcp_wmem's maximum is 4 MiB), then in a fresh network namespace (loopback only) for each
+`--wmem` (default: the testbed's hosts' setting, injectors.testbed.HOST_TCP). Each arm is a
+process of its own started in its namespace (`ip netns exec`): a pool started from a
+process moved there (`setns`) sent at the cost of the namespace the process started in
+(BENCHMARKS.md). Printed per arm: the median send, the mean, the p90, how many sends took
+over 15 ms, and the largest. One pool per arm and size; each namespace is removed on exit,
+on SIGTERM and on SIGHUP too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from types import FrameType
+
+from baselines import one_f_one_b, zb_h2
+from injectors.testbed import HOST_TCP
+from pipeline.profile import Profile
+from pipeline.runtime import IterationConfig, WorkerPool
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _namespace_with(tcp_wmem: str) -> Iterator[str]:
+    """A fresh namespace for the block (loopback up, `tcp_wmem`); removed after. (With `ip`:
+    made with pyroute2's `netns.create` instead, the second namespace of a run twice gave a
+    worker's gloo no loopback address here; why was not looked into.)"""
+    name = f"adb-sndbuf-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        sysctl = ["ip", "netns", "exec", name, "sysctl", "-q", "-w"]
+        subprocess.run([*sysctl, f"net.ipv4.tcp_wmem={tcp_wmem}"], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=True)
+
+
+def _sends_ms(num_bytes: int, num_iterations: int) -> dict[str, list[float]]:
+    profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes)
+    sends: dict[str, list[float]] = {}
+    with WorkerPool(4, timeout_s=120) as pool:
+        iteration = 0
+        for name, build in (("1f1b", one_f_one_b), ("zb-h2", zb_h2)):
+            schedule = build(profile)
+            for k in range(num_iterations + 1):  # the first: a warm-up
+                timeline = pool.run_iteration(IterationConfig(iteration, schedule, profile))
+                iteration += 1
+                if k:
+                    sends.setdefault(name, []).extend(
+                        m.send_end_ms - m.send_start_ms for m in timeline.messages
+                    )
+    return sends
+
+
+def _row(arm: str, size_mib: float, policy: str, sends_ms: list[float]) -> str:
+    ordered = sorted(sends_ms)
+    p90 = ordered[int(0.9 * (len(ordered) - 1))]
+    num_long = sum(s > 15.0 for s in ordered)
+    return (
+        f"| {arm} | {size_mib:g} | {policy} | {statistics.median(ordered):.2f} | "
+        f"{statistics.fmean(ordered):.2f} | {p90:.2f} | {num_long} of {len(ordered)} | "
+        f"{ordered[-1]:.1f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=5, help="measured, per policy")
+    parser.add_argument("--arm", help=argparse.SUPPRESS)  # one arm's rows, in this process
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[4.0, 8.0])
+    parser.add_argument(
+        "--wmem",
+        nargs="+",
+        default=[HOST_TCP["net.ipv4.tcp_wmem"]],
+        help="tcp_wmem values (min default max, bytes) for the namespaces' arms",
+    )
+    args = parser.parse_args()
+    if args.iterations < 1 or any(size <= 0 for size in args.sizes_mib):
+        parser.error("--iterations must be >= 1 and every size > 0")
+    if args.arm is not None:
+        for policy, sends in _sends_ms(round(float(args.arm) * (1 << 20)), args.iterations).items():
+            print(_row(_tcp_wmem(), float(args.arm), policy, sends), flush=True)
+        return
+    if os.geteuid() != 0:
+        parser.error("needs root (a network namespace per arm)")
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop)
+    print(f"load average {os.getloadavg()[0]:.2f}; this namespace's tcp_wmem: {_tcp_wmem()}\n")
+    print("| tcp_wmem | MiB | policy | send median ms | mean | p90 | over 15 ms | largest |")
+    print("|---|---|---|---|---|---|---|---|")
+    for size_mib in args.sizes_mib:
+        arm = [
+            sys.executable,
+            __file__,
+            "--arm",
+            str(size_mib),
+            "--iterations",
+            str(args.iterations),
+        ]
+        subprocess.run(arm, check=True)
+        for wmem in args.wmem:
+            with _namespace_with(wmem) as name:
+                subprocess.run(["ip", "netns", "exec", name, *arm], check=True)
+    print(f"\nload average {os.getloadavg()[0]:.2f} after")
+
+
+def _tcp_wmem() -> str:
+    with open("/proc/sys/net/ipv4/tcp_wmem") as file:
+        return " ".join(file.read().split())
+
+
+if __name__ == "__main__":
+    main()
