@@ -75,7 +75,9 @@ def main() -> None:
         result = run_configuration(controller, num_iterations=NUM_ITERATIONS, faults=faults)
         if isinstance(controller, FalconController):
             # A climb seen in the run's iteration k (the warm-up is 0) acts from measured k.
-            actions = ", ".join(f"{lv.name.lower()} at {k}" for k, lv in controller.climbs)
+            done = [(k, lv.name.lower()) for k, lv in controller.climbs]
+            done += [(k, "swap undone") for k in controller.undone]
+            actions = ", ".join(f"{what} at {k}" for k, what in sorted(done))
         elif isinstance(controller, DetectingController | DelegatingController):
             actions = f"{controller.swaps.num_swaps} swap(s)"
         else:

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import click
@@ -122,19 +123,20 @@ def launch(
         for command in commands:
             click.echo(command)
         return
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
-    try:
-        done = subprocess.run(
-            _loopback_only(shlex.split(commands[0]))
-            if master_addr in (None, "127.0.0.1", "localhost", "::1")
-            else shlex.split(commands[0]),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    except subprocess.TimeoutExpired as err:
-        raise ConfigError("torchrun did not finish within 600 s") from err
+    argv = shlex.split(commands[0])
+    if master_addr in (None, "127.0.0.1", "localhost", "::1"):
+        argv = _loopback_only(argv)
+    # torchrun leaves a log folder in the temporary directory: give it one that goes.
+    with tempfile.TemporaryDirectory(prefix="adaptra-torchrun-") as scratch:
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            "TMPDIR": scratch,
+        }
+        try:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as err:
+            raise ConfigError("torchrun did not finish within 600 s") from err
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise ConfigError(f"torchrun failed with exit code {done.returncode}: {last}")

@@ -23,8 +23,12 @@ replica its share of the global batch by min max_i m_i t_i (baselines.falcon.reb
 t_i: its per-microbatch time in the iteration that climbed, at least one microbatch per
 stage each), each replica its own schedule of the policy for its count
 (`Plan.replica_schedules`), until the link is no longer suspect; then the equal split
-again. The restart is a plan with `Action.RESTART`: the harness restarts the job from its
-last checkpoint on hardware without the slow link (harness.loop), and Falcon starts afresh.
+again. A swap is judged on the first iteration after its own: no faster than the median
+of those before it (a DP link's delay can cost a step less than the same delay on a PP
+link, where the ring has few chunks and the pipeline many messages), it is undone, and the
+time lost goes on counting toward the restart. The restart is a plan with `Action.RESTART`:
+the harness restarts the job from its last checkpoint on hardware without the slow link
+(harness.loop), and Falcon starts afresh.
 
 The costs it assumes (`FalconCosts.for_profile`): the rebalance, one healthy iteration (the
 data loaders re-partitioned and the schedules re-made; no state moves); the swap, the two
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import statistics
 from collections.abc import Callable
 
 from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
@@ -124,6 +129,12 @@ class _Straggler:
     """Time lost on the current level so far."""
     measured_ms: float = 0.0
     """The link's time in the iteration that validated it (what Falcon believes)."""
+    level_times_ms: list[float] = dataclasses.field(default_factory=list)
+    """The iteration times since it took the current level."""
+    unswapped: tuple[Topology, float] | None = None
+    """After a swap: the placement before it and the median iteration time there."""
+    undone: bool = False
+    """The swap did not pay and was undone: the link is a DP link again."""
 
     @property
     def levels(self) -> tuple[Level, ...]:
@@ -168,6 +179,8 @@ class FalconController:
         self.straggler: _Straggler | None = None
         self.climbs: list[tuple[int, Level]] = []
         """(iteration, level) of every climb, in order."""
+        self.undone: list[int] = []
+        """The iterations in which a swap was judged not to pay (and undone)."""
         self._restart = False
         """The next plan asks for a restart."""
 
@@ -197,15 +210,20 @@ class FalconController:
             self._detect(changed, suspects, times)
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
+        swapped = straggler.level is Level.SWAP and not straggler.undone
         gone = {
             Level.IGNORE: back or straggler.link not in suspects,
             Level.REBALANCE: straggler.link not in suspects,  # (it keeps iterations fast)
-            Level.SWAP: back,  # the slow pair carries a PP link now: its DP time says nothing
+            # swapped, the slow pair carries a PP link: its DP time says nothing
+            Level.SWAP: back if swapped else back or straggler.link not in suspects,
         }.get(straggler.level, False)
         if gone:  # it went away (or a swap absorbed it); a placement stays, a split goes
             self.straggler, self.split = None, None
             return
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
+        straggler.level_times_ms.append(iteration_ms)
+        if swapped and len(straggler.level_times_ms) == 2:
+            self._judge_swap(iteration)
         self._climb(iteration, timeline)
 
     def restarted(self, iteration: int) -> None:
@@ -248,13 +266,27 @@ class FalconController:
                 if split is None:  # the replicas are alike: nothing to move, the next level
                     continue
                 self.split = split
-            straggler.level, straggler.lost_ms = level, 0.0
-            self.climbs.append((iteration, level))
             if level is Level.SWAP:
+                before = statistics.median(straggler.level_times_ms)
+                straggler.unswapped = (self.topology, before)
                 self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
-            elif level is Level.RESTART:
+            straggler.level, straggler.lost_ms = level, 0.0
+            straggler.level_times_ms = []
+            self.climbs.append((iteration, level))
+            if level is Level.RESTART:
                 self._restart = True
             return
+
+    def _judge_swap(self, iteration: int) -> None:
+        """The first iteration after the swap's own (which carries the swap): no faster than
+        the iterations before it, the swap is undone (the next iteration runs the placement
+        before it again), and the time lost goes on counting toward the restart."""
+        straggler = self.straggler
+        assert straggler is not None and straggler.unswapped is not None
+        placement, before_ms = straggler.unswapped
+        if straggler.level_times_ms[-1] >= before_ms:
+            self.topology, straggler.undone = placement, True
+            self.undone.append(iteration)
 
     def _rebalanced(self, timeline: Timeline) -> ReplicaSchedules | None:
         """The split by the replicas' per-microbatch times in `timeline` (None: the equal

@@ -70,8 +70,9 @@ class RuntimeEngine(Closing):
         self._on_start = on_start
         self._started = False
         self._validated: set[int] = set()
-        self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{name}-checkpoints-")
-        """Where a training engine writes its checkpoints (one per stage, the latest)."""
+        self._checkpoints: str | None = None
+        """Where a training engine writes its checkpoints (one per stage, the latest): a
+        temporary folder made at the first save, removed at close."""
         self._saved = False
         self._resume: str | None = None
 
@@ -111,6 +112,7 @@ class RuntimeEngine(Closing):
         if not self._started:
             self._pool.start()
             self._started = True
+        saves = checkpoint and self.capabilities.trains
         config = IterationConfig(
             iteration,
             plan.schedule,
@@ -121,7 +123,7 @@ class RuntimeEngine(Closing):
             replica_schedules=plan.replica_schedules,
             faults=faults,
             collect_params=digest,
-            save_checkpoint=self._checkpoints if checkpoint and self.capabilities.trains else None,
+            save_checkpoint=self._checkpoint_dir() if saves else None,
             load_checkpoint=self._resume,
         )
         try:
@@ -140,6 +142,11 @@ class RuntimeEngine(Closing):
             devices=describe_pool(self._pool.devices),
         )
 
+    def _checkpoint_dir(self) -> str:
+        if self._checkpoints is None:
+            self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{self.name}-checkpoints-")
+        return self._checkpoints
+
     def restart(self) -> None:
         """A fresh pool of workers (the failed one is closed); a training engine's first
         iteration then loads the run's last checkpoint, if it saved one."""
@@ -150,7 +157,9 @@ class RuntimeEngine(Closing):
 
     def close(self) -> None:
         self._pool.close()
-        shutil.rmtree(self._checkpoints, ignore_errors=True)
+        if self._checkpoints is not None:
+            shutil.rmtree(self._checkpoints, ignore_errors=True)
+            self._checkpoints, self._saved = None, False
         self._started = False
         self._validated.clear()
 

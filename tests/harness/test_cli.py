@@ -1,6 +1,7 @@
 """The machine-readable CLI of docs/design.md, run as a user runs it: in a subprocess."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +11,16 @@ import pytest
 FIG4_PROFILE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
 
 
-def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "harness", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
+        env=None if env is None else {**os.environ, **env},
     )
 
 
@@ -357,6 +361,8 @@ def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
     profile = write_profile(
         tmp_path, stages=2, microbatches=4, t_f=5, t_b=5, t_w=5, delay_ms=[10], message_bytes=4096
     )
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     out = cli(
         "launch",
         "--profile",
@@ -368,8 +374,10 @@ def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
         "2",
         "--out",
         str(tmp_path / "run"),
+        env={"TMPDIR": str(scratch)},
     )
     assert out.returncode == 0, out.stderr
+    assert list(scratch.iterdir()) == []  # torchrun's log folder is gone with the run
     data = json.loads(out.stdout)
     assert len(data["iteration_times_ms"]) == 2
     assert all(125.0 <= t < 2 * 125.0 for t in data["iteration_times_ms"])  # sim: 125 ms

@@ -3,6 +3,7 @@ yet), in sim and in real worker processes alike. The scaled Table 3 trace runs i
 engines below (with ZB-H2 too in benchmarks/bench_restarts.py)."""
 
 import dataclasses
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,11 +75,15 @@ def test_the_scaled_table3_trace_restarts_sim_and_emulated_alike() -> None:
 
 
 @pytest.mark.multiprocess
-def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_failure() -> None:
+def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A NIC failure at iteration 3 restarts a megatron run from the checkpoint written after
     iteration 1: fresh processes load it, iterations 2 and 3 run again, and the run ends with
-    the same losses and the same parameter digest as a run that never failed."""
+    the same losses and the same parameter digest as a run that never failed. The
+    checkpoints' temporary folder is gone once the engines close."""
     pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     profile = Profile.uniform(2, 4, 1, 1, 1)
     with RuntimeEngines() as engines:  # one pool for both runs (a restart starts another)
         runs = {
@@ -95,6 +100,8 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
             )
             for name, trace in (("healthy", "0;0_1;0"), ("failed", "3;;inf"))
         }
+    # (multiprocessing's own pymp-* folder stays until this process exits)
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("pymp-")] == []
     healthy, failed = runs["healthy"], runs["failed"]
     assert (failed.restarts, failed.lost_iterations) == (1, 1)
     assert failed.iterations == (0, 1, 2, 2, 3, 4)

@@ -68,6 +68,7 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         python=f'exec {sys.executable} "$@"',
     )
     env["GLOO_SOCKET_IFNAME"] = "lo"
+    env["TMPDIR"] = str(tmp_path)  # torchrun's log folder goes with the test's
     done = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=180
     )

@@ -37,16 +37,17 @@ def _run(
     restart_ms: float = math.inf,
     link: str = "dp1:0-1",
     rebalance_ms: float = 0.0,
+    profile: Profile = PROFILE,
 ) -> tuple[RunResult, FalconController]:
     faults = parse_yaml(
         f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["{link}"], delay_ms: 20}}]'
     )
-    controller = system_controller("falcon", PROFILE, faults)
+    controller = system_controller("falcon", profile, faults)
     assert isinstance(controller, FalconController)
     costs = FalconCosts(rebalance_ms=rebalance_ms, swap_ms=swap_ms, restart_ms=restart_ms)
     controller = FalconController(
         controller.schedule,
-        PROFILE,
+        profile,
         costs,
         planner=zb_auto,
     )
@@ -94,6 +95,28 @@ def test_a_fault_the_swap_leaves_costly_is_restarted_away() -> None:
     assert sum(t - healthy for t in swapped) >= 1000.0 > sum(t - healthy for t in swapped[:4])
     assert len(times) == 13 + 16 and times[13:] == [healthy] * 16
     assert result.iterations == (*range(13), *range(16))
+
+
+def test_a_swap_that_does_not_pay_is_undone() -> None:
+    """The long DP fault again, but the ring's gradient is one bucket: 2 chunks each way on
+    the slow link cost a step 30 ms here (its stage's ring starts before the pipeline ends),
+    and the same pair as a PP link carries 16 messages of ZB's pipeline. Falcon swaps once 3 x
+    30 ms pay for the 80 ms swap (measured 7), finds the iteration after the swap's no faster
+    than before (9), and from 10 on runs the default placement again; the time lost goes on
+    counting (toward a restart it never reaches)."""
+    one_bucket = dataclasses.replace(PROFILE, allreduce_bytes=125_000)
+    result, falcon = _run(40, 14, swap_ms=80.0, profile=one_bucket)
+    assert falcon.climbs == [(8, Level.SWAP)] and falcon.undone == [10]
+    assert falcon.topology == one_bucket.topology
+    straggler = falcon.straggler
+    assert straggler is not None and (straggler.link, straggler.level) == ("dp1:0-1", Level.SWAP)
+    assert [set(d.detected_ms) for d in result.decisions] == [set()] * 5 + [{"dp1:0-1"}] * 9
+    times = _with_step(result)
+    healthy, slow = times[0], times[3]
+    assert slow > healthy and times[3:8] == [slow] * 5
+    assert min(times[8:10]) > 2 * slow  # swapped: ZB pays the delay on the PP link's messages
+    assert times[10:] == [slow] * 4  # the default placement again
+    assert straggler.lost_ms == pytest.approx(sum(t - healthy for t in times[8:]))
 
 
 def test_a_short_dp_fault_is_only_ignored() -> None:

@@ -60,8 +60,11 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
     profile = Profile.uniform(2, 2, 1, 1, 1)
     delegated = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
     check_plan(SimEngine(), delegated)
-    with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
-        check_plan(RuntimeEngine("emulated", 2), delegated)
+    with (
+        RuntimeEngine("emulated", 2) as emulated,
+        pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"),
+    ):
+        check_plan(emulated, delegated)
     restart = dataclasses.replace(delegated, action=Action.RESTART)
     check_plan(SimEngine(), restart)
 
@@ -75,14 +78,19 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
         delegated, comm=CommMode.DIRECT, topology=Topology(2).swapped(Position(0), Position(1))
     )
     check_plan(SimEngine(), swapped)
-    check_plan(RuntimeEngine("emulated", 2), swapped)
+    with RuntimeEngine("emulated", 2) as emulated:
+        check_plan(emulated, swapped)
     mixed = dataclasses.replace(
         swapped, link_comms=(LinkComm(Link.pp(0), "forward", CommMode.DELEGATED),)
     )
     check_plan(SimEngine(), mixed)
-    with pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"):
-        check_plan(RuntimeEngine("emulated", 2), mixed)
-    check_plan(RuntimeEngine("megatron", 2, trains=True), swapped)
+    with (
+        RuntimeEngine("emulated", 2) as emulated,
+        pytest.raises(ConfigError, match="comm 'delegated' is not available in the emulated"),
+    ):
+        check_plan(emulated, mixed)
+    with RuntimeEngine("megatron", 2, trains=True) as megatron:
+        check_plan(megatron, swapped)
 
 
 def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_gives() -> None:
