@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.errors import ScheduleError
+from pipeline.faults import MessageFault
 from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
@@ -15,6 +16,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, OpRecord, Timeline
+from pipeline.topology import Link, Topology
 from tests.strategies import profiles
 
 BUILDERS = [one_f_one_b, zb_h1, zb_h2]
@@ -217,7 +219,6 @@ def test_comm_modes_mix_per_link_direction() -> None:
     """Delegates on link 0-1 only: its messages free their sender after the device-to-host
     copy, link 1-2's hold it for the transfer; all link directions delegated is delegated."""
     from pipeline.simulator import LinkComm
-    from pipeline.topology import Link
 
     profile = Profile.uniform(
         3, 6, 10, 10, 10, delay_ms=(20.0, 20.0), message_bytes=1_000_000, copy_gbps=8.0
@@ -249,7 +250,6 @@ def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None
     the next iteration (those directions moved already) runs as a healthy one."""
     from injectors.fault_files import parse_yaml
     from pipeline.errors import LinkFailure
-    from pipeline.topology import Topology
 
     profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
     view = parse_yaml('[{start_iteration: 0, at_ms: 3, nic: "host1:rnic0", down: true}]')
@@ -270,3 +270,52 @@ def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None
         schedule, profile, CommMode.DELEGATED, faults=faults, host=host, failed_over=moved
     )
     assert not again.failovers and again.iterations == healthy.iterations
+
+
+@dataclasses.dataclass(frozen=True)
+class _EveryMessageLonger:
+    extra_ms: float
+
+    def message_fault(
+        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+    ) -> MessageFault:
+        return MessageFault(self.extra_ms)
+
+    def affects(self, link: Link) -> bool:
+        return True
+
+    def cache_key(self) -> None:
+        return None
+
+
+def _times(timeline: Timeline) -> list[float]:
+    """Every op's start and end, then every message's send end and arrival, in order."""
+    messages = [t for m in timeline.messages for t in (m.send_end_ms, m.arrival_ms)]
+    return [t for r in timeline.ops for t in (r.start_ms, r.end_ms)] + messages
+
+
+@pytest.mark.parametrize("build", [one_f_one_b, zb_h2])
+def test_a_fault_delay_on_a_direct_link_is_a_longer_send(build) -> None:
+    """A fault's delay holds a direct sender and moves its message's arrival exactly as a
+    send that costs that much more (benchmarks/bench_send_replay.py replays measured send
+    times this way), also when it shortens the send (a negative delay)."""
+    profile = Profile.uniform(4, 8, 5, 5, 5, message_bytes=1 << 20)
+    schedule = build(profile)
+    for extra_ms in (0.7, -0.3):
+        base = HostCosts(
+            send_ms_by_bytes=CostCurve(((0, 0.5), (1 << 21, 1.5))),
+            receive_lag_ms_by_bytes=CostCurve(((0, 0.4),)),
+            op_overhead_ms=0.1,
+        )
+        longer = dataclasses.replace(
+            base, send_ms_by_bytes=CostCurve(((0, 0.5 + extra_ms), (1 << 21, 1.5 + extra_ms)))
+        )
+        faulted = simulate(
+            schedule, profile, CommMode.DIRECT, host=base, faults=_EveryMessageLonger(extra_ms)
+        )
+        slower = simulate(schedule, profile, CommMode.DIRECT, host=longer)
+        assert _times(faulted) == pytest.approx(_times(slower))
+        plain = simulate(schedule, profile, CommMode.DIRECT, host=base)
+        assert (
+            compute_metrics(faulted).iteration_time_ms != compute_metrics(plain).iteration_time_ms
+        )
