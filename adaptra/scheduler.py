@@ -15,6 +15,7 @@ from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 
 __all__ = [
+    "DEFAULT_MAX_CANDIDATES",
     "DEFAULT_SEARCH_OPS",
     "EXACT_AUTO_MAX_OPS",
     "EXACT_AUTO_TIME_LIMIT_S",
@@ -24,13 +25,19 @@ __all__ = [
     "starts",
 ]
 
-DEFAULT_SEARCH_OPS = 32000
+DEFAULT_SEARCH_OPS = 128_000
 """Ops the default search may time in all (a candidate costs 3 S N, about 1 us each in
-`time_policy`): 41 candidates at S=8, N=32 (about 45 ms when the search runs out of budget),
-55 at S=8, N=24; a search whose incumbent meets the lower bound (`adaptra.bounds`) stops
-before, which on the benchmark's (8, 32) profiles makes the median call 2 ms. The starts
-(`starts`) and their exact warm-up twins are timed whatever the budget. A larger budget buys
-nothing on the benchmark's worst profiles (the climb is at a local optimum by then)."""
+`time_policy`): 166 candidates at S=8, N=32 (about 120 ms when the search runs out of
+budget), 222 at S=8, N=24; a search whose incumbent meets the lower bound
+(`adaptra.bounds`) stops before, which on the benchmark's (8, 32) profiles makes the median
+call 1-2 ms. The starts (`starts`) and their exact warm-up twins are timed whatever the
+budget. With 32,000 ops the straggler grid's S=8 max gap was 0.837 %, with 128,000 0.531 %
+(the kicks of `adaptra.search` are what the budget buys: BENCHMARKS.md)."""
+
+DEFAULT_MAX_CANDIDATES = 240
+"""And at most this many candidates, whatever their size: small problems (up to 150 ops)
+get CP-SAT after the search, and their candidates are cheap, so an ops budget alone would
+time thousands of them first (2,370 at S=3, N=6)."""
 
 EXACT_AUTO_MAX_OPS = 150
 EXACT_AUTO_TIME_LIMIT_S = 0.5
@@ -61,14 +68,16 @@ def plan_adaptra(
     profile: Profile,
     *,
     search_ops: int = DEFAULT_SEARCH_OPS,
+    max_candidates: int = DEFAULT_MAX_CANDIDATES,
     exact_time_limit_s: float | None = None,
 ) -> AdaptraPlan:
     """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
-    in-flight caps within `search_ops`, from the plan and the published rules (`starts`),
-    and the generator; the ZeroBubble heuristic's order at the profile's delays where it is
-    faster; then, unless a candidate meets the lower bound (`adaptra.bounds`: it is
-    optimal), CP-SAT within `exact_time_limit_s` (None: only for small problems, see
-    EXACT_AUTO_MAX_OPS; 0: never). Never worse than any of those rules' schedules."""
+    in-flight caps within `search_ops` and `max_candidates`, from the plan and the
+    published rules (`starts`), and the generator; the ZeroBubble heuristic's order at the
+    profile's delays where it is faster; then, unless a candidate meets the lower bound
+    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` (None: only for
+    small problems, see EXACT_AUTO_MAX_OPS; 0: never). Never worse than any of those
+    rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
     x_cap = _warmup_cap(profile, plan)
@@ -78,7 +87,7 @@ def plan_adaptra(
         profile,
         starts(profile, plan),
         x_cap=x_cap,
-        max_candidates=search_ops // num_ops,
+        max_candidates=min(search_ops // num_ops, max_candidates),
         lower_bound_ms=lower_bound_ms,
     )
     schedule, time_ms = found.timing.schedule(), found.iteration_time_ms
