@@ -133,7 +133,7 @@ def search_policy(
     # Twins first: on a tie they are the better place to climb from.
     incumbent = _climb(min(seeds, key=time_of), neighbours, time_of, spent, lower_bound_ms)
     kicks = random.Random(_KICK_SEED)
-    for _ in range(max_candidates):  # (a kick may land on timed policies only)
+    for _ in range(max_candidates):  # (bounds the kicks that find only timed policies)
         if spent() or time_of(incumbent) <= lower_bound_ms + _TOLERANCE_MS:
             break
         kicked = incumbent
