@@ -7,8 +7,9 @@ iteration 3 on, 30 iterations; printed: the median step (pipeline plus all-reduc
 last 10. Emulated: the Fig. 18 test's setting (tests/harness/test_fig18.py: PP 4 x DP 2, 2 ms
 ops, 24 chunks per DP link direction), `--repeats` runs per system (the systems in turn) with
 the delay at 10, 20, then 30 ms for 9, 6 and 6 iterations; printed: the median over the runs
-of each phase's median of its last 3 steps, the calibrated simulator's for the same run, and
-their ratio; and the longest step (the swap's). Last, the healthy DP ring's step at PP 1, 2
+of each phase's median of its last 5 steps (pipeline and DP ring), the calibrated
+simulator's for the same run, and their ratio, and the longest step (the swap's); then the
+same for the pipeline alone. Last, the healthy DP ring's step at PP 1, 2
 and 4 x DP 2, emulated and predicted.
 
 Run: python benchmarks/bench_fig18.py [--calibration HOST.json] [--repeats 3]
@@ -31,7 +32,7 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' setting, shared
-from tests.harness.test_fig18 import FAULTS, PHASES, PROFILE
+from tests.harness.test_fig18 import FAULTS, PHASES, PROFILE, phase_medians
 
 SYSTEM_NAMES = ("zb", "falcon", "adaptra-cpu", "adaptra")
 PAPER_S = {
@@ -51,7 +52,8 @@ def _seven_b(system: str, delay_ms: int) -> float:
 
 
 def _phases(system: str, backend: str, host: HostCosts, engines: RuntimeEngines) -> tuple:
-    """The median step of each phase's last 3 iterations, and the longest step."""
+    """Each phase's median step (pipeline and ring) and pipeline time over its last 5
+    iterations, and the longest step."""
     run = run_configuration(
         system_controller(system, PROFILE, FAULTS),
         backend=backend,
@@ -64,7 +66,7 @@ def _phases(system: str, backend: str, host: HostCosts, engines: RuntimeEngines)
         ),
     )
     steps = run.wall_times_ms
-    return [statistics.median(steps[end - 3 : end]) for _, _, end in PHASES], max(steps)
+    return phase_medians(steps), phase_medians(run.iteration_times_ms), max(steps)
 
 
 def _healthy_steps(host: HostCosts, engines: RuntimeEngines) -> None:
@@ -104,23 +106,26 @@ def main() -> None:
         ]
         print(f"| {system} | " + " | ".join(cells) + " |", flush=True)
     print()
-    print("| emulated | 10 ms: ms (sim, ratio) | 20 ms | 30 ms | longest step ms |")
-    print("|---|---|---|---|---|")
     with RuntimeEngines() as engines:
         runs: dict[str, list[tuple]] = {system: [] for system in SYSTEM_NAMES}
         for _ in range(args.repeats):
             for system in SYSTEM_NAMES:
                 runs[system].append(_phases(system, "emulated", host, engines))
-        for system in SYSTEM_NAMES:
-            phases = zip(*(r[0] for r in runs[system]), strict=True)
-            measured = [statistics.median(p) for p in phases]
-            longest = max(r[1] for r in runs[system])
-            predicted, _ = _phases(system, "sim", host, engines)
-            cells = [
-                f"{m:.0f} ({p:.0f}, {m / p:.2f})" for m, p in zip(measured, predicted, strict=True)
-            ]
-            print(f"| {system} | " + " | ".join(cells) + f" | {longest:.0f} |", flush=True)
-        print()
+        predicted = {system: _phases(system, "sim", host, engines) for system in SYSTEM_NAMES}
+        for part, what in enumerate(("step (pipeline and ring)", "pipeline")):
+            print(f"| emulated {what} | 10 ms: ms (sim, ratio) | 20 ms | 30 ms |"
+                  + (" longest step ms |" if part == 0 else ""))  # fmt: skip
+            print("|---|---|---|---|" + ("---|" if part == 0 else ""))
+            for system in SYSTEM_NAMES:
+                phases = zip(*(r[part] for r in runs[system]), strict=True)
+                measured = [statistics.median(p) for p in phases]
+                cells = [
+                    f"{m:.0f} ({p:.0f}, {m / p:.2f})"
+                    for m, p in zip(measured, predicted[system][part], strict=True)
+                ]
+                longest = f" {max(r[2] for r in runs[system]):.0f} |" if part == 0 else ""
+                print(f"| {system} | " + " | ".join(cells) + " |" + longest, flush=True)
+            print()
         _healthy_steps(host, engines)
 
 

@@ -25,8 +25,9 @@ link direction: a slow DP link costs more than the same delay on a PP link, as a
 
 PHASES = ((10, 2, 11), (20, 11, 17), (30, 17, 23))
 """(delay ms, first, end) measured iterations on stage 1's ring link dp1:0-1. The 10 ms phase
-is the longest: the swap comes in its first six iterations, and its last three steps then
-come a few iterations after it, once the delegates and Adaptra's plan have settled."""
+is the longest: the swap comes in its first four iterations, and its last five steps then
+come after it, once the delegates and Adaptra's plan have settled; in the later phases the
+last five follow the first, in which Adaptra sees the new delay."""
 
 FAULTS = parse_yaml(
     "["
@@ -38,17 +39,28 @@ FAULTS = parse_yaml(
 )
 
 
-def test_fig18_order_in_emulated_runs() -> None:
-    """ZB > Falcon > both Adaptras in the median step of each phase's last three iterations
-    (after the mitigations: each system swaps once, in the 10 ms phase), Adaptra-CPU >
-    Adaptra at 30 ms, and the cost of the delay from 10 to 30 ms the smallest for Adaptra,
-    then Adaptra-CPU, Falcon, ZB; the swaps are in the records.
+def phase_medians(times_ms: tuple[float, ...]) -> list[float]:
+    """The median of each phase's last five iterations (a late swap's one long iteration
+    among them moves no median)."""
+    return [statistics.median(times_ms[end - 5 : end]) for _, _, end in PHASES]
 
-    Where the two Adaptras differ least (10 and 20 ms: 10-40 ms per step on this machine
-    alone) the load of the CI's own emulated runs (8 workers and their delegates on 2 cores)
-    has put Adaptra above Adaptra-CPU, so their order there is the simulator's test
-    (tests/adaptra/control/test_swaps.py) and the benchmark's (bench_fig18), not this one."""
+
+def test_fig18_order_in_emulated_runs() -> None:
+    """ZB > Falcon > both Adaptras in the median step (pipeline and DP ring) of each phase's
+    last five iterations, after the mitigations (each system swaps once, in the 10 ms phase,
+    and Adaptra has planned for each new delay); Adaptra-CPU > Adaptra in the median
+    pipeline time at every delay, and in the median step at 30 ms; the cost of the delay from
+    10 to 30 ms the smallest for Adaptra, then Adaptra-CPU, Falcon, ZB; the swaps are in the
+    records.
+
+    Why the two Adaptras' steps are compared at 30 ms only: after the swap both run the same
+    ring, over the same delegates, with no slow DP link, so what tells them apart is the
+    pipeline (at 10 ms: 76-82 ms against 96-102, alone and beside two busy processes). The
+    ring after it takes 20-64 ms on 2 cores, so at 10 ms Adaptra's median step has come out
+    above Adaptra-CPU's alone here (129 against 124 ms) and in CI, while the median of 3
+    runs in bench_fig18 keeps the paper's order at every delay (BENCHMARKS.md, Fig. 18)."""
     medians: dict[str, list[float]] = {}
+    pipelines: dict[str, list[float]] = {}
     with RuntimeEngines() as engines:  # two pools: without delegates, with them
         for system in ("zb", "falcon", "adaptra-cpu", "adaptra"):
             run = run_configuration(
@@ -59,8 +71,8 @@ def test_fig18_order_in_emulated_runs() -> None:
                 engines=engines,
                 delegated=SYSTEMS[system][1] == "delegated",
             )
-            steps = run.wall_times_ms
-            medians[system] = [statistics.median(steps[end - 3 : end]) for _, _, end in PHASES]
+            medians[system] = phase_medians(run.wall_times_ms)
+            pipelines[system] = phase_medians(run.iteration_times_ms)
             assert run.timeline is not None
             # (A pool that the run before left swapped moves back at iteration 0.)
             swaps = [r for r in run.timeline.swaps if r.iteration > 0]
@@ -72,6 +84,7 @@ def test_fig18_order_in_emulated_runs() -> None:
     for phase, (delay_ms, _, _) in enumerate(PHASES):
         zb, falcon, cpu, adaptra = (medians[s][phase] for s in medians)
         assert zb > falcon > max(cpu, adaptra), (delay_ms, medians)
+        assert pipelines["adaptra-cpu"][phase] > pipelines["adaptra"][phase], (delay_ms, pipelines)
     assert medians["adaptra-cpu"][-1] > medians["adaptra"][-1], medians
     growth = {system: steps[-1] - steps[0] for system, steps in medians.items()}
     assert growth["adaptra"] < growth["adaptra-cpu"] < growth["falcon"] < growth["zb"], medians

@@ -198,6 +198,29 @@ def test_the_swap_in_real_processes_loses_no_iteration() -> None:
     assert max(times[at:]) < 0.7 * min(times[3:at])
 
 
+def test_a_swap_undone_in_real_processes_moves_the_workers_back() -> None:
+    """Emulated, 8 worker processes, a two-bucket ring (4 chunks each way: the slow link
+    costs a step about 70 ms, about half the healthy step, so load cannot hide it; as a PP
+    link it costs ZB more): the pool runs the swap, Falcon sees the next iteration slower and
+    the pool moves the two workers back (the swap records say who moved where, both
+    times); nothing restarts or is lost."""
+    two_buckets = dataclasses.replace(PROFILE, allreduce_bytes=250_000)
+    # 24 iterations: under load a slow first one has put off the change point to 13-15.
+    result, falcon = _run(40, 24, swap_ms=20.0, backend="emulated", profile=two_buckets)
+    ((at, level),) = falcon.climbs
+    assert level is Level.SWAP and falcon.undone == [at + 2]
+    assert falcon.topology == two_buckets.topology
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.timeline is not None
+    # Seen in the run's iteration `at` (the warm-up first): `at` + 1 ran swapped, `at` + 2
+    # was judged, `at` + 3 on ran the default placement again.
+    pids = {r.iteration: r.pids for r in result.timeline.iterations}
+    assert pids[at + 1] == tuple(pids[at][w] for w in SWAPPED.placement)
+    assert pids[at + 3] == pids[at]
+    moved = sorted({r.iteration for r in result.timeline.swaps})
+    assert moved == [at + 1, at + 3] and len(result.timeline.swaps) == 4
+
+
 def test_the_costs_it_assumes() -> None:
     costs = FalconCosts.for_profile(PROFILE, healthy_iteration_ms=100.0)
     assert costs.of(Level.IGNORE) == 0.0
