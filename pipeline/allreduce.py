@@ -20,6 +20,7 @@ its sender: a slow link costs about (messages on it) x delay.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -34,9 +35,9 @@ __all__ = [
     "chunk_bytes",
     "message_index",
     "messages_per_link_direction",
-    "ring_done_ms",
     "ring_peer",
     "ring_steps",
+    "rings_done_ms",
 ]
 
 DEFAULT_BUCKET_BYTES = 80_000_000
@@ -116,53 +117,95 @@ class RingMessage(NamedTuple):
 
 MessageDelay = Callable[[Link, str, int, int, float], float]
 """(link, direction, index, bytes, when the send starts in ms) -> its injected delay, ms."""
-ChunkCost = Callable[[int], tuple[float, float]]
-"""bytes -> (how long a send holds its sender besides its delay, ms: wire time and the
-host's send cost; then how long until the receiver can forward it)."""
+ChunkCost = Callable[[int, int], tuple[float, float]]
+"""(bytes, rings running at once) -> (how long a send holds its sender besides its delay,
+ms: wire time and the host's send cost; then how long until the receiver can forward it)."""
 
 
-def ring_done_ms(
-    stage: int,
-    start_ms: Sequence[float],
-    grad_bytes: int,
+class _Ring:
+    """One stage's ring, a step at a time: every replica sends its chunk of the step when it
+    is free, and is free again once its send has gone and the chunk it forwards is in."""
+
+    def __init__(self, stage: int, start_ms: Sequence[float], grad_bytes: int, bucket_bytes: int):
+        num_replicas = len(start_ms)
+        self.free = list(start_ms)
+        self.start_ms = max(start_ms, default=0.0)
+        """From here on every replica is in the ring: it runs."""
+        self.peers = [(r, *ring_peer(stage, r, num_replicas)) for r in range(num_replicas)]
+        self.steps = [
+            (message_index(b, k, num_replicas), chunk_bytes(bucket, num_replicas))
+            for b, bucket in enumerate(buckets(grad_bytes, bucket_bytes))
+            for k in range(ring_steps(num_replicas))
+        ]
+        self.done_steps = 0
+        self.messages: list[RingMessage] = []
+
+    def step(self, cost: tuple[float, float], message_delay: MessageDelay | None) -> None:
+        index, chunk = self.steps[self.done_steps]
+        hold_ms, lag_ms = cost
+        free = self.free
+        sent, arrived, delays = [0.0] * len(free), [0.0] * len(free), [0.0] * len(free)
+        for sender, receiver, link, direction in self.peers:
+            done = free[sender] + hold_ms
+            if message_delay is not None:
+                delays[sender] = message_delay(link, direction, index, chunk, free[sender])
+                done += delays[sender]
+            sent[sender] = done
+            arrived[receiver] = done + lag_ms
+        self.messages += [
+            RingMessage(
+                link, direction, index, chunk, sender, free[sender], sent[sender],
+                arrived[receiver], sent[receiver], delays[sender],
+            )
+            for sender, receiver, link, direction in self.peers
+        ]  # fmt: skip
+        self.free = [s if s > a else a for s, a in zip(sent, arrived, strict=True)]
+        self.done_steps += 1
+
+
+def rings_done_ms(
+    start_ms: Sequence[Sequence[float]],
+    grad_bytes: Sequence[int],
     bucket_bytes: int,
     chunk_cost: ChunkCost,
     message_delay: MessageDelay | None = None,
     record: Callable[[RingMessage], None] | None = None,
-) -> tuple[float, ...]:
-    """When each replica of `stage` is done with its all-reduce, message by message, given
-    when each was done with its pipeline (`start_ms`, one per replica). A message holds its
-    sender for its delay (`message_delay`, asked once per message in each sender's send
-    order; None: none) and its cost; the receiver can forward it the cost's lag later.
-    `record` is handed every message, step by step."""
-    num_replicas = len(start_ms)
-    free = list(start_ms)
-    if num_replicas < 2:
-        return tuple(free)
-    peers = [(r, *ring_peer(stage, r, num_replicas)) for r in range(num_replicas)]
-    steps = ring_steps(num_replicas)
-    sent = [0.0] * num_replicas
-    arrived = [0.0] * num_replicas
-    for b, bucket in enumerate(buckets(grad_bytes, bucket_bytes)):
-        chunk = chunk_bytes(bucket, num_replicas)
-        hold_ms, lag_ms = chunk_cost(chunk)
-        for k in range(steps):
-            index = message_index(b, k, num_replicas)
-            delays = [0.0] * num_replicas
-            for sender, receiver, link, direction in peers:
-                done = free[sender] + hold_ms
-                if message_delay is not None:
-                    delays[sender] = message_delay(link, direction, index, chunk, free[sender])
-                    done += delays[sender]
-                sent[sender] = done
-                arrived[receiver] = done + lag_ms
-            if record is not None:
-                for sender, receiver, link, direction in peers:
-                    record(
-                        RingMessage(
-                            link, direction, index, chunk, sender, free[sender], sent[sender],
-                            arrived[receiver], sent[receiver], delays[sender],
-                        )
-                    )  # fmt: skip
-            free = [s if s > a else a for s, a in zip(sent, arrived, strict=True)]
-    return tuple(free)
+) -> tuple[tuple[float, ...], ...]:
+    """When each replica of each stage is done with its all-reduce, message by message,
+    given when each was done with its pipeline (`start_ms[stage]`, one per replica). A
+    message holds its sender for its delay (`message_delay`, asked once per message, in the
+    order the steps start) and its cost; the receiver can forward it the cost's lag later.
+    The cost is asked with the number of stages' rings that run when the step's last sender
+    starts (a ring runs from its last replica's start to its last replica's end): rings at
+    once share a host's cores. `record` is handed every message, stage by stage, step by
+    step."""
+    if not start_ms or len(start_ms[0]) < 2:  # one replica: nothing to reduce
+        return tuple(tuple(starts) for starts in start_ms)
+    rings = [
+        _Ring(stage, starts, grad_bytes[stage], bucket_bytes)
+        for stage, starts in enumerate(start_ms)
+    ]
+    starts = sorted(ring.start_ms for ring in rings if ring.steps)
+    pending = [(max(ring.free), stage) for stage, ring in enumerate(rings) if ring.steps]
+    heapq.heapify(pending)
+    ends: list[float] = []  # a heap: the rings that have ended, by when
+    num_started = num_ended = 0
+    while pending:
+        at_ms, stage = heapq.heappop(pending)  # steps in the order they start
+        while num_started < len(starts) and starts[num_started] <= at_ms:
+            num_started += 1
+        while ends and ends[0] <= at_ms:
+            heapq.heappop(ends)
+            num_ended += 1
+        ring = rings[stage]
+        ring.step(chunk_cost(ring.steps[ring.done_steps][1], num_started - num_ended),
+                  message_delay)  # fmt: skip
+        if ring.done_steps < len(ring.steps):
+            heapq.heappush(pending, (max(ring.free), stage))
+        else:
+            heapq.heappush(ends, max(ring.free))
+    if record is not None:
+        for ring in rings:
+            for message in ring.messages:
+                record(message)
+    return tuple(tuple(ring.free) for ring in rings)

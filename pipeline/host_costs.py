@@ -6,9 +6,10 @@ file (`--calibration`, a spec's `calibration:`), so that the simulator's `direct
 `delegated` modes predict a real run on that host. Without one every cost is 0 (`FREE`): the
 paper's model, exactly.
 
-The file is a JSON object: `schema_version` (2), the costs below (a cost that depends on a
-message's size is a `CostCurve`, written as `[[bytes, ms], ...]`; the others are ms), and
-free-form `host` and `measured_at` strings.
+The file is a JSON object: `schema_version` (3), the costs below (a cost that depends on a
+message's size is a `CostCurve`, written as `[[bytes, ms], ...]`, the DP ring's lag one by
+the number of rings running at once, `[[rings, ms], ...]`; the others are ms), and free-form
+`host` and `measured_at` strings.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ __all__ = [
 DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
 
-HOST_COSTS_SCHEMA_VERSION = 2
-"""2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost plus one
-per MiB, which a host whose cost per byte grows with the size (sockets' buffers, copies
-sharing the cores) does not follow: the line's fit lost the small messages' fixed cost."""
+HOST_COSTS_SCHEMA_VERSION = 3
+"""3: the DP ring's lag is a curve by the rings running at once (`*ring_lag_ms_by_rings`);
+2 had one lag, measured with every stage's ring at once, which over-predicts rings that run
+alone or apart (a lone ring's chunk here: 0.34 ms beyond its send and receive, against 0.63
+with four). 2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost
+plus one per MiB, which a host whose cost per byte grows with the size (sockets' buffers,
+copies sharing the cores) does not follow: the line's fit lost the small messages' fixed
+cost."""
 
 
 def _check_ms(name: str, value: Any) -> float:
@@ -50,16 +55,17 @@ def _check_ms(name: str, value: Any) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CostCurve:
-    """A cost in ms by message size, measured at some sizes: linear between them, the first
-    point's cost below the first size, and the last segment's slope (never negative) beyond
-    the last. No points: free."""
+    """A cost in ms by message size (or, for the DP ring's lag, by the number of rings
+    running at once), measured at some sizes: linear between them, the first point's cost
+    below the first size, and the last segment's slope (never negative) beyond the last. No
+    points: free."""
 
     points: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         sizes = [size for size, _ in self.points]
         if sizes != sorted(set(sizes)) or any(size < 0 for size in sizes):
-            raise ConfigError(f"a cost curve's sizes must rise from >= 0 bytes, got {sizes}")
+            raise ConfigError(f"a cost curve's sizes must rise from >= 0, got {sizes}")
         for _, ms in self.points:
             _check_ms("a cost curve's cost", ms)
 
@@ -85,17 +91,17 @@ class CostCurve:
         return [[size, ms] for size, ms in self.points]
 
     @classmethod
-    def parse(cls, value: Any, name: str) -> CostCurve:
-        """From `[[bytes, ms], ...]`, `name` in errors."""
+    def parse(cls, value: Any, name: str, unit: str = "bytes") -> CostCurve:
+        """From `[[size, ms], ...]`, sizes in `unit`; `name` in errors."""
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list of [bytes, ms] pairs, got {value!r}")
+            raise ConfigError(f"{name} must be a list of [{unit}, ms] pairs, got {value!r}")
         points = []
         for pair in value:
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise ConfigError(f"{name}: {pair!r} is not a [bytes, ms] pair")
+                raise ConfigError(f"{name}: {pair!r} is not a [{unit}, ms] pair")
             size, ms = pair
             if isinstance(size, bool) or not isinstance(size, int):
-                raise ConfigError(f"{name}: a size must be a whole number of bytes, got {size!r}")
+                raise ConfigError(f"{name}: a size must be a whole number of {unit}, got {size!r}")
             points.append((size, _check_ms(name, ms)))
         try:
             return cls(tuple(points))
@@ -111,8 +117,8 @@ _COSTS = ("op_overhead_ms",)
 _DELEGATE_CURVES = ("copy_out_ms_by_bytes", "copy_in_ms_by_bytes")
 _DELEGATE_COSTS = ("delegate_pickup_ms", "failover_ms")
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
-_RING_COSTS = ("ring_lag_ms", "delegated_ring_lag_ms")
-"""The DP ring's: optional in a file (0)."""
+_RING_CURVES = ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings")
+"""The DP ring's, by the rings running at once: optional in a file (free)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,20 +140,21 @@ class HostCosts:
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
-    ring_lag_ms: float = 0.0
+    ring_lag_ms_by_rings: CostCurve = NO_COST
     """A DP ring's chunk can be forwarded this much later than a PP message of its size
-    could be used: the ring's receiver hand-off and its share of the host's cores while every
-    stage runs its ring at once (pipeline.runtime.dp_ring)."""
-    delegated_ring_lag_ms: float = 0.0
+    could be used: the ring's receiver hand-off and its share of the host's cores, by how
+    many stages' rings run at that moment (pipeline.runtime.dp_ring; the runs it predicts
+    put every worker on this host)."""
+    delegated_ring_lag_ms_by_rings: CostCurve = NO_COST
     """The same, for a ring whose chunks go over the delegates (the plan delegates its link
-    directions), in place of `ring_lag_ms`."""
+    directions), in place of `ring_lag_ms_by_rings`."""
     host: str = ""
     measured_at: str = ""
 
     def __post_init__(self) -> None:
-        for name in (*_COSTS, *_DELEGATE_COSTS, *_RING_COSTS):
+        for name in (*_COSTS, *_DELEGATE_COSTS):
             object.__setattr__(self, name, _check_ms(name, getattr(self, name)))
-        for name in (*_CURVES, *_DELEGATE_CURVES):
+        for name in (*_CURVES, *_DELEGATE_CURVES, *_RING_CURVES):
             if not isinstance(getattr(self, name), CostCurve):
                 raise ConfigError(f"{name} must be a CostCurve")
 
@@ -164,6 +171,10 @@ class HostCosts:
 
     def copy_in_ms(self, num_bytes: int) -> float:
         return self.copy_in_ms_by_bytes.ms(num_bytes)
+
+    def ring_lag_curve(self, delegated: bool) -> CostCurve:
+        """The DP ring's lag by the rings running at once, over the delegates or not."""
+        return self.delegated_ring_lag_ms_by_rings if delegated else self.ring_lag_ms_by_rings
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"schema_version": HOST_COSTS_SCHEMA_VERSION}
@@ -191,9 +202,11 @@ class HostCosts:
                 f"calibration: unknown key(s) {unknown or 'none'}, missing {missing or 'none'}; "
                 f"keys: schema_version, {', '.join(sorted(fields))}"
             )
-        for name in (*_CURVES, *_DELEGATE_CURVES):
+        for name in (*_CURVES, *_DELEGATE_CURVES, *_RING_CURVES):
             if name in values:
-                values[name] = CostCurve.parse(values[name], name)
+                values[name] = CostCurve.parse(
+                    values[name], name, "rings" if name in _RING_CURVES else "bytes"
+                )
         for name in ("host", "measured_at"):
             values[name] = str(values.get(name, ""))
         return cls(**values)

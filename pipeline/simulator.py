@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
-from pipeline.allreduce import KIND, MessageDelay, RingMessage, ring_done_ms
+from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
-from pipeline.host_costs import FREE, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.nccl_sleep import time_replica
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -405,7 +405,7 @@ def simulate(
             profile, stage_ends, host, faults, iteration, start_ms,
             _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
             dp_messages,
-            host.delegated_ring_lag_ms if comm is CommMode.DELEGATED else host.ring_lag_ms,
+            host.ring_lag_curve(delegated=comm is CommMode.DELEGATED),
         )  # fmt: skip
     return Timeline(
         num_stages=num_stages,
@@ -439,21 +439,22 @@ def _step_end_ms(
     start_ms: float,
     failover: _DpFailover,
     dp_messages: list[MessageRecord],
-    ring_lag_ms: float,
+    ring_lag: CostCurve,
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
-    cost, and can be used the host's receive lag and `ring_lag_ms` later (the `direct`
-    path's rule, over delegates too, with the delegated ring's lag). A message whose route
+    cost, and can be used the host's receive lag and the ring's lag later (`ring_lag` at the
+    number of stages' rings running then; the `direct` path's rule, over delegates too, with
+    the delegated ring's lag). A message whose route
     failed is a LinkFailure, unless its link direction is delegated (`failover`). Every DP
     message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
     index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
 
-    def chunk_cost(num_bytes: int) -> tuple[float, float]:
+    def chunk_cost(num_bytes: int, num_rings: int) -> tuple[float, float]:
         hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
-        return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag_ms
+        return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag.ms(num_rings)
 
     ask = None if faults is NO_FAULTS else faults.message_fault
 
@@ -496,18 +497,12 @@ def _step_end_ms(
         )  # fmt: skip
 
     delay: MessageDelay | None = message_delay if static_ms or ask is not None else None
-    return max(
-        max(
-            ring_done_ms(
-                stage,
-                [ends[stage] for ends in stage_end_ms],
-                profile.allreduce_bytes[stage],
-                profile.dp_bucket_bytes,
-                chunk_cost,
-                delay,
-                record,
-            )
-        )
-        + profile.optimizer_ms[stage]
-        for stage in range(profile.num_stages)
+    ends = rings_done_ms(
+        [[ends[stage] for ends in stage_end_ms] for stage in range(profile.num_stages)],
+        profile.allreduce_bytes,
+        profile.dp_bucket_bytes,
+        chunk_cost,
+        delay,
+        record,
     )
+    return max(max(e) + profile.optimizer_ms[stage] for stage, e in enumerate(ends))

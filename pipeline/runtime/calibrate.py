@@ -10,10 +10,11 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   it grows with the size);
 - receive lag: in the same runs, from a send's return to the start of the op that was
   waiting for it (only ops whose stage was idle when the send returned), alike;
-- ring lag: a healthy DP ring on `num_stages` stages x 2 replicas (every stage's ring at
-  once, as in training; 16 chunks of 125 kB per link direction after a short 1F1B): the mean
-  time between a link direction's consecutive chunk sends, beyond what the send cost and the
-  receive lag measured above make of it;
+- ring lag: healthy DP rings on `num_stages` stages x 2 replicas (16 chunks of 125 kB per
+  link direction after a short pipeline), with the first 1, 2, ... `num_stages` stages
+  reducing a gradient (rings at once share the cores: 0.34 ms with one here, 0.63 with
+  four): the mean time between a link direction's consecutive chunk sends, beyond what the
+  send cost and the receive lag measured above make of it, by the number of rings;
 - with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
   failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
@@ -112,9 +113,10 @@ def receive_lags_ms(timeline: Timeline) -> list[float]:
 
 
 def _curve(samples: dict[int, list[float]]) -> CostCurve:
-    """The mean cost at each size, made non-decreasing in the size (a longer message never
-    costs less: where a smaller size's mean is above a larger's, a tail caught in one of
-    them, the two are pooled, weighted by their counts) and never below 0."""
+    """The mean cost at each size, made non-decreasing in the size (a longer message, or
+    more rings at once, never costs less: where a smaller size's mean is above a larger's, a
+    tail caught in one of them, the two are pooled, weighted by their counts) and never
+    below 0."""
     blocks: list[tuple[list[int], float, int]] = []  # (sizes, mean, count), sizes in order
     for size in sorted(samples):
         values = samples[size]
@@ -182,8 +184,9 @@ def measure_host_costs(
         host=platform.node(),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     )
-    costs = dataclasses.replace(costs, ring_lag_ms=_ring_lag_ms(costs, num_stages, repeats))
-    progress(f"DP ring lag: {costs.ring_lag_ms:.3f} ms per chunk")
+    ring_lag = _ring_lag_curve(costs, num_stages, repeats)
+    progress(f"DP ring lag per chunk, by the rings at once: {_by_rings(ring_lag)}")
+    costs = dataclasses.replace(costs, ring_lag_ms_by_rings=ring_lag)
     if delegates is None:
         return costs
     return _with_delegated_costs(costs, delegates, repeats, num_stages, progress, op_ms)
@@ -206,29 +209,42 @@ def _ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
     return gaps
 
 
-def _ring_lag_ms(
+def _ring_lag_curve(
     costs: HostCosts, num_stages: int, repeats: int, delegates: DelegateFactory | None = None
-) -> float:
+) -> CostCurve:
     """The mean ring step beyond the simulator's for it with `costs` (a send, then the
-    receive lag: `pipeline.allreduce.ring_done_ms`), clamped at 0; with `delegates`, of a
-    ring over them (3 per link direction and side)."""
+    receive lag: `pipeline.allreduce.rings_done_ms`), by the number of stages whose rings
+    run at once (1 to `num_stages`: the first n stages have a gradient), made non-decreasing
+    and clamped at 0; with `delegates`, of rings over them (3 per link direction and side)."""
     chunk = 125_000  # bytes: 8 buckets of 2 chunks each way
-    profile = Profile.uniform(
-        num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
-        allreduce_bytes=8 * 2 * chunk, dp_bucket_bytes=2 * chunk,
-    )  # fmt: skip
-    counter = [0]
     comm = "direct" if delegates is None else "delegated"
     num_delegates = 0 if delegates is None else 3
+    beyond: dict[int, list[float]] = {}  # ms by the rings at once
+    counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
         schedule = _busy_both_ways(num_stages, 4)
-        timelines = _runs(pool, schedule, profile, repeats, counter, comm=comm)
-    beyond = [
-        gap - profile.dp_wire_ms(size) - costs.send_ms(size) - costs.receive_lag_for_ms(size)
-        for timeline in timelines
-        for size, gap in _ring_step_gaps_ms(timeline)
-    ]
-    return max(statistics.fmean(beyond), 0.0)
+        for num_rings in range(1, num_stages + 1):
+            profile = Profile.uniform(
+                num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
+                allreduce_bytes=[8 * 2 * chunk if s < num_rings else 0 for s in range(num_stages)],
+                dp_bucket_bytes=2 * chunk,
+            )  # fmt: skip
+            # Three times the iterations (each lasts some 40 ms): a lone ring's mean moved
+            # 0-0.41 ms between calibrations with 3, 0.19 in both of two with 10.
+            timelines = _runs(pool, schedule, profile, 3 * repeats, counter, comm=comm)
+            beyond[num_rings] = [
+                gap
+                - profile.dp_wire_ms(size)
+                - costs.send_ms(size)
+                - costs.receive_lag_for_ms(size)
+                for t in timelines
+                for size, gap in _ring_step_gaps_ms(t)
+            ]
+    return _curve(beyond)
+
+
+def _by_rings(curve: CostCurve) -> str:
+    return ", ".join(f"{ms:.3f} ms with {rings}" for rings, ms in curve.points)
 
 
 def _with_delegated_costs(
@@ -261,15 +277,15 @@ def _with_delegated_costs(
             )
         failover_ms = _failover_ms(pool, schedule, num_stages, counter)
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
-    ring_lag_ms = _ring_lag_ms(costs, num_stages, repeats, delegates)
-    progress(f"DP ring lag over the delegates: {ring_lag_ms:.3f} ms per chunk")
+    ring_lag = _ring_lag_curve(costs, num_stages, repeats, delegates)
+    progress(f"DP ring lag over the delegates, by the rings at once: {_by_rings(ring_lag)}")
     return dataclasses.replace(
         costs,
         copy_out_ms_by_bytes=_curve(copies_out),
         delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
         copy_in_ms_by_bytes=_curve(copies_in),
         failover_ms=failover_ms,
-        delegated_ring_lag_ms=ring_lag_ms,
+        delegated_ring_lag_ms_by_rings=ring_lag,
     )
 
 

@@ -483,11 +483,13 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "8388608 B, ops of 3 ms: send" in out.stderr  # measured with the ops asked for
     costs = json.loads(host.read_text())
-    assert costs == json.loads(out.stdout) and costs["schema_version"] == 2
+    assert costs == json.loads(out.stdout) and costs["schema_version"] == 3
     from pipeline.runtime.calibrate import SEND_SIZES
 
     for name in ("send_ms_by_bytes", "copy_out_ms_by_bytes", "copy_in_ms_by_bytes"):
         assert [size for size, _ in costs[name]] == list(SEND_SIZES), name  # each measured
+    for name in ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings"):
+        assert [rings for rings, _ in costs[name]] == [1, 2, 3, 4], name  # 1 to 4 at once
     assert all(ms > 0 for _, ms in costs["send_ms_by_bytes"])  # a real send takes time
     assert costs["copy_out_ms_by_bytes"][-1][1] > 0  # measured: a copy of 8 MiB
     assert costs["op_overhead_ms"] >= 0 and costs["delegate_pickup_ms"] >= 0

@@ -4,6 +4,8 @@ step, message by message."""
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from baselines import one_f_one_b
 from pipeline.allreduce import (
@@ -13,6 +15,7 @@ from pipeline.allreduce import (
     message_index,
     messages_per_link_direction,
     ring_peer,
+    rings_done_ms,
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import MessageFault
@@ -102,6 +105,45 @@ def test_wire_time_host_costs_and_the_optimizer_add_per_message() -> None:
     assert end == pytest.approx(stage1_end + 2 * (fixed_ms + 12.0) + 2 * (fixed_ms + 0.5) + 3.0)
 
 
+def test_rings_at_once_pay_the_lag_of_as_many_rings() -> None:
+    """Two stages' rings (2 replicas, one bucket: 2 steps each), a step's lag 1 ms per ring
+    running when it starts: started together, each step pays 2 ms; apart, 1 ms; a ring runs
+    from its last replica's start to its last replica's end."""
+
+    def lag_by_rings(num_bytes: int, num_rings: int) -> tuple[float, float]:
+        return 0.0, float(num_rings)
+
+    def done(starts: list[list[float]], grads: tuple[int, int] = (100, 100)) -> list[float]:
+        return [max(ends) for ends in rings_done_ms(starts, grads, 100, lag_by_rings)]
+
+    assert done([[0.0, 0.0], [0.0, 0.0]]) == [4.0, 4.0]
+    assert done([[0.0, 0.0], [10.0, 10.0]]) == [2.0, 12.0]
+    # Stage 1's ring runs from 0.5: stage 0's second step (at 1) and both of its own pay 2.
+    assert done([[0.0, 0.0], [0.0, 0.5]]) == [3.0, 4.5]
+    only_one = done([[0.0, 0.0], [0.0, 0.0]], (100, 0))
+    assert only_one == [2.0, 0.0]  # no gradient: no ring
+    assert rings_done_ms([[3.0], [1.0]], [100, 100], 100, lag_by_rings) == ((3.0,), (1.0,))
+
+
+@given(
+    st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.integers(0, 400)), min_size=1,
+             max_size=5),
+    st.floats(0, 3),
+)  # fmt: skip
+def test_with_one_lag_for_any_number_of_rings_each_ring_runs_as_if_alone(
+    rings: list[tuple[float, float, int]], lag_ms: float
+) -> None:
+    def cost(num_bytes: int, num_rings: int) -> tuple[float, float]:
+        return 0.001 * num_bytes, lag_ms
+
+    starts = [[a, b] for a, b, _ in rings]
+    grads = [g for _, _, g in rings]
+    together = rings_done_ms(starts, grads, 64, cost)
+    for stage in range(len(rings)):
+        alone = [g if s == stage else 0 for s, g in enumerate(grads)]
+        assert together[stage] == rings_done_ms(starts, alone, 64, cost)[stage]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Recording:
     """A fault view that slows forward DP messages by 1 ms and notes every message asked."""
@@ -175,10 +217,12 @@ def test_a_failed_dp_link_is_a_link_failure_in_the_simulator() -> None:
             return not link.is_pp
 
     profile = _profile(2)
-    with pytest.raises(LinkFailure, match="all-reduce message 0 .forward. on link dp0:0-1") as info:
+    # The first DP message in time fails: stage 1's, as its last op ends before stage 0's.
+    with pytest.raises(LinkFailure, match="all-reduce message 0 .forward. on link dp1:0-1") as info:
         simulate(one_f_one_b(profile), profile, faults=Failed())
-    stage0_end = max(r.end_ms for r in simulate(one_f_one_b(profile), profile).ops if r.stage == 0)
-    assert info.value.at_ms == stage0_end  # the ring's first message, after stage 0's last op
+    ops = simulate(one_f_one_b(profile), profile).ops
+    stage_end = [max(r.end_ms for r in ops if r.stage == stage) for stage in (0, 1)]
+    assert info.value.at_ms == stage_end[1] < stage_end[0]
 
 
 def test_one_replica_without_an_optimizer_has_no_step() -> None:

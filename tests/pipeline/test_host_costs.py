@@ -11,7 +11,7 @@ from pipeline.errors import ConfigError
 from pipeline.host_costs import FREE, CostCurve, HostCosts
 
 COSTS = {
-    "schema_version": 2,
+    "schema_version": 3,
     "send_ms_by_bytes": [[0, 0.2], [1 << 20, 0.6], [1 << 23, 5.0]],
     "receive_lag_ms_by_bytes": [[0, 0.3], [1 << 20, 0.4]],
     "op_overhead_ms": 0.05,
@@ -25,7 +25,8 @@ def test_round_trip_and_costs(tmp_path: Path) -> None:
     path.write_text(json.dumps(COSTS))
     costs = HostCosts.from_file(path)
     optional = {"copy_out_ms_by_bytes": [], "copy_in_ms_by_bytes": [], "delegate_pickup_ms": 0.0,
-                "failover_ms": 0.0, "ring_lag_ms": 0.0, "delegated_ring_lag_ms": 0.0}  # fmt: skip
+                "failover_ms": 0.0, "ring_lag_ms_by_rings": [],
+                "delegated_ring_lag_ms_by_rings": []}  # fmt: skip
     assert costs.to_dict() == {**COSTS, **optional}  # measured without delegates: free
     assert HostCosts.from_dict(costs.to_dict()) == costs
     assert costs.send_ms(0) == 0.2 and costs.send_ms(1 << 19) == pytest.approx(0.4)
@@ -61,8 +62,9 @@ def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
     ("change", "message"),
     [
         ({"schema_version": 1}, "schema_version 1 is not supported"),
+        ({"schema_version": 2}, "schema_version 2 is not supported.*calibrate` again"),
         ({"send_ms_by_bytes": [[0, -1]]}, "send_ms_by_bytes must be finite and >= 0"),
-        ({"send_ms_by_bytes": [[5, 1.0], [0, 1.0]]}, "sizes must rise from >= 0 bytes"),
+        ({"send_ms_by_bytes": [[5, 1.0], [0, 1.0]]}, "sizes must rise from >= 0"),
         ({"send_ms_by_bytes": [[0.5, 1.0]]}, "a size must be a whole number of bytes"),
         ({"send_ms_by_bytes": [[0, 1.0, 2]]}, "is not a \\[bytes, ms\\] pair"),
         ({"send_ms_by_bytes": 0.2}, "must be a list of \\[bytes, ms\\] pairs"),
@@ -71,7 +73,9 @@ def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
         ({"receive_lag_ms_by_bytes": [[0, True]]}, "receive_lag_ms_by_bytes must be a number"),
         ({"colour": "red"}, r"unknown key\(s\) \['colour'\]"),
         ({"op_overhead_ms": None}, "op_overhead_ms must be a number"),
-        ({"ring_lag_ms": -0.5}, "ring_lag_ms must be finite and >= 0"),
+        ({"ring_lag_ms_by_rings": [[1, -0.5]]}, "ring_lag_ms_by_rings must be finite and >= 0"),
+        ({"ring_lag_ms_by_rings": [[1.5, 0.5]]}, "a size must be a whole number of rings"),
+        ({"ring_lag_ms": 0.5}, r"unknown key\(s\) \['ring_lag_ms'\]"),  # schema 2's
     ],
 )
 def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str) -> None:
