@@ -185,21 +185,21 @@ def rings_done_ms(
         _Ring(stage, starts, grad_bytes[stage], bucket_bytes)
         for stage, starts in enumerate(start_ms)
     ]
-    starts = sorted(ring.start_ms for ring in rings if ring.steps)
+    ring_starts = sorted(ring.start_ms for ring in rings if ring.steps)
     pending = [(max(ring.free), stage) for stage, ring in enumerate(rings) if ring.steps]
     heapq.heapify(pending)
     ends: list[float] = []  # a heap: the rings that have ended, by when
     num_started = num_ended = 0
     while pending:
         at_ms, stage = heapq.heappop(pending)  # steps in the order they start
-        while num_started < len(starts) and starts[num_started] <= at_ms:
+        while num_started < len(ring_starts) and ring_starts[num_started] <= at_ms:
             num_started += 1
         while ends and ends[0] <= at_ms:
             heapq.heappop(ends)
             num_ended += 1
         ring = rings[stage]
-        ring.step(chunk_cost(ring.steps[ring.done_steps][1], num_started - num_ended),
-                  message_delay)  # fmt: skip
+        _, chunk = ring.steps[ring.done_steps]
+        ring.step(chunk_cost(chunk, num_started - num_ended), message_delay)
         if ring.done_steps < len(ring.steps):
             heapq.heappush(pending, (max(ring.free), stage))
         else:

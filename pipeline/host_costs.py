@@ -38,8 +38,8 @@ DEFAULT_CALIBRATION_OP_MS = 10.0
 HOST_COSTS_SCHEMA_VERSION = 3
 """3: the DP ring's lag is a curve by the rings running at once (`*ring_lag_ms_by_rings`);
 2 had one lag, measured with every stage's ring at once, which over-predicts rings that run
-alone or apart (a lone ring's chunk here: 0.34 ms beyond its send and receive, against 0.63
-with four). 2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost
+alone or apart (a lone ring's chunk here: 0.2-0.3 ms beyond its send and receive, against
+0.9-1.1 with four). 2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost
 plus one per MiB, which a host whose cost per byte grows with the size (sockets' buffers,
 copies sharing the cores) does not follow: the line's fit lost the small messages' fixed
 cost."""

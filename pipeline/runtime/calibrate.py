@@ -12,8 +12,8 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   waiting for it (only ops whose stage was idle when the send returned), alike;
 - ring lag: healthy DP rings on `num_stages` stages x 2 replicas (16 chunks of 125 kB per
   link direction after a short pipeline), with the first 1, 2, ... `num_stages` stages
-  reducing a gradient (rings at once share the cores: 0.34 ms with one here, 0.63 with
-  four): the mean time between a link direction's consecutive chunk sends, beyond what the
+  reducing a gradient (rings at once share the cores: 0.2-0.3 ms with one here, 0.9-1.1
+  with four): the mean time between a link direction's consecutive chunk sends, beyond what the
   send cost and the receive lag measured above make of it, by the number of rings;
 - with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
   failover: one iteration in
