@@ -55,10 +55,11 @@ def test_fig18_order_in_emulated_runs() -> None:
 
     Why the two Adaptras' steps are compared at 30 ms only: after the swap both run the same
     ring, over the same delegates, with no slow DP link, so what tells them apart is the
-    pipeline (at 10 ms: 76-82 ms against 96-102, alone and beside two busy processes). The
-    ring after it takes 20-64 ms on 2 cores, so at 10 ms Adaptra's median step has come out
-    above Adaptra-CPU's alone here (129 against 124 ms) and in CI, while the median of 3
-    runs in bench_fig18 keeps the paper's order at every delay (BENCHMARKS.md, Fig. 18)."""
+    pipeline (medians at 10 ms: 75-82 ms against 96-102, alone and beside two busy
+    processes). The ring after it takes 20-64 ms on 2 cores, so at 10 ms Adaptra's median
+    step has come out above Adaptra-CPU's alone here (129 against 124 ms) and in CI, while
+    the median of 3 runs in bench_fig18 keeps the paper's order at every delay
+    (BENCHMARKS.md, Fig. 18)."""
     medians: dict[str, list[float]] = {}
     pipelines: dict[str, list[float]] = {}
     with RuntimeEngines() as engines:  # two pools: without delegates, with them
