@@ -26,7 +26,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the run directories here")
     args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="paper-figures-"))
+    if args.out is not None:
+        _compare(args.out)
+        return
+    with tempfile.TemporaryDirectory(prefix="paper-figures-") as scratch:  # none left behind
+        _compare(Path(scratch))
+
+
+def _compare(out: Path) -> None:
     summary, details = [], []
     for path in sorted(PRESETS.glob("*.yaml")):
         spec = load_spec(path)
