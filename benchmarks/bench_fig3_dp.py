@@ -32,7 +32,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the run directory here")
     args = parser.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="fig3-"))
+    if args.out is not None:
+        _compare(args.out)
+        return
+    with tempfile.TemporaryDirectory(prefix="fig3-") as scratch:  # none left behind
+        _compare(Path(scratch))
+
+
+def _compare(out: Path) -> None:
     spec = load_spec(PRESET)
     runs = read_csv_rows(
         run_experiment(spec, out / spec.name, progress=lambda _: None) / "runs.csv", RUNS_COLUMNS
