@@ -45,7 +45,7 @@ def _on_alarm(signum: int, frame: Any) -> None:
     raise _Timeout
 
 
-def _setup(tree: str) -> Any:
+def _setup(tree: str, scratch: str) -> Any:
     sys.path.insert(0, os.path.join(tree, "zerobubble"))
     try:
         import pulp  # noqa: F401
@@ -53,7 +53,6 @@ def _setup(tree: str) -> Any:
         stand_in = types.ModuleType("pulp")
         stand_in.value = lambda x: x  # type: ignore[attr-defined]
         sys.modules["pulp"] = stand_in
-    scratch = tempfile.mkdtemp(prefix="pipemorph-worker-")
     os.environ["OUT_DIR"] = scratch  # where their auto_schedule writes simu.txt
     os.environ.setdefault("MPLBACKEND", "Agg")
     import torch.distributed as dist
@@ -98,11 +97,15 @@ def _answer(module: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    tree = sys.argv[1]
+    with tempfile.TemporaryDirectory(prefix="pipemorph-worker-") as scratch:  # then removed
+        _serve(sys.argv[1], scratch)
+
+
+def _serve(tree: str, scratch: str) -> None:
     signal.signal(signal.SIGALRM, _on_alarm)
     out = sys.stdout
     try:
-        module = _setup(tree)
+        module = _setup(tree, scratch)
     except Exception as error:
         out.write(json.dumps({"ready": False, "error": repr(error)}) + "\n")
         out.flush()
