@@ -32,11 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the run directory here")
     args = parser.parse_args()
-    if args.out is not None:
-        _compare(args.out)
-        return
-    with tempfile.TemporaryDirectory(prefix="fig3-") as scratch:  # none left behind
-        _compare(Path(scratch))
+    with tempfile.TemporaryDirectory(prefix="fig3-") as scratch:  # removed: none left
+        _compare(args.out or Path(scratch))
 
 
 def _compare(out: Path) -> None:

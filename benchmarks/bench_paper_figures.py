@@ -26,11 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the run directories here")
     args = parser.parse_args()
-    if args.out is not None:
-        _compare(args.out)
-        return
-    with tempfile.TemporaryDirectory(prefix="paper-figures-") as scratch:  # none left behind
-        _compare(Path(scratch))
+    with tempfile.TemporaryDirectory(prefix="paper-figures-") as scratch:  # removed: none left
+        _compare(args.out or Path(scratch))
 
 
 def _compare(out: Path) -> None:
