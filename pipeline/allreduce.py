@@ -129,7 +129,7 @@ class _Ring:
     def __init__(self, stage: int, start_ms: Sequence[float], grad_bytes: int, bucket_bytes: int):
         num_replicas = len(start_ms)
         self.free = list(start_ms)
-        self.start_ms = max(start_ms, default=0.0)
+        self.start_ms = max(start_ms)
         """From here on every replica is in the ring: it runs."""
         self.peers = [(r, *ring_peer(stage, r, num_replicas)) for r in range(num_replicas)]
         self.steps = [

@@ -181,23 +181,25 @@ def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
     host = HostCosts(
         send_ms_by_bytes=CostCurve.line(0.2), receive_lag_ms_by_bytes=CostCurve.line(0.3)
     )
-    steps = []
-    for num_stages in (1, 2):
-        profile = Profile.uniform(num_stages, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=2000,
-                                  dp_bucket_bytes=1000)  # fmt: skip
-        timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=host)
-        steps.append(timeline.iterations[0].step_time_ms)
+    profiles = {
+        num_stages: Profile.uniform(num_stages, 2, 1, 1, 1, num_replicas=2,
+                                    allreduce_bytes=2000, dp_bucket_bytes=1000)
+        for num_stages in (1, 2)
+    }  # fmt: skip
+    timelines = {
+        num_stages: simulate(one_f_one_b(profile), profile, CommMode.DIRECT, host=host)
+        for num_stages, profile in profiles.items()
+    }
     # 2 buckets x 2 ring steps, each a send (0.2 ms) and the receiver's lag (0.3 ms).
+    steps = [timeline.iterations[0].step_time_ms for timeline in timelines.values()]
     assert steps == [pytest.approx(2.0), pytest.approx(2.0)]
     # The ring's own lag, per step too, by the rings running at once (one, on one stage).
-    alone = Profile.uniform(1, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=2000,
-                            dp_bucket_bytes=1000)  # fmt: skip
+    alone = profiles[1]
     by_rings = CostCurve(((1, 0.25), (2, 0.5)))
     ringed = dataclasses.replace(host, ring_lag_ms_by_rings=by_rings)
     with_lag = simulate(one_f_one_b(alone), alone, CommMode.DIRECT, host=ringed)
     assert with_lag.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * 0.25)
-    plain = simulate(one_f_one_b(alone), alone, CommMode.DIRECT, host=host)
-    assert with_lag.ops == plain.ops  # the pipeline's messages do not pay it
+    assert with_lag.ops == timelines[1].ops  # the pipeline's messages do not pay it
     delegated = CostCurve(((1, 1.0), (2, 2.0)))
     over_delegates = dataclasses.replace(ringed, delegated_ring_lag_ms_by_rings=delegated)
     for comm, lag_ms in ((CommMode.DIRECT, 0.25), (CommMode.DELEGATED, 1.0)):
