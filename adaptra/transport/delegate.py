@@ -43,6 +43,7 @@ import ctypes
 import errno
 import mmap
 import os
+import select
 import selectors
 import signal
 import socket
@@ -527,7 +528,9 @@ def run_receiver(
     while True:
         for key, _ in selector.select():
             if key.fileobj == control:
-                if not map_from_control():
+                # Not if a message that came before its map has taken that job meanwhile (in
+                # this batch of events): its pipe is empty then, and a read would block.
+                if _readable(control) and not map_from_control():
                     return
             elif key.fileobj in listeners:
                 sock, _ = key.fileobj.accept()  # type: ignore[union-attr]
@@ -613,12 +616,15 @@ def _receive(wire: TcpWire, target: memoryview) -> int | None:
         return None
 
 
+def _readable(fd: int, timeout_s: float = 0.0) -> bool:
+    """Whether a read of `fd` would not block (data in, or its other end closed)."""
+    readable, _, _ = select.select([fd], [], [], timeout_s)
+    return bool(readable)
+
+
 def _control_closed(control: int) -> bool:
     """Whether the trainer closed this delegate's pipe too (the run ended: not a failure)."""
-    import select
-
-    readable, _, _ = select.select([control], [], [], 0.2)
-    return bool(readable) and not os.read(control, 1)
+    return _readable(control, 0.2) and not os.read(control, 1)
 
 
 def main(argv: list[str]) -> None:
