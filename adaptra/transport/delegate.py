@@ -15,7 +15,9 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
   reports the port on its notify pipe, accepts its sender delegate (both then report that
   they are ready), and receives each message straight into the receiving trainer's slot file
   (the slot of its sequence number), then reports it with when its last byte came in. "map"
-  jobs on its pipe say which slot file and slot size the coming messages use.
+  jobs on its pipe say which slot file and slot size the coming messages use; a message that
+  comes before the map of its file (the sizes in its header tell) is received into memory
+  of its own and reported once the map is in.
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
@@ -70,7 +72,8 @@ RESUME = struct.Struct("<q")
 """A receiver's answer to a hello: the number of the last message it got whole (-1: none)."""
 NOTE = struct.Struct("<iqiiqqddi")
 """kind, iteration, microbatch (FAILOVER: its cause), seq (FAILOVER: the first seq sent again,
--1 if none), offset or port (FAILOVER: the NIC left), nbytes (FAILOVER: the NIC taken), time 1
+-1 if none), offset or port (FAILOVER: the NIC left), nbytes (FAILOVER: the NIC taken; a
+sender's READY: the NIC it connected over), time 1
 (FAILOVER: noticed), time 2 (FAILOVER: the connection taken over, after what it sent again),
 pid."""
 
@@ -85,6 +88,10 @@ receiver's netlink said the receiver's NIC went down (a notice over the manageme
 
 CONNECT_TIMEOUT_S = 5.0
 """How long a connect and its hello may take on a NIC before that NIC counts as failed too."""
+START_REPLY_TIMEOUT_S = 60.0
+"""How long a sender's first connection waits for its receiver's answer once TCP has
+connected (the NIC works): at a pool's start, hundreds of delegates start at once, and a
+receiver may not run for seconds on a loaded host; that is no NIC failure."""
 
 _PR_SET_PDEATHSIG = 1
 _TCP_USER_TIMEOUT = 18  # linux/tcp.h
@@ -254,11 +261,12 @@ class _Sender:
         self.wire: TcpWire | None = None
         self.num_connections = 0
 
-    def connect(self) -> int:
+    def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
         fails too), or if all have, over each again (a repair on the far side, with its
-        notices off, goes unseen): the receiver's resume point. ConnectionRefusedError if
-        every NIC refused (the receiver is gone), ConnectionError if none connects."""
+        notices off, goes unseen): the receiver's resume point, which it must send within
+        `reply_timeout_s` of the TCP connection. ConnectionRefusedError if every NIC refused
+        (the receiver is gone), ConnectionError if none connects."""
         nics = range(len(self.peers))
         refused = True
         for nic in [k for k in nics if k not in self.failed] or nics:
@@ -269,6 +277,7 @@ class _Sender:
                 wire = TcpWire.connect(
                     self.sources[nic], self.peers[nic], self.port, self.timeout_ms
                 )
+                wire.blocking(reply_timeout_s)
                 wire.send(hello, memoryview(b""))
                 (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
             except OSError as err:
@@ -305,10 +314,10 @@ def run_sender(
     """`notice_peer`: the receiver's management-plane address, for its notices ("": none)."""
     slots = _SlotFile()
     link = _Sender(port, peers, sources, ifnames, timeout_ms)
-    link.connect()
+    link.connect(START_REPLY_TIMEOUT_S)
     notices = _notice_connection(notice_peer, port) if notice_peer else None
     pid = os.getpid()
-    _note(notify, READY, 0, 0, 0, port, 0, 0.0, 0.0, pid)
+    _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
     watch = _LinkWatch() if any(link.indices) else None
     retained: list[_Message] = []
     """This iteration's messages so far, to send again after a failover (an iteration's
@@ -461,6 +470,10 @@ def _wait_for_the_end(control: int) -> None:
             pass
 
 
+_Header = tuple[int, int, int, int, int, int, int]
+"""A message's HEADER fields."""
+
+
 class _Inbox:
     """A receiver's connection and the message it is reading from it."""
 
@@ -469,8 +482,11 @@ class _Inbox:
         self.header = bytearray(HEADER.size)
         self.got = 0
         """Bytes in of the header, then of the payload."""
-        self.message: tuple[int, int, int, int, int, int, int] | None = None
+        self.message: _Header | None = None
         """Its header's fields once they are in."""
+        self.early: bytearray | None = None
+        """Its payload, if it came before the map of its slot file (else it goes straight
+        into its slot)."""
 
 
 def _listen(addresses: list[str]) -> list[socket.socket]:
@@ -517,21 +533,40 @@ def run_receiver(
     """The number of the newest connection taken (an older one's hello may come late)."""
     inbox: _Inbox | None = None
     ready = False
+    waiting: list[tuple[_Header, bytearray, float]] = []
+    """Messages in whole before the map of their slot file (header, payload, when in)."""
 
-    def map_from_control() -> bool:
-        try:
-            slots.map_job(JOB.unpack(_read_exactly(control, JOB.size)))
-        except EOFError:
-            return False
-        return True
+    def mapped(message: _Header) -> bool:
+        """Whether the slot file mapped is the one `message` goes into (its sizes)."""
+        *_, slot_bytes, file_bytes = message
+        return (slots.slot_bytes, len(slots.view)) == (slot_bytes, file_bytes)
 
+    def arrived(
+        message: _Header,
+        early: bytearray | None,
+        arrived_s: float,
+    ) -> None:
+        """Into its slot (unless it was received there), and reported."""
+        iteration, microbatch, seq, nbytes, _, _, _ = message
+        offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
+        if early is not None:
+            slots.view[offset : offset + nbytes] = early
+        _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
+
+    # It never blocks on one source: a message whose map is late is read on (into memory of
+    # its own), or its sender's wire would fill and break by TCP's user timeout (a failover
+    # with no fault), and a wait for the map in the middle of a batch of events would leave
+    # the job pipe's event stale (a read of the empty pipe: a hang).
     while True:
         for key, _ in selector.select():
             if key.fileobj == control:
-                # Not if a message that came before its map has taken that job meanwhile (in
-                # this batch of events): its pipe is empty then, and a read would block.
-                if _readable(control) and not map_from_control():
+                try:
+                    slots.map_job(JOB.unpack(_read_exactly(control, JOB.size)))
+                except EOFError:
                     return
+                for header, payload, arrived_s in [w for w in waiting if mapped(w[0])]:
+                    arrived(header, payload, arrived_s)
+                waiting[:] = [w for w in waiting if not mapped(w[0])]
             elif key.fileobj in listeners:
                 sock, _ = key.fileobj.accept()  # type: ignore[union-attr]
                 wire = TcpWire(sock)
@@ -569,8 +604,11 @@ def run_receiver(
                 if inbox.message is None:
                     with memoryview(inbox.header)[inbox.got :] as rest:
                         count = _receive(inbox.wire, rest)
+                elif inbox.early is not None:
+                    with memoryview(inbox.early)[inbox.got :] as rest:
+                        count = _receive(inbox.wire, rest)
                 else:
-                    iteration, microbatch, seq, nbytes, number, _, _ = inbox.message
+                    _, _, seq, nbytes, _, _, _ = inbox.message
                     offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
                     start = offset + inbox.got
                     with slots.view[start : offset + nbytes] as rest:  # released: remappable
@@ -590,22 +628,22 @@ def run_receiver(
                         continue
                     inbox.message = HEADER.unpack(inbox.header)
                     inbox.got = 0
-                    *_, slot_bytes, file_bytes = inbox.message
-                    while (slots.slot_bytes, len(slots.view)) != (slot_bytes, file_bytes):
-                        if not map_from_control():  # its slot file is on the way
-                            return
-                    if inbox.message[3] > 0:
+                    nbytes = inbox.message[3]
+                    inbox.early = None if mapped(inbox.message) else bytearray(nbytes)
+                    if nbytes > 0:
                         continue
-                iteration, microbatch, seq, nbytes, number, _, _ = inbox.message
-                if inbox.got < nbytes:
+                message, early = inbox.message, inbox.early
+                number = message[4]
+                if inbox.got < message[3]:
                     continue
-                inbox.message, inbox.got = None, 0
+                inbox.message, inbox.early, inbox.got = None, None, 0
                 if number <= last:  # sent again after a failover, and in already
                     continue
                 last = number
-                offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
-                _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes,
-                      time.monotonic(), 0.0, pid)  # fmt: skip
+                if early is None or mapped(message):
+                    arrived(message, early, time.monotonic())
+                else:  # its slot file is on the way
+                    waiting.append((message, early, time.monotonic()))
 
 
 def _receive(wire: TcpWire, target: memoryview) -> int | None:
@@ -616,15 +654,10 @@ def _receive(wire: TcpWire, target: memoryview) -> int | None:
         return None
 
 
-def _readable(fd: int, timeout_s: float = 0.0) -> bool:
-    """Whether a read of `fd` would not block (data in, or its other end closed)."""
-    readable, _, _ = select.select([fd], [], [], timeout_s)
-    return bool(readable)
-
-
 def _control_closed(control: int) -> bool:
     """Whether the trainer closed this delegate's pipe too (the run ended: not a failure)."""
-    return _readable(control, 0.2) and not os.read(control, 1)
+    readable, _, _ = select.select([control], [], [], 0.2)
+    return bool(readable) and not os.read(control, 1)
 
 
 def main(argv: list[str]) -> None:

@@ -447,8 +447,10 @@ class DelegateTransport:
         self._wait_ready(started, setup.timeout_s)
 
     def rewire(self, setup: DelegateSetup) -> None:
-        peers = {**dict(setup.inbound), **dict(setup.outbound)}
-        for sides in (self._inbound, self._outbound):
+        # Per side: a worker may now send where it received, to the same peer (its partner's
+        # and its own swaps undone in one step), and then needs a sender side, not the old one.
+        for sides, wanted in ((self._inbound, setup.inbound), (self._outbound, setup.outbound)):
+            peers = dict(wanted)
             for direction in [d for d, side in sides.items() if peers.get(d) != side.peer]:
                 sides.pop(direction).close()
         try:
@@ -471,8 +473,11 @@ class DelegateTransport:
         deadline = time.monotonic() + timeout_s
         for side in sides:
             for process in side.delegates:
-                if _read_note(process, deadline)[0] != READY:
+                kind, *_, nic, _, _, _ = _read_note(process, deadline)
+                if kind != READY:
                     raise ConnectionError(f"the {process.name} did not connect")
+                if isinstance(side, _Outbound):  # a NIC that failed to answer is left
+                    side.nic_of[process.index] = nic
 
     @property
     def pids(self) -> list[int]:

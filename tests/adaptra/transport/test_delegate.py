@@ -23,8 +23,8 @@ SLOT_BYTES, NUM_SLOTS = 8, 2
 
 @pytest.fixture
 def receiver() -> Iterator[tuple[_Process, socket.socket, _SlotFile]]:
-    """A receiver delegate on loopback, connected to the test as its sender, and its
-    trainer's slot file (not yet handed to it)."""
+    """A receiver delegate on loopback, connected to the test as its sender, and a slot file
+    of the test's, its trainer's (not yet handed to it: `_SlotFile.ensure` it first)."""
     folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     slots = _SlotFile("test", folder)
     process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
@@ -37,7 +37,6 @@ def receiver() -> Iterator[tuple[_Process, socket.socket, _SlotFile]]:
         sender.sendall(HEADER.pack(-1, 0, -1, HELLO, 1, 0, 0))
         assert RESUME.unpack(sender.recv(RESUME.size, socket.MSG_WAITALL)) == (-1,)
         assert _read_note(process, deadline)[0] == READY
-        slots.ensure(NUM_SLOTS, SLOT_BYTES)
         yield process, sender, slots
     finally:
         os.kill(process.process.pid, signal.SIGCONT)
@@ -46,6 +45,18 @@ def receiver() -> Iterator[tuple[_Process, socket.socket, _SlotFile]]:
         process.close()
         slots.close()
         os.rmdir(folder)
+
+
+def _arrival(process: _Process) -> tuple[int, int, int, int, int, int]:
+    """(kind, iteration, microbatch, seq, offset, bytes) of its next note."""
+    kind, iteration, microbatch, seq, offset, nbytes, *_ = _read_note(
+        process, time.monotonic() + 30
+    )
+    return kind, iteration, microbatch, seq, offset, nbytes
+
+
+def _slot(slots: _SlotFile, offset: int, nbytes: int) -> bytes:
+    return bytes(slots.tensor(offset, torch.empty(nbytes, dtype=torch.uint8)).tolist())
 
 
 def _wait_stopped(pid: int) -> None:
@@ -64,6 +75,7 @@ def test_a_message_whose_map_comes_in_the_same_batch_of_events_is_received(
     returns both: the pipe's event, stale by then, must not make it read the empty pipe (it
     blocked there for good, and the message was never reported: a CI hang of Fig. 18)."""
     process, sender, slots = receiver
+    slots.ensure(NUM_SLOTS, SLOT_BYTES)
     payload = bytes(range(10, 10 + SLOT_BYTES))
     seq = 1
     os.kill(process.process.pid, signal.SIGSTOP)  # both events come while it is stopped
@@ -75,10 +87,47 @@ def test_a_message_whose_map_comes_in_the_same_batch_of_events_is_received(
         process.write(slots.map_job())
     finally:
         os.kill(process.process.pid, signal.SIGCONT)
-    kind, iteration, microbatch, got_seq, offset, nbytes, *_ = _read_note(
-        process, time.monotonic() + 30
+    assert _arrival(process) == (ARRIVED, 0, 3, seq, seq * SLOT_BYTES, SLOT_BYTES)
+    assert _slot(slots, seq * SLOT_BYTES, SLOT_BYTES) == payload
+
+
+def test_a_message_long_before_its_map_is_read_on_and_lands_in_its_slot(
+    receiver: tuple[_Process, socket.socket, _SlotFile],
+) -> None:
+    """A message larger than the socket buffers of both ends, whose map comes only after
+    all of it was sent: the receiver reads it on (had it waited for the map, the sender's
+    `sendall` could not end, and a delegate's would break by TCP's user timeout: a
+    failover with no fault), then puts it into its slot once the map is in."""
+    process, sender, slots = receiver
+    num_bytes = 32 << 20
+    slots.ensure(1, num_bytes)
+    payload = torch.randint(
+        0, 256, (num_bytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
-    assert (kind, iteration, microbatch, got_seq) == (ARRIVED, 0, 3, seq)
-    assert (offset, nbytes) == (seq * SLOT_BYTES, SLOT_BYTES)
-    like = torch.empty(SLOT_BYTES, dtype=torch.uint8)
-    assert bytes(slots.tensor(offset, like).tolist()) == payload
+    sender.sendall(HEADER.pack(4, 0, 0, num_bytes, 0, num_bytes, num_bytes))
+    sender.sendall(payload.numpy().tobytes())  # the socket's 30 s timeout: no reader, no end
+    process.write(slots.map_job())
+    assert _arrival(process) == (ARRIVED, 4, 0, 0, 0, num_bytes)
+    assert torch.equal(slots.tensor(0, payload), payload)
+
+
+def test_a_sender_reports_the_nic_it_connected_over() -> None:
+    """A sender delegate whose receiver does not listen on NIC 0's address (refused) starts
+    over NIC 1 and says so in its READY note: its trainer must not believe it on NIC 0 (a
+    later fault of NIC 0 would then be no failover of it)."""
+    receiver = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
+    sender = None
+    try:
+        deadline = time.monotonic() + 30
+        kind, *_, port, _, _, _, _ = _read_note(receiver, deadline)
+        assert kind == PORT
+        peers = "127.0.0.2,127.0.0.1"  # NIC 0's address has no listener
+        args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", ""]
+        sender = _Process("send", 0, LinkDirection("0-1", "forward"), args)
+        kind, *_, nic, _, _, _ = _read_note(sender, deadline)
+        assert (kind, nic) == (READY, 1)
+        assert _read_note(receiver, deadline)[0] == READY
+    finally:
+        for process in (sender, receiver):
+            if process is not None:
+                process.close()

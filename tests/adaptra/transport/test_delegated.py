@@ -3,17 +3,24 @@ processes (emulated compute), which carry them over TCP between shared-memory sl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import queue
 import signal
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 from adaptra.transport import Delegates
+from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
 
 pytestmark = pytest.mark.multiprocess
@@ -121,3 +128,50 @@ def test_every_engine_runs_the_delegate_count_of_the_papers_rule() -> None:
     with emulated_engine(2, delegates=Delegates(), timeout_s=20) as engine:
         engine.run(plan, 0, faults.at(0, profile.topology))
         assert [len(pids) for pids in engine.delegate_pids] == [2 * 3, 2 * 3]
+
+
+def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> None:
+    """Two trainers' delegate transports (each wired in a thread, as two workers at once):
+    A receives link direction d from B; then, as when a worker and its partner's swaps are
+    undone in one step, A sends d to B: each must drop its old side of d (same peer, other
+    role) and carry the message over new delegates."""
+    d = LinkDirection("0-1", "forward")
+    ports: queue.Queue[dict[LinkDirection, list[int]]] = queue.Queue()
+
+    def exchange(
+        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, list[int]]:
+        if mine:  # the receiving side's ports, to the sending side's wiring
+            ports.put(mine)
+        return ports.get(timeout=30.0) if wanted else {}
+
+    def carry(sender: DelegateTransport, receiver: DelegateTransport, value: float) -> None:
+        for transport in (sender, receiver):
+            transport.begin_iteration({d: (1, 64)})
+        message = Message(0, ACTIVATION, 0, 0)
+        buffer = torch.zeros(16)
+        pending = receiver.post_receive(d, message, buffer)
+        sender.send(d, message, torch.full((16,), value), fault_ms=0.0)
+        pending.wait(30.0)
+        assert [r.direction for r in sender.finish_iteration(0)] == [d]
+        assert torch.equal(buffer, torch.full((16,), value))
+
+    with contextlib.ExitStack() as stack:
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
+        other = stack.enter_context(ThreadPoolExecutor(1))
+
+        def setup(rank: int, inbound: tuple, outbound: tuple) -> DelegateSetup:
+            return DelegateSetup(rank, folder, inbound, outbound, 1, 30.0, exchange)
+
+        wiring = other.submit(Delegates().connect, setup(0, ((d, 1),), ()))
+        b = Delegates().connect(setup(1, (), ((d, 0),)))
+        stack.callback(b.close)
+        a = wiring.result()
+        stack.callback(a.close)
+        carry(b, a, 1.0)
+        rewired = other.submit(b.rewire, setup(1, ((d, 0),), ()))
+        a.rewire(setup(0, (), ((d, 1),)))
+        rewired.result()
+        carry(a, b, 2.0)
+        assert len(a.pids) == len(b.pids) == 1  # the old sides' delegates are gone
