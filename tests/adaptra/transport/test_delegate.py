@@ -21,22 +21,31 @@ from pipeline.runtime.transport import LinkDirection
 SLOT_BYTES, NUM_SLOTS = 8, 2
 
 
+def _start_receiver() -> tuple[_Process, int]:
+    """A receiver delegate listening on 127.0.0.1, and its port."""
+    process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
+    try:
+        kind, *_, port, _, _, _, _ = _read_note(process, time.monotonic() + 30)
+        assert kind == PORT
+    except BaseException:
+        process.close()
+        raise
+    return process, port
+
+
 @pytest.fixture
 def receiver() -> Iterator[tuple[_Process, socket.socket, _SlotFile]]:
     """A receiver delegate on loopback, connected to the test as its sender, and a slot file
     of the test's, its trainer's (not yet handed to it: `_SlotFile.ensure` it first)."""
     folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     slots = _SlotFile("test", folder)
-    process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
+    process, port = _start_receiver()
     sender = None
     try:
-        deadline = time.monotonic() + 30
-        kind, *_, port, _, _, _, _ = _read_note(process, deadline)
-        assert kind == PORT
         sender = socket.create_connection(("127.0.0.1", port), timeout=30)
         sender.sendall(HEADER.pack(-1, 0, -1, HELLO, 1, 0, 0))
         assert RESUME.unpack(sender.recv(RESUME.size, socket.MSG_WAITALL)) == (-1,)
-        assert _read_note(process, deadline)[0] == READY
+        assert _read_note(process, time.monotonic() + 30)[0] == READY
         yield process, sender, slots
     finally:
         os.kill(process.process.pid, signal.SIGCONT)
@@ -115,12 +124,10 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
     """A sender delegate whose receiver does not listen on NIC 0's address (refused) starts
     over NIC 1 and says so in its READY note: its trainer must not believe it on NIC 0 (a
     later fault of NIC 0 would then be no failover of it)."""
-    receiver = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
+    receiver, port = _start_receiver()
     sender = None
     try:
         deadline = time.monotonic() + 30
-        kind, *_, port, _, _, _, _ = _read_note(receiver, deadline)
-        assert kind == PORT
         peers = "127.0.0.2,127.0.0.1"  # NIC 0's address has no listener
         args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", ""]
         sender = _Process("send", 0, LinkDirection("0-1", "forward"), args)
