@@ -125,6 +125,10 @@ class _SlotFile:
         self.path, self.view, self.slot_bytes = "", memoryview(b""), 0
         self._map: mmap.mmap | None = None
 
+    def offset(self, seq: int) -> int:
+        """Where message `seq`'s slot starts (the trainer's `_SlotFile.offset`)."""
+        return (seq * self.slot_bytes) % max(len(self.view), 1)
+
     def map(self, path: str, size: int, slot_bytes: int) -> None:
         if path != self.path or size != len(self.view):
             self.view.release()
@@ -548,7 +552,7 @@ def run_receiver(
     ) -> None:
         """Into its slot (unless it was received there), and reported."""
         iteration, microbatch, seq, nbytes, _, _, _ = message
-        offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
+        offset = slots.offset(seq)
         if early is not None:
             slots.view[offset : offset + nbytes] = early
         _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
@@ -609,7 +613,7 @@ def run_receiver(
                         count = _receive(inbox.wire, rest)
                 else:
                     _, _, seq, nbytes, _, _, _ = inbox.message
-                    offset = (seq * slots.slot_bytes) % max(len(slots.view), 1)
+                    offset = slots.offset(seq)
                     start = offset + inbox.got
                     with slots.view[start : offset + nbytes] as rest:  # released: remappable
                         count = _receive(inbox.wire, rest)
