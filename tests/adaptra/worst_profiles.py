@@ -22,3 +22,14 @@ WORST_STRAGGLER = Profile(
     t_w_ms=(16.0, 20.0, 17.0, 11.0, 10.0, 10.0, 11.0, 13.0),
     delay_ms=(0.0, 0.0, 60.0, 0.0, 0.0, 0.0, 60.0),
 )
+
+# "straggler S=8 slow=1" at 50 ms on the last link: the bound before per-rank release times
+# gave 1269 ms here; the optimum, which the default call finds, is 1336 ms.
+LATE_LAST_STAGE = Profile(
+    num_stages=8,
+    num_microbatches=24,
+    t_f_ms=(18.0, 20.0, 13.0, 12.0, 16.0, 14.0, 10.0, 10.0),
+    t_b_ms=(15.0, 14.0, 14.0, 17.0, 10.0, 19.0, 20.0, 17.0),
+    t_w_ms=(15.0, 10.0, 16.0, 11.0, 16.0, 10.0, 19.0, 12.0),
+    delay_ms=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 50.0),
+)
