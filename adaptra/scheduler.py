@@ -19,33 +19,42 @@ __all__ = [
     "DEFAULT_SEARCH_OPS",
     "EXACT_AUTO_MAX_OPS",
     "EXACT_AUTO_TIME_LIMIT_S",
+    "MAX_CANDIDATES_BEFORE_EXACT",
     "AdaptraPlan",
     "plan_adaptra",
     "plan_initial",
     "starts",
 ]
 
-DEFAULT_SEARCH_OPS = 128_000
+DEFAULT_SEARCH_OPS = 1_000_000
 """Ops the default search may time in all (a candidate costs 3 S N, about 1 us each in
-`time_policy`): 166 candidates at S=8, N=32 (about 120 ms when the search runs out of
-budget), 222 at S=8, N=24; a search whose incumbent meets the lower bound
-(`adaptra.bounds`) stops before, which on the benchmark's (8, 32) profiles makes the median
-call 1-2 ms. The starts (`starts`) and their exact warm-up twins are timed whatever the
-budget. With 32,000 ops the straggler grid's S=8 max gap was 0.837 %, with 128,000 0.531 %
-(the kicks of `adaptra.search` are what the budget buys: BENCHMARKS.md)."""
+`time_policy`): 1,302 candidates at S=8, N=32 (about 0.9 s when the search runs out of
+budget), 1,736 at S=8, N=24. A search whose incumbent meets the lower bound
+(`adaptra.bounds`, which equals the proven optimum on every S >= 6 profile of the quality
+benchmark) stops there: the median (8, 32) call of the benchmarks is 1-2 ms, and only a
+profile whose optimum the search has not reached spends the whole budget. The starts
+(`starts`) and their exact warm-up twins are timed whatever the budget. With 128,000 ops the
+max gap over the benchmarks' S >= 6 profiles was 0.571 %, with 512,000 0.571 %, with
+1,000,000 0.379 % (BENCHMARKS.md)."""
 
-DEFAULT_MAX_CANDIDATES = 240
-"""And at most this many candidates, whatever their size: small problems (up to 150 ops)
-get CP-SAT after the search, and their candidates are cheap, so an ops budget alone would
-time thousands of them first (2,370 at S=3, N=6)."""
+DEFAULT_MAX_CANDIDATES = 2000
+"""And at most this many candidates, whatever their size: the ops budget alone would let a
+small problem time tens of thousands (41,666 at S=2, N=4), each a few us, where the search
+has long run out of new policies."""
+
+MAX_CANDIDATES_BEFORE_EXACT = 240
+"""Where CP-SAT follows the search (see EXACT_AUTO_MAX_OPS), at most this many candidates:
+the solver proves such a problem's optimum in tens of ms."""
 
 EXACT_AUTO_MAX_OPS = 150
 EXACT_AUTO_TIME_LIMIT_S = 0.5
 """Up to 150 ops (e.g. S=4, N=12) CP-SAT proves the optimum in tens of ms on 2 cores, so the
 default call adds an exact solve there, warm-started from the heuristic, within 0.5 s, unless
-the heuristic already meets the lower bound. Larger problems get none by default: the
-oracle controller re-plans at every change of the delays, and a solve of 0.5-1 s each would
-cost more than the gap it closes (at most 0.84 % on the quality benchmark)."""
+the heuristic already meets the lower bound. Larger problems get none by default: there the
+search's budget closes more than a solve of the same time (on the S=8 profiles of the
+quality benchmark that the search with 128,000 ops left above the optimum, CP-SAT within 1 s
+proved 14 of 27 optima and left the issue's profile at 3347 ms; the full budget reaches its
+3328 ms optimum and all but 14 others)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,7 +81,8 @@ def plan_adaptra(
     exact_time_limit_s: float | None = None,
 ) -> AdaptraPlan:
     """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
-    in-flight caps within `search_ops` and `max_candidates`, from the plan and the
+    in-flight caps within `search_ops` and `max_candidates` (MAX_CANDIDATES_BEFORE_EXACT
+    where CP-SAT follows), from the plan and the
     published rules (`starts`), and the generator; the ZeroBubble heuristic's order at the
     profile's delays where it is faster; then, unless a candidate meets the lower bound
     (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` (None: only for
@@ -83,11 +93,16 @@ def plan_adaptra(
     x_cap = _warmup_cap(profile, plan)
     num_ops = 3 * profile.num_stages * profile.num_microbatches
     lower_bound_ms = iteration_lower_bound_ms(profile)
+    if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
+        exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
+    max_candidates = min(search_ops // num_ops, max_candidates)
+    if exact_time_limit_s:
+        max_candidates = min(max_candidates, MAX_CANDIDATES_BEFORE_EXACT)
     found = search_policy(
         profile,
         starts(profile, plan),
         x_cap=x_cap,
-        max_candidates=min(search_ops // num_ops, max_candidates),
+        max_candidates=max_candidates,
         lower_bound_ms=lower_bound_ms,
     )
     schedule, time_ms = found.timing.schedule(), found.iteration_time_ms
@@ -97,8 +112,6 @@ def plan_adaptra(
         zb_ms = simulate(zb, profile, CommMode.IDEAL, validate=False).iterations[0].end_ms
         if zb_ms < time_ms - 1e-9:
             schedule, time_ms, method = zb, zb_ms, "zb-heuristic"
-    if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
-        exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
     if not exact_time_limit_s or time_ms <= lower_bound_ms + 1e-9:  # nothing left to prove
         return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)
     from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used

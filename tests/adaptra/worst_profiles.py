@@ -33,3 +33,14 @@ LATE_LAST_STAGE = Profile(
     t_w_ms=(15.0, 10.0, 16.0, 11.0, 16.0, 10.0, 19.0, 12.0),
     delay_ms=(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 50.0),
 )
+
+# "straggler S=8 slow=2" at 60 ms on links 0-1 and 3-4: the default call's worst gap with
+# 128,000 ops to search (1326 ms against the 1319 ms optimum, 0.53 %); 1324 ms with 1,000,000.
+WORST_GAP_2026_12 = Profile(
+    num_stages=8,
+    num_microbatches=24,
+    t_f_ms=(10.0, 17.0, 20.0, 15.0, 11.0, 14.0, 18.0, 10.0),
+    t_b_ms=(12.0, 11.0, 15.0, 17.0, 15.0, 17.0, 13.0, 16.0),
+    t_w_ms=(12.0, 16.0, 11.0, 16.0, 18.0, 15.0, 12.0, 12.0),
+    delay_ms=(60.0, 0.0, 0.0, 60.0, 0.0, 0.0, 0.0),
+)
