@@ -135,16 +135,20 @@ class WorkerPool:
         self.close()
 
     def start(self) -> None:
-        self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
-        init_file = str(Path(self._tmpdir) / "rendezvous")
-        # The delegates' slot files: in memory where there is /dev/shm, else with the rest;
-        # the pool's own, so close() removes them whatever happened to the workers.
-        memory = os.path.isdir("/dev/shm") and self.delegates is not None
-        self._slot_dir = (
-            tempfile.mkdtemp(prefix="adaptra-slots-", dir="/dev/shm") if memory else self._tmpdir
-        )
+        if self._processes or self._tmpdir is not None:
+            raise RuntimeError("the worker pool is already running (close it before a restart)")
         self._busy = True
-        try:
+        try:  # from the first folder on: a signal at any point leaves nothing behind
+            self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
+            init_file = str(Path(self._tmpdir) / "rendezvous")
+            # The delegates' slot files: in memory where there is /dev/shm, else with the
+            # rest; the pool's own, so close() removes them whatever happened to the workers.
+            memory = os.path.isdir("/dev/shm") and self.delegates is not None
+            self._slot_dir = (
+                tempfile.mkdtemp(prefix="adaptra-slots-", dir="/dev/shm")
+                if memory
+                else self._tmpdir
+            )
             for rank in range(self.num_ranks):
                 parent, child = multiprocessing.get_context("spawn").Pipe()
                 args = (

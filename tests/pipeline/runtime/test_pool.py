@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -448,8 +449,18 @@ def test_a_clean_close_ends_every_worker_by_itself() -> None:
     assert pool.exit_codes == [0, 0, 0, 0]
     assert not any(_alive(pid) for pid in pids)
     pool.start()  # a pool starts again after a close, and ends the same way
+    started = _pool_folders()
+    with pytest.raises(RuntimeError, match="already running"):
+        pool.start()  # not over a running pool: its workers and folders would be lost
+    assert _pool_folders() == started and len(pool.pids) == 4
     pool.close()
     assert pool.exit_codes == [0, 0, 0, 0]
+    assert not any(_alive(pid) for pid in pool.pids)
+    assert _pool_folders() < started  # its rendezvous folder is gone
+
+
+def _pool_folders() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("adaptra-pool-*")}
 
 
 def test_a_closed_pool_says_so() -> None:
