@@ -21,6 +21,10 @@ pytestmark = [
 ]
 
 MIB = 1 << 20
+_MEASURED = 5
+"""Iterations measured after a warm-up: their median stands beside a busy neighbour that
+delays the wire's process through one or two of them (with two measured, one such iteration
+once moved a median from 180 to 428 ms beside another test's workers)."""
 
 
 def _assert_delayed_alike(
@@ -49,7 +53,7 @@ def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
                 compute_metrics(
                     pool.run_iteration(IterationConfig(i, schedule, profile)), i
                 ).iteration_time_ms
-                for i in range(3)
+                for i in range(1 + _MEASURED)
             ]
     capped = Profile.uniform(2, 4, 5, 5, 5, message_bytes=MIB, link_bandwidth_gbps=0.1)
     predicted = compute_metrics(simulate(schedule, capped, CommMode.DIRECT)).iteration_time_ms
@@ -72,7 +76,7 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
             compute_metrics(
                 pool.run_iteration(IterationConfig(i, schedule, hook_profile)), i
             ).iteration_time_ms
-            for i in range(first, first + 3)
+            for i in range(first, first + 1 + _MEASURED)
         ]
         return statistics.median(times[1:])
 
