@@ -44,7 +44,6 @@ import io
 import json
 import math
 import os
-import random
 import select
 import statistics
 import subprocess
@@ -54,14 +53,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_scheduler_quality import paper_grid, straggler_grid
+from bench_scheduler_quality import issue_profile, paper_grid, straggler_grid, sweep_profiles
 
 from adaptra.scheduler import plan_adaptra
 from harness.results import write_csv_atomic
 from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.sampling import random_profile
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.simulator import CommMode, simulate
 
@@ -69,25 +67,6 @@ BRANCHES = ("main", "simulator_new", "AE", "extended_experiments")
 PER_LINK_BRANCHES = frozenset({"extended_experiments"})
 """Branches whose auto_schedule takes one delay per delayed link (the others take one)."""
 WORKER = Path(__file__).with_name("pipemorph_worker.py")
-
-
-def issue_profile() -> list[tuple[str, Profile]]:
-    delays = (0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0)
-    profile = random_profile(random.Random(42), 8, 32, low_ms=20, high_ms=40, delay_ms=delays)
-    return [("issue S=8 N=32 seed 42, 20 ms on link 3", profile)]
-
-
-def sweep_profiles(num_seeds: int) -> list[tuple[str, Profile]]:
-    cases = []
-    for seed in range(num_seeds):
-        rng = random.Random(f"peers-sweep-{seed}")
-        slow = rng.sample(range(7), rng.randint(1, 2))
-        delays = [0.0] * 7
-        for link in slow:
-            delays[link] = float(rng.randint(10, 60))
-        profile = random_profile(rng, 8, 32, low_ms=20, high_ms=40, delay_ms=delays)
-        cases.append(("sweep S=8 N=32 1-2 slow links 10-60 ms", profile))
-    return cases
 
 
 def extract_trees(git_dir: Path, out_dir: Path, branches: list[str]) -> None:

@@ -1,18 +1,20 @@
 """Adaptra's schedule quality and speed against the proven optimum (CP-SAT).
 
-Run: python benchmarks/bench_scheduler_quality.py [--seeds 5] [--out quality.csv]
+Run: python benchmarks/bench_scheduler_quality.py [--seeds 5] [--search-ops N] [--out quality.csv]
 
-Two sets of profiles:
+Three sets of profiles:
 - the paper's grid (Fig. 19): (S, N) in {(3,6), (4,12), (6,18), (8,32)}, every op time
   randint(b, 2b) per stage and op with b in {10, 20, 30}, one delay c in 1..20 ms on all links;
 - a straggler grid: S in {4, 8}, N = 3S, times randint(10, 20), one or two slow links (chosen
-  at random) with 0-60 ms.
+  at random) with 0-60 ms;
+- issue 14's profiles at (8,32): the 50-seed sweep with 1-2 slow links that
+  bench_scheduler_peers.py runs beside the authors' code, and the issue's own profile.
 For each profile: the default `adaptra` call (time and iteration time; it adds a CP-SAT solve
 only for problems of at most 150 ops, i.e. (3,6) and (4,12) here), the same heuristic with no
 exact solve, Algorithm 2 + generator alone, the authors' released heuristic (their warm-up
 rule + the generator, which equals their 1 ms time-step generator on integer times), and the
 exact optimum (CP-SAT, warm-started with the best heuristic, 30 s limit). Gaps are to the
-proven lower bound.
+proven lower bound. `--search-ops` sets the search's budget (default: the default call's).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from adaptra.exact import solve_exact
 from adaptra.generator import Policy, generate_policy
 from adaptra.planning import algorithm2, authors_warmup
 from adaptra.policy_timing import time_policy
-from adaptra.scheduler import plan_adaptra
+from adaptra.scheduler import DEFAULT_SEARCH_OPS, plan_adaptra
 from harness.results import write_csv_atomic
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
@@ -71,11 +73,32 @@ def straggler_grid(num_seeds: int) -> list[tuple[str, Profile]]:
     return cases
 
 
-def measure(group: str, profile: Profile, time_limit_s: float) -> dict[str, object]:
+def issue_profile() -> list[tuple[str, Profile]]:
+    delays = (0.0, 0.0, 0.0, 20.0, 0.0, 0.0, 0.0)
+    profile = random_profile(random.Random(42), 8, 32, low_ms=20, high_ms=40, delay_ms=delays)
+    return [("issue S=8 N=32 seed 42, 20 ms on link 3", profile)]
+
+
+def sweep_profiles(num_seeds: int) -> list[tuple[str, Profile]]:
+    cases = []
+    for seed in range(num_seeds):
+        rng = random.Random(f"peers-sweep-{seed}")
+        slow = rng.sample(range(7), rng.randint(1, 2))
+        delays = [0.0] * 7
+        for link in slow:
+            delays[link] = float(rng.randint(10, 60))
+        profile = random_profile(rng, 8, 32, low_ms=20, high_ms=40, delay_ms=delays)
+        cases.append(("sweep S=8 N=32 1-2 slow links 10-60 ms", profile))
+    return cases
+
+
+def measure(
+    group: str, profile: Profile, time_limit_s: float, search_ops: int = DEFAULT_SEARCH_OPS
+) -> dict[str, object]:
     start = time.perf_counter()
-    adaptra = plan_adaptra(profile)
+    adaptra = plan_adaptra(profile, search_ops=search_ops)
     adaptra_ms = (time.perf_counter() - start) * 1000.0
-    heuristic = plan_adaptra(profile, exact_time_limit_s=0)
+    heuristic = plan_adaptra(profile, exact_time_limit_s=0, search_ops=search_ops)
     alg2 = Policy.uncapped(algorithm2(profile).warmup)
     authors = Policy.uncapped(authors_warmup(profile))
     alg2_ms = time_policy(profile, alg2).iteration_time_ms
@@ -132,24 +155,37 @@ def summarise(rows: list[dict[str, object]], title: str) -> None:
         )
 
 
+_SETS = (
+    ("paper grid", ("paper",)),
+    ("straggler grid", ("straggler",)),
+    ("the peers benchmark's (8,32) sweep and the issue's profile", ("sweep", "issue")),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=Path("results/scheduler_quality.csv"))
     parser.add_argument("--from-csv", type=Path, help="Only summarise an earlier run's CSV.")
+    parser.add_argument(
+        "--search-ops", type=int, default=DEFAULT_SEARCH_OPS, help="The search's ops budget."
+    )
     args = parser.parse_args()
     if args.from_csv:
         rows = list(csv.DictReader(args.from_csv.open()))
-        for title in ("paper", "straggler"):
-            summarise([r for r in rows if str(r["group"]).startswith(title)], f"{title} grid")
+        for title, prefixes in _SETS:
+            summarise([r for r in rows if str(r["group"]).startswith(prefixes)], title)
         return
     all_rows = []
     for title, cases in [
         ("paper grid", paper_grid(args.seeds)),
         ("straggler grid", straggler_grid(args.seeds)),
+        (_SETS[2][0], sweep_profiles(50) + issue_profile()),
     ]:
-        rows = [measure(group, profile, args.time_limit) for group, profile in cases]
+        rows = [
+            measure(group, profile, args.time_limit, args.search_ops) for group, profile in cases
+        ]
         summarise(rows, title)
         all_rows += rows
     write_csv_atomic(args.out, list(all_rows[0]), all_rows)
