@@ -155,11 +155,16 @@ def summarise(rows: list[dict[str, object]], title: str) -> None:
         )
 
 
-_SETS = (
-    ("paper grid", ("paper",)),
-    ("straggler grid", ("straggler",)),
-    ("the peers benchmark's (8,32) sweep and the issue's profile", ("sweep", "issue")),
-)
+def profile_sets(num_seeds: int) -> list[tuple[str, list[tuple[str, Profile]]]]:
+    """Each set's title and its (group, profile)s."""
+    return [
+        ("paper grid", paper_grid(num_seeds)),
+        ("straggler grid", straggler_grid(num_seeds)),
+        (
+            "the peers benchmark's (8,32) sweep and the issue's profile",
+            sweep_profiles(50) + issue_profile(),
+        ),
+    ]
 
 
 def main() -> None:
@@ -172,17 +177,15 @@ def main() -> None:
         "--search-ops", type=int, default=DEFAULT_SEARCH_OPS, help="The search's ops budget."
     )
     args = parser.parse_args()
+    sets = profile_sets(args.seeds)
     if args.from_csv:
         rows = list(csv.DictReader(args.from_csv.open()))
-        for title, prefixes in _SETS:
-            summarise([r for r in rows if str(r["group"]).startswith(prefixes)], title)
+        for title, cases in sets:
+            groups = {group for group, _ in cases}
+            summarise([r for r in rows if r["group"] in groups], title)
         return
     all_rows = []
-    for title, cases in [
-        ("paper grid", paper_grid(args.seeds)),
-        ("straggler grid", straggler_grid(args.seeds)),
-        (_SETS[2][0], sweep_profiles(50) + issue_profile()),
-    ]:
+    for title, cases in sets:
         rows = [
             measure(group, profile, args.time_limit, args.search_ops) for group, profile in cases
         ]
