@@ -49,12 +49,18 @@ from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
 
-__all__ = ["SEND_SIZES", "measure_host_costs", "receive_lags_ms"]
+__all__ = [
+    "SEND_SIZES",
+    "busy_both_ways",
+    "busy_profile",
+    "measure_host_costs",
+    "receive_lags_ms",
+]
 
 SEND_SIZES = (0, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 
 
-def _busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
+def busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
     """Every stage runs `num_stages` forwards, then alternates a backward and a forward: a
     pipeline whose links carry activations down and gradients up at once, as training does
     (the warm-up is the same on every stage: no judged schedule has this order)."""
@@ -133,7 +139,7 @@ def _curve(samples: dict[int, list[float]]) -> CostCurve:
     return CostCurve(points) if points else NO_COST
 
 
-def _busy_profile(num_stages: int, num_bytes: int, op_ms: float) -> Profile:
+def busy_profile(num_stages: int, num_bytes: int, op_ms: float) -> Profile:
     """Forwards of `op_ms`, backwards and weight gradients of half that (BW: `op_ms`)."""
     return Profile.uniform(num_stages, 12, op_ms, op_ms / 2, op_ms / 2, message_bytes=num_bytes)
 
@@ -164,9 +170,9 @@ def measure_host_costs(
     lags: dict[int, list[float]] = {}
     counter = [0]
     with WorkerPool(num_stages) as pool:
-        schedule = _busy_both_ways(num_stages, 12)
+        schedule = busy_both_ways(num_stages, 12)
         for num_bytes in SEND_SIZES:
-            profile = _busy_profile(num_stages, num_bytes, op_ms)
+            profile = busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter)
             sends[num_bytes] = [
                 m.send_end_ms - m.send_start_ms for t in timelines for m in t.messages
@@ -222,7 +228,7 @@ def _ring_lag_curve(
     beyond: dict[int, list[float]] = {}  # ms by the rings at once
     counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
-        schedule = _busy_both_ways(num_stages, 4)
+        schedule = busy_both_ways(num_stages, 4)
         for num_rings in range(1, num_stages + 1):
             profile = Profile.uniform(
                 num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
@@ -262,9 +268,9 @@ def _with_delegated_costs(
     pickups: list[float] = []
     counter = [0]
     with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
-        schedule = _busy_both_ways(num_stages, 12)
+        schedule = busy_both_ways(num_stages, 12)
         for num_bytes in SEND_SIZES:
-            profile = _busy_profile(num_stages, num_bytes, op_ms)
+            profile = busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter, comm="delegated")
             messages = [m for t in timelines for m in t.messages]
             copies_out[num_bytes] = [m.send_end_ms - m.send_start_ms for m in messages]
