@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -114,12 +115,13 @@ The whole timelines of the drawn iterations are in timelines/."""
 
 
 def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
-    """Each (model, system)'s median step in its fault-free scenario: the slowdown baseline."""
-    return {
-        (r["model"], r["system"]): float(r["median_wall_ms"])
-        for r in runs
-        if r["scenario"] == "fault-free"
-    }
+    """Each (model, system)'s median step in its fault-free scenario, the median over its
+    repeats: the slowdown baseline."""
+    steps: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        if r["scenario"] == "fault-free":
+            steps.setdefault((r["model"], r["system"]), []).append(float(r["median_wall_ms"]))
+    return {key: statistics.median(values) for key, values in steps.items()}
 
 
 @contextlib.contextmanager
@@ -166,10 +168,16 @@ def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, _readable_mode())  # like any output file (mkstemp makes it 0600)
-        if append and path.exists():
-            shutil.copyfile(path, tmp)  # in the kernel where it can
-        with os.fdopen(fd, "a" if append else "w", newline="") as handle:
+        try:
+            os.fchmod(fd, _readable_mode())  # like any output file (mkstemp makes it 0600)
+            if append and path.exists():
+                shutil.copyfile(path, tmp)  # in the kernel where it can (before the open: an
+                # append handle starts at the end the file has when it is opened)
+            handle = os.fdopen(fd, "a" if append else "w", newline="")
+        except BaseException:
+            os.close(fd)  # the handle would have closed it
+            raise
+        with handle:
             yield handle
         os.replace(tmp, path)
     except BaseException:

@@ -9,7 +9,8 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   made non-decreasing in the size (a `CostCurve`: the cost per byte is not one number here,
   it grows with the size);
 - receive lag: in the same runs, from a send's return to the start of the op that was
-  waiting for it (only ops whose stage was idle when the send returned), alike;
+  waiting for it (only messages whose consumer had asked for them by then: one still in an
+  op or in a blocking send of its own would add that), alike;
 - ring lag: healthy DP rings on `num_stages` stages x 2 replicas (16 chunks of 125 kB per
   link direction after a short pipeline), with the first 1, 2, ... `num_stages` stages
   reducing a gradient (rings at once share the cores: 0.2-0.3 ms with one here, 0.9-1.1
@@ -52,6 +53,7 @@ from pipeline.topology import Link
 __all__ = [
     "SEND_SIZES",
     "busy_both_ways",
+    "busy_microbatches",
     "busy_profile",
     "measure_host_costs",
     "receive_lags_ms",
@@ -100,20 +102,22 @@ def _op_overhead_ms(timelines: list[Timeline], op_ms: float) -> float:
 
 
 def receive_lags_ms(timeline: Timeline) -> list[float]:
-    """Send return to the consuming op's start, where the consumer sat idle waiting."""
-    by_stage: dict[int, list] = {}
-    for record in sorted(timeline.ops, key=lambda r: r.start_ms):
-        by_stage.setdefault(record.stage, []).append(record)
+    """From a send's return to the start of the op that takes the message in, for each message
+    whose consumer had already asked for it then (`needed_ms` <= `send_end_ms`: the stage had
+    finished everything before that op, its own sends included, and sat waiting). A consumer
+    still busy then, in an op or in a blocking send of its own, would add that to the lag."""
+    starts = {(r.stage, r.replica, r.kind.value, r.microbatch): r.start_ms for r in timeline.ops}
     lags = []
     for message in timeline.messages:
+        if message.needed_ms > message.send_end_ms:
+            continue
         link = Link.parse(message.link)
-        stage = link.second if message.direction == "forward" else link.first
-        wanted = "F" if message.direction == "forward" else "BW"
-        ops = by_stage[stage]
-        for before, op in itertools.pairwise(ops):
-            if op.kind.value == wanted and op.microbatch == message.microbatch:
-                if before.end_ms < message.send_end_ms:  # it was waiting
-                    lags.append(op.start_ms - message.send_end_ms)
+        forward = message.direction == "forward"
+        stage = link.second if forward else link.first
+        for kind in ("F",) if forward else ("B", "BW"):
+            start = starts.get((stage, message.replica, kind, message.microbatch))
+            if start is not None:
+                lags.append(start - message.send_end_ms)
                 break
     return lags
 
@@ -139,9 +143,19 @@ def _curve(samples: dict[int, list[float]]) -> CostCurve:
     return CostCurve(points) if points else NO_COST
 
 
+def busy_microbatches(num_stages: int, at_least: int = 12) -> int:
+    """The calibration's microbatches per iteration: `at_least`, or one per stage where the
+    stages are more (a pipeline needs as many)."""
+    return max(at_least, num_stages)
+
+
 def busy_profile(num_stages: int, num_bytes: int, op_ms: float) -> Profile:
-    """Forwards of `op_ms`, backwards and weight gradients of half that (BW: `op_ms`)."""
-    return Profile.uniform(num_stages, 12, op_ms, op_ms / 2, op_ms / 2, message_bytes=num_bytes)
+    """Forwards of `op_ms`, backwards and weight gradients of half that (BW: `op_ms`), over
+    `busy_microbatches(num_stages)` microbatches."""
+    return Profile.uniform(
+        num_stages, busy_microbatches(num_stages), op_ms, op_ms / 2, op_ms / 2,
+        message_bytes=num_bytes,
+    )  # fmt: skip
 
 
 def measure_host_costs(
@@ -170,7 +184,7 @@ def measure_host_costs(
     lags: dict[int, list[float]] = {}
     counter = [0]
     with WorkerPool(num_stages) as pool:
-        schedule = busy_both_ways(num_stages, 12)
+        schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
         for num_bytes in SEND_SIZES:
             profile = busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter)
@@ -228,10 +242,11 @@ def _ring_lag_curve(
     beyond: dict[int, list[float]] = {}  # ms by the rings at once
     counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
-        schedule = busy_both_ways(num_stages, 4)
+        num_microbatches = busy_microbatches(num_stages, 4)
+        schedule = busy_both_ways(num_stages, num_microbatches)
         for num_rings in range(1, num_stages + 1):
             profile = Profile.uniform(
-                num_stages, 4, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
+                num_stages, num_microbatches, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
                 allreduce_bytes=[8 * 2 * chunk if s < num_rings else 0 for s in range(num_stages)],
                 dp_bucket_bytes=2 * chunk,
             )  # fmt: skip
@@ -268,7 +283,7 @@ def _with_delegated_costs(
     pickups: list[float] = []
     counter = [0]
     with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
-        schedule = busy_both_ways(num_stages, 12)
+        schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
         for num_bytes in SEND_SIZES:
             profile = busy_profile(num_stages, num_bytes, op_ms)
             timelines = _runs(pool, schedule, profile, repeats, counter, comm="delegated")
@@ -322,7 +337,8 @@ def _failover_ms(
 ) -> float:
     """The median failover of the pool's sender delegates, each moving once (a pool's last
     measurement: its delegates stay on the next NIC)."""
-    profile = Profile.uniform(num_stages, 12, 1.0, 0.5, 0.5, message_bytes=1 << 16)
+    num_microbatches = busy_microbatches(num_stages)
+    profile = Profile.uniform(num_stages, num_microbatches, 1.0, 0.5, 0.5, message_bytes=1 << 16)
     config = IterationConfig(
         counter[0], schedule, profile, comm="delegated", faults=_EveryRouteDown()
     )

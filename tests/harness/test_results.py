@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import atomic_writer, run_dir_held, write_atomic
+from harness.results import atomic_writer, fault_free_wall_ms, run_dir_held, write_atomic
 from pipeline.errors import ConfigError
 
 
@@ -31,6 +31,36 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path)
         raise RuntimeError("midway")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_an_append_adds_to_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    write_atomic(path, "a,b\n1,2\n")
+    with atomic_writer(path, append=True) as handle:
+        handle.write("3,4\n")
+    assert path.read_text() == "a,b\n1,2\n3,4\n"
+
+
+def test_a_write_that_fails_before_its_handle_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The old file cannot be copied (it is a folder): the temporary file's descriptor is
+    closed and the file removed, every time."""
+    path = tmp_path / "runs.csv"
+    path.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(IsADirectoryError), atomic_writer(path, append=True):
+            pass
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_the_slowdown_baseline_is_the_median_of_the_fault_free_repeats() -> None:
+    rows = [
+        {"model": "m", "system": "s", "scenario": "fault-free", "median_wall_ms": ms}
+        for ms in ("100", "101", "300")
+    ]
+    rows.append({"model": "m", "system": "s", "scenario": "0-1@10ms", "median_wall_ms": "500"})
+    assert fault_free_wall_ms(rows) == {("m", "s"): 101.0}
 
 
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:

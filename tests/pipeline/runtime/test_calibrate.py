@@ -4,11 +4,21 @@ in tests/harness/test_cli.py: `calibrate`)."""
 import itertools
 import statistics
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.host_costs import NO_COST
-from pipeline.runtime.calibrate import _curve
+from pipeline.ops import OpKind
+from pipeline.runtime.calibrate import (
+    _curve,
+    busy_both_ways,
+    busy_microbatches,
+    busy_profile,
+    receive_lags_ms,
+)
+from pipeline.simulator import simulate
+from pipeline.timeline import MessageRecord, OpRecord, Timeline
 
 
 def test_a_tail_at_one_size_is_pooled_with_the_next() -> None:
@@ -40,3 +50,39 @@ def test_the_curve_never_falls_and_keeps_the_overall_mean(samples: dict) -> None
     total = sum(len(values) for values in samples.values())
     mean = statistics.fmean(v for values in samples.values() for v in values)
     assert abs(weighted / total - mean) <= 1e-6 * max(1.0, mean)
+
+
+def test_a_receive_lag_is_counted_only_where_the_consumer_sat_waiting() -> None:
+    """Stage 0 ends F1 at 25 and sends its activation until 40 (a blocking send). BW0's
+    gradient is sent 35-36, before stage 0 asks for it at 40: the 4 ms until BW0 starts are
+    stage 0's own send, not a lag, and are left out (they were counted before). F1's
+    activation returns at 40 while stage 1 has waited since 30: F1 starts at 40.5, a lag of
+    0.5 ms (its stage's first op, skipped before). B1's gradient (taken in by a B, as in ZB)
+    returns at 60 with stage 0 waiting since 50: B1 starts at 61, a lag of 1 ms."""
+    ops = (
+        OpRecord(0, 0, OpKind.F, 1, 15.0, 25.0),
+        OpRecord(0, 0, OpKind.BW, 0, 40.0, 45.0),
+        OpRecord(0, 0, OpKind.B, 1, 61.0, 66.0),
+        OpRecord(0, 1, OpKind.F, 1, 40.5, 50.0),
+    )
+    messages = (
+        MessageRecord(0, "0-1", "backward", 0, 8, 35.0, 36.0, 36.0, needed_ms=40.0),
+        MessageRecord(0, "0-1", "forward", 1, 8, 25.0, 40.0, 40.2, needed_ms=30.0),
+        MessageRecord(0, "0-1", "backward", 1, 8, 55.0, 60.0, 60.5, needed_ms=50.0),
+    )
+    timeline = Timeline(num_stages=2, ops=ops, messages=messages, iterations=())
+    assert receive_lags_ms(timeline) == [pytest.approx(0.5), pytest.approx(1.0)]
+
+
+@pytest.mark.parametrize("num_stages", [2, 4, 5, 12, 13, 16])
+def test_the_calibrations_pipelines_run_at_any_stage_count(num_stages: int) -> None:
+    """`calibrate --stages S` for any S: each of its pipelines has a microbatch per stage at
+    least (it had 4 for the ring lag and 12 elsewhere, refused past those)."""
+    for at_least in (4, 12):
+        num_microbatches = busy_microbatches(num_stages, at_least)
+        assert num_microbatches == max(at_least, num_stages)
+    profile = busy_profile(num_stages, 1 << 16, 10.0)
+    assert profile.num_microbatches == busy_microbatches(num_stages)
+    schedule = busy_both_ways(num_stages, profile.num_microbatches)
+    timeline = simulate(schedule, profile)  # validated against the profile
+    assert len(timeline.ops) == num_stages * 2 * profile.num_microbatches
