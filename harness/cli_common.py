@@ -17,7 +17,7 @@ from pipeline.errors import ConfigError
 from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule, validate_schedule
+from pipeline.schedule import Schedule, check_memory, validate_schedule
 from pipeline.torch_csv import from_torch_csv
 
 __all__ = [
@@ -63,6 +63,7 @@ def resolve(
     if schedule is None:
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    check_memory(schedule, profile.mem_limit, f"the schedule in {schedule_path}")
     return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
 
 

@@ -77,13 +77,17 @@ def launch(
 
         if profile_path or policy or schedule_path or run_here:
             raise ConfigError("--spec takes the configurations from the spec: drop the others")
-        script, num_steps = write_slurm_script(
+        script = write_slurm_script(
             load_spec(Path(spec_path)),
             Path(out),
             gpus_per_node=gpus_per_node,
             master_port=master_port,
         )
-        click.echo(f"wrote {script} ({num_steps} configurations): sbatch {script}")
+        skipped = f"; {script.num_skipped} skipped, listed in it" if script.num_skipped else ""
+        click.echo(
+            f"wrote {script.path} ({script.num_steps} configurations{skipped}): "
+            f"sbatch {script.path}"
+        )
         return
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
@@ -95,6 +99,8 @@ def launch(
         raise ConfigError(f"{world} ranks do not split evenly over {nodes} nodes")
     if run_here and nodes != 1:
         raise ConfigError("--run starts one node only; run the printed commands on each node")
+    if master_addr is not None and not master_addr.strip():
+        raise ConfigError("--master-addr is empty: give the address of node 0")
     if master_addr is None and nodes > 1:
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
     out_dir = Path(out)

@@ -18,8 +18,8 @@ from harness.cli_common import (
     schedule_options,
     terminal_progress,
 )
-from harness.experiment import new_run_id, run_experiment
-from harness.loop import CHECKPOINT_RESTART, Recovery
+from harness.experiment import new_run_dir, run_experiment
+from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_run_name
 from harness.policies import SYSTEMS, system_controller, with_delegate_count
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
@@ -62,7 +62,12 @@ __all__ = ["report", "run"]
     help="Runtime backends: delays as a sleep before each send (hook) or in a namespace "
     "testbed's network (network; root).",
 )
-@click.option("--iterations", type=click.IntRange(min=1), default=5, help="Measured iterations.")
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1, max=MAX_ITERATIONS),
+    default=5,
+    help="Measured iterations.",
+)
 @click.option(
     "--timeout",
     "timeout_s",
@@ -72,7 +77,7 @@ __all__ = ["report", "run"]
 )
 @click.option(
     "--warmup-iterations",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_ITERATIONS),
     default=1,
     help="Iterations run first and not reported.",
 )
@@ -139,7 +144,7 @@ def run(
             "run one configuration)",
         )
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
-        run_dir = Path(out) / (run_id or new_run_id(spec.name))
+        run_dir = Path(out) / run_id if run_id else new_run_dir(Path(out), spec.name)
         run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
         return

@@ -12,6 +12,7 @@ from harness.cli_common import (
     resolve,
     schedule_options,
 )
+from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode, simulate
@@ -80,6 +81,11 @@ def simulate_cmd(
     calibration_path: str | None,
 ) -> None:
     """Simulate one iteration of a schedule and print its metrics."""
+    if calibration_path is not None and comm not in ("direct", "delegated"):
+        raise ConfigError(
+            f"--calibration adds this host's runtime costs to --comm direct or delegated; "
+            f"{comm} takes none"
+        )
     host = load_host_costs(calibration_path)
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False, host=host)

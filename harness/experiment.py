@@ -38,13 +38,25 @@ from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_mod
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
 
-__all__ = ["fault_free_step_ms", "new_run_id", "run_experiment"]
+__all__ = ["fault_free_step_ms", "new_run_dir", "run_experiment"]
 
 logger = logging.getLogger(__name__)
 
 
-def new_run_id(name: str) -> str:
-    return f"{name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+def new_run_dir(out: Path, name: str) -> Path:
+    """A new run directory in `out`, made here: `name`-<UTC date-time>, with -2, -3, ... after
+    it where a run that started in the same second has that one (two runs never share)."""
+    stamp = f"{name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    k = 1
+    while True:
+        run_dir = out / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            k += 1
+            continue
+        return run_dir
 
 
 def fault_free_step_ms(

@@ -8,13 +8,24 @@ from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["check_label", "check_run_name", "slug"]
+__all__ = ["MAX_LABEL_CHARS", "check_label", "check_run_name", "slug"]
+
+MAX_LABEL_CHARS = 100
+"""The longest name or label: result files are named after several of them, and a file
+name has at most 255 bytes."""
+_MAX_FILE_NAME_BYTES = 240
+"""A configuration's file name, leaving room for a temporary file's prefix and suffix."""
 
 
 def check_label(text: str, what: str) -> str:
-    """`text` if it is non-empty and has no control characters (newlines, tabs, escapes)."""
+    """`text` if it is non-empty, at most `MAX_LABEL_CHARS` long, and has no control
+    characters (newlines, tabs, escapes)."""
     if not text:
         raise ConfigError(f"{what} is empty")
+    if len(text) > MAX_LABEL_CHARS:
+        raise ConfigError(
+            f"{what} {text[:20]!r}... is {len(text)} characters long; at most {MAX_LABEL_CHARS}"
+        )
     bad = next((c for c in text if unicodedata.category(c).startswith("C")), None)
     if bad is not None:
         raise ConfigError(f"{what} {text!r} contains the control character {bad!r}")
@@ -40,4 +51,9 @@ def slug(parts: Sequence[str], what: str) -> str:
         part.replace("/", "-").replace("@", "-").replace(",", "+").replace(":", "-")
         for part in parts
     )
+    if len(text.encode()) > _MAX_FILE_NAME_BYTES:
+        raise ConfigError(
+            f"{what} {text[:40]!r}... is {len(text.encode())} bytes long as a file name; "
+            f"at most {_MAX_FILE_NAME_BYTES} (shorten the names in it)"
+        )
     return check_run_name(text, what)

@@ -138,7 +138,7 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             )
     for (model, scenario), steps in by_case.items():
         others = {s: ms for s, ms in steps.items() if not s.startswith("adaptra")}
-        if "adaptra" in steps and others:
+        if steps.get("adaptra") and others:
             best = min(others, key=others.__getitem__)
             speedups.append(
                 f"{model} {scenario} {others[best] / steps['adaptra']:.2f}x over {best}"

@@ -114,14 +114,36 @@ injected `fault_ms` and the consumers' wait (arrival - needed where positive); r
 The whole timelines of the drawn iterations are in timelines/."""
 
 
+_NUMBER_COLUMNS = frozenset(
+    {
+        "delay_ms", "repeat", "seed", "iterations", "mean_iteration_ms", "median_iteration_ms",
+        "median_wall_ms", "throughput_samples_per_s", "bubble_ratio", "restarts",
+        "lost_iterations", "restart_wall_ms", "restart_model_ms", "iteration",
+        "iteration_time_ms", "step_time_ms", "loss", "replica", "num_messages",
+        "num_bytes", "first_send_start_ms", "last_send_end_ms", "last_arrival_ms", "send_ms",
+        "fault_ms", "waited_ms",
+    }
+)  # fmt: skip
+"""The result tables' columns that hold a number where they hold anything."""
+
+
+def _is_number_text(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
     """Each (model, system)'s median step in its fault-free scenario, the median over its
-    repeats: the slowdown baseline."""
+    repeats: the slowdown baseline (none where it is 0 ms: nothing is slower by a factor)."""
     steps: dict[tuple[str, str], list[float]] = {}
     for r in runs:
         if r["scenario"] == "fault-free":
             steps.setdefault((r["model"], r["system"]), []).append(float(r["median_wall_ms"]))
-    return {key: statistics.median(values) for key, values in steps.items()}
+    medians = {key: statistics.median(values) for key, values in steps.items()}
+    return {key: ms for key, ms in medians.items() if ms > 0}
 
 
 @contextlib.contextmanager
@@ -216,6 +238,11 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     for number, row in enumerate(rows, start=2):  # line 1 is the header
         if None in row or None in row.values():
             raise ConfigError(f"{path} line {number} does not have {len(columns)} fields: damaged?")
+        for column in _NUMBER_COLUMNS.intersection(row):
+            if row[column] and not _is_number_text(row[column]):
+                raise ConfigError(
+                    f"{path} line {number}: {column} is {row[column]!r}, not a number: damaged?"
+                )
         version = row.get("schema_version", str(RESULTS_SCHEMA_VERSION))
         if version != str(RESULTS_SCHEMA_VERSION):
             raise ConfigError(

@@ -11,6 +11,7 @@ import json
 import math
 import shlex
 from pathlib import Path
+from typing import NamedTuple
 
 from harness.names import slug
 from harness.results import write_atomic
@@ -18,7 +19,15 @@ from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.simulator import CommMode
 
-__all__ = ["write_slurm_script"]
+__all__ = ["SlurmScript", "write_slurm_script"]
+
+
+class SlurmScript(NamedTuple):
+    path: Path
+    num_steps: int
+    """Configurations it runs."""
+    num_skipped: int
+    """Configurations it lists as skipped (with why, in comments)."""
 
 
 def write_slurm_script(
@@ -28,10 +37,10 @@ def write_slurm_script(
     gpus_per_node: int = 8,
     time_limit: str = "01:00:00",
     master_port: int = 29500,
-) -> tuple[Path, int]:
-    """Write `out_dir/run.sbatch` and each configuration's files; return the script and the
-    number of configurations it runs. Configurations the runtime cannot run yet (the
-    delegated path, fault timelines, TP) are listed in the script as skipped, with why."""
+) -> SlurmScript:
+    """Write `out_dir/run.sbatch` and each configuration's files. Configurations the torchrun
+    path cannot run yet (the delegated path, fault timelines, TP) are listed in the script as
+    skipped, with why."""
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     out_dir = out_dir.resolve()  # the script may run from anywhere
@@ -54,7 +63,7 @@ def write_slurm_script(
                 schedule, profile, comm = planned.schedule, planned.profile, planned.comm
                 # (the paper's injected sleeps are the simulator's; a step runs the direct path)
                 if why is None and comm not in (CommMode.DIRECT, CommMode.NCCL_SLEEP):
-                    why = f"{comm.value} comm: the runtime has no delegate transport yet"
+                    why = f"{comm.value} comm: the torchrun path has no delegate transport yet"
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))
                     continue
@@ -117,7 +126,7 @@ def write_slurm_script(
     path = out_dir / "run.sbatch"
     write_atomic(path, script)
     path.chmod(0o755)
-    return path, sum(1 for s in steps if s.startswith("run_step"))
+    return SlurmScript(path, sum(1 for s in steps if s.startswith("run_step")), len(skipped))
 
 
 def _comment(text: str) -> str:

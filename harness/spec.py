@@ -8,13 +8,15 @@ A model is either one of the cost model's GPT-2 configurations (pipeline.cost_mo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.loop import CHECKPOINT_RESTART, Recovery
+from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
+from harness.saved import timeline_name
 from injectors.fault_files import load_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import check_count, check_ms, is_number
@@ -104,6 +106,16 @@ def _link(value: Any, target: Target) -> Link:
 _DEFAULT_LINK_SETS: tuple[tuple[Any, ...], ...] = (("0-1",),)
 
 
+def _check_unique(name: str, values: Sequence[Hashable]) -> None:
+    """A spec lists each system, delay, model and link set once: a repeat would run the same
+    configuration twice under one name (use num_repeats for that)."""
+    first: dict[Hashable, int] = {}
+    for i, value in enumerate(values):
+        if value in first:
+            raise ConfigError(f"{name}[{i}] repeats {name}[{first[value]}]; list each once")
+        first[value] = i
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
     """Every model x system x scenario is one configuration, run `num_repeats` times."""
@@ -175,12 +187,23 @@ class ExperimentSpec:
             raise ConfigError("delays_ms is empty (0 is the fault-free run)")
         for i, delay in enumerate(self.delays_ms):
             check_ms(f"delays_ms[{i}]", delay)
+        _check_unique("systems", self.systems)
+        _check_unique("delays_ms", self.delays_ms)
+        if self.profile is not None and not any(
+            (*self.profile.t_f_ms, *self.profile.t_b_ms, *self.profile.t_w_ms)
+        ):
+            raise ConfigError(
+                "every op time of the profile is 0: an iteration would take no time, and its "
+                "throughput and slowdowns would have nothing to divide by"
+            )
         if self.backend == "megatron" and self.profile is None:
             raise ConfigError(
                 "backend megatron runs a megatron GPT named by `model` (e.g. tiny) over a "
                 "`profile` that gives its stages, microbatches and delays"
             )
-        for target in self.targets():
+        targets = self.targets()
+        _check_unique("models", [target.label for target in targets])
+        for target in targets:
             check_label(target.label, "model name")
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
@@ -188,7 +211,9 @@ class ExperimentSpec:
                     "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
-            self.scenarios(target)
+            for scenario in self.scenarios(target):
+                for system in self.systems:  # its results' file names fit (harness.saved)
+                    timeline_name((target.label, system, scenario.name, str(self.num_repeats - 1)))
 
     def _check_types(self) -> None:
         """What YAML gives is any type: each field must be of its own (a float count, a
@@ -199,14 +224,14 @@ class ExperimentSpec:
         for name in ("faults", "calibration"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise ConfigError(f"{name} must be a file name, got {getattr(self, name)!r}")
-        for name, minimum in (
-            ("num_iterations", 1),
-            ("num_warmup_iterations", 0),
-            ("num_repeats", 1),
-            ("seed", 0),
-            ("checkpoint_every", 1),
+        for name, minimum, maximum in (
+            ("num_iterations", 1, MAX_ITERATIONS),
+            ("num_warmup_iterations", 0, MAX_ITERATIONS),
+            ("num_repeats", 1, None),
+            ("seed", 0, None),
+            ("checkpoint_every", 1, None),
         ):
-            check_count(name, getattr(self, name), minimum)
+            check_count(name, getattr(self, name), minimum, maximum)
         check_ms("restart_ms", self.restart_ms)
         if not is_number(self.transport_timeout_s):
             raise ConfigError(
@@ -256,8 +281,13 @@ class ExperimentSpec:
         slow = [d for d in self.delays_ms if d]
         # Fault-free only, with the default links: none needs to exist (one stage has none).
         needed = slow or self.link_sets != _DEFAULT_LINK_SETS
-        for link_set in self.link_sets if needed else ():
-            links = tuple(_link(link, target) for link in link_set)
+        link_sets = []
+        for i, link_set in enumerate(self.link_sets if needed else ()):
+            if not link_set:
+                raise ConfigError(f"link_sets[{i}] is empty: a link set names the links to slow")
+            link_sets.append(tuple(_link(link, target) for link in link_set))
+        _check_unique("link_sets", [frozenset(links) for links in link_sets])
+        for links in link_sets:
             scenarios += [Scenario(links, d) for d in slow]
         return scenarios
 
@@ -294,6 +324,10 @@ class ExperimentSpec:
             if key in values:
                 values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])
         if "link_sets" in values:
+            if not isinstance(values["link_sets"], (list, tuple)):
+                raise ConfigError(
+                    f"link_sets must be a list of link lists, got {values['link_sets']!r}"
+                )
             values["link_sets"] = tuple(
                 tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
             )

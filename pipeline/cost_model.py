@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from pipeline.checks import check_count
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -52,11 +53,13 @@ class GPTModel:
     """None: 3 x PP, as in the paper."""
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "hidden", "num_heads", "seq_len", "microbatch_size", "tp"):
-            if getattr(self, field) < 1:
-                raise ConfigError(f"model {self.name}: {field} must be >= 1")
-        if self.dp < 1 or self.pp < 1:
-            raise ConfigError(f"model {self.name}: dp and pp must be >= 1")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"a model's name must be a string, got {self.name!r}")
+        counts = ("num_layers", "hidden", "num_heads", "seq_len", "microbatch_size", "vocab_size")
+        for field in (*counts, "tp", "dp", "pp"):
+            check_count(f"model {self.name}: {field}", getattr(self, field), 1)
+        if self.num_microbatches is not None:
+            check_count(f"model {self.name}: num_microbatches", self.num_microbatches, 1)
         if (self.num_layers + 2) % self.pp:
             raise ConfigError(
                 f"model {self.name}: {self.num_layers} layers + embedding + head = "

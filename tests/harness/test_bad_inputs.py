@@ -367,6 +367,78 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         RUN_SPEC,
         "cannot read fault timeline",
     ),
+    ("spec twice a system", {"s.yaml": spec(systems=["zb", "zb"])}, RUN_SPEC, "systems[1] repeats"),
+    ("spec twice a delay", {"s.yaml": spec(delays_ms=[0, 5, 5.0])}, RUN_SPEC, "delays_ms[2] rep"),
+    (
+        "spec twice a link set",
+        {"s.yaml": spec(link_sets=[["0-1"], ["first"]], delays_ms=[5])},
+        RUN_SPEC,
+        "link_sets[1] repeats link_sets[0]",
+    ),
+    (
+        "spec twice a model",
+        {"s.yaml": json.dumps({"name": "s", "models": ["gpt2-7b"] * 2, "systems": ["1f1b"]})},
+        RUN_SPEC,
+        "models[1] repeats models[0]",
+    ),
+    (
+        "spec empty link set",
+        {"s.yaml": spec(link_sets=[[]], delays_ms=[5])},
+        RUN_SPEC,
+        "link_sets[0] is empty",
+    ),
+    (
+        "spec ops of no time",
+        {"s.yaml": spec(profile={**SMALL, "t_f": 0, "t_b": 0, "t_w": 0})},
+        RUN_SPEC,
+        "every op time of the profile is 0",
+    ),
+    ("spec link sets a number", {"s.yaml": spec(link_sets=5)}, RUN_SPEC, "a list of link lists"),
+    ("spec too many iterations", {"s.yaml": spec(num_iterations=100_001)}, RUN_SPEC, "1..100000"),
+    ("run too many iterations", P, [*RUN_P, "--iterations", "100001"], "1<=x<=100000"),
+    ("spec long model name", {"s.yaml": spec(model="m" * 101)}, RUN_SPEC, "at most 100"),
+    (
+        "spec fractional hidden",
+        {
+            "s.yaml": json.dumps(
+                {"name": "s", "models": [{"base": "gpt2-7b", "hidden": 1.5}], "systems": ["1f1b"]}
+            )
+        },
+        RUN_SPEC,
+        "hidden must be an integer, got 1.5",
+    ),
+    (
+        "simulate calibration ideal",
+        {
+            **P,
+            "c.json": json.dumps(
+                {
+                    "schema_version": 3,
+                    "send_ms_by_bytes": [],
+                    "receive_lag_ms_by_bytes": [],
+                    "op_overhead_ms": 1,
+                }
+            ),
+        },
+        ["simulate", "--profile", "p.json", "--policy", "zb", "--calibration", "c.json"],
+        "ideal takes none",
+    ),
+    (
+        "given schedule over mem_limit",
+        {
+            "p.json": json.dumps({**SMALL, "microbatches": 3, "mem_limit": 1}),
+            "s.json": json.dumps(
+                {
+                    "stages": [
+                        ["F0", "F1", "B0", "W0", "F2", "B1", "W1", "B2", "W2"],
+                        ["F0", "B0", "F1", "B1", "W0", "F2", "B2", "W1", "W2"],
+                    ]
+                }
+            ),
+        },
+        ["simulate", "--profile", "p.json", "--schedule", "s.json"],
+        "the schedule in s.json needs 2 microbatches",
+    ),
     ("run id traversal", {}, ["run", "--run-id", "../x"], "must be a single path component"),
     ("run id empty", {}, ["run", "--run-id", ""], "the run id is empty"),
     # resuming and reporting a damaged run directory (made by the fixture below)
@@ -376,6 +448,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("resume other schema", {"@": "schema 999"}, RESUME, "schema version 999"),
     ("resume other experiment", {"@": "other spec"}, RESUME, "holds a different experiment"),
     ("report damaged runs.csv", {"@": "truncate runs.csv"}, ["report", "out/s"], "runs.csv"),
+    ("report a word for a number", {"@": "word in runs.csv"}, ["report", "out/s"], "not a num"),
     ("report no spec.json", {"out/s/runs.csv": ""}, ["report", "out/s"], "cannot read"),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
@@ -400,6 +473,24 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         P,
         ["launch", "--profile", "p.json", "--policy", "1f1b", "--nodes", "3", "--out", "job"],
         "--master-addr",
+    ),
+    (
+        "launch empty address",
+        P,
+        [
+            "launch",
+            "--profile",
+            "p.json",
+            "--policy",
+            "1f1b",
+            "--nodes",
+            "3",
+            "--master-addr",
+            "",
+            "--out",
+            "job",
+        ],
+        "--master-addr is empty",
     ),
     (
         "launch uneven nodes",
@@ -460,6 +551,11 @@ def _damage(root: Path, how: str) -> None:
     elif how == "short row":
         header = ",".join(RUNS_COLUMNS)
         runs.write_text(f"{header}\n{','.join(['x'] * 5)}\n")
+    elif how == "word in runs.csv":
+        header, first, *rest = runs.read_text().splitlines()
+        fields = first.split(",")
+        fields[RUNS_COLUMNS.index("median_wall_ms")] = "abc"
+        runs.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
     elif how == "garbage spec.json":
         record.write_text("{garb")
     elif how == "schema 999":

@@ -505,7 +505,9 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
         simulated_ms("--comm", "direct", "--calibration", str(host)),
     )
     assert calibrated >= free == 450.0
-    assert simulated_ms("--calibration", str(host)) == 450.0  # ideal: the paper's model
+    ideal = cli("simulate", "--profile", profile, "--policy", "1f1b", "--calibration", str(host))
+    assert ideal.returncode == 1  # ideal, the paper's model, takes no host costs: refused
+    assert "--calibration adds this host's runtime costs to --comm direct" in ideal.stderr
     ran = cli(
         "run", "--profile", profile, "--policy", "1f1b", "--format", "json",
         "--calibration", str(host),

@@ -1,5 +1,6 @@
 """Result files: written whole or not at all, readable like any other output file."""
 
+import datetime as dt
 import os
 import stat
 import subprocess
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import experiment
+from harness.experiment import new_run_dir
 from harness.results import atomic_writer, fault_free_wall_ms, run_dir_held, write_atomic
 from pipeline.errors import ConfigError
 
@@ -89,3 +92,17 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
     with run_dir_held(run_dir):  # free again once released
         pass
+
+
+def test_two_runs_started_in_the_same_second_get_a_directory_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class SameSecond(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> "SameSecond":
+            return cls(2026, 12, 5, 1, 2, 3, tzinfo=tz)
+
+    monkeypatch.setattr(experiment.dt, "datetime", SameSecond)
+    names = [new_run_dir(tmp_path / "out", "exp").name for _ in range(3)]
+    assert names == ["exp-20261205-010203", "exp-20261205-010203-2", "exp-20261205-010203-3"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == names

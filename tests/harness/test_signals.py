@@ -54,7 +54,7 @@ def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
-    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "1000000"]
+    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
     run = subprocess.Popen(
         command,
         env={**os.environ, "TMPDIR": str(scratch)},
@@ -107,7 +107,7 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
     before = _namespaces()
     command = [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--inject"]
     command += ["network", "--profile", str(profile), "--policy", "1f1b"]
-    command += ["--iterations", "1000000"]
+    command += ["--iterations", "100000"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
