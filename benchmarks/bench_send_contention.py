@@ -85,8 +85,9 @@ def main() -> None:
     args = parser.parse_args()
     num_bytes = int(args.size_mib * (1 << 20))
     judged = Profile.uniform(NUM_STAGES, 12, 10, 10, 10, message_bytes=num_bytes)
+    calibration = busy_profile(NUM_STAGES, num_bytes, 10.0)
     patterns = {
-        "calibration": (busy_both_ways(NUM_STAGES, 12), busy_profile(NUM_STAGES, num_bytes, 10.0)),
+        "calibration": (busy_both_ways(NUM_STAGES, calibration.num_microbatches), calibration),
         "1f1b": (one_f_one_b(judged), judged),
         "zb-h2": (zb_h2(judged), judged),
     }

@@ -35,6 +35,7 @@ def row(**fields: object) -> str:
 
 P = {"p.json": profile()}
 RUN_P = ["run", "--profile", "p.json", "--system", "1f1b"]
+LAUNCH_P = ["launch", "--profile", "p.json", "--policy", "1f1b", "--out", "job"]
 RUN_SPEC = ["run", "--spec", "s.yaml", "--out", "out"]
 RESUME = [*RUN_SPEC, "--run-id", "s"]
 COMPARE = ["compare", "a.csv", "b.csv"]
@@ -471,43 +472,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     (
         "launch nodes without address",
         P,
-        ["launch", "--profile", "p.json", "--policy", "1f1b", "--nodes", "3", "--out", "job"],
+        [*LAUNCH_P, "--nodes", "3"],
         "--master-addr",
     ),
     (
         "launch empty address",
         P,
-        [
-            "launch",
-            "--profile",
-            "p.json",
-            "--policy",
-            "1f1b",
-            "--nodes",
-            "3",
-            "--master-addr",
-            "",
-            "--out",
-            "job",
-        ],
+        [*LAUNCH_P, "--nodes", "3", "--master-addr", ""],
         "--master-addr is empty",
     ),
     (
         "launch uneven nodes",
         P,
-        [
-            "launch",
-            "--profile",
-            "p.json",
-            "--policy",
-            "1f1b",
-            "--nodes",
-            "2",
-            "--master-addr",
-            "10.0.0.1",
-            "--out",
-            "job",
-        ],
+        [*LAUNCH_P, "--nodes", "2", "--master-addr", "10.0.0.1"],
         "3 ranks do not split evenly over 2 nodes",
     ),
     (
