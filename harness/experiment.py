@@ -30,7 +30,6 @@ from harness.saved import (
     drawn_iterations,
     drop_stale,
     messages_writer,
-    timeline_name,
     write_timeline,
 )
 from harness.spec import ExperimentSpec, Scenario, Target, controller_for, memoised_planner
@@ -110,7 +109,6 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         for repeat in range(spec.num_repeats)
     ]
     keys = [_key(target, system, scenario, repeat) for target, system, scenario, repeat in configs]
-    _check_names(keys)
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
     weights = [
@@ -213,18 +211,6 @@ def _key(target: Target, system: str, scenario: Scenario, repeat: int) -> Config
 
 def _row_key(row: dict[str, Any]) -> ConfigurationKey:
     return (row["model"], row["system"], row["scenario"], row["repeat"])
-
-
-def _check_names(keys: list[ConfigurationKey]) -> None:
-    """Every configuration's saved timeline has a file of its own."""
-    seen: dict[str, ConfigurationKey] = {}
-    for key in keys:
-        other = seen.setdefault(timeline_name(key), key)
-        if other != key:
-            raise ConfigError(
-                f"configurations {'/'.join(other)} and {'/'.join(key)} would save their "
-                f"timelines to the same file {timeline_name(key)}; rename a model"
-            )
 
 
 def _row_keys(

@@ -13,6 +13,7 @@ __all__ = [
     "plot_lines",
     "plot_slowdown",
     "plot_throughput_over_time",
+    "throughput_rows",
 ]
 
 
@@ -147,30 +148,41 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     return True
 
 
+def throughput_rows(
+    iterations: Sequence[Mapping[str, Any]], samples_per_iteration: Mapping[str, int]
+) -> list[dict[str, Any]]:
+    """Each iteration's samples/s (`samples_per_iteration` by model) and its line: the
+    system, or "model, system" where there are several models."""
+    several = len({r["model"] for r in iterations}) > 1
+    return [
+        {
+            "iteration": int(r["iteration"]),
+            "line": f"{r['model']}, {r['system']}" if several else r["system"],
+            "samples/s": samples_per_iteration[r["model"]]
+            * 1000.0
+            / (float(r["iteration_time_ms"]) + float(r["step_time_ms"])),
+        }
+        for r in iterations
+    ]
+
+
 def plot_throughput_over_time(
-    iterations: Sequence[Mapping[str, Any]], samples_per_iteration: int, path: Path
+    iterations: Sequence[Mapping[str, Any]], samples_per_iteration: Mapping[str, int], path: Path
 ) -> None:
-    """Fig. 21 style: samples/s per iteration over a fault timeline, a line per system."""
+    """Fig. 21 style: samples/s per iteration over a fault timeline, a line per system (per
+    model and system where there are several models: `throughput_rows`)."""
     import pandas as pd
     import seaborn as sns
 
     plt = _pyplot()
-    frame = pd.DataFrame(
-        [
-            {
-                "iteration": int(r["iteration"]),
-                "system": r["system"],
-                "samples/s": samples_per_iteration
-                * 1000.0
-                / (float(r["iteration_time_ms"]) + float(r["step_time_ms"])),
-            }
-            for r in iterations
-        ]
-    )
+    frame = pd.DataFrame(throughput_rows(iterations, samples_per_iteration))
     fig, ax = plt.subplots(figsize=(9, 3.8))
     sns.lineplot(
-        data=frame, x="iteration", y="samples/s", hue="system", ax=ax, linewidth=1, errorbar=None
+        data=frame, x="iteration", y="samples/s", hue="line", ax=ax, linewidth=1, errorbar=None
     )
+    if ax.get_legend() is not None:
+        several = len({r["model"] for r in iterations}) > 1
+        ax.get_legend().set_title("model, system" if several else "system")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

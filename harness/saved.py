@@ -72,7 +72,9 @@ class ConfigurationRecorder:
         self._out = out
         self._prefix = _csv_line(key) + ","
         self._drawn = frozenset(drawn)
-        self._kept: list[Timeline] = []
+        self._kept: dict[int, Timeline] = {}
+        """The drawn iterations' timelines by index: a lost one run again after a restart
+        replaces its first run."""
         self._num_warmup = num_warmup
         self._rows_of: dict[int, list[str]] = {}
         """The rows (without their iteration) of recent computed iterations, for the ones
@@ -98,11 +100,11 @@ class ConfigurationRecorder:
         start = f"{self._prefix}{index},"
         self._out.writelines(start + row for row in rows)
         if index in self._drawn:
-            self._kept.append(_renumbered(timeline, index))
+            self._kept[index] = _renumbered(timeline, index)
 
     def timeline(self) -> Timeline:
         """The drawn iterations, numbered as iterations.csv numbers them, times as measured."""
-        return Timeline.concat(self._kept)
+        return Timeline.concat([self._kept[index] for index in sorted(self._kept)])
 
 
 @contextlib.contextmanager

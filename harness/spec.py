@@ -203,6 +203,7 @@ class ExperimentSpec:
             )
         targets = self.targets()
         _check_unique("models", [target.label for target in targets])
+        saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
         for target in targets:
             check_label(target.label, "model name")
             if target.cost is not None and self.backend != "sim":
@@ -212,7 +213,15 @@ class ExperimentSpec:
                     "profile of the model instead"
                 )
             for scenario in self.scenarios(target):
-                for system in self.systems:  # its results' file names fit (harness.saved)
+                for system in self.systems:
+                    config = f"{target.label}/{system}/{scenario.name}"
+                    name = timeline_name((target.label, system, scenario.name, "0"))
+                    other = saved_as.setdefault(name, config)
+                    if other != config:
+                        raise ConfigError(
+                            f"configurations {other} and {config} would save their timelines "
+                            f"to the same file {name}; rename a model"
+                        )
                     timeline_name((target.label, system, scenario.name, str(self.num_repeats - 1)))
 
     def _check_types(self) -> None:

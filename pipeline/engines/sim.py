@@ -104,9 +104,12 @@ class SimEngine(Closing):
 
     def restart(self) -> None:
         """Nothing to restart but the NICs: the clock goes on, on repaired hardware (whose
-        processes start on the default placement)."""
+        processes start on the default placement). The cache goes too: the iterations it
+        names run again after the restart, so an `Outcome.same_as` into it could name a run
+        of the same index with other faults."""
         self._failed_over = frozenset()
         self._placement = None
+        self._cache.clear()
 
     def close(self) -> None:
         self._validated.clear()

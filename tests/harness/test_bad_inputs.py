@@ -397,6 +397,23 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("spec link sets a number", {"s.yaml": spec(link_sets=5)}, RUN_SPEC, "a list of link lists"),
     ("spec too many iterations", {"s.yaml": spec(num_iterations=100_001)}, RUN_SPEC, "1..100000"),
     ("run too many iterations", P, [*RUN_P, "--iterations", "100001"], "1<=x<=100000"),
+    (
+        "spec models saved to one file",
+        {
+            "s.yaml": json.dumps(
+                {
+                    "name": "s",
+                    "systems": ["1f1b"],
+                    "models": [
+                        {"base": "gpt2-7b", "name": "x:1"},
+                        {"base": "gpt2-7b", "name": "x-1"},
+                    ],
+                }
+            )
+        },
+        RUN_SPEC,
+        "would save their timelines to the same file x-1_1f1b_fault-free_r0.json",
+    ),
     ("spec long model name", {"s.yaml": spec(model="m" * 101)}, RUN_SPEC, "at most 100"),
     (
         "spec fractional hidden",

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+import harness.plots
 import harness.report
 from harness.experiment import run_experiment
 from harness.spec import default_experiment
@@ -62,3 +63,38 @@ def test_the_gantt_charts_of_the_worst_scenario_share_the_longest_one_s_time_axi
     for system in systems:
         title = drawn[f"gantt_{system}.png"][1]
         assert title.startswith(f"fig4-uniform-10ms: {system} (") and ", 0-1@40ms," in title
+
+
+def _row(system: str, scenario: str, ms: float, repeat: int, model: str = "m") -> dict[str, Any]:
+    return {
+        "model": model, "system": system, "scenario": scenario, "repeat": str(repeat),
+        "median_wall_ms": str(ms),
+    }  # fmt: skip
+
+
+def test_the_headline_takes_each_system_s_median_over_its_repeats() -> None:
+    """Adaptra's repeats under the delay took 150, 150 and 400 ms, 1F1B's 300 each: the
+    median says 2.00x over 1F1B and a worst slowdown of 1.50x (the last repeat alone said
+    0.75x; the largest, 4.00x)."""
+    runs = [_row(s, "fault-free", 100.0, k) for s in ("1f1b", "adaptra") for k in range(3)]
+    runs += [_row("adaptra", "0-1@10ms", ms, k) for k, ms in enumerate((150.0, 150.0, 400.0))]
+    runs += [_row("1f1b", "0-1@10ms", 300.0, k) for k in range(3)]
+    lines = harness.report._headline(runs)
+    assert lines[0] == (
+        "Worst slowdown against the same system's fault-free step: "
+        "m adaptra 1.50x (0-1@10ms); m 1f1b 3.00x (0-1@10ms)."
+    )
+    assert lines[1] == "Adaptra's speed-up over the best baseline: m 0-1@10ms 2.00x over 1f1b."
+
+
+def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
+    rows = [
+        {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",
+         "step_time_ms": "100"}
+        for model in ("small", "large")
+    ]  # fmt: skip
+    samples = harness.plots.throughput_rows(rows, {"small": 12, "large": 24})
+    assert [(r["line"], r["samples/s"]) for r in samples] == [
+        ("small, 1f1b", 12.0),
+        ("large, 1f1b", 24.0),
+    ]

@@ -2,6 +2,7 @@
 draws from it: nothing is planned or simulated again."""
 
 import ast
+import io
 import itertools
 import re
 import subprocess
@@ -207,3 +208,23 @@ def test_the_report_imports_no_runner() -> None:
         "harness.results",
         "harness.saved",
     ]
+
+
+def test_a_drawn_iteration_run_again_after_a_restart_is_kept_once() -> None:
+    """Iteration 1 ends, is lost to a restart, and runs again (300 ms later): the kept
+    timeline holds its second run only (it held both, and a Gantt chart drew them over each
+    other); messages.csv has both runs' rows, as iterations.csv has both runs."""
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    schedule = plan("1f1b", profile).schedule
+    out = io.StringIO()
+    recorder = ConfigurationRecorder(out, ("m", "1f1b", "fault-free", "0"), {1}, num_warmup=0)
+    for iteration, start_ms in ((0, 0.0), (1, 90.0), (1, 390.0)):
+        timeline = simulate(schedule, profile, iteration=iteration, start_ms=start_ms)
+        recorder(iteration, timeline, True)
+    kept = recorder.timeline()
+    assert recorder.num_kept == 1
+    assert [(r.iteration, r.start_ms) for r in kept.iterations] == [(1, 390.0)]
+    assert len(kept.ops) == 2 * 2 * 2  # one iteration's: 2 stages x (F, BW) x 2 microbatches
+    lines = out.getvalue().splitlines()
+    # a row per link direction (link 0-1 both ways) per run
+    assert sum(line.startswith("m,1f1b,fault-free,0,1,") for line in lines) == 2 * 2

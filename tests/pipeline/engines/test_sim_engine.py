@@ -93,6 +93,20 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
         check_plan(megatron, swapped)
 
 
+def test_after_a_restart_no_iteration_is_named_the_same_as_one_from_before_it() -> None:
+    """Iterations 1 and 2 repeat iteration 0 (the same plan, no faults). After a restart
+    back to iteration 1, that index runs again, maybe under other faults: an iteration
+    naming it from the cache would take that run's records for its own."""
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.IDEAL)
+    with SimEngine() as engine:
+        same = [engine.run(plan, k, NO_FAULTS).same_as for k in range(3)]
+        engine.restart()
+        after = [engine.run(plan, k, NO_FAULTS).same_as for k in (1, 2)]
+    assert same == [None, 0, 0]
+    assert after == [None, 1]  # iteration 1 anew, then iteration 2 is it again
+
+
 def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_gives() -> None:
     """PP 2 x DP 2, 1 MB of gradient per stage, DP links at 8 Gbit/s: a swap of two workers
     moves 8 MB of training state each way (mixed-precision Adam), 8 ms, before the
