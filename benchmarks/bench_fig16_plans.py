@@ -9,8 +9,9 @@ paper's delegate count, simulated (`delegated`, pipeline only: no DP step) under
 schedules: our planner's (`plan_adaptra`), the authors' released warm-up rule
 x_i = x_(i+1) + ceil(c_i / tF_i) + 2 through the same generator, and ZB's (what Adaptra-CPU
 delegates). Beside them, memory: per stage, the microbatches that fit next to its weights
-(`max_in_flight`) less the most our plan holds at once, the smallest over the stages (N is
-12 at 7B, 24 above; below 0, the plan would not fit).
+(`max_in_flight`) less our plan's peak activation memory (`pipeline.schedule.peak_memory`,
+in microbatches), the smallest over the stages (N is 12 at 7B, 24 above; below 0, the plan
+would not fit).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from harness.policies import with_delegate_count
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.schedule import Schedule
+from pipeline.schedule import Schedule, peak_memory
 from pipeline.simulator import CommMode, simulate
 
 FIG16_MODELS = ("gpt2-7b", "gpt2-14b", "gpt2-30b", "gpt2-60b")
@@ -31,18 +32,6 @@ FIG16_MODELS = ("gpt2-7b", "gpt2-14b", "gpt2-30b", "gpt2-60b")
 
 def _pipeline_ms(schedule: Schedule, profile: Profile) -> float:
     return compute_metrics(simulate(schedule, profile, CommMode.DELEGATED)).iteration_time_ms
-
-
-def _most_in_flight(schedule: Schedule) -> list[int]:
-    """Per stage, the most microbatches whose forward has run and whose backward has not."""
-    most = []
-    for ops in schedule.stages:
-        held = peak = 0
-        for op in ops:
-            held += {"F": 1, "B": -1, "BW": -1}.get(op.kind.value, 0)
-            peak = max(peak, held)
-        most.append(peak)
-    return most
 
 
 def main() -> None:
@@ -60,7 +49,7 @@ def main() -> None:
                 delays[link] = delay_ms
                 profile = with_delegate_count(cost.profile.with_delays(delays))
                 ours = plan_adaptra(profile).schedule
-                held = _most_in_flight(ours)
+                held = [peak_memory(ops) for ops in ours.stages]  # activations, in microbatches
                 room = min(f - h for f, h in zip(cost.max_in_flight, held, strict=True))
                 authors = generate_schedule(profile, authors_warmup(profile))
                 print(
@@ -68,7 +57,7 @@ def main() -> None:
                     f"{_pipeline_ms(ours, profile):.0f} | "
                     f"{_pipeline_ms(authors, profile):.0f} | "
                     f"{_pipeline_ms(zb_auto(profile), profile):.0f} | "
-                    f"{room} |"
+                    f"{room:g} |"
                 )
 
 

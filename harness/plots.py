@@ -148,12 +148,16 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     return True
 
 
+def _several_models(iterations: Sequence[Mapping[str, Any]]) -> bool:
+    return len({r["model"] for r in iterations}) > 1
+
+
 def throughput_rows(
     iterations: Sequence[Mapping[str, Any]], samples_per_iteration: Mapping[str, int]
 ) -> list[dict[str, Any]]:
     """Each iteration's samples/s (`samples_per_iteration` by model) and its line: the
     system, or "model, system" where there are several models."""
-    several = len({r["model"] for r in iterations}) > 1
+    several = _several_models(iterations)
     return [
         {
             "iteration": int(r["iteration"]),
@@ -181,8 +185,7 @@ def plot_throughput_over_time(
         data=frame, x="iteration", y="samples/s", hue="line", ax=ax, linewidth=1, errorbar=None
     )
     if ax.get_legend() is not None:
-        several = len({r["model"] for r in iterations}) > 1
-        ax.get_legend().set_title("model, system" if several else "system")
+        ax.get_legend().set_title("model, system" if _several_models(iterations) else "system")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -213,16 +213,16 @@ class ExperimentSpec:
                     "profile of the model instead"
                 )
             for scenario in self.scenarios(target):
-                for system in self.systems:
+                for system in self.systems:  # the last repeat's name is the longest
                     config = f"{target.label}/{system}/{scenario.name}"
-                    name = timeline_name((target.label, system, scenario.name, "0"))
+                    last = str(self.num_repeats - 1)
+                    name = timeline_name((target.label, system, scenario.name, last))
                     other = saved_as.setdefault(name, config)
                     if other != config:
                         raise ConfigError(
                             f"configurations {other} and {config} would save their timelines "
                             f"to the same file {name}; rename a model"
                         )
-                    timeline_name((target.label, system, scenario.name, str(self.num_repeats - 1)))
 
     def _check_types(self) -> None:
         """What YAML gives is any type: each field must be of its own (a float count, a
