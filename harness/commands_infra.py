@@ -17,6 +17,7 @@ import click
 
 from harness.cli_common import emit_json, resolve, schedule_options
 from pipeline.errors import ConfigError
+from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
 from pipeline.timeline import Timeline
 
@@ -105,8 +106,8 @@ def launch(
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "profile.json").write_text(json.dumps(profile.to_dict()))
-    (out_dir / "schedule.json").write_text(json.dumps(planned.schedule.to_dict()))
+    write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))
+    write_atomic(out_dir / "schedule.json", json.dumps(planned.schedule.to_dict()))
     worker_args = [
         "--profile",
         str(out_dir / "profile.json"),

@@ -9,6 +9,7 @@ import click
 
 from harness.cli_common import emit_json, output_file_option, terminal_progress
 from pipeline.errors import ConfigError
+from pipeline.files import write_atomic
 from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, CostCurve
 
 __all__ = ["calibrate", "profile"]
@@ -62,7 +63,7 @@ def profile(
         progress.done()
     data = measured.to_dict()
     try:
-        Path(out).write_text(json.dumps(data, indent=1) + "\n")
+        write_atomic(out, json.dumps(data, indent=1) + "\n")
     except OSError as err:
         raise ConfigError(f"cannot write {out}: {err.strerror}") from err
     if fmt == "json":
@@ -106,7 +107,6 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
     ring's lag, a failover) with microbenchmarks of real worker processes and delegates, and
     write them for `simulate`/`run --calibration`. Takes about 45 s; run it on an idle host."""
     from adaptra.transport import Delegates
-    from harness.results import write_atomic
     from pipeline.runtime.calibrate import measure_host_costs
 
     costs = measure_host_costs(

@@ -212,6 +212,7 @@ def run_loop(
                     + ("in the warm-up" if not asked else "again, before any iteration ran")
                 )
             _restart(engine, restarts, recovery, None, lost=k - checkpoint)
+            remembered.clear()  # the indices run again, under other faults
             view = view.repaired(k, stragglers=True)
             controller.restarted(k)
             k, asked = checkpoint, True
@@ -229,6 +230,7 @@ def run_loop(
             if k < num_warmup_iterations or not engine.capabilities.restarts:
                 raise
             _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
+            remembered.clear()
             view = view.repaired(k)
             controller.restarted(k)
             k = checkpoint
@@ -246,12 +248,14 @@ def run_loop(
             continue
         if (k - num_warmup_iterations) % recovery.checkpoint_every == 0:
             checkpoint = k
-        metrics = remembered.get(outcome.same_as) if outcome.same_as is not None else None
+        # Kept under the iteration that ran: a warm-up one too, which later ones can repeat.
+        ran = k - 1 if outcome.same_as is None else outcome.same_as
+        metrics = None if outcome.same_as is None else remembered.get(ran)
         if metrics is None:
             metrics = compute_metrics(outcome.timeline, k - 1)
             if len(remembered) >= _REMEMBERED:
                 remembered.pop(next(iter(remembered)))
-            remembered[k - 1] = metrics
+            remembered[ran] = metrics
         indices.append(k - 1 - num_warmup_iterations)
         times.append(metrics.iteration_time_ms)
         steps.append(metrics.step_time_ms)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import fault_free_wall_ms
+from pipeline.files import save_figure
 
 __all__ = [
     "plot_iteration_time_vs_delay",
@@ -60,7 +61,7 @@ def plot_lines(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -104,7 +105,7 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
         facet_kws={"sharey": False},
     )
     grid.set(ylim=(0, None))
-    grid.savefig(path, dpi=110)
+    save_figure(grid, path, dpi=110)
     plt.close(grid.figure)
 
 
@@ -143,7 +144,7 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     for ax in grid.axes.flat:
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.tick_params(axis="x", labelrotation=30)
-    grid.savefig(path, dpi=110)
+    save_figure(grid, path, dpi=110)
     plt.close(grid.figure)
     return True
 
@@ -188,5 +189,5 @@ def plot_throughput_over_time(
         ax.get_legend().set_title("model, system" if _several_models(iterations) else "system")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)

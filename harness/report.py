@@ -15,9 +15,9 @@ from harness.results import (
     fault_free_wall_ms,
     read_csv_rows,
     read_spec_record,
-    write_atomic,
 )
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
+from pipeline.files import write_atomic
 from pipeline.gantt import drawn_end_ms, plot_gantt
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Result files: atomic writes, the run directory's CSVs and its provenance."""
+"""Result files: the run directory's CSVs, its spec record and its provenance."""
 
 from __future__ import annotations
 
@@ -7,28 +7,25 @@ import csv
 import fcntl
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from pipeline.errors import ConfigError
+from pipeline.files import atomic_writer, write_atomic
 
 __all__ = [
     "ITERATIONS_COLUMNS",
     "MESSAGES_COLUMNS",
     "RESULTS_SCHEMA_VERSION",
     "RUNS_COLUMNS",
-    "atomic_writer",
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
     "read_spec_record",
     "run_dir_held",
-    "write_atomic",
     "write_csv_atomic",
     "write_json_atomic",
 ]
@@ -166,50 +163,6 @@ def run_dir_held(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _readable_mode() -> int:
-    """0666 less the process's umask: what `open` would have given the file (the umask read
-    from /proc, which leaves it as it is; elsewhere set and restored)."""
-    try:
-        status = Path("/proc/self/status").read_text()
-        umask = next(
-            int(line.split()[1], 8) for line in status.splitlines() if line.startswith("Umask:")
-        )
-    except (OSError, StopIteration, ValueError, IndexError):
-        umask = os.umask(0)
-        os.umask(umask)
-    return 0o666 & ~umask
-
-
-@contextlib.contextmanager
-def atomic_writer(path: Path, *, append: bool = False) -> Iterator[TextIO]:
-    """A text file written through a temporary file and renamed onto `path` when the block
-    ends without an error (otherwise removed): a reader never sees half a file. `append`:
-    the temporary file starts as a copy of `path` (if it exists)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        try:
-            os.fchmod(fd, _readable_mode())  # like any output file (mkstemp makes it 0600)
-            if append and path.exists():
-                shutil.copyfile(path, tmp)  # in the kernel where it can (before the open: an
-                # append handle starts at the end the file has when it is opened)
-            handle = os.fdopen(fd, "a" if append else "w", newline="")
-        except BaseException:
-            os.close(fd)  # the handle would have closed it
-            raise
-        with handle:
-            yield handle
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_atomic(path: Path, text: str) -> None:
-    with atomic_writer(path) as handle:
-        handle.write(text)
 
 
 def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:

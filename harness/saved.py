@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.names import slug
-from harness.results import MESSAGES_COLUMNS, atomic_writer, write_json_atomic
-from pipeline.files import parse_json_file
+from harness.results import MESSAGES_COLUMNS, write_json_atomic
+from pipeline.files import atomic_writer, parse_json_file
 from pipeline.timeline import Timeline
 
 __all__ = [

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness.names import slug
-from harness.results import write_atomic
 from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
+from pipeline.files import write_atomic
 from pipeline.simulator import CommMode
 
 __all__ = ["SlurmScript", "write_slurm_script"]

@@ -1,15 +1,28 @@
-"""Reading the tool's input files: every error names the file and what it was for."""
+"""The tool's files: reading its inputs (every error names the file and what it was for) and
+writing its outputs whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from pipeline.errors import ConfigError
 
-__all__ = ["load_yaml", "parse_json_file", "read_json", "read_text"]
+__all__ = [
+    "atomic_writer",
+    "load_yaml",
+    "parse_json_file",
+    "read_json",
+    "read_text",
+    "save_figure",
+    "write_atomic",
+]
 
 T = TypeVar("T")
 
@@ -50,3 +63,62 @@ def load_yaml(text: str, what: str) -> Any:
         problem = getattr(err, "problem", None) or type(err).__name__
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
+
+
+def _readable_mode() -> int:
+    """0666 less the process's umask: what `open` would have given the file (the umask read
+    from /proc, which leaves it as it is; elsewhere set and restored)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        umask = next(
+            int(line.split()[1], 8) for line in status.splitlines() if line.startswith("Umask:")
+        )
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, *, binary: bool, append: bool) -> Iterator[Any]:
+    """A handle on a temporary file beside `path`, renamed onto it when the block ends without
+    an error, otherwise removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:
+            os.fchmod(fd, _readable_mode())  # like any output file (mkstemp makes it 0600)
+            if append and path.exists():
+                shutil.copyfile(path, tmp)  # in the kernel where it can (before the open: an
+                # append handle starts at the end the file has when it is opened)
+            mode = "a" if append else "w"
+            handle = os.fdopen(fd, mode + "b") if binary else os.fdopen(fd, mode, newline="")
+        except BaseException:
+            os.close(fd)  # the handle would have closed it
+            raise
+        with handle:
+            yield handle
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_writer(path: Path, *, append: bool = False) -> contextlib.AbstractContextManager[TextIO]:
+    """A text file written through a temporary file and renamed onto `path` when the block
+    ends without an error (otherwise removed): a reader never sees half a file. `append`:
+    the temporary file starts as a copy of `path` (if it exists)."""
+    return _replacing(path, binary=False, append=append)
+
+
+def save_figure(figure: Any, path: str | Path, *, dpi: int) -> None:
+    """A matplotlib figure (or seaborn grid) saved whole or not at all, in the format its
+    file name ends with."""
+    path = Path(path)
+    with _replacing(path, binary=True, append=False) as out:
+        figure.savefig(out, format=path.suffix.lstrip(".") or "png", dpi=dpi)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    with atomic_writer(Path(path)) as handle:
+        handle.write(text)

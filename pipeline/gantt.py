@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from pipeline.files import save_figure
 from pipeline.ops import OpKind
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
@@ -76,7 +77,7 @@ def plot_gantt(
     _legend(ax, sorted({r.kind for r in timeline.ops}, key=list(OpKind).index), slow)
     if title:
         ax.set_title(title)
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.files import write_atomic
 from pipeline.timeline import MessageRecord, Timeline
 from pipeline.topology import Link, Position, Topology
 
@@ -79,7 +80,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
 
 def write_chrome_trace(timeline: Timeline, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(to_chrome_trace(timeline)))
+    write_atomic(path, json.dumps(to_chrome_trace(timeline)))
 
 
 def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from pipeline.files import write_atomic
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
@@ -120,11 +121,11 @@ def main(argv: list[str] | None = None) -> None:
             ]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "timeline.json").write_text(json.dumps(Timeline.concat(parts).to_dict()))
+        write_atomic(args.out / "timeline.json", json.dumps(Timeline.concat(parts).to_dict()))
         if losses:  # a training backend: one loss per iteration, the trained model's digest
-            (args.out / "losses.json").write_text(json.dumps(losses))
+            write_atomic(args.out / "losses.json", json.dumps(losses))
             digest = params_sha256(whole_model_params([r for r in gathered if r is not None]))
-            (args.out / "params_sha256.txt").write_text(digest + "\n")
+            write_atomic(args.out / "params_sha256.txt", digest + "\n")
     dist.destroy_process_group()
 
 

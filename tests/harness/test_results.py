@@ -1,8 +1,7 @@
-"""Result files: written whole or not at all, readable like any other output file."""
+"""Result files: the run directory, its lock, and the fault-free baseline."""
 
 import datetime as dt
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -11,50 +10,8 @@ import pytest
 
 from harness import experiment
 from harness.experiment import new_run_dir
-from harness.results import atomic_writer, fault_free_wall_ms, run_dir_held, write_atomic
+from harness.results import fault_free_wall_ms, run_dir_held
 from pipeline.errors import ConfigError
-
-
-def test_a_result_file_gets_the_mode_open_would_give_it(tmp_path: Path) -> None:
-    old = os.umask(0o022)
-    try:
-        write_atomic(tmp_path / "runs.csv", "a,b\n")
-        (tmp_path / "plain.txt").write_text("x")
-    finally:
-        os.umask(old)
-    mode = stat.S_IMODE((tmp_path / "runs.csv").stat().st_mode)
-    assert mode == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o644
-
-
-def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
-    path = tmp_path / "runs.csv"
-    write_atomic(path, "old\n")
-    with pytest.raises(RuntimeError), atomic_writer(path) as handle:
-        handle.write("half")
-        raise RuntimeError("midway")
-    assert path.read_text() == "old\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
-
-
-def test_an_append_adds_to_the_old_file(tmp_path: Path) -> None:
-    path = tmp_path / "runs.csv"
-    write_atomic(path, "a,b\n1,2\n")
-    with atomic_writer(path, append=True) as handle:
-        handle.write("3,4\n")
-    assert path.read_text() == "a,b\n1,2\n3,4\n"
-
-
-def test_a_write_that_fails_before_its_handle_leaves_no_descriptor_open(tmp_path: Path) -> None:
-    """The old file cannot be copied (it is a folder): the temporary file's descriptor is
-    closed and the file removed, every time."""
-    path = tmp_path / "runs.csv"
-    path.mkdir()
-    before = len(os.listdir("/proc/self/fd"))
-    for _ in range(5):
-        with pytest.raises(IsADirectoryError), atomic_writer(path, append=True):
-            pass
-    assert len(os.listdir("/proc/self/fd")) == before
-    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
 
 
 def test_the_slowdown_baseline_is_the_median_of_the_fault_free_repeats() -> None:

@@ -1,0 +1,86 @@
+"""Output files: written whole or not at all, readable like any other output file."""
+
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+import matplotlib
+import pytest
+
+from pipeline.files import atomic_writer, save_figure, write_atomic
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def test_a_result_file_gets_the_mode_open_would_give_it(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "runs.csv", "a,b\n")
+        (tmp_path / "plain.txt").write_text("x")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "runs.csv").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode) == 0o644
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    write_atomic(path, "old\n")
+    with pytest.raises(RuntimeError), atomic_writer(path) as handle:
+        handle.write("half")
+        raise RuntimeError("midway")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_an_append_adds_to_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    write_atomic(path, "a,b\n1,2\n")
+    with atomic_writer(path, append=True) as handle:
+        handle.write("3,4\n")
+    assert path.read_text() == "a,b\n1,2\n3,4\n"
+
+
+def test_a_write_that_fails_before_its_handle_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    """The old file cannot be copied (it is a folder): the temporary file's descriptor is
+    closed and the file removed, every time."""
+    path = tmp_path / "runs.csv"
+    path.mkdir()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(IsADirectoryError), atomic_writer(path, append=True):
+            pass
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_a_figure_is_saved_in_the_format_its_name_says(tmp_path: Path) -> None:
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    save_figure(fig, tmp_path / "a.png", dpi=50)
+    save_figure(fig, tmp_path / "a.svg", dpi=50)
+    plt.close(fig)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:1000]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "a.svg"]
+
+
+def test_a_figure_that_fails_to_save_leaves_the_old_file_and_no_temporary_one(
+    tmp_path: Path,
+) -> None:
+    """As a signal in the middle of `savefig` would: the chart drawn before stays whole."""
+    path = tmp_path / "gantt.png"
+    path.write_bytes(b"old chart")
+
+    class Broken:
+        def savefig(self, out: BinaryIO, **options: object) -> None:
+            assert options == {"format": "png", "dpi": 50}
+            out.write(b"\x89PNG half")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        save_figure(Broken(), path, dpi=50)
+    assert path.read_bytes() == b"old chart"
+    assert [p.name for p in tmp_path.iterdir()] == ["gantt.png"]
