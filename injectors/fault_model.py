@@ -18,6 +18,7 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import random
@@ -142,6 +143,7 @@ class InForce:
         dataclasses.field(default_factory=dict)
     )
     """Per link direction, the units on its route that have effects (looked up once)."""
+    _redraws: dict[tuple[_Unit, Effect], _Redraws] = dataclasses.field(default_factory=dict)
 
     def cache_key(self) -> Hashable | None:
         """The topology and the effects, unless one draws per message, follows the clock or
@@ -201,8 +203,15 @@ class InForce:
                 if effect.bandwidth_gbps is not None:
                     delay_ms += num_bytes * 8 / (effect.bandwidth_gbps * 1e6)
                 if effect.normal_ms is not None:
-                    delay_ms += _redrawn_ms(effect, self.seed, unit, self.iteration, offset_ms)
+                    delay_ms += self._redrawn(effect, unit).at(offset_ms)
         return MessageFault(delay_ms)
+
+    def _redrawn(self, effect: Effect, unit: _Unit) -> _Redraws:
+        redraws = self._redraws.get((unit, effect))
+        if redraws is None:
+            redraws = _Redraws.start(effect, self.seed, unit, self.iteration)
+            self._redraws[unit, effect] = redraws
+        return redraws
 
     def _delay_ms(
         self, effect: Effect, unit: _Unit, link: Link, direction: str, kind: str, m: int
@@ -216,19 +225,33 @@ class InForce:
         return max(0.0, effect.delay_ms + effect.jitter_ms * draw.uniform(-1.0, 1.0))
 
 
-def _redrawn_ms(effect: Effect, seed: int, unit: _Unit, iteration: int, offset_ms: float) -> float:
-    """The normal delay in force `offset_ms` into the iteration: values held for seeded
-    U[lo, hi] ms intervals from the iteration's start."""
-    assert effect.normal_ms is not None
-    mean_ms, std_ms = effect.normal_ms
-    lo, hi = effect.redraw_every_ms
-    rng = random.Random(f"{seed}:{unit}:{iteration}:redraw")
-    held_until = rng.uniform(lo, hi)
-    value = rng.gauss(mean_ms, std_ms)
-    while held_until <= offset_ms:
-        held_until += max(rng.uniform(lo, hi), 1e-3)
-        value = rng.gauss(mean_ms, std_ms)
-    return max(0.0, value)
+@dataclasses.dataclass(slots=True)
+class _Redraws:
+    """A redrawn normal delay on one unit in one iteration: values held for seeded U[lo, hi]
+    ms intervals from the iteration's start, drawn as far into it as asked (once: a later
+    message looks its interval up)."""
+
+    effect: Effect
+    rng: random.Random
+    ends_ms: list[float]
+    """Where each value's interval ends (ms into the iteration), increasing."""
+    values_ms: list[float]
+
+    @classmethod
+    def start(cls, effect: Effect, seed: int, unit: _Unit, iteration: int) -> _Redraws:
+        assert effect.normal_ms is not None
+        rng = random.Random(f"{seed}:{unit}:{iteration}:redraw")
+        first_end_ms = rng.uniform(*effect.redraw_every_ms)
+        return cls(effect, rng, [first_end_ms], [rng.gauss(*effect.normal_ms)])
+
+    def at(self, offset_ms: float) -> float:
+        """The delay in force `offset_ms` into the iteration (clipped at 0)."""
+        assert self.effect.normal_ms is not None
+        lo, hi = self.effect.redraw_every_ms
+        while self.ends_ms[-1] <= offset_ms:
+            self.ends_ms.append(self.ends_ms[-1] + max(self.rng.uniform(lo, hi), 1e-3))
+            self.values_ms.append(self.rng.gauss(*self.effect.normal_ms))
+        return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 import statistics
 
 from injectors.fault_files import parse_yaml
+from injectors.fault_model import InForce
 from pipeline.topology import Link, Position, Topology
 
 FOUR = Topology(4)
@@ -111,6 +112,25 @@ def test_a_redrawn_normal_delay_follows_the_clock() -> None:
     ]
     assert len(set(held)) == 1  # one draw held for 10 ms
     assert abs(statistics.fmean(values) - 20) < 0.5 and abs(statistics.stdev(values) - 4) < 0.5
+
+
+def test_a_redrawn_delay_does_not_depend_on_which_messages_asked_before() -> None:
+    """The values are drawn once per iteration, as far as asked: a message asking late in
+    the iteration, then one asking early, see what each would see alone."""
+    model = _model(
+        '[{start_iteration: 0, links: ["0-1"], distribution: {normal: {mean_ms: 20, std_ms: 4},'
+        " redraw_every_ms: [1, 3]}}]"
+    )
+
+    def delay_ms(in_force: InForce, offset_ms: float) -> float:
+        return in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, offset_ms).delay_ms
+
+    offsets = [5000.0, 3.0, 2999.5, 0.0, 5000.0, 1.0, 4000.25]
+    shared = model.at(0, FOUR)
+    assert [delay_ms(shared, t) for t in offsets] == [
+        delay_ms(model.at(0, FOUR), t) for t in offsets
+    ]
+    assert delay_ms(model.at(1, FOUR), 5000.0) != delay_ms(shared, 5000.0)  # a new iteration's
 
 
 def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
