@@ -25,7 +25,7 @@ from pipeline.runtime.devices import describe_pool
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
-from pipeline.runtime.remote_error import WorkerLinkFailure
+from pipeline.runtime.remote_error import WorkerError, WorkerLinkFailure
 from pipeline.runtime.transport import DelegateFactory
 from pipeline.simulator import CommMode
 
@@ -128,9 +128,12 @@ class RuntimeEngine(Closing):
         )
         try:
             timeline = self._pool.run_iteration(config, self._on_start)
-        except WorkerLinkFailure as err:  # the pool has closed itself
+        except WorkerError as err:  # the pool has closed itself
             self._started = False
-            raise LinkFailure(str(err)) from err
+            if isinstance(err, WorkerLinkFailure):
+                at_ms = None if err.remote is None else err.remote.at_ms
+                raise LinkFailure(str(err), at_ms=at_ms) from err
+            raise
         self._resume = None
         self._saved = self._saved or config.save_checkpoint is not None
         results = self._pool.last_results

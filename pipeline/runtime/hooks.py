@@ -89,7 +89,8 @@ class FaultViewHook:
                 )
                 raise LinkFailure(
                     f"link {concrete} ({direction}) has failed: {what} in iteration "
-                    f"{iteration} cannot go"
+                    f"{iteration} cannot go",
+                    at_ms=offset_ms,
                 )
             delay_ms += fault.delay_ms
         if delay_ms > 0 and wait:

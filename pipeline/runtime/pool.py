@@ -107,6 +107,8 @@ class WorkerPool:
         self._tmpdir: str | None = None
         self._slot_dir: str | None = None
         self._origin: float | None = None
+        self._placement = Topology(num_stages, num_replicas)
+        """Which worker plays which position now (errors name the stage it plays)."""
         self.pids: list[int] = []
         self.delegate_pids: list[list[int]] = []
         """Each rank's delegate processes (none without delegates)."""
@@ -137,7 +139,10 @@ class WorkerPool:
     def start(self) -> None:
         if self._processes or self._tmpdir is not None:
             raise RuntimeError("the worker pool is already running (close it before a restart)")
+        if self.delegates is not None and self.num_delegates < 1:
+            raise ValueError(f"delegates need num_delegates >= 1, not {self.num_delegates}")
         self._busy = True
+        self._placement = Topology(self.num_stages, self.num_replicas)  # where workers start
         try:  # from the first folder on: a signal at any point leaves nothing behind
             self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
             init_file = str(Path(self._tmpdir) / "rendezvous")
@@ -202,9 +207,14 @@ class WorkerPool:
         if on_start is not None:
             on_start(start_at)
         self._busy = True
-        for conn in self._conns:
-            conn.send((config, start_at))
         what = f"iteration {config.iteration}"
+        if config.topology is not None:
+            self._placement = config.topology
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send((config, start_at))
+            except OSError:  # its end of the pipe closed: the process is gone
+                self._fail(WorkerCrash(f"{self._name(rank)} is gone", rank=rank), what)
         results: list[RankResult] = self._gather(what, "records")  # type: ignore[assignment]
         self._busy = False
         self.bytes_sent += sum(r.bytes_sent for r in results)
@@ -297,9 +307,8 @@ class WorkerPool:
             time.sleep(0.005)
 
     def _name(self, rank: int) -> str:
-        """The rank and the stage it plays under the default placement."""
-        grid = Topology(self.num_stages, self.num_replicas)
-        return f"rank {rank} (stage {grid.position_of_worker(rank).stage})"
+        """The rank and the stage it plays (in the latest iteration)."""
+        return f"rank {rank} (stage {self._placement.position_of_worker(rank).stage})"
 
     def _fail(self, error: WorkerError, what: str, reporter: int | None = None) -> NoReturn:
         """Close the pool and raise: what caused `error` (`_cause`: a dead rank's

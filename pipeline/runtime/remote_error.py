@@ -61,6 +61,8 @@ class RemoteError:
     """The type and its bases in method resolution order, qualified (`object` left out)."""
     cause_type_name: str | None = None
     """The qualified type of the exception it was raised from (or during), if any."""
+    at_ms: float | None = None
+    """A `LinkFailure`'s `at_ms`: how far into its iteration the failed message went."""
 
     @classmethod
     def from_exception(
@@ -92,6 +94,7 @@ class RemoteError:
             op=None if op is None else str(op),
             type_names=tuple(qualified_name(t) for t in kind.__mro__ if t is not object),
             cause_type_name=None if cause is None else qualified_name(type(cause)),
+            at_ms=err.at_ms if isinstance(err, LinkFailure) else None,
         )
 
     @property

@@ -670,9 +670,8 @@ def worker_main(
     slot_dir: str = "",
 ) -> None:
     """Process entry point; reports ready (with its delegates' pids and its devices), then
-    answers one
-    command per iteration. A failure (in start-up or an iteration) is reported as a
-    `RemoteError` and ends the worker."""
+    answers one command per iteration. A failure (in start-up or an iteration) is reported
+    as a `RemoteError` and ends the worker."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     configure_threads()
     stage, replica = rank % num_stages, rank // num_stages
@@ -693,13 +692,13 @@ def worker_main(
         conn.send(("error", remote))
         return
     try:
-        _serve(worker, conn, rank, stage, replica)
+        _serve(worker, conn, rank)
     finally:
         if worker.delegates is not None:
             worker.delegates.close()
 
 
-def _serve(worker: _Worker, conn: Connection, rank: int, stage: int, replica: int) -> None:
+def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
     conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
     while True:
@@ -716,8 +715,8 @@ def _serve(worker: _Worker, conn: Connection, rank: int, stage: int, replica: in
             remote = RemoteError.from_exception(
                 err,
                 rank=rank,
-                stage=stage,
-                replica=replica,
+                stage=worker.stage,  # the position it plays now (a swap moves it)
+                replica=worker.replica,
                 iteration=config.iteration,
                 op=worker.current_op,
             )

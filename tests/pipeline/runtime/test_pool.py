@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from adaptra.generator import generate_schedule
+from adaptra.transport import Delegates
 from baselines import one_f_one_b, zb_h2
 from injectors.fault_files import parse_yaml
 from pipeline.metrics import compute_metrics
@@ -34,7 +35,7 @@ from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
-from pipeline.topology import Topology
+from pipeline.topology import Position, Topology
 from pipeline.trace import to_chrome_trace
 
 pytestmark = pytest.mark.multiprocess
@@ -247,8 +248,10 @@ def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
     config = IterationConfig(0, one_f_one_b(profile), profile, faults=down)
     with WorkerPool(2, timeout_s=20) as pool:
         pids = list(pool.pids)
+        started = time.monotonic()
         with pytest.raises(WorkerLinkFailure) as info:
             pool.run_iteration(config)
+        took_ms = (time.monotonic() - started) * 1000.0
     err = info.value
     assert isinstance(err, WorkerError) and err.rank == 0
     assert str(err) == (
@@ -258,6 +261,8 @@ def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
     remote = err.remote
     assert remote is not None
     assert (remote.rank, remote.stage, remote.replica, remote.iteration) == (0, 0, 0, 0)
+    # How far into the iteration the message went: after F0 (1 ms), before the pool heard.
+    assert remote.at_ms is not None and 1.0 <= remote.at_ms < took_ms
     assert remote.type_name == "pipeline.errors.LinkFailure"
     assert "builtins.ConnectionError" in remote.type_names
     # The worker's traceback, down to the hook that raised: an attribute and a note.
@@ -265,6 +270,43 @@ def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
     assert "raise LinkFailure(" in err.traceback_text
     assert any(err.traceback_text.rstrip() in note for note in err.__notes__)
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_failure_after_a_swap_names_the_stage_the_worker_plays() -> None:
+    """Workers 0 and 1 exchange stages: the failed link's sender is worker 1, now stage 0."""
+    profile = _profile(1.0, 1.0, 1.0)
+    swapped = Topology(2).swapped(Position(0, 0), Position(1, 0))
+    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(0, swapped)
+    with WorkerPool(2, timeout_s=20) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+        config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped, faults=down)
+        with pytest.raises(WorkerLinkFailure) as info:
+            pool.run_iteration(config)
+    assert str(info.value).startswith("rank 1 (stage 0), iteration 1, op F0: LinkFailure: ")
+    assert info.value.remote is not None and info.value.remote.stage == 0
+
+
+def test_a_worker_dead_between_iterations_is_named_at_the_next_one() -> None:
+    profile = _profile(1.0, 1.0, 1.0)
+    config = IterationConfig(0, one_f_one_b(profile), profile)
+    with WorkerPool(2, timeout_s=20) as pool:
+        pool.run_iteration(config)
+        os.kill(pool.pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pool.pids[1]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(WorkerCrash, match=r"^rank 1 \(stage 1\) exited with code -9 ") as info:
+            pool.run_iteration(dataclasses.replace(config, iteration=1))
+        assert info.value.rank == 1
+        with pytest.raises(WorkerError, match="not running"):  # closed, not half-open
+            pool.run_iteration(dataclasses.replace(config, iteration=2))
+
+
+def test_delegates_without_a_delegate_count_are_refused_before_any_process_starts() -> None:
+    pool = WorkerPool(2, delegates=Delegates())
+    with pytest.raises(ValueError, match="num_delegates >= 1, not 0"):
+        pool.start()
+    assert pool.pids == [] and pool.exit_codes == []
 
 
 class _BrokenBackward(EmulatedCompute):
