@@ -64,6 +64,8 @@ __all__ = ["USER_TIMEOUT_MS", "DelegateTransport", "Delegates"]
 DELEGATE_FILE = Path(__file__).with_name("delegate.py")
 _POLL_S = 0.2
 """How often a wait on delegates looks whether they are still alive."""
+_READ_BYTES = 1 << 16
+"""The most a read of a notify pipe takes at once (a full pipe)."""
 
 LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
 """Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
@@ -184,6 +186,8 @@ class _Process:
         self.process = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
         os.close(control_r)
         os.close(notify_w)
+        self.unread = bytearray()
+        """What it has written to its notify pipe and `_read_note` has not taken yet."""
 
     @property
     def name(self) -> str:
@@ -203,6 +207,16 @@ class _Process:
         except BrokenPipeError as err:
             raise ConnectionError(f"the {self.name} is gone (its pipe is closed)") from err
 
+    def read_written(self) -> None:
+        """Read what it has noted so far, without waiting. A delegate whose notify pipe is
+        full stops (its write blocks): a trainer that hands over more messages than the pipe
+        holds notes of (about 1,170) before it waits for them reads their notes as it goes."""
+        while select.select([self.notify], [], [], 0)[0]:
+            chunk = os.read(self.notify, _READ_BYTES)
+            if not chunk:
+                return  # closed: `_read_note` says so once the notes before are taken
+            self.unread += chunk
+
     def check_alive(self) -> None:
         code = self.process.poll()
         if code is not None:
@@ -221,8 +235,7 @@ class _Process:
 
 def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
     """The next note of `process`, waiting until `deadline` (monotonic s)."""
-    data = b""
-    while len(data) < NOTE.size:
+    while len(process.unread) < NOTE.size:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"the {process.name} said nothing in time")
@@ -230,12 +243,14 @@ def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[typ
         if not readable:
             process.check_alive()
             continue
-        chunk = os.read(process.notify, NOTE.size - len(data))
+        chunk = os.read(process.notify, _READ_BYTES)
         if not chunk:
             process.check_alive()
             raise ConnectionError(f"the {process.name} closed its pipe")
-        data += chunk
-    return NOTE.unpack(data)
+        process.unread += chunk
+    note = NOTE.unpack_from(process.unread)
+    del process.unread[: NOTE.size]
+    return note
 
 
 class _Side:
@@ -287,6 +302,7 @@ class _Outbound(_Side):
     ) -> None:
         delegate = self.delegate_of(message.seq)
         delegate.check_alive()
+        delegate.read_written()
         nbytes = payload.numel() * payload.element_size()
         offset = self.slots.offset(message.seq)
         self.slots.tensor(offset, payload).copy_(payload.detach().reshape(-1))

@@ -20,6 +20,7 @@ from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
+from pipeline.runtime.calibrate import busy_both_ways
 from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
 
@@ -105,6 +106,20 @@ def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing() -> None:
     text = f"{failed.value} {failed.value.__cause__}"
     assert "delegate 0" in text and "link 0-1 (forward)" in text, text
     assert all(_gone(pid) for pid in [*pool.pids, *delegates]) and not folder.exists()
+
+
+def test_more_messages_than_a_notify_pipe_holds_notes_of_go_through_one_delegate() -> None:
+    """1,500 activations through one sender delegate, handed over before the trainer waits
+    for them: its notes (56 bytes each) would fill the 64 KiB pipe, and it would stop."""
+    num_microbatches = 1500
+    profile = Profile.uniform(2, num_microbatches, 0.01, 0.005, 0.005, message_bytes=64)
+    config = IterationConfig(0, busy_both_ways(2, num_microbatches), profile, comm="delegated")
+    with WorkerPool(2, delegates=Delegates(), num_delegates=1, timeout_s=20) as pool:
+        timeline = pool.run_iteration(config)
+    assert _count(timeline) == {("0-1", "forward"): 1500, ("0-1", "backward"): 1500}
+    assert {m.carrier_pid for m in timeline.messages} <= set(
+        pool.delegate_pids[0] + pool.delegate_pids[1]
+    )
 
 
 def test_a_pool_without_delegates_refuses_a_delegated_iteration() -> None:
