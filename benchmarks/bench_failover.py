@@ -77,7 +77,7 @@ def _testbed(num_failures: int, notices: bool, seed: int) -> list[Figures]:
             num_warmup_iterations=1,
             faults=faults,
         )
-        downs = list(engine.nics_taken_down)  # type: ignore[attr-defined]
+        downs = [c for c in engine.nic_changes if not c.up]  # type: ignore[attr-defined]
     assert result.restarts == 0 and result.timeline is not None
     timeline = result.timeline
     times = result.iteration_times_ms

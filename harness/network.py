@@ -7,7 +7,7 @@ start or from the event's `at_ms` into it (delay, jitter, a redrawn normal delay
 stall, down), on kernel netem where netem can express it and the kernel has it, else on a
 userspace wire (`Testbed.set_wire` decides; a pair with changes inside the iteration takes
 the wire at the boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a
-timer). The profile's link delays and bandwidth are the pairs' base on both data NICs (the
+timer), and comes back up the same way where an event ends the failure inside an iteration. The profile's link delays and bandwidth are the pairs' base on both data NICs (the
 bandwidth as htb caps; on rnic1 for what fails over to it, without the faults); the
 workers get plans without them and no fault view, so they sleep no delay and their messages
 carry no `fault_ms`. A worker notices a failed NIC or link as a
@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from injectors.fault_model import Effect, InForce
+from injectors.fault_model import Effect, Held, InForce
 from injectors.testbed import DATA_PLANES, PLANES, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 from pipeline.engines import Capabilities, Engine, Outcome, Plan
@@ -37,7 +38,7 @@ from pipeline.profile import Profile
 from pipeline.runtime.remote_error import WorkerCrash, WorkerError, WorkerTimeout
 from pipeline.topology import Link
 
-__all__ = ["NicDown", "network_engine"]
+__all__ = ["NicChange", "network_engine"]
 
 _Pair = tuple[int, int]
 _Changes = tuple[tuple[float, WireState, WireState], ...]
@@ -96,15 +97,14 @@ def _wire_state(base: WireState, effects: list[Effect], seed: str) -> WireState:
     return state
 
 
-def _wire_changes(
-    base: WireState, effects: tuple[tuple[Effect, float], ...], seed: str
-) -> _Changes:
-    """The states a pair's wire takes through one iteration: one per distinct start offset,
-    each with every effect started by then (a stall is paid once per direction: the wire
-    keeps it paid through the iteration's later changes)."""
+def _wire_changes(base: WireState, effects: tuple[Held, ...], seed: str) -> _Changes:
+    """The states a pair's wire takes through one iteration: one from each offset where an
+    effect starts or ends, with the effects that hold from there (a stall is paid once per
+    direction: the wire keeps it paid through the iteration's later changes)."""
     changes = []
-    for from_ms in sorted({0.0} | {at for _, at in effects}):
-        held = [e for e, at in effects if at <= from_ms]  # a stall the wire paid stays paid
+    ends = {held.until_ms for held in effects if held.until_ms < math.inf}
+    for from_ms in sorted({0.0} | {held.from_ms for held in effects} | ends):
+        held = [h.effect for h in effects if h.holds_at(from_ms)]
         changes.append(
             (
                 from_ms,
@@ -115,13 +115,20 @@ def _wire_changes(
     return tuple(changes)
 
 
+class _Outage(NamedTuple):
+    """A NIC down from `from_ms` into an iteration until `until_ms` (inf: its end)."""
+
+    from_ms: float
+    until_ms: float
+
+
 @dataclasses.dataclass(slots=True)
 class _Network:
     """What the testbed is to do in one iteration."""
 
     wires: dict[_Pair, _Changes]
-    nics_down: dict[tuple[int, int], float]
-    """(host, plane) -> from ms into the iteration."""
+    nics_down: dict[tuple[int, int], _Outage]
+    """(host, plane) -> when in the iteration it is down."""
 
     @property
     def fails(self) -> bool:
@@ -132,7 +139,7 @@ class _Network:
 
 def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: int) -> _Network:
     wires: dict[_Pair, _Changes] = {pair: ((0.0, s, s),) for pair, s in base.items()}
-    nics_down: dict[tuple[int, int], float] = {}
+    nics_down: dict[tuple[int, int], _Outage] = {}
     if faults is NO_FAULTS:
         return _Network(wires, nics_down)
     if not isinstance(faults, InForce):
@@ -141,13 +148,15 @@ def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: i
         kind, host, other = unit
         if kind == "nic":
             assert isinstance(other, str)
-            if not all(effect.down for effect, _ in effects):
+            if not all(held.effect.down for held in effects):
                 raise ConfigError(
                     f"iteration {iteration}: --inject network takes a NIC down, not another "
                     f"effect on a NIC ({other} of host {host}); replay it with --inject hook"
                 )
             plane = faults.topology.nics.index(other)
-            nics_down[host, plane] = min(at for _, at in effects)
+            # Down from the first failure to the last repair (one outage per iteration).
+            outage = _Outage(min(h.from_ms for h in effects), max(h.until_ms for h in effects))
+            nics_down[host, plane] = outage
             continue
         assert isinstance(other, int)
         seed = f"{faults.seed}:{host}-{other}:{iteration}"
@@ -171,14 +180,15 @@ def _gloo_gave_up(err: WorkerError) -> bool:
     )
 
 
-class NicDown(NamedTuple):
-    """A NIC the engine took down inside an iteration: `at_ms` into it, when the call that
-    set it down began (the kernel had it down at most that call's time later)."""
+class NicChange(NamedTuple):
+    """A NIC the engine took down (or brought up) inside an iteration: `at_ms` into it, when
+    the call that set it began (the kernel had it so at most that call's time later)."""
 
     iteration: int
     host: int
     plane: int
     at_ms: float
+    up: bool = False
 
 
 class _NetworkEngine(Closing):
@@ -234,8 +244,8 @@ class _NetworkEngine(Closing):
         self._timers: list[threading.Timer] = []
         self._started_at: float | None = None
         self._iteration = 0
-        self.nics_taken_down: list[NicDown] = []
-        """Every NIC a timer took down inside an iteration, when it was down."""
+        self.nic_changes: list[NicChange] = []
+        """Every NIC a timer took down or brought up inside an iteration, and when."""
         self._timer_error: Exception | None = None
 
     @property
@@ -272,8 +282,8 @@ class _NetworkEngine(Closing):
                 *pair, plane=0, forward=forward, backward=backward, scheduled=not steady
             )
             self._wires[pair] = changes if steady else ()  # (): set it again next time
-        for (host, plane), from_ms in network.nics_down.items():  # after the wires: a new
-            if from_ms == 0.0 and (host, plane) not in self._nics_down:  # one goes down too
+        for (host, plane), outage in network.nics_down.items():  # after the wires: a new
+            if outage.from_ms == 0.0 and (host, plane) not in self._nics_down:  # one too
                 self._nics_down.add((host, plane))
                 self.bed.set_link(host, plane, up=False)
         for host, plane in sorted(self._nics_down - set(network.nics_down)):
@@ -295,13 +305,14 @@ class _NetworkEngine(Closing):
                 f"iteration {iteration}: a failed NIC or link on the testbed: {err}", at_ms=at_ms
             ) from err
         finally:
-            for timer in self._timers:
+            while self._timers:  # a timer that takes a NIC down may add its repair's
+                timer = self._timers.pop(0)
                 timer.cancel()
                 timer.join()
-            self._timers = []
         if self._timer_error is not None:
             raise TestbedError(
-                f"iteration {iteration}: a NIC could not be taken down: {self._timer_error}"
+                f"iteration {iteration}: a NIC could not be taken down or brought up: "
+                f"{self._timer_error}"
             ) from self._timer_error
         return outcome
 
@@ -315,24 +326,48 @@ class _NetworkEngine(Closing):
             for from_ms, forward, backward in changes[1:]:
                 at = start_at + from_ms / 1000.0
                 self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward, at=at)
-        for (host, plane), from_ms in network.nics_down.items():
-            if from_ms > 0.0 and (host, plane) not in self._nics_down:
-                delay_s = max(0.0, start_at + from_ms / 1000.0 - time.monotonic())
-                timer = threading.Timer(delay_s, self._take_down, (host, plane))
-                timer.start()
-                self._timers.append(timer)
+        for (host, plane), outage in network.nics_down.items():
+            if outage.from_ms > 0.0 and (host, plane) not in self._nics_down:
+                self._at(outage.from_ms, self._take_down, host, plane, outage.until_ms)
+            elif outage.until_ms < math.inf:
+                self._at(outage.until_ms, self._bring_up, host, plane)
 
-    def _take_down(self, host: int, plane: int) -> None:
-        """A timer's: the NIC down at its offset (an error is raised again by `run`)."""
+    def _at(self, offset_ms: float, do: Callable[..., None], *args: object) -> None:
+        """`do(*args)` by a timer, `offset_ms` into the iteration (unless it ends first: `run`
+        cancels the timers left)."""
+        assert self._started_at is not None
+        delay_s = max(0.0, self._started_at + offset_ms / 1000.0 - time.monotonic())
+        timer = threading.Timer(delay_s, do, args)
+        timer.start()
+        self._timers.append(timer)
+
+    def _take_down(self, host: int, plane: int, until_ms: float) -> None:
+        """A timer's: the NIC down at its offset, and its repair timed after that where the
+        iteration has one (an error is raised again by `run`)."""
         self._nics_down.add((host, plane))  # first: a restart repairs it even half-done
         try:
             down_at = self.bed.set_link(host, plane, up=False)
         except Exception as err:  # kept: `run` raises it in the controller's thread
             self._timer_error = err
             return
+        self._note(host, plane, down_at, up=False)
+        if until_ms < math.inf:
+            self._at(until_ms, self._bring_up, host, plane)
+
+    def _bring_up(self, host: int, plane: int) -> None:
+        """A timer's: the NIC repaired at its offset."""
+        try:
+            up_at = self.bed.set_link(host, plane, up=True)
+        except Exception as err:
+            self._timer_error = err
+            return
+        self._nics_down.discard((host, plane))
+        self._note(host, plane, up_at, up=True)
+
+    def _note(self, host: int, plane: int, set_at: float, *, up: bool) -> None:
         assert self._started_at is not None
-        at_ms = (down_at - self._started_at) * 1000.0
-        self.nics_taken_down.append(NicDown(self._iteration, host, plane, at_ms))
+        at_ms = (set_at - self._started_at) * 1000.0
+        self.nic_changes.append(NicChange(self._iteration, host, plane, at_ms, up))
 
     def restart(self) -> None:
         """The failed hardware replaced: every NIC up, every wire at its base; a fresh pool."""

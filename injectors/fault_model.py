@@ -7,7 +7,8 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
 - Effects: a fixed delay (+ uniform jitter), a normal delay redrawn every U[lo, hi] ms, a
   bandwidth cap, a one-off stall, or down (a failure). An event is in force from
   `start_iteration` (at `at_ms` into it) until `end_iteration` (exclusive) or until a later
-  event of the same kind on the same host pair or NIC replaces it (a delay of 0 ends one).
+  event of the same kind on the same host pair or NIC replaces it (a delay of 0 ends one),
+  from that event's own `at_ms`.
   Effects of different kinds on one target add up.
 - Per message: its hosts and route (every message uses each end's first NIC, `rnic0`, until
   failover moves it) pick the effects. Jitter, caps and stalls are pure functions of (seed,
@@ -21,9 +22,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import math
 import random
 from collections.abc import Hashable
 from enum import StrEnum
+from typing import NamedTuple
 
 from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
@@ -127,6 +130,27 @@ _Unit = tuple[str, int, int | str]
 _HEALTHY = MessageFault()
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Held:
+    """An effect in force on a unit during (part of) one iteration: from `from_ms` into it
+    until `until_ms` (inf: its end)."""
+
+    effect: Effect
+    from_ms: float = 0.0
+    until_ms: float = math.inf
+
+    def holds_at(self, offset_ms: float) -> bool:
+        return self.from_ms <= offset_ms < self.until_ms
+
+
+class _Span(NamedTuple):
+    """An event in force during (part of) an iteration (`FaultModel._in_force`)."""
+
+    event: FaultEvent
+    from_ms: float
+    until_ms: float = math.inf
+
+
 @dataclasses.dataclass(slots=True)
 class InForce:
     """The effects in force during one iteration under one topology (a
@@ -135,12 +159,12 @@ class InForce:
 
     iteration: int
     topology: Topology
-    effects: dict[_Unit, tuple[tuple[Effect, float], ...]]
-    """(effect, offset ms into this iteration from which it holds) per unit."""
+    effects: dict[_Unit, tuple[Held, ...]]
+    """Per unit, its effects and when in this iteration each holds."""
     seed: int
     _stalled: set[tuple[_Unit, str]] = dataclasses.field(default_factory=set)
-    _routes: dict[tuple[Link, str], list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]] = (
-        dataclasses.field(default_factory=dict)
+    _routes: dict[tuple[Link, str], list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
+        default_factory=dict
     )
     """Per link direction, the units on its route that have effects (looked up once)."""
     _redraws: dict[tuple[_Unit, Effect], _Redraws] = dataclasses.field(default_factory=dict)
@@ -149,27 +173,23 @@ class InForce:
         """The topology and the effects, unless one draws per message, follows the clock or
         keeps state (jitter, a redrawn normal delay, a stall)."""
         drawn = any(
-            e.jitter_ms or e.normal_ms is not None or e.stall_ms
+            held.effect.jitter_ms or held.effect.normal_ms is not None or held.effect.stall_ms
             for effects in self.effects.values()
-            for e, _ in effects
+            for held in effects
         )
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
     def affects(self, link: Link) -> bool:
         return bool(self._route(link, "forward") or self._route(link, "backward"))
 
-    def _route(
-        self, link: Link, direction: str
-    ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
+    def _route(self, link: Link, direction: str) -> list[tuple[_Unit, tuple[Held, ...]]]:
         """The units with effects on the route of `link` in `direction` (looked up once)."""
         route = self._routes.get((link, direction))
         if route is None:
             route = self._routes[link, direction] = self._route_units(link, direction)
         return route
 
-    def _route_units(
-        self, link: Link, direction: str
-    ) -> list[tuple[_Unit, tuple[tuple[Effect, float], ...]]]:
+    def _route_units(self, link: Link, direction: str) -> list[tuple[_Unit, tuple[Held, ...]]]:
         a, b = self.topology.hosts_of(link)
         sender, receiver = (a, b) if direction == "forward" else (b, a)
         nic = self.topology.nics[0]
@@ -194,9 +214,10 @@ class InForce:
         route = self._route(link, direction)
         delay_ms = 0.0
         for unit, effects in route:
-            for effect, from_ms in effects:
-                if offset_ms < from_ms:
+            for held in effects:
+                if not held.holds_at(offset_ms):
                     continue
+                effect = held.effect
                 if effect.down:
                     return MessageFault(failed=True)
                 delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
@@ -254,6 +275,12 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
+def _holds_in(event: FaultEvent, iteration: int) -> bool:
+    """Whether `iteration` is before the event's end (a stall: its first iteration only)."""
+    ended = event.end_iteration is not None and iteration >= event.end_iteration
+    return not ended and not (event.effect.stall_ms and iteration != event.start_iteration)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FaultModel:
     """A run's fault events (a pipeline.faults.FaultView); iterations count from the first
@@ -276,34 +303,40 @@ class FaultModel:
                     f"{num_iterations - 1})"
                 )
 
-    def _in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[FaultEvent]]:
-        """Per unit, the latest-started event of each kind that has not ended; an event with
-        no effect (a delay of 0) ends every event on its target."""
-        latest: dict[_Unit, dict[str, FaultEvent]] = {}
+    def _in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[_Span]]:
+        """Per unit, the events in force during `iteration` and when in it: each holds from
+        its start (0 where that was in an earlier iteration) until a later event of its kind
+        replaces it, or one with no effect (a delay of 0) ends every event on its target, at
+        that event's start (its `at_ms` where it starts in `iteration`); none holds past its
+        `end_iteration`, and a stall holds in the iteration it starts in only."""
+        current: dict[_Unit, dict[str, _Span]] = {}
+        spans: dict[_Unit, list[_Span]] = {}
         for event in sorted(self.events, key=lambda e: (e.start_iteration, e.at_ms)):
             if event.start_iteration > iteration:
                 break
+            at_ms = event.at_ms if event.start_iteration == iteration else 0.0
+            clears = event.effect == Effect()
             for unit in event.target.units(topology):
-                kinds = latest.setdefault(unit, {})
-                if event.effect == Effect():
-                    kinds.clear()
-                else:
-                    kinds[event.effect.kind] = event
-        by_unit: dict[_Unit, list[FaultEvent]] = {}
-        for unit, kinds in latest.items():
-            for event in kinds.values():
-                ended = event.end_iteration is not None and iteration >= event.end_iteration
-                one_off = event.effect.stall_ms and iteration != event.start_iteration
-                if not (ended or one_off):
-                    by_unit.setdefault(unit, []).append(event)
+                kinds = current.setdefault(unit, {})
+                for kind in list(kinds) if clears else [event.effect.kind]:
+                    ended = kinds.pop(kind, None)
+                    if ended is not None and at_ms > ended.from_ms:  # held for a while
+                        spans.setdefault(unit, []).append(ended._replace(until_ms=at_ms))
+                if not clears:
+                    kinds[event.effect.kind] = _Span(event, at_ms)
+        for unit, kinds in current.items():
+            spans.setdefault(unit, []).extend(kinds.values())
+        by_unit = {}
+        for unit, unit_spans in spans.items():
+            kept = [span for span in unit_spans if _holds_in(span.event, iteration)]
+            if kept:
+                by_unit[unit] = kept
         return by_unit
 
     def at(self, iteration: int, topology: Topology) -> InForce:
         effects = {
-            unit: tuple(
-                (e.effect, e.at_ms if e.start_iteration == iteration else 0.0) for e in events
-            )
-            for unit, events in self._in_force(iteration, topology).items()
+            unit: tuple(Held(s.event.effect, s.from_ms, s.until_ms) for s in spans)
+            for unit, spans in self._in_force(iteration, topology).items()
         }
         return InForce(iteration, topology, effects, self.seed)
 
@@ -315,8 +348,10 @@ class FaultModel:
         for stage in range(topology.num_stages - 1):
             a, b = sorted(topology.hosts_of(Link.pp(stage, 0)))
             total = 0.0
-            for event in in_force.get(("pair", a, b), []):
-                effect = event.effect
+            for span in in_force.get(("pair", a, b), []):
+                if span.until_ms < math.inf:
+                    continue  # replaced inside the iteration: what holds at its end counts
+                effect = span.event.effect
                 if effect.kind == "delay":
                     total += effect.normal_ms[0] if effect.normal_ms else effect.delay_ms
             delays.append(total)
@@ -350,7 +385,9 @@ class FaultModel:
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         """A link or NIC is down at `iteration` (from some point in it on)."""
         return any(
-            e.effect.down for events in self._in_force(iteration, topology).values() for e in events
+            span.event.effect.down
+            for spans in self._in_force(iteration, topology).values()
+            for span in spans
         )
 
     def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultModel:

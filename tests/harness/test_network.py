@@ -1,6 +1,7 @@
 """The emulated engine on a namespace testbed: a fault timeline's caps, stalls and NIC
 failures applied in the network at their iteration boundaries and offsets (needs root)."""
 
+import math
 import os
 import shutil
 
@@ -11,7 +12,7 @@ from harness.loop import Recovery
 from harness.network import _gloo_gave_up, _network, _wire_changes
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
-from injectors.fault_model import Effect
+from injectors.fault_model import Effect, Held
 from injectors.wire import WireState
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
@@ -29,12 +30,35 @@ def test_a_stall_stays_in_the_iteration_s_later_states() -> None:
     """A cap from 30 ms keeps the stall from 10 ms (the wire pays it once per direction, so a
     first frame after 30 ms still waits it, as the fault model's first message does)."""
     stall, cap = Effect(stall_ms=50.0), Effect(bandwidth_gbps=1.0)
-    changes = _wire_changes(WireState(delay_ms=5.0), ((stall, 10.0), (cap, 30.0)), "s")
+    changes = _wire_changes(WireState(delay_ms=5.0), (Held(stall, 10.0), Held(cap, 30.0)), "s")
     assert [(at, f.stall_ms, f.rate_bit_s, f.delay_ms) for at, f, _ in changes] == [
         (0.0, 0.0, None, 5.0),
         (10.0, 50.0, None, 5.0),
         (30.0, 50.0, 1e9, 5.0),
     ]
+
+
+def test_a_delay_replaced_inside_an_iteration_holds_on_the_wire_until_then() -> None:
+    faults = parse_yaml(
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 50},'
+        ' {start_iteration: 1, at_ms: 100, links: ["0-1"], delay_ms: 10}]'
+    )
+    wires = _network(faults.at(1, Topology(2)), {}, 1).wires
+    assert [(at, f.delay_ms, b.delay_ms) for at, f, b in wires[0, 1]] == [
+        (0.0, 50.0, 50.0),
+        (100.0, 10.0, 10.0),
+    ]
+
+
+def test_a_nic_repaired_inside_an_iteration_is_down_until_then() -> None:
+    faults = parse_yaml(
+        '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 2, at_ms: 80, nic: "host1:rnic0", delay_ms: 0}]'
+    )
+    topology = Topology(4)
+    assert _network(faults.at(1, topology), {}, 1).nics_down == {(1, 0): (0.0, math.inf)}
+    assert _network(faults.at(2, topology), {}, 2).nics_down == {(1, 0): (0.0, 80.0)}
+    assert _network(faults.at(3, topology), {}, 3).nics_down == {}
 
 
 def test_a_nic_takes_down_only() -> None:

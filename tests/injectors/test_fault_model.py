@@ -133,6 +133,40 @@ def test_a_redrawn_delay_does_not_depend_on_which_messages_asked_before() -> Non
     assert delay_ms(model.at(1, FOUR), 5000.0) != delay_ms(shared, 5000.0)  # a new iteration's
 
 
+def test_an_event_replaced_inside_an_iteration_holds_until_its_replacement_starts() -> None:
+    """Messages sent before the new event's `at_ms` still meet the old one."""
+    model = _model(
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 50},'
+        ' {start_iteration: 1, at_ms: 100, links: ["0-1"], delay_ms: 10}]'
+    )
+
+    def delays_ms(iteration: int) -> list[float]:
+        in_force = model.at(iteration, FOUR)
+        return [
+            in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms
+            for t in (0.0, 50.0, 99.9, 100.0, 150.0)
+        ]
+
+    assert delays_ms(0) == [50.0] * 5
+    assert delays_ms(1) == [50.0, 50.0, 50.0, 10.0, 10.0]
+    assert delays_ms(2) == [10.0] * 5
+    assert model.pp_delays_ms(1, FOUR)[0] == 10.0  # what holds at the iteration's end
+
+
+def test_a_failure_ended_inside_an_iteration_fails_the_messages_before_its_end() -> None:
+    model = _model(
+        '[{start_iteration: 0, links: ["0-1"], down: true},'
+        ' {start_iteration: 1, at_ms: 100, links: ["0-1"], delay_ms: 0}]'
+    )
+    in_force = model.at(1, FOUR)
+    failed = [
+        in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).failed
+        for t in (0.0, 50.0, 100.0, 150.0)
+    ]
+    assert failed == [True, True, False, False]
+    assert model.has_failure(1, FOUR) and not model.has_failure(2, FOUR)
+
+
 def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
     """A fault named by a DP link hits that ring's messages, both ways; a PP link's fault is
     on other host pairs (one host per position here), so the rings do not see it."""

@@ -229,7 +229,8 @@ def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> Non
     of host 5 (stage 1 of replica 1) goes down 8 ms into iteration 2. Its PP link directions
     and stage 1's DP ring with replica 0 move to rnic1 (its own senders by netlink, the far
     ones by their receivers' notices), the emulated all-reduce goes on there, nothing is
-    restarted, and host 5's traffic after the failure leaves by rnic1."""
+    restarted, and host 5's traffic after the failure leaves by rnic1. The NIC is repaired
+    5 ms into iteration 4: it is up again when the run ends."""
     from harness.loop import run_loop
     from harness.network import network_engine
 
@@ -237,7 +238,10 @@ def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> Non
         4, 4, 2, 2, 2, message_bytes=1 << 16, num_delegates=2, num_replicas=2,
         allreduce_bytes=1 << 18, dp_bucket_bytes=1 << 16,
     )  # fmt: skip
-    faults = parse_yaml('[{start_iteration: 2, at_ms: 8, nic: "host5:rnic0", down: true}]')
+    faults = parse_yaml(
+        '[{start_iteration: 2, at_ms: 8, nic: "host5:rnic0", down: true},'
+        ' {start_iteration: 4, at_ms: 5, nic: "host5:rnic0", delay_ms: 0}]'
+    )
     with network_engine(profile, delegated=True) as engine:
         bed = engine.bed  # type: ignore[attr-defined]
         names = {bed.switch, *bed.hosts}
@@ -250,6 +254,15 @@ def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> Non
             faults=faults,
         )
         after = bed.bytes_sent(5)
+        rnic0 = subprocess.run(
+            ["ip", "-n", bed.hosts[5], "-o", "link", "show", "rnic0"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    assert "state UP" in rnic0 or ",UP" in rnic0, rnic0
+    # Down 8 ms into fault iteration 2 (engine iteration 3), up 5 ms into 4 (engine's 5).
+    changes = [(c.iteration, c.host, c.plane, c.up) for c in engine.nic_changes]
+    assert changes == [(3, 5, 0, False), (5, 5, 0, True)]
+    assert all(c.at_ms >= at_ms for c, at_ms in zip(engine.nic_changes, (8.0, 5.0), strict=True))
     assert not names & set(_namespaces())
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert result.iterations == tuple(range(5))
