@@ -141,7 +141,7 @@ def run_configuration(
     timeout_s = recovery.transport_timeout_s
     longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
     if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
-        longest_ms += faults.longest_hold_ms()
+        longest_ms += faults.longest_hold_ms(profile.message_bytes)
     if longest_ms >= 1000 * timeout_s:
         raise ConfigError(
             f"a delay of {longest_ms:g} ms is not shorter than the workers' {timeout_s:g} s "

@@ -357,17 +357,24 @@ class FaultModel:
             delays.append(total)
         return tuple(delays)
 
-    def longest_hold_ms(self) -> float:
-        """The longest one event may hold a message (a fixed delay with its jitter, a stall;
-        a redrawn normal delay counts its mean plus four standard deviations)."""
-        held = [0.0]
+    def longest_hold_ms(self, message_bytes: int = 0) -> float:
+        """The longest the events on one target may hold a message of `message_bytes`
+        together: per kind the longest (a fixed delay with its jitter, a redrawn normal
+        delay's mean plus four standard deviations, a stall, the bytes at a cap's rate), the
+        kinds added up, as they add on a message."""
+        by_target: dict[Target, dict[str, float]] = {}
         for event in self.events:
             effect = event.effect
-            if not effect.down:
-                held.append(effect.delay_ms + effect.jitter_ms + effect.stall_ms)
+            if effect.down:
+                continue
+            hold_ms = effect.delay_ms + effect.jitter_ms + effect.stall_ms
             if effect.normal_ms is not None:
-                held.append(effect.normal_ms[0] + 4 * effect.normal_ms[1])
-        return max(held)
+                hold_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
+            if effect.bandwidth_gbps is not None:
+                hold_ms += message_bytes * 8 / (effect.bandwidth_gbps * 1e6)
+            kinds = by_target.setdefault(event.target, {})
+            kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms)
+        return max((sum(kinds.values()) for kinds in by_target.values()), default=0.0)
 
     def longest_delay_ms(self) -> float:
         """The longest delay one event keeps on its messages while in force (a fixed delay

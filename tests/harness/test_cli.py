@@ -538,3 +538,11 @@ def test_a_delay_past_the_worker_timeout_is_refused_up_front(tmp_path: Path) -> 
     late = cli(*timeline, "--faults", str(faults), "--timeout", "1")
     assert late.returncode == 1  # 900 + 200 ms of the timeline's, before any worker starts
     assert "a delay of 1100 ms is not shorter than the workers' 1 s timeout" in late.stderr
+    # Kinds on one target add up on a message: 600 ms of delay and 600 of stall hold 1200.
+    faults.write_text(
+        '[{start_iteration: 1, links: ["0-1"], delay_ms: 600},'
+        ' {start_iteration: 1, links: ["0-1"], stall_ms: 600}]\n'
+    )
+    late = cli(*timeline, "--faults", str(faults), "--timeout", "1")
+    assert late.returncode == 1
+    assert "a delay of 1200 ms is not shorter than the workers' 1 s timeout" in late.stderr

@@ -167,6 +167,19 @@ def test_a_failure_ended_inside_an_iteration_fails_the_messages_before_its_end()
     assert model.has_failure(1, FOUR) and not model.has_failure(2, FOUR)
 
 
+def test_the_longest_hold_adds_the_kinds_on_one_target_and_counts_a_cap() -> None:
+    model = _model(
+        '[{start_iteration: 0, links: ["1-2"], bandwidth_gbps: 0.008},'
+        ' {start_iteration: 0, links: ["2-3"], down: true},'
+        ' {start_iteration: 0, links: ["0-1"], delay_ms: 500, jitter_ms: 100},'
+        ' {start_iteration: 1, links: ["0-1"], stall_ms: 300},'
+        ' {start_iteration: 2, links: ["0-1"], delay_ms: 700}]'  # replaces: the longer counts
+    )
+    assert model.longest_hold_ms() == 700 + 300
+    # 1 MB at 8 Mbit/s: 1000 ms on link 1-2 alone, the longest then.
+    assert model.longest_hold_ms(message_bytes=1_000_000) == 1000.0
+
+
 def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
     """A fault named by a DP link hits that ring's messages, both ways; a PP link's fault is
     on other host pairs (one host per position here), so the rings do not see it."""
