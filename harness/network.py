@@ -7,13 +7,14 @@ start or from the event's `at_ms` into it (delay, jitter, a redrawn normal delay
 stall, down), on kernel netem where netem can express it and the kernel has it, else on a
 userspace wire (`Testbed.set_wire` decides; a pair with changes inside the iteration takes
 the wire at the boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a
-timer), and comes back up the same way where an event ends the failure inside an iteration. The profile's link delays and bandwidth are the pairs' base on both data NICs (the
-bandwidth as htb caps; on rnic1 for what fails over to it, without the faults); the
+timer), and comes back up the same way where an event ends the failure inside an
+iteration. The profile's link delays and bandwidth are the pairs' base on both data NICs
+(the bandwidth as htb caps; on rnic1 for what fails over to it, without the faults); the
 workers get plans without them and no fault view, so they sleep no delay and their messages
-carry no `fault_ms`. A worker notices a failed NIC or link as a
-real job does: its wait for a message times out (`Recovery.transport_timeout_s`); the engine
-reports that as a `LinkFailure` at the measured time, and a restart repairs the testbed
-(every NIC up, every wire at its base) before the fresh pool starts.
+carry no `fault_ms`. A worker notices a failed NIC or link as a real job does: its wait for
+a message times out (`Recovery.transport_timeout_s`); the engine reports that as a
+`LinkFailure` at the measured time, and a restart repairs the testbed (every NIC up, every
+wire at its base) before the fresh pool starts.
 """
 
 from __future__ import annotations

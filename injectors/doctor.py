@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,9 +46,10 @@ def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Chec
         kernel_check(
             "netem", "the testbed's per-link faults all go through the userspace delay wire"
         ),
-        kernel_check("tbf", "no bandwidth caps at the network level"),
-        kernel_check("htb", "no per-peer bandwidth caps at the network level"),
-        kernel_check("u32", "a cap would hit the whole interface, not one peer"),
+        # Caps are htb classes that u32 filters feed per peer (injectors.peer_tc); random
+        # loss is netem's or the userspace wire's (`per-link faults`), never a firewall's.
+        kernel_check("htb", "no bandwidth caps and no per-peer netem (both are htb classes)"),
+        kernel_check("u32", "no bandwidth caps and no per-peer netem (u32 picks the peer)"),
         Check(
             "tap",
             Path("/dev/net/tun").exists(),
@@ -57,12 +57,6 @@ def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Chec
             "" if Path("/dev/net/tun").exists() else "no userspace delay wire",
         ),
         _per_link_check(root, kernel),
-        Check(
-            "iptables",
-            shutil.which("iptables") is not None,
-            shutil.which("iptables") or "not found",
-            "" if shutil.which("iptables") else "no random packet loss",
-        ),
         Check(
             "cuda",
             cuda[0],

@@ -70,8 +70,8 @@ def _ms(
     if not 0 <= number <= MAX_DURATION_MS:
         bound = " (inf: down)" if inf else ""
         raise ConfigError(
-            f"fault row {row}: {name} must be in 0..{MAX_DURATION_MS:.0f} {unit}{bound}, got "
-            f"{value!r}"
+            f"fault row {row}: {name} must be in 0..{MAX_DURATION_MS / scale:.0f} {unit}{bound}, "
+            f"got {value!r}"
         )
     return number
 
@@ -120,7 +120,7 @@ def parse_trace(text: str, seed: int = 0) -> FaultModel:
                 f"fault row {row}: {line!r} needs 3 fields 'start_iteration;links;delay_s'"
             )
         links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
-        delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True)
+        delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s")
         if not links and delay_ms != math.inf:
             raise ConfigError(f"fault row {row}: a delay needs at least one link")
         target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC

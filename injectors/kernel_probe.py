@@ -24,7 +24,6 @@ NETEM_ENV = "ADAPTRA_BENCH_NETEM"
 
 _QDISCS: dict[str, dict[str, object]] = {
     "netem": {"delay": 1000},
-    "tbf": {"rate": "10mbit", "burst": 10240, "latency": 50},
     "htb": {"default": 0x10},
 }
 
@@ -84,11 +83,14 @@ class PerLinkPath:
 
 
 def per_link_path(found: Found | None = None) -> PerLinkPath:
-    """The automatic choice: kernel netem where the kernel has it (`found`, default: this
-    process's probe), unless ADAPTRA_BENCH_NETEM=0; else the userspace wire."""
+    """The automatic choice: kernel netem where the kernel has it, and the htb classes and
+    u32 filters that give each peer its own netem (`found`, default: this process's probe),
+    unless ADAPTRA_BENCH_NETEM=0; else the userspace wire."""
     if os.environ.get(NETEM_ENV) == "0":
         return PerLinkPath(False, f"userspace delay wire ({NETEM_ENV}=0)")
-    present, _ = (kernel_features() if found is None else found).get("netem", (False, ""))
-    if present:
+    found = kernel_features() if found is None else found
+    modules = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}
+    missing = [modules[kind] for kind in modules if not found.get(kind, (False, ""))[0]]
+    if not missing:
         return PerLinkPath(True, "kernel netem")
-    return PerLinkPath(False, "userspace delay wire (no sch_netem)")
+    return PerLinkPath(False, f"userspace delay wire (no {', '.join(missing)})")

@@ -4,9 +4,10 @@ Every host has two data interfaces, rnic0 and rnic1, on two bridges ("planes"), 
 a management bridge that no fault touches (rendezvous and control). The bridges live in a
 switch namespace of the testbed's own, so nothing is added to the root namespace. Names
 carry a unique prefix, so testbeds coexist; teardown removes every namespace (and with them
-every link and qdisc) on normal exit, on exceptions and on SIGTERM; each testbed records its
-owner process (injectors.ownership), so that `cleanup()` there removes the leftovers of a
-process that was killed outright, and only those.
+every link and qdisc) on normal exit, on exceptions and on SIGTERM or SIGHUP (the shutdown
+signals are held while it runs, and handled after it); each testbed records its owner process
+(injectors.ownership), so that `cleanup()` there removes the leftovers of a process that was
+killed outright, and only those.
 
 The hosts' TCP stands in for an RDMA fabric, which has no congestion window to open and no
 pacing on a path that carries little, so that a delay on a link costs a message the delay
@@ -19,8 +20,9 @@ wires included (a TAP hands the wire one frame per segment; 1,500-byte frames ma
 message 725 of them, and htb sees frames, not 64 KiB GSO bursts). Measured over a 30 ms
 wire (BENCHMARKS.md, "What TCP adds on the testbed's wire"): 4 KiB and 64 KiB messages
 arrive 30.2-30.5 ms after they went, from the first iteration on; 1 MiB ones 35-50 ms late
-in their first two iterations on the long path, 1-4 ms after. The price: htb lets a burst's
-first frame through at once, so a cap gives a little more than its rate to short messages.
+in their first two iterations on the long path, 1-4 ms after. The price: htb lets a burst
+through at once (a frame, or 0.1 ms of the cap's rate: injectors.peer_tc), so a cap gives
+a little more than its rate to short messages.
 
 A host pair's per-link faults (`set_wire`) go to kernel netem on the hosts' plane interfaces
 where the kernel has sch_netem (probed once per process, injectors.kernel_probe) and netem
@@ -37,6 +39,7 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -53,11 +56,12 @@ from injectors.peer_tc import (
     add_peer_class,
     add_peer_filter,
     cap_classid,
+    change_peer_class,
     set_netem,
 )
 from injectors.wire import HEALTHY, WireState, run_wire
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import held_signals
+from pipeline.signals import HELD_SIGNALS, held_signals
 
 __all__ = ["DATA_PLANES", "PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
 
@@ -136,7 +140,10 @@ class Testbed:
         """Each (host pair, plane) on netem: its (forward, backward) states in force."""
         self._netem_classes: set[tuple[int, int, int]] = set()
         """(source, destination, plane) with a netem class on the source's interface."""
-        self._previous_sigterm: Any = None
+        self._caps: set[tuple[int, int, int]] = set()
+        """(source, destination, plane) with a cap's class on the source's interface."""
+        self._previous_handlers: dict[int, Any] = {}
+        """The handlers ours replaced, by signal (`_on_signal`; teardown puts them back)."""
         self._owner_pid = os.getpid()
         self._owner: OwnerRecord | None = None
 
@@ -145,8 +152,10 @@ class Testbed:
         return f"10.{plane + 1}.0.{host + 1}"
 
     def __enter__(self) -> Testbed:
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):  # else its owner unwinds
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():  # else none can be set
+            for signum in HELD_SIGNALS:  # SIGINT's default already unwinds (KeyboardInterrupt)
+                if signal.getsignal(signum) in (signal.SIG_DFL, None):  # else its owner unwinds
+                    self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         try:
             self.build()
         except BaseException:
@@ -162,7 +171,7 @@ class Testbed:
     ) -> None:
         self.teardown()
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._owner_pid:
             # A forked helper (pyroute2 runs one per namespace) keeps the default: it dies.
             signal.signal(signum, signal.SIG_DFL)
@@ -176,8 +185,11 @@ class Testbed:
         self._owner = OwnerRecord.for_this_process(self.name, (self.switch, *self.hosts))
         self._owner.write()  # before any namespace exists: none is ever without an owner
         for name in (self.switch, *self.hosts):
-            netns.create(name)
-            self._created.append(name)
+            # Recorded first, and created with the shutdown signals held, so that a teardown
+            # on a signal never misses one, nor comes before pyroute2's helper has made it.
+            with held_signals():
+                self._created.append(name)
+                netns.create(name)
         with IPRoute(netns=self.switch, flags=0) as ipr:
             for plane in range(len(PLANES)):
                 ipr.link("add", ifname=f"br{plane}", kind="bridge")
@@ -207,9 +219,19 @@ class Testbed:
             _set_sysctls(namespace, HOST_TCP)
 
     def teardown(self) -> None:
-        """Remove every namespace this testbed made; idempotent."""
-        from pyroute2 import netns
+        """Remove every namespace this testbed made; idempotent. The shutdown signals wait
+        until it is done (then a noted one is handled: ours ends the process), and the
+        handlers that `__enter__` replaced come back."""
+        try:
+            with held_signals():
+                self._stop_wires()
+                self._remove_namespaces()
+        finally:
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+            self._previous_handlers = {}
 
+    def _stop_wires(self) -> None:
         for process, conn in self._wires:
             with contextlib.suppress(OSError):
                 conn.send("stop")
@@ -219,21 +241,40 @@ class Testbed:
                 process.join(2.0)
         self._wires = []
         self._wire_of = {}
-        self._netem_of, self._netem_classes = {}, set()  # gone with the namespaces
-        kept = []
-        for name in reversed(self._created):
+
+    def _remove_namespaces(self) -> None:
+        """Each namespace in `_created` is dropped from it once it is gone (or was never
+        made: a signal between recording and creating it); the owner record goes with the
+        last, else `cleanup` retries once this process has ended."""
+        from pyroute2 import netns
+
+        self._netem_of, self._netem_classes, self._caps = {}, set(), set()  # gone with them
+        for name in reversed(list(self._created)):
             try:
                 netns.remove(name)
+            except FileNotFoundError:
+                pass  # not there: removed
             except OSError as err:
-                kept.append(name)
                 logger.warning("could not remove namespace %s: %s", name, err)
-        self._created = []
-        if self._owner is not None and not kept:  # else `cleanup` retries once we are gone
+                continue
+            self._created.remove(name)
+        if self._owner is not None and not self._created:
             self._owner.remove()
             self._owner = None
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
+
+    def _check_host(self, host: int) -> None:
+        if not 0 <= host < self.num_hosts:
+            raise TestbedError(
+                f"no host {host} in {self.num_hosts} hosts (0..{self.num_hosts - 1})"
+            )
+
+    @staticmethod
+    def _check_plane(plane: int) -> None:
+        if not 0 <= plane < len(DATA_PLANES):
+            raise TestbedError(
+                f"no data plane {plane}: faults go on planes 0..{len(DATA_PLANES) - 1} "
+                "(the management plane never gets faults)"
+            )
 
     @contextlib.contextmanager
     def _host(self, host: int) -> Iterator[Any]:
@@ -247,8 +288,8 @@ class Testbed:
         on the host's ends of its wires on that plane (they stand in for the same NIC); when
         the call that sets the NIC itself began (monotonic s: the kernel changed it, and its
         netlink event went out, at most the call's time later)."""
-        if plane >= 2:
-            raise TestbedError("the management plane never gets faults")
+        self._check_host(host)
+        self._check_plane(plane)
         (self._down.discard if up else self._down.add)((host, plane))
         set_at = 0.0
         with self._host(host) as ipr:
@@ -269,6 +310,7 @@ class Testbed:
     def bytes_sent(self, host: int) -> dict[str, int]:
         """What each of the host's interfaces has sent, in bytes, by plane name (a plane's
         wire ends count as its NIC: they stand in for it)."""
+        self._check_host(host)
         with self._host(host) as ipr:
             sent = {ifname: 0 for ifname in PLANES}
             for plane, ifname in enumerate(PLANES):
@@ -290,9 +332,13 @@ class Testbed:
         raise TestbedError(f"{what} did not come back up")
 
     def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
-        """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst)."""
-        if plane >= 2:
-            raise TestbedError("the management plane never gets faults")
+        """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst); a
+        pair's second cap replaces its first."""
+        self._check_host(src)
+        self._check_host(dst)
+        if src == dst:
+            raise TestbedError(f"a cap is on traffic between two hosts, not from {src} to itself")
+        self._check_plane(plane)
         if not (math.isfinite(rate_mbit) and rate_mbit > 0):
             raise TestbedError(f"a bandwidth cap must be a finite rate > 0 Mbit/s, not {rate_mbit}")
         # pyroute2 parses a rate string's digits as an int ("12.5mbit" fails): give bytes/s
@@ -300,8 +346,15 @@ class Testbed:
         rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
+            classid = cap_classid(dst)
+            if (src, dst, plane) in self._caps:
+                change_peer_class(ipr, index, classid, rate_bytes_s, mtu_bytes=MTU)
+                return
             address = self.address(dst, plane)
-            add_peer_class(ipr, index, cap_classid(dst), rate_bytes_s, address, CAP_FILTER_PRIO)
+            add_peer_class(
+                ipr, index, classid, rate_bytes_s, address, CAP_FILTER_PRIO, mtu_bytes=MTU
+            )
+            self._caps.add((src, dst, plane))
 
     @property
     def uses_netem(self) -> bool:
@@ -332,8 +385,7 @@ class Testbed:
         module); else the pair's wire does: its first is made here (the pair's traffic on that
         plane goes through it from then on, starting with the netem states in force), later
         calls change it in place, so workers keep their connections."""
-        if plane >= 2:
-            raise TestbedError("the management plane never gets faults")
+        self._check_plane(plane)
         if not 0 <= host_a < self.num_hosts or not 0 <= host_b < self.num_hosts or host_a == host_b:
             raise TestbedError(f"no host pair {host_a}-{host_b} in {self.num_hosts} hosts")
         backward = forward if backward is None else backward
@@ -350,13 +402,13 @@ class Testbed:
             self._netem_of[key] = (forward, backward)
             return
         if key not in self._wire_of:
-            carried = self._netem_of.pop(key, None)
+            carried = self._netem_of.get(key)  # in force until the wire takes over
             if carried is not None:
                 first = carried
             else:
                 first = (HEALTHY, HEALTHY) if at else (forward, backward)
             self._add_wire(host_a, host_b, plane, first)
-            if carried is not None:  # its traffic has left netem: leave netem healthy
+            if self._netem_of.pop(key, None) is not None:  # its traffic left: netem healthy
                 self._set_netem(host_a, host_b, plane, HEALTHY)
                 self._set_netem(host_b, host_a, plane, HEALTHY)
             elif not at:
@@ -379,47 +431,83 @@ class Testbed:
         with self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             if (src, dst, plane) not in self._netem_classes:
-                add_netem_class(ipr, index, dst, self.address(dst, plane))
+                add_netem_class(ipr, index, dst, self.address(dst, plane), mtu_bytes=MTU)
                 self._netem_classes.add((src, dst, plane))
             set_netem(ipr, index, dst, state)
 
     def _send_state(
         self, key: tuple[int, int, int], at: float, forward: WireState, backward: WireState
     ) -> None:
-        _, conn = self._wires[self._wire_of[key]]
-        conn.send(("state", at, forward, backward))
-        if not conn.poll(5) or conn.recv() != "ok":
-            host_a, host_b, _ = key
-            raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not answer")
+        """The pair's wire to these states; a wire that is gone or does not answer is
+        stopped and forgotten (the pair's traffic is back on its plane, and its next
+        `set_wire` makes a new one)."""
+        wire_idx = self._wire_of[key]
+        try:
+            self._tell_wire(wire_idx, key, ("state", at, forward, backward), "ok", 5.0)
+        except TestbedError:
+            del self._wire_of[key]
+            self._kill_wire(wire_idx)
+            raise
+
+    def _tell_wire(
+        self, wire_idx: int, key: tuple[int, int, int], word: Any, answer: str, wait_s: float
+    ) -> None:
+        """Send `word` (None: nothing) to wire `wire_idx` of `key`, and await `answer`."""
+        host_a, host_b, plane = key
+        what = f"the wire w{wire_idx} between hosts {host_a} and {host_b} on plane {plane}"
+        _, conn = self._wires[wire_idx]
+        try:
+            if word is not None:
+                conn.send(word)
+            if not conn.poll(wait_s):
+                raise TestbedError(f"{what} did not answer in {wait_s:g} s")
+            got = conn.recv()
+        except (EOFError, OSError) as err:  # it has ended (or never started)
+            raise TestbedError(f"{what} is gone: {type(err).__name__}: {err}") from err
+        if got != answer:
+            raise TestbedError(f"{what} answered {got!r}, not {answer!r}")
+
+    def _kill_wire(self, wire_idx: int) -> None:
+        """A wire that failed ends now (teardown joins it again: it stays in `_wires`, and
+        its index, with its interfaces' name, is never reused)."""
+        process, conn = self._wires[wire_idx]
+        conn.close()
+        process.kill()
+        process.join(2.0)
 
     def _add_wire(
         self, host_a: int, host_b: int, plane: int, first: tuple[WireState, WireState]
     ) -> None:
-        """The pair's wire, in the states `first` before any traffic is routed through it."""
+        """The pair's wire, in the states `first` before any traffic is routed through it;
+        one that fails to start is stopped and forgotten."""
         from pyroute2 import IPRoute
 
-        ifname = f"w{len(self._wires)}"
+        key, wire_idx = (host_a, host_b, plane), len(self._wires)
         parent, child = multiprocessing.get_context("spawn").Pipe()
         process = multiprocessing.get_context("spawn").Process(
             target=run_wire,
-            args=(self.hosts[host_a], self.hosts[host_b], ifname, child),
+            args=(self.hosts[host_a], self.hosts[host_b], f"w{wire_idx}", child),
             daemon=True,
         )
         with held_signals():  # a wire started is a wire recorded (teardown stops it)
             process.start()
-            self._wire_of[host_a, host_b, plane] = len(self._wires)
             self._wires.append((process, parent))
         child.close()
-        if not parent.poll(10) or parent.recv() != "ready":
-            raise TestbedError(f"the wire between hosts {host_a} and {host_b} did not start")
-        self._send_state((host_a, host_b, plane), 0.0, *first)
-        for here, there in ((host_a, host_b), (host_b, host_a)):
-            if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
-                continue
-            with IPRoute(netns=self.hosts[here], flags=0) as ipr:
-                index = ipr.link_lookup(ifname=ifname)[0]
-                ipr.link("set", index=index, mtu=MTU, state="up")
-                self._route_wire(ipr, index, here, there, plane)
+        try:
+            self._tell_wire(wire_idx, key, None, "ready", 10.0)
+            self._tell_wire(wire_idx, key, ("state", 0.0, *first), "ok", 5.0)
+            self._wire_of[key] = wire_idx
+            for here, there in ((host_a, host_b), (host_b, host_a)):
+                if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
+                    continue
+                with IPRoute(netns=self.hosts[here], flags=0) as ipr:
+                    index = ipr.link_lookup(ifname=f"w{wire_idx}")[0]
+                    ipr.link("set", index=index, mtu=MTU, state="up")
+                    self._route_wire(ipr, index, here, there, plane)
+        except BaseException:
+            self._wire_of.pop(key, None)
+            self._kill_wire(wire_idx)
+            raise
 
     def _route_plane(self, ipr: Any, index: int, host: int, plane: int) -> None:
         """The host's subnet route on `plane`, with `ROUTE_METRICS` (the kernel made it

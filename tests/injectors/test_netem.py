@@ -11,6 +11,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUE
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
+from pyroute2.netlink.rtnl.tcmsg.sched_htb import get_class_parameters
 
 from injectors.kernel_probe import NETEM_ENV, per_link_path
 from injectors.netem import (
@@ -26,6 +27,9 @@ from injectors.peer_tc import (
     NETEM_FILTER_PRIO,
     UNCAPPED_BYTES_S,
     add_netem_class,
+    add_peer_class,
+    change_peer_class,
+    htb_burst_bytes,
     set_netem,
 )
 from injectors.wire import HEALTHY, WireState
@@ -174,14 +178,39 @@ def test_set_netem_sends_one_replace_of_the_destination_s_leaf() -> None:
 
 def test_a_netem_class_is_uncapped_and_its_filter_comes_before_a_cap_s() -> None:
     ipr = _Recorder()
-    add_netem_class(ipr, 7, 3, "10.1.0.4")
+    add_netem_class(ipr, 7, 3, "10.1.0.4", mtu_bytes=9000)
     (root, _), (klass, class_kw), (flt, filter_kw) = ipr.tc_calls
     assert root == ("add", "htb", 7, HTB_ROOT)
     assert klass == ("add-class", "htb", 7, 0x10203)
     assert class_kw["rate"] == class_kw["ceil"] == UNCAPPED_BYTES_S
+    assert class_kw["burst"] == class_kw["cburst"] == UNCAPPED_BYTES_S // 10_000 + 1  # 0.1 ms
     assert flt == ("add-filter", "u32", 7)
     assert filter_kw["target"] == 0x10203 and filter_kw["keys"] == ["0x0a010004/0xffffffff+16"]
     assert filter_kw["prio"] == NETEM_FILTER_PRIO < CAP_FILTER_PRIO
+
+
+@pytest.mark.parametrize(
+    ("rate_bytes_s", "burst_bytes"),
+    [
+        (625_000_000, 62_500),  # 5 Gbit/s: 0.1 ms of it (pyroute2's default: 1,600 bytes)
+        (12_500_000, 9_000),  # 100 Mbit/s: one 9,000-byte frame, more than 0.1 ms of it
+        (62, 3_720),  # 0.0005 Mbit/s: 60 s of it (a frame: 145 s, past 32 bits of ticks)
+        (1, 60),
+    ],
+)
+def test_an_htb_class_s_burst_is_a_tenth_of_a_millisecond_of_it_and_a_frame_at_least(
+    rate_bytes_s: int, burst_bytes: int
+) -> None:
+    assert htb_burst_bytes(rate_bytes_s, 9000) == burst_bytes
+    ipr = _Recorder()
+    add_peer_class(ipr, 7, 0x10011, rate_bytes_s, "10.1.0.2", CAP_FILTER_PRIO, mtu_bytes=9000)
+    change_peer_class(ipr, 7, 0x10011, rate_bytes_s, mtu_bytes=9000)
+    (_, (added, add_kw), _, (changed, change_kw)) = ipr.tc_calls
+    assert (added[0], changed[0]) == ("add-class", "change-class")
+    for kw in (add_kw, change_kw):
+        assert (kw["burst"], kw["cburst"], kw["mtu"]) == (burst_bytes, burst_bytes, 9000)
+        (_, parms), *_ = get_class_parameters(kw)["attrs"]  # pyroute2's message, as sent
+        assert parms["buffer"] == parms["cbuffer"] < 1 << 32  # ticks
 
 
 @pytest.mark.parametrize(
@@ -206,13 +235,17 @@ def test_the_automatic_choice_follows_the_probe_and_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(NETEM_ENV, raising=False)
-    assert per_link_path({"netem": (True, "attached")}).netem
-    assert per_link_path({"netem": (True, "attached")}).detail == "kernel netem"
-    without = per_link_path({"netem": (False, "(2, 'No such file or directory')")})
+    every = {kind: (True, "attached") for kind in ("netem", "htb", "u32")}
+    assert per_link_path(every).netem
+    assert per_link_path(every).detail == "kernel netem"
+    without = per_link_path({**every, "netem": (False, "(2, 'No such file or directory')")})
     assert not without.netem and without.detail == "userspace delay wire (no sch_netem)"
+    # netem alone cannot give each peer its own: htb classes and u32 filters do.
+    alone = per_link_path({"netem": (True, "attached")})
+    assert not alone.netem and alone.detail == "userspace delay wire (no sch_htb, cls_u32)"
     assert not per_link_path({}).netem  # not probed (no root): the wire
     monkeypatch.setenv(NETEM_ENV, "0")
-    forced = per_link_path({"netem": (True, "attached")})
+    forced = per_link_path(every)
     assert not forced.netem and forced.detail == "userspace delay wire (ADAPTRA_BENCH_NETEM=0)"
 
 

@@ -6,12 +6,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
 from injectors.ownership import OWNER_DIR, cleanup
+from injectors.peer_tc import htb_burst_bytes
 from injectors.probe import measure as _measure
-from injectors.testbed import Testbed, TestbedError
+from injectors.testbed import MTU, PLANES, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 
 pytestmark = pytest.mark.skipif(
@@ -93,6 +95,101 @@ def test_a_bandwidth_cap_of_any_float_rate_is_set_exactly(rate_mbit: float) -> N
     assert rate_bytes_s == round(rate_mbit * 1e6 / 8)
 
 
+def _htb_classes(bed: Testbed, host: int, ifname: str = "rnic0") -> list[Any]:
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=bed.hosts[host]) as ipr:
+        return list(ipr.get_classes(index=ipr.link_lookup(ifname=ifname)[0]))
+
+
+def _rate_and_burst_bytes(htb: Any) -> tuple[int, int, int]:
+    """An htb class's rate (bytes/s), burst and cburst (bytes), as the kernel has them: it
+    keeps a burst as the time to send it, in ticks."""
+    from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
+
+    options = htb.get_attr("TCA_OPTIONS")
+    parms = options.get_attr("TCA_HTB_PARMS")
+    rate_bytes_s = options.get_attr("TCA_HTB_RATE64") or parms["rate"]
+    burst, cburst = (
+        round(parms[key] / tick_in_usec * 1e-6 * rate_bytes_s) for key in ("buffer", "cbuffer")
+    )
+    return rate_bytes_s, burst, cburst
+
+
+@pytest.mark.parametrize("rate_mbit", [5000.0, 100.0])
+def test_a_cap_s_burst_is_a_tenth_of_a_millisecond_of_its_rate_and_a_frame_at_least(
+    rate_mbit: float,
+) -> None:
+    """pyroute2's default burst (1,600 bytes plus rate/10^9) is less than one of the
+    testbed's 9,000-byte frames: a 5 Gbit/s cap gave 2.8 Gbit/s."""
+    with Testbed(2, prefix="adb-bst-") as bed:
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=rate_mbit)
+        (htb,) = _htb_classes(bed, 0)
+    rate_bytes_s, burst_bytes, cburst_bytes = _rate_and_burst_bytes(htb)
+    expected = htb_burst_bytes(rate_bytes_s, MTU)
+    assert expected == max(MTU, -(-rate_bytes_s // 10_000))
+    slack = rate_bytes_s * 1e-6 + 1  # pyroute2 sends whole microseconds of it
+    assert expected - slack <= burst_bytes <= expected + 1, (burst_bytes, expected)
+    assert expected - slack <= cburst_bytes <= expected + 1, (cburst_bytes, expected)
+
+
+def test_a_second_cap_on_a_pair_replaces_the_first() -> None:
+    from pyroute2 import IPRoute
+
+    with Testbed(2, prefix="adb-cap2-") as bed:
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
+        with IPRoute(netns=bed.hosts[0]) as ipr:
+            filters = len(ipr.get_filters(index=ipr.link_lookup(ifname="rnic0")[0]))
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=5000)
+        (htb,) = _htb_classes(bed, 0)
+        with IPRoute(netns=bed.hosts[0]) as ipr:
+            assert len(ipr.get_filters(index=ipr.link_lookup(ifname="rnic0")[0])) == filters
+        rate_bytes_s, burst_bytes, _ = _rate_and_burst_bytes(htb)
+        assert rate_bytes_s == 625_000_000
+        assert abs(burst_bytes - 62_500) <= 626  # whole microseconds of the rate, as sent
+        bed.cap_bandwidth(1, 0, plane=0, rate_mbit=100)  # the other direction: its own
+        assert len(_htb_classes(bed, 1)) == 1
+
+
+def test_out_of_range_hosts_and_planes_are_refused_and_change_nothing() -> None:
+    """Python's negative indices once reached another host's or the management plane's
+    interface, a host past the last left its NIC marked down before an IndexError, and a
+    cap from a host to itself was installed."""
+    with Testbed(2, prefix="adb-rng-") as bed:
+        refused = {
+            "no host -1 in 2 hosts": [
+                lambda: bed.set_link(-1, 0, up=False),
+                lambda: bed.cap_bandwidth(-1, 0, 0, 100),
+                lambda: bed.cap_bandwidth(0, -1, 0, 100),
+                lambda: bed.bytes_sent(-1),
+            ],
+            "no host 2 in 2 hosts": [
+                lambda: bed.set_link(2, 0, up=False),
+                lambda: bed.cap_bandwidth(0, 2, 0, 100),
+            ],
+            "no data plane -1": [
+                lambda: bed.set_link(0, -1, up=False),
+                lambda: bed.cap_bandwidth(0, 1, -1, 100),
+                lambda: bed.set_wire(0, 1, -1, WireState(delay_ms=1.0)),
+            ],
+            "no data plane 2": [
+                lambda: bed.set_link(0, 2, up=False),
+                lambda: bed.cap_bandwidth(0, 1, 2, 100),
+                lambda: bed.set_wire(0, 1, 2, WireState(delay_ms=1.0)),
+            ],
+            "not from 0 to itself": [lambda: bed.cap_bandwidth(0, 0, 0, 100)],
+        }
+        for message, calls in refused.items():
+            for call in calls:
+                with pytest.raises(TestbedError, match=message):
+                    call()
+        assert bed._down == set() and bed._wire_of == {} and bed._netem_of == {}
+        for host in range(2):
+            for ifname in PLANES:
+                assert _htb_classes(bed, host, ifname) == []
+            assert _measure(bed, host, 1 - host, 0, "rtt") < FREE_RTT_MS
+
+
 @pytest.mark.parametrize("rate_mbit", [0.0, -5.0, float("nan"), float("inf")])
 def test_a_bad_bandwidth_cap_is_refused(rate_mbit: float) -> None:
     with Testbed(2) as bed, pytest.raises(TestbedError, match="finite rate > 0 Mbit/s"):
@@ -127,22 +224,115 @@ def test_teardown_after_an_exception() -> None:
     assert not any(name in present for name in names)
 
 
-def test_teardown_after_sigterm() -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_teardown_after_a_shutdown_signal(signum: int) -> None:
+    """Outside the CLI too: the testbed's own handler takes SIGHUP as it takes SIGTERM (a
+    closed terminal once killed the process and left every namespace)."""
     script = textwrap.dedent("""
-        import time
+        import sys, time
         from injectors.testbed import Testbed
-        with Testbed(2) as bed:
+        with Testbed(2, prefix=sys.argv[1]) as bed:
             print(bed.name, flush=True)
             time.sleep(60)
     """)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert child.stdout is not None
-    name = child.stdout.readline().strip()
-    assert name.startswith("adb-")
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(timeout=30) == 128 + signal.SIGTERM
-    present = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert name not in present
+    prefix = f"adb-sig{os.getpid() % 1000}-"
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, prefix], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        name = child.stdout.readline().strip()
+        assert name.startswith(prefix)
+        child.send_signal(signum)
+        assert child.wait(timeout=30) == 128 + signum
+        assert not any(name in n for n in _namespaces())
+        assert not (OWNER_DIR / f"{name}.json").exists()
+    finally:
+        child.kill()
+        child.wait()
+        cleanup(prefix=prefix)
+
+
+def test_the_testbed_handles_the_shutdown_signals_only_while_it_exists() -> None:
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    if any(handler is not signal.SIG_DFL for handler in before.values()):
+        pytest.skip(f"this test process handles the shutdown signals itself: {before}")
+    with Testbed(1, prefix="adb-hnd-"):
+        during = {signum: signal.getsignal(signum) for signum in before}
+    assert all(handler not in (signal.SIG_DFL, None) for handler in during.values()), during
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+_SIGNAL_IN_THE_MIDDLE = textwrap.dedent("""
+    import os, signal, sys
+    from pyroute2 import netns
+    from injectors.testbed import Testbed
+
+    prefix, where, signum, owner = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    owner_pid = os.getpid()
+
+    def unwind(signum, frame):  # harness.cli's handler (the testbed leaves it in place)
+        if os.getpid() != owner_pid:  # a helper that pyroute2 forked: it just dies
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        for each in (signal.SIGTERM, signal.SIGHUP):  # one shutdown
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    if owner == "cli":
+        for each in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, unwind)
+    real = getattr(netns, where)
+
+    def then_a_signal(name, *args, **kwargs):
+        real(name, *args, **kwargs)
+        if name.endswith("-h0"):  # made (build) or removed (teardown): others follow
+            os.kill(os.getpid(), signum)
+
+    bed = Testbed(2, prefix=prefix)
+    print(bed.name, flush=True)
+    setattr(netns, where, then_a_signal)
+    with bed:
+        pass
+""")
+
+
+@pytest.mark.parametrize(
+    ("where", "signum", "owner"),
+    [
+        ("create", signal.SIGTERM, "testbed"),
+        ("create", signal.SIGHUP, "cli"),
+        ("remove", signal.SIGTERM, "testbed"),
+        ("remove", signal.SIGTERM, "cli"),
+        ("remove", signal.SIGHUP, "testbed"),
+    ],
+)
+def test_a_signal_while_namespaces_come_and_go_leaves_none(
+    where: str, signum: int, owner: str
+) -> None:
+    """A signal right after a namespace was made (it once came before the testbed recorded
+    it: teardown left it, and its owner record went, so `cleanup` refused it) or while they
+    are removed (it once raised in the teardown: every namespace after it was left) waits
+    for the build's step or the whole teardown; then the process ends on it all the same."""
+    prefix = f"adb-mid{os.getpid() % 1000}-"
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_THE_MIDDLE, prefix, where, str(signum), owner],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    name = out.stdout.strip()
+    try:
+        assert name.startswith(prefix), out.stderr
+        assert out.returncode == 128 + signum, out.stderr
+        assert not any(n.startswith(prefix) for n in _namespaces())
+        assert not (OWNER_DIR / f"{name}.json").exists()
+        assert "could not remove" not in out.stderr
+    finally:
+        cleanup(prefix=prefix)
+        for leftover in (n for n in _namespaces() if n.startswith(prefix)):  # ownerless
+            subprocess.run(["ip", "netns", "delete", leftover], check=False)
 
 
 _HOLD_A_TESTBED = textwrap.dedent("""
@@ -281,3 +471,39 @@ def test_a_process_late_into_a_removed_host_fails_and_makes_no_namespace(entry: 
         subprocess.run(["ip", "netns", "delete", name], check=True)
     assert out.returncode == 1 and "FileNotFoundError" in out.stderr
     assert name not in left
+
+
+def _dies_at_once(*_: object) -> None:
+    """A wire's process that ends before it says it is ready (spawned: module level)."""
+
+
+def test_a_wire_that_does_not_start_is_named_and_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It once raised a bare EOFError and stayed the pair's wire: every later change to the
+    pair failed. Now the pair's next wire works: 2 x 20 ms of round trip."""
+    import injectors.testbed
+
+    with Testbed(2, prefix="adb-wst-", netem=False) as bed:
+        monkeypatch.setattr(injectors.testbed, "run_wire", _dies_at_once)
+        with pytest.raises(
+            TestbedError, match="wire w0 between hosts 0 and 1 on plane 0 is gone: EOFError"
+        ):
+            bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
+        assert bed._wire_of == {} and not bed._wires[0][0].is_alive()
+        monkeypatch.undo()
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
+        assert bed._wire_of == {(0, 1, 0): 1}
+        assert _measure(bed, 0, 1, 0, "rtt") >= 38.0
+
+
+def test_a_wire_that_died_is_named_and_the_pair_s_next_change_makes_a_new_one() -> None:
+    with Testbed(2, prefix="adb-wdd-", netem=False) as bed:
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
+        process, _ = bed._wires[0]
+        process.kill()
+        process.join()
+        with pytest.raises(TestbedError, match="wire w0 between hosts 0 and 1 on plane 0 is gone"):
+            bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=5.0))
+        assert bed._wire_of == {}
+        assert _measure(bed, 0, 1, 0, "rtt") < FREE_RTT_MS  # back on the plane, healthy
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20.0))
+        assert _measure(bed, 0, 1, 0, "rtt") >= 38.0

@@ -12,7 +12,7 @@ from injectors.kernel_probe import NETEM_ENV, kernel_features
 from injectors.netem import NETEM_TICK_NS
 from injectors.peer_tc import add_netem_class, netem_handle
 from injectors.probe import measure as _measure
-from injectors.testbed import Testbed, TestbedError
+from injectors.testbed import MTU, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
 
 pytestmark = pytest.mark.skipif(
@@ -73,7 +73,8 @@ def test_a_netem_class_bypasses_a_cap_as_the_wire_does() -> None:
         bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
         bed.cap_bandwidth(0, 2, plane=0, rate_mbit=100)
         with IPRoute(netns=bed.hosts[0]) as ipr:
-            add_netem_class(ipr, ipr.link_lookup(ifname="rnic0")[0], 1, bed.address(1, 0))
+            index = ipr.link_lookup(ifname="rnic0")[0]
+            add_netem_class(ipr, index, 1, bed.address(1, 0), mtu_bytes=MTU)
         freed = _measure(bed, 0, 1, 0, "8")
         capped = _measure(bed, 0, 2, 0, "8")
     assert capped <= 105 and freed > 2 * capped, (freed, capped)
@@ -90,7 +91,11 @@ def test_the_netem_path_with_its_leaves_recorded_moves_a_pair_to_the_wire_in_its
     import injectors.testbed
 
     sent: list[tuple[int, int, WireState]] = []
-    monkeypatch.setattr(injectors.testbed, "kernel_features", lambda: {"netem": (True, "")})
+    monkeypatch.setattr(
+        injectors.testbed,
+        "kernel_features",
+        lambda: dict.fromkeys(("netem", "htb", "u32"), (True, "")),
+    )
     monkeypatch.setattr(
         injectors.testbed,
         "set_netem",
