@@ -36,9 +36,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
-    """A schedule file (JSON with `stages`, or a torch CSV) and the profile it embeds, if any."""
-    if path.endswith(".csv"):
-        return from_torch_csv(read_text(path, "schedule")), None
+    """A schedule file (JSON with `stages`, or a torch CSV: known by its first character)
+    and the profile it embeds, if any."""
+    text = read_text(path, "schedule")
+    if not text.lstrip().startswith(("{", "[")):
+        return from_torch_csv(text), None
     data = read_json(path, "schedule")
     embedded = data.get("profile") if isinstance(data, dict) else None
     return Schedule.from_dict(data), embedded if isinstance(embedded, dict) else None

@@ -92,7 +92,9 @@ def compare(
             f"{len(worse)} of {len(changes)} metrics got worse than their tolerance "
             f"({tolerance:g} % unless given per metric; see the table above)"
         )
-    click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %")
+    per_metric = ", ".join(f"{m} {pct:g} %" for m, pct in sorted(metric_tolerances.items()))
+    given = f" ({per_metric})" if per_metric else ""
+    click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %{given}")
 
 
 def _cells(change: Change) -> tuple[str, str, str, str]:

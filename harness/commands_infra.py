@@ -15,7 +15,13 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json, resolve, schedule_options
+from harness.cli_common import (
+    emit_json,
+    given_options,
+    refuse_options,
+    resolve,
+    schedule_options,
+)
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
@@ -76,8 +82,11 @@ def launch(
         from harness.slurm import write_slurm_script
         from harness.spec import load_spec
 
-        if profile_path or policy or schedule_path or run_here:
-            raise ConfigError("--spec takes the configurations from the spec: drop the others")
+        refuse_options(
+            given_options() - {"spec_path", "out", "gpus_per_node", "master_port"},
+            "--spec takes the configurations, their iterations and sizes from the spec (the "
+            "script takes --out, --gpus-per-node and --master-port)",
+        )
         script = write_slurm_script(
             load_spec(Path(spec_path)),
             Path(out),
@@ -92,6 +101,9 @@ def launch(
         return
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
+    refuse_options(
+        given_options() & {"gpus_per_node"}, "it sizes a Slurm script's nodes (with --spec)"
+    )
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if replicas is not None:
         profile = dataclasses.replace(profile, num_replicas=replicas)

@@ -99,7 +99,12 @@ __all__ = ["report", "run"]
     type=click.Path(dir_okay=False),
     help="Experiment spec (YAML) to run instead of the default experiment.",
 )
-@output_file_option("--trace", (".json",), help="Write a Chrome/Perfetto trace (JSON).")
+@output_file_option(
+    "--trace",
+    (".json",),
+    help="Write a Chrome/Perfetto trace (JSON) of every iteration run, the warm-ups first "
+    "(numbered as run: with one warm-up, the trace's iteration 1 is measured iteration 0).",
+)
 @click.option(
     "--faults",
     "faults_path",
@@ -206,11 +211,12 @@ def run(
     if trace:
         write_chrome_trace(result.timeline, trace)
     if plot:
-        last = result.timeline.iterations[-1]
+        last = result.timeline.iterations[-1]  # numbered as run, warm-ups first
         plot_gantt(
             result.timeline.one_iteration(last.iteration),
             plot,
-            title=f"{label}, {comm}, {backend}, iteration {last.iteration}",
+            title=f"{label}, {result.comms[-1].value}, {backend}, iteration "
+            f"{result.iterations[-1]}",
         )
     megatron = {
         "model": model or "tiny",
@@ -223,7 +229,7 @@ def run(
                 "backend": backend,
                 "policy": label if system is None else SYSTEMS[system][0],
                 **({"system": system} if system else {}),
-                "comm": comm,
+                "comm": result.comms_run,
                 "controller": result.controller,
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "iterations": [
@@ -252,7 +258,7 @@ def run(
         )
         return
     click.echo(
-        f"{label} over {comm} ({backend}, {result.controller} plan): median iteration "
+        f"{label} over {result.comms_run} ({backend}, {result.controller} plan): median iteration "
         f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
     )
     if result.restarts:

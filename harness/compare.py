@@ -68,6 +68,11 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     if missing or not any(metric in columns for metric in METRICS):
         absent = ", ".join(missing) if missing else "every metric"
         raise UnusableResults(f"{csv_path} is not a runs.csv: it lacks {absent}")
+    for number, row in enumerate(rows, start=2):  # line 1 is the header
+        if None in row.values():
+            raise UnusableResults(
+                f"{csv_path} line {number} has fewer fields than columns: damaged or cut short?"
+            )
     versions = sorted({str(r.get("schema_version", "")) for r in rows})
     if versions != [str(RESULTS_SCHEMA_VERSION)]:
         raise UnusableResults(

@@ -222,15 +222,16 @@ def _row_keys(
     repeat: int,
     result: RunResult,
 ) -> dict[str, Any]:
-    """The columns runs.csv and iterations.csv share."""
+    """The columns runs.csv and iterations.csv share (iterations.csv's own comm and policy
+    are each iteration's)."""
     profile = scenario.apply(target.profile)
-    policy, comm = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
+    policy, _ = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
     return {
         "run_id": run_id,
         "backend": spec.backend,
         "model": target.label,
         "policy": policy,
-        "comm": comm,
+        "comm": result.comms_run,
         "system": system,
         "controller": result.controller,
         "scenario": scenario.name,

@@ -107,6 +107,12 @@ class RunResult:
     """One per measured iteration run, as the times."""
 
     @property
+    def comms_run(self) -> str:
+        """The comm modes its measured iterations ran over, in the order first used:
+        "direct", "nccl-sleep", "direct+delegated" (a controller that moved)."""
+        return "+".join(dict.fromkeys(comm.value for comm in self.comms))
+
+    @property
     def median_iteration_ms(self) -> float:
         return statistics.median(self.iteration_times_ms)
 

@@ -196,6 +196,13 @@ class ExperimentSpec:
                 "every op time of the profile is 0: an iteration would take no time, and its "
                 "throughput and slowdowns would have nothing to divide by"
             )
+        if self.profile is not None and (
+            any(self.profile.delay_ms) or any(d for _, d in self.profile.dp_delay_ms)
+        ):
+            raise ConfigError(
+                "a spec's profile takes no delay_ms or dp_delay_ms: its scenarios set the links' "
+                "delays (delays_ms on link_sets; a timeline in faults)"
+            )
         if self.backend == "megatron" and self.profile is None:
             raise ConfigError(
                 "backend megatron runs a megatron GPT named by `model` (e.g. tiny) over a "

@@ -394,6 +394,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         RUN_SPEC,
         "every op time of the profile is 0",
     ),
+    (
+        "spec profile with delays",
+        {"s.yaml": spec(profile={**SMALL, "delay_ms": [20]})},
+        RUN_SPEC,
+        "a spec's profile takes no delay_ms",
+    ),
     ("spec link sets a number", {"s.yaml": spec(link_sets=5)}, RUN_SPEC, "a list of link lists"),
     ("spec too many iterations", {"s.yaml": spec(num_iterations=100_001)}, RUN_SPEC, "1..100000"),
     ("run too many iterations", P, [*RUN_P, "--iterations", "100001"], "1<=x<=100000"),
@@ -503,6 +509,18 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         P,
         [*LAUNCH_P, "--nodes", "2", "--master-addr", "10.0.0.1"],
         "3 ranks do not split evenly over 2 nodes",
+    ),
+    (
+        "launch spec with nodes",
+        {"s.yaml": spec()},
+        ["launch", "--spec", "s.yaml", "--out", "job", "--nodes", "2", "--iterations", "2"],
+        "--nodes, --iterations: --spec takes the configurations",
+    ),
+    (
+        "launch profile with gpus per node",
+        P,
+        [*LAUNCH_P, "--gpus-per-node", "4"],
+        "--gpus-per-node: it sizes a Slurm script's nodes",
     ),
     (
         "launch spec syntax",

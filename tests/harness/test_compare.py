@@ -87,6 +87,9 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         _write(path, [*rows, rows[0]])
     elif name == "old-schema":
         _write(path, [{**r, "schema_version": "1"} for r in rows])
+    elif name == "cut-short":
+        text = _write(path, rows).read_text()
+        path.write_text(text[: text.rindex(",", 0, len(text) // 2)])  # mid-row, mid-file
     return path
 
 
@@ -103,6 +106,7 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         ("inf", "median_iteration_ms is 'inf'"),
         ("duplicate", "repeats a configuration"),
         ("old-schema", "schema version 1"),
+        ("cut-short", "has fewer fields than columns: damaged or cut short"),
     ],
 )
 @pytest.mark.parametrize("side", ["base", "new"])
@@ -159,7 +163,9 @@ def test_each_metric_has_its_direction_and_may_have_its_own_tolerance(tmp_path: 
     row["median_wall_ms"] = str(float(row["median_wall_ms"]) * 1.10)
     slower = _write(tmp_path / "slower.csv", rows)
     assert _compare(BASELINE, slower).returncode == 1
-    assert _compare(BASELINE, slower, "--metric-tolerance", "median_wall_ms=15").returncode == 0
+    allowed = _compare(BASELINE, slower, "--metric-tolerance", "median_wall_ms=15")
+    assert allowed.returncode == 0
+    assert "within 0 % (median_wall_ms 15 %)" in allowed.stdout.splitlines()[-1]
     row["throughput_samples_per_s"] = str(float(row["throughput_samples_per_s"]) * 0.5)
     worse = _write(tmp_path / "worse.csv", rows)
     assert _compare(BASELINE, worse, "--metric-tolerance", "median_wall_ms=15").returncode == 1

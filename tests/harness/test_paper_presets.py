@@ -126,6 +126,14 @@ def test_table3_trace_adaptra_keeps_throughput(tmp_path: Path) -> None:
     # within 2 %: Adaptra's direct path is the runtime's (a send holds its sender while on
     # the wire), ZB's the paper's GPU path (nccl-sleep: NCCL sends beside the compute).
     assert adaptra[0]["comm"] == "direct" and adaptra[20]["comm"] == "delegated"
+    # runs.csv says what each ran over, in the order first used.
+    comms = {s: r["comm"] for s, r in runs.items()}
+    assert comms == {
+        "1f1b": "nccl-sleep",
+        "zb": "nccl-sleep",
+        "adaptra": "direct+delegated",
+        "adaptra-oracle": "direct+delegated",
+    }
     healthy_zb = next(r for r in iterations if r["system"] == "zb" and r["iteration"] == "5")
     zb_ms, adaptra_ms = (float(r["iteration_time_ms"]) for r in (healthy_zb, adaptra[5]))
     assert zb_ms <= adaptra_ms <= 1.02 * zb_ms

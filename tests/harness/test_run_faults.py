@@ -85,6 +85,7 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     assert [r["policy"] for r in records] == ["adaptra-initial"] * 2 + ["adaptra"] * 2
     assert records[1]["comm"] == {"0-1": "direct", "1-2": "direct", "2-3": "direct"}
     assert set(records[2]["comm"].values()) == {"delegated"}
+    assert data["comm"] == "direct+delegated"  # what its iterations ran over, in order
     oracle = cli(
         "run", "--profile", str(profile), "--system", "adaptra-oracle", "--iterations", "4",
         "--faults", str(faults), "--format", "json",
