@@ -54,7 +54,9 @@ import sys
 import time
 from typing import NamedTuple
 
-JOB = struct.Struct("<iqiiqqdI96s")
+PATH_BYTES = 96
+"""The longest slot file path a job carries (UTF-8 bytes)."""
+JOB = struct.Struct(f"<iqiiqqdI{PATH_BYTES}s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
 HEADER = struct.Struct("<qiiqqqq")

@@ -43,11 +43,12 @@ from adaptra.transport.delegate import (
     MESSAGE,
     MOVE,
     NOTE,
+    PATH_BYTES,
     PORT,
     READY,
     SENT,
 )
-from pipeline.errors import LinkFailure
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
     Arrival,
     DelegateSetup,
@@ -140,6 +141,14 @@ class _SlotFile:
 
         self.close()
         fd, self.path = tempfile.mkstemp(dir=self.folder, prefix=f"slots-{self.what}-")
+        if len(self.path.encode()) > PATH_BYTES:  # a job would carry it cut short
+            os.close(fd)
+            self.close()
+            raise ConfigError(
+                f"the delegates' slot files go in {self.folder}, whose path is too long for "
+                f"them (a slot file's path has at most {PATH_BYTES} bytes): set TMPDIR to a "
+                "shorter folder"
+            )
         try:
             os.ftruncate(fd, max(size, 1))
             self._map = mmap.mmap(fd, max(size, 1))

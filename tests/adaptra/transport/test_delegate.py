@@ -4,6 +4,7 @@ its trainer (the job pipe, the slot file) and its sender delegate (the TCP side)
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptra.transport.delegate import ARRIVED, HEADER, HELLO, PORT, READY, RESUME
+from adaptra.transport.delegate import ARRIVED, HEADER, HELLO, PATH_BYTES, PORT, READY, RESUME
 from adaptra.transport.delegated import _Process, _read_note, _SlotFile
+from pipeline.errors import ConfigError
 from pipeline.runtime.transport import LinkDirection
 
 SLOT_BYTES, NUM_SLOTS = 8, 2
@@ -138,3 +140,21 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
         for process in (sender, receiver):
             if process is not None:
                 process.close()
+
+
+def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> None:
+    """A job carries the slot file's path in PATH_BYTES: a longer one would reach the
+    delegate cut short (TMPDIR deep in a tree, and no /dev/shm)."""
+    short = Path(tempfile.mkdtemp(prefix="s"))  # /tmp/sXXXXXXXX: room for a slot file
+    try:
+        deep = short / ("d" * PATH_BYTES)
+        deep.mkdir()
+        slots = _SlotFile("0-1-forward-out", str(deep))
+        with pytest.raises(ConfigError, match=f"at most {PATH_BYTES} bytes\\): set TMPDIR"):
+            slots.ensure(4, 1024)
+        assert list(deep.iterdir()) == [] and slots.path == ""
+        fits = _SlotFile("0-1-forward-out", str(short))
+        assert fits.ensure(4, 1024) and len(fits.path.encode()) <= PATH_BYTES
+        fits.close()
+    finally:
+        shutil.rmtree(short)
