@@ -5,7 +5,7 @@ Run (as root, for the testbed part): python benchmarks/bench_injectors.py
 - Transport level, in a real emulated run (2 stages, gloo on loopback): the median time a
   send is held for a requested delay, and for a bandwidth cap on 1 Mbit messages (the fault
   model's rows, realised by the runtime's fault hook).
-- Network level, in the testbed: TCP throughput through an htb cap of 50/100/500 Mbit/s on
+- Network level, in the testbed: TCP throughput through an htb cap of 50 Mbit/s to 5 Gbit/s on
   one pair, the uncapped pair and plane next to it, the round trip of a pair (the cost of
   veth + bridge + veth), and the userspace delay wire: one-way delay (half the round trip)
   for 0/5/20 ms and its throughput at 0 ms.
@@ -57,7 +57,7 @@ def network_level() -> None:
         rtt = statistics.median(measure(bed, 0, 1, 0, "rtt") for _ in range(3))
         print(f"| round trip, host 0 to 1 | - | {rtt:.3f} ms |")
         print(f"| throughput, uncapped | - | {measure(bed, 0, 1, 0, '64'):.0f} Mbit/s |")
-        for rate in (50, 100, 500):
+        for rate in (50, 100, 500, 1000, 5000):
             bed.cap_bandwidth(0, 1, plane=0, rate_mbit=rate)
             capped = measure(bed, 0, 1, 0, str(max(8, rate // 8)))
             print(f"| htb cap, host 0 to 1 | {rate} Mbit/s | {capped:.1f} Mbit/s |")
