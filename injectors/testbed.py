@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing
 import os
 import signal
 import threading
@@ -59,7 +58,7 @@ from injectors.peer_tc import (
     change_peer_class,
     set_netem,
 )
-from injectors.wire import HEALTHY, WireState, run_wire
+from injectors.wire import HEALTHY, WireError, WireProcess, WireState
 from pipeline.errors import AdaptraBenchError
 from pipeline.signals import HELD_SIGNALS, held_signals
 
@@ -104,6 +103,14 @@ def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
         netns.popns()
 
 
+def _tell(wire: WireProcess, word: object, answer: str, wait_s: float) -> None:
+    """`WireProcess.tell`, its failure a TestbedError."""
+    try:
+        wire.tell(word, answer, wait_s)
+    except WireError as err:
+        raise TestbedError(str(err)) from err
+
+
 def _enter_and_run(
     namespace: str, ifname: str, target: Callable[..., None], args: tuple[Any, ...]
 ) -> None:
@@ -130,7 +137,9 @@ class Testbed:
         self.switch = f"{self.name}-sw"
         self.hosts = [f"{self.name}-h{h}" for h in range(num_hosts)]
         self._created: list[str] = []
-        self._wires: list[tuple[BaseProcess, Any]] = []
+        self._wires: list[WireProcess] = []
+        """Every wire started, failed ones too: an index, with its interfaces' name, is
+        never reused."""
         self._down: set[tuple[int, int]] = set()
         """(host, plane) NICs taken down (`set_link`): a wire made meanwhile ends down there."""
         self._wire_of: dict[tuple[int, int, int], int] = {}
@@ -232,13 +241,8 @@ class Testbed:
             self._previous_handlers = {}
 
     def _stop_wires(self) -> None:
-        for process, conn in self._wires:
-            with contextlib.suppress(OSError):
-                conn.send("stop")
-            process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
+        for wire in self._wires:
+            wire.stop()
         self._wires = []
         self._wire_of = {}
 
@@ -441,39 +445,13 @@ class Testbed:
         """The pair's wire to these states; a wire that is gone or does not answer is
         stopped and forgotten (the pair's traffic is back on its plane, and its next
         `set_wire` makes a new one)."""
-        wire_idx = self._wire_of[key]
+        wire = self._wires[self._wire_of[key]]
         try:
-            self._tell_wire(wire_idx, key, ("state", at, forward, backward), "ok", 5.0)
+            _tell(wire, ("state", at, forward, backward), "ok", 5.0)
         except TestbedError:
             del self._wire_of[key]
-            self._kill_wire(wire_idx)
+            wire.kill()
             raise
-
-    def _tell_wire(
-        self, wire_idx: int, key: tuple[int, int, int], word: Any, answer: str, wait_s: float
-    ) -> None:
-        """Send `word` (None: nothing) to wire `wire_idx` of `key`, and await `answer`."""
-        host_a, host_b, plane = key
-        what = f"the wire w{wire_idx} between hosts {host_a} and {host_b} on plane {plane}"
-        _, conn = self._wires[wire_idx]
-        try:
-            if word is not None:
-                conn.send(word)
-            if not conn.poll(wait_s):
-                raise TestbedError(f"{what} did not answer in {wait_s:g} s")
-            got = conn.recv()
-        except (EOFError, OSError) as err:  # it has ended (or never started)
-            raise TestbedError(f"{what} is gone: {type(err).__name__}: {err}") from err
-        if got != answer:
-            raise TestbedError(f"{what} answered {got!r}, not {answer!r}")
-
-    def _kill_wire(self, wire_idx: int) -> None:
-        """A wire that failed ends now (teardown joins it again: it stays in `_wires`, and
-        its index, with its interfaces' name, is never reused)."""
-        process, conn = self._wires[wire_idx]
-        conn.close()
-        process.kill()
-        process.join(2.0)
 
     def _add_wire(
         self, host_a: int, host_b: int, plane: int, first: tuple[WireState, WireState]
@@ -482,31 +460,27 @@ class Testbed:
         one that fails to start is stopped and forgotten."""
         from pyroute2 import IPRoute
 
-        key, wire_idx = (host_a, host_b, plane), len(self._wires)
-        parent, child = multiprocessing.get_context("spawn").Pipe()
-        process = multiprocessing.get_context("spawn").Process(
-            target=run_wire,
-            args=(self.hosts[host_a], self.hosts[host_b], f"w{wire_idx}", child),
-            daemon=True,
-        )
+        key, index = (host_a, host_b, plane), len(self._wires)
+        ifname = f"w{index}"
+        what = f"the wire {ifname} between hosts {host_a} and {host_b} on plane {plane}"
+        wire = WireProcess(self.hosts[host_a], self.hosts[host_b], ifname, what)
         with held_signals():  # a wire started is a wire recorded (teardown stops it)
-            process.start()
-            self._wires.append((process, parent))
-        child.close()
+            self._wires.append(wire)
+            wire.start()
         try:
-            self._tell_wire(wire_idx, key, None, "ready", 10.0)
-            self._tell_wire(wire_idx, key, ("state", 0.0, *first), "ok", 5.0)
-            self._wire_of[key] = wire_idx
+            _tell(wire, None, "ready", 10.0)
+            _tell(wire, ("state", 0.0, *first), "ok", 5.0)
+            self._wire_of[key] = index
             for here, there in ((host_a, host_b), (host_b, host_a)):
                 if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
                     continue
                 with IPRoute(netns=self.hosts[here], flags=0) as ipr:
-                    index = ipr.link_lookup(ifname=f"w{wire_idx}")[0]
-                    ipr.link("set", index=index, mtu=MTU, state="up")
-                    self._route_wire(ipr, index, here, there, plane)
+                    end = ipr.link_lookup(ifname=ifname)[0]
+                    ipr.link("set", index=end, mtu=MTU, state="up")
+                    self._route_wire(ipr, end, here, there, plane)
         except BaseException:
             self._wire_of.pop(key, None)
-            self._kill_wire(wire_idx)
+            wire.kill()
             raise
 
     def _route_plane(self, ipr: Any, index: int, host: int, plane: int) -> None:

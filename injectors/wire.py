@@ -22,6 +22,7 @@ import dataclasses
 import fcntl
 import heapq
 import math
+import multiprocessing
 import os
 import random
 import select
@@ -30,7 +31,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-__all__ = ["HEALTHY", "WireState", "run_wire"]
+from pipeline.errors import AdaptraBenchError
+
+__all__ = ["HEALTHY", "WireError", "WireProcess", "WireState", "run_wire"]
 
 _TUNSETIFF = 0x400454CA
 _IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
@@ -173,3 +176,59 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             _, _, destination, frame = heapq.heappop(queue)
             with contextlib.suppress(OSError):  # the other side is down: lost, as on a wire
                 os.write(destination, frame)
+
+
+class WireError(AdaptraBenchError, RuntimeError):
+    """A wire process that is gone, silent, or answers what it should not."""
+
+
+class WireProcess:
+    """The testbed's handle on one wire process (`run_wire`) between two namespaces: what it
+    is told and answers, named in every error as `what`."""
+
+    def __init__(self, ns_a: str, ns_b: str, ifname: str, what: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=run_wire, args=(ns_a, ns_b, ifname, child), daemon=True
+        )
+        self._child: Connection | None = child
+        self.what = what
+
+    def start(self) -> None:
+        self.process.start()
+        assert self._child is not None
+        self._child.close()  # the wire's end: held by the wire alone, so its exit is an EOF
+        self._child = None
+
+    def tell(self, word: object, answer: str, wait_s: float) -> None:
+        """Send `word` (None: nothing) and await `answer`; WireError if the wire is gone,
+        silent or answers otherwise."""
+        try:
+            if word is not None:
+                self.conn.send(word)
+            if not self.conn.poll(wait_s):
+                raise WireError(f"{self.what} did not answer in {wait_s:g} s")
+            got = self.conn.recv()
+        except (EOFError, OSError) as err:  # it has ended (or never started)
+            raise WireError(f"{self.what} is gone: {type(err).__name__}: {err}") from err
+        if got != answer:
+            raise WireError(f"{self.what} answered {got!r}, not {answer!r}")
+
+    def kill(self) -> None:
+        """End it now (a wire that failed)."""
+        self.conn.close()
+        if self.process.pid is not None:
+            self.process.kill()
+            self.process.join(2.0)
+
+    def stop(self) -> None:
+        """Ask it to end; kill it if it does not within 2 s."""
+        with contextlib.suppress(OSError):
+            self.conn.send("stop")
+        if self.process.pid is None:  # never started
+            return
+        self.process.join(2.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(2.0)

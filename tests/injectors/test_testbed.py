@@ -436,7 +436,7 @@ def test_a_delay_wire_delays_its_pair_only() -> None:
         assert 38.0 <= rtt < 80.0, rtt  # the median of 20 round trips (bench: +0.35 ms)
         assert _measure(bed, 0, 2, 0, "rtt") < FREE_RTT_MS
         assert _measure(bed, 0, 1, 1, "rtt") < FREE_RTT_MS
-        wires = [process for process, _ in bed._wires]
+        wires = [wire.process for wire in bed._wires]
     assert not any(process.is_alive() for process in wires)
 
 
@@ -480,15 +480,15 @@ def _dies_at_once(*_: object) -> None:
 def test_a_wire_that_does_not_start_is_named_and_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
     """It once raised a bare EOFError and stayed the pair's wire: every later change to the
     pair failed. Now the pair's next wire works: 2 x 20 ms of round trip."""
-    import injectors.testbed
+    import injectors.wire
 
     with Testbed(2, prefix="adb-wst-", netem=False) as bed:
-        monkeypatch.setattr(injectors.testbed, "run_wire", _dies_at_once)
+        monkeypatch.setattr(injectors.wire, "run_wire", _dies_at_once)
         with pytest.raises(
             TestbedError, match="wire w0 between hosts 0 and 1 on plane 0 is gone: EOFError"
         ):
             bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
-        assert bed._wire_of == {} and not bed._wires[0][0].is_alive()
+        assert bed._wire_of == {} and not bed._wires[0].process.is_alive()
         monkeypatch.undo()
         bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
         assert bed._wire_of == {(0, 1, 0): 1}
@@ -498,7 +498,7 @@ def test_a_wire_that_does_not_start_is_named_and_forgotten(monkeypatch: pytest.M
 def test_a_wire_that_died_is_named_and_the_pair_s_next_change_makes_a_new_one() -> None:
     with Testbed(2, prefix="adb-wdd-", netem=False) as bed:
         bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
-        process, _ = bed._wires[0]
+        process = bed._wires[0].process
         process.kill()
         process.join()
         with pytest.raises(TestbedError, match="wire w0 between hosts 0 and 1 on plane 0 is gone"):
