@@ -1,5 +1,6 @@
 """Adaptra's scheduler against the paper's numbers and the proven optimum."""
 
+import dataclasses
 import random
 import subprocess
 import sys
@@ -179,3 +180,16 @@ def test_no_or_tools_when_a_candidate_meets_the_lower_bound() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["alg2+generator+search", "410.0", "False"]
+
+
+def test_the_zb_fallback_is_judged_on_the_pipeline_alone() -> None:
+    """The search times the pipeline; ZB's order was timed to the end of the DP step, so an
+    optimizer step (any cost-model profile has one) made a slower pipeline win."""
+    profile = Profile(
+        num_stages=3, num_microbatches=6, t_f_ms=(5.0, 2.0, 3.0), t_b_ms=(2.0, 6.0, 2.0),
+        t_w_ms=(4.0, 3.0, 1.0), delay_ms=(6.0, 8.0),
+    )  # fmt: skip
+    for optimizer_ms in (0.0, 1.0, 3.0):
+        stepped = dataclasses.replace(profile, optimizer_ms=(optimizer_ms,) * 3)
+        planned = plan_adaptra(stepped, exact_time_limit_s=0)
+        assert (planned.method, planned.iteration_time_ms) == ("zb-heuristic", 90.0), optimizer_ms
