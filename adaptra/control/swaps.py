@@ -11,7 +11,11 @@ waits for the same DP link to be the slowest believed in two iterations in a row
 iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
 under a new placement, does not move anything); at most one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
-gains nothing while the pair is a PP edge).
+gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
+hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
+moved already, has a slowness that did not stay with the pair (a delay on the logical link;
+a slow NIC, which every placement keeps on some ring), and another swap would only move it
+around, a state transfer every other iteration for nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ class DpSwaps:
         self.num_swaps = 0
         self._slowest: Link | None = None
         """The slowest DP link of the last belief (under the placement in force)."""
+        self._moved: set[Link] = set()
+        """The DP links swapped onto PP edges so far (never again)."""
+        self._moved_hosts: set[int] = set()
+        """The hosts of the pairs those swaps moved."""
 
     def update(self, belief: Belief) -> None:
         slow = [Link.parse(name) for name in belief.slow]
@@ -37,10 +45,16 @@ class DpSwaps:
             self._slowest = None
             return
         slowest = max(slow_dp, key=lambda link: (belief.extra_ms[str(link)], link))
+        hosts = set(self.topology.hosts_of(slowest))
+        if slowest in self._moved or hosts & self._moved_hosts:  # not the pair's slowness
+            self._slowest = None
+            return
         if slowest != self._slowest:
             self._slowest = slowest
             return
         self.topology = self.topology.dp_pair_onto_pp(slowest)
+        self._moved.add(slowest)
+        self._moved_hosts |= hosts
         self.num_swaps += 1
         self._slowest = None
 

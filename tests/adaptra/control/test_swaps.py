@@ -77,3 +77,26 @@ def test_fig18_order_in_the_simulator_at_7b() -> None:
     assert times[30]["adaptra-cpu"] > times[30]["adaptra"]
     growth = {s: times[30][s] - times[10][s] for s in times[10]}
     assert growth["adaptra"] < growth["adaptra-cpu"] < growth["falcon"] < growth["zb"]
+
+
+def test_a_dp_link_whose_slowness_stays_on_the_ring_is_moved_once() -> None:
+    """A slow NIC stays on some ring link under any placement, and the profile's delay on a
+    logical DP link moves with no host: both swapped every other iteration, each swap a
+    state transfer (202 and 207.12 ms alternating). One swap now, then steady steps."""
+    from dataclasses import replace
+
+    from pipeline.faults import NO_FAULTS
+    from pipeline.profile import Profile
+
+    profile = Profile.uniform(
+        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
+    )  # fmt: skip
+    nic = parse_yaml('[{start_iteration: 2, nic: "host5:rnic0", delay_ms: 30}]')
+    static = replace(profile, dp_delay_ms=((Link.parse("dp1:0-1"), 30.0),))
+    for system in ("adaptra", "adaptra-cpu"):
+        for run_profile, faults in ((profile, nic), (static, NO_FAULTS)):
+            controller = system_controller(system, run_profile, faults)
+            run = run_configuration(controller, num_iterations=14, faults=faults)
+            assert controller.swaps.num_swaps == 1, (system, run_profile.dp_delay_ms)
+            assert len(set(run.wall_times_ms[-6:])) == 1, run.wall_times_ms  # steady
