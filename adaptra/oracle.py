@@ -1,11 +1,13 @@
 """Adaptra's controller as the paper evaluates it when the straggler is known: an oracle.
 
-It reads the fault model's view (what delay is in force on which PP link, whether a link or
-NIC has failed), never the measurements, and says so in its name. Where the delays in force
-change it plans Adaptra's schedule for them (each delay vector once), and it runs over the
-delegates while any link is slow or anything has failed (the delegates fail over to another
-NIC: adaptra.transport), the direct path otherwise. The detector-driven controller replaces
-it. Its iterations are the run's (warm-up included), as the engines'; the view counts from the
+It reads the fault model's view (what delay is in force on each PP link, the most of any
+replica's, and on each DP ring link; whether a link or NIC has failed), never the
+measurements, and says so in its name. Where the PP delays in force change it plans
+Adaptra's schedule for them (each delay vector once), and it runs over the delegates while
+any link, PP or DP, is slow or anything has failed (the delegates fail over to another NIC:
+adaptra.transport), the direct path otherwise. It makes no rank swap (the detector-driven
+controller moves a slow DP link onto a PP edge: adaptra.control.swaps), which replaces it.
+Its iterations are the run's (warm-up included), as the engines'; the view counts from the
 first measured one (pipeline.faults.AfterWarmup).
 """
 
@@ -52,9 +54,10 @@ class OracleController:
 
     def plan(self, iteration: int) -> Plan:
         delays = self.delays_in_force(iteration)
+        dp = self.faults.dp_delays_ms(iteration, self.profile.topology)
         failed = self.faults.has_failure(iteration, self.profile.topology)
-        comm = CommMode.DELEGATED if any(delays) or failed else CommMode.DIRECT
-        known = tuple((link_name(i), d) for i, d in enumerate(delays) if d)
+        comm = CommMode.DELEGATED if any(delays) or dp or failed else CommMode.DIRECT
+        known = tuple((link_name(i), d) for i, d in enumerate(delays) if d) + dp
         return self._plans.plan(delays, comm, known)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:

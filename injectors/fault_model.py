@@ -275,6 +275,20 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
+def _delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:
+    """The fixed (or mean) delay on `link` at the end of the iteration: on its host pair and
+    on its hosts' first NICs (caps, stalls and failures left out)."""
+    a, b = sorted(topology.hosts_of(link))
+    nic = topology.nics[0]
+    total = 0.0
+    for unit in (("pair", a, b), ("nic", a, nic), ("nic", b, nic)):
+        for span in in_force.get(unit, []):
+            effect = span.event.effect
+            if span.until_ms == math.inf and effect.kind == "delay":
+                total += effect.normal_ms[0] if effect.normal_ms else effect.delay_ms
+    return total
+
+
 def _holds_in(event: FaultEvent, iteration: int) -> bool:
     """Whether `iteration` is before the event's end (a stall: its first iteration only)."""
     ended = event.end_iteration is not None and iteration >= event.end_iteration
@@ -341,21 +355,26 @@ class FaultModel:
         return InForce(iteration, topology, effects, self.seed)
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
-        """The fixed (or mean) delay in force on each PP link of replica 0: what an oracle
-        plans for (caps, stalls and failures left out)."""
+        """The fixed (or mean) delay in force on each PP link, the most of any replica's:
+        what an oracle plans for (`_delay_ms`)."""
         in_force = self._in_force(iteration, topology)
-        delays = []
-        for stage in range(topology.num_stages - 1):
-            a, b = sorted(topology.hosts_of(Link.pp(stage, 0)))
-            total = 0.0
-            for span in in_force.get(("pair", a, b), []):
-                if span.until_ms < math.inf:
-                    continue  # replaced inside the iteration: what holds at its end counts
-                effect = span.event.effect
-                if effect.kind == "delay":
-                    total += effect.normal_ms[0] if effect.normal_ms else effect.delay_ms
-            delays.append(total)
-        return tuple(delays)
+        return tuple(
+            max(
+                _delay_ms(in_force, topology, Link.pp(stage, replica))
+                for replica in range(topology.num_replicas)
+            )
+            for stage in range(topology.num_stages - 1)
+        )
+
+    def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
+        """The DP ring links with a delay in force, and that delay (`_delay_ms`)."""
+        in_force = self._in_force(iteration, topology)
+        delays = (
+            (link, _delay_ms(in_force, topology, link))
+            for stage in range(topology.num_stages)
+            for link in topology.dp_ring(stage)
+        )
+        return tuple((str(link), ms) for link, ms in delays if ms)
 
     def longest_hold_ms(self, message_bytes: int = 0) -> float:
         """The longest the events on one target may hold a message of `message_bytes`

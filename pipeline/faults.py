@@ -75,8 +75,12 @@ class FaultView(Protocol):
         ...
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
-        """The delay in force on each PP link of replica 0 at `iteration`: what an oracle
-        controller plans for."""
+        """The delay in force on each PP link at `iteration`, the most of any replica's: what
+        an oracle controller plans for."""
+        ...
+
+    def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
+        """The DP ring links with a delay in force at `iteration`, and that delay."""
         ...
 
     def has_failure(self, iteration: int, topology: Topology) -> bool:
@@ -118,6 +122,9 @@ class NoFaults:
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         return (0.0,) * (topology.num_stages - 1)
 
+    def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
+        return ()
+
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         return False
 
@@ -145,6 +152,11 @@ class AfterWarmup:
         if iteration < self.num_warmup:
             return NO_FAULTS.pp_delays_ms(iteration, topology)
         return self.faults.pp_delays_ms(iteration - self.num_warmup, topology)
+
+    def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
+        if iteration < self.num_warmup:
+            return ()
+        return self.faults.dp_delays_ms(iteration - self.num_warmup, topology)
 
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         return iteration >= self.num_warmup and self.faults.has_failure(

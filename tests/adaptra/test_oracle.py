@@ -28,3 +28,29 @@ def test_the_oracle_delegates_exactly_while_a_delay_or_a_failure_is_in_force() -
         controller, backend="sim", num_iterations=4, num_warmup_iterations=2, faults=faults
     )
     assert result.comms == (DIRECT, DIRECT, DELEGATED, DELEGATED)
+
+
+def test_the_oracle_knows_every_replica_s_links_the_rings_and_slow_nics() -> None:
+    """It read replica 0's PP links alone: a slow link of replica 1, a slow DP ring link or
+    a slow NIC left it on the direct path (382 ms, where the detector's Adaptra ran 164)."""
+    profile = Profile.uniform(
+        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000,
+    )  # fmt: skip
+    cases = {
+        '[{start_iteration: 0, links: ["pp1:1-2"], delay_ms: 30}]': {"1-2": 30.0},
+        '[{start_iteration: 0, links: ["dp1:0-1"], delay_ms: 30}]': {"dp1:0-1": 30.0},
+        '[{start_iteration: 0, nic: "host5:rnic0", delay_ms: 30}]': {  # stage 1 of replica 1
+            "0-1": 30.0, "1-2": 30.0, "dp1:0-1": 30.0,
+        },
+    }  # fmt: skip
+    for rows, known in cases.items():
+        faults = parse_yaml(rows)
+        controller = system_controller("adaptra-oracle", profile, faults)
+        plan = controller.plan(1)  # the first measured iteration
+        assert plan.comm is DELEGATED and dict(plan.believed_ms) == known, rows
+        assert controller.plan(0).comm is DIRECT  # the warm-up is healthy
+    slow_replica_1 = parse_yaml('[{start_iteration: 0, links: ["pp1:1-2"], delay_ms: 30}]')
+    controller = system_controller("adaptra-oracle", profile, slow_replica_1)
+    run = run_configuration(controller, num_iterations=2, faults=slow_replica_1)
+    assert run.iteration_times_ms == (164.0, 164.0)  # the detector's Adaptra settles there
