@@ -176,10 +176,13 @@ def run(
         timeline = load_faults(Path(faults_path))
         timeline.validate(profile.topology, iterations)
         faults = timeline
+    if timeout_s is not None and backend == "sim":
+        raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
+    recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     controller: Controller
     if system is not None:
         controller = system_controller(
-            system, profile, faults, num_warmup_iterations=warmup_iterations
+            system, profile, faults, num_warmup_iterations=warmup_iterations, recovery=recovery
         )
         label, comm = system, SYSTEMS[system][1]
     else:
@@ -188,9 +191,6 @@ def run(
             profile = with_delegate_count(profile, faults)
         controller = fixed_plan(planned.schedule, profile, comm, planned.policy)
         label = planned.policy
-    if timeout_s is not None and backend == "sim":
-        raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
-    recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     progress = terminal_progress(iterations + warmup_iterations, fmt)
     result = run_configuration(
         controller,

@@ -126,7 +126,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                 drawn = drawn_iterations(spec.num_iterations, starts)
                 recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
                 controller = controller_for(
-                    system, target, scenario, planner, spec.num_warmup_iterations
+                    system, target, scenario, planner, spec.num_warmup_iterations, spec.recovery()
                 )
                 result = run_configuration(
                     controller,

@@ -13,6 +13,7 @@ from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
 from baselines.falcon import FalconController
 from baselines.fixed_plan import FixedPlan
+from harness.loop import CHECKPOINT_RESTART, Recovery
 from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
@@ -150,6 +151,7 @@ def system_controller(
     planner: Planner = _planned,
     profile_for: Callable[[Schedule], Profile] | None = None,
     direct_comm: CommMode = CommMode.DIRECT,
+    recovery: Recovery = CHECKPOINT_RESTART,
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's controller from measurements (it never reads `faults` or the profile's
@@ -158,7 +160,8 @@ def system_controller(
     iterations count and `faults` does not. `profile_for`: the op times a schedule runs
     under (a cost model's fused or split times). `direct_comm`: how the systems on the direct
     path send (the paper's models: `nccl-sleep`, its GPU path as its artifact injects delays;
-    Adaptra before it delegates and Falcon stay on `direct`)."""
+    Adaptra before it delegates and Falcon stay on `direct`). `recovery`: the run's, which
+    Falcon's ladder weighs a restart by."""
     policy, comm = resolve_system(system, profile)
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)
@@ -176,7 +179,13 @@ def system_controller(
         )
     schedule = planner(policy, profile)
     if system == "falcon":
-        return FalconController(schedule, profile, planner=functools.partial(planner, policy))
+        return FalconController(
+            schedule,
+            profile,
+            planner=functools.partial(planner, policy),
+            checkpoint_every=recovery.checkpoint_every,
+            restart_overhead_ms=recovery.restart_ms,
+        )
     run_profile = profile
     if profile_for is not None:
         profile = dataclasses.replace(

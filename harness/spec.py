@@ -391,6 +391,7 @@ def controller_for(
     scenario: Scenario,
     planner: Planner | None = None,
     num_warmup_iterations: int = 1,
+    recovery: Recovery = CHECKPOINT_RESTART,
 ) -> Controller:
     """What runs `system` on `target` in `scenario` (harness.policies.system_controller)
     after `num_warmup_iterations`."""
@@ -402,4 +403,5 @@ def controller_for(
         planner=planner or memoised_planner(),
         profile_for=None if target.cost is None else target.cost.profile_for,
         direct_comm=CommMode.DIRECT if target.cost is None else CommMode.NCCL_SLEEP,
+        recovery=recovery,
     )

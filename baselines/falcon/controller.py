@@ -152,14 +152,18 @@ class FalconController:
         changes: ChangePointConfig = DEFAULT_CHANGES,
         *,
         planner: Callable[[Profile], Schedule] | None = None,
+        checkpoint_every: int = 500,
+        restart_overhead_ms: float = 0.0,
     ) -> None:
         """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` once
-        the first iterations have given a healthy time; `planner`: the same policy for
+        the first iterations have given a healthy time, with the run's `checkpoint_every`
+        and `restart_overhead_ms` (what a restart costs it); `planner`: the same policy for
         another microbatch count (a rebalanced replica's; None: no rebalance level)."""
         self.schedule, self.profile = schedule, profile
         self._planner = planner
         self._model = profile.with_delays(())
         self._costs = costs
+        self._checkpoint_every, self._restart_overhead_ms = checkpoint_every, restart_overhead_ms
         self._changes = ChangePointDetector(changes)
         self._link_times = PerSource(
             lambda t: {
@@ -254,7 +258,12 @@ class FalconController:
     def _climb(self, iteration: int, timeline: Timeline) -> None:
         straggler = self.straggler
         assert straggler is not None
-        costs = self._costs or FalconCosts.for_profile(self.profile, straggler.baseline_ms)
+        costs = self._costs or FalconCosts.for_profile(
+            self.profile,
+            straggler.baseline_ms,
+            checkpoint_every=self._checkpoint_every,
+            restart_overhead_ms=self._restart_overhead_ms,
+        )
         self._costs = costs
         for level in straggler.levels:
             if level <= straggler.level:

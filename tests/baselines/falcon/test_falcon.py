@@ -12,7 +12,7 @@ import pytest
 
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
-from harness.loop import RunResult
+from harness.loop import Recovery, RunResult
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
@@ -243,3 +243,27 @@ def test_the_costs_it_assumes() -> None:
     sgd = dataclasses.replace(adam, stage_state_bytes=(750_000, 500_000, 500_000, 750_000))
     held = FalconCosts.for_profile(sgd, healthy_iteration_ms=100.0)
     assert held.swap_ms == pytest.approx(100.0 + 750_000 * 8 / 8e6)
+
+
+def test_falcon_weighs_a_restart_by_the_run_s_checkpoints_and_restart_cost() -> None:
+    """It assumed 500 iterations between checkpoints and a free restart whatever the run's
+    recovery said: with a 10-minute restart it restarted anyway (the run then took 622 s
+    where it would have taken 30)."""
+    profile = Profile.uniform(
+        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 3, links: ["dp1:0-1"], delay_ms: 30}]')
+    restarts_at = {}
+    for recovery in (Recovery(), Recovery(restart_ms=600_000), Recovery(checkpoint_every=10)):
+        controller = system_controller("falcon", profile, faults, recovery=recovery)
+        run = run_configuration(controller, num_iterations=80, faults=faults, recovery=recovery)
+        assert isinstance(controller, FalconController) and controller._costs is not None
+        assert controller._costs.restart_ms == recovery.checkpoint_every / 2 * 54.0 + (
+            recovery.restart_ms
+        )
+        climbs = [k for k, level in controller.climbs if level is Level.RESTART]
+        assert run.restarts == len(climbs)
+        restarts_at[recovery.checkpoint_every, recovery.restart_ms] = climbs
+    assert restarts_at[10, 0.0][0] < restarts_at[500, 0.0][0]  # 270 ms to lose, not 13.5 s
+    assert restarts_at[500, 600_000] == []  # never worth 10 minutes here
