@@ -87,6 +87,9 @@ class ChangePointDetector:
         self._stats: list[_Stats] = []
         self._segment_start = 0
         """The index of the first time of the current segment (the last change reported)."""
+        self._unstepped = 0
+        """Times of the current segment the model never took (calibration outliers): its run
+        length is that much shorter than the times since the segment's start."""
         self.baseline_ms: float | None = None
         """The median iteration time of the segment before the latest change (before any:
         of the first iterations)."""
@@ -114,18 +117,20 @@ class ChangePointDetector:
             for x in first:
                 if abs(x - mean) <= 5 * spread:  # an outlier is in no segment's statistics
                     self._step(x)
+                else:
+                    self._unstepped += 1
             return False
         self._step(iteration_ms)
         most_likely = max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
-        since = len(self._times) - self._segment_start
-        if most_likely >= since - 1 or most_likely == 0:
+        since = len(self._times) - self._segment_start - self._unstepped
+        if most_likely >= since or most_likely == 0:  # no new segment (yet)
             return False
         start = len(self._times) - most_likely
         new_ms = statistics.median(self._times[start:])
         old_ms = statistics.median(self._times[self._segment_start : start])
         if abs(new_ms - old_ms) < config.min_relative_change * old_ms:
             return False
-        self._segment_start = start
+        self._segment_start, self._unstepped = start, 0
         self.baseline_ms = old_ms
         return True
 

@@ -206,12 +206,15 @@ class FalconController:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         (record,) = timeline.iterations[-1:]
         iteration_ms = record.end_ms - record.start_ms
-        changed = self._changes.update(iteration_ms)
+        changes = self._changes
+        if changes.update(iteration_ms):  # also while a straggler is handled: its end is one
+            assert changes.baseline_ms is not None
+            self._slower = changes.segment_ms > changes.baseline_ms
         times = self._link_times(timeline)
         suspects = _suspects(times)
         straggler = self.straggler
         if straggler is None:
-            self._detect(changed, suspects, times)
+            self._detect(suspects, times)
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
         swapped = straggler.level is Level.SWAP and not straggler.undone
@@ -237,13 +240,10 @@ class FalconController:
         self._restart = False
         self._changes = ChangePointDetector(self._changes.config)
 
-    def _detect(self, changed: bool, suspects: set[str], times: dict[str, float]) -> None:
+    def _detect(self, suspects: set[str], times: dict[str, float]) -> None:
         """Between a change up and the next change: the slowest suspect link, the same in two
         iterations in a row, is the straggler (a noisy iteration only delays it)."""
         changes = self._changes
-        if changed:
-            assert changes.baseline_ms is not None
-            self._slower = changes.segment_ms > changes.baseline_ms
         if not self._slower or not suspects:
             self._suspect = None
             return

@@ -57,3 +57,14 @@ def test_a_slow_first_iteration_neither_hides_a_change_nor_sets_the_baseline(
     detector, found = _feed([first_ms, 270, 272, 268, 275, 1190, 1185, 1200, 1195])
     assert found == [5]
     assert detector.baseline_ms in (270, 272)  # the median of the healthy ones
+
+
+@pytest.mark.parametrize("spike_iterations", [1, 2, 3])
+def test_the_return_after_a_short_spike_is_a_change_too(spike_iterations: int) -> None:
+    """A one-iteration segment's end was never reported: the detector stayed on the spike's
+    side for good (and Falcon on 'slower', catching a later sub-threshold straggler)."""
+    detector = ChangePointDetector()
+    times = [54.0] * 5 + [200.0] * spike_iterations + [54.0] * 12
+    reported = [k for k, ms in enumerate(times) if detector.update(ms)]
+    assert reported == [5, 5 + spike_iterations]
+    assert detector.change_index == 5 + spike_iterations and detector.baseline_ms == 200.0
