@@ -83,7 +83,8 @@ def _slackness_steps(policy: Policy, step: int, x_cap: int) -> Iterator[Policy]:
     for link_idx in range(1, len(warmup) - 1):  # link 0's is x_0's own step
         # Changing Delta_i shifts x_0..x_i together.
         shifted = tuple(x + step if j <= link_idx else x for j, x in enumerate(warmup))
-        if shifted[0] <= x_cap and shifted[link_idx] >= shifted[link_idx + 1] >= 1:
+        in_range = all(1 <= x <= x_cap for x in shifted[: link_idx + 1])
+        if in_range and shifted[link_idx] >= shifted[link_idx + 1] >= 1:
             yield Policy(shifted, policy.in_flight_caps)
 
 

@@ -63,3 +63,15 @@ def test_neighbours_change_one_knob_within_the_limits() -> None:
     ]
     wide = list(policy_neighbours(Policy((5, 3, 1), (5, 2, 1)), x_cap=6, num_microbatches=6))
     assert Policy((5, 3, 1), (None, 2, 1)) in wide  # k_0 = 6 = N: no cap
+
+
+@given(
+    st.lists(st.integers(1, 8), min_size=2, max_size=6),
+    st.integers(1, 8),
+)
+def test_every_neighbour_keeps_each_warmup_in_one_to_the_cap(warmup: list[int], x_cap: int) -> None:
+    """A slackness step moves x_0..x_i together: where the warm-ups do not fall stage by
+    stage, it took some of them to 0 or past the cap ((1, 2, 1) gave (0, 1, 1))."""
+    capped = [min(x, x_cap) for x in warmup]
+    for neighbour in policy_neighbours(Policy.uncapped(tuple(capped)), x_cap, num_microbatches=8):
+        assert all(1 <= x <= x_cap for x in neighbour.warmup), (capped, neighbour.warmup)
