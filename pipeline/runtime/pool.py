@@ -208,8 +208,7 @@ class WorkerPool:
             on_start(start_at)
         self._busy = True
         what = f"iteration {config.iteration}"
-        if config.topology is not None:
-            self._placement = config.topology
+        self._placement = config.topology or Topology(self.num_stages, self.num_replicas)
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((config, start_at))
