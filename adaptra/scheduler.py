@@ -122,6 +122,8 @@ def plan_adaptra(
 
     exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
+    if not exact.exact_in_ms:  # the proof is of the model with times rounded to 1 us
+        proof += " to 1 us"
     return AdaptraPlan(
         exact.schedule,
         f"{method}+cp-sat {proof}",

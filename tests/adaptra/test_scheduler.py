@@ -193,3 +193,14 @@ def test_the_zb_fallback_is_judged_on_the_pipeline_alone() -> None:
         stepped = dataclasses.replace(profile, optimizer_ms=(optimizer_ms,) * 3)
         planned = plan_adaptra(stepped, exact_time_limit_s=0)
         assert (planned.method, planned.iteration_time_ms) == ("zb-heuristic", 90.0), optimizer_ms
+
+
+def test_an_optimum_proven_on_rounded_times_says_so() -> None:
+    """Times that 1 us does not divide (1/3 ms) are rounded for CP-SAT: its proof is of that
+    model, and the method says so."""
+    profile = Profile.uniform(3, 4, 1 / 3, 0.7, 0.2, delay_ms=(1 / 7, 0.0))
+    planned = plan_adaptra(profile, exact_time_limit_s=5)
+    # (optimal here in milliseconds; a "bound ..." under a load that stops CP-SAT early)
+    assert "+cp-sat " in planned.method and planned.method.endswith(" to 1 us"), planned.method
+    exact_profile = Profile.uniform(3, 4, 1.0, 1.0, 1.0, delay_ms=(2.0, 0.0))
+    assert "to 1 us" not in plan_adaptra(exact_profile, exact_time_limit_s=5).method
