@@ -33,8 +33,10 @@ def test_a_link_failure_says_how_far_into_its_iteration_the_message_went() -> No
 
 
 def test_after_a_timeout_the_next_iteration_runs_on_a_fresh_pool() -> None:
-    slow = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 2500}]').at(0, Topology(2))
-    with emulated_engine(2, timeout_s=1) as engine:
+    # 10 s on every message against a 3 s wait: a timeout whatever the load (and 3 s is
+    # ample for a healthy 5 ms op's message on a fresh pool).
+    slow = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 10000}]').at(0, Topology(2))
+    with emulated_engine(2, timeout_s=3) as engine:
         with pytest.raises(WorkerTimeout):
             engine.run(PLAN, 0, slow)
         timeline = engine.run(PLAN, 1, NO_FAULTS).timeline
