@@ -32,7 +32,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
 from pipeline.topology import Link, Position, Topology
 
-__all__ = ["Effect", "FaultEvent", "FaultModel", "InForce", "Target", "TargetKind"]
+__all__ = ["Effect", "FaultEvent", "FaultModel", "Held", "InForce", "Target", "TargetKind"]
 
 
 class TargetKind(StrEnum):
@@ -168,6 +168,7 @@ class InForce:
     )
     """Per link direction, the units on its route that have effects (looked up once)."""
     _redraws: dict[tuple[_Unit, Effect], _Redraws] = dataclasses.field(default_factory=dict)
+    """Per unit and redrawn normal delay, its values this iteration, drawn as far as asked."""
 
     def cache_key(self) -> Hashable | None:
         """The topology and the effects, unless one draws per message, follows the clock or
@@ -275,7 +276,7 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
-def _delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:
+def _planned_delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:
     """The fixed (or mean) delay on `link` at the end of the iteration: on its host pair and
     on its hosts' first NICs (caps, stalls and failures left out)."""
     a, b = sorted(topology.hosts_of(link))
@@ -356,21 +357,21 @@ class FaultModel:
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         """The fixed (or mean) delay in force on each PP link, the most of any replica's:
-        what an oracle plans for (`_delay_ms`)."""
+        what an oracle plans for (`_planned_delay_ms`)."""
         in_force = self._in_force(iteration, topology)
         return tuple(
             max(
-                _delay_ms(in_force, topology, Link.pp(stage, replica))
+                _planned_delay_ms(in_force, topology, Link.pp(stage, replica))
                 for replica in range(topology.num_replicas)
             )
             for stage in range(topology.num_stages - 1)
         )
 
     def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
-        """The DP ring links with a delay in force, and that delay (`_delay_ms`)."""
+        """The DP ring links with a delay in force, and that delay (`_planned_delay_ms`)."""
         in_force = self._in_force(iteration, topology)
         delays = (
-            (link, _delay_ms(in_force, topology, link))
+            (link, _planned_delay_ms(in_force, topology, link))
             for stage in range(topology.num_stages)
             for link in topology.dp_ring(stage)
         )
@@ -409,7 +410,7 @@ class FaultModel:
         return max(held)
 
     def has_failure(self, iteration: int, topology: Topology) -> bool:
-        """A link or NIC is down at `iteration` (from some point in it on)."""
+        """A link or NIC is down for some part of `iteration`."""
         return any(
             span.event.effect.down
             for spans in self._in_force(iteration, topology).values()
