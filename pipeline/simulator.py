@@ -99,8 +99,11 @@ def simulate(
     link_comms: Sequence[LinkComm] = (),
     failed_over: frozenset[tuple[int, str, str]] = frozenset(),
     replica_schedules: ReplicaSchedules | None = None,
+    faults_from_ms: float | None = None,
 ) -> Timeline:
-    """Time every op and message of one iteration starting at `start_ms`. `comm` is every
+    """Time every op and message of one iteration starting at `start_ms` (`faults_from_ms`,
+    default `start_ms`: where the iteration began for `faults`' offsets, before a rank swap's
+    state transfer). `comm` is every
     link direction's mode but those `link_comms` give another (modes mixed per direction).
     `faults` adds each message's fault delay (pipeline.faults) to its link's transfer time.
     With DP replicas (`profile.num_replicas`), every replica runs the pipeline (the profile's
@@ -126,6 +129,7 @@ def simulate(
     with no other mode, and fails a message whose route is down over any link."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
+    origin_ms = start_ms if faults_from_ms is None else faults_from_ms
     if replica_schedules is None:
         counts = (profile.num_microbatches,) * num_replicas
     else:
@@ -251,7 +255,7 @@ def simulate(
                         "FB"[direction],
                         m,
                         message_bytes,
-                        end - start_ms,
+                        end - origin_ms,
                     )
                     if not fault.failed:
                         transfer_ms += fault.delay_ms
@@ -259,7 +263,7 @@ def simulate(
                     elif mode is not CommMode.DELEGATED or len(nics) < 2:
                         raise _pp_link_down(
                             iteration, _DIRECTIONS[direction], m, pp_links[link_idx],
-                            end - start_ms,
+                            end - origin_ms,
                         )  # fmt: skip
                     elif (here := (links[link_idx], _DIRECTIONS[direction])) not in moved:
                         moved.add(here)  # its delegates move to the next NIC
@@ -324,6 +328,7 @@ def simulate(
             delay_ms = profile.delay_ms[link_idx]
             if faults is not NO_FAULTS:
                 kind, m = message
+                at_ms += start_ms - origin_ms  # time_replica's offsets are from `start_ms`
                 fault = faults.message_fault(
                     pp_links[link_idx], direction, kind, m, message_bytes, at_ms
                 )
@@ -402,7 +407,7 @@ def simulate(
     if profile.has_dp_step:
         dp_moved = {(r, link, d) for r, link, d in failed_over if link.startswith("dp")}
         step_end_ms = _step_end_ms(
-            profile, stage_ends, host, faults, iteration, start_ms,
+            profile, stage_ends, host, faults, iteration, origin_ms,
             _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
             dp_messages,
             host.ring_lag_curve(delegated=comm is CommMode.DELEGATED),
@@ -436,7 +441,7 @@ def _step_end_ms(
     host: HostCosts,
     faults: IterationFaults,
     iteration: int,
-    start_ms: float,
+    origin_ms: float,
     failover: _DpFailover,
     dp_messages: list[MessageRecord],
     ring_lag: CostCurve,
@@ -463,7 +468,7 @@ def _step_end_ms(
     ) -> float:
         delay_ms = static_ms.get(link, 0.0) if static_ms else 0.0
         if ask is not None:
-            offset_ms = sent_at_ms - start_ms
+            offset_ms = sent_at_ms - origin_ms
             fault = ask(link, direction, KIND, index, num_bytes, offset_ms)
             sender = link.first if direction == "forward" else link.second
             here = (sender, str(link), direction)

@@ -80,6 +80,7 @@ class SimEngine(Closing):
                 link_comms=plan.link_comms,
                 failed_over=self._failed_over,
                 replica_schedules=plan.replica_schedules,
+                faults_from_ms=iteration_start_ms,  # a swap's transfer is in the iteration
             )
             same_as = None
             if key is not None:

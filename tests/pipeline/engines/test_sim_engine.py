@@ -134,6 +134,45 @@ def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_give
     assert times[2] == pytest.approx(times[1] + 8.0) and times[3] == pytest.approx(times[1])
 
 
+@dataclasses.dataclass
+class _Offsets:
+    """Healthy, recording how far into its iteration each PP message was asked about."""
+
+    asked_ms: list[float] = dataclasses.field(default_factory=list)
+
+    def message_fault(
+        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+    ) -> MessageFault:
+        if kind != "AR":
+            self.asked_ms.append(at)
+        return MessageFault()
+
+    def affects(self, link: Link) -> bool:
+        return True
+
+    def cache_key(self) -> None:
+        return None
+
+
+def test_a_fault_s_offsets_count_the_swap_s_transfer_as_the_runtimes_do() -> None:
+    """The runtimes' fault hook counts from the iteration's start, swap included; the
+    simulator counted from the first op, 8 ms later."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=1_000_000, dp_bandwidth_gbps=8.0
+    )
+    swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DIRECT)
+    engine = SimEngine()
+    engine.run(plain, 0, NO_FAULTS)
+    offsets = {}
+    for k, plan in ((1, plain), (2, dataclasses.replace(plain, topology=swapped))):
+        faults = _Offsets()
+        engine.run(plan, k, faults)
+        offsets[k] = min(faults.asked_ms)
+    assert offsets[1] == pytest.approx(1.0)  # the first activation, after a 1 ms F
+    assert offsets[2] == pytest.approx(8.0 + 1.0)  # after the 8 ms transfer too
+
+
 def test_each_replica_runs_its_own_share_of_a_rebalanced_batch() -> None:
     """PP 2 x DP 2, 4 microbatches each, split 3 + 5: each replica runs its own schedule for
     its own count (1F1B over 10 ms ops: (m + 1) x 20 ms), the iteration lasts as long as the
