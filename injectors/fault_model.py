@@ -163,10 +163,10 @@ class InForce:
     """Per unit, its effects and when in this iteration each holds."""
     seed: int
     _stalled: set[tuple[_Unit, str]] = dataclasses.field(default_factory=set)
-    _routes: dict[tuple[Link, str], list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
+    _routes: dict[Link, list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
         default_factory=dict
     )
-    """Per link direction, the units on its route that have effects (looked up once)."""
+    """Per link, the units on its route (both ways the same) with effects (looked up once)."""
     _redraws: dict[tuple[_Unit, Effect], _Redraws] = dataclasses.field(default_factory=dict)
     """Per unit and redrawn normal delay, its values this iteration, drawn as far as asked."""
 
@@ -181,25 +181,15 @@ class InForce:
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
     def affects(self, link: Link) -> bool:
-        return bool(self._route(link, "forward") or self._route(link, "backward"))
+        return bool(self._route(link))
 
-    def _route(self, link: Link, direction: str) -> list[tuple[_Unit, tuple[Held, ...]]]:
-        """The units with effects on the route of `link` in `direction` (looked up once)."""
-        route = self._routes.get((link, direction))
+    def _route(self, link: Link) -> list[tuple[_Unit, tuple[Held, ...]]]:
+        route = self._routes.get(link)
         if route is None:
-            route = self._routes[link, direction] = self._route_units(link, direction)
+            units = _route_of(self.topology, link)
+            route = [(unit, self.effects[unit]) for unit in units if unit in self.effects]
+            self._routes[link] = route
         return route
-
-    def _route_units(self, link: Link, direction: str) -> list[tuple[_Unit, tuple[Held, ...]]]:
-        a, b = self.topology.hosts_of(link)
-        sender, receiver = (a, b) if direction == "forward" else (b, a)
-        nic = self.topology.nics[0]
-        units: list[_Unit] = [
-            ("pair", min(a, b), max(a, b)),
-            ("nic", sender, nic),
-            ("nic", receiver, nic),
-        ]
-        return [(unit, self.effects[unit]) for unit in units if unit in self.effects]
 
     def message_fault(
         self,
@@ -212,7 +202,7 @@ class InForce:
     ) -> MessageFault:
         if not self.effects:
             return _HEALTHY
-        route = self._route(link, direction)
+        route = self._route(link)
         delay_ms = 0.0
         for unit, effects in route:
             for held in effects:
@@ -276,13 +266,19 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
-def _planned_delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:
-    """The fixed (or mean) delay on `link` at the end of the iteration: on its host pair and
-    on its hosts' first NICs (caps, stalls and failures left out)."""
+def _route_of(topology: Topology, link: Link) -> tuple[_Unit, ...]:
+    """What a message on `link` meets: its host pair and its hosts' first NICs (`rnic0`, until
+    failover moves it)."""
     a, b = sorted(topology.hosts_of(link))
     nic = topology.nics[0]
+    return (("pair", a, b), ("nic", a, nic), ("nic", b, nic))
+
+
+def _planned_delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:
+    """The fixed (or mean) delay on `link` at the end of the iteration: on its route (caps,
+    stalls and failures left out)."""
     total = 0.0
-    for unit in (("pair", a, b), ("nic", a, nic), ("nic", b, nic)):
+    for unit in _route_of(topology, link):
         for span in in_force.get(unit, []):
             effect = span.event.effect
             if span.until_ms == math.inf and effect.kind == "delay":

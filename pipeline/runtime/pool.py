@@ -107,7 +107,9 @@ class WorkerPool:
         self._tmpdir: str | None = None
         self._slot_dir: str | None = None
         self._origin: float | None = None
-        self._placement = Topology(num_stages, num_replicas)
+        self._grid = Topology(num_stages, num_replicas)
+        """The default placement: where workers start."""
+        self._placement = self._grid
         """Which worker plays which position now (errors name the stage it plays)."""
         self.pids: list[int] = []
         self.delegate_pids: list[list[int]] = []
@@ -142,7 +144,7 @@ class WorkerPool:
         if self.delegates is not None and self.num_delegates < 1:
             raise ValueError(f"delegates need num_delegates >= 1, not {self.num_delegates}")
         self._busy = True
-        self._placement = Topology(self.num_stages, self.num_replicas)  # where workers start
+        self._placement = self._grid
         try:  # from the first folder on: a signal at any point leaves nothing behind
             self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
             init_file = str(Path(self._tmpdir) / "rendezvous")
@@ -208,7 +210,7 @@ class WorkerPool:
             on_start(start_at)
         self._busy = True
         what = f"iteration {config.iteration}"
-        self._placement = config.topology or Topology(self.num_stages, self.num_replicas)
+        self._placement = config.topology or self._grid
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((config, start_at))
