@@ -27,6 +27,7 @@ What the authors' artifact (github wutianyuan1/PipeMorph) does, and what this ti
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.errors import ScheduleError
@@ -141,42 +142,89 @@ FaultFreeTimes = Mapping[tuple[int, Op], tuple[float, float]]
 """(stage, op) -> its (start, end) with nothing injected (the simulator's `ideal` mode)."""
 
 
-def _zero_bubble_program(
-    stages: Sequence[Sequence[Op]], stage: int, times: FaultFreeTimes
-) -> list[_Item]:
-    """ZeroBubble's runtime order for one stage: its ops at their fault-free starts and each
-    of its sends and receives at its message's fault-free send time (at equal times sends and
-    receives first, in one global order both neighbours share)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Passing:
+    """One message of a replica between two neighbours, at its fault-free send time."""
+
+    sender: int
+    receiver: int
+    message: Message
+    sent_ms: float
+
+
+_Node = tuple[int, Op] | _Passing
+"""A replica's op (its stage, the op) or message, in ZeroBubble's posting order."""
+
+
+def _posting_order(stages: Sequence[Sequence[Op]], times: FaultFreeTimes) -> list[_Node]:
+    """Every op and message of a replica in the order ZeroBubble's runtime posts them: by
+    fault-free time (an op at its start, a message at its producer's end), at equal times
+    messages first, in one order both neighbours share (by sender, kind, microbatch); but
+    never a message before the op producing it, nor an op before its input or before the op
+    ahead of it on its stage (equal times allow both: zero-length ops)."""
     num_stages = len(stages)
-    comm_id: dict[tuple[int, Message], int] = {}  # (sender, message) -> its global order
-    for s in range(num_stages):
+    rank: dict[_Node, tuple[float, int, int, int]] = {}
+    followers: dict[_Node, list[_Node]] = {}
+    taker: dict[tuple[int, Message], _Node] = {}  # (receiver, message) -> the op taking it
+    for s, ops in enumerate(stages):
+        for k, op in enumerate(ops):
+            rank[s, op] = (times[s, op][0], 1, s, k)
+            followers[s, op] = [(s, ops[k + 1])] if k + 1 < len(ops) else []
+            source = _input_of(op, s, num_stages)
+            if source is not None:
+                taker[s, source[1]] = (s, op)
+    for s, ops in enumerate(stages):
         for kind in (OpKind.F, OpKind.B, OpKind.BW):
-            for op in sorted(o for o in stages[s] if o.kind is kind):
+            for op in sorted(o for o in ops if o.kind is kind):
                 output = _output_of(op, s, num_stages)
-                if output is not None:
-                    comm_id[s, output[1]] = len(comm_id)
-    last = len(comm_id)  # ops after sends and receives at equal times
-    nodes: list[tuple[float, int, Op | _Comm]] = []
-    for op in stages[stage]:
-        start, end = times[stage, op]
-        nodes.append((start, last, op))
-        output = _output_of(op, stage, num_stages)
-        if output is not None:
-            comm = _Comm(stage, output[0], True, output[1], 0)
-            nodes.append((end, comm_id[stage, output[1]], comm))
-    for peer in (stage - 1, stage + 1):
-        for op in stages[peer] if 0 <= peer < num_stages else ():
-            output = _output_of(op, peer, num_stages)
-            if output is not None and output[0] == stage:
-                comm = _Comm(stage, peer, False, output[1], 0)
-                nodes.append((times[peer, op][1], comm_id[peer, output[1]], comm))
-    nodes.sort(key=lambda node: (node[0], node[1]))
+                if output is None:
+                    continue
+                passing = _Passing(s, output[0], output[1], times[s, op][1])
+                if (passing.receiver, passing.message) not in taker:
+                    raise ScheduleError(f"stage {passing.receiver}: no op takes in {output[1]}")
+                rank[passing] = (passing.sent_ms, 0, len(rank), 0)
+                followers[s, op].append(passing)
+                followers[passing] = [taker[passing.receiver, passing.message]]
+    num_waiting = dict.fromkeys(rank, 0)
+    for nodes in followers.values():
+        for node in nodes:
+            num_waiting[node] += 1
+    ready = [(rank[node], node) for node, count in num_waiting.items() if count == 0]
+    heapq.heapify(ready)  # ranks are unique: nodes are never compared
+    order: list[_Node] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for follower in followers[node]:
+            num_waiting[follower] -= 1
+            if num_waiting[follower] == 0:
+                heapq.heappush(ready, (rank[follower], follower))
+    if len(order) < len(rank):
+        raise ScheduleError("the schedule's ops wait on each other at one instant")
+    return order
+
+
+def _zero_bubble_program(
+    posting: Sequence[_Node], stage: int, num_stages: int, times: FaultFreeTimes
+) -> list[_Item]:
+    """ZeroBubble's runtime order for one stage: its ops, sends and receives in the replica's
+    posting order, a receive overlapping the op before it posted before that op."""
+    nodes: list[tuple[float, Op | _Comm]] = []
+    for posted_node in posting:
+        if isinstance(posted_node, _Passing):
+            sender, receiver = posted_node.sender, posted_node.receiver
+            if stage in (sender, receiver):
+                peer = receiver if sender == stage else sender
+                comm = _Comm(stage, peer, sender == stage, posted_node.message, 0)
+                nodes.append((posted_node.sent_ms, comm))
+        elif posted_node[0] == stage:
+            nodes.append((times[posted_node][0], posted_node[1]))
     for k in range(1, len(nodes)):  # a receive overlapping the op before it is posted first
-        (_, _, before), (when, _, node) = nodes[k - 1], nodes[k]
-        receive = isinstance(node, _Comm) and not node.is_send
+        (_, before), (when, current) = nodes[k - 1], nodes[k]
+        receive = isinstance(current, _Comm) and not current.is_send
         if receive and isinstance(before, Op) and when <= times[stage, before][1]:
             nodes[k - 1], nodes[k] = nodes[k], nodes[k - 1]
-    order = [node for _, _, node in nodes]
+    order = [node for _, node in nodes]
     next_input: list[Message | None] = [None] * len(order)  # the next op's input, from k on
     following: Message | None = None
     for k in range(len(order) - 1, -1, -1):
@@ -336,7 +384,8 @@ def time_replica(
         programs = [_megatron_program(ops, s, num_stages) for s, ops in enumerate(stages)]
     else:
         times = fault_free()
-        programs = [_zero_bubble_program(stages, s, times) for s in range(num_stages)]
+        posting = _posting_order(stages, times)
+        programs = [_zero_bubble_program(posting, s, num_stages, times) for s in range(num_stages)]
     _execute(programs, duration_ms, wire_ms, sleep_for, start_ms, synchronize=fused)
     ops: list[tuple[int, Op, float, float]] = []
     sent: dict[tuple[int, Message], float] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given
 
 from baselines.one_f_one_b import one_f_one_b
 from baselines.zero_bubble import zb_h1
@@ -13,6 +14,7 @@ from pipeline.faults import MessageFault
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, LinkComm, simulate
 from pipeline.topology import Link
+from tests.strategies import profiles
 
 
 def _profile(num_stages: int, delay_ms: dict[int, float] | None = None) -> Profile:
@@ -113,3 +115,19 @@ def test_it_mixes_with_no_other_mode() -> None:
     mixed = (LinkComm(Link.pp(0), "forward", CommMode.DELEGATED),)
     with pytest.raises(ScheduleError, match="nccl-sleep"):
         simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, link_comms=mixed)
+
+
+@given(profiles(max_stages=4, with_delays=False))
+def test_no_message_leaves_before_its_op_ends_nor_the_pipeline_beats_ideal(
+    profile: Profile,
+) -> None:
+    """With nothing injected, NCCL's queues only hold things back: every message meets its
+    receive after the op producing it ended (also zero-length ops, whose send and op share
+    an instant) and neither runtime's order ends before the ideal pipeline."""
+    for build in (one_f_one_b, zb_h1):
+        schedule = build(profile)
+        timeline = simulate(schedule, profile, CommMode.NCCL_SLEEP)
+        for message in timeline.messages:
+            assert message.wire_start_ms >= message.send_start_ms - 1e-9  # (done - wire) rounds
+        ideal = simulate(schedule, profile, CommMode.IDEAL).iterations[0].end_ms
+        assert timeline.iterations[0].end_ms >= ideal - 1e-9
