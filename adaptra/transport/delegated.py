@@ -328,36 +328,51 @@ class _Outbound(_Side):
         deadline = time.monotonic() + timeout_s
         for seq in sorted(self.pending):
             delegate = self.delegate_of(seq)
-            while True:
-                kind, it, microbatch, got, left, took, t1, t2, pid = _read_note(delegate, deadline)
-                if kind == FAILED:
-                    raise LinkFailure(
-                        f"the {delegate} could not reach its receiver over any NIC: link "
-                        f"{self.direction.link} ({self.direction.direction}) has failed"
-                    )
-                if kind != FAILOVER:
-                    break
-                self.failovers.append(
-                    Failover(self.direction, it, CAUSES[microbatch], left, took, t1, t2, got, pid)
-                )
-                self.nic_of[delegate.index] = took
+            kind = FAILOVER
+            while kind == FAILOVER:
+                kind, it, microbatch, got, _, _, t1, _, pid = self._read_note(delegate, deadline)
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
             records.append(WireRecord(self.direction, microbatch, t1, pid))
         self.pending.clear()
-        self._move_the_others()
+        self._move_the_others(deadline)
         return records
 
-    def _move_the_others(self) -> None:
+    def _read_note(self, delegate: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
+        """A delegate's next note; a failover is noted, a failure over every NIC raised."""
+        note = _read_note(delegate, deadline)
+        kind, it, cause, first_seq, left, took, t1, t2, pid = note
+        if kind == FAILED:
+            raise LinkFailure(
+                f"the {delegate} could not reach its receiver over any NIC: link "
+                f"{self.direction.link} ({self.direction.direction}) has failed"
+            )
+        if kind == FAILOVER:
+            self.failovers.append(
+                Failover(self.direction, it, CAUSES[cause], left, took, t1, t2, first_seq, pid)
+            )
+            self.nic_of[delegate.index] = took
+        return note
+
+    def _move_the_others(self, deadline: float) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
         message: the same route, whose failure each would otherwise notice on its own (by
-        TCP's timeout, once per delegate). Their trainer reads their failovers at its next
-        wait on them (the next iteration's records)."""
+        TCP's timeout, once per delegate). Their moves are waited for, so that they are this
+        iteration's failovers (also in a run's last iteration), and so are the moves already
+        noted by delegates that carried nothing this iteration (no ack to read them with)."""
         left = {f.nic_from for f in self.failovers}
-        for delegate in self.delegates:
-            if self.nic_of[delegate.index] in left:
-                mask = 1 << self.nic_of[delegate.index]
-                delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
+        moving = [d for d in self.delegates if self.nic_of[d.index] in left]
+        for delegate in moving:
+            mask = 1 << self.nic_of[delegate.index]
+            delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
+        for delegate in moving:  # one that had moved on its own already noted that move
+            if self._read_note(delegate, deadline)[0] != FAILOVER:
+                raise ConnectionError(f"the {delegate.name} was told to move and did not")
+        for delegate in self.delegates:  # the moves of those with no message to wait for
+            delegate.read_written()
+            while len(delegate.unread) >= NOTE.size:
+                if self._read_note(delegate, deadline)[0] != FAILOVER:
+                    raise ConnectionError(f"the {delegate.name} noted what it did not carry")
 
 
 class _DelegatedReceive:

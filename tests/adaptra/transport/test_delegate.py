@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from adaptra.transport.delegate import ARRIVED, HEADER, HELLO, PATH_BYTES, PORT, READY, RESUME
-from adaptra.transport.delegated import _Process, _read_note, _SlotFile
+from adaptra.transport.delegated import _Inbound, _Outbound, _Process, _read_note, _SlotFile
 from pipeline.errors import ConfigError
-from pipeline.runtime.transport import LinkDirection
+from pipeline.runtime.transport import ACTIVATION, LinkDirection, Message
 
 SLOT_BYTES, NUM_SLOTS = 8, 2
 
@@ -158,3 +158,40 @@ def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> No
         fits.close()
     finally:
         shutil.rmtree(short)
+
+
+def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -> None:
+    """One link direction, two sender delegates on NIC 0 of two (loopback's 127.0.0.1 and
+    .2). The fault hook has the route down for seq 1 only: its delegate moves to NIC 1 by
+    the hook; at the iteration's end the trainer moves the other (a sibling) and waits for
+    it, so both moves are the iteration's failovers (the sibling's came only with the next
+    iteration's, and never after a run's last)."""
+    direction = LinkDirection("0-1", "forward")
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    sides: list[_Inbound | _Outbound] = []
+    try:
+        inbound = _Inbound(direction, 0, 2, ["127.0.0.1,127.0.0.2", "", ","], folder)
+        sides.append(inbound)
+        ports = inbound.ports(30)
+        args = ["2000", "127.0.0.1,127.0.0.2", "127.0.0.1,127.0.0.2", ",", ""]
+        outbound = _Outbound(direction, 1, ports, args, folder)
+        sides.append(outbound)
+        deadline = time.monotonic() + 30
+        for process in (*inbound.delegates, *outbound.delegates):
+            assert _read_note(process, deadline)[0] == READY
+        assert outbound.nic_of == [0, 0]
+        for side in sides:
+            side.begin(2, 8)
+        for seq in (0, 1):
+            payload = torch.full((8,), seq, dtype=torch.uint8)
+            message = Message(0, ACTIVATION, seq, seq)
+            outbound.send(message, payload, fault_ms=0.0, route_down=seq == 1)
+        records = outbound.finish(0, 30)
+        assert sorted(r.microbatch for r in records) == [0, 1]
+        moves = {(f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers}
+        assert moves == {("fault hook", 0, 1, 0), ("sibling", 0, 1, 0)}
+        assert outbound.nic_of == [1, 1]
+    finally:
+        for side in sides:
+            side.close()
+        shutil.rmtree(folder)

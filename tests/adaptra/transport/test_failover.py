@@ -209,7 +209,7 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
     }
     assert {f.cause for f in moved if _sent_by(host, f)} == {"link state"}
     assert {f.cause for f in moved if not _sent_by(host, f)} <= {"notice", "timeout"}
-    assert len(moved) == 2 * 2 * len(links) + 2 * (host == 0)  # each delegate once (D=2)
+    assert len(moved) == 2 * 2 * len(routes)  # each delegate once (D=2), also one idle
     assert len({f.carrier_pid for f in moved}) == len(moved)
     # The host sends 8 messages per iteration on each of its links; from iteration 2 on
     # they leave by rnic1: at least the three iterations after it, whole.
