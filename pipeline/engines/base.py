@@ -31,6 +31,9 @@ __all__ = [
     "check_plan",
 ]
 
+_NUM_VALIDATED = 64
+"""The schedules an engine holds as validated (then it starts over): a controller replans."""
+
 
 class Action(StrEnum):
     RUN = "run"
@@ -82,16 +85,19 @@ class Plan:
         split = self.replica_schedules
         return self.schedule if split is None else split.schedules[replica]
 
-    def validate(self, validated: set[int]) -> None:
-        """Validate each replica's schedule for its microbatch count, but those whose ids are
-        in `validated` (an engine's: a schedule object is validated once), and add them."""
+    def validate(self, validated: dict[int, Schedule]) -> None:
+        """Validate each replica's schedule for its microbatch count, but those already in
+        `validated` (an engine's, by id: a schedule object is validated once; it holds them,
+        so that no other schedule takes a freed one's id), and add them."""
         split = self.replica_schedules
         for replica in range(self.profile.num_replicas):
             schedule = self.schedule_of(replica)
-            if id(schedule) not in validated:
+            if validated.get(id(schedule)) is not schedule:
                 count = self.profile.num_microbatches if split is None else split.counts[replica]
                 validate_schedule(schedule, self.profile.num_stages, count)
-                validated.add(id(schedule))
+                if len(validated) >= _NUM_VALIDATED:
+                    validated.clear()
+                validated[id(schedule)] = schedule
 
     def comm_by_link(self) -> dict[str, str]:
         """Each PP link's comm mode ("delegated" where either direction is)."""

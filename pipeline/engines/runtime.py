@@ -27,6 +27,7 @@ from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerError, WorkerLinkFailure
 from pipeline.runtime.transport import DelegateFactory
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
 __all__ = ["RuntimeEngine", "emulated_engine", "megatron_engine"]
@@ -69,7 +70,7 @@ class RuntimeEngine(Closing):
         )
         self._on_start = on_start
         self._started = False
-        self._validated: set[int] = set()
+        self._validated: dict[int, Schedule] = {}
         self._checkpoints: str | None = None
         """Where a training engine writes its checkpoints (one per stage, the latest): a
         temporary folder made at the first save, removed at close."""

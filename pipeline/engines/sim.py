@@ -10,6 +10,7 @@ from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import SwapRecord, Timeline
 from pipeline.topology import Topology
@@ -33,7 +34,7 @@ class SimEngine(Closing):
         self._clock_ms = 0.0
         self._failed_over: frozenset[tuple[int, str, str]] = frozenset()
         """The link directions whose delegates moved to another NIC (until a restart)."""
-        self._validated: set[int] = set()
+        self._validated: dict[int, Schedule] = {}
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
         self._placement: Topology | None = None
         """The placement the last iteration ran (None: none ran yet)."""

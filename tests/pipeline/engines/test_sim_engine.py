@@ -5,11 +5,11 @@ import pytest
 from baselines import one_f_one_b
 from pipeline.engines import Action, Capabilities, Plan, check_plan
 from pipeline.engines.sim import SimEngine
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import NO_FAULTS, MessageFault
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
-from pipeline.schedule import ReplicaSchedules
+from pipeline.schedule import ReplicaSchedules, Schedule
 from pipeline.simulator import CommMode, LinkComm
 from pipeline.topology import Link, Position, Topology
 
@@ -211,3 +211,19 @@ def test_each_replica_runs_its_own_share_of_a_rebalanced_batch() -> None:
                     )
                 ),
             )
+
+
+def test_a_schedule_at_the_address_of_a_validated_one_is_still_validated() -> None:
+    """An engine validates a schedule object once, by id; a freed schedule's id is taken by
+    the next object made, so an invalid schedule there ran unvalidated (an op missing from
+    the timeline). The engine holds what it validated: another object is validated anew."""
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    good = Schedule.from_text(
+        [["F0", "F1", "B0", "B1", "W0", "W1"], ["F0", "B0", "F1", "B1", "W0", "W1"]]
+    )
+    bad = Schedule.from_text([["F0", "F1", "B0", "B1", "W0"], ["F0", "B0", "F1", "B1", "W0", "W1"]])
+    validated = {id(bad): good}  # as if `good` had been validated there and freed
+    with pytest.raises(ScheduleError, match="op W1 is missing"):
+        Plan(bad, profile, CommMode.IDEAL).validate(validated)
+    Plan(good, profile, CommMode.IDEAL).validate(validated)
+    assert validated[id(good)] is good
