@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
-from pipeline.errors import LinkFailure, ScheduleError
+from pipeline.errors import ConfigError, LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.nccl_sleep import time_replica
@@ -47,6 +47,13 @@ class LinkComm:
     direction: str
     """"forward" (activations) or "backward" (gradients)."""
     comm: CommMode
+
+    def __post_init__(self) -> None:
+        if not self.link.is_pp or self.direction not in _DIRECTIONS:
+            raise ConfigError(
+                f"a link comm is a PP link's direction (forward or backward), not "
+                f"{self.link} {self.direction}"
+            )
 
 
 def _durations(profile: Profile) -> dict[OpKind, tuple[float, ...]]:
@@ -150,7 +157,9 @@ def simulate(
     modes = [[comm, comm] for _ in range(num_stages - 1)]
     for override in link_comms:
         modes[override.link.first][_DIRECTIONS.index(override.direction)] = override.comm
-    if comm is CommMode.IDEAL and all(mode is CommMode.IDEAL for pair in modes for mode in pair):
+    if comm is CommMode.NCCL_SLEEP or (
+        comm is CommMode.IDEAL and all(mode is CommMode.IDEAL for pair in modes for mode in pair)
+    ):
         host = FREE  # (a one-stage pipeline has no PP link, and its ring its host's costs)
     op_overhead_ms = host.op_overhead_ms
     send_ms = host.send_ms(profile.message_bytes)

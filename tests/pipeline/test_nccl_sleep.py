@@ -11,6 +11,7 @@ from baselines.one_f_one_b import one_f_one_b
 from baselines.zero_bubble import zb_h1
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import MessageFault
+from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, LinkComm, simulate
 from pipeline.topology import Link
@@ -131,3 +132,19 @@ def test_no_message_leaves_before_its_op_ends_nor_the_pipeline_beats_ideal(
             assert message.wire_start_ms >= message.send_start_ms - 1e-9  # (done - wire) rounds
         ideal = simulate(schedule, profile, CommMode.IDEAL).iterations[0].end_ms
         assert timeline.iterations[0].end_ms >= ideal - 1e-9
+
+
+def test_it_takes_no_host_costs_also_in_its_dp_ring() -> None:
+    """A calibration's host costs are the CPU runtimes': NCCL's all-reduce paid its send and
+    ring lag (a 24 ms step where a free host's is 0)."""
+    profile = Profile.uniform(2, 2, 1.0, 1.0, 1.0, num_replicas=2, allreduce_bytes=(1000, 1000))
+    host = HostCosts(
+        send_ms_by_bytes=CostCurve.line(5.0),
+        op_overhead_ms=3.0,
+        ring_lag_ms_by_rings=CostCurve(((1, 7.0),)),
+    )
+    timelines = [
+        simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, host=h) for h in (FREE, host)
+    ]
+    assert timelines[1].iterations == timelines[0].iterations
+    assert timelines[1].ops == timelines[0].ops

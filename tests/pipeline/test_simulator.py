@@ -7,14 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
-from pipeline.errors import ScheduleError
+from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import MessageFault
 from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
-from pipeline.simulator import CommMode, simulate
+from pipeline.simulator import CommMode, LinkComm, simulate
 from pipeline.timeline import MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link, Topology
 from tests.strategies import profiles
@@ -327,3 +327,13 @@ def test_a_fault_delay_on_a_direct_link_is_a_longer_send(build) -> None:
         assert (
             compute_metrics(faulted).iteration_time_ms != compute_metrics(plain).iteration_time_ms
         )
+
+
+def test_a_link_comm_is_a_pp_link_direction() -> None:
+    """The simulator took a DP link's override as the PP link of its index (dp2:0-1 re-moded
+    PP link 0-1), where the runtime delegated the DP ring: one plan, two meanings."""
+    assert LinkComm(Link.pp(1), "backward", CommMode.DELEGATED).link == Link.pp(1)
+    with pytest.raises(ConfigError, match="not dp2:0-1 forward"):
+        LinkComm(Link.parse("dp2:0-1"), "forward", CommMode.DELEGATED)
+    with pytest.raises(ConfigError, match="not 0-1 sideways"):
+        LinkComm(Link.pp(0), "sideways", CommMode.DELEGATED)
