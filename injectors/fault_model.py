@@ -162,7 +162,8 @@ class InForce:
     effects: dict[_Unit, tuple[Held, ...]]
     """Per unit, its effects and when in this iteration each holds."""
     seed: int
-    _stalled: set[tuple[_Unit, str]] = dataclasses.field(default_factory=set)
+    _stalled: set[tuple[_Unit, str, Position]] = dataclasses.field(default_factory=set)
+    """The senders (and their units and directions) that paid a stall: one per worker."""
     _routes: dict[Link, list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
         default_factory=dict
     )
@@ -228,9 +229,11 @@ class InForce:
     def _delay_ms(
         self, effect: Effect, unit: _Unit, link: Link, direction: str, kind: str, m: int
     ) -> float:
-        if effect.stall_ms and (unit, direction) not in self._stalled:
-            self._stalled.add((unit, direction))
-            return effect.stall_ms
+        if effect.stall_ms:
+            sender = (unit, direction, link.sender(direction))
+            if sender not in self._stalled:
+                self._stalled.add(sender)
+                return effect.stall_ms
         if not effect.jitter_ms:
             return effect.delay_ms
         draw = random.Random(f"{self.seed}:{link}:{direction}:{self.iteration}:{kind}:{m}")

@@ -96,6 +96,15 @@ class Link:
     def is_pp(self) -> bool:
         return self.kind is LinkKind.PP
 
+    def sender(self, direction: str) -> Position:
+        """The position sending its messages in `direction`: "forward" from the upstream
+        stage (PP) or the lower replica (DP), "backward" from the other end."""
+        end = self.first if direction == "forward" else self.second
+        if self.kind is LinkKind.PP:
+            return Position(end, self.group or 0)
+        assert self.group is not None
+        return Position(self.group, end)
+
     @property
     def dp_stage(self) -> int:
         """The stage whose replicas a DP link joins."""

@@ -47,6 +47,33 @@ def test_a_cap_a_stall_and_their_directions() -> None:
     assert model.at(4, FOUR).message_fault(link, "forward", "F", 0, mbit).delay_ms == 10.0
 
 
+def test_a_nic_stall_is_paid_once_by_each_worker_sending_through_it() -> None:
+    """Each worker keeps its own view's state, so each pays a stall once per direction: on
+    host 1's NIC the activations of stages 0 (0-1) and 1 (1-2) both wait; the simulator,
+    which shares one view, made only the first of them wait. Stage 1 of replica 0 sends
+    forward on PP link 1-2 and its DP ring's dp1:0-1: one sender, one stall."""
+    model = _model('[{start_iteration: 0, nic: "host1:rnic0", stall_ms: 50}]')
+    in_force = model.at(0, Topology(3))
+    delays = [
+        in_force.message_fault(link, direction, "F", 0).delay_ms
+        for link, direction in [
+            (Link.pp(0, 0), "forward"),
+            (Link.pp(1, 0), "forward"),
+            (Link.pp(1, 0), "forward"),
+            (Link.pp(0, 0), "backward"),
+            (Link.pp(1, 0), "backward"),
+        ]
+    ]
+    assert delays == [50.0, 50.0, 0.0, 50.0, 50.0]
+    two_replicas = _model('[{start_iteration: 0, nic: "host1:rnic0", stall_ms: 50}]').at(
+        0, Topology(3, 2)
+    )
+    assert two_replicas.message_fault(Link.pp(1, 0), "forward", "F", 0).delay_ms == 50.0
+    assert two_replicas.message_fault(Link.dp(1, 0), "forward", "F", 0).delay_ms == 0.0
+    assert Link.dp(1, 0).sender("forward") == Link.pp(1, 0).sender("forward") == Position(1, 0)
+    assert Link.dp(2, 0, 1).sender("backward") == Position(2, 1)
+
+
 def test_at_ms_end_iteration_and_a_zero_delay_end_events() -> None:
     model = _model(
         '[{start_iteration: 1, at_ms: 30, end_iteration: 3, links: ["1-2"], delay_ms: 5},'
