@@ -72,9 +72,12 @@ class RuntimeEngine(Closing):
         self._started = False
         self._validated: dict[int, Schedule] = {}
         self._checkpoints: str | None = None
-        """Where a training engine writes its checkpoints (one per stage, the latest): a
-        temporary folder made at the first save, removed at close."""
-        self._saved = False
+        """Where a training engine writes its checkpoints: a temporary folder made at the
+        first save, removed at close. Each checkpoint iteration's files (one per stage and
+        replica) go into a folder of their own, which counts only once the whole iteration
+        succeeded (a failure can come after some stages saved)."""
+        self._committed: str | None = None
+        """The folder of the last checkpoint that every worker saved."""
         self._resume: str | None = None
 
     @property
@@ -102,7 +105,7 @@ class RuntimeEngine(Closing):
                 f"pool {self.num_replicas}"
             )
         if iteration == 0:
-            self._saved = False
+            self._drop_checkpoint()
         plan.validate(self._validated)
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()
@@ -129,14 +132,20 @@ class RuntimeEngine(Closing):
         )
         try:
             timeline = self._pool.run_iteration(config, self._on_start)
-        except WorkerError as err:  # the pool has closed itself
-            self._started = False
+        except BaseException as err:
+            if config.save_checkpoint is not None:  # some stages may have saved: not a checkpoint
+                shutil.rmtree(config.save_checkpoint, ignore_errors=True)
+            if not isinstance(err, WorkerError):
+                raise
+            self._started = False  # the pool has closed itself
             if isinstance(err, WorkerLinkFailure):
                 at_ms = None if err.remote is None else err.remote.at_ms
                 raise LinkFailure(str(err), at_ms=at_ms) from err
             raise
         self._resume = None
-        self._saved = self._saved or config.save_checkpoint is not None
+        if config.save_checkpoint is not None:
+            self._drop_checkpoint()
+            self._committed = config.save_checkpoint
         results = self._pool.last_results
         losses = [r.step_output.loss for r in results if r.step_output.loss is not None]
         return Outcome(
@@ -147,9 +156,15 @@ class RuntimeEngine(Closing):
         )
 
     def _checkpoint_dir(self) -> str:
+        """A new, empty folder for a checkpoint."""
         if self._checkpoints is None:
             self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{self.name}-checkpoints-")
-        return self._checkpoints
+        return tempfile.mkdtemp(prefix="save-", dir=self._checkpoints)
+
+    def _drop_checkpoint(self) -> None:
+        if self._committed is not None:
+            shutil.rmtree(self._committed, ignore_errors=True)
+            self._committed = None
 
     def restart(self) -> None:
         """A fresh pool of workers (the failed one is closed); a training engine's first
@@ -157,13 +172,13 @@ class RuntimeEngine(Closing):
         self._pool.close()
         self._pool.start()
         self._started = True
-        self._resume = self._checkpoints if self._saved else None
+        self._resume = self._committed
 
     def close(self) -> None:
         self._pool.close()
         if self._checkpoints is not None:
             shutil.rmtree(self._checkpoints, ignore_errors=True)
-            self._checkpoints, self._saved = None, False
+            self._checkpoints, self._committed = None, None
         self._started = False
         self._validated.clear()
 

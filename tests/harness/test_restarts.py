@@ -78,13 +78,16 @@ def test_the_scaled_table3_trace_restarts_sim_and_emulated_alike() -> None:
 def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A NIC failure at iteration 3 restarts a megatron run from the checkpoint written after
-    iteration 1: fresh processes load it, iterations 2 and 3 run again, and the run ends with
+    """PP 2 x DP 2: the DP ring of stage 1 fails in iteration 3, a checkpoint iteration, after
+    stage 0's workers saved it; the run restarts from the checkpoint all of them wrote, after
+    iteration 1 (the half-written one is no checkpoint: loaded, stage 0 was an iteration ahead
+    of stage 1): fresh processes load it, iterations 2 and 3 run again, and the run ends with
     the same losses and the same parameter digest as a run that never failed. The
     checkpoints' temporary folder is gone once the engines close."""
     pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    profile = Profile.uniform(2, 4, 1, 1, 1)
+    profile = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2)
+    ring_down = '[{start_iteration: 3, end_iteration: 4, links: ["dp1:0-1"], down: true}]'
     with RuntimeEngines() as engines:  # one pool for both runs (a restart starts another)
         runs = {
             name: run_configuration(
@@ -93,12 +96,15 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
                 model="tiny",
                 num_iterations=5,
                 num_warmup_iterations=0,
-                faults=parse_trace(trace),
+                faults=faults,
                 recovery=Recovery(checkpoint_every=2),
                 keep_timeline=False,
                 engines=engines,
             )
-            for name, trace in (("healthy", "0;0_1;0"), ("failed", "3;;inf"))
+            for name, faults in (
+                ("healthy", parse_trace("0;0_1;0")),
+                ("failed", parse_yaml(ring_down)),
+            )
         }
     # (multiprocessing's own pymp-* folder stays until this process exits)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("pymp-")] == []
