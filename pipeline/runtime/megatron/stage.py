@@ -98,7 +98,9 @@ class StageRunner:
     ) -> torch.Tensor | None:
         """B: only the gradient w.r.t. the stage input (None on stage 0). Parameter gradients
         stay untouched: the linears' weight GEMMs are queued and the other parameters'
-        gradients (norms, embeddings, biases: cheap) are kept for W."""
+        gradients (norms, embeddings, biases: cheap) are kept for W. `grad_output` must stay
+        as it is until the microbatch's W: the last layer's queued GEMM reads it, uncopied
+        (the worker receives each microbatch into a buffer of its own)."""
         saved = self._take(microbatch)
         lead = [] if saved.stage_input is None else [saved.stage_input]
         with self.store.defer(microbatch):
