@@ -53,7 +53,8 @@ class RuntimeEngines(Closing):
         delegated: bool = False,
     ) -> Engine:
         """`delegated`: its plans may delegate (its pool then starts delegates)."""
-        key = (backend, num_stages, num_replicas, model or "", timeout_s, delegated)
+        model = "" if backend == "emulated" else model or "tiny"  # one pool per model run
+        key = (backend, num_stages, num_replicas, model, timeout_s, delegated)
         if key not in self._engines:
             from adaptra.transport import Delegates  # torch, as the engines below
             from pipeline.engines.runtime import emulated_engine, megatron_engine
@@ -66,7 +67,7 @@ class RuntimeEngines(Closing):
                 if backend == "emulated"
                 else megatron_engine(
                     num_stages,
-                    model or "tiny",
+                    model,
                     num_replicas=num_replicas,
                     timeout_s=timeout_s,
                     delegates=delegates,

@@ -163,3 +163,12 @@ def test_a_restart_asked_for_in_the_warm_up_or_twice_in_a_row_is_refused() -> No
         run_configuration(_RestartAt(plan, at=0), num_iterations=2)
     with pytest.raises(ConfigError, match="again, before any iteration ran"):
         run_configuration(_RestartAt(plan, at=1, again=2), num_iterations=2)
+
+
+def test_runs_share_a_pool_whatever_names_its_default_model() -> None:
+    """The megatron engine's model defaults to "tiny": no model and "tiny" are one pool (they
+    were two of the same); the emulated engine has no model."""
+    with RuntimeEngines() as engines:
+        assert engines.get("megatron", 2, None) is engines.get("megatron", 2, "tiny")
+        assert engines.get("emulated", 2, None) is engines.get("emulated", 2, "tiny")
+        assert engines.get("emulated", 2, None) is not engines.get("megatron", 2, None)
