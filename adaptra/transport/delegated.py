@@ -150,8 +150,15 @@ class _SlotFile:
                 "shorter folder"
             )
         try:
-            os.ftruncate(fd, max(size, 1))
+            # Its pages taken now: a mapped page a full tmpfs cannot back is a SIGBUS later.
+            os.posix_fallocate(fd, 0, max(size, 1))
             self._map = mmap.mmap(fd, max(size, 1))
+        except OSError as err:
+            self.close()
+            raise ConfigError(
+                f"no room for the delegates' {size}-byte slot file in {self.folder} "
+                f"({err.strerror}): free some there, or set TMPDIR to a folder with room"
+            ) from err
         finally:
             os.close(fd)
         self.size, self.slot_bytes = size, slot_bytes

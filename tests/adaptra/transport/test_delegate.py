@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -195,3 +196,26 @@ def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -
         for side in sides:
             side.close()
         shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_slot_file_a_full_tmpfs_cannot_hold_is_refused_not_a_bus_error_later() -> None:
+    """A slot file was sized, not allocated: writing a slot a full tmpfs could not back was
+    a SIGBUS that killed its trainer. Its pages are taken when it is made, or it is refused."""
+    folder = Path(tempfile.mkdtemp(prefix="s"))  # /tmp/sXXXXXXXX: room for a slot file
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", folder], check=True)
+    except BaseException:
+        folder.rmdir()
+        raise
+    slots = _SlotFile("0-1-forward-out", str(folder))
+    try:
+        with pytest.raises(ConfigError, match="no room for the delegates' 4194304-byte slot"):
+            slots.ensure(4, 1 << 20)
+        assert list(folder.iterdir()) == [] and slots.path == ""
+        assert slots.ensure(2, 256 << 10)  # 512 KiB fits, whole
+        assert os.stat(slots.path).st_blocks * 512 >= 512 << 10
+    finally:
+        slots.close()
+        subprocess.run(["umount", folder], check=True)
+        folder.rmdir()
