@@ -281,11 +281,11 @@ def report(run_dir: str) -> None:
     """Rebuild a run directory's figures and report.md from its results."""
     from harness.report import write_report
     from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record
-    from harness.spec import ExperimentSpec
+    from harness.spec import spec_from_record
 
     path = Path(run_dir)
     try:
-        spec = ExperimentSpec.from_dict(read_spec_record(path)["spec"])
+        spec = spec_from_record(read_spec_record(path))
     except TypeError as err:  # a field of the wrong type
         raise ConfigError(f"{path / 'spec.json'}: {err}") from err
     runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)

@@ -16,6 +16,7 @@ from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
     RUNS_COLUMNS,
+    SPEC_VERSION,
     git_revision,
     read_csv_rows,
     read_spec_record,
@@ -86,14 +87,13 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     spec_path = run_dir / "spec.json"
     spec_record = {
         "schema_version": RESULTS_SCHEMA_VERSION,
+        "spec_version": SPEC_VERSION,
         "run_id": run_id,
         "git_revision": git_revision(),
         "spec": spec.to_dict(),
     }
     if spec_path.exists():
-        previous = read_spec_record(run_dir)
-        if previous["spec"] != json.loads(json.dumps(spec_record["spec"])):
-            raise ConfigError(f"{run_dir} holds a different experiment; pick a new run id")
+        _check_same_experiment(run_dir, read_spec_record(run_dir), spec_record)
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
@@ -160,6 +160,25 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             )
     write_report(spec, run_dir, runs)
     return run_dir
+
+
+def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:
+    """A resume runs the experiment `run_dir` holds (`previous`, its spec.json), no other:
+    every field of the spec, the fault timeline's text and the calibration's costs included
+    (a file edited since is another experiment)."""
+    before, now = previous["spec"], json.loads(json.dumps(record["spec"]))
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if not changed:
+        return
+    if previous["spec_version"] < 2 and set(changed) <= {"faults_text", "calibration_costs"}:
+        raise ConfigError(
+            f"{run_dir} was written by an older version that kept only the paths of its fault "
+            "timeline and calibration, not what they held: it cannot be resumed; pick a new "
+            "run id"
+        )
+    raise ConfigError(
+        f"{run_dir} holds a different experiment ({', '.join(changed)} changed); pick a new run id"
+    )
 
 
 class _Pace:

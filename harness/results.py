@@ -21,6 +21,7 @@ __all__ = [
     "MESSAGES_COLUMNS",
     "RESULTS_SCHEMA_VERSION",
     "RUNS_COLUMNS",
+    "SPEC_VERSION",
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
@@ -40,6 +41,13 @@ directory keeps what its engines measured: messages.csv and timelines/ (the draw
 iterations' full timelines, from which the report draws its Gantt charts; docs/design.md,
 "Results"). 2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
 `lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
+
+SPEC_VERSION = 2
+"""spec.json's `spec_version`, the form of its spec (its `schema_version` is the results'):
+2: the spec keeps what it read from the files it names, the fault timeline's text
+(`faults_text`) and the calibration's costs (`calibration_costs`). 1 (no `spec_version`):
+their paths only; still read (a report reads the files again; a resume with either is
+refused, as what the files held then is unknown)."""
 
 RUNS_COLUMNS = (
     "run_id",
@@ -206,8 +214,9 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def read_spec_record(run_dir: Path) -> dict[str, Any]:
-    """The run directory's spec.json (its spec, schema version, run id and git revision);
-    one of another schema version is refused."""
+    """The run directory's spec.json (its spec, schema version, spec version, run id and git
+    revision); one of another schema version or a later spec version is refused. The record
+    returned always has its `spec_version` (1 where the file has none)."""
     path = run_dir / "spec.json"
     try:
         record = json.loads(path.read_text())
@@ -221,6 +230,11 @@ def read_spec_record(run_dir: Path) -> dict[str, Any]:
         raise ConfigError(
             f"{run_dir} holds results of schema version {record.get('schema_version')!r}; "
             f"this version reads {RESULTS_SCHEMA_VERSION} only: pick a new run id"
+        )
+    version = record.setdefault("spec_version", 1)
+    if version not in range(1, SPEC_VERSION + 1) or isinstance(version, bool):
+        raise ConfigError(
+            f"{path} has spec version {version!r}; this version reads 1 to {SPEC_VERSION}"
         )
     return record
 

@@ -17,7 +17,7 @@ from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
 from harness.saved import timeline_name
-from injectors.fault_files import load_faults
+from injectors.fault_files import parse_trace, parse_yaml
 from injectors.fault_model import FaultModel
 from pipeline.checks import check_count, check_ms, is_number
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
@@ -39,6 +39,7 @@ __all__ = [
     "default_experiment",
     "load_spec",
     "memoised_planner",
+    "spec_from_record",
 ]
 
 
@@ -152,12 +153,22 @@ class ExperimentSpec:
     calibration: str | None = None
     """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
     calibrate`), relative to the spec file."""
+    faults_text: str | None = None
+    """The fault timeline file's text, read once when the spec is made (not a spec file's
+    key): a run directory's spec.json keeps it, so a resumed run compares what the file held
+    and a report rebuilds from it, never reading the file again."""
+    calibration_costs: dict[str, Any] | None = None
+    """The calibration's costs (HostCosts.to_dict), read once and kept as `faults_text` is."""
 
     def __post_init__(self) -> None:
         self._check_types()
         check_run_name(self.name, "spec name")  # the run directory's default name
         if self.faults is not None:
             check_label(Path(self.faults).stem, "fault timeline file name")
+            if self.faults_text is None:
+                object.__setattr__(self, "faults_text", read_text(self.faults, "fault timeline"))
+        elif self.faults_text is not None:
+            raise ConfigError("faults_text without faults: a timeline's text needs its file name")
         unknown = [s for s in self.systems if s not in SYSTEMS]
         if not self.systems or unknown:
             raise ConfigError(
@@ -178,7 +189,12 @@ class ExperimentSpec:
         if self.calibration is not None:
             if self.backend != "sim":
                 raise ConfigError("a calibration is for the sim backend")
-            self.host_costs()  # readable and valid
+            if self.calibration_costs is None:
+                costs = HostCosts.from_file(self.calibration).to_dict()
+                object.__setattr__(self, "calibration_costs", costs)
+            self.host_costs()  # valid
+        elif self.calibration_costs is not None:
+            raise ConfigError("calibration_costs without calibration: costs need their file name")
         if self.profile is not None and (
             len(self.models) != 1 or not isinstance(self.models[0], str)
         ):
@@ -240,6 +256,12 @@ class ExperimentSpec:
         for name in ("faults", "calibration"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise ConfigError(f"{name} must be a file name, got {getattr(self, name)!r}")
+        if not isinstance(self.faults_text, (str, type(None))):
+            raise ConfigError(f"faults_text must be a string, got {self.faults_text!r}")
+        if not isinstance(self.calibration_costs, (dict, type(None))):
+            raise ConfigError(
+                f"calibration_costs must be a mapping, got {self.calibration_costs!r}"
+            )
         for name, minimum, maximum in (
             ("num_iterations", 1, MAX_ITERATIONS),
             ("num_warmup_iterations", 0, MAX_ITERATIONS),
@@ -266,7 +288,13 @@ class ExperimentSpec:
         )
 
     def host_costs(self) -> HostCosts:
-        return FREE if self.calibration is None else HostCosts.from_file(self.calibration)
+        """The calibration's costs as read when the spec was made (FREE without one)."""
+        if self.calibration_costs is None:
+            return FREE
+        try:
+            return HostCosts.from_dict(self.calibration_costs)
+        except ConfigError as err:
+            raise ConfigError(f"calibration {self.calibration}: {err}") from err
 
     def targets(self) -> list[Target]:
         if self.profile is not None:
@@ -285,7 +313,7 @@ class ExperimentSpec:
     def scenarios(self, target: Target) -> list[Scenario]:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
         if self.faults is not None:
-            timeline = load_faults(Path(self.faults), self.seed)
+            timeline = _fault_timeline(self.faults, str(self.faults_text), self.seed)
             timeline.validate(
                 target.profile.topology,
                 self.num_iterations,
@@ -313,9 +341,13 @@ class ExperimentSpec:
         return data
 
     @classmethod
-    def from_dict(cls, data: Any, base_dir: Path | None = None) -> ExperimentSpec:
+    def from_dict(
+        cls, data: Any, base_dir: Path | None = None, *, recorded: bool = False
+    ) -> ExperimentSpec:
         """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
-        accepted for one model and one link set); `faults` is relative to `base_dir`."""
+        accepted for one model and one link set); `faults` is relative to `base_dir`. Only a
+        `recorded` spec (spec.json's) may give what the spec read from its files
+        (`faults_text`, `calibration_costs`): a spec file names the files."""
         if not isinstance(data, dict):
             raise ConfigError("an experiment spec is a mapping of its fields")
         values = dict(data)
@@ -324,7 +356,7 @@ class ExperimentSpec:
                 if plural in values:
                     raise ConfigError(f"give {single!r} or {plural!r}, not both")
                 values[plural] = [values.pop(single)]
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} - (set() if recorded else _READ)
         unknown = sorted(set(values) - fields)
         if unknown:
             raise ConfigError(
@@ -351,6 +383,32 @@ class ExperimentSpec:
             if values.get(key) is not None and base_dir is not None:
                 values[key] = str((base_dir / str(values[key])).resolve())
         return cls(**values)
+
+
+_READ = frozenset({"faults_text", "calibration_costs"})
+"""What a spec read from the files it names: spec.json keeps it, a spec file never gives it."""
+
+
+def _fault_timeline(path: str, text: str, seed: int) -> FaultModel:
+    """The fault timeline in `text`, read from `path` (injectors.fault_files.load_faults: a
+    YAML timeline if its suffix is .yaml/.yml, else the paper's trace)."""
+    parse = parse_yaml if Path(path).suffix in (".yaml", ".yml") else parse_trace
+    try:
+        return parse(text, seed)
+    except ConfigError as err:
+        raise ConfigError(f"fault timeline {path}: {err}") from err
+
+
+def spec_from_record(record: dict[str, Any]) -> ExperimentSpec:
+    """The spec a run directory's spec.json holds (harness.results.read_spec_record), with
+    the fault timeline's text and the calibration's costs it kept: the files it names are not
+    read again. A record of spec version 1 kept their paths only: the files are read then."""
+    spec = record["spec"]
+    if record["spec_version"] >= 2:
+        for name, kept in (("faults", "faults_text"), ("calibration", "calibration_costs")):
+            if spec.get(name) is not None and spec.get(kept) is None:
+                raise ConfigError(f"the spec.json spec names {name} but keeps no {kept}: damaged?")
+    return ExperimentSpec.from_dict(spec, recorded=True)
 
 
 def load_spec(path: Path) -> ExperimentSpec:

@@ -1,11 +1,13 @@
 import csv
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.cli import main
 from harness.experiment import run_experiment
 from harness.results import (
     ITERATIONS_COLUMNS,
@@ -13,11 +15,13 @@ from harness.results import (
     RESULTS_SCHEMA_VERSION,
     RUNS_COLUMNS,
     read_csv_rows,
+    read_spec_record,
 )
-from harness.spec import ExperimentSpec, default_experiment
+from harness.spec import ExperimentSpec, default_experiment, load_spec, spec_from_record
 from pipeline.allreduce import messages_per_link_direction
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.errors import ConfigError
+from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 
 
@@ -117,6 +121,91 @@ def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
         ConfigError, match=f"schema version 1; this version reads {RESULTS_SCHEMA_VERSION} only"
     ):
         run_experiment(spec, run_dir)
+
+
+_FAULTS_SPEC = """name: t
+model: m
+profile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}
+systems: [1f1b]
+faults: f.yaml
+calibration: host.json
+num_iterations: 2
+"""
+
+
+def _faults_run(tmp_path: Path) -> Path:
+    """A finished experiment under f.yaml's fault timeline and host.json's calibration."""
+    (tmp_path / "s.yaml").write_text(_FAULTS_SPEC)
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 1, links: ['0-1'], delay_ms: 5}\n")
+    (tmp_path / "host.json").write_text(json.dumps(HostCosts(op_overhead_ms=0.5).to_dict()))
+    return run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "out" / "a")
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "changed"),
+    [
+        ("f.yaml", "delay_ms: 5", "delay_ms: 50", "faults_text"),
+        ("host.json", '"op_overhead_ms": 0.5', '"op_overhead_ms": 0.25', "calibration_costs"),
+    ],
+)
+def test_resuming_after_the_fault_timeline_or_calibration_changed_is_refused(
+    tmp_path: Path, file: str, old: str, new: str, changed: str
+) -> None:
+    """spec.json keeps what the files held, not only their paths: an edited file is another
+    experiment, whose results must not be mixed with the first's."""
+    run_dir = _faults_run(tmp_path)
+    record = json.loads((run_dir / "spec.json").read_text())
+    assert record["spec_version"] == 2
+    assert record["spec"]["faults_text"] == (tmp_path / "f.yaml").read_text()
+    assert record["spec"]["calibration_costs"]["op_overhead_ms"] == 0.5
+    run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)  # unchanged: resumes (done)
+    path = tmp_path / file
+    path.write_text(path.read_text().replace(old, new))
+    with pytest.raises(ConfigError, match=f"holds a different experiment \\({changed} changed\\)"):
+        run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)
+
+
+def test_report_rebuilds_from_spec_json_without_the_fault_timeline_file(tmp_path: Path) -> None:
+    """A run directory copied elsewhere, its fault timeline and calibration gone: report
+    rebuilds from what spec.json kept."""
+    run_dir = _faults_run(tmp_path)
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    (tmp_path / "f.yaml").unlink()
+    (tmp_path / "host.json").unlink()
+    (moved / "report.md").unlink()
+    main(["report", str(moved)])  # an error would exit (SystemExit)
+    assert "| m | 1f1b | direct | fixed | trace:f |" in (moved / "report.md").read_text()
+    spec = spec_from_record(read_spec_record(moved))
+    assert spec.host_costs().op_overhead_ms == 0.5
+    (scenario,) = spec.scenarios(spec.targets()[0])
+    assert scenario.faults is not None and scenario.faults.events[0].effect.delay_ms == 5
+
+
+def test_a_spec_json_of_spec_version_1_is_read_and_not_resumed_with_a_fault_file(
+    tmp_path: Path,
+) -> None:
+    """An older version's spec.json (no spec_version) kept the fault timeline's path only: a
+    report reads the file as it did; a resume cannot tell whether the file changed since."""
+    run_dir = _faults_run(tmp_path)
+    record = json.loads((run_dir / "spec.json").read_text())
+    del record["spec_version"], record["spec"]["faults_text"], record["spec"]["calibration_costs"]
+    (run_dir / "spec.json").write_text(json.dumps(record))
+    assert (
+        spec_from_record(read_spec_record(run_dir)).faults_text
+        == "- {start_iteration: 1, links: ['0-1'], delay_ms: 5}\n"
+    )
+    with pytest.raises(ConfigError, match="written by an older version that kept only the paths"):
+        run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)
+    (run_dir / "spec.json").write_text(json.dumps({**record, "spec_version": 3}))
+    with pytest.raises(ConfigError, match="spec version 3; this version reads 1 to 2"):
+        read_spec_record(run_dir)
+
+
+def test_a_spec_file_may_not_give_what_a_spec_reads_from_its_files(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text("name: t\nmodel: m\nsystems: [1f1b]\nfaults_text: x\n")
+    with pytest.raises(ConfigError, match="unknown spec key\\(s\\) faults_text"):
+        load_spec(tmp_path / "s.yaml")
 
 
 @pytest.mark.parametrize(
