@@ -129,7 +129,10 @@ _NUMBER_COLUMNS = frozenset(
         "fault_ms", "waited_ms",
     }
 )  # fmt: skip
-"""The result tables' columns that hold a number where they hold anything."""
+"""The result tables' columns that hold a number."""
+_MAY_BE_EMPTY = frozenset({"loss"})
+"""Number columns that may hold nothing: iterations.csv's loss (a run without a model has
+none). Any other empty number cell is damage: a report or a resume must not build on it."""
 
 
 def _is_number_text(text: str) -> bool:
@@ -182,9 +185,10 @@ def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[
 
 def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     """The rows of a result CSV this version wrote (none if there is no file): its header must
-    be `columns`, every row must have each of them and no more, and every `schema_version`
-    must be this version's. Anything else (a truncated, edited or older file) is refused: a
-    resumed run or a report must not build on it."""
+    be `columns`, every row must have each of them and no more, each number column a number
+    (only a loss may be empty), and every `schema_version` must be this version's. Anything
+    else (a truncated, edited or older file) is refused: a resumed run or a report must not
+    build on it."""
     if not path.exists():
         return []
     try:
@@ -200,9 +204,12 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
         if None in row or None in row.values():
             raise ConfigError(f"{path} line {number} does not have {len(columns)} fields: damaged?")
         for column in _NUMBER_COLUMNS.intersection(row):
-            if row[column] and not _is_number_text(row[column]):
+            if not row[column] and column in _MAY_BE_EMPTY:
+                continue
+            if not _is_number_text(row[column]):
+                what = "empty" if not row[column] else repr(row[column])
                 raise ConfigError(
-                    f"{path} line {number}: {column} is {row[column]!r}, not a number: damaged?"
+                    f"{path} line {number}: {column} is {what}, not a number: damaged?"
                 )
         version = row.get("schema_version", str(RESULTS_SCHEMA_VERSION))
         if version != str(RESULTS_SCHEMA_VERSION):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results import RUNS_COLUMNS
+from harness.results import ITERATIONS_COLUMNS, RUNS_COLUMNS
 
 PROFILE = {"stages": 3, "microbatches": 6, "t_f": 10, "t_b": 10, "t_w": 5}
 SMALL = {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1}
@@ -473,6 +473,24 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("resume other experiment", {"@": "other spec"}, RESUME, "holds a different experiment"),
     ("report damaged runs.csv", {"@": "truncate runs.csv"}, ["report", "out/s"], "runs.csv"),
     ("report a word for a number", {"@": "word in runs.csv"}, ["report", "out/s"], "not a num"),
+    (
+        "report an empty number",
+        {"@": "empty number in runs.csv"},
+        ["report", "out/s"],
+        "out/s/runs.csv line 2: median_wall_ms is empty, not a number",
+    ),
+    (
+        "resume an empty number",
+        {"@": "empty number in runs.csv"},
+        RESUME,
+        "out/s/runs.csv line 2: median_wall_ms is empty, not a number",
+    ),
+    (
+        "report an empty number in iterations.csv",
+        {"@": "empty number in iterations.csv"},
+        ["report", "out/s"],
+        "out/s/iterations.csv line 2: step_time_ms is empty, not a number",
+    ),
     ("report no spec.json", {"out/s/runs.csv": ""}, ["report", "out/s"], "cannot read"),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
@@ -568,6 +586,17 @@ def _damage(root: Path, how: str) -> None:
         fields = first.split(",")
         fields[RUNS_COLUMNS.index("median_wall_ms")] = "abc"
         runs.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
+    elif how == "empty number in runs.csv":
+        header, first, *rest = runs.read_text().splitlines()
+        fields = first.split(",")
+        fields[RUNS_COLUMNS.index("median_wall_ms")] = ""
+        runs.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
+    elif how == "empty number in iterations.csv":
+        steps = run_dir / "iterations.csv"
+        header, first, *rest = steps.read_text().splitlines()
+        fields = first.split(",")
+        fields[ITERATIONS_COLUMNS.index("step_time_ms")] = ""
+        steps.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
     elif how == "garbage spec.json":
         record.write_text("{garb")
     elif how == "schema 999":
