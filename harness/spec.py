@@ -86,8 +86,10 @@ class Target:
 
     @property
     def samples_per_iteration(self) -> int:
+        """The global batch: every DP replica's microbatches (a hand-written profile's
+        microbatch is one sample; a cost-model one has the model's microbatch size)."""
         if self.cost is None:
-            return self.profile.num_microbatches
+            return self.profile.num_microbatches * self.profile.num_replicas
         model = self.cost.model
         return model.microbatches * model.microbatch_size * model.dp
 

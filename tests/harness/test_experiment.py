@@ -17,7 +17,13 @@ from harness.results import (
     read_csv_rows,
     read_spec_record,
 )
-from harness.spec import ExperimentSpec, default_experiment, load_spec, spec_from_record
+from harness.spec import (
+    ExperimentSpec,
+    Target,
+    default_experiment,
+    load_spec,
+    spec_from_record,
+)
 from pipeline.allreduce import messages_per_link_direction
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.errors import ConfigError
@@ -378,6 +384,22 @@ def test_a_slow_dp_link_slows_the_step_not_the_pipeline(tmp_path: Path) -> None:
     assert messages == 96
     added_ms = float(slow["median_wall_ms"]) - float(healthy["median_wall_ms"])
     assert messages * 10.0 - 50.0 < added_ms <= messages * 10.0 + 1e-6
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+def test_a_profile_s_throughput_counts_every_dp_replica_s_microbatches(
+    tmp_path: Path, num_replicas: int
+) -> None:
+    """A hand-written profile's global batch is num_replicas x num_microbatches samples per
+    iteration, as a cost-model model's is its dp x microbatches x microbatch size."""
+    profile = Profile.uniform(2, 4, 10, 10, 10, num_replicas=num_replicas)
+    assert Target("m", profile, None).samples_per_iteration == 4 * num_replicas
+    spec = ExperimentSpec(name="dp", models=("m",), profile=profile, systems=("1f1b",))
+    (row,) = read_csv_rows(run_experiment(spec, tmp_path / "r") / "runs.csv", RUNS_COLUMNS)
+    step_ms = float(row["median_wall_ms"])  # every step alike: no fault
+    assert float(row["throughput_samples_per_s"]) == pytest.approx(
+        4 * num_replicas * 1000 / step_ms
+    )
 
 
 def test_dp_links_must_exist() -> None:
