@@ -119,6 +119,21 @@ def _check_unique(name: str, values: Sequence[Hashable]) -> None:
         first[value] = i
 
 
+def _check_scenario_names(scenarios: Sequence[Scenario]) -> None:
+    """A scenario's name (its links and its delay to 6 significant digits) names one
+    scenario: two delays that print alike would be one configuration in the results, their
+    rows mixed and one's timeline overwritten by the other's."""
+    first: dict[str, Scenario] = {}
+    for scenario in scenarios:
+        other = first.setdefault(scenario.name, scenario)
+        if other is not scenario:
+            raise ConfigError(
+                f"delays_ms {other.delay_ms!r} and {scenario.delay_ms!r} would both name the "
+                f"scenario {scenario.name} (a name keeps 6 significant digits); list delays "
+                "that differ within them"
+            )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
     """Every model x system x scenario is one configuration, run `num_repeats` times."""
@@ -237,7 +252,9 @@ class ExperimentSpec:
                     "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
-            for scenario in self.scenarios(target):
+            scenarios = self.scenarios(target)
+            _check_scenario_names(scenarios)
+            for scenario in scenarios:
                 for system in self.systems:  # the last repeat's name is the longest
                     config = f"{target.label}/{system}/{scenario.name}"
                     last = str(self.num_repeats - 1)

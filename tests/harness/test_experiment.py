@@ -230,6 +230,11 @@ def test_a_spec_file_may_not_give_what_a_spec_reads_from_its_files(tmp_path: Pat
         ({"delays_ms": (1e12,)}, r"delays_ms\[0\] must be finite and in 0\.\.3600000 ms"),
         ({"delays_ms": ("1e12",)}, r"delays_ms\[0\] must be a number, got '1e12'"),
         ({"delays_ms": ()}, "delays_ms is empty"),
+        (
+            {"delays_ms": (0.0, 10.0, 10.0000001)},
+            "delays_ms 10.0 and 10.0000001 would both name the scenario 0-1@10ms",
+        ),
+        ({"delays_ms": (1e-7, 1.00000001e-7)}, "would both name the scenario 0-1@1e-07ms"),
         ({"num_iterations": 0}, "num_iterations must be in 1..100000, got 0"),
         ({"num_iterations": 2.5}, "num_iterations must be an integer, got 2.5"),
         ({"num_repeats": True}, "num_repeats must be an integer, got True"),
