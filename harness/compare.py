@@ -107,6 +107,16 @@ def _check_tolerance(metric: str, pct: float) -> None:
         raise UnusableResults(f"the tolerance of {metric} must be finite and >= 0 %, not {pct}")
 
 
+_SLACK = 1e-9
+"""Relative to the tolerance: a change of exactly it (104 -> 109.2 at 5 %) computes as
+5.000000000000002 %, which is within it. A tolerance of 0 has no slack: only equal passes."""
+
+
+def _beyond(worse_by_pct: float, limit_pct: float) -> bool:
+    """Worse than the tolerance, a change of the tolerance itself (as floats compute it) not."""
+    return worse_by_pct > limit_pct and not math.isclose(worse_by_pct, limit_pct, rel_tol=_SLACK)
+
+
 def compare_runs(
     base: Sequence[Mapping[str, Any]],
     new: Sequence[Mapping[str, Any]],
@@ -151,7 +161,7 @@ def compare_runs(
             )
             worse_by = -pct if higher_is_better else pct
             limit = tolerances.get(metric, tolerance_pct)
-            changes.append(Change(_name(key), metric, before, after, pct, worse_by > limit))
+            changes.append(Change(_name(key), metric, before, after, pct, _beyond(worse_by, limit)))
     for key, row in new_by_key.items():
         if key not in base_keys:
             for metric in (m for m in METRICS if row.get(m) not in (None, "")):

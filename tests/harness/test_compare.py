@@ -3,8 +3,11 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from harness.compare import KEY, compare_runs
 
 BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
 
@@ -179,3 +182,32 @@ def test_markdown_is_a_table_for_a_job_summary(tmp_path: Path) -> None:
     assert lines[1] == "|---|---|---|---|---|---|"
     assert len([line for line in lines if line.startswith("| ")]) == 81  # header + 80 metrics
     assert lines[-1] == "no regression: 80 metrics within 0 %"
+
+
+def _one(metric: str, value: float) -> dict[str, Any]:
+    row = {k: v for k, v in _rows()[0].items() if k in KEY}
+    return {**row, metric: str(value)}
+
+
+@pytest.mark.parametrize(
+    ("metric", "base", "new", "tolerance_pct", "worse"),
+    [
+        ("median_wall_ms", 104.0, 109.2, 5.0, False),  # +5.000000000000002 % in floats
+        ("median_wall_ms", 0.3, 0.315, 5.0, False),  # +5.000000000000004 %
+        ("median_wall_ms", 7.0, 7.7, 10.0, False),
+        ("median_wall_ms", 104.0, 109.2001, 5.0, True),
+        ("median_wall_ms", 104.0, 104.0, 0.0, False),
+        ("median_wall_ms", 104.0, 104.00000001, 0.0, True),  # 0 % is exact: no slack
+        ("throughput_samples_per_s", 0.7, 0.693, 1.0, False),  # -1.0000000000000009 %
+        ("throughput_samples_per_s", 0.7, 0.6929, 1.0, True),
+    ],
+)
+def test_a_change_of_exactly_the_tolerance_is_within_it(
+    metric: str, base: float, new: float, tolerance_pct: float, worse: bool
+) -> None:
+    (change,) = [
+        c
+        for c in compare_runs([_one(metric, base)], [_one(metric, new)], tolerance_pct)
+        if c.metric == metric
+    ]
+    assert change.worse is worse
