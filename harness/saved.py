@@ -158,6 +158,7 @@ def _renumbered(timeline: Timeline, index: int) -> Timeline:
         messages=tuple(r._replace(iteration=index) for r in timeline.messages),
         iterations=tuple(r._replace(iteration=index) for r in timeline.iterations),
         failovers=tuple(r._replace(iteration=index) for r in timeline.failovers),
+        swaps=tuple(r._replace(iteration=index) for r in timeline.swaps),
     )  # no dp_messages: messages.csv has them per link direction (see docs/design.md)
 
 

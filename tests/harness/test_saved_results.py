@@ -2,6 +2,7 @@
 draws from it: nothing is planned or simulated again."""
 
 import ast
+import dataclasses
 import io
 import itertools
 import re
@@ -17,13 +18,13 @@ from harness.cli import main
 from harness.experiment import run_experiment
 from harness.policies import plan
 from harness.results import ITERATIONS_COLUMNS, MESSAGES_COLUMNS, read_csv_rows
-from harness.saved import ConfigurationRecorder, drawn_iterations
+from harness.saved import ConfigurationRecorder, drawn_iterations, read_timeline, write_timeline
 from harness.spec import ExperimentSpec
 from pipeline.files import read_json
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import Timeline
+from pipeline.timeline import SwapRecord, Timeline
 
 
 def _messages(run_dir: Path, system: str) -> list[dict[str, str]]:
@@ -228,3 +229,21 @@ def test_a_drawn_iteration_run_again_after_a_restart_is_kept_once() -> None:
     lines = out.getvalue().splitlines()
     # a row per link direction (link 0-1 both ways) per run
     assert sum(line.startswith("m,1f1b,fault-free,0,1,") for line in lines) == 2 * 2
+
+
+def test_a_drawn_iteration_keeps_its_rank_swaps_renumbered(tmp_path: Path) -> None:
+    """A saved timeline holds the drawn iterations' rank swaps (README: timelines/), numbered
+    as iterations.csv numbers them, as their ops are: run iteration 3 after one warm-up is
+    measured iteration 2."""
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    schedule = plan("1f1b", profile).schedule
+    swap = SwapRecord(3, 7, 0, 0, 1, 0, 4096, 0.0, 5.0)
+    timeline = dataclasses.replace(simulate(schedule, profile, iteration=3), swaps=(swap,))
+    key = ("m", "1f1b", "fault-free", "0")
+    recorder = ConfigurationRecorder(io.StringIO(), key, {2}, num_warmup=1)
+    recorder(3, timeline, True)
+    write_timeline(tmp_path, key, recorder.timeline())
+    saved = read_timeline(tmp_path, key)
+    assert saved is not None
+    assert saved.swaps == (swap._replace(iteration=2),)
+    assert {r.iteration for r in saved.ops} == {2}
