@@ -52,9 +52,12 @@ def resolve(
     schedule_path: str | None,
     time_limit_s: float | None = None,
 ) -> tuple[Profile, PlannedSchedule]:
-    """The profile and the schedule a command works on, from --profile and --policy/--schedule."""
+    """The profile and the schedule a command works on, from --profile and --policy/--schedule
+    (with --schedule, a --time-limit would be ignored: refused)."""
     if (policy is None) == (schedule_path is None):
         raise ConfigError("give exactly one of --policy and --schedule")
+    if schedule_path is not None and time_limit_s is not None:
+        refuse_options({"time_limit_s"}, "a --schedule is run as given, nothing is solved")
     schedule, embedded = _load_schedule(schedule_path) if schedule_path else (None, None)
     if profile_path is not None:
         profile = Profile.from_file(profile_path)

@@ -169,6 +169,24 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "--time-limit is for the exact solver",
     ),
     ("time limit with system", P, [*RUN_P, "--time-limit", "3"], "not --system"),
+    (
+        "time limit with a schedule, run",
+        P,
+        ["run", "--profile", "p.json", "--schedule", "s.json", "--time-limit", "3"],
+        "--time-limit: a --schedule is run as given, nothing is solved",
+    ),
+    (
+        "time limit with a schedule, simulate",
+        P,
+        ["simulate", "--profile", "p.json", "--schedule", "s.json", "--time-limit", "3"],
+        "--time-limit: a --schedule is run as given, nothing is solved",
+    ),
+    (
+        "time limit with a schedule, schedule",
+        P,
+        ["schedule", "--profile", "p.json", "--schedule", "s.json", "--time-limit", "3"],
+        "--time-limit: a --schedule is run as given, nothing is solved",
+    ),
     ("timeout 0", P, [*RUN_P, "--backend", "emulated", "--timeout", "0"], "--timeout"),
     (
         "timeout NaN",
