@@ -85,15 +85,19 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
 
     run_id = run_dir.name
     spec_path = run_dir / "spec.json"
-    spec_record = {
+    revision = git_revision()
+    spec_record: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "spec_version": SPEC_VERSION,
         "run_id": run_id,
-        "git_revision": git_revision(),
+        "git_revision": revision,
+        "resumed_git_revisions": [],
         "spec": spec.to_dict(),
     }
     if spec_path.exists():
-        _check_same_experiment(run_dir, read_spec_record(run_dir), spec_record)
+        previous = read_spec_record(run_dir)
+        _check_same_experiment(run_dir, previous, spec_record)
+        spec_record.update(_revisions(previous, revision))
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
@@ -179,6 +183,16 @@ def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict
     raise ConfigError(
         f"{run_dir} holds a different experiment ({', '.join(changed)} changed); pick a new run id"
     )
+
+
+def _revisions(previous: dict[str, Any], now: str) -> dict[str, Any]:
+    """A resumed run keeps the first run's git revision, and adds its own to the revisions it
+    was resumed at (each once, in the order first seen) where it is another."""
+    first, later = previous.get("git_revision", "unknown"), previous["resumed_git_revisions"]
+    return {
+        "git_revision": first,
+        "resumed_git_revisions": later + ([now] if now not in (first, *later) else []),
+    }
 
 
 class _Pace:

@@ -166,12 +166,15 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
     figures += gantt
     recorded = read_spec_record(run_dir)
+    resumed = ", ".join(f"`{r}`" for r in recorded["resumed_git_revisions"])
     lines = [
         f"# {spec.name}",
         "",
         f"Backend `{spec.backend}`, {spec.num_iterations} measured iterations per configuration "
         f"after {spec.num_warmup_iterations} warm-up; seed {spec.seed}; git revision "
-        f"`{recorded.get('git_revision', 'unknown')}`.",
+        f"`{recorded.get('git_revision', 'unknown')}`"
+        + (f" (resumed at {resumed})" if resumed else "")
+        + ".",
         "",
         *_headline(runs),
         "| model | system | comm | controller | scenario | median step (ms) | median iteration "

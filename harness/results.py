@@ -222,8 +222,9 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
 
 def read_spec_record(run_dir: Path) -> dict[str, Any]:
     """The run directory's spec.json (its spec, schema version, spec version, run id and git
-    revision); one of another schema version or a later spec version is refused. The record
-    returned always has its `spec_version` (1 where the file has none)."""
+    revision, and the revisions a resume ran at); one of another schema version or a later
+    spec version is refused. The record returned always has its `spec_version` (1 where the
+    file has none) and `resumed_git_revisions` (none where the file has none)."""
     path = run_dir / "spec.json"
     try:
         record = json.loads(path.read_text())
@@ -238,6 +239,9 @@ def read_spec_record(run_dir: Path) -> dict[str, Any]:
             f"{run_dir} holds results of schema version {record.get('schema_version')!r}; "
             f"this version reads {RESULTS_SCHEMA_VERSION} only: pick a new run id"
         )
+    resumed = record.setdefault("resumed_git_revisions", [])
+    if not isinstance(resumed, list) or not all(isinstance(r, str) for r in resumed):
+        raise ConfigError(f"{path}: resumed_git_revisions is not a list of revisions: damaged?")
     version = record.setdefault("spec_version", 1)
     if version not in range(1, SPEC_VERSION + 1) or isinstance(version, bool):
         raise ConfigError(

@@ -214,6 +214,22 @@ def test_a_spec_file_may_not_give_what_a_spec_reads_from_its_files(tmp_path: Pat
         load_spec(tmp_path / "s.yaml")
 
 
+def test_a_resume_keeps_the_first_git_revision_and_records_later_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = ExperimentSpec(
+        name="t", models=("m",), profile=Profile.uniform(2, 4, 1, 1, 1), systems=("1f1b",)
+    )
+    run_dir = tmp_path / "run"
+    for revision in ("aaa", "bbb", "aaa", "bbb", "ccc"):  # the first run, then four resumes
+        monkeypatch.setattr("harness.experiment.git_revision", lambda revision=revision: revision)
+        run_experiment(spec, run_dir)
+    record = read_spec_record(run_dir)
+    assert record["git_revision"] == "aaa"
+    assert record["resumed_git_revisions"] == ["bbb", "ccc"]
+    assert "git revision `aaa` (resumed at `bbb`, `ccc`)." in (run_dir / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
