@@ -17,7 +17,7 @@ from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
 from harness.saved import timeline_name
-from injectors.fault_files import parse_trace, parse_yaml
+from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import check_count, check_ms, is_number
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
@@ -332,7 +332,7 @@ class ExperimentSpec:
     def scenarios(self, target: Target) -> list[Scenario]:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
         if self.faults is not None:
-            timeline = _fault_timeline(self.faults, str(self.faults_text), self.seed)
+            timeline = parse_faults(str(self.faults_text), self.faults, self.seed)
             timeline.validate(
                 target.profile.topology,
                 self.num_iterations,
@@ -406,16 +406,6 @@ class ExperimentSpec:
 
 _READ = frozenset({"faults_text", "calibration_costs"})
 """What a spec read from the files it names: spec.json keeps it, a spec file never gives it."""
-
-
-def _fault_timeline(path: str, text: str, seed: int) -> FaultModel:
-    """The fault timeline in `text`, read from `path` (injectors.fault_files.load_faults: a
-    YAML timeline if its suffix is .yaml/.yml, else the paper's trace)."""
-    parse = parse_yaml if Path(path).suffix in (".yaml", ".yml") else parse_trace
-    try:
-        return parse(text, seed)
-    except ConfigError as err:
-        raise ConfigError(f"fault timeline {path}: {err}") from err
 
 
 def spec_from_record(record: dict[str, Any]) -> ExperimentSpec:

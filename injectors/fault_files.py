@@ -27,7 +27,7 @@ from pipeline.errors import ConfigError
 from pipeline.files import load_yaml, read_text
 from pipeline.topology import Link
 
-__all__ = ["load_faults", "parse_trace", "parse_yaml"]
+__all__ = ["load_faults", "parse_faults", "parse_trace", "parse_yaml"]
 
 _NIC = re.compile(r"^host(\d+):([A-Za-z][\w-]*)$")
 _PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
@@ -38,7 +38,11 @@ _KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_
 
 def load_faults(path: str | Path, seed: int = 0) -> FaultModel:
     """A paper trace (any suffix but .yaml/.yml) or a YAML timeline."""
-    text = read_text(path, "fault timeline")
+    return parse_faults(read_text(path, "fault timeline"), path, seed)
+
+
+def parse_faults(text: str, path: str | Path, seed: int = 0) -> FaultModel:
+    """The timeline file `path` holds as `text` (read earlier): its suffix says the form."""
     yaml_file = Path(path).suffix in (".yaml", ".yml")
     try:
         return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
