@@ -9,7 +9,7 @@ prediction followed the load the test suite leaves behind: this gate read 1.022,
 0.980 and 0.966 on 2026-12-03, against 1.039, 1.039 and 1.050 with 2 ms ops. Then 1F1B on
 S=4, N=12, 10 ms ops, 1 MiB messages, no delay (where the runtime's own costs weigh most),
 5 measured iterations after a warm-up in one pool. The fidelity (median emulated /
-calibrated simulated) must lie in the test band (BENCHMARKS.md: the fidelity band). Exits 1
+calibrated simulated) must lie in the CI gate's band (docs/design.md: the fidelity band). Exits 1
 with the figures otherwise.
 """
 
