@@ -112,6 +112,12 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
         )
     )
 
+    def testbeds() -> set[str]:
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return {line.split()[0] for line in listed.splitlines() if line.startswith(PREFIX)}
+
+    before = testbeds()  # (another run's testbed on this machine is not this one's)
+
     def median_ms(injection: str) -> float:
         out = subprocess.run(
             [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--profile",
@@ -125,8 +131,7 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
     by_network, by_hook = median_ms("network"), median_ms("hook")
     slow = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8192).with_delays([20.0])
     _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow)
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert PREFIX not in left  # the testbed is gone
+    assert testbeds() <= before  # the testbed is gone
 
 
 def test_run_caps_the_network_at_a_profile_s_float_bandwidth(tmp_path) -> None:
