@@ -29,6 +29,7 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import LaunchHook, local_launch
+from pipeline.runtime.receiver import BACKSTOP
 from pipeline.runtime.remote_error import (
     RemoteError,
     WorkerCrash,
@@ -228,14 +229,17 @@ class WorkerPool:
 
     def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
-        error or timeout is a WorkerError. By default the wait is twice the pool's timeout
-        plus 5 s: workers give up on a single wait after `timeout_s` and say which op waited,
-        so their word comes first."""
+        error or timeout is a WorkerError. By default the wait is the workers' longest for one
+        message (a receiver thread's backstop, `BACKSTOP` x the pool's timeout) plus 5 s:
+        workers give up first and say what waited, so their word comes first."""
         answers: dict[int, object] = {}
         why = ""
         if limit_s is None:
-            limit_s = 2 * self.timeout_s + 5.0
-            why = f" (twice the workers' {self.timeout_s:g} s wait for one message, plus 5 s)"
+            limit_s = BACKSTOP * self.timeout_s + 5.0
+            why = (
+                f" ({BACKSTOP:g} x the workers' {self.timeout_s:g} s wait for one message, "
+                "plus 5 s)"
+            )
         deadline = time.monotonic() + limit_s
         while len(answers) < self.num_ranks:
             waiting = [r for r in range(self.num_ranks) if r not in answers]

@@ -9,12 +9,17 @@ stamps `time.monotonic()` as each wait returns. The compute thread takes a messa
 which blocks on an event, never on gloo. A DP ring's receiver (`more`) is fed each bucket's
 receives as they are posted (`add`) and lives for the whole all-reduce.
 
-Timeouts: the thread's wait for a message gives up after `timeout_s` counted from when it
-starts that wait, i.e. from the arrival of the neighbour's previous message (or from the
-iteration's start): a neighbour that owes a message and stays silent that long fails the
-iteration even if no op has asked for it yet. `take` gives up after its own timeout counted
-from the op's ask. The first error ends the thread; every message not yet received then
-raises that error in whoever takes it, and `finish` raises it at the end of the iteration.
+Timeouts: `take` gives up after its timeout counted from the op's ask, naming what it
+waited for. The thread's wait for a message is a backstop, `BACKSTOP` times as long, counted
+from when it starts that wait, i.e. from the arrival of the neighbour's previous message (or
+from the iteration's start): a neighbour that owes a message and stays silent that long
+fails the iteration even if no op has asked for it yet. It is the longer of the two because
+gloo, when a wait times out, closes every connection of its process: a thread timing out
+first made a neighbour waiting on this process report a broken connection, not the timeout
+(a stage 0 held 10 s before its send, whose thread gave up on a gradient, failed stage 1
+with "connection closed by peer"). The first error ends the thread; every message not yet
+received then raises that error in whoever takes it, and `finish` raises it at the end of
+the iteration.
 
 Over gloo the stamp is never early. It is late by the thread's wake-up once gloo's own thread
 has read the message, plus the wait for the GIL once awake: next to nothing while the compute
@@ -40,7 +45,11 @@ from pipeline.runtime.transport import (
     describe_chunk,
 )
 
-__all__ = ["Receiver"]
+__all__ = ["BACKSTOP", "Receiver"]
+
+BACKSTOP = 2.0
+"""The thread's wait for a message, in units of the ops' `timeout_s` (the module's
+docstring: why it is the longer one; a pool waits 2 x `timeout_s` + 5 s for its workers)."""
 
 
 class _Slot:
@@ -67,7 +76,8 @@ class Receiver:
         more: bool = False,
     ) -> None:
         """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
-        each wait on one of them gives up after `timeout_s`. `kind` None: DP all-reduce
+        the thread's wait on one of them gives up after `BACKSTOP` x `timeout_s` (the ops'
+        wait, `take`'s, is `timeout_s`). `kind` None: DP all-reduce
         chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring). `more`:
         further receives come by `add` while the thread runs, until `finish`."""
         self.peer, self.kind = peer, kind
@@ -165,7 +175,7 @@ class Receiver:
                 if self._stop.is_set():
                     raise RuntimeError(f"the {self.name} was stopped")
                 microbatch, receive = posted
-                stamped = receive.wait(self._timeout_s)
+                stamped = receive.wait(BACKSTOP * self._timeout_s)
                 slot = self._slots[microbatch]
                 slot.arrival = stamped or Arrival(time.monotonic())
                 slot.done.set()

@@ -213,10 +213,10 @@ class _StallBeforeGradient:
         return 0.0
 
 
-def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> None:
-    """Stage 1 stalls before BW1's gradient. Stage 0's receiver thread waits for it from the
-    moment BW0's gradient came, so its wait times out (after 2 s) while stage 0 still runs
-    its 1.5 s BW0: the error it meets reaches the compute thread, which names the op."""
+def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
+    """Stage 1 stalls 6 s before BW1's gradient. Stage 0 asks for it after its 1.5 s BW0 and
+    gives up 2 s later (its receiver thread, waiting since BW0's gradient came, would give up
+    only after 4 s: its backstop), naming the op and the message."""
     profile = _profile(1.0, 750.0, 750.0)
     schedule = one_f_one_b(profile)
     assert schedule.stages[0][2:] == (Op(OpKind.BW, 0), Op(OpKind.BW, 1))
@@ -225,18 +225,16 @@ def test_a_silent_peer_is_a_timeout_in_the_receiver_thread_naming_the_op() -> No
         quick = _profile(1.0, 1.0, 1.0)
         pool.run_iteration(IterationConfig(0, schedule, quick))  # gloo connects the pair
         # Stage 1 stalls past stage 0's timeout, then carries on (and so ends soon after).
-        config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 4.0))
+        config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 6.0))
         with pytest.raises(
             WorkerTimeout,
             match=r"^rank 0 \(stage 0\), iteration 1, op BW1: TimeoutError: waiting for the "
-            r"gradient of microbatch 1 from rank 1 failed: .*Timed out waiting 2000ms",  # gloo's
+            r"gradient of microbatch 1 from rank 1 failed: nothing came within 2 s",
         ) as info:
             pool.run_iteration(config)
     remote = info.value.remote
     assert remote is not None and info.value.rank == 0
     assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "BW1")
-    assert remote.cause_type_name == "builtins.RuntimeError"  # gloo's, kept as the cause
-    assert "Timed out waiting 2000ms" in remote.message
     assert not any(_alive(pid) for pid in pids)
 
 
@@ -472,7 +470,7 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> N
         with pytest.raises(WorkerTimeout) as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     assert str(info.value) == (
-        "no answer from rank(s) [0] within 6 s during iteration 0 (twice the workers' 0.5 s "
+        "no answer from rank(s) [0] within 6 s during iteration 0 (2 x the workers' 0.5 s "
         "wait for one message, plus 5 s): neither records nor an error came from them, and "
         "they did not exit"
     )

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from pipeline.errors import ScheduleError
-from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.receiver import BACKSTOP, Receiver
 from pipeline.runtime.transport import ACTIVATION, GRADIENT
 
 
@@ -137,3 +137,26 @@ def test_an_error_fails_the_receives_added_after_it_and_stop_ends_a_waiting_thre
     idle.start()  # waits for receives that never come
     assert idle.stop(grace_s=10)
     assert not _receiver_threads()
+
+
+def test_an_op_s_wait_gives_up_before_the_thread_s() -> None:
+    """gloo closes every connection of a process whose wait times out: the thread's wait is
+    the longer (a backstop), so that an op waiting on a silent neighbour reports the timeout
+    itself while the thread still waits, and a neighbour waiting on this process is not told
+    of a broken connection first."""
+
+    class _Timed(_Receive):
+        def wait(self, timeout_s: float) -> None:
+            self.timeout_s = timeout_s
+            super().wait(timeout_s)
+
+    silent = _Timed()
+    receiver = Receiver(0, ACTIVATION, [(0, silent)], timeout_s=5)  # the worker's timeout
+    receiver.start()
+    assert silent.entered.wait(10)
+    assert silent.timeout_s == BACKSTOP * 5 > 5
+    with pytest.raises(TimeoutError, match="nothing came within 0.2 s"):
+        receiver.take(0, timeout_s=0.2)  # (an op's wait is the worker's timeout too)
+    silent.release.set()  # the thread was still waiting: the message is taken after all
+    assert receiver.take(0, timeout_s=10).arrived_s > 0
+    receiver.finish(timeout_s=10)
