@@ -337,7 +337,7 @@ class _Outbound(_Side):
             delegate = self.delegate_of(seq)
             kind = FAILOVER
             while kind == FAILOVER:
-                kind, it, microbatch, got, _, _, t1, _, pid = self._read_note(delegate, deadline)
+                kind, it, microbatch, got, _, _, t1, _, pid = self._take_note(delegate, deadline)
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
             records.append(WireRecord(self.direction, microbatch, t1, pid))
@@ -345,7 +345,7 @@ class _Outbound(_Side):
         self._move_the_others(deadline)
         return records
 
-    def _read_note(self, delegate: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
+    def _take_note(self, delegate: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
         """A delegate's next note; a failover is noted, a failure over every NIC raised."""
         note = _read_note(delegate, deadline)
         kind, it, cause, first_seq, left, took, t1, t2, pid = note
@@ -373,12 +373,12 @@ class _Outbound(_Side):
             mask = 1 << self.nic_of[delegate.index]
             delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
         for delegate in moving:  # one that had moved on its own already noted that move
-            if self._read_note(delegate, deadline)[0] != FAILOVER:
+            if self._take_note(delegate, deadline)[0] != FAILOVER:
                 raise ConnectionError(f"the {delegate.name} was told to move and did not")
         for delegate in self.delegates:  # the moves of those with no message to wait for
             delegate.read_written()
             while len(delegate.unread) >= NOTE.size:
-                if self._read_note(delegate, deadline)[0] != FAILOVER:
+                if self._take_note(delegate, deadline)[0] != FAILOVER:
                     raise ConnectionError(f"the {delegate.name} noted what it did not carry")
 
 
