@@ -32,7 +32,14 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' setting, shared
-from tests.harness.test_fig18 import FAULTS, PHASES, PROFILE
+from tests.harness.test_fig18 import PROFILE, phased_faults
+
+PHASES = ((10, 2, 11), (20, 11, 17), (30, 17, 23))
+"""(delay ms, first, end) measured iterations on dp1:0-1. The 10 ms phase is the longest: the
+swap comes in its first four iterations, and its last five steps then come after it, once
+the delegates and Adaptra's plan have settled; in the later phases the last five follow the
+first, in which Adaptra sees the new delay."""
+FAULTS = phased_faults(PHASES)
 
 SYSTEM_NAMES = ("zb", "falcon", "adaptra-cpu", "adaptra")
 PAPER_S = {

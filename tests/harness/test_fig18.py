@@ -10,6 +10,7 @@ import pytest
 from harness.policies import SYSTEMS, system_controller
 from harness.runner import RuntimeEngines, run_configuration
 from injectors.fault_files import parse_yaml
+from injectors.fault_model import FaultModel
 from pipeline.profile import Profile
 
 pytestmark = pytest.mark.multiprocess
@@ -22,27 +23,29 @@ PROFILE = Profile.uniform(
 link direction: a slow DP link costs more than the same delay on a PP link, as at 7B."""
 CHUNKS_EACH_WAY = 24
 
-PHASES = ((10, 2, 11), (20, 11, 17), (30, 17, 23))
-"""(delay ms, first, end) measured iterations on stage 1's ring link dp1:0-1. The 10 ms phase
-is the longest: the swap comes in its first four iterations, and its last five steps then
-come after it, once the delegates and Adaptra's plan have settled; in the later phases the
-last five follow the first, in which Adaptra sees the new delay."""
 
-FAULTS = parse_yaml(
-    "["
-    + ", ".join(
+def phased_faults(phases: tuple[tuple[int, int, int], ...]) -> FaultModel:
+    """Stage 1's ring link dp1:0-1 slow by each phase's delay: (delay ms, first, end)
+    measured iterations."""
+    rows = ", ".join(
         f'{{start_iteration: {a}, end_iteration: {b}, links: ["dp1:0-1"], delay_ms: {d}}}'
-        for d, a, b in PHASES
+        for d, a, b in phases
     )
-    + "]"
-)
+    return parse_yaml(f"[{rows}]")
+
+
+PHASES = ((10, 2, 11), (20, 11, 14), (30, 14, 17))
+"""The 10 ms phase is the longest: the swap comes in its first six iterations, then the
+delegates and Adaptra's plan settle; the later phases are as long as their checks need
+(benchmarks/bench_fig18.py runs longer ones, for medians)."""
+FAULTS = phased_faults(PHASES)
 
 
 def test_fig18_systems_in_emulated_runs() -> None:
-    """What load cannot change: ZB never swaps and pays the slow ring link in every step of
-    each phase's last five (at least its 24 chunks one way after one another, each held the
-    delay); Falcon and both Adaptras each find the link from their own measurements and swap
-    once (two workers) while it is at 10 ms; after the swap both Adaptras carry the PP link
+    """What load cannot change: ZB never swaps and pays the slow ring link in every step (at
+    least its 24 chunks one way after one another, each held the delay); Falcon and both
+    Adaptras each find the link from their own measurements and swap once (two workers)
+    while it is at 10 ms; after the swap both Adaptras carry the PP link
     the slow pair now joins over the delegates, Adaptra with its plan for the delay it
     detects there and Adaptra-CPU with ZB's.
 
@@ -65,8 +68,8 @@ def test_fig18_systems_in_emulated_runs() -> None:
             swaps = [r for r in run.timeline.swaps if r.iteration > 0]
             if system == "zb":
                 assert swaps == []
-                for delay_ms, _, end in PHASES:
-                    assert min(run.wall_times_ms[end - 5 : end]) >= CHUNKS_EACH_WAY * delay_ms
+                for delay_ms, first, end in PHASES:
+                    assert min(run.wall_times_ms[first:end]) >= CHUNKS_EACH_WAY * delay_ms
                 continue
             # one swap, of two workers, while the link is at 10 ms
             assert len(swaps) == 2 and len({r.iteration for r in swaps}) == 1
