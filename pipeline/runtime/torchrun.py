@@ -16,6 +16,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch.distributed as dist
@@ -30,7 +31,7 @@ from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
 
-__all__ = ["main", "torchrun_commands"]
+__all__ = ["host_placement", "main", "torchrun_commands"]
 
 
 def torchrun_commands(
@@ -76,6 +77,13 @@ def _shift(result: RankResult, delta: float) -> RankResult:
     )
 
 
+def host_placement(environ: Mapping[str, str]) -> tuple[int, int]:
+    """This worker's index among its host's workers and their number, as torchrun sets them:
+    the devices are chosen per host (a GPU of its own on a host of 8 GPUs, also in a job of
+    16 workers over two hosts)."""
+    return int(environ["LOCAL_RANK"]), int(environ["LOCAL_WORLD_SIZE"])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", type=Path, required=True)
@@ -98,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         from pipeline.runtime.megatron import MegatronCompute
 
         compute = MegatronCompute(args.model)
-    worker = join(rank, profile.num_stages, profile.num_replicas, "env://", args.timeout, compute)
+    worker = join(
+        rank, profile.num_stages, profile.num_replicas, "env://", args.timeout, compute,
+        on_host=host_placement(os.environ),
+    )  # fmt: skip
     parts, losses, offset = [], [], 0.0
     for iteration in range(args.iterations):
         dist.barrier()

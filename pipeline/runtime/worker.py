@@ -588,15 +588,19 @@ def join(
     delegates: DelegateFactory | None = None,
     num_delegates: int = 0,
     slot_dir: str = "",
+    on_host: tuple[int, int] | None = None,
 ) -> _Worker:
     """Join the process group (pipeline.runtime.devices: NCCL where every worker has a GPU of
     its own, gloo otherwise); the worker for this rank (under the default placement:
     pipeline.topology), with `num_delegates` delegates per link direction and side from
-    `delegates` if given (their slot files in `slot_dir`)."""
+    `delegates` if given (their slot files in `slot_dir`). `on_host`: this worker's index
+    among the workers on its host and their number (torchrun's LOCAL_RANK and
+    LOCAL_WORLD_SIZE: a job over several hosts); None: every worker is on this host."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
-    devices = choose_devices(rank, grid.num_workers, num_visible_gpus())
+    local_rank, num_local = on_host or (rank, grid.num_workers)
+    devices = choose_devices(local_rank, num_local, num_visible_gpus())
     if devices.compute_device != "cpu":
         torch.cuda.set_device(torch.device(devices.compute_device))
     dist.init_process_group(

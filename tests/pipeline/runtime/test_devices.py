@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
 from pipeline.runtime.devices import RankDevices, choose_devices, describe_pool
+from pipeline.runtime.torchrun import host_placement
 
 
 def test_no_gpu_is_gloo_on_the_cpu() -> None:
@@ -63,3 +64,12 @@ def test_describes_a_pool_in_one_line() -> None:
 def test_an_impossible_placement_is_refused(rank: int, num_workers: int, num_gpus: int) -> None:
     with pytest.raises(ConfigError, match="is not a placement"):
         choose_devices(rank, num_workers, num_gpus)
+
+
+def test_a_job_over_several_hosts_chooses_per_host() -> None:
+    """torchrun over two hosts of 2 GPUs, 4 workers: rank 3 is its host's second worker and
+    has a GPU of its own (the global count against one host's GPUs chose gloo and host
+    copies for every step over more than one host)."""
+    environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert host_placement(environ) == (1, 2)
+    assert choose_devices(*host_placement(environ), 2) == RankDevices("nccl", "cuda:1", "cuda:1")
