@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -92,7 +93,7 @@ def write_slurm_script(
                 steps += [
                     _comment(f"{name}: {world} ranks on {num_nodes} node(s)"),
                     f"run_step {num_nodes} {world // num_nodes} {shlex.quote(config)} "
-                    + shlex.join(worker_args),
+                    + shlex.join([str(config_dir), *worker_args]),
                 ]
     if not steps:
         raise ConfigError(
@@ -111,9 +112,12 @@ def write_slurm_script(
             "# timelines land in each step's folder.",
             "set -euo pipefail",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-            "run_step() {  # nodes, ranks per node, step name, worker arguments...",
-            "  local nodes=$1 per_node=$2 name=$3; shift 3",
-            '  srun --nodes="$nodes" --ntasks-per-node=1 python -m torch.distributed.run \\',
+            "# The Python that wrote this script (its torch, adaptra-bench), unless PYTHON says.",
+            f"PYTHON=${{PYTHON:-{shlex.quote(sys.executable)}}}",
+            "run_step() {  # nodes, ranks per node, step name, its folder, worker arguments...",
+            "  local nodes=$1 per_node=$2 name=$3 folder=$4; shift 4",
+            '  rm -f "$folder/timeline.json" "$folder/losses.json" "$folder/params_sha256.txt"',
+            '  srun --nodes="$nodes" --ntasks-per-node=1 "$PYTHON" -m torch.distributed.run \\',
             '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
             f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',
             '    -m pipeline.runtime.torchrun "$@"',

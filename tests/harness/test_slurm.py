@@ -185,3 +185,30 @@ def test_comments_and_the_job_name_keep_to_their_line() -> None:
 
     assert _comment("a\nb\tc `d` $(e)") == "# a\\nb\\tc `d` $(e)"
     assert _job_name("my run; $(x)\n") == "my_run____x__"
+
+
+def test_the_steps_run_the_python_that_wrote_the_script_and_leave_no_stale_results(
+    tmp_path: Path,
+) -> None:
+    """A bare `python` was whatever PATH found (no torch where the venv was not activated);
+    PYTHON still chooses another. A step's results from an earlier job are removed before it
+    runs, so a failed step leaves none that look like its own."""
+    spec = ExperimentSpec(
+        name="x", models=("x",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
+    )
+    script, _, _ = write_slurm_script(spec, tmp_path / "job")
+    step = next(p for p in (tmp_path / "job").iterdir() if p.is_dir())
+    env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert argv[argv.index("-m") - 1] == sys.executable
+    (step / "timeline.json").write_text('{"old": "an earlier job"}')
+    env = {**_stand_in_slurm(tmp_path, srun="exit 1"), "PYTHON": "/opt/other/python"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and not (step / "timeline.json").exists()
+    (tmp_path / "srun.log").unlink()
+    env = {**_stand_in_slurm(tmp_path, srun=_RECORD_SRUN), "PYTHON": "/opt/other/python"}
+    assert subprocess.run(["bash", str(script)], env=env).returncode == 0
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert argv[argv.index("-m") - 1] == "/opt/other/python"
