@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -157,13 +158,24 @@ def launch(
         except subprocess.TimeoutExpired as err:
             raise ConfigError("torchrun did not finish within 600 s") from err
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"torchrun failed with exit code {done.returncode}: {last}")
+        reason = _failure_reason(done.stderr)
+        raise ConfigError(f"torchrun failed with exit code {done.returncode}: {reason}")
     timeline = Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
     times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
     click.echo(
         json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})
     )
+
+
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*")
+
+
+def _failure_reason(stderr: str) -> str:
+    """What a failed torchrun's workers said last of their error (a traceback's last line;
+    torchrun's own summary, a banner of "=", ends its output), else its last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    errors = [line for line in lines if _ERROR_LINE.match(line) and "ChildFailedError" not in line]
+    return (errors or lines or ["no output"])[-1]
 
 
 @click.command()
