@@ -18,6 +18,7 @@ from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
+from tests.fidelity import HANG
 
 pytestmark = pytest.mark.multiprocess
 
@@ -85,7 +86,7 @@ def test_a_delay_in_the_network_is_found_adapted_to_and_reverted_as_the_simulato
         d.comm == dict.fromkeys(("0-1", "1-2", "2-3"), "direct") for d in real.decisions[11:]
     )
     healthy, slow = real.iteration_times_ms[2], real.iteration_times_ms[8]
-    assert slow < 2 * healthy + 30  # adapted: far from the 30 ms per message of the direct path
+    assert slow < HANG * healthy + 30  # adapted: far from the 30 ms per message of direct
 
 
 @needs_root

@@ -37,6 +37,7 @@ from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Position, Topology
 from pipeline.trace import to_chrome_trace
+from tests.fidelity import HANG
 
 pytestmark = pytest.mark.multiprocess
 
@@ -95,7 +96,7 @@ def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None
             predicted = compute_metrics(simulate(schedule, delayed, CommMode.DIRECT))
             # Never faster than the model; slower only by the runtime's own costs and load (a
             # loose bound: BENCHMARKS.md measures the fidelity, within 5 % on a quiet machine).
-            assert predicted.iteration_time_ms <= measured < 2 * predicted.iteration_time_ms
+            assert predicted.iteration_time_ms <= measured < HANG * predicted.iteration_time_ms
         assert pool.bytes_sent == 4 * 72 * MB
     tx_after = _loopback_tx_bytes()
     if tx_before is not None and tx_after is not None:
