@@ -44,6 +44,11 @@ def write_slurm_script(
     skipped, with why."""
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    if spec.injection != "hook":
+        raise ConfigError(
+            f"injection {spec.injection!r}: the cluster script injects nothing in the network "
+            "(its delays are the workers' fault hook); use injection: hook"
+        )
     out_dir = out_dir.resolve()  # the script may run from anywhere
     compute_args = ["--compute", "emulated"]
     if spec.backend == "megatron":  # a megatron spec names its GPT preset as its model
@@ -86,6 +91,8 @@ def write_slurm_script(
                     str(config_dir / "schedule.json"),
                     "--iterations",
                     str(spec.num_warmup_iterations + spec.num_iterations),
+                    "--timeout",
+                    f"{spec.transport_timeout_s:g}",
                     *compute_args,
                     "--out",
                     str(config_dir),

@@ -212,3 +212,17 @@ def test_the_steps_run_the_python_that_wrote_the_script_and_leave_no_stale_resul
     assert subprocess.run(["bash", str(script)], env=env).returncode == 0
     (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
     assert argv[argv.index("-m") - 1] == "/opt/other/python"
+
+
+def test_the_spec_s_timeout_reaches_the_workers_and_network_injection_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The script's workers waited their default 60 s whatever the spec said, and a spec
+    asking for its delays in the network got the workers' hook without a word."""
+    fields = {"name": "x", "models": ("x",), "profile": Profile.uniform(2, 2, 1, 1, 1)}
+    spec = ExperimentSpec(**fields, systems=("1f1b",), backend="emulated", transport_timeout_s=300)
+    script, _, _ = write_slurm_script(spec, tmp_path / "job")
+    assert "--timeout 300 " in script.read_text()
+    networked = ExperimentSpec(**fields, systems=("1f1b",), backend="emulated", injection="network")
+    with pytest.raises(ConfigError, match="injection 'network': the cluster script injects"):
+        write_slurm_script(networked, tmp_path / "other")
