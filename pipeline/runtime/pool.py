@@ -451,11 +451,10 @@ def assemble_timeline(
 
 def _sender_replica(link: str, direction: str, receiver: int) -> int:
     """The replica that sent a message `receiver` took in: its own on a PP link; on a DP
-    link, the link's lower replica forward, its upper one backward (pipeline.allreduce)."""
+    link, the link's lower replica forward, its upper one backward (`Link.sender`)."""
     if route_kind(link) != "dp":
         return receiver
-    dp = Link.parse(link)
-    return dp.first if direction == "forward" else dp.second
+    return Link.parse(link).sender(direction).replica
 
 
 def _failover_record(
