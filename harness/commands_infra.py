@@ -96,7 +96,7 @@ def launch(
         )
         skipped = f"; {script.num_skipped} skipped, listed in it" if script.num_skipped else ""
         click.echo(
-            f"wrote {script.path} ({script.num_steps} configurations{skipped}): "
+            f"wrote {script.path} ({script.num_configurations} configurations{skipped}): "
             f"sbatch {script.path}"
         )
         return

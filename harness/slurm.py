@@ -1,5 +1,5 @@
 """Cluster launch of an experiment spec: a Slurm batch script that runs every configuration
-through torchrun (pipeline.runtime.torchrun), one srun step per configuration.
+through torchrun (pipeline.runtime.torchrun), one srun step per configuration and repeat.
 
 Each configuration's profile and schedule are planned here and written next to the script,
 so the cluster runs exactly what the simulator would have run.
@@ -25,8 +25,8 @@ __all__ = ["SlurmScript", "write_slurm_script"]
 
 class SlurmScript(NamedTuple):
     path: Path
-    num_steps: int
-    """Configurations it runs."""
+    num_configurations: int
+    """Configurations it runs (each `num_repeats` times, an srun step each)."""
     num_skipped: int
     """Configurations it lists as skipped (with why, in comments)."""
 
@@ -55,7 +55,7 @@ def write_slurm_script(
         compute_args = ["--compute", "megatron", "--model", str(spec.models[0])]
     steps: list[str] = []
     skipped: list[str] = []
-    max_nodes = 1
+    max_nodes, num_configurations = 1, 0
     for target in spec.targets():
         model = target.cost.model if target.cost else None
         for scenario in spec.scenarios(target):
@@ -84,24 +84,31 @@ def write_slurm_script(
                     skipped.append(_comment(f"skipped {name}: {world} ranks do not split"))
                     continue
                 max_nodes = max(max_nodes, num_nodes)
-                worker_args = [
-                    "--profile",
-                    str(config_dir / "profile.json"),
-                    "--schedule",
-                    str(config_dir / "schedule.json"),
-                    "--iterations",
-                    str(spec.num_warmup_iterations + spec.num_iterations),
-                    "--timeout",
-                    f"{spec.transport_timeout_s:g}",
-                    *compute_args,
-                    "--out",
-                    str(config_dir),
-                ]
-                steps += [
-                    _comment(f"{name}: {world} ranks on {num_nodes} node(s)"),
-                    f"run_step {num_nodes} {world // num_nodes} {shlex.quote(config)} "
-                    + shlex.join([str(config_dir), *worker_args]),
-                ]
+                num_configurations += 1
+                steps.append(_comment(f"{name}: {world} ranks on {num_nodes} node(s)"))
+                for repeat in range(spec.num_repeats):  # a step each, in a folder each
+                    step_dir, step_name = config_dir, config
+                    if spec.num_repeats > 1:
+                        step_dir, step_name = config_dir / f"repeat-{repeat}", f"{config}-{repeat}"
+                    worker_args = [
+                        "--profile",
+                        str(config_dir / "profile.json"),
+                        "--schedule",
+                        str(config_dir / "schedule.json"),
+                        "--warmup-iterations",
+                        str(spec.num_warmup_iterations),
+                        "--iterations",
+                        str(spec.num_iterations),
+                        "--timeout",
+                        f"{spec.transport_timeout_s:g}",
+                        *compute_args,
+                        "--out",
+                        str(step_dir),
+                    ]
+                    steps.append(
+                        f"run_step {num_nodes} {world // num_nodes} {shlex.quote(step_name)} "
+                        + shlex.join([str(step_dir), *worker_args])
+                    )
     if not steps:
         raise ConfigError(
             "no configuration of this spec can run on the cluster yet: " + "; ".join(skipped)
@@ -115,8 +122,9 @@ def write_slurm_script(
             f"#SBATCH --gpus-per-node={gpus_per_node}",
             f"#SBATCH --time={time_limit}",
             _comment(f"Written by adaptra-bench from spec {spec.name!r}."),
-            "# One srun step per configuration, each a torchrun of pipeline.runtime.torchrun;",
-            "# timelines land in each step's folder.",
+            "# One srun step per configuration and repeat (folders repeat-K if the spec repeats),",
+            "# each a torchrun of pipeline.runtime.torchrun; each step's folder gets its measured",
+            "# iterations' timeline (warm-ups run first, unreported).",
             "set -euo pipefail",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "# The Python that wrote this script (its torch, adaptra-bench), unless PYTHON says.",
@@ -137,7 +145,7 @@ def write_slurm_script(
     path = out_dir / "run.sbatch"
     write_atomic(path, script)
     path.chmod(0o755)
-    return SlurmScript(path, sum(1 for s in steps if s.startswith("run_step")), len(skipped))
+    return SlurmScript(path, num_configurations, len(skipped))
 
 
 def _comment(text: str) -> str:

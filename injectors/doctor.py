@@ -88,6 +88,9 @@ def _per_link_check(root: bool, kernel: Found) -> Check:
     name = "per-link faults"
     if not root:
         return Check(name, False, "needs root", "no network testbed")
+    namespaces_ok, namespaces_detail = kernel.get("namespaces", (False, "not probed"))
+    if not namespaces_ok:  # root without CAP_NET_ADMIN: netem and the wire both live in one
+        return Check(name, False, f"no namespaces: {namespaces_detail}", "no network testbed")
     path = per_link_path(kernel)
     if path.netem or Path("/dev/net/tun").exists():
         return Check(name, True, path.detail, "")

@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", type=Path, required=True)
     parser.add_argument("--schedule", type=Path, required=True)
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=3, help="Measured iterations.")
+    parser.add_argument(
+        "--warmup-iterations",
+        type=int,
+        default=0,
+        help="Iterations run first and left out of the timeline (their losses are kept).",
+    )
     parser.add_argument(
         "--compute", choices=["emulated", "megatron"], default="emulated", help="What ops run."
     )
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.iterations < 1 or args.warmup_iterations < 0:
+        parser.error("--iterations must be >= 1 and --warmup-iterations >= 0")
     profile = Profile.from_file(args.profile)
     schedule = Schedule.from_dict(json.loads(args.schedule.read_text()))
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
@@ -111,19 +119,24 @@ def main(argv: list[str] | None = None) -> None:
         on_host=host_placement(os.environ),
     )  # fmt: skip
     parts, losses, offset = [], [], 0.0
-    for iteration in range(args.iterations):
+    num_total = args.warmup_iterations + args.iterations
+    for iteration in range(num_total):
         dist.barrier()
         start_at = time.monotonic()
-        last = iteration == args.iterations - 1
+        last = iteration == num_total - 1
         config = IterationConfig(iteration, schedule, profile, collect_params=last)
         result = worker.run(config, start_at)
         gathered: list[RankResult | None] = [None] * dist.get_world_size()
         dist.gather_object(_shift(result, offset - start_at), gathered if rank == 0 else None)
         if rank == 0:
+            measured = (
+                iteration - args.warmup_iterations
+            )  # < 0: a warm-up, which only moves the clock
             part = assemble_timeline(
-                profile.num_stages, iteration, 0.0, offset, [r for r in gathered if r is not None]
+                profile.num_stages, measured, 0.0, offset, [r for r in gathered if r is not None]
             )
-            parts.append(part)
+            if measured >= 0:
+                parts.append(part)
             offset = part.iterations[0].end_ms / 1000.0
             losses += [
                 r.step_output.loss

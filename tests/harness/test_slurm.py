@@ -1,5 +1,6 @@
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -18,15 +19,15 @@ PRESETS = Path(__file__).parents[2] / "harness" / "presets"
 
 def test_a_preset_becomes_one_srun_step_per_runnable_configuration(tmp_path: Path) -> None:
     spec = load_spec(PRESETS / "fig16_models.yaml")
-    script, num_steps, num_skipped = write_slurm_script(spec, tmp_path)
+    script, num_configurations, num_skipped = write_slurm_script(spec, tmp_path)
     text = script.read_text()
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     # 7B and 14B under 1F1B and ZB (direct) in all 5 scenarios, Adaptra while fault-free;
     # the delegated path, and TP for 30B/60B, are not on the torchrun path yet: listed as
     # skipped, the 80 configurations' rest.
-    assert num_steps == 2 * (2 * 5 + 1)
-    assert num_skipped == 4 * 4 * 5 - num_steps
-    assert text.count("\nrun_step ") == num_steps
+    assert num_configurations == 2 * (2 * 5 + 1)
+    assert num_skipped == 4 * 4 * 5 - num_configurations
+    assert text.count("\nrun_step ") == num_configurations
     assert text.count("\n# skipped ") == num_skipped
     assert "#SBATCH --nodes=1" in text and "#SBATCH --gpus-per-node=8" in text
     assert "# skipped gpt2-30b/1f1b/fault-free: TP 2" in text
@@ -35,6 +36,35 @@ def test_a_preset_becomes_one_srun_step_per_runnable_configuration(tmp_path: Pat
     profile = Profile.from_file(step / "profile.json")
     assert profile.delay_ms[6] == 60.0 and profile.num_stages == 8
     assert json.loads((step / "schedule.json").read_text())["stages"]
+
+
+def test_each_repeat_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path: Path) -> None:
+    spec = ExperimentSpec(
+        name="r",
+        models=("tiny",),
+        profile=Profile.uniform(2, 2, 1, 1, 1),
+        systems=("1f1b",),
+        num_iterations=4,
+        num_warmup_iterations=2,
+        num_repeats=3,
+    )
+    script, num_configurations, _ = write_slurm_script(spec, tmp_path)
+    assert num_configurations == 1
+    steps = [
+        shlex.split(line)
+        for line in script.read_text().splitlines()
+        if line.startswith("run_step ")
+    ]
+    config = tmp_path / "tiny_1f1b_fault-free"
+    assert [step[3:5] for step in steps] == [
+        [f"tiny_1f1b_fault-free-{k}", str(config / f"repeat-{k}")] for k in range(3)
+    ]
+    for step in steps:  # one plan, read by every repeat; warm-ups apart from the measured
+        args = step[5:]
+        assert args[args.index("--profile") + 1] == str(config / "profile.json")
+        assert args[args.index("--warmup-iterations") + 1] == "2"
+        assert args[args.index("--iterations") + 1] == "4"
+        assert args[args.index("--out") + 1] == step[4]
 
 
 def test_nothing_runnable_is_an_error(tmp_path: Path) -> None:
@@ -54,7 +84,7 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         profile=Profile.uniform(2, 2, 1, 1, 1),
         systems=("1f1b",),
         num_iterations=2,
-        num_warmup_iterations=0,
+        num_warmup_iterations=1,
         backend=backend,
     )
     with socket.socket() as sock:
@@ -80,9 +110,12 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
     step = tmp_path / "job" / "tiny_1f1b_fault-free"
     timeline = Timeline.from_dict(json.loads((step / "timeline.json").read_text()))
     assert len(timeline.iterations) == 2 and len(timeline.ops) == 2 * 2 * 2 * 2
+    # The warm-up ran first, unreported: the measured iterations start after it.
+    assert [r.iteration for r in timeline.iterations] == [0, 1]
+    assert timeline.iterations[0].start_ms > 0 and {op.iteration for op in timeline.ops} == {0, 1}
     if backend == "megatron":
         losses = json.loads((step / "losses.json").read_text())
-        assert len(losses) == 2 and losses[1] < losses[0]  # it trains
+        assert len(losses) == 3 and losses[2] < losses[1] < losses[0]  # the warm-up trains too
         assert len((step / "params_sha256.txt").read_text().strip()) == 64
     else:
         assert not (step / "losses.json").exists()

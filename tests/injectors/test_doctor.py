@@ -45,6 +45,24 @@ def test_every_missing_feature_says_what_it_means() -> None:
         assert check.ok == (check.consequence == ""), check
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel is probed only as root")
+def test_per_link_faults_need_namespaces_even_with_a_tap_device() -> None:
+    """Root without CAP_NET_ADMIN (a container) cannot make namespaces: neither netem nor the
+    userspace wire has a testbed to live in, whatever /dev/net/tun says."""
+    every_module = {"netem": (True, "ok"), "htb": (True, "ok"), "u32": (True, "ok")}
+    denied = {"namespaces": (False, "Operation not permitted"), **every_module}
+    per_link = {c.name: c for c in run_checks(probe_kernel=lambda: denied)}["per-link faults"]
+    assert (per_link.ok, per_link.detail, per_link.consequence) == (
+        False,
+        "no namespaces: Operation not permitted",
+        "no network testbed",
+    )
+    allowed = {"namespaces": (True, "ok"), **every_module}
+    per_link = {c.name: c for c in run_checks(probe_kernel=lambda: allowed)}["per-link faults"]
+    if os.environ.get("ADAPTRA_BENCH_NETEM") != "0":
+        assert (per_link.ok, per_link.detail) == (True, "kernel netem")
+
+
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
     """Caps are htb classes fed by u32 filters and random loss is netem's or the wire's:
     neither tbf nor iptables is used anywhere, so the doctor does not ask for them."""
