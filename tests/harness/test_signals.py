@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from injectors.ownership import OwnerRecord
+
 
 def _descendants(pid: int) -> set[int]:
     found: set[int] = set()
@@ -95,6 +97,11 @@ def _namespaces() -> set[str]:
     return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
 
 
+def _owned_by(pid: int) -> set[str]:
+    """The namespaces whose testbed's owner record names process `pid`."""
+    return {n for r in OwnerRecord.read_all() if r.pid == pid for n in r.namespaces}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/proc/self/task").exists(), reason="namespaces need root"
@@ -104,7 +111,6 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
     profile.write_text(
         json.dumps({"stages": 2, "microbatches": 2, "t_f": 5, "t_b": 5, "t_w": 5, "delay_ms": [5]})
     )
-    before = _namespaces()
     command = [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--inject"]
     command += ["network", "--profile", str(profile), "--policy", "1f1b"]
     command += ["--iterations", "100000"]
@@ -113,7 +119,7 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
         deadline = time.monotonic() + 120
         made: set[str] = set()
         while time.monotonic() < deadline and run.poll() is None:
-            made = {n for n in _namespaces() - before if n.startswith("adb-")}
+            made = _owned_by(run.pid) & _namespaces()  # not another test's testbed
             if len(made) == 3 and len(_descendants(run.pid)) >= 4:  # switch + 2 hosts, workers
                 break
             time.sleep(0.2)
@@ -127,4 +133,4 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
             run.wait()
     assert run.returncode == 128 + signal.SIGHUP
     assert err.strip().splitlines() == ["terminated (SIGHUP)"]
-    assert not made & _namespaces()
+    assert not made & _namespaces() and not _owned_by(run.pid)  # and its record is gone

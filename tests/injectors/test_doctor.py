@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -90,4 +91,9 @@ def test_the_real_probe_leaves_no_namespace_behind() -> None:
     per_link = "kernel netem" if found["netem"]["ok"] else "userspace delay wire (no sch_netem)"
     if os.environ.get("ADAPTRA_BENCH_NETEM") != "0":
         assert found["per-link faults"]["detail"] == per_link
-    assert _namespaces() == before
+    # A probe of another process (a testbed's choice of netem, a test beside this one) may
+    # hold a namespace of the same prefix for a moment; one the doctor left stays forever.
+    deadline = time.monotonic() + 30
+    while (_namespaces() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _namespaces() - before
