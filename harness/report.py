@@ -177,13 +177,19 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         + ".",
         "",
         *_headline(runs),
-        "| model | system | comm | controller | scenario | median step (ms) | median iteration "
-        "(ms) | samples/s | bubble ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    repeated = spec.num_repeats > 1  # a row per repeat, told apart by their number
+    columns = ["model", "system", "comm", "controller", "scenario", *(["repeat"] * repeated)]
+    lines += [
+        "| "
+        + " | ".join(columns)
+        + " | median step (ms) | median iteration (ms) | samples/s | bubble ratio |",
+        "|---" * (len(columns) + 4) + "|",
     ]
     lines += [
-        f"| {r['model']} | {r['system']} | {r['comm']} | {r['controller']} | {r['scenario']} | "
-        f"{float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
+        "| "
+        + " | ".join(str(r[c]) for c in columns)
+        + f" | {float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
         f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} |"
         for r in runs
     ]

@@ -1,6 +1,7 @@
 """report.md says what a reader needs first: the headline, how each system ran, what the
 columns mean, and which seed and revision made it; its Gantt charts share one time axis."""
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,17 @@ def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
     points = [tuple(xy) for line in ax.lines for xy in line.get_xydata()]
     assert points == [(0.0, 50.0), (10.0, 100.0)]
     assert ax.get_ylabel() == "median step (ms)"
+
+
+def test_a_repeated_experiment_s_table_has_a_row_per_repeat_told_apart(tmp_path: Path) -> None:
+    spec = dataclasses.replace(
+        default_experiment(), systems=("1f1b",), delays_ms=(0.0,), num_repeats=2
+    )
+    report = (run_experiment(spec, tmp_path / "r") / "report.md").read_text()
+    assert "| model | system | comm | controller | scenario | repeat | median step (ms) |" in report
+    for repeat in (0, 1):
+        assert f"| fig4-uniform-10ms | 1f1b | direct | fixed | fault-free | {repeat} | 450.0 |" in (
+            report
+        )
+    once = dataclasses.replace(spec, num_repeats=1)
+    assert "| repeat |" not in (run_experiment(once, tmp_path / "o") / "report.md").read_text()
