@@ -149,6 +149,24 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The fault timeline's plot draws iterations only: a checkpoint restart (its time is no
+    iteration's) is named under it, with the table's samples/s that count it."""
+    restarts = [
+        f"{r['model']} {r['system']} {int(float(r['restarts']))}"
+        + (f" (repeat {r['repeat']})" if str(r["repeat"]) != "0" else "")
+        for r in runs
+        if _traced(r) and float(r["restarts"] or 0) > 0
+    ]
+    caption = "throughput over the fault timeline"
+    if restarts:
+        caption += (
+            "; checkpoint restarts, not drawn (their time is in the table's samples/s): "
+            + ", ".join(restarts)
+        )
+    return caption
+
+
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
     figures: list[tuple[str, str]] = []
     static = [r for r in runs if not _traced(r)]
@@ -162,7 +180,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     if traced:
         samples = {target.label: target.samples_per_iteration for target in spec.targets()}
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
-        figures.append(("throughput over the fault timeline", "throughput_over_time.png"))
+        figures.append((_throughput_caption(runs), "throughput_over_time.png"))
     gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
     figures += gantt
     recorded = read_spec_record(run_dir)

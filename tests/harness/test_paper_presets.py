@@ -139,3 +139,10 @@ def test_table3_trace_adaptra_keeps_throughput(tmp_path: Path) -> None:
     assert zb_ms <= adaptra_ms <= 1.02 * zb_ms
     png = run_dir / "throughput_over_time.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The plot draws iterations: the restarts, whose time is no iteration's, are named under it.
+    model = runs["zb"]["model"]
+    assert (
+        "![throughput over the fault timeline; checkpoint restarts, not drawn (their time is in "
+        f"the table's samples/s): {model} 1f1b 1, {model} zb 1, {model} adaptra 1]"
+        "(throughput_over_time.png)"
+    ) in (run_dir / "report.md").read_text()
