@@ -59,6 +59,13 @@ __all__ = ["cleanup", "doctor", "launch"]
     help="Write a Slurm script (OUT/run.sbatch) running this experiment spec instead.",
 )
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--job-time",
+    default="01:00:00",
+    show_default=True,
+    help="The Slurm job's time limit (with --spec), as sbatch --time takes it: "
+    "[DAYS-]HH:MM:SS, MM:SS or minutes.",
+)
 def launch(
     profile_path: str | None,
     policy: str | None,
@@ -73,6 +80,7 @@ def launch(
     run_here: bool,
     spec_path: str | None,
     gpus_per_node: int,
+    job_time: str,
 ) -> None:
     """Print the torchrun command for every node (emulated compute), or run it here; with
     --spec, write a Slurm batch script for every configuration of an experiment. This path
@@ -84,14 +92,15 @@ def launch(
         from harness.spec import load_spec
 
         refuse_options(
-            given_options() - {"spec_path", "out", "gpus_per_node", "master_port"},
+            given_options() - {"spec_path", "out", "gpus_per_node", "master_port", "job_time"},
             "--spec takes the configurations, their iterations and sizes from the spec (the "
-            "script takes --out, --gpus-per-node and --master-port)",
+            "script takes --out, --gpus-per-node, --master-port and --job-time)",
         )
         script = write_slurm_script(
             load_spec(Path(spec_path)),
             Path(out),
             gpus_per_node=gpus_per_node,
+            time_limit=job_time,
             master_port=master_port,
         )
         skipped = f"; {script.num_skipped} skipped, listed in it" if script.num_skipped else ""
@@ -103,7 +112,7 @@ def launch(
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
     refuse_options(
-        given_options() & {"gpus_per_node"}, "it sizes a Slurm script's nodes (with --spec)"
+        given_options() & {"gpus_per_node", "job_time"}, "it is the Slurm script's (with --spec)"
     )
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if replicas is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -21,6 +22,9 @@ from pipeline.files import write_atomic
 from pipeline.simulator import CommMode
 
 __all__ = ["SlurmScript", "write_slurm_script"]
+
+SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+"""sbatch --time's forms: minutes, MM:SS, HH:MM:SS, DAYS-HH, DAYS-HH:MM, DAYS-HH:MM:SS."""
 
 
 class SlurmScript(NamedTuple):
@@ -44,6 +48,11 @@ def write_slurm_script(
     skipped, with why."""
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
+    if not SLURM_TIME.fullmatch(time_limit):
+        raise ConfigError(
+            f"job time {time_limit!r} is not one sbatch --time takes: "
+            "[DAYS-]HH:MM:SS, DAYS-HH[:MM], MM:SS or minutes"
+        )
     if spec.injection != "hook":
         raise ConfigError(
             f"injection {spec.injection!r}: the cluster script injects nothing in the network "

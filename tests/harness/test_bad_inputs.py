@@ -556,7 +556,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "launch profile with gpus per node",
         P,
         [*LAUNCH_P, "--gpus-per-node", "4"],
-        "--gpus-per-node: it sizes a Slurm script's nodes",
+        "--gpus-per-node: it is the Slurm script's (with --spec)",
+    ),
+    (
+        "launch profile with job time",
+        P,
+        [*LAUNCH_P, "--job-time", "02:00:00"],
+        "--job-time: it is the Slurm script's (with --spec)",
+    ),
+    (
+        "launch spec bad job time",
+        {"s.yaml": spec()},
+        ["launch", "--spec", "s.yaml", "--out", "job", "--job-time", "2h"],
+        "job time '2h' is not one sbatch --time takes",
     ),
     (
         "launch spec syntax",

@@ -259,3 +259,15 @@ def test_the_spec_s_timeout_reaches_the_workers_and_network_injection_is_refused
     networked = ExperimentSpec(**fields, systems=("1f1b",), backend="emulated", injection="network")
     with pytest.raises(ConfigError, match="injection 'network': the cluster script injects"):
         write_slurm_script(networked, tmp_path / "other")
+
+
+def test_the_job_time_reaches_the_script_in_a_form_sbatch_takes(tmp_path: Path) -> None:
+    spec = ExperimentSpec(
+        name="t", models=("tiny",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
+    )
+    for job_time in ("30", "1-12", "2-00:30:00", "04:00:00"):
+        script, _, _ = write_slurm_script(spec, tmp_path / job_time, time_limit=job_time)
+        assert f"\n#SBATCH --time={job_time}\n" in script.read_text()
+    for bad in ("1h", "01:00:00\nrm -rf /", "", "1:2:3:4"):
+        with pytest.raises(ConfigError, match="not one sbatch --time takes"):
+            write_slurm_script(spec, tmp_path / "bad", time_limit=bad)
