@@ -1,5 +1,8 @@
 import json
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +35,12 @@ def fig4_fixture() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def fig4_path() -> Path:
     return ASSETS / "fig4_zb_order.json"
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder of a short path for a child's TMPDIR: the worker fork server's socket lives
+    under it, and a socket's path has 108 bytes at most (tmp_path may be longer with xdist)."""
+    folder = Path(tempfile.mkdtemp(prefix="adb-t-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from pipeline.errors import LinkFailure
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
@@ -125,5 +126,13 @@ def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
     process = worker_context().Process(  # type: ignore[attr-defined]
         target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
     )
-    process.start()
+    try:
+        process.start()
+    except OSError as err:  # the fork server's socket lives under the temporary folder
+        if "AF_UNIX path too long" not in str(err):
+            raise
+        raise ConfigError(
+            f"the temporary folder {tempfile.gettempdir()} has too long a path for the "
+            "worker fork server's socket (108 bytes in all): set TMPDIR to a shorter one"
+        ) from err
     return process

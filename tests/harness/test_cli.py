@@ -564,3 +564,22 @@ def test_a_delay_past_the_worker_timeout_is_refused_up_front(tmp_path: Path) -> 
     late = cli(*timeline, "--faults", str(faults), "--timeout", "1")
     assert late.returncode == 1
     assert "a delay of 1200 ms is not shorter than the workers' 1 s timeout" in late.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_temporary_folder_too_deep_for_the_fork_server_s_socket_is_one_clear_line(
+    tmp_path: Path,
+) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    profile = write_profile(tmp_path, stages=2, microbatches=2)
+    out = cli(
+        "run", "--backend", "emulated", "--profile", str(profile), "--policy", "1f1b",
+        "--iterations", "1", env={"TMPDIR": str(deep)},
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        f"error: the temporary folder {deep} has too long a path for the worker fork server's "
+        "socket (108 bytes in all): set TMPDIR to a shorter one"
+    ]
+    assert list(deep.iterdir()) == []  # nothing left behind

@@ -49,12 +49,11 @@ def _alive(pid: int) -> bool:
     ],
 )
 def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
-    tmp_path: Path, signum: int, line: str
+    tmp_path: Path, short_tmp: Path, signum: int, line: str
 ) -> None:
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"stages": 4, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    scratch = short_tmp
     command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
     command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
     run = subprocess.Popen(
