@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -79,10 +80,13 @@ class Ring:
         iteration: int,
         timeout_s: float,
         device: torch.device,
+        on_chunk: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_chunk`: called as each chunk from the ring predecessor is taken in."""
         num_replicas = topology.num_replicas
         stage, replica = position.stage, position.replica
         self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
+        self._on_chunk = on_chunk
         self._num_replicas, self._layout = num_replicas, layout
         self._replica = replica
         self._sizes: tuple[int, ...] = ()
@@ -241,3 +245,4 @@ class Ring:
                 arrival.copy_in_s,
             )
         )
+        self._on_chunk()

@@ -38,7 +38,7 @@ from pipeline.runtime.remote_error import (
     worker_error,
 )
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
-from pipeline.runtime.worker import worker_main
+from pipeline.runtime.worker import PROGRESS, worker_main
 from pipeline.signals import held_signals
 from pipeline.timeline import (
     FailoverRecord,
@@ -229,9 +229,12 @@ class WorkerPool:
 
     def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
-        error or timeout is a WorkerError. By default the wait is the workers' longest for one
-        message (a receiver thread's backstop, `BACKSTOP` x the pool's timeout) plus 5 s:
-        workers give up first and say what waited, so their word comes first."""
+        error or timeout is a WorkerError. The wait is for a time without word from the
+        ranks waited for: an answer, or their `PROGRESS` (an iteration's op or ring chunk
+        done) restarts it, so a long healthy iteration is no timeout. By default it is the
+        workers' longest for one message (a receiver thread's backstop, `BACKSTOP` x the
+        pool's timeout) plus 5 s: workers give up first and say what waited, so their word
+        comes first."""
         answers: dict[int, object] = {}
         why = ""
         if limit_s is None:
@@ -249,8 +252,9 @@ class WorkerPool:
             if not ready:
                 self._fail(
                     WorkerTimeout(
-                        f"no answer from rank(s) {waiting} within {limit_s:g} s during {what}"
-                        f"{why}: neither {owed} nor an error came from them, and they did not exit",
+                        f"no word from rank(s) {waiting} for {limit_s:g} s during {what}"
+                        f"{why}: neither {owed}, progress nor an error came from them, and they "
+                        "did not exit",
                         rank=waiting[0] if len(waiting) == 1 else None,
                     ),
                     what,
@@ -265,6 +269,9 @@ class WorkerPool:
                         what,
                     )
                 status, payload = answer
+                if status == PROGRESS:  # on its way: the wait starts again
+                    deadline = time.monotonic() + limit_s
+                    continue
                 if status == "error":
                     error = (
                         worker_error(payload)

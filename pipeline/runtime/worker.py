@@ -18,7 +18,7 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
@@ -59,7 +59,18 @@ from pipeline.runtime.transport import (
 )
 from pipeline.topology import Position, Topology, link_name
 
-__all__ = ["SWITCH_INTERVAL_S", "configure_threads", "join", "worker_main"]
+__all__ = [
+    "PROGRESS",
+    "PROGRESS_INTERVAL_S",
+    "SWITCH_INTERVAL_S",
+    "Progress",
+    "configure_threads",
+    "join",
+    "worker_main",
+]
+
+PROGRESS = "progress"
+"""The status of a worker's word to the pool that is no answer: its iteration moves on."""
 
 SWITCH_INTERVAL_S = 0.0005
 """A worker's GIL switch interval (Python's default: 5 ms). A receiver thread that must stamp
@@ -123,6 +134,27 @@ class _Records:
                 self.sends[i] = (*send[:7], w.wire_start_s, w.carrier_pid)
 
 
+PROGRESS_INTERVAL_S = 1.0
+"""How often at most a worker tells the pool that its iteration moves on (`Progress`)."""
+
+
+class Progress:
+    """Tells the pool, at most every PROGRESS_INTERVAL_S, that this worker's iteration moves
+    on (an op or a ring chunk done): the pool's wait for an answer then bounds a time
+    without progress, not the iteration, which may be long and healthy."""
+
+    def __init__(self, report: Callable[[], None] | None = None) -> None:
+        self._report, self._next_s = report, 0.0
+
+    def tick(self) -> None:
+        if self._report is None:
+            return
+        now = time.monotonic()
+        if now >= self._next_s:
+            self._next_s = now + PROGRESS_INTERVAL_S
+            self._report()
+
+
 class _Worker:
     def __init__(
         self,
@@ -154,6 +186,8 @@ class _Worker:
         self._place(topology)
         self.current_op: str | None = None
         """The op running ("F3"), None outside ops: where a failure happened."""
+        self.progress = Progress()
+        """Set by the pool's worker (`worker_main`); the torchrun path has no pool to tell."""
 
     def _place(self, topology: Topology) -> None:
         """Play this worker's position under `topology`; neighbours are the workers playing
@@ -216,6 +250,7 @@ class _Worker:
             config.iteration,
             self.timeout_s,
             self.compute.device,
+            self.progress.tick,
         )
         try:
             ring.post()
@@ -483,6 +518,7 @@ class _Worker:
             start = time.monotonic()
             output = self.compute.run(op.kind, op.microbatch, inputs, config.profile)
             records.ops.append((op.kind.value, op.microbatch, start, time.monotonic()))
+            self.progress.tick()
             target = self.down if msg_kind == ACTIVATION else self.up
             if output is None or msg_kind is None or target is None:
                 continue
@@ -703,6 +739,7 @@ def worker_main(
 
 
 def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
+    worker.progress = Progress(lambda: conn.send((PROGRESS, None)))
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
     conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
     while True:

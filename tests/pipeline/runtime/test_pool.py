@@ -471,13 +471,25 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> N
         with pytest.raises(WorkerTimeout) as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     assert str(info.value) == (
-        "no answer from rank(s) [0] within 6 s during iteration 0 (2 x the workers' 0.5 s "
-        "wait for one message, plus 5 s): neither records nor an error came from them, and "
-        "they did not exit"
+        "no word from rank(s) [0] for 6 s during iteration 0 (2 x the workers' 0.5 s "
+        "wait for one message, plus 5 s): neither records, progress nor an error came from "
+        "them, and they did not exit"
     )
     assert info.value.rank == 0 and info.value.remote is None
     assert pool.exit_codes == [-signal.SIGTERM]  # inside its op, it could not hear the ask
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_a_long_healthy_iteration_is_no_timeout() -> None:
+    """The pool's wait bounds a time without word from the workers, not the iteration: with
+    a 0.5 s timeout (the pool's wait 6 s), an iteration of 1F1B over 2 stages x 80
+    microbatches of 30 ms ops lasts about 7.3 s, and no message waits near 0.5 s."""
+    profile = Profile.uniform(2, 80, 30, 30, 30, message_bytes=1024)
+    with WorkerPool(2, timeout_s=0.5) as pool:
+        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    (iteration,) = timeline.iterations
+    assert iteration.end_ms - iteration.start_ms > 6000.0  # longer than the pool's wait
+    assert len(timeline.ops) == 2 * 2 * 80
 
 
 def test_a_clean_close_ends_every_worker_by_itself(
