@@ -363,8 +363,8 @@ def run_sender(
             _wait_for_the_end(control)
             raise ConnectionError("no data-plane NIC reaches the receiver")
         first_seq = again[0].seq if again else -1
-        iteration = retained[-1].iteration if retained else -1
-        _note(notify, FAILOVER, iteration, cause, first_seq, left, link.active, noticed_s,
+        # (no iteration: the trainer notes a move as the iteration it learns of it in)
+        _note(notify, FAILOVER, 0, cause, first_seq, left, link.active, noticed_s,
               time.monotonic(), pid)  # fmt: skip
 
     selector = selectors.DefaultSelector()

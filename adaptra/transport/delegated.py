@@ -337,18 +337,20 @@ class _Outbound(_Side):
             delegate = self.delegate_of(seq)
             kind = FAILOVER
             while kind == FAILOVER:
-                kind, it, microbatch, got, _, _, t1, _, pid = self._take_note(delegate, deadline)
+                note = self._take_note(delegate, iteration, deadline)
+                kind, it, microbatch, got, _, _, t1, _, pid = note
             if kind != SENT or it != iteration or got != seq:
                 raise ConnectionError(f"the {delegate.name} acked {got} of {it}, not {seq}")
             records.append(WireRecord(self.direction, microbatch, t1, pid))
         self.pending.clear()
-        self._move_the_others(deadline)
+        self._move_the_others(iteration, deadline)
         return records
 
-    def _take_note(self, delegate: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
-        """A delegate's next note; a failover is noted, a failure over every NIC raised."""
+    def _take_note(self, delegate: _Process, iteration: int, deadline: float) -> tuple:  # type: ignore[type-arg]
+        """A delegate's next note, read in `iteration`; a failover is noted as that
+        iteration's, a failure over every NIC raised."""
         note = _read_note(delegate, deadline)
-        kind, it, cause, first_seq, left, took, t1, t2, pid = note
+        kind, _, cause, first_seq, left, took, t1, t2, pid = note
         if kind == FAILED:
             raise LinkFailure(
                 f"the {delegate} could not reach its receiver over any NIC: link "
@@ -356,12 +358,14 @@ class _Outbound(_Side):
             )
         if kind == FAILOVER:
             self.failovers.append(
-                Failover(self.direction, it, CAUSES[cause], left, took, t1, t2, first_seq, pid)
+                Failover(
+                    self.direction, iteration, CAUSES[cause], left, took, t1, t2, first_seq, pid
+                )
             )
             self.nic_of[delegate.index] = took
         return note
 
-    def _move_the_others(self, deadline: float) -> None:
+    def _move_the_others(self, iteration: int, deadline: float) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
         message: the same route, whose failure each would otherwise notice on its own (by
         TCP's timeout, once per delegate). Their moves are waited for, so that they are this
@@ -373,12 +377,12 @@ class _Outbound(_Side):
             mask = 1 << self.nic_of[delegate.index]
             delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
         for delegate in moving:  # one that had moved on its own already noted that move
-            if self._take_note(delegate, deadline)[0] != FAILOVER:
+            if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
                 raise ConnectionError(f"the {delegate.name} was told to move and did not")
         for delegate in self.delegates:  # the moves of those with no message to wait for
             delegate.read_written()
             while len(delegate.unread) >= NOTE.size:
-                if self._take_note(delegate, deadline)[0] != FAILOVER:
+                if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
                     raise ConnectionError(f"the {delegate.name} noted what it did not carry")
 
 

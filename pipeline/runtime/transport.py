@@ -169,7 +169,8 @@ class Failover(NamedTuple):
 
     direction: LinkDirection
     iteration: int
-    """The iteration whose messages it was carrying (-1: before any)."""
+    """The iteration its trainer learnt of it in, whose records hold it (a sibling's move, or
+    one between iterations, also carried none of that iteration's messages)."""
     cause: str
     """What noticed the failure: "link state" (netlink: its own NIC went down), "notice"
     (its receiver's netlink, over the management plane: the far NIC), "timeout" (its

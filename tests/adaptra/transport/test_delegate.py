@@ -198,6 +198,47 @@ def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -
         shutil.rmtree(folder)
 
 
+def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
+    """Three sender delegates; iteration 0 carries seqs 0-2, iteration 1 seqs 0-1 with the
+    route down for seq 1. Delegate 2 carried nothing in iteration 1, and its trainer moves
+    it then: every move is iteration 1's, the records that hold it (it was iteration 0's,
+    the last its delegate had carried)."""
+    direction = LinkDirection("0-1", "forward")
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    sides: list[_Inbound | _Outbound] = []
+    try:
+        inbound = _Inbound(direction, 0, 3, ["127.0.0.1,127.0.0.2", "", ","], folder)
+        sides.append(inbound)
+        ports = inbound.ports(30)
+        args = ["2000", "127.0.0.1,127.0.0.2", "127.0.0.1,127.0.0.2", ",", ""]
+        outbound = _Outbound(direction, 1, ports, args, folder)
+        sides.append(outbound)
+        deadline = time.monotonic() + 30
+        for process in (*inbound.delegates, *outbound.delegates):
+            assert _read_note(process, deadline)[0] == READY
+        for iteration, num_messages in ((0, 3), (1, 2)):
+            for side in sides:
+                side.begin(num_messages, 8)
+            for seq in range(num_messages):
+                payload = torch.full((8,), seq, dtype=torch.uint8)
+                message = Message(iteration, ACTIVATION, seq, seq)
+                down = (iteration, seq) == (1, 1)
+                outbound.send(message, payload, fault_ms=0.0, route_down=down)
+            records = outbound.finish(iteration, 30)
+            assert sorted(r.microbatch for r in records) == list(range(num_messages))
+            for seq in range(num_messages):  # the receiver's side takes them in
+                buffer = torch.empty(8, dtype=torch.uint8)
+                inbound.take(Message(iteration, ACTIVATION, seq, seq), buffer, 30)
+                assert buffer.tolist() == [seq] * 8
+        moves = sorted((f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers)
+        assert moves == [("fault hook", 0, 1, 1), ("sibling", 0, 1, 1), ("sibling", 0, 1, 1)]
+        assert outbound.nic_of == [1, 1, 1]
+    finally:
+        for side in sides:
+            side.close()
+        shutil.rmtree(folder)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_slot_file_a_full_tmpfs_cannot_hold_is_refused_not_a_bus_error_later() -> None:
     """A slot file was sized, not allocated: writing a slot a full tmpfs could not back was

@@ -307,9 +307,10 @@ def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
     assert (result.restarts, result.lost_iterations) == (0, 0)
     timeline = result.timeline
     assert timeline is not None
-    # (a delegate that heard netlink before its first message of run iteration 2 names the
-    # iteration of its last message)
-    assert {f.iteration for f in timeline.failovers} <= {1, 2}
+    # A move is the iteration's its trainer learns of it in: the fault's (run iteration 2),
+    # or the next where a delegate (one with nothing to carry) heard netlink after its
+    # trainer's last look (load can delay it).
+    assert {f.iteration for f in timeline.failovers} <= {2, 3}
     after = [m for m in timeline.messages if m.iteration >= 3]  # all on rnic1
     assert len(after) == 2 * 4 and all(m.fault_ms == 0.0 for m in after)  # the workers: none
     assert min(m.arrival_ms - m.wire_start_ms for m in after) >= 20.0
