@@ -133,6 +133,8 @@ class RankResult:
     step_start: float
     step_end: float
     bytes_sent: int
+    """What this rank sent over gloo (the direct transport: messages, DP chunks, state moves,
+    tied sums). Delegated messages are not in it: their bytes are in `sends`."""
     step_output: StepOutput = StepOutput()
     failovers: list[Failover] = dataclasses.field(default_factory=list)
     """Its sender delegates' moves to another NIC (delegated)."""

@@ -118,6 +118,7 @@ class WorkerPool:
         self.devices: list[RankDevices] = []
         """Each rank's devices and process-group backend, as it chose them at start-up."""
         self.bytes_sent = 0
+        """What the workers sent over gloo so far (`RankResult.bytes_sent`)."""
         self.last_results: list[RankResult] = []
         """Every rank's records of the latest iteration, in rank order."""
         self.exit_codes: list[int | None] = []
