@@ -182,6 +182,19 @@ class ExperimentSpec:
         check_run_name(self.name, "spec name")  # the run directory's default name
         if self.faults is not None:
             check_label(Path(self.faults).stem, "fault timeline file name")
+            ignored = [
+                name
+                for name, value, default in (
+                    ("link_sets", self.link_sets, _DEFAULT_LINK_SETS),
+                    ("delays_ms", self.delays_ms, (0.0,)),
+                )
+                if value != default
+            ]
+            if ignored:
+                raise ConfigError(
+                    f"faults with {' and '.join(ignored)}: a fault timeline replaces the link "
+                    "sets x delays scenarios (give one or the other)"
+                )
             if self.faults_text is None:
                 object.__setattr__(self, "faults_text", read_text(self.faults, "fault timeline"))
         elif self.faults_text is not None:

@@ -256,6 +256,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # fault timelines
     ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),
     (
+        "spec faults with delays",
+        {"s.yaml": spec(faults="f.yaml", delays_ms=[0, 10], links=["1-2"]), "f.yaml": row()},
+        RUN_SPEC,
+        "faults with link_sets and delays_ms: a fault timeline replaces the link sets x delays",
+    ),
+    (
         "faults empty yaml",
         {**P, "f.yaml": ""},
         [*RUN_P, "--faults", "f.yaml"],
