@@ -44,12 +44,21 @@ __all__ = ["cleanup", "doctor", "launch"]
     help="Address of node 0 (needed with --nodes > 1; one node: 127.0.0.1).",
 )
 @click.option("--master-port", type=click.IntRange(1, 65535), default=29500)
-@click.option("--iterations", type=click.IntRange(min=1), default=3)
+@click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--warmup-iterations",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Iterations run first and left out of the timeline (start-up is in the first).",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False),
     default="results/launch",
-    help="Where the profile, schedule and (with --run) timeline.json go.",
+    show_default=True,
+    help="Where the profile, schedule and (with --run) timeline.json go; every node reads the "
+    "first two there.",
 )
 @click.option("--run", "run_here", is_flag=True, help="Run it on this host (one node only).")
 @click.option(
@@ -76,6 +85,7 @@ def launch(
     master_addr: str | None,
     master_port: int,
     iterations: int,
+    warmup_iterations: int,
     out: str,
     run_here: bool,
     spec_path: str | None,
@@ -126,7 +136,7 @@ def launch(
         raise ConfigError("--master-addr is empty: give the address of node 0")
     if master_addr is None and nodes > 1:
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
-    out_dir = Path(out)
+    out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))
     write_atomic(out_dir / "schedule.json", json.dumps(planned.schedule.to_dict()))
@@ -135,6 +145,8 @@ def launch(
         str(out_dir / "profile.json"),
         "--schedule",
         str(out_dir / "schedule.json"),
+        "--warmup-iterations",
+        str(warmup_iterations),
         "--iterations",
         str(iterations),
         "--out",
@@ -151,6 +163,11 @@ def launch(
     if not run_here:
         for command in commands:
             click.echo(command)
+        click.echo(
+            f"(wrote the profile and schedule they read to {out_dir}: every node needs them "
+            "at that path)",
+            err=True,
+        )
         return
     argv = shlex.split(commands[0])
     if master_addr in (None, "127.0.0.1", "localhost", "::1"):

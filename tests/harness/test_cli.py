@@ -334,15 +334,23 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
         "--master-addr",
         "10.1.2.3",
         "--out",
-        str(tmp_path / "launch"),
+        "launch",  # relative to where it runs: the commands name it whole, for every node
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     commands = out.stdout.strip().splitlines()
     assert len(commands) == 2
+    folder = (tmp_path / "launch").resolve()
     for node_rank, command in enumerate(commands):
         assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=2" in command
         assert f"--node-rank={node_rank} --master-addr=10.1.2.3" in command
         assert "-m pipeline.runtime.torchrun" in command
+        assert f"--profile {folder / 'profile.json'} " in command
+        assert "--warmup-iterations 1 --iterations 3" in command
+    assert out.stderr.strip() == (
+        f"(wrote the profile and schedule they read to {folder}: every node needs them at "
+        "that path)"
+    )
     saved = json.loads((tmp_path / "launch" / "schedule.json").read_text())
     assert len(saved["stages"]) == 4
     uneven = cli(
