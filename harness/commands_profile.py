@@ -88,14 +88,15 @@ def profile(
 )
 @click.option(
     "--stages",
-    type=click.IntRange(min=2),
+    type=click.IntRange(min=2, max=16),
     default=4,
     show_default=True,
-    help="Workers passing messages: as many as the runs to predict.",
+    help="Workers passing messages: as many as the runs to predict (each a process with its "
+    "delegates' processes).",
 )
 @click.option(
     "--op-ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=click.FloatRange(min=0, max=60_000, min_open=True),
     default=DEFAULT_CALIBRATION_OP_MS,
     show_default=True,
     help="How long the microbenchmarks' ops last: as long as those of the runs to predict.",

@@ -582,6 +582,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["launch", "--spec", "s.yaml", "--out", "job"],
         "not valid YAML",
     ),
+    # calibrate: bounded before any process starts
+    (
+        "calibrate many stages",
+        {},
+        ["calibrate", "--out", "c.json", "--stages", "64"],
+        "64 is not in the range 2<=x<=16",
+    ),
+    (
+        "calibrate long ops",
+        {},
+        ["calibrate", "--out", "c.json", "--op-ms", "1e9"],
+        "is not in the range 0<x<=60000",
+    ),
     # profile (the command)
     (
         "profile too many stages",
