@@ -19,6 +19,7 @@ from harness.runner import BACKENDS, INJECTIONS
 from harness.saved import timeline_name
 from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
+from pipeline.allreduce import check_ring_messages
 from pipeline.checks import check_count, check_ms, is_number
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
@@ -259,6 +260,12 @@ class ExperimentSpec:
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
         for target in targets:
             check_label(target.label, "model name")
+            if self.backend == "sim" and target.profile.has_dp_step:  # before any work
+                check_ring_messages(
+                    target.profile.allreduce_bytes,
+                    target.profile.dp_bucket_bytes,
+                    target.profile.num_replicas,
+                )
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
                     f"model {target.label} comes from the cost model, the paper's cluster's "

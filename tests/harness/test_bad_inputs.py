@@ -256,6 +256,17 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # fault timelines
     ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),
     (
+        "spec ring too large to time",
+        {
+            "s.yaml": json.dumps(
+                {"name": "s", "models": [{"base": "gpt2-7b", "dp": 1000}], "systems": ["1f1b"]}
+            )
+        },
+        RUN_SPEC,
+        "the DP all-reduce is 375,624,000 messages an iteration (4 stages' rings of 1000 "
+        "replicas, 80,000,000-byte buckets): more than the simulator times (4,000,000)",
+    ),
+    (
         "spec faults with delays",
         {"s.yaml": spec(faults="f.yaml", delays_ms=[0, 10], links=["1-2"]), "f.yaml": row()},
         RUN_SPEC,
