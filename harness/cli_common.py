@@ -162,27 +162,34 @@ def emit_json(data: dict[str, Any]) -> None:
 
 
 class IterationProgress:
-    """One line on a terminal's stderr, rewritten as each iteration ends: how many, how long
-    so far, about how long left (at the mean pace so far)."""
+    """One line on a terminal's stderr, rewritten as each iteration ends: which (the
+    warm-ups first, counted apart from the measured ones), how long so far, about how long
+    left (at the mean pace so far)."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.started, self.count = total, time.monotonic(), 0
+    def __init__(self, num_iterations: int, num_warmup_iterations: int = 0) -> None:
+        self.num_iterations, self.num_warmup_iterations = num_iterations, num_warmup_iterations
+        self.started, self.count = time.monotonic(), 0
 
     def step(self) -> None:
         self.count += 1
+        total = self.num_warmup_iterations + self.num_iterations
         elapsed_s = time.monotonic() - self.started
-        left_s = elapsed_s / self.count * max(self.total - self.count, 0)
-        click.echo(
-            f"\riteration {self.count}/{self.total}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ",
-            err=True,
-            nl=False,
-        )
+        left_s = elapsed_s / self.count * max(total - self.count, 0)
+        if self.count <= self.num_warmup_iterations:
+            which = f"warm-up {self.count}/{self.num_warmup_iterations}"
+        else:
+            which = f"iteration {self.count - self.num_warmup_iterations}/{self.num_iterations}"
+        click.echo(f"\r{which}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ", err=True, nl=False)
 
     def done(self) -> None:
         click.echo("", err=True)
 
 
-def terminal_progress(total: int, fmt: str) -> IterationProgress | None:
+def terminal_progress(
+    num_iterations: int, num_warmup_iterations: int, fmt: str
+) -> IterationProgress | None:
     """Progress for a long command when a person watches: text output on a terminal (none
     with --format json or when stderr is a file or a pipe)."""
-    return IterationProgress(total) if fmt == "text" and sys.stderr.isatty() else None
+    if fmt != "text" or not sys.stderr.isatty():
+        return None
+    return IterationProgress(num_iterations, num_warmup_iterations)

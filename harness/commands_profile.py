@@ -51,7 +51,7 @@ def profile(
     num_microbatches = microbatches if microbatches is not None else 2 * stages
     if num_microbatches < stages:
         raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
-    progress = terminal_progress(iterations + 1, fmt)  # measure_profile's one warm-up too
+    progress = terminal_progress(iterations, 1, fmt)  # measure_profile's one warm-up first
     measured = measure_profile(
         model,
         stages,

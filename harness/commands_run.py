@@ -43,7 +43,7 @@ __all__ = ["report", "run"]
     help="A system: its policy, comm and controller (adaptra re-plans where the delays in "
     "force change, over the delegates once one is slow); instead of --policy/--comm.",
 )
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim", show_default=True)
 @click.option(
     "--model",
     help="GPT configuration of --backend megatron (default: tiny): tiny, small, gpt2-124m.",
@@ -66,6 +66,7 @@ __all__ = ["report", "run"]
     "--iterations",
     type=click.IntRange(min=1, max=MAX_ITERATIONS),
     default=5,
+    show_default=True,
     help="Measured iterations.",
 )
 @click.option(
@@ -79,6 +80,7 @@ __all__ = ["report", "run"]
     "--warmup-iterations",
     type=click.IntRange(min=0, max=MAX_ITERATIONS),
     default=1,
+    show_default=True,
     help="Iterations run first and not reported.",
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
@@ -86,6 +88,7 @@ __all__ = ["report", "run"]
     "--out",
     type=click.Path(file_okay=False),
     default="results",
+    show_default=True,
     help="Where the default experiment writes its run directory.",
 )
 @click.option(
@@ -191,7 +194,7 @@ def run(
             profile = with_delegate_count(profile, faults)
         controller = fixed_plan(planned.schedule, profile, comm, planned.policy)
         label = planned.policy
-    progress = terminal_progress(iterations + warmup_iterations, fmt)
+    progress = terminal_progress(iterations, warmup_iterations, fmt)
     result = run_configuration(
         controller,
         backend=backend,

@@ -64,7 +64,14 @@ def schedule(
 
 @click.command()
 @schedule_options
-@click.option("--comm", type=click.Choice([m.value for m in CommMode]), default="ideal")
+@click.option(
+    "--comm",
+    type=click.Choice([m.value for m in CommMode]),
+    default="ideal",
+    show_default=True,
+    help="How messages go: ideal is the paper's model (a link's delay, nothing else); run's "
+    "runtimes go direct or delegated.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @output_file_option("--trace", (".json",), help="Write a Chrome/Perfetto trace (JSON).")
 @output_file_option("--plot", (".png",), help="Write a Gantt chart PNG here.")

@@ -17,10 +17,11 @@ def test_run_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "harness", "run", "--profile", profile, "--policy", "1f1b"]
     args += ["--iterations", "3"]
     piped = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert piped.returncode == 0 and "iteration 1/4" not in piped.stderr
+    assert piped.returncode == 0 and "iteration 1/3" not in piped.stderr
     returncode, text = on_a_terminal(args)
     assert returncode == 0
-    assert all(f"\riteration {k}/4, " in text for k in (1, 2, 3, 4)), text
+    assert "\rwarm-up 1/1, " in text  # the default warm-up, counted apart
+    assert all(f"\riteration {k}/3, " in text for k in (1, 2, 3)), text
 
 
 def test_profile_shows_progress_on_a_terminal(tmp_path: Path) -> None:
@@ -28,7 +29,8 @@ def test_profile_shows_progress_on_a_terminal(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "harness", "profile", "--stages", "2", "--iterations", "2"]
     returncode, text = on_a_terminal([*args, "--out", str(out)])
     assert returncode == 0, text
-    assert all(f"\riteration {k}/3, " in text for k in (1, 2, 3)), text  # with the warm-up
+    assert "\rwarm-up 1/1, " in text and "iteration 3/" not in text  # its warm-up apart
+    assert all(f"\riteration {k}/2, " in text for k in (1, 2)), text
     assert json.loads(out.read_text())["stages"] == 2
 
 
