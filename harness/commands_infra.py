@@ -223,11 +223,18 @@ def doctor(fmt: str) -> None:
 
 @click.command()
 def cleanup() -> None:
-    """Remove the network namespaces of testbeds whose process is gone (a killed run's
-    leftovers); namespaces of live runs are left, and so are namespaces no testbed owns."""
+    """Remove what a killed run left: the network namespaces of testbeds, and the worker
+    pools' folders (in the temporary folder and /dev/shm), whose process is gone. Those of
+    live runs are left, and so are namespaces no testbed owns."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError
+    from pipeline.runtime.scratch import remove_orphaned
 
+    folders = remove_orphaned()
+    click.echo(
+        f"removed {len(folders)} worker pool folder(s)"
+        + (": " + ", ".join(map(str, folders)) if folders else "")
+    )
     report = remove_leftovers(PREFIX)
     click.echo(
         f"removed {len(report.removed)} namespace(s)"

@@ -14,28 +14,17 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.processes import process_start_time
+
 __all__ = [
     "OWNER_DIR",
     "CleanupReport",
     "OwnerRecord",
     "cleanup",
-    "process_start_time",
 ]
 
 OWNER_DIR = Path("/run/adaptra-bench/testbeds")
 """On tmpfs, like the namespaces themselves (/run/netns): both are gone after a reboot."""
-
-
-def process_start_time(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot), or None if it does not run."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may have spaces
-    if fields[0] in ("Z", "X"):  # a zombie has ended; only its exit status is left
-        return None
-    return int(fields[19])  # field 22 of proc(5), counted from field 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,7 +14,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
@@ -37,6 +36,7 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
+from pipeline.runtime.scratch import POOL_PREFIX, SLOTS_PREFIX, make_folder
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
 from pipeline.runtime.worker import PROGRESS, worker_main
 from pipeline.signals import held_signals
@@ -148,16 +148,12 @@ class WorkerPool:
         self._busy = True
         self._placement = self._grid
         try:  # from the first folder on: a signal at any point leaves nothing behind
-            self._tmpdir = tempfile.mkdtemp(prefix="adaptra-pool-")
+            self._tmpdir = make_folder(POOL_PREFIX)
             init_file = str(Path(self._tmpdir) / "rendezvous")
             # The delegates' slot files: in memory where there is /dev/shm, else with the
             # rest; the pool's own, so close() removes them whatever happened to the workers.
             memory = os.path.isdir("/dev/shm") and self.delegates is not None
-            self._slot_dir = (
-                tempfile.mkdtemp(prefix="adaptra-slots-", dir="/dev/shm")
-                if memory
-                else self._tmpdir
-            )
+            self._slot_dir = make_folder(SLOTS_PREFIX, "/dev/shm") if memory else self._tmpdir
             for rank in range(self.num_ranks):
                 parent, child = multiprocessing.get_context("spawn").Pipe()
                 args = (

@@ -733,6 +733,8 @@ def worker_main(
         return
     try:
         _serve(worker, conn, rank)
+    except (BrokenPipeError, ConnectionResetError):
+        return  # its pipe to the controller broke: the controller is gone, nobody to tell
     finally:
         if worker.delegates is not None:
             worker.delegates.close()

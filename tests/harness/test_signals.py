@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from injectors.ownership import OwnerRecord
+from pipeline.runtime.scratch import POOL_PREFIX, make_folder
 
 
 def _descendants(pid: int) -> set[int]:
@@ -133,3 +134,53 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
     assert run.returncode == 128 + signal.SIGHUP
     assert err.strip().splitlines() == ["terminated (SIGHUP)"]
     assert not made & _namespaces() and not _owned_by(run.pid)  # and its record is gone
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """SIGKILL leaves the controller no chance to clean up: its workers end without a
+    traceback (their pipe to it broke), and `cleanup` removes its pool's folder, whose
+    process is gone, and leaves a live one's."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 4, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
+    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
+    run = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            workers = _descendants(run.pid)
+            if len(workers) >= 6:  # the fork server, its helper, four workers
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and len(workers) >= 6
+        time.sleep(1.0)  # inside the iterations
+        run.kill()
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    deadline = time.monotonic() + 30  # orphans end as they find the controller gone
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+    assert "Traceback" not in err, err
+    (left,) = short_tmp.glob("adaptra-pool-*")
+    live = make_folder(POOL_PREFIX, str(short_tmp))  # this process's: it runs
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "cleanup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]  # (with any other dead run's in /dev/shm)
+    assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
+    assert not left.exists() and Path(live).is_dir()

@@ -1,0 +1,47 @@
+"""A worker pool's folders (its rendezvous, checkpoints, the delegates' slot files), each
+marked with the process that made it, and the removal of those whose process is gone (a
+killed controller cannot remove its own)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.processes import process_start_time
+
+__all__ = ["POOL_PREFIX", "SLOTS_PREFIX", "make_folder", "remove_orphaned"]
+
+POOL_PREFIX, SLOTS_PREFIX = "adaptra-pool-", "adaptra-slots-"
+_OWNER = ".owner"
+"""A folder's mark: "<pid> <start time>" of the process that made it."""
+
+
+def make_folder(prefix: str, parent: str | None = None) -> str:
+    """A new folder (in `parent`, default the temporary folder) marked as this process's."""
+    folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    pid = os.getpid()
+    Path(folder, _OWNER).write_text(f"{pid} {process_start_time(pid)}\n")
+    return folder
+
+
+def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
+    """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm)
+    whose process no longer runs; the removed ones. A folder without its mark (being made,
+    or of another version) is left."""
+    if parents is None:
+        parents = [tempfile.gettempdir(), "/dev/shm"]
+    removed = []
+    for parent in parents:
+        for prefix in (POOL_PREFIX, SLOTS_PREFIX):
+            for folder in sorted(Path(parent).glob(f"{prefix}*")):
+                try:
+                    pid, start_time = Path(folder, _OWNER).read_text().split()
+                except (OSError, ValueError):
+                    continue
+                if str(process_start_time(int(pid))) != start_time:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+    return removed
