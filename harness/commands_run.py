@@ -281,21 +281,24 @@ def run(
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def report(run_dir: str) -> None:
-    """Rebuild a run directory's figures and report.md from its results."""
+    """Rebuild a run directory's figures and report.md from its results (refused while a run
+    still writes it; an interrupted run's report says how many configurations it lacks)."""
     from harness.report import write_report
-    from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record
+    from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record, run_dir_held
     from harness.spec import spec_from_record
 
     path = Path(run_dir)
-    try:
-        spec = spec_from_record(read_spec_record(path))
-    except TypeError as err:  # a field of the wrong type
-        raise ConfigError(f"{path / 'spec.json'}: {err}") from err
-    runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)
-    if not runs:
-        raise ConfigError(f"{path} has no results in runs.csv")
-    write_report(spec, path, runs)
-    click.echo(f"report written to {path / 'report.md'}")
+    with run_dir_held(path, advice="report it once that run has ended"):
+        try:
+            spec = spec_from_record(read_spec_record(path))
+        except TypeError as err:  # a field of the wrong type
+            raise ConfigError(f"{path / 'spec.json'}: {err}") from err
+        runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)
+        if not runs:
+            raise ConfigError(f"{path} has no results in runs.csv")
+        coverage = write_report(spec, path, runs)
+    incomplete = "" if coverage.complete else f" ({coverage}: incomplete)"
+    click.echo(f"report written to {path / 'report.md'}{incomplete}")
 
 
 def _run_name(param: click.Parameter, value: str | None) -> str | None:

@@ -33,7 +33,14 @@ from harness.saved import (
     messages_writer,
     write_timeline,
 )
-from harness.spec import ExperimentSpec, Scenario, Target, controller_for, memoised_planner
+from harness.spec import (
+    Configuration,
+    ExperimentSpec,
+    Scenario,
+    Target,
+    controller_for,
+    memoised_planner,
+)
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
@@ -105,14 +112,8 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     saved = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     iterations = [r for r in saved if _row_key(r) in done]
     write_json_atomic(spec_path, spec_record)
-    configs = [
-        (target, system, scenario, repeat)
-        for target in spec.targets()
-        for system in spec.systems
-        for scenario in spec.scenarios(target)
-        for repeat in range(spec.num_repeats)
-    ]
-    keys = [_key(target, system, scenario, repeat) for target, system, scenario, repeat in configs]
+    configs = spec.configurations()
+    keys = [config.key for config in configs]
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
     weights = [
@@ -218,9 +219,7 @@ class _Pace:
         return now - self.started, pace * max(self.left, 0.0)
 
 
-def _expected_cost(
-    spec: ExperimentSpec, config: tuple[Target, str, Scenario, int], planner: Planner
-) -> float:
+def _expected_cost(spec: ExperimentSpec, config: Configuration, planner: Planner) -> float:
     """How long a configuration should take relative to the others, for the time-left
     estimate: 1 each in sim (they all take milliseconds); in the runtimes, the simulator's
     step of its first iteration (its plan, made by the shared `planner`, is reused when the
@@ -236,10 +235,6 @@ def _expected_cost(
         keep_timeline=False,
     )
     return first.median_wall_ms * (spec.num_iterations + spec.num_warmup_iterations)
-
-
-def _key(target: Target, system: str, scenario: Scenario, repeat: int) -> ConfigurationKey:
-    return (target.label, system, scenario.name, str(repeat))
 
 
 def _row_key(row: dict[str, Any]) -> ConfigurationKey:

@@ -3,6 +3,8 @@ its CSVs and its timelines (harness.saved). Nothing is planned or simulated agai
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,7 +26,54 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["paper_comparison", "write_report"]
+__all__ = ["Coverage", "coverage", "paper_comparison", "resume_command", "write_report"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Coverage:
+    """How many of the configurations a spec lists runs.csv holds."""
+
+    done: int
+    listed: int
+
+    @property
+    def complete(self) -> bool:
+        return self.done == self.listed
+
+    def __str__(self) -> str:
+        return f"{self.done} of {self.listed} configurations"
+
+
+def coverage(spec: ExperimentSpec, runs: Sequence[Mapping[str, Any]]) -> Coverage:
+    """The configurations of `spec` that `runs` (runs.csv's rows) holds, of all it lists."""
+    done = {(r["model"], r["system"], r["scenario"], str(r["repeat"])) for r in runs}
+    listed = [config.key for config in spec.configurations()]
+    return Coverage(sum(key in done for key in listed), len(listed))
+
+
+def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
+    """The command line that finishes the run in `run_dir`: `--spec SPEC` (the spec file it
+    was started with, which spec.json does not name) unless it is the default experiment."""
+    from harness.spec import default_experiment  # the spec module loads the engines
+
+    spec_option = "" if spec.to_dict() == default_experiment().to_dict() else " --spec SPEC"
+    out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
+    return f"adaptra-bench run{spec_option} --out {out} --run-id {run_id}"
+
+
+def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str]:
+    """The lines that say a run lacks configurations (interrupted, or still running), and
+    how to finish it, with a blank one after; none if it has them all."""
+    if done.complete:
+        return []
+    command = resume_command(spec, run_dir)
+    spec_file = " --spec SPEC " in command
+    return [
+        f"**{done} (incomplete: resume with `{command}` to finish"
+        + ("; SPEC is the spec file it was started with" if spec_file else "")
+        + ").** The headline and the tables below cover these only.",
+        "",
+    ]
 
 
 def paper_comparison(
@@ -167,7 +216,10 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
     return caption
 
 
-def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> None:
+def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> Coverage:
+    """report.md and its figures from `runs` (runs.csv's rows) and the files beside it;
+    returns how many of the spec's configurations they cover."""
+    done = coverage(spec, runs)
     figures: list[tuple[str, str]] = []
     static = [r for r in runs if not _traced(r)]
     if static:
@@ -188,6 +240,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     lines = [
         f"# {spec.name}",
         "",
+        *_incomplete(spec, run_dir, done),
         f"Backend `{spec.backend}`, {spec.num_iterations} measured iterations per configuration "
         f"after {spec.num_warmup_iterations} warm-up; seed {spec.seed}; git revision "
         f"`{recorded.get('git_revision', 'unknown')}`"
@@ -244,3 +297,4 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     lines.append("")
     lines += [f"![{caption}]({name})\n" for caption, name in figures]
     write_atomic(run_dir / "report.md", "\n".join(lines))
+    return done

@@ -155,9 +155,12 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
 
 
 @contextlib.contextmanager
-def run_dir_held(run_dir: Path) -> Iterator[None]:
+def run_dir_held(
+    run_dir: Path, *, advice: str = "wait for it to end or pick another --run-id"
+) -> Iterator[None]:
     """This process's hold on a run directory (an flock on its `.lock`, released however the
-    process ends): a second run of the same directory refuses instead of racing it."""
+    process ends): a second run of the same directory, or a report of it, refuses instead of
+    racing it, with `advice` after saying who holds it."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -166,8 +169,7 @@ def run_dir_held(run_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             raise ConfigError(
-                f"{run_dir} is in use by another run (pid {holder}); wait for it to end or "
-                "pick another --run-id"
+                f"{run_dir} is in use by another run (pid {holder}); {advice}"
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.runner import BACKENDS, INJECTIONS
-from harness.saved import timeline_name
+from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.allreduce import check_ring_messages
@@ -33,6 +33,7 @@ from pipeline.simulator import CommMode
 from pipeline.topology import Link, Topology
 
 __all__ = [
+    "Configuration",
     "ExperimentSpec",
     "Scenario",
     "Target",
@@ -93,6 +94,20 @@ class Target:
             return self.profile.num_microbatches * self.profile.num_replicas
         model = self.cost.model
         return model.microbatches * model.microbatch_size * model.dp
+
+
+class Configuration(NamedTuple):
+    """One run of a spec: a model under a system in a scenario, and which repeat."""
+
+    target: Target
+    system: str
+    scenario: Scenario
+    repeat: int
+
+    @property
+    def key(self) -> ConfigurationKey:
+        """Its name in the run directory's files (runs.csv's model, system, scenario, repeat)."""
+        return (self.target.label, self.system, self.scenario.name, str(self.repeat))
 
 
 def _link(value: Any, target: Target) -> Link:
@@ -373,6 +388,16 @@ class ExperimentSpec:
         for links in link_sets:
             scenarios += [Scenario(links, d) for d in slow]
         return scenarios
+
+    def configurations(self) -> list[Configuration]:
+        """Every configuration, in the order a run runs them."""
+        return [
+            Configuration(target, system, scenario, repeat)
+            for target in self.targets()
+            for system in self.systems
+            for scenario in self.scenarios(target)
+            for repeat in range(self.num_repeats)
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -2,6 +2,9 @@
 columns mean, and which seed and revision made it; its Gantt charts share one time axis."""
 
 import dataclasses
+import os
+import shlex
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,10 @@ import pytest
 
 import harness.plots
 import harness.report
+from harness.cli import main
 from harness.experiment import run_experiment
+from harness.report import resume_command
+from harness.results import run_dir_held
 from harness.spec import default_experiment
 from pipeline.gantt import drawn_end_ms, plot_gantt
 from pipeline.timeline import Timeline
@@ -45,6 +51,7 @@ def test_the_default_experiment_s_report_leads_with_its_headline(
     assert "| fig4-uniform-10ms | adaptra | delegated | detector | 0-1@40ms | 430.0 |" in report
     assert "| fig4-uniform-10ms | 1f1b | direct | fixed | fault-free | 450.0 |" in report
     assert "Bubble ratio: 1 - (time the stages spent in ops)" in report
+    assert "incomplete" not in report
 
 
 def test_the_gantt_charts_of_the_worst_scenario_share_the_longest_one_s_time_axis(
@@ -135,3 +142,58 @@ def test_a_repeated_experiment_s_table_has_a_row_per_repeat_told_apart(tmp_path:
         )
     once = dataclasses.replace(spec, num_repeats=1)
     assert "| repeat |" not in (run_experiment(once, tmp_path / "o") / "report.md").read_text()
+
+
+def _interrupted(default_run: tuple[Path, list[Any]], tmp_path: Path) -> Path:
+    """A copy of the default run cut off after its first 12 of 16 configurations, as an
+    interrupted run leaves it (runs.csv is written last)."""
+    run_dir = tmp_path / "out" / "cut"
+    shutil.copytree(default_run[0], run_dir)
+    runs = run_dir / "runs.csv"
+    runs.write_text("".join(runs.read_text().splitlines(keepends=True)[:13]))  # header + 12
+    return run_dir
+
+
+def test_an_interrupted_run_s_report_says_it_is_incomplete_and_how_to_finish_it(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _interrupted(default_run, tmp_path)
+    main(["report", str(run_dir)])  # an error would exit (SystemExit)
+    assert capsys.readouterr().out == (
+        f"report written to {run_dir / 'report.md'} (12 of 16 configurations: incomplete)\n"
+    )
+    command = f"adaptra-bench run --out {run_dir.parent} --run-id cut"
+    title, blank, first, *_ = (run_dir / "report.md").read_text().splitlines()
+    assert (title, blank) == ("# default", "")
+    assert first == (
+        f"**12 of 16 configurations (incomplete: resume with `{command}` to finish).** The "
+        "headline and the tables below cover these only."
+    )
+    main(shlex.split(command)[1:])  # the command it names finishes the run
+    report = (run_dir / "report.md").read_text()
+    assert "incomplete" not in report and report.count("| fig4-uniform-10ms |") == 16
+
+
+def test_the_resume_command_of_a_spec_file_s_run_names_the_spec_option(tmp_path: Path) -> None:
+    spec = dataclasses.replace(default_experiment(), name="sweep")
+    run_dir = tmp_path / "my out" / "r1"
+    assert resume_command(spec, run_dir) == (
+        f"adaptra-bench run --spec SPEC --out '{tmp_path}/my out' --run-id r1"
+    )
+
+
+def test_report_refuses_a_run_directory_a_run_still_writes(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = _interrupted(default_run, tmp_path)
+    before = (run_dir / "report.md").read_bytes()
+    with run_dir_held(run_dir), pytest.raises(SystemExit) as exit_:
+        main(["report", str(run_dir)])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: {run_dir} is in use by another run (pid {os.getpid()}); report it once that "
+        "run has ended\n"
+    )
+    assert (run_dir / "report.md").read_bytes() == before
+    main(["report", str(run_dir)])  # once the run has ended
+    assert "12 of 16 configurations" in (run_dir / "report.md").read_text()
