@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from harness.compare import Change, UnusableResults, compare_runs, load_runs
+from harness.compare import Change, Comparison, UnusableResults, compare_runs, load_runs
 from pipeline.errors import ConfigError
 
 __all__ = ["compare"]
@@ -53,7 +53,8 @@ def _metric_tolerance(
 @click.option(
     "--allow-new",
     is_flag=True,
-    help="Configurations only in NEW pass (by default they fail, like missing ones).",
+    help="Configurations only in NEW pass, not compared (by default they fail; one missing "
+    "from NEW is always a regression).",
 )
 @click.option(
     "--format",
@@ -71,11 +72,13 @@ def compare(
     allow_new: bool,
     fmt: str,
 ) -> None:
-    """Gate NEW against BASE (run directories or runs.csv files). Exit status: 0 no
-    regression, 1 a regression (or a configuration on one side only), 2 inputs that cannot
-    be compared (empty, unreadable, not a runs.csv, NaN values or tolerances)."""
+    """Gate NEW against BASE (run directories or runs.csv files): the metrics of the
+    configurations in both, then those in one only. Exit status: 0 no regression, 1 a
+    regression (a metric worse than its tolerance, or a configuration of BASE missing from
+    NEW) or a configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
+    (empty, unreadable, not a runs.csv, NaN values or tolerances)."""
     try:
-        changes = compare_runs(
+        result = compare_runs(
             load_runs(Path(base)),
             load_runs(Path(new)),
             tolerance,
@@ -84,28 +87,66 @@ def compare(
         )
     except UnusableResults as err:
         raise _Unusable(str(err)) from err
-    worse = [c for c in changes if c.worse]
-    for line in (_markdown if fmt == "markdown" else _text)(changes):
+    table = _markdown if fmt == "markdown" else _text
+    for line in [*table(result.changes), *_one_side(result, bullet=fmt == "markdown")]:
         click.echo(line)
-    if worse:
-        raise ConfigError(
-            f"{len(worse)} of {len(changes)} metrics got worse than their tolerance "
-            f"({tolerance:g} % unless given per metric; see the table above)"
-        )
+    if result.failed:
+        raise ConfigError("; ".join(_failures(result, tolerance)))
     per_metric = ", ".join(f"{m} {pct:g} %" for m, pct in sorted(metric_tolerances.items()))
     given = f" ({per_metric})" if per_metric else ""
-    click.echo(f"no regression: {len(changes)} metrics within {tolerance:g} %{given}")
+    added = (
+        f"; {_configurations(len(result.added))} only in NEW, not compared (--allow-new)"
+        if result.added
+        else ""
+    )
+    click.echo(f"no regression: {len(result.changes)} metrics within {tolerance:g} %{given}{added}")
+
+
+def _configurations(count: int) -> str:
+    return f"{count} configuration{'' if count == 1 else 's'}"
+
+
+def _failures(result: Comparison, tolerance: float) -> list[str]:
+    """What failed the gate, each in a few words (one error line)."""
+    failures = []
+    if result.worse:
+        failures.append(
+            f"{len(result.worse)} of {len(result.changes)} metrics got worse than their "
+            f"tolerance ({tolerance:g} % unless given per metric; see the table above)"
+        )
+    if result.missing:
+        failures.append(
+            f"regression: {_configurations(len(result.missing))} of BASE missing from NEW "
+            "(listed above)"
+        )
+    if result.added and not result.allow_new:
+        failures.append(
+            f"{_configurations(len(result.added))} only in NEW, not compared (listed above; "
+            "--allow-new lets them pass)"
+        )
+    return failures
+
+
+def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
+    """A line per configuration on one side only, after the table."""
+    start = "- " if bullet else ""
+    lines = [f"{start}missing from NEW (a regression): {name}" for name in result.missing]
+    allowed = " (allowed by --allow-new)" if result.allow_new else ""
+    lines += [f"{start}only in NEW, not compared{allowed}: {name}" for name in result.added]
+    return ["", *lines] if lines else []
 
 
 def _cells(change: Change) -> tuple[str, str, str, str]:
-    base = "missing" if change.base is None else f"{change.base:.4g}"
-    new = "missing" if change.new is None else f"{change.new:.4g}"
-    pct = "" if change.change_pct is None else f"{change.change_pct:+.2f}%"
-    return base, new, pct, "WORSE" if change.worse else ""
+    return (
+        f"{change.base:.4g}",
+        f"{change.new:.4g}",
+        f"{change.change_pct:+.2f}%",
+        "WORSE" if change.worse else "",
+    )
 
 
 def _text(changes: list[Change]) -> list[str]:
-    width = max((len(c.configuration) for c in changes), default=10)
+    width = max((len(c.configuration) for c in changes), default=len("configuration"))
     lines = [f"{'configuration':<{width}}  {'metric':<24} {'base':>12} {'new':>12} {'change':>9}"]
     for c in changes:
         base, new, pct, flag = _cells(c)

@@ -4,7 +4,8 @@ A gate that passes on garbage protects nothing: an empty, unreadable or incomple
 a NaN metric, a duplicate configuration or a NaN tolerance is `UnusableResults` (the CLI
 exits 2), a configuration on one side only is a failure (the CLI exits 1; one only in the
 new results may be allowed), and every metric has its direction (times: lower is better,
-throughput: higher) and a tolerance of its own if given.
+throughput: higher) and a tolerance of its own if given. Only the configurations on both
+sides have metrics compared; those on one side are counted and named apart (a `Comparison`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import Any
 from harness.results import RESULTS_SCHEMA_VERSION
 from pipeline.errors import ConfigError
 
-__all__ = ["KEY", "METRICS", "Change", "UnusableResults", "compare_runs", "load_runs"]
+__all__ = [
+    "KEY",
+    "METRICS",
+    "Change",
+    "Comparison",
+    "UnusableResults",
+    "compare_runs",
+    "load_runs",
+]
 
 METRICS: dict[str, bool] = {
     "median_iteration_ms": False,
@@ -39,14 +48,36 @@ class UnusableResults(ConfigError):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Change:
+    """One metric of a configuration on both sides."""
+
     configuration: str
     metric: str
-    base: float | None
-    """None: the configuration is in the new results only."""
-    new: float | None
-    """None: the configuration is missing from the new results."""
-    change_pct: float | None
+    base: float
+    new: float
+    change_pct: float
     worse: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Comparison:
+    """The metrics compared (configurations on both sides), and the configurations on one
+    side only, by name: `missing` from the new results (a regression) and `added` in them (a
+    failure unless `allow_new`)."""
+
+    changes: list[Change]
+    missing: list[str]
+    added: list[str]
+    allow_new: bool
+
+    @property
+    def worse(self) -> list[Change]:
+        return [c for c in self.changes if c.worse]
+
+    @property
+    def failed(self) -> bool:
+        """A metric worse than its tolerance, a configuration missing, or one added (unless
+        allowed)."""
+        return bool(self.worse or self.missing or (self.added and not self.allow_new))
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
@@ -54,7 +85,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     and every metric a finite number (a metric column a baseline predates may be absent)."""
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.is_file():
-        raise UnusableResults(f"no results at {csv_path}")
+        raise UnusableResults(f"{path} is not a run directory: it has no runs.csv")
     try:
         with csv_path.open(newline="") as handle:
             reader = csv.DictReader(handle)
@@ -62,12 +93,14 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             columns = list(reader.fieldnames or [])
     except (csv.Error, UnicodeDecodeError, OSError) as err:
         raise UnusableResults(f"{csv_path} is not a readable CSV file: {err}") from None
+    missing = [c for c in (*KEY, "schema_version") if c not in columns]
+    if columns and (missing or not any(metric in columns for metric in METRICS)):
+        absent = ", ".join(missing) if missing else "every metric"
+        raise UnusableResults(
+            f"{csv_path} is not a runs.csv (nor a run directory): it lacks {absent}"
+        )
     if not rows:
         raise UnusableResults(f"{csv_path} holds no results (a header at most)")
-    missing = [c for c in (*KEY, "schema_version") if c not in columns]
-    if missing or not any(metric in columns for metric in METRICS):
-        absent = ", ".join(missing) if missing else "every metric"
-        raise UnusableResults(f"{csv_path} is not a runs.csv: it lacks {absent}")
     for number, row in enumerate(rows, start=2):  # line 1 is the header
         if None in row.values():
             raise UnusableResults(
@@ -81,7 +114,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
         )
     seen: set[tuple[str, ...]] = set()
     for number, row in enumerate(rows, start=2):  # line 1 is the header
-        key = tuple(str(row[k]) for k in KEY)
+        key = _key(row)
         if key in seen or None in row:
             problem = "repeats a configuration" if key in seen else "has more fields than columns"
             raise UnusableResults(f"{csv_path} line {number} {problem}")
@@ -124,10 +157,10 @@ def compare_runs(
     *,
     metric_tolerances_pct: Mapping[str, float] | None = None,
     allow_new: bool = False,
-) -> list[Change]:
-    """Every metric of every configuration on either side (rows as `load_runs` gives them).
-    Worse: beyond the metric's tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in
-    its bad direction, missing from `new`, or only in `new` (unless `allow_new`)."""
+) -> Comparison:
+    """Every metric of every configuration on both sides (rows as `load_runs` gives them),
+    worse where beyond its tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in its bad
+    direction; and the configurations only in `base` or only in `new`, by name."""
     tolerances = dict(metric_tolerances_pct or {})
     unknown = sorted(set(tolerances) - set(METRICS))
     if unknown:
@@ -137,34 +170,45 @@ def compare_runs(
     _check_tolerance("every metric", tolerance_pct)
     for metric, pct in tolerances.items():
         _check_tolerance(metric, pct)
-    new_by_key = {tuple(str(r[k]) for k in KEY): r for r in new}
-    base_keys = set()
+    base_by_key = {_key(r): r for r in base}
+    new_by_key = {_key(r): r for r in new}
     changes = []
-    for row in base:
-        key = tuple(str(row[k]) for k in KEY)
-        base_keys.add(key)
-        other = new_by_key.get(key)
-        for metric, higher_is_better in METRICS.items():
-            if row.get(metric) in (None, ""):
-                continue  # a baseline older than the metric
-            before = float(row[metric])
-            if other is None:
-                changes.append(Change(_name(key), metric, before, None, None, True))
-                continue
-            if other.get(metric) in (None, ""):
-                raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
-            after = float(other[metric])
-            pct = (
-                0.0
-                if after == before
-                else (100.0 * (after - before) / abs(before) if before else math.inf)
-            )
-            worse_by = -pct if higher_is_better else pct
-            limit = tolerances.get(metric, tolerance_pct)
-            changes.append(Change(_name(key), metric, before, after, pct, _beyond(worse_by, limit)))
-    for key, row in new_by_key.items():
-        if key not in base_keys:
-            for metric in (m for m in METRICS if row.get(m) not in (None, "")):
-                after = float(row[metric])
-                changes.append(Change(_name(key), metric, None, after, None, not allow_new))
+    for key, row in base_by_key.items():
+        if key in new_by_key:
+            changes += _changes(key, row, new_by_key[key], tolerance_pct, tolerances)
+    return Comparison(
+        changes=changes,
+        missing=[_name(key) for key in base_by_key if key not in new_by_key],
+        added=[_name(key) for key in new_by_key if key not in base_by_key],
+        allow_new=allow_new,
+    )
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(row[k]) for k in KEY)
+
+
+def _changes(
+    key: tuple[str, ...],
+    before_row: Mapping[str, Any],
+    after_row: Mapping[str, Any],
+    tolerance_pct: float,
+    tolerances: Mapping[str, float],
+) -> list[Change]:
+    """One configuration's metrics, base against new (a metric the base predates: none)."""
+    changes = []
+    for metric, higher_is_better in METRICS.items():
+        if before_row.get(metric) in (None, ""):
+            continue  # a baseline older than the metric
+        if after_row.get(metric) in (None, ""):
+            raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
+        before, after = float(before_row[metric]), float(after_row[metric])
+        pct = (
+            0.0
+            if after == before
+            else (100.0 * (after - before) / abs(before) if before else math.inf)
+        )
+        worse_by = -pct if higher_is_better else pct
+        limit = tolerances.get(metric, tolerance_pct)
+        changes.append(Change(_name(key), metric, before, after, pct, _beyond(worse_by, limit)))
     return changes

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.compare import KEY, compare_runs
+from harness.compare import KEY, METRICS, compare_runs
 
 BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
 
@@ -53,10 +53,32 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 
-def test_a_missing_configuration_fails(tmp_path: Path) -> None:
-    out = _compare(BASELINE, _write(tmp_path / "short.csv", _rows()[1:]))
+def test_a_missing_configuration_is_a_regression_named_apart_from_the_metrics(
+    tmp_path: Path,
+) -> None:
+    """Its metrics have nothing to be compared with: they are not rows of the table, nor
+    counted as metrics got worse; the configuration is named as missing."""
+    out = _compare(BASELINE, _write(tmp_path / "short.csv", _rows()[1:]), "--tolerance", "5")
     assert out.returncode == 1
-    assert "missing" in out.stdout
+    lines = out.stdout.splitlines()
+    assert len([line for line in lines if line.startswith("fig4-uniform-10ms ")]) == 75  # 15 x 5
+    assert "WORSE" not in out.stdout
+    assert lines[-2:] == ["", "missing from NEW (a regression): fig4-uniform-10ms 1f1b fault-free"]
+    assert (
+        out.stderr == "error: regression: 1 configuration of BASE missing from NEW (listed above)\n"
+    )
+
+
+def test_missing_configurations_and_worse_metrics_are_counted_apart(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[5]["median_wall_ms"] = str(float(rows[5]["median_wall_ms"]) * 2)
+    out = _compare(BASELINE, _write(tmp_path / "short.csv", rows[2:]), "--tolerance", "5")
+    assert out.returncode == 1
+    assert out.stderr == (
+        "error: 1 of 70 metrics got worse than their tolerance (5 % unless given per metric; "
+        "see the table above); regression: 2 configurations of BASE missing from NEW (listed "
+        "above)\n"
+    )
 
 
 def _garbage(tmp_path: Path, name: str) -> Path:
@@ -90,6 +112,12 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         _write(path, [*rows, rows[0]])
     elif name == "old-schema":
         _write(path, [{**r, "schema_version": "1"} for r in rows])
+    elif name == "profile-json":  # a profile given where a run directory belongs
+        path.write_text('{"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}\n')
+    elif name == "no-runs-csv":
+        path = tmp_path / "not-a-run"
+        path.mkdir()
+        (path / "runs.txt").write_text("")
     elif name == "cut-short":
         text = _write(path, rows).read_text()
         path.write_text(text[: text.rindex(",", 0, len(text) // 2)])  # mid-row, mid-file
@@ -110,6 +138,8 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         ("duplicate", "repeats a configuration"),
         ("old-schema", "schema version 1"),
         ("cut-short", "has fewer fields than columns: damaged or cut short"),
+        ("profile-json", "profile-json.csv is not a runs.csv \\(nor a run directory\\): it lacks "),
+        ("no-runs-csv", "not-a-run is not a run directory: it has no runs.csv"),
     ],
 )
 @pytest.mark.parametrize("side", ["base", "new"])
@@ -151,8 +181,40 @@ def test_a_configuration_only_in_the_new_results_fails_unless_allowed(tmp_path: 
     out = _compare(BASELINE, new)
     assert out.returncode == 1
     only_new = [line for line in out.stdout.splitlines() if "0-1@80ms" in line]
-    assert len(only_new) == 5 and all("missing" in line and "WORSE" in line for line in only_new)
-    assert _compare(BASELINE, new, "--allow-new").returncode == 0
+    assert only_new == ["only in NEW, not compared: fig4-uniform-10ms 1f1b 0-1@80ms"]
+    assert out.stderr == (
+        "error: 1 configuration only in NEW, not compared (listed above; --allow-new lets "
+        "them pass)\n"
+    )
+    allowed = _compare(BASELINE, new, "--allow-new")
+    assert allowed.returncode == 0
+    assert allowed.stdout.splitlines()[-2:] == [
+        "only in NEW, not compared (allowed by --allow-new): fig4-uniform-10ms 1f1b 0-1@80ms",
+        "no regression: 80 metrics within 0 %; 1 configuration only in NEW, not compared "
+        "(--allow-new)",
+    ]
+
+
+def test_allowed_new_configurations_do_not_pass_a_worse_metric(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[3]["bubble_ratio"] = str(float(rows[3]["bubble_ratio"]) + 0.5)
+    new = _write(tmp_path / "more.csv", [*rows, {**rows[0], "scenario": "0-1@80ms"}])
+    out = _compare(BASELINE, new, "--allow-new")
+    assert out.returncode == 1
+    assert out.stderr.startswith("error: 1 of 80 metrics got worse than their tolerance (0 %")
+
+
+def test_a_comparison_names_the_configurations_on_one_side_only() -> None:
+    rows = [{k: r[k] for k in (*KEY, *METRICS)} for r in _rows()]
+    result = compare_runs(rows[:3], [rows[1], rows[2], rows[3]], 0.0)
+    assert [(c.configuration, c.metric) for c in result.changes] == [
+        (f"fig4-uniform-10ms 1f1b {scenario}", metric)
+        for scenario in ("0-1@10ms", "0-1@20ms")
+        for metric in METRICS
+    ]
+    assert result.missing == ["fig4-uniform-10ms 1f1b fault-free"]
+    assert result.added == ["fig4-uniform-10ms 1f1b 0-1@40ms"]
+    assert result.worse == [] and result.failed
 
 
 def test_each_metric_has_its_direction_and_may_have_its_own_tolerance(tmp_path: Path) -> None:
@@ -207,7 +269,7 @@ def test_a_change_of_exactly_the_tolerance_is_within_it(
 ) -> None:
     (change,) = [
         c
-        for c in compare_runs([_one(metric, base)], [_one(metric, new)], tolerance_pct)
+        for c in compare_runs([_one(metric, base)], [_one(metric, new)], tolerance_pct).changes
         if c.metric == metric
     ]
     assert change.worse is worse
