@@ -19,6 +19,7 @@ from harness.results import (
     SPEC_VERSION,
     git_revision,
     read_csv_rows,
+    read_iterations,
     read_spec_record,
     run_dir_held,
     write_csv_atomic,
@@ -109,7 +110,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
     # another file holds of a configuration it lacks is stale.
-    saved = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    saved = read_iterations(run_dir, runs)  # each configuration in runs.csv has its rows
     iterations = [r for r in saved if _row_key(r) in done]
     write_json_atomic(spec_path, spec_record)
     configs = spec.configurations()

@@ -12,12 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
-from harness.results import (
-    ITERATIONS_COLUMNS,
-    fault_free_wall_ms,
-    read_csv_rows,
-    read_spec_record,
-)
+from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
 from pipeline.files import write_atomic
 from pipeline.gantt import drawn_end_ms, plot_gantt
@@ -227,7 +222,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         figures.append(("time per step vs delay", "iteration_time_vs_delay.png"))
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
-    iterations = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    iterations = read_iterations(run_dir, runs)
     traced = [r for r in iterations if _traced(r)]
     if traced:
         samples = {target.label: target.samples_per_iteration for target in spec.targets()}

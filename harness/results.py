@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import subprocess
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ __all__ = [
     "fault_free_wall_ms",
     "git_revision",
     "read_csv_rows",
+    "read_iterations",
     "read_spec_record",
     "run_dir_held",
     "write_csv_atomic",
@@ -220,6 +222,42 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
                 f"{RESULTS_SCHEMA_VERSION} only"
             )
     return rows
+
+
+def read_iterations(run_dir: Path, runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """iterations.csv's rows (`read_csv_rows`), which must hold each configuration of `runs`
+    (runs.csv's rows) exactly: a row per measured iteration run, the lost ones run again
+    after a restart too (`iterations` + `lost_iterations`). A missing file, or one with more
+    or fewer rows of a configuration, is damage: a report or a resume must not build on it.
+    Rows of configurations that runs.csv lacks are not checked (a resume drops them)."""
+    path = run_dir / "iterations.csv"
+    if runs and not path.exists():
+        more = f" and {len(runs) - 1} more" if len(runs) > 1 else ""
+        raise ConfigError(
+            f"{path} is missing, but runs.csv has {_configuration_name(runs[0])}{more}: damaged?"
+        )
+    rows = read_csv_rows(path, ITERATIONS_COLUMNS)
+    counts = Counter(_configuration(r) for r in rows)
+    for run in runs:
+        iterations, lost = int(float(run["iterations"])), int(float(run["lost_iterations"]))
+        found = counts[_configuration(run)]
+        if found != iterations + lost:
+            again = f" ({lost} of them again after a restart)" if lost else ""
+            raise ConfigError(
+                f"{path} has {found} rows of {_configuration_name(run)}, but runs.csv says it "
+                f"ran {iterations + lost} iterations{again}: damaged?"
+            )
+    return rows
+
+
+def _configuration(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """What names a configuration in every result table: model, system, scenario, repeat."""
+    return (str(row["model"]), str(row["system"]), str(row["scenario"]), str(row["repeat"]))
+
+
+def _configuration_name(row: Mapping[str, Any]) -> str:
+    model, system, scenario, repeat = _configuration(row)
+    return f"{model} {system} {scenario} (repeat {repeat})"
 
 
 def read_spec_record(run_dir: Path) -> dict[str, Any]:

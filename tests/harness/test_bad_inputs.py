@@ -526,6 +526,29 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["report", "out/s"],
         "out/s/iterations.csv line 2: step_time_ms is empty, not a number",
     ),
+    *[
+        (f"{verb} {name}", {"@": damage}, argv, message)
+        for verb, argv in (("resume", RESUME), ("report", ["report", "out/s"]))
+        for name, damage, message in (
+            (
+                "without iterations.csv",
+                "no iterations.csv",
+                "out/s/iterations.csv is missing, but runs.csv has m 1f1b fault-free (repeat 0): "
+                "damaged?",
+            ),
+            (
+                "a row gone from iterations.csv",
+                "a row gone from iterations.csv",
+                "out/s/iterations.csv has 4 rows of m 1f1b fault-free (repeat 0), but runs.csv "
+                "says it ran 5 iterations: damaged?",
+            ),
+            (
+                "a row twice in iterations.csv",
+                "a row twice in iterations.csv",
+                "out/s/iterations.csv has 6 rows of m 1f1b fault-free (repeat 0)",
+            ),
+        )
+    ],
     ("report no spec.json", {"out/s/runs.csv": ""}, ["report", "out/s"], "cannot read"),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
@@ -657,6 +680,16 @@ def _damage(root: Path, how: str) -> None:
         fields = first.split(",")
         fields[ITERATIONS_COLUMNS.index("step_time_ms")] = ""
         steps.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
+    elif how == "no iterations.csv":
+        (run_dir / "iterations.csv").unlink()
+    elif how == "a row gone from iterations.csv":
+        steps = run_dir / "iterations.csv"
+        header, _, *rest = steps.read_text().splitlines()
+        steps.write_text("\n".join([header, *rest]) + "\n")
+    elif how == "a row twice in iterations.csv":
+        steps = run_dir / "iterations.csv"
+        header, first, *rest = steps.read_text().splitlines()
+        steps.write_text("\n".join([header, first, first, *rest]) + "\n")
     elif how == "garbage spec.json":
         record.write_text("{garb")
     elif how == "schema 999":

@@ -480,3 +480,32 @@ def test_time_left_follows_the_expected_costs_after_the_first(
     assert pace.done(1.0) == (5.0, 5.0 * 7.0)  # only the first: its pace, pool start included
     assert pace.done(1.0) == (7.0, 2.0 * 6.0)  # 2 s for a cost of 1
     assert pace.done(2.0) == (11.0, 2.0 * 4.0)  # 4 s more for 2 more: still 2 s per unit
+
+
+def test_a_restarted_configuration_s_rows_run_again_are_reported_and_resumed(
+    tmp_path: Path,
+) -> None:
+    """A link down at measured iteration 3 restarts 1F1B from its checkpoint (iteration 2):
+    iterations.csv has a row per iteration run, 5 measured and 1 again, which runs.csv says
+    (iterations 5, lost_iterations 1); the report and a resume build on them, and one row
+    fewer is refused."""
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 3, links: ['0-1'], down: true}\n")
+    profile = {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1}
+    spec_file = tmp_path / "s.yaml"
+    spec = {"name": "s", "model": "m", "profile": profile, "systems": ["1f1b"]}
+    spec_file.write_text(json.dumps({**spec, "faults": "f.yaml", "checkpoint_every": 2}))
+    run_dir = run_experiment(load_spec(spec_file), tmp_path / "out" / "r")
+    (run,) = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    assert (run["iterations"], run["restarts"], run["lost_iterations"]) == ("5", "1", "1")
+    steps = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    assert [r["iteration"] for r in steps] == ["0", "1", "2", "2", "3", "4"]
+    main(["report", str(run_dir)])  # an error would exit (SystemExit)
+    run_experiment(load_spec(spec_file), run_dir)  # resumes: nothing left to run
+    header, *rows = (run_dir / "iterations.csv").read_text().splitlines()
+    (run_dir / "iterations.csv").write_text("\n".join([header, *rows[:-1]]) + "\n")
+    message = (
+        "iterations.csv has 5 rows of m 1f1b trace:f \\(repeat 0\\), but runs.csv says it ran 6 "
+        "iterations \\(1 of them again after a restart\\): damaged\\?"
+    )
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(load_spec(spec_file), run_dir)
