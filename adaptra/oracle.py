@@ -63,6 +63,7 @@ class OracleController:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int) -> None:
-        """The job came back on repaired hardware: the failures so far are gone."""
-        self.faults = self.faults.repaired(iteration)
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+        """The job came back on repaired hardware: the failures so far are gone (with
+        `stragglers`, the slow links and NICs so far too)."""
+        self.faults = self.faults.repaired(iteration, stragglers=stragglers)

@@ -24,5 +24,5 @@ class FixedPlan:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
         pass

@@ -220,7 +220,7 @@ def run_loop(
             _restart(engine, restarts, recovery, None, lost=k - checkpoint)
             remembered.clear()  # the indices run again, under other faults
             view = view.repaired(k, stragglers=True)
-            controller.restarted(k)
+            controller.restarted(k, stragglers=True)
             k, asked = checkpoint, True
             continue
         asked = False
@@ -238,7 +238,7 @@ def run_loop(
             _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
             remembered.clear()
             view = view.repaired(k)
-            controller.restarted(k)
+            controller.restarted(k, stragglers=False)
             k = checkpoint
             continue
         controller.observe(k, outcome.timeline)

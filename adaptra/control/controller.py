@@ -107,7 +107,7 @@ class DetectingController:
         self._moved_before = moved
         self._detected = belief.detected_ms
 
-    def restarted(self, iteration: int) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
         """The job came back on repaired hardware: no route has failed over any more."""
         self._failed_over = False
 
@@ -139,5 +139,5 @@ class DelegatingController:
         self._detected = tuple(sorted(belief.detected_ms.items()))
         self.swaps.update(belief)
 
-    def restarted(self, iteration: int) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
         pass

@@ -28,7 +28,8 @@ of those before it (a DP link's delay can cost a step less than the same delay o
 link, where the ring has few chunks and the pipeline many messages), it is undone, and the
 time lost goes on counting toward the restart. The restart is a plan with `Action.RESTART`:
 the harness restarts the job from its last checkpoint on hardware without the slow link
-(harness.loop), and Falcon starts afresh.
+(harness.loop), and Falcon starts afresh. A restart after a link or NIC failure leaves the
+slow links in place: Falcon keeps its placement, split, straggler and detector through it.
 
 The costs it assumes (`FalconCosts.for_profile`): the rebalance, one healthy iteration (the
 data loaders re-partitioned and the schedules re-made; no state moves); the swap, the two
@@ -233,11 +234,17 @@ class FalconController:
             self._judge_swap(iteration)
         self._climb(iteration, timeline)
 
-    def restarted(self, iteration: int) -> None:
-        """On repaired hardware: the default placement and split, nothing known to be slow."""
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+        """After its own restart (`stragglers`: the slow hardware left out): the default
+        placement and split, nothing known to be slow, a fresh change-point detector. After a
+        failure's (only the failed hardware replaced): the slow links are still there, so it
+        keeps what it knows and did (the placement, which the restarted workers take on in
+        their first iteration, the split, the straggler and its level, the detector)."""
+        self._restart = False
+        if not stragglers:
+            return
         self.topology, self.split = self.profile.topology, None
         self.straggler, self._suspect, self._slower = None, None, False
-        self._restart = False
         self._changes = ChangePointDetector(self._changes.config)
 
     def _detect(self, suspects: set[str], times: dict[str, float]) -> None:

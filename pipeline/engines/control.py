@@ -2,9 +2,12 @@
 
 The per-iteration loop (harness.loop) asks `plan(k)` before iteration k and hands the
 iteration's measured timeline to `observe(k, timeline)` after it; after a
-checkpoint-restart at iteration k it says `restarted(k)` (the failed hardware replaced)
-before planning again. A controller that reads the fault model (an oracle) says so in its
-`name`; a detector-driven one sees timelines only.
+checkpoint-restart at iteration k it says `restarted(k, stragglers=...)` before planning
+again: `stragglers` False after a link or NIC failure (only the failed hardware was
+replaced: slow links and NICs are still there), True after a restart the controller asked
+for (`Action.RESTART`: the slow hardware was left out too), as `FaultView.repaired`. A
+controller that reads the fault model (an oracle) says so in its `name`; a detector-driven
+one sees timelines only.
 """
 
 from __future__ import annotations
@@ -27,4 +30,4 @@ class Controller(Protocol):
 
     def observe(self, iteration: int, timeline: Timeline) -> None: ...
 
-    def restarted(self, iteration: int) -> None: ...
+    def restarted(self, iteration: int, *, stragglers: bool) -> None: ...

@@ -124,7 +124,8 @@ class _RestartAt:
     at: int
     again: int = 1
     name: str = "restarter"
-    restarted_at: list[int] = dataclasses.field(default_factory=list)
+    restarted_at: list[tuple[int, bool]] = dataclasses.field(default_factory=list)
+    """(iteration, stragglers) of every `restarted`."""
 
     def plan(self, iteration: int) -> Plan:
         if iteration == self.at and len(self.restarted_at) < self.again:
@@ -134,8 +135,8 @@ class _RestartAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int) -> None:
-        self.restarted_at.append(iteration)
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+        self.restarted_at.append((iteration, stragglers))
 
 
 def test_a_restart_a_controller_asks_for_leaves_the_slow_link_out() -> None:
@@ -149,7 +150,7 @@ def test_a_restart_a_controller_asks_for_leaves_the_slow_link_out() -> None:
     result = run_configuration(
         controller, num_iterations=4, faults=faults, recovery=Recovery(restart_ms=5000.0)
     )
-    assert controller.restarted_at == [3]
+    assert controller.restarted_at == [(3, True)]  # the slow hardware left out too
     assert (result.restarts, result.lost_iterations, result.restart_model_ms) == (1, 2, 5000.0)
     assert result.iterations == (0, 1, 0, 1, 2, 3)
     slow, healthy = result.iteration_times_ms[0], result.iteration_times_ms[2]

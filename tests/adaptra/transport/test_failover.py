@@ -330,8 +330,8 @@ class _FailsAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         self.inner.observe(iteration, timeline)
 
-    def restarted(self, iteration: int) -> None:
-        self.inner.restarted(iteration)
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+        self.inner.restarted(iteration, stragglers=stragglers)
 
 
 @pytest.mark.skipif(

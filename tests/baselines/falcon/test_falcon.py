@@ -97,6 +97,37 @@ def test_a_fault_the_swap_leaves_costly_is_restarted_away() -> None:
     assert result.iterations == (*range(13), *range(16))
 
 
+def test_a_link_failure_s_restart_keeps_the_swap_and_what_falcon_knows() -> None:
+    """The long DP fault again, and PP link 2-3 of replica 1 down in measured iteration 12:
+    the harness restarts the job from its checkpoint at 10 on hardware with that link
+    replaced, the slow DP link still there. Falcon keeps its swap (and the straggler, its
+    level and its detector) through the restart: 10-29 run swapped. It went back to the
+    default placement and a fresh detector, which calibrated on the slow iterations, saw no
+    change and left every iteration from 10 on at the unmitigated time."""
+    faults = parse_yaml(
+        '[{start_iteration: 3, links: ["dp1:0-1"], delay_ms: 20},'
+        ' {start_iteration: 12, end_iteration: 13, links: ["pp1:2-3"], down: true}]'
+    )
+    controller = system_controller("falcon", PROFILE, faults)
+    assert isinstance(controller, FalconController)
+    falcon = FalconController(
+        controller.schedule, PROFILE, FalconCosts(0.0, 2000.0, math.inf), planner=zb_auto
+    )
+    result = run_configuration(
+        falcon, num_iterations=30, faults=faults, recovery=Recovery(checkpoint_every=5)
+    )
+    assert (result.restarts, result.lost_iterations) == (1, 2)  # 10 and 11 run again
+    assert result.iterations == (*range(12), *range(10, 30))
+    assert falcon.climbs == [(8, Level.SWAP)] and falcon.topology == SWAPPED
+    straggler = falcon.straggler
+    assert straggler is not None and (straggler.link, straggler.level) == ("dp1:0-1", Level.SWAP)
+    assert [set(d.detected_ms) for d in result.decisions] == [set()] * 5 + [{"dp1:0-1"}] * 27
+    times = _with_step(result)
+    healthy, slow, swapped = times[0], times[3], times[8]
+    assert times[:3] == [healthy] * 3 and times[3:8] == [slow] * 5
+    assert swapped < 0.4 * slow and times[8:] == [swapped] * 24  # the restart's too
+
+
 def test_a_swap_that_does_not_pay_is_undone() -> None:
     """The long DP fault again, but the ring's gradient is one bucket: 2 chunks each way on
     the slow link cost a step 30 ms here (its stage's ring starts before the pipeline ends),

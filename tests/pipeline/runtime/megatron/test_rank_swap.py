@@ -39,7 +39,7 @@ class _SwapAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool) -> None:
         pass
 
 
