@@ -16,7 +16,8 @@ Mitigation, from the lowest level up: ignore -> rebalance microbatches across th
 helps: a rebalance for a slow PP link (it slows its replica's pipeline, and a replica with
 fewer microbatches finishes sooner; a slow DP link holds every replica in the ring alike),
 where the replicas' per-microbatch times differ (a PP link slow in every replica leaves
-nothing to move), the swap for a slow DP link. Ski rental: it stays on a level until the
+nothing to move), the swap for a slow DP link (where there are two stages or more: one stage
+has no PP edge to put the slow pair on). Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
 less the baseline) reaches the next level's cost, then climbs. The rebalance gives each
 replica its share of the global batch by min max_i m_i t_i (baselines.falcon.rebalance;
@@ -283,6 +284,8 @@ class FalconController:
                     continue
                 self.split = split
             if level is Level.SWAP:
+                if self.topology.num_stages < 2:  # no PP edge to put the pair on: the next level
+                    continue
                 before = statistics.median(straggler.level_times_ms)
                 straggler.unswapped = (self.topology, before)
                 self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))

@@ -211,6 +211,37 @@ def test_a_pp_link_slow_in_every_replica_leaves_nothing_to_rebalance() -> None:
     assert {d.microbatches for d in result.decisions} == {""}
 
 
+def test_a_slow_dp_link_with_no_pp_edge_to_swap_onto_passes_over_the_swap() -> None:
+    """One stage, 3 replicas, 20 ms on dp0:0-1 from iteration 3: the swap has no PP link to
+    put the slow pair on (Falcon asked for it anyway, and the run ended in a ConfigError). It
+    is passed over, as a rebalance with nothing to move: with a free swap and a 3,000 ms
+    restart, 2 iterations losing 1,920 ms each buy the restart; the lost iterations run
+    again healthy."""
+    profile = Profile.uniform(
+        1, 8, 5, 5, 5, message_bytes=4096, num_replicas=3, num_delegates=3,
+        allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 3, links: ["dp0:0-1"], delay_ms: 20}]')
+    controller = system_controller("falcon", profile, faults)
+    assert isinstance(controller, FalconController)
+    falcon = FalconController(
+        controller.schedule, profile, FalconCosts(0.0, 0.0, 3000.0), planner=zb_auto
+    )
+    result = run_configuration(falcon, num_iterations=14, faults=faults)
+    assert falcon.climbs == [(7, Level.RESTART)]  # seen in the run's iteration 7: measured 6
+    assert (result.restarts, result.lost_iterations) == (1, 7)
+    assert result.iterations == (*range(7), *range(14))
+    assert [set(d.detected_ms) for d in result.decisions[:7]] == [set()] * 5 + [{"dp0:0-1"}] * 2
+    times = _with_step(result)
+    assert times == [120.0] * 3 + [2040.0] * 4 + [120.0] * 14  # the ring pays 48 x 20 ms
+    # With its own costs (the restart 250 healthy iterations) it only ignores the link.
+    ignoring = system_controller("falcon", profile, faults)
+    assert isinstance(ignoring, FalconController)
+    run = run_configuration(ignoring, num_iterations=12, faults=faults)
+    assert ignoring.climbs == [] and _with_step(run) == [120.0] * 3 + [2040.0] * 9
+    assert ignoring.straggler is not None and ignoring.straggler.link == "dp0:0-1"
+
+
 def test_the_swap_in_real_processes_loses_no_iteration() -> None:
     """Emulated, 8 worker processes: the swap is a placement the pool runs from the next
     iteration on (workers 5 and 2 trade stages 1 and 2), nothing restarts, and the swapped
