@@ -12,11 +12,24 @@ the previous segment's by at least `min_relative_change` (medians: a run's first
 may be far slower than the rest).
 
 Why these values (`ChangePointConfig`): a hazard of 1/100 (a straggler per hundred
-iterations is already a bad cluster); the prior is taken from the data (the first
-iterations' median and 1.4826 x their median absolute deviation, at least 1 % of the median;
-a calibration time more than 5 of those from the median is left out), so the detector needs
-no units; 10 % minimum change, as Falcon's own threshold of
+iterations is already a bad cluster); the prior is taken from the data (the median of
+`num_calibration` iterations in a row and 1.4826 x their median absolute deviation, at least
+1 % of the median; a calibration time more than 5 of those from the median is left out), so
+the detector needs no units; 10 % minimum change, as Falcon's own threshold of
 "slow" (1.1 x) and well above iteration-time noise here (BENCHMARKS.md).
+
+The calibration iterations: the first `num_calibration` if they agree (their spread at most
+`max_relative_spread`, 5 % and half the minimum change, of their median), else the next
+`num_calibration` if those agree, else whichever of the two agree better; the prior's
+spread is at most `max_relative_spread` of the median. A fresh pool's first iterations may
+be far slower than the rest (first use of every path): one slow time among three made the
+prior wide enough, and two centred it on them, to hide a 2 x slowdown for tens of
+iterations; a time before the calibration iterations is in no segment. A reported change
+to a level faster than the prior's mean re-centres the prior there (same relative spread)
+and takes the new segment's posterior afresh from its times: the calibration iterations
+agreed on a slow level (two slow ones among three), and every new segment's statistics
+started from it, so that the healthy level's variance was inflated and a slowdown from it
+went unseen.
 """
 
 from __future__ import annotations
@@ -35,12 +48,17 @@ class ChangePointConfig:
     min_relative_change: float = 0.10
     """A new segment counts only if its mean differs from the previous one's by this much."""
     num_calibration: int = 3
-    """Iterations that set the prior's scale before anything is reported."""
+    """Iterations in a row that set the prior before anything is reported (the module)."""
+    max_relative_spread: float = 0.05
+    """Calibration iterations agree when their spread is at most this fraction of their
+    median; the prior's spread is at most that too (the module)."""
     max_run_length: int = 200
 
     def __post_init__(self) -> None:
         if not 0 < self.hazard < 1 or self.min_relative_change < 0 or self.num_calibration < 2:
             raise ValueError("need 0 < hazard < 1, min_relative_change >= 0, calibration >= 2")
+        if not self.max_relative_spread > 0:
+            raise ValueError("need max_relative_spread > 0")
 
 
 DEFAULT_CHANGES = ChangePointConfig()
@@ -105,20 +123,7 @@ class ChangePointDetector:
         self._times.append(iteration_ms)
         config = self.config
         if self._prior is None:
-            if len(self._times) < config.num_calibration:
-                return False
-            first = self._times[: config.num_calibration]
-            mean = statistics.median(first)  # robust: a run's first iteration may be slow
-            mad = statistics.median(abs(x - mean) for x in first)
-            spread = max(1.4826 * mad, 0.01 * abs(mean), 1e-9)
-            self._prior = _Stats(0.0, mean, 1.0, spread**2)
-            self.baseline_ms = mean
-            self._log_probs, self._stats = [0.0], [self._prior]
-            for x in first:
-                if abs(x - mean) <= 5 * spread:  # an outlier is in no segment's statistics
-                    self._step(x)
-                else:
-                    self._unstepped += 1
+            self._calibrate()
             return False
         self._step(iteration_ms)
         most_likely = max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
@@ -132,7 +137,49 @@ class ChangePointDetector:
             return False
         self._segment_start, self._unstepped = start, 0
         self.baseline_ms = old_ms
+        assert self._prior is not None
+        if new_ms < self._prior.mean:
+            self._recentre(new_ms)
         return True
+
+    def _recentre(self, mean: float) -> None:
+        """The prior centred on `mean` (its relative spread kept), the current segment's
+        posterior taken afresh from its times."""
+        assert self._prior is not None
+        relative = math.sqrt(self._prior.beta) / max(abs(self._prior.mean), 1e-9)
+        spread = max(relative * abs(mean), 1e-9)
+        self._prior = _Stats(0.0, mean, 1.0, spread**2)
+        self._log_probs, self._stats = [0.0], [self._prior]
+        for x in self._times[self._segment_start :]:
+            self._step(x)
+
+    def _calibrate(self) -> None:
+        """The prior from `num_calibration` times in a row (the module)."""
+        config = self.config
+        count = config.num_calibration
+        if len(self._times) < count:
+            return
+        windows = [
+            self._times[start : start + count] for start in range(len(self._times) - count + 1)
+        ]
+        scales = [_relative_scale(window) for window in windows]
+        agree = scales[-1] <= config.max_relative_spread
+        if not agree and len(self._times) < count + 1:
+            return  # one more time: the next ones may agree
+        best = len(windows) - 1 if agree else min(range(len(windows)), key=scales.__getitem__)
+        window = windows[best]
+        mean = statistics.median(window)
+        spread = min(max(scales[best], 0.01), config.max_relative_spread) * abs(mean)
+        spread = max(spread, 1e-9)
+        self._prior = _Stats(0.0, mean, 1.0, spread**2)
+        self.baseline_ms = mean
+        self._segment_start = best
+        self._log_probs, self._stats = [0.0], [self._prior]
+        for x in self._times[best:]:
+            if abs(x - mean) <= 5 * spread:  # an outlier is in no segment's statistics
+                self._step(x)
+            else:
+                self._unstepped += 1
 
     @property
     def change_index(self) -> int:
@@ -153,6 +200,12 @@ class ChangePointDetector:
         self._log_probs = [p - total for p in log_probs]
         stats = [self._prior, *(s.updated(x, self._kappa0) for s in self._stats)]
         self._stats = stats[: self.config.max_run_length]
+
+
+def _relative_scale(times: list[float]) -> float:
+    """1.4826 x the median absolute deviation of `times`, over their median."""
+    mean = statistics.median(times)
+    return 1.4826 * statistics.median(abs(x - mean) for x in times) / max(abs(mean), 1e-9)
 
 
 def _log_sum_exp(values: list[float]) -> float:

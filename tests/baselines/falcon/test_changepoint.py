@@ -68,3 +68,50 @@ def test_the_return_after_a_short_spike_is_a_change_too(spike_iterations: int) -
     reported = [k for k, ms in enumerate(times) if detector.update(ms)]
     assert reported == [5, 5 + spike_iterations]
     assert detector.change_index == 5 + spike_iterations and detector.baseline_ms == 200.0
+
+
+@pytest.mark.parametrize(
+    "calibration",
+    [[190.0, 565.0, 185.0], [250.0, 565.0, 185.0], [400.0, 565.0, 185.0], [1900.0, 565.0, 185.0]],
+)
+def test_a_slow_calibration_iteration_does_not_put_off_a_slowdown(
+    calibration: list[float],
+) -> None:
+    """The prior was the first 3 times' median and 1.4826 x MAD: a slow one among them
+    widened it (2 slow ones centred it on them), and a step from 190 to 400 ms at index 6
+    was found 9, 22 and 2 iterations late ([250, ...], [400, ...], [1900, ...]). Now the
+    first 3 set it where they agree, else the next 3 where those do (its spread at most 5 %
+    of the median): the step is found where it began."""
+    times = [*calibration, 190.0, 190.0, 190.0] + [400.0] * 30
+    detector, found = _feed(times)
+    assert found == [6]
+    assert (detector.change_index, detector.baseline_ms) == (6, 190.0)
+
+
+@pytest.mark.parametrize("first_ms", [250.0, 565.0])
+def test_two_slow_first_iterations_that_agree_are_a_level_left_behind(first_ms: float) -> None:
+    """Two slow first iterations agree on their level (the prior's): the return to 190 ms is
+    a change to faster, where the prior moves, and the step to 400 ms right after it is
+    found at once (with the prior left on the slow level, the healthy segment's variance was
+    inflated by its distance to it: found 6 and 15 iterations late)."""
+    detector = ChangePointDetector()
+    times = [first_ms, first_ms] + [190.0] * 4 + [400.0] * 30
+    reported = [(k, detector.segment_ms) for k, ms in enumerate(times) if detector.update(ms)]
+    assert reported == [(3, 190.0), (6, 400.0)]
+    assert (detector.change_index, detector.baseline_ms) == (6, 190.0)
+
+
+@pytest.mark.parametrize("first_ms", [[2000.0], [565.0, 400.0], [565.0, 565.0]])
+def test_slow_first_iterations_then_noise_alone_look_like_no_slowdown(
+    first_ms: list[float],
+) -> None:
+    """A run's slow first iterations, then 500 of 3 % noise: no change to a slower level
+    (two that agree are a level of their own: the only change is the one back from it)."""
+    rng = random.Random(3)
+    detector = ChangePointDetector()
+    times = first_ms + [190 * rng.gauss(1, 0.03) for _ in range(500)]
+    reported = [k for k, ms in enumerate(times) if detector.update(ms)]
+    left_behind = first_ms == [565.0, 565.0]
+    assert reported == ([3] if left_behind else [])
+    assert detector.segment_ms == pytest.approx(190.0, rel=0.01)
+    assert detector.baseline_ms == (565.0 if left_behind else pytest.approx(190.0, rel=0.05))
