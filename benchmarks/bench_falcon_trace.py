@@ -16,6 +16,7 @@ Run: python benchmarks/bench_falcon_trace.py
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
@@ -62,6 +63,7 @@ def _dp_beliefs(result: RunResult) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     trace = load_faults(TRACE)
     events = [e for e in trace.events if e.start_iteration < NUM_ITERATIONS]
     faults = FaultModel(

@@ -16,6 +16,8 @@ would not fit).
 
 from __future__ import annotations
 
+import argparse
+
 from adaptra.generator import generate_schedule
 from adaptra.planning import authors_warmup
 from adaptra.scheduler import plan_adaptra
@@ -35,6 +37,7 @@ def _pipeline_ms(schedule: Schedule, profile: Profile) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     print(
         "| model | scenario | ours ms | authors' rule ms | ZB delegated ms | "
         "room left (microbatches) |"

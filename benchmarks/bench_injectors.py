@@ -13,6 +13,7 @@ Run (as root, for the testbed part): python benchmarks/bench_injectors.py
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 
@@ -75,6 +76,7 @@ def network_level() -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     transport_level()
     if os.geteuid() == 0:
         network_level()

@@ -8,11 +8,13 @@ iteration 3 on, 30 iterations (emulated: 20 ms, 16 iterations); printed: the med
 (pipeline plus all-reduce) over the last 10 (emulated: 6), the healthy one (the median of
 the first 3), and the split Falcon ran last.
 
-Run: python benchmarks/bench_rebalance.py
+Run: python benchmarks/bench_rebalance.py [--sim-only]
+(--sim-only: the simulator's 7B table alone, deterministic; the emulated runs are timing.)
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 from harness.policies import system_controller
@@ -53,6 +55,11 @@ def _run(
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--sim-only", action="store_true", help="the simulator's 7B table only (no emulated runs)"
+    )
+    args = parser.parse_args()
     seven_b = model_cost(MODELS["gpt2-7b-dp2"]).profile
     print("| sim 7B | healthy s | 10 ms s | 20 ms s | 30 ms s | Falcon's split (30 ms) |")
     print("|---|---|---|---|---|---|")
@@ -62,6 +69,8 @@ def main() -> None:
             step, healthy, split = _run(system, seven_b, delay_ms, 30, 10)
             cells.append(f"{step / 1000:.3f}")
         print(f"| {system} | {healthy / 1000:.3f} | " + " | ".join(cells) + f" | {split} |")
+    if args.sim_only:
+        return
     print()
     print("| emulated, 20 ms | healthy ms | slow ms | split |")
     print("|---|---|---|---|")

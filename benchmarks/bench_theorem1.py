@@ -10,6 +10,8 @@ each delay and once with the fault-free order held fixed, next to the paper's 2N
 
 from __future__ import annotations
 
+import argparse
+
 from adaptra.generator import generate_schedule
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
@@ -27,6 +29,7 @@ def _iteration_ms(delta: int, delay_ms: float, regenerate: bool) -> float:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     print(
         "| Delta | threshold (Delta-1)t | last c with cost = c | slope, regenerated |"
         " slope, fixed order | 2N/(Delta+1) |"

@@ -16,6 +16,7 @@ Run: python benchmarks/calibrate_cost_model.py
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -82,7 +83,8 @@ def calibrate() -> Calibration:
     return dataclasses.replace(cal, host_delegate_gbps=value)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args()
     fitted = calibrate()
     print(f"fitted: {fitted}")
     for (model, system), goal in TARGETS_S.items():
@@ -97,3 +99,7 @@ if __name__ == "__main__":
             f"{100 * overhead(model, fitted):.1f} %, "
             f"frozen {100 * overhead(model, CALIBRATED):.1f} %"
         )
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,7 @@ Two things their module needs outside their Megatron runtime are provided here:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -97,8 +98,11 @@ def _answer(module: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("tree", help="one extracted PipeMorph branch (its zerobubble/ inside)")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pipemorph-worker-") as scratch:  # then removed
-        _serve(sys.argv[1], scratch)
+        _serve(args.tree, scratch)
 
 
 def _serve(tree: str, scratch: str) -> None:
