@@ -12,9 +12,9 @@ simulator's for the same run, and their ratio, and the longest step (the swap's)
 same for the pipeline alone. Last, the healthy DP ring's step at PP 1, 2
 and 4 x DP 2, emulated and predicted.
 
-Run: python benchmarks/bench_fig18.py [--calibration HOST.json] [--repeats 3]
+Run: python benchmarks/bench_fig18.py [--calibration HOST.json] [--repeats 3] [--sim-only]
 (HOST.json from `adaptra-bench calibrate --op-ms 2 --out HOST.json`: ops as long as these
-runs' ops.)
+runs' ops; --sim-only: the 7B table alone, deterministic, which needs no calibration.)
 """
 
 from __future__ import annotations
@@ -106,6 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", help="this host's costs (adaptra-bench calibrate)")
     parser.add_argument("--repeats", type=int, default=1, help="emulated runs per system")
+    parser.add_argument(
+        "--sim-only", action="store_true", help="the simulator's 7B table only (no emulated runs)"
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
@@ -118,6 +121,8 @@ def main() -> None:
             for d, p in zip((10, 20, 30), PAPER_S[system], strict=True)
         ]
         print(f"| {system} | " + " | ".join(cells) + " |", flush=True)
+    if args.sim_only:
+        return
     print()
     with RuntimeEngines() as engines:
         runs: dict[str, list[tuple]] = {system: [] for system in SYSTEM_NAMES}

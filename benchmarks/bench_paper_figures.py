@@ -1,7 +1,10 @@
 """The paper's experiments in the simulator with the frozen cost model, next to its numbers.
 
 Runs every preset of harness/presets that the paper reports (Fig. 1, 15, 16, 17, the Table 3
-trace) and prints, per preset, the median and max relative error and the full comparison.
+trace) and prints, per preset, the median and max relative error; Fig. 16's by system; the
+orderings: every pair of systems in the same preset, model and scenario whose paper values
+differ by at least 10 % (of the smaller), and how many of them ours put in the paper's order;
+then the full comparison.
 
 Run: python benchmarks/bench_paper_figures.py [--out DIR]
 """
@@ -9,12 +12,15 @@ Run: python benchmarks/bench_paper_figures.py [--out DIR]
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from harness.experiment import run_experiment
-from harness.paper import PAPER
+from harness.paper import PAPER, PaperValue
 from harness.report import paper_comparison
 from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
@@ -30,8 +36,42 @@ def main() -> None:
         _compare(args.out or Path(scratch))
 
 
+Compared = list[tuple[Mapping[str, Any], PaperValue, float]]
+ORDER_MARGIN = 0.10
+"""Two paper values this far apart (relative to the smaller) make an ordering to keep."""
+
+
+def _by_system(compared: Compared) -> list[str]:
+    """Median and max relative error per system, in the preset's order, then over all."""
+    errors: dict[str, list[float]] = {}
+    for row, paper, ours in compared:
+        errors.setdefault(row["system"], []).append(abs(ours - paper.value) / paper.value)
+    groups = [*errors.items(), ("all", [e for found in errors.values() for e in found])]
+    return [
+        f"| {system} | {len(found)} | {100 * statistics.median(found):.1f} % | "
+        f"{100 * max(found):.1f} % |"
+        for system, found in groups
+    ]
+
+
+def _orderings(compared: Compared) -> tuple[int, int]:
+    """(pairs of systems in the same model and scenario whose paper values differ by at least
+    ORDER_MARGIN, how many of them ours put in the same order)."""
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for row, paper, ours in compared:
+        groups.setdefault((row["model"], row["scenario"]), []).append((paper.value, ours))
+    pairs = kept = 0
+    for values in groups.values():
+        for (paper_a, ours_a), (paper_b, ours_b) in itertools.combinations(values, 2):
+            if abs(paper_a - paper_b) >= ORDER_MARGIN * min(paper_a, paper_b):
+                pairs += 1
+                kept += (paper_a < paper_b) == (ours_a < ours_b)
+    return pairs, kept
+
+
 def _compare(out: Path) -> None:
-    summary, details = [], []
+    summary, details, by_system = [], [], []
+    pairs = kept = 0
     for path in sorted(PRESETS.glob("*.yaml")):
         spec = load_spec(path)
         if spec.name not in PAPER:
@@ -39,6 +79,10 @@ def _compare(out: Path) -> None:
         run_dir = run_experiment(spec, out / spec.name, progress=lambda _: None)
         compared = paper_comparison(spec.name, read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS))
         errors = [abs(ours - paper.value) / paper.value for _, paper, ours in compared]
+        if spec.name == "fig16":
+            by_system = _by_system(compared)
+        found, same = _orderings(compared)
+        pairs, kept = pairs + found, kept + same
         summary.append(
             f"| {spec.name} | {path.name} | {len(errors)} | "
             f"{100 * statistics.median(errors):.1f} % | {100 * max(errors):.1f} % |"
@@ -53,6 +97,16 @@ def _compare(out: Path) -> None:
     print("| preset | file | values | median error | max error |")
     print("|---|---|---|---|---|")
     print("\n".join(summary))
+    if by_system:
+        print("\nfig16 by system")
+        print("| system | values | median error | max error |")
+        print("|---|---|---|---|")
+        print("\n".join(by_system))
+    print(
+        f"\norderings: {pairs} pairs of systems (same preset, model and scenario) whose paper "
+        f"values differ by at least {100 * ORDER_MARGIN:.0f} %; ours put {kept} in the "
+        "paper's order"
+    )
     print("\n".join(details))
 
 

@@ -37,7 +37,8 @@ def best_of_ms(profile: Profile, repeats: int) -> tuple[float, int]:
 
 
 def grid_table(repeats: int) -> None:
-    print("\n| grid group | n | median ms | max ms | max candidates |")
+    best = f"best of {repeats}"
+    print(f"\n| grid group | n | median ms ({best}) | max ms ({best}) | max candidates |")
     print("|---|---|---|---|---|")
     groups: dict[str, list[tuple[float, int]]] = {}
     for group, profile in paper_grid(5) + straggler_grid(5):
