@@ -3,6 +3,7 @@ its trainer (the job pipe, the slot file) and its sender delegate (the TCP side)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -161,17 +162,15 @@ def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> No
         shutil.rmtree(short)
 
 
-def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -> None:
-    """One link direction, two sender delegates on NIC 0 of two (loopback's 127.0.0.1 and
-    .2). The fault hook has the route down for seq 1 only: its delegate moves to NIC 1 by
-    the hook; at the iteration's end the trainer moves the other (a sibling) and waits for
-    it, so both moves are the iteration's failovers (the sibling's came only with the next
-    iteration's, and never after a run's last)."""
+@contextlib.contextmanager
+def _two_nic_direction(num_delegates: int) -> Iterator[tuple[_Inbound, _Outbound]]:
+    """One link direction's receiver and sender delegates, `num_delegates` a side, each
+    sender on NIC 0 of two (loopback's 127.0.0.1 and .2), ready."""
     direction = LinkDirection("0-1", "forward")
     folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     sides: list[_Inbound | _Outbound] = []
     try:
-        inbound = _Inbound(direction, 0, 2, ["127.0.0.1,127.0.0.2", "", ","], folder)
+        inbound = _Inbound(direction, 0, num_delegates, ["127.0.0.1,127.0.0.2", "", ","], folder)
         sides.append(inbound)
         ports = inbound.ports(30)
         args = ["2000", "127.0.0.1,127.0.0.2", "127.0.0.1,127.0.0.2", ",", ""]
@@ -180,8 +179,21 @@ def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -
         deadline = time.monotonic() + 30
         for process in (*inbound.delegates, *outbound.delegates):
             assert _read_note(process, deadline)[0] == READY
-        assert outbound.nic_of == [0, 0]
+        assert outbound.nic_of == [0] * num_delegates
+        yield inbound, outbound
+    finally:
         for side in sides:
+            side.close()
+        shutil.rmtree(folder)
+
+
+def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -> None:
+    """Two sender delegates. The fault hook has the route down for seq 1 only: its delegate
+    moves to NIC 1 by the hook; at the iteration's end the trainer moves the other (a
+    sibling) and waits for it, so both moves are the iteration's failovers (the sibling's
+    came only with the next iteration's, and never after a run's last)."""
+    with _two_nic_direction(2) as (inbound, outbound):
+        for side in (inbound, outbound):
             side.begin(2, 8)
         for seq in (0, 1):
             payload = torch.full((8,), seq, dtype=torch.uint8)
@@ -192,10 +204,6 @@ def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -
         moves = {(f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers}
         assert moves == {("fault hook", 0, 1, 0), ("sibling", 0, 1, 0)}
         assert outbound.nic_of == [1, 1]
-    finally:
-        for side in sides:
-            side.close()
-        shutil.rmtree(folder)
 
 
 def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
@@ -203,21 +211,9 @@ def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
     route down for seq 1. Delegate 2 carried nothing in iteration 1, and its trainer moves
     it then: every move is iteration 1's, the records that hold it (it was iteration 0's,
     the last its delegate had carried)."""
-    direction = LinkDirection("0-1", "forward")
-    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    sides: list[_Inbound | _Outbound] = []
-    try:
-        inbound = _Inbound(direction, 0, 3, ["127.0.0.1,127.0.0.2", "", ","], folder)
-        sides.append(inbound)
-        ports = inbound.ports(30)
-        args = ["2000", "127.0.0.1,127.0.0.2", "127.0.0.1,127.0.0.2", ",", ""]
-        outbound = _Outbound(direction, 1, ports, args, folder)
-        sides.append(outbound)
-        deadline = time.monotonic() + 30
-        for process in (*inbound.delegates, *outbound.delegates):
-            assert _read_note(process, deadline)[0] == READY
+    with _two_nic_direction(3) as (inbound, outbound):
         for iteration, num_messages in ((0, 3), (1, 2)):
-            for side in sides:
+            for side in (inbound, outbound):
                 side.begin(num_messages, 8)
             for seq in range(num_messages):
                 payload = torch.full((8,), seq, dtype=torch.uint8)
@@ -233,10 +229,6 @@ def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
         moves = sorted((f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers)
         assert moves == [("fault hook", 0, 1, 1), ("sibling", 0, 1, 1), ("sibling", 0, 1, 1)]
         assert outbound.nic_of == [1, 1, 1]
-    finally:
-        for side in sides:
-            side.close()
-        shutil.rmtree(folder)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
