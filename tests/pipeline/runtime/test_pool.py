@@ -482,14 +482,14 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> N
 
 def test_a_long_healthy_iteration_is_no_timeout() -> None:
     """The pool's wait bounds a time without word from the workers, not the iteration: with
-    a 0.5 s timeout (the pool's wait 6 s), an iteration of 1F1B over 2 stages x 80
-    microbatches of 30 ms ops lasts about 7.3 s, and no message waits near 0.5 s."""
-    profile = Profile.uniform(2, 80, 30, 30, 30, message_bytes=1024)
-    with WorkerPool(2, timeout_s=0.5) as pool:
+    a 1 s timeout (the pool's wait 7 s), an iteration of 1F1B over 2 stages x 90
+    microbatches of 30 ms ops lasts about 8.2 s, and no message waits near 1 s."""
+    profile = Profile.uniform(2, 90, 30, 30, 30, message_bytes=1024)
+    with WorkerPool(2, timeout_s=1.0) as pool:
         timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     (iteration,) = timeline.iterations
-    assert iteration.end_ms - iteration.start_ms > 6000.0  # longer than the pool's wait
-    assert len(timeline.ops) == 2 * 2 * 80
+    assert iteration.end_ms - iteration.start_ms > 7000.0  # longer than the pool's wait
+    assert len(timeline.ops) == 2 * 2 * 90
 
 
 def test_a_clean_close_ends_every_worker_by_itself(
