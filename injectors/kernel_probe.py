@@ -8,6 +8,7 @@ it makes is recorded as this process's (injectors.ownership) and always removed.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import os
 import uuid
@@ -45,27 +46,66 @@ def probe_kernel() -> dict[str, tuple[bool, str]]:
         netns.create(name)
     except Exception as err:
         owner.remove()
-        return {"namespaces": (False, str(err))}
+        return {"namespaces": (False, f"could not create one ({_reason(err)})")}
     found["namespaces"] = (True, "created and removed one")
     try:
         with IPRoute(netns=name, flags=0) as ipr:
             for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
-                ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
-                index = ipr.link_lookup(ifname=f"a{number}")[0]
+                what = "filter" if kind == "u32" else "qdisc"
+                try:
+                    ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
+                    index = ipr.link_lookup(ifname=f"a{number}")[0]
+                except Exception as err:
+                    found[kind] = (False, f"untested: no veth pair to try it on ({_reason(err)})")
+                    continue
                 try:
                     if kind == "u32":
-                        ipr.tc("add", "htb", index, 0x10000, default=0x10)
+                        try:
+                            ipr.tc("add", "htb", index, 0x10000, default=0x10)
+                        except Exception as err:
+                            why = f"untested: no htb qdisc to filter for ({_reason(err)})"
+                            found[kind] = (False, why)
+                            continue
                         add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
                     else:
                         ipr.tc("add", kind, index, 0x10000, **options)
-                    what = "filter" if kind == "u32" else "qdisc"
                     found[kind] = (True, f"a {kind} {what} was attached")
                 except Exception as err:
-                    found[kind] = (False, str(err))
+                    found[kind] = (False, _failure(kind, what, err))
     finally:
         netns.remove(name)
         owner.remove()
     return found
+
+
+_MODULES = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}
+"""The kernel module behind each probed qdisc or classifier."""
+
+
+def _failure(kind: str, what: str, err: Exception) -> str:
+    """Why `kind` could not be attached, in words: the kernel answers ENOENT for a qdisc or
+    classifier kind it does not know (its module is absent)."""
+    if _code(err) == errno.ENOENT:
+        return f"no {_MODULES[kind]} in this kernel ({_reason(err)})"
+    return f"a {kind} {what} could not be attached ({_reason(err)})"
+
+
+def _code(err: Exception) -> int | None:
+    """The errno of an OSError or of pyroute2's NetlinkError (its `code`), else None."""
+    code = err.errno if isinstance(err, OSError) else getattr(err, "code", None)
+    return code if isinstance(code, int) else None
+
+
+def _reason(err: Exception) -> str:
+    """An error's message without its errno: pyroute2's NetlinkError prints as the tuple
+    `(2, 'No such file or directory')` and an OSError as `[Errno 2] No such file ...`."""
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    code = _code(err)
+    if code is not None:
+        message = err.args[1] if len(err.args) > 1 else None
+        return message if isinstance(message, str) and message else os.strerror(code)
+    return str(err) or type(err).__name__
 
 
 @functools.cache

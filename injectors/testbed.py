@@ -368,7 +368,7 @@ class Testbed:
         elif self._netem:
             present, why = kernel_features().get("netem", (False, "not probed"))
             if not present:
-                raise TestbedError(f"this kernel has no sch_netem: {why}")
+                raise TestbedError(f"the testbed was asked for kernel netem: {why}")
         return self._netem
 
     def set_wire(

@@ -97,3 +97,96 @@ def test_the_real_probe_leaves_no_namespace_behind() -> None:
     while (_namespaces() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _namespaces() - before
+
+
+class _FakeIPRoute:
+    """pyroute2's IPRoute in a namespace whose kernel answers tc with the errors `refusals`
+    gives per qdisc or filter kind (a NetlinkError prints as an errno tuple)."""
+
+    def __init__(self, refusals: dict[str, Exception], **_: object) -> None:
+        self.refusals = refusals
+
+    def __enter__(self) -> "_FakeIPRoute":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def link(self, *_: object, **__: object) -> None:
+        pass
+
+    def link_lookup(self, **_: object) -> list[int]:
+        return [1]
+
+    def tc(self, command: str, kind: str, *_: object, **__: object) -> None:
+        if kind in self.refusals:
+            raise self.refusals[kind]
+
+
+class _FakeNetns:
+    def __init__(self, refusal: Exception | None = None) -> None:
+        self.refusal = refusal
+
+    def create(self, name: str) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+
+    def remove(self, name: str) -> None:
+        pass
+
+
+def _probe_with(
+    monkeypatch: pytest.MonkeyPatch,
+    refusals: dict[str, Exception],
+    netns_refusal: Exception | None = None,
+) -> dict[str, tuple[bool, str]]:
+    import functools
+
+    import pyroute2
+
+    from injectors import kernel_probe
+    from injectors.ownership import OwnerRecord
+
+    monkeypatch.setattr(pyroute2, "IPRoute", functools.partial(_FakeIPRoute, refusals))
+    monkeypatch.setattr(pyroute2, "netns", _FakeNetns(netns_refusal))
+    monkeypatch.setattr(OwnerRecord, "write", lambda self: None)
+    monkeypatch.setattr(OwnerRecord, "remove", lambda self: None)
+    return kernel_probe.probe_kernel()
+
+
+def test_the_probe_says_in_words_what_the_kernel_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's errors come back as words, never as pyroute2's `(2, '...')` tuple: an
+    unknown qdisc or classifier kind (ENOENT) names the missing module."""
+    from pyroute2 import NetlinkError
+
+    found = _probe_with(monkeypatch, {"netem": NetlinkError(2), "u32": NetlinkError(2)})
+    assert found == {
+        "namespaces": (True, "created and removed one"),
+        "netem": (False, "no sch_netem in this kernel (No such file or directory)"),
+        "htb": (True, "a htb qdisc was attached"),
+        "u32": (False, "no cls_u32 in this kernel (No such file or directory)"),
+    }
+    found = _probe_with(monkeypatch, {"htb": NetlinkError(1)})
+    assert found["netem"] == (True, "a netem qdisc was attached")
+    assert found["htb"] == (False, "a htb qdisc could not be attached (Operation not permitted)")
+    assert found["u32"] == (
+        False,
+        "untested: no htb qdisc to filter for (Operation not permitted)",
+    )
+    found = _probe_with(monkeypatch, {}, PermissionError(1, "Operation not permitted"))
+    assert found == {"namespaces": (False, "could not create one (Operation not permitted)")}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel is probed only as root")
+def test_the_real_probe_details_are_words() -> None:
+    from injectors.kernel_probe import probe_kernel
+
+    found = probe_kernel()
+    for kind in ("netem", "htb", "u32"):
+        present, detail = found[kind]
+        if present:
+            assert detail == f"a {kind} {'filter' if kind == 'u32' else 'qdisc'} was attached"
+        else:  # these machines: no sch_netem
+            assert not detail.startswith("("), detail
+            module = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}[kind]
+            assert detail == f"no {module} in this kernel (No such file or directory)"

@@ -30,7 +30,7 @@ def _netem_here() -> tuple[bool, str]:
 def _needs_netem() -> None:
     present, why = _netem_here()
     if not present:
-        pytest.skip(f"this kernel has no sch_netem: {why}")
+        pytest.skip(f"no kernel netem here: {why}")
 
 
 def _netem_delay_ms(bed: Testbed, src: int, dst: int) -> float:
@@ -62,7 +62,10 @@ def test_requiring_netem_where_the_kernel_has_none_is_refused() -> None:
     present, _ = _netem_here()
     if present:
         pytest.skip("this kernel has sch_netem")
-    with Testbed(2, netem=True) as bed, pytest.raises(TestbedError, match="has no sch_netem"):
+    with (
+        Testbed(2, netem=True) as bed,
+        pytest.raises(TestbedError, match="asked for kernel netem: no sch_netem in"),
+    ):
         bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
 
 
