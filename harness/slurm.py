@@ -64,6 +64,7 @@ def write_slurm_script(
         compute_args = ["--compute", "megatron", "--model", str(spec.models[0])]
     steps: list[str] = []
     skipped: list[str] = []
+    reasons: dict[_Skip, int] = {}  # why configurations are skipped, and how many for each
     max_nodes, num_configurations = 1, 0
     for target in spec.targets():
         model = target.cost.model if target.cost else None
@@ -78,9 +79,12 @@ def write_slurm_script(
                 schedule, profile, comm = planned.schedule, planned.profile, planned.comm
                 # (the paper's injected sleeps are the simulator's; a step runs the direct path)
                 if why is None and comm not in (CommMode.DIRECT, CommMode.NCCL_SLEEP):
-                    why = f"{comm.value} comm: the torchrun path has no delegate transport yet"
+                    why = _Skip(
+                        f"{comm.value} comm", "the torchrun path has no delegate transport yet"
+                    )
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))
+                    reasons[why] = reasons.get(why, 0) + 1
                     continue
                 config = slug((target.label, system, scenario.name), "configuration name")
                 config_dir = out_dir / config
@@ -90,7 +94,12 @@ def write_slurm_script(
                 world = profile.num_stages * profile.num_replicas
                 num_nodes = math.ceil(world / gpus_per_node)
                 if world % num_nodes:
-                    skipped.append(_comment(f"skipped {name}: {world} ranks do not split"))
+                    why = _Skip(
+                        f"{world} ranks",
+                        f"they do not split evenly over {num_nodes} nodes of {gpus_per_node} GPUs",
+                    )
+                    skipped.append(_comment(f"skipped {name}: {why}"))
+                    reasons[why] = reasons.get(why, 0) + 1
                     continue
                 max_nodes = max(max_nodes, num_nodes)
                 num_configurations += 1
@@ -120,7 +129,7 @@ def write_slurm_script(
                     )
     if not steps:
         raise ConfigError(
-            "no configuration of this spec can run on the cluster yet: " + "; ".join(skipped)
+            "no configuration of this spec can run on the cluster yet: " + _grouped(reasons)
         )
     script = "\n".join(
         [
@@ -171,9 +180,38 @@ def _job_name(name: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
 
 
-def _unsupported(tp: int, has_faults: bool) -> str | None:
+class _Skip(NamedTuple):
+    """Why a configuration is skipped: what it has, and why the torchrun path cannot run it."""
+
+    what: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.what} ({self.why})"
+
+
+def _grouped(reasons: dict[_Skip, int]) -> str:
+    """How many configurations are skipped for each reason, one clause per distinct `why`:
+    "2 have TP 2 and 2 have TP 4 (the runtime runs PP x DP ranks; ...)"."""
+    by_why: dict[str, list[str]] = {}
+    for skip, count in reasons.items():
+        have = "has" if count == 1 else "have"
+        by_why.setdefault(skip.why, []).append(f"{count} {have} {skip.what}")
+    clauses = []
+    for why, counts in by_why.items():
+        joined = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+        clauses.append(f"{joined} ({why})")
+    return "; ".join(clauses)
+
+
+def _unsupported(tp: int, has_faults: bool) -> _Skip | None:
     if tp > 1:
-        return f"TP {tp}: the runtime runs PP x DP ranks; TP is modelled by the simulator only"
+        return _Skip(
+            f"TP {tp}", "the runtime runs PP x DP ranks; TP is modelled by the simulator only"
+        )
     if has_faults:
-        return "fault timelines are replayed by `adaptra-bench run`, not by the cluster script"
+        return _Skip(
+            "a fault timeline",
+            "the torchrun path runs fixed plans only; `adaptra-bench run` replays timelines",
+        )
     return None

@@ -67,10 +67,48 @@ def test_each_repeat_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path: Path)
         assert args[args.index("--out") + 1] == step[4]
 
 
-def test_nothing_runnable_is_an_error(tmp_path: Path) -> None:
+NOTHING_RUNS = "no configuration of this spec can run on the cluster yet: "
+TP_ONLY_SIMULATED = "(the runtime runs PP x DP ranks; TP is modelled by the simulator only)"
+
+
+def _refusal(spec: ExperimentSpec, tmp_path: Path, gpus_per_node: int = 8) -> str:
+    with pytest.raises(ConfigError) as refused:
+        write_slurm_script(spec, tmp_path, gpus_per_node=gpus_per_node)
+    return str(refused.value)
+
+
+def test_nothing_runnable_is_one_line_counted_by_reason(tmp_path: Path) -> None:
+    """Not each skipped configuration's comment joined up: how many, for each reason."""
     spec = ExperimentSpec(name="x", models=("gpt2-30b",), systems=("zb",))
-    with pytest.raises(ConfigError, match="no configuration of this spec can run"):
-        write_slurm_script(spec, tmp_path)
+    assert _refusal(spec, tmp_path) == f"{NOTHING_RUNS}1 has TP 2 {TP_ONLY_SIMULATED}"
+    spec = ExperimentSpec(name="x", models=("gpt2-30b", "gpt2-60b"), systems=("zb", "1f1b"))
+    assert _refusal(spec, tmp_path) == (
+        f"{NOTHING_RUNS}2 have TP 2 and 2 have TP 4 {TP_ONLY_SIMULATED}"
+    )
+    message = _refusal(load_spec(PRESETS / "table3_trace.yaml"), tmp_path)
+    assert message == f"{NOTHING_RUNS}4 have TP 8 {TP_ONLY_SIMULATED}"
+    assert "\n" not in message and "#" not in message
+
+
+def test_a_fault_timeline_or_an_uneven_split_is_counted_too(tmp_path: Path) -> None:
+    faulted = ExperimentSpec(
+        name="f",
+        models=("tiny",),
+        profile=Profile.uniform(2, 2, 1, 1, 1),
+        systems=("1f1b", "zb"),
+        faults="t.txt",
+        faults_text="1;0_1;0.01\n",
+    )
+    assert _refusal(faulted, tmp_path) == (
+        f"{NOTHING_RUNS}2 have a fault timeline (the torchrun path runs fixed plans only; "
+        "`adaptra-bench run` replays timelines)"
+    )
+    uneven = ExperimentSpec(
+        name="u", models=("tiny",), profile=Profile.uniform(3, 3, 1, 1, 1), systems=("zb",)
+    )
+    assert _refusal(uneven, tmp_path, gpus_per_node=2) == (
+        f"{NOTHING_RUNS}1 has 3 ranks (they do not split evenly over 2 nodes of 2 GPUs)"
+    )
 
 
 @pytest.mark.multiprocess
