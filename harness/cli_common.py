@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from harness.policies import POLICIES, PlannedSchedule, plan
+from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
 from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts
@@ -69,7 +69,7 @@ def resolve(
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
     check_memory(schedule, profile.mem_limit, f"the schedule in {schedule_path}")
-    return profile, PlannedSchedule("given", f"schedule file {schedule_path}", schedule, 0.0)
+    return profile, PlannedSchedule(GIVEN_POLICY, f"schedule file {schedule_path}", schedule, 0.0)
 
 
 def schedule_options(func: F, *, system_alias: bool = True) -> F:

@@ -12,6 +12,7 @@ from harness.cli_common import (
     resolve,
     schedule_options,
 )
+from harness.policies import GIVEN_POLICY
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
@@ -54,8 +55,14 @@ def schedule(
             }
         )
     else:
+        # A given schedule's `method` names its file; a policy's says how it was made.
+        source = (
+            planned.method
+            if planned.policy == GIVEN_POLICY
+            else f"policy {planned.policy} ({planned.method})"
+        )
         click.echo(
-            f"policy {planned.policy} ({planned.method}), warm-up "
+            f"{source}, warm-up "
             f"{list(planned.schedule.warmup_counts())}, ideal iteration time "
             f"{metrics.iteration_time_ms:g} ms"
         )

@@ -24,6 +24,7 @@ from pipeline.simulator import CommMode
 
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
+    "GIVEN_POLICY",
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
+
+GIVEN_POLICY = "given"
+"""The `policy` of a schedule read from a file (--schedule); its `method` names the file."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,10 +76,10 @@ def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
 
 
 POLICIES: dict[str, Builder] = {
-    "1f1b": _static(one_f_one_b, "1f1b (megatron warm-up)"),
-    "zb-h1": _static(zb_h1, "zb-h1 (handcrafted)"),
-    "zb-h2": _static(zb_h2, "zb-h2 (handcrafted)"),
-    "zb": _static(zb_auto, "zb automatic heuristic, fault-free order"),
+    "1f1b": _static(one_f_one_b, "megatron warm-up"),
+    "zb-h1": _static(zb_h1, "handcrafted"),
+    "zb-h2": _static(zb_h2, "handcrafted"),
+    "zb": _static(zb_auto, "automatic heuristic, fault-free order"),
     "adaptra-initial": _static(plan_initial, "alg1+generator"),
     "adaptra": _adaptra,
     "milp": _milp,

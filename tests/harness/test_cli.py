@@ -249,7 +249,7 @@ def test_torch_csv_imports_back(tmp_path: Path) -> None:
         ("adaptra", ["--time-limit", "20"], "alg2+generator+search", 410.0),
         ("milp", ["--time-limit", "20"], "cp-sat optimal", 410.0),
         ("adaptra-initial", [], "alg1+generator", 410.0),
-        ("zb", [], "zb automatic heuristic, fault-free order", 470.0),
+        ("zb", [], "automatic heuristic, fault-free order", 470.0),
     ],
 )
 def test_scheduler_policies(tmp_path: Path, policy, extra, method, time_ms) -> None:
@@ -267,6 +267,47 @@ def test_scheduler_policies(tmp_path: Path, policy, extra, method, time_ms) -> N
     data = json.loads(out.stdout)
     assert (data["policy"], data["method"], data["iteration_time_ms"]) == (policy, method, time_ms)
     assert data["generation_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "header"),
+    [
+        (
+            "1f1b",
+            "policy 1f1b (megatron warm-up), warm-up [4, 3, 2, 1], ideal iteration time 450 ms",
+        ),
+        ("zb-h1", "policy zb-h1 (handcrafted), warm-up [4, 3, 2, 1], ideal iteration time 390 ms"),
+        ("zb-h2", "policy zb-h2 (handcrafted), warm-up [7, 5, 3, 1], ideal iteration time 390 ms"),
+        (
+            "zb",
+            "policy zb (automatic heuristic, fault-free order), warm-up [7, 5, 3, 1], "
+            "ideal iteration time 390 ms",
+        ),
+        (
+            "adaptra-initial",
+            "policy adaptra-initial (alg1+generator), warm-up [7, 5, 3, 1], "
+            "ideal iteration time 390 ms",
+        ),
+    ],
+)
+def test_the_text_header_names_the_policy_once(tmp_path: Path, policy: str, header: str) -> None:
+    """Not `policy zb-h2 (zb-h2 (handcrafted))`: the parentheses say how it was made."""
+    profile = str(write_profile(tmp_path))
+    out = cli("schedule", "--profile", profile, "--policy", policy, "--format", "text")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == header
+
+
+def test_the_text_header_of_a_given_schedule_names_its_file(tmp_path: Path) -> None:
+    profile = str(write_profile(tmp_path))
+    exported = cli("schedule", "--profile", profile, "--policy", "zb-h2", "--format", "json")
+    given = tmp_path / "zb_h2.json"
+    given.write_text(exported.stdout)
+    out = cli("schedule", "--profile", profile, "--schedule", str(given), "--format", "text")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == (
+        f"schedule file {given}, warm-up [7, 5, 3, 1], ideal iteration time 390 ms"
+    )
 
 
 @pytest.mark.multiprocess
