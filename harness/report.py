@@ -104,7 +104,22 @@ def _gantt_charts(
     model under its worst static scenario, its last measured iteration, or the first drawn
     iteration of a fault timeline. The charts share one time axis, each iteration's from its
     start, so a longer iteration draws longer. Returns the figures and, per system, where its
-    chart came from (or why there is none)."""
+    chart came from (or why there is none). A gantt_*.png of an earlier report that this one
+    does not draw is removed: the report it sits beside would not say what it shows."""
+    figures, sources = _draw_gantt_charts(spec, run_dir, runs, iterations)
+    drawn = {name for _, name in figures}
+    for stale in run_dir.glob("gantt_*.png"):
+        if stale.name not in drawn and (stale.is_file() or stale.is_symlink()):
+            stale.unlink(missing_ok=True)
+    return figures, sources
+
+
+def _draw_gantt_charts(
+    spec: ExperimentSpec,
+    run_dir: Path,
+    runs: Sequence[Mapping[str, Any]],
+    iterations: Sequence[Mapping[str, Any]],
+) -> tuple[list[tuple[str, str]], list[str]]:
     model = spec.targets()[0].label
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:

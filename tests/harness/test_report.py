@@ -197,3 +197,36 @@ def test_report_refuses_a_run_directory_a_run_still_writes(
     assert (run_dir / "report.md").read_bytes() == before
     main(["report", str(run_dir)])  # once the run has ended
     assert "12 of 16 configurations" in (run_dir / "report.md").read_text()
+
+
+def test_a_report_removes_the_gantt_charts_it_no_longer_draws(
+    default_run: tuple[Path, list[Any]], tmp_path: Path
+) -> None:
+    """A chart the new report does not draw (its timeline gone) would sit beside a report
+    that does not mention it: it goes; files not named gantt_*.png stay."""
+    run_dir = tmp_path / "out" / "r"
+    shutil.copytree(default_run[0], run_dir)
+    systems = default_experiment().systems
+    assert sorted(p.name for p in run_dir.glob("gantt_*.png")) == sorted(
+        f"gantt_{s}.png" for s in systems
+    )
+    (run_dir / "timelines" / "fig4-uniform-10ms_zb_0-1-40ms_r0.json").unlink()
+    (run_dir / "gantt_falcon.png").write_bytes(b"an older run's")  # a system no longer in it
+    kept = ["slowdown.png", "gantt_notes.txt", "my_gantt_zb.png"]
+    (run_dir / "my_gantt_zb.png").write_bytes(b"not the report's")
+    (run_dir / "gantt_notes.txt").write_text("not a chart")
+    (run_dir / "gantt_dir.png").mkdir()  # not a file: left alone
+    main(["report", str(run_dir)])
+    left = sorted(p.name for p in run_dir.glob("gantt_*.png"))
+    assert left == sorted(["gantt_dir.png", *(f"gantt_{s}.png" for s in systems if s != "zb")])
+    assert all((run_dir / name).exists() for name in kept)
+    report = (run_dir / "report.md").read_text()
+    assert "gantt_zb.png" not in report and "gantt_falcon.png" not in report
+    assert "![Gantt chart, 1f1b](gantt_1f1b.png)" in report
+    assert "- zb: no chart, the run directory has no saved timeline" in report
+    for timeline in (run_dir / "timelines").glob("*_0-1-40ms_r0.json"):
+        timeline.unlink()
+    main(["report", str(run_dir)])
+    assert sorted(p.name for p in run_dir.glob("gantt_*.png")) == ["gantt_dir.png"]
+    report = (run_dir / "report.md").read_text()
+    assert "](gantt_" not in report and "](slowdown.png)" in report
