@@ -46,7 +46,9 @@ for _command in (
 
 SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end a command the way Ctrl-C does (SIGINT): every context manager unwinds
-(worker pools, temporary files, namespaces), one line, exit status 128 + the signal."""
+(worker pools, temporary files, namespaces), one line, exit status 128 + the signal. These and
+SIGINT are handled even where the process inherited them ignored (`nohup`'s SIGHUP, a
+background job's SIGINT)."""
 
 
 class Terminated(BaseException):
@@ -78,6 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     129, SIGTERM 143) after every cleanup."""
     handler = _shutdown_handler(os.getpid())
     previous = {signum: signal.signal(signum, handler) for signum in SHUTDOWN_SIGNALS}
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
+        # Python raises KeyboardInterrupt on SIGINT unless the process started with it
+        # ignored, as a shell starts a script's background job (`run ... &`): there too
+        # `kill -INT` ends the command as Ctrl-C does, after every cleanup.
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):

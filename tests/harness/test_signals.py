@@ -184,3 +184,51 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     first = done.stdout.splitlines()[0]  # (with any other dead run's in /dev/shm)
     assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
     assert not left.exists() and Path(live).is_dir()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_sigint_ends_a_background_run_that_inherited_it_ignored(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """A shell starts a script's background job (`run ... &`) with SIGINT ignored; `kill -INT`
+    of it still ends the run as Ctrl-C does in the foreground: cleanup, one line, 130."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 5, "t_b": 5, "t_w": 5}))
+    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
+    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
+    run = subprocess.Popen(
+        ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *command],
+        env={**os.environ, "TMPDIR": str(short_tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            pool = any(p.name.startswith("adaptra-pool-") for p in short_tmp.iterdir())
+            workers = _descendants(run.pid)
+            if pool and len(workers) >= 4:  # the fork server, its helper, two workers
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and pool and len(workers) >= 4, (
+            run.stderr.read() if run.stderr else ""
+        )
+        ignored = Path(f"/proc/{run.pid}/status").read_text().split("SigIgn:")[1].split()[0]
+        assert not int(ignored, 16) & (1 << (signal.SIGINT - 1))  # the run no longer ignores it
+        time.sleep(0.5)  # inside the iterations
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 130
+    assert err.strip().splitlines() == ["interrupted (SIGINT)"]
+    assert list(short_tmp.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
