@@ -165,6 +165,19 @@ def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: i
     return _Network(wires, nics_down)
 
 
+def _lasting(changes: tuple[tuple[float, WireState, WireState], ...]) -> bool:
+    """Whether a pair's wire states, once set, hold for the next iteration with the same ones
+    too: one state without a stall (a stall is paid again each iteration it is in force, so
+    it is set again)."""
+    return len(changes) == 1 and not any(f.stall_ms or b.stall_ms for _, f, b in changes)
+
+
+def _nics_up(down: set[tuple[int, int]], network: _Network) -> set[tuple[int, int]]:
+    """The NICs of `down` to bring up as the iteration starts: all but those down from its
+    start (one down again later in it is up until then: its timer takes it down)."""
+    return down - {nic for nic, outage in network.nics_down.items() if not outage.from_ms}
+
+
 def _gloo_gave_up(err: WorkerError) -> bool:
     """How a dead NIC or link shows in a worker: a wait or a send timed out (a TimeoutError:
     "Timed out waiting ...", "Application timeout caused pair closure"), or its connection
@@ -275,19 +288,19 @@ class _NetworkEngine(Closing):
         for pair in sorted(set(network.wires) | set(self._wires)):
             unwired = _unwired(self._base, pair)
             changes = network.wires.get(pair, unwired)
-            steady = len(changes) == 1
-            if steady and self._wires.get(pair, unwired) == changes:
+            steady, lasting = len(changes) == 1, _lasting(changes)
+            if lasting and self._wires.get(pair, unwired) == changes:
                 continue  # in force already
             _, forward, backward = changes[0]
             self.bed.set_wire(
                 *pair, plane=0, forward=forward, backward=backward, scheduled=not steady
             )
-            self._wires[pair] = changes if steady else ()  # (): set it again next time
+            self._wires[pair] = changes if lasting else ()  # (): set it again next time
         for (host, plane), outage in network.nics_down.items():  # after the wires: a new
             if outage.from_ms == 0.0 and (host, plane) not in self._nics_down:  # one too
                 self._nics_down.add((host, plane))
                 self.bed.set_link(host, plane, up=False)
-        for host, plane in sorted(self._nics_down - set(network.nics_down)):
+        for host, plane in sorted(_nics_up(self._nics_down, network)):
             self.bed.set_link(host, plane, up=True)
             self._nics_down.discard((host, plane))
         self._pending, self._started_at, self._timer_error = network, None, None

@@ -9,7 +9,7 @@ import pytest
 
 from baselines import one_f_one_b
 from harness.loop import Recovery
-from harness.network import _gloo_gave_up, _network, _wire_changes
+from harness.network import _gloo_gave_up, _lasting, _network, _nics_up, _wire_changes
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import Effect, Held
@@ -59,6 +59,34 @@ def test_a_nic_repaired_inside_an_iteration_is_down_until_then() -> None:
     assert _network(faults.at(1, topology), {}, 1).nics_down == {(1, 0): (0.0, math.inf)}
     assert _network(faults.at(2, topology), {}, 2).nics_down == {(1, 0): (0.0, 80.0)}
     assert _network(faults.at(3, topology), {}, 3).nics_down == {}
+
+
+def test_a_stall_in_force_in_the_next_iteration_too_is_set_again() -> None:
+    """The same stall in iterations 1 and 2 is paid in each (by each sender): the wire is
+    set again at iteration 2's start, where a steady delay stays as it is."""
+    faults = parse_yaml(
+        '[{start_iteration: 1, links: ["0-1"], stall_ms: 200},'
+        ' {start_iteration: 1, links: ["1-2"], delay_ms: 5},'
+        ' {start_iteration: 2, links: ["0-1"], stall_ms: 200}]'
+    )
+    topology = Topology(3)
+    first, second = (_network(faults.at(k, topology), {}, k).wires for k in (1, 2))
+    assert first[0, 1] == second[0, 1] and first[0, 1][0][1].stall_ms == 200.0
+    assert not _lasting(second[0, 1])  # set again
+    assert first[1, 2] == second[1, 2] and _lasting(second[1, 2])  # in force already
+
+
+def test_a_nic_down_again_later_in_the_next_iteration_is_up_until_then() -> None:
+    """Down through iteration 1, then down again from 50 ms into iteration 2: it comes up as
+    iteration 2 starts (its timer takes it down at 50 ms); one down from the start stays."""
+    faults = parse_yaml(
+        '[{start_iteration: 1, end_iteration: 2, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 1, nic: "host2:rnic0", down: true},'
+        ' {start_iteration: 2, at_ms: 50, nic: "host1:rnic0", down: true}]'
+    )
+    network = _network(faults.at(2, Topology(4)), {}, 2)
+    assert network.nics_down == {(1, 0): (50.0, math.inf), (2, 0): (0.0, math.inf)}
+    assert _nics_up({(1, 0), (2, 0)}, network) == {(1, 0)}
 
 
 def test_a_nic_takes_down_only() -> None:
