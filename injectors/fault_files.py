@@ -190,8 +190,8 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
                 "redraw_every_ms: [lo, hi]}"
             )
         lo, hi = (_ms(row, v, "redraw_every_ms") for v in every)
-        if not 0 < lo <= hi:
-            raise ConfigError(f"fault row {row}: redraw_every_ms needs 0 < lo <= hi")
+        if not 1.0 <= lo <= hi:  # each redraw is kept: a shorter interval grows without end
+            raise ConfigError(f"fault row {row}: redraw_every_ms needs 1 <= lo <= hi (ms)")
         mean, std = _ms(row, normal["mean_ms"], "mean_ms"), _ms(row, normal["std_ms"], "std_ms")
         return Effect(normal_ms=(mean, std), redraw_every_ms=(lo, hi))
     if kind == "bandwidth_gbps":

@@ -256,6 +256,26 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # fault timelines
     ("faults missing", P, [*RUN_P, "--faults", "f.yaml"], "cannot read fault timeline f.yaml"),
     (
+        "faults redrawn too often",
+        {
+            **P,
+            "f.yaml": json.dumps(
+                [
+                    {
+                        "start_iteration": 0,
+                        "links": ["0-1"],
+                        "distribution": {
+                            "normal": {"mean_ms": 5, "std_ms": 1},
+                            "redraw_every_ms": [1e-9, 1e-9],
+                        },
+                    }
+                ]
+            ),
+        },
+        [*RUN_P, "--faults", "f.yaml"],
+        "fault row 1: redraw_every_ms needs 1 <= lo <= hi (ms)",
+    ),
+    (
         "spec ring too large to time",
         {
             "s.yaml": json.dumps(

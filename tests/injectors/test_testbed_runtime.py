@@ -95,6 +95,7 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
     import subprocess
     import sys
 
+    from injectors.ownership import OwnerRecord
     from injectors.testbed import PREFIX
 
     profile = tmp_path / "p.json"
@@ -113,10 +114,13 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
     )
 
     def testbeds() -> set[str]:
+        """The testbed namespaces no live process owns (a live one's is another test's)."""
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        return {line.split()[0] for line in listed.splitlines() if line.startswith(PREFIX)}
+        live = {n for r in OwnerRecord.read_all() if r.owner_alive() for n in r.namespaces}
+        names = {line.split()[0] for line in listed.splitlines() if line.startswith(PREFIX)}
+        return names - live
 
-    before = testbeds()  # (another run's testbed on this machine is not this one's)
+    before = testbeds()  # (another run's leftovers on this machine are not this one's)
 
     def median_ms(injection: str) -> float:
         out = subprocess.run(
