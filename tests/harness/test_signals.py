@@ -1,12 +1,14 @@
 """SIGINT, SIGTERM and SIGHUP end a run the same way: every worker, temporary file and
 namespace gone, one line, exit status 128 + the signal."""
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,46 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@contextlib.contextmanager
+def _emulated_run(
+    tmp_path: Path, scratch: Path, num_stages: int, prefix: tuple[str, ...] = ()
+) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
+    """`run --backend emulated` of 1F1B over `num_stages` stages with no end (TMPDIR
+    `scratch`; `prefix` before it on the command line), once its pool's folder is made and
+    its fork server, that one's helper and a worker per stage run; killed if still running
+    at the end."""
+    profile = tmp_path / "p.json"
+    op_ms = {"t_f": 5, "t_b": 5, "t_w": 5}
+    profile.write_text(json.dumps({"stages": num_stages, "microbatches": num_stages, **op_ms}))
+    command = [*prefix, sys.executable, "-m", "harness", "run", "--backend", "emulated"]
+    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
+    run = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        pool = False
+        while time.monotonic() < deadline and run.poll() is None:
+            pool = any(p.name.startswith("adaptra-pool-") for p in scratch.iterdir())
+            workers = _descendants(run.pid)
+            if pool and len(workers) >= num_stages + 2:
+                break
+            time.sleep(0.2)
+        assert run.poll() is None and pool and len(workers) >= num_stages + 2, (
+            run.stderr.read() if run.stderr else ""
+        )
+        yield run, workers
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize(
@@ -52,37 +94,11 @@ def _alive(pid: int) -> bool:
 def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
     tmp_path: Path, short_tmp: Path, signum: int, line: str
 ) -> None:
-    profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"stages": 4, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
     scratch = short_tmp
-    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
-    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
-    run = subprocess.Popen(
-        command,
-        env={**os.environ, "TMPDIR": str(scratch)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None:
-            pool = any(p.name.startswith("adaptra-pool-") for p in scratch.iterdir())
-            workers = _descendants(run.pid)
-            if pool and len(workers) >= 6:  # the fork server, its helper, four workers
-                break
-            time.sleep(0.2)
-        assert run.poll() is None and pool and len(workers) >= 6, (
-            run.stderr.read() if run.stderr else ""
-        )
+    with _emulated_run(tmp_path, scratch, 4) as (run, workers):
         time.sleep(0.5)  # inside the iterations
         run.send_signal(signum)
         _, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     assert run.returncode == 128 + signum
     assert err.strip().splitlines() == [line]
     assert list(scratch.iterdir()) == []  # the pool's rendezvous, checkpoints, fork server's
@@ -144,28 +160,10 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     """SIGKILL leaves the controller no chance to clean up: its workers end without a
     traceback (their pipe to it broke), and `cleanup` removes its pool's folder, whose
     process is gone, and leaves a live one's."""
-    profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"stages": 4, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
-    env = {**os.environ, "TMPDIR": str(short_tmp)}
-    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
-    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
-    run = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None:
-            workers = _descendants(run.pid)
-            if len(workers) >= 6:  # the fork server, its helper, four workers
-                break
-            time.sleep(0.2)
-        assert run.poll() is None and len(workers) >= 6
+    with _emulated_run(tmp_path, short_tmp, 4) as (run, workers):
         time.sleep(1.0)  # inside the iterations
         run.kill()
         _, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     deadline = time.monotonic() + 30  # orphans end as they find the controller gone
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -175,7 +173,7 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     live = make_folder(POOL_PREFIX, str(short_tmp))  # this process's: it runs
     done = subprocess.run(
         [sys.executable, "-m", "harness", "cleanup"],
-        env=env,
+        env={**os.environ, "TMPDIR": str(short_tmp)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -193,38 +191,13 @@ def test_sigint_ends_a_background_run_that_inherited_it_ignored(
 ) -> None:
     """A shell starts a script's background job (`run ... &`) with SIGINT ignored; `kill -INT`
     of it still ends the run as Ctrl-C does in the foreground: cleanup, one line, 130."""
-    profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 5, "t_b": 5, "t_w": 5}))
-    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated"]
-    command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
-    run = subprocess.Popen(
-        ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *command],
-        env={**os.environ, "TMPDIR": str(short_tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None:
-            pool = any(p.name.startswith("adaptra-pool-") for p in short_tmp.iterdir())
-            workers = _descendants(run.pid)
-            if pool and len(workers) >= 4:  # the fork server, its helper, two workers
-                break
-            time.sleep(0.2)
-        assert run.poll() is None and pool and len(workers) >= 4, (
-            run.stderr.read() if run.stderr else ""
-        )
+    ignore_sigint = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
+    with _emulated_run(tmp_path, short_tmp, 2, ignore_sigint) as (run, workers):
         ignored = Path(f"/proc/{run.pid}/status").read_text().split("SigIgn:")[1].split()[0]
         assert not int(ignored, 16) & (1 << (signal.SIGINT - 1))  # the run no longer ignores it
         time.sleep(0.5)  # inside the iterations
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     assert run.returncode == 130
     assert err.strip().splitlines() == ["interrupted (SIGINT)"]
     assert list(short_tmp.iterdir()) == []
