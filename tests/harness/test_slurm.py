@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,17 @@ from pipeline.profile import Profile
 from pipeline.timeline import Timeline
 
 PRESETS = Path(__file__).parents[2] / "harness" / "presets"
+
+
+def _two_stages(**changes: Any) -> ExperimentSpec:
+    """1F1B on a small two-stage profile labelled "tiny" (the megatron backend's model)."""
+    fields: dict[str, Any] = {
+        "name": "tiny",
+        "models": ("tiny",),
+        "profile": Profile.uniform(2, 2, 1, 1, 1),
+        "systems": ("1f1b",),
+    }
+    return ExperimentSpec(**(fields | changes))
 
 
 def test_a_preset_becomes_one_srun_step_per_runnable_configuration(tmp_path: Path) -> None:
@@ -39,15 +51,7 @@ def test_a_preset_becomes_one_srun_step_per_runnable_configuration(tmp_path: Pat
 
 
 def test_each_repeat_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path: Path) -> None:
-    spec = ExperimentSpec(
-        name="r",
-        models=("tiny",),
-        profile=Profile.uniform(2, 2, 1, 1, 1),
-        systems=("1f1b",),
-        num_iterations=4,
-        num_warmup_iterations=2,
-        num_repeats=3,
-    )
+    spec = _two_stages(num_iterations=4, num_warmup_iterations=2, num_repeats=3)
     script, num_configurations, _ = write_slurm_script(spec, tmp_path)
     assert num_configurations == 1
     steps = [
@@ -116,15 +120,7 @@ def test_a_fault_timeline_or_an_uneven_split_is_counted_too(tmp_path: Path) -> N
 def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) -> None:
     """srun and scontrol replaced by stand-ins that run the step here: torchrun really
     starts the ranks, they run (or train: megatron) and write a timeline (and losses)."""
-    spec = ExperimentSpec(
-        name="tiny",
-        models=("tiny",),
-        profile=Profile.uniform(2, 2, 1, 1, 1),
-        systems=("1f1b",),
-        num_iterations=2,
-        num_warmup_iterations=1,
-        backend=backend,
-    )
+    spec = _two_stages(num_iterations=2, num_warmup_iterations=1, backend=backend)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -234,9 +230,7 @@ def test_a_line_break_in_a_name_is_refused(field: str) -> None:
 
 
 def test_a_line_break_in_the_output_folder_stays_in_its_argument(tmp_path: Path) -> None:
-    spec = ExperimentSpec(
-        name="x", models=("x",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
-    )
+    spec = _two_stages()
     out = tmp_path / "a\ntouch PWNED\n" / "job"
     script, _, _ = write_slurm_script(spec, out)
     done = subprocess.run(
@@ -264,9 +258,7 @@ def test_the_steps_run_the_python_that_wrote_the_script_and_leave_no_stale_resul
     """A bare `python` was whatever PATH found (no torch where the venv was not activated);
     PYTHON still chooses another. A step's results from an earlier job are removed before it
     runs, so a failed step leaves none that look like its own."""
-    spec = ExperimentSpec(
-        name="x", models=("x",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
-    )
+    spec = _two_stages()
     script, _, _ = write_slurm_script(spec, tmp_path / "job")
     step = next(p for p in (tmp_path / "job").iterdir() if p.is_dir())
     env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN)
@@ -290,19 +282,16 @@ def test_the_spec_s_timeout_reaches_the_workers_and_network_injection_is_refused
 ) -> None:
     """The script's workers waited their default 60 s whatever the spec said, and a spec
     asking for its delays in the network got the workers' hook without a word."""
-    fields = {"name": "x", "models": ("x",), "profile": Profile.uniform(2, 2, 1, 1, 1)}
-    spec = ExperimentSpec(**fields, systems=("1f1b",), backend="emulated", transport_timeout_s=300)
+    spec = _two_stages(backend="emulated", transport_timeout_s=300)
     script, _, _ = write_slurm_script(spec, tmp_path / "job")
     assert "--timeout 300 " in script.read_text()
-    networked = ExperimentSpec(**fields, systems=("1f1b",), backend="emulated", injection="network")
+    networked = _two_stages(backend="emulated", injection="network")
     with pytest.raises(ConfigError, match="injection 'network': the cluster script injects"):
         write_slurm_script(networked, tmp_path / "other")
 
 
 def test_the_job_time_reaches_the_script_in_a_form_sbatch_takes(tmp_path: Path) -> None:
-    spec = ExperimentSpec(
-        name="t", models=("tiny",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
-    )
+    spec = _two_stages()
     for job_time in ("30", "1-12", "2-00:30:00", "04:00:00"):
         script, _, _ = write_slurm_script(spec, tmp_path / job_time, time_limit=job_time)
         assert f"\n#SBATCH --time={job_time}\n" in script.read_text()
