@@ -104,22 +104,7 @@ def _gantt_charts(
     model under its worst static scenario, its last measured iteration, or the first drawn
     iteration of a fault timeline. The charts share one time axis, each iteration's from its
     start, so a longer iteration draws longer. Returns the figures and, per system, where its
-    chart came from (or why there is none). A gantt_*.png of an earlier report that this one
-    does not draw is removed: the report it sits beside would not say what it shows."""
-    figures, sources = _draw_gantt_charts(spec, run_dir, runs, iterations)
-    drawn = {name for _, name in figures}
-    for stale in run_dir.glob("gantt_*.png"):
-        if stale.name not in drawn and (stale.is_file() or stale.is_symlink()):
-            stale.unlink(missing_ok=True)
-    return figures, sources
-
-
-def _draw_gantt_charts(
-    spec: ExperimentSpec,
-    run_dir: Path,
-    runs: Sequence[Mapping[str, Any]],
-    iterations: Sequence[Mapping[str, Any]],
-) -> tuple[list[tuple[str, str]], list[str]]:
+    chart came from (or why there is none)."""
     model = spec.targets()[0].label
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
@@ -162,6 +147,14 @@ def _draw_gantt_charts(
         )
         figures.append((f"Gantt chart, {system}", name))
     return figures, sources
+
+
+def _remove_stale_charts(run_dir: Path, drawn: set[str]) -> None:
+    """A gantt_*.png of an earlier report that this one does not draw goes: the report it
+    sits beside would not say what it shows."""
+    for stale in run_dir.glob("gantt_*.png"):
+        if stale.name not in drawn and (stale.is_file() or stale.is_symlink()):
+            stale.unlink(missing_ok=True)
 
 
 def _traced(row: Mapping[str, Any]) -> bool:
@@ -244,6 +237,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
         figures.append((_throughput_caption(runs), "throughput_over_time.png"))
     gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
+    _remove_stale_charts(run_dir, {name for _, name in gantt})
     figures += gantt
     recorded = read_spec_record(run_dir)
     resumed = ", ".join(f"`{r}`" for r in recorded["resumed_git_revisions"])
