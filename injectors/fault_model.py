@@ -11,10 +11,11 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
   from that event's own `at_ms`.
   Effects of different kinds on one target add up.
 - Per message: its hosts and route (every message uses each end's first NIC, `rnic0`, until
-  failover moves it) pick the effects. Jitter, caps and stalls are pure functions of (seed,
-  link, direction, iteration, kind, microbatch), so every engine assigns a message the same
-  `fault_ms`; redrawn distributions follow each engine's clock (the offset into the
-  iteration) and agree in distribution only.
+  failover moves it) pick the effects. A failed message is `stranded` where no other NIC has
+  its route up (down at one of its hosts): a failover cannot carry it either. Jitter, caps
+  and stalls are pure functions of (seed, link, direction, iteration, kind, microbatch), so
+  every engine assigns a message the same `fault_ms`; redrawn distributions follow each
+  engine's clock (the offset into the iteration) and agree in distribution only.
 """
 
 from __future__ import annotations
@@ -211,13 +212,24 @@ class InForce:
                     continue
                 effect = held.effect
                 if effect.down:
-                    return MessageFault(failed=True)
+                    return MessageFault(failed=True, stranded=self._stranded(link, offset_ms))
                 delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
                 if effect.bandwidth_gbps is not None:
                     delay_ms += num_bytes * 8 / (effect.bandwidth_gbps * 1e6)
                 if effect.normal_ms is not None:
                     delay_ms += self._redrawn(effect, unit).at(offset_ms)
         return MessageFault(delay_ms)
+
+    def _stranded(self, link: Link, offset_ms: float) -> bool:
+        """No NIC after the first has its route up: down at one of the link's hosts."""
+        hosts = self.topology.hosts_of(link)
+
+        def down(unit: _Unit) -> bool:
+            return any(h.effect.down and h.holds_at(offset_ms) for h in self.effects.get(unit, ()))
+
+        return all(
+            any(down(("nic", host, nic)) for host in hosts) for nic in self.topology.nics[1:]
+        )
 
     def _redrawn(self, effect: Effect, unit: _Unit) -> _Redraws:
         redraws = self._redraws.get((unit, effect))

@@ -25,6 +25,9 @@ class MessageFault:
     """Extra time before the message goes (a slow link), on top of the profile's own delay."""
     failed: bool = False
     """The message cannot go: its link or a NIC on its route has failed."""
+    stranded: bool = False
+    """Failed, and no other data-plane NIC has a route up either (each NIC after the first is
+    down at one of its hosts): a failover to another NIC cannot carry it."""
 
 
 NONE = MessageFault()

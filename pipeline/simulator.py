@@ -126,7 +126,8 @@ def simulate(
     `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`).
 
     A message whose route has failed (a NIC or link down) is a LinkFailure over the direct
-    path; over delegates, its link direction fails over to the next NIC (adaptra.transport):
+    path, and over delegates where it is `stranded` (no other NIC's route up); else over
+    delegates its link direction fails over to the next NIC (adaptra.transport):
     its delegates are busy `host.failover_ms` from the message's send, and it and the
     direction's later messages go over the other NIC, where the failed route's faults are
     not (the timeline's `failovers`). `failed_over`: the (replica, link, direction)s that
@@ -269,7 +270,7 @@ def simulate(
                     if not fault.failed:
                         transfer_ms += fault.delay_ms
                         fault_ms += fault.delay_ms
-                    elif mode is not CommMode.DELEGATED or len(nics) < 2:
+                    elif mode is not CommMode.DELEGATED or fault.stranded or len(nics) < 2:
                         raise _pp_link_down(
                             iteration, _DIRECTIONS[direction], m, pp_links[link_idx],
                             end - origin_ms,
@@ -461,7 +462,8 @@ def _step_end_ms(
     cost, and can be used the host's receive lag and the ring's lag later (`ring_lag` at the
     number of stages' rings running then; the `direct` path's rule, over delegates too, with
     the delegated ring's lag). A message whose route
-    failed is a LinkFailure, unless its link direction is delegated (`failover`). Every DP
+    failed is a LinkFailure, unless its link direction is delegated (`failover`) and another
+    NIC's route is up (not `stranded`). Every DP
     message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
     index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
@@ -481,7 +483,7 @@ def _step_end_ms(
             fault = ask(link, direction, KIND, index, num_bytes, offset_ms)
             sender = link.first if direction == "forward" else link.second
             here = (sender, str(link), direction)
-            if fault.failed and failover.delegated:
+            if fault.failed and failover.delegated and not fault.stranded:
                 if here in failover.moved:
                     return delay_ms  # on the next NIC already: the failed route's faults not
                 failover.moved.add(here)

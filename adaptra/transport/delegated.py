@@ -352,10 +352,7 @@ class _Outbound(_Side):
         note = _read_note(delegate, deadline)
         kind, _, cause, first_seq, left, took, t1, t2, pid = note
         if kind == FAILED:
-            raise LinkFailure(
-                f"the {delegate} could not reach its receiver over any NIC: link "
-                f"{self.direction.link} ({self.direction.direction}) has failed"
-            )
+            raise self._stranded(delegate)
         if kind == FAILOVER:
             self.failovers.append(
                 Failover(
@@ -364,6 +361,22 @@ class _Outbound(_Side):
             )
             self.nic_of[delegate.index] = took
         return note
+
+    def check(self) -> None:
+        """Raise `LinkFailure` if one of its delegates has noted that it found no NIC left
+        (its other notes stay, to be read in turn)."""
+        for delegate in self.delegates:
+            delegate.read_written()
+            notes = delegate.unread
+            starts = range(0, len(notes) - NOTE.size + 1, NOTE.size)
+            if any(NOTE.unpack_from(notes, at)[0] == FAILED for at in starts):
+                raise self._stranded(delegate)
+
+    def _stranded(self, delegate: _Process) -> LinkFailure:
+        return LinkFailure(
+            f"the {delegate} could not reach its receiver over any NIC: link "
+            f"{self.direction.link} ({self.direction.direction}) has failed"
+        )
 
     def _move_the_others(self, iteration: int, deadline: float) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
@@ -563,6 +576,10 @@ class DelegateTransport:
         for outbound in self._outbound.values():
             records += outbound.finish(iteration, self.timeout_s)
         return records
+
+    def check(self) -> None:
+        for outbound in self._outbound.values():
+            outbound.check()
 
     def take_failovers(self) -> list[Failover]:
         taken = [f for outbound in self._outbound.values() for f in outbound.failovers]

@@ -81,12 +81,14 @@ class Ring:
         timeout_s: float,
         device: torch.device,
         on_chunk: Callable[[], None] = lambda: None,
+        check: Callable[[], None] | None = None,
     ) -> None:
-        """`on_chunk`: called as each chunk from the ring predecessor is taken in."""
+        """`on_chunk`: called as each chunk from the ring predecessor is taken in; `check`:
+        called while a chunk is waited for (`Receiver`)."""
         num_replicas = topology.num_replicas
         stage, replica = position.stage, position.replica
         self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
-        self._on_chunk = on_chunk
+        self._on_chunk, self._check = on_chunk, check
         self._num_replicas, self._layout = num_replicas, layout
         self._replica = replica
         self._sizes: tuple[int, ...] = ()
@@ -227,7 +229,9 @@ class Ring:
             for index, buffer in zip(self._indices(bucket), inbox, strict=True)
         ]
         if self._incoming is None:
-            self._incoming = Receiver(self._from_rank, None, receives, self._timeout_s, more=True)
+            self._incoming = Receiver(
+                self._from_rank, None, receives, self._timeout_s, more=True, check=self._check
+            )
         else:
             self._incoming.add(receives)
 

@@ -1,11 +1,13 @@
 """The core's two hooks, and their trivial versions (injectors/ provides the real ones).
 
-- The fault hook runs in the sending worker before every message; it may sleep (a delay),
-  or raise (a failure), and returns the delay it injected in ms (the message's `fault_ms`).
-  It must be picklable: the pool ships it to the workers. `link` names the link: a PP link
-  "i-(i+1)" (of the sender's replica) or a DP ring link "dp<stage>:a-b"; a PP message has
-  `kind` "F" or "B" and its microbatch, a DP all-reduce message `kind` "AR" and, in place of
-  the microbatch, its index on its link direction (pipeline.allreduce).
+- The fault hook runs in the sending worker before every message; it may sleep (a delay), or
+  raise (a failure: `RouteDown` where another NIC's route is up, for a delegated link
+  direction to fail over to; else `LinkFailure`), and returns the delay it injected in ms
+  (the message's `fault_ms`). It must be picklable: the pool ships it to the workers. `link`
+  names the link: a PP link "i-(i+1)" (of the sender's replica) or a DP ring link
+  "dp<stage>:a-b"; a PP message has `kind` "F" or "B" and its microbatch, a DP all-reduce
+  message `kind` "AR" and, in place of the microbatch, its index on its link direction
+  (pipeline.allreduce).
 - The launch hook starts one worker process (e.g. inside a network namespace), from
   `worker_context()`.
 """
@@ -22,7 +24,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
-from pipeline.errors import ConfigError, LinkFailure
+from pipeline.errors import ConfigError, LinkFailure, RouteDown
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
@@ -88,7 +90,8 @@ class FaultViewHook:
                     if named.is_pp
                     else f"all-reduce message {microbatch}"
                 )
-                raise LinkFailure(
+                failure = LinkFailure if fault.stranded else RouteDown
+                raise failure(
                     f"link {concrete} ({direction}) has failed: {what} in iteration "
                     f"{iteration} cannot go",
                     at_ms=offset_ms,

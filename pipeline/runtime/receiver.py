@@ -9,15 +9,17 @@ stamps `time.monotonic()` as each wait returns. The compute thread takes a messa
 which blocks on an event, never on gloo. A DP ring's receiver (`more`) is fed each bucket's
 receives as they are posted (`add`) and lives for the whole all-reduce.
 
-Timeouts: `take` gives up after its timeout counted from the op's ask, naming what it
-waited for. The thread's wait for a message is a backstop, `BACKSTOP` times as long, counted
-from when it starts that wait, i.e. from the arrival of the neighbour's previous message (or
-from the iteration's start): a neighbour that owes a message and stays silent that long
-fails the iteration even if no op has asked for it yet. It is the longer of the two because
-gloo, when a wait times out, closes every connection of its process: a thread timing out
-first made a neighbour waiting on this process report a broken connection, not the timeout
-(a stage 0 held 10 s before its send, whose thread gave up on a gradient, failed stage 1
-with "connection closed by peer"). The first error ends the thread; every message not yet
+Timeouts: `take` gives up after its timeout counted from the op's ask, naming what it waited
+for; while it waits it calls its `check` every `CHECK_EVERY_S` (a worker's look for a
+failure of its own sends: a sender delegate that found no NIC left), which may raise. The
+thread's wait for a message is a backstop, `BACKSTOP` times as long, counted from when it
+starts that wait, i.e. from the arrival of the neighbour's previous message (or from the
+iteration's start): a neighbour that owes a message and stays silent that long fails the
+iteration even if no op has asked for it yet. It is the longer of the two because gloo, when
+a wait times out, closes every connection of its process: a thread timing out first made a
+neighbour waiting on this process report a broken connection, not the timeout (a stage 0
+held 10 s before its send, whose thread gave up on a gradient, failed stage 1 with
+"connection closed by peer"). The first error ends the thread; every message not yet
 received then raises that error in whoever takes it, and `finish` raises it at the end of
 the iteration.
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pipeline.errors import ScheduleError
 from pipeline.runtime.transport import (
@@ -45,11 +47,14 @@ from pipeline.runtime.transport import (
     describe_chunk,
 )
 
-__all__ = ["BACKSTOP", "Receiver"]
+__all__ = ["BACKSTOP", "CHECK_EVERY_S", "Receiver"]
 
 BACKSTOP = 2.0
 """The thread's wait for a message, in units of the ops' `timeout_s` (the module's
 docstring: why it is the longer one; a pool waits 2 x `timeout_s` + 5 s for its workers)."""
+
+CHECK_EVERY_S = 0.1
+"""How often `take`, while it waits, calls its `check`."""
 
 
 class _Slot:
@@ -74,16 +79,19 @@ class Receiver:
         timeout_s: float,
         *,
         more: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> None:
         """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
         the thread's wait on one of them gives up after `BACKSTOP` x `timeout_s` (the ops'
         wait, `take`'s, is `timeout_s`). `kind` None: DP all-reduce
         chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring). `more`:
-        further receives come by `add` while the thread runs, until `finish`."""
+        further receives come by `add` while the thread runs, until `finish`. `check`:
+        called (by the thread that takes) while `take` waits."""
         self.peer, self.kind = peer, kind
         self._receives: list[tuple[int, PendingReceive]] = []
         self._slots: dict[int, _Slot] = {}
         self._timeout_s = timeout_s
+        self._check = check
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._posted = threading.Condition()
@@ -125,11 +133,22 @@ class Receiver:
             slot = self._slots.get(microbatch)
         if slot is None:
             raise ScheduleError(f"{what} never comes: rank {self.peer}'s schedule does not send it")
-        if not slot.done.wait(timeout_s):
+        if not self._wait(slot, timeout_s):
             raise TimeoutError(f"waiting for {what} failed: nothing came within {timeout_s:g} s")
         if slot.error is not None:
             raise slot.error
         return slot.arrival
+
+    def _wait(self, slot: _Slot, timeout_s: float) -> bool:
+        """Whether `slot` is done within `timeout_s`, calling `check` as it waits."""
+        if self._check is None:
+            return slot.done.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not slot.done.wait(min(CHECK_EVERY_S, max(deadline - time.monotonic(), 0.0))):
+            self._check()
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def finish(self, timeout_s: float) -> None:
         """Join the thread once every message is in (no more come by `add`). Raises

@@ -246,6 +246,12 @@ class DelegatedLinks(Protocol):
         """The failovers its delegates noted since the last call, in the order noticed."""
         ...
 
+    def check(self) -> None:
+        """Raise `LinkFailure` if a sender delegate has found no NIC left to carry its link
+        direction: called while the worker waits on a message, so that the failure, not the
+        wait's timeout, ends the iteration."""
+        ...
+
     def rewire(self, setup: DelegateSetup) -> None:
         """Wire to `setup`'s neighbours (a rank swap): a link direction whose peer stays
         keeps its delegates, one whose peer changed (or that is new) gets new ones, one no

@@ -32,7 +32,7 @@ from pipeline.allreduce import (
     messages_per_link_direction,
     ring_peer,
 )
-from pipeline.errors import ConfigError, LinkFailure
+from pipeline.errors import ConfigError, RouteDown
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult, StateMove
@@ -251,6 +251,7 @@ class _Worker:
             self.timeout_s,
             self.compute.device,
             self.progress.tick,
+            self._check_sends(),
         )
         try:
             ring.post()
@@ -473,9 +474,14 @@ class _Worker:
                         else delegates.post_receive(direction, message, buffers[m]),
                     )
                 )
-            receiver = Receiver(peer, msg_kind, receives, self.timeout_s)
+            receiver = Receiver(peer, msg_kind, receives, self.timeout_s, check=self._check_sends())
             inbound[msg_kind] = _Inbound(link, _DIRECTION[msg_kind], receiver, buffers)
         return inbound
+
+    def _check_sends(self) -> Callable[[], None] | None:
+        """What a wait on a message calls: its delegates' look for a link direction with no
+        NIC left (`DelegatedLinks.check`); None without delegates."""
+        return None if self.delegates is None else self.delegates.check
 
     def _finish_receivers(self, inbound: dict[int, _Inbound]) -> None:
         """Join the receiver threads after the last op: in a valid schedule every message a
@@ -536,7 +542,7 @@ class _Worker:
                         op.microbatch, num_bytes, wait=False,
                     )  # fmt: skip
                     route_down = False
-                except LinkFailure:  # on the NIC in use: the delegate moves to another NIC
+                except RouteDown:  # on the NIC in use: the delegate moves to another NIC
                     fault_ms, route_down = delays.get(link, 0.0), True
                 self.delegates.send(direction, message, output, fault_ms, route_down)
             else:
@@ -594,7 +600,7 @@ class _DelegatedRing:
         try:
             fault_ms = self._hook(link, direction, iteration, KIND, index, num_bytes, wait=False)
             route_down = False
-        except LinkFailure:  # on the NIC in use: the delegate moves to another NIC
+        except RouteDown:  # on the NIC in use: the delegate moves to another NIC
             fault_ms, route_down = self._delays.get(link, 0.0), True
         message = Message(iteration, GRADIENT, index, index)
         self._delegates.send(outbound, message, payload, fault_ms, route_down)

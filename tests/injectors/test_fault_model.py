@@ -124,6 +124,34 @@ def test_a_nic_down_fails_every_message_routed_through_it() -> None:
     assert not rnic1.message_fault(Link.pp(1, 0), "forward", "F", 0).failed  # not on the route
 
 
+def test_a_failed_message_is_stranded_only_where_no_other_nic_has_its_route_up() -> None:
+    """Link 1-2 runs between hosts 1 and 2. Its rnic0 route down (a NIC or the host pair):
+    failed, with rnic1 up at both ends to fail over to. rnic1 down at one end as well, from
+    5 ms: stranded from then on."""
+    rows = {
+        "rnic0 of host 2": '[{start_iteration: 0, nic: "host2:rnic0", down: true}]',
+        "host pair": '[{start_iteration: 0, links: ["1-2"], down: true}]',
+        "both of host 2": '[{start_iteration: 0, nic: "host2:rnic0", down: true},'
+        ' {start_iteration: 0, at_ms: 5, nic: "host2:rnic1", down: true}]',
+        "rnic0 of 1, rnic1 of 2": '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 0, at_ms: 5, nic: "host2:rnic1", down: true}]',
+    }
+    seen = {}
+    for name, row in rows.items():
+        in_force = _model(row).at(0, FOUR)
+        faults = [in_force.message_fault(Link.pp(1, 0), "forward", "F", 0, 0, t) for t in (1, 6)]
+        seen[name] = [(f.failed, f.stranded) for f in faults]
+    assert seen == {
+        "rnic0 of host 2": [(True, False), (True, False)],
+        "host pair": [(True, False), (True, False)],
+        "both of host 2": [(True, False), (True, True)],
+        "rnic0 of 1, rnic1 of 2": [(True, False), (True, True)],
+    }
+    one_nic = Topology(4, nics=("rnic0",))
+    lone = _model(rows["rnic0 of host 2"]).at(0, one_nic)
+    assert lone.message_fault(Link.pp(1, 0), "forward", "F", 0).stranded  # nothing to move to
+
+
 def test_a_redrawn_normal_delay_follows_the_clock() -> None:
     model = _model(
         '[{start_iteration: 0, links: ["0-1"], distribution: {normal: {mean_ms: 20, std_ms: 4},'

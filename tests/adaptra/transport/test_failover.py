@@ -19,8 +19,10 @@ from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Controller, Plan
+from pipeline.errors import LinkFailure
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
+from pipeline.runtime import WorkerLinkFailure
 from pipeline.timeline import FailoverRecord, Timeline
 
 pytestmark = pytest.mark.multiprocess
@@ -139,6 +141,29 @@ def test_the_baselines_over_direct_restart_from_their_checkpoint(system: str) ->
     )
     assert (result.restarts, result.lost_iterations) == (1, 20)
     assert result.iterations == (*range(20), *range(30))
+    assert result.timeline is not None and not result.timeline.failovers
+
+
+@pytest.mark.parametrize("backend", ["sim", "emulated"])
+def test_both_nics_of_a_host_down_leave_no_route_to_fail_over_to(backend: str) -> None:
+    """rnic0 of host 1 fails at iteration 2 and its rnic1 as well: Adaptra's delegates have
+    no NIC to move to, so the message is a link failure and the job restarts, in the
+    simulator and in real runs alike (no failover is recorded). rnic0 alone: it fails
+    over (the tests above)."""
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    faults = parse_yaml(
+        '[{start_iteration: 2, at_ms: 5, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 2, at_ms: 5, nic: "host1:rnic1", down: true}]'
+    )
+    result = run_configuration(
+        system_controller("adaptra-oracle", profile, faults),
+        num_iterations=4,
+        num_warmup_iterations=1,
+        faults=faults,
+        **({"backend": "emulated", "delegated": True} if backend == "emulated" else {}),
+    )
+    assert (result.restarts, result.lost_iterations) == (1, 2)
+    assert result.iterations == (0, 1, *range(4))
     assert result.timeline is not None and not result.timeline.failovers
 
 
@@ -314,6 +339,36 @@ def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
     after = [m for m in timeline.messages if m.iteration >= 3]  # all on rnic1
     assert len(after) == 2 * 4 and all(m.fault_ms == 0.0 for m in after)  # the workers: none
     assert min(m.arrival_ms - m.wire_start_ms for m in after) >= 20.0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_sender_delegate_with_no_nic_left_fails_its_iteration_at_once() -> None:
+    """On the testbed rnic0 and rnic1 of host 1 go down as iteration 1 begins (the network
+    takes them down; no hook says so). Host 1's sender delegates find no NIC left while
+    their trainer waits on a message from host 0: the iteration ends with their
+    `LinkFailure`, not with that wait's timeout (60 s here), and not the testbed's reading
+    of a timeout as a failure."""
+    from harness.network import network_engine
+
+    profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    faults = parse_yaml(
+        '[{start_iteration: 1, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 1, nic: "host1:rnic1", down: true}]'
+    )
+    controller = system_controller("adaptra-oracle", profile, faults)
+    with network_engine(profile, delegated=True) as engine:
+        for k in range(2):
+            plan = controller.plan(k)
+            topology = plan.topology or plan.profile.topology
+            if k == 0:
+                engine.run(plan, k, faults.at(k, topology))
+                continue
+            with pytest.raises(LinkFailure) as info:
+                engine.run(plan, k, faults.at(k, topology))
+    assert isinstance(info.value.__cause__, WorkerLinkFailure)
+    assert "could not reach its receiver over any NIC" in str(info.value)
 
 
 class _FailsAt:

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.errors import LinkFailure
+from pipeline.errors import LinkFailure, RouteDown
 from pipeline.faults import MessageFault
 from pipeline.runtime.hooks import FaultViewHook
 from pipeline.topology import Link
@@ -15,6 +15,7 @@ from pipeline.topology import Link
 class _Recording:
     asked: list[tuple[Link, str, str, int]] = dataclasses.field(default_factory=list)
     fail: bool = False
+    stranded: bool = False
 
     def message_fault(
         self,
@@ -26,7 +27,7 @@ class _Recording:
         offset_ms: float = 0.0,
     ) -> MessageFault:
         self.asked.append((link, direction, kind, microbatch))
-        return MessageFault(0.0, failed=self.fail)
+        return MessageFault(0.0, failed=self.fail, stranded=self.stranded)
 
 
 def test_pp_and_dp_messages_reach_the_view_as_concrete_links() -> None:
@@ -44,3 +45,13 @@ def test_a_failed_dp_link_names_the_all_reduce_message() -> None:
     hook = FaultViewHook({}, _Recording(fail=True))
     with pytest.raises(LinkFailure, match=r"link dp2:0-2 \(backward\) has failed: all-reduce "):
         hook("dp2:0-2", "backward", 4, "AR", 5, 64)
+
+
+def test_a_failure_another_nic_can_carry_is_a_route_down_and_one_it_cannot_is_not() -> None:
+    """RouteDown (a LinkFailure: the direct path fails alike) tells a delegated sender to
+    fail over; a stranded message's failure is a plain LinkFailure, which nothing moves."""
+    with pytest.raises(RouteDown):
+        FaultViewHook({}, _Recording(fail=True))("0-1", "forward", 0, "F", 0, 64)
+    with pytest.raises(LinkFailure) as info:
+        FaultViewHook({}, _Recording(fail=True, stranded=True))("0-1", "forward", 0, "F", 0, 64)
+    assert type(info.value) is LinkFailure

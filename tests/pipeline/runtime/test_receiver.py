@@ -160,3 +160,28 @@ def test_an_op_s_wait_gives_up_before_the_thread_s() -> None:
     silent.release.set()  # the thread was still waiting: the message is taken after all
     assert receiver.take(0, timeout_s=10).arrived_s > 0
     receiver.finish(timeout_s=10)
+
+
+def test_a_wait_ends_with_what_its_check_raises() -> None:
+    """The check (a worker's look for a sender delegate with no NIC left) is called while
+    `take` waits, and its error, not the wait's timeout, ends the wait; a message already
+    in is taken without calling it."""
+    calls: list[float] = []
+
+    def check() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            raise ConnectionAbortedError("the sender delegate found no NIC left")
+
+    here, never = _Receive(), _Receive()
+    here.release.set()
+    receiver = Receiver(1, ACTIVATION, [(0, here), (1, never)], timeout_s=600, check=check)
+    receiver.start()
+    assert never.entered.wait(10)
+    receiver.take(0, timeout_s=600)
+    assert calls == []
+    with pytest.raises(ConnectionAbortedError, match="no NIC left"):
+        receiver.take(1, timeout_s=600)
+    assert len(calls) == 3
+    never.release.set()
+    receiver.finish(timeout_s=10)
