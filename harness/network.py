@@ -328,6 +328,10 @@ class _NetworkEngine(Closing):
                 f"iteration {iteration}: a NIC could not be taken down or brought up: "
                 f"{self._timer_error}"
             ) from self._timer_error
+        try:
+            self.bed.check_wires()
+        except TestbedError as err:
+            raise TestbedError(f"iteration {iteration}: {err}") from err
         return outcome
 
     def _start(self, start_at: float) -> None:

@@ -32,6 +32,8 @@ __all__ = ["load_faults", "parse_faults", "parse_trace", "parse_yaml"]
 _NIC = re.compile(r"^host(\d+):([A-Za-z][\w-]*)$")
 _PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
 _TARGETS = ("links", "hosts", "nic")
+MIN_BANDWIDTH_GBPS = 0.001
+"""The lowest bandwidth cap a fault takes: 1 Mbit/s (1 MiB in 8.4 s)."""
 _EFFECTS = ("delay_ms", "distribution", "bandwidth_gbps", "stall_ms", "down")
 _KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_EFFECTS)
 
@@ -174,6 +176,8 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
     if kind == "delay_ms":
         delay_ms = _ms(row, value, "delay_ms", inf=True)
         if delay_ms == math.inf:
+            if "jitter_ms" in item:
+                raise ConfigError(f"fault row {row}: jitter_ms cannot go with delay_ms inf (down)")
             return Effect(down=True)
         return Effect(delay_ms=delay_ms, jitter_ms=_ms(row, item.get("jitter_ms", 0), "jitter_ms"))
     if kind == "distribution":
@@ -196,8 +200,11 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
         return Effect(normal_ms=(mean, std), redraw_every_ms=(lo, hi))
     if kind == "bandwidth_gbps":
         rate = _ms(row, value, "bandwidth_gbps", unit="Gbit/s")
-        if not rate > 0:
-            raise ConfigError(f"fault row {row}: bandwidth_gbps must be > 0, got {value!r}")
+        if not rate >= MIN_BANDWIDTH_GBPS:
+            raise ConfigError(
+                f"fault row {row}: bandwidth_gbps must be >= {MIN_BANDWIDTH_GBPS:g} (1 Mbit/s; "
+                f"less is a failure: down: true), got {value!r}"
+            )
         return Effect(bandwidth_gbps=rate)
     if kind == "stall_ms":
         return Effect(stall_ms=_ms(row, value, "stall_ms"))

@@ -301,6 +301,7 @@ class Testbed:
         netlink event went out, at most the call's time later)."""
         self._check_host(host)
         self._check_plane(plane)
+        self.check_wires()
         (self._down.discard if up else self._down.add)((host, plane))
         set_at = 0.0
         with self._host(host) as ipr:
@@ -322,6 +323,7 @@ class Testbed:
         """What each of the host's interfaces has sent, in bytes, by plane name (a plane's
         wire ends count as its NIC: they stand in for it)."""
         self._check_host(host)
+        self.check_wires()
         with self._host(host) as ipr:
             sent = {ifname: 0 for ifname in PLANES}
             for plane, ifname in enumerate(PLANES):
@@ -513,6 +515,20 @@ class Testbed:
             prefsrc=self.address(here, plane),
             metrics=ROUTE_METRICS,
         )
+
+    def check_wires(self) -> None:
+        """TestbedError naming a wire whose process has ended (killed, crashed): its pair's
+        faults were not in force from then on (its TAPs went with it, and the pair's traffic
+        took its plane). It is forgotten, as a wire that stops answering is: the pair's next
+        `set_wire` makes a new one."""
+        for key, index in list(self._wire_of.items()):
+            code = self._wires[index].process.exitcode
+            if code is not None:
+                del self._wire_of[key]
+                raise TestbedError(
+                    f"{self._wires[index].what} has ended (exit status {code}): its faults "
+                    "were not in force from then on"
+                )
 
     def _wire_ends(self, host: int, plane: int) -> list[tuple[str, int]]:
         """The host's ends of its wires on `plane`: (interface, the host at the other end)."""

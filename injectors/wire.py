@@ -4,10 +4,11 @@ The testbed uses it for a state netem cannot express (injectors.netem: a redrawn
 delay, a stall), for changes scheduled at a later time, and for everything where the kernel
 has no sch_netem. A TAP device in each of the two hosts' namespaces and one process between
 them that forwards every frame, per direction, as that direction's `WireState` says: after a
-delay (fixed, with uniform jitter, or a normal value redrawn every U[lo, hi] ms of the wire's
-clock), at a capped rate, held once for a stall, lost at random (`loss_pct`), or not at all
-(down). Frames of one direction keep their order. Host routes (/32) send the pair's traffic
-for that plane through the wire instead of the bridge; every other pair is untouched.
+delay (fixed, with uniform jitter drawn per burst of frames, or a normal value redrawn every
+U[lo, hi] ms of the wire's clock), at a capped rate, held once for a stall, lost at random
+(`loss_pct`), or not at all (down). Frames of one direction keep their order. Host routes
+(/32) send the pair's traffic for that plane through the wire instead of the bridge; every
+other pair is untouched.
 
 The testbed sends ("state", at, forward, backward): the directions' states from monotonic
 time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
@@ -38,6 +39,8 @@ __all__ = ["HEALTHY", "WireError", "WireProcess", "WireState", "run_wire"]
 _TUNSETIFF = 0x400454CA
 _IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
 _MAX_FRAME = 65536
+BURST_GAP_S = 0.001
+"""Frames read closer than this after the one before are one burst (one jitter draw)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,7 +49,10 @@ class WireState:
 
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
-    """Uniform in [-jitter, +jitter] around `delay_ms` per frame (clipped at 0)."""
+    """Uniform in [-jitter, +jitter] around `delay_ms` (clipped at 0), drawn per burst: a
+    frame read within `BURST_GAP_S` of the one before shares its draw, so a message's frames
+    (sent back to back) meet one draw, as the fault model gives a message one. Drawn per
+    frame, in-order frames made a message wait the largest of its frames' draws."""
     normal_ms: tuple[float, float] | None = None
     """(mean, std) of a delay added on top, redrawn every U[`redraw_every_ms`] ms."""
     redraw_every_ms: tuple[float, float] = (0.0, 0.0)
@@ -87,6 +93,9 @@ class _Direction:
     last_due: float = 0.0
     redraw_at: float = math.inf
     redrawn_ms: float = 0.0
+    last_read: float = -math.inf
+    """When it read its last frame (a burst's frames share a jitter draw)."""
+    jitter_draw: float = 0.0
 
     def take(self, state: WireState, now: float, *, new_iteration: bool = True) -> None:
         """From `now` on, `state`; inside an iteration (not `new_iteration`) a stall already
@@ -94,12 +103,14 @@ class _Direction:
         paid = self.stalled and not new_iteration and state.stall_ms == self.state.stall_ms
         self.state, self.rng, self.stalled = state, random.Random(state.seed), paid
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
+        self.last_read = -math.inf
 
     def due(self, now: float, num_bytes: int) -> float | None:
         """When a frame read `now` leaves; None: it is lost."""
         state = self.state
         if state.down:
             return None
+        burst, self.last_read = now - self.last_read <= BURST_GAP_S, now
         if state.loss_pct and self.rng.random() * 100.0 < state.loss_pct:
             return None  # lost before anything else: it pays no stall and takes no rate
         start = now
@@ -108,7 +119,9 @@ class _Direction:
             start = now + state.stall_ms / 1000.0
         delay_ms = state.delay_ms
         if state.jitter_ms:
-            delay_ms = max(0.0, delay_ms + state.jitter_ms * self.rng.uniform(-1.0, 1.0))
+            if not burst:
+                self.jitter_draw = self.rng.uniform(-1.0, 1.0)
+            delay_ms = max(0.0, delay_ms + state.jitter_ms * self.jitter_draw)
         if state.normal_ms is not None:
             while self.redraw_at <= now:
                 lo, hi = state.redraw_every_ms

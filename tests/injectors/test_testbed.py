@@ -216,6 +216,25 @@ def test_a_downed_nic_fails_its_plane_only() -> None:
                 time.sleep(0.5)
 
 
+def test_a_wire_whose_process_ended_is_named_and_forgotten() -> None:
+    """A pair's wire process killed: its delay is gone (its TAPs went with it) and the
+    testbed says so, naming the wire, instead of failing later on its missing interfaces;
+    the pair's next state makes a new wire, which holds its delay again."""
+    with Testbed(2, prefix="adb-dead-", netem=False) as bed:
+        delayed = WireState(delay_ms=30.0)
+        bed.set_wire(0, 1, plane=0, forward=delayed)
+        assert _measure(bed, 0, 1, 0, "rtt") >= 60.0
+        bed._wires[0].process.kill()
+        bed._wires[0].process.join(10.0)
+        with pytest.raises(TestbedError, match=r"the wire w0 between hosts 0 and 1 on plane 0 has"):
+            bed.check_wires()
+        assert _measure(bed, 0, 1, 0, "rtt") < FREE_RTT_MS  # no delay: the plane carries it
+        bed.set_wire(0, 1, plane=0, forward=delayed)
+        assert _measure(bed, 0, 1, 0, "rtt") >= 60.0
+        bed.set_link(1, plane=0, up=False)  # the dead wire's missing ends are not looked for
+        bed.set_link(1, plane=0, up=True)
+
+
 def test_teardown_after_an_exception() -> None:
     with pytest.raises(RuntimeError, match="midway"), Testbed(2) as bed:
         names = [bed.switch, *bed.hosts]

@@ -43,6 +43,19 @@ def test_jitter_is_seeded_and_within_its_band() -> None:
     assert all(5.0 <= ms <= 15.0 for ms in held_ms) and len(set(held_ms)) > 40
 
 
+def test_the_frames_of_a_burst_share_one_jitter_draw() -> None:
+    """A message's frames come back to back: they meet one draw (the fault model's one per
+    message), not the largest of theirs; a frame after a pause draws anew."""
+    state = WireState(delay_ms=10.0, jitter_ms=10.0, seed="s")
+    bursts = [(k * 0.5 + i * 0.0001, 1500) for k in range(40) for i in range(45)]
+    dues = _dues(state, bursts)
+    held_ms = [round((due - at) * 1000, 6) for due, (at, _) in zip(dues, bursts, strict=True)]  # type: ignore[operator]
+    per_burst = [set(held_ms[k * 45 : (k + 1) * 45]) for k in range(40)]
+    assert all(len(held) == 1 for held in per_burst)
+    firsts = [held.pop() for held in per_burst]
+    assert len(set(firsts)) == 40 and 7.0 < sum(firsts) / 40 < 13.0  # mean 10, not ~19.6
+
+
 def test_a_redrawn_delay_holds_its_value_between_redraws() -> None:
     state = WireState(normal_ms=(50.0, 10.0), redraw_every_ms=(100.0, 100.0), seed="s")
     frames = [(i * 0.05, 100) for i in range(20)]  # 1 s, a frame every 50 ms
