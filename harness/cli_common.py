@@ -72,9 +72,21 @@ def resolve(
     return profile, PlannedSchedule(GIVEN_POLICY, f"schedule file {schedule_path}", schedule, 0.0)
 
 
-def schedule_options(func: F, *, system_alias: bool = True) -> F:
-    """--profile, --policy (alias --system unless `system_alias` is False), --time-limit and
-    --schedule."""
+def _refuse_system(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        raise click.UsageError(
+            f"--system is run's (a policy with its comm and controller); {ctx.info_name} takes "
+            f"--policy {value}"
+        )
+
+
+def schedule_options(func: F, *, refuses_system: bool = True) -> F:
+    """--profile, --policy, --time-limit and --schedule; a hidden --system refused with a
+    pointer to --policy unless the command has one of its own (`refuses_system` False)."""
+    if refuses_system:
+        func = click.option("--system", hidden=True, expose_value=False, callback=_refuse_system)(
+            func
+        )
     func = click.option(
         "--schedule",
         "schedule_path",
@@ -89,7 +101,6 @@ def schedule_options(func: F, *, system_alias: bool = True) -> F:
     )(func)
     func = click.option(
         "--policy",
-        *(["--system"] if system_alias else []),
         "policy",
         type=click.Choice(list(POLICIES)),
         help="Policy that orders the ops.",

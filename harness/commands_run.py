@@ -36,7 +36,7 @@ __all__ = ["report", "run"]
 
 
 @click.command()
-@functools.partial(schedule_options, system_alias=False)
+@functools.partial(schedule_options, refuses_system=False)
 @click.option(
     "--system",
     type=click.Choice(list(SYSTEMS)),

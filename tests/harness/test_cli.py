@@ -59,12 +59,26 @@ def test_schedule_json_contract(tmp_path: Path) -> None:
     assert 0 <= data["generation_ms"] < 1000
 
 
-def test_system_is_an_alias_and_delays_count(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["schedule", "simulate", "launch"])
+def test_system_is_run_s_and_the_others_say_to_give_policy(tmp_path: Path, command: str) -> None:
+    """`run --system adaptra` is a whole system (re-planning, delegates); `--policy adaptra`
+    only orders the ops: the other commands do not take --system as its alias."""
+    profile = str(write_profile(tmp_path))
+    out = cli(command, "--profile", profile, "--system", "adaptra")
+    assert out.returncode == 2
+    assert f"--system is run's (a policy with its comm and controller); {command} takes " in (
+        out.stderr
+    )
+    assert "--policy adaptra" in out.stderr
+    assert "--system" not in cli(command, "--help").stdout
+
+
+def test_delays_count(tmp_path: Path) -> None:
     out = cli(
         "schedule",
         "--profile",
         str(write_profile(tmp_path, delay_ms=[20, 0, 0])),
-        "--system",
+        "--policy",
         "1f1b",
         "--format",
         "json",
