@@ -199,9 +199,15 @@ class _Process:
         self.notify, notify_w = os.pipe()
         command = [sys.executable, "-S", str(DELEGATE_FILE), role, str(os.getpid())]
         command += [str(control_r), str(notify_w), *args]
-        self.process = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
-        os.close(control_r)
-        os.close(notify_w)
+        try:
+            self.process = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
+        except BaseException:
+            for fd in (self.control, self.notify):
+                os.close(fd)
+            raise
+        finally:
+            os.close(control_r)
+            os.close(notify_w)
         self.unread = bytearray()
         """What it has written to its notify pipe and `_read_note` has not taken yet."""
 
@@ -247,6 +253,20 @@ class _Process:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def _start(role: str, direction: LinkDirection, arg_lists: list[list[str]]) -> list[_Process]:
+    """Delegate k with `arg_lists[k]`, for every k; those started are closed if a later one
+    fails to start."""
+    started: list[_Process] = []
+    try:
+        for k, args in enumerate(arg_lists):
+            started.append(_Process(role, k, direction, args))
+    except BaseException:
+        for process in started:
+            process.close()
+        raise
+    return started
 
 
 def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
@@ -304,7 +324,7 @@ class _Outbound(_Side):
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
-            [_Process("send", k, direction, [str(port), *args]) for k, port in enumerate(ports)],
+            _start("send", direction, [[str(port), *args] for port in ports]),
         )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
@@ -423,7 +443,7 @@ class _Inbound(_Side):
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
-            [_Process("recv", k, direction, args) for k in range(num_delegates)],
+            _start("recv", direction, [args] * num_delegates),
         )
         self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import queue
 import signal
+import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptra.transport import Delegates
+from adaptra.transport import Delegates, delegated
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.profile import Profile
@@ -190,3 +191,26 @@ def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> No
         rewired.result()
         carry(a, b, 2.0)
         assert len(a.pids) == len(b.pids) == 1  # the old sides' delegates are gone
+
+
+def test_delegates_started_before_one_that_fails_to_start_are_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second of three receiver delegates cannot start (e.g. no process left): the
+    first has ended by the time the error is raised and no pipe of theirs stays open."""
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        if len(started) == 1:
+            raise OSError(11, "Resource temporarily unavailable")
+        started.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
+        return started[-1]
+
+    fds_before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(delegated.subprocess, "Popen", popen)
+    with tempfile.TemporaryDirectory() as folder, pytest.raises(OSError, match="unavailable"):
+        direction = LinkDirection("0-1", "forward")
+        delegated._Inbound(direction, 0, 3, [",".join(delegated.LOOPBACK_NICS), "", ""], folder)
+    assert len(started) == 1 and started[0].poll() is not None
+    assert sorted(os.listdir("/proc/self/fd")) == fds_before
