@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -51,6 +52,7 @@ def profile(
     num_microbatches = microbatches if microbatches is not None else 2 * stages
     if num_microbatches < stages:
         raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
+    _warn_if_cores_are_shared(stages)
     progress = terminal_progress(iterations, 1, fmt)  # measure_profile's one warm-up first
     measured = measure_profile(
         model,
@@ -110,6 +112,7 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
     from adaptra.transport import Delegates
     from pipeline.runtime.calibrate import measure_host_costs
 
+    _warn_if_cores_are_shared(stages)
     costs = measure_host_costs(
         repeats,
         stages,
@@ -126,6 +129,24 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
         f"per op {costs.op_overhead_ms:.3f} ms; a send {_by_size(costs.send_ms_by_bytes)}; "
         f"receive lag {_by_size(costs.receive_lag_ms_by_bytes)}; written to {out}"
     )
+
+
+def shared_cores_warning(num_stages: int, num_cores: int) -> str | None:
+    """What to say where the stages' worker processes outnumber the CPU cores (None: they
+    do not): each op's time then includes waiting for a core."""
+    if num_stages <= num_cores:
+        return None
+    return (
+        f"warning: {num_stages} stages on {num_cores} CPU core(s): the workers share cores, so "
+        "the times measured include waiting for one (not results; use --stages "
+        f"{num_cores} or fewer, or a larger machine)"
+    )
+
+
+def _warn_if_cores_are_shared(num_stages: int) -> None:
+    warning = shared_cores_warning(num_stages, len(os.sched_getaffinity(0)))
+    if warning is not None:
+        click.echo(warning, err=True)
 
 
 def _by_size(curve: CostCurve) -> str:
