@@ -29,6 +29,7 @@ class Metrics:
     bubble_ratio: float
     """1 - sum(busy) / (S * iteration time)."""
     step_time_ms: float
+    """The part of the step after the last op: the DP all-reduce and the optimizer."""
     stages: tuple[StageMetrics, ...]
 
     def to_dict(self) -> dict[str, Any]:
