@@ -105,8 +105,9 @@ class _Direction:
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
         self.last_read = -math.inf
 
-    def due(self, now: float, num_bytes: int) -> float | None:
-        """When a frame read `now` leaves; None: it is lost."""
+    def due(self, now: float, num_bytes: int, carries_data: bool = True) -> float | None:
+        """When a frame read `now` leaves; None: it is lost. A frame without data
+        (`carries_data` False: ARP, a bare ACK) pays no stall: the first message does."""
         state = self.state
         if state.down:
             return None
@@ -114,7 +115,7 @@ class _Direction:
         if state.loss_pct and self.rng.random() * 100.0 < state.loss_pct:
             return None  # lost before anything else: it pays no stall and takes no rate
         start = now
-        if state.stall_ms and not self.stalled:
+        if state.stall_ms and not self.stalled and carries_data:
             self.stalled = True
             start = now + state.stall_ms / 1000.0
         delay_ms = state.delay_ms
@@ -133,6 +134,22 @@ class _Direction:
             start = self.free_at
         self.last_due = max(start + delay_ms / 1000.0, self.last_due)
         return self.last_due
+
+
+def carries_data(frame: bytes) -> bool:
+    """Whether an Ethernet frame is an IPv4 packet with payload: TCP with data or UDP (a
+    message's), not ARP, a bare TCP ACK or SYN, or anything else."""
+    if len(frame) < 34 or frame[12:14] != b"\x08\x00":
+        return False
+    header_bytes = (frame[14] & 0x0F) * 4
+    total_bytes = int.from_bytes(frame[16:18], "big")
+    protocol, transport = frame[23], 14 + header_bytes
+    if protocol == 17:  # UDP
+        return True
+    if protocol != 6 or len(frame) < transport + 13:
+        return False
+    tcp_header_bytes = (frame[transport + 12] >> 4) * 4
+    return total_bytes - header_bytes - tcp_header_bytes > 0
 
 
 def _open_tap(namespace: str, ifname: str) -> int:
@@ -181,7 +198,7 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             directions[fds[1]].take(backward, now, new_iteration=False)
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)
-            due = directions[fd].due(now, len(frame))
+            due = directions[fd].due(now, len(frame), carries_data(frame))
             if due is not None:
                 seq += 1
                 heapq.heappush(queue, (due, seq, fds[1] if fd == fds[0] else fds[0], frame))

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injectors.wire import WireState, _Direction
+from injectors.wire import WireState, _Direction, carries_data
 
 
 def _dues(state: WireState, frames: list[tuple[float, int]]) -> list[float | None]:
@@ -135,3 +135,30 @@ def test_a_paid_stall_stays_paid_through_a_change_inside_the_iteration() -> None
     assert direction.due(3.0, 100) == pytest.approx(3.01)  # not stalled again
     direction.take(WireState(stall_ms=300.0), now=4.0)  # the next iteration's: a new stall
     assert direction.due(5.0, 100) == pytest.approx(5.3)
+
+
+def _ipv4(protocol: int, payload_bytes: int, tcp_header_bytes: int = 20) -> bytes:
+    """An Ethernet frame of an IPv4 packet (20-byte header) of `protocol`."""
+    transport = bytearray(tcp_header_bytes if protocol == 6 else 8)
+    if protocol == 6:
+        transport[12] = (tcp_header_bytes // 4) << 4
+    total = 20 + len(transport) + payload_bytes
+    ip = bytes([0x45, 0]) + total.to_bytes(2, "big") + bytes(5) + bytes([protocol]) + bytes(10)
+    return bytes(12) + b"\x08\x00" + ip + bytes(transport) + bytes(payload_bytes)
+
+
+def test_only_frames_with_data_are_a_message_s() -> None:
+    arp = bytes(12) + b"\x08\x06" + bytes(28)
+    assert [carries_data(f) for f in (arp, _ipv4(6, 0), _ipv4(6, 0, 32), b"short")] == [False] * 4
+    assert [carries_data(f) for f in (_ipv4(6, 1), _ipv4(6, 1448, 32), _ipv4(17, 0))] == [True] * 3
+
+
+def test_a_frame_without_data_before_the_message_does_not_take_its_stall() -> None:
+    """An ARP request or a bare ACK read just after a stall is set passes; the message's
+    first frame takes the stall, and what comes after it waits behind it."""
+    direction = _Direction()
+    direction.take(WireState(stall_ms=300.0), now=0.0)
+    assert direction.due(1.0, 60, carries_data=False) == pytest.approx(1.0)
+    assert direction.due(1.1, 1500, carries_data=True) == pytest.approx(1.4)
+    assert direction.due(1.2, 60, carries_data=False) == pytest.approx(1.4)
+    assert direction.due(2.0, 1500, carries_data=True) == pytest.approx(2.0)
