@@ -51,8 +51,8 @@ class WireState:
     jitter_ms: float = 0.0
     """Uniform in [-jitter, +jitter] around `delay_ms` (clipped at 0), drawn per burst: a
     frame read within `BURST_GAP_S` of the one before shares its draw, so a message's frames
-    (sent back to back) meet one draw, as the fault model gives a message one. Drawn per
-    frame, in-order frames made a message wait the largest of its frames' draws."""
+    (sent back to back) meet one draw, as the fault model gives a message one (drawn per
+    frame, in-order frames would make a message wait the largest of its frames' draws)."""
     normal_ms: tuple[float, float] | None = None
     """(mean, std) of a delay added on top, redrawn every U[`redraw_every_ms`] ms."""
     redraw_every_ms: tuple[float, float] = (0.0, 0.0)
