@@ -52,9 +52,16 @@ class OracleController:
         extra = self.faults.pp_delays_ms(iteration, self.profile.topology)
         return tuple(a + b for a, b in zip(self.profile.delay_ms, extra, strict=True))
 
+    def dp_delays_in_force(self, iteration: int) -> tuple[tuple[str, float], ...]:
+        """Each DP ring link with a delay in force: the profile's own plus the faults'."""
+        delays = {str(link): ms for link, ms in self.profile.dp_delay_ms}
+        for link, ms in self.faults.dp_delays_ms(iteration, self.profile.topology):
+            delays[link] = delays.get(link, 0.0) + ms
+        return tuple((link, ms) for link, ms in delays.items() if ms)
+
     def plan(self, iteration: int) -> Plan:
         delays = self.delays_in_force(iteration)
-        dp = self.faults.dp_delays_ms(iteration, self.profile.topology)
+        dp = self.dp_delays_in_force(iteration)
         failed = self.faults.has_failure(iteration, self.profile.topology)
         comm = CommMode.DELEGATED if any(delays) or dp or failed else CommMode.DIRECT
         known = tuple((link_name(i), d) for i, d in enumerate(delays) if d) + dp

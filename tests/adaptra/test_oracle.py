@@ -1,8 +1,11 @@
+import dataclasses
+
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode
+from pipeline.topology import Link
 
 DIRECT, DELEGATED = CommMode.DIRECT, CommMode.DELEGATED
 
@@ -54,3 +57,20 @@ def test_the_oracle_knows_every_replica_s_links_the_rings_and_slow_nics() -> Non
     controller = system_controller("adaptra-oracle", profile, slow_replica_1)
     run = run_configuration(controller, num_iterations=2, faults=slow_replica_1)
     assert run.iteration_times_ms == (164.0, 164.0)  # the detector's Adaptra settles there
+
+
+def test_the_oracle_counts_the_profile_s_own_dp_delays_with_the_faults() -> None:
+    """A spec scenario's DP delay is the profile's (`dp_delay_ms`), not a fault: the oracle
+    once saw only the faults' DP delays and stayed direct under a 30 ms ring link, while it
+    counted the profile's PP delays. Both kinds add up on one link."""
+    base = Profile.uniform(
+        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=4, num_replicas=2,
+        allreduce_bytes=750_000, dp_bucket_bytes=250_000,
+    )  # fmt: skip
+    static = dataclasses.replace(base, dp_delay_ms=((Link.parse("dp1:0-1"), 30.0),))
+    plan = system_controller("adaptra-oracle", static).plan(3)
+    assert plan.comm is DELEGATED and plan.believed_ms == (("dp1:0-1", 30.0),)
+    faults = parse_yaml('[{start_iteration: 0, links: ["dp1:0-1"], delay_ms: 10}]')
+    plan = system_controller("adaptra-oracle", static, faults).plan(3)
+    assert plan.believed_ms == (("dp1:0-1", 40.0),)
+    assert system_controller("adaptra-oracle", base).plan(3).comm is DIRECT
