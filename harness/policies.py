@@ -160,13 +160,14 @@ def system_controller(
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's controller from measurements (it never reads `faults` or the profile's
     delays; the harness sizes the delegated systems' delegates, D, for the longest delay
-    `faults` keeps, as the paper's artifact set D per experiment: `with_delegate_count`), Adaptra's oracle (it re-plans where the delays in force change), or for the
-    other systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
-    iterations count and `faults` does not. `profile_for`: the op times a schedule runs
-    under (a cost model's fused or split times). `direct_comm`: how the systems on the direct
-    path send (the paper's models: `nccl-sleep`, its GPU path as its artifact injects delays;
-    Adaptra before it delegates and Falcon stay on `direct`). `recovery`: the run's, which
-    Falcon's ladder weighs a restart by."""
+    `faults` keeps, as the paper's artifact set D per experiment:
+    `with_delegate_count`), Adaptra's oracle (it re-plans where the delays in force
+    change), or for the other systems their fixed plan. `num_warmup_iterations`: the
+    run's, which its plans' iterations count and `faults` does not. `profile_for`: the
+    op times a schedule runs under (a cost model's fused or split times). `direct_comm`:
+    how the systems on the direct path send (the paper's models: `nccl-sleep`, its GPU
+    path as its artifact injects delays; Adaptra before it delegates and Falcon stay on
+    `direct`). `recovery`: the run's, which Falcon's ladder weighs a restart by."""
     policy, comm = resolve_system(system, profile)
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)

@@ -1,8 +1,8 @@
 """The core's two hooks, and their trivial versions (injectors/ provides the real ones).
 
 - The fault hook runs in the sending worker before every message; it may sleep (a delay), or
-  raise (a failure: `RouteDown` where another NIC's route is up, for a delegated link
-  direction to fail over to; else `LinkFailure`), and returns the delay it injected in ms
+  raise (a failure: `RouteDown` where the sender can fail over, `failover`, and another
+  NIC's route is up; else `LinkFailure`), and returns the delay it injected in ms
   (the message's `fault_ms`). It must be picklable: the pool ships it to the workers. `link`
   names the link: a PP link "i-(i+1)" (of the sender's replica) or a DP ring link
   "dp<stage>:a-b"; a PP message has `kind` "F" or "B" and its microbatch, a DP all-reduce
@@ -43,9 +43,12 @@ class FaultHook(Protocol):
         num_bytes: int,
         *,
         wait: bool = True,
+        failover: bool = False,
     ) -> float:
         """`wait` False: return the delay without waiting it (a delegate waits it on the
-        wire instead of the sender)."""
+        wire instead of the sender). `failover`: the sender can move to another NIC (a
+        delegate), so a failure another NIC's route avoids is a `RouteDown`; else every
+        failure is a `LinkFailure`."""
         ...
 
 
@@ -75,6 +78,7 @@ class FaultViewHook:
         num_bytes: int,
         *,
         wait: bool = True,
+        failover: bool = False,
     ) -> float:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
         if self.faults is not NO_FAULTS:
@@ -90,12 +94,13 @@ class FaultViewHook:
                     if named.is_pp
                     else f"all-reduce message {microbatch}"
                 )
-                failure = LinkFailure if fault.stranded else RouteDown
-                raise failure(
-                    f"link {concrete} ({direction}) has failed: {what} in iteration "
-                    f"{iteration} cannot go",
-                    at_ms=offset_ms,
+                message = (
+                    f"link {concrete} ({direction}) has failed: {what} in iteration {iteration} "
+                    "cannot go"
                 )
+                if failover and not fault.stranded:
+                    raise RouteDown(message, at_ms=offset_ms)
+                raise LinkFailure(message, at_ms=offset_ms)
             delay_ms += fault.delay_ms
         if delay_ms > 0 and wait:
             self._sleep(delay_ms / 1000.0)

@@ -539,7 +539,7 @@ class _Worker:
                 try:
                     fault_ms = hook(
                         link, direction.direction, config.iteration, message.hook_kind,
-                        op.microbatch, num_bytes, wait=False,
+                        op.microbatch, num_bytes, wait=False, failover=True,
                     )  # fmt: skip
                     route_down = False
                 except RouteDown:  # on the NIC in use: the delegate moves to another NIC
@@ -598,7 +598,9 @@ class _DelegatedRing:
             return self._transport.send_dp(peer, link, direction, iteration, index, payload)
         num_bytes = payload.numel() * payload.element_size()
         try:
-            fault_ms = self._hook(link, direction, iteration, KIND, index, num_bytes, wait=False)
+            fault_ms = self._hook(
+                link, direction, iteration, KIND, index, num_bytes, wait=False, failover=True
+            )
             route_down = False
         except RouteDown:  # on the NIC in use: the delegate moves to another NIC
             fault_ms, route_down = self._delays.get(link, 0.0), True

@@ -48,10 +48,14 @@ def test_a_failed_dp_link_names_the_all_reduce_message() -> None:
 
 
 def test_a_failure_another_nic_can_carry_is_a_route_down_and_one_it_cannot_is_not() -> None:
-    """RouteDown (a LinkFailure: the direct path fails alike) tells a delegated sender to
-    fail over; a stranded message's failure is a plain LinkFailure, which nothing moves."""
+    """RouteDown tells a delegated sender (`failover`) to move to another NIC; a stranded
+    message's failure, and any failure of a direct sender, is a plain LinkFailure."""
     with pytest.raises(RouteDown):
-        FaultViewHook({}, _Recording(fail=True))("0-1", "forward", 0, "F", 0, 64)
-    with pytest.raises(LinkFailure) as info:
-        FaultViewHook({}, _Recording(fail=True, stranded=True))("0-1", "forward", 0, "F", 0, 64)
-    assert type(info.value) is LinkFailure
+        FaultViewHook({}, _Recording(fail=True))("0-1", "forward", 0, "F", 0, 64, failover=True)
+    for fault, failover in (
+        (_Recording(fail=True, stranded=True), True),
+        (_Recording(fail=True), False),
+    ):
+        with pytest.raises(LinkFailure) as info:
+            FaultViewHook({}, fault)("0-1", "forward", 0, "F", 0, 64, failover=failover)
+        assert type(info.value) is LinkFailure  # a direct sender's is named so
