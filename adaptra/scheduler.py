@@ -7,7 +7,7 @@ import dataclasses
 
 from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.generator import Policy, generate_schedule
-from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup
+from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup, max_warmup
 from adaptra.search import search_policy
 from baselines.zb_auto import zb_order
 from pipeline.metrics import compute_metrics
@@ -91,7 +91,7 @@ def plan_adaptra(
     rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
-    x_cap = _warmup_cap(profile, plan)
+    x_cap = _warmup_cap(profile)
     num_ops = 3 * profile.num_stages * profile.num_microbatches
     lower_bound_ms = iteration_lower_bound_ms(profile)
     if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
@@ -133,19 +133,20 @@ def plan_adaptra(
     )
 
 
-def _warmup_cap(profile: Profile, plan: WarmupPlan) -> int:
-    """The most warm-up forwards a stage may be given: N, or the plan's x_0 under a memory
-    limit."""
-    return plan.warmup[0] if profile.mem_limit is not None else profile.num_microbatches
+def _warmup_cap(profile: Profile) -> int:
+    """The most warm-up forwards a stage may be given: N, or min(N, floor(mem_limit))
+    (`max_warmup`) under a memory limit. Not the plan's x_0: the generator already refuses an
+    F that would break the limit, so a lower cap only shrinks the search."""
+    return profile.num_microbatches if profile.mem_limit is None else max_warmup(profile)
 
 
 def starts(profile: Profile, plan: WarmupPlan) -> list[Policy]:
     """Where the search starts: the plan's warm-up counts; with delays, the authors' rule
-    x_i = x_(i+1) + ceil(c_i / tF_i) + 2 (at most N, or the plan's x_0 under a memory
-    limit: uncapped it can ask for forwards that do not exist); and the published
+    x_i = x_(i+1) + ceil(c_i / tF_i) + 2 (at most N, or min(N, floor(mem_limit)) under a
+    memory limit: uncapped it can ask for forwards that do not exist); and the published
     greedy rule, warm-up 1 everywhere then B > F > W (the authors' later policy at the real
     per-link delays)."""
-    x_cap = _warmup_cap(profile, plan)
+    x_cap = _warmup_cap(profile)
     policies = [Policy.uncapped(plan.warmup)]
     if any(profile.delay_ms):
         authors = tuple(min(x, x_cap) for x in authors_warmup(profile))

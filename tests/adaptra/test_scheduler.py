@@ -18,7 +18,7 @@ from baselines.zb_auto import zb_order
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
-from pipeline.schedule import Schedule, validate_schedule
+from pipeline.schedule import Schedule, peak_memory, validate_schedule
 from pipeline.simulator import simulate
 from tests.adaptra.worst_profiles import WORST_GAP_2026_12, WORST_PAPER, WORST_STRAGGLER
 from tests.strategies import profiles
@@ -94,6 +94,26 @@ def test_initial_plan_respects_a_memory_limit() -> None:
     schedule = plan_initial(profile)
     validate_schedule(schedule, 4, 12)
     assert schedule.warmup_counts()[0] <= 5
+
+
+@pytest.mark.parametrize("mem_limit", [12.0, 100.0])
+def test_a_memory_limit_that_binds_nothing_leaves_the_plan_unchanged(mem_limit: float) -> None:
+    # The search once capped warm-ups at Alg. 2's x_0 (10) under any limit: 391 ms.
+    free = Profile(
+        num_stages=4,
+        num_microbatches=12,
+        t_f_ms=(8, 8, 7, 5),
+        t_b_ms=(12, 18, 7, 11),
+        t_w_ms=(7, 4, 5, 8),
+        delay_ms=(0, 20, 0),
+    )
+    unlimited = plan_adaptra(free, exact_time_limit_s=0)
+    assert unlimited.iteration_time_ms == 368.0
+    assert unlimited.schedule.warmup_counts() == (12, 12, 5, 2)
+    assert max(peak_memory(ops) for ops in unlimited.schedule.stages) == 12.0
+    limited = plan_adaptra(dataclasses.replace(free, mem_limit=mem_limit), exact_time_limit_s=0)
+    assert limited.iteration_time_ms == 368.0
+    assert limited.schedule == unlimited.schedule
 
 
 @pytest.mark.parametrize(
