@@ -36,7 +36,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule, check_memory, validate_schedule
 from pipeline.simulator import CommMode, simulate
 
-__all__ = ["ExactResult", "solve_exact"]
+__all__ = ["ExactResult", "solve_exact", "solve_exact_deterministic"]
 
 _SCALES = (1, 10, 100, 1000)
 _KINDS = (OpKind.F, OpKind.B, OpKind.W)
@@ -277,25 +277,50 @@ def _memory_binds(mem_cap: int | None, num_microbatches: int) -> bool:
     return mem_cap is not None and mem_cap < 2 * num_microbatches
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Limit:
+    """How long CP-SAT may search: wall-clock seconds on `num_workers` workers, or CP-SAT's
+    deterministic time (its own work measure, in about seconds) on one worker."""
+
+    wall_s: float | None
+    deterministic_s: float | None
+    num_workers: int
+
+    def describe(self) -> tuple[str, str]:
+        """How much, and which argument sets it."""
+        if self.deterministic_s is not None:
+            return f"{self.deterministic_s:g} s of deterministic time", "deterministic_time_s"
+        return f"{self.wall_s:g} s", "time_limit_s"
+
+
 def _solve(
-    model: cp_model.CpModel, time_limit_s: float, num_workers: int, memory_binds: bool
+    model: cp_model.CpModel, limit: _Limit, memory_binds: bool
 ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
     """Defaults, except where measured worse (S=8, N=32, 2 cores). A hint makes the default
     search stay near it (30 s instead of 1 s to the optimum from a 1F1B hint), so a hint
     only becomes the first solution (hint_conflict_limit 0). With a binding memory limit,
     presolve probing of the memory literals takes 15 s, so it is off, and a list-scheduling
     search ("fixed", earliest op at its earliest time) runs next to the LP-based one:
-    with defaults, mem_limit=4 ended 30 s at 6485 ms (optimum 3302 ms)."""
+    with defaults, mem_limit=4 ended 30 s at 6485 ms (optimum 3302 ms). One worker has no
+    "next to": it runs the list-scheduling search alone (FIXED_SEARCH), which proved all 7
+    memory-bound S=4 N=12 profiles measured in 1 s of deterministic time, the default
+    search 5."""
     solver = cp_model.CpSolver()
     params = solver.parameters
-    params.max_time_in_seconds = max(0.0, time_limit_s)
-    params.num_workers = max(1, num_workers)
+    if limit.wall_s is not None:
+        params.max_time_in_seconds = max(0.0, limit.wall_s)
+    if limit.deterministic_s is not None:
+        params.max_deterministic_time = max(0.0, limit.deterministic_s)
+    params.num_workers = max(1, limit.num_workers)
     params.random_seed = _RANDOM_SEED
     params.hint_conflict_limit = 0  # take a complete hint as is, but do not search near it
     if memory_binds:
         params.cp_model_probing_level = 0
-        params.extra_subsolvers.append("fixed")
-        params.num_full_subsolvers = max(2, params.num_workers)
+        if params.num_workers == 1:
+            params.search_branching = cp_model.FIXED_SEARCH
+        else:
+            params.extra_subsolvers.append("fixed")
+            params.num_full_subsolvers = max(2, params.num_workers)
     return solver, solver.solve(model)
 
 
@@ -332,8 +357,23 @@ def solve_exact(
     is never worse than it. Without one, 1F1B with split backward (within mem_limit) is the
     hint, and CP-SAT finding no solution in time (not even loading that) is a ScheduleError.
     The seed is fixed, but with several workers and a time limit CP-SAT's parallel search
-    may still return different schedules (never a different proven optimum) between runs.
+    may still return different schedules (never a different proven optimum) between runs,
+    and more load means less search: `solve_exact_deterministic` is the reproducible one.
     """
+    return _solve_exact(profile, _Limit(time_limit_s, None, num_workers), warm_start)
+
+
+def solve_exact_deterministic(
+    profile: Profile, *, deterministic_time_s: float, warm_start: Schedule | None = None
+) -> ExactResult:
+    """As `solve_exact`, but reproducible: one worker, a fixed seed and CP-SAT's
+    deterministic time limit (a count of its own work, about seconds on one core) instead of
+    a clock, so the same profile gives the same schedule on any load. Only `solve_ms`
+    varies."""
+    return _solve_exact(profile, _Limit(None, deterministic_time_s, 1), warm_start)
+
+
+def _solve_exact(profile: Profile, limit: _Limit, warm_start: Schedule | None) -> ExactResult:
     began = time.perf_counter()
     mem_cap = _memory_cap(profile)
     warm = _prepare_warm_start(warm_start, profile)
@@ -345,7 +385,7 @@ def solve_exact(
     horizon = round(max(_makespan(s, sc.profile) for s in candidates))
     model, starts, makespan = _build_model(sc, n, horizon, mem_cap)
     _add_hints(model, starts, makespan, sc, warm or candidates[0])
-    solver, status = _solve(model, time_limit_s, num_workers, _memory_binds(mem_cap, n))
+    solver, status = _solve(model, limit, _memory_binds(mem_cap, n))
     if status in (cp_model.INFEASIBLE, cp_model.MODEL_INVALID):
         raise ScheduleError(f"the exact model is {solver.status_name(status)}; this is a bug")
     solved = None
@@ -355,9 +395,10 @@ def solve_exact(
         check_memory(solved, profile.mem_limit, "the exact solver's order (a bug)")
     options = [s for s in (solved, warm) if s is not None]
     if not options:
+        amount, argument = limit.describe()
         raise ScheduleError(
-            f"CP-SAT found no schedule for S={profile.num_stages}, N={n} within "
-            f"{time_limit_s:g} s (status {solver.status_name(status)}); raise time_limit_s "
+            f"CP-SAT found no schedule for S={profile.num_stages}, N={n} within {amount} "
+            f"(status {solver.status_name(status)}); raise {argument} "
             "or pass a warm_start (e.g. a 1F1B or ZB order) to start from"
         )
     times = [_makespan(s, profile) for s in options]

@@ -18,8 +18,8 @@ from pipeline.simulator import CommMode, simulate
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",
     "DEFAULT_SEARCH_OPS",
+    "EXACT_AUTO_DETERMINISTIC_TIME_S",
     "EXACT_AUTO_MAX_OPS",
-    "EXACT_AUTO_TIME_LIMIT_S",
     "MAX_CANDIDATES_BEFORE_EXACT",
     "AdaptraPlan",
     "plan_adaptra",
@@ -48,10 +48,14 @@ MAX_CANDIDATES_BEFORE_EXACT = 240
 the solver proves such a problem's optimum in tens of ms."""
 
 EXACT_AUTO_MAX_OPS = 150
-EXACT_AUTO_TIME_LIMIT_S = 0.5
-"""Up to 150 ops (e.g. S=4, N=12) CP-SAT proves the optimum in tens of ms on 2 cores, so the
-default call adds an exact solve there, warm-started from the heuristic, within 0.5 s, unless
-the heuristic already meets the lower bound. Larger problems get none by default: there the
+EXACT_AUTO_DETERMINISTIC_TIME_S = 1.0
+"""Up to 150 ops (e.g. S=4, N=12) CP-SAT proves the optimum in tens of ms, so the default
+call adds an exact solve there, warm-started from the heuristic, unless the heuristic
+already meets the lower bound. It is `solve_exact_deterministic` within 1 s of CP-SAT's
+deterministic time: one worker and no clock, so the same profile gives the same schedule
+on any load (a 0.5 s wall-clock limit on 2 workers gave 445-463 ms from run to run on one
+S=4 N=12 profile with mem_limit 3; this proves its 438 ms optimum in about 0.7 s of wall
+time). Larger problems get none by default: there the
 search's budget closes more than a solve of the same time (on the S=8 profiles of the
 quality benchmark that the search with 128,000 ops left above the optimum, CP-SAT within 1 s
 proved 14 of 27 optima and left the issue's profile at 3347 ms; the full budget reaches its
@@ -86,18 +90,18 @@ def plan_adaptra(
     where CP-SAT follows), from the plan and the
     published rules (`starts`), and the generator; the ZeroBubble heuristic's order at the
     profile's delays where it is faster; then, unless a candidate meets the lower bound
-    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` (None: only for
-    small problems, see EXACT_AUTO_MAX_OPS; 0: never). Never worse than any of those
-    rules' schedules."""
+    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` of wall-clock
+    time (None: only for small problems, see EXACT_AUTO_MAX_OPS, and within a deterministic
+    limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so the result never depends on load; 0: never).
+    Never worse than any of those rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
     x_cap = _warmup_cap(profile)
     num_ops = 3 * profile.num_stages * profile.num_microbatches
     lower_bound_ms = iteration_lower_bound_ms(profile)
-    if exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS:
-        exact_time_limit_s = EXACT_AUTO_TIME_LIMIT_S
+    auto_exact = exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS
     max_candidates = min(search_ops // num_ops, max_candidates)
-    if exact_time_limit_s:
+    if exact_time_limit_s or auto_exact:
         max_candidates = min(max_candidates, MAX_CANDIDATES_BEFORE_EXACT)
     found = search_policy(
         profile,
@@ -116,11 +120,16 @@ def plan_adaptra(
         ).iteration_time_ms
         if zb_ms < time_ms - 1e-9:
             schedule, time_ms, method = zb, zb_ms, "zb-heuristic"
-    if not exact_time_limit_s or time_ms <= lower_bound_ms + 1e-9:  # nothing left to prove
-        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)
-    from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
+    if not (exact_time_limit_s or auto_exact) or time_ms <= lower_bound_ms + 1e-9:
+        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)  # no solve
+    from adaptra.exact import solve_exact, solve_exact_deterministic  # OR-Tools loads slowly
 
-    exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
+    if exact_time_limit_s:
+        exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
+    else:
+        exact = solve_exact_deterministic(
+            profile, deterministic_time_s=EXACT_AUTO_DETERMINISTIC_TIME_S, warm_start=schedule
+        )
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
     if not exact.exact_in_ms:  # the proof is of the model with times rounded to 1 us
         proof += " to 1 us"

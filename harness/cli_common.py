@@ -97,7 +97,10 @@ def schedule_options(func: F, *, refuses_system: bool = True) -> F:
         "--time-limit",
         "time_limit_s",
         type=float,
-        help="Seconds for the exact solver: `milp` (default 30), `adaptra` (default: none).",
+        help=(
+            "Wall-clock seconds for the exact solver: `milp` (default 30), `adaptra` (default:"
+            " a deterministic solve of at most 150 ops only)."
+        ),
     )(func)
     func = click.option(
         "--policy",
