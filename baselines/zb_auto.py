@@ -5,6 +5,16 @@ the first B, start forwards while memory allows; then alternate F and B, and run
 neither is ready (W fills gaps) or memory is full. The order is generated for the fault-free
 profile and then replayed as is under any fault: that is what "static" means here. ZeroBubble
 also weighs whether a gap is longer than tW; this version fills every gap.
+
+It is not the paper's Fig. 4 ZB order (`tests/assets/fig4_zb_order.json`). On the Fig. 4
+profile (S=4, N=12, 10 ms ops) both have warm-ups 7, 5, 3, 1 and take 390 ms fault-free, but
+this one holds at most 2S microbatches pending (F started, W not yet run), so W's run
+earlier: peak memory 7.5 microbatches on stage 0 against the fixture's 9.5. Replayed with a
+delay on link 0-1 (`ideal` mode) it takes 470/550/630 ms at 20/30/40 ms, where the fixture
+(the paper's figures) takes 440/500/560. Counting pending as F - B, or no cap at all, gives
+the fixture there but lets W's pile up with N (peak 35.5 at S=4, N=64; 143.5 at S=16, N=256),
+which no real ZeroBubble does; so the 2S rule stays, and every `zb` and `adaptra-cpu` figure
+is this order's, not the fixture's (tests/baselines/test_zb_auto.py checks both).
 """
 
 from __future__ import annotations
