@@ -267,6 +267,11 @@ def _tp_allreduce_ms(m: GPTModel, hw: Hardware) -> float:
     return 2 * (m.tp - 1) / m.tp * num_bytes / (hw.nvlink_gbps * 1e6)
 
 
+def _one_f_one_b_in_flight(num_stages: int, num_microbatches: int, stage_idx: int) -> int:
+    """Microbatches stage `stage_idx` holds at 1F1B's peak: its warm-up, min(N, S - i)."""
+    return min(num_microbatches, num_stages - stage_idx)
+
+
 def model_cost(
     model: GPTModel, hardware: Hardware = H800_IB400, calibration: Calibration = CALIBRATED
 ) -> ModelCost:
@@ -302,8 +307,8 @@ def model_cost(
         math.floor((hw.memory_gb - w) / a) if a > 0 else m.microbatches
         for w, a in zip(weights_gb, activation_gb, strict=True)
     )
-    needed = min(m.microbatches, m.pp)  # 1F1B's warm-up on stage 0
     for stage, fit in enumerate(max_in_flight):
+        needed = _one_f_one_b_in_flight(m.pp, m.microbatches, stage)
         if fit < needed:
             raise ConfigError(
                 f"model {m.name} does not fit {m.pp} stages on {hw.name}: stage {stage} holds "

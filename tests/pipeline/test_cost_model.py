@@ -94,6 +94,18 @@ def test_a_model_that_does_not_fit_its_stages_is_refused() -> None:
         model_cost(model)
 
 
+def test_each_stage_needs_room_for_its_own_1f1b_warm_up() -> None:
+    """Stage i holds min(N, S - i) microbatches under 1F1B, not stage 0's S."""
+    big_vocab = dataclasses.replace(MODELS["gpt2-14b"], vocab_size=400_000)
+    fits = model_cost(big_vocab, resolve_hardware({"base": "h800-ib400", "memory_gb": 71.9}))
+    assert fits.max_in_flight == (8, 20, 20, 20, 20, 20, 20, 4)  # the head's stage needs 1
+    short = resolve_model({"base": "gpt2-7b", "num_layers": 6, "vocab_size": 400_000})
+    roomy, tight = (resolve_hardware({"base": "h800-ib400", "memory_gb": gb}) for gb in (40, 39.5))
+    assert model_cost(short, roomy).max_in_flight == (6, 43, 43, 1)
+    with pytest.raises(ConfigError, match="stage 3 holds .* room for 0 microbatches .* needs 1;"):
+        model_cost(short, tight)
+
+
 def test_custom_models_take_every_field() -> None:
     model = resolve_model({"name": "tiny", "num_layers": 2, "hidden": 64, "pp": 2})
     assert isinstance(model, GPTModel) and model.layers_on_stage(0) == 1
