@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
-from pipeline.errors import MemoryLimitError, ScheduleError
+from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -333,14 +333,9 @@ def _prepare_warm_start(warm_start: Schedule | None, profile: Profile) -> Schedu
 
 
 def _memory_cap(profile: Profile) -> int | None:
-    """mem_limit in half-microbatch units; below 1 no schedule fits (every F holds one)."""
+    """mem_limit in half-microbatch units (>= 2: Profile refuses a limit below 1)."""
     if profile.mem_limit is None:
         return None
-    if profile.mem_limit < 1:
-        raise MemoryLimitError(
-            f"mem_limit {profile.mem_limit:g} admits no schedule: every F holds one "
-            "microbatch of activations, so mem_limit must be >= 1"
-        )
     return math.floor(2 * profile.mem_limit + 1e-9)
 
 

@@ -55,6 +55,17 @@ def _check_rate(name: str, value: object) -> float | None:
     return float(value)  # type: ignore[arg-type]
 
 
+def _check_mem_limit(value: object) -> float | None:
+    """None (unlimited) or >= 1: every F holds one microbatch of activations."""
+    limit = _check_rate("mem_limit", value)
+    if limit is not None and limit < 1:
+        raise ConfigError(
+            f"mem_limit {limit:g} admits no schedule: every F holds one microbatch of "
+            "activations, so mem_limit must be >= 1"
+        )
+    return limit
+
+
 def _per_stage(name: str, value: object, num_stages: int) -> tuple[float, ...]:
     if is_number(value):
         return (check_ms(name, value),) * num_stages
@@ -165,7 +176,7 @@ class Profile:
         object.__setattr__(
             self, "delay_ms", tuple(checked) + (0.0,) * (num_stages - 1 - len(checked))
         )
-        object.__setattr__(self, "mem_limit", _check_rate("mem_limit", self.mem_limit))
+        object.__setattr__(self, "mem_limit", _check_mem_limit(self.mem_limit))
         check_count("message_bytes", self.message_bytes, 0)
         object.__setattr__(
             self, "link_latency_ms", check_ms("link_latency_ms", self.link_latency_ms)

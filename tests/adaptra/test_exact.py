@@ -228,11 +228,6 @@ def test_no_solution_in_time_is_an_actionable_error() -> None:
         solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=0.0)
 
 
-def test_memory_limit_below_one_microbatch_is_refused() -> None:
-    with pytest.raises(MemoryLimitError, match="mem_limit must be >= 1"):
-        solve_exact(Profile.uniform(2, 2, 1, 1, 1, mem_limit=0.5))
-
-
 def test_warm_start_over_the_memory_limit_is_refused(fig4_fixture: dict[str, Any]) -> None:
     profile = Profile.uniform(4, 12, 10, 10, 10, mem_limit=3.0)
     with pytest.raises(MemoryLimitError, match="warm start"):

@@ -106,6 +106,7 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"delay_ms": [1, -2]}, r"delay_ms\[1\] must be finite and in 0..3600000 ms"),
         ({"delay_ms": 5}, "delay_ms must be a list"),
         ({"mem_limit": 0}, "mem_limit must be finite and > 0"),
+        ({"mem_limit": 0.5}, r"mem_limit 0\.5 admits no schedule: .* must be >= 1$"),
         ({"num_delegates": 0}, "num_delegates must be >= 1"),
         ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and > 0"),
         ({"message_bytes": -5}, "message_bytes must be >= 0"),

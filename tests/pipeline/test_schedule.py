@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from baselines import one_f_one_b, zb_h1, zb_h2
-from pipeline.errors import DeadlockError, MemoryLimitError, ScheduleError
+from pipeline.errors import ConfigError, DeadlockError, MemoryLimitError, ScheduleError
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, check_memory, peak_memory, validate_schedule
@@ -84,6 +84,10 @@ def test_generated_schedules_are_valid_or_refused(profile: Profile, build, slack
     validate_schedule(unconstrained, profile.num_stages, profile.num_microbatches)
     peak = max(peak_memory(ops) for ops in unconstrained.stages)
     limit = max(peak - 1 + slack, 0.5)
+    if limit < 1:  # no schedule fits: the profile itself is refused
+        with pytest.raises(ConfigError, match="mem_limit must be >= 1"):
+            Profile.from_dict({**profile.to_dict(), "mem_limit": limit})
+        return
     limited = Profile.from_dict({**profile.to_dict(), "mem_limit": limit})
     if peak > limit:
         with pytest.raises(MemoryLimitError):
