@@ -11,6 +11,7 @@ import dataclasses
 import math
 
 from adaptra.slackness import slackness
+from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 
 __all__ = ["WarmupPlan", "algorithm1", "algorithm2", "authors_warmup", "max_warmup"]
@@ -70,7 +71,7 @@ def _fit(requests: list[int], budget: int, delays: tuple[float, ...]) -> list[in
     num_links = len(requests)
     if sum(requests) <= budget:
         return list(requests)
-    given = [min(1, budget // max(num_links, 1))] * num_links
+    given = [1 if budget >= num_links else 0] * num_links  # never below 0, whatever the budget
     spare = budget - sum(given)
     while spare > 0:
         deficits = [(requests[i] - given[i], delays[i], -i) for i in range(num_links)]
@@ -86,8 +87,11 @@ def algorithm2(profile: Profile, x_cap: int | None = None) -> WarmupPlan:
     """Slackness for the profile's delays and op times, within x_0 <= `x_cap`.
 
     The cap defaults to min(N, memory limit): activations beyond device memory can be
-    offloaded in the paper, but a schedule can never hold more than N microbatches.
+    offloaded in the paper, but a schedule can never hold more than N microbatches. A cap
+    below 1 is a ConfigError: the last stage's x is 1, and x never grows along the pipeline.
     """
+    if x_cap is not None and x_cap < 1:
+        raise ConfigError(f"x_cap must be >= 1 (every stage runs a warm-up forward), got {x_cap}")
     num_stages = profile.num_stages
     cap = profile.num_microbatches if profile.mem_limit is None else max_warmup(profile)
     cap = cap if x_cap is None else min(cap, x_cap)

@@ -1,9 +1,11 @@
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from adaptra.planning import algorithm1, algorithm2, authors_warmup, max_warmup
+from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from tests.strategies import profiles
 
@@ -42,6 +44,23 @@ def test_algorithm2_with_n_at_most_2s_protects_the_slow_link_first() -> None:
     plan = algorithm2(Profile.uniform(4, 6, 10, 10, 10, delay_ms=(50.0, 0.0, 0.0)))
     assert plan.warmup == (6, 3, 2, 1)
     assert plan.slackness == (3, 1, 1)
+
+
+@pytest.mark.parametrize("x_cap", [0, -3])
+def test_algorithm2_refuses_a_cap_below_one(x_cap: int) -> None:
+    # It returned warm-ups (0, -1, 0, 1) for x_cap 0.
+    profile = Profile.uniform(4, 12, 10, 10, 10, delay_ms=(30.0,))
+    with pytest.raises(ConfigError, match=f"x_cap must be >= 1 .*, got {x_cap}$"):
+        algorithm2(profile, x_cap=x_cap)
+
+
+@pytest.mark.parametrize(
+    ("x_cap", "warmup"), [(1, (1, 1, 1, 1)), (2, (2, 1, 1, 1)), (5, (5, 3, 2, 1))]
+)
+def test_algorithm2_within_a_small_cap(x_cap: int, warmup: tuple[int, ...]) -> None:
+    plan = algorithm2(Profile.uniform(4, 12, 10, 10, 10, delay_ms=(30.0,)), x_cap=x_cap)
+    assert plan.warmup == warmup
+    assert plan.under_protected == (0, 1, 2)
 
 
 @given(profiles(max_stages=8), st.one_of(st.none(), st.integers(1, 40)))
