@@ -25,7 +25,7 @@ from pathlib import Path
 
 from adaptra.transport import Delegates
 from harness.policies import system_controller
-from harness.runner import run_configuration
+from harness.runner import link_terms, run_configuration
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs
@@ -112,7 +112,7 @@ def slowdown(num_iterations: int) -> None:
             row = {}
             for backend in ("emulated", "sim"):
                 result = run_configuration(
-                    system_controller(system, profile),
+                    system_controller(system, profile, link_terms=link_terms(backend, "hook")),
                     backend=backend,
                     num_iterations=num_iterations,
                     delegated=system != "zb",
@@ -147,7 +147,9 @@ def count(num_iterations: int) -> None:
             profile = _profile(1 << 20, delay, num_delegates)
             row = [
                 run_configuration(
-                    system_controller("adaptra-cpu", profile),
+                    system_controller(
+                        "adaptra-cpu", profile, link_terms=link_terms(backend, "hook")
+                    ),
                     backend=backend,
                     num_iterations=num_iterations,
                     delegated=True,

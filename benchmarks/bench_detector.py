@@ -32,7 +32,7 @@ from adaptra.control import DetectingController
 from adaptra.scheduler import plan_adaptra
 from harness.loop import Recovery, RunResult
 from harness.policies import system_controller
-from harness.runner import RuntimeEngines, run_configuration
+from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import load_faults, parse_yaml
 from pipeline.engines import Controller
 from pipeline.faults import NO_FAULTS, FaultView
@@ -50,7 +50,9 @@ def _run(
     engines: RuntimeEngines,
 ) -> tuple[RunResult, float, Controller]:
     started = time.monotonic()
-    controller = system_controller(system, profile, faults)
+    controller = system_controller(
+        system, profile, faults, link_terms=link_terms("emulated", "hook")
+    )
     result = run_configuration(
         controller,
         backend="emulated",

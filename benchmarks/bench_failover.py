@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 
 from harness.loop import Recovery, run_loop
-from harness.network import network_engine
+from harness.network import TESTBED_LINK_TERMS, network_engine
 from harness.policies import system_controller
-from harness.runner import run_configuration
+from harness.runner import link_terms, run_configuration
 from injectors.fault_files import load_faults, parse_yaml
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
@@ -72,7 +72,7 @@ def _testbed(num_failures: int, notices: bool, seed: int) -> list[Figures]:
     with network_engine(profile, delegated=True, notices=notices) as engine:
         result = run_loop(
             engine,
-            system_controller("adaptra-oracle", profile, faults),
+            system_controller("adaptra-oracle", profile, faults, link_terms=TESTBED_LINK_TERMS),
             num_iterations=num_iterations,
             num_warmup_iterations=1,
             faults=faults,
@@ -126,7 +126,7 @@ def _table3_emulated() -> list[str]:
     for system in ("1f1b", "zb", "adaptra-cpu", "adaptra", "adaptra-oracle"):
         started = time.monotonic()
         result = run_configuration(
-            system_controller(system, profile, faults),
+            system_controller(system, profile, faults, link_terms=link_terms("emulated", "hook")),
             backend="emulated",
             num_iterations=120,
             num_warmup_iterations=1,

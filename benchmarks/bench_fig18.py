@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from harness.policies import SYSTEMS, system_controller
-from harness.runner import RuntimeEngines, run_configuration
+from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.host_costs import FREE, HostCosts
@@ -68,7 +68,7 @@ def _phases(system: str, backend: str, host: HostCosts, engines: RuntimeEngines)
     """Each phase's median step (pipeline and ring) and pipeline time over its last 5
     iterations, and the longest step."""
     run = run_configuration(
-        system_controller(system, PROFILE, FAULTS),
+        system_controller(system, PROFILE, FAULTS, link_terms=link_terms(backend, "hook")),
         backend=backend,
         num_iterations=PHASES[-1][2],
         faults=FAULTS,
@@ -95,7 +95,8 @@ def _healthy_steps(host: HostCosts, engines: RuntimeEngines) -> None:
         steps = {}
         for backend in ("emulated", "sim"):
             run = run_configuration(
-                system_controller("1f1b", profile), backend=backend, num_iterations=8,
+                system_controller("1f1b", profile, link_terms=link_terms(backend, "hook")),
+                backend=backend, num_iterations=8,
                 **({"host": host} if backend == "sim" else {"engines": engines}),
             )  # fmt: skip
             steps[backend] = statistics.median(run.step_times_ms)

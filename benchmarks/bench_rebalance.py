@@ -18,7 +18,7 @@ import argparse
 import statistics
 
 from harness.policies import system_controller
-from harness.runner import RuntimeEngines, run_configuration
+from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.profile import Profile
@@ -41,11 +41,12 @@ def _run(
     """The median step of the last `last` iterations, the median healthy step (iterations
     0-2), and the split of the last iteration."""
     faults = parse_yaml(f'[{{start_iteration: 3, links: ["pp1:1-2"], delay_ms: {delay_ms}}}]')
+    backend = "sim" if engines is None else "emulated"
     run = run_configuration(
-        system_controller(system, profile, faults),
+        system_controller(system, profile, faults, link_terms=link_terms(backend, "hook")),
         num_iterations=num_iterations,
         faults=faults,
-        backend="sim" if engines is None else "emulated",
+        backend=backend,
         engines=engines,
         delegated=engines is not None and system == "adaptra",
     )

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import injectors.testbed as testbed
+from harness.network import TESTBED_LINK_TERMS
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
@@ -52,7 +53,7 @@ def estimates(message_bytes: int, scenario: str, num_iterations: int) -> list[fl
             '[{start_iteration: 2, end_iteration: 6, links: ["1-2"], delay_ms: 30}]'
         )
     result = run_configuration(
-        system_controller("adaptra", profile, faults),
+        system_controller("adaptra", profile, faults, link_terms=TESTBED_LINK_TERMS),
         backend="emulated",
         num_iterations=num_iterations,
         faults=faults,

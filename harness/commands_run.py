@@ -22,7 +22,7 @@ from harness.experiment import new_run_dir, run_experiment
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_run_name
 from harness.policies import SYSTEMS, system_controller, with_delegate_count
-from harness.runner import BACKENDS, INJECTIONS, fixed_plan, run_configuration
+from harness.runner import BACKENDS, INJECTIONS, fixed_plan, link_terms, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
 from pipeline.engines import Controller
@@ -185,7 +185,12 @@ def run(
     controller: Controller
     if system is not None:
         controller = system_controller(
-            system, profile, faults, num_warmup_iterations=warmup_iterations, recovery=recovery
+            system,
+            profile,
+            faults,
+            num_warmup_iterations=warmup_iterations,
+            recovery=recovery,
+            link_terms=link_terms(backend, injection),
         )
         label, comm = system, SYSTEMS[system][1]
     else:

@@ -132,7 +132,13 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                 drawn = drawn_iterations(spec.num_iterations, starts)
                 recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
                 controller = controller_for(
-                    system, target, scenario, planner, spec.num_warmup_iterations, spec.recovery()
+                    system,
+                    target,
+                    scenario,
+                    planner,
+                    spec.num_warmup_iterations,
+                    spec.recovery(),
+                    link_terms=spec.link_terms(),
                 )
                 result = run_configuration(
                     controller,

@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from pipeline.engines import Action, Controller, Engine, check_plan
+from pipeline.engines import Action, Controller, Engine, check_link_terms, check_plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import Metrics, compute_metrics
@@ -197,6 +197,7 @@ def run_loop(
     (the restart leaves them out), at the configured restart cost."""
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
+    check_link_terms(engine, controller)
     view: FaultView = AfterWarmup(faults, num_warmup_iterations)
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []

@@ -35,11 +35,18 @@ from pipeline.engines import Capabilities, Engine, Outcome, Plan
 from pipeline.engines.base import Closing
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults
+from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.runtime.remote_error import WorkerCrash, WorkerError, WorkerTimeout
 from pipeline.topology import Link
 
-__all__ = ["NicChange", "network_engine"]
+__all__ = ["TESTBED_LINK_TERMS", "NicChange", "network_engine"]
+
+TESTBED_LINK_TERMS = LinkTerms(latency=False, bandwidth=True, delegate_rate=False)
+"""What the testbed imposes on every message (pipeline.link_terms): the profile's bandwidths
+as htb caps on each pair (`network_engine`), no latency (a pair's base wire holds its link's
+delay only: `_base_states`), and no delegate rate (a delegate's messages cross the same
+caps as a worker's)."""
 
 _Pair = tuple[int, int]
 _Changes = tuple[tuple[float, WireState, WireState], ...]
@@ -268,7 +275,7 @@ class _NetworkEngine(Closing):
 
     @property
     def capabilities(self) -> Capabilities:
-        return self._inner.capabilities
+        return dataclasses.replace(self._inner.capabilities, link_terms=TESTBED_LINK_TERMS)
 
     def run(
         self,

@@ -18,6 +18,7 @@ from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
+from pipeline.link_terms import ALL_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -156,24 +157,31 @@ def system_controller(
     profile_for: Callable[[Schedule], Profile] | None = None,
     direct_comm: CommMode = CommMode.DIRECT,
     recovery: Recovery = CHECKPOINT_RESTART,
+    link_terms: LinkTerms = ALL_LINK_TERMS,
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's controller from measurements (it never reads `faults` or the profile's
     delays; the harness sizes the delegated systems' delegates, D, for the longest delay
-    `faults` keeps, as the paper's artifact set D per experiment:
-    `with_delegate_count`), Adaptra's oracle (it re-plans where the delays in force
-    change), or for the other systems their fixed plan. `num_warmup_iterations`: the
-    run's, which its plans' iterations count and `faults` does not. `profile_for`: the
-    op times a schedule runs under (a cost model's fused or split times). `direct_comm`:
-    how the systems on the direct path send (the paper's models: `nccl-sleep`, its GPU
-    path as its artifact injects delays; Adaptra before it delegates and Falcon stay on
-    `direct`). `recovery`: the run's, which Falcon's ladder weighs a restart by."""
+    `faults` keeps, as the paper's artifact set D per experiment: `with_delegate_count`),
+    Adaptra's oracle (it re-plans where the delays in force change), or for the other
+    systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
+    iterations count and `faults` does not. `profile_for`: the op times a schedule runs
+    under (a cost model's fused or split times). `direct_comm`: how the systems on the direct
+    path send (the paper's models: `nccl-sleep`, its GPU path as its artifact injects delays;
+    Adaptra before it delegates and Falcon stay on `direct`). `recovery`: the run's, which
+    Falcon's ladder weighs a restart by. `link_terms`: the link-model terms the engine that
+    runs it imposes on messages, which the detector-driven controllers expect of them
+    (`harness.runner.link_terms(backend, injection)`; the default: the simulator's, which
+    harness.loop refuses to run on a runtime)."""
     policy, comm = resolve_system(system, profile)
     if SYSTEMS[system][1] == "delegated":
         profile = with_delegate_count(profile, faults)
     if system == "adaptra":
         return DetectingController(
-            profile, planner=functools.partial(planner, policy), profile_for=profile_for
+            profile,
+            link_terms=link_terms,
+            planner=functools.partial(planner, policy),
+            profile_for=profile_for,
         )
     if system == "adaptra-oracle":
         return OracleController(
@@ -201,7 +209,7 @@ def system_controller(
     sends = direct_comm if comm == "direct" else CommMode(comm)
     fixed = Plan(schedule, profile, sends, policy=policy)
     if system == "adaptra-cpu":
-        return DelegatingController(fixed, run_profile)
+        return DelegatingController(fixed, run_profile, link_terms=link_terms)
     return FixedPlan(fixed)
 
 

@@ -14,6 +14,7 @@ from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.host_costs import FREE, HostCosts
+from pipeline.link_terms import NO_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -24,6 +25,7 @@ __all__ = [
     "RunResult",
     "RuntimeEngines",
     "fixed_plan",
+    "link_terms",
     "run_configuration",
 ]
 
@@ -175,3 +177,20 @@ def run_configuration(
         return run(engine_of(engines))
     with RuntimeEngines() as own:
         return run(engine_of(own))
+
+
+def link_terms(backend: str, injection: str) -> LinkTerms:
+    """The link-model terms that `run_configuration`'s engine for `backend` and `injection`
+    imposes on messages (its `Capabilities.link_terms`): what a detector-driven controller
+    for it is built with (harness.policies.system_controller)."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    if injection not in INJECTIONS:
+        raise ConfigError(f"unknown injection {injection!r}; valid: {', '.join(INJECTIONS)}")
+    if backend == "sim":
+        return SimEngine.capabilities.link_terms
+    if injection == "network":
+        from harness.network import TESTBED_LINK_TERMS  # torch: only when needed
+
+        return TESTBED_LINK_TERMS
+    return NO_LINK_TERMS  # the runtime's fault hook: pipeline.engines.runtime

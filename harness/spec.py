@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
-from harness.runner import BACKENDS, INJECTIONS
+from harness.runner import BACKENDS, INJECTIONS, link_terms
 from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
@@ -27,6 +27,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
 from pipeline.files import load_yaml, read_text
 from pipeline.host_costs import FREE, HostCosts
+from pipeline.link_terms import ALL_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -341,6 +342,10 @@ class ExperimentSpec:
             transport_timeout_s=self.transport_timeout_s,
         )
 
+    def link_terms(self) -> LinkTerms:
+        """The link-model terms its engine (backend and injection) imposes on messages."""
+        return link_terms(self.backend, self.injection)
+
     def host_costs(self) -> HostCosts:
         """The calibration's costs as read when the spec was made (FREE without one)."""
         if self.calibration_costs is None:
@@ -504,9 +509,11 @@ def controller_for(
     planner: Planner | None = None,
     num_warmup_iterations: int = 1,
     recovery: Recovery = CHECKPOINT_RESTART,
+    link_terms: LinkTerms = ALL_LINK_TERMS,
 ) -> Controller:
     """What runs `system` on `target` in `scenario` (harness.policies.system_controller)
-    after `num_warmup_iterations`."""
+    after `num_warmup_iterations`, on an engine that imposes `link_terms` (the simulator's
+    by default; a spec's own: `ExperimentSpec.link_terms`)."""
     return system_controller(
         system,
         scenario.apply(target.profile),
@@ -516,4 +523,5 @@ def controller_for(
         profile_for=None if target.cost is None else target.cost.profile_for,
         direct_comm=CommMode.DIRECT if target.cost is None else CommMode.NCCL_SLEEP,
         recovery=recovery,
+        link_terms=link_terms,
     )

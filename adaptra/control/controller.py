@@ -17,7 +17,9 @@ before costs nothing.
 
 The run's profile is passed through to every plan untouched (it says what the engine
 injects, e.g. its static delays); the controller itself reads only its op times and link
-model (`Profile.with_delays(())`).
+model (`Profile.with_delays(())`), of which its detector expects only the terms the engine
+imposes on messages (`link_terms`: pipeline.link_terms; harness.loop refuses a run whose
+engine declares others).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from adaptra.control.detector import (
 from adaptra.control.swaps import DpSwaps
 from adaptra.plans import AdaptraPlans, adaptra_schedule
 from pipeline.engines import Plan
+from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -51,15 +54,21 @@ class DetectingController:
         self,
         profile: Profile,
         *,
+        link_terms: LinkTerms,
         planner: Callable[[Profile], Schedule] = adaptra_schedule,
         profile_for: Callable[[Schedule], Profile] | None = None,
         thresholds: Thresholds = DEFAULT_THRESHOLDS,
     ) -> None:
-        """`profile`: the run's (passed through to the plans); `planner`: Adaptra's schedule
-        for a profile whose delays are the estimated ones; `profile_for`: the op times a
-        schedule runs under (a cost model's fused or split times)."""
+        """`profile`: the run's (passed through to the plans); `link_terms`: the link-model
+        terms the engine imposes (`Capabilities.link_terms`: what its detector expects of a
+        message); `planner`: Adaptra's schedule for a profile whose delays are the estimated
+        ones; `profile_for`: the op times a schedule runs under (a cost model's fused or
+        split times)."""
         self.profile = profile
-        self.detector = LinkDetector(profile.with_delays(()), thresholds)
+        self.link_terms = link_terms
+        self.detector = LinkDetector(
+            profile.with_delays(()), link_terms=link_terms, thresholds=thresholds
+        )
         self.thresholds = thresholds
         self._plans = AdaptraPlans(profile, planner, profile_for)
         self._links = [link_name(i) for i in range(profile.num_stages - 1)]
@@ -120,11 +129,20 @@ class DelegatingController:
     name = "delegation"
 
     def __init__(
-        self, plan: Plan, profile: Profile, *, thresholds: Thresholds = DEFAULT_THRESHOLDS
+        self,
+        plan: Plan,
+        profile: Profile,
+        *,
+        link_terms: LinkTerms,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
     ) -> None:
-        """`plan`: what every iteration runs (its topology aside); `profile`: the run's."""
+        """`plan`: what every iteration runs (its topology aside); `profile`: the run's;
+        `link_terms`: the engine's (as `DetectingController`'s)."""
         self._plan = plan
-        self.detector = LinkDetector(profile.with_delays(()), thresholds)
+        self.link_terms = link_terms
+        self.detector = LinkDetector(
+            profile.with_delays(()), link_terms=link_terms, thresholds=thresholds
+        )
         self._times = TimelineTimes(self.detector, dp_only=True)
         self.swaps = DpSwaps(profile.topology)
         self._detected: tuple[tuple[str, float], ...] = ()

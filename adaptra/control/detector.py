@@ -9,11 +9,14 @@ fault model, the spec or the profile's delays. What a message spends between the
 link's delay plus the host's own cost of carrying it (the wire, copies, the receiver's
 wake-up). Per link direction and iteration the detector takes two order statistics of that
 over the direction's messages, less what the profile's link model expects (latency, bytes
-over bandwidth: no delay), less the host's floor: the least such median seen so far on any
-link direction of the same kind (PP or DP: their messages differ in size, and so in what the
-host adds). The median less the floor is the direction's extra delay, its estimate; the
-lower quartile less the floor is the evidence that the direction is slow. A link's values
-are the larger of its directions' (over every replica), from its latest iteration.
+over bandwidth, a delegate's rate: no delay; of these only the terms the engine imposes on
+its messages, `pipeline.link_terms`: all in the simulator, none in a runtime whose fault
+hook injects, the bandwidths on the testbed), less the host's floor: the least such median
+seen so far on any link direction of the same kind (PP or DP: their messages differ in
+size, and so in what the host adds). The median less the floor is the direction's extra
+delay, its estimate; the lower quartile less the floor is the evidence that the direction
+is slow. A link's values are the larger of its directions' (over every replica), from its
+latest iteration.
 
 Why two statistics: load only ever adds time (a receiver that is not scheduled stamps late;
 nothing stamps early), while a slow link delays every message, or with a fault's jitter
@@ -53,6 +56,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, PerSource, Timeline
 from pipeline.topology import link_name
@@ -136,10 +140,20 @@ Directions = Mapping[tuple[str, str, int], DirectionTimes]
 class LinkDetector:
     """Feed it each iteration's messages in order (`observe`); it keeps its own state."""
 
-    def __init__(self, profile: Profile, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> None:
-        """`profile`: the link model (latency, bandwidth) and the stage count; its delays
-        are not read."""
-        self._healthy = profile.with_delays(())
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        link_terms: LinkTerms,
+        thresholds: Thresholds = DEFAULT_THRESHOLDS,
+    ) -> None:
+        """`profile`: the link model (latency, bandwidth, delegate rate) and the stage
+        count; its delays are not read. `link_terms`: the terms of that model the engine
+        whose timelines it reads imposes (`Capabilities.link_terms`): only these are
+        expected of a message (a runtime whose fault hook injects imposes none: its
+        messages take the host's time, which the floor absorbs)."""
+        self.link_terms = link_terms
+        self._healthy = link_terms.kept_in(profile).with_delays(())
         self._pp_expected_ms = {
             link_name(i): self._healthy.transfer_ms(i) for i in range(profile.num_stages - 1)
         }

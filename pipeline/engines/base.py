@@ -15,6 +15,7 @@ from typing import Protocol, Self
 
 from pipeline.errors import ConfigError
 from pipeline.faults import IterationFaults
+from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.simulator import CommMode, LinkComm
@@ -114,6 +115,9 @@ class Plan:
 class Capabilities:
     comms: frozenset[CommMode]
     """The comm modes it realises."""
+    link_terms: LinkTerms
+    """The link-model terms it imposes on every message (pipeline.link_terms): what a
+    detector reading its timelines subtracts from a message's measured time."""
     dp_step: bool = False
     """It times the DP all-reduce and optimizer step after the pipeline."""
     trains: bool = False

@@ -12,12 +12,14 @@ one sees timelines only.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from pipeline.engines.base import Plan
+from pipeline.engines.base import Engine, Plan
+from pipeline.errors import ConfigError
+from pipeline.link_terms import LinkTerms
 from pipeline.timeline import Timeline
 
-__all__ = ["Controller"]
+__all__ = ["Controller", "Measuring", "check_link_terms"]
 
 
 class Controller(Protocol):
@@ -31,3 +33,26 @@ class Controller(Protocol):
     def observe(self, iteration: int, timeline: Timeline) -> None: ...
 
     def restarted(self, iteration: int, *, stragglers: bool) -> None: ...
+
+
+@runtime_checkable
+class Measuring(Protocol):
+    """A controller that reads message times against the profile's link model (a detector):
+    it expects of each message the link-model terms it was built with."""
+
+    @property
+    def link_terms(self) -> LinkTerms: ...
+
+
+def check_link_terms(engine: Engine, controller: Controller) -> None:
+    """Refuse a measuring controller built for other link-model terms than `engine` imposes
+    (it would call healthy links slow: pipeline.link_terms)."""
+    if not isinstance(controller, Measuring):
+        return
+    imposed = engine.capabilities.link_terms
+    if controller.link_terms != imposed:
+        raise ConfigError(
+            f"controller {controller.name} expects {controller.link_terms} of a message, the "
+            f"{engine.name} engine imposes {imposed}: build it with that engine's link terms "
+            "(harness.runner.link_terms)"
+        )

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
+from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig
 from pipeline.runtime.devices import describe_pool
@@ -56,6 +57,7 @@ class RuntimeEngine(Closing):
         self.num_stages, self.num_replicas = num_stages, num_replicas
         self.capabilities = Capabilities(
             comms=frozenset({CommMode.DIRECT, *([CommMode.DELEGATED] if delegates else [])}),
+            link_terms=NO_LINK_TERMS,  # its fault hook sleeps the delays and faults only
             dp_step=True,
             trains=trains,
             restarts=True,

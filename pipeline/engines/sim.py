@@ -9,6 +9,7 @@ from typing import Any
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
 from pipeline.faults import IterationFaults
 from pipeline.host_costs import FREE, HostCosts
+from pipeline.link_terms import ALL_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
@@ -27,7 +28,9 @@ class SimEngine(Closing):
     (a calibration)."""
 
     name = "sim"
-    capabilities = Capabilities(comms=frozenset(CommMode), dp_step=True, restarts=True)
+    capabilities = Capabilities(
+        comms=frozenset(CommMode), link_terms=ALL_LINK_TERMS, dp_step=True, restarts=True
+    )
 
     def __init__(self, *, host: HostCosts = FREE) -> None:
         self.host = host

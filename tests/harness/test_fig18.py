@@ -11,6 +11,7 @@ from harness.policies import SYSTEMS, system_controller
 from harness.runner import RuntimeEngines, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import FaultModel
+from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.profile import Profile
 
 pytestmark = pytest.mark.multiprocess
@@ -56,7 +57,7 @@ def test_fig18_systems_in_emulated_runs() -> None:
     with RuntimeEngines() as engines:  # two pools: without delegates, with them
         for system in ("zb", "falcon", "adaptra-cpu", "adaptra"):
             run = run_configuration(
-                system_controller(system, PROFILE, FAULTS),
+                system_controller(system, PROFILE, FAULTS, link_terms=NO_LINK_TERMS),
                 backend="emulated",
                 num_iterations=PHASES[-1][2],
                 faults=FAULTS,

@@ -183,13 +183,14 @@ def test_delegates_on_the_testbed_carry_the_slow_link_on_its_wire() -> None:
     """A 40 ms delay on the wire of hosts 0-1, Adaptra-CPU (ZB over delegates): the delegates
     listen on their hosts' NICs, so the delegated messages of link 0-1 cross that wire and
     wait its delay there, while the sending trainer only copies them out."""
+    from harness.network import TESTBED_LINK_TERMS
     from harness.policies import system_controller
 
     delay_ms = 40.0
     profile = Profile.uniform(4, 8, 5, 5, 5, message_bytes=KIB_64, num_delegates=2)
     profile = profile.with_delays([delay_ms, 0.0, 0.0])
     result = run_configuration(
-        system_controller("adaptra-cpu", profile),
+        system_controller("adaptra-cpu", profile, link_terms=TESTBED_LINK_TERMS),
         backend="emulated",
         injection="network",
         num_iterations=2,

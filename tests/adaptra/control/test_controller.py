@@ -4,6 +4,7 @@ with the same decisions as the simulator's and no false alarms under load."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import statistics
@@ -14,7 +15,7 @@ import pytest
 
 from harness.loop import IterationDecision, RunResult
 from harness.policies import system_controller
-from harness.runner import run_configuration
+from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
@@ -40,7 +41,13 @@ def _run(
     num_warmup_iterations: int = 1,
 ) -> RunResult:
     return run_configuration(
-        system_controller("adaptra", profile, faults, num_warmup_iterations=num_warmup_iterations),
+        system_controller(
+            "adaptra",
+            profile,
+            faults,
+            num_warmup_iterations=num_warmup_iterations,
+            link_terms=link_terms(backend, injection),
+        ),
         backend=backend,
         num_iterations=num_iterations,
         num_warmup_iterations=num_warmup_iterations,
@@ -204,3 +211,45 @@ def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     assert {r.iteration for r in real.timeline.swaps} == {2 + 4}
     before, after = iterations[2 + 3].pids, iterations[2 + 4].pids
     assert (after[0], after[3]) == (before[3], before[0]) and iterations[-1].pids == after
+
+
+def test_a_healthy_ring_of_unequal_chunks_is_no_straggler_on_the_runtime() -> None:
+    """The runtime's fault hook imposes no link model: at a modelled 0.1 Gbit/s, stage 0's
+    500 kB ring chunks (40 ms on the model's wire) and stage 1's 50 kB ones (4 ms) both take
+    the host's time. Expecting the model's times, the detector set the DP floor by the big
+    chunks and called the healthy dp1:0-1 36 ms slow in every iteration, and the controller
+    swapped ranks for it. It expects what the engine imposes (pipeline.link_terms): nothing
+    is slow from the first measured iteration on, nothing moves in them
+    (test_detector_link_terms.py: the same, exactly). A fresh pool's first messages on each
+    pair are slow (gloo connects on first use: 30-50 ms seen under a load average of 20), and
+    the detector holds a link until its estimate is below 4 ms: the warm-up's own beliefs
+    may reach the first plan, so its decision and the warm-up are left out."""
+    profile = Profile.uniform(
+        2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
+        allreduce_bytes=(1_000_000, 100_000), link_bandwidth_gbps=0.1,
+    )  # fmt: skip
+    result = _run(profile, NO_FAULTS, 3, "emulated", "hook", num_warmup_iterations=3)
+    assert _slow(result.decisions)[1:] == [set()] * 2, [d.detected_ms for d in result.decisions]
+    assert result.timeline is not None
+    assert [r for r in result.timeline.swaps if r.iteration >= 3] == []
+    assert [d.comm for d in result.decisions[1:]] == [{"0-1": "direct"}] * 2
+
+
+def test_a_delegates_modelled_rate_makes_no_flapping_on_the_runtime_after_a_repair() -> None:
+    """A delegate's modelled rate (3 Mbit/s: a 4 KiB message 10.9 ms slower delegated than
+    direct) that the runtime does not impose: expecting it, the delegated iterations set the
+    PP floor 10.9 ms low, and after the repair the controller flipped direct / delegated
+    every iteration, calling healthy links 0-1 and 1-2 slow at 10.9 ms. Now: 30 ms on link
+    1-2 in measured iteration 1 is found (at least 27 ms: load only adds) and planned for
+    over the delegates, then the initial plan over direct and nothing slow (recovered
+    within 2 iterations: load may hold a recovered estimate above 4 ms for one)."""
+    profile = dataclasses.replace(
+        Profile.uniform(3, 8, 2, 2, 2, message_bytes=4096, num_delegates=4), delegate_gbps=0.003
+    )
+    faults = parse_yaml('[{start_iteration: 1, end_iteration: 2, links: ["1-2"], delay_ms: 30}]')
+    result = _run(profile, faults, 6, "emulated", "hook")
+    slow = _slow(result.decisions)
+    assert slow[:3] == [set(), set(), {"1-2"}] and slow[3] in (set(), {"1-2"}), slow
+    assert slow[4:] == [set()] * 2, [d.detected_ms for d in result.decisions]
+    assert result.decisions[2].detected_ms["1-2"] >= 27.0
+    assert [d.comm for d in result.decisions[4:]] == [{"0-1": "direct", "1-2": "direct"}] * 2

@@ -13,6 +13,7 @@ from adaptra.control import LinkDetector, Thresholds
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.link_terms import ALL_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline
 
@@ -35,7 +36,7 @@ def _sim_timeline(faults_yaml: str, num_iterations: int, profile: Profile = PROF
 
 
 def _beliefs(timeline: Timeline, profile: Profile = PROFILE) -> list[dict[str, float]]:
-    detector = LinkDetector(profile)
+    detector = LinkDetector(profile, link_terms=ALL_LINK_TERMS)  # the simulator's timelines
     by_iteration: dict[int, list] = {}
     for m in itertools.chain(timeline.messages, timeline.dp_messages):
         by_iteration.setdefault(m.iteration, []).append(m)
@@ -151,7 +152,7 @@ def test_late_stamps_on_most_of_a_direction_s_messages_are_no_straggler() -> Non
     median (the estimate) but not its lower quartile (the evidence), so no link is called
     slow; all 8 late (a delayed link) is one, with its 20 ms."""
     timeline = _sim_timeline('[{start_iteration: 0, links: ["0-1"], delay_ms: 0}]', 4)
-    detector = LinkDetector(PROFILE)
+    detector = LinkDetector(PROFILE, link_terms=ALL_LINK_TERMS)
     stamped_late = _late(timeline, 2, 5, 20.0)
     directions = detector.direction_times(m for m in stamped_late.messages if m.iteration == 2)
     times = directions[("1-2", "backward", 0)]

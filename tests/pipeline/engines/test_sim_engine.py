@@ -7,6 +7,7 @@ from pipeline.engines import Action, Capabilities, Plan, check_plan
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import NO_FAULTS, MessageFault
+from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule
@@ -70,7 +71,7 @@ def test_a_plan_the_engine_cannot_run_is_refused_by_name() -> None:
 
     class _NoRestarts:
         name = "frozen"
-        capabilities = Capabilities(comms=frozenset(CommMode))
+        capabilities = Capabilities(comms=frozenset(CommMode), link_terms=NO_LINK_TERMS)
 
     with pytest.raises(ConfigError, match="the frozen engine cannot restart"):
         check_plan(_NoRestarts(), restart)  # type: ignore[arg-type]
