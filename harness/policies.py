@@ -196,6 +196,7 @@ def system_controller(
         return FalconController(
             schedule,
             profile,
+            link_terms=link_terms,
             planner=functools.partial(planner, policy),
             checkpoint_every=recovery.checkpoint_every,
             restart_overhead_ms=recovery.restart_ms,

@@ -61,6 +61,7 @@ from baselines.falcon.profiling import (
 )
 from baselines.falcon.rebalance import rebalance
 from pipeline.engines import Action, Plan
+from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule
 from pipeline.simulator import CommMode
@@ -153,17 +154,21 @@ class FalconController:
         costs: FalconCosts | None = None,
         changes: ChangePointConfig = DEFAULT_CHANGES,
         *,
+        link_terms: LinkTerms,
         planner: Callable[[Profile], Schedule] | None = None,
         checkpoint_every: int = 500,
         restart_overhead_ms: float = 0.0,
     ) -> None:
         """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` once
         the first iterations have given a healthy time, with the run's `checkpoint_every`
-        and `restart_overhead_ms` (what a restart costs it); `planner`: the same policy for
-        another microbatch count (a rebalanced replica's; None: no rebalance level)."""
+        and `restart_overhead_ms` (what a restart costs it); `link_terms`: the link-model
+        terms the engine imposes (`Capabilities.link_terms`: what its profiling expects of a
+        message); `planner`: the same policy for another microbatch count (a rebalanced
+        replica's; None: no rebalance level)."""
         self.schedule, self.profile = schedule, profile
         self._planner = planner
-        self._model = profile.with_delays(())
+        self.link_terms = link_terms
+        self._model = link_terms.kept_in(profile.with_delays(()))
         self._costs = costs
         self._checkpoint_every, self._restart_overhead_ms = checkpoint_every, restart_overhead_ms
         self._changes = ChangePointDetector(changes)

@@ -1,17 +1,14 @@
 """The detector expects of a message only the link-model terms its engine imposes.
 
-`_HookLike` is the simulator imposing no link model (`NO_LINK_TERMS`): what a runtime whose
-fault hook injects does on a free host (it sleeps the delays and faults; latency, bandwidth
-and a delegate's rate are the profile's model, not the host's). Its timelines are exact, so
-these tests assert exact decisions; test_controller.py runs the same scenarios on the
-emulated runtime.
+`HookLikeSim` (tests/hook_like.py) is the simulator imposing no link model: a hook runtime
+on a free host. Its timelines are exact, so these tests assert exact decisions;
+test_controller.py runs the same scenarios on the emulated runtime.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
 
 import pytest
 
@@ -20,13 +17,12 @@ from harness.loop import RunResult, run_loop
 from harness.policies import system_controller
 from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
-from pipeline.engines import Capabilities, Outcome, Plan
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError
-from pipeline.faults import NO_FAULTS, FaultView, IterationFaults
+from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.link_terms import ALL_LINK_TERMS, NO_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
-from pipeline.simulator import CommMode
+from tests.hook_like import HookLikeSim
 
 DP_PROFILE = Profile.uniform(
     2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
@@ -44,24 +40,12 @@ REPAIRED = "[{start_iteration: 1, end_iteration: 2, links: ['1-2'], delay_ms: 30
 """30 ms on link 1-2 in measured iteration 1 only."""
 
 
-class _HookLike(SimEngine):
-    """The simulator imposing no link model: a hook runtime on a free host."""
-
-    capabilities = Capabilities(
-        comms=frozenset(CommMode), link_terms=NO_LINK_TERMS, dp_step=True, restarts=True
-    )
-
-    def run(self, plan: Plan, iteration: int, faults: IterationFaults, **kwargs: Any) -> Outcome:
-        bare = dataclasses.replace(plan, profile=NO_LINK_TERMS.kept_in(plan.profile))
-        return super().run(bare, iteration, faults, **kwargs)
-
-
 def _hook_like_run(
     profile: Profile, faults: FaultView, num_iterations: int
 ) -> tuple[RunResult, DetectingController]:
     controller = system_controller("adaptra", profile, faults, link_terms=NO_LINK_TERMS)
     assert isinstance(controller, DetectingController)
-    with _HookLike() as engine:
+    with HookLikeSim() as engine:
         result = run_loop(engine, controller, num_iterations=num_iterations, faults=faults)
     return result, controller
 

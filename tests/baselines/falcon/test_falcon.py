@@ -12,12 +12,14 @@ import pytest
 
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
-from harness.loop import Recovery, RunResult
+from harness.loop import Recovery, RunResult, run_loop
 from harness.policies import system_controller
-from harness.runner import run_configuration
+from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.link_terms import ALL_LINK_TERMS, NO_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.topology import Link, Topology
+from tests.hook_like import HookLikeSim
 
 PROFILE = Profile.uniform(
     4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
@@ -49,6 +51,7 @@ def _run(
         controller.schedule,
         profile,
         costs,
+        link_terms=link_terms(backend, "hook"),
         planner=zb_auto,
     )
     result = run_configuration(
@@ -111,7 +114,11 @@ def test_a_link_failure_s_restart_keeps_the_swap_and_what_falcon_knows() -> None
     controller = system_controller("falcon", PROFILE, faults)
     assert isinstance(controller, FalconController)
     falcon = FalconController(
-        controller.schedule, PROFILE, FalconCosts(0.0, 2000.0, math.inf), planner=zb_auto
+        controller.schedule,
+        PROFILE,
+        FalconCosts(0.0, 2000.0, math.inf),
+        link_terms=ALL_LINK_TERMS,
+        planner=zb_auto,
     )
     result = run_configuration(
         falcon, num_iterations=30, faults=faults, recovery=Recovery(checkpoint_every=5)
@@ -225,7 +232,11 @@ def test_a_slow_dp_link_with_no_pp_edge_to_swap_onto_passes_over_the_swap() -> N
     controller = system_controller("falcon", profile, faults)
     assert isinstance(controller, FalconController)
     falcon = FalconController(
-        controller.schedule, profile, FalconCosts(0.0, 0.0, 3000.0), planner=zb_auto
+        controller.schedule,
+        profile,
+        FalconCosts(0.0, 0.0, 3000.0),
+        link_terms=ALL_LINK_TERMS,
+        planner=zb_auto,
     )
     result = run_configuration(falcon, num_iterations=14, faults=faults)
     assert falcon.climbs == [(7, Level.RESTART)]  # seen in the run's iteration 7: measured 6
@@ -352,3 +363,20 @@ def test_after_a_slowdown_ends_a_link_under_the_threshold_is_no_straggler(before
     controller = system_controller("falcon", profile, faults)
     run = run_configuration(controller, num_iterations=20, faults=faults)
     assert [d.detected_ms for d in run.decisions[8:]] == [{}] * 12
+
+
+def test_falcon_blames_the_slow_ring_link_on_an_engine_without_the_link_model() -> None:
+    """PP 2 x DP 2 at 0.1 Gbit/s on an engine that imposes no link model (a hook runtime):
+    stage 0's ring sends chunks of 500 kB, stage 1's of 50 kB. With 20 ms on dp0:0-1,
+    Falcon's profiling once subtracted the modelled 40 ms from stage 0's chunks and blamed
+    the healthy dp1:0-1; it now expects only what the engine imposes."""
+    profile = Profile.uniform(
+        2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
+        allreduce_bytes=(1_000_000, 100_000), link_bandwidth_gbps=0.1,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 3, links: ["dp0:0-1"], delay_ms: 20}]')
+    falcon = system_controller("falcon", profile, faults, link_terms=NO_LINK_TERMS)
+    assert isinstance(falcon, FalconController)
+    with HookLikeSim() as engine:
+        run_loop(engine, falcon, num_iterations=12, faults=faults)
+    assert falcon.straggler is not None and falcon.straggler.link == "dp0:0-1"
