@@ -154,6 +154,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                     recovery=spec.recovery(),
                     on_iteration=recorder,
                     delegated=SYSTEMS[system][1] == "delegated",
+                    seed=spec.seed,
                 )
             write_timeline(run_dir, key, recorder.timeline())
             common = _row_keys(run_id, spec, target, system, scenario, repeat, result)

@@ -224,8 +224,10 @@ class _NetworkEngine(Closing):
         notices: bool = True,
         longest_hold_ms: float = 0.0,
         model: str | None = None,
+        seed: int = 0,
     ) -> None:
-        """`model`: the megatron backend's model (None: the emulated backend); `delegated`:
+        """`model`: the megatron backend's model (None: the emulated backend), `seed` its
+        initial weights and data; `delegated`:
         start delegates, which listen on their hosts' NICs (their traffic
         crosses the testbed's wires as the workers' does) and fail over between them;
         `notices`: their receivers tell their senders of a NIC's failure over the management
@@ -243,7 +245,11 @@ class _NetworkEngine(Closing):
         )
         management = PLANES.index("mgmt")
         told = tuple(bed.address(host, management) for host in range(bed.num_hosts))
-        make = emulated_engine if model is None else functools.partial(megatron_engine, model=model)
+        make = (
+            emulated_engine
+            if model is None
+            else functools.partial(megatron_engine, model=model, seed=seed)
+        )
         self._inner = make(
             profile.num_stages,
             num_replicas=profile.num_replicas,
@@ -418,12 +424,12 @@ def network_engine(
     notices: bool = True,
     longest_hold_ms: float = 0.0,
     model: str | None = None,
+    seed: int = 0,
 ) -> Iterator[Engine]:
     """A testbed of one host per worker (stage and replica), htb caps for the profile's link
-    bandwidths, and the
-    engine that sets its wires and NICs at each iteration boundary (`model`: megatron's,
-    None for the emulated backend; `delegated`: with delegates on the hosts; `notices`: see
-    _NetworkEngine)."""
+    bandwidths, and the engine that sets its wires and NICs at each iteration boundary
+    (`model`: megatron's, None for the emulated backend, `seed` its initial weights and data;
+    `delegated`: with delegates on the hosts; `notices`: see _NetworkEngine)."""
     with Testbed(profile.topology.num_hosts) as bed:
         for (a, b), state in _base_states(profile).items():
             if state.rate_bit_s is not None:
@@ -434,6 +440,6 @@ def network_engine(
                 for plane in range(1, len(DATA_PLANES)):
                     bed.set_wire(a, b, plane=plane, forward=state)
         with _NetworkEngine(
-            bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms, model
+            bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms, model, seed
         ) as engine:
             yield engine

@@ -37,12 +37,12 @@ or in the network of a namespace testbed (harness.network; root only)."""
 
 
 class RuntimeEngines(Closing):
-    """The runtime engines of an experiment, one per (backend, stages, replicas, model), each
-    started at its first iteration and kept until the experiment ends: configurations share
-    pools."""
+    """The runtime engines of an experiment, one per (backend, stages, replicas, model, seed,
+    ...), each started at its first iteration and kept until the experiment ends:
+    configurations share pools."""
 
     def __init__(self) -> None:
-        self._engines: dict[tuple[str, int, int, str, float, bool], Engine] = {}
+        self._engines: dict[tuple[str, int, int, str, int, float, bool], Engine] = {}
 
     def get(
         self,
@@ -53,10 +53,13 @@ class RuntimeEngines(Closing):
         num_replicas: int = 1,
         timeout_s: float = CHECKPOINT_RESTART.transport_timeout_s,
         delegated: bool = False,
+        seed: int = 0,
     ) -> Engine:
-        """`delegated`: its plans may delegate (its pool then starts delegates)."""
+        """`delegated`: its plans may delegate (its pool then starts delegates); `seed`: the
+        megatron model's initial weights and data (the emulated backend has neither)."""
         model = "" if backend == "emulated" else model or "tiny"  # one pool per model run
-        key = (backend, num_stages, num_replicas, model, timeout_s, delegated)
+        seed = 0 if backend == "emulated" else seed
+        key = (backend, num_stages, num_replicas, model, seed, timeout_s, delegated)
         if key not in self._engines:
             from adaptra.transport import Delegates  # torch, as the engines below
             from pipeline.engines.runtime import emulated_engine, megatron_engine
@@ -70,6 +73,7 @@ class RuntimeEngines(Closing):
                 else megatron_engine(
                     num_stages,
                     model,
+                    seed=seed,
                     num_replicas=num_replicas,
                     timeout_s=timeout_s,
                     delegates=delegates,
@@ -105,6 +109,7 @@ def run_configuration(
     recovery: Recovery = CHECKPOINT_RESTART,
     on_iteration: OnIteration | None = None,
     delegated: bool = False,
+    seed: int = 0,
 ) -> RunResult:
     """Run what `controller` plans. Warm-up iterations come first; a fault timeline counts
     iterations from the first measured one, and its delays add to the profile's. `model`
@@ -113,7 +118,9 @@ def run_configuration(
     runtime costs for the simulator (the sim backend only). `engines`: runtime engines to
     share with other configurations (default: this configuration's own). `on_iteration`:
     called with each iteration's timeline as it ends (harness.loop). `delegated`: the
-    controller may send over delegates (a runtime then starts them with its pool)."""
+    controller may send over delegates (a runtime then starts them with its pool). `seed`:
+    the megatron model's initial weights and synthetic tokens (the run's seed; the other
+    backends compute no model)."""
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     if model is not None and backend != "megatron":
@@ -160,6 +167,7 @@ def run_configuration(
             delegated=delegated,
             longest_hold_ms=longest_ms,
             model=None if backend == "emulated" else model or "tiny",
+            seed=seed,
         ) as engine:
             return run(engine)
 
@@ -171,6 +179,7 @@ def run_configuration(
             num_replicas=profile.num_replicas,
             timeout_s=timeout_s,
             delegated=delegated,
+            seed=seed,
         )
 
     if engines is not None:

@@ -209,17 +209,19 @@ def megatron_engine(
     num_stages: int,
     model: str,
     *,
+    seed: int = 0,
     num_replicas: int = 1,
     launch: LaunchHook = local_launch,
     timeout_s: float = 60.0,
     on_start: Callable[[float], None] | None = None,
     delegates: DelegateFactory | None = None,
 ) -> RuntimeEngine:
-    """Importing megatron-core only inside the workers (and to check the model's split)."""
+    """Importing megatron-core only inside the workers (and to check the model's split).
+    `seed`: the model's initial weights and its synthetic tokens (`MegatronCompute`)."""
     from pipeline.runtime.megatron import MegatronCompute, get_preset
 
     get_preset(model).check_stages(num_stages)
-    factory = functools.partial(MegatronCompute, model)
+    factory = functools.partial(MegatronCompute, model, seed=seed)
     return RuntimeEngine(
         "megatron",
         num_stages,
