@@ -1,6 +1,8 @@
 """The `sim` engine: the event-driven simulator, one iteration after another on one clock.
 A change of placement (a rank swap) starts its iteration with the swap, timed by the cost
-model (`_swap_records`)."""
+model (`_swap_records`). As in the runtimes, the processes start on the default placement,
+also after a restart: a plan on another one swaps to it in its first iteration (moving no
+state there, which comes from the initial one or a checkpoint)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ class SimEngine(Closing):
         self._validated: dict[int, Schedule] = {}
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
         self._placement: Topology | None = None
-        """The placement the last iteration ran (None: none ran yet)."""
+        """The placement the last iteration ran (None: the default one, where the processes
+        start)."""
+        self._restarted = False
+        """A restart came after the last iteration (its state comes from a checkpoint)."""
 
     def run(
         self,
@@ -56,10 +61,22 @@ class SimEngine(Closing):
         if iteration == 0:
             self._clock_ms, self._failed_over = 0.0, frozenset()
         placement = plan.topology or plan.profile.topology
-        before, self._placement = self._placement, placement
+        before = self._placement
+        shape = (placement.num_stages, placement.num_replicas)
+        if before is None or (before.num_stages, before.num_replicas) != shape:
+            before = plan.profile.topology  # fresh processes (another shape: another job's)
+        self._placement = placement
+        restarted, self._restarted = self._restarted, False
         swaps: tuple[SwapRecord, ...] = ()
-        if iteration > 0 and before is not None and before.workers != placement.workers:
-            swaps = _swap_records(plan.profile, before, placement, iteration, self._clock_ms)
+        if before.workers != placement.workers:
+            swaps = _swap_records(
+                plan.profile,
+                before,
+                placement,
+                iteration,
+                self._clock_ms,
+                moves_state=iteration > 0 and not restarted,
+            )
         iteration_start_ms = self._clock_ms
         if swaps:
             self._clock_ms = max(r.end_ms for r in swaps)
@@ -109,11 +126,12 @@ class SimEngine(Closing):
 
     def restart(self) -> None:
         """Nothing to restart but the NICs: the clock goes on, on repaired hardware (whose
-        processes start on the default placement). The cache goes too: the iterations it
-        names run again after the restart, so an `Outcome.same_as` into it could name a run
-        of the same index with other faults."""
+        processes start on the default placement: the next iteration swaps from it where its
+        plan has another). The cache goes too: the iterations it names run again after the
+        restart, so an `Outcome.same_as` into it could name a run of the same index with
+        other faults."""
         self._failed_over = frozenset()
-        self._placement = None
+        self._placement, self._restarted = None, True
         self._cache.clear()
 
     def close(self) -> None:
@@ -122,19 +140,27 @@ class SimEngine(Closing):
 
 
 def _swap_records(
-    profile: Profile, before: Topology, after: Topology, iteration: int, start_ms: float
+    profile: Profile,
+    before: Topology,
+    after: Topology,
+    iteration: int,
+    start_ms: float,
+    *,
+    moves_state: bool = True,
 ) -> tuple[SwapRecord, ...]:
     """A rank swap as the runtimes make it, timed by the cost model: every worker that plays
     another position sends the left one's training state (`Profile.state_bytes`) to its new
     player over a DP link and takes its new one's, all at once; the swap lasts as long as
-    the largest transfer (`Profile.dp_wire_ms`)."""
+    the largest transfer (`Profile.dp_wire_ms`). Without `moves_state` (the first iteration
+    of a run or after a restart: every position's state comes from the initial one or a
+    checkpoint) the movers send nothing."""
     moves = []
     for index in range(after.num_positions):
         position = after.position(index)
         worker = after.worker(position)
         left = before.position_of_worker(worker)
         if left != position:
-            moves.append((left, position, profile.state_bytes(left.stage)))
+            moves.append((left, position, profile.state_bytes(left.stage) if moves_state else 0))
     end_ms = start_ms + max(profile.dp_wire_ms(num_bytes) for _, _, num_bytes in moves)
     return tuple(
         SwapRecord(

@@ -9,6 +9,7 @@ import statistics
 import pytest
 
 from baselines import one_f_one_b
+from harness.loop import Recovery
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
@@ -221,3 +222,44 @@ def test_a_swap_costs_its_own_iteration_only_in_sim() -> None:
     assert times[3] == pytest.approx(times[2] + 8.0)
     assert times[:3] == (times[0],) * 3 and times[4:] == (times[2],) * 2
     assert run.reused_iterations == 3  # 1 and 2 repeat 0, 5 repeats 4 (not the swap's 3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(("swap_at", "checkpoint_every", "resumed_at"), [(1, 2, 2), (0, 5, 0)])
+def test_after_a_restart_every_engine_swaps_again(
+    swap_at: int, checkpoint_every: int, resumed_at: int
+) -> None:
+    """Stages 0 and 1 of replicas 1 and 0 swap places from iteration `swap_at` on; PP link
+    0-1 is down in iteration 3: the job restarts from its checkpoint (iteration 2, or the
+    start) on processes placed by default, so the first iteration run again swaps again,
+    in the simulator as in the runtime, moving no state (the checkpoint holds it; a fresh
+    run's iteration 0 holds the initial one)."""
+    faults = parse_yaml('[{start_iteration: 3, end_iteration: 4, links: ["pp0:0-1"], down: true}]')
+    records = {}
+    for backend in ("sim", "emulated"):
+        run = run_configuration(
+            _SwapAt(swap_at, DP_PROFILE, DP_SWAPPED),
+            backend=backend,
+            num_iterations=5,
+            num_warmup_iterations=0,
+            faults=faults,
+            recovery=Recovery(checkpoint_every=checkpoint_every),
+        )
+        assert run.restarts == 1 and run.timeline is not None
+        records[backend] = sorted(
+            (r.iteration, r.stage_to, r.replica_to, r.num_bytes if r.iteration != 1 else -1)
+            for r in run.timeline.swaps
+        )  # the emulated compute moves no state, the simulator the state's bytes at 1
+    first = 0 if swap_at == 0 else -1
+    assert (
+        records["sim"]
+        == records["emulated"]
+        == sorted(
+            [
+                (swap_at, 0, 1, first),
+                (swap_at, 1, 0, first),
+                (resumed_at, 0, 1, 0),
+                (resumed_at, 1, 0, 0),
+            ]
+        )
+    )

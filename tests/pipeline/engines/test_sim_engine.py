@@ -135,6 +135,40 @@ def test_a_swap_starts_its_iteration_with_the_state_transfer_the_cost_model_give
     assert times[2] == pytest.approx(times[1] + 8.0) and times[3] == pytest.approx(times[1])
 
 
+def test_after_a_restart_a_swapped_plan_swaps_from_the_default_placement() -> None:
+    """The processes start on the default placement, after a restart too: a plan on another
+    one swaps to it in its first iteration (as the runtimes' fresh pool does), moving no
+    state (it comes from a checkpoint, or the initial state at iteration 0); on the default
+    placement nothing swaps. 8 Gbit/s and 1 ms of latency on the DP links: a state transfer
+    of 8 MB takes 9 ms, an empty one 1 ms."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=1_000_000, dp_bandwidth_gbps=8.0,
+        link_latency_ms=1.0,
+    )  # fmt: skip
+    swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DIRECT)
+    on_swapped = dataclasses.replace(plain, topology=swapped)
+    engine = SimEngine()
+
+    def swaps(plan: Plan, iteration: int) -> list[tuple[int, int, int, float]]:
+        records = engine.run(plan, iteration, NO_FAULTS).timeline.swaps
+        return sorted((r.iteration, r.stage_to, r.num_bytes, r.end_ms - r.start_ms)
+                      for r in records)  # fmt: skip
+
+    assert swaps(plain, 0) == swaps(plain, 1) == []
+    assert swaps(on_swapped, 2) == [(2, 0, 8_000_000, 9.0), (2, 1, 8_000_000, 9.0)]
+    assert swaps(on_swapped, 3) == []
+    engine.restart()  # back to iteration 2, from its checkpoint
+    assert swaps(on_swapped, 2) == [(2, 0, 0, 1.0), (2, 1, 0, 1.0)]
+    assert swaps(on_swapped, 3) == []
+    engine.restart()  # back to iteration 0
+    assert swaps(on_swapped, 0) == [(0, 0, 0, 1.0), (0, 1, 0, 1.0)]
+    engine.restart()
+    assert swaps(plain, 0) == []
+    engine = SimEngine()  # a fresh one's processes too
+    assert swaps(on_swapped, 0) == [(0, 0, 0, 1.0), (0, 1, 0, 1.0)]
+
+
 @dataclasses.dataclass
 class _Offsets:
     """Healthy, recording how far into its iteration each PP message was asked about."""
