@@ -224,7 +224,8 @@ def doctor(fmt: str) -> None:
 @click.command()
 def cleanup() -> None:
     """Remove what a killed run left: the network namespaces of testbeds, and the worker
-    pools' folders (in the temporary folder and /dev/shm), whose process is gone. Those of
+    pools' folders (rendezvous, slots, checkpoints; in the temporary folder and /dev/shm),
+    whose process is gone. Those of
     live runs are left, and so are namespaces no testbed owns."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError

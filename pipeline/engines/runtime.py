@@ -27,6 +27,7 @@ from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerError, WorkerLinkFailure
+from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, make_folder
 from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
@@ -75,7 +76,8 @@ class RuntimeEngine(Closing):
         self._validated: dict[int, Schedule] = {}
         self._checkpoints: str | None = None
         """Where a training engine writes its checkpoints: a temporary folder made at the
-        first save, removed at close. Each checkpoint iteration's files (one per stage and
+        first save, removed at close (marked as this process's: `adaptra-bench cleanup`
+        removes it after a kill). Each checkpoint iteration's files (one per stage and
         replica) go into a folder of their own, which counts only once the whole iteration
         succeeded (a failure can come after some stages saved)."""
         self._committed: str | None = None
@@ -160,7 +162,7 @@ class RuntimeEngine(Closing):
     def _checkpoint_dir(self) -> str:
         """A new, empty folder for a checkpoint."""
         if self._checkpoints is None:
-            self._checkpoints = tempfile.mkdtemp(prefix=f"adaptra-{self.name}-checkpoints-")
+            self._checkpoints = make_folder(f"{CHECKPOINTS_PREFIX}{self.name}-")
         return tempfile.mkdtemp(prefix="save-", dir=self._checkpoints)
 
     def _drop_checkpoint(self) -> None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 from pipeline.processes import process_start_time
 
-__all__ = ["POOL_PREFIX", "SLOTS_PREFIX", "make_folder", "remove_orphaned"]
+__all__ = ["CHECKPOINTS_PREFIX", "POOL_PREFIX", "SLOTS_PREFIX", "make_folder", "remove_orphaned"]
 
 POOL_PREFIX, SLOTS_PREFIX = "adaptra-pool-", "adaptra-slots-"
+CHECKPOINTS_PREFIX = "adaptra-checkpoints-"
+"""A training engine's checkpoints (pipeline.engines.runtime): a model's state per stage."""
 _OWNER = ".owner"
 """A folder's mark: "<pid> <start time>" of the process that made it."""
 
@@ -35,7 +37,7 @@ def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
         parents = [tempfile.gettempdir(), "/dev/shm"]
     removed = []
     for parent in parents:
-        for prefix in (POOL_PREFIX, SLOTS_PREFIX):
+        for prefix in (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX):
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
                 try:
                     pid, start_time = Path(folder, _OWNER).read_text().split()

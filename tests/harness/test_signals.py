@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from injectors.ownership import OwnerRecord
-from pipeline.runtime.scratch import POOL_PREFIX, make_folder
+from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, POOL_PREFIX, make_folder
 
 
 def _descendants(pid: int) -> set[int]:
@@ -180,6 +180,46 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     )
     assert done.returncode == 0, done.stderr
     first = done.stdout.splitlines()[0]  # (with any other dead run's in /dev/shm)
+    assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
+    assert not left.exists() and Path(live).is_dir()
+
+
+@pytest.mark.multiprocess
+def test_cleanup_removes_a_killed_megatron_run_s_checkpoints(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """A megatron run saves a checkpoint after its warm-up iteration (the first restart
+    point); killed, it leaves the folder, which `cleanup` removes as its owner is gone (a
+    live process's checkpoints stay)."""
+    pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
+    command = [sys.executable, "-m", "harness", "run", "--backend", "megatron", "--profile"]
+    command += [str(profile), "--policy", "1f1b", "--iterations", "100000"]
+    env = {**os.environ, "TMPDIR": str(short_tmp)}
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        saved: list[Path] = []
+        while time.monotonic() < deadline and run.poll() is None and not saved:
+            saved = list(short_tmp.glob("adaptra-*checkpoints-*/save-*/*.pt"))
+            time.sleep(0.2)
+        assert run.poll() is None and saved, run.stderr.read() if run.stderr else ""
+    finally:
+        run.kill()
+        run.wait()
+    left = saved[0].parents[1]
+    assert left.name.startswith("adaptra-checkpoints-megatron-")
+    live = make_folder(CHECKPOINTS_PREFIX, str(short_tmp))  # this process's: it runs
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "cleanup"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
     assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
     assert not left.exists() and Path(live).is_dir()
 
