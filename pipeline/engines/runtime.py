@@ -6,7 +6,9 @@ then run the DP all-reduce's ring message by message (pipeline.allreduce) and sl
 optimizer's time; `megatron` workers compute a megatron-core GPT (the profile gives the stage
 and microbatch counts and the delays, not the op times), sum its real gradients over the same
 DP ring (through the fault path) and start from the initial parameters again at every run's
-iteration 0.
+iteration 0. A plan with another delegate count than the pool's gets a fresh pool (its
+delegates start with it), which a training engine refuses in the middle of a run (its
+workers hold the model's state).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class RuntimeEngine(Closing):
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()
             if self._started and wanted != self._pool.num_delegates:
+                self._check_restartable(iteration, wanted)
                 self._pool.close()  # its delegates are started with it: a fresh one
                 self._started = False
             self._pool.num_delegates = wanted
@@ -158,6 +161,18 @@ class RuntimeEngine(Closing):
             params_sha256=params_sha256(whole_model_params(results)) if digest else "",
             devices=describe_pool(self._pool.devices),
         )
+
+    def _check_restartable(self, iteration: int, num_delegates: int) -> None:
+        """A new delegate count needs a fresh pool: a training engine's workers hold the
+        model's state, which a fresh pool has only at iteration 0 or from a checkpoint it
+        loads (after a restart)."""
+        if self.capabilities.trains and iteration > 0 and self._resume is None:
+            raise ConfigError(
+                f"the {self.name} engine cannot change the delegate count from "
+                f"{self._pool.num_delegates} to {num_delegates} at iteration {iteration}: its "
+                "workers hold the model's state, which fresh ones would lose (keep the "
+                "count for the run, as the built-in controllers do)"
+            )
 
     def _checkpoint_dir(self) -> str:
         """A new, empty folder for a checkpoint."""

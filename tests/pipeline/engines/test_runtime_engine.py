@@ -1,5 +1,6 @@
 """The runtime engine over real worker processes: how its failures reach the loop."""
 
+import dataclasses
 import time
 
 import pytest
@@ -7,11 +8,12 @@ import pytest
 from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
-from pipeline.engines.runtime import emulated_engine
-from pipeline.errors import LinkFailure
+from pipeline.engines.runtime import emulated_engine, megatron_engine
+from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
 from pipeline.runtime import WorkerTimeout
+from pipeline.simulator import CommMode
 from pipeline.topology import Topology
 
 pytestmark = pytest.mark.multiprocess
@@ -42,3 +44,44 @@ def test_after_a_timeout_the_next_iteration_runs_on_a_fresh_pool() -> None:
         timeline = engine.run(PLAN, 1, NO_FAULTS).timeline
     assert len(timeline.ops) == sum(len(ops) for ops in PLAN.schedule.stages)
     assert {r.iteration for r in timeline.ops} == {1}
+
+
+def _delegated_plans(*counts: int) -> list[Plan]:
+    profiles = [dataclasses.replace(PROFILE, num_delegates=n) for n in counts]
+    return [Plan(one_f_one_b(p), p, CommMode.DELEGATED) for p in profiles]
+
+
+def test_an_emulated_engine_restarts_its_pool_for_a_new_delegate_count() -> None:
+    """No state in its workers: a fresh pool, with 2 delegates per link direction and side."""
+    from adaptra.transport import Delegates
+
+    one, two = _delegated_plans(1, 2)
+    with emulated_engine(2, timeout_s=20, delegates=Delegates()) as engine:
+        engine.run(one, 0, NO_FAULTS)
+        before = engine.pids
+        engine.run(two, 1, NO_FAULTS)
+        assert set(engine.pids).isdisjoint(before)
+        assert [len(pids) for pids in engine.delegate_pids] == [2 * 2, 2 * 2]
+
+
+def test_a_training_engine_refuses_a_new_delegate_count_mid_run() -> None:
+    """Megatron's workers hold the model: a fresh pool at iteration 2 would start from the
+    initial weights again. Refused, the run goes on on its pool (the loss falls on: the same
+    data every iteration); a new run (iteration 0) may take the other count, and starts from
+    the initial weights as the first one did."""
+    pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
+    from adaptra.transport import Delegates
+
+    one, two = _delegated_plans(1, 2)
+    with megatron_engine(2, "tiny", timeout_s=60, delegates=Delegates()) as engine:
+        losses = [engine.run(one, k, NO_FAULTS).loss for k in range(2)]
+        pids = engine.pids
+        refused = "the megatron engine cannot change the delegate count from 1 to 2 at iteration 2"
+        with pytest.raises(ConfigError, match=f"^{refused}: "):
+            engine.run(two, 2, NO_FAULTS)
+        assert engine.pids == pids
+        losses.append(engine.run(one, 2, NO_FAULTS).loss)
+        first_again = engine.run(two, 0, NO_FAULTS).loss
+    falling = [loss for loss in losses if loss is not None]
+    assert len(falling) == 3 and falling[0] > falling[1] > falling[2]
+    assert first_again == falling[0]
