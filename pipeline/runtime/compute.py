@@ -101,7 +101,14 @@ class ComputeBackend(Protocol):
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
         """After the last op and the tied and DP gradient sums, inside the step time: the
-        optimizer step."""
+        optimizer step (its output: the loss)."""
+        ...
+
+    def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
+        """After `end_iteration`, once the step's end is stamped (outside the step time):
+        what the iteration reports or keeps beyond the step, added to `output` (gradients,
+        parameters for a digest: `collect_grads`, `collect_params`; a checkpoint:
+        `save_checkpoint`)."""
         ...
 
 
@@ -156,6 +163,9 @@ class EmulatedCompute:
         if optimizer_ms > 0:
             self._sleep(optimizer_ms / 1000.0)
         return StepOutput()
+
+    def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
+        return output
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile

@@ -45,13 +45,14 @@ class IterationConfig:
     """None: the runtime's own hook (FaultViewHook): the profile's `delay_ms` plus `faults`."""
     collect_grads: bool = False
     """Backends that train (megatron): return every parameter's gradient, after the DP and
-    tied-embedding all-reduces and before the optimizer step (for tests; costs a copy)."""
+    tied-embedding all-reduces and before the optimizer step (for tests; copied after the
+    step time)."""
     collect_params: bool = False
     """Backends that train: return every parameter after the step (pipeline.runtime.digest;
-    costs a copy)."""
+    copied after the step time)."""
     save_checkpoint: str | None = None
-    """Backends that train: after the step, write this stage's state into this directory
-    (a checkpoint a restart resumes from)."""
+    """Backends that train: after the step (and its time), write this stage's state into
+    this directory (a checkpoint a restart resumes from)."""
     load_checkpoint: str | None = None
     """Backends that train: before the first op, load this stage's state from this
     directory (the first iteration after a restart)."""

@@ -290,6 +290,8 @@ class _Worker:
             records.failovers.extend(self.delegates.take_failovers())
         self.current_op = None
         step_output = self.compute.end_iteration(config)
+        step_end = time.monotonic()  # a digest's copy and a checkpoint are not the step's
+        step_output = self.compute.after_step(config, step_output)
         return RankResult(
             self.rank,
             self.stage,
@@ -299,7 +301,7 @@ class _Worker:
             records.sends,
             records.receives,
             step_start,
-            time.monotonic(),
+            step_end,
             transport.bytes_sent,
             step_output,
             records.failovers,

@@ -19,6 +19,7 @@ project's machines).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,9 @@ class MegatronCompute:
         """This stage's replicas' group: the loss's DP sum (the gradients go over the ring)."""
         self._dp_sums: torch.Tensor | None = None
         """The flat gradient handed to the DP ring this iteration (`dp_gradient`)."""
+        self._step_grads: dict[str, torch.Tensor] | None = None
+        """The gradients the step took, by whole-model name, for `after_step` to copy out
+        (`collect_grads`; the step drops them from the parameters, not their values)."""
 
     def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         with quiet_megatron():
@@ -338,25 +342,32 @@ class MegatronCompute:
             if dp_group is not None:
                 dist.all_reduce(total, group=dp_group)
             loss = float(total.item())
-        grads = None
+        self._step_grads = None
         if config.collect_grads:
-            grads = {
-                global_param_name(name, self._layer_offset): _to_numpy(p.grad)
+            self._step_grads = {
+                global_param_name(name, self._layer_offset): p.grad
                 for name, p in model.named_parameters()
                 if p.grad is not None
             }
         sgd_step(runner.params, self.lr)  # plain SGD: the parameters are the whole state
+        return StepOutput(loss)
+
+    def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
+        """The checkpoint, then the copies asked for (outside the step time)."""
+        model = self.runner.model
         if config.save_checkpoint is not None:
             path = self._checkpoint_file(config.save_checkpoint)
             torch.save(model.state_dict(), path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)  # whole or absent
+        taken, self._step_grads = self._step_grads, None
+        grads = None if taken is None else {name: _to_numpy(g) for name, g in taken.items()}
         params = None
         if config.collect_params:
             params = tuple(
                 (global_param_name(name, self._layer_offset), _to_numpy(p))
                 for name, p in model.named_parameters()
             )
-        return StepOutput(loss, grads, params)
+        return dataclasses.replace(output, grads=grads, params=params)
 
 
 def _stage_ranks(topology: Topology, stage: int) -> tuple[int, ...]:

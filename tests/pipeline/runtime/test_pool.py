@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ from pipeline.runtime import (
     WorkerPool,
     WorkerTimeout,
 )
+from pipeline.runtime.config import StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
 from pipeline.schedule import Schedule
@@ -416,6 +418,44 @@ def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> 
     (in_flight,) = [e for e in forward if e["ph"] == "X"]
     (needed,) = [e for e in forward if e["ph"] == "i"]
     assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 402_000  # us
+
+
+class _SlowToReport(EmulatedCompute):
+    """Stamps (monotonic s) the end of its step and the start and end of what it does after
+    the step, which takes `REPORT_S` (as a big model's digest or checkpoint would)."""
+
+    REPORT_S = 2.0
+
+    def end_iteration(self, config: IterationConfig) -> StepOutput:
+        output = super().end_iteration(config)
+        return dataclasses.replace(output, params=(("stepped", np.array([time.monotonic()])),))
+
+    def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
+        started = time.monotonic()
+        time.sleep(self.REPORT_S)
+        stamps = np.array([started, time.monotonic()])
+        return dataclasses.replace(output, params=(*(output.params or ()), ("reported", stamps)))
+
+
+def test_the_step_ends_before_the_backend_reports_or_saves() -> None:
+    """A digest's copy of every parameter and a checkpoint's save are not the optimizer
+    step: the step's end is stamped before they start (2 s here), so no step time holds them."""
+    profile = _profile(1.0, 1.0, 1.0)
+    with WorkerPool(2, compute_factory=_SlowToReport, timeout_s=20) as pool:
+        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+        results = pool.last_results
+    for result in results:
+        stamps = dict(result.step_output.params or ())
+        assert stamps.keys() == {"stepped", "reported"}
+        (stepped,), (report_start, report_end) = stamps["stepped"], stamps["reported"]
+        assert result.step_start <= stepped <= result.step_end <= report_start
+        assert report_end - report_start >= _SlowToReport.REPORT_S
+    # The iteration's step: from the last op's end to the last rank's step end (before its
+    # report, above).
+    last_op_end = max(end for r in results for _, _, _, end in r.ops)
+    last_step_end = max(r.step_end for r in results)
+    (record,) = timeline.iterations
+    assert record.step_time_ms == pytest.approx((last_step_end - last_op_end) * 1000.0, abs=1e-6)
 
 
 class _SlowToPost(EmulatedCompute):
