@@ -47,7 +47,7 @@ from pipeline.runtime.transport import (
     describe_chunk,
 )
 
-__all__ = ["BACKSTOP", "CHECK_EVERY_S", "Receiver"]
+__all__ = ["BACKSTOP", "CHECK_EVERY_S", "Receiver", "wait_checking"]
 
 BACKSTOP = 2.0
 """The thread's wait for a message, in units of the ops' `timeout_s` (the module's
@@ -55,6 +55,23 @@ docstring: why it is the longer one; a pool waits 2 x `timeout_s` + 5 s for its 
 
 CHECK_EVERY_S = 0.1
 """How often `take`, while it waits, calls its `check`."""
+
+
+def wait_checking(
+    pending: PendingReceive, timeout_s: float, check: Callable[[], None], what: str
+) -> Arrival | None:
+    """`pending.wait` for up to `timeout_s` in slices of `CHECK_EVERY_S`, calling `check`
+    between them (which may raise), for a receive whose wait goes on after it timed out (a
+    delegated one: a gloo wait's timeout closes its process's connections). TimeoutError
+    naming `what` if nothing came."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return pending.wait(min(CHECK_EVERY_S, max(deadline - time.monotonic(), 0.0)))
+        except TimeoutError as err:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{what} did not come within {timeout_s:g} s") from err
+        check()
 
 
 class _Slot:

@@ -39,7 +39,7 @@ from pipeline.runtime.config import IterationConfig, RankResult, StateMove
 from pipeline.runtime.devices import RankDevices, choose_devices, num_visible_gpus
 from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
-from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.receiver import Receiver, wait_checking
 from pipeline.runtime.remote_error import RemoteError
 from pipeline.runtime.transport import (
     ACTIVATION,
@@ -411,8 +411,9 @@ class _Worker:
         inbox = torch.empty_like(grad)
         message = Message(config.iteration, GRADIENT, 0, 0)
         delegates = self.delegates
+        delegated_in = config.comm_of(receives.link, receives.direction) == "delegated"
         pending: PendingReceive
-        if config.comm_of(receives.link, receives.direction) == "delegated":
+        if delegated_in:
             assert delegates is not None  # _begin_delegated checked
             pending = delegates.post_receive(receives, message, inbox)
         else:
@@ -422,7 +423,12 @@ class _Worker:
             delegates.send(sends, message, grad, 0.0)
         else:
             transport.send_tied(peer, sends.link, grad)
-        pending.wait(self.timeout_s)
+        if delegated_in:
+            assert delegates is not None
+            what = f"the tied weight's gradient from rank {peer}"
+            wait_checking(pending, self.timeout_s, delegates.check, what)
+        else:
+            pending.wait(self.timeout_s)  # over gloo: a wait cut short closes its connections
         weight.grad.add_(inbox.to(weight.grad.device))
 
     def _ring_transport(

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from pipeline.errors import ScheduleError
-from pipeline.runtime.receiver import BACKSTOP, Receiver
+from pipeline.runtime.receiver import BACKSTOP, Receiver, wait_checking
 from pipeline.runtime.transport import ACTIVATION, GRADIENT
 
 
@@ -185,3 +185,36 @@ def test_a_wait_ends_with_what_its_check_raises() -> None:
     assert len(calls) == 3
     never.release.set()
     receiver.finish(timeout_s=10)
+
+
+class _Resumable:
+    """A delegated receive's wait: it times out `num_timeouts` times, then the message is in
+    (or it never is); each timed-out wait may be followed by another."""
+
+    def __init__(self, num_timeouts: int | None) -> None:
+        self.num_timeouts, self.waits = num_timeouts, 0
+
+    def wait(self, timeout_s: float) -> None:
+        self.waits += 1
+        if self.num_timeouts is None or self.waits <= self.num_timeouts:
+            time.sleep(timeout_s)
+            raise TimeoutError(f"nothing within {timeout_s:g} s")
+
+
+def test_a_resumable_wait_checks_between_its_slices_and_names_what_never_came() -> None:
+    checks: list[int] = []
+    pending = _Resumable(num_timeouts=2)
+    assert wait_checking(pending, 600.0, lambda: checks.append(1), "the gradient") is None
+    assert (pending.waits, len(checks)) == (3, 2)
+
+    def stranded() -> None:
+        raise ConnectionAbortedError("no NIC left")
+
+    with pytest.raises(ConnectionAbortedError, match="no NIC left"):
+        wait_checking(_Resumable(num_timeouts=None), 600.0, stranded, "the gradient")
+    with pytest.raises(
+        TimeoutError, match=r"^the tied weight's gradient did not come within 0.3 s"
+    ):
+        wait_checking(
+            _Resumable(num_timeouts=None), 0.3, lambda: None, "the tied weight's gradient"
+        )
