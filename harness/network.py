@@ -9,7 +9,10 @@ userspace wire (`Testbed.set_wire` decides; a pair with changes inside the itera
 the wire at the boundary); a failed NIC goes down through pyroute2 (at its `at_ms`, by a
 timer), and comes back up the same way where an event ends the failure inside an
 iteration. The profile's link delays and bandwidth are the pairs' base on both data NICs
-(the bandwidth as htb caps; on rnic1 for what fails over to it, without the faults); the
+(the bandwidth as htb caps; on rnic1 for what fails over to it, without the faults), by the
+role each pair plays under the iteration's placement, as in the simulator and the detector: a
+rank swap moves a link's delay and bandwidth to the pair that carries the link from then on
+(a fault timeline's faults stay on their hosts); the
 workers get plans without them and no fault view, so they sleep no delay and their messages
 carry no `fault_ms`. A worker notices a failed NIC or link as a real job does: its wait for
 a message times out (`Recovery.transport_timeout_s`); the engine reports that as a
@@ -38,7 +41,7 @@ from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.runtime.remote_error import WorkerCrash, WorkerError, WorkerTimeout
-from pipeline.topology import Link
+from pipeline.topology import Link, Topology
 
 __all__ = ["TESTBED_LINK_TERMS", "NicChange", "network_engine"]
 
@@ -53,10 +56,9 @@ _Changes = tuple[tuple[float, WireState, WireState], ...]
 """A wire's states in one iteration: (from ms into it, forward state, backward state)."""
 
 
-def _base_states(profile: Profile) -> dict[_Pair, WireState]:
-    """The host pair of each PP link of every replica and of each DP ring link, with the
-    profile's own delay and bandwidth for it (default placement)."""
-    topology = profile.topology
+def _base_states(profile: Profile, topology: Topology) -> dict[_Pair, WireState]:
+    """The host pair of each PP link of every replica and of each DP ring link under
+    `topology`'s placement, with the profile's own delay and bandwidth for the link."""
     pp_gbps = profile.link_bandwidth_gbps
     dp_gbps = pp_gbps if profile.dp_bandwidth_gbps is None else profile.dp_bandwidth_gbps
     dp_delays = dict(profile.dp_delay_ms)
@@ -238,7 +240,8 @@ class _NetworkEngine(Closing):
         from pipeline.engines.runtime import emulated_engine, megatron_engine
 
         self.bed, self.profile = bed, profile
-        self._base = _base_states(profile)
+        self._base: dict[_Pair, WireState] = {}
+        self._place(profile.topology)
         nics = range(len(DATA_PLANES))
         addresses = tuple(
             tuple(bed.address(host, plane) for plane in nics) for host in range(bed.num_hosts)
@@ -297,6 +300,7 @@ class _NetworkEngine(Closing):
                 "--inject network takes the profile's delays for the whole run; put changing "
                 "delays in a fault timeline"
             )
+        self._place(plan.topology or plan.profile.topology)
         network = _network(faults, self._base, iteration)
         for pair in sorted(set(network.wires) | set(self._wires)):
             unwired = _unwired(self._base, pair)
@@ -346,6 +350,26 @@ class _NetworkEngine(Closing):
         except TestbedError as err:
             raise TestbedError(f"iteration {iteration}: {err}") from err
         return outcome
+
+    def _place(self, topology: Topology) -> None:
+        """Each pair's base (caps on every data NIC, the delay on rnic1 and up) for the roles
+        the pairs play under `topology`: a pair that changed role gets its new one's, a pair
+        left with none is uncapped. rnic0's wires take their base in `run`."""
+        base = _base_states(self.profile, topology)
+        for pair in sorted(set(base) | set(self._base)):
+            old, new = self._base.get(pair, HEALTHY), base.get(pair, HEALTHY)
+            if old.rate_bit_s != new.rate_bit_s:
+                for plane in range(len(DATA_PLANES)):
+                    for src, dst in (pair, pair[::-1]):
+                        if new.rate_bit_s is None:
+                            self.bed.uncap_bandwidth(src, dst, plane=plane)
+                        else:
+                            rate_mbit = new.rate_bit_s / 1e6
+                            self.bed.cap_bandwidth(src, dst, plane=plane, rate_mbit=rate_mbit)
+            if old != new and (old.delay_ms or new.delay_ms):  # rnic0's: `run`'s, with faults
+                for plane in range(1, len(DATA_PLANES)):
+                    self.bed.set_wire(*pair, plane=plane, forward=new)
+        self._base = base
 
     def _start(self, start_at: float) -> None:
         """The iteration's start is known: its changes inside the iteration go out."""
@@ -430,16 +454,10 @@ def network_engine(
     bandwidths, and the engine that sets its wires and NICs at each iteration boundary
     (`model`: megatron's, None for the emulated backend, `seed` its initial weights and data;
     `delegated`: with delegates on the hosts; `notices`: see _NetworkEngine)."""
-    with Testbed(profile.topology.num_hosts) as bed:
-        for (a, b), state in _base_states(profile).items():
-            if state.rate_bit_s is not None:
-                for plane in range(len(DATA_PLANES)):
-                    for src, dst in ((a, b), (b, a)):
-                        bed.cap_bandwidth(src, dst, plane=plane, rate_mbit=state.rate_bit_s / 1e6)
-            if state.delay_ms:  # the other NICs' (rnic0's: the engine's, with the faults)
-                for plane in range(1, len(DATA_PLANES)):
-                    bed.set_wire(a, b, plane=plane, forward=state)
-        with _NetworkEngine(
+    with (
+        Testbed(profile.topology.num_hosts) as bed,
+        _NetworkEngine(
             bed, profile, transport_timeout_s, delegated, notices, longest_hold_ms, model, seed
-        ) as engine:
-            yield engine
+        ) as engine,
+    ):
+        yield engine

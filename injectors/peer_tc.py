@@ -26,6 +26,7 @@ __all__ = [
     "CAP_FILTER_PRIO",
     "HTB_ROOT",
     "NETEM_FILTER_PRIO",
+    "UNCAPPED_BYTES_S",
     "add_htb_root",
     "add_netem_class",
     "add_peer_class",
@@ -42,7 +43,8 @@ HTB_ROOT = 0x10000
 NETEM_FILTER_PRIO = 1
 CAP_FILTER_PRIO = 2
 UNCAPPED_BYTES_S = 1 << 40
-"""The rate of a netem class (8.8 Tbit/s: htb needs one; the netem leaf carries the cap)."""
+"""The rate of a netem class (8.8 Tbit/s: htb needs one; the netem leaf carries the cap), and
+of a lifted cap's."""
 BURST_S = 1e-4
 """A class's burst is this much of its traffic (see the module), and one frame at least."""
 MAX_BURST_S = 60.0

@@ -52,6 +52,7 @@ from injectors.netem import netem_cannot
 from injectors.ownership import OwnerRecord
 from injectors.peer_tc import (
     CAP_FILTER_PRIO,
+    UNCAPPED_BYTES_S,
     add_netem_class,
     add_peer_class,
     add_peer_filter,
@@ -368,6 +369,15 @@ class Testbed:
                 ipr, index, classid, rate_bytes_s, address, CAP_FILTER_PRIO, mtu_bytes=MTU
             )
             self._caps.add((src, dst, plane))
+
+    def uncap_bandwidth(self, src: int, dst: int, plane: int) -> None:
+        """Lift `cap_bandwidth`'s cap on traffic from host `src` to host `dst` on one plane
+        (its class stays, at an unshaping rate, for a later cap); none there: nothing."""
+        if (src, dst, plane) not in self._caps:
+            return
+        with self._host(src) as ipr:
+            index = ipr.link_lookup(ifname=PLANES[plane])[0]
+            change_peer_class(ipr, index, cap_classid(dst), UNCAPPED_BYTES_S, mtu_bytes=MTU)
 
     @property
     def uses_netem(self) -> bool:

@@ -10,13 +10,15 @@ import pytest
 
 from baselines import one_f_one_b
 from harness.loop import Recovery
+from harness.network import _base_states
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
+from injectors.wire import WireState
 from pipeline.engines import Plan
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
-from pipeline.topology import Position, Topology
+from pipeline.topology import Link, Position, Topology
 
 DELAY_MS = 60.0
 PROFILE = Profile.uniform(4, 4, 2, 2, 2, message_bytes=1024)
@@ -175,6 +177,65 @@ def test_a_swap_across_replicas_moves_a_pp_delay_onto_a_dp_link(backend: str) ->
     if backend == "emulated":
         before, after = timeline.iterations[1].pids, timeline.iterations[2].pids
         assert (after[1], after[2]) == (before[2], before[1])  # by position index
+
+
+KIB_64 = 64 * 1024
+PP_GBPS = 0.008  # 64 KiB take 65.5 ms at 8 Mbit/s
+CAPPED_PROFILE = dataclasses.replace(
+    DP_PROFILE, message_bytes=KIB_64, link_bandwidth_gbps=PP_GBPS, dp_bandwidth_gbps=10.0
+)
+
+
+def test_the_testbed_s_base_follows_the_roles_of_a_placement() -> None:
+    """Each pair gets the bandwidth and delay of the link it carries under the placement:
+    after DP_SWAPPED the PP pairs and the DP pairs have changed places."""
+    profile = dataclasses.replace(
+        CAPPED_PROFILE, delay_ms=(30.0,), dp_delay_ms=((Link.dp(1, 0), 5.0),)
+    )
+    pp, dp = PP_GBPS * 1e9, 10e9
+    assert _base_states(profile, profile.topology) == {
+        (0, 1): WireState(delay_ms=30.0, rate_bit_s=pp),
+        (2, 3): WireState(delay_ms=30.0, rate_bit_s=pp),
+        (0, 2): WireState(rate_bit_s=dp),
+        (1, 3): WireState(delay_ms=5.0, rate_bit_s=dp),
+    }
+    assert _base_states(profile, DP_SWAPPED) == {
+        (0, 2): WireState(delay_ms=30.0, rate_bit_s=pp),
+        (1, 3): WireState(delay_ms=30.0, rate_bit_s=pp),
+        (0, 1): WireState(rate_bit_s=dp),
+        (2, 3): WireState(delay_ms=5.0, rate_bit_s=dp),
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_swapped_pp_link_takes_its_role_s_cap_in_the_testbed() -> None:
+    """PP links capped at 8 Mbit/s, DP ring links at 10 Gbit/s; from iteration 2 the pairs
+    that carried the DP ring carry the PP links (DP_SWAPPED). Every PP message, before the
+    swap and after it, is held by the PP cap, as the simulator and the detector expect: half
+    its time at least (htb lets a burst of a 9,000-byte frame or two through at once, 9 ms
+    each at this rate: 45 to 75 ms measured), where the DP cap passes 64 KiB in about 0.3
+    ms. Load only adds time: a floor."""
+    run = run_configuration(
+        _SwapAt(2, CAPPED_PROFILE, DP_SWAPPED),
+        backend="emulated",
+        injection="network",
+        num_iterations=3,
+        num_warmup_iterations=0,
+    )
+    assert run.timeline is not None
+    timeline = run.timeline
+    before, after = timeline.iterations[1].pids, timeline.iterations[2].pids
+    assert (after[1], after[2]) == (before[2], before[1])  # swapped, no restart
+    capped_ms = 8 * KIB_64 / (PP_GBPS * 1e6)
+    for iteration in (1, 2):
+        took = [
+            m.arrival_ms - m.send_start_ms for m in timeline.messages if m.iteration == iteration
+        ]
+        assert len(took) == 2 * 2 * CAPPED_PROFILE.num_microbatches  # 2 directions, replicas
+        assert min(took) >= 0.5 * capped_ms
 
 
 @pytest.mark.multiprocess
