@@ -25,6 +25,7 @@ from harness.policies import SYSTEMS, system_controller, with_delegate_count
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, link_terms, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
+from pipeline.checks import MAX_SEED
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
@@ -114,6 +115,14 @@ __all__ = ["report", "run"]
     type=click.Path(dir_okay=False),
     help="Fault timeline: the paper's trace (.txt) or YAML (.yaml/.yml).",
 )
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0, max=MAX_SEED),
+    default=0,
+    show_default=True,
+    help="Seeds a fault timeline's draws (jitter, redrawn delays) and --backend megatron's "
+    "initial weights and tokens (a spec: seed).",
+)
 @output_file_option("--plot", (".png",), help="Gantt chart PNG of the last measured iteration.")
 @calibration_option
 def run(
@@ -135,6 +144,7 @@ def run(
     spec_path: str | None,
     trace: str | None,
     faults_path: str | None,
+    seed: int,
     plot: str | None,
     calibration_path: str | None,
 ) -> None:
@@ -176,7 +186,7 @@ def run(
         profile = with_model_bytes(profile, get_preset(model or "tiny"))
     faults: FaultView = NO_FAULTS
     if faults_path:
-        timeline = load_faults(Path(faults_path))
+        timeline = load_faults(Path(faults_path), seed)
         timeline.validate(profile.topology, iterations)
         faults = timeline
     if timeout_s is not None and backend == "sim":
@@ -212,6 +222,7 @@ def run(
         host=load_host_costs(calibration_path),
         on_iteration=None if progress is None else lambda *_: progress.step(),
         delegated=comm == "delegated",
+        seed=seed,
     )
     if progress is not None:
         progress.done()
@@ -239,6 +250,7 @@ def run(
                 **({"system": system} if system else {}),
                 "comm": result.comms_run,
                 "controller": result.controller,
+                "seed": seed,
                 "iteration_times_ms": list(result.iteration_times_ms),
                 "iterations": [
                     {

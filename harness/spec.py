@@ -20,7 +20,7 @@ from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.allreduce import check_ring_messages
-from pipeline.checks import check_count, check_ms, is_number
+from pipeline.checks import MAX_SEED, check_count, check_ms, is_number
 from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
@@ -321,7 +321,7 @@ class ExperimentSpec:
             ("num_iterations", 1, MAX_ITERATIONS),
             ("num_warmup_iterations", 0, MAX_ITERATIONS),
             ("num_repeats", 1, None),
-            ("seed", 0, None),
+            ("seed", 0, MAX_SEED),
             ("checkpoint_every", 1, None),
         ):
             check_count(name, getattr(self, name), minimum, maximum)

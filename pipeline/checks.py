@@ -7,11 +7,13 @@ import math
 
 from pipeline.errors import ConfigError
 
-__all__ = ["MAX_DURATION_MS", "check_count", "check_ms", "is_number"]
+__all__ = ["MAX_DURATION_MS", "MAX_SEED", "check_count", "check_ms", "is_number"]
 
 MAX_DURATION_MS = 3_600_000.0
 """The longest op time, delay or stall an input may give: an hour (a delay longer than a
 collective's timeout, 10 minutes by default, is a failure, which inputs say as `down`)."""
+MAX_SEED = 2**32 - 1
+"""The largest seed a run takes (a spec's `seed`, `run --seed`): 32 bits, as numpy's."""
 
 
 def is_number(value: object) -> bool:

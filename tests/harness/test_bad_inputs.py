@@ -195,6 +195,9 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "transport_timeout_s must be > 0 s, not nan",
     ),
     ("iterations 0", P, [*RUN_P, "--iterations", "0"], "--iterations"),
+    ("negative seed", P, [*RUN_P, "--seed", "-1"], "--seed"),
+    ("seed past 32 bits", P, [*RUN_P, "--seed", str(2**32)], "--seed"),
+    ("seed with a spec", P, [*RUN_SPEC, "--seed", "1"], "--seed"),
     ("unknown system", P, ["run", "--profile", "p.json", "--system", "warp"], "'warp'"),
     (
         "megatron with other gradient bytes",
@@ -372,6 +375,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("spec bool repeats", {"s.yaml": spec(num_repeats=True)}, RUN_SPEC, "num_repeats must be an"),
     ("spec string seed", {"s.yaml": spec(seed="x")}, RUN_SPEC, "seed must be an integer"),
+    ("spec seed past 32 bits", {"s.yaml": spec(seed=2**32)}, RUN_SPEC, "seed must be in 0.."),
     ("spec no delays", {"s.yaml": spec(delays_ms=[])}, RUN_SPEC, "delays_ms is empty"),
     (
         "spec YAML 1e12 string",

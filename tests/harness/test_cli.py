@@ -646,3 +646,20 @@ def test_a_temporary_folder_too_deep_for_the_fork_server_s_socket_is_one_clear_l
         "socket (108 bytes in all): set TMPDIR to a shorter one"
     ]
     assert list(deep.iterdir()) == []  # nothing left behind
+
+
+def test_run_s_seed_draws_the_fault_timeline_s_jitter(tmp_path: Path) -> None:
+    """`run --seed` seeds a timeline's draws: another seed, other iteration times; the same
+    seed, the same ones (the simulator: exact)."""
+    profile = str(write_profile(tmp_path, stages=2, microbatches=4))
+    faults = tmp_path / "faults.yaml"
+    faults.write_text('[{start_iteration: 0, links: ["0-1"], delay_ms: 20, jitter_ms: 10}]\n')
+    common = ["run", "--profile", profile, "--policy", "1f1b", "--faults", str(faults)]
+    runs = {}
+    for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
+        out = cli(*common, "--seed", seed, "--format", "json")
+        assert out.returncode == 0, out.stderr
+        runs[name] = json.loads(out.stdout)
+    assert runs["a"]["seed"] == 7 and runs["c"]["seed"] == 8
+    assert runs["a"]["iteration_times_ms"] == runs["b"]["iteration_times_ms"]
+    assert runs["a"]["iteration_times_ms"] != runs["c"]["iteration_times_ms"]

@@ -85,6 +85,16 @@ def test_run_megatron_reports_one_falling_loss_per_iteration(tmp_path: Path) -> 
     assert len(data["losses"]) == len(data["iteration_times_ms"]) == 3
     assert all(math.isfinite(x) for x in data["losses"])
     assert data["losses"][-1] < data["losses"][0]
+    assert data["seed"] == 0
+    seeded = cli(
+        "run", "--backend", "megatron", "--model", "tiny", "--profile", str(profile),
+        "--policy", "zb-h1", "--iterations", "3", "--format", "json", "--seed", "7",
+    )  # fmt: skip
+    assert seeded.returncode == 0, seeded.stderr
+    other = json.loads(seeded.stdout)
+    assert other["seed"] == 7  # other initial weights and tokens
+    assert other["params_sha256"] != data["params_sha256"]
+    assert all(a != b for a, b in zip(other["losses"], data["losses"], strict=True))
 
 
 def test_profile_writes_a_file_schedule_and_simulate_accept(tmp_path: Path) -> None:

@@ -330,8 +330,9 @@ def microbatch_tokens(
     """Synthetic (input ids, labels) of the global batch's microbatch `index` (replica r's
     microbatch m is index r x M + m with M microbatches per replica; a rebalance moves
     microbatches, not their data): fixed by (seed, index), the same in every iteration and
-    under every policy and split, so a model can learn them."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003**2 + index)
+    under every policy and split, so a model can learn them (any seed: the generator's is
+    taken modulo 2^64, what it holds)."""
+    generator = torch.Generator().manual_seed((seed * 1_000_003**2 + index) % 2**64)
     shape = (preset.micro_batch_size, preset.seq_length + 1)
     tokens = torch.randint(0, preset.vocab_size, shape, generator=generator)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

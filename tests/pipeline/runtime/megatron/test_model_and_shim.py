@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from pipeline.checks import MAX_SEED
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.runtime.megatron.model import (
@@ -10,6 +11,7 @@ from pipeline.runtime.megatron.model import (
     build_stage_model,
     get_preset,
     global_param_name,
+    microbatch_tokens,
     stage_layer_offset,
     with_model_bytes,
 )
@@ -88,3 +90,16 @@ def test_a_stages_gradient_bytes_are_its_built_parameters(num_stages: int) -> No
     assert given.stage_state_bytes == tuple(states) == tiny.state_bytes(num_stages)
     assert [given.state_bytes(s) for s in range(num_stages)] == states
     assert with_model_bytes(given, tiny) == given
+
+
+def test_any_seed_gives_its_own_tokens() -> None:
+    """Seeds up to MAX_SEED draw tokens (the generator's seed is taken modulo 2^64: a seed
+    of 20 million overflowed it before); a small seed's tokens are as before."""
+    preset = get_preset("tiny")
+    tokens = {seed: microbatch_tokens(preset, seed, 3)[0] for seed in (0, 7, 20_000_000, MAX_SEED)}
+    assert len({t.numpy().tobytes() for t in tokens.values()}) == 4
+    shape = (preset.micro_batch_size, preset.seq_length + 1)
+    before = torch.randint(
+        0, preset.vocab_size, shape, generator=torch.Generator().manual_seed(7 * 1_000_003**2 + 3)
+    )
+    assert torch.equal(tokens[7], before[:, :-1])
