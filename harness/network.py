@@ -241,6 +241,8 @@ class _NetworkEngine(Closing):
 
         self.bed, self.profile = bed, profile
         self._base: dict[_Pair, WireState] = {}
+        self._wired: set[_Pair] = set()
+        """The pairs with a wire on rnic1 and up (their base's delay)."""
         self._place(profile.topology)
         nics = range(len(DATA_PLANES))
         addresses = tuple(
@@ -366,9 +368,10 @@ class _NetworkEngine(Closing):
                         else:
                             rate_mbit = new.rate_bit_s / 1e6
                             self.bed.cap_bandwidth(src, dst, plane=plane, rate_mbit=rate_mbit)
-            if old != new and (old.delay_ms or new.delay_ms):  # rnic0's: `run`'s, with faults
+            if old != new and (new.delay_ms or pair in self._wired):  # rnic0's: `run`'s
                 for plane in range(1, len(DATA_PLANES)):
                     self.bed.set_wire(*pair, plane=plane, forward=new)
+                self._wired.add(pair)  # a wire's state rules its pair's traffic from now on
         self._base = base
 
     def _start(self, start_at: float) -> None:

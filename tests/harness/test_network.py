@@ -6,10 +6,20 @@ import os
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from baselines import one_f_one_b
 from harness.loop import Recovery
-from harness.network import _gloo_gave_up, _lasting, _network, _nics_up, _wire_changes
+from harness.network import (
+    _base_states,
+    _gloo_gave_up,
+    _lasting,
+    _network,
+    _NetworkEngine,
+    _nics_up,
+    _wire_changes,
+)
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import Effect, Held
@@ -18,7 +28,7 @@ from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout, worker_error
 from pipeline.timeline import Timeline
-from pipeline.topology import Topology
+from pipeline.topology import Link, Topology
 
 KIB_64 = 64 * 1024
 CAP_GBPS = 0.008  # 64 KiB take 65.5 ms at 8 Mbit/s
@@ -207,3 +217,65 @@ def test_delegates_on_the_testbed_carry_the_slow_link_on_its_wire() -> None:
     assert max(m.send_end_ms - m.send_start_ms for m in slow) < delay_ms  # not the trainer
     fast = [m.arrival_ms - m.wire_start_ms for m in messages if m.link != "0-1"]
     assert sorted(fast)[len(fast) // 2] < delay_ms  # the other links' wires are not delayed
+
+
+class _RecordingBed:
+    """What `_NetworkEngine._place` leaves in force on a testbed: each (src, dst, plane)'s
+    cap and each (pair, plane)'s wire state (no namespaces: the bookkeeping alone)."""
+
+    def __init__(self, num_hosts: int) -> None:
+        self.num_hosts = num_hosts
+        self.caps: dict[tuple[int, int, int], float | None] = {}
+        self.wires: dict[tuple[int, int, int], WireState] = {}
+
+    def address(self, host: int, plane: int = 0) -> str:
+        return f"10.{plane}.0.{host + 1}"
+
+    def launcher(self) -> None:
+        return None
+
+    def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
+        self.caps[src, dst, plane] = rate_mbit * 1e6
+
+    def uncap_bandwidth(self, src: int, dst: int, plane: int) -> None:
+        self.caps[src, dst, plane] = None
+
+    def set_wire(self, host_a: int, host_b: int, plane: int, forward: WireState) -> None:
+        self.wires[host_a, host_b, plane] = forward
+
+    def rnic1(self, pair: tuple[int, int]) -> tuple[float, float | None]:
+        """(delay, rate) of the pair's traffic on rnic1: its wire's state rules where it has
+        one, else no delay and the caps."""
+        wire = self.wires.get((*pair, 1))
+        if wire is not None:
+            return wire.delay_ms, wire.rate_bit_s
+        assert self.caps.get((*pair, 1)) == self.caps.get((pair[1], pair[0], 1))
+        return 0.0, self.caps.get((*pair, 1))
+
+
+@given(st.lists(st.permutations(range(6)), min_size=1, max_size=4))
+@settings(max_examples=50, deadline=None)
+def test_the_testbed_s_caps_and_delays_follow_each_placement_s_roles(
+    placements: list[list[int]],
+) -> None:
+    """Whatever placements follow one another, every pair's caps (every data NIC) and its
+    rnic1 state are the role's it plays under the last one (`_base_states`): a pair that
+    had a delay and then a role without one keeps no stale delay or rate; a pair with no
+    role is uncapped."""
+    profile = Profile.uniform(
+        3, 4, 1, 1, 1, num_replicas=2, delay_ms=(30.0, 0.0), link_bandwidth_gbps=1.0,
+        dp_bandwidth_gbps=5.0, dp_delay_ms=((Link.dp(1, 0), 10.0),),
+    )  # fmt: skip
+    bed = _RecordingBed(6)
+    engine = _NetworkEngine(bed, profile, timeout_s=1.0)  # type: ignore[arg-type]
+    for workers in placements:
+        topology = Topology(3, 2, placement=tuple(workers))
+        engine._place(topology)
+        base = _base_states(profile, topology)
+        for a in range(6):
+            for b in range(a + 1, 6):
+                role = base.get((a, b), WireState())
+                for plane in (0, 1):
+                    for key in ((a, b, plane), (b, a, plane)):
+                        assert bed.caps.get(key) == role.rate_bit_s
+                assert bed.rnic1((a, b)) == (role.delay_ms, role.rate_bit_s)
