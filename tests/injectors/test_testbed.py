@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from injectors.ownership import OWNER_DIR, cleanup
-from injectors.peer_tc import htb_burst_bytes
+from injectors.peer_tc import UNCAPPED_BYTES_S, htb_burst_bytes
 from injectors.probe import measure as _measure
 from injectors.testbed import MTU, PLANES, Testbed, TestbedError
 from injectors.wire import HEALTHY, WireState
@@ -149,6 +149,21 @@ def test_a_second_cap_on_a_pair_replaces_the_first() -> None:
         assert abs(burst_bytes - 62_500) <= 626  # whole microseconds of the rate, as sent
         bed.cap_bandwidth(1, 0, plane=0, rate_mbit=100)  # the other direction: its own
         assert len(_htb_classes(bed, 1)) == 1
+
+
+def test_a_lifted_cap_leaves_its_pair_unshaped() -> None:
+    """`uncap_bandwidth` (a pair left without a role by a rank swap): the pair's class goes to
+    an unshaping rate, its filter stays for a later cap; a pair never capped is untouched."""
+    with Testbed(2, prefix="adb-unc-") as bed:
+        bed.uncap_bandwidth(1, 0, plane=0)
+        assert _htb_classes(bed, 1) == []
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
+        bed.uncap_bandwidth(0, 1, plane=0)
+        (htb,) = _htb_classes(bed, 0)
+        assert _rate_and_burst_bytes(htb)[0] == UNCAPPED_BYTES_S
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
+        (htb,) = _htb_classes(bed, 0)
+        assert _rate_and_burst_bytes(htb)[0] == 12_500_000
 
 
 def test_out_of_range_hosts_and_planes_are_refused_and_change_nothing() -> None:
