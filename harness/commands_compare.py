@@ -74,7 +74,8 @@ def compare(
 ) -> None:
     """Gate NEW against BASE (run directories or runs.csv files): the metrics of the
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
-    regression (a metric worse than its tolerance, or a configuration of BASE missing from
+    regression (a metric worse than its tolerance, a configuration run another way: its
+    policy, comm, controller, links, delay, seed or iterations, or one of BASE missing from
     NEW) or a configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
     (empty, unreadable, not a runs.csv, NaN values or tolerances)."""
     try:
@@ -114,6 +115,12 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
             f"{len(result.worse)} of {len(result.changes)} metrics got worse than their "
             f"tolerance ({tolerance:g} % unless given per metric; see the table above)"
         )
+    if result.mismatches:
+        runs = len({m.configuration for m in result.mismatches})
+        failures.append(
+            f"{_configurations(runs)} run another way in NEW (policy, comm, controller, links, "
+            "delay, seed or iterations; listed above): not the same measurement"
+        )
     if result.missing:
         failures.append(
             f"regression: {_configurations(len(result.missing))} of BASE missing from NEW "
@@ -128,9 +135,13 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
 
 
 def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
-    """A line per configuration on one side only, after the table."""
+    """A line per configuration run another way or on one side only, after the table."""
     start = "- " if bullet else ""
-    lines = [f"{start}missing from NEW (a regression): {name}" for name in result.missing]
+    lines = [
+        f"{start}run another way in NEW: {m.configuration}: {m.column} {m.base!r} -> {m.new!r}"
+        for m in result.mismatches
+    ]
+    lines += [f"{start}missing from NEW (a regression): {name}" for name in result.missing]
     allowed = " (allowed by --allow-new)" if result.allow_new else ""
     lines += [f"{start}only in NEW, not compared{allowed}: {name}" for name in result.added]
     return ["", *lines] if lines else []

@@ -4,8 +4,11 @@ A gate that passes on garbage protects nothing: an empty, unreadable or incomple
 a NaN metric, a duplicate configuration or a NaN tolerance is `UnusableResults` (the CLI
 exits 2), a configuration on one side only is a failure (the CLI exits 1; one only in the
 new results may be allowed), and every metric has its direction (times: lower is better,
-throughput: higher) and a tolerance of its own if given. Only the configurations on both
-sides have metrics compared; those on one side are counted and named apart (a `Comparison`).
+throughput: higher; restarts and lost iterations: lower) and a tolerance of its own if given.
+Only the configurations on both sides have metrics compared; those on one side are counted
+and named apart (a `Comparison`). A configuration on both sides must also have been run the
+same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
+count): one that differs is a failure, its metrics measured something else.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from harness.results import RESULTS_SCHEMA_VERSION
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "IDENTITY",
     "KEY",
     "METRICS",
     "Change",
     "Comparison",
+    "Mismatch",
     "UnusableResults",
     "compare_runs",
     "load_runs",
@@ -36,10 +41,14 @@ METRICS: dict[str, bool] = {
     "median_wall_ms": False,
     "throughput_samples_per_s": True,
     "bubble_ratio": False,
+    "restarts": False,
+    "lost_iterations": False,
 }
 """Compared metrics, and whether higher is better."""
 KEY = ("backend", "model", "system", "scenario", "repeat")
 """What names a configuration (with its repeat)."""
+IDENTITY = ("policy", "comm", "controller", "links", "delay_ms", "seed", "iterations")
+"""How a configuration was run: equal on both sides (a column the base predates: not read)."""
 
 
 class UnusableResults(ConfigError):
@@ -59,15 +68,26 @@ class Change:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Mismatch:
+    """An `IDENTITY` column of a configuration that differs between the sides."""
+
+    configuration: str
+    column: str
+    base: str
+    new: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
-    """The metrics compared (configurations on both sides), and the configurations on one
-    side only, by name: `missing` from the new results (a regression) and `added` in them (a
-    failure unless `allow_new`)."""
+    """The metrics compared (configurations on both sides), the configurations run another
+    way (`mismatches`), and the configurations on one side only, by name: `missing` from the
+    new results (a regression) and `added` in them (a failure unless `allow_new`)."""
 
     changes: list[Change]
     missing: list[str]
     added: list[str]
     allow_new: bool
+    mismatches: list[Mismatch] = dataclasses.field(default_factory=list)
 
     @property
     def worse(self) -> list[Change]:
@@ -75,9 +95,11 @@ class Comparison:
 
     @property
     def failed(self) -> bool:
-        """A metric worse than its tolerance, a configuration missing, or one added (unless
-        allowed)."""
-        return bool(self.worse or self.missing or (self.added and not self.allow_new))
+        """A metric worse than its tolerance, a configuration run another way, one missing,
+        or one added (unless allowed)."""
+        return bool(
+            self.worse or self.mismatches or self.missing or (self.added and not self.allow_new)
+        )
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
@@ -172,15 +194,21 @@ def compare_runs(
         _check_tolerance(metric, pct)
     base_by_key = {_key(r): r for r in base}
     new_by_key = {_key(r): r for r in new}
-    changes = []
+    changes, mismatches = [], []
     for key, row in base_by_key.items():
         if key in new_by_key:
             changes += _changes(key, row, new_by_key[key], tolerance_pct, tolerances)
+            mismatches += [
+                Mismatch(_name(key), column, str(row[column]), str(new_by_key[key].get(column)))
+                for column in IDENTITY
+                if column in row and str(row[column]) != str(new_by_key[key].get(column))
+            ]
     return Comparison(
         changes=changes,
         missing=[_name(key) for key in base_by_key if key not in new_by_key],
         added=[_name(key) for key in new_by_key if key not in base_by_key],
         allow_new=allow_new,
+        mismatches=mismatches,
     )
 
 

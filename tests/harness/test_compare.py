@@ -37,7 +37,7 @@ def _rows() -> list[dict[str, str]]:
 def test_unchanged_passes(tmp_path: Path) -> None:
     out = _compare(BASELINE, _write(tmp_path / "same.csv", _rows()))
     assert out.returncode == 0, out.stderr
-    assert "no regression: 80 metrics within 0 %" in out.stdout
+    assert "no regression: 112 metrics within 0 %" in out.stdout
 
 
 def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert out.returncode == 1
     worse = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
     assert len(worse) == 1 and "adaptra 0-1@40ms" in worse[0] and "+10.00%" in worse[0]
-    assert "1 of 80 metrics got worse than their tolerance (5 %" in out.stderr
+    assert "1 of 112 metrics got worse than their tolerance (5 %" in out.stderr
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 
@@ -61,7 +61,7 @@ def test_a_missing_configuration_is_a_regression_named_apart_from_the_metrics(
     out = _compare(BASELINE, _write(tmp_path / "short.csv", _rows()[1:]), "--tolerance", "5")
     assert out.returncode == 1
     lines = out.stdout.splitlines()
-    assert len([line for line in lines if line.startswith("fig4-uniform-10ms ")]) == 75  # 15 x 5
+    assert len([line for line in lines if line.startswith("fig4-uniform-10ms ")]) == 105  # 15 x 7
     assert "WORSE" not in out.stdout
     assert lines[-2:] == ["", "missing from NEW (a regression): fig4-uniform-10ms 1f1b fault-free"]
     assert (
@@ -75,7 +75,7 @@ def test_missing_configurations_and_worse_metrics_are_counted_apart(tmp_path: Pa
     out = _compare(BASELINE, _write(tmp_path / "short.csv", rows[2:]), "--tolerance", "5")
     assert out.returncode == 1
     assert out.stderr == (
-        "error: 1 of 70 metrics got worse than their tolerance (5 % unless given per metric; "
+        "error: 1 of 98 metrics got worse than their tolerance (5 % unless given per metric; "
         "see the table above); regression: 2 configurations of BASE missing from NEW (listed "
         "above)\n"
     )
@@ -94,17 +94,7 @@ def _garbage(tmp_path: Path, name: str) -> Path:
     elif name == "no-key-columns":
         _write(path, [{k: v for k, v in r.items() if k != "system"} for r in rows])
     elif name == "no-metrics":
-        _write(
-            path,
-            [
-                {
-                    k: v
-                    for k, v in r.items()
-                    if "_ms" not in k and "bubble" not in k and "throughput" not in k
-                }
-                for r in rows
-            ],
-        )
+        _write(path, [{k: v for k, v in r.items() if k not in METRICS} for r in rows])
     elif name in ("nan", "text", "inf"):
         rows[3]["median_iteration_ms"] = {"nan": "nan", "text": "fast", "inf": "inf"}[name]
         _write(path, rows)
@@ -190,7 +180,7 @@ def test_a_configuration_only_in_the_new_results_fails_unless_allowed(tmp_path: 
     assert allowed.returncode == 0
     assert allowed.stdout.splitlines()[-2:] == [
         "only in NEW, not compared (allowed by --allow-new): fig4-uniform-10ms 1f1b 0-1@80ms",
-        "no regression: 80 metrics within 0 %; 1 configuration only in NEW, not compared "
+        "no regression: 112 metrics within 0 %; 1 configuration only in NEW, not compared "
         "(--allow-new)",
     ]
 
@@ -201,7 +191,7 @@ def test_allowed_new_configurations_do_not_pass_a_worse_metric(tmp_path: Path) -
     new = _write(tmp_path / "more.csv", [*rows, {**rows[0], "scenario": "0-1@80ms"}])
     out = _compare(BASELINE, new, "--allow-new")
     assert out.returncode == 1
-    assert out.stderr.startswith("error: 1 of 80 metrics got worse than their tolerance (0 %")
+    assert out.stderr.startswith("error: 1 of 112 metrics got worse than their tolerance (0 %")
 
 
 def test_a_comparison_names_the_configurations_on_one_side_only() -> None:
@@ -236,14 +226,56 @@ def test_each_metric_has_its_direction_and_may_have_its_own_tolerance(tmp_path: 
     assert _compare(BASELINE, worse, "--metric-tolerance", "median_wall_ms=15").returncode == 1
 
 
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("comm", "delegated"),
+        ("policy", "zb"),
+        ("controller", "oracle"),
+        ("links", "1-2"),
+        ("delay_ms", "20.0"),
+        ("seed", "7"),
+        ("iterations", "1"),
+    ],
+)
+def test_a_configuration_run_another_way_fails_with_equal_metrics(
+    tmp_path: Path, column: str, value: str
+) -> None:
+    """Its metrics measured something else: the gate names the column and fails (exit 1),
+    whatever the tolerance; a baseline that predates the column does not read it."""
+    rows = _rows()
+    fault_free = next(r for r in rows if r["system"] == "1f1b" and r["scenario"] == "fault-free")
+    old = fault_free[column]
+    assert old != value
+    fault_free[column] = value
+    out = _compare(BASELINE, _write(tmp_path / "other.csv", rows), "--tolerance", "100")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-1] == (
+        f"run another way in NEW: fig4-uniform-10ms 1f1b fault-free: {column} {old!r} -> {value!r}"
+    )
+    assert "1 configuration run another way in NEW" in out.stderr
+    older = [{k: v for k, v in r.items() if k != column} for r in _rows()]
+    assert _compare(_write(tmp_path / "older.csv", older), tmp_path / "other.csv").returncode == 0
+
+
+def test_more_restarts_or_lost_iterations_are_worse(tmp_path: Path) -> None:
+    rows = _rows()
+    rows[3]["restarts"], rows[3]["lost_iterations"] = "1", "4"
+    out = _compare(BASELINE, _write(tmp_path / "restarted.csv", rows), "--tolerance", "50")
+    assert out.returncode == 1
+    worse = [line.split()[-5] for line in out.stdout.splitlines() if line.endswith("WORSE")]
+    assert worse == ["restarts", "lost_iterations"]
+    assert _compare(_write(tmp_path / "base.csv", rows), BASELINE).returncode == 0  # fewer
+
+
 def test_markdown_is_a_table_for_a_job_summary(tmp_path: Path) -> None:
     out = _compare(BASELINE, BASELINE, "--format", "markdown")
     assert out.returncode == 0
     lines = out.stdout.splitlines()
     assert lines[0] == "| configuration | metric | base | new | change | |"
     assert lines[1] == "|---|---|---|---|---|---|"
-    assert len([line for line in lines if line.startswith("| ")]) == 81  # header + 80 metrics
-    assert lines[-1] == "no regression: 80 metrics within 0 %"
+    assert len([line for line in lines if line.startswith("| ")]) == 113  # header + 112 metrics
+    assert lines[-1] == "no regression: 112 metrics within 0 %"
 
 
 def _one(metric: str, value: float) -> dict[str, Any]:
