@@ -127,9 +127,9 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             target, system, scenario, repeat = config
             if key in done:
                 continue
-            starts = [e.start_iteration for e in scenario.faults.events] if scenario.faults else []
+            changes = scenario.faults.change_iterations() if scenario.faults else ()
             with messages_writer(run_dir) as messages:
-                drawn = drawn_iterations(spec.num_iterations, starts)
+                drawn = drawn_iterations(spec.num_iterations, changes)
                 recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
                 controller = controller_for(
                     system,

@@ -51,13 +51,14 @@ def timeline_name(key: ConfigurationKey) -> str:
     return slug((model, system, scenario, f"r{repeat}"), "configuration name") + ".json"
 
 
-def drawn_iterations(num_iterations: int, event_starts: Iterable[int] = ()) -> frozenset[int]:
+def drawn_iterations(num_iterations: int, changes: Iterable[int] = ()) -> frozenset[int]:
     """The measured iterations whose whole timelines are kept: the last one, and around each
-    fault event (its start counted from the first measured iteration) the iteration before
-    it and the one it starts in."""
+    change of the faults in force (an event's start or end, counted from the first measured
+    iteration: `FaultModel.change_iterations`) the iteration before it and the one it is
+    in."""
     drawn = {num_iterations - 1}
-    for start in event_starts:
-        drawn |= {start - 1, start}
+    for change in changes:
+        drawn |= {change - 1, change}
     return frozenset(i for i in drawn if 0 <= i < num_iterations)
 
 

@@ -329,6 +329,17 @@ class FaultModel:
                     f"{num_iterations - 1})"
                 )
 
+    def change_iterations(self) -> tuple[int, ...]:
+        """The iterations in which what is in force changes, in order: each event's start and,
+        where it ends by itself, its end (its `end_iteration`; a stall's, the next one)."""
+        changes = {event.start_iteration for event in self.events}
+        for event in self.events:
+            if event.effect.stall_ms:
+                changes.add(event.start_iteration + 1)
+            elif event.end_iteration is not None:
+                changes.add(event.end_iteration)
+        return tuple(sorted(changes))
+
     def _in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[_Span]]:
         """Per unit, the events in force during `iteration` and when in it: each holds from
         its start (0 where that was in an earlier iteration) until a later event of its kind

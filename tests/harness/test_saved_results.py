@@ -20,6 +20,7 @@ from harness.policies import plan
 from harness.results import ITERATIONS_COLUMNS, MESSAGES_COLUMNS, read_csv_rows
 from harness.saved import ConfigurationRecorder, drawn_iterations, read_timeline, write_timeline
 from harness.spec import ExperimentSpec
+from injectors.fault_files import parse_yaml
 from pipeline.files import read_json
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
@@ -171,6 +172,18 @@ def test_drawn_iterations() -> None:
     assert drawn_iterations(5) == {4}
     assert drawn_iterations(5, [0, 2, 4]) == {0, 1, 2, 3, 4}
     assert drawn_iterations(1, [0]) == {0}
+
+
+def test_a_fault_s_end_is_drawn_as_its_start_is() -> None:
+    """A YAML row's `end_iteration` and a stall's next iteration change what is in force, as
+    a start does: the iteration before each change and the one it is in are drawn."""
+    faults = parse_yaml(
+        '[{start_iteration: 2, links: ["0-1"], stall_ms: 50},'
+        ' {start_iteration: 5, end_iteration: 7, links: ["1-2"], delay_ms: 10},'
+        ' {start_iteration: 8, links: ["1-2"], delay_ms: 20}]'
+    )
+    assert faults.change_iterations() == (2, 3, 5, 7, 8)
+    assert drawn_iterations(12, faults.change_iterations()) == {1, 2, 3, 4, 5, 6, 7, 8, 11}
 
 
 def test_report_without_saved_timelines_says_so(
