@@ -368,7 +368,7 @@ class _NetworkEngine(Closing):
                         else:
                             rate_mbit = new.rate_bit_s / 1e6
                             self.bed.cap_bandwidth(src, dst, plane=plane, rate_mbit=rate_mbit)
-            if old != new and (new.delay_ms or pair in self._wired):  # rnic0's: `run`'s
+            if old != new and (new.delay_ms or pair in self._wired):  # rnic0: `run`
                 for plane in range(1, len(DATA_PLANES)):
                     self.bed.set_wire(*pair, plane=plane, forward=new)
                 self._wired.add(pair)  # a wire's state rules its pair's traffic from now on
