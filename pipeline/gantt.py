@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pipeline.files import save_figure
 from pipeline.ops import OpKind
-from pipeline.timeline import Timeline
+from pipeline.timeline import OpRecord, Timeline
 from pipeline.topology import Link
 
 if TYPE_CHECKING:
@@ -19,6 +19,8 @@ __all__ = ["SlowMessage", "drawn_end_ms", "plot_gantt", "slow_messages"]
 
 _COLOURS = {OpKind.F: "#4c72b0", OpKind.B: "#55a868", OpKind.W: "#dd8452", OpKind.BW: "#8172b3"}
 _SLOW_COLOUR = "#c44e52"
+_DPI = 120
+"""The layout is made at the dpi the file is saved at: text extents depend on it."""
 _MESSAGE_ZORDER = 2.5
 """Over the boxes (1), under their microbatch labels (3)."""
 
@@ -66,8 +68,11 @@ def plot_gantt(
     import matplotlib.pyplot as plt
 
     end_ms = drawn_end_ms(timeline) if end_ms is None else end_ms
-    fig, ax = plt.subplots(figsize=(12, 0.5 * timeline.num_stages + 1.2), layout="constrained")
-    _draw_ops(ax, timeline, min_label_ms=end_ms / 150)
+    fig, ax = plt.subplots(
+        figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"
+    )
+    ops = [op for op in timeline.ops if op.replica == 0]
+    _draw_ops(ax, ops)
     slow = slow_messages(timeline)
     _draw_slow_messages(ax, slow)
     ax.set_yticks(range(timeline.num_stages), [f"stage {i}" for i in range(timeline.num_stages)])
@@ -77,12 +82,16 @@ def plot_gantt(
     _legend(ax, sorted({r.kind for r in timeline.ops}, key=list(OpKind).index), slow)
     if title:
         ax.set_title(title)
-    save_figure(fig, path, dpi=120)
+    # The layout once, before the labels: they sit inside the axes, so they would not move
+    # it, and laid out with the figure they were drawn three times over (half the time).
+    fig.draw_without_rendering()
+    fig.set_layout_engine(None)  # "none" would keep a placeholder that savefig lays out for
+    _label_ops(ax, ops, min_label_ms=end_ms / 150)
+    save_figure(fig, path, dpi=_DPI)
     plt.close(fig)
 
 
-def _draw_ops(ax: Axes, timeline: Timeline, min_label_ms: float) -> None:
-    ops = [op for op in timeline.ops if op.replica == 0]
+def _draw_ops(ax: Axes, ops: list[OpRecord]) -> None:
     boxes: dict[tuple[int, OpKind], list[tuple[float, float]]] = {}
     for r in ops:
         boxes.setdefault((r.stage, r.kind), []).append((r.start_ms, r.end_ms - r.start_ms))
@@ -90,6 +99,10 @@ def _draw_ops(ax: Axes, timeline: Timeline, min_label_ms: float) -> None:
         ax.broken_barh(
             spans, (stage - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white", linewidth=0.5
         )
+
+
+def _label_ops(ax: Axes, ops: list[OpRecord], min_label_ms: float) -> None:
+    """The microbatch index in every box at least `min_label_ms` wide."""
     for r in ops:
         width = r.end_ms - r.start_ms
         if width >= min_label_ms:
