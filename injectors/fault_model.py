@@ -314,6 +314,18 @@ class FaultModel:
 
     events: tuple[FaultEvent, ...]
     seed: int = 0
+    _change_iterations: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    """Where what is in force may change (`_epoch`), in order."""
+    _in_force_by_epoch: dict[tuple[int, Topology], dict[_Unit, list[_Span]]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`_in_force`'s answers, by (`_epoch`, topology): a pure function of those and the
+    frozen `events`; read only (a run asks for the same few of them many times)."""
+
+    def __post_init__(self) -> None:
+        # An event that starts `at_ms` into an iteration holds from 0 in the next one.
+        changes = {*self.change_iterations(), *(e.start_iteration + 1 for e in self.events)}
+        object.__setattr__(self, "_change_iterations", tuple(sorted(changes)))
 
     def validate(self, topology: Topology, num_iterations: int) -> None:
         """Targets must exist and every event must start within the run."""
@@ -340,7 +352,21 @@ class FaultModel:
                 changes.add(event.end_iteration)
         return tuple(sorted(changes))
 
+    def _epoch(self, iteration: int) -> int:
+        """The index of the run of iterations `iteration` is in over which `_in_force` is the
+        same: it changes only where an event starts (its `at_ms` there, 0 after), in the
+        iteration after that (a stall's last), and where an event ends."""
+        return bisect.bisect_right(self._change_iterations, iteration)
+
     def _in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[_Span]]:
+        """`_spans_in_force`, computed once per `_epoch` and topology; not to be mutated."""
+        key = (self._epoch(iteration), topology)
+        spans = self._in_force_by_epoch.get(key)
+        if spans is None:
+            spans = self._in_force_by_epoch[key] = self._spans_in_force(iteration, topology)
+        return spans
+
+    def _spans_in_force(self, iteration: int, topology: Topology) -> dict[_Unit, list[_Span]]:
         """Per unit, the events in force during `iteration` and when in it: each holds from
         its start (0 where that was in an earlier iteration) until a later event of its kind
         replaces it, or one with no effect (a delay of 0) ends every event on its target, at

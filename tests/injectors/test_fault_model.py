@@ -1,5 +1,6 @@
 """What the fault model assigns messages: pure, seeded, on the hosts a fault hits."""
 
+import random
 import statistics
 
 from injectors.fault_files import parse_yaml
@@ -248,3 +249,32 @@ def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
     assert in_force.message_fault(Link.dp(1, 0), "backward", "AR", 5).delay_ms == 30.0
     assert in_force.message_fault(Link.dp(0, 0), "forward", "AR", 0).delay_ms == 0.0
     assert in_force.message_fault(Link.pp(0, 1), "forward", "F", 0).delay_ms == 20.0
+
+
+def test_what_is_in_force_is_the_same_asked_in_any_order_as_asked_alone() -> None:
+    """The model answers each run of iterations with the same events in force once (per
+    topology) and reuses it: asked in a shuffled order, every iteration's answer is that of a
+    fresh model asked about that iteration only (starts inside an iteration, ends, a stall,
+    a zero delay, a failure, a replacement)."""
+    rows = (
+        '[{start_iteration: 1, at_ms: 30, end_iteration: 3, links: ["1-2"], delay_ms: 5},'
+        ' {start_iteration: 2, links: ["0-1"], stall_ms: 40},'
+        ' {start_iteration: 4, links: ["2-3"], delay_ms: 7},'
+        ' {start_iteration: 5, nic: "host1:rnic0", down: true, end_iteration: 7},'
+        ' {start_iteration: 5, at_ms: 10, links: ["2-3"], delay_ms: 9},'
+        ' {start_iteration: 8, links: ["2-3"], delay_ms: 0}]'
+    )
+    topologies = (FOUR, Topology(4, 2), FOUR.swapped(Position(1), Position(2)))
+
+    def answers(model, iteration: int, topology: Topology):
+        return (
+            model.at(iteration, topology).effects,
+            model.pp_delays_ms(iteration, topology),
+            model.dp_delays_ms(iteration, topology),
+            model.has_failure(iteration, topology),
+        )
+
+    shared = _model(rows)
+    asked = [(k, t) for k in range(-1, 11) for t in topologies]
+    for k, t in random.Random(3).sample(asked, len(asked)):
+        assert answers(shared, k, t) == answers(_model(rows), k, t), (k, t)
