@@ -108,6 +108,29 @@ def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     ]
 
 
+def test_throughput_over_time_draws_an_iteration_run_twice_at_its_mean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line per system in the order they come, its points in iteration order; an iteration
+    lost to a restart and run again is drawn once, at the mean of its runs."""
+    figures: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda fig, *_, **__: figures.append(fig))
+    rows = [
+        {"model": "m", "system": system, "iteration": str(k), "iteration_time_ms": str(ms),
+         "step_time_ms": "0"}
+        for system, k, ms in (("zb", 0, 1000), ("zb", 1, 1000), ("1f1b", 1, 500),
+                              ("1f1b", 0, 1000), ("1f1b", 1, 250))
+    ]  # fmt: skip
+    harness.plots.plot_throughput_over_time(rows, {"m": 10}, tmp_path / "t.png")
+    (ax,) = figures[0].axes
+    lines = [
+        (line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines
+    ]
+    assert lines == [("zb", [0, 1], [10.0, 10.0]), ("1f1b", [0, 1], [10.0, 30.0])]
+    assert ax.get_legend().get_title().get_text() == "system"
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_ylim()[0]) == ("iteration", "samples/s", 0)
+
+
 def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
