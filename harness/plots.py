@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,8 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
         col="model",
         col_wrap=min(4, frame["model"].nunique()),
         kind="bar",
+        estimator="median",  # over the repeats, as the report's fault-free step is
+        errorbar=None,  # a bootstrap would be drawn anew (unseeded) each time
         height=3.6,
         sharex=False,
     )
@@ -161,12 +164,13 @@ def _several_models(iterations: Sequence[Mapping[str, Any]]) -> bool:
 def throughput_rows(
     iterations: Sequence[Mapping[str, Any]], samples_per_iteration: Mapping[str, int]
 ) -> list[dict[str, Any]]:
-    """Each iteration's samples/s (`samples_per_iteration` by model) and its line: the
-    system, or "model, system" where there are several models."""
+    """Each iteration's samples/s (`samples_per_iteration` by model), its repeat and its line:
+    the system, or "model, system" where there are several models."""
     several = _several_models(iterations)
     return [
         {
             "iteration": int(r["iteration"]),
+            "repeat": str(r["repeat"]),
             "line": f"{r['model']}, {r['system']}" if several else r["system"],
             "samples/s": samples_per_iteration[r["model"]]
             * 1000.0
@@ -180,12 +184,12 @@ def plot_throughput_over_time(
     iterations: Sequence[Mapping[str, Any]], samples_per_iteration: Mapping[str, int], path: Path
 ) -> None:
     """Fig. 21 style: samples/s per iteration over a fault timeline, a line per system (per
-    model and system where there are several models: `throughput_rows`); an iteration run
-    twice (lost to a restart) is drawn at the mean of its runs, as seaborn's lineplot drew it.
-    Plain matplotlib: seaborn and pandas took most of this plot's time for the same lines."""
+    model and system where there are several models: `throughput_rows`), the median over the
+    repeats; an iteration run twice (lost to a restart) as it was run again, the run that
+    counted. Plain matplotlib: seaborn and pandas took most of this plot's time."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    for line, points in _mean_by_iteration(throughput_rows(iterations, samples_per_iteration)):
+    for line, points in _median_by_iteration(throughput_rows(iterations, samples_per_iteration)):
         ax.plot([x for x, _ in points], [y for _, y in points], linewidth=1, label=line)
     ax.set_xlabel("iteration")
     ax.set_ylabel("samples/s")
@@ -197,13 +201,15 @@ def plot_throughput_over_time(
     plt.close(fig)
 
 
-def _mean_by_iteration(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[_Point]]]:
-    """`throughput_rows` as lines in order of appearance, each its (iteration, mean samples/s)
-    points in iteration order."""
-    values: dict[str, dict[int, list[float]]] = {}
+def _median_by_iteration(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[_Point]]]:
+    """`throughput_rows` as lines in order of appearance, each its (iteration, samples/s)
+    points in iteration order: per iteration the median over the repeats of each repeat's
+    last run of it (rows come in the order they ran)."""
+    counted: dict[str, dict[int, dict[str, float]]] = {}
     for r in rows:
-        values.setdefault(r["line"], {}).setdefault(r["iteration"], []).append(r["samples/s"])
+        by_repeat = counted.setdefault(r["line"], {}).setdefault(r["iteration"], {})
+        by_repeat[r["repeat"]] = r["samples/s"]
     return [
-        (line, [(x, sum(sorted(ys)) / len(ys)) for x, ys in sorted(by_x.items())])
-        for line, by_x in values.items()
+        (line, [(x, statistics.median(runs.values())) for x, runs in sorted(by_x.items())])
+        for line, by_x in counted.items()
     ]

@@ -98,7 +98,7 @@ def test_the_headline_takes_each_system_s_median_over_its_repeats() -> None:
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     rows = [
         {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",
-         "step_time_ms": "100"}
+         "step_time_ms": "100", "repeat": "0"}
         for model in ("small", "large")
     ]  # fmt: skip
     samples = harness.plots.throughput_rows(rows, {"small": 12, "large": 24})
@@ -108,27 +108,49 @@ def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     ]
 
 
-def test_throughput_over_time_draws_an_iteration_run_twice_at_its_mean(
+def test_throughput_over_time_draws_the_median_repeat_and_the_run_that_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A line per system in the order they come, its points in iteration order; an iteration
-    lost to a restart and run again is drawn once, at the mean of its runs."""
+    lost to a restart and run again is drawn as run again (1f1b's iteration 1: 500 ms, then
+    250), and over repeats at the median (zb's iteration 0: 1000, 1000 and 250 ms; the mean
+    would draw 20 samples/s)."""
     figures: list[Any] = []
     monkeypatch.setattr(harness.plots, "save_figure", lambda fig, *_, **__: figures.append(fig))
     rows = [
         {"model": "m", "system": system, "iteration": str(k), "iteration_time_ms": str(ms),
-         "step_time_ms": "0"}
-        for system, k, ms in (("zb", 0, 1000), ("zb", 1, 1000), ("1f1b", 1, 500),
-                              ("1f1b", 0, 1000), ("1f1b", 1, 250))
+         "step_time_ms": "0", "repeat": str(repeat)}
+        for system, repeat, k, ms in (("zb", 0, 0, 1000), ("zb", 0, 1, 1000),
+                                      ("zb", 1, 0, 1000), ("zb", 1, 1, 1000),
+                                      ("zb", 2, 0, 250), ("zb", 2, 1, 1000),
+                                      ("1f1b", 0, 0, 1000), ("1f1b", 0, 1, 500),
+                                      ("1f1b", 0, 1, 250))
     ]  # fmt: skip
     harness.plots.plot_throughput_over_time(rows, {"m": 10}, tmp_path / "t.png")
     (ax,) = figures[0].axes
     lines = [
         (line.get_label(), list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines
     ]
-    assert lines == [("zb", [0, 1], [10.0, 10.0]), ("1f1b", [0, 1], [10.0, 30.0])]
+    assert lines == [("zb", [0, 1], [10.0, 10.0]), ("1f1b", [0, 1], [10.0, 40.0])]
     assert ax.get_legend().get_title().get_text() == "system"
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_ylim()[0]) == ("iteration", "samples/s", 0)
+
+
+def test_the_slowdown_bars_are_the_median_repeat_with_no_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault-free 100 ms in each repeat, delayed 100, 100 and 400 ms: a bar of 1.0 (the
+    median, as the headline says; the mean is 2.0) and no error bar (a bootstrap's would be
+    drawn anew each time)."""
+    grids: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda grid, *_, **__: grids.append(grid))
+    runs = [_row("zb", "fault-free", 100.0, k) for k in range(3)]
+    runs += [_row("zb", "0-1@10ms", ms, k) for k, ms in enumerate((100.0, 100.0, 400.0))]
+    assert harness.plots.plot_slowdown(runs, tmp_path / "s.png")
+    ((ax,),) = [grid.axes.flat for grid in grids]
+    assert [bar.get_height() for bar in ax.patches if bar.get_height()] == [1.0]
+    ((y_start, y_end),) = [line.get_ydata() for line in ax.lines]  # the 1.0 line alone
+    assert y_start == y_end == 1.0
 
 
 def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
