@@ -296,17 +296,24 @@ def write_json_atomic(path: Path, data: Any, *, compact: bool = False) -> None:
     write_atomic(path, text + "\n")
 
 
-def git_revision() -> str:
-    """The checkout's commit, or "unknown" outside a git work tree."""
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def git_revision(directory: Path = _PACKAGE_DIR) -> str:
+    """The commit of the checkout `directory` is in (this package's by default), with
+    "-dirty" where its tracked files differ from it (as `git describe --dirty` marks it: the
+    results come from code no commit holds), or "unknown" outside a git work tree."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=10, cwd=directory, check=True
+        ).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(__file__).resolve().parent,
-            check=True,
-        )
+        revision = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    if not revision:
+        return "unknown"
+    return f"{revision}-dirty" if changed else revision

@@ -10,7 +10,7 @@ import pytest
 
 from harness import experiment
 from harness.experiment import new_run_dir
-from harness.results import fault_free_wall_ms, run_dir_held
+from harness.results import fault_free_wall_ms, git_revision, run_dir_held
 from pipeline.errors import ConfigError
 
 
@@ -63,3 +63,25 @@ def test_two_runs_started_in_the_same_second_get_a_directory_each(
     names = [new_run_dir(tmp_path / "out", "exp").name for _ in range(3)]
     assert names == ["exp-20261205-010203", "exp-20261205-010203-2", "exp-20261205-010203-3"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == names
+
+
+def test_the_git_revision_says_when_tracked_files_differ_from_it(tmp_path: Path) -> None:
+    """A results file names the code that made it: the commit, "-dirty" where a tracked file
+    was changed since (an untracked one is not the code's), "unknown" outside a checkout."""
+    assert git_revision(tmp_path) == "unknown"
+
+    def git(*args: str) -> str:
+        command = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args]
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "first")
+    head = git("rev-parse", "HEAD")
+    assert len(head) == 40 and git_revision(tmp_path) == head
+    (tmp_path / "notes.txt").write_text("untracked\n")
+    assert git_revision(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_revision(tmp_path) == f"{head}-dirty"
