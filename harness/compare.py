@@ -201,7 +201,7 @@ def compare_runs(
             mismatches += [
                 Mismatch(_name(key), column, str(row[column]), str(new_by_key[key].get(column)))
                 for column in IDENTITY
-                if column in row and str(row[column]) != str(new_by_key[key].get(column))
+                if column in row and not _same(row[column], new_by_key[key].get(column))
             ]
     return Comparison(
         changes=changes,
@@ -210,6 +210,16 @@ def compare_runs(
         allow_new=allow_new,
         mismatches=mismatches,
     )
+
+
+def _same(base: Any, new: Any) -> bool:
+    """Whether two cells say the same: equal text, or equal numbers ("10" and "10.0")."""
+    if str(base) == str(new):
+        return True
+    try:
+        return float(base) == float(new)
+    except (TypeError, ValueError):
+        return False
 
 
 def _key(row: Mapping[str, Any]) -> tuple[str, ...]:

@@ -248,8 +248,8 @@ class ExperimentSpec:
             raise ConfigError("with a profile, `models` is one label for it")
         if not self.delays_ms:
             raise ConfigError("delays_ms is empty (0 is the fault-free run)")
-        for i, delay in enumerate(self.delays_ms):
-            check_ms(f"delays_ms[{i}]", delay)
+        delays_ms = tuple(check_ms(f"delays_ms[{i}]", d) for i, d in enumerate(self.delays_ms))
+        object.__setattr__(self, "delays_ms", delays_ms)  # floats, as runs.csv writes them
         _check_unique("systems", self.systems)
         _check_unique("delays_ms", self.delays_ms)
         if self.profile is not None and not any(

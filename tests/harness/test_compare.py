@@ -305,3 +305,12 @@ def test_a_change_of_exactly_the_tolerance_is_within_it(
         if c.metric == metric
     ]
     assert change.worse is worse
+
+
+def test_the_same_number_written_two_ways_is_the_same_run(tmp_path: Path) -> None:
+    """A delay of 10 and of 10.0 (an older YAML spec's runs.csv) is one measurement."""
+    rows = _rows()
+    for row in rows:
+        row["delay_ms"] = f"{float(row['delay_ms']):g}"
+    assert any(row["delay_ms"] == "10" for row in rows)
+    assert _compare(BASELINE, _write(tmp_path / "ints.csv", rows)).returncode == 0

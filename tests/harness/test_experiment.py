@@ -509,3 +509,19 @@ def test_a_restarted_configuration_s_rows_run_again_are_reported_and_resumed(
     )
     with pytest.raises(ConfigError, match=message):
         run_experiment(load_spec(spec_file), run_dir)
+
+
+def test_a_yaml_spec_s_whole_number_delays_are_written_as_the_default_experiment_s(
+    tmp_path: Path,
+) -> None:
+    """`delays_ms: [0, 10]` gives runs.csv's 0.0 and 10.0, as the default experiment writes
+    them, so the gate compares the two as one measurement."""
+    (tmp_path / "s.yaml").write_text(
+        "name: t\nmodel: m\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}\n"
+        "systems: [1f1b]\ndelays_ms: [0, 10]\nnum_iterations: 1\n"
+    )
+    spec = load_spec(tmp_path / "s.yaml")
+    assert spec.delays_ms == (0.0, 10.0) and all(isinstance(d, float) for d in spec.delays_ms)
+    run_dir = run_experiment(spec, tmp_path / "out" / "a")
+    with (run_dir / "runs.csv").open() as rows:
+        assert [row["delay_ms"] for row in csv.DictReader(rows)] == ["0.0", "10.0"]
