@@ -76,7 +76,7 @@ def test_the_gantt_charts_of_the_worst_scenario_share_the_longest_one_s_time_axi
 def _row(system: str, scenario: str, ms: float, repeat: int, model: str = "m") -> dict[str, Any]:
     return {
         "model": model, "system": system, "scenario": scenario, "repeat": str(repeat),
-        "median_wall_ms": str(ms),
+        "median_wall_ms": str(ms), "throughput_samples_per_s": str(8000.0 / ms),
     }  # fmt: skip
 
 
@@ -93,6 +93,21 @@ def test_the_headline_takes_each_system_s_median_over_its_repeats() -> None:
         "m adaptra 1.50x (0-1@10ms); m 1f1b 3.00x (0-1@10ms)."
     )
     assert lines[1] == "Adaptra's speed-up over the best baseline: m 0-1@10ms 2.00x over 1f1b."
+
+
+def test_over_a_fault_timeline_the_speed_up_is_in_samples_per_second() -> None:
+    """The review's run: the same median step (a few slow iterations do not move it), but
+    ZB slow in three iterations where Adaptra re-planned after one: samples/s say 1.31x, the
+    median step said 1.00x."""
+    runs = [
+        {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "34.49"},
+        {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "45.16"},
+    ]
+    assert harness.report._headline(runs) == [
+        "Adaptra's speed-up over the best baseline: m trace:f 1.31x over zb (samples/s over "
+        "the timeline).",
+        "",
+    ]
 
 
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
