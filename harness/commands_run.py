@@ -21,7 +21,12 @@ from harness.cli_common import (
 from harness.experiment import new_run_dir, run_experiment
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_run_name
-from harness.policies import SYSTEMS, system_controller, with_delegate_count
+from harness.policies import (
+    SYSTEMS,
+    blind_detector_warning,
+    system_controller,
+    with_delegate_count,
+)
 from harness.runner import BACKENDS, INJECTIONS, fixed_plan, link_terms, run_configuration
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
@@ -194,6 +199,9 @@ def run(
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     controller: Controller
     if system is not None:
+        warning = blind_detector_warning(system, profile)
+        if warning is not None:
+            click.echo(warning, err=True)
         controller = system_controller(
             system,
             profile,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.policies import SYSTEMS, Planner, resolve_system
+from harness.policies import SYSTEMS, Planner, blind_detector_warning, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -122,6 +122,12 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         for config, key in zip(configs, keys, strict=True)
     ]
     pace = _Pace(sum(weights))
+    warned = set()
+    for config, key in zip(configs, keys, strict=True):
+        warning = None if key in done else _blind_warning(config)
+        if warning is not None and warning not in warned:
+            warned.add(warning)
+            progress(warning)
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
         for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
             target, system, scenario, repeat = config
@@ -173,6 +179,13 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             )
     write_report(spec, run_dir, runs)
     return run_dir
+
+
+def _blind_warning(config: Configuration) -> str | None:
+    """`blind_detector_warning` for a configuration, naming its scenario."""
+    target, system, scenario, _ = config
+    warning = blind_detector_warning(system, scenario.apply(target.profile))
+    return None if warning is None else f"{target.label} {scenario.name}: {warning}"
 
 
 def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:

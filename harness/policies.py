@@ -7,7 +7,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from adaptra.control import DelegatingController, DetectingController
+from adaptra.control import DelegatingController, DetectingController, unmeasurable_kinds
 from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
@@ -29,6 +29,7 @@ __all__ = [
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
+    "blind_detector_warning",
     "plan",
     "resolve_system",
     "system_controller",
@@ -145,6 +146,25 @@ Planner = Callable[[str, Profile], Schedule]
 
 def _planned(policy: str, profile: Profile) -> Schedule:
     return plan(policy, profile).schedule
+
+
+_MEASURED_KINDS = {"adaptra": ("PP", "DP"), "adaptra-cpu": ("DP",)}
+"""The kinds of link each detector-driven system's controller reads."""
+
+
+def blind_detector_warning(system: str, profile: Profile) -> str | None:
+    """A warning line where `system` decides from its detector and the profile's own delays
+    slow every link of a kind it reads from the first iteration (`unmeasurable_kinds`):
+    nothing is left to compare them against, and it sees none slow."""
+    blind = [k for k in unmeasurable_kinds(profile) if k in _MEASURED_KINDS.get(system, ())]
+    if not blind:
+        return None
+    return (
+        f"warning: {system} finds slow links by comparing them with healthy ones, and every "
+        f"{' and every '.join(blind)} link here is delayed from the first iteration: it will "
+        "see none slow (delay some of the links only, or start the delay later with a fault "
+        "timeline)"
+    )
 
 
 def system_controller(

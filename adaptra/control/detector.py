@@ -43,7 +43,9 @@ Thresholds (`Thresholds`), and why:
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
 direction, or every stage's DP ring) leave that kind no healthy floor (then only the
-model's expectation is subtracted).
+model's expectation is subtracted): the delay is in the floor, and no link of the kind is
+called slow. `unmeasurable_kinds` names the kinds a profile's own delays leave so (a
+2-stage pipeline with its one PP link delayed, for one).
 """
 
 from __future__ import annotations
@@ -68,7 +70,23 @@ __all__ = [
     "LinkDetector",
     "Thresholds",
     "TimelineTimes",
+    "unmeasurable_kinds",
 ]
+
+
+def unmeasurable_kinds(profile: Profile) -> tuple[str, ...]:
+    """The kinds of link ("PP", "DP") whose every link the profile's own delays slow from
+    the first iteration: the detector has no healthy floor for them (the module's known
+    limit) and calls none of them slow."""
+    kinds = []
+    pp_links = range(profile.num_stages - 1)
+    if pp_links and all(i < len(profile.delay_ms) and profile.delay_ms[i] for i in pp_links):
+        kinds.append("PP")
+    delayed = {link for link, delay_ms in profile.dp_delay_ms if delay_ms}
+    rings = [profile.topology.dp_ring(stage) for stage in range(profile.num_stages)]
+    if profile.num_replicas > 1 and all(link in delayed for ring in rings for link in ring):
+        kinds.append("DP")
+    return tuple(kinds)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

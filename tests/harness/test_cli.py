@@ -663,3 +663,20 @@ def test_run_s_seed_draws_the_fault_timeline_s_jitter(tmp_path: Path) -> None:
     assert runs["a"]["seed"] == 7 and runs["c"]["seed"] == 8
     assert runs["a"]["iteration_times_ms"] == runs["b"]["iteration_times_ms"]
     assert runs["a"]["iteration_times_ms"] != runs["c"]["iteration_times_ms"]
+
+
+def test_adaptra_warns_where_its_detector_has_no_healthy_link(tmp_path: Path) -> None:
+    """A 2-stage pipeline's one PP link delayed from the start: Adaptra's detector has
+    nothing to compare it with (it runs ZB's plan over direct throughout); the run says so
+    before it starts, and runs. A system that reads no measurement is not warned."""
+    profile = str(write_profile(tmp_path, stages=2, microbatches=4, delay_ms=[30]))
+    common = ["run", "--profile", profile, "--iterations", "2", "--format", "json"]
+    adaptra = cli(*common, "--system", "adaptra")
+    assert adaptra.returncode == 0, adaptra.stderr
+    assert adaptra.stderr.startswith(
+        "warning: adaptra finds slow links by comparing them with healthy ones, and every PP "
+        "link here is delayed from the first iteration: it will see none slow"
+    )
+    assert all(not i["detected_ms"] for i in json.loads(adaptra.stdout)["iterations"])
+    zb = cli(*common, "--system", "zb")
+    assert zb.returncode == 0 and zb.stderr == ""

@@ -525,3 +525,25 @@ def test_a_yaml_spec_s_whole_number_delays_are_written_as_the_default_experiment
     run_dir = run_experiment(spec, tmp_path / "out" / "a")
     with (run_dir / "runs.csv").open() as rows:
         assert [row["delay_ms"] for row in csv.DictReader(rows)] == ["0.0", "10.0"]
+
+
+def test_an_experiment_warns_once_where_adaptra_s_detector_has_no_healthy_link(
+    tmp_path: Path,
+) -> None:
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("adaptra", "zb"),
+        delays_ms=(0.0, 10.0),
+        num_iterations=1,
+        num_repeats=2,
+    )
+    lines: list[str] = []
+    run_experiment(spec, tmp_path / "run", progress=lines.append)
+    warnings = [line for line in lines if "warning" in line]
+    assert warnings == [
+        "m 0-1@10ms: warning: adaptra finds slow links by comparing them with healthy ones, and "
+        "every PP link here is delayed from the first iteration: it will see none slow (delay "
+        "some of the links only, or start the delay later with a fault timeline)"
+    ]

@@ -9,13 +9,14 @@ import random
 
 import pytest
 
-from adaptra.control import LinkDetector, Thresholds
+from adaptra.control import LinkDetector, Thresholds, unmeasurable_kinds
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.link_terms import ALL_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline
+from pipeline.topology import Link
 
 PROFILE = Profile.uniform(4, 8, 2, 2, 2, message_bytes=1 << 16, num_delegates=3)
 DP_PROFILE = Profile.uniform(
@@ -159,3 +160,17 @@ def test_late_stamps_on_most_of_a_direction_s_messages_are_no_straggler() -> Non
     assert times.median_ms - times.lower_quartile_ms == pytest.approx(20.0, abs=1e-6)
     assert _beliefs(stamped_late) == [{}] * 5  # the warm-up iteration, then 4 measured
     assert _beliefs(_late(timeline, 2, 8, 20.0))[2] == {"1-2": pytest.approx(20.0, abs=1e-6)}
+
+
+def test_the_kinds_a_profile_s_own_delays_leave_without_a_healthy_link() -> None:
+    """Every PP link delayed (one link at 2 stages), or every stage's ring: no floor."""
+    two = Profile.uniform(2, 4, 1, 1, 1)
+    assert unmeasurable_kinds(two) == ()
+    assert unmeasurable_kinds(two.with_delays([30.0])) == ("PP",)
+    assert unmeasurable_kinds(Profile.uniform(4, 4, 1, 1, 1).with_delays([30.0, 0.0, 0.0])) == ()
+    assert unmeasurable_kinds(Profile.uniform(3, 4, 1, 1, 1).with_delays([5.0, 5.0])) == ("PP",)
+    dp = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2)
+    rings = {Link.dp(0, 0): 20.0, Link.dp(1, 0): 20.0}
+    assert unmeasurable_kinds(dp.with_delays([0.0], rings)) == ("DP",)
+    assert unmeasurable_kinds(dp.with_delays([10.0], {Link.dp(0, 0): 20.0})) == ("PP",)
+    assert unmeasurable_kinds(Profile.uniform(1, 4, 1, 1, 1)) == ()
