@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import harness.paper
 import harness.plots
 import harness.report
 from harness.cli import main
@@ -290,3 +291,19 @@ def test_a_report_removes_the_gantt_charts_it_no_longer_draws(
     assert sorted(p.name for p in run_dir.glob("gantt_*.png")) == ["gantt_dir.png"]
     report = (run_dir / "report.md").read_text()
     assert "](gantt_" not in report and "](slowdown.png)" in report
+
+
+def test_fig3_is_compared_with_each_candidate_link_of_its_kind() -> None:
+    """The paper names no slow link: every DP ring link the preset slows is compared with the
+    DP value, every PP link with the PP value (22 values: fault-free, 4 x 3 and 3 x 3)."""
+    assert len(harness.paper.PAPER["fig3"]) == 22
+    rows = [
+        {**_row("zb", scenario, ms, 0, model="gpt2-7b-dp2")}
+        for scenario, ms in (("fault-free", 490.0), ("dp2:0-1@20ms", 2410.0), ("1-2@30ms", 1110.0))
+    ]
+    compared = harness.report.paper_comparison("fig3", rows)
+    assert [(r["scenario"], paper.value, ours) for r, paper, ours in compared] == [
+        ("fault-free", 0.49, 0.49),
+        ("dp2:0-1@20ms", 2.79, 2.41),
+        ("1-2@30ms", 1.10, 1.11),
+    ]
