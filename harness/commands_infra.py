@@ -26,6 +26,7 @@ from harness.cli_common import (
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
+from pipeline.processes import process_tree
 from pipeline.timeline import Timeline
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,14 @@ __all__ = ["cleanup", "doctor", "launch"]
     type=click.Path(dir_okay=False),
     help="Write a Slurm script (OUT/run.sbatch) running this experiment spec instead.",
 )
+@click.option(
+    "--run-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="With --run: how long torchrun may take (start-up and every iteration) before it "
+    "and its workers are stopped and the launch fails.",
+)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option(
     "--job-time",
@@ -89,6 +98,7 @@ def launch(
     out: str,
     run_here: bool,
     spec_path: str | None,
+    run_timeout_s: float,
     gpus_per_node: int,
     job_time: str,
 ) -> None:
@@ -124,6 +134,8 @@ def launch(
     refuse_options(
         given_options() & {"gpus_per_node", "job_time"}, "it is the Slurm script's (with --spec)"
     )
+    if not run_here:
+        refuse_options(given_options() & {"run_timeout_s"}, "it limits a launch with --run")
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if replicas is not None:
         profile = dataclasses.replace(profile, num_replicas=replicas)
@@ -179,13 +191,18 @@ def launch(
             "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
             "TMPDIR": scratch,
         }
-        try:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-        except subprocess.TimeoutExpired as err:
-            raise ConfigError("torchrun did not finish within 600 s") from err
-    if done.returncode != 0:
-        reason = _failure_reason(done.stderr)
-        raise ConfigError(f"torchrun failed with exit code {done.returncode}: {reason}")
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        # Its workers, in sessions of their own, stop with it whatever ends the wait.
+        with process_tree(argv, env=env, **pipes) as torchrun:
+            try:
+                _, stderr = torchrun.communicate(timeout=run_timeout_s)
+            except subprocess.TimeoutExpired as err:
+                raise ConfigError(
+                    f"torchrun did not finish within {run_timeout_s:g} s (--run-timeout-s)"
+                ) from err
+    if torchrun.returncode != 0:
+        reason = _failure_reason(stderr)
+        raise ConfigError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")
     timeline = Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
     times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
     click.echo(

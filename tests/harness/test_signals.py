@@ -245,3 +245,69 @@ def test_sigint_ends_a_background_run_that_inherited_it_ignored(
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers)
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize(
+    ("signum", "line"),
+    [
+        (signal.SIGINT, "interrupted (SIGINT)"),
+        (signal.SIGTERM, "terminated (SIGTERM)"),
+        (None, "error: torchrun did not finish within 40 s (--run-timeout-s)"),
+    ],
+)
+def test_a_signal_or_the_time_limit_stops_launch_run_s_torchrun_and_its_workers(
+    tmp_path: Path, short_tmp: Path, signum: int | None, line: str
+) -> None:
+    """torchrun starts its workers in sessions of their own: the launch stopped torchrun
+    alone, and its workers ran on (and wrote the timeline after the launch had said
+    "interrupted"). Now every process it started is gone when it exits, and nothing is
+    written after."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 20000, "t_b": 20000, "t_w": 0}))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
+    command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
+    command += ["--out", str(out)] + (["--run-timeout-s", "40"] if signum is None else [])
+    run = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(short_tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 40  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None and len(workers) < 2:
+            started |= _descendants(run.pid)
+            workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
+            time.sleep(0.2)
+        assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.stderr else ""
+        time.sleep(2.0)  # inside their first op
+        started |= _descendants(run.pid)
+        if signum is not None:
+            run.send_signal(signum)
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == (1 if signum is None else 128 + signum)
+        assert err.strip().splitlines()[-1] == line
+        left = [pid for pid in started if _alive(pid)]
+        assert not left, [_cmdline(pid) for pid in left]
+        written = sorted(p.name for p in out.iterdir())
+        time.sleep(1.0)
+        assert sorted(p.name for p in out.iterdir()) == written == ["profile.json", "schedule.json"]
+        assert list(short_tmp.iterdir()) == []  # torchrun's log folder
+    finally:
+        for pid in [run.pid, *started]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        run.wait()
