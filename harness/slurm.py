@@ -120,6 +120,8 @@ def write_slurm_script(
                         "--timeout",
                         f"{spec.transport_timeout_s:g}",
                         *compute_args,
+                        "--seed",  # megatron's weights and tokens (the emulated has neither)
+                        str(spec.seed),
                         "--out",
                         str(step_dir),
                     ]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from pipeline.checks import MAX_SEED
 from pipeline.files import write_atomic
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
@@ -31,7 +32,13 @@ from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
 
-__all__ = ["host_placement", "main", "torchrun_commands"]
+__all__ = [
+    "compute_backend",
+    "host_placement",
+    "main",
+    "parse_worker_args",
+    "torchrun_commands",
+]
 
 
 def torchrun_commands(
@@ -84,7 +91,8 @@ def host_placement(environ: Mapping[str, str]) -> tuple[int, int]:
     return int(environ["LOCAL_RANK"]), int(environ["LOCAL_WORLD_SIZE"])
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The worker's command line (torchrun passes each worker the same)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", type=Path, required=True)
     parser.add_argument("--schedule", type=Path, required=True)
@@ -99,21 +107,40 @@ def main(argv: list[str] | None = None) -> None:
         "--compute", choices=["emulated", "megatron"], default="emulated", help="What ops run."
     )
     parser.add_argument("--model", default="tiny", help="The megatron GPT configuration.")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="The megatron model's initial weights and synthetic tokens (a spec's seed; the "
+        "emulated compute has neither).",
+    )
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.iterations < 1 or args.warmup_iterations < 0:
         parser.error("--iterations must be >= 1 and --warmup-iterations >= 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed must be in 0..{MAX_SEED}, got {args.seed}")
+    return args
+
+
+def compute_backend(args: argparse.Namespace) -> ComputeBackend:
+    """What the worker's ops run, from its command line."""
+    if args.compute == "megatron":
+        from pipeline.runtime.megatron import MegatronCompute
+
+        return MegatronCompute(args.model, seed=args.seed)
+    return EmulatedCompute()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_worker_args(argv)
     profile = Profile.from_file(args.profile)
     schedule = Schedule.from_dict(json.loads(args.schedule.read_text()))
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
     configure_threads()
     rank = int(os.environ["RANK"])
-    compute: ComputeBackend = EmulatedCompute()
-    if args.compute == "megatron":
-        from pipeline.runtime.megatron import MegatronCompute
-
-        compute = MegatronCompute(args.model)
+    compute = compute_backend(args)
     worker = join(
         rank, profile.num_stages, profile.num_replicas, "env://", args.timeout, compute,
         on_host=host_placement(os.environ),

@@ -298,3 +298,14 @@ def test_the_job_time_reaches_the_script_in_a_form_sbatch_takes(tmp_path: Path) 
     for bad in ("1h", "01:00:00\nrm -rf /", "", "1:2:3:4"):
         with pytest.raises(ConfigError, match="not one sbatch --time takes"):
             write_slurm_script(spec, tmp_path / "bad", time_limit=bad)
+
+
+def test_every_step_runs_with_the_spec_s_seed(tmp_path: Path) -> None:
+    """The workers drew megatron's weights and tokens from seed 0 whatever the spec said."""
+    spec = _two_stages(backend="megatron", seed=11, num_repeats=2)
+    script, _, _ = write_slurm_script(spec, tmp_path / "job")
+    lines = script.read_text().splitlines()
+    steps = [shlex.split(line) for line in lines if line.startswith("run_step ")]
+    assert len(steps) == 2
+    for step in steps:
+        assert step[step.index("--seed") + 1] == "11"
