@@ -24,8 +24,10 @@ __all__ = [
     "INJECTIONS",
     "RunResult",
     "RuntimeEngines",
+    "check_hold",
     "fixed_plan",
     "link_terms",
+    "longest_hold_ms",
     "run_configuration",
 ]
 
@@ -149,15 +151,8 @@ def run_configuration(
         with SimEngine(host=host) as sim:
             return run(sim)
     timeout_s = recovery.transport_timeout_s
-    longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
-    if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
-        longest_ms += faults.longest_hold_ms(profile.message_bytes)
-    if longest_ms >= 1000 * timeout_s:
-        raise ConfigError(
-            f"a delay of {longest_ms:g} ms is not shorter than the workers' {timeout_s:g} s "
-            "timeout for one message: raise the timeout (--timeout, a spec's "
-            "transport_timeout_s) or lower the delay"
-        )
+    longest_ms = longest_hold_ms(profile, faults)
+    check_hold(longest_ms, timeout_s)
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
@@ -186,6 +181,26 @@ def run_configuration(
         return run(engine_of(engines))
     with RuntimeEngines() as own:
         return run(engine_of(own))
+
+
+def longest_hold_ms(profile: Profile, faults: FaultView = NO_FAULTS) -> float:
+    """The longest a runtime's worker holds a message of `profile` before it sends it, ms:
+    the profile's delays, a fault timeline's added."""
+    longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
+    if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
+        longest_ms += faults.longest_hold_ms(profile.message_bytes)
+    return longest_ms
+
+
+def check_hold(longest_ms: float, timeout_s: float) -> None:
+    """A ConfigError unless a message held `longest_ms` arrives within the workers'
+    `timeout_s` for one message (else its receiver times out and the iteration fails)."""
+    if longest_ms >= 1000 * timeout_s:
+        raise ConfigError(
+            f"a delay of {longest_ms:g} ms is not shorter than the workers' {timeout_s:g} s "
+            "timeout for one message: raise the timeout (--timeout, a spec's "
+            "transport_timeout_s) or lower the delay"
+        )
 
 
 def link_terms(backend: str, injection: str) -> LinkTerms:
