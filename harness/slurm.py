@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness.names import slug
+from harness.runner import check_hold, longest_hold_ms
 from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
+from pipeline.profile import Profile
+from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
-__all__ = ["SlurmScript", "write_slurm_script"]
+__all__ = ["SlurmScript", "node_count", "write_slurm_script"]
 
 SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 """sbatch --time's forms: minutes, MM:SS, HH:MM:SS, DAYS-HH, DAYS-HH:MM, DAYS-HH:MM:SS."""
@@ -44,8 +47,9 @@ def write_slurm_script(
     master_port: int = 29500,
 ) -> SlurmScript:
     """Write `out_dir/run.sbatch` and each configuration's files. Configurations the torchrun
-    path cannot run yet (the delegated path, fault timelines, TP) are listed in the script as
-    skipped, with why."""
+    path cannot run (yet: the delegated path, fault timelines, TP; a delay its workers would
+    time out on) are listed in the script as skipped, with why. A refused spec writes
+    nothing."""
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     if not SLURM_TIME.fullmatch(time_limit):
@@ -65,42 +69,29 @@ def write_slurm_script(
     steps: list[str] = []
     skipped: list[str] = []
     reasons: dict[_Skip, int] = {}  # why configurations are skipped, and how many for each
+    plans: dict[Path, tuple[Profile, Schedule]] = {}  # written once the spec is not refused
     max_nodes, num_configurations = 1, 0
     for target in spec.targets():
         model = target.cost.model if target.cost else None
         for scenario in spec.scenarios(target):
             for system in spec.systems:
                 name = f"{target.label}/{system}/{scenario.name}"
-                why = _unsupported(model.tp if model else 1, scenario.faults is not None)
                 # One fixed schedule per step: Adaptra's is the one it runs once it has found
                 # the scenario's delays (its oracle's plan).
                 known = "adaptra-oracle" if system == "adaptra" else system
                 planned = controller_for(known, target, scenario).plan(0)
-                schedule, profile, comm = planned.schedule, planned.profile, planned.comm
-                # (the paper's injected sleeps are the simulator's; a step runs the direct path)
-                if why is None and comm not in (CommMode.DIRECT, CommMode.NCCL_SLEEP):
-                    why = _Skip(
-                        f"{comm.value} comm", "the torchrun path has no delegate transport yet"
-                    )
+                schedule, profile = planned.schedule, planned.profile
+                why = _unsupported(model.tp if model else 1, scenario.faults is not None)
+                why = why or _unrunnable(profile, planned.comm, spec.transport_timeout_s)
                 if why:
                     skipped.append(_comment(f"skipped {name}: {why}"))
                     reasons[why] = reasons.get(why, 0) + 1
                     continue
                 config = slug((target.label, system, scenario.name), "configuration name")
                 config_dir = out_dir / config
-                config_dir.mkdir(parents=True, exist_ok=True)
-                write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
-                write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
+                plans[config_dir] = (profile, schedule)
                 world = profile.num_stages * profile.num_replicas
-                num_nodes = math.ceil(world / gpus_per_node)
-                if world % num_nodes:
-                    why = _Skip(
-                        f"{world} ranks",
-                        f"they do not split evenly over {num_nodes} nodes of {gpus_per_node} GPUs",
-                    )
-                    skipped.append(_comment(f"skipped {name}: {why}"))
-                    reasons[why] = reasons.get(why, 0) + 1
-                    continue
+                num_nodes = node_count(world, gpus_per_node)
                 max_nodes = max(max_nodes, num_nodes)
                 num_configurations += 1
                 steps.append(_comment(f"{name}: {world} ranks on {num_nodes} node(s)"))
@@ -133,6 +124,10 @@ def write_slurm_script(
         raise ConfigError(
             "no configuration of this spec can run on the cluster yet: " + _grouped(reasons)
         )
+    for config_dir, (profile, schedule) in plans.items():
+        config_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
+        write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
     script = "\n".join(
         [
             "#!/bin/bash",
@@ -204,6 +199,31 @@ def _grouped(reasons: dict[_Skip, int]) -> str:
         joined = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
         clauses.append(f"{joined} ({why})")
     return "; ".join(clauses)
+
+
+def node_count(num_ranks: int, gpus_per_node: int) -> int:
+    """The fewest nodes of `gpus_per_node` GPUs that hold `num_ranks` ranks split evenly (the
+    same number on each): 9 ranks on 8-GPU nodes take 3 nodes of 3, not 2 uneven ones."""
+    fewest = math.ceil(num_ranks / gpus_per_node)
+    return next(n for n in range(fewest, num_ranks + 1) if num_ranks % n == 0)
+
+
+def _unrunnable(profile: Profile, comm: CommMode, transport_timeout_s: float) -> _Skip | None:
+    """Why a configuration's plan cannot run as a step: its comm, or a delay its receiver
+    would time out on (the step's error would end the job, as `set -e` stops it)."""
+    # (the paper's injected sleeps are the simulator's; a step runs the direct path)
+    if comm not in (CommMode.DIRECT, CommMode.NCCL_SLEEP):
+        return _Skip(f"{comm.value} comm", "the torchrun path has no delegate transport yet")
+    longest_ms = longest_hold_ms(profile)
+    try:
+        check_hold(longest_ms, transport_timeout_s)
+    except ConfigError:
+        return _Skip(
+            f"a delay of {longest_ms:g} ms",
+            f"not shorter than the workers' {transport_timeout_s:g} s timeout for one "
+            "message (the spec's transport_timeout_s): its step would fail",
+        )
+    return None
 
 
 def _unsupported(tp: int, has_faults: bool) -> _Skip | None:

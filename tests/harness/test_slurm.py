@@ -94,7 +94,9 @@ def test_nothing_runnable_is_one_line_counted_by_reason(tmp_path: Path) -> None:
     assert "\n" not in message and "#" not in message
 
 
-def test_a_fault_timeline_or_an_uneven_split_is_counted_too(tmp_path: Path) -> None:
+def test_a_fault_timeline_or_a_delay_the_workers_time_out_on_is_counted_too(
+    tmp_path: Path,
+) -> None:
     faulted = ExperimentSpec(
         name="f",
         models=("tiny",),
@@ -107,12 +109,58 @@ def test_a_fault_timeline_or_an_uneven_split_is_counted_too(tmp_path: Path) -> N
         f"{NOTHING_RUNS}2 have a fault timeline (the torchrun path runs fixed plans only; "
         "`adaptra-bench run` replays timelines)"
     )
-    uneven = ExperimentSpec(
-        name="u", models=("tiny",), profile=Profile.uniform(3, 3, 1, 1, 1), systems=("zb",)
+    held = _two_stages(systems=("1f1b", "zb"), delays_ms=(3000,), transport_timeout_s=2)
+    assert _refusal(held, tmp_path) == (
+        f"{NOTHING_RUNS}2 have a delay of 3000 ms (not shorter than the workers' 2 s timeout "
+        "for one message (the spec's transport_timeout_s): its step would fail)"
     )
-    assert _refusal(uneven, tmp_path, gpus_per_node=2) == (
-        f"{NOTHING_RUNS}1 has 3 ranks (they do not split evenly over 2 nodes of 2 GPUs)"
+
+
+def test_a_delay_the_workers_would_time_out_on_is_a_skipped_configuration(
+    tmp_path: Path,
+) -> None:
+    """`run` refuses it; the script ran it, its step failed with a TimeoutError and `set -e`
+    ended the job: now it is listed as skipped, and the rest run. A delay just under the
+    timeout runs."""
+    spec = _two_stages(backend="emulated", delays_ms=(0, 1999, 2000), transport_timeout_s=2)
+    script, num_configurations, num_skipped = write_slurm_script(spec, tmp_path / "job")
+    assert (num_configurations, num_skipped) == (2, 1)
+    text = script.read_text()
+    assert "\n# skipped tiny/1f1b/0-1@2000ms: a delay of 2000 ms (not shorter than the " in text
+    assert not (tmp_path / "job" / "tiny_1f1b_0-1-2000ms").exists()
+    assert (tmp_path / "job" / "tiny_1f1b_0-1-1999ms" / "profile.json").is_file()
+
+
+def test_a_refused_spec_writes_nothing(tmp_path: Path) -> None:
+    """The refusal came after some configurations' files were written: now it comes first."""
+    spec = _two_stages(systems=("1f1b", "zb"), delays_ms=(5000,), transport_timeout_s=2)
+    with pytest.raises(ConfigError, match="no configuration of this spec can run"):
+        write_slurm_script(spec, tmp_path / "job")
+    assert not (tmp_path / "job").exists()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "mine.txt").write_text("kept")
+    with pytest.raises(ConfigError, match="no configuration of this spec can run"):
+        write_slurm_script(spec, tmp_path / "job")
+    assert [p.name for p in (tmp_path / "job").iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize(
+    ("num_stages", "gpus_per_node", "placement"),  # placement: nodes, ranks on each
+    [(9, 8, (3, 3)), (8, 8, (1, 8)), (16, 8, (2, 8)), (12, 8, (2, 6)), (3, 2, (3, 1))],
+)
+def test_the_ranks_go_on_the_fewest_nodes_that_split_them_evenly(
+    tmp_path: Path, num_stages: int, gpus_per_node: int, placement: tuple[int, int]
+) -> None:
+    """9 ranks on 8-GPU nodes were refused (2 nodes do not split them); 3 nodes of 3 do."""
+    spec = _two_stages(profile=Profile.uniform(num_stages, num_stages, 1, 1, 1))
+    script, num_configurations, _ = write_slurm_script(
+        spec, tmp_path / "job", gpus_per_node=gpus_per_node
     )
+    assert num_configurations == 1
+    text = script.read_text()
+    (step,) = [shlex.split(line) for line in text.splitlines() if line.startswith("run_step ")]
+    assert (int(step[1]), int(step[2])) == placement
+    assert f"\n#SBATCH --nodes={placement[0]}\n" in text
 
 
 @pytest.mark.multiprocess
