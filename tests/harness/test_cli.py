@@ -424,6 +424,19 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
     assert no_master.returncode == 1 and "--nodes 2 needs --master-addr" in no_master.stderr
 
 
+def test_launch_s_time_limit_is_an_option_of_run_said_in_the_help(tmp_path: Path) -> None:
+    """It was a fixed 600 s, said nowhere (its stopping is in test_signals)."""
+    help_text = " ".join(cli("launch", "--help").stdout.split())
+    assert "--run-timeout-s" in help_text and "[default: 600.0;" in help_text
+    profile = write_profile(tmp_path, stages=2, microbatches=2)
+    printed = cli(
+        "launch", "--profile", str(profile), "--policy", "1f1b", "--run-timeout-s", "5",
+        "--out", str(tmp_path / "launch"),
+    )  # fmt: skip
+    assert printed.returncode == 1
+    assert printed.stderr.strip() == "error: --run-timeout-s: it limits a launch with --run"
+
+
 @pytest.mark.multiprocess
 def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
     profile = write_profile(

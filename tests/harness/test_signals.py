@@ -272,7 +272,8 @@ def test_a_signal_or_the_time_limit_stops_launch_run_s_torchrun_and_its_workers(
     "interrupted"). Now every process it started is gone when it exits, and nothing is
     written after."""
     profile = tmp_path / "p.json"
-    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 20000, "t_b": 20000, "t_w": 0}))
+    op_ms = {"t_f": 20000, "t_b": 20000, "t_w": 0}  # the workers are inside an op at the end
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, **op_ms}))
     out = tmp_path / "out"
     command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
     command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
