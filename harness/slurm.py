@@ -221,7 +221,7 @@ def _unrunnable(profile: Profile, comm: CommMode, transport_timeout_s: float) ->
         return _Skip(
             f"a delay of {longest_ms:g} ms",
             f"not shorter than the workers' {transport_timeout_s:g} s timeout for one "
-            "message (the spec's transport_timeout_s): its step would fail",
+            "message, the spec's transport_timeout_s: its step would fail",
         )
     return None
 

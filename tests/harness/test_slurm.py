@@ -112,7 +112,7 @@ def test_a_fault_timeline_or_a_delay_the_workers_time_out_on_is_counted_too(
     held = _two_stages(systems=("1f1b", "zb"), delays_ms=(3000,), transport_timeout_s=2)
     assert _refusal(held, tmp_path) == (
         f"{NOTHING_RUNS}2 have a delay of 3000 ms (not shorter than the workers' 2 s timeout "
-        "for one message (the spec's transport_timeout_s): its step would fail)"
+        "for one message, the spec's transport_timeout_s: its step would fail)"
     )
 
 
