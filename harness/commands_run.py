@@ -313,6 +313,8 @@ def report(run_dir: str) -> None:
     from harness.spec import spec_from_record
 
     path = Path(run_dir)
+    if not (path / "spec.json").is_file():  # before the hold, whose lock file would stay
+        raise ConfigError(f"{path} is not a run directory: it has no spec.json")
     with run_dir_held(path, advice="report it once that run has ended"):
         try:
             spec = spec_from_record(read_spec_record(path))

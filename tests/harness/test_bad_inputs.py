@@ -573,7 +573,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
             ),
         )
     ],
-    ("report no spec.json", {"out/s/runs.csv": ""}, ["report", "out/s"], "cannot read"),
+    (
+        "report no spec.json",
+        {"out/s/runs.csv": ""},
+        ["report", "out/s"],
+        "out/s is not a run directory: it has no spec.json",
+    ),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
     ("compare missing", {}, COMPARE, "'a.csv' does not exist"),

@@ -693,3 +693,16 @@ def test_adaptra_warns_where_its_detector_has_no_healthy_link(tmp_path: Path) ->
     assert all(not i["detected_ms"] for i in json.loads(adaptra.stdout)["iterations"])
     zb = cli(*common, "--system", "zb")
     assert zb.returncode == 0 and zb.stderr == ""
+
+
+def test_report_on_a_folder_that_is_no_run_directory_leaves_it_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """One line, exit 1, and no lock file left behind in the user's folder."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "a.txt").write_text("mine\n")
+    out = cli("report", str(folder))
+    assert out.returncode == 1
+    assert out.stderr == f"error: {folder} is not a run directory: it has no spec.json\n"
+    assert [p.name for p in folder.iterdir()] == ["a.txt"]
