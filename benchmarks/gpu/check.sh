@@ -6,9 +6,13 @@
 # It first installs the wheels carried in .whl/ (benchmarks/gpu/fetch_wheels.sh: what the
 # machine's image lacks) into /tmp/site, then runs the check under a time limit
 # (CHECK_TIMEOUT_S, default 480 s: SIGTERM, which unwinds the worker pools, then SIGKILL).
+# The interpreter: $PYTHON, else the checkout's .venv (the README's install), else python3
+# (a GPU machine's image).
 set -euo pipefail
 out="${OUT:-$PWD/gpu-check}"
-python="${PYTHON:-python3}"
+default_python=python3
+[[ -x .venv/bin/python ]] && default_python=.venv/bin/python
+python="${PYTHON:-$default_python}"
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" > /dev/null; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
