@@ -136,6 +136,7 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
         return False
     plt = _pyplot()
     frame = pd.DataFrame(rows)
+    num_scenarios = frame.groupby("model")["scenario"].nunique().max()
     grid = sns.catplot(
         data=frame,
         x="scenario",
@@ -147,11 +148,12 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
         estimator="median",  # over the repeats, as the report's fault-free step is
         errorbar=None,  # a bootstrap would be drawn anew (unseeded) each time
         height=3.6,
+        aspect=max(1.0, 0.2 * num_scenarios),  # room for each scenario's label
         sharex=False,
     )
     for ax in grid.axes.flat:
         ax.axhline(1.0, color="grey", linewidth=0.8)
-        ax.tick_params(axis="x", labelrotation=30)
+        ax.tick_params(axis="x", labelrotation=30 if num_scenarios <= 6 else 90)
     save_figure(grid, path, dpi=110)
     plt.close(grid.figure)
     return True

@@ -307,3 +307,19 @@ def test_fig3_is_compared_with_each_candidate_link_of_its_kind() -> None:
         ("dp2:0-1@20ms", 2.79, 2.41),
         ("1-2@30ms", 1.10, 1.11),
     ]
+
+
+def test_many_scenarios_get_upright_labels_and_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Fig. 3 preset's 21 scenarios: labels turned upright and a panel wide enough that
+    they do not overlap (30 degrees in a 1.0 aspect overlapped)."""
+    grids: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda grid, *_, **__: grids.append(grid))
+    runs = [_row("zb", "fault-free", 100.0, 0)]
+    runs += [_row("zb", f"{link}@{ms}ms", 100.0 + ms, 0) for link in "abcdefg" for ms in (1, 2, 3)]
+    assert harness.plots.plot_slowdown(runs, tmp_path / "s.png")
+    ((ax,),) = [grid.axes.flat for grid in grids]
+    assert {label.get_rotation() for label in ax.get_xticklabels()} == {90.0}
+    width, height = grids[0].figure.get_size_inches()
+    assert width >= 4.2 * 3.6 > height
