@@ -101,16 +101,18 @@ def _gantt_charts(
     iterations: Sequence[Mapping[str, Any]],
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
-    model under its worst static scenario, its last measured iteration, or the first drawn
-    iteration of a fault timeline. The charts share one time axis, each iteration's from its
-    start, so a longer iteration draws longer. Returns the figures and, per system, where its
-    chart came from (or why there is none)."""
+    model under its worst static scenario, its last measured iteration, or under a fault
+    timeline the iteration its first event starts in. The charts share one time axis, each
+    iteration's from its start, so a longer iteration draws longer. Returns the figures and,
+    per system, where its chart came from (or why there is none)."""
     model = spec.targets()[0].label
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
         return [], []
     worst = max(rows, key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0)))
     scenario = str(worst["scenario"])
+    timelines = [s.faults for s in spec.scenarios(spec.targets()[0]) if s.faults is not None]
+    first_fault = min((e.start_iteration for t in timelines for e in t.events), default=0)
     comms = {
         (r["system"], str(r["iteration"])): r["comm"]
         for r in iterations
@@ -129,7 +131,10 @@ def _gantt_charts(
             )
             continue
         drawn = sorted(r.iteration for r in timeline.iterations)
-        iteration = drawn[0] if _traced(worst) else drawn[-1]
+        iteration = drawn[-1]
+        if _traced(worst):  # the first one with a fault in force, the first event's start
+            faulted = [k for k in drawn if k >= first_fault]  # numbered as measured
+            iteration = faulted[0] if faulted else drawn[0]
         charts.append((system, iteration, timeline.one_iteration(iteration)))
         sources.append(
             f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"

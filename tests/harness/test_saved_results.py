@@ -131,7 +131,7 @@ def test_a_fault_timeline_keeps_the_iterations_around_each_event(tmp_path: Path)
     for system in ("1f1b", "zb"):
         path, iteration = sources[system]
         assert path.name == f"m_{system}_trace-two_r0.json"
-        assert iteration == 1  # a fault timeline's chart: its first drawn iteration
+        assert iteration == 2  # a fault timeline's chart: where its first event starts
         saved = _saved(path)
         # the last, and before/at each event (counted from the first measured iteration)
         assert [r.iteration for r in saved.iterations] == [1, 2, 4, 5, 7]
