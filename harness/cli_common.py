@@ -96,7 +96,7 @@ def schedule_options(func: F, *, refuses_system: bool = True) -> F:
     func = click.option(
         "--time-limit",
         "time_limit_s",
-        type=float,
+        type=click.FloatRange(min=0, min_open=True, max=86400),
         help=(
             "Wall-clock seconds for the exact solver: `milp` (default 30), `adaptra` (default:"
             " a deterministic solve of at most 150 ops only)."

@@ -25,7 +25,13 @@ __all__ = ["calibrate", "profile"]
     type=click.IntRange(min=1),
     help="Microbatches per iteration (default: 2 x stages).",
 )
-@click.option("--iterations", type=click.IntRange(min=1), default=3, help="Measured iterations.")
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measured iterations.",
+)
 @output_file_option(
     "--out",
     (".json",),

@@ -189,6 +189,11 @@ def run(
         from pipeline.runtime.megatron.model import get_preset, with_model_bytes
 
         profile = with_model_bytes(profile, get_preset(model or "tiny"))
+    if "seed" in given and backend != "megatron" and not faults_path:
+        raise ConfigError(
+            "--seed seeds a fault timeline's draws (--faults) and --backend megatron's model: "
+            "this run has neither, so it would change nothing"
+        )
     faults: FaultView = NO_FAULTS
     if faults_path:
         timeline = load_faults(Path(faults_path), seed)

@@ -223,12 +223,14 @@ class ExperimentSpec:
             )
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
-        if self.injection not in INJECTIONS or (
-            self.injection == "network" and self.backend == "sim"
-        ):
+        if self.injection not in INJECTIONS:
             raise ConfigError(
-                f"injection {self.injection!r}: valid are {', '.join(INJECTIONS)}; network "
-                "needs a runtime backend (emulated or megatron)"
+                f"unknown injection {self.injection!r}; valid: {', '.join(INJECTIONS)}"
+            )
+        if self.injection == "network" and self.backend == "sim":
+            raise ConfigError(
+                "injection network puts the faults in a testbed's network, which the simulator "
+                "has none of: give backend emulated or megatron"
             )
         if not self.models:
             raise ConfigError("the spec names no model")
