@@ -1,6 +1,6 @@
 """The paper's experiments in the simulator with the frozen cost model, next to its numbers.
 
-Runs every preset of harness/presets that the paper reports (Fig. 1, 15, 16, 17, the Table 3
+Runs every preset of harness/presets that the paper reports (Fig. 1, 3, 15, 16, 17, the Table 3
 trace) and prints, per preset, the median and max relative error; Fig. 16's by system; the
 orderings: every pair of systems in the same preset, model and scenario whose paper values
 differ by at least 10 % (of the smaller), and how many of them ours put in the paper's order;
