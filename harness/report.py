@@ -163,7 +163,12 @@ def _remove_stale_charts(run_dir: Path, drawn: set[str]) -> None:
 
 
 def _traced(row: Mapping[str, Any]) -> bool:
-    return str(row["scenario"]).startswith("trace:")
+    return _is_trace(str(row["scenario"]))
+
+
+def _is_trace(scenario: str) -> bool:
+    """Whether a scenario is a fault timeline's (`Scenario.name`)."""
+    return scenario.startswith("trace:")
 
 
 def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -203,7 +208,7 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
         )
     speedups = []
     for (model, scenario), steps in by_case.items():
-        if _traced({"scenario": scenario}):  # its slow iterations and restarts: throughput
+        if _is_trace(scenario):  # its slow iterations and restarts: by throughput
             per_sample = {s: 1.0 / x for s, x in throughputs[model, scenario].items() if x}
             others = {s: t for s, t in per_sample.items() if not s.startswith("adaptra")}
             ours = per_sample.get("adaptra")
