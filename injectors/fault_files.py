@@ -29,7 +29,11 @@ from pipeline.topology import Link
 
 __all__ = ["load_faults", "parse_faults", "parse_trace", "parse_yaml"]
 
-_NIC = re.compile(r"^host(\d+):([A-Za-z][\w-]*)$")
+_NIC = re.compile(r"host([0-9]+):([A-Za-z][A-Za-z0-9_-]*)")
+"""A NIC's name, matched whole, in ASCII (a regex's digit and word classes take other scripts')."""
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?")
+"""A decimal number as a file writes one (no `1_0`, no other scripts' digits, no nan)."""
 _PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
 _TARGETS = ("links", "hosts", "nic")
 MIN_BANDWIDTH_GBPS = 0.001
@@ -53,10 +57,10 @@ def parse_faults(text: str, path: str | Path, seed: int = 0) -> FaultModel:
 
 
 def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"fault row {row}: {name} {value!r} is not an integer") from None
+    text = str(value).strip()
+    if isinstance(value, bool) or not _INTEGER.fullmatch(text):
+        raise ConfigError(f"fault row {row}: {name} {value!r} is not an integer")
+    number = int(text)
     if number < 0:
         raise ConfigError(f"fault row {row}: {name} must be >= 0, got {number}")
     return number
@@ -66,14 +70,13 @@ def _ms(
     row: int, value: Any, name: str, scale: float = 1.0, *, inf: bool = False, unit: str = "ms"
 ) -> float:
     text = str(value).strip().lower()
-    try:
-        number = math.inf if inf and text == "inf" else float(text) * scale
-    except ValueError:
+    if inf and text == "inf":  # `inf` itself: a huge number is an error, not a failure
+        return math.inf
+    if isinstance(value, bool) or not _NUMBER.fullmatch(text):
         what = "a number or inf" if inf else "a number"
-        raise ConfigError(f"fault row {row}: {name} {value!r} is not {what}") from None
-    if number == math.inf and inf:
-        return number
-    if not 0 <= number <= MAX_DURATION_MS:
+        raise ConfigError(f"fault row {row}: {name} {value!r} is not {what}")
+    number = float(text) * scale
+    if not 0 <= number <= MAX_DURATION_MS:  # inf too (1e999, an overflow by `scale`)
         bound = " (inf: down)" if inf else ""
         raise ConfigError(
             f"fault row {row}: {name} must be in 0..{MAX_DURATION_MS / scale:.0f} {unit}{bound}, "
@@ -157,7 +160,7 @@ def _target(row: int, item: dict[str, Any], failure: bool) -> Target:
         if not ok or hosts[0] == hosts[1]:
             raise ConfigError(f"fault row {row}: hosts is a pair of two hosts, like [0, 1]")
         return Target(TargetKind.HOSTS, hosts=(min(hosts), max(hosts)))
-    match = _NIC.match(str(value))
+    match = _NIC.fullmatch(str(value))
     if match is None:
         raise ConfigError(f"fault row {row}: nic {value!r} is not like 'host1:rnic0'")
     return Target(TargetKind.NIC, hosts=(int(match.group(1)), 0), nic=match.group(2))
@@ -221,7 +224,7 @@ def parse_yaml(text: str, seed: int = 0) -> FaultModel:
     for row, item in enumerate(data, 1):
         if not isinstance(item, dict) or "start_iteration" not in item:
             raise ConfigError(f"fault row {row}: a mapping with start_iteration")
-        unknown = sorted(set(item) - set(_KEYS))
+        unknown = sorted(str(key) for key in set(item) - set(_KEYS))
         if unknown:
             raise ConfigError(
                 f"fault row {row}: unknown key(s) {', '.join(unknown)}; keys: {', '.join(_KEYS)}"

@@ -53,11 +53,25 @@ def parse_json_file(path: str | Path, what: str, parse: Callable[[Any], T]) -> T
 
 
 def load_yaml(text: str, what: str) -> Any:
-    """YAML (JSON too) read safely; a syntax error is one line with its place in the file."""
+    """YAML (JSON too) read safely; a syntax error, or a key given twice in one mapping (YAML
+    would keep the last silently), is one line with its place in the file."""
     import yaml  # loads slowly; most commands read no YAML
 
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                with contextlib.suppress(TypeError):  # unhashable: the base refuses it
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} given twice", key_node.start_mark
+                        )
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
+
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeys)  # a SafeLoader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or type(err).__name__

@@ -26,7 +26,8 @@ __all__ = ["DEFAULT_NICS", "Link", "LinkKind", "Position", "Topology", "link_nam
 
 DEFAULT_NICS = ("rnic0", "rnic1")
 
-_LINK = re.compile(r"^(?:(pp|dp)(\d+):)?(\d+)-(\d+)$")
+_LINK = re.compile(r"(?:(pp|dp)([0-9]+):)?([0-9]+)-([0-9]+)")
+"""A link's name, matched whole, in ASCII digits (a regex's digit class takes others too)."""
 
 
 class LinkKind(StrEnum):
@@ -66,7 +67,7 @@ class Link:
 
     @classmethod
     def parse(cls, text: str) -> Link:
-        match = _LINK.match(str(text).strip())
+        match = _LINK.fullmatch(str(text).strip())
         if match is None:
             raise ConfigError(
                 f"{text!r} is not a link: 'i-(i+1)' (PP, every replica), 'pp<replica>:i-(i+1)' "

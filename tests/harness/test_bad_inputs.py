@@ -354,7 +354,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "faults NaN at_ms",
         {**P, "f.yaml": row(at_ms=float("nan"))},
         [*RUN_P, "--faults", "f.yaml"],
-        "at_ms must be in",
+        "at_ms 'NaN' is not a number",
     ),
     (
         "faults float start",

@@ -258,7 +258,7 @@ def test_a_resume_keeps_the_first_git_revision_and_records_later_ones(
         ({"restart_ms": "5"}, "restart_ms must be a number"),
         ({"transport_timeout_s": None}, "transport_timeout_s must be a number"),
         ({"systems": (["1f1b"],)}, "systems must be a list of names"),
-        ({"injection": "network"}, "network needs a runtime backend"),
+        ({"injection": "network"}, "injection network puts the faults in a testbed.s network"),
         ({"transport_timeout_s": 0.0}, "transport_timeout_s must be > 0 s"),
         ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
         ({"name": "../outside"}, "spec name '../outside' must be a single path component"),

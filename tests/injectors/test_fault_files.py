@@ -84,6 +84,13 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
         ("5;2_3;slow", "fault row 1: delay 'slow' is not a number"),
         ("-1;2_3;0.01", "fault row 1: start iteration must be >= 0"),
         ("5;;0.03", "fault row 1: a delay needs at least one link"),
+        # A huge number is no failure (only `inf` is): 1e306 s overflowed to inf in ms.
+        ("0;0_1;1e306", r"fault row 1: delay must be in 0..3600 s \(inf: down\), got '1e306'"),
+        ("0;0_1;Infinity", "fault row 1: delay 'Infinity' is not a number or inf"),
+        ("0;0_1;nan", "fault row 1: delay 'nan' is not a number or inf"),
+        ("\u0663;0_1;0.01", "fault row 1: start iteration '\u0663' is not an integer"),
+        ("1_0;0_1;0.01", "fault row 1: start iteration '1_0' is not an integer"),
+        ("3;\u0661_\u0662;0.01", "is not a PP link"),
     ],
 )
 def test_bad_trace_rows_are_named(text: str, message: str) -> None:
@@ -122,6 +129,16 @@ def test_targets_and_iterations_are_checked_against_the_run() -> None:
         ("- {start_iteration: 1, links: ['0-1'], down: yes please}", "down takes true"),
         ("- {start_iteration: 1, links: ['0-1'], distribution: {normal: 3}}", "distribution is"),
         ("- [unclosed", "not valid YAML"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: 1e999}", "must be in 0..3600000"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: '+Infinity'}", "not a number or inf"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: '1_0'}", "'1_0' is not a number"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: 5, 3: 4}", "unknown key\\(s\\) 3;"),
+        (
+            "- {start_iteration: 0, links: ['0-1'], delay_ms: 5, delay_ms: 500}",
+            "not valid YAML at line 1, column 53: key 'delay_ms' given twice",
+        ),
+        ("- {start_iteration: 0, nic: 'host1:rnic0\\n', down: true}", "not like 'host1:rnic0'"),
+        ("- {start_iteration: 0, links: ['\u0661-\u0662'], delay_ms: 5}", "is not a link"),
     ],
 )
 def test_bad_yaml_is_named(text: str, message: str) -> None:
