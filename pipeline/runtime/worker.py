@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -727,7 +728,9 @@ def worker_main(
 ) -> None:
     """Process entry point; reports ready (with its delegates' pids and its devices), then
     answers one command per iteration. A failure (in start-up or an iteration) is reported
-    as a `RemoteError` and ends the worker."""
+    as a `RemoteError` and ends the worker. It ignores SIGINT: a terminal's Ctrl-C reaches
+    every process of the job, and the controller, which gets it too, ends the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     configure_threads()
     stage, replica = rank % num_stages, rank // num_stages

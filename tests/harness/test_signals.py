@@ -60,6 +60,7 @@ def _emulated_run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # a process group of its own, as a terminal's job is
     )
     try:
         deadline = time.monotonic() + 120  # start-up under load
@@ -103,6 +104,24 @@ def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
     assert err.strip().splitlines() == [line]
     assert list(scratch.iterdir()) == []  # the pool's rendezvous, checkpoints, fork server's
     deadline = time.monotonic() + 10  # orphans are reaped by init, not at once
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in workers)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_ctrl_c_to_the_whole_job_is_one_line(tmp_path: Path, short_tmp: Path) -> None:
+    """A terminal's Ctrl-C signals every process of the job, the workers too: they leave the
+    ending to the run (each printed a KeyboardInterrupt traceback), which says one line."""
+    with _emulated_run(tmp_path, short_tmp, 2) as (run, workers):
+        time.sleep(0.5)  # inside the iterations
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGINT
+    assert err.strip().splitlines() == ["interrupted (SIGINT)"]
+    assert list(short_tmp.iterdir()) == []
+    deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in workers)
