@@ -61,7 +61,8 @@ def measure(
             timeout=timeout_s + 30,
         )
         if out.returncode != 0:
-            raise ConnectionError(out.stderr.strip().splitlines()[-1])
+            said = out.stderr.strip().splitlines() or [f"exited with {out.returncode}, silent"]
+            raise ConnectionError(f"the probe client on host {src}: {said[-1]}")
         return float(out.stdout)
     finally:
         server.kill()

@@ -169,6 +169,10 @@ class Testbed:
         return f"10.{plane + 1}.0.{host + 1}"
 
     def __enter__(self) -> Testbed:
+        # pyroute2 loaded before the handlers: a signal in its first import left it half
+        # initialised, and the teardown's own import of it then failed.
+        from pyroute2 import IPRoute, netns  # noqa: F401
+
         if threading.current_thread() is threading.main_thread():  # else none can be set
             for signum in HELD_SIGNALS:  # SIGINT's default already unwinds (KeyboardInterrupt)
                 if signal.getsignal(signum) in (signal.SIG_DFL, None):  # else its owner unwinds

@@ -148,12 +148,14 @@ class WorkerPool:
         self._busy = True
         self._placement = self._grid
         try:  # from the first folder on: a signal at any point leaves nothing behind
-            self._tmpdir = make_folder(POOL_PREFIX)
+            with held_signals():  # each folder recorded as it is made: close() removes it
+                self._tmpdir = make_folder(POOL_PREFIX)
             init_file = str(Path(self._tmpdir) / "rendezvous")
             # The delegates' slot files: in memory where there is /dev/shm, else with the
             # rest; the pool's own, so close() removes them whatever happened to the workers.
             memory = os.path.isdir("/dev/shm") and self.delegates is not None
-            self._slot_dir = make_folder(SLOTS_PREFIX, "/dev/shm") if memory else self._tmpdir
+            with held_signals():
+                self._slot_dir = make_folder(SLOTS_PREFIX, "/dev/shm") if memory else self._tmpdir
             for rank in range(self.num_ranks):
                 parent, child = multiprocessing.get_context("spawn").Pipe()
                 args = (

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pipeline.processes import process_start_time
+from pipeline.signals import held_signals
 
 __all__ = ["CHECKPOINTS_PREFIX", "POOL_PREFIX", "SLOTS_PREFIX", "make_folder", "remove_orphaned"]
 
@@ -22,10 +23,14 @@ _OWNER = ".owner"
 
 
 def make_folder(prefix: str, parent: str | None = None) -> str:
-    """A new folder (in `parent`, default the temporary folder) marked as this process's."""
-    folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
-    pid = os.getpid()
-    Path(folder, _OWNER).write_text(f"{pid} {process_start_time(pid)}\n")
+    """A new folder (in `parent`, default the temporary folder) marked as this process's; a
+    signal is held until it has its mark (a folder without one is never removed by
+    `remove_orphaned`). A caller that must remove it holds signals across the call and
+    the folder's record too."""
+    with held_signals():
+        folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        pid = os.getpid()
+        Path(folder, _OWNER).write_text(f"{pid} {process_start_time(pid)}\n")
     return folder
 
 

@@ -565,3 +565,33 @@ def test_a_closed_pool_says_so() -> None:
     pool = WorkerPool(2)
     with pytest.raises(WorkerError, match="not running"):
         pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+
+
+def test_a_signal_while_the_pool_makes_its_folder_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arrives between the folder and its mark (here: sent by the mark's own lookup):
+    it is held until the folder is marked and recorded, then ends the start, and the pool
+    removes the folder (before, it stayed unmarked, where `cleanup` never looks)."""
+    import pipeline.runtime.scratch as scratch
+
+    real = scratch.process_start_time
+
+    def signalled(pid: int) -> int | None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(pid)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(scratch, "process_start_time", signalled)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        pool = WorkerPool(2, timeout_s=20)
+        with pytest.raises(SystemExit) as ended:
+            pool.start()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert ended.value.code == 128 + signal.SIGTERM
+    assert list(tmp_path.iterdir()) == []
