@@ -115,6 +115,8 @@ def cleanup(prefix: str = "adb-", directory: Path = OWNER_DIR) -> CleanupReport:
             try:
                 netns.remove(name)
                 removed.append(name)
+            except FileNotFoundError:
+                pass  # gone meanwhile (another cleanup, or its owner's late teardown)
             except OSError as err:
                 failed.append((name, err.strerror or str(err)))
     present = set(netns.listnetns())

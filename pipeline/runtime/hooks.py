@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import multiprocessing.util
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 
 from pipeline.errors import ConfigError, LinkFailure, RouteDown
 from pipeline.faults import NO_FAULTS, IterationFaults
+from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
 
@@ -136,6 +138,7 @@ def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
     )
     try:
         process.start()
+        mark_folder(multiprocessing.util.get_temp_dir())  # the fork server's socket: cleanup
     except OSError as err:  # the fork server's socket lives under the temporary folder
         if "AF_UNIX path too long" not in str(err):
             raise

@@ -13,9 +13,20 @@ from pathlib import Path
 from pipeline.processes import process_start_time
 from pipeline.signals import held_signals
 
-__all__ = ["CHECKPOINTS_PREFIX", "POOL_PREFIX", "SLOTS_PREFIX", "make_folder", "remove_orphaned"]
+__all__ = [
+    "CHECKPOINTS_PREFIX",
+    "FORK_SERVER_PREFIX",
+    "POOL_PREFIX",
+    "SLOTS_PREFIX",
+    "make_folder",
+    "mark_folder",
+    "remove_orphaned",
+]
 
 POOL_PREFIX, SLOTS_PREFIX = "adaptra-pool-", "adaptra-slots-"
+FORK_SERVER_PREFIX = "pymp-"
+"""multiprocessing's folder of the process that starts the workers' fork server (its socket):
+the workers' launch marks it (pipeline.runtime.hooks); an unmarked one is another's."""
 CHECKPOINTS_PREFIX = "adaptra-checkpoints-"
 """A training engine's checkpoints (pipeline.engines.runtime): a model's state per stage."""
 _OWNER = ".owner"
@@ -29,20 +40,28 @@ def make_folder(prefix: str, parent: str | None = None) -> str:
     the folder's record too."""
     with held_signals():
         folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        pid = os.getpid()
-        Path(folder, _OWNER).write_text(f"{pid} {process_start_time(pid)}\n")
+        mark_folder(folder)
     return folder
 
 
+def mark_folder(folder: str) -> None:
+    """Mark `folder` as this process's (once: a folder marked already keeps its mark), so
+    that `remove_orphaned` removes it once this process is gone."""
+    mark = Path(folder, _OWNER)
+    if not mark.exists():
+        pid = os.getpid()
+        mark.write_text(f"{pid} {process_start_time(pid)}\n")
+
+
 def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
-    """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm)
-    whose process no longer runs; the removed ones. A folder without its mark (being made,
-    or of another version) is left."""
+    """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm),
+    and the fork server's, whose process no longer runs; the removed ones. A folder without
+    its mark (being made, of another version, another program's `pymp-`) is left."""
     if parents is None:
         parents = [tempfile.gettempdir(), "/dev/shm"]
     removed = []
     for parent in parents:
-        for prefix in (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX):
+        for prefix in (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX, FORK_SERVER_PREFIX):
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
                 try:
                     pid, start_time = Path(folder, _OWNER).read_text().split()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from injectors.ownership import OwnerRecord
-from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, POOL_PREFIX, make_folder
+from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, POOL_PREFIX, make_folder, remove_orphaned
 
 
 def _descendants(pid: int) -> set[int]:
@@ -177,8 +177,10 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     tmp_path: Path, short_tmp: Path
 ) -> None:
     """SIGKILL leaves the controller no chance to clean up: its workers end without a
-    traceback (their pipe to it broke), and `cleanup` removes its pool's folder, whose
-    process is gone, and leaves a live one's."""
+    traceback (their pipe to it broke), and `cleanup`'s folder part (`remove_orphaned`, on
+    this test's folder alone: the command's namespace part would race other tests' own
+    leftovers) removes its pool's folder and its fork server's, whose process is gone, and
+    leaves a live one's."""
     with _emulated_run(tmp_path, short_tmp, 4) as (run, workers):
         time.sleep(1.0)  # inside the iterations
         run.kill()
@@ -189,18 +191,12 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     assert not any(_alive(pid) for pid in workers)
     assert "Traceback" not in err, err
     (left,) = short_tmp.glob("adaptra-pool-*")
+    (server,) = short_tmp.glob("pymp-*")  # the fork server's socket folder
+    other = short_tmp / "pymp-another-program"  # unmarked: not ours to remove
+    other.mkdir()
     live = make_folder(POOL_PREFIX, str(short_tmp))  # this process's: it runs
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "cleanup"],
-        env={**os.environ, "TMPDIR": str(short_tmp)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    first = done.stdout.splitlines()[0]  # (with any other dead run's in /dev/shm)
-    assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
-    assert not left.exists() and Path(live).is_dir()
+    assert sorted(remove_orphaned([str(short_tmp)])) == sorted([left, server])
+    assert sorted(p.name for p in short_tmp.iterdir()) == sorted([Path(live).name, other.name])
 
 
 @pytest.mark.multiprocess
@@ -208,8 +204,8 @@ def test_cleanup_removes_a_killed_megatron_run_s_checkpoints(
     tmp_path: Path, short_tmp: Path
 ) -> None:
     """A megatron run saves a checkpoint after its warm-up iteration (the first restart
-    point); killed, it leaves the folder, which `cleanup` removes as its owner is gone (a
-    live process's checkpoints stay)."""
+    point); killed, it leaves the folder, which `cleanup`'s folder part removes as its owner
+    is gone (a live process's checkpoints stay; on this test's folder alone, as above)."""
     pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
@@ -230,16 +226,7 @@ def test_cleanup_removes_a_killed_megatron_run_s_checkpoints(
     left = saved[0].parents[1]
     assert left.name.startswith("adaptra-checkpoints-megatron-")
     live = make_folder(CHECKPOINTS_PREFIX, str(short_tmp))  # this process's: it runs
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "cleanup"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    first = done.stdout.splitlines()[0]
-    assert first.startswith("removed ") and str(left) in first.split(": ")[1].split(", ")
+    assert left in remove_orphaned([str(short_tmp)])
     assert not left.exists() and Path(live).is_dir()
 
 

@@ -461,6 +461,41 @@ def test_cleanup_reports_a_namespace_it_could_not_remove(monkeypatch: pytest.Mon
     assert not (OWNER_DIR / f"{name}.json").exists()
 
 
+def test_a_namespace_another_cleanup_removed_meanwhile_is_no_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two cleanups at once (a test's and a user's): one finds a namespace gone as it
+    removes it, which is neither removed by it nor a failure (it exited 1 before)."""
+    from pyroute2 import netns
+
+    script = textwrap.dedent("""
+        import sys
+        from injectors.testbed import Testbed
+        bed = Testbed(1, prefix=sys.argv[1])
+        bed.build()
+        print(bed.name, flush=True)
+    """)  # exits without teardown: a leftover
+    prefix = f"adb-race{os.getpid()}-"
+    out = subprocess.run([sys.executable, "-c", script, prefix], capture_output=True, text=True)
+    name = out.stdout.strip()
+    real_remove = netns.remove
+
+    def raced(namespace: str) -> None:
+        real_remove(namespace)
+        if namespace.endswith("-sw"):  # the other cleanup was first
+            raise FileNotFoundError(2, "No such file or directory", namespace)
+
+    try:
+        monkeypatch.setattr(netns, "remove", raced)
+        report = cleanup(prefix=prefix)
+    finally:
+        monkeypatch.undo()
+        cleanup(prefix=prefix)
+    assert (report.removed, report.failed) == ((f"{name}-h0",), ())
+    assert not any(n.startswith(prefix) for n in _namespaces())
+    assert not (OWNER_DIR / f"{name}.json").exists()
+
+
 def test_a_delay_wire_delays_its_pair_only() -> None:
     """2 x 20 ms one way: load only adds to a round trip, so a floor proves the delay, and
     the other pair and plane staying under the half of it prove it is this pair's only."""
