@@ -1,6 +1,7 @@
 """Adaptra's controller from measurements in real runs: faults the workers cannot see (the
 testbed's network) found, adapted to by the next iterations and reverted after recovery,
-with the same decisions as the simulator's and no false alarms under load."""
+with the same decisions as the simulator's (no false alarm under load: the detector's own
+tests, on timelines with a load's late stamps, and BENCHMARKS.md beside busy processes)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import dataclasses
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 
 import pytest
 
@@ -113,23 +112,6 @@ def test_the_profiles_delay_and_the_same_delay_in_the_network_give_the_same_deci
         estimates_ms = [d.detected_ms["1-2"] for d in result.decisions]
         assert 28.5 <= statistics.median(estimates_ms) <= 60.0, estimates_ms
         assert all(24.0 <= e <= 60.0 for e in estimates_ms), estimates_ms
-
-
-def test_no_false_alarm_in_60_healthy_iterations_beside_two_busy_processes() -> None:
-    """On a loaded host receivers stamp late; the detector calls a link slow only when most
-    of a direction's messages are late (its lower quartile: adaptra.control.detector). With
-    the median as the evidence, CI once saw a false alarm here."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        result = _run(PROFILE, NO_FAULTS, 60, "emulated", "hook")
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-    alarms = [(k, d.detected_ms) for k, d in enumerate(result.decisions) if d.detected_ms]
-    assert alarms == []
-    assert {d.policy for d in result.decisions} == {"adaptra-initial"}
-    assert {c for d in result.decisions for c in d.comm.values()} == {"direct"}
 
 
 def test_two_slow_links_at_different_delays_are_told_apart() -> None:
