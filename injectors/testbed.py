@@ -111,7 +111,13 @@ def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
         netns.popns()
 
 
-def _tell(wire: WireProcess, word: object, answer: str, wait_s: float) -> None:
+WIRE_ANSWER_S = 60.0
+"""How long a wire process may take to start or to answer a state: a hang guard, not a
+timing (quiet, a wire starts in 0.25 s and answers in well under a millisecond; one beside
+busy processes took more than 10 s to start)."""
+
+
+def _tell(wire: WireProcess, word: object, answer: str, wait_s: float = WIRE_ANSWER_S) -> None:
     """`WireProcess.tell`, its failure a TestbedError."""
     try:
         wire.tell(word, answer, wait_s)
@@ -470,7 +476,7 @@ class Testbed:
         `set_wire` makes a new one)."""
         wire = self._wires[self._wire_of[key]]
         try:
-            _tell(wire, ("state", at, forward, backward), "ok", 5.0)
+            _tell(wire, ("state", at, forward, backward), "ok")
         except TestbedError:
             del self._wire_of[key]
             wire.kill()
@@ -491,8 +497,8 @@ class Testbed:
             self._wires.append(wire)
             wire.start()
         try:
-            _tell(wire, None, "ready", 10.0)
-            _tell(wire, ("state", 0.0, *first), "ok", 5.0)
+            _tell(wire, None, "ready")
+            _tell(wire, ("state", 0.0, *first), "ok")
             self._wire_of[key] = index
             for here, there in ((host_a, host_b), (host_b, host_a)):
                 if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
