@@ -1,6 +1,3 @@
-import json
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -125,10 +122,3 @@ def test_hand_broken_schedules_are_rejected(profile, build, how, stage_seed, pos
     expected = {"drop": "is missing", "duplicate": "more than once", "reorder": "deadlock"}[how]
     with pytest.raises(ScheduleError, match=expected):
         validate_schedule(broken, profile.num_stages, profile.num_microbatches)
-
-
-def test_fixture_copy_matches_shared(fig4_fixture: dict) -> None:
-    shared = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "fig4_zb_order.json"
-    if not shared.exists():
-        pytest.skip(f"{shared} is not beside this checkout")
-    assert json.loads(shared.read_text()) == fig4_fixture
