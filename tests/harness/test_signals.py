@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from injectors.ownership import OwnerRecord
+from injectors.ownership import OwnerRecord, cleanup
 from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, POOL_PREFIX, make_folder, remove_orphaned
 
 
@@ -163,9 +163,15 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
         run.send_signal(signal.SIGHUP)
         _, err = run.communicate(timeout=60)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+        if run.poll() is None:  # failed before its end: let it tear its testbed down
+            run.terminate()
+            try:
+                run.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.wait()
+                if made:  # its namespaces, by their testbed's own prefix
+                    cleanup(prefix=min(made).rsplit("-", 1)[0] + "-")  # <bed>-sw, -h0, ..
     assert run.returncode == 128 + signal.SIGHUP
     assert err.strip().splitlines() == ["terminated (SIGHUP)"]
     assert not made & _namespaces() and not _owned_by(run.pid)  # and its record is gone
