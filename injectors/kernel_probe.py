@@ -47,7 +47,6 @@ def probe_kernel() -> dict[str, tuple[bool, str]]:
     except Exception as err:
         owner.remove()
         return {"namespaces": (False, f"could not create one ({_reason(err)})")}
-    found["namespaces"] = (True, "created and removed one")
     try:
         with IPRoute(netns=name, flags=0) as ipr:
             for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
@@ -73,8 +72,17 @@ def probe_kernel() -> dict[str, tuple[bool, str]]:
                 except Exception as err:
                     found[kind] = (False, _failure(kind, what, err))
     finally:
-        netns.remove(name)
-        owner.remove()
+        try:
+            netns.remove(name)
+        except Exception as err:  # its owner record stays: `cleanup` removes it later
+            found["namespaces"] = (
+                False,
+                f"created one but could not remove it ({_reason(err)}): "
+                "`adaptra-bench cleanup` removes it",
+            )
+        else:
+            found["namespaces"] = (True, "created and removed one")
+            owner.remove()
     return found
 
 

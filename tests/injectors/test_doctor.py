@@ -190,3 +190,40 @@ def test_the_real_probe_details_are_words() -> None:
             assert not detail.startswith("("), detail
             module = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}[kind]
             assert detail == f"no {module} in this kernel (No such file or directory)"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+def test_a_probe_namespace_it_could_not_remove_is_said_and_left_to_cleanup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The probe's removal fails (a busy namespace): the check says so instead of the
+    command crashing, and its owner record stays, so that `cleanup` removes it once the
+    probing process is gone (while it runs, here, the namespace is in use)."""
+    from pyroute2 import netns
+
+    from injectors.kernel_probe import probe_kernel
+    from injectors.ownership import OwnerRecord, cleanup
+
+    before = _namespaces()
+    real_remove = netns.remove
+
+    def busy(name: str) -> None:
+        raise OSError(16, "Device or resource busy")
+
+    monkeypatch.setattr(netns, "remove", busy)
+    try:
+        found = probe_kernel()
+    finally:
+        monkeypatch.setattr(netns, "remove", real_remove)
+    ok, detail = found["namespaces"]
+    assert not ok and detail.startswith("created one but could not remove it (")
+    (left,) = _namespaces() - before
+    try:
+        report = cleanup(prefix=left)
+        assert report.left == ((left, f"in use: its testbed's process {os.getpid()} still runs"),)
+    finally:
+        netns.remove(left)
+        for record in OwnerRecord.read_all():
+            if left in record.namespaces:
+                record.remove()
+    assert left not in _namespaces()
