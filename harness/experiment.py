@@ -191,8 +191,12 @@ def _blind_warning(config: Configuration) -> str | None:
 def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:
     """A resume runs the experiment `run_dir` holds (`previous`, its spec.json), no other:
     every field of the spec, the fault timeline's text and the calibration's costs included
-    (a file edited since is another experiment)."""
+    (a file edited since is another experiment). The files' folders are not (a checkout
+    moved, or the spec and its files copied elsewhere): where spec.json keeps what they held,
+    their names only."""
     before, now = previous["spec"], json.loads(json.dumps(record["spec"]))
+    if previous["spec_version"] >= 2:
+        before, now = _without_folders(before), _without_folders(now)
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
     if not changed:
         return
@@ -205,6 +209,13 @@ def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict
     raise ConfigError(
         f"{run_dir} holds a different experiment ({', '.join(changed)} changed); pick a new run id"
     )
+
+
+def _without_folders(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with its fault timeline's and calibration's file names in place of their paths
+    (their contents are kept beside them: `faults_text`, `calibration_costs`)."""
+    names = {key: Path(spec[key]).name for key in ("faults", "calibration") if spec.get(key)}
+    return {**spec, **names}
 
 
 def _revisions(previous: dict[str, Any], now: str) -> dict[str, Any]:

@@ -547,3 +547,20 @@ def test_an_experiment_warns_once_where_adaptra_s_detector_has_no_healthy_link(
         "every PP link here is delayed from the first iteration: it will see none slow (delay "
         "some of the links only, or start the delay later with a fault timeline)"
     ]
+
+
+def test_a_spec_and_its_files_copied_elsewhere_resume_the_same_run(tmp_path: Path) -> None:
+    """The spec, its fault timeline and its calibration in another folder (another checkout):
+    the same experiment, resumed, where spec.json keeps what the files held; the same copy
+    with a changed timeline is another experiment."""
+    run_dir = _faults_run(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for name in ("s.yaml", "f.yaml", "host.json"):
+        shutil.copy(tmp_path / name, elsewhere / name)
+    before = (run_dir / "runs.csv").read_text()
+    run_experiment(load_spec(elsewhere / "s.yaml"), run_dir)  # done: nothing runs again
+    assert (run_dir / "runs.csv").read_text() == before
+    (elsewhere / "f.yaml").write_text("- {start_iteration: 1, links: ['0-1'], delay_ms: 6}\n")
+    with pytest.raises(ConfigError, match="holds a different experiment \\(faults_text changed\\)"):
+        run_experiment(load_spec(elsewhere / "s.yaml"), run_dir)
