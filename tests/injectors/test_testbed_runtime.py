@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import statistics
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
+from tests.fidelity import HANG
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -27,17 +29,28 @@ delays the wire's process through one or two of them (with two measured, one suc
 once moved a median from 180 to 428 ms beside another test's workers)."""
 
 
+def _ms(schedule: Schedule, profile: Profile, mode: CommMode) -> float:
+    return compute_metrics(simulate(schedule, profile, mode)).iteration_time_ms
+
+
 def _assert_delayed_alike(
-    by_network: float, by_hook: float, schedule: Schedule, delayed: Profile
+    by_network: list[float], by_hook: list[float], schedule: Schedule, delayed: Profile
 ) -> None:
-    """Both runs pay the delay: load only adds time, so the simulator's times with the delay
-    are floors (ideal: the network delays arrivals only; direct: the hook also holds the
-    sender), and the network run is not far off the hook's (within 10 % quiet: BENCHMARKS.md).
-    Without the delay both would take 75 ms."""
-    ideal = compute_metrics(simulate(schedule, delayed, CommMode.IDEAL)).iteration_time_ms
-    direct = compute_metrics(simulate(schedule, delayed, CommMode.DIRECT)).iteration_time_ms
-    assert by_network >= 0.98 * ideal and by_hook >= 0.98 * direct, (by_network, by_hook)
-    assert 0.67 < by_network / by_hook < 1.5, (by_network, by_hook)
+    """Both runs (their measured iterations) pay the delay once: load only adds time, so the
+    simulator's times with the delay are floors of their medians (ideal: the network delays
+    arrivals only; direct: the hook also holds the sender; without the delay both would take
+    75 ms), and the fastest iteration of each (load cannot lower a minimum) is below the
+    floor the delay paid twice would set. The network run is within 10 % of the hook's on a
+    quiet machine (BENCHMARKS.md); a ratio of the two, measured one after the other, is not
+    bounded (a busy neighbour once moved a median 2.4x): above, each median only by a hang
+    guard."""
+    ideal, direct = _ms(schedule, delayed, CommMode.IDEAL), _ms(schedule, delayed, CommMode.DIRECT)
+    twice = delayed.with_delays([2 * d for d in delayed.delay_ms])
+    network, hook = statistics.median(by_network), statistics.median(by_hook)
+    assert network >= 0.98 * ideal and hook >= 0.98 * direct, (by_network, by_hook)
+    assert min(by_network) < _ms(schedule, twice, CommMode.IDEAL), by_network  # 235 ms here
+    assert min(by_hook) < _ms(schedule, twice, CommMode.DIRECT), by_hook  # 275 ms here
+    assert max(network, hook) < HANG * direct, (by_network, by_hook, direct)
 
 
 def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
@@ -57,11 +70,14 @@ def test_a_bandwidth_cap_slows_the_run_as_bytes_over_rate_predict() -> None:
             ]
     capped = Profile.uniform(2, 4, 5, 5, 5, message_bytes=MIB, link_bandwidth_gbps=0.1)
     predicted = compute_metrics(simulate(schedule, capped, CommMode.DIRECT)).iteration_time_ms
-    measured = statistics.median(times[1:])  # after the warm-up iteration
     assert predicted > 400  # the cap dominates: the free-wire prediction is 75 ms
     # Load only adds time: the cap sets a floor, less the first frame of each message that
-    # htb lets through at once (9,000 bytes: 0.7 ms of 84 here). bench_injectors.py.
-    assert 0.95 * predicted <= measured < 1.5 * predicted, (measured, predicted)
+    # htb lets through at once (9,000 bytes: 0.7 ms of 84 here). bench_injectors.py. Above
+    # it, the fastest iteration (load cannot lower a minimum) is near the prediction: an
+    # overcount of the cap (per direction twice, or in Mbyte/s) would double it at least.
+    measured = times[1:]  # after the warm-up iteration
+    assert 0.95 * predicted <= statistics.median(measured), (measured, predicted)
+    assert min(measured) < 1.5 * predicted, (measured, predicted)
 
 
 def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -> None:
@@ -71,21 +87,21 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
     profile = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8 << 10)
     schedule = one_f_one_b(profile)
 
-    def median_ms(pool: WorkerPool, hook_profile: Profile, first: int) -> float:
+    def measured_ms(pool: WorkerPool, hook_profile: Profile) -> list[float]:
         times = [
             compute_metrics(
                 pool.run_iteration(IterationConfig(i, schedule, hook_profile)), i
             ).iteration_time_ms
-            for i in range(first, first + 1 + _MEASURED)
+            for i in range(1 + _MEASURED)
         ]
-        return statistics.median(times[1:])
+        return times[1:]  # after the warm-up iteration
 
     with Testbed(2) as bed:
         with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
-            by_hook = median_ms(pool, profile.with_delays([20.0]), 0)
+            by_hook = measured_ms(pool, profile.with_delays([20.0]))
         bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=20))
         with WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
-            by_network = median_ms(pool, profile, 0)
+            by_network = measured_ms(pool, profile)
     _assert_delayed_alike(by_network, by_hook, schedule, profile.with_delays([20.0]))
 
 
@@ -96,7 +112,6 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
     import sys
 
     from injectors.ownership import OwnerRecord
-    from injectors.testbed import PREFIX
 
     profile = tmp_path / "p.json"
     profile.write_text(
@@ -113,29 +128,46 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
         )
     )
 
-    def testbeds() -> set[str]:
-        """The testbed namespaces no live process owns (a live one's is another test's)."""
+    def namespaces() -> set[str]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        live = {n for r in OwnerRecord.read_all() if r.owner_alive() for n in r.namespaces}
-        names = {line.split()[0] for line in listed.splitlines() if line.startswith(PREFIX)}
-        return names - live
+        return {line.split()[0] for line in listed.splitlines() if line.strip()}
 
-    before = testbeds()  # (another run's leftovers on this machine are not this one's)
+    def owned_by(pid: int) -> set[str]:
+        """The namespaces whose testbed's owner record names process `pid` (another test's
+        testbeds, and another run's leftovers, are not this run's)."""
+        return {n for r in OwnerRecord.read_all() if r.pid == pid for n in r.namespaces}
 
-    def median_ms(injection: str) -> float:
-        out = subprocess.run(
+    def measured_ms(injection: str) -> tuple[list[float], set[str]]:
+        """The run's measured iterations, and the namespaces its testbed made (seen while
+        it ran); checks that they are gone, with their owner record, once it ends."""
+        run = subprocess.Popen(
             [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--profile",
              str(profile), "--policy", "1f1b", "--iterations", "5", "--format", "json",
              "--inject", injection],
-            capture_output=True, text=True, timeout=120,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        return float(json.loads(out.stdout)["median_iteration_ms"])
+        made: set[str] = set()
+        deadline = time.monotonic() + 120
+        try:
+            while run.poll() is None and time.monotonic() < deadline:
+                made |= owned_by(run.pid)
+                time.sleep(0.05)
+            out, err = run.communicate(timeout=1)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        assert run.returncode == 0, err
+        assert not made & namespaces() and not owned_by(run.pid)  # the testbed is gone
+        return [float(t) for t in json.loads(out)["iteration_times_ms"]], made
 
-    by_network, by_hook = median_ms("network"), median_ms("hook")
+    (by_network, made), (by_hook, none) = measured_ms("network"), measured_ms("hook")
+    # a testbed of a switch and two hosts (and maybe a probe of the kernel's netem); none
+    # for the hook
+    assert {"sw", "h0", "h1"} <= {n.rsplit("-", 1)[1] for n in made} and none == set(), made
+    assert len(by_network) == len(by_hook) == 5
     slow = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8192).with_delays([20.0])
     _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow)
-    assert testbeds() <= before  # the testbed is gone
 
 
 def test_run_caps_the_network_at_a_profile_s_float_bandwidth(tmp_path) -> None:
