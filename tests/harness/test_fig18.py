@@ -13,6 +13,7 @@ from injectors.fault_files import parse_yaml
 from injectors.fault_model import FaultModel
 from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.profile import Profile
+from pipeline.timeline import SwapRecord
 
 pytestmark = pytest.mark.multiprocess
 
@@ -33,6 +34,14 @@ def phased_faults(phases: tuple[tuple[int, int, int], ...]) -> FaultModel:
         for d, a, b in phases
     )
     return parse_yaml(f"[{rows}]")
+
+
+def _undoes(later: list[SwapRecord], first: list[SwapRecord]) -> bool:
+    """`later` is one move back of each worker that moved in `first`, to where it was."""
+    back = {r.pid: (r.stage_to, r.replica_to) for r in later}
+    return len(later) == len(back) == 2 and back == {
+        r.pid: (r.stage_from, r.replica_from) for r in first
+    }
 
 
 PHASES = ((10, 2, 11), (20, 11, 14), (30, 14, 17))
@@ -73,8 +82,13 @@ def test_fig18_systems_in_emulated_runs() -> None:
                     assert min(run.wall_times_ms[first:end]) >= CHUNKS_EACH_WAY * delay_ms
                 continue
             # one swap, of two workers, while the link is at 10 ms
-            assert len(swaps) == 2 and len({r.iteration for r in swaps}) == 1
-            assert 1 + 2 < swaps[0].iteration < 1 + 8
+            swapped_at = min(r.iteration for r in swaps)
+            first = [r for r in swaps if r.iteration == swapped_at]
+            assert len(first) == 2 and 1 + 2 < swapped_at < 1 + 8, swaps
+            later = [r for r in swaps if r.iteration > swapped_at]
+            # Falcon judges its swap by the one iteration after it (no faster than those
+            # before: undone); a preempted iteration there may undo it: the same two move back.
+            assert later == [] or (system == "falcon" and _undoes(later, first)), swaps
             if system.startswith("adaptra"):
                 for decision in run.decisions[PHASES[0][2] :]:  # the 20 and 30 ms phases
                     assert set(decision.comm.values()) == {"delegated"}, decision
