@@ -2,6 +2,8 @@
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -13,7 +15,11 @@ from pipeline.runtime.transport import ACTIVATION, GRADIENT
 class _Receive:
     """A posted receive that completes when the test says so (or fails with `error`)."""
 
+    made: ClassVar[list["_Receive"]] = []
+    """Every one made in the running test (`_no_receiver_left` releases them)."""
+
     def __init__(self, error: Exception | None = None) -> None:
+        _Receive.made.append(self)
         self.entered = threading.Event()
         self.release = threading.Event()
         self.error = error
@@ -30,6 +36,29 @@ class _Receive:
 
 def _receiver_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("receiver of ")]
+
+
+@pytest.fixture(autouse=True)
+def _no_receiver_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that fails midway leaves no thread waiting (the next tests assert that none
+    runs): every stand-in receive it made is released, every receiver it started stopped."""
+    started: list[Receiver] = []
+    start = Receiver.start
+
+    def recorded(receiver: Receiver) -> None:
+        started.append(receiver)
+        start(receiver)
+
+    monkeypatch.setattr(Receiver, "start", recorded)
+    _Receive.made.clear()
+    try:
+        yield
+    finally:
+        for receive in _Receive.made:
+            receive.release.set()
+        _Receive.made.clear()
+        for receiver in started:
+            receiver.stop(grace_s=10)
 
 
 def test_a_message_is_stamped_when_it_arrives_not_when_it_is_taken() -> None:
