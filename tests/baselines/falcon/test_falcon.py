@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 import pytest
 
@@ -256,7 +257,10 @@ def test_a_slow_dp_link_with_no_pp_edge_to_swap_onto_passes_over_the_swap() -> N
 def test_the_swap_in_real_processes_loses_no_iteration() -> None:
     """Emulated, 8 worker processes: the swap is a placement the pool runs from the next
     iteration on (workers 5 and 2 trade stages 1 and 2), nothing restarts, and the swapped
-    iterations are far faster than the slow ones before."""
+    iterations are far faster than the slow ones before: those pay at least the ring's 48
+    chunks one way after one another, each held 20 ms (load only adds), and the swapped
+    ones' median (one preempted iteration cannot move it) is below 70 % of that (the
+    simulator: 1,085 ms slow, 350 ms swapped)."""
     result, falcon = _run(40, 9, swap_ms=200.0, backend="emulated")
     assert [level for _, level in falcon.climbs] == [Level.SWAP]
     ((at, _),) = falcon.climbs
@@ -268,7 +272,9 @@ def test_the_swap_in_real_processes_loses_no_iteration() -> None:
     before, after = pids[at], pids[at + 1]
     assert after == tuple(before[w] for w in SWAPPED.placement)
     times = _with_step(result)
-    assert max(times[at:]) < 0.7 * min(times[3:at])
+    slow_floor_ms = 48 * 20.0
+    assert min(times[3:at]) >= slow_floor_ms, times
+    assert statistics.median(times[at:]) < 0.7 * slow_floor_ms, times
 
 
 def test_a_swap_undone_in_real_processes_moves_the_workers_back() -> None:
