@@ -41,8 +41,10 @@ def test_delegates_remove_the_slow_links_head_of_line_blocking() -> None:
     (adaptra-cpu) and Adaptra over delegates, each next to the simulator's prediction. Over
     direct each activation on link 0-1 holds its sender the 40 ms (head-of-line blocking);
     over delegates the sender only copies it out and a delegate waits the 40 ms on the wire.
-    What load can only lengthen is bounded below; the sender's hold over delegates is
-    bounded above by half the delay (an iteration's time is not: load lengthens it)."""
+    What load can only lengthen is bounded below; the sender's median hold over delegates
+    is bounded above by the delay (a sender that slept it would hold every message at least
+    that long; load stretches a few holds, not the median; an iteration's time is bounded
+    only by a hang guard: load lengthens it)."""
     profile = Profile.uniform(
         4, 12, 10, 10, 10, delay_ms=[40, 0, 0], message_bytes=1 << 20, num_delegates=3
     )
@@ -68,7 +70,7 @@ def test_delegates_remove_the_slow_links_head_of_line_blocking() -> None:
         if system == "zb":
             assert min(held_ms) >= 40.0, system
         else:
-            assert statistics.median(held_ms) < 20.0, (system, held_ms)
+            assert statistics.median(held_ms) < 40.0, (system, held_ms)
             assert min(m.arrival_ms - m.wire_start_ms for m in sent) >= 40.0, system
 
 
@@ -87,12 +89,14 @@ def test_a_spec_runs_the_delegated_systems_on_the_emulated_runtime(tmp_path: Pat
     runs = {r["system"]: r for r in read_csv_rows(tmp_path / "r" / "runs.csv", RUNS_COLUMNS)}
     assert (runs["zb"]["comm"], runs["adaptra-cpu"]["comm"]) == ("direct", "delegated")
     # The trainer's sends: over direct each holds the stage for the link's 20 ms; handed to
-    # a delegate, far less (a timing the load cannot turn around: the wall times can).
+    # a delegate, the median less than that (a sender that slept the delay would hold each
+    # at least that long; load stretches a few holds, not the median: the wall times can
+    # turn around).
     direct = read_timeline(tmp_path / "r", ("m", "zb", "0-1@20ms", "0"))
     saved = read_timeline(tmp_path / "r", ("m", "adaptra-cpu", "0-1@20ms", "0"))
     assert direct is not None and saved is not None
     assert min(m.send_end_ms - m.send_start_ms for m in direct.messages if m.link == "0-1") >= 20
     handed = statistics.median(m.send_end_ms - m.send_start_ms for m in saved.messages)
-    assert handed < 10
+    assert handed < 20
     workers = {pid for record in saved.iterations for pid in record.pids}
     assert saved.messages and all(m.carrier_pid not in workers for m in saved.messages)

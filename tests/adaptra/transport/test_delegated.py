@@ -8,6 +8,7 @@ import dataclasses
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -85,10 +86,13 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
             if m.link == "0-1":  # carried by a delegate: not a worker, not a thread of one
                 assert m.carrier_pid in delegates
                 assert m.arrival_ms - m.wire_start_ms >= DELAY_MS  # the delay is on the wire
-                assert m.send_end_ms - m.send_start_ms < DELAY_MS  # not on the trainer
                 assert m.copy_in_ms > 0
             else:
                 assert m.carrier_pid in workers and m.copy_in_ms == 0
+        # Not on the trainer: holding each message the delay would hold all of them at least
+        # that long; load may stretch a few hand-offs, not the median of the 16.
+        handed_ms = [m.send_end_ms - m.send_start_ms for m in second.messages if m.link == "0-1"]
+        assert len(handed_ms) == 2 * N and statistics.median(handed_ms) < DELAY_MS, handed_ms
         for m in (*first.messages, *third.messages):
             assert m.carrier_pid in workers
             assert m.send_end_ms - m.send_start_ms >= (DELAY_MS if m.link == "0-1" else 0)
