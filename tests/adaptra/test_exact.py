@@ -115,7 +115,7 @@ def brute_force(profile: Profile, ordered: bool) -> float:
 @pytest.mark.parametrize("c0", sorted(FIG4_OPTIMUM))
 def test_fig4_proven_optimum(c0: float) -> None:
     profile = fig4_profile(c0)
-    result = solve_exact(profile, time_limit_s=10)
+    result = solve_exact_deterministic(profile, deterministic_time_s=10)
     check_result(result, profile)
     assert result.optimal and result.status == "OPTIMAL" and result.exact_in_ms
     assert result.iteration_time_ms == FIG4_OPTIMUM[c0] == result.lower_bound_ms
@@ -127,7 +127,7 @@ def test_fig4_warm_start_never_worse(c0: float, fig4_fixture: dict[str, Any]) ->
     warm = Schedule.from_dict(fig4_fixture)
     replay = makespan(warm, profile)
     assert replay == fig4_fixture["replay_ms_by_c0"][str(int(c0))]
-    result = solve_exact(profile, time_limit_s=10, warm_start=warm)
+    result = solve_exact_deterministic(profile, deterministic_time_s=10, warm_start=warm)
     check_result(result, profile)
     assert result.iteration_time_ms <= replay
     if c0 in FIG4_OPTIMUM:
@@ -137,7 +137,7 @@ def test_fig4_warm_start_never_worse(c0: float, fig4_fixture: dict[str, Any]) ->
 def test_solver_strictly_beats_its_warm_start(fig4_fixture: dict[str, Any]) -> None:
     profile = fig4_profile(40.0)
     warm = Schedule.from_dict(fig4_fixture)
-    result = solve_exact(profile, time_limit_s=10, warm_start=warm)
+    result = solve_exact_deterministic(profile, deterministic_time_s=10, warm_start=warm)
     assert makespan(warm, profile) == 560.0
     assert result.iteration_time_ms == 430.0 and result.optimal
     assert result.schedule != warm
@@ -163,7 +163,7 @@ def small_profiles(draw: st.DrawFn) -> Profile:
 @settings(max_examples=40, deadline=None)
 @given(small_profiles())
 def test_random_small_profiles_optimal(profile: Profile) -> None:
-    result = solve_exact(profile, time_limit_s=5)
+    result = solve_exact_deterministic(profile, deterministic_time_s=5)
     check_result(result, profile)
     assert result.optimal
     assert result.iteration_time_ms == result.lower_bound_ms
@@ -194,7 +194,7 @@ def test_matches_brute_force(num_microbatches: int, seed: int, mem_limit: float 
         delay_ms=(float(rng.randint(0, 4)),),
         mem_limit=mem_limit,
     )
-    result = solve_exact(profile, time_limit_s=5)
+    result = solve_exact_deterministic(profile, deterministic_time_s=5)
     check_result(result, profile)
     assert result.optimal
     optimum = brute_force(profile, ordered=num_microbatches > 2)
@@ -236,7 +236,7 @@ def test_warm_start_over_the_memory_limit_is_refused(fig4_fixture: dict[str, Any
 
 def test_fractional_times_scale_exactly_or_round() -> None:
     tenths = Profile.uniform(2, 3, 1.5, 2.25, 0.5, delay_ms=(0.1,))
-    result = solve_exact(tenths, time_limit_s=5)
+    result = solve_exact_deterministic(tenths, deterministic_time_s=5)
     check_result(result, tenths)
     assert result.exact_in_ms and result.optimal
     assert result.iteration_time_ms == pytest.approx(result.lower_bound_ms)
@@ -275,6 +275,6 @@ def test_deterministic_optimum() -> None:
         delay_ms=(7.0, 2.0),
         mem_limit=2.0,
     )
-    first, second = (solve_exact(profile, time_limit_s=5) for _ in range(2))
+    first, second = (solve_exact_deterministic(profile, deterministic_time_s=5) for _ in range(2))
     assert first.optimal and second.optimal
     assert first.iteration_time_ms == second.iteration_time_ms

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 
 from adaptra.bounds import iteration_lower_bound_ms
-from adaptra.exact import solve_exact
+from adaptra.exact import solve_exact_deterministic
 from adaptra.generator import Policy, generate_policy, generate_schedule
 from adaptra.planning import algorithm2, authors_warmup
 from adaptra.policy_timing import time_policy
@@ -37,7 +37,7 @@ def test_fig5_adapted_schedule_reaches_the_proven_optimum(
     assert adapted.method == "alg2+generator+search"
     assert adapted.iteration_time_ms == adapted_ms
     assert compute_metrics(simulate(adapted.schedule, profile)).iteration_time_ms == adapted_ms
-    exact = solve_exact(profile, time_limit_s=20, warm_start=fixed)
+    exact = solve_exact_deterministic(profile, deterministic_time_s=20, warm_start=fixed)
     assert exact.optimal and exact.lower_bound_ms == adapted_ms
     # 144 ops, but the heuristic meets the lower bound: the default call runs no CP-SAT.
     default = plan_adaptra(profile)
@@ -74,7 +74,9 @@ def test_search_closes_a_gap_that_algorithm2_leaves() -> None:
     )
     plain = Policy.uncapped(algorithm2(profile).warmup)
     searched = plan_adaptra(profile, search_ops=100 * 3 * 8 * 24)
-    exact = solve_exact(profile, time_limit_s=30, warm_start=generate_policy(profile, plain))
+    exact = solve_exact_deterministic(
+        profile, deterministic_time_s=30, warm_start=generate_policy(profile, plain)
+    )
     assert exact.optimal
     assert time_policy(profile, plain).iteration_time_ms == 1390.0
     assert searched.iteration_time_ms == exact.lower_bound_ms == 1388.0
