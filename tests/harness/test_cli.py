@@ -373,7 +373,8 @@ def test_run_emulated_json_contract(tmp_path: Path) -> None:
     )
     predicted = simulated["median_iteration_ms"]
     assert len(data["iteration_times_ms"]) == 2
-    assert all(predicted <= t < HANG * predicted for t in data["iteration_times_ms"])  # load adds
+    times = data["iteration_times_ms"]  # load only adds: the fastest bounded, not each
+    assert all(t >= predicted for t in times) and min(times) < HANG * predicted, times
 
 
 def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
@@ -461,7 +462,8 @@ def test_launch_runs_under_torchrun_here(tmp_path: Path) -> None:
     assert list(scratch.iterdir()) == []  # torchrun's log folder is gone with the run
     data = json.loads(out.stdout)
     assert len(data["iteration_times_ms"]) == 2
-    assert all(125.0 <= t < HANG * 125.0 for t in data["iteration_times_ms"])  # sim: 125 ms
+    times = data["iteration_times_ms"]  # sim: 125 ms; load only adds: the fastest bounded
+    assert all(t >= 125.0 for t in times) and min(times) < HANG * 125.0, times
     timeline = json.loads(Path(data["timeline"]).read_text())
     assert len(timeline["ops"]) == 2 * 2 * 4 * 2  # 2 iterations x 2 stages x (F, BW) x N
 
