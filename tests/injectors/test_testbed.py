@@ -269,7 +269,9 @@ def test_teardown_after_a_shutdown_signal(signum: int) -> None:
             print(bed.name, flush=True)
             time.sleep(60)
     """)
-    prefix = f"adb-sig{os.getpid() % 1000}-"
+    # The full pid: two test workers' prefixes never collide (a pid modulo 1000 could), and
+    # no interface name carries a prefix (namespace names have no 15-character limit).
+    prefix = f"adb-sig{os.getpid()}-"
     child = subprocess.Popen(
         [sys.executable, "-c", script, prefix], stdout=subprocess.PIPE, text=True
     )
@@ -349,7 +351,7 @@ def test_a_signal_while_namespaces_come_and_go_leaves_none(
     it: teardown left it, and its owner record went, so `cleanup` refused it) or while they
     are removed (it once raised in the teardown: every namespace after it was left) waits
     for the build's step or the whole teardown; then the process ends on it all the same."""
-    prefix = f"adb-mid{os.getpid() % 1000}-"
+    prefix = f"adb-mid{os.getpid()}-"
     out = subprocess.run(
         [sys.executable, "-c", _SIGNAL_IN_THE_MIDDLE, prefix, where, str(signum), owner],
         capture_output=True,
@@ -388,7 +390,7 @@ def test_cleanup_removes_a_killed_runs_namespaces_and_leaves_a_live_ones() -> No
     switch survives: it still carries traffic), and says why it left the others."""
     from pyroute2 import netns
 
-    prefix = f"adb-own{os.getpid() % 1000}-"
+    prefix = f"adb-own{os.getpid()}-"
     live = subprocess.Popen(
         [sys.executable, "-c", _HOLD_A_TESTBED, prefix], stdout=subprocess.PIPE, text=True
     )
@@ -438,7 +440,7 @@ def test_cleanup_reports_a_namespace_it_could_not_remove(monkeypatch: pytest.Mon
         bed.build()
         print(bed.name, flush=True)
     """)  # exits without teardown: a leftover
-    prefix = f"adb-fail{os.getpid() % 1000}-"
+    prefix = f"adb-fail{os.getpid()}-"
     out = subprocess.run([sys.executable, "-c", script, prefix], capture_output=True, text=True)
     name = out.stdout.strip()
     real_remove = netns.remove
