@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
@@ -137,8 +138,15 @@ class RuntimeEngine(Closing):
             save_checkpoint=self._checkpoint_dir() if saves else None,
             load_checkpoint=self._resume,
         )
+        started: list[float] = []
+
+        def on_start(start_at: float) -> None:
+            started.append(start_at)
+            if self._on_start is not None:
+                self._on_start(start_at)
+
         try:
-            timeline = self._pool.run_iteration(config, self._on_start)
+            timeline = self._pool.run_iteration(config, on_start)
         except BaseException as err:
             if config.save_checkpoint is not None:  # some stages may have saved: not a checkpoint
                 shutil.rmtree(config.save_checkpoint, ignore_errors=True)
@@ -147,6 +155,8 @@ class RuntimeEngine(Closing):
             self._started = False  # the pool has closed itself
             if isinstance(err, WorkerLinkFailure):
                 at_ms = None if err.remote is None else err.remote.at_ms
+                if at_ms is None and started:  # noticed, not injected: as measured here
+                    at_ms = (time.monotonic() - started[0]) * 1000.0
                 raise LinkFailure(str(err), at_ms=at_ms) from err
             raise
         self._resume = None

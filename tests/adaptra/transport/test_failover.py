@@ -349,7 +349,7 @@ def test_a_sender_delegate_with_no_nic_left_fails_its_iteration_at_once() -> Non
     takes them down; no hook says so). Host 1's sender delegates find no NIC left while
     their trainer waits on a message from host 0: the iteration ends with their
     `LinkFailure`, not with that wait's timeout (60 s here), and not the testbed's reading
-    of a timeout as a failure."""
+    of a timeout as a failure; at the time it was noticed, measured."""
     from harness.network import network_engine
 
     profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
@@ -369,6 +369,8 @@ def test_a_sender_delegate_with_no_nic_left_fails_its_iteration_at_once() -> Non
                 engine.run(plan, k, faults.at(k, topology))
     assert isinstance(info.value.__cause__, WorkerLinkFailure)
     assert "could not reach its receiver over any NIC" in str(info.value)
+    # When, as measured: the restart's modelled cost counts it (it was None, counted 0).
+    assert info.value.at_ms is not None and info.value.at_ms > 0.0
 
 
 class _FailsAt:
