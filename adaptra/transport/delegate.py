@@ -132,11 +132,17 @@ class _SlotFile:
         return (seq * self.slot_bytes) % max(len(self.view), 1)
 
     def map(self, path: str, size: int, slot_bytes: int) -> None:
+        """Map `path` (`size` bytes), unless it is gone: a delegate that carried nothing
+        since may read its map after the trainer has replaced the file (it waits only for the
+        delegates that had messages), and the map of the new file follows in its queue."""
         if path != self.path or size != len(self.view):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                return  # superseded
             self.view.release()
             if self._map is not None:
                 self._map.close()
-            fd = os.open(path, os.O_RDWR)
             try:
                 self._map = mmap.mmap(fd, size)
             finally:

@@ -252,3 +252,23 @@ def test_a_slot_file_a_full_tmpfs_cannot_hold_is_refused_not_a_bus_error_later()
         slots.close()
         subprocess.run(["umount", folder], check=True)
         folder.rmdir()
+
+
+def test_a_delegate_s_late_map_of_a_replaced_slot_file_is_skipped(tmp_path: Path) -> None:
+    """A delegate that carried nothing reads a map after its trainer replaced the file (the
+    trainer waits only for the delegates that had messages): skipped, the file it has stays
+    mapped, and the next map, of the new file, is taken (the delegate died with a
+    FileNotFoundError)."""
+    from adaptra.transport.delegate import _SlotFile as DelegateSlotFile
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_bytes(b"x" * 4096)
+    second.write_bytes(b"y" * 8192)
+    slots = DelegateSlotFile()
+    slots.map(str(first), 4096, 1024)
+    slots.map(str(tmp_path / "replaced"), 2048, 512)  # gone: superseded
+    assert (slots.path, len(slots.view), bytes(slots.view[:1])) == (str(first), 4096, b"x")
+    slots.map(str(second), 8192, 2048)
+    assert (slots.path, len(slots.view), slots.slot_bytes) == (str(second), 8192, 2048)
+    assert bytes(slots.view[:1]) == b"y"
+    slots.view.release()
