@@ -47,6 +47,7 @@ from adaptra.transport.delegate import (
     PORT,
     READY,
     SENT,
+    START_REPLY_TIMEOUT_S,
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
@@ -509,7 +510,11 @@ class DelegateTransport:
         inbound: tuple[tuple[LinkDirection, int], ...],
         outbound: tuple[tuple[LinkDirection, int], ...],
     ) -> None:
-        """Start the delegates of these link directions, connected to their peers'."""
+        """Start the delegates of these link directions, connected to their peers'. Their
+        start is waited for at least `START_REPLY_TIMEOUT_S` however short the workers'
+        timeout for one message (the pool's start-up is given longer still): many start at
+        once, and a loaded host may not run one for seconds."""
+        start_s = max(setup.timeout_s, START_REPLY_TIMEOUT_S)
         delegates = self._delegates
         here = ",".join(delegates.nics(setup.rank))
         ifnames = delegates.ifname_list()
@@ -518,7 +523,7 @@ class DelegateTransport:
             self._inbound[direction] = _Inbound(
                 direction, peer, setup.num_delegates, listen, setup.slot_dir
             )
-        mine = {d: self._inbound[d].ports(setup.timeout_s) for d, _ in inbound}
+        mine = {d: self._inbound[d].ports(start_s) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
         started: list[_Side] = [self._inbound[d] for d, _ in inbound]
         for direction, peer in outbound:
@@ -528,7 +533,7 @@ class DelegateTransport:
                 direction, peer, theirs[direction], args, setup.slot_dir
             )
             started.append(self._outbound[direction])
-        self._wait_ready(started, setup.timeout_s)
+        self._wait_ready(started, start_s)
 
     def rewire(self, setup: DelegateSetup) -> None:
         # Per side: a worker may now send where it received, to the same peer (its partner's
