@@ -50,3 +50,16 @@ def test_a_command_that_ends_by_itself_is_only_reaped() -> None:
     with process_tree(["sh", "-c", "exit 3"], stdout=subprocess.PIPE) as command:
         out, _ = command.communicate(timeout=30)
     assert command.returncode == 3 and out == b""
+
+
+def test_a_wait_past_its_limit_stops_the_command_and_what_it_started(tmp_path: Path) -> None:
+    """`launch --run-timeout-s`'s way out: the wait's TimeoutExpired ends the block."""
+    pids = tmp_path / "pids"
+    script = f"setsid sh -c 'echo $$ >> {pids}; exec sleep 60' & wait"
+    with (
+        pytest.raises(subprocess.TimeoutExpired),
+        process_tree(["sh", "-c", script], grace_s=1.0) as command,
+    ):
+        (child,) = _pids_written(pids, 1)
+        command.wait(timeout=0.5)
+    assert command.returncode is not None and process_start_time(child) is None
