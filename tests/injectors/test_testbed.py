@@ -430,19 +430,25 @@ def test_cleanup_removes_a_killed_runs_namespaces_and_leaves_a_live_ones() -> No
         cleanup(prefix=prefix)
 
 
-def test_cleanup_reports_a_namespace_it_could_not_remove(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyroute2 import netns
-
+def _leftover_testbed(prefix: str) -> str:
+    """The name of a one-host testbed a process built and left behind (it exited without
+    its teardown), its owner record naming that process, now gone."""
     script = textwrap.dedent("""
         import sys
         from injectors.testbed import Testbed
         bed = Testbed(1, prefix=sys.argv[1])
         bed.build()
         print(bed.name, flush=True)
-    """)  # exits without teardown: a leftover
-    prefix = f"adb-fail{os.getpid()}-"
+    """)
     out = subprocess.run([sys.executable, "-c", script, prefix], capture_output=True, text=True)
-    name = out.stdout.strip()
+    return out.stdout.strip()
+
+
+def test_cleanup_reports_a_namespace_it_could_not_remove(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyroute2 import netns
+
+    prefix = f"adb-fail{os.getpid()}-"
+    name = _leftover_testbed(prefix)
     real_remove = netns.remove
 
     def busy(namespace: str) -> None:
@@ -470,16 +476,8 @@ def test_a_namespace_another_cleanup_removed_meanwhile_is_no_failure(
     removes it, which is neither removed by it nor a failure (it exited 1 before)."""
     from pyroute2 import netns
 
-    script = textwrap.dedent("""
-        import sys
-        from injectors.testbed import Testbed
-        bed = Testbed(1, prefix=sys.argv[1])
-        bed.build()
-        print(bed.name, flush=True)
-    """)  # exits without teardown: a leftover
     prefix = f"adb-race{os.getpid()}-"
-    out = subprocess.run([sys.executable, "-c", script, prefix], capture_output=True, text=True)
-    name = out.stdout.strip()
+    name = _leftover_testbed(prefix)
     real_remove = netns.remove
 
     def raced(namespace: str) -> None:
