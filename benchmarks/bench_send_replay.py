@@ -62,6 +62,7 @@ class _SendTimes:
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
         return MessageFault(
             self.extra_ms.get((f"{link.first}-{link.second}", direction, microbatch), 0.0)

@@ -10,9 +10,10 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
   event of the same kind on the same host pair or NIC replaces it (a delay of 0 ends one),
   from that event's own `at_ms`.
   Effects of different kinds on one target add up.
-- Per message: its hosts and route (every message uses each end's first NIC, `rnic0`, until
-  failover moves it) pick the effects. A failed message is `stranded` where no other NIC has
-  its route up (down at one of its hosts): a failover cannot carry it either. Jitter, caps
+- Per message: its hosts and route pick the effects. A route is over one NIC index at both
+  ends (every message uses the first, `rnic0`, until a failover moves its link direction:
+  pipeline.faults.route_over); a host pair's effects are on the first NIC's plane only (as
+  on the testbed), a NIC's on the routes through it. Jitter, caps
   and stalls are pure functions of (seed, link, direction, iteration, kind, microbatch), so
   every engine assigns a message the same `fault_ms`; redrawn distributions follow each
   engine's clock (the offset into the iteration) and agree in distribution only.
@@ -129,6 +130,7 @@ class FaultEvent:
 
 _Unit = tuple[str, int, int | str]
 _HEALTHY = MessageFault()
+_FAILED = MessageFault(failed=True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,10 +167,11 @@ class InForce:
     seed: int
     _stalled: set[tuple[_Unit, str, Position]] = dataclasses.field(default_factory=set)
     """The senders (and their units and directions) that paid a stall: one per worker."""
-    _routes: dict[Link, list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
+    _routes: dict[tuple[Link, int], list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
         default_factory=dict
     )
-    """Per link, the units on its route (both ways the same) with effects (looked up once)."""
+    """Per link and NIC, the units on its route (both ways the same) with effects (looked up
+    once)."""
     _redraws: dict[tuple[_Unit, Effect], _Redraws] = dataclasses.field(default_factory=dict)
     """Per unit and redrawn normal delay, its values this iteration, drawn as far as asked."""
 
@@ -183,14 +186,14 @@ class InForce:
         return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
 
     def affects(self, link: Link) -> bool:
-        return bool(self._route(link))
+        return any(self._route(link, nic) for nic in range(len(self.topology.nics)))
 
-    def _route(self, link: Link) -> list[tuple[_Unit, tuple[Held, ...]]]:
-        route = self._routes.get(link)
+    def _route(self, link: Link, nic: int) -> list[tuple[_Unit, tuple[Held, ...]]]:
+        route = self._routes.get((link, nic))
         if route is None:
-            units = _route_of(self.topology, link)
+            units = _route_of(self.topology, link, nic)
             route = [(unit, self.effects[unit]) for unit in units if unit in self.effects]
-            self._routes[link] = route
+            self._routes[link, nic] = route
         return route
 
     def message_fault(
@@ -201,35 +204,25 @@ class InForce:
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
         if not self.effects:
             return _HEALTHY
-        route = self._route(link)
+        route = self._route(link, nic)
+        if any(h.effect.down and h.holds_at(offset_ms) for _, effects in route for h in effects):
+            return _FAILED  # (before any stall is paid: a failed route changes no state)
         delay_ms = 0.0
         for unit, effects in route:
             for held in effects:
                 if not held.holds_at(offset_ms):
                     continue
                 effect = held.effect
-                if effect.down:
-                    return MessageFault(failed=True, stranded=self._stranded(link, offset_ms))
                 delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
                 if effect.bandwidth_gbps is not None:
                     delay_ms += num_bytes * 8 / (effect.bandwidth_gbps * 1e6)
                 if effect.normal_ms is not None:
                     delay_ms += self._redrawn(effect, unit).at(offset_ms)
         return MessageFault(delay_ms)
-
-    def _stranded(self, link: Link, offset_ms: float) -> bool:
-        """No NIC after the first has its route up: down at one of the link's hosts."""
-        hosts = self.topology.hosts_of(link)
-
-        def down(unit: _Unit) -> bool:
-            return any(h.effect.down and h.holds_at(offset_ms) for h in self.effects.get(unit, ()))
-
-        return all(
-            any(down(("nic", host, nic)) for host in hosts) for nic in self.topology.nics[1:]
-        )
 
     def _redrawn(self, effect: Effect, unit: _Unit) -> _Redraws:
         redraws = self._redraws.get((unit, effect))
@@ -281,12 +274,14 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
-def _route_of(topology: Topology, link: Link) -> tuple[_Unit, ...]:
-    """What a message on `link` meets: its host pair and its hosts' first NICs (`rnic0`, until
-    failover moves it)."""
+def _route_of(topology: Topology, link: Link, nic: int = 0) -> tuple[_Unit, ...]:
+    """What a message on `link` over data-plane NIC `nic` (by index) meets: its hosts' NICs
+    of that index and, over the first NIC, its host pair (a host pair's faults are on the
+    first NIC's plane, as on the testbed: a failover to another NIC leaves them)."""
     a, b = sorted(topology.hosts_of(link))
-    nic = topology.nics[0]
-    return (("pair", a, b), ("nic", a, nic), ("nic", b, nic))
+    name = topology.nics[nic]
+    nics: tuple[_Unit, ...] = (("nic", a, name), ("nic", b, name))
+    return (("pair", a, b), *nics) if nic == 0 else nics
 
 
 def _planned_delay_ms(in_force: dict[_Unit, list[_Span]], topology: Topology, link: Link) -> float:

@@ -9,7 +9,6 @@ __all__ = [
     "DeadlockError",
     "LinkFailure",
     "MemoryLimitError",
-    "RouteDown",
     "ScheduleError",
 ]
 
@@ -46,9 +45,3 @@ class LinkFailure(AdaptraBenchError, ConnectionError):
         super().__init__(message)
         self.at_ms = at_ms
         """How far into its iteration the failed message went, ms (None where not known)."""
-
-
-class RouteDown(LinkFailure):
-    """The message's route over its first data-plane NIC (`rnic0`) is down while another
-    NIC's route is up: a delegated link direction fails over to it; on the direct path
-    (gloo has one NIC) it is a `LinkFailure` like any."""

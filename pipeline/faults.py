@@ -14,7 +14,16 @@ from typing import Protocol
 
 from pipeline.topology import Link, Topology
 
-__all__ = ["NO_FAULTS", "AfterWarmup", "FaultView", "IterationFaults", "MessageFault", "NoFaults"]
+__all__ = [
+    "NO_FAULTS",
+    "AfterWarmup",
+    "FaultView",
+    "IterationFaults",
+    "MessageFault",
+    "NoFaults",
+    "Route",
+    "route_over",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,13 +33,20 @@ class MessageFault:
     delay_ms: float = 0.0
     """Extra time before the message goes (a slow link), on top of the profile's own delay."""
     failed: bool = False
-    """The message cannot go: its link or a NIC on its route has failed."""
-    stranded: bool = False
-    """Failed, and no other data-plane NIC has a route up either (each NIC after the first is
-    down at one of its hosts): a failover to another NIC cannot carry it."""
+    """The message cannot go over the NIC asked about: its link or a NIC on that route has
+    failed."""
 
 
 NONE = MessageFault()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Route:
+    """Where a delegated message goes (`route_over`) and what the faults do to it there."""
+
+    nic: int
+    """The data-plane NIC it takes, by index (`Topology.nics`)."""
+    fault: MessageFault
 
 
 class IterationFaults(Protocol):
@@ -45,9 +61,12 @@ class IterationFaults(Protocol):
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
         """The effect on one message of a concrete link in `direction`, of `num_bytes`, sent
-        `offset_ms` into the iteration (on the engine's clock). On a PP link
+        `offset_ms` into the iteration (on the engine's clock) over data-plane NIC `nic` (by
+        index: every message goes over the first until a failover moves its link
+        direction). A failed route changes no state (asking another NIC next is free). On a PP link
         (`Link.pp(stage, replica)`), "forward" is an activation (`kind` "F"), "backward" a
         gradient ("B"), of `microbatch`; on a DP ring link (`Link.dp(stage, a, b)`) the
         all-reduce's messages have `kind` "AR", "forward" from the lower replica to the
@@ -100,7 +119,11 @@ class FaultView(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NoFaults:
-    """A healthy cluster: every iteration, every message."""
+    """A healthy cluster: every iteration, every message. One object (`NO_FAULTS`), also
+    once unpickled in a worker: code asks `faults is NO_FAULTS`."""
+
+    def __reduce__(self) -> str:
+        return "NO_FAULTS"
 
     def message_fault(
         self,
@@ -110,6 +133,7 @@ class NoFaults:
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
         return NONE
 
@@ -169,3 +193,31 @@ class AfterWarmup:
     def repaired(self, iteration: int, *, stragglers: bool = False) -> AfterWarmup:
         repaired = self.faults.repaired(iteration - self.num_warmup, stragglers=stragglers)
         return AfterWarmup(repaired, self.num_warmup)
+
+
+def route_over(
+    faults: IterationFaults,
+    nic: int,
+    num_nics: int,
+    link: Link,
+    direction: str,
+    kind: str,
+    microbatch: int,
+    num_bytes: int = 0,
+    offset_ms: float = 0.0,
+) -> Route:
+    """Where a message of a delegated link direction now on NIC `nic` goes (of `num_nics`):
+    over `nic` while its route is up, else over the first other NIC whose route is up (the
+    direction fails over to it, as a sender delegate does); failed over `nic` where no
+    route is up."""
+    fault = faults.message_fault(link, direction, kind, microbatch, num_bytes, offset_ms, nic)
+    if not fault.failed:
+        return Route(nic, fault)
+    for other in range(num_nics):
+        if other != nic:
+            moved = faults.message_fault(
+                link, direction, kind, microbatch, num_bytes, offset_ms, other
+            )
+            if not moved.failed:
+                return Route(other, moved)
+    return Route(nic, fault)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
 from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
 from pipeline.errors import ConfigError, LinkFailure, ScheduleError
-from pipeline.faults import NO_FAULTS, IterationFaults
+from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.host_costs import FREE, CostCurve, HostCosts
 from pipeline.nccl_sleep import time_replica
 from pipeline.ops import Op, OpKind
@@ -104,7 +104,7 @@ def simulate(
     host: HostCosts = FREE,
     faults: IterationFaults = NO_FAULTS,
     link_comms: Sequence[LinkComm] = (),
-    failed_over: frozenset[tuple[int, str, str]] = frozenset(),
+    nics_in_use: Mapping[tuple[int, str, str], int] | None = None,
     replica_schedules: ReplicaSchedules | None = None,
     faults_from_ms: float | None = None,
 ) -> Timeline:
@@ -126,15 +126,18 @@ def simulate(
     `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`).
 
     A message whose route has failed (a NIC or link down) is a LinkFailure over the direct
-    path, and over delegates where it is `stranded` (no other NIC's route up); else over
-    delegates its link direction fails over to the next NIC (adaptra.transport):
-    its delegates are busy `host.failover_ms` from the message's send, and it and the
-    direction's later messages go over the other NIC, where the failed route's faults are
-    not (the timeline's `failovers`). `failed_over`: the (replica, link, direction)s that
-    moved in an earlier iteration (no cost again). `replica_schedules`: each replica's own
-    schedule on its share of the global batch (unequal microbatch counts; None: every
-    replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host costs, mixes
-    with no other mode, and fails a message whose route is down over any link."""
+    path (gloo's one NIC, the first), and over delegates where no other NIC has its route
+    up; else over delegates its link direction fails over to the first NIC whose route is up
+    (pipeline.faults.route_over, as adaptra.transport's sender delegates): its delegates are
+    busy `host.failover_ms` from the message's send, and it and the direction's later
+    messages go over that NIC and meet its route's faults (the timeline's `failovers`; a
+    later failure there moves it again, back to a repaired NIC too). `nics_in_use`: the NIC
+    (by index) of each (replica, link, direction) that an earlier iteration left off the
+    first (the sim engine keeps them from iteration to iteration). `replica_schedules`: each
+    replica's own schedule on its share of the global batch (unequal microbatch counts;
+    None: every replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host
+    costs, mixes with no other mode, and fails a message whose route is down over any
+    link."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
     origin_ms = start_ms if faults_from_ms is None else faults_from_ms
@@ -185,6 +188,7 @@ def simulate(
 
     failovers: list[FailoverRecord] = []
     nics = profile.topology.nics
+    in_use = {} if nics_in_use is None else nics_in_use
 
     def run_replica(replica: int) -> tuple[list[OpRecord], list[list[Any]], list[float]]:
         """One replica's pipeline: its ops, its messages' fields, when each stage is done."""
@@ -193,7 +197,7 @@ def simulate(
         stages = schedule_of(replica).stages
         count = counts[replica]
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
-        moved = {(link, d) for r, link, d in failed_over if r == replica}
+        on_nic = {(link, d): nic for (r, link, d), nic in in_use.items() if r == replica}
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
         # arrival[i][m]: when stage i may consume the activation (fwd) or gradient (bwd) of m.
@@ -259,32 +263,29 @@ def simulate(
                 fault_ms = profile.delay_ms[link_idx]
                 mode = modes[link_idx][direction]
                 if faults is not NO_FAULTS:
-                    fault = faults.message_fault(
-                        pp_links[link_idx],
-                        _DIRECTIONS[direction],
-                        "FB"[direction],
-                        m,
-                        message_bytes,
+                    here = (links[link_idx], _DIRECTIONS[direction])
+                    nic = on_nic.get(here, 0) if mode is CommMode.DELEGATED else 0
+                    route = route_over(
+                        faults, nic, len(nics) if mode is CommMode.DELEGATED else 1,
+                        pp_links[link_idx], here[1], "FB"[direction], m, message_bytes,
                         end - origin_ms,
-                    )
-                    if not fault.failed:
-                        transfer_ms += fault.delay_ms
-                        fault_ms += fault.delay_ms
-                    elif mode is not CommMode.DELEGATED or fault.stranded or len(nics) < 2:
+                    )  # fmt: skip
+                    if route.fault.failed:
                         raise _pp_link_down(
-                            iteration, _DIRECTIONS[direction], m, pp_links[link_idx],
-                            end - origin_ms,
-                        )  # fmt: skip
-                    elif (here := (links[link_idx], _DIRECTIONS[direction])) not in moved:
-                        moved.add(here)  # its delegates move to the next NIC
+                            iteration, here[1], m, pp_links[link_idx], end - origin_ms
+                        )
+                    if route.nic != nic:  # its delegates move to that NIC
+                        on_nic[here] = route.nic
                         slots = delegate_free[link_idx][direction]
                         slots[:] = [max(t, end) + host.failover_ms for t in slots]
                         seq = num_sent[link_idx][direction]
                         record = FailoverRecord(
-                            iteration, here[0], here[1], replica, "fault hook", nics[0],
-                            nics[1], end, end + host.failover_ms, seq, carrier_pid=0,
+                            iteration, here[0], here[1], replica, "fault hook", nics[nic],
+                            nics[route.nic], end, end + host.failover_ms, seq, carrier_pid=0,
                         )  # fmt: skip
                         failovers.append(record)
+                    transfer_ms += route.fault.delay_ms
+                    fault_ms += route.fault.delay_ms
                 wire_start, copied_in = end, 0.0
                 if mode is CommMode.IDEAL:
                     send_end = end
@@ -415,10 +416,10 @@ def simulate(
     step_end_ms = end_ms
     dp_messages: list[MessageRecord] = []
     if profile.has_dp_step:
-        dp_moved = {(r, link, d) for r, link, d in failed_over if link.startswith("dp")}
+        dp_nics = {key: nic for key, nic in in_use.items() if key[1].startswith("dp")}
         step_end_ms = _step_end_ms(
             profile, stage_ends, host, faults, iteration, origin_ms,
-            _DpFailover(comm is CommMode.DELEGATED and len(nics) > 1, dp_moved, failovers, nics),
+            _DpFailover(comm is CommMode.DELEGATED, dp_nics, failovers, nics),
             dp_messages,
             host.ring_lag_curve(delegated=comm is CommMode.DELEGATED),
         )  # fmt: skip
@@ -434,13 +435,13 @@ def simulate(
 
 @dataclasses.dataclass(slots=True)
 class _DpFailover:
-    """The DP ring's link directions over delegates (`delegated`: the plan's comm is, and
-    hosts have a second NIC): one whose route fails moves to the next NIC once, holding its
-    sender `host.failover_ms` (recorded in `failovers`); `moved` ((sender replica, link,
-    direction)) are those that moved already, here or in an earlier iteration."""
+    """The DP ring's link directions over delegates (`delegated`: the plan's comm is): one
+    whose route fails moves to the first NIC whose route is up (`route_over`), holding its
+    sender `host.failover_ms` (recorded in `failovers`); `on_nic`: the NIC of each (sender
+    replica, link, direction) that is off the first, here or since an earlier iteration."""
 
     delegated: bool
-    moved: set[tuple[int, str, str]]
+    on_nic: dict[tuple[int, str, str], int]
     failovers: list[FailoverRecord]
     nics: tuple[str, ...]
 
@@ -463,7 +464,7 @@ def _step_end_ms(
     number of stages' rings running then; the `direct` path's rule, over delegates too, with
     the delegated ring's lag). A message whose route
     failed is a LinkFailure, unless its link direction is delegated (`failover`) and another
-    NIC's route is up (not `stranded`). Every DP
+    NIC's route is up (it moves there: `route_over`). Every DP
     message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
     index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
@@ -472,36 +473,38 @@ def _step_end_ms(
         hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
         return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag.ms(num_rings)
 
-    ask = None if faults is NO_FAULTS else faults.message_fault
+    ask = faults is not NO_FAULTS
+    num_nics = len(failover.nics) if failover.delegated else 1  # gloo: the first NIC only
 
     def message_delay(
         link: Link, direction: str, index: int, num_bytes: int, sent_at_ms: float
     ) -> float:
         delay_ms = static_ms.get(link, 0.0) if static_ms else 0.0
-        if ask is not None:
+        if ask:
             offset_ms = sent_at_ms - origin_ms
-            fault = ask(link, direction, KIND, index, num_bytes, offset_ms)
             sender = link.first if direction == "forward" else link.second
             here = (sender, str(link), direction)
-            if fault.failed and failover.delegated and not fault.stranded:
-                if here in failover.moved:
-                    return delay_ms  # on the next NIC already: the failed route's faults not
-                failover.moved.add(here)
-                record = FailoverRecord(
-                    iteration, here[1], direction, sender, "fault hook", failover.nics[0],
-                    failover.nics[1], sent_at_ms, sent_at_ms + host.failover_ms, index,
-                    carrier_pid=0,
-                )  # fmt: skip
-                failover.failovers.append(record)
-                return delay_ms + host.failover_ms
-            if fault.failed:
+            nic = failover.on_nic.get(here, 0) if failover.delegated else 0
+            route = route_over(
+                faults, nic, num_nics, link, direction, KIND, index, num_bytes, offset_ms
+            )
+            if route.fault.failed:
                 raise LinkFailure(
                     f"iteration {iteration}: all-reduce message {index} ({direction}) on link "
                     f"{link} cannot go: its link or a NIC on its route is down "
                     f"({offset_ms:.3f} ms into the iteration)",
                     at_ms=offset_ms,
                 )
-            delay_ms += fault.delay_ms
+            if route.nic != nic:
+                failover.on_nic[here] = route.nic
+                record = FailoverRecord(
+                    iteration, here[1], direction, sender, "fault hook", failover.nics[nic],
+                    failover.nics[route.nic], sent_at_ms, sent_at_ms + host.failover_ms, index,
+                    carrier_pid=0,
+                )  # fmt: skip
+                failover.failovers.append(record)
+                delay_ms += host.failover_ms
+            delay_ms += route.fault.delay_ms
         return delay_ms
 
     def record(m: RingMessage) -> None:
@@ -512,7 +515,7 @@ def _step_end_ms(
             )
         )  # fmt: skip
 
-    delay: MessageDelay | None = message_delay if static_ms or ask is not None else None
+    delay: MessageDelay | None = message_delay if static_ms or ask else None
     ends = rings_done_ms(
         [[ends[stage] for ends in stage_end_ms] for stage in range(profile.num_stages)],
         profile.allreduce_bytes,

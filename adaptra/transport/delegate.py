@@ -5,9 +5,9 @@ imported either. It blocks on its pipe and its sockets (select, recv, sendall: n
 and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 - A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file),
-  "message" (a slot's offset and size, the delay the fault model puts on its wire, and which
-  of the route's NICs the fault model says are down) or "move" (which NICs another sender of
-  its link direction left). For a message it waits the delay (the
+  "message" (a slot's offset and size, the delay the fault model puts on its wire, and the
+  NIC the fault model routes it over, if it has a say) or "move" (which NICs another sender
+  of its link direction left). For a message it waits the delay (the
   slow link delays the delegate, not the trainer), sends a header and the slot's bytes to
   its receiver delegate over TCP, and acks the message on its notify pipe with when it
   picked it up and when the wire took its last byte.
@@ -23,14 +23,15 @@ NIC failover (the paper's section 4): a host has several data-plane NICs, and a 
 runs over one pair of them (the first, until one fails). The sender notices a failure by
 netlink (its own NIC's link going down: at once), by its receiver's notice over the
 management plane (the receiver's netlink: the peer's NIC), by TCP's user timeout (data
-unacked for `timeout_ms`: the peer's NIC, with no notices), by the fault hook's word (a NIC
-the fault model has down: hook injection, no namespaces), or by its trainer's "move" (a
-sibling left the NIC). It then drops the connection and connects over the next NIC
-it has not seen fail (never the management plane, never waiting for the failed one; a NIC
-comes back when netlink or the receiver's notice says it is up); the receiver answers the
-new connection's hello with the number of the last message it got whole (its resume point)
-and drops the old connection with whatever part-message it held; the sender sends again, in
-order, each of the iteration's messages past that point. Messages are numbered per delegate
+unacked for `timeout_ms`: the peer's NIC, with no notices), by the fault hook's word (a
+message the fault model routes over another NIC: hook injection, no namespaces; it connects
+over that one), or by its trainer's "move" (a sibling left the NIC). It then drops the
+connection and connects over the next NIC it has not seen fail (never the management
+plane, never waiting for the failed one; a NIC comes back when netlink or the receiver's
+notice says it is up); the receiver answers the new connection's hello with the number of
+the last message it got whole (its resume point) and drops the old connection with whatever
+part-message it held; the sender sends again, in order, each of the iteration's messages
+past that point. Messages are numbered per delegate
 pair: nothing is sent twice in normal operation, and a receiver drops anything at or before
 its resume point, so every message arrives once. The sender notes the failover
 (when noticed, why, which NICs, the first seq sent again, when that went).
@@ -56,9 +57,10 @@ from typing import NamedTuple
 
 PATH_BYTES = 96
 """The longest slot file path a job carries (UTF-8 bytes)."""
-JOB = struct.Struct(f"<iqiiqqdI{PATH_BYTES}s")
+JOB = struct.Struct(f"<iqiiqqdi{PATH_BYTES}s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
-fault_ms, down (bit k: the fault model has the route over NIC k down), slot file path (map)."""
+fault_ms, NICs (a message: the NIC the fault model routes it over, -1: the delegate's own; a
+move: bit k set for NIC k, left by a sibling), slot file path (map)."""
 HEADER = struct.Struct("<qiiqqqq")
 """On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, its number on
 this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
@@ -273,13 +275,13 @@ class _Sender:
         self.wire: TcpWire | None = None
         self.num_connections = 0
 
-    def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S) -> int:
+    def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S, only: int | None = None) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
         fails too), or if all have, over each again (a repair on the far side, with its
-        notices off, goes unseen): the receiver's resume point, which it must send within
-        `reply_timeout_s` of the TCP connection. ConnectionRefusedError if every NIC refused
-        (the receiver is gone), ConnectionError if none connects."""
-        nics = range(len(self.peers))
+        notices off, goes unseen); `only`: over that NIC. The receiver's resume point, which
+        it must send within `reply_timeout_s` of the TCP connection. ConnectionRefusedError if
+        every NIC refused (the receiver is gone), ConnectionError if none connects."""
+        nics = range(len(self.peers)) if only is None else [only]
         refused = True
         for nic in [k for k in nics if k not in self.failed] or nics:
             self.num_connections += 1
@@ -346,12 +348,13 @@ def run_sender(
             )  # fmt: skip
             link.wire.send(header, payload)  # released after: remappable
 
-    def fail_over(cause: int) -> None:
+    def fail_over(cause: int, nic: int | None = None) -> None:
+        """Move to the next NIC that works (`nic`: to that one)."""
         noticed_s, left = time.monotonic(), link.active
         link.drop()
         for _ in range(2 * len(peers)):  # each NIC twice at most (one may break again)
             try:
-                resume = link.connect()
+                resume = link.connect(only=nic)
             except ConnectionRefusedError:
                 raise  # the receiver is gone: its own trainer's failure is the news
             except ConnectionError:
@@ -398,12 +401,12 @@ def run_sender(
                     job = JOB.unpack(_read_exactly(control, JOB.size))
                 except EOFError:  # the trainer closed its end: the run is over
                     return
-                kind, iteration, microbatch, seq, offset, nbytes, fault_ms, down, _ = job
+                kind, iteration, microbatch, seq, offset, nbytes, fault_ms, nics, _ = job
                 if kind == MAP:
                     slots.map_job(job)
                     continue
                 if kind == MOVE:
-                    if down >> link.active & 1:
+                    if nics >> link.active & 1:
                         fail_over(BY_SIBLING)
                     continue
                 picked_s = time.monotonic()
@@ -414,8 +417,8 @@ def run_sender(
                 retained.append(message)
                 if fault_ms > 0:
                     time.sleep(fault_ms / 1000.0)
-                if down >> link.active & 1:
-                    fail_over(BY_FAULT_HOOK)  # sends it too
+                if nics >= 0 and nics != link.active:
+                    fail_over(BY_FAULT_HOOK, nics)  # sends it too
                 else:
                     try:
                         send(message)

@@ -333,9 +333,11 @@ class _Outbound(_Side):
         """Its delegates' moves to another NIC, noted and not yet taken."""
         self.nic_of = [0] * len(ports)
         """The NIC each of its delegates is on."""
+        self.route_nic = 0
+        """The NIC the last message's fault hook routed it over (hook injection)."""
 
     def send(
-        self, message: Message, payload: torch.Tensor, fault_ms: float, route_down: bool
+        self, message: Message, payload: torch.Tensor, fault_ms: float, nic: int | None
     ) -> None:
         delegate = self.delegate_of(message.seq)
         delegate.check_alive()
@@ -345,7 +347,7 @@ class _Outbound(_Side):
         self.slots.tensor(offset, payload).copy_(payload.detach().reshape(-1))
         job = JOB.pack(
             MESSAGE, message.iteration, message.microbatch, message.seq, offset, nbytes,
-            fault_ms, int(route_down), b"",
+            fault_ms, -1 if nic is None else nic, b"",
         )  # fmt: skip
         delegate.write(job)
         self.pending.append(message.seq)
@@ -405,7 +407,9 @@ class _Outbound(_Side):
         TCP's timeout, once per delegate). Their moves are waited for, so that they are this
         iteration's failovers (also in a run's last iteration), and so are the moves already
         noted by delegates that carried nothing this iteration (no ack to read them with)."""
-        left = {f.nic_from for f in self.failovers}
+        left: set[int] = set()  # the NICs left and not gone back to since, in order
+        for failover in self.failovers:
+            left = (left | {failover.nic_from}) - {failover.nic_to}
         moving = [d for d in self.delegates if self.nic_of[d.index] in left]
         for delegate in moving:
             mask = 1 << self.nic_of[delegate.index]
@@ -592,9 +596,15 @@ class DelegateTransport:
         message: Message,
         payload: torch.Tensor,
         fault_ms: float,
-        route_down: bool = False,
+        nic: int | None = None,
     ) -> None:
-        self._outbound[direction].send(message, payload, fault_ms, route_down)
+        side = self._outbound[direction]
+        side.send(message, payload, fault_ms, nic)
+        if nic is not None:
+            side.route_nic = nic
+
+    def route_nic(self, direction: LinkDirection) -> int:
+        return self._outbound[direction].route_nic
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:
         records: list[WireRecord] = []

@@ -16,7 +16,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import SwapRecord, Timeline
-from pipeline.topology import Topology
+from pipeline.topology import Link, Topology
 
 __all__ = ["SimEngine"]
 
@@ -37,8 +37,10 @@ class SimEngine(Closing):
     def __init__(self, *, host: HostCosts = FREE) -> None:
         self.host = host
         self._clock_ms = 0.0
-        self._failed_over: frozenset[tuple[int, str, str]] = frozenset()
-        """The link directions whose delegates moved to another NIC (until a restart)."""
+        self._nics_in_use: dict[tuple[int, str, str], int] = {}
+        """The NIC (by index) of each (replica, link, direction) whose delegates a failover
+        moved off the first: until a restart, or a rank swap that gives the direction
+        another worker at either end (new delegates start on the first NIC)."""
         self._validated: dict[int, Schedule] = {}
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
         self._placement: Topology | None = None
@@ -59,7 +61,8 @@ class SimEngine(Closing):
         """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
         that iteration again, moved to now (`Outcome.same_as`)."""
         if iteration == 0:
-            self._clock_ms, self._failed_over = 0.0, frozenset()
+            self._clock_ms = 0.0
+            self._nics_in_use.clear()
         placement = plan.topology or plan.profile.topology
         before = self._placement
         shape = (placement.num_stages, placement.num_replicas)
@@ -69,6 +72,7 @@ class SimEngine(Closing):
         restarted, self._restarted = self._restarted, False
         swaps: tuple[SwapRecord, ...] = ()
         if before.workers != placement.workers:
+            self._nics_in_use = _kept_delegates(self._nics_in_use, before, placement)
             swaps = _swap_records(
                 plan.profile,
                 before,
@@ -82,7 +86,8 @@ class SimEngine(Closing):
             self._clock_ms = max(r.end_ms for r in swaps)
         faults_key = faults.cache_key()
         # A swap's iteration is its own: no later one repeats it (nor its metrics).
-        key = None if faults_key is None or swaps else (plan, faults_key, self._failed_over)
+        in_use = frozenset(self._nics_in_use.items())
+        key = None if faults_key is None or swaps else (plan, faults_key, in_use)
         cached = None if key is None else self._cache.get(key)
         if cached is not None:
             timeline = cached[1].moved(iteration, self._clock_ms)
@@ -99,7 +104,7 @@ class SimEngine(Closing):
                 host=self.host,
                 faults=faults,
                 link_comms=plan.link_comms,
-                failed_over=self._failed_over,
+                nics_in_use=self._nics_in_use,
                 replica_schedules=plan.replica_schedules,
                 faults_from_ms=iteration_start_ms,  # a swap's transfer is in the iteration
             )
@@ -120,8 +125,14 @@ class SimEngine(Closing):
                 swaps,
             )
         self._clock_ms = timeline.iterations[0].end_ms
-        moved = {(f.replica, f.link, f.direction) for f in timeline.failovers}
-        self._failed_over = self._failed_over | moved
+        nics = plan.profile.topology.nics
+        for failover in timeline.failovers:  # in order: the last move of a direction holds
+            nic = nics.index(failover.nic_to)
+            direction = (failover.replica, failover.link, failover.direction)
+            if nic:
+                self._nics_in_use[direction] = nic
+            else:
+                self._nics_in_use.pop(direction, None)
         return Outcome(timeline, same_as=same_as)
 
     def restart(self) -> None:
@@ -130,7 +141,7 @@ class SimEngine(Closing):
         plan has another). The cache goes too: the iterations it names run again after the
         restart, so an `Outcome.same_as` into it could name a run of the same index with
         other faults."""
-        self._failed_over = frozenset()
+        self._nics_in_use.clear()
         self._placement, self._restarted = None, True
         self._cache.clear()
 
@@ -176,3 +187,21 @@ def _swap_records(
         )
         for left, to, num_bytes in moves
     )
+
+
+def _kept_delegates(
+    nics_in_use: dict[tuple[int, str, str], int], before: Topology, after: Topology
+) -> dict[tuple[int, str, str], int]:
+    """The link directions of `nics_in_use` that keep their delegates through a rank swap
+    from `before` to `after`: the same workers at both ends (as the runtimes rewire)."""
+
+    def ends(topology: Topology, link: Link) -> tuple[int, ...]:
+        return tuple(topology.worker(position) for position in topology.ends(link))
+
+    kept = {}
+    for (replica, name, direction), nic in nics_in_use.items():
+        link = Link.parse(name)
+        concrete = Link.pp(link.first, replica) if link.is_pp else link
+        if ends(before, concrete) == ends(after, concrete):
+            kept[replica, name, direction] = nic
+    return kept

@@ -312,7 +312,7 @@ def _with_delegated_costs(
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _EveryRouteDown:
-    """Faults in which every PP message's route has its NIC down (picklable)."""
+    """Faults in which every PP message's route over the first NIC is down (picklable)."""
 
     def message_fault(
         self,
@@ -322,8 +322,9 @@ class _EveryRouteDown:
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
-        return MessageFault(failed=link.is_pp)
+        return MessageFault(failed=link.is_pp and nic == 0)
 
     def affects(self, link: Link) -> bool:
         return True

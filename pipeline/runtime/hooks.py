@@ -1,9 +1,10 @@
 """The core's two hooks, and their trivial versions (injectors/ provides the real ones).
 
 - The fault hook runs in the sending worker before every message; it may sleep (a delay), or
-  raise (a failure: `RouteDown` where the sender can fail over, `failover`, and another
-  NIC's route is up; else `LinkFailure`), and returns the delay it injected in ms
-  (the message's `fault_ms`). It must be picklable: the pool ships it to the workers. `link`
+  raise `LinkFailure` (a failure), and returns the delay it injected in ms (the message's
+  `fault_ms`). A delegated message asks it `route` instead: the NIC the message goes over
+  (its link direction fails over where the NIC it was on has its route down) and its delay,
+  which the delegate waits. It must be picklable: the pool ships it to the workers. `link`
   names the link: a PP link "i-(i+1)" (of the sender's replica) or a DP ring link
   "dp<stage>:a-b"; a PP message has `kind` "F" or "B" and its microbatch, a DP all-reduce
   message `kind` "AR" and, in place of the microbatch, its index on its link direction
@@ -23,15 +24,24 @@ import time
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from pipeline.errors import ConfigError, LinkFailure, RouteDown
-from pipeline.faults import NO_FAULTS, IterationFaults
+from pipeline.errors import ConfigError, LinkFailure
+from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
 
-__all__ = ["FaultHook", "FaultViewHook", "LaunchHook", "local_launch"]
+__all__ = ["FaultHook", "FaultViewHook", "HookRoute", "LaunchHook", "local_launch"]
+
+
+class HookRoute(NamedTuple):
+    """A delegated message's NIC and delay (`FaultHook.route`)."""
+
+    nic: int | None
+    """The data-plane NIC it goes over, by index (None: the hook has no fault view: the
+    delegates' own failover, by what they see of the NICs, decides)."""
+    fault_ms: float
 
 
 class FaultHook(Protocol):
@@ -43,14 +53,25 @@ class FaultHook(Protocol):
         kind: str,
         microbatch: int,
         num_bytes: int,
-        *,
-        wait: bool = True,
-        failover: bool = False,
     ) -> float:
-        """`wait` False: return the delay without waiting it (a delegate waits it on the
-        wire instead of the sender). `failover`: the sender can move to another NIC (a
-        delegate), so a failure another NIC's route avoids is a `RouteDown`; else every
-        failure is a `LinkFailure`."""
+        """Wait the message's delay (the first NIC's route: gloo has one) and return it."""
+        ...
+
+    def route(
+        self,
+        link: str,
+        direction: str,
+        iteration: int,
+        kind: str,
+        microbatch: int,
+        num_bytes: int,
+        nic: int,
+        num_nics: int,
+    ) -> HookRoute:
+        """A delegated message's route and delay, not waited (its delegate waits it on the
+        wire): over `nic` (of `num_nics`), the NIC its link direction is on, while that route
+        is up, else over the first NIC whose route is up (the direction fails over to it);
+        `LinkFailure` where no route is up."""
         ...
 
 
@@ -78,35 +99,47 @@ class FaultViewHook:
         kind: str,
         microbatch: int,
         num_bytes: int,
-        *,
-        wait: bool = True,
-        failover: bool = False,
     ) -> float:
+        fault_ms = self.route(
+            link, direction, iteration, kind, microbatch, num_bytes, 0, 1
+        ).fault_ms
+        if fault_ms > 0:
+            self._sleep(fault_ms / 1000.0)
+        return fault_ms
+
+    def route(
+        self,
+        link: str,
+        direction: str,
+        iteration: int,
+        kind: str,
+        microbatch: int,
+        num_bytes: int,
+        nic: int,
+        num_nics: int,
+    ) -> HookRoute:
         delay_ms = self.delay_ms_by_link.get(link, 0.0)
-        if self.faults is not NO_FAULTS:
-            named = Link.parse(link)
-            concrete = Link.pp(named.first, self.replica) if named.is_pp else named
-            offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
-            fault = self.faults.message_fault(
-                concrete, direction, kind, microbatch, num_bytes, offset_ms
+        if self.faults is NO_FAULTS:
+            return HookRoute(None, delay_ms)
+        named = Link.parse(link)
+        concrete = Link.pp(named.first, self.replica) if named.is_pp else named
+        offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
+        routed = route_over(
+            self.faults, nic, num_nics, concrete, direction, kind, microbatch, num_bytes,
+            offset_ms,
+        )  # fmt: skip
+        if routed.fault.failed:
+            what = (
+                f"the {kind} message of microbatch {microbatch}"
+                if named.is_pp
+                else f"all-reduce message {microbatch}"
             )
-            if fault.failed:
-                what = (
-                    f"the {kind} message of microbatch {microbatch}"
-                    if named.is_pp
-                    else f"all-reduce message {microbatch}"
-                )
-                message = (
-                    f"link {concrete} ({direction}) has failed: {what} in iteration {iteration} "
-                    "cannot go"
-                )
-                if failover and not fault.stranded:
-                    raise RouteDown(message, at_ms=offset_ms)
-                raise LinkFailure(message, at_ms=offset_ms)
-            delay_ms += fault.delay_ms
-        if delay_ms > 0 and wait:
-            self._sleep(delay_ms / 1000.0)
-        return delay_ms
+            raise LinkFailure(
+                f"link {concrete} ({direction}) has failed: {what} in iteration {iteration} "
+                "cannot go",
+                at_ms=offset_ms,
+            )
+        return HookRoute(routed.nic, delay_ms + routed.fault.delay_ms)
 
 
 class LaunchHook(Protocol):

@@ -231,11 +231,17 @@ class DelegatedLinks(Protocol):
         message: Message,
         payload: torch.Tensor,
         fault_ms: float,
-        route_down: bool = False,
+        nic: int | None = None,
     ) -> None:
         """Hand the message over (copying it out) and return; its delegate waits `fault_ms`
-        (the link's delay) and carries it. `route_down`: the fault model has its route over
-        the NIC in use down (the delegate fails over first)."""
+        (the link's delay) and carries it over data-plane NIC `nic` (the fault hook's route:
+        a delegate on another NIC fails over to it first; None: over the NIC its delegate
+        is on)."""
+        ...
+
+    def route_nic(self, direction: LinkDirection) -> int:
+        """The NIC the last `send` on outbound `direction` named (0 before any: new
+        delegates start on the first NIC)."""
         ...
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:

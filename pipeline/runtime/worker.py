@@ -33,7 +33,7 @@ from pipeline.allreduce import (
     messages_per_link_direction,
     ring_peer,
 )
-from pipeline.errors import ConfigError, RouteDown
+from pipeline.errors import ConfigError
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult, StateMove
@@ -243,7 +243,7 @@ class _Worker:
         self._begin_delegated(config)
         inbound = self._post_receives(config, transport)
         ring = Ring(
-            self._ring_transport(config, transport, hook, delays),
+            self._ring_transport(config, transport, hook),
             self.topology,
             self.position,
             profile,
@@ -260,7 +260,7 @@ class _Worker:
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
             _sleep_until(start_at)
-            records = self._run_ops(config, transport, inbound, hook, delays)
+            records = self._run_ops(config, transport, inbound, hook)
             self._finish_receivers(inbound)
             if self.delegates is not None:
                 records.add_wire(self.delegates.finish_iteration(config.iteration))
@@ -437,7 +437,6 @@ class _Worker:
         config: IterationConfig,
         transport: DirectTransport,
         hook: FaultHook,
-        delays: dict[str, float],
     ) -> RingTransport:
         """How this worker's DP ring chunks go: gloo, or the delegates for a direction the
         plan delegates."""
@@ -448,8 +447,9 @@ class _Worker:
         modes = {d: config.comm_of(d.link, d.direction) for d in (receives, sends)}
         if all(mode == "direct" for mode in modes.values()):
             return transport
+        num_nics = len(config.profile.topology.nics)
         return _DelegatedRing(
-            transport, self.delegates, hook, delays, config.iteration, receives, modes
+            transport, self.delegates, hook, config.iteration, receives, modes, num_nics
         )
 
     def _post_receives(
@@ -504,11 +504,8 @@ class _Worker:
         transport: DirectTransport,
         inbound: dict[int, _Inbound],
         hook: FaultHook,
-        delays: dict[str, float],
     ) -> _Records:
-        """Run this stage's ops in order: take each op's message, compute, send the result.
-        `delays`: each link's own delay (the profile's), what a message that fails over
-        carries (the fault model's effects are on the route it left)."""
+        """Run this stage's ops in order: take each op's message, compute, send the result."""
         records = _Records()
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
         for op in config.schedule_of(self.replica).stages[self.stage]:
@@ -545,15 +542,13 @@ class _Worker:
             send_start = time.monotonic()
             if config.comm_of(link, direction.direction) == "delegated":
                 assert self.delegates is not None  # _begin_delegated checked
-                try:
-                    fault_ms = hook(
-                        link, direction.direction, config.iteration, message.hook_kind,
-                        op.microbatch, num_bytes, wait=False, failover=True,
-                    )  # fmt: skip
-                    route_down = False
-                except RouteDown:  # on the NIC in use: the delegate moves to another NIC
-                    fault_ms, route_down = delays.get(link, 0.0), True
-                self.delegates.send(direction, message, output, fault_ms, route_down)
+                route = hook.route(
+                    link, direction.direction, config.iteration, message.hook_kind,
+                    op.microbatch, num_bytes, self.delegates.route_nic(direction),
+                    len(config.profile.topology.nics),
+                )  # fmt: skip
+                self.delegates.send(direction, message, output, route.fault_ms, route.nic)
+                fault_ms = route.fault_ms
             else:
                 fault_ms = transport.send(peer, link, message, output)
             records.sends.append(
@@ -583,14 +578,14 @@ class _DelegatedRing:
         transport: DirectTransport,
         delegates: DelegatedLinks,
         hook: FaultHook,
-        delays: dict[str, float],
         iteration: int,
         inbound: LinkDirection,
         modes: dict[LinkDirection, str],
+        num_nics: int,
     ) -> None:
         self._transport, self._delegates, self._hook = transport, delegates, hook
-        self._delays, self._iteration = delays, iteration
-        self._inbound, self._modes = inbound, modes
+        self._iteration, self._inbound, self._modes = iteration, inbound, modes
+        self._num_nics = num_nics
 
     def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive:
         if self._modes[self._inbound] != "delegated":
@@ -606,16 +601,13 @@ class _DelegatedRing:
         if self._modes[outbound] != "delegated":
             return self._transport.send_dp(peer, link, direction, iteration, index, payload)
         num_bytes = payload.numel() * payload.element_size()
-        try:
-            fault_ms = self._hook(
-                link, direction, iteration, KIND, index, num_bytes, wait=False, failover=True
-            )
-            route_down = False
-        except RouteDown:  # on the NIC in use: the delegate moves to another NIC
-            fault_ms, route_down = self._delays.get(link, 0.0), True
+        nic = self._delegates.route_nic(outbound)
+        route = self._hook.route(
+            link, direction, iteration, KIND, index, num_bytes, nic, self._num_nics
+        )
         message = Message(iteration, GRADIENT, index, index)
-        self._delegates.send(outbound, message, payload, fault_ms, route_down)
-        return fault_ms
+        self._delegates.send(outbound, message, payload, route.fault_ms, route.nic)
+        return route.fault_ms
 
 
 def configure_threads() -> None:

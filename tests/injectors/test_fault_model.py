@@ -5,6 +5,7 @@ import statistics
 
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import InForce
+from pipeline.faults import route_over
 from pipeline.topology import Link, Position, Topology
 
 FOUR = Topology(4)
@@ -125,32 +126,65 @@ def test_a_nic_down_fails_every_message_routed_through_it() -> None:
     assert not rnic1.message_fault(Link.pp(1, 0), "forward", "F", 0).failed  # not on the route
 
 
-def test_a_failed_message_is_stranded_only_where_no_other_nic_has_its_route_up() -> None:
-    """Link 1-2 runs between hosts 1 and 2. Its rnic0 route down (a NIC or the host pair):
-    failed, with rnic1 up at both ends to fail over to. rnic1 down at one end as well, from
-    5 ms: stranded from then on."""
+def test_a_route_is_over_one_nic_at_both_ends_and_a_host_pair_is_on_the_first() -> None:
+    """Link 1-2 runs between hosts 1 and 2. A NIC's failure or delay is on the routes over
+    that NIC; a host pair's (a link's) on the route over rnic0 only, as on the testbed, so a
+    failover to rnic1 leaves it. `route_over` keeps a NIC while its route is up, else takes
+    the first NIC whose route is up, and fails where none is (from 5 ms here)."""
     rows = {
-        "rnic0 of host 2": '[{start_iteration: 0, nic: "host2:rnic0", down: true}]',
-        "host pair": '[{start_iteration: 0, links: ["1-2"], down: true}]',
-        "both of host 2": '[{start_iteration: 0, nic: "host2:rnic0", down: true},'
+        "rnic0 of host 2 down": '[{start_iteration: 0, nic: "host2:rnic0", down: true}]',
+        "host pair down": '[{start_iteration: 0, links: ["1-2"], down: true}]',
+        "both of host 2 down": '[{start_iteration: 0, nic: "host2:rnic0", down: true},'
         ' {start_iteration: 0, at_ms: 5, nic: "host2:rnic1", down: true}]',
-        "rnic0 of 1, rnic1 of 2": '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
+        "rnic0 of 1, rnic1 of 2 down": '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
         ' {start_iteration: 0, at_ms: 5, nic: "host2:rnic1", down: true}]',
+        "rnic1 of host 1 slow": '[{start_iteration: 0, nic: "host1:rnic1", delay_ms: 3}]',
+        "host pair slow": "[{start_iteration: 0, hosts: [1, 2], delay_ms: 4}]",
     }
+    link = Link.pp(1, 0)
     seen = {}
     for name, row in rows.items():
         in_force = _model(row).at(0, FOUR)
-        faults = [in_force.message_fault(Link.pp(1, 0), "forward", "F", 0, 0, t) for t in (1, 6)]
-        seen[name] = [(f.failed, f.stranded) for f in faults]
+        over = {
+            (nic, t): in_force.message_fault(link, "forward", "F", 0, 0, t, nic)
+            for nic in (0, 1)
+            for t in (1, 6)
+        }
+        seen[name] = {key: "down" if f.failed else f.delay_ms for key, f in over.items()}
+        routes = [route_over(in_force, nic, 2, link, "forward", "F", 0, 0, 6) for nic in (0, 1)]
+        seen[name]["route"] = tuple(None if r.fault.failed else r.nic for r in routes)
     assert seen == {
-        "rnic0 of host 2": [(True, False), (True, False)],
-        "host pair": [(True, False), (True, False)],
-        "both of host 2": [(True, False), (True, True)],
-        "rnic0 of 1, rnic1 of 2": [(True, False), (True, True)],
-    }
+        "rnic0 of host 2 down": {
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1)
+        },
+        "host pair down": {(0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1)},
+        "both of host 2 down": {
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None)
+        },
+        "rnic0 of 1, rnic1 of 2 down": {
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None)
+        },
+        "rnic1 of host 1 slow": {(0, 1): 0, (0, 6): 0, (1, 1): 3, (1, 6): 3, "route": (0, 1)},
+        "host pair slow": {(0, 1): 4, (0, 6): 4, (1, 1): 0, (1, 6): 0, "route": (0, 1)},
+    }  # fmt: skip
     one_nic = Topology(4, nics=("rnic0",))
-    lone = _model(rows["rnic0 of host 2"]).at(0, one_nic)
-    assert lone.message_fault(Link.pp(1, 0), "forward", "F", 0).stranded  # nothing to move to
+    lone = _model(rows["rnic0 of host 2 down"]).at(0, one_nic)
+    assert route_over(lone, 0, 1, link, "forward", "F", 0).fault.failed  # nothing to move to
+
+
+def test_a_failed_route_pays_no_stall() -> None:
+    """A stall on the host pair and rnic0 of host 1 down: the message asked over rnic0 fails
+    and leaves the stall unpaid, so the first message over a route through the pair pays it
+    (its state is the sender's: a failed route changes none)."""
+    model = _model(
+        "[{start_iteration: 0, hosts: [1, 2], stall_ms: 7},"
+        ' {start_iteration: 0, at_ms: 5, nic: "host1:rnic0", down: true}]'
+    )
+    in_force = model.at(0, FOUR)
+    link = Link.pp(1, 0)
+    assert in_force.message_fault(link, "forward", "F", 0, 0, 6.0).failed
+    assert in_force.message_fault(link, "forward", "F", 1, 0, 1.0).delay_ms == 7.0
+    assert in_force.message_fault(link, "forward", "F", 2, 0, 2.0).delay_ms == 0.0
 
 
 def test_a_redrawn_normal_delay_follows_the_clock() -> None:

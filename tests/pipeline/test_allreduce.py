@@ -159,6 +159,7 @@ class _Recording:
         microbatch: int,
         num_bytes: int = 0,
         offset_ms: float = 0.0,
+        nic: int = 0,
     ) -> MessageFault:
         self.asked.append((link, direction, kind, microbatch))
         if not link.is_pp:
@@ -210,6 +211,7 @@ def test_a_failed_dp_link_is_a_link_failure_in_the_simulator() -> None:
             microbatch: int,
             num_bytes: int = 0,
             offset_ms: float = 0.0,
+            nic: int = 0,
         ) -> MessageFault:
             return MessageFault(failed=not link.is_pp)
 

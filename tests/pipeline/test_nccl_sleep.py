@@ -94,7 +94,7 @@ def test_megatron_round_trips_serialise_on_the_last_link() -> None:
 class _DownLink:
     """An iteration's faults: PP link 1-2 of replica 0 down."""
 
-    def message_fault(self, link, direction, kind, microbatch, num_bytes=0, offset_ms=0.0):  # type: ignore[no-untyped-def]
+    def message_fault(self, link, direction, kind, microbatch, num_bytes=0, offset_ms=0.0, nic=0):  # type: ignore[no-untyped-def]
         return MessageFault(failed=link == Link.pp(1, 0))
 
     def affects(self, link: Link) -> bool:

@@ -273,9 +273,10 @@ def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None
     }
     assert all(f.resumed_ms - f.noticed_ms == 2.5 and f.noticed_ms >= 3 for f in failed.failovers)
     assert failed.iterations[0].end_ms > healthy.iterations[0].end_ms
-    moved = frozenset((0, f.link, f.direction) for f in failed.failovers)
+    assert {(f.nic_from, f.nic_to) for f in failed.failovers} == {("rnic0", "rnic1")}
+    moved = {(0, f.link, f.direction): 1 for f in failed.failovers}
     again = simulate(
-        schedule, profile, CommMode.DELEGATED, faults=faults, host=host, failed_over=moved
+        schedule, profile, CommMode.DELEGATED, faults=faults, host=host, nics_in_use=moved
     )
     assert not again.failovers and again.iterations == healthy.iterations
 
@@ -285,7 +286,14 @@ class _EveryMessageLonger:
     extra_ms: float
 
     def message_fault(
-        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        m: int,
+        num_bytes: int = 0,
+        at: float = 0,
+        nic: int = 0,
     ) -> MessageFault:
         return MessageFault(self.extra_ms)
 

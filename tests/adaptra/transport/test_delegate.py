@@ -198,7 +198,7 @@ def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -
         for seq in (0, 1):
             payload = torch.full((8,), seq, dtype=torch.uint8)
             message = Message(0, ACTIVATION, seq, seq)
-            outbound.send(message, payload, fault_ms=0.0, route_down=seq == 1)
+            outbound.send(message, payload, fault_ms=0.0, nic=1 if seq == 1 else 0)
         records = outbound.finish(0, 30)
         assert sorted(r.microbatch for r in records) == [0, 1]
         moves = {(f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers}
@@ -219,7 +219,7 @@ def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
                 payload = torch.full((8,), seq, dtype=torch.uint8)
                 message = Message(iteration, ACTIVATION, seq, seq)
                 down = (iteration, seq) == (1, 1)
-                outbound.send(message, payload, fault_ms=0.0, route_down=down)
+                outbound.send(message, payload, fault_ms=0.0, nic=1 if down else None)
             records = outbound.finish(iteration, 30)
             assert sorted(r.microbatch for r in records) == list(range(num_messages))
             for seq in range(num_messages):  # the receiver's side takes them in
@@ -229,6 +229,25 @@ def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
         moves = sorted((f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers)
         assert moves == [("fault hook", 0, 1, 1), ("sibling", 0, 1, 1), ("sibling", 0, 1, 1)]
         assert outbound.nic_of == [1, 1, 1]
+
+
+def test_a_delegate_goes_over_the_nic_the_fault_hook_names_back_to_the_first_too() -> None:
+    """One sender delegate, told by the fault hook: NIC 1 (rnic0's route down), NIC 1 again,
+    then NIC 0 (rnic1's route down, rnic0's repaired): it moves there and back, every
+    message arrives whole, and None leaves it where it is."""
+    with _two_nic_direction(1) as (inbound, outbound):
+        for iteration, nic in enumerate((1, 1, 0, None)):
+            for side in (inbound, outbound):
+                side.begin(1, 8)
+            payload = torch.full((8,), iteration, dtype=torch.uint8)
+            outbound.send(Message(iteration, ACTIVATION, 0, 0), payload, fault_ms=0.0, nic=nic)
+            assert [r.microbatch for r in outbound.finish(iteration, 30)] == [0]
+            buffer = torch.empty(8, dtype=torch.uint8)
+            inbound.take(Message(iteration, ACTIVATION, 0, 0), buffer, 30)
+            assert buffer.tolist() == [iteration] * 8
+        moves = [(f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers]
+        assert moves == [("fault hook", 0, 1, 0), ("fault hook", 1, 0, 2)]
+        assert outbound.nic_of == [0]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")

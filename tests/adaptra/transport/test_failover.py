@@ -16,7 +16,7 @@ import pytest
 
 from harness.loop import RunResult
 from harness.policies import system_controller
-from harness.runner import run_configuration
+from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Controller, Plan
 from pipeline.errors import LinkFailure
@@ -123,6 +123,53 @@ def test_a_nic_failing_on_a_host_of_a_dp_ring_loses_nothing() -> None:
     assert (sim.restarts, sim.lost_iterations) == (0, 0)
     assert sim.timeline is not None
     assert {(f.link, f.direction, f.replica) for f in sim.timeline.failovers} == moved
+
+
+@pytest.mark.parametrize("backend", ["sim", "emulated"])
+def test_a_link_direction_meets_its_new_nic_s_faults_and_fails_back_to_a_repaired_one(
+    backend: str,
+) -> None:
+    """No root: PP 2 over delegates (`adaptra-cpu`: in every iteration; the oracle plans
+    direct where nothing is in force on rnic0), hook injection. rnic0 of host 1 is down in (fault)
+    iteration 1 only, rnic1 of host 1 is 3 ms slow from iteration 2 and down from 3. Link
+    0-1 moves to rnic1 in iteration 1, takes rnic1's 3 ms in iteration 2, and fails back to
+    the repaired rnic0 in iteration 3: no restart, every message once, in the simulator and
+    in real runs alike (the fault hook routes each message; the delegates follow)."""
+    profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    faults = parse_yaml(
+        '[{start_iteration: 1, end_iteration: 2, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 2, nic: "host1:rnic1", delay_ms: 3},'
+        ' {start_iteration: 3, nic: "host1:rnic1", down: true}]'
+    )
+    result = run_configuration(
+        # over delegates throughout; its detector (DP only: none here) built for the engine
+        system_controller("adaptra-cpu", profile, faults, link_terms=link_terms(backend, "hook")),
+        num_iterations=5,
+        num_warmup_iterations=1,
+        faults=faults,
+        **(
+            {"backend": "emulated", "delegated": True}
+            if backend == "emulated"
+            else {"host": HostCosts(failover_ms=3.0)}
+        ),
+    )
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    timeline = result.timeline
+    assert timeline is not None
+    _delivered_once(timeline, profile, 6)
+    moves = {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers}
+    both = ("forward", "backward")
+    assert moves == {
+        ("0-1", d, a, b) for d in both for a, b in (("rnic0", "rnic1"), ("rnic1", "rnic0"))
+    }
+    # run iteration = fault iteration + 1 (one warm-up); a sibling's move may be told later
+    back = {f.iteration for f in timeline.failovers if f.nic_to == "rnic0"}
+    assert {f.iteration for f in timeline.failovers if f.nic_to == "rnic1"} <= {2, 3}
+    assert back <= {4, 5} and 4 in back
+    fault_ms = [
+        sorted({m.fault_ms for m in timeline.messages if m.iteration == k}) for k in range(6)
+    ]
+    assert fault_ms == [[0.0], [0.0], [0.0], [3.0], [0.0], [0.0]]
 
 
 @pytest.mark.parametrize("system", ["1f1b", "zb"])

@@ -3,6 +3,7 @@ import dataclasses
 import pytest
 
 from baselines import one_f_one_b
+from injectors.fault_files import parse_yaml
 from pipeline.engines import Action, Capabilities, Plan, check_plan
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError, ScheduleError
@@ -20,7 +21,14 @@ class _SlowForward:
     """10 ms more on every activation of link 0-1 (replica 0), nothing on gradients."""
 
     def message_fault(
-        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        m: int,
+        num_bytes: int = 0,
+        at: float = 0,
+        nic: int = 0,
     ) -> MessageFault:
         slow = link == Link.pp(0, 0) and direction == "forward"
         return MessageFault(10.0 if slow else 0.0)
@@ -176,7 +184,14 @@ class _Offsets:
     asked_ms: list[float] = dataclasses.field(default_factory=list)
 
     def message_fault(
-        self, link: Link, direction: str, kind: str, m: int, num_bytes: int = 0, at: float = 0
+        self,
+        link: Link,
+        direction: str,
+        kind: str,
+        m: int,
+        num_bytes: int = 0,
+        at: float = 0,
+        nic: int = 0,
     ) -> MessageFault:
         if kind != "AR":
             self.asked_ms.append(at)
@@ -262,3 +277,64 @@ def test_a_schedule_at_the_address_of_a_validated_one_is_still_validated() -> No
         Plan(bad, profile, CommMode.IDEAL).validate(validated)
     Plan(good, profile, CommMode.IDEAL).validate(validated)
     assert validated[id(good)] is good
+
+
+def _moves(engine: SimEngine, plan: Plan, faults: str, num_iterations: int) -> list[set]:
+    """Per iteration, the (link, direction, NIC left, NIC taken) of its failovers."""
+    view = parse_yaml(faults)
+    moves = []
+    for k in range(num_iterations):
+        topology = plan.topology or plan.profile.topology
+        timeline = engine.run(plan, k, view.at(k, topology)).timeline
+        moves.append({(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers})
+    return moves
+
+
+def test_a_moved_link_direction_meets_its_new_nic_s_faults_and_fails_back() -> None:
+    """PP 2 over delegates. Iteration 0: rnic0 of host 1 down (repaired after it): both
+    directions of link 0-1 move to rnic1. Iteration 1: a 5 ms delay on the host pair (on
+    rnic0's plane) and 3 ms on rnic1 of host 1: they take rnic1's 3 ms. Iteration 2: rnic1
+    of host 1 down: they fail back to the repaired rnic0 and meet the pair's 5 ms."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=4096, num_delegates=1)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    faults = (
+        '[{start_iteration: 0, end_iteration: 1, nic: "host1:rnic0", down: true},'
+        " {start_iteration: 1, hosts: [0, 1], delay_ms: 5},"
+        ' {start_iteration: 1, nic: "host1:rnic1", delay_ms: 3},'
+        ' {start_iteration: 2, nic: "host1:rnic1", down: true}]'
+    )
+    engine = SimEngine()
+    both = ("forward", "backward")
+    assert _moves(engine, plan, faults, 3) == [
+        {("0-1", d, "rnic0", "rnic1") for d in both},
+        set(),
+        {("0-1", d, "rnic1", "rnic0") for d in both},
+    ]
+    view = parse_yaml(faults)
+    engine = SimEngine()
+    fault_ms = []
+    for k in range(3):
+        timeline = engine.run(plan, k, view.at(k, profile.topology)).timeline
+        fault_ms.append({m.fault_ms for m in timeline.messages})
+    assert fault_ms == [{0.0}, {3.0}, {5.0}]
+
+
+def test_a_rank_swap_gives_a_moved_link_direction_new_delegates_on_the_first_nic() -> None:
+    """rnic0 of host 1 down for good: link 0-1 moves in iteration 0 and stays on rnic1 in
+    iteration 1; a swap of the two stages' workers in iteration 2 gives both directions new
+    delegates (either end's worker changed), which start on rnic0 and move again, as in the
+    runtimes."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=4096, num_delegates=1)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    swapped = dataclasses.replace(
+        plan, topology=profile.topology.swapped(Position(0, 0), Position(1, 0))
+    )
+    faults = '[{start_iteration: 0, nic: "host1:rnic0", down: true}]'
+    engine = SimEngine()
+    moved = {("0-1", d, "rnic0", "rnic1") for d in ("forward", "backward")}
+    assert _moves(engine, plan, faults, 2) == [moved, set()]
+    timeline = engine.run(swapped, 2, parse_yaml(faults).at(2, swapped.topology)).timeline
+    assert (
+        timeline.swaps
+        and {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers} == moved
+    )
