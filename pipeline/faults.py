@@ -9,7 +9,7 @@ Nothing here changes a fault: a view is a pure function of what it is asked.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from pipeline.topology import Link, Topology
@@ -119,11 +119,11 @@ class FaultView(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class NoFaults:
-    """A healthy cluster: every iteration, every message. One object (`NO_FAULTS`), also
-    once unpickled in a worker: code asks `faults is NO_FAULTS`."""
+    """A healthy cluster: every iteration, every message. Unpickled (in a worker) it is
+    `NO_FAULTS`: code asks `faults is NO_FAULTS`."""
 
-    def __reduce__(self) -> str:
-        return "NO_FAULTS"
+    def __reduce__(self) -> tuple[Callable[[], NoFaults], tuple[()]]:
+        return _no_faults, ()
 
     def message_fault(
         self,
@@ -160,6 +160,10 @@ class NoFaults:
 
 
 NO_FAULTS = NoFaults()
+
+
+def _no_faults() -> NoFaults:
+    return NO_FAULTS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -60,7 +60,8 @@ PATH_BYTES = 96
 JOB = struct.Struct(f"<iqiiqqdi{PATH_BYTES}s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, NICs (a message: the NIC the fault model routes it over, -1: the delegate's own; a
-move: bit k set for NIC k, left by a sibling), slot file path (map)."""
+move: bit k set for NIC k, left by a sibling, whose NIC taken is in the microbatch's place),
+slot file path (map)."""
 HEADER = struct.Struct("<qiiqqqq")
 """On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, its number on
 this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
@@ -275,15 +276,19 @@ class _Sender:
         self.wire: TcpWire | None = None
         self.num_connections = 0
 
-    def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S, only: int | None = None) -> int:
+    def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S, first: int | None = None) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
         fails too), or if all have, over each again (a repair on the far side, with its
-        notices off, goes unseen); `only`: over that NIC. The receiver's resume point, which
-        it must send within `reply_timeout_s` of the TCP connection. ConnectionRefusedError if
-        every NIC refused (the receiver is gone), ConnectionError if none connects."""
-        nics = range(len(self.peers)) if only is None else [only]
+        notices off, goes unseen); `first`: that NIC before the others. The receiver's resume
+        point, which it must send within `reply_timeout_s` of the TCP connection.
+        ConnectionRefusedError if every NIC refused (the receiver is gone), ConnectionError if
+        none connects."""
+        nics = range(len(self.peers))
+        order = [k for k in nics if k not in self.failed] or list(nics)
+        if first is not None:
+            order = [first, *(k for k in order if k != first)]
         refused = True
-        for nic in [k for k in nics if k not in self.failed] or nics:
+        for nic in order:
             self.num_connections += 1
             hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, 0, 0)
             wire = None
@@ -349,12 +354,12 @@ def run_sender(
             link.wire.send(header, payload)  # released after: remappable
 
     def fail_over(cause: int, nic: int | None = None) -> None:
-        """Move to the next NIC that works (`nic`: to that one)."""
+        """Move to the next NIC that works (`nic`: that one first)."""
         noticed_s, left = time.monotonic(), link.active
         link.drop()
         for _ in range(2 * len(peers)):  # each NIC twice at most (one may break again)
             try:
-                resume = link.connect(only=nic)
+                resume = link.connect(first=nic)
             except ConnectionRefusedError:
                 raise  # the receiver is gone: its own trainer's failure is the news
             except ConnectionError:
@@ -407,7 +412,7 @@ def run_sender(
                     continue
                 if kind == MOVE:
                     if nics >> link.active & 1:
-                        fail_over(BY_SIBLING)
+                        fail_over(BY_SIBLING, None if microbatch < 0 else microbatch)
                     continue
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:

@@ -403,17 +403,19 @@ class _Outbound(_Side):
 
     def _move_the_others(self, iteration: int, deadline: float) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
-        message: the same route, whose failure each would otherwise notice on its own (by
-        TCP's timeout, once per delegate). Their moves are waited for, so that they are this
-        iteration's failovers (also in a run's last iteration), and so are the moves already
-        noted by delegates that carried nothing this iteration (no ack to read them with)."""
+        message, for the NIC the last move took first: the same route, whose failure each
+        would otherwise notice on its own (by TCP's timeout, once per delegate). Their moves
+        are waited for, so that they are this iteration's failovers (also in a run's last
+        iteration), and so are the moves already noted by delegates that carried nothing
+        this iteration (no ack to read them with)."""
         left: set[int] = set()  # the NICs left and not gone back to since, in order
         for failover in self.failovers:
             left = (left | {failover.nic_from}) - {failover.nic_to}
         moving = [d for d in self.delegates if self.nic_of[d.index] in left]
+        taken = self.failovers[-1].nic_to if moving else -1  # where the siblings went last
         for delegate in moving:
             mask = 1 << self.nic_of[delegate.index]
-            delegate.write(JOB.pack(MOVE, 0, 0, 0, 0, 0, 0.0, mask, b""))
+            delegate.write(JOB.pack(MOVE, 0, taken, 0, 0, 0, 0.0, mask, b""))
         for delegate in moving:  # one that had moved on its own already noted that move
             if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
                 raise ConnectionError(f"the {delegate.name} was told to move and did not")

@@ -161,7 +161,8 @@ class Engine(Protocol):
         checkpoint: bool = False,
     ) -> Outcome:
         """Run iteration `iteration` of the current run (iteration 0 starts a new run: a
-        training engine starts again from the initial parameters). `digest`: report the
+        training engine starts again from the initial parameters, and every link direction
+        on the first NIC, on healthy hardware). `digest`: report the
         parameters' digest after it; `checkpoint`: a training engine saves its state after
         it. A message that cannot go (its link or a NIC on its route is down) raises
         `pipeline.errors.LinkFailure`."""

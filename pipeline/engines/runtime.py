@@ -76,6 +76,8 @@ class RuntimeEngine(Closing):
         )
         self._on_start = on_start
         self._started = False
+        self._failed_over = False
+        """A delegate of the pool moved to another NIC (it stays there until a fresh pool)."""
         self._validated: dict[int, Schedule] = {}
         self._checkpoints: str | None = None
         """Where a training engine writes its checkpoints: a temporary folder made at the
@@ -113,6 +115,9 @@ class RuntimeEngine(Closing):
             )
         if iteration == 0:
             self._drop_checkpoint()
+            if self._failed_over:  # a new run starts on healthy hardware, its delegates on
+                self._pool.close()  # the first NIC (as in the simulator): fresh ones
+                self._started = self._failed_over = False
         plan.validate(self._validated)
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()
@@ -160,6 +165,7 @@ class RuntimeEngine(Closing):
                 raise LinkFailure(str(err), at_ms=at_ms) from err
             raise
         self._resume = None
+        self._failed_over = self._failed_over or bool(timeline.failovers)
         if config.save_checkpoint is not None:
             self._drop_checkpoint()
             self._committed = config.save_checkpoint
@@ -200,7 +206,7 @@ class RuntimeEngine(Closing):
         iteration then loads the run's last checkpoint, if it saved one."""
         self._pool.close()
         self._pool.start()
-        self._started = True
+        self._started, self._failed_over = True, False
         self._resume = self._committed
 
     def close(self) -> None:

@@ -250,6 +250,28 @@ def test_a_delegate_goes_over_the_nic_the_fault_hook_names_back_to_the_first_too
         assert outbound.nic_of == [0]
 
 
+def test_a_sibling_moved_by_its_trainer_takes_the_nic_the_last_move_took() -> None:
+    """Two sender delegates, told by the fault hook per message: both to NIC 1, both back to
+    NIC 0, then only the second to NIC 1 (the route failed after the first message). The
+    first, a sibling then, is moved by its trainer to NIC 1 as well: it had left both NICs
+    once, and took NIC 0 again, off the route."""
+    with _two_nic_direction(2) as (inbound, outbound):
+        for iteration, nics in enumerate(((1, 1), (0, 0), (0, 1))):
+            for side in (inbound, outbound):
+                side.begin(2, 8)
+            for seq, nic in enumerate(nics):
+                payload = torch.full((8,), seq, dtype=torch.uint8)
+                outbound.send(Message(iteration, ACTIVATION, seq, seq), payload, 0.0, nic)
+            assert sorted(r.microbatch for r in outbound.finish(iteration, 30)) == [0, 1]
+            for seq in (0, 1):
+                buffer = torch.empty(8, dtype=torch.uint8)
+                inbound.take(Message(iteration, ACTIVATION, seq, seq), buffer, 30)
+                assert buffer.tolist() == [seq] * 8
+        moves = {(f.cause, f.nic_from, f.nic_to) for f in outbound.failovers if f.iteration == 2}
+        assert moves == {("fault hook", 0, 1), ("sibling", 0, 1)}
+        assert outbound.nic_of == [1, 1]
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_slot_file_a_full_tmpfs_cannot_hold_is_refused_not_a_bus_error_later() -> None:
     """A slot file was sized, not allocated: writing a slot a full tmpfs could not back was

@@ -16,7 +16,7 @@ import pytest
 
 from harness.loop import RunResult
 from harness.policies import system_controller
-from harness.runner import link_terms, run_configuration
+from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Controller, Plan
 from pipeline.errors import LinkFailure
@@ -170,6 +170,38 @@ def test_a_link_direction_meets_its_new_nic_s_faults_and_fails_back_to_a_repaire
         sorted({m.fault_ms for m in timeline.messages if m.iteration == k}) for k in range(6)
     ]
     assert fault_ms == [[0.0], [0.0], [0.0], [3.0], [0.0], [0.0]]
+
+
+def test_a_run_on_a_shared_pool_starts_its_link_directions_on_rnic0() -> None:
+    """An experiment's runs share the runtime's pool. Run A fails rnic0 of host 1 for one
+    iteration (link 0-1 moves to rnic1); run B, on the same pool, has 5 ms on the host pair
+    (on rnic0's plane): it starts on healthy hardware, over rnic0, and meets them, as the
+    simulator does (the moved delegates stayed on rnic1 and ran without them)."""
+    profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
+    run_a = parse_yaml('[{start_iteration: 0, end_iteration: 1, nic: "host1:rnic0", down: true}]')
+    run_b = parse_yaml("[{start_iteration: 0, hosts: [0, 1], delay_ms: 5}]")
+    with RuntimeEngines() as engines:
+        fault_ms = []
+        for faults in (run_a, run_b):
+            result = run_configuration(
+                system_controller(
+                    "adaptra-cpu", profile, faults, link_terms=link_terms("emulated", "hook")
+                ),
+                backend="emulated",
+                delegated=True,
+                engines=engines,
+                num_iterations=2,
+                num_warmup_iterations=1,
+                faults=faults,
+            )
+            assert result.timeline is not None
+            fault_ms.append(
+                [sorted({m.fault_ms for m in result.timeline.messages if m.iteration == k})
+                 for k in range(3)]
+            )  # fmt: skip
+            if faults is run_a:
+                assert {f.nic_to for f in result.timeline.failovers} == {"rnic1"}
+    assert fault_ms == [[[0.0]] * 3, [[0.0], [5.0], [5.0]]]
 
 
 @pytest.mark.parametrize("system", ["1f1b", "zb"])
