@@ -279,6 +279,7 @@ def run(
                     )
                 ],
                 "median_iteration_ms": result.median_iteration_ms,
+                "median_wall_ms": result.median_wall_ms,
                 **({"devices": result.devices} if result.devices else {}),
                 "step_times_ms": list(result.step_times_ms),
                 "reused_iterations": result.reused_iterations,
@@ -290,9 +291,16 @@ def run(
             }
         )
         return
+    # With a DP step the time per training step is the iteration and the step (a slow DP
+    # link shows in the step only).
+    step = (
+        f" ({result.median_wall_ms:.3f} ms with the all-reduce and optimizer step)"
+        if any(result.step_times_ms)
+        else ""
+    )
     click.echo(
         f"{label} over {result.comms_run} ({backend}, {result.controller} plan): median iteration "
-        f"{result.median_iteration_ms:.3f} ms over {iterations} iterations"
+        f"{result.median_iteration_ms:.3f} ms{step} over {iterations} iterations"
     )
     if result.restarts:
         click.echo(

@@ -154,8 +154,24 @@ def test_run_sim_json_contract(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["iteration_times_ms"] == [1050.0] * 3
-    assert data["median_iteration_ms"] == 1050.0
+    assert data["median_iteration_ms"] == data["median_wall_ms"] == 1050.0
     assert data["step_times_ms"] == [0.0] * 3
+
+
+def test_run_reports_the_time_per_step_where_a_dp_step_follows_the_pipeline(
+    tmp_path: Path,
+) -> None:
+    """With DP replicas the all-reduce and optimizer step follow the pipeline, and a slow DP
+    link shows there only: `run` gives the median with the step too (text and JSON), not
+    the pipeline's alone."""
+    profile = write_profile(tmp_path, dp=2, allreduce_bytes=1 << 20, dp_delay_ms={"dp0:0-1": 300})
+    args = ("run", "--backend", "sim", "--profile", str(profile), "--policy", "1f1b")
+    data = json.loads(cli(*args, "--iterations", "3", "--format", "json").stdout)
+    steps = data["step_times_ms"]
+    assert min(steps) > 300.0  # the DP link's delay is in the step
+    assert data["median_wall_ms"] == pytest.approx(data["median_iteration_ms"] + steps[1])
+    text = cli(*args, "--iterations", "3").stdout
+    assert f"({data['median_wall_ms']:.3f} ms with the all-reduce and optimizer step)" in text
 
 
 def test_torch_csv_format(tmp_path: Path) -> None:
