@@ -97,6 +97,11 @@ START_REPLY_TIMEOUT_S = 60.0
 """How long a sender's first connection waits for its receiver's answer once TCP has
 connected (the NIC works): at a pool's start, hundreds of delegates start at once, and a
 receiver may not run for seconds on a loaded host; that is no NIC failure."""
+HELLO_TIMEOUT_S = START_REPLY_TIMEOUT_S
+"""How long a receiver keeps a connection whose hello has not come whole (it reads a hello as
+its bytes come, never waiting on one: meanwhile it serves its other connections and its
+pipe); a sender waits no longer for its answer, and a loaded host may not run it for
+seconds between its connect and its hello."""
 
 _PR_SET_PDEATHSIG = 1
 _TCP_USER_TIMEOUT = 18  # linux/tcp.h
@@ -509,6 +514,24 @@ class _Inbox:
         into its slot)."""
 
 
+class _Caller:
+    """A connection a receiver accepted, and its hello as far as it came in (the receiver
+    reads a hello as its bytes come: a sender slow to say it holds up no other connection)."""
+
+    def __init__(self, sock: socket.socket, deadline_s: float) -> None:
+        self.sock, self.wire, self.deadline_s = sock, TcpWire(sock), deadline_s
+        self.hello = bytearray(HEADER.size)
+        self.got = 0
+        """Bytes in of the hello."""
+
+
+def _time_left(callers: dict[TcpWire, _Caller]) -> float | None:
+    """Seconds until the first of `callers` has had its time for its hello (None: no caller)."""
+    if not callers:
+        return None
+    return max(0.0, min(c.deadline_s for c in callers.values()) - time.monotonic())
+
+
 def _listen(addresses: list[str]) -> list[socket.socket]:
     """A listener on each address, all on one port (a few tries for a port free on all)."""
     for _ in range(20):
@@ -552,6 +575,8 @@ def run_receiver(
     newest = 0
     """The number of the newest connection taken (an older one's hello may come late)."""
     inbox: _Inbox | None = None
+    callers: dict[TcpWire, _Caller] = {}
+    """Connections accepted, their hellos not yet in whole (by the wire each is watched as)."""
     ready = False
     waiting: list[tuple[_Header, bytearray, float]] = []
     """Messages in whole before the map of their slot file (header, payload, when in)."""
@@ -573,12 +598,19 @@ def run_receiver(
             slots.view[offset : offset + nbytes] = early
         _note(notify, ARRIVED, iteration, microbatch, seq, offset, nbytes, arrived_s, 0.0, pid)
 
+    def hang_up(caller: _Caller) -> None:
+        """Drop a connection whose hello did not come (in time, or whole)."""
+        del callers[caller.wire]
+        selector.unregister(caller.wire)
+        caller.wire.abandon()
+
     # It never blocks on one source: a message whose map is late is read on (into memory of
     # its own), or its sender's wire would fill and break by TCP's user timeout (a failover
     # with no fault), and a wait for the map in the middle of a batch of events would leave
-    # the job pipe's event stale (a read of the empty pipe: a hang).
+    # the job pipe's event stale (a read of the empty pipe: a hang). A hello is read as it
+    # comes too (a wait on one held up the message coming in meanwhile, for seconds).
     while True:
-        for key, _ in selector.select():
+        for key, _ in selector.select(_time_left(callers)):
             if key.fileobj == control:
                 try:
                     slots.map_job(JOB.unpack(_read_exactly(control, JOB.size)))
@@ -589,26 +621,38 @@ def run_receiver(
                 waiting[:] = [w for w in waiting if not mapped(w[0])]
             elif key.fileobj in listeners:
                 sock, _ = key.fileobj.accept()  # type: ignore[union-attr]
-                wire = TcpWire(sock)
+                caller = _Caller(sock, time.monotonic() + HELLO_TIMEOUT_S)
+                callers[caller.wire] = caller
+                selector.register(caller.wire, selectors.EVENT_READ)
+            elif key.fileobj in callers:  # (not one dropped earlier in this batch)
+                caller = callers[key.fileobj]
+                with memoryview(caller.hello)[caller.got :] as rest:
+                    count = _receive(caller.wire, rest)
+                if not count:  # closed or broken before its hello was whole
+                    hang_up(caller)
+                    continue
+                caller.got += count
+                if caller.got < HEADER.size:
+                    continue
+                _, nic, _, hello, number, _, _ = HEADER.unpack(caller.hello)
+                if hello == NOTICE_HELLO:
+                    del callers[caller.wire]
+                    selector.unregister(caller.wire)
+                    caller.wire.blocking(CONNECT_TIMEOUT_S)  # a notice never holds it long
+                    noticed[:] = [caller.sock]
+                    continue
                 try:
-                    wire.blocking(CONNECT_TIMEOUT_S)
-                    hello_fields = HEADER.unpack(wire.receive_exactly(HEADER.size))
-                    _, nic, _, hello, number, _, _ = hello_fields
-                    if hello == NOTICE_HELLO:
-                        noticed[:] = [sock]
-                        continue
                     if hello != HELLO or number <= newest:
                         raise ConnectionError("not a hello, or an older one than taken")
-                    sock.sendall(RESUME.pack(last))
-                    wire.blocking(None)
+                    caller.sock.sendall(RESUME.pack(last))  # a new connection's room: at once
                 except OSError:
-                    wire.abandon()
+                    hang_up(caller)
                     continue
+                del callers[caller.wire]
                 if inbox is not None:  # the sender moved: the old connection is dead
                     selector.unregister(inbox.wire)
                     inbox.wire.abandon()
-                inbox, newest = _Inbox(wire, nic), number
-                selector.register(wire, selectors.EVENT_READ)
+                inbox, newest = _Inbox(caller.wire, nic), number  # watched since its accept
                 if not ready:
                     _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
                     ready = True
@@ -664,6 +708,9 @@ def run_receiver(
                     arrived(message, early, time.monotonic())
                 else:  # its slot file is on the way
                     waiting.append((message, early, time.monotonic()))
+        now = time.monotonic()
+        for caller in [c for c in callers.values() if c.deadline_s <= now]:
+            hang_up(caller)
 
 
 def _receive(wire: TcpWire, target: memoryview) -> int | None:

@@ -124,6 +124,50 @@ def test_a_message_long_before_its_map_is_read_on_and_lands_in_its_slot(
     assert torch.equal(slots.tensor(0, payload), payload)
 
 
+def _sockets(pid: int) -> int:
+    """How many sockets process `pid` has open (an fd closed while they are counted, such
+    as its slot file's while it maps it, is none)."""
+    fds, count = Path(f"/proc/{pid}/fd"), 0
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):
+            count += os.readlink(fds / fd).startswith("socket:")
+    return count
+
+
+def test_a_connection_slow_to_say_hello_holds_up_none_of_the_others(
+    receiver: tuple[_Process, socket.socket, _SlotFile],
+) -> None:
+    """A second connection (its sender delegate's next, after a failover) says the first
+    part of its hello and stops. The receiver has accepted it (one more socket), and reads
+    on its first connection meanwhile: a message there is reported, and the newcomer, its
+    hello ended, is answered with that message's number (the receiver waited up to 5 s for
+    the rest of the hello, serving nothing, then dropped the newcomer)."""
+    process, sender, slots = receiver
+    slots.ensure(NUM_SLOTS, SLOT_BYTES)
+    process.write(slots.map_job())
+    pid = process.process.pid
+    before = _sockets(pid)
+    hello = HEADER.pack(-1, 0, -1, HELLO, 2, 0, 0)
+    with socket.create_connection(sender.getpeername(), timeout=30) as newcomer:
+        newcomer.sendall(hello[:10])
+        deadline = time.monotonic() + 30
+        while _sockets(pid) == before:  # accepted: its hello's first part is being read
+            assert time.monotonic() < deadline, "the receiver did not accept the connection"
+            time.sleep(0.01)
+        payload = bytes(range(40, 40 + SLOT_BYTES))
+        header = HEADER.pack(2, 5, 0, SLOT_BYTES, 0, SLOT_BYTES, NUM_SLOTS * SLOT_BYTES)
+        sender.sendall(header + payload)
+        assert _arrival(process) == (ARRIVED, 2, 5, 0, 0, SLOT_BYTES)
+        assert _slot(slots, 0, SLOT_BYTES) == payload
+        newcomer.sendall(hello[10:])
+        assert RESUME.unpack(newcomer.recv(RESUME.size, socket.MSG_WAITALL)) == (0,)
+        payload = bytes(range(80, 80 + SLOT_BYTES))
+        header = HEADER.pack(2, 6, 1, SLOT_BYTES, 1, SLOT_BYTES, NUM_SLOTS * SLOT_BYTES)
+        newcomer.sendall(header + payload)  # the newcomer carries on where the first left
+        assert _arrival(process) == (ARRIVED, 2, 6, 1, SLOT_BYTES, SLOT_BYTES)
+        assert _slot(slots, SLOT_BYTES, SLOT_BYTES) == payload
+
+
 def test_a_sender_reports_the_nic_it_connected_over() -> None:
     """A sender delegate whose receiver does not listen on NIC 0's address (refused) starts
     over NIC 1 and says so in its READY note: its trainer must not believe it on NIC 0 (a
