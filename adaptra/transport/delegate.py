@@ -21,7 +21,8 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
-netlink (its own NIC's link going down: at once), by its receiver's notice over the
+netlink (its own NIC's link going down: at once; its NICs' state read afresh where the kernel
+dropped events), by its receiver's notice over the
 management plane (the receiver's netlink: the peer's NIC), by TCP's user timeout (data
 unacked for `timeout_ms`: the peer's NIC, with no notices), by the fault hook's word (a
 message the fault model routes over another NIC: hook injection, no namespaces; it connects
@@ -44,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import mmap
 import os
 import select
@@ -109,6 +111,8 @@ _RTMGRP_LINK, _RTM_NEWLINK = 1, 16
 _IFF_UP, _IFF_RUNNING = 0x1, 0x40
 _NLMSG = struct.Struct("=IHHII")  # length, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
+_SIOCGIFFLAGS = 0x8913
+_IFREQ = struct.Struct("=16sH22x")  # struct ifreq: name, flags
 
 
 def _die_with_parent(parent: int) -> None:
@@ -228,10 +232,25 @@ class TcpWire:
         self._sock.close()
 
 
+def _running(index: int) -> bool:
+    """Whether interface `index` is up and running now (one gone is not)."""
+    try:
+        name = socket.if_indextoname(index)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            answer = fcntl.ioctl(sock, _SIOCGIFFLAGS, _IFREQ.pack(name.encode(), 0))
+    except OSError:
+        return False
+    flags = _IFREQ.unpack(answer)[1]
+    return bool(flags & _IFF_UP and flags & _IFF_RUNNING)
+
+
 class _LinkWatch:
     """Netlink's link events for this host (its namespace): which interfaces went down."""
 
-    def __init__(self) -> None:
+    def __init__(self, indices: list[int]) -> None:
+        """`indices`: the interfaces watched (0: none), whose state it reads afresh when the
+        kernel dropped events."""
+        self.indices = [index for index in indices if index]
         self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         self._sock.bind((0, _RTMGRP_LINK))
 
@@ -239,20 +258,53 @@ class _LinkWatch:
         return self._sock.fileno()
 
     def read(self) -> tuple[set[int], set[int]]:
-        """(interface indices now down, now up) from the events waiting."""
+        """(interface indices now down, now up) from the events waiting. If the kernel
+        dropped some (the socket's buffer was full: many links changing at once, and the
+        read is ENOBUFS), the watched interfaces' state is read afresh instead, each then
+        down or up: a NIC's going down may be among those lost."""
+        try:
+            data = self._sock.recv(65536)
+        except OSError as err:
+            if err.errno != errno.ENOBUFS:
+                raise
+            self._drop_waiting()
+            return self._state()
+        return _link_changes(data)
+
+    def _drop_waiting(self) -> None:
+        """Drop the events waiting: the state read next is newer."""
+        while True:
+            try:
+                self._sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError as err:  # more dropped meanwhile: read on
+                if err.errno != errno.ENOBUFS:
+                    raise
+
+    def _state(self) -> tuple[set[int], set[int]]:
+        """(the watched interfaces down, those up), as they are now."""
         down: set[int] = set()
         up: set[int] = set()
-        data = self._sock.recv(65536)
-        while len(data) >= _NLMSG.size:
-            length, kind, _, _, _ = _NLMSG.unpack_from(data)
-            if length < _NLMSG.size:
-                break
-            if kind == _RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
-                _, _, index, flags, _ = _IFINFO.unpack_from(data, _NLMSG.size)
-                running = flags & _IFF_UP and flags & _IFF_RUNNING
-                (up if running else down).add(index)
-            data = data[(length + 3) & ~3 :]
+        for index in self.indices:
+            (up if _running(index) else down).add(index)
         return down, up
+
+
+def _link_changes(data: bytes) -> tuple[set[int], set[int]]:
+    """(interface indices now down, now up) from netlink's link events in `data`."""
+    down: set[int] = set()
+    up: set[int] = set()
+    while len(data) >= _NLMSG.size:
+        length, kind, _, _, _ = _NLMSG.unpack_from(data)
+        if length < _NLMSG.size:
+            break
+        if kind == _RTM_NEWLINK and length >= _NLMSG.size + _IFINFO.size:
+            _, _, index, flags, _ = _IFINFO.unpack_from(data, _NLMSG.size)
+            running = flags & _IFF_UP and flags & _IFF_RUNNING
+            (up if running else down).add(index)
+        data = data[(length + 3) & ~3 :]
+    return down, up
 
 
 class _Message(NamedTuple):
@@ -338,11 +390,13 @@ def run_sender(
     """`notice_peer`: the receiver's management-plane address, for its notices ("": none)."""
     slots = _SlotFile()
     link = _Sender(port, peers, sources, ifnames, timeout_ms)
+    # Watching before it connects: a NIC that goes down meanwhile is seen (its READY says
+    # that it watches).
+    watch = _LinkWatch(link.indices) if any(link.indices) else None
     link.connect(START_REPLY_TIMEOUT_S)
     notices = _notice_connection(notice_peer, port) if notice_peer else None
     pid = os.getpid()
     _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
-    watch = _LinkWatch() if any(link.indices) else None
     retained: list[_Message] = []
     """This iteration's messages so far, to send again after a failover (an iteration's
     messages all have their slots, and the next begins only once all arrived)."""
@@ -565,7 +619,7 @@ def run_receiver(
     for listener in listeners:
         selector.register(listener, selectors.EVENT_READ)
     indices = [socket.if_nametoindex(name) if name else 0 for name in ifnames]
-    watch = _LinkWatch() if any(indices) and notice_address else None
+    watch = _LinkWatch(indices) if any(indices) and notice_address else None
     if watch is not None:
         selector.register(watch.fileno(), selectors.EVENT_READ)
     noticed: list[socket.socket] = []

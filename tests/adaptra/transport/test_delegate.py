@@ -17,7 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from adaptra.transport.delegate import ARRIVED, HEADER, HELLO, PATH_BYTES, PORT, READY, RESUME
+from adaptra.transport.delegate import (
+    ARRIVED,
+    BY_LINK_STATE,
+    FAILOVER,
+    HEADER,
+    HELLO,
+    PATH_BYTES,
+    PORT,
+    READY,
+    RESUME,
+)
 from adaptra.transport.delegated import _Inbound, _Outbound, _Process, _read_note, _SlotFile
 from pipeline.errors import ConfigError
 from pipeline.runtime.transport import ACTIVATION, LinkDirection, Message
@@ -207,17 +217,21 @@ def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> No
 
 
 @contextlib.contextmanager
-def _two_nic_direction(num_delegates: int) -> Iterator[tuple[_Inbound, _Outbound]]:
+def _two_nic_direction(
+    num_delegates: int, nics: str = "127.0.0.1,127.0.0.2", ifnames: str = ","
+) -> Iterator[tuple[_Inbound, _Outbound]]:
     """One link direction's receiver and sender delegates, `num_delegates` a side, each
-    sender on NIC 0 of two (loopback's 127.0.0.1 and .2), ready."""
+    sender on NIC 0 of two (`nics`: their addresses, both sides on one host; by default
+    loopback's 127.0.0.1 and .2; `ifnames`: their interfaces, watched by the senders),
+    ready."""
     direction = LinkDirection("0-1", "forward")
     folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     sides: list[_Inbound | _Outbound] = []
     try:
-        inbound = _Inbound(direction, 0, num_delegates, ["127.0.0.1,127.0.0.2", "", ","], folder)
+        inbound = _Inbound(direction, 0, num_delegates, [nics, "", ifnames], folder)
         sides.append(inbound)
         ports = inbound.ports(30)
-        args = ["2000", "127.0.0.1,127.0.0.2", "127.0.0.1,127.0.0.2", ",", ""]
+        args = ["2000", nics, nics, ifnames, ""]
         outbound = _Outbound(direction, 1, ports, args, folder)
         sides.append(outbound)
         deadline = time.monotonic() + 30
@@ -314,6 +328,89 @@ def test_a_sibling_moved_by_its_trainer_takes_the_nic_the_last_move_took() -> No
         moves = {(f.cause, f.nic_from, f.nic_to) for f in outbound.failovers if f.iteration == 2}
         assert moves == {("fault hook", 0, 1), ("sibling", 0, 1)}
         assert outbound.nic_of == [1, 1]
+
+
+def _ip_batch(namespace: str, commands: list[str]) -> None:
+    """Run `ip` commands in `namespace`, in one process."""
+    script = "".join(f"{command}\n" for command in commands)
+    subprocess.run(["ip", "-n", namespace, "-batch", "-"], input=script, text=True, check=True)
+
+
+@contextlib.contextmanager
+def _one_host_namespace() -> Iterator[str]:
+    """A network namespace of the test's own, one host with two NICs, `nic0` (10.77.0.1) and
+    `nic1` (10.77.1.1), and a third link, `flap`, nobody's NIC: each a veth whose peer is up
+    in the namespace too (a link netlink sees go down and up; the addresses stay local)."""
+    name = f"adt-delegate-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        commands = ["link set lo up"]
+        for link in ("nic0", "nic1", "flap"):
+            commands += [f"link add {link} type veth peer name {link}p", f"link set {link}p up"]
+            commands.append(f"link set {link} up")
+        commands += ["addr add 10.77.0.1/32 dev nic0", "addr add 10.77.1.1/32 dev nic1"]
+        _ip_batch(name, commands)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+@contextlib.contextmanager
+def _entered(namespace: str) -> Iterator[None]:
+    """This thread in `namespace` (the processes it starts start there), then back."""
+    from pyroute2 import netns
+
+    netns.pushns(namespace)
+    try:
+        yield
+    finally:
+        netns.popns()
+
+
+def _netlink_drops(pid: int) -> int:
+    """How many events the kernel dropped for process `pid`'s netlink socket (its only one,
+    bound to the port of its pid)."""
+    header, *rows = Path(f"/proc/{pid}/net/netlink").read_text().splitlines()
+    for row in rows:
+        fields = dict(zip(header.split(), row.split(), strict=True))
+        if int(fields["Pid"]) == pid:
+            return int(fields["Drops"])
+    raise AssertionError(f"process {pid} has no netlink socket")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_sender_whose_link_events_overflowed_reads_its_nics_state_afresh() -> None:
+    """While a sender delegate is stopped, 600 changes of a link that is not its NIC
+    overflow its netlink socket, and then its NIC goes down: the kernel drops events (that
+    one too), and the socket's read, once those kept are read, is ENOBUFS. The delegate
+    reads its NICs' state afresh, moves to NIC 1 by link state, and carries on (it died of
+    the OSError, and its link direction with it)."""
+    with (
+        _one_host_namespace() as namespace,
+        _entered(namespace),
+        _two_nic_direction(1, "10.77.0.1,10.77.1.1", "nic0,nic1") as (inbound, outbound),
+    ):
+        sender = outbound.delegates[0]
+        os.kill(sender.process.pid, signal.SIGSTOP)
+        try:
+            _wait_stopped(sender.process.pid)
+            flaps = [f"link set flap {state}" for _ in range(300) for state in ("down", "up")]
+            _ip_batch(namespace, [*flaps, "link set nic0 down"])
+            assert _netlink_drops(sender.process.pid) > 0  # its next read: ENOBUFS
+        finally:
+            os.kill(sender.process.pid, signal.SIGCONT)
+        kind, _, cause, first_seq, left, took, *_ = _read_note(sender, time.monotonic() + 30)
+        assert (kind, cause, first_seq, left, took) == (FAILOVER, BY_LINK_STATE, -1, 0, 1)
+        for side in (inbound, outbound):
+            side.begin(1, 8)
+        payload = torch.full((8,), 7, dtype=torch.uint8)
+        outbound.send(Message(0, ACTIVATION, 0, 0), payload, fault_ms=0.0, nic=None)
+        assert [r.microbatch for r in outbound.finish(0, 30)] == [0]
+        buffer = torch.empty(8, dtype=torch.uint8)
+        inbound.take(Message(0, ACTIVATION, 0, 0), buffer, 30)
+        assert buffer.tolist() == [7] * 8
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
