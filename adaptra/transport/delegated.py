@@ -373,17 +373,29 @@ class _Outbound(_Side):
         """A delegate's next note, read in `iteration`; a failover is noted as that
         iteration's, a failure over every NIC raised."""
         note = _read_note(delegate, deadline)
-        kind, _, cause, first_seq, left, took, t1, t2, pid = note
+        kind, *_ = note
         if kind == FAILED:
             raise self._stranded(delegate)
         if kind == FAILOVER:
-            self.failovers.append(
-                Failover(
-                    self.direction, iteration, CAUSES[cause], left, took, t1, t2, first_seq, pid
-                )
-            )
-            self.nic_of[delegate.index] = took
+            failover = _failover(self.direction, iteration, note)
+            self.failovers.append(failover)
+            self.nic_of[delegate.index] = failover.nic_to
         return note
+
+    def moves_unread(self) -> list[tuple]:  # type: ignore[type-arg]
+        """The FAILOVER notes its delegates have written and it has not read (moves since its
+        last look, between iterations: by netlink, a notice, TCP's timeout), taken now,
+        without waiting: its side is being closed (a rank swap), and its moves are still
+        its trainer's failovers. Any other note is dropped with the side."""
+        notes = []
+        for delegate in self.delegates:
+            delegate.read_written()
+            while len(delegate.unread) >= NOTE.size:
+                note = NOTE.unpack_from(delegate.unread)
+                del delegate.unread[: NOTE.size]
+                if note[0] == FAILOVER:
+                    notes.append(note)
+        return notes
 
     def check(self) -> None:
         """Raise `LinkFailure` if one of its delegates has noted that it found no NIC left
@@ -424,6 +436,15 @@ class _Outbound(_Side):
             while len(delegate.unread) >= NOTE.size:
                 if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
                     raise ConnectionError(f"the {delegate.name} noted what it did not carry")
+
+
+def _failover(direction: LinkDirection, iteration: int, note: tuple) -> Failover:  # type: ignore[type-arg]
+    """A delegate's FAILOVER note, as the failover of `iteration` (the one its trainer learns
+    of it in)."""
+    _, _, cause, first_seq, left, took, noticed_s, resumed_s, pid = note
+    return Failover(
+        direction, iteration, CAUSES[cause], left, took, noticed_s, resumed_s, first_seq, pid
+    )
 
 
 class _DelegatedReceive:
@@ -504,6 +525,11 @@ class DelegateTransport:
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
         self._delegates = delegates
+        self._closed_moves: list[tuple[LinkDirection, tuple]] = []  # type: ignore[type-arg]
+        """FAILOVER notes of sender sides closed at a rewire, read then, and their
+        direction: the next `finish_iteration`'s failovers."""
+        self._closed_failovers: list[Failover] = []
+        """Failovers of sender sides closed at a rewire, not yet taken."""
         try:
             self._wire(setup, setup.inbound, setup.outbound)
         except BaseException:
@@ -547,7 +573,7 @@ class DelegateTransport:
         for sides, wanted in ((self._inbound, setup.inbound), (self._outbound, setup.outbound)):
             peers = dict(wanted)
             for direction in [d for d, side in sides.items() if peers.get(d) != side.peer]:
-                sides.pop(direction).close()
+                self._close(sides.pop(direction))
         try:
             self._wire(
                 setup,
@@ -557,6 +583,16 @@ class DelegateTransport:
         except BaseException:
             self.close()
             raise
+
+    def _close(self, side: _Side) -> None:
+        """Close a side a rewire no longer uses. A sender side's failovers are kept: those
+        not yet taken, and the moves its delegates noted since its last look, read now (a
+        rewire is an iteration's first work: they are the failovers of the iteration
+        finished next, the one its trainer learns of them in)."""
+        if isinstance(side, _Outbound):
+            self._closed_failovers += side.failovers
+            self._closed_moves += [(side.direction, note) for note in side.moves_unread()]
+        side.close()
 
     def _sides(self) -> dict[LinkDirection, _Side]:
         """Every link direction this trainer sends or receives on (each has one side)."""
@@ -609,6 +645,8 @@ class DelegateTransport:
         return self._outbound[direction].route_nic
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:
+        self._closed_failovers += [_failover(d, iteration, n) for d, n in self._closed_moves]
+        self._closed_moves.clear()
         records: list[WireRecord] = []
         for outbound in self._outbound.values():
             records += outbound.finish(iteration, self.timeout_s)
@@ -620,8 +658,10 @@ class DelegateTransport:
 
     def take_failovers(self) -> list[Failover]:
         taken = [f for outbound in self._outbound.values() for f in outbound.failovers]
+        taken += self._closed_failovers
         for outbound in self._outbound.values():
             outbound.failovers = []
+        self._closed_failovers = []
         return sorted(taken, key=lambda f: f.noticed_s)
 
     def close(self) -> None:

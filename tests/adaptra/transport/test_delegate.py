@@ -330,14 +330,14 @@ def test_a_sibling_moved_by_its_trainer_takes_the_nic_the_last_move_took() -> No
         assert outbound.nic_of == [1, 1]
 
 
-def _ip_batch(namespace: str, commands: list[str]) -> None:
+def ip_batch(namespace: str, commands: list[str]) -> None:
     """Run `ip` commands in `namespace`, in one process."""
     script = "".join(f"{command}\n" for command in commands)
     subprocess.run(["ip", "-n", namespace, "-batch", "-"], input=script, text=True, check=True)
 
 
 @contextlib.contextmanager
-def _one_host_namespace() -> Iterator[str]:
+def one_host_namespace() -> Iterator[str]:
     """A network namespace of the test's own, one host with two NICs, `nic0` (10.77.0.1) and
     `nic1` (10.77.1.1), and a third link, `flap`, nobody's NIC: each a veth whose peer is up
     in the namespace too (a link netlink sees go down and up; the addresses stay local)."""
@@ -349,14 +349,14 @@ def _one_host_namespace() -> Iterator[str]:
             commands += [f"link add {link} type veth peer name {link}p", f"link set {link}p up"]
             commands.append(f"link set {link} up")
         commands += ["addr add 10.77.0.1/32 dev nic0", "addr add 10.77.1.1/32 dev nic1"]
-        _ip_batch(name, commands)
+        ip_batch(name, commands)
         yield name
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=True)
 
 
 @contextlib.contextmanager
-def _entered(namespace: str) -> Iterator[None]:
+def entered(namespace: str) -> Iterator[None]:
     """This thread in `namespace` (the processes it starts start there), then back."""
     from pyroute2 import netns
 
@@ -388,8 +388,8 @@ def test_a_sender_whose_link_events_overflowed_reads_its_nics_state_afresh() -> 
     reads its NICs' state afresh, moves to NIC 1 by link state, and carries on (it died of
     the OSError, and its link direction with it)."""
     with (
-        _one_host_namespace() as namespace,
-        _entered(namespace),
+        one_host_namespace() as namespace,
+        entered(namespace),
         _two_nic_direction(1, "10.77.0.1,10.77.1.1", "nic0,nic1") as (inbound, outbound),
     ):
         sender = outbound.delegates[0]
@@ -397,7 +397,7 @@ def test_a_sender_whose_link_events_overflowed_reads_its_nics_state_afresh() -> 
         try:
             _wait_stopped(sender.process.pid)
             flaps = [f"link set flap {state}" for _ in range(300) for state in ("down", "up")]
-            _ip_batch(namespace, [*flaps, "link set nic0 down"])
+            ip_batch(namespace, [*flaps, "link set nic0 down"])
             assert _netlink_drops(sender.process.pid) > 0  # its next read: ENOBUFS
         finally:
             os.kill(sender.process.pid, signal.SIGCONT)

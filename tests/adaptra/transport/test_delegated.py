@@ -7,10 +7,13 @@ import contextlib
 import dataclasses
 import os
 import queue
+import select
+import shutil
 import signal
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways
 from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
+from tests.adaptra.transport.test_delegate import entered, ip_batch, one_host_namespace
 
 pytestmark = pytest.mark.multiprocess
 
@@ -195,6 +199,78 @@ def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> No
         rewired.result()
         carry(a, b, 2.0)
         assert len(a.pids) == len(b.pids) == 1  # the old sides' delegates are gone
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded() -> None:
+    """Two trainers' delegate transports on one host (a namespace of the test's) with two
+    NICs: A sends d to B. After iteration 0, nic0 goes down, and A's sender delegate moves
+    to nic1 (netlink) between iterations, its trainer not looking. Then a rank swap has A
+    receive d from B, and A's sender side is closed: the move is A's failover of
+    iteration 1, the one it learns of it in (it was dropped with the side's pipe)."""
+    d = LinkDirection("0-1", "forward")
+    ports: queue.Queue[dict[LinkDirection, list[int]]] = queue.Queue()
+    delegates = Delegates(addresses=(("10.77.0.1", "10.77.1.1"),) * 2, ifnames=("nic0", "nic1"))
+
+    def exchange(
+        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, list[int]]:
+        if mine:  # the receiving side's ports, to the sending side's wiring
+            ports.put(mine)
+        return ports.get(timeout=30.0) if wanted else {}
+
+    def carry(
+        sender: DelegateTransport, receiver: DelegateTransport, iteration: int, value: float
+    ) -> None:
+        for transport in (sender, receiver):
+            transport.begin_iteration({d: (1, 64)})
+        message = Message(iteration, ACTIVATION, 0, 0)
+        buffer = torch.zeros(16)
+        pending = receiver.post_receive(d, message, buffer)
+        sender.send(d, message, torch.full((16,), value), fault_ms=0.0)
+        pending.wait(30.0)
+        assert [r.direction for r in sender.finish_iteration(iteration)] == [d]
+        assert receiver.finish_iteration(iteration) == []
+        assert torch.equal(buffer, torch.full((16,), value))
+
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
+        other = stack.enter_context(ThreadPoolExecutor(1))
+
+        def setup(rank: int, inbound: tuple, outbound: tuple) -> DelegateSetup:
+            return DelegateSetup(rank, folder, inbound, outbound, 1, 30.0, exchange)
+
+        def there(call: Callable[[], DelegateTransport | None]) -> DelegateTransport | None:
+            """`call` on the other thread, in the namespace too (its delegates start there)."""
+            with entered(namespace):
+                return call()
+
+        wiring = other.submit(there, lambda: delegates.connect(setup(1, ((d, 0),), ())))
+        a = delegates.connect(setup(0, (), ((d, 1),)))
+        stack.callback(a.close)
+        b = wiring.result()
+        assert b is not None
+        stack.callback(b.close)
+        carry(a, b, 0, 1.0)
+        assert a.take_failovers() == []
+        mover = a._outbound[d].delegates[0]
+        ip_batch(namespace, ["link set nic0 down"])
+        readable, _, _ = select.select([mover.notify], [], [], 30.0)
+        assert readable, "the sender delegate did not note its move"  # then noted, unread
+        rewired = other.submit(there, lambda: b.rewire(setup(1, (), ((d, 0),))))
+        a.rewire(setup(0, ((d, 1),), ()))
+        rewired.result()
+        assert mover.process.poll() is not None  # closed with its side
+        carry(b, a, 1, 2.0)
+        moves = [(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq,
+                  f.carrier_pid) for f in a.take_failovers()]  # fmt: skip
+        assert moves == [(d, 1, "link state", 0, 1, -1, mover.process.pid)]
+        assert b.take_failovers() == []
 
 
 def test_delegates_started_before_one_that_fails_to_start_are_closed(
