@@ -31,6 +31,7 @@ from adaptra.transport.delegate import (
 from adaptra.transport.delegated import _Inbound, _Outbound, _Process, _read_note, _SlotFile
 from pipeline.errors import ConfigError
 from pipeline.runtime.transport import ACTIVATION, LinkDirection, Message
+from tests.adaptra.transport.one_host import entered, ip_batch, one_host_namespace
 
 SLOT_BYTES, NUM_SLOTS = 8, 2
 
@@ -328,43 +329,6 @@ def test_a_sibling_moved_by_its_trainer_takes_the_nic_the_last_move_took() -> No
         moves = {(f.cause, f.nic_from, f.nic_to) for f in outbound.failovers if f.iteration == 2}
         assert moves == {("fault hook", 0, 1), ("sibling", 0, 1)}
         assert outbound.nic_of == [1, 1]
-
-
-def ip_batch(namespace: str, commands: list[str]) -> None:
-    """Run `ip` commands in `namespace`, in one process."""
-    script = "".join(f"{command}\n" for command in commands)
-    subprocess.run(["ip", "-n", namespace, "-batch", "-"], input=script, text=True, check=True)
-
-
-@contextlib.contextmanager
-def one_host_namespace() -> Iterator[str]:
-    """A network namespace of the test's own, one host with two NICs, `nic0` (10.77.0.1) and
-    `nic1` (10.77.1.1), and a third link, `flap`, nobody's NIC: each a veth whose peer is up
-    in the namespace too (a link netlink sees go down and up; the addresses stay local)."""
-    name = f"adt-delegate-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    try:
-        commands = ["link set lo up"]
-        for link in ("nic0", "nic1", "flap"):
-            commands += [f"link add {link} type veth peer name {link}p", f"link set {link}p up"]
-            commands.append(f"link set {link} up")
-        commands += ["addr add 10.77.0.1/32 dev nic0", "addr add 10.77.1.1/32 dev nic1"]
-        ip_batch(name, commands)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], check=True)
-
-
-@contextlib.contextmanager
-def entered(namespace: str) -> Iterator[None]:
-    """This thread in `namespace` (the processes it starts start there), then back."""
-    from pyroute2 import netns
-
-    netns.pushns(namespace)
-    try:
-        yield
-    finally:
-        netns.popns()
 
 
 def _netlink_drops(pid: int) -> int:

@@ -28,7 +28,7 @@ from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways
 from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
-from tests.adaptra.transport.test_delegate import entered, ip_batch, one_host_namespace
+from tests.adaptra.transport.one_host import entered, ip_batch, one_host_namespace
 
 pytestmark = pytest.mark.multiprocess
 
