@@ -5,11 +5,12 @@ level differs from the old one by at least a minimum relative change.
 The model: iteration times are normal within a segment, with unknown mean and variance
 (a normal-gamma prior, so each run length's predictive is a Student t), and a segment ends
 with a constant hazard per iteration. After each time the detector holds the posterior over
-the current segment's length (its run length, truncated at `max_run_length`). It reports a
-change when the most likely run length is shorter than the iterations since the last
-change it reported (a new segment began) and that new segment's median so far differs from
-the previous segment's by at least `min_relative_change` (medians: a run's first iteration
-may be far slower than the rest).
+the current segment's length (its run length, in `max_run_length` bins: the last one's
+length stands for every longer one too, its mass folded in, so that an update's cost stays
+bounded). It reports a change when the most likely run length is shorter than the
+iterations since the last change it reported (a new segment began; the last bin never is)
+and that new segment's median so far differs from the previous segment's by at least
+`min_relative_change` (medians: a run's first iteration may be far slower than the rest).
 
 Why these values (`ChangePointConfig`): a hazard of 1/100 (a straggler per hundred
 iterations is already a bad cluster); the prior is taken from the data (the median of
@@ -53,10 +54,14 @@ class ChangePointConfig:
     """Calibration iterations agree when their spread is at most this fraction of their
     median; the prior's spread is at most that too (the module)."""
     max_run_length: int = 200
+    """Run lengths the posterior tells apart; its last bin holds every run that long or
+    longer (their mass folded into it), so an update costs the same however long the run."""
 
     def __post_init__(self) -> None:
         if not 0 < self.hazard < 1 or self.min_relative_change < 0 or self.num_calibration < 2:
             raise ValueError("need 0 < hazard < 1, min_relative_change >= 0, calibration >= 2")
+        if self.max_run_length < 2:
+            raise ValueError("need max_run_length >= 2 (a new run and a longer one)")
         if not self.max_relative_spread > 0:
             raise ValueError("need max_relative_spread > 0")
 
@@ -126,10 +131,10 @@ class ChangePointDetector:
             self._calibrate()
             return False
         self._step(iteration_ms)
-        most_likely = max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
+        most_likely = self.most_likely_run_length
         since = len(self._times) - self._segment_start - self._unstepped
-        if most_likely >= since or most_likely == 0:  # no new segment (yet)
-            return False
+        if most_likely >= min(since, config.max_run_length - 1) or most_likely == 0:
+            return False  # no new segment (yet): the last bin is every run that long or longer
         start = len(self._times) - most_likely
         new_ms = statistics.median(self._times[start:])
         old_ms = statistics.median(self._times[self._segment_start : start])
@@ -182,6 +187,14 @@ class ChangePointDetector:
                 self._unstepped += 1
 
     @property
+    def most_likely_run_length(self) -> int:
+        """The current segment's most likely length, in iterations the model took (0 before
+        the prior is set; `max_run_length` - 1 stands for that many or more)."""
+        if not self._log_probs:
+            return 0
+        return max(range(len(self._log_probs)), key=self._log_probs.__getitem__)
+
+    @property
     def change_index(self) -> int:
         """The index (in the times fed) of the first time of the current segment."""
         return self._segment_start
@@ -195,11 +208,15 @@ class ChangePointDetector:
             self._log_probs, self._stats, strict=True)]  # fmt: skip
         grown = [p + log_1h for p in predictive]
         changed = _log_sum_exp(predictive) + log_h
-        log_probs = [changed, *grown][: self.config.max_run_length]
+        log_probs = [changed, *grown]
+        stats = [self._prior, *(s.updated(x, self._kappa0) for s in self._stats)]
+        cap = self.config.max_run_length
+        if len(log_probs) > cap:  # the tail folded into the last bin, its mass kept
+            log_probs = [*log_probs[: cap - 1], _log_sum_exp(log_probs[cap - 1 :])]
+            stats = [*stats[: cap - 1], stats[-1]]
         total = _log_sum_exp(log_probs)
         self._log_probs = [p - total for p in log_probs]
-        stats = [self._prior, *(s.updated(x, self._kappa0) for s in self._stats)]
-        self._stats = stats[: self.config.max_run_length]
+        self._stats = stats
 
 
 def _relative_scale(times: list[float]) -> float:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import statistics
+from collections.abc import Iterable
 
 import pytest
 
@@ -115,3 +117,49 @@ def test_slow_first_iterations_then_noise_alone_look_like_no_slowdown(
     assert reported == ([3] if left_behind else [])
     assert detector.segment_ms == pytest.approx(190.0, rel=0.01)
     assert detector.baseline_ms == (565.0 if left_behind else pytest.approx(190.0, rel=0.05))
+
+
+def test_a_long_run_stays_in_the_last_bin_and_takes_no_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The posterior was cut at `max_run_length` bins, dropping the longest run (nearly all
+    its mass) each update: the most likely run length fell below the iterations since the
+    segment began, and every update took two medians of the whole history (quadratic). The
+    tail now folds into the last bin, which holds the run for good."""
+    rng = random.Random(3)
+    detector = ChangePointDetector()
+    cap = detector.config.max_run_length
+    for _ in range(2 * cap):
+        detector.update(100 * rng.gauss(1, 0.03))
+    medians: list[int] = []
+    real_median = statistics.median
+
+    def counted_median(data: Iterable[float]) -> float:
+        values = list(data)
+        medians.append(len(values))
+        return real_median(values)
+
+    monkeypatch.setattr(statistics, "median", counted_median)
+    most_likely = []
+    for _ in range(cap):
+        assert not detector.update(100 * rng.gauss(1, 0.03))
+        most_likely.append(detector.most_likely_run_length)
+    assert most_likely == [cap - 1] * cap
+    assert medians == []
+
+
+def test_a_change_after_the_last_bin_is_found_where_it_began() -> None:
+    """Past `max_run_length` iterations the capped run still gives way to a new segment."""
+    rng = random.Random(4)
+    times = [100 * rng.gauss(1, 0.03) for _ in range(500)]
+    times += [150 * rng.gauss(1, 0.03) for _ in range(30)]
+    times += [100 * rng.gauss(1, 0.03) for _ in range(30)]
+    detector, found = _feed(times)
+    assert found == [500, 530]
+    assert detector.baseline_ms == pytest.approx(150, rel=0.03)
+    assert detector.segment_ms == pytest.approx(100, rel=0.03)
+
+
+def test_a_config_with_no_room_for_a_run_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_run_length"):
+        ChangePointConfig(max_run_length=1)
