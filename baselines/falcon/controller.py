@@ -16,7 +16,8 @@ Mitigation, from the lowest level up: ignore -> rebalance microbatches across th
 helps: a rebalance for a slow PP link (it slows its replica's pipeline, and a replica with
 fewer microbatches finishes sooner; a slow DP link holds every replica in the ring alike),
 where the replicas' per-microbatch times differ (a PP link slow in every replica leaves
-nothing to move), the swap for a slow DP link (where there are two stages or more: one stage
+nothing to move) and are all above 0 (a profile with no op times leaves a replica's pipeline
+no span to weigh), the swap for a slow DP link (where there are two stages or more: one stage
 has no PP edge to put the slow pair on). Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
 less the baseline) reaches the next level's cost, then climbs. The rebalance gives each
@@ -314,17 +315,20 @@ class FalconController:
 
     def _rebalanced(self, timeline: Timeline) -> ReplicaSchedules | None:
         """The split by the replicas' per-microbatch times in `timeline` (None: the equal
-        split is the best, or there is no planner to make the replicas' schedules)."""
+        split is the best; a replica took no time per microbatch, as under a profile with no
+        op times, which leaves the split nothing to weigh; or there is no planner to make the
+        replicas' schedules)."""
         profile = self.profile
         if self._planner is None:
             return None
         counts = (profile.num_microbatches,) * profile.num_replicas
         if self.split is not None:
             counts = self.split.counts
+        times_ms = per_microbatch_ms(timeline, counts)
+        if not all(t > 0 for t in times_ms):
+            return None
         split = rebalance(
-            profile.num_replicas * profile.num_microbatches,
-            per_microbatch_ms(timeline, counts),
-            minimum=profile.num_stages,
+            profile.num_replicas * profile.num_microbatches, times_ms, minimum=profile.num_stages
         )
         if len(set(split)) == 1:
             return None

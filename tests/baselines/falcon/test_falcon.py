@@ -219,6 +219,23 @@ def test_a_pp_link_slow_in_every_replica_leaves_nothing_to_rebalance() -> None:
     assert {d.microbatches for d in result.decisions} == {""}
 
 
+def test_a_replica_that_takes_no_time_per_microbatch_leaves_nothing_to_rebalance() -> None:
+    """Op times of 0: replica 0's pipeline spans 0 ms, and the rebalance (min max m_i t_i,
+    every t_i > 0) ended the run in a ConfigError. With nothing to weigh the rung is passed
+    over (the restart, at an unbounded cost, never comes): the split stays equal."""
+    profile = Profile.uniform(
+        4, 8, 0, 0, 0, message_bytes=4096, num_replicas=2,
+        allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+    )  # fmt: skip
+    result, falcon = _run(40, 14, swap_ms=2000.0, link="pp1:1-2", profile=profile)
+    assert falcon.climbs == [] and falcon.split is None
+    assert falcon.straggler is not None and falcon.straggler.link == "pp1:1-2"
+    assert falcon.straggler.lost_ms > 0  # ignored, the slow iterations lose time
+    assert {d.microbatches for d in result.decisions} == {""}
+    times = _with_step(result)
+    assert times[3:] == [times[3]] * 11 and times[3] > times[0]
+
+
 def test_a_slow_dp_link_with_no_pp_edge_to_swap_onto_passes_over_the_swap() -> None:
     """One stage, 3 replicas, 20 ms on dp0:0-1 from iteration 3: the swap has no PP link to
     put the slow pair on (Falcon asked for it anyway, and the run ended in a ConfigError). It
