@@ -204,7 +204,9 @@ def run(
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     controller: Controller
     if system is not None:
-        warning = blind_detector_warning(system, profile)
+        warning = blind_detector_warning(
+            system, profile, faults, num_warmup_iterations=warmup_iterations
+        )
         if warning is not None:
             click.echo(warning, err=True)
         controller = system_controller(

@@ -124,7 +124,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     pace = _Pace(sum(weights))
     warned = set()
     for config, key in zip(configs, keys, strict=True):
-        warning = None if key in done else _blind_warning(config)
+        warning = None if key in done else _blind_warning(config, spec.num_warmup_iterations)
         if warning is not None and warning not in warned:
             warned.add(warning)
             progress(warning)
@@ -181,10 +181,15 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     return run_dir
 
 
-def _blind_warning(config: Configuration) -> str | None:
+def _blind_warning(config: Configuration, num_warmup_iterations: int) -> str | None:
     """`blind_detector_warning` for a configuration, naming its scenario."""
     target, system, scenario, _ = config
-    warning = blind_detector_warning(system, scenario.apply(target.profile))
+    warning = blind_detector_warning(
+        system,
+        scenario.apply(target.profile),
+        scenario.faults or NO_FAULTS,
+        num_warmup_iterations=num_warmup_iterations,
+    )
     return None if warning is None else f"{target.label} {scenario.name}: {warning}"
 
 

@@ -12,6 +12,7 @@ from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
 from baselines.falcon import FalconController
+from baselines.falcon.changepoint import DEFAULT_CHANGES
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from injectors.fault_model import FaultModel
@@ -22,6 +23,7 @@ from pipeline.link_terms import ALL_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
+from pipeline.topology import Link
 
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
@@ -152,18 +154,103 @@ _MEASURED_KINDS = {"adaptra": ("PP", "DP"), "adaptra-cpu": ("DP",)}
 """The kinds of link each detector-driven system's controller reads."""
 
 
-def blind_detector_warning(system: str, profile: Profile) -> str | None:
-    """A warning line where `system` decides from its detector and the profile's own delays
-    slow every link of a kind it reads from the first iteration (`unmeasurable_kinds`):
-    nothing is left to compare them against, and it sees none slow."""
-    blind = [k for k in unmeasurable_kinds(profile) if k in _MEASURED_KINDS.get(system, ())]
+def blind_detector_warning(
+    system: str,
+    profile: Profile,
+    faults: FaultView = NO_FAULTS,
+    *,
+    num_warmup_iterations: int = 1,
+) -> str | None:
+    """A warning line where `system` decides from what it measures and cannot see the
+    delays it runs under: Adaptra's detectors where every link of a kind they read is slow
+    from the first iteration they see (`_adaptra_blind_warning`), Falcon where a delay is
+    there before its change-point detector has its healthy level (`_falcon_blind_warning`).
+    `faults` and `num_warmup_iterations`: the run's (a timeline counts from the first
+    measured iteration; the warm-up runs healthy)."""
+    if system == "falcon":
+        return _falcon_blind_warning(profile, faults, num_warmup_iterations)
+    if system in _MEASURED_KINDS:
+        return _adaptra_blind_warning(system, profile, faults, num_warmup_iterations)
+    return None
+
+
+def _adaptra_blind_warning(
+    system: str, profile: Profile, faults: FaultView, num_warmup_iterations: int
+) -> str | None:
+    """Where the delays in force in the first iteration slow every link of a kind `system`
+    reads (`unmeasurable_kinds`): nothing is left to compare them against, and it sees none
+    slow. Those are the profile's own, and a fault timeline's where no warm-up iteration
+    runs before it (the detector's floor is the least time it has seen: a healthy warm-up
+    sets it)."""
+    measured = _MEASURED_KINDS[system]
+    blind = [k for k in unmeasurable_kinds(profile) if k in measured]
+    advice = "delay some of the links only, or start the delay later with a fault timeline"
+    if not blind and not num_warmup_iterations:
+        first = _with_first_iteration_faults(profile, faults)
+        blind = [k for k in unmeasurable_kinds(first) if k in measured]
+        advice = "run a warm-up iteration first, or delay some of the links only"
     if not blind:
         return None
     return (
         f"warning: {system} finds slow links by comparing them with healthy ones, and every "
         f"{' and every '.join(blind)} link here is delayed from the first iteration: it will "
-        "see none slow (delay some of the links only, or start the delay later with a fault "
-        "timeline)"
+        f"see none slow ({advice})"
+    )
+
+
+def _with_first_iteration_faults(profile: Profile, faults: FaultView) -> Profile:
+    """`profile` with the delays a fault timeline keeps in force in its iteration 0 added: on
+    a DP ring link its own, on a PP link the least of any replica's (a profile's PP delay
+    slows that link in every replica)."""
+    if not isinstance(faults, FaultModel):
+        return profile
+    topology = profile.topology
+    pp_ms = [
+        (profile.delay_ms[stage] if stage < len(profile.delay_ms) else 0.0)
+        + min(
+            faults.link_delay_ms(0, topology, Link.pp(stage, replica))
+            for replica in range(topology.num_replicas)
+        )
+        for stage in range(topology.num_stages - 1)
+    ]
+    dp_ms = dict(profile.dp_delay_ms)
+    for name, delay_ms in faults.dp_delays_ms(0, topology):
+        link = Link.parse(name)
+        dp_ms[link] = dp_ms.get(link, 0.0) + delay_ms
+    return profile.with_delays(pp_ms, dp_ms)
+
+
+def _falcon_blind_warning(
+    profile: Profile, faults: FaultView, num_warmup_iterations: int
+) -> str | None:
+    """Where Falcon's change-point detector takes a delayed iteration time for the healthy
+    one: it sets its prior from the run's first `num_calibration` iterations (warm-up ones
+    included; baselines.falcon.changepoint), so a delay in the profile (there from the
+    first iteration) or a fault timeline's delay in force in any of them (two slow ones
+    among three set the level) may never be seen as a change."""
+    calibration = DEFAULT_CHANGES.num_calibration
+    first_clear = max(0, calibration - num_warmup_iterations)  # a delay may start here on
+    if any(profile.delay_ms) or any(delay_ms for _, delay_ms in profile.dp_delay_ms):
+        return (
+            "warning: falcon finds a slow link by a change in iteration time, and this "
+            "profile's delays are there from the first iteration: it will see no change "
+            "and leave them unmitigated (start the delay later with a fault timeline, "
+            f"from measured iteration {first_clear} on)"
+        )
+    topology = profile.topology
+    early = [
+        k
+        for k in range(first_clear)
+        if any(faults.pp_delays_ms(k, topology)) or faults.dp_delays_ms(k, topology)
+    ]
+    if not early:
+        return None
+    return (
+        f"warning: falcon takes its healthy iteration time from the run's first {calibration} "
+        f"iterations (warm-up included), and the fault timeline delays a link from measured "
+        f"iteration {early[0]}: it may take the slow time for the healthy one and see no "
+        f"change (start the faults at measured iteration {first_clear} or later, or run more "
+        "warm-up iterations)"
     )
 
 

@@ -401,14 +401,18 @@ class FaultModel:
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         """The fixed (or mean) delay in force on each PP link, the most of any replica's:
         what an oracle plans for (`_planned_delay_ms`)."""
-        in_force = self._in_force(iteration, topology)
         return tuple(
             max(
-                _planned_delay_ms(in_force, topology, Link.pp(stage, replica))
+                self.link_delay_ms(iteration, topology, Link.pp(stage, replica))
                 for replica in range(topology.num_replicas)
             )
             for stage in range(topology.num_stages - 1)
         )
+
+    def link_delay_ms(self, iteration: int, topology: Topology, link: Link) -> float:
+        """The fixed (or mean) delay in force on one concrete link (a replica's PP link, or a
+        DP ring link) at `iteration` (`_planned_delay_ms`)."""
+        return _planned_delay_ms(self._in_force(iteration, topology), topology, link)
 
     def dp_delays_ms(self, iteration: int, topology: Topology) -> tuple[tuple[str, float], ...]:
         """The DP ring links with a delay in force, and that delay (`_planned_delay_ms`)."""

@@ -8,7 +8,11 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
    slower than 1.1 x the median link of their kind (baselines.falcon.profiling);
 3. validation: the same link the slowest suspect again in the next iteration (while no new
    change has said otherwise; a noisy iteration only delays it). Then the straggler is
-   known, and so is the baseline (the mean iteration time before the change).
+   known, and so is the baseline (the median iteration time of the segment before the
+   change).
+A delay there from the start is no change: a profile's static delay, or a fault timeline's
+in force while the detector takes its prior from the first iterations, becomes the
+baseline and is never seen (harness.policies.blind_detector_warning warns of it).
 
 Mitigation, from the lowest level up: ignore -> rebalance microbatches across the DP groups
 -> change the topology so that the slow DP link becomes a PP link (a rank swap:

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from adaptra.control import LinkDetector, Thresholds, unmeasurable_kinds
-from harness.policies import system_controller
+from harness.policies import blind_detector_warning, system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.link_terms import ALL_LINK_TERMS
@@ -174,6 +174,39 @@ def test_the_kinds_a_profile_s_own_delays_leave_without_a_healthy_link() -> None
     assert unmeasurable_kinds(dp.with_delays([0.0], rings)) == ("DP",)
     assert unmeasurable_kinds(dp.with_delays([10.0], {Link.dp(0, 0): 20.0})) == ("PP",)
     assert unmeasurable_kinds(Profile.uniform(1, 4, 1, 1, 1)) == ()
+
+
+def test_a_timeline_that_slows_every_pp_link_from_an_unwarmed_start_is_warned_of() -> None:
+    """2 stages, 20 ms on the one PP link from measured iteration 0: after a healthy warm-up
+    iteration the detector has a floor and finds it; with no warm-up the delay is in the
+    floor from the first iteration, and it finds nothing: the run warns of that (it only
+    looked at the profile's delays). One replica's link of two leaves the other's floor."""
+    profile = Profile.uniform(2, 4, 5, 5, 5)
+    faults = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 20}]')
+    detected = {}
+    for warmup in (0, 1):
+        controller = system_controller("adaptra", profile, faults)
+        result = run_configuration(
+            controller, num_iterations=4, num_warmup_iterations=warmup, faults=faults
+        )
+        detected[warmup] = [d.detected_ms for d in result.decisions]
+    assert detected == {0: [{}] * 4, 1: [{}] + [{"0-1": 20.0}] * 3}
+    warning = blind_detector_warning("adaptra", profile, faults, num_warmup_iterations=0)
+    assert warning == (
+        "warning: adaptra finds slow links by comparing them with healthy ones, and every PP "
+        "link here is delayed from the first iteration: it will see none slow (run a warm-up "
+        "iteration first, or delay some of the links only)"
+    )
+    assert blind_detector_warning("adaptra", profile, faults, num_warmup_iterations=1) is None
+    assert blind_detector_warning("zb", profile, faults, num_warmup_iterations=0) is None
+    replicas = Profile.uniform(2, 4, 5, 5, 5, num_replicas=2)
+    one = parse_yaml('[{start_iteration: 0, links: ["pp1:0-1"], delay_ms: 20}]')
+    both = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 20}]')
+    assert blind_detector_warning("adaptra", replicas, one, num_warmup_iterations=0) is None
+    assert blind_detector_warning("adaptra", replicas, both, num_warmup_iterations=0)
+    rings = parse_yaml('[{start_iteration: 0, links: ["dp0:0-1", "dp1:0-1"], delay_ms: 20}]')
+    warning = blind_detector_warning("adaptra-cpu", replicas, rings, num_warmup_iterations=0)
+    assert warning is not None and "every DP link here is delayed" in warning
 
 
 def _loaded(timeline: Timeline, seed: int) -> Timeline:

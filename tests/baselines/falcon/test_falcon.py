@@ -14,7 +14,7 @@ import pytest
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
 from harness.loop import Recovery, RunResult, run_loop
-from harness.policies import system_controller
+from harness.policies import blind_detector_warning, system_controller
 from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.link_terms import ALL_LINK_TERMS, NO_LINK_TERMS
@@ -156,6 +156,57 @@ def test_a_swap_that_does_not_pay_is_undone() -> None:
     assert min(times[8:10]) > 2 * slow  # swapped: ZB pays the delay on the PP link's messages
     assert times[10:] == [slow] * 4  # the default placement again
     assert straggler.lost_ms == pytest.approx(sum(t - healthy for t in times[8:]))
+
+
+@pytest.mark.parametrize("start", [0, 1, 3])
+def test_a_delay_in_force_while_falcon_calibrates_is_warned_of(start: int) -> None:
+    """Falcon's change-point detector takes its healthy level from the run's first 3
+    iterations (the warm-up's included): 20 ms on dp1:0-1 from measured iteration 0 makes
+    two of them slow, and that level the baseline: it never sees a change and the steps
+    stay slow. From iteration 1 the simulator's two healthy ones still set it (a runtime's
+    slow first iteration would not: two slow ones among three), from 3 always. The run
+    warns where the delay is in force in one of them, and not after."""
+    faults = parse_yaml(f'[{{start_iteration: {start}, links: ["dp1:0-1"], delay_ms: 20}}]')
+    falcon = system_controller("falcon", PROFILE, faults)
+    assert isinstance(falcon, FalconController)
+    result = run_configuration(falcon, num_iterations=12, faults=faults)
+    times = _with_step(result)
+    if start == 0:
+        assert falcon.climbs == [] and falcon.straggler is None
+        assert times == [times[0]] * 12 and times[0] > 1000
+    else:
+        assert [level for _, level in falcon.climbs] == [Level.SWAP]
+        assert times[-1] < 0.4 * times[start]
+    warning = blind_detector_warning("falcon", PROFILE, faults, num_warmup_iterations=1)
+    if start == 3:
+        assert warning is None
+    else:
+        assert warning == (
+            "warning: falcon takes its healthy iteration time from the run's first 3 "
+            "iterations (warm-up included), and the fault timeline delays a link from "
+            f"measured iteration {start}: it may take the slow time for the healthy one and "
+            "see no change (start the faults at measured iteration 2 or later, or run more "
+            "warm-up iterations)"
+        )
+    assert blind_detector_warning("falcon", PROFILE, faults, num_warmup_iterations=3) is None
+
+
+def test_a_static_delay_in_the_profile_is_warned_of_as_unseen() -> None:
+    """A profile's delay is there from the first iteration: no change in iteration time,
+    and Falcon never looks for the slow link."""
+    profile = PROFILE.with_delays([0.0, 0.0, 0.0], {Link.parse("dp1:0-1"): 20.0})
+    falcon = system_controller("falcon", profile)
+    assert isinstance(falcon, FalconController)
+    result = run_configuration(falcon, num_iterations=8)
+    assert falcon.climbs == [] and falcon.straggler is None
+    assert all(not d.detected_ms for d in result.decisions)
+    assert blind_detector_warning("falcon", profile) == (
+        "warning: falcon finds a slow link by a change in iteration time, and this profile's "
+        "delays are there from the first iteration: it will see no change and leave them "
+        "unmitigated (start the delay later with a fault timeline, from measured iteration 2 "
+        "on)"
+    )
+    assert blind_detector_warning("falcon", PROFILE) is None
 
 
 def test_a_short_dp_fault_is_only_ignored() -> None:
