@@ -46,8 +46,9 @@ __all__ = ["report", "run"]
 @click.option(
     "--system",
     type=click.Choice(list(SYSTEMS)),
-    help="A system: its policy, comm and controller (adaptra re-plans where the delays in "
-    "force change, over the delegates once one is slow); instead of --policy/--comm.",
+    help="A system: its policy, comm and controller (adaptra re-plans where its detector's "
+    "estimates of the links change, over the delegates once one is slow; adaptra-oracle "
+    "where the delays in force change); instead of --policy/--comm.",
 )
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="sim", show_default=True)
 @click.option(

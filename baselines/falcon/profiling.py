@@ -59,7 +59,8 @@ def pp_link_times_ms(profile: Profile, messages: Iterable[MessageRecord]) -> dic
 
 
 def suspect_links(times_ms: dict[str, float], margin_ms: float = 1.0) -> set[str]:
-    """The links slower than `SLOW_RATIO` x the median link and `margin_ms` above it."""
+    """The links slower than `SLOW_RATIO` x the median link and `margin_ms` above it (where
+    more than half the links are slow, the median is one of them: none is suspect)."""
     if len(times_ms) < 2:
         return set()
     median = statistics.median(times_ms.values())

@@ -13,6 +13,7 @@ import pytest
 
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
+from baselines.falcon.profiling import suspect_links
 from harness.loop import Recovery, RunResult, run_loop
 from harness.policies import blind_detector_warning, system_controller
 from harness.runner import link_terms, run_configuration
@@ -454,3 +455,17 @@ def test_falcon_blames_the_slow_ring_link_on_an_engine_without_the_link_model() 
     with HookLikeSim() as engine:
         run_loop(engine, falcon, num_iterations=12, faults=faults)
     assert falcon.straggler is not None and falcon.straggler.link == "dp0:0-1"
+
+
+def _suspect_rings(*times_ms: float) -> set[str]:
+    """The suspect DP ring links among one per stage (2 replicas) with these times."""
+    return suspect_links({f"dp{stage}:0-1": ms for stage, ms in enumerate(times_ms)})
+
+
+def test_a_kind_with_more_than_half_its_links_slow_has_no_suspect() -> None:
+    """Falcon calls a link suspect against the median link of its kind: where most links are
+    slow the median is slow too (docs/design.md, Falcon's limits); half of them still stand
+    out."""
+    assert _suspect_rings(0.1, 20.0, 0.2, 0.1) == {"dp1:0-1"}
+    assert _suspect_rings(0.1, 20.0, 20.1, 0.1) == {"dp1:0-1", "dp2:0-1"}
+    assert _suspect_rings(20.0, 20.0, 20.1, 0.1) == set()
