@@ -113,8 +113,9 @@ class RuntimeEngine(Closing):
                 f"the profile has {profile.num_replicas} DP replica(s), the {self.name} engine's "
                 f"pool {self.num_replicas}"
             )
-        if iteration == 0:
+        if iteration == 0:  # a new run: from the initial parameters, not another run's state
             self._drop_checkpoint()
+            self._resume = None
             if self._failed_over:  # a new run starts on healthy hardware, its delegates on
                 self._pool.close()  # the first NIC (as in the simulator): fresh ones
                 self._started = self._failed_over = False

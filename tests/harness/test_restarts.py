@@ -82,7 +82,9 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
     stage 0's workers saved it; the run restarts from the checkpoint all of them wrote, after
     iteration 1 (the half-written one is no checkpoint: loaded, stage 0 was an iteration ahead
     of stage 1): fresh processes load it, iterations 2 and 3 run again, and the run ends with
-    the same losses and the same parameter digest as a run that never failed. The
+    the same losses and the same parameter digest as a run that never failed. A third run on
+    the same pool restarts before its first iteration: it starts again from the initial
+    parameters, not from the failed run's last checkpoint (which it tried to load). The
     checkpoints' temporary folder is gone once the engines close."""
     pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -106,6 +108,17 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
                 ("failed", parse_yaml(ring_down)),
             )
         }
+        plan = fixed_plan(one_f_one_b(profile), profile).fixed
+        runs["restarted first"] = run_configuration(
+            _RestartAt(plan, at=0),
+            backend="megatron",
+            model="tiny",
+            num_iterations=5,
+            num_warmup_iterations=0,
+            recovery=Recovery(checkpoint_every=2),
+            keep_timeline=False,
+            engines=engines,
+        )
     # (multiprocessing's own pymp-* folder stays until this process exits)
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("pymp-")] == []
     healthy, failed = runs["healthy"], runs["failed"]
@@ -114,6 +127,10 @@ def test_megatron_resumes_from_its_checkpoint_and_trains_exactly_as_without_the_
     assert failed.losses[:3] + failed.losses[4:] == pytest.approx(healthy.losses, rel=0, abs=0)
     assert failed.losses[3] == failed.losses[2]  # iteration 2 again, from the same state
     assert failed.params_sha256 == healthy.params_sha256 != ""
+    first = runs["restarted first"]
+    assert (first.restarts, first.iterations) == (1, tuple(range(5)))
+    assert first.losses == pytest.approx(healthy.losses, rel=0, abs=0)
+    assert first.params_sha256 == healthy.params_sha256
 
 
 @dataclasses.dataclass
