@@ -9,7 +9,9 @@ from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup, max_warmup
 from adaptra.search import search_policy
-from baselines.zb_auto import zb_order
+from baselines.zb_auto import zb_auto, zb_order
+from baselines.zero_bubble import zb_h1, zb_h2
+from pipeline.errors import MemoryLimitError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -87,13 +89,13 @@ def plan_adaptra(
 ) -> AdaptraPlan:
     """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
     in-flight caps within `search_ops` and `max_candidates` (MAX_CANDIDATES_BEFORE_EXACT
-    where CP-SAT follows), from the plan and the
-    published rules (`starts`), and the generator; the ZeroBubble heuristic's order at the
-    profile's delays where it is faster; then, unless a candidate meets the lower bound
-    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` of wall-clock
-    time (None: only for small problems, see EXACT_AUTO_MAX_OPS, and within a deterministic
-    limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so the result never depends on load; 0: never).
-    Never worse than any of those rules' schedules."""
+    where CP-SAT follows), from the plan and the published rules (`starts`), and the
+    generator; ZeroBubble's orders where faster (`_zero_bubble_orders`); then, unless a
+    candidate meets the lower bound (`adaptra.bounds`: it is optimal), CP-SAT within
+    `exact_time_limit_s` of wall-clock time (None: only for small problems, see
+    EXACT_AUTO_MAX_OPS, and within a deterministic limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so
+    the result never depends on load; 0: never). Never worse than any of those rules'
+    schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
     x_cap = _warmup_cap(profile)
@@ -113,13 +115,13 @@ def plan_adaptra(
     schedule, time_ms = found.timing.schedule(), found.iteration_time_ms
     method = ("alg2" if delayed else "alg1") + "+generator+search"
     if not found.at_lower_bound:
-        zb = zb_order(profile)
-        # The pipeline's time, as the search's (the iteration's end also has the DP step).
-        zb_ms = compute_metrics(
-            simulate(zb, profile, CommMode.IDEAL, validate=False)
-        ).iteration_time_ms
-        if zb_ms < time_ms - 1e-9:
-            schedule, time_ms, method = zb, zb_ms, "zb-heuristic"
+        for name, zb in _zero_bubble_orders(profile):
+            # The pipeline's time, as the search's (the iteration's end also has the DP step).
+            zb_ms = compute_metrics(
+                simulate(zb, profile, CommMode.IDEAL, validate=False)
+            ).iteration_time_ms
+            if zb_ms < time_ms - 1e-9:
+                schedule, time_ms, method = zb, zb_ms, name
     if not (exact_time_limit_s or auto_exact) or time_ms <= lower_bound_ms + 1e-9:
         return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)  # no solve
     from adaptra.exact import solve_exact, solve_exact_deterministic  # OR-Tools loads slowly
@@ -140,6 +142,19 @@ def plan_adaptra(
         exact.iteration_time_ms,
         found.num_candidates,
     )
+
+
+def _zero_bubble_orders(profile: Profile) -> list[tuple[str, Schedule]]:
+    """ZeroBubble's orders, by name: its heuristic's at the profile's delays and at none (the
+    `zb` policy's, replayed under the delays), and the handcrafted ZB-H1 and ZB-H2 where they
+    fit the memory limit."""
+    orders = [("zb-heuristic", zb_order(profile)), ("zb", zb_auto(profile))]
+    for name, build in (("zb-h1", zb_h1), ("zb-h2", zb_h2)):
+        try:
+            orders.append((name, build(profile)))
+        except MemoryLimitError:
+            continue
+    return orders
 
 
 def _warmup_cap(profile: Profile) -> int:
