@@ -48,5 +48,6 @@ class AdaptraPlans:
         if self._profile_for is not None:
             profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
             profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
-        policy = "adaptra" if any(delays) else "adaptra-initial"
-        return Plan(schedule, profile, comm, policy=policy, believed_ms=believed_ms)
+        # `adaptra` with no delay too: Algorithm 1's plan, searched (not `adaptra-initial`,
+        # Algorithm 1 and the generator alone, which may be slower).
+        return Plan(schedule, profile, comm, policy="adaptra", believed_ms=believed_ms)

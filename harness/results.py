@@ -37,7 +37,7 @@ RESULTS_SCHEMA_VERSION = 6
 """6: iterations.csv's `microbatches`: the global batch's split over the DP replicas where a
 rebalance made it uneven ("12+4"; empty: equal). 5: iterations.csv says what the controller
 believed and ran: `detected_ms` and `link_comms` (JSON objects by PP link), `policy` the
-iteration's (adaptra: "adaptra-initial" or "adaptra"). 4: the saved timelines are of
+iteration's (adaptra: "adaptra"). 4: the saved timelines are of
 timeline schema 4 (messages' wire start, copy in and carrier: pipeline.timeline). 3: a run
 directory keeps what its engines measured: messages.csv and timelines/ (the drawn
 iterations' full timelines, from which the report draws its Gantt charts; docs/design.md,
