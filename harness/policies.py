@@ -71,10 +71,12 @@ def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
     limit = DEFAULT_MILP_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     warm = plan_adaptra(profile, exact_time_limit_s=0)
     result = solve_exact(profile, time_limit_s=limit, warm_start=warm.schedule)
+    # A profile's times not whole microseconds: the proof is of the model rounded to 1 us.
+    rounded = "" if result.exact_in_ms else " to 1 us"
     if result.optimal:
-        return result.schedule, "cp-sat optimal"
+        return result.schedule, f"cp-sat optimal{rounded}"
     return result.schedule, (
-        f"cp-sat best found in {limit:g} s (bound {result.lower_bound_ms:g} ms), "
+        f"cp-sat best found in {limit:g} s (bound {result.lower_bound_ms:g} ms{rounded}), "
         f"warm-started from {warm.method}"
     )
 
