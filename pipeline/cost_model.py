@@ -102,7 +102,7 @@ MODELS: dict[str, GPTModel] = {
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Hardware:
-    """One GPU and its links; public data-sheet figures, not fitted."""
+    """One GPU and its links: public data-sheet figures, not fitted (but `copy_gbps`)."""
 
     name: str
     peak_tflops: float
@@ -116,7 +116,8 @@ class Hardware:
     """Per-GPU network bandwidth in Gbit/s (PP messages and DP all-reduce)."""
     link_latency_ms: float
     copy_gbps: float
-    """Device-host copy speed in Gbit/s (the delegated path)."""
+    """Device-host copy speed in Gbit/s (the delegated path): an assumption, not a data-sheet
+    figure (PCIe Gen5 x16 carries about 512 Gbit/s each way; pinned copies reach less)."""
     gpus_per_node: int = 8
     """GPUs per host: a stage's TP x DP GPUs fill hosts of this many (the paper's models
     with TP x DP = 1 had one GPU per node, the others a node per stage)."""
@@ -278,6 +279,12 @@ def model_cost(
     """Per-stage times, message bytes, memory and the DP step of `model` (its all-reduce in
     buckets of megatron's default size: pipeline.allreduce)."""
     m, hw, cal = model, hardware, calibration
+    if m.tp > hw.gpus_per_node:
+        raise ConfigError(
+            f"model {m.name}: tp {m.tp} is more than {hw.name}'s {hw.gpus_per_node} GPUs per "
+            "node; the model prices a TP all-reduce at NVLink speed, inside one node (use tp "
+            f"<= {hw.gpus_per_node}, or set the hardware's gpus_per_node)"
+        )
     flops_per_ms = hw.peak_tflops * 1e9 * cal.mfu
     layer_f, layer_b, layer_w = _layer_flops(m)
     tp_ms = _tp_allreduce_ms(m, hw)

@@ -94,6 +94,16 @@ def test_a_model_that_does_not_fit_its_stages_is_refused() -> None:
         model_cost(model)
 
 
+def test_tensor_parallelism_past_a_node_is_refused() -> None:
+    """A TP all-reduce is priced at NVLink speed: TP larger than a node's GPUs is refused
+    (it was priced as if inside one), and fits once the hardware has nodes that large."""
+    model = resolve_model({"base": "gpt2-140b", "tp": 16, "pp": 4})
+    with pytest.raises(ConfigError, match="tp 16 is more than h800-ib400's 8 GPUs per node"):
+        model_cost(model)
+    wide = resolve_hardware({"base": "h800-ib400", "gpus_per_node": 16})
+    assert model_cost(model, wide).profile.num_stages == 4
+
+
 def test_each_stage_needs_room_for_its_own_1f1b_warm_up() -> None:
     """Stage i holds min(N, S - i) microbatches under 1F1B, not stage 0's S."""
     big_vocab = dataclasses.replace(MODELS["gpt2-14b"], vocab_size=400_000)
