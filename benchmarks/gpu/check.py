@@ -7,6 +7,10 @@ others still run; the exit status is 1 if any failed) and summed up in OUT/summa
 
 - environment: torch, CUDA, the GPU, megatron-core, and the process group and devices the
   runtime chooses for 1, 2 and 4 workers on this host (pipeline.runtime.devices);
+- stage_builds: every stage of the tiny GPT at S = 1, 2 and 4 built as a worker builds it
+  on its GPU (`build_initial_stage`), each parameter found on the GPU and megatron's RNG
+  tracker seeded; a dry run builds them the same way with the meta device in the GPU's
+  place (`gpu_stand_in`: megatron's GPU path, short of kernels);
 - numerics: the tiny GPT at S = 1, 2 and 4 (one GPU: S > 1 shares it over gloo through
   host copies) under 1f1b and zb-h2, 3 iterations, against one CPU process's losses of the
   same seed: float32 with TF32 off, within 1e-4 relative on a GPU (its kernels sum in
@@ -27,6 +31,7 @@ others still run; the exit status is 1 if any failed) and summed up in OUT/summa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -50,11 +55,13 @@ import torch
 
 from baselines import one_f_one_b, zb_h2
 from pipeline.cost_model import H800_IB400, GPTModel, model_cost
+from pipeline.errors import BackendError
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.devices import choose_devices, describe_pool, num_visible_gpus
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.megatron import GPTPreset, MegatronCompute, get_preset
+from pipeline.runtime.megatron.backend import build_initial_stage
 from pipeline.runtime.megatron.model import microbatch_tokens
 from pipeline.runtime.megatron.profiling import measure_profile
 from pipeline.runtime.megatron.reference import (
@@ -62,7 +69,7 @@ from pipeline.runtime.megatron.reference import (
     single_process_megatron,
     train_reference,
 )
-from pipeline.runtime.megatron.shim import quiet_megatron
+from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, gpu_stand_in, quiet_megatron
 from pipeline.runtime.megatron.stage import StageRunner
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
@@ -114,6 +121,40 @@ def environment(shape: Shapes, device: str) -> dict[str, Any]:
             for n in (1, 2, 4)
         },
     }
+
+
+def stage_builds(shape: Shapes, device: str) -> dict[str, Any]:
+    """Every stage of the numerics model at S = 1, 2, 4 built as a worker builds it on
+    `device`, from an unseeded RNG tracker (a new worker's); a dry run (`device` "cpu")
+    builds for the meta device in the GPU's place. An error names a stage whose parameters
+    are not all on the device or not the stage's count, or that left the tracker unseeded."""
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    preset = shape.numerics
+    stand_in = device == "cpu"
+    target = torch.device(STAND_IN_DEVICE if stand_in else device)
+    builds = []
+    with single_process_megatron(device), gpu_stand_in() if stand_in else contextlib.nullcontext():
+        for num_stages in (1, 2, 4):
+            for stage in range(num_stages):
+                mcore_random.get_cuda_rng_tracker().reset()
+                with quiet_megatron():
+                    model = build_initial_stage(preset, stage, num_stages, seed=SEED, device=target)
+                where = sorted({str(p.device) for p in model.parameters()})
+                seeded = "model-parallel-rng" in mcore_random.get_cuda_rng_tracker().get_states()
+                if where != [str(target)] or not seeded:
+                    raise BackendError(
+                        f"stage {stage} of {num_stages}: parameters on {where}, not all on "
+                        f"{target}; RNG tracker seeded: {seeded}"
+                    )
+                count = sum(p.numel() for p in model.parameters())
+                if count != preset.stage_num_params(stage, num_stages):
+                    raise BackendError(
+                        f"stage {stage} of {num_stages} has {count} parameters, not "
+                        f"{preset.stage_num_params(stage, num_stages)}"
+                    )
+                builds.append({"stages": num_stages, "stage": stage, "params": count})
+    return {"device": str(target), "stand_in_for_gpu": stand_in, "builds": builds}
 
 
 def numerics(shape: Shapes, device: str) -> dict[str, Any]:
@@ -326,6 +367,7 @@ def main() -> int:
     }
     parts: list[tuple[str, Callable[[], Any]]] = [
         ("environment", lambda: environment(shape, device)),
+        ("stage_builds", lambda: stage_builds(shape, device)),
         ("numerics", lambda: numerics(shape, device)),
         ("profiles", lambda: profiles(shape, device)),
         ("copies", lambda: copies(device)),

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.runtime.megatron import get_preset
+
 pytest.importorskip("megatron.core", reason="the GPU check runs the megatron backend")
 pytestmark = pytest.mark.multiprocess
 
@@ -29,11 +31,17 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["dry_run"] is True
     parts = results["parts"]
-    assert list(parts) == ["environment", "numerics", "profiles", "copies"]
+    assert list(parts) == ["environment", "stage_builds", "numerics", "profiles", "copies"]
     assert not [name for name, part in parts.items() if "error" in part]
     environment = parts["environment"]["result"]
     assert environment["gpus"] == [] and environment["device"] == "cpu"
     assert environment["pools"]["2"] == "gloo: 2 worker(s) on the CPU"
+    builds = parts["stage_builds"]["result"]  # the GPU build path, the meta device standing in
+    assert builds["device"] == "meta" and builds["stand_in_for_gpu"] is True
+    tiny = get_preset("tiny")
+    assert [(b["stages"], b["stage"], b["params"]) for b in builds["builds"]] == [
+        (s, k, tiny.stage_num_params(k, s)) for s in (1, 2, 4) for k in range(s)
+    ]
     numerics = parts["numerics"]["result"]
     assert numerics["ok"] and numerics["tolerance_relative"] == 1e-5
     runs = numerics["runs"]

@@ -12,8 +12,11 @@ the DP groups follow the placement (`regroup`). A replica computes its microbatc
 global batch (`IterationConfig.microbatch_offset`: a rebalance gives replicas unequal
 counts) and scales each loss by 1 / the global count, so the DP sum stays the batch's mean.
 On a CPU, megatron's CUDA-only spots are patched around every call into megatron
-(`shim.cpu_shim`); on a GPU nothing is patched (that path is untested: no GPU on the
-project's machines).
+(`shim.cpu_shim`); on a GPU nothing is patched. A worker on a GPU builds its stage there
+(`build_initial_stage`: megatron's RNG tracker seeded first, then the model, moved whole to
+the GPU); the project's machines have no GPU, so that build is tested on a CPU with the meta
+device standing in for the GPU (`shim.gpu_stand_in`), and its training only by the GPU check
+(benchmarks/gpu/).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rn
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
 from pipeline.topology import Position, Topology
 
-__all__ = ["MegatronCompute"]
+__all__ = ["MegatronCompute", "build_initial_stage", "seed_rng_tracker"]
 
 
 class MegatronCompute:
@@ -133,24 +136,15 @@ class MegatronCompute:
     def _build(self, stage: int, replica: int) -> None:
         """The model of position (stage, replica), at its initial parameters."""
         self._stage, self._replica = stage, replica
-        torch.manual_seed(self.seed)  # megatron draws an initialisation we then replace
-        on_cpu = self._compute_device.type == "cpu"
-        with self._shim(building=True):
-            model = build_stage_model(
-                self.preset, stage, self._num_stages, use_cpu_initialization=on_cpu
-            )
-        if on_cpu:
-            seed_cpu_rng_tracker(self.seed)
-        else:
-            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-            model_parallel_cuda_manual_seed(self.seed)
         self._layer_offset = stage_layer_offset(self.preset, stage, self._num_stages)
-        if self.init_state is not None:
-            reference = torch.load(self.init_state, map_location="cpu", weights_only=True)
-            model.load_state_dict(stage_state_from_reference(model, reference, self._layer_offset))
-        else:
-            initialize_parameters(model, self.seed, self._layer_offset)
+        model = build_initial_stage(
+            self.preset,
+            stage,
+            self._num_stages,
+            seed=self.seed,
+            device=self._compute_device,
+            init_state=self.init_state,
+        )
         self._initial = {
             k: v.detach().clone() if isinstance(v, torch.Tensor) else v
             for k, v in model.state_dict().items()
@@ -174,9 +168,9 @@ class MegatronCompute:
         self._dp_group = self._dp_groups[_stage_ranks(topology, mine)]
 
     @contextlib.contextmanager
-    def _shim(self, *, building: bool = False) -> Iterator[None]:
+    def _shim(self) -> Iterator[None]:
         if self._compute_device.type == "cpu":
-            with cpu_shim(building=building):
+            with cpu_shim():
                 yield
         else:
             yield
@@ -368,6 +362,47 @@ class MegatronCompute:
                 for name, p in model.named_parameters()
             )
         return dataclasses.replace(output, grads=grads, params=params)
+
+
+def build_initial_stage(
+    preset: GPTPreset,
+    stage: int,
+    num_stages: int,
+    *,
+    seed: int,
+    device: torch.device,
+    init_state: str | None = None,
+) -> Any:
+    """Stage `stage` of `num_stages` as a worker builds it, whole on `device` (its GPU's
+    index must be `torch.cuda.current_device()`): megatron's RNG tracker seeded first (what
+    forks it then finds its states), the model built, then its initial parameters set from
+    `seed` (`initialize_parameters`) or from the whole model's state in file `init_state`.
+    Inside megatron's parallel state (`setup`, `single_process_megatron`)."""
+    torch.manual_seed(seed)  # torch's own modules draw an initialisation that is replaced
+    seed_rng_tracker(seed, device)
+    on_cpu = device.type == "cpu"
+    with cpu_shim(building=True) if on_cpu else contextlib.nullcontext():
+        model = build_stage_model(preset, stage, num_stages, device=device)
+    layer_offset = stage_layer_offset(preset, stage, num_stages)
+    if init_state is not None:
+        reference = torch.load(init_state, map_location="cpu", weights_only=True)
+        model.load_state_dict(stage_state_from_reference(model, reference, layer_offset))
+    else:
+        initialize_parameters(model, seed, layer_offset)
+    return model
+
+
+def seed_rng_tracker(seed: int, device: torch.device) -> None:
+    """Seed megatron's CUDA RNG tracker for a model on `device` (on a CPU its twin with CPU
+    generator states, `seed_cpu_rng_tracker`): attention forks it in every forward, and
+    megatron's own initialisation on a GPU (which `build_stage_model` leaves out) while
+    a model is built."""
+    if device.type == "cpu":
+        seed_cpu_rng_tracker(seed)
+    else:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def _stage_ranks(topology: Topology, stage: int) -> tuple[int, ...]:

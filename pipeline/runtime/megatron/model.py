@@ -108,6 +108,10 @@ class GPTPreset:
         return (self.seq_length, self.micro_batch_size, self.hidden_size)
 
     def transformer_config(self, num_stages: int, *, use_cpu_initialization: bool) -> Any:
+        """Megatron's config of a `num_stages` split. Megatron's own initialisation is off
+        (`perform_initialization`): `initialize_parameters` (or a saved state) sets every
+        parameter, and megatron's draws on a GPU fork its CUDA RNG tracker, which a build
+        need not have seeded yet."""
         from megatron.core.transformer.transformer_config import TransformerConfig
 
         self.check_stages(num_stages)
@@ -120,6 +124,7 @@ class GPTPreset:
             account_for_embedding_in_pipeline_split=split,
             account_for_loss_in_pipeline_split=split,
             use_cpu_initialization=use_cpu_initialization,
+            perform_initialization=False,
             hidden_dropout=0.0,  # deterministic: a pipelined run must equal one process
             attention_dropout=0.0,
             params_dtype=torch.float32,
@@ -221,12 +226,16 @@ class _PlayedStage:
 
 
 def build_stage_model(
-    preset: GPTPreset, stage: int, num_stages: int, *, use_cpu_initialization: bool
+    preset: GPTPreset, stage: int, num_stages: int, *, device: str | torch.device = "cpu"
 ) -> Any:
     """Stage `stage` of the GPTModel (local layer spec, tied embeddings), whichever rank
-    builds it (`parallel_state` must be initialised). Megatron's own start-up sum of the
-    tied weight's two copies is left out: `initialize_parameters` (or a saved state) sets
-    both. Call inside `cpu_shim(building=True)` on a CPU."""
+    builds it (`parallel_state` must be initialised), with every parameter on `device` and
+    none initialised: `initialize_parameters` (or a saved state) sets them all, the tied
+    weight's two copies too (megatron's own start-up sum of them is left out). Off the CPU,
+    megatron allocates its parallel layers on `torch.cuda.current_device()` (which must be
+    `device`) and the rest (position embedding, layer norms) as plain torch modules on the
+    host: the model is moved to `device` whole, as megatron's own training does. Call inside
+    `cpu_shim(building=True)` on a CPU."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -237,8 +246,9 @@ def build_stage_model(
     groups = ProcessGroupCollection.use_mpu_process_groups()
     groups.pp = _PlayedStage(stage, num_stages)
     groups.embd = None
-    config = preset.transformer_config(num_stages, use_cpu_initialization=use_cpu_initialization)
-    return GPTModel(
+    on_cpu = torch.device(device).type == "cpu"
+    config = preset.transformer_config(num_stages, use_cpu_initialization=on_cpu)
+    model = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(),
         vocab_size=preset.vocab_size,
@@ -248,6 +258,7 @@ def build_stage_model(
         share_embeddings_and_output_weights=True,
         pg_collection=groups,
     )
+    return model if on_cpu else model.to(device)
 
 
 def stage_layer_offset(preset: GPTPreset, stage: int, num_stages: int) -> int:

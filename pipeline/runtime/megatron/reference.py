@@ -75,9 +75,9 @@ def build_whole_model(preset: GPTPreset, seed: int) -> Any:
     """The whole model as one stage, initialised as every stage count initialises it;
     inside `single_process_megatron()`."""
     torch.manual_seed(seed)
-    with cpu_shim(building=True), quiet_megatron():
-        model = build_stage_model(preset, 0, 1, use_cpu_initialization=True)
     seed_cpu_rng_tracker(seed)
+    with cpu_shim(building=True), quiet_megatron():
+        model = build_stage_model(preset, 0, 1)
     initialize_parameters(model, seed, 0)
     return model
 

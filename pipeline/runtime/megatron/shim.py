@@ -10,7 +10,8 @@ with the local layer spec, forward and backward, no megatron schedule or optimiz
 - while a model is built: the tied-embedding copy on the last pipeline stage calls
   `Tensor.cuda()` before its all-reduce.
 `cpu_shim()` patches exactly these attributes and restores them on exit (also on errors), so a
-process that never enters it, or a GPU run, sees megatron unchanged.
+process that never enters it, or a GPU run, sees megatron unchanged. `gpu_stand_in()` lets a
+CPU check what a build on a GPU places where (the meta device in the GPU's place).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["cpu_shim", "patched", "quiet_megatron", "seed_cpu_rng_tracker"]
+__all__ = ["cpu_shim", "gpu_stand_in", "patched", "quiet_megatron", "seed_cpu_rng_tracker"]
 
 _MISSING = object()
 
@@ -112,6 +113,30 @@ def seed_cpu_rng_tracker(seed: int) -> None:
             mcore_random._EXPERT_PARALLEL_RNG_TRACKER_NAME: state(seed + 1024),
         }
     )
+
+
+STAND_IN_DEVICE = "meta"
+"""The device `gpu_stand_in` puts in a GPU's place: distinct from the host, so whatever a
+build leaves there shows, and free (its tensors hold no data)."""
+
+
+@contextlib.contextmanager
+def gpu_stand_in() -> Iterator[None]:
+    """For the duration, megatron builds "on the GPU" on a CPU: `torch.cuda.current_device()`
+    answers `STAND_IN_DEVICE` (where megatron allocates its parallel layers off the CPU) and
+    megatron's CUDA seeding (`model_parallel_cuda_manual_seed`) is `seed_cpu_rng_tracker`,
+    which needs no CUDA. Inside `cpu_shim()` (megatron's RNG tracker forks CPU states): a
+    model built for device `STAND_IN_DEVICE` then goes down the GPU path, short of kernels."""
+    from megatron.core import tensor_parallel
+
+    def current_device() -> str:
+        return STAND_IN_DEVICE
+
+    with (
+        patched(torch.cuda, "current_device", current_device),
+        patched(tensor_parallel, "model_parallel_cuda_manual_seed", seed_cpu_rng_tracker),
+    ):
+        yield
 
 
 @contextlib.contextmanager

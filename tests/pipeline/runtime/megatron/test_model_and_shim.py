@@ -6,17 +6,20 @@ import torch
 from pipeline.checks import MAX_SEED
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
+from pipeline.runtime.devices import RankDevices
+from pipeline.runtime.megatron.backend import MegatronCompute
 from pipeline.runtime.megatron.model import (
     MODELS,
     build_stage_model,
     get_preset,
     global_param_name,
+    initialize_parameters,
     microbatch_tokens,
     stage_layer_offset,
     with_model_bytes,
 )
 from pipeline.runtime.megatron.reference import single_process_megatron
-from pipeline.runtime.megatron.shim import cpu_shim
+from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, cpu_shim, gpu_stand_in
 
 
 def test_unknown_model_names_the_valid_ones() -> None:
@@ -77,7 +80,7 @@ def test_a_stages_gradient_bytes_are_its_built_parameters(num_stages: int) -> No
     with single_process_megatron():
         for stage in range(num_stages):
             with cpu_shim(building=True):
-                model = build_stage_model(tiny, stage, num_stages, use_cpu_initialization=True)
+                model = build_stage_model(tiny, stage, num_stages)
             built.append(sum(4 * p.numel() for p in model.parameters()))
             states.append(sum(t.numel() * t.element_size() for t in model.state_dict().values()
                               if isinstance(t, torch.Tensor)))  # fmt: skip
@@ -103,3 +106,49 @@ def test_any_seed_gives_its_own_tokens() -> None:
         0, preset.vocab_size, shape, generator=torch.Generator().manual_seed(7 * 1_000_003**2 + 3)
     )
     assert torch.equal(tokens[7], before[:, :-1])
+
+
+def test_initialize_parameters_sets_every_value_megatron_leaves_unset() -> None:
+    """Megatron's own initialisation is off (`perform_initialization`): what a stage is built
+    with is whatever its memory held, and `initialize_parameters` must overwrite all of it,
+    the last stage's copy of the tied weight with the first stage's values."""
+    tiny = get_preset("tiny")
+    built = {}
+    with single_process_megatron():
+        for stage in (0, 1):
+            with cpu_shim(building=True):
+                model = build_stage_model(tiny, stage, 2)
+            assert not model.config.perform_initialization
+            for param in model.parameters():
+                param.data.fill_(float("nan"))
+            initialize_parameters(model, 0, stage_layer_offset(tiny, stage, 2))
+            built[stage] = dict(model.named_parameters())
+    for params in built.values():
+        assert all(bool(p.detach().isfinite().all()) for p in params.values())
+    assert torch.equal(
+        built[0]["embedding.word_embeddings.weight"], built[1]["output_layer.weight"]
+    )
+    assert float(built[0]["embedding.word_embeddings.weight"].detach().std()) > 0  # not zeros
+
+
+def test_a_worker_on_a_gpu_builds_its_whole_stage_there() -> None:
+    """A worker's set-up on a GPU, on a CPU: the meta device stands in for the GPU
+    (`gpu_stand_in`). The build ran megatron's GPU initialisation, which forks the CUDA RNG
+    tracker, before the worker seeded it ("cuda rng state model-parallel-rng is not
+    added"), and it would have left the position embedding and the layer norms, plain torch
+    modules, on the host."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    patched = (torch.cuda.current_device, tensor_parallel.model_parallel_cuda_manual_seed)
+    with single_process_megatron(), gpu_stand_in():
+        parallel_state.destroy_model_parallel()  # the worker's set-up makes its own
+        mcore_random.get_cuda_rng_tracker().reset()  # a fresh worker's: no states yet
+        compute = MegatronCompute("tiny")
+        compute.setup(0, 1, 0, RankDevices("gloo", STAND_IN_DEVICE, "cpu"))
+        placed = {name: p.device.type for name, p in compute.runner.model.named_parameters()}
+        states = mcore_random.get_cuda_rng_tracker().get_states()
+    assert len(placed) == 2 + 6 * 12 + 2  # 2 embeddings, 6 layers, final norm (output tied)
+    assert set(placed.values()) == {"meta"}
+    assert "model-parallel-rng" in states  # what attention's dropout forks
+    assert (torch.cuda.current_device, tensor_parallel.model_parallel_cuda_manual_seed) == patched
