@@ -83,7 +83,7 @@ class ComputeBackend(Protocol):
     def tied_weight(self) -> torch.Tensor | None:
         """The parameter this stage shares with another stage of its replica: the first
         stage's with the last's (megatron's tied embedding and output weight, S > 1). After
-        the last op the worker sums its gradient with the other stage's (`tied_link`);
+        the DP ring the worker sums its gradient with the other stage's (`tied_link`);
         None where nothing is tied."""
         ...
 
@@ -93,14 +93,19 @@ class ComputeBackend(Protocol):
         ...
 
     def dp_gradient(self) -> torch.Tensor | None:
-        """After the last op and the tied sum, where the stage has replicas: its gradient as
-        one flat tensor of `dp_gradient_layout`'s size, which the DP ring sums in place
-        (`end_iteration` takes the sums from it); None: nothing real to sum (the ring
-        carries zeros)."""
+        """After the last op, where the stage has replicas: its gradient as one flat tensor of
+        `dp_gradient_layout`'s size, which the DP ring sums in place (`take_dp_sums` takes the
+        sums from it); None: nothing real to sum (the ring carries zeros)."""
+        ...
+
+    def take_dp_sums(self) -> None:
+        """After the DP ring (every iteration; nothing to do without one or without a real
+        gradient): its sums, in `dp_gradient`'s tensor, into the gradients, before the tied
+        sum adds the other stage's summed copy to `tied_weight`'s."""
         ...
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:
-        """After the last op and the tied and DP gradient sums, inside the step time: the
+        """After the last op and the DP and tied gradient sums, inside the step time: the
         optimizer step (its output: the loss)."""
         ...
 
@@ -156,6 +161,9 @@ class EmulatedCompute:
         return GradientLayout(profile.allreduce_bytes[self._stage])
 
     def dp_gradient(self) -> torch.Tensor | None:
+        return None
+
+    def take_dp_sums(self) -> None:
         return None
 
     def end_iteration(self, config: IterationConfig) -> StepOutput:

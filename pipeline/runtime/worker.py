@@ -3,12 +3,13 @@
 Each iteration a worker posts a receive for every message its neighbours will send it, starts
 a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
 in order on this, the compute thread: take the op's message, compute, send the result. The
-step follows: the first and last stage sum their tied weight's gradient (megatron's tied
-embedding), the DP all-reduce's ring with the stage's other replicas (dp_ring.py: megatron's
-real gradient, the emulated backend's zeros), then the compute backend's own end of the
-iteration (emulated: the optimizer's time; megatron: SGD). Each of these routes goes over
-gloo or, where the plan delegates its link direction, over the worker's delegates (which fail
-over between NICs).
+step follows: the DP all-reduce's ring with the stage's other replicas (dp_ring.py: megatron's
+real gradient, the emulated backend's zeros), then the first and last stage sum their tied
+weight's gradient (megatron's tied embedding; in megatron's order, after the DP sum, so that
+both copies get the same bits whatever the ring's summation order), then the compute
+backend's own end of the iteration (emulated: the optimizer's time; megatron: SGD). Each of
+these routes goes over gloo or, where the plan delegates its link direction, over the
+worker's delegates (which fail over between NICs).
 """
 
 from __future__ import annotations
@@ -275,12 +276,13 @@ class _Worker:
             raise
         step_start = time.monotonic()
         try:
-            self.current_op = "tied"  # a failure in the sum names it
-            self._sum_tied(config, transport)
             self.current_op = KIND  # a failure in the ring names it
             chunks = ring.run(
                 self.compute.dp_gradient() if self.topology.num_replicas > 1 else None
             )
+            self.compute.take_dp_sums()
+            self.current_op = "tied"  # a failure in the sum names it
+            self._sum_tied(config, transport)
         except BaseException:
             ring.stop()
             raise
@@ -402,7 +404,13 @@ class _Worker:
 
     def _sum_tied(self, config: IterationConfig, transport: DirectTransport) -> None:
         """The tied weight's gradient plus the other stage's, on both (a + b = b + a: both
-        hold the same bits), over gloo or the delegates as the plan has the direction."""
+        hold the same bits), over gloo or the delegates as the plan has the direction. After
+        the DP ring (megatron's order: its DDP's gradient sync, then the word embedding's
+        all-reduce): each copy's DP sum is the same on every replica, so every copy of the
+        weight gets the same bits; summed before it, each copy's (a_r + b_r) went round the
+        ring in its own order (the ring's order per element follows its chunk, and the
+        embedding is at the start of stage 0's gradient but at the end of the last stage's),
+        and with D >= 3 the copies drifted apart."""
         weight = self.compute.tied_weight()
         if self.tied is None or weight is None or weight.grad is None:
             return

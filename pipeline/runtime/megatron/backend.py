@@ -1,12 +1,13 @@
 """The `megatron` compute backend: each worker runs its stage of a megatron-core GPTModel.
 
 F, B and W are separate ops (B: input gradient only; W: the deferred weight gradients), BW
-runs B then W. After the last op of an iteration the worker sums the tied embedding's
-gradient of the first and the last stage (`tied_weight`: megatron's embedding group, over the
-plan's transport), then the worker's DP ring sums this stage's gradients over its replicas
-(`dp_gradient`: one flat fp32 buffer, over the DP links and their faults, like every other
-message; each microbatch's loss is already divided by the global batch's microbatch count,
-so the sum is the DP average), and plain SGD steps. In a rank swap a worker builds the stage
+runs B then W. After the last op of an iteration the worker's DP ring sums this stage's
+gradients over its replicas (`dp_gradient`: one flat fp32 buffer, over the DP links and their
+faults, like every other message; each microbatch's loss is already divided by the global
+batch's microbatch count, so the sum is the DP average), then the worker sums the tied
+embedding's gradient of the first and the last stage (`tied_weight`: megatron's embedding
+group, over the plan's transport; after the DP sum, megatron's order, so both copies keep
+the same bits), and plain SGD steps. In a rank swap a worker builds the stage
 it takes over and gets that stage's state from its last player (`export_state`, `import_state`);
 the DP groups follow the placement (`regroup`). A replica computes its microbatches of the
 global batch (`IterationConfig.microbatch_offset`: a rebalance gives replicas unequal
@@ -306,8 +307,8 @@ class MegatronCompute:
         return self._dp_sums
 
     @torch.no_grad()
-    def _take_dp_sums(self) -> None:
-        """The ring's sums back into the gradients."""
+    def take_dp_sums(self) -> None:
+        """The ring's sums back into the gradients (none without a ring this iteration)."""
         sums, self._dp_sums = self._dp_sums, None
         if sums is None:
             return
@@ -325,7 +326,6 @@ class MegatronCompute:
         runner.check_drained()
         model = runner.model
         dp_group = self._dp_group
-        self._take_dp_sums()
         loss = None
         if runner.last:
             total = torch.tensor(

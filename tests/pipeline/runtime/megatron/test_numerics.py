@@ -239,3 +239,27 @@ def test_the_dp_ring_sums_real_gradients_through_its_faults() -> None:
         params = whole_model_params(pool.last_results)
         for (param, got), (_, expected) in zip(params, reference_params, strict=True):
             _assert_close(got, expected, f"trained {param}")
+
+
+def test_the_tied_embeddings_copies_stay_bit_identical_at_dp_3() -> None:
+    """PP 2 x DP 3: after every step stage 0's word embedding and the last stage's output
+    layer (its copy, reported under the embedding's name) hold the same bits on every
+    replica. The tied sum ran before the DP ring, whose summation order per element follows
+    its chunk: the embedding is at the start of stage 0's flat gradient and at the end of the
+    last stage's, so the two copies' sums differed in their last bits (574 elements after
+    the first step, 869 after the second); megatron's order, the DP sum first, cannot."""
+    num_stages, num_replicas = 2, 3
+    profile = Profile.uniform(num_stages, 2, 1, 1, 1, num_replicas=num_replicas)
+    factory = functools.partial(MegatronCompute, "tiny", seed=SEED, lr=LR)
+    name = "embedding.word_embeddings.weight"
+    before = None
+    with WorkerPool(num_stages, num_replicas, compute_factory=factory, timeout_s=60) as pool:
+        for it in range(2):
+            config = IterationConfig(it, one_f_one_b(profile), profile, collect_params=True)
+            pool.run_iteration(config)
+            copies = [dict(r.step_output.params or ())[name] for r in pool.last_results]
+            assert len(copies) == num_stages * num_replicas
+            differing = [int((copy != copies[0]).sum()) for copy in copies]
+            assert differing == [0] * len(copies), f"iteration {it}: elements off rank 0's"
+            assert before is None or not np.array_equal(copies[0], before)  # it trained
+            before = copies[0]
