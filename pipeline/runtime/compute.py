@@ -36,8 +36,8 @@ class ComputeBackend(Protocol):
     """
 
     device: torch.device
-    """Where messages live (`RankDevices.message_device`): the GPU with NCCL, the host with
-    gloo; a backend that computes elsewhere copies its messages here and back."""
+    """Where messages live (`RankDevices.message_device`): the host, where gloo sends from;
+    a backend that computes elsewhere (a GPU) copies its messages here and back."""
 
     def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None: ...
 

@@ -1,11 +1,13 @@
 """Where a worker computes, where its messages live, and which process-group backend carries
 them: chosen once per pool from the number of workers and of GPUs.
 
-NCCL refuses two ranks of one communicator on the same GPU, so NCCL only where every worker
-has a GPU of its own; with fewer GPUs than workers the workers share them round-robin and talk
-over gloo, which sends host memory: their messages (and the DP ring's chunks, the tied
-gradient, a rank swap's state) are copied between the GPU and the host on each side. Without
-a GPU everything is on the CPU over gloo.
+Every pool talks over gloo, which sends host memory: with GPUs, worker r computes on
+cuda:(r mod G) and its messages (and the DP ring's chunks, the tied gradient, a rank swap's
+state, the delegates' port exchange) are copied between the GPU and the host on each side.
+NCCL is not used, even where every worker has a GPU of its own, until its path is proven
+(no machine here has more than one GPU): the runtime's messages rely on gloo's
+point-to-point semantics, and NCCL's differ in ways that break them by construction
+(`WHY_NOT_NCCL`). Without a GPU everything is on the CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +18,20 @@ import torch
 
 from pipeline.errors import ConfigError
 
-__all__ = ["RankDevices", "choose_devices", "describe_pool", "num_visible_gpus"]
+__all__ = ["WHY_NOT_NCCL", "RankDevices", "choose_devices", "describe_pool", "num_visible_gpus"]
+
+
+WHY_NOT_NCCL = "not NCCL: it ignores the tags the runtime's pre-posted receives rely on"
+"""Why no pool takes NCCL, in `describe_pool`'s line for a pool on GPUs. In full: a worker
+posts every receive of an iteration before its first op (the receiver threads wait on them;
+gloo blocks a send until its receive is posted) and tells messages apart by tag (PP messages,
+the tied gradient, the DP ring's chunks, a swap's state); NCCL ignores tags and runs a pair
+of ranks' sends and receives in posting order on one stream, so two neighbours that have
+pre-posted their receives from each other deadlock at their first message: each one's
+first receive waits for a send the other queued behind its own receives. Besides: NCCL
+refuses host tensors (the delegates' port exchange sends some), and its `wait()` returns
+before the data is in unless TORCH_NCCL_BLOCKING_WAIT=1 (receiver.py stamps arrivals as
+waits return)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -24,11 +39,11 @@ class RankDevices:
     """One worker's devices and process-group backend."""
 
     process_group: str
-    """"nccl" or "gloo"."""
+    """"gloo", the one backend the runtime takes (`WHY_NOT_NCCL`)."""
     compute_device: str
     """Where the model runs: "cpu" or "cuda:<i>"."""
     message_device: str
-    """Where messages live: the compute device with NCCL, the host ("cpu") with gloo."""
+    """Where messages live: the host ("cpu"), where gloo sends from."""
 
     @property
     def host_copies(self) -> bool:
@@ -46,17 +61,16 @@ class RankDevices:
 
 
 def choose_devices(rank: int, num_workers: int, num_gpus: int) -> RankDevices:
-    """Worker `rank`'s devices among `num_workers` on a host with `num_gpus` GPUs."""
+    """Worker `rank`'s devices among `num_workers` on a host with `num_gpus` GPUs: gloo
+    always, computing on GPU (rank mod num_gpus) where there are GPUs, with messages on the
+    host (`WHY_NOT_NCCL`)."""
     if num_workers < 1 or not 0 <= rank < num_workers or num_gpus < 0:
         raise ConfigError(
             f"rank {rank} of {num_workers} worker(s) on {num_gpus} GPU(s) is not a placement"
         )
     if num_gpus == 0:
         return RankDevices("gloo", "cpu", "cpu")
-    gpu = f"cuda:{rank % num_gpus}"
-    if num_gpus >= num_workers:  # a GPU of its own
-        return RankDevices("nccl", gpu, gpu)
-    return RankDevices("gloo", gpu, "cpu")
+    return RankDevices("gloo", f"cuda:{rank % num_gpus}", "cpu")
 
 
 def num_visible_gpus() -> int:
@@ -65,8 +79,9 @@ def num_visible_gpus() -> int:
 
 
 def describe_pool(devices: list[RankDevices]) -> str:
-    """A pool's choice in a line: "gloo: 4 workers on the CPU", "nccl: 2 workers, a GPU
-    each", "gloo: 4 workers share 1 GPU(s), messages through host copies"."""
+    """A pool's choice in a line: "gloo: 4 worker(s) on the CPU", "gloo: 2 worker(s), a GPU
+    each, messages through host copies (not NCCL: ...)", "gloo: 4 worker(s) share 1 GPU(s),
+    messages through host copies (not NCCL: ...)"."""
     if not devices:
         return ""
     backends = sorted({d.process_group for d in devices})
@@ -74,7 +89,7 @@ def describe_pool(devices: list[RankDevices]) -> str:
     head = f"{'/'.join(backends)}: {len(devices)} worker(s)"
     if not gpus:
         return f"{head} on the CPU"
-    if len(gpus) == len(devices):
-        return f"{head}, a GPU each"
+    where = ", a GPU each" if len(gpus) == len(devices) else f" share {len(gpus)} GPU(s)"
     copies = ", messages through host copies" if any(d.host_copies for d in devices) else ""
-    return f"{head} share {len(gpus)} GPU(s){copies}"
+    why = "" if "nccl" in backends else f" ({WHY_NOT_NCCL})"
+    return f"{head}{where}{copies}{why}"

@@ -28,8 +28,9 @@ has read the message, plus the wait for the GIL once awake: next to nothing whil
 thread sleeps or runs GIL-free code (gloo sends, torch ops), about the interpreter's switch
 interval while it runs Python (workers set 0.5 ms, `worker.SWITCH_INTERVAL_S`; Python's default
 is 5 ms); and on a loaded machine, any time the OS keeps the thread off a core (BENCHMARKS.md,
-"Runtime: how late a message's arrival is stamped"). Over NCCL (untested: no GPU here) `wait()`
-only makes a CUDA stream wait unless TORCH_NCCL_BLOCKING_WAIT=1, so stamps would come early.
+"Runtime: how late a message's arrival is stamped"). Over NCCL, which no pool takes
+(`devices.WHY_NOT_NCCL`), `wait()` only makes a CUDA stream wait unless
+TORCH_NCCL_BLOCKING_WAIT=1, so stamps would come early.
 """
 
 from __future__ import annotations

@@ -643,11 +643,11 @@ def join(
     slot_dir: str = "",
     on_host: tuple[int, int] | None = None,
 ) -> _Worker:
-    """Join the process group (pipeline.runtime.devices: NCCL where every worker has a GPU of
-    its own, gloo otherwise); the worker for this rank (under the default placement:
-    pipeline.topology), with `num_delegates` delegates per link direction and side from
-    `delegates` if given (their slot files in `slot_dir`). `on_host`: this worker's index
-    among the workers on its host and their number (torchrun's LOCAL_RANK and
+    """Join the process group (pipeline.runtime.devices: gloo, with messages through host
+    copies where the worker computes on a GPU); the worker for this rank (under the default
+    placement: pipeline.topology), with `num_delegates` delegates per link direction and
+    side from `delegates` if given (their slot files in `slot_dir`). `on_host`: this
+    worker's index among the workers on its host and their number (torchrun's LOCAL_RANK and
     LOCAL_WORLD_SIZE: a job over several hosts); None: every worker is on this host."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
@@ -695,6 +695,7 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
     def exchange(
         mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
     ) -> dict[LinkDirection, list[int]]:
+        # Host tensors, told apart by tag: gloo's point-to-point (devices.WHY_NOT_NCCL).
         works, theirs = [], {}
         for direction, ports in mine.items():
             sent = torch.tensor(ports, dtype=torch.int64)
