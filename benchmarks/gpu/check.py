@@ -23,9 +23,11 @@ others still run; the exit status is 1 if any failed) and summed up in OUT/summa
 - copies: pinned host <-> device copy speed, 64 KiB to 64 MiB (the delegated path's
   `copy_gbps`);
 - cost model: its F, B, W for the same stages on the H200 (the H800's 989 TFLOP/s dense
-  bf16, the same chip's compute; only the 4.8 TB/s memory, which the model uses for the
-  optimizer step alone, differs), next to the measurements, as measured / predicted and
-  scaled by the precision measured (TF32's dense peak, 494.7 TFLOP/s, is half bf16's).
+  bf16, the same chip's compute; its 141 GB and 4.8 TB/s of memory and 450 GB/s of NVLink
+  each way differ, none of which the F, B, W of a TP-1 stage use: memory bandwidth prices
+  the optimizer step alone, NVLink TP's all-reduces), next to the measurements, as
+  measured / predicted and scaled by the precision measured (TF32's dense peak, 494.7
+  TFLOP/s, is half bf16's).
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, gpu_stand_in, quiet_
 from pipeline.runtime.megatron.stage import StageRunner
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
-H200 = dataclasses.replace(H800_IB400, name="h200", memory_gb=141.0, hbm_gbps=4800.0)
+H200 = dataclasses.replace(
+    H800_IB400, name="h200", memory_gb=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
+)
 BF16_DENSE_TFLOPS, TF32_DENSE_TFLOPS = 989.0, 494.7
 COPY_SIZES = tuple(64 * 1024 * 4**k for k in range(6))  # 64 KiB ... 64 MiB
 
