@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,10 @@ class CostCurve:
 
     @classmethod
     def parse(cls, value: Any, name: str, unit: str = "bytes") -> CostCurve:
-        """From `[[size, ms], ...]`, sizes in `unit`; `name` in errors."""
+        """From `[[size, ms], ...]`, sizes in `unit` ("bytes" or "rings"); `name` in errors.
+        A file's curve is what `calibrate` writes: sizes rising from the smallest there is
+        (0 bytes, 1 ring: the first point's cost is charged below it) and costs that never
+        fall with the size (`calibrate` pools out-of-order means, a tail caught in one)."""
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name} must be a list of [{unit}, ms] pairs, got {value!r}")
         points = []
@@ -104,9 +108,31 @@ class CostCurve:
                 raise ConfigError(f"{name}: a size must be a whole number of {unit}, got {size!r}")
             points.append((size, _check_ms(name, ms)))
         try:
-            return cls(tuple(points))
+            curve = cls(tuple(points))
         except ConfigError as err:
             raise ConfigError(f"{name}: {err}") from None
+        _check_measured_shape(curve, name, unit)
+        return curve
+
+
+def _check_measured_shape(curve: CostCurve, name: str, unit: str) -> None:
+    """Refuse a file's curve that `calibrate` cannot have written: one whose first size is
+    not the smallest (a one-point curve at 8 MiB would charge its cost at 0 B) or whose
+    cost falls with the size (a longer message, or more rings at once, never costs less)."""
+    if not curve.points:
+        return
+    first = 1 if unit == "rings" else 0
+    if curve.points[0][0] != first:
+        raise ConfigError(
+            f"{name} must start at {first} {unit} (its cost there is charged below its first "
+            f"size), got {curve.points[0][0]}: run `adaptra-bench calibrate` again"
+        )
+    for (size_a, ms_a), (size_b, ms_b) in itertools.pairwise(curve.points):
+        if ms_b < ms_a:
+            raise ConfigError(
+                f"{name} falls from {ms_a} ms at {size_a} {unit} to {ms_b} ms at {size_b}: "
+                f"a cost never falls with the size; run `adaptra-bench calibrate` again"
+            )
 
 
 NO_COST = CostCurve()
@@ -189,6 +215,11 @@ class HostCosts:
             raise ConfigError("a calibration is a JSON object of costs in ms")
         values = dict(data)
         version = values.pop("schema_version", None)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ConfigError(
+                f"calibration schema_version must be a whole number, got {version!r} "
+                f"(run `adaptra-bench calibrate` again)"
+            )
         if version != HOST_COSTS_SCHEMA_VERSION:
             raise ConfigError(
                 f"calibration schema_version {version!r} is not supported "
@@ -208,7 +239,9 @@ class HostCosts:
                     values[name], name, "rings" if name in _RING_CURVES else "bytes"
                 )
         for name in ("host", "measured_at"):
-            values[name] = str(values.get(name, ""))
+            value = values.setdefault(name, "")
+            if not isinstance(value, str):
+                raise ConfigError(f"calibration {name} must be a string, got {value!r}")
         return cls(**values)
 
     @classmethod

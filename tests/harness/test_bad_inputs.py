@@ -520,6 +520,22 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "ideal takes none",
     ),
     (
+        "run calibration falling curve",
+        {
+            **P,
+            "c.json": json.dumps(
+                {
+                    "schema_version": 3,
+                    "send_ms_by_bytes": [[0, 5.0], [1048576, 0.1]],
+                    "receive_lag_ms_by_bytes": [],
+                    "op_overhead_ms": 1,
+                }
+            ),
+        },
+        ["run", "--profile=p.json", "--policy=zb", "--comm=delegated", "--calibration=c.json"],
+        "send_ms_by_bytes falls from 5.0 ms at 0 bytes",
+    ),
+    (
         "given schedule over mem_limit",
         {
             "p.json": json.dumps({**SMALL, "microbatches": 3, "mem_limit": 1}),

@@ -55,7 +55,7 @@ def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
         assert low - 1e-9 <= curve.ms(num_bytes) <= high + 1e-9
     else:  # past the last point it never falls
         assert curve.ms(num_bytes) >= curve.ms(max(size for size, _ in points)) - 1e-9
-    assert CostCurve.parse(curve.to_json(), "c") == curve
+    assert CostCurve(tuple((size, ms) for size, ms in curve.to_json())) == curve
 
 
 @pytest.mark.parametrize(
@@ -76,6 +76,25 @@ def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
         ({"ring_lag_ms_by_rings": [[1, -0.5]]}, "ring_lag_ms_by_rings must be finite and >= 0"),
         ({"ring_lag_ms_by_rings": [[1.5, 0.5]]}, "a size must be a whole number of rings"),
         ({"ring_lag_ms": 0.5}, r"unknown key\(s\) \['ring_lag_ms'\]"),  # schema 2's
+        # malformed files that used to be read (a dict made a string, 3.0 taken for 3)
+        ({"host": {"name": "h"}}, r"host must be a string, got \{'name': 'h'\}"),
+        ({"measured_at": 20261201}, "measured_at must be a string, got 20261201"),
+        ({"schema_version": 3.0}, "schema_version must be a whole number, got 3.0"),
+        ({"schema_version": True}, "schema_version must be a whole number, got True"),
+        ({"schema_version": "3"}, "schema_version must be a whole number, got '3'"),
+        (
+            {"send_ms_by_bytes": [[0, 5.0], [1048576, 0.1]]},
+            "send_ms_by_bytes falls from 5.0 ms at 0 bytes to 0.1 ms at 1048576",
+        ),
+        (
+            {"receive_lag_ms_by_bytes": [[0, 0.3], [1 << 20, 0.4], [1 << 23, 0.35]]},
+            "receive_lag_ms_by_bytes falls from 0.4 ms",
+        ),
+        ({"send_ms_by_bytes": [[8388608, 4.6]]}, "send_ms_by_bytes must start at 0 bytes.*8388608"),
+        ({"ring_lag_ms_by_rings": [[0, 0.1], [1, 0.2]]}, "must start at 1 rings.*got 0"),
+        ({"ring_lag_ms_by_rings": [[2, 0.5]]}, "ring_lag_ms_by_rings must start at 1 rings"),
+        ({"delegated_ring_lag_ms_by_rings": [[1, 0.9], [4, 0.2]]}, "falls from 0.9 ms at 1 rings"),
+        ({"copy_in_ms_by_bytes": [[4096, 0.1]]}, "copy_in_ms_by_bytes must start at 0 bytes"),
     ],
 )
 def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str) -> None:
@@ -83,6 +102,15 @@ def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str
     path.write_text(json.dumps({**COSTS, **change}))
     with pytest.raises(ConfigError, match=message):
         HostCosts.from_file(path)
+
+
+def test_curves_that_calibrate_writes_are_read() -> None:
+    """Flat stretches (pooled means), one point at the smallest size, and no points at all are
+    a measured file's shapes; they are read as written."""
+    flat = CostCurve.parse([[0, 0.2], [1 << 16, 0.2], [1 << 20, 0.6]], "send_ms_by_bytes")
+    assert flat.points == ((0, 0.2), (1 << 16, 0.2), (1 << 20, 0.6))
+    assert CostCurve.parse([[1, 0.25]], "ring_lag_ms_by_rings", "rings").ms(4) == 0.25
+    assert CostCurve.parse([], "copy_in_ms_by_bytes") == CostCurve()
 
 
 def test_a_missing_cost_or_file_is_named(tmp_path: Path) -> None:
