@@ -120,8 +120,9 @@ def simulate(
     message (pipeline.allreduce), and optimizer; its messages are not in the timeline's
     records (PP only). `host` adds a real host's runtime costs to `direct` and `delegated`
     (not to `ideal`, the paper's model): after each op its stage is busy `op_overhead_ms`
-    more; a send holds its sender (direct) or its delegate (delegated) `host.send_ms(bytes)`,
-    and the message is there `host.receive_lag_for_ms(bytes)` after the send returns;
+    more, before the op's send (the runtime's op overruns, then sends); a send holds its
+    sender (direct) or its delegate (delegated) `host.send_ms(bytes)`, and the message is
+    there `host.receive_lag_for_ms(bytes)` after the send returns;
     delegated, the sender pays `host.copy_out_ms(bytes)`, a delegate picks the message up
     `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`).
 
@@ -246,7 +247,9 @@ def simulate(
                     start += (copy_before_f if kind is OpKind.F else copy_before_b)[stage_idx]
                 end = start + durations[kind][stage_idx]
                 op_records.append(OpRecord(iteration, stage_idx, kind, m, start, end, replica))
-                free = end + op_overhead_ms
+                # The runtime's own time after an op (mostly the op overrunning its asked
+                # time) comes before its send: the message leaves once it is over.
+                sent = free = end + op_overhead_ms
                 pos += 1
                 if kind is OpKind.F and stage_idx < last:
                     link_idx, direction, dest, arrivals = stage_idx, 0, stage_idx + 1, fwd_arrival
@@ -268,33 +271,33 @@ def simulate(
                     route = route_over(
                         faults, nic, len(nics) if mode is CommMode.DELEGATED else 1,
                         pp_links[link_idx], here[1], "FB"[direction], m, message_bytes,
-                        end - origin_ms,
+                        sent - origin_ms,
                     )  # fmt: skip
                     if route.fault.failed:
                         raise _pp_link_down(
-                            iteration, here[1], m, pp_links[link_idx], end - origin_ms
+                            iteration, here[1], m, pp_links[link_idx], sent - origin_ms
                         )
                     if route.nic != nic:  # its delegates move to that NIC
                         on_nic[here] = route.nic
                         slots = delegate_free[link_idx][direction]
-                        slots[:] = [max(t, end) + host.failover_ms for t in slots]
+                        slots[:] = [max(t, sent) + host.failover_ms for t in slots]
                         seq = num_sent[link_idx][direction]
                         record = FailoverRecord(
                             iteration, here[0], here[1], replica, "fault hook", nics[nic],
-                            nics[route.nic], end, end + host.failover_ms, seq, carrier_pid=0,
+                            nics[route.nic], sent, sent + host.failover_ms, seq, carrier_pid=0,
                         )  # fmt: skip
                         failovers.append(record)
                     transfer_ms += route.fault.delay_ms
                     fault_ms += route.fault.delay_ms
-                wire_start, copied_in = end, 0.0
+                wire_start, copied_in = sent, 0.0
                 if mode is CommMode.IDEAL:
-                    send_end = end
-                    arrival = end + transfer_ms
+                    send_end = sent
+                    arrival = sent + transfer_ms
                 elif mode is CommMode.DIRECT:
-                    send_end = end + transfer_ms + send_ms
+                    send_end = sent + transfer_ms + send_ms
                     arrival = send_end + lag_ms
                 else:
-                    send_end = end + copy_out_ms
+                    send_end = sent + copy_out_ms
                     copied_in = copy_in_ms
                     seq = num_sent[link_idx][direction]
                     num_sent[link_idx][direction] = seq + 1
@@ -312,7 +315,7 @@ def simulate(
                     _DIRECTIONS[direction],
                     m,
                     message_bytes,
-                    end,
+                    sent,
                     send_end,
                     arrival,
                     None,  # needed_ms, from the op that takes it in

@@ -154,8 +154,9 @@ def test_delegated_copies_cost_the_stage() -> None:
 
 
 def test_host_costs_in_direct_mode() -> None:
-    """The two-stage case above with a host's costs: 0.5 ms between ops, a send of 1 MiB holds
-    its sender 1 + 2 ms, and the message is usable 0.25 + 0.25 ms after the send returns."""
+    """The two-stage case above with a host's costs: 0.5 ms after each op, before its send
+    (the runtime's op overruns, then sends), a send of 1 MiB holds its sender 1 + 2 ms, and
+    the message is usable 0.25 + 0.25 ms after the send returns."""
     profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,), message_bytes=1 << 20)
     schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
     host = HostCosts(
@@ -165,15 +166,33 @@ def test_host_costs_in_direct_mode() -> None:
     )
     direct = simulate(schedule, profile, CommMode.DIRECT, host=host)
     send = next(m for m in direct.messages if m.direction == "forward" and m.microbatch == 0)
-    assert (send.send_start_ms, send.send_end_ms, send.arrival_ms) == (10.0, 18.0, 18.5)
+    # F0 ends at 10 ms, its overhead to 10.5, then the 5 ms delay and the 3 ms send
+    assert (send.send_start_ms, send.send_end_ms, send.arrival_ms) == (10.5, 18.5, 19.0)
     starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in direct.ops}
-    assert starts[(0, "F", 1)] == 18.0  # the send ended after the op's bookkeeping
-    assert starts[(1, "F", 0)] == 18.5
-    assert starts[(1, "BW", 0)] == 18.5 + 10 + 0.5  # F0's end, then the overhead
+    assert starts[(0, "F", 1)] == 18.5  # a sending op pays its overhead too
+    assert starts[(1, "F", 0)] == 19.0
+    assert starts[(1, "BW", 0)] == 19.0 + 10 + 0.5  # F0's end, then the overhead
     # ideal is the paper's model: a host changes nothing there
     assert simulate(schedule, profile, CommMode.IDEAL, host=host) == simulate(
         schedule, profile, CommMode.IDEAL
     )
+
+
+def test_the_op_overhead_comes_before_a_delegated_send() -> None:
+    """Delegated alike: 0.5 ms after F0 (10 ms), its sender copies the message out (1 ms),
+    so the stage's next op starts at 11.5 ms, not at the copy's end, 11 (the overhead was
+    hidden by the send), and the message's pick-up, wire and arrival move with it."""
+    profile = Profile.uniform(2, 2, 10, 10, 10, delay_ms=(5.0,), message_bytes=1 << 20)
+    schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
+    host = HostCosts(
+        copy_out_ms_by_bytes=CostCurve.line(1.0), delegate_pickup_ms=0.25, op_overhead_ms=0.5
+    )
+    timeline = simulate(schedule, profile, CommMode.DELEGATED, host=host)
+    send = next(m for m in timeline.messages if m.direction == "forward" and m.microbatch == 0)
+    assert (send.send_start_ms, send.send_end_ms, send.wire_start_ms) == (10.5, 11.5, 11.75)
+    assert send.arrival_ms == pytest.approx(11.75 + profile.delegated_wire_ms() + 5.0)
+    starts = {(r.stage, str(r.kind), r.microbatch): r.start_ms for r in timeline.ops}
+    assert starts[(0, "F", 1)] == 11.5
 
 
 def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
