@@ -1,8 +1,9 @@
 """Measure this host's runtime costs (pipeline.host_costs) with microbenchmarks of the real
 worker runtime: never the schedules a calibrated simulator is then judged on.
 
-- per-op overhead: one stage running 2 ms ops back to back (no messages): the mean time
-  between consecutive op starts beyond the ops' own durations;
+- per-op overhead: one stage running ops of `op_ms` back to back (no messages): the mean
+  time between consecutive op starts beyond the ops' own durations (mostly an op overrunning
+  its asked time, which depends on how long the op sleeps: measured at the runs' length);
 - send cost: `num_stages` stages passing messages of each of `SEND_SIZES` in an order with
   traffic both ways at once (the same warm-up on every stage, then a backward and a forward
   in turn; ops of `op_ms`): how long a blocking send holds its sender, its mean at each size,
@@ -55,7 +56,9 @@ __all__ = [
     "busy_both_ways",
     "busy_microbatches",
     "busy_profile",
+    "lone_stage",
     "measure_host_costs",
+    "op_overhead_ms_of",
     "receive_lags_ms",
 ]
 
@@ -93,7 +96,18 @@ def _runs(
     return timelines
 
 
-def _op_overhead_ms(timelines: list[Timeline], op_ms: float) -> float:
+def lone_stage(op_ms: float, num_microbatches: int = 16) -> tuple[Schedule, Profile]:
+    """The per-op overhead's pipeline: one stage, every forward then every BW, each op
+    lasting `op_ms` (its overrun, most of the overhead, depends on how long it sleeps)."""
+    profile = Profile.uniform(1, num_microbatches, op_ms, op_ms / 2, op_ms / 2)
+    ops = [f"F{m}" for m in range(num_microbatches)]
+    ops += [f"BW{m}" for m in range(num_microbatches)]
+    return Schedule.from_dict({"stages": [ops]}), profile
+
+
+def op_overhead_ms_of(timelines: list[Timeline], op_ms: float) -> float:
+    """The mean time between consecutive op starts beyond `op_ms` (every op's asked
+    length), never below 0."""
     gaps = []
     for timeline in timelines:
         starts = sorted(r.start_ms for r in timeline.ops)
@@ -172,13 +186,10 @@ def measure_host_costs(
     if not (math.isfinite(op_ms) and op_ms > 0):
         raise ConfigError(f"calibration ops must last > 0 ms, got {op_ms!r}")
     counter = [0]
-    lone_op_ms = 2.0
     with WorkerPool(1) as pool:
-        lone = Profile.uniform(1, 16, lone_op_ms, lone_op_ms / 2, lone_op_ms / 2)  # every op 2 ms
-        ops = [f"F{m}" for m in range(16)] + [f"BW{m}" for m in range(16)]
-        schedule = Schedule.from_dict({"stages": [ops]})
+        schedule, lone = lone_stage(op_ms)
         timelines = _runs(pool, schedule, lone, repeats, counter)
-        op_overhead_ms = _op_overhead_ms(timelines, lone_op_ms)
+        op_overhead_ms = op_overhead_ms_of(timelines, op_ms)
     progress(f"per-op overhead: {op_overhead_ms:.3f} ms")
     sends: dict[int, list[float]] = {}
     lags: dict[int, list[float]] = {}

@@ -15,6 +15,8 @@ from pipeline.runtime.calibrate import (
     busy_both_ways,
     busy_microbatches,
     busy_profile,
+    lone_stage,
+    op_overhead_ms_of,
     receive_lags_ms,
 )
 from pipeline.simulator import simulate
@@ -86,3 +88,18 @@ def test_the_calibrations_pipelines_run_at_any_stage_count(num_stages: int) -> N
     schedule = busy_both_ways(num_stages, profile.num_microbatches)
     timeline = simulate(schedule, profile)  # validated against the profile
     assert len(timeline.ops) == num_stages * 2 * profile.num_microbatches
+
+
+@pytest.mark.parametrize("op_ms", [2.0, 10.0, 25.0])
+def test_the_per_op_overhead_is_measured_with_ops_of_op_ms(op_ms: float) -> None:
+    """Its ops lasted 2 ms whatever `--op-ms` said; they last `op_ms` (F and BW alike), and
+    the overhead is the gaps between starts beyond that."""
+    schedule, profile = lone_stage(op_ms)
+    timeline = simulate(schedule, profile)
+    assert len(timeline.ops) == 32
+    assert {r.end_ms - r.start_ms for r in timeline.ops} == {op_ms}
+    starts = [0.0, op_ms + 0.25, 2 * op_ms + 0.75]  # gaps of 0.25 and 0.5 ms beyond op_ms
+    ops = tuple(OpRecord(0, 0, OpKind.F, m, t, t + op_ms) for m, t in enumerate(starts))
+    measured = Timeline(num_stages=1, ops=ops, messages=(), iterations=())
+    assert op_overhead_ms_of([measured], op_ms) == pytest.approx(0.375)
+    assert op_overhead_ms_of([measured], op_ms + 1.0) == 0.0  # never below 0
