@@ -128,7 +128,15 @@ def calibration_option(func: F) -> F:
 
 
 def load_host_costs(path: str | None) -> HostCosts:
-    return FREE if path is None else HostCosts.from_file(path)
+    """The calibration file's costs (FREE without one), warning in one line where it was
+    measured on another host (HostCosts.other_host_warning)."""
+    if path is None:
+        return FREE
+    costs = HostCosts.from_file(path)
+    warning = costs.other_host_warning()
+    if warning is not None:
+        click.echo(warning, err=True)
+    return costs
 
 
 def given_options() -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import click
 
 from harness.cli_common import emit_json, output_file_option, terminal_progress
+from harness.results import git_revision
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, CostCurve
@@ -126,6 +128,7 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
         delegates=Delegates(),
         op_ms=op_ms,
     )
+    costs = dataclasses.replace(costs, git_revision=git_revision())
     data = costs.to_dict()
     write_atomic(Path(out), json.dumps(data, indent=1) + "\n")
     if fmt == "json":

@@ -122,6 +122,9 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         for config, key in zip(configs, keys, strict=True)
     ]
     pace = _Pace(sum(weights))
+    host_warning = spec.host_costs().other_host_warning()
+    if host_warning is not None:
+        progress(host_warning)
     warned = set()
     for config, key in zip(configs, keys, strict=True):
         warning = None if key in done else _blind_warning(config, spec.num_warmup_iterations)

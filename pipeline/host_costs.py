@@ -6,10 +6,11 @@ file (`--calibration`, a spec's `calibration:`), so that the simulator's `direct
 `delegated` modes predict a real run on that host. Without one every cost is 0 (`FREE`): the
 paper's model, exactly.
 
-The file is a JSON object: `schema_version` (3), the costs below (a cost that depends on a
-message's size is a `CostCurve`, written as `[[bytes, ms], ...]`, the DP ring's lag one by
-the number of rings running at once, `[[rings, ms], ...]`; the others are ms), and free-form
-`host` and `measured_at` strings.
+The file is a JSON object: `schema_version` (4; 3 is read too), the costs below (a cost
+that depends on a message's size is a `CostCurve`, written as `[[bytes, ms], ...]`, the DP
+ring's lag one by the number of rings running at once, `[[rings, ms], ...]`; the others are
+ms), free-form `host` and `measured_at` strings, and what a run to predict must match: the
+ops' length (`op_ms`), the stages (`num_stages`) and the code's revision (`git_revision`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import bisect
 import dataclasses
 import itertools
 import math
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +38,11 @@ __all__ = [
 DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
 
-HOST_COSTS_SCHEMA_VERSION = 3
-"""3: the DP ring's lag is a curve by the rings running at once (`*ring_lag_ms_by_rings`);
+HOST_COSTS_SCHEMA_VERSION = 4
+"""4: records what the runs to predict must match (`op_ms`, `num_stages`, `git_revision`);
+a version 3 file, without them, is still read (and a HostCosts without them is written as
+one: a run directory's kept costs stay the same). 3: the DP ring's lag is a curve by the
+rings running at once (`*ring_lag_ms_by_rings`);
 2 had one lag, measured with every stage's ring at once, which over-predicts rings that run
 alone or apart (a lone ring's chunk here: 0.2-0.3 ms beyond its send and receive, against
 0.9-1.1 with four). 2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost
@@ -145,6 +150,9 @@ _DELEGATE_COSTS = ("delegate_pickup_ms", "failover_ms")
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
 _RING_CURVES = ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings")
 """The DP ring's, by the rings running at once: optional in a file (free)."""
+_MEASURED_WITH = ("op_ms", "num_stages", "git_revision")
+"""What the calibration ran with: required in a version 4 file, absent from a version 3."""
+_READABLE_VERSIONS = (3, HOST_COSTS_SCHEMA_VERSION)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,13 +184,42 @@ class HostCosts:
     directions), in place of `ring_lag_ms_by_rings`."""
     host: str = ""
     measured_at: str = ""
+    op_ms: float | None = None
+    """How long the calibration's ops lasted (`calibrate --op-ms`; None: not recorded, a
+    version 3 file): the runs to predict should have ops as long."""
+    num_stages: int | None = None
+    """The calibration's stages (`calibrate --stages`; None with `op_ms`): as many as the
+    runs to predict, since concurrent transfers share the host's cores."""
+    git_revision: str = ""
+    """The code that measured it (harness.results.git_revision; "" where not recorded)."""
 
     def __post_init__(self) -> None:
         for name in (*_COSTS, *_DELEGATE_COSTS):
             object.__setattr__(self, name, _check_ms(name, getattr(self, name)))
+        self._check_measured_with()
         for name in (*_CURVES, *_DELEGATE_CURVES, *_RING_CURVES):
             if not isinstance(getattr(self, name), CostCurve):
                 raise ConfigError(f"{name} must be a CostCurve")
+
+    def _check_measured_with(self) -> None:
+        """`op_ms` and `num_stages` both recorded (finite > 0 ms, a whole number >= 1) or
+        neither; `git_revision` a string, only with them."""
+        if (self.op_ms is None) != (self.num_stages is None):
+            raise ConfigError("a calibration records op_ms and num_stages both, or neither")
+        if self.op_ms is not None:
+            op_ms = _check_ms("op_ms", self.op_ms)
+            if op_ms <= 0:
+                raise ConfigError(f"op_ms must be > 0 ms, got {self.op_ms!r}")
+            object.__setattr__(self, "op_ms", op_ms)
+        stages = self.num_stages
+        if stages is not None and (isinstance(stages, bool) or not isinstance(stages, int)):
+            raise ConfigError(f"num_stages must be a whole number, got {stages!r}")
+        if stages is not None and stages < 1:
+            raise ConfigError(f"num_stages must be >= 1, got {stages!r}")
+        if not isinstance(self.git_revision, str):
+            raise ConfigError(f"git_revision must be a string, got {self.git_revision!r}")
+        if self.git_revision and self.op_ms is None:
+            raise ConfigError("a calibration's git_revision goes with its op_ms and num_stages")
 
     def send_ms(self, num_bytes: int) -> float:
         """How long a blocking send of `num_bytes` holds its sender."""
@@ -203,11 +240,30 @@ class HostCosts:
         return self.delegated_ring_lag_ms_by_rings if delegated else self.ring_lag_ms_by_rings
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"schema_version": HOST_COSTS_SCHEMA_VERSION}
+        """The file's JSON: version 4, or version 3 where nothing of what the calibration ran
+        with is recorded (as read from a version 3 file: a run directory that kept those
+        costs is resumed with the same)."""
+        recorded = self.op_ms is not None
+        version = HOST_COSTS_SCHEMA_VERSION if recorded else 3
+        data: dict[str, Any] = {"schema_version": version}
         for field in dataclasses.fields(self):
+            if field.name in _MEASURED_WITH and not recorded:
+                continue
             value = getattr(self, field.name)
             data[field.name] = value.to_json() if isinstance(value, CostCurve) else value
         return data
+
+    def other_host_warning(self, this_host: str | None = None) -> str | None:
+        """One line where the file was measured on another host than this one (`this_host`,
+        default platform.node()), or None: a user may model another host on purpose, but by
+        mistake its costs predict this host's runs wrong."""
+        here = platform.node() if this_host is None else this_host
+        if not self.host or self.host == here:
+            return None
+        return (
+            f"warning: the calibration was measured on host {self.host!r}, not on this one "
+            f"({here!r}): its costs predict runs there"
+        )
 
     @classmethod
     def from_dict(cls, data: Any) -> HostCosts:
@@ -220,14 +276,20 @@ class HostCosts:
                 f"calibration schema_version must be a whole number, got {version!r} "
                 f"(run `adaptra-bench calibrate` again)"
             )
-        if version != HOST_COSTS_SCHEMA_VERSION:
+        if version not in _READABLE_VERSIONS:
             raise ConfigError(
                 f"calibration schema_version {version!r} is not supported "
-                f"(expected {HOST_COSTS_SCHEMA_VERSION}; run `adaptra-bench calibrate` again)"
+                f"(expected {HOST_COSTS_SCHEMA_VERSION} or 3; run `adaptra-bench calibrate` "
+                f"again)"
             )
         fields = {f.name for f in dataclasses.fields(cls)}
+        required: tuple[str, ...] = (*_CURVES, *_COSTS)
+        if version == 3:
+            fields -= set(_MEASURED_WITH)
+        else:
+            required += _MEASURED_WITH
         unknown = sorted(set(values) - fields)
-        missing = [name for name in (*_CURVES, *_COSTS) if name not in values]
+        missing = [name for name in required if name not in values]
         if unknown or missing:
             raise ConfigError(
                 f"calibration: unknown key(s) {unknown or 'none'}, missing {missing or 'none'}; "

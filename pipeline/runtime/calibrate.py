@@ -214,6 +214,8 @@ def measure_host_costs(
         op_overhead_ms=op_overhead_ms,
         host=platform.node(),
         measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        op_ms=op_ms,
+        num_stages=num_stages,
     )
     ring_lag = _ring_lag_curve(costs, num_stages, repeats)
     progress(f"DP ring lag per chunk, by the rings at once: {_by_rings(ring_lag)}")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.results import git_revision
 from tests.fidelity import HANG
 
 FIG4_PROFILE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
@@ -595,7 +596,10 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "8388608 B, ops of 3 ms: send" in out.stderr  # measured with the ops asked for
     costs = json.loads(host.read_text())
-    assert costs == json.loads(out.stdout) and costs["schema_version"] == 3
+    assert costs == json.loads(out.stdout) and costs["schema_version"] == 4
+    # what the runs to predict must match: the ops asked for, the stages, the code
+    assert (costs["op_ms"], costs["num_stages"]) == (3.0, 4)
+    assert costs["git_revision"] == git_revision()
     from pipeline.runtime.calibrate import SEND_SIZES
 
     for name in ("send_ms_by_bytes", "copy_out_ms_by_bytes", "copy_in_ms_by_bytes"):

@@ -146,3 +146,47 @@ def test_the_delegated_paths_costs_in_the_simulator() -> None:
     assert first.copy_in_ms == pytest.approx(2.1)
     consumer = next(r for r in timeline.ops if (r.stage, r.kind.value, r.microbatch) == (1, "F", 0))
     assert consumer.start_ms == pytest.approx(first.arrival_ms + 2.1)
+
+
+def test_a_version_4_file_records_what_the_runs_must_match(tmp_path: Path) -> None:
+    """op_ms, num_stages and git_revision are kept (version 4); a version 3 file, without
+    them, is still read and written back as it was."""
+    measured = {**COSTS, "schema_version": 4, "op_ms": 10.0, "num_stages": 4,
+                "git_revision": "abc123"}  # fmt: skip
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(measured))
+    costs = HostCosts.from_file(path)
+    assert (costs.op_ms, costs.num_stages, costs.git_revision) == (10.0, 4, "abc123")
+    assert HostCosts.from_dict(costs.to_dict()) == costs
+    assert costs.to_dict()["schema_version"] == 4
+    old = HostCosts.from_dict(COSTS)
+    assert (old.op_ms, old.num_stages, old.git_revision) == (None, None, "")
+    assert old.to_dict()["schema_version"] == 3 and "op_ms" not in old.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"schema_version": 4}, r"missing \['op_ms', 'num_stages', 'git_revision'\]"),
+        ({"op_ms": 10.0}, r"unknown key\(s\) \['op_ms'\]"),  # version 3 has none
+        ({"schema_version": 4, "op_ms": 0, "num_stages": 4, "git_revision": ""}, "op_ms must"),
+        ({"schema_version": 4, "op_ms": 2, "num_stages": 2.5, "git_revision": ""}, "whole"),
+        ({"schema_version": 4, "op_ms": 2, "num_stages": 4, "git_revision": 7}, "git_revision"),
+        ({"schema_version": 5}, "schema_version 5 is not supported"),
+    ],
+)
+def test_bad_version_4_files_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        HostCosts.from_dict({**COSTS, **change})
+
+
+def test_a_calibration_from_another_host_is_named() -> None:
+    """A warning, not a refusal (a user may model another host); none where the file names
+    no host."""
+    costs = HostCosts.from_dict(COSTS)  # host "h"
+    assert costs.other_host_warning("h") is None
+    assert costs.other_host_warning("box") == (
+        "warning: the calibration was measured on host 'h', not on this one ('box'): its "
+        "costs predict runs there"
+    )
+    assert FREE.other_host_warning("box") is None
