@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import json
 import os
+import platform
 import random
 import statistics
 import sys
@@ -151,7 +152,7 @@ def _table3_sim(failover_ms: float) -> list[str]:
 
     with tempfile.TemporaryDirectory() as folder:
         calibration = Path(folder) / "failover.json"
-        costs = HostCosts(failover_ms=failover_ms, host="bench_failover")
+        costs = HostCosts(failover_ms=failover_ms, host=platform.node())  # measured here
         calibration.write_text(json.dumps(costs.to_dict()))
         spec = load_spec(PRESETS / "table3_trace.yaml")
         spec = dataclasses.replace(spec, calibration=str(calibration))
