@@ -37,12 +37,12 @@ RESULTS_SCHEMA_VERSION = 6
 """6: iterations.csv's `microbatches`: the global batch's split over the DP replicas where a
 rebalance made it uneven ("12+4"; empty: equal). 5: iterations.csv says what the controller
 believed and ran: `detected_ms` and `link_comms` (JSON objects by PP link), `policy` the
-iteration's (adaptra: "adaptra"). 4: the saved timelines are of
-timeline schema 4 (messages' wire start, copy in and carrier: pipeline.timeline). 3: a run
-directory keeps what its engines measured: messages.csv and timelines/ (the drawn
-iterations' full timelines, from which the report draws its Gantt charts; docs/design.md,
-"Results"). 2: runs.csv and iterations.csv gained `controller`; runs.csv `restarts`,
-`lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
+iteration's (adaptra: "adaptra"; files written before 2026-12-05 also "adaptra-initial"). 4:
+the saved timelines are of timeline schema 4 (messages' wire start, copy in and carrier:
+pipeline.timeline). 3: a run directory keeps what its engines measured: messages.csv and
+timelines/ (the drawn iterations' full timelines, from which the report draws its Gantt
+charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv gained `controller`;
+runs.csv `restarts`, `lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
 
 SPEC_VERSION = 2
 """spec.json's `spec_version`, the form of its spec (its `schema_version` is the results'):

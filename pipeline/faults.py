@@ -71,8 +71,9 @@ class IterationFaults(Protocol):
         gradient ("B"), of `microbatch`; on a DP ring link (`Link.dp(stage, a, b)`) the
         all-reduce's messages have `kind` "AR", "forward" from the lower replica to the
         higher, and `microbatch` is the message's index on that link direction in the
-        iteration (pipeline.allreduce). Called once per message, in each sender's send
-        order: a view may keep per-sender state."""
+        iteration (pipeline.allreduce). Asked about each message in each sender's send
+        order, once per NIC tried (`route_over`): a view may keep per-sender state, changed
+        only where the route is up (the NIC the message takes)."""
         ...
 
     def affects(self, link: Link) -> bool:

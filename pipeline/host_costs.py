@@ -9,8 +9,9 @@ paper's model, exactly.
 The file is a JSON object: `schema_version` (4; 3 is read too), the costs below (a cost
 that depends on a message's size is a `CostCurve`, written as `[[bytes, ms], ...]`, the DP
 ring's lag one by the number of rings running at once, `[[rings, ms], ...]`; the others are
-ms), free-form `host` and `measured_at` strings, and what a run to predict must match: the
-ops' length (`op_ms`), the stages (`num_stages`) and the code's revision (`git_revision`).
+ms), free-form `host` and `measured_at` strings, and what a run to predict should match
+(only the host is checked, with a warning): the ops' length (`op_ms`), the stages
+(`num_stages`) and the code's revision (`git_revision`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
 
 HOST_COSTS_SCHEMA_VERSION = 4
-"""4: records what the runs to predict must match (`op_ms`, `num_stages`, `git_revision`);
+"""4: records what the runs to predict should match (`op_ms`, `num_stages`, `git_revision`);
 a version 3 file, without them, is still read (and a HostCosts without them is written as
 one: a run directory's kept costs stay the same). 3: the DP ring's lag is a curve by the
 rings running at once (`*ring_lag_ms_by_rings`);

@@ -471,7 +471,7 @@ def run_sender(
                     continue
                 if kind == MOVE:
                     if nics >> link.active & 1:
-                        fail_over(BY_SIBLING, None if microbatch < 0 else microbatch)
+                        fail_over(BY_SIBLING, microbatch)
                     continue
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:

@@ -424,8 +424,8 @@ class _Outbound(_Side):
         for failover in self.failovers:
             left = (left | {failover.nic_from}) - {failover.nic_to}
         moving = [d for d in self.delegates if self.nic_of[d.index] in left]
-        taken = self.failovers[-1].nic_to if moving else -1  # where the siblings went last
-        for delegate in moving:
+        for delegate in moving:  # to where the last move went first
+            taken = self.failovers[-1].nic_to
             mask = 1 << self.nic_of[delegate.index]
             delegate.write(JOB.pack(MOVE, 0, taken, 0, 0, 0, 0.0, mask, b""))
         for delegate in moving:  # one that had moved on its own already noted that move

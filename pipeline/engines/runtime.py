@@ -77,7 +77,8 @@ class RuntimeEngine(Closing):
         self._on_start = on_start
         self._started = False
         self._failed_over = False
-        """A delegate of the pool moved to another NIC (it stays there until a fresh pool)."""
+        """A delegate of the pool moved to another NIC (a new run takes a fresh pool, its
+        delegates on the first)."""
         self._validated: dict[int, Schedule] = {}
         self._checkpoints: str | None = None
         """Where a training engine writes its checkpoints: a temporary folder made at the

@@ -90,6 +90,4 @@ def describe_pool(devices: list[RankDevices]) -> str:
     if not gpus:
         return f"{head} on the CPU"
     where = ", a GPU each" if len(gpus) == len(devices) else f" share {len(gpus)} GPU(s)"
-    copies = ", messages through host copies" if any(d.host_copies for d in devices) else ""
-    why = "" if "nccl" in backends else f" ({WHY_NOT_NCCL})"
-    return f"{head}{where}{copies}{why}"
+    return f"{head}{where}, messages through host copies ({WHY_NOT_NCCL})"

@@ -16,14 +16,13 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import BackendError
+from pipeline.runtime.megatron.backend import build_initial_stage
 from pipeline.runtime.megatron.model import (
     GPTPreset,
-    build_stage_model,
     global_param_name,
-    initialize_parameters,
     microbatch_tokens,
 )
-from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
+from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
 
 __all__ = ["ReferenceIteration", "build_whole_model", "single_process_megatron", "train_reference"]
@@ -74,12 +73,8 @@ def _environ(name: str, default: str) -> Iterator[None]:
 def build_whole_model(preset: GPTPreset, seed: int) -> Any:
     """The whole model as one stage, initialised as every stage count initialises it;
     inside `single_process_megatron()`."""
-    torch.manual_seed(seed)
-    seed_cpu_rng_tracker(seed)
-    with cpu_shim(building=True), quiet_megatron():
-        model = build_stage_model(preset, 0, 1)
-    initialize_parameters(model, seed, 0)
-    return model
+    with quiet_megatron():
+        return build_initial_stage(preset, 0, 1, seed=seed, device=torch.device("cpu"))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
