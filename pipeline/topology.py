@@ -97,6 +97,11 @@ class Link:
     def is_pp(self) -> bool:
         return self.kind is LinkKind.PP
 
+    def in_replica(self, replica: int) -> Link:
+        """The concrete link: a PP link named for every replica ("0-1") as `replica`'s; a DP
+        link (and a PP link of one replica) as it is."""
+        return Link.pp(self.first, replica) if self.is_pp and self.group is None else self
+
     def sender(self, direction: str) -> Position:
         """The position sending its messages in `direction`: "forward" from the upstream
         stage (PP) or the lower replica (DP), "backward" from the other end."""

@@ -200,8 +200,7 @@ def _kept_delegates(
 
     kept = {}
     for (replica, name, direction), nic in nics_in_use.items():
-        link = Link.parse(name)
-        concrete = Link.pp(link.first, replica) if link.is_pp else link
+        concrete = Link.parse(name).in_replica(replica)
         if ends(before, concrete) == ends(after, concrete):
             kept[replica, name, direction] = nic
     return kept

@@ -122,7 +122,7 @@ class FaultViewHook:
         if self.faults is NO_FAULTS:
             return HookRoute(None, delay_ms)
         named = Link.parse(link)
-        concrete = Link.pp(named.first, self.replica) if named.is_pp else named
+        concrete = named.in_replica(self.replica)
         offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
         routed = route_over(
             self.faults, nic, num_nics, concrete, direction, kind, microbatch, num_bytes,

@@ -104,3 +104,9 @@ def test_any_sequence_of_swaps_is_a_placement(num_stages: int, num_replicas: int
 def test_a_placement_must_be_a_permutation() -> None:
     with pytest.raises(ConfigError, match="its own worker"):
         Topology(2, placement=(0, 0))
+
+
+def test_a_link_in_a_replica_is_concrete() -> None:
+    assert Link.parse("0-1").in_replica(2) == Link.pp(0, 2)
+    assert Link.parse("pp1:0-1").in_replica(2) == Link.pp(0, 1)  # concrete already
+    assert Link.parse("dp1:0-2").in_replica(0) == Link.dp(1, 0, 2)
