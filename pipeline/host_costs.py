@@ -6,12 +6,13 @@ file (`--calibration`, a spec's `calibration:`), so that the simulator's `direct
 `delegated` modes predict a real run on that host. Without one every cost is 0 (`FREE`): the
 paper's model, exactly.
 
-The file is a JSON object: `schema_version` (4; 3 is read too), the costs below (a cost
-that depends on a message's size is a `CostCurve`, written as `[[bytes, ms], ...]`, the DP
-ring's lag one by the number of rings running at once, `[[rings, ms], ...]`; the others are
-ms), free-form `host` and `measured_at` strings, and what a run to predict should match
-(only the host is checked, with a warning): the ops' length (`op_ms`), the stages
-(`num_stages`) and the code's revision (`git_revision`).
+The file is a JSON object: `schema_version` (5; 3 and 4 are read too), the costs below (a
+cost that depends on a message's size is a `CostCurve`, written as `[[bytes, ms], ...]`; the
+DP ring's lag is a `RingLag`, by the number of rings running at once and the chunk's size,
+`[[rings, [[bytes, ms], ...]], ...]`; the others are ms), free-form `host` and
+`measured_at` strings, and what a run to predict should match (only the host is checked,
+with a warning): the ops' length (`op_ms`), the stages (`num_stages`) and the code's
+revision (`git_revision`).
 """
 
 from __future__ import annotations
@@ -32,24 +33,30 @@ __all__ = [
     "FREE",
     "HOST_COSTS_SCHEMA_VERSION",
     "NO_COST",
+    "NO_RING_LAG",
     "CostCurve",
     "HostCosts",
+    "RingLag",
 ]
 
 DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
 
-HOST_COSTS_SCHEMA_VERSION = 4
-"""4: records what the runs to predict should match (`op_ms`, `num_stages`, `git_revision`);
-a version 3 file, without them, is still read (and a HostCosts without them is written as
-one: a run directory's kept costs stay the same). 3: the DP ring's lag is a curve by the
-rings running at once (`*ring_lag_ms_by_rings`);
-2 had one lag, measured with every stage's ring at once, which over-predicts rings that run
-alone or apart (a lone ring's chunk here: 0.2-0.3 ms beyond its send and receive, against
-0.9-1.1 with four). 2: the per-size costs are measured curves (`*_ms_by_bytes`); 1 had a fixed cost
-plus one per MiB, which a host whose cost per byte grows with the size (sockets' buffers,
-copies sharing the cores) does not follow: the line's fit lost the small messages' fixed
-cost."""
+HOST_COSTS_SCHEMA_VERSION = 5
+"""5: the DP ring's lag is by the chunk's size too, at each number of rings (a chunk of
+40 MB, sent back to back with traffic both ways, cost about 0.8 ms per MB here, where a PP
+message of 8 MiB between ops cost 0.5: the lag measured at 125 kB chunks alone predicted
+the default bucket's step 1.6-3.6x short); a file whose lags are one number per ring count
+(as read from version 3 or 4) is written as 4. 4: records what the runs to predict should
+match (`op_ms`, `num_stages`, `git_revision`); a version 3 file, without them, is still read
+(and a HostCosts without them is written as one: a run directory's kept costs stay the
+same). 3: the DP ring's lag is a curve by the rings running at once
+(`*ring_lag_ms_by_rings`); 2 had one lag, measured with every stage's ring at once, which
+over-predicts rings that run alone or apart (a lone ring's chunk here: 0.2-0.3 ms beyond its
+send and receive, against 0.9-1.1 with four). 2: the per-size costs are measured curves
+(`*_ms_by_bytes`); 1 had a fixed cost plus one per MiB, which a host whose cost per byte
+grows with the size (sockets' buffers, copies sharing the cores) does not follow: the
+line's fit lost the small messages' fixed cost."""
 
 
 def _check_ms(name: str, value: Any) -> float:
@@ -58,6 +65,22 @@ def _check_ms(name: str, value: Any) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"{name} must be finite and >= 0 ms, got {value!r}")
     return float(value)
+
+
+def _piecewise_ms(points: tuple[tuple[int, float], ...], size: int) -> float:
+    """The cost at `size` of measured `points` (sizes rising): linear between them, the first
+    point's cost below the first size, the last segment's slope (never negative) beyond the
+    last; 0 without points."""
+    if not points:
+        return 0.0
+    if len(points) == 1 or size <= points[0][0]:
+        return points[0][1]
+    i = min(max(bisect.bisect_right(points, (size, math.inf)), 1), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    slope = (y1 - y0) / (x1 - x0)
+    if size > x1:
+        return y1 + max(slope, 0.0) * (size - x1)
+    return y0 + slope * (size - x0)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,17 +100,7 @@ class CostCurve:
             _check_ms("a cost curve's cost", ms)
 
     def ms(self, num_bytes: int) -> float:
-        points = self.points
-        if not points:
-            return 0.0
-        if len(points) == 1 or num_bytes <= points[0][0]:
-            return points[0][1]
-        i = min(max(bisect.bisect_right(points, (num_bytes, math.inf)), 1), len(points) - 1)
-        (x0, y0), (x1, y1) = points[i - 1], points[i]
-        slope = (y1 - y0) / (x1 - x0)
-        if num_bytes > x1:
-            return y1 + max(slope, 0.0) * (num_bytes - x1)
-        return y0 + slope * (num_bytes - x0)
+        return _piecewise_ms(self.points, num_bytes)
 
     @classmethod
     def line(cls, fixed_ms: float, ms_per_mib: float = 0.0) -> CostCurve:
@@ -98,11 +111,14 @@ class CostCurve:
         return [[size, ms] for size, ms in self.points]
 
     @classmethod
-    def parse(cls, value: Any, name: str, unit: str = "bytes") -> CostCurve:
+    def parse(
+        cls, value: Any, name: str, unit: str = "bytes", starts_at_zero: bool = True
+    ) -> CostCurve:
         """From `[[size, ms], ...]`, sizes in `unit` ("bytes" or "rings"); `name` in errors.
         A file's curve is what `calibrate` writes: sizes rising from the smallest there is
-        (0 bytes, 1 ring: the first point's cost is charged below it) and costs that never
-        fall with the size (`calibrate` pools out-of-order means, a tail caught in one)."""
+        (0 bytes, 1 ring: the first point's cost is charged below it; unless not
+        `starts_at_zero`: a DP chunk's smallest measured size) and costs that never fall
+        with the size (`calibrate` pools out-of-order means, a tail caught in one)."""
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name} must be a list of [{unit}, ms] pairs, got {value!r}")
         points = []
@@ -117,18 +133,18 @@ class CostCurve:
             curve = cls(tuple(points))
         except ConfigError as err:
             raise ConfigError(f"{name}: {err}") from None
-        _check_measured_shape(curve, name, unit)
+        _check_measured_shape(curve, name, unit, starts_at_zero)
         return curve
 
 
-def _check_measured_shape(curve: CostCurve, name: str, unit: str) -> None:
+def _check_measured_shape(curve: CostCurve, name: str, unit: str, starts_at_zero: bool) -> None:
     """Refuse a file's curve that `calibrate` cannot have written: one whose first size is
     not the smallest (a one-point curve at 8 MiB would charge its cost at 0 B) or whose
     cost falls with the size (a longer message, or more rings at once, never costs less)."""
     if not curve.points:
         return
     first = 1 if unit == "rings" else 0
-    if curve.points[0][0] != first:
+    if starts_at_zero and curve.points[0][0] != first:
         raise ConfigError(
             f"{name} must start at {first} {unit} (its cost there is charged below its first "
             f"size), got {curve.points[0][0]}: run `adaptra-bench calibrate` again"
@@ -142,6 +158,82 @@ def _check_measured_shape(curve: CostCurve, name: str, unit: str) -> None:
 
 
 NO_COST = CostCurve()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingLag:
+    """The DP ring's lag per chunk (`HostCosts.ring_lag_ms_by_rings`): for each number of
+    rings running at once that was measured, a `CostCurve` by the chunk's bytes. Between and
+    beyond the ring counts, as a CostCurve by rings at that chunk size. No curves: free."""
+
+    by_rings: tuple[tuple[int, CostCurve], ...] = ()
+
+    def __post_init__(self) -> None:
+        counts = [rings for rings, _ in self.by_rings]
+        if counts != sorted(set(counts)) or any(rings < 1 for rings in counts):
+            raise ConfigError(f"a ring lag's ring counts must rise from >= 1, got {counts}")
+        if not all(isinstance(curve, CostCurve) for _, curve in self.by_rings):
+            raise ConfigError("a ring lag holds a CostCurve by chunk bytes for each ring count")
+
+    def ms(self, chunk_bytes: int, num_rings: int) -> float:
+        points = tuple((rings, curve.ms(chunk_bytes)) for rings, curve in self.by_rings)
+        return _piecewise_ms(points, num_rings)
+
+    @classmethod
+    def by_rings_alone(cls, curve: CostCurve) -> RingLag:
+        """One lag per ring count at every chunk size (`curve`: by rings)."""
+        return cls(tuple((rings, CostCurve(((0, ms),))) for rings, ms in curve.points))
+
+    def is_by_rings_alone(self) -> bool:
+        """Whether each ring count's lag is one number at every chunk size (a version 3 or
+        4 file's)."""
+        return all(curve.points[:1] == curve.points and curve.points[0][0] == 0
+                   for _, curve in self.by_rings)  # fmt: skip
+
+    def to_json(self, by_bytes: bool) -> list[list[Any]]:
+        """`[[rings, [[bytes, ms], ...]], ...]` (`by_bytes`), or `[[rings, ms], ...]` (only
+        where `is_by_rings_alone`)."""
+        if by_bytes:
+            return [[rings, curve.to_json()] for rings, curve in self.by_rings]
+        assert self.is_by_rings_alone(), "a ring lag by chunk bytes written by rings alone"
+        return [[rings, curve.points[0][1]] for rings, curve in self.by_rings]
+
+    @classmethod
+    def parse(cls, value: Any, name: str, by_bytes: bool) -> RingLag:
+        """From `[[rings, ms], ...]` (`by_bytes` False: a version 3 or 4 file's) or, with
+        `by_bytes`, `[[rings, [[bytes, ms], ...]], ...]`. A ring count's curve by bytes is
+        what `calibrate` writes: sizes rising from its smallest chunk, costs never falling."""
+        if not by_bytes:
+            return cls.by_rings_alone(CostCurve.parse(value, name, "rings"))
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(
+                f"{name} must be a list of [rings, [[bytes, ms], ...]] pairs, got {value!r}"
+            )
+        by_rings = []
+        for pair in value:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ConfigError(f"{name}: {pair!r} is not a [rings, [[bytes, ms], ...]] pair")
+            rings, points = pair
+            if isinstance(rings, bool) or not isinstance(rings, int):
+                raise ConfigError(f"{name}: a ring count must be a whole number, got {rings!r}")
+            label = f"{name} at {rings} rings"
+            curve = CostCurve.parse(points, label, "bytes", starts_at_zero=False)
+            if not curve.points:
+                raise ConfigError(f"{label}: no [bytes, ms] points")
+            by_rings.append((rings, curve))
+        try:
+            ring_lag = cls(tuple(by_rings))
+        except ConfigError as err:
+            raise ConfigError(f"{name}: {err}") from None
+        if ring_lag.by_rings and ring_lag.by_rings[0][0] != 1:
+            raise ConfigError(
+                f"{name} must start at 1 rings (its lag there is charged below), got "
+                f"{ring_lag.by_rings[0][0]}: run `adaptra-bench calibrate` again"
+            )
+        return ring_lag
+
+
+NO_RING_LAG = RingLag()
 _MIB = 1 << 20
 _CURVES = ("send_ms_by_bytes", "receive_lag_ms_by_bytes")
 """Required in a file."""
@@ -149,11 +241,11 @@ _COSTS = ("op_overhead_ms",)
 _DELEGATE_CURVES = ("copy_out_ms_by_bytes", "copy_in_ms_by_bytes")
 _DELEGATE_COSTS = ("delegate_pickup_ms", "failover_ms")
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
-_RING_CURVES = ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings")
-"""The DP ring's, by the rings running at once: optional in a file (free)."""
+_RING_LAGS = ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings")
+"""The DP ring's (`RingLag`): optional in a file (free)."""
 _MEASURED_WITH = ("op_ms", "num_stages", "git_revision")
-"""What the calibration ran with: required in a version 4 file, absent from a version 3."""
-_READABLE_VERSIONS = (3, HOST_COSTS_SCHEMA_VERSION)
+"""What the calibration ran with: required from version 4 on, absent from a version 3."""
+_READABLE_VERSIONS = (3, 4, HOST_COSTS_SCHEMA_VERSION)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -175,12 +267,12 @@ class HostCosts:
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
-    ring_lag_ms_by_rings: CostCurve = NO_COST
+    ring_lag_ms_by_rings: RingLag = NO_RING_LAG
     """A DP ring's chunk can be forwarded this much later than a PP message of its size
-    could be used: the ring's receiver hand-off and its share of the host's cores, by how
-    many stages' rings run at that moment (pipeline.runtime.dp_ring; the runs it predicts
-    put every worker on this host)."""
-    delegated_ring_lag_ms_by_rings: CostCurve = NO_COST
+    could be used: the ring's receiver hand-off, chunks sent back to back both ways, and its
+    share of the host's cores, by how many stages' rings run at that moment and the chunk's
+    size (pipeline.runtime.dp_ring; the runs it predicts put every worker on this host)."""
+    delegated_ring_lag_ms_by_rings: RingLag = NO_RING_LAG
     """The same, for a ring whose chunks go over the delegates (the plan delegates its link
     directions), in place of `ring_lag_ms_by_rings`."""
     host: str = ""
@@ -198,9 +290,12 @@ class HostCosts:
         for name in (*_COSTS, *_DELEGATE_COSTS):
             object.__setattr__(self, name, _check_ms(name, getattr(self, name)))
         self._check_measured_with()
-        for name in (*_CURVES, *_DELEGATE_CURVES, *_RING_CURVES):
+        for name in (*_CURVES, *_DELEGATE_CURVES):
             if not isinstance(getattr(self, name), CostCurve):
                 raise ConfigError(f"{name} must be a CostCurve")
+        for name in _RING_LAGS:
+            if not isinstance(getattr(self, name), RingLag):
+                raise ConfigError(f"{name} must be a RingLag")
 
     def _check_measured_with(self) -> None:
         """`op_ms` and `num_stages` both recorded (finite > 0 ms, a whole number >= 1) or
@@ -236,22 +331,30 @@ class HostCosts:
     def copy_in_ms(self, num_bytes: int) -> float:
         return self.copy_in_ms_by_bytes.ms(num_bytes)
 
-    def ring_lag_curve(self, delegated: bool) -> CostCurve:
-        """The DP ring's lag by the rings running at once, over the delegates or not."""
+    def ring_lag(self, delegated: bool) -> RingLag:
+        """The DP ring's lag, over the delegates or not."""
         return self.delegated_ring_lag_ms_by_rings if delegated else self.ring_lag_ms_by_rings
 
     def to_dict(self) -> dict[str, Any]:
-        """The file's JSON: version 4, or version 3 where nothing of what the calibration ran
-        with is recorded (as read from a version 3 file: a run directory that kept those
-        costs is resumed with the same)."""
+        """The file's JSON in the oldest version that holds it: 3 where nothing of what the
+        calibration ran with is recorded, 4 where the ring's lags are by rings alone (as read
+        from those versions: a run directory that kept those costs is resumed with the
+        same), else 5."""
         recorded = self.op_ms is not None
-        version = HOST_COSTS_SCHEMA_VERSION if recorded else 3
+        by_bytes = not all(getattr(self, name).is_by_rings_alone() for name in _RING_LAGS)
+        if not recorded and by_bytes:
+            raise ConfigError("a ring lag by chunk bytes goes with the calibration's op_ms")
+        version = 3 if not recorded else HOST_COSTS_SCHEMA_VERSION if by_bytes else 4
         data: dict[str, Any] = {"schema_version": version}
         for field in dataclasses.fields(self):
             if field.name in _MEASURED_WITH and not recorded:
                 continue
             value = getattr(self, field.name)
-            data[field.name] = value.to_json() if isinstance(value, CostCurve) else value
+            if isinstance(value, CostCurve):
+                value = value.to_json()
+            elif isinstance(value, RingLag):
+                value = value.to_json(by_bytes)
+            data[field.name] = value
         return data
 
     def other_host_warning(self, this_host: str | None = None) -> str | None:
@@ -280,8 +383,8 @@ class HostCosts:
         if version not in _READABLE_VERSIONS:
             raise ConfigError(
                 f"calibration schema_version {version!r} is not supported "
-                f"(expected {HOST_COSTS_SCHEMA_VERSION} or 3; run `adaptra-bench calibrate` "
-                f"again)"
+                f"(expected {', '.join(map(str, _READABLE_VERSIONS))}; run `adaptra-bench "
+                f"calibrate` again)"
             )
         fields = {f.name for f in dataclasses.fields(cls)}
         required: tuple[str, ...] = (*_CURVES, *_COSTS)
@@ -296,11 +399,12 @@ class HostCosts:
                 f"calibration: unknown key(s) {unknown or 'none'}, missing {missing or 'none'}; "
                 f"keys: schema_version, {', '.join(sorted(fields))}"
             )
-        for name in (*_CURVES, *_DELEGATE_CURVES, *_RING_CURVES):
+        for name in (*_CURVES, *_DELEGATE_CURVES):
             if name in values:
-                values[name] = CostCurve.parse(
-                    values[name], name, "rings" if name in _RING_CURVES else "bytes"
-                )
+                values[name] = CostCurve.parse(values[name], name)
+        for name in _RING_LAGS:
+            if name in values:
+                values[name] = RingLag.parse(values[name], name, by_bytes=version >= 5)
         for name in ("host", "measured_at"):
             value = values.setdefault(name, "")
             if not isinstance(value, str):

@@ -16,7 +16,7 @@ from typing import Any
 from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
 from pipeline.errors import ConfigError, LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
-from pipeline.host_costs import FREE, CostCurve, HostCosts
+from pipeline.host_costs import FREE, HostCosts, RingLag
 from pipeline.nccl_sleep import time_replica
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -424,7 +424,7 @@ def simulate(
             profile, stage_ends, host, faults, iteration, origin_ms,
             _DpFailover(comm is CommMode.DELEGATED, dp_nics, failovers, nics),
             dp_messages,
-            host.ring_lag_curve(delegated=comm is CommMode.DELEGATED),
+            host.ring_lag(delegated=comm is CommMode.DELEGATED),
         )  # fmt: skip
     return Timeline(
         num_stages=num_stages,
@@ -458,23 +458,24 @@ def _step_end_ms(
     origin_ms: float,
     failover: _DpFailover,
     dp_messages: list[MessageRecord],
-    ring_lag: CostCurve,
+    ring_lag: RingLag,
 ) -> float:
     """When the last stage has reduced its gradients over its replicas and stepped, given
     when each stage was done with its pipeline on each replica (`stage_end_ms[replica]`). A
     DP message holds its sender for its injected delay, its wire time and the host's send
-    cost, and can be used the host's receive lag and the ring's lag later (`ring_lag` at the
-    number of stages' rings running then; the `direct` path's rule, over delegates too, with
-    the delegated ring's lag). A message whose route
-    failed is a LinkFailure, unless its link direction is delegated (`failover`) and another
+    cost, and can be used the host's receive lag and the ring's lag later (`ring_lag` at its
+    size and the number of stages' rings running then; the `direct` path's rule, over
+    delegates too, with the delegated ring's lag). A message whose route failed is a
+    LinkFailure, unless its link direction is delegated (`failover`) and another
     NIC's route is up (it moves there: `route_over`). Every DP
     message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
     index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
 
+    @functools.cache  # a few sizes and ring counts, asked for every chunk
     def chunk_cost(num_bytes: int, num_rings: int) -> tuple[float, float]:
         hold_ms = profile.dp_wire_ms(num_bytes) + host.send_ms(num_bytes)
-        return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag.ms(num_rings)
+        return hold_ms, host.receive_lag_for_ms(num_bytes) + ring_lag.ms(num_bytes, num_rings)
 
     ask = faults is not NO_FAULTS
     num_nics = len(failover.nics) if failover.delegated else 1  # gloo: the first NIC only

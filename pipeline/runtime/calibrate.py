@@ -12,11 +12,14 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
 - receive lag: in the same runs, from a send's return to the start of the op that was
   waiting for it (only messages whose consumer had asked for them by then: one still in an
   op or in a blocking send of its own would add that), alike;
-- ring lag: healthy DP rings on `num_stages` stages x 2 replicas (16 chunks of 125 kB per
-  link direction after a short pipeline), with the first 1, 2, ... `num_stages` stages
-  reducing a gradient (rings at once share the cores: 0.2-0.3 ms with one here, 0.9-1.1
-  with four): the mean time between a link direction's consecutive chunk sends, beyond what the
-  send cost and the receive lag measured above make of it, by the number of rings;
+- ring lag: healthy DP rings on `num_stages` stages x 2 replicas (after a short pipeline),
+  with the first 1, 2, ... `num_stages` stages reducing a gradient in chunks of each of
+  `RING_CHUNK_SIZES` (16 chunks per link direction up to 1 MB, 4 above): the mean time
+  between a link direction's consecutive chunk sends, beyond what the send cost and the
+  receive lag measured above make of it, by the number of rings and the chunk's size.
+  Rings at once share the cores (at 125 kB: 0.2-0.3 ms with one here, 0.9-1.1 with four),
+  and chunks sent back to back both ways cost more per byte than PP messages between ops
+  (40 MB: about 0.8 ms per MB against 0.5 at 8 MiB);
 - with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
   failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
@@ -43,7 +46,13 @@ from collections.abc import Callable
 
 from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
-from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, NO_COST, CostCurve, HostCosts
+from pipeline.host_costs import (
+    DEFAULT_CALIBRATION_OP_MS,
+    NO_COST,
+    CostCurve,
+    HostCosts,
+    RingLag,
+)
 from pipeline.profile import Profile
 from pipeline.runtime.pool import IterationConfig, WorkerPool
 from pipeline.runtime.transport import DelegateFactory
@@ -52,6 +61,7 @@ from pipeline.timeline import Timeline
 from pipeline.topology import Link
 
 __all__ = [
+    "RING_CHUNK_SIZES",
     "SEND_SIZES",
     "busy_both_ways",
     "busy_microbatches",
@@ -63,6 +73,9 @@ __all__ = [
 ]
 
 SEND_SIZES = (0, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
+RING_CHUNK_SIZES = (125_000, 1_000_000, 4_000_000, 16_000_000, 40_000_000)
+"""The DP ring's chunk sizes measured, bytes: up to the default bucket's chunk at DP 2
+(pipeline.allreduce: 80 MB buckets)."""
 
 
 def busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
@@ -178,11 +191,13 @@ def measure_host_costs(
     progress: Callable[[str], None] = lambda line: None,
     delegates: DelegateFactory | None = None,
     op_ms: float = DEFAULT_CALIBRATION_OP_MS,
+    dp_ring: bool = True,
 ) -> HostCosts:
-    """About 25 s with 10 ms ops: three pools (1, `num_stages` and 2 x `num_stages` workers:
-    as many as the runs to predict, since concurrent transfers share the host's cores),
-    `repeats` measured iterations per point; with `delegates` (adaptra.transport), two more
-    with them, for the delegated path's costs (about 20 s more)."""
+    """Three pools (1, `num_stages` and 2 x `num_stages` workers: as many as the runs to
+    predict, since concurrent transfers share the host's cores), `repeats` measured
+    iterations per point; with `delegates` (adaptra.transport), two more with them, for the
+    delegated path's costs; without `dp_ring`, no DP ring's lag (free: for runs with no DP
+    ring to predict)."""
     if not (math.isfinite(op_ms) and op_ms > 0):
         raise ConfigError(f"calibration ops must last > 0 ms, got {op_ms!r}")
     counter = [0]
@@ -217,12 +232,13 @@ def measure_host_costs(
         op_ms=op_ms,
         num_stages=num_stages,
     )
-    ring_lag = _ring_lag_curve(costs, num_stages, repeats)
-    progress(f"DP ring lag per chunk, by the rings at once: {_by_rings(ring_lag)}")
-    costs = dataclasses.replace(costs, ring_lag_ms_by_rings=ring_lag)
+    if dp_ring:
+        ring_lag = _ring_lag(costs, num_stages, repeats)
+        progress(f"DP ring lag per chunk, by the rings at once: {_by_rings(ring_lag)}")
+        costs = dataclasses.replace(costs, ring_lag_ms_by_rings=ring_lag)
     if delegates is None:
         return costs
-    return _with_delegated_costs(costs, delegates, repeats, num_stages, progress, op_ms)
+    return _with_delegated_costs(costs, delegates, repeats, num_stages, progress, op_ms, dp_ring)
 
 
 def _ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
@@ -242,43 +258,58 @@ def _ring_step_gaps_ms(timeline: Timeline) -> list[tuple[int, float]]:
     return gaps
 
 
-def _ring_lag_curve(
+def ring_profile(num_stages: int, num_rings: int, chunk_bytes: int) -> Profile:
+    """The ring lag's pipeline: `num_stages` x 2 replicas, 1 ms ops, the first `num_rings`
+    stages reducing a gradient in chunks of `chunk_bytes` (buckets of 2 chunks: 8 of them up
+    to 1 MB chunks, 2 above)."""
+    num_buckets = 8 if chunk_bytes <= 1_000_000 else 2
+    gradient = [num_buckets * 2 * chunk_bytes if s < num_rings else 0 for s in range(num_stages)]
+    return Profile.uniform(
+        num_stages, busy_microbatches(num_stages, 4), 1.0, 0.5, 0.5, message_bytes=4096,
+        num_replicas=2, allreduce_bytes=gradient, dp_bucket_bytes=2 * chunk_bytes,
+    )  # fmt: skip
+
+
+def _ring_lag(
     costs: HostCosts, num_stages: int, repeats: int, delegates: DelegateFactory | None = None
-) -> CostCurve:
+) -> RingLag:
     """The mean ring step beyond the simulator's for it with `costs` (a send, then the
     receive lag: `pipeline.allreduce.rings_done_ms`), by the number of stages whose rings
-    run at once (1 to `num_stages`: the first n stages have a gradient), made non-decreasing
-    and clamped at 0; with `delegates`, of rings over them (3 per link direction and side)."""
-    chunk = 125_000  # bytes: 8 buckets of 2 chunks each way
+    run at once (1 to `num_stages`: the first n stages have a gradient) and the chunk's size
+    (`RING_CHUNK_SIZES`), made non-decreasing in the size and clamped at 0; with
+    `delegates`, of rings over them (3 per link direction and side)."""
     comm = "direct" if delegates is None else "delegated"
     num_delegates = 0 if delegates is None else 3
-    beyond: dict[int, list[float]] = {}  # ms by the rings at once
+    by_rings = []
     counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
-        num_microbatches = busy_microbatches(num_stages, 4)
-        schedule = busy_both_ways(num_stages, num_microbatches)
+        schedule = busy_both_ways(num_stages, busy_microbatches(num_stages, 4))
         for num_rings in range(1, num_stages + 1):
-            profile = Profile.uniform(
-                num_stages, num_microbatches, 1.0, 0.5, 0.5, message_bytes=4096, num_replicas=2,
-                allreduce_bytes=[8 * 2 * chunk if s < num_rings else 0 for s in range(num_stages)],
-                dp_bucket_bytes=2 * chunk,
-            )  # fmt: skip
-            # Three times the iterations (each lasts some 40 ms): a lone ring's mean moved
-            # 0-0.41 ms between calibrations with 3, 0.19 in both of two with 10.
-            timelines = _runs(pool, schedule, profile, 3 * repeats, counter, comm=comm)
-            beyond[num_rings] = [
-                gap
-                - profile.dp_wire_ms(size)
-                - costs.send_ms(size)
-                - costs.receive_lag_for_ms(size)
-                for t in timelines
-                for size, gap in _ring_step_gaps_ms(t)
-            ]
-    return _curve(beyond)
+            beyond: dict[int, list[float]] = {}  # ms by the chunk's bytes
+            for chunk in RING_CHUNK_SIZES:
+                profile = ring_profile(num_stages, num_rings, chunk)
+                # Small chunks: three times the iterations (each lasts some 40 ms): a lone
+                # ring's mean at 125 kB moved 0-0.41 ms between calibrations with 3, 0.19 in
+                # both of two with 10.
+                num_runs = 3 * repeats if chunk <= 1_000_000 else repeats
+                timelines = _runs(pool, schedule, profile, num_runs, counter, comm=comm)
+                beyond[chunk] = [
+                    gap
+                    - profile.dp_wire_ms(size)
+                    - costs.send_ms(size)
+                    - costs.receive_lag_for_ms(size)
+                    for t in timelines
+                    for size, gap in _ring_step_gaps_ms(t)
+                ]
+            by_rings.append((num_rings, _curve(beyond)))
+    return RingLag(tuple(by_rings))
 
 
-def _by_rings(curve: CostCurve) -> str:
-    return ", ".join(f"{ms:.3f} ms with {rings}" for rings, ms in curve.points)
+def _by_rings(ring_lag: RingLag) -> str:
+    return "; ".join(
+        f"{rings}: " + ", ".join(f"{ms:.2f} ms at {size / 1e6:g} MB" for size, ms in curve.points)
+        for rings, curve in ring_lag.by_rings
+    )
 
 
 def _with_delegated_costs(
@@ -288,6 +319,7 @@ def _with_delegated_costs(
     num_stages: int,
     progress: Callable[[str], None],
     op_ms: float,
+    dp_ring: bool,
 ) -> HostCosts:
     """The same runs over delegates (3 per link direction and side: each free when its next
     message comes): the sender's hand-over, the delegate's pick-up, the copy in."""
@@ -311,16 +343,18 @@ def _with_delegated_costs(
             )
         failover_ms = _failover_ms(pool, schedule, num_stages, counter)
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
-    ring_lag = _ring_lag_curve(costs, num_stages, repeats, delegates)
-    progress(f"DP ring lag over the delegates, by the rings at once: {_by_rings(ring_lag)}")
-    return dataclasses.replace(
+    costs = dataclasses.replace(
         costs,
         copy_out_ms_by_bytes=_curve(copies_out),
         delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
         copy_in_ms_by_bytes=_curve(copies_in),
         failover_ms=failover_ms,
-        delegated_ring_lag_ms_by_rings=ring_lag,
     )
+    if not dp_ring:
+        return costs
+    ring_lag = _ring_lag(costs, num_stages, repeats, delegates)
+    progress(f"DP ring lag over the delegates, by the rings at once: {_by_rings(ring_lag)}")
+    return dataclasses.replace(costs, delegated_ring_lag_ms_by_rings=ring_lag)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -592,20 +592,25 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     """`calibrate` measures real worker processes (no timing is asserted: only that the
     costs are there); `simulate`/`run --calibration` then add them to the direct model."""
     host = tmp_path / "host.json"
-    out = cli("calibrate", "--out", str(host), "--repeats", "1", "--op-ms", "3", "--format", "json")
+    out = cli(
+        "calibrate", "--out", str(host), "--repeats", "1", "--op-ms", "3", "--stages", "2",
+        "--format", "json",
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "8388608 B, ops of 3 ms: send" in out.stderr  # measured with the ops asked for
     costs = json.loads(host.read_text())
-    assert costs == json.loads(out.stdout) and costs["schema_version"] == 4
+    assert costs == json.loads(out.stdout) and costs["schema_version"] == 5
     # what the runs to predict must match: the ops asked for, the stages, the code
-    assert (costs["op_ms"], costs["num_stages"]) == (3.0, 4)
+    assert (costs["op_ms"], costs["num_stages"]) == (3.0, 2)
     assert costs["git_revision"] == git_revision()
-    from pipeline.runtime.calibrate import SEND_SIZES
+    from pipeline.runtime.calibrate import RING_CHUNK_SIZES, SEND_SIZES
 
     for name in ("send_ms_by_bytes", "copy_out_ms_by_bytes", "copy_in_ms_by_bytes"):
         assert [size for size, _ in costs[name]] == list(SEND_SIZES), name  # each measured
     for name in ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings"):
-        assert [rings for rings, _ in costs[name]] == [1, 2, 3, 4], name  # 1 to 4 at once
+        assert [rings for rings, _ in costs[name]] == [1, 2], name  # 1 to 2 at once
+        for _, by_bytes in costs[name]:  # each at every chunk size
+            assert [size for size, _ in by_bytes] == list(RING_CHUNK_SIZES), name
     assert all(ms > 0 for _, ms in costs["send_ms_by_bytes"])  # a real send takes time
     assert costs["copy_out_ms_by_bytes"][-1][1] > 0  # measured: a copy of 8 MiB
     assert costs["op_overhead_ms"] >= 0 and costs["delegate_pickup_ms"] >= 0

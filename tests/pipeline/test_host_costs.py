@@ -19,6 +19,9 @@ COSTS = {
     "measured_at": "2026-12-01T00:00:00+00:00",
 }
 
+MEASURED = {"op_ms": 2.0, "num_stages": 2, "git_revision": "abc123"}
+BY_BYTES = [[1, [[125_000, 0.3], [40_000_000, 8.5]]], [2, [[125_000, 0.4], [40_000_000, 24.8]]]]
+
 
 def test_round_trip_and_costs(tmp_path: Path) -> None:
     path = tmp_path / "host.json"
@@ -172,12 +175,65 @@ def test_a_version_4_file_records_what_the_runs_must_match(tmp_path: Path) -> No
         ({"schema_version": 4, "op_ms": 0, "num_stages": 4, "git_revision": ""}, "op_ms must"),
         ({"schema_version": 4, "op_ms": 2, "num_stages": 2.5, "git_revision": ""}, "whole"),
         ({"schema_version": 4, "op_ms": 2, "num_stages": 4, "git_revision": 7}, "git_revision"),
-        ({"schema_version": 5}, "schema_version 5 is not supported"),
+        ({"schema_version": 6}, "schema_version 6 is not supported.*expected 3, 4, 5"),
+        # a ring lag by chunk bytes is version 5's
+        (
+            {"schema_version": 4, **MEASURED, "ring_lag_ms_by_rings": [[1, [[0, 0.1]]]]},
+            "ring_lag_ms_by_rings must be a number",
+        ),
     ],
 )
 def test_bad_version_4_files_are_refused(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         HostCosts.from_dict({**COSTS, **change})
+
+
+def test_a_version_5_file_has_the_rings_lag_by_chunk_size(tmp_path: Path) -> None:
+    """Each ring count's lag is a curve by the chunk's bytes: linear between the measured
+    sizes and between the ring counts, the last segment's slope beyond either; the file is
+    written back as read. A version 4 file's lags (one number per ring count) are the same
+    at every chunk size, and it is written back as version 4."""
+    measured = {**COSTS, "schema_version": 5, **MEASURED, "ring_lag_ms_by_rings": BY_BYTES}
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(measured))
+    costs = HostCosts.from_file(path)
+    lag = costs.ring_lag(delegated=False)
+    assert lag.ms(125_000, 1) == 0.3 and lag.ms(40_000_000, 2) == 24.8
+    assert lag.ms(1_000, 1) == 0.3  # below the smallest chunk: its lag
+    middle = (125_000 + 40_000_000) // 2
+    assert lag.ms(middle, 1) == pytest.approx((0.3 + 8.5) / 2)
+    assert lag.ms(40_000_000, 3) == pytest.approx(24.8 + (24.8 - 8.5))  # past 2 rings
+    assert lag.ms(80_000_000, 1) == pytest.approx(8.5 + 8.2 * 40_000_000 / 39_875_000)
+    assert costs.ring_lag(delegated=True).ms(1 << 20, 4) == 0.0  # not measured: free
+    assert costs.to_dict() == {**measured, "copy_out_ms_by_bytes": [], "copy_in_ms_by_bytes": [],
+                               "delegate_pickup_ms": 0.0, "failover_ms": 0.0,
+                               "delegated_ring_lag_ms_by_rings": []}  # fmt: skip
+    old = HostCosts.from_dict({**COSTS, "schema_version": 4, **MEASURED,
+                               "ring_lag_ms_by_rings": [[1, 0.3], [4, 1.1]]})  # fmt: skip
+    assert old.ring_lag(delegated=False).ms(40_000_000, 4) == 1.1
+    assert old.to_dict()["schema_version"] == 4
+    assert old.to_dict()["ring_lag_ms_by_rings"] == [[1, 0.3], [4, 1.1]]
+
+
+@pytest.mark.parametrize(
+    ("lag", "message"),
+    [
+        ([[2, [[0, 0.1]]]], "must start at 1 rings"),
+        ([[1, [[0, 0.1]]], [1, [[0, 0.2]]]], "ring counts must rise"),
+        ([[1, 0.3]], r"at 1 rings must be a list of \[bytes, ms\] pairs, got 0.3"),
+        ([[1, [[0, 0.1]], 3]], "is not a"),
+        ([[1.0, [[0, 0.1]]]], "a ring count must be a whole number"),
+        ([[1, []]], "at 1 rings: no \\[bytes, ms\\] points"),
+        ([[1, [[4_000_000, 0.9], [40_000_000, 0.5]]]], "at 1 rings falls from 0.9 ms"),
+        ([[1, [[-5, 0.1]]]], "sizes must rise from >= 0"),
+        ({"1": [[0, 0.1]]}, "must be a list of"),
+    ],
+)
+def test_bad_version_5_ring_lags_are_refused(lag: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        HostCosts.from_dict(
+            {**COSTS, "schema_version": 5, **MEASURED, "delegated_ring_lag_ms_by_rings": lag}
+        )
 
 
 def test_a_calibration_from_another_host_is_named() -> None:

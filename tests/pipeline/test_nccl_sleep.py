@@ -11,7 +11,7 @@ from baselines.one_f_one_b import one_f_one_b
 from baselines.zero_bubble import zb_h1
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import MessageFault
-from pipeline.host_costs import FREE, CostCurve, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, LinkComm, simulate
 from pipeline.topology import Link
@@ -141,7 +141,7 @@ def test_it_takes_no_host_costs_also_in_its_dp_ring() -> None:
     host = HostCosts(
         send_ms_by_bytes=CostCurve.line(5.0),
         op_overhead_ms=3.0,
-        ring_lag_ms_by_rings=CostCurve(((1, 7.0),)),
+        ring_lag_ms_by_rings=RingLag.by_rings_alone(CostCurve(((1, 7.0),))),
     )
     timelines = [
         simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, host=h) for h in (FREE, host)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import MessageFault
-from pipeline.host_costs import FREE, CostCurve, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
 from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -212,16 +212,17 @@ def test_a_one_stage_pipeline_pays_its_rings_host_costs() -> None:
     # 2 buckets x 2 ring steps, each a send (0.2 ms) and the receiver's lag (0.3 ms).
     steps = [timeline.iterations[0].step_time_ms for timeline in timelines.values()]
     assert steps == [pytest.approx(2.0), pytest.approx(2.0)]
-    # The ring's own lag, per step too, by the rings running at once (one, on one stage).
+    # The ring's own lag, per step too, by the rings running at once (one, on one stage) and
+    # the chunk's size (500 B: halfway between 0 and 1000 B).
     alone = profiles[1]
-    by_rings = CostCurve(((1, 0.25), (2, 0.5)))
+    by_rings = RingLag(((1, CostCurve(((0, 0.25), (1000, 1.25)))), (2, CostCurve(((0, 9.0),)))))
     ringed = dataclasses.replace(host, ring_lag_ms_by_rings=by_rings)
     with_lag = simulate(one_f_one_b(alone), alone, CommMode.DIRECT, host=ringed)
-    assert with_lag.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * 0.25)
+    assert with_lag.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * 0.75)
     assert with_lag.ops == timelines[1].ops  # the pipeline's messages do not pay it
-    delegated = CostCurve(((1, 1.0), (2, 2.0)))
+    delegated = RingLag.by_rings_alone(CostCurve(((1, 1.0), (2, 2.0))))
     over_delegates = dataclasses.replace(ringed, delegated_ring_lag_ms_by_rings=delegated)
-    for comm, lag_ms in ((CommMode.DIRECT, 0.25), (CommMode.DELEGATED, 1.0)):
+    for comm, lag_ms in ((CommMode.DIRECT, 0.75), (CommMode.DELEGATED, 1.0)):
         run = simulate(one_f_one_b(alone), alone, comm, host=over_delegates)
         assert run.iterations[0].step_time_ms == pytest.approx(2.0 + 4 * lag_ms)
 

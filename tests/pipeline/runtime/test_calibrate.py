@@ -18,6 +18,7 @@ from pipeline.runtime.calibrate import (
     lone_stage,
     op_overhead_ms_of,
     receive_lags_ms,
+    ring_profile,
 )
 from pipeline.simulator import simulate
 from pipeline.timeline import MessageRecord, OpRecord, Timeline
@@ -103,3 +104,22 @@ def test_the_per_op_overhead_is_measured_with_ops_of_op_ms(op_ms: float) -> None
     measured = Timeline(num_stages=1, ops=ops, messages=(), iterations=())
     assert op_overhead_ms_of([measured], op_ms) == pytest.approx(0.375)
     assert op_overhead_ms_of([measured], op_ms + 1.0) == 0.0  # never below 0
+
+
+@pytest.mark.parametrize(
+    ("chunk_bytes", "num_chunks"), [(125_000, 16), (1_000_000, 16), (4_000_000, 4), (40_000_000, 4)]
+)
+def test_the_ring_lags_pipeline_has_chunks_of_the_size_asked(
+    chunk_bytes: int, num_chunks: int
+) -> None:
+    """The first `num_rings` stages reduce a gradient over 2 replicas in chunks of exactly
+    `chunk_bytes`: 16 per link direction up to 1 MB, 4 above (each large one lasts long)."""
+    profile = ring_profile(4, 3, chunk_bytes)
+    timeline = simulate(busy_both_ways(4, profile.num_microbatches), profile)
+    by_direction: dict[tuple[str, str], list[int]] = {}
+    for message in timeline.dp_messages:
+        by_direction.setdefault((message.link, message.direction), []).append(message.num_bytes)
+    assert sorted(by_direction) == [
+        (f"dp{stage}:0-1", direction) for stage in range(3) for direction in ("backward", "forward")
+    ]
+    assert all(sizes == [chunk_bytes] * num_chunks for sizes in by_direction.values())
