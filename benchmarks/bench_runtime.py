@@ -1,14 +1,16 @@
 """The emulated runtime against the calibrated simulator: the fidelity band.
 
 Run: python benchmarks/bench_runtime.py [--iterations 5] [--calibration HOST.json | --op-ms MS]
-     [--fresh-pools K]
+     [--fresh-pools K] [--comm direct|delegated]
 
 This host's costs are measured first (pipeline.runtime.calibrate; or read from
 --calibration), then 1F1B and ZB-H2 on S=4, N=12, F=B=W=10 ms, with 64 KiB, 1 MiB and 8 MiB
-messages and 0/20/40/60 ms on link 0-1, `direct`: the median of the measured iterations
-(after one warm-up; one pool for every point) against the simulator's prediction, free
-(no host costs) and calibrated. The fidelity is measured / calibrated; its benchmark band on
-an idle machine is 0.97-1.03 (BENCHMARKS.md). The load average is printed with the table.
+messages and 0/20/40/60 ms on link 0-1, `direct` (or `--comm delegated`: over 3 delegates per
+link direction and side, without the inside-the-runs table; --fresh-pools runs direct): the
+median of the measured iterations (after one warm-up; one pool for every point) against the
+simulator's prediction, free (no host costs) and calibrated. The fidelity is measured /
+calibrated; its benchmark band on an idle machine is 0.97-1.03 (BENCHMARKS.md). The load
+average is printed with the table.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import os
 import statistics
 
+from adaptra.transport import Delegates
 from baselines import one_f_one_b, zb_h2
 from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, HostCosts
 from pipeline.metrics import compute_metrics
@@ -43,6 +46,13 @@ def main() -> None:
         help="The calibration's op length (when it is measured here).",
     )
     parser.add_argument(
+        "--comm",
+        choices=("direct", "delegated"),
+        default="direct",
+        help="How the PP messages go: delegated, over 3 delegates per link direction and side "
+        "(the calibration then measures the delegated path too).",
+    )
+    parser.add_argument(
         "--fresh-pools",
         type=int,
         default=0,
@@ -51,11 +61,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
+    delegated = args.comm == "delegated"
     host = (
         HostCosts.from_file(args.calibration)
         if args.calibration
-        else measure_host_costs(op_ms=args.op_ms)
+        else measure_host_costs(
+            op_ms=args.op_ms, delegates=Delegates() if delegated else None, dp_ring=False
+        )
     )
+    comm = CommMode(args.comm)
     print(f"host costs: {host.to_dict()}\n")
     print(
         "| policy | message | delay ms | emulated ms | free sim ms | emulated/free |"
@@ -65,7 +79,10 @@ def main() -> None:
     fidelities = []
     inside_runs: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     iteration = 0
-    with WorkerPool(4, timeout_s=60) as pool:
+    with WorkerPool(
+        4, delegates=Delegates() if delegated else None, num_delegates=3 if delegated else 0,
+        timeout_s=60,
+    ) as pool:  # fmt: skip
         for size_name, num_bytes in SIZES.items():
             for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
                 for delay in (0.0, 20.0, 40.0, 60.0):
@@ -74,10 +91,11 @@ def main() -> None:
                     schedule = build(profile)
                     times = []
                     for k in range(args.iterations + 1):
-                        timeline = pool.run_iteration(IterationConfig(iteration, schedule, profile))
+                        config = IterationConfig(iteration, schedule, profile, comm=args.comm)
+                        timeline = pool.run_iteration(config)
                         if k:
                             times.append(compute_metrics(timeline, iteration).iteration_time_ms)
-                            if not delay:
+                            if not delay and not delegated:
                                 seen = inside_runs.setdefault((name, size_name), ([], []))
                                 seen[0].extend(
                                     m.send_end_ms - m.send_start_ms for m in timeline.messages
@@ -87,7 +105,7 @@ def main() -> None:
                     measured = statistics.median(times)
                     free, calibrated = (
                         compute_metrics(
-                            simulate(schedule, profile, CommMode.DIRECT, host=costs)
+                            simulate(schedule, profile, comm, host=costs)
                         ).iteration_time_ms
                         for costs in (HostCosts(), host)
                     )
@@ -97,11 +115,13 @@ def main() -> None:
                         f"{measured / free:.3f} | {calibrated:.1f} | {measured / calibrated:.3f} |",
                         flush=True,
                     )
-    print("\nInside the runs with no delay, against the calibration (means; median, p90):\n")
-    print(
-        "| policy | message | send ms | calibrated send ms | receive lag ms | calibrated lag ms |"
-    )
-    print("|---|---|---|---|---|---|")
+    if inside_runs:
+        print("\nInside the runs with no delay, against the calibration (means; median, p90):\n")
+        print(
+            "| policy | message | send ms | calibrated send ms | receive lag ms | calibrated "
+            "lag ms |"
+        )
+        print("|---|---|---|---|---|---|")
     for (name, size_name), (sends, lags) in inside_runs.items():
         num_bytes = SIZES[size_name]
         print(

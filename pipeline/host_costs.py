@@ -46,8 +46,11 @@ HOST_COSTS_SCHEMA_VERSION = 5
 """5: the DP ring's lag is by the chunk's size too, at each number of rings (a chunk of
 40 MB, sent back to back with traffic both ways, cost about 0.8 ms per MB here, where a PP
 message of 8 MiB between ops cost 0.5: the lag measured at 125 kB chunks alone predicted
-the default bucket's step 1.6-3.6x short); a file whose lags are one number per ring count
-(as read from version 3 or 4) is written as 4. 4: records what the runs to predict should
+the default bucket's step 1.6-3.6x short); and a delegate's transfer is measured
+(`delegate_transfer_ms_by_bytes`; the direct path's send and receive lag, charged before, were
+1.4x it at 1-8 MiB here), and the copy in is from the message's arrival to its op's start
+(the receiver copies as messages arrive). A file with neither new cost (as read from
+version 3 or 4) is written as 4. 4: records what the runs to predict should
 match (`op_ms`, `num_stages`, `git_revision`); a version 3 file, without them, is still read
 (and a HostCosts without them is written as one: a run directory's kept costs stay the
 same). 3: the DP ring's lag is a curve by the rings running at once
@@ -238,11 +241,13 @@ _MIB = 1 << 20
 _CURVES = ("send_ms_by_bytes", "receive_lag_ms_by_bytes")
 """Required in a file."""
 _COSTS = ("op_overhead_ms",)
-_DELEGATE_CURVES = ("copy_out_ms_by_bytes", "copy_in_ms_by_bytes")
+_DELEGATE_CURVES = ("copy_out_ms_by_bytes", "delegate_transfer_ms_by_bytes", "copy_in_ms_by_bytes")
 _DELEGATE_COSTS = ("delegate_pickup_ms", "failover_ms")
 """The delegated path's costs: optional in a file (one measured without delegates: 0)."""
 _RING_LAGS = ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings")
 """The DP ring's (`RingLag`): optional in a file (free)."""
+_FROM_VERSION_5 = ("delegate_transfer_ms_by_bytes",)
+"""Absent from versions 3 and 4."""
 _MEASURED_WITH = ("op_ms", "num_stages", "git_revision")
 """What the calibration ran with: required from version 4 on, absent from a version 3."""
 _READABLE_VERSIONS = (3, 4, HOST_COSTS_SCHEMA_VERSION)
@@ -262,8 +267,15 @@ class HostCosts:
     into a slot and the job), by size."""
     delegate_pickup_ms: float = 0.0
     """Delegated: from the hand-over until a free delegate has picked the message up."""
+    delegate_transfer_ms_by_bytes: CostCurve = NO_COST
+    """Delegated: from the pick-up until the message is at the receiving side (beyond the
+    wire's time and delay), the delegate busy meanwhile, by size; not measured (a version 3
+    or 4 file's, or one measured without delegates): the direct path's send and receive
+    lag."""
     copy_in_ms_by_bytes: CostCurve = NO_COST
-    """Delegated: the copy of an arrived message into its op's buffer, before the op."""
+    """Delegated: from an arrived message's arrival until the op that waited for it may
+    start (the receiver thread learning of it and copying it into the op's buffer, as it
+    arrives: an op that asks later does not wait for it)."""
     failover_ms: float = 0.0
     """Delegated: a link direction's move to another NIC, from its sender delegate noticing
     the failure to the connection over the next NIC taking over (adaptra.transport)."""
@@ -331,6 +343,12 @@ class HostCosts:
     def copy_in_ms(self, num_bytes: int) -> float:
         return self.copy_in_ms_by_bytes.ms(num_bytes)
 
+    def delegate_transfer_ms(self, num_bytes: int) -> float:
+        """From a delegate's pick-up until the message is there, beyond the wire."""
+        if self.delegate_transfer_ms_by_bytes.points:
+            return self.delegate_transfer_ms_by_bytes.ms(num_bytes)
+        return self.send_ms(num_bytes) + self.receive_lag_for_ms(num_bytes)
+
     def ring_lag(self, delegated: bool) -> RingLag:
         """The DP ring's lag, over the delegates or not."""
         return self.delegated_ring_lag_ms_by_rings if delegated else self.ring_lag_ms_by_rings
@@ -342,12 +360,18 @@ class HostCosts:
         same), else 5."""
         recorded = self.op_ms is not None
         by_bytes = not all(getattr(self, name).is_by_rings_alone() for name in _RING_LAGS)
-        if not recorded and by_bytes:
-            raise ConfigError("a ring lag by chunk bytes goes with the calibration's op_ms")
-        version = 3 if not recorded else HOST_COSTS_SCHEMA_VERSION if by_bytes else 4
+        newer = by_bytes or any(getattr(self, name) != NO_COST for name in _FROM_VERSION_5)
+        if not recorded and newer:
+            raise ConfigError(
+                "a ring lag by chunk bytes or a delegate's transfer goes with the calibration's "
+                "op_ms"
+            )
+        version = 3 if not recorded else HOST_COSTS_SCHEMA_VERSION if newer else 4
         data: dict[str, Any] = {"schema_version": version}
         for field in dataclasses.fields(self):
-            if field.name in _MEASURED_WITH and not recorded:
+            if (field.name in _MEASURED_WITH and not recorded) or (
+                field.name in _FROM_VERSION_5 and not newer
+            ):
                 continue
             value = getattr(self, field.name)
             if isinstance(value, CostCurve):
@@ -392,6 +416,8 @@ class HostCosts:
             fields -= set(_MEASURED_WITH)
         else:
             required += _MEASURED_WITH
+        if version < 5:
+            fields -= set(_FROM_VERSION_5)
         unknown = sorted(set(values) - fields)
         missing = [name for name in required if name not in values]
         if unknown or missing:

@@ -121,10 +121,13 @@ def simulate(
     records (PP only). `host` adds a real host's runtime costs to `direct` and `delegated`
     (not to `ideal`, the paper's model): after each op its stage is busy `op_overhead_ms`
     more, before the op's send (the runtime's op overruns, then sends); a send holds its
-    sender (direct) or its delegate (delegated) `host.send_ms(bytes)`, and the message is
-    there `host.receive_lag_for_ms(bytes)` after the send returns;
-    delegated, the sender pays `host.copy_out_ms(bytes)`, a delegate picks the message up
-    `host.delegate_pickup_ms` later, and its op first copies it in (`host.copy_in_ms`).
+    sender (direct) `host.send_ms(bytes)`, and the message is there
+    `host.receive_lag_for_ms(bytes)` after the send returns; delegated, the sender pays
+    `host.copy_out_ms(bytes)`, a delegate picks the message up `host.delegate_pickup_ms`
+    later and is busy until it is there `host.delegate_transfer_ms(bytes)` after that (and
+    the wire), and the receiver copies it in as it arrives: its op may start
+    `host.copy_in_ms(bytes)` after its arrival (the profile's device copy, `copy_gbps`, comes
+    before the op, as the paper's model has it).
 
     A message whose route has failed (a NIC or link down) is a LinkFailure over the direct
     path (gloo's one NIC, the first), and over delegates where no other NIC has its route
@@ -173,13 +176,16 @@ def simulate(
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
     copy_out_ms = profile.copy_ms() + host.copy_out_ms(message_bytes)
     pickup_ms = host.delegate_pickup_ms
+    deliver_ms = host.delegate_transfer_ms(message_bytes)
+    # The receiver's copy of a delegated message as it arrives (the runtime's receiver thread).
+    copy_on_arrival_ms = host.copy_in_ms(message_bytes)
     # A delegate sends at its own rate (profile.delegate_gbps), not the link's.
     delegated_extra_ms = profile.delegated_wire_ms() - profile.wire_ms()
     num_delegates = profile.delegate_count()
     # The host-to-device copy before an op that takes in a delegated message.
-    copy_in_ms = profile.copy_ms() + host.copy_in_ms(message_bytes)
     copy_in = [
-        [copy_in_ms if mode is CommMode.DELEGATED else 0.0 for mode in pair] for pair in modes
+        [profile.copy_ms() if mode is CommMode.DELEGATED else 0.0 for mode in pair]
+        for pair in modes
     ]
     copy_before_f = [0.0] + [copy_in[i][0] for i in range(num_stages - 1)]
     copy_before_b = [copy_in[i][1] for i in range(num_stages - 1)] + [0.0]
@@ -289,7 +295,7 @@ def simulate(
                         failovers.append(record)
                     transfer_ms += route.fault.delay_ms
                     fault_ms += route.fault.delay_ms
-                wire_start, copied_in = sent, 0.0
+                wire_start, copied_in, copying_ms = sent, 0.0, 0.0
                 if mode is CommMode.IDEAL:
                     send_end = sent
                     arrival = sent + transfer_ms
@@ -298,17 +304,17 @@ def simulate(
                     arrival = send_end + lag_ms
                 else:
                     send_end = sent + copy_out_ms
-                    copied_in = copy_in_ms
+                    copying_ms = copy_on_arrival_ms
+                    copied_in = profile.copy_ms() + copying_ms
                     seq = num_sent[link_idx][direction]
                     num_sent[link_idx][direction] = seq + 1
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
                     wire_start = max(send_end + pickup_ms, slots[slot])
                     carried_ms = transfer_ms + delegated_extra_ms
-                    slots[slot] = wire_start + carried_ms + send_ms
-                    arrival = wire_start + carried_ms + send_ms + lag_ms
+                    slots[slot] = arrival = wire_start + carried_ms + deliver_ms
                 free = max(free, send_end)
-                arrivals[dest][m] = arrival
+                arrivals[dest][m] = arrival + copying_ms
                 fields = [
                     iteration,
                     links[link_idx],

@@ -20,8 +20,10 @@ worker runtime: never the schedules a calibrated simulator is then judged on.
   Rings at once share the cores (at 125 kB: 0.2-0.3 ms with one here, 0.9-1.1 with four),
   and chunks sent back to back both ways cost more per byte than PP messages between ops
   (40 MB: about 0.8 ms per MB against 0.5 at 8 MiB);
-- with delegates, the delegated path's copies and pick-up, the ring lag over them, and a
-  failover: one iteration in
+- with delegates, in the same runs over them: the sender's copy out, the pick-up, the rest
+  of the way until a message is there (measured, not the direct path's send and receive),
+  and from its arrival to the start of an op that waited for it (the receiver copies a
+  message as it arrives); the ring lag over them; and a failover: one iteration in
   which the fault hook has every route's NIC down, so that every sender delegate moves to
   the next NIC at its first message (the median, from noticing to taking over).
 
@@ -128,15 +130,17 @@ def op_overhead_ms_of(timelines: list[Timeline], op_ms: float) -> float:
     return max(statistics.fmean(gaps), 0.0)
 
 
-def receive_lags_ms(timeline: Timeline) -> list[float]:
-    """From a send's return to the start of the op that takes the message in, for each message
-    whose consumer had already asked for it then (`needed_ms` <= `send_end_ms`: the stage had
-    finished everything before that op, its own sends included, and sat waiting). A consumer
-    still busy then, in an op or in a blocking send of its own, would add that to the lag."""
+def receive_lags_ms(timeline: Timeline, from_arrival: bool = False) -> list[float]:
+    """From a send's return (or, `from_arrival`, the message's arrival: a delegated one's) to
+    the start of the op that takes the message in, for each message whose consumer had
+    already asked for it then (`needed_ms` <= that: the stage had finished everything before
+    that op, its own sends included, and sat waiting). A consumer still busy then, in an op or
+    in a blocking send of its own, would add that to the lag."""
     starts = {(r.stage, r.replica, r.kind.value, r.microbatch): r.start_ms for r in timeline.ops}
     lags = []
     for message in timeline.messages:
-        if message.needed_ms > message.send_end_ms:
+        since_ms = message.arrival_ms if from_arrival else message.send_end_ms
+        if message.needed_ms > since_ms:
             continue
         link = Link.parse(message.link)
         forward = message.direction == "forward"
@@ -144,7 +148,7 @@ def receive_lags_ms(timeline: Timeline) -> list[float]:
         for kind in ("F",) if forward else ("B", "BW"):
             start = starts.get((stage, message.replica, kind, message.microbatch))
             if start is not None:
-                lags.append(start - message.send_end_ms)
+                lags.append(start - since_ms)
                 break
     return lags
 
@@ -322,10 +326,13 @@ def _with_delegated_costs(
     dp_ring: bool,
 ) -> HostCosts:
     """The same runs over delegates (3 per link direction and side: each free when its next
-    message comes): the sender's hand-over, the delegate's pick-up, the copy in."""
+    message comes): the sender's hand-over, the delegate's pick-up (one mean at every size),
+    the rest of the way until the message is there, and from there to its op's start (for
+    ops that waited for it: the receiver's notice and copy in)."""
     copies_out: dict[int, list[float]] = {}
     copies_in: dict[int, list[float]] = {}
     pickups: list[float] = []
+    handed_to_arrival: dict[int, list[float]] = {}
     counter = [0]
     with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
         schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
@@ -334,19 +341,35 @@ def _with_delegated_costs(
             timelines = _runs(pool, schedule, profile, repeats, counter, comm="delegated")
             messages = [m for t in timelines for m in t.messages]
             copies_out[num_bytes] = [m.send_end_ms - m.send_start_ms for m in messages]
-            copies_in[num_bytes] = [m.copy_in_ms for m in messages]
+            copies_in[num_bytes] = [
+                lag for t in timelines for lag in receive_lags_ms(t, from_arrival=True)
+            ]
             pickups += [m.wire_start_ms - m.send_end_ms for m in messages]
+            # the wire's time (its latency, its bandwidth's) is the simulator's own term
+            handed_to_arrival[num_bytes] = [
+                m.arrival_ms - m.send_end_ms - profile.delegated_wire_ms() for m in messages
+            ]
             progress(
                 f"{num_bytes} B delegated: copy out "
-                f"{statistics.fmean(copies_out[num_bytes]):.3f} ms, copy in "
-                f"{statistics.fmean(copies_in[num_bytes]):.3f} ms"
+                f"{statistics.fmean(copies_out[num_bytes]):.3f} ms, hand-over to arrival "
+                f"{statistics.fmean(handed_to_arrival[num_bytes]):.3f} ms, arrival to its op "
+                f"{statistics.fmean(copies_in[num_bytes] or [0.0]):.3f} ms"
             )
         failover_ms = _failover_ms(pool, schedule, num_stages, counter)
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
+    # A pick-up can come before the hand-over returns (it posts the job, then returns): its
+    # mean, where negative, is taken off the transfer, so that free delegates' arrivals come
+    # out as measured on average.
+    pickup_ms = statistics.fmean(pickups)
+    transfers = {
+        size: [ms - max(pickup_ms, 0.0) for ms in samples]
+        for size, samples in handed_to_arrival.items()
+    }
     costs = dataclasses.replace(
         costs,
         copy_out_ms_by_bytes=_curve(copies_out),
-        delegate_pickup_ms=max(statistics.fmean(pickups), 0.0),
+        delegate_pickup_ms=max(pickup_ms, 0.0),
+        delegate_transfer_ms_by_bytes=_curve(transfers),
         copy_in_ms_by_bytes=_curve(copies_in),
         failover_ms=failover_ms,
     )

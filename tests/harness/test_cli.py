@@ -605,7 +605,8 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     assert costs["git_revision"] == git_revision()
     from pipeline.runtime.calibrate import RING_CHUNK_SIZES, SEND_SIZES
 
-    for name in ("send_ms_by_bytes", "copy_out_ms_by_bytes", "copy_in_ms_by_bytes"):
+    delegated = ("copy_out_ms_by_bytes", "delegate_transfer_ms_by_bytes", "copy_in_ms_by_bytes")
+    for name in ("send_ms_by_bytes", *delegated):
         assert [size for size, _ in costs[name]] == list(SEND_SIZES), name  # each measured
     for name in ("ring_lag_ms_by_rings", "delegated_ring_lag_ms_by_rings"):
         assert [rings for rings, _ in costs[name]] == [1, 2], name  # 1 to 2 at once
@@ -613,6 +614,7 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
             assert [size for size, _ in by_bytes] == list(RING_CHUNK_SIZES), name
     assert all(ms > 0 for _, ms in costs["send_ms_by_bytes"])  # a real send takes time
     assert costs["copy_out_ms_by_bytes"][-1][1] > 0  # measured: a copy of 8 MiB
+    assert costs["delegate_transfer_ms_by_bytes"][-1][1] > 0  # and its way to the receiver
     assert costs["op_overhead_ms"] >= 0 and costs["delegate_pickup_ms"] >= 0
     profile = str(write_profile(tmp_path, message_bytes=1 << 20))
 

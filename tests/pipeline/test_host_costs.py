@@ -1,5 +1,6 @@
 """The calibration file: a host's runtime costs, read strictly."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -130,8 +131,9 @@ def test_a_missing_cost_or_file_is_named(tmp_path: Path) -> None:
 
 
 def test_the_delegated_paths_costs_in_the_simulator() -> None:
-    """A delegated message holds its sender for the copy out, waits the pick-up, and its op
-    starts after the copy in (a 2-stage pipeline, one microbatch)."""
+    """A delegated message holds its sender for the copy out, waits the pick-up, is there the
+    wire and the delegate's transfer later (here the direct path's send and receive, 0), and
+    its op, which waited, starts after the copy in (a 2-stage pipeline, one microbatch)."""
     from baselines import one_f_one_b
     from pipeline.profile import Profile
     from pipeline.simulator import CommMode, simulate
@@ -149,6 +151,59 @@ def test_the_delegated_paths_costs_in_the_simulator() -> None:
     assert first.copy_in_ms == pytest.approx(2.1)
     consumer = next(r for r in timeline.ops if (r.stage, r.kind.value, r.microbatch) == (1, "F", 0))
     assert consumer.start_ms == pytest.approx(first.arrival_ms + 2.1)
+    # a measured transfer: the message is there 0.75 ms after the wire
+    measured = dataclasses.replace(host, delegate_transfer_ms_by_bytes=CostCurve.line(0.75))
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.DELEGATED, host=measured)
+    first = next(m for m in timeline.messages if m.direction == "forward" and m.microbatch == 0)
+    assert first.arrival_ms - first.wire_start_ms == pytest.approx(5.0 + 0.75)
+
+
+def test_a_delegated_message_is_copied_in_as_it_arrives() -> None:
+    """The receiver copies a delegated message in as it arrives: an op that asks for it after
+    the copy is done does not wait for it; one that waits starts the copy after its arrival.
+    The profile's device copy (`copy_gbps`, the paper's model) stays before the op."""
+    from baselines import one_f_one_b
+    from pipeline.ops import OpKind
+    from pipeline.profile import Profile
+    from pipeline.simulator import CommMode, simulate
+
+    host = HostCosts(copy_in_ms_by_bytes=CostCurve.line(3.0))
+    profile = Profile.uniform(2, 4, 10, 10, 10, message_bytes=1 << 20)
+    free = simulate(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    costly = simulate(one_f_one_b(profile), profile, CommMode.DELEGATED, host=host)
+    starts = {(r.stage, r.kind, r.microbatch): r.start_ms for r in costly.ops}
+    free_starts = {(r.stage, r.kind, r.microbatch): r.start_ms for r in free.ops}
+    # Waited for: stage 1's F0 starts after its activation's copy (13, not 10), so BW0's
+    # gradient is back at 43, and stage 0, idle since 20, starts BW0 after its copy: 46.
+    assert free_starts[0, OpKind.BW, 0] == 40.0 and starts[0, OpKind.BW, 0] == 46.0
+    # Not waited for: F1's activation arrived at 20 and was copied by 23, while stage 1 ran
+    # BW0 until 43: F1 starts as BW0 ends, with no copy to wait for.
+    for timeline in (free, costly):
+        records = {(r.stage, r.kind, r.microbatch): r for r in timeline.ops}
+        assert records[1, OpKind.F, 1].start_ms == records[1, OpKind.BW, 0].end_ms
+    copy = Profile.uniform(2, 4, 10, 10, 10, message_bytes=1 << 20, copy_gbps=8.0)  # 1.05 ms
+    on_device = simulate(one_f_one_b(copy), copy, CommMode.DELEGATED)
+    device_starts = {(r.stage, r.kind, r.microbatch): r.start_ms for r in on_device.ops}
+    assert device_starts[1, OpKind.F, 1] > free_starts[1, OpKind.F, 1]  # before the op
+
+
+def test_a_delegates_transfer_is_measured_or_the_direct_paths(tmp_path: Path) -> None:
+    """Version 5 has `delegate_transfer_ms_by_bytes`; without it (a version 4 file, or one
+    measured without delegates) a delegate is charged the direct path's send and receive."""
+    transfer = [[0, 0.1], [1 << 20, 0.5]]
+    costs = HostCosts.from_dict({**COSTS, "schema_version": 5, **MEASURED,
+                                 "delegate_transfer_ms_by_bytes": transfer})  # fmt: skip
+    assert costs.delegate_transfer_ms(1 << 19) == pytest.approx(0.3)
+    assert costs.to_dict()["schema_version"] == 5  # it needs version 5
+    assert costs.to_dict()["delegate_transfer_ms_by_bytes"] == transfer
+    old = HostCosts.from_dict(COSTS)  # send 0.2 + receive lag 0.3 at 0 B
+    assert old.delegate_transfer_ms(0) == pytest.approx(0.5)
+    assert "delegate_transfer_ms_by_bytes" not in old.to_dict()
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['delegate_transfer_ms_by_bytes'\]"):
+        HostCosts.from_dict({**COSTS, "schema_version": 4, **MEASURED,
+                             "delegate_transfer_ms_by_bytes": transfer})  # fmt: skip
+    with pytest.raises(ConfigError, match="goes with the calibration's op_ms"):
+        dataclasses.replace(old, delegate_transfer_ms_by_bytes=CostCurve.line(0.1)).to_dict()
 
 
 def test_a_version_4_file_records_what_the_runs_must_match(tmp_path: Path) -> None:
@@ -207,7 +262,8 @@ def test_a_version_5_file_has_the_rings_lag_by_chunk_size(tmp_path: Path) -> Non
     assert costs.ring_lag(delegated=True).ms(1 << 20, 4) == 0.0  # not measured: free
     assert costs.to_dict() == {**measured, "copy_out_ms_by_bytes": [], "copy_in_ms_by_bytes": [],
                                "delegate_pickup_ms": 0.0, "failover_ms": 0.0,
-                               "delegated_ring_lag_ms_by_rings": []}  # fmt: skip
+                               "delegated_ring_lag_ms_by_rings": [],
+                               "delegate_transfer_ms_by_bytes": []}  # fmt: skip
     old = HostCosts.from_dict({**COSTS, "schema_version": 4, **MEASURED,
                                "ring_lag_ms_by_rings": [[1, 0.3], [4, 1.1]]})  # fmt: skip
     assert old.ring_lag(delegated=False).ms(40_000_000, 4) == 1.1

@@ -75,6 +75,10 @@ def test_a_receive_lag_is_counted_only_where_the_consumer_sat_waiting() -> None:
     )
     timeline = Timeline(num_stages=2, ops=ops, messages=messages, iterations=())
     assert receive_lags_ms(timeline) == [pytest.approx(0.5), pytest.approx(1.0)]
+    # from the arrival (a delegated message's: the receiver copies it in as it arrives):
+    # F1's 40.2 to 40.5, B1's 60.5 to 61; BW0's gradient came before stage 0 asked for it
+    from_arrival = receive_lags_ms(timeline, from_arrival=True)
+    assert from_arrival == [pytest.approx(0.3), pytest.approx(0.5)]
 
 
 @pytest.mark.parametrize("num_stages", [2, 4, 5, 12, 13, 16])
