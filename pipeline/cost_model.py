@@ -307,7 +307,12 @@ def model_cost(
         grad_bytes.append(int(params_per_gpu * _BYTES_PER_ELEMENT))
         optimizer_ms.append(params_per_gpu * _ADAM_BYTES_MOVED_PER_PARAM / (hw.hbm_gbps * 1e6))
         s, b, h, a = m.seq_len, m.microbatch_size, m.hidden, m.num_heads
-        per_layer = s * b * (34 * h + 5 * a * s) / m.tp
+        # Tensor parallelism without sequence parallelism (the authors' artifact passes no
+        # --sequence-parallel, megatron's default): a layer's LayerNorm and dropout inputs,
+        # 10 sbh bytes, are whole on every TP rank, the rest (24 sbh + 5 a s^2 b) split
+        # (Korthikanti et al., "Reducing Activation Recomputation", Table 2); the PP messages
+        # are then whole too (megatron-core splits them only under sequence parallelism).
+        per_layer = s * b * (10 * h + (24 * h + 5 * a * s) / m.tp)
         logits = has_head * s * b * m.vocab_size * 4 / m.tp  # fp32 logits for the loss
         activation_gb.append((layers * per_layer + logits) / 1e9)
     max_in_flight = tuple(

@@ -61,6 +61,20 @@ def test_tensor_parallelism_divides_compute_and_adds_its_all_reduce() -> None:
     assert two.t_f_ms[1] > one.t_f_ms[1] / 2
 
 
+def test_tensor_parallelism_splits_activations_but_not_the_layernorm_inputs() -> None:
+    """No sequence parallelism (as the paper's runs): per layer 10 sbh bytes stay whole on
+    each TP rank and 24 sbh + 5 a s^2 b are split; the PP message is the whole activation."""
+    one = model_cost(MODELS["gpt2-14b"])
+    four = model_cost(dataclasses.replace(MODELS["gpt2-14b"], tp=4, name="tp4"))
+    m = MODELS["gpt2-14b"]
+    s, b, h, a = m.seq_len, m.microbatch_size, m.hidden, m.num_heads
+    layers = m.layers_on_stage(1)
+    assert one.activation_gb[1] == pytest.approx(layers * s * b * (34 * h + 5 * a * s) / 1e9)
+    split = layers * s * b * (10 * h + (24 * h + 5 * a * s) / 4) / 1e9
+    assert four.activation_gb[1] == pytest.approx(split)
+    assert four.profile.message_bytes == one.profile.message_bytes == s * b * h * 2
+
+
 def test_the_dp_step_is_in_the_profile() -> None:
     profile = model_cost(MODELS["gpt2-30b"]).profile  # DP 4, TP 2
     assert profile.num_replicas == 4
