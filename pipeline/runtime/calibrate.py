@@ -357,9 +357,9 @@ def _with_delegated_costs(
             )
         failover_ms = _failover_ms(pool, schedule, num_stages, counter)
         progress(f"failover to the next NIC: {failover_ms:.3f} ms")
-    # A pick-up can come before the hand-over returns (it posts the job, then returns): its
-    # mean, where negative, is taken off the transfer, so that free delegates' arrivals come
-    # out as measured on average.
+    # The transfer is from the hand-over's return less the pick-up charged (0 where its mean
+    # is negative: a pick-up can come before the hand-over returns, which posts the job, then
+    # returns), so that free delegates' arrivals come out as measured on average.
     pickup_ms = statistics.fmean(pickups)
     transfers = {
         size: [ms - max(pickup_ms, 0.0) for ms in samples]
