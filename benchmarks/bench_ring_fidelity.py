@@ -74,6 +74,8 @@ def main() -> None:
             for num_rings in sorted({1, stages}):
                 for chunk in CHUNK_BYTES:
                     profile = ring_profile(stages, num_rings, chunk)
+                    if delegated:  # the simulator's delegates: the pool's
+                        profile = dataclasses.replace(profile, num_delegates=3)
                     schedule = one_f_one_b(profile)
                     steps = []
                     for k in range(args.iterations + 1):

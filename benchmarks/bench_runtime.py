@@ -86,7 +86,7 @@ def main() -> None:
         for size_name, num_bytes in SIZES.items():
             for name, build in [("1f1b", one_f_one_b), ("zb-h2", zb_h2)]:
                 for delay in (0.0, 20.0, 40.0, 60.0):
-                    profile = _judged_profile(num_bytes)
+                    profile = _judged_profile(num_bytes, num_delegates=3 if delegated else None)
                     profile = profile.with_delays([delay])
                     schedule = build(profile)
                     times = []
@@ -144,9 +144,11 @@ def _spread(values: list[float]) -> str:
     )
 
 
-def _judged_profile(num_bytes: int) -> Profile:
-    """S=4, N=12, F=B=W=10 ms, no delay (a point adds its own)."""
-    return Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes)
+def _judged_profile(num_bytes: int, num_delegates: int | None = None) -> Profile:
+    """S=4, N=12, F=B=W=10 ms, no delay (a point adds its own); `num_delegates`: the pool's
+    delegates per link direction, for the simulator to use as many (else the paper's rule
+    for the delay)."""
+    return Profile.uniform(4, 12, 10, 10, 10, message_bytes=num_bytes, num_delegates=num_delegates)
 
 
 def _fresh_pools(num_pools: int, num_iterations: int, host: HostCosts) -> None:

@@ -46,14 +46,15 @@ HOST_COSTS_SCHEMA_VERSION = 5
 """5: the DP ring's lag is by the chunk's size too, at each number of rings (a chunk of
 40 MB, sent back to back with traffic both ways, cost about 0.8 ms per MB here, where a PP
 message of 8 MiB between ops cost 0.5: the lag measured at 125 kB chunks alone predicted
-the default bucket's step 1.6-3.6x short); and a delegate's transfer is measured
-(`delegate_transfer_ms_by_bytes`; the direct path's send and receive lag, charged before, were
-1.4x it at 1-8 MiB here), and the copy in is from the message's arrival to its op's start
-(the receiver copies as messages arrive). A file with neither new cost (as read from
-version 3 or 4) is written as 4. 4: records what the runs to predict should
-match (`op_ms`, `num_stages`, `git_revision`); a version 3 file, without them, is still read
-(and a HostCosts without them is written as one: a run directory's kept costs stay the
-same). 3: the DP ring's lag is a curve by the rings running at once
+the default bucket's 40 MB chunks' step 1.3-5.6x short), never falling with more rings; a
+delegate's transfer is measured (`delegate_transfer_ms_by_bytes`; the direct path's send and
+receive lag, charged before, were 1.7-2.2x it at 1-8 MiB here); and the copy in is from the
+message's arrival to its op's start (the receiver copies as messages arrive). A file with
+neither new cost, whose ring lags are one number per ring count (as read from version 3 or
+4), is written as 4; else every ring lag is written by chunk size. 4: records what the
+runs to predict should match (`op_ms`, `num_stages`, `git_revision`); a version 3 file,
+without them, is still read (and a HostCosts without them is written as one: a run
+directory's kept costs stay the same). 3: the DP ring's lag is a curve by the rings running at once
 (`*ring_lag_ms_by_rings`); 2 had one lag, measured with every stage's ring at once, which
 over-predicts rings that run alone or apart (a lone ring's chunk here: 0.2-0.3 ms beyond its
 send and receive, against 0.9-1.1 with four). 2: the per-size costs are measured curves
@@ -175,8 +176,21 @@ class RingLag:
         counts = [rings for rings, _ in self.by_rings]
         if counts != sorted(set(counts)) or any(rings < 1 for rings in counts):
             raise ConfigError(f"a ring lag's ring counts must rise from >= 1, got {counts}")
-        if not all(isinstance(curve, CostCurve) for _, curve in self.by_rings):
-            raise ConfigError("a ring lag holds a CostCurve by chunk bytes for each ring count")
+        if not all(isinstance(curve, CostCurve) and curve.points for _, curve in self.by_rings):
+            raise ConfigError(
+                "a ring lag holds a CostCurve by chunk bytes, with points, for each ring count"
+            )
+
+    def first_fall(self) -> tuple[int, int, int] | None:
+        """(chunk bytes, rings, more rings) where the lag falls from one measured ring count
+        to the next at a measured chunk size, or None where it never does (more rings at once
+        never cost less)."""
+        sizes = sorted({size for _, curve in self.by_rings for size, _ in curve.points})
+        for (rings_a, curve_a), (rings_b, curve_b) in itertools.pairwise(self.by_rings):
+            for size in sizes:
+                if curve_b.ms(size) < curve_a.ms(size):
+                    return size, rings_a, rings_b
+        return None
 
     def ms(self, chunk_bytes: int, num_rings: int) -> float:
         points = tuple((rings, curve.ms(chunk_bytes)) for rings, curve in self.by_rings)
@@ -232,6 +246,13 @@ class RingLag:
             raise ConfigError(
                 f"{name} must start at 1 rings (its lag there is charged below), got "
                 f"{ring_lag.by_rings[0][0]}: run `adaptra-bench calibrate` again"
+            )
+        fall = ring_lag.first_fall()
+        if fall is not None:
+            size, rings_a, rings_b = fall
+            raise ConfigError(
+                f"{name} falls from {rings_a} to {rings_b} rings at {size} bytes: more rings at "
+                "once never cost less; run `adaptra-bench calibrate` again"
             )
         return ring_lag
 
@@ -361,6 +382,7 @@ class HostCosts:
         recorded = self.op_ms is not None
         by_bytes = not all(getattr(self, name).is_by_rings_alone() for name in _RING_LAGS)
         newer = by_bytes or any(getattr(self, name) != NO_COST for name in _FROM_VERSION_5)
+        # (version 5 writes every ring lag by chunk bytes, version 4 by rings alone)
         if not recorded and newer:
             raise ConfigError(
                 "a ring lag by chunk bytes or a delegate's transfer goes with the calibration's "
@@ -377,7 +399,7 @@ class HostCosts:
             if isinstance(value, CostCurve):
                 value = value.to_json()
             elif isinstance(value, RingLag):
-                value = value.to_json(by_bytes)
+                value = value.to_json(newer)
             data[field.name] = value
         return data
 

@@ -60,7 +60,8 @@ class MessageRecord(NamedTuple):
       only after its data has gone.
     - `needed_ms`: the op that takes it in asked for it: its stage had finished everything
       before that op in its order (sends included). The op starts at max(arrival, needed)
-      (plus the copy to the device under delegated), so the stage waited on the message
+      (delegated: at max(arrival + the receiver's copy in, needed), plus the simulator's
+      device copy, `copy_gbps`), so the stage waited on the message
       max(0, arrival - needed) and the message waited on its consumer max(0, needed -
       arrival). Both times are read on the receiver's clock: their difference holds across
       hosts too.
@@ -85,8 +86,10 @@ class MessageRecord(NamedTuple):
     it up (delegated: between it and `arrival_ms` the message is on the wire, the link's
     delay included; before it, it waited for a free delegate)."""
     copy_in_ms: float = 0.0
-    """The copy into the consuming op's buffer (delegated: the copy to the device; the op
-    starts after it); 0 direct."""
+    """Delegated: the copy into the consuming op's buffer, which the receiver makes as the
+    message arrives (an op that asks for it later does not wait for it; the simulator's is
+    the calibration's arrival-to-op cost, plus the profile's device copy, `copy_gbps`, which
+    comes before the op); 0 direct."""
     carrier_pid: int = 0
     """The process that carried it: the sender (direct), a delegate (delegated); 0 from the
     simulator."""

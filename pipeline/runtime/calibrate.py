@@ -305,8 +305,18 @@ def _ring_lag(
                     for t in timelines
                     for size, gap in _ring_step_gaps_ms(t)
                 ]
-            by_rings.append((num_rings, _curve(beyond)))
+            by_rings.append((num_rings, _at_least_fewer_rings(_curve(beyond), by_rings)))
     return RingLag(tuple(by_rings))
+
+
+def _at_least_fewer_rings(curve: CostCurve, fewer: list[tuple[int, CostCurve]]) -> CostCurve:
+    """`curve` raised at each size to the lag with fewer rings at once (`fewer`'s last: more
+    rings never cost less; a smaller mean with more is noise). Non-decreasing in the size
+    stays so: the larger of two non-decreasing curves is."""
+    if not fewer:
+        return curve
+    below = fewer[-1][1]
+    return CostCurve(tuple((size, max(ms, below.ms(size))) for size, ms in curve.points))
 
 
 def _by_rings(ring_lag: RingLag) -> str:

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.host_costs import FREE, CostCurve, HostCosts
+from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
 
 COSTS = {
     "schema_version": 3,
@@ -187,6 +187,28 @@ def test_a_delegated_message_is_copied_in_as_it_arrives() -> None:
     assert device_starts[1, OpKind.F, 1] > free_starts[1, OpKind.F, 1]  # before the op
 
 
+def test_a_version_5_file_is_written_so_that_it_is_read_back() -> None:
+    """With a delegate's transfer the file is version 5, and its ring lags are written by
+    chunk size though each is one number per ring count (a version 4 form in a version 5
+    file was refused on reading); without one, version 4, its lags by rings alone."""
+    lag = [[1, [[0, 0.25]]], [2, [[0, 0.5]]]]
+    data = {**COSTS, "schema_version": 5, **MEASURED, "ring_lag_ms_by_rings": lag,
+            "delegate_transfer_ms_by_bytes": [[0, 0.3]]}  # fmt: skip
+    costs = HostCosts.from_dict(data)
+    written = costs.to_dict()
+    assert written["schema_version"] == 5 and written["ring_lag_ms_by_rings"] == lag
+    assert HostCosts.from_dict(written) == costs
+    older = dataclasses.replace(costs, delegate_transfer_ms_by_bytes=CostCurve())
+    assert older.to_dict()["schema_version"] == 4
+    assert older.to_dict()["ring_lag_ms_by_rings"] == [[1, 0.25], [2, 0.5]]
+    assert HostCosts.from_dict(older.to_dict()) == older
+
+
+def test_a_ring_count_without_a_curve_is_refused() -> None:
+    with pytest.raises(ConfigError, match="a CostCurve by chunk bytes, with points"):
+        RingLag(((1, CostCurve()),))
+
+
 def test_a_delegates_transfer_is_measured_or_the_direct_paths(tmp_path: Path) -> None:
     """Version 5 has `delegate_transfer_ms_by_bytes`; without it (a version 4 file, or one
     measured without delegates) a delegate is charged the direct path's send and receive."""
@@ -282,6 +304,9 @@ def test_a_version_5_file_has_the_rings_lag_by_chunk_size(tmp_path: Path) -> Non
         ([[1, []]], "at 1 rings: no \\[bytes, ms\\] points"),
         ([[1, [[4_000_000, 0.9], [40_000_000, 0.5]]]], "at 1 rings falls from 0.9 ms"),
         ([[1, [[-5, 0.1]]]], "sizes must rise from >= 0"),
+        # more rings at once never cost less (at a size either count measured)
+        ([[1, [[0, 0.6]]], [2, [[0, 0.3]]]], "falls from 1 to 2 rings at 0 bytes"),
+        ([[1, [[0, 0.1], [100, 5.0]]], [2, [[0, 0.2], [50, 0.3]]]], "1 to 2 rings at 50 bytes"),
         ({"1": [[0, 0.1]]}, "must be a list of"),
     ],
 )

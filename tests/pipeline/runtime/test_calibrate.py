@@ -8,9 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.host_costs import NO_COST
+from pipeline.host_costs import NO_COST, CostCurve
 from pipeline.ops import OpKind
 from pipeline.runtime.calibrate import (
+    _at_least_fewer_rings,
     _curve,
     busy_both_ways,
     busy_microbatches,
@@ -127,3 +128,13 @@ def test_the_ring_lags_pipeline_has_chunks_of_the_size_asked(
         (f"dp{stage}:0-1", direction) for stage in range(3) for direction in ("backward", "forward")
     ]
     assert all(sizes == [chunk_bytes] * num_chunks for sizes in by_direction.values())
+
+
+def test_a_ring_lag_never_falls_with_more_rings() -> None:
+    """A ring count's mean below the count before it (noise: more rings never cost less) is
+    raised to it at each size, and the curve still never falls with the size."""
+    one = CostCurve(((125_000, 0.6), (40_000_000, 8.0)))
+    two = CostCurve(((125_000, 0.3), (40_000_000, 25.0)))
+    raised = _at_least_fewer_rings(two, [(1, one)])
+    assert raised.points == ((125_000, 0.6), (40_000_000, 25.0))
+    assert _at_least_fewer_rings(one, []) == one
