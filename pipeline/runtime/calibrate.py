@@ -284,7 +284,7 @@ def _ring_lag(
     `delegates`, of rings over them (3 per link direction and side)."""
     comm = "direct" if delegates is None else "delegated"
     num_delegates = 0 if delegates is None else 3
-    by_rings = []
+    by_rings: list[tuple[int, CostCurve]] = []
     counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
         schedule = busy_both_ways(num_stages, busy_microbatches(num_stages, 4))
