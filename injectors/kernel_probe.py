@@ -14,9 +14,11 @@ import os
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from injectors.ownership import OwnerRecord
 from injectors.peer_tc import add_peer_filter
+from pipeline.signals import held_signals
 
 __all__ = ["NETEM_ENV", "PerLinkPath", "kernel_features", "per_link_path", "probe_kernel"]
 
@@ -42,48 +44,66 @@ def probe_kernel() -> dict[str, tuple[bool, str]]:
     owner = OwnerRecord.for_this_process(name, (name,))  # `cleanup` knows it is ours
     found: dict[str, tuple[bool, str]] = {}
     try:
-        owner.write()
-        netns.create(name)
-    except Exception as err:
-        owner.remove()
-        return {"namespaces": (False, f"could not create one ({_reason(err)})")}
-    try:
-        with IPRoute(netns=name, flags=0) as ipr:
-            for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
-                what = "filter" if kind == "u32" else "qdisc"
-                try:
-                    ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
-                    index = ipr.link_lookup(ifname=f"a{number}")[0]
-                except Exception as err:
-                    found[kind] = (False, f"untested: no veth pair to try it on ({_reason(err)})")
-                    continue
-                try:
-                    if kind == "u32":
-                        try:
-                            ipr.tc("add", "htb", index, 0x10000, default=0x10)
-                        except Exception as err:
-                            why = f"untested: no htb qdisc to filter for ({_reason(err)})"
-                            found[kind] = (False, why)
-                            continue
-                        add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
-                    else:
-                        ipr.tc("add", kind, index, 0x10000, **options)
-                    found[kind] = (True, f"a {kind} {what} was attached")
-                except Exception as err:
-                    found[kind] = (False, _failure(kind, what, err))
+        # Made with the shutdown signals held, inside the try whose finally removes it: a
+        # signal is handled only where that finally runs, so none leaves it or its record.
+        with held_signals():
+            owner.write()
+            try:
+                netns.create(name)
+            except Exception as err:
+                found["namespaces"] = (False, f"could not create one ({_reason(err)})")
+        if not found:
+            with IPRoute(netns=name, flags=0) as ipr:
+                _attach_each(ipr, found)
     finally:
-        try:
-            netns.remove(name)
-        except Exception as err:  # its owner record stays: `cleanup` removes it later
-            found["namespaces"] = (
-                False,
-                f"created one but could not remove it ({_reason(err)}): "
-                "`adaptra-bench cleanup` removes it",
-            )
-        else:
-            found["namespaces"] = (True, "created and removed one")
-            owner.remove()
+        with held_signals():
+            _remove(name, owner, found)
     return found
+
+
+def _attach_each(ipr: Any, found: dict[str, tuple[bool, str]]) -> None:
+    """Each of `_QDISCS` and the u32 classifier on a veth pair of its own, in `found`."""
+    for number, (kind, options) in enumerate([*_QDISCS.items(), ("u32", {})]):
+        what = "filter" if kind == "u32" else "qdisc"
+        try:
+            ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
+            index = ipr.link_lookup(ifname=f"a{number}")[0]
+        except Exception as err:
+            found[kind] = (False, f"untested: no veth pair to try it on ({_reason(err)})")
+            continue
+        try:
+            if kind == "u32":
+                try:
+                    ipr.tc("add", "htb", index, 0x10000, default=0x10)
+                except Exception as err:
+                    found[kind] = (False, f"untested: no htb qdisc to filter for ({_reason(err)})")
+                    continue
+                add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
+            else:
+                ipr.tc("add", kind, index, 0x10000, **options)
+            found[kind] = (True, f"a {kind} {what} was attached")
+        except Exception as err:
+            found[kind] = (False, _failure(kind, what, err))
+
+
+def _remove(name: str, owner: OwnerRecord, found: dict[str, tuple[bool, str]]) -> None:
+    """The probe's namespace removed (absent: never made) and then its owner record; one
+    that could not be removed keeps its record, for `cleanup`, and says so in `found`."""
+    from pyroute2 import netns
+
+    try:
+        netns.remove(name)
+    except FileNotFoundError:
+        pass  # never made: its creation failed, or a signal came before it
+    except Exception as err:  # its owner record stays: `cleanup` removes it later
+        found["namespaces"] = (
+            False,
+            f"created one but could not remove it ({_reason(err)}): "
+            "`adaptra-bench cleanup` removes it",
+        )
+        return
+    owner.remove()
+    found.setdefault("namespaces", (True, "created and removed one"))
 
 
 _MODULES = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}
