@@ -14,6 +14,11 @@ The testbed sends ("state", at, forward, backward): the directions' states from 
 time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
 still pending from an earlier iteration is dropped. A state change keeps the frames already
 queued.
+
+A wire process ignores SIGINT: a Ctrl-C reaches every process of the terminal's group, and
+the CLI answers it in one line and stops its wires (a wire ends on "stop" or when its pipe
+closes); it is started with SIGINT blocked, so that one during its start waits until it is
+ignored (multiprocessing's resource tracker starts the same way).
 """
 
 from __future__ import annotations
@@ -27,8 +32,11 @@ import multiprocessing
 import os
 import random
 import select
+import signal
 import struct
 import time
+from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -163,7 +171,9 @@ def _open_tap(namespace: str, ifname: str) -> int:
 
 def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
     """Process entry: open both taps, report ready, then forward frames until told to stop
-    (any word but a state, or EOF)."""
+    (any word but a state, or EOF). SIGINT: ignored (see the module)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # one pending since the start is dropped
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
     conn.send("ready")
     directions = {fds[0]: _Direction(), fds[1]: _Direction()}  # by the fd frames come from
@@ -208,6 +218,20 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
                 os.write(destination, frame)
 
 
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread within (one that arrives is handled after, not lost);
+    a process started within inherits the block through its exec."""
+    # A spawn starts multiprocessing's resource tracker first if it is not running, and
+    # that start unblocks SIGINT as it ends: started here, before the block, it keeps it.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class WireError(AdaptraBenchError, RuntimeError):
     """A wire process that is gone, silent, or answers what it should not."""
 
@@ -226,7 +250,8 @@ class WireProcess:
         self.what = what
 
     def start(self) -> None:
-        self.process.start()
+        with _sigint_blocked():  # the wire is born with it blocked, until it ignores it
+            self.process.start()
         assert self._child is not None
         self._child.close()  # the wire's end: held by the wire alone, so its exit is an EOF
         self._child = None

@@ -1,0 +1,49 @@
+"""A wire's process between two hosts of a testbed, and the signals it meets (needs root)."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from injectors.testbed import Testbed
+from injectors.wire import HEALTHY, WireProcess
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"
+)
+
+ANSWER_S = 60.0
+"""A hang guard, not a timing (the testbed's WIRE_ANSWER_S)."""
+
+
+def _links(namespace: str) -> str:
+    return subprocess.run(
+        ["ip", "-n", namespace, "-o", "link"], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_a_ctrl_c_leaves_a_wire_running_and_quiet_until_it_is_told_to_stop(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C sends SIGINT to the terminal's whole process group, the wires too: each once
+    died printing "Process SpawnProcess-2: Traceback ... KeyboardInterrupt" before the CLI's
+    one line. Now a SIGINT during its start or while it forwards changes nothing: it comes
+    up, answers, says nothing, and ends when told, its TAPs with it."""
+    with Testbed(2, prefix="adb-wint-", netem=False) as bed:
+        wire = WireProcess(bed.hosts[0], bed.hosts[1], "w9", "the test's wire")
+        try:
+            wire.start()
+            assert wire.process.pid is not None
+            os.kill(wire.process.pid, signal.SIGINT)  # as it starts
+            wire.tell(None, "ready", ANSWER_S)
+            assert all(" w9: " in _links(host) for host in bed.hosts)
+            os.kill(wire.process.pid, signal.SIGINT)  # as it forwards
+            wire.tell(("state", 0.0, HEALTHY, HEALTHY), "ok", ANSWER_S)
+            assert wire.process.is_alive()
+            wire.stop()
+            assert wire.process.exitcode == 0  # it ended on "stop", not on a kill
+            assert not any(" w9: " in _links(host) for host in bed.hosts)
+        finally:
+            wire.kill()
+    assert capfd.readouterr().err == ""
