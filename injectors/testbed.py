@@ -501,12 +501,13 @@ class Testbed:
             _tell(wire, ("state", 0.0, *first), "ok")
             self._wire_of[key] = index
             for here, there in ((host_a, host_b), (host_b, host_a)):
-                if (here, plane) in self._down:  # its NIC is down: so is this end, until repaired
-                    continue
+                up = (here, plane) not in self._down  # a down NIC: its end too, until repaired
                 with IPRoute(netns=self.hosts[here], flags=0) as ipr:
                     end = ipr.link_lookup(ifname=ifname)[0]
-                    ipr.link("set", index=end, mtu=MTU, state="up")
-                    self._route_wire(ipr, end, here, there, plane)
+                    # The MTU on a down end too: the repair (`set_link`) only brings it up.
+                    ipr.link("set", index=end, mtu=MTU, state="up" if up else "down")
+                    if up:
+                        self._route_wire(ipr, end, here, there, plane)
         except BaseException:
             self._wire_of.pop(key, None)
             wire.kill()

@@ -63,6 +63,28 @@ def test_hosts_run_reno_with_wide_initial_windows_on_every_route_also_after_a_re
             assert file.read() == root_congestion  # the root namespace's own: untouched
 
 
+def _link(bed: Testbed, host: int, ifname: str) -> tuple[int, str]:
+    """An interface of a host: its MTU and whether it is set up ("UP") or down ("DOWN")."""
+    from pyroute2 import IPRoute
+
+    with IPRoute(netns=bed.hosts[host]) as ipr:
+        (link,) = ipr.get_links(ipr.link_lookup(ifname=ifname)[0])
+    return link.get_attr("IFLA_MTU"), "UP" if link["flags"] & 1 else "DOWN"
+
+
+def test_a_wire_made_while_a_nic_is_down_has_jumbo_frames_at_both_ends_after_the_repair() -> None:
+    """The down host's end was skipped as the wire was made, and the repair only brought it
+    up: it kept MTU 1500 (1,500-byte frames: 725 per 1 MiB message, see the module)."""
+    with Testbed(3, prefix="adb-wmtu-", netem=False) as bed:
+        bed.set_link(0, plane=0, up=False)
+        bed.set_wire(0, 2, plane=0, forward=WireState(delay_ms=10))
+        assert _link(bed, 0, "w0") == (MTU, "DOWN")  # down with its NIC, until repaired
+        assert _link(bed, 2, "w0") == (MTU, "UP")
+        bed.set_link(0, plane=0, up=True)
+        assert [_link(bed, host, "w0") for host in (0, 2)] == [(MTU, "UP"), (MTU, "UP")]
+        assert MTU == 9000
+
+
 def test_two_testbeds_coexist() -> None:
     with Testbed(2) as first, Testbed(2) as second:
         assert first.name != second.name
