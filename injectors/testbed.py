@@ -15,8 +15,9 @@ and not round trips of TCP's own (`HOST_TCP`, `ROUTE_METRICS`, `MTU`): Reno inst
 machine's default (BBR paces a flow that starts on a long path at the rate it has measured
 of it: 34.5 ms per 4 KiB message over a 30 ms wire), initial windows of 128 segments on
 every route and buffers of 8 MiB (a fresh connection, or one whose path just became long,
-need not wait for its window), and jumbo frames: MTU and GSO size 9,000 on every interface,
-wires included (a TAP hands the wire one frame per segment; 1,500-byte frames made a 1 MiB
+need not wait for its window), and jumbo frames: MTU 9,000 on every interface, wires
+included, and GSO size 9,000 on the planes' NICs (the wires' ends keep the kernel's; a TAP
+hands the wire one frame per segment; 1,500-byte frames made a 1 MiB
 message 725 of them, and htb sees frames, not 64 KiB GSO bursts). Measured over a 30 ms
 wire (BENCHMARKS.md, "What TCP adds on the testbed's wire"): 4 KiB and 64 KiB messages
 arrive 30.2-30.5 ms after they went, from the first iteration on; 1 MiB ones 35-50 ms late
@@ -80,7 +81,7 @@ HOST_TCP = {
 }
 """Sysctls set in every host's namespace (see the module)."""
 MTU = 9000
-"""MTU and GSO size of every interface of the testbed (see the module)."""
+"""MTU of every interface of the testbed, and GSO size of the planes' NICs (the module)."""
 ROUTE_METRICS = {"initcwnd": 128, "initrwnd": 128}
 """Metrics of every route on a host's planes (see the module)."""
 PLANES = ("rnic0", "rnic1", "mgmt")
