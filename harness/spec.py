@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
-from harness.runner import BACKENDS, INJECTIONS, link_terms
+from harness.runner import BACKENDS, INJECTIONS, check_hold, link_terms, longest_hold_ms
 from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import parse_faults
 from injectors.fault_model import FaultModel
@@ -292,6 +292,9 @@ class ExperimentSpec:
                 )
             scenarios = self.scenarios(target)
             _check_scenario_names(scenarios)
+            if self.backend != "sim":  # before any work: a runtime's workers would time out
+                for scenario in scenarios:
+                    self._check_hold(target, scenario)
             for scenario in scenarios:
                 for system in self.systems:  # the last repeat's name is the longest
                     config = f"{target.label}/{system}/{scenario.name}"
@@ -303,6 +306,15 @@ class ExperimentSpec:
                             f"configurations {other} and {config} would save their timelines "
                             f"to the same file {name}; rename a model"
                         )
+
+    def _check_hold(self, target: Target, scenario: Scenario) -> None:
+        """A runtime's workers receive each of `scenario`'s messages within their
+        transport timeout (harness.runner.check_hold, as `run_configuration` checks it)."""
+        held = longest_hold_ms(scenario.apply(target.profile), scenario.faults or NO_FAULTS)
+        try:
+            check_hold(held, self.transport_timeout_s)
+        except ConfigError as err:
+            raise ConfigError(f"model {target.label}, scenario {scenario.name}: {err}") from err
 
     def _check_types(self) -> None:
         """What YAML gives is any type: each field must be of its own (a float count, a

@@ -283,6 +283,29 @@ def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
         ExperimentSpec(**{**base, **change})
 
 
+def test_a_runtime_spec_refuses_a_delay_its_workers_would_time_out_on_before_any_work() -> None:
+    """It was refused only when its configuration came up, after the others had run; raising
+    transport_timeout_s then made a resume refuse the run directory (another experiment)."""
+    spec = {
+        "name": "t",
+        "models": ("m",),
+        "profile": Profile.uniform(2, 4, 5, 5, 5),
+        "systems": ("1f1b",),
+        "delays_ms": (0, 5, 2000),
+        "transport_timeout_s": 1,
+    }
+    with pytest.raises(ConfigError) as refused:
+        ExperimentSpec(**spec, backend="emulated")
+    assert str(refused.value) == (
+        "model m, scenario 0-1@2000ms: a delay of 2000 ms is not shorter than the workers' 1 s "
+        "timeout for one message: raise the timeout (--timeout, a spec's transport_timeout_s) "
+        "or lower the delay"
+    )
+    assert len(ExperimentSpec(**spec, backend="sim").configurations()) == 3  # no timeout
+    longer = ExperimentSpec(**{**spec, "transport_timeout_s": 2.5}, backend="emulated")
+    assert [c.scenario.delay_ms for c in longer.configurations()] == [0.0, 5.0, 2000.0]
+
+
 PRESET = Path(__file__).parents[2] / "harness" / "presets" / "fig5_straggler_sweep.yaml"
 
 
