@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results import fault_free_wall_ms
-from pipeline.files import save_figure
+from pipeline.files import pyplot, save_figure
 
 __all__ = [
     "plot_iteration_time_vs_delay",
@@ -20,15 +20,6 @@ __all__ = [
 
 _Point = tuple[int, float]
 """(iteration, samples/s)"""
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_lines(
@@ -46,7 +37,7 @@ def plot_lines(
     import pandas as pd
     import seaborn as sns
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     sns.lineplot(
         data=pd.DataFrame(list(rows)),
@@ -76,7 +67,7 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
     import pandas as pd
     import seaborn as sns
 
-    plt = _pyplot()
+    plt = pyplot()
     frame = pd.DataFrame(
         [
             {
@@ -134,7 +125,7 @@ def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     ]
     if not rows:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     frame = pd.DataFrame(rows)
     num_scenarios = frame.groupby("model")["scenario"].nunique().max()
     grid = sns.catplot(
@@ -189,7 +180,7 @@ def plot_throughput_over_time(
     model and system where there are several models: `throughput_rows`), the median over the
     repeats; an iteration run twice (lost to a restart) as it was run again, the run that
     counted. Plain matplotlib: seaborn and pandas took most of this plot's time."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for line, points in _median_by_iteration(throughput_rows(iterations, samples_per_iteration)):
         ax.plot([x for x, _ in points], [y for _, y in points], linewidth=1, label=line)

@@ -18,6 +18,7 @@ __all__ = [
     "atomic_writer",
     "load_yaml",
     "parse_json_file",
+    "pyplot",
     "read_json",
     "read_text",
     "save_figure",
@@ -123,6 +124,19 @@ def atomic_writer(path: Path, *, append: bool = False) -> contextlib.AbstractCon
     ends without an error (otherwise removed): a reader never sees half a file. `append`:
     the temporary file starts as a copy of `path` (if it exists)."""
     return _replacing(path, binary=False, append=append)
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot drawing to files (Agg), every text it draws literal: the figures'
+    titles, legends and ticks hold user-given labels (a model's may have a '$', which
+    mathtext would read as a formula and refuse), never a formula."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def save_figure(figure: Any, path: str | Path, *, dpi: int) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from pipeline.files import save_figure
+from pipeline.files import pyplot, save_figure
 from pipeline.ops import OpKind
 from pipeline.timeline import OpRecord, Timeline
 from pipeline.topology import Link
@@ -62,11 +62,7 @@ def plot_gantt(
     """Write the chart of replica 0, its time axis from 0 to `end_ms` (default
     `drawn_end_ms`: charts to compare share one); the microbatch index is printed in every
     box wide enough to hold it. The legend sits right of the axes, off the ops."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     end_ms = drawn_end_ms(timeline) if end_ms is None else end_ms
     fig, ax = plt.subplots(
         figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"

@@ -205,6 +205,32 @@ def test_a_repeated_experiment_s_table_has_a_row_per_repeat_told_apart(tmp_path:
     assert "| repeat |" not in (run_experiment(once, tmp_path / "o") / "report.md").read_text()
 
 
+def test_a_label_with_dollar_signs_is_drawn_as_written_not_as_a_formula(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib read '$x^$' as mathtext and refused it: the run ended in an internal error
+    and every report of it did too."""
+    titles: list[str] = []
+
+    def drawing(
+        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+    ) -> None:
+        titles.append(title)
+        plot_gantt(timeline, path, title, end_ms)
+
+    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    spec = dataclasses.replace(
+        default_experiment(), models=("a$x^$b",), systems=("1f1b",), delays_ms=(0.0, 10.0)
+    )
+    run_dir = run_experiment(spec, tmp_path / "r")
+    assert titles == ["a$x^$b: 1f1b (direct), 0-1@10ms, iteration 4, sim"]
+    report = (run_dir / "report.md").read_text()
+    assert report.count("| a$x^$b | 1f1b | direct | fixed |") == 2
+    for figure in ("iteration_time_vs_delay.png", "slowdown.png", "gantt_1f1b.png"):
+        assert f"]({figure})" in report
+        assert (run_dir / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def _interrupted(default_run: tuple[Path, list[Any]], tmp_path: Path) -> Path:
     """A copy of the default run cut off after its first 12 of 16 configurations, as an
     interrupted run leaves it (runs.csv is written last)."""
