@@ -52,6 +52,7 @@ def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
     from harness.spec import default_experiment  # the spec module loads the engines
 
     spec_option = "" if spec.to_dict() == default_experiment().to_dict() else " --spec SPEC"
+    run_dir = run_dir.resolve()  # `report .` names the run "" in a directory "."
     out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
     return f"adaptra-bench run{spec_option} --out {out} --run-id {run_id}"
 

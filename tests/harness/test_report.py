@@ -269,6 +269,18 @@ def test_the_resume_command_of_a_spec_file_s_run_names_the_spec_option(tmp_path:
     )
 
 
+def test_the_resume_command_of_a_run_reported_as_dot_names_its_folder(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cd OUT/cut && adaptra-bench report .` said `--out . --run-id ''`, which run refuses."""
+    run_dir = _interrupted(default_run, tmp_path)
+    monkeypatch.chdir(run_dir)
+    main(["report", "."])
+    command = f"adaptra-bench run --out {run_dir.parent} --run-id cut"
+    assert f"resume with `{command}` to finish" in (run_dir / "report.md").read_text()
+    assert resume_command(default_experiment(), Path("..") / "cut") == command
+
+
 def test_report_refuses_a_run_directory_a_run_still_writes(
     default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
