@@ -136,6 +136,23 @@ def _check_unique(name: str, values: Sequence[Hashable]) -> None:
         first[value] = i
 
 
+def _check_model_labels(targets: Sequence[Target]) -> None:
+    """Each model once, under a label of its own (its configurations' name in the results):
+    a changed copy is labelled "<base>-custom" unless its mapping gives a `name`."""
+    first: dict[str, int] = {}
+    for i, target in enumerate(targets):
+        j = first.setdefault(target.label, i)
+        if j == i:
+            continue
+        other = targets[j]
+        if target.cost is None or other.cost is None or target.cost.model == other.cost.model:
+            raise ConfigError(f"models[{i}] repeats models[{j}]; list each once")
+        raise ConfigError(
+            f"models[{j}] and models[{i}] differ but are both labelled {target.label}; "
+            "give each its own `name:`"
+        )
+
+
 def _check_scenario_names(scenarios: Sequence[Scenario]) -> None:
     """A scenario's name (its links and its delay to 6 significant digits) names one
     scenario: two delays that print alike would be one configuration in the results, their
@@ -274,7 +291,7 @@ class ExperimentSpec:
                 "`profile` that gives its stages, microbatches and delays"
             )
         targets = self.targets()
-        _check_unique("models", [target.label for target in targets])
+        _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
         for target in targets:
             check_label(target.label, "model name")

@@ -306,6 +306,26 @@ def test_a_runtime_spec_refuses_a_delay_its_workers_would_time_out_on_before_any
     assert [c.scenario.delay_ms for c in longer.configurations()] == [0.0, 5.0, 2000.0]
 
 
+def test_changed_copies_of_one_model_need_a_name_each_and_one_listed_twice_is_refused() -> None:
+    """Both were labelled gpt2-7b-custom and refused as a model listed twice."""
+    base = {"name": "t", "profile": None, "systems": ("1f1b",)}
+    dp2, dp4 = {"base": "gpt2-7b", "dp": 2}, {"base": "gpt2-7b", "dp": 4}
+    with pytest.raises(ConfigError) as refused:
+        ExperimentSpec(**base, models=(dp2, dp4))
+    assert str(refused.value) == (
+        "models[0] and models[1] differ but are both labelled gpt2-7b-custom; give each its "
+        "own `name:`"
+    )
+    with pytest.raises(ConfigError) as refused:
+        ExperimentSpec(**base, models=(dp2, "gpt2-14b", dict(dp2)))
+    assert str(refused.value) == "models[2] repeats models[0]; list each once"
+    named = ExperimentSpec(**base, models=(dp2, {**dp4, "name": "gpt2-7b-dp4"}))
+    assert [(t.label, t.profile.num_replicas) for t in named.targets()] == [
+        ("gpt2-7b-custom", 2),
+        ("gpt2-7b-dp4", 4),
+    ]
+
+
 PRESET = Path(__file__).parents[2] / "harness" / "presets" / "fig5_straggler_sweep.yaml"
 
 
