@@ -9,7 +9,6 @@ import json
 import os
 import statistics
 import subprocess
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,7 +189,8 @@ def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[
 def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     """The rows of a result CSV this version wrote (none if there is no file): its header must
     be `columns`, every row must have each of them and no more, each number column a number
-    (only a loss may be empty), and every `schema_version` must be this version's. Anything
+    (only a loss may be empty), every `schema_version` must be this version's, and runs.csv
+    must have one row per configuration (model, system, scenario, repeat). Anything
     else (a truncated, edited or older file) is refused: a resumed run or a report must not
     build on it."""
     if not path.exists():
@@ -221,14 +221,25 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
                 f"{path} line {number} is of schema version {version!r}; this version reads "
                 f"{RESULTS_SCHEMA_VERSION} only"
             )
+    if tuple(columns) == RUNS_COLUMNS:  # a row per configuration: a second would count twice
+        first: dict[tuple[str, str, str, str], int] = {}
+        for number, row in enumerate(rows, start=2):
+            line = first.setdefault(_configuration(row), number)
+            if line != number:
+                raise ConfigError(
+                    f"{path} line {number} repeats line {line}'s configuration, "
+                    f"{_configuration_name(row)}: damaged?"
+                )
     return rows
 
 
 def read_iterations(run_dir: Path, runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """iterations.csv's rows (`read_csv_rows`), which must hold each configuration of `runs`
     (runs.csv's rows) exactly: a row per measured iteration run, the lost ones run again
-    after a restart too (`iterations` + `lost_iterations`). A missing file, or one with more
-    or fewer rows of a configuration, is damage: a report or a resume must not build on it.
+    after a restart too (`iterations` + `lost_iterations`), each measured iteration at least
+    once. A missing file, or one with more or fewer rows of a configuration, or one lacking an
+    iteration or repeating one no restart ran again, is damage: a report or a resume must not
+    build on it.
     Rows of configurations that runs.csv lacks are not checked (a resume drops them)."""
     path = run_dir / "iterations.csv"
     if runs and not path.exists():
@@ -237,17 +248,43 @@ def read_iterations(run_dir: Path, runs: Sequence[Mapping[str, Any]]) -> list[di
             f"{path} is missing, but runs.csv has {_configuration_name(runs[0])}{more}: damaged?"
         )
     rows = read_csv_rows(path, ITERATIONS_COLUMNS)
-    counts = Counter(_configuration(r) for r in rows)
+    lines: dict[tuple[str, str, str, str], list[tuple[int, int]]] = {}
+    for number, row in enumerate(rows, start=2):  # (line, iteration) by configuration
+        lines.setdefault(_configuration(row), []).append((number, int(float(row["iteration"]))))
     for run in runs:
         iterations, lost = int(float(run["iterations"])), int(float(run["lost_iterations"]))
-        found = counts[_configuration(run)]
-        if found != iterations + lost:
+        found = lines.get(_configuration(run), [])
+        if len(found) != iterations + lost:
             again = f" ({lost} of them again after a restart)" if lost else ""
             raise ConfigError(
-                f"{path} has {found} rows of {_configuration_name(run)}, but runs.csv says it "
-                f"ran {iterations + lost} iterations{again}: damaged?"
+                f"{path} has {len(found)} rows of {_configuration_name(run)}, but runs.csv says "
+                f"it ran {iterations + lost} iterations{again}: damaged?"
             )
+        _check_each_iteration(path, run, found)
     return rows
+
+
+def _check_each_iteration(path: Path, run: Mapping[str, Any], found: list[tuple[int, int]]) -> None:
+    """A configuration's rows of iterations.csv, (line, iteration), hold each of its measured
+    iterations 0..N-1 (runs.csv's `iterations`) and repeat one only if a restart lost some."""
+    iterations, lost = int(float(run["iterations"])), int(float(run["lost_iterations"]))
+    name = _configuration_name(run)
+    seen: dict[int, int] = {}  # each iteration's first line
+    for number, iteration in found:
+        if iteration not in range(iterations):
+            raise ConfigError(
+                f"{path} line {number}: iteration {iteration} of {name}, which runs.csv says ran "
+                f"iterations 0 to {iterations - 1}: damaged?"
+            )
+        if iteration in seen and not lost:
+            raise ConfigError(
+                f"{path} line {number} repeats iteration {iteration} of {name} (line "
+                f"{seen[iteration]}), which runs.csv says no restart ran again: damaged?"
+            )
+        seen.setdefault(iteration, number)
+    missing = next((k for k in range(iterations) if k not in seen), None)
+    if missing is not None:
+        raise ConfigError(f"{path} has no row of iteration {missing} of {name}: damaged?")
 
 
 def _configuration(row: Mapping[str, Any]) -> tuple[str, str, str, str]:

@@ -600,6 +600,18 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
                 "a row twice in iterations.csv",
                 "out/s/iterations.csv has 6 rows of m 1f1b fault-free (repeat 0)",
             ),
+            (
+                "a row twice in runs.csv",
+                "a row twice in runs.csv",
+                "out/s/runs.csv line 3 repeats line 2's configuration, m 1f1b fault-free "
+                "(repeat 0): damaged?",
+            ),
+            (
+                "a row of iterations.csv in place of the next",
+                "a row of iterations.csv in place of the next",
+                "out/s/iterations.csv line 3 repeats iteration 0 of m 1f1b fault-free (repeat 0) "
+                "(line 2), which runs.csv says no restart ran again: damaged?",
+            ),
         )
     ],
     (
@@ -747,6 +759,13 @@ def _damage(root: Path, how: str) -> None:
     elif how == "a row twice in iterations.csv":
         steps = run_dir / "iterations.csv"
         header, first, *rest = steps.read_text().splitlines()
+        steps.write_text("\n".join([header, first, first, *rest]) + "\n")
+    elif how == "a row twice in runs.csv":
+        header, first, *rest = runs.read_text().splitlines()
+        runs.write_text("\n".join([header, first, first, *rest]) + "\n")
+    elif how == "a row of iterations.csv in place of the next":
+        steps = run_dir / "iterations.csv"
+        header, first, _, *rest = steps.read_text().splitlines()
         steps.write_text("\n".join([header, first, first, *rest]) + "\n")
     elif how == "garbage spec.json":
         record.write_text("{garb")

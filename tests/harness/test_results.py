@@ -10,7 +10,17 @@ import pytest
 
 from harness import experiment
 from harness.experiment import new_run_dir
-from harness.results import fault_free_wall_ms, git_revision, run_dir_held
+from harness.results import (
+    ITERATIONS_COLUMNS,
+    RESULTS_SCHEMA_VERSION,
+    RUNS_COLUMNS,
+    fault_free_wall_ms,
+    git_revision,
+    read_csv_rows,
+    read_iterations,
+    run_dir_held,
+    write_csv_atomic,
+)
 from pipeline.errors import ConfigError
 
 
@@ -21,6 +31,56 @@ def test_the_slowdown_baseline_is_the_median_of_the_fault_free_repeats() -> None
     ]
     rows.append({"model": "m", "system": "s", "scenario": "0-1@10ms", "median_wall_ms": "500"})
     assert fault_free_wall_ms(rows) == {("m", "s"): 101.0}
+
+
+_KEY = {"model": "m", "system": "1f1b", "scenario": "trace:f", "repeat": 0}
+
+
+def _write_iterations(run_dir: Path, iterations: list[int]) -> None:
+    rows = [{**dict.fromkeys(ITERATIONS_COLUMNS, 1), **_KEY, "iteration": k} for k in iterations]
+    write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, rows)
+
+
+def test_iterations_csv_repeats_an_iteration_only_where_a_restart_ran_it_again(
+    tmp_path: Path,
+) -> None:
+    """3 iterations, one lost to a restart: 0 1 1 2 is whole; 0 1 1 1 has as many rows but
+    lacks iteration 2, and passed. A configuration without restarts repeats none."""
+    run = {**_KEY, "iterations": "3", "lost_iterations": "1"}
+    _write_iterations(tmp_path, [0, 1, 1, 2])
+    assert [r["iteration"] for r in read_iterations(tmp_path, [run])] == ["0", "1", "1", "2"]
+    _write_iterations(tmp_path, [0, 1, 1, 1])
+    with pytest.raises(ConfigError) as damaged:
+        read_iterations(tmp_path, [run])
+    assert str(damaged.value) == (
+        f"{tmp_path}/iterations.csv has no row of iteration 2 of m 1f1b trace:f (repeat 0): "
+        "damaged?"
+    )
+    _write_iterations(tmp_path, [0, 1, 3, 2])
+    with pytest.raises(ConfigError) as damaged:
+        read_iterations(tmp_path, [run])
+    assert str(damaged.value) == (
+        f"{tmp_path}/iterations.csv line 4: iteration 3 of m 1f1b trace:f (repeat 0), which "
+        "runs.csv says ran iterations 0 to 2: damaged?"
+    )
+    _write_iterations(tmp_path, [0, 0, 1])
+    with pytest.raises(ConfigError, match=r"line 3 repeats iteration 0 of m 1f1b trace:f"):
+        read_iterations(tmp_path, [{**run, "lost_iterations": "0"}])
+
+
+def test_runs_csv_holds_each_configuration_once(tmp_path: Path) -> None:
+    """A repeated row passed `report` (listed twice) and a resume, which `compare` refused."""
+    row = {**dict.fromkeys(RUNS_COLUMNS, 1), **_KEY, "schema_version": RESULTS_SCHEMA_VERSION}
+    other = {**row, "repeat": 1}
+    path = tmp_path / "runs.csv"
+    write_csv_atomic(path, RUNS_COLUMNS, [row, other])
+    assert [r["repeat"] for r in read_csv_rows(path, RUNS_COLUMNS)] == ["0", "1"]
+    write_csv_atomic(path, RUNS_COLUMNS, [row, other, row])
+    with pytest.raises(ConfigError) as damaged:
+        read_csv_rows(path, RUNS_COLUMNS)
+    assert str(damaged.value) == (
+        f"{path} line 4 repeats line 2's configuration, m 1f1b trace:f (repeat 0): damaged?"
+    )
 
 
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
