@@ -136,6 +136,15 @@ def _check_unique(name: str, values: Sequence[Hashable]) -> None:
         first[value] = i
 
 
+def _refuse_with_faults(given: Sequence[str]) -> None:
+    """A ConfigError if a spec with `faults` gave any of the static scenarios' keys."""
+    if given:
+        raise ConfigError(
+            f"faults with {' and '.join(given)}: a fault timeline replaces the link sets x "
+            "delays scenarios (give one or the other)"
+        )
+
+
 def _check_model_labels(targets: Sequence[Target]) -> None:
     """Each model once, under a label of its own (its configurations' name in the results):
     a changed copy is labelled "<base>-custom" unless its mapping gives a `name`."""
@@ -224,11 +233,7 @@ class ExperimentSpec:
                 )
                 if value != default
             ]
-            if ignored:
-                raise ConfigError(
-                    f"faults with {' and '.join(ignored)}: a fault timeline replaces the link "
-                    "sets x delays scenarios (give one or the other)"
-                )
+            _refuse_with_faults(ignored)
             if self.faults_text is None:
                 object.__setattr__(self, "faults_text", read_text(self.faults, "fault timeline"))
         elif self.faults_text is not None:
@@ -451,6 +456,8 @@ class ExperimentSpec:
         if not isinstance(data, dict):
             raise ConfigError("an experiment spec is a mapping of its fields")
         values = dict(data)
+        if not recorded and values.get("faults") is not None:  # whatever their values
+            _refuse_with_faults([k for k in ("links", "link_sets", "delays_ms") if k in values])
         for single, plural in (("model", "models"), ("links", "link_sets")):
             if single in values:
                 if plural in values:

@@ -306,7 +306,20 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "spec faults with delays",
         {"s.yaml": spec(faults="f.yaml", delays_ms=[0, 10], links=["1-2"]), "f.yaml": row()},
         RUN_SPEC,
-        "faults with link_sets and delays_ms: a fault timeline replaces the link sets x delays",
+        "faults with links and delays_ms: a fault timeline replaces the link sets x delays",
+    ),
+    (  # were their default values, ignored: the run went on as if they were not there
+        "spec faults with the default links and delays",
+        {"s.yaml": spec(faults="f.yaml", delays_ms=[0], links=["0-1"]), "f.yaml": row()},
+        RUN_SPEC,
+        "spec s.yaml: faults with links and delays_ms: a fault timeline replaces the link sets "
+        "x delays scenarios (give one or the other)",
+    ),
+    (
+        "spec faults with the default link sets",
+        {"s.yaml": spec(faults="f.yaml", link_sets=[["0-1"]]), "f.yaml": row()},
+        RUN_SPEC,
+        "spec s.yaml: faults with link_sets: a fault timeline replaces",
     ),
     (
         "faults empty yaml",
