@@ -66,8 +66,11 @@ def _shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        for other in SHUTDOWN_SIGNALS:  # one shutdown: a second signal must not cut it short
+        # One shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short.
+        for other in (*SHUTDOWN_SIGNALS, signal.SIGINT):
             signal.signal(other, signal.SIG_IGN)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Terminated(signum)
 
     return handle
@@ -79,12 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     stderr naming a log file with the traceback), 128 + n on signal n (SIGINT 130, SIGHUP
     129, SIGTERM 143) after every cleanup."""
     handler = _shutdown_handler(os.getpid())
-    previous = {signum: signal.signal(signum, handler) for signum in SHUTDOWN_SIGNALS}
-    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL, None):
-        # Python raises KeyboardInterrupt on SIGINT unless the process started with it
-        # ignored, as a shell starts a script's background job (`run ... &`): there too
-        # `kill -INT` ends the command as Ctrl-C does, after every cleanup.
-        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGINT too, even where the process started with it ignored, as a shell starts a
+    # script's background job (`run ... &`): there too `kill -INT` ends the command as
+    # Ctrl-C does (KeyboardInterrupt), after every cleanup.
+    previous = {
+        signum: signal.signal(signum, handler) for signum in (*SHUTDOWN_SIGNALS, signal.SIGINT)
+    }
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):

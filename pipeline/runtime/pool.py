@@ -211,12 +211,20 @@ class WorkerPool:
         self._busy = True
         what = f"iteration {config.iteration}"
         self._placement = config.topology or self._grid
-        for rank, conn in enumerate(self._conns):
-            try:
-                conn.send((config, start_at))
-            except OSError:  # its end of the pipe closed: the process is gone
-                self._fail(WorkerCrash(f"{self._name(rank)} is gone", rank=rank), what)
-        results: list[RankResult] = self._gather(what, "records")  # type: ignore[assignment]
+        try:
+            for rank, conn in enumerate(self._conns):
+                try:
+                    conn.send((config, start_at))
+                except OSError:  # its end of the pipe closed: the process is gone
+                    self._fail(WorkerCrash(f"{self._name(rank)} is gone", rank=rank), what)
+            results: list[RankResult] = self._gather(what, "records")  # type: ignore[assignment]
+        except BaseException:
+            # Cut off (a KeyboardInterrupt, a signal handler's exception, an answer that
+            # would not unpickle): the answers still owed would be taken for the next
+            # iteration's, so the pool ends here (a WorkerError's `_fail` has ended it).
+            if self._processes:
+                self.close()
+            raise
         self._busy = False
         self.bytes_sent += sum(r.bytes_sent for r in results)
         self.last_results = results
@@ -336,7 +344,12 @@ class WorkerPool:
     def close(self) -> None:
         """Stop every worker: ask, then terminate, then kill; remove the rendezvous files.
         Idle workers end when asked (exit status 0) and get CLOSE_GRACE_S for it; workers
-        inside a command (a failed or interrupted one) cannot hear it and get BUSY_GRACE_S."""
+        inside a command (a failed or interrupted one) cannot hear it and get BUSY_GRACE_S.
+        A shutdown signal meanwhile is handled once all that is done (`held_signals`)."""
+        with held_signals():
+            self._close()
+
+    def _close(self) -> None:
         grace_s = BUSY_GRACE_S if self._busy else CLOSE_GRACE_S
         for conn in self._conns:
             with contextlib.suppress(OSError, ValueError):

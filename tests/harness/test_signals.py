@@ -323,3 +323,34 @@ def test_a_signal_stops_launch_run_s_torchrun_and_its_workers(
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         run.wait()
+
+
+@pytest.mark.parametrize(
+    ("first", "raised"),
+    [
+        (signal.SIGTERM, "Terminated"),
+        (signal.SIGHUP, "Terminated"),
+        (signal.SIGINT, "KeyboardInterrupt"),
+    ],
+)
+def test_after_one_shutdown_signal_every_other_waits_for_the_cleanups(
+    first: signal.Signals, raised: str
+) -> None:
+    """The first of SIGINT, SIGTERM and SIGHUP ends the command; a second, Ctrl-C's too, is
+    ignored from then on: a SIGINT after a SIGTERM (or a double Ctrl-C) raised inside the
+    cleanups and left the pool's folders behind."""
+    from harness.cli import _shutdown_handler
+
+    shutdown = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.getsignal(signum) for signum in shutdown}
+    handler = _shutdown_handler(os.getpid())
+    try:
+        for signum in shutdown:
+            signal.signal(signum, handler)
+        with pytest.raises(BaseException) as info:
+            handler(first, None)
+        assert type(info.value).__name__ == raised
+        assert [signal.getsignal(signum) for signum in shutdown] == [signal.SIG_IGN] * 3
+    finally:
+        for signum, earlier in previous.items():
+            signal.signal(signum, earlier)

@@ -295,6 +295,63 @@ def test_a_worker_dead_between_iterations_is_named_at_the_next_one() -> None:
             pool.run_iteration(dataclasses.replace(config, iteration=2))
 
 
+def test_an_iteration_cut_off_by_an_exception_ends_the_pool_not_the_next_iteration() -> None:
+    """A signal handler's exception while the pool waits for an iteration's answers: those
+    answers were still owed, and the next iteration took them for its own (its ops began
+    before it did); the pool ends instead, every worker with it, and says so."""
+    profile = Profile.uniform(2, 4, 250.0, 250.0, 250.0)  # some 3 s: cut off at 1 s
+
+    class CutOff(Exception):
+        pass
+
+    def cut_off(signum: int, frame: object) -> None:
+        raise CutOff
+
+    config = IterationConfig(0, one_f_one_b(profile), profile)
+    previous = signal.signal(signal.SIGALRM, cut_off)
+    try:
+        with WorkerPool(2, timeout_s=20) as pool:
+            pids = pool.pids
+            with pytest.raises(CutOff):
+                signal.setitimer(signal.ITIMER_REAL, 1.0)
+                pool.run_iteration(config)
+            assert not [pid for pid in pids if _alive(pid)]
+            with pytest.raises(WorkerError, match="not running"):
+                pool.run_iteration(dataclasses.replace(config, iteration=1))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_signal_while_the_pool_closes_waits_until_its_folders_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second Ctrl-C while the pool stops its workers cut the close short: the pool's
+    folder and its delegates' slot folder stayed behind. The signal now comes after."""
+    import pipeline.runtime.pool as pool_module
+
+    joins = []
+    real_join = pool_module._join
+
+    def interrupted_join(processes: list, limit_s: float) -> None:
+        joins.append(limit_s)
+        if len(joins) == 1:
+            signal.raise_signal(signal.SIGINT)  # Python's handler: a KeyboardInterrupt
+        real_join(processes, limit_s)
+
+    monkeypatch.setattr(pool_module, "_join", interrupted_join)
+    pool = WorkerPool(2, delegates=Delegates(), num_delegates=1, timeout_s=20)
+    pool.start()
+    folders = [pool._tmpdir, pool._slot_dir]
+    assert all(folder is not None and Path(folder).is_dir() for folder in folders)
+    pids = pool.pids
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    assert joins  # interrupted inside
+    assert not [folder for folder in folders if Path(str(folder)).exists()]
+    assert not [pid for pid in pids if _alive(pid)]
+
+
 def test_delegates_without_a_delegate_count_are_refused_before_any_process_starts() -> None:
     pool = WorkerPool(2, delegates=Delegates())
     with pytest.raises(ValueError, match="num_delegates >= 1, not 0"):
