@@ -185,22 +185,29 @@ def emit_json(data: dict[str, Any]) -> None:
 
 class IterationProgress:
     """One line on a terminal's stderr, rewritten as each iteration ends: which (the
-    warm-ups first, counted apart from the measured ones), how long so far, about how long
-    left (at the mean pace so far)."""
+    warm-ups first, counted apart from the measured ones; one run again after a restart
+    says so), how long so far, about how long left (at the mean pace so far)."""
 
     def __init__(self, num_iterations: int, num_warmup_iterations: int = 0) -> None:
         self.num_iterations, self.num_warmup_iterations = num_iterations, num_warmup_iterations
-        self.started, self.count = time.monotonic(), 0
+        self.started, self.num_ended, self.reached = time.monotonic(), 0, 0
 
-    def step(self) -> None:
-        self.count += 1
+    def step(self, iteration: int | None = None) -> None:
+        """Iteration `iteration` ended (the engine's index, warm-ups included; None: the one
+        after the last). One not after the furthest so far is a restart's re-run."""
+        number = self.reached + 1 if iteration is None else iteration + 1
+        again = number <= self.reached
+        self.reached = max(self.reached, number)
+        self.num_ended += 1
         total = self.num_warmup_iterations + self.num_iterations
         elapsed_s = time.monotonic() - self.started
-        left_s = elapsed_s / self.count * max(total - self.count, 0)
-        if self.count <= self.num_warmup_iterations:
-            which = f"warm-up {self.count}/{self.num_warmup_iterations}"
+        left_s = elapsed_s / self.num_ended * max(total - number, 0)
+        if number <= self.num_warmup_iterations:
+            which = f"warm-up {number}/{self.num_warmup_iterations}"
         else:
-            which = f"iteration {self.count - self.num_warmup_iterations}/{self.num_iterations}"
+            which = f"iteration {number - self.num_warmup_iterations}/{self.num_iterations}"
+        if again:
+            which += " again (after a restart)"
         click.echo(f"\r{which}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ", err=True, nl=False)
 
     def done(self) -> None:

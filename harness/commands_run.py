@@ -236,7 +236,7 @@ def run(
         injection=injection,
         model=model,
         host=load_host_costs(calibration_path),
-        on_iteration=None if progress is None else lambda *_: progress.step(),
+        on_iteration=None if progress is None else lambda k, *_: progress.step(k),
         delegated=comm == "delegated",
         seed=seed,
     )

@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from harness.cli_common import IterationProgress
 from tests.harness.test_cli import write_profile
 
 
@@ -22,6 +25,21 @@ def test_run_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
     assert returncode == 0
     assert "\rwarm-up 1/1, " in text  # the default warm-up, counted apart
     assert all(f"\riteration {k}/3, " in text for k in (1, 2, 3)), text
+
+
+def test_a_restarts_re_run_iterations_are_shown_as_what_they_are(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The line counted calls: after a restart it said "iteration 9/5". It now says which
+    iteration ended, and that a re-run one runs again."""
+    progress = IterationProgress(3, 1)
+    for k in (0, 1, 2, 1, 2, 3):  # a failure in measured iteration 3: back to the checkpoint
+        progress.step(k)
+    shown = [line.split(",")[0] for line in capsys.readouterr().err.split("\r")[1:]]
+    assert shown == [
+        "warm-up 1/1", "iteration 1/3", "iteration 2/3", "iteration 1/3 again (after a restart)",
+        "iteration 2/3 again (after a restart)", "iteration 3/3",
+    ]  # fmt: skip
 
 
 def test_profile_shows_progress_on_a_terminal(tmp_path: Path) -> None:
