@@ -193,8 +193,9 @@ def run_loop(
     times); the failed iteration costs `restart_model_ms` (its time to the failure, the
     detection timeout in sim, the configured restart cost). A plan whose action is
     `Action.RESTART` (a controller's choice, in a measured iteration) restarts the same way
-    before that iteration runs, on hardware without the failures and slow links in force
-    (the restart leaves them out), at the configured restart cost."""
+    before that iteration runs, on hardware without the failures and slow links that started
+    before it (the restart leaves them out; those that start in it still happen), at the
+    configured restart cost."""
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     check_link_terms(engine, controller)

@@ -465,11 +465,15 @@ class FaultModel:
         )
 
     def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultModel:
-        """Without the failures that started by `iteration` (the failed hardware replaced);
-        `stragglers`: without every event that started by then (slow hardware too)."""
-        kept = tuple(
-            e
-            for e in self.events
-            if not ((e.effect.down or stragglers) and e.start_iteration <= iteration)
-        )
+        """The hardware a checkpoint-restart at `iteration` comes back on: after a failure in
+        `iteration`, without the failures that started by then (the failed hardware
+        replaced); `stragglers` (a restart a controller asked for before `iteration` runs):
+        without every event that started before it (slow hardware too), while those that
+        start in `iteration` still happen when it runs."""
+        if stragglers:
+            kept = tuple(e for e in self.events if e.start_iteration >= iteration)
+        else:
+            kept = tuple(
+                e for e in self.events if not (e.effect.down and e.start_iteration <= iteration)
+            )
         return dataclasses.replace(self, events=kept)

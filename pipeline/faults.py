@@ -111,10 +111,11 @@ class FaultView(Protocol):
         ...
 
     def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultView:
-        """The same faults with every failure that started by `iteration` cleared: the
-        failed hardware replaced (a checkpoint-restart resumes on healthy hardware);
-        `stragglers`: every slow link and NIC that started by then too (a restart that a
-        controller asked for, to leave the slow hardware out)."""
+        """The faults a checkpoint-restart at `iteration` resumes under: after a failure in
+        `iteration`, every failure that started by then (in it too) cleared, the failed
+        hardware replaced; `stragglers` (a restart a controller asked for before `iteration`
+        runs, to leave the slow hardware out): every event that started before `iteration`
+        cleared, slow links and NICs too, while those that start in it still happen."""
         ...
 
 

@@ -174,6 +174,27 @@ def test_a_restart_a_controller_asks_for_leaves_the_slow_link_out() -> None:
     assert slow > healthy and result.iteration_times_ms[2:] == (healthy,) * 4
 
 
+def test_faults_that_start_in_the_iteration_a_restart_comes_before_still_happen() -> None:
+    """40 ms on link 0-1 from measured iteration 0, replaced by 10 ms from measured 2, which
+    also has the link down from 20 ms into it; the controller asks for a restart before
+    measured 2: the restart leaves out the 40 ms (it started before), not what starts in
+    measured 2, which has not run yet. Run again, measured 2 fails (a second restart, from
+    the checkpoint at the end of the warm-up, the failed link replaced) and then runs, with
+    measured 3, 10 ms a message slower than healthy."""
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    faults = parse_yaml(
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 40},'
+        ' {start_iteration: 2, links: ["0-1"], delay_ms: 10},'
+        ' {start_iteration: 2, end_iteration: 3, links: ["0-1"], down: true, at_ms: 20}]'
+    )
+    controller = _RestartAt(fixed_plan(one_f_one_b(profile), profile).fixed, at=3)
+    result = run_configuration(controller, num_iterations=4, faults=faults)
+    assert controller.restarted_at == [(3, True), (3, False)]
+    assert (result.restarts, result.lost_iterations) == (2, 4)
+    assert result.iterations == (0, 1, 0, 1, 0, 1, 2, 3)
+    assert result.iteration_times_ms == (215.0, 215.0, *(15.0,) * 4, 65.0, 65.0)
+
+
 def test_a_restart_asked_for_in_the_warm_up_or_twice_in_a_row_is_refused() -> None:
     profile = Profile.uniform(2, 4, 1, 1, 1)
     plan = fixed_plan(one_f_one_b(profile), profile).fixed

@@ -312,3 +312,19 @@ def test_what_is_in_force_is_the_same_asked_in_any_order_as_asked_alone() -> Non
     asked = [(k, t) for k in range(-1, 11) for t in topologies]
     for k, t in random.Random(3).sample(asked, len(asked)):
         assert answers(shared, k, t) == answers(_model(rows), k, t), (k, t)
+
+
+def test_a_restart_asked_for_keeps_what_starts_in_its_iteration_a_failure_s_does_not() -> None:
+    """A restart a controller asks for comes before its iteration runs: it repairs the slow
+    links and failures that started before it, not those that start in it. A failure's
+    restart comes after its iteration failed: it repairs the failures that started by then
+    (that one's too), and no slow link."""
+    model = parse_yaml(
+        '[{start_iteration: 1, links: ["0-1"], delay_ms: 40},'
+        ' {start_iteration: 2, links: ["1-2"], delay_ms: 10},'
+        ' {start_iteration: 2, end_iteration: 3, links: ["2-3"], down: true}]'
+    )
+    asked = model.repaired(2, stragglers=True)
+    assert asked.pp_delays_ms(2, FOUR) == (0.0, 10.0, 0.0) and asked.has_failure(2, FOUR)
+    failed = model.repaired(2)
+    assert failed.pp_delays_ms(2, FOUR) == (40.0, 10.0, 0.0) and not failed.has_failure(2, FOUR)
