@@ -162,7 +162,8 @@ class Engine(Protocol):
     ) -> Outcome:
         """Run iteration `iteration` of the current run (iteration 0 starts a new run: a
         training engine starts again from the initial parameters, and every link direction
-        on the first NIC, on healthy hardware). `digest`: report the
+        on the first NIC, on healthy hardware; right after `restart` it is the same run
+        back at its start, whose clock goes on). `digest`: report the
         parameters' digest after it; `checkpoint`: a training engine saves its state after
         it. A message that cannot go (its link or a NIC on its route is down) raises
         `pipeline.errors.LinkFailure`."""

@@ -59,8 +59,11 @@ class SimEngine(Closing):
         checkpoint: bool = False,
     ) -> Outcome:
         """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
-        that iteration again, moved to now (`Outcome.same_as`)."""
-        if iteration == 0:
+        that iteration again, moved to now (`Outcome.same_as`). Iteration 0 starts a new run
+        at time 0, unless a restart came just before it: then the run goes on back at its
+        start, its clock too."""
+        restarted, self._restarted = self._restarted, False
+        if iteration == 0 and not restarted:
             self._clock_ms = 0.0
             self._nics_in_use.clear()
         placement = plan.topology or plan.profile.topology
@@ -69,7 +72,6 @@ class SimEngine(Closing):
         if before is None or (before.num_stages, before.num_replicas) != shape:
             before = plan.profile.topology  # fresh processes (another shape: another job's)
         self._placement = placement
-        restarted, self._restarted = self._restarted, False
         swaps: tuple[SwapRecord, ...] = ()
         if before.workers != placement.workers:
             self._nics_in_use = _kept_delegates(self._nics_in_use, before, placement)

@@ -195,6 +195,24 @@ def test_faults_that_start_in_the_iteration_a_restart_comes_before_still_happen(
     assert result.iteration_times_ms == (215.0, 215.0, *(15.0,) * 4, 65.0, 65.0)
 
 
+def test_a_restart_back_to_iteration_0_runs_it_again_later_on_the_sim_clock() -> None:
+    """No warm-up, link 0-1 down in iteration 1: the job restarts from its start; iteration
+    0 runs again after the first run of it on the clock (the run goes on), not over it."""
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    faults = parse_yaml('[{start_iteration: 1, end_iteration: 2, links: ["0-1"], down: true}]')
+    result = run_configuration(
+        fixed_plan(one_f_one_b(profile), profile),
+        num_iterations=3,
+        num_warmup_iterations=0,
+        faults=faults,
+        recovery=Recovery(checkpoint_every=5, restart_ms=10.0),
+    )
+    assert (result.restarts, result.iterations) == (1, (0, 0, 1, 2))
+    assert result.timeline is not None
+    spans = [(r.iteration, r.start_ms, r.end_ms) for r in result.timeline.iterations]
+    assert spans == [(0, 0.0, 15.0), (0, 15.0, 30.0), (1, 30.0, 45.0), (2, 45.0, 60.0)]
+
+
 def test_a_restart_asked_for_in_the_warm_up_or_twice_in_a_row_is_refused() -> None:
     profile = Profile.uniform(2, 4, 1, 1, 1)
     plan = fixed_plan(one_f_one_b(profile), profile).fixed

@@ -338,3 +338,20 @@ def test_a_rank_swap_gives_a_moved_link_direction_new_delegates_on_the_first_nic
         timeline.swaps
         and {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers} == moved
     )
+
+
+def test_a_restart_back_to_iteration_0_keeps_the_clock_a_new_run_starts_it_again() -> None:
+    """Iteration 0 right after a restart is the same run again, later on its clock (as in
+    the runtimes); iteration 0 with no restart before it is a new run, at time 0."""
+    profile = Profile.uniform(2, 2, 10, 10, 10)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.IDEAL)
+
+    def span(iteration: int) -> tuple[float, float]:
+        (record,) = engine.run(plan, iteration, NO_FAULTS).timeline.iterations
+        return record.start_ms, record.end_ms
+
+    with SimEngine() as engine:
+        assert [span(0), span(1)] == [(0.0, 90.0), (90.0, 180.0)]
+        engine.restart()
+        assert [span(0), span(1)] == [(180.0, 270.0), (270.0, 360.0)]
+        assert span(0) == (0.0, 90.0)  # a new run
