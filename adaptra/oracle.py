@@ -72,5 +72,8 @@ class OracleController:
 
     def restarted(self, iteration: int, *, stragglers: bool) -> None:
         """The job came back on repaired hardware: the failures so far are gone (with
-        `stragglers`, the slow links and NICs so far too)."""
+        `stragglers`, the slow links and NICs that started before `iteration` too). Told
+        the iteration only, not when in it the job failed, it takes every failure that
+        started in `iteration` for repaired, one the loop still runs into later in it too
+        (harness.loop repairs by the failure's `at_ms`)."""
         self.faults = self.faults.repaired(iteration, stragglers=stragglers)

@@ -189,9 +189,11 @@ def run_loop(
     on_iteration: OnIteration | None = None,
 ) -> RunResult:
     """A link failure in a measured iteration restarts the job from its last checkpoint on
-    repaired hardware: the iterations since are lost and run again (they count in the
-    times); the failed iteration costs `restart_model_ms` (its time to the failure, the
-    detection timeout in sim, the configured restart cost). A plan whose action is
+    repaired hardware (the failures that had started by the failed message's time replaced;
+    one that starts later in that iteration still happens when it runs again): the
+    iterations since are lost and run again (they count in the times); the failed iteration
+    costs `restart_model_ms` (its time to the failure, the detection timeout in sim, the
+    configured restart cost). A plan whose action is
     `Action.RESTART` (a controller's choice, in a measured iteration) restarts the same way
     before that iteration runs, on hardware without the failures and slow links that started
     before it (the restart leaves them out; those that start in it still happen), at the
@@ -239,7 +241,8 @@ def run_loop(
                 raise
             _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
             remembered.clear()
-            view = view.repaired(k)
+            at_ms = math.inf if failure.at_ms is None else failure.at_ms
+            view = view.repaired(k, at_ms=at_ms)  # what had failed by then
             controller.restarted(k, stragglers=False)
             k = checkpoint
             continue

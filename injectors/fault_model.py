@@ -302,6 +302,13 @@ def _holds_in(event: FaultEvent, iteration: int) -> bool:
     return not ended and not (event.effect.stall_ms and iteration != event.start_iteration)
 
 
+def _by(event: FaultEvent, iteration: int, at_ms: float) -> bool:
+    """Whether `event` had started by `at_ms` into `iteration`."""
+    return event.start_iteration < iteration or (
+        event.start_iteration == iteration and event.at_ms <= at_ms
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class FaultModel:
     """A run's fault events (a pipeline.faults.FaultView); iterations count from the first
@@ -464,16 +471,17 @@ class FaultModel:
             for span in spans
         )
 
-    def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultModel:
-        """The hardware a checkpoint-restart at `iteration` comes back on: after a failure in
-        `iteration`, without the failures that started by then (the failed hardware
-        replaced); `stragglers` (a restart a controller asked for before `iteration` runs):
-        without every event that started before it (slow hardware too), while those that
-        start in `iteration` still happen when it runs."""
+    def repaired(
+        self, iteration: int, *, stragglers: bool = False, at_ms: float = math.inf
+    ) -> FaultModel:
+        """The hardware a checkpoint-restart at `iteration` comes back on: after a failure
+        `at_ms` into `iteration`, without the failures that had started by then (the failed
+        hardware replaced; a later one in `iteration` still happens when it runs again);
+        `stragglers` (a restart a controller asked for before `iteration` runs): without
+        every event that started before it (slow hardware too), while those that start in
+        `iteration` still happen when it runs."""
         if stragglers:
             kept = tuple(e for e in self.events if e.start_iteration >= iteration)
         else:
-            kept = tuple(
-                e for e in self.events if not (e.effect.down and e.start_iteration <= iteration)
-            )
+            kept = tuple(e for e in self.events if not (e.effect.down and _by(e, iteration, at_ms)))
         return dataclasses.replace(self, events=kept)

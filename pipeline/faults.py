@@ -9,6 +9,7 @@ Nothing here changes a fault: a view is a pure function of what it is asked.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
@@ -110,12 +111,16 @@ class FaultView(Protocol):
         """A failure is in force at `iteration`."""
         ...
 
-    def repaired(self, iteration: int, *, stragglers: bool = False) -> FaultView:
-        """The faults a checkpoint-restart at `iteration` resumes under: after a failure in
-        `iteration`, every failure that started by then (in it too) cleared, the failed
-        hardware replaced; `stragglers` (a restart a controller asked for before `iteration`
-        runs, to leave the slow hardware out): every event that started before `iteration`
-        cleared, slow links and NICs too, while those that start in it still happen."""
+    def repaired(
+        self, iteration: int, *, stragglers: bool = False, at_ms: float = math.inf
+    ) -> FaultView:
+        """The faults a checkpoint-restart at `iteration` resumes under: after a failure
+        `at_ms` into `iteration` (inf: its end), every failure that had started by then
+        cleared, the failed hardware replaced (one that starts later in `iteration` still
+        happens when it runs again); `stragglers` (a restart a controller asked for before
+        `iteration` runs, to leave the slow hardware out): every event that started before
+        `iteration` cleared, slow links and NICs too, while those that start in it still
+        happen."""
         ...
 
 
@@ -157,7 +162,9 @@ class NoFaults:
     def has_failure(self, iteration: int, topology: Topology) -> bool:
         return False
 
-    def repaired(self, iteration: int, *, stragglers: bool = False) -> NoFaults:
+    def repaired(
+        self, iteration: int, *, stragglers: bool = False, at_ms: float = math.inf
+    ) -> NoFaults:
         return self
 
 
@@ -196,8 +203,12 @@ class AfterWarmup:
             iteration - self.num_warmup, topology
         )
 
-    def repaired(self, iteration: int, *, stragglers: bool = False) -> AfterWarmup:
-        repaired = self.faults.repaired(iteration - self.num_warmup, stragglers=stragglers)
+    def repaired(
+        self, iteration: int, *, stragglers: bool = False, at_ms: float = math.inf
+    ) -> AfterWarmup:
+        repaired = self.faults.repaired(
+            iteration - self.num_warmup, stragglers=stragglers, at_ms=at_ms
+        )
         return AfterWarmup(repaired, self.num_warmup)
 
 

@@ -213,6 +213,36 @@ def test_a_restart_back_to_iteration_0_runs_it_again_later_on_the_sim_clock() ->
     assert spans == [(0, 0.0, 15.0), (0, 15.0, 30.0), (1, 30.0, 45.0), (2, 45.0, 60.0)]
 
 
+@pytest.mark.parametrize(
+    ("rows", "restarts", "model_ms"),
+    [
+        ('[{start_iteration: 2, links: ["2-3"], down: true, at_ms: 15}]', 1, 600_015.0),
+        (
+            '[{start_iteration: 2, links: ["0-1"], down: true},'
+            ' {start_iteration: 2, links: ["2-3"], down: true, at_ms: 15}]',
+            2,
+            600_001.0 + 600_015.0,
+        ),
+    ],
+)
+def test_a_failure_later_in_the_failed_iteration_still_happens_after_the_restart(
+    rows: str, restarts: int, model_ms: float
+) -> None:
+    """Link 2-3 down from 15 ms into measured iteration 2 fails its first message after
+    that; with link 0-1 down from its start too, 0-1 fails first (1 ms in) and the restart
+    replaces 0-1 only: iteration 2, run again, still meets 2-3's failure and restarts."""
+    profile = Profile.uniform(4, 4, 1, 1, 1)
+    result = run_configuration(
+        fixed_plan(one_f_one_b(profile), profile),
+        num_iterations=5,
+        faults=parse_yaml(rows),
+        recovery=Recovery(checkpoint_every=100),
+    )
+    assert (result.restarts, result.lost_iterations) == (restarts, 2 * restarts)
+    assert result.iterations == (*(0, 1) * restarts, *range(5))
+    assert result.restart_model_ms == model_ms
+
+
 def test_a_restart_asked_for_in_the_warm_up_or_twice_in_a_row_is_refused() -> None:
     profile = Profile.uniform(2, 4, 1, 1, 1)
     plan = fixed_plan(one_f_one_b(profile), profile).fixed

@@ -328,3 +328,19 @@ def test_a_restart_asked_for_keeps_what_starts_in_its_iteration_a_failure_s_does
     assert asked.pp_delays_ms(2, FOUR) == (0.0, 10.0, 0.0) and asked.has_failure(2, FOUR)
     failed = model.repaired(2)
     assert failed.pp_delays_ms(2, FOUR) == (40.0, 10.0, 0.0) and not failed.has_failure(2, FOUR)
+
+
+def test_a_failure_s_restart_repairs_what_had_failed_by_its_time_in_the_iteration() -> None:
+    """Links 0-1 and 2-3 go down in iteration 2, at 0 and at 15 ms: a failure 1 ms into it
+    repairs 0-1 only; 2-3 still goes down when iteration 2 runs again. With no time (the
+    whole iteration) both are repaired."""
+    model = parse_yaml(
+        '[{start_iteration: 2, links: ["0-1"], down: true},'
+        ' {start_iteration: 2, links: ["2-3"], down: true, at_ms: 15}]'
+    )
+    early = model.repaired(2, at_ms=1.0).at(2, FOUR)
+    fails = [
+        early.message_fault(Link.pp(s), "forward", "F", 0, offset_ms=20).failed for s in (0, 2)
+    ]
+    assert fails == [False, True]
+    assert not model.repaired(2).has_failure(2, FOUR)
