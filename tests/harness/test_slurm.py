@@ -1,5 +1,6 @@
 import json
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -163,15 +164,29 @@ def test_the_ranks_go_on_the_fewest_nodes_that_split_them_evenly(
     assert f"\n#SBATCH --nodes={placement[0]}\n" in text
 
 
+def _free_port_below_the_ephemeral_range() -> int:
+    """A port free now, where no connection takes its source port from: one the kernel handed
+    out (bound to port 0, then freed) was taken as a parallel test's connection's source port
+    before torchrun's store could bind it, whose agent then waited for a store that was not
+    there and failed (RendezvousConnectionError, once in CI)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random(os.getpid()).sample(range(low // 2, low), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {low // 2}-{low - 1}")
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("backend", ["emulated", "megatron"])
 def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) -> None:
     """srun and scontrol replaced by stand-ins that run the step here: torchrun really
     starts the ranks, they run (or train: megatron) and write a timeline (and losses)."""
     spec = _two_stages(num_iterations=2, num_warmup_iterations=1, backend=backend)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = _free_port_below_the_ephemeral_range()
     script, num_steps, _ = write_slurm_script(spec, tmp_path / "job", master_port=port)
     assert num_steps == 1
     assert (f"--compute {backend}" in script.read_text()) and (

@@ -345,8 +345,13 @@ def test_a_signal_while_the_pool_closes_waits_until_its_folders_are_gone(
     folders = [pool._tmpdir, pool._slot_dir]
     assert all(folder is not None and Path(folder).is_dir() for folder in folders)
     pids = pool.pids
-    with pytest.raises(KeyboardInterrupt):
-        pool.close()
+    # Python's own SIGINT handler (a pytest-xdist worker starts with SIGINT ignored).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert joins  # interrupted inside
     assert not [folder for folder in folders if Path(str(folder)).exists()]
     assert not [pid for pid in pids if _alive(pid)]
