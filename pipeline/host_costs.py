@@ -123,22 +123,32 @@ class CostCurve:
         (0 bytes, 1 ring: the first point's cost is charged below it; unless not
         `starts_at_zero`: a DP chunk's smallest measured size) and costs that never fall
         with the size (`calibrate` pools out-of-order means, a tail caught in one)."""
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list of [{unit}, ms] pairs, got {value!r}")
-        points = []
-        for pair in value:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise ConfigError(f"{name}: {pair!r} is not a [{unit}, ms] pair")
-            size, ms = pair
-            if isinstance(size, bool) or not isinstance(size, int):
-                raise ConfigError(f"{name}: a size must be a whole number of {unit}, got {size!r}")
-            points.append((size, _check_ms(name, ms)))
+        pairs = _whole_number_pairs(
+            value, name, f"[{unit}, ms]", f"a size must be a whole number of {unit}"
+        )
+        points = [(size, _check_ms(name, ms)) for size, ms in pairs]
         try:
             curve = cls(tuple(points))
         except ConfigError as err:
             raise ConfigError(f"{name}: {err}") from None
         _check_measured_shape(curve, name, unit, starts_at_zero)
         return curve
+
+
+def _whole_number_pairs(value: Any, name: str, form: str, whole: str) -> list[tuple[int, Any]]:
+    """`value` as a list of pairs written `form`, each first a whole number (`whole`: the
+    error where it is not); `name` in errors."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{name} must be a list of {form} pairs, got {value!r}")
+    pairs = []
+    for pair in value:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ConfigError(f"{name}: {pair!r} is not a {form} pair")
+        first, second = pair
+        if isinstance(first, bool) or not isinstance(first, int):
+            raise ConfigError(f"{name}: {whole}, got {first!r}")
+        pairs.append((first, second))
+    return pairs
 
 
 def _check_measured_shape(curve: CostCurve, name: str, unit: str, starts_at_zero: bool) -> None:
@@ -222,17 +232,11 @@ class RingLag:
         what `calibrate` writes: sizes rising from its smallest chunk, costs never falling."""
         if not by_bytes:
             return cls.by_rings_alone(CostCurve.parse(value, name, "rings"))
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(
-                f"{name} must be a list of [rings, [[bytes, ms], ...]] pairs, got {value!r}"
-            )
+        pairs = _whole_number_pairs(
+            value, name, "[rings, [[bytes, ms], ...]]", "a ring count must be a whole number"
+        )
         by_rings = []
-        for pair in value:
-            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise ConfigError(f"{name}: {pair!r} is not a [rings, [[bytes, ms], ...]] pair")
-            rings, points = pair
-            if isinstance(rings, bool) or not isinstance(rings, int):
-                raise ConfigError(f"{name}: a ring count must be a whole number, got {rings!r}")
+        for rings, points in pairs:
             label = f"{name} at {rings} rings"
             curve = CostCurve.parse(points, label, "bytes", starts_at_zero=False)
             if not curve.points:
