@@ -13,6 +13,7 @@ first measured one (pipeline.faults.AfterWarmup).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from adaptra.plans import AdaptraPlans, adaptra_schedule
@@ -70,10 +71,8 @@ class OracleController:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
-        """The job came back on repaired hardware: the failures so far are gone (with
-        `stragglers`, the slow links and NICs that started before `iteration` too). Told
-        the iteration only, not when in it the job failed, it takes every failure that
-        started in `iteration` for repaired, one the loop still runs into later in it too
-        (harness.loop repairs by the failure's `at_ms`)."""
-        self.faults = self.faults.repaired(iteration, stragglers=stragglers)
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
+        """The job came back on repaired hardware, as the loop's view (FaultView.repaired):
+        the failures that had started by `at_ms` into `iteration` are gone (a later one in it
+        still comes); with `stragglers`, every fault that started before `iteration`."""
+        self.faults = self.faults.repaired(iteration, stragglers=stragglers, at_ms=at_ms)

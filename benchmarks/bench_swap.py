@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 
 from baselines import one_f_one_b
@@ -45,7 +46,7 @@ class _SwapAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         pass
 
 

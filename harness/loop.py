@@ -243,7 +243,7 @@ def run_loop(
             remembered.clear()
             at_ms = math.inf if failure.at_ms is None else failure.at_ms
             view = view.repaired(k, at_ms=at_ms)  # what had failed by then
-            controller.restarted(k, stragglers=False)
+            controller.restarted(k, stragglers=False, at_ms=at_ms)
             k = checkpoint
             continue
         controller.observe(k, outcome.timeline)

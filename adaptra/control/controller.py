@@ -25,6 +25,7 @@ engine declares others).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from adaptra.control.detector import (
@@ -116,7 +117,7 @@ class DetectingController:
         self._moved_before = moved
         self._detected = belief.detected_ms
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         """The job came back on repaired hardware: no route has failed over any more."""
         self._failed_over = False
 
@@ -157,5 +158,5 @@ class DelegatingController:
         self._detected = tuple(sorted(belief.detected_ms.items()))
         self.swaps.update(belief)
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         pass

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import statistics
 from collections.abc import Callable
 
@@ -245,7 +246,7 @@ class FalconController:
             self._judge_swap(iteration)
         self._climb(iteration, timeline)
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         """After its own restart (`stragglers`: the slow hardware left out): the default
         placement and split, nothing known to be slow, a fresh change-point detector. After a
         failure's (only the failed hardware replaced): the slow links are still there, so it

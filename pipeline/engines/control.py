@@ -12,6 +12,7 @@ one sees timelines only.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 from pipeline.engines.base import Engine, Plan
@@ -32,7 +33,10 @@ class Controller(Protocol):
 
     def observe(self, iteration: int, timeline: Timeline) -> None: ...
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None: ...
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
+        """The job restarts at `iteration` on repaired hardware: after a failure `at_ms`
+        into it, or (`stragglers`) before it runs, as a plan asked (FaultView.repaired)."""
+        ...
 
 
 @runtime_checkable

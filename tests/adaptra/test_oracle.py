@@ -74,3 +74,20 @@ def test_the_oracle_counts_the_profile_s_own_dp_delays_with_the_faults() -> None
     plan = system_controller("adaptra-oracle", static, faults).plan(3)
     assert plan.believed_ms == (("dp1:0-1", 40.0),)
     assert system_controller("adaptra-oracle", base).plan(3).comm is DIRECT
+
+
+def test_the_oracle_repairs_what_the_loop_repairs_after_a_failure_in_an_iteration() -> None:
+    """Two NICs down in one iteration, 0 and 15 ms into it: the restart after the first
+    replaces that one only, and the oracle, told when, still plans for the second (it took
+    both for repaired, where the loop's re-run meets the second)."""
+    profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096)
+    faults = parse_yaml(
+        '[{start_iteration: 2, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 2, at_ms: 15, nic: "host2:rnic0", down: true}]'
+    )
+    controller = system_controller("adaptra-oracle", profile, faults, num_warmup_iterations=0)
+    assert controller.plan(2).comm is DELEGATED
+    controller.restarted(2, stragglers=False, at_ms=0.0)
+    assert controller.plan(2).comm is DELEGATED  # host2's rnic0 still fails in it
+    controller.restarted(2, stragglers=False, at_ms=15.0)
+    assert controller.plan(2).comm is DIRECT

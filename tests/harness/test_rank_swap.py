@@ -2,6 +2,7 @@
 processes really play other stages)."""
 
 import dataclasses
+import math
 import os
 import shutil
 import statistics
@@ -47,7 +48,7 @@ class _SwapAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         pass
 
 

@@ -3,6 +3,7 @@ yet), in sim and in real worker processes alike. The scaled Table 3 trace runs i
 engines below (with ZB-H2 too in benchmarks/bench_restarts.py)."""
 
 import dataclasses
+import math
 import tempfile
 from pathlib import Path
 
@@ -152,7 +153,7 @@ class _RestartAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         self.restarted_at.append((iteration, stragglers))
 
 

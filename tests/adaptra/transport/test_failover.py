@@ -466,8 +466,8 @@ class _FailsAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         self.inner.observe(iteration, timeline)
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
-        self.inner.restarted(iteration, stragglers=stragglers)
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
+        self.inner.restarted(iteration, stragglers=stragglers, at_ms=at_ms)
 
 
 @pytest.mark.skipif(

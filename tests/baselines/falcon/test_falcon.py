@@ -42,9 +42,11 @@ def _run(
     link: str = "dp1:0-1",
     rebalance_ms: float = 0.0,
     profile: Profile = PROFILE,
+    delay_ms: float = 20.0,
 ) -> tuple[RunResult, FalconController]:
     faults = parse_yaml(
-        f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["{link}"], delay_ms: 20}}]'
+        f'[{{start_iteration: 3, end_iteration: {end_iteration}, links: ["{link}"], '
+        f"delay_ms: {delay_ms}}}]"
     )
     controller = system_controller("falcon", profile, faults)
     assert isinstance(controller, FalconController)
@@ -347,14 +349,17 @@ def test_the_swap_in_real_processes_loses_no_iteration() -> None:
 
 
 def test_a_swap_undone_in_real_processes_moves_the_workers_back() -> None:
-    """Emulated, 8 worker processes, a two-bucket ring (4 chunks each way: the slow link
-    costs a step about 70 ms, about half the healthy step, so load cannot hide it; as a PP
-    link it costs ZB more): the pool runs the swap, Falcon sees the next iteration slower and
-    the pool moves the two workers back (the swap records say who moved where, both
+    """Emulated, 8 worker processes, a two-bucket ring (4 chunks each way: 40 ms on the slow
+    link costs a step about 160 ms, more than the healthy step, so load cannot hide it (with
+    20 ms, half the step, a suite's other worker's load once hid it: no change seen); as a
+    PP link it costs ZB more): the pool runs the swap, Falcon sees the next iteration slower
+    and the pool moves the two workers back (the swap records say who moved where, both
     times); nothing restarts or is lost."""
     two_buckets = dataclasses.replace(PROFILE, allreduce_bytes=250_000)
     # 24 iterations: under load a slow first one has put off the change point to 13-15.
-    result, falcon = _run(40, 24, swap_ms=20.0, backend="emulated", profile=two_buckets)
+    result, falcon = _run(
+        40, 24, swap_ms=20.0, backend="emulated", profile=two_buckets, delay_ms=40.0
+    )
     ((at, level),) = falcon.climbs
     assert level is Level.SWAP and falcon.undone == [at + 2]
     assert falcon.topology == two_buckets.topology

@@ -3,6 +3,7 @@ exactly as without the swap (the swap changes who computes, not what), nothing i
 the state moved and the swap's time are in the iteration's records."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ class _SwapAt:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         pass
 
-    def restarted(self, iteration: int, *, stragglers: bool) -> None:
+    def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         pass
 
 
