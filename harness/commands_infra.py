@@ -210,15 +210,24 @@ def launch(
     )
 
 
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*")
+_ERROR_LINE = re.compile(
+    r"(?:\[rank(?P<rank>\d+)\]:\s*)?(?P<error>[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*)"
+)
+"""A traceback's last line, as a worker prints it: once its process group exists, torch
+prefixes each of its lines with "[rankN]: "."""
 
 
 def _failure_reason(stderr: str) -> str:
-    """What a failed torchrun's workers said last of their error (a traceback's last line;
-    torchrun's own summary, a banner of "=", ends its output), else its last line."""
+    """What a failed torchrun's workers said last of their error (a traceback's last line,
+    with the rank that said it where torch named it; torchrun's own summary, a banner of "=",
+    ends its output), else its last line."""
     lines = [line.strip() for line in stderr.strip().splitlines()]
-    errors = [line for line in lines if _ERROR_LINE.match(line) and "ChildFailedError" not in line]
-    return (errors or lines or ["no output"])[-1]
+    for line in reversed(lines):
+        found = _ERROR_LINE.fullmatch(line)
+        if found and "ChildFailedError" not in line:
+            rank = found["rank"]
+            return found["error"] if rank is None else f"rank {rank}: {found['error']}"
+    return (lines or ["no output"])[-1]
 
 
 @click.command()

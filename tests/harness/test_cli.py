@@ -498,6 +498,23 @@ def test_a_failed_launch_says_what_its_workers_said(tmp_path: Path) -> None:
     assert line.endswith("Unable to find address for: no-such-nic")
 
 
+@pytest.mark.multiprocess
+def test_a_launch_that_fails_after_start_up_says_which_rank_said_what(tmp_path: Path) -> None:
+    """Once the process group exists, torch prefixes a worker's lines with "[rankN]: ": the
+    reason was torchrun's banner of "=". Rank 0 fails as it writes the timeline (a folder
+    is in its place), after the iteration ran."""
+    profile = write_profile(tmp_path, stages=2, microbatches=2)
+    (tmp_path / "run" / "timeline.json").mkdir(parents=True)
+    out = cli(
+        "launch", "--profile", str(profile), "--policy", "1f1b", "--run", "--iterations", "1",
+        "--warmup-iterations", "0", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("error: torchrun failed with exit code 1: rank 0: IsADirectoryError: ")
+    assert line.endswith(f"-> '{tmp_path / 'run' / 'timeline.json'}'")
+
+
 def test_run_with_a_fault_timeline(tmp_path: Path) -> None:
     faults = tmp_path / "faults.txt"
     faults.write_text("1;0_1;0.02 3;0_1;0\n")  # 20 ms on link 0-1 in iterations 1 and 2
