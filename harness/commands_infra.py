@@ -23,6 +23,7 @@ from harness.cli_common import (
     resolve,
     schedule_options,
 )
+from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
@@ -52,6 +53,15 @@ __all__ = ["cleanup", "doctor", "launch"]
     default=1,
     show_default=True,
     help="Iterations run first and left out of the timeline (start-up is in the first).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True, max=86400),
+    default=60.0,
+    show_default=True,
+    help="How long a worker waits for one message, s; a profile delay not shorter than it "
+    "is refused (its receiver would time out).",
 )
 @click.option(
     "--out",
@@ -95,6 +105,7 @@ def launch(
     master_port: int,
     iterations: int,
     warmup_iterations: int,
+    timeout_s: float,
     out: str,
     run_here: bool,
     spec_path: str | None,
@@ -113,8 +124,8 @@ def launch(
 
         refuse_options(
             given_options() - {"spec_path", "out", "gpus_per_node", "master_port", "job_time"},
-            "--spec takes the configurations, their iterations and sizes from the spec (the "
-            "script takes --out, --gpus-per-node, --master-port and --job-time)",
+            "--spec takes the configurations, their iterations, sizes and timeout from the "
+            "spec (the script takes --out, --gpus-per-node, --master-port and --job-time)",
         )
         script = write_slurm_script(
             load_spec(Path(spec_path)),
@@ -148,6 +159,7 @@ def launch(
         raise ConfigError("--master-addr is empty: give the address of node 0")
     if master_addr is None and nodes > 1:
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
+    check_hold(longest_hold_ms(profile), timeout_s)  # before anything is written or run
     out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))
@@ -161,6 +173,8 @@ def launch(
         str(warmup_iterations),
         "--iterations",
         str(iterations),
+        "--timeout",
+        repr(timeout_s),  # exact: the check above passed this value
         "--out",
         str(out_dir),
     ]

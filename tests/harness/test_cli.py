@@ -419,7 +419,7 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
         assert f"--node-rank={node_rank} --master-addr=10.1.2.3" in command
         assert "-m pipeline.runtime.torchrun" in command
         assert f"--profile {folder / 'profile.json'} " in command
-        assert "--warmup-iterations 1 --iterations 3" in command
+        assert "--warmup-iterations 1 --iterations 3 --timeout 60.0 " in command
     assert out.stderr.strip() == (
         f"(wrote the profile and schedule they read to {folder}: every node needs them at "
         "that path)"
@@ -440,6 +440,35 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
     assert uneven.returncode == 1 and "do not split evenly over 3 nodes" in uneven.stderr
     no_master = cli("launch", "--profile", str(profile), "--policy", "zb-h1", "--nodes", "2")
     assert no_master.returncode == 1 and "--nodes 2 needs --master-addr" in no_master.stderr
+
+
+def test_launch_refuses_a_delay_its_workers_would_time_out_on(tmp_path: Path) -> None:
+    """The workers wait 60 s for one message unless --timeout says otherwise: a longer
+    delay was launched (and its receiver timed out); now it is refused before anything is
+    written or run, and --timeout reaches the workers."""
+    profile = write_profile(tmp_path, stages=2, microbatches=2, delay_ms=[61000])
+    out_dir = tmp_path / "launch"
+    for mode in ([], ["--run"]):
+        refused = cli(
+            "launch", "--profile", str(profile), "--policy", "1f1b", *mode,
+            "--out", str(out_dir),
+        )  # fmt: skip
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            "error: a delay of 61000 ms is not shorter than the workers' 60 s timeout for one "
+            "message: raise the timeout (--timeout, a spec's transport_timeout_s) or lower the "
+            "delay"
+        )
+        assert refused.stdout == "" and not out_dir.exists()
+    raised = cli(
+        "launch", "--profile", str(profile), "--policy", "1f1b", "--timeout", "61.5",
+        "--out", str(out_dir),
+    )  # fmt: skip
+    assert raised.returncode == 0, raised.stderr
+    (command,) = raised.stdout.strip().splitlines()
+    assert " --iterations 3 --timeout 61.5 --out " in command
+    spec = cli("launch", "--spec", "s.yaml", "--timeout", "61.5", cwd=tmp_path)
+    assert spec.returncode == 1 and "error: --timeout: --spec takes" in spec.stderr
 
 
 def test_launch_s_time_limit_is_an_option_of_run_said_in_the_help(tmp_path: Path) -> None:
