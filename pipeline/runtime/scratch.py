@@ -56,18 +56,25 @@ def mark_folder(folder: str) -> None:
 def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
     """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm),
     and the fork server's, whose process no longer runs; the removed ones. A folder without
-    its mark (being made, of another version, another program's `pymp-`) is left."""
+    its mark, or whose mark is not one of ours (being made, of another version, another
+    program's `pymp-`), is left."""
     if parents is None:
         parents = [tempfile.gettempdir(), "/dev/shm"]
     removed = []
     for parent in parents:
         for prefix in (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX, FORK_SERVER_PREFIX):
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
-                try:
-                    pid, start_time = Path(folder, _OWNER).read_text().split()
-                except (OSError, ValueError):
-                    continue
-                if str(process_start_time(int(pid))) != start_time:
+                owner = _owner(folder)
+                if owner is not None and process_start_time(owner[0]) != owner[1]:
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
     return removed
+
+
+def _owner(folder: Path) -> tuple[int, int] | None:
+    """The pid and start time `folder`'s mark names, or None: no mark, or not one of ours."""
+    try:
+        pid, start_time = map(int, Path(folder, _OWNER).read_text().split())
+    except (OSError, ValueError):  # unreadable; not two whole numbers
+        return None
+    return (pid, start_time) if pid > 0 and start_time >= 0 else None

@@ -1,0 +1,43 @@
+"""The worker pools' marked folders and `cleanup`'s removal of those whose process is gone."""
+
+import os
+from pathlib import Path
+
+from pipeline.processes import process_start_time
+from pipeline.runtime.scratch import FORK_SERVER_PREFIX, POOL_PREFIX, SLOTS_PREFIX, remove_orphaned
+
+
+def _gone_mark() -> str:
+    """A mark of a process that no longer runs: this pid with another start time (a pid
+    reused by a later process)."""
+    start_time = process_start_time(os.getpid())
+    assert start_time is not None
+    return f"{os.getpid()} {start_time + 1}\n"
+
+
+def _folder(parent: Path, name: str, mark: str | None) -> Path:
+    folder = parent / name
+    folder.mkdir()
+    if mark is not None:
+        (folder / ".owner").write_text(mark)
+    return folder
+
+
+def test_a_mark_that_is_not_ours_is_left_and_the_rest_still_removed(tmp_path: Path) -> None:
+    """Another program's `pymp-` folder with a mark of its own made `int(pid)` raise, and
+    the command stopped before any other folder (and every namespace) was seen."""
+    foreign = [
+        _folder(tmp_path, f"{FORK_SERVER_PREFIX}foreign", "someone else\n"),
+        _folder(tmp_path, f"{POOL_PREFIX}words", "12 soon\n"),
+        _folder(tmp_path, f"{POOL_PREFIX}three", "1 2 3\n"),
+        _folder(tmp_path, f"{SLOTS_PREFIX}negative", "-1 5\n"),
+        _folder(tmp_path, f"{SLOTS_PREFIX}unmarked", None),
+    ]
+    orphaned = [
+        _folder(tmp_path, f"{FORK_SERVER_PREFIX}zz-ours", _gone_mark()),
+        _folder(tmp_path, f"{POOL_PREFIX}zz-ours", _gone_mark()),
+    ]
+    start_time = process_start_time(os.getpid())
+    live = _folder(tmp_path, f"{POOL_PREFIX}live", f"{os.getpid()} {start_time}\n")
+    assert sorted(remove_orphaned([str(tmp_path)])) == sorted(orphaned)
+    assert sorted(tmp_path.iterdir()) == sorted([*foreign, live])
