@@ -11,7 +11,6 @@ import shlex
 import shutil
 import socket
 import subprocess
-import tempfile
 from pathlib import Path
 
 import click
@@ -140,7 +139,8 @@ def launch(
             f"sbatch {script.path}"
         )
         return
-    from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
+    from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder  # torch: only when needed
+    from pipeline.runtime.torchrun import torchrun_commands
 
     refuse_options(
         given_options() & {"gpus_per_node", "job_time"}, "it is the Slurm script's (with --spec)"
@@ -198,8 +198,9 @@ def launch(
     argv = shlex.split(commands[0])
     if master_addr in (None, "127.0.0.1", "localhost", "::1"):
         argv = _loopback_only(argv)
-    # torchrun leaves a log folder in the temporary directory: give it one that goes.
-    with tempfile.TemporaryDirectory(prefix="adaptra-torchrun-") as scratch:
+    # torchrun leaves a log folder in the temporary directory: give it one that goes (marked
+    # as this process's: `cleanup` removes it if a kill leaves it).
+    with owned_folder(TORCHRUN_PREFIX) as scratch:
         env = {
             **os.environ,
             "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
@@ -264,9 +265,9 @@ def doctor(fmt: str) -> None:
 @click.command()
 def cleanup() -> None:
     """Remove what a killed run left: the network namespaces of testbeds, and the worker
-    pools' folders (rendezvous, slots, checkpoints; in the temporary folder and /dev/shm),
-    whose process is gone. Those of
-    live runs are left, and so are namespaces no testbed owns."""
+    pools' folders (rendezvous, slots, checkpoints) and `launch --run`'s torchrun folder, in
+    the temporary folder and /dev/shm, whose process is gone. Those of live runs are left,
+    and so are namespaces no testbed owns and folders another program marked."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError
     from pipeline.runtime.scratch import remove_orphaned

@@ -1,13 +1,14 @@
-"""A worker pool's folders (its rendezvous, checkpoints, the delegates' slot files), each
-marked with the process that made it, and the removal of those whose process is gone (a
-killed controller cannot remove its own)."""
+"""A worker pool's folders (its rendezvous, checkpoints, the delegates' slot files; the
+temporary folder `launch --run` gives torchrun), each marked with the process that made it,
+and the removal of those whose process is gone (a killed controller cannot remove its own)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pipeline.processes import process_start_time
@@ -18,8 +19,10 @@ __all__ = [
     "FORK_SERVER_PREFIX",
     "POOL_PREFIX",
     "SLOTS_PREFIX",
+    "TORCHRUN_PREFIX",
     "make_folder",
     "mark_folder",
+    "owned_folder",
     "remove_orphaned",
 ]
 
@@ -29,6 +32,8 @@ FORK_SERVER_PREFIX = "pymp-"
 the workers' launch marks it (pipeline.runtime.hooks); an unmarked one is another's."""
 CHECKPOINTS_PREFIX = "adaptra-checkpoints-"
 """A training engine's checkpoints (pipeline.engines.runtime): a model's state per stage."""
+TORCHRUN_PREFIX = "adaptra-torchrun-"
+"""The temporary folder of a torchrun that `launch --run` starts (its logs, its workers')."""
 _OWNER = ".owner"
 """A folder's mark: "<pid> <start time>" of the process that made it."""
 
@@ -44,6 +49,21 @@ def make_folder(prefix: str, parent: str | None = None) -> str:
     return folder
 
 
+@contextlib.contextmanager
+def owned_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
+    """A folder of `make_folder`'s, removed on the way out (an exception, a signal: it is
+    recorded before a held one is handled); one its process could not remove (killed) is
+    `remove_orphaned`'s."""
+    folder = None
+    try:
+        with held_signals():
+            folder = make_folder(prefix, parent)
+        yield folder
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def mark_folder(folder: str) -> None:
     """Mark `folder` as this process's (once: a folder marked already keeps its mark), so
     that `remove_orphaned` removes it once this process is gone."""
@@ -55,14 +75,15 @@ def mark_folder(folder: str) -> None:
 
 def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
     """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm),
-    and the fork server's, whose process no longer runs; the removed ones. A folder without
-    its mark, or whose mark is not one of ours (being made, of another version, another
-    program's `pymp-`), is left."""
+    the fork server's and launch's torchrun's, whose process no longer runs; the removed
+    ones. A folder without its mark, or whose mark is not one of ours (being made, of
+    another version, another program's `pymp-`), is left."""
     if parents is None:
         parents = [tempfile.gettempdir(), "/dev/shm"]
+    prefixes = (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX, FORK_SERVER_PREFIX, TORCHRUN_PREFIX)
     removed = []
     for parent in parents:
-        for prefix in (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX, FORK_SERVER_PREFIX):
+        for prefix in prefixes:
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
                 owner = _owner(folder)
                 if owner is not None and process_start_time(owner[0]) != owner[1]:

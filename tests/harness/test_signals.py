@@ -325,6 +325,58 @@ def test_a_signal_stops_launch_run_s_torchrun_and_its_workers(
         run.wait()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_cleanup_removes_a_killed_launch_run_s_torchrun_folder(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """SIGKILL leaves `launch --run` no chance to remove the temporary folder it gives
+    torchrun (its logs, its workers' TMPDIR): that folder was a plain one, which `cleanup`
+    left; now it is marked with the launch's process, and `cleanup`'s folder part removes it
+    once the launch is gone (on this test's folder alone, as above)."""
+    profile = tmp_path / "p.json"
+    op_ms = {"t_f": 20000, "t_b": 20000, "t_w": 0}  # the workers are inside an op at the kill
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, **op_ms}))
+    command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
+    command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
+    command += ["--out", str(tmp_path / "out")]
+    run = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(short_tmp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None and len(workers) < 2:
+            started |= _descendants(run.pid)
+            workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
+            time.sleep(0.2)
+        assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.stderr else ""
+        started |= _descendants(run.pid)
+        run.kill()  # the launch first, as a kill -9 of it leaves torchrun to run on
+        run.wait()
+        for pid in started:  # then what it started: this test's to stop
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in started)
+        (left,) = short_tmp.glob("adaptra-torchrun-*")
+        assert (left / ".owner").read_text().split()[0] == str(run.pid)
+        assert remove_orphaned([str(short_tmp)]) == [left]
+        assert list(short_tmp.iterdir()) == []
+    finally:
+        for pid in [run.pid, *started]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        run.wait()
+
+
 @pytest.mark.parametrize(
     ("first", "raised"),
     [

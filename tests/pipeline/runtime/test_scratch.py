@@ -3,8 +3,17 @@
 import os
 from pathlib import Path
 
+import pytest
+
 from pipeline.processes import process_start_time
-from pipeline.runtime.scratch import FORK_SERVER_PREFIX, POOL_PREFIX, SLOTS_PREFIX, remove_orphaned
+from pipeline.runtime.scratch import (
+    FORK_SERVER_PREFIX,
+    POOL_PREFIX,
+    SLOTS_PREFIX,
+    TORCHRUN_PREFIX,
+    owned_folder,
+    remove_orphaned,
+)
 
 
 def _gone_mark() -> str:
@@ -41,3 +50,26 @@ def test_a_mark_that_is_not_ours_is_left_and_the_rest_still_removed(tmp_path: Pa
     live = _folder(tmp_path, f"{POOL_PREFIX}live", f"{os.getpid()} {start_time}\n")
     assert sorted(remove_orphaned([str(tmp_path)])) == sorted(orphaned)
     assert sorted(tmp_path.iterdir()) == sorted([*foreign, live])
+
+
+def test_launch_s_torchrun_folder_is_marked_and_removed_once_its_process_is_gone(
+    tmp_path: Path,
+) -> None:
+    """`launch --run` gave torchrun a plain temporary folder: a killed launch left it, and
+    `cleanup` knew neither its prefix nor its owner."""
+    with owned_folder(TORCHRUN_PREFIX, str(tmp_path)) as folder:
+        start_time = process_start_time(os.getpid())
+        assert Path(folder).name.startswith("adaptra-torchrun-")
+        assert Path(folder, ".owner").read_text() == f"{os.getpid()} {start_time}\n"
+        assert remove_orphaned([str(tmp_path)]) == []  # its process runs
+    assert list(tmp_path.iterdir()) == []  # gone on the way out
+    left = _folder(tmp_path, f"{TORCHRUN_PREFIX}killed", _gone_mark())
+    assert remove_orphaned([str(tmp_path)]) == [left]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_owned_folder_goes_on_an_exception_too(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="inside"), owned_folder("x-", str(tmp_path)) as folder:
+        Path(folder, "log").write_text("torchrun wrote this")
+        raise RuntimeError("inside")
+    assert list(tmp_path.iterdir()) == []
