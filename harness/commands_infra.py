@@ -44,7 +44,12 @@ __all__ = ["cleanup", "doctor", "launch"]
     "--master-addr",
     help="Address of node 0 (needed with --nodes > 1; one node: 127.0.0.1).",
 )
-@click.option("--master-port", type=click.IntRange(1, 65535), default=29500)
+@click.option(
+    "--master-port",
+    type=click.IntRange(1, 65535),
+    default=29500,
+    help="Node 0's port for torchrun's store [29500; with --run, a free one unless given].",
+)
 @click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option(
     "--warmup-iterations",
@@ -178,7 +183,8 @@ def launch(
         "--out",
         str(out_dir),
     ]
-    port = _free_port() if run_here else master_port
+    # A local run takes a free port unless told one (29500 may be another run's).
+    port = _free_port() if run_here and "master_port" not in given_options() else master_port
     commands = torchrun_commands(
         num_nodes=nodes,
         procs_per_node=world // nodes,

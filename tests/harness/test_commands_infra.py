@@ -1,8 +1,13 @@
 """The infrastructure commands' helpers (launch, doctor, cleanup), called directly."""
 
+import json
 from pathlib import Path
+from typing import Any
 
-from harness.commands_infra import _failure_reason
+import pytest
+from click.testing import CliRunner
+
+from harness.commands_infra import _failure_reason, launch
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -33,3 +38,35 @@ def test_a_start_up_error_has_no_rank_and_no_error_gives_the_last_line() -> None
     assert _failure_reason(stderr) == "RuntimeError: Unable to find address for: no-such-nic"
     assert _failure_reason("starting\nkilled by a signal\n") == "killed by a signal"
     assert _failure_reason("") == "no output"
+
+
+class _Stop(Exception):
+    """Raised by the stand-in for torchrun_commands: nothing is run."""
+
+
+@pytest.mark.parametrize(
+    ("options", "expected_port"),
+    [(["--run", "--master-port", "29777"], 29777), (["--master-port", "29778"], 29778)],
+)
+def test_launch_uses_the_master_port_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], expected_port: int
+) -> None:
+    """`launch --run --master-port 29777` silently took a random free port instead."""
+    import pipeline.runtime.torchrun as torchrun
+
+    given: dict[str, Any] = {}
+
+    def stand_in(**kwargs: Any) -> list[str]:
+        given.update(kwargs)
+        raise _Stop
+
+    monkeypatch.setattr(torchrun, "torchrun_commands", stand_in)
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
+    args = ["--profile", str(profile), "--policy", "1f1b", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(launch, [*args, *options])
+    assert isinstance(result.exception, _Stop), result.output
+    assert given["master_port"] == expected_port
+    result = CliRunner().invoke(launch, [*args, "--run"])  # none given: a free one
+    assert isinstance(result.exception, _Stop), result.output
+    assert given["master_port"] != 29500  # the kernel's pick, from its ephemeral range
