@@ -28,9 +28,12 @@ class Check:
 def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Check]:
     root = os.geteuid() == 0
     kernel = probe_kernel() if root else {}
+    # As root a feature the probe did not report went untried: it had no namespace to try
+    # it in (the probe answers with "namespaces" alone then).
+    unprobed = (False, "untested: no namespace to try it in" if root else "needs root")
 
     def kernel_check(key: str, consequence: str) -> Check:
-        ok, detail = kernel.get(key, (False, "needs root"))
+        ok, detail = kernel.get(key, unprobed)
         return Check(key, ok, detail, "" if ok else consequence)
 
     cuda = _cuda()

@@ -64,6 +64,24 @@ def test_per_link_faults_need_namespaces_even_with_a_tap_device() -> None:
         assert (per_link.ok, per_link.detail) == (True, "kernel netem")
 
 
+@pytest.mark.parametrize("euid", [0, 1000])
+def test_root_whose_probe_made_no_namespace_hears_untested_not_needs_root(
+    monkeypatch: pytest.MonkeyPatch, euid: int
+) -> None:
+    """Where the probe cannot make a namespace (a container without CAP_SYS_ADMIN, no
+    pyroute2) it reports "namespaces" alone: root was told netem, htb and u32 "need root".
+    Not root, the kernel is not probed at all, and they do."""
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    denied = {"namespaces": (False, "could not create one (Operation not permitted)")}
+    checks = {c.name: c for c in run_checks(probe_kernel=lambda: denied)}
+    expected = "untested: no namespace to try it in" if euid == 0 else "needs root"
+    for name in ("netem", "htb", "u32"):
+        assert (checks[name].ok, checks[name].detail) == (False, expected)
+    assert checks["namespaces"].detail == (
+        "could not create one (Operation not permitted)" if euid == 0 else "needs root"
+    )
+
+
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
     """Caps are htb classes fed by u32 filters and random loss is netem's or the wire's:
     neither tbf nor iptables is used anywhere, so the doctor does not ask for them."""
