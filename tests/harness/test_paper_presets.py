@@ -1,7 +1,9 @@
 """The paper's experiments as presets, in the simulator with the frozen cost model."""
 
+import fnmatch
 import itertools
 import statistics
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -33,6 +35,17 @@ def test_frozen_calibration_reproduces_the_delegation_overhead() -> None:
     ]
     assert statistics.mean(overheads) == pytest.approx(0.135, abs=0.002)
     assert overheads[0] < overheads[1]  # 60B's bigger messages share the same hosts
+
+
+def test_every_preset_file_ships_in_the_wheel() -> None:
+    """The wheel took presets/*.yaml only: table3_trace.yaml's trace (table3_trace.txt)
+    was left out, and the installed preset could not load."""
+    pyproject = tomllib.loads((PRESETS.parents[1] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["harness"]
+    files = sorted(f"presets/{p.name}" for p in PRESETS.iterdir() if p.is_file())
+    assert "presets/table3_trace.txt" in files
+    left_out = [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)]
+    assert left_out == []
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in PRESETS.glob("*.yaml")))
