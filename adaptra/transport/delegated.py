@@ -418,20 +418,30 @@ class _Outbound(_Side):
         message, for the NIC the last move took first: the same route, whose failure each
         would otherwise notice on its own (by TCP's timeout, once per delegate). Their moves
         are waited for, so that they are this iteration's failovers (also in a run's last
-        iteration), and so are the moves already noted by delegates that carried nothing
-        this iteration (no ack to read them with)."""
-        left: set[int] = set()  # the NICs left and not gone back to since, in order
-        for failover in self.failovers:
-            left = (left | {failover.nic_from}) - {failover.nic_to}
-        moving = [d for d in self.delegates if self.nic_of[d.index] in left]
-        for delegate in moving:  # to where the last move went first
-            taken = self.failovers[-1].nic_to
-            mask = 1 << self.nic_of[delegate.index]
-            delegate.write(JOB.pack(MOVE, 0, taken, 0, 0, 0, 0.0, mask, b""))
-        for delegate in moving:  # one that had moved on its own already noted that move
-            if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
-                raise ConnectionError(f"the {delegate.name} was told to move and did not")
-        for delegate in self.delegates:  # the moves of those with no message to wait for
+        iteration). The moves its delegates have noted and the main loop did not read (a
+        delegate with nothing to carry this iteration, no ack to read them with; one whose
+        connection broke after its last message went, TCP's user timeout) are read first:
+        they move the siblings too. Until a pass finds no delegate left on a NIC left."""
+        while True:
+            self._take_written(iteration, deadline)
+            left: set[int] = set()  # the NICs left and not gone back to since, in order
+            for failover in self.failovers:
+                left = (left | {failover.nic_from}) - {failover.nic_to}
+            moving = [d for d in self.delegates if self.nic_of[d.index] in left]
+            if not moving:
+                return
+            for delegate in moving:  # to where the last move went first
+                taken = self.failovers[-1].nic_to
+                mask = 1 << self.nic_of[delegate.index]
+                delegate.write(JOB.pack(MOVE, 0, taken, 0, 0, 0, 0.0, mask, b""))
+            for delegate in moving:  # one that had moved on its own already noted that move
+                if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:
+                    raise ConnectionError(f"the {delegate.name} was told to move and did not")
+
+    def _take_written(self, iteration: int, deadline: float) -> None:
+        """Every note its delegates have written so far, each a move (`_take_note`), once
+        every message handed over is acked."""
+        for delegate in self.delegates:
             delegate.read_written()
             while len(delegate.unread) >= NOTE.size:
                 if self._take_note(delegate, iteration, deadline)[0] != FAILOVER:

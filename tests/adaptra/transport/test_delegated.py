@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import queue
 import select
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import tempfile
-from collections.abc import Callable
+import termios
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import pytest
 import torch
 
 from adaptra.transport import Delegates, delegated
+from adaptra.transport.delegate import NOTE
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.profile import Profile
@@ -28,7 +32,14 @@ from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways
 from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
-from tests.adaptra.transport.one_host import entered, ip_batch, one_host_namespace
+from tests.adaptra.transport.one_host import (
+    D0,
+    TwoTrainers,
+    carry,
+    entered,
+    ip_batch,
+    one_host_namespace,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -201,76 +212,113 @@ def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> No
         assert len(a.pids) == len(b.pids) == 1  # the old sides' delegates are gone
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+NEEDS_NAMESPACES = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("ss") is None,
+    reason="network namespaces need root (and ip, ss)",
 )
+TWO_NICS = (("10.77.0.1", "10.77.1.1"),) * 2
+"""Both trainers' NICs: one host's (`one_host_namespace`)."""
+
+
+@NEEDS_NAMESPACES
 def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded() -> None:
     """Two trainers' delegate transports on one host (a namespace of the test's) with two
     NICs: A sends d to B. After iteration 0, nic0 goes down, and A's sender delegate moves
     to nic1 (netlink) between iterations, its trainer not looking. Then a rank swap has A
     receive d from B, and A's sender side is closed: the move is A's failover of
     iteration 1, the one it learns of it in (it was dropped with the side's pipe)."""
-    d = LinkDirection("0-1", "forward")
-    ports: queue.Queue[dict[LinkDirection, list[int]]] = queue.Queue()
-    delegates = Delegates(addresses=(("10.77.0.1", "10.77.1.1"),) * 2, ifnames=("nic0", "nic1"))
-
-    def exchange(
-        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
-        if mine:  # the receiving side's ports, to the sending side's wiring
-            ports.put(mine)
-        return ports.get(timeout=30.0) if wanted else {}
-
-    def carry(
-        sender: DelegateTransport, receiver: DelegateTransport, iteration: int, value: float
-    ) -> None:
-        for transport in (sender, receiver):
-            transport.begin_iteration({d: (1, 64)})
-        message = Message(iteration, ACTIVATION, 0, 0)
-        buffer = torch.zeros(16)
-        pending = receiver.post_receive(d, message, buffer)
-        sender.send(d, message, torch.full((16,), value), fault_ms=0.0)
-        pending.wait(30.0)
-        assert [r.direction for r in sender.finish_iteration(iteration)] == [d]
-        assert receiver.finish_iteration(iteration) == []
-        assert torch.equal(buffer, torch.full((16,), value))
-
+    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
         stack.enter_context(entered(namespace))
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
-        other = stack.enter_context(ThreadPoolExecutor(1))
-
-        def setup(rank: int, inbound: tuple, outbound: tuple) -> DelegateSetup:
-            return DelegateSetup(rank, folder, inbound, outbound, 1, 30.0, exchange)
-
-        def there(call: Callable[[], DelegateTransport | None]) -> DelegateTransport | None:
-            """`call` on the other thread, in the namespace too (its delegates start there)."""
-            with entered(namespace):
-                return call()
-
-        wiring = other.submit(there, lambda: delegates.connect(setup(1, ((d, 0),), ())))
-        a = delegates.connect(setup(0, (), ((d, 1),)))
-        stack.callback(a.close)
-        b = wiring.result()
-        assert b is not None
-        stack.callback(b.close)
-        carry(a, b, 0, 1.0)
+        pair = TwoTrainers(stack, namespace, delegates, 1)
+        a, b = pair.a, pair.b
+        carry(a, b, 0, [1.0])
         assert a.take_failovers() == []
-        mover = a._outbound[d].delegates[0]
+        mover = a._outbound[D0].delegates[0]
         ip_batch(namespace, ["link set nic0 down"])
         readable, _, _ = select.select([mover.notify], [], [], 30.0)
         assert readable, "the sender delegate did not note its move"  # then noted, unread
-        rewired = other.submit(there, lambda: b.rewire(setup(1, (), ((d, 0),))))
-        a.rewire(setup(0, ((d, 1),), ()))
+        rewired = pair.swap_b()
+        pair.swap_a()
         rewired.result()
         assert mover.process.poll() is not None  # closed with its side
-        carry(b, a, 1, 2.0)
+        carry(b, a, 1, [2.0])
         moves = [(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq,
                   f.carrier_pid) for f in a.take_failovers()]  # fmt: skip
-        assert moves == [(d, 1, "link state", 0, 1, -1, mover.process.pid)]
+        assert moves == [(D0, 1, "link state", 0, 1, -1, mover.process.pid)]
         assert b.take_failovers() == []
+
+
+@NEEDS_NAMESPACES
+def test_a_move_noted_after_its_last_ack_moves_its_siblings_in_that_iteration() -> None:
+    """A sends d to B over two delegates on one host with two NICs (no netlink, no notices:
+    TCP's timeout is how a sender learns its route failed). Both messages of iteration 0 are
+    in; then delegate 0's connection is aborted (`ss -K`, as TCP's user timeout does after
+    a message's last byte went), and it moves to nic1, its note after its last ack. Its
+    trainer reads that note only once the acks are in: its sibling, on the same route, is
+    moved then too, a failover of iteration 0 (it stayed on nic0 for good)."""
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        pair = TwoTrainers(stack, namespace, Delegates(addresses=TWO_NICS), 2)
+        a, b = pair.a, pair.b
+        for transport in (a, b):
+            transport.begin_iteration({D0: (2, 64)})
+        buffers = [torch.zeros(16) for _ in range(2)]
+        messages = [Message(0, ACTIVATION, k, k) for k in range(2)]
+        pending = [b.post_receive(D0, m, buffers[m.seq]) for m in messages]
+        for k, message in enumerate(messages):
+            a.send(D0, message, torch.full((16,), float(k)), fault_ms=0.0)
+        for receive in pending:
+            receive.wait(30.0)
+        mover, sibling = a._outbound[D0].delegates
+        assert _sources(mover.process.pid) == _sources(sibling.process.pid) == ["10.77.0.1"]
+        _abort(mover.process.pid)
+        _wait_for_notes(mover, 2)  # its ack, then its move
+        a.finish_iteration(0)
+        assert b.finish_iteration(0) == []
+        moves = [(f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq, f.carrier_pid)
+                 for f in a.take_failovers()]  # fmt: skip
+        assert moves == [
+            (0, "timeout", 0, 1, -1, mover.process.pid),
+            (0, "sibling", 0, 1, -1, sibling.process.pid),
+        ]
+        assert _sources(mover.process.pid) == _sources(sibling.process.pid) == ["10.77.1.1"]
+        carry(a, b, 1, [3.0, 4.0])
+        assert a.take_failovers() == []
+
+
+def _sources(pid: int) -> list[str]:
+    """The local addresses of the established TCP connections of process `pid` (in this
+    thread's namespace)."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return sorted(line.split()[2].rsplit(":", 1)[0] for line in out.splitlines()
+                  if f"pid={pid}," in line)  # fmt: skip
+
+
+def _abort(pid: int) -> None:
+    """Abort process `pid`'s one established TCP connection (a reset, as a failed route's
+    timeout breaks it)."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    (local,) = [line.split()[2] for line in out.splitlines() if f"pid={pid}," in line]
+    address, port = local.rsplit(":", 1)
+    subprocess.run(["ss", "-K", "src", address, "sport", "=", port], capture_output=True,
+                   check=True)  # fmt: skip
+
+
+def _wait_for_notes(delegate: delegated._Process, count: int) -> None:
+    """Until `delegate` has written `count` notes its trainer has not taken (30 s at most:
+    a hang guard)."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        waiting = struct.unpack("i", fcntl.ioctl(delegate.notify, termios.FIONREAD, b"\0" * 4))
+        if (len(delegate.unread) + waiting[0]) // NOTE.size >= count:
+            return
+        assert time.monotonic() < deadline, f"the {delegate} wrote no note {count} in 30 s"
+        time.sleep(0.01)
 
 
 def test_delegates_started_before_one_that_fails_to_start_are_closed(
