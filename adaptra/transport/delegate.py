@@ -115,6 +115,13 @@ _SIOCGIFFLAGS = 0x8913
 _IFREQ = struct.Struct("=16sH22x")  # struct ifreq: name, flags
 
 
+def move_limit_s(num_nics: int) -> float:
+    """The longest a sender's move to another NIC takes where its receiver lacks nothing
+    (between iterations: nothing to send again): a connect, then its hello's answer, over
+    each NIC in turn (`_Sender.connect`), CONNECT_TIMEOUT_S each."""
+    return 2 * CONNECT_TIMEOUT_S * num_nics
+
+
 def _die_with_parent(parent: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)

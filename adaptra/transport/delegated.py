@@ -48,6 +48,7 @@ from adaptra.transport.delegate import (
     READY,
     SENT,
     START_REPLY_TIMEOUT_S,
+    move_limit_s,
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
@@ -68,6 +69,8 @@ _POLL_S = 0.2
 """How often a wait on delegates looks whether they are still alive."""
 _READ_BYTES = 1 << 16
 """The most a read of a notify pipe takes at once (a full pipe)."""
+_END_S = 1.0
+"""How long a delegate whose job pipe is closed has to end (idle, it ends at once)."""
 
 LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
 """Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
@@ -245,12 +248,32 @@ class _Process:
         if code is not None:
             raise ConnectionError(f"the {self.name} has died (exit status {code})")
 
-    def close(self) -> None:
-        for fd in (self.control, self.notify):
+    def end_jobs(self) -> None:
+        """Close its job pipe: it ends once done with what it is doing (a move in progress
+        is finished, and noted)."""
+        if self.control >= 0:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(self.control)
+            self.control = -1  # the number may be another file's from now on
+
+    def read_to_end(self, deadline: float) -> None:
+        """Read what it writes, into `unread`, until it has ended (its notify pipe closed)
+        or `deadline` (monotonic s) has passed."""
+        while (left_s := deadline - time.monotonic()) > 0:
+            if select.select([self.notify], [], [], left_s)[0]:
+                chunk = os.read(self.notify, _READ_BYTES)
+                if not chunk:
+                    return
+                self.unread += chunk
+
+    def close(self) -> None:
+        self.end_jobs()
+        if self.notify >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.notify)
+            self.notify = -1
         try:
-            self.process.wait(1.0)
+            self.process.wait(_END_S)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -382,20 +405,25 @@ class _Outbound(_Side):
             self.nic_of[delegate.index] = failover.nic_to
         return note
 
-    def moves_unread(self) -> list[tuple]:  # type: ignore[type-arg]
-        """The FAILOVER notes its delegates have written and it has not read (moves since its
-        last look, between iterations: by netlink, a notice, TCP's timeout), taken now,
-        without waiting: its side is being closed (a rank swap), and its moves are still
-        its trainer's failovers. Any other note is dropped with the side."""
+    def hang_up(self, num_nics: int) -> list[tuple]:  # type: ignore[type-arg]
+        """Close the side (a rank swap no longer uses it), keeping its delegates' moves:
+        the FAILOVER notes not read yet (moves since its trainer's last look, between
+        iterations: by netlink, a notice, TCP's timeout), its other notes dropped. Its job
+        pipes are closed first, so that a delegate moving meanwhile finishes the move and
+        notes it before it ends; its notes are read until each has ended, for the longest a
+        move over `num_nics` NICs takes (`move_limit_s`, plus `_END_S`) at most: one not
+        ended then (stopped, or kept off the CPU that long) is killed, a move of its
+        unrecorded."""
+        for delegate in self.delegates:
+            delegate.end_jobs()
+        deadline = time.monotonic() + move_limit_s(num_nics) + _END_S
         notes = []
         for delegate in self.delegates:
-            delegate.read_written()
-            while len(delegate.unread) >= NOTE.size:
-                note = NOTE.unpack_from(delegate.unread)
-                del delegate.unread[: NOTE.size]
-                if note[0] == FAILOVER:
-                    notes.append(note)
-        return notes
+            delegate.read_to_end(deadline)
+            starts = range(0, len(delegate.unread) - NOTE.size + 1, NOTE.size)
+            notes += [NOTE.unpack_from(delegate.unread, at) for at in starts]
+        self.close()
+        return [note for note in notes if note[0] == FAILOVER]
 
     def check(self) -> None:
         """Raise `LinkFailure` if one of its delegates has noted that it found no NIC left
@@ -596,13 +624,16 @@ class DelegateTransport:
 
     def _close(self, side: _Side) -> None:
         """Close a side a rewire no longer uses. A sender side's failovers are kept: those
-        not yet taken, and the moves its delegates noted since its last look, read now (a
-        rewire is an iteration's first work: they are the failovers of the iteration
-        finished next, the one its trainer learns of them in)."""
+        not yet taken, and the moves its delegates noted since its last look, or finish
+        as it closes (`_Outbound.hang_up`), read now (a rewire is an iteration's first
+        work: they are the failovers of the iteration finished next, the one its trainer
+        learns of them in)."""
         if isinstance(side, _Outbound):
             self._closed_failovers += side.failovers
-            self._closed_moves += [(side.direction, note) for note in side.moves_unread()]
-        side.close()
+            num_nics = len(self._delegates.nics(side.peer))
+            self._closed_moves += [(side.direction, note) for note in side.hang_up(num_nics)]
+        else:
+            side.close()
 
     def _sides(self) -> dict[LinkDirection, _Side]:
         """Every link direction this trainer sends or receives on (each has one side)."""

@@ -8,6 +8,7 @@ import os
 import queue
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
@@ -109,9 +110,16 @@ class TwoTrainers:
 
         return self._other.submit(there)
 
-    def swap_b(self) -> Future[None]:
-        """B's side of a rank swap after which B sends `D0` to A (on B's thread)."""
-        return self.on_b(lambda: self.b.rewire(self.setup(1, (), ((D0, 0),))))
+    def swap_b(self, after: threading.Event | None = None) -> Future[None]:
+        """B's side of a rank swap after which B sends `D0` to A (on B's thread), once
+        `after` is set if given (30 s at most: a hang guard)."""
+
+        def swap() -> None:
+            if after is not None:
+                after.wait(30.0)
+            self.b.rewire(self.setup(1, (), ((D0, 0),)))
+
+        return self.on_b(swap)
 
     def swap_a(self) -> None:
         """A's side of it: A receives `D0` from B."""

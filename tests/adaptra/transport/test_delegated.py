@@ -16,7 +16,9 @@ import struct
 import subprocess
 import tempfile
 import termios
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -275,7 +277,7 @@ def test_a_move_noted_after_its_last_ack_moves_its_siblings_in_that_iteration() 
         mover, sibling = a._outbound[D0].delegates
         assert _sources(mover.process.pid) == _sources(sibling.process.pid) == ["10.77.0.1"]
         _abort(mover.process.pid)
-        _wait_for_notes(mover, 2)  # its ack, then its move
+        _eventually(lambda: _notes_written(mover) == 2, "its ack, then its move")
         a.finish_iteration(0)
         assert b.finish_iteration(0) == []
         moves = [(f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq, f.carrier_pid)
@@ -287,6 +289,64 @@ def test_a_move_noted_after_its_last_ack_moves_its_siblings_in_that_iteration() 
         assert _sources(mover.process.pid) == _sources(sibling.process.pid) == ["10.77.1.1"]
         carry(a, b, 1, [3.0, 4.0])
         assert a.take_failovers() == []
+
+
+@NEEDS_NAMESPACES
+def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sends d to B on one host with two NICs. After iteration 0, B's receiver delegate is
+    stopped (a loaded host's), and nic0 goes down: A's sender delegate moves (netlink), its
+    connection over nic1 up and its hello unanswered. A rank swap has A receive d from B,
+    and A closes its sender side meanwhile; the receiver runs again once A has closed the
+    delegate's job pipe (B's side of the swap, which closes the receiver, waits for A's
+    close). The move finishes after its trainer closed the side, and is A's failover of
+    iteration 1 all the same. (The mover waits 5 s for the answer, CONNECT_TIMEOUT_S: from
+    its hello to A's close the test runs no more than an ss.)"""
+    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        pair = TwoTrainers(stack, namespace, delegates, 1)
+        a, b = pair.a, pair.b
+        carry(a, b, 0, [1.0])
+        mover = a._outbound[D0].delegates[0]
+        receiver = b._inbound[D0].delegates[0].process.pid
+        os.kill(receiver, signal.SIGSTOP)
+        stack.callback(_resume, receiver)  # also if the test fails first
+        ip_batch(namespace, ["link set nic0 down"])
+        over_nic1 = ["10.77.1.1"]
+        _eventually(lambda: _sources(mover.process.pid) == over_nic1, "its move's connection")
+        assert _notes_written(mover) == 0  # its move waits for the receiver's answer
+        job_pipe, real_close, real_close_side = mover.control, os.close, a._close
+        closed_side = threading.Event()
+
+        def close(fd: int) -> None:
+            real_close(fd)
+            if fd == job_pipe:  # A hangs up on the mover: its receiver runs again
+                _resume(receiver)
+
+        def close_side(side: delegated._Side) -> None:
+            real_close_side(side)
+            closed_side.set()
+
+        monkeypatch.setattr(os, "close", close)
+        monkeypatch.setattr(a, "_close", close_side)
+        rewired = pair.swap_b(after=closed_side)
+        pair.swap_a()
+        monkeypatch.undo()
+        rewired.result()
+        assert mover.process.poll() == 0  # it ended by itself, once it had noted its move
+        carry(b, a, 1, [2.0])
+        moves = [(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq,
+                  f.carrier_pid) for f in a.take_failovers()]  # fmt: skip
+        assert moves == [(D0, 1, "link state", 0, 1, -1, mover.process.pid)]
+        assert b.take_failovers() == []
+
+
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
 
 
 def _sources(pid: int) -> list[str]:
@@ -309,15 +369,17 @@ def _abort(pid: int) -> None:
                    check=True)  # fmt: skip
 
 
-def _wait_for_notes(delegate: delegated._Process, count: int) -> None:
-    """Until `delegate` has written `count` notes its trainer has not taken (30 s at most:
-    a hang guard)."""
+def _notes_written(delegate: delegated._Process) -> int:
+    """How many notes `delegate` has written that its trainer has not taken."""
+    (waiting,) = struct.unpack("i", fcntl.ioctl(delegate.notify, termios.FIONREAD, b"\0" * 4))
+    return (len(delegate.unread) + waiting) // NOTE.size
+
+
+def _eventually(check: Callable[[], bool], what: str) -> None:
+    """Until `check()` holds (30 s at most: a hang guard)."""
     deadline = time.monotonic() + 30.0
-    while True:
-        waiting = struct.unpack("i", fcntl.ioctl(delegate.notify, termios.FIONREAD, b"\0" * 4))
-        if (len(delegate.unread) + waiting[0]) // NOTE.size >= count:
-            return
-        assert time.monotonic() < deadline, f"the {delegate} wrote no note {count} in 30 s"
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within 30 s"
         time.sleep(0.01)
 
 
