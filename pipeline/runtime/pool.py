@@ -238,7 +238,8 @@ class WorkerPool:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
         error or timeout is a WorkerError. The wait is for a time without word from the
         ranks waited for: an answer, or their `PROGRESS` (an iteration's op or ring chunk
-        done) restarts it, so a long healthy iteration is no timeout. By default it is the
+        done; every second of a rank swap's rewiring of the delegates, a wait with limits of
+        its own) restarts it, so a long healthy iteration is no timeout. By default it is the
         workers' longest for one message (a receiver thread's backstop, `BACKSTOP` x the
         pool's timeout) plus 5 s: workers give up first and say what waited, so their word
         comes first."""

@@ -14,13 +14,15 @@ worker's delegates (which fail over between NICs).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import NamedTuple
 
@@ -155,6 +157,34 @@ class Progress:
         if now >= self._next_s:
             self._next_s = now + PROGRESS_INTERVAL_S
             self._report()
+
+    @contextlib.contextmanager
+    def kept_up(self) -> Iterator[None]:
+        """Tick from a thread of its own, every PROGRESS_INTERVAL_S, while the body runs: a
+        wait whose own limits name what it waited on and may be longer than the pool's for
+        word (a rank swap's rewiring of the delegates waits for their start as long as their
+        start at the pool's, however short `timeout_s`: adaptra.transport), so that those
+        limits end a wait too long, not the pool's anonymous one. Nothing else may tick
+        meanwhile."""
+        if self._report is None:
+            yield
+            return
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(PROGRESS_INTERVAL_S):
+                try:
+                    self.tick()
+                except OSError:  # the pool is gone: the body's end will say so
+                    return
+
+        beating = threading.Thread(target=beat, name="progress", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            done.set()
+            beating.join()
 
 
 class _Worker:
@@ -325,7 +355,8 @@ class _Worker:
         self.compute.regroup(topology)
         self._place(topology)
         if self.delegates is not None:
-            self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
+            with self.progress.kept_up():  # its waits have limits of their own
+                self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
         if self.position == left:
             return None
         outgoing = self.compute.export_state().to(self.compute.device)

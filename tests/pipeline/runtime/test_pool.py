@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 from adaptra.generator import generate_schedule
 from adaptra.transport import Delegates
+from adaptra.transport.delegated import DelegateTransport
 from baselines import one_f_one_b, zb_h2
 from injectors.fault_files import parse_yaml
 from pipeline.metrics import compute_metrics
@@ -35,6 +37,8 @@ from pipeline.runtime import (
 from pipeline.runtime.config import StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
+from pipeline.runtime.receiver import BACKSTOP
+from pipeline.runtime.transport import DelegateSetup
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Position, Topology
@@ -584,6 +588,47 @@ def test_a_long_healthy_iteration_is_no_timeout() -> None:
     (iteration,) = timeline.iterations
     assert iteration.end_ms - iteration.start_ms > 7000.0  # longer than the pool's wait
     assert len(timeline.ops) == 2 * 2 * 90
+
+
+def test_a_rank_swap_s_rewiring_longer_than_the_pool_s_wait_is_no_timeout() -> None:
+    """The delegates' rewiring at a rank swap waits for the new delegates' start with limits
+    of its own (a minute, however short the timeout: a loaded host's delegates may not run
+    for seconds), longer than the pool's wait for word (2 x 2 s + 5 s here): here it takes
+    2 s longer than that, and the swap's iteration goes through, its messages carried by
+    the new delegates."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
+    swapped = Topology(2).swapped(Position(0, 0), Position(1, 0))
+    with WorkerPool(2, delegates=_SlowToRewire(), num_delegates=1, timeout_s=2.0) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile, comm="delegated"))
+        old = {p for pids in pool.delegate_pids for p in pids}
+        config = IterationConfig(
+            1, one_f_one_b(profile), profile, topology=swapped, comm="delegated"
+        )
+        timeline = pool.run_iteration(config)
+    assert {(s.pid, s.stage_from, s.stage_to) for s in timeline.swaps} == {
+        (pool.pids[0], 0, 1),
+        (pool.pids[1], 1, 0),
+    }
+    assert min(s.end_ms - s.start_ms for s in timeline.swaps) > _SlowToRewire.extra_s * 1000
+    carriers = {m.carrier_pid for m in timeline.messages}
+    assert len(timeline.messages) == 2 * 2 and not carriers & (old | set(pool.pids))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _SlowToRewire(Delegates):
+    """Delegates whose rewiring at a rank swap first waits 2 s longer than the pool waits
+    for word (`timeout_s` 2 s), as a loaded host's new delegates may take to start."""
+
+    extra_s: ClassVar[float] = BACKSTOP * 2.0 + 5.0 + 2.0
+
+    def connect(self, setup: DelegateSetup) -> DelegateTransport:
+        return _SlowRewire(setup, self)
+
+
+class _SlowRewire(DelegateTransport):
+    def rewire(self, setup: DelegateSetup) -> None:
+        time.sleep(_SlowToRewire.extra_s)
+        super().rewire(setup)
 
 
 def test_a_clean_close_ends_every_worker_by_itself(
