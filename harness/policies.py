@@ -180,24 +180,38 @@ def _adaptra_blind_warning(
     system: str, profile: Profile, faults: FaultView, num_warmup_iterations: int
 ) -> str | None:
     """Where the delays in force in the first iteration slow every link of a kind `system`
-    reads (`unmeasurable_kinds`): nothing is left to compare them against, and it sees none
-    slow. Those are the profile's own, and a fault timeline's where no warm-up iteration
-    runs before it (the detector's floor is the least time it has seen: a healthy warm-up
-    sets it)."""
+    reads, or every DP ring link whose chunks are as large (`unmeasurable_kinds`): nothing
+    is left to compare them against, and it sees none of them slow. Those are the profile's
+    own, and a fault timeline's where no warm-up iteration runs before it (the detector's
+    floor is the least time it has seen: a healthy warm-up sets it)."""
     measured = _MEASURED_KINDS[system]
-    blind = [k for k in unmeasurable_kinds(profile) if k in measured]
+    delayed = profile
+    blind = [k for k in unmeasurable_kinds(delayed) if k in measured]
     advice = "delay some of the links only, or start the delay later with a fault timeline"
     if not blind and not num_warmup_iterations:
-        first = _with_first_iteration_faults(profile, faults)
-        blind = [k for k in unmeasurable_kinds(first) if k in measured]
+        delayed = _with_first_iteration_faults(profile, faults)
+        blind = [k for k in unmeasurable_kinds(delayed) if k in measured]
         advice = "run a warm-up iteration first, or delay some of the links only"
     if not blind:
         return None
+    some_rings = "DP" in blind and not _every_ring_delayed(delayed)
+    links = " and every ".join(
+        "DP link with chunks of one size" if kind == "DP" and some_rings else f"{kind} link"
+        for kind in blind
+    )
     return (
         f"warning: {system} finds slow links by comparing them with healthy ones, and every "
-        f"{' and every '.join(blind)} link here is delayed from the first iteration: it will "
-        f"see none slow ({advice})"
+        f"{links} here is delayed from the first iteration: it will see none "
+        f"{'of them ' if some_rings else ''}slow ({advice})"
     )
+
+
+def _every_ring_delayed(profile: Profile) -> bool:
+    """Whether `profile`'s own delays slow every stage's DP ring link (else only those of
+    the stages whose chunks are as large leave the detector blind: `unmeasurable_kinds`)."""
+    delayed = {link for link, delay_ms in profile.dp_delay_ms if delay_ms}
+    rings = (profile.topology.dp_ring(stage) for stage in range(profile.num_stages))
+    return all(link in delayed for ring in rings for link in ring)
 
 
 def _with_first_iteration_faults(profile: Profile, faults: FaultView) -> Profile:

@@ -154,7 +154,8 @@ class DelegatingController:
         )
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
-        belief = self.detector.believe(iteration, self._times(timeline))
+        delegated = self._plan.comm is CommMode.DELEGATED
+        belief = self.detector.believe(iteration, self._times(timeline, delegated=delegated))
         self._detected = tuple(sorted(belief.detected_ms.items()))
         self.swaps.update(belief)
 

@@ -11,12 +11,19 @@ wake-up). Per link direction and iteration the detector takes two order statisti
 over the direction's messages, less what the profile's link model expects (latency, bytes
 over bandwidth, a delegate's rate: no delay; of these only the terms the engine imposes on
 its messages, `pipeline.link_terms`: all in the simulator, none in a runtime whose fault
-hook injects, the bandwidths on the testbed), less the host's floor: the least such median
-seen so far on any link direction of the same kind (PP or DP: their messages differ in
-size, and so in what the host adds). The median less the floor is the direction's extra
-delay, its estimate; the lower quartile less the floor is the evidence that the direction
-is slow. A link's values are the larger of its directions' (over every replica), from its
-latest iteration.
+hook injects, the bandwidths on the testbed), less the host's floor. What the host adds
+depends on the message: its size (a DP ring's lag grows with its chunk, and the stages'
+chunks differ with their gradients and buckets) and its path (a delegate's transfer costs
+the host less than the direct path's send and receive). So the floor is kept per kind of
+link (PP or DP), path (direct or over delegates) and size (the direction's median message
+size: its median is the host's time for a message that large): the least such median seen
+so far on a direction of the same class that was not believed slow. A class that no such
+direction has set yet takes the direct path's floor of its kind and size (the first
+iteration over delegates where every link of the kind is slow: a 2-stage pipeline's), or
+else the least of its directions' medians now. The median less the floor is the
+direction's extra delay, its estimate; the lower quartile less the floor is the evidence
+that the direction is slow. A link's values are the larger of its directions' (over every
+replica), from its latest iteration.
 
 Why two statistics: load only ever adds time (a receiver that is not scheduled stamps late;
 nothing stamps early), while a slow link delays every message, or with a fault's jitter
@@ -42,10 +49,12 @@ Thresholds (`Thresholds`), and why:
   (a fresh connection's first messages) is not a change.
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
-direction, or every stage's DP ring) leave that kind no healthy floor (then only the
-model's expectation is subtracted): the delay is in the floor, and no link of the kind is
-called slow. `unmeasurable_kinds` names the kinds a profile's own delays leave so (a
-2-stage pipeline with its one PP link delayed, for one).
+direction, or every stage's DP ring whose chunks are as large) leave their class no healthy
+floor (then only the model's expectation is subtracted): the delay is in the floor, and no
+such link is called slow. `unmeasurable_kinds` names the kinds a profile's own delays leave
+so (a 2-stage pipeline with its one PP link delayed, for one). Over delegates, a class with
+no healthy direction (a 2-stage pipeline's one slow PP link) is measured against the direct
+path's floor: the difference of the host's costs on the two paths is then in its estimate.
 """
 
 from __future__ import annotations
@@ -58,10 +67,11 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from pipeline.allreduce import buckets, chunk_bytes
 from pipeline.link_terms import LinkTerms
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, PerSource, Timeline
-from pipeline.topology import link_name
+from pipeline.topology import Link, link_name
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -75,18 +85,33 @@ __all__ = [
 
 
 def unmeasurable_kinds(profile: Profile) -> tuple[str, ...]:
-    """The kinds of link ("PP", "DP") whose every link the profile's own delays slow from
-    the first iteration: the detector has no healthy floor for them (the module's known
-    limit) and calls none of them slow."""
+    """The kinds of link ("PP", "DP") of which the profile's own delays slow, from the first
+    iteration, every link whose messages are as large: the detector has no healthy floor for
+    those (the module's known limit) and calls none of them slow (every PP link: they carry
+    one message size; every DP ring link, or every one of the stages whose rings' median
+    chunk is as large)."""
     kinds = []
     pp_links = range(profile.num_stages - 1)
     if pp_links and all(i < len(profile.delay_ms) and profile.delay_ms[i] for i in pp_links):
         kinds.append("PP")
     delayed = {link for link, delay_ms in profile.dp_delay_ms if delay_ms}
-    rings = [profile.topology.dp_ring(stage) for stage in range(profile.num_stages)]
-    if profile.num_replicas > 1 and all(link in delayed for ring in rings for link in ring):
+    rings_by_size: dict[int, list[Link]] = {}
+    for stage in range(profile.num_stages):
+        ring = profile.topology.dp_ring(stage)
+        rings_by_size.setdefault(_median_chunk_bytes(profile, stage), []).extend(ring)
+    if any(ring and all(link in delayed for link in ring) for ring in rings_by_size.values()):
         kinds.append("DP")
     return tuple(kinds)
+
+
+def _median_chunk_bytes(profile: Profile, stage: int) -> int:
+    """The median size (the lower median) of the chunks each direction of `stage`'s ring
+    carries in an iteration (pipeline.allreduce: every bucket's, 2 (D-1) of each)."""
+    grad_bytes = profile.allreduce_bytes[stage] if stage < len(profile.allreduce_bytes) else 0
+    sizes = [
+        chunk_bytes(b, profile.num_replicas) for b in buckets(grad_bytes, profile.dp_bucket_bytes)
+    ]
+    return statistics.median_low(sizes) if sizes else 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,22 +162,34 @@ class Belief:
 
 class DirectionTimes(NamedTuple):
     """What one link direction's messages of an iteration spent between wire start and
-    arrival beyond the link model's expectation: two order statistics."""
+    arrival beyond the link model's expectation: two order statistics, and what the host's
+    cost of them goes with (the class whose floor they are compared with)."""
 
     median_ms: float
     lower_quartile_ms: float
+    num_bytes: int
+    """The messages' median size (the lower median): the host's time for a message this
+    large is in `median_ms`."""
+    delegated: bool
+    """The messages went over delegates."""
 
     @classmethod
-    def of(cls, spent_ms: Sequence[float]) -> DirectionTimes:
-        """Of a direction's messages' times (at least one)."""
+    def of(
+        cls, spent_ms: Sequence[float], sizes: Sequence[int], *, delegated: bool
+    ) -> DirectionTimes:
+        """Of a direction's messages' times and sizes (at least one)."""
+        size = statistics.median_low(sizes)
         if len(spent_ms) == 1:
-            return cls(spent_ms[0], spent_ms[0])
+            return cls(spent_ms[0], spent_ms[0], size, delegated)
         lower, _, _ = statistics.quantiles(spent_ms, n=4, method="inclusive")
-        return cls(statistics.median(spent_ms), lower)
+        return cls(statistics.median(spent_ms), lower, size, delegated)
 
 
 Directions = Mapping[tuple[str, str, int], DirectionTimes]
 """Per (link, direction, replica) of an iteration: its `DirectionTimes`."""
+
+FloorClass = tuple[bool, bool, int]
+"""What a floor is kept per: (a PP link's, over delegates, the median message size)."""
 
 
 class LinkDetector:
@@ -181,8 +218,8 @@ class LinkDetector:
             link: expected_ms + slower_ms for link, expected_ms in self._pp_expected_ms.items()
         }
         self.thresholds = thresholds
-        self._floor_ms = {True: math.inf, False: math.inf}
-        """The least median seen so far, by whether its link is a PP link."""
+        self._floor_ms: dict[FloorClass, float] = {}
+        """The least median seen so far on a direction not believed slow, per class."""
         self._slow: set[str] = set()
         self.belief = Belief(-1, {}, frozenset())
         """The latest belief (iteration -1: none yet)."""
@@ -202,24 +239,26 @@ class LinkDetector:
         in time: `Timeline.repeats`)."""
         pp_expected_ms = self._delegated_expected_ms if delegated else self._pp_expected_ms
         spent: dict[tuple[str, str, int], list[float]] = {}
+        sizes: dict[tuple[str, str, int], list[int]] = {}
         for m in messages:
             key = (m.link, m.direction, m.replica)
             expected_ms = pp_expected_ms.get(m.link)
             if expected_ms is None:  # a DP link's: its chunks' sizes differ by bucket
                 expected_ms = self._healthy.dp_wire_ms(m.num_bytes)
             spent.setdefault(key, []).append(m.arrival_ms - m.wire_start_ms - expected_ms)
-        return {key: DirectionTimes.of(times) for key, times in spent.items()}
+            sizes.setdefault(key, []).append(m.num_bytes)
+        return {
+            key: DirectionTimes.of(times, sizes[key], delegated=delegated)
+            for key, times in spent.items()
+        }
 
     def believe(self, iteration: int, directions: Directions) -> Belief:
         """The belief after iteration `iteration`, from its `direction_times`."""
-        is_pp = {link: link in self._pp_expected_ms for link, _, _ in directions}
-        for (link, _, _), times in directions.items():
-            kind = is_pp[link]
-            self._floor_ms[kind] = min(self._floor_ms[kind], times.median_ms)
+        floors_ms = self._floors_ms(directions)
         extra: dict[str, float] = {}
         evidence: dict[str, float] = {}
-        for (link, _, _), times in directions.items():
-            floor_ms = self._floor_ms[is_pp[link]]
+        for (link, direction, replica), times in directions.items():
+            floor_ms = floors_ms[link, direction, replica]
             extra[link] = max(extra.get(link, 0.0), times.median_ms - floor_ms)
             evidence[link] = max(evidence.get(link, 0.0), times.lower_quartile_ms - floor_ms)
         onset, recovery = self.thresholds.onset_ms, self.thresholds.recovery_ms
@@ -230,6 +269,31 @@ class LinkDetector:
                 self._slow.discard(link)
         self.belief = Belief(iteration, extra, frozenset(self._slow & set(extra)))
         return self.belief
+
+    def _floors_ms(self, directions: Directions) -> dict[tuple[str, str, int], float]:
+        """Each direction's floor, its class's (the module), after the directions not
+        believed slow have lowered theirs."""
+        classes: dict[tuple[str, str, int], FloorClass] = {
+            key: (key[0] in self._pp_expected_ms, times.delegated, times.num_bytes)
+            for key, times in directions.items()
+        }
+        least_now_ms: dict[FloorClass, float] = {}
+        for key, times in directions.items():
+            of = classes[key]
+            least_now_ms[of] = min(least_now_ms.get(of, math.inf), times.median_ms)
+            if key[0] not in self._slow:
+                self._floor_ms[of] = min(self._floor_ms.get(of, math.inf), times.median_ms)
+
+        def floor_ms(of: FloorClass) -> float:
+            is_pp, delegated, num_bytes = of
+            direct = (is_pp, False, num_bytes)
+            if of in self._floor_ms:
+                return self._floor_ms[of]
+            if delegated and direct in self._floor_ms:
+                return self._floor_ms[direct]
+            return least_now_ms[of]
+
+        return {key: floor_ms(of) for key, of in classes.items()}
 
 
 class TimelineTimes:

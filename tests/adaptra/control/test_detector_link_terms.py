@@ -70,15 +70,21 @@ def test_a_healthy_ring_of_unequal_chunks_is_no_straggler_where_no_bandwidth_is_
     """The hook runtime's healthy DP messages all take the host's time (here none): less the
     modelled 40 ms and 4 ms of their chunks, the ring of big chunks set the DP floor 36 ms
     below the other, which was called slow and swapped every iteration. Expecting only the
-    imposed terms, nothing is slow and nothing moves."""
+    imposed terms, nothing is slow and nothing moves (and each chunk size has its own floor
+    now, so the wrong terms no longer call it slow either)."""
     result, controller = _hook_like_run(DP_PROFILE, NO_FAULTS, 4)
     assert _detected(result) == [{}] * 4
     assert controller.swaps.num_swaps == 0 and controller.num_replans == 0
     assert result.timeline is not None
     messages = list(itertools.chain(result.timeline.messages, result.timeline.dp_messages))
     assert LinkDetector(DP_PROFILE, link_terms=NO_LINK_TERMS).observe(1, messages).slow == set()
-    wrong = LinkDetector(DP_PROFILE, link_terms=ALL_LINK_TERMS).observe(1, messages)
-    assert wrong.detected_ms == {"dp1:0-1": pytest.approx(36.0)}  # the defect, reproduced
+    # the terms wrongly expected put the rings' medians 36 ms apart, which once called the
+    # ring of small chunks slow; their chunks differ in size, so each has its own floor now
+    wrong = LinkDetector(DP_PROFILE, link_terms=ALL_LINK_TERMS)
+    assert wrong.observe(1, messages).slow == set()
+    times = wrong.direction_times(m for m in result.timeline.dp_messages if m.iteration == 1)
+    assert times["dp0:0-1", "forward", 0].median_ms == pytest.approx(-40.0)
+    assert times["dp1:0-1", "forward", 0].median_ms == pytest.approx(-4.0)
 
 
 def test_a_slow_ring_link_is_found_at_its_delay_where_no_bandwidth_is_imposed() -> None:
