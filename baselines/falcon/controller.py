@@ -5,11 +5,13 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
 1. a change in iteration time (baselines.falcon.changepoint) to a level at least 10 % above
    the one before;
 2. per-group profiling of that iteration: the DP ring links and each replica's PP links
-   slower than 1.1 x the median link of their kind (baselines.falcon.profiling);
-3. validation: the same link the slowest suspect again in the next iteration (while no new
-   change has said otherwise; a noisy iteration only delays it). Then the straggler is
-   known, and so is the baseline (the median iteration time of the segment before the
-   change).
+   slower than 1.1 x the median link of their kind whose messages are as large
+   (baselines.falcon.profiling);
+3. validation: the same link the slowest suspect again in the next iteration (slowest by
+   its excess over its group's median link: raw times of different kinds or sizes hold
+   different host costs), while no new change has said otherwise (a noisy iteration only
+   delays it). Then the straggler is known, and so is the baseline (the median iteration
+   time of the segment before the change).
 A delay there from the start is no change: a profile's static delay, or a fault timeline's
 in force while the detector takes its prior from the first iterations, becomes the
 baseline and is never seen (harness.policies.blind_detector_warning warns of it).
@@ -60,10 +62,11 @@ from collections.abc import Callable
 
 from baselines.falcon.changepoint import DEFAULT_CHANGES, ChangePointConfig, ChangePointDetector
 from baselines.falcon.profiling import (
+    LinkTime,
     dp_link_times_ms,
     per_microbatch_ms,
     pp_link_times_ms,
-    suspect_links,
+    suspects,
 )
 from baselines.falcon.rebalance import rebalance
 from pipeline.engines import Action, Plan
@@ -224,18 +227,18 @@ class FalconController:
             assert changes.baseline_ms is not None
             self._slower = changes.segment_ms > changes.baseline_ms
         times = self._link_times(timeline)
-        suspects = _suspects(times)
+        suspected = suspects(times)
         straggler = self.straggler
         if straggler is None:
-            self._detect(suspects, times)
+            self._detect(suspected, times)
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
         swapped = straggler.level is Level.SWAP and not straggler.undone
         gone = {
-            Level.IGNORE: back or straggler.link not in suspects,
-            Level.REBALANCE: straggler.link not in suspects,  # (it keeps iterations fast)
+            Level.IGNORE: back or straggler.link not in suspected,
+            Level.REBALANCE: straggler.link not in suspected,  # (it keeps iterations fast)
             # swapped, the slow pair carries a PP link: its DP time says nothing
-            Level.SWAP: back if swapped else back or straggler.link not in suspects,
+            Level.SWAP: back if swapped else back or straggler.link not in suspected,
         }.get(straggler.level, False)
         if gone:  # it went away (or a swap absorbed it); a placement stays, a split goes
             self.straggler, self.split = None, None
@@ -259,19 +262,20 @@ class FalconController:
         self.straggler, self._suspect, self._slower = None, None, False
         self._changes = ChangePointDetector(self._changes.config)
 
-    def _detect(self, suspects: set[str], times: dict[str, float]) -> None:
-        """Between a change up and the next change: the slowest suspect link, the same in two
-        iterations in a row, is the straggler (a noisy iteration only delays it)."""
+    def _detect(self, excess_ms: dict[str, float], times: dict[str, LinkTime]) -> None:
+        """Between a change up and the next change: the slowest suspect link (`excess_ms`:
+        each suspect's excess over its group's median), the same in two iterations in a row,
+        is the straggler (a noisy iteration only delays it)."""
         changes = self._changes
-        if not self._slower or not suspects:
+        if not self._slower or not excess_ms:
             self._suspect = None
             return
-        slowest = max(sorted(suspects), key=times.__getitem__)  # ties: the first by name
+        slowest = max(sorted(excess_ms), key=excess_ms.__getitem__)  # ties: the first by name
         if slowest != self._suspect:
             self._suspect = slowest
             return
         assert changes.baseline_ms is not None
-        self.straggler = _Straggler(slowest, changes.baseline_ms, measured_ms=times[slowest])
+        self.straggler = _Straggler(slowest, changes.baseline_ms, measured_ms=times[slowest].ms)
         self._suspect = None
 
     def _climb(self, iteration: int, timeline: Timeline) -> None:
@@ -345,11 +349,3 @@ class FalconController:
             profile = dataclasses.replace(self.profile, num_microbatches=num_microbatches)
             self._schedules[num_microbatches] = self._planner(profile)
         return self._schedules[num_microbatches]
-
-
-def _suspects(times_ms: dict[str, float]) -> set[str]:
-    """The suspect links among the DP links and among the PP links (see the module)."""
-    by_kind: dict[LinkKind, dict[str, float]] = {}
-    for link, took in times_ms.items():
-        by_kind.setdefault(Link.parse(link).kind, {})[link] = took
-    return set().union(*(suspect_links(times) for times in by_kind.values()))

@@ -1,61 +1,98 @@
 """Falcon's second step: which group is slow, from one iteration's measurements.
 
 Falcon profiles each communication group once a change is seen and calls a group suspect
-when it takes more than 1.1 x the median group. Here the groups are the links: each DP ring
-link (the DP group's traffic of one stage between two replicas) and each replica's PP link.
-A link's time is the median, over its messages of the iteration, of arrival - wire start
-less what the link model expects for its bytes (the timeline's own stamps: pipeline.timeline,
-never `fault_ms`). A link is suspect when its time exceeds 1.1 x the median link's of its
-kind (DP links with DP links, PP links with PP links: their messages differ) and is at least
-`margin_ms` above it (on a healthy host a message takes a fraction of a millisecond, so
-1.1 x alone would flag timer noise). A replica's per-microbatch time (what a rebalance
+when it takes more than 1.1 x the median group doing the same work. Here the groups are the
+links: each DP ring link (the DP group's traffic of one stage between two replicas) and each
+replica's PP link. A link's time is the median, over its messages of the iteration, of
+arrival - wire start less what the link model expects for its bytes (the timeline's own
+stamps: pipeline.timeline, never `fault_ms`). Links are compared only with links of their
+kind whose messages are as large (`LinkTime.group`: DP with DP, PP with PP, and the same
+median message size: what a host adds to a message grows with its size, and the stages'
+ring chunks differ with their gradients and buckets): a link is suspect when its time
+exceeds 1.1 x its group's median link's and is at least `margin_ms` above it (on a healthy
+host a message takes a fraction of a millisecond, so 1.1 x alone would flag timer noise).
+Its excess over that median (`suspects`) is what ranks suspects of different groups: their
+raw times hold different host costs. A replica's per-microbatch time (what a rebalance
 weighs) is its pipeline's span over its microbatch count.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, Timeline
-from pipeline.topology import Link
+from pipeline.topology import Link, LinkKind
 
 __all__ = [
     "SLOW_RATIO",
+    "LinkTime",
     "dp_link_times_ms",
     "per_microbatch_ms",
     "pp_link_times_ms",
     "suspect_links",
+    "suspects",
 ]
 
 SLOW_RATIO = 1.1
 """Falcon's threshold: a group slower than this many times the median is suspect."""
 
 
+class LinkTime(NamedTuple):
+    """A link's profiled time in one iteration, and the size of message it is for."""
+
+    ms: float
+    num_bytes: int
+    """Its messages' median size (the lower median)."""
+
+    def group(self, link: str) -> tuple[LinkKind, int]:
+        """The links `link` (this time's) is compared with: its kind's of the same size."""
+        return Link.parse(link).kind, self.num_bytes
+
+
 def _median_times(
     messages: Iterable[MessageRecord],
     name: Callable[[MessageRecord], str],
     expected_ms: Callable[[MessageRecord], float],
-) -> dict[str, float]:
+) -> dict[str, LinkTime]:
     spent: dict[str, list[float]] = {}
+    sizes: dict[str, list[int]] = {}
     for m in messages:
         spent.setdefault(name(m), []).append(m.arrival_ms - m.wire_start_ms - expected_ms(m))
-    return {link: statistics.median(times) for link, times in spent.items()}
+        sizes.setdefault(name(m), []).append(m.num_bytes)
+    return {
+        link: LinkTime(statistics.median(times), statistics.median_low(sizes[link]))
+        for link, times in spent.items()
+    }
 
 
-def dp_link_times_ms(profile: Profile, dp_messages: Iterable[MessageRecord]) -> dict[str, float]:
+def dp_link_times_ms(profile: Profile, dp_messages: Iterable[MessageRecord]) -> dict[str, LinkTime]:
     """Each DP link's time in one iteration's DP ring messages, by link name."""
     return _median_times(dp_messages, lambda m: m.link, lambda m: profile.dp_wire_ms(m.num_bytes))
 
 
-def pp_link_times_ms(profile: Profile, messages: Iterable[MessageRecord]) -> dict[str, float]:
+def pp_link_times_ms(profile: Profile, messages: Iterable[MessageRecord]) -> dict[str, LinkTime]:
     """Each replica's PP links' times in one iteration's PP messages, by concrete link name
     ("pp1:2-3")."""
     wire_ms = profile.wire_ms()
     return _median_times(
         messages, lambda m: str(Link.pp(Link.parse(m.link).first, m.replica)), lambda m: wire_ms
     )
+
+
+def suspects(times: Mapping[str, LinkTime], margin_ms: float = 1.0) -> dict[str, float]:
+    """The suspect links among each group's (`LinkTime.group`), each with its excess over its
+    group's median link (ms)."""
+    groups: dict[tuple[LinkKind, int], dict[str, float]] = {}
+    for link, took in times.items():
+        groups.setdefault(took.group(link), {})[link] = took.ms
+    found: dict[str, float] = {}
+    for group in groups.values():
+        median = statistics.median(group.values())
+        found |= {link: group[link] - median for link in suspect_links(group, margin_ms)}
+    return found
 
 
 def suspect_links(times_ms: dict[str, float], margin_ms: float = 1.0) -> set[str]:

@@ -13,11 +13,12 @@ import pytest
 
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
-from baselines.falcon.profiling import suspect_links
+from baselines.falcon.profiling import LinkTime, suspect_links, suspects
 from harness.loop import Recovery, RunResult, run_loop
 from harness.policies import blind_detector_warning, system_controller
 from harness.runner import link_terms, run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.host_costs import CostCurve, HostCosts, RingLag
 from pipeline.link_terms import ALL_LINK_TERMS, NO_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.topology import Link, Topology
@@ -252,6 +253,49 @@ def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> No
     assert (result.restarts, result.lost_iterations) == (0, 0)
 
 
+MB = 1_000_000
+
+RING_HOST = HostCosts(ring_lag_ms_by_rings=RingLag(((1, CostCurve(((MB, 0.8), (40 * MB, 32.0)))),)))
+"""A DP ring's chunk lags 0.8 ms per MB (BENCHMARKS.md's measured 40 MB chunks)."""
+
+
+def test_a_ring_of_big_chunks_is_no_suspect_beside_a_slow_pp_link() -> None:
+    """Stage 0's ring sends chunks of 40 MB, the others 1 MB; on RING_HOST its healthy link
+    takes 31.2 ms more than theirs. 20 ms on PP link 1-2 of replica 1 from iteration 3:
+    Falcon compared each link with the median of its kind, so dp0:0-1 was suspect too, and
+    the slowest by raw time (32 ms against 20): it validated the healthy ring link and
+    swapped it. Each link is compared with those whose messages are as large now, and
+    suspects ranked by their excess over their group's median: the PP link is the
+    straggler, its replica rebalanced."""
+    profile = Profile.uniform(
+        4, 8, 10, 10, 10, message_bytes=1 << 16, num_delegates=3, num_replicas=2,
+        allreduce_bytes=(160 * MB, 2 * MB, 2 * MB, 2 * MB), dp_bucket_bytes=80 * MB,
+        dp_bandwidth_gbps=400.0,
+    )  # fmt: skip
+    faults = parse_yaml('[{start_iteration: 3, links: ["pp1:1-2"], delay_ms: 20}]')
+    falcon = system_controller("falcon", profile, faults)
+    assert isinstance(falcon, FalconController)
+    result = run_configuration(falcon, num_iterations=12, faults=faults, host=RING_HOST)
+    assert [d.detected_ms for d in result.decisions] == [{}] * 5 + [{"pp1:1-2": 20.0}] * 7
+    assert falcon.climbs == [(7, Level.REBALANCE)] and falcon.topology == profile.topology
+
+
+def test_suspects_are_ranked_by_their_excess_over_their_group_s_median() -> None:
+    """Links are compared within their kind and message size; a 40 MB chunk's link 15 ms
+    over its peers is less suspect than a PP link 20 ms over its peers, though its raw time
+    is higher."""
+    big, small, pp = 40 * MB, MB, 1 << 16
+    times = {
+        **{f"dp{s}:0-1": LinkTime(32.0, big) for s in range(2)},
+        "dp2:0-1": LinkTime(47.0, big),
+        **{f"dp{s}:0-1": LinkTime(0.8, small) for s in range(3, 6)},
+        **{f"pp{r}:{i}-{i + 1}": LinkTime(0.1, pp) for r in range(2) for i in range(3)},
+        "pp1:1-2": LinkTime(20.1, pp),
+    }
+    assert suspects(times) == {"dp2:0-1": pytest.approx(15.0), "pp1:1-2": pytest.approx(20.0)}
+    assert max(times, key=lambda link: times[link].ms) == "dp2:0-1"
+
+
 def test_a_short_pp_fault_is_only_ignored() -> None:
     """The same delay in iterations 3-5: believed in 5 and 6, 215 ms lost, under the
     rebalance's 500: the split never changes."""
@@ -446,20 +490,26 @@ def test_after_a_slowdown_ends_a_link_under_the_threshold_is_no_straggler(before
 
 
 def test_falcon_blames_the_slow_ring_link_on_an_engine_without_the_link_model() -> None:
-    """PP 2 x DP 2 at 0.1 Gbit/s on an engine that imposes no link model (a hook runtime):
-    stage 0's ring sends chunks of 500 kB, stage 1's of 50 kB. With 20 ms on dp0:0-1,
-    Falcon's profiling once subtracted the modelled 40 ms from stage 0's chunks and blamed
-    the healthy dp1:0-1; it now expects only what the engine imposes."""
-    profile = Profile.uniform(
-        2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
-        allreduce_bytes=(1_000_000, 100_000), link_bandwidth_gbps=0.1,
-    )  # fmt: skip
-    faults = parse_yaml('[{start_iteration: 3, links: ["dp0:0-1"], delay_ms: 20}]')
-    falcon = system_controller("falcon", profile, faults, link_terms=NO_LINK_TERMS)
-    assert isinstance(falcon, FalconController)
-    with HookLikeSim() as engine:
-        run_loop(engine, falcon, num_iterations=12, faults=faults)
-    assert falcon.straggler is not None and falcon.straggler.link == "dp0:0-1"
+    """PP 2 x DP 3 at 0.1 Gbit/s on an engine that imposes no link model (a hook runtime):
+    stage 0's ring sends chunks of 333 kB, stage 1's of 33 kB. With 20 ms on dp0:0-1,
+    Falcon's profiling once subtracted the modelled 27 ms from stage 0's chunks and blamed
+    a healthy link of stage 1's ring; it now expects only what the engine imposes (and
+    compares a ring's links with those of rings whose chunks are as large: here stage 0's
+    other two). At DP 2 each stage's ring is one link, with no link of its chunk size to
+    stand out from: Falcon finds none (docs/design.md, Falcon's limits)."""
+    found = {}
+    for replicas in (3, 2):
+        profile = Profile.uniform(
+            2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=replicas,
+            allreduce_bytes=(1_000_000, 100_000), link_bandwidth_gbps=0.1,
+        )  # fmt: skip
+        faults = parse_yaml('[{start_iteration: 3, links: ["dp0:0-1"], delay_ms: 20}]')
+        falcon = system_controller("falcon", profile, faults, link_terms=NO_LINK_TERMS)
+        assert isinstance(falcon, FalconController)
+        with HookLikeSim() as engine:
+            run_loop(engine, falcon, num_iterations=12, faults=faults)
+        found[replicas] = falcon.straggler and falcon.straggler.link
+    assert found == {3: "dp0:0-1", 2: None}
 
 
 def _suspect_rings(*times_ms: float) -> set[str]:
