@@ -5,7 +5,7 @@ It starts with Algorithm 1's plan over `direct` (no straggler known). After each
 it hands the iteration's messages, PP and DP, to the detector (adaptra.control.detector);
 when a PP link is found slow, the next iteration runs over the delegates with Adaptra's plan
 (Algorithm 2, the generator, the search) for the estimated delays; it plans again when the
-slow set changes or an estimate stays past the re-plan margin two iterations in a row, and
+slow set changes or a link's estimate stays past the re-plan margin two iterations in a row, and
 goes back to the initial plan and `direct` once every PP link has recovered. A slow DP ring
 link is moved onto a PP edge by a rank swap (adaptra.control.swaps), where the PP machinery
 above absorbs it. Every belief is in `Plan.believed_ms`, so in every iteration's record.
@@ -75,8 +75,8 @@ class DetectingController:
         self._links = [link_name(i) for i in range(profile.num_stages - 1)]
         self._planned: tuple[float, ...] = (0.0,) * len(self._links)
         self._detected: dict[str, float] = {}
-        self._moved_before = False
-        """Whether the previous belief's estimates had moved past the margin too."""
+        self._moved_before: frozenset[str] = frozenset()
+        """The slow links whose estimates had moved past the margin in the previous belief."""
         self._failed_over = False
         self._delegating = False
         """The last plan's PP messages go over delegates."""
@@ -105,15 +105,15 @@ class DetectingController:
             belief.extra_ms[link] if link in belief.slow else 0.0 for link in self._links
         )
         planned_slow = {link for link, d in zip(self._links, self._planned, strict=True) if d}
-        moved = any(
-            self.thresholds.moved(p, e)
-            for p, e in zip(self._planned, estimates, strict=True)
-            if p and e
+        moved = frozenset(
+            link
+            for link, p, e in zip(self._links, self._planned, estimates, strict=True)
+            if p and e and self.thresholds.moved(p, e)
         )
-        if planned_slow != belief.slow & set(self._links) or (moved and self._moved_before):
+        if planned_slow != belief.slow & set(self._links) or moved & self._moved_before:
             self._planned = tuple(round(e, 1) for e in estimates)
             self.num_replans += 1
-            moved = False
+            moved = frozenset()
         self._moved_before = moved
         self._detected = belief.detected_ms
 

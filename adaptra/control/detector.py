@@ -44,9 +44,10 @@ Thresholds (`Thresholds`), and why:
   wavers near the onset does not flap, and a pair left on the wire (1-2 ms, more under
   load) still counts as recovered;
 - a re-plan where a slow link's estimate moved by more than 3 ms or 10 % from what the plan
-  assumed, in two iterations in a row (the controller's margin): smaller moves change
-  Adaptra's schedule little, while each re-plan costs a search, and one iteration's spike
-  (a fresh connection's first messages) is not a change.
+  assumed, in two iterations in a row (the same link's; the controller's margin): smaller
+  moves change Adaptra's schedule little, while each re-plan costs a search, and one
+  iteration's spike (a fresh connection's first messages) is not a change, nor are spikes
+  on two links in turn.
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
 direction, or every stage's DP ring whose chunks are as large) leave their class no healthy
