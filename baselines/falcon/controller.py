@@ -11,7 +11,9 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
    its excess over its group's median link: raw times of different kinds or sizes hold
    different host costs), while no new change has said otherwise (a noisy iteration only
    delays it). Then the straggler is known, and so is the baseline (the median iteration
-   time of the segment before the change).
+   time of the segment before the change). Once a straggler is gone with iteration time
+   back within 10 % of the baseline (its fault over, or a swap that absorbed it), that
+   slowdown is over: the next straggler waits for the next change up.
 A delay there from the start is no change: a profile's static delay, or a fault timeline's
 in force while the detector takes its prior from the first iterations, becomes the
 baseline and is never seen (harness.policies.blind_detector_warning warns of it).
@@ -242,6 +244,8 @@ class FalconController:
         }.get(straggler.level, False)
         if gone:  # it went away (or a swap absorbed it); a placement stays, a split goes
             self.straggler, self.split = None, None
+            if back:  # the slowdown is over: a new straggler waits for a change up
+                self._slower, self._suspect = False, None
             return
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
         straggler.level_times_ms.append(iteration_ms)
@@ -263,9 +267,10 @@ class FalconController:
         self._changes = ChangePointDetector(self._changes.config)
 
     def _detect(self, excess_ms: dict[str, float], times: dict[str, LinkTime]) -> None:
-        """Between a change up and the next change: the slowest suspect link (`excess_ms`:
-        each suspect's excess over its group's median), the same in two iterations in a row,
-        is the straggler (a noisy iteration only delays it)."""
+        """Between a change up and the next change (or the end of the slowdown: `observe`):
+        the slowest suspect link (`excess_ms`: each suspect's excess over its group's
+        median), the same in two iterations in a row, is the straggler (a noisy iteration
+        only delays it)."""
         changes = self._changes
         if not self._slower or not excess_ms:
             self._suspect = None

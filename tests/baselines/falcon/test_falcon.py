@@ -253,6 +253,25 @@ def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> No
     assert (result.restarts, result.lost_iterations) == (0, 0)
 
 
+def test_a_swap_that_brings_the_time_back_leaves_no_phantom_straggler() -> None:
+    """1.2 ms on dp1:0-1 from iteration 3 (48 chunks: 35 % slower steps), the swap at 50 ms:
+    validated in 4, the swap bought in 6, run from 7. The swapped pair's PP link 1-2 of
+    replica 0 then costs 1.2 ms per message, within 10 % of the baseline: the straggler is
+    gone. The slowdown is over, yet Falcon still took its latest change for one up until
+    the change-point detector reported the way back down, and validated that PP link as a
+    new straggler (believed in 10). A new straggler now waits for a new change up."""
+    result, falcon = _run(40, 30, swap_ms=50.0, delay_ms=1.2)
+    assert falcon.climbs == [(7, Level.SWAP)] and falcon.topology == SWAPPED
+    assert falcon.straggler is None
+    assert [d.detected_ms for d in result.decisions] == (
+        [{}] * 5 + [{"dp1:0-1": pytest.approx(1.2)}] * 3 + [{}] * 22
+    )
+    times = _with_step(result)
+    healthy, slow, swapped = times[0], times[3], times[7]
+    assert slow > 1.3 * healthy and healthy < swapped < 1.1 * healthy
+    assert times[7:] == [swapped] * 23
+
+
 MB = 1_000_000
 
 RING_HOST = HostCosts(ring_lag_ms_by_rings=RingLag(((1, CostCurve(((MB, 0.8), (40 * MB, 32.0)))),)))
