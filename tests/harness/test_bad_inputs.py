@@ -39,6 +39,14 @@ LAUNCH_P = ["launch", "--profile", "p.json", "--policy", "1f1b", "--out", "job"]
 RUN_SPEC = ["run", "--spec", "s.yaml", "--out", "out"]
 RESUME = [*RUN_SPEC, "--run-id", "s"]
 COMPARE = ["compare", "a.csv", "b.csv"]
+RUN_MEGATRON = ["run", "--profile", "p.json", "--policy", "1f1b", "--backend", "megatron",
+                "--faults", "f.yaml"]  # fmt: skip
+
+
+def cap(link: str) -> str:
+    """A fault timeline of one 1 Mbit/s cap on `link`."""
+    return json.dumps([{"start_iteration": 0, "links": [link], "bandwidth_gbps": 0.001}])
+
 
 # (name, files to write, argv, what the error line must contain)
 CASES: list[tuple[str, dict[str, str], list[str], str]] = [
@@ -224,6 +232,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
         "state_bytes [8, 8] are not what model 'tiny''s workers hold at 2 stage(s), "
         "[636672, 633088]: give those or none",
+    ),
+    (
+        "megatron with other message bytes",
+        {"p.json": json.dumps({**SMALL, "message_bytes": 4096})},
+        ["run", "--profile", "p.json", "--system", "falcon", "--backend", "megatron"],
+        "message_bytes 4096 are not model 'tiny''s activations, 8192 (16 x 2 x 64 elements",
+    ),
+    # a cap priced at the bytes it holds: tiny's 8192-B activation at 1 Mbit/s is 65.5 ms
+    (
+        "megatron cap on a PP link",
+        {"p.json": json.dumps(SMALL), "f.yaml": cap("0-1")},
+        [*RUN_MEGATRON, "--timeout", "0.05"],
+        "a delay of 65.536 ms is not shorter than the workers' 0.05 s timeout",
     ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),

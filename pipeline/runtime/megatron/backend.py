@@ -39,6 +39,8 @@ from pipeline.runtime.compute import GradientLayout
 from pipeline.runtime.config import IterationConfig, StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.megatron.model import (
+    DTYPE,
+    ELEMENT_BYTES,
     GPTPreset,
     build_stage_model,
     get_preset,
@@ -183,7 +185,7 @@ class MegatronCompute:
         return self._runner
 
     def message_buffer(self, profile: Profile) -> torch.Tensor:
-        return torch.empty(self.preset.message_shape(), dtype=torch.float32, device=self.device)
+        return torch.empty(self.preset.message_shape(), dtype=DTYPE, device=self.device)
 
     def move(self, stage: int, replica: int) -> None:
         """Play position (stage, replica): its model, at its initial parameters until
@@ -286,7 +288,7 @@ class MegatronCompute:
         """The stage's parameters' fp32 gradients; the profile's `allreduce_bytes` for the
         stage must be 0 (it told the planner nothing) or theirs."""
         params = self.runner.params
-        element_bytes = params[0].element_size() if params else 4
+        element_bytes = params[0].element_size() if params else ELEMENT_BYTES
         num_bytes = sum(p.numel() * p.element_size() for p in params)
         told = profile.allreduce_bytes[self._stage]
         if told not in (0, num_bytes):

@@ -21,6 +21,8 @@ from pipeline.errors import BackendError, ConfigError
 from pipeline.profile import Profile
 
 __all__ = [
+    "DTYPE",
+    "ELEMENT_BYTES",
     "MODELS",
     "GPTPreset",
     "build_stage_model",
@@ -32,6 +34,15 @@ __all__ = [
     "stage_state_from_reference",
     "with_model_bytes",
 ]
+
+
+DTYPE = torch.float32
+"""What a megatron worker's parameters, gradients and stage-boundary messages are made of
+(the model's `params_dtype` and `pipeline_dtype`): the one place the backend's element type
+is set."""
+
+ELEMENT_BYTES = DTYPE.itemsize
+"""Bytes of one element of `DTYPE`: what every byte count of a megatron run is a multiple of."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,7 +107,9 @@ class GPTPreset:
     def gradient_bytes(self, num_stages: int) -> tuple[int, ...]:
         """Each stage's fp32 gradient: the bytes its DP all-reduce sums
         (`Profile.allreduce_bytes`)."""
-        return tuple(4 * self.stage_num_params(s, num_stages) for s in range(num_stages))
+        return tuple(
+            ELEMENT_BYTES * self.stage_num_params(s, num_stages) for s in range(num_stages)
+        )
 
     def state_bytes(self, num_stages: int) -> tuple[int, ...]:
         """Each stage's training state as the megatron backend keeps it: its fp32 parameters
@@ -106,6 +119,17 @@ class GPTPreset:
     def message_shape(self) -> tuple[int, int, int]:
         """A stage boundary's activation (and gradient): [sequence, batch, hidden]."""
         return (self.seq_length, self.micro_batch_size, self.hidden_size)
+
+    def message_bytes(self) -> int:
+        """The bytes of every stage-boundary message, an activation or its gradient
+        (`Profile.message_bytes`)."""
+        return math.prod(self.message_shape()) * ELEMENT_BYTES
+
+    def tied_weight_bytes(self, num_stages: int) -> int:
+        """The bytes of the tied weight's gradient that the first and the last stage swap
+        after the DP ring (the word embedding, [vocab, hidden]); 0 with one stage, which
+        holds the one copy."""
+        return self.vocab_size * self.hidden_size * ELEMENT_BYTES if num_stages > 1 else 0
 
     def transformer_config(self, num_stages: int, *, use_cpu_initialization: bool) -> Any:
         """Megatron's config of a `num_stages` split. Megatron's own initialisation is off
@@ -127,8 +151,8 @@ class GPTPreset:
             perform_initialization=False,
             hidden_dropout=0.0,  # deterministic: a pipelined run must equal one process
             attention_dropout=0.0,
-            params_dtype=torch.float32,
-            pipeline_dtype=torch.float32,
+            params_dtype=DTYPE,
+            pipeline_dtype=DTYPE,
             gradient_accumulation_fusion=False,
             bias_activation_fusion=False,
             masked_softmax_fusion=False,
@@ -182,14 +206,23 @@ def get_preset(name: str) -> GPTPreset:
 
 
 def with_model_bytes(profile: Profile, preset: GPTPreset) -> Profile:
-    """`profile` with its DP all-reduce's bytes the model's real gradients and its training
-    state what a megatron worker holds (its fp32 parameters: `state_bytes`, plain SGD keeps
-    nothing else), so that what plans and predicts a megatron run sees the traffic its DP
-    ring sends and the state a rank swap moves; a profile that gives other non-zero bytes is
-    refused, and so is a bucket size of part-elements."""
+    """`profile` with the bytes a megatron worker really sends and holds: its messages the
+    model's fp32 activations (`GPTPreset.message_bytes`), its DP all-reduce's bytes the
+    model's real gradients and its training state its fp32 parameters (`state_bytes`, plain
+    SGD keeps nothing else), so that what plans, predicts and checks a megatron run sees the
+    traffic its pipeline and its DP ring send and the state a rank swap moves; a profile that
+    gives other non-zero bytes is refused, and so is a bucket size of part-elements."""
     preset.check_stages(profile.num_stages)
+    message = preset.message_bytes()
     real = preset.gradient_bytes(profile.num_stages)
     state = preset.state_bytes(profile.num_stages)
+    if profile.message_bytes and profile.message_bytes != message:
+        shape = " x ".join(map(str, preset.message_shape()))
+        raise ConfigError(
+            f"the profile's message_bytes {profile.message_bytes} are not model "
+            f"{preset.name!r}'s activations, {message} ({shape} elements of {ELEMENT_BYTES} "
+            "bytes): give that or 0"
+        )
     if any(profile.allreduce_bytes) and profile.allreduce_bytes != real:
         raise ConfigError(
             f"the profile's allreduce_bytes {list(profile.allreduce_bytes)} are not model "
@@ -202,12 +235,14 @@ def with_model_bytes(profile: Profile, preset: GPTPreset) -> Profile:
             f"{preset.name!r}'s workers hold at {profile.num_stages} stage(s), "
             f"{list(state)}: give those or none"
         )
-    if profile.dp_bucket_bytes % 4:
+    if profile.dp_bucket_bytes % ELEMENT_BYTES:
         raise ConfigError(
-            f"dp_bucket_bytes {profile.dp_bucket_bytes} must be a multiple of 4 (the fp32 "
-            "gradient's elements) with the megatron backend"
+            f"dp_bucket_bytes {profile.dp_bucket_bytes} must be a multiple of {ELEMENT_BYTES} "
+            "(the fp32 gradient's elements) with the megatron backend"
         )
-    return dataclasses.replace(profile, allreduce_bytes=real, stage_state_bytes=state)
+    return dataclasses.replace(
+        profile, message_bytes=message, allreduce_bytes=real, stage_state_bytes=state
+    )
 
 
 class _PlayedStage:

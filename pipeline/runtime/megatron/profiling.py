@@ -69,14 +69,13 @@ def measure_profile(
     times = {
         kind: _median_ms(timeline, num_stages, kind) for kind in OpKind if kind is not OpKind.BW
     }
-    shape = preset.message_shape()
     return Profile(
         num_stages=num_stages,
         num_microbatches=num_microbatches,
         t_f_ms=times[OpKind.F],
         t_b_ms=times[OpKind.B],
         t_w_ms=times[OpKind.W],
-        message_bytes=shape[0] * shape[1] * shape[2] * 4,  # float32 activations
+        message_bytes=preset.message_bytes(),
     )
 
 

@@ -7,7 +7,7 @@ from pipeline.checks import MAX_SEED
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.runtime.devices import RankDevices
-from pipeline.runtime.megatron.backend import MegatronCompute
+from pipeline.runtime.megatron.backend import MegatronCompute, build_initial_stage
 from pipeline.runtime.megatron.model import (
     MODELS,
     build_stage_model,
@@ -20,6 +20,7 @@ from pipeline.runtime.megatron.model import (
 )
 from pipeline.runtime.megatron.reference import single_process_megatron
 from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, cpu_shim, gpu_stand_in
+from pipeline.runtime.megatron.stage import StageRunner
 
 
 def test_unknown_model_names_the_valid_ones() -> None:
@@ -93,6 +94,40 @@ def test_a_stages_gradient_bytes_are_its_built_parameters(num_stages: int) -> No
     assert given.stage_state_bytes == tuple(states) == tiny.state_bytes(num_stages)
     assert [given.state_bytes(s) for s in range(num_stages)] == states
     assert with_model_bytes(given, tiny) == given
+
+
+def test_a_megatron_profile_carries_the_bytes_its_stages_send() -> None:
+    """`message_bytes` is what stage 0's F really hands on (the [seq, batch, hidden] fp32
+    activation), not the profile's 0: what the timeout check, the planner and the simulator
+    price a PP message at; the tied weight's gradient is the built copy's bytes."""
+    tiny = get_preset("tiny")
+    with single_process_megatron():
+        first = build_initial_stage(tiny, 0, 2, seed=0, device=torch.device("cpu"))
+        tokens, _ = microbatch_tokens(tiny, 0, 0)
+        sent = StageRunner(first).forward(0, tokens=tokens, deferred=False)
+        tied = first.shared_embedding_or_output_weight()
+    assert sent is not None
+    given = with_model_bytes(Profile.uniform(2, 4, 1, 1, 1), tiny)
+    assert given.message_bytes == sent.numel() * sent.element_size() == 16 * 2 * 64 * 4
+    assert tiny.tied_weight_bytes(2) == tied.numel() * tied.element_size() == 128 * 64 * 4
+    assert tiny.tied_weight_bytes(1) == 0  # one stage holds the one copy: nothing is sent
+    bytes_of = {
+        name: with_model_bytes(Profile.uniform(2, 4, 1, 1, 1), preset).message_bytes
+        for name, preset in MODELS.items()
+    }
+    assert bytes_of == {"tiny": 8192, "small": 262_144, "gpt2-124m": 3_145_728}
+    assert with_model_bytes(given, tiny) == given  # its own bytes, given back, are fine
+
+
+def test_a_megatron_profile_with_other_message_bytes_is_refused() -> None:
+    small = Profile.uniform(2, 4, 1, 1, 1, message_bytes=262_144)  # small's, not tiny's
+    with pytest.raises(
+        ConfigError,
+        match=r"message_bytes 262144 are not model 'tiny''s activations, 8192 "
+        r"\(16 x 2 x 64 elements of 4 bytes\): give that or 0",
+    ):
+        with_model_bytes(small, get_preset("tiny"))
+    assert with_model_bytes(small, get_preset("small")).message_bytes == 262_144
 
 
 def test_any_seed_gives_its_own_tokens() -> None:
