@@ -8,6 +8,7 @@ import functools
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
 from injectors.fault_model import FaultModel
+from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
 from pipeline.engines.base import Closing
 from pipeline.engines.sim import SimEngine
@@ -18,6 +19,7 @@ from pipeline.link_terms import NO_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
+from pipeline.topology import Position
 
 __all__ = [
     "BACKENDS",
@@ -26,6 +28,7 @@ __all__ = [
     "RuntimeEngines",
     "check_hold",
     "fixed_plan",
+    "largest_messages",
     "link_terms",
     "longest_hold_ms",
     "run_configuration",
@@ -151,7 +154,12 @@ def run_configuration(
         with SimEngine(host=host) as sim:
             return run(sim)
     timeout_s = recovery.transport_timeout_s
-    longest_ms = longest_hold_ms(profile, faults)
+    longest_ms = longest_hold_ms(
+        profile,
+        faults,
+        model=(model or "tiny") if backend == "megatron" else None,
+        injection=injection,
+    )
     check_hold(longest_ms, timeout_s)
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
@@ -183,13 +191,62 @@ def run_configuration(
         return run(engine_of(own))
 
 
-def longest_hold_ms(profile: Profile, faults: FaultView = NO_FAULTS) -> float:
+def longest_hold_ms(
+    profile: Profile,
+    faults: FaultView = NO_FAULTS,
+    *,
+    model: str | None = None,
+    injection: str = "hook",
+) -> float:
     """The longest a runtime's worker holds a message of `profile` before it sends it, ms:
-    the profile's delays, a fault timeline's added."""
+    the profile's delays, a fault timeline's added, a cap's for the largest message that
+    crosses the capped hosts (`largest_messages`). `model`: a megatron run's GPT preset,
+    whose messages are its real tensors (None: the emulated backend's, the profile's
+    bytes); `injection`: how the faults reach the messages."""
     longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
     if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
-        longest_ms += faults.longest_hold_ms(profile.message_bytes)
+        message_bytes, route_bytes = largest_messages(profile, model=model, injection=injection)
+        longest_ms += faults.longest_hold_ms(message_bytes, profile.topology, route_bytes)
     return longest_ms
+
+
+def largest_messages(
+    profile: Profile, *, model: str | None = None, injection: str = "hook"
+) -> tuple[int, dict[tuple[Position, Position], int]]:
+    """The bytes of a run's PP messages and, per route between two positions that carries
+    larger ones, the largest: each DP ring link its stage's largest chunk
+    (pipeline.allreduce); under `injection` "network", a megatron replica's route from its
+    first to its last stage the tied weight's gradient (the hook leaves that send alone,
+    pipeline.runtime.transport.tied_link; the testbed's wire holds it as any other).
+    `model`: a megatron run's GPT preset, whose messages, gradients and their elements are
+    its own (`with_model_bytes`), whatever the profile says; None: the emulated backend's,
+    the profile's bytes."""
+    element_bytes, tied_bytes = 1, 0
+    if model is not None:
+        from pipeline.runtime.megatron.model import (  # torch: only when needed
+            ELEMENT_BYTES,
+            get_preset,
+            with_model_bytes,
+        )
+
+        preset = get_preset(model)
+        profile = with_model_bytes(profile, preset)
+        element_bytes = ELEMENT_BYTES
+        if injection == "network":
+            tied_bytes = preset.tied_weight_bytes(profile.num_stages)
+    topology, num_replicas = profile.topology, profile.num_replicas
+    routes: dict[tuple[Position, Position], int] = {}
+    for stage in range(profile.num_stages if num_replicas > 1 else 0):
+        chunk = largest_chunk_bytes(
+            profile.allreduce_bytes[stage], profile.dp_bucket_bytes, num_replicas, element_bytes
+        )
+        for link in topology.dp_ring(stage):
+            routes[topology.ends(link)] = chunk
+    if tied_bytes:
+        last = profile.num_stages - 1
+        for replica in range(num_replicas):
+            routes[Position(0, replica), Position(last, replica)] = tied_bytes
+    return profile.message_bytes, routes
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

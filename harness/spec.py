@@ -332,7 +332,12 @@ class ExperimentSpec:
     def _check_hold(self, target: Target, scenario: Scenario) -> None:
         """A runtime's workers receive each of `scenario`'s messages within their
         transport timeout (harness.runner.check_hold, as `run_configuration` checks it)."""
-        held = longest_hold_ms(scenario.apply(target.profile), scenario.faults or NO_FAULTS)
+        held = longest_hold_ms(
+            scenario.apply(target.profile),
+            scenario.faults or NO_FAULTS,
+            model=target.label if self.backend == "megatron" else None,
+            injection=self.injection,
+        )
         try:
             check_hold(held, self.transport_timeout_s)
         except ConfigError as err:

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import math
 import random
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -65,7 +65,7 @@ class Target:
         """What it hits: ("pair", a, b) host pairs (a < b) or ("nic", host, name); logical
         links and the paper's NIC are placed as by the default placement (a fault stays on
         its hosts when ranks move)."""
-        default = Topology(topology.num_stages, topology.num_replicas, nics=topology.nics)
+        default = _default_placement(topology)
         if self.kind is TargetKind.NIC:
             host = self.hosts[0]
             if host < 0:
@@ -274,6 +274,36 @@ class _Redraws:
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 
+def _default_placement(topology: Topology) -> Topology:
+    """`topology`'s stages, replicas and NICs under the default placement (one host per
+    position): where a fault's target lies, whatever rank swaps did since."""
+    return Topology(topology.num_stages, topology.num_replicas, nics=topology.nics)
+
+
+def _units_between(topology: Topology, ends: tuple[Position, Position]) -> set[_Unit]:
+    """What a message between two positions may meet, over any NIC (`_route_of`'s units for
+    every NIC index)."""
+    a, b = sorted(topology.host(end) for end in ends)
+    return {("pair", a, b), *(("nic", host, name) for host in (a, b) for name in topology.nics)}
+
+
+def _largest_message(
+    target: Target,
+    message_bytes: int,
+    topology: Topology | None,
+    route_bytes: Mapping[tuple[Position, Position], int] | None,
+) -> int:
+    """The largest message that crosses `target` (`FaultModel.longest_hold_ms`)."""
+    if not route_bytes:
+        return message_bytes
+    if topology is None:
+        raise ValueError("route_bytes need the topology their positions are in")
+    default = _default_placement(topology)
+    hits = set(target.units(topology))
+    crossing = (n for ends, n in route_bytes.items() if hits & _units_between(default, ends))
+    return max((message_bytes, *crossing))
+
+
 def _route_of(topology: Topology, link: Link, nic: int = 0) -> tuple[_Unit, ...]:
     """What a message on `link` over data-plane NIC `nic` (by index) meets: its hosts' NICs
     of that index and, over the first NIC, its host pair (a host pair's faults are on the
@@ -431,11 +461,20 @@ class FaultModel:
         )
         return tuple((str(link), ms) for link, ms in delays if ms)
 
-    def longest_hold_ms(self, message_bytes: int = 0) -> float:
-        """The longest the events on one target may hold a message of `message_bytes`
-        together: per kind the longest (a fixed delay with its jitter, a redrawn normal
-        delay's mean plus four standard deviations, a stall, the bytes at a cap's rate), the
-        kinds added up, as they add on a message."""
+    def longest_hold_ms(
+        self,
+        message_bytes: int = 0,
+        topology: Topology | None = None,
+        route_bytes: Mapping[tuple[Position, Position], int] | None = None,
+    ) -> float:
+        """The longest the events on one target may hold a message together: per kind the
+        longest (a fixed delay with its jitter, a redrawn normal delay's mean plus four
+        standard deviations, a stall, the bytes at a cap's rate), the kinds added up, as they
+        add on a message. A cap holds the largest message that crosses its target:
+        `message_bytes` (a PP message, which a rank swap may put on any host pair), or a
+        larger one of `route_bytes`, the largest message on a route between two positions of
+        `topology` (a DP ring link's largest chunk, the tied weight's gradient), where that
+        route crosses the target's host pairs or NICs under the default placement."""
         by_target: dict[Target, dict[str, float]] = {}
         for event in self.events:
             effect = event.effect
@@ -445,7 +484,8 @@ class FaultModel:
             if effect.normal_ms is not None:
                 hold_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
             if effect.bandwidth_gbps is not None:
-                hold_ms += message_bytes * 8 / (effect.bandwidth_gbps * 1e6)
+                largest = _largest_message(event.target, message_bytes, topology, route_bytes)
+                hold_ms += largest * 8 / (effect.bandwidth_gbps * 1e6)
             kinds = by_target.setdefault(event.target, {})
             kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms)
         return max((sum(kinds.values()) for kinds in by_target.values()), default=0.0)

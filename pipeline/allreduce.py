@@ -35,6 +35,7 @@ __all__ = [
     "buckets",
     "check_ring_messages",
     "chunk_bytes",
+    "largest_chunk_bytes",
     "message_index",
     "messages_per_link_direction",
     "ring_peer",
@@ -80,6 +81,15 @@ def chunk_bytes(bucket: int, num_replicas: int, element_bytes: int = 1) -> int:
     real fp32 gradient sends whole elements)."""
     elements = -(-bucket // element_bytes)
     return element_bytes * -(-elements // num_replicas)
+
+
+def largest_chunk_bytes(
+    grad_bytes: int, bucket_bytes: int, num_replicas: int, element_bytes: int = 1
+) -> int:
+    """Bytes of the largest message a stage's ring sends (`chunk_bytes` of its largest
+    bucket; 0 for no gradient): what each of its DP links carries at most."""
+    largest = max(buckets(grad_bytes, bucket_bytes), default=0)
+    return chunk_bytes(largest, num_replicas, element_bytes)
 
 
 def message_index(bucket: int, step: int, num_replicas: int) -> int:

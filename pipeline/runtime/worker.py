@@ -31,8 +31,7 @@ import torch.distributed as dist
 
 from pipeline.allreduce import (
     KIND,
-    buckets,
-    chunk_bytes,
+    largest_chunk_bytes,
     messages_per_link_direction,
     ring_peer,
 )
@@ -423,11 +422,12 @@ class _Worker:
         if kind == "dp":
             layout = self.compute.dp_gradient_layout(profile)
             num_replicas = self.topology.num_replicas
-            sizes = buckets(layout.num_bytes, profile.dp_bucket_bytes)
             count = messages_per_link_direction(
                 layout.num_bytes, profile.dp_bucket_bytes, num_replicas
             )
-            largest = chunk_bytes(max(sizes, default=0), num_replicas, layout.element_bytes)
+            largest = largest_chunk_bytes(
+                layout.num_bytes, profile.dp_bucket_bytes, num_replicas, layout.element_bytes
+            )
             return count, largest
         buffer = self.compute.message_buffer(profile)
         num_microbatches = config.schedule_of(self.replica).num_microbatches

@@ -48,6 +48,8 @@ def cap(link: str) -> str:
     return json.dumps([{"start_iteration": 0, "links": [link], "bandwidth_gbps": 0.001}])
 
 
+DP_CAP = cap("dp0:0-1")
+
 # (name, files to write, argv, what the error line must contain)
 CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # output files: suffix and folder, checked before any work
@@ -245,6 +247,33 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         {"p.json": json.dumps(SMALL), "f.yaml": cap("0-1")},
         [*RUN_MEGATRON, "--timeout", "0.05"],
         "a delay of 65.536 ms is not shorter than the workers' 0.05 s timeout",
+    ),
+    (  # stage 0's chunk: half its 636,672-B gradient
+        "megatron cap on a DP link",
+        {"p.json": json.dumps({**SMALL, "dp": 2}), "f.yaml": DP_CAP},
+        [*RUN_MEGATRON, "--timeout", "1.5"],
+        "a delay of 2546.69 ms is not shorter than the workers' 1.5 s timeout",
+    ),
+    (
+        "spec megatron cap on a DP link",
+        {
+            "s.yaml": spec(
+                backend="megatron",
+                model="tiny",
+                profile={**SMALL, "dp": 2},
+                faults="f.yaml",
+                transport_timeout_s=1.5,
+            ),
+            "f.yaml": DP_CAP,
+        },
+        RUN_SPEC,
+        "a delay of 2546.69 ms is not shorter than the workers' 1.5 s timeout",
+    ),
+    (  # half of 1,000,000 B
+        "emulated cap on a DP link",
+        {"p.json": json.dumps({**SMALL, "dp": 2, "allreduce_bytes": 1_000_000}), "f.yaml": DP_CAP},
+        [*RUN_MEGATRON[:5], "--backend", "emulated", "--faults", "f.yaml", "--timeout", "1.5"],
+        "a delay of 4000 ms is not shorter than the workers' 1.5 s timeout",
     ),
     ("unknown option", {}, ["run", "--colour"], "No such option '--colour'"),
     ("unknown command", {}, ["fly"], "No such command 'fly'"),

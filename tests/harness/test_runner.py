@@ -3,8 +3,19 @@
 import pytest
 
 from baselines import one_f_one_b
-from harness.runner import RuntimeEngines, fixed_plan, run_configuration
+from harness.runner import (
+    RuntimeEngines,
+    fixed_plan,
+    largest_messages,
+    longest_hold_ms,
+    run_configuration,
+)
+from injectors.fault_files import parse_yaml
 from pipeline.profile import Profile
+from pipeline.topology import Position
+
+DP0 = (Position(0, 0), Position(0, 1))
+DP1 = (Position(1, 0), Position(1, 1))
 
 
 @pytest.mark.multiprocess
@@ -31,3 +42,35 @@ def test_the_seed_reaches_the_megatron_model() -> None:
     assert again == (zero_losses, zero_sha)
     assert seven_sha != zero_sha
     assert all(a != b for a, b in zip(zero_losses, seven_losses, strict=True))
+
+
+def test_an_emulated_runs_dp_links_carry_its_rings_largest_chunks() -> None:
+    """The profile's bytes: its PP messages, and per DP link its stage's largest chunk
+    (1,000,000 B in buckets of 600,000: a 600,000-B bucket, 300,000 B a message at D = 2)."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, message_bytes=4096, num_replicas=2,
+        allreduce_bytes=(1_000_000, 8), dp_bucket_bytes=600_000,
+    )  # fmt: skip
+    assert largest_messages(profile) == (4096, {DP0: 300_000, DP1: 4})
+    assert largest_messages(Profile.uniform(2, 4, 1, 1, 1, message_bytes=4096)) == (4096, {})
+    cap = parse_yaml('[{start_iteration: 0, links: ["dp0:0-1"], bandwidth_gbps: 0.001}]', 0)
+    assert longest_hold_ms(profile, cap) == 2400.0  # 300,000 B at 1 Mbit/s, not 4096 B's 32.8
+
+
+def test_a_megatron_runs_messages_are_its_models_whatever_the_profile_says() -> None:
+    """tiny at S = 2, D = 2: 8192-B activations, chunks of half each stage's fp32 gradient
+    (636,672 and 633,088 B), and on the testbed's network (not the hook, which leaves that
+    send alone) the tied weight's 32,768-B gradient between a replica's first and last
+    stage; a profile of 0 bytes gets them all."""
+    pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
+    profile = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2)
+    chunks = {DP0: 318_336, DP1: 316_544}
+    assert largest_messages(profile, model="tiny") == (8192, chunks)
+    tied = {(Position(0, r), Position(1, r)): 32_768 for r in (0, 1)}
+    on_wire = largest_messages(profile, model="tiny", injection="network")
+    assert on_wire == (8192, {**chunks, **tied})
+    pp_cap = parse_yaml('[{start_iteration: 0, links: ["0-1"], bandwidth_gbps: 0.001}]', 0)
+    dp_cap = parse_yaml('[{start_iteration: 0, links: ["dp0:0-1"], bandwidth_gbps: 0.001}]', 0)
+    assert longest_hold_ms(profile, pp_cap, model="tiny") == 65.536
+    assert longest_hold_ms(profile, pp_cap, model="tiny", injection="network") == 262.144
+    assert longest_hold_ms(profile, dp_cap, model="tiny") == 2546.688

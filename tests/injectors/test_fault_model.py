@@ -270,6 +270,30 @@ def test_the_longest_hold_adds_the_kinds_on_one_target_and_counts_a_cap() -> Non
     assert model.longest_hold_ms(message_bytes=1_000_000) == 1000.0
 
 
+def test_a_cap_holds_the_largest_message_that_crosses_its_hosts() -> None:
+    """S = 2, D = 2, one host per position: hosts 0, 1 play replica 0's stages, 2, 3 replica
+    1's. A cap on a DP link holds that ring's largest chunk, not the PP message; a cap on a
+    PP link holds the PP message (no DP ring crosses its hosts) or, where a larger route
+    crosses them (the tied weight's between a replica's first and last stage), that; a NIC
+    or host pair the largest of the routes through it."""
+    topology = Topology(2, 2)
+    first, last = (Position(0, 0), Position(0, 1)), (Position(1, 0), Position(1, 1))
+    chunks = {first: 318_336, last: 316_544}  # tiny's stages' chunks at D = 2
+
+    def hold_ms(target: str, routes: dict[tuple[Position, Position], int]) -> float:
+        model = _model(f"[{{start_iteration: 0, {target}, bandwidth_gbps: 0.001}}]")
+        return model.longest_hold_ms(8192, topology, routes)  # 1 Mbit/s: 1 ms per 125 B
+
+    assert hold_ms('links: ["dp0:0-1"]', chunks) == 2546.688
+    assert hold_ms('links: ["dp1:0-1"]', chunks) == 2532.352
+    assert hold_ms("hosts: [1, 3]", chunks) == 2532.352
+    assert hold_ms('nic: "host2:rnic1"', chunks) == 2546.688  # dp0:0-1 failed over
+    assert hold_ms('links: ["0-1"]', chunks) == 65.536  # the PP message's 8192 B
+    tied = {(Position(0, r), Position(1, r)): 32_768 for r in (0, 1)}
+    assert hold_ms('links: ["pp1:0-1"]', {**chunks, **tied}) == 262.144
+    assert hold_ms('links: ["dp0:0-1"]', {}) == 65.536  # no routes: every message's 8192 B
+
+
 def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
     """A fault named by a DP link hits that ring's messages, both ways; a PP link's fault is
     on other host pairs (one host per position here), so the rings do not see it."""
