@@ -15,7 +15,11 @@ What the authors' artifact (github wutianyuan1/PipeMorph) does, and what this ti
   sends the op's output and, if the next op's input comes from the same neighbour, receives
   it in the same call; otherwise that receive is a call of its own. Every call ends in
   `torch.cuda.synchronize()`. On that communicator the injector's reading of ranks 0 and 1
-  is wrong for one sender: stage 2's sends to stage 1 sleep for link 2-3.
+  is wrong for one sender: stage 2's sends to stage 1 sleep for link 2-3 (and, at three
+  stages, for no link: its rank 3 is no stage).
+- The misreading is the injector's: it picks the sleep, not the wire. A send goes over its
+  own link (stage 2 to 1 over 1-2), and fails where that link's route is down
+  (`SleepFor`).
 - Split schedules (B and W) run ZeroBubble's runtime: every send and receive is its own
   `isend` / `irecv` on a two-rank communicator (one stream per neighbour, first in first
   out), placed in the stage's order at the fault-free time its message is sent (a receive
@@ -33,15 +37,25 @@ from collections.abc import Callable, Mapping, Sequence
 from pipeline.errors import ScheduleError
 from pipeline.ops import Op, OpKind
 
-__all__ = ["FaultFreeTimes", "NcclMessage", "SleepFor", "time_replica"]
+__all__ = [
+    "FaultFreeTimes",
+    "LinkDirection",
+    "Message",
+    "NcclMessage",
+    "SleepFor",
+    "time_replica",
+]
 
 Message = tuple[str, int]
 """A message's name: ("F", m) an activation, ("B", m) a gradient of microbatch m."""
 
-SleepFor = Callable[[int, str, Message, float], float]
-"""(PP link index, direction "forward" or "backward", message, ms since the iteration began
-at the send) -> the sleep the injector puts before a send it counts on that link direction
-(it raises for a link that is down)."""
+LinkDirection = tuple[int, str]
+"""A PP link direction: (link index, "forward" or "backward")."""
+
+SleepFor = Callable[[LinkDirection, LinkDirection | None, Message, float], float]
+"""(the send's own link direction, the one the injector counts it on (None: none), message,
+ms since the iteration began at the send) -> the sleep the injector puts before the send:
+the counted link direction's delay (it raises where the send's own route is down)."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -253,9 +267,14 @@ def _zero_bubble_program(
     return items
 
 
+def _own_link(sender: int, receiver: int) -> LinkDirection:
+    """The link direction a send between neighbours goes over."""
+    return min(sender, receiver), "forward" if receiver > sender else "backward"
+
+
 def _injected_link(
     sender: int, receiver: int, num_stages: int, batched: bool
-) -> tuple[int, str] | None:
+) -> LinkDirection | None:
     """The link direction the artifact's injector counts a send on: it takes peer rank 0 for
     the previous stage and 1 for the next, right on a two-rank communicator and, on the PP
     group's (Megatron's batched calls), wrong for stage 2's sends to stage 1."""
@@ -264,7 +283,7 @@ def _injected_link(
         peer = sender - 1 if receiver == 0 else sender + 1
     if abs(peer - sender) != 1 or not 0 <= peer < num_stages:
         return None
-    return min(sender, peer), "forward" if peer > sender else "backward"
+    return _own_link(sender, peer)
 
 
 def _known(times: list[float | None]) -> list[float]:
@@ -343,10 +362,11 @@ def _execute(
                         item.dispatch_ms = before.dispatch_ms
                     else:
                         item.dispatch_ms = max([queue_ms[stage], compute_ms[stage], *_known(waits)])
-                    link = _injected_link(stage, item.peer, num_stages, synchronize)
-                    if item.is_send and link is not None:
+                    if item.is_send:  # its own route decides whether it goes at all
+                        injected = _injected_link(stage, item.peer, num_stages, synchronize)
+                        own = _own_link(stage, item.peer)
                         offset_ms = item.dispatch_ms - start_ms
-                        item.sleep_ms = sleep_for(*link, item.message, offset_ms)
+                        item.sleep_ms = sleep_for(own, injected, item.message, offset_ms)
                     group = calls[stage, item.group]
                     sleep_ms = max(c.sleep_ms for c in group)
                     for comm in group:  # a later send of the call raises the call's sleep

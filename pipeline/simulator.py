@@ -17,7 +17,7 @@ from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
 from pipeline.errors import ConfigError, LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.host_costs import FREE, HostCosts, RingLag
-from pipeline.nccl_sleep import time_replica
+from pipeline.nccl_sleep import LinkDirection, Message, time_replica
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
@@ -140,8 +140,8 @@ def simulate(
     first (the sim engine keeps them from iteration to iteration). `replica_schedules`: each
     replica's own schedule on its share of the global batch (unequal microbatch counts;
     None: every replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host
-    costs, mixes with no other mode, and fails a message whose route is down over any
-    link."""
+    costs, mixes with no other mode, and fails a message whose own link's route is down
+    (stage 2's gradients too, which its injector counts on link 2-3)."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
     origin_ms = start_ms if faults_from_ms is None else faults_from_ms
@@ -343,19 +343,28 @@ def simulate(
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]
 
         def sleep_for(
-            link_idx: int, direction: str, message: tuple[str, int], at_ms: float
+            own: LinkDirection, counted: LinkDirection | None, message: Message, at_ms: float
         ) -> float:
-            delay_ms = profile.delay_ms[link_idx]
-            if faults is not NO_FAULTS:
-                kind, m = message
-                at_ms += start_ms - origin_ms  # time_replica's offsets are from `start_ms`
-                fault = faults.message_fault(
-                    pp_links[link_idx], direction, kind, m, message_bytes, at_ms
-                )
-                if fault.failed:
-                    raise _pp_link_down(iteration, direction, m, pp_links[link_idx], at_ms)
-                delay_ms += fault.delay_ms
-            return delay_ms
+            """The sleep before a send over `own` that the injector counts on `counted`: the
+            profile's and the faults' delay there; a LinkFailure where `own`'s route is down.
+            A misread send (`counted` not `own`) is asked about on both, in that order: a
+            view's per-sender state (a stall paid) follows each ask, so a stall on `counted`
+            goes to the first send the injector counts there (its one-off sleep) and one on
+            `own`'s route to the first send over it (as in every mode), though not slept."""
+            if faults is NO_FAULTS:
+                return 0.0 if counted is None else profile.delay_ms[counted[0]]
+            kind, m = message
+            at_ms += start_ms - origin_ms  # time_replica's offsets are from `start_ms`
+            link, direction = pp_links[own[0]], own[1]
+            fault = faults.message_fault(link, direction, kind, m, message_bytes, at_ms)
+            if fault.failed:
+                raise _pp_link_down(iteration, direction, m, link, at_ms)
+            if counted is None:
+                return 0.0
+            if counted != own:  # (a failure there is not this send's)
+                link, direction = pp_links[counted[0]], counted[1]
+                fault = faults.message_fault(link, direction, kind, m, message_bytes, at_ms)
+            return profile.delay_ms[counted[0]] + fault.delay_ms
 
         def fault_free() -> dict[tuple[int, Op], tuple[float, float]]:
             """This replica's pipeline alone with nothing injected (`ideal`)."""

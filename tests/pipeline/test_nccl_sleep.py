@@ -111,6 +111,49 @@ def test_a_failed_link_is_a_link_failure() -> None:
         simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, faults=faults)
 
 
+@dataclasses.dataclass
+class _DownFrom:
+    """An iteration's faults: one PP link of replica 0 down from `from_ms` into it; every
+    question asked is logged (link, direction, kind, microbatch)."""
+
+    link: Link
+    from_ms: float
+    asked: list[tuple[str, str, str, int]] = dataclasses.field(default_factory=list)
+
+    def message_fault(self, link, direction, kind, microbatch, num_bytes=0, offset_ms=0.0, nic=0):  # type: ignore[no-untyped-def]
+        self.asked.append((str(link), direction, kind, microbatch))
+        return MessageFault(failed=link == self.link and offset_ms >= self.from_ms)
+
+    def affects(self, link: Link) -> bool:
+        return link == self.link
+
+    def cache_key(self) -> None:
+        return None
+
+
+def test_a_misread_send_fails_on_its_own_link_only() -> None:
+    """1F1B's fault-free sends (10 ms ops): at S = 4 link 1-2's last activation leaves at
+    230 ms, stage 2's gradients to stage 1 at 260 and 290 ms, stage 3's last to stage 2 at
+    270 ms; at S = 3 link 1-2's last activation at 170 ms, the last gradient at 200 ms. The
+    injector counts stage 2's gradients to stage 1 on link 2-3 (or, at S = 3, on none), but
+    they go over 1-2: they fail when 1-2 is down, as in every other mode, and not when 2-3
+    is (its own messages all gone)."""
+    four, three = Profile.uniform(4, 8, 10.0, 10.0, 10.0), Profile.uniform(3, 6, 10.0, 10.0, 10.0)
+    for profile, from_ms, microbatch, at_ms in ((four, 231.0, 6, 260.0), (three, 171.0, 5, 200.0)):
+        down_1_2 = _DownFrom(Link.pp(1, 0), from_ms)
+        with pytest.raises(LinkFailure) as failure:
+            simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, faults=down_1_2)
+        assert f"backward message of microbatch {microbatch} on link pp0:1-2" in str(failure.value)
+        assert failure.value.at_ms == at_ms
+    down_2_3 = _DownFrom(Link.pp(2, 0), 271.0)
+    timeline = simulate(one_f_one_b(four), four, CommMode.NCCL_SLEEP, faults=down_2_3)
+    assert timeline == simulate(one_f_one_b(four), four, CommMode.NCCL_SLEEP)
+    # Stage 2's gradient to stage 1: its own link first (can it go), then the counted one.
+    asked = [a for a in down_2_3.asked if a[2:] == ("B", 7) and a[0] != "pp0:0-1"]
+    assert asked == [("pp0:2-3", "backward", "B", 7), ("pp0:1-2", "backward", "B", 7),
+                     ("pp0:2-3", "forward", "B", 7)]  # fmt: skip
+
+
 def test_it_mixes_with_no_other_mode() -> None:
     profile = _profile(3)
     mixed = (LinkComm(Link.pp(0), "forward", CommMode.DELEGATED),)
