@@ -32,6 +32,7 @@ __all__ = [
     "KIND",
     "MAX_RING_MESSAGES",
     "RingMessage",
+    "SendDelay",
     "buckets",
     "check_ring_messages",
     "chunk_bytes",
@@ -148,8 +149,18 @@ class RingMessage(NamedTuple):
     fault_ms: float
 
 
-MessageDelay = Callable[[Link, str, int, int, float], float]
-"""(link, direction, index, bytes, when the send starts in ms) -> its injected delay, ms."""
+class SendDelay(NamedTuple):
+    """What holds one ring message's sender before it goes, besides its wire and cost."""
+
+    fault_ms: float
+    """Its injected delay: its link's static DP delay plus what the fault model assigned (the
+    message record's `fault_ms`)."""
+    hold_ms: float = 0.0
+    """Time the sender is held besides, injected by no one (a failover's move, ms)."""
+
+
+MessageDelay = Callable[[Link, str, int, int, float], SendDelay]
+"""(link, direction, index, bytes, when the send starts in ms) -> what holds its sender."""
 ChunkCost = Callable[[int, int], tuple[float, float]]
 """(bytes, rings running at once) -> (how long a send holds its sender besides its delay,
 ms: wire time and the host's send cost; then how long until the receiver can forward it)."""
@@ -181,8 +192,9 @@ class _Ring:
         for sender, receiver, link, direction in self.peers:
             done = free[sender] + hold_ms
             if message_delay is not None:
-                delays[sender] = message_delay(link, direction, index, chunk, free[sender])
-                done += delays[sender]
+                delay = message_delay(link, direction, index, chunk, free[sender])
+                delays[sender] = delay.fault_ms
+                done += delay.fault_ms + delay.hold_ms
             sent[sender] = done
             arrived[receiver] = done + lag_ms
         self.messages += [
@@ -207,11 +219,11 @@ def rings_done_ms(
     """When each replica of each stage is done with its all-reduce, message by message,
     given when each was done with its pipeline (`start_ms[stage]`, one per replica). A
     message holds its sender for its delay (`message_delay`, asked once per message, in the
-    order the steps start) and its cost; the receiver can forward it the cost's lag later.
-    The cost is asked with the number of stages' rings that run when the step's last sender
-    starts (a ring runs from its last replica's start to its last replica's end): rings at
-    once share a host's cores. `record` is handed every message, stage by stage, step by
-    step."""
+    order the steps start: its injected delay, recorded, and any other hold) and its cost;
+    the receiver can forward it the cost's lag later. The cost is asked with the number of
+    stages' rings that run when the step's last sender starts (a ring runs from its last
+    replica's start to its last replica's end): rings at once share a host's cores.
+    `record` is handed every message, stage by stage, step by step."""
     if not start_ms or len(start_ms[0]) < 2:  # one replica: nothing to reduce
         return tuple(tuple(starts) for starts in start_ms)
     check_ring_messages(grad_bytes, bucket_bytes, len(start_ms[0]))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-from pipeline.allreduce import KIND, MessageDelay, RingMessage, rings_done_ms
+from pipeline.allreduce import KIND, MessageDelay, RingMessage, SendDelay, rings_done_ms
 from pipeline.errors import ConfigError, LinkFailure, ScheduleError
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.host_costs import FREE, HostCosts, RingLag
@@ -482,7 +482,8 @@ def _step_end_ms(
     size and the number of stages' rings running then; the `direct` path's rule, over
     delegates too, with the delegated ring's lag). A message whose route failed is a
     LinkFailure, unless its link direction is delegated (`failover`) and another
-    NIC's route is up (it moves there: `route_over`). Every DP
+    NIC's route is up (it moves there: `route_over`, holding its sender `host.failover_ms`
+    more, which is no injected delay: not in its record's `fault_ms`). Every DP
     message's record goes to `dp_messages` (its `replica`: the sender's; `microbatch`: its
     index; on the wire from its send's start)."""
     static_ms = dict(profile.dp_delay_ms)
@@ -497,8 +498,9 @@ def _step_end_ms(
 
     def message_delay(
         link: Link, direction: str, index: int, num_bytes: int, sent_at_ms: float
-    ) -> float:
+    ) -> SendDelay:
         delay_ms = static_ms.get(link, 0.0) if static_ms else 0.0
+        hold_ms = 0.0  # a failover's move: it holds the sender, nobody injected it
         if ask:
             offset_ms = sent_at_ms - origin_ms
             sender = link.first if direction == "forward" else link.second
@@ -522,9 +524,9 @@ def _step_end_ms(
                     carrier_pid=0,
                 )  # fmt: skip
                 failover.failovers.append(record)
-                delay_ms += host.failover_ms
+                hold_ms = host.failover_ms
             delay_ms += route.fault.delay_ms
-        return delay_ms
+        return SendDelay(delay_ms, hold_ms)
 
     def record(m: RingMessage) -> None:
         dp_messages.append(

@@ -301,6 +301,41 @@ def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None
     assert not again.failovers and again.iterations == healthy.iterations
 
 
+def test_a_dp_failover_holds_its_sender_but_is_no_injected_delay() -> None:
+    """Stage 1 replica 0's rnic0 down, a 2 ms static delay on its DP link, free wires: each
+    direction of dp1:0-1 fails over on its first message, which holds its sender the delay
+    and the 7 ms move (as a PP message's delegates are held), but records only the 2 ms
+    injected as its `fault_ms` (the profile's delay plus the fault model's, in every
+    engine)."""
+    from injectors.fault_files import parse_yaml
+
+    profile = Profile.uniform(
+        2, 2, 1, 1, 1, message_bytes=64, num_delegates=1, num_replicas=2,
+        allreduce_bytes=(64, 64), dp_bucket_bytes=64, dp_delay_ms=((Link.dp(1, 0, 1), 2.0),),
+    )  # fmt: skip
+    view = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", down: true}]')
+    timeline = simulate(
+        one_f_one_b(profile), profile, CommMode.DELEGATED,
+        faults=view.at(0, Topology(2, 2)), host=HostCosts(failover_ms=7.0),
+    )  # fmt: skip
+    assert {(f.link, f.direction, f.replica) for f in timeline.failovers if f.link[:2] == "dp"} == {
+        ("dp1:0-1", "forward", 0),
+        ("dp1:0-1", "backward", 1),
+    }
+    ring = [
+        (m.direction, m.microbatch, m.fault_ms, m.send_end_ms - m.send_start_ms)
+        for m in timeline.dp_messages
+        if m.link == "dp1:0-1"
+    ]
+    assert sorted(ring) == [
+        ("backward", 0, 2.0, 9.0),
+        ("backward", 1, 2.0, 2.0),
+        ("forward", 0, 2.0, 9.0),
+        ("forward", 1, 2.0, 2.0),
+    ]
+    assert timeline.iterations[0].end_ms == 25.0
+
+
 @dataclasses.dataclass(frozen=True)
 class _EveryMessageLonger:
     extra_ms: float
