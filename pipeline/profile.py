@@ -352,19 +352,22 @@ class Profile:
         return self.delay_ms[link_idx] + self.wire_ms()
 
     def delegates_needed(self, extra_delay_ms: float = 0.0) -> int:
-        """The paper's rule for the delegate count (docs/paper.md, CPU delegation): per PP
-        link direction, enough delegates that sending keeps up with production. A message
-        holds its delegate for its link's transfer (its delay, plus `extra_delay_ms` a fault
-        timeline may add, plus the wire); the sending stage makes one per F (forward) or per
-        B (backward), so D = ceil(transfer / that op's time) (the artifact: 3 at 30 ms and
-        6 at 60 ms, with ops of about 10 ms). At least 1, at most one per microbatch."""
+        """The paper's rule for the delegate count (docs/paper.md, CPU delegation; the
+        paper: "8 activations/s produced, 2/s per delegate: D >= 4"): per PP link direction,
+        enough delegates that sending keeps up with production. A message holds its delegate
+        for its link's delay (plus `extra_delay_ms` a fault timeline may add) and its wire at
+        the delegate's own rate (`delegated_wire_ms`); the sending stage makes one per F
+        (forward) or per B (backward), so D = ceil(that hold / that op's time) (the artifact:
+        3 at 30 ms and 6 at 60 ms, with ops of about 10 ms). A host's own delegate costs
+        (pipeline.host_costs) are no profile's and are left out. At least 1, at most one per
+        microbatch."""
         needed = 1
         for link in range(self.num_stages - 1):
-            transfer_ms = self.transfer_ms(link) + extra_delay_ms
+            held_ms = self.delay_ms[link] + extra_delay_ms + self.delegated_wire_ms()
             for made_every_ms in (self.t_f_ms[link], self.t_b_ms[link + 1]):
                 if made_every_ms <= 0:
                     return self.num_microbatches
-                needed = max(needed, math.ceil(transfer_ms / made_every_ms - 1e-9))
+                needed = max(needed, math.ceil(held_ms / made_every_ms - 1e-9))
         return min(needed, self.num_microbatches)
 
     def delegate_count(self) -> int:

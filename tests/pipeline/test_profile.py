@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from baselines import zb_h2
 from pipeline.errors import ConfigError
 from pipeline.profile import Profile
+from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Link
 
 BASE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
@@ -158,3 +160,26 @@ def test_the_delegate_count_rule_keeps_sending_up_with_production() -> None:
     assert slow_b.delegates_needed() == 4  # stage 2 makes a gradient every 5 ms
     assert base.with_delays([60, 0, 0]).delegate_count() == 6
     assert dataclasses.replace(base, num_delegates=2).with_delays([60, 0, 0]).delegate_count() == 2
+
+
+def test_the_delegate_count_rule_takes_a_delegates_own_rate() -> None:
+    """100 MB messages, 10 ms ops: the link's wire takes 0.8 ms (1000 Gbit/s), a delegate's
+    20 ms (its own 40 Gbit/s), so each delegate sends one message per 20 ms and two keep up
+    with a message per 10 ms: with them every message is there 20 ms after it was sent; with
+    one (the link's wire time alone would give) they queue, the 7th 80 ms after."""
+    profile = Profile.uniform(
+        4, 12, 10, 10, 10, message_bytes=100_000_000, link_bandwidth_gbps=1000.0,
+        delegate_gbps=40.0,
+    )  # fmt: skip
+    assert (profile.wire_ms(), profile.delegated_wire_ms()) == pytest.approx((0.8, 20.0))
+    assert profile.delegates_needed() == 2
+    assert profile.with_delays([30, 0, 0]).delegates_needed() == 5  # (30 + 20) / 10
+    in_flight_ms = {
+        num_delegates: {
+            round(m.arrival_ms - m.send_start_ms, 6)
+            for m in simulate(zb_h2(delegated), delegated, CommMode.DELEGATED).messages
+        }
+        for num_delegates in (1, profile.delegate_count())
+        for delegated in [dataclasses.replace(profile, num_delegates=num_delegates)]
+    }
+    assert in_flight_ms == {1: {20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0}, 2: {20.0}}
