@@ -77,7 +77,7 @@ def compare(
     regression (a metric worse than its tolerance, a configuration run another way: its
     policy, comm, controller, links, delay, seed or iterations, or one of BASE missing from
     NEW) or a configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
-    (empty, unreadable, not a runs.csv, NaN values or tolerances)."""
+    (empty, unreadable, not a runs.csv, NaN or negative values, NaN tolerances)."""
     try:
         result = compare_runs(
             load_runs(Path(base)),
@@ -148,12 +148,21 @@ def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
 
 
 def _cells(change: Change) -> tuple[str, str, str, str]:
-    return (
-        f"{change.base:.4g}",
-        f"{change.new:.4g}",
-        f"{change.change_pct:+.2f}%",
-        "WORSE" if change.worse else "",
-    )
+    base, new = _numbers(change.base, change.new)
+    pct = f"{change.change_pct:+.2f}%"
+    if change.change_pct and float(pct[:-1]) == 0:  # under 0.005 %: its first digits
+        pct = f"{change.change_pct:+.2g}%"
+    return base, new, pct, "WORSE" if change.worse else ""
+
+
+def _numbers(base: float, new: float) -> tuple[str, str]:
+    """4 significant digits, or as many more as tell two different numbers apart (a change
+    flagged WORSE never prints as two equal numbers)."""
+    for digits in range(4, 18):  # 17 digits tell any two doubles apart
+        shown = f"{base:.{digits}g}", f"{new:.{digits}g}"
+        if base == new or shown[0] != shown[1]:
+            return shown
+    return repr(base), repr(new)
 
 
 def _text(changes: list[Change]) -> list[str]:

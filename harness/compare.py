@@ -1,10 +1,11 @@
 """Regression gate: compare two runs' results metric by metric.
 
 A gate that passes on garbage protects nothing: an empty, unreadable or incomplete runs.csv,
-a NaN metric, a duplicate configuration or a NaN tolerance is `UnusableResults` (the CLI
-exits 2), a configuration on one side only is a failure (the CLI exits 1; one only in the
-new results may be allowed), and every metric has its direction (times: lower is better,
-throughput: higher; restarts and lost iterations: lower) and a tolerance of its own if given.
+a NaN or negative metric, a duplicate configuration or a NaN tolerance is `UnusableResults`
+(the CLI exits 2), a configuration on one side only is a failure (the CLI exits 1; one only
+in the new results may be allowed), and every metric has its direction (times: lower is
+better, throughput: higher; restarts and lost iterations: lower) and a tolerance of its own
+if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
@@ -104,7 +105,8 @@ class Comparison:
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """runs.csv of a run directory, or a runs.csv file itself: every row with its key columns
-    and every metric a finite number (a metric column a baseline predates may be absent)."""
+    and every metric a finite number >= 0 (a metric column a baseline predates may be
+    absent)."""
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.is_file():
         raise UnusableResults(f"{path} is not a run directory: it has no runs.csv")
@@ -146,9 +148,10 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                 value = float(row[metric])
             except (TypeError, ValueError):
                 value = math.nan
-            if not math.isfinite(value):
+            if not (math.isfinite(value) and value >= 0):
                 raise UnusableResults(
-                    f"{csv_path} line {number}: {metric} is {row[metric]!r}, not a finite number"
+                    f"{csv_path} line {number}: {metric} is {row[metric]!r}, not a valid value "
+                    "(a finite number >= 0)"
                 )
     return rows
 

@@ -95,8 +95,13 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         _write(path, [{k: v for k, v in r.items() if k != "system"} for r in rows])
     elif name == "no-metrics":
         _write(path, [{k: v for k, v in r.items() if k not in METRICS} for r in rows])
-    elif name in ("nan", "text", "inf"):
-        rows[3]["median_iteration_ms"] = {"nan": "nan", "text": "fast", "inf": "inf"}[name]
+    elif name in ("nan", "text", "inf", "negative"):
+        rows[3]["median_iteration_ms"] = {"nan": "nan", "text": "fast", "inf": "inf"}.get(
+            name, "-1"
+        )
+        _write(path, rows)
+    elif name == "negative-throughput":  # it passed as a gain: -26.7 samples/s is "higher"
+        rows[3]["throughput_samples_per_s"] = str(-float(rows[3]["throughput_samples_per_s"]))
         _write(path, rows)
     elif name == "duplicate":
         _write(path, [*rows, rows[0]])
@@ -122,7 +127,9 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         ("binary", "not a runs.csv|not a readable CSV"),
         ("no-key-columns", "it lacks system"),
         ("no-metrics", "it lacks every metric"),
-        ("nan", "median_iteration_ms is 'nan', not a finite number"),
+        ("nan", "median_iteration_ms is 'nan', not a valid value \\(a finite number >= 0\\)"),
+        ("negative", "median_iteration_ms is '-1', not a valid value \\(a finite number >= 0\\)"),
+        ("negative-throughput", "line 5: throughput_samples_per_s is '-[0-9.]+', not a valid"),
         ("text", "median_iteration_ms is 'fast'"),
         ("inf", "median_iteration_ms is 'inf'"),
         ("duplicate", "repeats a configuration"),
@@ -314,3 +321,18 @@ def test_the_same_number_written_two_ways_is_the_same_run(tmp_path: Path) -> Non
         row["delay_ms"] = f"{float(row['delay_ms']):g}"
     assert any(row["delay_ms"] == "10" for row in rows)
     assert _compare(BASELINE, _write(tmp_path / "ints.csv", rows)).returncode == 0
+
+
+def test_a_worse_metric_prints_the_digits_that_tell_it_apart(tmp_path: Path) -> None:
+    """450 -> 450.0001 ms is worse at 0 %: it printed as 450, 450 and +0.00 %, flagged."""
+    rows = _rows()
+    assert float(rows[0]["median_wall_ms"]) == 450.0
+    rows[0]["median_wall_ms"] = "450.0001"
+    out = _compare(BASELINE, _write(tmp_path / "tiny.csv", rows))
+    assert out.returncode == 1
+    (worse,) = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
+    assert worse.split()[-5:] == ["median_wall_ms", "450", "450.0001", "+2.2e-05%", "WORSE"]
+    markdown = _compare(BASELINE, tmp_path / "tiny.csv", "--format", "markdown").stdout
+    assert "| median_wall_ms | 450 | 450.0001 | +2.2e-05% | WORSE |" in markdown
+    # equal numbers keep 4 digits; a change of 0.005 % or more keeps 2 decimals
+    assert "| mean_iteration_ms | 450 | 450 | +0.00% |  |" in markdown
