@@ -91,13 +91,12 @@ def run_experiment(
 def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str], None]) -> Path:
     from harness.report import write_report  # plotting libraries load slowly
 
-    run_id = run_dir.name
     spec_path = run_dir / "spec.json"
     revision = git_revision()
     spec_record: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "spec_version": SPEC_VERSION,
-        "run_id": run_id,
+        "run_id": run_dir.name,
         "git_revision": revision,
         "resumed_git_revisions": [],
         "spec": spec.to_dict(),
@@ -106,6 +105,8 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         previous = read_spec_record(run_dir)
         _check_same_experiment(run_dir, previous, spec_record)
         spec_record.update(_revisions(previous, revision))
+        spec_record["run_id"] = _first_run_id(run_dir, previous, progress)
+    run_id = spec_record["run_id"]
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
@@ -224,6 +225,17 @@ def _without_folders(spec: dict[str, Any]) -> dict[str, Any]:
     (their contents are kept beside them: `faults_text`, `calibration_costs`)."""
     names = {key: Path(spec[key]).name for key in ("faults", "calibration") if spec.get(key)}
     return {**spec, **names}
+
+
+def _first_run_id(run_dir: Path, previous: dict[str, Any], progress: Callable[[str], None]) -> str:
+    """A resumed run keeps the run id of its first run (spec.json's), as its rows have it,
+    also in a directory copied or renamed since: its files never mix two ids."""
+    run_id = previous.get("run_id", run_dir.name)
+    if not isinstance(run_id, str) or not run_id:
+        raise ConfigError(f"{run_dir / 'spec.json'}: run_id {run_id!r} is not a run id: damaged?")
+    if run_id != run_dir.name:
+        progress(f"{run_dir} holds run {run_id} (copied or renamed): its rows keep that run id")
+    return run_id
 
 
 def _revisions(previous: dict[str, Any], now: str) -> dict[str, Any]:

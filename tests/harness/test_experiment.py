@@ -607,3 +607,28 @@ def test_a_spec_and_its_files_copied_elsewhere_resume_the_same_run(tmp_path: Pat
     (elsewhere / "f.yaml").write_text("- {start_iteration: 1, links: ['0-1'], delay_ms: 6}\n")
     with pytest.raises(ConfigError, match="holds a different experiment \\(faults_text changed\\)"):
         run_experiment(load_spec(elsewhere / "s.yaml"), run_dir)
+
+
+def test_a_run_directory_copied_under_another_id_and_resumed_keeps_its_first_run_id(
+    tmp_path: Path,
+) -> None:
+    """An interrupted run copied to a new id and resumed wrote the new id in the rows it
+    added and in spec.json, the old one in the rest: it keeps the first, as spec.json says."""
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("1f1b", "zb-h1"),
+        num_iterations=2,
+    )
+    run_dir = run_experiment(spec, tmp_path / "first")
+    runs = run_dir / "runs.csv"
+    runs.write_text("".join(runs.read_text().splitlines(keepends=True)[:2]))  # interrupted
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    seen: list[str] = []
+    run_experiment(spec, copy, progress=seen.append)
+    assert seen[0] == f"{copy} holds run first (copied or renamed): its rows keep that run id"
+    assert [r["run_id"] for r in _rows(copy / "runs.csv")] == ["first", "first"]
+    assert {r["run_id"] for r in _rows(copy / "iterations.csv")} == {"first"}
+    assert read_spec_record(copy)["run_id"] == "first"
