@@ -93,6 +93,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
 
     spec_path = run_dir / "spec.json"
     revision = git_revision()
+    configs = spec.configurations()
     spec_record: dict[str, Any] = {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "spec_version": SPEC_VERSION,
@@ -100,6 +101,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         "git_revision": revision,
         "resumed_git_revisions": [],
         "spec": spec.to_dict(),
+        "resolved": spec.resolve(configs).to_dict(),
     }
     if spec_path.exists():
         previous = read_spec_record(run_dir)
@@ -114,7 +116,6 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     saved = read_iterations(run_dir, runs)  # each configuration in runs.csv has its rows
     iterations = [r for r in saved if _row_key(r) in done]
     write_json_atomic(spec_path, spec_record)
-    configs = spec.configurations()
     keys = [config.key for config in configs]
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
@@ -200,13 +201,16 @@ def _blind_warning(config: Configuration, num_warmup_iterations: int) -> str | N
 def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:
     """A resume runs the experiment `run_dir` holds (`previous`, its spec.json), no other:
     every field of the spec, the fault timeline's text and the calibration's costs included
-    (a file edited since is another experiment). The files' folders are not (a checkout
-    moved, or the spec and its files copied elsewhere): where spec.json keeps what they held,
-    their names only."""
+    (a file edited since is another experiment), and what it resolved to where it kept that
+    (`resolved`: a preset whose batch changed since is another experiment too). The files'
+    folders are not (a checkout moved, or the spec and its files copied elsewhere): where
+    spec.json keeps what they held, their names only."""
     before, now = previous["spec"], json.loads(json.dumps(record["spec"]))
     if previous["spec_version"] >= 2:
         before, now = _without_folders(before), _without_folders(now)
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if "resolved" in previous and previous["resolved"] != record["resolved"]:
+        changed.append("resolved")  # the cost model changed its models' batch or names
     if not changed:
         return
     if previous["spec_version"] < 2 and set(changed) <= {"faults_text", "calibration_costs"}:

@@ -3,7 +3,6 @@ its CSVs and its timelines (harness.saved). Nothing is planned or simulated agai
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import statistics
 from collections.abc import Mapping, Sequence
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
+from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
 from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
 from pipeline.files import write_atomic
@@ -21,29 +21,7 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["Coverage", "coverage", "paper_comparison", "resume_command", "write_report"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Coverage:
-    """How many of the configurations a spec lists runs.csv holds."""
-
-    done: int
-    listed: int
-
-    @property
-    def complete(self) -> bool:
-        return self.done == self.listed
-
-    def __str__(self) -> str:
-        return f"{self.done} of {self.listed} configurations"
-
-
-def coverage(spec: ExperimentSpec, runs: Sequence[Mapping[str, Any]]) -> Coverage:
-    """The configurations of `spec` that `runs` (runs.csv's rows) holds, of all it lists."""
-    done = {(r["model"], r["system"], r["scenario"], str(r["repeat"])) for r in runs}
-    listed = [config.key for config in spec.configurations()]
-    return Coverage(sum(key in done for key in listed), len(listed))
+__all__ = ["paper_comparison", "resume_command", "write_report"]
 
 
 def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
@@ -97,6 +75,7 @@ def paper_comparison(
 
 def _gantt_charts(
     spec: ExperimentSpec,
+    resolved: ResolvedSpec,
     run_dir: Path,
     runs: Sequence[Mapping[str, Any]],
     iterations: Sequence[Mapping[str, Any]],
@@ -106,14 +85,14 @@ def _gantt_charts(
     timeline the iteration its first event starts in. The charts share one time axis, each
     iteration's from its start, so a longer iteration draws longer. Returns the figures and,
     per system, where its chart came from (or why there is none)."""
-    model = spec.targets()[0].label
+    model = resolved.first_model
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
         return [], []
     worst = max(rows, key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0)))
     scenario = str(worst["scenario"])
-    timelines = [s.faults for s in spec.scenarios(spec.targets()[0]) if s.faults is not None]
-    first_fault = min((e.start_iteration for t in timelines for e in t.events), default=0)
+    faults = spec.fault_timeline()
+    first_fault = min((e.start_iteration for e in faults.events), default=0) if faults else 0
     comms = {
         (r["system"], str(r["iteration"])): r["comm"]
         for r in iterations
@@ -244,9 +223,13 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> Coverage:
-    """report.md and its figures from `runs` (runs.csv's rows) and the files beside it;
-    returns how many of the spec's configurations they cover."""
-    done = coverage(spec, runs)
+    """report.md and its figures from `runs` (runs.csv's rows) and the files beside it, what
+    spec.json says its spec resolved to; returns how many of its configurations they cover."""
+    from harness.spec import resolved_from_record  # the spec module loads the engines
+
+    recorded = read_spec_record(run_dir)
+    resolved = resolved_from_record(recorded, run_dir / "spec.json")
+    done = coverage(resolved, runs)
     figures: list[tuple[str, str]] = []
     static = [r for r in runs if not _traced(r)]
     if static:
@@ -257,13 +240,12 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     iterations = read_iterations(run_dir, runs)
     traced = [r for r in iterations if _traced(r)]
     if traced:
-        samples = {target.label: target.samples_per_iteration for target in spec.targets()}
+        samples = resolved.samples_per_iteration
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
         figures.append((_throughput_caption(runs), "throughput_over_time.png"))
-    gantt, sources = _gantt_charts(spec, run_dir, runs, iterations)
+    gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations)
     _remove_stale_charts(run_dir, {name for _, name in gantt})
     figures += gantt
-    recorded = read_spec_record(run_dir)
     resumed = ", ".join(f"`{r}`" for r in recorded["resumed_git_revisions"])
     lines = [
         f"# {spec.name}",

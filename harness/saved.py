@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from harness.names import slug
+from harness.resolved import ConfigurationKey
 from harness.results import MESSAGES_COLUMNS, write_json_atomic
 from pipeline.files import atomic_writer, parse_json_file
 from pipeline.timeline import Timeline
@@ -39,9 +40,6 @@ __all__ = [
 
 MESSAGES_FILE = "messages.csv"
 TIMELINES_DIR = "timelines"
-
-ConfigurationKey = tuple[str, str, str, str]
-"""(model, system, scenario, repeat) as runs.csv writes them: what names a configuration."""
 
 
 def timeline_name(key: ConfigurationKey) -> str:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
+from harness.resolved import ResolvedSpec
 from harness.runner import BACKENDS, INJECTIONS, check_hold, link_terms, longest_hold_ms
 from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import parse_faults
@@ -42,6 +43,7 @@ __all__ = [
     "default_experiment",
     "load_spec",
     "memoised_planner",
+    "resolved_from_record",
     "spec_from_record",
 ]
 
@@ -219,8 +221,12 @@ class ExperimentSpec:
     and a report rebuilds from it, never reading the file again."""
     calibration_costs: dict[str, Any] | None = None
     """The calibration's costs (HostCosts.to_dict), read once and kept as `faults_text` is."""
+    resolve_models: dataclasses.InitVar[bool] = True
+    """False for the spec a run directory's spec.json holds (`spec_from_record`): its models
+    are not resolved, nor checked, when it is made (a later version's cost model may lack
+    or change them); spec.json's `resolved` keeps what they resolved to when it ran."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, resolve_models: bool) -> None:
         self._check_types()
         check_run_name(self.name, "spec name")  # the run directory's default name
         if self.faults is not None:
@@ -295,6 +301,8 @@ class ExperimentSpec:
                 "backend megatron runs a megatron GPT named by `model` (e.g. tiny) over a "
                 "`profile` that gives its stages, microbatches and delays"
             )
+        if not resolve_models:
+            return
         targets = self.targets()
         _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
@@ -410,15 +418,22 @@ class ExperimentSpec:
             targets.append(Target(cost.model.name, cost.profile, cost))
         return targets
 
+    def fault_timeline(self) -> FaultModel | None:
+        """Its fault timeline, if it has one, as read from `faults_text` (not checked against a
+        model's topology: `scenarios` does that)."""
+        if self.faults is None:
+            return None
+        return parse_faults(str(self.faults_text), self.faults, self.seed)
+
     def scenarios(self, target: Target) -> list[Scenario]:
         """The fault-free scenario once (if a delay is 0), then every link set x delay."""
-        if self.faults is not None:
-            timeline = parse_faults(str(self.faults_text), self.faults, self.seed)
+        timeline = self.fault_timeline()
+        if timeline is not None:
             timeline.validate(
                 target.profile.topology,
                 self.num_iterations,
             )
-            return [Scenario(faults=timeline, faults_name=Path(self.faults).stem)]
+            return [Scenario(faults=timeline, faults_name=Path(str(self.faults)).stem)]
         if not self.link_sets:
             raise ConfigError("link_sets is empty")
         scenarios = [Scenario()] if 0 in self.delays_ms else []
@@ -445,6 +460,15 @@ class ExperimentSpec:
             for repeat in range(self.num_repeats)
         ]
 
+    def resolve(self, configurations: Sequence[Configuration] | None = None) -> ResolvedSpec:
+        """What it resolves to with this version's cost model (its `configurations`, if given,
+        are these): what spec.json keeps for the report."""
+        configs = self.configurations() if configurations is None else configurations
+        return ResolvedSpec(
+            {c.target.label: c.target.samples_per_iteration for c in configs},
+            tuple(c.key for c in configs),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["profile"] = None if self.profile is None else self.profile.to_dict()
@@ -457,7 +481,8 @@ class ExperimentSpec:
         """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
         accepted for one model and one link set); `faults` is relative to `base_dir`. Only a
         `recorded` spec (spec.json's) may give what the spec read from its files
-        (`faults_text`, `calibration_costs`): a spec file names the files."""
+        (`faults_text`, `calibration_costs`): a spec file names the files; its models are not
+        resolved (`resolve_models`)."""
         if not isinstance(data, dict):
             raise ConfigError("an experiment spec is a mapping of its fields")
         values = dict(data)
@@ -494,7 +519,7 @@ class ExperimentSpec:
         for key in ("faults", "calibration"):
             if values.get(key) is not None and base_dir is not None:
                 values[key] = str((base_dir / str(values[key])).resolve())
-        return cls(**values)
+        return cls(**values, resolve_models=not recorded)
 
 
 _READ = frozenset({"faults_text", "calibration_costs"})
@@ -511,6 +536,25 @@ def spec_from_record(record: dict[str, Any]) -> ExperimentSpec:
             if spec.get(name) is not None and spec.get(kept) is None:
                 raise ConfigError(f"the spec.json spec names {name} but keeps no {kept}: damaged?")
     return ExperimentSpec.from_dict(spec, recorded=True)
+
+
+def resolved_from_record(record: dict[str, Any], path: Path) -> ResolvedSpec:
+    """What the run of spec.json `path`'s record (harness.results.read_spec_record) resolved
+    its spec to, as it kept it; a record of an older version, which kept none, is resolved
+    now, with this version's cost model (the error says so where that fails: a preset renamed
+    since)."""
+    try:
+        if "resolved" in record:
+            return ResolvedSpec.from_dict(record["resolved"])
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from err
+    try:
+        return spec_from_record(record).resolve()
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(
+            f"{path}, of an older version, keeps no resolved models; resolving them with this "
+            f"version failed: {err}"
+        ) from err
 
 
 def load_spec(path: Path) -> ExperimentSpec:

@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -632,3 +633,28 @@ def test_a_run_directory_copied_under_another_id_and_resumed_keeps_its_first_run
     assert [r["run_id"] for r in _rows(copy / "runs.csv")] == ["first", "first"]
     assert {r["run_id"] for r in _rows(copy / "iterations.csv")} == {"first"}
     assert read_spec_record(copy)["run_id"] == "first"
+
+
+def test_spec_json_keeps_what_the_models_resolved_to_and_a_resume_compares_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preset whose batch changed since the run began is another experiment: its resumed
+    rows would count other samples per iteration than the first ones."""
+    (tmp_path / "s.yaml").write_text("name: t\nmodels: [gpt2-7b]\nsystems: [1f1b, zb]\n")
+    run_dir = run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "r")
+    assert read_spec_record(run_dir)["resolved"] == {
+        "samples_per_iteration": {"gpt2-7b": 12},
+        "configurations": [
+            ["gpt2-7b", "1f1b", "fault-free", "0"],
+            ["gpt2-7b", "zb", "fault-free", "0"],
+        ],
+    }
+    runs = run_dir / "runs.csv"
+    runs.write_text("".join(runs.read_text().splitlines(keepends=True)[:2]))  # interrupted
+    model = MODELS["gpt2-7b"]
+    monkeypatch.setitem(MODELS, "gpt2-7b", dataclasses.replace(model, microbatch_size=2))
+    with pytest.raises(ConfigError, match=r"holds a different experiment \(resolved changed\)"):
+        run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)
+    monkeypatch.setitem(MODELS, "gpt2-7b", model)
+    run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)  # as it ran: resumed
+    assert len(_rows(runs)) == 2

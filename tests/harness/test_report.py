@@ -2,6 +2,7 @@
 columns mean, and which seed and revision made it; its Gantt charts share one time axis."""
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -14,11 +15,12 @@ import pytest
 import harness.paper
 import harness.plots
 import harness.report
+import pipeline.cost_model as cost_model
 from harness.cli import main
 from harness.experiment import run_experiment
 from harness.report import resume_command
 from harness.results import run_dir_held
-from harness.spec import default_experiment
+from harness.spec import default_experiment, load_spec
 from pipeline.gantt import drawn_end_ms, plot_gantt
 from pipeline.timeline import Timeline
 
@@ -361,3 +363,50 @@ def test_many_scenarios_get_upright_labels_and_room(
     assert {label.get_rotation() for label in ax.get_xticklabels()} == {90.0}
     width, height = grids[0].figure.get_size_inches()
     assert width >= 4.2 * 3.6 > height
+
+
+def test_a_report_counts_the_samples_its_run_resolved_not_today_s_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spec.json keeps what the run's models resolved to (`resolved`): a later version whose
+    preset has another batch, or another name, reports the run as it ran (12 samples per
+    iteration); a spec.json of an older version, without it, is resolved with the cost model
+    of the version reading it, and says so where that fails."""
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 1, links: ['0-1'], delay_ms: 5}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: t\nmodels: [gpt2-7b]\nsystems: [1f1b]\nfaults: f.yaml\nnum_iterations: 3\n"
+    )
+    run_dir = run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "out" / "r")
+    samples: list[dict[str, int]] = []
+
+    def spy(rows: list[dict[str, str]], samples_of: dict[str, int], path: Path) -> None:
+        samples.append(dict(samples_of))
+
+    monkeypatch.setattr(harness.report, "plot_throughput_over_time", spy)
+    model = cost_model.MODELS["gpt2-7b"]
+    doubled = dataclasses.replace(model, microbatch_size=2 * model.microbatch_size)
+    monkeypatch.setitem(cost_model.MODELS, "gpt2-7b", doubled)
+    main(["report", str(run_dir)])
+    monkeypatch.delitem(cost_model.MODELS, "gpt2-7b")
+    monkeypatch.setitem(cost_model.MODELS, "gpt2-7b-v2", model)
+    main(["report", str(run_dir)])
+    assert samples == [{"gpt2-7b": 12}, {"gpt2-7b": 12}]
+    gantt = "- 1f1b: `timelines/gpt2-7b_1f1b_trace-f_r0.json`, iteration 1, recorded by"
+    assert gantt in (run_dir / "report.md").read_text()  # the model's recorded label
+
+    record = json.loads((run_dir / "spec.json").read_text())
+    del record["resolved"]  # as an older version wrote it
+    (run_dir / "spec.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(run_dir)])
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: {run_dir / 'spec.json'}, of an older version, keeps no resolved models; "
+        "resolving them with this version failed: unknown model 'gpt2-7b'; valid: "
+    )
+    assert len(err.splitlines()) == 1
+    monkeypatch.setitem(cost_model.MODELS, "gpt2-7b", doubled)
+    main(["report", str(run_dir)])
+    assert samples[-1] == {"gpt2-7b": 24}

@@ -219,6 +219,7 @@ def test_the_report_imports_no_runner() -> None:
         "harness.paper",
         "harness.plots",
         "harness.report",
+        "harness.resolved",
         "harness.results",
         "harness.saved",
     ]
