@@ -42,10 +42,16 @@ def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str
         return []
     command = resume_command(spec, run_dir)
     spec_file = " --spec SPEC " in command
+    unfinished = ", ".join(
+        f"`{model} {system} {scenario}" + (f" #{repeat}`" if repeat != "0" else "`")
+        for model, system, scenario, repeat in done.missing
+    )
     return [
         f"**{done} (incomplete: resume with `{command}` to finish"
         + ("; SPEC is the spec file it was started with" if spec_file else "")
-        + ").** The headline and the tables below cover these only.",
+        + ").** The headline, the tables and the figures below cover these only.",
+        "",
+        f"Unfinished, not in runs.csv (nothing of them is drawn): {unfinished}.",
         "",
     ]
 
@@ -83,14 +89,16 @@ def _gantt_charts(
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
     model under its worst static scenario, its last measured iteration, or under a fault
     timeline the iteration its first event starts in. The charts share one time axis, each
-    iteration's from its start, so a longer iteration draws longer. Returns the figures and,
-    per system, where its chart came from (or why there is none)."""
+    iteration's from its start, so a longer iteration draws longer. Only configurations in
+    `runs` are drawn. Returns the figures and, per system, where its chart came from (or why
+    there is none)."""
     model = resolved.first_model
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
         return [], []
     worst = max(rows, key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0)))
     scenario = str(worst["scenario"])
+    finished = {r["system"] for r in rows if r["scenario"] == scenario}
     faults = spec.fault_timeline()
     first_fault = min((e.start_iteration for e in faults.events), default=0) if faults else 0
     comms = {
@@ -102,11 +110,13 @@ def _gantt_charts(
     sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
-        timeline = read_timeline(run_dir, key)
+        timeline = read_timeline(run_dir, key) if system in finished else None
         where = f"{TIMELINES_DIR}/{timeline_name(key)}"
         if timeline is None:
             sources.append(
-                f"- {system}: no chart, the run directory has no saved timeline `{where}` "
+                f"- {system}: no chart, unfinished (not in runs.csv)"
+                if system not in finished
+                else f"- {system}: no chart, the run directory has no saved timeline `{where}` "
                 "(a run of an older version, or one that did not finish)"
             )
             continue
@@ -140,6 +150,10 @@ def _remove_stale_charts(run_dir: Path, drawn: set[str]) -> None:
     for stale in run_dir.glob("gantt_*.png"):
         if stale.name not in drawn and (stale.is_file() or stale.is_symlink()):
             stale.unlink(missing_ok=True)
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (str(row["model"]), str(row["system"]), str(row["scenario"]), str(row["repeat"]))
 
 
 def _traced(row: Mapping[str, Any]) -> bool:
@@ -224,7 +238,9 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
 
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> Coverage:
     """report.md and its figures from `runs` (runs.csv's rows) and the files beside it, what
-    spec.json says its spec resolved to; returns how many of its configurations they cover."""
+    spec.json says its spec resolved to; returns how many of its configurations they cover.
+    What other files hold of a configuration `runs` lacks (an interrupted run's) is not
+    drawn."""
     from harness.spec import resolved_from_record  # the spec module loads the engines
 
     recorded = read_spec_record(run_dir)
@@ -237,7 +253,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         figures.append(("time per step vs delay", "iteration_time_vs_delay.png"))
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
-    iterations = read_iterations(run_dir, runs)
+    finished = {_key(r) for r in runs}
+    iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
     traced = [r for r in iterations if _traced(r)]
     if traced:
         samples = resolved.samples_per_iteration

@@ -256,7 +256,7 @@ def test_an_interrupted_run_s_report_says_it_is_incomplete_and_how_to_finish_it(
     assert (title, blank) == ("# default", "")
     assert first == (
         f"**12 of 16 configurations (incomplete: resume with `{command}` to finish).** The "
-        "headline and the tables below cover these only."
+        "headline, the tables and the figures below cover these only."
     )
     main(shlex.split(command)[1:])  # the command it names finishes the run
     report = (run_dir / "report.md").read_text()
@@ -363,6 +363,37 @@ def test_many_scenarios_get_upright_labels_and_room(
     assert {label.get_rotation() for label in ax.get_xticklabels()} == {90.0}
     width, height = grids[0].figure.get_size_inches()
     assert width >= 4.2 * 3.6 > height
+
+
+def test_an_interrupted_run_s_report_draws_only_the_configurations_in_runs_csv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run cut off after zb-h1 wrote its timeline and iterations.csv rows but before
+    runs.csv (written last): its throughput line and Gantt chart were drawn from data a resume
+    deletes as stale; now it is listed as unfinished and drawn nowhere."""
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 1, links: ['0-1'], delay_ms: 5}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: t\nmodel: m\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}\n"
+        "systems: [1f1b, zb-h1]\nfaults: f.yaml\nnum_iterations: 3\n"
+    )
+    run_dir = run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "out" / "r")
+    assert (run_dir / "gantt_zb-h1.png").exists()
+    runs = run_dir / "runs.csv"
+    runs.write_text("".join(runs.read_text().splitlines(keepends=True)[:2]))  # 1f1b's only
+    plotted: list[set[str]] = []
+
+    def spy(rows: list[dict[str, str]], samples: dict[str, int], path: Path) -> None:
+        plotted.append({r["system"] for r in rows})
+
+    monkeypatch.setattr(harness.report, "plot_throughput_over_time", spy)
+    main(["report", str(run_dir)])
+    assert plotted == [{"1f1b"}]
+    report = (run_dir / "report.md").read_text().splitlines()
+    assert report[4] == (
+        "Unfinished, not in runs.csv (nothing of them is drawn): `m zb-h1 trace:f`."
+    )
+    assert "- zb-h1: no chart, unfinished (not in runs.csv)" in report
+    assert sorted(p.name for p in run_dir.glob("gantt_*.png")) == ["gantt_1f1b.png"]
 
 
 def test_a_report_counts_the_samples_its_run_resolved_not_today_s_preset(
