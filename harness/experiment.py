@@ -167,7 +167,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                     delegated=SYSTEMS[system][1] == "delegated",
                     seed=spec.seed,
                 )
-            write_timeline(run_dir, key, recorder.timeline())
+            write_timeline(run_dir, key, recorder.timeline(), result.rerun_iterations)
             common = _row_keys(run_id, spec, target, system, scenario, repeat, result)
             runs.append(_run_row(common, spec, target, scenario, result))
             iterations += _iteration_rows(common, result)

@@ -105,6 +105,10 @@ class RunResult:
     asked for, the configured restart cost."""
     decisions: tuple[IterationDecision, ...] = ()
     """One per measured iteration run, as the times."""
+    rerun_iterations: frozenset[int] = frozenset()
+    """The measured iterations (from 0) run again after a restart: their run before it failed
+    (the one a link failure came in) or was lost (since the checkpoint). Their last run is the
+    one after the restart."""
 
     @property
     def comms_run(self) -> str:
@@ -175,6 +179,11 @@ class _Restarts:
     lost_iterations: int = 0
     wall_ms: float = 0.0
     model_ms: float = 0.0
+    attempted: int = -1
+    """The highest iteration (warm-ups included) an engine began: one at or below it runs
+    again."""
+    rerun: set[int] = dataclasses.field(default_factory=set)
+    """Measured iterations (from 0) run again."""
 
 
 def run_loop(
@@ -234,6 +243,9 @@ def run_loop(
         # `checkpoint_every` measured iterations.
         done = k + 1 - num_warmup_iterations
         save = done >= 0 and done % recovery.checkpoint_every == 0
+        if k <= restarts.attempted:  # again after a restart (from a checkpoint: measured)
+            restarts.rerun.add(k - num_warmup_iterations)
+        restarts.attempted = max(restarts.attempted, k)
         try:
             outcome = engine.run(plan, k, view.at(k, topology), digest=digest, checkpoint=save)
         except LinkFailure as failure:
@@ -299,6 +311,7 @@ def run_loop(
         restart_wall_ms=restarts.wall_ms,
         restart_model_ms=restarts.model_ms,
         decisions=tuple(decisions),
+        rerun_iterations=frozenset(restarts.rerun),
     )
 
 

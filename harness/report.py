@@ -13,7 +13,7 @@ from harness.paper import PAPER, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
-from harness.saved import TIMELINES_DIR, read_timeline, timeline_name
+from harness.saved import TIMELINES_DIR, read_saved_timeline, timeline_name
 from pipeline.files import write_atomic
 from pipeline.gantt import drawn_end_ms, plot_gantt
 
@@ -88,10 +88,11 @@ def _gantt_charts(
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
     model under its worst static scenario, its last measured iteration, or under a fault
-    timeline the iteration its first event starts in. The charts share one time axis, each
-    iteration's from its start, so a longer iteration draws longer. Only configurations in
-    `runs` are drawn. Returns the figures and, per system, where its chart came from (or why
-    there is none)."""
+    timeline the iteration its first event starts in (its run after a checkpoint restart, if
+    it ran again: then the title says so). The charts share one time axis, each iteration's
+    from its start, so a longer iteration draws longer. Only configurations in `runs` are
+    drawn. Returns the figures and, per system, where its chart came from (or why there is
+    none)."""
     model = resolved.first_model
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
@@ -106,13 +107,13 @@ def _gantt_charts(
         for r in iterations
         if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
     }
-    charts: list[tuple[str, int, Timeline]] = []
+    charts: list[tuple[str, int, bool, Timeline]] = []
     sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
-        timeline = read_timeline(run_dir, key) if system in finished else None
+        saved = read_saved_timeline(run_dir, key) if system in finished else None
         where = f"{TIMELINES_DIR}/{timeline_name(key)}"
-        if timeline is None:
+        if saved is None:
             sources.append(
                 f"- {system}: no chart, unfinished (not in runs.csv)"
                 if system not in finished
@@ -120,24 +121,33 @@ def _gantt_charts(
                 "(a run of an older version, or one that did not finish)"
             )
             continue
-        drawn = sorted(r.iteration for r in timeline.iterations)
+        drawn = sorted(r.iteration for r in saved.timeline.iterations)
         iteration = drawn[-1]
         if _traced(worst):  # the first one with a fault in force, the first event's start
             faulted = [k for k in drawn if k >= first_fault]  # numbered as measured
             iteration = faulted[0] if faulted else drawn[0]
-        charts.append((system, iteration, timeline.one_iteration(iteration)))
+        rerun = iteration in saved.rerun_iterations
+        charts.append((system, iteration, rerun, saved.timeline.one_iteration(iteration)))
         sources.append(
             f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"
+            + (
+                "; its run after a checkpoint restart (the run before it, which failed or was "
+                "lost, is not saved)"
+                if rerun
+                else ""
+            )
         )
-    end_ms = max((drawn_end_ms(timeline) for _, _, timeline in charts), default=1.0)
+    end_ms = max((drawn_end_ms(timeline) for *_, timeline in charts), default=1.0)
     figures = []
-    for system, iteration, timeline in charts:
+    for system, iteration, rerun, timeline in charts:
         comm = comms.get((system, str(iteration)), "")
         name = f"gantt_{system}.png"
+        again = ", run again after a restart" if rerun else ""
         plot_gantt(
             timeline,
             run_dir / name,
-            title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}, {spec.backend}",
+            title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}{again}, "
+            f"{spec.backend}",
             end_ms=end_ms,
         )
         figures.append((f"Gantt chart, {system}", name))

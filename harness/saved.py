@@ -17,11 +17,12 @@ import io
 import itertools
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, NamedTuple, TextIO
 
 from harness.names import slug
 from harness.resolved import ConfigurationKey
 from harness.results import MESSAGES_COLUMNS, write_json_atomic
+from pipeline.errors import ConfigError
 from pipeline.files import atomic_writer, parse_json_file
 from pipeline.timeline import Timeline
 
@@ -30,9 +31,11 @@ __all__ = [
     "TIMELINES_DIR",
     "ConfigurationKey",
     "ConfigurationRecorder",
+    "SavedTimeline",
     "drawn_iterations",
     "drop_stale",
     "messages_writer",
+    "read_saved_timeline",
     "read_timeline",
     "timeline_name",
     "write_timeline",
@@ -117,18 +120,53 @@ def messages_writer(run_dir: Path) -> Iterator[TextIO]:
         yield out
 
 
-def write_timeline(run_dir: Path, key: ConfigurationKey, timeline: Timeline) -> Path:
+class SavedTimeline(NamedTuple):
+    """A configuration's saved timeline, and which of its drawn iterations ran again after a
+    checkpoint restart (`RunResult.rerun_iterations`): the run kept is the one after it, the
+    run with the fault that failed, or was lost, is not saved. A file of an older version
+    says none."""
+
+    timeline: Timeline
+    rerun_iterations: frozenset[int]
+
+
+_RERUN_KEY = "rerun_iterations"
+"""What the file adds to `Timeline.to_dict`'s keys."""
+
+
+def write_timeline(
+    run_dir: Path, key: ConfigurationKey, timeline: Timeline, rerun_iterations: Iterable[int] = ()
+) -> Path:
+    """The drawn iterations' `timeline`, and those of them among `rerun_iterations`."""
     path = run_dir / TIMELINES_DIR / timeline_name(key)
-    write_json_atomic(path, timeline.to_dict(), compact=True)
+    drawn = {r.iteration for r in timeline.iterations}
+    rerun = sorted(drawn.intersection(rerun_iterations))
+    write_json_atomic(path, {**timeline.to_dict(), _RERUN_KEY: rerun}, compact=True)
     return path
 
 
-def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
+def read_saved_timeline(run_dir: Path, key: ConfigurationKey) -> SavedTimeline | None:
     """The saved timeline of a configuration, or None if the run directory has none."""
     path = run_dir / TIMELINES_DIR / timeline_name(key)
     if not path.exists():
         return None
-    return parse_json_file(path, "timeline", Timeline.from_dict)
+    return parse_json_file(path, "timeline", _saved_timeline)
+
+
+def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
+    """The saved timeline of a configuration, or None if the run directory has none."""
+    saved = read_saved_timeline(run_dir, key)
+    return None if saved is None else saved.timeline
+
+
+def _saved_timeline(data: Any) -> SavedTimeline:
+    timeline = Timeline.from_dict(data)
+    rerun = data.get(_RERUN_KEY, [])
+    if not isinstance(rerun, list) or not all(
+        isinstance(k, int) and not isinstance(k, bool) for k in rerun
+    ):
+        raise ConfigError(f"{_RERUN_KEY} is not a list of iterations: damaged?")
+    return SavedTimeline(timeline, frozenset(rerun))
 
 
 def drop_stale(

@@ -441,3 +441,34 @@ def test_a_report_counts_the_samples_its_run_resolved_not_today_s_preset(
     monkeypatch.setitem(cost_model.MODELS, "gpt2-7b", doubled)
     main(["report", str(run_dir)])
     assert samples[-1] == {"gpt2-7b": 24}
+
+
+@pytest.mark.parametrize("checkpoint_every", [2, 1])
+def test_a_gantt_chart_of_an_iteration_run_again_after_a_failure_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkpoint_every: int
+) -> None:
+    """Link 0-1 down from measured iteration 3, the iteration the chart draws: its run with
+    the failure ended in a restart and is not saved; the chart is of its run after the
+    restart, and its title and report.md say so (iterations.csv shows a repeat only where
+    the restart lost iterations: with a checkpoint every iteration, none)."""
+    titles: list[str] = []
+
+    def drawing(
+        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+    ) -> None:
+        titles.append(title)
+
+    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 3, links: ['0-1'], down: true}\n")
+    (tmp_path / "s.yaml").write_text(
+        "name: t\nmodel: m\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}\n"
+        "systems: [1f1b]\nfaults: f.yaml\nnum_iterations: 6\n"
+        f"checkpoint_every: {checkpoint_every}\n"
+    )
+    run_dir = run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "out" / "r")
+    assert titles == ["m: 1f1b (direct), trace:f, iteration 3, run again after a restart, sim"]
+    assert (
+        "- 1f1b: `timelines/m_1f1b_trace-f_r0.json`, iteration 3, recorded by the sim backend; "
+        "its run after a checkpoint restart (the run before it, which failed or was lost, is "
+        "not saved)"
+    ) in (run_dir / "report.md").read_text().splitlines()

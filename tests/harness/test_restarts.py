@@ -171,8 +171,31 @@ def test_a_restart_a_controller_asks_for_leaves_the_slow_link_out() -> None:
     assert controller.restarted_at == [(3, True)]  # the slow hardware left out too
     assert (result.restarts, result.lost_iterations, result.restart_model_ms) == (1, 2, 5000.0)
     assert result.iterations == (0, 1, 0, 1, 2, 3)
+    assert result.rerun_iterations == {0, 1}  # 2 had not run: its first run is after it
     slow, healthy = result.iteration_times_ms[0], result.iteration_times_ms[2]
     assert slow > healthy and result.iteration_times_ms[2:] == (healthy,) * 4
+
+
+@pytest.mark.parametrize(
+    ("checkpoint_every", "iterations", "rerun"),
+    [(2, (0, 1, 2, 2, 3, 4, 5), {2, 3}), (1, (0, 1, 2, 3, 4, 5), {3})],
+)
+def test_the_iterations_run_again_after_a_failure_are_told(
+    checkpoint_every: int, iterations: tuple[int, ...], rerun: set[int]
+) -> None:
+    """Link 0-1 down from measured iteration 3: it fails, and the job restarts from its last
+    checkpoint. With one every 2 iterations, 2 is lost: 2 and 3 run again; with one every
+    iteration nothing is lost (no iteration repeats) and 3 alone runs again. Either way, what
+    is kept of 3 is its run after the restart, not the failed one."""
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    result = run_configuration(
+        fixed_plan(one_f_one_b(profile), profile),
+        num_iterations=6,
+        faults=parse_yaml('[{start_iteration: 3, links: ["0-1"], down: true}]'),
+        recovery=Recovery(checkpoint_every=checkpoint_every),
+    )
+    assert (result.restarts, result.iterations) == (1, iterations)
+    assert result.rerun_iterations == rerun
 
 
 def test_faults_that_start_in_the_iteration_a_restart_comes_before_still_happen() -> None:
