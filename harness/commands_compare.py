@@ -77,7 +77,8 @@ def compare(
     regression (a metric worse than its tolerance, a configuration run another way: its
     policy, comm, controller, links, delay, seed or iterations, or one of BASE missing from
     NEW) or a configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
-    (empty, unreadable, not a runs.csv, NaN or negative values, NaN tolerances)."""
+    (empty, unreadable, not a runs.csv, NaN or negative values, NaN tolerances, a run
+    directory of an unfinished run or one a run still writes)."""
     try:
         result = compare_runs(
             load_runs(Path(base)),

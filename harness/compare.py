@@ -1,11 +1,12 @@
 """Regression gate: compare two runs' results metric by metric.
 
-A gate that passes on garbage protects nothing: an empty, unreadable or incomplete runs.csv,
-a NaN or negative metric, a duplicate configuration or a NaN tolerance is `UnusableResults`
-(the CLI exits 2), a configuration on one side only is a failure (the CLI exits 1; one only
-in the new results may be allowed), and every metric has its direction (times: lower is
-better, throughput: higher; restarts and lost iterations: lower) and a tolerance of its own
-if given.
+A gate that passes on garbage protects nothing: an empty, unreadable or incomplete runs.csv
+(of a run directory: one that lacks configurations its spec.json lists, an interrupted run's,
+or one a run still writes), a NaN or negative metric, a duplicate configuration or a NaN
+tolerance is `UnusableResults` (the CLI exits 2), a configuration on one side only is a
+failure (the CLI exits 1; one only in the new results may be allowed), and every metric has
+its direction (times: lower is better, throughput: higher; restarts and lost iterations:
+lower) and a tolerance of its own if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
@@ -21,7 +22,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.results import RESULTS_SCHEMA_VERSION
+from harness.resolved import coverage
+from harness.results import RESULTS_SCHEMA_VERSION, read_spec_record, run_dir_holder
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -106,7 +108,15 @@ class Comparison:
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """runs.csv of a run directory, or a runs.csv file itself: every row with its key columns
     and every metric a finite number >= 0 (a metric column a baseline predates may be
-    absent)."""
+    absent); a run directory's run has ended and run every configuration its spec.json
+    lists."""
+    if path.is_dir():
+        holder = run_dir_holder(path)
+        if holder is not None:
+            raise UnusableResults(
+                f"{path} is still being written by a run (pid {holder}): compare it once that "
+                "run has ended"
+            )
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.is_file():
         raise UnusableResults(f"{path} is not a run directory: it has no runs.csv")
@@ -153,7 +163,34 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                     f"{csv_path} line {number}: {metric} is {row[metric]!r}, not a valid value "
                     "(a finite number >= 0)"
                 )
+    if path.is_dir() and (path / "spec.json").is_file():
+        _check_finished(path, rows)
     return rows
+
+
+def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """A run directory's runs.csv holds every configuration its spec.json lists: an
+    interrupted run's does not, and what it has not run yet is no regression."""
+    try:
+        record = read_spec_record(run_dir)
+        from harness.spec import resolved_from_record, spec_from_record  # loads the engines
+
+        done = coverage(resolved_from_record(record, run_dir / "spec.json"), rows)
+        if done.complete:
+            return
+        from harness.report import resume_command
+
+        command = resume_command(spec_from_record(record), run_dir)
+    except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
+        where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "
+        raise UnusableResults(
+            f"{where}{err} (its runs.csv, given alone, is compared without this check)"
+        ) from None
+    spec_file = " (SPEC: the spec file it was started with)" if " --spec SPEC " in command else ""
+    raise UnusableResults(
+        f"{run_dir} is an unfinished run ({done}): resume it with `{command}`{spec_file} and "
+        "compare it once finished"
+    )
 
 
 def _name(key: tuple[str, ...]) -> str:

@@ -28,6 +28,7 @@ __all__ = [
     "read_iterations",
     "read_spec_record",
     "run_dir_held",
+    "run_dir_holder",
     "write_csv_atomic",
     "write_json_atomic",
 ]
@@ -177,6 +178,22 @@ def run_dir_held(
         yield
     finally:
         os.close(fd)
+
+
+def run_dir_holder(run_dir: Path) -> str | None:
+    """The pid of the run that holds `run_dir` now (`run_dir_held`), or None where none does;
+    for a reader that must not wait for it, nor create or write the `.lock` (compare)."""
+    try:
+        fd = os.open(run_dir / ".lock", os.O_RDONLY)
+    except OSError:  # none (never held), or not ours to read: not known to be held
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    finally:
+        os.close(fd)  # releases the shared lock, if it was taken
+    return None
 
 
 def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:

@@ -1,5 +1,7 @@
 import csv
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +10,10 @@ from typing import Any
 import pytest
 
 from harness.compare import KEY, METRICS, compare_runs
+from harness.experiment import run_experiment
+from harness.results import run_dir_held
+from harness.spec import ExperimentSpec
+from pipeline.profile import Profile
 
 BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
 
@@ -336,3 +342,46 @@ def test_a_worse_metric_prints_the_digits_that_tell_it_apart(tmp_path: Path) -> 
     assert "| median_wall_ms | 450 | 450.0001 | +2.2e-05% | WORSE |" in markdown
     # equal numbers keep 4 digits; a change of 0.005 % or more keeps 2 decimals
     assert "| mean_iteration_ms | 450 | 450 | +0.00% |  |" in markdown
+
+
+def _small_run(tmp_path: Path) -> Path:
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("1f1b", "zb-h1"),
+        num_iterations=2,
+    )
+    return run_experiment(spec, tmp_path / "out" / "full")
+
+
+def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
+    """Its spec.json lists configurations its runs.csv lacks (an interrupted run): exit 2
+    with how to finish it, on either side, not "configurations missing" (a regression)."""
+    full = _small_run(tmp_path)
+    cut = tmp_path / "out" / "cut"
+    shutil.copytree(full, cut)
+    runs = cut / "runs.csv"
+    runs.write_text("".join(runs.read_text().splitlines(keepends=True)[:2]))  # header + 1
+    for base, new in ((full, cut), (cut, full)):
+        out = _compare(base, new)
+        assert (out.returncode, out.stdout) == (2, "")
+        assert out.stderr == (
+            f"error: {cut} is an unfinished run (1 of 2 configurations): resume it with "
+            f"`adaptra-bench run --spec SPEC --out {cut.parent} --run-id cut` (SPEC: the spec "
+            "file it was started with) and compare it once finished\n"
+        )
+    assert _compare(full, cut / "runs.csv").returncode == 1  # a file alone: missing rows
+    assert _compare(full, full).returncode == 0
+
+
+def test_a_run_directory_a_run_still_writes_cannot_be_compared(tmp_path: Path) -> None:
+    full = _small_run(tmp_path)
+    with run_dir_held(full):
+        out = _compare(full, full)  # which, as it stands, would pass
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == (
+        f"error: {full} is still being written by a run (pid {os.getpid()}): compare it once "
+        "that run has ended\n"
+    )
+    assert _compare(full, full).returncode == 0  # once it has ended
