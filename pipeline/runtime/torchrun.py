@@ -3,8 +3,10 @@ iterations on its own, and rank 0 gathers the records into a timeline.
 
 `torchrun_commands` writes the command line for each node; torchrun runs this module:
 `python -m torch.distributed.run ... -m pipeline.runtime.torchrun --profile P --schedule S`.
-Hosts' clocks are not shared, so each rank's times count from its own exit of the barrier
-that opens the iteration.
+Hosts' clocks are not shared: rank 0 puts every rank's records on one clock per iteration,
+each host's ranks counting from the first of them to leave the barrier that opens the
+iteration (one host's ranks share its monotonic clock, so on one host this is exact; between
+hosts the barrier's skew remains), and the iteration starting where the one before ended.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ __all__ = [
     "compute_backend",
     "host_placement",
     "main",
+    "on_one_clock",
     "parse_worker_args",
     "torchrun_commands",
 ]
@@ -71,6 +74,9 @@ def torchrun_commands(
 
 def _shift(result: RankResult, delta: float) -> RankResult:
     """The same records with every time moved by `delta` seconds."""
+    moved = result.moved
+    if moved is not None:
+        moved = dataclasses.replace(moved, start_s=moved.start_s + delta, end_s=moved.end_s + delta)
     return dataclasses.replace(
         result,
         ops=[(k, m, a + delta, b + delta) for k, m, a, b in result.ops],
@@ -81,7 +87,23 @@ def _shift(result: RankResult, delta: float) -> RankResult:
         receives=[(li, d, m, a + delta, n + delta, c) for li, d, m, a, n, c in result.receives],
         step_start=result.step_start + delta,
         step_end=result.step_end + delta,
+        failovers=[
+            f._replace(noticed_s=f.noticed_s + delta, resumed_s=f.resumed_s + delta)
+            for f in result.failovers
+        ],
+        moved=moved,
     )
+
+
+def on_one_clock(stamped: list[tuple[int, float, RankResult]], start_s: float) -> list[RankResult]:
+    """Every rank's records of one iteration on one clock, the iteration starting at
+    `start_s`. `stamped`: per rank, its host's index (torchrun's node rank), when it left the
+    barrier that opens the iteration, and its records, both on its host's monotonic clock.
+    Each host's ranks count from the first of them to leave the barrier."""
+    first: dict[int, float] = {}
+    for node, left_s, _ in stamped:
+        first[node] = min(left_s, first.get(node, left_s))
+    return [_shift(result, start_s - first[node]) for node, _, result in stamped]
 
 
 def host_placement(environ: Mapping[str, str]) -> tuple[int, int]:
@@ -145,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         rank, profile.num_stages, profile.num_replicas, "env://", args.timeout, compute,
         on_host=host_placement(os.environ),
     )  # fmt: skip
+    node = int(os.environ["GROUP_RANK"])  # torchrun's node rank: the ranks of one host
     parts, losses, offset = [], [], 0.0
     num_total = args.warmup_iterations + args.iterations
     for iteration in range(num_total):
@@ -153,29 +176,26 @@ def main(argv: list[str] | None = None) -> None:
         last = iteration == num_total - 1
         config = IterationConfig(iteration, schedule, profile, collect_params=last)
         result = worker.run(config, start_at)
-        gathered: list[RankResult | None] = [None] * dist.get_world_size()
-        dist.gather_object(_shift(result, offset - start_at), gathered if rank == 0 else None)
+        gathered: list[tuple[int, float, RankResult] | None] = [None] * dist.get_world_size()
+        dist.gather_object((node, start_at, result), gathered if rank == 0 else None)
         if rank == 0:
-            measured = (
-                iteration - args.warmup_iterations
-            )  # < 0: a warm-up, which only moves the clock
-            part = assemble_timeline(
-                profile.num_stages, measured, 0.0, offset, [r for r in gathered if r is not None]
-            )
+            results = on_one_clock([g for g in gathered if g is not None], offset)
+            measured = iteration - args.warmup_iterations  # < 0: a warm-up, only moves the clock
+            part = assemble_timeline(profile.num_stages, measured, 0.0, offset, results)
             if measured >= 0:
                 parts.append(part)
             offset = part.iterations[0].end_ms / 1000.0
             losses += [
                 r.step_output.loss
-                for r in gathered
-                if r is not None and r.step_output.loss is not None and r.replica == 0
+                for r in results
+                if r.step_output.loss is not None and r.replica == 0
             ]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "timeline.json", json.dumps(Timeline.concat(parts).to_dict()))
         if losses:  # a training backend: one loss per iteration, the trained model's digest
             write_atomic(args.out / "losses.json", json.dumps(losses))
-            digest = params_sha256(whole_model_params([r for r in gathered if r is not None]))
+            digest = params_sha256(whole_model_params(results))
             write_atomic(args.out / "params_sha256.txt", digest + "\n")
     dist.destroy_process_group()
 

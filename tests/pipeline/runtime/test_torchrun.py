@@ -1,10 +1,22 @@
-"""The torchrun worker's command line: what it computes with."""
+"""The torchrun worker: its command line, what it computes with, and the one clock rank 0
+puts every rank's records on."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pipeline.checks import MAX_SEED
+from pipeline.metrics import compute_metrics
 from pipeline.runtime.compute import EmulatedCompute
-from pipeline.runtime.torchrun import compute_backend, parse_worker_args
+from pipeline.runtime.config import RankResult
+from pipeline.runtime.pool import assemble_timeline
+from pipeline.runtime.torchrun import compute_backend, on_one_clock, parse_worker_args
+from pipeline.timeline import Timeline
 
 PLAN = ["--profile", "p.json", "--schedule", "s.json", "--out", "out"]
 
@@ -34,3 +46,65 @@ def test_the_emulated_worker_takes_a_seed_and_a_seed_out_of_range_is_refused(
         with pytest.raises(SystemExit):
             parse_worker_args([*PLAN, "--seed", bad])
         assert f"--seed must be in 0..{MAX_SEED}" in capsys.readouterr().err
+
+
+def _result(rank: int, op_start_s: float, op_end_s: float) -> RankResult:
+    """Stage `rank`'s records: one forward of microbatch 0 and its step, in host seconds."""
+    return RankResult(
+        rank=rank, stage=rank, replica=0, pid=100 + rank,
+        ops=[("F", 0, op_start_s, op_end_s)], sends=[], receives=[],
+        step_start=op_end_s, step_end=op_end_s + 0.001, bytes_sent=0,
+    )  # fmt: skip
+
+
+def test_rank_0_puts_every_rank_on_one_clock_counting_each_host_from_its_first_rank() -> None:
+    """Ranks 0 and 1 share host 0's clock and count from rank 1's earlier barrier exit (10.0
+    s); rank 2 is on host 1, whose clock is its own (500.0 s at its exit). All start at 2 s."""
+    stamped = [
+        (0, 10.002, _result(0, 10.003, 10.013)),
+        (0, 10.000, _result(1, 10.014, 10.024)),
+        (1, 500.000, _result(2, 500.025, 500.035)),
+    ]
+    results = on_one_clock(stamped, 2.0)
+    assert [r.ops[0][2:] for r in results] == [
+        pytest.approx((2.003, 2.013)),
+        pytest.approx((2.014, 2.024)),
+        pytest.approx((2.025, 2.035)),
+    ]
+    timeline = assemble_timeline(3, 0, 0.0, 2.0, results)
+    (iteration,) = timeline.iterations
+    assert iteration.start_ms == pytest.approx(2000.0)
+    assert iteration.end_ms == pytest.approx(2036.0)  # the last rank's step end
+    assert compute_metrics(timeline, 0).iteration_time_ms == pytest.approx(35.0)
+
+
+@pytest.mark.multiprocess
+def test_a_torchrun_run_keeps_every_stage_on_one_clock_per_iteration(tmp_path: Path) -> None:
+    """Stages 1 and 2 used to count from their own iteration start while stage 0 counted
+    from the run's: messages arrived before they were sent, ops lay outside their iteration
+    and the iteration times were a max over mixed clocks."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"stages": 3, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5}))
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "harness", "launch", "--profile", str(profile),
+            "--policy", "zb-h2", "--run", "--iterations", "3", "--out", str(tmp_path / "run"),
+        ],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    printed = json.loads(out.stdout)
+    timeline = Timeline.from_dict(json.loads(Path(printed["timeline"]).read_text()))
+    assert [r.iteration for r in timeline.iterations] == [0, 1, 2]
+    for before, after in itertools.pairwise(timeline.iterations):
+        assert after.start_ms == before.end_ms  # one clock: each starts where the last ended
+    for record, printed_ms in zip(timeline.iterations, printed["iteration_times_ms"], strict=True):
+        ops = [op for op in timeline.ops if op.iteration == record.iteration]
+        assert len(ops) == 3 * 4 * 3  # every stage's F, B and W of each microbatch
+        assert all(record.start_ms <= op.start_ms <= op.end_ms <= record.end_ms for op in ops)
+        last_op_end_ms = max(op.end_ms for op in ops)
+        assert printed_ms == pytest.approx(last_op_end_ms - record.start_ms)
+        assert record.end_ms - record.start_ms == pytest.approx(printed_ms + record.step_time_ms)
+    assert len(timeline.messages) == 3 * 2 * 2 * 4  # 2 links x (activation, gradient) x N
+    late = [m for m in timeline.messages if m.arrival_ms < m.send_start_ms]
+    assert late == []  # no message arrives before it was sent
