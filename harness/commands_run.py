@@ -276,9 +276,14 @@ def run(
                         "policy": decision.policy or label,
                         "comm": decision.comm,
                         "microbatches": decision.microbatches,
+                        "failovers": num_failovers,
                     }
-                    for index, time_ms, decision in zip(
-                        result.iterations, result.iteration_times_ms, result.decisions, strict=True
+                    for index, time_ms, decision, num_failovers in zip(
+                        result.iterations,
+                        result.iteration_times_ms,
+                        result.decisions,
+                        result.num_failovers,
+                        strict=True,
                     )
                 ],
                 "median_iteration_ms": result.median_iteration_ms,
@@ -310,6 +315,8 @@ def run(
             f"{result.restarts} checkpoint-restart(s), {result.lost_iterations} iteration(s) "
             f"run again, {result.restart_model_ms:.0f} ms of modelled restart cost"
         )
+    if any(result.num_failovers):
+        click.echo(_failovers_line(result.iterations, result.num_failovers))
     if result.reused_iterations:
         click.echo(f"{result.reused_iterations} identical iterations reused (same plan and faults)")
     if result.devices:
@@ -349,3 +356,13 @@ def _run_name(param: click.Parameter, value: str | None) -> str | None:
         return None if value is None else check_run_name(value, "the run id")
     except ConfigError as err:
         raise click.BadParameter(str(err), param=param) from err
+
+
+def _failovers_line(iterations: tuple[int, ...], num_failovers: tuple[int, ...]) -> str:
+    """The delegates' moves to another NIC, by measured iteration: "3 failover(s) to another
+    NIC: 2 in iteration 4, 1 in iteration 5 (--trace shows when and why)"."""
+    where = [f"{n} in iteration {k}" for k, n in zip(iterations, num_failovers, strict=True) if n]
+    return (
+        f"{sum(num_failovers)} failover(s) to another NIC: {', '.join(where)} "
+        "(--trace shows when and why)"
+    )

@@ -109,6 +109,10 @@ class RunResult:
     """The measured iterations (from 0) run again after a restart: their run before it failed
     (the one a link failure came in) or was lost (since the checkpoint). Their last run is the
     one after the restart."""
+    num_failovers: tuple[int, ...] = ()
+    """One per measured iteration run, as the times: its timeline's `failovers`, the moves to
+    another NIC (delegated runs; one per sender delegate that moved in the runtimes, one per
+    link direction in the simulator)."""
 
     @property
     def comms_run(self) -> str:
@@ -213,6 +217,7 @@ def run_loop(
     view: FaultView = AfterWarmup(faults, num_warmup_iterations)
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
+    num_failovers: list[int] = []
     decisions: list[IterationDecision] = []
     params_sha256 = devices = ""
     restarts = _Restarts()
@@ -284,6 +289,7 @@ def run_loop(
         steps.append(metrics.step_time_ms)
         bubbles.append(metrics.bubble_ratio)
         comms.append(plan.comm)
+        num_failovers.append(len(outcome.timeline.failovers))
         decisions.append(
             IterationDecision(
                 dict(plan.believed_ms),
@@ -312,6 +318,7 @@ def run_loop(
         restart_model_ms=restarts.model_ms,
         decisions=tuple(decisions),
         rerun_iterations=frozenset(restarts.rerun),
+        num_failovers=tuple(num_failovers),
     )
 
 

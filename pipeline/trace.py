@@ -3,7 +3,9 @@
 Ops are slices on their stage's track. Each message is a slice on its link direction's track
 from its send's start to its arrival, and an instant event when its consumer asked for it
 (`MessageRecord.needed_ms`): an instant after the slice's end marks a message that waited for
-its consumer, one before it a consumer that waited for the message.
+its consumer, one before it a consumer that waited for the message. A delegate's failover to
+another NIC is an instant event "failover rnic0 -> rnic1" on its link direction's track when
+it noticed the failure (`FailoverRecord`: its cause and when it resumed in its args).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.files import write_atomic
-from pipeline.timeline import MessageRecord, Timeline
+from pipeline.timeline import FailoverRecord, MessageRecord, Timeline
 from pipeline.topology import Link, Position, Topology
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
@@ -59,23 +61,31 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
             }
         )
     tracks: dict[str, int] = {}
-    for msg in timeline.messages:
-        link = Link.parse(msg.link)
-        if msg.replica:
-            link = Link.pp(link.first, msg.replica)
-        track = f"{link} {msg.direction}"
-        if track not in tracks:
-            tracks[track] = len(tracks)
+
+    def track(link_name: str, replica: int, direction: str) -> int:
+        """The link direction's track (a PP link of replica r named "ppr:i-(i+1)")."""
+        link = Link.parse(link_name)
+        if link.is_pp and replica:
+            link = Link.pp(link.first, replica)
+        name = f"{link} {direction}"
+        if name not in tracks:
+            tracks[name] = len(tracks)
             events.append(
                 {
                     "ph": "M",
                     "pid": _LINKS_PID,
-                    "tid": tracks[track],
+                    "tid": tracks[name],
                     "name": "thread_name",
-                    "args": {"name": track},
+                    "args": {"name": name},
                 }
             )
-        events += _message_events(msg, tracks[track])
+        return tracks[name]
+
+    for msg in timeline.messages:
+        events += _message_events(msg, track(msg.link, msg.replica, msg.direction))
+    for failover in timeline.failovers:
+        tid = track(failover.link, failover.replica, failover.direction)
+        events.append(_failover_event(failover, tid))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -115,3 +125,28 @@ def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:
         "args": args,
     }
     return [in_flight, needed]
+
+
+def _failover_event(failover: FailoverRecord, tid: int) -> dict[str, Any]:
+    """A delegate's move to another NIC: an instant on its link direction's track when it
+    noticed the failure."""
+    f = failover
+    return {
+        "ph": "i",
+        "s": "t",
+        "pid": _LINKS_PID,
+        "tid": tid,
+        "name": f"failover {f.nic_from} -> {f.nic_to}",
+        "cat": "failover",
+        "ts": _us(f.noticed_ms),
+        "args": {
+            "iteration": f.iteration,
+            "cause": f.cause,
+            "nic_from": f.nic_from,
+            "nic_to": f.nic_to,
+            "noticed_ms": f.noticed_ms,
+            "resumed_ms": f.resumed_ms,
+            "resume_seq": f.resume_seq,
+            "carrier_pid": f.carrier_pid,
+        },
+    }

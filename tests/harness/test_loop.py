@@ -68,3 +68,24 @@ def test_per_message_draws_are_never_reused() -> None:
     )
     assert run.reused_iterations == 0  # the warm-up is healthy; every later one draws anew
     assert len(set(run.iteration_times_ms)) > 15
+
+
+def test_each_measured_iteration_counts_the_failovers_its_records_hold() -> None:
+    """host2:rnic0 fails in measured iteration 2: the four link directions of stage 2
+    (1-2 and 2-3, both ways) move their delegates to rnic1 then, and never again."""
+    profile = Profile.uniform(4, 8, 10, 10, 10)
+    faults = parse_yaml("[{start_iteration: 2, nic: 'host2:rnic0', down: true}]")
+    run = run_configuration(
+        fixed_plan(zb_h2(profile), profile, CommMode.DELEGATED),
+        num_iterations=4, faults=faults, delegated=True,
+    )  # fmt: skip
+    assert run.num_failovers == (0, 0, 4, 0)
+    assert run.timeline is not None
+    # The timeline numbers iterations as run: the warm-up is its 0.
+    moved = sorted((f.iteration, f.link, f.direction, f.nic_to) for f in run.timeline.failovers)
+    assert moved == [
+        (3, "1-2", "backward", "rnic1"),
+        (3, "1-2", "forward", "rnic1"),
+        (3, "2-3", "backward", "rnic1"),
+        (3, "2-3", "forward", "rnic1"),
+    ]

@@ -140,3 +140,28 @@ def test_a_fault_on_one_replica_s_pp_link_slows_that_replica_only_in_sim() -> No
     ends = {r: max(op.end_ms for op in run.timeline.ops if op.replica == r) for r in (0, 1)}
     assert ends[1] >= ends[0] + 30.0
     assert run.timeline.iterations[0].end_ms >= ends[1]
+
+
+def test_a_run_shows_its_failovers_in_json_text_and_trace(tmp_path: Path) -> None:
+    """host2:rnic0 fails in measured iteration 2: adaptra-cpu's delegates of stage 2's four
+    link directions fail over to rnic1 then (the trace numbers iterations as run, so with one
+    warm-up they are its iteration 3)."""
+    faults = tmp_path / "nic.yaml"
+    faults.write_text("- {start_iteration: 2, nic: 'host2:rnic0', down: true}\n")
+    profile = write_profile(tmp_path, microbatches=8)
+    trace = tmp_path / "trace.json"
+    common = ["run", "--profile", str(profile), "--system", "adaptra-cpu", "--iterations", "4"]
+    common += ["--faults", str(faults)]
+    out = cli(*common, "--format", "json", "--trace", str(trace))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert (data["restarts"], [r["failovers"] for r in data["iterations"]]) == (0, [0, 0, 4, 0])
+    events = json.loads(trace.read_text())["traceEvents"]
+    moves = [e for e in events if e.get("cat") == "failover"]
+    assert len(moves) == 4 and {e["name"] for e in moves} == {"failover rnic0 -> rnic1"}
+    assert {(e["args"]["iteration"], e["args"]["cause"]) for e in moves} == {(3, "fault hook")}
+    text = cli(*common)
+    assert text.returncode == 0, text.stderr
+    assert "4 failover(s) to another NIC: 4 in iteration 2 (--trace shows when and why)" in (
+        text.stdout.splitlines()
+    )
