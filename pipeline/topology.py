@@ -197,10 +197,13 @@ class Topology:
     def check_position(self, position: Position) -> None:
         stage, replica = position.stage, position.replica
         if not (0 <= stage < self.num_stages and 0 <= replica < self.num_replicas):
-            raise ConfigError(
-                f"{position} does not exist: {self.num_stages} stages x "
-                f"{self.num_replicas} replicas"
-            )
+            raise ConfigError(f"{position} does not exist: {self._size('x')}")
+
+    def _size(self, joined_by: str) -> str:
+        """The grid's size in words: "4 stages and 1 replica"."""
+        stages = f"{self.num_stages} stage{'s' if self.num_stages != 1 else ''}"
+        replicas = f"{self.num_replicas} replica{'s' if self.num_replicas != 1 else ''}"
+        return f"{stages} {joined_by} {replicas}"
 
     def check(self, link: Link) -> Link:
         """`link` itself, once it exists here; else a ConfigError saying what does."""
@@ -215,8 +218,8 @@ class Topology:
             )
         if not ok:
             raise ConfigError(
-                f"link {link} does not exist with {self.num_stages} stages and "
-                f"{self.num_replicas} replicas (PP links i-(i+1) < {self.num_stages}, "
+                f"link {link} does not exist with {self._size('and')} "
+                f"(PP links i-(i+1) < {self.num_stages}, "
                 "DP ring links dp<stage>:a-(a+1) and dp<stage>:0-(D-1))"
             )
         return link

@@ -110,3 +110,14 @@ def test_a_link_in_a_replica_is_concrete() -> None:
     assert Link.parse("0-1").in_replica(2) == Link.pp(0, 2)
     assert Link.parse("pp1:0-1").in_replica(2) == Link.pp(0, 1)  # concrete already
     assert Link.parse("dp1:0-2").in_replica(0) == Link.dp(1, 0, 2)
+
+
+def test_a_missing_link_or_position_names_the_grid_in_words() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Topology(4, 1).check(Link.parse("pp1:2-3"))
+    assert str(refused.value).startswith(
+        "link pp1:2-3 does not exist with 4 stages and 1 replica ("
+    )
+    with pytest.raises(ConfigError) as refused:
+        Topology(1, 2).check_position(Position(1, 0))
+    assert str(refused.value).endswith("does not exist: 1 stage x 2 replicas")
