@@ -18,7 +18,7 @@ from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.resolved import ResolvedSpec
 from harness.runner import BACKENDS, INJECTIONS, check_hold, link_terms, longest_hold_ms
 from harness.saved import ConfigurationKey, timeline_name
-from injectors.fault_files import parse_faults
+from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.allreduce import check_ring_messages
 from pipeline.checks import MAX_SEED, check_count, check_ms, is_number
@@ -231,6 +231,7 @@ class ExperimentSpec:
         check_run_name(self.name, "spec name")  # the run directory's default name
         if self.faults is not None:
             check_label(Path(self.faults).stem, "fault timeline file name")
+            fault_file_form(self.faults)  # a suffix it cannot read is refused before reading
             ignored = [
                 name
                 for name, value, default in (

@@ -19,7 +19,7 @@ import itertools
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
 from pipeline.checks import MAX_DURATION_MS
@@ -27,7 +27,10 @@ from pipeline.errors import ConfigError
 from pipeline.files import load_yaml, read_text
 from pipeline.topology import Link
 
-__all__ = ["load_faults", "parse_faults", "parse_trace", "parse_yaml"]
+__all__ = ["fault_file_form", "load_faults", "parse_faults", "parse_trace", "parse_yaml"]
+
+_TRACE_SUFFIXES = (".txt",)
+_YAML_SUFFIXES = (".yaml", ".yml")
 
 _NIC = re.compile(r"host([0-9]+):([A-Za-z][A-Za-z0-9_-]*)")
 """A NIC's name, matched whole, in ASCII (a regex's digit and word classes take other scripts')."""
@@ -42,14 +45,28 @@ _EFFECTS = ("delay_ms", "distribution", "bandwidth_gbps", "stall_ms", "down")
 _KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_EFFECTS)
 
 
+def fault_file_form(path: str | Path) -> Literal["trace", "yaml"]:
+    """The form of the timeline file `path`, by its suffix (in any case): the paper's trace
+    (.txt) or YAML rows (.yaml/.yml); any other suffix is refused, not guessed."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (*_TRACE_SUFFIXES, *_YAML_SUFFIXES):
+        what = f"suffix {Path(path).suffix!r}" if suffix else "no suffix"
+        raise ConfigError(
+            f"fault timeline {path} has {what}: give the paper's trace as .txt or YAML rows as "
+            ".yaml or .yml"
+        )
+    return "yaml" if suffix in _YAML_SUFFIXES else "trace"
+
+
 def load_faults(path: str | Path, seed: int = 0) -> FaultModel:
-    """A paper trace (any suffix but .yaml/.yml) or a YAML timeline."""
+    """A paper trace (.txt) or a YAML timeline (.yaml/.yml)."""
+    fault_file_form(path)  # before reading: a file of another kind is refused by name
     return parse_faults(read_text(path, "fault timeline"), path, seed)
 
 
 def parse_faults(text: str, path: str | Path, seed: int = 0) -> FaultModel:
     """The timeline file `path` holds as `text` (read earlier): its suffix says the form."""
-    yaml_file = Path(path).suffix in (".yaml", ".yml")
+    yaml_file = fault_file_form(path) == "yaml"
     try:
         return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
     except ConfigError as err:

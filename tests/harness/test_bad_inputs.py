@@ -371,6 +371,25 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         RUN_SPEC,
         "spec s.yaml: faults with link_sets: a fault timeline replaces",
     ),
+    (  # was read as the paper's trace: "fault timeline p.json: ..." of its first "row"
+        "faults of another suffix",
+        P,
+        [*RUN_P, "--faults", "p.json"],
+        "error: fault timeline p.json has suffix '.json': give the paper's trace as .txt or "
+        "YAML rows as .yaml or .yml",
+    ),
+    (
+        "faults without a suffix",
+        {**P, "trace": "2;0_1;0.02"},
+        [*RUN_P, "--faults", "trace"],
+        "error: fault timeline trace has no suffix: give the paper's trace as .txt",
+    ),
+    (
+        "spec faults of another suffix",
+        {"s.yaml": spec(faults="f.json"), "f.json": row()},
+        RUN_SPEC,
+        "f.json has suffix '.json': give the paper's trace as .txt or YAML rows as .yaml or .yml",
+    ),
     (
         "faults empty yaml",
         {**P, "f.yaml": ""},

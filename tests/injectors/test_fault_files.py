@@ -144,3 +144,22 @@ def test_targets_and_iterations_are_checked_against_the_run() -> None:
 def test_bad_yaml_is_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_yaml(text)
+
+
+def test_the_suffix_says_the_form_in_any_case_and_any_other_is_refused(tmp_path) -> None:
+    """.yaml/.yml are YAML rows and .txt the paper's trace (.YML was read as a trace)."""
+    rows = "- {start_iteration: 2, links: ['0-1'], delay_ms: 30}\n"
+    for name, text in (("a.YML", rows), ("b.Yaml", rows), ("c.TXT", "2;0_1;0.03")):
+        (tmp_path / name).write_text(text)
+        (event,) = load_faults(tmp_path / name).events
+        assert (event.start_iteration, event.target.links, event.effect.delay_ms) == (
+            2, (Link.parse("0-1"),), pytest.approx(30.0),
+        )  # fmt: skip
+    for name, what in (("p.json", "suffix '.json'"), ("trace", "no suffix")):
+        (tmp_path / name).write_text("2;0_1;0.03")
+        with pytest.raises(ConfigError) as refused:
+            load_faults(tmp_path / name)
+        assert str(refused.value) == (
+            f"fault timeline {tmp_path / name} has {what}: give the paper's trace as .txt or YAML "
+            "rows as .yaml or .yml"
+        )
