@@ -116,7 +116,8 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
     """Measure what the worker runtime costs on this host (per-op overhead, a send's cost
     and the receive lag by message size, the delegated path's copies and pick-up, the DP
     ring's lag, a failover) with microbenchmarks of real worker processes and delegates, and
-    write them for `simulate`/`run --calibration`. Takes about 1.5 min; run it on an idle host."""
+    write them for `simulate`/`run --calibration`. Takes 1.5-3 min on 2 cores (the longer on a
+    loaded host, whose costs it then measures too): run it on an idle host."""
     from adaptra.transport import Delegates
     from pipeline.runtime.calibrate import measure_host_costs
 
