@@ -338,7 +338,7 @@ def report(run_dir: str) -> None:
     path = Path(run_dir)
     if not (path / "spec.json").is_file():  # before the hold, whose lock file would stay
         raise ConfigError(f"{path} is not a run directory: it has no spec.json")
-    with run_dir_held(path, advice="report it once that run has ended"):
+    with run_dir_held(path, advice="report it once that run has ended", shared=True):
         try:
             spec = spec_from_record(read_spec_record(path))
         except TypeError as err:  # a field of the wrong type

@@ -9,6 +9,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,24 +157,41 @@ def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str
     return {key: ms for key, ms in medians.items() if ms > 0}
 
 
+_PROBE_WAIT_S = 1.0
+"""How long a hold waits for a lock that may be `run_dir_holder`'s probe (held for
+microseconds) before it refuses."""
+
+
 @contextlib.contextmanager
 def run_dir_held(
-    run_dir: Path, *, advice: str = "wait for it to end or pick another --run-id"
+    run_dir: Path,
+    *,
+    advice: str = "wait for it to end or pick another --run-id",
+    shared: bool = False,
 ) -> Iterator[None]:
     """This process's hold on a run directory (an flock on its `.lock`, released however the
     process ends): a second run of the same directory, or a report of it, refuses instead of
-    racing it, with `advice` after saying who holds it."""
+    racing it, with `advice` after saying who holds it. `shared`: a reader's (a report's),
+    which other readers may hold too (and `compare`'s probe passes) and no run. A lock held
+    by someone else is tried again for `_PROBE_WAIT_S` first: it may be `run_dir_holder`'s
+    probe."""
     run_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise ConfigError(
-                f"{run_dir} is in use by another run (pid {holder}); {advice}"
-            ) from None
-        os.ftruncate(fd, 0)
+        deadline = time.monotonic() + _PROBE_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise ConfigError(
+                    f"{run_dir} is in use by another run or report (pid {holder}); {advice}"
+                ) from None
+        os.ftruncate(fd, 0)  # the latest holder's pid: the one a refusal names
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:

@@ -292,8 +292,8 @@ def test_report_refuses_a_run_directory_a_run_still_writes(
         main(["report", str(run_dir)])
     assert exit_.value.code == 1
     assert capsys.readouterr().err == (
-        f"error: {run_dir} is in use by another run (pid {os.getpid()}); report it once that "
-        "run has ended\n"
+        f"error: {run_dir} is in use by another run or report (pid {os.getpid()}); report it "
+        "once that run has ended\n"
     )
     assert (run_dir / "report.md").read_bytes() == before
     main(["report", str(run_dir)])  # once the run has ended

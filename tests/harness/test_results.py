@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import experiment
+from harness import experiment, results
 from harness.experiment import new_run_dir
 from harness.results import (
     ITERATIONS_COLUMNS,
@@ -19,6 +19,7 @@ from harness.results import (
     read_csv_rows,
     read_iterations,
     run_dir_held,
+    run_dir_holder,
     write_csv_atomic,
 )
 from pipeline.errors import ConfigError
@@ -86,7 +87,7 @@ def test_runs_csv_holds_each_configuration_once(tmp_path: Path) -> None:
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
     run_dir = tmp_path / "out" / "r1"
     with run_dir_held(run_dir):
-        mine = rf"in use by another run \(pid {os.getpid()}\)"
+        mine = rf"in use by another run or report \(pid {os.getpid()}\)"
         with pytest.raises(ConfigError, match=mine), run_dir_held(run_dir):
             pass
         # The CLI, a second process, refuses too, before it writes anything.
@@ -105,10 +106,37 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
             text=True,
             timeout=120,
         )
-        assert out.returncode == 1 and "in use by another run" in out.stderr
+        assert out.returncode == 1 and "in use by another run or report" in out.stderr
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
     with run_dir_held(run_dir):  # free again once released
         pass
+
+
+def test_a_hold_waits_out_a_probe_and_readers_share_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`compare`'s probe (`run_dir_holder`) holds the lock for microseconds: a run starting
+    meanwhile tries again rather than refuse; reports (readers) hold it together, and the
+    probe passes them, while a run is refused."""
+    run_dir = tmp_path / "r1"
+    real_flock, refused = results.fcntl.flock, [3]
+
+    def busy_at_first(fd: int, operation: int) -> None:
+        if refused[0]:  # as if a probe held it for the first three tries
+            refused[0] -= 1
+            raise BlockingIOError
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(results.fcntl, "flock", busy_at_first)
+    with run_dir_held(run_dir):
+        assert refused == [0]
+    monkeypatch.setattr(results.fcntl, "flock", real_flock)
+    with run_dir_held(run_dir, shared=True), run_dir_held(run_dir, shared=True):
+        assert run_dir_holder(run_dir) is None  # compare reads a directory only reports hold
+        refused_run = pytest.raises(ConfigError, match=r"in use by another run or report")
+        with refused_run, run_dir_held(run_dir):
+            pass
+    assert run_dir_holder(run_dir) is None
 
 
 def test_two_runs_started_in_the_same_second_get_a_directory_each(
