@@ -229,9 +229,7 @@ class Ring:
             for index, buffer in zip(self._indices(bucket), inbox, strict=True)
         ]
         if self._incoming is None:
-            self._incoming = Receiver(
-                self._from_rank, None, receives, self._timeout_s, more=True, check=self._check
-            )
+            self._incoming = Receiver(self._from_rank, None, receives, more=True, check=self._check)
         else:
             self._incoming.add(receives)
 

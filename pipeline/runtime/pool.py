@@ -28,7 +28,6 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import LaunchHook, local_launch
-from pipeline.runtime.receiver import BACKSTOP
 from pipeline.runtime.remote_error import (
     RemoteError,
     WorkerCrash,
@@ -50,9 +49,20 @@ from pipeline.timeline import (
 )
 from pipeline.topology import DEFAULT_NICS, Link, Position, Topology
 
-__all__ = ["IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
+__all__ = ["BACKSTOP", "IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
 logger = logging.getLogger(__name__)
+
+BACKSTOP = 2.0
+"""The pool's wait for word from its workers during an iteration, in units of their
+`timeout_s` (plus BACKSTOP_GRACE_S): longer than a healthy worker goes without progress while
+limits of its own run (an op's wait for its message, then its send: each up to `timeout_s`),
+so that where a worker has a limit of its own, it ends a wait first and names what waited.
+It is the one bound on the waits that have none: a receiver thread's (receiver.py) and the
+DP ring's wait for its first chunks, which spans the peer replicas' pipelines (dp_ring.py);
+their peers' progress (an op or a ring chunk done) restarts it."""
+
+BACKSTOP_GRACE_S = 5.0
 
 START_UP_S = 120.0
 START_UP_PER_RANK_S = 15.0
@@ -239,17 +249,16 @@ class WorkerPool:
         error or timeout is a WorkerError. The wait is for a time without word from the
         ranks waited for: an answer, or their `PROGRESS` (an iteration's op or ring chunk
         done; every second of a rank swap's rewiring of the delegates, a wait with limits of
-        its own) restarts it, so a long healthy iteration is no timeout. By default it is the
-        workers' longest for one message (a receiver thread's backstop, `BACKSTOP` x the
-        pool's timeout) plus 5 s: workers give up first and say what waited, so their word
-        comes first."""
+        its own) restarts it, so a long healthy iteration is no timeout. By default it is
+        `BACKSTOP` x the pool's timeout plus `BACKSTOP_GRACE_S`: where workers have limits of
+        their own, they give up first and say what waited, so their word comes first."""
         answers: dict[int, object] = {}
         why = ""
         if limit_s is None:
-            limit_s = BACKSTOP * self.timeout_s + 5.0
+            limit_s = BACKSTOP * self.timeout_s + BACKSTOP_GRACE_S
             why = (
                 f" ({BACKSTOP:g} x the workers' {self.timeout_s:g} s wait for one message, "
-                "plus 5 s)"
+                f"plus {BACKSTOP_GRACE_S:g} s)"
             )
         deadline = time.monotonic() + limit_s
         while len(answers) < self.num_ranks:

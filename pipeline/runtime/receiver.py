@@ -9,19 +9,21 @@ stamps `time.monotonic()` as each wait returns. The compute thread takes a messa
 which blocks on an event, never on gloo. A DP ring's receiver (`more`) is fed each bucket's
 receives as they are posted (`add`) and lives for the whole all-reduce.
 
-Timeouts: `take` gives up after its timeout counted from the op's ask, naming what it waited
+Limits: `take` gives up after its timeout counted from the op's ask, naming what it waited
 for; while it waits it calls its `check` every `CHECK_EVERY_S` (a worker's look for a
 failure of its own sends: a sender delegate that found no NIC left), which may raise. The
-thread's wait for a message is a backstop, `BACKSTOP` times as long, counted from when it
-starts that wait, i.e. from the arrival of the neighbour's previous message (or from the
-iteration's start): a neighbour that owes a message and stays silent that long fails the
-iteration even if no op has asked for it yet. It is the longer of the two because gloo, when
-a wait times out, closes every connection of its process: a thread timing out first made a
-neighbour waiting on this process report a broken connection, not the timeout (a stage 0
-held 10 s before its send, whose thread gave up on a gradient, failed stage 1 with
-"connection closed by peer"). The first error ends the thread; every message not yet
-received then raises that error in whoever takes it, and `finish` raises it at the end of
-the iteration.
+thread's own wait has no limit (`THREAD_WAIT_S`): it waits until the message comes, its
+connection breaks or the process ends. A limit there, counted from the neighbour's previous
+message (or the iteration's start), bounded the gap between a neighbour's consecutive
+messages, which long healthy ops between them make as long as they like (two stages busy
+with 3 s W ops under a 1 s timeout failed while no op waited more than 0.2 s), not any op's
+wait; and gloo, when a wait times out, closes every connection of its process, so the
+thread cannot wait in slices either. A neighbour silent for good is found by the op that
+asks for its message (`take`'s timeout), by `finish` at the end of the iteration, or, where
+no worker's own limit ends a wait, by the pool's bound on a time without progress
+(pipeline.runtime.pool). The first error ends the thread; every message not yet received
+then raises that error in whoever takes it, and `finish` raises it at the end of the
+iteration.
 
 Over gloo the stamp is never early. It is late by the thread's wake-up once gloo's own thread
 has read the message, plus the wait for the GIL once awake: next to nothing while the compute
@@ -48,11 +50,12 @@ from pipeline.runtime.transport import (
     describe_chunk,
 )
 
-__all__ = ["BACKSTOP", "CHECK_EVERY_S", "Receiver", "wait_checking"]
+__all__ = ["CHECK_EVERY_S", "THREAD_WAIT_S", "Receiver", "wait_checking"]
 
-BACKSTOP = 2.0
-"""The thread's wait for a message, in units of the ops' `timeout_s` (the module's
-docstring: why it is the longer one; a pool waits 2 x `timeout_s` + 5 s for its workers)."""
+THREAD_WAIT_S = 30 * 24 * 3600.0
+"""The limit the thread gives its wait for a message: 30 days, none in practice (the
+module's docstring: why it has none). It must be given: gloo's wait without one (or with 0)
+takes the process group's timeout, the workers' `timeout_s` (`init_process_group`'s)."""
 
 CHECK_EVERY_S = 0.1
 """How often `take`, while it waits, calls its `check`."""
@@ -94,21 +97,18 @@ class Receiver:
         peer: int,
         kind: int | None,
         receives: Sequence[tuple[int, PendingReceive]],
-        timeout_s: float,
         *,
         more: bool = False,
         check: Callable[[], None] | None = None,
     ) -> None:
-        """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them;
-        the thread's wait on one of them gives up after `BACKSTOP` x `timeout_s` (the ops'
-        wait, `take`'s, is `timeout_s`). `kind` None: DP all-reduce
-        chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring). `more`:
-        further receives come by `add` while the thread runs, until `finish`. `check`:
-        called (by the thread that takes) while `take` waits."""
+        """`receives`: (microbatch, its posted receive) in the order rank `peer` sends them
+        (the thread waits on each without a limit: `THREAD_WAIT_S`). `kind` None: DP
+        all-reduce chunks, by their index in place of a microbatch (pipeline.runtime.dp_ring).
+        `more`: further receives come by `add` while the thread runs, until `finish`.
+        `check`: called (by the thread that takes) while `take` waits."""
         self.peer, self.kind = peer, kind
         self._receives: list[tuple[int, PendingReceive]] = []
         self._slots: dict[int, _Slot] = {}
-        self._timeout_s = timeout_s
         self._check = check
         self._stop = threading.Event()
         self._error: BaseException | None = None
@@ -181,7 +181,8 @@ class Receiver:
 
     def stop(self, grace_s: float) -> bool:
         """Let the thread end after its current wait, and join it for up to `grace_s`. False
-        if it still waits (a daemon thread: it cannot keep the process alive)."""
+        if it still waits (a wait without a limit, on a message that may never come: a daemon
+        thread, it cannot keep the process alive)."""
         self._stop.set()
         self._close()
         if self._thread.ident is not None:  # started
@@ -212,7 +213,7 @@ class Receiver:
                 if self._stop.is_set():
                     raise RuntimeError(f"the {self.name} was stopped")
                 microbatch, receive = posted
-                stamped = receive.wait(BACKSTOP * self._timeout_s)
+                stamped = receive.wait(THREAD_WAIT_S)
                 slot = self._slots[microbatch]
                 slot.arrival = stamped or Arrival(time.monotonic())
                 slot.done.set()

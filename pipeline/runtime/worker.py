@@ -522,7 +522,7 @@ class _Worker:
                         else delegates.post_receive(direction, message, buffers[m]),
                     )
                 )
-            receiver = Receiver(peer, msg_kind, receives, self.timeout_s, check=self._check_sends())
+            receiver = Receiver(peer, msg_kind, receives, check=self._check_sends())
             inbound[msg_kind] = _Inbound(link, _DIRECTION[msg_kind], receiver, buffers)
         return inbound
 

@@ -37,7 +37,7 @@ from pipeline.runtime import (
 from pipeline.runtime.config import StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
-from pipeline.runtime.receiver import BACKSTOP
+from pipeline.runtime.pool import BACKSTOP
 from pipeline.runtime.transport import DelegateSetup
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
@@ -213,9 +213,8 @@ class _StallBeforeGradient:
 
 def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
     """Stage 1 stalls 6 s before BW1's gradient. Stage 0 asks for it after its 0.2 s BW0 and
-    gives up 2 s later (its receiver thread, waiting since BW0's gradient came, would give up
-    only after 4 s: its backstop; the op asks early, so load must hold it 1.8 s to turn the
-    two around), naming the op and the message."""
+    gives up 2 s later (its receiver thread, whose wait has no limit, still waits), naming
+    the op and the message."""
     profile = _profile(1.0, 100.0, 100.0)
     schedule = one_f_one_b(profile)
     assert schedule.stages[0][2:] == (Op(OpKind.BW, 0), Op(OpKind.BW, 1))
@@ -235,6 +234,49 @@ def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
     assert remote is not None and info.value.rank == 0
     assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "BW1")
     assert not any(_alive(pid) for pid in pids)
+
+
+@dataclasses.dataclass(frozen=True)
+class _StallBefore:
+    """A fault hook: the sender of each (direction, microbatch, stall_s) of `stalls` sleeps
+    `stall_s` before it sends that message (on its compute thread: its next op waits too)."""
+
+    stalls: tuple[tuple[str, int, float], ...]
+
+    def __call__(
+        self, link: str, direction: str, iteration: int, kind: str, m: int, *_: object
+    ) -> float:
+        for stalled, microbatch, stall_s in self.stalls:
+            if (stalled, microbatch) == (direction, m):
+                time.sleep(stall_s)
+                return stall_s * 1000.0
+        return 0.0
+
+
+def test_a_neighbour_s_messages_far_apart_are_no_timeout_when_no_op_waits_long() -> None:
+    """A receiver thread's wait had a limit, 2 x the timeout from the arrival of the
+    neighbour's message before: two messages that far apart failed the iteration, however
+    short the ops' waits. Stage 0 stalls 2.5 s before F1's activation, more than 2 x the 1 s
+    timeout after F0's; stage 1, stalled 2 s before B0's gradient meanwhile, asks for F1's
+    about 0.5 s before it comes, and stage 0 asks for B0's gradient about 0.5 s after it came:
+    no op waits near the timeout (0.5 s to spare, by the stalls), and the iteration runs."""
+    profile = _profile(1.0, 1.0, 1.0)
+    schedule = Schedule.from_text(
+        [["F0", "F1", "B0", "W0", "B1", "W1"], ["F0", "B0", "W0", "F1", "B1", "W1"]]
+    )
+    hook = _StallBefore((("forward", 1, 2.5), ("backward", 0, 2.0)))
+    with WorkerPool(2, timeout_s=1.0) as pool:
+        timeline = pool.run_iteration(IterationConfig(0, schedule, profile, fault_hook=hook))
+    assert len(timeline.ops) == 12
+    messages = {(m.direction, m.microbatch): m for m in timeline.messages}
+    assert sorted(messages) == [("backward", 0), ("backward", 1), ("forward", 0), ("forward", 1)]
+    assert {key: m.fault_ms for key, m in messages.items() if m.fault_ms} == {
+        ("forward", 1): 2500.0,
+        ("backward", 0): 2000.0,
+    }
+    # F1's activation left at least its stall after F0's (the same thread sent both).
+    first, second = messages["forward", 0], messages["forward", 1]
+    assert second.arrival_ms - first.send_end_ms > 2 * 1000.0
 
 
 def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:

@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 
 from pipeline.errors import ScheduleError
-from pipeline.runtime.receiver import BACKSTOP, Receiver, wait_checking
+from pipeline.runtime.receiver import THREAD_WAIT_S, Receiver, wait_checking
 from pipeline.runtime.transport import ACTIVATION, GRADIENT
 
 
@@ -63,7 +63,7 @@ def _no_receiver_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_a_message_is_stamped_when_it_arrives_not_when_it_is_taken() -> None:
     first, second = _Receive(), _Receive()
-    receiver = Receiver(3, GRADIENT, [(0, first), (1, second)], timeout_s=10)
+    receiver = Receiver(3, GRADIENT, [(0, first), (1, second)])
     receiver.start()
     first.release.set()
     # The thread waits on the next receive only after it has stamped the first one.
@@ -83,7 +83,7 @@ def test_the_thread_s_error_reaches_the_taker_with_its_type_and_message() -> Non
     error = ConnectionResetError("waiting for the link failed: Connection closed by peer")
     receives = [(0, _Receive()), (2, _Receive(error)), (1, _Receive())]
     receives[0][1].release.set()
-    receiver = Receiver(0, ACTIVATION, receives, timeout_s=10)
+    receiver = Receiver(0, ACTIVATION, receives)
     receiver.start()
     receiver.take(0, timeout_s=10)
     for microbatch in (2, 1):  # the failed one, and one after it the thread never waited on
@@ -97,7 +97,7 @@ def test_the_thread_s_error_reaches_the_taker_with_its_type_and_message() -> Non
 
 
 def test_an_error_no_op_took_still_ends_the_iteration_with_it() -> None:
-    receiver = Receiver(0, ACTIVATION, [(0, _Receive(TimeoutError("gloo timed out")))], 10)
+    receiver = Receiver(0, ACTIVATION, [(0, _Receive(TimeoutError("gloo timed out")))])
     receiver.start()
     with pytest.raises(TimeoutError, match="gloo timed out"):
         receiver.finish(timeout_s=10)
@@ -105,7 +105,7 @@ def test_an_error_no_op_took_still_ends_the_iteration_with_it() -> None:
 
 def test_a_message_never_sent_and_one_that_does_not_come_are_named() -> None:
     stuck, later = _Receive(), _Receive()
-    receiver = Receiver(1, ACTIVATION, [(0, stuck), (1, later)], timeout_s=10)
+    receiver = Receiver(1, ACTIVATION, [(0, stuck), (1, later)])
     receiver.start()
     with pytest.raises(ScheduleError, match="activation of microbatch 5 from rank 1 never comes"):
         receiver.take(5, timeout_s=10)
@@ -125,13 +125,13 @@ def test_a_message_never_sent_and_one_that_does_not_come_are_named() -> None:
 
 
 def test_stopping_a_receiver_never_started_is_fine() -> None:
-    assert Receiver(0, GRADIENT, [(0, _Receive())], timeout_s=1).stop(grace_s=1)
+    assert Receiver(0, GRADIENT, [(0, _Receive())]).stop(grace_s=1)
 
 
 def test_receives_added_while_it_runs_are_waited_on_in_order_until_finish() -> None:
     """A ring's receiver (`more`): each bucket's receives come as the bucket before starts."""
     first, second, third = _Receive(), _Receive(), _Receive()
-    receiver = Receiver(2, None, [(0, first)], timeout_s=10, more=True)
+    receiver = Receiver(2, None, [(0, first)], more=True)
     receiver.start()
     first.release.set()
     arrived_s = receiver.take(0, timeout_s=10).arrived_s
@@ -152,7 +152,7 @@ def test_receives_added_while_it_runs_are_waited_on_in_order_until_finish() -> N
 
 def test_an_error_fails_the_receives_added_after_it_and_stop_ends_a_waiting_thread() -> None:
     error = ConnectionResetError("Connection closed by peer")
-    failed = Receiver(0, None, [(0, _Receive(error))], timeout_s=10, more=True)
+    failed = Receiver(0, None, [(0, _Receive(error))], more=True)
     failed.start()
     with pytest.raises(ConnectionResetError):
         failed.take(0, timeout_s=10)
@@ -162,17 +162,19 @@ def test_an_error_fails_the_receives_added_after_it_and_stop_ends_a_waiting_thre
     assert caught.value is error
     with pytest.raises(ConnectionResetError):
         failed.finish(timeout_s=10)
-    idle = Receiver(1, None, [], timeout_s=10, more=True)
+    idle = Receiver(1, None, [], more=True)
     idle.start()  # waits for receives that never come
     assert idle.stop(grace_s=10)
     assert not _receiver_threads()
 
 
-def test_an_op_s_wait_gives_up_before_the_thread_s() -> None:
-    """gloo closes every connection of a process whose wait times out: the thread's wait is
-    the longer (a backstop), so that an op waiting on a silent neighbour reports the timeout
-    itself while the thread still waits, and a neighbour waiting on this process is not told
-    of a broken connection first."""
+def test_the_thread_s_wait_has_no_limit_so_an_op_s_wait_gives_up_first() -> None:
+    """The thread's wait bounds no op's wait: a limit on it would bound the gap between a
+    neighbour's consecutive messages (from the previous one's arrival), which long healthy ops
+    make as long as they like; and gloo closes every connection of a process whose wait times
+    out. It names a limit all the same (gloo's wait without one takes the process group's
+    timeout), one that never ends it first: an op waiting on a silent neighbour reports the
+    timeout itself while the thread still waits, and a message that comes later is taken."""
 
     class _Timed(_Receive):
         def wait(self, timeout_s: float) -> None:
@@ -180,12 +182,12 @@ def test_an_op_s_wait_gives_up_before_the_thread_s() -> None:
             super().wait(timeout_s)
 
     silent = _Timed()
-    receiver = Receiver(0, ACTIVATION, [(0, silent)], timeout_s=5)  # the worker's timeout
+    receiver = Receiver(0, ACTIVATION, [(0, silent)])
     receiver.start()
     assert silent.entered.wait(10)
-    assert silent.timeout_s == BACKSTOP * 5 > 5
+    assert silent.timeout_s == THREAD_WAIT_S >= 30 * 24 * 3600  # days: no limit in practice
     with pytest.raises(TimeoutError, match="nothing came within 0.2 s"):
-        receiver.take(0, timeout_s=0.2)  # (an op's wait is the worker's timeout too)
+        receiver.take(0, timeout_s=0.2)  # (an op's wait is the worker's timeout)
     silent.release.set()  # the thread was still waiting: the message is taken after all
     assert receiver.take(0, timeout_s=10).arrived_s > 0
     receiver.finish(timeout_s=10)
@@ -204,7 +206,7 @@ def test_a_wait_ends_with_what_its_check_raises() -> None:
 
     here, never = _Receive(), _Receive()
     here.release.set()
-    receiver = Receiver(1, ACTIVATION, [(0, here), (1, never)], timeout_s=600, check=check)
+    receiver = Receiver(1, ACTIVATION, [(0, here), (1, never)], check=check)
     receiver.start()
     assert never.entered.wait(10)
     receiver.take(0, timeout_s=600)
