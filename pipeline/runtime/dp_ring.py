@@ -15,14 +15,20 @@ ring's.
 
 Receives are posted a bucket ahead: the first bucket's as the iteration starts (`Ring.post`,
 before the pipeline's ops), each next one's as the bucket before it starts, so a worker
-holds 2 x 2 (D-1) chunk buffers, used bucket after bucket. One receiver thread waits on them
-all, in order, from the first bucket's start (its waits on the link direction never overlap,
-as the delegated path needs): a thread per bucket cost its start and join, about 0.1 ms a
-bucket here (BENCHMARKS.md, Fig. 18). A gloo send waits until its receive is posted at the
-far end and the far end has said so; with
-receives posted only as their bucket began, each bucket's first send waited a round trip of
-the link first (on the testbed's delayed wire: 20 ms for a 20 ms delay, measured), which a
-ring over a link that delays each message does not pay.
+holds 2 x 2 (D-1) chunk buffers, used bucket after bucket. A gloo send waits until its
+receive is posted at the far end and the far end has said so; with receives posted only as
+their bucket began, each bucket's first send waited a round trip of the link first (on the
+testbed's delayed wire: 20 ms for a 20 ms delay, measured), which a ring over a link that
+delays each message does not pay.
+
+One receiver thread waits on them all, in order (its waits on the link direction never
+overlap, as the delegated path needs): a thread per bucket cost its start and join, about
+0.1 ms a bucket here (BENCHMARKS.md, Fig. 18). It starts with the first bucket's receives,
+as the iteration starts (as the PP receivers do), so a chunk that lands while this worker
+still runs its pipeline (its ring predecessor's ended first) is stamped as it lands. Started
+with the ring, after the last op, it stamped such a chunk then, as late as the pipelines'
+skew (0.2 s behind a 40 ms delay on the other replica's PP link), and the detector called
+healthy DP links slow.
 
 Every chunk is recorded, as the PP messages are (`RankResult.sends` and `receives`, the
 chunk's index in place of a microbatch): the receiver thread (pipeline.runtime.receiver)
@@ -125,9 +131,12 @@ class Ring:
         return chunk_bytes(bucket, self._num_replicas, self._layout.element_bytes)
 
     def post(self) -> None:
-        """Post the first bucket's receives (none without a ring)."""
+        """Post the first bucket's receives and start the receiver thread on them (none
+        without a ring)."""
         if self._sizes:
             self._post(0)
+            assert self._incoming is not None
+            self._incoming.start()
 
     def run(self, gradient: torch.Tensor | None = None) -> RingRecords:
         """The all-reduce (of `gradient` in place: a flat tensor of the layout's size; None:
@@ -149,7 +158,6 @@ class Ring:
         link, direction = str(self._link), self._direction
         incoming = self._incoming
         assert incoming is not None, "post() first"
-        incoming.start()
         first_byte = 0
         for bucket, size in enumerate(self._sizes):
             if bucket + 1 < len(self._sizes):

@@ -6,12 +6,13 @@ import statistics
 import pytest
 
 from baselines import one_f_one_b
+from injectors.fault_files import parse_yaml
 from pipeline.allreduce import messages_per_link_direction
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import MessageRecord
-from pipeline.topology import Link
+from pipeline.timeline import MessageRecord, Timeline
+from pipeline.topology import Link, Topology
 from tests.fidelity import check_fidelity
 
 pytestmark = pytest.mark.multiprocess
@@ -78,3 +79,52 @@ def _check_ring_records(
         assert m.fault_ms == delay_ms
         assert m.wire_start_ms == m.send_start_ms <= m.send_end_ms
         assert m.arrival_ms - m.wire_start_ms >= delay_ms  # the hook sleeps before it sends
+
+
+def _skewed(delay_ms: float) -> IterationConfig:
+    """PP 2 x DP 2, 2 microbatches of 10 ms ops, one bucket per stage, every message on
+    replica 1's PP link (pp1:0-1) held `delay_ms`: replica 1's pipeline ends at least 3 x
+    `delay_ms` after it starts (act 0, then F1's activation, then BW1's gradient, each
+    after the one before, on its critical path), replica 0's some 40 ms in."""
+    profile = Profile.uniform(
+        2,
+        2,
+        10,
+        10,
+        0,
+        message_bytes=4096,
+        num_replicas=2,
+        allreduce_bytes=(8_000, 8_000),
+        dp_bucket_bytes=8_000,
+    )
+    timeline = f'- {{start_iteration: 0, links: ["pp1:0-1"], delay_ms: {delay_ms:g}}}\n'
+    faults = parse_yaml(timeline).at(0, Topology(2, 2))
+    return IterationConfig(0, one_f_one_b(profile), profile, faults=faults)
+
+
+def _last_op_end_ms(timeline: Timeline, stage: int, replica: int) -> float:
+    return max(r.end_ms for r in timeline.ops if (r.stage, r.replica) == (stage, replica))
+
+
+def test_a_chunk_that_lands_while_its_receiver_runs_its_pipeline_is_stamped_as_it_lands() -> None:
+    """Replica 0's ring sends its first chunk (forward on dp<s>:0-1) as its pipeline ends,
+    some 40 ms in; replica 1, slowed by 150 ms on each message of its PP link, runs its
+    pipeline for 450 ms and more. The ring's receiver thread waits from the iteration's
+    start, so the chunk's arrival is stamped before replica 1's last op ended: started with
+    replica 1's ring, after that op, it stamped the chunk then, and the detector took the
+    skew for a slow DP link. The chunk the other way is sent after replica 1's pipeline."""
+    config = _skewed(150.0)
+    with WorkerPool(2, 2, timeout_s=30) as pool:
+        timeline = pool.run_iteration(config)
+    assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {150.0}
+    first = {(m.link, m.direction): m for m in timeline.dp_messages if m.microbatch == 0}
+    assert sorted(first) == [
+        (f"dp{stage}:0-1", direction) for stage in (0, 1) for direction in ("backward", "forward")
+    ]
+    for stage in (0, 1):
+        forward, backward = first[f"dp{stage}:0-1", "forward"], first[f"dp{stage}:0-1", "backward"]
+        assert (forward.replica, backward.replica) == (0, 1)  # the senders
+        # Replica 1 (stage `stage`) received the forward chunk during its pipeline.
+        assert forward.wire_start_ms <= forward.arrival_ms < _last_op_end_ms(timeline, stage, 1)
+        # Replica 0 received the backward chunk once replica 1's pipeline had ended.
+        assert backward.arrival_ms >= _last_op_end_ms(timeline, stage, 1)
