@@ -30,6 +30,18 @@ with the ring, after the last op, it stamped such a chunk then, as late as the p
 skew (0.2 s behind a 40 ms delay on the other replica's PP link), and the detector called
 healthy DP links slow.
 
+The ring's waits for its first chunks have no limit (`Receiver.take`'s None), its others
+the worker's timeout for one message. In the first bucket, step k's chunk (k < D-1) leaves
+replica r-1 only once replicas r-1 ... r-1-k have ended their pipelines: its wait spans what
+is left of theirs, as long as their ops and their messages' delays make it, healthy or not
+(a 300 ms delay on the other replica's PP link, within the 1 s timeout for one message
+that the delay check asks for, failed the iteration: that replica's pipeline ran more than
+1 s longer). From step D-1 on, and in later buckets, every replica is in its ring (r's
+step D-2 chunk waited for r+1's pipeline), and a chunk waits for messages only. The pool's
+bound on a time without progress bounds those first waits (pipeline.runtime.pool: the ranks
+they wait on report each op), and the peers' own limits end them where a peer fails (its
+op's wait, its send).
+
 Every chunk is recorded, as the PP messages are (`RankResult.sends` and `receives`, the
 chunk's index in place of a microbatch): the receiver thread (pipeline.runtime.receiver)
 stamps each chunk's true arrival, and the ring takes a chunk from it when it forwards it
@@ -167,7 +179,7 @@ class Ring:
             sums = None if gradient is None else self._load(gradient, first_byte, size, chunk)
             for k, index in enumerate(indices):
                 if k:
-                    self._take(incoming, indices[k - 1], records)
+                    self._take(incoming, indices[k - 1], records, self._limit_s(bucket, k - 1))
                     if sums is not None:
                         self._combine(sums, k - 1, self._inboxes[bucket % 2][k - 1][:chunk])
                 payload = self._payload[:chunk] if sums is None else sums[self._sent_chunk(k)]
@@ -178,7 +190,7 @@ class Ring:
                 records.sends.append(
                     (link, direction, index, chunk, start, time.monotonic(), fault_ms, start, pid)
                 )
-            self._take(incoming, indices[-1], records)
+            self._take(incoming, indices[-1], records, self._limit_s(bucket, len(indices) - 1))
             if gradient is not None and sums is not None:  # sums: the bucket's, loaded
                 last = len(indices) - 1
                 self._combine(sums, last, self._inboxes[bucket % 2][last][:chunk])
@@ -241,10 +253,19 @@ class Ring:
         else:
             self._incoming.add(receives)
 
-    def _take(self, incoming: Receiver, index: int, records: RingRecords) -> None:
-        """Wait for chunk `index` from the ring predecessor and record it."""
+    def _limit_s(self, bucket: int, step: int) -> float | None:
+        """How long the ring waits for the chunk of `step` in `bucket`: the timeout for one
+        message, but no limit where the chunk comes only once other replicas' pipelines have
+        ended (the first bucket's steps before D-1: the module's docstring)."""
+        return None if bucket == 0 and step < self._num_replicas - 1 else self._timeout_s
+
+    def _take(
+        self, incoming: Receiver, index: int, records: RingRecords, limit_s: float | None
+    ) -> None:
+        """Wait for chunk `index` from the ring predecessor (for up to `limit_s`; None: no
+        limit) and record it."""
         needed = time.monotonic()
-        arrival = incoming.take(index, self._timeout_s)
+        arrival = incoming.take(index, limit_s)
         records.receives.append(
             (
                 str(self._in_link),

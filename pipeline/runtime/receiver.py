@@ -10,8 +10,10 @@ which blocks on an event, never on gloo. A DP ring's receiver (`more`) is fed ea
 receives as they are posted (`add`) and lives for the whole all-reduce.
 
 Limits: `take` gives up after its timeout counted from the op's ask, naming what it waited
-for; while it waits it calls its `check` every `CHECK_EVERY_S` (a worker's look for a
-failure of its own sends: a sender delegate that found no NIC left), which may raise. The
+for (None: no limit, for a wait that spans a peer's pipeline, the DP ring's first chunks:
+pipeline.runtime.dp_ring); while it waits it calls its `check` every `CHECK_EVERY_S` (a
+worker's look for a failure of its own sends: a sender delegate that found no NIC left),
+which may raise. The
 thread's own wait has no limit (`THREAD_WAIT_S`): it waits until the message comes, its
 connection breaks or the process ends. A limit there, counted from the neighbour's previous
 message (or the iteration's start), bounded the gap between a neighbour's consecutive
@@ -136,13 +138,13 @@ class Receiver:
                     self._fail(self._slots[microbatch], self._error)
             self._posted.notify()
 
-    def take(self, microbatch: int, timeout_s: float) -> Arrival:
+    def take(self, microbatch: int, timeout_s: float | None) -> Arrival:
         """Block until the message of `microbatch` is here; when it arrived (monotonic s) and
         what copying it into its buffer took.
 
         Raises the exception the thread met receiving it (or an earlier message: the thread
-        stops at its first error), TimeoutError if nothing came within `timeout_s`, or
-        ScheduleError if the peer's schedule never sends it."""
+        stops at its first error), TimeoutError if nothing came within `timeout_s` (None: no
+        limit), or ScheduleError if the peer's schedule never sends it."""
         if self.kind is None:
             what = describe_chunk(self.peer, microbatch)
         else:
@@ -152,21 +154,25 @@ class Receiver:
         if slot is None:
             raise ScheduleError(f"{what} never comes: rank {self.peer}'s schedule does not send it")
         if not self._wait(slot, timeout_s):
+            assert timeout_s is not None  # a wait without a limit ends only with the message
             raise TimeoutError(f"waiting for {what} failed: nothing came within {timeout_s:g} s")
         if slot.error is not None:
             raise slot.error
         return slot.arrival
 
-    def _wait(self, slot: _Slot, timeout_s: float) -> bool:
-        """Whether `slot` is done within `timeout_s`, calling `check` as it waits."""
+    def _wait(self, slot: _Slot, timeout_s: float | None) -> bool:
+        """Whether `slot` is done within `timeout_s` (None: it waits until it is), calling
+        `check` as it waits."""
         if self._check is None:
             return slot.done.wait(timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while not slot.done.wait(min(CHECK_EVERY_S, max(deadline - time.monotonic(), 0.0))):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left_s = CHECK_EVERY_S if deadline is None else deadline - time.monotonic()
+            if slot.done.wait(min(CHECK_EVERY_S, max(left_s, 0.0))):
+                return True
             self._check()
-            if time.monotonic() >= deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
-        return True
 
     def finish(self, timeout_s: float) -> None:
         """Join the thread once every message is in (no more come by `add`). Raises

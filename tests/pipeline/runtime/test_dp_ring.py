@@ -128,3 +128,33 @@ def test_a_chunk_that_lands_while_its_receiver_runs_its_pipeline_is_stamped_as_i
         assert forward.wire_start_ms <= forward.arrival_ms < _last_op_end_ms(timeline, stage, 1)
         # Replica 0 received the backward chunk once replica 1's pipeline had ended.
         assert backward.arrival_ms >= _last_op_end_ms(timeline, stage, 1)
+
+
+def test_the_ring_s_first_chunk_waits_out_a_peer_replica_s_longer_pipeline() -> None:
+    """Each message on replica 1's PP link is held 0.5 s, half the 1 s timeout (the delay
+    check lets it through): replica 1's pipeline runs at least 1.5 s, so replica 0's ring
+    waits that long for its first chunk, which leaves replica 1 only after its last op. That
+    wait had the timeout for one message and failed the iteration ("waiting for all-reduce
+    chunk 0 from rank 3 failed: nothing came within 1 s"); it has none now (the pool's
+    bound on a time without progress: replica 1's ranks report their ops), and the iteration
+    runs, every chunk recorded as in the simulator."""
+    config = _skewed(500.0)
+    with WorkerPool(2, 2, timeout_s=1.0) as pool:
+        timeline = pool.run_iteration(config)
+    assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {500.0}
+    assert {m.fault_ms for m in timeline.messages if m.replica == 0} == {0.0}
+    predicted = simulate(config.schedule, config.profile, CommMode.DIRECT)
+
+    def chunks(messages: tuple[MessageRecord, ...]) -> list[tuple[str, str, int, int]]:
+        return sorted((m.link, m.direction, m.microbatch, m.replica) for m in messages)
+
+    assert chunks(timeline.dp_messages) == chunks(predicted.dp_messages)
+    for stage in (0, 1):
+        (first,) = [
+            m
+            for m in timeline.dp_messages
+            if (m.link, m.direction, m.microbatch) == (f"dp{stage}:0-1", "backward", 0)
+        ]
+        # Replica 1 sent it after its pipeline, replica 0 waited for it from its ring's start.
+        assert first.arrival_ms >= first.send_start_ms >= _last_op_end_ms(timeline, stage, 1)
+        assert first.needed_ms >= _last_op_end_ms(timeline, stage, 0)

@@ -218,6 +218,35 @@ def test_a_wait_ends_with_what_its_check_raises() -> None:
     receiver.finish(timeout_s=10)
 
 
+def test_a_take_without_a_limit_waits_for_its_message_checking_all_the_while() -> None:
+    """The DP ring's first chunks, whose wait spans the peer replicas' pipelines: `take`
+    with no limit waits until the message comes, calling its check as it waits (its error
+    would end the wait); without a check it waits on the message alone."""
+    late = _Receive()
+    calls: list[int] = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) == 5:  # the message comes while the take is checking
+            late.release.set()
+
+    receiver = Receiver(1, None, [(0, late)], check=check)
+    receiver.start()
+    arrival = receiver.take(0, timeout_s=None)
+    assert late.returned_s is not None and arrival.arrived_s >= late.returned_s
+    assert len(calls) >= 5
+    receiver.finish(timeout_s=10)
+    quiet = _Receive()
+    unchecked = Receiver(1, None, [(0, quiet)])
+    unchecked.start()
+    assert quiet.entered.wait(10)
+    releasing = threading.Timer(0.2, quiet.release.set)
+    releasing.start()
+    assert unchecked.take(0, timeout_s=None).arrived_s >= 0
+    releasing.join()
+    unchecked.finish(timeout_s=10)
+
+
 class _Resumable:
     """A delegated receive's wait: it times out `num_timeouts` times, then the message is in
     (or it never is); each timed-out wait may be followed by another."""
