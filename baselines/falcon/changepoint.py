@@ -110,6 +110,9 @@ class ChangePointDetector:
         self._stats: list[_Stats] = []
         self._segment_start = 0
         """The index of the first time of the current segment (the last change reported)."""
+        self._previous_start: int | None = None
+        """The index of the first time of the segment before the current one (None: the
+        current one is the first, from the calibration)."""
         self._unstepped = 0
         """Times of the current segment the model never took (calibration outliers): its run
         length is that much shorter than the times since the segment's start."""
@@ -140,12 +143,36 @@ class ChangePointDetector:
         old_ms = statistics.median(self._times[self._segment_start : start])
         if abs(new_ms - old_ms) < config.min_relative_change * old_ms:
             return False
-        self._segment_start, self._unstepped = start, 0
+        self._previous_start, self._segment_start, self._unstepped = self._segment_start, start, 0
         self.baseline_ms = old_ms
         assert self._prior is not None
         if new_ms < self._prior.mean:
             self._recentre(new_ms)
         return True
+
+    def start_segment(self) -> None:
+        """Begin a new segment with the latest time, at the level of the segment before the
+        current one: for a caller that knows the level went back there before the model can
+        say so (Falcon: a straggler gone with the time back within 10 % of its baseline).
+        The baseline is the current segment's median; the prior is re-centred on the latest
+        time (as for a level found faster than it), and the new segment's posterior is taken
+        from the times of the segment before and the latest, so that a return to the
+        current level is a change at once (from one time's posterior it took 9 iterations
+        here: every run's prior is centred on the healthy level)."""
+        start = len(self._times) - 1
+        if self._prior is None or start <= self._segment_start:
+            return  # still calibrating, or the segment begins there already
+        level = self._times[-1:]
+        if self._previous_start is not None:
+            level = self._times[self._previous_start : self._segment_start] + level
+        self.baseline_ms = statistics.median(self._times[self._segment_start : start])
+        self._previous_start, self._segment_start = self._segment_start, start
+        self._unstepped = 0
+        self._recentre(self._times[-1])
+        posterior = self._stats[0]
+        for x in level:
+            posterior = posterior.updated(x, self._kappa0)
+        self._stats[1] = posterior  # the run of the latest time: the level's
 
     def _recentre(self, mean: float) -> None:
         """The prior centred on `mean` (its relative spread kept), the current segment's

@@ -13,7 +13,10 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
    delays it). Then the straggler is known, and so is the baseline (the median iteration
    time of the segment before the change). Once a straggler is gone with iteration time
    back within 10 % of the baseline (its fault over, or a swap that absorbed it), that
-   slowdown is over: the next straggler waits for the next change up.
+   slowdown is over: the next straggler waits for the next change up, and the change-point
+   detector starts its next segment there (`ChangePointDetector.start_segment`), so that the
+   slowdown's return is one (after a single fast iteration the detector saw no change, and
+   a straggler back from it was never looked for again).
 A delay there from the start is no change: a profile's static delay, or a fault timeline's
 in force while the detector takes its prior from the first iterations, becomes the
 baseline and is never seen (harness.policies.blind_detector_warning warns of it).
@@ -246,6 +249,7 @@ class FalconController:
             self.straggler, self.split = None, None
             if back:  # the slowdown is over: a new straggler waits for a change up
                 self._slower, self._suspect = False, None
+                self._changes.start_segment()  # (so that the slowdown's return is one)
             return
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
         straggler.level_times_ms.append(iteration_ms)

@@ -163,3 +163,52 @@ def test_a_change_after_the_last_bin_is_found_where_it_began() -> None:
 def test_a_config_with_no_room_for_a_run_is_refused() -> None:
     with pytest.raises(ValueError, match="max_run_length"):
         ChangePointConfig(max_run_length=1)
+
+
+def _with_segment_started_at(
+    times: list[float], start: int
+) -> tuple[ChangePointDetector, list[int]]:
+    """`times` fed in order, the caller starting a segment at index `start` (after its
+    update); the indices whose update reported a change."""
+    detector, found = ChangePointDetector(), []
+    for k, ms in enumerate(times):
+        if detector.update(ms):
+            found.append(k)
+        if k == start:
+            detector.start_segment()
+    return detector, found
+
+
+@pytest.mark.parametrize(("back_ms", "reported_at"), [(260.0, 8), (270.0, 9)])
+def test_a_return_after_a_segment_the_caller_started_is_a_change_at_once(
+    back_ms: float, reported_at: int
+) -> None:
+    """A slowdown, one iteration back near the healthy level (a one-iteration dip is no
+    change to the model: Falcon says it, its straggler gone with the time back), then the
+    slowdown again. From the caller's new segment the return is reported in its first
+    iteration (its second where the dip was 4 % over the healthy level), against the dip
+    (from the one time's posterior alone: 8 iterations later; without the caller, never)."""
+    times = [260.0] * 4 + [300.0] * 3 + [back_ms] + [300.0] * 12
+    detector, found = _with_segment_started_at(times, 7)
+    assert found == [4, reported_at]
+    assert detector.change_index == 8 and detector.baseline_ms == back_ms
+    assert _feed(times)[1] == [4]
+
+
+def test_a_segment_the_caller_started_at_a_steady_level_reports_nothing() -> None:
+    """After the caller's segment the level stays (a swap's time, 5 % over the healthy one):
+    no change; the baseline is the slowdown's median."""
+    times = [260.0] * 4 + [300.0] * 3 + [273.0] * 20
+    detector, found = _with_segment_started_at(times, 7)
+    assert found == [4]
+    assert detector.change_index == 7 and detector.baseline_ms == 300.0
+
+
+def test_a_segment_is_started_only_after_the_calibration_and_its_own_first_time() -> None:
+    detector = ChangePointDetector()
+    for ms in (260.0, 260.0):
+        detector.update(ms)
+        detector.start_segment()  # still calibrating: nothing
+    assert detector.update(260.0) is False and detector.change_index == 0
+    _, found = _with_segment_started_at([260.0] * 4 + [300.0] * 6, 4)  # the change's own first
+    assert found == [4]

@@ -543,3 +543,34 @@ def test_a_kind_with_more_than_half_its_links_slow_has_no_suspect() -> None:
     assert _suspect_rings(0.1, 20.0, 0.2, 0.1) == {"dp1:0-1"}
     assert _suspect_rings(0.1, 20.0, 20.1, 0.1) == {"dp1:0-1", "dp2:0-1"}
     assert _suspect_rings(20.0, 20.0, 20.1, 0.1) == set()
+
+
+def test_a_straggler_back_after_one_fast_iteration_is_found_again() -> None:
+    """30 ms on dp1:0-1 from iteration 3, off in 6 alone. Validated in 4; 6 is back within
+    10 % of the baseline, so the straggler is gone and the slowdown over; the change-point
+    detector took the one fast iteration for no change, so the returning slowdown was no
+    change up either, and Falcon ignored it to the end (40 ms a step). Falcon starts a
+    segment where it declares the slowdown over: the return is a change up in 7, validated
+    in 8, and the swap bought once the time lost pays for it (then undone: the pair's PP link
+    costs this pipeline more)."""
+    profile = Profile.uniform(
+        4, 8, 10, 10, 10, message_bytes=1 << 16, num_replicas=2,
+        allreduce_bytes=(2 * MB,) * 4, dp_bandwidth_gbps=400.0,
+    )  # fmt: skip
+    faults = parse_yaml(
+        '[{start_iteration: 3, end_iteration: 6, links: ["dp1:0-1"], delay_ms: 30},'
+        ' {start_iteration: 7, links: ["dp1:0-1"], delay_ms: 30}]'
+    )
+    falcon = system_controller("falcon", profile, faults)
+    assert isinstance(falcon, FalconController)
+    result = run_configuration(falcon, num_iterations=30, faults=faults)
+    slow = {"dp1:0-1": 30.0}
+    assert [d.detected_ms for d in result.decisions] == (
+        [{}] * 5 + [slow] * 2 + [{}] * 2 + [slow] * 21
+    )
+    assert (falcon.climbs, falcon.undone) == ([(16, Level.SWAP)], [18])
+    assert falcon.straggler is not None and falcon.straggler.link == "dp1:0-1"
+    steps = [round(ms) for ms in result.step_times_ms]
+    assert steps == [0] * 3 + [40] * 3 + [0] + [40] * 9 + [0] * 2 + [40] * 12
+    swapped = [round(ms) for ms in result.iteration_times_ms[15:19]]
+    assert swapped == [270, 590, 590, 270]  # the PP link 30 ms slow in 16-17
