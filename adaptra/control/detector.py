@@ -17,13 +17,25 @@ chunks differ with their gradients and buckets) and its path (a delegate's trans
 the host less than the direct path's send and receive). So the floor is kept per kind of
 link (PP or DP), path (direct or over delegates) and size (the direction's median message
 size: its median is the host's time for a message that large): the least such median seen
-so far on a direction of the same class that was not believed slow. A class that no such
-direction has set yet takes the direct path's floor of its kind and size (the first
-iteration over delegates where every link of the kind is slow: a 2-stage pipeline's), or
-else the least of its directions' medians now. The median less the floor is the
-direction's extra delay, its estimate; the lower quartile less the floor is the evidence
-that the direction is slow. A link's values are the larger of its directions' (over every
-replica), from its latest iteration.
+so far on a direction of the class whose link was not slow. An iteration is looked at first
+against the floors the ones before it left; a class none has set yet takes the direct
+path's floor of its kind and size where it is a PP class over delegates, else the least of
+its directions' medians now. The directions of the links neither believed slow nor slow at
+that look lower their classes' floors, and the iteration is judged against those (a class
+still without one: the direct path's floor over delegates, PP or DP, as for a 2-stage
+pipeline's one slow link; else the least median now). So a PP link that turns slow in the
+first iteration over delegates is slow against the direct path's floor and sets no
+delegated floor of its own (it did, when every direction not believed slow lowered the
+floors first, and was never seen), while the healthy links' delegated messages, cheaper to
+the host than direct ones, set that path's. A DP class over delegates is not first looked
+at against the direct path's floor: a ring's chunks cost the host far more while the PP
+messages go over delegates (the calibrated ring's step 1.1-2.5x at 8-40 MB chunks:
+BENCHMARKS.md), and against it healthy rings of 40 MB chunks lagging 0.8 ms per MB more
+over delegates were 32 ms slow, and one was swapped; so a ring alone in its size that turns
+slow in the first iteration over delegates sets its own floor, unseen (the known limits).
+The median less the floor is the direction's extra delay, its estimate; the lower quartile
+less the floor is the evidence that the direction is slow. A link's values are the larger
+of its directions' (over every replica), from its latest iteration.
 
 Why two statistics: load only ever adds time (a receiver that is not scheduled stamps late;
 nothing stamps early), while a slow link delays every message, or with a fault's jitter
@@ -56,6 +68,15 @@ such link is called slow. `unmeasurable_kinds` names the kinds a profile's own d
 so (a 2-stage pipeline with its one PP link delayed, for one). Over delegates, a class with
 no healthy direction (a 2-stage pipeline's one slow PP link) is measured against the direct
 path's floor: the difference of the host's costs on the two paths is then in its estimate.
+Where a delegate costs the host more than the direct path, by the onset (8 ms) or more for
+a PP message (the direct path cost 1.7-2.2x a delegate's here: BENCHMARKS.md), the healthy
+PP links are slow against the direct path's floor in their first iteration over delegates
+too, no delegated floor is ever set, and they stay slow, the run on delegates (a 2-stage
+pipeline's one link after its repair, as before): a link's delay and the paths' difference
+are one number until a healthy link's delegated messages set the floor. A DP ring alone in
+its size (at DP 2) that turns slow in the first iteration over delegates sets that
+class's delegated floor and is not seen: its delay and what the path adds to its chunks
+are one number there too.
 """
 
 from __future__ import annotations
@@ -220,7 +241,7 @@ class LinkDetector:
         }
         self.thresholds = thresholds
         self._floor_ms: dict[FloorClass, float] = {}
-        """The least median seen so far on a direction not believed slow, per class."""
+        """The least median seen so far on a direction of the class not believed slow."""
         self._slow: set[str] = set()
         self.belief = Belief(-1, {}, frozenset())
         """The latest belief (iteration -1: none yet)."""
@@ -254,15 +275,17 @@ class LinkDetector:
         }
 
     def believe(self, iteration: int, directions: Directions) -> Belief:
-        """The belief after iteration `iteration`, from its `direction_times`."""
-        floors_ms = self._floors_ms(directions)
-        extra: dict[str, float] = {}
-        evidence: dict[str, float] = {}
-        for (link, direction, replica), times in directions.items():
-            floor_ms = floors_ms[link, direction, replica]
-            extra[link] = max(extra.get(link, 0.0), times.median_ms - floor_ms)
-            evidence[link] = max(evidence.get(link, 0.0), times.lower_quartile_ms - floor_ms)
+        """The belief after iteration `iteration`, from its `direction_times`: a first look
+        against the floors the iterations before left; the directions of the links neither
+        believed slow nor slow there lower their classes' floors; the iteration is judged
+        against those (the module)."""
+        _, first_evidence = self._excess_ms(directions, self._floors_ms(directions, first=True))
         onset, recovery = self.thresholds.onset_ms, self.thresholds.recovery_ms
+        for (link, _, _), times in directions.items():
+            if link not in self._slow and first_evidence[link] < onset:
+                at = (link in self._pp_expected_ms, times.delegated, times.num_bytes)
+                self._floor_ms[at] = min(self._floor_ms.get(at, math.inf), times.median_ms)
+        extra, evidence = self._excess_ms(directions, self._floors_ms(directions, first=False))
         for link, extra_ms in extra.items():
             if evidence[link] >= onset:
                 self._slow.add(link)
@@ -271,27 +294,40 @@ class LinkDetector:
         self.belief = Belief(iteration, extra, frozenset(self._slow & set(extra)))
         return self.belief
 
-    def _floors_ms(self, directions: Directions) -> dict[tuple[str, str, int], float]:
-        """Each direction's floor, its class's (the module), after the directions not
-        believed slow have lowered theirs."""
-        classes: dict[tuple[str, str, int], FloorClass] = {
-            key: (key[0] in self._pp_expected_ms, times.delegated, times.num_bytes)
-            for key, times in directions.items()
-        }
+    @staticmethod
+    def _excess_ms(
+        directions: Directions, floors_ms: Mapping[tuple[str, str, int], float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Each link's estimate and evidence (its directions' largest) against `floors_ms`."""
+        extra: dict[str, float] = {}
+        evidence: dict[str, float] = {}
+        for (link, direction, replica), times in directions.items():
+            floor_ms = floors_ms[link, direction, replica]
+            extra[link] = max(extra.get(link, 0.0), times.median_ms - floor_ms)
+            evidence[link] = max(evidence.get(link, 0.0), times.lower_quartile_ms - floor_ms)
+        return extra, evidence
+
+    def _floors_ms(
+        self, directions: Directions, *, first: bool
+    ) -> dict[tuple[str, str, int], float]:
+        """Each direction's floor, its class's as kept so far; for a class none has set, the
+        direct path's of its kind and size over delegates (at the `first` look a PP class's
+        only), else the least median of its directions now (the module)."""
+        kept_ms = self._floor_ms
+        classes: dict[tuple[str, str, int], FloorClass] = {}
         least_now_ms: dict[FloorClass, float] = {}
         for key, times in directions.items():
-            of = classes[key]
+            is_pp = key[0] in self._pp_expected_ms
+            of = classes[key] = (is_pp, times.delegated, times.num_bytes)
             least_now_ms[of] = min(least_now_ms.get(of, math.inf), times.median_ms)
-            if key[0] not in self._slow:
-                self._floor_ms[of] = min(self._floor_ms.get(of, math.inf), times.median_ms)
 
         def floor_ms(of: FloorClass) -> float:
-            is_pp, delegated, num_bytes = of
-            direct = (is_pp, False, num_bytes)
-            if of in self._floor_ms:
-                return self._floor_ms[of]
-            if delegated and direct in self._floor_ms:
-                return self._floor_ms[direct]
+            is_pp, delegated, size = of
+            direct = (is_pp, False, size)
+            if of in kept_ms:
+                return kept_ms[of]
+            if delegated and direct in kept_ms and (is_pp or not first):
+                return kept_ms[direct]
             return least_now_ms[of]
 
         return {key: floor_ms(of) for key, of in classes.items()}

@@ -5,6 +5,7 @@ no stragglers and slow ones are found at their delay. Simulated runs: exact time
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 
@@ -191,3 +192,43 @@ def test_a_ring_alone_in_its_chunk_size_and_slow_from_the_start_is_warned_of() -
     alone = UNEQUAL_RINGS.with_delays([0.0] * 3, {Link.dp(0, 0): 20.0})
     assert unmeasurable_kinds(alone) == ("DP",)
     assert unmeasurable_kinds(UNEQUAL_RINGS.with_delays([0.0] * 3, {Link.dp(1, 0): 20.0})) == ()
+
+
+def test_a_pp_link_that_turns_slow_in_the_first_delegated_iteration_is_found() -> None:
+    """3 stages: 30 ms on 0-1 from measured iteration 2 (Adaptra delegates from 3), 20 ms on
+    1-2 from 3, its first delegated iteration. 1-2 was the only link over delegates not
+    believed slow, so it set that path's floor with its own 20 ms and was never seen, and
+    0-1 was estimated 10 ms above it: 0-1 at 10 ms, 1-2 healthy to the end. Judged first
+    against the direct path's floor, it is slow and sets none."""
+    profile = Profile.uniform(3, 8, 10, 10, 10, message_bytes=1 << 16, num_delegates=3)
+    faults = parse_yaml(
+        '[{start_iteration: 2, links: ["0-1"], delay_ms: 30},'
+        ' {start_iteration: 3, links: ["1-2"], delay_ms: 20}]'
+    )
+    result = run_configuration(
+        system_controller("adaptra", profile, faults), num_iterations=8, faults=faults
+    )
+    assert [d.detected_ms for d in result.decisions] == (
+        [{}] * 3 + [{"0-1": 30.0}] + [{"0-1": 30.0, "1-2": 20.0}] * 4
+    )
+    assert [d.comm["1-2"] for d in result.decisions] == ["direct"] * 3 + ["delegated"] * 5
+    assert result.iteration_times_ms[3:] == (360.0,) + (310.0,) * 4  # (for 0-1 at 10 ms: 360)
+
+
+def test_healthy_rings_are_no_stragglers_where_their_chunks_cost_more_over_delegates() -> None:
+    """Rings of 40 MB chunks on stages 0-1 lag 0.8 ms per MB, 1.6 with the PP messages over
+    delegates (the calibrated ring's step was 1.1-2.5x at 8-40 MB chunks: BENCHMARKS.md);
+    30 ms on PP link 1-2 in measured iterations 3-6. Their first delegated iteration is
+    looked at against the least of their class now: against the direct path's floor, as a
+    PP class's is, they were 32 ms slow, two healthy ring links called slow and one
+    swapped."""
+    host = HostCosts(
+        ring_lag_ms_by_rings=RingLag(((1, CostCurve(((MB, 0.8), (40 * MB, 32.0)))),)),
+        delegated_ring_lag_ms_by_rings=RingLag(((1, CostCurve(((MB, 1.6), (40 * MB, 64.0)))),)),
+    )
+    profile = dataclasses.replace(UNEQUAL_RINGS, allreduce_bytes=(160 * MB,) * 2 + (2 * MB,) * 2)
+    faults = parse_yaml('[{start_iteration: 3, end_iteration: 7, links: ["1-2"], delay_ms: 30}]')
+    controller = system_controller("adaptra", profile, faults)
+    result = run_configuration(controller, num_iterations=10, faults=faults, host=host)
+    assert [d.detected_ms for d in result.decisions] == ([{}] * 4 + [{"1-2": 30.0}] * 4 + [{}] * 2)
+    assert controller.swaps.num_swaps == 0  # type: ignore[attr-defined]
