@@ -180,10 +180,11 @@ def _adaptra_blind_warning(
     system: str, profile: Profile, faults: FaultView, num_warmup_iterations: int
 ) -> str | None:
     """Where the delays in force in the first iteration slow every link of a kind `system`
-    reads, or every DP ring link whose chunks are as large (`unmeasurable_kinds`): nothing
-    is left to compare them against, and it sees none of them slow. Those are the profile's
-    own, and a fault timeline's where no warm-up iteration runs before it (the detector's
-    floor is the least time it has seen: a healthy warm-up sets it)."""
+    reads, or every DP ring link whose chunks are as large, within 5 % (`unmeasurable_kinds`,
+    `pipeline.message_sizes`): nothing is left to compare them against, and it sees none of
+    them slow. Those are the profile's own, and a fault timeline's where no warm-up
+    iteration runs before it (the detector's floor is the least time it has seen: a healthy
+    warm-up sets it)."""
     measured = _MEASURED_KINDS[system]
     delayed = profile
     blind = [k for k in unmeasurable_kinds(delayed) if k in measured]
@@ -208,7 +209,8 @@ def _adaptra_blind_warning(
 
 def _every_ring_delayed(profile: Profile) -> bool:
     """Whether `profile`'s own delays slow every stage's DP ring link (else only those of
-    the stages whose chunks are as large leave the detector blind: `unmeasurable_kinds`)."""
+    the stages whose chunks are as large, within 5 %, leave the detector blind:
+    `unmeasurable_kinds`)."""
     delayed = {link for link, delay_ms in profile.dp_delay_ms if delay_ms}
     rings = (profile.topology.dp_ring(stage) for stage in range(profile.num_stages))
     return all(link in delayed for ring in rings for link in ring)

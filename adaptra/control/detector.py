@@ -16,26 +16,27 @@ depends on the message: its size (a DP ring's lag grows with its chunk, and the 
 chunks differ with their gradients and buckets) and its path (a delegate's transfer costs
 the host less than the direct path's send and receive). So the floor is kept per kind of
 link (PP or DP), path (direct or over delegates) and size (the direction's median message
-size: its median is the host's time for a message that large): the least such median seen
-so far on a direction of the class whose link was not slow. An iteration is looked at first
-against the floors the ones before it left; a class none has set yet takes the direct
-path's floor of its kind and size where it is a PP class over delegates, else the least of
-its directions' medians now. The directions of the links neither believed slow nor slow at
-that look lower their classes' floors, and the iteration is judged against those (a class
-still without one: the direct path's floor over delegates, PP or DP, as for a 2-stage
-pipeline's one slow link; else the least median now). So a PP link that turns slow in the
-first iteration over delegates is slow against the direct path's floor and sets no
-delegated floor of its own (it did, when every direction not believed slow lowered the
-floors first, and was never seen), while the healthy links' delegated messages, cheaper to
-the host than direct ones, set that path's. A DP class over delegates is not first looked
-at against the direct path's floor: a ring's chunks cost the host far more while the PP
-messages go over delegates (the calibrated ring's step 1.1-2.5x at 8-40 MB chunks:
-BENCHMARKS.md), and against it healthy rings of 40 MB chunks lagging 0.8 ms per MB more
-over delegates were 32 ms slow, and one was swapped; so a ring alone in its size that turns
-slow in the first iteration over delegates sets its own floor, unseen (the known limits).
-The median less the floor is the direction's extra delay, its estimate; the lower quartile
-less the floor is the evidence that the direction is slow. A link's values are the larger
-of its directions' (over every replica), from its latest iteration.
+size, in its class of sizes within 5 %, `pipeline.message_sizes`: its median is the host's
+time for a message that large): the least such median seen so far on a direction of the
+class whose link was not slow. An iteration is looked at first against the floors the ones
+before it left; a class none has set yet takes the direct path's floor of its kind and size
+where it is a PP class over delegates, else the least of its directions' medians now. The
+directions of the links neither believed slow nor slow at that look lower their classes'
+floors, and the iteration is judged against those (a class still without one: the direct
+path's floor over delegates, PP or DP, as for a 2-stage pipeline's one slow link; else the
+least median now). So a PP link that turns slow in the first iteration over delegates is
+slow against the direct path's floor and sets no delegated floor of its own (it did, when
+every direction not believed slow lowered the floors first, and was never seen), while the
+healthy links' delegated messages, cheaper to the host than direct ones, set that path's. A
+DP class over delegates is not first looked at against the direct path's floor: a ring's
+chunks cost the host far more while the PP messages go over delegates (the calibrated
+ring's step 1.1-2.5x at 8-40 MB chunks: BENCHMARKS.md), and against it healthy rings of 40
+MB chunks lagging 0.8 ms per MB more over delegates were 32 ms slow, and one was swapped;
+so a ring alone in its size class that turns slow in the first iteration over delegates
+sets its own floor, unseen (the known limits). The median less the floor is the direction's
+extra delay, its estimate; the lower quartile less the floor is the evidence that the
+direction is slow. A link's values are the larger of its directions' (over every replica),
+from its latest iteration.
 
 Why two statistics: load only ever adds time (a receiver that is not scheduled stamps late;
 nothing stamps early), while a slow link delays every message, or with a fault's jitter
@@ -62,21 +63,21 @@ Thresholds (`Thresholds`), and why:
   on two links in turn.
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
-direction, or every stage's DP ring whose chunks are as large) leave their class no healthy
-floor (then only the model's expectation is subtracted): the delay is in the floor, and no
-such link is called slow. `unmeasurable_kinds` names the kinds a profile's own delays leave
-so (a 2-stage pipeline with its one PP link delayed, for one). Over delegates, a class with
-no healthy direction (a 2-stage pipeline's one slow PP link) is measured against the direct
-path's floor: the difference of the host's costs on the two paths is then in its estimate.
-Where a delegate costs the host more than the direct path, by the onset (8 ms) or more for
-a PP message (the direct path cost 1.7-2.2x a delegate's here: BENCHMARKS.md), the healthy
-PP links are slow against the direct path's floor in their first iteration over delegates
-too, no delegated floor is ever set, and they stay slow, the run on delegates (a 2-stage
-pipeline's one link after its repair, as before): a link's delay and the paths' difference
-are one number until a healthy link's delegated messages set the floor. A DP ring alone in
-its size (at DP 2) that turns slow in the first iteration over delegates sets that
-class's delegated floor and is not seen: its delay and what the path adds to its chunks
-are one number there too.
+direction, or every stage's DP ring whose chunks are in one size class) leave their class
+no healthy floor (then only the model's expectation is subtracted): the delay is in the
+floor, and no such link is called slow. `unmeasurable_kinds` names the kinds a profile's
+own delays leave so (a 2-stage pipeline with its one PP link delayed, for one). Over
+delegates, a class with no healthy direction (a 2-stage pipeline's one slow PP link) is
+measured against the direct path's floor: the difference of the host's costs on the two
+paths is then in its estimate. Where a delegate costs the host more than the direct path,
+by the onset (8 ms) or more for a PP message (the direct path cost 1.7-2.2x a delegate's
+here: BENCHMARKS.md), the healthy PP links are slow against the direct path's floor in
+their first iteration over delegates too, no delegated floor is ever set, and they stay
+slow, the run on delegates (a 2-stage pipeline's one link after its repair, as before): a
+link's delay and the paths' difference are one number until a healthy link's delegated
+messages set the floor. A DP ring alone in its size class (at DP 2) that turns slow in the
+first iteration over delegates sets that class's delegated floor and is not seen: its delay
+and what the path adds to its chunks are one number there too.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ from typing import NamedTuple
 
 from pipeline.allreduce import buckets, chunk_bytes
 from pipeline.link_terms import LinkTerms
+from pipeline.message_sizes import size_classes
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, PerSource, Timeline
 from pipeline.topology import Link, link_name
@@ -108,19 +110,20 @@ __all__ = [
 
 def unmeasurable_kinds(profile: Profile) -> tuple[str, ...]:
     """The kinds of link ("PP", "DP") of which the profile's own delays slow, from the first
-    iteration, every link whose messages are as large: the detector has no healthy floor for
-    those (the module's known limit) and calls none of them slow (every PP link: they carry
-    one message size; every DP ring link, or every one of the stages whose rings' median
-    chunk is as large)."""
+    iteration, every link whose messages are as large (within 5 %): the detector has no
+    healthy floor for those (the module's known limit) and calls none of them slow (every PP
+    link: they carry one message size; every DP ring link, or every one of the stages whose
+    rings' median chunks are in one size class, `pipeline.message_sizes`)."""
     kinds = []
     pp_links = range(profile.num_stages - 1)
     if pp_links and all(i < len(profile.delay_ms) and profile.delay_ms[i] for i in pp_links):
         kinds.append("PP")
     delayed = {link for link, delay_ms in profile.dp_delay_ms if delay_ms}
+    sizes = [_median_chunk_bytes(profile, stage) for stage in range(profile.num_stages)]
+    size_class = size_classes(sizes)
     rings_by_size: dict[int, list[Link]] = {}
-    for stage in range(profile.num_stages):
-        ring = profile.topology.dp_ring(stage)
-        rings_by_size.setdefault(_median_chunk_bytes(profile, stage), []).extend(ring)
+    for stage, size in enumerate(sizes):
+        rings_by_size.setdefault(size_class[size], []).extend(profile.topology.dp_ring(stage))
     if any(ring and all(link in delayed for link in ring) for ring in rings_by_size.values()):
         kinds.append("DP")
     return tuple(kinds)
@@ -211,7 +214,8 @@ Directions = Mapping[tuple[str, str, int], DirectionTimes]
 """Per (link, direction, replica) of an iteration: its `DirectionTimes`."""
 
 FloorClass = tuple[bool, bool, int]
-"""What a floor is kept per: (a PP link's, over delegates, the median message size)."""
+"""What a floor is kept per: (a PP link's, over delegates, the median message size's class:
+its smallest size, `pipeline.message_sizes`)."""
 
 
 class LinkDetector:
@@ -240,8 +244,11 @@ class LinkDetector:
             link: expected_ms + slower_ms for link, expected_ms in self._pp_expected_ms.items()
         }
         self.thresholds = thresholds
-        self._floor_ms: dict[FloorClass, float] = {}
-        """The least median seen so far on a direction of the class not believed slow."""
+        self._floor_ms: dict[tuple[bool, bool, int], float] = {}
+        """The least median seen so far on a direction not believed slow, per kind, path
+        and exact message size (a class's floor: the least of its sizes')."""
+        self._sizes: dict[bool, set[int]] = {}
+        """The message sizes seen so far, by kind (whether a PP link's)."""
         self._slow: set[str] = set()
         self.belief = Belief(-1, {}, frozenset())
         """The latest belief (iteration -1: none yet)."""
@@ -279,6 +286,8 @@ class LinkDetector:
         against the floors the iterations before left; the directions of the links neither
         believed slow nor slow there lower their classes' floors; the iteration is judged
         against those (the module)."""
+        for (link, _, _), times in directions.items():
+            self._sizes.setdefault(link in self._pp_expected_ms, set()).add(times.num_bytes)
         _, first_evidence = self._excess_ms(directions, self._floors_ms(directions, first=True))
         onset, recovery = self.thresholds.onset_ms, self.thresholds.recovery_ms
         for (link, _, _), times in directions.items():
@@ -313,12 +322,16 @@ class LinkDetector:
         """Each direction's floor, its class's as kept so far; for a class none has set, the
         direct path's of its kind and size over delegates (at the `first` look a PP class's
         only), else the least median of its directions now (the module)."""
-        kept_ms = self._floor_ms
+        size_class = {is_pp: size_classes(sizes) for is_pp, sizes in self._sizes.items()}
+        kept_ms: dict[FloorClass, float] = {}
+        for (is_pp, delegated, num_bytes), least_ms in self._floor_ms.items():
+            of = (is_pp, delegated, size_class[is_pp][num_bytes])
+            kept_ms[of] = min(kept_ms.get(of, math.inf), least_ms)
         classes: dict[tuple[str, str, int], FloorClass] = {}
         least_now_ms: dict[FloorClass, float] = {}
         for key, times in directions.items():
             is_pp = key[0] in self._pp_expected_ms
-            of = classes[key] = (is_pp, times.delegated, times.num_bytes)
+            of = classes[key] = (is_pp, times.delegated, size_class[is_pp][times.num_bytes])
             least_now_ms[of] = min(least_now_ms.get(of, math.inf), times.median_ms)
 
         def floor_ms(of: FloorClass) -> float:

@@ -6,9 +6,10 @@ links: each DP ring link (the DP group's traffic of one stage between two replic
 replica's PP link. A link's time is the median, over its messages of the iteration, of
 arrival - wire start less what the link model expects for its bytes (the timeline's own
 stamps: pipeline.timeline, never `fault_ms`). Links are compared only with links of their
-kind whose messages are as large (`LinkTime.group`: DP with DP, PP with PP, and the same
-median message size: what a host adds to a message grows with its size, and the stages'
-ring chunks differ with their gradients and buckets): a link is suspect when its time
+kind whose messages are as large (`groups`: DP with DP, PP with PP, and median message
+sizes in one class, within 5 %, `pipeline.message_sizes`: what a host adds to a message
+grows with its size, and the stages' ring chunks differ with their gradients and buckets,
+by 0.6 % between megatron tiny's two stages): a link is suspect when its time
 exceeds 1.1 x its group's median link's and is at least `margin_ms` above it (on a healthy
 host a message takes a fraction of a millisecond, so 1.1 x alone would flag timer noise).
 Its excess over that median (`suspects`) is what ranks suspects of different groups: their
@@ -22,6 +23,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
+from pipeline.message_sizes import size_classes
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, Timeline
 from pipeline.topology import Link, LinkKind
@@ -30,6 +32,7 @@ __all__ = [
     "SLOW_RATIO",
     "LinkTime",
     "dp_link_times_ms",
+    "groups",
     "per_microbatch_ms",
     "pp_link_times_ms",
     "suspect_links",
@@ -47,9 +50,19 @@ class LinkTime(NamedTuple):
     num_bytes: int
     """Its messages' median size (the lower median)."""
 
-    def group(self, link: str) -> tuple[LinkKind, int]:
-        """The links `link` (this time's) is compared with: its kind's of the same size."""
-        return Link.parse(link).kind, self.num_bytes
+
+def groups(times: Mapping[str, LinkTime]) -> dict[str, tuple[LinkKind, int]]:
+    """Each link's group, the links it is compared with: its kind's whose messages' median
+    size is in its size class among that kind's (`pipeline.message_sizes`; the group is
+    named by the class's smallest size)."""
+    kinds = {link: Link.parse(link).kind for link in times}
+    size_class = {
+        kind: size_classes(took.num_bytes for link, took in times.items() if kinds[link] is kind)
+        for kind in set(kinds.values())
+    }
+    return {
+        link: (kinds[link], size_class[kinds[link]][took.num_bytes]) for link, took in times.items()
+    }
 
 
 def _median_times(
@@ -83,13 +96,13 @@ def pp_link_times_ms(profile: Profile, messages: Iterable[MessageRecord]) -> dic
 
 
 def suspects(times: Mapping[str, LinkTime], margin_ms: float = 1.0) -> dict[str, float]:
-    """The suspect links among each group's (`LinkTime.group`), each with its excess over its
+    """The suspect links among each group's (`groups`), each with its excess over its
     group's median link (ms)."""
-    groups: dict[tuple[LinkKind, int], dict[str, float]] = {}
-    for link, took in times.items():
-        groups.setdefault(took.group(link), {})[link] = took.ms
+    by_group: dict[tuple[LinkKind, int], dict[str, float]] = {}
+    for link, of in groups(times).items():
+        by_group.setdefault(of, {})[link] = times[link].ms
     found: dict[str, float] = {}
-    for group in groups.values():
+    for group in by_group.values():
         median = statistics.median(group.values())
         found |= {link: group[link] - median for link in suspect_links(group, margin_ms)}
     return found

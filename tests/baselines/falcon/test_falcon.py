@@ -13,7 +13,7 @@ import pytest
 
 from baselines import zb_auto
 from baselines.falcon import FalconController, FalconCosts, Level
-from baselines.falcon.profiling import LinkTime, suspect_links, suspects
+from baselines.falcon.profiling import LinkTime, groups, suspect_links, suspects
 from harness.loop import Recovery, RunResult, run_loop
 from harness.policies import blind_detector_warning, system_controller
 from harness.runner import link_terms, run_configuration
@@ -21,7 +21,7 @@ from injectors.fault_files import parse_yaml
 from pipeline.host_costs import CostCurve, HostCosts, RingLag
 from pipeline.link_terms import ALL_LINK_TERMS, NO_LINK_TERMS
 from pipeline.profile import Profile
-from pipeline.topology import Link, Topology
+from pipeline.topology import Link, LinkKind, Topology
 from tests.hook_like import HookLikeSim
 
 PROFILE = Profile.uniform(
@@ -315,6 +315,16 @@ def test_suspects_are_ranked_by_their_excess_over_their_group_s_median() -> None
     assert max(times, key=lambda link: times[link].ms) == "dp2:0-1"
 
 
+def test_links_whose_messages_differ_by_under_5_percent_are_one_group() -> None:
+    """Rings of 318,336 and 316,544 B chunks (0.6 % apart) are compared, one 30 ms slow;
+    6 % apart they are two groups of one link each, and neither is suspect."""
+    times = {"dp0:0-1": LinkTime(0.5, 318_336), "dp1:0-1": LinkTime(30.5, 316_544)}
+    assert groups(times) == {"dp0:0-1": (LinkKind.DP, 316_544), "dp1:0-1": (LinkKind.DP, 316_544)}
+    assert suspects(times) == {"dp1:0-1": pytest.approx(15.0)}  # over the two's median
+    apart = {**times, "dp0:0-1": LinkTime(0.5, 336_000)}
+    assert len(set(groups(apart).values())) == 2 and suspects(apart) == {}
+
+
 def test_a_short_pp_fault_is_only_ignored() -> None:
     """The same delay in iterations 3-5: believed in 5 and 6, 215 ms lost, under the
     rebalance's 500: the split never changes."""
@@ -543,6 +553,25 @@ def test_a_kind_with_more_than_half_its_links_slow_has_no_suspect() -> None:
     assert _suspect_rings(0.1, 20.0, 0.2, 0.1) == {"dp1:0-1"}
     assert _suspect_rings(0.1, 20.0, 20.1, 0.1) == {"dp1:0-1", "dp2:0-1"}
     assert _suspect_rings(20.0, 20.0, 20.1, 0.1) == set()
+
+
+def test_rings_whose_chunks_differ_by_0_6_percent_are_one_group() -> None:
+    """Megatron tiny's gradients at 2 stages x DP 2 (BENCHMARKS.md, "Falcon on megatron"):
+    chunks of 318,336 and 316,544 B. Grouped by exact size, each ring link was alone in its
+    group and never suspect: 30 ms on dp1:0-1 from iteration 3 went unseen. Sizes within
+    5 % are one group (pipeline.message_sizes): it is validated in 4 and the swap bought in
+    5; iterations 6-7 run swapped, slower (the pair's PP link carries 8 messages to the
+    ring's 2 chunks), so the swap is undone (in the run's iteration 8: the warm-up first)."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=(636_672, 633_088), message_bytes=8192
+    )
+    faults = parse_yaml('[{start_iteration: 3, links: ["dp1:0-1"], delay_ms: 30}]')
+    falcon = system_controller("falcon", profile, faults)
+    assert isinstance(falcon, FalconController)
+    result = run_configuration(falcon, num_iterations=12, faults=faults)
+    assert [d.detected_ms for d in result.decisions] == [{}] * 5 + [{"dp1:0-1": 30.0}] * 7
+    assert (falcon.climbs, falcon.undone) == ([(6, Level.SWAP)], [8])
+    assert _with_step(result) == [13.0] * 3 + [73.0] * 3 + [163.0] * 2 + [73.0] * 4
 
 
 def test_a_straggler_back_after_one_fast_iteration_is_found_again() -> None:
