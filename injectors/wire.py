@@ -5,10 +5,10 @@ delay, a stall), for changes scheduled at a later time, and for everything where
 has no sch_netem. A TAP device in each of the two hosts' namespaces and one process between
 them that forwards every frame, per direction, as that direction's `WireState` says: after a
 delay (fixed, with uniform jitter drawn per burst of frames, or a normal value redrawn every
-U[lo, hi] ms of the wire's clock), at a capped rate, held once for a stall, lost at random
-(`loss_pct`), or not at all (down). Frames of one direction keep their order. Host routes
-(/32) send the pair's traffic for that plane through the wire instead of the bridge; every
-other pair is untouched.
+U[lo, hi] ms of the wire's clock), at a capped rate, held once for a stall (by a message's
+first frame: `carries_message`), lost at random (`loss_pct`), or not at all (down). Frames
+of one direction keep their order. Host routes (/32) send the pair's traffic for that plane
+through the wire instead of the bridge; every other pair is untouched.
 
 The testbed sends ("state", at, forward, backward): the directions' states from monotonic
 time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
@@ -42,7 +42,15 @@ from typing import Any
 
 from pipeline.errors import AdaptraBenchError
 
-__all__ = ["HEALTHY", "WireError", "WireProcess", "WireState", "run_wire"]
+__all__ = [
+    "GLOO_CONTROL_BYTES",
+    "HEALTHY",
+    "WireError",
+    "WireProcess",
+    "WireState",
+    "carries_message",
+    "run_wire",
+]
 
 _TUNSETIFF = 0x400454CA
 _IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
@@ -67,7 +75,8 @@ class WireState:
     rate_bit_s: float | None = None
     """A cap: frames leave no faster than this (one rate for every sender on the direction)."""
     stall_ms: float = 0.0
-    """The first frame read under this state holds the direction this long (once)."""
+    """The first frame of a message (`carries_message`) read under this state holds the
+    direction this long (once)."""
     down: bool = False
     seed: str = ""
     """Seeds the jitter, the losses and the redraws."""
@@ -113,9 +122,10 @@ class _Direction:
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
         self.last_read = -math.inf
 
-    def due(self, now: float, num_bytes: int, carries_data: bool = True) -> float | None:
-        """When a frame read `now` leaves; None: it is lost. A frame without data
-        (`carries_data` False: ARP, a bare ACK) pays no stall: the first message does."""
+    def due(self, now: float, num_bytes: int, message: bool = True) -> float | None:
+        """When a frame read `now` leaves; None: it is lost. A frame that is no message's
+        (`message` False, `carries_message`: ARP, a bare ACK, a gloo "receive ready") pays no
+        stall: the first message's first frame does."""
         state = self.state
         if state.down:
             return None
@@ -123,7 +133,7 @@ class _Direction:
         if state.loss_pct and self.rng.random() * 100.0 < state.loss_pct:
             return None  # lost before anything else: it pays no stall and takes no rate
         start = now
-        if state.stall_ms and not self.stalled and carries_data:
+        if state.stall_ms and not self.stalled and message:
             self.stalled = True
             start = now + state.stall_ms / 1000.0
         delay_ms = state.delay_ms
@@ -144,9 +154,24 @@ class _Direction:
         return self.last_due
 
 
-def carries_data(frame: bytes) -> bool:
-    """Whether an Ethernet frame is an IPv4 packet with payload: TCP with data or UDP (a
-    message's), not ARP, a bare TCP ACK or SYN, or anything else."""
+GLOO_CONTROL_BYTES = 48
+"""The size of one of gloo's control messages on its TCP pairs: an op's preamble alone (six
+8-byte fields: the op's bytes, opcode, slot, offset, length, remote offset). A posted receive
+sends the sender a "receive ready" (opcode 3), a send with none yet a "send ready" (opcode
+2); a message is a preamble plus at least one byte of data (opcode 1, "unbound buffer"), so
+more than this. Captured on this testbed's wire (torch 2.13's gloo, 4 KiB messages): every
+notice a 48-byte segment, every message's first segment 48 + 4096 bytes."""
+_GLOO_NOTICES = (2, 3)  # the opcodes of the control messages above
+
+
+def carries_message(frame: bytes) -> bool:
+    """Whether an Ethernet frame carries (part of) a message: a UDP packet, or a TCP segment
+    with more than `GLOO_CONTROL_BYTES` of data that is not a run of gloo's control messages
+    (TCP may put several in one segment, e.g. when it retransmits). Not ARP, a bare TCP ACK
+    or SYN, a gloo "receive ready" or "send ready", or anything else. These are what a stall
+    holds: the fault model's per-message effect, while a receive posted at an iteration's
+    start sends its notice to the sender before any message. (A delegate's 48-byte header,
+    adaptra.transport.delegate.HEADER, goes alone too: its payload is the message's.)"""
     if len(frame) < 34 or frame[12:14] != b"\x08\x00":
         return False
     header_bytes = (frame[14] & 0x0F) * 4
@@ -156,8 +181,20 @@ def carries_data(frame: bytes) -> bool:
         return True
     if protocol != 6 or len(frame) < transport + 13:
         return False
-    tcp_header_bytes = (frame[transport + 12] >> 4) * 4
-    return total_bytes - header_bytes - tcp_header_bytes > 0
+    payload = frame[transport + (frame[transport + 12] >> 4) * 4 : 14 + total_bytes]
+    return len(payload) > GLOO_CONTROL_BYTES and not _gloo_notices(payload)
+
+
+def _gloo_notices(payload: bytes) -> bool:
+    """Whether `payload` is whole gloo control messages only (`GLOO_CONTROL_BYTES` each: a
+    preamble that counts its own 48 bytes, with a notice's opcode)."""
+    if len(payload) % GLOO_CONTROL_BYTES:
+        return False
+    for start in range(0, len(payload), GLOO_CONTROL_BYTES):
+        nbytes, opcode = struct.unpack_from("<QQ", payload, start)
+        if nbytes != GLOO_CONTROL_BYTES or opcode not in _GLOO_NOTICES:
+            return False
+    return True
 
 
 def _open_tap(namespace: str, ifname: str) -> int:
@@ -208,7 +245,7 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             directions[fds[1]].take(backward, now, new_iteration=False)
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)
-            due = directions[fd].due(now, len(frame), carries_data(frame))
+            due = directions[fd].due(now, len(frame), carries_message(frame))
             if due is not None:
                 seq += 1
                 heapq.heappush(queue, (due, seq, fds[1] if fd == fds[0] else fds[0], frame))

@@ -105,6 +105,31 @@ def test_a_network_delay_slows_the_run_like_the_same_delay_in_the_fault_hook() -
     _assert_delayed_alike(by_network, by_hook, schedule, profile.with_delays([20.0]))
 
 
+def test_a_stall_on_both_directions_holds_each_direction_s_first_message() -> None:
+    """A 200 ms stall on both directions of the only link, set at an iteration boundary: the
+    first message each way waits it (the simulator: 418 ms for this iteration). The stall
+    once went to the first frame with data, the "receive ready" each worker sends as it
+    posts its receives at the iteration's start: the backward one held the first activation
+    (whose send waits for it), and the gradients crossed unstalled (200 ms in all)."""
+    stall_ms = 200.0
+    profile = Profile.uniform(2, 2, 2, 2, 2, message_bytes=4096)
+    schedule = one_f_one_b(profile)
+    with Testbed(2) as bed, WorkerPool(2, launch=bed.launcher(), timeout_s=30) as pool:
+        pool.run_iteration(IterationConfig(0, schedule, profile))  # connected, warm
+        stalled = WireState(stall_ms=stall_ms)
+        bed.set_wire(0, 1, plane=0, forward=stalled, backward=stalled)
+        timeline = pool.run_iteration(IterationConfig(1, schedule, profile))
+    first = {
+        m.direction: m.arrival_ms - m.wire_start_ms
+        for m in timeline.messages
+        if m.iteration == 1 and m.microbatch == 0
+    }
+    # Load only adds time: the held frame left the sender after its send started.
+    assert first.keys() == {"forward", "backward"}
+    assert all(held_ms >= stall_ms for held_ms in first.values()), first
+    assert compute_metrics(timeline, 1).iteration_time_ms >= 2 * stall_ms
+
+
 def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> None:
     """`run --inject network`: the profile's 20 ms on link 0-1 goes onto the testbed's wire."""
     import json

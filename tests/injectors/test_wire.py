@@ -1,10 +1,12 @@
 """A wire direction's timing of the frames it reads (pure: no namespaces, no clock)."""
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injectors.wire import WireState, _Direction, carries_data
+from injectors.wire import GLOO_CONTROL_BYTES, WireState, _Direction, carries_message
 
 
 def _dues(state: WireState, frames: list[tuple[float, int]]) -> list[float | None]:
@@ -137,28 +139,72 @@ def test_a_paid_stall_stays_paid_through_a_change_inside_the_iteration() -> None
     assert direction.due(5.0, 100) == pytest.approx(5.3)
 
 
-def _ipv4(protocol: int, payload_bytes: int, tcp_header_bytes: int = 20) -> bytes:
-    """An Ethernet frame of an IPv4 packet (20-byte header) of `protocol`."""
+def _ipv4(protocol: int, payload: bytes | int, tcp_header_bytes: int = 20) -> bytes:
+    """An Ethernet frame of an IPv4 packet (20-byte header) of `protocol` carrying `payload`
+    (an int: that many zero bytes)."""
+    data = bytes(payload) if isinstance(payload, int) else payload
     transport = bytearray(tcp_header_bytes if protocol == 6 else 8)
     if protocol == 6:
         transport[12] = (tcp_header_bytes // 4) << 4
-    total = 20 + len(transport) + payload_bytes
+    total = 20 + len(transport) + len(data)
     ip = bytes([0x45, 0]) + total.to_bytes(2, "big") + bytes(5) + bytes([protocol]) + bytes(10)
-    return bytes(12) + b"\x08\x00" + ip + bytes(transport) + bytes(payload_bytes)
+    return bytes(12) + b"\x08\x00" + ip + bytes(transport) + data
 
 
-def test_only_frames_with_data_are_a_message_s() -> None:
+def _gloo_notice(opcode: int, slot: int, length: int = 4096) -> bytes:
+    """A gloo TCP control op as captured on the wire: a preamble alone (the op's bytes,
+    opcode, slot, offset, length of the message it is about, remote offset; 8 bytes each)."""
+    return struct.pack("<6Q", GLOO_CONTROL_BYTES, opcode, slot, 0, length, 0)
+
+
+def _gloo_message(slot: int, length: int) -> bytes:
+    """A gloo TCP op that carries a message of `length` bytes: its preamble and its data."""
+    preamble = struct.pack("<6Q", GLOO_CONTROL_BYTES + length, MESSAGE, slot, 0, length, 0)
+    return preamble + bytes(range(256)) * (length // 256) + bytes(length % 256)
+
+
+RECEIVE_READY, SEND_READY, MESSAGE = 3, 2, 1
+"""gloo's opcodes (its tcp `Op::Opcode`; 1 is an "unbound buffer", a send's data)."""
+
+
+def test_only_frames_of_a_message_are_a_message_s() -> None:
+    """As captured on the testbed's wire (torch 2.13's gloo, 4 KiB messages): a posted
+    receive's "receive ready" and a send's "send ready" are 48-byte segments, alone or (a
+    retransmission) several in one; a message's first segment is 48 + its bytes, the next
+    ones its bytes. Only the message's pay a stall and draw jitter."""
     arp = bytes(12) + b"\x08\x06" + bytes(28)
-    assert [carries_data(f) for f in (arp, _ipv4(6, 0), _ipv4(6, 0, 32), b"short")] == [False] * 4
-    assert [carries_data(f) for f in (_ipv4(6, 1), _ipv4(6, 1448, 32), _ipv4(17, 0))] == [True] * 3
+    notice = _gloo_notice(RECEIVE_READY, 3)
+    assert len(notice) == GLOO_CONTROL_BYTES == 48
+    not_messages = [
+        arp,
+        _ipv4(6, 0),  # a bare ACK
+        _ipv4(6, 0, 32),  # with timestamps
+        b"short",
+        _ipv4(6, notice),
+        _ipv4(6, _gloo_notice(SEND_READY, 0), 32),
+        _ipv4(6, notice + _gloo_notice(SEND_READY, 1) + notice),  # coalesced
+        _ipv4(6, 48),  # 48 bytes of anything: no bigger than a notice
+        _ipv4(6, 1) + bytes(20),  # a frame padded past its packet's end
+    ]
+    messages = [
+        _ipv4(6, _gloo_message(0, 4096)),
+        _ipv4(6, _gloo_message(0, 1)),  # the smallest message: one byte of data
+        _ipv4(6, bytes(1448), 32),  # a later segment of a large message
+        _ipv4(6, notice + _gloo_message(2, 100)),  # a notice and a message together
+        _ipv4(6, 49),
+        _ipv4(17, 0),  # UDP
+    ]
+    assert [carries_message(f) for f in not_messages] == [False] * len(not_messages)
+    assert [carries_message(f) for f in messages] == [True] * len(messages)
 
 
-def test_a_frame_without_data_before_the_message_does_not_take_its_stall() -> None:
-    """An ARP request or a bare ACK read just after a stall is set passes; the message's
-    first frame takes the stall, and what comes after it waits behind it."""
+def test_a_frame_of_no_message_before_the_message_does_not_take_its_stall() -> None:
+    """An ARP request, a bare ACK or a gloo "receive ready" read just after a stall is set
+    passes; the message's first frame takes the stall, and what comes after it waits behind
+    it."""
     direction = _Direction()
     direction.take(WireState(stall_ms=300.0), now=0.0)
-    assert direction.due(1.0, 60, carries_data=False) == pytest.approx(1.0)
-    assert direction.due(1.1, 1500, carries_data=True) == pytest.approx(1.4)
-    assert direction.due(1.2, 60, carries_data=False) == pytest.approx(1.4)
-    assert direction.due(2.0, 1500, carries_data=True) == pytest.approx(2.0)
+    assert direction.due(1.0, 60, message=False) == pytest.approx(1.0)
+    assert direction.due(1.1, 1500, message=True) == pytest.approx(1.4)
+    assert direction.due(1.2, 60, message=False) == pytest.approx(1.4)
+    assert direction.due(2.0, 1500, message=True) == pytest.approx(2.0)
