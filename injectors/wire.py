@@ -4,9 +4,9 @@ The testbed uses it for a state netem cannot express (injectors.netem: a redrawn
 delay, a stall), for changes scheduled at a later time, and for everything where the kernel
 has no sch_netem. A TAP device in each of the two hosts' namespaces and one process between
 them that forwards every frame, per direction, as that direction's `WireState` says: after a
-delay (fixed, with uniform jitter drawn per burst of frames, or a normal value redrawn every
+delay (fixed, with uniform jitter drawn per message, or a normal value redrawn every
 U[lo, hi] ms of the wire's clock), at a capped rate, held once for a stall (by a message's
-first frame: `carries_message`), lost at random (`loss_pct`), or not at all (down). Frames
+first frame: `frame_kind`), lost at random (`loss_pct`), or not at all (down). Frames
 of one direction keep their order. Host routes (/32) send the pair's traffic for that plane
 through the wire instead of the bridge; every other pair is untouched.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import fcntl
 import heapq
 import math
@@ -45,10 +46,11 @@ from pipeline.errors import AdaptraBenchError
 __all__ = [
     "GLOO_CONTROL_BYTES",
     "HEALTHY",
+    "FrameKind",
     "WireError",
     "WireProcess",
     "WireState",
-    "carries_message",
+    "frame_kind",
     "run_wire",
 ]
 
@@ -56,7 +58,37 @@ _TUNSETIFF = 0x400454CA
 _IFF_TAP, _IFF_NO_PI = 0x0002, 0x1000
 _MAX_FRAME = 65536
 BURST_GAP_S = 0.001
-"""Frames read closer than this after the one before are one burst (one jitter draw)."""
+"""A message's frames read closer than this after the one before are one burst (one jitter
+draw)."""
+
+
+GLOO_CONTROL_BYTES = 48
+"""The size of one of gloo's control messages on its TCP pairs: an op's preamble alone (six
+8-byte fields: the op's bytes, opcode, slot, offset, length, remote offset). A posted receive
+sends the sender a "receive ready" (opcode 3), a send a "send ready" (opcode 2) just before
+its data; a message is a preamble plus at least one byte of data (opcode 1, "unbound
+buffer"), so more than this. Captured on this testbed's wire (torch 2.13's gloo, 4 KiB
+messages): every notice a 48-byte segment (a few coalesced into one now and then), each
+message's "send ready" 0.2-0.4 ms before its segment of 48 + 4096 bytes."""
+_SEND_READY, _RECEIVE_READY = 2, 3  # gloo's opcodes of the notices above
+
+
+class FrameKind(enum.Enum):
+    """What a frame is to the fault model's per-message effects (`frame_kind`)."""
+
+    OTHER = "other"
+    """No message's: ARP, a bare TCP ACK or SYN, gloo's "receive ready" notices (sent as a
+    receive is posted: a worker posts an iteration's receives at its start, before any
+    message). It pays no stall and draws no jitter: it takes the direction's current draw."""
+    ANNOUNCE = "announce"
+    """A short segment (`GLOO_CONTROL_BYTES` of data or fewer) that a message follows: gloo's
+    "send ready", a delegate's 48-byte header (adaptra.transport.delegate.HEADER, sent alone
+    before its payload). It draws the jitter that its message's frames then share (else the
+    message would wait behind its announcement's older draw); it pays no stall."""
+    MESSAGE = "message"
+    """A message's data: more than `GLOO_CONTROL_BYTES` of TCP data that is not a run of gloo
+    notices (TCP may coalesce a few), or a UDP packet. The first one under a stall pays it;
+    one that starts a burst and was not announced draws jitter."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,17 +97,21 @@ class WireState:
 
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
-    """Uniform in [-jitter, +jitter] around `delay_ms` (clipped at 0), drawn per burst: a
-    frame read within `BURST_GAP_S` of the one before shares its draw, so a message's frames
-    (sent back to back) meet one draw, as the fault model gives a message one (drawn per
-    frame, in-order frames would make a message wait the largest of its frames' draws)."""
+    """Uniform in [-jitter, +jitter] around `delay_ms` (clipped at 0), drawn per message: by
+    its announcement (gloo's "send ready"), else by its first frame, and shared by its
+    frames read within `BURST_GAP_S` of one another (sent back to back), as the fault model
+    gives a message one draw (drawn per frame, in-order frames would make a message wait the
+    largest of its frames' draws). Frames of no message (ACKs, gloo's "receive ready") take
+    the current draw (`FrameKind`). A message still waits for any frame ahead of it: where
+    messages follow closer than the jitter's range (2 x `jitter_ms`), each waits the largest
+    draw of those ahead, and the wire's delays lie above the fault model's."""
     normal_ms: tuple[float, float] | None = None
     """(mean, std) of a delay added on top, redrawn every U[`redraw_every_ms`] ms."""
     redraw_every_ms: tuple[float, float] = (0.0, 0.0)
     rate_bit_s: float | None = None
     """A cap: frames leave no faster than this (one rate for every sender on the direction)."""
     stall_ms: float = 0.0
-    """The first frame of a message (`carries_message`) read under this state holds the
+    """The first frame of a message (`FrameKind.MESSAGE`) read under this state holds the
     direction this long (once)."""
     down: bool = False
     seed: str = ""
@@ -111,8 +147,11 @@ class _Direction:
     redraw_at: float = math.inf
     redrawn_ms: float = 0.0
     last_read: float = -math.inf
-    """When it read its last frame (a burst's frames share a jitter draw)."""
+    """When it read its last frame of a message (a burst's frames share a jitter draw)."""
     jitter_draw: float = 0.0
+    """The current draw, in [-1, 1] (0 until a frame draws one under the state)."""
+    announced: bool = False
+    """An announcement drew the next message's draw (`FrameKind.ANNOUNCE`)."""
 
     def take(self, state: WireState, now: float, *, new_iteration: bool = True) -> None:
         """From `now` on, `state`; inside an iteration (not `new_iteration`) a stall already
@@ -120,16 +159,20 @@ class _Direction:
         paid = self.stalled and not new_iteration and state.stall_ms == self.state.stall_ms
         self.state, self.rng, self.stalled = state, random.Random(state.seed), paid
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
-        self.last_read = -math.inf
+        self.last_read, self.jitter_draw, self.announced = -math.inf, 0.0, False
 
-    def due(self, now: float, num_bytes: int, message: bool = True) -> float | None:
-        """When a frame read `now` leaves; None: it is lost. A frame that is no message's
-        (`message` False, `carries_message`: ARP, a bare ACK, a gloo "receive ready") pays no
-        stall: the first message's first frame does."""
+    def due(self, now: float, num_bytes: int, kind: FrameKind = FrameKind.MESSAGE) -> float | None:
+        """When a frame of `kind` read `now` leaves; None: it is lost. Only a message's first
+        frame pays a stall; jitter is drawn by an announcement, or by a message's frame that
+        starts a burst unannounced, and every other frame takes the current draw (see
+        `FrameKind`)."""
         state = self.state
         if state.down:
             return None
-        burst, self.last_read = now - self.last_read <= BURST_GAP_S, now
+        message = kind is FrameKind.MESSAGE
+        burst = message and now - self.last_read <= BURST_GAP_S
+        if message:
+            self.last_read = now
         if state.loss_pct and self.rng.random() * 100.0 < state.loss_pct:
             return None  # lost before anything else: it pays no stall and takes no rate
         start = now
@@ -137,8 +180,10 @@ class _Direction:
             self.stalled = True
             start = now + state.stall_ms / 1000.0
         delay_ms = state.delay_ms
+        draws = kind is FrameKind.ANNOUNCE or (message and not burst and not self.announced)
+        self.announced = kind is FrameKind.ANNOUNCE or (self.announced and not message)
         if state.jitter_ms:
-            if not burst:
+            if draws:
                 self.jitter_draw = self.rng.uniform(-1.0, 1.0)
             delay_ms = max(0.0, delay_ms + state.jitter_ms * self.jitter_draw)
         if state.normal_ms is not None:
@@ -154,47 +199,36 @@ class _Direction:
         return self.last_due
 
 
-GLOO_CONTROL_BYTES = 48
-"""The size of one of gloo's control messages on its TCP pairs: an op's preamble alone (six
-8-byte fields: the op's bytes, opcode, slot, offset, length, remote offset). A posted receive
-sends the sender a "receive ready" (opcode 3), a send with none yet a "send ready" (opcode
-2); a message is a preamble plus at least one byte of data (opcode 1, "unbound buffer"), so
-more than this. Captured on this testbed's wire (torch 2.13's gloo, 4 KiB messages): every
-notice a 48-byte segment, every message's first segment 48 + 4096 bytes."""
-_GLOO_NOTICES = (2, 3)  # the opcodes of the control messages above
-
-
-def carries_message(frame: bytes) -> bool:
-    """Whether an Ethernet frame carries (part of) a message: a UDP packet, or a TCP segment
-    with more than `GLOO_CONTROL_BYTES` of data that is not a run of gloo's control messages
-    (TCP may put several in one segment, e.g. when it retransmits). Not ARP, a bare TCP ACK
-    or SYN, a gloo "receive ready" or "send ready", or anything else. These are what a stall
-    holds: the fault model's per-message effect, while a receive posted at an iteration's
-    start sends its notice to the sender before any message. (A delegate's 48-byte header,
-    adaptra.transport.delegate.HEADER, goes alone too: its payload is the message's.)"""
+def frame_kind(frame: bytes) -> FrameKind:
+    """What an Ethernet frame is (`FrameKind`)."""
     if len(frame) < 34 or frame[12:14] != b"\x08\x00":
-        return False
+        return FrameKind.OTHER
     header_bytes = (frame[14] & 0x0F) * 4
     total_bytes = int.from_bytes(frame[16:18], "big")
     protocol, transport = frame[23], 14 + header_bytes
     if protocol == 17:  # UDP
-        return True
+        return FrameKind.MESSAGE
     if protocol != 6 or len(frame) < transport + 13:
-        return False
+        return FrameKind.OTHER
     payload = frame[transport + (frame[transport + 12] >> 4) * 4 : 14 + total_bytes]
-    return len(payload) > GLOO_CONTROL_BYTES and not _gloo_notices(payload)
+    opcodes = _gloo_notices(payload)
+    if opcodes is None:  # not notices only
+        return FrameKind.MESSAGE if len(payload) > GLOO_CONTROL_BYTES else FrameKind.ANNOUNCE
+    return FrameKind.ANNOUNCE if _SEND_READY in opcodes else FrameKind.OTHER
 
 
-def _gloo_notices(payload: bytes) -> bool:
-    """Whether `payload` is whole gloo control messages only (`GLOO_CONTROL_BYTES` each: a
-    preamble that counts its own 48 bytes, with a notice's opcode)."""
+def _gloo_notices(payload: bytes) -> set[int] | None:
+    """The opcodes of the gloo notices `payload` is made of (`GLOO_CONTROL_BYTES` each: a
+    preamble that counts its own 48 bytes); None where it is anything else."""
     if len(payload) % GLOO_CONTROL_BYTES:
-        return False
+        return None
+    opcodes = set()
     for start in range(0, len(payload), GLOO_CONTROL_BYTES):
         nbytes, opcode = struct.unpack_from("<QQ", payload, start)
-        if nbytes != GLOO_CONTROL_BYTES or opcode not in _GLOO_NOTICES:
-            return False
-    return True
+        if nbytes != GLOO_CONTROL_BYTES or opcode not in (_SEND_READY, _RECEIVE_READY):
+            return None
+        opcodes.add(opcode)
+    return opcodes
 
 
 def _open_tap(namespace: str, ifname: str) -> int:
@@ -245,7 +279,7 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             directions[fds[1]].take(backward, now, new_iteration=False)
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)
-            due = directions[fd].due(now, len(frame), carries_message(frame))
+            due = directions[fd].due(now, len(frame), frame_kind(frame))
             if due is not None:
                 seq += 1
                 heapq.heappush(queue, (due, seq, fds[1] if fd == fds[0] else fds[0], frame))

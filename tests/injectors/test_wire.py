@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injectors.wire import GLOO_CONTROL_BYTES, WireState, _Direction, carries_message
+from injectors.wire import GLOO_CONTROL_BYTES, FrameKind, WireState, _Direction, frame_kind
 
 
 def _dues(state: WireState, frames: list[tuple[float, int]]) -> list[float | None]:
@@ -167,44 +167,101 @@ RECEIVE_READY, SEND_READY, MESSAGE = 3, 2, 1
 """gloo's opcodes (its tcp `Op::Opcode`; 1 is an "unbound buffer", a send's data)."""
 
 
-def test_only_frames_of_a_message_are_a_message_s() -> None:
+def test_what_each_frame_is_to_a_message() -> None:
     """As captured on the testbed's wire (torch 2.13's gloo, 4 KiB messages): a posted
     receive's "receive ready" and a send's "send ready" are 48-byte segments, alone or (a
     retransmission) several in one; a message's first segment is 48 + its bytes, the next
-    ones its bytes. Only the message's pay a stall and draw jitter."""
+    ones its bytes. The "send ready" (or a delegate's header) comes just before its message."""
     arp = bytes(12) + b"\x08\x06" + bytes(28)
-    notice = _gloo_notice(RECEIVE_READY, 3)
-    assert len(notice) == GLOO_CONTROL_BYTES == 48
-    not_messages = [
+    receive_ready = _gloo_notice(RECEIVE_READY, 3)
+    send_ready = _gloo_notice(SEND_READY, 0)
+    assert len(receive_ready) == GLOO_CONTROL_BYTES == 48
+    other = [
         arp,
         _ipv4(6, 0),  # a bare ACK
         _ipv4(6, 0, 32),  # with timestamps
         b"short",
-        _ipv4(6, notice),
-        _ipv4(6, _gloo_notice(SEND_READY, 0), 32),
-        _ipv4(6, notice + _gloo_notice(SEND_READY, 1) + notice),  # coalesced
-        _ipv4(6, 48),  # 48 bytes of anything: no bigger than a notice
-        _ipv4(6, 1) + bytes(20),  # a frame padded past its packet's end
+        _ipv4(6, receive_ready),
+        _ipv4(6, receive_ready + _gloo_notice(RECEIVE_READY, 5) + receive_ready),  # coalesced
+        _ipv4(6, 0) + bytes(20),  # a frame padded past its packet's end
     ]
-    messages = [
+    announce = [
+        _ipv4(6, send_ready, 32),
+        _ipv4(6, receive_ready + send_ready),
+        _ipv4(6, 48),  # 48 bytes of anything (a delegate's header)
+        _ipv4(6, 1),
+    ]
+    message = [
         _ipv4(6, _gloo_message(0, 4096)),
         _ipv4(6, _gloo_message(0, 1)),  # the smallest message: one byte of data
         _ipv4(6, bytes(1448), 32),  # a later segment of a large message
-        _ipv4(6, notice + _gloo_message(2, 100)),  # a notice and a message together
+        _ipv4(6, send_ready + _gloo_message(2, 100)),  # a notice and its message together
         _ipv4(6, 49),
         _ipv4(17, 0),  # UDP
     ]
-    assert [carries_message(f) for f in not_messages] == [False] * len(not_messages)
-    assert [carries_message(f) for f in messages] == [True] * len(messages)
+    assert [frame_kind(f) for f in other] == [FrameKind.OTHER] * len(other)
+    assert [frame_kind(f) for f in announce] == [FrameKind.ANNOUNCE] * len(announce)
+    assert [frame_kind(f) for f in message] == [FrameKind.MESSAGE] * len(message)
 
 
 def test_a_frame_of_no_message_before_the_message_does_not_take_its_stall() -> None:
-    """An ARP request, a bare ACK or a gloo "receive ready" read just after a stall is set
-    passes; the message's first frame takes the stall, and what comes after it waits behind
-    it."""
+    """An ARP request, a bare ACK, a gloo "receive ready" or a "send ready" read just after a
+    stall is set passes; the message's first frame takes the stall, and what comes after it
+    waits behind it."""
     direction = _Direction()
     direction.take(WireState(stall_ms=300.0), now=0.0)
-    assert direction.due(1.0, 60, message=False) == pytest.approx(1.0)
-    assert direction.due(1.1, 1500, message=True) == pytest.approx(1.4)
-    assert direction.due(1.2, 60, message=False) == pytest.approx(1.4)
-    assert direction.due(2.0, 1500, message=True) == pytest.approx(2.0)
+    assert direction.due(1.0, 60, FrameKind.OTHER) == pytest.approx(1.0)
+    assert direction.due(1.05, 60, FrameKind.ANNOUNCE) == pytest.approx(1.05)
+    assert direction.due(1.1, 1500, FrameKind.MESSAGE) == pytest.approx(1.4)
+    assert direction.due(1.2, 60, FrameKind.OTHER) == pytest.approx(1.4)
+    assert direction.due(2.0, 1500, FrameKind.MESSAGE) == pytest.approx(2.0)
+
+
+def _held_ms(state: WireState, frames: list[tuple[float, FrameKind]]) -> list[float]:
+    """How long each frame (read at, kind) is held, ms (none lost)."""
+    direction = _Direction()
+    direction.take(state, now=0.0)
+    dues = [direction.due(at, 1500, kind) for at, kind in frames]
+    return [round((due - at) * 1000, 6) for due, (at, _) in zip(dues, frames, strict=True)]  # type: ignore[operator]
+
+
+JITTERY = WireState(delay_ms=20.0, jitter_ms=15.0, seed="s")
+
+
+def test_only_a_message_or_its_announcement_draws_jitter_the_rest_takes_the_current_draw() -> None:
+    """Messages 0.5 s apart, each with gloo's "send ready" 0.3 ms before its two frames, and
+    between them ACKs and "receive ready" notices (which once drew each their own value,
+    and held the next message with it): a message's frames and its announcement share one
+    draw, the frames between take the message's before them, and they change no draw."""
+    messages = [
+        frames
+        for k in range(40)
+        for frames in ((k * 0.5, FrameKind.ANNOUNCE), (k * 0.5 + 3e-4, FrameKind.MESSAGE),
+                       (k * 0.5 + 4e-4, FrameKind.MESSAGE))
+    ]  # fmt: skip
+    between = [(k * 0.5 + 0.1 + i * 0.02, FrameKind.OTHER) for k in range(40) for i in range(10)]
+    alone = _held_ms(JITTERY, messages)
+    mixed = sorted(messages + between)
+    held = dict(zip(mixed, _held_ms(JITTERY, mixed), strict=True))
+    assert [held[frame] for frame in messages] == alone  # the same draws
+    per_message = [set(alone[k * 3 : k * 3 + 3]) for k in range(40)]
+    assert all(len(draw) == 1 for draw in per_message)  # one per message
+    for at, kind in between:  # the draw of the message before
+        assert held[at, kind] == alone[int(at / 0.5) * 3]
+    draws = [draw.pop() for draw in per_message]
+    assert len(set(draws)) == 40 and all(5.0 <= ms <= 35.0 for ms in draws)
+
+
+def test_acks_ahead_of_a_message_hold_it_with_one_draw_not_one_each() -> None:
+    """A message announced 1.2 ms after a stream of 25 ACKs 1.2 ms apart (the other
+    direction's large message) waits for the ACKs ahead of it (frames keep their order).
+    When each ACK drew its own value, it waited for the largest of them (a mean of 28 ms
+    over 400 such messages, seeded); now they all hold the draw of the message before it
+    (24 ms; the message's own draws alone: 20)."""
+    frames = []
+    for k in range(400):
+        frames += [(k + i * 0.0012, FrameKind.OTHER) for i in range(25)]
+        frames += [(k + 0.0300, FrameKind.ANNOUNCE), (k + 0.0303, FrameKind.MESSAGE)]
+    messages = _held_ms(JITTERY, frames)[26::27]
+    assert len(messages) == 400
+    assert 20.0 < sum(messages) / 400 < 26.0
