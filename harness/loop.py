@@ -252,7 +252,8 @@ def run_loop(
             restarts.rerun.add(k - num_warmup_iterations)
         restarts.attempted = max(restarts.attempted, k)
         try:
-            outcome = engine.run(plan, k, view.at(k, topology), digest=digest, checkpoint=save)
+            in_force = view.at(k, topology, plan.profile.link_rates)
+            outcome = engine.run(plan, k, in_force, digest=digest, checkpoint=save)
         except LinkFailure as failure:
             if k < num_warmup_iterations or not engine.capabilities.restarts:
                 raise

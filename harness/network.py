@@ -59,23 +59,23 @@ _Changes = tuple[tuple[float, WireState, WireState], ...]
 def _base_states(profile: Profile, topology: Topology) -> dict[_Pair, WireState]:
     """The host pair of each PP link of every replica and of each DP ring link under
     `topology`'s placement, with the profile's own delay and bandwidth for the link."""
-    pp_gbps = profile.link_bandwidth_gbps
-    dp_gbps = pp_gbps if profile.dp_bandwidth_gbps is None else profile.dp_bandwidth_gbps
-    dp_delays = dict(profile.dp_delay_ms)
+    rates, dp_delays = profile.link_rates, dict(profile.dp_delay_ms)
     links = [
-        (Link.pp(stage, replica), profile.delay_ms[stage], pp_gbps)
+        (Link.pp(stage, replica), profile.delay_ms[stage])
         for replica in range(profile.num_replicas)
         for stage in range(profile.num_stages - 1)
     ]
     links += [
-        (link, dp_delays.get(link, 0.0), dp_gbps)
+        (link, dp_delays.get(link, 0.0))
         for stage in range(profile.num_stages)
         for link in topology.dp_ring(stage)
     ]
     states = {}
-    for link, delay_ms, gbps in links:
+    for link, delay_ms in links:
         a, b = sorted(topology.hosts_of(link))
-        states[a, b] = WireState(delay_ms=delay_ms, rate_bit_s=None if gbps is None else gbps * 1e9)
+        gbit_s = rates.of(link)
+        rate_bit_s = None if gbit_s is None else gbit_s * 1e9
+        states[a, b] = WireState(delay_ms=delay_ms, rate_bit_s=rate_bit_s)
     return states
 
 
@@ -87,7 +87,8 @@ def _unwired(base: dict[_Pair, WireState], pair: _Pair) -> _Changes:
 
 
 def _wire_state(base: WireState, effects: list[Effect], seed: str) -> WireState:
-    """`base` with `effects` (of different kinds) added: delays add up, the lowest cap holds."""
+    """`base` with `effects` (of different kinds) added: delays add up, the lowest cap holds
+    (the base's, the link's own rate, too: pipeline.link_rates)."""
     drawn = any(effect.jitter_ms or effect.normal_ms for effect in effects)
     state = dataclasses.replace(base, seed=seed if drawn else "")  # plain: equal every time
     for effect in effects:

@@ -13,8 +13,9 @@ force at each iteration, and what that does to each message (a pipeline.faults.F
 - Per message: its hosts and route pick the effects. A route is over one NIC index at both
   ends (every message uses the first, `rnic0`, until a failover moves its link direction:
   pipeline.faults.route_over); a host pair's effects are on the first NIC's plane only (as
-  on the testbed), a NIC's on the routes through it. Jitter, caps
-  and stalls are pure functions of (seed, link, direction, iteration, kind, microbatch), so
+  on the testbed), a NIC's on the routes through it. A cap replaces the link's own rate
+  where slower (pipeline.link_rates: the lower of the two holds, as on the testbed). Jitter,
+  caps and stalls are pure functions of (seed, link, direction, iteration, kind, microbatch), so
   every engine assigns a message the same `fault_ms`; redrawn distributions follow each
   engine's clock (the offset into the iteration) and agree in distribution only.
 """
@@ -32,6 +33,7 @@ from typing import NamedTuple
 
 from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
+from pipeline.link_rates import NO_RATES, LinkRates
 from pipeline.topology import Link, Position, Topology
 
 __all__ = ["Effect", "FaultEvent", "FaultModel", "Held", "InForce", "Target", "TargetKind"]
@@ -100,6 +102,9 @@ class Effect:
     """(mean, std) of a delay redrawn every U[`redraw_every_ms`] ms, clipped at 0."""
     redraw_every_ms: tuple[float, float] = (0.0, 0.0)
     bandwidth_gbps: float | None = None
+    """A cap, Gbit/s: it replaces the link's own rate (the profile's) where slower, so a
+    message takes bytes/cap - bytes/rate longer, and the lowest cap on a message's route
+    holds (pipeline.link_rates)."""
     stall_ms: float = 0.0
     """The first message on each direction of the target at or after the start waits this
     long: the direction is held (a one-off, in the start iteration)."""
@@ -165,6 +170,8 @@ class InForce:
     effects: dict[_Unit, tuple[Held, ...]]
     """Per unit, its effects and when in this iteration each holds."""
     seed: int
+    rates: LinkRates = NO_RATES
+    """The links' own rates, which a cap replaces where slower (pipeline.link_rates)."""
     _stalled: set[tuple[_Unit, str, Position]] = dataclasses.field(default_factory=set)
     """The senders (and their units and directions) that paid a stall: one per worker."""
     _routes: dict[tuple[Link, int], list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
@@ -183,7 +190,8 @@ class InForce:
             for effects in self.effects.values()
             for held in effects
         )
-        return None if drawn else (self.topology, tuple(sorted(self.effects.items())))
+        effects = tuple(sorted(self.effects.items()))
+        return None if drawn else (self.topology, effects, self.rates)
 
     def affects(self, link: Link) -> bool:
         return any(self._route(link, nic) for nic in range(len(self.topology.nics)))
@@ -211,17 +219,19 @@ class InForce:
         route = self._route(link, nic)
         if any(h.effect.down and h.holds_at(offset_ms) for _, effects in route for h in effects):
             return _FAILED  # (before any stall is paid: a failed route changes no state)
-        delay_ms = 0.0
+        delay_ms, cap_gbit_s = 0.0, math.inf
         for unit, effects in route:
             for held in effects:
                 if not held.holds_at(offset_ms):
                     continue
                 effect = held.effect
                 delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
-                if effect.bandwidth_gbps is not None:
-                    delay_ms += num_bytes * 8 / (effect.bandwidth_gbps * 1e6)
+                if effect.bandwidth_gbps is not None:  # the route's lowest cap holds
+                    cap_gbit_s = min(cap_gbit_s, effect.bandwidth_gbps)
                 if effect.normal_ms is not None:
                     delay_ms += self._redrawn(effect, unit).at(offset_ms)
+        if cap_gbit_s < math.inf:
+            delay_ms += self.rates.cap_ms(link, num_bytes, cap_gbit_s)
         return MessageFault(delay_ms)
 
     def _redrawn(self, effect: Effect, unit: _Unit) -> _Redraws:
@@ -428,12 +438,12 @@ class FaultModel:
                 by_unit[unit] = kept
         return by_unit
 
-    def at(self, iteration: int, topology: Topology) -> InForce:
+    def at(self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES) -> InForce:
         effects = {
             unit: tuple(Held(s.event.effect, s.from_ms, s.until_ms) for s in spans)
             for unit, spans in self._in_force(iteration, topology).items()
         }
-        return InForce(iteration, topology, effects, self.seed)
+        return InForce(iteration, topology, effects, self.seed, rates)
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         """The fixed (or mean) delay in force on each PP link, the most of any replica's:
@@ -469,7 +479,8 @@ class FaultModel:
     ) -> float:
         """The longest the events on one target may hold a message together: per kind the
         longest (a fixed delay with its jitter, a redrawn normal delay's mean plus four
-        standard deviations, a stall, the bytes at a cap's rate), the kinds added up, as they
+        standard deviations, a stall, the bytes at a cap's rate: at most that where the link
+        has a rate of its own, pipeline.link_rates), the kinds added up, as they
         add on a message. A cap holds the largest message that crosses its target:
         `message_bytes` (a PP message, which a rank swap may put on any host pair), or a
         larger one of `route_bytes`, the largest message on a route between two positions of

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from pipeline.link_rates import NO_RATES, LinkRates
 from pipeline.topology import Link, Topology
 
 __all__ = [
@@ -32,7 +33,8 @@ class MessageFault:
     """What the fault model assigns one message."""
 
     delay_ms: float = 0.0
-    """Extra time before the message goes (a slow link), on top of the profile's own delay."""
+    """Extra time before the message goes (a slow link), on top of the profile's own delay
+    and its link's own bytes/bandwidth (a cap adds what it takes beyond those)."""
     failed: bool = False
     """The message cannot go over the NIC asked about: its link or a NIC on that route has
     failed."""
@@ -94,8 +96,12 @@ class FaultView(Protocol):
     """A whole run's faults, iteration by iteration (iterations count from the first
     measured one)."""
 
-    def at(self, iteration: int, topology: Topology) -> IterationFaults:
-        """What is in force at `iteration` with positions placed as in `topology`."""
+    def at(
+        self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES
+    ) -> IterationFaults:
+        """What is in force at `iteration` with positions placed as in `topology`, on links
+        of `rates` (the profile's, `Profile.link_rates`: a cap replaces a link's own rate
+        where slower, pipeline.link_rates; NO_RATES: every link unlimited)."""
         ...
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
@@ -150,7 +156,7 @@ class NoFaults:
     def cache_key(self) -> Hashable | None:
         return ()
 
-    def at(self, iteration: int, topology: Topology) -> NoFaults:
+    def at(self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES) -> NoFaults:
         return self
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
@@ -183,10 +189,12 @@ class AfterWarmup:
     faults: FaultView
     num_warmup: int
 
-    def at(self, iteration: int, topology: Topology) -> IterationFaults:
+    def at(
+        self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES
+    ) -> IterationFaults:
         if iteration < self.num_warmup:
             return NO_FAULTS
-        return self.faults.at(iteration - self.num_warmup, topology)
+        return self.faults.at(iteration - self.num_warmup, topology, rates)
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         if iteration < self.num_warmup:

@@ -17,6 +17,7 @@ from pipeline.allreduce import DEFAULT_BUCKET_BYTES
 from pipeline.checks import check_count, check_ms, is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
+from pipeline.link_rates import LinkRates
 from pipeline.topology import Link, Topology
 
 __all__ = ["STATE_BYTES_PER_GRADIENT_BYTE", "Profile"]
@@ -334,9 +335,19 @@ class Profile:
             return self.stage_state_bytes[stage]
         return STATE_BYTES_PER_GRADIENT_BYTE * self.allreduce_bytes[stage]
 
+    @property
+    def link_rates(self) -> LinkRates:
+        """Each link's own rate (a DP ring link's: `dp_bandwidth_gbps`, else the PP one's):
+        what the simulator times a message's bytes at, what the testbed caps each host pair
+        at, and what a fault's cap replaces where slower (pipeline.link_rates)."""
+        dp_gbit_s = self.link_bandwidth_gbps
+        if self.dp_bandwidth_gbps is not None:
+            dp_gbit_s = self.dp_bandwidth_gbps
+        return LinkRates(pp_gbit_s=self.link_bandwidth_gbps, dp_gbit_s=dp_gbit_s)
+
     def dp_wire_ms(self, num_bytes: int) -> float:
         """Latency plus serialisation time of one DP message of `num_bytes`."""
-        bandwidth = self.dp_bandwidth_gbps or self.link_bandwidth_gbps
+        bandwidth = self.link_rates.dp_gbit_s
         if bandwidth is None:
             return self.link_latency_ms
         return self.link_latency_ms + num_bytes * 8 / (bandwidth * 1e6)

@@ -161,6 +161,37 @@ def test_caps_stalls_and_a_nic_failure_in_the_testbed_as_in_sim() -> None:
     assert timeline.iterations[4].pids != timeline.iterations[3].pids  # a fresh pool
 
 
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_cap_on_a_link_the_profile_caps_holds_the_lower_rate_in_sim_and_network() -> None:
+    """64 KiB messages on a 0.1 Gbit/s link (5.2 ms each), capped at 0.05 Gbit/s from
+    iteration 1: the lower rate holds, 10.5 ms a message, in the simulator (which once added
+    the cap's 10.5 ms to the link's 5.2) and on the testbed (the pair's htb cap and the
+    wire's cap at the lower of the two). Load only adds time: the testbed's every message is
+    a floor above 0.9 x the simulator's."""
+    profile = Profile.uniform(2, 2, 2, 2, 2, message_bytes=KIB_64, link_bandwidth_gbps=0.1)
+    faults = parse_yaml('[{start_iteration: 1, links: ["0-1"], bandwidth_gbps: 0.05}]')
+    transit: dict[str, list[float]] = {}
+    for backend, injection in (("sim", "hook"), ("emulated", "network")):
+        result = run_configuration(
+            fixed_plan(one_f_one_b(profile), profile),
+            backend=backend,
+            injection=injection,
+            num_iterations=2,
+            faults=faults,
+        )
+        assert result.timeline is not None
+        transit[backend] = [
+            m.arrival_ms - m.wire_start_ms for m in result.timeline.messages if m.iteration == 2
+        ]
+    lower_rate_ms = 8 * KIB_64 / (0.05 * 1e6)
+    assert transit["sim"] == pytest.approx([lower_rate_ms] * 4)
+    assert len(transit["emulated"]) == 4
+    assert min(transit["emulated"]) >= 0.9 * lower_rate_ms, transit
+
+
 def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
     """A timed-out wait or send, a connection the transport saw break (its ConnectionError,
     chained from gloo's), or gloo's bare RuntimeError in a worker; a worker that died without

@@ -3,9 +3,12 @@
 import random
 import statistics
 
+import pytest
+
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import InForce
 from pipeline.faults import route_over
+from pipeline.profile import Profile
 from pipeline.topology import Link, Position, Topology
 
 FOUR = Topology(4)
@@ -47,6 +50,34 @@ def test_a_cap_a_stall_and_their_directions() -> None:
     forward = in_force.message_fault(link, "forward", "F", 1, mbit).delay_ms
     assert (first, second, forward) == (60.0, 10.0, 60.0)  # each direction stalls once
     assert model.at(4, FOUR).message_fault(link, "forward", "F", 0, mbit).delay_ms == 10.0
+
+
+def test_a_cap_on_a_link_the_profile_caps_adds_only_what_the_lower_rate_takes_beyond() -> None:
+    """A cap replaces the link's own rate (the profile's) where slower, as on the testbed
+    (the pair's htb cap and the wire's both hold): a 1 Mbit message on a 0.1 Gbit/s link
+    takes 10 ms there; under a 0.05 Gbit/s cap 20 ms, 10 ms more (once: 20 more); under a
+    cap of the link's rate or above, nothing more (once: 10). The lowest cap on the route
+    holds (a pair's and a NIC's once added up). The simulator and the runtime's hook ask the
+    same `InForce`, on the profile's `link_rates`."""
+    rates = Profile.uniform(4, 4, 1, 1, 1, link_bandwidth_gbps=0.1).link_rates
+    link, mbit = Link.pp(0, 0), 125_000
+
+    def fault_ms(rows: str) -> float:
+        in_force = _model(rows).at(0, FOUR, rates)
+        return in_force.message_fault(link, "forward", "F", 0, mbit).delay_ms
+
+    cap = '[{{start_iteration: 0, links: ["0-1"], bandwidth_gbps: {}}}]'
+    assert fault_ms(cap.format(0.05)) == pytest.approx(10.0)
+    assert fault_ms(cap.format(0.1)) == fault_ms(cap.format(1.0)) == 0.0
+    both = (
+        '[{start_iteration: 0, links: ["0-1"], bandwidth_gbps: 0.05},'
+        ' {start_iteration: 0, nic: "host1:rnic0", bandwidth_gbps: 0.025}]'
+    )
+    assert fault_ms(both) == pytest.approx(40.0 - 10.0)
+    # A profile without bandwidth: the cap's whole time, as before.
+    assert _model(cap.format(0.05)).at(0, FOUR).message_fault(
+        link, "forward", "F", 0, mbit
+    ).delay_ms == pytest.approx(20.0)
 
 
 def test_a_nic_stall_is_paid_once_by_each_worker_sending_through_it() -> None:
