@@ -130,6 +130,33 @@ def test_a_stall_on_both_directions_holds_each_direction_s_first_message() -> No
     assert compute_metrics(timeline, 1).iteration_time_ms >= 2 * stall_ms
 
 
+def test_a_delay_on_one_direction_holds_the_other_direction_s_first_message() -> None:
+    """gloo sends a message only once its receiver's "receive ready" has crossed back (docs/
+    design.md): with 60 ms on the gradients' direction only, the iteration's first
+    activation, on an undelayed direction, arrives no earlier than 60 ms after stage 1
+    posted its receives, at most the pool's start margin (20 ms) before the iteration's
+    start: 40 ms into it at least, where the simulator's (and the hook's) would be there
+    within a few. Load only makes the post, and so the arrival, later."""
+    reverse_ms, margin_s = 60.0, 0.02
+    profile = Profile.uniform(2, 2, 2, 2, 2, message_bytes=4096)
+    schedule = one_f_one_b(profile)
+    with (
+        Testbed(2) as bed,
+        WorkerPool(2, launch=bed.launcher(), timeout_s=30, start_margin_s=margin_s) as pool,
+    ):
+        pool.run_iteration(IterationConfig(0, schedule, profile))  # connected, warm
+        bed.set_wire(0, 1, plane=0, forward=WireState(), backward=WireState(delay_ms=reverse_ms))
+        pool.run_iteration(IterationConfig(1, schedule, profile))  # the wire's ARP crossing
+        timeline = pool.run_iteration(IterationConfig(2, schedule, profile))
+    start_ms = timeline.iterations[-1].start_ms
+    first = next(
+        m
+        for m in timeline.messages
+        if m.iteration == 2 and m.direction == "forward" and m.microbatch == 0
+    )
+    assert first.arrival_ms - start_ms >= reverse_ms - margin_s * 1000, first
+
+
 def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> None:
     """`run --inject network`: the profile's 20 ms on link 0-1 goes onto the testbed's wire."""
     import json
