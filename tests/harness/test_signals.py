@@ -266,6 +266,42 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+@contextlib.contextmanager
+def _launch_run(tmp_path: Path, scratch: Path) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
+    """`launch --run` of 1F1B over 2 stages whose ops take 20 s (TMPDIR `scratch`), once
+    torchrun runs both workers; with every process it started by then. Whatever of them
+    still runs at the end is killed."""
+    profile = tmp_path / "p.json"
+    op_ms = {"t_f": 20000, "t_b": 20000, "t_w": 0}  # the workers are inside an op for long
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, **op_ms}))
+    command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
+    command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
+    command += ["--out", str(tmp_path / "out")]
+    run = subprocess.Popen(
+        command,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        workers: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None and len(workers) < 2:
+            started |= _descendants(run.pid)
+            workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
+            time.sleep(0.2)
+        assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.stderr else ""
+        started |= _descendants(run.pid)
+        yield run, started
+    finally:
+        for pid in [run.pid, *started]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        run.wait()
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize(
@@ -283,29 +319,8 @@ def test_a_signal_stops_launch_run_s_torchrun_and_its_workers(
     "interrupted"). Now every process it started is gone when it exits, and nothing is
     written after. (`--run-timeout-s` ends the same block by an exception, which
     tests/pipeline/test_processes.py shows stopping every process; a run here waited 40 s.)"""
-    profile = tmp_path / "p.json"
-    op_ms = {"t_f": 20000, "t_b": 20000, "t_w": 0}  # the workers are inside an op at the end
-    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, **op_ms}))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
-    command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
-    command += ["--out", str(out)]
-    run = subprocess.Popen(
-        command,
-        env={**os.environ, "TMPDIR": str(short_tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + 40  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None and len(workers) < 2:
-            started |= _descendants(run.pid)
-            workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
-            time.sleep(0.2)
-        assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.stderr else ""
+    with _launch_run(tmp_path, short_tmp) as (run, started):
         time.sleep(2.0)  # inside their first op
         started |= _descendants(run.pid)
         run.send_signal(signum)
@@ -318,11 +333,6 @@ def test_a_signal_stops_launch_run_s_torchrun_and_its_workers(
         time.sleep(1.0)
         assert sorted(p.name for p in out.iterdir()) == written == ["profile.json", "schedule.json"]
         assert list(short_tmp.iterdir()) == []  # torchrun's log folder
-    finally:
-        for pid in [run.pid, *started]:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        run.wait()
 
 
 @pytest.mark.multiprocess
@@ -334,29 +344,7 @@ def test_cleanup_removes_a_killed_launch_run_s_torchrun_folder(
     torchrun (its logs, its workers' TMPDIR): that folder was a plain one, which `cleanup`
     left; now it is marked with the launch's process, and `cleanup`'s folder part removes it
     once the launch is gone (on this test's folder alone, as above)."""
-    profile = tmp_path / "p.json"
-    op_ms = {"t_f": 20000, "t_b": 20000, "t_w": 0}  # the workers are inside an op at the kill
-    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, **op_ms}))
-    command = [sys.executable, "-m", "harness", "launch", "--profile", str(profile), "--policy"]
-    command += ["1f1b", "--run", "--iterations", "1", "--warmup-iterations", "0"]
-    command += ["--out", str(tmp_path / "out")]
-    run = subprocess.Popen(
-        command,
-        env={**os.environ, "TMPDIR": str(short_tmp)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    started: set[int] = set()
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None and len(workers) < 2:
-            started |= _descendants(run.pid)
-            workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
-            time.sleep(0.2)
-        assert run.poll() is None and len(workers) == 2, run.stderr.read() if run.stderr else ""
-        started |= _descendants(run.pid)
+    with _launch_run(tmp_path, short_tmp) as (run, started):
         run.kill()  # the launch first, as a kill -9 of it leaves torchrun to run on
         run.wait()
         for pid in started:  # then what it started: this test's to stop
@@ -370,11 +358,6 @@ def test_cleanup_removes_a_killed_launch_run_s_torchrun_folder(
         assert (left / ".owner").read_text().split()[0] == str(run.pid)
         assert remove_orphaned([str(short_tmp)]) == [left]
         assert list(short_tmp.iterdir()) == []
-    finally:
-        for pid in [run.pid, *started]:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        run.wait()
 
 
 @pytest.mark.parametrize(
