@@ -47,6 +47,7 @@ __all__ = [
     "GLOO_CONTROL_BYTES",
     "HEALTHY",
     "FrameKind",
+    "FrameReader",
     "WireError",
     "WireProcess",
     "WireState",
@@ -70,7 +71,7 @@ its data; a message is a preamble plus at least one byte of data (opcode 1, "unb
 buffer"), so more than this. Captured on this testbed's wire (torch 2.13's gloo, 4 KiB
 messages): every notice a 48-byte segment (a few coalesced into one now and then), each
 message's "send ready" 0.2-0.4 ms before its segment of 48 + 4096 bytes."""
-_SEND_READY, _RECEIVE_READY = 2, 3  # gloo's opcodes of the notices above
+_UNBOUND_BUFFER, _SEND_READY, _RECEIVE_READY = 1, 2, 3  # gloo's opcodes (a message, notices)
 
 
 class FrameKind(enum.Enum):
@@ -81,13 +82,16 @@ class FrameKind(enum.Enum):
     receive is posted: a worker posts an iteration's receives at its start, before any
     message). It pays no stall and draws no jitter: it takes the direction's current draw."""
     ANNOUNCE = "announce"
-    """A short segment (`GLOO_CONTROL_BYTES` of data or fewer) that a message follows: gloo's
-    "send ready", a delegate's 48-byte header (adaptra.transport.delegate.HEADER, sent alone
-    before its payload). It draws the jitter that its message's frames then share (else the
-    message would wait behind its announcement's older draw); it pays no stall."""
+    """A short segment (`GLOO_CONTROL_BYTES` of data or fewer, outside a message) that a
+    message follows: gloo's "send ready", a delegate's 48-byte header
+    (adaptra.transport.delegate.HEADER, sent alone before its payload). It draws the jitter
+    that its message's frames then share (else the message would wait behind its
+    announcement's older draw); it pays no stall."""
     MESSAGE = "message"
-    """A message's data: more than `GLOO_CONTROL_BYTES` of TCP data that is not a run of gloo
-    notices (TCP may coalesce a few), or a UDP packet. The first one under a stall pays it;
+    """A message's data: a TCP segment inside the bytes its header owes (whatever its size:
+    `FrameReader`), where no header is known more than `GLOO_CONTROL_BYTES` of TCP data that
+    is not a run of gloo notices (TCP may coalesce a few), or a UDP packet. The first one
+    under a stall pays it;
     one that starts a burst and was not announced draws jitter."""
 
 
@@ -200,35 +204,90 @@ class _Direction:
 
 
 def frame_kind(frame: bytes) -> FrameKind:
-    """What an Ethernet frame is (`FrameKind`)."""
-    if len(frame) < 34 or frame[12:14] != b"\x08\x00":
-        return FrameKind.OTHER
-    header_bytes = (frame[14] & 0x0F) * 4
-    total_bytes = int.from_bytes(frame[16:18], "big")
-    protocol, transport = frame[23], 14 + header_bytes
-    if protocol == 17:  # UDP
+    """What an Ethernet frame is (`FrameKind`), read alone: a segment is classified by what
+    it starts with (`FrameReader` also knows where it lies in its stream)."""
+    return FrameReader().kind(frame)
+
+
+_DELEGATE_HEADER = struct.Struct("<qiiqqqq")
+"""adaptra.transport.delegate.HEADER (iteration, microbatch, seq, nbytes, ...), not imported:
+the wire process loads no torch."""
+
+
+class FrameReader:
+    """Classifies one direction's frames (`FrameKind`) by their place in their TCP stream:
+    per flow (addresses and ports) the data bytes still owed by the last header read (a gloo
+    op's preamble, which counts its own 48 bytes; a delegate's `_DELEGATE_HEADER`, which
+    counts its payload's). A segment inside a message is `FrameKind.MESSAGE` whatever its
+    size (a message's last segment may be 1 byte); where no header is known (a stream
+    joined mid-message, a segment that is not one of gloo's or a delegate's) it is classified
+    by size: more than `GLOO_CONTROL_BYTES` of data a message's, else an announcement.
+    Limits: a retransmitted segment is counted again, so a message's count may end early
+    (its last segments are then classified by size) until the next header that starts a
+    segment; a header is tried as gloo's first, so a delegate header whose first 16 bytes
+    read as a gloo notice (iteration 48, microbatch 2 or 3, seq 0) is taken for one."""
+
+    def __init__(self) -> None:
+        self.owed: dict[bytes, int] = {}
+
+    def kind(self, frame: bytes) -> FrameKind:
+        if len(frame) < 34 or frame[12:14] != b"\x08\x00":
+            return FrameKind.OTHER
+        header_bytes = (frame[14] & 0x0F) * 4
+        total_bytes = int.from_bytes(frame[16:18], "big")
+        protocol, transport = frame[23], 14 + header_bytes
+        if protocol == 17:  # UDP
+            return FrameKind.MESSAGE
+        if protocol != 6 or len(frame) < transport + 13:
+            return FrameKind.OTHER
+        payload = frame[transport + (frame[transport + 12] >> 4) * 4 : 14 + total_bytes]
+        if not payload:
+            return FrameKind.OTHER  # a bare ACK, SYN or FIN: no stream bytes
+        flow = frame[26:34] + frame[transport : transport + 4]
+        owed = self.owed.pop(flow, 0)
+        if owed >= len(payload):
+            if owed > len(payload):
+                self.owed[flow] = owed - len(payload)
+            return FrameKind.MESSAGE
+        kind = self._headers(flow, payload[owed:])
+        return FrameKind.MESSAGE if owed else kind
+
+    def _headers(self, flow: bytes, data: bytes) -> FrameKind:
+        """The kind of a segment's `data` that starts with a header (where known), the bytes
+        its last message still owes counted for `flow`."""
+        announces = message = False
+        while data:
+            if len(data) < GLOO_CONTROL_BYTES:
+                return _by_size(data, announces, message)
+            nbytes, opcode, _, _, length, _ = struct.unpack_from("<6Q", data)
+            if nbytes == GLOO_CONTROL_BYTES and opcode in (_SEND_READY, _RECEIVE_READY):
+                announces |= opcode == _SEND_READY  # a notice
+                data = data[GLOO_CONTROL_BYTES:]
+                continue
+            if opcode == _UNBOUND_BUFFER and length > 0 and nbytes == GLOO_CONTROL_BYTES + length:
+                whole = nbytes  # gloo's message: its preamble and its data
+            else:
+                iteration, microbatch, seq, payload_bytes, *_ = _DELEGATE_HEADER.unpack_from(data)
+                if min(iteration, microbatch, seq) < 0 or payload_bytes <= 0:
+                    return _by_size(data, announces, message)  # a hello, or no header known
+                whole = _DELEGATE_HEADER.size + payload_bytes
+            announces |= len(data) == GLOO_CONTROL_BYTES  # a header alone, before its data
+            message |= len(data) > GLOO_CONTROL_BYTES
+            if whole > len(data):
+                self.owed[flow] = whole - len(data)
+                break
+            data = data[whole:]
+        if message:
+            return FrameKind.MESSAGE
+        return FrameKind.ANNOUNCE if announces else FrameKind.OTHER
+
+
+def _by_size(data: bytes, announces: bool, message: bool) -> FrameKind:
+    """A segment's kind where its `data` starts with no header known (after the `announces`
+    and `message` of what came before it in the segment)."""
+    if message or len(data) > GLOO_CONTROL_BYTES:
         return FrameKind.MESSAGE
-    if protocol != 6 or len(frame) < transport + 13:
-        return FrameKind.OTHER
-    payload = frame[transport + (frame[transport + 12] >> 4) * 4 : 14 + total_bytes]
-    opcodes = _gloo_notices(payload)
-    if opcodes is None:  # not notices only
-        return FrameKind.MESSAGE if len(payload) > GLOO_CONTROL_BYTES else FrameKind.ANNOUNCE
-    return FrameKind.ANNOUNCE if _SEND_READY in opcodes else FrameKind.OTHER
-
-
-def _gloo_notices(payload: bytes) -> set[int] | None:
-    """The opcodes of the gloo notices `payload` is made of (`GLOO_CONTROL_BYTES` each: a
-    preamble that counts its own 48 bytes); None where it is anything else."""
-    if len(payload) % GLOO_CONTROL_BYTES:
-        return None
-    opcodes = set()
-    for start in range(0, len(payload), GLOO_CONTROL_BYTES):
-        nbytes, opcode = struct.unpack_from("<QQ", payload, start)
-        if nbytes != GLOO_CONTROL_BYTES or opcode not in (_SEND_READY, _RECEIVE_READY):
-            return None
-        opcodes.add(opcode)
-    return opcodes
+    return FrameKind.ANNOUNCE
 
 
 def _open_tap(namespace: str, ifname: str) -> int:
@@ -248,6 +307,7 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
     fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
     conn.send("ready")
     directions = {fds[0]: _Direction(), fds[1]: _Direction()}  # by the fd frames come from
+    readers = {fds[0]: FrameReader(), fds[1]: FrameReader()}  # kept through state changes
     changes: list[tuple[float, int, WireState, WireState]] = []  # (at, seq, a->b, b->a)
     queue: list[tuple[float, int, int, bytes]] = []  # (due, seq, destination fd, frame)
     seq = 0
@@ -279,7 +339,7 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
             directions[fds[1]].take(backward, now, new_iteration=False)
         for fd in (f for f in fds if f in readable):
             frame = os.read(fd, _MAX_FRAME)
-            due = directions[fd].due(now, len(frame), frame_kind(frame))
+            due = directions[fd].due(now, len(frame), readers[fd].kind(frame))
             if due is not None:
                 seq += 1
                 heapq.heappush(queue, (due, seq, fds[1] if fd == fds[0] else fds[0], frame))

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from injectors.wire import GLOO_CONTROL_BYTES, FrameKind, WireState, _Direction, frame_kind
+from injectors.wire import (
+    GLOO_CONTROL_BYTES,
+    FrameKind,
+    FrameReader,
+    WireState,
+    _Direction,
+    frame_kind,
+)
 
 
 def _dues(state: WireState, frames: list[tuple[float, int]]) -> list[float | None]:
@@ -265,3 +272,67 @@ def test_acks_ahead_of_a_message_hold_it_with_one_draw_not_one_each() -> None:
     messages = _held_ms(JITTERY, frames)[26::27]
     assert len(messages) == 400
     assert 20.0 < sum(messages) / 400 < 26.0
+
+
+MSS = 9000 - 52
+"""The testbed's TCP segments' most data bytes (MTU 9000, with timestamps)."""
+DELEGATE_HEADER = struct.Struct("<qiiqqqq")
+"""adaptra.transport.delegate.HEADER."""
+
+
+def _segments(stream: bytes) -> list[bytes]:
+    return [_ipv4(6, stream[i : i + MSS], 32) for i in range(0, len(stream), MSS)]
+
+
+def _delegated(nbytes: int) -> list[bytes]:
+    """A delegate's message of `nbytes`: its header alone, then its payload's segments."""
+    header = DELEGATE_HEADER.pack(5, 1, 1, nbytes, 0, nbytes, 8 * nbytes)
+    return [_ipv4(6, header, 32), *_segments(bytes([7]) * nbytes)]
+
+
+def _gloo_sent(length: int) -> list[bytes]:
+    """A gloo send of `length` bytes: its "send ready", then its op's segments."""
+    return [_ipv4(6, _gloo_notice(SEND_READY, 0), 32), *_segments(_gloo_message(0, length))]
+
+
+A, M = FrameKind.ANNOUNCE, FrameKind.MESSAGE
+
+
+def test_a_message_s_segments_are_its_data_whatever_their_size() -> None:
+    """A message's last segment of 1 to 48 bytes (its bytes mod the MSS) is its data, as is
+    a 16-byte delegated message's one segment; the next header is an announcement again
+    (read alone, by their size, such tails were announcements)."""
+    reader = FrameReader()
+    kinds = [
+        reader.kind(frame)
+        for frame in _delegated(2 * MSS + 20) + _delegated(16) + _gloo_sent(2 * MSS - 48 + 30)
+    ]
+    assert kinds == [A, M, M, M, A, M, A, M, M, M]
+    reader = FrameReader()
+    coalesced = _ipv4(6, bytes(MSS - 10) + _gloo_notice(SEND_READY, 1), 32)  # tail + notice
+    kinds = [reader.kind(frame) for frame in _gloo_sent(MSS - 48 + MSS - 10)[:2]]
+    assert [*kinds, reader.kind(coalesced)] == [A, M, M]
+    assert [reader.kind(frame) for frame in _segments(_gloo_message(1, 40))] == [M]
+
+
+def test_a_message_s_short_last_segment_draws_no_jitter_and_a_short_message_pays_the_stall() -> (
+    None
+):
+    """Through a direction: every frame of a message with a 20-byte tail waits its one draw
+    (200 seeds; drawn again by the tail, 109 of them waited longer); a 16-byte delegated
+    message, the first under a stall, pays it (not the one after it)."""
+
+    def held_ms(state: WireState, frames: list[bytes], gap_s: float) -> list[float]:
+        direction, reader = _Direction(), FrameReader()
+        direction.take(state, now=0.0)
+        ats = [1.0 + k * gap_s for k in range(len(frames))]
+        dues = [
+            direction.due(at, len(f), reader.kind(f)) for at, f in zip(ats, frames, strict=True)
+        ]
+        return [round((due - at) * 1000, 6) for due, at in zip(dues, ats, strict=True)]  # type: ignore[operator]
+
+    for seed in range(200):
+        jittery = WireState(delay_ms=20.0, jitter_ms=15.0, seed=f"s{seed}")
+        assert len(set(held_ms(jittery, _delegated(2 * MSS + 20), 1e-4))) == 1
+    stalled = held_ms(WireState(stall_ms=300.0), _delegated(16) + _delegated(4096), 0.01)
+    assert stalled == [0.0, 300.0, 290.0, 280.0]
