@@ -24,12 +24,13 @@ from injectors.testbed import Testbed
 from injectors.wire import WireState
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
-from pipeline.topology import Topology
 
 
 def _held_ms(pool: WorkerPool, profile: Profile, effect: str, it: int) -> float:
     """The median send on link 0-1 under one fault-model row's `effect` (YAML)."""
-    faults = parse_yaml(f'[{{start_iteration: 0, links: ["0-1"], {effect}}}]').at(0, Topology(2))
+    faults = parse_yaml(f'[{{start_iteration: 0, links: ["0-1"], {effect}}}]').at(
+        0, profile.topology, rates=profile.link_rates
+    )
     timeline = pool.run_iteration(IterationConfig(it, one_f_one_b(profile), profile, faults=faults))
     return statistics.median(m.send_end_ms - m.send_start_ms for m in timeline.messages)
 

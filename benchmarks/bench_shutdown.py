@@ -214,7 +214,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    down = parse_yaml('[{start_iteration: 1, links: ["1-2"], down: true}]').at(1, Topology(4))
+    down = parse_yaml('[{start_iteration: 1, links: ["1-2"], down: true}]').at(
+        1, Topology(4), rates=PROFILE.link_rates
+    )
     for name, faults, kill_rank in (("kill", NO_FAULTS, 1), ("link down", down, None)):
         runs = [_failed_once(faults, kill_rank) for _ in range(args.repeats)]
         start = "kill" if kill_rank is not None else "failure seen"

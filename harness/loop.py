@@ -1,7 +1,7 @@
 """The per-iteration control loop: any engine, any controller, the faults in force.
 
     for k in iterations:  plan = controller.plan(k)
-                          outcome = engine.run(plan, k, faults.at(k))
+                          outcome = engine.run(plan, k, faults.at(k, topology, rates=rates))
                           controller.observe(k, outcome.timeline)
                           on_iteration(k, outcome.timeline, measured)
 
@@ -252,7 +252,7 @@ def run_loop(
             restarts.rerun.add(k - num_warmup_iterations)
         restarts.attempted = max(restarts.attempted, k)
         try:
-            in_force = view.at(k, topology, plan.profile.link_rates)
+            in_force = view.at(k, topology, rates=plan.profile.link_rates)
             outcome = engine.run(plan, k, in_force, digest=digest, checkpoint=save)
         except LinkFailure as failure:
             if k < num_warmup_iterations or not engine.capabilities.restarts:

@@ -438,7 +438,7 @@ class FaultModel:
                 by_unit[unit] = kept
         return by_unit
 
-    def at(self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES) -> InForce:
+    def at(self, iteration: int, topology: Topology, *, rates: LinkRates) -> InForce:
         effects = {
             unit: tuple(Held(s.event.effect, s.from_ms, s.until_ms) for s in spans)
             for unit, spans in self._in_force(iteration, topology).items()

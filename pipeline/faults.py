@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
-from pipeline.link_rates import NO_RATES, LinkRates
+from pipeline.link_rates import LinkRates
 from pipeline.topology import Link, Topology
 
 __all__ = [
@@ -96,9 +96,7 @@ class FaultView(Protocol):
     """A whole run's faults, iteration by iteration (iterations count from the first
     measured one)."""
 
-    def at(
-        self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES
-    ) -> IterationFaults:
+    def at(self, iteration: int, topology: Topology, *, rates: LinkRates) -> IterationFaults:
         """What is in force at `iteration` with positions placed as in `topology`, on links
         of `rates` (the profile's, `Profile.link_rates`: a cap replaces a link's own rate
         where slower, pipeline.link_rates; NO_RATES: every link unlimited)."""
@@ -156,7 +154,7 @@ class NoFaults:
     def cache_key(self) -> Hashable | None:
         return ()
 
-    def at(self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES) -> NoFaults:
+    def at(self, iteration: int, topology: Topology, *, rates: LinkRates) -> NoFaults:
         return self
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
@@ -189,12 +187,10 @@ class AfterWarmup:
     faults: FaultView
     num_warmup: int
 
-    def at(
-        self, iteration: int, topology: Topology, rates: LinkRates = NO_RATES
-    ) -> IterationFaults:
+    def at(self, iteration: int, topology: Topology, *, rates: LinkRates) -> IterationFaults:
         if iteration < self.num_warmup:
             return NO_FAULTS
-        return self.faults.at(iteration - self.num_warmup, topology, rates)
+        return self.faults.at(iteration - self.num_warmup, topology, rates=rates)
 
     def pp_delays_ms(self, iteration: int, topology: Topology) -> tuple[float, ...]:
         if iteration < self.num_warmup:

@@ -26,6 +26,7 @@ from injectors.fault_files import parse_yaml
 from injectors.fault_model import Effect, Held
 from injectors.wire import WireState
 from pipeline.errors import ConfigError
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout, worker_error
 from pipeline.timeline import Timeline
@@ -54,7 +55,7 @@ def test_a_delay_replaced_inside_an_iteration_holds_on_the_wire_until_then() -> 
         '[{start_iteration: 0, links: ["0-1"], delay_ms: 50},'
         ' {start_iteration: 1, at_ms: 100, links: ["0-1"], delay_ms: 10}]'
     )
-    wires = _network(faults.at(1, Topology(2)), {}, 1).wires
+    wires = _network(faults.at(1, Topology(2), rates=NO_RATES), {}, 1).wires
     assert [(at, f.delay_ms, b.delay_ms) for at, f, b in wires[0, 1]] == [
         (0.0, 50.0, 50.0),
         (100.0, 10.0, 10.0),
@@ -67,9 +68,13 @@ def test_a_nic_repaired_inside_an_iteration_is_down_until_then() -> None:
         ' {start_iteration: 2, at_ms: 80, nic: "host1:rnic0", delay_ms: 0}]'
     )
     topology = Topology(4)
-    assert _network(faults.at(1, topology), {}, 1).nics_down == {(1, 0): (0.0, math.inf)}
-    assert _network(faults.at(2, topology), {}, 2).nics_down == {(1, 0): (0.0, 80.0)}
-    assert _network(faults.at(3, topology), {}, 3).nics_down == {}
+    assert _network(faults.at(1, topology, rates=NO_RATES), {}, 1).nics_down == {
+        (1, 0): (0.0, math.inf)
+    }
+    assert _network(faults.at(2, topology, rates=NO_RATES), {}, 2).nics_down == {
+        (1, 0): (0.0, 80.0)
+    }
+    assert _network(faults.at(3, topology, rates=NO_RATES), {}, 3).nics_down == {}
 
 
 def test_a_stall_in_force_in_the_next_iteration_too_is_set_again() -> None:
@@ -81,7 +86,7 @@ def test_a_stall_in_force_in_the_next_iteration_too_is_set_again() -> None:
         ' {start_iteration: 2, links: ["0-1"], stall_ms: 200}]'
     )
     topology = Topology(3)
-    first, second = (_network(faults.at(k, topology), {}, k).wires for k in (1, 2))
+    first, second = (_network(faults.at(k, topology, rates=NO_RATES), {}, k).wires for k in (1, 2))
     assert first[0, 1] == second[0, 1] and first[0, 1][0][1].stall_ms == 200.0
     assert not _lasting(second[0, 1])  # set again
     assert first[1, 2] == second[1, 2] and _lasting(second[1, 2])  # in force already
@@ -95,7 +100,7 @@ def test_a_nic_down_again_later_in_the_next_iteration_is_up_until_then() -> None
         ' {start_iteration: 1, nic: "host2:rnic0", down: true},'
         ' {start_iteration: 2, at_ms: 50, nic: "host1:rnic0", down: true}]'
     )
-    network = _network(faults.at(2, Topology(4)), {}, 2)
+    network = _network(faults.at(2, Topology(4), rates=NO_RATES), {}, 2)
     assert network.nics_down == {(1, 0): (50.0, math.inf), (2, 0): (0.0, math.inf)}
     assert _nics_up({(1, 0), (2, 0)}, network) == {(1, 0)}
 
@@ -103,7 +108,7 @@ def test_a_nic_down_again_later_in_the_next_iteration_is_up_until_then() -> None
 def test_a_nic_takes_down_only() -> None:
     faults = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", delay_ms: 5}]')
     with pytest.raises(ConfigError, match="takes a NIC down, not another effect"):
-        _network(faults.at(0, Topology(4)), {}, 0)
+        _network(faults.at(0, Topology(4), rates=NO_RATES), {}, 0)
 
 
 def _transfer_ms(timeline: Timeline, iteration: int, link: str) -> list[float]:

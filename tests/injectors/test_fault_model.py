@@ -8,6 +8,7 @@ import pytest
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import InForce
 from pipeline.faults import route_over
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.topology import Link, Position, Topology
 
@@ -21,20 +22,25 @@ def _model(rows: str, seed: int = 0):
 def test_jitter_is_a_pure_function_of_the_message() -> None:
     model = _model('[{start_iteration: 0, links: ["0-1"], delay_ms: 10, jitter_ms: 4}]', seed=7)
     draws = [
-        model.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
+        model.at(2, FOUR, rates=NO_RATES).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
         for m in range(50)
     ]
     again = [
-        model.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
+        model.at(2, FOUR, rates=NO_RATES).message_fault(Link.pp(0, 0), "forward", "F", m).delay_ms
         for m in range(50)
     ]
     assert draws == again and all(6 <= d <= 14 for d in draws) and len(set(draws)) > 40
     other_seed = _model('[{start_iteration: 0, links: ["0-1"], delay_ms: 10, jitter_ms: 4}]', 8)
     assert (
-        other_seed.at(2, FOUR).message_fault(Link.pp(0, 0), "forward", "F", 0).delay_ms
+        other_seed.at(2, FOUR, rates=NO_RATES)
+        .message_fault(Link.pp(0, 0), "forward", "F", 0)
+        .delay_ms
         != (draws[0])
     )
-    assert model.at(2, FOUR).message_fault(Link.pp(1, 0), "forward", "F", 0).delay_ms == 0
+    assert (
+        model.at(2, FOUR, rates=NO_RATES).message_fault(Link.pp(1, 0), "forward", "F", 0).delay_ms
+        == 0
+    )
 
 
 def test_a_cap_a_stall_and_their_directions() -> None:
@@ -42,14 +48,17 @@ def test_a_cap_a_stall_and_their_directions() -> None:
         '[{start_iteration: 3, links: ["0-1"], bandwidth_gbps: 0.1},'
         ' {start_iteration: 3, links: ["0-1"], stall_ms: 50}]'
     )
-    in_force = model.at(3, FOUR)
+    in_force = model.at(3, FOUR, rates=NO_RATES)
     link = Link.pp(0, 0)
     mbit = 125_000  # 1 Mbit at 0.1 Gbit/s: 10 ms
     first = in_force.message_fault(link, "backward", "B", 0, mbit).delay_ms
     second = in_force.message_fault(link, "backward", "B", 1, mbit).delay_ms
     forward = in_force.message_fault(link, "forward", "F", 1, mbit).delay_ms
     assert (first, second, forward) == (60.0, 10.0, 60.0)  # each direction stalls once
-    assert model.at(4, FOUR).message_fault(link, "forward", "F", 0, mbit).delay_ms == 10.0
+    assert (
+        model.at(4, FOUR, rates=NO_RATES).message_fault(link, "forward", "F", 0, mbit).delay_ms
+        == 10.0
+    )
 
 
 def test_a_cap_on_a_link_the_profile_caps_adds_only_what_the_lower_rate_takes_beyond() -> None:
@@ -63,7 +72,7 @@ def test_a_cap_on_a_link_the_profile_caps_adds_only_what_the_lower_rate_takes_be
     link, mbit = Link.pp(0, 0), 125_000
 
     def fault_ms(rows: str) -> float:
-        in_force = _model(rows).at(0, FOUR, rates)
+        in_force = _model(rows).at(0, FOUR, rates=rates)
         return in_force.message_fault(link, "forward", "F", 0, mbit).delay_ms
 
     cap = '[{{start_iteration: 0, links: ["0-1"], bandwidth_gbps: {}}}]'
@@ -75,7 +84,7 @@ def test_a_cap_on_a_link_the_profile_caps_adds_only_what_the_lower_rate_takes_be
     )
     assert fault_ms(both) == pytest.approx(40.0 - 10.0)
     # A profile without bandwidth: the cap's whole time, as before.
-    assert _model(cap.format(0.05)).at(0, FOUR).message_fault(
+    assert _model(cap.format(0.05)).at(0, FOUR, rates=NO_RATES).message_fault(
         link, "forward", "F", 0, mbit
     ).delay_ms == pytest.approx(20.0)
 
@@ -86,7 +95,7 @@ def test_a_nic_stall_is_paid_once_by_each_worker_sending_through_it() -> None:
     which shares one view, made only the first of them wait. Stage 1 of replica 0 sends
     forward on PP link 1-2 and its DP ring's dp1:0-1: one sender, one stall."""
     model = _model('[{start_iteration: 0, nic: "host1:rnic0", stall_ms: 50}]')
-    in_force = model.at(0, Topology(3))
+    in_force = model.at(0, Topology(3), rates=NO_RATES)
     delays = [
         in_force.message_fault(link, direction, "F", 0).delay_ms
         for link, direction in [
@@ -99,7 +108,7 @@ def test_a_nic_stall_is_paid_once_by_each_worker_sending_through_it() -> None:
     ]
     assert delays == [50.0, 50.0, 0.0, 50.0, 50.0]
     two_replicas = _model('[{start_iteration: 0, nic: "host1:rnic0", stall_ms: 50}]').at(
-        0, Topology(3, 2)
+        0, Topology(3, 2), rates=NO_RATES
     )
     assert two_replicas.message_fault(Link.pp(1, 0), "forward", "F", 0).delay_ms == 50.0
     assert two_replicas.message_fault(Link.dp(1, 0), "forward", "F", 0).delay_ms == 0.0
@@ -116,7 +125,7 @@ def test_at_ms_end_iteration_and_a_zero_delay_end_events() -> None:
 
     def delay(k: int, stage: int, offset_ms: float = 0.0) -> float:
         return (
-            model.at(k, FOUR)
+            model.at(k, FOUR, rates=NO_RATES)
             .message_fault(Link.pp(stage, 0), "forward", "F", 0, 0, offset_ms)
             .delay_ms
         )
@@ -130,10 +139,13 @@ def test_a_fault_stays_on_its_hosts_when_a_swap_moves_the_logical_link() -> None
     model = _model("[{start_iteration: 0, hosts: [1, 2], delay_ms: 25}]")
     swapped = FOUR.swapped(Position(1), Position(2))  # hosts 1 and 2 trade stages
     before = [
-        model.at(0, FOUR).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms for s in range(3)
+        model.at(0, FOUR, rates=NO_RATES).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms
+        for s in range(3)
     ]
     after = [
-        model.at(0, swapped).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms
+        model.at(0, swapped, rates=NO_RATES)
+        .message_fault(Link.pp(s, 0), "forward", "F", 0)
+        .delay_ms
         for s in range(3)
     ]
     assert before == [0.0, 25.0, 0.0]
@@ -141,7 +153,9 @@ def test_a_fault_stays_on_its_hosts_when_a_swap_moves_the_logical_link() -> None
     assert after == [0.0, 25.0, 0.0] and swapped.hosts_of(Link.pp(1, 0)) == (2, 1)
     model_13 = _model("[{start_iteration: 0, hosts: [1, 3], delay_ms: 25}]")
     moved = [
-        model_13.at(0, swapped).message_fault(Link.pp(s, 0), "forward", "F", 0).delay_ms
+        model_13.at(0, swapped, rates=NO_RATES)
+        .message_fault(Link.pp(s, 0), "forward", "F", 0)
+        .delay_ms
         for s in range(3)
     ]
     assert moved == [0.0, 0.0, 25.0]  # hosts 1-3 carried no link; now 2-3 (host 1 plays 2)
@@ -149,11 +163,13 @@ def test_a_fault_stays_on_its_hosts_when_a_swap_moves_the_logical_link() -> None
 
 def test_a_nic_down_fails_every_message_routed_through_it() -> None:
     model = _model('[{start_iteration: 2, nic: "host2:rnic0", down: true}]')
-    in_force = model.at(2, FOUR)
+    in_force = model.at(2, FOUR, rates=NO_RATES)
     failed = [in_force.message_fault(Link.pp(s, 0), "forward", "F", 0).failed for s in range(3)]
     assert failed == [False, True, True]  # links 1-2 and 2-3 touch host 2
     assert not model.has_failure(1, FOUR) and model.has_failure(2, FOUR)
-    rnic1 = _model('[{start_iteration: 0, nic: "host2:rnic1", down: true}]').at(0, FOUR)
+    rnic1 = _model('[{start_iteration: 0, nic: "host2:rnic1", down: true}]').at(
+        0, FOUR, rates=NO_RATES
+    )
     assert not rnic1.message_fault(Link.pp(1, 0), "forward", "F", 0).failed  # not on the route
 
 
@@ -175,7 +191,7 @@ def test_a_route_is_over_one_nic_at_both_ends_and_a_host_pair_is_on_the_first() 
     link = Link.pp(1, 0)
     seen = {}
     for name, row in rows.items():
-        in_force = _model(row).at(0, FOUR)
+        in_force = _model(row).at(0, FOUR, rates=NO_RATES)
         over = {
             (nic, t): in_force.message_fault(link, "forward", "F", 0, 0, t, nic)
             for nic in (0, 1)
@@ -199,7 +215,7 @@ def test_a_route_is_over_one_nic_at_both_ends_and_a_host_pair_is_on_the_first() 
         "host pair slow": {(0, 1): 4, (0, 6): 4, (1, 1): 0, (1, 6): 0, "route": (0, 1)},
     }  # fmt: skip
     one_nic = Topology(4, nics=("rnic0",))
-    lone = _model(rows["rnic0 of host 2 down"]).at(0, one_nic)
+    lone = _model(rows["rnic0 of host 2 down"]).at(0, one_nic, rates=NO_RATES)
     assert route_over(lone, 0, 1, link, "forward", "F", 0).fault.failed  # nothing to move to
 
 
@@ -211,7 +227,7 @@ def test_a_failed_route_pays_no_stall() -> None:
         "[{start_iteration: 0, hosts: [1, 2], stall_ms: 7},"
         ' {start_iteration: 0, at_ms: 5, nic: "host1:rnic0", down: true}]'
     )
-    in_force = model.at(0, FOUR)
+    in_force = model.at(0, FOUR, rates=NO_RATES)
     link = Link.pp(1, 0)
     assert in_force.message_fault(link, "forward", "F", 0, 0, 6.0).failed
     assert in_force.message_fault(link, "forward", "F", 1, 0, 1.0).delay_ms == 7.0
@@ -223,7 +239,7 @@ def test_a_redrawn_normal_delay_follows_the_clock() -> None:
         '[{start_iteration: 0, links: ["0-1"], distribution: {normal: {mean_ms: 20, std_ms: 4},'
         " redraw_every_ms: [10, 10]}}]"
     )
-    in_force = model.at(0, FOUR)
+    in_force = model.at(0, FOUR, rates=NO_RATES)
     values = [
         in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms
         for t in range(0, 20_000, 10)
@@ -247,11 +263,13 @@ def test_a_redrawn_delay_does_not_depend_on_which_messages_asked_before() -> Non
         return in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, offset_ms).delay_ms
 
     offsets = [5000.0, 3.0, 2999.5, 0.0, 5000.0, 1.0, 4000.25]
-    shared = model.at(0, FOUR)
+    shared = model.at(0, FOUR, rates=NO_RATES)
     assert [delay_ms(shared, t) for t in offsets] == [
-        delay_ms(model.at(0, FOUR), t) for t in offsets
+        delay_ms(model.at(0, FOUR, rates=NO_RATES), t) for t in offsets
     ]
-    assert delay_ms(model.at(1, FOUR), 5000.0) != delay_ms(shared, 5000.0)  # a new iteration's
+    assert delay_ms(model.at(1, FOUR, rates=NO_RATES), 5000.0) != delay_ms(
+        shared, 5000.0
+    )  # a new iteration's
 
 
 def test_an_event_replaced_inside_an_iteration_holds_until_its_replacement_starts() -> None:
@@ -262,7 +280,7 @@ def test_an_event_replaced_inside_an_iteration_holds_until_its_replacement_start
     )
 
     def delays_ms(iteration: int) -> list[float]:
-        in_force = model.at(iteration, FOUR)
+        in_force = model.at(iteration, FOUR, rates=NO_RATES)
         return [
             in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms
             for t in (0.0, 50.0, 99.9, 100.0, 150.0)
@@ -279,7 +297,7 @@ def test_a_failure_ended_inside_an_iteration_fails_the_messages_before_its_end()
         '[{start_iteration: 0, links: ["0-1"], down: true},'
         ' {start_iteration: 1, at_ms: 100, links: ["0-1"], delay_ms: 0}]'
     )
-    in_force = model.at(1, FOUR)
+    in_force = model.at(1, FOUR, rates=NO_RATES)
     failed = [
         in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).failed
         for t in (0.0, 50.0, 100.0, 150.0)
@@ -333,7 +351,7 @@ def test_dp_ring_messages_meet_the_faults_on_their_hosts() -> None:
         '[{start_iteration: 0, links: ["dp1:0-1"], delay_ms: 30},'
         ' {start_iteration: 0, links: ["0-1"], delay_ms: 20}]'
     )
-    in_force = model.at(0, dp)
+    in_force = model.at(0, dp, rates=NO_RATES)
     assert in_force.message_fault(Link.dp(1, 0), "forward", "AR", 0).delay_ms == 30.0
     assert in_force.message_fault(Link.dp(1, 0), "backward", "AR", 5).delay_ms == 30.0
     assert in_force.message_fault(Link.dp(0, 0), "forward", "AR", 0).delay_ms == 0.0
@@ -357,7 +375,7 @@ def test_what_is_in_force_is_the_same_asked_in_any_order_as_asked_alone() -> Non
 
     def answers(model, iteration: int, topology: Topology):
         return (
-            model.at(iteration, topology).effects,
+            model.at(iteration, topology, rates=NO_RATES).effects,
             model.pp_delays_ms(iteration, topology),
             model.dp_delays_ms(iteration, topology),
             model.has_failure(iteration, topology),
@@ -393,7 +411,7 @@ def test_a_failure_s_restart_repairs_what_had_failed_by_its_time_in_the_iteratio
         '[{start_iteration: 2, links: ["0-1"], down: true},'
         ' {start_iteration: 2, links: ["2-3"], down: true, at_ms: 15}]'
     )
-    early = model.repaired(2, at_ms=1.0).at(2, FOUR)
+    early = model.repaired(2, at_ms=1.0).at(2, FOUR, rates=NO_RATES)
     fails = [
         early.message_fault(Link.pp(s), "forward", "F", 0, offset_ms=20).failed for s in (0, 2)
     ]

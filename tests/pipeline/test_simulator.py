@@ -10,6 +10,7 @@ from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import MessageFault
 from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
+from pipeline.link_rates import NO_RATES
 from pipeline.metrics import compute_metrics
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -281,7 +282,7 @@ def test_a_failed_route_fails_over_delegates_and_fails_the_direct_path() -> None
 
     profile = Profile.uniform(4, 4, 1, 1, 1, message_bytes=4096, num_delegates=2)
     view = parse_yaml('[{start_iteration: 0, at_ms: 3, nic: "host1:rnic0", down: true}]')
-    faults = view.at(0, Topology(4))
+    faults = view.at(0, Topology(4), rates=NO_RATES)
     schedule = one_f_one_b(profile)
     with pytest.raises(LinkFailure, match="microbatch 2 on link pp0:0-1 cannot go"):
         simulate(schedule, profile, CommMode.DIRECT, faults=faults)
@@ -316,7 +317,7 @@ def test_a_dp_failover_holds_its_sender_but_is_no_injected_delay() -> None:
     view = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", down: true}]')
     timeline = simulate(
         one_f_one_b(profile), profile, CommMode.DELEGATED,
-        faults=view.at(0, Topology(2, 2)), host=HostCosts(failover_ms=7.0),
+        faults=view.at(0, Topology(2, 2), rates=NO_RATES), host=HostCosts(failover_ms=7.0),
     )  # fmt: skip
     assert {(f.link, f.direction, f.replica) for f in timeline.failovers if f.link[:2] == "dp"} == {
         ("dp1:0-1", "forward", 0),
@@ -400,3 +401,19 @@ def test_a_link_comm_is_a_pp_link_direction() -> None:
         LinkComm(Link.parse("dp2:0-1"), "forward", CommMode.DELEGATED)
     with pytest.raises(ConfigError, match="not 0-1 sideways"):
         LinkComm(Link.pp(0), "sideways", CommMode.DELEGATED)
+
+
+def test_a_library_simulate_charges_a_cap_over_the_profile_s_own_rate() -> None:
+    """A 0.4 Gbit/s cap on link 0-1 of a 1 Gbit/s profile holds each 250 kB message
+    bytes/cap - bytes/rate = 5 - 2 = 3 ms (not the cap's 5 ms in full, which a forgotten
+    rates once gave: `at` has no default for them now)."""
+    from injectors.fault_files import parse_yaml
+
+    profile = Profile.uniform(2, 4, 1, 1, 1, message_bytes=250_000, link_bandwidth_gbps=1.0)
+    view = parse_yaml('[{start_iteration: 0, links: ["0-1"], bandwidth_gbps: 0.4}]', seed=1)
+    with pytest.raises(TypeError):
+        view.at(0, profile.topology)  # type: ignore[call-arg]
+    faults = view.at(0, profile.topology, rates=profile.link_rates)
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT, faults=faults)
+    charged = [m.fault_ms for m in timeline.messages]
+    assert charged and charged == pytest.approx([3.0] * len(charged))

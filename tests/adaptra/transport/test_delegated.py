@@ -29,6 +29,7 @@ from adaptra.transport import Delegates, delegated
 from adaptra.transport.delegate import NOTE
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways
@@ -163,7 +164,7 @@ def test_every_engine_runs_the_delegate_count_of_the_papers_rule() -> None:
     plan = system_controller("adaptra-cpu", profile, faults).plan(0)
     assert profile.num_delegates is None and plan.profile.num_delegates == 3
     with emulated_engine(2, delegates=Delegates(), timeout_s=20) as engine:
-        engine.run(plan, 0, faults.at(0, profile.topology))
+        engine.run(plan, 0, faults.at(0, profile.topology, rates=NO_RATES))
         assert [len(pids) for pids in engine.delegate_pids] == [2 * 3, 2 * 3]
 
 

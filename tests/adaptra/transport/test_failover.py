@@ -21,6 +21,7 @@ from injectors.fault_files import parse_yaml
 from pipeline.engines import Controller, Plan
 from pipeline.errors import LinkFailure
 from pipeline.host_costs import HostCosts
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import WorkerLinkFailure
 from pipeline.timeline import FailoverRecord, Timeline
@@ -442,10 +443,10 @@ def test_a_sender_delegate_with_no_nic_left_fails_its_iteration_at_once() -> Non
             plan = controller.plan(k)
             topology = plan.topology or plan.profile.topology
             if k == 0:
-                engine.run(plan, k, faults.at(k, topology))
+                engine.run(plan, k, faults.at(k, topology, rates=NO_RATES))
                 continue
             with pytest.raises(LinkFailure) as info:
-                engine.run(plan, k, faults.at(k, topology))
+                engine.run(plan, k, faults.at(k, topology, rates=NO_RATES))
     assert isinstance(info.value.__cause__, WorkerLinkFailure)
     assert "could not reach its receiver over any NIC" in str(info.value)
     # When, as measured: the restart's modelled cost counts it (it was None, counted 0).

@@ -11,6 +11,7 @@ from pipeline.engines import Plan
 from pipeline.engines.runtime import emulated_engine, megatron_engine
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import WorkerTimeout
 from pipeline.simulator import CommMode
@@ -24,7 +25,9 @@ PLAN = Plan(one_f_one_b(PROFILE), PROFILE)
 
 def test_a_link_failure_says_how_far_into_its_iteration_the_message_went() -> None:
     """As the simulator's does: the loop counts that time in the restart's cost."""
-    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(0, Topology(2))
+    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(
+        0, Topology(2), rates=NO_RATES
+    )
     with emulated_engine(2, timeout_s=20) as engine:
         started = time.monotonic()
         with pytest.raises(LinkFailure) as info:
@@ -37,7 +40,9 @@ def test_a_link_failure_says_how_far_into_its_iteration_the_message_went() -> No
 def test_after_a_timeout_the_next_iteration_runs_on_a_fresh_pool() -> None:
     # 10 s on every message against a 3 s wait: a timeout whatever the load (and 3 s is
     # ample for a healthy 5 ms op's message on a fresh pool).
-    slow = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 10000}]').at(0, Topology(2))
+    slow = parse_yaml('[{start_iteration: 0, links: ["0-1"], delay_ms: 10000}]').at(
+        0, Topology(2), rates=NO_RATES
+    )
     with emulated_engine(2, timeout_s=3) as engine:
         with pytest.raises(WorkerTimeout):
             engine.run(PLAN, 0, slow)

@@ -8,6 +8,7 @@ from pipeline.engines import Action, Capabilities, Plan, check_plan
 from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError, ScheduleError
 from pipeline.faults import NO_FAULTS, MessageFault
+from pipeline.link_rates import NO_RATES
 from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
@@ -285,7 +286,7 @@ def _moves(engine: SimEngine, plan: Plan, faults: str, num_iterations: int) -> l
     moves = []
     for k in range(num_iterations):
         topology = plan.topology or plan.profile.topology
-        timeline = engine.run(plan, k, view.at(k, topology)).timeline
+        timeline = engine.run(plan, k, view.at(k, topology, rates=NO_RATES)).timeline
         moves.append({(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers})
     return moves
 
@@ -314,7 +315,7 @@ def test_a_moved_link_direction_meets_its_new_nic_s_faults_and_fails_back() -> N
     engine = SimEngine()
     fault_ms = []
     for k in range(3):
-        timeline = engine.run(plan, k, view.at(k, profile.topology)).timeline
+        timeline = engine.run(plan, k, view.at(k, profile.topology, rates=NO_RATES)).timeline
         fault_ms.append({m.fault_ms for m in timeline.messages})
     assert fault_ms == [{0.0}, {3.0}, {5.0}]
 
@@ -333,7 +334,9 @@ def test_a_rank_swap_gives_a_moved_link_direction_new_delegates_on_the_first_nic
     engine = SimEngine()
     moved = {("0-1", d, "rnic0", "rnic1") for d in ("forward", "backward")}
     assert _moves(engine, plan, faults, 2) == [moved, set()]
-    timeline = engine.run(swapped, 2, parse_yaml(faults).at(2, swapped.topology)).timeline
+    timeline = engine.run(
+        swapped, 2, parse_yaml(faults).at(2, swapped.topology, rates=NO_RATES)
+    ).timeline
     assert (
         timeline.swaps
         and {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers} == moved

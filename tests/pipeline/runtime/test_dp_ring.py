@@ -8,6 +8,7 @@ import pytest
 from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from pipeline.allreduce import messages_per_link_direction
+from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.simulator import CommMode, simulate
@@ -98,7 +99,7 @@ def _skewed(delay_ms: float) -> IterationConfig:
         dp_bucket_bytes=8_000,
     )
     timeline = f'- {{start_iteration: 0, links: ["pp1:0-1"], delay_ms: {delay_ms:g}}}\n'
-    faults = parse_yaml(timeline).at(0, Topology(2, 2))
+    faults = parse_yaml(timeline).at(0, Topology(2, 2), rates=NO_RATES)
     return IterationConfig(0, one_f_one_b(profile), profile, faults=faults)
 
 

@@ -21,6 +21,7 @@ from adaptra.transport import Delegates
 from adaptra.transport.delegated import DelegateTransport
 from baselines import one_f_one_b, zb_h2
 from injectors.fault_files import parse_yaml
+from pipeline.link_rates import NO_RATES
 from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -283,7 +284,9 @@ def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
     """Stage 0's first activation goes on a failed link: its rank reports the LinkFailure,
     the op and the fault hook's frame; its neighbour's broken connection comes later."""
     profile = _profile(1.0, 1.0, 1.0)
-    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(0, Topology(2))
+    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(
+        0, Topology(2), rates=NO_RATES
+    )
     config = IterationConfig(0, one_f_one_b(profile), profile, faults=down)
     with WorkerPool(2, timeout_s=20) as pool:
         pids = list(pool.pids)
@@ -315,7 +318,9 @@ def test_a_failure_after_a_swap_names_the_stage_the_worker_plays() -> None:
     """Workers 0 and 1 exchange stages: the failed link's sender is worker 1, now stage 0."""
     profile = _profile(1.0, 1.0, 1.0)
     swapped = Topology(2).swapped(Position(0, 0), Position(1, 0))
-    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(0, swapped)
+    down = parse_yaml('[{start_iteration: 0, links: ["0-1"], down: true}]').at(
+        0, swapped, rates=NO_RATES
+    )
     with WorkerPool(2, timeout_s=20) as pool:
         pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
         config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped, faults=down)
