@@ -210,8 +210,9 @@ def frame_kind(frame: bytes) -> FrameKind:
 
 
 _DELEGATE_HEADER = struct.Struct("<qiiqqqq")
-"""adaptra.transport.delegate.HEADER (iteration, microbatch, seq, nbytes, ...), not imported:
-the wire process loads no torch."""
+"""adaptra.transport.delegate.HEADER (iteration, microbatch, seq, nbytes, ...), written out
+here: a delegate is started by path and imports no package, and injectors sit beside adaptra,
+not above it (tests/injectors/test_wire.py holds the two equal)."""
 
 
 class FrameReader:

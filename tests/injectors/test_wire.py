@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from adaptra.transport.delegate import HEADER
 from injectors.wire import (
+    _DELEGATE_HEADER,
     GLOO_CONTROL_BYTES,
     FrameKind,
     FrameReader,
@@ -336,3 +338,7 @@ def test_a_message_s_short_last_segment_draws_no_jitter_and_a_short_message_pays
         assert len(set(held_ms(jittery, _delegated(2 * MSS + 20), 1e-4))) == 1
     stalled = held_ms(WireState(stall_ms=300.0), _delegated(16) + _delegated(4096), 0.01)
     assert stalled == [0.0, 300.0, 290.0, 280.0]
+
+
+def test_the_wire_reads_the_delegates_header_as_they_write_it() -> None:
+    assert _DELEGATE_HEADER.format == HEADER.format
