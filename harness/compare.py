@@ -173,13 +173,15 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     interrupted run's does not, and what it has not run yet is no regression."""
     try:
         record = read_spec_record(run_dir)
-        from harness.spec import resolved_from_record, spec_from_record  # loads the engines
+        from harness.spec import (  # loads the engines
+            resolved_from_record,
+            resume_command,
+            spec_from_record,
+        )
 
         done = coverage(resolved_from_record(record, run_dir / "spec.json"), rows)
         if done.complete:
             return
-        from harness.report import resume_command
-
         command = resume_command(spec_from_record(record), run_dir)
     except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
         where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "

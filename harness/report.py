@@ -3,7 +3,6 @@ its CSVs and its timelines (harness.saved). Nothing is planned or simulated agai
 
 from __future__ import annotations
 
-import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,18 +20,7 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["paper_comparison", "resume_command", "write_report"]
-
-
-def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
-    """The command line that finishes the run in `run_dir`: `--spec SPEC` (the spec file it
-    was started with, which spec.json does not name) unless it is the default experiment."""
-    from harness.spec import default_experiment  # the spec module loads the engines
-
-    spec_option = "" if spec.to_dict() == default_experiment().to_dict() else " --spec SPEC"
-    run_dir = run_dir.resolve()  # `report .` names the run "" in a directory "."
-    out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
-    return f"adaptra-bench run{spec_option} --out {out} --run-id {run_id}"
+__all__ = ["paper_comparison", "write_report"]
 
 
 def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str]:
@@ -40,6 +28,8 @@ def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str
     how to finish it, with a blank one after; none if it has them all."""
     if done.complete:
         return []
+    from harness.spec import resume_command  # the spec module loads the engines
+
     command = resume_command(spec, run_dir)
     spec_file = " --spec SPEC " in command
     unfinished = ", ".join(

@@ -8,6 +8,7 @@ A model is either one of the cost model's GPT-2 configurations (pipeline.cost_mo
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,6 +45,7 @@ __all__ = [
     "load_spec",
     "memoised_planner",
     "resolved_from_record",
+    "resume_command",
     "spec_from_record",
 ]
 
@@ -556,6 +558,15 @@ def resolved_from_record(record: dict[str, Any], path: Path) -> ResolvedSpec:
             f"{path}, of an older version, keeps no resolved models; resolving them with this "
             f"version failed: {err}"
         ) from err
+
+
+def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
+    """The command line that finishes the run in `run_dir`: `--spec SPEC` (the spec file it
+    was started with, which spec.json does not name) unless it is the default experiment."""
+    spec_option = "" if spec.to_dict() == default_experiment().to_dict() else " --spec SPEC"
+    run_dir = run_dir.resolve()  # `report .` names the run "" in a directory "."
+    out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
+    return f"adaptra-bench run{spec_option} --out {out} --run-id {run_id}"
 
 
 def load_spec(path: Path) -> ExperimentSpec:

@@ -18,9 +18,8 @@ import harness.report
 import pipeline.cost_model as cost_model
 from harness.cli import main
 from harness.experiment import run_experiment
-from harness.report import resume_command
 from harness.results import run_dir_held
-from harness.spec import default_experiment, load_spec
+from harness.spec import default_experiment, load_spec, resume_command
 from pipeline.gantt import drawn_end_ms, plot_gantt
 from pipeline.timeline import Timeline
 
