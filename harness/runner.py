@@ -206,7 +206,7 @@ def longest_hold_ms(
     longest_ms = max((*profile.delay_ms, *(d for _, d in profile.dp_delay_ms), 0.0))
     if isinstance(faults, FaultModel):  # a timeline's delays add to the profile's
         message_bytes, route_bytes = largest_messages(profile, model=model, injection=injection)
-        longest_ms += faults.longest_hold_ms(message_bytes, profile.topology, route_bytes)
+        longest_ms += faults.longest_hold_ms(profile.topology, message_bytes, route_bytes)
     return longest_ms
 
 

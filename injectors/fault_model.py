@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import math
 import random
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -298,20 +298,34 @@ def _units_between(topology: Topology, ends: tuple[Position, Position]) -> set[_
 
 
 def _largest_message(
-    target: Target,
+    unit: _Unit,
     message_bytes: int,
-    topology: Topology | None,
+    topology: Topology,
     route_bytes: Mapping[tuple[Position, Position], int] | None,
 ) -> int:
-    """The largest message that crosses `target` (`FaultModel.longest_hold_ms`)."""
+    """The largest message that crosses `unit` (`FaultModel.longest_hold_ms`)."""
     if not route_bytes:
         return message_bytes
-    if topology is None:
-        raise ValueError("route_bytes need the topology their positions are in")
     default = _default_placement(topology)
-    hits = set(target.units(topology))
-    crossing = (n for ends, n in route_bytes.items() if hits & _units_between(default, ends))
+    crossing = (n for ends, n in route_bytes.items() if unit in _units_between(default, ends))
     return max((message_bytes, *crossing))
+
+
+def _routes(topology: Topology, units: Iterable[_Unit]) -> Iterator[tuple[_Unit, ...]]:
+    """Every route (`_route_of`: a host pair's first-NIC route or its two hosts' NICs of
+    another index) that meets one of `units` at least, between any two hosts: a rank swap
+    may put a message on any host pair."""
+    hosts: set[int] = set()
+    for kind, host, other in units:
+        hosts.update((host, other) if kind == "pair" and isinstance(other, int) else (host,))
+    spare = next((h for h in range(topology.num_hosts) if h not in hosts), None)
+    ends = sorted(hosts) + ([] if spare is None else [spare])  # any other host meets nothing
+    for i, a in enumerate(ends):
+        for b in ends[i + 1 :]:
+            lo, hi = min(a, b), max(a, b)
+            for index, name in enumerate(topology.nics):
+                nics: tuple[_Unit, ...] = (("nic", lo, name), ("nic", hi, name))
+                yield (("pair", lo, hi), *nics) if index == 0 else nics
 
 
 def _route_of(topology: Topology, link: Link, nic: int = 0) -> tuple[_Unit, ...]:
@@ -473,33 +487,45 @@ class FaultModel:
 
     def longest_hold_ms(
         self,
+        topology: Topology,
         message_bytes: int = 0,
-        topology: Topology | None = None,
         route_bytes: Mapping[tuple[Position, Position], int] | None = None,
     ) -> float:
-        """The longest the events on one target may hold a message together: per kind the
-        longest (a fixed delay with its jitter, a redrawn normal delay's mean plus four
-        standard deviations, a stall, the bytes at a cap's rate: at most that where the link
-        has a rate of its own, pipeline.link_rates), the kinds added up, as they
-        add on a message. A cap holds the largest message that crosses its target:
-        `message_bytes` (a PP message, which a rank swap may put on any host pair), or a
-        larger one of `route_bytes`, the largest message on a route between two positions of
-        `topology` (a DP ring link's largest chunk, the tied weight's gradient), where that
-        route crosses the target's host pairs or NICs under the default placement."""
-        by_target: dict[Target, dict[str, float]] = {}
+        """The longest the events may hold one message together. On each unit (a host pair,
+        a NIC) per kind the longest (a fixed delay with its jitter, a redrawn normal delay's
+        mean plus four standard deviations, a stall), as events of one kind on a unit replace
+        each other, and the kinds added up; on a route (a host pair and its hosts' NICs of
+        one index, `_route_of`) its units' holds added up, as they add on a message, and its
+        longest cap once (the route's lowest cap holds: the bytes at the cap's rate, at most
+        that where the link has a rate of its own, pipeline.link_rates); the longest route's.
+        A cap holds the largest message that crosses its unit: `message_bytes` (a PP
+        message, which a rank swap may put on any host pair), or a larger one of
+        `route_bytes`, the largest message on a route between two positions of `topology` (a
+        DP ring link's largest chunk, the tied weight's gradient), where that route crosses
+        the unit under the default placement."""
+        held: dict[_Unit, dict[str, float]] = {}
+        largest: dict[_Unit, int] = {}
         for event in self.events:
             effect = event.effect
             if effect.down:
                 continue
-            hold_ms = effect.delay_ms + effect.jitter_ms + effect.stall_ms
-            if effect.normal_ms is not None:
-                hold_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
-            if effect.bandwidth_gbps is not None:
-                largest = _largest_message(event.target, message_bytes, topology, route_bytes)
-                hold_ms += largest * 8 / (effect.bandwidth_gbps * 1e6)
-            kinds = by_target.setdefault(event.target, {})
-            kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms)
-        return max((sum(kinds.values()) for kinds in by_target.values()), default=0.0)
+            for unit in event.target.units(topology):
+                hold_ms = effect.delay_ms + effect.jitter_ms + effect.stall_ms
+                if effect.normal_ms is not None:
+                    hold_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
+                if effect.bandwidth_gbps is not None:
+                    if unit not in largest:
+                        largest[unit] = _largest_message(unit, message_bytes, topology, route_bytes)
+                    hold_ms += largest[unit] * 8 / (effect.bandwidth_gbps * 1e6)
+                kinds = held.setdefault(unit, {})
+                kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms)
+
+        def route_ms(route: tuple[_Unit, ...]) -> float:
+            kinds = [held.get(unit, {}) for unit in route]
+            cap_ms = max((k.get("bandwidth", 0.0) for k in kinds), default=0.0)
+            return cap_ms + sum(ms for k in kinds for kind, ms in k.items() if kind != "bandwidth")
+
+        return max(map(route_ms, _routes(topology, held)), default=0.0)
 
     def longest_delay_ms(self) -> float:
         """The longest delay one event keeps on its messages while in force (a fixed delay

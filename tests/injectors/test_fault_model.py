@@ -306,7 +306,7 @@ def test_a_failure_ended_inside_an_iteration_fails_the_messages_before_its_end()
     assert model.has_failure(1, FOUR) and not model.has_failure(2, FOUR)
 
 
-def test_the_longest_hold_adds_the_kinds_on_one_target_and_counts_a_cap() -> None:
+def test_the_longest_hold_adds_the_kinds_on_one_unit_and_counts_a_cap() -> None:
     model = _model(
         '[{start_iteration: 0, links: ["1-2"], bandwidth_gbps: 0.008},'
         ' {start_iteration: 0, links: ["2-3"], down: true},'
@@ -314,9 +314,39 @@ def test_the_longest_hold_adds_the_kinds_on_one_target_and_counts_a_cap() -> Non
         ' {start_iteration: 1, links: ["0-1"], stall_ms: 300},'
         ' {start_iteration: 2, links: ["0-1"], delay_ms: 700}]'  # replaces: the longer counts
     )
-    assert model.longest_hold_ms() == 700 + 300
+    assert model.longest_hold_ms(FOUR) == 700 + 300
     # 1 MB at 8 Mbit/s: 1000 ms on link 1-2 alone, the longest then.
-    assert model.longest_hold_ms(message_bytes=1_000_000) == 1000.0
+    assert model.longest_hold_ms(FOUR, message_bytes=1_000_000) == 1000.0
+
+
+def test_the_longest_hold_adds_the_units_on_one_route() -> None:
+    """Events on different targets add where one message's route meets them all: a host
+    pair's delay, one of its hosts' first NIC's delay and a stall on the pair (a delay on the
+    second NIC is on another route: a message over it leaves the pair's faults, which are
+    on the first NIC's plane); caps do not add, the route's lowest holds."""
+    rows = (
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 100},'
+        ' {start_iteration: 0, nic: "host1:rnic0", delay_ms: 100},'
+        " {start_iteration: 0, hosts: [0, 1], stall_ms: 50},"
+        ' {start_iteration: 0, nic: "host2:rnic1", delay_ms: 120}'
+    )
+    model = _model(rows + "]")
+    in_force = model.at(0, FOUR, rates=NO_RATES)
+    held_ms = in_force.message_fault(Link.pp(0, 0), "forward", "F", 0).delay_ms
+    assert held_ms == 250.0 == model.longest_hold_ms(FOUR)
+    # host 1's second NIC and host 2's: 120 ms, less than the first route's 250.
+    assert in_force.message_fault(Link.pp(1, 0), "forward", "F", 0, nic=1).delay_ms == 120.0
+    # Two caps on one route: the lower holds, once (1 MB at 8 and 16 Mbit/s: 1000 ms, not
+    # 1500); a delay on the route's NIC adds to it.
+    capped = _model(
+        '[{start_iteration: 0, links: ["0-1"], bandwidth_gbps: 0.008},'
+        ' {start_iteration: 0, nic: "host0:rnic0", bandwidth_gbps: 0.016},'
+        ' {start_iteration: 0, nic: "host0:rnic0", delay_ms: 30}]'
+    )
+    fault = capped.at(0, FOUR, rates=NO_RATES).message_fault(
+        Link.pp(0, 0), "forward", "F", 0, 1_000_000
+    )
+    assert fault.delay_ms == 1030.0 == capped.longest_hold_ms(FOUR, 1_000_000)
 
 
 def test_a_cap_holds_the_largest_message_that_crosses_its_hosts() -> None:
@@ -331,7 +361,7 @@ def test_a_cap_holds_the_largest_message_that_crosses_its_hosts() -> None:
 
     def hold_ms(target: str, routes: dict[tuple[Position, Position], int]) -> float:
         model = _model(f"[{{start_iteration: 0, {target}, bandwidth_gbps: 0.001}}]")
-        return model.longest_hold_ms(8192, topology, routes)  # 1 Mbit/s: 1 ms per 125 B
+        return model.longest_hold_ms(topology, 8192, routes)  # 1 Mbit/s: 1 ms per 125 B
 
     assert hold_ms('links: ["dp0:0-1"]', chunks) == 2546.688
     assert hold_ms('links: ["dp1:0-1"]', chunks) == 2532.352
