@@ -5,7 +5,7 @@ A gate that passes on garbage protects nothing: an empty, unreadable or incomple
 or one a run still writes), a NaN or negative metric, a duplicate configuration or a NaN
 tolerance is `UnusableResults` (the CLI exits 2), a configuration on one side only is a
 failure (the CLI exits 1; one only in the new results may be allowed), and every metric has
-its direction (times: lower is better, throughput: higher; restarts and lost iterations:
+its direction (times: lower is better, throughput: higher; restarts, lost iterations and failovers:
 lower) and a tolerance of its own if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
@@ -46,6 +46,7 @@ METRICS: dict[str, bool] = {
     "bubble_ratio": False,
     "restarts": False,
     "lost_iterations": False,
+    "failovers": False,
 }
 """Compared metrics, and whether higher is better."""
 KEY = ("backend", "model", "system", "scenario", "repeat")

@@ -348,6 +348,7 @@ def _run_row(
         "lost_iterations": result.lost_iterations,
         "restart_wall_ms": result.restart_wall_ms,
         "restart_model_ms": result.restart_model_ms,
+        "failovers": sum(result.num_failovers),
         "params_sha256": result.params_sha256,
         "schema_version": RESULTS_SCHEMA_VERSION,
     }
@@ -369,8 +370,9 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             "detected_ms": json.dumps(decision.detected_ms, sort_keys=True),
             "link_comms": json.dumps(decision.comm, sort_keys=True),
             "microbatches": decision.microbatches,
+            "failovers": num_failovers,
         }
-        for index, time_ms, step_ms, bubble, comm, loss, decision in zip(
+        for index, time_ms, step_ms, bubble, comm, loss, decision, num_failovers in zip(
             result.iterations,
             result.iteration_times_ms,
             result.step_times_ms,
@@ -378,6 +380,7 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             result.comms,
             losses,
             result.decisions,
+            result.num_failovers,
             strict=True,
         )
     ]

@@ -34,16 +34,18 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 6
-"""6: iterations.csv's `microbatches`: the global batch's split over the DP replicas where a
-rebalance made it uneven ("12+4"; empty: equal). 5: iterations.csv says what the controller
-believed and ran: `detected_ms` and `link_comms` (JSON objects by PP link), `policy` the
-iteration's (adaptra: "adaptra"; files written before 2026-12-05 also "adaptra-initial"). 4:
-the saved timelines are of timeline schema 4 (messages' wire start, copy in and carrier:
-pipeline.timeline). 3: a run directory keeps what its engines measured: messages.csv and
-timelines/ (the drawn iterations' full timelines, from which the report draws its Gantt
-charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv gained `controller`;
-runs.csv `restarts`, `lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
+RESULTS_SCHEMA_VERSION = 7
+"""7: `failovers`, the delegates' moves to another NIC: iterations.csv's per iteration run,
+runs.csv's over the configuration's. 6: iterations.csv's `microbatches`: the global batch's
+split over the DP replicas where a rebalance made it uneven ("12+4"; empty: equal). 5:
+iterations.csv says what the controller believed and ran: `detected_ms` and `link_comms`
+(JSON objects by PP link), `policy` the iteration's (adaptra: "adaptra"; files written before
+2026-12-05 also "adaptra-initial"). 4: the saved timelines are of timeline schema 4
+(messages' wire start, copy in and carrier: pipeline.timeline). 3: a run directory keeps
+what its engines measured: messages.csv and timelines/ (the drawn iterations' full
+timelines, from which the report draws its Gantt charts; docs/design.md, "Results"). 2:
+runs.csv and iterations.csv gained `controller`; runs.csv `restarts`, `lost_iterations`,
+`restart_wall_ms` and `restart_model_ms`."""
 
 SPEC_VERSION = 2
 """spec.json's `spec_version`, the form of its spec (its `schema_version` is the results'):
@@ -75,6 +77,7 @@ RUNS_COLUMNS = (
     "lost_iterations",
     "restart_wall_ms",
     "restart_model_ms",
+    "failovers",
     "params_sha256",
     "schema_version",
 )
@@ -96,6 +99,7 @@ ITERATIONS_COLUMNS = (
     "detected_ms",
     "link_comms",
     "microbatches",
+    "failovers",
 )
 MESSAGES_COLUMNS = (
     "model",
@@ -129,7 +133,7 @@ _NUMBER_COLUMNS = frozenset(
         "lost_iterations", "restart_wall_ms", "restart_model_ms", "iteration",
         "iteration_time_ms", "step_time_ms", "loss", "replica", "num_messages",
         "num_bytes", "first_send_start_ms", "last_send_end_ms", "last_arrival_ms", "send_ms",
-        "fault_ms", "waited_ms",
+        "fault_ms", "waited_ms", "failovers",
     }
 )  # fmt: skip
 """The result tables' columns that hold a number."""

@@ -658,3 +658,19 @@ def test_spec_json_keeps_what_the_models_resolved_to_and_a_resume_compares_it(
     monkeypatch.setitem(MODELS, "gpt2-7b", model)
     run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)  # as it ran: resumed
     assert len(_rows(runs)) == 2
+
+
+def test_runs_and_iterations_csv_count_the_failovers(tmp_path: Path) -> None:
+    """host2:rnic0 fails in measured iteration 2 under a delegated system: the four link
+    directions of stage 2 move their delegates to rnic1 then (no restart), which
+    iterations.csv counts in that iteration's row and runs.csv over the configuration's."""
+    (tmp_path / "f.yaml").write_text("- {start_iteration: 2, nic: 'host2:rnic0', down: true}\n")
+    profile = {"stages": 4, "microbatches": 8, "t_f": 10, "t_b": 10, "t_w": 10}
+    spec_file = tmp_path / "s.yaml"
+    spec = {"name": "s", "model": "m", "profile": profile, "systems": ["adaptra-cpu"]}
+    spec_file.write_text(json.dumps({**spec, "faults": "f.yaml", "num_iterations": 4}))
+    run_dir = run_experiment(load_spec(spec_file), tmp_path / "out" / "r")
+    (run,) = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    assert (run["restarts"], run["failovers"]) == ("0", "4")
+    steps = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    assert [r["failovers"] for r in steps] == ["0", "0", "4", "0"]
