@@ -19,6 +19,29 @@ iterations is already a bad cluster); the prior is taken from the data (the medi
 the detector needs no units; 10 % minimum change, as Falcon's own threshold of
 "slow" (1.1 x) and well above iteration-time noise here (BENCHMARKS.md).
 
+The minimum change alone was not enough: at 3 % multiplicative noise a 10 % change is one
+iteration 3.3 standard deviations out, which happens about once in 1,000 iterations, and the
+most likely run length moves to such a one-iteration segment often enough (it is tested at
+every iteration) that 19 of 400 healthy runs of 300 iterations reported a change (14 of 400
+with lognormal noise), and a one-iteration segment faster than the prior re-centred it there,
+so that the way back was reported too, 12-70 iterations later. So a new segment counts only
+if its median is also `min_standard_errors` standard errors from the previous segment's: the
+noise measured over the previous segment (its relative steps between successive times, their
+root mean square over the square root of 2, a step more than `_STEP_TRIM` robust standard
+deviations out left out: a segment may hold several levels the model did not split, and a
+spread about its median counted those as noise and hid the way back from them; fewer than
+`min_noise_steps` steps: the prior's spread), the standard error of a median of n normal
+times 1/sqrt(n) of it for one or two, sqrt(pi/(2n)) for more, both segments' added in
+quadrature. The value, 6: a normal quantile of about 4.9 (a chance of 1e-6 per iteration,
+both ways) widened for a noise estimated from tens of times (Student's t with about 30
+degrees of freedom is near 6 there); with it 1 of 400 such healthy runs reports a change
+(a run whose first 4 times agreed to 0.3 %: the prior's 1 % spread is the noise then), 0 of
+400 with lognormal noise, and a step of +15 % at that noise is found a median 1 iteration
+after it began (at most 7 in 200 runs), +20 % in its first (at most 3), +50 % always in
+its first. Noise-free times (the simulator's) measure no noise, and a short previous
+segment's is the prior's 1 % floor then (6 standard errors at most 8.5 % for one time
+after one time): only the minimum change counts.
+
 The calibration iterations: the first `num_calibration` if they agree (their spread at most
 `max_relative_spread`, 5 % and half the minimum change, of their median), else the next
 `num_calibration` if those agree, else whichever of the two agree better; the prior's
@@ -36,10 +59,15 @@ went unseen.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 
 __all__ = ["DEFAULT_CHANGES", "ChangePointConfig", "ChangePointDetector"]
+
+_STEP_TRIM = 3.0
+"""A step between successive times further than this many of its robust standard deviations
+from none is left out of the noise (a step from one level to another within a segment)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +84,14 @@ class ChangePointConfig:
     max_run_length: int = 200
     """Run lengths the posterior tells apart; its last bin holds every run that long or
     longer (their mass folded into it), so an update costs the same however long the run."""
+    min_standard_errors: float = 6.0
+    """A new segment counts only if its median is also this many standard errors (of the
+    difference of the two segments' medians, from the noise measured) away from the
+    previous one's (the module): the check runs at every iteration, a 10 % change alone was
+    a 3.3-sigma single iteration at 3 % noise, and the noise is itself estimated."""
+    min_noise_steps: int = 5
+    """Steps (pairs of successive times) the previous segment needs to measure the noise
+    from; a shorter one's noise is the prior's relative spread at its level."""
 
     def __post_init__(self) -> None:
         if not 0 < self.hazard < 1 or self.min_relative_change < 0 or self.num_calibration < 2:
@@ -64,6 +100,8 @@ class ChangePointConfig:
             raise ValueError("need max_run_length >= 2 (a new run and a longer one)")
         if not self.max_relative_spread > 0:
             raise ValueError("need max_relative_spread > 0")
+        if self.min_standard_errors < 0 or self.min_noise_steps < 2:
+            raise ValueError("need min_standard_errors >= 0 and min_noise_steps >= 2")
 
 
 DEFAULT_CHANGES = ChangePointConfig()
@@ -139,10 +177,16 @@ class ChangePointDetector:
         if most_likely >= min(since, config.max_run_length - 1) or most_likely == 0:
             return False  # no new segment (yet): the last bin is every run that long or longer
         start = len(self._times) - most_likely
-        new_ms = statistics.median(self._times[start:])
-        old_ms = statistics.median(self._times[self._segment_start : start])
+        new = self._times[start:]
+        old = self._times[self._segment_start : start]
+        new_ms, old_ms = statistics.median(new), statistics.median(old)
         if abs(new_ms - old_ms) < config.min_relative_change * old_ms:
             return False
+        standard_error = self._noise_ms(old, old_ms) * math.hypot(
+            _median_error(len(new)), _median_error(len(old))
+        )
+        if abs(new_ms - old_ms) < config.min_standard_errors * standard_error:
+            return False  # within the noise: one noisy time, or a few, past the minimum
         self._previous_start, self._segment_start, self._unstepped = self._segment_start, start, 0
         self.baseline_ms = old_ms
         assert self._prior is not None
@@ -213,6 +257,18 @@ class ChangePointDetector:
             else:
                 self._unstepped += 1
 
+    def _noise_ms(self, old: list[float], old_ms: float) -> float:
+        """The iteration-time noise (a standard deviation) at the previous segment's level:
+        from its steps where it has more than `min_noise_steps` of them (the module), else
+        the prior's relative spread."""
+        if len(old) <= self.config.min_noise_steps:
+            assert self._prior is not None
+            return math.sqrt(self._prior.beta) / max(abs(self._prior.mean), 1e-9) * abs(old_ms)
+        steps = [abs(b - a) / max(abs(a), 1e-9) for a, b in itertools.pairwise(old)]
+        rough = 1.4826 * statistics.median(steps)  # a step's standard deviation, robustly
+        kept = [d * d for d in steps if d <= _STEP_TRIM * rough]  # a level's edge is no noise
+        return math.sqrt(sum(kept) / len(kept) / 2) * abs(old_ms)
+
     @property
     def most_likely_run_length(self) -> int:
         """The current segment's most likely length, in iterations the model took (0 before
@@ -250,6 +306,12 @@ def _relative_scale(times: list[float]) -> float:
     """1.4826 x the median absolute deviation of `times`, over their median."""
     mean = statistics.median(times)
     return 1.4826 * statistics.median(abs(x - mean) for x in times) / max(abs(mean), 1e-9)
+
+
+def _median_error(count: int) -> float:
+    """The standard error of the median of `count` normal times, in standard deviations:
+    1/sqrt(count) for one or two (the median is their mean), else about sqrt(pi/(2 count))."""
+    return 1 / math.sqrt(count) if count <= 2 else math.sqrt(math.pi / (2 * count))
 
 
 def _log_sum_exp(values: list[float]) -> float:

@@ -3,7 +3,7 @@ run's own measurements and climbs its mitigation ladder by the ski-rental rule.
 
 Detection, from what a real system measures (never the fault model or `fault_ms`):
 1. a change in iteration time (baselines.falcon.changepoint) to a level at least 10 % above
-   the one before;
+   the one before, and beyond the iteration-time noise measured there;
 2. per-group profiling of that iteration: the DP ring links and each replica's PP links
    slower than 1.1 x the median link of their kind whose messages are as large
    (baselines.falcon.profiling);
