@@ -45,9 +45,9 @@ def _undoes(later: list[SwapRecord], first: list[SwapRecord]) -> bool:
 
 
 PHASES = ((10, 2, 11), (20, 11, 14), (30, 14, 17))
-"""The 10 ms phase is the longest: the swap comes in its first six iterations, then the
-delegates and Adaptra's plan settle; the later phases are as long as their checks need
-(benchmarks/bench_fig18.py runs longer ones, for medians)."""
+"""The 10 ms phase is the longest: the swap comes in it (on an idle machine in its first six
+iterations), then the delegates and Adaptra's plan settle; the later phases are as long as
+their checks need (benchmarks/bench_fig18.py runs longer ones, for medians)."""
 FAULTS = phased_faults(PHASES)
 
 
@@ -81,10 +81,14 @@ def test_fig18_systems_in_emulated_runs() -> None:
                 for delay_ms, first, end in PHASES:
                     assert min(run.wall_times_ms[first:end]) >= CHUNKS_EACH_WAY * delay_ms
                 continue
-            # one swap, of two workers, while the link is at 10 ms
+            # One swap, of two workers, while the link is at 10 ms (timeline iterations count
+            # the warm-up: measured k is k + 1), after an iteration of it at least: under
+            # load the first iterations' noise may hold a detector back (Falcon swapped at 9
+            # at a load average of 5).
             swapped_at = min(r.iteration for r in swaps)
             first = [r for r in swaps if r.iteration == swapped_at]
-            assert len(first) == 2 and 1 + 2 < swapped_at < 1 + 8, swaps
+            _, onset, end = PHASES[0]
+            assert len(first) == 2 and 1 + onset < swapped_at < 1 + end, swaps
             later = [r for r in swaps if r.iteration > swapped_at]
             # Falcon judges its swap by the one iteration after it (no faster than those
             # before: undone); a preempted iteration there may undo it: the same two move back.
