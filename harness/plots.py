@@ -60,10 +60,13 @@ def plot_lines(
     plt.close(fig)
 
 
-def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) -> None:
+def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     """Median time per step against the injected delay: a panel per model, a line per system
     and a line style per link set (runs.csv rows), each point the median over the repeats of
-    their median steps."""
+    their median steps; both axes from 0. False (and no file) when the runs have fewer than
+    two distinct delays: there is no line to draw."""
+    if len({float(r["delay_ms"]) for r in runs}) < 2:
+        return False
     import pandas as pd
     import seaborn as sns
 
@@ -85,7 +88,7 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
     faulty = frame[frame["delay (ms)"] > 0]
     for links in faulty["links"].unique():
         frame = pd.concat([frame, free.assign(links=links)])
-    frame = frame[(frame["links"] != "none") | faulty.empty]
+    frame = frame[frame["links"] != "none"]
     grid = sns.relplot(
         data=frame,
         x="delay (ms)",
@@ -101,9 +104,16 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
         height=3.6,
         facet_kws={"sharey": False},
     )
-    grid.set(ylim=(0, None))
+    for ax in grid.axes.flat:
+        # Delays and steps are never negative: both axes from 0, the top 8 % above the
+        # highest point and the markers on the axes drawn whole.
+        ax.set_xlim(left=0)
+        ax.set_ylim(0, 1.08 * ax.dataLim.ymax if ax.dataLim.ymax > 0 else 1.0)
+        for line in ax.lines:
+            line.set_clip_on(False)
     save_figure(grid, path, dpi=110)
     plt.close(grid.figure)
+    return True
 
 
 def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:

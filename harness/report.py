@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 __all__ = ["paper_comparison", "write_report"]
 
+_DELAY_PLOT = "iteration_time_vs_delay.png"
+_PLOTS = (_DELAY_PLOT, "slowdown.png", "throughput_over_time.png")
+"""the figures other than the Gantt charts a report may draw"""
+
 
 def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str]:
     """The lines that say a run lacks configurations (interrupted, or still running), and
@@ -145,9 +149,10 @@ def _gantt_charts(
 
 
 def _remove_stale_charts(run_dir: Path, drawn: set[str]) -> None:
-    """A gantt_*.png of an earlier report that this one does not draw goes: the report it
-    sits beside would not say what it shows."""
-    for stale in run_dir.glob("gantt_*.png"):
+    """A figure of an earlier report (a gantt_*.png or one of the named plots) that this one
+    does not draw goes: the report it sits beside would not say what it shows."""
+    named = [run_dir / name for name in _PLOTS]
+    for stale in [*run_dir.glob("gantt_*.png"), *named]:
         if stale.name not in drawn and (stale.is_file() or stale.is_symlink()):
             stale.unlink(missing_ok=True)
 
@@ -247,10 +252,17 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     resolved = resolved_from_record(recorded, run_dir / "spec.json")
     done = coverage(resolved, runs)
     figures: list[tuple[str, str]] = []
+    not_drawn: list[str] = []
     static = [r for r in runs if not _traced(r)]
     if static:
-        plot_iteration_time_vs_delay(static, run_dir / "iteration_time_vs_delay.png")
-        figures.append(("time per step vs delay", "iteration_time_vs_delay.png"))
+        if plot_iteration_time_vs_delay(static, run_dir / _DELAY_PLOT):
+            figures.append(("time per step vs delay", _DELAY_PLOT))
+        else:
+            delays = sorted({float(r["delay_ms"]) for r in static})
+            not_drawn.append(
+                "No plot of time per step vs delay: it needs two delays, and every "
+                f"configuration without a fault timeline ran at {delays[0]:g} ms."
+            )
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
     finished = {_key(r) for r in runs}
@@ -261,8 +273,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
         figures.append((_throughput_caption(runs), "throughput_over_time.png"))
     gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations)
-    _remove_stale_charts(run_dir, {name for _, name in gantt})
     figures += gantt
+    _remove_stale_charts(run_dir, {name for _, name in figures})
     resumed = ", ".join(f"`{r}`" for r in recorded["resumed_git_revisions"])
     lines = [
         f"# {spec.name}",
@@ -322,6 +334,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         lines += ["", "## Gantt charts", "", "Drawn from the timelines the run saved:", ""]
         lines += sources
     lines.append("")
+    lines += [f"{note}\n" for note in not_drawn]
     lines += [f"![{caption}]({name})\n" for caption, name in figures]
     write_atomic(run_dir / "report.md", "\n".join(lines))
     return done

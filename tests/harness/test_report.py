@@ -190,6 +190,36 @@ def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
     points = [tuple(xy) for line in ax.lines for xy in line.get_xydata()]
     assert points == [(0.0, 50.0), (10.0, 100.0)]
     assert ax.get_ylabel() == "median step (ms)"
+    assert ax.get_xlim()[0] == 0.0  # no negative delays on the axis
+    assert ax.get_ylim() == pytest.approx((0.0, 108.0))  # the top point's marker inside
+
+
+@pytest.mark.parametrize(
+    ("delays_ms", "delay"), [((0.0,), "0"), ((20.0,), "20")], ids=["fault-free", "one-delay"]
+)
+def test_a_report_with_one_delay_draws_no_time_per_step_vs_delay_plot_and_says_why(
+    tmp_path: Path, delays_ms: tuple[float, ...], delay: str
+) -> None:
+    """One delay drew single dots with no line, on an axis from -0.04 to 0.04 ms when it
+    was 0; an earlier report's plot in the directory goes too."""
+    spec = dataclasses.replace(default_experiment(), systems=("1f1b", "zb"), delays_ms=delays_ms)
+    run_dir = run_experiment(spec, tmp_path / "r")
+    report = (run_dir / "report.md").read_text()
+    assert "iteration_time_vs_delay.png" not in report
+    assert not (run_dir / "iteration_time_vs_delay.png").exists()
+    assert (
+        "No plot of time per step vs delay: it needs two delays, and every configuration "
+        f"without a fault timeline ran at {delay} ms."
+    ) in report
+    assert "](slowdown.png)" not in report  # no fault-free baseline, or no fault
+    assert "](gantt_1f1b.png)" in report and "](gantt_zb.png)" in report
+    (run_dir / "iteration_time_vs_delay.png").write_bytes(b"an earlier report's")
+    main(["report", str(run_dir)])
+    assert not (run_dir / "iteration_time_vs_delay.png").exists()
+    assert not harness.plots.plot_iteration_time_vs_delay(
+        [{"delay_ms": "20.0"}, {"delay_ms": "20"}], tmp_path / "t.png"
+    )
+    assert not (tmp_path / "t.png").exists()
 
 
 def test_a_repeated_experiment_s_table_has_a_row_per_repeat_told_apart(tmp_path: Path) -> None:
