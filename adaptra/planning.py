@@ -2,7 +2,8 @@
 
 Algorithm 2 as printed clips each slackness on its own and can ask for x_0 > N; ours keeps
 every x_i <= N (and <= the memory limit), every Delta_i >= 1 where that is possible, and says
-which links got less slackness than they asked for.
+which links got less slackness than they asked for. Where stage i+1 has no F or B time, the
+printed request divides by 0: see _requested_slackness.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class WarmupPlan:
     requested_slackness: tuple[int, ...]
     """Delta_i each link asked for (link i joins stage i and i+1)."""
     under_protected: tuple[int, ...]
-    """Links whose slackness is below the request because x_0 hit its cap."""
+    """Links whose slackness is below the request because x_0 hit its cap (a delayed link into
+    a stage with no F or B time, which no slackness protects by Eq. (1), asks for all that
+    x_0's cap leaves it)."""
 
     @property
     def slackness(self) -> tuple[int, ...]:
@@ -55,30 +58,42 @@ def _warmup_from(slackness: list[int]) -> tuple[int, ...]:
     return tuple(reversed(warmup))
 
 
-def _requested_slackness(profile: Profile) -> list[int]:
-    """Algorithm 2's per-link request, max(ceil((tF_i + tB_i + 2c_i) / (tF_i+1 + tB_i+1)), 2)."""
-    requests = []
+def _requested_slackness(profile: Profile) -> list[int | None]:
+    """Algorithm 2's per-link request, max(ceil((tF_i + tB_i + 2c_i) / (tF_i+1 + tB_i+1)), 2).
+
+    Where stage i+1's tF + tB is 0, Eq. (1) weighs nothing against the link: without a delay
+    on it the request is the floor, 2 (nothing to absorb); with one, no slackness meets
+    Eq. (1), and the request is None: as much as the other links leave it."""
+    requests: list[int | None] = []
     for i in range(profile.num_stages - 1):
         numerator = profile.t_f_ms[i] + profile.t_b_ms[i] + 2 * profile.delay_ms[i]
         denominator = profile.t_f_ms[i + 1] + profile.t_b_ms[i + 1]
-        ratio = math.inf if denominator == 0 else numerator / denominator
-        requests.append(max(2, math.ceil(ratio - 1e-9) if math.isfinite(ratio) else 2 + 10**6))
+        if denominator > 0:
+            requests.append(max(2, math.ceil(numerator / denominator - 1e-9)))
+        else:
+            requests.append(None if profile.delay_ms[i] > 0 else 2)
     return requests
 
 
-def _fit(requests: list[int], budget: int, delays: tuple[float, ...]) -> list[int]:
-    """Slackness with sum <= budget: 1 per link first, then units to the largest deficits."""
+def _fit(
+    requests: list[int], unbounded: list[bool], budget: int, delays: tuple[float, ...]
+) -> list[int]:
+    """Slackness with sum <= budget: 1 per link first, then units to the largest deficits,
+    those of the links Eq. (1) can be met on (not `unbounded`) first, then the larger delay's."""
     num_links = len(requests)
     if sum(requests) <= budget:
         return list(requests)
     given = [1 if budget >= num_links else 0] * num_links  # never below 0, whatever the budget
     spare = budget - sum(given)
     while spare > 0:
-        deficits = [(requests[i] - given[i], delays[i], -i) for i in range(num_links)]
-        deficit, _, neg_idx = max(deficits)
-        if deficit <= 0:
+        short = [
+            (not unbounded[i], requests[i] - given[i], delays[i], -i)
+            for i in range(num_links)
+            if given[i] < requests[i]
+        ]
+        if not short:
             break
-        given[-neg_idx] += 1
+        given[-max(short)[3]] += 1
         spare -= 1
     return given
 
@@ -97,8 +112,11 @@ def algorithm2(profile: Profile, x_cap: int | None = None) -> WarmupPlan:
     cap = cap if x_cap is None else min(cap, x_cap)
     if num_stages == 1:
         return WarmupPlan((min(cap, 1),), (), ())
-    requests = _requested_slackness(profile)
-    slackness = _fit(requests, cap - 1, profile.delay_ms)
+    asked = _requested_slackness(profile)
+    unbounded = [request is None for request in asked]
+    most = max(2, cap - 1 - (num_stages - 2))  # x_0's cap less 1 for every other link
+    requests = [most if request is None else request for request in asked]
+    slackness = _fit(requests, unbounded, cap - 1, profile.delay_ms)
     under = tuple(i for i in range(num_stages - 1) if slackness[i] < requests[i])
     return WarmupPlan(_warmup_from(slackness), tuple(requests), under)
 

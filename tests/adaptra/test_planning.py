@@ -46,6 +46,50 @@ def test_algorithm2_with_n_at_most_2s_protects_the_slow_link_first() -> None:
     assert plan.slackness == (3, 1, 1)
 
 
+def test_algorithm2_asks_the_floor_of_a_link_into_a_stage_with_no_time_and_no_delay() -> None:
+    """0/0 asked for 1,000,002: both links of an all-zero profile were under-protected though
+    Eq. (1) holds with Delta = 2."""
+    plan = algorithm2(Profile.uniform(3, 6, 0, 0, 0))
+    assert plan.requested_slackness == (2, 2)
+    assert plan.warmup == (5, 3, 1)
+    assert plan.under_protected == ()
+
+
+def test_a_link_into_a_stage_with_no_time_does_not_take_a_slow_link_s_slackness() -> None:
+    """The no-delay link into a zero-time last stage asked for 1,000,002 and took the budget:
+    x = (9, 8, 1), slackness (1, 7), the 30 ms link 1 of the 4 it asked for."""
+    profile = Profile(
+        num_stages=3,
+        num_microbatches=9,
+        t_f_ms=(10, 10, 0),
+        t_b_ms=(10, 10, 0),
+        t_w_ms=(10, 10, 10),
+        delay_ms=(30.0, 0.0),
+    )
+    plan = algorithm2(profile)
+    assert plan.requested_slackness == (4, 2)  # ceil((10 + 10 + 60) / 20)
+    assert plan.warmup == (7, 3, 1)
+    assert plan.under_protected == ()
+
+
+def test_a_delayed_link_into_a_stage_with_no_time_gets_what_the_others_leave() -> None:
+    """No slackness meets Eq. (1) there: it asks for all x_0's cap leaves it (8 - 1 - 1 = 6)
+    and gets it after link 0's request of 3 is met."""
+    profile = Profile(
+        num_stages=3,
+        num_microbatches=8,
+        t_f_ms=(10, 10, 0),
+        t_b_ms=(10, 10, 0),
+        t_w_ms=(10, 10, 10),
+        delay_ms=(20.0, 10.0),
+    )
+    plan = algorithm2(profile)
+    assert plan.requested_slackness == (3, 6)
+    assert plan.slackness == (3, 4)
+    assert plan.warmup == (8, 5, 1)
+    assert plan.under_protected == (1,)
+
+
 @pytest.mark.parametrize("x_cap", [0, -3])
 def test_algorithm2_refuses_a_cap_below_one(x_cap: int) -> None:
     # It returned warm-ups (0, -1, 0, 1) for x_cap 0.
