@@ -6,12 +6,19 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from pipeline.errors import ConfigError
 from pipeline.generator import Chooser, StageState, generate
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["Policy", "algorithm3_chooser", "generate_policy", "generate_schedule"]
+__all__ = [
+    "Policy",
+    "algorithm3_chooser",
+    "check_policy",
+    "generate_policy",
+    "generate_schedule",
+]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -69,8 +76,36 @@ def generate_schedule(
     return generate_policy(profile, policy)
 
 
+def check_policy(profile: Profile, policy: Policy) -> None:
+    """A ConfigError unless the policy has a warm-up count and a cap per stage and every
+    warm-up count x_i is within 1 <= x_i <= min(N, floor(mem_limit)): a stage runs only
+    forwards until x_i have started, so more than N, or than memory holds, never end."""
+    num_stages = profile.num_stages
+    for name, values in (("warm-up counts", policy.warmup), ("caps", policy.in_flight_caps)):
+        if len(values) != num_stages:
+            raise ConfigError(
+                f"the policy has {len(values)} {name} for the profile's {num_stages} stages"
+            )
+    num_microbatches = profile.num_microbatches
+    for stage_idx, x in enumerate(policy.warmup):
+        if x < 1:
+            bound = "every stage starts with a forward: x_i >= 1"
+        elif x > num_microbatches:
+            bound = f"above the {num_microbatches} microbatches (x_i <= N)"
+        elif profile.mem_limit is not None and x > math.floor(profile.mem_limit):
+            bound = (
+                f"above the memory limit of {profile.mem_limit:g} microbatches of activations "
+                f"(x_i <= floor(mem_limit) = {math.floor(profile.mem_limit)})"
+            )
+        else:
+            continue
+        raise ConfigError(f"stage {stage_idx}'s warm-up count is {x}: {bound}")
+
+
 def generate_policy(profile: Profile, policy: Policy) -> Schedule:
-    """Algorithm 4 with per-stage warm-up counts and in-flight caps."""
+    """Algorithm 4 with per-stage warm-up counts and in-flight caps; a ConfigError for a
+    policy `check_policy` refuses."""
+    check_policy(profile, policy)
     choosers = [
         algorithm3_chooser(x, k, profile.mem_limit)
         for x, k in zip(policy.warmup, policy.in_flight_caps, strict=True)

@@ -17,7 +17,7 @@ import dataclasses
 import heapq
 import math
 
-from adaptra.generator import Policy
+from adaptra.generator import Policy, check_policy
 from pipeline.errors import ScheduleError
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -58,8 +58,10 @@ class PolicyTiming:
 def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
     """Time the schedule `generate_policy(profile, policy)` builds, without building it.
 
-    The event loop is long because it is the search's inner loop (no calls per op).
+    The event loop is long because it is the search's inner loop (no calls per op). A
+    ConfigError for a policy `check_policy` refuses, as `generate_policy` gives.
     """
+    check_policy(profile, policy)
     num_stages, num_microbatches = profile.num_stages, profile.num_microbatches
     last = num_stages - 1
     t_f, t_b, t_w = profile.t_f_ms, profile.t_b_ms, profile.t_w_ms

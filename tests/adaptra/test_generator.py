@@ -4,7 +4,8 @@ from hypothesis import strategies as st
 
 from adaptra.generator import Policy, generate_policy, generate_schedule
 from adaptra.planning import algorithm1
-from pipeline.errors import ScheduleError
+from adaptra.policy_timing import time_policy
+from pipeline.errors import ConfigError, ScheduleError
 from pipeline.generator import generate
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -69,3 +70,25 @@ def test_a_chooser_that_never_chooses_is_reported() -> None:
         generate(profile, [lambda state: None, lambda state: None])
     with pytest.raises(ScheduleError, match="stage 0: chooser picked B but none is ready"):
         generate(profile, [lambda state: OpKind.B, lambda state: None])
+
+
+@pytest.mark.parametrize(
+    ("mem_limit", "warmup", "message"),
+    [
+        (None, (5, 1), r"stage 0's warm-up count is 5: above the 4 microbatches \(x_i <= N\)$"),
+        (2.5, (1, 3), r"stage 1's warm-up count is 3: above the memory limit of 2\.5 .*= 2\)$"),
+        (None, (0, 1), r"stage 0's warm-up count is 0: every stage starts with a forward"),
+    ],
+)
+def test_a_warmup_count_no_stage_can_reach_is_refused_alike_by_both_engines(
+    mem_limit: float | None, warmup: tuple[int, ...], message: str
+) -> None:
+    """Above N or floor(mem_limit) the chooser waits for forwards that never come: the
+    generator said only "generation stalled ... at stage 0 after 4 ops"."""
+    profile = Profile.uniform(2, 4, 10, 10, 10, mem_limit=mem_limit)
+    with pytest.raises(ConfigError, match=message):
+        generate_schedule(profile, warmup)
+    with pytest.raises(ConfigError, match=message):  # the fast engine alike
+        time_policy(profile, Policy.uncapped(warmup))
+    with pytest.raises(ConfigError, match="the policy has 1 caps for the profile's 2 stages"):
+        time_policy(profile, Policy((1, 1), (None,)))

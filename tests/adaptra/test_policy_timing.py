@@ -16,8 +16,9 @@ from tests.strategies import profiles
 @st.composite
 def policies(draw: st.DrawFn, profile: Profile) -> Policy:
     n = profile.num_microbatches
+    x_max = n if profile.mem_limit is None else min(n, math.floor(profile.mem_limit))
     warmup = draw(
-        st.lists(st.integers(1, n), min_size=profile.num_stages, max_size=profile.num_stages)
+        st.lists(st.integers(1, x_max), min_size=profile.num_stages, max_size=profile.num_stages)
     )
     caps = draw(
         st.lists(
