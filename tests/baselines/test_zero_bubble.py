@@ -9,6 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from adaptra.bounds import iteration_lower_bound_ms
 from baselines import one_f_one_b, zb_h1, zb_h2
 from pipeline.errors import MemoryLimitError
 from pipeline.metrics import compute_metrics
@@ -70,11 +71,30 @@ def test_formulas_at_fixed_points(num_stages: int, num_microbatches: int) -> Non
     assert span["zb_h2"] == num_microbatches * 27 + (num_stages - 1) * 12
 
 
+@given(uniform_cases(min_microbatches_per_stage=2))
+def test_the_iteration_s_bubble_is_never_below_the_last_stage_s_wait(profile: Profile) -> None:
+    """Within one iteration ZB-H2 is not zero-bubble (its docstring said it was when
+    tF + tB = 2tW): the last stage's first F waits (S-1) tF, as the lower bound says."""
+    s, n = profile.num_stages, profile.num_microbatches
+    assume(n >= 2 * s - 1)
+    t_f, t_b, t_w = profile.t_f_ms[0], profile.t_b_ms[0], profile.t_w_ms[0]
+    work = n * (t_f + t_b + t_w)
+    bubble = {
+        b.__name__: compute_metrics(simulate(b(profile), profile)).iteration_time_ms - work
+        for b in (zb_h1, zb_h2)
+    }
+    assert bubble["zb_h1"] == (s - 1) * max(t_f, t_b, t_f + t_b - t_w)
+    assert bubble["zb_h2"] == (s - 1) * max(t_f, t_b - t_f, t_f + t_b - 2 * t_w)
+    assert bubble["zb_h2"] >= iteration_lower_bound_ms(profile) - work >= (s - 1) * t_f
+
+
 def test_zb_h2_on_the_fig4_profile_takes_390_ms(fig4_fixture: dict) -> None:
     profile = Profile.from_dict(fig4_fixture["profile"])
     metrics = compute_metrics(simulate(zb_h2(profile), profile))
     assert metrics.iteration_time_ms == 390.0
     assert metrics.max_stage_span_ms == 360.0  # zero bubble, plus (S-1) tF of warm-up offset
+    h1 = compute_metrics(simulate(zb_h1(profile), profile)).iteration_time_ms
+    assert h1 == 390.0  # the same iteration: 30 ms of bubble in both
 
 
 def test_memory_limit_is_refused_with_a_clear_error() -> None:
