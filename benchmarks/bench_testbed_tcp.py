@@ -30,6 +30,10 @@ from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
 
 SIZES = {"4 KiB": 4096, "64 KiB": 65536, "1 MiB": 1 << 20}
+ONSET_ITERATIONS = (2, 6)
+"""`onset`'s fault: from this measured iteration to before that one"""
+MIN_ITERATIONS = ONSET_ITERATIONS[0] + 1
+"""With fewer, `onset` has no slow iteration to estimate the delay in"""
 
 
 @contextmanager
@@ -49,8 +53,9 @@ def estimates(message_bytes: int, scenario: str, num_iterations: int) -> list[fl
     if scenario == "steady":
         profile = profile.with_delays((0.0, 30.0, 0.0))
     else:
+        start, end = ONSET_ITERATIONS
         faults = parse_yaml(
-            '[{start_iteration: 2, end_iteration: 6, links: ["1-2"], delay_ms: 30}]'
+            f'[{{start_iteration: {start}, end_iteration: {end}, links: ["1-2"], delay_ms: 30}}]'
         )
     result = run_configuration(
         system_controller("adaptra", profile, faults, link_terms=TESTBED_LINK_TERMS),
@@ -67,6 +72,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=8)
     args = parser.parse_args()
+    if args.iterations < MIN_ITERATIONS:
+        parser.error(
+            f"--iterations must be at least {MIN_ITERATIONS}: the onset scenario's fault starts "
+            f"at measured iteration {ONSET_ITERATIONS[0]}, got {args.iterations}"
+        )
     print(
         "| TCP | message | scenario | estimates of 30 ms, per slow iteration (ms) | median | max |"
     )
