@@ -1,6 +1,7 @@
 """Resilience curves: iteration time against the delay on one link, per system (sim).
 
-Run: python benchmarks/bench_resilience.py [--out results/resilience]
+Run: python benchmarks/bench_resilience.py [--out DIR] (default: the repository's
+results/resilience, wherever it is run from)
 
 docs/design.md's systems: `1f1b` (1F1B over direct), `zb` (the fault-free ZB order over direct),
 `adaptra-cpu` (that ZB order over delegated), `adaptra` (Adaptra's order, planned for the
@@ -22,6 +23,7 @@ from pipeline.profile import Profile
 from pipeline.simulator import CommMode, simulate
 
 DELAYS_MS = tuple(range(0, 61, 10))
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "resilience"
 
 
 def _systems(profile: Profile) -> dict[str, float]:
@@ -41,7 +43,13 @@ def _systems(profile: Profile) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", type=Path, default=Path("results/resilience"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="Folder for resilience.csv and the PNGs (default: the repository's "
+        "results/resilience).",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     all_rows: list[dict[str, object]] = []

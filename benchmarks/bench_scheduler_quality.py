@@ -1,6 +1,7 @@
 """Adaptra's schedule quality and speed against the proven optimum (CP-SAT).
 
 Run: python benchmarks/bench_scheduler_quality.py [--seeds 5] [--search-ops N] [--out quality.csv]
+(default --out: the repository's results/scheduler_quality.csv, wherever it is run from)
 
 Three sets of profiles:
 - the paper's grid (Fig. 19): (S, N) in {(3,6), (4,12), (6,18), (8,32)}, every op time
@@ -34,6 +35,8 @@ from adaptra.scheduler import DEFAULT_SEARCH_OPS, plan_adaptra
 from harness.results import write_csv_atomic
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "scheduler_quality.csv"
 
 
 def paper_grid(num_seeds: int) -> list[tuple[str, Profile]]:
@@ -171,7 +174,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--time-limit", type=float, default=30.0)
-    parser.add_argument("--out", type=Path, default=Path("results/scheduler_quality.csv"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="The per-profile CSV (default: the repository's results/scheduler_quality.csv).",
+    )
     parser.add_argument("--from-csv", type=Path, help="Only summarise an earlier run's CSV.")
     parser.add_argument(
         "--search-ops", type=int, default=DEFAULT_SEARCH_OPS, help="The search's ops budget."
