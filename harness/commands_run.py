@@ -339,9 +339,10 @@ def report(run_dir: str) -> None:
     if not (path / "spec.json").is_file():  # before the hold, whose lock file would stay
         raise ConfigError(f"{path} is not a run directory: it has no spec.json")
     with run_dir_held(path, advice="report it once that run has ended", shared=True):
+        record = read_spec_record(path)  # its errors name the file
         try:
-            spec = spec_from_record(read_spec_record(path))
-        except TypeError as err:  # a field of the wrong type
+            spec = spec_from_record(record)
+        except (ConfigError, TypeError) as err:  # a field of the wrong type or value
             raise ConfigError(f"{path / 'spec.json'}: {err}") from err
         runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)
         if not runs:

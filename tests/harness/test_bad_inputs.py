@@ -702,6 +702,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["report", "out/s"],
         "out/s is not a run directory: it has no spec.json",
     ),
+    (
+        "report a spec.json field of the wrong type",
+        {"@": "a string count in spec.json"},
+        ["report", "out/s"],
+        "error: out/s/spec.json: num_iterations must be an integer, got '5'",
+    ),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
     ("compare missing", {}, COMPARE, "'a.csv' does not exist"),
@@ -851,6 +857,9 @@ def _damage(root: Path, how: str) -> None:
         steps.write_text("\n".join([header, first, first, *rest]) + "\n")
     elif how == "garbage spec.json":
         record.write_text("{garb")
+    elif how == "a string count in spec.json":
+        data = json.loads(record.read_text())
+        record.write_text(json.dumps({**data, "spec": {**data["spec"], "num_iterations": "5"}}))
     elif how == "schema 999":
         record.write_text(json.dumps({**json.loads(record.read_text()), "schema_version": 999}))
     elif how == "other spec":
