@@ -83,9 +83,29 @@ def run_experiment(
     progress: Callable[[str], None] = logger.info,
 ) -> Path:
     """Run every configuration not already in `run_dir` (resume), writing files atomically;
-    the run holds `run_dir` (a second run of it refuses)."""
+    the run holds `run_dir` (a second run of it refuses). A run that ends before it wrote
+    anything leaves no folder behind where `run_dir` was absent or empty (but for a `.lock`)
+    before it."""
+    fresh = not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {".lock"}
     with run_dir_held(run_dir):
-        return _run_experiment(spec, run_dir, progress)
+        try:
+            return _run_experiment(spec, run_dir, progress)
+        except BaseException:
+            if fresh:
+                _remove_if_unstarted(run_dir)
+            raise
+
+
+def _remove_if_unstarted(run_dir: Path) -> None:
+    """`run_dir` removed where it holds nothing but its `.lock` (a run that ended before its
+    first file), with the lock still held: a run waiting for it makes the folder again
+    (`run_dir_held`)."""
+    try:
+        if [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()
+            run_dir.rmdir()
+    except OSError:  # not ours to remove after all: the folder stays
+        pass
 
 
 def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str], None]) -> Path:

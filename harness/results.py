@@ -178,23 +178,32 @@ def run_dir_held(
     racing it, with `advice` after saying who holds it. `shared`: a reader's (a report's),
     which other readers may hold too (and `compare`'s probe passes) and no run. A lock held
     by someone else is tried again for `_PROBE_WAIT_S` first: it may be `run_dir_holder`'s
-    probe."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    probe. A lock its holder removed as it let go (a run that wrote nothing removes its
+    folder: harness.experiment) is not held: the folder and the lock are made again."""
+    deadline = time.monotonic() + _PROBE_WAIT_S
+    while True:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # the folder removed by its holder as it let go?
+            if time.monotonic() < deadline:
+                continue
+            raise
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if time.monotonic() < deadline:
+                time.sleep(0.01)
+                continue
+            raise ConfigError(
+                f"{run_dir} is in use by another run or report (pid {holder}); {advice}"
+            ) from None
+        if os.fstat(fd).st_nlink:
+            break
+        os.close(fd)  # removed by the holder it waited for
     try:
-        deadline = time.monotonic() + _PROBE_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.01)
-                    continue
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                raise ConfigError(
-                    f"{run_dir} is in use by another run or report (pid {holder}); {advice}"
-                ) from None
         os.ftruncate(fd, 0)  # the latest holder's pid: the one a refusal names
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield

@@ -129,6 +129,12 @@ def _link(value: Any, target: Target) -> Link:
 
 _DEFAULT_LINK_SETS: tuple[tuple[Any, ...], ...] = (("0-1",),)
 
+MAX_REPEATS = 1000
+"""The most runs of each configuration a spec takes (`num_repeats`)."""
+MAX_CONFIGURATIONS = 100_000
+"""The most configurations a spec has, repeats included (models x systems x scenarios x
+`num_repeats`): a run builds them all, and their runs.csv rows, before its first."""
+
 
 def _check_unique(name: str, values: Sequence[Hashable]) -> None:
     """A spec lists each system, delay, model and link set once: a repeat would run the same
@@ -309,6 +315,7 @@ class ExperimentSpec:
         targets = self.targets()
         _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
+        num_configurations = 0
         for target in targets:
             check_label(target.label, "model name")
             if self.backend == "sim" and target.profile.has_dp_step:  # before any work
@@ -325,6 +332,12 @@ class ExperimentSpec:
                 )
             scenarios = self.scenarios(target)
             _check_scenario_names(scenarios)
+            num_configurations += len(scenarios) * len(self.systems) * self.num_repeats
+            if num_configurations > MAX_CONFIGURATIONS:
+                raise ConfigError(
+                    f"the spec has more than {MAX_CONFIGURATIONS:,} configurations (models x "
+                    "systems x scenarios x num_repeats); split it into several"
+                )
             if self.backend != "sim":  # before any work: a runtime's workers would time out
                 for scenario in scenarios:
                     self._check_hold(target, scenario)
@@ -372,7 +385,7 @@ class ExperimentSpec:
         for name, minimum, maximum in (
             ("num_iterations", 1, MAX_ITERATIONS),
             ("num_warmup_iterations", 0, MAX_ITERATIONS),
-            ("num_repeats", 1, None),
+            ("num_repeats", 1, MAX_REPEATS),
             ("seed", 0, MAX_SEED),
             ("checkpoint_every", 1, None),
         ):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.experiment import run_experiment
+from harness.experiment import new_run_dir, run_experiment
 from harness.results import (
     ITERATIONS_COLUMNS,
     MESSAGES_COLUMNS,
@@ -113,6 +113,32 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
     assert sorted(again, key=key) == sorted(messages, key=key)
     assert {p.name: p.read_text() for p in (run_dir / "timelines").iterdir()} == timelines
     assert not list(run_dir.glob(".*.tmp"))
+
+
+def test_a_run_that_fails_before_its_first_file_leaves_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec of 10^9 repeats ran out of memory building its configurations and left its
+    new run directory behind holding only `.lock`, one per attempt."""
+    spec = ExperimentSpec(
+        name="t", models=("m",), profile=Profile.uniform(2, 4, 1, 1, 1), systems=("1f1b",)
+    )
+
+    def out_of_memory(self: ExperimentSpec) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(ExperimentSpec, "configurations", out_of_memory)
+    made = new_run_dir(tmp_path / "out", "t")  # what `run --spec` makes
+    for run_dir in (made, tmp_path / "out" / "named"):  # and what `--run-id named` does
+        with pytest.raises(MemoryError):
+            run_experiment(spec, run_dir)
+        assert not run_dir.exists()
+    kept = tmp_path / "out" / "kept"
+    (kept / "notes.txt").parent.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    with pytest.raises(MemoryError):
+        run_experiment(spec, kept)  # a folder that held something before stays
+    assert sorted(p.name for p in kept.iterdir()) == [".lock", "notes.txt"]
 
 
 def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
@@ -255,6 +281,11 @@ def test_a_resume_keeps_the_first_git_revision_and_records_later_ones(
         ({"num_iterations": 0}, "num_iterations must be in 1..100000, got 0"),
         ({"num_iterations": 2.5}, "num_iterations must be an integer, got 2.5"),
         ({"num_repeats": True}, "num_repeats must be an integer, got True"),
+        ({"num_repeats": 1_000_000_000}, "num_repeats must be in 1..1000, got 1000000000"),
+        (
+            {"num_repeats": 1000, "delays_ms": tuple(range(101))},  # 101 x 1000 of them
+            "the spec has more than 100,000 configurations",
+        ),
         ({"seed": "x"}, "seed must be an integer"),
         ({"restart_ms": "5"}, "restart_ms must be a number"),
         ({"transport_timeout_s": None}, "transport_timeout_s must be a number"),

@@ -112,6 +112,28 @@ def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
         pass
 
 
+def test_a_hold_whose_lock_its_holder_removed_makes_the_folder_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that wrote nothing removes its folder and `.lock` as it lets go: a run that
+    opened that `.lock` while waiting for it must not hold a removed file (two runs would
+    then hold the same folder, one of them writing into nothing)."""
+    run_dir = tmp_path / "r1"
+    real_flock, removed = results.fcntl.flock, []
+
+    def holder_let_go(fd: int, operation: int) -> None:
+        if not removed:  # the holder removed the folder just before it let go
+            removed.append(True)
+            (run_dir / ".lock").unlink()
+            run_dir.rmdir()
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(results.fcntl, "flock", holder_let_go)
+    with run_dir_held(run_dir):
+        assert (run_dir / ".lock").read_text() == f"{os.getpid()}\n"
+        assert run_dir_holder(run_dir) == str(os.getpid())
+
+
 def test_a_hold_waits_out_a_probe_and_readers_share_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
