@@ -128,15 +128,18 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         _check_same_experiment(run_dir, previous, spec_record)
         spec_record.update(_revisions(previous, revision))
         spec_record["run_id"] = _first_run_id(run_dir, previous, progress)
+    else:
+        _check_no_results(run_dir)
     run_id = spec_record["run_id"]
+    keys = [config.key for config in configs]
     runs: list[dict[str, Any]] = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    _check_rows_are_this_run(run_dir, runs, run_id, set(keys))
     done = {_row_key(r) for r in runs}
     # runs.csv is written last (after messages.csv, the timeline and iterations.csv): what
     # another file holds of a configuration it lacks is stale.
     saved = read_iterations(run_dir, runs)  # each configuration in runs.csv has its rows
     iterations = [r for r in saved if _row_key(r) in done]
     write_json_atomic(spec_path, spec_record)
-    keys = [config.key for config in configs]
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = memoised_planner()
     weights = [
@@ -242,6 +245,41 @@ def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict
     raise ConfigError(
         f"{run_dir} holds a different experiment ({', '.join(changed)} changed); pick a new run id"
     )
+
+
+_RESULTS = ("runs.csv", "iterations.csv", "messages.csv", "timelines")
+"""What a run writes after spec.json: a directory holding any of them but no spec.json holds
+no run of this experiment (copied or left there by something else)."""
+
+
+def _check_no_results(run_dir: Path) -> None:
+    """A ConfigError if `run_dir`, without a spec.json, holds results (`_RESULTS`): a run
+    writes spec.json before its first result, so they are not its own to resume."""
+    found = [name for name in _RESULTS if (run_dir / name).exists()]
+    if found:
+        raise ConfigError(
+            f"{run_dir} has {', '.join(found)} but no spec.json: not a run directory of this "
+            "experiment (a run writes spec.json first); pick a new run id"
+        )
+
+
+def _check_rows_are_this_run(
+    run_dir: Path, runs: list[dict[str, Any]], run_id: str, keys: set[ConfigurationKey]
+) -> None:
+    """A ConfigError if a row of runs.csv is of another run (its run_id) or of a
+    configuration the spec lacks (`keys`): a resume would count it as done and report it."""
+    path = run_dir / "runs.csv"
+    for number, row in enumerate(runs, start=2):  # line 1 is the header
+        name = f"{row['model']} {row['system']} {row['scenario']} (repeat {row['repeat']})"
+        if row["run_id"] != run_id:
+            raise ConfigError(
+                f"{path} line {number} ({name}) is of run {row['run_id']!r}, not this run's "
+                f"{run_id!r}: damaged?"
+            )
+        if _row_key(row) not in keys:
+            raise ConfigError(
+                f"{path} line {number} ({name}) is not a configuration of the experiment: damaged?"
+            )
 
 
 def _without_folders(spec: dict[str, Any]) -> dict[str, Any]:

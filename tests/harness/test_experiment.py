@@ -141,6 +141,51 @@ def test_a_run_that_fails_before_its_first_file_leaves_no_folder(
     assert sorted(p.name for p in kept.iterdir()) == [".lock", "notes.txt"]
 
 
+def test_a_resume_refuses_results_that_are_not_this_run_s(tmp_path: Path) -> None:
+    """A folder holding another run's runs.csv and iterations.csv, but no spec.json, was
+    resumed: nothing ran, exit 0, and report.md mixed the other experiment's rows in."""
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("1f1b",),
+        delays_ms=(0.0, 5.0),
+        num_iterations=2,
+    )
+    other = run_experiment(spec, tmp_path / "other")
+    copied = tmp_path / "out" / "m"
+    copied.mkdir(parents=True)
+    for name in ("runs.csv", "iterations.csv"):
+        shutil.copy(other / name, copied / name)
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(spec, copied)
+    assert str(refused.value) == (
+        f"{copied} has runs.csv, iterations.csv but no spec.json: not a run directory of "
+        "this experiment (a run writes spec.json first); pick a new run id"
+    )
+    assert sorted(p.name for p in copied.iterdir()) == [".lock", "iterations.csv", "runs.csv"]
+    # With a spec.json of its own, rows of another run id are not its own either ...
+    mine = run_experiment(spec, tmp_path / "mine")
+    for name in ("runs.csv", "iterations.csv"):
+        shutil.copy(other / name, mine / name)
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(spec, mine)
+    assert str(refused.value) == (
+        f"{mine / 'runs.csv'} line 2 (m 1f1b fault-free (repeat 0)) is of run 'other', not "
+        "this run's 'mine': damaged?"
+    )
+    # ... nor rows of a configuration the spec lacks.
+    for name in ("runs.csv", "iterations.csv"):
+        text = (other / name).read_text().replace("other", "mine").replace("@5ms", "@7ms")
+        (mine / name).write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(spec, mine)
+    assert str(refused.value) == (
+        f"{mine / 'runs.csv'} line 3 (m 1f1b 0-1@7ms (repeat 0)) is not a configuration of "
+        "the experiment: damaged?"
+    )
+
+
 def test_resuming_with_another_spec_is_refused(tmp_path: Path) -> None:
     spec = default_experiment()
     run_dir = tmp_path / "run"
