@@ -23,7 +23,7 @@ from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.allreduce import check_ring_messages
 from pipeline.checks import MAX_SEED, check_count, check_ms, is_number
-from pipeline.cost_model import ModelCost, model_cost, resolve_hardware, resolve_model
+from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
@@ -157,9 +157,20 @@ def _refuse_with_faults(given: Sequence[str]) -> None:
 
 def _check_model_labels(targets: Sequence[Target]) -> None:
     """Each model once, under a label of its own (its configurations' name in the results):
-    a changed copy is labelled "<base>-custom" unless its mapping gives a `name`."""
+    a changed copy is labelled "<base>-custom" unless its mapping gives a `name`, and a copy
+    that changes nothing but its label is the model again (it would run the same twice)."""
     first: dict[str, int] = {}
+    by_model: dict[GPTModel, int] = {}
     for i, target in enumerate(targets):
+        if target.cost is not None:
+            model = target.cost.model  # what it runs, whatever its name says
+            same = dataclasses.replace(model, name="", num_microbatches=model.microbatches)
+            j = by_model.setdefault(same, i)
+            if j != i and targets[j].label != target.label:
+                raise ConfigError(
+                    f"models[{i}] ({target.label}) is models[{j}] ({targets[j].label}) under "
+                    "another name; list each model once"
+                )
         j = first.setdefault(target.label, i)
         if j == i:
             continue
@@ -460,7 +471,15 @@ class ExperimentSpec:
         for i, link_set in enumerate(self.link_sets if needed else ()):
             if not link_set:
                 raise ConfigError(f"link_sets[{i}] is empty: a link set names the links to slow")
-            link_sets.append(tuple(_link(link, target) for link in link_set))
+            links = tuple(_link(link, target) for link in link_set)
+            for j, link in enumerate(links):
+                k = links.index(link)
+                if k != j:  # "0-1,0-1@5ms" slows the link once, under another name
+                    raise ConfigError(
+                        f"link_sets[{i}][{j}] ({link_set[j]!r}) repeats link {link} "
+                        f"(link_sets[{i}][{k}], {link_set[k]!r}); list each link once"
+                    )
+            link_sets.append(links)
         _check_unique("link_sets", [frozenset(links) for links in link_sets])
         for links in link_sets:
             scenarios += [Scenario(links, d) for d in slow]

@@ -79,13 +79,19 @@ class Link:
 
     @classmethod
     def from_spec(cls, value: Any, num_stages: int) -> Link:
-        """A spec's link: a name, a PP link index, or the sugar `first` / `last` (PP)."""
+        """A spec's link: a name, a PP link index (its upstream stage, >= 0), or the sugar
+        `first` / `last` (PP; a pipeline of one stage has neither)."""
         if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise ConfigError(
+                    f"link {value}: a PP link's index is its upstream stage (0 is link 0-1), "
+                    "never negative"
+                )
             return cls.pp(value)
-        if value == "first":
-            return cls.pp(0)
-        if value == "last":
-            return cls.pp(num_stages - 2)
+        if value in ("first", "last"):
+            if num_stages < 2:
+                raise ConfigError(f"link {value}: a pipeline of {num_stages} stage has no PP link")
+            return cls.pp(0 if value == "first" else num_stages - 2)
         return cls.parse(value)
 
     def __str__(self) -> str:

@@ -566,7 +566,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
                     "systems": ["1f1b"],
                     "models": [
                         {"base": "gpt2-7b", "name": "x:1"},
-                        {"base": "gpt2-7b", "name": "x-1"},
+                        {"base": "gpt2-7b", "name": "x-1", "dp": 2},
                     ],
                 }
             )

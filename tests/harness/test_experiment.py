@@ -309,6 +309,16 @@ def test_a_resume_keeps_the_first_git_revision_and_records_later_ones(
         ({"link_sets": ((3,),)}, "link 3-4 does not exist with 3 stages"),
         ({"link_sets": (("2-4",),)}, "must join neighbouring stages"),
         ({"link_sets": (("pp0:0-1",),)}, "slows a PP link in every replica"),
+        (
+            {"link_sets": (("0-1", "1-2", "0-1"),), "delays_ms": (5.0,)},
+            r"link_sets\[0\]\[2\] \('0-1'\) repeats link 0-1 \(link_sets\[0\]\[0\], '0-1'\); "
+            "list each link once",
+        ),
+        (
+            {"link_sets": (("first", 0),), "delays_ms": (5.0,)},
+            r"link_sets\[0\]\[1\] \(0\) repeats link 0-1 \(link_sets\[0\]\[0\], 'first'\)",
+        ),
+        ({"link_sets": ((-1,),)}, "link -1: a PP link's index is its upstream stage"),
         ({"models": ("gpt2-7b",), "profile": None, "link_sets": (("5-6",),)}, "does not exist"),
         ({"models": ({"base": "gpt2-140b", "pp": 2},), "profile": None}, "does not fit 2 stages"),
         ({"models": ({"base": "gpt2-7b", "pp": 5},), "profile": None}, "do not split evenly"),
@@ -396,6 +406,14 @@ def test_changed_copies_of_one_model_need_a_name_each_and_one_listed_twice_is_re
     with pytest.raises(ConfigError) as refused:
         ExperimentSpec(**base, models=(dp2, "gpt2-14b", dict(dp2)))
     assert str(refused.value) == "models[2] repeats models[0]; list each once"
+    # The same model under another label ran twice ([gpt2-7b, {base: gpt2-7b, dp: 1}]).
+    for copy in ({"base": "gpt2-7b", "dp": 1}, {"base": "gpt2-7b", "num_microbatches": 12}):
+        with pytest.raises(ConfigError) as refused:
+            ExperimentSpec(**base, models=("gpt2-7b", copy))
+        assert str(refused.value) == (
+            "models[1] (gpt2-7b-custom) is models[0] (gpt2-7b) under another name; list each "
+            "model once"
+        )
     named = ExperimentSpec(**base, models=(dp2, {**dp4, "name": "gpt2-7b-dp4"}))
     assert [(t.label, t.profile.num_replicas) for t in named.targets()] == [
         ("gpt2-7b-custom", 2),

@@ -50,6 +50,23 @@ def test_spec_sugar() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("value", "num_stages", "message"),
+    [
+        (-1, 4, "link -1: a PP link's index is its upstream stage (0 is link 0-1), never negative"),
+        ("last", 1, "link last: a pipeline of 1 stage has no PP link"),
+        ("first", 1, "link first: a pipeline of 1 stage has no PP link"),
+    ],
+)
+def test_spec_sugar_that_names_no_link_says_why(
+    value: object, num_stages: int, message: str
+) -> None:
+    """-1 was refused as "link -1-0: write the lower end first"."""
+    with pytest.raises(ConfigError) as refused:
+        Link.from_spec(value, num_stages)
+    assert str(refused.value) == message
+
+
 def test_default_placement_and_the_position_index() -> None:
     topology = Topology(4, 2)
     assert topology.index(Position(3, 1)) == 7
