@@ -554,7 +554,26 @@ class ExperimentSpec:
         for key in ("faults", "calibration"):
             if values.get(key) is not None and base_dir is not None:
                 values[key] = str((base_dir / str(values[key])).resolve())
-        return cls(**values, resolve_models=not recorded)
+        spec = cls(**values, resolve_models=not recorded)
+        if not recorded:  # spec.json writes every key, its defaults too
+            _refuse_what_changes_nothing(spec, values)
+        return spec
+
+
+def _refuse_what_changes_nothing(spec: ExperimentSpec, given: dict[str, Any]) -> None:
+    """A ConfigError for a key the spec file gives that its run would ignore, as `run`
+    refuses such an option (`--seed` without --faults or --backend megatron): a `seed` with
+    neither a fault timeline nor backend megatron, a `hardware` with a `profile`."""
+    if "seed" in given and spec.faults is None and spec.backend != "megatron":
+        raise ConfigError(
+            "seed seeds a fault timeline's draws (faults) and backend megatron's model: this "
+            "spec has neither, so it would change nothing"
+        )
+    if "hardware" in given and spec.profile is not None:
+        raise ConfigError(
+            "hardware is the cost model's: a spec with a profile, which gives the op times "
+            "and message sizes, takes none (it would change nothing)"
+        )
 
 
 _READ = frozenset({"faults_text", "calibration_costs"})

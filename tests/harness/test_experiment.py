@@ -370,6 +370,43 @@ def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
         ExperimentSpec(**{**base, **change})
 
 
+def test_a_spec_key_that_would_change_nothing_is_refused_as_run_s_option_is(
+    tmp_path: Path,
+) -> None:
+    """`seed: 5` without a fault timeline (sim) and `hardware: foo` with a profile ran, where
+    `run --seed 5` without --faults is refused."""
+    base = {
+        "name": "t",
+        "model": "m",
+        "profile": {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1},
+        "systems": ["1f1b"],
+    }
+    with pytest.raises(ConfigError) as refused:
+        ExperimentSpec.from_dict({**base, "seed": 5})
+    assert str(refused.value) == (
+        "seed seeds a fault timeline's draws (faults) and backend megatron's model: this spec "
+        "has neither, so it would change nothing"
+    )
+    with pytest.raises(ConfigError) as refused:
+        ExperimentSpec.from_dict({**base, "hardware": "foo"})
+    assert str(refused.value) == (
+        "hardware is the cost model's: a spec with a profile, which gives the op times and "
+        "message sizes, takes none (it would change nothing)"
+    )
+    (tmp_path / "f.yaml").write_text(
+        json.dumps([{"start_iteration": 0, "links": ["0-1"], "delay_ms": 5, "jitter_ms": 1}])
+    )
+    seeded = ExperimentSpec.from_dict({**base, "seed": 5, "faults": "f.yaml"}, tmp_path)
+    assert seeded.seed == 5
+    cost_model = {"name": "t", "models": ["gpt2-7b"], "systems": ["1f1b"]}
+    fast = ExperimentSpec.from_dict({**cost_model, "hardware": {"base": "h800-ib400"}})
+    assert fast.hardware == {"base": "h800-ib400"}
+    # spec.json writes every key: a recorded spec keeps its seed and hardware.
+    written = json.loads(json.dumps(default_experiment().to_dict()))
+    recorded = spec_from_record({"spec_version": 2, "spec": written})
+    assert (recorded.seed, recorded.hardware) == (0, "h800-ib400")
+
+
 def test_a_runtime_spec_refuses_a_delay_its_workers_would_time_out_on_before_any_work() -> None:
     """It was refused only when its configuration came up, after the others had run; raising
     transport_timeout_s then made a resume refuse the run directory (another experiment)."""
