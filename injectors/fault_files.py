@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
-from pipeline.checks import MAX_DURATION_MS
+from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS
 from pipeline.errors import ConfigError
 from pipeline.files import load_yaml, read_text
 from pipeline.topology import Link
@@ -39,8 +39,6 @@ _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?")
 """A decimal number as a file writes one (no `1_0`, no other scripts' digits, no nan)."""
 _PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
 _TARGETS = ("links", "hosts", "nic")
-MIN_BANDWIDTH_GBPS = 0.001
-"""The lowest bandwidth cap a fault takes: 1 Mbit/s (1 MiB in 8.4 s)."""
 _EFFECTS = ("delay_ms", "distribution", "bandwidth_gbps", "stall_ms", "down")
 _KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_EFFECTS)
 

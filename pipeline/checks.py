@@ -7,11 +7,22 @@ import math
 
 from pipeline.errors import ConfigError
 
-__all__ = ["MAX_DURATION_MS", "MAX_SEED", "check_count", "check_ms", "is_number"]
+__all__ = [
+    "MAX_DURATION_MS",
+    "MAX_SEED",
+    "MIN_BANDWIDTH_GBPS",
+    "check_count",
+    "check_ms",
+    "is_number",
+]
 
 MAX_DURATION_MS = 3_600_000.0
 """The longest op time, delay or stall an input may give: an hour (a delay longer than a
 collective's timeout, 10 minutes by default, is a failure, which inputs say as `down`)."""
+MIN_BANDWIDTH_GBPS = 0.001
+"""The lowest bandwidth an input may give, Gbit/s: 1 Mbit/s (1 MiB in 8.4 s; less is a
+failure, which inputs say as `down`). A fault timeline's cap and the cost model's hardware
+rates take no less."""
 MAX_SEED = 2**32 - 1
 """The largest seed a run takes (a spec's `seed`, `run --seed`): 32 bits, as numpy's."""
 

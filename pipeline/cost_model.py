@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline.checks import check_count
+from pipeline.checks import MIN_BANDWIDTH_GBPS, check_count, check_ms, is_number
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
@@ -123,14 +123,32 @@ class Hardware:
     with TP x DP = 1 had one GPU per node, the others a node per stage)."""
 
     def __post_init__(self) -> None:
-        rates = ("peak_tflops", "memory_gb", "hbm_gbps", "nvlink_gbps", "network_gbps", "copy_gbps")
-        for name in rates:
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"hardware {self.name}: {name} must be > 0")
-        if not self.link_latency_ms >= 0:
-            raise ConfigError(f"hardware {self.name}: link_latency_ms must be >= 0")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise ConfigError(f"hardware {self.name}: gpus_per_node must be an integer >= 1")
+        if not isinstance(self.name, str):
+            raise ConfigError(f"a hardware's name must be a string, got {self.name!r}")
+        for name, (floor, unit) in _HARDWARE_FLOORS.items():
+            value = getattr(self, name)
+            if not is_number(value):
+                raise ConfigError(f"hardware {self.name}: {name} must be a number, got {value!r}")
+            if not (math.isfinite(value) and value >= floor and value > 0):
+                least = f">= {floor:g}" if floor else "> 0"
+                raise ConfigError(
+                    f"hardware {self.name}: {name} must be finite and {least} {unit}, got {value!r}"
+                )
+        check_ms(f"hardware {self.name}: link_latency_ms", self.link_latency_ms)
+        check_count(f"hardware {self.name}: gpus_per_node", self.gpus_per_node, 1)
+
+
+_HARDWARE_FLOORS: dict[str, tuple[float, str]] = {
+    "peak_tflops": (0.001, "TFLOPS"),  # 1 GFLOP/s
+    "memory_gb": (0.0, "GB"),  # > 0: a model that does not fit is refused by its stages
+    "hbm_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
+    "nvlink_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
+    "network_gbps": (MIN_BANDWIDTH_GBPS, "Gbit/s"),
+    "copy_gbps": (MIN_BANDWIDTH_GBPS, "Gbit/s"),
+}
+"""The least each rate of a `Hardware` may be, in its unit (and memory more than 0): a
+bandwidth no less than a fault timeline's cap, 1 Mbit/s; far less made an iteration take
+a number of hundreds of digits in ms."""
 
 
 H800_IB400 = Hardware(

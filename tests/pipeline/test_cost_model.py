@@ -1,8 +1,10 @@
 import dataclasses
+import math
 
 import pytest
 
 from pipeline.allreduce import DEFAULT_BUCKET_BYTES
+from pipeline.checks import MIN_BANDWIDTH_GBPS
 from pipeline.cost_model import (
     CALIBRATED,
     MODELS,
@@ -157,11 +159,41 @@ def test_hardware_is_configurable() -> None:
     ("entry", "message"),
     [
         ("tpu", "unknown hardware 'tpu'"),
-        ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be > 0"),
+        ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be finite and >= 0.001"),
         ({"base": "h800-ib400", "warp": 9}, "unknown hardware field"),
-        ({"base": "h800-ib400", "memory_gb": "lots"}, "hardware"),
+        ({"base": "h800-ib400", "memory_gb": "lots"}, "memory_gb must be a number, got 'lots'"),
     ],
 )
 def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve_hardware(entry)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        # YAML 1.1 reads 1e-300 as a string: "'>' not supported between instances of 'str'
+        # and 'int'" leaked; true passed as 1 and was refused as the profile's
+        # link_bandwidth_gbps.
+        ("network_gbps", "1e-300", "network_gbps must be a number, got '1e-300'"),
+        ("network_gbps", True, "network_gbps must be a number, got True"),
+        # 1.0e-300 ran: a median iteration of hundreds of digits in ms.
+        ("network_gbps", 1e-300, "network_gbps must be finite and >= 0.001 Gbit/s, got 1e-300"),
+        ("copy_gbps", 0.0009, "copy_gbps must be finite and >= 0.001 Gbit/s, got 0.0009"),
+        ("nvlink_gbps", 1e-5, "nvlink_gbps must be finite and >= 0.000125 GB/s, got 1e-05"),
+        ("hbm_gbps", math.inf, "hbm_gbps must be finite and >= 0.000125 GB/s, got inf"),
+        ("peak_tflops", 1e-6, "peak_tflops must be finite and >= 0.001 TFLOPS, got 1e-06"),
+        ("memory_gb", 0, "memory_gb must be finite and > 0 GB, got 0"),
+        ("link_latency_ms", math.nan, "link_latency_ms must be finite and in 0..3600000 ms"),
+        ("gpus_per_node", True, "gpus_per_node must be an integer, got True"),
+    ],
+)
+def test_hardware_fields_are_type_checked_and_rates_have_a_floor(
+    field: str, value: object, message: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        resolve_hardware({"base": "h800-ib400", field: value})
+    assert str(refused.value).startswith(f"hardware h800-ib400-custom: {message}")
+    floor = {"network_gbps": MIN_BANDWIDTH_GBPS, "copy_gbps": MIN_BANDWIDTH_GBPS}
+    slowest = resolve_hardware({"base": "h800-ib400", **floor})
+    assert (slowest.network_gbps, slowest.copy_gbps) == (0.001, 0.001)
