@@ -183,7 +183,11 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> None:
         done = coverage(resolved_from_record(record, run_dir / "spec.json"), rows)
         if done.complete:
             return
-        command = resume_command(spec_from_record(record), run_dir)
+        try:
+            spec = spec_from_record(record)
+        except ConfigError as err:  # a field of its spec refused: name the file
+            raise ConfigError(f"{run_dir / 'spec.json'}: {err}") from err
+        command = resume_command(spec, run_dir)
     except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
         where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "
         raise UnusableResults(

@@ -1,4 +1,5 @@
 import csv
+import json
 import os
 import re
 import shutil
@@ -373,6 +374,16 @@ def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
         )
     assert _compare(full, cut / "runs.csv").returncode == 1  # a file alone: missing rows
     assert _compare(full, full).returncode == 0
+    # A spec field of the wrong type named no file ("error: num_iterations must be ...").
+    record = json.loads((cut / "spec.json").read_text())
+    record["spec"]["num_iterations"] = "2"
+    (cut / "spec.json").write_text(json.dumps(record))
+    out = _compare(full, cut)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == (
+        f"error: {cut / 'spec.json'}: num_iterations must be an integer, got '2' (its "
+        "runs.csv, given alone, is compared without this check)\n"
+    )
 
 
 def test_a_run_directory_a_run_still_writes_cannot_be_compared(tmp_path: Path) -> None:
