@@ -32,8 +32,9 @@ from pipeline.profile import Profile
 SIZES = {"4 KiB": 4096, "64 KiB": 65536, "1 MiB": 1 << 20}
 ONSET_ITERATIONS = (2, 6)
 """`onset`'s fault: from this measured iteration to before that one"""
-MIN_ITERATIONS = ONSET_ITERATIONS[0] + 1
-"""With fewer, `onset` has no slow iteration to estimate the delay in"""
+MIN_ITERATIONS = ONSET_ITERATIONS[0] + 2
+"""With fewer, `onset` has no estimate of its delay: an iteration's estimate is the plan made
+before it, from the iterations before (the first slow one's holds none)"""
 
 
 @contextmanager
@@ -75,7 +76,8 @@ def main() -> None:
     if args.iterations < MIN_ITERATIONS:
         parser.error(
             f"--iterations must be at least {MIN_ITERATIONS}: the onset scenario's fault starts "
-            f"at measured iteration {ONSET_ITERATIONS[0]}, got {args.iterations}"
+            f"at measured iteration {ONSET_ITERATIONS[0]} and is estimated from the next, got "
+            f"{args.iterations}"
         )
     print(
         "| TCP | message | scenario | estimates of 30 ms, per slow iteration (ms) | median | max |"

@@ -259,7 +259,7 @@ class ChangePointDetector:
 
     def _noise_ms(self, old: list[float], old_ms: float) -> float:
         """The iteration-time noise (a standard deviation) at the previous segment's level:
-        from its steps where it has more than `min_noise_steps` of them (the module), else
+        from its steps where it has at least `min_noise_steps` of them (the module), else
         the prior's relative spread."""
         if len(old) <= self.config.min_noise_steps:
             assert self._prior is not None

@@ -1,4 +1,4 @@
-"""Its --iterations leave the onset scenario a slow iteration to estimate the delay in."""
+"""Its --iterations leave the onset scenario an iteration with an estimate of its delay."""
 
 import sys
 
@@ -17,16 +17,16 @@ def test_too_few_iterations_are_refused_before_any_testbed_is_built(
     data."""
     built: list[object] = []
     monkeypatch.setattr(bench, "estimates", lambda *args: built.append(args) or [30.0])
-    for iterations in ("2", "0"):
+    for iterations in ("3", "2", "0"):
         monkeypatch.setattr(sys, "argv", ["bench_testbed_tcp.py", "--iterations", iterations])
         with pytest.raises(SystemExit) as exit_:
             bench.main()
         assert exit_.value.code == 2
         assert capsys.readouterr().err.endswith(
-            "error: --iterations must be at least 3: the onset scenario's fault starts at "
-            f"measured iteration 2, got {iterations}\n"
+            "error: --iterations must be at least 4: the onset scenario's fault starts at "
+            f"measured iteration 2 and is estimated from the next, got {iterations}\n"
         )
     assert built == []
-    monkeypatch.setattr(sys, "argv", ["bench_testbed_tcp.py", "--iterations", "3"])
-    bench.main()  # the least it takes: every row has an estimate
-    assert len(built) == 12 and {args[2] for args in built} == {3}
+    monkeypatch.setattr(sys, "argv", ["bench_testbed_tcp.py", "--iterations", "4"])
+    bench.main()  # the least it takes
+    assert len(built) == 12 and {args[2] for args in built} == {4}
