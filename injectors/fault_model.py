@@ -491,41 +491,48 @@ class FaultModel:
         message_bytes: int = 0,
         route_bytes: Mapping[tuple[Position, Position], int] | None = None,
     ) -> float:
-        """The longest the events may hold one message together. On each unit (a host pair,
-        a NIC) per kind the longest (a fixed delay with its jitter, a redrawn normal delay's
-        mean plus four standard deviations, a stall), as events of one kind on a unit replace
-        each other, and the kinds added up; on a route (a host pair and its hosts' NICs of
-        one index, `_route_of`) its units' holds added up, as they add on a message, and its
-        longest cap once (the route's lowest cap holds: the bytes at the cap's rate, at most
-        that where the link has a rate of its own, pipeline.link_rates); the longest route's.
-        A cap holds the largest message that crosses its unit: `message_bytes` (a PP
-        message, which a rank swap may put on any host pair), or a larger one of
-        `route_bytes`, the largest message on a route between two positions of `topology` (a
-        DP ring link's largest chunk, the tied weight's gradient), where that route crosses
-        the unit under the default placement."""
-        held: dict[_Unit, dict[str, float]] = {}
+        """The longest the events in force together (in one iteration) may hold one message.
+        On each unit (a host pair, a NIC) per kind the longest (a fixed delay with its
+        jitter, a redrawn normal delay's mean plus four standard deviations, a stall), as
+        events of one kind on a unit replace each other, and the kinds added up; on a route
+        (a host pair and its hosts' NICs of one index, `_route_of`) its units' holds added
+        up, as they add on a message, and its longest cap once (the route's lowest cap holds:
+        the bytes at the cap's rate, at most that where the link has a rate of its own,
+        pipeline.link_rates); the longest route's, over every host pair. A cap holds the
+        largest message that crosses its unit: `message_bytes` (a PP message, which a rank
+        swap may put on any host pair), or a larger one of `route_bytes`, the largest message
+        on a route between two positions of `topology` (a DP ring link's largest chunk, the
+        tied weight's gradient), where that route crosses the unit under the default
+        placement (a rank swap that moves a ring moves its chunks off it: not bounded)."""
         largest: dict[_Unit, int] = {}
-        for event in self.events:
-            effect = event.effect
-            if effect.down:
-                continue
-            for unit in event.target.units(topology):
-                hold_ms = effect.delay_ms + effect.jitter_ms + effect.stall_ms
-                if effect.normal_ms is not None:
-                    hold_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
-                if effect.bandwidth_gbps is not None:
-                    if unit not in largest:
-                        largest[unit] = _largest_message(unit, message_bytes, topology, route_bytes)
-                    hold_ms += largest[unit] * 8 / (effect.bandwidth_gbps * 1e6)
-                kinds = held.setdefault(unit, {})
-                kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms)
 
-        def route_ms(route: tuple[_Unit, ...]) -> float:
+        def hold_ms(unit: _Unit, effect: Effect) -> float:
+            held_ms = effect.delay_ms + effect.jitter_ms + effect.stall_ms
+            if effect.normal_ms is not None:
+                held_ms += effect.normal_ms[0] + 4 * effect.normal_ms[1]
+            if effect.bandwidth_gbps is not None:
+                if unit not in largest:
+                    largest[unit] = _largest_message(unit, message_bytes, topology, route_bytes)
+                held_ms += largest[unit] * 8 / (effect.bandwidth_gbps * 1e6)
+            return held_ms
+
+        def route_ms(held: dict[_Unit, dict[str, float]], route: tuple[_Unit, ...]) -> float:
             kinds = [held.get(unit, {}) for unit in route]
             cap_ms = max((k.get("bandwidth", 0.0) for k in kinds), default=0.0)
             return cap_ms + sum(ms for k in kinds for kind, ms in k.items() if kind != "bandwidth")
 
-        return max(map(route_ms, _routes(topology, held)), default=0.0)
+        longest_ms = 0.0
+        for iteration in self._change_iterations:  # each run of iterations with one in force
+            held: dict[_Unit, dict[str, float]] = {}
+            for unit, spans in self._in_force(iteration, topology).items():
+                for span in spans:
+                    effect = span.event.effect
+                    if not effect.down:
+                        kinds = held.setdefault(unit, {})
+                        kinds[effect.kind] = max(kinds.get(effect.kind, 0.0), hold_ms(unit, effect))
+            routes = _routes(topology, held)
+            longest_ms = max((longest_ms, *(route_ms(held, route) for route in routes)))
+        return longest_ms
 
     def longest_delay_ms(self) -> float:
         """The longest delay one event keeps on its messages while in force (a fixed delay

@@ -312,11 +312,26 @@ def test_the_longest_hold_adds_the_kinds_on_one_unit_and_counts_a_cap() -> None:
         ' {start_iteration: 0, links: ["2-3"], down: true},'
         ' {start_iteration: 0, links: ["0-1"], delay_ms: 500, jitter_ms: 100},'
         ' {start_iteration: 1, links: ["0-1"], stall_ms: 300},'
-        ' {start_iteration: 2, links: ["0-1"], delay_ms: 700}]'  # replaces: the longer counts
+        ' {start_iteration: 2, links: ["0-1"], delay_ms: 700}]'  # replaces the first delay
     )
-    assert model.longest_hold_ms(FOUR) == 700 + 300
+    # The stall holds in iteration 1 only, beside the first delay; the second holds alone.
+    assert model.longest_hold_ms(FOUR) == 500 + 100 + 300
     # 1 MB at 8 Mbit/s: 1000 ms on link 1-2 alone, the longest then.
     assert model.longest_hold_ms(FOUR, message_bytes=1_000_000) == 1000.0
+
+
+def test_the_longest_hold_adds_only_what_is_in_force_together() -> None:
+    """Two 600 ms delays on one route, in iterations 0-2 and 5-7: no message meets both."""
+    model = _model(
+        '[{start_iteration: 0, end_iteration: 3, nic: "host1:rnic0", delay_ms: 600},'
+        ' {start_iteration: 5, end_iteration: 8, links: ["0-1"], delay_ms: 600}]'
+    )
+    assert model.longest_hold_ms(FOUR) == 600.0
+    overlapping = _model(
+        '[{start_iteration: 0, end_iteration: 6, nic: "host1:rnic0", delay_ms: 600},'
+        ' {start_iteration: 5, end_iteration: 8, links: ["0-1"], delay_ms: 600}]'
+    )
+    assert overlapping.longest_hold_ms(FOUR) == 1200.0
 
 
 def test_the_longest_hold_adds_the_units_on_one_route() -> None:
