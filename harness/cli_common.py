@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from pipeline.schedule import Schedule, check_memory, validate_schedule
 from pipeline.torch_csv import from_torch_csv
 
 __all__ = [
+    "MAX_WAIT_S",
+    "FiniteFloatRange",
     "calibration_option",
     "emit_json",
     "given_options",
@@ -29,10 +32,31 @@ __all__ = [
     "refuse_options",
     "resolve",
     "schedule_options",
+    "seconds",
     "terminal_progress",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_WAIT_S = 86_400
+"""The longest time an option in seconds may give (--timeout, --time-limit, launch's
+--run-timeout-s): a day."""
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange that also refuses nan (which passes every bound) and inf (which
+    passes a range with no upper bound): an option's number is a finite one."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number.", param, ctx)
+        return number
+
+
+def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:
+    """The type of an option giving a time in seconds: finite, > 0 and at most `max_s`."""
+    return FiniteFloatRange(min=0, min_open=True, max=max_s)
 
 
 def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
@@ -96,7 +120,7 @@ def schedule_options(func: F, *, refuses_system: bool = True) -> F:
     func = click.option(
         "--time-limit",
         "time_limit_s",
-        type=click.FloatRange(min=0, min_open=True, max=86400),
+        type=seconds(),
         help=(
             "Wall-clock seconds for the exact solver: `milp` (default 30), `adaptra` (default:"
             " a deterministic solve of at most 150 ops only)."

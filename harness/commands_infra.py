@@ -21,7 +21,9 @@ from harness.cli_common import (
     refuse_options,
     resolve,
     schedule_options,
+    seconds,
 )
+from harness.loop import MAX_ITERATIONS
 from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
@@ -32,6 +34,9 @@ from pipeline.timeline import Timeline
 logger = logging.getLogger(__name__)
 
 __all__ = ["cleanup", "doctor", "launch"]
+
+MAX_GPUS_PER_NODE = 1024
+"""The most GPUs a Slurm script's node may have (--gpus-per-node): more than any node has."""
 
 
 @click.command()
@@ -50,10 +55,12 @@ __all__ = ["cleanup", "doctor", "launch"]
     default=29500,
     help="Node 0's port for torchrun's store [29500; with --run, a free one unless given].",
 )
-@click.option("--iterations", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--iterations", type=click.IntRange(min=1, max=MAX_ITERATIONS), default=3, show_default=True
+)
 @click.option(
     "--warmup-iterations",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=MAX_ITERATIONS),
     default=1,
     show_default=True,
     help="Iterations run first and left out of the timeline (start-up is in the first).",
@@ -61,7 +68,7 @@ __all__ = ["cleanup", "doctor", "launch"]
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True, max=86400),
+    type=seconds(),
     default=60.0,
     show_default=True,
     help="How long a worker waits for one message, s; a profile delay not shorter than it "
@@ -84,13 +91,18 @@ __all__ = ["cleanup", "doctor", "launch"]
 )
 @click.option(
     "--run-timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
+    type=seconds(),
     default=600.0,
     show_default=True,
     help="With --run: how long torchrun may take (start-up and every iteration) before it "
     "and its workers are stopped and the launch fails.",
 )
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(min=1, max=MAX_GPUS_PER_NODE),
+    default=8,
+    show_default=True,
+)
 @click.option(
     "--job-time",
     default="01:00:00",

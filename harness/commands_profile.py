@@ -9,11 +9,13 @@ from pathlib import Path
 
 import click
 
-from harness.cli_common import emit_json, output_file_option, terminal_progress
+from harness.cli_common import FiniteFloatRange, emit_json, output_file_option, terminal_progress
+from harness.loop import MAX_ITERATIONS
 from harness.results import git_revision
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, CostCurve
+from pipeline.profile import MAX_MICROBATCHES
 
 __all__ = ["calibrate", "profile"]
 
@@ -24,12 +26,12 @@ __all__ = ["calibrate", "profile"]
 @click.option("--stages", type=click.IntRange(min=1), required=True, help="Pipeline stages.")
 @click.option(
     "--microbatches",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_MICROBATCHES),
     help="Microbatches per iteration (default: 2 x stages).",
 )
 @click.option(
     "--iterations",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_ITERATIONS),
     default=3,
     show_default=True,
     help="Measured iterations.",
@@ -106,7 +108,7 @@ def profile(
 )
 @click.option(
     "--op-ms",
-    type=click.FloatRange(min=0, max=60_000, min_open=True),
+    type=FiniteFloatRange(min=0, max=60_000, min_open=True),
     default=DEFAULT_CALIBRATION_OP_MS,
     show_default=True,
     help="How long the microbenchmarks' ops last: as long as those of the runs to predict.",

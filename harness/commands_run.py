@@ -16,6 +16,7 @@ from harness.cli_common import (
     refuse_options,
     resolve,
     schedule_options,
+    seconds,
     terminal_progress,
 )
 from harness.experiment import new_run_dir, run_experiment
@@ -79,7 +80,7 @@ __all__ = ["report", "run"]
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=0, min_open=True, max=86400),
+    type=seconds(),
     help="Runtime backends: how long a worker waits for one message, s [60] (a spec: "
     "transport_timeout_s).",
 )

@@ -170,7 +170,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "time limit NaN",
         P,
         ["schedule", "--profile", "p.json", "--policy", "milp", "--time-limit", "nan"],
-        "--time-limit must be in (0, 86400]",
+        "'--time-limit': nan is not a finite number",
     ),
     (
         "time limit unused",
@@ -202,7 +202,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "timeout NaN",
         P,
         [*RUN_P, "--backend", "emulated", "--timeout", "nan"],
-        "transport_timeout_s must be > 0 s, not nan",
+        "'--timeout': nan is not a finite number",
     ),
     ("iterations 0", P, [*RUN_P, "--iterations", "0"], "--iterations"),
     ("negative seed", P, [*RUN_P, "--seed", "-1"], "--seed"),
@@ -767,6 +767,18 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         {"s.yaml": spec()},
         ["launch", "--spec", "s.yaml", "--out", "job", "--job-time", "2h"],
         "job time '2h' is not one sbatch --time takes",
+    ),
+    (
+        "launch NaN timeout",
+        P,
+        [*LAUNCH_P, "--timeout", "nan"],
+        "'--timeout': nan is not a finite number",
+    ),
+    (
+        "launch infinite run timeout",
+        P,
+        [*LAUNCH_P, "--run", "--run-timeout-s", "inf"],
+        "'--run-timeout-s': inf is not in the range 0<x<=86400",
     ),
     (
         "launch spec syntax",
