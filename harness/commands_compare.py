@@ -19,15 +19,18 @@ class _Unusable(click.ClickException):
 def _metric_tolerance(
     _ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> dict[str, float]:
-    tolerances = {}
+    tolerances: dict[str, float] = {}
     for value in values:
         metric, sep, pct = value.partition("=")
         try:
-            tolerances[metric] = float(pct)
+            percent = float(pct)
         except ValueError:
             sep = ""
         if not sep:
             raise click.BadParameter(f"{value!r} is not METRIC=PERCENT", param=param)
+        if metric in tolerances:  # which one holds would depend on their order
+            raise click.BadParameter(f"{metric} is given more than once", param=param)
+        tolerances[metric] = percent
     return tolerances
 
 
@@ -48,7 +51,7 @@ def _metric_tolerance(
     multiple=True,
     callback=_metric_tolerance,
     metavar="METRIC=PERCENT",
-    help="A metric's own tolerance (repeatable), e.g. median_wall_ms=20.",
+    help="A metric's own tolerance (repeatable, once per metric), e.g. median_wall_ms=20.",
 )
 @click.option(
     "--allow-new",

@@ -178,6 +178,15 @@ def test_a_malformed_metric_tolerance_is_a_usage_error() -> None:
     assert out.returncode == 2 and "is not METRIC=PERCENT" in out.stderr
 
 
+def test_a_metric_tolerance_given_twice_is_a_usage_error() -> None:
+    """The last of two --metric-tolerance for one metric held: `median_wall_ms=1` then `=2`
+    passed a 1.5 % worsening, the other order failed it."""
+    twice = ["--metric-tolerance", "median_wall_ms=1", "--metric-tolerance", "median_wall_ms=2"]
+    out = _compare(BASELINE, BASELINE, *twice)
+    assert out.returncode == 2, out.stderr
+    assert "median_wall_ms is given more than once" in out.stderr
+
+
 def test_a_configuration_only_in_the_new_results_fails_unless_allowed(tmp_path: Path) -> None:
     rows = _rows()
     extra = {**rows[0], "scenario": "0-1@80ms"}
