@@ -9,7 +9,8 @@ paper's model, exactly.
 The file is a JSON object: `schema_version` (5; 3 and 4 are read too), the costs below (a
 cost that depends on a message's size is a `CostCurve`, written as `[[bytes, ms], ...]`; the
 DP ring's lag is a `RingLag`, by the number of rings running at once and the chunk's size,
-`[[rings, [[bytes, ms], ...]], ...]`; the others are ms), free-form `host` and
+`[[rings, [[bytes, ms], ...]], ...]`; the others are ms; every cost in 0..MAX_DURATION_MS,
+an hour, as a profile's times), free-form `host` and
 `measured_at` strings, and what a run to predict should match (only the host is checked,
 with a warning): the ops' length (`op_ms`), the stages (`num_stages`) and the code's
 revision (`git_revision`).
@@ -25,6 +26,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from pipeline.checks import check_ms
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 
@@ -63,14 +65,6 @@ grows with the size (sockets' buffers, copies sharing the cores) does not follow
 line's fit lost the small messages' fixed cost."""
 
 
-def _check_ms(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{name} must be a number of ms, got {value!r}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{name} must be finite and >= 0 ms, got {value!r}")
-    return float(value)
-
-
 def _piecewise_ms(points: tuple[tuple[int, float], ...], size: int) -> float:
     """The cost at `size` of measured `points` (sizes rising): linear between them, the first
     point's cost below the first size, the last segment's slope (never negative) beyond the
@@ -101,7 +95,7 @@ class CostCurve:
         if sizes != sorted(set(sizes)) or any(size < 0 for size in sizes):
             raise ConfigError(f"a cost curve's sizes must rise from >= 0, got {sizes}")
         for _, ms in self.points:
-            _check_ms("a cost curve's cost", ms)
+            check_ms("a cost curve's cost", ms)
 
     def ms(self, num_bytes: int) -> float:
         return _piecewise_ms(self.points, num_bytes)
@@ -126,7 +120,7 @@ class CostCurve:
         pairs = _whole_number_pairs(
             value, name, f"[{unit}, ms]", f"a size must be a whole number of {unit}"
         )
-        points = [(size, _check_ms(name, ms)) for size, ms in pairs]
+        points = [(size, check_ms(name, ms)) for size, ms in pairs]
         try:
             curve = cls(tuple(points))
         except ConfigError as err:
@@ -325,7 +319,7 @@ class HostCosts:
 
     def __post_init__(self) -> None:
         for name in (*_COSTS, *_DELEGATE_COSTS):
-            object.__setattr__(self, name, _check_ms(name, getattr(self, name)))
+            object.__setattr__(self, name, check_ms(name, getattr(self, name)))
         self._check_measured_with()
         for name in (*_CURVES, *_DELEGATE_CURVES):
             if not isinstance(getattr(self, name), CostCurve):
@@ -340,7 +334,7 @@ class HostCosts:
         if (self.op_ms is None) != (self.num_stages is None):
             raise ConfigError("a calibration records op_ms and num_stages both, or neither")
         if self.op_ms is not None:
-            op_ms = _check_ms("op_ms", self.op_ms)
+            op_ms = check_ms("op_ms", self.op_ms)
             if op_ms <= 0:
                 raise ConfigError(f"op_ms must be > 0 ms, got {self.op_ms!r}")
             object.__setattr__(self, "op_ms", op_ms)
