@@ -13,14 +13,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.allreduce import DEFAULT_BUCKET_BYTES
-from pipeline.checks import check_count, check_ms, is_number
+from pipeline.allreduce import DEFAULT_BUCKET_BYTES, largest_chunk_bytes
+from pipeline.checks import MAX_DURATION_MS, check_count, check_ms, is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
-from pipeline.link_rates import LinkRates
+from pipeline.link_rates import MIN_BANDWIDTH_GBPS, LinkRates
 from pipeline.topology import Link, Topology
 
-__all__ = ["STATE_BYTES_PER_GRADIENT_BYTE", "Profile"]
+__all__ = ["MAX_BYTES", "STATE_BYTES_PER_GRADIENT_BYTE", "Profile"]
 
 _REQUIRED_KEYS = ("stages", "microbatches", "t_f", "t_b", "t_w")
 _OPTIONAL_KEYS = (
@@ -45,6 +45,10 @@ _FIELD_OF_KEY = {"dp": "num_replicas", "state_bytes": "stage_state_bytes"}
 MAX_STAGES, MAX_MICROBATCHES, MAX_REPLICAS = 512, 4096, 1024
 """Far beyond any pipeline in use (the paper's largest: 8 stages, 128 microbatches, DP 4), and
 small enough that a schedule of them fits in memory."""
+MAX_BYTES = 2**40
+"""The most bytes a profile's message, gradient, bucket or training state may have: 1 TiB,
+far beyond any stage's (a message of it at the lowest rate, MIN_BANDWIDTH_GBPS, would take
+over 100 days: a message's time is checked against MAX_DURATION_MS too)."""
 
 
 def _check_rate(name: str, value: object) -> float | None:
@@ -54,6 +58,17 @@ def _check_rate(name: str, value: object) -> float | None:
     if not is_number(value) or not 0 < float(value) < math.inf:  # type: ignore[arg-type]
         raise ConfigError(f"{name} must be finite and > 0 (or null for unlimited), got {value!r}")
     return float(value)  # type: ignore[arg-type]
+
+
+def _check_gbps(name: str, value: object) -> float | None:
+    """A link's or a copy's rate, Gbit/s: None (unlimited) or finite and >= MIN_BANDWIDTH_GBPS."""
+    rate = _check_rate(name, value)
+    if rate is not None and rate < MIN_BANDWIDTH_GBPS:
+        raise ConfigError(
+            f"{name} must be >= {MIN_BANDWIDTH_GBPS:g} Gbit/s (1 Mbit/s; or null for "
+            f"unlimited), got {value!r}"
+        )
+    return rate
 
 
 def _check_mem_limit(value: object) -> float | None:
@@ -79,10 +94,10 @@ def _per_stage(name: str, value: object, num_stages: int) -> tuple[float, ...]:
 
 def _per_stage_count(name: str, value: object, num_stages: int) -> tuple[int, ...]:
     if not isinstance(value, Sequence) or isinstance(value, str):
-        return (check_count(name, value, 0),) * num_stages
+        return (check_count(name, value, 0, MAX_BYTES),) * num_stages
     if len(value) != num_stages:
         raise ConfigError(f"{name} has {len(value)} entries, expected one per stage ({num_stages})")
-    return tuple(check_count(f"{name}[{i}]", v, 0) for i, v in enumerate(value))
+    return tuple(check_count(f"{name}[{i}]", v, 0, MAX_BYTES) for i, v in enumerate(value))
 
 
 def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], ...]:
@@ -178,28 +193,28 @@ class Profile:
             self, "delay_ms", tuple(checked) + (0.0,) * (num_stages - 1 - len(checked))
         )
         object.__setattr__(self, "mem_limit", _check_mem_limit(self.mem_limit))
-        check_count("message_bytes", self.message_bytes, 0)
+        check_count("message_bytes", self.message_bytes, 0, MAX_BYTES)
         object.__setattr__(
             self, "link_latency_ms", check_ms("link_latency_ms", self.link_latency_ms)
         )
         object.__setattr__(
             self,
             "link_bandwidth_gbps",
-            _check_rate("link_bandwidth_gbps", self.link_bandwidth_gbps),
+            _check_gbps("link_bandwidth_gbps", self.link_bandwidth_gbps),
         )
         if self.num_delegates is not None:
             check_count("num_delegates", self.num_delegates, 1)
-        object.__setattr__(self, "copy_gbps", _check_rate("copy_gbps", self.copy_gbps))
-        object.__setattr__(self, "delegate_gbps", _check_rate("delegate_gbps", self.delegate_gbps))
+        object.__setattr__(self, "copy_gbps", _check_gbps("copy_gbps", self.copy_gbps))
+        object.__setattr__(self, "delegate_gbps", _check_gbps("delegate_gbps", self.delegate_gbps))
         num_replicas = check_count("dp", self.num_replicas, 1, MAX_REPLICAS)
         object.__setattr__(
             self,
             "allreduce_bytes",
             _per_stage_count("allreduce_bytes", self.allreduce_bytes or 0, num_stages),
         )
-        check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1)
+        check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1, MAX_BYTES)
         object.__setattr__(
-            self, "dp_bandwidth_gbps", _check_rate("dp_bandwidth_gbps", self.dp_bandwidth_gbps)
+            self, "dp_bandwidth_gbps", _check_gbps("dp_bandwidth_gbps", self.dp_bandwidth_gbps)
         )
         object.__setattr__(
             self, "dp_delay_ms", _dp_delays(self.dp_delay_ms, Topology(num_stages, num_replicas))
@@ -213,6 +228,29 @@ class Profile:
                 "stage_state_bytes",
                 _per_stage_count("state_bytes", self.stage_state_bytes, num_stages),
             )
+        self._check_message_times()
+
+    def _check_message_times(self) -> None:
+        """Refuse a message whose time on the wire (its bytes at its rate, plus the latency),
+        or whose device-host copy, is over MAX_DURATION_MS: a PP message at the link's rate
+        and at a delegate's, its copy, and each stage's largest DP ring chunk."""
+        times = [
+            ("message_bytes at link_bandwidth_gbps", self.wire_ms()),
+            ("message_bytes at delegate_gbps", self.delegated_wire_ms()),
+            ("message_bytes at copy_gbps (a copy)", self.copy_ms()),
+        ]
+        if self.num_replicas > 1:
+            chunk = max(
+                largest_chunk_bytes(grad, self.dp_bucket_bytes, self.num_replicas)
+                for grad in self.allreduce_bytes
+            )
+            times.append(("a DP ring chunk at dp_bandwidth_gbps", self.dp_wire_ms(chunk)))
+        for what, ms in times:
+            if ms > MAX_DURATION_MS:
+                raise ConfigError(
+                    f"{what} takes {ms:.4g} ms a message: more than {MAX_DURATION_MS:.0f} ms "
+                    "(an hour); give fewer bytes or a higher rate"
+                )
 
     @classmethod
     def uniform(
@@ -376,7 +414,8 @@ class Profile:
         for link in range(self.num_stages - 1):
             held_ms = self.delay_ms[link] + extra_delay_ms + self.delegated_wire_ms()
             for made_every_ms in (self.t_f_ms[link], self.t_b_ms[link + 1]):
-                if made_every_ms <= 0:
+                # (compared, not divided, first: an op of 5e-324 ms made the ratio inf)
+                if held_ms >= made_every_ms * self.num_microbatches:
                     return self.num_microbatches
                 needed = max(needed, math.ceil(held_ms / made_every_ms - 1e-9))
         return min(needed, self.num_microbatches)

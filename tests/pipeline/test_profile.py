@@ -111,15 +111,44 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"mem_limit": 0.5}, r"mem_limit 0\.5 admits no schedule: .* must be >= 1$"),
         ({"num_delegates": 0}, "num_delegates must be >= 1"),
         ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and > 0"),
-        ({"message_bytes": -5}, "message_bytes must be >= 0"),
+        ({"message_bytes": -5}, r"message_bytes must be in 0\.\.1099511627776, got -5"),
+        # rates at least 1 Mbit/s and bytes at most 1 TiB: 1e24 bytes at 1e-300 Gbit/s was an
+        # internal OverflowError, 65536 bytes at 1e-305 Gbit/s an iteration of 300 digits
+        ({"message_bytes": 10**24}, r"message_bytes must be in 0\.\.1099511627776"),
+        ({"link_bandwidth_gbps": 1e-305}, r"link_bandwidth_gbps must be >= 0\.001 Gbit/s"),
+        ({"copy_gbps": 1e-300}, r"copy_gbps must be >= 0\.001 Gbit/s"),
+        ({"delegate_gbps": 0.0009}, r"delegate_gbps must be >= 0\.001 Gbit/s"),
+        ({"dp_bandwidth_gbps": 1e-300}, r"dp_bandwidth_gbps must be >= 0\.001 Gbit/s"),
+        ({"allreduce_bytes": 2**40 + 1}, r"allreduce_bytes must be in 0\.\.1099511627776"),
+        ({"dp_bucket_bytes": 10**24}, r"dp_bucket_bytes must be in 1\.\.1099511627776"),
+        ({"state_bytes": 10**24}, r"state_bytes must be in 0\.\.1099511627776"),
+        # and a message's time at its rate at most an hour (1 GB at 1 Mbit/s: 8e6 ms)
+        (
+            {"message_bytes": 10**9, "link_bandwidth_gbps": 0.001},
+            r"message_bytes at link_bandwidth_gbps takes 8e\+06 ms a message: more than 3600000",
+        ),
+        (
+            {"message_bytes": 10**9, "delegate_gbps": 0.001},
+            "message_bytes at delegate_gbps takes 8e",
+        ),
+        ({"message_bytes": 10**9, "copy_gbps": 0.001}, r"message_bytes at copy_gbps \(a copy\)"),
+        (
+            {
+                "dp": 2,
+                "allreduce_bytes": 10**9,
+                "dp_bucket_bytes": 10**9,
+                "dp_bandwidth_gbps": 0.001,
+            },
+            "a DP ring chunk at dp_bandwidth_gbps takes 4e",
+        ),
         ({"dp": 0}, r"dp must be in 1\.\.1024"),
         ({"allreduce_bytes": [1, 2]}, "allreduce_bytes has 2 entries"),
-        ({"allreduce_bytes": -1}, "allreduce_bytes must be >= 0"),
+        ({"allreduce_bytes": -1}, "allreduce_bytes must be in 0"),
         ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),
-        ({"dp_bucket_bytes": 0}, "dp_bucket_bytes must be >= 1"),
+        ({"dp_bucket_bytes": 0}, "dp_bucket_bytes must be in 1"),
         ({"optimizer_ms": [1]}, "optimizer_ms has 1 entries"),
         ({"state_bytes": [1]}, "state_bytes has 1 entries"),
-        ({"state_bytes": -1}, "state_bytes must be >= 0"),
+        ({"state_bytes": -1}, "state_bytes must be in 0"),
         ({"dp_delay_ms": {"dp1:0-1": 5}}, "link dp1:0-1 does not exist with 4 stages and 1"),
         ({"dp": 2, "dp_delay_ms": {"0-1": 5}}, "0-1 is a PP link"),
         ({"dp": 2, "dp_delay_ms": {"dp4:0-1": 5}}, "link dp4:0-1 does not exist"),
@@ -158,6 +187,9 @@ def test_the_delegate_count_rule_keeps_sending_up_with_production() -> None:
          "delay_ms": [0, 20]}
     )  # fmt: skip
     assert slow_b.delegates_needed() == 4  # stage 2 makes a gradient every 5 ms
+    # an op of 5e-324 ms made the ratio inf: an internal OverflowError; one per microbatch
+    tiny = Profile.from_dict({**slow_b.to_dict(), "t_b": [20, 20, 5e-324]})
+    assert tiny.delegates_needed() == 6
     assert base.with_delays([60, 0, 0]).delegate_count() == 6
     assert dataclasses.replace(base, num_delegates=2).with_delays([60, 0, 0]).delegate_count() == 2
 
