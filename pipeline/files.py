@@ -37,11 +37,27 @@ def read_text(path: str | Path, what: str) -> str:
         raise ConfigError(f"{what} {path} is not text (byte {err.start} is not UTF-8)") from err
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict, refusing a key given twice (json would keep the
+    last silently, as YAML would: load_yaml refuses it too)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ConfigError(f"key {key!r} given twice in one object")
+        data[key] = value
+    return data
+
+
 def read_json(path: str | Path, what: str) -> Any:
+    """The file's JSON; a syntax error or a key given twice in one object is a ConfigError
+    naming the file."""
+    text = read_text(path, what)
     try:
-        return json.loads(read_text(path, what))
+        return json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as err:
         raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
+    except ConfigError as err:  # a key given twice
+        raise ConfigError(f"{what} {path}: {err}") from err
 
 
 def parse_json_file(path: str | Path, what: str, parse: Callable[[Any], T]) -> T:

@@ -8,7 +8,9 @@ from typing import BinaryIO
 import matplotlib
 import pytest
 
-from pipeline.files import atomic_writer, save_figure, write_atomic
+from pipeline.errors import ConfigError
+from pipeline.files import atomic_writer, read_json, save_figure, write_atomic
+from pipeline.profile import Profile
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -84,3 +86,20 @@ def test_a_figure_that_fails_to_save_leaves_the_old_file_and_no_temporary_one(
         save_figure(Broken(), path, dpi=50)
     assert path.read_bytes() == b"old chart"
     assert [p.name for p in tmp_path.iterdir()] == ["gantt.png"]
+
+
+def test_a_json_key_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    """A profile with "stages": 4 and then "stages": 5 ran 5 stages (json keeps the last),
+    while specs and fault timelines (YAML) refuse a repeated key; at any depth now."""
+    path = tmp_path / "p.json"
+    path.write_text(
+        '{"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10, "stages": 5}'
+    )
+    with pytest.raises(ConfigError) as refused:
+        Profile.from_file(path)
+    assert str(refused.value) == f"profile {path}: key 'stages' given twice in one object"
+    path.write_text('{"a": [{"b": 1, "b": 1}], "c": {"b": 2}}')
+    with pytest.raises(ConfigError, match="key 'b' given twice in one object"):
+        read_json(path, "file")
+    path.write_text('{"a": [{"b": 1}], "c": {"b": 2}}')  # the same key in two objects
+    assert read_json(path, "file") == {"a": [{"b": 1}], "c": {"b": 2}}
