@@ -24,6 +24,7 @@ from pipeline.torch_csv import from_torch_csv
 __all__ = [
     "MAX_WAIT_S",
     "FiniteFloatRange",
+    "InputFile",
     "calibration_option",
     "emit_json",
     "given_options",
@@ -52,6 +53,20 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{number} is not a finite number.", param, ctx)
         return number
+
+
+class InputFile(click.Path):
+    """The path of a file the command reads (and names in its own errors): not a directory,
+    and not empty ("" named no file: `--profile ""` was "cannot read profile : Is a
+    directory", `--spec ""` and `--faults ""` were taken as not given)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("the path is empty: give a file", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:
@@ -87,8 +102,12 @@ def resolve(
         profile = Profile.from_file(profile_path)
     elif embedded is not None:
         profile = Profile.from_dict(embedded)
+    elif schedule_path is None:
+        raise ConfigError("--profile is required: give the profile file (its format: the README)")
     else:
-        raise ConfigError("--profile is required (the schedule file has no 'profile' key)")
+        raise ConfigError(
+            f"--profile is required: the schedule file {schedule_path} has no 'profile' key"
+        )
     if schedule is None:
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
     validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
@@ -114,7 +133,7 @@ def schedule_options(func: F, *, refuses_system: bool = True) -> F:
     func = click.option(
         "--schedule",
         "schedule_path",
-        type=click.Path(dir_okay=False),
+        type=InputFile(),
         help="JSON object with a 'stages' key (or a torch CSV): run exactly that order.",
     )(func)
     func = click.option(
@@ -135,7 +154,7 @@ def schedule_options(func: F, *, refuses_system: bool = True) -> F:
     func = click.option(
         "--profile",
         "profile_path",
-        type=click.Path(dir_okay=False),
+        type=InputFile(),
         help="Profile JSON file (its format: the README).",
     )(func)
     return func
@@ -145,7 +164,7 @@ def calibration_option(func: F) -> F:
     return click.option(
         "--calibration",
         "calibration_path",
-        type=click.Path(dir_okay=False),
+        type=InputFile(),
         help="This host's runtime costs (`adaptra-bench calibrate --out HOST.json`): the "
         "direct and delegated models then predict a real run here.",
     )(func)
@@ -190,6 +209,12 @@ def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> C
         if value is None:
             return None
         path = Path(value)
+        if path.name.lower() in ("", *suffixes):  # ".png" is a hidden file with no suffix
+            raise click.BadParameter(
+                f"{value!r} names no file: give a name ending in {' or '.join(suffixes)}, "
+                f"e.g. out{suffixes[0]}",
+                param_hint=flag,
+            )
         if path.suffix.lower() not in suffixes:
             raise click.BadParameter(
                 f"{value!r} must end in {' or '.join(suffixes)}", param_hint=flag

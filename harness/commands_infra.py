@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from harness.cli_common import (
+    InputFile,
     emit_json,
     given_options,
     refuse_options,
@@ -86,7 +87,7 @@ MAX_GPUS_PER_NODE = 1024
 @click.option(
     "--spec",
     "spec_path",
-    type=click.Path(dir_okay=False),
+    type=InputFile(),
     help="Write a Slurm script (OUT/run.sbatch) running this experiment spec instead.",
 )
 @click.option(

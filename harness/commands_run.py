@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from harness.cli_common import (
+    InputFile,
     calibration_option,
     emit_json,
     given_options,
@@ -107,7 +108,7 @@ __all__ = ["report", "run"]
 @click.option(
     "--spec",
     "spec_path",
-    type=click.Path(dir_okay=False),
+    type=InputFile(),
     help="Experiment spec (YAML) to run instead of the default experiment.",
 )
 @output_file_option(
@@ -119,7 +120,7 @@ __all__ = ["report", "run"]
 @click.option(
     "--faults",
     "faults_path",
-    type=click.Path(dir_okay=False),
+    type=InputFile(),
     help="Fault timeline: the paper's trace (.txt) or YAML (.yaml/.yml).",
 )
 @click.option(

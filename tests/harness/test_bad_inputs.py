@@ -59,6 +59,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["schedule", "--profile", "p.json", "--policy", "1f1b", "--plot", "x.txt"],
         "must end in .png",
     ),
+    (
+        "plot only a suffix",  # was "'.png' must end in .png"
+        P,
+        ["simulate", "--profile", "p.json", "--policy", "1f1b", "--plot", ".png"],
+        "'.png' names no file: give a name ending in .png, e.g. out.png",
+    ),
     ("plot missing folder", P, [*RUN_P, "--plot", "no/x.png"], "the folder 'no' does not exist"),
     ("trace bad suffix", P, [*RUN_P, "--trace", "x.png"], "must end in .json"),
     (
@@ -83,6 +89,29 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         {},
         ["schedule", "--profile", "p.json", "--policy", "1f1b"],
         "cannot read profile p.json",
+    ),
+    (
+        "no profile and no schedule",  # said "the schedule file has no 'profile' key"
+        {},
+        ["simulate", "--policy", "1f1b"],
+        "--profile is required: give the profile file",
+    ),
+    (
+        "no profile and a schedule without one",
+        {"s.json": json.dumps({"stages": [["F0"]] * 3})},
+        ["simulate", "--schedule", "s.json"],
+        "--profile is required: the schedule file s.json has no 'profile' key",
+    ),
+    # an empty path: "cannot read profile : Is a directory"; --spec "" ran the default
+    # experiment and --faults "" ran no faults
+    ("profile path empty", {}, ["run", "--profile", "", "--policy", "1f1b"], "the path is empty"),
+    ("spec path empty", {}, ["run", "--spec", ""], "'--spec': the path is empty: give a file"),
+    ("faults path empty", P, [*RUN_P, "--faults", ""], "'--faults': the path is empty"),
+    (
+        "calibration path empty",
+        P,
+        ["simulate", "--profile", "p.json", "--policy", "1f1b", "--calibration", ""],
+        "'--calibration': the path is empty",
     ),
     (
         "profile empty",
