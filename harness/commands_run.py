@@ -98,7 +98,7 @@ __all__ = ["report", "run"]
     type=click.Path(file_okay=False),
     default="results",
     show_default=True,
-    help="Where the default experiment writes its run directory.",
+    help="Where an experiment (--spec, or the default one) writes its run directory.",
 )
 @click.option(
     "--run-id",
@@ -156,8 +156,8 @@ def run(
     plot: str | None,
     calibration_path: str | None,
 ) -> None:
-    """Run one configuration, or an experiment: --spec FILE, or with no --profile/--policy/
-    --schedule/--system the embedded default."""
+    """Run one configuration, or an experiment: --spec FILE, or the embedded default with
+    none of --profile, --policy, --schedule and --system."""
     single = {"profile_path", "policy", "schedule_path", "system"}
     given = given_options()
     if spec_path is not None or not given & single:

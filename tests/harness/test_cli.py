@@ -781,3 +781,16 @@ def test_report_on_a_folder_that_is_no_run_directory_leaves_it_as_it_was(
     assert out.returncode == 1
     assert out.stderr == f"error: {folder} is not a run directory: it has no spec.json\n"
     assert [p.name for p in folder.iterdir()] == ["a.txt"]
+
+
+def test_run_s_help_says_where_every_experiment_writes_and_lists_the_options_whole() -> None:
+    """--out said "Where the default experiment writes its run directory" (a --spec one
+    writes there too), and the description read "--policy/ --schedule"."""
+    from click.testing import CliRunner
+
+    from harness.commands_run import run
+
+    help_text = " ".join(CliRunner().invoke(run, ["--help"]).output.split())
+    assert "Where an experiment (--spec, or the default one) writes its run directory" in help_text
+    assert "with none of --profile, --policy, --schedule and --system." in help_text
+    assert "/ " not in help_text
