@@ -25,7 +25,6 @@ from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, Target
 from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS
 from pipeline.errors import ConfigError
 from pipeline.files import load_yaml, read_text
-from pipeline.link_rates import MIN_BANDWIDTH_GBPS
 from pipeline.topology import Link
 
 __all__ = ["fault_file_form", "load_faults", "parse_faults", "parse_trace", "parse_yaml"]

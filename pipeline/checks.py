@@ -21,8 +21,8 @@ MAX_DURATION_MS = 3_600_000.0
 collective's timeout, 10 minutes by default, is a failure, which inputs say as `down`)."""
 MIN_BANDWIDTH_GBPS = 0.001
 """The lowest bandwidth an input may give, Gbit/s: 1 Mbit/s (1 MiB in 8.4 s; less is a
-failure, which inputs say as `down`). A fault timeline's cap and the cost model's hardware
-rates take no less."""
+failure, which inputs say as `down`). A fault timeline's cap, a profile's link and copy
+rates and the cost model's hardware rates take no less."""
 MAX_SEED = 2**32 - 1
 """The largest seed a run takes (a spec's `seed`, `run --seed`): 32 bits, as numpy's."""
 

@@ -17,11 +17,7 @@ import math
 
 from pipeline.topology import Link
 
-__all__ = ["MIN_BANDWIDTH_GBPS", "NO_RATES", "LinkRates"]
-
-MIN_BANDWIDTH_GBPS = 0.001
-"""The lowest rate an input may give a link, Gbit/s: 1 Mbit/s (1 MiB in 8.4 s), a profile's
-rates and a fault's bandwidth cap alike (slower is a failure: a fault timeline's `down`)."""
+__all__ = ["NO_RATES", "LinkRates"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.allreduce import DEFAULT_BUCKET_BYTES, largest_chunk_bytes
-from pipeline.checks import MAX_DURATION_MS, check_count, check_ms, is_number
+from pipeline.checks import (
+    MAX_DURATION_MS,
+    MIN_BANDWIDTH_GBPS,
+    check_count,
+    check_ms,
+    is_number,
+)
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
-from pipeline.link_rates import MIN_BANDWIDTH_GBPS, LinkRates
+from pipeline.link_rates import LinkRates
 from pipeline.topology import Link, Topology
 
 __all__ = ["MAX_BYTES", "STATE_BYTES_PER_GRADIENT_BYTE", "Profile"]
