@@ -25,6 +25,7 @@ __all__ = [
     "MAX_WAIT_S",
     "FiniteFloatRange",
     "InputFile",
+    "OutputFolder",
     "calibration_option",
     "emit_json",
     "given_options",
@@ -66,6 +67,19 @@ class InputFile(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value == "":
             self.fail("the path is empty: give a file", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class OutputFolder(click.Path):
+    """The path of a folder the command writes under: not a file, and not empty (`--out ""`
+    wrote into the current folder)."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("the path is empty: give a folder", param, ctx)
         return super().convert(value, param, ctx)
 
 

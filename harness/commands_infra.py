@@ -17,6 +17,7 @@ import click
 
 from harness.cli_common import (
     InputFile,
+    OutputFolder,
     emit_json,
     given_options,
     refuse_options,
@@ -77,7 +78,7 @@ MAX_GPUS_PER_NODE = 1024
 )
 @click.option(
     "--out",
-    type=click.Path(file_okay=False),
+    type=OutputFolder(),
     default="results/launch",
     show_default=True,
     help="Where the profile, schedule and (with --run) timeline.json go; every node reads the "

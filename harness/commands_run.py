@@ -9,6 +9,7 @@ import click
 
 from harness.cli_common import (
     InputFile,
+    OutputFolder,
     calibration_option,
     emit_json,
     given_options,
@@ -95,7 +96,7 @@ __all__ = ["report", "run"]
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 @click.option(
     "--out",
-    type=click.Path(file_okay=False),
+    type=OutputFolder(),
     default="results",
     show_default=True,
     help="Where an experiment (--spec, or the default one) writes its run directory.",

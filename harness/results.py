@@ -182,7 +182,12 @@ def run_dir_held(
     folder: harness.experiment) is not held: the folder and the lock are made again."""
     deadline = time.monotonic() + _PROBE_WAIT_S
     while True:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as err:
+            raise ConfigError(
+                f"{run_dir} cannot be a run directory: a file is in the way (there or above)"
+            ) from err
         try:
             fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         except FileNotFoundError:  # the folder removed by its holder as it let go?

@@ -664,6 +664,9 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("run id traversal", {}, ["run", "--run-id", "../x"], "must be a single path component"),
     ("run id empty", {}, ["run", "--run-id", ""], "the run id is empty"),
+    ("run id a file", {"x": ""}, ["run", "--out", ".", "--run-id", "x"], "a file is in the way"),
+    ("run out empty", {}, ["run", "--out", ""], "the path is empty: give a folder"),
+    ("launch out empty", P, ["launch", "--profile", "p.json", "--out", ""], "give a folder"),
     # resuming and reporting a damaged run directory (made by the fixture below)
     ("resume truncated runs.csv", {"@": "truncate runs.csv"}, RESUME, "out/s/runs.csv"),
     ("resume short row", {"@": "short row"}, RESUME, "line 2 does not have 25 fields"),
