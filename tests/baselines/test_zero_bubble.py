@@ -2,7 +2,9 @@
 
 Conditions under which the formulas hold (and are asserted): the same op times on every
 stage, tW <= tF and tW <= tB, no link delay, N >= S (and N >= 2S - 1 for ZB-H2). Outside
-them the handcrafted schedules are still valid, only the formulas stop being exact.
+them the handcrafted schedules are still valid, only the formulas stop being exact. The
+paper's bubbles count from each stage's own first op; an iteration's also has the last
+stage's wait for its first input (baselines.zero_bubble).
 """
 
 import pytest
