@@ -29,8 +29,10 @@ if its median is also `min_standard_errors` standard errors from the previous se
 noise measured over the previous segment (its relative steps between successive times, their
 root mean square over the square root of 2, a step more than `_STEP_TRIM` robust standard
 deviations out left out: a segment may hold several levels the model did not split, and a
-spread about its median counted those as noise and hid the way back from them; fewer than
-`min_noise_steps` steps: the prior's spread), the standard error of a median of n normal
+spread about its median counted those as noise and hid the way back from them; where it
+has fewer than `noise_steps` steps, those of the times before it too, back to that many but
+never before the calibration; fewer than `min_noise_steps` in all: the prior's spread), the
+standard error of a median of n normal
 times 1/sqrt(n) of it for one or two, sqrt(pi/(2n)) for more, both segments' added in
 quadrature. The value, 6: a normal quantile of about 4.9 (a chance of 1e-6 per iteration,
 both ways) widened for a noise estimated from tens of times (Student's t with about 30
@@ -38,9 +40,24 @@ degrees of freedom is near 6 there); with it 1 of 400 such healthy runs reports 
 (a run whose first 4 times agreed to 0.3 %: the prior's 1 % spread is the noise then), 0 of
 400 with lognormal noise, and a step of +15 % at that noise is found a median 1 iteration
 after it began (at most 7 in 200 runs), +20 % in its first (at most 3), +50 % always in
-its first. Noise-free times (the simulator's) measure no noise, and a short previous
-segment's is the prior's 1 % floor then (6 standard errors at most 8.5 % for one time
-after one time): only the minimum change counts.
+its first. Noise-free times (the simulator's) measure no noise (the prior's spread, in the
+first iterations after the calibration, is its 1 % floor then: 6 standard errors at most
+8.5 % for one time after one time): only the minimum change counts.
+
+A previous segment of a few times alone measured no noise (the prior's spread stood for it,
+taken from 3 calibration times: about 4.6 % in runs of 3 % noise), and its median's error,
+of a few times, does not shrink as the new segment grows: after Falcon's return
+(`start_segment`) a +15 % slowdown 2 iterations later, at 3 % noise, was never reported in
+30 of 200 runs (4 later: 20; 6 later: 10; +20 % 2 later: 8). So the noise takes the steps
+before such a segment too (above), and a segment the caller said went back to an earlier
+level is compared with that level's times as well as its own (`start_segment`): 199 of the
+same 200 runs report it, a median 1 iteration after it began (at most 12; +20 %: all, 0, at
+most 4), as before the noise test (199, at most 27); the one left, its return time 7 %
+high, is within the minimum change of the slowdown (below). A return only part of the
+way (a swap's time, 5-8 % over the healthy level, where Falcon's test of "back" is 10 %)
+then measures against the healthy level, and a change counts only if it is
+`min_relative_change` from the segment's own median too: 2 and 5 of 200 such runs report a
+change after it (before: 5 and 5), 1 of 200 returns to the healthy level itself (before: 0).
 
 The calibration iterations: the first `num_calibration` if they agree (their spread at most
 `max_relative_spread`, 5 % and half the minimum change, of their median), else the next
@@ -89,9 +106,13 @@ class ChangePointConfig:
     difference of the two segments' medians, from the noise measured) away from the
     previous one's (the module): the check runs at every iteration, a 10 % change alone was
     a 3.3-sigma single iteration at 3 % noise, and the noise is itself estimated."""
+    noise_steps: int = 30
+    """Steps (pairs of successive times) the noise is measured from at least: the previous
+    segment's, and where it has fewer, those of the times before it (since the calibration)
+    too, back to this many (the module)."""
     min_noise_steps: int = 5
-    """Steps (pairs of successive times) the previous segment needs to measure the noise
-    from; a shorter one's noise is the prior's relative spread at its level."""
+    """Steps since the calibration needed to measure the noise at all; with fewer, it is the
+    prior's relative spread at the previous segment's level."""
 
     def __post_init__(self) -> None:
         if not 0 < self.hazard < 1 or self.min_relative_change < 0 or self.num_calibration < 2:
@@ -100,8 +121,10 @@ class ChangePointConfig:
             raise ValueError("need max_run_length >= 2 (a new run and a longer one)")
         if not self.max_relative_spread > 0:
             raise ValueError("need max_relative_spread > 0")
-        if self.min_standard_errors < 0 or self.min_noise_steps < 2:
-            raise ValueError("need min_standard_errors >= 0 and min_noise_steps >= 2")
+        if self.min_standard_errors < 0 or not 2 <= self.min_noise_steps <= self.noise_steps:
+            raise ValueError(
+                "need min_standard_errors >= 0 and 2 <= min_noise_steps <= noise_steps"
+            )
 
 
 DEFAULT_CHANGES = ChangePointConfig()
@@ -136,6 +159,20 @@ class _Stats:
         return _Stats(self.count + 1, mean, self.alpha + 0.5, beta)
 
 
+@dataclasses.dataclass(slots=True)
+class _Segment:
+    """A segment of the times: from a change reported, the calibration or the caller's."""
+
+    start: int
+    """The index of its first time."""
+    before: list[float] = dataclasses.field(default_factory=list)
+    """Times at its level from before it began: where the caller said it went back to an
+    earlier level (`ChangePointDetector.start_segment`), that level's (at most
+    `max_run_length`, the latest); a new segment is compared with them and its own."""
+    by_caller: bool = False
+    """The caller said its level."""
+
+
 class ChangePointDetector:
     """Feed it iteration times in order (`update`); it says where a change began."""
 
@@ -146,17 +183,22 @@ class ChangePointDetector:
         self._kappa0 = 1.0
         self._log_probs: list[float] = []
         self._stats: list[_Stats] = []
-        self._segment_start = 0
-        """The index of the first time of the current segment (the last change reported)."""
-        self._previous_start: int | None = None
-        """The index of the first time of the segment before the current one (None: the
-        current one is the first, from the calibration)."""
+        self._segments = [_Segment(0)]
+        """The latest four segments at most, the current one (the last change reported, or
+        the caller's) last."""
+        self._first = 0
+        """The index of the first calibration time (an earlier one is in no segment)."""
         self._unstepped = 0
         """Times of the current segment the model never took (calibration outliers): its run
         length is that much shorter than the times since the segment's start."""
         self.baseline_ms: float | None = None
         """The median iteration time of the segment before the latest change (before any:
         of the first iterations)."""
+
+    @property
+    def _segment_start(self) -> int:
+        """The index of the first time of the current segment."""
+        return self._segments[-1].start
 
     @property
     def segment_ms(self) -> float:
@@ -177,17 +219,21 @@ class ChangePointDetector:
         if most_likely >= min(since, config.max_run_length - 1) or most_likely == 0:
             return False  # no new segment (yet): the last bin is every run that long or longer
         start = len(self._times) - most_likely
-        new = self._times[start:]
-        old = self._times[self._segment_start : start]
+        new, own = self._times[start:], self._times[self._segment_start : start]
+        old = self._segments[-1].before + own
         new_ms, old_ms = statistics.median(new), statistics.median(old)
         if abs(new_ms - old_ms) < config.min_relative_change * old_ms:
             return False
-        standard_error = self._noise_ms(old, old_ms) * math.hypot(
+        own_ms = statistics.median(own)  # (the caller's level may be off: a partial return)
+        if abs(new_ms - own_ms) < config.min_relative_change * own_ms:
+            return False
+        standard_error = self._noise_ms(start, old_ms) * math.hypot(
             _median_error(len(new)), _median_error(len(old))
         )
         if abs(new_ms - old_ms) < config.min_standard_errors * standard_error:
             return False  # within the noise: one noisy time, or a few, past the minimum
-        self._previous_start, self._segment_start, self._unstepped = self._segment_start, start, 0
+        self._segments = [*self._segments[-3:], _Segment(start)]
+        self._unstepped = 0
         self.baseline_ms = old_ms
         assert self._prior is not None
         if new_ms < self._prior.mean:
@@ -200,21 +246,43 @@ class ChangePointDetector:
         say so (Falcon: a straggler gone with the time back within 10 % of its baseline).
         The baseline is the current segment's median; the prior is re-centred on the latest
         time (as for a level found faster than it), and the new segment's posterior is taken
-        from the times of the segment before and the latest, so that a return to the
-        current level is a change at once (from one time's posterior it took 9 iterations
-        here: every run's prior is centred on the healthy level)."""
+        from the level's times (the segment before the current one's, and where that one has
+        at most `min_noise_steps` times, a few between the level and the change, the one's
+        before it too) and the latest, so that a return to the current level is a change at
+        once (from one time's posterior it took 9 iterations here: every run's prior is
+        centred on the healthy level). A change from the new segment is measured against
+        the level's times and its own (the module: a median of a few times alone kept 6
+        standard errors near 20 % of the level), and it is `min_relative_change` from its
+        own too. Where the change `update` reported with the latest time was that return
+        itself, that segment is the new one, and the level is the one before the segment
+        the change left."""
         start = len(self._times) - 1
-        if self._prior is None or start <= self._segment_start:
-            return  # still calibrating, or the segment begins there already
-        level = self._times[-1:]
-        if self._previous_start is not None:
-            level = self._times[self._previous_start : self._segment_start] + level
-        self.baseline_ms = statistics.median(self._times[self._segment_start : start])
-        self._previous_start, self._segment_start = self._segment_start, start
+        segments = self._segments
+        current = segments[-1]
+        if self._prior is None or start < current.start:
+            return  # still calibrating
+        if start > current.start:  # the current segment is the one left
+            self.baseline_ms = statistics.median(
+                current.before + self._times[current.start : start]
+            )
+            segments.append(_Segment(start))
+            self._segments = segments = segments[-4:]
+        elif current.by_caller or len(segments) < 3:
+            return  # begun there already by the caller, or a change from the first segment
+        # else the change just reported, to the latest time, was the return (its baseline set)
+        before: list[float] = []
+        end = segments[-2].start  # the level: the segments before the one left
+        for earlier in reversed(segments[:-2]):
+            before = earlier.before + self._times[earlier.start : end] + before
+            if end - earlier.start > self.config.min_noise_steps:
+                break  # else a few times between the level and the change: the one before too
+            end = earlier.start
+        before = before[-self.config.max_run_length :]
+        segments[-1] = _Segment(start, before, by_caller=True)
         self._unstepped = 0
         self._recentre(self._times[-1])
         posterior = self._stats[0]
-        for x in level:
+        for x in [*before, self._times[-1]]:
             posterior = posterior.updated(x, self._kappa0)
         self._stats[1] = posterior  # the run of the latest time: the level's
 
@@ -249,7 +317,7 @@ class ChangePointDetector:
         spread = max(spread, 1e-9)
         self._prior = _Stats(0.0, mean, 1.0, spread**2)
         self.baseline_ms = mean
-        self._segment_start = best
+        self._segments, self._first = [_Segment(best)], best
         self._log_probs, self._stats = [0.0], [self._prior]
         for x in self._times[best:]:
             if abs(x - mean) <= 5 * spread:  # an outlier is in no segment's statistics
@@ -257,14 +325,19 @@ class ChangePointDetector:
             else:
                 self._unstepped += 1
 
-    def _noise_ms(self, old: list[float], old_ms: float) -> float:
-        """The iteration-time noise (a standard deviation) at the previous segment's level:
-        from its steps where it has at least `min_noise_steps` of them (the module), else
-        the prior's relative spread."""
-        if len(old) <= self.config.min_noise_steps:
+    def _noise_ms(self, start: int, old_ms: float) -> float:
+        """The iteration-time noise (a standard deviation) at the previous segment's level
+        `old_ms`, for a new segment from index `start`: from the relative steps of the
+        previous segment's times, and of those before it back to `noise_steps` steps (not
+        before the calibration), where there are at least `min_noise_steps` (the module);
+        else the prior's relative spread."""
+        config = self.config
+        first = max(self._first, min(self._segment_start, start - config.noise_steps - 1))
+        times = self._times[first:start]
+        if len(times) <= config.min_noise_steps:
             assert self._prior is not None
             return math.sqrt(self._prior.beta) / max(abs(self._prior.mean), 1e-9) * abs(old_ms)
-        steps = [abs(b - a) / max(abs(a), 1e-9) for a, b in itertools.pairwise(old)]
+        steps = [abs(b - a) / max(abs(a), 1e-9) for a, b in itertools.pairwise(times)]
         rough = 1.4826 * statistics.median(steps)  # a step's standard deviation, robustly
         kept = [d * d for d in steps if d <= _STEP_TRIM * rough]  # a level's edge is no noise
         return math.sqrt(sum(kept) / len(kept) / 2) * abs(old_ms)
