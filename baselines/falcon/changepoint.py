@@ -50,12 +50,13 @@ of a few times, does not shrink as the new segment grows: after Falcon's return
 (`start_segment`) a +15 % slowdown 2 iterations later, at 3 % noise, was never reported in
 30 of 200 runs (4 later: 20; 6 later: 10; +20 % 2 later: 8). So the noise takes the steps
 before such a segment too (above), and a segment the caller said went back to an earlier
-level is compared with that level's times as well as its own (`start_segment`): 199 of the
-same 200 runs report it, a median 1 iteration after it began (at most 12; +20 %: all, 0, at
-most 4), as before the noise test (199, at most 27); the one left, its return time 7 %
-high, is within the minimum change of the slowdown (below). A return only part of the
-way (a swap's time, 5-8 % over the healthy level, where Falcon's test of "back" is 10 %)
-then measures against the healthy level, and a change counts only if it is
+level is compared with that level's times as well as its own (`start_segment`): 197 of the
+same 200 runs report it, a median 1 iteration after it began (at most 23; 4 later: 199, 6
+later: 200; +20 % 2 later: all, 0, at most 13), against 199 (at most 27) before the noise
+test; the ones left returned high, within the minimum change of the slowdown (below). A
+return only part of the way (a swap's time, 5-8 % over the healthy level, where Falcon's
+test of "back" is 10 %) then measures against the healthy level, and a change counts only
+if it is
 `min_relative_change` from the segment's own median too: 2 and 5 of 200 such runs report a
 change after it (before: 5 and 5), 1 of 200 returns to the healthy level itself (before: 0).
 
@@ -246,16 +247,14 @@ class ChangePointDetector:
         say so (Falcon: a straggler gone with the time back within 10 % of its baseline).
         The baseline is the current segment's median; the prior is re-centred on the latest
         time (as for a level found faster than it), and the new segment's posterior is taken
-        from the level's times (the segment before the current one's, and where that one has
-        at most `min_noise_steps` times, a few between the level and the change, the one's
-        before it too) and the latest, so that a return to the current level is a change at
-        once (from one time's posterior it took 9 iterations here: every run's prior is
-        centred on the healthy level). A change from the new segment is measured against
-        the level's times and its own (the module: a median of a few times alone kept 6
-        standard errors near 20 % of the level), and it is `min_relative_change` from its
-        own too. Where the change `update` reported with the latest time was that return
-        itself, that segment is the new one, and the level is the one before the segment
-        the change left."""
+        from the level's times (the segment before the current one's) and the latest, so
+        that a return to the current level is a change at once (from one time's posterior it
+        took 9 iterations here: every run's prior is centred on the healthy level). A change
+        from the new segment is measured against the level's times and its own (the module:
+        a median of a few times alone kept 6 standard errors near 20 % of the level), and it
+        is `min_relative_change` from its own too. Where the change `update` reported with
+        the latest time was that return itself, that segment is the new one, and the level
+        is the one before the segment the change left."""
         start = len(self._times) - 1
         segments = self._segments
         current = segments[-1]
@@ -270,13 +269,8 @@ class ChangePointDetector:
         elif current.by_caller or len(segments) < 3:
             return  # begun there already by the caller, or a change from the first segment
         # else the change just reported, to the latest time, was the return (its baseline set)
-        before: list[float] = []
-        end = segments[-2].start  # the level: the segments before the one left
-        for earlier in reversed(segments[:-2]):
-            before = earlier.before + self._times[earlier.start : end] + before
-            if end - earlier.start > self.config.min_noise_steps:
-                break  # else a few times between the level and the change: the one before too
-            end = earlier.start
+        level = segments[-3]  # the segment before the one left
+        before = level.before + self._times[level.start : segments[-2].start]
         before = before[-self.config.max_run_length :]
         segments[-1] = _Segment(start, before, by_caller=True)
         self._unstepped = 0
