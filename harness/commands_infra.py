@@ -9,7 +9,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 from pathlib import Path
 
@@ -55,7 +54,8 @@ MAX_GPUS_PER_NODE = 1024
     "--master-port",
     type=click.IntRange(1, 65535),
     default=29500,
-    help="Node 0's port for torchrun's store [29500; with --run, a free one unless given].",
+    help="Node 0's port for torchrun's store [29500; with --run, a free one the store binds "
+    "itself unless given].",
 )
 @click.option(
     "--iterations", type=click.IntRange(min=1, max=MAX_ITERATIONS), default=3, show_default=True
@@ -197,8 +197,9 @@ def launch(
         "--out",
         str(out_dir),
     ]
-    # A local run takes a free port unless told one (29500 may be another run's).
-    port = _free_port() if run_here and "master_port" not in given_options() else master_port
+    # A local run's store binds a free port itself unless told one (29500 may be another
+    # run's, and a port picked here may be taken before torchrun binds it).
+    port = None if run_here and "master_port" not in given_options() else master_port
     commands = torchrun_commands(
         num_nodes=nodes,
         procs_per_node=world // nodes,
@@ -326,9 +327,3 @@ def _loopback_only(argv: list[str]) -> list[str]:
         return argv
     script = f'{shlex.quote(ip)} link set lo up && exec "$@"'
     return [unshare, "--user", "--map-root-user", "--net", "sh", "-c", script, "sh", *argv]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

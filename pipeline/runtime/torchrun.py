@@ -49,10 +49,24 @@ def torchrun_commands(
     num_nodes: int,
     procs_per_node: int,
     master_addr: str,
-    master_port: int,
+    master_port: int | None,
     worker_args: list[str],
 ) -> list[str]:
-    """The command to run on node k (k = 0 .. num_nodes - 1), as shell text."""
+    """The command to run on node k (k = 0 .. num_nodes - 1), as shell text. `master_port`
+    None (one node only): torchrun's store binds a free port itself, at `master_addr`, and
+    tells its workers which; a port chosen before torchrun starts may be taken by another
+    process (a second launch, a gloo connection) before its store binds it."""
+    if master_port is None and num_nodes != 1:
+        raise ValueError(f"{num_nodes} nodes need node 0's port: only one node finds its own")
+    if master_port is None:  # c10d rendezvous: its store binds port 0, the kernel picks
+        address = f"[{master_addr}]" if ":" in master_addr else master_addr
+        store = [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={address}:0",
+            f"--local-addr={master_addr}",  # the workers' MASTER_ADDR (not the host's name)
+        ]
+    else:
+        store = [f"--master-addr={master_addr}", f"--master-port={master_port}"]
     commands = []
     for node_rank in range(num_nodes):
         argv = [
@@ -62,8 +76,7 @@ def torchrun_commands(
             f"--nnodes={num_nodes}",
             f"--nproc-per-node={procs_per_node}",
             f"--node-rank={node_rank}",
-            f"--master-addr={master_addr}",
-            f"--master-port={master_port}",
+            *store,
             "-m",
             "pipeline.runtime.torchrun",
             *worker_args,

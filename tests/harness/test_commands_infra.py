@@ -69,7 +69,9 @@ def test_launch_uses_the_master_port_it_is_given(
     assert given["master_port"] == expected_port
     result = CliRunner().invoke(launch, [*args, "--run"])  # none given: a free one
     assert isinstance(result.exception, _Stop), result.output
-    assert given["master_port"] != 29500  # the kernel's pick, from its ephemeral range
+    # None: torchrun's store binds port 0 itself. A port picked here and closed (it was)
+    # could be taken by another process before torchrun bound it: "address already in use".
+    assert given["master_port"] is None
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ puts every rank's records on."""
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,12 @@ from pipeline.metrics import compute_metrics
 from pipeline.runtime.compute import EmulatedCompute
 from pipeline.runtime.config import RankResult
 from pipeline.runtime.pool import assemble_timeline
-from pipeline.runtime.torchrun import compute_backend, on_one_clock, parse_worker_args
+from pipeline.runtime.torchrun import (
+    compute_backend,
+    on_one_clock,
+    parse_worker_args,
+    torchrun_commands,
+)
 from pipeline.timeline import Timeline
 
 PLAN = ["--profile", "p.json", "--schedule", "s.json", "--out", "out"]
@@ -76,6 +82,35 @@ def test_rank_0_puts_every_rank_on_one_clock_counting_each_host_from_its_first_r
     assert iteration.start_ms == pytest.approx(2000.0)
     assert iteration.end_ms == pytest.approx(2036.0)  # the last rank's step end
     assert compute_metrics(timeline, 0).iteration_time_ms == pytest.approx(35.0)
+
+
+def test_one_node_without_a_port_has_its_store_bind_a_free_one_itself() -> None:
+    """A port picked before torchrun and closed could be another process's by the time
+    torchrun's store bound it (address already in use): now the store binds port 0."""
+    (command,) = torchrun_commands(
+        num_nodes=1, procs_per_node=2, master_addr="127.0.0.1", master_port=None, worker_args=[]
+    )
+    argv = shlex.split(command)
+    store = argv[argv.index("--node-rank=0") + 1 : argv.index("pipeline.runtime.torchrun") - 1]
+    assert store == [
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        "--local-addr=127.0.0.1",
+    ]
+    (command,) = torchrun_commands(
+        num_nodes=1, procs_per_node=2, master_addr="::1", master_port=None, worker_args=[]
+    )
+    assert "--rdzv-endpoint=[::1]:0" in shlex.split(command)
+    given = torchrun_commands(
+        num_nodes=2, procs_per_node=1, master_addr="h0", master_port=29501, worker_args=[]
+    )
+    for command in given:
+        assert "--master-addr=h0" in command and "--master-port=29501" in command
+        assert "rdzv" not in command
+    with pytest.raises(ValueError, match="2 nodes need node 0's port"):
+        torchrun_commands(
+            num_nodes=2, procs_per_node=1, master_addr="h0", master_port=None, worker_args=[]
+        )
 
 
 @pytest.mark.multiprocess
