@@ -132,17 +132,18 @@ def test_a_chunk_that_lands_while_its_receiver_runs_its_pipeline_is_stamped_as_i
 
 
 def test_the_ring_s_first_chunk_waits_out_a_peer_replica_s_longer_pipeline() -> None:
-    """Each message on replica 1's PP link is held 0.5 s, half the 1 s timeout (the delay
-    check lets it through): replica 1's pipeline runs at least 1.5 s, so replica 0's ring
-    waits that long for its first chunk, which leaves replica 1 only after its last op. That
-    wait had the timeout for one message and failed the iteration ("waiting for all-reduce
-    chunk 0 from rank 3 failed: nothing came within 1 s"); it has none now (the pool's
-    bound on a time without progress: replica 1's ranks report their ops), and the iteration
-    runs, every chunk recorded as in the simulator."""
-    config = _skewed(500.0)
-    with WorkerPool(2, 2, timeout_s=1.0) as pool:
+    """Each message on replica 1's PP link is held 0.8 s, well under the 2 s timeout (the
+    delay check lets it through; 1.2 s to spare for a worker held up on a loaded host):
+    replica 1's pipeline runs at least 2.4 s, so replica 0's ring waits that long for its
+    first chunk, which leaves replica 1 only after its last op. That wait had the timeout
+    for one message and failed the iteration ("waiting for all-reduce chunk 0 from rank 3
+    failed: nothing came within 1 s", with a 1 s timeout); it has none now (the pool's bound
+    on a time without progress: replica 1's ranks report their ops), and the iteration runs,
+    every chunk recorded as in the simulator."""
+    config = _skewed(800.0)
+    with WorkerPool(2, 2, timeout_s=2.0) as pool:
         timeline = pool.run_iteration(config)
-    assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {500.0}
+    assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {800.0}
     assert {m.fault_ms for m in timeline.messages if m.replica == 0} == {0.0}
     predicted = simulate(config.schedule, config.profile, CommMode.DIRECT)
 

@@ -38,7 +38,7 @@ from pipeline.runtime import (
 from pipeline.runtime.config import StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
-from pipeline.runtime.pool import BACKSTOP
+from pipeline.runtime.pool import BACKSTOP, BACKSTOP_GRACE_S
 from pipeline.runtime.transport import DelegateSetup
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
@@ -257,27 +257,29 @@ class _StallBefore:
 def test_a_neighbour_s_messages_far_apart_are_no_timeout_when_no_op_waits_long() -> None:
     """A receiver thread's wait had a limit, 2 x the timeout from the arrival of the
     neighbour's message before: two messages that far apart failed the iteration, however
-    short the ops' waits. Stage 0 stalls 2.5 s before F1's activation, more than 2 x the 1 s
-    timeout after F0's; stage 1, stalled 2 s before B0's gradient meanwhile, asks for F1's
+    short the ops' waits. Stage 0 stalls 4.5 s before F1's activation, more than 2 x the 2 s
+    timeout after F0's; stage 1, stalled 4 s before B0's gradient meanwhile, asks for F1's
     about 0.5 s before it comes, and stage 0 asks for B0's gradient about 0.5 s after it came:
-    no op waits near the timeout (0.5 s to spare, by the stalls), and the iteration runs."""
+    no op waits near the timeout (1.5 s to spare, by the stalls: a worker held up that long
+    on a loaded host still waits less than the timeout), and the iteration runs."""
     profile = _profile(1.0, 1.0, 1.0)
     schedule = Schedule.from_text(
         [["F0", "F1", "B0", "W0", "B1", "W1"], ["F0", "B0", "W0", "F1", "B1", "W1"]]
     )
-    hook = _StallBefore((("forward", 1, 2.5), ("backward", 0, 2.0)))
-    with WorkerPool(2, timeout_s=1.0) as pool:
+    timeout_s = 2.0
+    hook = _StallBefore((("forward", 1, 4.5), ("backward", 0, 4.0)))
+    with WorkerPool(2, timeout_s=timeout_s) as pool:
         timeline = pool.run_iteration(IterationConfig(0, schedule, profile, fault_hook=hook))
     assert len(timeline.ops) == 12
     messages = {(m.direction, m.microbatch): m for m in timeline.messages}
     assert sorted(messages) == [("backward", 0), ("backward", 1), ("forward", 0), ("forward", 1)]
     assert {key: m.fault_ms for key, m in messages.items() if m.fault_ms} == {
-        ("forward", 1): 2500.0,
-        ("backward", 0): 2000.0,
+        ("forward", 1): 4500.0,
+        ("backward", 0): 4000.0,
     }
     # F1's activation left at least its stall after F0's (the same thread sent both).
     first, second = messages["forward", 0], messages["forward", 1]
-    assert second.arrival_ms - first.send_end_ms > 2 * 1000.0
+    assert second.arrival_ms - first.send_end_ms > 2 * timeout_s * 1000.0
 
 
 def test_a_failed_link_is_a_link_failure_of_the_rank_that_sent() -> None:
@@ -627,14 +629,17 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> N
 
 def test_a_long_healthy_iteration_is_no_timeout() -> None:
     """The pool's wait bounds a time without word from the workers, not the iteration: with
-    a 1 s timeout (the pool's wait 7 s), an iteration of 1F1B over 2 stages x 90
-    microbatches of 30 ms ops lasts about 8.2 s, and no message waits near 1 s."""
-    profile = Profile.uniform(2, 90, 30, 30, 30, message_bytes=1024)
-    with WorkerPool(2, timeout_s=1.0) as pool:
+    a 2 s timeout (the pool's wait 9 s), an iteration of 1F1B over 2 stages x 102
+    microbatches of 30 ms ops lasts at least stage 0's 9.18 s of ops, and no message waits
+    near 2 s (some 60 ms: a worker held up 1.9 s on a loaded host still waits less)."""
+    profile = Profile.uniform(2, 102, 30, 30, 30, message_bytes=1024)
+    timeout_s = 2.0
+    with WorkerPool(2, timeout_s=timeout_s) as pool:
         timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     (iteration,) = timeline.iterations
-    assert iteration.end_ms - iteration.start_ms > 7000.0  # longer than the pool's wait
-    assert len(timeline.ops) == 2 * 2 * 90
+    pool_wait_ms = (BACKSTOP * timeout_s + BACKSTOP_GRACE_S) * 1000.0
+    assert iteration.end_ms - iteration.start_ms > pool_wait_ms == 9000.0
+    assert len(timeline.ops) == 2 * 2 * 102
 
 
 def test_a_rank_swap_s_rewiring_longer_than_the_pool_s_wait_is_no_timeout() -> None:
