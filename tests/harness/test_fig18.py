@@ -44,10 +44,14 @@ def _undoes(later: list[SwapRecord], first: list[SwapRecord]) -> bool:
     }
 
 
-PHASES = ((10, 2, 11), (20, 11, 14), (30, 14, 17))
-"""The 10 ms phase is the longest: the swap comes in it (on an idle machine in its first six
-iterations), then the delegates and Adaptra's plan settle; the later phases are as long as
-their checks need (benchmarks/bench_fig18.py runs longer ones, for medians)."""
+PHASES = ((10, 4, 13), (20, 13, 16), (30, 16, 19))
+"""Four healthy iterations first: Falcon's change-point detector calibrates on three that
+agree (with the fault from measured iteration 2, one noisy healthy iteration under load,
+100 and 180 ms before 337, left it none: it took the slow level for the healthy one and
+swapped only in the 30 ms phase). The 10 ms phase is the longest: the swap comes in it (on
+an idle machine in its first six iterations), then the delegates and Adaptra's plan settle;
+the later phases are as long as their checks need (benchmarks/bench_fig18.py runs longer
+ones, for medians)."""
 FAULTS = phased_faults(PHASES)
 
 
@@ -88,7 +92,8 @@ def test_fig18_systems_in_emulated_runs() -> None:
             swapped_at = min(r.iteration for r in swaps)
             first = [r for r in swaps if r.iteration == swapped_at]
             _, onset, end = PHASES[0]
-            assert len(first) == 2 and 1 + onset < swapped_at < 1 + end, swaps
+            times_ms = [round(t) for t in run.wall_times_ms]
+            assert len(first) == 2 and 1 + onset < swapped_at < 1 + end, (system, times_ms, swaps)
             later = [r for r in swaps if r.iteration > swapped_at]
             # Falcon judges its swap by the one iteration after it (no faster than those
             # before: undone); a preempted iteration there may undo it: the same two move back.
