@@ -56,31 +56,37 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
-class InputFile(click.Path):
+class _GivenPath(click.Path):
+    """A path that is not empty ("" names nothing: it was taken as not given, or as the
+    current folder)."""
+
+    names = "path"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail(f"the path is empty: give a {self.names}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class InputFile(_GivenPath):
     """The path of a file the command reads (and names in its own errors): not a directory,
-    and not empty ("" named no file: `--profile ""` was "cannot read profile : Is a
-    directory", `--spec ""` and `--faults ""` were taken as not given)."""
+    and not empty (`--profile ""` was "cannot read profile : Is a directory", `--spec ""`
+    and `--faults ""` were taken as not given)."""
+
+    names = "file"
 
     def __init__(self) -> None:
         super().__init__(dir_okay=False)
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value == "":
-            self.fail("the path is empty: give a file", param, ctx)
-        return super().convert(value, param, ctx)
 
-
-class OutputFolder(click.Path):
+class OutputFolder(_GivenPath):
     """The path of a folder the command writes under: not a file, and not empty (`--out ""`
     wrote into the current folder)."""
 
+    names = "folder"
+
     def __init__(self) -> None:
         super().__init__(file_okay=False)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value == "":
-            self.fail("the path is empty: give a folder", param, ctx)
-        return super().convert(value, param, ctx)
 
 
 def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:
