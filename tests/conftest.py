@@ -1,6 +1,7 @@
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,12 @@ settings.register_profile(
     "dev", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# The signal tests send SIGHUP to processes they start, which inherit this one's dispositions:
+# under `nohup` SIGHUP is ignored, and the project rightly leaves an ignored signal ignored
+# (pipeline.signals), so those tests would see their processes live on. They test the default.
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 ASSETS = Path(__file__).parent / "assets"
 
