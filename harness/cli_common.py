@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
+from harness.policies import GIVEN_POLICY, MAX_WAIT_S, POLICIES, PlannedSchedule, plan
 from pipeline.errors import ConfigError
 from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts
@@ -22,7 +22,6 @@ from pipeline.schedule import Schedule, check_memory, validate_schedule
 from pipeline.torch_csv import from_torch_csv
 
 __all__ = [
-    "MAX_WAIT_S",
     "FiniteFloatRange",
     "InputFile",
     "OutputFolder",
@@ -39,10 +38,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-MAX_WAIT_S = 86_400
-"""The longest time an option in seconds may give (--timeout, --time-limit, launch's
---run-timeout-s): a day."""
 
 
 class FiniteFloatRange(click.FloatRange):

@@ -28,6 +28,7 @@ from pipeline.topology import Link
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
     "GIVEN_POLICY",
+    "MAX_WAIT_S",
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
+MAX_WAIT_S = 86_400
+"""The longest time in seconds a planner's time limit, and any option in seconds (--timeout,
+launch's --run-timeout-s: harness.cli_common.seconds), may give: a day."""
 
 GIVEN_POLICY = "given"
 """The `policy` of a schedule read from a file (--schedule); its `method` names the file."""
@@ -105,8 +109,10 @@ def plan(policy: str, profile: Profile, *, time_limit_s: float | None = None) ->
             raise ConfigError(
                 f"--time-limit is for the exact solver ({', '.join(TIMED_POLICIES)}), not {policy}"
             )
-        if not 0 < time_limit_s <= 86400:
-            raise ConfigError(f"--time-limit must be in (0, 86400] seconds, got {time_limit_s:g}")
+        if not 0 < time_limit_s <= MAX_WAIT_S:
+            raise ConfigError(
+                f"--time-limit must be in (0, {MAX_WAIT_S}] seconds, got {time_limit_s:g}"
+            )
     start = time.perf_counter()
     schedule, method = POLICIES[policy](profile, time_limit_s)
     generation_ms = (time.perf_counter() - start) * 1000.0
