@@ -306,14 +306,15 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
     # had none yet) where it heard netlink before its first message of iteration 3.
     assert {f.iteration for f in moved} <= {-1, 2, 3, 4}
     # The host's own senders hear netlink; their receivers there tell the others over the
-    # management plane (else TCP's user timeout would, seconds later).
+    # management plane (else TCP's user timeout would, seconds later), or a delegate of the
+    # same worker that moved first tells its siblings (under load it may come first).
     links = [link for link in ("0-1", "1-2", "2-3") if str(host) in link.split("-")]
     routes = links + (["tied:0-3"] if host == 0 else [])
     assert {(f.link, f.direction) for f in moved} == {
         (route, direction) for route in routes for direction in ("forward", "backward")
     }
     assert {f.cause for f in moved if _sent_by(host, f)} == {"link state"}
-    assert {f.cause for f in moved if not _sent_by(host, f)} <= {"notice", "timeout"}
+    assert {f.cause for f in moved if not _sent_by(host, f)} <= {"notice", "sibling", "timeout"}
     assert len(moved) == 2 * 2 * len(routes)  # each delegate once (D=2), also one idle
     assert len({f.carrier_pid for f in moved}) == len(moved)
     # The host sends 8 messages per iteration on each of its links; from iteration 2 on
