@@ -158,8 +158,8 @@ def launch(
             f"sbatch {script.path}"
         )
         return
-    from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder  # torch: only when needed
-    from pipeline.runtime.torchrun import torchrun_commands
+    from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder, share_folder
+    from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
     refuse_options(
         given_options() & {"gpus_per_node", "job_time"}, "it is the Slurm script's (with --spec)"
@@ -230,6 +230,7 @@ def launch(
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
         # Its workers, in sessions of their own, stop with it whatever ends the wait.
         with process_tree(argv, env=env, **pipes) as torchrun:
+            share_folder(scratch, torchrun.pid)  # a kill of this process leaves it running
             try:
                 _, stderr = torchrun.communicate(timeout=run_timeout_s)
             except subprocess.TimeoutExpired as err:
@@ -287,7 +288,8 @@ def doctor(fmt: str) -> None:
 def cleanup() -> None:
     """Remove what a killed run left: the network namespaces of testbeds, and the worker
     pools' folders (rendezvous, slots, checkpoints) and `launch --run`'s torchrun folder, in
-    the temporary folder and /dev/shm, whose process is gone. Those of live runs are left,
+    the temporary folder and /dev/shm, whose processes are gone (a torchrun folder's: the
+    launch and its torchrun, which a killed launch leaves running). Those of live runs are left,
     and so are namespaces no testbed owns and folders another program marked."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError

@@ -24,6 +24,7 @@ __all__ = [
     "mark_folder",
     "owned_folder",
     "remove_orphaned",
+    "share_folder",
 ]
 
 POOL_PREFIX, SLOTS_PREFIX = "adaptra-pool-", "adaptra-slots-"
@@ -35,7 +36,8 @@ CHECKPOINTS_PREFIX = "adaptra-checkpoints-"
 TORCHRUN_PREFIX = "adaptra-torchrun-"
 """The temporary folder of a torchrun that `launch --run` starts (its logs, its workers')."""
 _OWNER = ".owner"
-"""A folder's mark: "<pid> <start time>" of the process that made it."""
+"""A folder's mark: "<pid> <start time>" of the process that made it, a line more for each
+process that shares it (`share_folder`)."""
 
 
 def make_folder(prefix: str, parent: str | None = None) -> str:
@@ -73,6 +75,16 @@ def mark_folder(folder: str) -> None:
         mark.write_text(f"{pid} {process_start_time(pid)}\n")
 
 
+def share_folder(folder: str, pid: int) -> None:
+    """Mark `folder` as process `pid`'s too (a child in a session of its own, which a kill
+    of this process leaves running: launch's torchrun), so that `remove_orphaned` leaves it
+    while either runs. Nothing where `pid` no longer runs."""
+    start_time = process_start_time(pid)
+    if start_time is not None:
+        with Path(folder, _OWNER).open("a") as mark:
+            mark.write(f"{pid} {start_time}\n")
+
+
 def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
     """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm),
     the fork server's and launch's torchrun's, whose process no longer runs; the removed
@@ -85,17 +97,23 @@ def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
     for parent in parents:
         for prefix in prefixes:
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
-                owner = _owner(folder)
-                if owner is not None and process_start_time(owner[0]) != owner[1]:
+                owners = _owners(folder)
+                if owners and all(process_start_time(pid) != start for pid, start in owners):
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
     return removed
 
 
-def _owner(folder: Path) -> tuple[int, int] | None:
-    """The pid and start time `folder`'s mark names, or None: no mark, or not one of ours."""
+def _owners(folder: Path) -> list[tuple[int, int]]:
+    """The pids and start times `folder`'s mark names (a line each), or none: no mark, or
+    not one of ours."""
+    owners = []
     try:
-        pid, start_time = map(int, Path(folder, _OWNER).read_text().split())
-    except (OSError, ValueError):  # unreadable; not two whole numbers
-        return None
-    return (pid, start_time) if pid > 0 and start_time >= 0 else None
+        for line in Path(folder, _OWNER).read_text().splitlines():
+            pid, start_time = map(int, line.split())
+            if pid <= 0 or start_time < 0:
+                return []
+            owners.append((pid, start_time))
+    except (OSError, ValueError):  # unreadable; not two whole numbers a line
+        return []
+    return owners

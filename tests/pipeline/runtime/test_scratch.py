@@ -1,6 +1,7 @@
 """The worker pools' marked folders and `cleanup`'s removal of those whose process is gone."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from pipeline.runtime.scratch import (
     TORCHRUN_PREFIX,
     owned_folder,
     remove_orphaned,
+    share_folder,
 )
 
 
@@ -65,6 +67,23 @@ def test_launch_s_torchrun_folder_is_marked_and_removed_once_its_process_is_gone
     assert list(tmp_path.iterdir()) == []  # gone on the way out
     left = _folder(tmp_path, f"{TORCHRUN_PREFIX}killed", _gone_mark())
     assert remove_orphaned([str(tmp_path)]) == [left]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_shared_folder_stays_while_any_of_its_processes_runs(tmp_path: Path) -> None:
+    """A killed `launch --run` leaves its torchrun running (a session of its own): `cleanup`
+    removed the torchrun's folder under it. Now the torchrun shares the mark, and the folder
+    goes only once both are gone."""
+    folder = _folder(tmp_path, f"{TORCHRUN_PREFIX}killed", _gone_mark())
+    with subprocess.Popen(["sleep", "60"]) as torchrun:
+        try:
+            share_folder(str(folder), torchrun.pid)
+            assert remove_orphaned([str(tmp_path)]) == []  # the launch is gone, not torchrun
+            assert len((folder / ".owner").read_text().splitlines()) == 2
+        finally:
+            torchrun.kill()
+    assert remove_orphaned([str(tmp_path)]) == [folder]
+    share_folder(str(tmp_path), torchrun.pid)  # a process gone: no mark
     assert list(tmp_path.iterdir()) == []
 
 
