@@ -12,12 +12,13 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
   its receiver delegate over TCP, and acks the message on its notify pipe with when it
   picked it up and when the wire took its last byte.
 - A receiver delegate listens on each of its host's data-plane addresses (one port on all),
-  reports the port on its notify pipe, accepts its sender delegate (both then report that
-  they are ready), and receives each message straight into the receiving trainer's slot file
-  (the slot of its sequence number), then reports it with when its last byte came in. "map"
-  jobs on its pipe say which slot file and slot size the coming messages use; a message that
-  comes before the map of its file (the sizes in its header tell) is received into memory
-  of its own and reported once the map is in.
+  reports the port on its notify pipe, accepts its sender delegate (and its notice
+  connection, where it has one; both then report that they are ready, each once set up and
+  about to wait: idle until a job or a message comes), and receives each message straight
+  into the receiving trainer's slot file (the slot of its sequence number), then reports it
+  with when its last byte came in. "map" jobs on its pipe say which slot file and slot size
+  the coming messages use; a message that comes before the map of its file (the sizes in
+  its header tell) is received into memory of its own and reported once the map is in.
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
@@ -403,7 +404,6 @@ def run_sender(
     link.connect(START_REPLY_TIMEOUT_S)
     notices = _notice_connection(notice_peer, port) if notice_peer else None
     pid = os.getpid()
-    _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
     retained: list[_Message] = []
     """This iteration's messages so far, to send again after a failover (an iteration's
     messages all have their slots, and the next begins only once all arrived)."""
@@ -457,6 +457,9 @@ def run_sender(
     assert watched is not None
     watched_fd = watched.fileno()
     selector.register(watched_fd, selectors.EVENT_READ)
+    # Ready once set up, just before its first wait: its trainer may take it as idle from
+    # now on (it does nothing more until a job, an event of its NICs or a notice comes).
+    _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
     while True:
         if link.wire is not watched:  # a failover: watch the new connection
             selector.unregister(watched_fd)  # by number: the old socket is closed
@@ -671,6 +674,11 @@ def run_receiver(
     # the job pipe's event stale (a read of the empty pipe: a hang). A hello is read as it
     # comes too (a wait on one held up the message coming in meanwhile, for seconds).
     while True:
+        if not ready and inbox is not None and (noticed or not notice_address):
+            # Its sender's connection taken, and its notice connection where it has one:
+            # ready, and idle from here (its trainer may take it so) until something comes.
+            _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
+            ready = True
         for key, _ in selector.select(_time_left(callers)):
             if key.fileobj == control:
                 try:
@@ -714,9 +722,6 @@ def run_receiver(
                     selector.unregister(inbox.wire)
                     inbox.wire.abandon()
                 inbox, newest = _Inbox(caller.wire, nic), number  # watched since its accept
-                if not ready:
-                    _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
-                    ready = True
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
                 told = [NOTICE.pack(k, 1) for k, i in enumerate(indices) if i in came_up]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,12 +25,21 @@ from adaptra.transport.delegate import (
     FAILOVER,
     HEADER,
     HELLO,
+    NOTE,
+    NOTICE_HELLO,
     PATH_BYTES,
     PORT,
     READY,
     RESUME,
 )
-from adaptra.transport.delegated import _Inbound, _Outbound, _Process, _read_note, _SlotFile
+from adaptra.transport.delegated import (
+    DELEGATE_FILE,
+    _Inbound,
+    _Outbound,
+    _Process,
+    _read_note,
+    _SlotFile,
+)
 from pipeline.errors import ConfigError
 from pipeline.runtime.transport import ACTIVATION, LinkDirection, Message
 from tests.adaptra.transport.one_host import entered, ip_batch, one_host_namespace
@@ -83,12 +94,22 @@ def _slot(slots: _SlotFile, offset: int, nbytes: int) -> bytes:
     return bytes(slots.tensor(offset, torch.empty(nbytes, dtype=torch.uint8)).tolist())
 
 
+def _wait_state(pid: int, state: str) -> None:
+    """Until process `pid` is in `state` (/proc's: "T" stopped, "S" asleep in a wait)."""
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != state:
+        assert time.monotonic() < deadline, f"process {pid} never reached state {state}"
+        time.sleep(0.01)
+
+
 def _wait_stopped(pid: int) -> None:
     """Until the process is stopped (a signal's delivery is not immediate)."""
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        assert time.monotonic() < deadline, "the receiver delegate did not stop"
-        time.sleep(0.01)
+    _wait_state(pid, "T")
+
+
+def _noted(fd: int) -> bool:
+    """Whether anything waits in the notify pipe `fd` (read end)."""
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def test_a_message_whose_map_comes_in_the_same_batch_of_events_is_received(
@@ -197,6 +218,74 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
         for process in (sender, receiver):
             if process is not None:
                 process.close()
+
+
+_STOPS_AT_ITS_SELECTOR = """import os, runpy, selectors, signal, sys
+real = selectors.DefaultSelector
+def stopped():
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return real()
+selectors.DefaultSelector = stopped
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+"""Runs the delegate file named first, with the arguments after it, stopped as it makes its
+selector (its waits' set-up)."""
+
+
+def test_a_sender_notes_ready_only_once_set_up_to_wait() -> None:
+    """READY tells the trainer that a delegate is done starting: idle until a job comes (a
+    worker reports the pool ready then). A sender that stops as it makes its selector, its
+    connection made, has noted nothing yet (it noted READY first and set up after, while the
+    pool's first iteration ran); once it goes on, it notes READY."""
+    receiver, port = _start_receiver()
+    control_r, control = os.pipe()
+    notify, notify_w = os.pipe()
+    args = [str(port), "2000", "127.0.0.1", "127.0.0.1", "", ""]
+    command = [sys.executable, "-S", "-c", _STOPS_AT_ITS_SELECTOR, str(DELEGATE_FILE), "send"]
+    command += [str(os.getpid()), str(control_r), str(notify_w), *args]
+    sender = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
+    os.close(control_r)
+    os.close(notify_w)
+    try:
+        deadline = time.monotonic() + 30
+        assert _read_note(receiver, deadline)[0] == READY  # connected: the sender's hello in
+        _wait_stopped(sender.pid)
+        assert not _noted(notify)
+        os.kill(sender.pid, signal.SIGCONT)
+        assert select.select([notify], [], [], 30)[0]
+        kind, *_, nic, _, _, pid = NOTE.unpack(os.read(notify, NOTE.size))
+        assert (kind, nic, pid) == (READY, 0, sender.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sender.pid, signal.SIGCONT)
+        os.close(control)  # its end of the run: it ends
+        sender.wait(30)
+        os.close(notify)
+        receiver.close()
+
+
+def test_a_receiver_with_notices_notes_ready_once_its_notice_connection_is_in_too() -> None:
+    """A receiver whose sender also connects for its notices (the testbed's management
+    plane) is not done starting with the data connection alone: the notice connection's
+    accept and hello come next. It notes READY only once both are in (it noted READY
+    before the notice connection came)."""
+    process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "127.0.0.2", ""])
+    try:
+        deadline = time.monotonic() + 30
+        kind, *_, port, _, _, _, _ = _read_note(process, deadline)
+        assert kind == PORT
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as data:
+            data.sendall(HEADER.pack(-1, 0, -1, HELLO, 1, 0, 0))
+            assert RESUME.unpack(data.recv(RESUME.size, socket.MSG_WAITALL)) == (-1,)
+            # Its answer sent, it waits again (asleep) with nothing noted: not ready yet.
+            _wait_state(process.process.pid, "S")
+            assert not _noted(process.notify)
+            with socket.create_connection(("127.0.0.2", port), timeout=30) as notices:
+                notices.sendall(HEADER.pack(-1, 0, -1, NOTICE_HELLO, 0, 0, 0))
+                assert _read_note(process, deadline)[0] == READY
+    finally:
+        process.close()
 
 
 def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> None:

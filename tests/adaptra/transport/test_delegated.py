@@ -53,10 +53,29 @@ SCHEDULE = zb_h2(PROFILE)
 ON_LINK_0_1 = (("0-1", "forward", "delegated"), ("0-1", "backward", "delegated"))
 
 
-def _cpu_ticks(pid: int) -> int:
-    """User plus system CPU time of a process so far, in clock ticks."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def _state(pid: int) -> str:
+    """/proc's state of a process ("S": asleep in a wait)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _activity(pid: int) -> tuple[int, int, int]:
+    """Counts that only a delegate's work changes, exactly: its read and write calls (it
+    reads its jobs and writes its notes with them; a socket's are other calls) and its
+    voluntary context switches (one each time it goes back to a wait it woke from)."""
+    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    (switches,) = [line.split()[1] for line in status if line.startswith("voluntary_ctxt")]
+    return int(io["syscr"]), int(io["syscw"]), int(switches)
+
+
+def _idle(pids: list[int]) -> dict[int, tuple[int, int, int]]:
+    """Each process's `_activity`, once all are asleep (a delegate notes READY just before
+    its first wait, and may not have reached it yet on a loaded host)."""
+    deadline = time.monotonic() + 30
+    while not all(_state(pid) == "S" for pid in pids):
+        assert time.monotonic() < deadline, {pid: _state(pid) for pid in pids}
+        time.sleep(0.01)
+    return {pid: _activity(pid) for pid in pids}
 
 
 def _gone(pid: int) -> bool:
@@ -81,9 +100,10 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
         # per link, D per direction and side: (S - 1) links x 2 directions x 2 sides x D
         assert len(delegates) == len(set(delegates)) == (S - 1) * 2 * 2 * D
         assert not workers & set(delegates)
-        idle = {pid: _cpu_ticks(pid) for pid in delegates}
+        idle = _idle(delegates)
         first = pool.run_iteration(IterationConfig(0, SCHEDULE, PROFILE))
-        assert {pid: _cpu_ticks(pid) for pid in delegates} == idle  # direct: delegates sleep
+        # Direct: the delegates slept through it (no job read, no note, no wake).
+        assert {pid: _activity(pid) for pid in delegates} == idle
         second = pool.run_iteration(IterationConfig(1, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
         third = pool.run_iteration(IterationConfig(2, SCHEDULE, PROFILE))
         bigger = dataclasses.replace(PROFILE, message_bytes=3 << 20)  # new slot files
