@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from adaptra.transport import Delegates, delegated
-from adaptra.transport.delegate import NOTE
+from adaptra.transport.delegate import HEADER, NOTE, RESUME
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.link_rates import NO_RATES
@@ -322,8 +322,10 @@ def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
     and A closes its sender side meanwhile; the receiver runs again once A has closed the
     delegate's job pipe (B's side of the swap, which closes the receiver, waits for A's
     close). The move finishes after its trainer closed the side, and is A's failover of
-    iteration 1 all the same. (The mover waits 5 s for the answer, CONNECT_TIMEOUT_S: from
-    its hello to A's close the test runs no more than an ss.)"""
+    iteration 1 all the same. (The mover waits CONNECT_TIMEOUT_S, 5 s, for the answer, and
+    a loaded host may take longer to run the test to A's close: the mover is stopped too,
+    from its hello until the receiver's answer is in its socket, which it then finds at
+    once whenever it runs again.)"""
     delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
@@ -338,14 +340,25 @@ def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
         ip_batch(namespace, ["link set nic0 down"])
         over_nic1 = ["10.77.1.1"]
         _eventually(lambda: _sources(mover.process.pid) == over_nic1, "its move's connection")
+        (mine,) = _connections(mover.process.pid)
+        hello_in = [HEADER.size]  # in the receiver's socket, not yet accepted
+        _eventually(lambda: _queued(mine[1], mine[0]) == hello_in, "its move's hello")
+        os.kill(mover.process.pid, signal.SIGSTOP)
+        stack.callback(_resume, mover.process.pid)
         assert _notes_written(mover) == 0  # its move waits for the receiver's answer
         job_pipe, real_close, real_close_side = mover.control, os.close, a._close
-        closed_side = threading.Event()
+        closed_side, hung_up = threading.Event(), threading.Event()
 
         def close(fd: int) -> None:
             real_close(fd)
-            if fd == job_pipe:  # A hangs up on the mover: its receiver runs again
+            # A hangs up on the mover (once: ss's pipes may reuse the number): its receiver
+            # runs again, answers, and then the mover, which finds the answer in.
+            if fd == job_pipe and not hung_up.is_set():
+                hung_up.set()
                 _resume(receiver)
+                answer_in = [RESUME.size]
+                _eventually(lambda: _queued(*mine) == answer_in, "the receiver's answer")
+                _resume(mover.process.pid)
 
         def close_side(side: delegated._Side) -> None:
             real_close_side(side)
@@ -377,6 +390,25 @@ def _sources(pid: int) -> list[str]:
                          text=True, check=True).stdout  # fmt: skip
     return sorted(line.split()[2].rsplit(":", 1)[0] for line in out.splitlines()
                   if f"pid={pid}," in line)  # fmt: skip
+
+
+def _ss_established() -> list[list[str]]:
+    """`ss`'s established TCP connections (in this thread's namespace): Recv-Q, Send-Q,
+    local address:port, peer address:port, and the process, if one has it yet."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established"], capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    return [line.split() for line in out.splitlines()]
+
+
+def _connections(pid: int) -> list[tuple[str, str]]:
+    """(local, peer) address:port of each established TCP connection of process `pid`."""
+    return [(c[2], c[3]) for c in _ss_established() if f"pid={pid}," in " ".join(c[4:])]
+
+
+def _queued(local: str, peer: str) -> list[int]:
+    """The bytes received and not yet read on the connection from `local` to `peer` (none
+    if there is no such connection)."""
+    return [int(c[0]) for c in _ss_established() if (c[2], c[3]) == (local, peer)]
 
 
 def _abort(pid: int) -> None:
