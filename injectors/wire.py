@@ -409,13 +409,13 @@ class WireProcess:
             self.process.kill()
             self.process.join(2.0)
 
-    def stop(self) -> None:
-        """Ask it to end; kill it if it does not within 2 s."""
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Ask it to end; kill it if it does not within `grace_s` (a testbed's close: 2 s)."""
         with contextlib.suppress(OSError):
             self.conn.send("stop")
         if self.process.pid is None:  # never started
             return
-        self.process.join(2.0)
+        self.process.join(grace_s)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(2.0)
