@@ -9,13 +9,13 @@ from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup, max_warmup
 from adaptra.search import search_policy
-from baselines.zb_auto import zb_auto, zb_order
-from baselines.zero_bubble import zb_h1, zb_h2
 from pipeline.errors import MemoryLimitError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
+from pipeline.zb_auto import zb_auto, zb_order
+from pipeline.zero_bubble import zb_h1, zb_h2
 
 __all__ = [
     "DEFAULT_MAX_CANDIDATES",

@@ -14,13 +14,13 @@ from adaptra.generator import Policy, generate_policy, generate_schedule
 from adaptra.planning import algorithm2, authors_warmup
 from adaptra.policy_timing import time_policy
 from adaptra.scheduler import plan_adaptra, plan_initial
-from baselines.zb_auto import zb_auto, zb_order
-from baselines.zero_bubble import zb_h1, zb_h2
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
 from pipeline.schedule import Schedule, peak_memory, validate_schedule
 from pipeline.simulator import simulate
+from pipeline.zb_auto import zb_auto, zb_order
+from pipeline.zero_bubble import zb_h1, zb_h2
 from tests.adaptra.worst_profiles import WORST_GAP_2026_12, WORST_PAPER, WORST_STRAGGLER
 from tests.strategies import profiles
 

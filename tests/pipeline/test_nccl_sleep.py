@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 
 from baselines.one_f_one_b import one_f_one_b
-from baselines.zero_bubble import zb_h1
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import MessageFault
 from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode, LinkComm, simulate
 from pipeline.topology import Link
+from pipeline.zero_bubble import zb_h1
 from tests.strategies import profiles
 
 

@@ -4,7 +4,7 @@ Conditions under which the formulas hold (and are asserted): the same op times o
 stage, tW <= tF and tW <= tB, no link delay, N >= S (and N >= 2S - 1 for ZB-H2). Outside
 them the handcrafted schedules are still valid, only the formulas stop being exact. The
 paper's bubbles count from each stage's own first op; an iteration's also has the last
-stage's wait for its first input (baselines.zero_bubble).
+stage's wait for its first input (pipeline.zero_bubble).
 """
 
 import pytest

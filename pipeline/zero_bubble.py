@@ -1,5 +1,8 @@
 """ZeroBubble's handcrafted schedules ZB-H1 and ZB-H2 (Qi et al., ICLR 2024, section 3).
 
+Two systems use these schedules, so they are in pipeline/: the ZB baselines (`baselines`)
+and Adaptra's scheduler, which keeps a ZeroBubble order where it is faster than its own.
+
 Both split the backward into B and W and share one shape: x_i warm-up forwards, then a
 steady phase of B, W, F per step in which stage i runs the W of `lag_i` steps ago, then the
 W's left over. ZB-H1 keeps 1F1B's warm-up (x_i = S - i) and lags W by i steps: peak memory
@@ -7,7 +10,7 @@ S microbatches. ZB-H2 warms up with x_i = 2(S-i) - 1 forwards and lags W by 2i s
 memory 2S-1.
 
 Bubbles, with the same op times on every stage, tW <= tF and tW <= tB, N >= 2S - 1 for
-ZB-H2 (tests/baselines/test_zero_bubble.py): the paper's, (S-1)(tF+tB-tW) for ZB-H1 and
+ZB-H2 (tests/pipeline/test_zero_bubble.py): the paper's, (S-1)(tF+tB-tW) for ZB-H1 and
 (S-1)(tF+tB-2tW) for ZB-H2 (zero when tF + tB = 2tW), are each stage's from its own first op
 to its last. Its zero-bubble ZB-H2 needs consecutive iterations to overlap (the optimizer
 step's synchronization bypassed), which this model, one iteration at a time, does not do:

@@ -1,5 +1,8 @@
 """ZeroBubble's automatic heuristic (`zb`), the static ZB baseline of the paper's experiments.
 
+Two systems use these schedules, so they are in pipeline/: the ZB baselines (`baselines`)
+and Adaptra's scheduler, which keeps a ZeroBubble order where it is faster than its own.
+
 A simplified reading of ZeroBubble's greedy scheduler (Qi et al., 2024, section 3.3): before
 the first B, start forwards while memory allows; then alternate F and B, and run a W whenever
 neither is ready (W fills gaps) or memory is full. The order is generated for the fault-free
@@ -14,7 +17,7 @@ delay on link 0-1 (`ideal` mode) it takes 470/550/630 ms at 20/30/40 ms, where t
 (the paper's figures) takes 440/500/560. Counting pending as F - B, or no cap at all, gives
 the fixture there but lets W's pile up with N (peak 35.5 at S=4, N=64; 143.5 at S=16, N=256),
 which no real ZeroBubble does; so the 2S rule stays, and every `zb` and `adaptra-cpu` figure
-is this order's, not the fixture's (tests/baselines/test_zb_auto.py checks both).
+is this order's, not the fixture's (tests/pipeline/test_zb_auto.py checks both).
 """
 
 from __future__ import annotations
