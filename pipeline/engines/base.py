@@ -101,14 +101,27 @@ class Plan:
                 validated[id(schedule)] = schedule
 
     def comm_by_link(self) -> dict[str, str]:
-        """Each PP link's comm mode ("delegated" where either direction is)."""
-        modes = {str(Link.pp(i)): [self.comm] for i in range(self.schedule.num_stages - 1)}
+        """Each PP link's comm mode: "delegated" where either direction's messages go over
+        delegates, else its directions' mode (where they differ, the one its last
+        `link_comms` entry gives). A direction's mode is `comm` but where a `link_comms`
+        entry gives another (the last one for it, as the simulator runs it)."""
+        directions: dict[str, dict[str, CommMode]] = {}
+        last: dict[str, CommMode] = {}
         for override in self.link_comms:
-            modes[str(Link.pp(override.link.first))].append(override.comm)
-        return {
-            link: CommMode.DELEGATED.value if CommMode.DELEGATED in ways else ways[-1].value
-            for link, ways in modes.items()
-        }
+            link = str(Link.pp(override.link.first))
+            directions.setdefault(link, {})[override.direction] = override.comm
+            last[link] = override.comm
+        modes: dict[str, str] = {}
+        for i in range(self.schedule.num_stages - 1):
+            link = str(Link.pp(i))
+            ways = {"forward": self.comm, "backward": self.comm} | directions.get(link, {})
+            if CommMode.DELEGATED in ways.values():
+                modes[link] = CommMode.DELEGATED.value
+            elif ways["forward"] is ways["backward"]:
+                modes[link] = ways["forward"].value
+            else:
+                modes[link] = last[link].value
+        return modes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
