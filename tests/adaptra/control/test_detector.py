@@ -121,7 +121,12 @@ def test_hysteresis_keeps_a_wavering_link_slow_between_the_thresholds() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"onset_ms": 2.0, "recovery_ms": 3.0}, "recovery_ms"), ({"replan_ms": -1}, "margins")],
+    [
+        ({"onset_ms": 2.0, "recovery_ms": 3.0}, "recovery_ms"),
+        ({"replan_ms": -1}, "margins"),
+        ({"slow_direction_ms": 0.0}, "slow_direction_ms"),
+        ({"slow_direction_ms": 9.0}, "slow_direction_ms"),
+    ],
 )
 def test_bad_thresholds_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -160,6 +165,24 @@ def test_late_stamps_on_most_of_a_direction_s_messages_are_no_straggler() -> Non
     assert times.median_ms - times.lower_quartile_ms == pytest.approx(20.0, abs=1e-6)
     assert _beliefs(stamped_late) == [{}] * 5  # the warm-up iteration, then 4 measured
     assert _beliefs(_late(timeline, 2, 8, 20.0))[2] == {"1-2": pytest.approx(20.0, abs=1e-6)}
+
+
+def test_a_jittered_delay_is_estimated_without_bias_over_every_replica_or_one() -> None:
+    """30 +- 30 ms on link 1-2 at DP 4, on every replica or replica 1 only, 30 iterations:
+    the estimates' mean is the delay's (was the largest of 8 or 2 noisy medians: 43.0 and
+    33.2 ms); without jitter, replica 1's alone is exact (its healthy replicas left out)."""
+    profile = dataclasses.replace(
+        PROFILE, num_replicas=4, allreduce_bytes=(1000,) * 4, dp_bucket_bytes=1000
+    )
+    for link in ("1-2", "pp1:1-2"):
+        timeline = _sim_timeline(
+            f'[{{start_iteration: 0, links: ["{link}"], delay_ms: 30, jitter_ms: 30}}]', 30, profile
+        )
+        estimates = [b["1-2"] for b in _beliefs(timeline, profile)[1:]]
+        assert len(estimates) == 30
+        assert 28.0 < sum(estimates) / len(estimates) < 32.0, (link, estimates)
+    timeline = _sim_timeline('[{start_iteration: 0, links: ["pp1:1-2"], delay_ms: 30}]', 3, profile)
+    assert _beliefs(timeline, profile)[1:] == [{"1-2": pytest.approx(30.0, abs=1e-6)}] * 3
 
 
 def test_the_kinds_a_profile_s_own_delays_leave_without_a_healthy_link() -> None:
