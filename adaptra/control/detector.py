@@ -18,7 +18,17 @@ the host less than the direct path's send and receive). So the floor is kept per
 link (PP or DP), path (direct or over delegates) and size (the direction's median message
 size, in its class of sizes within 5 %, `pipeline.message_sizes`: its median is the host's
 time for a message that large): the least such median seen so far on a direction of the
-class whose link was not slow. An iteration is looked at first against the floors the ones
+class whose link was not slow. A DP ring's lag grows with the rings running at once too
+(BENCHMARKS.md: an 8 MB step at S=4 28.4 ms alone, 68.3 ms with four), and an iteration
+whose pipeline runs skewed (a PP fault's first, over direct) runs its stages' rings apart:
+the least median is then under any ring's with them at once (healthy rings were 11 ms
+above it once the fault had gone, called slow and swapped). So a DP class's floor rises
+where it compares no longer: where two or more of the class's links are not believed slow
+and every one of their directions' medians is the recovery threshold (4 ms) or more above
+it, at the first look, it is the least of those medians from then on. A fault on a host or
+a host pair is on one stage's ring (a NIC on at most two of its links, one worker per
+host), so it never slows every link of such a class, while the rings at once move them
+all. An iteration is looked at first against the floors the ones
 before it left; a class none has set yet takes the direct path's floor of its kind and size
 where it is a PP class over delegates, else the least of its directions' medians now. The
 directions of the links neither believed slow nor slow at that look lower their classes'
@@ -76,7 +86,9 @@ Thresholds (`Thresholds`), and why:
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
 direction, or every stage's DP ring whose chunks are in one size class) leave their class
 no healthy floor (then only the model's expectation is subtracted): the delay is in the
-floor, and no such link is called slow. `unmeasurable_kinds` names the kinds a profile's
+floor, and no such link is called slow. So do a DP class's links (two or more) that all
+turn slow at once later, by 4 ms or more (a fault naming every one of them): its floor
+rises to them. `unmeasurable_kinds` names the kinds a profile's
 own delays leave so (a 2-stage pipeline with its one PP link delayed, for one). Over
 delegates, a class with no healthy direction (a 2-stage pipeline's one slow PP link) is
 measured against the direct path's floor: the difference of the host's costs on the two
@@ -304,7 +316,10 @@ class LinkDetector:
         against those (the module)."""
         for (link, _, _), times in directions.items():
             self._sizes.setdefault(link in self._pp_expected_ms, set()).add(times.num_bytes)
-        _, first_evidence = self._excess_ms(directions, self._floors_ms(directions, first=True))
+        first_floors_ms = self._floors_ms(directions, first=True)
+        if self._raise_dp_floors(directions, first_floors_ms):
+            first_floors_ms = self._floors_ms(directions, first=True)
+        _, first_evidence = self._excess_ms(directions, first_floors_ms)
         onset, recovery = self.thresholds.onset_ms, self.thresholds.recovery_ms
         for (link, _, _), times in directions.items():
             if link not in self._slow and first_evidence[link] < onset:
@@ -318,6 +333,37 @@ class LinkDetector:
                 self._slow.discard(link)
         self.belief = Belief(iteration, extra, frozenset(self._slow & set(extra)))
         return self.belief
+
+    def _raise_dp_floors(
+        self, directions: Directions, floors_ms: Mapping[tuple[str, str, int], float]
+    ) -> bool:
+        """Raise each DP class's kept floor to the least median of its directions now where
+        two or more of its links are not believed slow and every one of their directions'
+        medians is `recovery_ms` or more above it (none healthy against it: the rings run
+        more at once than where it was set, the module); whether one was."""
+        recovery_ms = self.thresholds.recovery_ms
+        size_class = size_classes(self._sizes.get(False, ()))
+        by_class: dict[FloorClass, list[tuple[tuple[str, str, int], DirectionTimes]]] = {}
+        for key, times in directions.items():
+            if key[0] not in self._pp_expected_ms and key[0] not in self._slow:
+                of = (False, times.delegated, size_class[times.num_bytes])
+                by_class.setdefault(of, []).append((key, times))
+        raised = False
+        for (_, delegated, size), members in by_class.items():
+            kept = [
+                at
+                for at in self._floor_ms
+                if not at[0] and at[1] == delegated and size_class[at[2]] == size
+            ]
+            if not kept or len({key[0] for key, _ in members}) < 2:
+                continue
+            if all(times.median_ms - floors_ms[key] >= recovery_ms for key, times in members):
+                for at in kept:
+                    del self._floor_ms[at]
+                least = min((times for _, times in members), key=lambda times: times.median_ms)
+                self._floor_ms[False, delegated, least.num_bytes] = least.median_ms
+                raised = True
+        return raised
 
     def _excess_ms(
         self, directions: Directions, floors_ms: Mapping[tuple[str, str, int], float]

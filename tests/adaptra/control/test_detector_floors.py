@@ -260,3 +260,56 @@ def test_rings_whose_chunks_differ_by_0_6_percent_share_a_floor() -> None:
         "adaptra": [{}, slow, slow, {"0-1": 20.0}],
     }
     assert unmeasurable_kinds(profile.with_delays([0.0], {Link.dp(0, 0): 20.0})) == ()
+
+
+CONCURRENT_RINGS_HOST = HostCosts(
+    ring_lag_ms_by_rings=RingLag(
+        ((1, CostCurve(((0, 0.0), (8 * MB, 1.0)))), (4, CostCurve(((0, 0.0), (8 * MB, 12.0)))))
+    ),
+    delegated_ring_lag_ms_by_rings=RingLag(
+        ((1, CostCurve(((0, 0.0), (8 * MB, 1.0)))), (4, CostCurve(((0, 0.0), (8 * MB, 12.0)))))
+    ),
+    send_ms_by_bytes=CostCurve.line(0.2),
+    receive_lag_ms_by_bytes=CostCurve.line(0.2),
+)
+"""An 8 MB ring chunk lags 1 ms with one stage's ring running, 12 ms with all four at once
+(BENCHMARKS.md: "The ring's lag grows with the rings at once")."""
+
+FOUR_RINGS = Profile.uniform(
+    4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+    allreduce_bytes=(32 * MB,) * 4, dp_bucket_bytes=16 * MB, dp_bandwidth_gbps=100,
+)  # fmt: skip
+"""PP 4 x DP 2, every stage's ring of 8 MB chunks: one size class."""
+
+
+@pytest.mark.parametrize(
+    ("faults_yaml", "expected", "num_swaps"),
+    [
+        ('[{start_iteration: 3, end_iteration: 8, links: ["1-2"], delay_ms: 30}]', [{}] * 5, 0),
+        (
+            '[{start_iteration: 3, end_iteration: 8, links: ["1-2"], delay_ms: 30},'
+            ' {start_iteration: 11, links: ["dp2:0-1"], delay_ms: 10}]',
+            [{}, {}, {"dp2:0-1": 10.0}, {"dp2:0-1": 10.0}, {"2-3": 10.0}],
+            1,
+        ),
+    ],
+)
+def test_rings_back_at_once_after_a_pp_fault_are_no_stragglers(
+    faults_yaml: str, expected: list[dict[str, float]], num_swaps: int
+) -> None:
+    """30 ms on PP link 1-2 skews the pipeline in its first (direct) iteration: the stages'
+    rings run apart, lag less, and set the DP floor 7.3 ms under any ring's median with the
+    four at once. Once the fault had gone, healthy dp1:0-1 and dp3:0-1 were 11 ms slow in
+    every iteration and swapped onto a PP edge (and a later 10 ms on dp2:0-1 was estimated
+    among them, dp0:0-1 at 9.2 ms beside it). With no ring of the class healthy against the
+    floor, it rises to the least ring's now: none slow, no swap; the later fault is found at
+    its delay and swapped."""
+    faults = parse_yaml(faults_yaml)
+    controller = system_controller("adaptra", FOUR_RINGS, faults)
+    run = run_configuration(
+        controller, num_iterations=16, faults=faults, delegated=True, host=CONCURRENT_RINGS_HOST
+    )
+    assert [d.detected_ms for d in run.decisions[4:10]] == [{"1-2": 30.0}] * 5 + [{}]
+    assert [d.detected_ms for d in run.decisions[10:15]] == expected
+    assert isinstance(controller, DetectingController)
+    assert controller.swaps.num_swaps == num_swaps
