@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Sequence
 
@@ -307,6 +308,10 @@ def _solve(
     search 5."""
     solver = cp_model.CpSolver()
     params = solver.parameters
+    # CP-SAT's own SIGINT handler (on by default) sets SIGINT to SIG_DFL when the solve
+    # ends, not back to the process's handler: a later Ctrl-C then killed `run` with no
+    # cleanup. Signals are the caller's; `_search` lets them interrupt the search.
+    params.catch_sigint_signal = False
     if limit.wall_s is not None:
         params.max_time_in_seconds = max(0.0, limit.wall_s)
     if limit.deterministic_s is not None:
@@ -321,7 +326,38 @@ def _solve(
         else:
             params.extra_subsolvers.append("fixed")
             params.num_full_subsolvers = max(2, params.num_workers)
-    return solver, solver.solve(model)
+    return solver, _search(solver, model)
+
+
+def _search(solver: cp_model.CpSolver, model: cp_model.CpModel) -> cp_model.CpSolverStatus:
+    """`solver.solve(model)` in a thread of its own (it releases the GIL), so the main
+    thread still runs Python's signal handlers while CP-SAT searches: an exception from one
+    (KeyboardInterrupt, the CLI's Terminated) stops the search, waits for it to end, and
+    goes on up at once, instead of after the time limit (`--time-limit` up to a day)."""
+    outcome: list[cp_model.CpSolverStatus | BaseException] = []
+    ended = threading.Event()
+
+    def search() -> None:
+        try:
+            outcome.append(solver.solve(model))
+        except BaseException as err:  # handed to the caller's thread below
+            outcome.append(err)
+        finally:
+            ended.set()
+
+    thread = threading.Thread(target=search, name="cp-sat")
+    thread.start()
+    try:
+        ended.wait()  # not thread.join(): interrupted, 3.11's marks a running thread stopped
+    except BaseException:
+        while not ended.wait(0.01):  # stop_search does nothing until solve has begun
+            solver.stop_search()
+        thread.join()
+        raise
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _prepare_warm_start(warm_start: Schedule | None, profile: Profile) -> Schedule | None:

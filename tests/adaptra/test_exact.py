@@ -9,6 +9,9 @@ from __future__ import annotations
 import functools
 import itertools
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from pipeline.schedule import Schedule, peak_memory, validate_schedule
 from pipeline.simulator import CommMode, simulate
 
 FIG4_OPTIMUM = {0.0: 390.0, 20.0: 410.0, 30.0: 420.0, 40.0: 430.0}
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fig4_profile(c0: float) -> Profile:
@@ -278,3 +282,46 @@ def test_deterministic_optimum() -> None:
     first, second = (solve_exact_deterministic(profile, deterministic_time_s=5) for _ in range(2))
     assert first.optimal and second.optimal
     assert first.iteration_time_ms == second.iteration_time_ms
+
+
+def _python(code: str) -> list[str]:
+    """Run `code` in a fresh interpreter (signals sent there cannot reach the test runner);
+    its stdout's words."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    return out.stdout.split()
+
+
+def test_a_solve_leaves_the_processs_sigint_handler_in_place() -> None:
+    """CP-SAT's default `catch_sigint_signal` set SIGINT to SIG_DFL at the OS level when a
+    solve ended (Python's getsignal still named the old handler), so a later SIGINT killed
+    the process (returncode -2) instead of running the handler."""
+    code = (
+        "import os, signal; from adaptra.exact import solve_exact_deterministic; "
+        "from pipeline.profile import Profile; got = []; "
+        "signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum)); "
+        "r = solve_exact_deterministic(Profile.uniform(2, 2, 1, 1, 1), deterministic_time_s=1); "
+        "os.kill(os.getpid(), signal.SIGINT); signal.raise_signal(signal.SIGINT); "
+        "print(r.status, got == [signal.SIGINT] * 2)"
+    )
+    assert _python(code) == ["OPTIMAL", "True"]
+
+
+def test_a_signal_during_a_solve_ends_it_at_once() -> None:
+    """A handler's exception (Ctrl-C's KeyboardInterrupt) reaches the caller while CP-SAT
+    searches (a problem it finds nothing for in seconds, given 600 s), and the search stops
+    with it: no solver thread is left running."""
+    code = (
+        "import os, signal, threading, time; from adaptra.exact import solve_exact; "
+        "from pipeline.profile import Profile\n"
+        "def interrupt():\n"
+        "    while not any(t.name == 'cp-sat' for t in threading.enumerate()): time.sleep(0.01)\n"
+        "    time.sleep(0.2); os.kill(os.getpid(), signal.SIGINT)\n"
+        "threading.Thread(target=interrupt).start()\n"
+        "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=600)\n"
+        "except KeyboardInterrupt: print('interrupted')\n"
+        "print([t.name for t in threading.enumerate()])"
+    )
+    assert _python(code) == ["interrupted", "['MainThread']"]
