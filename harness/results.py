@@ -6,6 +6,7 @@ import contextlib
 import csv
 import fcntl
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -136,18 +137,41 @@ _NUMBER_COLUMNS = frozenset(
         "fault_ms", "waited_ms", "failovers",
     }
 )  # fmt: skip
-"""The result tables' columns that hold a number."""
+"""The result tables' columns that hold a number. In those `read_csv_rows` reads (runs.csv,
+iterations.csv): a finite one >= 0 (the harness writes no other), except `_ANY_NUMBER`'s; a
+whole one in `_COUNT_COLUMNS`."""
+_COUNT_COLUMNS = frozenset(
+    {
+        "repeat", "seed", "iterations", "restarts", "lost_iterations", "iteration", "replica",
+        "num_messages", "num_bytes", "failovers",
+    }
+)  # fmt: skip
+"""Number columns that hold counts and indices: whole numbers."""
+_ANY_NUMBER = frozenset({"loss"})
+"""Number columns that may hold any number, nan and inf too: the loss a training computed
+(a diverged one's is nan or inf)."""
 _MAY_BE_EMPTY = frozenset({"loss"})
 """Number columns that may hold nothing: iterations.csv's loss (a run without a model has
 none). Any other empty number cell is damage: a report or a resume must not build on it."""
 
 
-def _is_number_text(text: str) -> bool:
+def _number_problem(column: str, text: str) -> str | None:
+    """Why `text` cannot be a number column's cell (None where it can): what the harness
+    never writes there. Damage, not a measurement: a report or a resume must not build on
+    it (an inf count crashed both; a nan time dropped a system from the report's headline)."""
+    if not text:
+        return None if column in _MAY_BE_EMPTY else "empty, not a number"
     try:
-        float(text)
+        value = float(text)
     except ValueError:
-        return False
-    return True
+        return f"{text!r}, not a number"
+    if column in _ANY_NUMBER:
+        return None
+    if not (math.isfinite(value) and value >= 0):
+        return f"{text!r}, not a finite number >= 0"
+    if column in _COUNT_COLUMNS and not value.is_integer():
+        return f"{text!r}, not a whole number"
+    return None
 
 
 def fault_free_wall_ms(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], float]:
@@ -241,8 +265,9 @@ def write_csv_atomic(path: Path, columns: Sequence[str], rows: Iterable[Mapping[
 
 def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     """The rows of a result CSV this version wrote (none if there is no file): its header must
-    be `columns`, every row must have each of them and no more, each number column a number
-    (only a loss may be empty), every `schema_version` must be this version's, and runs.csv
+    be `columns`, every row must have each of them and no more, each number column a finite
+    number >= 0, a whole one for a count or an index (only a loss may be empty, nan or inf:
+    `_number_problem`), every `schema_version` must be this version's, and runs.csv
     must have one row per configuration (model, system, scenario, repeat). Anything
     else (a truncated, edited or older file) is refused: a resumed run or a report must not
     build on it."""
@@ -260,14 +285,10 @@ def read_csv_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     for number, row in enumerate(rows, start=2):  # line 1 is the header
         if None in row or None in row.values():
             raise ConfigError(f"{path} line {number} does not have {len(columns)} fields: damaged?")
-        for column in _NUMBER_COLUMNS.intersection(row):
-            if not row[column] and column in _MAY_BE_EMPTY:
-                continue
-            if not _is_number_text(row[column]):
-                what = "empty" if not row[column] else repr(row[column])
-                raise ConfigError(
-                    f"{path} line {number}: {column} is {what}, not a number: damaged?"
-                )
+        for column in sorted(_NUMBER_COLUMNS.intersection(row), key=header.index):
+            problem = _number_problem(column, row[column])
+            if problem is not None:
+                raise ConfigError(f"{path} line {number}: {column} is {problem}: damaged?")
         version = row.get("schema_version", str(RESULTS_SCHEMA_VERSION))
         if version != str(RESULTS_SCHEMA_VERSION):
             raise ConfigError(

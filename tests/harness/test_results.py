@@ -84,6 +84,57 @@ def test_runs_csv_holds_each_configuration_once(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("table", "column", "text", "problem"),
+    [
+        # counts and indices: an inf or nan crashed report and resume (int(float(...)), exit 3)
+        ("iterations.csv", "iteration", "inf", "'inf', not a finite number >= 0"),
+        ("iterations.csv", "iteration", "nan", "'nan', not a finite number >= 0"),
+        ("iterations.csv", "iteration", "-1", "'-1', not a finite number >= 0"),
+        ("iterations.csv", "iteration", "1.5", "'1.5', not a whole number"),
+        ("runs.csv", "iterations", "inf", "'inf', not a finite number >= 0"),
+        ("runs.csv", "iterations", "1e400", "'1e400', not a finite number >= 0"),
+        ("runs.csv", "lost_iterations", "-3", "'-3', not a finite number >= 0"),
+        ("runs.csv", "restarts", "0.5", "'0.5', not a whole number"),
+        ("runs.csv", "failovers", "2.25", "'2.25', not a whole number"),
+        # measurements: a nan, inf or negative time was reported as if measured
+        ("runs.csv", "median_wall_ms", "nan", "'nan', not a finite number >= 0"),
+        ("runs.csv", "median_wall_ms", "inf", "'inf', not a finite number >= 0"),
+        ("runs.csv", "median_wall_ms", "-5", "'-5', not a finite number >= 0"),
+        ("runs.csv", "throughput_samples_per_s", "-inf", "'-inf', not a finite number >= 0"),
+        ("runs.csv", "delay_ms", "-10", "'-10', not a finite number >= 0"),
+        ("iterations.csv", "step_time_ms", "NaN", "'NaN', not a finite number >= 0"),
+        ("iterations.csv", "bubble_ratio", "-0.1", "'-0.1', not a finite number >= 0"),
+        ("iterations.csv", "iteration_time_ms", "", "empty, not a number"),
+        ("iterations.csv", "iteration_time_ms", "fast", "'fast', not a number"),
+    ],
+)
+def test_a_damaged_number_is_refused_naming_the_file_and_line(
+    tmp_path: Path, table: str, column: str, text: str, problem: str
+) -> None:
+    """Only what the harness writes passes: a finite number >= 0, a whole one in a count or an
+    index. `read_csv_rows` is where report and resume read both files."""
+    columns = {"runs.csv": RUNS_COLUMNS, "iterations.csv": ITERATIONS_COLUMNS}[table]
+    row = {**dict.fromkeys(columns, "1"), **_KEY}
+    if "schema_version" in row:  # runs.csv's
+        row["schema_version"] = RESULTS_SCHEMA_VERSION
+    path = tmp_path / table
+    write_csv_atomic(path, columns, [row, {**row, "repeat": 1, column: text}])
+    with pytest.raises(ConfigError) as damaged:
+        read_csv_rows(path, columns)
+    assert str(damaged.value) == f"{path} line 3: {column} is {problem}: damaged?"
+
+
+@pytest.mark.parametrize("loss", ["", "nan", "inf", "2.5", "0"])
+def test_a_loss_may_be_empty_or_any_number(tmp_path: Path, loss: str) -> None:
+    """A run without a model has no loss, and a diverged training's is nan or inf: measured,
+    not damage. Whole numbers in a float's form (as `float` writes them) pass as counts."""
+    row = {**dict.fromkeys(ITERATIONS_COLUMNS, "1.0"), **_KEY, "loss": loss, "iteration": "0"}
+    path = tmp_path / "iterations.csv"
+    write_csv_atomic(path, ITERATIONS_COLUMNS, [row])
+    assert [r["loss"] for r in read_csv_rows(path, ITERATIONS_COLUMNS)] == [loss]
+
+
 def test_a_run_directory_is_held_by_one_run_at_a_time(tmp_path: Path) -> None:
     run_dir = tmp_path / "out" / "r1"
     with run_dir_held(run_dir):
