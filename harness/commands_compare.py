@@ -78,10 +78,11 @@ def compare(
     """Gate NEW against BASE (run directories or runs.csv files): the metrics of the
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
     regression (a metric worse than its tolerance, a configuration run another way: its
-    policy, comm, controller, links, delay, seed or iterations, or one of BASE missing from
-    NEW) or a configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
-    (empty, unreadable, not a runs.csv, NaN or negative values, NaN tolerances, a run
-    directory of an unfinished run or one a run still writes)."""
+    policy, comm, controller, links, delay, seed or iterations, or, where both are run
+    directories, fault timeline; or one of BASE missing from NEW) or a configuration only in
+    NEW (unless --allow-new), 2 inputs that cannot be compared (empty, unreadable, not a
+    runs.csv, NaN or negative values, NaN tolerances, a run directory of an unfinished run or
+    one a run still writes)."""
     try:
         result = compare_runs(
             load_runs(Path(base)),
@@ -123,7 +124,7 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
         runs = len({m.configuration for m in result.mismatches})
         failures.append(
             f"{_configurations(runs)} run another way in NEW (policy, comm, controller, links, "
-            "delay, seed or iterations; listed above): not the same measurement"
+            "delay, fault timeline, seed or iterations; listed above): not the same measurement"
         )
     if result.missing:
         failures.append(

@@ -10,13 +10,15 @@ lower) and a tolerance of its own if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
-count): one that differs is a failure, its metrics measured something else.
+count; and where both sides are run directories, its fault timeline, `TIMELINE`): one that
+differs is a failure, its metrics measured something else.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ __all__ = [
     "IDENTITY",
     "KEY",
     "METRICS",
+    "TIMELINE",
     "Change",
     "Comparison",
     "Mismatch",
@@ -53,6 +56,12 @@ KEY = ("backend", "model", "system", "scenario", "repeat")
 """What names a configuration (with its repeat)."""
 IDENTITY = ("policy", "comm", "controller", "links", "delay_ms", "seed", "iterations")
 """How a configuration was run: equal on both sides (a column the base predates: not read)."""
+TIMELINE = "faults_text sha256"
+"""Not a runs.csv column: what a run directory's spec.json says its fault timeline held
+(`faults_text`, its SHA-256's first 12 hex digits), on the rows of its `trace:` scenario,
+whose name is only the file's stem and whose `IDENTITY` cells (no links, no delay) are those
+of any timeline. Compared as `IDENTITY` is where both sides have it: a runs.csv alone, or a
+spec.json of spec version 1 (the timeline's path only), does not say what the timeline held."""
 
 
 class UnusableResults(ConfigError):
@@ -165,13 +174,19 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                     "(a finite number >= 0)"
                 )
     if path.is_dir() and (path / "spec.json").is_file():
-        _check_finished(path, rows)
+        faults_text = _check_finished(path, rows)["spec"].get("faults_text")
+        if isinstance(faults_text, str):
+            digest = hashlib.sha256(faults_text.encode()).hexdigest()[:12]
+            for row in rows:
+                if str(row["scenario"]).startswith("trace:"):
+                    row[TIMELINE] = digest
     return rows
 
 
-def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A run directory's runs.csv holds every configuration its spec.json lists: an
-    interrupted run's does not, and what it has not run yet is no regression."""
+    interrupted run's does not, and what it has not run yet is no regression. Its spec.json's
+    record (`read_spec_record`) where it does."""
     try:
         record = read_spec_record(run_dir)
         from harness.spec import (  # loads the engines
@@ -182,7 +197,7 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> None:
 
         done = coverage(resolved_from_record(record, run_dir / "spec.json"), rows)
         if done.complete:
-            return
+            return record
         try:
             spec = spec_from_record(record)
         except ConfigError as err:  # a field of its spec refused: name the file
@@ -229,7 +244,8 @@ def compare_runs(
 ) -> Comparison:
     """Every metric of every configuration on both sides (rows as `load_runs` gives them),
     worse where beyond its tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in its bad
-    direction; and the configurations only in `base` or only in `new`, by name."""
+    direction; those run another way (`IDENTITY`, `TIMELINE`); and the configurations only in
+    `base` or only in `new`, by name."""
     tolerances = dict(metric_tolerances_pct or {})
     unknown = sorted(set(tolerances) - set(METRICS))
     if unknown:
@@ -244,12 +260,15 @@ def compare_runs(
     changes, mismatches = [], []
     for key, row in base_by_key.items():
         if key in new_by_key:
-            changes += _changes(key, row, new_by_key[key], tolerance_pct, tolerances)
+            other = new_by_key[key]
+            changes += _changes(key, row, other, tolerance_pct, tolerances)
             mismatches += [
-                Mismatch(_name(key), column, str(row[column]), str(new_by_key[key].get(column)))
+                Mismatch(_name(key), column, str(row[column]), str(other.get(column)))
                 for column in IDENTITY
-                if column in row and not _same(row[column], new_by_key[key].get(column))
+                if column in row and not _same(row[column], other.get(column))
             ]
+            if TIMELINE in row and TIMELINE in other and row[TIMELINE] != other[TIMELINE]:
+                mismatches.append(Mismatch(_name(key), TIMELINE, row[TIMELINE], other[TIMELINE]))
     return Comparison(
         changes=changes,
         missing=[_name(key) for key in base_by_key if key not in new_by_key],

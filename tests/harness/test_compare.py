@@ -1,4 +1,5 @@
 import csv
+import hashlib
 import json
 import os
 import re
@@ -405,3 +406,44 @@ def test_a_run_directory_a_run_still_writes_cannot_be_compared(tmp_path: Path) -
         "that run has ended\n"
     )
     assert _compare(full, full).returncode == 0  # once it has ended
+
+
+def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> None:
+    """A timeline's scenario is named after its file's stem ("trace:trace") and its runs.csv
+    identity cells (no links, delay 0) are any timeline's: the same file name holding another
+    delay passed as the same measurement (exit 0). Run directories' spec.json say what it held;
+    a runs.csv alone does not."""
+    texts = {
+        "base": '- {start_iteration: 1, links: ["0-1"], delay_ms: 20}\n',
+        "new": '- {start_iteration: 1, links: ["0-1"], delay_ms: 10}\n',
+    }
+    runs = {}
+    for side, text in texts.items():
+        faults = tmp_path / side / "trace.yaml"
+        faults.parent.mkdir()
+        faults.write_text(text)
+        spec = ExperimentSpec(
+            name="t",
+            models=("m",),
+            profile=Profile.uniform(2, 4, 1, 1, 1),
+            systems=("1f1b",),
+            num_iterations=2,
+            faults=str(faults),
+        )
+        runs[side] = run_experiment(spec, tmp_path / "out" / side)
+    digest = {side: hashlib.sha256(text.encode()).hexdigest()[:12] for side, text in texts.items()}
+    out = _compare(runs["base"], runs["new"], "--tolerance", "100")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-1] == (
+        f"run another way in NEW: m 1f1b trace:trace: faults_text sha256 {digest['base']!r} -> "
+        f"{digest['new']!r}"
+    )
+    assert "1 configuration run another way in NEW" in out.stderr
+    same = tmp_path / "out" / "same"
+    shutil.copytree(runs["base"], same)  # the same text: the same measurement
+    assert _compare(runs["base"], same).returncode == 0
+    alone = _compare(runs["base"] / "runs.csv", runs["new"], "--tolerance", "100")
+    assert (alone.returncode, alone.stdout.splitlines()[-1]) == (
+        0,
+        "no regression: 8 metrics within 100 %",
+    )
