@@ -67,7 +67,8 @@ def compute_metrics(timeline: Timeline, iteration: int = 0) -> Metrics:
     return Metrics(
         iteration_time_ms=iteration_time,
         max_stage_span_ms=max_span,
-        bubble_ratio=1.0 - total_busy / capacity if capacity > 0 else 0.0,
+        # at least 0: op times summed may pass the span they fill by a rounding error
+        bubble_ratio=max(0.0, 1.0 - total_busy / capacity) if capacity > 0 else 0.0,
         step_time_ms=bounds.step_time_ms,
         stages=tuple(stages),
     )

@@ -8,10 +8,11 @@ from baselines import one_f_one_b, zb_h2
 from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import SCHEMA_VERSION, Timeline
+from pipeline.timeline import SCHEMA_VERSION, IterationRecord, OpRecord, Timeline
 from pipeline.trace import to_chrome_trace
 
 
@@ -36,6 +37,19 @@ def test_send_blocking_counts_as_idle() -> None:
     metrics = compute_metrics(simulate(one_f_one_b(profile), profile, CommMode.DIRECT))
     assert [s.busy_ms for s in metrics.stages] == [60.0, 60.0]
     assert metrics.stages[0].idle_ms == metrics.iteration_time_ms - 60.0
+
+
+def test_a_stage_busy_throughout_has_no_bubble_not_a_negative_one() -> None:
+    """Op times summed (0.083 + 1.165 + 2.53 ms) passed the span they fill (3.778 ms) by a
+    rounding error: a bubble ratio of -2.2e-16, which results.csv's read refuses."""
+    ends = (0.0, 0.083, 1.248, 3.778)
+    ops = tuple(
+        OpRecord(0, 0, kind, 0, start, end)
+        for kind, start, end in zip((OpKind.F, OpKind.B, OpKind.W), ends, ends[1:], strict=False)
+    )
+    timeline = Timeline(1, ops, (), (IterationRecord(0, 0.0, 3.778),))
+    assert sum(op.end_ms - op.start_ms for op in ops) > 3.778  # the rounding error
+    assert compute_metrics(timeline).bubble_ratio == 0.0
 
 
 def test_timeline_json_round_trip_and_version_check(fig4_fixture: dict) -> None:
