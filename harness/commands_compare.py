@@ -81,8 +81,8 @@ def compare(
     policy, comm, controller, links, delay, seed or iterations, or, where both are run
     directories, fault timeline; or one of BASE missing from NEW) or a configuration only in
     NEW (unless --allow-new), 2 inputs that cannot be compared (empty, unreadable, not a
-    runs.csv, NaN or negative values, NaN tolerances, a run directory of an unfinished run or
-    one a run still writes)."""
+    runs.csv, NaN or negative values or tolerances, another schema version, a repeated
+    configuration, a run directory of an unfinished run or one a run still writes)."""
     try:
         result = compare_runs(
             load_runs(Path(base)),

@@ -153,8 +153,9 @@ def launch(
             master_port=master_port,
         )
         skipped = f"; {script.num_skipped} skipped, listed in it" if script.num_skipped else ""
+        plural = "" if script.num_configurations == 1 else "s"
         click.echo(
-            f"wrote {script.path} ({script.num_configurations} configurations{skipped}): "
+            f"wrote {script.path} ({script.num_configurations} configuration{plural}{skipped}): "
             f"sbatch {script.path}"
         )
         return

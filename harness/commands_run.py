@@ -205,6 +205,11 @@ def run(
         faults = timeline
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
+    if "injection" in given and backend == "sim":
+        raise ConfigError(
+            f"--inject {injection} needs a runtime backend (emulated or megatron): the "
+            "simulator models every delay itself"
+        )
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     controller: Controller
     if system is not None:

@@ -309,6 +309,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # options a command would ignore
     ("timeout in sim", P, [*RUN_P, "--timeout", "5"], "--timeout is the runtime workers'"),
     ("network in sim", P, [*RUN_P, "--inject", "network"], "needs a runtime backend"),
+    ("hook in sim", P, [*RUN_P, "--inject", "hook"], "--inject hook needs a runtime backend"),
     ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
     (
         "unknown megatron model",
