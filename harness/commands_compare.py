@@ -79,10 +79,11 @@ def compare(
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
     regression (a metric worse than its tolerance, a configuration run another way: its
     policy, comm, controller, links, delay, seed or iterations, or, where both are run
-    directories, fault timeline; or one of BASE missing from NEW) or a configuration only in
-    NEW (unless --allow-new), 2 inputs that cannot be compared (empty, unreadable, not a
-    runs.csv, NaN or negative values or tolerances, another schema version, a repeated
-    configuration, a run directory of an unfinished run or one a run still writes)."""
+    directories, fault timeline or calibration; or one of BASE missing from NEW) or a
+    configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
+    (empty, unreadable, not a runs.csv, NaN or negative values or tolerances, another schema
+    version, a repeated configuration, a run directory of an unfinished run or one a run
+    still writes)."""
     try:
         result = compare_runs(
             load_runs(Path(base)),

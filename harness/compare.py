@@ -10,8 +10,8 @@ lower) and a tolerance of its own if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
-count; and where both sides are run directories, its fault timeline, `TIMELINE`): one that
-differs is a failure, its metrics measured something else.
+count; and where both sides are run directories, its fault timeline and its calibration,
+`RECORDED`): one that differs is a failure, its metrics measured something else.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,9 +30,11 @@ from harness.results import RESULTS_SCHEMA_VERSION, read_spec_record, run_dir_ho
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "CALIBRATION",
     "IDENTITY",
     "KEY",
     "METRICS",
+    "RECORDED",
     "TIMELINE",
     "Change",
     "Comparison",
@@ -62,6 +65,13 @@ TIMELINE = "faults_text sha256"
 whose name is only the file's stem and whose `IDENTITY` cells (no links, no delay) are those
 of any timeline. Compared as `IDENTITY` is where both sides have it: a runs.csv alone, or a
 spec.json of spec version 1 (the timeline's path only), does not say what the timeline held."""
+CALIBRATION = "calibration sha256"
+"""Not a runs.csv column: the host costs a run directory's spec.json says its simulator ran
+with (`calibration_costs`, the SHA-256's first 12 hex digits of their JSON; "none" without a
+calibration), on every row: the same configuration under other costs measured something
+else. Compared as `TIMELINE` is."""
+RECORDED = (TIMELINE, CALIBRATION)
+"""What a run directory's spec.json adds to a configuration's identity."""
 
 
 class UnusableResults(ConfigError):
@@ -174,13 +184,24 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                     "(a finite number >= 0)"
                 )
     if path.is_dir() and (path / "spec.json").is_file():
-        faults_text = _check_finished(path, rows)["spec"].get("faults_text")
+        spec = _check_finished(path, rows)["spec"]
+        faults_text = spec.get("faults_text")
         if isinstance(faults_text, str):
-            digest = hashlib.sha256(faults_text.encode()).hexdigest()[:12]
+            digest = _digest(faults_text)
             for row in rows:
                 if str(row["scenario"]).startswith("trace:"):
                     row[TIMELINE] = digest
+        costs = spec.get("calibration_costs")
+        if isinstance(costs, dict) or spec.get("calibration") is None:
+            digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
+            for row in rows:
+                row[CALIBRATION] = digest
     return rows
+
+
+def _digest(text: str) -> str:
+    """The first 12 hex digits of `text`'s SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -244,7 +265,7 @@ def compare_runs(
 ) -> Comparison:
     """Every metric of every configuration on both sides (rows as `load_runs` gives them),
     worse where beyond its tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in its bad
-    direction; those run another way (`IDENTITY`, `TIMELINE`); and the configurations only in
+    direction; those run another way (`IDENTITY`, `RECORDED`); and the configurations only in
     `base` or only in `new`, by name."""
     tolerances = dict(metric_tolerances_pct or {})
     unknown = sorted(set(tolerances) - set(METRICS))
@@ -267,8 +288,11 @@ def compare_runs(
                 for column in IDENTITY
                 if column in row and not _same(row[column], other.get(column))
             ]
-            if TIMELINE in row and TIMELINE in other and row[TIMELINE] != other[TIMELINE]:
-                mismatches.append(Mismatch(_name(key), TIMELINE, row[TIMELINE], other[TIMELINE]))
+            mismatches += [
+                Mismatch(_name(key), column, row[column], other[column])
+                for column in RECORDED
+                if column in row and column in other and row[column] != other[column]
+            ]
     return Comparison(
         changes=changes,
         missing=[_name(key) for key in base_by_key if key not in new_by_key],

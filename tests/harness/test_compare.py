@@ -15,6 +15,7 @@ from harness.compare import KEY, METRICS, compare_runs
 from harness.experiment import run_experiment
 from harness.results import run_dir_held
 from harness.spec import ExperimentSpec
+from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 
 BASELINE = Path(__file__).parents[2] / "benchmarks" / "reference" / "default_runs.csv"
@@ -406,6 +407,43 @@ def test_a_run_directory_a_run_still_writes_cannot_be_compared(tmp_path: Path) -
         "that run has ended\n"
     )
     assert _compare(full, full).returncode == 0  # once it has ended
+
+
+def test_a_configuration_under_other_host_costs_fails(tmp_path: Path) -> None:
+    """A run calibrated on one host's costs and one on another's (or none) measured other
+    things under the same names: passed as one measurement (exit 0 at 100 %). Run
+    directories' spec.json say which costs; a runs.csv alone does not."""
+    costs = {"none": None, "slow": HostCosts(op_overhead_ms=0.5), "fast": HostCosts()}
+    runs = {}
+    for side, host in costs.items():
+        calibration = None
+        if host is not None:
+            calibration = tmp_path / f"{side}.json"
+            calibration.write_text(json.dumps(host.to_dict()))
+        spec = ExperimentSpec(
+            name="t",
+            models=("m",),
+            profile=Profile.uniform(2, 4, 1, 1, 1),
+            systems=("1f1b",),
+            num_iterations=2,
+            calibration=None if calibration is None else str(calibration),
+        )
+        runs[side] = run_experiment(spec, tmp_path / "out" / side)
+    digest = {
+        side: hashlib.sha256(json.dumps(host.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        for side, host in costs.items()
+        if host is not None
+    }
+    out = _compare(runs["none"], runs["slow"], "--tolerance", "100")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-1] == (
+        "run another way in NEW: m 1f1b fault-free: calibration sha256 'none' -> "
+        f"{digest['slow']!r}"
+    )
+    assert _compare(runs["slow"], runs["fast"], "--tolerance", "100").returncode == 1
+    assert _compare(runs["slow"], runs["slow"]).returncode == 0
+    alone = _compare(runs["none"] / "runs.csv", runs["slow"], "--tolerance", "100")
+    assert alone.returncode == 0
 
 
 def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> None:
