@@ -67,26 +67,42 @@ line's fit lost the small messages' fixed cost."""
 
 def _piecewise_ms(points: tuple[tuple[int, float], ...], size: int) -> float:
     """The cost at `size` of measured `points` (sizes rising): linear between them, the first
-    point's cost below the first size, the last segment's slope (never negative) beyond the
-    last; 0 without points."""
+    point's cost below the first size; beyond the last, `_growth_per_size` from the last
+    point; 0 without points."""
     if not points:
         return 0.0
     if len(points) == 1 or size <= points[0][0]:
         return points[0][1]
-    i = min(max(bisect.bisect_right(points, (size, math.inf)), 1), len(points) - 1)
+    last_size, last_ms = points[-1]
+    if size > last_size:
+        return last_ms + _growth_per_size(points) * (size - last_size)
+    i = min(bisect.bisect_right(points, (size, math.inf)), len(points) - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
-    slope = (y1 - y0) / (x1 - x0)
-    if size > x1:
-        return y1 + max(slope, 0.0) * (size - x1)
-    return y0 + slope * (size - x0)
+    return y0 + (y1 - y0) / (x1 - x0) * (size - x0)
+
+
+def _growth_per_size(points: tuple[tuple[int, float], ...]) -> float:
+    """The slope past the last of `points`: from the last point whose cost is below the last
+    one's to the last point (the last segment's slope where it rises; 0 where no point costs
+    less than the last). A flat tail is out-of-order means that `calibrate` pooled (a tail
+    caught in one), not a cost that stopped growing: the last segment's slope there, 0,
+    charged every message past 8 MiB what 8 MiB cost. The slope across the pool is the
+    growth measured over it."""
+    last_size, last_ms = points[-1]
+    for size, ms in reversed(points[:-1]):
+        if ms < last_ms:
+            return (last_ms - ms) / (last_size - size)
+    return 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CostCurve:
     """A cost in ms by message size (or, for the DP ring's lag, by the number of rings
     running at once), measured at some sizes: linear between them, the first point's cost
-    below the first size, and the last segment's slope (never negative) beyond the last. No
-    points: free."""
+    below the first size, and beyond the last the slope from the last point that costs less
+    than the last one (the last segment's where it rises; across a flat tail, out-of-order
+    means that `calibrate` pooled, the growth over the pool: the cost per byte grows with
+    the size; 0 where no point costs less). No points: free."""
 
     points: tuple[tuple[int, float], ...] = ()
 

@@ -62,6 +62,35 @@ def test_a_cost_curve_passes_through_its_points_and_never_goes_below_zero(
     assert CostCurve(tuple((size, ms) for size, ms in curve.to_json())) == curve
 
 
+def test_a_flat_tail_still_grows_past_the_last_size() -> None:
+    """A calibration whose 8 MiB mean came out below its 4 MiB mean (noise) pools the two
+    into a flat last segment: past 8 MiB the cost grows at the slope across the pool (from
+    the last size that costs less), not the flat segment's 0, which charged 16 MiB and 40 MB
+    what 8 MiB cost."""
+    mib = 1 << 20
+    synthetic = CostCurve(((0, 0.14), (1 << 16, 0.2), (1 << 18, 0.3), (mib, 0.55),
+                           (4 * mib, 2.55), (8 * mib, 2.55)))  # fmt: skip
+    assert synthetic.ms(8 * mib) == 2.55
+    assert synthetic.ms(16 * mib) == pytest.approx(2.55 + 2.0 / 7 * 8)  # 4.836, was 2.55
+    assert synthetic.ms(40_000_000) == pytest.approx(
+        2.55 + 2.0 / (7 * mib) * (40_000_000 - 8 * mib)
+    )
+    # a loaded 2-core host's `calibrate --repeats 1 --stages 2 --op-ms 2` (rounded)
+    costs = HostCosts.from_dict({
+        **COSTS,
+        "send_ms_by_bytes": [[0, 0.214], [1 << 16, 0.214], [1 << 18, 0.226], [mib, 1.0],
+                             [4 * mib, 8.664], [8 * mib, 8.664]],
+        "receive_lag_ms_by_bytes": [[0, 0.263], [1 << 16, 0.263], [1 << 18, 0.263],
+                                    [mib, 1.504], [4 * mib, 2.536], [8 * mib, 2.536]],
+    })  # fmt: skip
+    assert costs.send_ms(16 * mib) == pytest.approx(8.664 + 7.664 / 7 * 8)  # 17.42, was 8.664
+    assert costs.receive_lag_for_ms(16 * mib) == pytest.approx(2.536 + 1.032 / 7 * 8)  # was 2.536
+    # a rising last segment keeps its slope; a curve with nothing below its last stays flat
+    assert CostCurve(((0, 1.0), (mib, 2.0), (2 * mib, 4.0))).ms(3 * mib) == pytest.approx(6.0)
+    assert CostCurve(((0, 1.0), (mib, 1.0))).ms(8 * mib) == 1.0
+    assert CostCurve.line(0.3).ms(1 << 30) == 0.3
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

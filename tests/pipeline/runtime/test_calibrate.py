@@ -36,6 +36,15 @@ def test_a_tail_at_one_size_is_pooled_with_the_next() -> None:
     assert _curve({0: [-0.5], 8: [-0.1]}).points == ((0, 0.0), (8, 0.0))  # costs, never < 0
 
 
+def test_a_pooled_top_size_still_grows_past_it() -> None:
+    """4 MiB's mean above 8 MiB's (noise) pools the two; the curve past 8 MiB still grows by
+    the slope measured across the pool (1 MiB to 8 MiB), not the pooled segment's 0."""
+    means = {0: 0.14, 1 << 16: 0.2, 1 << 18: 0.3, 1 << 20: 0.55, 1 << 22: 2.6, 1 << 23: 2.5}
+    curve = _curve({size: [ms] * 20 for size, ms in means.items()})
+    assert curve.points[-2:] == ((1 << 22, pytest.approx(2.55)), (1 << 23, pytest.approx(2.55)))
+    assert curve.ms(1 << 24) == pytest.approx(2.55 + 2.0 / 7 * 8)  # 4.84 ms, was 2.55
+
+
 @given(
     st.dictionaries(
         st.integers(0, 1 << 24),
