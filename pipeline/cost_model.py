@@ -107,7 +107,10 @@ class Hardware:
     name: str
     peak_tflops: float
     """Dense fp16/bf16 tensor-core peak."""
-    memory_gb: float
+    memory_gib: float
+    """The GPU's memory in GiB (2**30 bytes): an "80 GB" H800 or H100 has 80 GiB, 85.9e9
+    bytes (nvidia-smi shows 81559 MiB of it); the model's weights and activations are in
+    decimal GB (1e9 bytes) and are compared with it in bytes."""
     hbm_gbps: float
     """Memory bandwidth in GB/s (the optimizer step is memory-bound)."""
     nvlink_gbps: float
@@ -140,7 +143,7 @@ class Hardware:
 
 _HARDWARE_FLOORS: dict[str, tuple[float, str]] = {
     "peak_tflops": (0.001, "TFLOPS"),  # 1 GFLOP/s
-    "memory_gb": (0.0, "GB"),  # > 0: a model that does not fit is refused by its stages
+    "memory_gib": (0.0, "GiB"),  # > 0: a model that does not fit is refused by its stages
     "hbm_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
     "nvlink_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
     "network_gbps": (MIN_BANDWIDTH_GBPS, "Gbit/s"),
@@ -154,7 +157,7 @@ a number of hundreds of digits in ms."""
 H800_IB400 = Hardware(
     name="h800-ib400",
     peak_tflops=989.0,
-    memory_gb=80.0,
+    memory_gib=80.0,
     hbm_gbps=3350.0,
     nvlink_gbps=200.0,
     network_gbps=400.0,
@@ -263,6 +266,7 @@ class ModelCost:
         return self.fused_profile if fused else self.profile
 
 
+_GIB = 1 << 30
 _BYTES_PER_ELEMENT = 2  # fp16 activations, messages and gradients
 _BYTES_PER_PARAM_STATE = 16  # fp16 weight and grad, fp32 master weight and two Adam moments
 _ADAM_BYTES_MOVED_PER_PARAM = 32  # read and write of the fp32 state plus the fp16 copies
@@ -333,8 +337,9 @@ def model_cost(
         per_layer = s * b * (10 * h + (24 * h + 5 * a * s) / m.tp)
         logits = has_head * s * b * m.vocab_size * 4 / m.tp  # fp32 logits for the loss
         activation_gb.append((layers * per_layer + logits) / 1e9)
+    memory_gb = hw.memory_gib * _GIB / 1e9
     max_in_flight = tuple(
-        math.floor((hw.memory_gb - w) / a) if a > 0 else m.microbatches
+        math.floor((memory_gb - w) / a) if a > 0 else m.microbatches
         for w, a in zip(weights_gb, activation_gb, strict=True)
     )
     for stage, fit in enumerate(max_in_flight):

@@ -76,7 +76,7 @@ from pipeline.runtime.megatron.stage import StageRunner
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
 H200 = dataclasses.replace(
-    H800_IB400, name="h200", memory_gb=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
+    H800_IB400, name="h200", memory_gib=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
 )
 BF16_DENSE_TFLOPS, TF32_DENSE_TFLOPS = 989.0, 494.7
 COPY_SIZES = tuple(64 * 1024 * 4**k for k in range(6))  # 64 KiB ... 64 MiB

@@ -7,6 +7,7 @@ from pipeline.allreduce import DEFAULT_BUCKET_BYTES
 from pipeline.checks import MIN_BANDWIDTH_GBPS
 from pipeline.cost_model import (
     CALIBRATED,
+    H800_IB400,
     MODELS,
     GPTModel,
     model_cost,
@@ -123,13 +124,28 @@ def test_tensor_parallelism_past_a_node_is_refused() -> None:
 def test_each_stage_needs_room_for_its_own_1f1b_warm_up() -> None:
     """Stage i holds min(N, S - i) microbatches under 1F1B, not stage 0's S."""
     big_vocab = dataclasses.replace(MODELS["gpt2-14b"], vocab_size=400_000)
-    fits = model_cost(big_vocab, resolve_hardware({"base": "h800-ib400", "memory_gb": 71.9}))
+    fits = model_cost(big_vocab, resolve_hardware({"base": "h800-ib400", "memory_gib": 67.0}))
     assert fits.max_in_flight == (8, 20, 20, 20, 20, 20, 20, 4)  # the head's stage needs 1
     short = resolve_model({"base": "gpt2-7b", "num_layers": 6, "vocab_size": 400_000})
-    roomy, tight = (resolve_hardware({"base": "h800-ib400", "memory_gb": gb}) for gb in (40, 39.5))
+    roomy, tight = (
+        resolve_hardware({"base": "h800-ib400", "memory_gib": gib}) for gib in (37.3, 36.8)
+    )
     assert model_cost(short, roomy).max_in_flight == (6, 43, 43, 1)
     with pytest.raises(ConfigError, match="stage 3 holds .* room for 0 microbatches .* needs 1;"):
         model_cost(short, tight)
+
+
+def test_an_80_gb_card_holds_80_gib() -> None:
+    """The H800's 80 GB is 80 GiB (85.9e9 bytes), compared with weights and activations in
+    bytes: 14B's middle stage holds 30.21 GB of state and 2.076 GB per microbatch, room for
+    floor((85.90 - 30.21) / 2.076) = 26 microbatches (read as 80e9 bytes: 23, fewer than a
+    real card holds)."""
+    cost = model_cost(MODELS["gpt2-14b"])
+    assert H800_IB400.memory_gib == 80.0
+    w, a = cost.weights_gb[1], cost.activation_gb[1]
+    assert (round(w, 2), round(a, 3)) == (30.21, 2.076)
+    assert cost.max_in_flight[1] == math.floor((80 * 2**30 / 1e9 - w) / a) == 26
+    assert cost.max_in_flight == (32, 26, 26, 26, 26, 26, 26, 29)
 
 
 def test_custom_models_take_every_field() -> None:
@@ -150,7 +166,7 @@ def test_hardware_is_configurable() -> None:
         4 * (fast.profile.dp_wire_ms(chunk) - latency_ms)
     )
     assert slow.profile.t_f_ms == fast.profile.t_f_ms  # compute does not move
-    smaller = resolve_hardware({"base": "h800-ib400", "memory_gb": 40})
+    smaller = resolve_hardware({"base": "h800-ib400", "memory_gib": 37})
     with pytest.raises(ConfigError, match="does not fit"):
         model_cost(MODELS["gpt2-14b"], smaller)
 
@@ -161,7 +177,7 @@ def test_hardware_is_configurable() -> None:
         ("tpu", "unknown hardware 'tpu'"),
         ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be finite and >= 0.001"),
         ({"base": "h800-ib400", "warp": 9}, "unknown hardware field"),
-        ({"base": "h800-ib400", "memory_gb": "lots"}, "memory_gb must be a number, got 'lots'"),
+        ({"base": "h800-ib400", "memory_gib": "lots"}, "memory_gib must be a number, got 'lots'"),
     ],
 )
 def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
@@ -183,7 +199,7 @@ def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
         ("nvlink_gbps", 1e-5, "nvlink_gbps must be finite and >= 0.000125 GB/s, got 1e-05"),
         ("hbm_gbps", math.inf, "hbm_gbps must be finite and >= 0.000125 GB/s, got inf"),
         ("peak_tflops", 1e-6, "peak_tflops must be finite and >= 0.001 TFLOPS, got 1e-06"),
-        ("memory_gb", 0, "memory_gb must be finite and > 0 GB, got 0"),
+        ("memory_gib", 0, "memory_gib must be finite and > 0 GiB, got 0"),
         ("link_latency_ms", math.nan, "link_latency_ms must be finite and in 0..3600000 ms"),
         ("gpus_per_node", True, "gpus_per_node must be an integer, got True"),
     ],
