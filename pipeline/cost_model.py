@@ -312,7 +312,11 @@ def model_cost(
     tp_ms = _tp_allreduce_ms(m, hw)
     head = _head_flops(m)
     params_per_layer = 12 * m.hidden**2 + 13 * m.hidden
-    embedding_params = m.vocab_size * m.hidden + m.seq_len * m.hidden
+    # The first stage holds the word and position embeddings; the last the final LayerNorm
+    # and, with more than one stage, its own copy of the tied output weight (megatron's
+    # layout: pipeline.runtime.megatron.model.GPTPreset.stage_num_params), not the positions.
+    embedding_params = (m.vocab_size + m.seq_len) * m.hidden
+    head_params = 2 * m.hidden + (m.vocab_size * m.hidden if m.pp > 1 else 0)
     t_f, t_b, t_w, weights_gb, activation_gb, grad_bytes, optimizer_ms = [], [], [], [], [], [], []
     for stage in range(m.pp):
         layers = m.layers_on_stage(stage)
@@ -323,7 +327,8 @@ def model_cost(
         t_f.append(flops_f / m.tp / flops_per_ms + 2 * layers * tp_ms)
         t_b.append(flops_b / m.tp / flops_per_ms + 2 * layers * tp_ms)
         t_w.append(flops_w / m.tp / flops_per_ms)
-        params = layers * params_per_layer + (stage == 0 or has_head) * embedding_params
+        params = layers * params_per_layer + (stage == 0) * embedding_params
+        params += has_head * head_params
         params_per_gpu = params / m.tp
         weights_gb.append(params_per_gpu * _BYTES_PER_PARAM_STATE / 1e9)
         grad_bytes.append(int(params_per_gpu * _BYTES_PER_ELEMENT))

@@ -16,6 +16,7 @@ from pipeline.cost_model import (
 )
 from pipeline.errors import ConfigError
 from pipeline.ops import Op, OpKind
+from pipeline.runtime.megatron.model import GPTPreset
 from pipeline.schedule import Schedule
 
 
@@ -31,6 +32,22 @@ def test_models_have_their_nominal_size(name: str, billions: int) -> None:
     assert params / 1e9 == pytest.approx(billions, rel=0.1)
     assert cost.profile.num_stages == model.pp
     assert cost.profile.num_microbatches == 3 * model.pp
+
+
+@pytest.mark.parametrize("pp", [1, 2, 4])
+def test_the_last_stage_holds_the_tied_copy_and_the_final_layernorm(pp: int) -> None:
+    """The first stage holds the word and position embeddings, the last the final LayerNorm
+    (2h) and its copy of the tied output weight (Vh), not the position table: 7B's last
+    stage had s*h - 2h = 5,232,640 parameters (10.5 MB of gradient) too many. Each stage's
+    count is the megatron preset's of the same shape."""
+    model = resolve_model({"base": "gpt2-7b", "num_layers": 6, "hidden": 256, "pp": pp})
+    preset = GPTPreset(name="x", num_layers=6, hidden_size=256, num_attention_heads=32,
+                       vocab_size=50257, seq_length=1024, micro_batch_size=1)  # fmt: skip
+    grad_bytes = model_cost(model).profile.allreduce_bytes
+    assert grad_bytes == tuple(2 * preset.stage_num_params(i, pp) for i in range(pp))
+    h, v = 5120, 50257
+    last = model_cost(MODELS["gpt2-7b"]).profile.allreduce_bytes[3]
+    assert last == 2 * (5 * (12 * h * h + 13 * h) + v * h + 2 * h) == 3_661_045_760
 
 
 def test_layer_slots_give_the_embedding_and_head_one_each() -> None:
