@@ -204,6 +204,11 @@ def resolve_model(entry: str | Mapping[str, Any]) -> GPTModel:
 
 def resolve_hardware(entry: str | Mapping[str, Any]) -> Hardware:
     """A hardware profile by name (HARDWARE), or a mapping like a model's."""
+    if isinstance(entry, Mapping) and "memory_gb" in entry:
+        raise ConfigError(
+            "hardware memory_gb is memory_gib now: the card's memory in GiB (an 80 GB card "
+            "has 80 GiB)"
+        )
     hardware: Hardware = _resolve(entry, HARDWARE, "hardware")
     return hardware
 

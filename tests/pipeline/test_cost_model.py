@@ -194,6 +194,7 @@ def test_hardware_is_configurable() -> None:
         ("tpu", "unknown hardware 'tpu'"),
         ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be finite and >= 0.001"),
         ({"base": "h800-ib400", "warp": 9}, "unknown hardware field"),
+        ({"base": "h800-ib400", "memory_gb": 80}, "memory_gb is memory_gib now"),
         ({"base": "h800-ib400", "memory_gib": "lots"}, "memory_gib must be a number, got 'lots'"),
     ],
 )
