@@ -11,19 +11,22 @@ waits for the same DP link to be the slowest believed in two iterations in a row
 iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
 under a new placement, does not move anything); at most one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
-gains nothing while the pair is a PP edge). A swapped DP link is not moved again, nor one on
-a host a swap moved, while that slowness lasts: a link still believed slow after its swap,
-or a slow one on a host moved already, has a slowness that did not stay with the pair (a
-delay on the logical link; a slow NIC, which every placement keeps on some ring), and
-another swap would only move it around, a state transfer every other iteration for nothing.
-The slowness has ended with the first belief that calls no link slow that has the moved link
-itself (a DP link: the logical link, wherever it runs now) or an end on the moved host (under
-the placement that iteration ran; a PP link named for every replica, "1-2", has an end on
-each replica's hosts of it): from then on the link and the host are like any other, and a
-later slowness on them (another fault) is moved as a new one is. A slowness that stayed with
-the pair keeps its hosts held while the detector believes their PP link slow (the detector
-of `adaptra-cpu`, which reads only the DP ring's messages, never sees it there, and releases
-them after the swap's iteration: no ring crosses the pair then).
+gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
+hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
+moved already, has a slowness that did not stay with the pair (a delay on the logical link;
+a slow NIC, which every placement keeps on some ring), and another swap would only move it
+around, a state transfer every other iteration for nothing.
+
+So a later fault, on its own, on a host a swap moved is never moved (a fault on hosts 1-5
+swapped and ended, then one on hosts 5-6: 293 ms steps to the end, against 143 ms swapped).
+Rules that free such hosts once their slowness ends were tried, and each did worse where it
+counts: freed after one belief calling nothing on them slow, a slow NIC whose delay is drawn
+anew (15 +- 15 ms every 0.1-1 s) dips under the detector's recovery at times and was chased
+around the rings, 7 swaps in 40 iterations; freed after 10 such beliefs in a row (1 swap
+for NICs of 6-15 ms means), the paper trace of benchmarks/bench_falcon_trace.py went from
+64.37 to 100.81 s for Adaptra-CPU (the swap a freed host allowed put a host pair that the
+trace delays again and again on a DP ring); freed where the two beliefs after a swap show
+no slow DP link on its hosts, the same trace took Adaptra 97.20 s (56.78 held).
 """
 
 from __future__ import annotations
@@ -42,13 +45,12 @@ class DpSwaps:
         self._slowest: Link | None = None
         """The slowest DP link of the last belief (under the placement in force)."""
         self._moved: set[Link] = set()
-        """The DP links swapped onto PP edges whose slowness has not ended (not again)."""
+        """The DP links swapped onto PP edges so far (never again)."""
         self._moved_hosts: set[int] = set()
-        """The hosts of the pairs those swaps moved, while their slowness has not ended."""
+        """The hosts of the pairs those swaps moved."""
 
     def update(self, belief: Belief) -> None:
         slow = [Link.parse(name) for name in belief.slow]
-        self._release(slow)
         slow_dp = [link for link in slow if link.kind is LinkKind.DP]
         if not slow_dp or self.topology.num_stages < 2:
             self._slowest = None
@@ -66,17 +68,6 @@ class DpSwaps:
         self._moved_hosts |= hosts
         self.num_swaps += 1
         self._slowest = None
-
-    def _release(self, slow: list[Link]) -> None:
-        """Forget the moved links and hosts that no link of `slow` (a belief's, under the
-        placement in force) is or has an end on: their slowness has ended."""
-        touched: set[int] = set()
-        for link in slow:
-            replicas = range(self.topology.num_replicas) if link.is_pp else (0,)
-            for replica in replicas:
-                touched.update(self.topology.hosts_of(link.in_replica(replica)))
-        self._moved &= set(slow)
-        self._moved_hosts &= touched
 
     @property
     def swapped(self) -> Topology | None:

@@ -102,45 +102,10 @@ def test_a_dp_link_whose_slowness_stays_on_the_ring_is_moved_once() -> None:
             assert len(set(run.wall_times_ms[-6:])) == 1, run.wall_times_ms  # steady
 
 
-def test_a_moved_host_is_held_while_its_slowness_lasts_and_free_once_it_ends() -> None:
-    """The swap of dp1:0-1 (hosts 1 and 5) makes 1-5 a PP edge of replica 0 (stage 1-2);
-    host 5 then plays stage 2 of replica 0, and dp2:0-1 runs between hosts 5 and 6. While a
-    link on a moved host is believed slow, a slow ring link there is not moved (it did not
-    stay with the pair); once a belief calls none slow, a new one there is moved (it was
-    never moved before: held for good, a later fault on hosts 5-6 cost every bucket)."""
-    swaps = DpSwaps(Topology(4, 2))
-    first = _belief({"dp1:0-1": 30.0}, {"dp1:0-1"})
-    swaps.update(first)
-    swaps.update(first)
-    moved = Topology(4, 2).dp_pair_onto_pp(Link.parse("dp1:0-1"))
-    assert swaps.swapped == moved and swaps.num_swaps == 1
-    assert set(moved.hosts_of(Link.parse("dp2:0-1"))) == {5, 6}
-    held = _belief({"1-2": 30.0, "dp2:0-1": 40.0}, {"1-2", "dp2:0-1"})  # a slow NIC on 5
-    for _ in range(3):
-        swaps.update(held)
-    assert swaps.num_swaps == 1
-    swaps.update(_belief({"1-2": 1.0, "dp2:0-1": 1.0}, set()))  # it has ended
-    later = _belief({"dp2:0-1": 30.0}, {"dp2:0-1"})  # another fault, on hosts 5-6
-    swaps.update(later)
-    swaps.update(later)
-    assert swaps.num_swaps == 2 and swaps.swapped == moved.dp_pair_onto_pp(Link.parse("dp2:0-1"))
-
-
-def test_a_moved_logical_link_is_held_while_slow_and_moved_again_once_it_recovered() -> None:
-    swaps = DpSwaps(Topology(4, 2))
-    slow = _belief({"dp1:0-1": 30.0}, {"dp1:0-1"})
-    for _ in range(4):  # still slow after its swap: the logical link's own delay
-        swaps.update(slow)
-    assert swaps.num_swaps == 1
-    swaps.update(_belief({"dp1:0-1": 0.0}, set()))
-    swaps.update(slow)
-    swaps.update(slow)
-    assert swaps.num_swaps == 2
-
-
-def test_a_later_dp_fault_on_a_host_an_ended_swap_moved_is_swapped() -> None:
-    """Fault A on hosts 1-5 (dp1:0-1) is swapped and ends; fault B from iteration 10 on hosts
-    5-6 (dp2:0-1 under the new placement) was never moved: 293 ms steps to the end."""
+def test_a_slow_nic_whose_delay_is_drawn_low_at_times_is_swapped_once() -> None:
+    """A NIC slow for good, its delay drawn anew every 0.1-1 s (15 +- 15 ms: at times under
+    the detector's recovery): a rule that freed a moved host after one belief calling nothing
+    on it slow chased the NIC around the rings (7 swaps in 40 iterations)."""
     from pipeline.profile import Profile
 
     profile = Profile.uniform(
@@ -148,12 +113,11 @@ def test_a_later_dp_fault_on_a_host_an_ended_swap_moved_is_swapped() -> None:
         allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
     )  # fmt: skip
     faults = parse_yaml(
-        "[{start_iteration: 2, end_iteration: 7, hosts: [1, 5], delay_ms: 30},"
-        " {start_iteration: 10, hosts: [5, 6], delay_ms: 30}]"
+        '[{start_iteration: 2, nic: "host5:rnic0", distribution: {normal: {mean_ms: 15,'
+        " std_ms: 15}, redraw_every_ms: [100, 1000]}}]"
     )
-    controller = system_controller("adaptra", profile, faults)
-    run = run_configuration(controller, num_iterations=16, faults=faults, delegated=True)
-    assert isinstance(controller, DetectingController)
-    assert controller.swaps.num_swaps == 2
-    assert run.decisions[-1].detected_ms == {"2-3": 30.0}  # on a PP edge, planned for
-    assert max(run.wall_times_ms[-3:]) < 0.6 * run.wall_times_ms[10]
+    for system in ("adaptra", "adaptra-cpu"):
+        controller = system_controller(system, profile, faults)
+        run_configuration(controller, num_iterations=40, faults=faults, delegated=True)
+        assert isinstance(controller, DetectingController | DelegatingController)
+        assert controller.swaps.num_swaps == 1, system
