@@ -27,6 +27,7 @@ from typing import Any
 
 from harness.resolved import coverage
 from harness.results import RESULTS_SCHEMA_VERSION, read_spec_record, run_dir_holder
+from injectors.fault_files import parse_faults
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -61,7 +62,8 @@ IDENTITY = ("policy", "comm", "controller", "links", "delay_ms", "seed", "iterat
 """How a configuration was run: equal on both sides (a column the base predates: not read)."""
 TIMELINE = "faults_text sha256"
 """Not a runs.csv column: what a run directory's spec.json says its fault timeline held
-(`faults_text`, its SHA-256's first 12 hex digits), on the rows of its `trace:` scenario,
+(`faults_text`: the SHA-256's first 12 hex digits of the events it parses to, so that a
+comment changes nothing), on the rows of its `trace:` scenario,
 whose name is only the file's stem and whose `IDENTITY` cells (no links, no delay) are those
 of any timeline. Compared as `IDENTITY` is where both sides have it: a runs.csv alone, or a
 spec.json of spec version 1 (the timeline's path only), does not say what the timeline held."""
@@ -185,18 +187,31 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                 )
     if path.is_dir() and (path / "spec.json").is_file():
         spec = _check_finished(path, rows)["spec"]
-        faults_text = spec.get("faults_text")
-        if isinstance(faults_text, str):
-            digest = _digest(faults_text)
+        timeline = _timeline_digest(spec)
+        if timeline is not None:
             for row in rows:
                 if str(row["scenario"]).startswith("trace:"):
-                    row[TIMELINE] = digest
+                    row[TIMELINE] = timeline
         costs = spec.get("calibration_costs")
         if isinstance(costs, dict) or spec.get("calibration") is None:
             digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
             for row in rows:
                 row[CALIBRATION] = digest
     return rows
+
+
+def _timeline_digest(spec: Mapping[str, Any]) -> str | None:
+    """The digest of the fault timeline a spec record holds (`TIMELINE`): of the events its
+    text parses to, their rows left out (a comment or a blank line changes no measurement),
+    or of the text where this version cannot parse it; None where it holds no text."""
+    text, path = spec.get("faults_text"), spec.get("faults")
+    if not isinstance(text, str) or not isinstance(path, str):
+        return None
+    try:
+        events = parse_faults(text, path).events
+    except ConfigError:
+        return _digest(text)
+    return _digest(repr(tuple(dataclasses.replace(event, row=0) for event in events)))
 
 
 def _digest(text: str) -> str:
