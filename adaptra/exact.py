@@ -350,14 +350,30 @@ def _search(solver: cp_model.CpSolver, model: cp_model.CpModel) -> cp_model.CpSo
     try:
         ended.wait()  # not thread.join(): interrupted, 3.11's marks a running thread stopped
     except BaseException:
-        while not ended.wait(0.01):  # stop_search does nothing until solve has begun
-            solver.stop_search()
-        thread.join()
+        try:
+            _stop_search(solver, ended)
+        finally:
+            thread.join()
         raise
     thread.join()
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
+
+
+def _stop_search(solver: cp_model.CpSolver, ended: threading.Event) -> None:
+    """Stop the search and wait until it has ended, whatever signal comes meanwhile (a second
+    Ctrl-C left it searching to its time limit, the process's exit waiting for it); a later
+    signal's exception goes up once it has."""
+    late: BaseException | None = None
+    while not ended.is_set():
+        try:
+            solver.stop_search()  # nothing until solve has begun: again until it ends
+            ended.wait(0.01)
+        except BaseException as err:
+            late = err
+    if late is not None:
+        raise late
 
 
 def _prepare_warm_start(warm_start: Schedule | None, profile: Profile) -> Schedule | None:

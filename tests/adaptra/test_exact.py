@@ -325,3 +325,27 @@ def test_a_signal_during_a_solve_ends_it_at_once() -> None:
         "print([t.name for t in threading.enumerate()])"
     )
     assert _python(code) == ["interrupted", "['MainThread']"]
+
+
+def test_a_second_signal_while_the_search_stops_still_stops_it() -> None:
+    """A second Ctrl-C as the first one's exception told CP-SAT to stop (here: its first
+    `stop_search` raises it) left the search running to its time limit, the process's exit
+    waiting for it; now the search is stopped all the same and the second goes up."""
+    code = (
+        "import os, signal, threading, time; from adaptra.exact import solve_exact; "
+        "from ortools.sat.python import cp_model; from pipeline.profile import Profile\n"
+        "original, calls = cp_model.CpSolver.stop_search, []\n"
+        "def stop_search(self):\n"
+        "    calls.append(1)\n"
+        "    if len(calls) == 1: raise KeyboardInterrupt('second')\n"
+        "    original(self)\n"
+        "cp_model.CpSolver.stop_search = stop_search\n"
+        "def interrupt():\n"
+        "    while not any(t.name == 'cp-sat' for t in threading.enumerate()): time.sleep(0.01)\n"
+        "    time.sleep(0.2); os.kill(os.getpid(), signal.SIGINT)\n"
+        "threading.Thread(target=interrupt).start()\n"
+        "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=600)\n"
+        "except KeyboardInterrupt as err: print('interrupted', err)\n"
+        "print([t.name for t in threading.enumerate()])"
+    )
+    assert _python(code) == ["interrupted", "second", "['MainThread']"]
