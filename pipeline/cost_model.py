@@ -116,7 +116,9 @@ class Hardware:
     nvlink_gbps: float
     """Per-direction NVLink bandwidth in GB/s (TP all-reduces stay inside a node)."""
     network_gbps: float
-    """Per-GPU network bandwidth in Gbit/s (PP messages and DP all-reduce)."""
+    """Per-GPU network bandwidth in Gbit/s (PP messages and DP all-reduce: every stage's
+    ring is priced over the network, also where TP x DP fills a node; BENCHMARKS.md says
+    why)."""
     link_latency_ms: float
     copy_gbps: float
     """Device-host copy speed in Gbit/s (the delegated path): an assumption, not a data-sheet
