@@ -111,9 +111,12 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"internal error: {summary} (a bug; traceback in {log})", err=True)
         sys.exit(3)
     finally:
+        # The program's own command line ends its process here: a signal from now on ends
+        # it by that signal (Python's SIGINT handler put back raised a KeyboardInterrupt
+        # as it exited: a traceback after the results, and exit status 0).
         for signum, earlier in previous.items():
-            signal.signal(signum, earlier)
-        if argv is None:  # the program's own command line: the process ends here
+            signal.signal(signum, earlier if argv is not None else signal.SIG_DFL)
+        if argv is None:
             # Its exit then skips collecting what it imported (torch): about 0.13 s where it
             # took 0.5 s here, after the last line (BENCHMARKS.md, "Shutdown").
             gc.freeze()

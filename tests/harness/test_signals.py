@@ -389,3 +389,24 @@ def test_after_one_shutdown_signal_every_other_waits_for_the_cleanups(
     finally:
         for signum, earlier in previous.items():
             signal.signal(signum, earlier)
+
+
+def test_the_command_line_s_own_process_ends_by_a_signal_once_done() -> None:
+    """After the command, the program's own process put Python's SIGINT handler back: a
+    Ctrl-C as it exited raised a KeyboardInterrupt there, a traceback after the results and
+    exit status 0. Now every shutdown signal is at its default from then on; an in-process
+    call (argv given) gets back the handlers it had."""
+    code = (
+        "import signal, sys; from harness.cli import main\n"
+        "sys.argv = ['adaptra-bench', '--help']\n"
+        "main()\n"
+        "own = [signal.getsignal(s) == signal.SIG_DFL for s in "
+        "(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "main(['--help'])\n"
+        "print(own, signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.splitlines()[-1] == "[True, True, True] True"
