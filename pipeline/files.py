@@ -4,8 +4,10 @@ writing its outputs whole or not at all."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -69,12 +71,24 @@ def parse_json_file(path: str | Path, what: str, parse: Callable[[Any], T]) -> T
         raise ConfigError(f"{what} {path}: {err}") from err
 
 
-def load_yaml(text: str, what: str) -> Any:
-    """YAML (JSON too) read safely; a syntax error, or a key given twice in one mapping (YAML
-    would keep the last silently), is one line with its place in the file."""
+_YAML_INT = r"[-+]?(?:0|[1-9][0-9]*)"
+"""An unquoted whole number YAML reads as one here: decimal, as a person reads it."""
+_YAML_FLOAT = (
+    r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
+"""An unquoted real number YAML reads as one here: PyYAML's forms less base 60 and `_` (a
+point in it, an exponent only with its sign: 1e12 stays a string, as in YAML 1.1)."""
+
+
+@functools.cache
+def _yaml_loader() -> Any:
+    """PyYAML's safe loader, but for a key given twice (refused) and numbers: YAML 1.1 reads
+    an unquoted 010 as octal 8, 0x10 as 16, 1:30 as 90 (base 60) and 1_000 as 1000, which a
+    file's reader takes for 10, a name, a time and a typo: only decimal forms are numbers
+    here, the others strings (which a number's check then refuses, or reads as written)."""
     import yaml  # loads slowly; most commands read no YAML
 
-    class UniqueKeys(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
@@ -87,8 +101,28 @@ def load_yaml(text: str, what: str) -> Any:
                     seen.add(key)
             return super().construct_mapping(node, deep)
 
+    numbers = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, rule) for tag, rule in rules if tag not in numbers]
+        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:int", re.compile(f"^(?:{_YAML_INT})$"), list("-+0123456789")
+    )
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", re.compile(f"^(?:{_YAML_FLOAT})$"), list("-+0123456789.")
+    )
+    return Loader
+
+
+def load_yaml(text: str, what: str) -> Any:
+    """YAML (JSON too) read safely; a syntax error, or a key given twice in one mapping (YAML
+    would keep the last silently), is one line with its place in the file. Only decimal
+    forms are numbers (`_yaml_loader`)."""
+    import yaml
+
     try:
-        return yaml.load(text, Loader=UniqueKeys)  # a SafeLoader
+        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or type(err).__name__

@@ -163,3 +163,12 @@ def test_the_suffix_says_the_form_in_any_case_and_any_other_is_refused(tmp_path)
             f"fault timeline {tmp_path / name} has {what}: give the paper's trace as .txt or YAML "
             "rows as .yaml or .yml"
         )
+
+
+def test_a_leading_zero_is_decimal_and_base_60_is_refused() -> None:
+    """YAML 1.1's forms: `start_iteration: 010` ran from iteration 8 (octal), `hosts: [01,
+    010]` were hosts 1-8, `at_ms: 12:30` was 750 ms (base 60)."""
+    event = parse_yaml("- {start_iteration: 010, hosts: [01, 010], delay_ms: 10}").events[0]
+    assert (event.start_iteration, str(event.target)) == (10, "hosts 1-10")
+    with pytest.raises(ConfigError, match="at_ms '12:30' is not a number"):
+        parse_yaml("- {start_iteration: 1, at_ms: 12:30, links: ['0-1'], delay_ms: 10}")

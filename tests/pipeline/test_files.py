@@ -1,5 +1,6 @@
 """Output files: written whole or not at all, readable like any other output file."""
 
+import math
 import os
 import stat
 from pathlib import Path
@@ -9,7 +10,7 @@ import matplotlib
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.files import atomic_writer, read_json, save_figure, write_atomic
+from pipeline.files import atomic_writer, load_yaml, read_json, save_figure, write_atomic
 from pipeline.profile import Profile
 
 matplotlib.use("Agg")
@@ -103,3 +104,14 @@ def test_a_json_key_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
         read_json(path, "file")
     path.write_text('{"a": [{"b": 1}], "c": {"b": 2}}')  # the same key in two objects
     assert read_json(path, "file") == {"a": [{"b": 1}], "c": {"b": 2}}
+
+
+def test_yaml_numbers_are_decimal_and_other_forms_strings() -> None:
+    """YAML 1.1 read an unquoted 010 as octal 8, 0x10 as 16, 1:30 as 90 (base 60) and 1_000
+    as 1000: a fault row's `start_iteration: 010` ran from iteration 8, `hosts: [01, 010]`
+    were hosts 1-8. Only decimal forms are numbers now; the rest stay as written."""
+    text = "[1.5, .5, 1.0e+3, -3, +4, 0, 3., .inf, 010, 0x10, 0o7, 1_000, '1:30', 1:30, 1e3]"
+    assert load_yaml(text, "x") == [
+        1.5, 0.5, 1000.0, -3, 4, 0, 3.0, math.inf, "010", "0x10", "0o7", "1_000", "1:30",
+        "1:30", "1e3",
+    ]  # fmt: skip
