@@ -7,7 +7,7 @@ import functools
 
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
-from injectors.fault_model import FaultModel
+from injectors.fault_model import Effect, FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
 from pipeline.engines.base import Closing
@@ -153,6 +153,7 @@ def run_configuration(
     if backend == "sim":
         with SimEngine(host=host) as sim:
             return run(sim)
+    check_injectable(faults, injection)
     timeout_s = recovery.transport_timeout_s
     longest_ms = longest_hold_ms(
         profile,
@@ -247,6 +248,21 @@ def largest_messages(
         for replica in range(num_replicas):
             routes[Position(0, replica), Position(last, replica)] = tied_bytes
     return profile.message_bytes, routes
+
+
+def check_injectable(faults: FaultView, injection: str) -> None:
+    """A ConfigError, naming the row, for a timeline's fault that `injection` cannot put on
+    the messages: the testbed's network (`network`) takes a NIC down, no other effect on a
+    NIC (harness.network), and said so only once the row's iteration ran."""
+    if injection != "network" or not isinstance(faults, FaultModel):
+        return
+    for event in faults.events:
+        effect = event.effect
+        if event.target.kind is TargetKind.NIC and not effect.down and effect != Effect():
+            raise ConfigError(  # (an effect of none: a repair)
+                f"fault row {event.row}: --inject network takes a NIC down, not another "
+                f"effect on a NIC ({event.target}); replay it with --inject hook"
+            )
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

@@ -17,7 +17,14 @@ from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_label, check_run_name
 from harness.policies import SYSTEMS, Planner, plan, system_controller
 from harness.resolved import ResolvedSpec
-from harness.runner import BACKENDS, INJECTIONS, check_hold, link_terms, longest_hold_ms
+from harness.runner import (
+    BACKENDS,
+    INJECTIONS,
+    check_hold,
+    check_injectable,
+    link_terms,
+    longest_hold_ms,
+)
 from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
@@ -323,6 +330,7 @@ class ExperimentSpec:
             )
         if not resolve_models:
             return
+        check_injectable(self.fault_timeline() or NO_FAULTS, self.injection)  # before any work
         targets = self.targets()
         _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)

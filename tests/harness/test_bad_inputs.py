@@ -33,6 +33,13 @@ def row(**fields: object) -> str:
     return json.dumps([{"start_iteration": 0, "links": ["0-1"], "delay_ms": 5, **fields}])
 
 
+NIC_DELAY = json.dumps(  # a NIC down and repaired, then a NIC delay
+    [
+        {"start_iteration": 0, "end_iteration": 1, "nic": "host1:rnic0", "delay_ms": "inf"},
+        {"start_iteration": 90, "nic": "host1:rnic0", "delay_ms": 5},
+    ]
+)
+NIC_RUN = ["--faults", "f.yaml", "--iterations", "100"]
 P = {"p.json": profile()}
 RUN_P = ["run", "--profile", "p.json", "--system", "1f1b"]
 LAUNCH_P = ["launch", "--profile", "p.json", "--policy", "1f1b", "--out", "job"]
@@ -309,6 +316,23 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # options a command would ignore
     ("timeout in sim", P, [*RUN_P, "--timeout", "5"], "--timeout is the runtime workers'"),
     ("network in sim", P, [*RUN_P, "--inject", "network"], "needs a runtime backend"),
+    (  # refused only as measured iteration 90 ran, on the testbed
+        "network NIC delay",
+        {"p.json": json.dumps(SMALL), "f.yaml": NIC_DELAY},
+        [*RUN_P, "--backend", "emulated", "--inject", "network", *NIC_RUN],
+        "fault row 2: --inject network takes a NIC down, not another effect on a NIC",
+    ),
+    (
+        "spec network NIC delay",
+        {
+            "s.yaml": spec(
+                backend="emulated", injection="network", faults="f.yaml", num_iterations=100
+            ),
+            "f.yaml": NIC_DELAY,
+        },
+        RUN_SPEC,
+        "fault row 2: --inject network takes a NIC down, not another effect on a NIC",
+    ),
     ("hook in sim", P, [*RUN_P, "--inject", "hook"], "--inject hook needs a runtime backend"),
     ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
     (
