@@ -87,6 +87,7 @@ a slowdown from it went unseen."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import statistics
@@ -179,7 +180,8 @@ class _Segment:
     before: list[float] = dataclasses.field(default_factory=list)
     """Times at its level from before it began: where the caller said it went back to an
     earlier level (`ChangePointDetector.start_segment`), that level's (at most
-    `max_run_length`, the latest); a new segment is compared with them and its own."""
+    `max_run_length`, the latest); a new segment is compared with them and its own (and so
+    is a segment that leaves it: `ChangePointDetector.level_left`)."""
     by_caller: bool = False
     """The caller said its level."""
 
@@ -195,8 +197,9 @@ class ChangePointDetector:
         self._log_probs: list[float] = []
         self._stats: list[_Stats] = []
         self._segments = [_Segment(0)]
-        """The latest four segments at most, the current one (the last change reported, or
-        the caller's) last."""
+        """Every segment since the calibration's, in order (the current one, the last change
+        reported or the caller's, last): `start_segment` may go back to the level any of them
+        left."""
         self._first = 0
         """The index of the first calibration time (an earlier one is in no segment)."""
         self._unstepped = 0
@@ -246,7 +249,7 @@ class ChangePointDetector:
         )
         if abs(new_ms - old_ms) < config.min_standard_errors * standard_error:
             return False  # within the noise: one noisy time, or a few, past the minimum
-        self._segments = [*self._segments[-3:], _Segment(start)]
+        self._segments.append(_Segment(start))
         self._not_noise.add(start)
         self._unstepped = 0
         self.baseline_ms = old_ms
@@ -255,38 +258,50 @@ class ChangePointDetector:
             self._recentre(new_ms)
         return True
 
-    def start_segment(self) -> None:
-        """Begin a new segment with the latest time, at the level of the segment before the
-        current one: for a caller that knows the level went back there before the model can
-        say so (Falcon: a straggler gone with the time back within 10 % of its baseline).
-        The baseline is the current segment's median; the prior is re-centred on the latest
-        time (as for a level found faster than it), and the new segment's posterior is taken
-        from the level's times (the segment before the current one's) and the latest, so
-        that a return to the current level is a change at once (from one time's posterior it
-        took 9 iterations here: every run's prior is centred on the healthy level). A change
-        from the new segment is measured against the level's times and its own (the module:
-        a median of a few times alone kept 6 standard errors near 20 % of the level), and it
-        is `min_relative_change` from its own too. Where the change `update` reported with
-        the latest time was that return itself, that segment is the new one, and the level
-        is the one before the segment the change left."""
+    def start_segment(self, level_start: int) -> None:
+        """Begin a new segment with the latest time, at the level that the segment beginning
+        at index `level_start` left (the times of the segment before it: its own up to
+        `level_start` and those it was compared with, the `baseline_ms` that segment's change
+        reported): for a caller that knows the level went back there before the model can
+        say so (Falcon: a straggler gone with the time back within 10 % of its baseline, the
+        level before the change it validated, which began at `level_start`). The caller says
+        which level: changes reported within the slowdown (its levels changing, a swap's
+        effect) leave segments between, any of which the segment before the current one
+        may be. The baseline is the current segment's median; the prior is re-centred on the
+        latest time (as for a level found faster than it), and the new segment's posterior
+        is taken from the level's times and the latest, so that a return to the current
+        level is a change at once (from one time's posterior it took 9 iterations here:
+        every run's prior is centred on the healthy level). A change from the new segment is
+        measured against the level's times and its own (the module: a median of a few times
+        alone kept 6 standard errors near 20 % of the level), and it is
+        `min_relative_change` from its own too. Where the change `update` reported with the
+        latest time was that return itself, that segment is the new one (its baseline as
+        `update` set it). ValueError where `level_start` is no segment's start after the
+        calibration's, or not before the latest time's segment."""
         start = len(self._times) - 1
         segments = self._segments
         current = segments[-1]
         if self._prior is None or start < current.start:
             return  # still calibrating
+        if current.by_caller and start == current.start:
+            return  # begun there already by the caller
+        starts = [segment.start for segment in segments]
+        at = bisect.bisect_left(starts, level_start)
+        if not 0 < at < len(segments) or starts[at] != level_start or level_start >= start:
+            raise ValueError(
+                f"no level left at {level_start}: the segments after the calibration's begin "
+                f"at {starts[1:]} and the latest time is {start}"
+            )
+        level = segments[at - 1]  # the segment the one at `level_start` left
+        before = level.before + self._times[level.start : level_start]
+        before = before[-self.config.max_run_length :]
         if start > current.start:  # the current segment is the one left
             self.baseline_ms = statistics.median(
                 current.before + self._times[current.start : start]
             )
-            segments.append(_Segment(start))
-            self._segments = segments = segments[-4:]
-        elif current.by_caller or len(segments) < 3:
-            return  # begun there already by the caller, or a change from the first segment
-        # else the change just reported, to the latest time, was the return (its baseline set)
-        level = segments[-3]  # the segment before the one left
-        before = level.before + self._times[level.start : segments[-2].start]
-        before = before[-self.config.max_run_length :]
-        segments[-1] = _Segment(start, before, by_caller=True)
+            segments.append(_Segment(start, before, by_caller=True))
+        else:  # the change just reported, to the latest time, was the return (its baseline set)
+            segments[-1] = _Segment(start, before, by_caller=True)
         self._not_noise.add(start)
         self._unstepped = 0
         self._recentre(self._times[-1])

@@ -14,9 +14,10 @@ Detection, from what a real system measures (never the fault model or `fault_ms`
    time of the segment before the change). Once a straggler is gone with iteration time
    back within 10 % of the baseline (its fault over, or a swap that absorbed it), that
    slowdown is over: the next straggler waits for the next change up, and the change-point
-   detector starts its next segment there (`ChangePointDetector.start_segment`), so that the
-   slowdown's return is one (after a single fast iteration the detector saw no change, and
-   a straggler back from it was never looked for again).
+   detector starts its next segment there, at the level before the change the straggler was
+   validated after (`ChangePointDetector.start_segment`), so that the slowdown's return is
+   one (after a single fast iteration the detector saw no change, and a straggler back from
+   it was never looked for again).
 A delay there from the start is no change: a profile's static delay, or a fault timeline's
 in force while the detector takes its prior from the first iterations, becomes the
 baseline and is never seen (harness.policies.blind_detector_warning warns of it).
@@ -141,6 +142,10 @@ class _Straggler:
 
     link: str
     baseline_ms: float
+    slowdown_start: int
+    """The index, in the change-point detector's times, where the change it was validated
+    after began: `baseline_ms` is the median of the level that change left, the level a
+    return within 10 % of it goes back to (`ChangePointDetector.start_segment`)."""
     level: Level = Level.IGNORE
     lost_ms: float = 0.0
     """Time lost on the current level so far."""
@@ -249,7 +254,8 @@ class FalconController:
             self.straggler, self.split = None, None
             if back:  # the slowdown is over: a new straggler waits for a change up
                 self._slower, self._suspect = False, None
-                self._changes.start_segment()  # (so that the slowdown's return is one)
+                # the level the slowdown left (so that the slowdown's return is a change)
+                self._changes.start_segment(straggler.slowdown_start)
             return
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
         straggler.level_times_ms.append(iteration_ms)
@@ -284,7 +290,9 @@ class FalconController:
             self._suspect = slowest
             return
         assert changes.baseline_ms is not None
-        self.straggler = _Straggler(slowest, changes.baseline_ms, measured_ms=times[slowest].ms)
+        self.straggler = _Straggler(
+            slowest, changes.baseline_ms, changes.change_index, measured_ms=times[slowest].ms
+        )
         self._suspect = None
 
     def _climb(self, iteration: int, timeline: Timeline) -> None:

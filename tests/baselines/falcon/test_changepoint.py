@@ -240,16 +240,17 @@ def test_a_config_with_no_room_for_a_run_is_refused() -> None:
 
 
 def _with_segment_started_at(
-    times: list[float], start: int
+    times: list[float], start: int, level_start: int = 4
 ) -> tuple[ChangePointDetector, list[int]]:
     """`times` fed in order, the caller starting a segment at index `start` (after its
-    update); the indices whose update reported a change."""
+    update), back at the level the segment from `level_start` left; the indices whose update
+    reported a change."""
     detector, found = ChangePointDetector(), []
     for k, ms in enumerate(times):
         if detector.update(ms):
             found.append(k)
         if k == start:
-            detector.start_segment()
+            detector.start_segment(level_start)
     return detector, found
 
 
@@ -283,10 +284,13 @@ def test_a_segment_is_started_only_after_the_calibration_and_its_own_first_time(
     detector = ChangePointDetector()
     for ms in (260.0, 260.0):
         detector.update(ms)
-        detector.start_segment()  # still calibrating: nothing
+        detector.start_segment(0)  # still calibrating: nothing
     assert detector.update(260.0) is False and detector.change_index == 0
-    _, found = _with_segment_started_at([260.0] * 4 + [300.0] * 6, 4)  # the change's own first
-    assert found == [4]
+    with pytest.raises(ValueError, match="no level left at 4"):  # the change's own first
+        _with_segment_started_at([260.0] * 4 + [300.0] * 6, 4)
+    for level_start in (0, 3):  # the calibration's segment left no level; 3 begins none
+        with pytest.raises(ValueError, match=f"no level left at {level_start}"):
+            _with_segment_started_at([260.0] * 4 + [300.0] * 6, 6, level_start)
 
 
 def test_a_slowdown_soon_after_the_callers_return_is_found_in_every_seed() -> None:
@@ -302,14 +306,40 @@ def test_a_slowdown_soon_after_the_callers_return_is_found_in_every_seed() -> No
     delays = []
     for seed in range(40):
         rng = random.Random(seed)
-        detector, found = ChangePointDetector(), []
+        detector, found, starts = ChangePointDetector(), [], []
         for k in range(80):
             level_ms = 130.0 if 40 <= k < 50 else 115.0 if k >= 52 else 100.0
             if detector.update(level_ms * rng.gauss(1, 0.03)):
                 found.append(k)
-            if k == 50:
-                detector.start_segment()
+                starts.append(detector.change_index)
+            if k == 50:  # back at the level the slowdown's change left
+                detector.start_segment(next(start for start in starts if start >= 40))
         delays.append(next((k - 52 for k in found if k >= 52), None))
     assert [seed for seed, delay in enumerate(delays) if delay is None] == []
     found_delays = [delay for delay in delays if delay is not None]
     assert sum(delay <= 1 for delay in found_delays) == 28 and max(found_delays) == 17
+
+
+def test_a_return_after_changes_within_the_slowdown_goes_back_to_the_level_before_it() -> None:
+    """Falcon's call pattern over a trace-like run (135 ms; a slowdown whose levels change
+    within it, 2785 -> 585 ms; back; a straggler at 1800 then 515 ms; back; then 2480 ms):
+    the caller says where each slowdown began, and its segments go back to the 135 ms level
+    before it. Left to take the segment before the one left, the first return took the
+    2785-2305 ms times (three changes were reported within the slowdown) for the level, the
+    second those and nine 135s, and the 2480 ms slowdown (18 x) was never reported."""
+    slowdown = [2785.0] * 3 + [2565.0] * 3 + [2305.0, 660.0] + [600.0] * 3 + [585.0] * 7
+    times = [135.0] * 10 + slowdown + [135.0] * 9 + [1800.0] * 3 + [515.0] * 4 + [135.0] * 3
+    times += [2480.0] * 8
+    returns = {10 + len(slowdown), 10 + len(slowdown) + 16}  # the first 135 after each
+    detector, found, since_return = ChangePointDetector(), [], []
+    for k, ms in enumerate(times):
+        if detector.update(ms):
+            found.append(k)
+            since_return.append(detector.change_index)
+        if k in returns:  # where the first change up since the last return began
+            detector.start_segment(since_return[0])
+            level = detector._segments[-1].before
+            assert level == [135.0] * len(level) and len(level) >= 10
+            since_return = []
+    assert found[0] == 10 and found[-1] == len(times) - 8  # the 2480 ms run, at its first
+    assert detector.baseline_ms == 135.0

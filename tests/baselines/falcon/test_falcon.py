@@ -634,3 +634,24 @@ def test_a_straggler_back_after_one_fast_iteration_is_found_again() -> None:
     assert steps == [0] * 3 + [40] * 3 + [0] + [40] * 9 + [0] * 2 + [40] * 12
     swapped = [round(ms) for ms in result.iteration_times_ms[15:19]]
     assert swapped == [270, 590, 590, 270]  # the PP link 30 ms slow in 16-17
+
+
+def test_a_slowdown_after_one_whose_level_changed_is_found() -> None:
+    """300, then 100, then 30 ms on pp0:2-3 (iterations 3-8, 9-14, 15-20; ignored: no level
+    is bought), 20 ms on dp2:0-1 from 24. The change-point detector reports changes within
+    the first slowdown; at its end (21, back at 135 ms) Falcon starts the detector's next
+    segment at the level before the change it validated (135 ms). It took the segment before
+    the one left for that level, the 2835 and 1035 ms times: the 1090 ms slowdown (8 x) was
+    no change up, and no straggler was looked for to the end."""
+    result, falcon = _run(
+        9, 30, swap_ms=math.inf, link="pp0:2-3", rebalance_ms=math.inf, delay_ms=300.0,
+        also=', {start_iteration: 9, end_iteration: 15, links: ["pp0:2-3"], delay_ms: 100},'
+        ' {start_iteration: 15, end_iteration: 21, links: ["pp0:2-3"], delay_ms: 30},'
+        ' {start_iteration: 24, links: ["dp2:0-1"], delay_ms: 20}',
+    )  # fmt: skip
+    assert _with_step(result)[15:] == [405.0] * 6 + [135.0] * 3 + [1090.0] * 6
+    # seen in 24, validated in 25, believed from 26 (before: believed in none of 22-29)
+    assert [sorted(d.detected_ms) for d in result.decisions][21:] == (
+        [["pp0:2-3"]] + [[]] * 4 + [["dp2:0-1"]] * 4
+    )
+    assert falcon.straggler is not None and falcon.straggler.baseline_ms == 135.0
