@@ -37,10 +37,14 @@ replica its share of the global batch by min max_i m_i t_i (baselines.falcon.reb
 t_i: its per-microbatch time in the iteration that climbed, at least one microbatch per
 stage each), each replica its own schedule of the policy for its count
 (`Plan.replica_schedules`), until the link is no longer suspect; then the equal split
-again. A swap is judged on the first iteration after its own: no faster than the median
-of those before it (a DP link's delay can cost a step less than the same delay on a PP
-link, where the ring has few chunks and the pipeline many messages), it is undone, and the
-time lost goes on counting toward the restart. The restart is a plan with `Action.RESTART`:
+again, whose first iteration judges the slowdown (the split's own, its healthy replica given
+more microbatches, is over 1.1 x the baseline however healthy the links): back within 10 %,
+it is over; the link suspect again, the split is made again from that iteration, the time
+lost counting on; else the straggler is forgotten. A swap is judged on the first
+iteration after its own: no faster than the median of those before it (a DP link's delay
+can cost a step less than the same delay on a PP link, where the ring has few chunks and
+the pipeline many messages), it is undone, and the time lost goes on counting toward the
+restart. The restart is a plan with `Action.RESTART`:
 the harness restarts the job from its last checkpoint on hardware without the slow link
 (harness.loop), and Falcon starts afresh. A restart after a link or NIC failure leaves the
 slow links in place: Falcon keeps its placement, split, straggler and detector through it.
@@ -157,6 +161,10 @@ class _Straggler:
     """After a swap: the placement before it and the median iteration time there."""
     undone: bool = False
     """The swap did not pay and was undone: the link is a DP link again."""
+    split_dropped: bool = False
+    """Rebalanced, the link was no suspect: the equal split runs again, and its iteration
+    says whether the slowdown is over (the split's own iteration, its healthy replica given
+    more microbatches, is no measure of that)."""
 
     @property
     def levels(self) -> tuple[Level, ...]:
@@ -244,19 +252,27 @@ class FalconController:
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
         swapped = straggler.level is Level.SWAP and not straggler.undone
+        split = straggler.level is Level.REBALANCE and not straggler.split_dropped
         gone = {
             Level.IGNORE: back or straggler.link not in suspected,
-            Level.REBALANCE: straggler.link not in suspected,  # (it keeps iterations fast)
+            # the split's iterations are not the healthy level's: judged once it is dropped
+            Level.REBALANCE: not split and (back or straggler.link not in suspected),
             # swapped, the slow pair carries a PP link: its DP time says nothing
             Level.SWAP: back if swapped else back or straggler.link not in suspected,
         }.get(straggler.level, False)
-        if gone:  # it went away (or a swap absorbed it); a placement stays, a split goes
-            self.straggler, self.split = None, None
+        if gone:  # it went away (or a swap absorbed it); a placement stays
+            self.straggler = None
             if back:  # the slowdown is over: a new straggler waits for a change up
                 self._slower, self._suspect = False, None
                 # the level the slowdown left (so that the slowdown's return is a change)
                 self._changes.start_segment(straggler.slowdown_start)
             return
+        if straggler.level is Level.REBALANCE:
+            if split and straggler.link not in suspected:  # the equal split again, to judge by
+                self.split, straggler.split_dropped = None, True
+            elif not split:  # the link still slow on the equal split: rebalanced again
+                self.split = self._rebalanced(timeline)
+                straggler.split_dropped = self.split is None
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
         straggler.level_times_ms.append(iteration_ms)
         if swapped and len(straggler.level_times_ms) == 2:

@@ -232,13 +232,14 @@ def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> No
     replica's link, not a DP one); 5-7 lose 215 ms each, so 7 buys the 500 ms rebalance.
     From 8 on replica 0 runs 12 of the 16 microbatches and replica 1 the minimum, 4 (one
     per stage), each under ZB for its count: 215 ms, against ZB's 350 unmitigated. The link
-    fast again (14), the equal split returns (15) and with it the healthy time; nothing is
-    swapped or restarted. The iteration records say what ran."""
+    fast again (14), the equal split returns (15) and with it the healthy time, which ends
+    the slowdown (the straggler forgotten after 15); nothing is swapped or restarted. The
+    iteration records say what ran."""
     result, falcon = _run(14, 20, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0)
     assert falcon.climbs == [(8, Level.REBALANCE)]  # seen in the run's iteration 8: measured 7
     assert (falcon.split, falcon.straggler, falcon.topology) == (None, None, PROFILE.topology)
     assert [set(d.detected_ms) for d in result.decisions] == (
-        [set()] * 5 + [{"pp1:1-2"}] * 10 + [set()] * 5
+        [set()] * 5 + [{"pp1:1-2"}] * 11 + [set()] * 4
     )
     assert [d.microbatches for d in result.decisions] == [""] * 8 + ["12+4"] * 7 + [""] * 5
     times = _with_step(result)
@@ -655,3 +656,38 @@ def test_a_slowdown_after_one_whose_level_changed_is_found() -> None:
         [["pp0:2-3"]] + [[]] * 4 + [["dp2:0-1"]] * 4
     )
     assert falcon.straggler is not None and falcon.straggler.baseline_ms == 135.0
+
+
+@pytest.mark.parametrize("again", [15, 16])
+def test_a_rebalanced_link_slow_again_soon_after_is_mitigated_again(again: int) -> None:
+    """20 ms on pp1:1-2 in 3-13, rebalanced from 8 (12+4: 215 ms), and again from `again`.
+    In 14 the link is fast, but the split's own iteration is 195 ms, over 1.1 x the 135 ms
+    baseline: the straggler used to be forgotten there without the slowdown ending, so the
+    detector's next segment was never started and the return was found late against the
+    rebalanced level (again 16: not at all in 24 iterations; in the reviewer's 60: validated
+    15 iterations late with a 215 ms baseline, its time lost 0 ever after). Now the equal
+    split runs in 15 and judges: slow again there (15), the straggler is still there and
+    rebalanced again from that iteration, its time lost counting on; back at 135 ms (16:
+    the link slow again from 17) the slowdown is over, the return a change up at once,
+    validated in 17 against 135 ms and rebalanced again once it has lost 500 ms."""
+    result, falcon = _run(
+        14, 24, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0,
+        also=f', {{start_iteration: {again}, links: ["pp1:1-2"], delay_ms: 20}}',
+    )  # fmt: skip
+    times = _with_step(result)
+    assert times[3:14] == [350.0] * 5 + [215.0] * 6
+    split = [d.microbatches for d in result.decisions]
+    believed = [sorted(d.detected_ms) for d in result.decisions]
+    straggler = falcon.straggler
+    assert straggler is not None and straggler.baseline_ms == 135.0
+    if again == 15:
+        assert times[14:] == [195.0, 350.0] + [215.0] * 8
+        assert split[14:] == ["12+4", ""] + ["12+4"] * 8
+        assert believed[5:] == [["pp1:1-2"]] * 19
+        assert falcon.climbs == [(8, Level.REBALANCE)]
+        assert straggler.lost_ms == 14 * 80.0 + 60.0 + 215.0  # 8-13, 16-23; 14; 15
+    else:
+        assert times[14:] == [195.0, 135.0] + [350.0] * 5 + [215.0] * 3
+        assert split[14:] == ["12+4"] + [""] * 6 + ["12+4"] * 3
+        assert believed[14:] == [["pp1:1-2"]] * 2 + [[]] * 2 + [["pp1:1-2"]] * 6
+        assert falcon.climbs == [(8, Level.REBALANCE), (21, Level.REBALANCE)]
