@@ -211,6 +211,9 @@ class ChangePointDetector:
         self.baseline_ms: float | None = None
         """The median iteration time of the segment before the latest change (before any:
         of the first iterations)."""
+        self.healthy_ms: float | None = None
+        """The healthy iteration time: the calibration's level, or the fastest level a
+        change reported since went to where that is faster (None while calibrating)."""
 
     @property
     def _segment_start(self) -> int:
@@ -256,6 +259,8 @@ class ChangePointDetector:
         assert self._prior is not None
         if new_ms < self._prior.mean:
             self._recentre(new_ms)
+        assert self.healthy_ms is not None
+        self.healthy_ms = min(self.healthy_ms, new_ms)
         return True
 
     def start_segment(self, level_start: int) -> None:
@@ -342,7 +347,7 @@ class ChangePointDetector:
         spread = min(max(scale, 0.01), config.max_relative_spread) * abs(mean)
         spread = max(spread, 1e-9)
         self._prior = _Stats(0.0, mean, 1.0, spread**2)
-        self.baseline_ms = mean
+        self.baseline_ms = self.healthy_ms = mean
         self._segments, self._first = [_Segment(best)], best
         self._log_probs, self._stats = [0.0], [self._prior]
         for index, x in enumerate(self._times[best:], start=best):

@@ -49,12 +49,13 @@ the harness restarts the job from its last checkpoint on hardware without the sl
 (harness.loop), and Falcon starts afresh. A restart after a link or NIC failure leaves the
 slow links in place: Falcon keeps its placement, split, straggler and detector through it.
 
-The costs it assumes (`FalconCosts.for_profile`): the rebalance, one healthy iteration (the
-data loaders re-partitioned and the schedules re-made; no state moves); the swap, the two
-swapped workers' model state over the DP link (mixed-precision Adam: 16 bytes per
-parameter, 8 x the 2-byte gradient the profile's `allreduce_bytes` counts, both ways at
-once), plus one healthy iteration for the groups to re-form; the restart, the work a
-restart loses on average (half a checkpoint interval of healthy iterations:
+The costs it assumes (`FalconCosts.for_profile`, at each climb from the healthy iteration
+time the change-point detector has then: `FalconController.costs`): the rebalance, one
+healthy iteration (the data loaders re-partitioned and the schedules re-made; no state
+moves); the swap, the two swapped workers' model state over the DP link (mixed-precision
+Adam: 16 bytes per parameter, 8 x the 2-byte gradient the profile's `allreduce_bytes`
+counts, both ways at once), plus one healthy iteration for the groups to re-form; the
+restart, the work a restart loses on average (half a checkpoint interval of healthy iterations:
 `checkpoint_every`, the harness's default 500) plus the cluster's restart time
 (`restart_overhead_ms`, default 0: not modelled, as the harness's `Recovery.restart_ms`).
 
@@ -186,12 +187,12 @@ class FalconController:
         checkpoint_every: int = 500,
         restart_overhead_ms: float = 0.0,
     ) -> None:
-        """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` once
-        the first iterations have given a healthy time, with the run's `checkpoint_every`
-        and `restart_overhead_ms` (what a restart costs it); `link_terms`: the link-model
-        terms the engine imposes (`Capabilities.link_terms`: what its profiling expects of a
-        message); `planner`: the same policy for another microbatch count (a rebalanced
-        replica's; None: no rebalance level)."""
+        """`schedule`: ZB's for `profile`; `costs`: None for `FalconCosts.for_profile` at
+        the healthy time the first iterations have given (`costs`), with the run's
+        `checkpoint_every` and `restart_overhead_ms` (what a restart costs it);
+        `link_terms`: the link-model terms the engine imposes (`Capabilities.link_terms`:
+        what its profiling expects of a message); `planner`: the same policy for another
+        microbatch count (a rebalanced replica's; None: no rebalance level)."""
         self.schedule, self.profile = schedule, profile
         self._planner = planner
         self.link_terms = link_terms
@@ -279,6 +280,23 @@ class FalconController:
             self._judge_swap(iteration)
         self._climb(iteration, timeline)
 
+    @property
+    def costs(self) -> FalconCosts | None:
+        """What each level costs: those given, else `FalconCosts.for_profile` at the healthy
+        iteration time the change-point detector has now (`healthy_ms`: its calibration's
+        level, or a faster one found since; a fresh detector's after Falcon's own restart),
+        with the run's `checkpoint_every` and `restart_overhead_ms` (None while it
+        calibrates)."""
+        healthy_ms = self._changes.healthy_ms
+        if self._costs is not None or healthy_ms is None:
+            return self._costs
+        return FalconCosts.for_profile(
+            self.profile,
+            healthy_ms,
+            checkpoint_every=self._checkpoint_every,
+            restart_overhead_ms=self._restart_overhead_ms,
+        )
+
     def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         """After its own restart (`stragglers`: the slow hardware left out): the default
         placement and split, nothing known to be slow, a fresh change-point detector. After a
@@ -314,13 +332,8 @@ class FalconController:
     def _climb(self, iteration: int, timeline: Timeline) -> None:
         straggler = self.straggler
         assert straggler is not None
-        costs = self._costs or FalconCosts.for_profile(
-            self.profile,
-            straggler.baseline_ms,
-            checkpoint_every=self._checkpoint_every,
-            restart_overhead_ms=self._restart_overhead_ms,
-        )
-        self._costs = costs
+        costs = self.costs
+        assert costs is not None  # (a straggler follows a change: the calibration is done)
         for level in straggler.levels:
             if level <= straggler.level:
                 continue

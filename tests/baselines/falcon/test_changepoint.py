@@ -343,3 +343,13 @@ def test_a_return_after_changes_within_the_slowdown_goes_back_to_the_level_befor
             since_return = []
     assert found[0] == 10 and found[-1] == len(times) - 8  # the 2480 ms run, at its first
     assert detector.baseline_ms == 135.0
+
+
+def test_the_healthy_time_is_the_calibration_s_or_a_faster_level_found_since() -> None:
+    """(Falcon prices its ladder from it.) A slow level after the calibration leaves it; a
+    level found faster than the calibration's (a slow start) is it."""
+    assert ChangePointDetector().healthy_ms is None
+    detector, found = _feed([100.0] * 4 + [300.0] * 6)
+    assert found == [4] and detector.healthy_ms == 100.0 and detector.baseline_ms == 100.0
+    detector, found = _feed([180.0] * 3 + [100.0] * 10 + [300.0] * 6)
+    assert found == [3, 13] and detector.healthy_ms == 100.0

@@ -516,8 +516,8 @@ def test_falcon_weighs_a_restart_by_the_run_s_checkpoints_and_restart_cost() -> 
     for recovery in (Recovery(), Recovery(restart_ms=600_000), Recovery(checkpoint_every=10)):
         controller = system_controller("falcon", profile, faults, recovery=recovery)
         run = run_configuration(controller, num_iterations=80, faults=faults, recovery=recovery)
-        assert isinstance(controller, FalconController) and controller._costs is not None
-        assert controller._costs.restart_ms == recovery.checkpoint_every / 2 * 54.0 + (
+        assert isinstance(controller, FalconController) and controller.costs is not None
+        assert controller.costs.restart_ms == recovery.checkpoint_every / 2 * 54.0 + (
             recovery.restart_ms
         )
         climbs = [k for k, level in controller.climbs if level is Level.RESTART]
@@ -691,3 +691,26 @@ def test_a_rebalanced_link_slow_again_soon_after_is_mitigated_again(again: int) 
         assert split[14:] == ["12+4"] + [""] * 6 + ["12+4"] * 3
         assert believed[14:] == [["pp1:1-2"]] * 2 + [[]] * 2 + [["pp1:1-2"]] * 6
         assert falcon.climbs == [(8, Level.REBALANCE), (21, Level.REBALANCE)]
+
+
+def test_the_ladder_is_priced_from_the_healthy_time() -> None:
+    """PP links 0-1 and 1-2 of both replicas 20 ms slow from 3 (4 of 6: none suspect, 375
+    -> 705 ms), then dp3:0-1 from 30 (1555 ms; the swap moves 1.5 MB over 0.1 Gb/s, 1920
+    ms). The costs are the healthy 375 ms iteration's: the swap 2295 ms, bought once 32-34
+    have lost 850 ms each (the run's iteration 35). They were priced from the first
+    straggler's baseline, the 705 ms level (the swap 2625 ms, bought a step later; the
+    restart 176 s, not 94), and kept for the rest of the run."""
+    profile = dataclasses.replace(PROFILE, dp_bandwidth_gbps=0.1)
+    faults = parse_yaml(
+        '[{start_iteration: 3, links: ["pp0:0-1", "pp1:0-1", "pp0:1-2", "pp1:1-2"], '
+        'delay_ms: 20}, {start_iteration: 30, links: ["dp3:0-1"], delay_ms: 20}]'
+    )
+    falcon = system_controller("falcon", profile, faults)
+    assert isinstance(falcon, FalconController) and falcon.costs is None  # calibrating
+    result = run_configuration(falcon, num_iterations=40, faults=faults)
+    assert _with_step(result)[:3] == [375.0] * 3 and _with_step(result)[30:] == (
+        [1555.0] * 5 + [2625.0] + [705.0] * 4
+    )
+    assert falcon.costs == FalconCosts.for_profile(profile, 375.0)
+    assert falcon.costs.swap_ms == pytest.approx(2295.0)
+    assert falcon.climbs == [(35, Level.SWAP)]
