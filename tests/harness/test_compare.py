@@ -356,21 +356,29 @@ def test_a_worse_metric_prints_the_digits_that_tell_it_apart(tmp_path: Path) -> 
     assert "| mean_iteration_ms | 450 | 450 | +0.00% |  |" in markdown
 
 
-def _small_run(tmp_path: Path) -> Path:
+def _small_run(
+    out: Path,
+    systems: tuple[str, ...] = ("1f1b",),
+    faults: Path | None = None,
+    calibration: Path | None = None,
+) -> Path:
+    """A run directory in `out` of a small profile (2 stages, 2 iterations) under `systems`."""
     spec = ExperimentSpec(
         name="t",
         models=("m",),
         profile=Profile.uniform(2, 4, 1, 1, 1),
-        systems=("1f1b", "zb-h1"),
+        systems=systems,
         num_iterations=2,
+        faults=None if faults is None else str(faults),
+        calibration=None if calibration is None else str(calibration),
     )
-    return run_experiment(spec, tmp_path / "out" / "full")
+    return run_experiment(spec, out)
 
 
 def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
     """Its spec.json lists configurations its runs.csv lacks (an interrupted run): exit 2
     with how to finish it, on either side, not "configurations missing" (a regression)."""
-    full = _small_run(tmp_path)
+    full = _small_run(tmp_path / "out" / "full", ("1f1b", "zb-h1"))
     cut = tmp_path / "out" / "cut"
     shutil.copytree(full, cut)
     runs = cut / "runs.csv"
@@ -398,7 +406,7 @@ def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
 
 
 def test_a_run_directory_a_run_still_writes_cannot_be_compared(tmp_path: Path) -> None:
-    full = _small_run(tmp_path)
+    full = _small_run(tmp_path / "out" / "full", ("1f1b", "zb-h1"))
     with run_dir_held(full):
         out = _compare(full, full)  # which, as it stands, would pass
     assert (out.returncode, out.stdout) == (2, "")
@@ -420,15 +428,7 @@ def test_a_configuration_under_other_host_costs_fails(tmp_path: Path) -> None:
         if host is not None:
             calibration = tmp_path / f"{side}.json"
             calibration.write_text(json.dumps(host.to_dict()))
-        spec = ExperimentSpec(
-            name="t",
-            models=("m",),
-            profile=Profile.uniform(2, 4, 1, 1, 1),
-            systems=("1f1b",),
-            num_iterations=2,
-            calibration=None if calibration is None else str(calibration),
-        )
-        runs[side] = run_experiment(spec, tmp_path / "out" / side)
+        runs[side] = _small_run(tmp_path / "out" / side, calibration=calibration)
     digest = {
         side: hashlib.sha256(json.dumps(host.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
         for side, host in costs.items()
@@ -460,15 +460,7 @@ def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> N
         faults = tmp_path / side / "trace.yaml"
         faults.parent.mkdir()
         faults.write_text(text)
-        spec = ExperimentSpec(
-            name="t",
-            models=("m",),
-            profile=Profile.uniform(2, 4, 1, 1, 1),
-            systems=("1f1b",),
-            num_iterations=2,
-            faults=str(faults),
-        )
-        runs[side] = run_experiment(spec, tmp_path / "out" / side)
+        runs[side] = _small_run(tmp_path / "out" / side, faults=faults)
     out = _compare(runs["base"], runs["new"], "--tolerance", "100")
     assert out.returncode == 1
     assert re.fullmatch(
@@ -483,15 +475,12 @@ def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> N
     commented = tmp_path / "commented"  # the same events: a comment and a blank line more
     commented.mkdir()
     (commented / "trace.yaml").write_text(f"# the base's delay\n\n{texts['base']}")
-    spec = ExperimentSpec(
-        name="t",
-        models=("m",),
-        profile=Profile.uniform(2, 4, 1, 1, 1),
-        systems=("1f1b",),
-        num_iterations=2,
-        faults=str(commented / "trace.yaml"),
+    assert (
+        _compare(
+            runs["base"], _small_run(tmp_path / "out" / "c", faults=commented / "trace.yaml")
+        ).returncode
+        == 0
     )
-    assert _compare(runs["base"], run_experiment(spec, tmp_path / "out" / "c")).returncode == 0
     alone = _compare(runs["base"] / "runs.csv", runs["new"], "--tolerance", "100")
     assert (alone.returncode, alone.stdout.splitlines()[-1]) == (
         0,
