@@ -2,11 +2,18 @@
 model. Run it through check.sh (which installs the carried wheels first); `--dry-run` runs
 every part on the CPU with small shapes and skips only what needs CUDA (the copy speeds).
 
-Parts, each recorded in OUT/results.json as it ends (a failed part is recorded and the
-others still run; the exit status is 1 if any failed) and summed up in OUT/summary.md:
+Parts, in the order they run, each under its own deadline (`DEADLINES_S`: SIGALRM ends a
+part that runs past it, its worker pool unwound), each recorded in OUT/results.json as it
+ends, with OUT/summary.md written again after each part: a part that fails, hangs or is cut
+off by check.sh's limit loses only itself (its record says why, with what it had measured
+so far); the others still run, and the exit status is 1 if any failed. A hang inside one
+CUDA call of this process (the split parts) holds off SIGALRM and SIGTERM alike: check.sh's
+SIGKILL ends it, and every part before it is on file.
 
 - environment: torch, CUDA, the GPU, megatron-core, and the process group and devices the
   runtime chooses for 1, 2 and 4 workers on this host (pipeline.runtime.devices);
+- copies: pinned host <-> device copy speed, 64 KiB to 64 MiB (the delegated path's
+  `copy_gbps`); second, as it needs no megatron;
 - stage_builds: every stage of the tiny GPT at S = 1, 2 and 4 built as a worker builds it
   on its GPU (`build_initial_stage`), each parameter found on the GPU and megatron's RNG
   tracker seeded; a dry run builds them the same way with the meta device in the GPU's
@@ -16,18 +23,18 @@ others still run; the exit status is 1 if any failed) and summed up in OUT/summa
   same seed: float32 with TF32 off, within 1e-4 relative on a GPU (its kernels sum in
   another order than the CPU's; 1e-5 on the CPU, the numerics tests' bound), and each run's
   `params_sha256`;
-- profiles: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores a float32 run
-  would use) of gpt2-124m at S = 2 and of one stage of the paper's 7B shape (hidden 5120,
-  32 heads, seq 1024, micro-batch 1, `--layers-7b` layers with the embedding and the head,
-  S = 1), and (B + W) / fused backward on the same shapes in one process;
-- copies: pinned host <-> device copy speed, 64 KiB to 64 MiB (the delegated path's
-  `copy_gbps`);
-- cost model: its F, B, W for the same stages on the H200 (the H800's 989 TFLOP/s dense
-  bf16, the same chip's compute; its 141 GB and 4.8 TB/s of memory and 450 GB/s of NVLink
-  each way differ, none of which the F, B, W of a TP-1 stage use: memory bandwidth prices
-  the optimizer step alone, NVLink TP's all-reduces), next to the measurements, as
-  measured / predicted and scaled by the precision measured (TF32's dense peak, 494.7
-  TFLOP/s, is half bf16's).
+- profile_gpt2, profile_7b: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores
+  a float32 run would use) of gpt2-124m at S = 2 and of one stage of the paper's 7B shape
+  (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers with the embedding
+  and the head, S = 1);
+- split_gpt2, split_7b: (B + W) / fused backward on the same shapes, each the whole model
+  as one stage in this process;
+- the cost model (in profile_*): its F, B, W for the same stages on the H200 (the
+  H800's 989 TFLOP/s dense bf16, the same chip's compute; its 141 GB and 4.8 TB/s of
+  memory and 450 GB/s of NVLink each way differ, none of which the F, B, W of a TP-1
+  stage use: memory bandwidth prices the optimizer step alone, NVLink TP's all-reduces),
+  next to the measurements, as measured / predicted and scaled by the precision measured
+  (TF32's dense peak, 494.7 TFLOP/s, is half bf16's).
 """
 
 from __future__ import annotations
@@ -161,7 +168,10 @@ def stage_builds(shape: Shapes, device: str) -> dict[str, Any]:
     return {"device": str(target), "stand_in_for_gpu": stand_in, "builds": builds}
 
 
-def numerics(shape: Shapes, device: str) -> dict[str, Any]:
+def numerics(shape: Shapes, device: str, partial: dict[str, Any]) -> dict[str, Any]:
+    """The numerics runs; `partial` holds the reference losses and each run as it ends (what
+    a failed or cut-off part leaves). Workers wait 60 s for a message on a GPU (the tiny
+    model's ops take milliseconds there), 300 s on a CPU, where a loaded CI machine is slow."""
     preset = shape.numerics
     with single_process_megatron():  # the reference: one CPU process
         model = build_whole_model(preset, SEED)
@@ -178,11 +188,16 @@ def numerics(shape: Shapes, device: str) -> dict[str, Any]:
             )
         ]
     tolerance = 1e-5 if device == "cpu" else 1e-4
-    runs = []
+    runs: list[dict[str, Any]] = []
+    partial.update(
+        {"model": preset.name, "tolerance_relative": tolerance, "reference_losses": reference}
+    )
+    partial["runs"] = runs
+    timeout_s = 300 if device == "cpu" else 60
     factory = functools.partial(MegatronCompute, preset, seed=SEED, lr=LR)
     for num_stages in (1, 2, 4):
         profile = Profile.uniform(num_stages, NUM_MICROBATCHES, 1, 1, 1)
-        with WorkerPool(num_stages, compute_factory=factory, timeout_s=300) as pool:
+        with WorkerPool(num_stages, compute_factory=factory, timeout_s=timeout_s) as pool:
             for policy, make in (("1f1b", one_f_one_b), ("zb-h2", zb_h2)):
                 schedule, losses = make(profile), []
                 for it in range(NUM_ITERATIONS):
@@ -217,9 +232,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, float]:
-    """The whole model as one stage fed a random stage input, one microbatch: fused backward
-    against B then W (medians of `repeats`, after two warm-ups)."""
+def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
+    """The whole model as one stage (S = 1) fed a random stage input, one microbatch, in this
+    process: fused backward against B then W (medians of `repeats`, after two warm-ups)."""
     with single_process_megatron(device):
         model = build_whole_model(preset, SEED)
         if device != "cpu":
@@ -257,7 +272,13 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, float
             for param in runner.params:
                 param.grad = None
     fused_ms, b, w = statistics.median(fused), statistics.median(b_ms), statistics.median(w_ms)
-    return {"fused_ms": fused_ms, "b_ms": b, "w_ms": w, "ratio": (b + w) / fused_ms}
+    return {
+        "model": preset.name,
+        "fused_ms": fused_ms,
+        "b_ms": b,
+        "w_ms": w,
+        "ratio": (b + w) / fused_ms,
+    }
 
 
 def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int) -> Profile:
@@ -276,41 +297,38 @@ def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int) -> Prof
     return model_cost(model, H200).profile
 
 
-def profiles(shape: Shapes, device: str) -> dict[str, Any]:
-    out = {}
-    for preset, num_stages, num_microbatches in (
-        (shape.gpt2, shape.gpt2_stages, 4),
-        (shape.stage_7b, 1, 2),
-    ):
-        measured = measure_profile(
-            preset, num_stages, num_microbatches, num_iterations=3, allow_tf32=True
-        )
-        model = predicted(preset, num_stages, num_microbatches)
-        # A CPU has no tensor-core peak to scale by: no ratio in a dry run.
-        scale = BF16_DENSE_TFLOPS / TF32_DENSE_TFLOPS if device != "cpu" else None
-        stages = []
-        for s in range(num_stages):
-            row: dict[str, float | None] = {}
-            for kind, got, want in (
-                ("f", measured.t_f_ms[s], model.t_f_ms[s]),
-                ("b", measured.t_b_ms[s], model.t_b_ms[s]),
-                ("w", measured.t_w_ms[s], model.t_w_ms[s]),
-            ):
-                row[f"t_{kind}_ms"] = got
-                row[f"model_bf16_t_{kind}_ms"] = want
-                row[f"measured_over_model_tf32_{kind}"] = (
-                    None if scale is None else got / (want * scale)
-                )
-            stages.append(row)
-        out[preset.name] = {
-            "stages": num_stages,
-            "microbatches": num_microbatches,
-            "layers": preset.num_layers,
-            "hidden": preset.hidden_size,
-            "per_stage": stages,
-            "split": split_ratio(preset, device, repeats=5),
-        }
-    return out
+def profile(
+    preset: GPTPreset, num_stages: int, num_microbatches: int, device: str
+) -> dict[str, Any]:
+    """`measure_profile` of `preset` at `num_stages` next to the cost model's profile."""
+    measured = measure_profile(
+        preset, num_stages, num_microbatches, num_iterations=3, allow_tf32=True
+    )
+    model = predicted(preset, num_stages, num_microbatches)
+    # A CPU has no tensor-core peak to scale by: no ratio in a dry run.
+    scale = BF16_DENSE_TFLOPS / TF32_DENSE_TFLOPS if device != "cpu" else None
+    stages = []
+    for s in range(num_stages):
+        row: dict[str, float | None] = {}
+        for kind, got, want in (
+            ("f", measured.t_f_ms[s], model.t_f_ms[s]),
+            ("b", measured.t_b_ms[s], model.t_b_ms[s]),
+            ("w", measured.t_w_ms[s], model.t_w_ms[s]),
+        ):
+            row[f"t_{kind}_ms"] = got
+            row[f"model_bf16_t_{kind}_ms"] = want
+            row[f"measured_over_model_tf32_{kind}"] = (
+                None if scale is None else got / (want * scale)
+            )
+        stages.append(row)
+    return {
+        "model": preset.name,
+        "stages": num_stages,
+        "microbatches": num_microbatches,
+        "layers": preset.num_layers,
+        "hidden": preset.hidden_size,
+        "per_stage": stages,
+    }
 
 
 def copies(device: str, repeats: int = 20) -> dict[str, Any]:
@@ -341,11 +359,89 @@ def copies(device: str, repeats: int = 20) -> dict[str, Any]:
 
 
 class _Terminated(BaseException):
-    pass
+    """The check was told to stop (SIGTERM, SIGHUP: check.sh's time limit)."""
+
+
+class _PartDeadline(BaseException):
+    """A part ran past its own deadline (SIGALRM); a BaseException, so that nothing inside
+    the part takes it for one of its own errors, and the pools unwind as on Ctrl-C."""
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise _Terminated(signal.Signals(signum).name)
+
+
+def _deadline(signum: int, frame: FrameType | None) -> None:
+    raise _PartDeadline
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Part:
+    """One part of the check: `run` gets a dict to fill as it goes (kept as the record's
+    "partial" if the part fails or is cut off) and returns the part's result."""
+
+    name: str
+    run: Callable[[dict[str, Any]], Any]
+    deadline_s: float
+
+
+def run_parts(parts: list[Part], results: dict[str, Any], out: Path) -> bool:
+    """Run `parts` in order, each under its own deadline; after each, its record goes into
+    `results["parts"]` and OUT/results.json and OUT/summary.md are written again, so a part
+    that fails, hangs past its deadline or is terminated loses only itself. Whether every
+    part succeeded. A termination is recorded (as the part's error, with its partial
+    results) and raised again."""
+    ok = True
+    for part in parts:
+        partial: dict[str, Any] = {}
+        start = time.monotonic()
+        print(f"[{part.name}] ... (deadline {part.deadline_s:g} s)", flush=True)
+        record: dict[str, Any]
+        previous = signal.signal(signal.SIGALRM, _deadline)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, part.deadline_s)
+            try:
+                record = {"result": part.run(partial)}
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _PartDeadline:
+            ok = False
+            record = {"error": f"deadline: still running after {part.deadline_s:g} s"}
+        except _Terminated as err:
+            record = {"error": f"terminated ({err})"}
+            _finish(part, record, partial, start, results, out)
+            raise
+        except Exception as err:
+            ok = False
+            record = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+        _finish(part, record, partial, start, results, out)
+    return ok
+
+
+def _finish(
+    part: Part,
+    record: dict[str, Any],
+    partial: dict[str, Any],
+    start: float,
+    results: dict[str, Any],
+    out: Path,
+) -> None:
+    if "error" in record and partial:
+        record["partial"] = partial
+    record["wall_s"] = round(time.monotonic() - start, 1)
+    record["deadline_s"] = part.deadline_s
+    results["parts"][part.name] = record
+    status = f"failed: {record['error']}" if "error" in record else "done"
+    print(f"[{part.name}] {status} ({record['wall_s']} s)", flush=True)
+    save(results, out)
+
+
+def save(results: dict[str, Any], out: Path) -> None:
+    """OUT/results.json and OUT/summary.md as `results` stands now."""
+    _write(out / "results.json", json.dumps(results, indent=1))
+    _write(out / "summary.md", summary(results))
 
 
 def main() -> int:
@@ -369,31 +465,40 @@ def main() -> int:
         "dry_run": args.dry_run,
         "parts": {},
     }
-    parts: list[tuple[str, Callable[[], Any]]] = [
-        ("environment", lambda: environment(shape, device)),
-        ("stage_builds", lambda: stage_builds(shape, device)),
-        ("numerics", lambda: numerics(shape, device)),
-        ("profiles", lambda: profiles(shape, device)),
-        ("copies", lambda: copies(device)),
-    ]
-    failed = False
-    for name, part in parts:
-        start = time.monotonic()
-        print(f"[{name}] ...", flush=True)
-        try:
-            record = {"result": part()}
-        except Exception as err:
-            failed = True
-            record = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        record["wall_s"] = round(time.monotonic() - start, 1)
-        results["parts"][name] = record
-        print(f"[{name}] {'failed: ' + record['error'] if 'error' in record else 'done'} "
-              f"({record['wall_s']} s)", flush=True)  # fmt: skip
-        _write(args.out / "results.json", json.dumps(results, indent=1))
+    ok = run_parts(check_parts(shape, device), results, args.out)
     numbers = results["parts"].get("numerics", {}).get("result", {})
-    failed = failed or not numbers.get("ok", False)
-    _write(args.out / "summary.md", summary(results))
-    return 1 if failed else 0
+    return 0 if ok and numbers.get("ok", False) else 1
+
+
+DEADLINES_S = {
+    "environment": 30.0,
+    "copies": 30.0,
+    "stage_builds": 60.0,
+    "numerics": 150.0,
+    "profile_gpt2": 90.0,
+    "split_gpt2": 60.0,
+    "profile_7b": 150.0,
+    "split_7b": 120.0,
+}
+"""Each part's deadline on a GPU: about 2-3 x its estimate there (module docstring); a dry
+run, on a CPU that CI may load, gets twice as long."""
+
+
+def check_parts(shape: Shapes, device: str) -> list[Part]:
+    """The parts in the order they run: the cheap ones and the one that needs no megatron
+    (copies) first, so that a hang later loses nothing they measured."""
+    runs: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "environment": lambda partial: environment(shape, device),
+        "copies": lambda partial: copies(device),
+        "stage_builds": lambda partial: stage_builds(shape, device),
+        "numerics": lambda partial: numerics(shape, device, partial),
+        "profile_gpt2": lambda partial: profile(shape.gpt2, shape.gpt2_stages, 4, device),
+        "split_gpt2": lambda partial: split_ratio(shape.gpt2, device, repeats=5),
+        "profile_7b": lambda partial: profile(shape.stage_7b, 1, 2, device),
+        "split_7b": lambda partial: split_ratio(shape.stage_7b, device, repeats=5),
+    }
+    scale = 2.0 if device == "cpu" else 1.0
+    return [Part(name, run, DEADLINES_S[name] * scale) for name, run in runs.items()]
 
 
 def _write(path: Path, text: str) -> None:
@@ -404,54 +509,70 @@ def _write(path: Path, text: str) -> None:
 
 
 def summary(results: dict[str, Any]) -> str:
-    """The results as markdown tables (what benchmarks/gpu/RESULTS.md quotes)."""
+    """The results so far as markdown tables (what benchmarks/gpu/RESULTS.md quotes); a
+    failed part shows its error and what it had measured (its "partial")."""
     title = f"# GPU check, {results['started']}"
     lines = [title + (" (dry run, CPU)" if results["dry_run"] else "")]
     for name, record in results["parts"].items():
         lines.append(f"\n## {name} ({record['wall_s']} s)\n")
         if "error" in record:
             lines.append(f"failed: {record['error']}")
+            if record.get("partial"):
+                lines.append("\nwhat it had measured:\n")
+                lines += _render(name, record["partial"])
             continue
-        result = record["result"]
-        if name == "numerics":
-            lines += [
-                f"{result['dtype']}, tolerance {result['tolerance_relative']:g} relative; "
-                f"ok: {result['ok']}\n",
-                "| S | policy | devices | max relative error | params_sha256 |",
-                "|---|---|---|---|---|",
-            ]
-            lines += [
-                f"| {r['stages']} | {r['policy']} | {r['devices']} | "
-                f"{r['max_relative_error']:.2e} | {r['params_sha256'][:16]} |"
-                for r in result["runs"]
-            ]
-        elif name == "profiles":
-            lines += [
-                "| model | stage | tF, tB, tW ms | cost model bf16 ms | measured / model at "
-                "TF32 | (B + W) / fused |",
-                "|---|---|---|---|---|---|",
-            ]
-            for model, p in result.items():
-                for s, row in enumerate(p["per_stage"]):
-                    lines.append(
-                        f"| {model} | {s} | {_three(row, 't_{}_ms')} | "
-                        f"{_three(row, 'model_bf16_t_{}_ms')} | "
-                        f"{_three(row, 'measured_over_model_tf32_{}')} | "
-                        f"{p['split']['ratio']:.3f} |"
-                    )
-        elif name == "copies" and "sizes" in result:
-            lines += [
-                f"cost model copy_gbps: {result['model_copy_gbps']}\n",
-                "| bytes | host to device Gbit/s | device to host Gbit/s |",
-                "|---|---|---|",
-            ]
-            lines += [
-                f"| {r['bytes']} | {r['h2d_gbit_s']:.1f} | {r['d2h_gbit_s']:.1f} |"
-                for r in result["sizes"]
-            ]
-        else:
-            lines.append("```\n" + json.dumps(result, indent=1) + "\n```")
+        lines += _render(name, record["result"])
     return "\n".join(lines)
+
+
+def _render(name: str, result: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    if name == "numerics":
+        if "ok" in result:
+            lines.append(
+                f"{result['dtype']}, tolerance {result['tolerance_relative']:g} relative; "
+                f"ok: {result['ok']}\n"
+            )
+        lines += [
+            "| S | policy | devices | max relative error | params_sha256 |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['stages']} | {r['policy']} | {r['devices']} | "
+            f"{r['max_relative_error']:.2e} | {r['params_sha256'][:16]} |"
+            for r in result.get("runs", [])
+        ]
+    elif name.startswith("profile_"):
+        lines += [
+            f"{result['model']}: S = {result['stages']}, {result['microbatches']} microbatches, "
+            f"{result['layers']} layers, hidden {result['hidden']}\n",
+            "| stage | tF, tB, tW ms | cost model bf16 ms | measured / model at TF32 |",
+            "|---|---|---|---|",
+        ]
+        for s, row in enumerate(result["per_stage"]):
+            lines.append(
+                f"| {s} | {_three(row, 't_{}_ms')} | {_three(row, 'model_bf16_t_{}_ms')} | "
+                f"{_three(row, 'measured_over_model_tf32_{}')} |"
+            )
+    elif name.startswith("split_"):
+        lines.append(
+            f"{result['model']}, the whole model as one stage (S = 1): fused backward "
+            f"{result['fused_ms']:.4g} ms, B {result['b_ms']:.4g} ms, W {result['w_ms']:.4g} ms, "
+            f"(B + W) / fused {result['ratio']:.3f}"
+        )
+    elif name == "copies" and "sizes" in result:
+        lines += [
+            f"cost model copy_gbps: {result['model_copy_gbps']}\n",
+            "| bytes | host to device Gbit/s | device to host Gbit/s |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r['bytes']} | {r['h2d_gbit_s']:.1f} | {r['d2h_gbit_s']:.1f} |"
+            for r in result["sizes"]
+        ]
+    else:
+        lines.append("```\n" + json.dumps(result, indent=1) + "\n```")
+    return lines
 
 
 def _three(row: dict[str, Any], key: str) -> str:

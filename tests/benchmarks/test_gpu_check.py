@@ -1,10 +1,13 @@
 """The GPU check's dry run: the prepared script runs to its end on a CPU, every part but the
 CUDA copies, and its numerics hold (the part a lent GPU then runs for real)."""
 
+import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,18 @@ pytest.importorskip("megatron.core", reason="the GPU check runs the megatron bac
 pytestmark = pytest.mark.multiprocess
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_check():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks/gpu/check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load_check()
 
 
 def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
@@ -31,7 +46,16 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["dry_run"] is True
     parts = results["parts"]
-    assert list(parts) == ["environment", "stage_builds", "numerics", "profiles", "copies"]
+    assert list(parts) == [
+        "environment",
+        "copies",
+        "stage_builds",
+        "numerics",
+        "profile_gpt2",
+        "split_gpt2",
+        "profile_7b",
+        "split_7b",
+    ]
     assert not [name for name, part in parts.items() if "error" in part]
     environment = parts["environment"]["result"]
     assert environment["gpus"] == [] and environment["device"] == "cpu"
@@ -50,15 +74,90 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     ]
     assert all(r["max_relative_error"] <= 1e-5 and len(r["params_sha256"]) == 64 for r in runs)
     assert numerics["reference_losses"][-1] < numerics["reference_losses"][0]
-    profiles = parts["profiles"]["result"]
-    assert set(profiles) == {"tiny", "7b-stand-in-2l"}
-    for profile in profiles.values():
+    profiles = [parts["profile_gpt2"]["result"], parts["profile_7b"]["result"]]
+    assert [p["model"] for p in profiles] == ["tiny", "7b-stand-in-2l"]
+    for profile in profiles:
         for stage in profile["per_stage"]:
             assert stage["t_f_ms"] > 0 and stage["t_b_ms"] > 0 and stage["t_w_ms"] > 0
             assert stage["model_bf16_t_f_ms"] > 0
             assert stage["measured_over_model_tf32_f"] is None  # no tensor-core peak on a CPU
-        assert profile["split"]["ratio"] > 0
+    for name in ("split_gpt2", "split_7b"):
+        assert parts[name]["result"]["ratio"] > 0
+    assert all(part["deadline_s"] == 2 * check.DEADLINES_S[name] for name, part in parts.items())
     assert parts["copies"]["result"] == {"skipped": "no GPU (dry run)"}
     summary = (tmp_path / "summary.md").read_text()
     assert "(dry run, CPU)" in summary and "| 4 | zb-h2 |" in summary
     assert "check exit status: 0" in done.stdout
+
+
+def _ok(partial: dict) -> dict:
+    return {"value": 1}
+
+
+def _raises(partial: dict) -> dict:
+    partial["runs"] = []
+    raise RuntimeError("a broken part")
+
+
+def _hangs(partial: dict) -> dict:
+    partial["done_so_far"] = 3
+    time.sleep(30)
+    return {}
+
+
+def test_each_part_is_on_file_as_it_ends_and_a_failure_or_hang_loses_only_itself(
+    tmp_path: Path,
+) -> None:
+    seen: list[tuple[list[str], str]] = []
+
+    def look(partial: dict) -> dict:  # what OUT holds when the third part starts
+        results = json.loads((tmp_path / "results.json").read_text())
+        seen.append((list(results["parts"]), (tmp_path / "summary.md").read_text()))
+        return {"value": 2}
+
+    parts = [
+        check.Part("environment", _ok, 5.0),
+        check.Part("numerics", _raises, 5.0),
+        check.Part("look", look, 5.0),
+        check.Part("hang", _hangs, 0.3),
+        check.Part("last", _ok, 5.0),
+    ]
+    results = {"started": "now", "dry_run": True, "parts": {}}
+    assert check.run_parts(parts, results, tmp_path) is False
+    assert seen[0][0] == ["environment", "numerics"]
+    assert "## numerics" in seen[0][1] and "failed: RuntimeError: a broken part" in seen[0][1]
+    on_file = json.loads((tmp_path / "results.json").read_text())["parts"]
+    assert list(on_file) == ["environment", "numerics", "look", "hang", "last"]
+    assert on_file["environment"]["result"] == {"value": 1}
+    assert on_file["numerics"]["error"] == "RuntimeError: a broken part"
+    assert on_file["hang"]["error"] == "deadline: still running after 0.3 s"
+    assert on_file["hang"]["partial"] == {"done_so_far": 3}
+    assert on_file["hang"]["wall_s"] < 5 and on_file["last"]["result"] == {"value": 1}
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## hang" in summary and "## last" in summary
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # put back
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_terminated_part_is_on_file_with_what_it_had_measured(tmp_path: Path) -> None:
+    def terminated(partial: dict) -> dict:
+        partial["runs"] = [
+            {
+                "stages": 1,
+                "policy": "1f1b",
+                "devices": "gloo",
+                "max_relative_error": 0.0,
+                "params_sha256": "ab" * 32,
+            }
+        ]
+        raise check._Terminated("SIGTERM")
+
+    parts = [check.Part("environment", _ok, 5.0), check.Part("numerics", terminated, 5.0)]
+    results = {"started": "now", "dry_run": True, "parts": {}}
+    with pytest.raises(check._Terminated):
+        check.run_parts(parts, results, tmp_path)
+    on_file = json.loads((tmp_path / "results.json").read_text())["parts"]
+    assert on_file["numerics"]["error"] == "terminated (SIGTERM)"
+    assert on_file["numerics"]["partial"]["runs"][0]["policy"] == "1f1b"
+    summary = (tmp_path / "summary.md").read_text()
+    assert "failed: terminated (SIGTERM)" in summary and "| 1 | 1f1b | gloo |" in summary
