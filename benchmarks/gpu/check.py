@@ -49,6 +49,7 @@ import os
 import platform
 import signal
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -117,21 +118,57 @@ def shapes(dry_run: bool, layers_7b: int) -> Shapes:
 
 
 def environment(shape: Shapes, device: str) -> dict[str, Any]:
+    """The software, the host (kernel, cores) and each visible GPU (name, driver, compute
+    mode: an exclusive-process GPU refuses S > 1 on one GPU; memory free and in all), and
+    the pools the runtime would make here. Nothing in it needs megatron-core (its version is
+    None without it)."""
     from importlib import metadata
 
     num_gpus = num_visible_gpus()
+    try:
+        megatron_core: str | None = metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        megatron_core = None
+    gpus = []
+    for i in range(num_gpus):
+        free, total = torch.cuda.mem_get_info(i)
+        gpus.append(
+            {
+                "name": torch.cuda.get_device_name(i),
+                "memory_gib": round(total / 2**30, 1),
+                "free_gib": round(free / 2**30, 1),
+            }
+        )
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(num_gpus)],
-        "megatron_core": metadata.version("megatron-core"),
+        "megatron_core": megatron_core,
+        "kernel": platform.release(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpus,
+        "nvidia_smi": _nvidia_smi() if num_gpus else None,
         "device": device,
         "pools": {
             str(n): describe_pool([choose_devices(r, n, num_gpus) for r in range(n)])
             for n in (1, 2, 4)
         },
     }
+
+
+def _nvidia_smi() -> str:
+    """nvidia-smi's name, driver, compute mode and memory of each GPU, or why not."""
+    query = "name,driver_version,compute_mode,memory.total,memory.used"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"nvidia-smi: {err}"
+    return (done.stdout or done.stderr).strip()
 
 
 def stage_builds(shape: Shapes, device: str) -> dict[str, Any]:

@@ -59,6 +59,8 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     assert not [name for name, part in parts.items() if "error" in part]
     environment = parts["environment"]["result"]
     assert environment["gpus"] == [] and environment["device"] == "cpu"
+    assert environment["megatron_core"] == "0.16.1" and environment["cpu_count"] >= 1
+    assert environment["kernel"] == os.uname().release and environment["nvidia_smi"] is None
     assert environment["pools"]["2"] == "gloo: 2 worker(s) on the CPU"
     builds = parts["stage_builds"]["result"]  # the GPU build path, the meta device standing in
     assert builds["device"] == "meta" and builds["stand_in_for_gpu"] is True
@@ -88,6 +90,36 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     summary = (tmp_path / "summary.md").read_text()
     assert "(dry run, CPU)" in summary and "| 4 | zb-h2 |" in summary
     assert "check exit status: 0" in done.stdout
+    log = (tmp_path / "log.txt").read_text()  # the machine first, then the check's output
+    assert log.startswith("== the machine") and f"cores: {os.cpu_count()}" in log
+    assert "[numerics] done" in log and "check exit status: 0" in log
+
+
+def test_the_gpu_check_stops_at_once_without_megatron(tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker" / "megatron"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('megatron blocked for the test')\n")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(blocker.parent),
+    }
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu/check.sh"],  # not a dry run: it would need a GPU next
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert 'carry [".whl"]' in done.stderr and "megatron blocked for the test" in done.stderr
+    log = (out / "log.txt").read_text()
+    assert log.startswith("== the machine") and "kernel: " in log and "cores: " in log
+    assert 'carry [".whl"]' in log
+    assert not (out / "results.json").exists()
 
 
 def _ok(partial: dict) -> dict:
