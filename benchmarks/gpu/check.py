@@ -13,7 +13,8 @@ SIGKILL ends it, and every part before it is on file.
 - environment: torch, CUDA, the GPU, megatron-core, and the process group and devices the
   runtime chooses for 1, 2 and 4 workers on this host (pipeline.runtime.devices);
 - copies: pinned host <-> device copy speed, 64 KiB to 64 MiB (the delegated path's
-  `copy_gbps`); second, as it needs no megatron;
+  `copy_gbps`), and one gpt2 stage-boundary message copied as the backend copies it
+  (pageable, synchronous); second, as it needs no megatron;
 - stage_builds: every stage of the tiny GPT at S = 1, 2 and 4 built as a worker builds it
   on its GPU (`build_initial_stage`), each parameter found on the GPU and megatron's RNG
   tracker seeded; a dry run builds them the same way with the meta device in the GPU's
@@ -24,9 +25,15 @@ SIGKILL ends it, and every part before it is on file.
   another order than the CPU's; 1e-5 on the CPU, the numerics tests' bound), and each run's
   `params_sha256`;
 - profile_gpt2, profile_7b: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores
-  a float32 run would use) of gpt2-124m at S = 2 and of one stage of the paper's 7B shape
-  (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers with the embedding
-  and the head, S = 1);
+  a float32 run would use) of gpt2-124m at S = 2, 8 microbatches, and of one stage of the
+  paper's 7B shape (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers
+  with the embedding and the head, S = 1). Both gpt2 stages share the one GPU, whose
+  time-slicing would put the other stage's kernels into an op's time: they run
+  `serialised_two_stages`, taking turns. What the op times hold besides the stage's
+  compute (summary.md says it under each table): gpt2's F and B the pageable host copies
+  of the 3 MiB stage-boundary message, which `copies` measures apart and the summary takes
+  off; the last stage's F megatron's three cross-entropy all-reduces over a one-rank gloo
+  group (host round trips) and the loss's `.item()`, small next to the 7B head's F;
 - split_gpt2, split_7b: (B + W) / fused backward on the same shapes, each the whole model
   as one stage in this process;
 - the cost model (in profile_*): its F, B, W for the same stages on the H200 (the
@@ -66,6 +73,7 @@ import torch
 from baselines import one_f_one_b, zb_h2
 from pipeline.cost_model import H800_IB400, GPTModel, model_cost
 from pipeline.errors import BackendError
+from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.devices import choose_devices, describe_pool, num_visible_gpus
@@ -81,6 +89,7 @@ from pipeline.runtime.megatron.reference import (
 )
 from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, gpu_stand_in, quiet_megatron
 from pipeline.runtime.megatron.stage import StageRunner
+from pipeline.schedule import Schedule
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
 H200 = dataclasses.replace(
@@ -334,12 +343,37 @@ def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int) -> Prof
     return model_cost(model, H200).profile
 
 
+def serialised_two_stages(num_microbatches: int) -> Schedule:
+    """A 2-stage schedule whose stages' ops never run at once, but for the last W: stage 0
+    runs F m, B m, W m for each microbatch; stage 1 runs F 0, B 0, then F m, W m-1, B m,
+    and W M-1 last, so that its W m-1 fills the time stage 0 spends on W m-1 and F m. Only
+    stage 1's last W overlaps an op of stage 0 (its last B, and its last W where stage 1's
+    W outlasts that B): one in `num_microbatches` of each of those ops, which the medians
+    pass over while that is under half. On one GPU two processes' kernels are time-sliced,
+    so an op timed while the other stage computes would count the other's kernels too (all
+    F, then all B, then all W, the default, overlaps most ops)."""
+    first = tuple(Op(k, m) for m in range(num_microbatches) for k in (OpKind.F, OpKind.B, OpKind.W))
+    last = [Op(OpKind.F, 0), Op(OpKind.B, 0)]
+    for m in range(1, num_microbatches):
+        last += [Op(OpKind.F, m), Op(OpKind.W, m - 1), Op(OpKind.B, m)]
+    last.append(Op(OpKind.W, num_microbatches - 1))
+    return Schedule((first, tuple(last)))
+
+
 def profile(
     preset: GPTPreset, num_stages: int, num_microbatches: int, device: str
 ) -> dict[str, Any]:
     """`measure_profile` of `preset` at `num_stages` next to the cost model's profile."""
+    if num_stages > 2:
+        raise BackendError(f"no serialised schedule for {num_stages} stages on one GPU")
+    schedule = serialised_two_stages(num_microbatches) if num_stages == 2 else None
     measured = measure_profile(
-        preset, num_stages, num_microbatches, num_iterations=3, allow_tf32=True
+        preset,
+        num_stages,
+        num_microbatches,
+        num_iterations=3,
+        schedule=schedule,
+        allow_tf32=True,
     )
     model = predicted(preset, num_stages, num_microbatches)
     # A CPU has no tensor-core peak to scale by: no ratio in a dry run.
@@ -361,6 +395,8 @@ def profile(
     return {
         "model": preset.name,
         "stages": num_stages,
+        "schedule": "serialised_two_stages" if schedule else "one stage",
+        "message_bytes": preset.message_bytes() if num_stages > 1 else 0,
         "microbatches": num_microbatches,
         "layers": preset.num_layers,
         "hidden": preset.hidden_size,
@@ -368,8 +404,11 @@ def profile(
     }
 
 
-def copies(device: str, repeats: int = 20) -> dict[str, Any]:
-    """Pinned host <-> device copies, each timed by CUDA events; medians in Gbit/s."""
+def copies(device: str, message: GPTPreset, repeats: int = 20) -> dict[str, Any]:
+    """Pinned host <-> device copies, each timed by CUDA events; medians in Gbit/s. And the
+    copies the megatron backend makes of one stage-boundary message of `message` (float32,
+    pageable host memory, `.to()` and synchronised, as `MegatronCompute.run` does inside an
+    F or B op's record): their median ms each way, to set apart from the profiled op times."""
     if device == "cpu":
         return {"skipped": "no GPU (dry run)"}
     rows = []
@@ -392,7 +431,35 @@ def copies(device: str, repeats: int = 20) -> dict[str, Any]:
                     times.append(start.elapsed_time(end))  # ms
             speeds[f"{name}_gbit_s"] = size * 8 / (statistics.median(times) * 1e6)
         rows.append({"bytes": size, **speeds})
-    return {"model_copy_gbps": H200.copy_gbps, "sizes": rows}
+    return {
+        "model_copy_gbps": H200.copy_gbps,
+        "sizes": rows,
+        "message": message_copies(message, device, repeats),
+    }
+
+
+def message_copies(message: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
+    """One stage-boundary message of `message` copied as the backend copies it."""
+    pageable = torch.randn(message.message_shape())
+    on_gpu = pageable.to(device)
+    ms: dict[str, list[float]] = {"h2d": [], "d2h": []}
+    for k in range(repeats + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pageable.to(device)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        on_gpu.to("cpu")
+        t2 = time.perf_counter()
+        if k >= 3:
+            ms["h2d"].append((t1 - t0) * 1e3)
+            ms["d2h"].append((t2 - t1) * 1e3)
+    return {
+        "model": message.name,
+        "bytes": message.message_bytes(),
+        "h2d_pageable_ms": statistics.median(ms["h2d"]),
+        "d2h_pageable_ms": statistics.median(ms["d2h"]),
+    }
 
 
 class _Terminated(BaseException):
@@ -526,10 +593,10 @@ def check_parts(shape: Shapes, device: str) -> list[Part]:
     (copies) first, so that a hang later loses nothing they measured."""
     runs: dict[str, Callable[[dict[str, Any]], Any]] = {
         "environment": lambda partial: environment(shape, device),
-        "copies": lambda partial: copies(device),
+        "copies": lambda partial: copies(device, shape.gpt2),
         "stage_builds": lambda partial: stage_builds(shape, device),
         "numerics": lambda partial: numerics(shape, device, partial),
-        "profile_gpt2": lambda partial: profile(shape.gpt2, shape.gpt2_stages, 4, device),
+        "profile_gpt2": lambda partial: profile(shape.gpt2, shape.gpt2_stages, 8, device),
         "split_gpt2": lambda partial: split_ratio(shape.gpt2, device, repeats=5),
         "profile_7b": lambda partial: profile(shape.stage_7b, 1, 2, device),
         "split_7b": lambda partial: split_ratio(shape.stage_7b, device, repeats=5),
@@ -556,13 +623,13 @@ def summary(results: dict[str, Any]) -> str:
             lines.append(f"failed: {record['error']}")
             if record.get("partial"):
                 lines.append("\nwhat it had measured:\n")
-                lines += _render(name, record["partial"])
+                lines += _render(name, record["partial"], results)
             continue
-        lines += _render(name, record["result"])
+        lines += _render(name, record["result"], results)
     return "\n".join(lines)
 
 
-def _render(name: str, result: dict[str, Any]) -> list[str]:
+def _render(name: str, result: dict[str, Any], results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if name == "numerics":
         if "ok" in result:
@@ -591,6 +658,7 @@ def _render(name: str, result: dict[str, Any]) -> list[str]:
                 f"| {s} | {_three(row, 't_{}_ms')} | {_three(row, 'model_bf16_t_{}_ms')} | "
                 f"{_three(row, 'measured_over_model_tf32_{}')} |"
             )
+        lines += _profile_notes(result, results)
     elif name.startswith("split_"):
         lines.append(
             f"{result['model']}, the whole model as one stage (S = 1): fused backward "
@@ -610,6 +678,46 @@ def _render(name: str, result: dict[str, Any]) -> list[str]:
     else:
         lines.append("```\n" + json.dumps(result, indent=1) + "\n```")
     return lines
+
+
+def _profile_notes(result: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """What a profile's op times hold besides the stage's compute."""
+    num_stages = result["stages"]
+    notes = [
+        f"\nSchedule: {result['schedule']}"
+        + (
+            " (the stages take turns on the one GPU: no two ops timed at once but the last W)."
+            if num_stages > 1
+            else "."
+        ),
+        "The last stage's F also holds megatron's three all-reduces of the cross entropy over "
+        "its one-rank gloo group (host round trips, absent over NCCL) and the loss's "
+        "synchronising `.item()`.",
+    ]
+    if num_stages == 1:
+        return notes
+    copies = results["parts"].get("copies", {}).get("result", {}).get("message")
+    notes.append(
+        f"Each F and B also holds the pageable host copies of the {result['message_bytes']}-byte "
+        "stage-boundary message (gloo sends host memory): a stage's F copies its input in "
+        "(host to device) unless first and its output out unless last; its B the gradient "
+        "in unless last and out unless first."
+    )
+    if copies is None or copies["bytes"] != result["message_bytes"]:
+        return [*notes, "Not measured apart (no copies part for this message size)."]
+    h2d, d2h = copies["h2d_pageable_ms"], copies["d2h_pageable_ms"]
+    notes.append(
+        f"The copies part measured them apart: host to device {h2d:.4g} ms, device to host "
+        f"{d2h:.4g} ms. tF, tB less them:"
+    )
+    for s, row in enumerate(result["per_stage"]):
+        first, last = s == 0, s == num_stages - 1
+        f_copy = (0 if first else h2d) + (0 if last else d2h)
+        b_copy = (0 if last else h2d) + (0 if first else d2h)
+        notes.append(
+            f"stage {s}: F {row['t_f_ms'] - f_copy:.4g} ms, B {row['t_b_ms'] - b_copy:.4g} ms;"
+        )
+    return notes
 
 
 def _three(row: dict[str, Any], key: str) -> str:

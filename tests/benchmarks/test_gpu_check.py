@@ -193,3 +193,81 @@ def test_a_terminated_part_is_on_file_with_what_it_had_measured(tmp_path: Path) 
     assert on_file["numerics"]["partial"]["runs"][0]["policy"] == "1f1b"
     summary = (tmp_path / "summary.md").read_text()
     assert "failed: terminated (SIGTERM)" in summary and "| 1 | 1f1b | gloo |" in summary
+
+
+def _overlaps(timeline) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    ops = timeline.ops
+    return [
+        (f"{a.stage}{a.kind.value}{a.microbatch}", f"{b.stage}{b.kind.value}{b.microbatch}")
+        for a in ops
+        for b in ops
+        if a.stage == 0 and b.stage == 1 and a.start_ms < b.end_ms and b.start_ms < a.end_ms
+    ]
+
+
+def test_the_two_stage_profile_schedule_runs_one_stage_at_a_time() -> None:
+    from pipeline.profile import Profile
+    from pipeline.runtime.megatron.profiling import split_backward_gpipe
+    from pipeline.schedule import validate_schedule
+    from pipeline.simulator import simulate
+
+    profile = Profile(
+        num_stages=2,
+        num_microbatches=4,
+        t_f_ms=(1.0, 1.1),
+        t_b_ms=(1.2, 1.3),
+        t_w_ms=(0.9, 0.8),
+    )
+    schedule = check.serialised_two_stages(4)
+    validate_schedule(schedule, 2, 4)
+    # only stage 1's last W runs beside an op of stage 0: its last B (0.8 ms within 1.2 ms)
+    assert _overlaps(simulate(schedule, profile)) == [("0B3", "1W3")]
+    assert len(_overlaps(simulate(split_backward_gpipe(2, 4), profile))) > 8  # the default
+
+
+def test_the_summary_sets_the_message_copies_apart_from_the_op_times() -> None:
+    row = {
+        "t_f_ms": 1.0,
+        "t_b_ms": 2.0,
+        "t_w_ms": 1.5,
+        "model_bf16_t_f_ms": 0.5,
+        "model_bf16_t_b_ms": 0.5,
+        "model_bf16_t_w_ms": 0.5,
+        "measured_over_model_tf32_f": 1.0,
+        "measured_over_model_tf32_b": 2.0,
+        "measured_over_model_tf32_w": 1.5,
+    }
+    profile = {
+        "model": "gpt2-124m",
+        "stages": 2,
+        "schedule": "serialised_two_stages",
+        "message_bytes": 3145728,
+        "microbatches": 8,
+        "layers": 12,
+        "hidden": 768,
+        "per_stage": [row, row],
+    }
+    message = {
+        "model": "gpt2-124m",
+        "bytes": 3145728,
+        "h2d_pageable_ms": 0.25,
+        "d2h_pageable_ms": 0.5,
+    }
+    results = {
+        "started": "now",
+        "dry_run": False,
+        "parts": {
+            "copies": {
+                "result": {"model_copy_gbps": 200.0, "sizes": [], "message": message},
+                "wall_s": 1,
+            },
+            "profile_gpt2": {"result": profile, "wall_s": 1},
+        },
+    }
+    text = check.summary(results)
+    assert "host to device 0.25 ms, device to host 0.5 ms" in text
+    # stage 0: F less its output's copy out, B less its gradient's copy in; stage 1 the reverse
+    assert "stage 0: F 0.5 ms, B 1.75 ms;" in text and "stage 1: F 0.75 ms, B 1.5 ms;" in text
+    assert "Schedule: serialised_two_stages" in text
+    del results["parts"]["copies"]
+    assert "Not measured apart" in check.summary(results)
