@@ -36,12 +36,16 @@ SIGKILL ends it, and every part before it is on file.
   group (host round trips) and the loss's `.item()`, small next to the 7B head's F;
 - split_gpt2, split_7b: (B + W) / fused backward on the same shapes, each the whole model
   as one stage in this process;
-- the cost model (in profile_*): its F, B, W for the same stages on the H200 (the
-  H800's 989 TFLOP/s dense bf16, the same chip's compute; its 141 GB and 4.8 TB/s of
-  memory and 450 GB/s of NVLink each way differ, none of which the F, B, W of a TP-1
-  stage use: memory bandwidth prices the optimizer step alone, NVLink TP's all-reduces),
-  next to the measurements, as measured / predicted and scaled by the precision measured
-  (TF32's dense peak, 494.7 TFLOP/s, is half bf16's).
+- the cost model (in profile_*): its F, B, W for the same stages on the GPU found
+  (`hardware`, from `torch.cuda.get_device_name`): the H100 SXM (80 GiB, 3.35 TB/s) or
+  the H200 (141 GiB, 4.8 TB/s), each the H800's 989 TFLOP/s dense bf16 (the same chip's
+  compute) with 450 GB/s of NVLink each way. Memory and its bandwidth are all that differ,
+  and the F, B, W of a TP-1 stage use neither (FLOPs over the peak at the model's MFU;
+  memory bandwidth prices the optimizer step alone, memory the fit check, NVLink TP's
+  all-reduces): the predictions, and so measured / predicted, are the same on either.
+  Shown next to the measurements as measured / predicted, scaled by the precision
+  measured (TF32's dense peak, 494.7 TFLOP/s, is half bf16's). Another GPU is priced as
+  the H800, and the summary says so.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ if "--dry-run" in sys.argv:  # before torch: every process of the check sees no 
 import torch
 
 from baselines import one_f_one_b, zb_h2
-from pipeline.cost_model import H800_IB400, GPTModel, model_cost
+from pipeline.cost_model import H800_IB400, GPTModel, Hardware, model_cost
 from pipeline.errors import BackendError
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
@@ -92,6 +96,9 @@ from pipeline.runtime.megatron.stage import StageRunner
 from pipeline.schedule import Schedule
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
+H100 = dataclasses.replace(
+    H800_IB400, name="h100", memory_gib=80.0, hbm_gbps=3350.0, nvlink_gbps=450.0
+)
 H200 = dataclasses.replace(
     H800_IB400, name="h200", memory_gib=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
 )
@@ -101,19 +108,35 @@ COPY_SIZES = tuple(64 * 1024 * 4**k for k in range(6))  # 64 KiB ... 64 MiB
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Shapes:
-    """The models each part runs: the real ones, or small stand-ins for a dry run."""
+    """The models each part runs (the real ones, or small stand-ins for a dry run), and the
+    hardware the cost model prices them on."""
 
     numerics: GPTPreset
     gpt2: GPTPreset
     gpt2_stages: int
     stage_7b: GPTPreset
+    hardware: Hardware
 
 
-def shapes(dry_run: bool, layers_7b: int) -> Shapes:
+def hardware(gpu_name: str | None) -> tuple[Hardware, str]:
+    """The cost model's hardware for the GPU named `gpu_name` (None: no GPU, a dry run) and
+    what it stands for: the H100 or H200 SXM by name, else the H800 the model assumes."""
+    name = gpu_name or ""
+    sxm = not any(word in name for word in ("PCIe", "NVL"))  # those have lower clocks
+    if "H200" in name and sxm:
+        return H200, f"{gpu_name}: priced as the H200 (SXM)"
+    if "H100" in name and sxm:
+        return H100, f"{gpu_name}: priced as the H100 (SXM)"
+    if gpu_name is None:
+        return H800_IB400, "no GPU (dry run): priced as the cost model's H800"
+    return H800_IB400, f"{gpu_name}: not an H100 or H200 SXM, priced as the H800 anyway"
+
+
+def shapes(dry_run: bool, layers_7b: int, hw: Hardware) -> Shapes:
     tiny = get_preset("tiny")
     if dry_run:
         stand_in = dataclasses.replace(tiny, name=f"7b-stand-in-{layers_7b}l", num_layers=layers_7b)
-        return Shapes(tiny, tiny, 2, stand_in)
+        return Shapes(tiny, tiny, 2, stand_in, hw)
     stage_7b = GPTPreset(
         name=f"gpt2-7b-stage-{layers_7b}l",
         num_layers=layers_7b,
@@ -123,7 +146,7 @@ def shapes(dry_run: bool, layers_7b: int) -> Shapes:
         seq_length=1024,
         micro_batch_size=1,
     )
-    return Shapes(tiny, get_preset("gpt2-124m"), 2, stage_7b)
+    return Shapes(tiny, get_preset("gpt2-124m"), 2, stage_7b, hw)
 
 
 def environment(shape: Shapes, device: str) -> dict[str, Any]:
@@ -327,8 +350,8 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
     }
 
 
-def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int) -> Profile:
-    """The cost model's split-backward profile of `preset` at `num_stages` on the H200."""
+def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int, hw: Hardware) -> Profile:
+    """The cost model's split-backward profile of `preset` at `num_stages` on `hw`."""
     model = GPTModel(
         name=preset.name,
         num_layers=preset.num_layers,
@@ -340,7 +363,7 @@ def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int) -> Prof
         pp=num_stages,
         num_microbatches=num_microbatches,
     )
-    return model_cost(model, H200).profile
+    return model_cost(model, hw).profile
 
 
 def serialised_two_stages(num_microbatches: int) -> Schedule:
@@ -361,7 +384,7 @@ def serialised_two_stages(num_microbatches: int) -> Schedule:
 
 
 def profile(
-    preset: GPTPreset, num_stages: int, num_microbatches: int, device: str
+    preset: GPTPreset, num_stages: int, num_microbatches: int, device: str, hw: Hardware
 ) -> dict[str, Any]:
     """`measure_profile` of `preset` at `num_stages` next to the cost model's profile."""
     if num_stages > 2:
@@ -375,7 +398,7 @@ def profile(
         schedule=schedule,
         allow_tf32=True,
     )
-    model = predicted(preset, num_stages, num_microbatches)
+    model = predicted(preset, num_stages, num_microbatches, hw)
     # A CPU has no tensor-core peak to scale by: no ratio in a dry run.
     scale = BF16_DENSE_TFLOPS / TF32_DENSE_TFLOPS if device != "cpu" else None
     stages = []
@@ -404,7 +427,7 @@ def profile(
     }
 
 
-def copies(device: str, message: GPTPreset, repeats: int = 20) -> dict[str, Any]:
+def copies(device: str, message: GPTPreset, hw: Hardware, repeats: int = 20) -> dict[str, Any]:
     """Pinned host <-> device copies, each timed by CUDA events; medians in Gbit/s. And the
     copies the megatron backend makes of one stage-boundary message of `message` (float32,
     pageable host memory, `.to()` and synchronised, as `MegatronCompute.run` does inside an
@@ -432,7 +455,7 @@ def copies(device: str, message: GPTPreset, repeats: int = 20) -> dict[str, Any]
             speeds[f"{name}_gbit_s"] = size * 8 / (statistics.median(times) * 1e6)
         rows.append({"bytes": size, **speeds})
     return {
-        "model_copy_gbps": H200.copy_gbps,
+        "model_copy_gbps": hw.copy_gbps,
         "sizes": rows,
         "message": message_copies(message, device, repeats),
     }
@@ -563,10 +586,15 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):  # unwind the pools, as Ctrl-C does
         signal.signal(signum, _terminate)
     args.out.mkdir(parents=True, exist_ok=True)
-    shape = shapes(args.dry_run, args.layers_7b)
+    gpu_name = None if args.dry_run else torch.cuda.get_device_name(0)
+    hw, priced_as = hardware(gpu_name)
+    shape = shapes(args.dry_run, args.layers_7b, hw)
     results: dict[str, Any] = {
         "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "dry_run": args.dry_run,
+        "gpu": gpu_name,
+        "cost_model_hardware": dataclasses.asdict(hw),
+        "priced_as": priced_as,
         "parts": {},
     }
     ok = run_parts(check_parts(shape, device), results, args.out)
@@ -593,12 +621,14 @@ def check_parts(shape: Shapes, device: str) -> list[Part]:
     (copies) first, so that a hang later loses nothing they measured."""
     runs: dict[str, Callable[[dict[str, Any]], Any]] = {
         "environment": lambda partial: environment(shape, device),
-        "copies": lambda partial: copies(device, shape.gpt2),
+        "copies": lambda partial: copies(device, shape.gpt2, shape.hardware),
         "stage_builds": lambda partial: stage_builds(shape, device),
         "numerics": lambda partial: numerics(shape, device, partial),
-        "profile_gpt2": lambda partial: profile(shape.gpt2, shape.gpt2_stages, 8, device),
+        "profile_gpt2": lambda partial: profile(
+            shape.gpt2, shape.gpt2_stages, 8, device, shape.hardware
+        ),
         "split_gpt2": lambda partial: split_ratio(shape.gpt2, device, repeats=5),
-        "profile_7b": lambda partial: profile(shape.stage_7b, 1, 2, device),
+        "profile_7b": lambda partial: profile(shape.stage_7b, 1, 2, device, shape.hardware),
         "split_7b": lambda partial: split_ratio(shape.stage_7b, device, repeats=5),
     }
     scale = 2.0 if device == "cpu" else 1.0
@@ -616,7 +646,8 @@ def summary(results: dict[str, Any]) -> str:
     """The results so far as markdown tables (what benchmarks/gpu/RESULTS.md quotes); a
     failed part shows its error and what it had measured (its "partial")."""
     title = f"# GPU check, {results['started']}"
-    lines = [title + (" (dry run, CPU)" if results["dry_run"] else "")]
+    lines = [title + (" (dry run, CPU)" if results["dry_run"] else f" on {results['gpu']}")]
+    lines.append(f"\nCost model: {results['priced_as']}.")
     for name, record in results["parts"].items():
         lines.append(f"\n## {name} ({record['wall_s']} s)\n")
         if "error" in record:

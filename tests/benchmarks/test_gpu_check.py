@@ -154,7 +154,7 @@ def test_each_part_is_on_file_as_it_ends_and_a_failure_or_hang_loses_only_itself
         check.Part("hang", _hangs, 0.3),
         check.Part("last", _ok, 5.0),
     ]
-    results = {"started": "now", "dry_run": True, "parts": {}}
+    results = {"started": "now", "dry_run": True, "priced_as": "-", "parts": {}}
     assert check.run_parts(parts, results, tmp_path) is False
     assert seen[0][0] == ["environment", "numerics"]
     assert "## numerics" in seen[0][1] and "failed: RuntimeError: a broken part" in seen[0][1]
@@ -185,7 +185,7 @@ def test_a_terminated_part_is_on_file_with_what_it_had_measured(tmp_path: Path) 
         raise check._Terminated("SIGTERM")
 
     parts = [check.Part("environment", _ok, 5.0), check.Part("numerics", terminated, 5.0)]
-    results = {"started": "now", "dry_run": True, "parts": {}}
+    results = {"started": "now", "dry_run": True, "priced_as": "-", "parts": {}}
     with pytest.raises(check._Terminated):
         check.run_parts(parts, results, tmp_path)
     on_file = json.loads((tmp_path / "results.json").read_text())["parts"]
@@ -256,6 +256,8 @@ def test_the_summary_sets_the_message_copies_apart_from_the_op_times() -> None:
     results = {
         "started": "now",
         "dry_run": False,
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "priced_as": check.hardware("NVIDIA H100 80GB HBM3")[1],
         "parts": {
             "copies": {
                 "result": {"model_copy_gbps": 200.0, "sizes": [], "message": message},
@@ -265,9 +267,30 @@ def test_the_summary_sets_the_message_copies_apart_from_the_op_times() -> None:
         },
     }
     text = check.summary(results)
+    assert text.startswith("# GPU check, now on NVIDIA H100 80GB HBM3\n")
+    assert "Cost model: NVIDIA H100 80GB HBM3: priced as the H100 (SXM)." in text
     assert "host to device 0.25 ms, device to host 0.5 ms" in text
     # stage 0: F less its output's copy out, B less its gradient's copy in; stage 1 the reverse
     assert "stage 0: F 0.5 ms, B 1.75 ms;" in text and "stage 1: F 0.75 ms, B 1.5 ms;" in text
     assert "Schedule: serialised_two_stages" in text
     del results["parts"]["copies"]
     assert "Not measured apart" in check.summary(results)
+
+
+def test_the_cost_model_prices_the_gpu_found() -> None:
+    h100, _ = check.hardware("NVIDIA H100 80GB HBM3")
+    h200, _ = check.hardware("NVIDIA H200")
+    assert (h100.name, h100.memory_gib, h100.hbm_gbps) == ("h100", 80.0, 3350.0)
+    assert (h200.name, h200.memory_gib, h200.hbm_gbps) == ("h200", 141.0, 4800.0)
+    assert h100.peak_tflops == h200.peak_tflops == 989.0
+    assert check.hardware("NVIDIA H100 PCIe")[0].name == "h800-ib400"
+    assert check.hardware(None) == (
+        check.H800_IB400,
+        "no GPU (dry run): priced as the cost model's H800",
+    )
+    # a TP-1 stage's F, B, W: the same on either (memory and its bandwidth differ)
+    gpt2 = get_preset("gpt2-124m")
+    on_h100, on_h200 = check.predicted(gpt2, 2, 8, h100), check.predicted(gpt2, 2, 8, h200)
+    for times in ("t_f_ms", "t_b_ms", "t_w_ms"):
+        assert getattr(on_h100, times) == getattr(on_h200, times)
+    assert on_h100.optimizer_ms[0] > on_h200.optimizer_ms[0]  # the step: memory-bound
