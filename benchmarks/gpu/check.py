@@ -26,14 +26,15 @@ SIGKILL ends it, and every part before it is on file.
   `params_sha256`;
 - profile_gpt2, profile_7b: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores
   a float32 run would use) of gpt2-124m at S = 2, 8 microbatches, and of one stage of the
-  paper's 7B shape (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers
-  with the embedding and the head, S = 1). Both gpt2 stages share the one GPU, whose
-  time-slicing would put the other stage's kernels into an op's time: they run
-  `serialised_two_stages`, taking turns. What the op times hold besides the stage's
-  compute (summary.md says it under each table): gpt2's F and B the pageable host copies
-  of the 3 MiB stage-boundary message, which `copies` measures apart and the summary takes
-  off; the last stage's F megatron's three cross-entropy all-reduces over a one-rank gloo
-  group (host round trips) and the loss's `.item()`, small next to the 7B head's F;
+  paper's 7B shape (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers,
+  6 by default, with the embedding and the head, S = 1: `LAYERS_7B` says why). Both gpt2
+  stages share the one GPU, whose time-slicing would put the other stage's kernels into
+  an op's time: they run `serialised_two_stages`, taking turns. What the op times hold
+  besides the stage's compute (summary.md says it under each table): gpt2's F and B the
+  pageable host copies of the 3 MiB stage-boundary message, which `copies` measures
+  apart and the summary takes off; the last stage's F megatron's three cross-entropy
+  all-reduces over a one-rank gloo group (host round trips) and the loss's `.item()`,
+  small next to the 7B head's F;
 - split_gpt2, split_7b: (B + W) / fused backward on the same shapes, each the whole model
   as one stage in this process;
 - the cost model (in profile_*): its F, B, W for the same stages on the GPU found
@@ -102,6 +103,17 @@ H100 = dataclasses.replace(
 H200 = dataclasses.replace(
     H800_IB400, name="h200", memory_gib=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
 )
+LAYERS_7B = 6
+"""The 7B stage's layers: a middle stage of the paper's gpt2-7b (22 layers at PP 4: 5 with
+the embedding, 6, 6, 5 with the head), with the embedding and the head as well so that it
+runs alone (S = 1): 2.15e9 parameters, float32 weights, gradients and two microbatches'
+activations about 30 GB, inside an H100's 80 GiB. Time, by estimate on an H100 (16
+cores): F about 2.7 ms a layer at TF32, so the ops are milliseconds; what counts is the
+CPU build and initialisation of 2.15e9 parameters, about 25 s, twice (profile_7b's worker
+and split_7b). The whole check: wheel install 5 s, imports and CUDA 10 s, environment and
+copies 10 s, stage_builds 10 s, numerics 60 s, gpt2 profile and split 40 s, 7B profile
+and split 90 s: about 4 minutes, half of check.sh's 480 s, which leaves one part's hang to
+its deadline (`DEADLINES_S`) room."""
 BF16_DENSE_TFLOPS, TF32_DENSE_TFLOPS = 989.0, 494.7
 COPY_SIZES = tuple(64 * 1024 * 4**k for k in range(6))  # 64 KiB ... 64 MiB
 
@@ -575,7 +587,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="CPU only, small shapes")
-    parser.add_argument("--layers-7b", type=int, default=2, help="layers of the 7B stage")
+    parser.add_argument(
+        "--layers-7b", type=int, default=LAYERS_7B, help="layers of the 7B stage (LAYERS_7B: 6)"
+    )
     args = parser.parse_args()
     if args.layers_7b < 1:
         parser.error("--layers-7b must be >= 1")

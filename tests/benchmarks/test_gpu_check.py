@@ -77,7 +77,7 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     assert all(r["max_relative_error"] <= 1e-5 and len(r["params_sha256"]) == 64 for r in runs)
     assert numerics["reference_losses"][-1] < numerics["reference_losses"][0]
     profiles = [parts["profile_gpt2"]["result"], parts["profile_7b"]["result"]]
-    assert [p["model"] for p in profiles] == ["tiny", "7b-stand-in-2l"]
+    assert [p["model"] for p in profiles] == ["tiny", "7b-stand-in-6l"]
     for profile in profiles:
         for stage in profile["per_stage"]:
             assert stage["t_f_ms"] > 0 and stage["t_b_ms"] > 0 and stage["t_w_ms"] > 0
