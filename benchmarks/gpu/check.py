@@ -600,7 +600,7 @@ def main() -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP):  # unwind the pools, as Ctrl-C does
         signal.signal(signum, _terminate)
     args.out.mkdir(parents=True, exist_ok=True)
-    gpu_name = None if args.dry_run else torch.cuda.get_device_name(0)
+    gpu_name = None if args.dry_run else _gpu_name()
     hw, priced_as = hardware(gpu_name)
     shape = shapes(args.dry_run, args.layers_7b, hw)
     results: dict[str, Any] = {
@@ -628,6 +628,14 @@ DEADLINES_S = {
 }
 """Each part's deadline on a GPU: about 2-3 x its estimate there (module docstring); a dry
 run, on a CPU that CI may load, gets twice as long."""
+
+
+def _gpu_name() -> str:
+    """GPU 0's name, or why there is none: a failing CUDA start is the parts' to record."""
+    try:
+        return torch.cuda.get_device_name(0)
+    except Exception as err:  # the environment part then fails with the whole story
+        return f"unknown GPU ({type(err).__name__}: {err})"
 
 
 def check_parts(shape: Shapes, device: str) -> list[Part]:
