@@ -346,6 +346,8 @@ class MegatronCompute:
                 if p.grad is not None
             }
         sgd_step(runner.params, self.lr)  # plain SGD: the parameters are the whole state
+        if self._compute_device.type == "cuda":
+            torch.cuda.synchronize(self._compute_device)  # the step's record: its kernels' time
         return StepOutput(loss)
 
     def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
