@@ -75,6 +75,8 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
         (s, p) for s in (1, 2, 4) for p in ("1f1b", "zb-h2")
     ]
     assert all(r["max_relative_error"] <= 1e-5 and len(r["params_sha256"]) == 64 for r in runs)
+    assert runs[0]["max_relative_error_vs_one_stage"] == 0.0  # the S = 1 run itself
+    assert all(r["max_relative_error_vs_one_stage"] <= 1e-5 for r in runs)
     assert numerics["reference_losses"][-1] < numerics["reference_losses"][0]
     profiles = [parts["profile_gpt2"]["result"], parts["profile_7b"]["result"]]
     assert [p["model"] for p in profiles] == ["tiny", "7b-stand-in-6l"]
