@@ -309,20 +309,26 @@ def test_a_solve_leaves_the_processs_sigint_handler_in_place() -> None:
     assert _python(code) == ["OPTIMAL", "True"]
 
 
+_SIGINT_DURING_A_SOLVE = (
+    "def interrupt():\n"
+    "    while not any(t.name == 'cp-sat' for t in threading.enumerate()): time.sleep(0.01)\n"
+    "    time.sleep(0.2); os.kill(os.getpid(), signal.SIGINT)\n"
+    "threading.Thread(target=interrupt).start()\n"
+    "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=600)\n"
+    "except KeyboardInterrupt as err: print('interrupted', err)\n"
+    "print([t.name for t in threading.enumerate()])"
+)
+"""The end of a child's code: SIGINT once CP-SAT searches (a problem it finds nothing for in
+seconds, given 600 s); it prints what the solve raised, then the threads left."""
+
+
 def test_a_signal_during_a_solve_ends_it_at_once() -> None:
     """A handler's exception (Ctrl-C's KeyboardInterrupt) reaches the caller while CP-SAT
     searches (a problem it finds nothing for in seconds, given 600 s), and the search stops
     with it: no solver thread is left running."""
     code = (
         "import os, signal, threading, time; from adaptra.exact import solve_exact; "
-        "from pipeline.profile import Profile\n"
-        "def interrupt():\n"
-        "    while not any(t.name == 'cp-sat' for t in threading.enumerate()): time.sleep(0.01)\n"
-        "    time.sleep(0.2); os.kill(os.getpid(), signal.SIGINT)\n"
-        "threading.Thread(target=interrupt).start()\n"
-        "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=600)\n"
-        "except KeyboardInterrupt: print('interrupted')\n"
-        "print([t.name for t in threading.enumerate()])"
+        "from pipeline.profile import Profile\n" + _SIGINT_DURING_A_SOLVE
     )
     assert _python(code) == ["interrupted", "['MainThread']"]
 
@@ -339,13 +345,6 @@ def test_a_second_signal_while_the_search_stops_still_stops_it() -> None:
         "    calls.append(1)\n"
         "    if len(calls) == 1: raise KeyboardInterrupt('second')\n"
         "    original(self)\n"
-        "cp_model.CpSolver.stop_search = stop_search\n"
-        "def interrupt():\n"
-        "    while not any(t.name == 'cp-sat' for t in threading.enumerate()): time.sleep(0.01)\n"
-        "    time.sleep(0.2); os.kill(os.getpid(), signal.SIGINT)\n"
-        "threading.Thread(target=interrupt).start()\n"
-        "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=600)\n"
-        "except KeyboardInterrupt as err: print('interrupted', err)\n"
-        "print([t.name for t in threading.enumerate()])"
+        "cp_model.CpSolver.stop_search = stop_search\n" + _SIGINT_DURING_A_SOLVE
     )
     assert _python(code) == ["interrupted", "second", "['MainThread']"]

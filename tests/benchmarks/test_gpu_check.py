@@ -32,16 +32,19 @@ def _load_check():  # type: ignore[no-untyped-def]
 check = _load_check()
 
 
+def _check_sh(
+    args: list[str], env: dict[str, str], timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """benchmarks/gpu/check.sh with `args`, from the repository's root."""
+    command = ["bash", "benchmarks/gpu/check.sh", *args]
+    return subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
 def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "CHECK_TIMEOUT_S": "300"}
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu/check.sh", "--dry-run"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=360,
-    )
+    done = _check_sh(["--dry-run"], env, timeout_s=360)
     assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["dry_run"] is True
@@ -108,14 +111,7 @@ def test_the_gpu_check_stops_at_once_without_megatron(tmp_path: Path) -> None:
         "PYTHON": sys.executable,
         "PYTHONPATH": str(blocker.parent),
     }
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu/check.sh"],  # not a dry run: it would need a GPU next
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _check_sh([], env, timeout_s=60)  # not a dry run: it would need a GPU next
     assert done.returncode == 2, done.stdout + done.stderr
     assert 'carry [".whl"]' in done.stderr and "megatron blocked for the test" in done.stderr
     log = (out / "log.txt").read_text()
