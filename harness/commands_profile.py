@@ -42,6 +42,13 @@ __all__ = ["calibrate", "profile"]
     required=True,
     help="Where to write the profile JSON (the README's profile file).",
 )
+@click.option(
+    "--tf32/--no-tf32",
+    default=False,
+    show_default=True,
+    help="On a GPU, float32 matrix products on tensor cores (TF32: faster, to about 1e-3 "
+    "relative); off, a GPU computes in float32 as a CPU does. No effect on a CPU.",
+)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def profile(
     backend: str,
@@ -50,11 +57,13 @@ def profile(
     microbatches: int | None,
     iterations: int,
     out: str,
+    tf32: bool,
     fmt: str,
 ) -> None:
     """Run MODEL split into STAGES worker processes and write its median tF/tB/tW per stage
     (ms) and message bytes as a profile file for `schedule`, `simulate` and `run`. Times from
     a machine with fewer cores than stages are not results."""
+    from pipeline.runtime.devices import num_visible_gpus
     from pipeline.runtime.megatron.model import get_preset
     from pipeline.runtime.megatron.profiling import measure_profile
 
@@ -63,6 +72,8 @@ def profile(
     if num_microbatches < stages:
         raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
     _warn_if_cores_are_shared(stages)
+    if tf32 and num_visible_gpus() == 0:
+        click.echo("warning: --tf32 has no effect without a GPU (none is visible)", err=True)
     progress = terminal_progress(iterations, 1, fmt)  # measure_profile's one warm-up first
     measured = measure_profile(
         model,
@@ -70,6 +81,7 @@ def profile(
         num_microbatches,
         num_iterations=iterations,
         on_iteration=None if progress is None else progress.step,
+        allow_tf32=tf32,
     )
     if progress is not None:
         progress.done()

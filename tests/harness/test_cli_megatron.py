@@ -98,12 +98,15 @@ def test_run_megatron_reports_one_falling_loss_per_iteration(tmp_path: Path) -> 
 
 
 def test_profile_writes_a_file_schedule_and_simulate_accept(tmp_path: Path) -> None:
+    """(--tf32 is accepted, and said to change nothing on a machine without a GPU.)"""
     path = tmp_path / "measured.json"
     out = cli(
         "profile", "--backend", "megatron", "--model", "tiny", "--stages", "2",
-        "--iterations", "1", "--out", str(path), "--format", "json",
+        "--iterations", "1", "--out", str(path), "--format", "json", "--tf32",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
+    if num_visible_gpus() == 0:
+        assert "--tf32 has no effect without a GPU" in out.stderr
     measured = Profile.from_file(path)  # the strict profile reader accepts it
     assert (measured.num_stages, measured.num_microbatches) == (2, 4)
     assert all(t > 0 for t in measured.t_f_ms + measured.t_b_ms + measured.t_w_ms)
