@@ -26,7 +26,11 @@ around the rings, 7 swaps in 40 iterations; freed after 10 such beliefs in a row
 for NICs of 6-15 ms means), the paper trace of benchmarks/bench_falcon_trace.py went from
 64.37 to 100.81 s for Adaptra-CPU (the swap a freed host allowed put a host pair that the
 trace delays again and again on a DP ring); freed where the two beliefs after a swap show
-no slow DP link on its hosts, the same trace took Adaptra 97.20 s (56.78 held).
+no slow DP link on its hosts, the same trace took Adaptra 97.20 s (56.78 held). Nor does
+refusing a swap that would put onto a ring a host pair ever believed slow help: the trace
+delays PP links in every replica, so every pair a swap could bring onto a ring had been
+slow once, and Adaptra made no swap at all (100.31 s; with hosts freed after 10 quiet
+beliefs as well, Adaptra-CPU 121.77 s).
 """
 
 from __future__ import annotations
