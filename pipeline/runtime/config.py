@@ -70,12 +70,16 @@ class IterationConfig:
     def microbatch_offset(self, replica: int) -> int:
         """The global batch index of replica `replica`'s microbatch 0."""
         split = self.replica_schedules
-        return replica * self.profile.num_microbatches if split is None else split.offset(replica)
+        return replica * self.schedule.num_microbatches if split is None else split.offset(replica)
 
     @property
     def num_global_microbatches(self) -> int:
-        """The microbatches of all replicas together."""
-        return self.profile.num_replicas * self.profile.num_microbatches
+        """The microbatches of all replicas together, as their schedules run them (not the
+        profile's count, which nothing requires a schedule to match)."""
+        split = self.replica_schedules
+        if split is None:
+            return self.profile.num_replicas * self.schedule.num_microbatches
+        return sum(split.counts)
 
     def comm_of(self, link: str, direction: str) -> str:
         """How the messages of `link` ("0-1", every replica) in `direction` go."""

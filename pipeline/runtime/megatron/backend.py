@@ -268,7 +268,7 @@ class MegatronCompute:
                 )
             elif kind is OpKind.W:
                 runner.backward_weight(microbatch)
-                return None
+                output = None
             else:
                 output = runner.backward_input(microbatch, inputs)
                 if kind is OpKind.BW:

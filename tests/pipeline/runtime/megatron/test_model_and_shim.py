@@ -3,9 +3,12 @@
 import pytest
 import torch
 
+from baselines import one_f_one_b
 from pipeline.checks import MAX_SEED
 from pipeline.errors import ConfigError
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
+from pipeline.runtime.config import IterationConfig
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.megatron.backend import MegatronCompute, build_initial_stage
 from pipeline.runtime.megatron.model import (
@@ -21,6 +24,7 @@ from pipeline.runtime.megatron.model import (
 from pipeline.runtime.megatron.reference import single_process_megatron
 from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, cpu_shim, gpu_stand_in
 from pipeline.runtime.megatron.stage import StageRunner
+from pipeline.schedule import ReplicaSchedules
 
 
 def test_unknown_model_names_the_valid_ones() -> None:
@@ -187,3 +191,47 @@ def test_a_worker_on_a_gpu_builds_its_whole_stage_there() -> None:
     assert set(placed.values()) == {"meta"}
     assert "model-parallel-rng" in states  # what attention's dropout forks
     assert (torch.cuda.current_device, tensor_parallel.model_parallel_cuda_manual_seed) == patched
+
+
+def test_every_backward_op_on_a_gpu_ends_by_waiting_for_its_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU an op's record must be its kernels' time, so B, W and BW each end by one
+    `torch.cuda.synchronize` of the compute device (W returned before it: its record was
+    the launch of its weight-gradient kernels, their time charged to the next op). On a CPU:
+    the forwards run on the host, then the compute device is said to be a GPU (a backward
+    of one stage takes no input to move) and the synchronisations are counted."""
+    profile = Profile.uniform(1, 3, 1, 1, 1)
+    with single_process_megatron():
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()  # the set-up makes its own
+        compute = MegatronCompute("tiny")
+        compute.setup(0, 1, 0, RankDevices("gloo", "cpu", "cpu"))
+        compute.begin_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+        for microbatch in range(3):
+            compute.run(OpKind.F, microbatch, None, profile)
+        calls: list[object] = []
+        monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
+        compute._compute_device = torch.device("cuda")
+        counts = []
+        for kind, microbatch in ((OpKind.B, 0), (OpKind.W, 0), (OpKind.BW, 1)):
+            compute.run(kind, microbatch, None, profile)
+            counts.append(len(calls))
+    assert counts == [1, 2, 3]
+    assert calls == [torch.device("cuda")] * 3
+
+
+def test_the_loss_is_scaled_by_the_microbatches_the_schedules_run() -> None:
+    """The loss and gradient scale and each replica's first microbatch follow the schedules
+    that run, not the profile's count (a 2-microbatch schedule under a 4-microbatch profile
+    was scaled by 1/4: its reported loss half the batch's mean)."""
+    told = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2)
+    ran = one_f_one_b(Profile.uniform(2, 2, 1, 1, 1))
+    config = IterationConfig(0, ran, told)
+    assert config.num_global_microbatches == 4
+    assert [config.microbatch_offset(r) for r in (0, 1)] == [0, 2]
+    three = one_f_one_b(Profile.uniform(2, 3, 1, 1, 1))
+    split = IterationConfig(0, ran, told, replica_schedules=ReplicaSchedules((three, ran)))
+    assert split.num_global_microbatches == 5
+    assert [split.microbatch_offset(r) for r in (0, 1)] == [0, 3]
