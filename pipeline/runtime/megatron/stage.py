@@ -98,7 +98,9 @@ class StageRunner:
     ) -> torch.Tensor | None:
         """B: only the gradient w.r.t. the stage input (None on stage 0). Parameter gradients
         stay untouched: the linears' weight GEMMs are queued and the other parameters'
-        gradients (norms, embeddings, biases: cheap) are kept for W. `grad_output` must stay
+        gradients (norms, embeddings, biases: cheap to compute) are kept for W. A first
+        stage's word-embedding gradient is dense, vocabulary x hidden, and held per
+        microbatch until its W (gpt2-124m: 154 MB each in float32). `grad_output` must stay
         as it is until the microbatch's W: the last layer's queued GEMM reads it, uncopied
         (the worker receives each microbatch into a buffer of its own)."""
         saved = self._take(microbatch)
