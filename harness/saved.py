@@ -161,6 +161,8 @@ def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
 
 def _saved_timeline(data: Any) -> SavedTimeline:
     timeline = Timeline.from_dict(data)
+    if not timeline.iterations:  # `write_timeline` saves at least one drawn iteration
+        raise ConfigError("holds no iteration: damaged?")
     rerun = data.get(_RERUN_KEY, [])
     if not isinstance(rerun, list) or not all(
         isinstance(k, int) and not isinstance(k, bool) for k in rerun

@@ -7,11 +7,13 @@ trace exporter and one Gantt chart serve them all.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, get_type_hints
 
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
+from pipeline.topology import Link
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -171,29 +173,37 @@ class Timeline:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Timeline:
+        """The timeline `to_dict` wrote; anything else (a damaged or edited file: a missing
+        key, a row short of a field or with a field of the wrong type, an unknown op kind, a
+        time not a finite number) is a ConfigError naming the field."""
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a timeline must be a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ConfigError(
                 f"timeline schema version {version!r} is not supported (expected {SCHEMA_VERSION})"
             )
-        ops, messages, iterations = data["ops"], data["messages"], data["iterations"]
-        _check_rows("ops", ops, OpRecord._fields)
-        _check_rows("messages", messages, MessageRecord._fields)
-        _check_rows("iterations", iterations, IterationRecord._fields)
-        failovers = data.get("failovers", [])
-        _check_rows("failovers", failovers, FailoverRecord._fields)
-        dp_messages = data.get("dp_messages", [])
-        _check_rows("dp_messages", dp_messages, MessageRecord._fields)
-        swaps = data.get("swaps", [])
-        _check_rows("swaps", swaps, SwapRecord._fields)
+        missing = [key for key in _REQUIRED_KEYS if key not in data]
+        if missing:
+            raise ConfigError(f"timeline is missing key(s) {', '.join(missing)}: damaged?")
+        num_stages = data["num_stages"]
+        if type(num_stages) is not int or num_stages < 1:
+            raise ConfigError(f"timeline num_stages is {num_stages!r}, not a count >= 1: damaged?")
+        rows = {name: data.get(name, []) for name in _RECORD_OF}
+        for name, value in rows.items():
+            _check_rows(name, value)
+        for name in ("messages", "dp_messages", "failovers"):
+            _check_links(name, rows[name])
         return cls(
-            num_stages=data["num_stages"],
-            ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in ops),
-            messages=tuple(MessageRecord(*r) for r in messages),
-            iterations=tuple(IterationRecord._make([*r[:4], tuple(r[4])]) for r in iterations),
-            failovers=tuple(FailoverRecord(*r) for r in failovers),
-            dp_messages=tuple(MessageRecord(*r) for r in dp_messages),
-            swaps=tuple(SwapRecord(*r) for r in swaps),
+            num_stages=num_stages,
+            ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in rows["ops"]),
+            messages=tuple(MessageRecord(*r) for r in rows["messages"]),
+            iterations=tuple(
+                IterationRecord._make([*r[:4], tuple(r[4])]) for r in rows["iterations"]
+            ),
+            failovers=tuple(FailoverRecord(*r) for r in rows["failovers"]),
+            dp_messages=tuple(MessageRecord(*r) for r in rows["dp_messages"]),
+            swaps=tuple(SwapRecord(*r) for r in rows["swaps"]),
         )
 
     @property
@@ -266,14 +276,76 @@ class Timeline:
         )
 
 
-def _check_rows(name: str, rows: Any, fields: tuple[str, ...]) -> None:
-    """Every row holds all of a record's fields, in order (as `to_dict` writes them)."""
+_REQUIRED_KEYS = ("num_stages", "ops", "messages", "iterations")
+"""The keys every timeline has (the others came in later schema versions; missing: none)."""
+
+_RECORD_OF: dict[str, type[tuple[Any, ...]]] = {
+    "ops": OpRecord,
+    "messages": MessageRecord,
+    "iterations": IterationRecord,
+    "failovers": FailoverRecord,
+    "dp_messages": MessageRecord,
+    "swaps": SwapRecord,
+}
+
+_OP_KINDS = frozenset(kind.value for kind in OpKind)
+
+_FIELD_CHECKS: dict[object, tuple[Callable[[Any], bool], str]] = {
+    int: (lambda v: type(v) is int, "a whole number"),
+    float: (lambda v: type(v) in (float, int) and math.isfinite(v), "a finite number"),
+    str: (lambda v: type(v) is str, "a string"),
+    OpKind: (lambda v: type(v) is str and v in _OP_KINDS, "an op kind F, B, W or BW"),
+    tuple[int, ...]: (
+        lambda v: type(v) is list and all(type(p) is int for p in v),
+        "a list of pids",
+    ),
+}
+"""By a record field's type: whether a JSON value is one of its (as `to_dict` writes it), and
+what one is."""
+
+_ROW_CHECKS = {
+    name: tuple((field, *_FIELD_CHECKS[t]) for field, t in get_type_hints(record).items())
+    for name, record in _RECORD_OF.items()
+}
+"""Each row's fields, in order, with `_FIELD_CHECKS`' check and wording for its type."""
+
+
+def _check_rows(name: str, rows: Any) -> None:
+    """`rows` is a list of rows of `name`'s record, each holding all its fields, in order and
+    each of its type (`_FIELD_CHECKS`), as `to_dict` writes them."""
+    checks = _ROW_CHECKS[name]
+    if not isinstance(rows, list):
+        raise ConfigError(f"timeline {name} must be a list of rows, got {type(rows).__name__}")
     for index, row in enumerate(rows):
-        if not isinstance(row, list | tuple) or len(row) != len(fields):
+        if not isinstance(row, list | tuple) or len(row) != len(checks):
             raise ConfigError(
-                f"timeline {name}[{index}] must be a list of the {len(fields)} fields "
-                f"{', '.join(fields)}; got {row!r}"
+                f"timeline {name}[{index}] must be a list of the {len(checks)} fields "
+                f"{', '.join(field for field, _, _ in checks)}; got {row!r}"
             )
+        if not all(check(value) for (_, check, _), value in zip(checks, row, strict=True)):
+            field, what, value = next(
+                (f, w, v) for (f, check, w), v in zip(checks, row, strict=True) if not check(v)
+            )
+            raise ConfigError(
+                f"timeline {name}[{index}]: {field} is {value!r}, not {what}: damaged?"
+            )
+
+
+def _check_links(name: str, rows: list[list[Any]]) -> None:
+    """Each row's `link` (its second field) is a link's name, its `direction` (its third)
+    forward or backward (each name checked once: a run has few)."""
+    for link in {row[1] for row in rows}:
+        try:
+            Link.parse(link)
+        except ConfigError as err:
+            index = next(i for i, row in enumerate(rows) if row[1] == link)
+            raise ConfigError(f"timeline {name}[{index}]: link {err}: damaged?") from err
+    for direction in {row[2] for row in rows} - {"forward", "backward"}:
+        index = next(i for i, row in enumerate(rows) if row[2] == direction)
+        raise ConfigError(
+            f"timeline {name}[{index}]: direction is {direction!r}, not forward or backward: "
+            "damaged?"
+        )
 
 
 class _Moved(Timeline):

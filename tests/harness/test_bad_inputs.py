@@ -765,6 +765,19 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["report", "out/s"],
         "error: out/s/spec.json: num_iterations must be an integer, got '5'",
     ),
+    (
+        "report an unknown op kind in a saved timeline",
+        {"@": "an op kind X in the saved timeline"},
+        ["report", "out/s"],
+        "out/s/timelines/m_1f1b_fault-free_r0.json: timeline ops[0]: kind is 'X', not an op "
+        "kind F, B, W or BW: damaged?",
+    ),
+    (
+        "report a saved timeline without iterations",
+        {"@": "no iteration in the saved timeline"},
+        ["report", "out/s"],
+        "out/s/timelines/m_1f1b_fault-free_r0.json: holds no iteration: damaged?",
+    ),
     ("report missing", {}, ["report", "none"], "Directory 'none' does not exist"),
     # compare
     ("compare missing", {}, COMPARE, "'a.csv' does not exist"),
@@ -924,6 +937,14 @@ def _damage(root: Path, how: str) -> None:
         steps = run_dir / "iterations.csv"
         header, first, _, *rest = steps.read_text().splitlines()
         steps.write_text("\n".join([header, first, first, *rest]) + "\n")
+    elif how in ("an op kind X in the saved timeline", "no iteration in the saved timeline"):
+        (saved,) = (run_dir / "timelines").glob("*.json")
+        data = json.loads(saved.read_text())
+        if how == "no iteration in the saved timeline":
+            data["iterations"] = []
+        else:
+            data["ops"][0][2] = "X"
+        saved.write_text(json.dumps(data))
     elif how == "garbage spec.json":
         record.write_text("{garb")
     elif how == "a string count in spec.json":

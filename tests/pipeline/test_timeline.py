@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,70 @@ def test_a_row_short_of_a_field_is_refused() -> None:
         Timeline.from_dict(short)
     with pytest.raises(ConfigError, match=r"ops\[1\] must be a list of the 7 fields"):
         Timeline.from_dict({**data, "ops": [data["ops"][0], "F0"]})
+
+
+def _damaged(data: dict[str, Any], key: str, index: int, field: int, value: Any) -> dict[str, Any]:
+    rows = [list(r) for r in data[key]]
+    rows[index][field] = value
+    return {**data, key: rows}
+
+
+_DAMAGES: list[tuple[str, Any, str]] = [
+    ("a list", lambda d: [d], "a timeline must be a JSON object, got list"),
+    ("no ops", lambda d: {k: v for k, v in d.items() if k != "ops"}, r"missing key\(s\) ops"),
+    ("ops a number", lambda d: {**d, "ops": 5}, "ops must be a list of rows, got int"),
+    ("0 stages", lambda d: {**d, "num_stages": 0}, "num_stages is 0, not a count >= 1"),
+    (
+        "an unknown op kind",
+        lambda d: _damaged(d, "ops", 2, 2, "X"),
+        r"ops\[2\]: kind is 'X', not an op kind F, B, W or BW: damaged\?",
+    ),
+    (
+        "pids a number",
+        lambda d: _damaged(d, "iterations", 0, 4, 7),
+        r"iterations\[0\]: pids is 7, not a list of pids",
+    ),
+    (
+        "a time a string",
+        lambda d: _damaged(d, "messages", 1, 7, "5"),
+        r"messages\[1\]: arrival_ms is '5', not a finite number",
+    ),
+    (
+        "a nan time",
+        lambda d: _damaged(d, "dp_messages", 3, 5, float("nan")),
+        r"dp_messages\[3\]: send_start_ms is nan, not a finite number",
+    ),
+    (
+        "a fractional stage",
+        lambda d: _damaged(d, "ops", 0, 1, 1.5),
+        r"ops\[0\]: stage is 1.5, not a whole number",
+    ),
+    (
+        "a boolean replica",
+        lambda d: _damaged(d, "ops", 0, 6, True),
+        r"ops\[0\]: replica is True, not a whole number",
+    ),
+    (
+        "an unknown link",
+        lambda d: _damaged(d, "messages", 4, 1, "zz"),
+        r"messages\[4\]: link 'zz' is not a link",
+    ),
+    (
+        "an unknown direction",
+        lambda d: _damaged(d, "dp_messages", 2, 2, "up"),
+        r"dp_messages\[2\]: direction is 'up', not forward or backward",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"), [d[1:] for d in _DAMAGES], ids=[d[0] for d in _DAMAGES]
+)
+def test_a_damaged_timeline_is_refused_naming_the_field(damage: Any, message: str) -> None:
+    data = json.loads(json.dumps(_timeline().to_dict()))
+    assert Timeline.from_dict(data) == _timeline()  # undamaged, it is read
+    with pytest.raises(ConfigError, match=message):
+        Timeline.from_dict(damage(data))
 
 
 def test_one_iteration_counts_from_its_own_start() -> None:
