@@ -3,9 +3,14 @@
 Ops are slices on their stage's track. Each message is a slice on its link direction's track
 from its send's start to its arrival, and an instant event when its consumer asked for it
 (`MessageRecord.needed_ms`): an instant after the slice's end marks a message that waited for
-its consumer, one before it a consumer that waited for the message. A delegate's failover to
-another NIC is an instant event "failover rnic0 -> rnic1" on its link direction's track when
-it noticed the failure (`FailoverRecord`: its cause and when it resumed in its args).
+its consumer, one before it a consumer that waited for the message. The DP all-reduce's ring
+messages (`Timeline.dp_messages`) are so too, on their DP links' tracks ("dp1:0-1 forward":
+stage 1's ring), named by their index along the link direction ("c3": its fourth chunk).
+Each iteration's step (`IterationRecord.step_time_ms`: from its last op's end to its end, the
+all-reduce and the optimizer) is a slice on the "steps" process's track. A delegate's
+failover to another NIC is an instant event "failover rnic0 -> rnic1" on its link direction's
+track when it noticed the failure (`FailoverRecord`: its cause and when it resumed in its
+args).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pipeline.topology import Link, Position, Topology
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
 
-_STAGES_PID, _LINKS_PID = 0, 1
+_STAGES_PID, _LINKS_PID, _STEPS_PID = 0, 1, 2
 
 
 def _us(ms: float) -> float:
@@ -28,8 +33,9 @@ def _us(ms: float) -> float:
 
 
 def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
-    """One track per stage and replica (ops) and one per link direction (messages); replica
-    0 keeps the plain names ("stage 2", "2-3 forward")."""
+    """Processes "stages" (a track per stage and replica: ops), "links" (a track per link
+    direction: messages, PP links' then DP links') and "steps" (where an iteration has one);
+    replica 0 keeps the plain names ("stage 2", "2-3 forward")."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
@@ -60,6 +66,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
                 "args": {"iteration": r.iteration, "microbatch": r.microbatch},
             }
         )
+    events += _step_events(timeline)
     tracks: dict[str, int] = {}
 
     def track(link_name: str, replica: int, direction: str) -> int:
@@ -83,6 +90,8 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
     for msg in timeline.messages:
         events += _message_events(msg, track(msg.link, msg.replica, msg.direction))
+    for msg in timeline.dp_messages:
+        events += _message_events(msg, track(msg.link, msg.replica, msg.direction), "c")
     for failover in timeline.failovers:
         tid = track(failover.link, failover.replica, failover.direction)
         events.append(_failover_event(failover, tid))
@@ -93,9 +102,36 @@ def write_chrome_trace(timeline: Timeline, path: str | Path) -> None:
     write_atomic(path, json.dumps(to_chrome_trace(timeline)))
 
 
-def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:
+def _step_events(timeline: Timeline) -> list[dict[str, Any]]:
+    """The "steps" process's track: a slice per iteration with a step, from its last op's end
+    to its end (none without one: no process either)."""
+    steps = [r for r in timeline.iterations if r.step_time_ms > 0]
+    if not steps:
+        return []
+    events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": _STEPS_PID, "name": "process_name", "args": {"name": "steps"}},
+        {"ph": "M", "pid": _STEPS_PID, "tid": 0, "name": "thread_name", "args": {"name": "step"}},
+    ]
+    for r in steps:
+        events.append(
+            {
+                "ph": "X",
+                "pid": _STEPS_PID,
+                "tid": 0,
+                "name": "step",
+                "cat": "step",
+                "ts": _us(r.end_ms - r.step_time_ms),
+                "dur": _us(r.step_time_ms),
+                "args": {"iteration": r.iteration, "step_time_ms": r.step_time_ms},
+            }
+        )
+    return events
+
+
+def _message_events(msg: MessageRecord, tid: int, prefix: str = "m") -> list[dict[str, Any]]:
     """A message on its link's track: a slice "m3" from its send's start to its arrival, and
-    an instant "m3 needed" when the op that takes it in asked for it."""
+    an instant "m3 needed" when the op that takes it in asked for it (`prefix` "c" for a DP
+    ring's chunks, numbered along their link direction)."""
     args = {
         "iteration": msg.iteration,
         "bytes": msg.num_bytes,
@@ -107,7 +143,7 @@ def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:
         "ph": "X",
         "pid": _LINKS_PID,
         "tid": tid,
-        "name": f"m{msg.microbatch}",
+        "name": f"{prefix}{msg.microbatch}",
         "cat": msg.direction,
         "ts": _us(msg.send_start_ms),
         # Never negative, even where two hosts' clocks disagree (torchrun).
@@ -119,7 +155,7 @@ def _message_events(msg: MessageRecord, tid: int) -> list[dict[str, Any]]:
         "s": "t",
         "pid": _LINKS_PID,
         "tid": tid,
-        "name": f"m{msg.microbatch} needed",
+        "name": f"{prefix}{msg.microbatch} needed",
         "cat": msg.direction,
         "ts": _us(msg.needed_ms),
         "args": args,

@@ -1,9 +1,11 @@
 import dataclasses
 
+from baselines import one_f_one_b
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import FailoverRecord
+from pipeline.topology import Link
 from pipeline.trace import to_chrome_trace
 
 
@@ -54,3 +56,50 @@ def test_a_failover_is_an_instant_on_its_link_direction_s_track() -> None:
         "iteration": 0, "cause": "link state", "nic_from": "rnic0", "nic_to": "rnic1",
         "noticed_ms": 12.5, "resumed_ms": 13.0, "resume_seq": 1, "carrier_pid": 7,
     }  # fmt: skip
+
+
+def test_the_dp_ring_s_messages_and_the_step_are_on_their_own_tracks() -> None:
+    # S=2, D=2, 4 buckets, 10 ms on stage 1's DP link (direct): each direction of dp1:0-1
+    # sends 2 (D-1) x 4 = 8 chunks, one after another, 10 ms each; the step takes the
+    # iteration from its last op's end (15 ms) to 93 ms.
+    profile = Profile(
+        num_stages=2, num_microbatches=4, t_f_ms=1, t_b_ms=1, t_w_ms=1, num_replicas=2,
+        allreduce_bytes=(4000, 4000), dp_bucket_bytes=1000, dp_delay_ms={Link.dp(1, 0): 10.0},
+    )  # fmt: skip
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT)
+    assert len(timeline.dp_messages) == 32
+    assert (timeline.iterations[0].end_ms, timeline.iterations[0].step_time_ms) == (93.0, 78.0)
+    trace = to_chrome_trace(timeline)
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    assert sorted(n for n in names.values() if n.startswith(("dp", "step"))) == [
+        "dp0:0-1 backward", "dp0:0-1 forward", "dp1:0-1 backward", "dp1:0-1 forward", "step",
+    ]  # fmt: skip
+    processes = {
+        e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"
+    }
+    assert processes == {0: "stages", 1: "links", 2: "steps"}
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    chunks = [e for e in slices if names[e["pid"], e["tid"]].startswith("dp")]
+    assert len(chunks) == 32 and {e["name"] for e in chunks} == {f"c{k}" for k in range(8)}
+    slow = [
+        (e["name"], e["ts"], e["dur"]) for e in chunks if names[1, e["tid"]] == "dp1:0-1 forward"
+    ]
+    assert slow == [(f"c{k}", 13_000.0 + 10_000.0 * k, 10_000.0) for k in range(8)]
+    needed = [e for e in trace["traceEvents"] if e["ph"] == "i" and e["name"] == "c7 needed"]
+    assert len(needed) == 4 and all(e["cat"] in ("forward", "backward") for e in needed)
+    (step,) = [e for e in slices if names[e["pid"], e["tid"]] == "step"]
+    assert (step["pid"], step["ts"], step["dur"]) == (2, 15_000.0, 78_000.0)  # "steps"
+    assert step["args"] == {"iteration": 0, "step_time_ms": 78.0}
+    assert max(e["ts"] + e["dur"] for e in slices) == 93_000.0  # the last ends with the step
+
+
+def test_a_run_without_a_step_has_no_steps_process() -> None:
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.DIRECT)
+    assert timeline.iterations[0].step_time_ms == 0 and not timeline.dp_messages
+    names = [e["args"]["name"] for e in to_chrome_trace(timeline)["traceEvents"] if e["ph"] == "M"]
+    assert names == ["stages", "links", "stage 0", "stage 1", "0-1 forward", "0-1 backward"]
