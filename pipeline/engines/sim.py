@@ -58,14 +58,17 @@ class SimEngine(Closing):
         digest: bool = False,
         checkpoint: bool = False,
     ) -> Outcome:
-        """An iteration whose plan and faults equal an earlier one's (faults' `cache_key`) is
-        that iteration again, moved to now (`Outcome.same_as`). Iteration 0 starts a new run
-        at time 0, unless a restart came just before it: then the run goes on back at its
-        start, its clock too."""
+        """An iteration whose plan and faults equal an earlier one's of this run (faults'
+        `cache_key`) is that iteration again, moved to now (`Outcome.same_as`). Iteration 0
+        starts a new run at time 0, its processes on the default placement with no NIC
+        moved and no earlier iteration to repeat, unless a restart came just before it: then
+        the run goes on back at its start, its clock too."""
         restarted, self._restarted = self._restarted, False
         if iteration == 0 and not restarted:
             self._clock_ms = 0.0
             self._nics_in_use.clear()
+            self._placement = None
+            self._cache.clear()  # `same_as` names an iteration of this run
         placement = plan.topology or plan.profile.topology
         before = self._placement
         shape = (placement.num_stages, placement.num_replicas)

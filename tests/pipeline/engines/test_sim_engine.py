@@ -358,3 +358,28 @@ def test_a_restart_back_to_iteration_0_keeps_the_clock_a_new_run_starts_it_again
         engine.restart()
         assert [span(0), span(1)] == [(180.0, 270.0), (270.0, 360.0)]
         assert span(0) == (0.0, 90.0)  # a new run
+
+
+def test_a_new_run_on_a_reused_engine_starts_afresh_as_on_a_new_one() -> None:
+    """Iteration 0 with no restart before it is a new run: its processes start on the
+    default placement (the last run ended on a swapped one: a plan on the default one swaps
+    nothing) and it repeats no iteration of the last run (`same_as` names one of its own).
+    8 Gbit/s and 1 ms of latency on the DP links, as above."""
+    profile = Profile.uniform(
+        2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=1_000_000, dp_bandwidth_gbps=8.0,
+        link_latency_ms=1.0,
+    )  # fmt: skip
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DIRECT)
+    swapped = dataclasses.replace(
+        plain, topology=Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    )
+    ideal = dataclasses.replace(plain, comm=CommMode.IDEAL)
+    fresh = SimEngine().run(plain, 0, NO_FAULTS)
+    engine = SimEngine()
+    engine.run(plain, 0, NO_FAULTS)
+    assert engine.run(swapped, 1, NO_FAULTS).timeline.swaps  # it ends on the swapped placement
+    again = engine.run(plain, 0, NO_FAULTS)  # a new run
+    assert again.timeline.swaps == () and again.timeline == fresh.timeline
+    assert again.timeline.iterations[0][:3] == (0, 0.0, 23.0)
+    assert engine.run(ideal, 1, NO_FAULTS).same_as is None
+    assert engine.run(ideal, 0, NO_FAULTS).same_as is None  # a new run: not the last one's 1
