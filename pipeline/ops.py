@@ -23,7 +23,10 @@ class OpKind(StrEnum):
 # ZeroBubble's activation accounting, in microbatches: F holds one, B and W each free half.
 MEMORY_DELTA: dict[OpKind, float] = {OpKind.F: 1.0, OpKind.B: -0.5, OpKind.W: -0.5, OpKind.BW: -1.0}
 
-_OP_TEXT = re.compile(r"^(BW|F|B|W)(\d+)$")
+_OP_TEXT = re.compile(r"(BW|F|B|W)([0-9]+)")
+"""An op's text, matched whole, in ASCII digits (a regex's digit class takes others too: F
+and an Arabic-Indic 3 would read as F3, and print back as other text), as a link's name
+(pipeline.topology) and a torch CSV action (pipeline.torch_csv)."""
 
 
 class Op(NamedTuple):
@@ -37,7 +40,7 @@ class Op(NamedTuple):
 
     @classmethod
     def parse(cls, text: str) -> Op:
-        match = _OP_TEXT.match(text.strip()) if isinstance(text, str) else None
+        match = _OP_TEXT.fullmatch(text.strip()) if isinstance(text, str) else None
         if match is None:
             raise ScheduleError(
                 f"cannot read op {text!r}: expected a kind F, B, W or BW followed by a "

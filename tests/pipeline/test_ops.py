@@ -18,7 +18,9 @@ def test_text_round_trip(text: str, op: Op) -> None:
     assert str(op) == text
 
 
-@pytest.mark.parametrize("text", ["", "X1", "F", "F-1", "1F", "FW2", "F 2x", "b1"])
+@pytest.mark.parametrize(
+    "text", ["", "X1", "F", "F-1", "1F", "FW2", "F 2x", "b1", "F\u0663", "B\uff11", "W1\u0663"]
+)
 def test_bad_op_text_is_rejected_with_the_text(text: str) -> None:
     with pytest.raises(ScheduleError, match="cannot read op"):
         Op.parse(text)
