@@ -27,7 +27,8 @@ class Metrics:
     max_stage_span_ms: float
     """Longest first-op-start to last-op-end span of any stage."""
     bubble_ratio: float
-    """1 - sum(busy) / (S * iteration time)."""
+    """1 - sum(busy) / (S * iteration time), at least 0: with DP, replica 0's busy time
+    against the iteration time over every replica (docs/design.md, "Results")."""
     step_time_ms: float
     """The part of the step after the last op: the DP all-reduce and the optimizer."""
     stages: tuple[StageMetrics, ...]
