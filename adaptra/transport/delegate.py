@@ -38,6 +38,12 @@ pair: nothing is sent twice in normal operation, and a receiver drops anything a
 its resume point, so every message arrives once. The sender notes the failover
 (when noticed, why, which NICs, the first seq sent again, when that went).
 
+A delegate that cannot go on says why on its notify pipe before it ends: a receiver whose
+sender's connection closed notes FAILED (with the sender's pid, from its hello), a sender
+that found no NIC left mid-run notes FAILED and waits for its trainer to end it, and one that
+ends on a connection error (no NIC reaches its receiver at its start, every NIC refused it)
+notes ENDED with the reason and each NIC's error, then exits (status 0).
+
 Records on the pipes are fixed-size structs (below), each written whole (under PIPE_BUF).
 """
 
@@ -71,22 +77,30 @@ this delegate pair (counted from 0 over the pair's life: runs on one pool restar
 iterations, not this), and the slot and file bytes of the slot file it came from (both
 trainers size theirs alike per iteration: the receiver waits for its map of that size). A
 hello (a sender's first words on a connection) is (-1, NIC index, -1, HELLO, the
-connection's number: each newer than the last, 0, 0), or (-1, 0, -1, NOTICE_HELLO, 0, 0, 0)
-on its notice connection."""
+connection's number: each newer than the last, the sender's pid, 0), or (-1, 0, -1,
+NOTICE_HELLO, 0, 0, 0) on its notice connection."""
 NOTICE = struct.Struct("<ii")
 """On a notice connection, receiver to sender: one of the receiver's NICs, and whether it
 came up (1: usable again) or went down (0: the one in use: move)."""
 RESUME = struct.Struct("<q")
 """A receiver's answer to a hello: the number of the last message it got whole (-1: none)."""
 NOTE = struct.Struct("<iqiiqqddi")
-"""kind, iteration, microbatch (FAILOVER: its cause), seq (FAILOVER: the first seq sent again,
--1 if none), offset or port (FAILOVER: the NIC left), nbytes (FAILOVER: the NIC taken; a
-sender's READY: the NIC it connected over), time 1
-(FAILOVER: noticed), time 2 (FAILOVER: the connection taken over, after what it sent again),
-pid."""
+"""kind, iteration (ENDED: each NIC's error, `nic_errors`), microbatch (FAILOVER: its cause;
+ENDED: its reason), seq (FAILOVER: the first seq sent again, -1 if none; ENDED: the error's
+errno, `error_code`), offset or port (FAILOVER: the NIC left; a receiver's FAILED: its
+sender's pid, 0 if unknown), nbytes (FAILOVER: the NIC taken; a sender's READY: the NIC it
+connected over), time 1 (FAILOVER: noticed), time 2 (FAILOVER: the connection taken over,
+after what it sent again), pid."""
 
 MAP, MESSAGE, MOVE = 1, 2, 3
-PORT, READY, SENT, ARRIVED, FAILED, FAILOVER = 1, 2, 3, 4, 5, 6
+PORT, READY, SENT, ARRIVED, FAILED, FAILOVER, ENDED = 1, 2, 3, 4, 5, 6, 7
+UNREACHED, REFUSED, BROKEN = 1, 2, 3
+"""Why a delegate ended (an ENDED note): no data-plane NIC reaches its receiver; every NIC
+refused it (its receiver delegate is gone); another connection error (its errno noted)."""
+NO_ERRNO = 255
+"""An error code for an error without an errno: a connection closed before its answer."""
+MAX_NICS_NOTED = 7
+"""How many NICs' errors an ENDED note holds (a byte each in one signed 64-bit field)."""
 HELLO, NOTICE_HELLO = -1, -2
 BY_LINK_STATE, BY_TIMEOUT, BY_FAULT_HOOK, BY_SIBLING, BY_NOTICE = 1, 2, 3, 4, 5
 """Why a sender failed over: netlink said its NIC went down; the connection broke or timed
@@ -114,6 +128,19 @@ _NLMSG = struct.Struct("=IHHII")  # length, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _SIOCGIFFLAGS = 0x8913
 _IFREQ = struct.Struct("=16sH22x")  # struct ifreq: name, flags
+
+
+def error_code(err: BaseException) -> int:
+    """`err`'s errno for a note: ETIMEDOUT for a timeout without one, `NO_ERRNO` for
+    another error without one."""
+    if isinstance(err, OSError) and err.errno and 0 < err.errno < NO_ERRNO:
+        return err.errno
+    return errno.ETIMEDOUT if isinstance(err, TimeoutError) else NO_ERRNO
+
+
+def nic_errors(codes: dict[int, int]) -> int:
+    """NIC k's error code (0: none, not tried) in byte k, for the first `MAX_NICS_NOTED`."""
+    return sum(code << 8 * nic for nic, code in codes.items() if nic < MAX_NICS_NOTED)
 
 
 def move_limit_s(num_nics: int) -> float:
@@ -315,6 +342,23 @@ def _link_changes(data: bytes) -> tuple[set[int], set[int]]:
     return down, up
 
 
+class Unreachable(ConnectionError):
+    """No NIC connected a sender to its receiver; `refused`: every one was refused (the
+    receiver delegate is gone); `codes`: each NIC tried's error (`error_code`)."""
+
+    def __init__(self, refused: bool, codes: dict[int, int]) -> None:
+        super().__init__(
+            "the receiver delegate is gone (every NIC refused)"
+            if refused
+            else "no data-plane NIC reaches the receiver"
+        )
+        self.refused, self.codes = refused, codes
+
+
+class _Over(Exception):
+    """The trainer closed the job pipe of a delegate that noted why it could not go on."""
+
+
 class _Message(NamedTuple):
     iteration: int
     microbatch: int
@@ -346,16 +390,17 @@ class _Sender:
         fails too), or if all have, over each again (a repair on the far side, with its
         notices off, goes unseen); `first`: that NIC before the others. The receiver's resume
         point, which it must send within `reply_timeout_s` of the TCP connection.
-        ConnectionRefusedError if every NIC refused (the receiver is gone), ConnectionError if
-        none connects."""
+        `Unreachable` if none connects (saying whether every NIC refused: the receiver is
+        gone, and why each failed)."""
         nics = range(len(self.peers))
         order = [k for k in nics if k not in self.failed] or list(nics)
         if first is not None:
             order = [first, *(k for k in order if k != first)]
         refused = True
+        codes: dict[int, int] = {}
         for nic in order:
             self.num_connections += 1
-            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, 0, 0)
+            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), 0)
             wire = None
             try:
                 wire = TcpWire.connect(
@@ -366,6 +411,7 @@ class _Sender:
                 (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
             except OSError as err:
                 refused = refused and isinstance(err, ConnectionRefusedError)
+                codes[nic] = error_code(err)
                 if wire is not None:
                     wire.abandon()
                 self.failed.add(nic)
@@ -373,9 +419,7 @@ class _Sender:
             wire.blocking(None)
             self.wire, self.active = wire, nic
             return resume
-        if refused:
-            raise ConnectionRefusedError("the receiver delegate is gone (every NIC refused)")
-        raise ConnectionError("no data-plane NIC reaches the receiver")
+        raise Unreachable(refused, codes)
 
     def drop(self) -> None:
         """The active NIC has failed: its connection dropped."""
@@ -426,9 +470,9 @@ def run_sender(
         for _ in range(2 * len(peers)):  # each NIC twice at most (one may break again)
             try:
                 resume = link.connect(first=nic)
-            except ConnectionRefusedError:
-                raise  # the receiver is gone: its own trainer's failure is the news
-            except ConnectionError:
+            except Unreachable as err:
+                if err.refused:  # the receiver is gone: the delegate ends, saying so
+                    raise
                 break
             again = [m for m in retained if m.number > resume]
             try:
@@ -441,7 +485,7 @@ def run_sender(
         if link.wire is None:  # every NIC has failed: the trainer is told, and ends the run
             _note(notify, FAILED, 0, 0, 0, 0, 0, noticed_s, time.monotonic(), pid)
             _wait_for_the_end(control)
-            raise ConnectionError("no data-plane NIC reaches the receiver")
+            raise _Over
         first_seq = again[0].seq if again else -1
         # (no iteration: the trainer notes a move as the iteration it learns of it in)
         _note(notify, FAILOVER, 0, cause, first_seq, left, link.active, noticed_s,
@@ -566,8 +610,8 @@ _Header = tuple[int, int, int, int, int, int, int]
 class _Inbox:
     """A receiver's connection and the message it is reading from it."""
 
-    def __init__(self, wire: TcpWire, nic: int) -> None:
-        self.wire, self.nic = wire, nic
+    def __init__(self, wire: TcpWire, nic: int, sender_pid: int) -> None:
+        self.wire, self.nic, self.sender_pid = wire, nic, sender_pid
         self.header = bytearray(HEADER.size)
         self.got = 0
         """Bytes in of the header, then of the payload."""
@@ -703,7 +747,7 @@ def run_receiver(
                 caller.got += count
                 if caller.got < HEADER.size:
                     continue
-                _, nic, _, hello, number, _, _ = HEADER.unpack(caller.hello)
+                _, nic, _, hello, number, sender_pid, _ = HEADER.unpack(caller.hello)
                 if hello == NOTICE_HELLO:
                     del callers[caller.wire]
                     selector.unregister(caller.wire)
@@ -721,7 +765,8 @@ def run_receiver(
                 if inbox is not None:  # the sender moved: the old connection is dead
                     selector.unregister(inbox.wire)
                     inbox.wire.abandon()
-                inbox, newest = _Inbox(caller.wire, nic), number  # watched since its accept
+                # (its wire is watched since its accept)
+                inbox, newest = _Inbox(caller.wire, nic, sender_pid), number
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
                 told = [NOTICE.pack(k, 1) for k, i in enumerate(indices) if i in came_up]
@@ -750,7 +795,7 @@ def run_receiver(
                     continue
                 if count == 0:  # closed: the sender delegate is gone
                     if inbox.got or inbox.message or not _control_closed(control):
-                        _note(notify, FAILED, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
+                        _note(notify, FAILED, 0, 0, 0, inbox.sender_pid, 0, 0.0, 0.0, pid)
                     return
                 inbox.got += count
                 if inbox.message is None:
@@ -810,8 +855,16 @@ def main(argv: list[str]) -> None:
             run_sender(control, notify, port, timeout_ms, peers, sources, ifnames, argv[9])
         else:
             run_receiver(control, notify, argv[4].split(","), argv[5], argv[6].split(","))
-    except (BrokenPipeError, ConnectionError):
-        pass  # the other side is gone; whoever waits on this delegate hears it from its peer
+    except _Over:
+        pass  # it said why (FAILED), and its trainer is done with it
+    except ConnectionError as err:  # its trainer is told why (if its notify pipe is open)
+        if isinstance(err, Unreachable):
+            reason = REFUSED if err.refused else UNREACHED
+            nics = nic_errors(err.codes)
+        else:
+            reason, nics = BROKEN, 0
+        with contextlib.suppress(OSError):
+            _note(notify, ENDED, nics, reason, error_code(err), 0, 0, 0.0, 0.0, os.getpid())
     finally:
         sys.stdout.flush()
 

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,18 +37,23 @@ from adaptra.transport.delegate import (
     BY_NOTICE,
     BY_SIBLING,
     BY_TIMEOUT,
+    ENDED,
     FAILED,
     FAILOVER,
     JOB,
     MAP,
+    MAX_NICS_NOTED,
     MESSAGE,
     MOVE,
+    NO_ERRNO,
     NOTE,
     PATH_BYTES,
     PORT,
     READY,
+    REFUSED,
     SENT,
     START_REPLY_TIMEOUT_S,
+    UNREACHED,
     move_limit_s,
 )
 from pipeline.errors import ConfigError, LinkFailure
@@ -197,8 +203,13 @@ class _SlotFile:
 class _Process:
     """One delegate process, its job pipe's write end and its notify pipe's read end."""
 
-    def __init__(self, role: str, index: int, direction: LinkDirection, args: list[str]) -> None:
-        self.role, self.index, self.direction = role, index, direction
+    def __init__(
+        self, role: str, index: int, direction: LinkDirection, peer: int, args: list[str]
+    ) -> None:
+        """`peer`: the rank its counterpart delegate is on; `args`: delegate.py's `main`'s
+        after the pipes."""
+        self.role, self.index, self.direction, self.peer = role, index, direction, peer
+        self.args = args
         control_r, self.control = os.pipe()
         self.notify, notify_w = os.pipe()
         command = [sys.executable, "-S", str(DELEGATE_FILE), role, str(os.getpid())]
@@ -227,11 +238,13 @@ class _Process:
         return self.name
 
     def write(self, job: bytes) -> None:
-        """Hand it a job; ConnectionError naming it if it is gone."""
+        """Hand it a job; if it is gone, the error of `gone` (raised from the broken pipe,
+        unless it has a cause of its own)."""
         try:
             os.write(self.control, job)
         except BrokenPipeError as err:
-            raise ConnectionError(f"the {self.name} is gone (its pipe is closed)") from err
+            failure = self.gone()
+            raise failure from failure.__cause__ or err
 
     def read_written(self) -> None:
         """Read what it has noted so far, without waiting. A delegate whose notify pipe is
@@ -244,9 +257,82 @@ class _Process:
             self.unread += chunk
 
     def check_alive(self) -> None:
-        code = self.process.poll()
-        if code is not None:
-            raise ConnectionError(f"the {self.name} has died (exit status {code})")
+        """The error of `gone` if it has ended."""
+        if self.process.poll() is not None:
+            raise self.gone()
+
+    def gone(self) -> Exception:
+        """The error for it found gone (its job pipe broken, its notify pipe closed, its
+        process ended): what it noted before it ended says why, if it did (`error`; a
+        receiver delegate that lost its sender notes so, and its trainer may find it gone
+        before the sender's trainer finds the sender), else its end (given `_END_S` to come,
+        a pipe closing just before its process ends)."""
+        self.read_written()
+        starts = range(0, len(self.unread) - NOTE.size + 1, NOTE.size)
+        for note in (NOTE.unpack_from(self.unread, at) for at in starts):
+            if note[0] in (FAILED, ENDED):
+                return self.error(note)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(_END_S)
+        code = self.process.returncode
+        if code is None:
+            return ConnectionError(f"the {self.name} is gone (its pipes are closed)")
+        if code == 0:
+            return ConnectionError(f"the {self.name} has ended (exit status 0) without saying why")
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return ConnectionError(
+                    f"the {self.name} has died (killed by {signal.Signals(-code).name})"
+                )
+        return ConnectionError(f"the {self.name} has died (exit status {code})")
+
+    def error(self, note: tuple) -> Exception:  # type: ignore[type-arg]
+        """The error its FAILED or ENDED note says. FAILED: a sender found no NIC left (a
+        failed link: `LinkFailure`), or a receiver's sender closed its connection (a
+        `ConnectionError` naming the sender's pid). ENDED: the delegate ended on a
+        connection error, raised as the type it raised (`ConnectionRefusedError` where every
+        NIC refused it) with the reason and each NIC's error, from an `OSError` of the
+        errno it noted (where no NIC connected: the first NIC's; `OSError` picks the
+        subclass of the errno)."""
+        kind, nics, reason, code, sender_pid, *_ = note
+        if kind == FAILED and self.role == "send":
+            return LinkFailure(
+                f"the {self.name} could not reach its receiver over any NIC: link "
+                f"{self.direction.link} ({self.direction.direction}) has failed"
+            )
+        if kind == FAILED:
+            sender = f"pid {sender_pid}, " if sender_pid else ""
+            return ConnectionError(
+                f"the {self.name} lost its sender delegate ({sender}rank {self.peer}'s side): "
+                "its connection closed"
+            )
+        if reason in (UNREACHED, REFUSED):
+            codes = [(nics >> 8 * k) & 0xFF for k in range(MAX_NICS_NOTED)]
+            failures = "; ".join(
+                f"NIC {k}, {self._route(k)}: {_strerror(c)}" for k, c in enumerate(codes) if c
+            )
+            what = (
+                "every NIC refused it: its receiver delegate is gone"
+                if reason == REFUSED
+                else "no data-plane NIC reaches its receiver delegate"
+            )
+            error_type = ConnectionRefusedError if reason == REFUSED else ConnectionError
+            failure: Exception = error_type(f"the {self.name} has ended: {what} ({failures})")
+            code = next((c for c in codes if c and c != NO_ERRNO), code)
+        else:
+            failure = ConnectionError(
+                f"the {self.name} has ended on a connection error: {_strerror(code)}"
+            )
+        if code != NO_ERRNO:
+            failure.__cause__ = OSError(code, os.strerror(code))
+        return failure
+
+    def _route(self, nic: int) -> str:
+        """A sender's NIC `nic` as "from <its address> to <the receiver's>"."""
+        peers, sources = (self.args[k].split(",") for k in (2, 3))
+        if nic >= min(len(peers), len(sources)):
+            return "?"
+        return f"from {sources[nic]} to {peers[nic]}"
 
     def end_jobs(self) -> None:
         """Close its job pipe: it ends once done with what it is doing (a move in progress
@@ -279,13 +365,22 @@ class _Process:
             self.process.wait()
 
 
-def _start(role: str, direction: LinkDirection, arg_lists: list[list[str]]) -> list[_Process]:
+def _strerror(code: int) -> str:
+    """An error code of a note (delegate.py's `error_code`), in words."""
+    if code == NO_ERRNO:
+        return "the connection closed before the receiver answered"
+    return f"[Errno {code}] {os.strerror(code)}"
+
+
+def _start(
+    role: str, direction: LinkDirection, peer: int, arg_lists: list[list[str]]
+) -> list[_Process]:
     """Delegate k with `arg_lists[k]`, for every k; those started are closed if a later one
     fails to start."""
     started: list[_Process] = []
     try:
         for k, args in enumerate(arg_lists):
-            started.append(_Process(role, k, direction, args))
+            started.append(_Process(role, k, direction, peer, args))
     except BaseException:
         for process in started:
             process.close()
@@ -294,7 +389,9 @@ def _start(role: str, direction: LinkDirection, arg_lists: list[list[str]]) -> l
 
 
 def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
-    """The next note of `process`, waiting until `deadline` (monotonic s)."""
+    """The next note of `process`, waiting until `deadline` (monotonic s); a FAILED or ENDED
+    note is raised (`_Process.error`), a closed pipe or an ended process as `_Process.gone`
+    says."""
     while len(process.unread) < NOTE.size:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -305,11 +402,12 @@ def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[typ
             continue
         chunk = os.read(process.notify, _READ_BYTES)
         if not chunk:
-            process.check_alive()
-            raise ConnectionError(f"the {process.name} closed its pipe")
+            raise process.gone()
         process.unread += chunk
     note = NOTE.unpack_from(process.unread)
     del process.unread[: NOTE.size]
+    if note[0] in (FAILED, ENDED):
+        raise process.error(note)
     return note
 
 
@@ -348,7 +446,7 @@ class _Outbound(_Side):
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
-            _start("send", direction, [[str(port), *args] for port in ports]),
+            _start("send", direction, peer, [[str(port), *args] for port in ports]),
         )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
@@ -394,11 +492,9 @@ class _Outbound(_Side):
 
     def _take_note(self, delegate: _Process, iteration: int, deadline: float) -> tuple:  # type: ignore[type-arg]
         """A delegate's next note, read in `iteration`; a failover is noted as that
-        iteration's, a failure over every NIC raised."""
+        iteration's, a failure over every NIC raised (`_read_note`)."""
         note = _read_note(delegate, deadline)
         kind, *_ = note
-        if kind == FAILED:
-            raise self._stranded(delegate)
         if kind == FAILOVER:
             failover = _failover(self.direction, iteration, note)
             self.failovers.append(failover)
@@ -426,20 +522,16 @@ class _Outbound(_Side):
         return [note for note in notes if note[0] == FAILOVER]
 
     def check(self) -> None:
-        """Raise `LinkFailure` if one of its delegates has noted that it found no NIC left
-        (its other notes stay, to be read in turn)."""
+        """Raise `LinkFailure` if one of its delegates has noted that it found no NIC left,
+        or the error of one that noted why it ended (`_Process.error`; its other notes
+        stay, to be read in turn)."""
         for delegate in self.delegates:
             delegate.read_written()
             notes = delegate.unread
             starts = range(0, len(notes) - NOTE.size + 1, NOTE.size)
-            if any(NOTE.unpack_from(notes, at)[0] == FAILED for at in starts):
-                raise self._stranded(delegate)
-
-    def _stranded(self, delegate: _Process) -> LinkFailure:
-        return LinkFailure(
-            f"the {delegate} could not reach its receiver over any NIC: link "
-            f"{self.direction.link} ({self.direction.direction}) has failed"
-        )
+            for note in (NOTE.unpack_from(notes, at) for at in starts):
+                if note[0] in (FAILED, ENDED):
+                    raise delegate.error(note)
 
     def _move_the_others(self, iteration: int, deadline: float) -> None:
         """Where one delegate left a NIC, its siblings on it leave too, before their next
@@ -509,7 +601,7 @@ class _Inbound(_Side):
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
-            _start("recv", direction, [args] * num_delegates),
+            _start("recv", direction, peer, [args] * num_delegates),
         )
         self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
@@ -540,11 +632,6 @@ class _Inbound(_Side):
                     f"{timeout_s:g} s"
                 ) from None
             kind, iteration, _, seq, offset, _, arrived_s, _, _ = note
-            if kind == FAILED:
-                raise ConnectionError(
-                    f"the {delegate.name} lost its sender delegate (rank {self.peer}'s side): "
-                    "its connection closed"
-                )
             if kind == ARRIVED:
                 if (iteration, seq) in self.arrived:
                     raise ConnectionError(f"the {delegate.name} had message {seq} twice")

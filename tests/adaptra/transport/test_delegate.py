@@ -4,6 +4,7 @@ its trainer (the job pipe, the slot file) and its sender delegate (the TCP side)
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import shutil
@@ -49,7 +50,7 @@ SLOT_BYTES, NUM_SLOTS = 8, 2
 
 def _start_receiver() -> tuple[_Process, int]:
     """A receiver delegate listening on 127.0.0.1, and its port."""
-    process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "", ""])
+    process = _Process("recv", 0, LinkDirection("0-1", "forward"), 1, ["127.0.0.1", "", ""])
     try:
         kind, *_, port, _, _, _, _ = _read_note(process, time.monotonic() + 30)
         assert kind == PORT
@@ -210,7 +211,7 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
         deadline = time.monotonic() + 30
         peers = "127.0.0.2,127.0.0.1"  # NIC 0's address has no listener
         args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", ""]
-        sender = _Process("send", 0, LinkDirection("0-1", "forward"), args)
+        sender = _Process("send", 0, LinkDirection("0-1", "forward"), 1, args)
         kind, *_, nic, _, _, _ = _read_note(sender, deadline)
         assert (kind, nic) == (READY, 1)
         assert _read_note(receiver, deadline)[0] == READY
@@ -218,6 +219,80 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
         for process in (sender, receiver):
             if process is not None:
                 process.close()
+
+
+@pytest.mark.parametrize(
+    ("peers", "sources", "error", "reason", "cause"),
+    [
+        # this host's NIC addresses given as addresses it does not have (a misconfiguration)
+        (
+            "127.0.0.1,127.0.0.2",
+            "10.9.9.9,10.9.9.8",
+            ConnectionError,
+            "no data-plane NIC reaches its receiver delegate (NIC 0, from 10.9.9.9 to "
+            "127.0.0.1: [Errno 99] Cannot assign requested address; NIC 1, from 10.9.9.8 to "
+            "127.0.0.2: [Errno 99] Cannot assign requested address)",
+            errno.EADDRNOTAVAIL,
+        ),
+        # nothing listens on the receiver's port: its delegate is gone
+        (
+            "127.0.0.1,127.0.0.2",
+            "127.0.0.1,127.0.0.2",
+            ConnectionRefusedError,
+            "every NIC refused it: its receiver delegate is gone (NIC 0, from 127.0.0.1 to "
+            "127.0.0.1: [Errno 111] Connection refused; NIC 1, from 127.0.0.2 to 127.0.0.2: "
+            "[Errno 111] Connection refused)",
+            errno.ECONNREFUSED,
+        ),
+    ],
+)
+def test_a_sender_that_cannot_connect_tells_its_trainer_why(
+    peers: str, sources: str, error: type[OSError], reason: str, cause: int
+) -> None:
+    """A sender delegate that no NIC connects to its receiver ends (exit status 0) having
+    noted why, and its trainer raises the delegate's error type with that reason, from the
+    first NIC's error (it ended silently, and its trainer said it "has died (exit status
+    0)", with no cause)."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        port = closed.getsockname()[1]  # free once closed: refused there
+    sender = _Process(
+        "send", 0, LinkDirection("0-1", "forward"), 1, [str(port), "2000", peers, sources, ",", ""]
+    )
+    try:
+        with pytest.raises(error) as failed:
+            _read_note(sender, time.monotonic() + 30)
+        assert str(failed.value) == (
+            f"the sender delegate 0 (pid {sender.process.pid}) of link 0-1 (forward) has "
+            f"ended: {reason}"
+        )
+        assert isinstance(failed.value.__cause__, OSError)
+        assert failed.value.__cause__.errno == cause
+        assert sender.process.wait(30) == 0
+    finally:
+        sender.close()
+
+
+def test_a_delegate_that_ends_without_a_note_has_ended_and_a_killed_one_died() -> None:
+    """A delegate gone without saying why is named with how it ended: "ended" for exit
+    status 0 (its job pipe closed), "died" with the signal that killed it (both read "has
+    died (exit status N)")."""
+    ended, _ = _start_receiver()
+    killed, _ = _start_receiver()
+    try:
+        ended.end_jobs()
+        with pytest.raises(ConnectionError) as failed:
+            _read_note(ended, time.monotonic() + 30)
+        name = f"receiver delegate 0 (pid {ended.process.pid}) of link 0-1 (forward)"
+        assert str(failed.value) == f"the {name} has ended (exit status 0) without saying why"
+        os.kill(killed.process.pid, signal.SIGKILL)
+        killed.process.wait(30)
+        with pytest.raises(ConnectionError) as failed:
+            killed.check_alive()
+        name = f"receiver delegate 0 (pid {killed.process.pid}) of link 0-1 (forward)"
+        assert str(failed.value) == f"the {name} has died (killed by SIGKILL)"
+    finally:
+        ended.close()
+        killed.close()
 
 
 _STOPS_AT_ITS_SELECTOR = """import os, runpy, selectors, signal, sys
@@ -270,7 +345,9 @@ def test_a_receiver_with_notices_notes_ready_once_its_notice_connection_is_in_to
     plane) is not done starting with the data connection alone: the notice connection's
     accept and hello come next. It notes READY only once both are in (it noted READY
     before the notice connection came)."""
-    process = _Process("recv", 0, LinkDirection("0-1", "forward"), ["127.0.0.1", "127.0.0.2", ""])
+    process = _Process(
+        "recv", 0, LinkDirection("0-1", "forward"), 1, ["127.0.0.1", "127.0.0.2", ""]
+    )
     try:
         deadline = time.monotonic() + 30
         kind, *_, port, _, _, _, _ = _read_note(process, deadline)
@@ -333,6 +410,25 @@ def _two_nic_direction(
         for side in sides:
             side.close()
         shutil.rmtree(folder)
+
+
+def test_a_receiver_whose_sender_died_is_found_gone_naming_the_sender() -> None:
+    """A sender delegate killed between iterations: its receiver notes that it lost its
+    sender and ends. Its trainer's next job to it (the next iteration's map) meets a closed
+    pipe: the error names the killed sender's pid, from the receiver's note (it said "the
+    receiver delegate ... is gone (its pipe is closed)", blaming the receiver)."""
+    with _two_nic_direction(2) as (inbound, outbound):
+        victim = outbound.delegates[0].process.pid
+        os.kill(victim, signal.SIGKILL)
+        receiver = inbound.delegates[0]
+        assert receiver.process.wait(30) == 0  # it ended, having noted why
+        with pytest.raises(ConnectionError) as failed:
+            inbound.begin(2, 8)
+        assert str(failed.value) == (
+            f"the receiver delegate 0 (pid {receiver.process.pid}) of link 0-1 (forward) lost "
+            f"its sender delegate (pid {victim}, rank 0's side): its connection closed"
+        )
+        assert isinstance(failed.value.__cause__, BrokenPipeError)
 
 
 def test_siblings_moved_by_their_trainer_are_failovers_of_the_same_iteration() -> None:

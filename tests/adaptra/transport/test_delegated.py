@@ -137,17 +137,33 @@ def test_one_pool_switches_direct_delegated_direct_and_its_delegates_end_with_it
     assert all(_gone(pid) for pid in delegates) and not folder.exists()
 
 
-def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing() -> None:
-    pool = WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=5)
+@pytest.mark.parametrize(
+    ("rank", "direction"),
+    [(0, "forward"), (1, "backward")],  # a rank's first delegate: a sender on link 0-1
+)
+def test_a_killed_delegate_fails_the_run_naming_it_and_leaves_nothing(
+    rank: int, direction: str
+) -> None:
+    """A sender delegate killed between iterations; its receiver delegate on the peer rank
+    lost it, and has ended. Whichever trainer finds out first, its own (the delegate is dead)
+    or its peer's (its receiver delegate is gone), the run's error names the killed pid (the
+    peer's named its receiver delegate "gone (its pipe is closed)", blaming it). The
+    timeouts are hang guards alone."""
+    pool = WorkerPool(S, delegates=Delegates(), num_delegates=D, timeout_s=30)
     with pool:
         delegates = [p for ps in pool.delegate_pids for p in ps]
         folder = Path(str(pool._slot_dir))
-        victim = pool.delegate_pids[0][0]  # rank 0's first: a sender on link 0-1, forward
+        victim = pool.delegate_pids[rank][0]
         os.kill(victim, signal.SIGKILL)
+        peers = pool.delegate_pids[1 - rank]
+        _eventually(lambda: any(_gone(pid) for pid in peers), "the receiver delegate's end")
         with pytest.raises(WorkerError) as failed:
             pool.run_iteration(IterationConfig(0, SCHEDULE, PROFILE, link_comms=ON_LINK_0_1))
-    text = f"{failed.value} {failed.value.__cause__}"
-    assert "delegate 0" in text and "link 0-1 (forward)" in text, text
+    text = str(failed.value)
+    assert f"sender delegate 0 (pid {victim}" in text or (
+        f"lost its sender delegate (pid {victim}, rank {rank}'s side)" in text
+    ), text
+    assert f"link 0-1 ({direction})" in text and "ConnectionError" in text, text
     assert all(_gone(pid) for pid in [*pool.pids, *delegates]) and not folder.exists()
 
 
