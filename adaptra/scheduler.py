@@ -72,6 +72,9 @@ class AdaptraPlan:
     """What Algorithm 1 or 2 asked for (the search may have moved away from it)."""
     iteration_time_ms: float
     num_candidates: int
+    optimal: bool = False
+    """Proven optimal: at the lower bound (`adaptra.bounds`), or by CP-SAT (of the model
+    with times rounded to 1 us where `method` says so)."""
 
 
 def plan_initial(profile: Profile) -> Schedule:
@@ -123,7 +126,8 @@ def plan_adaptra(
             if zb_ms < time_ms - 1e-9:
                 schedule, time_ms, method = zb, zb_ms, name
     if not (exact_time_limit_s or auto_exact) or time_ms <= lower_bound_ms + 1e-9:
-        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates)  # no solve
+        at_bound = time_ms <= lower_bound_ms + 1e-9
+        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates, at_bound)
     from adaptra.exact import solve_exact, solve_exact_deterministic  # OR-Tools loads slowly
 
     if exact_time_limit_s:
@@ -141,6 +145,7 @@ def plan_adaptra(
         plan,
         exact.iteration_time_ms,
         found.num_candidates,
+        exact.optimal,
     )
 
 
