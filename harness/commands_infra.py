@@ -29,7 +29,7 @@ from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
-from pipeline.processes import process_tree
+from pipeline.processes import PipeReader, process_tree
 from pipeline.timeline import Timeline
 
 logger = logging.getLogger(__name__)
@@ -229,15 +229,19 @@ def launch(
             "TMPDIR": scratch,
         }
         pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        # Its workers, in sessions of their own, stop with it whatever ends the wait.
+        # Its workers, in sessions of their own, stop with it whatever ends the wait. The wait
+        # is for torchrun's exit, not its pipes' end: the workers of a torchrun that crashed
+        # hold them until the exit stops them.
         with process_tree(argv, env=env, **pipes) as torchrun:
             share_folder(scratch, torchrun.pid)  # a kill of this process leaves it running
+            output = PipeReader(torchrun)
             try:
-                _, stderr = torchrun.communicate(timeout=run_timeout_s)
+                torchrun.wait(timeout=run_timeout_s)
             except subprocess.TimeoutExpired as err:
                 raise ConfigError(
                     f"torchrun did not finish within {run_timeout_s:g} s (--run-timeout-s)"
                 ) from err
+        _, stderr = output.result()
     if torchrun.returncode != 0:
         reason = _failure_reason(stderr)
         raise ConfigError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")

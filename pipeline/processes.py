@@ -4,20 +4,28 @@ command run with every process it starts stopped on the way out."""
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pipeline.signals import held_signals
 
-__all__ = ["process_start_time", "process_tree"]
+__all__ = ["WATCH_INTERVAL_S", "PipeReader", "process_start_time", "process_tree"]
 
 _Known = dict[int, int]
 """Processes by pid, each with its start time (what tells it from a later one of its pid)."""
+
+WATCH_INTERVAL_S = 0.25
+"""How often `process_tree` looks for its command's descendants while the command runs (a
+look reads /proc: about 1.5 ms of CPU with 100 processes here), so that those whose parent
+dies (a crashed torchrun's workers, in sessions of their own) are still known at the exit.
+One that starts and loses its parent between two looks is not."""
 
 
 def process_start_time(pid: int) -> int | None:
@@ -39,54 +47,132 @@ def process_tree(
     """`argv` started in a session of its own (`popen`: Popen's other arguments); on the way
     out, done or not (an exception, a timeout, a signal), every process it started is
     stopped: its session and every descendant, also one in a session of its own (torchrun
-    starts its workers so), get SIGTERM, those left after `grace_s` SIGKILL, and the command
-    is waited for. Descendants are found by /proc (Linux); elsewhere its session only."""
+    starts its workers so) and one whose parent has ended (the command itself too: a thread
+    notes the descendants every WATCH_INTERVAL_S while the body runs), get SIGTERM, those
+    left after `grace_s` SIGKILL, and the command is waited for. Descendants are found by
+    /proc (Linux); elsewhere its session only."""
     command: subprocess.Popen[Any] | None = None
+    seen: _Known = {}
+    watch: _Watch | None = None
     try:
         with held_signals():  # a command started is a command recorded (the exit stops it)
             command = subprocess.Popen(argv, start_new_session=True, **popen)
+        watch = _Watch(command, seen)
         yield command
     finally:
+        if watch is not None:
+            watch.stop()
         if command is not None:
-            _stop(command, grace_s)
+            _stop(command, seen, grace_s)
 
 
-def _stop(command: subprocess.Popen[Any], grace_s: float) -> None:
-    """SIGTERM to `command`'s session and descendants, each once (a second one could cut
-    short the cleanup the first started), SIGKILL to those left after `grace_s`; then
-    `command` is reaped."""
-    known: _Known = {}
-    _signal_new(command, known, signal.SIGTERM)
+class _Watch:
+    """Notes `command`'s tree into `seen` every WATCH_INTERVAL_S, from a thread of its own,
+    until stopped."""
+
+    def __init__(self, command: subprocess.Popen[Any], seen: _Known) -> None:
+        self._command, self._seen = command, seen
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-tree", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            _members(self._command, self._seen)
+            if self._done.wait(WATCH_INTERVAL_S):
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+class PipeReader:
+    """Reads a command's stdout and stderr pipes (those it has) to their end from threads of
+    its own, so that the caller can wait for the command's exit, not for its pipes' end: a
+    descendant left running (a crashed torchrun's workers) holds them open until
+    `process_tree`'s exit stops it."""
+
+    def __init__(self, command: subprocess.Popen[Any]) -> None:
+        self._pipes = (command.stdout, command.stderr)
+        self._chunks: tuple[list[Any], list[Any]] = ([], [])
+        self._threads = [
+            threading.Thread(target=_read, args=(pipe, chunks), name="pipe-reader", daemon=True)
+            for pipe, chunks in zip(self._pipes, self._chunks, strict=True)
+            if pipe is not None
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def result(self, timeout_s: float = 5.0) -> tuple[Any, Any]:
+        """What stdout and stderr gave (None for one not piped; str or bytes as the pipe
+        reads), once both have ended or after `timeout_s` (what they gave by then: a process
+        outside the command's tree may hold one)."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0))
+        out, err = (
+            None if pipe is None else ("" if isinstance(pipe, io.TextIOBase) else b"").join(chunks)
+            for pipe, chunks in zip(self._pipes, self._chunks, strict=True)
+        )
+        return out, err
+
+
+def _read(pipe: IO[Any], chunks: list[Any]) -> None:
+    """`pipe` to its end (or until it is closed), into `chunks`."""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := pipe.read(65536):
+            chunks.append(chunk)
+
+
+def _stop(command: subprocess.Popen[Any], seen: _Known, grace_s: float) -> None:
+    """SIGTERM to `command`'s session and descendants (those `seen` included), each once (a
+    second one could cut short the cleanup the first started), SIGKILL to those left after
+    `grace_s`; then `command` is reaped."""
+    signalled: _Known = {}
+    _signal_new(command, seen, signalled, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        _signal_new(command, known, signal.SIGTERM)  # started since: they stop too
-        if command.poll() is not None and not _running(known):
+        _signal_new(command, seen, signalled, signal.SIGTERM)  # started since: they stop too
+        if command.poll() is not None and not _running(signalled):
             break
         time.sleep(0.05)
     if command.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(command.pid, signal.SIGKILL)
-    _signal_new(command, known, signal.SIGKILL)
-    for pid in _running(known):
+    _signal_new(command, seen, signalled, signal.SIGKILL)
+    for pid in _running(signalled):
         _kill(pid, signal.SIGKILL)
     command.wait()
     deadline = time.monotonic() + 5.0  # SIGKILL takes effect soon, not at once
-    while _running(known) and time.monotonic() < deadline:
+    while _running(signalled) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
-def _signal_new(command: subprocess.Popen[Any], known: _Known, signum: int) -> None:
-    """Send `signum` to each of `command`'s descendants and session not in `known` (to its
-    process group if /proc shows none), while it runs; add them to `known`."""
-    if command.poll() is not None:
-        return  # its pid may be another's by now: what it left is in `known`
-    found = _tree(command.pid)
-    if not found and not known:
+def _signal_new(
+    command: subprocess.Popen[Any], seen: _Known, signalled: _Known, signum: int
+) -> None:
+    """Send `signum` to each running process of `command`'s tree (`_members`) not in
+    `signalled` (to its process group if /proc shows none), and add them there."""
+    found = _members(command, seen)
+    if not found and not signalled and command.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(command.pid, signum)
-    for pid in found.keys() - known.keys():
+    for pid in found.keys() - signalled.keys():
         _kill(pid, signum)
-    known.update(found)
+    signalled.update(found)
+
+
+def _members(command: subprocess.Popen[Any], seen: _Known) -> _Known:
+    """The running processes of `command`'s tree, also noted in `seen`: those descended from,
+    or in the session of, the command (while it runs: once reaped, its pid may be another's)
+    or a process of `seen` that still runs."""
+    roots = set(_running(seen))
+    if command.poll() is None:
+        roots.add(command.pid)
+    found = _tree(roots)
+    seen.update(found)
+    return found
 
 
 def _kill(pid: int, signum: int) -> None:
@@ -96,11 +182,12 @@ def _kill(pid: int, signum: int) -> None:
 
 def _running(known: _Known) -> list[int]:
     """The processes of `known` that still run (a reused pid is another process)."""
-    return [pid for pid, start in known.items() if process_start_time(pid) == start]
+    return [pid for pid, start in list(known.items()) if process_start_time(pid) == start]
 
 
-def _tree(root: int) -> _Known:
-    """The running processes descended from `root` or in its session (its own included)."""
+def _tree(roots: set[int]) -> _Known:
+    """The running processes descended from one of `roots` or in its session (the roots
+    included)."""
     stats: dict[int, tuple[int, int, int]] = {}  # pid: parent, session, start time
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
@@ -116,8 +203,9 @@ def _tree(root: int) -> _Known:
     children: dict[int, list[int]] = {}
     for pid, (parent, _, _) in stats.items():
         children.setdefault(parent, []).append(pid)
-    found = {pid for pid, (_, session, _) in stats.items() if session == root}
-    todo = [root, *found]
+    found = {pid for pid, (_, session, _) in stats.items() if session in roots}
+    found |= roots
+    todo = list(found)
     while todo:
         for child in children.get(todo.pop(), []):
             if child not in found:

@@ -1,13 +1,17 @@
 """`process_tree` stops every process its command started, also one in a session of its
 own, also one that ignores SIGTERM, whatever ends the block."""
 
+import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from pipeline.processes import process_start_time, process_tree
+from pipeline import processes
+from pipeline.processes import PipeReader, process_start_time, process_tree
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 
@@ -63,3 +67,74 @@ def test_a_wait_past_its_limit_stops_the_command_and_what_it_started(tmp_path: P
         (child,) = _pids_written(pids, 1)
         command.wait(timeout=0.5)
     assert command.returncode is not None and process_start_time(child) is None
+
+
+def _leader_that_dies(tmp_path: Path, text: str = "") -> tuple[list[str], Path, Path]:
+    """A command (a crashed torchrun) that starts a child in a session of its own, writes
+    `text` to stderr, waits for the file `go`, and dies by SIGKILL; the child's pid goes to
+    the file `pids`."""
+    pids, go = tmp_path / "pids", tmp_path / "go"
+    script = (
+        f"setsid sh -c 'echo $$ > {pids}; exec sleep 60' & echo {text} >&2; "
+        f"while [ ! -e {go} ]; do sleep 0.05; done; kill -9 $$"
+    )
+    return ["sh", "-c", script], pids, go
+
+
+def _seen_by_the_watch(monkeypatch: pytest.MonkeyPatch, wanted: list[int]) -> threading.Event:
+    """Set once the thread that notes the command's tree has found the pid in `wanted`."""
+    seen = threading.Event()
+    real = processes._tree
+
+    def spy(roots: set[int]) -> dict[int, int]:
+        found = real(roots)
+        if wanted and wanted[0] in found:
+            seen.set()
+        return found
+
+    monkeypatch.setattr(processes, "_tree", spy)
+    return seen
+
+
+def test_a_descendant_whose_parent_died_is_stopped_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command itself ended first (a torchrun killed by the OOM killer): its child, in a
+    session of its own and a child of init now, was found by nothing at the exit and ran on."""
+    argv, pids, go = _leader_that_dies(tmp_path)
+    child: list[int] = []
+    seen = _seen_by_the_watch(monkeypatch, child)
+    try:
+        with process_tree(argv, grace_s=1.0) as command:
+            child.extend(_pids_written(pids, 1))
+            assert seen.wait(30)  # noted while its parent ran
+            go.touch()
+            assert command.wait(timeout=30) == -signal.SIGKILL
+            assert process_start_time(child[0]) is not None  # orphaned, running
+        assert process_start_time(child[0]) is None
+    finally:
+        if child and process_start_time(child[0]) is not None:
+            os.kill(child[0], signal.SIGKILL)
+
+
+def test_a_pipe_reader_gives_the_output_once_the_tree_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --run`'s wait: for the command's exit, then its output; the orphan holding
+    the pipes (until the exit stops it) does not hold the output back."""
+    argv, pids, go = _leader_that_dies(tmp_path, "torchrun: error")
+    child: list[int] = []
+    seen = _seen_by_the_watch(monkeypatch, child)
+    try:
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        with process_tree(argv, grace_s=1.0, **pipes) as command:
+            output = PipeReader(command)
+            child.extend(_pids_written(pids, 1))
+            assert seen.wait(30)
+            go.touch()
+            command.wait(timeout=30)
+        assert output.result(timeout_s=30) == ("", "torchrun: error\n")
+        assert process_start_time(child[0]) is None
+    finally:
+        if child and process_start_time(child[0]) is not None:
+            os.kill(child[0], signal.SIGKILL)
