@@ -212,12 +212,16 @@ class RuntimeEngine(Closing):
         self._resume = self._committed
 
     def close(self) -> None:
-        self._pool.close()
-        if self._checkpoints is not None:
-            shutil.rmtree(self._checkpoints, ignore_errors=True)
-            self._checkpoints, self._committed = None, None
-        self._started = False
-        self._validated.clear()
+        """Close the pool and remove the checkpoints' folder, also when the pool's close
+        raises (a shutdown signal it held while it stopped the workers comes out of it)."""
+        try:
+            self._pool.close()
+        finally:
+            if self._checkpoints is not None:
+                shutil.rmtree(self._checkpoints, ignore_errors=True)
+                self._checkpoints, self._committed = None, None
+            self._started = False
+            self._validated.clear()
 
 
 def emulated_engine(

@@ -1,19 +1,22 @@
 """The runtime engine over real worker processes: how its failures reach the loop."""
 
 import dataclasses
+import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
-from pipeline.engines.runtime import emulated_engine, megatron_engine
+from pipeline.engines.runtime import RuntimeEngine, emulated_engine, megatron_engine
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import WorkerTimeout
+from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode
 from pipeline.topology import Topology
 
@@ -90,3 +93,39 @@ def test_a_training_engine_refuses_a_new_delegate_count_mid_run() -> None:
     falling = [loss for loss in losses if loss is not None]
     assert len(falling) == 3 and falling[0] > falling[1] > falling[2]
     assert first_again == falling[0]
+
+
+def test_a_signal_while_the_pool_closes_still_removes_the_checkpoints(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool holds a shutdown signal while it stops its workers and raises it once it is
+    closed, inside the engine's close: the engine's checkpoints' folder (megatron: every
+    stage's state) stayed behind."""
+    joins = []
+    real_join = pool_module._join
+
+    def interrupted_join(processes: list, limit_s: float) -> None:
+        joins.append(limit_s)
+        if len(joins) == 1:
+            signal.raise_signal(signal.SIGINT)  # Python's handler: a KeyboardInterrupt
+        real_join(processes, limit_s)
+
+    engine = RuntimeEngine("saves", 2, trains=True, timeout_s=20)  # a training engine saves
+    try:
+        engine.run(PLAN, 0, NO_FAULTS, checkpoint=True)
+        assert engine._checkpoints is not None
+        folder = Path(engine._checkpoints)
+        assert folder.is_dir()
+        monkeypatch.setattr(pool_module, "_join", interrupted_join)
+        # Python's own SIGINT handler (a pytest-xdist worker starts with SIGINT ignored).
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                engine.close()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert joins  # interrupted inside the pool's close
+        assert not folder.exists()
+    finally:
+        monkeypatch.undo()
+        engine.close()  # what a failed test left
