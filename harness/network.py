@@ -334,7 +334,8 @@ class _NetworkEngine(Closing):
             if not (network.fails and _gloo_gave_up(err)):
                 raise
             started = self._started_at
-            at_ms = None if started is None else (time.monotonic() - started) * 1000.0
+            noticed_s = time.monotonic() if err.noticed_s is None else err.noticed_s
+            at_ms = None if started is None else (noticed_s - started) * 1000.0
             raise LinkFailure(
                 f"iteration {iteration}: a failed NIC or link on the testbed: {err}", at_ms=at_ms
             ) from err

@@ -162,8 +162,9 @@ class RuntimeEngine(Closing):
             self._started = False  # the pool has closed itself
             if isinstance(err, WorkerLinkFailure):
                 at_ms = None if err.remote is None else err.remote.at_ms
-                if at_ms is None and started:  # noticed, not injected: as measured here
-                    at_ms = (time.monotonic() - started[0]) * 1000.0
+                if at_ms is None and started:  # noticed, not injected: when the pool heard
+                    noticed_s = time.monotonic() if err.noticed_s is None else err.noticed_s
+                    at_ms = (noticed_s - started[0]) * 1000.0
                 raise LinkFailure(str(err), at_ms=at_ms) from err
             raise
         self._resume = None

@@ -358,8 +358,13 @@ class WorkerPool:
         `WorkerCrash`, or another rank's report), `error` (what came first, e.g. a
         neighbour's report of the broken connection) as its cause; else `error`. The close
         gives the workers, deaf inside the failed command, BUSY_GRACE_S before terminating
-        them, so the error is raised soon after it came."""
+        them, so the error is raised soon after it came. Both are stamped with when it came
+        (`WorkerError.noticed_s`), before the waits for a cause and the close."""
+        noticed_s = time.monotonic()
+        error.noticed_s = noticed_s
         cause = self._cause(error, what, reporter)
+        if cause is not None:
+            cause.noticed_s = noticed_s
         self.close()
         if cause is not None:
             raise cause from error

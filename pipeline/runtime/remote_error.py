@@ -136,6 +136,9 @@ class WorkerError(AdaptraBenchError, RuntimeError):
         super().__init__(message)
         self.rank = rank
         self.remote = remote
+        self.noticed_s: float | None = None
+        """When the pool heard of it (host monotonic s: the report's arrival, the death or
+        silence found), before it closed itself; None where it was raised elsewhere."""
         if remote is not None and remote.traceback_text:
             self.add_note(f"rank {remote.rank}'s traceback:\n{remote.traceback_text.rstrip()}")
 

@@ -1,11 +1,13 @@
 """The runtime engine over real worker processes: how its failures reach the loop."""
 
 import dataclasses
+import re
 import signal
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
@@ -14,8 +16,9 @@ from pipeline.engines.runtime import RuntimeEngine, emulated_engine, megatron_en
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS
 from pipeline.link_rates import NO_RATES
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
-from pipeline.runtime import WorkerTimeout
+from pipeline.runtime import EmulatedCompute, WorkerTimeout
 from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode
 from pipeline.topology import Topology
@@ -38,6 +41,47 @@ def test_a_link_failure_says_how_far_into_its_iteration_the_message_went() -> No
         took_ms = (time.monotonic() - started) * 1000.0
     assert info.value.at_ms is not None
     assert 5.0 <= info.value.at_ms < took_ms  # after F0 (5 ms), before the engine heard
+
+
+class _NoNicLeft(EmulatedCompute):
+    """The last stage's first backward op raises a `LinkFailure` without `at_ms` (as the
+    delegates' "could not reach its receiver over any NIC" does), saying when (monotonic s)."""
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
+        if self._stage == 1 and kind in (OpKind.B, OpKind.BW):
+            raise LinkFailure(f"no NIC left, raised at {time.monotonic()!r}")
+        return super().run(kind, microbatch, inputs, profile)
+
+
+def test_a_link_failure_without_its_own_time_is_timed_before_the_pool_closes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its `at_ms` is when the pool heard of it: it was taken once the failed pool had
+    closed, which terminates the workers still inside the iteration (up to 2 s more), and
+    the loop charges it as the time the failed iteration lost."""
+    closes: list[float] = []
+    real_join = pool_module._join
+
+    def timed_join(processes: list, limit_s: float) -> None:
+        closes.append(time.monotonic())
+        real_join(processes, limit_s)
+
+    starts: list[float] = []
+    engine = RuntimeEngine(
+        "fails", 2, compute_factory=_NoNicLeft, timeout_s=20, on_start=starts.append
+    )
+    with engine:
+        monkeypatch.setattr(pool_module, "_join", timed_join)
+        with pytest.raises(LinkFailure) as info:
+            engine.run(PLAN, 0, NO_FAULTS)
+        monkeypatch.undo()
+    found = re.search(r"raised at ([0-9.]+)", str(info.value))
+    assert found is not None and info.value.at_ms is not None
+    raised_ms = (float(found[1]) - starts[-1]) * 1000.0
+    close_ms = (closes[0] - starts[-1]) * 1000.0  # the failed pool's close began
+    assert raised_ms <= info.value.at_ms <= close_ms
 
 
 def test_after_a_timeout_the_next_iteration_runs_on_a_fresh_pool() -> None:
