@@ -12,11 +12,11 @@ iteration. The profile's link delays and bandwidth are the pairs' base on both d
 (the bandwidth as htb caps; on rnic1 for what fails over to it, without the faults), by the
 role each pair plays under the iteration's placement, as in the simulator and the detector: a
 rank swap moves a link's delay and bandwidth to the pair that carries the link from then on
-(a fault timeline's faults stay on their hosts); the
-workers get plans without them and no fault view, so they sleep no delay and their messages
-carry no `fault_ms`. A worker notices a failed NIC or link as a real job does: its wait for
-a message times out (`Recovery.transport_timeout_s`); the engine reports that as a
-`LinkFailure` at the measured time, and a restart repairs the testbed (every NIC up, every
+(a fault timeline's faults stay on their hosts); the workers get plans without them (no PP
+or DP ring delay) and no fault view, so they sleep no delay and their messages carry no
+`fault_ms`. A worker notices a failed NIC or link as a real job does: its wait for a message
+times out (`Recovery.transport_timeout_s`); the engine reports that as a `LinkFailure` at
+the measured time, and a restart repairs the testbed (every NIC up, every
 wire at its base) before the fresh pool starts.
 """
 
@@ -188,6 +188,11 @@ def _nics_up(down: set[tuple[int, int]], network: _Network) -> set[tuple[int, in
     return down - {nic for nic, outage in network.nics_down.items() if not outage.from_ms}
 
 
+def _static_delays(profile: Profile) -> tuple[tuple[float, ...], dict[Link, float]]:
+    """A profile's PP and DP ring link delays, which the testbed holds on its wires."""
+    return profile.delay_ms, dict(profile.dp_delay_ms)
+
+
 def _gloo_gave_up(err: WorkerError) -> bool:
     """How a dead NIC or link shows in a worker: a wait or a send timed out (a TimeoutError:
     "Timed out waiting ...", "Application timeout caused pair closure"), or its connection
@@ -298,10 +303,10 @@ class _NetworkEngine(Closing):
         digest: bool = False,
         checkpoint: bool = False,
     ) -> Outcome:
-        if plan.profile.delay_ms != self.profile.delay_ms:
+        if _static_delays(plan.profile) != _static_delays(self.profile):
             raise ConfigError(
-                "--inject network takes the profile's delays for the whole run; put changing "
-                "delays in a fault timeline"
+                "--inject network takes the profile's delays (PP and DP) for the whole run; "
+                "put changing delays in a fault timeline"
             )
         self._place(plan.topology or plan.profile.topology)
         network = _network(faults, self._base, iteration)
@@ -325,7 +330,7 @@ class _NetworkEngine(Closing):
             self._nics_down.discard((host, plane))
         self._pending, self._started_at, self._timer_error = network, None, None
         self._iteration = iteration
-        quiet = dataclasses.replace(plan, profile=plan.profile.with_delays(()))
+        quiet = dataclasses.replace(plan, profile=plan.profile.with_delays((), ()))
         try:
             outcome = self._inner.run(
                 quiet, iteration, NO_FAULTS, digest=digest, checkpoint=checkpoint

@@ -25,7 +25,9 @@ from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import Effect, Held
 from injectors.wire import WireState
+from pipeline.engines import Outcome, Plan
 from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime.remote_error import RemoteError, WorkerCrash, WorkerTimeout, worker_error
@@ -279,8 +281,24 @@ class _RecordingBed:
     def uncap_bandwidth(self, src: int, dst: int, plane: int) -> None:
         self.caps[src, dst, plane] = None
 
-    def set_wire(self, host_a: int, host_b: int, plane: int, forward: WireState) -> None:
+    def set_wire(
+        self,
+        host_a: int,
+        host_b: int,
+        plane: int,
+        forward: WireState,
+        backward: WireState | None = None,
+        *,
+        at: float = 0.0,
+        scheduled: bool = False,
+    ) -> None:
         self.wires[host_a, host_b, plane] = forward
+
+    def set_link(self, host: int, plane: int, up: bool) -> float:
+        return 0.0
+
+    def check_wires(self) -> None:
+        pass
 
     def rnic1(self, pair: tuple[int, int]) -> tuple[float, float | None]:
         """(delay, rate) of the pair's traffic on rnic1: its wire's state rules where it has
@@ -318,3 +336,47 @@ def test_the_testbed_s_caps_and_delays_follow_each_placement_s_roles(
                     for key in ((a, b, plane), (b, a, plane)):
                         assert bed.caps.get(key) == role.rate_bit_s
                 assert bed.rnic1((a, b)) == (role.delay_ms, role.rate_bit_s)
+
+
+class _PlanRecorder:
+    """An inner engine that keeps the plans it is asked to run (no workers)."""
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+
+    def run(self, plan: Plan, iteration: int, faults: object, **_: object) -> Outcome:
+        self.plans.append(plan)
+        return Outcome(Timeline(plan.profile.num_stages, (), (), ()))
+
+
+def test_the_workers_plans_carry_no_delay_the_testbed_puts_on_the_wire() -> None:
+    """The profile's PP and DP ring delays go on the pairs' wires, once: the workers' plan
+    has neither (a DP delay kept there was slept by the workers and delayed by the wire,
+    a DP step of 242 ms where the simulator has 120)."""
+    dp_links = (Link.dp(0, 0), Link.dp(1, 0))
+    profile = Profile.uniform(
+        2, 2, 2, 2, 2, num_replicas=2, delay_ms=(30.0,),
+        dp_delay_ms=tuple((link, 60.0) for link in dp_links),
+    )  # fmt: skip
+    bed = _RecordingBed(4)
+    engine = _NetworkEngine(bed, profile, timeout_s=1.0)  # type: ignore[arg-type]
+    inner = _PlanRecorder()
+    engine._inner = inner  # type: ignore[assignment]
+    engine.run(Plan(one_f_one_b(profile), profile), 0, NO_FAULTS)
+    (sent,) = inner.plans
+    assert sent.profile.delay_ms == (0.0,)
+    assert [sent.profile.dp_delay_for(link) for link in dp_links] == [0.0, 0.0]
+    on_wire = {}
+    for link in (Link.pp(0, 0), Link.pp(0, 1), *dp_links):
+        a, b = sorted(profile.topology.hosts_of(link))
+        on_wire[str(link)] = bed.wires[a, b, 0].delay_ms
+    assert on_wire == {"pp0:0-1": 30.0, "pp1:0-1": 30.0, "dp0:0-1": 60.0, "dp1:0-1": 60.0}
+
+
+def test_a_plan_with_other_dp_delays_than_the_run_s_is_refused() -> None:
+    profile = Profile.uniform(2, 2, 2, 2, 2, num_replicas=2, dp_delay_ms=((Link.dp(0, 0), 60.0),))
+    engine = _NetworkEngine(_RecordingBed(4), profile, timeout_s=1.0)  # type: ignore[arg-type]
+    engine._inner = _PlanRecorder()  # type: ignore[assignment]
+    other = profile.with_delays(profile.delay_ms, {Link.dp(0, 0): 10.0})
+    with pytest.raises(ConfigError, match=r"delays \(PP and DP\) for the whole run"):
+        engine.run(Plan(one_f_one_b(other), other), 0, NO_FAULTS)
