@@ -19,6 +19,7 @@ from harness.commands_profile import calibrate, profile
 from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
+from pipeline.signals import redelivered_if_swallowed
 
 __all__ = ["cli", "main"]
 
@@ -61,17 +62,24 @@ class Terminated(BaseException):
 
 
 def _shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
+    """The handler of SIGINT and `SHUTDOWN_SIGNALS`: the first raises KeyboardInterrupt or
+    `Terminated`; every later one is ignored while that exception is on its way out (one
+    shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short). One that a
+    finalizer swallows (pipeline.signals.redelivered_if_swallowed) did not start the
+    shutdown: its signal is sent again and handled as a first."""
+    under_way: list[int] = []
+    """The signal whose exception is on its way out (empty: none)."""
+
     def handle(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != owner_pid:  # a forked helper (pyroute2 forks some): it just dies
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        # One shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short.
-        for other in (*SHUTDOWN_SIGNALS, signal.SIGINT):
-            signal.signal(other, signal.SIG_IGN)
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(signum)
+        if under_way:
+            return
+        under_way.append(signum)
+        err = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+        raise redelivered_if_swallowed(err, signum, on_swallowed=under_way.clear)
 
     return handle
 

@@ -63,7 +63,7 @@ from injectors.peer_tc import (
 )
 from injectors.wire import HEALTHY, WireError, WireProcess, WireState
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import HELD_SIGNALS, held_signals
+from pipeline.signals import HELD_SIGNALS, held_signals, redelivered_if_swallowed
 
 __all__ = ["DATA_PLANES", "PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
 
@@ -205,7 +205,8 @@ class Testbed:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        raise SystemExit(128 + signum)  # unwinds through __exit__, which tears down
+        # Unwinds through __exit__, which tears down (sent again if a finalizer swallows it).
+        raise redelivered_if_swallowed(SystemExit(128 + signum), signum)
 
     def build(self) -> None:
         from pyroute2 import IPRoute, netns

@@ -1,16 +1,23 @@
-"""The signals that end a run, and a way to hold them over the few lines between starting a
-process and recording it (so that whatever unwinds on the signal can stop it)."""
+"""The signals that end a run, a way to hold them over the few lines between starting a
+process and recording it (so that whatever unwinds on the signal can stop it), and a way for
+a handler's exception not to be lost in a finalizer (`redelivered_if_swallowed`)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["HELD_SIGNALS", "held_signals"]
+__all__ = ["HELD_SIGNALS", "held_signals", "redelivered_if_swallowed"]
+
+_E = TypeVar("_E", bound=BaseException)
+_MARK = "_adaptra_signal"
+"""The attribute that marks a handler's exception: (its signal, what to do if swallowed)."""
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that end a run (the harness unwinds every context manager on each)."""
@@ -48,3 +55,64 @@ def held_signals() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for signum in noted:
             signal.raise_signal(signum)
+
+
+def redelivered_if_swallowed(
+    exc: _E, signum: int, on_swallowed: Callable[[], None] | None = None
+) -> _E:
+    """`exc`, which `signum`'s handler is about to raise, marked so that it is not lost: a
+    handler runs at the next bytecode boundary, which may be inside a finalizer (a `__del__`,
+    a weakref callback: pyroute2 drops an asyncio loop and forks a helper per namespace
+    opened), and Python swallows an exception raised there ("Exception ignored in ...").
+    Where that happens to `exc`, `sys.unraisablehook` (wrapped here) calls `on_swallowed`
+    and has `signum` sent to this process again once the hook has returned (`_send_later`):
+    its handler runs again at a later boundary, normally outside any finalizer (where not,
+    the same happens again). Every other unraisable exception goes to the hook that was
+    there before."""
+    setattr(exc, _MARK, (signum, on_swallowed))
+    if not getattr(sys.unraisablehook, _MARK, False):
+        sys.unraisablehook = _redelivering(sys.unraisablehook)
+    return exc
+
+
+def _redelivering(
+    previous: Callable[[sys.UnraisableHookArgs], object],
+) -> Callable[[sys.UnraisableHookArgs], None]:
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        exc = unraisable.exc_value
+        while True:
+            mark = getattr(exc, _MARK, None)
+            if mark is None:
+                previous(unraisable)
+                return
+            signum, on_swallowed = mark
+            try:
+                if on_swallowed is not None:
+                    on_swallowed()
+                _send_later(signum)
+                return
+            except BaseException as err:  # a handler ran in here (another signal): its too
+                if getattr(err, _MARK, None) is None:
+                    raise
+                exc = err
+
+    setattr(hook, _MARK, True)
+    return hook
+
+
+def _send_later(signum: int) -> None:
+    """`signum` to this process from a thread of its own, after this call: sent here, its
+    handler would run at the next bytecode boundary, still inside the hook, and its
+    exception would be swallowed again ("Exception ignored in sys.unraisablehook"). The
+    thread waits for the gate, released last here, and then for the GIL, which this thread
+    keeps until it next yields it (a blocking call, or after its switch interval)."""
+    gate = threading.Lock()
+    gate.acquire()
+
+    def send() -> None:
+        with gate:
+            pass
+        os.kill(os.getpid(), signum)  # process-directed: a thread not blocking it takes it
+
+    threading.Thread(target=send, name="adaptra-signal-again", daemon=True).start()
+    gate.release()

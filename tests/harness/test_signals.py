@@ -376,19 +376,51 @@ def test_after_one_shutdown_signal_every_other_waits_for_the_cleanups(
     cleanups and left the pool's folders behind."""
     from harness.cli import _shutdown_handler
 
-    shutdown = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {signum: signal.getsignal(signum) for signum in shutdown}
     handler = _shutdown_handler(os.getpid())
+    with pytest.raises(BaseException) as info:
+        handler(first, None)
+    assert type(info.value).__name__ == raised
+    for later in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        handler(later, None)  # nothing raised
+
+
+_SIGNAL_IN_A_FINALIZER = """
+import os, signal, sys, time
+import click
+from harness.cli import cli, main
+class SignalsItself:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # bytecode boundaries: the handler runs in here
+            pass
+@cli.command("finalize")
+def finalize():
     try:
-        for signum in shutdown:
-            signal.signal(signum, handler)
-        with pytest.raises(BaseException) as info:
-            handler(first, None)
-        assert type(info.value).__name__ == raised
-        assert [signal.getsignal(signum) for signum in shutdown] == [signal.SIG_IGN] * 3
+        SignalsItself()
+        time.sleep(10)
+        click.echo("went on")
     finally:
-        for signum, earlier in previous.items():
-            signal.signal(signum, earlier)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal in the cleanups: ignored
+        click.echo("cleaned up")
+main(["finalize"])
+"""
+
+
+def test_a_shutdown_signal_handled_inside_a_finalizer_ends_the_command() -> None:
+    """A SIGTERM whose handler ran inside a finalizer (pyroute2 drops an asyncio loop per
+    namespace it opens) raised its Terminated there, Python printed "Exception ignored",
+    the command went on, and the handler had already set every shutdown signal to ignored:
+    only SIGKILL ended it. Now the signal is handled again outside the finalizer: the
+    command's cleanups run, a second signal during them is ignored, exit status 143."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_A_FINALIZER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 128 + signal.SIGTERM
+    assert out.stdout.splitlines() == ["cleaned up"]
+    assert out.stderr.splitlines() == ["terminated (SIGTERM)"]
 
 
 def test_the_command_line_s_own_process_ends_by_a_signal_once_done() -> None:

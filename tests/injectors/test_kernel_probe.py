@@ -24,7 +24,7 @@ def _send_sigterm() -> None:
 
 @pytest.fixture
 def cli_handlers() -> Iterator[None]:
-    """The CLI's shutdown handlers on SIGTERM and SIGHUP (it sets the other to ignored as it
+    """The CLI's shutdown handler on SIGTERM and SIGHUP (it ignores every later one as it
     handles one), and this process's own back afterwards."""
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
     handler = _shutdown_handler(os.getpid())

@@ -311,6 +311,39 @@ def test_teardown_after_a_shutdown_signal(signum: int) -> None:
         cleanup(prefix=prefix)
 
 
+def test_a_shutdown_signal_handled_inside_a_finalizer_still_tears_down() -> None:
+    """A SIGTERM whose handler ran inside a finalizer (pyroute2 drops an asyncio loop per
+    namespace it opens) raised its SystemExit there, Python printed "Exception ignored" and
+    the with-body went on, exit status 0, its namespaces there until its end: now the signal
+    is handled again outside it, and the testbed is torn down, exit status 143."""
+    script = textwrap.dedent("""
+        import os, signal, sys, time
+        from injectors.testbed import Testbed
+        class SignalsItself:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100):  # bytecode boundaries: the handler runs in here
+                    pass
+        with Testbed(1, prefix=sys.argv[1]) as bed:
+            print(bed.name, flush=True)
+            SignalsItself()
+            time.sleep(10)
+            print("went on", flush=True)
+    """)
+    prefix = f"adb-fin{os.getpid()}-"
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script, prefix], capture_output=True, text=True, timeout=60
+        )
+        (name,) = out.stdout.splitlines()
+        assert out.returncode == 128 + signal.SIGTERM
+        assert "Exception ignored" not in out.stderr
+        assert not any(name in n for n in _namespaces())
+        assert not (OWNER_DIR / f"{name}.json").exists()
+    finally:
+        cleanup(prefix=prefix)
+
+
 def test_the_testbed_handles_the_shutdown_signals_only_while_it_exists() -> None:
     before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
     if any(handler is not signal.SIG_DFL for handler in before.values()):

@@ -1,5 +1,8 @@
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import pytest
@@ -61,3 +64,44 @@ def test_outside_the_main_thread_it_holds_nothing(raising_handlers: None) -> Non
     thread.start()
     thread.join()
     assert seen == [_raising]
+
+
+_FINALIZER_SIGNALS = textwrap.dedent("""
+    import os, signal, time
+    from pipeline.signals import redelivered_if_swallowed
+    calls = []
+    def handle(signum, frame):
+        calls.append(signum)
+        raise redelivered_if_swallowed(SystemExit(7), signum, lambda: calls.append("again"))
+    signal.signal(signal.SIGUSR1, handle)
+    class SignalsItself:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(100):  # bytecode boundaries: the handler runs in here
+                pass
+    class FailsItself:
+        def __del__(self):
+            raise ValueError("a finalizer's own error")
+    try:
+        FailsItself()
+        SignalsItself()
+        time.sleep(10)
+        print("went on", calls, flush=True)
+    except SystemExit:
+        print("caught", calls, flush=True)
+        raise
+""")
+
+
+def test_a_handler_s_exception_swallowed_by_a_finalizer_is_raised_again_outside_it() -> None:
+    """A handler that runs inside a `__del__` raised there, and Python printed "Exception
+    ignored" and went on (the testbed and the CLI then ran on after SIGTERM): the signal is
+    sent again and its handler's exception reaches the program; another finalizer's error
+    is still reported as Python does."""
+    out = subprocess.run(
+        [sys.executable, "-c", _FINALIZER_SIGNALS], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 7
+    assert out.stdout.splitlines() == [f"caught [{signal.SIGUSR1}, 'again', {signal.SIGUSR1}]"]
+    assert "ValueError: a finalizer's own error" in out.stderr
+    assert "SystemExit" not in out.stderr
