@@ -20,7 +20,15 @@ from injectors.ownership import OwnerRecord
 from injectors.peer_tc import add_peer_filter
 from pipeline.signals import held_signals
 
-__all__ = ["NETEM_ENV", "PerLinkPath", "kernel_features", "per_link_path", "probe_kernel"]
+__all__ = [
+    "NETEM_ENV",
+    "PerLinkPath",
+    "error_code",
+    "error_reason",
+    "kernel_features",
+    "per_link_path",
+    "probe_kernel",
+]
 
 NETEM_ENV = "ADAPTRA_BENCH_NETEM"
 """Set to 0, testbeds leave netem alone and put every per-link fault on the userspace wire."""
@@ -51,7 +59,7 @@ def probe_kernel() -> dict[str, tuple[bool, str]]:
             try:
                 netns.create(name)
             except Exception as err:
-                found["namespaces"] = (False, f"could not create one ({_reason(err)})")
+                found["namespaces"] = (False, f"could not create one ({error_reason(err)})")
         if not found:
             with IPRoute(netns=name, flags=0) as ipr:
                 _attach_each(ipr, found)
@@ -69,14 +77,15 @@ def _attach_each(ipr: Any, found: dict[str, tuple[bool, str]]) -> None:
             ipr.link("add", ifname=f"a{number}", kind="veth", peer=f"b{number}")
             index = ipr.link_lookup(ifname=f"a{number}")[0]
         except Exception as err:
-            found[kind] = (False, f"untested: no veth pair to try it on ({_reason(err)})")
+            found[kind] = (False, f"untested: no veth pair to try it on ({error_reason(err)})")
             continue
         try:
             if kind == "u32":
                 try:
                     ipr.tc("add", "htb", index, 0x10000, default=0x10)
                 except Exception as err:
-                    found[kind] = (False, f"untested: no htb qdisc to filter for ({_reason(err)})")
+                    why = error_reason(err)
+                    found[kind] = (False, f"untested: no htb qdisc to filter for ({why})")
                     continue
                 add_peer_filter(ipr, index, "10.0.0.2", 0x10001)
             else:
@@ -98,7 +107,7 @@ def _remove(name: str, owner: OwnerRecord, found: dict[str, tuple[bool, str]]) -
     except Exception as err:  # its owner record stays: `cleanup` removes it later
         found["namespaces"] = (
             False,
-            f"created one but could not remove it ({_reason(err)}): "
+            f"created one but could not remove it ({error_reason(err)}): "
             "`adaptra-bench cleanup` removes it",
         )
         return
@@ -113,23 +122,23 @@ _MODULES = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}
 def _failure(kind: str, what: str, err: Exception) -> str:
     """Why `kind` could not be attached, in words: the kernel answers ENOENT for a qdisc or
     classifier kind it does not know (its module is absent)."""
-    if _code(err) == errno.ENOENT:
-        return f"no {_MODULES[kind]} in this kernel ({_reason(err)})"
-    return f"a {kind} {what} could not be attached ({_reason(err)})"
+    if error_code(err) == errno.ENOENT:
+        return f"no {_MODULES[kind]} in this kernel ({error_reason(err)})"
+    return f"a {kind} {what} could not be attached ({error_reason(err)})"
 
 
-def _code(err: Exception) -> int | None:
+def error_code(err: Exception) -> int | None:
     """The errno of an OSError or of pyroute2's NetlinkError (its `code`), else None."""
     code = err.errno if isinstance(err, OSError) else getattr(err, "code", None)
     return code if isinstance(code, int) else None
 
 
-def _reason(err: Exception) -> str:
+def error_reason(err: Exception) -> str:
     """An error's message without its errno: pyroute2's NetlinkError prints as the tuple
     `(2, 'No such file or directory')` and an OSError as `[Errno 2] No such file ...`."""
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
-    code = _code(err)
+    code = error_code(err)
     if code is not None:
         message = err.args[1] if len(err.args) > 1 else None
         return message if isinstance(message, str) and message else os.strerror(code)

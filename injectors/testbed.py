@@ -35,6 +35,7 @@ it for the testbed's life.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -48,7 +49,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from injectors.kernel_probe import kernel_features, per_link_path
+from injectors.kernel_probe import error_code, error_reason, kernel_features, per_link_path
 from injectors.netem import netem_cannot
 from injectors.ownership import OwnerRecord
 from injectors.peer_tc import (
@@ -94,6 +95,24 @@ class TestbedError(AdaptraBenchError, RuntimeError):
     """The testbed could not be built, changed or torn down."""
 
     __test__ = False  # not a pytest test class
+
+
+@contextlib.contextmanager
+def _refusal(what: str, capability: str = "CAP_NET_ADMIN") -> Iterator[None]:
+    """A failed call within (pyroute2's NetlinkError, an OSError) as a TestbedError saying
+    that `what` failed, and why; one refused for want of privilege (EPERM, EACCES) names the
+    `capability` the testbed needs (a bare NetlinkError read as a bug in the tool)."""
+    from pyroute2 import NetlinkError
+
+    try:
+        yield
+    except (NetlinkError, OSError) as err:
+        reason = error_reason(err)
+        if error_code(err) in (errno.EPERM, errno.EACCES):
+            message = f"the testbed needs root ({capability}): {what} was refused: {reason}"
+        else:
+            message = f"{what} failed: {reason}"
+        raise TestbedError(message) from err
 
 
 def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
@@ -216,10 +235,13 @@ class Testbed:
         for name in (self.switch, *self.hosts):
             # Recorded first, and created with the shutdown signals held, so that a teardown
             # on a signal never misses one, nor comes before pyroute2's helper has made it.
-            with held_signals():
+            with held_signals(), _refusal(f"creating namespace {name}", "CAP_SYS_ADMIN"):
                 self._created.append(name)
                 netns.create(name)
-        with IPRoute(netns=self.switch, flags=0) as ipr:
+        with (
+            _refusal(f"building the planes' bridges in namespace {self.switch}"),
+            IPRoute(netns=self.switch, flags=0) as ipr,
+        ):
             for plane in range(len(PLANES)):
                 ipr.link("add", ifname=f"br{plane}", kind="bridge")
                 ipr.link("set", index=ipr.link_lookup(ifname=f"br{plane}")[0], state="up")
@@ -237,7 +259,8 @@ class Testbed:
                     )
                     ipr.link("set", index=ipr.link_lookup(ifname=end)[0], net_ns_fd=namespace)
         for host, namespace in enumerate(self.hosts):
-            with IPRoute(netns=namespace, flags=0) as ipr:
+            setting_up = _refusal(f"setting up host {host}'s interfaces in namespace {namespace}")
+            with setting_up, IPRoute(netns=namespace, flags=0) as ipr:
                 ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
                 for plane, ifname in enumerate(PLANES):
                     index = ipr.link_lookup(ifname=f"t{host}p{plane}")[0]
@@ -245,7 +268,8 @@ class Testbed:
                     ipr.addr("add", index=index, address=self.address(host, plane), prefixlen=24)
                     ipr.link("set", index=index, state="up")
                     self._route_plane(ipr, index, host, plane)
-            _set_sysctls(namespace, HOST_TCP)
+            with _refusal(f"setting host {host}'s TCP in namespace {namespace}"):
+                _set_sysctls(namespace, HOST_TCP)
 
     def teardown(self) -> None:
         """Remove every namespace this testbed made; idempotent. The shutdown signals wait
@@ -317,7 +341,8 @@ class Testbed:
         self.check_wires()
         (self._down.discard if up else self._down.add)((host, plane))
         set_at = 0.0
-        with self._host(host) as ipr:
+        doing = "bringing up" if up else "taking down"
+        with _refusal(f"{doing} {PLANES[plane]} of host {host}"), self._host(host) as ipr:
             ends = [(PLANES[plane], None), *self._wire_ends(host, plane)]
             for ifname, there in ends:
                 index = ipr.link_lookup(ifname=ifname)[0]
@@ -337,7 +362,7 @@ class Testbed:
         wire ends count as its NIC: they stand in for it)."""
         self._check_host(host)
         self.check_wires()
-        with self._host(host) as ipr:
+        with _refusal(f"reading host {host}'s counters"), self._host(host) as ipr:
             sent = {ifname: 0 for ifname in PLANES}
             for plane, ifname in enumerate(PLANES):
                 ends = [ifname, *(name for name, _ in self._wire_ends(host, plane))]
@@ -370,7 +395,8 @@ class Testbed:
         # pyroute2 parses a rate string's digits as an int ("12.5mbit" fails): give bytes/s
         # (rates of 2^32 bytes/s and more go out as htb's 64-bit rate).
         rate_bytes_s = max(1, round(rate_mbit * 1e6 / 8))
-        with self._host(src) as ipr:
+        capping = _refusal(f"capping traffic from host {src} to host {dst} on plane {plane}")
+        with capping, self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             classid = cap_classid(dst)
             if (src, dst, plane) in self._caps:
@@ -387,7 +413,8 @@ class Testbed:
         (its class stays, at an unshaping rate, for a later cap); none there: nothing."""
         if (src, dst, plane) not in self._caps:
             return
-        with self._host(src) as ipr:
+        lifting = _refusal(f"lifting the cap from host {src} to host {dst} on plane {plane}")
+        with lifting, self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             change_peer_class(ipr, index, cap_classid(dst), UNCAPPED_BYTES_S, mtu_bytes=MTU)
 
@@ -463,7 +490,8 @@ class Testbed:
 
     def _set_netem(self, src: int, dst: int, plane: int, state: WireState) -> None:
         """`state` on the traffic from host `src` to host `dst` on `plane` (a netem leaf)."""
-        with self._host(src) as ipr:
+        setting = _refusal(f"setting netem from host {src} to host {dst} on plane {plane}")
+        with setting, self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             if (src, dst, plane) not in self._netem_classes:
                 add_netem_class(ipr, index, dst, self.address(dst, plane), mtu_bytes=MTU)
@@ -504,7 +532,10 @@ class Testbed:
             self._wire_of[key] = index
             for here, there in ((host_a, host_b), (host_b, host_a)):
                 up = (here, plane) not in self._down  # a down NIC: its end too, until repaired
-                with IPRoute(netns=self.hosts[here], flags=0) as ipr:
+                with (
+                    _refusal(f"routing {what} in host {here}"),
+                    IPRoute(netns=self.hosts[here], flags=0) as ipr,
+                ):
                     end = ipr.link_lookup(ifname=ifname)[0]
                     # The MTU on a down end too: the repair (`set_link`) only brings it up.
                     ipr.link("set", index=end, mtu=MTU, state="up" if up else "down")

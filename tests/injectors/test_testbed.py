@@ -1,6 +1,7 @@
 """The namespace testbed, measured with real TCP traffic between its hosts (needs root)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -340,6 +341,39 @@ def test_a_shutdown_signal_handled_inside_a_finalizer_still_tears_down() -> None
         assert "Exception ignored" not in out.stderr
         assert not any(name in n for n in _namespaces())
         assert not (OWNER_DIR / f"{name}.json").exists()
+    finally:
+        cleanup(prefix=prefix)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_a_testbed_without_cap_net_admin_says_so_and_leaves_nothing() -> None:
+    """Root without CAP_NET_ADMIN got pyroute2's bare `NetlinkError: (1, 'Operation not
+    permitted')`, which the CLI reported as an internal error (a bug), exit status 3: now
+    a TestbedError (the CLI's one line, exit status 1) names the capability and the step."""
+    script = textwrap.dedent("""
+        import sys
+        from injectors.testbed import Testbed, TestbedError
+        try:
+            with Testbed(1, prefix=sys.argv[1], netem=False):
+                pass
+        except TestbedError as err:
+            print(err)
+    """)
+    prefix = f"adb-cap{os.getpid()}-"
+    drop = ["setpriv", "--inh-caps=-net_admin", "--bounding-set=-net_admin"]
+    try:
+        out = subprocess.run(
+            [*drop, sys.executable, "-c", script, prefix],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        (line,) = out.stdout.splitlines()
+        assert line.startswith("the testbed needs root (CAP_NET_ADMIN): building the planes' ")
+        assert line.endswith("-sw was refused: Operation not permitted")
+        assert not any(prefix in name for name in _namespaces())
+        assert not list(OWNER_DIR.glob(f"{prefix}*"))
     finally:
         cleanup(prefix=prefix)
 
