@@ -291,21 +291,40 @@ def _by_size(data: bytes, announces: bool, message: bool) -> FrameKind:
     return FrameKind.ANNOUNCE
 
 
+TUN = "/dev/net/tun"
+"""The TUN/TAP device every wire opens its TAPs through."""
+
+
 def _open_tap(namespace: str, ifname: str) -> int:
     from pyroute2 import netns
 
     netns.setns(namespace, flags=0)  # never made anew: it may be gone (a teardown)
-    fd = os.open("/dev/net/tun", os.O_RDWR)
+    fd = os.open(TUN, os.O_RDWR)
     fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", ifname.encode(), _IFF_TAP | _IFF_NO_PI))
     return fd
 
 
+def _start_failure(err: Exception) -> str:
+    """Why a wire could not open its TAPs, in words."""
+    if isinstance(err, FileNotFoundError) and err.filename == TUN:
+        return (
+            f"no {TUN} on this machine (the TUN/TAP device): no userspace wire can start, so "
+            "no per-link fault that kernel netem does not take (see `adaptra-bench doctor`)"
+        )
+    return f"opening its TAPs: {type(err).__name__}: {err}"
+
+
 def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
-    """Process entry: open both taps, report ready, then forward frames until told to stop
-    (any word but a state, or EOF). SIGINT: ignored (see the module)."""
+    """Process entry: open both taps, report ready (or ("error", why) and end), then forward
+    frames until told to stop (any word but a state, or EOF). SIGINT: ignored (see the
+    module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # one pending since the start is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
+    try:
+        fds = (_open_tap(ns_a, ifname), _open_tap(ns_b, ifname))
+    except Exception as err:  # told: not a traceback on stderr and a pipe closed on EOF
+        conn.send(("error", _start_failure(err)))
+        return
     conn.send("ready")
     directions = {fds[0]: _Direction(), fds[1]: _Direction()}  # by the fd frames come from
     readers = {fds[0]: FrameReader(), fds[1]: FrameReader()}  # kept through state changes
@@ -399,6 +418,8 @@ class WireProcess:
             got = self.conn.recv()
         except (EOFError, OSError) as err:  # it has ended (or never started)
             raise WireError(f"{self.what} is gone: {type(err).__name__}: {err}") from err
+        if isinstance(got, tuple) and len(got) == 2 and got[0] == "error":
+            raise WireError(f"{self.what} could not start: {got[1]}")
         if got != answer:
             raise WireError(f"{self.what} answered {got!r}, not {answer!r}")
 

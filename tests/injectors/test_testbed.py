@@ -653,6 +653,42 @@ def test_a_wire_that_does_not_start_is_named_and_forgotten(monkeypatch: pytest.M
         assert _measure(bed, 0, 1, 0, "rtt") >= 38.0
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+def test_without_dev_net_tun_a_wire_says_so() -> None:
+    """With /dev/net/tun hidden (a tmpfs over /dev/net in a mount namespace of the child's
+    own), a pair's wire failed as "is gone: EOFError: ", its cause only in the wire's
+    traceback on stderr: now the error names the missing device."""
+    script = textwrap.dedent("""
+        import sys
+        from injectors.testbed import Testbed, TestbedError
+        from injectors.wire import WireState
+        with Testbed(2, prefix=sys.argv[1], netem=False) as bed:
+            try:
+                bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=5.0))
+            except TestbedError as err:
+                print(err)
+    """)
+    prefix = f"adb-tun{os.getpid()}-"
+    hidden = 'mount -t tmpfs none /dev/net && exec "$0" -c "$1" "$2"'
+    try:
+        unshared = ["unshare", "-m", "--propagation", "private", "sh", "-c", hidden]
+        out = subprocess.run(
+            [*unshared, sys.executable, script, prefix],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [
+            "the wire w0 between hosts 0 and 1 on plane 0 could not start: no /dev/net/tun on "
+            "this machine (the TUN/TAP device): no userspace wire can start, so no per-link "
+            "fault that kernel netem does not take (see `adaptra-bench doctor`)"
+        ]
+        assert "Traceback" not in out.stderr
+    finally:
+        cleanup(prefix=prefix)
+
+
 def test_a_wire_that_died_is_named_and_the_pair_s_next_change_makes_a_new_one() -> None:
     with Testbed(2, prefix="adb-wdd-", netem=False) as bed:
         bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))

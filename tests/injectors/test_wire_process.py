@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from injectors.testbed import Testbed
-from injectors.wire import HEALTHY, WireProcess
+from injectors.wire import HEALTHY, WireError, WireProcess
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="network namespaces need root (CI runs as root)"
@@ -47,3 +47,21 @@ def test_a_ctrl_c_leaves_a_wire_running_and_quiet_until_it_is_told_to_stop(
         finally:
             wire.kill()
     assert capfd.readouterr().err == ""
+
+
+def test_a_wire_that_cannot_open_its_taps_says_why() -> None:
+    """It once died with its traceback on stderr, and its testbed said only "is gone:
+    EOFError": now it answers why, and ends."""
+    wire = WireProcess("adb-no-such-ns-a", "adb-no-such-ns-b", "w0", "the wire w0")
+    wire.start()
+    try:
+        with pytest.raises(WireError) as info:
+            wire.tell(None, "ready", ANSWER_S)
+        assert str(info.value).startswith(
+            "the wire w0 could not start: opening its TAPs: FileNotFoundError: "
+        )
+        assert "adb-no-such-ns-a" in str(info.value)
+        wire.process.join(ANSWER_S)
+        assert wire.process.exitcode == 0
+    finally:
+        wire.kill()
