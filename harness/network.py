@@ -133,13 +133,26 @@ class _Outage(NamedTuple):
     until_ms: float
 
 
+def _outages(effects: tuple[Held, ...]) -> tuple[_Outage, ...]:
+    """A NIC's outages in an iteration, in order: its failures' spans, joined where they
+    overlap or meet (it is up between two that do not)."""
+    outages: list[_Outage] = []
+    for held in sorted(effects, key=lambda held: (held.from_ms, held.until_ms)):
+        if outages and held.from_ms <= outages[-1].until_ms:
+            last = outages[-1]
+            outages[-1] = _Outage(last.from_ms, max(last.until_ms, held.until_ms))
+        else:
+            outages.append(_Outage(held.from_ms, held.until_ms))
+    return tuple(outages)
+
+
 @dataclasses.dataclass(slots=True)
 class _Network:
     """What the testbed is to do in one iteration."""
 
     wires: dict[_Pair, _Changes]
-    nics_down: dict[tuple[int, int], _Outage]
-    """(host, plane) -> when in the iteration it is down."""
+    nics_down: dict[tuple[int, int], tuple[_Outage, ...]]
+    """(host, plane) -> when in the iteration it is down (`_outages`)."""
 
     @property
     def fails(self) -> bool:
@@ -150,7 +163,7 @@ class _Network:
 
 def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: int) -> _Network:
     wires: dict[_Pair, _Changes] = {pair: ((0.0, s, s),) for pair, s in base.items()}
-    nics_down: dict[tuple[int, int], _Outage] = {}
+    nics_down: dict[tuple[int, int], tuple[_Outage, ...]] = {}
     if faults is NO_FAULTS:
         return _Network(wires, nics_down)
     if not isinstance(faults, InForce):
@@ -165,9 +178,7 @@ def _network(faults: IterationFaults, base: dict[_Pair, WireState], iteration: i
                     f"effect on a NIC ({other} of host {host}); replay it with --inject hook"
                 )
             plane = faults.topology.nics.index(other)
-            # Down from the first failure to the last repair (one outage per iteration).
-            outage = _Outage(min(h.from_ms for h in effects), max(h.until_ms for h in effects))
-            nics_down[host, plane] = outage
+            nics_down[host, plane] = _outages(effects)
             continue
         assert isinstance(other, int)
         seed = f"{faults.seed}:{host}-{other}:{iteration}"
@@ -185,7 +196,7 @@ def _lasting(changes: tuple[tuple[float, WireState, WireState], ...]) -> bool:
 def _nics_up(down: set[tuple[int, int]], network: _Network) -> set[tuple[int, int]]:
     """The NICs of `down` to bring up as the iteration starts: all but those down from its
     start (one down again later in it is up until then: its timer takes it down)."""
-    return down - {nic for nic, outage in network.nics_down.items() if not outage.from_ms}
+    return down - {nic for nic, outages in network.nics_down.items() if not outages[0].from_ms}
 
 
 def _static_delays(profile: Profile) -> tuple[tuple[float, ...], dict[Link, float]]:
@@ -321,8 +332,8 @@ class _NetworkEngine(Closing):
                 *pair, plane=0, forward=forward, backward=backward, scheduled=not steady
             )
             self._wires[pair] = changes if lasting else ()  # (): set it again next time
-        for (host, plane), outage in network.nics_down.items():  # after the wires: a new
-            if outage.from_ms == 0.0 and (host, plane) not in self._nics_down:  # one too
+        for (host, plane), (outage, *_) in network.nics_down.items():  # after the wires: a
+            if outage.from_ms == 0.0 and (host, plane) not in self._nics_down:  # new one too
                 self._nics_down.add((host, plane))
                 self.bed.set_link(host, plane, up=False)
         for host, plane in sorted(_nics_up(self._nics_down, network)):
@@ -391,11 +402,11 @@ class _NetworkEngine(Closing):
             for from_ms, forward, backward in changes[1:]:
                 at = start_at + from_ms / 1000.0
                 self.bed.set_wire(*pair, plane=0, forward=forward, backward=backward, at=at)
-        for (host, plane), outage in network.nics_down.items():
-            if outage.from_ms > 0.0 and (host, plane) not in self._nics_down:
-                self._at(outage.from_ms, self._take_down, host, plane, outage.until_ms)
-            elif outage.until_ms < math.inf:
-                self._at(outage.until_ms, self._bring_up, host, plane)
+        for (host, plane), outages in network.nics_down.items():
+            if outages[0].from_ms > 0.0 and (host, plane) not in self._nics_down:
+                self._at(outages[0].from_ms, self._take_down, host, plane, outages)
+            else:
+                self._repair(host, plane, outages)
 
     def _at(self, offset_ms: float, do: Callable[..., None], *args: object) -> None:
         """`do(*args)` by a timer, `offset_ms` into the iteration (unless it ends first: `run`
@@ -406,9 +417,9 @@ class _NetworkEngine(Closing):
         timer.start()
         self._timers.append(timer)
 
-    def _take_down(self, host: int, plane: int, until_ms: float) -> None:
-        """A timer's: the NIC down at its offset, and its repair timed after that where the
-        iteration has one (an error is raised again by `run`)."""
+    def _take_down(self, host: int, plane: int, outages: tuple[_Outage, ...]) -> None:
+        """A timer's: the NIC down at the offset of `outages[0]`, and its repair timed after
+        that where the iteration has one (an error is raised again by `run`)."""
         self._nics_down.add((host, plane))  # first: a restart repairs it even half-done
         try:
             down_at = self.bed.set_link(host, plane, up=False)
@@ -416,11 +427,17 @@ class _NetworkEngine(Closing):
             self._timer_error = err
             return
         self._note(host, plane, down_at, up=False)
-        if until_ms < math.inf:
-            self._at(until_ms, self._bring_up, host, plane)
+        self._repair(host, plane, outages)
 
-    def _bring_up(self, host: int, plane: int) -> None:
-        """A timer's: the NIC repaired at its offset."""
+    def _repair(self, host: int, plane: int, outages: tuple[_Outage, ...]) -> None:
+        """The repair of a NIC down in `outages[0]` timed where the iteration has one; the
+        next outage's failure is timed by it (one after the other, in their order)."""
+        if outages[0].until_ms < math.inf:
+            self._at(outages[0].until_ms, self._bring_up, host, plane, outages[1:])
+
+    def _bring_up(self, host: int, plane: int, later: tuple[_Outage, ...]) -> None:
+        """A timer's: the NIC repaired at its offset, and its failure at the first of the
+        `later` outages timed."""
         try:
             up_at = self.bed.set_link(host, plane, up=True)
         except Exception as err:
@@ -428,6 +445,8 @@ class _NetworkEngine(Closing):
             return
         self._nics_down.discard((host, plane))
         self._note(host, plane, up_at, up=True)
+        if later:
+            self._at(later[0].from_ms, self._take_down, host, plane, later)
 
     def _note(self, host: int, plane: int, set_at: float, *, up: bool) -> None:
         assert self._started_at is not None

@@ -5,6 +5,8 @@ import math
 import os
 import shutil
 import statistics
+import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -71,10 +73,10 @@ def test_a_nic_repaired_inside_an_iteration_is_down_until_then() -> None:
     )
     topology = Topology(4)
     assert _network(faults.at(1, topology, rates=NO_RATES), {}, 1).nics_down == {
-        (1, 0): (0.0, math.inf)
+        (1, 0): ((0.0, math.inf),)
     }
     assert _network(faults.at(2, topology, rates=NO_RATES), {}, 2).nics_down == {
-        (1, 0): (0.0, 80.0)
+        (1, 0): ((0.0, 80.0),)
     }
     assert _network(faults.at(3, topology, rates=NO_RATES), {}, 3).nics_down == {}
 
@@ -103,8 +105,41 @@ def test_a_nic_down_again_later_in_the_next_iteration_is_up_until_then() -> None
         ' {start_iteration: 2, at_ms: 50, nic: "host1:rnic0", down: true}]'
     )
     network = _network(faults.at(2, Topology(4), rates=NO_RATES), {}, 2)
-    assert network.nics_down == {(1, 0): (50.0, math.inf), (2, 0): (0.0, math.inf)}
+    assert network.nics_down == {(1, 0): ((50.0, math.inf),), (2, 0): ((0.0, math.inf),)}
     assert _nics_up({(1, 0), (2, 0)}, network) == {(1, 0)}
+
+
+_TWO_OUTAGES = parse_yaml(
+    '[{start_iteration: 1, at_ms: 10, nic: "host1:rnic0", down: true},'
+    ' {start_iteration: 1, at_ms: 20, nic: "host1:rnic0", delay_ms: 0},'
+    ' {start_iteration: 1, at_ms: 50, nic: "host1:rnic0", down: true},'
+    ' {start_iteration: 1, at_ms: 60, nic: "host1:rnic0", delay_ms: 0}]'
+)
+
+
+def test_a_nic_down_twice_in_an_iteration_is_up_between() -> None:
+    """Down 10-20 ms and 50-60 ms in the fault model (and the simulator) was one testbed
+    outage of 10-60 ms: now two, up from 20 to 50 ms."""
+    network = _network(_TWO_OUTAGES.at(1, Topology(4), rates=NO_RATES), {}, 1)
+    assert network.nics_down == {(1, 0): ((10.0, 20.0), (50.0, 60.0))}
+
+
+def test_the_testbed_takes_a_nic_down_twice_and_brings_it_up_between() -> None:
+    """The timers take the NIC down and up in the fault model's order, at its offsets."""
+    profile = Profile.uniform(4, 4, 1, 1, 1)
+    bed = _RecordingBed(4)
+    engine = _NetworkEngine(bed, profile, timeout_s=1.0)  # type: ignore[arg-type]
+    inner = _PlanRecorder(engine._start, done=lambda: len(bed.links) == 4)
+    engine._inner = inner  # type: ignore[assignment]
+    faults = _TWO_OUTAGES.at(1, Topology(4), rates=NO_RATES)
+    engine.run(Plan(one_f_one_b(profile), profile), 1, faults)
+    assert bed.links == [(1, 0, False), (1, 0, True), (1, 0, False), (1, 0, True)]
+    assert [(change.host, change.plane, change.up) for change in engine.nic_changes] == [
+        (1, 0, False),
+        (1, 0, True),
+        (1, 0, False),
+        (1, 0, True),
+    ]
 
 
 def test_a_nic_takes_down_only() -> None:
@@ -268,6 +303,8 @@ class _RecordingBed:
         self.num_hosts = num_hosts
         self.caps: dict[tuple[int, int, int], float | None] = {}
         self.wires: dict[tuple[int, int, int], WireState] = {}
+        self.links: list[tuple[int, int, bool]] = []
+        """Every NIC taken down (False) or brought up (True), in order: (host, plane, up)."""
 
     def address(self, host: int, plane: int = 0) -> str:
         return f"10.{plane}.0.{host + 1}"
@@ -295,7 +332,8 @@ class _RecordingBed:
         self.wires[host_a, host_b, plane] = forward
 
     def set_link(self, host: int, plane: int, up: bool) -> float:
-        return 0.0
+        self.links.append((host, plane, up))
+        return time.monotonic()
 
     def check_wires(self) -> None:
         pass
@@ -339,13 +377,23 @@ def test_the_testbed_s_caps_and_delays_follow_each_placement_s_roles(
 
 
 class _PlanRecorder:
-    """An inner engine that keeps the plans it is asked to run (no workers)."""
+    """An inner engine that keeps the plans it is asked to run (no workers); with an
+    `on_start`, its iterations start as they are asked for and last until `done()` (a hang
+    guard of 10 s)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, on_start: Callable[[float], None] | None = None, done: Callable[[], bool] = bool
+    ) -> None:
         self.plans: list[Plan] = []
+        self.on_start, self.done = on_start, done
 
     def run(self, plan: Plan, iteration: int, faults: object, **_: object) -> Outcome:
         self.plans.append(plan)
+        if self.on_start is not None:
+            self.on_start(time.monotonic())
+            deadline = time.monotonic() + 10.0
+            while not self.done() and time.monotonic() < deadline:
+                time.sleep(0.01)
         return Outcome(Timeline(plan.profile.num_stages, (), (), ()))
 
 
