@@ -185,6 +185,8 @@ class Testbed:
         """(source, destination, plane) with a netem class on the source's interface."""
         self._caps: set[tuple[int, int, int]] = set()
         """(source, destination, plane) with a cap's class on the source's interface."""
+        self._cap_bit_s: dict[tuple[int, int, int], float] = {}
+        """(source, destination, plane) -> the cap in force (a wired pair's wire has it too)."""
         self._previous_handlers: dict[int, Any] = {}
         """The handlers ours replaced, by signal (`_on_signal`; teardown puts them back)."""
         self._owner_pid = os.getpid()
@@ -297,6 +299,7 @@ class Testbed:
         from pyroute2 import netns
 
         self._netem_of, self._netem_classes, self._caps = {}, set(), set()  # gone with them
+        self._cap_bit_s = {}
         for name in reversed(list(self._created)):
             try:
                 netns.remove(name)
@@ -384,7 +387,9 @@ class Testbed:
 
     def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
         """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst); a
-        pair's second cap replaces its first."""
+        pair's second cap replaces its first. A pair with a wire on that plane, now or later,
+        has the cap on its wire too (its traffic takes the wire, not the NIC's classes):
+        there the lower of the cap and the wire's own rate (`set_wire`) holds."""
         self._check_host(src)
         self._check_host(dst)
         if src == dst:
@@ -401,12 +406,14 @@ class Testbed:
             classid = cap_classid(dst)
             if (src, dst, plane) in self._caps:
                 change_peer_class(ipr, index, classid, rate_bytes_s, mtu_bytes=MTU)
-                return
-            address = self.address(dst, plane)
-            add_peer_class(
-                ipr, index, classid, rate_bytes_s, address, CAP_FILTER_PRIO, mtu_bytes=MTU
-            )
-            self._caps.add((src, dst, plane))
+            else:
+                address = self.address(dst, plane)
+                add_peer_class(
+                    ipr, index, classid, rate_bytes_s, address, CAP_FILTER_PRIO, mtu_bytes=MTU
+                )
+                self._caps.add((src, dst, plane))
+        self._cap_bit_s[src, dst, plane] = rate_mbit * 1e6
+        self._cap_wire(src, dst, plane)
 
     def uncap_bandwidth(self, src: int, dst: int, plane: int) -> None:
         """Lift `cap_bandwidth`'s cap on traffic from host `src` to host `dst` on one plane
@@ -417,6 +424,19 @@ class Testbed:
         with lifting, self._host(src) as ipr:
             index = ipr.link_lookup(ifname=PLANES[plane])[0]
             change_peer_class(ipr, index, cap_classid(dst), UNCAPPED_BYTES_S, mtu_bytes=MTU)
+        if self._cap_bit_s.pop((src, dst, plane), None) is not None:
+            self._cap_wire(src, dst, plane)
+
+    def _cap_wire(self, src: int, dst: int, plane: int) -> None:
+        """The pair's caps on `plane` to its wire, where it has one."""
+        key = (min(src, dst), max(src, dst), plane)
+        if key in self._wire_of:
+            self._send(key, self._wire_caps(key))
+
+    def _wire_caps(self, key: tuple[int, int, int]) -> tuple[str, float | None, float | None]:
+        """The word that gives a pair's wire its caps (injectors.wire)."""
+        a, b, plane = key
+        return ("cap", self._cap_bit_s.get((a, b, plane)), self._cap_bit_s.get((b, a, plane)))
 
     @property
     def uses_netem(self) -> bool:
@@ -501,12 +521,16 @@ class Testbed:
     def _send_state(
         self, key: tuple[int, int, int], at: float, forward: WireState, backward: WireState
     ) -> None:
-        """The pair's wire to these states; a wire that is gone or does not answer is
-        stopped and forgotten (the pair's traffic is back on its plane, and its next
-        `set_wire` makes a new one)."""
+        """The pair's wire to these states (see `_send`)."""
+        self._send(key, ("state", at, forward, backward))
+
+    def _send(self, key: tuple[int, int, int], word: tuple[object, ...]) -> None:
+        """`word` to the pair's wire; a wire that is gone or does not answer is stopped and
+        forgotten (the pair's traffic is back on its plane, and its next `set_wire` makes a
+        new one)."""
         wire = self._wires[self._wire_of[key]]
         try:
-            _tell(wire, ("state", at, forward, backward), "ok")
+            _tell(wire, word, "ok")
         except TestbedError:
             del self._wire_of[key]
             wire.kill()
@@ -529,6 +553,7 @@ class Testbed:
         try:
             _tell(wire, None, "ready")
             _tell(wire, ("state", 0.0, *first), "ok")
+            _tell(wire, self._wire_caps(key), "ok")
             self._wire_of[key] = index
             for here, there in ((host_a, host_b), (host_b, host_a)):
                 up = (here, plane) not in self._down  # a down NIC: its end too, until repaired

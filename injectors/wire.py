@@ -13,7 +13,10 @@ through the wire instead of the bridge; every other pair is untouched.
 The testbed sends ("state", at, forward, backward): the directions' states from monotonic
 time `at` on, answered "ok"; `at` 0 is an iteration boundary: at once, and every change
 still pending from an earlier iteration is dropped. A state change keeps the frames already
-queued.
+queued. It sends ("cap", forward, backward) for its bandwidth caps on the pair
+(`Testbed.cap_bandwidth`: the pair's traffic takes the wire, not the NIC's htb classes), in
+bit/s or None, answered "ok": a direction's frames leave no faster than the lower of its cap
+and its state's rate, whatever states follow.
 
 A wire process ignores SIGINT: a Ctrl-C reaches every process of the terminal's group, and
 the CLI answers it in one line and stops its wires (a wire ends on "stop" or when its pipe
@@ -143,6 +146,8 @@ class _Direction:
     """One direction's state and what it has done under it."""
 
     state: WireState = HEALTHY
+    cap_bit_s: float | None = None
+    """The testbed's bandwidth cap on the direction, under every state (see the module)."""
     rng: random.Random = dataclasses.field(default_factory=random.Random)
     stalled: bool = False
     free_at: float = 0.0
@@ -196,8 +201,11 @@ class _Direction:
                 self.redraw_at += max(self.rng.uniform(lo, hi), 1e-3) / 1000.0
                 self.redrawn_ms = max(0.0, self.rng.gauss(*state.normal_ms))
             delay_ms += self.redrawn_ms
-        if state.rate_bit_s is not None:
-            self.free_at = max(self.free_at, start) + num_bytes * 8 / state.rate_bit_s
+        rate_bit_s = state.rate_bit_s
+        if self.cap_bit_s is not None:
+            rate_bit_s = min(self.cap_bit_s, rate_bit_s or math.inf)
+        if rate_bit_s is not None:
+            self.free_at = max(self.free_at, start) + num_bytes * 8 / rate_bit_s
             start = self.free_at
         self.last_due = max(start + delay_ms / 1000.0, self.last_due)
         return self.last_due
@@ -316,8 +324,8 @@ def _start_failure(err: Exception) -> str:
 
 def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
     """Process entry: open both taps, report ready (or ("error", why) and end), then forward
-    frames until told to stop (any word but a state, or EOF). SIGINT: ignored (see the
-    module)."""
+    frames until told to stop (any word but a state or a cap, or EOF). SIGINT: ignored (see
+    the module)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # one pending since the start is dropped
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
@@ -341,16 +349,19 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
                 word = conn.recv()
             except EOFError:
                 return
-            if not (isinstance(word, tuple) and word[0] == "state"):
-                return
-            _, at, forward, backward = word
-            if not at:  # an iteration boundary: what an earlier iteration timed is void
-                changes.clear()
-                directions[fds[0]].take(forward, time.monotonic())
-                directions[fds[1]].take(backward, time.monotonic())
+            if isinstance(word, tuple) and word[0] == "cap":
+                _, directions[fds[0]].cap_bit_s, directions[fds[1]].cap_bit_s = word
+            elif isinstance(word, tuple) and word[0] == "state":
+                _, at, forward, backward = word
+                if not at:  # an iteration boundary: what an earlier iteration timed is void
+                    changes.clear()
+                    directions[fds[0]].take(forward, time.monotonic())
+                    directions[fds[1]].take(backward, time.monotonic())
+                else:
+                    seq += 1
+                    heapq.heappush(changes, (at, seq, forward, backward))
             else:
-                seq += 1
-                heapq.heappush(changes, (at, seq, forward, backward))
+                return
             conn.send("ok")
         now = time.monotonic()
         while changes and changes[0][0] <= now:

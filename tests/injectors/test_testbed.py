@@ -609,6 +609,25 @@ def test_a_wire_caps_one_direction() -> None:
     assert capped <= 42.0 and reverse > 2 * capped, (capped, reverse)
 
 
+def test_a_cap_on_a_wired_pair_holds_on_its_wire() -> None:
+    """A wired pair's traffic takes its wire, not the NIC's htb classes: a cap of 100 Mbit/s
+    on one gave 2571-2690 Mbit/s. Now the wire has it too, whether the cap or the wire came
+    first, under the wire's later states; the other direction is not capped, and a lifted
+    cap is gone from the wire (load only slows traffic: the accuracy, as for htb)."""
+    with Testbed(3, prefix="adb-capw-", netem=False) as bed:
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=40)
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=2.0))  # the cap stays
+        bed.cap_bandwidth(2, 0, plane=0, rate_mbit=40)  # then its wire
+        bed.set_wire(2, 0, plane=0, forward=WireState(delay_ms=1.0))
+        capped = [_measure(bed, 0, 1, 0, "2"), _measure(bed, 2, 0, 0, "2")]
+        reverse = _measure(bed, 1, 0, 0, "2")
+        bed.uncap_bandwidth(0, 1, plane=0)
+        lifted = _measure(bed, 0, 1, 0, "2")
+    assert max(capped) <= 42.0, capped
+    assert reverse > 2 * max(capped) and lifted > 2 * max(capped), (capped, reverse, lifted)
+
+
 @pytest.mark.parametrize(
     "entry",
     [

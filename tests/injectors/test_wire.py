@@ -34,6 +34,18 @@ def test_a_cap_sends_frames_one_after_another_at_its_rate() -> None:
     assert dues == pytest.approx([0.01, 0.02, 1.01])
 
 
+def test_a_cap_on_the_direction_holds_under_every_state_with_the_lower_rate() -> None:
+    """The testbed's cap (`Testbed.cap_bandwidth` on a wired pair) stays through a change
+    of state; the lower of it and a state's own rate holds."""
+    direction = _Direction(cap_bit_s=1e6)
+    direction.take(WireState(delay_ms=5.0), now=0.0)
+    assert direction.due(0.0, 1250) == pytest.approx(0.015)  # 10 ms at 1 Mbit/s, then 5 ms
+    direction.take(WireState(rate_bit_s=1e7), now=1.0)
+    assert direction.due(1.0, 1250) == pytest.approx(1.01)  # the cap: the lower
+    direction.take(WireState(rate_bit_s=0.5e6), now=2.0)
+    assert direction.due(2.0, 1250) == pytest.approx(2.02)  # the state's: the lower
+
+
 def test_a_stall_holds_the_direction_once() -> None:
     # The first frame waits 300 ms; one read meanwhile stays behind it; later ones pass.
     dues = _dues(WireState(stall_ms=300.0), [(1.0, 100), (1.1, 100), (2.0, 100)])
