@@ -109,7 +109,7 @@ def write_slurm_script(
                         "--iterations",
                         str(spec.num_iterations),
                         "--timeout",
-                        f"{spec.transport_timeout_s:g}",
+                        repr(spec.transport_timeout_s),  # exact: the spec checked this value
                         *compute_args,
                         "--seed",  # megatron's weights and tokens (the emulated has neither)
                         str(spec.seed),

@@ -353,6 +353,17 @@ def test_the_spec_s_timeout_reaches_the_workers_and_network_injection_is_refused
         write_slurm_script(networked, tmp_path / "other")
 
 
+def test_the_workers_get_the_exact_timeout_the_delays_were_checked_against(
+    tmp_path: Path,
+) -> None:
+    """1.0000001 s passed the check against a 1000 ms delay, and the script passed `--timeout
+    1` (:g): the workers' 1 s is not longer than the delay, and their step would fail."""
+    spec = _two_stages(backend="emulated", delays_ms=(1000,), transport_timeout_s=1.0000001)
+    script, num_configurations, num_skipped = write_slurm_script(spec, tmp_path / "job")
+    assert (num_configurations, num_skipped) == (1, 0)
+    assert script.read_text().count("--timeout 1.0000001 ") == 1
+
+
 def test_the_job_time_reaches_the_script_in_a_form_sbatch_takes(tmp_path: Path) -> None:
     spec = _two_stages()
     for job_time in ("30", "1-12", "2-00:30:00", "04:00:00"):
