@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
-from harness.policies import GIVEN_POLICY, MAX_WAIT_S, POLICIES, PlannedSchedule, plan
+from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
+from pipeline.checks import MAX_WAIT_S
 from pipeline.errors import ConfigError
 from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts

@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from pipeline.checks import check_wait_s
 from pipeline.engines import Action, Controller, Engine, check_link_terms, check_plan
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
@@ -163,14 +164,14 @@ class Recovery:
     process start, communicator set-up, loading): not modelled unless configured."""
     transport_timeout_s: float = 60.0
     """How long a runtime worker waits for one message before it gives up (`run --timeout`,
-    a spec's `transport_timeout_s`; the pool's default): on the namespace testbed a failed
-    NIC is noticed by this timeout, and the failed iteration's measured time includes it."""
+    a spec's `transport_timeout_s`; the pool's default; at most a day, MAX_WAIT_S): on the
+    namespace testbed a failed NIC is noticed by this timeout, and the failed iteration's
+    measured time includes it."""
 
     def __post_init__(self) -> None:
         if self.checkpoint_every < 1 or not (self.failure_timeout_ms >= 0 and self.restart_ms >= 0):
             raise ConfigError("checkpoint_every must be >= 1 and the restart costs >= 0 ms")
-        if not 0 < self.transport_timeout_s < float("inf"):
-            raise ConfigError(f"transport_timeout_s must be > 0 s, not {self.transport_timeout_s}")
+        check_wait_s("transport_timeout_s", self.transport_timeout_s)  # as run --timeout
 
 
 CHECKPOINT_RESTART = Recovery()

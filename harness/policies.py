@@ -16,6 +16,7 @@ from baselines.falcon.changepoint import DEFAULT_CHANGES
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from injectors.fault_model import FaultModel
+from pipeline.checks import MAX_WAIT_S
 from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
@@ -28,7 +29,6 @@ from pipeline.topology import Link
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
     "GIVEN_POLICY",
-    "MAX_WAIT_S",
     "POLICIES",
     "SYSTEMS",
     "PlannedSchedule",
@@ -40,10 +40,6 @@ __all__ = [
 ]
 
 DEFAULT_MILP_TIME_LIMIT_S = 30.0
-MAX_WAIT_S = 86_400
-"""The longest time in seconds a planner's time limit, and any option in seconds (--timeout,
-launch's --run-timeout-s: harness.cli_common.seconds), may give: a day."""
-
 GIVEN_POLICY = "given"
 """The `policy` of a schedule read from a file (--schedule); its `method` names the file."""
 

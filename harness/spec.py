@@ -29,7 +29,7 @@ from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.allreduce import check_ring_messages
-from pipeline.checks import MAX_SEED, check_count, check_ms, is_number
+from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
 from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import ConfigError
@@ -410,10 +410,7 @@ class ExperimentSpec:
         ):
             check_count(name, getattr(self, name), minimum, maximum)
         check_ms("restart_ms", self.restart_ms)
-        if not is_number(self.transport_timeout_s):
-            raise ConfigError(
-                f"transport_timeout_s must be a number, got {self.transport_timeout_s!r}"
-            )
+        check_wait_s("transport_timeout_s", self.transport_timeout_s)  # run --timeout's range
         if not all(isinstance(s, str) for s in self.systems):
             raise ConfigError(f"systems must be a list of names, got {list(self.systems)!r}")
         if not all(isinstance(m, (str, dict)) for m in self.models):

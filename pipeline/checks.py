@@ -10,9 +10,11 @@ from pipeline.errors import ConfigError
 __all__ = [
     "MAX_DURATION_MS",
     "MAX_SEED",
+    "MAX_WAIT_S",
     "MIN_BANDWIDTH_GBPS",
     "check_count",
     "check_ms",
+    "check_wait_s",
     "is_number",
 ]
 
@@ -23,6 +25,10 @@ MIN_BANDWIDTH_GBPS = 0.001
 """The lowest bandwidth an input may give, Gbit/s: 1 Mbit/s (1 MiB in 8.4 s; less is a
 failure, which inputs say as `down`). A fault timeline's cap, a profile's link and copy
 rates and the cost model's hardware rates take no less."""
+MAX_WAIT_S = 86_400
+"""The longest wait in seconds an input may give (`check_wait_s`): a day. A planner's time
+limit, every option in seconds (--timeout, launch's --run-timeout-s:
+harness.cli_common.seconds) and a spec's `transport_timeout_s` take no more."""
 MAX_SEED = 2**32 - 1
 """The largest seed a run takes (a spec's `seed`, `run --seed`): 32 bits, as numpy's."""
 
@@ -48,4 +54,14 @@ def check_ms(name: str, value: object, maximum_ms: float = MAX_DURATION_MS) -> f
     number = float(value)  # type: ignore[arg-type]
     if not math.isfinite(number) or not 0 <= number <= maximum_ms:
         raise ConfigError(f"{name} must be finite and in 0..{maximum_ms:.0f} ms, got {value!r}")
+    return number
+
+
+def check_wait_s(name: str, value: object) -> float:
+    """A wait in seconds: a number in (0, `MAX_WAIT_S`] (what `run --timeout` takes)."""
+    if not is_number(value):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    number = float(value)  # type: ignore[arg-type]
+    if not 0 < number <= MAX_WAIT_S:  # NaN fails it too
+        raise ConfigError(f"{name} must be in (0, {MAX_WAIT_S}] s, got {value!r}")
     return number

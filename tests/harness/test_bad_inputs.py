@@ -543,7 +543,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
             "t_f: 1, t_b: 1, t_w: 1}\nsystems: [1f1b]\ntransport_timeout_s: .nan\n"
         },
         RUN_SPEC,
-        "transport_timeout_s must be > 0 s, not nan",
+        "transport_timeout_s must be in (0, 86400] s, got nan",
     ),
     ("spec unknown system", {"s.yaml": spec(systems=["warp"])}, RUN_SPEC, "unknown system warp"),
     (

@@ -346,7 +346,12 @@ def test_a_resume_keeps_the_first_git_revision_and_records_later_ones(
         ({"transport_timeout_s": None}, "transport_timeout_s must be a number"),
         ({"systems": (["1f1b"],)}, "systems must be a list of names"),
         ({"injection": "network"}, "injection network puts the faults in a testbed.s network"),
-        ({"transport_timeout_s": 0.0}, "transport_timeout_s must be > 0 s"),
+        ({"transport_timeout_s": 0.0}, r"transport_timeout_s must be in \(0, 86400\] s, got 0\.0"),
+        # run --timeout's range (a day): 1e14 s passed, and the workers failed to start
+        (
+            {"transport_timeout_s": 1e14},
+            r"transport_timeout_s must be in \(0, 86400\] s, got 100000000000000\.0",
+        ),
         ({"injection": "carrier-pigeon"}, "injection 'carrier-pigeon'"),
         ({"name": "../outside"}, "spec name '../outside' must be a single path component"),
         ({"name": "a/b"}, "must be a single path component"),
