@@ -92,4 +92,5 @@ PAPER: dict[str, dict[tuple[str, str, str], PaperValue]] = {
         for system, v in (("1f1b", 21.12), ("zb", 20.43), ("adaptra", 28.84))
     },
 }
-"""Table 3's samples/s include its NIC-failure row, which our trace leaves out."""
+"""Table 3's samples/s are over its whole trace, the NIC failure at iteration 1030 included, as
+our trace (harness/presets/table3_trace.txt) has it."""
