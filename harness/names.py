@@ -8,13 +8,17 @@ from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["MAX_LABEL_CHARS", "check_label", "check_run_name", "slug"]
+__all__ = ["MAX_LABEL_CHARS", "MAX_RUN_NAME_BYTES", "check_label", "check_run_name", "slug"]
 
 MAX_LABEL_CHARS = 100
 """The longest name or label: result files are named after several of them, and a file
 name has at most 255 bytes."""
 _MAX_FILE_NAME_BYTES = 240
 """A configuration's file name, leaving room for a temporary file's prefix and suffix."""
+MAX_RUN_NAME_BYTES = _MAX_FILE_NAME_BYTES - len("-YYYYMMDD-HHMMSS")
+"""The longest run name (a spec's name, --run-id) in UTF-8 bytes: a run directory's name is
+the spec's name and a time stamp (harness.experiment.new_run_dir), and a file name has at
+most 255 bytes (100 four-byte characters are 400)."""
 
 
 def check_label(text: str, what: str) -> str:
@@ -32,13 +36,18 @@ def check_label(text: str, what: str) -> str:
     return text
 
 
-def check_run_name(text: str, what: str) -> str:
+def check_run_name(text: str, what: str, max_bytes: int = MAX_RUN_NAME_BYTES) -> str:
     """`text` if it names one directory inside another: a label with no path separator,
-    not '.' or '..'."""
+    not '.' or '..', of at most `max_bytes` as a file name (UTF-8)."""
     check_label(text, what)
     if "/" in text or "\\" in text or text in (".", ".."):
         raise ConfigError(
             f"{what} {text!r} must be a single path component (no '/', not '.' or '..')"
+        )
+    if len(text.encode()) > max_bytes:
+        raise ConfigError(
+            f"{what} {text[:20]!r}... is {len(text.encode())} bytes long as a file name "
+            f"(UTF-8); at most {max_bytes}"
         )
     return text
 
@@ -56,4 +65,4 @@ def slug(parts: Sequence[str], what: str) -> str:
             f"{what} {text[:40]!r}... is {len(text.encode())} bytes long as a file name; "
             f"at most {_MAX_FILE_NAME_BYTES} (shorten the names in it)"
         )
-    return check_run_name(text, what)
+    return check_run_name(text, what, _MAX_FILE_NAME_BYTES)

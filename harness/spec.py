@@ -556,9 +556,9 @@ class ExperimentSpec:
             values["link_sets"] = tuple(
                 tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
             )
-        for key in ("faults", "calibration"):
-            if values.get(key) is not None and base_dir is not None:
-                values[key] = str((base_dir / str(values[key])).resolve())
+        for key in ("faults", "calibration"):  # another type: refused as not a file name
+            if isinstance(values.get(key), str) and base_dir is not None:
+                values[key] = str((base_dir / values[key]).resolve())
         spec = cls(**values, resolve_models=not recorded)
         if not recorded:  # spec.json writes every key, its defaults too
             _refuse_what_changes_nothing(spec, values)

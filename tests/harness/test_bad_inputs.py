@@ -570,6 +570,24 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         RUN_SPEC,
         "must be a single path component",
     ),
+    (  # 100 characters passed, then the run directory failed with ENAMETOOLONG
+        "spec name too many bytes",
+        {"s.yaml": spec().replace('"s"', '"' + "\\U0001F600" * 100 + '"')},  # YAML's escape
+        RUN_SPEC,
+        "is 400 bytes long as a file name (UTF-8); at most 224",
+    ),
+    (  # made a path first: "fault timeline DIR/5 has no suffix"
+        "spec faults a number",
+        {"s.yaml": spec(faults=5)},
+        RUN_SPEC,
+        "faults must be a file name, got 5",
+    ),
+    (  # "cannot read calibration DIR/['a']"
+        "spec calibration a list",
+        {"s.yaml": spec(calibration=["a"])},
+        RUN_SPEC,
+        "calibration must be a file name, got ['a']",
+    ),
     (
         "spec faults missing",
         {"s.yaml": spec(faults="none.yaml")},
@@ -689,6 +707,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     ("run id traversal", {}, ["run", "--run-id", "../x"], "must be a single path component"),
     ("run id empty", {}, ["run", "--run-id", ""], "the run id is empty"),
+    ("run id too many bytes", {}, ["run", "--run-id", "\U0001f600" * 100], "400 bytes long"),
     ("run id a file", {"x": ""}, ["run", "--out", ".", "--run-id", "x"], "a file is in the way"),
     ("run out empty", {}, ["run", "--out", ""], "the path is empty: give a folder"),
     ("launch out empty", P, ["launch", "--profile", "p.json", "--out", ""], "give a folder"),
