@@ -13,10 +13,9 @@ from harness.cli_common import (
     schedule_options,
 )
 from harness.policies import GIVEN_POLICY
-from pipeline.errors import ConfigError
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
-from pipeline.simulator import CommMode, simulate
+from pipeline.simulator import CommMode, check_takes_host_costs, simulate
 from pipeline.torch_csv import to_torch_csv
 from pipeline.trace import write_chrome_trace
 
@@ -95,11 +94,8 @@ def simulate_cmd(
     calibration_path: str | None,
 ) -> None:
     """Simulate one iteration of a schedule and print its metrics."""
-    if calibration_path is not None and comm not in ("direct", "delegated"):
-        raise ConfigError(
-            f"--calibration adds this host's runtime costs to --comm direct or delegated; "
-            f"{comm} takes none"
-        )
+    if calibration_path is not None:
+        check_takes_host_costs(comm, "--calibration")
     host = load_host_costs(calibration_path)
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False, host=host)

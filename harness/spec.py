@@ -39,7 +39,7 @@ from pipeline.host_costs import FREE, HostCosts
 from pipeline.link_terms import ALL_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
-from pipeline.simulator import CommMode
+from pipeline.simulator import CommMode, check_takes_host_costs
 from pipeline.topology import Link, Topology
 
 __all__ = [
@@ -97,6 +97,12 @@ class Target:
     label: str
     profile: Profile
     cost: ModelCost | None
+
+    @property
+    def direct_comm(self) -> CommMode:
+        """How its systems on the direct path send: a cost-model model's as the paper's
+        artifact injects delays on its GPU path (`nccl-sleep`), a profile's `direct`."""
+        return CommMode.DIRECT if self.cost is None else CommMode.NCCL_SLEEP
 
     @property
     def samples_per_iteration(self) -> int:
@@ -349,6 +355,16 @@ class ExperimentSpec:
                     "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
+            if self.calibration is not None:
+                try:  # simulate --comm nccl-sleep --calibration's check
+                    check_takes_host_costs(target.direct_comm)
+                except ConfigError as err:
+                    raise ConfigError(
+                        f"calibration: model {target.label} comes from the cost model (the "
+                        f"paper's cluster), whose 1F1B and ZB send {target.direct_comm}: {err}, "
+                        "and only the delegated systems would pay them (give a profile of the "
+                        "model instead)"
+                    ) from err
             scenarios = self.scenarios(target)
             _check_scenario_names(scenarios)
             num_configurations += len(scenarios) * len(self.systems) * self.num_repeats
@@ -676,7 +692,7 @@ def controller_for(
         num_warmup_iterations=num_warmup_iterations,
         planner=planner or memoised_planner(),
         profile_for=None if target.cost is None else target.cost.profile_for,
-        direct_comm=CommMode.DIRECT if target.cost is None else CommMode.NCCL_SLEEP,
+        direct_comm=target.direct_comm,
         recovery=recovery,
         link_terms=link_terms,
     )

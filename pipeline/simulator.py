@@ -24,7 +24,7 @@ from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
 from pipeline.topology import Link
 
-__all__ = ["CommMode", "LinkComm", "simulate"]
+__all__ = ["HOST_COST_COMMS", "CommMode", "LinkComm", "check_takes_host_costs", "simulate"]
 
 
 class CommMode(StrEnum):
@@ -37,6 +37,22 @@ class CommMode(StrEnum):
     NCCL_SLEEP = "nccl-sleep"
     """The paper's GPU path as its artifact injects delays (pipeline.nccl_sleep): NCCL sends
     and receives on one dispatch queue per GPU, each delay a sleep kernel before a send."""
+
+
+HOST_COST_COMMS = (CommMode.DIRECT, CommMode.DELEGATED)
+"""The comm modes a host's runtime costs (`simulate`'s `host`, a calibration) apply to:
+`ideal` (the paper's model) and `nccl-sleep` (the paper's GPU path) take none."""
+
+
+def check_takes_host_costs(comm: str, calibration: str = "a calibration") -> None:
+    """A ConfigError where a calibration (`calibration`: how the input names it) is given for
+    messages sent `comm`, which takes no host costs (`HOST_COST_COMMS`): it would change
+    nothing there, or be charged to only some of the systems compared."""
+    if CommMode(comm) not in HOST_COST_COMMS:
+        raise ConfigError(
+            f"{calibration} adds this host's runtime costs to comm direct or delegated; "
+            f"{comm} takes none"
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -681,7 +681,7 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     assert calibrated >= free == 450.0
     ideal = cli("simulate", "--profile", profile, "--policy", "1f1b", "--calibration", str(host))
     assert ideal.returncode == 1  # ideal, the paper's model, takes no host costs: refused
-    assert "--calibration adds this host's runtime costs to --comm direct" in ideal.stderr
+    assert "--calibration adds this host's runtime costs to comm direct" in ideal.stderr
     ran = cli(
         "run", "--profile", profile, "--policy", "1f1b", "--format", "json",
         "--calibration", str(host),

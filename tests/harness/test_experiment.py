@@ -375,6 +375,27 @@ def test_bad_specs_are_clear_errors(change: dict, message: str) -> None:
         ExperimentSpec(**{**base, **change})
 
 
+def test_a_calibration_with_a_cost_model_model_is_refused_as_simulate_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """A calibration is this host's runtime; a cost-model model is the paper's cluster, whose
+    1F1B and ZB send nccl-sleep (no host costs): gpt2-7b's 1F1B stayed 421.9 ms with a 0.5 ms
+    op overhead, and adaptra-cpu (delegated, which takes them) went from 412.9 to 431.9 ms.
+    A profile's systems all take the costs: that spec is accepted."""
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps(HostCosts(op_overhead_ms=0.5).to_dict()))
+    fields = {"name": "c", "systems": ("1f1b", "adaptra-cpu"), "calibration": str(host)}
+    with pytest.raises(
+        ConfigError,
+        match="calibration: model gpt2-7b comes from the cost model .* send nccl-sleep: a "
+        "calibration adds this host's runtime costs to comm direct or delegated; nccl-sleep "
+        "takes none",
+    ):
+        ExperimentSpec(models=("gpt2-7b",), **fields)
+    spec = ExperimentSpec(models=("m",), profile=Profile.uniform(2, 4, 1, 1, 1), **fields)
+    assert spec.host_costs().op_overhead_ms == 0.5
+
+
 def test_a_spec_key_that_would_change_nothing_is_refused_as_run_s_option_is(
     tmp_path: Path,
 ) -> None:
