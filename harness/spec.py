@@ -32,7 +32,7 @@ from pipeline.allreduce import check_ring_messages
 from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
 from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
-from pipeline.errors import ConfigError
+from pipeline.errors import AdaptraBenchError, ConfigError
 from pipeline.faults import NO_FAULTS
 from pipeline.files import load_yaml, read_text
 from pipeline.host_costs import FREE, HostCosts
@@ -341,6 +341,7 @@ class ExperimentSpec:
         _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
         num_configurations = 0
+        planner = memoised_planner()  # the configurations share their plans
         for target in targets:
             check_label(target.label, "model name")
             if self.backend == "sim" and target.profile.has_dp_step:  # before any work
@@ -387,6 +388,34 @@ class ExperimentSpec:
                             f"configurations {other} and {config} would save their timelines "
                             f"to the same file {name}; rename a model"
                         )
+            self._check_first_plans(target, scenarios, planner)  # the costliest check: last
+
+    def _check_first_plans(
+        self, target: Target, scenarios: Sequence[Scenario], planner: Planner
+    ) -> None:
+        """Each system plans its first iteration of `target` in each scenario, as its run
+        will (`controller_for`, then its plan for iteration 0): a system that cannot plan for
+        the profile (ZB-H2 needs 2S - 1 microbatches of activation memory, more than a
+        `mem_limit` 1F1B meets) is refused here, naming its configuration, not when its turn
+        comes after the others have run. Later plans (a re-plan under the delays a detector
+        sees) are not made here. `planner` is memoised: a plan is made once per policy and
+        profile (about 0.1 s for the Fig. 16 preset's 80 configurations)."""
+        for scenario in scenarios:
+            for system in self.systems:
+                try:
+                    controller_for(
+                        system,
+                        target,
+                        scenario,
+                        planner,
+                        self.num_warmup_iterations,
+                        self.recovery(),
+                        link_terms=self.link_terms(),
+                    ).plan(0)
+                except AdaptraBenchError as err:  # a ScheduleError too (a memory limit)
+                    raise ConfigError(
+                        f"model {target.label}, system {system}, scenario {scenario.name}: {err}"
+                    ) from err
 
     def _check_hold(self, target: Target, scenario: Scenario) -> None:
         """A runtime's workers receive each of `scenario`'s messages within their

@@ -554,6 +554,13 @@ def test_a_yaml_spec_runs_and_report_rebuilds(tmp_path: Path) -> None:
             "systems: [1f1b]\ncolour: red\n",
             "unknown spec key",
         ),
+        (  # accepted, then 1F1B's two configurations ran and zb-h2's stopped the run, naming
+            # no configuration, and its resume failed the same way every time
+            "name: x\nmodel: p\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1, "
+            "mem_limit: 2}\nsystems: [1f1b, zb-h2]\ndelays_ms: [0, 5]\n",
+            "model p, system zb-h2, scenario fault-free: zb-h2 needs 3 microbatches of "
+            "activation memory on stage 0 but mem_limit is 2",
+        ),
     ],
 )
 def test_bad_spec_files_are_one_line_errors_and_write_nothing(
