@@ -41,6 +41,7 @@ from harness.spec import (
     Target,
     controller_for,
     memoised_planner,
+    without_folders,
 )
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
 from pipeline.errors import ConfigError
@@ -230,7 +231,7 @@ def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict
     spec.json keeps what they held, their names only."""
     before, now = previous["spec"], json.loads(json.dumps(record["spec"]))
     if previous["spec_version"] >= 2:
-        before, now = _without_folders(before), _without_folders(now)
+        before, now = without_folders(before), without_folders(now)
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
     if "resolved" in previous and previous["resolved"] != record["resolved"]:
         changed.append("resolved")  # the cost model changed its models' batch or names
@@ -280,13 +281,6 @@ def _check_rows_are_this_run(
             raise ConfigError(
                 f"{path} line {number} ({name}) is not a configuration of the experiment: damaged?"
             )
-
-
-def _without_folders(spec: dict[str, Any]) -> dict[str, Any]:
-    """`spec` with its fault timeline's and calibration's file names in place of their paths
-    (their contents are kept beside them: `faults_text`, `calibration_costs`)."""
-    names = {key: Path(spec[key]).name for key in ("faults", "calibration") if spec.get(key)}
-    return {**spec, **names}
 
 
 def _first_run_id(run_dir: Path, previous: dict[str, Any], progress: Callable[[str], None]) -> str:

@@ -6,9 +6,12 @@ seconds per iteration, a slowdown against the same system's fault-free run, or s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal, NamedTuple
 
-__all__ = ["PAPER", "PaperValue"]
+__all__ = ["PAPER", "PAPER_PRESETS", "PRESETS_DIR", "PaperValue"]
+
+PRESETS_DIR = Path(__file__).parent / "presets"
 
 
 class PaperValue(NamedTuple):
@@ -94,3 +97,14 @@ PAPER: dict[str, dict[tuple[str, str, str], PaperValue]] = {
 }
 """Table 3's samples/s are over its whole trace, the NIC failure at iteration 1030 included, as
 our trace (harness/presets/table3_trace.txt) has it."""
+
+PAPER_PRESETS = {
+    "fig1": "fig1_14b_last_link.yaml",
+    "fig3": "fig3_dp_link.yaml",
+    "fig15": "fig15_slowdown.yaml",
+    "fig16": "fig16_models.yaml",
+    "fig17": "fig17_several_links.yaml",
+    "table3-trace": "table3_trace.yaml",
+}
+"""Each experiment of PAPER's bundled preset (in PRESETS_DIR), whose `name` is its key: a run
+is compared with the paper only where it is that preset's setting (harness.report)."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.paper import PAPER, PaperValue
+from harness.paper import PAPER, PAPER_PRESETS, PRESETS_DIR, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["paper_comparison", "write_report"]
+__all__ = ["paper_comparison", "paper_experiment", "write_report"]
 
 _DELAY_PLOT = "iteration_time_vs_delay.png"
 _PLOTS = (_DELAY_PLOT, "slowdown.png", "throughput_over_time.png")
@@ -48,6 +48,38 @@ def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str
         f"Unfinished, not in runs.csv (nothing of them is drawn): {unfinished}.",
         "",
     ]
+
+
+_SELECTION = frozenset({"systems", "link_sets", "delays_ms", "num_repeats"})
+"""A spec's keys that pick which of its configurations run, not what one of them gives."""
+
+
+def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
+    """The paper's experiment (harness.paper.PAPER) `spec` runs, if any, and otherwise a note
+    where it is named as one: it runs it where it is that experiment's bundled preset
+    (PAPER_PRESETS) but for the configurations it picks (fewer systems, link sets, delays,
+    repeats, or some of its models: `_SELECTION`). Its name alone is not enough: a spec of
+    another model or network named fig16 was compared with the paper's Fig. 16."""
+    if spec.name not in PAPER_PRESETS:
+        return None, None
+    from harness.spec import load_spec, without_folders  # the spec module loads the engines
+
+    file = PAPER_PRESETS[spec.name]
+    preset = load_spec(PRESETS_DIR / file)
+    ours, theirs = without_folders(spec.to_dict()), without_folders(preset.to_dict())
+    changed = sorted(
+        key
+        for key in ours.keys() | theirs.keys()
+        if key not in _SELECTION | {"models"} and ours.get(key) != theirs.get(key)
+    )
+    if not all(model in preset.models for model in spec.models):
+        changed.insert(0, "models")
+    if not changed:
+        return spec.name, None
+    return None, (
+        f"Not compared with the paper: this spec is named {spec.name}, as the preset "
+        f"`harness/presets/{file}` is, but its {', '.join(changed)} differ from the preset's."
+    )
 
 
 def paper_comparison(
@@ -312,7 +344,10 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         "1 - (time the stages spent in ops) / (stages x iteration time), replica 0's, the "
         "mean over the measured iterations.",
     ]
-    compared = paper_comparison(spec.name, runs)
+    experiment, not_compared = paper_experiment(spec)
+    compared = [] if experiment is None else paper_comparison(experiment, runs)
+    if not_compared is not None:
+        lines += ["", not_compared]
     if compared:
         errors = [abs(ours - paper.value) / paper.value for _, paper, ours in compared]
         lines += [

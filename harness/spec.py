@@ -54,6 +54,7 @@ __all__ = [
     "resolved_from_record",
     "resume_command",
     "spec_from_record",
+    "without_folders",
 ]
 
 
@@ -659,6 +660,14 @@ def resolved_from_record(record: dict[str, Any], path: Path) -> ResolvedSpec:
             f"{path}, of an older version, keeps no resolved models; resolving them with this "
             f"version failed: {err}"
         ) from err
+
+
+def without_folders(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` (`ExperimentSpec.to_dict`'s form) with its fault timeline's and calibration's
+    file names in place of their paths (their contents are kept beside them: `faults_text`,
+    `calibration_costs`): the same experiment wherever its files are."""
+    names = {key: Path(spec[key]).name for key in ("faults", "calibration") if spec.get(key)}
+    return {**spec, **names}
 
 
 def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:

@@ -378,6 +378,53 @@ def test_fig3_is_compared_with_each_candidate_link_of_its_kind() -> None:
     ]
 
 
+def test_each_paper_experiment_has_its_preset() -> None:
+    presets = harness.paper.PAPER_PRESETS
+    assert sorted(presets) == sorted(harness.paper.PAPER)
+    for name, file in presets.items():
+        assert load_spec(harness.paper.PRESETS_DIR / file).name == name
+
+
+def test_only_a_run_of_the_paper_s_preset_is_compared_with_the_paper(tmp_path: Path) -> None:
+    """A spec named fig16 of a 14B labelled gpt2-7b on a 25 Gbit/s network was compared with
+    the paper's 7B (median error 127.3 %): its name and labels were all that was checked. The
+    preset's setting is, now; a run of some of its configurations is still compared."""
+    fig16 = load_spec(harness.paper.PRESETS_DIR / "fig16_models.yaml")
+    assert harness.report.paper_experiment(fig16) == ("fig16", None)
+    some = dataclasses.replace(
+        fig16, models=("gpt2-7b",), systems=("1f1b",), delays_ms=(0.0, 30.0), num_repeats=2
+    )
+    assert harness.report.paper_experiment(some) == ("fig16", None)
+    (tmp_path / "s.yaml").write_text(
+        "name: fig16\nmodels: [{base: gpt2-14b, name: gpt2-7b}]\n"
+        "hardware: {base: h800-ib400, network_gbps: 25}\nsystems: [1f1b, zb]\n"
+        "link_sets: [[first]]\ndelays_ms: [0, 30, 60]\nnum_iterations: 3\n"
+    )
+    assert harness.report.paper_experiment(load_spec(tmp_path / "s.yaml")) == (
+        None,
+        "Not compared with the paper: this spec is named fig16, as the preset "
+        "`harness/presets/fig16_models.yaml` is, but its models, hardware differ from the "
+        "preset's.",
+    )
+    longer = dataclasses.replace(fig16, num_iterations=4)
+    assert harness.report.paper_experiment(longer)[1] == (
+        "Not compared with the paper: this spec is named fig16, as the preset "
+        "`harness/presets/fig16_models.yaml` is, but its num_iterations differ from the "
+        "preset's."
+    )
+    assert harness.report.paper_experiment(dataclasses.replace(fig16, name="f")) == (None, None)
+    # The Table 3 preset and its trace copied elsewhere: the same experiment (its files'
+    # folders are not compared, what they hold is).
+    for file in ("table3_trace.yaml", "table3_trace.txt"):
+        shutil.copy(harness.paper.PRESETS_DIR / file, tmp_path / file)
+    table3 = load_spec(tmp_path / "table3_trace.yaml")
+    assert harness.report.paper_experiment(table3) == ("table3-trace", None)
+    (tmp_path / "table3_trace.txt").write_text("15;2_3;0.03\n85;2_3;0\n")
+    assert "its faults_text differ" in str(
+        harness.report.paper_experiment(load_spec(tmp_path / "table3_trace.yaml"))[1]
+    )
+
+
 def test_many_scenarios_get_upright_labels_and_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
