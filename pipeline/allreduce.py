@@ -39,6 +39,7 @@ __all__ = [
     "largest_chunk_bytes",
     "message_index",
     "messages_per_link_direction",
+    "num_buckets",
     "ring_peer",
     "ring_steps",
     "rings_done_ms",
@@ -59,15 +60,27 @@ D^2: measured here, a run of one iteration of the 7B model at DP 100 (3.7 millio
 and 1.6 GB; at DP 1000 (376 million) one took all 23 GB of the machine."""
 
 
-def buckets(grad_bytes: int, bucket_bytes: int) -> tuple[int, ...]:
-    """The bucket sizes of a stage's gradient, in the order they are reduced."""
+def _check_sizes(grad_bytes: int, bucket_bytes: int) -> None:
     if grad_bytes < 0 or bucket_bytes < 1:
         raise ConfigError(
             f"gradient bytes must be >= 0 and buckets >= 1 byte, got {grad_bytes} and "
             f"{bucket_bytes}"
         )
+
+
+def buckets(grad_bytes: int, bucket_bytes: int) -> tuple[int, ...]:
+    """The bucket sizes of a stage's gradient, in the order they are reduced (one entry per
+    bucket: count them with `num_buckets` first, as `check_ring_messages` does)."""
+    _check_sizes(grad_bytes, bucket_bytes)
     full, rest = divmod(grad_bytes, bucket_bytes)
     return (bucket_bytes,) * full + ((rest,) if rest else ())
+
+
+def num_buckets(grad_bytes: int, bucket_bytes: int) -> int:
+    """How many buckets `buckets` splits a stage's gradient into, counted without listing
+    them: ceil(gradient / bucket)."""
+    _check_sizes(grad_bytes, bucket_bytes)
+    return -(-grad_bytes // bucket_bytes)
 
 
 def ring_steps(num_replicas: int) -> int:
@@ -88,9 +101,10 @@ def largest_chunk_bytes(
     grad_bytes: int, bucket_bytes: int, num_replicas: int, element_bytes: int = 1
 ) -> int:
     """Bytes of the largest message a stage's ring sends (`chunk_bytes` of its largest
-    bucket; 0 for no gradient): what each of its DP links carries at most."""
-    largest = max(buckets(grad_bytes, bucket_bytes), default=0)
-    return chunk_bytes(largest, num_replicas, element_bytes)
+    bucket, min(gradient, bucket); 0 for no gradient): what each of its DP links carries at
+    most."""
+    _check_sizes(grad_bytes, bucket_bytes)
+    return chunk_bytes(min(grad_bytes, bucket_bytes), num_replicas, element_bytes)
 
 
 def message_index(bucket: int, step: int, num_replicas: int) -> int:
@@ -103,12 +117,13 @@ def messages_per_link_direction(grad_bytes: int, bucket_bytes: int, num_replicas
     carries (both directions of the one link when D = 2, one direction of each link else)."""
     if num_replicas < 2:
         return 0
-    return len(buckets(grad_bytes, bucket_bytes)) * ring_steps(num_replicas)
+    return num_buckets(grad_bytes, bucket_bytes) * ring_steps(num_replicas)
 
 
 def check_ring_messages(grad_bytes: Sequence[int], bucket_bytes: int, num_replicas: int) -> None:
     """Refuse stages' rings (`grad_bytes`: each stage's gradient) of more than
-    MAX_RING_MESSAGES messages in all: the simulator times each one."""
+    MAX_RING_MESSAGES messages in all: the simulator times each one (counted, not listed:
+    `Profile` checks its own rings with this before anything lists their buckets)."""
     num_messages = num_replicas * sum(
         messages_per_link_direction(g, bucket_bytes, num_replicas) for g in grad_bytes
     )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.allreduce import DEFAULT_BUCKET_BYTES, largest_chunk_bytes
+from pipeline.allreduce import DEFAULT_BUCKET_BYTES, check_ring_messages, largest_chunk_bytes
 from pipeline.checks import (
     MAX_DURATION_MS,
     MIN_BANDWIDTH_GBPS,
@@ -219,6 +219,8 @@ class Profile:
             _per_stage_count("allreduce_bytes", self.allreduce_bytes or 0, num_stages),
         )
         check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1, MAX_BYTES)
+        # (counted, before anything lists the buckets: 2**40 one-byte buckets were a MemoryError)
+        check_ring_messages(self.allreduce_bytes, self.dp_bucket_bytes, num_replicas)
         object.__setattr__(
             self, "dp_bandwidth_gbps", _check_gbps("dp_bandwidth_gbps", self.dp_bandwidth_gbps)
         )

@@ -10,10 +10,14 @@ from hypothesis import strategies as st
 from baselines import one_f_one_b
 from pipeline.allreduce import (
     DEFAULT_BUCKET_BYTES,
+    MAX_RING_MESSAGES,
     buckets,
+    check_ring_messages,
     chunk_bytes,
+    largest_chunk_bytes,
     message_index,
     messages_per_link_direction,
+    num_buckets,
     ring_peer,
     rings_done_ms,
 )
@@ -40,6 +44,24 @@ def test_a_gradient_splits_into_buckets_the_last_smaller() -> None:
     assert messages_per_link_direction(10 * MB, 4 * MB, 1) == 0
     with pytest.raises(ConfigError, match="buckets >= 1 byte"):
         buckets(1, 0)
+
+
+def test_buckets_are_counted_without_listing_them() -> None:
+    """2**40 one-byte buckets: listing them was a MemoryError before any count was checked."""
+    assert [num_buckets(g, 4 * MB) for g in (0, 1, 4 * MB, 10 * MB)] == [0, 1, 1, 3]
+    assert num_buckets(2**40, 1) == 2**40
+    assert largest_chunk_bytes(10 * MB, 4 * MB, 3) == chunk_bytes(4 * MB, 3)
+    assert largest_chunk_bytes(3 * MB, 4 * MB, 2) == 3 * MB // 2  # one smaller bucket
+    assert largest_chunk_bytes(0, 4 * MB, 2) == 0
+    assert largest_chunk_bytes(2**40, 1, 2) == 1
+    assert messages_per_link_direction(2**40, 1, 2) == 2**41
+    with pytest.raises(ConfigError, match=r"is 8,796,093,022,208 messages an iteration \(2 "):
+        check_ring_messages([2**40, 2**40], 1, 2)
+    check_ring_messages([MAX_RING_MESSAGES // 4], 1, 2)  # 2 replicas x 2 steps: at the limit
+    with pytest.raises(ConfigError, match="more than the simulator times"):
+        check_ring_messages([MAX_RING_MESSAGES // 4 + 1], 1, 2)
+    with pytest.raises(ConfigError, match="buckets >= 1 byte"):
+        largest_chunk_bytes(1, 0, 2)
 
 
 def test_the_ring_sends_to_the_next_replica_forward_from_the_lower() -> None:

@@ -142,6 +142,13 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
             "a DP ring chunk at dp_bandwidth_gbps takes 4e",
         ),
         ({"dp": 0}, r"dp must be in 1\.\.1024"),
+        # counted before anything lists the buckets (2**40 of them were a MemoryError)
+        (
+            {"dp": 2, "allreduce_bytes": 2**40, "dp_bucket_bytes": 1},
+            r"the DP all-reduce is 17,592,186,044,416 messages an iteration \(4 stages' rings "
+            r"of 2 replicas, 1-byte buckets\): more than the simulator times \(4,000,000\); "
+            r"give fewer replicas or larger buckets \(dp_bucket_bytes\)$",
+        ),
         ({"allreduce_bytes": [1, 2]}, "allreduce_bytes has 2 entries"),
         ({"allreduce_bytes": -1}, "allreduce_bytes must be in 0"),
         ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),
