@@ -151,8 +151,8 @@ class Profile:
     link_latency_ms: float = 0.0
     link_bandwidth_gbps: float | None = None
     num_delegates: int | None = None
-    """Delegates per link direction and side in `delegated` mode; None: the paper's rule
-    (`delegates_needed`)."""
+    """Delegates per link direction and side in `delegated` mode, 1 to `num_microbatches`;
+    None: the paper's rule (`delegates_needed`)."""
     copy_gbps: float | None = None
     """Device-host copy speed in `delegated` mode; None: copies are free."""
     delegate_gbps: float | None = None
@@ -209,7 +209,15 @@ class Profile:
             _check_gbps("link_bandwidth_gbps", self.link_bandwidth_gbps),
         )
         if self.num_delegates is not None:
-            check_count("num_delegates", self.num_delegates, 1)
+            num_delegates = check_count("num_delegates", self.num_delegates, 1)
+            if num_delegates > num_microbatches:  # (10**9 of them were a MemoryError)
+                raise ConfigError(
+                    f"num_delegates ({num_delegates}) must be at most microbatches "
+                    f"({num_microbatches}): a PP link direction carries one message per "
+                    "microbatch an iteration, message k going to delegate k mod num_delegates, "
+                    "so more would sit idle there (the paper's rule gives at most one per "
+                    "microbatch)"
+                )
         object.__setattr__(self, "copy_gbps", _check_gbps("copy_gbps", self.copy_gbps))
         object.__setattr__(self, "delegate_gbps", _check_gbps("delegate_gbps", self.delegate_gbps))
         num_replicas = check_count("dp", self.num_replicas, 1, MAX_REPLICAS)

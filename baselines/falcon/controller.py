@@ -392,6 +392,11 @@ class FalconController:
     def _schedule_for(self, num_microbatches: int) -> Schedule:
         if num_microbatches not in self._schedules:
             assert self._planner is not None
-            profile = dataclasses.replace(self.profile, num_microbatches=num_microbatches)
+            delegates = self.profile.num_delegates  # at most one per microbatch (Profile)
+            if delegates is not None:
+                delegates = min(delegates, num_microbatches)
+            profile = dataclasses.replace(
+                self.profile, num_microbatches=num_microbatches, num_delegates=delegates
+            )
             self._schedules[num_microbatches] = self._planner(profile)
         return self._schedules[num_microbatches]

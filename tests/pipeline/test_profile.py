@@ -44,6 +44,7 @@ def test_transfer_adds_latency_and_serialisation() -> None:
 def test_dict_round_trip() -> None:
     profile = Profile.from_dict({**BASE, "t_b": [1, 2, 3, 4], "mem_limit": 7, "num_delegates": 2})
     assert Profile.from_dict(profile.to_dict()) == profile
+    assert Profile.from_dict({**BASE, "num_delegates": 12}).delegate_count() == 12  # the most
     dp = Profile.from_dict(
         {
             **BASE,
@@ -110,6 +111,13 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"mem_limit": 0}, "mem_limit must be finite and > 0"),
         ({"mem_limit": 0.5}, r"mem_limit 0\.5 admits no schedule: .* must be >= 1$"),
         ({"num_delegates": 0}, "num_delegates must be >= 1"),
+        # one per microbatch at most (10**9 were a MemoryError in the simulator)
+        (
+            {"num_delegates": 13},
+            r"num_delegates \(13\) must be at most microbatches \(12\): a PP link direction "
+            "carries one message per microbatch an iteration",
+        ),
+        ({"num_delegates": 10**9}, r"num_delegates \(1000000000\) must be at most microbatches"),
         ({"link_bandwidth_gbps": -1}, "link_bandwidth_gbps must be finite and > 0"),
         ({"message_bytes": -5}, r"message_bytes must be in 0\.\.1099511627776, got -5"),
         # rates at least 1 Mbit/s and bytes at most 1 TiB: 1e24 bytes at 1e-300 Gbit/s was an

@@ -256,6 +256,14 @@ def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> No
     assert (result.restarts, result.lost_iterations) == (0, 0)
 
 
+def test_a_profile_with_a_delegate_per_microbatch_is_rebalanced_too() -> None:
+    """num_delegates 8 of 8 microbatches: the split's replica of 4 is planned with 4 (a
+    profile has at most one per microbatch; its plan's profile was refused, a ConfigError)."""
+    profile = dataclasses.replace(PROFILE, num_delegates=8)
+    result, _ = _run(14, 10, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0, profile=profile)
+    assert [d.microbatches for d in result.decisions] == [""] * 8 + ["12+4"] * 2
+
+
 def test_a_swap_that_brings_the_time_back_leaves_no_phantom_straggler() -> None:
     """1.2 ms on dp1:0-1 from iteration 3 (48 chunks: 35 % slower steps), the swap at 50 ms:
     validated in 4, the swap bought in 6, run from 7. The swapped pair's PP link 1-2 of
