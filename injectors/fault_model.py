@@ -230,9 +230,10 @@ class InForce:
                     cap_gbit_s = min(cap_gbit_s, effect.bandwidth_gbps)
                 if effect.normal_ms is not None:
                     delay_ms += self._redrawn(effect, unit).at(offset_ms)
-        if cap_gbit_s < math.inf:
-            delay_ms += self.rates.cap_ms(link, num_bytes, cap_gbit_s)
-        return MessageFault(delay_ms)
+        if cap_gbit_s == math.inf:
+            return MessageFault(delay_ms)
+        cap_ms = self.rates.cap_ms(link, num_bytes, cap_gbit_s)
+        return MessageFault(delay_ms + cap_ms, cap_ms=cap_ms)
 
     def _redrawn(self, effect: Effect, unit: _Unit) -> _Redraws:
         redraws = self._redraws.get((unit, effect))

@@ -35,6 +35,9 @@ class MessageFault:
     delay_ms: float = 0.0
     """Extra time before the message goes (a slow link), on top of the profile's own delay
     and its link's own bytes/bandwidth (a cap adds what it takes beyond those)."""
+    cap_ms: float = 0.0
+    """Of `delay_ms`, what the route's cap adds: the wire's share, which stays with the link
+    the message crosses (the rest is injected: a delay, its jitter, a stall)."""
     failed: bool = False
     """The message cannot go over the NIC asked about: its link or a NIC on that route has
     failed."""

@@ -18,8 +18,9 @@ What the authors' artifact (github wutianyuan1/PipeMorph) does, and what this ti
   is wrong for one sender: stage 2's sends to stage 1 sleep for link 2-3 (and, at three
   stages, for no link: its rank 3 is no stage).
 - The misreading is the injector's: it picks the sleep, not the wire. A send goes over its
-  own link (stage 2 to 1 over 1-2), and fails where that link's route is down
-  (`SleepFor`).
+  own link (stage 2 to 1 over 1-2), fails where that link's route is down, and takes that
+  link's cap (a fault's `bandwidth_gbps`: the wire's rate, no sleep) as more wire time, where
+  a send counted right takes it too (`SleepFor`).
 - Split schedules (B and W) run ZeroBubble's runtime: every send and receive is its own
   `isend` / `irecv` on a two-rank communicator (one stream per neighbour, first in first
   out), placed in the stage's order at the fault-free time its message is sent (a receive
@@ -52,10 +53,11 @@ Message = tuple[str, int]
 LinkDirection = tuple[int, str]
 """A PP link direction: (link index, "forward" or "backward")."""
 
-SleepFor = Callable[[LinkDirection, LinkDirection | None, Message, float], float]
+SleepFor = Callable[[LinkDirection, LinkDirection | None, Message, float], tuple[float, float]]
 """(the send's own link direction, the one the injector counts it on (None: none), message,
-ms since the iteration began at the send) -> the sleep the injector puts before the send:
-the counted link direction's delay (it raises where the send's own route is down)."""
+ms since the iteration began at the send) -> (the sleep the injector puts before the send:
+the counted link direction's injected delay; what a cap on the send's own link direction
+adds to its wire time); it raises where the send's own route is down."""
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -70,6 +72,8 @@ class _Comm:
     """Sends and receives of one batched call share it: posted and sleeping together."""
     dispatch_ms: float | None = None
     sleep_ms: float = 0.0
+    cap_ms: float = 0.0
+    """A send's: what a cap on its own link adds to its wire time."""
     ready_ms: float | None = None
     """Dispatched and past its sleep: it may meet its peer's matching send or receive."""
     done_ms: float | None = None
@@ -98,6 +102,8 @@ class NcclMessage:
     sent_ms: float
     """When the op producing it ended."""
     sleep_ms: float
+    cap_ms: float
+    """What a cap on its own link added to its wire time (after `wire_start_ms`)."""
     wire_start_ms: float
     """When send and receive met (both posted, the sleep over)."""
     arrival_ms: float
@@ -330,7 +336,8 @@ def _execute(
         if other is None:
             raise ScheduleError(f"stage {comm.stage}: no stage takes part in {comm.message}")
         if other.ready_ms is not None and comm.ready_ms is not None:
-            comm.done_ms = other.done_ms = max(comm.ready_ms, other.ready_ms) + wire_ms
+            cap_ms = comm.cap_ms if comm.is_send else other.cap_ms  # the send's own link's
+            comm.done_ms = other.done_ms = max(comm.ready_ms, other.ready_ms) + wire_ms + cap_ms
 
     progress = True
     while progress:
@@ -366,7 +373,9 @@ def _execute(
                         injected = _injected_link(stage, item.peer, num_stages, synchronize)
                         own = _own_link(stage, item.peer)
                         offset_ms = item.dispatch_ms - start_ms
-                        item.sleep_ms = sleep_for(own, injected, item.message, offset_ms)
+                        item.sleep_ms, item.cap_ms = sleep_for(
+                            own, injected, item.message, offset_ms
+                        )
                     group = calls[stage, item.group]
                     sleep_ms = max(c.sleep_ms for c in group)
                     for comm in group:  # a later send of the call raises the call's sleep
@@ -438,7 +447,8 @@ def time_replica(
                         item.message,
                         sent[stage, item.message],
                         item.sleep_ms,
-                        item.done_ms - wire_ms,
+                        item.cap_ms,
+                        item.done_ms - wire_ms - item.cap_ms,
                         item.done_ms,
                         asked[item.peer, item.message],
                     )

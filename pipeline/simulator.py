@@ -157,7 +157,8 @@ def simulate(
     replica's own schedule on its share of the global batch (unequal microbatch counts;
     None: every replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host
     costs, mixes with no other mode, and fails a message whose own link's route is down
-    (stage 2's gradients too, which its injector counts on link 2-3)."""
+    and times its own link's cap on its wire (stage 2's gradients too, which its injector
+    counts on link 2-3: their sleep is that link's injected delay)."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
     origin_ms = start_ms if faults_from_ms is None else faults_from_ms
@@ -360,27 +361,30 @@ def simulate(
 
         def sleep_for(
             own: LinkDirection, counted: LinkDirection | None, message: Message, at_ms: float
-        ) -> float:
+        ) -> tuple[float, float]:
             """The sleep before a send over `own` that the injector counts on `counted`: the
-            profile's and the faults' delay there; a LinkFailure where `own`'s route is down.
-            A misread send (`counted` not `own`) is asked about on both, in that order: a
-            view's per-sender state (a stall paid) follows each ask, so a stall on `counted`
-            goes to the first send the injector counts there (its one-off sleep) and one on
-            `own`'s route to the first send over it (as in every mode), though not slept."""
+            profile's and the faults' injected delay there; and what a cap on `own` adds to
+            the send's wire time (a cap is the wire's: it stays with the link the send
+            crosses); a LinkFailure where `own`'s route is down. A misread send (`counted`
+            not `own`) is asked about on both, in that order: a view's per-sender state (a
+            stall paid) follows each ask, so a stall on `counted` goes to the first send the
+            injector counts there (its one-off sleep) and one on `own`'s route to the first
+            send over it (as in every mode), though not slept."""
             if faults is NO_FAULTS:
-                return 0.0 if counted is None else profile.delay_ms[counted[0]]
+                return (0.0 if counted is None else profile.delay_ms[counted[0]]), 0.0
             kind, m = message
             at_ms += start_ms - origin_ms  # time_replica's offsets are from `start_ms`
             link, direction = pp_links[own[0]], own[1]
             fault = faults.message_fault(link, direction, kind, m, message_bytes, at_ms)
             if fault.failed:
                 raise _pp_link_down(iteration, direction, m, link, at_ms)
+            cap_ms = fault.cap_ms
             if counted is None:
-                return 0.0
-            if counted != own:  # (a failure there is not this send's)
+                return 0.0, cap_ms
+            if counted != own:  # (a failure there is not this send's, nor a cap there)
                 link, direction = pp_links[counted[0]], counted[1]
                 fault = faults.message_fault(link, direction, kind, m, message_bytes, at_ms)
-            return profile.delay_ms[counted[0]] + fault.delay_ms
+            return profile.delay_ms[counted[0]] + fault.delay_ms - fault.cap_ms, cap_ms
 
         def fault_free() -> dict[tuple[int, Op], tuple[float, float]]:
             """This replica's pipeline alone with nothing injected (`ideal`)."""
@@ -416,7 +420,7 @@ def simulate(
                 m.arrival_ms,
                 m.asked_ms,
                 replica,
-                m.sleep_ms,
+                m.sleep_ms + m.cap_ms,  # the injected delay it slept, and its wire's cap
                 m.wire_start_ms,
                 0.0,
                 0,

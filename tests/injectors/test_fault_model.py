@@ -51,10 +51,14 @@ def test_a_cap_a_stall_and_their_directions() -> None:
     in_force = model.at(3, FOUR, rates=NO_RATES)
     link = Link.pp(0, 0)
     mbit = 125_000  # 1 Mbit at 0.1 Gbit/s: 10 ms
-    first = in_force.message_fault(link, "backward", "B", 0, mbit).delay_ms
-    second = in_force.message_fault(link, "backward", "B", 1, mbit).delay_ms
-    forward = in_force.message_fault(link, "forward", "F", 1, mbit).delay_ms
-    assert (first, second, forward) == (60.0, 10.0, 60.0)  # each direction stalls once
+    first = in_force.message_fault(link, "backward", "B", 0, mbit)
+    second = in_force.message_fault(link, "backward", "B", 1, mbit)
+    forward = in_force.message_fault(link, "forward", "F", 1, mbit)
+    # each direction stalls once; of each delay the cap's 10 ms is the wire's (cap_ms)
+    assert [(f.delay_ms, f.cap_ms) for f in (first, second, forward)] == [
+        (60.0, 10.0), (10.0, 10.0), (60.0, 10.0)
+    ]  # fmt: skip
+    assert in_force.message_fault(Link.pp(1, 0), "forward", "F", 0, mbit).cap_ms == 0.0
     assert (
         model.at(4, FOUR, rates=NO_RATES).message_fault(link, "forward", "F", 0, mbit).delay_ms
         == 10.0

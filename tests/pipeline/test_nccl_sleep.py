@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 
 from baselines.one_f_one_b import one_f_one_b
+from injectors.fault_files import parse_yaml
 from pipeline.errors import LinkFailure, ScheduleError
 from pipeline.faults import MessageFault
 from pipeline.host_costs import FREE, CostCurve, HostCosts, RingLag
@@ -152,6 +153,65 @@ def test_a_misread_send_fails_on_its_own_link_only() -> None:
     asked = [a for a in down_2_3.asked if a[2:] == ("B", 7) and a[0] != "pp0:0-1"]
     assert asked == [("pp0:2-3", "backward", "B", 7), ("pp0:1-2", "backward", "B", 7),
                      ("pp0:2-3", "forward", "B", 7)]  # fmt: skip
+
+
+_CAPPED_STARTS = {  # (stages, capped link) -> each stage's op starts, ms, in its order
+    (3, "1-2"): [[0, 10, 100, 230, 340, 450], [10, 100, 210, 230, 320, 430],
+                 [100, 110, 210, 220, 320, 330]],
+    (4, "1-2"): [[0, 10, 100, 190, 320, 430, 540, 640], [10, 100, 190, 300, 320, 410, 520, 620],
+                 [100, 190, 200, 300, 310, 410, 420, 520],
+                 [110, 120, 200, 210, 310, 320, 420, 430]],
+    (4, "2-3"): [[0, 10, 20, 110, 260, 370, 480, 590], [10, 20, 110, 240, 260, 350, 460, 570],
+                 [20, 110, 220, 240, 330, 350, 440, 550],
+                 [110, 120, 220, 230, 330, 340, 440, 450]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("num_stages", "capped", "end_ms"), [(3, "1-2", 470.0),
+                         (4, "1-2", 660.0), (4, "2-3", 610.0)])  # fmt: skip
+def test_a_cap_is_its_own_link_s_wire_time_whichever_link_the_sleep_is_counted_on(
+    num_stages: int, capped: str, end_ms: float
+) -> None:
+    """1F1B, S microbatches of 10 ms F and 20 ms B+W, 10 MB messages on unlimited links, a
+    1 Gbit/s cap on one link: each message over it is 80 ms longer on the wire (from when
+    send and receive meet), in both directions, and no sleep. Stage 2's gradients go over
+    1-2 whatever link the injector counts them on (2-3 at S = 4, none at S = 3): a cap on
+    1-2 holds them 80 ms (it was dropped: 0 ms), one on 2-3 does not (it held them 80 ms
+    of sleep). By hand, every send a call's synchronize waits for: at S = 3, stage 1's F0
+    goes at 20 and is at stage 2 at 100; stage 2's BW0 ends at 130, its gradient meets
+    stage 1's receive (posted with F1's send at 110) and is there at 210, when stage 1's
+    BW0 starts; ... stage 0's BW2 ends at 470. Every op's start is as worked out."""
+    profile = Profile.uniform(num_stages, num_stages, 10, 10, 10, message_bytes=10_000_000)
+    faults = parse_yaml(f'- {{start_iteration: 0, links: ["{capped}"], bandwidth_gbps: 1}}')
+    view = faults.at(0, profile.topology, rates=profile.link_rates)
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, faults=view)
+    for message in timeline.messages:
+        cap_ms = 80.0 if message.link == capped else 0.0
+        assert message.fault_ms == pytest.approx(cap_ms)  # no sleep: the cap alone
+        assert message.arrival_ms - message.wire_start_ms == pytest.approx(cap_ms)
+    starts = [sorted(r.start_ms for r in timeline.ops if r.stage == s) for s in range(num_stages)]
+    assert starts == _CAPPED_STARTS[num_stages, capped]
+    assert timeline.iterations[0].end_ms == end_ms
+
+
+def test_a_misread_send_sleeps_the_counted_link_s_delay_and_takes_its_own_link_s_cap() -> None:
+    """S = 4: 30 ms delay and a 1 Gbit/s cap on 2-3, a 1 Gbit/s cap on 1-2: stage 2's
+    gradients to stage 1 sleep 2-3's 30 ms (the misreading) and take 1-2's 80 ms cap."""
+    profile = Profile.uniform(4, 4, 10, 10, 10, message_bytes=10_000_000)
+    faults = parse_yaml(
+        '[{start_iteration: 0, links: ["2-3"], delay_ms: 30},'
+        ' {start_iteration: 0, links: ["1-2", "2-3"], bandwidth_gbps: 1}]'
+    )
+    view = faults.at(0, profile.topology, rates=profile.link_rates)
+    timeline = simulate(one_f_one_b(profile), profile, CommMode.NCCL_SLEEP, faults=view)
+    found: dict[tuple[str, str], set[tuple[float, float]]] = {}
+    for m in timeline.messages:
+        key = (m.link, m.direction)
+        found.setdefault(key, set()).add((m.fault_ms, round(m.arrival_ms - m.wire_start_ms, 9)))
+    assert found[("1-2", "backward")] == {(110.0, 80.0)}  # 30 slept, 80 on the wire
+    assert found[("1-2", "forward")] == {(80.0, 80.0)}
+    assert found[("2-3", "forward")] == found[("2-3", "backward")] == {(110.0, 80.0)}
+    assert found[("0-1", "forward")] == found[("0-1", "backward")] == {(0.0, 0.0)}
 
 
 def test_it_mixes_with_no_other_mode() -> None:
