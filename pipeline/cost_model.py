@@ -183,7 +183,7 @@ def _resolve(entry: Any, table: Mapping[str, Any], kind: str) -> Any:
     fields = dict(entry)
     base_name = fields.pop("base", None)
     valid = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - valid)
+    unknown = sorted(map(str, set(fields) - valid))  # (YAML's `1:` is a key 1: no TypeError)
     if unknown:
         raise ConfigError(
             f"unknown {kind} field(s) {', '.join(unknown)}; valid: base, {', '.join(sorted(valid))}"

@@ -293,7 +293,8 @@ class Profile:
         """Read the profile-file form (docs/design.md); unknown or missing keys are errors."""
         if not isinstance(data, Mapping):
             raise ConfigError("a profile must be a JSON object")
-        unknown = sorted(set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS))
+        # (as names: YAML reads `1:` as a key 1, which sorting and joining refused as a TypeError)
+        unknown = sorted(map(str, set(data) - set(_REQUIRED_KEYS) - set(_OPTIONAL_KEYS)))
         if unknown:
             valid = ", ".join(_REQUIRED_KEYS + _OPTIONAL_KEYS)
             raise ConfigError(f"unknown profile key(s) {', '.join(unknown)}; valid keys: {valid}")

@@ -113,6 +113,7 @@ def test_the_dp_step_is_in_the_profile() -> None:
     [
         ("gpt2-1t", "unknown model 'gpt2-1t'"),
         ({"base": "gpt2-14b", "colour": 1}, "unknown model field"),
+        ({"base": "gpt2-14b", 1: 2, "x": 3}, r"unknown model field\(s\) 1, x; valid: base, "),
         ({"base": "gpt2-14b", "pp": 7}, "do not split evenly over 7 stages"),
         ({"base": "gpt2-14b", "num_microbatches": 4}, "4 microbatches < 8 stages"),
     ],

@@ -91,6 +91,9 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
     ("change", "message"),
     [
         ({"colour": 1}, "unknown profile key"),
+        # keys that are no names (YAML's `1:`, `null:`) were a TypeError from sorting them
+        ({1: 2, "x": 3}, r"unknown profile key\(s\) 1, x; valid keys: stages, microbatches, "),
+        ({None: 1}, r"unknown profile key\(s\) None; valid keys: "),
         ({"t_f": None}, "missing required key"),
         ({"microbatches": 3}, "must be >= stages"),
         ({"stages": 0}, r"stages must be in 1\.\.512, got 0"),
