@@ -106,6 +106,12 @@ def _per_stage_count(name: str, value: object, num_stages: int) -> tuple[int, ..
     return tuple(check_count(f"{name}[{i}]", v, 0, MAX_BYTES) for i, v in enumerate(value))
 
 
+def _or_none(value: object, none: object) -> object:
+    """`none` for a per-stage field's own default, the empty tuple (the file's absent key);
+    any value given, an empty list too, as it is."""
+    return none if isinstance(value, tuple) and not value else value
+
+
 def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], ...]:
     """DP ring links and their delays (a mapping, or (link, delay) pairs), links checked,
     sorted, zero delays left out."""
@@ -224,7 +230,8 @@ class Profile:
         object.__setattr__(
             self,
             "allreduce_bytes",
-            _per_stage_count("allreduce_bytes", self.allreduce_bytes or 0, num_stages),
+            # (only the field's own default, (), is "none": a file's [] is a list of 0 entries)
+            _per_stage_count("allreduce_bytes", _or_none(self.allreduce_bytes, 0), num_stages),
         )
         check_count("dp_bucket_bytes", self.dp_bucket_bytes, 1, MAX_BYTES)
         # (counted, before anything lists the buckets: 2**40 one-byte buckets were a MemoryError)
@@ -236,7 +243,9 @@ class Profile:
             self, "dp_delay_ms", _dp_delays(self.dp_delay_ms, Topology(num_stages, num_replicas))
         )
         object.__setattr__(
-            self, "optimizer_ms", _per_stage("optimizer_ms", self.optimizer_ms or 0.0, num_stages)
+            self,
+            "optimizer_ms",
+            _per_stage("optimizer_ms", _or_none(self.optimizer_ms, 0.0), num_stages),
         )
         if self.stage_state_bytes != ():
             object.__setattr__(
@@ -308,9 +317,6 @@ class Profile:
         }
         if "dp_delay_ms" in optional and not isinstance(optional["dp_delay_ms"], Mapping):
             raise ConfigError("dp_delay_ms must map DP links to delays, e.g. {'dp1:0-1': 30}")
-        for key in ("delay_ms", "allreduce_bytes", "optimizer_ms"):
-            if isinstance(optional.get(key), list):
-                optional[key] = tuple(optional[key])
         profile = cls(
             num_stages=data["stages"],
             num_microbatches=data["microbatches"],

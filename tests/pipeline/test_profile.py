@@ -165,6 +165,9 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"allreduce_bytes": 1.5}, "allreduce_bytes must be an integer"),
         ({"dp_bucket_bytes": 0}, "dp_bucket_bytes must be in 1"),
         ({"optimizer_ms": [1]}, "optimizer_ms has 1 entries"),
+        # a list given is no absent key (both were read as all 0)
+        ({"allreduce_bytes": []}, r"allreduce_bytes has 0 entries, expected one per stage \(4\)"),
+        ({"optimizer_ms": []}, r"optimizer_ms has 0 entries, expected one per stage \(4\)"),
         ({"state_bytes": [1]}, "state_bytes has 1 entries"),
         ({"state_bytes": -1}, "state_bytes must be in 0"),
         ({"dp_delay_ms": {"dp1:0-1": 5}}, "link dp1:0-1 does not exist with 4 stages and 1"),
