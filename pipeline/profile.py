@@ -114,16 +114,22 @@ def _or_none(value: object, none: object) -> object:
 
 def _dp_delays(value: object, topology: Topology) -> tuple[tuple[Link, float], ...]:
     """DP ring links and their delays (a mapping, or (link, delay) pairs), links checked,
-    sorted, zero delays left out."""
+    each once (however spelled), sorted, zero delays left out."""
     items = value.items() if isinstance(value, Mapping) else value
     if not isinstance(items, Iterable) or isinstance(items, str):
         raise ConfigError("dp_delay_ms must map DP links to delays, e.g. {'dp1:0-1': 30}")
     delays: dict[Link, float] = {}
+    spelled: dict[Link, object] = {}  # each link's key as given
     for item in items:
         if not isinstance(item, tuple | list) or len(item) != 2:
             raise ConfigError(f"dp_delay_ms must map DP links to delays, got {item!r}")
         name, delay = item
         link = name if isinstance(name, Link) else Link.parse(str(name))
+        if link in spelled:  # ("dp0:0-01" and " dp0:0-1 " are dp0:0-1: the last one won)
+            raise ConfigError(
+                f"dp_delay_ms: link {link} given twice, as {str(spelled[link])!r} and {str(name)!r}"
+            )
+        spelled[link] = name
         if link.is_pp:
             raise ConfigError(
                 f"dp_delay_ms: {link} is a PP link (delay_ms has those); DP ring links are "

@@ -175,6 +175,15 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"dp": 2, "dp_delay_ms": {"dp4:0-1": 5}}, "link dp4:0-1 does not exist"),
         ({"dp": 2, "dp_delay_ms": {"dp1:0-1": -5}}, r"dp_delay_ms\[dp1:0-1\] must be finite"),
         ({"dp": 2, "dp_delay_ms": [5]}, "dp_delay_ms must map DP links to delays"),
+        # one link spelled twice (the last one's delay won), zeros too (they are left out)
+        (
+            {"dp": 2, "dp_delay_ms": {"dp0:0-1": 5, "dp0:0-01": 40}},
+            r"^dp_delay_ms: link dp0:0-1 given twice, as 'dp0:0-1' and 'dp0:0-01'$",
+        ),
+        (
+            {"dp": 2, "dp_delay_ms": {"dp0:0-1": 0, " dp0:0-1 ": 0}},
+            "dp_delay_ms: link dp0:0-1 given twice, as 'dp0:0-1' and ' dp0:0-1 '",
+        ),
     ],
 )
 def test_bad_profiles_are_clear_errors(change: dict, message: str) -> None:
