@@ -15,7 +15,7 @@ from click.core import ParameterSource
 
 from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
 from pipeline.checks import MAX_WAIT_S
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, ScheduleError
 from pipeline.files import read_json, read_text
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
@@ -39,6 +39,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -90,15 +91,33 @@ def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:
     return FiniteFloatRange(min=0, min_open=True, max=max_s)
 
 
-def _load_schedule(path: str) -> tuple[Schedule, dict[str, Any] | None]:
+def _load_schedule(path: str) -> tuple[Schedule, object]:
     """A schedule file (JSON with `stages`, or a torch CSV: known by its first character)
-    and the profile it embeds, if any."""
+    and the `profile` value it embeds, if any (None: none); its errors name the file."""
     text = read_text(path, "schedule")
     if not text.lstrip().startswith(("{", "[")):
-        return from_torch_csv(text), None
+        return _named(path, "", lambda: from_torch_csv(text)), None
     data = read_json(path, "schedule")
-    embedded = data.get("profile") if isinstance(data, dict) else None
-    return Schedule.from_dict(data), embedded if isinstance(embedded, dict) else None
+    schedule = _named(path, "", lambda: Schedule.from_dict(data))
+    return schedule, data.get("profile") if isinstance(data, dict) else None
+
+
+def _named(path: str, part: str, parse: Callable[[], T]) -> T:
+    """`parse()`, its error naming the schedule file `path` (and the `part` of it)."""
+    try:
+        return parse()
+    except (ConfigError, ScheduleError) as err:
+        raise type(err)(f"schedule {path}: {part}{err}") from err
+
+
+def _embedded_profile(path: str, embedded: object) -> Profile:
+    """The profile a schedule file embeds: an object in the profile file's form."""
+    if not isinstance(embedded, dict):
+        raise ConfigError(
+            f"schedule {path}: 'profile' must be an object (the profile file's form), got "
+            f"{type(embedded).__name__} {embedded!r:.40}"
+        )
+    return _named(path, "profile: ", lambda: Profile.from_dict(embedded))
 
 
 def resolve(
@@ -116,8 +135,8 @@ def resolve(
     schedule, embedded = _load_schedule(schedule_path) if schedule_path else (None, None)
     if profile_path is not None:
         profile = Profile.from_file(profile_path)
-    elif embedded is not None:
-        profile = Profile.from_dict(embedded)
+    elif schedule_path is not None and embedded is not None:
+        profile = _embedded_profile(schedule_path, embedded)
     elif schedule_path is None:
         raise ConfigError("--profile is required: give the profile file (its format: the README)")
     else:
