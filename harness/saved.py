@@ -23,7 +23,7 @@ from harness.names import slug
 from harness.resolved import ConfigurationKey
 from harness.results import MESSAGES_COLUMNS, write_json_atomic
 from pipeline.errors import ConfigError
-from pipeline.files import atomic_writer, parse_json_file
+from pipeline.files import atomic_writer, leftover_temporaries, parse_json_file
 from pipeline.timeline import Timeline
 
 __all__ = [
@@ -174,14 +174,18 @@ def _saved_timeline(data: Any) -> SavedTimeline:
 def drop_stale(
     run_dir: Path, done: Collection[ConfigurationKey], stale: Iterable[ConfigurationKey]
 ) -> None:
-    """Before a resume: keep only the messages of configurations in runs.csv (`done`: it is
-    written last), and remove the saved timelines of the `stale` ones (to be run again) and
-    the messages a killed run was writing (a temporary file, as big as messages.csv)."""
+    """Before a resume (its run holding `run_dir`: no writer at work there): keep only the
+    messages of configurations in runs.csv (`done`: it is written last), and remove the
+    saved timelines of the `stale` ones (to be run again) and every temporary file a run
+    killed mid-write (SIGKILL) left in `run_dir` and its timelines (pipeline.files'
+    writers' `.NAME.XXXXXXXX.tmp`: messages.csv's, as big as it, runs.csv's, iterations.csv's,
+    a timeline's, spec.json's, a report's), and nothing else."""
     for key in stale:
         (run_dir / TIMELINES_DIR / timeline_name(key)).unlink(missing_ok=True)
+    for folder in (run_dir, run_dir / TIMELINES_DIR):
+        for left in leftover_temporaries(folder):
+            left.unlink(missing_ok=True)
     path = run_dir / MESSAGES_FILE
-    for left in run_dir.glob(f".{MESSAGES_FILE}.*.tmp"):
-        left.unlink(missing_ok=True)
     if not path.exists():
         return
     with path.open(newline="") as old, atomic_writer(path) as new:

@@ -18,6 +18,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "atomic_writer",
+    "leftover_temporaries",
     "load_yaml",
     "parse_json_file",
     "pyplot",
@@ -144,10 +145,16 @@ def _readable_mode() -> int:
     return 0o666 & ~umask
 
 
+_TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+"""The name of `_replacing`'s temporary file: a dot, the file's name, a dot, mkstemp's 8
+random characters, ".tmp" (e.g. `.runs.csv.k3x_q0ab.tmp`)."""
+
+
 @contextlib.contextmanager
 def _replacing(path: Path, *, binary: bool, append: bool) -> Iterator[Any]:
-    """A handle on a temporary file beside `path`, renamed onto it when the block ends without
-    an error, otherwise removed."""
+    """A handle on a temporary file beside `path` (named as `_TEMPORARY_NAME` says), renamed
+    onto it when the block ends without an error, otherwise removed (a SIGKILL leaves it:
+    `leftover_temporaries`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -167,6 +174,18 @@ def _replacing(path: Path, *, binary: bool, append: bool) -> Iterator[Any]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def leftover_temporaries(folder: Path) -> list[Path]:
+    """The files in `folder` (not below it) named as this module's writers name their
+    temporary files (`atomic_writer`, `write_atomic`, `save_figure`), sorted: what a writer
+    killed mid-write (SIGKILL: no handler ran) left there. Only where no writer is at work
+    are they all leftovers (a run directory its run holds: harness.saved.drop_stale)."""
+    try:
+        entries = list(folder.iterdir())
+    except FileNotFoundError:
+        return []
+    return sorted(p for p in entries if _TEMPORARY_NAME.fullmatch(p.name) and p.is_file())
 
 
 def atomic_writer(path: Path, *, append: bool = False) -> contextlib.AbstractContextManager[TextIO]:

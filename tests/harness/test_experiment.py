@@ -97,7 +97,7 @@ def test_interrupted_run_resumes_without_duplicates(tmp_path: Path) -> None:
         lines = handle.readlines()
     (run_dir / "runs.csv").write_text("".join(lines[:2]))
     (run_dir / "timelines" / "m_zb-h1_fault-free_r0.json").write_text("{")
-    (run_dir / ".messages.csv.killed.tmp").write_text("m,zb-h1")
+    (run_dir / ".messages.csv.k1lled_x.tmp").write_text("m,zb-h1")  # as mkstemp names it
     seen: list[str] = []
     run_experiment(spec, run_dir, progress=seen.append)
     assert len(seen) == 3  # only the three missing configurations ran again

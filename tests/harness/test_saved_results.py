@@ -6,6 +6,7 @@ import dataclasses
 import io
 import itertools
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,13 @@ from harness.cli import main
 from harness.experiment import run_experiment
 from harness.policies import plan
 from harness.results import ITERATIONS_COLUMNS, MESSAGES_COLUMNS, read_csv_rows
-from harness.saved import ConfigurationRecorder, drawn_iterations, read_timeline, write_timeline
+from harness.saved import (
+    ConfigurationRecorder,
+    drawn_iterations,
+    drop_stale,
+    read_timeline,
+    write_timeline,
+)
 from harness.spec import ExperimentSpec
 from injectors.fault_files import parse_yaml
 from pipeline.files import read_json
@@ -261,3 +268,47 @@ def test_a_drawn_iteration_keeps_its_rank_swaps_renumbered(tmp_path: Path) -> No
     assert saved is not None
     assert saved.swaps == (swap._replace(iteration=2),)
     assert {r.iteration for r in saved.ops} == {2}
+
+
+_KILLED_WRITER = """
+import sys, time
+from pathlib import Path
+from pipeline.files import atomic_writer
+with atomic_writer(Path(sys.argv[1])) as out:
+    out.write("half")
+    out.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_resume_removes_every_temporary_file_a_killed_run_left(tmp_path: Path) -> None:
+    """A SIGKILL mid-write (no handler runs) left `.runs.csv.XXXXXXXX.tmp`, which a resume
+    did not remove (only messages.csv's); now every file named as the writers name their
+    temporary ones goes, in the run directory and its timelines, and nothing else."""
+    run_dir = tmp_path / "run"
+    (run_dir / "timelines").mkdir(parents=True)
+    (run_dir / "runs.csv").write_text("old\n")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(run_dir / "runs.csv")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+    writer.send_signal(signal.SIGKILL)
+    assert writer.wait() == -signal.SIGKILL
+    writer.stdout.close()
+    [killed] = [p.name for p in run_dir.glob(".runs.csv.*.tmp")]
+    left = [
+        ".iterations.csv.a1b2c3d4.tmp",
+        ".spec.json.zz_9zz9z.tmp",
+        "timelines/.m.json.0a1b2c3d.tmp",
+    ]
+    kept = [".lock", "notes.tmp", ".runs.csv.tmp", "timelines/m.json", "timelines/.m.json.ab.tmp"]
+    for name in left + kept:
+        (run_dir / name).write_text("")
+    drop_stale(run_dir, set(), [])
+    found = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+    assert found == sorted([*kept, "runs.csv"]) and killed not in found
+    assert (run_dir / "runs.csv").read_text() == "old\n"

@@ -10,7 +10,14 @@ import matplotlib
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.files import atomic_writer, load_yaml, read_json, save_figure, write_atomic
+from pipeline.files import (
+    atomic_writer,
+    leftover_temporaries,
+    load_yaml,
+    read_json,
+    save_figure,
+    write_atomic,
+)
 from pipeline.profile import Profile
 
 matplotlib.use("Agg")
@@ -36,6 +43,23 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary_one(tmp_path: Path)
         raise RuntimeError("midway")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["runs.csv"]
+
+
+def test_the_writers_temporary_files_are_known_by_their_names(tmp_path: Path) -> None:
+    """What a SIGKILL mid-write leaves (no handler removes it) is listed, named as the
+    writer names it; other files, hidden or .tmp, are not."""
+    for name in (".lock", "notes.tmp", ".runs.csv.tmp", ".runs.csv.abc.tmp", "x.abcdefgh.tmp"):
+        (tmp_path / name).write_text("")
+    (tmp_path / ".d.abcdefgh.tmp").mkdir()  # a folder, not a file
+    old = ".iterations.csv.k3x_q0ab.tmp"
+    (tmp_path / old).write_text("")
+    writing = atomic_writer(tmp_path / "runs.csv")
+    writing.__enter__()  # the writer's own temporary file, as a kill leaves it
+    [made] = [p for p in tmp_path.iterdir() if p.name.startswith(".runs.csv.") and len(p.name) > 18]
+    assert leftover_temporaries(tmp_path) == sorted([tmp_path / old, made])
+    writing.__exit__(None, None, None)
+    assert leftover_temporaries(tmp_path) == [tmp_path / old]
+    assert leftover_temporaries(tmp_path / "absent") == []
 
 
 def test_an_append_adds_to_the_old_file(tmp_path: Path) -> None:
