@@ -28,7 +28,6 @@ from harness.runner import (
 from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
-from pipeline.allreduce import check_ring_messages
 from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
 from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
@@ -345,12 +344,6 @@ class ExperimentSpec:
         planner = memoised_planner()  # the configurations share their plans
         for target in targets:
             check_label(target.label, "model name")
-            if self.backend == "sim" and target.profile.has_dp_step:  # before any work
-                check_ring_messages(
-                    target.profile.allreduce_bytes,
-                    target.profile.dp_bucket_bytes,
-                    target.profile.num_replicas,
-                )
             if target.cost is not None and self.backend != "sim":
                 raise ConfigError(
                     f"model {target.label} comes from the cost model, the paper's cluster's "
@@ -580,7 +573,7 @@ class ExperimentSpec:
                     raise ConfigError(f"give {single!r} or {plural!r}, not both")
                 values[plural] = [values.pop(single)]
         fields = {f.name for f in dataclasses.fields(cls)} - (set() if recorded else _READ)
-        unknown = sorted(set(values) - fields)
+        unknown = sorted(map(str, set(values) - fields))  # YAML keys may be numbers
         if unknown:
             raise ConfigError(
                 f"unknown spec key(s) {', '.join(unknown)}; valid keys: "

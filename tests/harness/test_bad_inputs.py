@@ -517,6 +517,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("spec a list", {"s.yaml": "[1, 2]"}, RUN_SPEC, "an experiment spec is a mapping"),
     ("spec unknown key", {"s.yaml": spec(colour=1)}, RUN_SPEC, "unknown spec key(s) colour"),
     (
+        "spec number key",
+        {"s.yaml": spec()[:-1] + ", 1: 2}"},  # YAML reads the key as a number
+        RUN_SPEC,
+        "unknown spec key(s) 1; valid keys",
+    ),
+    (
         "spec float iterations",
         {"s.yaml": spec(num_iterations=2.5)},
         RUN_SPEC,
