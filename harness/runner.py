@@ -218,7 +218,7 @@ def largest_messages(
     larger ones, the largest: each DP ring link its stage's largest chunk
     (pipeline.allreduce); under `injection` "network", a megatron replica's route from its
     first to its last stage the tied weight's gradient (the hook leaves that send alone,
-    pipeline.runtime.transport.tied_link; the testbed's wire holds it as any other).
+    pipeline.topology.tied_link; the testbed's wire holds it as any other).
     `model`: a megatron run's GPT preset, whose messages, gradients and their elements are
     its own (`with_model_bytes`), whatever the profile says; None: the emulated backend's,
     the profile's bytes."""

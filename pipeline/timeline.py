@@ -13,7 +13,7 @@ from typing import Any, Generic, NamedTuple, TypeVar, get_type_hints
 
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
-from pipeline.topology import Link
+from pipeline.topology import Link, is_tied_link
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -165,7 +165,7 @@ class Timeline:
             "num_stages": self.num_stages,
             "ops": [[*r[:2], r.kind.value, *r[3:]] for r in self.ops],
             "messages": [list(r) for r in self.messages],
-            "iterations": [list(r) for r in self.iterations],
+            "iterations": [[*r[:4], list(r.pids)] for r in self.iterations],
             "failovers": [list(r) for r in self.failovers],
             "dp_messages": [list(r) for r in self.dp_messages],
             "swaps": [list(r) for r in self.swaps],
@@ -193,7 +193,7 @@ class Timeline:
         for name, value in rows.items():
             _check_rows(name, value)
         for name in ("messages", "dp_messages", "failovers"):
-            _check_links(name, rows[name])
+            _check_links(name, rows[name], num_stages)
         return cls(
             num_stages=num_stages,
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in rows["ops"]),
@@ -331,10 +331,14 @@ def _check_rows(name: str, rows: Any) -> None:
             )
 
 
-def _check_links(name: str, rows: list[list[Any]]) -> None:
-    """Each row's `link` (its second field) is a link's name, its `direction` (its third)
-    forward or backward (each name checked once: a run has few)."""
+def _check_links(name: str, rows: list[list[Any]], num_stages: int) -> None:
+    """Each row's `link` (its second field) is a link's name, or for a failover also the
+    tied route's of `num_stages` stages (a delegate on it fails over like any other:
+    pipeline.topology's `tied_link`); its `direction` (its third) forward or backward (each
+    name checked once: a run has few)."""
     for link in {row[1] for row in rows}:
+        if name == "failovers" and is_tied_link(link, num_stages):
+            continue
         try:
             Link.parse(link)
         except ConfigError as err:

@@ -11,6 +11,9 @@
   replica, "pp1:2-3" the one of replica 1, "dp0:0-1" the DP ring link of stage 0 between
   replicas 0 and 1 (its ring closes with "dp0:0-(D-1)" for D > 2). Under a placement a
   concrete link runs between two hosts (`Topology.hosts_of`).
+- The tied route, "tied:0-3" at S = 4 (`tied_link`), is no `Link`: the runtime's name for
+  the route between the first and the last stage of a replica that carries a tied weight's
+  gradient. Timelines name it (a delegate on it fails over like any other), no fault does.
 """
 
 from __future__ import annotations
@@ -22,12 +25,24 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 
-__all__ = ["DEFAULT_NICS", "Link", "LinkKind", "Position", "Topology", "link_name"]
+__all__ = [
+    "DEFAULT_NICS",
+    "Link",
+    "LinkKind",
+    "Position",
+    "Topology",
+    "is_tied_link",
+    "link_name",
+    "tied_link",
+]
 
 DEFAULT_NICS = ("rnic0", "rnic1")
 
 _LINK = re.compile(r"(?:(pp|dp)([0-9]+):)?([0-9]+)-([0-9]+)")
 """A link's name, matched whole, in ASCII digits (a regex's digit class takes others too)."""
+
+_TIED = re.compile(r"tied:0-[1-9][0-9]*")
+"""The tied route's name as `tied_link` writes it for every replica, matched whole."""
 
 
 class LinkKind(StrEnum):
@@ -128,6 +143,26 @@ class Link:
 def link_name(stage: int) -> str:
     """PP link `stage`-(`stage`+1) as text, every replica ("2-3")."""
     return str(Link.pp(stage))
+
+
+def tied_link(num_stages: int, replica: int | None = None) -> str:
+    """The name of the route between the first and the last stage of a replica, over which
+    they sum their tied weight's gradients (megatron's embedding group): "tied:0-3" at S=4
+    (as the runtime and its records name it, their replica field saying whose), "tied1:0-3"
+    replica 1's (a trace's track). Its "forward" direction goes from the first stage to the
+    last. Not a `Link` of the topology: no fault targets it by name, but it crosses the NICs
+    of both stages' hosts."""
+    if num_stages < 2:
+        raise ConfigError(f"a pipeline of {num_stages} stage has no tied route")
+    return f"tied{'' if replica is None else replica}:0-{num_stages - 1}"
+
+
+def is_tied_link(text: str, num_stages: int | None = None) -> bool:
+    """Whether `text` is the tied route's name as the runtime writes it (`tied_link`, every
+    replica: "tied:0-3"), of a pipeline of `num_stages` (None: of any)."""
+    if num_stages is None:
+        return _TIED.fullmatch(text) is not None
+    return num_stages >= 2 and text == tied_link(num_stages)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

@@ -10,7 +10,8 @@ Each iteration's step (`IterationRecord.step_time_ms`: from its last op's end to
 all-reduce and the optimizer) is a slice on the "steps" process's track. A delegate's
 failover to another NIC is an instant event "failover rnic0 -> rnic1" on its link direction's
 track when it noticed the failure (`FailoverRecord`: its cause and when it resumed in its
-args).
+args); a failover on the tied route (pipeline.topology's `tied_link`) has a track of its own,
+"tied:0-3 forward" ("tied1:0-3 forward": replica 1's).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from pipeline.files import write_atomic
 from pipeline.timeline import FailoverRecord, MessageRecord, Timeline
-from pipeline.topology import Link, Position, Topology
+from pipeline.topology import Link, Position, Topology, is_tied_link, tied_link
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
 
@@ -70,11 +71,15 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
     tracks: dict[str, int] = {}
 
     def track(link_name: str, replica: int, direction: str) -> int:
-        """The link direction's track (a PP link of replica r named "ppr:i-(i+1)")."""
-        link = Link.parse(link_name)
-        if link.is_pp and replica:
-            link = Link.pp(link.first, replica)
-        name = f"{link} {direction}"
+        """The link direction's track (a PP link of replica r named "ppr:i-(i+1)", the tied
+        route of replica r "tiedr:0-(S-1)")."""
+        if is_tied_link(link_name, timeline.num_stages):
+            name = f"{tied_link(timeline.num_stages, replica or None)} {direction}"
+        else:
+            link = Link.parse(link_name)
+            if link.is_pp and replica:
+                link = Link.pp(link.first, replica)
+            name = f"{link} {direction}"
         if name not in tracks:
             tracks[name] = len(tracks)
             events.append(

@@ -83,8 +83,8 @@ class ComputeBackend(Protocol):
     def tied_weight(self) -> torch.Tensor | None:
         """The parameter this stage shares with another stage of its replica: the first
         stage's with the last's (megatron's tied embedding and output weight, S > 1). After
-        the DP ring the worker sums its gradient with the other stage's (`tied_link`);
-        None where nothing is tied."""
+        the DP ring the worker sums its gradient with the other stage's (pipeline.topology's
+        `tied_link`); None where nothing is tied."""
         ...
 
     def dp_gradient_layout(self, profile: Profile) -> GradientLayout:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
+from pipeline.topology import is_tied_link
 
 __all__ = [
     "Arrival",
@@ -43,7 +44,6 @@ __all__ = [
     "dp_tag",
     "gloo_failure",
     "route_kind",
-    "tied_link",
 ]
 
 ACTIVATION, GRADIENT = 0, 1
@@ -66,17 +66,9 @@ def dp_tag(index: int) -> int:
 
 
 def route_kind(link: str) -> str:
-    """What a link direction's link names: "tied" (`tied_link`), "dp" (a DP ring link,
-    "dp1:0-1") or "pp"."""
-    return "tied" if link.startswith("tied:") else "dp" if link.startswith("dp") else "pp"
-
-
-def tied_link(num_stages: int) -> str:
-    """The name of the route between the first and the last stage of a replica, over which
-    they sum their tied weight's gradients (megatron's embedding group): "tied:0-3" at S=4;
-    its "forward" direction goes from the first stage to the last. Not a `Link` of the
-    topology: no fault targets it by name, but it crosses the NICs of both stages' hosts."""
-    return f"tied:0-{num_stages - 1}"
+    """What a link direction's link names: "tied" (the tied route, pipeline.topology's
+    `tied_link`), "dp" (a DP ring link, "dp1:0-1") or "pp"."""
+    return "tied" if is_tied_link(link) else "dp" if link.startswith("dp") else "pp"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -357,11 +349,12 @@ class DirectTransport:
         return fault_ms
 
     def post_tied_receive(self, peer: int, buffer: torch.Tensor) -> PendingReceive:
-        """The tied weight's gradient from rank `peer` (`tied_link`)."""
+        """The tied weight's gradient from rank `peer` (pipeline.topology's `tied_link`)."""
         return self._post(peer, TIED_TAG, buffer, f"the tied weight's gradient from rank {peer}")
 
     def send_tied(self, peer: int, link: str, payload: torch.Tensor) -> None:
-        """The tied weight's gradient to rank `peer`: no fault hook (`tied_link`)."""
+        """The tied weight's gradient to rank `peer`: no fault hook (pipeline.topology's
+        `tied_link`)."""
         what = f"the tied weight's gradient to rank {peer}"
         _send(payload, peer, TIED_TAG, f"sending {what} on {link}")
         self.bytes_sent += payload.numel() * payload.element_size()

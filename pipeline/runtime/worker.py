@@ -61,9 +61,8 @@ from pipeline.runtime.transport import (
     RingTransport,
     WireRecord,
     route_kind,
-    tied_link,
 )
-from pipeline.topology import Position, Topology, link_name
+from pipeline.topology import Position, Topology, link_name, tied_link
 
 __all__ = [
     "PROGRESS",

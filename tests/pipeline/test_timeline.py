@@ -11,10 +11,12 @@ from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import (
     SCHEMA_VERSION,
     FailoverRecord,
+    IterationRecord,
     MessageRecord,
     SwapRecord,
     Timeline,
 )
+from pipeline.topology import tied_link
 
 
 def _timeline() -> Timeline:
@@ -112,6 +114,32 @@ def test_failovers_go_through_json_and_with_their_iteration() -> None:
         moved._replace(iteration=5, noticed_ms=104.0 - start, resumed_ms=109.5 - start),
     )
     assert Timeline.concat([timeline, timeline]).failovers == (moved, moved)
+
+
+def test_a_failover_on_the_tied_route_goes_through_json() -> None:
+    """A delegated megatron run's tied-embedding route fails over like any other and the
+    pool records it under the route's name ("tied:0-3" at S=4): its timeline reads back.
+    The name is a failover's only, and only the one of the timeline's stages."""
+    tied = FailoverRecord(
+        2, tied_link(4), "backward", 1, "notice", "rnic0", "rnic1", 4.0, 9.5, -1, 7
+    )
+    assert tied.link == "tied:0-3"
+    timeline = Timeline(
+        4, (), (), (IterationRecord(2, 0.0, 10.0, 1.0, (11, 12, 13, 14, 15, 16, 17, 18)),),
+        failovers=(tied,),
+    )  # fmt: skip
+    data = json.loads(json.dumps(timeline.to_dict()))
+    assert data["failovers"][0][1] == "tied:0-3"
+    assert Timeline.from_dict(data) == timeline
+    assert Timeline.from_dict(timeline.to_dict()) == timeline  # in-process: pids a list too
+    for other in ("tied:0-2", "tied1:0-3", "tied:1-3"):  # another S's, or not the runtime's
+        data["failovers"][0][1] = other
+        with pytest.raises(ConfigError, match=rf"failovers\[0\]: link '{other}' is not a link"):
+            Timeline.from_dict(data)
+    data = json.loads(json.dumps(timeline.to_dict()))
+    data["messages"] = [[2, "tied:0-3", "forward", 0, 8, 0.0, 1.0, 2.0, 2.0, 0, 0.0, 0.0, 0.0, 7]]
+    with pytest.raises(ConfigError, match=r"messages\[0\]: link 'tied:0-3' is not a link"):
+        Timeline.from_dict(data)
 
 
 def test_swaps_go_through_json_and_with_their_iteration() -> None:

@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError
-from pipeline.topology import Link, LinkKind, Position, Topology
+from pipeline.topology import Link, LinkKind, Position, Topology, is_tied_link, tied_link
 
 _links = st.one_of(
     st.builds(Link.pp, st.integers(0, 50), st.one_of(st.none(), st.integers(0, 50))),
@@ -39,6 +39,17 @@ def test_the_three_forms(text: str, kind: LinkKind, group: int | None, ends: tup
 def test_malformed_links_are_refused(text: str) -> None:
     with pytest.raises(ConfigError):
         Link.parse(text)
+
+
+def test_the_tied_route_is_named_in_one_form_and_is_no_link() -> None:
+    assert (tied_link(4), tied_link(4, 1), tied_link(2)) == ("tied:0-3", "tied1:0-3", "tied:0-1")
+    assert is_tied_link("tied:0-3") and is_tied_link("tied:0-3", 4)
+    assert not is_tied_link("tied:0-3", 3) and not is_tied_link("tied:0-1", 1)
+    assert not any(map(is_tied_link, ("tied1:0-3", "tied:0-0", "tied:0-03", "tied:1-3", "0-1")))
+    with pytest.raises(ConfigError, match="a pipeline of 1 stage has no tied route"):
+        tied_link(1)
+    with pytest.raises(ConfigError, match="is not a link"):
+        Link.parse(tied_link(4))
 
 
 def test_spec_sugar() -> None:

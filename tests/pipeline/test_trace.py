@@ -5,7 +5,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import FailoverRecord
-from pipeline.topology import Link
+from pipeline.topology import Link, tied_link
 from pipeline.trace import to_chrome_trace
 
 
@@ -56,6 +56,24 @@ def test_a_failover_is_an_instant_on_its_link_direction_s_track() -> None:
         "iteration": 0, "cause": "link state", "nic_from": "rnic0", "nic_to": "rnic1",
         "noticed_ms": 12.5, "resumed_ms": 13.0, "resume_seq": 1, "carrier_pid": 7,
     }  # fmt: skip
+
+
+def test_a_failover_on_the_tied_route_is_on_a_track_of_its_own() -> None:
+    # The runtime names the tied route "tied:0-2" at S=3 (`tied_link`), every replica.
+    profile = Profile.uniform(3, 3, 10, 10, 10, num_replicas=2, allreduce_bytes=4096)
+    healthy = simulate(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    failovers = tuple(
+        FailoverRecord(0, tied_link(3), "forward", r, "notice", "rnic0", "rnic1", 5, 6, -1, 7)
+        for r in (0, 1)
+    )
+    trace = to_chrome_trace(dataclasses.replace(healthy, failovers=failovers))
+    tracks = {
+        e["tid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["pid"] == 1 and e["name"] == "thread_name"
+    }
+    moves = [e for e in trace["traceEvents"] if e.get("cat") == "failover"]
+    assert [tracks[e["tid"]] for e in moves] == ["tied:0-2 forward", "tied1:0-2 forward"]
 
 
 def test_the_dp_ring_s_messages_and_the_step_are_on_their_own_tracks() -> None:
