@@ -121,10 +121,12 @@ class FailoverRecord(NamedTuple):
 class SwapRecord(NamedTuple):
     """A worker's move in a rank swap (pipeline.topology): at the start of iteration
     `iteration` the process `pid` left position (`stage_from`, `replica_from`) for
-    (`stage_to`, `replica_to`), from `start_ms` to `end_ms` building that stage and
+    (`stage_to`, `replica_to`), from `start_ms` to `end_ms` building that stage,
     exchanging `num_bytes` of model state each way with the other movers (0: nothing to
-    move: no model state, or the iteration starts from the initial state or a checkpoint).
-    The iteration's ops start after it: its time is in the iteration's."""
+    move: no model state, or the iteration starts from the initial state or a checkpoint)
+    and, in the runtimes, setting the iteration up under the new position (receives, the
+    DP ring's buffers, the backend's own). The iteration's ops start after it: its time is
+    in the iteration's."""
 
     iteration: int
     pid: int

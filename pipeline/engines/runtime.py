@@ -6,9 +6,11 @@ then run the DP all-reduce's ring message by message (pipeline.allreduce) and sl
 optimizer's time; `megatron` workers compute a megatron-core GPT (the profile gives the stage
 and microbatch counts and the delays, not the op times), sum its real gradients over the same
 DP ring (through the fault path) and start from the initial parameters again at every run's
-iteration 0. A plan with another delegate count than the pool's gets a fresh pool (its
-delegates start with it), which a training engine refuses in the middle of a run (its
-workers hold the model's state).
+iteration 0. A run starts as on a fresh pool: its workers on the default placement (the
+last run's rank swaps undone before it, untimed) and its delegates on the first NIC. A plan
+with another delegate count than the pool's gets a fresh pool (its delegates start with
+it), which a training engine refuses in the middle of a run (its workers hold the model's
+state).
 """
 
 from __future__ import annotations
@@ -120,6 +122,9 @@ class RuntimeEngine(Closing):
             if self._failed_over:  # a new run starts on healthy hardware, its delegates on
                 self._pool.close()  # the first NIC (as in the simulator): fresh ones
                 self._started = self._failed_over = False
+            # ... and its workers on the default placement, as a fresh pool's (and the
+            # simulator's): the last run's swaps are undone outside any iteration.
+            self._pool.place_default()
         plan.validate(self._validated)
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()

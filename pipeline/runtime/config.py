@@ -107,7 +107,8 @@ class StateMove:
     """A worker's part in a rank swap: it left position (from_stage, from_replica) for the
     one its result names, sending that position's state on and taking in the new one's
     (`num_bytes` each way; 0 for a backend without state, or where the iteration starts
-    from the initial state or a checkpoint anyway). Times: monotonic s."""
+    from the initial state or a checkpoint anyway), then set the iteration up there.
+    Times: monotonic s, from the swap's start to the set-up's end."""
 
     from_stage: int
     from_replica: int

@@ -4,10 +4,12 @@ Each iteration the pool sends every worker its `IterationConfig` and waits until
 it up (receives posted, DP ring buffers made, the compute backend's own set-up such as a
 checkpoint's load) and says it is ready; only then does it pick a common start time on the
 host's monotonic clock (shared by all processes of one host), the start margin from now, and
-send it, so no worker's set-up is in the iteration's time. It then gathers their records into
-one timeline. A dead, failing or silent worker ends the pool with a `WorkerError` that
-names the rank, of the subclass that says what happened (remote_error.py), and `close()`
-leaves no process behind.
+send it, so no worker's set-up is in the iteration's time (but a rank swap's: the workers set
+up after the swap, the iteration's first work, and each mover's swap record spans it). It then
+gathers their records into one timeline. Between runs `place_default` moves the workers back
+to the default placement, untimed. A dead, failing or silent worker ends the pool with a
+`WorkerError` that names the rank, of the subclass that says what happened
+(remote_error.py), and `close()` leaves no process behind.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from pipeline.runtime.remote_error import (
 )
 from pipeline.runtime.scratch import POOL_PREFIX, SLOTS_PREFIX, make_folder
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
-from pipeline.runtime.worker import PROGRESS, worker_main
+from pipeline.runtime.worker import PLACING, PROGRESS, worker_main
 from pipeline.signals import held_signals
 from pipeline.timeline import (
     FailoverRecord,
@@ -249,6 +251,27 @@ class WorkerPool:
         return assemble_timeline(
             self.num_stages, config.iteration, self._origin, start_at, results, nics
         )
+
+    def place_default(self) -> None:
+        """Every worker back on the default placement, where a fresh pool's workers start, if the
+        last iteration left them on another: between runs (a new run's iteration 0 starts
+        there, from the initial state), outside any iteration, so nothing is timed or
+        recorded and no state moves (`_Worker.place`: the backend regroups, the delegates
+        whose peer changes are rewired, a worker that moves builds its stage). A failure
+        ends the pool with a `WorkerError`, as in an iteration."""
+        if not self._processes or self._placement.workers == self._grid.workers:
+            return
+        what = PLACING
+        self._busy = True
+        try:
+            self._send_all(self._grid, what)
+            self._gather(what, "a ready message (the default placement played)")
+        except BaseException:
+            if self._processes:  # as in `run_iteration`: answers owed would be misread
+                self.close()
+            raise
+        self._busy = False
+        self._placement = self._grid
 
     def _send_all(self, command: object, what: str) -> None:
         """`command` to every worker; a worker gone is a WorkerCrash."""

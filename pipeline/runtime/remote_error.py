@@ -54,9 +54,10 @@ class RemoteError:
     stage: int
     replica: int
     iteration: int | None
-    """None: the worker failed while starting, before any iteration."""
+    """None: the worker failed outside iterations: while starting, or in what `op` names."""
     op: str | None = None
-    """The op running when it failed ("F3"); None outside ops."""
+    """The op running when it failed ("F3"); None outside ops. Outside iterations, what the
+    worker did ("the move back to the default placement"); None: its start."""
     type_names: tuple[str, ...] = ()
     """The type and its bases in method resolution order, qualified (`object` left out)."""
     cause_type_name: str | None = None
@@ -113,7 +114,7 @@ class RemoteError:
         who = f"rank {self.rank} (stage {self.stage}"
         who += f", replica {self.replica})" if self.replica else ")"
         if self.iteration is None:
-            where = f"{who} could not start"
+            where = f"{who} could not start" if self.op is None else f"{who}, {self.op}"
         else:
             where = f"{who}, iteration {self.iteration}"
             if self.op is not None:

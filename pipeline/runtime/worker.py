@@ -74,6 +74,9 @@ __all__ = [
     "worker_main",
 ]
 
+PLACING = "the move back to the default placement"
+"""What a worker's error between iterations names (`_Worker.place`)."""
+
 PROGRESS = "progress"
 """The status of a worker's word to the pool that is no answer: its iteration moves on."""
 
@@ -283,7 +286,8 @@ class _Worker:
         backend's own set-up (megatron: a checkpoint's or the initial weights' load). None of
         it is the iteration's time: the pool picks the start once every worker has done this.
         An iteration that starts with a rank swap sets up after its swap (`start`), as its
-        neighbours, receives and ring follow from the position the worker plays then."""
+        neighbours, receives and ring follow from the position the worker plays then: inside
+        the iteration, in a mover's swap record."""
         topology = config.topology or self._grid
         profile = config.profile
         hook, own = config.fault_hook, None
@@ -344,11 +348,14 @@ class _Worker:
         moved = None
         _sleep_until(start_at)
         try:
-            if prepared.swaps:  # the iteration's first work
+            if prepared.swaps:  # the iteration's first work, with the set-up that follows it
                 self.current_op = "swap"  # a failure in it names it
-                moved = self._swap(topology, config, transport)
+                moves_state = config.iteration > 0 and config.load_checkpoint is None
+                moved = self._swap(topology, transport if moves_state else None)
                 self.current_op = None
                 self._set_up(prepared)
+                if moved is not None:  # its record spans the set-up too: no unseen gap
+                    moved = dataclasses.replace(moved, end_s=time.monotonic())
             assert prepared.inbound is not None
             records = self._run_ops(config, transport, prepared.inbound, hook)
             self._finish_receivers(prepared.inbound)
@@ -392,15 +399,15 @@ class _Worker:
             moved,
         )
 
-    def _swap(
-        self, topology: Topology, config: IterationConfig, transport: DirectTransport
-    ) -> StateMove | None:
+    def _swap(self, topology: Topology, transport: DirectTransport | None) -> StateMove | None:
         """Play `topology` from now on, on every worker at once: the backend regroups, the
         delegates of each link direction whose peer changed are wired to the new one, and a
-        worker that plays another position builds it, sends the left one's state to its new
-        player and takes the new one's from its last (a permutation: every mover sends one
-        and takes one). An iteration that starts from the initial state or a checkpoint
-        moves no state. Its record, for a worker that moved."""
+        worker that plays another position builds it and, over `transport`, sends the left
+        one's state to its new player and takes the new one's from its last (a permutation:
+        every mover sends one and takes one). None for `transport`: no state moves (the
+        iteration starts from the initial state or a checkpoint anyway, or the workers go
+        back to the default placement between runs: `place`). Its record, for a worker that
+        moved; its end is the state exchange's (`start` extends it over the set-up)."""
         start = time.monotonic()
         left, before = self.position, self.topology
         self.compute.regroup(topology)
@@ -410,10 +417,12 @@ class _Worker:
                 self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
         if self.position == left:
             return None
-        outgoing = self.compute.export_state().to(self.compute.device)
+        outgoing = (
+            None if transport is None else self.compute.export_state().to(self.compute.device)
+        )
         self.compute.move(self.stage, self.replica)
         num_bytes = 0
-        if outgoing.numel() and config.iteration > 0 and config.load_checkpoint is None:
+        if transport is not None and outgoing is not None and outgoing.numel():
             incoming = torch.empty(
                 self.compute.state_bytes(), dtype=torch.uint8, device=self.compute.device
             )
@@ -423,6 +432,13 @@ class _Worker:
             self.compute.import_state(incoming)
             num_bytes = outgoing.numel()
         return StateMove(left.stage, left.replica, num_bytes, start, time.monotonic())
+
+    def place(self, topology: Topology) -> None:
+        """Play `topology` from now on, outside any iteration and moving no state, on every
+        worker at once (`WorkerPool.place_default`: a new run starts where a fresh pool's
+        workers do, from the initial state)."""
+        if topology.workers != self.topology.workers:
+            self._swap(topology, None)
 
     def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
         """Every link direction this worker sends or receives on: (it, the peer, whether
@@ -845,8 +861,9 @@ def worker_main(
 
 def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
     """Answer the pool's commands: per iteration its config, answered with a ready message
-    once set up (`_Worker.prepare`), then its start time, answered with the records; None
-    (in either place) ends the worker."""
+    once set up (`_Worker.prepare`), then its start time, answered with the records; between
+    iterations a placement to play (`_Worker.place`), answered once played; None (in any
+    place) ends the worker."""
     worker.progress = Progress(lambda: conn.send((PROGRESS, None)))
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
     conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
@@ -857,6 +874,17 @@ def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
             return
         if config is None:
             break
+        if isinstance(config, Topology):  # between runs: no iteration, no records
+            try:
+                worker.place(config)
+            except Exception as err:
+                remote = RemoteError.from_exception(
+                    err, rank=rank, stage=worker.stage, replica=worker.replica, op=PLACING
+                )
+                conn.send(("error", remote))
+                return
+            conn.send(("ok", None))
+            continue
         try:
             prepared = worker.prepare(config)
             conn.send(("ok", None))  # ready

@@ -13,6 +13,7 @@ from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
 from pipeline.engines.runtime import RuntimeEngine, emulated_engine, megatron_engine
+from pipeline.engines.sim import SimEngine
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS
 from pipeline.link_rates import NO_RATES
@@ -21,7 +22,8 @@ from pipeline.profile import Profile
 from pipeline.runtime import EmulatedCompute, WorkerTimeout
 from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode
-from pipeline.topology import Topology
+from pipeline.timeline import Timeline
+from pipeline.topology import Link, Topology
 
 pytestmark = pytest.mark.multiprocess
 
@@ -96,6 +98,36 @@ def test_after_a_timeout_the_next_iteration_runs_on_a_fresh_pool() -> None:
         timeline = engine.run(PLAN, 1, NO_FAULTS).timeline
     assert len(timeline.ops) == sum(len(ops) for ops in PLAN.schedule.stages)
     assert {r.iteration for r in timeline.ops} == {1}
+
+
+def test_a_new_run_on_a_reused_engine_starts_on_the_default_placement_as_in_sim() -> None:
+    """A run ends on a swapped placement (DP link dp0:0-1 moved onto a PP edge); the next
+    run's iteration 0 on the default plan swaps nothing, in the runtime engine as in the
+    simulator's (it swapped back: 2 records, against none), its workers back in their
+    default places before it, untimed; a run whose iteration 0 is on the swapped placement
+    swaps there as on a fresh engine, moving no state."""
+    profile = Profile.uniform(2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DIRECT)
+    swapped = dataclasses.replace(
+        plain, topology=Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    )
+    runs = [(plain, 0), (swapped, 1), (plain, 0), (swapped, 0), (plain, 0)]
+
+    def moves(timeline: Timeline) -> list[tuple[int, ...]]:
+        return sorted(
+            (r.iteration, r.stage_from, r.replica_from, r.stage_to, r.replica_to)
+            for r in timeline.swaps
+        )
+
+    sim = SimEngine()
+    expected = [moves(sim.run(plan, iteration, NO_FAULTS).timeline) for plan, iteration in runs]
+    assert [len(m) for m in expected] == [0, 2, 0, 2, 0]
+    with emulated_engine(2, num_replicas=2, timeout_s=20) as engine:
+        timelines = [engine.run(plan, i, NO_FAULTS).timeline for plan, i in runs]
+        pids = tuple(engine.pids)
+    assert [moves(t) for t in timelines] == expected
+    assert timelines[3].swaps and {r.num_bytes for r in timelines[3].swaps} == {0}
+    assert [t.iterations[0].pids == pids for t in timelines] == [True, False, True, False, True]
 
 
 def _delegated_plans(*counts: int) -> list[Plan]:

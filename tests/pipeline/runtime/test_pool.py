@@ -606,6 +606,37 @@ def test_an_iteration_starts_once_every_worker_has_set_it_up() -> None:
             assert max(set_up_ends) <= starts[-1] <= min(first_ops), (set_up_ends, starts)
 
 
+def test_a_swap_s_record_spans_the_set_up_that_follows_it() -> None:
+    """A rank swap is its iteration's first work, and every worker sets the iteration up
+    after it, under the position it then plays (receives, the DP ring's buffers, the
+    backend's set-up: 100 ms here), inside the iteration: each mover's record spans that
+    set-up too, up to its first op (it ended with the state exchange: 100 ms of the
+    iteration before the first op were in no record). Orderings on one clock."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
+    starts: list[float] = []
+    with WorkerPool(2, 2, compute_factory=_SlowToSetUp, timeout_s=20) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile), starts.append)
+        config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped)
+        timeline = pool.run_iteration(config, starts.append)
+        results, pids = pool.last_results, list(pool.pids)
+
+    def ms(t: float) -> float:  # as the timeline counts: from the first iteration's start
+        return (t - starts[0]) * 1000.0
+
+    assert sorted(
+        (s.stage_from, s.replica_from, s.stage_to, s.replica_to) for s in timeline.swaps
+    ) == [
+        (0, 1, 1, 0),
+        (1, 0, 0, 1),
+    ]
+    for swap in timeline.swaps:
+        result = results[pids.index(swap.pid)]
+        set_up_end = ms(dict(result.step_output.params or ())["set up"][0])
+        first_op = ms(min(start for _, _, start, _ in result.ops))
+        assert ms(starts[1]) <= swap.start_ms < set_up_end <= swap.end_ms <= first_op
+
+
 class _SlowToTakeTied(EmulatedCompute):
     """Both stages tie a weight (as megatron's embedding): stage 1 takes `STALL_S` before its
     sum of it, so its receive of stage 0's gradient is posted late: stage 0's send finds no

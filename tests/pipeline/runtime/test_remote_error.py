@@ -21,6 +21,7 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
+from pipeline.runtime.worker import PLACING
 
 
 class _NicDown(LinkFailure):
@@ -137,6 +138,10 @@ def test_summary_is_one_line_naming_the_place() -> None:
     )
     start_up = _remote(_caught(ValueError), replica=0, iteration=None, op=None)
     assert start_up.summary() == "rank 3 (stage 1) could not start: ValueError: boom"
+    between = _remote(_caught(ValueError), replica=0, iteration=None, op=PLACING)
+    assert between.summary() == (
+        "rank 3 (stage 1), the move back to the default placement: ValueError: boom"
+    )
     empty = dataclasses.replace(_remote(_caught(KeyError), op=None), message="")
     assert empty.summary().endswith("iteration 5: KeyError")
 

@@ -53,7 +53,7 @@ def _whole_model_bytes() -> int:
 
 
 def test_a_swap_moves_the_model_state_and_training_goes_on_unchanged() -> None:
-    with RuntimeEngines() as engines:  # one pool for both runs: iteration 0 starts afresh
+    with RuntimeEngines() as engines:  # one pool for all runs: iteration 0 starts afresh
         runs = [
             run_configuration(
                 _SwapAt(at),
@@ -63,11 +63,15 @@ def test_a_swap_moves_the_model_state_and_training_goes_on_unchanged() -> None:
                 num_warmup_iterations=0,
                 engines=engines,
             )
-            for at in (NUM_ITERATIONS, SWAP_AT)
+            for at in (NUM_ITERATIONS, SWAP_AT, NUM_ITERATIONS)
         ]
-    plain, swapped = runs
+    plain, swapped, again = runs
     assert len(swapped.losses) == NUM_ITERATIONS
     assert swapped.losses == pytest.approx(plain.losses, rel=1e-5, abs=0)
+    # After a run that ended swapped, the workers are back in their places before the next
+    # run, which swaps nothing and trains as the first.
+    assert again.timeline is not None and again.timeline.swaps == ()
+    assert again.losses == plain.losses and again.params_sha256 == plain.params_sha256
     assert swapped.losses[-1] < swapped.losses[0]  # it trains
     # DP sums of two and the tied sum a + b: the same bits whoever computes them.
     assert swapped.params_sha256 == plain.params_sha256 != ""
