@@ -3,6 +3,7 @@ command run with every process it starts stopped on the way out."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import os
@@ -91,38 +92,62 @@ class PipeReader:
     """Reads a command's stdout and stderr pipes (those it has) to their end from threads of
     its own, so that the caller can wait for the command's exit, not for its pipes' end: a
     descendant left running (a crashed torchrun's workers) holds them open until
-    `process_tree`'s exit stops it."""
+    `process_tree`'s exit stops it. Each thread takes what its pipe holds as it comes
+    (`os.read` on a copy of its descriptor: a text or buffered pipe's `read(n)` waits for n
+    characters or the end), so what came before a holder's silence is never held back."""
 
     def __init__(self, command: subprocess.Popen[Any]) -> None:
         self._pipes = (command.stdout, command.stderr)
-        self._chunks: tuple[list[Any], list[Any]] = ([], [])
-        self._threads = [
-            threading.Thread(target=_read, args=(pipe, chunks), name="pipe-reader", daemon=True)
-            for pipe, chunks in zip(self._pipes, self._chunks, strict=True)
+        self._chunks: tuple[list[bytes], list[bytes]] = ([], [])
+        self._threads = {
+            index: threading.Thread(
+                target=_read, args=(os.dup(pipe.fileno()), chunks), name="pipe-reader", daemon=True
+            )
+            for index, (pipe, chunks) in enumerate(zip(self._pipes, self._chunks, strict=True))
             if pipe is not None
-        ]
-        for thread in self._threads:
+        }
+        for thread in self._threads.values():
             thread.start()
 
     def result(self, timeout_s: float = 5.0) -> tuple[Any, Any]:
         """What stdout and stderr gave (None for one not piped; str or bytes as the pipe
-        reads), once both have ended or after `timeout_s` (what they gave by then: a process
-        outside the command's tree may hold one)."""
+        reads: text `_decoded`), once both have ended or after `timeout_s`: what they gave by
+        then (a process outside the command's tree may hold one)."""
         deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(max(deadline - time.monotonic(), 0))
         out, err = (
-            None if pipe is None else ("" if isinstance(pipe, io.TextIOBase) else b"").join(chunks)
-            for pipe, chunks in zip(self._pipes, self._chunks, strict=True)
+            None
+            if pipe is None
+            else _decoded(pipe, b"".join(list(chunks)), ended=not self._threads[index].is_alive())
+            for index, (pipe, chunks) in enumerate(zip(self._pipes, self._chunks, strict=True))
         )
         return out, err
 
 
-def _read(pipe: IO[Any], chunks: list[Any]) -> None:
-    """`pipe` to its end (or until it is closed), into `chunks`."""
-    with contextlib.suppress(OSError, ValueError):
-        while chunk := pipe.read(65536):
-            chunks.append(chunk)
+def _read(fd: int, chunks: list[bytes]) -> None:
+    """The pipe `fd` (this thread's own copy, closed at the end) to its end, into `chunks`,
+    each part as soon as it is there."""
+    try:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _decoded(pipe: IO[Any], data: bytes, *, ended: bool) -> Any:
+    """`data` as `pipe` reads it: bytes, or text in its wrapper's encoding with universal
+    newlines (as subprocess's text mode), bytes it cannot decode replaced where its errors
+    are "strict" (output read for a diagnosis: a bad byte must not lose the rest). `ended`:
+    nothing follows; else an incomplete last character is left out (the rest may follow)."""
+    if not isinstance(pipe, io.TextIOWrapper):
+        return data
+    errors = "replace" if pipe.errors in (None, "strict") else pipe.errors
+    decoder = io.IncrementalNewlineDecoder(
+        codecs.getincrementaldecoder(pipe.encoding)(errors), translate=True
+    )
+    return decoder.decode(data, final=ended)
 
 
 def _stop(command: subprocess.Popen[Any], seen: _Known, grace_s: float) -> None:

@@ -138,3 +138,38 @@ def test_a_pipe_reader_gives_the_output_once_the_tree_is_stopped(
     finally:
         if child and process_start_time(child[0]) is not None:
             os.kill(child[0], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("text", [True, False])
+def test_a_pipe_reader_gives_what_came_while_a_holder_keeps_the_pipe_open(
+    tmp_path: Path, text: bool
+) -> None:
+    """A holder the watch never saw (here one detached from the start) keeps the pipes open
+    past the command's exit: the reader's result by its limit is what came by then (it read
+    nothing: a text pipe's read(65536) waits for 65536 characters or the end). Text is
+    decoded as the pipe would, with universal newlines, a byte it cannot decode replaced."""
+    pid_file = tmp_path / "holder"
+    script = (
+        r"printf 'torchrun: error: worker 1 failed \303\251\377\r\n' >&2; "
+        f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & exit 1"
+    )
+    pipes = {"text": True, "encoding": "utf-8"} if text else {}
+    command = subprocess.Popen(
+        ["sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, **pipes
+    )
+    holder: list[int] = []
+    try:
+        output = PipeReader(command)
+        assert command.wait(timeout=30) == 1
+        holder.extend(_pids_written(pid_file, 1))
+        out, err = output.result(timeout_s=1.0)
+        line = "torchrun: error: worker 1 failed é"
+        expected = ("", f"{line}\ufffd\n") if text else (b"", line.encode() + b"\xff\r\n")
+        assert (out, err) == expected
+        assert process_start_time(holder[0]) is not None  # it held the pipes all along
+    finally:
+        if holder:
+            os.kill(holder[0], signal.SIGKILL)
+        for pipe in (command.stdout, command.stderr):
+            if pipe is not None:
+                pipe.close()
