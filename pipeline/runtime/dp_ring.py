@@ -39,8 +39,9 @@ that the delay check asks for, failed the iteration: that replica's pipeline ran
 1 s longer). From step D-1 on, and in later buckets, every replica is in its ring (r's
 step D-2 chunk waited for r+1's pipeline), and a chunk waits for messages only. The pool's
 bound on a time without progress bounds those first waits (pipeline.runtime.pool: the ranks
-they wait on report each op), and the peers' own limits end them where a peer fails (its
-op's wait, its send).
+they wait on report their ops), its timeout naming the chunk each silent rank waits on or
+sends (`Ring.doing`); the peers' own limits end them where a peer fails (its op's wait, its
+send).
 
 Every chunk is recorded, as the PP messages are (`RankResult.sends` and `receives`, the
 chunk's index in place of a microbatch): the receiver thread (pipeline.runtime.receiver)
@@ -108,8 +109,10 @@ class Ring:
         self._transport, self._iteration, self._timeout_s = transport, iteration, timeout_s
         self._on_chunk, self._check = on_chunk, check
         self._num_replicas, self._layout = num_replicas, layout
-        self._replica = replica
+        self._stage, self._replica = stage, replica
         self._sizes: tuple[int, ...] = ()
+        self._doing: tuple[bool, int] | None = None
+        """The chunk it sends (True) or waits for (False) now, by index; None: neither."""
         self._incoming: Receiver | None = None
         """The receiver thread of the ring predecessor's chunks, once a bucket is posted."""
         if num_replicas < 2:
@@ -183,6 +186,7 @@ class Ring:
                     if sums is not None:
                         self._combine(sums, k - 1, self._inboxes[bucket % 2][k - 1][:chunk])
                 payload = self._payload[:chunk] if sums is None else sums[self._sent_chunk(k)]
+                self._doing = (True, index)
                 start = time.monotonic()
                 fault_ms = self._transport.send_dp(
                     self._to_rank, link, direction, self._iteration, index, payload
@@ -198,6 +202,7 @@ class Ring:
                     self._payload[:size]
                 )
             first_byte += size
+        self._doing = None
         incoming.finish(self._timeout_s)
         self._incoming = None
         return records
@@ -227,6 +232,24 @@ class Ring:
             target.view(dtype).add_(received.view(dtype))
         else:
             target.copy_(received)
+
+    def doing(self) -> str:
+        """What this position does in its ring now, in words: "in the DP ring of stage 0,
+        waiting for chunk 5 (of chunks 0-7) from rank 3 over dp0:0-1" (the chunk's index on
+        its link direction, as in the records), or "sending chunk 5 ... to rank 1 over
+        ...". Called from another thread: it reads what `run` sets, one attribute."""
+        doing = self._doing
+        where = f"in the DP ring of stage {self._stage}"
+        if not self._sizes:
+            return f"{where} (none: one replica)"
+        if doing is None:
+            return where
+        sending, index = doing
+        last = len(self._sizes) * ring_steps(self._num_replicas) - 1
+        chunk = f"chunk {index} (of chunks 0-{last})"
+        if sending:
+            return f"{where}, sending {chunk} to rank {self._to_rank} over {self._link}"
+        return f"{where}, waiting for {chunk} from rank {self._from_rank} over {self._in_link}"
 
     def stop(self) -> None:
         """Let the receiver thread end (a daemon: one still inside a wait ends with the
@@ -264,6 +287,7 @@ class Ring:
     ) -> None:
         """Wait for chunk `index` from the ring predecessor (for up to `limit_s`; None: no
         limit) and record it."""
+        self._doing = (False, index)
         needed = time.monotonic()
         arrival = incoming.take(index, limit_s)
         records.receives.append(

@@ -42,7 +42,7 @@ from pipeline.runtime.remote_error import (
 )
 from pipeline.runtime.scratch import POOL_PREFIX, SLOTS_PREFIX, make_folder
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
-from pipeline.runtime.worker import PLACING, PROGRESS, worker_main
+from pipeline.runtime.worker import DOING, PLACING, PROGRESS, worker_main
 from pipeline.signals import held_signals
 from pipeline.timeline import (
     FailoverRecord,
@@ -144,6 +144,9 @@ class WorkerPool:
         terminate or kill, None for one still running even then."""
         self._busy = False
         """Whether the workers are inside a command (start-up, an iteration), deaf to a stop."""
+        self._doing: dict[int, tuple[str, float]] = {}
+        """What each rank last said it did in the command waited on (`worker.Progress`), and
+        when that came (host monotonic s): what the pool's timeout names."""
 
     def __enter__(self) -> WorkerPool:
         self.start()
@@ -283,13 +286,16 @@ class WorkerPool:
 
     def _gather(self, what: str, owed: str, limit_s: float | None = None) -> list[object]:
         """One answer per rank (`owed`: what each owes, in words), in rank order; any death,
-        error or timeout is a WorkerError. The wait is for a time without word from the
+        error or timeout is a WorkerError. The wait is for a time without progress from the
         ranks waited for: an answer, or their `PROGRESS` (an iteration's op or ring chunk
         done; every second of a rank swap's rewiring of the delegates, a wait with limits of
-        its own) restarts it, so a long healthy iteration is no timeout. By default it is
-        `BACKSTOP` x the pool's timeout plus `BACKSTOP_GRACE_S`: where workers have limits of
-        their own, they give up first and say what waited, so their word comes first."""
+        its own) restarts it, so a long healthy iteration is no timeout; their `DOING` (what
+        they do, said every second while they wait) does not, and the timeout names what each
+        said last. By default it is `BACKSTOP` x the pool's timeout plus `BACKSTOP_GRACE_S`:
+        where workers have limits of their own, they give up first and say what waited, so
+        their word comes first."""
         answers: dict[int, object] = {}
+        self._doing = {}
         why = ""
         if limit_s is None:
             limit_s = BACKSTOP * self.timeout_s + BACKSTOP_GRACE_S
@@ -306,9 +312,9 @@ class WorkerPool:
             if not ready:
                 self._fail(
                     WorkerTimeout(
-                        f"no word from rank(s) {waiting} for {limit_s:g} s during {what}"
+                        f"no progress from rank(s) {waiting} for {limit_s:g} s during {what}"
                         f"{why}: neither {owed}, progress nor an error came from them, and they "
-                        "did not exit",
+                        f"did not exit{self._last_words(waiting)}",
                         rank=waiting[0] if len(waiting) == 1 else None,
                     ),
                     what,
@@ -323,8 +329,11 @@ class WorkerPool:
                         what,
                     )
                 status, payload = answer
-                if status == PROGRESS:  # on its way: the wait starts again
-                    deadline = time.monotonic() + limit_s
+                if status in (PROGRESS, DOING):
+                    now = time.monotonic()
+                    self._doing[rank] = (str(payload), now)
+                    if status == PROGRESS:  # on its way: the wait starts again
+                        deadline = now + limit_s
                     continue
                 if status == "error":
                     error = (
@@ -335,6 +344,25 @@ class WorkerPool:
                     self._fail(error, what, reporter=rank)
                 answers[rank] = payload
         return [answers[rank] for rank in range(self.num_ranks)]
+
+    def _last_words(self, ranks: list[int]) -> str:
+        """What `ranks` last said they did, for the timeout's message: "; by their last word,
+        rank 1 (stage 0): in the DP ring of stage 0, waiting for chunk 0 (of chunks 0-1) from
+        rank 0 over dp0:0-1 (said 0.4 s before)"; "" where none of them said anything (a
+        start-up or a set-up: only an iteration's run speaks, `worker.Progress`). A worker
+        speaks every PROGRESS_INTERVAL_S while it waits, so its word is that old at most,
+        unless its process itself stood still."""
+        if not any(rank in self._doing for rank in ranks):
+            return ""
+        now = time.monotonic()
+        words = []
+        for rank in ranks:
+            said = self._doing.get(rank)
+            doing = (
+                "nothing said" if said is None else f"{said[0]} (said {now - said[1]:.1f} s before)"
+            )
+            words.append(f"{self._name(rank)}: {doing}")
+        return "; by their last word, " + "; ".join(words)
 
     def _receive(self, rank: int) -> tuple[str, object] | None:
         """The rank's next message, or None if there is none (or its pipe is closed)."""

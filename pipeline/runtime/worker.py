@@ -60,11 +60,13 @@ from pipeline.runtime.transport import (
     PendingReceive,
     RingTransport,
     WireRecord,
+    describe,
     route_kind,
 )
 from pipeline.topology import Position, Topology, link_name, tied_link
 
 __all__ = [
+    "DOING",
     "PROGRESS",
     "PROGRESS_INTERVAL_S",
     "SWITCH_INTERVAL_S",
@@ -78,7 +80,12 @@ PLACING = "the move back to the default placement"
 """What a worker's error between iterations names (`_Worker.place`)."""
 
 PROGRESS = "progress"
-"""The status of a worker's word to the pool that is no answer: its iteration moves on."""
+"""The status of a worker's word to the pool that is no answer: its iteration moves on. The
+word's payload: what the worker does now, in words (`Progress`)."""
+
+DOING = "doing"
+"""The status of a worker's word to the pool that is neither an answer nor progress: what it
+does now, in words (`Progress`); the pool's wait for progress goes on."""
 
 SWITCH_INTERVAL_S = 0.0005
 """A worker's GIL switch interval (Python's default: 5 ms). A receiver thread that must stamp
@@ -91,6 +98,12 @@ _MESSAGE_KIND = {OpKind.F: ACTIVATION, OpKind.B: GRADIENT, OpKind.BW: GRADIENT}
 gradient (from downstream, on upstream); W neither."""
 
 _DIRECTION = {ACTIVATION: "forward", GRADIENT: "backward"}
+
+_WAITING, _COMPUTING, _SENDING = "waiting", "computing", "sending"
+"""An op's phases (`_Worker.doing`)."""
+
+_STARTING = "starting its iteration"
+"""What a worker does before its iteration's first part (`_Worker.doing`)."""
 
 
 def _sent_microbatches(ops: Sequence[Op], msg_kind: int) -> list[int]:
@@ -162,52 +175,84 @@ class _Prepared:
 
 
 PROGRESS_INTERVAL_S = 1.0
-"""How often at most a worker tells the pool that its iteration moves on (`Progress`)."""
+"""How often a worker's word on its iteration goes to the pool, at most (`Progress`)."""
 
 
 class Progress:
-    """Tells the pool, at most every PROGRESS_INTERVAL_S, that this worker's iteration moves
-    on (an op or a ring chunk done): the pool's wait for an answer then bounds a time
-    without progress, not the iteration, which may be long and healthy."""
+    """A worker's word to the pool during an iteration, from a thread of its own, every
+    PROGRESS_INTERVAL_S while the iteration runs (`beating`): what the worker does now, in
+    `describe`'s words, which the pool's timeout names for a rank without progress; as
+    `PROGRESS` where its iteration moved on since the last beat (an op or a ring chunk done:
+    `tick`), which restarts the pool's wait for an answer, so that it bounds a time without
+    progress, not the iteration, which may be long and healthy; else as `DOING`, which does
+    not. The thread speaks on while the compute thread waits, so the pool's last word on a
+    rank is a beat old at most, unless the process itself stands still. The compute thread
+    only counts (`tick`) and sets what `describe` reads: it sends nothing, reads no clock
+    and builds no string."""
 
-    def __init__(self, report: Callable[[], None] | None = None) -> None:
-        self._report, self._next_s = report, 0.0
+    def __init__(
+        self,
+        send: Callable[[str, str], None] | None = None,
+        describe: Callable[[], str] = lambda: "",
+    ) -> None:
+        """`send`: a word (its status, what the worker does) to the pool; None: no pool to
+        tell (the torchrun path), no thread."""
+        self._send, self._describe = send, describe
+        self._ticks = 0
+        self._kept = 0
+        """How many `kept_up` bodies run: while any does, every beat is progress."""
+        self._beating = False
 
     def tick(self) -> None:
-        if self._report is None:
-            return
-        now = time.monotonic()
-        if now >= self._next_s:
-            self._next_s = now + PROGRESS_INTERVAL_S
-            self._report()
+        """An op or a ring chunk done (the next beat says so)."""
+        self._ticks += 1
 
     @contextlib.contextmanager
-    def kept_up(self) -> Iterator[None]:
-        """Tick from a thread of its own, every PROGRESS_INTERVAL_S, while the body runs: a
-        wait whose own limits name what it waited on and may be longer than the pool's for
-        word (a rank swap's rewiring of the delegates waits for their start as long as their
-        start at the pool's, however short `timeout_s`: adaptra.transport), so that those
-        limits end a wait too long, not the pool's anonymous one. Nothing else may tick
-        meanwhile."""
-        if self._report is None:
+    def beating(self) -> Iterator[None]:
+        """Beat from a thread of its own while the body runs (none without a pool, or where
+        one already beats); the body must send nothing to the pool meanwhile."""
+        if self._send is None or self._beating:
             yield
             return
-        done = threading.Event()
+        send, done = self._send, threading.Event()
 
         def beat() -> None:
+            ticks = self._ticks
             while not done.wait(PROGRESS_INTERVAL_S):
+                now_ticks = self._ticks
                 try:
-                    self.tick()
+                    doing = self._describe()
+                except Exception as err:  # no bug in the words may end the beat
+                    doing = f"not known ({type(err).__name__} describing it)"
+                try:
+                    send(PROGRESS if now_ticks != ticks or self._kept > 0 else DOING, doing)
                 except OSError:  # the pool is gone: the body's end will say so
                     return
+                ticks = now_ticks
 
         beating = threading.Thread(target=beat, name="progress", daemon=True)
+        self._beating = True
         beating.start()
         try:
             yield
         finally:
             done.set()
             beating.join()
+            self._beating = False
+
+    @contextlib.contextmanager
+    def kept_up(self) -> Iterator[None]:
+        """Every beat progress while the body runs (beating, if nothing beats yet): a wait
+        whose own limits name what it waited on and may be longer than the pool's for word
+        (a rank swap's rewiring of the delegates waits for their start as long as their
+        start at the pool's, however short `timeout_s`: adaptra.transport), so that those
+        limits end a wait too long, not the pool's."""
+        self._kept += 1
+        try:
+            with self.beating():
+                yield
+        finally:
+            self._kept -= 1
 
 
 class _Worker:
@@ -241,8 +286,34 @@ class _Worker:
         self._place(topology)
         self.current_op: str | None = None
         """The op running ("F3"), None outside ops: where a failure happened."""
+        self._doing: str | tuple[str, Op] | Ring = _STARTING
+        """What the worker does now, for `doing`: in words; an op's phase (`_WAITING`,
+        `_COMPUTING`, `_SENDING`) and the op; or the DP ring it runs. One attribute, set
+        as the work goes on (no string built), read whole by another thread."""
         self.progress = Progress()
         """Set by the pool's worker (`worker_main`); the torchrun path has no pool to tell."""
+
+    def doing(self) -> str:
+        """What this worker does now, in words, for the pool's word on a silent rank: "op
+        F3, waiting for the activation of microbatch 3 from rank 0 on link 0-1", "in the DP
+        ring of stage 0, waiting for chunk 5 (of chunks 0-7) from rank 3 over dp0:0-1",
+        "the tied-weight sum with rank 3"."""
+        doing = self._doing
+        if isinstance(doing, str):
+            return doing
+        if isinstance(doing, Ring):
+            return doing.doing()
+        phase, op = doing
+        msg_kind = _MESSAGE_KIND.get(op.kind)
+        if phase == _COMPUTING or msg_kind is None:
+            return f"op {op}, computing"
+        waiting = phase == _WAITING
+        neighbour = self.up if (msg_kind == ACTIVATION) == waiting else self.down
+        if neighbour is None:  # not this stage's: the phase moved on meanwhile
+            return f"op {op}"
+        peer, link = neighbour
+        what = describe(peer, msg_kind, op.microbatch, sending=not waiting)
+        return f"op {op}, {'waiting for' if waiting else 'sending'} {what} on link {link}"
 
     def _place(self, topology: Topology) -> None:
         """Play this worker's position under `topology`; neighbours are the workers playing
@@ -341,35 +412,49 @@ class _Worker:
     def start(self, prepared: _Prepared, start_at: float) -> RankResult:
         """Run the prepared iteration from `start_at` (host monotonic s): its ops, then the
         step. A failure ends the iteration (the worker reports it and ends)."""
-        config, transport, hook = prepared.config, prepared.transport, prepared.hook
         if prepared.own_hook is not None:
             prepared.own_hook.iteration_start = start_at
+        _sleep_until(start_at)
+        with self.progress.beating():  # the pool's word on the iteration, as it goes
+            return self._run(prepared)
+
+    def _run(self, prepared: _Prepared) -> RankResult:
+        """`start`'s iteration, from its start on."""
+        config, transport, hook = prepared.config, prepared.transport, prepared.hook
         topology = config.topology or self._grid
         moved = None
-        _sleep_until(start_at)
+        self._doing = _STARTING
         try:
             if prepared.swaps:  # the iteration's first work, with the set-up that follows it
                 self.current_op = "swap"  # a failure in it names it
+                self._doing = "the rank swap"
                 moves_state = config.iteration > 0 and config.load_checkpoint is None
                 moved = self._swap(topology, transport if moves_state else None)
                 self.current_op = None
+                self._doing = "setting up the iteration after the rank swap"
                 self._set_up(prepared)
                 if moved is not None:  # its record spans the set-up too: no unseen gap
                     moved = dataclasses.replace(moved, end_s=time.monotonic())
             assert prepared.inbound is not None
             records = self._run_ops(config, transport, prepared.inbound, hook)
+            self._doing = "joining its receiver threads after its last op"
             self._finish_receivers(prepared.inbound)
             if self.delegates is not None:
+                self._doing = "ending its delegates' part of the pipeline"
                 records.add_wire(self.delegates.finish_iteration(config.iteration))
             step_start = time.monotonic()
             ring = prepared.ring
             assert ring is not None
             self.current_op = KIND  # a failure in the ring names it
+            self._doing = ring
             chunks = ring.run(
                 self.compute.dp_gradient() if self.topology.num_replicas > 1 else None
             )
+            self._doing = "taking the DP ring's sums"
             self.compute.take_dp_sums()
             self.current_op = "tied"  # a failure in the sum names it
+            if self.tied is not None:
+                self._doing = f"the tied-weight sum with rank {self.tied.peer}"
             self._sum_tied(config, transport)
         except BaseException:
             self.abandon(prepared)  # a failed iteration ends the worker (worker_main)
@@ -377,11 +462,14 @@ class _Worker:
         records.sends.extend(chunks.sends)
         records.receives.extend(chunks.receives)
         if self.delegates is not None:  # the step's delegated messages, and every failover
+            self._doing = "ending its delegates' part of the step"
             records.add_wire(self.delegates.finish_iteration(config.iteration))
             records.failovers.extend(self.delegates.take_failovers())
         self.current_op = None
+        self._doing = "the compute backend's end of the iteration (its optimizer step)"
         step_output = self.compute.end_iteration(config)
         step_end = time.monotonic()  # a digest's copy and a checkpoint are not the step's
+        self._doing = "the compute backend's work after the step (a digest, a checkpoint)"
         step_output = self.compute.after_step(config, step_output)
         return RankResult(
             self.rank,
@@ -438,6 +526,7 @@ class _Worker:
         worker at once (`WorkerPool.place_default`: a new run starts where a fresh pool's
         workers do, from the initial state)."""
         if topology.workers != self.topology.workers:
+            self._doing = PLACING
             self._swap(topology, None)
 
     def _directions(self) -> list[tuple[LinkDirection, int, bool]]:
@@ -621,6 +710,7 @@ class _Worker:
             inbox = None if msg_kind is None else inbound.get(msg_kind)
             inputs = None
             if inbox is not None:
+                self._doing = (_WAITING, op)
                 needed = time.monotonic()
                 arrival = inbox.receiver.take(op.microbatch, self.timeout_s)
                 records.receives.append(
@@ -634,6 +724,7 @@ class _Worker:
                     )
                 )
                 inputs = inbox.buffers[op.microbatch]
+            self._doing = (_COMPUTING, op)
             start = time.monotonic()
             output = self.compute.run(op.kind, op.microbatch, inputs, config.profile)
             records.ops.append((op.kind.value, op.microbatch, start, time.monotonic()))
@@ -642,6 +733,7 @@ class _Worker:
             if output is None or msg_kind is None or target is None:
                 continue
             peer, link = target
+            self._doing = (_SENDING, op)
             message = Message(config.iteration, msg_kind, op.microbatch, num_sent[msg_kind])
             num_sent[msg_kind] += 1
             direction = LinkDirection.of(link, msg_kind)
@@ -864,7 +956,7 @@ def _serve(worker: _Worker, conn: Connection, rank: int) -> None:
     once set up (`_Worker.prepare`), then its start time, answered with the records; between
     iterations a placement to play (`_Worker.place`), answered once played; None (in any
     place) ends the worker."""
-    worker.progress = Progress(lambda: conn.send((PROGRESS, None)))
+    worker.progress = Progress(lambda status, doing: conn.send((status, doing)), worker.doing)
     delegate_pids = [] if worker.delegates is None else worker.delegates.pids
     conn.send(("ok", (os.getpid(), delegate_pids, worker.devices)))
     while True:

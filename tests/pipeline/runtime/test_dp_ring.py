@@ -1,7 +1,10 @@
 """The DP all-reduce's ring in the emulated runtime: PP 4 x DP 2, eight worker processes,
 against the simulator's message-by-message step (pipeline.allreduce)."""
 
+import dataclasses
+import re
 import statistics
+import time
 
 import pytest
 
@@ -10,7 +13,8 @@ from injectors.fault_files import parse_yaml
 from pipeline.allreduce import messages_per_link_direction
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
-from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime import IterationConfig, WorkerPool, WorkerTimeout
+from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, Timeline
 from pipeline.topology import Link, Topology
@@ -160,3 +164,56 @@ def test_the_ring_s_first_chunk_waits_out_a_peer_replica_s_longer_pipeline() -> 
         # Replica 1 sent it after its pipeline, replica 0 waited for it from its ring's start.
         assert first.arrival_ms >= first.send_start_ms >= _last_op_end_ms(timeline, stage, 1)
         assert first.needed_ms >= _last_op_end_ms(timeline, stage, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Withhold:
+    """A fault hook: the sender of DP chunk `index` on `link`'s `direction` never sends it
+    (its hook sleeps an hour; the pool's close ends it)."""
+
+    link: str
+    direction: str
+    index: int
+
+    def __call__(
+        self, link: str, direction: str, iteration: int, kind: str, index: int, *_: object
+    ) -> float:
+        if (link, direction, kind, index) == (self.link, self.direction, "AR", self.index):
+            time.sleep(3600.0)
+        return 0.0
+
+
+def test_a_ring_chunk_that_never_comes_is_the_pool_s_timeout_naming_what_each_rank_waits_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DP 2 of one stage: replica 0 never sends its first chunk forward on dp0:0-1, and
+    replica 1's wait for it, which spans replica 0's pipeline, has no limit of its own: the
+    pool's bound on a time without progress ends the run (2 x 1 s + 1 s here), and names
+    what each silent rank said it did last: its progress thread speaks while its compute
+    thread waits."""
+    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 1.0)  # read by the pool, at its wait
+    profile = Profile.uniform(
+        1, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=8_000, dp_bucket_bytes=4_000
+    )
+    config = IterationConfig(
+        0, one_f_one_b(profile), profile, fault_hook=_Withhold("dp0:0-1", "forward", 0)
+    )
+    with WorkerPool(1, 2, timeout_s=1.0) as pool, pytest.raises(WorkerTimeout) as info:
+        pool.run_iteration(config)
+    message = str(info.value)
+    assert message.startswith(
+        "no progress from rank(s) [0, 1] for 3 s during iteration 0 (2 x the workers' 1 s "
+        "wait for one message, plus 1 s): neither records, progress nor an error came from "
+        "them, and they did not exit; by their last word, "
+    ), message
+    # 2 buckets of 2 chunks each way: chunks 0-3; the first bucket's first is withheld.
+    words = re.fullmatch(r".*; by their last word, (.*)", message)
+    assert words is not None
+    said = [re.fullmatch(r"(.*) \(said \d+\.\d s before\)", w) for w in words[1].split("; ")]
+    assert [m[1] if m else None for m in said] == [
+        "rank 0 (stage 0): in the DP ring of stage 0, sending chunk 0 (of chunks 0-3) to "
+        "rank 1 over dp0:0-1",
+        "rank 1 (stage 0): in the DP ring of stage 0, waiting for chunk 0 (of chunks 0-3) "
+        "from rank 0 over dp0:0-1",
+    ]
+    assert info.value.rank is None and info.value.remote is None

@@ -695,16 +695,19 @@ class _Stuck(EmulatedCompute):
 
 def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> None:
     """One stage alone (no neighbour's wait can time out first), its op stuck: the pool waits
-    twice the 0.5 s timeout plus 5 s, says so and what it waited for, and ends the worker."""
+    twice the 0.5 s timeout plus 5 s, says so, what it waited for and what the worker said
+    it did last (its progress thread speaks while the op runs), and ends the worker."""
     profile = Profile.uniform(1, 1, 1, 1, 1)
     with WorkerPool(1, compute_factory=_Stuck, timeout_s=0.5) as pool:
         pids = list(pool.pids)
         with pytest.raises(WorkerTimeout) as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
-    assert str(info.value) == (
-        "no word from rank(s) [0] for 6 s during iteration 0 (2 x the workers' 0.5 s "
+    message = re.sub(r"said \d+\.\d s before", "said N s before", str(info.value))
+    assert message == (
+        "no progress from rank(s) [0] for 6 s during iteration 0 (2 x the workers' 0.5 s "
         "wait for one message, plus 5 s): neither records, progress nor an error came from "
-        "them, and they did not exit"
+        "them, and they did not exit; by their last word, rank 0 (stage 0): op F0, computing "
+        "(said N s before)"
     )
     assert info.value.rank == 0 and info.value.remote is None
     assert pool.exit_codes == [-signal.SIGTERM]  # inside its op, it could not hear the ask
