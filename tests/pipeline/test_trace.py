@@ -33,6 +33,16 @@ def test_a_message_is_a_slice_to_its_arrival_and_an_instant_when_needed() -> Non
     assert sum(e["ph"] == "i" for e in trace["traceEvents"]) == 2 * 2
 
 
+def _failover_tracks(trace: dict) -> tuple[dict[int, str], list[dict]]:
+    """The trace's message tracks by id, and its failover events."""
+    tracks = {
+        e["tid"]: e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["pid"] == 1 and e["name"] == "thread_name"
+    }
+    return tracks, [e for e in trace["traceEvents"] if e.get("cat") == "failover"]
+
+
 def test_a_failover_is_an_instant_on_its_link_direction_s_track() -> None:
     profile = Profile.uniform(2, 2, 10, 10, 10)
     schedule = Schedule.from_text([["F0", "F1", "BW0", "BW1"], ["F0", "BW0", "F1", "BW1"]])
@@ -42,12 +52,7 @@ def test_a_failover_is_an_instant_on_its_link_direction_s_track() -> None:
         FailoverRecord(0, "0-1", "backward", 1, "notice", "rnic0", "rnic1", 30.0, 31.5, -1, 8),
     )
     trace = to_chrome_trace(dataclasses.replace(healthy, failovers=failovers))
-    tracks = {
-        e["tid"]: e["args"]["name"]
-        for e in trace["traceEvents"]
-        if e["ph"] == "M" and e["pid"] == 1 and e["name"] == "thread_name"
-    }
-    moves = [e for e in trace["traceEvents"] if e.get("cat") == "failover"]
+    tracks, moves = _failover_tracks(trace)
     assert [(tracks[e["tid"]], e["name"], e["ts"], e["ph"], e["s"]) for e in moves] == [
         ("0-1 forward", "failover rnic0 -> rnic1", 12_500.0, "i", "t"),
         ("pp1:0-1 backward", "failover rnic0 -> rnic1", 30_000.0, "i", "t"),
@@ -67,12 +72,7 @@ def test_a_failover_on_the_tied_route_is_on_a_track_of_its_own() -> None:
         for r in (0, 1)
     )
     trace = to_chrome_trace(dataclasses.replace(healthy, failovers=failovers))
-    tracks = {
-        e["tid"]: e["args"]["name"]
-        for e in trace["traceEvents"]
-        if e["ph"] == "M" and e["pid"] == 1 and e["name"] == "thread_name"
-    }
-    moves = [e for e in trace["traceEvents"] if e.get("cat") == "failover"]
+    tracks, moves = _failover_tracks(trace)
     assert [tracks[e["tid"]] for e in moves] == ["tied:0-2 forward", "tied1:0-2 forward"]
 
 

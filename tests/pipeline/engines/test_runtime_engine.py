@@ -24,6 +24,7 @@ from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Link, Topology
+from tests.pipeline.runtime.test_pool import interrupt_the_first_join
 
 pytestmark = pytest.mark.multiprocess
 
@@ -177,22 +178,13 @@ def test_a_signal_while_the_pool_closes_still_removes_the_checkpoints(
     """The pool holds a shutdown signal while it stops its workers and raises it once it is
     closed, inside the engine's close: the engine's checkpoints' folder (megatron: every
     stage's state) stayed behind."""
-    joins = []
-    real_join = pool_module._join
-
-    def interrupted_join(processes: list, limit_s: float) -> None:
-        joins.append(limit_s)
-        if len(joins) == 1:
-            signal.raise_signal(signal.SIGINT)  # Python's handler: a KeyboardInterrupt
-        real_join(processes, limit_s)
-
     engine = RuntimeEngine("saves", 2, trains=True, timeout_s=20)  # a training engine saves
     try:
         engine.run(PLAN, 0, NO_FAULTS, checkpoint=True)
         assert engine._checkpoints is not None
         folder = Path(engine._checkpoints)
         assert folder.is_dir()
-        monkeypatch.setattr(pool_module, "_join", interrupted_join)
+        joins = interrupt_the_first_join(monkeypatch)
         # Python's own SIGINT handler (a pytest-xdist worker starts with SIGINT ignored).
         previous = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:

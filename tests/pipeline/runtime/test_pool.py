@@ -383,14 +383,12 @@ def test_an_iteration_cut_off_by_an_exception_ends_the_pool_not_the_next_iterati
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_a_signal_while_the_pool_closes_waits_until_its_folders_are_gone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A second Ctrl-C while the pool stops its workers cut the close short: the pool's
-    folder and its delegates' slot folder stayed behind. The signal now comes after."""
+def interrupt_the_first_join(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pool's first wait for its workers to end (`pool._join`) raises SIGINT as it
+    begins; the list of the waits' limits, as they come."""
     import pipeline.runtime.pool as pool_module
 
-    joins = []
+    joins: list[float] = []
     real_join = pool_module._join
 
     def interrupted_join(processes: list, limit_s: float) -> None:
@@ -400,6 +398,15 @@ def test_a_signal_while_the_pool_closes_waits_until_its_folders_are_gone(
         real_join(processes, limit_s)
 
     monkeypatch.setattr(pool_module, "_join", interrupted_join)
+    return joins
+
+
+def test_a_signal_while_the_pool_closes_waits_until_its_folders_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second Ctrl-C while the pool stops its workers cut the close short: the pool's
+    folder and its delegates' slot folder stayed behind. The signal now comes after."""
+    joins = interrupt_the_first_join(monkeypatch)
     pool = WorkerPool(2, delegates=Delegates(), num_delegates=1, timeout_s=20)
     pool.start()
     folders = [pool._tmpdir, pool._slot_dir]
