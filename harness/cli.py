@@ -19,7 +19,7 @@ from harness.commands_profile import calibrate, profile
 from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import redelivered_if_swallowed
+from pipeline.signals import catch_swallowed, redelivered_if_swallowed
 
 __all__ = ["cli", "main"]
 
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     stderr naming a log file with the traceback), 128 + n on signal n (SIGINT 130, SIGHUP
     129, SIGTERM 143) after every cleanup."""
     handler = _shutdown_handler(os.getpid())
+    catch_swallowed()  # before the first signal, which may come as a finalizer's error is reported
     # SIGINT too, even where the process started with it ignored, as a shell starts a
     # script's background job (`run ... &`): there too `kill -INT` ends the command as
     # Ctrl-C does (KeyboardInterrupt), after every cleanup.

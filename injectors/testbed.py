@@ -64,7 +64,7 @@ from injectors.peer_tc import (
 )
 from injectors.wire import HEALTHY, WireError, WireProcess, WireState
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import HELD_SIGNALS, held_signals, redelivered_if_swallowed
+from pipeline.signals import HELD_SIGNALS, catch_swallowed, held_signals, redelivered_if_swallowed
 
 __all__ = ["DATA_PLANES", "PREFIX", "Testbed", "TestbedError", "add_peer_filter"]
 
@@ -202,6 +202,7 @@ class Testbed:
         from pyroute2 import IPRoute, netns  # noqa: F401
 
         if threading.current_thread() is threading.main_thread():  # else none can be set
+            catch_swallowed()  # before the first signal (redelivered_if_swallowed)
             for signum in HELD_SIGNALS:  # SIGINT's default already unwinds (KeyboardInterrupt)
                 if signal.getsignal(signum) in (signal.SIG_DFL, None):  # else its owner unwinds
                     self._previous_handlers[signum] = signal.signal(signum, self._on_signal)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["HELD_SIGNALS", "held_signals", "redelivered_if_swallowed"]
+__all__ = ["HELD_SIGNALS", "catch_swallowed", "held_signals", "redelivered_if_swallowed"]
 
 _E = TypeVar("_E", bound=BaseException)
 _MARK = "_adaptra_signal"
@@ -64,28 +64,44 @@ def redelivered_if_swallowed(
     handler runs at the next bytecode boundary, which may be inside a finalizer (a `__del__`,
     a weakref callback: pyroute2 drops an asyncio loop and forks a helper per namespace
     opened), and Python swallows an exception raised there ("Exception ignored in ...").
-    Where that happens to `exc`, `sys.unraisablehook` (wrapped here) calls `on_swallowed`
-    and has `signum` sent to this process again once the hook has returned (`_send_later`):
-    its handler runs again at a later boundary, normally outside any finalizer (where not,
-    the same happens again). Every other unraisable exception goes to the hook that was
-    there before."""
+    Where that happens to `exc`, `sys.unraisablehook` (wrapped by `catch_swallowed`, here
+    too if it is not yet) calls `on_swallowed` and has `signum` sent to this process again
+    once the hook has returned (`_send_later`): its handler runs again at a later boundary,
+    normally outside any finalizer (where not, the same happens again)."""
     setattr(exc, _MARK, (signum, on_swallowed))
+    catch_swallowed()
+    return exc
+
+
+def catch_swallowed() -> None:
+    """Wrap `sys.unraisablehook` (once) so that a handler's exception that a finalizer
+    swallows is raised again (`redelivered_if_swallowed`). Call it where the handler is
+    installed: the hook may be reporting when the first signal comes, and there, as in a
+    finalizer, the handler's exception would be lost. The wrapper hands every other
+    unraisable exception to the hook that was there before, with the shutdown signals held
+    meanwhile (`held_signals`): a handler that raises a marked exception while that hook
+    runs (it formats the exception, calls its `__str__`, writes to stderr) then raises it
+    at the end, in the wrapper, which catches it as it catches a swallowed one."""
     if not getattr(sys.unraisablehook, _MARK, False):
         sys.unraisablehook = _redelivering(sys.unraisablehook)
-    return exc
 
 
 def _redelivering(
     previous: Callable[[sys.UnraisableHookArgs], object],
 ) -> Callable[[sys.UnraisableHookArgs], None]:
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
-        exc = unraisable.exc_value
-        while True:
-            mark = getattr(exc, _MARK, None)
-            if mark is None:
-                previous(unraisable)
+        try:
+            exc = unraisable.exc_value
+            if getattr(exc, _MARK, None) is None:
+                with held_signals():  # a handler that ran meanwhile raises at the end here
+                    previous(unraisable)
                 return
-            signum, on_swallowed = mark
+        except BaseException as err:  # a handler ran in here: its exception is not lost
+            if getattr(err, _MARK, None) is None:
+                raise
+            exc = err
+        while True:
+            signum, on_swallowed = getattr(exc, _MARK)
             try:
                 if on_swallowed is not None:
                     on_swallowed()

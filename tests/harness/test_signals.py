@@ -442,3 +442,59 @@ def test_the_command_line_s_own_process_ends_by_a_signal_once_done() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.splitlines()[-1] == "[True, True, True] True"
+
+
+_SIGNAL_WHILE_THE_HOOK_REPORTS = """
+import os, signal, sys, time
+import click
+from harness.cli import cli, main
+if sys.argv[1] == "python-hook":  # a hook set before (a library's): Python code
+    def report(unraisable):
+        print("reported:", str(unraisable.exc_value), file=sys.stderr, flush=True)
+    sys.unraisablehook = report
+class Slow(Exception):
+    def __str__(self):  # run by the hook as it reports
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal arrives while it reports
+        for _ in range(100):  # bytecode boundaries: the handler runs in here
+            pass
+        return "a finalizer's own error"
+class FailsItself:
+    def __del__(self):
+        raise Slow()
+@cli.command("finalize")
+def finalize():
+    try:
+        FailsItself()
+        time.sleep(10)
+        click.echo("went on")
+    finally:
+        click.echo("cleaned up")
+main(["finalize"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("previous_hook", "reported"),
+    [
+        ("default", "Slow: a finalizer's own error"),
+        ("python-hook", "reported: a finalizer's own error"),
+    ],
+)
+def test_a_shutdown_signal_handled_while_the_hook_reports_another_error_ends_the_command(
+    previous_hook: str, reported: str
+) -> None:
+    """A SIGTERM whose handler ran while `sys.unraisablehook` reported another finalizer's
+    error was lost (the hook, wrapped only from inside the first handler, or the hook it
+    wraps, dropped the Terminated): the command went on, every later SIGTERM and SIGINT was
+    ignored, exit status 0. Now it ends the command: cleanups, one line, 143."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_THE_HOOK_REPORTS, previous_hook],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 128 + signal.SIGTERM
+    assert out.stdout.splitlines() == ["cleaned up"]
+    assert reported in out.stderr.splitlines()
+    assert out.stderr.splitlines()[-1] == "terminated (SIGTERM)"
+    assert "failed" not in out.stderr

@@ -105,3 +105,63 @@ def test_a_handler_s_exception_swallowed_by_a_finalizer_is_raised_again_outside_
     assert out.stdout.splitlines() == [f"caught [{signal.SIGUSR1}, 'again', {signal.SIGUSR1}]"]
     assert "ValueError: a finalizer's own error" in out.stderr
     assert "SystemExit" not in out.stderr
+
+
+_SIGNAL_WHILE_THE_HOOK_REPORTS = textwrap.dedent("""
+    import os, signal, sys, time
+    from pipeline.signals import catch_swallowed, redelivered_if_swallowed
+    if sys.argv[1] == "python-hook":  # a hook set before (a library's, pytest's): Python code
+        def report(unraisable):
+            print("reported:", str(unraisable.exc_value), file=sys.stderr, flush=True)
+        sys.unraisablehook = report
+    calls = []
+    def handle(signum, frame):
+        calls.append(signum)
+        raise redelivered_if_swallowed(SystemExit(7), signum, lambda: calls.append("again"))
+    signal.signal(signal.SIGTERM, handle)
+    catch_swallowed()  # with the handler, before any signal
+    class Slow(Exception):
+        def __str__(self):  # run by the hook as it reports
+            os.kill(os.getpid(), signal.SIGTERM)  # the signal arrives while it reports
+            for _ in range(100):  # bytecode boundaries: the handler runs in here
+                pass
+            return "a finalizer's own error"
+    class FailsItself:
+        def __del__(self):
+            raise Slow()
+    try:
+        FailsItself()
+        time.sleep(10)
+        print("went on", calls, flush=True)
+    except SystemExit:
+        print("caught", calls, flush=True)
+        raise
+""")
+
+
+@pytest.mark.parametrize(
+    ("previous_hook", "reported"),
+    [
+        ("default", "Slow: a finalizer's own error"),
+        ("python-hook", "reported: a finalizer's own error"),
+    ],
+)
+def test_a_handler_s_exception_raised_while_the_hook_reports_another_error_is_raised_again(
+    previous_hook: str, reported: str
+) -> None:
+    """A handler that ran while `sys.unraisablehook` reported another finalizer's error
+    (here inside that error's `__str__`) raised there, and the hook dropped its exception:
+    Python's own hook printed "<exception str() failed>", a hook set before let it out of
+    the wrapper, which Python ignored; the program went on. With the hook wrapped where the
+    handler is set (`catch_swallowed`) the signal is held while the earlier hook reports, then
+    handled, its exception caught and the signal sent again; the report is whole."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_WHILE_THE_HOOK_REPORTS, previous_hook],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 7
+    assert out.stdout.splitlines() == [f"caught [{signal.SIGTERM}, 'again', {signal.SIGTERM}]"]
+    assert reported in out.stderr.splitlines()
+    assert "SystemExit" not in out.stderr and "failed" not in out.stderr
