@@ -19,7 +19,7 @@ from harness.commands_profile import calibrate, profile
 from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import catch_swallowed, redelivered_if_swallowed
+from pipeline.signals import catch_swallowed, redelivered_if_swallowed, wait_for_redelivery
 
 __all__ = ["cli", "main"]
 
@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     }
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
+        # A signal that a finalizer swallowed as the command ended is handled here, as one
+        # not swallowed is (else it came once the handlers were gone: no line, no 128 + n).
+        wait_for_redelivery()
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted (SIGINT)", err=True)
         sys.exit(128 + signal.SIGINT)

@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["HELD_SIGNALS", "catch_swallowed", "held_signals", "redelivered_if_swallowed"]
+__all__ = [
+    "HELD_SIGNALS",
+    "catch_swallowed",
+    "held_signals",
+    "redelivered_if_swallowed",
+    "wait_for_redelivery",
+]
 
 _E = TypeVar("_E", bound=BaseException)
 _MARK = "_adaptra_signal"
@@ -86,6 +92,17 @@ def catch_swallowed() -> None:
         sys.unraisablehook = _redelivering(sys.unraisablehook)
 
 
+def wait_for_redelivery() -> None:
+    """Return once every signal to be sent again (its handler's exception was swallowed:
+    `_send_later`) is sent; in the main thread its handler runs meanwhile or at the next
+    bytecode boundary (this loop's jump back is one), and its exception comes out of here.
+    Call it where a program ends while its handlers are still set, so that a signal
+    swallowed just before is handled as one that was not (else it is sent, at the latest,
+    as the interpreter exits, to whatever handler is there then)."""
+    for thread in list(_sending):
+        thread.join()
+
+
 def _redelivering(
     previous: Callable[[sys.UnraisableHookArgs], object],
 ) -> Callable[[sys.UnraisableHookArgs], None]:
@@ -116,19 +133,34 @@ def _redelivering(
     return hook
 
 
+_sending: set[threading.Thread] = set()
+"""The threads of `_send_later` that have not yet sent their signal."""
+
+
 def _send_later(signum: int) -> None:
     """`signum` to this process from a thread of its own, after this call: sent here, its
     handler would run at the next bytecode boundary, still inside the hook, and its
     exception would be swallowed again ("Exception ignored in sys.unraisablehook"). The
     thread waits for the gate, released last here, and then for the GIL, which this thread
-    keeps until it next yields it (a blocking call, or after its switch interval)."""
+    keeps until it next yields it (a blocking call, or after its switch interval). It is
+    not a daemon: where the program ends first, the interpreter's exit waits for it, so
+    the signal is sent then (a daemon thread never ran again, and the process exited 0)."""
     gate = threading.Lock()
     gate.acquire()
 
     def send() -> None:
-        with gate:
-            pass
-        os.kill(os.getpid(), signum)  # process-directed: a thread not blocking it takes it
+        try:
+            with gate:
+                pass
+            os.kill(os.getpid(), signum)  # process-directed: a thread not blocking it takes it
+        finally:
+            _sending.discard(threading.current_thread())
 
-    threading.Thread(target=send, name="adaptra-signal-again", daemon=True).start()
-    gate.release()
+    thread = threading.Thread(target=send, name="adaptra-signal-again")
+    _sending.add(thread)
+    try:
+        thread.start()
+    finally:  # even where a handler raised in start(): else the exit would wait forever
+        if thread.ident is None:  # not started
+            _sending.discard(thread)
+        gate.release()

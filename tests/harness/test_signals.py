@@ -498,3 +498,33 @@ def test_a_shutdown_signal_handled_while_the_hook_reports_another_error_ends_the
     assert reported in out.stderr.splitlines()
     assert out.stderr.splitlines()[-1] == "terminated (SIGTERM)"
     assert "failed" not in out.stderr
+
+
+_SIGNAL_IN_A_FINALIZER_AT_THE_END = """
+import os, signal, sys
+from harness.cli import cli, main
+class SignalsItself:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):  # bytecode boundaries: the handler runs in here
+            pass
+@cli.command("finalize")
+def finalize():
+    SignalsItself()  # the command's last act
+sys.argv = ["adaptra-bench", "finalize"]
+main()
+"""
+
+
+def test_a_shutdown_signal_handled_inside_a_finalizer_as_the_command_ends_ends_it() -> None:
+    """A SIGTERM whose handler ran inside a finalizer as the command ended was to be sent
+    again from a daemon thread, and the interpreter exited first: exit status 0, as if no
+    signal had come (20 of 20). Now it is handled as one that no finalizer swallowed."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_IN_A_FINALIZER_AT_THE_END],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 128 + signal.SIGTERM
+    assert out.stderr.splitlines() == ["terminated (SIGTERM)"]

@@ -165,3 +165,53 @@ def test_a_handler_s_exception_raised_while_the_hook_reports_another_error_is_ra
     assert out.stdout.splitlines() == [f"caught [{signal.SIGTERM}, 'again', {signal.SIGTERM}]"]
     assert reported in out.stderr.splitlines()
     assert "SystemExit" not in out.stderr and "failed" not in out.stderr
+
+
+_SWALLOWED_AT_THE_END = textwrap.dedent("""
+    import os, signal, sys
+    from pipeline.signals import redelivered_if_swallowed, wait_for_redelivery
+    sys.setswitchinterval(100)  # another thread runs only where this one waits (blocks)
+    calls = []
+    def handle(signum, frame):
+        calls.append(signum)
+        raise redelivered_if_swallowed(SystemExit(7), signum, lambda: calls.append("again"))
+    signal.signal(signal.SIGUSR1, handle)
+    class SignalsItself:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            for _ in range(100):  # bytecode boundaries: the handler runs in here
+                pass
+    try:
+        SignalsItself()  # the program's last act
+        if sys.argv[1] == "wait":
+            wait_for_redelivery()
+    except SystemExit:
+        print("caught", calls, flush=True)
+        raise
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # its handler gone, as the CLI's at its end
+""")
+
+
+def test_a_signal_swallowed_as_the_program_ends_is_still_sent() -> None:
+    """The signal was sent again from a daemon thread, which the interpreter's exit did not
+    wait for: a program whose handler ran in a finalizer as it ended exited 0 (20 of 20).
+    Now the exit waits for it: the signal, at its default by then, ends the process."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SWALLOWED_AT_THE_END, "end"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == -signal.SIGUSR1
+    assert (out.stdout, out.stderr) == ("", "")
+
+
+def test_wait_for_redelivery_has_the_handler_run_where_it_is_called() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _SWALLOWED_AT_THE_END, "wait"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 7
+    assert out.stdout.splitlines() == [f"caught [{signal.SIGUSR1}, 'again', {signal.SIGUSR1}]"]
