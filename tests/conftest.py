@@ -33,6 +33,17 @@ if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
 ASSETS = Path(__file__).parent / "assets"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def megatron_in_the_worker_fork_server() -> None:
+    """Each test process's worker fork server imports megatron-core once, whichever pool
+    starts it first: the many megatron pools of the tests skip their workers' own imports
+    (2.5 s of CPU each here), where a run's first pool decides for itself."""
+    from pipeline.runtime.hooks import preload_in_workers
+    from pipeline.runtime.megatron import WORKER_IMPORTS
+
+    preload_in_workers(WORKER_IMPORTS)
+
+
 @pytest.fixture(scope="session")
 def fig4_fixture() -> dict[str, Any]:
     """The paper's Fig. 4 schedule (the paper's Fig. 4, docs/paper.md)."""

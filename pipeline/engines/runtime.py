@@ -29,7 +29,7 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig
 from pipeline.runtime.devices import describe_pool
 from pipeline.runtime.digest import params_sha256, whole_model_params
-from pipeline.runtime.hooks import LaunchHook, local_launch
+from pipeline.runtime.hooks import LaunchHook, local_launch, preload_in_workers
 from pipeline.runtime.pool import WorkerPool
 from pipeline.runtime.remote_error import WorkerError, WorkerLinkFailure
 from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, make_folder
@@ -261,11 +261,13 @@ def megatron_engine(
     on_start: Callable[[float], None] | None = None,
     delegates: DelegateFactory | None = None,
 ) -> RuntimeEngine:
-    """Importing megatron-core only inside the workers (and to check the model's split).
-    `seed`: the model's initial weights and its synthetic tokens (`MegatronCompute`)."""
-    from pipeline.runtime.megatron import MegatronCompute, get_preset
+    """Importing megatron-core only inside the workers, once in their fork server (and to
+    check the model's split). `seed`: the model's initial weights and its synthetic tokens
+    (`MegatronCompute`)."""
+    from pipeline.runtime.megatron import WORKER_IMPORTS, MegatronCompute, get_preset
 
     get_preset(model).check_stages(num_stages)
+    preload_in_workers(WORKER_IMPORTS)
     factory = functools.partial(MegatronCompute, model, seed=seed)
     return RuntimeEngine(
         "megatron",

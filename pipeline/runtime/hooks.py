@@ -21,7 +21,7 @@ import multiprocessing
 import multiprocessing.util
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple, Protocol
@@ -32,7 +32,14 @@ from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
 from pipeline.topology import Link
 
-__all__ = ["FaultHook", "FaultViewHook", "HookRoute", "LaunchHook", "local_launch"]
+__all__ = [
+    "FaultHook",
+    "FaultViewHook",
+    "HookRoute",
+    "LaunchHook",
+    "local_launch",
+    "preload_in_workers",
+]
 
 
 class HookRoute(NamedTuple):
@@ -162,6 +169,17 @@ def worker_context() -> BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(WORKER_PRELOAD))
     return context
+
+
+def preload_in_workers(modules: Sequence[str]) -> None:
+    """The workers' fork server also imports `modules` (after the worker, before it freezes
+    what it holds) if it starts after this call, in place of an earlier call's. A server that
+    has started keeps what it imported, and its workers import the rest themselves, as they
+    would without this: a megatron pool's workers share one import of megatron-core (2.5 s of
+    CPU here; `pipeline.runtime.megatron.WORKER_IMPORTS`) when theirs is the process's first
+    pool. Not for every pool: another backend's first pool would start 2.5 s later."""
+    worker, freeze = WORKER_PRELOAD
+    worker_context().set_forkserver_preload([worker, *modules, freeze])
 
 
 def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:

@@ -48,6 +48,8 @@ def measure_profile(
     `on_iteration` is called as each iteration (warm-up ones too) ends; `model` is a
     preset or its name; `allow_tf32`: MegatronCompute's."""
     from pipeline.runtime import IterationConfig, WorkerPool
+    from pipeline.runtime.hooks import preload_in_workers
+    from pipeline.runtime.megatron import WORKER_IMPORTS
     from pipeline.runtime.megatron.backend import MegatronCompute
 
     preset = get_preset(model) if isinstance(model, str) else model
@@ -59,6 +61,7 @@ def measure_profile(
     validate_schedule(order, num_stages, num_microbatches)
     factory = functools.partial(MegatronCompute, preset, seed=seed, allow_tf32=allow_tf32)
     total = num_warmup_iterations + num_iterations
+    preload_in_workers(WORKER_IMPORTS)
     with WorkerPool(num_stages, compute_factory=factory) as pool:
         parts = []
         for i in range(total):
