@@ -1,7 +1,11 @@
 """The runtime's own fault hook (no processes): static delays by link name, a fault view
-asked with the concrete link, PP or DP."""
+asked with the concrete link, PP or DP; and what the workers' fork server imports."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +75,39 @@ def test_a_delegated_message_goes_over_the_first_nic_whose_route_is_up() -> None
     assert FaultViewHook({"0-1": 2.0}, NO_FAULTS).route(
         "0-1", "forward", 0, "F", 0, 64, 1, 2
     ) == HookRoute(None, 2.0)
+
+
+_PRELOADED = """
+import sys
+from pipeline.runtime.hooks import local_launch, preload_in_workers
+from pipeline.runtime.megatron import WORKER_IMPORTS
+
+def imported_in_a_worker(module):
+    code = f"import sys; sys.exit(0 if {module!r} in sys.modules else 3)"
+    process = local_launch(0, exec, (code,))
+    process.join(120)
+    return {0: True, 3: False}[process.exitcode]
+
+assert "megatron.core" not in sys.modules  # nor in the server, but by the preload
+preload_in_workers(WORKER_IMPORTS)
+print(imported_in_a_worker("megatron.core.models.gpt"))  # the server starts: preloaded
+preload_in_workers(("wave",))  # the server has started: too late, it keeps what it has
+print(imported_in_a_worker("wave"), imported_in_a_worker("megatron.core.models.gpt"))
+"""
+
+
+def test_the_fork_server_imports_megatron_for_the_workers_when_asked_before_it_starts() -> None:
+    """A worker forked after `preload_in_workers(WORKER_IMPORTS)` has megatron-core without
+    importing it (the name resolves: the server drops a module it cannot import silently); a
+    server that has started keeps what it imported."""
+    root = Path(__file__).resolve().parents[3]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _PRELOADED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "True"]
+    assert "UserWarning" not in done.stderr  # megatron's import-time warnings stay quiet
