@@ -84,7 +84,8 @@ from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.devices import choose_devices, describe_pool, num_visible_gpus
 from pipeline.runtime.digest import params_sha256, whole_model_params
-from pipeline.runtime.megatron import GPTPreset, MegatronCompute, get_preset
+from pipeline.runtime.hooks import preload_in_workers
+from pipeline.runtime.megatron import WORKER_IMPORTS, GPTPreset, MegatronCompute, get_preset
 from pipeline.runtime.megatron.backend import build_initial_stage
 from pipeline.runtime.megatron.model import microbatch_tokens
 from pipeline.runtime.megatron.profiling import measure_profile
@@ -618,6 +619,7 @@ def main() -> int:
         "priced_as": priced_as,
         "parts": {},
     }
+    preload_in_workers(WORKER_IMPORTS)  # every pool is megatron's, as a megatron run's are
     ok = run_parts(check_parts(shape, device), results, args.out)
     numbers = results["parts"].get("numerics", {}).get("result", {})
     return 0 if ok and numbers.get("ok", False) else 1
