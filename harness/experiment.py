@@ -40,7 +40,6 @@ from harness.spec import (
     Scenario,
     Target,
     controller_for,
-    memoised_planner,
     without_folders,
 )
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
@@ -142,7 +141,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     iterations = [r for r in saved if _row_key(r) in done]
     write_json_atomic(spec_path, spec_record)
     drop_stale(run_dir, done, (key for key in keys if key not in done))
-    planner = memoised_planner()
+    planner = spec.planner  # the spec's check made the first plans
     weights = [
         _expected_cost(spec, config, planner) if key not in done else 0.0
         for config, key in zip(configs, keys, strict=True)

@@ -211,6 +211,18 @@ def _check_scenario_names(scenarios: Sequence[Scenario]) -> None:
             )
 
 
+def memoised_planner() -> Planner:
+    """Plans each (policy, profile) once: an experiment's configurations share them."""
+    cache: dict[tuple[str, Profile], Schedule] = {}
+
+    def planner(policy: str, profile: Profile) -> Schedule:
+        if (policy, profile) not in cache:
+            cache[policy, profile] = plan(policy, profile).schedule
+        return cache[policy, profile]
+
+    return planner
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ExperimentSpec:
     """Every model x system x scenario is one configuration, run `num_repeats` times."""
@@ -253,6 +265,11 @@ class ExperimentSpec:
     and a report rebuilds from it, never reading the file again."""
     calibration_costs: dict[str, Any] | None = None
     """The calibration's costs (HostCosts.to_dict), read once and kept as `faults_text` is."""
+    planner: Planner = dataclasses.field(
+        default_factory=memoised_planner, init=False, repr=False, compare=False
+    )
+    """Memoised: the check's plans (each system's first plan of each configuration) are the
+    run's (`harness.experiment.run_experiment` plans with it), not made twice. Not a key."""
     resolve_models: dataclasses.InitVar[bool] = True
     """False for the spec a run directory's spec.json holds (`spec_from_record`): its models
     are not resolved, nor checked, when it is made (a later version's cost model may lack
@@ -341,7 +358,6 @@ class ExperimentSpec:
         _check_model_labels(targets)
         saved_as: dict[str, str] = {}  # each configuration's timeline file (harness.saved)
         num_configurations = 0
-        planner = memoised_planner()  # the configurations share their plans
         for target in targets:
             check_label(target.label, "model name")
             if target.cost is not None and self.backend != "sim":
@@ -382,18 +398,17 @@ class ExperimentSpec:
                             f"configurations {other} and {config} would save their timelines "
                             f"to the same file {name}; rename a model"
                         )
-            self._check_first_plans(target, scenarios, planner)  # the costliest check: last
+            self._check_first_plans(target, scenarios)  # the costliest check: last
 
-    def _check_first_plans(
-        self, target: Target, scenarios: Sequence[Scenario], planner: Planner
-    ) -> None:
+    def _check_first_plans(self, target: Target, scenarios: Sequence[Scenario]) -> None:
         """Each system plans its first iteration of `target` in each scenario, as its run
         will (`controller_for`, then its plan for iteration 0): a system that cannot plan for
         the profile (ZB-H2 needs 2S - 1 microbatches of activation memory, more than a
         `mem_limit` 1F1B meets) is refused here, naming its configuration, not when its turn
         comes after the others have run. Later plans (a re-plan under the delays a detector
-        sees) are not made here. `planner` is memoised: a plan is made once per policy and
-        profile (about 0.1 s for the Fig. 16 preset's 80 configurations)."""
+        sees) are not made here. The spec's `planner` keeps them for the run: a plan is made
+        once per policy and profile (about 0.1 s for the Fig. 16 preset's 80
+        configurations)."""
         for scenario in scenarios:
             for system in self.systems:
                 try:
@@ -401,7 +416,7 @@ class ExperimentSpec:
                         system,
                         target,
                         scenario,
-                        planner,
+                        self.planner,
                         self.num_warmup_iterations,
                         self.recovery(),
                         link_terms=self.link_terms(),
@@ -550,6 +565,7 @@ class ExperimentSpec:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        del data["planner"]
         data["profile"] = None if self.profile is None else self.profile.to_dict()
         return data
 
@@ -572,7 +588,8 @@ class ExperimentSpec:
                 if plural in values:
                     raise ConfigError(f"give {single!r} or {plural!r}, not both")
                 values[plural] = [values.pop(single)]
-        fields = {f.name for f in dataclasses.fields(cls)} - (set() if recorded else _READ)
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        fields -= set() if recorded else _READ
         unknown = sorted(map(str, set(values) - fields))  # YAML keys may be numbers
         if unknown:
             raise ConfigError(
@@ -690,18 +707,6 @@ def default_experiment() -> ExperimentSpec:
         systems=("1f1b", "zb", "adaptra-cpu", "adaptra"),
         delays_ms=(0.0, 10.0, 20.0, 40.0),
     )
-
-
-def memoised_planner() -> Planner:
-    """Plans each (policy, profile) once: an experiment's configurations share them."""
-    cache: dict[tuple[str, Profile], Schedule] = {}
-
-    def planner(policy: str, profile: Profile) -> Schedule:
-        if (policy, profile) not in cache:
-            cache[policy, profile] = plan(policy, profile).schedule
-        return cache[policy, profile]
-
-    return planner
 
 
 def controller_for(

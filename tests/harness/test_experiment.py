@@ -838,3 +838,31 @@ def test_runs_and_iterations_csv_count_the_failovers(tmp_path: Path) -> None:
     assert (run["restarts"], run["failovers"]) == ("0", "4")
     steps = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     assert [r["failovers"] for r in steps] == ["0", "0", "4", "0"]
+
+
+def test_the_run_plans_nothing_its_spec_s_check_planned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec's check makes each system's first plan of each configuration with the spec's
+    memoised planner, and the run plans with the same one: 1F1B and ZB (which never plan
+    again) plan once per delay at load and not at all in the run."""
+    import harness.spec
+
+    made: list[tuple[str, float]] = []
+    real_plan = harness.spec.plan
+
+    def counted(policy: str, profile: Profile):  # type: ignore[no-untyped-def]
+        made.append((policy, profile.delay_ms[0]))
+        return real_plan(policy, profile)
+
+    base = default_experiment()
+    monkeypatch.setattr(harness.spec, "plan", counted)
+    spec = dataclasses.replace(
+        base, systems=("1f1b", "zb"), delays_ms=(0.0, 20.0), num_iterations=2
+    )
+    expected = [(p, d) for p in ("1f1b", "zb") for d in (0.0, 20.0)]
+    assert sorted(made) == sorted(expected)  # at load, each once
+    made.clear()
+    run_experiment(spec, tmp_path / "run", progress=lambda _: None)
+    assert made == [] and len(_rows(tmp_path / "run" / "runs.csv")) == 4
+    assert "planner" not in json.loads((tmp_path / "run" / "spec.json").read_text())["spec"]
