@@ -96,18 +96,70 @@ print(imported_in_a_worker("wave"), imported_in_a_worker("megatron.core.models.g
 """
 
 
+def _python(code: str, *args: str, first_on_path: Path | None = None) -> list[str]:
+    """The lines `code` prints with `args`, in a fresh interpreter (its own fork server),
+    `first_on_path` before the repository on its path; it must exit 0."""
+    root = Path(__file__).resolve().parents[3]
+    path = [str(p) for p in (first_on_path, root) if p is not None]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "UserWarning" not in done.stderr  # megatron's import-time warnings stay quiet
+    return done.stdout.splitlines()
+
+
 def test_the_fork_server_imports_megatron_for_the_workers_when_asked_before_it_starts() -> None:
     """A worker forked after `preload_in_workers(WORKER_IMPORTS)` has megatron-core without
     importing it (the name resolves: the server drops a module it cannot import silently); a
     server that has started keeps what it imported."""
-    root = Path(__file__).resolve().parents[3]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", _PRELOADED], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "False", "True"]
-    assert "UserWarning" not in done.stderr  # megatron's import-time warnings stay quiet
+    assert _python(_PRELOADED) == ["True", "False True"]
+
+
+_TWO_POOLS = """
+import functools, sys
+from baselines import one_f_one_b
+from pipeline.profile import Profile
+from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime.compute import EmulatedCompute
+from pipeline.runtime.hooks import preload_in_workers
+from pipeline.runtime.megatron import WORKER_IMPORTS, MegatronCompute
+
+profile = Profile.uniform(2, 4, 1, 1, 1)
+config = IterationConfig(0, one_f_one_b(profile), profile)
+computes = {"emulated": EmulatedCompute, "megatron": functools.partial(MegatronCompute, "tiny")}
+for backend in sys.argv[1:]:  # the first starts the fork server
+    preload_in_workers(WORKER_IMPORTS if backend == "megatron" else ())  # as the engines do
+    try:
+        with WorkerPool(2, compute_factory=computes[backend], timeout_s=60) as pool:
+            pool.run_iteration(config)
+            print(backend, "trained" if pool.last_results[1].step_output.loss else "ran")
+    except Exception as err:
+        print(backend, "failed:", type(err).__name__, err)
+"""
+
+
+def test_a_megatron_pool_after_another_backend_s_imports_megatron_in_its_workers() -> None:
+    """An emulated pool first starts the fork server without megatron-core: the megatron pool
+    after it asks for it too late, and its workers import it themselves, and train."""
+    assert _python(_TWO_POOLS, "emulated", "megatron") == ["emulated ran", "megatron trained"]
+
+
+def test_a_megatron_core_that_fails_to_import_fails_its_pool_not_the_fork_server(
+    tmp_path: Path,
+) -> None:
+    """A megatron-core whose import raises another error than ImportError (one built for
+    another torch): the fork server, which preloads it, lives on; the megatron pool fails
+    with a worker's error naming its rank and the import's, and an emulated pool after it in
+    the same process runs."""
+    broken = tmp_path / "megatron"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise AttributeError('built for another torch')\n")
+    lines = _python(_TWO_POOLS, "megatron", "emulated", first_on_path=tmp_path)
+    assert len(lines) == 2 and lines[1] == "emulated ran"
+    assert lines[0].startswith("megatron failed: WorkerCrash rank ")
+    assert "AttributeError: built for another torch" in lines[0]
