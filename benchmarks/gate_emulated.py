@@ -22,8 +22,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import statistics
 import sys
+from types import FrameType
 
 from adaptra.transport import Delegates
 from baselines import one_f_one_b, zb_h2
@@ -87,7 +89,15 @@ def _cases() -> list[_Case]:
     ]
 
 
+def _exit(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM and SIGHUP end the gate as Ctrl-C does: its pools close (workers, delegates,
+    their folders and slot files gone) on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--band", type=float, nargs=2, default=(0.95, 1.20))
     args = parser.parse_args()
