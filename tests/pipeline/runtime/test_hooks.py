@@ -1,5 +1,6 @@
 """The runtime's own fault hook (no processes): static delays by link name, a fault view
-asked with the concrete link, PP or DP; and what the workers' fork server imports."""
+asked with the concrete link, PP or DP. Then, in fresh interpreters, what the workers' fork
+server imports."""
 
 import dataclasses
 import os
@@ -113,6 +114,7 @@ def _python(code: str, *args: str, first_on_path: Path | None = None) -> list[st
     return done.stdout.splitlines()
 
 
+@pytest.mark.multiprocess
 def test_the_fork_server_imports_megatron_for_the_workers_when_asked_before_it_starts() -> None:
     """A worker forked after `preload_in_workers(WORKER_IMPORTS)` has megatron-core without
     importing it (the name resolves: the server drops a module it cannot import silently); a
@@ -137,18 +139,21 @@ for backend in sys.argv[1:]:  # the first starts the fork server
     try:
         with WorkerPool(2, compute_factory=computes[backend], timeout_s=60) as pool:
             pool.run_iteration(config)
-            print(backend, "trained" if pool.last_results[1].step_output.loss else "ran")
+            loss = pool.last_results[1].step_output.loss
+            print(backend, "ran" if loss is None else "trained")
     except Exception as err:
         print(backend, "failed:", type(err).__name__, err)
 """
 
 
+@pytest.mark.multiprocess
 def test_a_megatron_pool_after_another_backend_s_imports_megatron_in_its_workers() -> None:
     """An emulated pool first starts the fork server without megatron-core: the megatron pool
     after it asks for it too late, and its workers import it themselves, and train."""
     assert _python(_TWO_POOLS, "emulated", "megatron") == ["emulated ran", "megatron trained"]
 
 
+@pytest.mark.multiprocess
 def test_a_megatron_core_that_fails_to_import_fails_its_pool_not_the_fork_server(
     tmp_path: Path,
 ) -> None:
