@@ -8,9 +8,11 @@ then the iteration's set-up under the new position: receives, the DP ring's buff
 `begin_iteration`),
 and the swap iteration's time against the median of the others. megatron: the tiny and
 small GPT presets over direct; emulated: no state, over direct and over delegates (whose
-link directions with a new peer get new delegates).
+link directions with a new peer are rewired: running delegates re-pointed, or new ones),
+also at the Fig. 18 test's shape (PP 4 x DP 2, 8 microbatches, 8 delegates per link
+direction and side; the same pair of workers trades places).
 
-Run: python benchmarks/bench_swap.py [--repeats 3]
+Run: python benchmarks/bench_swap.py [--repeats 3] [--backend emulated]
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class _SwapAt:
         self.fixed = fixed_plan(one_f_one_b(self.profile), self.profile, self.comm).fixed
 
     def plan(self, iteration: int) -> Plan:
-        swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+        topology = Topology(self.profile.num_stages, self.profile.num_replicas)
+        swapped = topology.dp_pair_onto_pp(Link.parse("dp0:0-1"))
         return dataclasses.replace(self.fixed, topology=swapped if iteration > SWAP_AT else None)
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
@@ -55,19 +58,28 @@ class _SwapAt:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--backend", choices=("megatron", "emulated"), help="only this backend's rows"
+    )
     args = parser.parse_args()
-    print("| backend | model / comm | state sent per mover (MiB) | swap ms | swap iteration ms "
-          "| other iterations ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    print("| backend | model / comm | PP x DP, delegates | state sent per mover (MiB) | swap ms "
+          "| swap iteration ms | other iterations ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    small = Profile.uniform(2, 4, 2, 2, 2, num_replicas=2, num_delegates=2)
+    fig18 = Profile.uniform(4, 8, 2, 2, 2, num_replicas=2, num_delegates=8)
     settings = [
-        ("megatron", "tiny", CommMode.DIRECT),
-        ("megatron", "small", CommMode.DIRECT),
-        ("emulated", None, CommMode.DIRECT),
-        ("emulated", None, CommMode.DELEGATED),
+        ("megatron", "tiny", CommMode.DIRECT, small),
+        ("megatron", "small", CommMode.DIRECT, small),
+        ("emulated", None, CommMode.DIRECT, small),
+        ("emulated", None, CommMode.DELEGATED, small),
+        ("emulated", None, CommMode.DELEGATED, fig18),
     ]
     with RuntimeEngines() as engines:
-        for backend, model, comm in settings:
-            profile = Profile.uniform(2, 4, 2, 2, 2, num_replicas=2, num_delegates=2)
+        for backend, model, comm, profile in settings:
+            if args.backend not in (None, backend):
+                continue
             if backend == "emulated":
                 profile = dataclasses.replace(profile, message_bytes=1 << 16)
             swap_ms, swap_iteration_ms, others_ms, sent = [], [], [], set()
@@ -90,8 +102,9 @@ def main() -> None:
                 swap_iteration_ms.append(times[SWAP_AT])
                 others_ms += [t for k, t in enumerate(times) if k != SWAP_AT]
             mib = ", ".join(f"{b / (1 << 20):.3f}" for b in sorted(sent))
+            shape = f"{profile.num_stages} x {profile.num_replicas}, {profile.num_delegates}"
             print(
-                f"| {backend} | {model or 'none'} / {comm.value} | {mib} | "
+                f"| {backend} | {model or 'none'} / {comm.value} | {shape} | {mib} | "
                 f"{statistics.median(swap_ms):.1f} | {statistics.median(swap_iteration_ms):.1f} | "
                 f"{statistics.median(others_ms):.1f} |",
                 flush=True,

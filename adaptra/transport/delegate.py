@@ -6,11 +6,11 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 - A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file),
   "message" (a slot's offset and size, the delay the fault model puts on its wire, and the
-  NIC the fault model routes it over, if it has a say) or "move" (which NICs another sender
-  of its link direction left). For a message it waits the delay (the
-  slow link delays the delegate, not the trainer), sends a header and the slot's bytes to
-  its receiver delegate over TCP, and acks the message on its notify pipe with when it
-  picked it up and when the wire took its last byte.
+  NIC the fault model routes it over, if it has a say), "move" (which NICs another sender
+  of its link direction left), "re-point" or "leave" (a rank swap, below). For a message
+  it waits the delay (the slow link delays the delegate, not the trainer), sends a header
+  and the slot's bytes to its receiver delegate over TCP, and acks the message on its
+  notify pipe with when it picked it up and when the wire took its last byte.
 - A receiver delegate listens on each of its host's data-plane addresses (one port on all),
   reports the port on its notify pipe, accepts its sender delegate (and its notice
   connection, where it has one; both then report that they are ready, each once set up and
@@ -19,6 +19,20 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
   with when its last byte came in. "map" jobs on its pipe say which slot file and slot size
   the coming messages use; a message that comes before the map of its file (the sizes in
   its header tell) is received into memory of its own and reported once the map is in.
+
+Re-pointing (a rank swap, between iterations: every message of the last is in): the trainer
+hands a delegate a new peer rather than starting a new one. A sender told to re-point says
+goodbye to its receiver (GOODBYE on the wire, then a close), connects to its new receiver as
+at its start (its hello carries the pair's epoch: the trainer's count of rewires, the same on
+every trainer, so a newer pair's is higher) and notes READY again. A receiver told to
+re-point says farewell to its sender (FAREWELL, then a close) and notes READY once a sender
+of that epoch is in. A receiver whose sender said goodbye, and a sender whose receiver said
+farewell, wait for their new peer (a sender that gets a message meanwhile looks for its old
+receiver, and finds it gone: refused); a hello of a newer epoch also retires the connection
+it replaces, and one of an older epoch is turned away. "Leave": the same goodbye or farewell,
+then the delegate ends (a side a rank swap closes). Only a connection closed without either
+is a failure. The old and the new peer need not say anything in order: each ignores what it
+hears from a retired connection (it reads that connection until it closes).
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
@@ -70,20 +84,23 @@ JOB = struct.Struct(f"<iqiiqqdi{PATH_BYTES}s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, NICs (a message: the NIC the fault model routes it over, -1: the delegate's own; a
 move: bit k set for NIC k, left by a sibling, whose NIC taken is in the microbatch's place),
-slot file path (map)."""
+slot file path (map; a sender's re-point: its new receiver's addresses, `repoint_job`)."""
 HEADER = struct.Struct("<qiiqqqq")
 """On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, its number on
 this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
 iterations, not this), and the slot and file bytes of the slot file it came from (both
 trainers size theirs alike per iteration: the receiver waits for its map of that size). A
 hello (a sender's first words on a connection) is (-1, NIC index, -1, HELLO, the
-connection's number: each newer than the last, the sender's pid, 0), or (-1, 0, -1,
-NOTICE_HELLO, 0, 0, 0) on its notice connection."""
+connection's number on the pair: each newer than the last, the sender's pid, the pair's epoch),
+or (-1, 0, -1, NOTICE_HELLO, 0, 0, 0) on its notice connection; a goodbye (the sender leaves
+the pair, between iterations) is (-1, 0, -1, GOODBYE, 0, the sender's pid, 0)."""
 NOTICE = struct.Struct("<ii")
 """On a notice connection, receiver to sender: one of the receiver's NICs, and whether it
 came up (1: usable again) or went down (0: the one in use: move)."""
 RESUME = struct.Struct("<q")
-"""A receiver's answer to a hello: the number of the last message it got whole (-1: none)."""
+"""A receiver's answer to a hello: the number of the last message it got whole (-1: none);
+later, and only between iterations, FAREWELL (the receiver leaves the pair)."""
+FAREWELL = -2
 NOTE = struct.Struct("<iqiiqqddi")
 """kind, iteration (ENDED: each NIC's error, `nic_errors`), microbatch (FAILOVER: its cause;
 ENDED: its reason), seq (FAILOVER: the first seq sent again, -1 if none; ENDED: the error's
@@ -92,7 +109,10 @@ sender's pid, 0 if unknown), nbytes (FAILOVER: the NIC taken; a sender's READY: 
 connected over), time 1 (FAILOVER: noticed), time 2 (FAILOVER: the connection taken over,
 after what it sent again), pid."""
 
-MAP, MESSAGE, MOVE = 1, 2, 3
+MAP, MESSAGE, MOVE, REPOINT, LEAVE = 1, 2, 3, 4, 5
+"""Jobs. A re-point's iteration is the new pair's epoch; a sender's also carries the new
+receiver's port (in the seq's place) and "<its addresses, comma-separated>;<its
+management-plane address>" (in the path's place, `repoint_job`)."""
 PORT, READY, SENT, ARRIVED, FAILED, FAILOVER, ENDED = 1, 2, 3, 4, 5, 6, 7
 UNREACHED, REFUSED, BROKEN = 1, 2, 3
 """Why a delegate ended (an ENDED note): no data-plane NIC reaches its receiver; every NIC
@@ -101,7 +121,7 @@ NO_ERRNO = 255
 """An error code for an error without an errno: a connection closed before its answer."""
 MAX_NICS_NOTED = 7
 """How many NICs' errors an ENDED note holds (a byte each in one signed 64-bit field)."""
-HELLO, NOTICE_HELLO = -1, -2
+HELLO, NOTICE_HELLO, GOODBYE = -1, -2, -3
 BY_LINK_STATE, BY_TIMEOUT, BY_FAULT_HOOK, BY_SIBLING, BY_NOTICE = 1, 2, 3, 4, 5
 """Why a sender failed over: netlink said its NIC went down; the connection broke or timed
 out (TCP's user timeout: the peer's NIC); the fault hook has the route down; another sender
@@ -202,6 +222,22 @@ class _SlotFile:
         self.map(path.rstrip(b"\0").decode(), size, slot_bytes)
 
 
+def repoint_job(epoch: int, port: int, peers: list[str], notice_peer: str) -> bytes:
+    """A sender's re-point job: to the receiver at `peers` (one address per NIC) on `port`,
+    its notices from `notice_peer` ("": none), as pair `epoch`. ValueError if the addresses
+    are longer than a job holds (`PATH_BYTES`)."""
+    target = f"{','.join(peers)};{notice_peer}".encode()
+    if len(target) > PATH_BYTES:
+        raise ValueError(f"a re-point job holds {PATH_BYTES} bytes of addresses, not {target!r}")
+    return JOB.pack(REPOINT, epoch, 0, port, 0, 0, 0.0, 0, target)
+
+
+def _repoint_target(job: tuple) -> tuple[int, list[str], str]:  # type: ignore[type-arg]
+    """(port, addresses per NIC, management-plane address) of a sender's re-point job."""
+    peers, notice_peer = job[8].rstrip(b"\0").decode().split(";")
+    return job[3], peers.split(","), notice_peer
+
+
 def _note(fd: int, *fields: object) -> None:
     os.write(fd, NOTE.pack(*fields))
 
@@ -259,6 +295,16 @@ class TcpWire:
 
     def blocking(self, timeout_s: float | None) -> None:
         self._sock.settimeout(timeout_s)
+
+    def finish(self) -> None:
+        """Send nothing more (what is queued goes, then the end): the other side reads on
+        to the end, and closes."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        """Close it (what is queued goes, then the end)."""
+        self._sock.close()
 
     def abandon(self) -> None:
         """Drop the connection at once (a reset: nothing queued is sent)."""
@@ -380,10 +426,12 @@ class _Sender:
         self.port, self.peers, self.sources, self.timeout_ms = port, peers, sources, timeout_ms
         self.indices = [socket.if_nametoindex(name) if name else 0 for name in ifnames]
         self.active = 0
-        self.failed: set[int] = set()
+        self.failed = self.down_here()
         """NICs seen to fail and not seen back."""
         self.wire: TcpWire | None = None
         self.num_connections = 0
+        self.epoch = 0
+        """The pair's (the receiver's hello check: a newer pair's is higher)."""
 
     def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S, first: int | None = None) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
@@ -400,7 +448,7 @@ class _Sender:
         codes: dict[int, int] = {}
         for nic in order:
             self.num_connections += 1
-            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), 0)
+            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), self.epoch)
             wire = None
             try:
                 wire = TcpWire.connect(
@@ -428,6 +476,32 @@ class _Sender:
             self.wire.abandon()
             self.wire = None
 
+    def leave(self) -> None:
+        """Say goodbye to the receiver and close (between iterations: nothing is owed)."""
+        if self.wire is not None:
+            goodbye = HEADER.pack(-1, 0, -1, GOODBYE, 0, os.getpid(), 0)
+            with contextlib.suppress(OSError):  # a receiver that left first reset it
+                self.wire.send(goodbye, memoryview(b""))
+            self.wire.close()
+            self.wire = None
+
+    def park(self) -> None:
+        """The receiver said farewell: no connection until a re-point names the next."""
+        if self.wire is not None:
+            self.wire.close()
+            self.wire = None
+
+    def repoint(self, port: int, peers: list[str], epoch: int) -> None:
+        """A new receiver, a new pair: connect next (as at a start, over the first NIC not
+        down here: those the old receiver's failures left are another host's)."""
+        self.leave()
+        self.port, self.peers, self.epoch = port, peers, epoch
+        self.active, self.num_connections, self.failed = 0, 0, self.down_here()
+
+    def down_here(self) -> set[int]:
+        """This host's NICs (those watched) that are down now."""
+        return {k for k, index in enumerate(self.indices) if index and not _running(index)}
+
 
 def run_sender(
     control: int,
@@ -438,10 +512,13 @@ def run_sender(
     sources: list[str],
     ifnames: list[str],
     notice_peer: str,
+    epoch: int,
 ) -> None:
-    """`notice_peer`: the receiver's management-plane address, for its notices ("": none)."""
+    """`notice_peer`: the receiver's management-plane address, for its notices ("": none);
+    `epoch`: the pair's (its trainer's count of rewires)."""
     slots = _SlotFile()
     link = _Sender(port, peers, sources, ifnames, timeout_ms)
+    link.epoch = epoch
     # Watching before it connects: a NIC that goes down meanwhile is seen (its READY says
     # that it watches).
     watch = _LinkWatch(link.indices) if any(link.indices) else None
@@ -454,7 +531,8 @@ def run_sender(
     num_sent = 0
 
     def send(message: _Message) -> None:
-        assert link.wire is not None
+        if link.wire is None:  # parked: its receiver left, and it was not re-pointed
+            raise ConnectionError("its receiver said farewell")
         m = message
         with slots.view[m.offset : m.offset + m.nbytes] as payload:
             header = HEADER.pack(
@@ -467,7 +545,7 @@ def run_sender(
         """Move to the next NIC that works (`nic`: that one first)."""
         noticed_s, left = time.monotonic(), link.active
         link.drop()
-        for _ in range(2 * len(peers)):  # each NIC twice at most (one may break again)
+        for _ in range(2 * len(link.peers)):  # each NIC twice at most (one may break again)
             try:
                 resume = link.connect(first=nic)
             except Unreachable as err:
@@ -497,20 +575,19 @@ def run_sender(
         selector.register(watch.fileno(), selectors.EVENT_READ)
     if notices is not None:
         selector.register(notices, selectors.EVENT_READ)
-    watched = link.wire
-    assert watched is not None
-    watched_fd = watched.fileno()
-    selector.register(watched_fd, selectors.EVENT_READ)
+    watched: TcpWire | None = None
+    watched_fd = -1
     # Ready once set up, just before its first wait: its trainer may take it as idle from
     # now on (it does nothing more until a job, an event of its NICs or a notice comes).
     _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
     while True:
-        if link.wire is not watched:  # a failover: watch the new connection
-            selector.unregister(watched_fd)  # by number: the old socket is closed
-            watched = link.wire
-            assert watched is not None
-            watched_fd = watched.fileno()
-            selector.register(watched_fd, selectors.EVENT_READ)
+        if link.wire is not watched:  # a failover, a park, a re-point: watch the new one
+            if watched is not None:
+                selector.unregister(watched_fd)  # by number: the old socket is closed
+            watched, watched_fd = link.wire, -1
+            if watched is not None:
+                watched_fd = watched.fileno()
+                selector.register(watched_fd, selectors.EVENT_READ)
         for key, _ in selector.select():
             if link.wire is not watched:
                 break  # the rest of these events may be of the old connection
@@ -523,9 +600,33 @@ def run_sender(
                 if kind == MAP:
                     slots.map_job(job)
                     continue
+                if kind == MOVE and link.wire is None:  # parked: it takes that NIC next
+                    if nics >> link.active & 1:
+                        left, link.active = link.active, microbatch
+                        now = time.monotonic()
+                        _note(notify, FAILOVER, 0, BY_SIBLING, -1, left, link.active, now, now,
+                              pid)  # fmt: skip
+                    continue
                 if kind == MOVE:
                     if nics >> link.active & 1:
                         fail_over(BY_SIBLING, microbatch)
+                    continue
+                if kind == LEAVE:
+                    link.leave()
+                    return
+                if kind == REPOINT:
+                    if notices is not None:
+                        selector.unregister(notices)
+                        notices.close()
+                    port, peers, notice_peer = _repoint_target(job)
+                    link.repoint(port, peers, iteration)
+                    retained.clear()
+                    num_sent = 0
+                    link.connect(START_REPLY_TIMEOUT_S)
+                    notices = _notice_connection(notice_peer, port) if notice_peer else None
+                    if notices is not None:
+                        selector.register(notices, selectors.EVENT_READ)
+                    _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
                     continue
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:
@@ -564,16 +665,31 @@ def run_sender(
                 link.failed -= {k for k, i in enumerate(link.indices) if i in came_up}
                 if link.indices[link.active] in went_down:
                     fail_over(BY_LINK_STATE)
-            elif key.fd == watched_fd:
-                # The receiver never speaks after its resume point: this is a reset, a
-                # timeout or its end (then no NIC connects: refused, the delegate ends).
+            elif watched is not None and key.fd == watched_fd:
+                # After its resume point a receiver says nothing but farewell: else this is
+                # a reset, a timeout or its end (then no NIC connects: refused, it ends).
                 try:
-                    watched.peek()
+                    said = watched.peek()
                 except BlockingIOError:
                     continue
                 except OSError:
-                    pass
+                    said = b""
+                if said and _farewell(watched):
+                    link.park()
+                    continue
                 fail_over(BY_TIMEOUT)
+
+
+def _farewell(wire: TcpWire) -> bool:
+    """Whether what its receiver said is its farewell (read)."""
+    wire.blocking(CONNECT_TIMEOUT_S)
+    try:
+        return RESUME.unpack(wire.receive_exactly(RESUME.size)) == (FAREWELL,)
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            wire.blocking(None)
 
 
 def _notice_connection(host: str, port: int) -> socket.socket:
@@ -682,9 +798,17 @@ def run_receiver(
     """The number of the last message in whole (the resume point)."""
     newest = 0
     """The number of the newest connection taken (an older one's hello may come late)."""
+    epoch = 0
+    """The pair's: its sender's (a re-pointed sender's hello has a newer one)."""
+    wanted = 0
+    """The epoch its trainer waits for (a re-point's), READY once a sender of it is in."""
+    left = -1
+    """The newest epoch whose pair it has left (goodbye, farewell): none of those again."""
     inbox: _Inbox | None = None
     callers: dict[TcpWire, _Caller] = {}
     """Connections accepted, their hellos not yet in whole (by the wire each is watched as)."""
+    retired: set[TcpWire] = set()
+    """Connections of pairs left, read (and what comes dropped) until their sender closes."""
     ready = False
     waiting: list[tuple[_Header, bytearray, float]] = []
     """Messages in whole before the map of their slot file (header, payload, when in)."""
@@ -712,13 +836,21 @@ def run_receiver(
         selector.unregister(caller.wire)
         caller.wire.abandon()
 
+    def retire(wire: TcpWire, farewell: bool) -> None:
+        """Leave the pair of `wire` (say farewell first: its sender may not have left)."""
+        if farewell:
+            with contextlib.suppress(OSError):
+                wire.send(RESUME.pack(FAREWELL), memoryview(b""))
+        wire.finish()
+        retired.add(wire)  # (watched since its accept)
+
     # It never blocks on one source: a message whose map is late is read on (into memory of
     # its own), or its sender's wire would fill and break by TCP's user timeout (a failover
     # with no fault), and a wait for the map in the middle of a batch of events would leave
     # the job pipe's event stale (a read of the empty pipe: a hang). A hello is read as it
     # comes too (a wait on one held up the message coming in meanwhile, for seconds).
     while True:
-        if not ready and inbox is not None and (noticed or not notice_address):
+        if not ready and inbox is not None and epoch >= wanted and (noticed or not notice_address):
             # Its sender's connection taken, and its notice connection where it has one:
             # ready, and idle from here (its trainer may take it so) until something comes.
             _note(notify, READY, 0, 0, 0, 0, 0, 0.0, 0.0, pid)
@@ -726,9 +858,20 @@ def run_receiver(
         for key, _ in selector.select(_time_left(callers)):
             if key.fileobj == control:
                 try:
-                    slots.map_job(JOB.unpack(_read_exactly(control, JOB.size)))
+                    job = JOB.unpack(_read_exactly(control, JOB.size))
                 except EOFError:
                     return
+                if job[0] == LEAVE:
+                    if inbox is not None:
+                        retire(inbox.wire, farewell=True)
+                    return
+                if job[0] == REPOINT:
+                    wanted, ready = job[1], False
+                    if inbox is not None and epoch < wanted:  # its new sender is not in yet
+                        retire(inbox.wire, farewell=True)
+                        inbox, left = None, epoch
+                    continue
+                slots.map_job(job)
                 for header, payload, arrived_s in [w for w in waiting if mapped(w[0])]:
                     arrived(header, payload, arrived_s)
                 waiting[:] = [w for w in waiting if not mapped(w[0])]
@@ -747,7 +890,7 @@ def run_receiver(
                 caller.got += count
                 if caller.got < HEADER.size:
                     continue
-                _, nic, _, hello, number, sender_pid, _ = HEADER.unpack(caller.hello)
+                _, nic, _, hello, number, sender_pid, pair = HEADER.unpack(caller.hello)
                 if hello == NOTICE_HELLO:
                     del callers[caller.wire]
                     selector.unregister(caller.wire)
@@ -755,13 +898,19 @@ def run_receiver(
                     noticed[:] = [caller.sock]
                     continue
                 try:
-                    if hello != HELLO or number <= newest:
+                    if hello != HELLO or pair <= left or (pair, number) <= (epoch, newest):
                         raise ConnectionError("not a hello, or an older one than taken")
-                    caller.sock.sendall(RESUME.pack(last))  # a new connection's room: at once
+                    # (a new connection's room: at once)
+                    caller.sock.sendall(RESUME.pack(last if pair == epoch else -1))
                 except OSError:
                     hang_up(caller)
                     continue
                 del callers[caller.wire]
+                if pair > epoch:  # a new pair: the old one's connection is retired
+                    if inbox is not None:
+                        retire(inbox.wire, farewell=True)
+                        inbox = None
+                    epoch, last, noticed[:] = pair, -1, []
                 if inbox is not None:  # the sender moved: the old connection is dead
                     selector.unregister(inbox.wire)
                     inbox.wire.abandon()
@@ -775,6 +924,11 @@ def run_receiver(
                 for sock in noticed:
                     with contextlib.suppress(OSError):
                         sock.sendall(b"".join(told))
+            elif key.fileobj in retired:
+                if not _receive(key.fileobj, memoryview(bytearray(HEADER.size))):  # type: ignore[arg-type]
+                    selector.unregister(key.fileobj)
+                    retired.discard(key.fileobj)  # type: ignore[arg-type]
+                    key.fileobj.close()  # type: ignore[union-attr]
             elif inbox is not None and key.fileobj is inbox.wire:  # not an older one's event
                 if inbox.message is None:
                     with memoryview(inbox.header)[inbox.got :] as rest:
@@ -801,9 +955,13 @@ def run_receiver(
                 if inbox.message is None:
                     if inbox.got < HEADER.size:
                         continue
-                    inbox.message = HEADER.unpack(inbox.header)
-                    inbox.got = 0
-                    nbytes = inbox.message[3]
+                    header = HEADER.unpack(inbox.header)
+                    if header[3] == GOODBYE:  # its sender left the pair
+                        retire(inbox.wire, farewell=False)
+                        inbox, left = None, epoch
+                        continue
+                    inbox.message, inbox.got = header, 0
+                    nbytes = header[3]
                     inbox.early = None if mapped(inbox.message) else bytearray(nbytes)
                     if nbytes > 0:
                         continue
@@ -842,7 +1000,8 @@ def main(argv: list[str]) -> None:
     """argv: role, the trainer's pid, the job pipe, the notify pipe, then for "send": the
     receiver's port, the user timeout (ms), per NIC (comma-separated) the receiver's
     addresses, this host's and this host's interface names (empty: not watched), and the
-    receiver's management-plane address (empty: no notices); for "recv": this host's
+    receiver's management-plane address (empty: no notices) and the pair's epoch; for
+    "recv": this host's
     data-plane addresses, its management-plane address and its interface names (the same
     forms)."""
     role, parent, control, notify = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
@@ -852,7 +1011,10 @@ def main(argv: list[str]) -> None:
         if role == "send":
             peers, sources, ifnames = (argv[k].split(",") for k in (6, 7, 8))
             port, timeout_ms = int(argv[4]), int(argv[5])
-            run_sender(control, notify, port, timeout_ms, peers, sources, ifnames, argv[9])
+            run_sender(
+                control, notify, port, timeout_ms, peers, sources, ifnames, argv[9],
+                int(argv[10]),
+            )  # fmt: skip
         else:
             run_receiver(control, notify, argv[4].split(","), argv[5], argv[6].split(","))
     except _Over:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from adaptra.transport.delegate import (
     FAILED,
     FAILOVER,
     JOB,
+    LEAVE,
     MAP,
     MAX_NICS_NOTED,
     MESSAGE,
@@ -51,10 +53,12 @@ from adaptra.transport.delegate import (
     PORT,
     READY,
     REFUSED,
+    REPOINT,
     SENT,
     START_REPLY_TIMEOUT_S,
     UNREACHED,
     move_limit_s,
+    repoint_job,
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
@@ -237,6 +241,16 @@ class _Process:
     def __str__(self) -> str:
         return self.name
 
+    def retarget(self, direction: LinkDirection, peer: int, args: list[str]) -> None:
+        """Name it for the pair a re-point job makes (`args`: those it would start with)."""
+        self.direction, self.peer, self.args = direction, peer, args
+
+    def leave(self) -> None:
+        """Hand it "leave" (it says goodbye or farewell to its peer, then ends), unless it
+        has ended already: a side a rewire closes."""
+        with contextlib.suppress(OSError):
+            os.write(self.control, JOB.pack(LEAVE, 0, 0, 0, 0, 0, 0.0, 0, b""))
+
     def write(self, job: bytes) -> None:
         """Hand it a job; if it is gone, the error of `gone` (raised from the broken pipe,
         unless it has a cause of its own)."""
@@ -415,6 +429,9 @@ class _Side:
     """One side of a link direction: its slot file and its delegates (message seq k goes
     through delegate k mod D)."""
 
+    peer: int
+    """The rank its peer delegates are on."""
+
     def __init__(self, direction: LinkDirection, slots: _SlotFile, delegates: list[_Process]):
         self.direction, self.slots, self.delegates = direction, slots, delegates
 
@@ -432,6 +449,21 @@ class _Side:
             delegate.close()
         self.slots.close()
 
+    def new_pair(self, direction: LinkDirection, peer: int) -> None:
+        """Carry `direction` with `peer` from now on (its delegates re-pointed). Its slot file
+        starts over, as its new peer's does: the two must be sized alike (the receiver
+        takes a message's slot file by its sizes), and their iterations' sizes make them
+        so only where they start together."""
+        self.direction, self.peer = direction, peer
+        self.slots.close()
+
+    def leave(self) -> None:
+        """Close the side at a rewire: its delegates leave their peers first (a peer that
+        is re-pointed takes no leaving for a failure)."""
+        for delegate in self.delegates:
+            delegate.leave()
+        self.close()
+
 
 class _Outbound(_Side):
     """The sender delegates of one link direction this trainer sends on."""
@@ -443,6 +475,9 @@ class _Outbound(_Side):
         sender delegate is told after its port (delegate.py's `main`); `folder`: where its
         slot file goes."""
         self.peer = peer
+        self.moves_of = direction
+        """The direction the moves its delegates note before their next READY are of (the
+        one it carried before a re-point)."""
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
@@ -456,6 +491,24 @@ class _Outbound(_Side):
         """The NIC each of its delegates is on."""
         self.route_nic = 0
         """The NIC the last message's fault hook routed it over (hook injection)."""
+
+    def repoint(
+        self,
+        direction: LinkDirection,
+        peer: int,
+        ports: list[int],
+        args: list[str],
+        jobs: list[bytes],
+    ) -> None:
+        """Carry `direction` to `peer` from now on (a rewire): each delegate re-pointed at
+        its new receiver delegate (`jobs`, one per port of `ports`; `args`: as for a new
+        side). Its failovers not yet taken are the caller's to keep."""
+        for delegate, port, job in zip(self.delegates, ports, jobs, strict=True):
+            delegate.write(job)
+            delegate.retarget(direction, peer, [str(port), *args])
+        self.moves_of = self.direction
+        self.new_pair(direction, peer)
+        self.failovers, self.nic_of, self.route_nic = [], [0] * len(ports), 0
 
     def send(
         self, message: Message, payload: torch.Tensor, fault_ms: float, nic: int | None
@@ -511,6 +564,7 @@ class _Outbound(_Side):
         ended then (stopped, or kept off the CPU that long) is killed, a move of its
         unrecorded."""
         for delegate in self.delegates:
+            delegate.leave()
             delegate.end_jobs()
         deadline = time.monotonic() + move_limit_s(num_nics) + _END_S
         notes = []
@@ -568,6 +622,14 @@ class _Outbound(_Side):
                     raise ConnectionError(f"the {delegate.name} noted what it did not carry")
 
 
+def _changed(
+    sides: Mapping[LinkDirection, _Side], wanted: tuple[tuple[LinkDirection, int], ...]
+) -> list[LinkDirection]:
+    """The directions of `sides` not `wanted` with the same peer."""
+    peers = dict(wanted)
+    return [d for d, side in sides.items() if peers.get(d) != side.peer]
+
+
 def _failover(direction: LinkDirection, iteration: int, note: tuple) -> Failover:  # type: ignore[type-arg]
     """A delegate's FAILOVER note, as the failover of `iteration` (the one its trainer learns
     of it in)."""
@@ -606,16 +668,26 @@ class _Inbound(_Side):
         self.peer = peer
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
+        self._ports: list[int] = []
 
     def ports(self, timeout_s: float) -> list[int]:
+        """Where its delegates listen (their first notes)."""
         deadline = time.monotonic() + timeout_s
-        ports = []
-        for delegate in self.delegates:
+        while len(self._ports) < len(self.delegates):
+            delegate = self.delegates[len(self._ports)]
             kind, *_, port, _, _, _, _ = _read_note(delegate, deadline)
             if kind != PORT:
                 raise ConnectionError(f"the {delegate.name} did not report its port")
-            ports.append(port)
-        return ports
+            self._ports.append(port)
+        return self._ports
+
+    def repoint(self, direction: LinkDirection, peer: int, epoch: int) -> None:
+        """Take `direction` from `peer` from now on (a rewire): its delegates say farewell
+        to their senders, and wait for senders of pair `epoch` on the same ports."""
+        for delegate in self.delegates:
+            delegate.write(JOB.pack(REPOINT, epoch, 0, 0, 0, 0, 0.0, 0, b""))
+            delegate.retarget(direction, peer, delegate.args)
+        self.new_pair(direction, peer)
 
     def take(self, message: Message, buffer: torch.Tensor, timeout_s: float) -> Arrival:
         """Wait for the message's delegate to report it in, then copy it into `buffer`."""
@@ -651,12 +723,15 @@ class DelegateTransport:
         self.timeout_s = setup.timeout_s
         self._delegates = delegates
         self._closed_moves: list[tuple[LinkDirection, tuple]] = []  # type: ignore[type-arg]
-        """FAILOVER notes of sender sides closed at a rewire, read then, and their
-        direction: the next `finish_iteration`'s failovers."""
+        """FAILOVER notes of sender sides closed or re-pointed at a rewire, read then, and
+        their direction: the next `finish_iteration`'s failovers."""
         self._closed_failovers: list[Failover] = []
-        """Failovers of sender sides closed at a rewire, not yet taken."""
+        """Failovers of sender sides closed or re-pointed at a rewire, not yet taken."""
+        self._epoch = 0
+        """How many rewires it has had: its new delegate pairs' epoch (every trainer rewires
+        at once, as `DelegateSetup.exchange` needs: the same count on every trainer)."""
         try:
-            self._wire(setup, setup.inbound, setup.outbound)
+            self._wire(setup, setup.inbound, setup.outbound, [], [])
         except BaseException:
             self.close()
             raise
@@ -666,73 +741,102 @@ class DelegateTransport:
         setup: DelegateSetup,
         inbound: tuple[tuple[LinkDirection, int], ...],
         outbound: tuple[tuple[LinkDirection, int], ...],
+        spare_in: list[_Inbound],
+        spare_out: list[_Outbound],
     ) -> None:
-        """Start the delegates of these link directions, connected to their peers'. Their
-        start is waited for at least `START_REPLY_TIMEOUT_S` however short the workers'
-        timeout for one message (the pool's start-up is given longer still): many start at
-        once, and a loaded host may not run one for seconds."""
+        """Wire these link directions to their peers' delegates: each over a spare side's
+        delegates, re-pointed, while there are spares (sides a rewire no longer uses), else
+        over new ones; spares left over are closed. Their start is waited for at least
+        `START_REPLY_TIMEOUT_S` however short the workers' timeout for one message (the
+        pool's start-up is given longer still): many start at once, and a loaded host may
+        not run one for seconds."""
         start_s = max(setup.timeout_s, START_REPLY_TIMEOUT_S)
         delegates = self._delegates
         here = ",".join(delegates.nics(setup.rank))
         ifnames = delegates.ifname_list()
         listen = [here, delegates.notice_address(setup.rank), ifnames]
+        wired: list[_Side] = []
         for direction, peer in inbound:
-            self._inbound[direction] = _Inbound(
-                direction, peer, setup.num_delegates, listen, setup.slot_dir
-            )
+            if spare_in:
+                inbound_side = spare_in.pop()
+                inbound_side.repoint(direction, peer, self._epoch)
+            else:
+                inbound_side = _Inbound(
+                    direction, peer, setup.num_delegates, listen, setup.slot_dir
+                )
+            self._inbound[direction] = inbound_side
+            wired.append(inbound_side)
+        while spare_in:
+            spare_in.pop().leave()
         mine = {d: self._inbound[d].ports(start_s) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
-        started: list[_Side] = [self._inbound[d] for d, _ in inbound]
         for direction, peer in outbound:
-            args = [str(delegates.timeout_ms), ",".join(delegates.nics(peer)), here, ifnames]
-            args.append(delegates.notice_address(peer))
-            self._outbound[direction] = _Outbound(
-                direction, peer, theirs[direction], args, setup.slot_dir
-            )
-            started.append(self._outbound[direction])
-        self._wait_ready(started, start_s)
+            peers = list(delegates.nics(peer))
+            notice = delegates.notice_address(peer)
+            args = [str(delegates.timeout_ms), ",".join(peers), here, ifnames, notice]
+            args.append(str(self._epoch))
+            ports = theirs[direction]
+            try:
+                jobs = [repoint_job(self._epoch, port, peers, notice) for port in ports]
+            except ValueError:  # addresses too long for a job: new delegates
+                jobs = []
+            if spare_out and jobs:
+                outbound_side = spare_out.pop()
+                self._closed_failovers += outbound_side.failovers
+                outbound_side.repoint(direction, peer, ports, args, jobs)
+            else:
+                outbound_side = _Outbound(direction, peer, ports, args, setup.slot_dir)
+            self._outbound[direction] = outbound_side
+            wired.append(outbound_side)
+        while spare_out:
+            self._close(spare_out.pop())
+        self._wait_ready(wired, start_s)
 
     def rewire(self, setup: DelegateSetup) -> None:
         # Per side: a worker may now send where it received, to the same peer (its partner's
         # and its own swaps undone in one step), and then needs a sender side, not the old one.
-        for sides, wanted in ((self._inbound, setup.inbound), (self._outbound, setup.outbound)):
-            peers = dict(wanted)
-            for direction in [d for d, side in sides.items() if peers.get(d) != side.peer]:
-                self._close(sides.pop(direction))
+        self._epoch += 1
+        spare_in = [self._inbound.pop(d) for d in _changed(self._inbound, setup.inbound)]
+        spare_out = [self._outbound.pop(d) for d in _changed(self._outbound, setup.outbound)]
         try:
             self._wire(
                 setup,
                 tuple((d, p) for d, p in setup.inbound if d not in self._inbound),
                 tuple((d, p) for d, p in setup.outbound if d not in self._outbound),
+                spare_in,
+                spare_out,
             )
         except BaseException:
+            for side in [*spare_in, *spare_out]:  # those neither re-pointed nor closed yet
+                side.close()
             self.close()
             raise
 
-    def _close(self, side: _Side) -> None:
-        """Close a side a rewire no longer uses. A sender side's failovers are kept: those
-        not yet taken, and the moves its delegates noted since its last look, or finish
-        as it closes (`_Outbound.hang_up`), read now (a rewire is an iteration's first
-        work: they are the failovers of the iteration finished next, the one its trainer
-        learns of them in)."""
-        if isinstance(side, _Outbound):
-            self._closed_failovers += side.failovers
-            num_nics = len(self._delegates.nics(side.peer))
-            self._closed_moves += [(side.direction, note) for note in side.hang_up(num_nics)]
-        else:
-            side.close()
+    def _close(self, side: _Outbound) -> None:
+        """Close a sender side a rewire no longer uses, keeping its failovers: those not yet
+        taken, and the moves its delegates noted since its last look, or finish as it
+        closes (`_Outbound.hang_up`), read now (a rewire is an iteration's first work: they
+        are the failovers of the iteration finished next, the one its trainer learns of
+        them in)."""
+        self._closed_failovers += side.failovers
+        num_nics = len(self._delegates.nics(side.peer))
+        self._closed_moves += [(side.direction, note) for note in side.hang_up(num_nics)]
 
     def _sides(self) -> dict[LinkDirection, _Side]:
         """Every link direction this trainer sends or receives on (each has one side)."""
         return {**self._outbound, **self._inbound}
 
     def _wait_ready(self, sides: list[_Side], timeout_s: float) -> None:
-        """Until every delegate of `sides` is connected to its peer (and done starting:
-        idle)."""
+        """Until every delegate of `sides` is connected to its peer (and done starting or
+        re-pointing: idle); a sender's moves noted before that are kept (`_close`)."""
         deadline = time.monotonic() + timeout_s
         for side in sides:
             for process in side.delegates:
-                kind, *_, nic, _, _, _ = _read_note(process, deadline)
+                note = _read_note(process, deadline)
+                while note[0] == FAILOVER and isinstance(side, _Outbound):  # before a re-point
+                    self._closed_moves.append((side.moves_of, note))
+                    note = _read_note(process, deadline)
+                kind, *_, nic, _, _, _ = note
                 if kind != READY:
                     raise ConnectionError(f"the {process.name} did not connect")
                 if isinstance(side, _Outbound):  # a NIC that failed to answer is left

@@ -3,6 +3,7 @@ two trainers' delegate transports on it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import queue
@@ -126,18 +127,94 @@ class TwoTrainers:
         self.a.rewire(self.setup(0, ((D0, 1),), ()))
 
 
+Wiring = tuple[tuple[tuple[LinkDirection, int], ...], tuple[tuple[LinkDirection, int], ...]]
+"""A trainer's inbound and outbound link directions, each with its peer (`DelegateSetup`)."""
+
+
+class Trainers:
+    """Trainers 0..N-1 (`wirings[rank]`), their delegate transports on one host (the
+    calling thread's namespace), each wired, and rewired, on a thread of its own, all at
+    once, as workers are; closed with `stack`."""
+
+    def __init__(
+        self,
+        stack: contextlib.ExitStack,
+        delegates: Delegates,
+        num_delegates: int,
+        wirings: list[Wiring],
+        namespace: str | None = None,
+    ) -> None:
+        self.namespace, self.num_delegates = namespace, num_delegates
+        self._lock = threading.Lock()
+        self._ports: dict[LinkDirection, queue.Queue[list[int]]] = {}
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
+        self._threads = stack.enter_context(ThreadPoolExecutor(len(wirings)))
+        self.transports: list[DelegateTransport] = []
+        stack.callback(lambda: [transport.close() for transport in self.transports])
+        wired = self._on_each(
+            wirings, lambda rank, wiring: delegates.connect(self._setup(rank, wiring))
+        )
+        self.transports += [f.result() for f in wired if f.exception() is None]  # to close
+        for future in wired:
+            future.result()  # the first failure, if one failed
+
+    def rewire(self, wirings: list[Wiring]) -> None:
+        """A rank swap: every trainer rewired to `wirings[rank]` at once."""
+        for future in self._on_each(
+            wirings, lambda rank, wiring: self.transports[rank].rewire(self._setup(rank, wiring))
+        ):
+            future.result()
+
+    def _on_each(self, wirings: list[Wiring], call: Callable[[int, Wiring], T]) -> list[Future[T]]:
+        """`call(rank, wirings[rank])` for every rank, each on its thread, all done."""
+
+        def there(rank: int) -> T:
+            with contextlib.ExitStack() as stack:
+                if self.namespace is not None:
+                    stack.enter_context(entered(self.namespace))
+                return call(rank, wirings[rank])
+
+        futures = [self._threads.submit(there, rank) for rank in range(len(wirings))]
+        concurrent.futures.wait(futures)
+        return futures
+
+    def _queue(self, direction: LinkDirection) -> queue.Queue[list[int]]:
+        with self._lock:
+            return self._ports.setdefault(direction, queue.Queue())
+
+    def _exchange(
+        self, mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, list[int]]:
+        for direction, ports in mine.items():  # to the direction's sender, on its thread
+            self._queue(direction).put(ports)
+        return {d: self._queue(d).get(timeout=30.0) for d in wanted}
+
+    def _setup(self, rank: int, wiring: Wiring) -> DelegateSetup:
+        inbound, outbound = wiring
+        return DelegateSetup(
+            rank, self.folder, inbound, outbound, self.num_delegates, 30.0, self._exchange
+        )
+
+
 def carry(
-    sender: DelegateTransport, receiver: DelegateTransport, iteration: int, values: list[float]
+    sender: DelegateTransport,
+    receiver: DelegateTransport,
+    iteration: int,
+    values: list[float],
+    direction: LinkDirection = D0,
 ) -> list[WireRecord]:
-    """One iteration of `D0`, a message of 16 floats per value (each filled with it): every
-    message taken in whole, the sender's wire records."""
+    """One iteration of `direction`, a message of 16 floats per value (each filled with it):
+    every message taken in whole, the sender's wire records."""
     for transport in (sender, receiver):
-        transport.begin_iteration({D0: (len(values), 64)})
+        transport.begin_iteration({direction: (len(values), 64)})
     buffers = [torch.zeros(16) for _ in values]
     messages = [Message(iteration, ACTIVATION, k, k) for k in range(len(values))]
-    pending = [receiver.post_receive(D0, m, b) for m, b in zip(messages, buffers, strict=True)]
+    pending = [
+        receiver.post_receive(direction, m, b) for m, b in zip(messages, buffers, strict=True)
+    ]
     for message, value in zip(messages, values, strict=True):
-        sender.send(D0, message, torch.full((16,), value), fault_ms=0.0)
+        sender.send(direction, message, torch.full((16,), value), fault_ms=0.0)
     for receive in pending:
         receive.wait(30.0)
     records = sender.finish_iteration(iteration)

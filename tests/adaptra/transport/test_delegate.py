@@ -24,13 +24,17 @@ from adaptra.transport.delegate import (
     ARRIVED,
     BY_LINK_STATE,
     FAILOVER,
+    FAREWELL,
+    GOODBYE,
     HEADER,
     HELLO,
+    JOB,
     NOTE,
     NOTICE_HELLO,
     PATH_BYTES,
     PORT,
     READY,
+    REPOINT,
     RESUME,
 )
 from adaptra.transport.delegated import (
@@ -157,6 +161,78 @@ def test_a_message_long_before_its_map_is_read_on_and_lands_in_its_slot(
     assert torch.equal(slots.tensor(0, payload), payload)
 
 
+def _repoint(process: _Process, epoch: int) -> None:
+    """Hand receiver `process` a re-point to pair `epoch` (as its trainer does at a swap)."""
+    process.write(JOB.pack(REPOINT, epoch, 0, 0, 0, 0, 0.0, 0, b""))
+
+
+def _hello(port: int, number: int, epoch: int) -> tuple[socket.socket, bytes]:
+    """A sender's connection to the receiver on `port`, its hello of `number` in pair
+    `epoch` said, and what came back (its resume point; b"" where it was turned away)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(HEADER.pack(-1, 0, -1, HELLO, number, 0, epoch))
+    try:
+        return sock, sock.recv(RESUME.size, socket.MSG_WAITALL)
+    except ConnectionResetError:
+        return sock, b""
+
+
+def test_a_receiver_whose_sender_said_goodbye_takes_the_next_pair_s_not_an_older_one(
+    receiver: tuple[_Process, socket.socket, _SlotFile],
+) -> None:
+    """A rank swap: the sender leaves the pair (goodbye, then its close). The receiver notes
+    no failure: it closes its side and waits for its next sender. A hello of the old pair
+    (its next connection number too) is turned away; the trainer's re-point to pair 1, then
+    that pair's hello: answered with a fresh resume point (-1: the numbers start over), READY
+    noted (nothing before it), and a message of the new pair is in."""
+    process, sender, slots = receiver
+    port = sender.getpeername()[1]
+    sender.sendall(HEADER.pack(-1, 0, -1, GOODBYE, 0, 0, 0))
+    assert sender.recv(1) == b""  # it closed its side: the goodbye was read
+    sender.close()
+    old, answer = _hello(port, 2, 0)
+    old.close()
+    assert answer == b""
+    _repoint(process, 1)
+    new, answer = _hello(port, 1, 1)
+    try:
+        assert RESUME.unpack(answer) == (-1,)
+        assert _read_note(process, time.monotonic() + 30)[0] == READY
+        slots.ensure(NUM_SLOTS, SLOT_BYTES)
+        process.write(slots.map_job())
+        payload = bytes(range(SLOT_BYTES))
+        new.sendall(HEADER.pack(5, 0, 1, SLOT_BYTES, 0, SLOT_BYTES, NUM_SLOTS * SLOT_BYTES))
+        new.sendall(payload)
+        assert _arrival(process) == (ARRIVED, 5, 0, 1, SLOT_BYTES, SLOT_BYTES)
+        assert _slot(slots, SLOT_BYTES, SLOT_BYTES) == payload
+    finally:
+        new.close()
+
+
+def test_a_newer_pair_s_hello_retires_the_old_connection_with_a_farewell(
+    receiver: tuple[_Process, socket.socket, _SlotFile],
+) -> None:
+    """At a rank swap the receiver's new sender may call before its old one has left, and
+    before its own trainer's re-point: the receiver takes the newer pair and says farewell
+    on the old connection (its sender parks there, rather than take the change for a failed
+    NIC); the old sender's goodbye, then its close, come to nothing. The re-point then finds
+    its pair in: READY at once."""
+    process, old, _ = receiver
+    port = old.getpeername()[1]
+    new, answer = _hello(port, 1, 1)
+    try:
+        assert RESUME.unpack(answer) == (-1,)
+        assert RESUME.unpack(old.recv(RESUME.size, socket.MSG_WAITALL)) == (FAREWELL,)
+        assert old.recv(1) == b""
+        old.sendall(HEADER.pack(-1, 0, -1, GOODBYE, 0, 0, 0))
+        old.close()
+        assert not _noted(process.notify)
+        _repoint(process, 1)
+        assert _read_note(process, time.monotonic() + 30)[0] == READY
+    finally:
+        new.close()
+
+
 def _sockets(pid: int) -> int:
     """How many sockets process `pid` has open (an fd closed while they are counted, such
     as its slot file's while it maps it, is none)."""
@@ -210,7 +286,7 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
     try:
         deadline = time.monotonic() + 30
         peers = "127.0.0.2,127.0.0.1"  # NIC 0's address has no listener
-        args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", ""]
+        args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", "", "0"]
         sender = _Process("send", 0, LinkDirection("0-1", "forward"), 1, args)
         kind, *_, nic, _, _, _ = _read_note(sender, deadline)
         assert (kind, nic) == (READY, 1)
@@ -256,7 +332,11 @@ def test_a_sender_that_cannot_connect_tells_its_trainer_why(
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]  # free once closed: refused there
     sender = _Process(
-        "send", 0, LinkDirection("0-1", "forward"), 1, [str(port), "2000", peers, sources, ",", ""]
+        "send",
+        0,
+        LinkDirection("0-1", "forward"),
+        1,
+        [str(port), "2000", peers, sources, ",", "", "0"],
     )
     try:
         with pytest.raises(error) as failed:
@@ -316,7 +396,7 @@ def test_a_sender_notes_ready_only_once_set_up_to_wait() -> None:
     receiver, port = _start_receiver()
     control_r, control = os.pipe()
     notify, notify_w = os.pipe()
-    args = [str(port), "2000", "127.0.0.1", "127.0.0.1", "", ""]
+    args = [str(port), "2000", "127.0.0.1", "127.0.0.1", "", "", "0"]
     command = [sys.executable, "-S", "-c", _STOPS_AT_ITS_SELECTOR, str(DELEGATE_FILE), "send"]
     command += [str(os.getpid()), str(control_r), str(notify_w), *args]
     sender = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
@@ -398,7 +478,7 @@ def _two_nic_direction(
         inbound = _Inbound(direction, 0, num_delegates, [nics, "", ifnames], folder)
         sides.append(inbound)
         ports = inbound.ports(30)
-        args = ["2000", nics, nics, ifnames, ""]
+        args = ["2000", nics, nics, ifnames, "", "0"]
         outbound = _Outbound(direction, 1, ports, args, folder)
         sides.append(outbound)
         deadline = time.monotonic() + 30

@@ -37,7 +37,9 @@ from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection,
 from pipeline.timeline import Timeline
 from tests.adaptra.transport.one_host import (
     D0,
+    Trainers,
     TwoTrainers,
+    Wiring,
     carry,
     entered,
     ip_batch,
@@ -255,6 +257,45 @@ def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> No
         assert len(a.pids) == len(b.pids) == 1  # the old sides' delegates are gone
 
 
+D01, D12 = LinkDirection("0-1", "forward"), LinkDirection("1-2", "forward")
+IN_LINE: list[Wiring] = [((), ((D01, 1),)), (((D01, 0),), ((D12, 2),)), (((D12, 1),), ())]
+"""Ranks 0, 1, 2 playing pipeline positions 0, 1, 2: 0 sends D01 to 1, 1 sends D12 to 2."""
+SWAPPED: list[Wiring] = [((), ((D01, 2),)), (((D12, 2),), ()), (((D01, 0),), ((D12, 1),))]
+"""Ranks 1 and 2 swapped: 0 sends D01 to 2, 2 sends D12 to 1."""
+
+
+def test_a_rank_swap_re_points_the_delegates_of_the_sides_it_keeps_and_back() -> None:
+    """Three trainers on loopback, two delegates a side. A swap of ranks 1 and 2 re-points
+    running delegates, rather than start new ones, wherever a trainer keeps a side of that
+    role: rank 0's senders at rank 2's receivers, rank 1's receivers at rank 2's new senders,
+    rank 2's receivers at rank 0's senders; rank 1's senders leave (and end). Then the
+    swap is undone, a second re-point (rank 1's receivers again, taking rank 0's). Each
+    time every message is carried, none twice, and no delegate takes a leaving peer for a
+    failure: no failover, no error."""
+    with contextlib.ExitStack() as stack:
+        trainers = Trainers(stack, Delegates(), 2, IN_LINE)
+        t0, t1, t2 = trainers.transports
+        carry(t0, t1, 0, [1.0, 2.0], D01)
+        carry(t1, t2, 0, [3.0, 4.0], D12)
+        pids = [set(t.pids) for t in trainers.transports]
+        senders_of_1 = {d.process.pid for d in t1._outbound[D12].delegates}
+        trainers.rewire(SWAPPED)
+        assert set(t0.pids) == pids[0]
+        assert set(t1.pids) == pids[1] - senders_of_1
+        assert all(_gone(pid) for pid in senders_of_1)
+        assert set(t2.pids) > pids[2] and len(t2.pids) == 4  # and new senders to rank 1
+        carry(t0, t2, 1, [5.0, 6.0], D01)
+        carry(t2, t1, 1, [7.0, 8.0, 9.0], D12)
+        receivers_of_1 = set(t1.pids)
+        trainers.rewire(IN_LINE)
+        assert set(t0.pids) == pids[0]
+        assert set(t1.pids) > receivers_of_1 and len(t1.pids) == 4
+        assert set(t2.pids) == pids[2]
+        carry(t0, t1, 2, [10.0, 11.0], D01)
+        carry(t1, t2, 2, [12.0], D12)
+        assert [t.take_failovers() for t in trainers.transports] == [[], [], []]
+
+
 NEEDS_NAMESPACES = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("ss") is None,
     reason="network namespaces need root (and ip, ss)",
@@ -291,6 +332,44 @@ def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded()
                   f.carrier_pid) for f in a.take_failovers()]  # fmt: skip
         assert moves == [(D0, 1, "link state", 0, 1, -1, mover.process.pid)]
         assert b.take_failovers() == []
+
+
+@NEEDS_NAMESPACES
+def test_a_move_between_iterations_by_a_side_re_pointed_at_a_rank_swap_is_recorded() -> None:
+    """Three trainers on one host (a namespace of the test's) with two NICs, in line. After
+    iteration 0, nic0 goes down, and rank 0's sender delegate moves to nic1 (netlink)
+    between iterations, its trainer not looking. A swap of ranks 1 and 2 re-points it at
+    rank 2's receiver: its move, noted before it was re-pointed, is rank 0's failover of
+    iteration 1, of the link direction it carried then; the new pair starts on nic1 (its
+    own NIC 0 is down: no try there), and carries. Rank 1's sender, on the same NIC, moved
+    too: its side is closed at the swap, and its move is rank 1's failover of iteration 1;
+    rank 2's new senders start on nic1 (no move)."""
+    delegates = Delegates(addresses=(TWO_NICS[0],) * 3, ifnames=("nic0", "nic1"))
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        trainers = Trainers(stack, delegates, 1, IN_LINE, namespace)
+        t0, t1, t2 = trainers.transports
+        carry(t0, t1, 0, [1.0], D01)
+        carry(t1, t2, 0, [2.0], D12)
+        (mover,) = t0._outbound[D01].delegates
+        (closed,) = t1._outbound[D12].delegates
+        ip_batch(namespace, ["link set nic0 down"])
+        for delegate in (mover, closed):
+            readable, _, _ = select.select([delegate.notify], [], [], 30.0)
+            assert readable, "a sender delegate did not note its move"  # then noted, unread
+        trainers.rewire(SWAPPED)
+        assert t0._outbound[D01].delegates == [mover]
+        carry(t0, t2, 1, [3.0], D01)
+        carry(t2, t1, 1, [4.0], D12)
+        moves = [[(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.carrier_pid)
+                  for f in t.take_failovers()] for t in trainers.transports]  # fmt: skip
+        assert moves == [
+            [(D01, 1, "link state", 0, 1, mover.process.pid)],
+            [(D12, 1, "link state", 0, 1, closed.process.pid)],
+            [],
+        ]
+        assert [t._outbound[d].nic_of for t, d in ((t0, D01), (t2, D12))] == [[1], [1]]
 
 
 @NEEDS_NAMESPACES
