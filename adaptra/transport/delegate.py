@@ -4,10 +4,11 @@ torch: about 10 MB each) and is started by path (`python delegate.py ...`), so n
 imported either. It blocks on its pipe and its sockets (select, recv, sendall: never a spin),
 and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
-- A sender delegate reads jobs from the trainer's pipe: "map" (the trainer's slot file),
-  "message" (a slot's offset and size, the delay the fault model puts on its wire, and the
-  NIC the fault model routes it over, if it has a say), "move" (which NICs another sender
-  of its link direction left), "re-point" or "leave" (a rank swap, below). For a message
+- A sender delegate starts idle, and reads jobs from the trainer's pipe: "point" (its
+  receiver's addresses and port: it connects, and notes READY), "map" (the trainer's slot
+  file), "message" (a slot's offset and size, the delay the fault model puts on its wire,
+  and the NIC the fault model routes it over, if it has a say), "move" (which NICs another
+  sender of its link direction left), or "leave" (a rank swap, below). For a message
   it waits the delay (the slow link delays the delegate, not the trainer), sends a header
   and the slot's bytes to its receiver delegate over TCP, and acks the message on its
   notify pipe with when it picked it up and when the wire took its last byte.
@@ -21,18 +22,19 @@ and dies with the trainer that started it (PR_SET_PDEATHSIG).
   its header tell) is received into memory of its own and reported once the map is in.
 
 Re-pointing (a rank swap, between iterations: every message of the last is in): the trainer
-hands a delegate a new peer rather than starting a new one. A sender told to re-point says
-goodbye to its receiver (GOODBYE on the wire, then a close), connects to its new receiver as
-at its start (its hello carries the pair's epoch: the trainer's count of rewires, the same on
-every trainer, so a newer pair's is higher) and notes READY again. A receiver told to
-re-point says farewell to its sender (FAREWELL, then a close) and notes READY once a sender
-of that epoch is in. A receiver whose sender said goodbye, and a sender whose receiver said
-farewell, wait for their new peer (a sender that gets a message meanwhile looks for its old
-receiver, and finds it gone: refused); a hello of a newer epoch also retires the connection
-it replaces, and one of an older epoch is turned away. "Leave": the same goodbye or farewell,
-then the delegate ends (a side a rank swap closes). Only a connection closed without either
-is a failure. The old and the new peer need not say anything in order: each ignores what it
-hears from a retired connection (it reads that connection until it closes).
+hands a delegate a new peer rather than start a new one. A sender pointed again says goodbye
+to its receiver (GOODBYE on the wire, then a close), connects to its new receiver as at its
+start (its hello carries the pair's epoch: the trainer's count of rewires, the same on every
+trainer, so a newer pair's is higher) and notes READY again. A receiver pointed (a "point"
+job with an epoch and no address: its sender calls it) says farewell to its sender
+(FAREWELL, then a close) and notes READY once a sender of that epoch is in. A receiver whose
+sender said goodbye, and a sender whose receiver said farewell, wait for their new peer (a
+sender that gets a message meanwhile looks for its old receiver, and finds it gone:
+refused); a hello of a newer epoch also retires the connection it replaces, and one of a
+pair the receiver left is turned away. "Leave": the same goodbye or farewell, then the
+delegate ends (a side a rank swap closes). Only a connection closed without either is a
+failure. The old and the new peer need not speak in any order: each ignores what it hears
+from a retired connection (it reads that connection until it closes).
 
 NIC failover (the paper's section 4): a host has several data-plane NICs, and a connection
 runs over one pair of them (the first, until one fails). The sender notices a failure by
@@ -76,7 +78,6 @@ import socket
 import struct
 import sys
 import time
-from typing import NamedTuple
 
 PATH_BYTES = 96
 """The longest slot file path a job carries (UTF-8 bytes)."""
@@ -84,7 +85,7 @@ JOB = struct.Struct(f"<iqiiqqdi{PATH_BYTES}s")
 """kind, iteration, microbatch, seq, offset (map: slot bytes), nbytes (map: file bytes),
 fault_ms, NICs (a message: the NIC the fault model routes it over, -1: the delegate's own; a
 move: bit k set for NIC k, left by a sibling, whose NIC taken is in the microbatch's place),
-slot file path (map; a sender's re-point: its new receiver's addresses, `repoint_job`)."""
+slot file path (map)."""
 HEADER = struct.Struct("<qiiqqqq")
 """On the wire, before a message's bytes: iteration, microbatch, seq, nbytes, its number on
 this delegate pair (counted from 0 over the pair's life: runs on one pool restart their
@@ -109,10 +110,10 @@ sender's pid, 0 if unknown), nbytes (FAILOVER: the NIC taken; a sender's READY: 
 connected over), time 1 (FAILOVER: noticed), time 2 (FAILOVER: the connection taken over,
 after what it sent again), pid."""
 
-MAP, MESSAGE, MOVE, REPOINT, LEAVE = 1, 2, 3, 4, 5
-"""Jobs. A re-point's iteration is the new pair's epoch; a sender's also carries the new
-receiver's port (in the seq's place) and "<its addresses, comma-separated>;<its
-management-plane address>" (in the path's place, `repoint_job`)."""
+MAP, MESSAGE, MOVE, POINT, LEAVE = 1, 2, 3, 4, 5
+"""Jobs. A point's iteration is the pair's epoch; a sender's also carries its receiver's port
+(in the seq's place) and, after the job, "<its addresses, comma-separated>;<its
+management-plane address>" (as many bytes as the nbytes' place says: `point_job`)."""
 PORT, READY, SENT, ARRIVED, FAILED, FAILOVER, ENDED = 1, 2, 3, 4, 5, 6, 7
 UNREACHED, REFUSED, BROKEN = 1, 2, 3
 """Why a delegate ended (an ENDED note): no data-plane NIC reaches its receiver; every NIC
@@ -222,19 +223,22 @@ class _SlotFile:
         self.map(path.rstrip(b"\0").decode(), size, slot_bytes)
 
 
-def repoint_job(epoch: int, port: int, peers: list[str], notice_peer: str) -> bytes:
-    """A sender's re-point job: to the receiver at `peers` (one address per NIC) on `port`,
-    its notices from `notice_peer` ("": none), as pair `epoch`. ValueError if the addresses
-    are longer than a job holds (`PATH_BYTES`)."""
-    target = f"{','.join(peers)};{notice_peer}".encode()
-    if len(target) > PATH_BYTES:
-        raise ValueError(f"a re-point job holds {PATH_BYTES} bytes of addresses, not {target!r}")
-    return JOB.pack(REPOINT, epoch, 0, port, 0, 0, 0.0, 0, target)
+def point_job(
+    epoch: int, port: int = 0, peers: tuple[str, ...] = (), notice_peer: str = ""
+) -> bytes:
+    """A point job, for pair `epoch`: a sender's names its receiver, at `peers` (one address
+    per NIC) on `port`, its notices from `notice_peer` ("": none); a receiver's, nothing
+    more. Written whole (one write, under PIPE_BUF: a job is never split by another)."""
+    target = f"{','.join(peers)};{notice_peer}".encode() if peers else b""
+    if JOB.size + len(target) > select.PIPE_BUF:
+        raise ValueError(f"a point job holds {select.PIPE_BUF - JOB.size} bytes of addresses")
+    return JOB.pack(POINT, epoch, 0, port, 0, len(target), 0.0, 0, b"") + target
 
 
-def _repoint_target(job: tuple) -> tuple[int, list[str], str]:  # type: ignore[type-arg]
-    """(port, addresses per NIC, management-plane address) of a sender's re-point job."""
-    peers, notice_peer = job[8].rstrip(b"\0").decode().split(";")
+def _target(job: tuple, control: int) -> tuple[int, list[str], str]:  # type: ignore[type-arg]
+    """(port, addresses per NIC, management-plane address) of a sender's point job, its
+    addresses read from the job pipe `control`."""
+    peers, notice_peer = _read_exactly(control, job[5]).decode().split(";")
     return job[3], peers.split(","), notice_peer
 
 
@@ -405,28 +409,32 @@ class _Over(Exception):
     """The trainer closed the job pipe of a delegate that noted why it could not go on."""
 
 
-class _Message(NamedTuple):
-    iteration: int
-    microbatch: int
-    seq: int
-    offset: int
-    nbytes: int
-    number: int
-    """Its number on the delegate pair (HEADER)."""
+class _Message:
+    """A message handed over (a class of its own, not a NamedTuple: `typing` is a sixth of
+    a delegate's start)."""
+
+    __slots__ = ("iteration", "microbatch", "nbytes", "number", "offset", "seq")
+
+    def __init__(
+        self, iteration: int, microbatch: int, seq: int, offset: int, nbytes: int, number: int
+    ) -> None:
+        self.iteration, self.microbatch, self.seq = iteration, microbatch, seq
+        self.offset, self.nbytes = offset, nbytes
+        self.number = number
+        """Its number on the delegate pair (HEADER)."""
 
 
 class _Sender:
     """A sender delegate's connection to its receiver, over one NIC at a time."""
 
-    def __init__(
-        self, port: int, peers: list[str], sources: list[str], ifnames: list[str], timeout_ms: int
-    ) -> None:
+    def __init__(self, sources: list[str], ifnames: list[str], timeout_ms: int) -> None:
         """NIC k: from this host's address `sources[k]` (interface `ifnames[k]`, watched by
-        netlink if named) to the receiver's `peers[k]`."""
-        self.port, self.peers, self.sources, self.timeout_ms = port, peers, sources, timeout_ms
+        netlink if named) to the receiver's `peers[k]` (none until `point`)."""
+        self.sources, self.timeout_ms = sources, timeout_ms
+        self.port, self.peers = 0, list[str]()
         self.indices = [socket.if_nametoindex(name) if name else 0 for name in ifnames]
         self.active = 0
-        self.failed = self.down_here()
+        self.failed: set[int] = set()
         """NICs seen to fail and not seen back."""
         self.wire: TcpWire | None = None
         self.num_connections = 0
@@ -491,9 +499,9 @@ class _Sender:
             self.wire.close()
             self.wire = None
 
-    def repoint(self, port: int, peers: list[str], epoch: int) -> None:
-        """A new receiver, a new pair: connect next (as at a start, over the first NIC not
-        down here: those the old receiver's failures left are another host's)."""
+    def point(self, port: int, peers: list[str], epoch: int) -> None:
+        """A receiver, a new pair (the old one left): connect next, over the first NIC not
+        down here (the old receiver's failures were another host's)."""
         self.leave()
         self.port, self.peers, self.epoch = port, peers, epoch
         self.active, self.num_connections, self.failed = 0, 0, self.down_here()
@@ -504,26 +512,15 @@ class _Sender:
 
 
 def run_sender(
-    control: int,
-    notify: int,
-    port: int,
-    timeout_ms: int,
-    peers: list[str],
-    sources: list[str],
-    ifnames: list[str],
-    notice_peer: str,
-    epoch: int,
+    control: int, notify: int, timeout_ms: int, sources: list[str], ifnames: list[str]
 ) -> None:
-    """`notice_peer`: the receiver's management-plane address, for its notices ("": none);
-    `epoch`: the pair's (its trainer's count of rewires)."""
+    """Idle until a point job names its receiver."""
     slots = _SlotFile()
-    link = _Sender(port, peers, sources, ifnames, timeout_ms)
-    link.epoch = epoch
+    link = _Sender(sources, ifnames, timeout_ms)
     # Watching before it connects: a NIC that goes down meanwhile is seen (its READY says
     # that it watches).
     watch = _LinkWatch(link.indices) if any(link.indices) else None
-    link.connect(START_REPLY_TIMEOUT_S)
-    notices = _notice_connection(notice_peer, port) if notice_peer else None
+    notices: socket.socket | None = None
     pid = os.getpid()
     retained: list[_Message] = []
     """This iteration's messages so far, to send again after a failover (an iteration's
@@ -573,13 +570,8 @@ def run_sender(
     selector.register(control, selectors.EVENT_READ)
     if watch is not None:
         selector.register(watch.fileno(), selectors.EVENT_READ)
-    if notices is not None:
-        selector.register(notices, selectors.EVENT_READ)
     watched: TcpWire | None = None
     watched_fd = -1
-    # Ready once set up, just before its first wait: its trainer may take it as idle from
-    # now on (it does nothing more until a job, an event of its NICs or a notice comes).
-    _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
     while True:
         if link.wire is not watched:  # a failover, a park, a re-point: watch the new one
             if watched is not None:
@@ -614,18 +606,21 @@ def run_sender(
                 if kind == LEAVE:
                     link.leave()
                     return
-                if kind == REPOINT:
+                if kind == POINT:
                     if notices is not None:
                         selector.unregister(notices)
                         notices.close()
-                    port, peers, notice_peer = _repoint_target(job)
-                    link.repoint(port, peers, iteration)
+                    port, peers, notice_peer = _target(job, control)
+                    link.point(port, peers, iteration)
                     retained.clear()
                     num_sent = 0
                     link.connect(START_REPLY_TIMEOUT_S)
                     notices = _notice_connection(notice_peer, port) if notice_peer else None
                     if notices is not None:
                         selector.register(notices, selectors.EVENT_READ)
+                    # Ready once set up, just before its wait: its trainer may take it as
+                    # idle from now on (it does nothing more until a job, an event of its
+                    # NICs or a notice comes).
                     _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
                     continue
                 picked_s = time.monotonic()
@@ -865,7 +860,7 @@ def run_receiver(
                     if inbox is not None:
                         retire(inbox.wire, farewell=True)
                     return
-                if job[0] == REPOINT:
+                if job[0] == POINT:
                     wanted, ready = job[1], False
                     if inbox is not None and epoch < wanted:  # its new sender is not in yet
                         retire(inbox.wire, farewell=True)
@@ -998,23 +993,16 @@ def _control_closed(control: int) -> bool:
 
 def main(argv: list[str]) -> None:
     """argv: role, the trainer's pid, the job pipe, the notify pipe, then for "send": the
-    receiver's port, the user timeout (ms), per NIC (comma-separated) the receiver's
-    addresses, this host's and this host's interface names (empty: not watched), and the
-    receiver's management-plane address (empty: no notices) and the pair's epoch; for
-    "recv": this host's
-    data-plane addresses, its management-plane address and its interface names (the same
-    forms)."""
+    user timeout (ms), per NIC (comma-separated) this host's addresses and interface names
+    (empty: not watched; its receiver comes in a point job); for "recv": this host's
+    data-plane addresses, its management-plane address (empty: no notices) and its
+    interface names (the same forms)."""
     role, parent, control, notify = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer's Ctrl-C is the trainer's
     try:
         if role == "send":
-            peers, sources, ifnames = (argv[k].split(",") for k in (6, 7, 8))
-            port, timeout_ms = int(argv[4]), int(argv[5])
-            run_sender(
-                control, notify, port, timeout_ms, peers, sources, ifnames, argv[9],
-                int(argv[10]),
-            )  # fmt: skip
+            run_sender(control, notify, int(argv[4]), argv[5].split(","), argv[6].split(","))
         else:
             run_receiver(control, notify, argv[4].split(","), argv[5], argv[6].split(","))
     except _Over:

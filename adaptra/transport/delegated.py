@@ -53,12 +53,11 @@ from adaptra.transport.delegate import (
     PORT,
     READY,
     REFUSED,
-    REPOINT,
     SENT,
     START_REPLY_TIMEOUT_S,
     UNREACHED,
     move_limit_s,
-    repoint_job,
+    point_job,
 )
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
@@ -123,6 +122,8 @@ class Delegates:
             raise ValueError("every rank needs one address per NIC, and one name per NIC")
         if self.notice_addresses and len(self.notice_addresses) != len(self.addresses):
             raise ValueError("every rank needs a management-plane address, or none does")
+        for rank in range(len(self.addresses)):  # a sender's point job carries them
+            point_job(0, 0, self.nics(rank), self.notice_address(rank))
 
     def nics(self, rank: int) -> tuple[str, ...]:
         return self.addresses[rank] if self.addresses else LOOPBACK_NICS
@@ -214,6 +215,8 @@ class _Process:
         after the pipes."""
         self.role, self.index, self.direction, self.peer = role, index, direction, peer
         self.args = args
+        self.peer_addresses: tuple[str, ...] = ()
+        """A sender's receiver's, per NIC (its point job's)."""
         control_r, self.control = os.pipe()
         self.notify, notify_w = os.pipe()
         command = [sys.executable, "-S", str(DELEGATE_FILE), role, str(os.getpid())]
@@ -241,9 +244,13 @@ class _Process:
     def __str__(self) -> str:
         return self.name
 
-    def retarget(self, direction: LinkDirection, peer: int, args: list[str]) -> None:
-        """Name it for the pair a re-point job makes (`args`: those it would start with)."""
-        self.direction, self.peer, self.args = direction, peer, args
+    def point(
+        self, job: bytes, direction: LinkDirection, peer: int, addresses: tuple[str, ...] = ()
+    ) -> None:
+        """Hand it a point job (`point_job`) for a pair with `peer` on `direction` (a
+        sender's: to `addresses`), and name it so."""
+        self.write(job)
+        self.direction, self.peer, self.peer_addresses = direction, peer, addresses
 
     def leave(self) -> None:
         """Hand it "leave" (it says goodbye or farewell to its peer, then ends), unless it
@@ -343,7 +350,7 @@ class _Process:
 
     def _route(self, nic: int) -> str:
         """A sender's NIC `nic` as "from <its address> to <the receiver's>"."""
-        peers, sources = (self.args[k].split(",") for k in (2, 3))
+        peers, sources = self.peer_addresses, self.args[1].split(",")
         if nic >= min(len(peers), len(sources)):
             return "?"
         return f"from {sources[nic]} to {peers[nic]}"
@@ -469,45 +476,52 @@ class _Outbound(_Side):
     """The sender delegates of one link direction this trainer sends on."""
 
     def __init__(
-        self, direction: LinkDirection, peer: int, ports: list[int], args: list[str], folder: str
+        self,
+        direction: LinkDirection,
+        peer: int,
+        num_delegates: int,
+        args: list[str],
+        folder: str,
     ) -> None:
-        """`peer`: the receiving rank; `ports`: where its delegates listen; `args`: what every
-        sender delegate is told after its port (delegate.py's `main`); `folder`: where its
-        slot file goes."""
+        """`peer`: the receiving rank; `args`: what every sender delegate is told
+        (delegate.py's `main`); `folder`: where its slot file goes. Its delegates start
+        idle: `point` them."""
         self.peer = peer
         self.moves_of = direction
         """The direction the moves its delegates note before their next READY are of (the
-        one it carried before a re-point)."""
+        one it carried before it was pointed again)."""
         super().__init__(
             direction,
             _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
-            _start("send", direction, peer, [[str(port), *args] for port in ports]),
+            _start("send", direction, peer, [args] * num_delegates),
         )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
         self.failovers: list[Failover] = []
         """Its delegates' moves to another NIC, noted and not yet taken."""
-        self.nic_of = [0] * len(ports)
+        self.nic_of = [0] * num_delegates
         """The NIC each of its delegates is on."""
         self.route_nic = 0
         """The NIC the last message's fault hook routed it over (hook injection)."""
 
-    def repoint(
+    def point(
         self,
         direction: LinkDirection,
         peer: int,
         ports: list[int],
-        args: list[str],
-        jobs: list[bytes],
+        addresses: tuple[str, ...],
+        notice_address: str,
+        epoch: int,
     ) -> None:
-        """Carry `direction` to `peer` from now on (a rewire): each delegate re-pointed at
-        its new receiver delegate (`jobs`, one per port of `ports`; `args`: as for a new
-        side). Its failovers not yet taken are the caller's to keep."""
-        for delegate, port, job in zip(self.delegates, ports, jobs, strict=True):
-            delegate.write(job)
-            delegate.retarget(direction, peer, [str(port), *args])
+        """Carry `direction` to `peer` from now on, as pair `epoch`: delegate k to the
+        receiver delegate at `ports[k]` (`addresses`: the peer's per NIC; `notice_address`:
+        its management plane's, "" for none). A side's first pair, or its next at a rewire
+        (its failovers not yet taken are then the caller's to keep)."""
         self.moves_of = self.direction
         self.new_pair(direction, peer)
+        for delegate, port in zip(self.delegates, ports, strict=True):
+            job = point_job(epoch, port, addresses, notice_address)
+            delegate.point(job, direction, peer, addresses)
         self.failovers, self.nic_of, self.route_nic = [], [0] * len(ports), 0
 
     def send(
@@ -681,12 +695,11 @@ class _Inbound(_Side):
             self._ports.append(port)
         return self._ports
 
-    def repoint(self, direction: LinkDirection, peer: int, epoch: int) -> None:
+    def point(self, direction: LinkDirection, peer: int, epoch: int) -> None:
         """Take `direction` from `peer` from now on (a rewire): its delegates say farewell
         to their senders, and wait for senders of pair `epoch` on the same ports."""
         for delegate in self.delegates:
-            delegate.write(JOB.pack(REPOINT, epoch, 0, 0, 0, 0, 0.0, 0, b""))
-            delegate.retarget(direction, peer, delegate.args)
+            delegate.point(point_job(epoch), direction, peer)
         self.new_pair(direction, peer)
 
     def take(self, message: Message, buffer: torch.Tensor, timeout_s: float) -> Arrival:
@@ -745,49 +758,48 @@ class DelegateTransport:
         spare_out: list[_Outbound],
     ) -> None:
         """Wire these link directions to their peers' delegates: each over a spare side's
-        delegates, re-pointed, while there are spares (sides a rewire no longer uses), else
-        over new ones; spares left over are closed. Their start is waited for at least
-        `START_REPLY_TIMEOUT_S` however short the workers' timeout for one message (the
-        pool's start-up is given longer still): many start at once, and a loaded host may
-        not run one for seconds."""
+        delegates, pointed again, while there are spares (sides a rewire no longer uses),
+        else over new ones (new senders start before the ports are exchanged, the
+        receivers' starts meanwhile); the spares left over are closed once the ports are
+        exchanged (no other trainer waits for that). The delegates are
+        waited for at least `START_REPLY_TIMEOUT_S` however short the workers' timeout for
+        one message (the pool's start-up is given longer still): many start at once, and a
+        loaded host may not run one for seconds."""
         start_s = max(setup.timeout_s, START_REPLY_TIMEOUT_S)
         delegates = self._delegates
         here = ",".join(delegates.nics(setup.rank))
         ifnames = delegates.ifname_list()
-        listen = [here, delegates.notice_address(setup.rank), ifnames]
         wired: list[_Side] = []
         for direction, peer in inbound:
             if spare_in:
                 inbound_side = spare_in.pop()
-                inbound_side.repoint(direction, peer, self._epoch)
+                inbound_side.point(direction, peer, self._epoch)
             else:
+                listen = [here, delegates.notice_address(setup.rank), ifnames]
                 inbound_side = _Inbound(
                     direction, peer, setup.num_delegates, listen, setup.slot_dir
                 )
             self._inbound[direction] = inbound_side
             wired.append(inbound_side)
-        while spare_in:
-            spare_in.pop().leave()
+        sender_args = [str(delegates.timeout_ms), here, ifnames]
+        for direction, peer in outbound[len(spare_out) :]:
+            self._outbound[direction] = _Outbound(
+                direction, peer, setup.num_delegates, sender_args, setup.slot_dir
+            )
         mine = {d: self._inbound[d].ports(start_s) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
         for direction, peer in outbound:
-            peers = list(delegates.nics(peer))
-            notice = delegates.notice_address(peer)
-            args = [str(delegates.timeout_ms), ",".join(peers), here, ifnames, notice]
-            args.append(str(self._epoch))
-            ports = theirs[direction]
-            try:
-                jobs = [repoint_job(self._epoch, port, peers, notice) for port in ports]
-            except ValueError:  # addresses too long for a job: new delegates
-                jobs = []
-            if spare_out and jobs:
-                outbound_side = spare_out.pop()
-                self._closed_failovers += outbound_side.failovers
-                outbound_side.repoint(direction, peer, ports, args, jobs)
-            else:
-                outbound_side = _Outbound(direction, peer, ports, args, setup.slot_dir)
-            self._outbound[direction] = outbound_side
+            if direction not in self._outbound:
+                self._outbound[direction] = spare_out.pop()
+                self._closed_failovers += self._outbound[direction].failovers
+            outbound_side = self._outbound[direction]
+            outbound_side.point(
+                direction, peer, theirs[direction], delegates.nics(peer),
+                delegates.notice_address(peer), self._epoch,
+            )  # fmt: skip
             wired.append(outbound_side)
+        while spare_in:
+            spare_in.pop().leave()
         while spare_out:
             self._close(spare_out.pop())
         self._wait_ready(wired, start_s)

@@ -28,14 +28,13 @@ from adaptra.transport.delegate import (
     GOODBYE,
     HEADER,
     HELLO,
-    JOB,
     NOTE,
     NOTICE_HELLO,
     PATH_BYTES,
     PORT,
     READY,
-    REPOINT,
     RESUME,
+    point_job,
 )
 from adaptra.transport.delegated import (
     DELEGATE_FILE,
@@ -162,8 +161,8 @@ def test_a_message_long_before_its_map_is_read_on_and_lands_in_its_slot(
 
 
 def _repoint(process: _Process, epoch: int) -> None:
-    """Hand receiver `process` a re-point to pair `epoch` (as its trainer does at a swap)."""
-    process.write(JOB.pack(REPOINT, epoch, 0, 0, 0, 0, 0.0, 0, b""))
+    """Point receiver `process` at pair `epoch` (as its trainer does at a swap)."""
+    process.write(point_job(epoch))
 
 
 def _hello(port: int, number: int, epoch: int) -> tuple[socket.socket, bytes]:
@@ -277,6 +276,19 @@ def test_a_connection_slow_to_say_hello_holds_up_none_of_the_others(
         assert _slot(slots, SLOT_BYTES, SLOT_BYTES) == payload
 
 
+def _sender(port: int, peers: tuple[str, ...], sources: str) -> _Process:
+    """A sender delegate from `sources` (this host's address per NIC, comma-separated),
+    pointed at the receiver on `port` at `peers` (its address per NIC), as pair 0."""
+    direction = LinkDirection("0-1", "forward")
+    process = _Process("send", 0, direction, 1, ["2000", sources, ","])
+    try:
+        process.point(point_job(0, port, peers), direction, 1, peers)
+    except BaseException:
+        process.close()
+        raise
+    return process
+
+
 def test_a_sender_reports_the_nic_it_connected_over() -> None:
     """A sender delegate whose receiver does not listen on NIC 0's address (refused) starts
     over NIC 1 and says so in its READY note: its trainer must not believe it on NIC 0 (a
@@ -285,9 +297,8 @@ def test_a_sender_reports_the_nic_it_connected_over() -> None:
     sender = None
     try:
         deadline = time.monotonic() + 30
-        peers = "127.0.0.2,127.0.0.1"  # NIC 0's address has no listener
-        args = [str(port), "2000", peers, "127.0.0.1,127.0.0.1", ",", "", "0"]
-        sender = _Process("send", 0, LinkDirection("0-1", "forward"), 1, args)
+        # NIC 0's address has no listener
+        sender = _sender(port, ("127.0.0.2", "127.0.0.1"), "127.0.0.1,127.0.0.1")
         kind, *_, nic, _, _, _ = _read_note(sender, deadline)
         assert (kind, nic) == (READY, 1)
         assert _read_note(receiver, deadline)[0] == READY
@@ -331,13 +342,7 @@ def test_a_sender_that_cannot_connect_tells_its_trainer_why(
     0)", with no cause)."""
     with socket.create_server(("127.0.0.1", 0)) as closed:
         port = closed.getsockname()[1]  # free once closed: refused there
-    sender = _Process(
-        "send",
-        0,
-        LinkDirection("0-1", "forward"),
-        1,
-        [str(port), "2000", peers, sources, ",", "", "0"],
-    )
+    sender = _sender(port, tuple(peers.split(",")), sources)
     try:
         with pytest.raises(error) as failed:
             _read_note(sender, time.monotonic() + 30)
@@ -390,24 +395,25 @@ selector (its waits' set-up)."""
 
 def test_a_sender_notes_ready_only_once_set_up_to_wait() -> None:
     """READY tells the trainer that a delegate is done starting: idle until a job comes (a
-    worker reports the pool ready then). A sender that stops as it makes its selector, its
-    connection made, has noted nothing yet (it noted READY first and set up after, while the
-    pool's first iteration ran); once it goes on, it notes READY."""
+    worker reports the pool ready then). A sender that stops as it makes its selector (it
+    once noted READY first and set up after, while the pool's first iteration ran), its
+    point job waiting in its pipe, has connected to nothing and noted nothing; once it goes
+    on, it connects, then notes READY."""
     receiver, port = _start_receiver()
     control_r, control = os.pipe()
     notify, notify_w = os.pipe()
-    args = [str(port), "2000", "127.0.0.1", "127.0.0.1", "", "", "0"]
     command = [sys.executable, "-S", "-c", _STOPS_AT_ITS_SELECTOR, str(DELEGATE_FILE), "send"]
-    command += [str(os.getpid()), str(control_r), str(notify_w), *args]
+    command += [str(os.getpid()), str(control_r), str(notify_w), "2000", "127.0.0.1", ""]
     sender = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)
     os.close(control_r)
     os.close(notify_w)
     try:
         deadline = time.monotonic() + 30
-        assert _read_note(receiver, deadline)[0] == READY  # connected: the sender's hello in
+        os.write(control, point_job(0, port, ("127.0.0.1",)))
         _wait_stopped(sender.pid)
-        assert not _noted(notify)
+        assert not _noted(notify) and not _noted(receiver.notify)
         os.kill(sender.pid, signal.SIGCONT)
+        assert _read_note(receiver, deadline)[0] == READY  # connected: the sender's hello in
         assert select.select([notify], [], [], 30)[0]
         kind, *_, nic, _, _, pid = NOTE.unpack(os.read(notify, NOTE.size))
         assert (kind, nic, pid) == (READY, 0, sender.pid)
@@ -477,10 +483,9 @@ def _two_nic_direction(
     try:
         inbound = _Inbound(direction, 0, num_delegates, [nics, "", ifnames], folder)
         sides.append(inbound)
-        ports = inbound.ports(30)
-        args = ["2000", nics, nics, ifnames, "", "0"]
-        outbound = _Outbound(direction, 1, ports, args, folder)
+        outbound = _Outbound(direction, 1, num_delegates, ["2000", nics, ifnames], folder)
         sides.append(outbound)
+        outbound.point(direction, 1, inbound.ports(30), tuple(nics.split(",")), "", 0)
         deadline = time.monotonic() + 30
         for process in (*inbound.delegates, *outbound.delegates):
             assert _read_note(process, deadline)[0] == READY
