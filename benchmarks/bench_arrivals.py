@@ -29,6 +29,7 @@ from pipeline.runtime import EmulatedCompute, IterationConfig, WorkerPool
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.worker import SWITCH_INTERVAL_S
 from pipeline.schedule import Schedule
+from pipeline.signals import run_script
 
 
 class SpinCompute(EmulatedCompute):
@@ -121,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

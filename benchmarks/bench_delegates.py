@@ -29,6 +29,7 @@ from harness.runner import link_terms, run_configuration
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs
+from pipeline.signals import run_script
 from pipeline.timeline import Timeline
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
@@ -172,4 +173,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

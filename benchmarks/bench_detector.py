@@ -37,6 +37,7 @@ from injectors.fault_files import load_faults, parse_yaml
 from pipeline.engines import Controller
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 PRESETS = Path(__file__).parents[1] / "harness" / "presets"
 SYSTEMS = ("1f1b", "zb", "adaptra-cpu", "adaptra", "adaptra-oracle")
@@ -209,4 +210,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

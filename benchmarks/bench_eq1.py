@@ -21,6 +21,7 @@ from adaptra.planning import algorithm2
 from adaptra.scheduler import plan_adaptra
 from adaptra.slackness import absorbed, eq1_absorbs, slackness
 from pipeline.sampling import random_one_slow_link
+from pipeline.signals import run_script
 
 
 def main() -> None:
@@ -66,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -43,6 +43,7 @@ from harness.runner import link_terms, run_configuration
 from injectors.fault_files import load_faults, parse_yaml
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 from pipeline.timeline import Timeline
 
 PRESETS = Path(__file__).parents[1] / "harness" / "presets"
@@ -213,4 +214,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,6 +28,7 @@ from harness.runner import run_configuration
 from injectors.fault_files import load_faults, parse_yaml
 from injectors.fault_model import FaultModel
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 PROFILE = Profile.uniform(
     4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
@@ -93,4 +94,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -27,6 +27,7 @@ from pipeline.cost_model import MODELS, model_cost
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, peak_memory
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 FIG16_MODELS = ("gpt2-7b", "gpt2-14b", "gpt2-30b", "gpt2-60b")
@@ -65,4 +66,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

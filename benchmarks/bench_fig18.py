@@ -30,6 +30,7 @@ from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' setting, shared
 from tests.harness.test_fig18 import PROFILE, phased_faults
@@ -149,4 +150,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -19,6 +19,7 @@ from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
 from pipeline.allreduce import buckets, messages_per_link_direction
 from pipeline.cost_model import MODELS, model_cost
+from pipeline.signals import run_script
 
 PRESET = Path(__file__).resolve().parents[1] / "harness" / "presets" / "fig3_dp_link.yaml"
 PAPER_S = {  # docs/paper.md, Fig. 3 / 18
@@ -69,4 +70,4 @@ def _compare(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

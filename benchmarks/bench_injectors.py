@@ -24,6 +24,7 @@ from injectors.testbed import Testbed
 from injectors.wire import WireState
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.signals import run_script
 
 
 def _held_ms(pool: WorkerPool, profile: Profile, effect: str, it: int) -> float:
@@ -86,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -24,6 +24,7 @@ import time
 from baselines import one_f_one_b
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.signals import run_script
 
 GRADIENT_BYTES = 160_000_000
 
@@ -66,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

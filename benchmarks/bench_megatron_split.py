@@ -20,6 +20,7 @@ import torch
 from pipeline.runtime.megatron.model import get_preset, microbatch_tokens
 from pipeline.runtime.megatron.reference import build_whole_model, single_process_megatron
 from pipeline.runtime.megatron.stage import StageRunner
+from pipeline.signals import run_script
 
 
 def _measure(model_name: str, repeats: int) -> tuple[float, float, float]:
@@ -68,4 +69,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

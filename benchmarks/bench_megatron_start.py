@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.signals import run_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = """
@@ -96,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

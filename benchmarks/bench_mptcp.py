@@ -53,6 +53,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from pipeline.signals import run_script
+
 MESSAGE_BYTES = 1 << 16
 HEADER = struct.Struct("<Qd")  # seq, hand-over time (monotonic s)
 RECORD = struct.Struct("<Qdd")  # seq, hand-over time, arrival time
@@ -506,4 +508,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

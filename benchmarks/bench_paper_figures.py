@@ -24,6 +24,7 @@ from harness.paper import PAPER, PaperValue
 from harness.report import paper_comparison
 from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
+from pipeline.signals import run_script
 
 PRESETS = Path(__file__).resolve().parents[1] / "harness" / "presets"
 
@@ -111,4 +112,4 @@ def _compare(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

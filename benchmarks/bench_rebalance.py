@@ -22,6 +22,7 @@ from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 SYSTEM_NAMES = ("zb", "falcon", "adaptra")
 EMULATED = Profile.uniform(
@@ -82,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

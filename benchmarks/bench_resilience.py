@@ -20,6 +20,7 @@ from adaptra.scheduler import plan_adaptra
 from baselines import one_f_one_b, zb_auto
 from harness.plots import plot_lines
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 DELAYS_MS = tuple(range(0, 61, 10))
@@ -95,4 +96,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -20,6 +20,7 @@ from harness.loop import Recovery
 from harness.runner import fixed_plan, run_configuration
 from injectors.fault_files import load_faults
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 TRACE = Path(__file__).parents[1] / "harness" / "presets" / "table3_trace_s4.txt"
 
@@ -60,4 +61,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -27,6 +27,7 @@ from baselines import one_f_one_b
 from pipeline.host_costs import CostCurve, HostCosts, RingLag
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs, ring_profile
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 CHUNK_BYTES = (125_000, 2_500_000, 8_000_000, 25_000_000, 40_000_000)
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

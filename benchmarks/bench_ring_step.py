@@ -27,6 +27,8 @@ from multiprocessing.queues import Queue
 import torch
 import torch.distributed as dist
 
+from pipeline.signals import run_script
+
 CHUNK_BYTES, NUM_STEPS = 62_500, 200
 
 
@@ -159,4 +161,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,6 +26,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs, receive_lags_ms
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
@@ -185,4 +186,4 @@ def _fresh_pools(num_pools: int, num_iterations: int, host: HostCosts) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

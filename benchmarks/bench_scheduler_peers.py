@@ -61,6 +61,7 @@ from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, validate_schedule
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 BRANCHES = ("main", "simulator_new", "AE", "extended_experiments")
@@ -333,4 +334,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -35,6 +35,7 @@ from adaptra.scheduler import DEFAULT_SEARCH_OPS, plan_adaptra
 from harness.results import write_csv_atomic
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
+from pipeline.signals import run_script
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "results" / "scheduler_quality.csv"
 
@@ -204,4 +205,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

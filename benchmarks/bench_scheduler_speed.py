@@ -24,6 +24,7 @@ from bench_scheduler_quality import paper_grid, straggler_grid
 from adaptra.scheduler import plan_adaptra
 from pipeline.profile import Profile
 from pipeline.sampling import random_profile
+from pipeline.signals import run_script
 
 
 def best_of_ms(profile: Profile, repeats: int) -> tuple[float, int]:
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -30,6 +30,7 @@ from baselines import one_f_one_b, zb_h2
 from injectors.testbed import HOST_TCP
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.signals import run_script
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -127,4 +128,4 @@ def _tcp_wmem() -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

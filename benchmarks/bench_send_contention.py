@@ -26,6 +26,7 @@ from baselines import one_f_one_b, zb_h2
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways, busy_profile
+from pipeline.signals import run_script
 from pipeline.timeline import Timeline
 from pipeline.topology import Link
 
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

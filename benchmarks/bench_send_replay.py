@@ -39,6 +39,7 @@ from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs, receive_lags_ms
 from pipeline.schedule import Schedule
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, Timeline
 from pipeline.topology import Link
@@ -174,4 +175,4 @@ def _predict(
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

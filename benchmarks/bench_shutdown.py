@@ -40,6 +40,7 @@ from injectors.fault_files import parse_yaml
 from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerCrash, WorkerError, WorkerPool
+from pipeline.signals import run_script
 from pipeline.topology import Topology
 
 ROOT = Path(__file__).parents[1]
@@ -244,4 +245,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -16,6 +16,7 @@ import time
 from baselines import one_f_one_b, zb_h2
 from pipeline.profile import Profile
 from pipeline.schedule import validate_schedule
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 
@@ -80,4 +81,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,6 +26,7 @@ from baselines import one_f_one_b
 from harness.runner import RuntimeEngines, fixed_plan, run_configuration
 from pipeline.engines import Plan
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 from pipeline.topology import Link, Topology
@@ -112,4 +113,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -28,6 +28,7 @@ from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 
 SIZES = {"4 KiB": 4096, "64 KiB": 65536, "1 MiB": 1 << 20}
 ONSET_ITERATIONS = (2, 6)
@@ -100,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -14,6 +14,7 @@ import argparse
 
 from adaptra.generator import generate_schedule
 from pipeline.profile import Profile
+from pipeline.signals import run_script
 from pipeline.simulator import simulate
 
 NUM_MICROBATCHES, OP_MS = 30, 10.0
@@ -52,4 +53,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

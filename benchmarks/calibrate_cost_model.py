@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from harness.experiment import fault_free_step_ms
 from pipeline.cost_model import CALIBRATED, Calibration
+from pipeline.signals import run_script
 
 TARGETS_S = {("gpt2-14b", "1f1b"): 0.86, ("gpt2-14b", "zb"): 0.79, ("gpt2-7b-dp2", "zb"): 0.49}
 OVERHEADS = {"gpt2-30b": 0.106, "gpt2-60b": 0.164}
@@ -102,4 +103,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -22,10 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import statistics
-import sys
-from types import FrameType
 
 from adaptra.transport import Delegates
 from baselines import one_f_one_b, zb_h2
@@ -35,6 +32,7 @@ from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs
 from pipeline.schedule import Schedule
+from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 
 GATE_CALIBRATION_OP_MS = 2.0
@@ -89,15 +87,7 @@ def _cases() -> list[_Case]:
     ]
 
 
-def _exit(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM and SIGHUP end the gate as Ctrl-C does: its pools close (workers, delegates,
-    their folders and slot files gone) on the way out."""
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _exit)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--band", type=float, nargs=2, default=(0.95, 1.20))
     args = parser.parse_args()
@@ -120,4 +110,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -12,16 +12,13 @@ Prints one line per run and a summary; exits 1 if any run failed.
 from __future__ import annotations
 
 import argparse
-import signal
 import subprocess
 import sys
 import time
 
+from pipeline.signals import run_script
+
 _SPIN = "while True: pass"
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # the finally below stops the busy processes and the run
 
 
 def main() -> int:
@@ -34,8 +31,6 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.runs < 1 or args.busy < 0:
         parser.error("give --runs >= 1, --busy >= 0 and a command after --")
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _exit_on_signal)
     busy = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(args.busy)]
     failures = num_run = 0
     try:
@@ -63,4 +58,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

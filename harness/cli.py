@@ -8,8 +8,6 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
-from types import FrameType
 
 import click
 
@@ -19,7 +17,7 @@ from harness.commands_profile import calibrate, profile
 from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import catch_swallowed, redelivered_if_swallowed, wait_for_redelivery
+from pipeline.signals import Terminated, handled_shutdown, wait_for_redelivery
 
 __all__ = ["cli", "main"]
 
@@ -45,58 +43,19 @@ for _command in (
     cli.add_command(_command)
 
 
-SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""Signals that end a command the way Ctrl-C does (SIGINT): every context manager unwinds
-(worker pools, temporary files, namespaces), one line, exit status 128 + the signal. These and
-SIGINT are handled even where the process inherited them ignored (`nohup`'s SIGHUP, a
-background job's SIGINT)."""
-
-
-class Terminated(BaseException):
-    """A shutdown signal arrived (a BaseException, like KeyboardInterrupt: nothing catches
-    it on the way out but the cleanups)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
-    """The handler of SIGINT and `SHUTDOWN_SIGNALS`: the first raises KeyboardInterrupt or
-    `Terminated`; every later one is ignored while that exception is on its way out (one
-    shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short). One that a
-    finalizer swallows (pipeline.signals.redelivered_if_swallowed) did not start the
-    shutdown: its signal is sent again and handled as a first."""
-    under_way: list[int] = []
-    """The signal whose exception is on its way out (empty: none)."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != owner_pid:  # a forked helper (pyroute2 forks some): it just dies
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if under_way:
-            return
-        under_way.append(signum)
-        err = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-        raise redelivered_if_swallowed(err, signum, on_swallowed=under_way.clear)
-
-    return handle
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point. Exit status: 0 done, 1 a refused input or a failed run (the tool's own
     errors, one line on stderr), 2 a usage error, 3 an internal error (a bug: one line on
     stderr naming a log file with the traceback), 128 + n on signal n (SIGINT 130, SIGHUP
     129, SIGTERM 143) after every cleanup."""
-    handler = _shutdown_handler(os.getpid())
-    catch_swallowed()  # before the first signal, which may come as a finalizer's error is reported
-    # SIGINT too, even where the process started with it ignored, as a shell starts a
-    # script's background job (`run ... &`): there too `kill -INT` ends the command as
-    # Ctrl-C does (KeyboardInterrupt), after every cleanup.
-    previous = {
-        signum: signal.signal(signum, handler) for signum in (*SHUTDOWN_SIGNALS, signal.SIGINT)
-    }
+    # The program's own command line ends its process after this: a signal from then on ends
+    # it by that signal (Python's SIGINT handler put back raised a KeyboardInterrupt as it
+    # exited: a traceback after the results, and exit status 0).
+    with handled_shutdown(put_back=argv is not None):
+        _main(argv)
+
+
+def _main(argv: list[str] | None) -> None:
     try:
         cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
         # A signal that a finalizer swallowed as the command ended is handled here, as one
@@ -123,11 +82,6 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"internal error: {summary} (a bug; traceback in {log})", err=True)
         sys.exit(3)
     finally:
-        # The program's own command line ends its process here: a signal from now on ends
-        # it by that signal (Python's SIGINT handler put back raised a KeyboardInterrupt
-        # as it exited: a traceback after the results, and exit status 0).
-        for signum, earlier in previous.items():
-            signal.signal(signum, earlier if argv is not None else signal.SIG_DFL)
         if argv is None:
             # Its exit then skips collecting what it imported (torch): about 0.13 s where it
             # took 0.5 s here, after the last line (BENCHMARKS.md, "Shutdown").

@@ -1,6 +1,8 @@
-"""The signals that end a run, a way to hold them over the few lines between starting a
-process and recording it (so that whatever unwinds on the signal can stop it), and a way for
-a handler's exception not to be lost in a finalizer (`redelivered_if_swallowed`)."""
+"""The signals that end a run: handled as Ctrl-C is (`handled_shutdown`: every context
+manager unwinds; `run_script`, a script's entry point), a way to hold them over the few lines
+between starting a process and recording it (so that whatever unwinds on the signal can stop
+it), and a way for a handler's exception not to be lost in a finalizer
+(`redelivered_if_swallowed`)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,18 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "HELD_SIGNALS",
+    "SHUTDOWN_SIGNALS",
+    "Terminated",
     "catch_swallowed",
+    "handled_shutdown",
     "held_signals",
     "redelivered_if_swallowed",
+    "run_script",
+    "shutdown_handler",
     "wait_for_redelivery",
 ]
 
@@ -27,6 +34,81 @@ _MARK = "_adaptra_signal"
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that end a run (the harness unwinds every context manager on each)."""
+
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a command the way Ctrl-C does (SIGINT): every context manager unwinds
+(worker pools, temporary files, namespaces), one line, exit status 128 + the signal. These and
+SIGINT are handled even where the process inherited them ignored (`nohup`'s SIGHUP, a
+background job's SIGINT)."""
+
+
+class Terminated(BaseException):
+    """A shutdown signal arrived (a BaseException, like KeyboardInterrupt: nothing catches
+    it on the way out but the cleanups)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
+    """The handler of SIGINT and `SHUTDOWN_SIGNALS`: the first raises KeyboardInterrupt or
+    `Terminated`; every later one is ignored while that exception is on its way out (one
+    shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short). One that a
+    finalizer swallows (`redelivered_if_swallowed`) did not start the shutdown: its signal
+    is sent again and handled as a first."""
+    under_way: list[int] = []
+    """The signal whose exception is on its way out (empty: none)."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner_pid:  # a forked helper (pyroute2 forks some): it just dies
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if under_way:
+            return
+        under_way.append(signum)
+        err = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+        raise redelivered_if_swallowed(err, signum, on_swallowed=under_way.clear)
+
+    return handle
+
+
+@contextlib.contextmanager
+def handled_shutdown(put_back: bool = True) -> Iterator[None]:
+    """Within, SIGINT and `SHUTDOWN_SIGNALS` end the program as Ctrl-C does
+    (`shutdown_handler`), SIGINT too where the process started with it ignored, as a shell
+    starts a script's background job (there too `kill -INT` ends it, after every cleanup).
+    After it, the handlers before are put back, or with `put_back` False the defaults (a
+    program that ends there: a signal then ends it by that signal)."""
+    handler = shutdown_handler(os.getpid())
+    catch_swallowed()  # before the first signal, which may come as a finalizer's error is reported
+    previous = {signum: signal.signal(signum, handler) for signum in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, earlier in previous.items():
+            signal.signal(signum, earlier if put_back else signal.SIG_DFL)
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """A script's entry point (the benchmarks'): `main()`, its return its exit status (None:
+    0). SIGINT, SIGTERM and SIGHUP end it as Ctrl-C does: every context manager unwinds
+    (worker pools, delegates, shared memory, namespaces), one line on stderr, exit status 128
+    + the signal."""
+    try:
+        with handled_shutdown(put_back=False):
+            status = main()
+            # A signal a finalizer swallowed as `main` ended is handled here, as one not
+            # swallowed is.
+            wait_for_redelivery()
+    except KeyboardInterrupt:
+        print("interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    except Terminated as err:
+        print(f"terminated ({err})", file=sys.stderr)
+        sys.exit(128 + err.signum)
+    sys.exit(status or 0)
 
 
 @contextlib.contextmanager

@@ -28,10 +28,11 @@ start (its hello carries the pair's epoch: the trainer's count of rewires, the s
 trainer, so a newer pair's is higher) and notes READY again. A receiver pointed (a "point"
 job with an epoch and no address: its sender calls it) says farewell to its sender
 (FAREWELL, then a close) and notes READY once a sender of that epoch is in. A receiver whose
-sender said goodbye, and a sender whose receiver said farewell, wait for their new peer (a
-sender that gets a message meanwhile looks for its old receiver, and finds it gone:
-refused); a hello of a newer epoch also retires the connection it replaces, and one of a
-pair the receiver left is turned away. "Leave": the same goodbye or farewell, then the
+sender said goodbye, and a sender whose receiver said farewell, wait for their new peer
+(meanwhile a sender's own NIC going down, or a notice, is no failover: its next point reads
+its NICs afresh; a message ends it, saying so); a hello of a newer epoch also retires the
+connection it replaces, and one of a pair the receiver left is answered with farewell (its
+sender, moving before it heard it, waits too). "Leave": the same goodbye or farewell, then the
 delegate ends (a side a rank swap closes). Only a connection closed without either is a
 failure. The old and the new peer need not speak in any order: each ignores what it hears
 from a retired connection (it reads that connection until it closes).
@@ -222,6 +223,14 @@ class _SlotFile:
         _, _, _, _, slot_bytes, size, _, _, path = job
         self.map(path.rstrip(b"\0").decode(), size, slot_bytes)
 
+    def unmap(self) -> None:
+        """Drop the map (a new pair: its trainer's file starts over, and a message must
+        wait for the map of the new one, not land in the old by its sizes)."""
+        self.view.release()
+        if self._map is not None:
+            self._map.close()
+        self.path, self.view, self.slot_bytes, self._map = "", memoryview(b""), 0, None
+
 
 def point_job(
     epoch: int, port: int = 0, peers: tuple[str, ...] = (), notice_peer: str = ""
@@ -405,6 +414,10 @@ class Unreachable(ConnectionError):
         self.refused, self.codes = refused, codes
 
 
+class _Parted(ConnectionError):
+    """The receiver answered a hello with its farewell: it has left the pair."""
+
+
 class _Over(Exception):
     """The trainer closed the job pipe of a delegate that noted why it could not go on."""
 
@@ -447,7 +460,7 @@ class _Sender:
         notices off, goes unseen); `first`: that NIC before the others. The receiver's resume
         point, which it must send within `reply_timeout_s` of the TCP connection.
         `Unreachable` if none connects (saying whether every NIC refused: the receiver is
-        gone, and why each failed)."""
+        gone, and why each failed); `_Parted` if the receiver has left the pair."""
         nics = range(len(self.peers))
         order = [k for k in nics if k not in self.failed] or list(nics)
         if first is not None:
@@ -472,6 +485,9 @@ class _Sender:
                     wire.abandon()
                 self.failed.add(nic)
                 continue
+            if resume == FAREWELL:
+                wire.close()
+                raise _Parted
             wire.blocking(None)
             self.wire, self.active = wire, nic
             return resume
@@ -545,6 +561,8 @@ def run_sender(
         for _ in range(2 * len(link.peers)):  # each NIC twice at most (one may break again)
             try:
                 resume = link.connect(first=nic)
+            except _Parted:  # its receiver has left the pair (a rank swap): it waits
+                return
             except Unreachable as err:
                 if err.refused:  # the receiver is gone: the delegate ends, saying so
                     raise
@@ -612,6 +630,7 @@ def run_sender(
                         notices.close()
                     port, peers, notice_peer = _target(job, control)
                     link.point(port, peers, iteration)
+                    slots.unmap()
                     retained.clear()
                     num_sent = 0
                     link.connect(START_REPLY_TIMEOUT_S)
@@ -623,6 +642,8 @@ def run_sender(
                     # NICs or a notice comes).
                     _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
                     continue
+                if link.wire is None:
+                    raise ConnectionError("its receiver left the pair, and no other was named")
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:
                     retained.clear()
@@ -638,6 +659,8 @@ def run_sender(
                         send(message)
                     except OSError:
                         fail_over(BY_TIMEOUT)
+                if link.wire is None:
+                    raise ConnectionError("its receiver left the pair with a message under way")
                 _note(notify, SENT, iteration, microbatch, seq, offset, nbytes, picked_s,
                       time.monotonic(), pid)  # fmt: skip
             elif notices is not None and key.fileobj is notices:
@@ -653,12 +676,12 @@ def run_sender(
                 nic, up = NOTICE.unpack(notice)
                 if up:
                     link.failed.discard(nic)
-                elif nic == link.active:
-                    fail_over(BY_NOTICE)
+                elif nic == link.active and link.wire is not None:  # (none: a point reads
+                    fail_over(BY_NOTICE)  # the NICs' state afresh)
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
                 link.failed -= {k for k, i in enumerate(link.indices) if i in came_up}
-                if link.indices[link.active] in went_down:
+                if link.indices[link.active] in went_down and link.wire is not None:
                     fail_over(BY_LINK_STATE)
             elif watched is not None and key.fd == watched_fd:
                 # After its resume point a receiver says nothing but farewell: else this is
@@ -862,6 +885,7 @@ def run_receiver(
                     return
                 if job[0] == POINT:
                     wanted, ready = job[1], False
+                    slots.unmap()
                     if inbox is not None and epoch < wanted:  # its new sender is not in yet
                         retire(inbox.wire, farewell=True)
                         inbox, left = None, epoch
@@ -892,8 +916,12 @@ def run_receiver(
                     caller.wire.blocking(CONNECT_TIMEOUT_S)  # a notice never holds it long
                     noticed[:] = [caller.sock]
                     continue
+                if hello == HELLO and pair <= left:  # of a pair it left: its sender waits
+                    del callers[caller.wire]
+                    retire(caller.wire, farewell=True)
+                    continue
                 try:
-                    if hello != HELLO or pair <= left or (pair, number) <= (epoch, newest):
+                    if hello != HELLO or (pair, number) <= (epoch, newest):
                         raise ConnectionError("not a hello, or an older one than taken")
                     # (a new connection's room: at once)
                     caller.sock.sendall(RESUME.pack(last if pair == epoch else -1))

@@ -80,6 +80,10 @@ _READ_BYTES = 1 << 16
 """The most a read of a notify pipe takes at once (a full pipe)."""
 _END_S = 1.0
 """How long a delegate whose job pipe is closed has to end (idle, it ends at once)."""
+_LEAVE_S = 10.0
+"""How long a delegate told to leave has to end (it says goodbye or farewell first: killed
+before it, its peer would take the close for a failure; a loaded host may not run it for
+seconds)."""
 
 LOOPBACK_NICS = ("127.0.0.1", "127.0.0.2")
 """Two "NICs" on loopback, for runs without a testbed: the fault hook fails the first."""
@@ -373,14 +377,15 @@ class _Process:
                     return
                 self.unread += chunk
 
-    def close(self) -> None:
+    def close(self, grace_s: float = _END_S) -> None:
+        """End it: its job pipe closed, `grace_s` to end, then killed."""
         self.end_jobs()
         if self.notify >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.notify)
             self.notify = -1
         try:
-            self.process.wait(_END_S)
+            self.process.wait(grace_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -451,9 +456,9 @@ class _Side:
             for delegate in self.delegates:
                 delegate.write(self.slots.map_job())
 
-    def close(self) -> None:
+    def close(self, grace_s: float = _END_S) -> None:
         for delegate in self.delegates:
-            delegate.close()
+            delegate.close(grace_s)
         self.slots.close()
 
     def new_pair(self, direction: LinkDirection, peer: int) -> None:
@@ -469,7 +474,7 @@ class _Side:
         is re-pointed takes no leaving for a failure)."""
         for delegate in self.delegates:
             delegate.leave()
-        self.close()
+        self.close(_LEAVE_S)
 
 
 class _Outbound(_Side):
@@ -772,14 +777,13 @@ class DelegateTransport:
         wired: list[_Side] = []
         for direction, peer in inbound:
             if spare_in:
-                inbound_side = spare_in.pop()
+                inbound_side = self._inbound[direction] = spare_in.pop()  # (closed if it fails)
                 inbound_side.point(direction, peer, self._epoch)
             else:
                 listen = [here, delegates.notice_address(setup.rank), ifnames]
-                inbound_side = _Inbound(
+                inbound_side = self._inbound[direction] = _Inbound(
                     direction, peer, setup.num_delegates, listen, setup.slot_dir
                 )
-            self._inbound[direction] = inbound_side
             wired.append(inbound_side)
         sender_args = [str(delegates.timeout_ms), here, ifnames]
         for direction, peer in outbound[len(spare_out) :]:

@@ -97,6 +97,7 @@ from pipeline.runtime.megatron.reference import (
 from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, gpu_stand_in, quiet_megatron
 from pipeline.runtime.megatron.stage import StageRunner
 from pipeline.schedule import Schedule
+from pipeline.signals import Terminated, run_script
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
 H100 = dataclasses.replace(
@@ -505,17 +506,9 @@ def message_copies(message: GPTPreset, device: str, repeats: int) -> dict[str, A
     }
 
 
-class _Terminated(BaseException):
-    """The check was told to stop (SIGTERM, SIGHUP: check.sh's time limit)."""
-
-
 class _PartDeadline(BaseException):
     """A part ran past its own deadline (SIGALRM); a BaseException, so that nothing inside
     the part takes it for one of its own errors, and the pools unwind as on Ctrl-C."""
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise _Terminated(signal.Signals(signum).name)
 
 
 def _deadline(signum: int, frame: FrameType | None) -> None:
@@ -554,8 +547,9 @@ def run_parts(parts: list[Part], results: dict[str, Any], out: Path) -> bool:
         except _PartDeadline:
             ok = False
             record = {"error": f"deadline: still running after {part.deadline_s:g} s"}
-        except _Terminated as err:
-            record = {"error": f"terminated ({err})"}
+        except (Terminated, KeyboardInterrupt) as err:  # check.sh's time limit, Ctrl-C
+            stopped = f"terminated ({err})" if isinstance(err, Terminated) else "interrupted"
+            record = {"error": stopped}
             _finish(part, record, partial, start, results, out)
             raise
         except Exception as err:
@@ -605,8 +599,6 @@ def main() -> int:
     if not args.dry_run and num_visible_gpus() == 0:
         print("error: no GPU visible (use --dry-run on a CPU)", file=sys.stderr)
         return 1
-    for signum in (signal.SIGTERM, signal.SIGHUP):  # unwind the pools, as Ctrl-C does
-        signal.signal(signum, _terminate)
     args.out.mkdir(parents=True, exist_ok=True)
     gpu_name = None if args.dry_run else _gpu_name()
     hw, priced_as = hardware(gpu_name)
@@ -790,8 +782,4 @@ def _three(row: dict[str, Any], key: str) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except _Terminated as err:
-        print(f"terminated ({err})", file=sys.stderr)
-        sys.exit(143)
+    run_script(main)  # SIGTERM, SIGHUP (check.sh's time limit): the pools unwind, as on Ctrl-C

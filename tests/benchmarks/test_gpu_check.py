@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.runtime.megatron import get_preset
+from pipeline.signals import Terminated
 
 pytest.importorskip("megatron.core", reason="the GPU check runs the megatron backend")
 pytestmark = pytest.mark.multiprocess
@@ -180,11 +181,11 @@ def test_a_terminated_part_is_on_file_with_what_it_had_measured(tmp_path: Path) 
                 "params_sha256": "ab" * 32,
             }
         ]
-        raise check._Terminated("SIGTERM")
+        raise Terminated(signal.SIGTERM)
 
     parts = [check.Part("environment", _ok, 5.0), check.Part("numerics", terminated, 5.0)]
     results = {"started": "now", "dry_run": True, "priced_as": "-", "parts": {}}
-    with pytest.raises(check._Terminated):
+    with pytest.raises(Terminated):
         check.run_parts(parts, results, tmp_path)
     on_file = json.loads((tmp_path / "results.json").read_text())["parts"]
     assert on_file["numerics"]["error"] == "terminated (SIGTERM)"

@@ -6,7 +6,8 @@ would run it (`runpy.run_path` as `__main__`, its own argv and sys.path[0], an e
 working and temporary folder, its own file descriptors 1 and 2, a hang bound of its own):
 most import torch, which one interpreter imports once where a process per script took 2-6 s
 each on a loaded machine. What one script leaves in the interpreter (modules imported,
-handlers set) the next ones see: none sets any before its usage."""
+handlers set) the next ones see: each sets only its shutdown signals' handlers before its
+usage (`run_script`), and sets the defaults back as it exits."""
 
 import json
 import os

@@ -374,9 +374,9 @@ def test_after_one_shutdown_signal_every_other_waits_for_the_cleanups(
     """The first of SIGINT, SIGTERM and SIGHUP ends the command; a second, Ctrl-C's too, is
     ignored from then on: a SIGINT after a SIGTERM (or a double Ctrl-C) raised inside the
     cleanups and left the pool's folders behind."""
-    from harness.cli import _shutdown_handler
+    from pipeline.signals import shutdown_handler
 
-    handler = _shutdown_handler(os.getpid())
+    handler = shutdown_handler(os.getpid())
     with pytest.raises(BaseException) as info:
         handler(first, None)
     assert type(info.value).__name__ == raised

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from harness.cli import Terminated, _shutdown_handler
 from injectors.ownership import OwnerRecord
+from pipeline.signals import Terminated, shutdown_handler
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -27,7 +27,7 @@ def cli_handlers() -> Iterator[None]:
     """The CLI's shutdown handler on SIGTERM and SIGHUP (it ignores every later one as it
     handles one), and this process's own back afterwards."""
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
-    handler = _shutdown_handler(os.getpid())
+    handler = shutdown_handler(os.getpid())
     for signum in previous:
         signal.signal(signum, handler)
     try:

@@ -215,3 +215,60 @@ def test_wait_for_redelivery_has_the_handler_run_where_it_is_called() -> None:
     )
     assert out.returncode == 7
     assert out.stdout.splitlines() == [f"caught [{signal.SIGUSR1}, 'again', {signal.SIGUSR1}]"]
+
+
+_SCRIPT = """
+import contextlib, pathlib, sys, time
+from pipeline.signals import run_script
+
+marker = pathlib.Path(sys.argv[1])
+
+def main():
+    if sys.argv[2] == "return":
+        return 3
+    with contextlib.ExitStack() as stack:
+        stack.callback(marker.write_text, "cleaned up")
+        print("started", flush=True)
+        time.sleep(60)
+
+run_script(main)
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "line"),
+    [
+        (signal.SIGTERM, "terminated (SIGTERM)"),
+        (signal.SIGHUP, "terminated (SIGHUP)"),
+        (signal.SIGINT, "interrupted (SIGINT)"),
+    ],
+)
+def test_run_script_ends_a_script_on_a_shutdown_signal_as_on_ctrl_c(
+    tmp_path: "os.PathLike[str]", signum: int, line: str
+) -> None:
+    """A script run by `run_script` (every benchmark's entry point) unwinds its context
+    managers on SIGTERM, SIGHUP and SIGINT (started ignored too, as a background job's
+    SIGINT), prints one line and exits 128 + the signal; else it exits with what `main`
+    returned."""
+    marker = os.path.join(tmp_path, "marker")
+    command = [sys.executable, "-c", _SCRIPT, marker]
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child
+    try:
+        child = subprocess.Popen(
+            [*command, "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "started\n"
+        child.send_signal(signum)
+        _, err = child.communicate(timeout=60)  # a hang bound, not a timing
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert (child.returncode, err) == (128 + signum, line + "\n")
+    with open(marker) as cleaned:
+        assert cleaned.read() == "cleaned up"
+    returned = subprocess.run([*command, "return"], capture_output=True, text=True, timeout=60)
+    assert (returned.returncode, returned.stderr) == (3, "")

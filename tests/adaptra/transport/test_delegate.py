@@ -181,7 +181,8 @@ def test_a_receiver_whose_sender_said_goodbye_takes_the_next_pair_s_not_an_older
 ) -> None:
     """A rank swap: the sender leaves the pair (goodbye, then its close). The receiver notes
     no failure: it closes its side and waits for its next sender. A hello of the old pair
-    (its next connection number too) is turned away; the trainer's re-point to pair 1, then
+    (its next connection number too: a sender that moved before it heard of the swap) is
+    answered with farewell (that sender then waits too); the trainer's re-point to pair 1, then
     that pair's hello: answered with a fresh resume point (-1: the numbers start over), READY
     noted (nothing before it), and a message of the new pair is in."""
     process, sender, slots = receiver
@@ -191,7 +192,7 @@ def test_a_receiver_whose_sender_said_goodbye_takes_the_next_pair_s_not_an_older
     sender.close()
     old, answer = _hello(port, 2, 0)
     old.close()
-    assert answer == b""
+    assert RESUME.unpack(answer) == (FAREWELL,)
     _repoint(process, 1)
     new, answer = _hello(port, 1, 1)
     try:

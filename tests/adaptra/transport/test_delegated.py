@@ -80,6 +80,12 @@ def _idle(pids: list[int]) -> dict[int, tuple[int, int, int]]:
     return {pid: _activity(pid) for pid in pids}
 
 
+def _children() -> list[int]:
+    """This process's child processes (every thread's)."""
+    tasks = Path(f"/proc/{os.getpid()}/task").iterdir()
+    return [int(pid) for task in tasks for pid in (task / "children").read_text().split()]
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -296,6 +302,55 @@ def test_a_rank_swap_re_points_the_delegates_of_the_sides_it_keeps_and_back() ->
         assert [t.take_failovers() for t in trainers.transports] == [[], [], []]
 
 
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_message_in_before_its_receiver_s_map_after_a_re_point_lands_in_the_new_slot_file() -> (
+    None
+):
+    """In a swap's iteration a worker that did not move may send before its new peer, which
+    moved (it builds and takes state first), has set its slot file up. Rank 2's receiver,
+    re-pointed at rank 0's sender, reads the message in before its trainer's map: it waits
+    for the new file (its old one, of the same sizes, is its trainer's no more), and the
+    trainer takes the values sent (it took zeros from its new file: the message had gone
+    into the old)."""
+    with contextlib.ExitStack() as stack:
+        trainers = Trainers(stack, Delegates(), 1, IN_LINE)
+        t0, t1, t2 = trainers.transports
+        carry(t0, t1, 0, [1.0, 2.0], D01)
+        carry(t1, t2, 0, [3.0, 4.0], D12)  # rank 2's receiver maps a file of 2 x 64 bytes
+        trainers.rewire(SWAPPED)
+        t0.begin_iteration({D01: (2, 64)})
+        for k, value in enumerate([5.0, 6.0]):
+            t0.send(D01, Message(1, ACTIVATION, k, k), torch.full((16,), value), fault_ms=0.0)
+        t0.finish_iteration(1)  # on the wire: in rank 2's receiver's socket
+        (receiver,) = t2._inbound[D01].delegates
+        (connection,) = _connections(receiver.process.pid)
+        _eventually(lambda: _queued(*connection) == [0], "the receiver's read")
+        t2.begin_iteration({D01: (2, 64)})
+        buffers = [torch.zeros(16) for _ in range(2)]
+        for k, buffer in enumerate(buffers):
+            t2.post_receive(D01, Message(1, ACTIVATION, k, k), buffer).wait(30.0)
+        assert [b.tolist() for b in buffers] == [[5.0] * 16, [6.0] * 16]
+
+
+def test_a_rewire_that_fails_to_re_point_a_side_leaves_nothing_behind() -> None:
+    """One of rank 2's receiver delegates has died before a swap that re-points their side:
+    the rewire fails naming it, and closes the side's other delegate and its slot file as it
+    closes the rest (the side was in no list of the transport's while it was re-pointed)."""
+    with contextlib.ExitStack() as stack:
+        trainers = Trainers(stack, Delegates(), 2, IN_LINE)
+        _, t1, t2 = trainers.transports
+        carry(t1, t2, 0, [1.0, 2.0], D12)
+        dead, other = t2._inbound[D12].delegates
+        slot_file = t2._inbound[D12].slots.path
+        os.kill(dead.process.pid, signal.SIGKILL)
+        dead.process.wait()
+        with pytest.raises(
+            ConnectionError, match=f"pid {dead.process.pid}\\).*has died \\(killed by SIGKILL"
+        ):
+            t2.rewire(trainers._setup(2, SWAPPED[2]))  # its receivers are pointed first
+        assert t2.pids == [] and _gone(other.process.pid) and not Path(slot_file).exists()
+
+
 NEEDS_NAMESPACES = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("ss") is None,
     reason="network namespaces need root (and ip, ss)",
@@ -370,6 +425,56 @@ def test_a_move_between_iterations_by_a_side_re_pointed_at_a_rank_swap_is_record
             [],
         ]
         assert [t._outbound[d].nic_of for t, d in ((t0, D01), (t2, D12))] == [[1], [1]]
+
+
+class _NicDownBeforeRank0Points(Trainers):
+    """Trainers whose rank 0 (sending D01 only), when armed, waits at its exchange (its
+    senders idle, or left by their receiver at a swap and not yet pointed again) while
+    nic0 goes down."""
+
+    armed = False
+    swapping: int | None = None
+    """At a swap, the pid of rank 0's sender."""
+
+    def _exchange(
+        self, mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, list[int]]:
+        if not mine and self.armed and self.namespace is not None:
+            self.armed = False
+            if (pid := self.swapping) is not None:  # rank 1 pointed its receiver: a farewell
+                _eventually(lambda: _connections(pid) == [], "the farewell")
+            else:  # its senders idle: set up (watching netlink), asleep in their wait
+                _idle(_children())
+            ip_batch(self.namespace, ["link set nic0 down"])
+            time.sleep(0.5)  # the senders' netlink event in: no "failover" with no receiver
+        return super()._exchange(mine, wanted)
+
+
+@NEEDS_NAMESPACES
+@pytest.mark.parametrize("when", ["start", "swap"])
+def test_a_sender_without_a_receiver_takes_its_nic_going_down_for_no_failure(when: str) -> None:
+    """Three trainers on one host with two NICs. nic0 goes down while rank 0's sender has no
+    receiver: at the start (idle until its point job) or at a swap (its receiver, pointed
+    again, said farewell; its own point job not yet there). That is no failover (with no
+    receiver it had none to move to, or moved back to the receiver that had left, which
+    turned it away: a LinkFailure though nic1 works): pointed, it connects over nic1, and
+    carries."""
+    delegates = Delegates(addresses=(TWO_NICS[0],) * 3, ifnames=("nic0", "nic1"))
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        _NicDownBeforeRank0Points.armed = when == "start"
+        trainers = _NicDownBeforeRank0Points(stack, delegates, 1, IN_LINE, namespace)
+        t0, t1, t2 = trainers.transports
+        if when == "swap":
+            carry(t0, t1, 0, [1.0], D01)
+            trainers.swapping = t0._outbound[D01].delegates[0].process.pid
+            trainers.armed = True
+            trainers.rewire(SWAPPED)
+            carry(t0, t2, 1, [2.0], D01)
+        else:
+            carry(t0, t1, 0, [2.0], D01)
+        assert t0._outbound[D01].nic_of == [1] and t0.take_failovers() == []
 
 
 @NEEDS_NAMESPACES
