@@ -441,11 +441,23 @@ class _Side:
     """One side of a link direction: its slot file and its delegates (message seq k goes
     through delegate k mod D)."""
 
-    peer: int
-    """The rank its peer delegates are on."""
+    role = ""
+    """Its delegates' ("send" or "recv")."""
 
-    def __init__(self, direction: LinkDirection, slots: _SlotFile, delegates: list[_Process]):
-        self.direction, self.slots, self.delegates = direction, slots, delegates
+    def __init__(
+        self,
+        direction: LinkDirection,
+        peer: int,
+        num_delegates: int,
+        args: list[str],
+        folder: str,
+    ) -> None:
+        """`peer`: the rank its peer delegates are on; `args`: what every delegate is told
+        (delegate.py's `main`); `folder`: where its slot file goes."""
+        self.direction, self.peer = direction, peer
+        end = "out" if self.role == "send" else "in"
+        self.slots = _SlotFile(f"{direction.link}-{direction.direction}-{end}", folder)
+        self.delegates = _start(self.role, direction, peer, [args] * num_delegates)
 
     def delegate_of(self, seq: int) -> _Process:
         return self.delegates[seq % len(self.delegates)]
@@ -478,7 +490,10 @@ class _Side:
 
 
 class _Outbound(_Side):
-    """The sender delegates of one link direction this trainer sends on."""
+    """The sender delegates of one link direction this trainer sends on (started idle:
+    `point` them)."""
+
+    role = "send"
 
     def __init__(
         self,
@@ -488,18 +503,10 @@ class _Outbound(_Side):
         args: list[str],
         folder: str,
     ) -> None:
-        """`peer`: the receiving rank; `args`: what every sender delegate is told
-        (delegate.py's `main`); `folder`: where its slot file goes. Its delegates start
-        idle: `point` them."""
-        self.peer = peer
+        super().__init__(direction, peer, num_delegates, args, folder)
         self.moves_of = direction
         """The direction the moves its delegates note before their next READY are of (the
         one it carried before it was pointed again)."""
-        super().__init__(
-            direction,
-            _SlotFile(f"{direction.link}-{direction.direction}-out", folder),
-            _start("send", direction, peer, [args] * num_delegates),
-        )
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
         self.failovers: list[Failover] = []
@@ -669,6 +676,8 @@ class _DelegatedReceive:
 class _Inbound(_Side):
     """The receiver delegates of one link direction this trainer receives on."""
 
+    role = "recv"
+
     def __init__(
         self,
         direction: LinkDirection,
@@ -676,15 +685,8 @@ class _Inbound(_Side):
         num_delegates: int,
         args: list[str],
         folder: str,
-    ):
-        """`args`: what every receiver delegate is told (delegate.py's `main`); `folder`:
-        where its slot file goes."""
-        super().__init__(
-            direction,
-            _SlotFile(f"{direction.link}-{direction.direction}-in", folder),
-            _start("recv", direction, peer, [args] * num_delegates),
-        )
-        self.peer = peer
+    ) -> None:
+        super().__init__(direction, peer, num_delegates, args, folder)
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
         self._ports: list[int] = []
