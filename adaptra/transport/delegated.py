@@ -583,9 +583,10 @@ class _Outbound(_Side):
     def hang_up(self, num_nics: int) -> list[tuple]:  # type: ignore[type-arg]
         """Close the side (a rank swap no longer uses it), keeping its delegates' moves:
         the FAILOVER notes not read yet (moves since its trainer's last look, between
-        iterations: by netlink, a notice, TCP's timeout), its other notes dropped. Its job
-        pipes are closed first, so that a delegate moving meanwhile finishes the move and
-        notes it before it ends; its notes are read until each has ended, for the longest a
+        iterations: by netlink, a notice, TCP's timeout), its other notes dropped. Its
+        delegates are told to leave (a goodbye to their receivers) and their job pipes
+        closed first, so that a delegate moving meanwhile finishes the move and notes it
+        before it ends; its notes are read until each has ended, for the longest a
         move over `num_nics` NICs takes (`move_limit_s`, plus `_END_S`) at most: one not
         ended then (stopped, or kept off the CPU that long) is killed, a move of its
         unrecorded."""
@@ -768,10 +769,10 @@ class DelegateTransport:
         delegates, pointed again, while there are spares (sides a rewire no longer uses),
         else over new ones (new senders start before the ports are exchanged, the
         receivers' starts meanwhile); the spares left over are closed once the ports are
-        exchanged (no other trainer waits for that). The delegates are
-        waited for at least `START_REPLY_TIMEOUT_S` however short the workers' timeout for
-        one message (the pool's start-up is given longer still): many start at once, and a
-        loaded host may not run one for seconds."""
+        exchanged (no other trainer waits for that). The delegates are waited for at least
+        `START_REPLY_TIMEOUT_S` however short the workers' timeout for one message (the
+        pool's start-up is given longer still): many start at once, and a loaded host may
+        not run one for seconds."""
         start_s = max(setup.timeout_s, START_REPLY_TIMEOUT_S)
         delegates = self._delegates
         here = ",".join(delegates.nics(setup.rank))
