@@ -18,23 +18,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from types import FrameType
 
 from baselines import one_f_one_b, zb_h2
 from injectors.testbed import HOST_TCP
+from pipeline.processes import process_tree
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.signals import run_script
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -101,8 +96,6 @@ def main() -> None:
         return
     if os.geteuid() != 0:
         parser.error("needs root (a network namespace per arm)")
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _stop)
     print(f"load average {os.getloadavg()[0]:.2f}; this namespace's tcp_wmem: {_tcp_wmem()}\n")
     print("| tcp_wmem | MiB | policy | send median ms | mean | p90 | over 15 ms | largest |")
     print("|---|---|---|---|---|---|---|---|")
@@ -115,11 +108,19 @@ def main() -> None:
             "--iterations",
             str(args.iterations),
         ]
-        subprocess.run(arm, check=True)
+        _run_arm(arm)
         for wmem in args.wmem:
             with _namespace_with(wmem) as name:
-                subprocess.run(["ip", "netns", "exec", name, *arm], check=True)
+                _run_arm(["ip", "netns", "exec", name, *arm])
     print(f"\nload average {os.getloadavg()[0]:.2f} after")
+
+
+def _run_arm(argv: list[str]) -> None:
+    """An arm in a process of its own, stopped on the way out (a signal's too: SIGTERM, then
+    SIGKILL after a grace: it closes its pool first)."""
+    with process_tree(argv) as arm:
+        if arm.wait() != 0:
+            raise subprocess.CalledProcessError(arm.returncode, argv)
 
 
 def _tcp_wmem() -> str:

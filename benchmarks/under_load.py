@@ -15,7 +15,9 @@ import argparse
 import subprocess
 import sys
 import time
+from subprocess import PIPE
 
+from pipeline.processes import process_tree
 from pipeline.signals import run_script
 
 _SPIN = "while True: pass"
@@ -37,8 +39,10 @@ def main() -> int:
         for run in range(1, args.runs + 1):
             num_run = run
             start = time.monotonic()
-            done = subprocess.run(command, capture_output=True, text=True)
-            last = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+            # (stopped on the way out, a signal's too: SIGTERM, then SIGKILL after a grace)
+            with process_tree(command, stdout=PIPE, stderr=PIPE, text=True) as done:
+                out, err = done.communicate()
+            last = (out.strip().splitlines() or ["(no output)"])[-1]
             print(
                 f"run {run}/{args.runs}: exit {done.returncode} in "
                 f"{time.monotonic() - start:.0f} s: {last}",
@@ -46,7 +50,7 @@ def main() -> int:
             )
             if done.returncode != 0:
                 failures += 1
-                print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)
+                print(out[-4000:], err[-4000:], sep="\n", flush=True)
                 if args.stop_on_failure:
                     break
     finally:
