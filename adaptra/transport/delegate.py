@@ -30,7 +30,9 @@ job with an epoch and no address: its sender calls it) says farewell to its send
 (FAREWELL, then a close) and notes READY once a sender of that epoch is in. A receiver whose
 sender said goodbye, and a sender whose receiver said farewell, wait for their new peer
 (meanwhile a sender's own NIC going down, or a notice, is no failover: its next point reads
-its NICs afresh; a message ends it, saying so); a hello of a newer epoch also retires the
+its NICs afresh; a message ends it, saying so; one whose move meets a receiver that left
+without its farewell read ends as any refused sender: its trainer, pointing it, starts
+another in its place); a hello of a newer epoch also retires the
 connection it replaces, and one of a pair the receiver left is answered with farewell (its
 sender, moving before it heard it, waits too). "Leave": the same goodbye or farewell, then the
 delegate ends (a side a rank swap closes). Only a connection closed without either is a
@@ -59,9 +61,7 @@ A delegate that cannot go on says why on its notify pipe before it ends: a recei
 sender's connection closed without a word notes FAILED (with the sender's pid, from its
 hello), a sender that found no NIC left mid-run notes FAILED and waits for its trainer to end
 it, and one that ends on a connection error (no NIC reaches its receiver when pointed, every
-NIC refused it with a message or a move owed; between iterations a refusal waits for the
-next point, or a message: above) notes ENDED with the reason and each NIC's error, then
-exits (status 0).
+NIC refused it) notes ENDED with the reason and each NIC's error, then exits (status 0).
 
 Records on the pipes are fixed-size structs (below), each written whole (under PIPE_BUF; a
 point job's addresses follow it in the same write).
@@ -456,9 +456,6 @@ class _Sender:
         self.num_connections = 0
         self.epoch = 0
         """The pair's (the receiver's hello check: a newer pair's is higher)."""
-        self.refusal: Unreachable | None = None
-        """Why it has no connection, where every NIC refused its move between iterations
-        (its receiver gone, or left the pair; until the next point)."""
 
     def connect(self, reply_timeout_s: float = CONNECT_TIMEOUT_S, first: int | None = None) -> int:
         """A connection over the first NIC that has not failed (each that cannot connect
@@ -525,7 +522,7 @@ class _Sender:
         """A receiver, a new pair (the old one left): connect next, over the first NIC not
         down here (the old receiver's failures were another host's)."""
         self.leave()
-        self.port, self.peers, self.epoch, self.refusal = port, peers, epoch, None
+        self.port, self.peers, self.epoch = port, peers, epoch
         self.active, self.num_connections, self.failed = 0, 0, self.down_here()
 
     def down_here(self) -> set[int]:
@@ -560,12 +557,8 @@ def run_sender(
             )  # fmt: skip
             link.wire.send(header, payload)  # released after: remappable
 
-    def fail_over(cause: int, nic: int | None = None, owed: bool = True) -> None:
-        """Move to the next NIC that works (`nic`: that one first). Not `owed` (no message
-        under way, no move its trainer waits for: an event between iterations), a refusal
-        by every NIC may be a receiver that left the pair, its farewell unread (a rank
-        swap closed its side): it waits for a point then, the refusal the error of a
-        message handed over before one."""
+    def fail_over(cause: int, nic: int | None = None) -> None:
+        """Move to the next NIC that works (`nic`: that one first)."""
         noticed_s, left = time.monotonic(), link.active
         link.drop()
         for _ in range(2 * len(link.peers)):  # each NIC twice at most (one may break again)
@@ -574,9 +567,6 @@ def run_sender(
             except _Parted:  # its receiver has left the pair (a rank swap): it waits
                 return
             except Unreachable as err:
-                if err.refused and not owed:
-                    link.refusal = err
-                    return
                 if err.refused:  # the receiver is gone: the delegate ends, saying so
                     raise
                 break
@@ -655,8 +645,8 @@ def run_sender(
                     # NICs or a notice comes).
                     _note(notify, READY, 0, 0, 0, port, link.active, 0.0, 0.0, pid)
                     continue
-                if link.wire is None:  # its receiver left, or is gone (every NIC refused)
-                    raise link.refusal or ConnectionError("its receiver left the pair")
+                if link.wire is None:
+                    raise ConnectionError("its receiver left the pair, and no other was named")
                 picked_s = time.monotonic()
                 if retained and retained[-1].iteration != iteration:
                     retained.clear()
@@ -690,12 +680,12 @@ def run_sender(
                 if up:
                     link.failed.discard(nic)
                 elif nic == link.active and link.wire is not None:  # (none: a point reads
-                    fail_over(BY_NOTICE, owed=False)  # the NICs' state afresh)
+                    fail_over(BY_NOTICE)  # the NICs' state afresh)
             elif watch is not None and key.fd == watch.fileno():
                 went_down, came_up = watch.read()
                 link.failed -= {k for k, i in enumerate(link.indices) if i in came_up}
                 if link.indices[link.active] in went_down and link.wire is not None:
-                    fail_over(BY_LINK_STATE, owed=False)
+                    fail_over(BY_LINK_STATE)
             elif watched is not None and key.fd == watched_fd:
                 # After its resume point a receiver says nothing but farewell: else this is
                 # a reset, a timeout or its end (then no NIC connects: refused, it ends).
@@ -708,7 +698,7 @@ def run_sender(
                 if said and _farewell(watched):
                     link.park()
                     continue
-                fail_over(BY_TIMEOUT, owed=False)
+                fail_over(BY_TIMEOUT)
 
 
 def _farewell(wire: TcpWire) -> bool:

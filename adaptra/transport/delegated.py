@@ -221,6 +221,8 @@ class _Process:
         self.args = args
         self.peer_addresses: tuple[str, ...] = ()
         """A sender's receiver's, per NIC (its point job's)."""
+        self.job = b""
+        """Its last point job."""
         control_r, self.control = os.pipe()
         self.notify, notify_w = os.pipe()
         command = [sys.executable, "-S", str(DELEGATE_FILE), role, str(os.getpid())]
@@ -253,8 +255,8 @@ class _Process:
     ) -> None:
         """Hand it a point job (`point_job`) for a pair with `peer` on `direction` (a
         sender's: to `addresses`), and name it so."""
+        self.direction, self.peer, self.peer_addresses, self.job = direction, peer, addresses, job
         self.write(job)
-        self.direction, self.peer, self.peer_addresses = direction, peer, addresses
 
     def leave(self) -> None:
         """Hand it "leave" (it says goodbye or farewell to its peer, then ends), unless it
@@ -507,6 +509,8 @@ class _Outbound(_Side):
         self.moves_of = direction
         """The direction the moves its delegates note before their next READY are of (the
         one it carried before it was pointed again)."""
+        self.pointed = self.re_pointed = False
+        """Whether it has been pointed; whether its last point was not its first."""
         self.pending: list[int] = []
         """The seqs of the messages handed over this iteration, not yet acked."""
         self.failovers: list[Failover] = []
@@ -529,12 +533,26 @@ class _Outbound(_Side):
         receiver delegate at `ports[k]` (`addresses`: the peer's per NIC; `notice_address`:
         its management plane's, "" for none). A side's first pair, or its next at a rewire
         (its failovers not yet taken are then the caller's to keep)."""
-        self.moves_of = self.direction
+        self.re_pointed, self.moves_of = self.pointed, self.direction
+        self.pointed = True
         self.new_pair(direction, peer)
-        for delegate, port in zip(self.delegates, ports, strict=True):
-            job = point_job(epoch, port, addresses, notice_address)
-            delegate.point(job, direction, peer, addresses)
+        for delegate, port in zip(list(self.delegates), ports, strict=True):
+            try:
+                delegate.point(point_job(epoch, port, addresses, notice_address), direction,
+                               peer, addresses)  # fmt: skip
+            except ConnectionError:
+                if not self.re_pointed:
+                    raise
+                self.replace(delegate)  # (`DelegateTransport._wait_ready`)
         self.failovers, self.nic_of, self.route_nic = [], [0] * len(ports), 0
+
+    def replace(self, delegate: _Process) -> _Process:
+        """A new delegate in `delegate`'s place (which is closed), pointed as it was."""
+        delegate.close()
+        new = _Process("send", delegate.index, self.direction, self.peer, delegate.args)
+        self.delegates[delegate.index] = new
+        new.point(delegate.job, self.direction, self.peer, delegate.peer_addresses)
+        return new
 
     def send(
         self, message: Message, payload: torch.Tensor, fault_ms: float, nic: int | None
@@ -850,16 +868,30 @@ class DelegateTransport:
         re-pointing: idle); a sender's moves noted before that are kept (`_close`)."""
         deadline = time.monotonic() + timeout_s
         for side in sides:
-            for process in side.delegates:
-                note = _read_note(process, deadline)
-                while note[0] == FAILOVER and isinstance(side, _Outbound):  # before a re-point
-                    self._closed_moves.append((side.moves_of, note))
-                    note = _read_note(process, deadline)
+            for process in list(side.delegates):
+                try:
+                    note = self._ready_note(side, process, deadline)
+                except ConnectionError:  # (a LinkFailure too)
+                    if not (isinstance(side, _Outbound) and side.re_pointed):
+                        raise
+                    # Its old receiver, leaving, may have refused or reset a move it made
+                    # before it read its point: a new delegate is pointed in its place.
+                    process = side.replace(process)
+                    note = self._ready_note(side, process, deadline)
                 kind, *_, nic, _, _, _ = note
                 if kind != READY:
                     raise ConnectionError(f"the {process.name} did not connect")
                 if isinstance(side, _Outbound):  # a NIC that failed to answer is left
                     side.nic_of[process.index] = nic
+
+    def _ready_note(self, side: _Side, process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
+        """The note `process` writes once connected; a sender's moves noted before it are
+        kept, as its side's before the rewire (`moves_of`)."""
+        note = _read_note(process, deadline)
+        while note[0] == FAILOVER and isinstance(side, _Outbound):
+            self._closed_moves.append((side.moves_of, note))
+            note = _read_note(process, deadline)
+        return note
 
     @property
     def pids(self) -> list[int]:

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from adaptra.transport import Delegates, delegated
-from adaptra.transport.delegate import HEADER, NOTE, READY, RESUME
+from adaptra.transport.delegate import HEADER, NOTE, RESUME
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
 from pipeline.link_rates import NO_RATES
@@ -477,48 +477,38 @@ def test_a_sender_without_a_receiver_takes_its_nic_going_down_for_no_failure(whe
         assert t0._outbound[D01].nic_of == [1] and t0.take_failovers() == []
 
 
-@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
-def test_a_sender_refused_between_iterations_waits_for_its_point_or_a_message() -> None:
-    """Two senders' receivers end between iterations without a farewell (as one that left
-    at a swap does for its sender when the farewell is lost with its NIC; here killed, and
-    gone whole before the senders run again): each sender moves, and every NIC refuses it.
-    With nothing owed that is no end (it ended, and the swap's point job failed: "every NIC
-    refused it"): pointed at a new receiver, the first connects and notes READY; the
-    second, handed a message first, ends with that refusal."""
-    old, new = LinkDirection("0-1", "forward"), LinkDirection("1-2", "forward")
-    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+@pytest.mark.parametrize("runs_again", ["before the rewire", "during it"])
+def test_a_sender_ended_before_its_re_point_is_replaced_by_a_new_one(runs_again: str) -> None:
+    """Rank 0 sends D01 to rank 1; a swap then has it send D01 to rank 2 (rank 1's side is
+    closed). Rank 1's receiver ended between iterations, gone before its farewell was read
+    (as a leaving receiver is for a sender off the CPU, or whose farewell was lost with its
+    NIC; here killed while the sender is stopped): the sender moves, every NIC refuses it,
+    and it ends. Pointing it fails (the point job's write, if it ran again before the
+    rewire; else, mostly, the wait for its READY), so the rewire starts a new delegate in
+    its place, pointed as it would have been, and the swap goes through (it failed: "every
+    NIC refused it")."""
+    one_to_one: list[Wiring] = [((), ((D01, 1),)), (((D01, 0),), ()), ((), ())]
+    one_to_two: list[Wiring] = [((), ((D01, 2),)), ((), ()), (((D01, 0),), ())]
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, folder)
-        nics = ",".join(delegated.LOOPBACK_NICS)
-        sides = [delegated._Inbound(d, 0, 1, [nics, "", ","], folder) for d in (old, old, new)]
-        senders = [delegated._Outbound(old, 1, 1, ["2000", nics, ","], folder) for _ in "ab"]
-        for side in (*sides, *senders):
-            stack.callback(side.close)
-        for sender, side in zip(senders, sides, strict=False):
-            sender.point(old, 1, side.ports(30), delegated.LOOPBACK_NICS, "", 0)
-        deadline = time.monotonic() + 30
-        for side in (*sides[:2], *senders):
-            assert delegated._read_note(side.delegates[0], deadline)[0] == READY
-        movers = [sender.delegates[0].process.pid for sender in senders]
-        for pid in movers:
-            os.kill(pid, signal.SIGSTOP)
-            stack.callback(_resume, pid)
-        for side in sides[:2]:
-            side.delegates[0].process.kill()
-            side.delegates[0].process.wait()
-        for pid in movers:
-            _resume(pid)
-        # Each has dropped its old connection: its move (refused) is done before its next job.
-        _eventually(lambda: not any(map(_tcp_sockets, movers)), "the senders' moves")
-        pointed, messaged = senders
-        pointed.point(new, 2, sides[2].ports(30), delegated.LOOPBACK_NICS, "", 1)
-        deadline = time.monotonic() + 30
-        for process in (*sides[2].delegates, *pointed.delegates):
-            assert delegated._read_note(process, deadline)[0] == READY
-        messaged.begin(1, 64)
-        messaged.send(Message(1, ACTIVATION, 0, 0), torch.zeros(16), 0.0, None)
-        with pytest.raises(ConnectionRefusedError, match="every NIC refused it"):
-            messaged.finish(1, 30.0)
+        trainers = Trainers(stack, Delegates(), 1, one_to_one)
+        t0, t1, t2 = trainers.transports
+        carry(t0, t1, 0, [1.0], D01)
+        (sender,) = t0._outbound[D01].delegates
+        (receiver,) = t1._inbound[D01].delegates
+        os.kill(sender.process.pid, signal.SIGSTOP)
+        stack.callback(_resume, sender.process.pid)
+        receiver.process.kill()
+        receiver.process.wait()  # gone whole: its listeners too (a refusal, not a reset)
+        if runs_again == "before the rewire":
+            _resume(sender.process.pid)
+            assert sender.process.wait(30) == 0  # it noted why, and ended
+        else:  # (whether before or after its point is read: either way it is replaced)
+            threading.Timer(0.5, _resume, [sender.process.pid]).start()
+        trainers.rewire(one_to_two)
+        (new,) = t0._outbound[D01].delegates
+        assert new.process.pid != sender.process.pid and new.process.poll() is None
+        carry(t0, t2, 1, [2.0], D01)
+        assert t0.take_failovers() == []
 
 
 @NEEDS_NAMESPACES
@@ -638,12 +628,6 @@ def _sources(pid: int) -> list[str]:
                          text=True, check=True).stdout  # fmt: skip
     return sorted(line.split()[2].rsplit(":", 1)[0] for line in out.splitlines()
                   if f"pid={pid}," in line)  # fmt: skip
-
-
-def _tcp_sockets(pid: int) -> int:
-    """How many TCP sockets process `pid` has, in any state."""
-    out = subprocess.run(["ss", "-tanpH"], capture_output=True, text=True, check=True).stdout
-    return sum(f"pid={pid}," in line for line in out.splitlines())
 
 
 def _ss_established() -> list[list[str]]:
