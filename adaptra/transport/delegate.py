@@ -61,7 +61,10 @@ A delegate that cannot go on says why on its notify pipe before it ends: a recei
 sender's connection closed without a word notes FAILED (with the sender's pid, from its
 hello), a sender that found no NIC left mid-run notes FAILED and waits for its trainer to end
 it, and one that ends on a connection error (no NIC reaches its receiver when pointed, every
-NIC refused it) notes ENDED with the reason and each NIC's error, then exits (status 0).
+NIC refused it) notes ENDED with the reason and each NIC's error, then exits (status 0). A
+NIC whose connection closed before the receiver's answer is tried once more before a sender
+tells a link failure from a receiver gone (an ending receiver's listeners close a moment
+after its data connection).
 
 Records on the pipes are fixed-size structs (below), each written whole (under PIPE_BUF; a
 point job's addresses follow it in the same write).
@@ -144,6 +147,9 @@ HELLO_TIMEOUT_S = START_REPLY_TIMEOUT_S
 its bytes come, never waiting on one: meanwhile it serves its other connections and its
 pipe); a sender waits no longer for its answer, and a loaded host may not run it for
 seconds between its connect and its hello."""
+HUNG_UP_RETRY_S = 0.1
+"""How long a sender waits to try again a NIC whose connection its receiver's host took and
+then closed before answering (a receiver ending closes its listeners a moment after)."""
 
 _PR_SET_PDEATHSIG = 1
 _TCP_USER_TIMEOUT = 18  # linux/tcp.h
@@ -421,6 +427,10 @@ class _Parted(ConnectionError):
     """The receiver answered a hello with its farewell: it has left the pair."""
 
 
+class _HungUp(ConnectionError):
+    """TCP connected, and the connection closed before the receiver's resume point."""
+
+
 class _Over(Exception):
     """The trainer closed the job pipe of a delegate that noted why it could not go on."""
 
@@ -463,38 +473,60 @@ class _Sender:
         notices off, goes unseen); `first`: that NIC before the others. The receiver's resume
         point, which it must send within `reply_timeout_s` of the TCP connection.
         `Unreachable` if none connects (saying whether every NIC refused: the receiver is
-        gone, and why each failed); `_Parted` if the receiver has left the pair."""
+        gone, and why each failed); `_Parted` if the receiver has left the pair.
+
+        A NIC whose connection closes before the resume point (its receiver's host took it,
+        then hung up: a receiver ending as its listeners close, or one that turned the
+        hello away) is tried once more, after `HUNG_UP_RETRY_S`, where every other NIC was
+        refused: a receiver that has ended now refuses it too (it is gone, not the link)."""
         nics = range(len(self.peers))
         order = [k for k in nics if k not in self.failed] or list(nics)
         if first is not None:
             order = [first, *(k for k in order if k != first)]
-        refused = True
         codes: dict[int, int] = {}
-        for nic in order:
-            self.num_connections += 1
-            hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), self.epoch)
-            wire = None
-            try:
-                wire = TcpWire.connect(
-                    self.sources[nic], self.peers[nic], self.port, self.timeout_ms
-                )
-                wire.blocking(reply_timeout_s)
-                wire.send(hello, memoryview(b""))
-                (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
-            except OSError as err:
-                refused = refused and isinstance(err, ConnectionRefusedError)
-                codes[nic] = error_code(err)
-                if wire is not None:
-                    wire.abandon()
+        refused: set[int] = set()
+        for attempt in range(2):
+            hung_up: list[int] = []
+            for nic in order:
+                try:
+                    return self._connect_over(nic, reply_timeout_s)
+                except _Parted:
+                    raise
+                except _HungUp as err:
+                    hung_up.append(nic)
+                    codes[nic] = error_code(err.__cause__ or err)
+                except OSError as err:
+                    codes[nic] = error_code(err)
+                    if isinstance(err, ConnectionRefusedError):
+                        refused.add(nic)
                 self.failed.add(nic)
-                continue
-            if resume == FAREWELL:
-                wire.close()
-                raise _Parted
-            wire.blocking(None)
-            self.wire, self.active = wire, nic
-            return resume
-        raise Unreachable(refused, codes)
+            if attempt or not hung_up or len(refused) + len(hung_up) < len(order):
+                break
+            time.sleep(HUNG_UP_RETRY_S)
+            order = hung_up
+        raise Unreachable(refused.issuperset(codes), codes)
+
+    def _connect_over(self, nic: int, reply_timeout_s: float) -> int:
+        """The receiver's resume point over `nic` (then its connection is the active one);
+        `_HungUp` if TCP connected and the connection closed before that point."""
+        self.num_connections += 1
+        hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), self.epoch)
+        wire = TcpWire.connect(self.sources[nic], self.peers[nic], self.port, self.timeout_ms)
+        try:
+            wire.blocking(reply_timeout_s)
+            wire.send(hello, memoryview(b""))
+            (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
+        except BaseException as err:
+            wire.abandon()
+            if isinstance(err, ConnectionError):  # (a timeout is not: a slow path or host)
+                raise _HungUp from err
+            raise
+        if resume == FAREWELL:
+            wire.close()
+            raise _Parted
+        wire.blocking(None)
+        self.wire, self.active = wire, nic
+        return resume
 
     def drop(self) -> None:
         """The active NIC has failed: its connection dropped."""

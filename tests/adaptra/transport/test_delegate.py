@@ -358,6 +358,43 @@ def test_a_sender_that_cannot_connect_tells_its_trainer_why(
         sender.close()
 
 
+@pytest.mark.parametrize("receiver_then", ["ended", "answered"])
+def test_a_nic_whose_connection_closes_before_its_answer_is_tried_once_more(
+    receiver_then: str,
+) -> None:
+    """NIC 1 is refused; over NIC 0 the receiver's host takes the connection and closes it
+    before answering: a receiver ending, whose listeners close a moment after its data
+    connection. The sender tries NIC 0 again: refused now, it ends as its receiver gone
+    (it said "no data-plane NIC reaches its receiver delegate", blaming the links); a
+    receiver still there that answers this time is connected to."""
+    with socket.create_server(("127.0.0.1", 0), backlog=1) as listener:
+        port = listener.getsockname()[1]  # only on 127.0.0.1: NIC 1's peer refuses
+        sender = _sender(port, ("127.0.0.1", "127.0.0.2"), "127.0.0.1,127.0.0.1")
+        try:
+            listener.settimeout(30)
+            if receiver_then == "ended":
+                assert select.select([listener], [], [], 30)[0]  # NIC 0's, taken
+                listener.close()  # resets it: not answered
+                with pytest.raises(ConnectionRefusedError) as failed:
+                    _read_note(sender, time.monotonic() + 30)
+                assert "every NIC refused it: its receiver delegate is gone (NIC 0" in str(
+                    failed.value
+                ), failed.value
+                assert sender.process.wait(30) == 0
+            else:
+                listener.accept()[0].close()  # turned away before its answer
+                again, _ = listener.accept()
+                with again:
+                    again.settimeout(30)
+                    hello = HEADER.unpack(again.recv(HEADER.size, socket.MSG_WAITALL))
+                    assert hello[1] == 0 and hello[3] == HELLO  # over NIC 0
+                    again.sendall(RESUME.pack(-1))
+                    kind, *_, nic, _, _, _ = _read_note(sender, time.monotonic() + 30)
+                    assert (kind, nic) == (READY, 0)
+        finally:
+            sender.close()
+
+
 def test_a_delegate_that_ends_without_a_note_has_ended_and_a_killed_one_died() -> None:
     """A delegate gone without saying why is named with how it ended: "ended" for exit
     status 0 (its job pipe closed), "died" with the signal that killed it (both read "has
