@@ -428,7 +428,8 @@ class _Parted(ConnectionError):
 
 
 class _HungUp(ConnectionError):
-    """TCP connected, and the connection closed before the receiver's resume point."""
+    """The receiver's host took the connection (TCP's handshake done) and reset or closed it
+    before the receiver's resume point."""
 
 
 class _Over(Exception):
@@ -508,17 +509,21 @@ class _Sender:
 
     def _connect_over(self, nic: int, reply_timeout_s: float) -> int:
         """The receiver's resume point over `nic` (then its connection is the active one);
-        `_HungUp` if TCP connected and the connection closed before that point."""
+        `_HungUp` if the receiver's host took the connection and closed it before then."""
         self.num_connections += 1
         hello = HEADER.pack(-1, nic, -1, HELLO, self.num_connections, os.getpid(), self.epoch)
-        wire = TcpWire.connect(self.sources[nic], self.peers[nic], self.port, self.timeout_ms)
+        wire = None
         try:
+            wire = TcpWire.connect(self.sources[nic], self.peers[nic], self.port, self.timeout_ms)
             wire.blocking(reply_timeout_s)
             wire.send(hello, memoryview(b""))
             (resume,) = RESUME.unpack(wire.receive_exactly(RESUME.size))
         except BaseException as err:
-            wire.abandon()
-            if isinstance(err, ConnectionError):  # (a timeout is not: a slow path or host)
+            if wire is not None:
+                wire.abandon()
+            # Reset (in the connect too, its handshake done), closed, or a broken pipe; not
+            # refused (nothing took it), nor a timeout (a slow path or host).
+            if isinstance(err, ConnectionError) and not isinstance(err, ConnectionRefusedError):
                 raise _HungUp from err
             raise
         if resume == FAREWELL:
