@@ -26,7 +26,7 @@ from collections.abc import Iterator
 
 from baselines import one_f_one_b, zb_h2
 from injectors.testbed import HOST_TCP
-from pipeline.processes import process_tree
+from pipeline.processes import PipeReader, process_tree
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.signals import run_script
@@ -117,9 +117,15 @@ def main() -> None:
 
 def _run_arm(argv: list[str]) -> None:
     """An arm in a process of its own, stopped on the way out (a signal's too: SIGTERM, then
-    SIGKILL after a grace: it closes its pool first)."""
-    with process_tree(argv) as arm:
-        if arm.wait() != 0:
+    SIGKILL after a grace: it closes its pool first). Its stderr is passed on once it has
+    ended by itself (one stopped for this script's signal says so: the script's line is
+    the one said)."""
+    with process_tree(argv, stderr=subprocess.PIPE) as arm:
+        output = PipeReader(arm)
+        arm.wait()
+        _, err = output.result()
+        sys.stderr.buffer.write(err)
+        if arm.returncode != 0:
             raise subprocess.CalledProcessError(arm.returncode, argv)
 
 

@@ -14,11 +14,18 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
+from typing import IO
 
 from pipeline.signals import run_script
 
 _SPIN = "while True: pass"
+
+
+def _read(file: IO[bytes]) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 def main() -> int:
@@ -39,8 +46,11 @@ def main() -> int:
             start = time.monotonic()
             # (in this process group: Ctrl-C reaches the command itself, as pytest needs for
             # its teardown; a signal to this script alone ends the command by SIGKILL)
-            done = subprocess.run(command, capture_output=True, text=True)
-            out, err = done.stdout, done.stderr
+            # (into files, not pipes: the run ends with the command, not with the last of
+            # its children to hold its output open)
+            with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+                done = subprocess.run(command, stdout=stdout, stderr=stderr)
+                out, err = (_read(f) for f in (stdout, stderr))
             last = (out.strip().splitlines() or ["(no output)"])[-1]
             print(
                 f"run {run}/{args.runs}: exit {done.returncode} in "

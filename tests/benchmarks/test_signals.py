@@ -65,3 +65,37 @@ def test_a_benchmark_terminated_mid_run_closes_its_pools(short_tmp: Path) -> Non
         time.sleep(0.1)
     assert [pid for pid in workers if _alive(pid)] == []
     assert list(short_tmp.glob("adaptra-pool-*")) == []
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(os.geteuid() != 0, reason="bench_send_buffer.py needs root")
+def test_a_benchmark_interrupted_while_an_arm_runs_says_so_once() -> None:
+    """bench_send_buffer.py runs each arm as a process of its own (a session of its own:
+    the terminal's Ctrl-C reaches the script alone), which it stops on the way out. SIGINT
+    while the first arm runs: one line, the script's (the arm, stopped by SIGTERM, said
+    "terminated (SIGTERM)" too), exit status 130, and the arm has ended."""
+    command = [sys.executable, str(ROOT / "benchmarks/bench_send_buffer.py")]
+    run = subprocess.Popen(
+        [*command, "--iterations", "100000", "--sizes-mib", "0.01"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        arm: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None and len(arm) < 1 + 4:
+            arm = _descendants(run.pid)  # the arm and its pool's 4 workers
+            time.sleep(0.1)
+        assert run.poll() is None and len(arm) >= 1 + 4
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=120)  # a hang bound, not a timing
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert (run.returncode, err.splitlines()) == (130, ["interrupted (SIGINT)"]), err
+    deadline = time.monotonic() + 60  # the pool's workers end once they find it closed
+    while any(_alive(pid) for pid in arm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in arm if _alive(pid)] == []

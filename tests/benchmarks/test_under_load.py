@@ -1,0 +1,35 @@
+"""benchmarks/under_load.py: a command run beside busy processes, and its report."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_run_ends_with_its_command_not_with_a_child_it_left_behind() -> None:
+    """The command leaves a child holding its output open (as a stray worker of a test run
+    may): the report comes once the command has ended (it waited for that child's end, which
+    closed the pipes it read); the failing run's output is shown, and the exit status is 1."""
+    leaves_a_child = "sleep 300 & echo $!"
+    fails = "echo out; echo why >&2; exit 3"
+    script = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks/under_load.py"), "--busy", "1", "--runs", "1",
+         "--", "sh", "-c", f"{leaves_a_child}; {fails}"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        # (the child left behind holds the command's output, not the script's)
+        out, _ = script.communicate(timeout=120)
+        lines = out.splitlines()
+        assert lines[0].startswith("run 1/1: exit 3 in ") and lines[0].endswith(": out"), lines
+        child = int(lines[1])  # the failing run's output, shown
+        assert lines[2:4] == ["out", ""] and "why" in lines[4:], lines
+        assert lines[-1] == "0 passed, 1 failed, 1 busy process(es) beside"
+        assert script.returncode == 1
+        assert Path(f"/proc/{child}").exists()  # still asleep: not waited for
+    finally:
+        os.killpg(script.pid, signal.SIGKILL)  # the child left behind, in its group
+        script.wait()
