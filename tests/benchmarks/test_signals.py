@@ -6,7 +6,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +30,41 @@ def test_every_benchmark_script_runs_its_main_through_run_script() -> None:
     assert others == []
 
 
+def _signalled_once_running(
+    argv: list[str], running: Callable[[set[int]], bool], signum: int, **popen: Any
+) -> tuple[int, str]:
+    """Benchmark script `argv` (under benchmarks/), sent `signum` once `running` holds of
+    its descendants: its exit status and its stderr, once those descendants have ended too
+    (bounded waits: hang guards, not timings)."""
+    run = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / argv[0]), *argv[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    try:
+        deadline = time.monotonic() + 120  # start-up under load
+        descendants: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            descendants = _descendants(run.pid)
+            if running(descendants):
+                break
+            time.sleep(0.1)
+        assert run.poll() is None and running(descendants)
+        run.send_signal(signum)
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    deadline = time.monotonic() + 60  # they end once they find their pool closed
+    while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in descendants if _alive(pid)] == []
+    return run.returncode, err
+
+
 @pytest.mark.multiprocess
 def test_a_benchmark_terminated_mid_run_closes_its_pools(short_tmp: Path) -> None:
     """bench_swap.py, SIGTERM once its first pool (4 emulated workers) runs: it unwinds as
@@ -35,35 +72,14 @@ def test_a_benchmark_terminated_mid_run_closes_its_pools(short_tmp: Path) -> Non
     and delegates end) and no pool folder (killed by the signal, it left its workers to
     crash on a broken gloo connection, with tracebacks, and its folder for `adaptra-bench
     cleanup`)."""
-    command = [sys.executable, str(ROOT / "benchmarks/bench_swap.py"), "--backend", "emulated"]
-    run = subprocess.Popen(
-        [*command, "--repeats", "1"],
+    status, err = _signalled_once_running(
+        ["bench_swap.py", "--backend", "emulated", "--repeats", "1"],
+        lambda pids: any(short_tmp.glob("adaptra-pool-*")) and len(pids) >= 4 + 2,
+        signal.SIGTERM,
         env={**os.environ, "TMPDIR": str(short_tmp)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
     )
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        workers: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None:
-            workers = _descendants(run.pid)
-            if any(short_tmp.glob("adaptra-pool-*")) and len(workers) >= 4 + 2:
-                break
-            time.sleep(0.1)
-        assert run.poll() is None and len(workers) >= 4 + 2
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate(timeout=120)  # a hang bound, not a timing
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert (run.returncode, err.splitlines()[-1:]) == (143, ["terminated (SIGTERM)"]), err
+    assert (status, err.splitlines()[-1:]) == (143, ["terminated (SIGTERM)"]), err
     assert "Traceback" not in err
-    deadline = time.monotonic() + 60  # they end once they find the pool closed: load slows it
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in workers if _alive(pid)] == []
     assert list(short_tmp.glob("adaptra-pool-*")) == []
 
 
@@ -74,28 +90,9 @@ def test_a_benchmark_interrupted_while_an_arm_runs_says_so_once() -> None:
     the terminal's Ctrl-C reaches the script alone), which it stops on the way out. SIGINT
     while the first arm runs: one line, the script's (the arm, stopped by SIGTERM, said
     "terminated (SIGTERM)" too), exit status 130, and the arm has ended."""
-    command = [sys.executable, str(ROOT / "benchmarks/bench_send_buffer.py")]
-    run = subprocess.Popen(
-        [*command, "--iterations", "100000", "--sizes-mib", "0.01"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    status, err = _signalled_once_running(
+        ["bench_send_buffer.py", "--iterations", "100000", "--sizes-mib", "0.01"],
+        lambda pids: len(pids) >= 1 + 4,  # the arm and its pool's 4 workers
+        signal.SIGINT,
     )
-    try:
-        deadline = time.monotonic() + 120  # start-up under load
-        arm: set[int] = set()
-        while time.monotonic() < deadline and run.poll() is None and len(arm) < 1 + 4:
-            arm = _descendants(run.pid)  # the arm and its pool's 4 workers
-            time.sleep(0.1)
-        assert run.poll() is None and len(arm) >= 1 + 4
-        run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=120)  # a hang bound, not a timing
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert (run.returncode, err.splitlines()) == (130, ["interrupted (SIGINT)"]), err
-    deadline = time.monotonic() + 60  # the pool's workers end once they find it closed
-    while any(_alive(pid) for pid in arm) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [pid for pid in arm if _alive(pid)] == []
+    assert (status, err.splitlines()) == (130, ["interrupted (SIGINT)"]), err
