@@ -21,12 +21,13 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 
 from baselines import one_f_one_b, zb_h2
 from injectors.testbed import HOST_TCP
-from pipeline.processes import PipeReader, process_tree
+from pipeline.processes import process_tree
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.signals import run_script
@@ -117,16 +118,35 @@ def main() -> None:
 
 def _run_arm(argv: list[str]) -> None:
     """An arm in a process of its own, stopped on the way out (a signal's too: SIGTERM, then
-    SIGKILL after a grace: it closes its pool first). Its stderr is passed on once it has
-    ended by itself (one stopped for this script's signal says so: the script's line is
-    the one said)."""
+    SIGKILL after a grace: it closes its pool first). Its stderr is passed on as it comes,
+    until this script is stopped: the arm's line on that SIGTERM is not the news."""
     with process_tree(argv, stderr=subprocess.PIPE) as arm:
-        output = PipeReader(arm)
-        arm.wait()
-        _, err = output.result()
-        sys.stderr.buffer.write(err)
+        assert arm.stderr is not None
+        passing = threading.Event()
+        passing.set()
+        fd = os.dup(arm.stderr.fileno())  # the relay's own, closed by it
+        relay = threading.Thread(target=_relay, args=(fd, passing), daemon=True)
+        relay.start()
+        try:
+            arm.wait()
+        except BaseException:
+            passing.clear()
+            raise
+        relay.join(5.0)  # to the pipe's end (bounded: a stray holder of it aside)
         if arm.returncode != 0:
             raise subprocess.CalledProcessError(arm.returncode, argv)
+
+
+def _relay(fd: int, passing: threading.Event) -> None:
+    """What pipe `fd` gives, to this process's stderr while `passing` is set."""
+    try:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(fd, 65536):
+                if passing.is_set():
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
+    finally:
+        os.close(fd)
 
 
 def _tcp_wmem() -> str:

@@ -6,6 +6,7 @@
 
 Each busy process spins on one core for the whole loop; they are this script's own children
 and are stopped (by their handles) when it ends, also on failure, Ctrl-C, SIGTERM or SIGHUP.
+The command gets Ctrl-C too, and time to end by itself (pytest tears its fixtures down).
 Prints one line per run and a summary; exits 1 if any run failed.
 """
 
@@ -21,6 +22,26 @@ from typing import IO
 from pipeline.signals import run_script
 
 _SPIN = "while True: pass"
+_GRACE_S = 30.0
+"""How long the command has to end once stopped (a test run's pools and namespaces close)."""
+
+
+def _run(command: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
+    """`command`'s exit status. It runs in this process group: Ctrl-C reaches it too, and
+    it is given `_GRACE_S` to end by itself (pytest's teardown, which a kill cuts short);
+    a signal to this script alone ends it by SIGTERM. Either way SIGKILL after the grace."""
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+    try:
+        return process.wait()
+    except BaseException as err:
+        if not isinstance(err, KeyboardInterrupt):
+            process.terminate()
+        try:
+            process.wait(_GRACE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        raise
 
 
 def _read(file: IO[bytes]) -> str:
@@ -44,20 +65,18 @@ def main() -> int:
         for run in range(1, args.runs + 1):
             num_run = run
             start = time.monotonic()
-            # (in this process group: Ctrl-C reaches the command itself, as pytest needs for
-            # its teardown; a signal to this script alone ends the command by SIGKILL)
             # (into files, not pipes: the run ends with the command, not with the last of
             # its children to hold its output open)
             with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
-                done = subprocess.run(command, stdout=stdout, stderr=stderr)
+                returncode = _run(command, stdout, stderr)
                 out, err = (_read(f) for f in (stdout, stderr))
             last = (out.strip().splitlines() or ["(no output)"])[-1]
             print(
-                f"run {run}/{args.runs}: exit {done.returncode} in "
+                f"run {run}/{args.runs}: exit {returncode} in "
                 f"{time.monotonic() - start:.0f} s: {last}",
                 flush=True,
             )
-            if done.returncode != 0:
+            if returncode != 0:
                 failures += 1
                 print(out[-4000:], err[-4000:], sep="\n", flush=True)
                 if args.stop_on_failure:

@@ -1,6 +1,7 @@
 """The benchmark scripts end on SIGTERM and SIGHUP as on Ctrl-C: their pools, delegates and
 folders unwind (`pipeline.signals.run_script`, every script's entry point)."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -55,8 +56,10 @@ def _signalled_once_running(
         run.send_signal(signum)
         _, err = run.communicate(timeout=120)
     finally:
-        if run.poll() is None:
-            run.kill()
+        if run.poll() is None:  # (its arms are in sessions of their own)
+            for pid in [run.pid, *descendants]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             run.wait()
     deadline = time.monotonic() + 60  # they end once they find their pool closed
     while any(_alive(pid) for pid in descendants) and time.monotonic() < deadline:
@@ -96,3 +99,35 @@ def test_a_benchmark_interrupted_while_an_arm_runs_says_so_once() -> None:
         signal.SIGINT,
     )
     assert (status, err.splitlines()) == (130, ["interrupted (SIGINT)"]), err
+
+
+def test_an_arm_s_stderr_before_the_script_s_signal_is_passed_on(tmp_path: Path) -> None:
+    """bench_send_buffer.py's `_run_arm` on an arm that wrote a warning, then hangs; SIGINT
+    to the script: the warning was passed on as it came (the hang's diagnosis), the
+    arm's own line on being stopped is not, the script's is."""
+    ready = tmp_path / "ready"
+    arm = (
+        "import sys, time; print('rank 2 has not answered', file=sys.stderr, flush=True); "
+        f"open({str(ready)!r}, 'w').close(); time.sleep(120)"
+    )
+    driver = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from tests.benchmarks.scripts import "
+        "load_script; from pipeline.signals import run_script; "
+        "run = load_script('bench_send_buffer')._run_arm; "
+        f"run_script(lambda: run([sys.executable, '-c', {arm!r}]))"
+    )
+    script = subprocess.Popen(
+        [sys.executable, "-c", driver, str(ROOT)], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60  # start-up under load: a hang bound
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        script.send_signal(signal.SIGINT)
+        _, err = script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            script.kill()
+            script.wait()
+    assert err.splitlines() == ["rank 2 has not answered", "interrupted (SIGINT)"], err

@@ -1,10 +1,14 @@
 """benchmarks/under_load.py: a command run beside busy processes, and its report."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,4 +36,35 @@ def test_a_run_ends_with_its_command_not_with_a_child_it_left_behind() -> None:
         assert Path(f"/proc/{child}").exists()  # still asleep: not waited for
     finally:
         os.killpg(script.pid, signal.SIGKILL)  # the child left behind, in its group
+        script.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_run_lets_its_command_end_by_itself(tmp_path: Path, signum: int) -> None:
+    """Ctrl-C (SIGINT to the script's process group, the command in it) or SIGTERM to the
+    script alone: the command ends by its own handler, which takes a second (as pytest
+    tears its fixtures down on Ctrl-C), and the script then ends by the signal (it killed
+    the command 0.25 s after a Ctrl-C, and at once on SIGTERM)."""
+    ready, ended = tmp_path / "ready", tmp_path / "ended"
+    trap = f"trap 'sleep 1; touch {ended}; exit 1' INT TERM"
+    script = subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks/under_load.py"), "--busy", "0", "--",
+         "sh", "-c", f"{trap}; touch {ready}; while :; do sleep 0.1; done"],
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60  # start-up under load: a hang bound
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists()
+        if signum == signal.SIGINT:
+            os.killpg(script.pid, signum)
+        else:
+            script.send_signal(signum)
+        _, err = script.communicate(timeout=60)
+        assert ended.exists()
+        assert script.returncode == 128 + signum, err
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(script.pid, signal.SIGKILL)
         script.wait()
