@@ -341,7 +341,7 @@ def report(run_dir: str) -> None:
     still writes it; an interrupted run's report says how many configurations it lacks)."""
     from harness.report import write_report
     from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record, run_dir_held
-    from harness.spec import spec_from_record
+    from harness.spec import resolved_from_record, resume_advice, spec_from_record
 
     path = Path(run_dir)
     if not (path / "spec.json").is_file():  # before the hold, whose lock file would stay
@@ -353,8 +353,12 @@ def report(run_dir: str) -> None:
         except (ConfigError, TypeError) as err:  # a field of the wrong type or value
             raise ConfigError(f"{path / 'spec.json'}: {err}") from err
         runs = read_csv_rows(path / "runs.csv", RUNS_COLUMNS)
-        if not runs:
-            raise ConfigError(f"{path} has no results in runs.csv")
+        if not runs:  # stopped before its first configuration ended
+            listed = len(resolved_from_record(record, path / "spec.json").configurations)
+            raise ConfigError(
+                f"{path} is an unfinished run (0 of {listed} configurations): resume it with "
+                f"{resume_advice(spec, path)}"
+            )
         coverage = write_report(spec, path, runs)
     incomplete = "" if coverage.complete else f" ({coverage}: incomplete)"
     click.echo(f"report written to {path / 'report.md'}{incomplete}")

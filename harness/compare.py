@@ -141,6 +141,8 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             )
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.is_file():
+        if path.is_dir() and (path / "spec.json").is_file():  # stopped before its first result
+            _check_finished(path, [])  # says how to resume it
         raise UnusableResults(f"{path} is not a run directory: it has no runs.csv")
     try:
         with csv_path.open(newline="") as handle:
@@ -227,7 +229,7 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]
         record = read_spec_record(run_dir)
         from harness.spec import (  # loads the engines
             resolved_from_record,
-            resume_command,
+            resume_advice,
             spec_from_record,
         )
 
@@ -238,16 +240,15 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]
             spec = spec_from_record(record)
         except ConfigError as err:  # a field of its spec refused: name the file
             raise ConfigError(f"{run_dir / 'spec.json'}: {err}") from err
-        command = resume_command(spec, run_dir)
+        command = resume_advice(spec, run_dir)
     except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
         where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "
         raise UnusableResults(
             f"{where}{err} (its runs.csv, given alone, is compared without this check)"
         ) from None
-    spec_file = " (SPEC: the spec file it was started with)" if " --spec SPEC " in command else ""
     raise UnusableResults(
-        f"{run_dir} is an unfinished run ({done}): resume it with `{command}`{spec_file} and "
-        "compare it once finished"
+        f"{run_dir} is an unfinished run ({done}): resume it with {command} and compare it "
+        "once finished"
     )
 
 

@@ -32,18 +32,15 @@ def _incomplete(spec: ExperimentSpec, run_dir: Path, done: Coverage) -> list[str
     how to finish it, with a blank one after; none if it has them all."""
     if done.complete:
         return []
-    from harness.spec import resume_command  # the spec module loads the engines
+    from harness.spec import resume_advice  # the spec module loads the engines
 
-    command = resume_command(spec, run_dir)
-    spec_file = " --spec SPEC " in command
     unfinished = ", ".join(
         f"`{model} {system} {scenario}" + (f" #{repeat}`" if repeat != "0" else "`")
         for model, system, scenario, repeat in done.missing
     )
     return [
-        f"**{done} (incomplete: resume with `{command}` to finish"
-        + ("; SPEC is the spec file it was started with" if spec_file else "")
-        + ").** The headline, the tables and the figures below cover these only.",
+        f"**{done} (incomplete: resume with {resume_advice(spec, run_dir)} to finish).** "
+        "The headline, the tables and the figures below cover these only.",
         "",
         f"Unfinished, not in runs.csv (nothing of them is drawn): {unfinished}.",
         "",

@@ -51,6 +51,7 @@ __all__ = [
     "load_spec",
     "memoised_planner",
     "resolved_from_record",
+    "resume_advice",
     "resume_command",
     "spec_from_record",
     "without_folders",
@@ -687,6 +688,14 @@ def resume_command(spec: ExperimentSpec, run_dir: Path) -> str:
     run_dir = run_dir.resolve()  # `report .` names the run "" in a directory "."
     out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
     return f"adaptra-bench run{spec_option} --out {out} --run-id {run_id}"
+
+
+def resume_advice(spec: ExperimentSpec, run_dir: Path) -> str:
+    """`resume_command` in backquotes, and what SPEC is where it has one: "`adaptra-bench
+    run --spec SPEC --out D --run-id ID` (SPEC: the spec file it was started with)"."""
+    command = resume_command(spec, run_dir)
+    spec_file = " --spec SPEC " in command
+    return f"`{command}`" + (" (SPEC: the spec file it was started with)" if spec_file else "")
 
 
 def load_spec(path: Path) -> ExperimentSpec:

@@ -392,6 +392,18 @@ def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
             "file it was started with) and compare it once finished\n"
         )
     assert _compare(full, cut / "runs.csv").returncode == 1  # a file alone: missing rows
+    # Stopped before its first configuration ended: spec.json, no runs.csv ("not a run
+    # directory: it has no runs.csv").
+    unstarted = tmp_path / "out" / "unstarted"
+    unstarted.mkdir()
+    shutil.copy(cut / "spec.json", unstarted)
+    out = _compare(full, unstarted)
+    assert (out.returncode, out.stderr) == (
+        2,
+        f"error: {unstarted} is an unfinished run (0 of 2 configurations): resume it with "
+        f"`adaptra-bench run --spec SPEC --out {cut.parent} --run-id unstarted` (SPEC: the "
+        "spec file it was started with) and compare it once finished\n",
+    )
     assert _compare(full, full).returncode == 0
     # A spec field of the wrong type named no file ("error: num_iterations must be ...").
     record = json.loads((cut / "spec.json").read_text())

@@ -292,6 +292,24 @@ def test_an_interrupted_run_s_report_says_it_is_incomplete_and_how_to_finish_it(
     assert "incomplete" not in report and report.count("| fig4-uniform-10ms |") == 16
 
 
+def test_a_run_stopped_before_its_first_result_is_reported_as_unfinished(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spec.json and no runs.csv: one line with how to finish it, exit 1 (it said "has no
+    results in runs.csv", a file it lacks, and not how to resume)."""
+    run_dir = tmp_path / "out" / "unstarted"
+    run_dir.mkdir(parents=True)
+    shutil.copy(default_run[0] / "spec.json", run_dir)
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(run_dir)])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err == (
+        f"error: {run_dir} is an unfinished run (0 of 16 configurations): resume it with "
+        f"`adaptra-bench run --out {run_dir.parent} --run-id unstarted`\n"
+    )
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "spec.json"]
+
+
 def test_the_resume_command_of_a_spec_file_s_run_names_the_spec_option(tmp_path: Path) -> None:
     spec = dataclasses.replace(default_experiment(), name="sweep")
     run_dir = tmp_path / "my out" / "r1"
