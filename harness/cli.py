@@ -44,10 +44,12 @@ for _command in (
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point. Exit status: 0 done, 1 a refused input or a failed run (the tool's own
-    errors, one line on stderr), 2 a usage error, 3 an internal error (a bug: one line on
-    stderr naming a log file with the traceback), 128 + n on signal n (SIGINT 130, SIGHUP
-    129, SIGTERM 143) after every cleanup."""
+    """The command line, run in this process (the program's entry point,
+    `harness.program.main`, calls it once its own handlers are in). Exit status: 0 done, 1
+    a refused input or a failed run (the tool's own errors, one line on stderr), 2 a usage
+    error, 3 an internal error (a bug: one line on stderr naming a log file with the
+    traceback), 128 + n on signal n (SIGINT 130, SIGHUP 129, SIGTERM 143) after every
+    cleanup."""
     # The program's own command line ends its process after this: a signal from then on ends
     # it by that signal (Python's SIGINT handler put back raised a KeyboardInterrupt as it
     # exited: a traceback after the results, and exit status 0).

@@ -528,3 +528,51 @@ def test_a_shutdown_signal_handled_inside_a_finalizer_as_the_command_ends_ends_i
     )
     assert out.returncode == 128 + signal.SIGTERM
     assert out.stderr.splitlines() == ["terminated (SIGTERM)"]
+
+
+_SIGNALLED_AT_THE_CLI_S_IMPORT = """
+import importlib.abc, importlib.metadata, os, signal, sys
+
+SIGNUM = int(sys.argv[1])
+
+class SignalAtTheImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "harness.cli":  # torch, pandas and click load now
+            os.kill(os.getpid(), SIGNUM)
+        return None
+
+sys.meta_path.insert(0, SignalAtTheImport())
+sys.argv = ["adaptra-bench", "run", "--out", sys.argv[2], "--run-id", "r"]
+(program,) = importlib.metadata.entry_points(group="console_scripts", name="adaptra-bench")
+program.load()()
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "inherited"),
+    [
+        (signal.SIGINT, signal.SIG_IGN),  # a script's background job
+        (signal.SIGINT, signal.SIG_DFL),
+        (signal.SIGTERM, signal.SIG_DFL),
+    ],
+)
+def test_a_signal_while_the_program_loads_its_modules_ends_it_in_one_line(
+    tmp_path: Path, signum: int, inherited: signal.Handlers
+) -> None:
+    """The `adaptra-bench` program (its console script's entry point, as installed), sent a
+    signal as it imports the command line's modules: one line, exit status 128 + n, nothing
+    run (its handlers came after those imports: an ignored SIGINT was lost, and the default
+    experiment ran to its end with exit status 0; a Ctrl-C printed a traceback)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED_AT_THE_CLI_S_IMPORT, str(int(signum)), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # a hang bound, not a timing
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited),
+    )
+    name = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert (done.returncode, done.stderr) == (
+        128 + signum,
+        f"{name} ({signal.Signals(signum).name})\n",
+    )
+    assert list(tmp_path.iterdir()) == []
