@@ -164,7 +164,8 @@ def run(
     if spec_path is not None or not given & single:
         refuse_options(
             given - {"spec_path", "out", "run_id"},
-            "--spec runs an experiment, which takes these from its file"
+            "--spec runs an experiment, which takes only --out and --run-id (its file sets the "
+            "rest; --format, --trace and --plot are a single configuration's)"
             if spec_path
             else "without --profile/--policy/--schedule/--system, run runs the default "
             "experiment, which takes only --out and --run-id (give --profile and --system to "

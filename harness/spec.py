@@ -297,9 +297,8 @@ class ExperimentSpec:
             raise ConfigError("faults_text without faults: a timeline's text needs its file name")
         unknown = [s for s in self.systems if s not in SYSTEMS]
         if not self.systems or unknown:
-            raise ConfigError(
-                f"unknown system {unknown[0] if unknown else '(none)'}; valid: {', '.join(SYSTEMS)}"
-            )
+            what = f"unknown system {unknown[0]}" if unknown else "no system given"
+            raise ConfigError(f"{what}; valid: {', '.join(SYSTEMS)}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.injection not in INJECTIONS:

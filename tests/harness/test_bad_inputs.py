@@ -552,6 +552,16 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "transport_timeout_s must be in (0, 86400] s, got nan",
     ),
     ("spec unknown system", {"s.yaml": spec(systems=["warp"])}, RUN_SPEC, "unknown system warp"),
+    # (it said "unknown system (none)")
+    ("spec no system", {"s.yaml": spec(systems=[])}, RUN_SPEC, "no system given; valid: 1f1b"),
+    # (it said "which takes these from its file": a spec has no format)
+    (
+        "spec with --format",
+        {"s.yaml": spec()},
+        [*RUN_SPEC, "--format", "json"],
+        "--format: --spec runs an experiment, which takes only --out and --run-id (its file "
+        "sets the rest; --format, --trace and --plot are a single configuration's)",
+    ),
     (
         "spec megatron part-element buckets",
         {"s.yaml": spec(profile={**SMALL, "dp_bucket_bytes": 6}, model="tiny", backend="megatron")},
