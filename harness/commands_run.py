@@ -30,7 +30,14 @@ from harness.policies import (
     system_controller,
     with_delegate_count,
 )
-from harness.runner import BACKENDS, INJECTIONS, fixed_plan, link_terms, run_configuration
+from harness.runner import (
+    BACKENDS,
+    INJECTIONS,
+    fixed_plan,
+    idle_fault_rows_warning,
+    link_terms,
+    run_configuration,
+)
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
 from pipeline.checks import MAX_SEED
@@ -204,6 +211,9 @@ def run(
         timeline = load_faults(Path(faults_path), seed)
         timeline.validate(profile.topology, iterations)
         faults = timeline
+        idle = idle_fault_rows_warning(profile, faults)
+        if idle is not None:
+            click.echo(idle, err=True)
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
     if "injection" in given and backend == "sim":

@@ -25,7 +25,7 @@ from harness.results import (
     write_csv_atomic,
     write_json_atomic,
 )
-from harness.runner import RunResult, RuntimeEngines, run_configuration
+from harness.runner import RunResult, RuntimeEngines, idle_fault_rows_warning, run_configuration
 from harness.saved import (
     ConfigurationKey,
     ConfigurationRecorder,
@@ -152,10 +152,12 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         progress(host_warning)
     warned = set()
     for config, key in zip(configs, keys, strict=True):
-        warning = None if key in done else _blind_warning(config, spec.num_warmup_iterations)
-        if warning is not None and warning not in warned:
-            warned.add(warning)
-            progress(warning)
+        if key in done:
+            continue
+        for warning in _warnings(config, spec.num_warmup_iterations):
+            if warning not in warned:
+                warned.add(warning)
+                progress(warning)
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
         for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
             target, system, scenario, repeat = config
@@ -209,16 +211,18 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     return run_dir
 
 
-def _blind_warning(config: Configuration, num_warmup_iterations: int) -> str | None:
-    """`blind_detector_warning` for a configuration, naming its scenario."""
+def _warnings(config: Configuration, num_warmup_iterations: int) -> list[str]:
+    """`blind_detector_warning` and `idle_fault_rows_warning` for a configuration, naming its
+    model and scenario."""
     target, system, scenario, _ = config
-    warning = blind_detector_warning(
-        system,
-        scenario.apply(target.profile),
-        scenario.faults or NO_FAULTS,
-        num_warmup_iterations=num_warmup_iterations,
+    profile, faults = scenario.apply(target.profile), scenario.faults or NO_FAULTS
+    warnings = (
+        blind_detector_warning(
+            system, profile, faults, num_warmup_iterations=num_warmup_iterations
+        ),
+        idle_fault_rows_warning(profile, faults),
     )
-    return None if warning is None else f"{target.label} {scenario.name}: {warning}"
+    return [f"{target.label} {scenario.name}: {w}" for w in warnings if w is not None]
 
 
 def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from pipeline.link_terms import NO_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
-from pipeline.topology import Position
+from pipeline.topology import LinkKind, Position
 
 __all__ = [
     "BACKENDS",
@@ -28,6 +28,7 @@ __all__ = [
     "RuntimeEngines",
     "check_hold",
     "fixed_plan",
+    "idle_fault_rows_warning",
     "largest_messages",
     "link_terms",
     "longest_hold_ms",
@@ -263,6 +264,32 @@ def check_injectable(faults: FaultView, injection: str) -> None:
                 f"fault row {event.row}: --inject network takes a NIC down, not another "
                 f"effect on a NIC ({event.target}); replay it with --inject hook"
             )
+
+
+def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
+    """A warning line naming a timeline's rows that act on nothing on `profile`: a fault on
+    DP ring links of stages whose gradient has no bytes (no ring runs there), and a
+    bandwidth cap where no message has a size (a cap holds bytes only). Their runs would
+    look as if the row did not matter."""
+    if not isinstance(faults, FaultModel):
+        return None
+    ring_bytes = profile.allreduce_bytes or (0,) * profile.num_stages
+    idle: list[str] = []
+    for event in faults.events:
+        links = event.target.links if event.target.kind is TargetKind.LINKS else ()
+        if links and all(
+            link.kind is LinkKind.DP and not ring_bytes[link.group or 0] for link in links
+        ):
+            idle.append(f"row {event.row} (its stages' rings have no gradient bytes: none runs)")
+        elif event.effect.kind == "bandwidth" and not (profile.message_bytes or any(ring_bytes)):
+            idle.append(f"row {event.row} (a cap holds bytes, and no message has any)")
+    if not idle:
+        return None
+    verb = "acts" if len(idle) == 1 else "act"
+    return (
+        f"warning: fault {'; '.join(idle)} {verb} on nothing with this profile: give it "
+        "message_bytes and allreduce_bytes (both 0 unless given)"
+    )
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

@@ -6,6 +6,7 @@ from baselines import one_f_one_b
 from harness.runner import (
     RuntimeEngines,
     fixed_plan,
+    idle_fault_rows_warning,
     largest_messages,
     longest_hold_ms,
     run_configuration,
@@ -74,3 +75,39 @@ def test_a_megatron_runs_messages_are_its_models_whatever_the_profile_says() -> 
     assert longest_hold_ms(profile, pp_cap, model="tiny") == 65.536
     assert longest_hold_ms(profile, pp_cap, model="tiny", injection="network") == 262.144
     assert longest_hold_ms(profile, dp_cap, model="tiny") == 2546.688
+
+
+_ROWS = """
+- {start_iteration: 1, links: ["0-1"], delay_ms: 20}
+- {start_iteration: 2, hosts: [0, 1], bandwidth_gbps: 1}
+- {start_iteration: 3, links: ["dp1:0-1"], delay_ms: 5}
+- {start_iteration: 4, nic: "host1:rnic0", down: true}
+"""
+
+
+_CAP = "row 2 (a cap holds bytes, and no message has any)"
+_RING = "row 3 (its stages' rings have no gradient bytes: none runs)"
+_ADVICE = (
+    "on nothing with this profile: give it message_bytes and allreduce_bytes (both 0 unless given)"
+)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "warning"),
+    [
+        ({}, f"warning: fault {_CAP}; {_RING} act {_ADVICE}"),
+        ({"message_bytes": 4096}, f"warning: fault {_RING} acts {_ADVICE}"),
+        ({"allreduce_bytes": [8, 0]}, f"warning: fault {_RING} acts {_ADVICE}"),
+        ({"allreduce_bytes": [0, 8]}, None),  # stage 1's ring runs, and its chunks are capped
+    ],
+)
+def test_fault_rows_that_act_on_nothing_with_the_profile_are_named(
+    sizes: dict[str, object], warning: str | None
+) -> None:
+    """A cap where no message has bytes, a fault on a ring link of a stage with no gradient
+    bytes: the run would change nothing there, with nothing said. A delay on a PP link and a
+    NIC down act whatever the sizes."""
+    profile = Profile.from_dict(
+        {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "dp": 2, **sizes}
+    )
+    assert idle_fault_rows_warning(profile, parse_yaml(_ROWS)) == warning
