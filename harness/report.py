@@ -110,7 +110,8 @@ def _gantt_charts(
     iterations: Sequence[Mapping[str, Any]],
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
-    model under its worst static scenario, its last measured iteration, or under a fault
+    model under its worst static scenario (the highest delay; of those, the one whose
+    slowest system's median step was the longest), its last measured iteration, or under a fault
     timeline the iteration its first event starts in (its run after a checkpoint restart, if
     it ran again: then the title says so). The charts share one time axis, each iteration's
     from its start, so a longer iteration draws longer. Only configurations in `runs` are
@@ -120,7 +121,15 @@ def _gantt_charts(
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
     if not rows:
         return [], []
-    worst = max(rows, key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0)))
+    slowest_ms: dict[str, float] = {}
+    for r in rows:
+        slowest_ms[r["scenario"]] = max(
+            slowest_ms.get(r["scenario"], 0.0), float(r["median_wall_ms"] or 0.0)
+        )
+    worst = max(
+        rows,
+        key=lambda r: (not _traced(r), float(r["delay_ms"] or 0.0), slowest_ms[r["scenario"]]),
+    )
     scenario = str(worst["scenario"])
     finished = {r["system"] for r in rows if r["scenario"] == scenario}
     faults = spec.fault_timeline()

@@ -1,5 +1,6 @@
-"""Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper, and
-the messages of the links with an injected delay drawn from their send to their arrival."""
+"""Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper, the
+messages of the links with an injected delay drawn from their send to their arrival, and
+each stage's DP all-reduce (its ring's span, hatched where a ring message was delayed)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pipeline.topology import Link
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["SlowMessage", "drawn_end_ms", "plot_gantt", "slow_messages"]
+__all__ = ["RingSpan", "SlowMessage", "drawn_end_ms", "plot_gantt", "ring_spans", "slow_messages"]
 
 _COLOURS = {OpKind.F: "#4c72b0", OpKind.B: "#55a868", OpKind.W: "#dd8452", OpKind.BW: "#8172b3"}
 _SLOW_COLOUR = "#c44e52"
+_RING_COLOUR = "#b0b0b0"
 _DPI = 120
 """The layout is made at the dpi the file is saved at: text extents depend on it."""
 _MESSAGE_ZORDER = 2.5
@@ -36,9 +38,52 @@ class SlowMessage(NamedTuple):
     fault_ms: float
 
 
+class RingSpan(NamedTuple):
+    """A stage's DP all-reduce as the chart draws it: from the first send of its ring's
+    messages to or from replica 0 to the last one's arrival; `fault_ms`, the largest delay
+    injected into one of them."""
+
+    stage: int
+    start_ms: float
+    end_ms: float
+    fault_ms: float
+
+
 def drawn_end_ms(timeline: Timeline) -> float:
-    """Where a chart of `timeline` ends by itself: its last op's end."""
-    return max((r.end_ms for r in timeline.ops), default=1.0)
+    """Where a chart of `timeline` ends by itself: its last op's or all-reduce's end."""
+    ends = [r.end_ms for r in timeline.ops] + [span.end_ms for span in ring_spans(timeline)]
+    return max(ends, default=1.0)
+
+
+def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
+    """Per stage whose ring `replica` takes part in, its `RingSpan`, by stage. A timeline
+    without ring messages whose iterations have a step (the cost model's all-reduce and
+    optimizer, `IterationRecord.step_time_ms`): that step on every stage, after the
+    pipeline (its `fault_ms` unknown: 0)."""
+    if not timeline.dp_messages:
+        return [
+            RingSpan(stage, r.end_ms - r.step_time_ms, r.end_ms, 0.0)
+            for r in timeline.iterations
+            if r.step_time_ms > 0
+            for stage in range(timeline.num_stages)
+        ]
+    spans: dict[int, RingSpan] = {}
+    for m in timeline.dp_messages:
+        link = Link.parse(m.link)
+        if replica not in (link.first, link.second) or link.group is None:
+            continue
+        span = spans.get(link.group)
+        spans[link.group] = (
+            RingSpan(link.group, m.send_start_ms, m.arrival_ms, m.fault_ms)
+            if span is None
+            else RingSpan(
+                link.group,
+                min(span.start_ms, m.send_start_ms),
+                max(span.end_ms, m.arrival_ms),
+                max(span.fault_ms, m.fault_ms),
+            )
+        )
+    return [spans[stage] for stage in sorted(spans)]
 
 
 def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
@@ -68,6 +113,8 @@ def plot_gantt(
         figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"
     )
     ops = [op for op in timeline.ops if op.replica == 0]
+    rings = ring_spans(timeline)
+    _draw_rings(ax, rings)
     _draw_ops(ax, ops)
     slow = slow_messages(timeline)
     _draw_slow_messages(ax, slow)
@@ -75,7 +122,8 @@ def plot_gantt(
     ax.set_ylim(timeline.num_stages - 0.5, -0.5)  # stage 0 on top
     ax.set_xlim(0, end_ms)
     ax.set_xlabel("time (ms)")
-    _legend(ax, sorted({r.kind for r in timeline.ops}, key=list(OpKind).index), slow)
+    kinds = sorted({r.kind for r in timeline.ops}, key=list(OpKind).index)
+    _legend(ax, kinds, slow, rings, ring_messages=bool(timeline.dp_messages))
     if title:
         ax.set_title(title)
     # The layout once, before the labels: they sit inside the axes, so they would not move
@@ -94,6 +142,19 @@ def _draw_ops(ax: Axes, ops: list[OpRecord]) -> None:
     for (stage, kind), spans in boxes.items():  # one collection per row and kind: fast
         ax.broken_barh(
             spans, (stage - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white", linewidth=0.5
+        )
+
+
+def _draw_rings(ax: Axes, rings: list[RingSpan]) -> None:
+    """Each stage's all-reduce as a grey box under its row's ops, hatched where delayed."""
+    for span in rings:
+        ax.broken_barh(
+            [(span.start_ms, span.end_ms - span.start_ms)],
+            (span.stage - 0.25, 0.5),
+            facecolors=_RING_COLOUR,
+            edgecolor=_SLOW_COLOUR if span.fault_ms > 0 else "white",
+            hatch="///" if span.fault_ms > 0 else None,
+            linewidth=0.5,
         )
 
 
@@ -132,11 +193,30 @@ def _draw_slow_messages(ax: Axes, slow: list[SlowMessage]) -> None:
     )
 
 
-def _legend(ax: Axes, kinds: list[OpKind], slow: list[SlowMessage]) -> None:
+def _legend(
+    ax: Axes,
+    kinds: list[OpKind],
+    slow: list[SlowMessage],
+    rings: list[RingSpan],
+    ring_messages: bool,
+) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles: list[Patch | Line2D] = [Patch(color=_COLOURS[k], label=k.value) for k in kinds]
+    if rings:
+        label = "DP all-reduce" if ring_messages else "step: DP all-reduce and optimizer"
+        handles.append(Patch(color=_RING_COLOUR, label=label))
+    delayed = [span.fault_ms for span in rings if span.fault_ms > 0]
+    if delayed:
+        handles.append(
+            Patch(
+                facecolor=_RING_COLOUR,
+                edgecolor=_SLOW_COLOUR,
+                hatch="///",
+                label=f"all-reduce over a slow DP link ({_delay_text(delayed)})",
+            )
+        )
     if slow:
         label = f"message on a slow link ({_delay_text(m.fault_ms for m in slow)})"
         handles.append(Line2D([], [], color=_SLOW_COLOUR, marker="o", markersize=3, label=label))

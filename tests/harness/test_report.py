@@ -18,7 +18,8 @@ import harness.report
 import pipeline.cost_model as cost_model
 from harness.cli import main
 from harness.experiment import run_experiment
-from harness.results import run_dir_held
+from harness.paper import PRESETS_DIR
+from harness.results import RUNS_COLUMNS, read_csv_rows, run_dir_held
 from harness.spec import default_experiment, load_spec, resume_command
 from pipeline.gantt import drawn_end_ms, plot_gantt
 from pipeline.timeline import Timeline
@@ -566,3 +567,29 @@ def test_a_gantt_chart_of_an_iteration_run_again_after_a_failure_says_so(
         "its run after a checkpoint restart (the run before it, which failed or was lost, is "
         "not saved)"
     ) in (run_dir / "report.md").read_text().splitlines()
+
+
+def test_the_gantt_charts_show_the_slowest_of_the_scenarios_with_the_highest_delay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Fig. 3 preset's 30 ms on each of stage 0's and stage 2's ring links: the charts
+    are of stage 2's (the slower: its all-reduce runs after the pipeline's last op), not of
+    the first link set of that delay, whose chart looked like a healthy run."""
+    titles: list[str] = []
+
+    def drawing(
+        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+    ) -> None:
+        titles.append(title)
+
+    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    spec = dataclasses.replace(
+        load_spec(PRESETS_DIR / "fig3_dp_link.yaml"),
+        link_sets=(("dp0:0-1",), ("dp2:0-1",)),
+        delays_ms=(30.0,),
+    )
+    run_dir = run_experiment(spec, tmp_path / "r")
+    rows = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    runs = {r["scenario"]: float(r["median_wall_ms"]) for r in rows}
+    assert runs["dp2:0-1@30ms"] > runs["dp0:0-1@30ms"]
+    assert titles == ["gpt2-7b-dp2: zb (nccl-sleep), dp2:0-1@30ms, iteration 2, sim"]

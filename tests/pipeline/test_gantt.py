@@ -1,6 +1,7 @@
 """The Gantt chart draws what a reader compares: a time axis charts can share, the legend off
 the ops, and the messages of the links with an injected delay."""
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -9,10 +10,17 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
 from baselines import one_f_one_b
-from pipeline.gantt import SlowMessage, drawn_end_ms, plot_gantt, slow_messages
+from pipeline.gantt import (
+    RingSpan,
+    SlowMessage,
+    drawn_end_ms,
+    plot_gantt,
+    ring_spans,
+    slow_messages,
+)
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
-from pipeline.timeline import MessageRecord, Timeline
+from pipeline.timeline import IterationRecord, MessageRecord, Timeline
 
 
 def _slow_middle_link() -> Timeline:
@@ -39,8 +47,11 @@ def test_slow_messages_are_replica_0_s_delayed_ones() -> None:
     assert slow_messages(timeline, replica=1) == [SlowMessage(5.0, 1, 35.0, 0, 30.0)]
 
 
-def _drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **kwargs: Any) -> Figure:
-    """The figure `plot_gantt` saves, kept as it is saved."""
+def _drawn(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, timeline: Timeline | None = None, **kwargs: Any
+) -> Figure:
+    """The figure `plot_gantt` saves of `timeline` (default `_slow_middle_link`), kept as it
+    is saved."""
     saved: list[Figure] = []
     real = Figure.savefig
 
@@ -49,7 +60,7 @@ def _drawn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **kwargs: Any) -> Fi
         real(fig, *args, **options)
 
     monkeypatch.setattr(Figure, "savefig", keep)
-    plot_gantt(_slow_middle_link(), tmp_path / "gantt.png", **kwargs)
+    plot_gantt(timeline or _slow_middle_link(), tmp_path / "gantt.png", **kwargs)
     assert (tmp_path / "gantt.png").read_bytes()[:4] == b"\x89PNG"
     (fig,) = saved
     return fig
@@ -78,3 +89,55 @@ def test_the_chart_ends_at_its_last_op_by_default(
 ) -> None:
     (ax,) = _drawn(monkeypatch, tmp_path).axes
     assert ax.get_xlim() == (0.0, 335.0) and ax.get_title() == ""
+
+
+def _slow_ring() -> Timeline:
+    """1F1B, 2 stages x 2 replicas, 1 MB gradients at 10 Gbit/s, stage 1's ring link 30 ms
+    slow."""
+    profile = Profile.from_dict(
+        {
+            "stages": 2, "microbatches": 4, "t_f": 10, "t_b": 10, "t_w": 5, "dp": 2,
+            "allreduce_bytes": 1_000_000, "link_bandwidth_gbps": 10,
+            "dp_delay_ms": {"dp1:0-1": 30},
+        }
+    )  # fmt: skip
+    return simulate(one_f_one_b(profile), profile)
+
+
+def test_each_stage_s_all_reduce_is_drawn_hatched_where_its_ring_was_delayed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A slow DP ring link shows in the chart: its stage's all-reduce, from its ring's first
+    send to its last arrival, runs past the ops, and the chart's own end is its end (the
+    chart ended at the last op: a DP fault drew nothing)."""
+    timeline = _slow_ring()
+    (ring0, ring1) = ring_spans(timeline)
+    last_op_ms = max(r.end_ms for r in timeline.ops)
+    assert (ring0.stage, ring0.fault_ms, ring1.stage, ring1.fault_ms) == (0, 0.0, 1, 30.0)
+    assert ring1.end_ms - ring1.start_ms > 2 * 30.0  # two ring steps, each 30 ms late
+    assert drawn_end_ms(timeline) == ring1.end_ms > last_op_ms
+    legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
+    assert legend is not None
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "F", "BW", "DP all-reduce", "all-reduce over a slow DP link (+30 ms)"
+    ]  # fmt: skip
+
+
+def test_a_step_without_ring_messages_is_drawn_after_the_pipeline_on_every_stage(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cost model's all-reduce has no ring messages, only the iteration's step (all-reduce
+    and optimizer): drawn from the pipeline's end to the iteration's end on every stage (at
+    7B, a 30 ms DP link makes that step 3 s against a 0.4 s pipeline: the chart showed the
+    pipeline alone)."""
+    profile = Profile.uniform(2, 2, 10, 10, 5)
+    pipeline = simulate(one_f_one_b(profile), profile)
+    end_ms = drawn_end_ms(pipeline)
+    timeline = dataclasses.replace(
+        pipeline, iterations=(IterationRecord(0, 0.0, end_ms + 300.0, 300.0),)
+    )
+    assert ring_spans(timeline) == [RingSpan(s, end_ms, end_ms + 300.0, 0.0) for s in (0, 1)]
+    assert drawn_end_ms(timeline) == end_ms + 300.0
+    legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
+    assert legend is not None
+    assert [t.get_text() for t in legend.get_texts()][-1] == "step: DP all-reduce and optimizer"
