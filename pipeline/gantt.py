@@ -56,7 +56,8 @@ def drawn_end_ms(timeline: Timeline) -> float:
 
 
 def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
-    """Per stage whose ring `replica` takes part in, its `RingSpan`, by stage. A timeline
+    """Per stage whose ring `replica` takes part in, its `RingSpan`, by stage (and by
+    iteration, for a timeline of several: each iteration's ring apart). A timeline
     without ring messages whose iterations have a step (the cost model's all-reduce and
     optimizer, `IterationRecord.step_time_ms`): that step on every stage, after the
     pipeline (its `fault_ms` unknown: 0)."""
@@ -67,13 +68,13 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
             if r.step_time_ms > 0
             for stage in range(timeline.num_stages)
         ]
-    spans: dict[int, RingSpan] = {}
+    spans: dict[tuple[int, int], RingSpan] = {}
     for m in timeline.dp_messages:
         link = Link.parse(m.link)
         if replica not in (link.first, link.second) or link.group is None:
             continue
-        span = spans.get(link.group)
-        spans[link.group] = (
+        span = spans.get((m.iteration, link.group))
+        spans[m.iteration, link.group] = (
             RingSpan(link.group, m.send_start_ms, m.arrival_ms, m.fault_ms)
             if span is None
             else RingSpan(
@@ -83,7 +84,7 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
                 max(span.fault_ms, m.fault_ms),
             )
         )
-    return [spans[stage] for stage in sorted(spans)]
+    return [spans[key] for key in sorted(spans)]
 
 
 def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:

@@ -141,3 +141,17 @@ def test_a_step_without_ring_messages_is_drawn_after_the_pipeline_on_every_stage
     legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
     assert legend is not None
     assert [t.get_text() for t in legend.get_texts()][-1] == "step: DP all-reduce and optimizer"
+
+
+def test_ring_spans_are_replica_0_s_rings_each_iteration_apart() -> None:
+    def chunk(iteration: int, link: str, sent_ms: float, replica: int) -> MessageRecord:
+        return MessageRecord(iteration, link, "forward", 0, 8, sent_ms, sent_ms, sent_ms + 30.0,
+                             sent_ms, replica, 0.0)  # fmt: skip
+
+    dp = (
+        chunk(0, "dp0:0-1", 5.0, 0), chunk(0, "dp0:0-1", 10.0, 1), chunk(1, "dp0:0-1", 105.0, 1),
+        chunk(0, "dp1:1-2", 7.0, 1),  # replicas 1 and 2 only
+    )  # fmt: skip
+    timeline = Timeline(2, (), (), (), dp_messages=dp)
+    assert ring_spans(timeline) == [RingSpan(0, 5.0, 40.0, 0.0), RingSpan(0, 105.0, 135.0, 0.0)]
+    assert ring_spans(timeline, replica=2) == [RingSpan(1, 7.0, 37.0, 0.0)]
