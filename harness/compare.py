@@ -142,7 +142,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     csv_path = path / "runs.csv" if path.is_dir() else path
     if not csv_path.is_file():
         if path.is_dir() and (path / "spec.json").is_file():  # stopped before its first result
-            _check_finished(path, [])  # says how to resume it
+            _check_finished(path, [], has_runs=False)  # says how to resume it
         raise UnusableResults(f"{path} is not a run directory: it has no runs.csv")
     try:
         with csv_path.open(newline="") as handle:
@@ -221,7 +221,9 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _check_finished(
+    run_dir: Path, rows: list[dict[str, Any]], has_runs: bool = True
+) -> dict[str, Any]:
     """A run directory's runs.csv holds every configuration its spec.json lists: an
     interrupted run's does not, and what it has not run yet is no regression. Its spec.json's
     record (`read_spec_record`) where it does."""
@@ -243,9 +245,8 @@ def _check_finished(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any]
         command = resume_advice(spec, run_dir)
     except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
         where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "
-        raise UnusableResults(
-            f"{where}{err} (its runs.csv, given alone, is compared without this check)"
-        ) from None
+        alone = " (its runs.csv, given alone, is compared without this check)" if has_runs else ""
+        raise UnusableResults(f"{where}{err}{alone}") from None
     raise UnusableResults(
         f"{run_dir} is an unfinished run ({done}): resume it with {command} and compare it "
         "once finished"

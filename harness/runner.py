@@ -267,10 +267,12 @@ def check_injectable(faults: FaultView, injection: str) -> None:
 
 
 def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
-    """A warning line naming a timeline's rows that act on nothing on `profile`: a fault on
-    DP ring links of stages whose gradient has no bytes (no ring runs there), and a
+    """A warning line naming a timeline's rows that touch no message on `profile`: a fault
+    on DP ring links of stages whose gradient has no bytes (no ring runs there), and a
     bandwidth cap where no message has a size (a cap holds bytes only). Their runs would
-    look as if the row did not matter."""
+    look as if the row did not matter (though a controller that reads the fault model,
+    `adaptra-oracle`, still sees the row). Not named: a cap on PP links whose messages have
+    no size where some ring has bytes (a rank swap may move a ring onto their hosts)."""
     if not isinstance(faults, FaultModel):
         return None
     ring_bytes = profile.allreduce_bytes or (0,) * profile.num_stages
@@ -285,9 +287,9 @@ def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
             idle.append(f"row {event.row} (a cap holds bytes, and no message has any)")
     if not idle:
         return None
-    verb = "acts" if len(idle) == 1 else "act"
+    verb = "touches" if len(idle) == 1 else "touch"
     return (
-        f"warning: fault {'; '.join(idle)} {verb} on nothing with this profile: give it "
+        f"warning: fault {'; '.join(idle)} {verb} no message with this profile: give it "
         "message_bytes and allreduce_bytes (both 0 unless given)"
     )
 

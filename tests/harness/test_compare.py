@@ -404,6 +404,9 @@ def test_an_unfinished_run_directory_cannot_be_compared(tmp_path: Path) -> None:
         f"`adaptra-bench run --spec SPEC --out {cut.parent} --run-id unstarted` (SPEC: the "
         "spec file it was started with) and compare it once finished\n",
     )
+    (unstarted / "spec.json").write_text("{}")  # damaged: no runs.csv to compare alone either
+    out = _compare(full, unstarted)
+    assert out.returncode == 2 and "given alone" not in out.stderr, out.stderr
     assert _compare(full, full).returncode == 0
     # A spec field of the wrong type named no file ("error: num_iterations must be ...").
     record = json.loads((cut / "spec.json").read_text())

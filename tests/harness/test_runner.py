@@ -88,20 +88,20 @@ _ROWS = """
 _CAP = "row 2 (a cap holds bytes, and no message has any)"
 _RING = "row 3 (its stages' rings have no gradient bytes: none runs)"
 _ADVICE = (
-    "on nothing with this profile: give it message_bytes and allreduce_bytes (both 0 unless given)"
+    "no message with this profile: give it message_bytes and allreduce_bytes (both 0 unless given)"
 )
 
 
 @pytest.mark.parametrize(
     ("sizes", "warning"),
     [
-        ({}, f"warning: fault {_CAP}; {_RING} act {_ADVICE}"),
-        ({"message_bytes": 4096}, f"warning: fault {_RING} acts {_ADVICE}"),
-        ({"allreduce_bytes": [8, 0]}, f"warning: fault {_RING} acts {_ADVICE}"),
+        ({}, f"warning: fault {_CAP}; {_RING} touch {_ADVICE}"),
+        ({"message_bytes": 4096}, f"warning: fault {_RING} touches {_ADVICE}"),
+        ({"allreduce_bytes": [8, 0]}, f"warning: fault {_RING} touches {_ADVICE}"),
         ({"allreduce_bytes": [0, 8]}, None),  # stage 1's ring runs, and its chunks are capped
     ],
 )
-def test_fault_rows_that_act_on_nothing_with_the_profile_are_named(
+def test_fault_rows_that_touch_no_message_with_the_profile_are_named(
     sizes: dict[str, object], warning: str | None
 ) -> None:
     """A cap where no message has bytes, a fault on a ring link of a stage with no gradient

@@ -726,3 +726,16 @@ def test_a_delegate_s_late_map_of_a_replaced_slot_file_is_skipped(tmp_path: Path
     assert (slots.path, len(slots.view), slots.slot_bytes) == (str(second), 8192, 2048)
     assert bytes(slots.view[:1]) == b"y"
     slots.view.release()
+
+
+def test_a_delegate_imports_nothing_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `selectors.py` where the trainer runs: a delegate still starts (`python -S -c` puts
+    the working directory first on the path, before the standard library: it took that
+    file's module, and every delegate died at its start)."""
+    (tmp_path / "selectors.py").write_text("raise ImportError('the working directory')\n")
+    monkeypatch.chdir(tmp_path)
+    process, port = _start_receiver()  # its PORT note
+    process.close()
+    assert port > 0
