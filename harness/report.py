@@ -12,9 +12,9 @@ from harness.paper import PAPER, PAPER_PRESETS, PRESETS_DIR, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
-from harness.saved import TIMELINES_DIR, read_saved_timeline, timeline_name
+from harness.saved import TIMELINES_DIR, read_ring_spans, read_saved_timeline, timeline_name
 from pipeline.files import write_atomic
-from pipeline.gantt import drawn_end_ms, plot_gantt
+from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt
 
 if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
@@ -139,7 +139,7 @@ def _gantt_charts(
         for r in iterations
         if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
     }
-    charts: list[tuple[str, int, bool, Timeline]] = []
+    charts: list[tuple[str, int, bool, Timeline, list[RingSpan]]] = []
     sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
@@ -159,7 +159,8 @@ def _gantt_charts(
             faulted = [k for k in drawn if k >= first_fault]  # numbered as measured
             iteration = faulted[0] if faulted else drawn[0]
         rerun = iteration in saved.rerun_iterations
-        charts.append((system, iteration, rerun, saved.timeline.one_iteration(iteration)))
+        rings = read_ring_spans(run_dir, key, iteration)
+        charts.append((system, iteration, rerun, saved.timeline.one_iteration(iteration), rings))
         sources.append(
             f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"
             + (
@@ -169,9 +170,9 @@ def _gantt_charts(
                 else ""
             )
         )
-    end_ms = max((drawn_end_ms(timeline) for *_, timeline in charts), default=1.0)
+    end_ms = max((drawn_end_ms(timeline, rings) for *_, timeline, rings in charts), default=1.0)
     figures = []
-    for system, iteration, rerun, timeline in charts:
+    for system, iteration, rerun, timeline, rings in charts:
         comm = comms.get((system, str(iteration)), "")
         name = f"gantt_{system}.png"
         again = ", run again after a restart" if rerun else ""
@@ -181,6 +182,7 @@ def _gantt_charts(
             title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}{again}, "
             f"{spec.backend}",
             end_ms=end_ms,
+            rings=rings,
         )
         figures.append((f"Gantt chart, {system}", name))
     return figures, sources

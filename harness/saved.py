@@ -24,7 +24,9 @@ from harness.resolved import ConfigurationKey
 from harness.results import MESSAGES_COLUMNS, write_json_atomic
 from pipeline.errors import ConfigError
 from pipeline.files import atomic_writer, leftover_temporaries, parse_json_file
+from pipeline.gantt import RingSpan
 from pipeline.timeline import Timeline
+from pipeline.topology import Link
 
 __all__ = [
     "MESSAGES_FILE",
@@ -35,6 +37,7 @@ __all__ = [
     "drawn_iterations",
     "drop_stale",
     "messages_writer",
+    "read_ring_spans",
     "read_saved_timeline",
     "read_timeline",
     "timeline_name",
@@ -157,6 +160,45 @@ def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
     """The saved timeline of a configuration, or None if the run directory has none."""
     saved = read_saved_timeline(run_dir, key)
     return None if saved is None else saved.timeline
+
+
+def read_ring_spans(run_dir: Path, key: ConfigurationKey, iteration: int) -> list[RingSpan]:
+    """Replica 0's DP all-reduce per stage in measured iteration `iteration` of a
+    configuration, from messages.csv's DP rows (a saved timeline has no ring messages: they
+    are these rows): from the first send to the last arrival of each ring link of its stage's
+    replica 0, `fault_ms` the largest mean delay a message of one of them had; its run after
+    a restart where it ran twice (the later rows). Empty for a run without ring messages."""
+    path = run_dir / MESSAGES_FILE
+    if not path.exists():
+        return []
+    wanted = (*key, str(iteration))
+    rows: dict[tuple[str, str, str], dict[str, str]] = {}
+    with path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if (
+                row["link"].startswith("dp")
+                and (row["model"], row["system"], row["scenario"], row["repeat"], row["iteration"])
+                == wanted
+            ):
+                rows[row["link"], row["direction"], row["replica"]] = row  # a rerun's: later
+    spans: dict[int, RingSpan] = {}
+    try:
+        for (link_text, _, _), row in rows.items():
+            link = Link.parse(link_text)
+            if link.group is None or 0 not in (link.first, link.second):
+                continue
+            start, end = float(row["first_send_start_ms"]), float(row["last_arrival_ms"])
+            fault = float(row["fault_ms"]) / max(1, int(row["num_messages"]))
+            span = spans.get(link.group)
+            spans[link.group] = RingSpan(
+                link.group,
+                min(start, span.start_ms) if span else start,
+                max(end, span.end_ms) if span else end,
+                max(fault, span.fault_ms) if span else fault,
+            )
+    except (ValueError, ConfigError) as err:
+        raise ConfigError(f"{path}: a DP row is not as written: {err}") from err
+    return [spans[stage] for stage in sorted(spans)]
 
 
 def _saved_timeline(data: Any) -> SavedTimeline:

@@ -1,10 +1,11 @@
 """Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper, the
 messages of the links with an injected delay drawn from their send to their arrival, and
-each stage's DP all-reduce (its ring's span, hatched where a ring message was delayed)."""
+each stage's DP all-reduce (its ring's span, hatched where a ring message was delayed; where
+no ring messages are sent, the iteration's step)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,7 +17,15 @@ from pipeline.topology import Link
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["RingSpan", "SlowMessage", "drawn_end_ms", "plot_gantt", "ring_spans", "slow_messages"]
+__all__ = [
+    "RingSpan",
+    "SlowMessage",
+    "drawn_end_ms",
+    "plot_gantt",
+    "ring_spans",
+    "slow_messages",
+    "step_spans",
+]
 
 _COLOURS = {OpKind.F: "#4c72b0", OpKind.B: "#55a868", OpKind.W: "#dd8452", OpKind.BW: "#8172b3"}
 _SLOW_COLOUR = "#c44e52"
@@ -49,25 +58,16 @@ class RingSpan(NamedTuple):
     fault_ms: float
 
 
-def drawn_end_ms(timeline: Timeline) -> float:
-    """Where a chart of `timeline` ends by itself: its last op's or all-reduce's end."""
-    ends = [r.end_ms for r in timeline.ops] + [span.end_ms for span in ring_spans(timeline)]
-    return max(ends, default=1.0)
+def drawn_end_ms(timeline: Timeline, rings: Sequence[RingSpan] | None = None) -> float:
+    """Where a chart of `timeline` ends by itself: its last op's or all-reduce's end
+    (`rings`: as `plot_gantt` takes them)."""
+    spans, _ = _after_the_pipeline(timeline, rings)
+    return max([r.end_ms for r in timeline.ops] + [span.end_ms for span in spans], default=1.0)
 
 
 def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
-    """Per stage whose ring `replica` takes part in, its `RingSpan`, by stage (and by
-    iteration, for a timeline of several: each iteration's ring apart). A timeline
-    without ring messages whose iterations have a step (the cost model's all-reduce and
-    optimizer, `IterationRecord.step_time_ms`): that step on every stage, after the
-    pipeline (its `fault_ms` unknown: 0)."""
-    if not timeline.dp_messages:
-        return [
-            RingSpan(stage, r.end_ms - r.step_time_ms, r.end_ms, 0.0)
-            for r in timeline.iterations
-            if r.step_time_ms > 0
-            for stage in range(timeline.num_stages)
-        ]
+    """Per stage whose ring `replica` takes part in, its `RingSpan` from the timeline's ring
+    messages, by iteration (a timeline of several: each iteration's ring apart) and stage."""
     spans: dict[tuple[int, int], RingSpan] = {}
     for m in timeline.dp_messages:
         link = Link.parse(m.link)
@@ -87,6 +87,27 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
     return [spans[key] for key in sorted(spans)]
 
 
+def step_spans(timeline: Timeline) -> list[RingSpan]:
+    """Each iteration's step after the pipeline (`IterationRecord.step_time_ms`: the
+    all-reduce and the optimizer, the cost model's where no ring messages are sent) on every
+    stage; its delay unknown (0)."""
+    return [
+        RingSpan(stage, r.end_ms - r.step_time_ms, r.end_ms, 0.0)
+        for r in timeline.iterations
+        if r.step_time_ms > 0
+        for stage in range(timeline.num_stages)
+    ]
+
+
+def _after_the_pipeline(
+    timeline: Timeline, rings: Sequence[RingSpan] | None
+) -> tuple[Sequence[RingSpan], bool]:
+    """What a chart draws after the ops: the rings (`rings`, else the timeline's), True; or
+    where there are none, the iterations' steps, False."""
+    rings = ring_spans(timeline) if rings is None else rings
+    return (rings, True) if rings else (step_spans(timeline), False)
+
+
 def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
     """`replica`'s PP messages with `fault_ms` > 0: "forward" ones go from a link's upstream
     stage to its downstream one, "backward" ones the other way."""
@@ -103,19 +124,25 @@ def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
 
 
 def plot_gantt(
-    timeline: Timeline, path: str | Path, title: str = "", end_ms: float | None = None
+    timeline: Timeline,
+    path: str | Path,
+    title: str = "",
+    end_ms: float | None = None,
+    rings: Sequence[RingSpan] | None = None,
 ) -> None:
     """Write the chart of replica 0, its time axis from 0 to `end_ms` (default
     `drawn_end_ms`: charts to compare share one); the microbatch index is printed in every
-    box wide enough to hold it. The legend sits right of the axes, off the ops."""
+    box wide enough to hold it. The legend sits right of the axes, off the ops. After each
+    stage's ops, its all-reduce: `rings` (default `ring_spans`: a timeline saved without its
+    ring messages has them elsewhere), or where there are none the iteration's step."""
     plt = pyplot()
-    end_ms = drawn_end_ms(timeline) if end_ms is None else end_ms
+    end_ms = drawn_end_ms(timeline, rings) if end_ms is None else end_ms
     fig, ax = plt.subplots(
         figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"
     )
     ops = [op for op in timeline.ops if op.replica == 0]
-    rings = ring_spans(timeline)
-    _draw_rings(ax, rings)
+    spans, of_rings = _after_the_pipeline(timeline, rings)
+    _draw_rings(ax, spans)
     _draw_ops(ax, ops)
     slow = slow_messages(timeline)
     _draw_slow_messages(ax, slow)
@@ -124,7 +151,7 @@ def plot_gantt(
     ax.set_xlim(0, end_ms)
     ax.set_xlabel("time (ms)")
     kinds = sorted({r.kind for r in timeline.ops}, key=list(OpKind).index)
-    _legend(ax, kinds, slow, rings, ring_messages=bool(timeline.dp_messages))
+    _legend(ax, kinds, slow, spans, of_rings)
     if title:
         ax.set_title(title)
     # The layout once, before the labels: they sit inside the axes, so they would not move
@@ -146,7 +173,7 @@ def _draw_ops(ax: Axes, ops: list[OpRecord]) -> None:
         )
 
 
-def _draw_rings(ax: Axes, rings: list[RingSpan]) -> None:
+def _draw_rings(ax: Axes, rings: Sequence[RingSpan]) -> None:
     """Each stage's all-reduce as a grey box under its row's ops, hatched where delayed."""
     for span in rings:
         ax.broken_barh(
@@ -198,15 +225,15 @@ def _legend(
     ax: Axes,
     kinds: list[OpKind],
     slow: list[SlowMessage],
-    rings: list[RingSpan],
-    ring_messages: bool,
+    rings: Sequence[RingSpan],
+    of_rings: bool,
 ) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles: list[Patch | Line2D] = [Patch(color=_COLOURS[k], label=k.value) for k in kinds]
     if rings:
-        label = "DP all-reduce" if ring_messages else "step: DP all-reduce and optimizer"
+        label = "DP all-reduce" if of_rings else "step after the pipeline (all-reduce, optimizer)"
         handles.append(Patch(color=_RING_COLOUR, label=label))
     delayed = [span.fault_ms for span in rings if span.fault_ms > 0]
     if delayed:

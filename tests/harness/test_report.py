@@ -6,7 +6,7 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,15 @@ import harness.paper
 import harness.plots
 import harness.report
 import pipeline.cost_model as cost_model
+from baselines import one_f_one_b
 from harness.cli import main
 from harness.experiment import run_experiment
 from harness.paper import PRESETS_DIR
 from harness.results import RUNS_COLUMNS, read_csv_rows, run_dir_held
 from harness.spec import default_experiment, load_spec, resume_command
-from pipeline.gantt import drawn_end_ms, plot_gantt
+from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt, ring_spans
+from pipeline.profile import Profile
+from pipeline.simulator import simulate
 from pipeline.timeline import Timeline
 
 GanttCall = tuple[Timeline, Path, str, float | None]
@@ -33,10 +36,14 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
     calls: list[GanttCall] = []
 
     def drawing(
-        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+        timeline: Timeline,
+        path: Path,
+        title: str = "",
+        end_ms: float | None = None,
+        rings: Sequence[RingSpan] | None = None,
     ) -> None:
         calls.append((timeline, path, title, end_ms))
-        plot_gantt(timeline, path, title, end_ms)
+        plot_gantt(timeline, path, title, end_ms, rings)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(harness.report, "plot_gantt", drawing)
@@ -245,10 +252,14 @@ def test_a_label_with_dollar_signs_is_drawn_as_written_not_as_a_formula(
     titles: list[str] = []
 
     def drawing(
-        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+        timeline: Timeline,
+        path: Path,
+        title: str = "",
+        end_ms: float | None = None,
+        rings: Sequence[RingSpan] | None = None,
     ) -> None:
         titles.append(title)
-        plot_gantt(timeline, path, title, end_ms)
+        plot_gantt(timeline, path, title, end_ms, rings)
 
     monkeypatch.setattr(harness.report, "plot_gantt", drawing)
     spec = dataclasses.replace(
@@ -549,7 +560,11 @@ def test_a_gantt_chart_of_an_iteration_run_again_after_a_failure_says_so(
     titles: list[str] = []
 
     def drawing(
-        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+        timeline: Timeline,
+        path: Path,
+        title: str = "",
+        end_ms: float | None = None,
+        rings: Sequence[RingSpan] | None = None,
     ) -> None:
         titles.append(title)
 
@@ -578,7 +593,11 @@ def test_the_gantt_charts_show_the_slowest_of_the_scenarios_with_the_highest_del
     titles: list[str] = []
 
     def drawing(
-        timeline: Timeline, path: Path, title: str = "", end_ms: float | None = None
+        timeline: Timeline,
+        path: Path,
+        title: str = "",
+        end_ms: float | None = None,
+        rings: Sequence[RingSpan] | None = None,
     ) -> None:
         titles.append(title)
 
@@ -593,3 +612,47 @@ def test_the_gantt_charts_show_the_slowest_of_the_scenarios_with_the_highest_del
     runs = {r["scenario"]: float(r["median_wall_ms"]) for r in rows}
     assert runs["dp2:0-1@30ms"] > runs["dp0:0-1@30ms"]
     assert titles == ["gpt2-7b-dp2: zb (nccl-sleep), dp2:0-1@30ms, iteration 2, sim"]
+
+
+def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1F1B at 2 stages x 2 replicas with 1 MB gradients, 30 ms on stage 1's ring link: the
+    chart gets stage 0's short ring and stage 1's delayed one, as the simulator ran them
+    (saved timelines keep no ring messages: the chart drew every stage's step alike)."""
+    drawn: list[Sequence[RingSpan] | None] = []
+
+    def drawing(
+        timeline: Timeline,
+        path: Path,
+        title: str = "",
+        end_ms: float | None = None,
+        rings: Sequence[RingSpan] | None = None,
+    ) -> None:
+        drawn.append(rings)
+
+    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    fields = {
+        "stages": 2, "microbatches": 4, "t_f": 10, "t_b": 10, "t_w": 5, "dp": 2,
+        "allreduce_bytes": 1_000_000, "link_bandwidth_gbps": 10,
+    }  # fmt: skip
+    spec = dataclasses.replace(
+        default_experiment(),
+        name="ring",
+        models=("m",),
+        systems=("1f1b",),
+        profile=Profile.from_dict(fields),
+        link_sets=(("dp1:0-1",),),
+        delays_ms=(30.0,),
+        num_iterations=2,
+    )
+    run_experiment(spec, tmp_path / "r")
+    slow = Profile.from_dict({**fields, "dp_delay_ms": {"dp1:0-1": 30}})
+    simulated = ring_spans(simulate(one_f_one_b(slow), slow))
+    assert simulated[1].fault_ms == 30.0 and simulated[0].fault_ms == 0.0
+    (rings,) = drawn
+    assert rings is not None
+    assert [(r.stage, r.fault_ms) for r in rings] == [(0, 0.0), (1, 30.0)]
+    for got, want in zip(rings, simulated, strict=True):  # messages.csv keeps 1 us
+        assert got.start_ms == pytest.approx(want.start_ms, abs=1e-3)
+        assert got.end_ms == pytest.approx(want.end_ms, abs=1e-3)

@@ -17,6 +17,7 @@ from pipeline.gantt import (
     plot_gantt,
     ring_spans,
     slow_messages,
+    step_spans,
 )
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
@@ -136,11 +137,14 @@ def test_a_step_without_ring_messages_is_drawn_after_the_pipeline_on_every_stage
     timeline = dataclasses.replace(
         pipeline, iterations=(IterationRecord(0, 0.0, end_ms + 300.0, 300.0),)
     )
-    assert ring_spans(timeline) == [RingSpan(s, end_ms, end_ms + 300.0, 0.0) for s in (0, 1)]
+    assert ring_spans(timeline) == []
+    assert step_spans(timeline) == [RingSpan(s, end_ms, end_ms + 300.0, 0.0) for s in (0, 1)]
     assert drawn_end_ms(timeline) == end_ms + 300.0
     legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
     assert legend is not None
-    assert [t.get_text() for t in legend.get_texts()][-1] == "step: DP all-reduce and optimizer"
+    assert [t.get_text() for t in legend.get_texts()][-1] == (
+        "step after the pipeline (all-reduce, optimizer)"
+    )
 
 
 def test_ring_spans_are_replica_0_s_rings_each_iteration_apart() -> None:
