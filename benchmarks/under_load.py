@@ -13,6 +13,8 @@ Prints one line per run and a summary; exits 1 if any run failed.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,21 +29,35 @@ _GRACE_S = 30.0
 
 
 def _run(command: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
-    """`command`'s exit status. It runs in this process group: Ctrl-C reaches it too, and
-    it is given `_GRACE_S` to end by itself (pytest's teardown, which a kill cuts short);
-    a signal to this script alone ends it by SIGTERM. Either way SIGKILL after the grace."""
+    """`command`'s exit status. It runs in this process group: a terminal's Ctrl-C reaches
+    it too, and it is given `_GRACE_S` to end by itself (pytest's teardown, which a kill cuts
+    short). A signal to this script alone (SIGTERM, SIGHUP, or SIGINT where this is not the
+    terminal's foreground job) is passed on to it first. Either way SIGKILL after the
+    grace."""
     process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
     try:
         return process.wait()
     except BaseException as err:
         if not isinstance(err, KeyboardInterrupt):
             process.terminate()
+        elif not _in_the_foreground():  # a `kill -INT` of this script: not the command's
+            process.send_signal(signal.SIGINT)
         try:
             process.wait(_GRACE_S)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
         raise
+
+
+def _in_the_foreground() -> bool:
+    """Whether this process group is its terminal's foreground job (a Ctrl-C there reaches
+    the whole group); not, where there is no terminal."""
+    try:
+        with open("/dev/tty") as tty:
+            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
+    except OSError:
+        return False
 
 
 def _read(file: IO[bytes]) -> str:

@@ -107,8 +107,14 @@ def test_an_arm_s_stderr_before_the_script_s_signal_is_passed_on(tmp_path: Path)
     arm's own line on being stopped is not, the script's is."""
     ready = tmp_path / "ready"
     arm = (
-        "import sys, time; print('rank 2 has not answered', file=sys.stderr, flush=True); "
-        f"open({str(ready)!r}, 'w').close(); time.sleep(120)"
+        "import signal, sys, time\n"
+        "def stopped(*_):\n"
+        "    print('terminated (SIGTERM)', file=sys.stderr, flush=True)\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stopped)\n"
+        "print('rank 2 has not answered', file=sys.stderr, flush=True)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(120)\n"
     )
     driver = (
         "import sys; sys.path.insert(0, sys.argv[1]); from tests.benchmarks.scripts import "
