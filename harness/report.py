@@ -14,7 +14,7 @@ from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
 from harness.saved import TIMELINES_DIR, read_ring_spans, read_saved_timeline, timeline_name
 from pipeline.files import write_atomic
-from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt
+from pipeline.gantt import drawn_end_ms, plot_gantt
 
 if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
@@ -139,7 +139,7 @@ def _gantt_charts(
         for r in iterations
         if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
     }
-    charts: list[tuple[str, int, bool, Timeline, list[RingSpan]]] = []
+    charts: list[tuple[str, int, bool, Timeline]] = []
     sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
@@ -159,8 +159,7 @@ def _gantt_charts(
             faulted = [k for k in drawn if k >= first_fault]  # numbered as measured
             iteration = faulted[0] if faulted else drawn[0]
         rerun = iteration in saved.rerun_iterations
-        rings = read_ring_spans(run_dir, key, iteration)
-        charts.append((system, iteration, rerun, saved.timeline.one_iteration(iteration), rings))
+        charts.append((system, iteration, rerun, saved.timeline.one_iteration(iteration)))
         sources.append(
             f"- {system}: `{where}`, iteration {iteration}, recorded by the {spec.backend} backend"
             + (
@@ -170,9 +169,13 @@ def _gantt_charts(
                 else ""
             )
         )
-    end_ms = max((drawn_end_ms(timeline, rings) for *_, timeline, rings in charts), default=1.0)
+    rings = read_ring_spans(run_dir, {(model, c[0], scenario, "0"): c[1] for c in charts})
+    of = {system: rings[model, system, scenario, "0"] for system, *_ in charts}
+    end_ms = max(
+        (drawn_end_ms(timeline, of[system]) for system, *_, timeline in charts), default=1.0
+    )
     figures = []
-    for system, iteration, rerun, timeline, rings in charts:
+    for system, iteration, rerun, timeline in charts:
         comm = comms.get((system, str(iteration)), "")
         name = f"gantt_{system}.png"
         again = ", run again after a restart" if rerun else ""
@@ -182,7 +185,7 @@ def _gantt_charts(
             title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}{again}, "
             f"{spec.backend}",
             end_ms=end_ms,
-            rings=rings,
+            rings=of[system],
         )
         figures.append((f"Gantt chart, {system}", name))
     return figures, sources

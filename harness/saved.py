@@ -15,7 +15,7 @@ import csv
 import functools
 import io
 import itertools
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
@@ -162,33 +162,44 @@ def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
     return None if saved is None else saved.timeline
 
 
-def read_ring_spans(run_dir: Path, key: ConfigurationKey, iteration: int) -> list[RingSpan]:
-    """Replica 0's DP all-reduce per stage in measured iteration `iteration` of a
-    configuration, from messages.csv's DP rows (a saved timeline has no ring messages: they
-    are these rows): from the first send to the last arrival of each ring link of its stage's
-    replica 0, `fault_ms` the largest mean delay a message of one of them had; its run after
-    a restart where it ran twice (the later rows). Empty for a run without ring messages."""
+def read_ring_spans(
+    run_dir: Path, iterations: Mapping[ConfigurationKey, int]
+) -> dict[ConfigurationKey, list[RingSpan]]:
+    """Per configuration, replica 0's DP all-reduce per stage in its measured iteration
+    `iterations[key]`, from messages.csv's DP rows (a saved timeline has no ring messages:
+    these rows are their record), read once for all: from the first send to the last
+    arrival of each ring link of the stage's replica 0, `fault_ms` the largest mean delay a
+    message of one of them had; of its run after a restart where it ran twice (the later
+    rows). Empty for a configuration without ring messages."""
     path = run_dir / MESSAGES_FILE
-    if not path.exists():
-        return []
-    wanted = (*key, str(iteration))
-    rows: dict[tuple[str, str, str], dict[str, str]] = {}
-    with path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            if (
-                row["link"].startswith("dp")
-                and (row["model"], row["system"], row["scenario"], row["repeat"], row["iteration"])
-                == wanted
-            ):
-                rows[row["link"], row["direction"], row["replica"]] = row  # a rerun's: later
+    wanted: dict[tuple[str, ...], ConfigurationKey] = {
+        (*key, str(iteration)): key for key, iteration in iterations.items()
+    }
+    rows: dict[ConfigurationKey, dict[tuple[str, str, str], list[str]]] = {}
+    if path.exists():
+        with path.open(newline="") as handle:
+            reader = csv.reader(line for line in handle if ",dp" in line)  # (cheap: a filter)
+            index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
+            for row in reader:
+                key = wanted.get(tuple(row[:5]))
+                if key is not None and row[index["link"]].startswith("dp"):
+                    link_way = (row[index["link"]], row[index["direction"]], row[index["replica"]])
+                    rows.setdefault(key, {})[link_way] = row  # a rerun's: the later rows
+    return {key: _ring_spans(path, list(rows.get(key, {}).values())) for key in iterations}
+
+
+def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
+    """`read_ring_spans` of one configuration's DP rows."""
+    index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
     spans: dict[int, RingSpan] = {}
     try:
-        for (link_text, _, _), row in rows.items():
-            link = Link.parse(link_text)
+        for row in rows:
+            link = Link.parse(row[index["link"]])
             if link.group is None or 0 not in (link.first, link.second):
                 continue
-            start, end = float(row["first_send_start_ms"]), float(row["last_arrival_ms"])
-            fault = float(row["fault_ms"]) / max(1, int(row["num_messages"]))
+            start = float(row[index["first_send_start_ms"]])
+            end = float(row[index["last_arrival_ms"]])
+            fault = float(row[index["fault_ms"]]) / max(1, int(row[index["num_messages"]]))
             span = spans.get(link.group)
             spans[link.group] = RingSpan(
                 link.group,
@@ -196,7 +207,7 @@ def read_ring_spans(run_dir: Path, key: ConfigurationKey, iteration: int) -> lis
                 max(end, span.end_ms) if span else end,
                 max(fault, span.fault_ms) if span else fault,
             )
-    except (ValueError, ConfigError) as err:
+    except (ValueError, IndexError, ConfigError) as err:
         raise ConfigError(f"{path}: a DP row is not as written: {err}") from err
     return [spans[stage] for stage in sorted(spans)]
 
