@@ -8,7 +8,7 @@ import shlex
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -27,12 +27,19 @@ from pipeline.profile import Profile
 from pipeline.simulator import simulate
 from pipeline.timeline import Timeline
 
-GanttCall = tuple[Timeline, Path, str, float | None]
+
+class GanttCall(NamedTuple):
+    """A report's `plot_gantt` call."""
+
+    timeline: Timeline
+    path: Path
+    title: str
+    end_ms: float | None
+    rings: Sequence[RingSpan] | None
 
 
-@pytest.fixture(scope="module")
-def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[GanttCall]]]:
-    """The default experiment's run directory, and every chart its report drew."""
+def _charts(patch: pytest.MonkeyPatch, draw: bool = True) -> list[GanttCall]:
+    """Every chart a report draws from now on, drawn too unless not `draw`."""
     calls: list[GanttCall] = []
 
     def drawing(
@@ -42,11 +49,19 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path
         end_ms: float | None = None,
         rings: Sequence[RingSpan] | None = None,
     ) -> None:
-        calls.append((timeline, path, title, end_ms))
-        plot_gantt(timeline, path, title, end_ms, rings)
+        calls.append(GanttCall(timeline, path, title, end_ms, rings))
+        if draw:
+            plot_gantt(timeline, path, title, end_ms, rings)
 
+    patch.setattr(harness.report, "plot_gantt", drawing)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[GanttCall]]]:
+    """The default experiment's run directory, and every chart its report drew."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(harness.report, "plot_gantt", drawing)
+        calls = _charts(patch)
         yield run_experiment(default_experiment(), tmp_path_factory.mktemp("r") / "r"), calls
 
 
@@ -70,7 +85,7 @@ def test_the_gantt_charts_of_the_worst_scenario_share_the_longest_one_s_time_axi
     run_dir, calls = default_run
     drawn = {
         path.name: (drawn_end_ms(timeline), title, end_ms)
-        for timeline, path, title, end_ms in calls
+        for timeline, path, title, end_ms, _ in calls
     }
     systems = default_experiment().systems
     assert sorted(drawn) == sorted(f"gantt_{s}.png" for s in systems)
@@ -249,24 +264,12 @@ def test_a_label_with_dollar_signs_is_drawn_as_written_not_as_a_formula(
 ) -> None:
     """matplotlib read '$x^$' as mathtext and refused it: the run ended in an internal error
     and every report of it did too."""
-    titles: list[str] = []
-
-    def drawing(
-        timeline: Timeline,
-        path: Path,
-        title: str = "",
-        end_ms: float | None = None,
-        rings: Sequence[RingSpan] | None = None,
-    ) -> None:
-        titles.append(title)
-        plot_gantt(timeline, path, title, end_ms, rings)
-
-    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    charts = _charts(monkeypatch)
     spec = dataclasses.replace(
         default_experiment(), models=("a$x^$b",), systems=("1f1b",), delays_ms=(0.0, 10.0)
     )
     run_dir = run_experiment(spec, tmp_path / "r")
-    assert titles == ["a$x^$b: 1f1b (direct), 0-1@10ms, iteration 4, sim"]
+    assert [c.title for c in charts] == ["a$x^$b: 1f1b (direct), 0-1@10ms, iteration 4, sim"]
     report = (run_dir / "report.md").read_text()
     assert report.count("| a$x^$b | 1f1b | direct | fixed |") == 2
     for figure in ("iteration_time_vs_delay.png", "slowdown.png", "gantt_1f1b.png"):
@@ -557,18 +560,7 @@ def test_a_gantt_chart_of_an_iteration_run_again_after_a_failure_says_so(
     the failure ended in a restart and is not saved; the chart is of its run after the
     restart, and its title and report.md say so (iterations.csv shows a repeat only where
     the restart lost iterations: with a checkpoint every iteration, none)."""
-    titles: list[str] = []
-
-    def drawing(
-        timeline: Timeline,
-        path: Path,
-        title: str = "",
-        end_ms: float | None = None,
-        rings: Sequence[RingSpan] | None = None,
-    ) -> None:
-        titles.append(title)
-
-    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    charts = _charts(monkeypatch, draw=False)
     (tmp_path / "f.yaml").write_text("- {start_iteration: 3, links: ['0-1'], down: true}\n")
     (tmp_path / "s.yaml").write_text(
         "name: t\nmodel: m\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}\n"
@@ -576,7 +568,9 @@ def test_a_gantt_chart_of_an_iteration_run_again_after_a_failure_says_so(
         f"checkpoint_every: {checkpoint_every}\n"
     )
     run_dir = run_experiment(load_spec(tmp_path / "s.yaml"), tmp_path / "out" / "r")
-    assert titles == ["m: 1f1b (direct), trace:f, iteration 3, run again after a restart, sim"]
+    assert [c.title for c in charts] == [
+        "m: 1f1b (direct), trace:f, iteration 3, run again after a restart, sim"
+    ]
     assert (
         "- 1f1b: `timelines/m_1f1b_trace-f_r0.json`, iteration 3, recorded by the sim backend; "
         "its run after a checkpoint restart (the run before it, which failed or was lost, is "
@@ -590,18 +584,7 @@ def test_the_gantt_charts_show_the_slowest_of_the_scenarios_with_the_highest_del
     """The Fig. 3 preset's 30 ms on each of stage 0's and stage 2's ring links: the charts
     are of stage 2's (the slower: its all-reduce runs after the pipeline's last op), not of
     the first link set of that delay, whose chart looked like a healthy run."""
-    titles: list[str] = []
-
-    def drawing(
-        timeline: Timeline,
-        path: Path,
-        title: str = "",
-        end_ms: float | None = None,
-        rings: Sequence[RingSpan] | None = None,
-    ) -> None:
-        titles.append(title)
-
-    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    charts = _charts(monkeypatch, draw=False)
     spec = dataclasses.replace(
         load_spec(PRESETS_DIR / "fig3_dp_link.yaml"),
         link_sets=(("dp0:0-1",), ("dp2:0-1",)),
@@ -611,7 +594,9 @@ def test_the_gantt_charts_show_the_slowest_of_the_scenarios_with_the_highest_del
     rows = read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
     runs = {r["scenario"]: float(r["median_wall_ms"]) for r in rows}
     assert runs["dp2:0-1@30ms"] > runs["dp0:0-1@30ms"]
-    assert titles == ["gpt2-7b-dp2: zb (nccl-sleep), dp2:0-1@30ms, iteration 2, sim"]
+    assert [c.title for c in charts] == [
+        "gpt2-7b-dp2: zb (nccl-sleep), dp2:0-1@30ms, iteration 2, sim"
+    ]
 
 
 def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
@@ -620,18 +605,7 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
     """1F1B at 2 stages x 2 replicas with 1 MB gradients, 30 ms on stage 1's ring link: the
     chart gets stage 0's short ring and stage 1's delayed one, as the simulator ran them
     (saved timelines keep no ring messages: the chart drew every stage's step alike)."""
-    drawn: list[Sequence[RingSpan] | None] = []
-
-    def drawing(
-        timeline: Timeline,
-        path: Path,
-        title: str = "",
-        end_ms: float | None = None,
-        rings: Sequence[RingSpan] | None = None,
-    ) -> None:
-        drawn.append(rings)
-
-    monkeypatch.setattr(harness.report, "plot_gantt", drawing)
+    charts = _charts(monkeypatch, draw=False)
     fields = {
         "stages": 2, "microbatches": 4, "t_f": 10, "t_b": 10, "t_w": 5, "dp": 2,
         "allreduce_bytes": 1_000_000, "link_bandwidth_gbps": 10,
@@ -650,7 +624,7 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
     slow = Profile.from_dict({**fields, "dp_delay_ms": {"dp1:0-1": 30}})
     simulated = ring_spans(simulate(one_f_one_b(slow), slow))
     assert simulated[1].fault_ms == 30.0 and simulated[0].fault_ms == 0.0
-    (rings,) = drawn
+    (rings,) = [c.rings for c in charts]
     assert rings is not None
     assert [(r.stage, r.fault_ms) for r in rings] == [(0, 0.0), (1, 30.0)]
     for got, want in zip(rings, simulated, strict=True):  # messages.csv keeps 1 us
