@@ -10,6 +10,9 @@ from injectors.testbed import Testbed
 
 __all__ = ["measure"]
 
+_ISOLATED = (sys.executable, "-I", "-c")
+"""The probes' Python: isolated, no module of the working directory or PYTHONPATH first."""
+
 _SERVER = textwrap.dedent("""
     import socket, sys
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -47,7 +50,7 @@ def measure(
     """Median RTT in ms ("rtt") or throughput in Mbit/s (a count of MiB) from src to dst."""
     address = bed.address(dst, plane)
     server = subprocess.Popen(
-        [*bed.exec_prefix(dst), sys.executable, "-c", _SERVER, address],
+        [*bed.exec_prefix(dst), *_ISOLATED, _SERVER, address],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -55,7 +58,7 @@ def measure(
         if server.stdout is None or server.stdout.readline().strip() != "ready":
             raise ConnectionError(f"the probe server on host {dst} did not start")
         out = subprocess.run(
-            [*bed.exec_prefix(src), sys.executable, "-c", _CLIENT, address, what, str(timeout_s)],
+            [*bed.exec_prefix(src), *_ISOLATED, _CLIENT, address, what, str(timeout_s)],
             capture_output=True,
             text=True,
             timeout=timeout_s + 30,

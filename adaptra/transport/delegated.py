@@ -75,14 +75,14 @@ __all__ = ["USER_TIMEOUT_MS", "DelegateTransport", "Delegates"]
 
 DELEGATE_FILE = Path(__file__).with_name("delegate.py")
 _START_DELEGATE = (
-    "import sys; sys.path[0] = sys.argv.pop(1); import delegate; delegate.main(sys.argv[1:])"
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); import delegate; delegate.main(sys.argv[1:])"
 )
-"""A delegate's start (`python -S -c` this, delegate.py's folder, `main`'s arguments):
+"""A delegate's start (`python -I -S -B -c` this, delegate.py's folder, `main`'s arguments):
 delegate.py imported, not run as a script, which Python compiles afresh at every start (a
 third of the start's CPU time: BENCHMARKS.md); imported, it is read from the bytecode cache
-that the trainer's own import of it wrote (where the cache is written at all). Its folder
-takes the path's first entry, `-c`'s working directory, whose modules would otherwise come
-before the standard library's."""
+that the trainer's own import of it wrote (where the cache is written at all: a delegate
+writes none, `-B`). Isolated (`-I`): neither the working directory nor PYTHONPATH on its
+path, whose modules would come before the standard library's."""
 _POLL_S = 0.2
 """How often a wait on delegates looks whether they are still alive."""
 _READ_BYTES = 1 << 16
@@ -234,7 +234,8 @@ class _Process:
         """Its last point job."""
         control_r, self.control = os.pipe()
         self.notify, notify_w = os.pipe()
-        command = [sys.executable, "-S", "-c", _START_DELEGATE, str(DELEGATE_FILE.parent)]
+        command = [sys.executable, "-I", "-S", "-B", "-c", _START_DELEGATE]
+        command.append(str(DELEGATE_FILE.parent))
         command += [role, str(os.getpid()), str(control_r), str(notify_w), *args]
         try:
             self.process = subprocess.Popen(command, pass_fds=(control_r, notify_w), close_fds=True)

@@ -731,11 +731,13 @@ def test_a_delegate_s_late_map_of_a_replaced_slot_file_is_skipped(tmp_path: Path
 def test_a_delegate_imports_nothing_from_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A `selectors.py` where the trainer runs: a delegate still starts (`python -S -c` puts
-    the working directory first on the path, before the standard library: it took that
-    file's module, and every delegate died at its start)."""
+    """A `selectors.py` where the trainer runs, and PYTHONPATH with an empty entry (the
+    working directory): a delegate still starts (`python -S -c` puts the working directory
+    first on the path, before the standard library: it took that file's module, and every
+    delegate died at its start)."""
     (tmp_path / "selectors.py").write_text("raise ImportError('the working directory')\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", ":" + os.environ.get("PYTHONPATH", ""))
     process, port = _start_receiver()  # its PORT note
     process.close()
     assert port > 0
