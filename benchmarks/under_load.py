@@ -6,13 +6,15 @@
 
 Each busy process spins on one core for the whole loop; they are this script's own children
 and are stopped (by their handles) when it ends, also on failure, Ctrl-C, SIGTERM or SIGHUP.
-The command gets Ctrl-C too, and time to end by itself (pytest tears its fixtures down).
+A Ctrl-C (or SIGTERM, SIGHUP) is passed on to the command, once, with time to end by itself
+(pytest tears its fixtures down).
 Prints one line per run and a summary; exits 1 if any run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -29,35 +31,24 @@ _GRACE_S = 30.0
 
 
 def _run(command: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
-    """`command`'s exit status. It runs in this process group: a terminal's Ctrl-C reaches
-    it too, and it is given `_GRACE_S` to end by itself (pytest's teardown, which a kill cuts
-    short). A signal to this script alone (SIGTERM, SIGHUP, or SIGINT where this is not the
-    terminal's foreground job) is passed on to it first. Either way SIGKILL after the
-    grace."""
-    process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+    """`command`'s exit status. It runs in a process group of its own, and this script
+    passes its stop on to that group, once: a Ctrl-C (or any SIGINT) as SIGINT, which pytest
+    answers with its teardown, SIGTERM and SIGHUP as SIGTERM; then `_GRACE_S` for it to end,
+    then SIGKILL."""
+    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, process_group=0)
     try:
         return process.wait()
     except BaseException as err:
-        if not isinstance(err, KeyboardInterrupt):
-            process.terminate()
-        elif not _in_the_foreground():  # a `kill -INT` of this script: not the command's
-            process.send_signal(signal.SIGINT)
+        stop = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, stop)
         try:
             process.wait(_GRACE_S)
         except subprocess.TimeoutExpired:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         raise
-
-
-def _in_the_foreground() -> bool:
-    """Whether this process group is its terminal's foreground job (a Ctrl-C there reaches
-    the whole group); not, where there is no terminal."""
-    try:
-        with open("/dev/tty") as tty:
-            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
-    except OSError:
-        return False
 
 
 def _read(file: IO[bytes]) -> str:
