@@ -165,26 +165,26 @@ def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
 def read_ring_spans(
     run_dir: Path, iterations: Mapping[ConfigurationKey, int]
 ) -> dict[ConfigurationKey, list[RingSpan]]:
-    """Per configuration, replica 0's DP all-reduce per stage in its measured iteration
-    `iterations[key]`, from messages.csv's DP rows (a saved timeline has no ring messages:
-    these rows are their record), read once for all: from the first send to the last
-    arrival of each ring link of the stage's replica 0, `fault_ms` the largest mean delay a
-    message of one of them had; of its run after a restart where it ran twice (the later
-    rows). Empty for a configuration without ring messages."""
+    """Per configuration, replica 0's DP all-reduce per stage (`pipeline.gantt.RingSpan`) in
+    its measured iteration `iterations[key]`, from messages.csv's DP rows (a saved timeline
+    has no ring messages: these rows are their record), read once for all; of its run after
+    a restart where it ran twice (the later rows). Empty for a configuration without ring
+    messages."""
     path = run_dir / MESSAGES_FILE
-    wanted: dict[tuple[str, ...], ConfigurationKey] = {
-        (*key, str(iteration)): key for key, iteration in iterations.items()
-    }
+    if not iterations or not path.exists():
+        return {key: [] for key in iterations}
+    prefixes = {_csv_line((*key, iteration)) + ",": key for key, iteration in iterations.items()}
+    index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
     rows: dict[ConfigurationKey, dict[tuple[str, str, str], list[str]]] = {}
-    if path.exists():
-        with path.open(newline="") as handle:
-            reader = csv.reader(line for line in handle if ",dp" in line)  # (cheap: a filter)
-            index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
-            for row in reader:
-                key = wanted.get(tuple(row[:5]))
-                if key is not None and row[index["link"]].startswith("dp"):
-                    link_way = (row[index["link"]], row[index["direction"]], row[index["replica"]])
-                    rows.setdefault(key, {})[link_way] = row  # a rerun's: the later rows
+    with path.open(newline="") as handle:
+        starts = tuple(prefixes)
+        for row in csv.reader(line for line in handle if line.startswith(starts)):  # cheap
+            if len(row) != len(MESSAGES_COLUMNS):
+                raise ConfigError(f"{path}: a row has {len(row)} fields, not {len(index)}")
+            if row[index["link"]].startswith("dp"):
+                key = prefixes[_csv_line(row[:5]) + ","]
+                link_way = (row[index["link"]], row[index["direction"]], row[index["replica"]])
+                rows.setdefault(key, {})[link_way] = row  # a rerun's: the later rows
     return {key: _ring_spans(path, list(rows.get(key, {}).values())) for key in iterations}
 
 
@@ -207,7 +207,7 @@ def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
                 max(end, span.end_ms) if span else end,
                 max(fault, span.fault_ms) if span else fault,
             )
-    except (ValueError, IndexError, ConfigError) as err:
+    except (ValueError, ConfigError) as err:
         raise ConfigError(f"{path}: a DP row is not as written: {err}") from err
     return [spans[stage] for stage in sorted(spans)]
 

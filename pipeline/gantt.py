@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import TYPE_CHECKING, NamedTuple
 
 from pipeline.files import pyplot, save_figure
@@ -49,8 +50,9 @@ class SlowMessage(NamedTuple):
 
 class RingSpan(NamedTuple):
     """A stage's DP all-reduce as the chart draws it: from the first send of its ring's
-    messages to or from replica 0 to the last one's arrival; `fault_ms`, the largest delay
-    injected into one of them."""
+    messages to or from replica 0 to the last one's arrival; `fault_ms`, the mean delay
+    injected into a message of its most delayed link direction (messages.csv keeps the
+    sums)."""
 
     stage: int
     start_ms: float
@@ -69,21 +71,23 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
     """Per stage whose ring `replica` takes part in, its `RingSpan` from the timeline's ring
     messages, by iteration (a timeline of several: each iteration's ring apart) and stage."""
     spans: dict[tuple[int, int], RingSpan] = {}
+    delays: dict[tuple[int, int, str, str, int], list[float]] = {}
     for m in timeline.dp_messages:
         link = Link.parse(m.link)
         if replica not in (link.first, link.second) or link.group is None:
             continue
-        span = spans.get((m.iteration, link.group))
-        spans[m.iteration, link.group] = (
-            RingSpan(link.group, m.send_start_ms, m.arrival_ms, m.fault_ms)
-            if span is None
-            else RingSpan(
-                link.group,
-                min(span.start_ms, m.send_start_ms),
-                max(span.end_ms, m.arrival_ms),
-                max(span.fault_ms, m.fault_ms),
-            )
+        where = (m.iteration, link.group)
+        delays.setdefault((*where, m.link, m.direction, m.replica), []).append(m.fault_ms)
+        span = spans.get(where)
+        spans[where] = RingSpan(
+            link.group,
+            min(span.start_ms, m.send_start_ms) if span else m.send_start_ms,
+            max(span.end_ms, m.arrival_ms) if span else m.arrival_ms,
+            0.0,
         )
+    for (iteration, stage, *_), faults in delays.items():
+        span = spans[iteration, stage]
+        spans[iteration, stage] = span._replace(fault_ms=max(span.fault_ms, fmean(faults)))
     return [spans[key] for key in sorted(spans)]
 
 
@@ -242,7 +246,7 @@ def _legend(
                 facecolor=_RING_COLOUR,
                 edgecolor=_SLOW_COLOUR,
                 hatch="///",
-                label=f"all-reduce over a slow DP link ({_delay_text(delayed)})",
+                label=f"all-reduce over a slow DP link ({_delay_text(delayed)} a message, mean)",
             )
         )
     if slow:

@@ -21,7 +21,9 @@ from harness.cli import main
 from harness.experiment import run_experiment
 from harness.paper import PRESETS_DIR
 from harness.results import RUNS_COLUMNS, read_csv_rows, run_dir_held
+from harness.saved import read_ring_spans
 from harness.spec import default_experiment, load_spec, resume_command
+from pipeline.errors import ConfigError
 from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt, ring_spans
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
@@ -620,7 +622,7 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
         delays_ms=(30.0,),
         num_iterations=2,
     )
-    run_experiment(spec, tmp_path / "r")
+    run_dir = run_experiment(spec, tmp_path / "r")
     slow = Profile.from_dict({**fields, "dp_delay_ms": {"dp1:0-1": 30}})
     simulated = ring_spans(simulate(one_f_one_b(slow), slow))
     assert simulated[1].fault_ms == 30.0 and simulated[0].fault_ms == 0.0
@@ -630,3 +632,10 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
     for got, want in zip(rings, simulated, strict=True):  # messages.csv keeps 1 us
         assert got.start_ms == pytest.approx(want.start_ms, abs=1e-3)
         assert got.end_ms == pytest.approx(want.end_ms, abs=1e-3)
+        assert got.fault_ms == pytest.approx(want.fault_ms, abs=1e-3)
+    (run_dir / "messages.csv").write_text(  # a DP row cut short
+        "".join((run_dir / "messages.csv").read_text().splitlines(keepends=True)[:-1])
+        + "m,1f1b,dp1:0-1@30ms,0,1,dp1:0-1,forward\n"
+    )
+    with pytest.raises(ConfigError, match=r"messages.csv: a row has 7 fields, not 16"):
+        read_ring_spans(run_dir, {("m", "1f1b", "dp1:0-1@30ms", "0"): 1})

@@ -120,7 +120,7 @@ def test_each_stage_s_all_reduce_is_drawn_hatched_where_its_ring_was_delayed(
     legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
     assert legend is not None
     assert [t.get_text() for t in legend.get_texts()] == [
-        "F", "BW", "DP all-reduce", "all-reduce over a slow DP link (+30 ms)"
+        "F", "BW", "DP all-reduce", "all-reduce over a slow DP link (+30 ms a message, mean)"
     ]  # fmt: skip
 
 
@@ -159,3 +159,19 @@ def test_ring_spans_are_replica_0_s_rings_each_iteration_apart() -> None:
     timeline = Timeline(2, (), (), (), dp_messages=dp)
     assert ring_spans(timeline) == [RingSpan(0, 5.0, 40.0, 0.0), RingSpan(0, 105.0, 135.0, 0.0)]
     assert ring_spans(timeline, replica=2) == [RingSpan(1, 7.0, 37.0, 0.0)]
+
+
+def test_a_ring_span_s_delay_is_the_mean_of_its_most_delayed_link_direction() -> None:
+    """What messages.csv keeps (a sum per link direction), so a chart of a saved run and one
+    of a timeline say the same: a delay from mid-ring (30 ms on one of two messages) is 15
+    ms a message there; another direction's 10 ms on each is less."""
+
+    def chunk(way: str, sent_ms: float, replica: int, fault_ms: float) -> MessageRecord:
+        return MessageRecord(0, "dp0:0-1", way, 0, 8, sent_ms, sent_ms, sent_ms + 1.0, sent_ms,
+                             replica, fault_ms)  # fmt: skip
+
+    timeline = Timeline(1, (), (), (), dp_messages=(
+        chunk("forward", 0.0, 0, 0.0), chunk("forward", 5.0, 0, 30.0),
+        chunk("backward", 0.0, 1, 10.0), chunk("backward", 5.0, 1, 10.0),
+    ))  # fmt: skip
+    assert ring_spans(timeline) == [RingSpan(0, 0.0, 6.0, 15.0)]
