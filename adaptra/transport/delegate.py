@@ -1,8 +1,8 @@
 """A delegate: the light process that carries messages of one link direction for a trainer
 (the paper's CPU delegates, docs/paper.md). It imports nothing but the standard library (no
-torch: about 10 MB each) and is imported from its folder (`python -S -c` with that folder
-first on the path: no package is imported, and the bytecode cache is read, where a script
-is compiled afresh at every start). It blocks on its pipe and its sockets (select, recv,
+torch: about 10 MB each) and is imported from its folder (`python -I -S -B -c` with that
+folder first on the path: no package is imported, and the bytecode cache is read, where a
+script is compiled afresh at every start). It blocks on its pipe and its sockets (select, recv,
 sendall: never a spin), and dies with the trainer that started it (PR_SET_PDEATHSIG).
 
 - A sender delegate starts idle, and reads jobs from the trainer's pipe: "point" (its
