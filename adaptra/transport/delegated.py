@@ -470,6 +470,10 @@ class _Side:
         end = "out" if self.role == "send" else "in"
         self.slots = _SlotFile(f"{direction.link}-{direction.direction}-{end}", folder)
         self.delegates = _start(self.role, direction, peer, [args] * num_delegates)
+        self._begin_state()
+
+    def _begin_state(self) -> None:
+        """The role's own state of a side just started."""
 
     def delegate_of(self, seq: int) -> _Process:
         return self.delegates[seq % len(self.delegates)]
@@ -507,16 +511,8 @@ class _Outbound(_Side):
 
     role = "send"
 
-    def __init__(
-        self,
-        direction: LinkDirection,
-        peer: int,
-        num_delegates: int,
-        args: list[str],
-        folder: str,
-    ) -> None:
-        super().__init__(direction, peer, num_delegates, args, folder)
-        self.moves_of = direction
+    def _begin_state(self) -> None:
+        self.moves_of = self.direction
         """The direction the moves its delegates note before their next READY are of (the
         one it carried before it was pointed again)."""
         self.pointed = self.re_pointed = False
@@ -525,7 +521,7 @@ class _Outbound(_Side):
         """The seqs of the messages handed over this iteration, not yet acked."""
         self.failovers: list[Failover] = []
         """Its delegates' moves to another NIC, noted and not yet taken."""
-        self.nic_of = [0] * num_delegates
+        self.nic_of = [0] * len(self.delegates)
         """The NIC each of its delegates is on."""
         self.route_nic = 0
         """The NIC the last message's fault hook routed it over (hook injection)."""
@@ -707,15 +703,7 @@ class _Inbound(_Side):
 
     role = "recv"
 
-    def __init__(
-        self,
-        direction: LinkDirection,
-        peer: int,
-        num_delegates: int,
-        args: list[str],
-        folder: str,
-    ) -> None:
-        super().__init__(direction, peer, num_delegates, args, folder)
+    def _begin_state(self) -> None:
         self.arrived: dict[tuple[int, int], tuple[int, float]] = {}
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
         self._ports: list[int] = []
