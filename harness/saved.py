@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 MESSAGES_FILE = "messages.csv"
+_MESSAGE_COLUMN = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
+"""messages.csv's columns by name: their index in a row."""
 TIMELINES_DIR = "timelines"
 
 
@@ -174,7 +176,7 @@ def read_ring_spans(
     if not iterations or not path.exists():
         return {key: [] for key in iterations}
     prefixes = {_csv_line((*key, iteration)) + ",": key for key, iteration in iterations.items()}
-    index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
+    index = _MESSAGE_COLUMN
     rows: dict[ConfigurationKey, dict[tuple[str, str, str], list[str]]] = {}
     with path.open(newline="") as handle:
         starts = tuple(prefixes)
@@ -190,7 +192,7 @@ def read_ring_spans(
 
 def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
     """`read_ring_spans` of one configuration's DP rows."""
-    index = {name: k for k, name in enumerate(MESSAGES_COLUMNS)}
+    index = _MESSAGE_COLUMN
     spans: dict[int, RingSpan] = {}
     try:
         for row in rows:
@@ -201,11 +203,8 @@ def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
             end = float(row[index["last_arrival_ms"]])
             fault = float(row[index["fault_ms"]]) / max(1, int(row[index["num_messages"]]))
             span = spans.get(link.group)
-            spans[link.group] = RingSpan(
-                link.group,
-                min(start, span.start_ms) if span else start,
-                max(end, span.end_ms) if span else end,
-                max(fault, span.fault_ms) if span else fault,
+            spans[link.group] = (
+                span.widened(start, end, fault) if span else RingSpan(link.group, start, end, fault)
             )
     except (ValueError, ConfigError) as err:
         raise ConfigError(f"{path}: a DP row is not as written: {err}") from err

@@ -59,6 +59,15 @@ class RingSpan(NamedTuple):
     end_ms: float
     fault_ms: float
 
+    def widened(self, start_ms: float, end_ms: float, fault_ms: float) -> RingSpan:
+        """This span and another of its stage's ring links, as one."""
+        return RingSpan(
+            self.stage,
+            min(self.start_ms, start_ms),
+            max(self.end_ms, end_ms),
+            max(self.fault_ms, fault_ms),
+        )
+
 
 def drawn_end_ms(timeline: Timeline, rings: Sequence[RingSpan] | None = None) -> float:
     """Where a chart of `timeline` ends by itself: its last op's or all-reduce's end
@@ -78,13 +87,8 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
             continue
         where = (m.iteration, link.group)
         delays.setdefault((*where, m.link, m.direction, m.replica), []).append(m.fault_ms)
-        span = spans.get(where)
-        spans[where] = RingSpan(
-            link.group,
-            min(span.start_ms, m.send_start_ms) if span else m.send_start_ms,
-            max(span.end_ms, m.arrival_ms) if span else m.arrival_ms,
-            0.0,
-        )
+        span = spans.get(where, RingSpan(link.group, m.send_start_ms, m.arrival_ms, 0.0))
+        spans[where] = span.widened(m.send_start_ms, m.arrival_ms, 0.0)
     for (iteration, stage, *_), faults in delays.items():
         span = spans[iteration, stage]
         spans[iteration, stage] = span._replace(fault_ms=max(span.fault_ms, fmean(faults)))
