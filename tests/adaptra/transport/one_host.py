@@ -1,5 +1,5 @@
 """A network namespace of a test's own for the delegates' NIC tests: one host, two NICs; and
-two trainers' delegate transports on it."""
+trainers' delegate transports on one host."""
 
 from __future__ import annotations
 
@@ -66,69 +66,15 @@ def entered(namespace: str) -> Iterator[None]:
         netns.popns()
 
 
-D0 = LinkDirection("0-1", "forward")
-"""The link direction the two trainers of `TwoTrainers` share."""
-
-
-class TwoTrainers:
-    """Trainer A (rank 0) sending `D0` to trainer B (rank 1), both on the host of
-    `namespace`: their delegate transports, wired at once as two workers' are (B's on a
-    thread of its own, in the namespace too: its delegates start there); closed with
-    `stack`."""
-
-    def __init__(
-        self, stack: contextlib.ExitStack, namespace: str, delegates: Delegates, num_delegates: int
-    ) -> None:
-        self.namespace, self.num_delegates = namespace, num_delegates
-        self._ports: queue.Queue[dict[LinkDirection, list[int]]] = queue.Queue()
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
-        self._other = stack.enter_context(ThreadPoolExecutor(1))
-        wiring = self.on_b(lambda: delegates.connect(self.setup(1, ((D0, 0),), ())))
-        self.a = delegates.connect(self.setup(0, (), ((D0, 1),)))
-        stack.callback(self.a.close)
-        self.b = wiring.result()
-        stack.callback(self.b.close)
-
-    def _exchange(
-        self, mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
-        if mine:  # the receiving side's ports, to the sending side's wiring
-            self._ports.put(mine)
-        return self._ports.get(timeout=30.0) if wanted else {}
-
-    def setup(self, rank: int, inbound: tuple, outbound: tuple) -> DelegateSetup:  # type: ignore[type-arg]
-        return DelegateSetup(
-            rank, self.folder, inbound, outbound, self.num_delegates, 30.0, self._exchange
-        )
-
-    def on_b(self, call: Callable[[], T]) -> Future[T]:
-        """`call` on B's thread, in the namespace."""
-
-        def there() -> T:
-            with entered(self.namespace):
-                return call()
-
-        return self._other.submit(there)
-
-    def swap_b(self, after: threading.Event | None = None) -> Future[None]:
-        """B's side of a rank swap after which B sends `D0` to A (on B's thread), once
-        `after` is set if given (30 s at most: a hang guard)."""
-
-        def swap() -> None:
-            if after is not None:
-                after.wait(30.0)
-            self.b.rewire(self.setup(1, (), ((D0, 0),)))
-
-        return self.on_b(swap)
-
-    def swap_a(self) -> None:
-        """A's side of it: A receives `D0` from B."""
-        self.a.rewire(self.setup(0, ((D0, 1),), ()))
-
-
 Wiring = tuple[tuple[tuple[LinkDirection, int], ...], tuple[tuple[LinkDirection, int], ...]]
 """A trainer's inbound and outbound link directions, each with its peer (`DelegateSetup`)."""
+
+D0 = LinkDirection("0-1", "forward")
+"""The link direction of `A_TO_B` and `B_TO_A`."""
+A_TO_B: list[Wiring] = [((), ((D0, 1),)), (((D0, 0),), ())]
+"""Two trainers: A (rank 0) sends `D0` to B (rank 1)."""
+B_TO_A: list[Wiring] = [(((D0, 1),), ()), ((), ((D0, 0),))]
+"""The two after a rank swap: B sends `D0` to A."""
 
 
 class Trainers:
@@ -166,18 +112,35 @@ class Trainers:
         ):
             future.result()
 
+    def rewire_one(
+        self, rank: int, wiring: Wiring, after: threading.Event | None = None
+    ) -> Future[None]:
+        """Rank `rank`'s side of a rank swap, on its thread, once `after` is set if given (30 s
+        at most: a hang guard); the other ranks' sides are the caller's."""
+
+        def rewire(rank: int, wiring: Wiring) -> None:
+            if after is not None:
+                after.wait(30.0)
+            self.transports[rank].rewire(self._setup(rank, wiring))
+
+        return self._on(rank, wiring, rewire)
+
     def _on_each(self, wirings: list[Wiring], call: Callable[[int, Wiring], T]) -> list[Future[T]]:
         """`call(rank, wirings[rank])` for every rank, each on its thread, all done."""
+        futures = [self._on(rank, wiring, call) for rank, wiring in enumerate(wirings)]
+        concurrent.futures.wait(futures)
+        return futures
 
-        def there(rank: int) -> T:
+    def _on(self, rank: int, wiring: Wiring, call: Callable[[int, Wiring], T]) -> Future[T]:
+        """`call(rank, wiring)` on a thread of its own, in the namespace if there is one."""
+
+        def there() -> T:
             with contextlib.ExitStack() as stack:
                 if self.namespace is not None:
                     stack.enter_context(entered(self.namespace))
-                return call(rank, wirings[rank])
+                return call(rank, wiring)
 
-        futures = [self._threads.submit(there, rank) for rank in range(len(wirings))]
-        concurrent.futures.wait(futures)
-        return futures
+        return self._threads.submit(there)
 
     def _queue(self, direction: LinkDirection) -> queue.Queue[list[int]]:
         with self._lock:

@@ -36,9 +36,10 @@ from pipeline.runtime.calibrate import busy_both_ways
 from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
 from pipeline.timeline import Timeline
 from tests.adaptra.transport.one_host import (
+    A_TO_B,
+    B_TO_A,
     D0,
     Trainers,
-    TwoTrainers,
     Wiring,
     carry,
     entered,
@@ -370,17 +371,15 @@ def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded()
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
         stack.enter_context(entered(namespace))
-        pair = TwoTrainers(stack, namespace, delegates, 1)
-        a, b = pair.a, pair.b
+        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+        a, b = trainers.transports
         carry(a, b, 0, [1.0])
         assert a.take_failovers() == []
         mover = a._outbound[D0].delegates[0]
         ip_batch(namespace, ["link set nic0 down"])
         readable, _, _ = select.select([mover.notify], [], [], 30.0)
         assert readable, "the sender delegate did not note its move"  # then noted, unread
-        rewired = pair.swap_b()
-        pair.swap_a()
-        rewired.result()
+        trainers.rewire(B_TO_A)
         assert mover.process.poll() is not None  # closed with its side
         carry(b, a, 1, [2.0])
         moves = [(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.resume_seq,
@@ -522,8 +521,8 @@ def test_a_move_noted_after_its_last_ack_moves_its_siblings_in_that_iteration() 
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
         stack.enter_context(entered(namespace))
-        pair = TwoTrainers(stack, namespace, Delegates(addresses=TWO_NICS), 2)
-        a, b = pair.a, pair.b
+        trainers = Trainers(stack, Delegates(addresses=TWO_NICS), 2, A_TO_B, namespace)
+        a, b = trainers.transports
         for transport in (a, b):
             transport.begin_iteration({D0: (2, 64)})
         buffers = [torch.zeros(16) for _ in range(2)]
@@ -568,8 +567,8 @@ def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
         stack.enter_context(entered(namespace))
-        pair = TwoTrainers(stack, namespace, delegates, 1)
-        a, b = pair.a, pair.b
+        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+        a, b = trainers.transports
         carry(a, b, 0, [1.0])
         mover = a._outbound[D0].delegates[0]
         receiver = b._inbound[D0].delegates[0].process.pid
@@ -604,8 +603,8 @@ def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
 
         monkeypatch.setattr(os, "close", close)
         monkeypatch.setattr(a, "_close", close_side)
-        rewired = pair.swap_b(after=closed_side)
-        pair.swap_a()
+        rewired = trainers.rewire_one(1, B_TO_A[1], after=closed_side)
+        trainers.rewire_one(0, B_TO_A[0]).result()
         monkeypatch.undo()
         rewired.result()
         assert mover.process.poll() == 0  # it ended by itself, once it had noted its move
