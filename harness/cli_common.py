@@ -143,9 +143,14 @@ def resolve(
         raise ConfigError(
             f"--profile is required: the schedule file {schedule_path} has no 'profile' key"
         )
-    if schedule is None:
+    if schedule is None or schedule_path is None:
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
-    validate_schedule(schedule, profile.num_stages, profile.num_microbatches)
+    ordered = schedule  # its order's errors name the file too
+    _named(
+        schedule_path,
+        "",
+        lambda: validate_schedule(ordered, profile.num_stages, profile.num_microbatches),
+    )
     check_memory(schedule, profile.mem_limit, f"the schedule in {schedule_path}")
     return profile, PlannedSchedule(GIVEN_POLICY, f"schedule file {schedule_path}", schedule, 0.0)
 

@@ -60,6 +60,12 @@ def _metric_tolerance(
     "from NEW is always a regression).",
 )
 @click.option(
+    "--both-ways",
+    is_flag=True,
+    help="A metric better than its tolerance fails too (a deterministic run's gate: with "
+    "--tolerance 0 only equal values pass).",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "markdown"]),
@@ -73,13 +79,16 @@ def compare(
     tolerance: float,
     metric_tolerances: dict[str, float],
     allow_new: bool,
+    both_ways: bool,
     fmt: str,
 ) -> None:
     """Gate NEW against BASE (run directories or runs.csv files): the metrics of the
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
-    regression (a metric worse than its tolerance, a configuration run another way: its
+    regression (a metric worse than its tolerance, or with --both-ways better than it too;
+    a configuration run another way: its
     policy, comm, controller, links, delay, seed or iterations, or, where both are run
-    directories, fault timeline or calibration; or one of BASE missing from NEW) or a
+    directories, fault timeline, calibration or another input of its spec: its profile, model,
+    hardware, injection, warm-up iterations or recovery; or one of BASE missing from NEW) or a
     configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
     (empty, unreadable, not a runs.csv, NaN or negative values or tolerances, another schema
     version, a repeated configuration, a run directory of an unfinished run or one a run
@@ -91,6 +100,7 @@ def compare(
             tolerance,
             metric_tolerances_pct=metric_tolerances,
             allow_new=allow_new,
+            both_ways=both_ways,
         )
     except UnusableResults as err:
         raise _Unusable(str(err)) from err
@@ -106,7 +116,10 @@ def compare(
         if result.added
         else ""
     )
-    click.echo(f"no regression: {len(result.changes)} metrics within {tolerance:g} %{given}{added}")
+    either = " either way" if both_ways else ""
+    click.echo(
+        f"no regression: {len(result.changes)} metrics within {tolerance:g} %{either}{given}{added}"
+    )
 
 
 def _configurations(count: int) -> str:
@@ -121,11 +134,18 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
             f"{len(result.worse)} of {len(result.changes)} metrics got worse than their "
             f"tolerance ({tolerance:g} % unless given per metric; see the table above)"
         )
+    if result.both_ways and result.better:
+        failures.append(
+            f"{len(result.better)} of {len(result.changes)} metrics got better than their "
+            f"tolerance, which --both-ways fails too ({tolerance:g} % unless given per metric; "
+            "flagged BETTER above)"
+        )
     if result.mismatches:
         runs = len({m.configuration for m in result.mismatches})
         failures.append(
             f"{_configurations(runs)} run another way in NEW (policy, comm, controller, links, "
-            "delay, fault timeline, seed or iterations; listed above): not the same measurement"
+            "delay, fault timeline, seed, iterations or its spec's other inputs; listed above): "
+            "not the same measurement"
         )
     if result.missing:
         failures.append(
@@ -158,7 +178,7 @@ def _cells(change: Change) -> tuple[str, str, str, str]:
     pct = f"{change.change_pct:+.2f}%"
     if change.change_pct and float(pct[:-1]) == 0:  # under 0.005 %: its first digits
         pct = f"{change.change_pct:+.2g}%"
-    return base, new, pct, "WORSE" if change.worse else ""
+    return base, new, pct, "WORSE" if change.worse else "BETTER" if change.better else ""
 
 
 def _numbers(base: float, new: float) -> tuple[str, str]:

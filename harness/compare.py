@@ -11,7 +11,8 @@ Only the configurations on both sides have metrics compared; those on one side a
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
 count; and where both sides are run directories, its fault timeline and its calibration,
-`RECORDED`): one that differs is a failure, its metrics measured something else.
+`RECORDED`, and its spec's other inputs, `SETUP`): one that differs is a failure, its
+metrics measured something else.
 """
 
 from __future__ import annotations
@@ -72,8 +73,14 @@ CALIBRATION = "calibration sha256"
 with (`calibration_costs`, the SHA-256's first 12 hex digits of their JSON; "none" without a
 calibration), on every row: the same configuration under other costs measured something
 else. Compared as `TIMELINE` is."""
+SETUP = "spec "
+"""Not runs.csv columns: a run directory's spec.json adds, under names of this prefix, the
+inputs a configuration's numbers depend on besides its `IDENTITY` (the profile's fields, or
+the cost model's model and hardware as they resolve, and the run's injection, warm-up
+iterations and recovery: `ExperimentSpec.setups`), e.g. `spec profile t_f`. Compared where
+both sides have them (a spec.json this version cannot read has none)."""
 RECORDED = (TIMELINE, CALIBRATION)
-"""What a run directory's spec.json adds to a configuration's identity."""
+"""What a run directory's spec.json adds to a configuration's identity, besides `SETUP`."""
 
 
 class UnusableResults(ConfigError):
@@ -90,6 +97,9 @@ class Change:
     new: float
     change_pct: float
     worse: bool
+    """Beyond its tolerance in its bad direction."""
+    better: bool = False
+    """Beyond its tolerance in its good direction (a failure with `both_ways`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,24 +116,35 @@ class Mismatch:
 class Comparison:
     """The metrics compared (configurations on both sides), the configurations run another
     way (`mismatches`), and the configurations on one side only, by name: `missing` from the
-    new results (a regression) and `added` in them (a failure unless `allow_new`)."""
+    new results (a regression) and `added` in them (a failure unless `allow_new`). With
+    `both_ways`, a metric better than its tolerance fails too (a deterministic run's gate:
+    its numbers move only where the code changed them)."""
 
     changes: list[Change]
     missing: list[str]
     added: list[str]
     allow_new: bool
     mismatches: list[Mismatch] = dataclasses.field(default_factory=list)
+    both_ways: bool = False
 
     @property
     def worse(self) -> list[Change]:
         return [c for c in self.changes if c.worse]
 
     @property
+    def better(self) -> list[Change]:
+        return [c for c in self.changes if c.better]
+
+    @property
     def failed(self) -> bool:
-        """A metric worse than its tolerance, a configuration run another way, one missing,
-        or one added (unless allowed)."""
+        """A metric worse than its tolerance (or, `both_ways`, better), a configuration run
+        another way, one missing, or one added (unless allowed)."""
         return bool(
-            self.worse or self.mismatches or self.missing or (self.added and not self.allow_new)
+            self.worse
+            or (self.both_ways and self.better)
+            or self.mismatches
+            or self.missing
+            or (self.added and not self.allow_new)
         )
 
 
@@ -188,7 +209,8 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
                     "(a finite number >= 0)"
                 )
     if path.is_dir() and (path / "spec.json").is_file():
-        spec = _check_finished(path, rows)["spec"]
+        record = _check_finished(path, rows)
+        spec = record["spec"]
         timeline = _timeline_digest(spec)
         if timeline is not None:
             for row in rows:
@@ -199,7 +221,21 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
             for row in rows:
                 row[CALIBRATION] = digest
+        setups = _setups(record)
+        for row in rows:
+            for name, value in setups.get(str(row["model"]), {}).items():
+                row[SETUP + name] = value
     return rows
+
+
+def _setups(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`ExperimentSpec.setups` of a spec.json record; none where this version cannot read it."""
+    from harness.spec import spec_from_record  # loads the engines
+
+    try:
+        return spec_from_record(record).setups()
+    except (ConfigError, TypeError):
+        return {}
 
 
 def _timeline_digest(spec: Mapping[str, Any]) -> str | None:
@@ -279,11 +315,13 @@ def compare_runs(
     *,
     metric_tolerances_pct: Mapping[str, float] | None = None,
     allow_new: bool = False,
+    both_ways: bool = False,
 ) -> Comparison:
     """Every metric of every configuration on both sides (rows as `load_runs` gives them),
-    worse where beyond its tolerance (`metric_tolerances_pct`, else `tolerance_pct`) in its bad
-    direction; those run another way (`IDENTITY`, `RECORDED`); and the configurations only in
-    `base` or only in `new`, by name."""
+    worse (better) where beyond its tolerance (`metric_tolerances_pct`, else `tolerance_pct`)
+    in its bad (good) direction; those run another way (`IDENTITY`, `RECORDED`); and the
+    configurations only in `base` or only in `new`, by name. `both_ways`: a better metric
+    fails as a worse one does (`Comparison`)."""
     tolerances = dict(metric_tolerances_pct or {})
     unknown = sorted(set(tolerances) - set(METRICS))
     if unknown:
@@ -310,13 +348,33 @@ def compare_runs(
                 for column in RECORDED
                 if column in row and column in other and row[column] != other[column]
             ]
+            mismatches += _setup_mismatches(_name(key), row, other)
     return Comparison(
         changes=changes,
         missing=[_name(key) for key in base_by_key if key not in new_by_key],
         added=[_name(key) for key in new_by_key if key not in base_by_key],
         allow_new=allow_new,
         mismatches=mismatches,
+        both_ways=both_ways,
     )
+
+
+def _setup_mismatches(name: str, base: Mapping[str, Any], new: Mapping[str, Any]) -> list[Mismatch]:
+    """The `SETUP` columns of a configuration that differ (as values: 400 is 400.0), where
+    both sides have some."""
+    columns = [c for c in dict.fromkeys((*base, *new)) if c.startswith(SETUP)]
+    if not any(c in base for c in columns) or not any(c in new for c in columns):
+        return []
+
+    def cell(row: Mapping[str, Any], column: str) -> str:
+        value = row.get(column, "(none)")
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return [
+        Mismatch(name, column, cell(base, column), cell(new, column))
+        for column in columns
+        if column not in base or column not in new or base[column] != new[column]
+    ]
 
 
 def _same(base: Any, new: Any) -> bool:
@@ -355,5 +413,15 @@ def _changes(
         )
         worse_by = -pct if higher_is_better else pct
         limit = tolerances.get(metric, tolerance_pct)
-        changes.append(Change(_name(key), metric, before, after, pct, _beyond(worse_by, limit)))
+        changes.append(
+            Change(
+                _name(key),
+                metric,
+                before,
+                after,
+                pct,
+                worse=_beyond(worse_by, limit),
+                better=_beyond(-worse_by, limit),
+            )
+        )
     return changes

@@ -13,6 +13,7 @@ from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_thro
 from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
 from harness.saved import TIMELINES_DIR, read_ring_spans, read_saved_timeline, timeline_name
+from pipeline.cost_model import hardware_fields
 from pipeline.files import write_atomic
 from pipeline.gantt import drawn_end_ms, plot_gantt
 
@@ -63,7 +64,10 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
 
     file = PAPER_PRESETS[spec.name]
     preset = load_spec(PRESETS_DIR / file)
-    ours, theirs = without_folders(spec.to_dict()), without_folders(preset.to_dict())
+    ours, theirs = (
+        without_folders({**s.to_dict(), "hardware": hardware_fields(s.hardware)})
+        for s in (spec, preset)
+    )  # a preset's hardware spelled out as a mapping is the preset's
     changed = sorted(
         key
         for key in ours.keys() | theirs.keys()
@@ -75,7 +79,8 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
         return spec.name, None
     return None, (
         f"Not compared with the paper: this spec is named {spec.name}, as the preset "
-        f"`harness/presets/{file}` is, but its {', '.join(changed)} differ from the preset's."
+        f"`harness/presets/{file}` is, but its {', '.join(changed)} "
+        f"{'differs' if len(changed) == 1 else 'differ'} from the preset's."
     )
 
 

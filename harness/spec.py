@@ -29,7 +29,14 @@ from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
-from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
+from pipeline.cost_model import (
+    GPTModel,
+    ModelCost,
+    hardware_fields,
+    model_cost,
+    resolve_hardware,
+    resolve_model,
+)
 from pipeline.engines import Controller
 from pipeline.errors import AdaptraBenchError, ConfigError
 from pipeline.faults import NO_FAULTS
@@ -222,6 +229,17 @@ def memoised_planner() -> Planner:
         return cache[policy, profile]
 
     return planner
+
+
+_SETUP = (
+    "injection",
+    "num_warmup_iterations",
+    "checkpoint_every",
+    "restart_ms",
+    "transport_timeout_s",
+)
+"""A spec's fields, besides its models' inputs, that a configuration's numbers depend on and
+runs.csv does not say (`ExperimentSpec.setups`)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -553,6 +571,34 @@ class ExperimentSpec:
             for scenario in self.scenarios(target)
             for repeat in range(self.num_repeats)
         ]
+
+    def setups(self) -> dict[str, dict[str, Any]]:
+        """Per model label, the inputs its configurations' numbers depend on besides what
+        runs.csv says of them (harness.compare.IDENTITY): the profile's fields (`profile
+        <field>`), or the cost model's model and hardware as they resolve (`model <field>`,
+        `hardware <field>`: a preset and a mapping of it that changes no field are one; a
+        model or hardware this version cannot resolve, as written), and the run's `_SETUP`."""
+        run = {name: getattr(self, name) for name in _SETUP}
+        if self.profile is not None:
+            profile = {f"profile {k}": v for k, v in self.profile.to_dict().items()}
+            return {str(self.models[0]): {**profile, **run}}
+        hardware = hardware_fields(self.hardware)
+        shared = (
+            {f"hardware {k}": v for k, v in hardware.items()}
+            if isinstance(hardware, dict)
+            else {"hardware": hardware}
+        )
+        setups = {}
+        for entry in self.models:
+            try:
+                fields = dataclasses.asdict(resolve_model(entry))
+            except ConfigError:  # a name this version lacks (a mapping of one: no label)
+                if isinstance(entry, str):
+                    setups[entry] = {"model": entry, **shared, **run}
+                continue
+            label = fields.pop("name")
+            setups[label] = {**{f"model {k}": v for k, v in fields.items()}, **shared, **run}
+        return setups
 
     def resolve(self, configurations: Sequence[Configuration] | None = None) -> ResolvedSpec:
         """What it resolves to with this version's cost model (its `configurations`, if given,

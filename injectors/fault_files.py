@@ -15,6 +15,7 @@ row.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
@@ -66,9 +67,10 @@ def parse_faults(text: str, path: str | Path, seed: int = 0) -> FaultModel:
     """The timeline file `path` holds as `text` (read earlier): its suffix says the form."""
     yaml_file = fault_file_form(path) == "yaml"
     try:
-        return parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
+        timeline = parse_yaml(text, seed) if yaml_file else parse_trace(text, seed)
     except ConfigError as err:
         raise ConfigError(f"fault timeline {path}: {err}") from err
+    return dataclasses.replace(timeline, source=str(path))
 
 
 def _iteration(row: int, value: Any, name: str = "start iteration") -> int:

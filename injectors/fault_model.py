@@ -371,6 +371,8 @@ class FaultModel:
 
     events: tuple[FaultEvent, ...]
     seed: int = 0
+    source: str = dataclasses.field(default="", compare=False)
+    """The file it was read from, if any (named in `validate`'s errors)."""
     _change_iterations: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
     """Where what is in force may change (`_epoch`), in order."""
     _in_force_by_epoch: dict[tuple[int, Topology], dict[_Unit, list[_Span]]] = dataclasses.field(
@@ -386,14 +388,15 @@ class FaultModel:
 
     def validate(self, topology: Topology, num_iterations: int) -> None:
         """Targets must exist and every event must start within the run."""
+        where = f"fault timeline {self.source}: " if self.source else ""
         for event in self.events:
             try:
                 event.target.units(topology)
             except ConfigError as err:
-                raise ConfigError(f"fault row {event.row}: {err}") from None
+                raise ConfigError(f"{where}fault row {event.row}: {err}") from None
             if event.start_iteration >= num_iterations:
                 raise ConfigError(
-                    f"fault row {event.row}: starts at iteration {event.start_iteration}"
+                    f"{where}fault row {event.row}: starts at iteration {event.start_iteration}"
                     f" but the run has {num_iterations} iterations (0.."
                     f"{num_iterations - 1})"
                 )

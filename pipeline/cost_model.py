@@ -204,6 +204,18 @@ def resolve_model(entry: str | Mapping[str, Any]) -> GPTModel:
     return model
 
 
+def hardware_fields(entry: Any) -> Any:
+    """The fields but its name of the hardware `entry` (a name or a mapping) resolves to, to
+    tell two entries apart (a preset and a mapping of it that changes no field are one), or
+    `entry` itself where it resolves to nothing (a name this version lacks)."""
+    try:
+        fields = dataclasses.asdict(resolve_hardware(entry))
+    except ConfigError:
+        return entry
+    del fields["name"]
+    return fields
+
+
 def resolve_hardware(entry: str | Mapping[str, Any]) -> Hardware:
     """A hardware profile by name (HARDWARE), or a mapping like a model's."""
     if isinstance(entry, Mapping) and "memory_gb" in entry:

@@ -200,10 +200,12 @@ class Profile:
             object.__setattr__(self, name, _per_stage(name[:-3], getattr(self, name), num_stages))
         delays = self.delay_ms
         if is_number(delays) or not isinstance(delays, Sequence) or isinstance(delays, str):
-            raise ConfigError(f"delay_ms must be a list of up to {num_stages - 1} numbers")
+            raise ConfigError(
+                f"delay_ms must be a list of numbers, one per link ({num_stages - 1} links)"
+            )
         if len(delays) > num_stages - 1:
             raise ConfigError(
-                f"delay_ms has {len(delays)} entries but {num_stages} stages have "
+                f"delay_ms has {_entries(len(delays))} but {num_stages} stages have "
                 f"{num_stages - 1} links"
             )
         checked = [check_ms(f"delay_ms[{i}]", d) for i, d in enumerate(delays)]
@@ -334,7 +336,7 @@ class Profile:
         given = data.get("delay_ms")
         if given is not None and len(given) != profile.num_stages - 1:
             raise ConfigError(  # in a file, a short list is a mistake, not "the rest 0"
-                f"delay_ms has {len(given)} entries; {profile.num_stages} stages have "
+                f"delay_ms has {_entries(len(given))}; {profile.num_stages} stages have "
                 f"{profile.num_stages - 1} links, one delay each"
             )
         return profile
@@ -466,3 +468,7 @@ class Profile:
         if self.copy_gbps is None:
             return 0.0
         return self.message_bytes * 8 / (self.copy_gbps * 1e6)
+
+
+def _entries(count: int) -> str:
+    return f"{count} {'entry' if count == 1 else 'entries'}"

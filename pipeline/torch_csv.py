@@ -36,7 +36,7 @@ def to_torch_csv(schedule: Schedule) -> str:
 
 
 def _read_action(rank: int, position: int, cell: str) -> Op:
-    where = f"torch CSV row {rank} (rank {rank}), action {position} {cell!r}"
+    where = f"torch CSV line {rank + 1} (rank {rank}), cell {position + 1} {cell!r}"
     text = cell.strip()
     match = _ACTION.fullmatch(text)
     if match is None:
@@ -74,5 +74,6 @@ def from_torch_csv(text: str) -> Schedule:
                 )
             )
     except csv.Error as exc:
-        raise ScheduleError(f"torch CSV row {len(stages)}: cannot read the CSV: {exc}") from exc
+        line = len(stages) + 1
+        raise ScheduleError(f"torch CSV line {line}: cannot read the CSV: {exc}") from exc
     return Schedule(tuple(stages))

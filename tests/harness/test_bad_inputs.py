@@ -160,7 +160,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "profile short delays",
         {"p.json": profile(delay_ms=[1])},
         RUN_P,
-        "delay_ms has 1 entries; 3 stages have 2 links",
+        "delay_ms has 1 entry; 3 stages have 2 links",
     ),
     (
         "profile huge delay",
@@ -190,10 +190,16 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "cannot read op 'X0'",
     ),
     (
+        "schedule missing ops",  # its order's errors name the file too
+        {**P, "s.json": json.dumps({"stages": [["F0"]] * 3})},
+        ["simulate", "--profile", "p.json", "--schedule", "s.json"],
+        "error: schedule s.json: stage 0: ",
+    ),
+    (
         "torch csv garbage",
         {**P, "s.csv": "1,2,3\n"},
         ["simulate", "--profile", "p.json", "--schedule", "s.csv"],
-        "torch CSV row 0",
+        "torch CSV line 1 (rank 0), cell 1 '1'",
     ),
     (
         "schedule and policy",
@@ -502,7 +508,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "faults past the run",
         {**P, "f.yaml": row(start_iteration=50)},
         [*RUN_P, "--faults", "f.yaml"],
-        "starts at iteration 50 but the run has 5",
+        "fault timeline f.yaml: fault row 1: starts at iteration 50 but the run has 5",
     ),
     (
         "faults unknown key",

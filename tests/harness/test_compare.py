@@ -62,6 +62,35 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 
+def test_a_better_metric_fails_both_ways_only(tmp_path: Path) -> None:
+    """A deterministic run's gate (.ci/run) must see its numbers move either way: at 0 % a
+    one-sided gate passed 1F1B and ZB twice as fast under a delay (their delay lost)."""
+    rows = _rows()
+    fast = next(r for r in rows if r["system"] == "1f1b" and r["scenario"] == "0-1@40ms")
+    fast["median_iteration_ms"] = str(float(fast["median_iteration_ms"]) / 2)
+    new = _write(tmp_path / "better.csv", rows)
+    one_way = _compare(BASELINE, new)
+    assert (one_way.returncode, one_way.stdout.splitlines()[-1]) == (
+        0,
+        "no regression: 128 metrics within 0 %",
+    )
+    out = _compare(BASELINE, new, "--both-ways")
+    assert out.returncode == 1
+    flagged = [line for line in out.stdout.splitlines() if line.endswith(("WORSE", "BETTER"))]
+    assert len(flagged) == 1 and "1f1b 0-1@40ms" in flagged[0]
+    assert flagged[0].split()[-5:] == ["median_iteration_ms", "990", "495", "-50.00%", "BETTER"]
+    assert out.stderr == (
+        "error: 1 of 128 metrics got better than their tolerance, which --both-ways fails too "
+        "(0 % unless given per metric; flagged BETTER above)\n"
+    )
+    assert _compare(BASELINE, new, "--both-ways", "--tolerance", "50").returncode == 0
+    same = _compare(BASELINE, _write(tmp_path / "same.csv", _rows()), "--both-ways")
+    assert (same.returncode, same.stdout.splitlines()[-1]) == (
+        0,
+        "no regression: 128 metrics within 0 % either way",
+    )
+
+
 def test_a_missing_configuration_is_a_regression_named_apart_from_the_metrics(
     tmp_path: Path,
 ) -> None:
@@ -361,16 +390,19 @@ def _small_run(
     systems: tuple[str, ...] = ("1f1b",),
     faults: Path | None = None,
     calibration: Path | None = None,
+    **fields: Any,
 ) -> Path:
-    """A run directory in `out` of a small profile (2 stages, 2 iterations) under `systems`."""
+    """A run directory in `out` of a small profile (2 stages, 2 iterations) under `systems`,
+    the spec's other `fields` as given."""
     spec = ExperimentSpec(
         name="t",
         models=("m",),
-        profile=Profile.uniform(2, 4, 1, 1, 1),
+        profile=fields.pop("profile", Profile.uniform(2, 4, 1, 1, 1)),
         systems=systems,
         num_iterations=2,
         faults=None if faults is None else str(faults),
         calibration=None if calibration is None else str(calibration),
+        **fields,
     )
     return run_experiment(spec, out)
 
@@ -501,3 +533,48 @@ def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> N
         0,
         "no regression: 8 metrics within 100 %",
     )
+
+
+def test_a_configuration_of_another_profile_or_recovery_fails(tmp_path: Path) -> None:
+    """Runs of specs that differ in what runs.csv does not say (the profile's op times, a
+    restart's cost) measured other things under the same names: 1F1B with its forward ops
+    twice as long passed as no regression at 100 %, and, the other way, as a faster run.
+    Run directories' spec.json say what each ran; the line names the input."""
+    base = _small_run(tmp_path / "base")
+    slow_forward = _small_run(tmp_path / "slow", profile=Profile.uniform(2, 4, 2, 1, 1))
+    for new, old, changed in ((slow_forward, base, "'[1.0, 1.0]' -> '[2.0, 2.0]'"),
+                              (base, slow_forward, "'[2.0, 2.0]' -> '[1.0, 1.0]'")):  # fmt: skip
+        out = _compare(old, new, "--tolerance", "100")
+        assert out.returncode == 1
+        assert out.stdout.splitlines()[-1] == (
+            f"run another way in NEW: m 1f1b fault-free: spec profile t_f {changed}"
+        )
+        assert "1 configuration run another way in NEW" in out.stderr
+    restarting = _small_run(tmp_path / "restarting", restart_ms=5.0, checkpoint_every=3)
+    out = _compare(base, restarting, "--tolerance", "100")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-2:] == [
+        "run another way in NEW: m 1f1b fault-free: spec checkpoint_every '500' -> '3'",
+        "run another way in NEW: m 1f1b fault-free: spec restart_ms '0.0' -> '5.0'",
+    ]
+    again = _small_run(tmp_path / "again", profile=Profile.uniform(2, 4, 1.0, 1.0, 1.0))
+    assert _compare(base, again).returncode == 0  # the same inputs
+    alone = _compare(base / "runs.csv", slow_forward, "--tolerance", "100")
+    assert alone.returncode == 0  # a runs.csv alone does not say
+
+
+def test_a_preset_s_hardware_spelled_out_is_the_same_setup() -> None:
+    """The hardware as it resolves: the preset's name and a mapping of it that changes no
+    field are one setup; a field changed is another, named."""
+
+    def setup(hardware: Any) -> dict[str, Any]:
+        spec = ExperimentSpec(name="h", models=("gpt2-7b",), systems=("1f1b",), hardware=hardware)
+        return spec.setups()["gpt2-7b"]
+
+    preset = setup("h800-ib400")
+    assert setup({"base": "h800-ib400"}) == preset
+    slower = setup({"base": "h800-ib400", "network_gbps": 200})
+    assert {k: (preset[k], v) for k, v in slower.items() if preset[k] != v} == {
+        "hardware network_gbps": (400.0, 200)
+    }
+    assert preset["model num_layers"] > 0 and preset["injection"] == "hook"

@@ -444,9 +444,12 @@ def test_only_a_run_of_the_paper_s_preset_is_compared_with_the_paper(tmp_path: P
     longer = dataclasses.replace(fig16, num_iterations=4)
     assert harness.report.paper_experiment(longer)[1] == (
         "Not compared with the paper: this spec is named fig16, as the preset "
-        "`harness/presets/fig16_models.yaml` is, but its num_iterations differ from the "
+        "`harness/presets/fig16_models.yaml` is, but its num_iterations differs from the "
         "preset's."
     )
+    # The preset's hardware spelled out (a mapping changing no field): the same setting.
+    spelled_out = dataclasses.replace(some, hardware={"base": "h800-ib400"})
+    assert harness.report.paper_experiment(spelled_out) == ("fig16", None)
     assert harness.report.paper_experiment(dataclasses.replace(fig16, name="f")) == (None, None)
     # The Table 3 preset and its trace copied elsewhere: the same experiment (its files'
     # folders are not compared, what they hold is).
@@ -455,7 +458,7 @@ def test_only_a_run_of_the_paper_s_preset_is_compared_with_the_paper(tmp_path: P
     table3 = load_spec(tmp_path / "table3_trace.yaml")
     assert harness.report.paper_experiment(table3) == ("table3-trace", None)
     (tmp_path / "table3_trace.txt").write_text("15;2_3;0.03\n85;2_3;0\n")
-    assert "its faults_text differ" in str(
+    assert "its faults_text differs" in str(
         harness.report.paper_experiment(load_spec(tmp_path / "table3_trace.yaml"))[1]
     )
 

@@ -1,6 +1,6 @@
 import pytest
 
-from injectors.fault_files import load_faults, parse_trace, parse_yaml
+from injectors.fault_files import load_faults, parse_faults, parse_trace, parse_yaml
 from injectors.fault_model import Effect, Target, TargetKind
 from pipeline.errors import ConfigError
 from pipeline.topology import Link, Topology
@@ -106,6 +106,9 @@ def test_targets_and_iterations_are_checked_against_the_run() -> None:
         model.validate(Topology(8), num_iterations=20)
     with pytest.raises(ConfigError, match="fault row 1: host pair 1-9 does not exist"):
         parse_yaml("- {start_iteration: 0, hosts: [1, 9], delay_ms: 1}").validate(Topology(4), 5)
+    read = parse_faults("5;2_3;0.03 50;6_7;0.02", "slow.txt")  # its errors name the file
+    with pytest.raises(ConfigError, match="^fault timeline slow.txt: fault row 2: link 6-7 "):
+        read.validate(Topology(4), num_iterations=100)
     with pytest.raises(ConfigError, match="fault row 1: NIC host1:rnic7 does not exist"):
         parse_yaml("- {start_iteration: 0, nic: host1:rnic7, down: true}").validate(Topology(4), 5)
 

@@ -106,7 +106,7 @@ def test_the_dp_step_s_keys_and_their_defaults() -> None:
         ({"t_w": math.inf}, "t_w must be finite"),
         ({"t_w": math.nan}, "t_w must be finite"),
         ({"t_f": 1e300}, r"t_f must be finite and in 0\.\.3600000 ms, got 1e\+300"),
-        ({"delay_ms": [1]}, "delay_ms has 1 entries; 4 stages have 3 links, one delay each"),
+        ({"delay_ms": [1]}, "delay_ms has 1 entry; 4 stages have 3 links, one delay each"),
         ({"t_f": "10"}, "t_f must be a number"),
         ({"delay_ms": [1, 2, 3, 4]}, "delay_ms has 4 entries"),
         ({"delay_ms": [1, -2]}, r"delay_ms\[1\] must be finite and in 0..3600000 ms"),

@@ -152,7 +152,7 @@ def test_import_rejects_bad_actions(text: str, row: int, action: str) -> None:
     with pytest.raises(ScheduleError) as info:
         from_torch_csv(text)
     message = str(info.value)
-    assert f"row {row} " in message
+    assert f"line {row + 1} (rank {row}), " in message  # lines as an editor counts them
     assert repr(action) in message
 
 
