@@ -27,6 +27,7 @@ from harness.names import check_run_name
 from harness.policies import (
     SYSTEMS,
     blind_detector_warning,
+    noisy_ring_warning,
     system_controller,
     with_delegate_count,
 )
@@ -224,11 +225,14 @@ def run(
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     controller: Controller
     if system is not None:
-        warning = blind_detector_warning(
-            system, profile, faults, num_warmup_iterations=warmup_iterations
-        )
-        if warning is not None:
-            click.echo(warning, err=True)
+        for warning in (
+            blind_detector_warning(
+                system, profile, faults, num_warmup_iterations=warmup_iterations
+            ),
+            noisy_ring_warning(system, profile, backend),
+        ):
+            if warning is not None:
+                click.echo(warning, err=True)
         controller = system_controller(
             system,
             profile,

@@ -11,7 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.policies import SYSTEMS, Planner, blind_detector_warning, resolve_system
+from harness.policies import (
+    SYSTEMS,
+    Planner,
+    blind_detector_warning,
+    noisy_ring_warning,
+    resolve_system,
+)
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -154,7 +160,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     for config, key in zip(configs, keys, strict=True):
         if key in done:
             continue
-        for warning in _warnings(config, spec.num_warmup_iterations):
+        for warning in _warnings(config, spec.num_warmup_iterations, spec.backend):
             if warning not in warned:
                 warned.add(warning)
                 progress(warning)
@@ -211,15 +217,16 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     return run_dir
 
 
-def _warnings(config: Configuration, num_warmup_iterations: int) -> list[str]:
-    """`blind_detector_warning` and `idle_fault_rows_warning` for a configuration, naming its
-    model and scenario."""
+def _warnings(config: Configuration, num_warmup_iterations: int, backend: str) -> list[str]:
+    """`blind_detector_warning`, `noisy_ring_warning` and `idle_fault_rows_warning` for a
+    configuration, naming its model and scenario."""
     target, system, scenario, _ = config
     profile, faults = scenario.apply(target.profile), scenario.faults or NO_FAULTS
     warnings = (
         blind_detector_warning(
             system, profile, faults, num_warmup_iterations=num_warmup_iterations
         ),
+        noisy_ring_warning(system, profile, backend),
         idle_fault_rows_warning(profile, faults),
     )
     return [f"{target.label} {scenario.name}: {w}" for w in warnings if w is not None]

@@ -16,6 +16,7 @@ from baselines.falcon.changepoint import DEFAULT_CHANGES
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, Recovery
 from injectors.fault_model import FaultModel
+from pipeline.allreduce import largest_chunk_bytes
 from pipeline.checks import MAX_WAIT_S
 from pipeline.engines import Controller, Plan
 from pipeline.errors import ConfigError
@@ -33,6 +34,7 @@ __all__ = [
     "SYSTEMS",
     "PlannedSchedule",
     "blind_detector_warning",
+    "noisy_ring_warning",
     "plan",
     "resolve_system",
     "system_controller",
@@ -160,6 +162,37 @@ def _planned(policy: str, profile: Profile) -> Schedule:
 
 _MEASURED_KINDS = {"adaptra": ("PP", "DP"), "adaptra-cpu": ("DP",)}
 """The kinds of link each detector-driven system's controller reads."""
+
+
+NOISY_CHUNK_BYTES = 4 << 20
+"""Ring chunks this large or larger (`noisy_ring_warning`): on 2 busy cores, healthy rings of
+8 MiB chunks were called slow in 32 and 38 of 40 fault-free iterations (two runs), and
+swapped twice in each; of 2 MiB in none (benchmarks/bench_detector.py, section 4)."""
+
+
+def noisy_ring_warning(system: str, profile: Profile, backend: str) -> str | None:
+    """A warning line where `system`'s detector reads the DP ring of a runtime backend (its
+    times this host's) whose chunks are `NOISY_CHUNK_BYTES` or larger: a loaded host moves
+    such a chunk's time from iteration to iteration, and ring to ring, by more than the
+    detector's onset (adaptra.control.detector's known limits)."""
+    if backend == "sim" or "DP" not in _MEASURED_KINDS.get(system, ()):
+        return None
+    if profile.num_replicas < 2:
+        return None
+    largest = max(
+        largest_chunk_bytes(grad_bytes, profile.dp_bucket_bytes, profile.num_replicas)
+        for grad_bytes in profile.allreduce_bytes
+    )
+    if largest < NOISY_CHUNK_BYTES:
+        return None
+    return (
+        f"warning: {system}'s detector compares the DP rings' chunk times with each other, "
+        f"and chunks this large (up to {largest / (1 << 20):.3g} MiB) vary on a loaded host by "
+        "more than its onset: it may call healthy rings slow and swap them (on 2 busy cores, "
+        "rings of 8 MiB chunks were called slow in 32-38 of 40 fault-free iterations, of 2 MiB "
+        "chunks in none: BENCHMARKS.md); smaller DP buckets (dp_bucket_bytes) make smaller "
+        "chunks"
+    )
 
 
 def blind_detector_warning(

@@ -100,7 +100,18 @@ slow, the run on delegates (a 2-stage pipeline's one link after its repair, as b
 link's delay and the paths' difference are one number until a healthy link's delegated
 messages set the floor. A DP ring alone in its size class (at DP 2) that turns slow in the
 first iteration over delegates sets that class's delegated floor and is not seen: its delay
-and what the path adds to its chunks are one number there too.
+and what the path adds to its chunks are one number there too. A ring of large chunks on a
+loaded host: an 8 MiB chunk's time on 2 busy cores moves from iteration to iteration and
+ring to ring by more than the onset (healthy rings of such chunks were called slow in 32-38
+of 40 fault-free iterations, and swapped twice; of 2 MiB chunks in none:
+benchmarks/bench_detector.py, section 4); the run warns of it
+(`harness.policies.noisy_ring_warning`). Raising a DP link's onset by the host's measured
+noise was tried, and missed faults the detector finds now: by the spread of its class's
+medians in the iteration, a 10 ms fault on one of four rings of 8 MB chunks in the
+simulator, whose healthy rings lag apart by their concurrency (4 ms); by how far the
+class's medians moved from the iteration before, that one (the rings move together once a
+PP fault ends) and a 20 ms fault on a ring alone in its size class (its onset is the whole
+move).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.policies import noisy_ring_warning
 from harness.results import git_revision
+from pipeline.profile import Profile
 from tests.fidelity import HANG
 
 FIG4_PROFILE = {"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}
@@ -799,3 +801,34 @@ def test_run_s_help_says_where_every_experiment_writes_and_lists_the_options_who
     assert "Where an experiment (--spec, or the default one) writes its run directory" in help_text
     assert "with none of --profile, --policy, --schedule and --system." in help_text
     assert "/ " not in help_text
+
+
+def test_adaptra_warns_where_its_rings_chunks_are_too_large_to_judge_on_a_runtime(
+    tmp_path: Path,
+) -> None:
+    """A 16 MiB gradient per stage in one bucket over 2 replicas: 8 MiB chunks, whose time on
+    a loaded host moves by more than the detector's onset (a fault-free run of the README's
+    example profile then had healthy rings called slow and swapped). Said before an emulated
+    run starts; not for the simulator (no host), nor chunks of 2 MiB, nor a system that
+    reads no ring."""
+
+    def profile(allreduce_mib: int, bucket_mib: int = 80) -> Profile:
+        return Profile.uniform(
+            2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=allreduce_mib << 20,
+            dp_bucket_bytes=bucket_mib << 20,
+        )  # fmt: skip
+
+    warning = noisy_ring_warning("adaptra-cpu", profile(16), "emulated")
+    assert warning is not None and warning.startswith(
+        "warning: adaptra-cpu's detector compares the DP rings' chunk times with each other, "
+        "and chunks this large (up to 8 MiB) vary on a loaded host by more than its onset"
+    )
+    assert noisy_ring_warning("adaptra", profile(16, bucket_mib=4), "megatron") is None  # 2 MiB
+    assert noisy_ring_warning("adaptra", profile(16), "sim") is None
+    assert noisy_ring_warning("zb", profile(16), "emulated") is None
+    path = tmp_path / "dp2.json"
+    path.write_text(json.dumps({**profile(16).to_dict(), "dp_bucket_bytes": 80 << 20}))
+    run = cli("run", "--backend", "emulated", "--profile", str(path), "--system", "adaptra",
+              "--iterations", "1", cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.startswith("warning: adaptra's detector compares the DP rings' chunk")
