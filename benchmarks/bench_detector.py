@@ -230,9 +230,10 @@ def _accuracy(
 
 
 def _few_chunks(engines: RuntimeEngines, num_iterations: int) -> None:
-    """Fault-free runs of PP 4 x DP 2 with each stage's 16 MiB gradient (the README's
-    `dp2.json`, 10 ms ops, 1 MiB messages) in buckets of 16, 4 and 1 MiB: 2, 8 and 32 chunks
-    per ring link direction an iteration. Iterations with a link called slow, and swaps."""
+    """Fault-free runs of PP 4 x DP 2 with each stage's 16 MiB gradient (the README's example
+    `dp2.json` until 2026-12-06, 10 ms ops, 1 MiB messages) in buckets of 16, 4 and 1 MiB: 2,
+    8 and 32 chunks per ring link direction an iteration. Iterations with a link called
+    slow, and swaps."""
     print(
         f"\n| DP bucket MiB | chunks per direction (MiB each) | of {num_iterations} iterations: "
         "a link called slow | rank swaps |"

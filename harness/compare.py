@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.resolved import coverage
-from harness.results import RESULTS_SCHEMA_VERSION, read_spec_record, run_dir_holder
+from harness.results import (
+    RESULTS_SCHEMA_VERSION,
+    SPEC_VERSION,
+    read_spec_record,
+    run_dir_holder,
+)
 from injectors.fault_files import parse_faults
 from pipeline.errors import ConfigError
 
@@ -75,10 +80,11 @@ calibration), on every row: the same configuration under other costs measured so
 else. Compared as `TIMELINE` is."""
 SETUP = "spec "
 """Not runs.csv columns: a run directory's spec.json adds, under names of this prefix, the
-inputs a configuration's numbers depend on besides its `IDENTITY` (the profile's fields, or
-the cost model's model and hardware as they resolve, and the run's injection, warm-up
-iterations and recovery: `ExperimentSpec.setups`), e.g. `spec profile t_f`. Compared where
-both sides have them (a spec.json this version cannot read has none)."""
+inputs a configuration's numbers depend on besides its `IDENTITY` (the fields of the profile
+it runs as this version resolves it, a cost-model model's on its hardware, a megatron run's
+with its model's bytes; and the run's warm-up iterations, recovery and, in a runtime, its
+injection and transport timeout: `ExperimentSpec.setups`), e.g. `spec profile t_f`. Compared
+where both sides have them (a spec.json of spec version 1 has none)."""
 RECORDED = (TIMELINE, CALIBRATION)
 """What a run directory's spec.json adds to a configuration's identity, besides `SETUP`."""
 
@@ -221,21 +227,28 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
             for row in rows:
                 row[CALIBRATION] = digest
-        setups = _setups(record)
+        setups = _setups(record, path)
         for row in rows:
             for name, value in setups.get(str(row["model"]), {}).items():
                 row[SETUP + name] = value
     return rows
 
 
-def _setups(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """`ExperimentSpec.setups` of a spec.json record; none where this version cannot read it."""
+def _setups(record: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
+    """`ExperimentSpec.setups` of run directory `path`'s spec.json record; none for one of
+    spec version 1, which kept the paths of the files it read only; one of this version that
+    this version cannot read is damaged."""
     from harness.spec import spec_from_record  # loads the engines
 
     try:
         return spec_from_record(record).setups()
-    except (ConfigError, TypeError):
-        return {}
+    except (ConfigError, TypeError) as err:
+        if record["spec_version"] < SPEC_VERSION:
+            return {}
+        raise UnusableResults(
+            f"{path / 'spec.json'}: {err} (its runs.csv, given alone, is compared without the "
+            "checks it allows)"
+        ) from None
 
 
 def _timeline_digest(spec: Mapping[str, Any]) -> str | None:

@@ -29,14 +29,7 @@ from harness.saved import ConfigurationKey, timeline_name
 from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
-from pipeline.cost_model import (
-    GPTModel,
-    ModelCost,
-    hardware_fields,
-    model_cost,
-    resolve_hardware,
-    resolve_model,
-)
+from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
 from pipeline.engines import Controller
 from pipeline.errors import AdaptraBenchError, ConfigError
 from pipeline.faults import NO_FAULTS
@@ -240,6 +233,8 @@ _SETUP = (
 )
 """A spec's fields, besides its models' inputs, that a configuration's numbers depend on and
 runs.csv does not say (`ExperimentSpec.setups`)."""
+_RUNTIME_SETUP = frozenset({"injection", "transport_timeout_s"})
+"""Those of `_SETUP` only a runtime backend takes."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -574,31 +569,29 @@ class ExperimentSpec:
 
     def setups(self) -> dict[str, dict[str, Any]]:
         """Per model label, the inputs its configurations' numbers depend on besides what
-        runs.csv says of them (harness.compare.IDENTITY): the profile's fields (`profile
-        <field>`), or the cost model's model and hardware as they resolve (`model <field>`,
-        `hardware <field>`: a preset and a mapping of it that changes no field are one; a
-        model or hardware this version cannot resolve, as written), and the run's `_SETUP`."""
-        run = {name: getattr(self, name) for name in _SETUP}
-        if self.profile is not None:
-            profile = {f"profile {k}": v for k, v in self.profile.to_dict().items()}
-            return {str(self.models[0]): {**profile, **run}}
-        hardware = hardware_fields(self.hardware)
-        shared = (
-            {f"hardware {k}": v for k, v in hardware.items()}
-            if isinstance(hardware, dict)
-            else {"hardware": hardware}
-        )
-        setups = {}
-        for entry in self.models:
-            try:
-                fields = dataclasses.asdict(resolve_model(entry))
-            except ConfigError:  # a name this version lacks (a mapping of one: no label)
-                if isinstance(entry, str):
-                    setups[entry] = {"model": entry, **shared, **run}
-                continue
-            label = fields.pop("name")
-            setups[label] = {**{f"model {k}": v for k, v in fields.items()}, **shared, **run}
-        return setups
+        runs.csv says of them (harness.compare.IDENTITY): the fields of the profile it runs
+        as this version resolves it (`profile <field>`: a cost-model model's on its hardware,
+        a megatron run's with its model's bytes; a model or hardware spelled out otherwise
+        but the same is the same), and the run's `_SETUP` (`_RUNTIME_SETUP` where a runtime
+        backend runs it: the simulator takes neither). Models this version cannot resolve
+        (a preset renamed since): each named one's name and the hardware as written."""
+        run = {
+            name: getattr(self, name)
+            for name in _SETUP
+            if self.backend != "sim" or name not in _RUNTIME_SETUP
+        }
+        try:
+            targets = self.targets()
+        except ConfigError:
+            named = (entry for entry in self.models if isinstance(entry, str))
+            return {name: {"model": name, "hardware": self.hardware, **run} for name in named}
+        return {
+            target.label: {
+                **{f"profile {k}": v for k, v in target.profile.to_dict().items()},
+                **run,
+            }
+            for target in targets
+        }
 
     def resolve(self, configurations: Sequence[Configuration] | None = None) -> ResolvedSpec:
         """What it resolves to with this version's cost model (its `configurations`, if given,

@@ -201,12 +201,12 @@ class Profile:
         delays = self.delay_ms
         if is_number(delays) or not isinstance(delays, Sequence) or isinstance(delays, str):
             raise ConfigError(
-                f"delay_ms must be a list of numbers, one per link ({num_stages - 1} links)"
+                f"delay_ms must be a list of numbers, one per link ({_links(num_stages - 1)})"
             )
         if len(delays) > num_stages - 1:
             raise ConfigError(
                 f"delay_ms has {_entries(len(delays))} but {num_stages} stages have "
-                f"{num_stages - 1} links"
+                f"{_links(num_stages - 1)}"
             )
         checked = [check_ms(f"delay_ms[{i}]", d) for i, d in enumerate(delays)]
         object.__setattr__(
@@ -337,7 +337,7 @@ class Profile:
         if given is not None and len(given) != profile.num_stages - 1:
             raise ConfigError(  # in a file, a short list is a mistake, not "the rest 0"
                 f"delay_ms has {_entries(len(given))}; {profile.num_stages} stages have "
-                f"{profile.num_stages - 1} links, one delay each"
+                f"{_links(profile.num_stages - 1)}, one delay each"
             )
         return profile
 
@@ -472,3 +472,7 @@ class Profile:
 
 def _entries(count: int) -> str:
     return f"{count} {'entry' if count == 1 else 'entries'}"
+
+
+def _links(count: int) -> str:
+    return f"{count} link{'' if count == 1 else 's'}"

@@ -14,7 +14,7 @@ import pytest
 from harness.compare import KEY, METRICS, compare_runs
 from harness.experiment import run_experiment
 from harness.results import run_dir_held
-from harness.spec import ExperimentSpec
+from harness.spec import ExperimentSpec, load_spec
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
 
@@ -563,18 +563,56 @@ def test_a_configuration_of_another_profile_or_recovery_fails(tmp_path: Path) ->
     assert alone.returncode == 0  # a runs.csv alone does not say
 
 
-def test_a_preset_s_hardware_spelled_out_is_the_same_setup() -> None:
-    """The hardware as it resolves: the preset's name and a mapping of it that changes no
-    field are one setup; a field changed is another, named."""
+def test_a_setup_is_the_profile_as_it_resolves() -> None:
+    """A preset's hardware spelled out as a mapping that changes nothing, or a model mapping
+    that changes nothing, is the same setup; a field changed is another, named by what it
+    changes in the profile run. The simulator takes no transport timeout nor injection."""
 
-    def setup(hardware: Any) -> dict[str, Any]:
-        spec = ExperimentSpec(name="h", models=("gpt2-7b",), systems=("1f1b",), hardware=hardware)
-        return spec.setups()["gpt2-7b"]
+    def setup(model: Any = "gpt2-14b", **fields: Any) -> dict[str, Any]:
+        spec = ExperimentSpec(name="h", models=(model,), systems=("1f1b",), **fields)
+        return spec.setups()["gpt2-14b"]
 
-    preset = setup("h800-ib400")
-    assert setup({"base": "h800-ib400"}) == preset
-    slower = setup({"base": "h800-ib400", "network_gbps": 200})
+    preset = setup()
+    assert setup(hardware={"base": "h800-ib400"}) == preset
+    assert setup({"base": "gpt2-14b", "name": "gpt2-14b", "num_microbatches": 24}) == preset
+    assert setup(transport_timeout_s=30.0) == preset  # sim
+    slower = setup(hardware={"base": "h800-ib400", "network_gbps": 200})
     assert {k: (preset[k], v) for k, v in slower.items() if preset[k] != v} == {
-        "hardware network_gbps": (400.0, 200)
+        "profile link_bandwidth_gbps": (400.0, 200.0),
+        "profile dp_bandwidth_gbps": (preset["profile dp_bandwidth_gbps"], pytest.approx(159.2)),
     }
-    assert preset["model num_layers"] > 0 and preset["injection"] == "hook"
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    emulated = ExperimentSpec(
+        name="e", models=("m",), profile=profile, systems=("1f1b",), backend="emulated",
+        transport_timeout_s=30.0,
+    ).setups()["m"]  # fmt: skip
+    assert emulated["transport_timeout_s"] == 30.0 and emulated["injection"] == "hook"
+    assert emulated["profile t_f"] == [1.0, 1.0]
+
+
+def test_a_value_spelled_otherwise_is_the_same_value(tmp_path: Path) -> None:
+    """A restart's cost of 5 and of 5.0 ms is one setup (compared as values, not text)."""
+    spec = "name: t\nmodel: m\nprofile: {stages: 2, microbatches: 4, t_f: 1, t_b: 1, t_w: 1}\n"
+    spec += "systems: [1f1b]\nnum_iterations: 2\nrestart_ms: "
+    runs = {}
+    for side, value in (("int", "5"), ("float", "5.0"), ("other", "6")):
+        (tmp_path / f"{side}.yaml").write_text(spec + value + "\n")
+        runs[side] = run_experiment(load_spec(tmp_path / f"{side}.yaml"), tmp_path / side)
+    assert _compare(runs["int"], runs["float"]).returncode == 0
+    other = _compare(runs["int"], runs["other"], "--tolerance", "100")
+    assert (other.returncode, other.stdout.splitlines()[-1]) == (
+        1,
+        "run another way in NEW: m 1f1b fault-free: spec restart_ms '5' -> '6'",
+    )
+
+
+def test_a_damaged_spec_json_of_a_finished_run_cannot_be_compared(tmp_path: Path) -> None:
+    """A field of its spec refused (num_repeats 0): exit 2 naming spec.json, not a pass with
+    none of its setup checked."""
+    run = _small_run(tmp_path / "out", restart_ms=5.0)
+    record = json.loads((run / "spec.json").read_text())
+    record["spec"]["num_repeats"] = 0
+    (run / "spec.json").write_text(json.dumps(record))
+    out = _compare(_small_run(tmp_path / "base"), run)
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"error: {run / 'spec.json'}: num_repeats must be")
