@@ -625,7 +625,7 @@ class Testbed:
     def launcher(self, ranks_per_host: int = 1, plane: int = 0) -> Callable[..., BaseProcess]:
         """The launch hook: rank r runs on host r // ranks_per_host, gloo bound to the plane."""
 
-        from pipeline.runtime.hooks import worker_context  # torch: only for workers
+        from pipeline.runtime.hooks import start_worker  # torch: only for workers
 
         def launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
             host = rank // ranks_per_host
@@ -633,13 +633,8 @@ class Testbed:
                 raise TestbedError(
                     f"rank {rank} needs host {host}, the testbed has {self.num_hosts}"
                 )
-            process = worker_context().Process(  # type: ignore[attr-defined]
-                target=_enter_and_run,
-                args=(self.hosts[host], PLANES[plane], target, args),
-                name=f"adaptra-worker-{rank}",
-                daemon=True,
+            return start_worker(
+                rank, _enter_and_run, (self.hosts[host], PLANES[plane], target, args)
             )
-            process.start()
-            return process
 
         return launch

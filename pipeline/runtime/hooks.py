@@ -184,12 +184,19 @@ def preload_in_workers(modules: Sequence[str]) -> None:
 
 def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
     """A plain local process (`worker_context`: no state inherited from the controller)."""
+    return start_worker(rank, target, args)
+
+
+def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
+    """Rank `rank`'s worker process, started from the fork server (`worker_context`), whose
+    socket's folder is marked as this process's (`adaptra-bench cleanup` removes it once this
+    process is gone: a killed run leaves it)."""
     process = worker_context().Process(  # type: ignore[attr-defined]
         target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
     )
     try:
         process.start()
-        mark_folder(multiprocessing.util.get_temp_dir())  # the fork server's socket: cleanup
+        mark_folder(multiprocessing.util.get_temp_dir())
     except OSError as err:  # the fork server's socket lives under the temporary folder
         if "AF_UNIX path too long" not in str(err):
             raise

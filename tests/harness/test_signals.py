@@ -43,17 +43,22 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _emulated_run(
-    tmp_path: Path, scratch: Path, num_stages: int, prefix: tuple[str, ...] = ()
+    tmp_path: Path,
+    scratch: Path,
+    num_stages: int,
+    prefix: tuple[str, ...] = (),
+    options: tuple[str, ...] = (),
 ) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
     """`run --backend emulated` of 1F1B over `num_stages` stages with no end (TMPDIR
-    `scratch`; `prefix` before it on the command line), once its pool's folder is made and
-    its fork server, that one's helper and a worker per stage run; killed if still running
-    at the end."""
+    `scratch`; `prefix` before it on the command line, `options` after it), once its pool's
+    folder is made and its fork server, that one's helper and a worker per stage run; killed
+    if still running at the end."""
     profile = tmp_path / "p.json"
     op_ms = {"t_f": 5, "t_b": 5, "t_w": 5}
     profile.write_text(json.dumps({"stages": num_stages, "microbatches": num_stages, **op_ms}))
     command = [*prefix, sys.executable, "-m", "harness", "run", "--backend", "emulated"]
     command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
+    command += options
     run = subprocess.Popen(
         command,
         env={**os.environ, "TMPDIR": str(scratch)},
@@ -203,6 +208,30 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     live = make_folder(POOL_PREFIX, str(short_tmp))  # this process's: it runs
     assert sorted(remove_orphaned([str(short_tmp)])) == sorted([left, server])
     assert sorted(p.name for p in short_tmp.iterdir()) == sorted([Path(live).name, other.name])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/proc/self/task").exists(), reason="namespaces need root"
+)
+def test_cleanup_removes_a_killed_testbed_run_s_fork_server_folder(
+    tmp_path: Path, short_tmp: Path
+) -> None:
+    """The testbed's workers come from the fork server too: killed, the run left its socket
+    folder unmarked, which `cleanup` took for another program's and kept, one more per
+    killed run. Its namespaces go by their testbed's prefix (as above)."""
+    with _emulated_run(tmp_path, short_tmp, 2, options=("--inject", "network")) as (run, _):
+        made = _owned_by(run.pid) & _namespaces()
+        try:
+            run.kill()
+            run.communicate(timeout=60)
+        finally:
+            if made:
+                cleanup(prefix=min(made).rsplit("-", 1)[0] + "-")
+    assert len(made) == 3  # switch, 2 hosts
+    (server,) = short_tmp.glob("pymp-*")
+    assert server in remove_orphaned([str(short_tmp)])
+    assert not server.exists()
 
 
 @pytest.mark.multiprocess
