@@ -110,10 +110,26 @@ def step_spans(timeline: Timeline) -> list[RingSpan]:
 def _after_the_pipeline(
     timeline: Timeline, rings: Sequence[RingSpan] | None
 ) -> tuple[Sequence[RingSpan], bool]:
-    """What a chart draws after the ops: the rings (`rings`, else the timeline's), True; or
-    where there are none, the iterations' steps, False."""
+    """What a chart draws after the ops: the rings (`rings`, else the timeline's), each from
+    its stage's last op before it on (the other replica's chunks may reach replica 0 while
+    it still computes: they wait for it), True; or where there are none, the iterations'
+    steps, False."""
     rings = ring_spans(timeline) if rings is None else rings
-    return (rings, True) if rings else (step_spans(timeline), False)
+    if not rings:
+        return step_spans(timeline), False
+    ends_ms: dict[int, list[float]] = {}
+    for op in timeline.ops:
+        if op.replica == 0:
+            ends_ms.setdefault(op.stage, []).append(op.end_ms)
+    return [
+        span._replace(
+            start_ms=max(
+                span.start_ms,
+                max((e for e in ends_ms.get(span.stage, ()) if e <= span.end_ms), default=0.0),
+            )
+        )
+        for span in rings
+    ], True
 
 
 def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:

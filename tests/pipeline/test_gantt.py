@@ -19,9 +19,10 @@ from pipeline.gantt import (
     slow_messages,
     step_spans,
 )
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
-from pipeline.timeline import IterationRecord, MessageRecord, Timeline
+from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 
 
 def _slow_middle_link() -> Timeline:
@@ -175,3 +176,23 @@ def test_a_ring_span_s_delay_is_the_mean_of_its_most_delayed_link_direction() ->
         chunk("backward", 0.0, 1, 10.0), chunk("backward", 5.0, 1, 10.0),
     ))  # fmt: skip
     assert ring_spans(timeline) == [RingSpan(0, 0.0, 6.0, 15.0)]
+
+
+def test_a_stage_s_all_reduce_is_drawn_from_its_last_op_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Replica 1 ended its ops first and sent replica 0 its ring's first chunk at 20 ms while
+    replica 0 still computed until 50 ms: the chart drew replica 0's all-reduce over its ops
+    from 20 ms on. The chunk waits for it: the bar starts at 50 ms (the span itself keeps
+    when the first chunk was sent)."""
+    ops = (
+        OpRecord(0, 0, OpKind.F, 0, 0.0, 25.0, 0),
+        OpRecord(0, 0, OpKind.BW, 0, 25.0, 50.0, 0),
+    )
+    early = MessageRecord(0, "dp0:0-1", "backward", 0, 8, 20.0, 20.0, 21.0, 50.0, 1, 0.0)
+    late = MessageRecord(0, "dp0:0-1", "forward", 0, 8, 51.0, 51.0, 80.0, 60.0, 0, 0.0)
+    timeline = Timeline(1, ops, (), (), dp_messages=(early, late))
+    assert ring_spans(timeline) == [RingSpan(0, 20.0, 80.0, 0.0)]
+    ring = _drawn(monkeypatch, tmp_path, timeline).axes[0].collections[0]
+    xs = [x for path in ring.get_paths() for x, _ in path.vertices]
+    assert (min(xs), max(xs)) == (50.0, 80.0)
