@@ -300,12 +300,14 @@ def run(
                         "comm": decision.comm,
                         "microbatches": decision.microbatches,
                         "failovers": num_failovers,
+                        "moved_workers": num_moved,
                     }
-                    for index, time_ms, decision, num_failovers in zip(
+                    for index, time_ms, decision, num_failovers, num_moved in zip(
                         result.iterations,
                         result.iteration_times_ms,
                         result.decisions,
                         result.num_failovers,
+                        result.num_moved_workers,
                         strict=True,
                     )
                 ],
@@ -340,6 +342,8 @@ def run(
         )
     if any(result.num_failovers):
         click.echo(_failovers_line(result.iterations, result.num_failovers))
+    if any(result.num_moved_workers):
+        click.echo(_moves_line(result.iterations, result.num_moved_workers))
     if result.reused_iterations:
         click.echo(f"{result.reused_iterations} identical iterations reused (same plan and faults)")
     if result.devices:
@@ -384,6 +388,14 @@ def _run_name(param: click.Parameter, value: str | None) -> str | None:
         return None if value is None else check_run_name(value, "the run id")
     except ConfigError as err:
         raise click.BadParameter(str(err), param=param) from err
+
+
+def _moves_line(iterations: tuple[int, ...], num_moved: tuple[int, ...]) -> str:
+    """The workers rank swaps moved, by measured iteration: "rank swaps moved 2 worker(s):
+    2 at the start of iteration 4 (--trace shows them)"."""
+    moves = zip(iterations, num_moved, strict=True)
+    where = [f"{n} at the start of iteration {k}" for k, n in moves if n]
+    return f"rank swaps moved {sum(num_moved)} worker(s): {', '.join(where)} (--trace shows them)"
 
 
 def _failovers_line(iterations: tuple[int, ...], num_failovers: tuple[int, ...]) -> str:

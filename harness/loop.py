@@ -114,6 +114,9 @@ class RunResult:
     """One per measured iteration run, as the times: its timeline's `failovers`, the moves to
     another NIC (delegated runs; one per sender delegate that moved in the runtimes, one per
     link direction in the simulator)."""
+    num_moved_workers: tuple[int, ...] = ()
+    """One per measured iteration run, as the times: its timeline's `swaps`, the workers a
+    rank swap moved to another position at its start."""
 
     @property
     def comms_run(self) -> str:
@@ -219,6 +222,7 @@ def run_loop(
     total = num_warmup_iterations + num_iterations
     times, steps, bubbles, comms, losses, parts, indices = [], [], [], [], [], [], []
     num_failovers: list[int] = []
+    num_moved_workers: list[int] = []
     decisions: list[IterationDecision] = []
     params_sha256 = devices = ""
     restarts = _Restarts()
@@ -292,6 +296,7 @@ def run_loop(
         bubbles.append(metrics.bubble_ratio)
         comms.append(plan.comm)
         num_failovers.append(len(outcome.timeline.failovers))
+        num_moved_workers.append(len(outcome.timeline.swaps))
         decisions.append(
             IterationDecision(
                 dict(plan.believed_ms),
@@ -321,6 +326,7 @@ def run_loop(
         decisions=tuple(decisions),
         rerun_iterations=frozenset(restarts.rerun),
         num_failovers=tuple(num_failovers),
+        num_moved_workers=tuple(num_moved_workers),
     )
 
 

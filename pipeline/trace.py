@@ -11,7 +11,9 @@ all-reduce and the optimizer) is a slice on the "steps" process's track. A deleg
 failover to another NIC is an instant event "failover rnic0 -> rnic1" on its link direction's
 track when it noticed the failure (`FailoverRecord`: its cause and when it resumed in its
 args); a failover on the tied route (pipeline.topology's `tied_link`) has a track of its own,
-"tied:0-3 forward" ("tied1:0-3 forward": replica 1's).
+"tied:0-3 forward" ("tied1:0-3 forward": replica 1's). A message's args have the delay
+injected into it (`fault_ms`). A worker's move in a rank swap (`SwapRecord`) is a slice
+"swap from stage 1 replica 1" on the track of the position it took, before its ops there.
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
                 "ts": _us(r.start_ms),
                 "dur": _us(r.end_ms - r.start_ms),
                 "args": {"iteration": r.iteration, "microbatch": r.microbatch},
+            }
+        )
+    for swap in timeline.swaps:  # on the track of the position taken, before its ops
+        events.append(
+            {
+                "ph": "X",
+                "pid": _STAGES_PID,
+                "tid": grid.index(Position(swap.stage_to, swap.replica_to)),
+                "name": f"swap from stage {swap.stage_from} replica {swap.replica_from}",
+                "cat": "swap",
+                "ts": _us(swap.start_ms),
+                "dur": _us(swap.end_ms - swap.start_ms),
+                "args": {"iteration": swap.iteration, "pid": swap.pid, "bytes": swap.num_bytes},
             }
         )
     events += _step_events(timeline)
@@ -143,6 +158,7 @@ def _message_events(msg: MessageRecord, tid: int, prefix: str = "m") -> list[dic
         "send_end_ms": msg.send_end_ms,
         "arrival_ms": msg.arrival_ms,
         "needed_ms": msg.needed_ms,
+        "fault_ms": msg.fault_ms,
     }
     in_flight = {
         "ph": "X",

@@ -832,3 +832,36 @@ def test_adaptra_warns_where_its_rings_chunks_are_too_large_to_judge_on_a_runtim
               "--iterations", "1", cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert run.stderr.startswith("warning: adaptra's detector compares the DP rings' chunk")
+
+
+def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
+    """Adaptra-CPU moves a slow DP ring link onto a PP edge by a rank swap: `run` said nothing
+    of it, in its text, its JSON or its trace (only a saved timeline had it). Now a line
+    after the median, each iteration's `moved_workers`, a slice per moved worker on the
+    track of the position it took, and each message's injected delay in its args."""
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "stages": 4, "microbatches": 8, "t_f": 2, "t_b": 2, "t_w": 2, "dp": 2,
+        "message_bytes": 4096, "allreduce_bytes": 750000, "dp_bucket_bytes": 250000,
+    }))  # fmt: skip
+    faults = tmp_path / "f.yaml"
+    faults.write_text('- {start_iteration: 2, links: ["dp1:0-1"], delay_ms: 20}\n')
+    common = ["run", "--profile", str(profile), "--system", "adaptra-cpu", "--faults"]
+    common += [str(faults), "--iterations", "6"]
+    text = cli(*common, "--trace", str(tmp_path / "t.json"))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[1] == (
+        "rank swaps moved 2 worker(s): 2 at the start of iteration 4 (--trace shows them)"
+    )
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    moves = [e for e in events if e.get("cat") == "swap"]
+    swaps = [(e["name"], e["tid"], e["args"]["iteration"]) for e in moves]
+    # positions replica x 4 + stage: stage 1 of replica 1 (5) and stage 2 of replica 0 (2)
+    assert sorted(swaps) == [
+        ("swap from stage 1 replica 1", 2, 5),  # iteration 4 after the warm-up one
+        ("swap from stage 2 replica 0", 5, 5),
+    ]
+    delayed = {e["args"]["fault_ms"] for e in events if e.get("name", "").startswith("c")}
+    assert delayed == {0.0, 20.0}  # the ring's chunks, those over the slow pair 20 ms late
+    data = json.loads(cli(*common, "--format", "json").stdout)
+    assert [i["moved_workers"] for i in data["iterations"]] == [0, 0, 0, 0, 2, 0]
