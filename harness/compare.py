@@ -84,7 +84,8 @@ inputs a configuration's numbers depend on besides its `IDENTITY` (the fields of
 it runs as this version resolves it, a cost-model model's on its hardware, a megatron run's
 with its model's bytes; and the run's warm-up iterations, recovery and, in a runtime, its
 injection and transport timeout: `ExperimentSpec.setups`), e.g. `spec profile t_f`. Compared
-where both sides have them (a spec.json of spec version 1 has none)."""
+where both sides have them (a spec.json of spec version 1 whose files this version cannot
+read again has none)."""
 RECORDED = (TIMELINE, CALIBRATION)
 """What a run directory's spec.json adds to a configuration's identity, besides `SETUP`."""
 

@@ -116,7 +116,8 @@ class RunResult:
     link direction in the simulator)."""
     num_moved_workers: tuple[int, ...] = ()
     """One per measured iteration run, as the times: its timeline's `swaps`, the workers a
-    rank swap moved to another position at its start."""
+    rank swap moved to another position at its start (0 in the first iteration after a
+    restart, which places the workers anew: `restarts` says it)."""
 
     @property
     def comms_run(self) -> str:
@@ -230,7 +231,7 @@ def run_loop(
     remembered: dict[int, Metrics] = {}
     checkpoint = num_warmup_iterations
     k = 0
-    asked = False
+    asked = restarted = False
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
@@ -244,7 +245,7 @@ def run_loop(
             remembered.clear()  # the indices run again, under other faults
             view = view.repaired(k, stragglers=True)
             controller.restarted(k, stragglers=True)
-            k, asked = checkpoint, True
+            k, asked, restarted = checkpoint, True, True
             continue
         asked = False
         topology = plan.topology or plan.profile.topology
@@ -267,9 +268,12 @@ def run_loop(
             at_ms = math.inf if failure.at_ms is None else failure.at_ms
             view = view.repaired(k, at_ms=at_ms)  # what had failed by then
             controller.restarted(k, stragglers=False, at_ms=at_ms)
-            k = checkpoint
+            k, restarted = checkpoint, True
             continue
         controller.observe(k, outcome.timeline)
+        # the first iteration after a restart places the workers anew: no rank swap
+        moved_workers = 0 if restarted else len(outcome.timeline.swaps)
+        restarted = False
         params_sha256 = outcome.params_sha256 or params_sha256
         devices = outcome.devices or devices
         reused += outcome.same_as is not None
@@ -296,7 +300,7 @@ def run_loop(
         bubbles.append(metrics.bubble_ratio)
         comms.append(plan.comm)
         num_failovers.append(len(outcome.timeline.failovers))
-        num_moved_workers.append(len(outcome.timeline.swaps))
+        num_moved_workers.append(moved_workers)
         decisions.append(
             IterationDecision(
                 dict(plan.believed_ms),

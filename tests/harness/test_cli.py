@@ -865,3 +865,13 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     assert delayed == {0.0, 20.0}  # the ring's chunks, those over the slow pair 20 ms late
     data = json.loads(cli(*common, "--format", "json").stdout)
     assert [i["moved_workers"] for i in data["iterations"]] == [0, 0, 0, 0, 2, 0]
+    # Falcon swaps too, and restarts where a link fails: a restart places the workers anew
+    # in its first iteration, which is no rank swap (its line says the restart).
+    faults.write_text(
+        '- {start_iteration: 2, links: ["dp1:0-1"], delay_ms: 20}\n'
+        '- {start_iteration: 6, links: ["dp0:0-1"], down: true}\n'
+    )
+    falcon = ["run", "--profile", str(profile), "--system", "falcon", "--faults", str(faults)]
+    data = json.loads(cli(*falcon, "--iterations", "9", "--format", "json").stdout)
+    moved = [(i["iteration"], i["moved_workers"]) for i in data["iterations"] if i["moved_workers"]]
+    assert (data["restarts"], moved) == (1, [(5, 2)])
