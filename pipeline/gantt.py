@@ -121,15 +121,11 @@ def _after_the_pipeline(
     for op in timeline.ops:
         if op.replica == 0:
             ends_ms.setdefault(op.stage, []).append(op.end_ms)
-    return [
-        span._replace(
-            start_ms=max(
-                span.start_ms,
-                max((e for e in ends_ms.get(span.stage, ()) if e <= span.end_ms), default=0.0),
-            )
-        )
-        for span in rings
-    ], True
+
+    def last_op_ms(span: RingSpan) -> float:
+        return max((e for e in ends_ms.get(span.stage, ()) if e <= span.end_ms), default=0.0)
+
+    return [span._replace(start_ms=max(span.start_ms, last_op_ms(span))) for span in rings], True
 
 
 def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
