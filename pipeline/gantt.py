@@ -73,6 +73,11 @@ def drawn_end_ms(timeline: Timeline, rings: Sequence[RingSpan] | None = None) ->
     """Where a chart of `timeline` ends by itself: its last op's or all-reduce's end
     (`rings`: as `plot_gantt` takes them)."""
     spans, _ = _after_the_pipeline(timeline, rings)
+    return _end_ms(timeline, spans)
+
+
+def _end_ms(timeline: Timeline, spans: Sequence[RingSpan]) -> float:
+    """The last op's or drawn all-reduce's end."""
     return max([r.end_ms for r in timeline.ops] + [span.end_ms for span in spans], default=1.0)
 
 
@@ -156,12 +161,12 @@ def plot_gantt(
     stage's ops, its all-reduce: `rings` (default `ring_spans`: a timeline saved without its
     ring messages has them elsewhere), or where there are none the iteration's step."""
     plt = pyplot()
-    end_ms = drawn_end_ms(timeline, rings) if end_ms is None else end_ms
+    spans, of_rings = _after_the_pipeline(timeline, rings)
+    end_ms = _end_ms(timeline, spans) if end_ms is None else end_ms
     fig, ax = plt.subplots(
         figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"
     )
     ops = [op for op in timeline.ops if op.replica == 0]
-    spans, of_rings = _after_the_pipeline(timeline, rings)
     _draw_rings(ax, spans)
     _draw_ops(ax, ops)
     slow = slow_messages(timeline)
