@@ -26,8 +26,6 @@ from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
 from harness.names import check_run_name
 from harness.policies import (
     SYSTEMS,
-    blind_detector_warning,
-    noisy_ring_warning,
     system_controller,
     with_delegate_count,
 )
@@ -35,9 +33,9 @@ from harness.runner import (
     BACKENDS,
     INJECTIONS,
     fixed_plan,
-    idle_fault_rows_warning,
     link_terms,
     run_configuration,
+    run_warnings,
 )
 from harness.spec import default_experiment, load_spec
 from injectors.fault_files import load_faults
@@ -212,9 +210,6 @@ def run(
         timeline = load_faults(Path(faults_path), seed)
         timeline.validate(profile.topology, iterations)
         faults = timeline
-        idle = idle_fault_rows_warning(profile, faults)
-        if idle is not None:
-            click.echo(idle, err=True)
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
     if "injection" in given and backend == "sim":
@@ -223,16 +218,12 @@ def run(
             "simulator models every delay itself"
         )
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
+    for warning in run_warnings(
+        system, profile, faults, num_warmup_iterations=warmup_iterations, backend=backend
+    ):
+        click.echo(warning, err=True)
     controller: Controller
     if system is not None:
-        for warning in (
-            blind_detector_warning(
-                system, profile, faults, num_warmup_iterations=warmup_iterations
-            ),
-            noisy_ring_warning(system, profile, backend),
-        ):
-            if warning is not None:
-                click.echo(warning, err=True)
         controller = system_controller(
             system,
             profile,

@@ -11,13 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.policies import (
-    SYSTEMS,
-    Planner,
-    blind_detector_warning,
-    noisy_ring_warning,
-    resolve_system,
-)
+from harness.policies import SYSTEMS, Planner, resolve_system
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -31,7 +25,7 @@ from harness.results import (
     write_csv_atomic,
     write_json_atomic,
 )
-from harness.runner import RunResult, RuntimeEngines, idle_fault_rows_warning, run_configuration
+from harness.runner import RunResult, RuntimeEngines, run_configuration, run_warnings
 from harness.saved import (
     ConfigurationKey,
     ConfigurationRecorder,
@@ -218,18 +212,16 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
 
 
 def _warnings(config: Configuration, num_warmup_iterations: int, backend: str) -> list[str]:
-    """`blind_detector_warning`, `noisy_ring_warning` and `idle_fault_rows_warning` for a
-    configuration, naming its model and scenario."""
+    """`run_warnings` for a configuration, naming its model and scenario."""
     target, system, scenario, _ = config
-    profile, faults = scenario.apply(target.profile), scenario.faults or NO_FAULTS
-    warnings = (
-        blind_detector_warning(
-            system, profile, faults, num_warmup_iterations=num_warmup_iterations
-        ),
-        noisy_ring_warning(system, profile, backend),
-        idle_fault_rows_warning(profile, faults),
+    warnings = run_warnings(
+        system,
+        scenario.apply(target.profile),
+        scenario.faults or NO_FAULTS,
+        num_warmup_iterations=num_warmup_iterations,
+        backend=backend,
     )
-    return [f"{target.label} {scenario.name}: {w}" for w in warnings if w is not None]
+    return [f"{target.label} {scenario.name}: {warning}" for warning in warnings]
 
 
 def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ import functools
 
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
+from harness.policies import blind_detector_warning, noisy_ring_warning
 from injectors.fault_model import Effect, FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
@@ -33,6 +34,7 @@ __all__ = [
     "link_terms",
     "longest_hold_ms",
     "run_configuration",
+    "run_warnings",
 ]
 
 BACKENDS = ("sim", "emulated", "megatron")
@@ -264,6 +266,28 @@ def check_injectable(faults: FaultView, injection: str) -> None:
                 f"fault row {event.row}: --inject network takes a NIC down, not another "
                 f"effect on a NIC ({event.target}); replay it with --inject hook"
             )
+
+
+def run_warnings(
+    system: str | None,
+    profile: Profile,
+    faults: FaultView,
+    *,
+    num_warmup_iterations: int,
+    backend: str,
+) -> list[str]:
+    """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
+    gives before it starts: `blind_detector_warning`, `noisy_ring_warning` and
+    `idle_fault_rows_warning`, those that apply."""
+    warnings = [idle_fault_rows_warning(profile, faults)]
+    if system is not None:
+        warnings[:0] = [
+            blind_detector_warning(
+                system, profile, faults, num_warmup_iterations=num_warmup_iterations
+            ),
+            noisy_ring_warning(system, profile, backend),
+        ]
+    return [warning for warning in warnings if warning is not None]
 
 
 def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
