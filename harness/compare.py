@@ -5,8 +5,8 @@ A gate that passes on garbage protects nothing: an empty, unreadable or incomple
 or one a run still writes), a NaN or negative metric, a duplicate configuration or a NaN
 tolerance is `UnusableResults` (the CLI exits 2), a configuration on one side only is a
 failure (the CLI exits 1; one only in the new results may be allowed), and every metric has
-its direction (times: lower is better, throughput: higher; restarts, lost iterations and failovers:
-lower) and a tolerance of its own if given.
+its direction (times: lower is better, throughput: higher; restarts, lost iterations, failovers
+and moved workers: lower) and a tolerance of its own if given.
 Only the configurations on both sides have metrics compared; those on one side are counted
 and named apart (a `Comparison`). A configuration on both sides must also have been run the
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
@@ -60,6 +60,7 @@ METRICS: dict[str, bool] = {
     "restarts": False,
     "lost_iterations": False,
     "failovers": False,
+    "moved_workers": False,
 }
 """Compared metrics, and whether higher is better."""
 KEY = ("backend", "model", "system", "scenario", "repeat")

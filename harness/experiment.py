@@ -403,6 +403,7 @@ def _run_row(
         "restart_wall_ms": result.restart_wall_ms,
         "restart_model_ms": result.restart_model_ms,
         "failovers": sum(result.num_failovers),
+        "moved_workers": sum(result.num_moved_workers),
         "params_sha256": result.params_sha256,
         "schema_version": RESULTS_SCHEMA_VERSION,
     }
@@ -425,8 +426,19 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             "link_comms": json.dumps(decision.comm, sort_keys=True),
             "microbatches": decision.microbatches,
             "failovers": num_failovers,
+            "moved_workers": num_moved_workers,
         }
-        for index, time_ms, step_ms, bubble, comm, loss, decision, num_failovers in zip(
+        for (
+            index,
+            time_ms,
+            step_ms,
+            bubble,
+            comm,
+            loss,
+            decision,
+            num_failovers,
+            num_moved_workers,
+        ) in zip(
             result.iterations,
             result.iteration_times_ms,
             result.step_times_ms,
@@ -435,6 +447,7 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             losses,
             result.decisions,
             result.num_failovers,
+            result.num_moved_workers,
             strict=True,
         )
     ]

@@ -35,18 +35,19 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 7
-"""7: `failovers`, the delegates' moves to another NIC: iterations.csv's per iteration run,
-runs.csv's over the configuration's. 6: iterations.csv's `microbatches`: the global batch's
-split over the DP replicas where a rebalance made it uneven ("12+4"; empty: equal). 5:
-iterations.csv says what the controller believed and ran: `detected_ms` and `link_comms`
-(JSON objects by PP link), `policy` the iteration's (adaptra: "adaptra"; files written before
-2026-12-05 also "adaptra-initial"). 4: the saved timelines are of timeline schema 4
-(messages' wire start, copy in and carrier: pipeline.timeline). 3: a run directory keeps
-what its engines measured: messages.csv and timelines/ (the drawn iterations' full
-timelines, from which the report draws its Gantt charts; docs/design.md, "Results"). 2:
-runs.csv and iterations.csv gained `controller`; runs.csv `restarts`, `lost_iterations`,
-`restart_wall_ms` and `restart_model_ms`."""
+RESULTS_SCHEMA_VERSION = 8
+"""8: `moved_workers`, the workers a rank swap moved to another position: iterations.csv's per
+iteration run (at its start), runs.csv's over the configuration's. 7: `failovers`, the
+delegates' moves to another NIC: iterations.csv's per iteration run, runs.csv's over the
+configuration's. 6: iterations.csv's `microbatches`: the global batch's split over the DP
+replicas where a rebalance made it uneven ("12+4"; empty: equal). 5: iterations.csv says what
+the controller believed and ran: `detected_ms` and `link_comms` (JSON objects by PP link),
+`policy` the iteration's (adaptra: "adaptra"; files written before 2026-12-05 also "adaptra-
+initial"). 4: the saved timelines are of timeline schema 4 (messages' wire start, copy in and
+carrier: pipeline.timeline). 3: a run directory keeps what its engines measured: messages.csv
+and timelines/ (the drawn iterations' full timelines, from which the report draws its Gantt
+charts; docs/design.md, "Results"). 2: runs.csv and iterations.csv gained `controller`;
+runs.csv `restarts`, `lost_iterations`, `restart_wall_ms` and `restart_model_ms`."""
 
 SPEC_VERSION = 2
 """spec.json's `spec_version`, the form of its spec (its `schema_version` is the results'):
@@ -79,6 +80,7 @@ RUNS_COLUMNS = (
     "restart_wall_ms",
     "restart_model_ms",
     "failovers",
+    "moved_workers",
     "params_sha256",
     "schema_version",
 )
@@ -101,6 +103,7 @@ ITERATIONS_COLUMNS = (
     "link_comms",
     "microbatches",
     "failovers",
+    "moved_workers",
 )
 MESSAGES_COLUMNS = (
     "model",
@@ -134,7 +137,7 @@ _NUMBER_COLUMNS = frozenset(
         "lost_iterations", "restart_wall_ms", "restart_model_ms", "iteration",
         "iteration_time_ms", "step_time_ms", "loss", "replica", "num_messages",
         "num_bytes", "first_send_start_ms", "last_send_end_ms", "last_arrival_ms", "send_ms",
-        "fault_ms", "waited_ms", "failovers",
+        "fault_ms", "waited_ms", "failovers", "moved_workers",
     }
 )  # fmt: skip
 """The result tables' columns that hold a number. In those `read_csv_rows` reads (runs.csv,
@@ -143,7 +146,7 @@ whole one in `_COUNT_COLUMNS`."""
 _COUNT_COLUMNS = frozenset(
     {
         "repeat", "seed", "iterations", "restarts", "lost_iterations", "iteration", "replica",
-        "num_messages", "num_bytes", "failovers",
+        "num_messages", "num_bytes", "failovers", "moved_workers",
     }
 )  # fmt: skip
 """Number columns that hold counts and indices: whole numbers."""

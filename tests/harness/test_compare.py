@@ -46,7 +46,7 @@ def _rows() -> list[dict[str, str]]:
 def test_unchanged_passes(tmp_path: Path) -> None:
     out = _compare(BASELINE, _write(tmp_path / "same.csv", _rows()))
     assert out.returncode == 0, out.stderr
-    assert "no regression: 128 metrics within 0 %" in out.stdout
+    assert "no regression: 144 metrics within 0 %" in out.stdout
 
 
 def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_a_ten_percent_worsening_fails_with_a_table(tmp_path: Path) -> None:
     assert out.returncode == 1
     worse = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
     assert len(worse) == 1 and "adaptra 0-1@40ms" in worse[0] and "+10.00%" in worse[0]
-    assert "1 of 128 metrics got worse than their tolerance (5 %" in out.stderr
+    assert "1 of 144 metrics got worse than their tolerance (5 %" in out.stderr
     assert _compare(BASELINE, new, "--tolerance", "15").returncode == 0
 
 
@@ -72,7 +72,7 @@ def test_a_better_metric_fails_both_ways_only(tmp_path: Path) -> None:
     one_way = _compare(BASELINE, new)
     assert (one_way.returncode, one_way.stdout.splitlines()[-1]) == (
         0,
-        "no regression: 128 metrics within 0 %",
+        "no regression: 144 metrics within 0 %",
     )
     out = _compare(BASELINE, new, "--both-ways")
     assert out.returncode == 1
@@ -80,14 +80,14 @@ def test_a_better_metric_fails_both_ways_only(tmp_path: Path) -> None:
     assert len(flagged) == 1 and "1f1b 0-1@40ms" in flagged[0]
     assert flagged[0].split()[-5:] == ["median_iteration_ms", "990", "495", "-50.00%", "BETTER"]
     assert out.stderr == (
-        "error: 1 of 128 metrics got better than their tolerance, which --both-ways fails too "
+        "error: 1 of 144 metrics got better than their tolerance, which --both-ways fails too "
         "(0 % unless given per metric; flagged BETTER above)\n"
     )
     assert _compare(BASELINE, new, "--both-ways", "--tolerance", "50").returncode == 0
     same = _compare(BASELINE, _write(tmp_path / "same.csv", _rows()), "--both-ways")
     assert (same.returncode, same.stdout.splitlines()[-1]) == (
         0,
-        "no regression: 128 metrics within 0 % either way",
+        "no regression: 144 metrics within 0 % either way",
     )
 
 
@@ -99,7 +99,7 @@ def test_a_missing_configuration_is_a_regression_named_apart_from_the_metrics(
     out = _compare(BASELINE, _write(tmp_path / "short.csv", _rows()[1:]), "--tolerance", "5")
     assert out.returncode == 1
     lines = out.stdout.splitlines()
-    assert len([line for line in lines if line.startswith("fig4-uniform-10ms ")]) == 120  # 15 x 8
+    assert len([line for line in lines if line.startswith("fig4-uniform-10ms ")]) == 135  # 15 x 9
     assert "WORSE" not in out.stdout
     assert lines[-2:] == ["", "missing from NEW (a regression): fig4-uniform-10ms 1f1b fault-free"]
     assert (
@@ -113,7 +113,7 @@ def test_missing_configurations_and_worse_metrics_are_counted_apart(tmp_path: Pa
     out = _compare(BASELINE, _write(tmp_path / "short.csv", rows[2:]), "--tolerance", "5")
     assert out.returncode == 1
     assert out.stderr == (
-        "error: 1 of 112 metrics got worse than their tolerance (5 % unless given per metric; "
+        "error: 1 of 126 metrics got worse than their tolerance (5 % unless given per metric; "
         "see the table above); regression: 2 configurations of BASE missing from NEW (listed "
         "above)\n"
     )
@@ -234,7 +234,7 @@ def test_a_configuration_only_in_the_new_results_fails_unless_allowed(tmp_path: 
     assert allowed.returncode == 0
     assert allowed.stdout.splitlines()[-2:] == [
         "only in NEW, not compared (allowed by --allow-new): fig4-uniform-10ms 1f1b 0-1@80ms",
-        "no regression: 128 metrics within 0 %; 1 configuration only in NEW, not compared "
+        "no regression: 144 metrics within 0 %; 1 configuration only in NEW, not compared "
         "(--allow-new)",
     ]
 
@@ -245,7 +245,7 @@ def test_allowed_new_configurations_do_not_pass_a_worse_metric(tmp_path: Path) -
     new = _write(tmp_path / "more.csv", [*rows, {**rows[0], "scenario": "0-1@80ms"}])
     out = _compare(BASELINE, new, "--allow-new")
     assert out.returncode == 1
-    assert out.stderr.startswith("error: 1 of 128 metrics got worse than their tolerance (0 %")
+    assert out.stderr.startswith("error: 1 of 144 metrics got worse than their tolerance (0 %")
 
 
 def test_a_comparison_names_the_configurations_on_one_side_only() -> None:
@@ -328,8 +328,8 @@ def test_markdown_is_a_table_for_a_job_summary(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     assert lines[0] == "| configuration | metric | base | new | change | |"
     assert lines[1] == "|---|---|---|---|---|---|"
-    assert len([line for line in lines if line.startswith("| ")]) == 129  # header + 128 metrics
-    assert lines[-1] == "no regression: 128 metrics within 0 %"
+    assert len([line for line in lines if line.startswith("| ")]) == 145  # header + 144 metrics
+    assert lines[-1] == "no regression: 144 metrics within 0 %"
 
 
 def _one(metric: str, value: float) -> dict[str, Any]:
@@ -531,7 +531,7 @@ def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> N
     alone = _compare(runs["base"] / "runs.csv", runs["new"], "--tolerance", "100")
     assert (alone.returncode, alone.stdout.splitlines()[-1]) == (
         0,
-        "no regression: 8 metrics within 100 %",
+        "no regression: 9 metrics within 100 %",
     )
 
 

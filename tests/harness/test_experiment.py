@@ -840,6 +840,30 @@ def test_runs_and_iterations_csv_count_the_failovers(tmp_path: Path) -> None:
     assert [r["failovers"] for r in steps] == ["0", "0", "4", "0"]
 
 
+def test_runs_and_iterations_csv_count_the_workers_rank_swaps_moved(tmp_path: Path) -> None:
+    """dp1:0-1 turns 20 ms slow in measured iteration 2: Adaptra-CPU's detector finds it and
+    a rank swap moves two workers at the start of iteration 4 (as `run` shows them:
+    tests/harness/test_cli.py), which iterations.csv counts in that iteration's row and
+    runs.csv over the configuration's."""
+    (tmp_path / "f.yaml").write_text('- {start_iteration: 2, links: ["dp1:0-1"], delay_ms: 20}\n')
+    profile = {
+        "stages": 4, "microbatches": 8, "t_f": 2, "t_b": 2, "t_w": 2, "dp": 2,
+        "message_bytes": 4096, "allreduce_bytes": 750000, "dp_bucket_bytes": 250000,
+    }  # fmt: skip
+    spec = {"name": "s", "model": "m", "profile": profile, "systems": ["adaptra-cpu", "zb"]}
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(json.dumps({**spec, "faults": "f.yaml", "num_iterations": 6}))
+    run_dir = run_experiment(load_spec(spec_file), tmp_path / "out" / "r")
+    runs = {r["system"]: r for r in read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)}
+    assert {system: r["moved_workers"] for system, r in runs.items()} == {
+        "adaptra-cpu": "2",
+        "zb": "0",
+    }
+    steps = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    moved = [r["moved_workers"] for r in steps if r["system"] == "adaptra-cpu"]
+    assert moved == ["0", "0", "0", "0", "2", "0"]
+
+
 def test_the_run_plans_nothing_its_spec_s_check_planned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
