@@ -291,15 +291,21 @@ def doctor(fmt: str) -> None:
 
 @click.command()
 def cleanup() -> None:
-    """Remove what a killed run left: the network namespaces of testbeds, and the worker
-    pools' folders (rendezvous, slots, checkpoints) and `launch --run`'s torchrun folder, in
-    the temporary folder and /dev/shm, whose processes are gone (a torchrun folder's: the
-    launch and its torchrun, which a killed launch leaves running). Those of live runs are left,
-    and so are namespaces no testbed owns and folders another program marked."""
+    """Remove what a killed run left: the torchrun (and its workers) of a `launch --run`
+    killed by SIGKILL, which runs on with nowhere to send its results; the network
+    namespaces of testbeds; and the worker pools' folders (rendezvous, slots, checkpoints)
+    and `launch --run`'s torchrun folder, in the temporary folder and /dev/shm, whose
+    processes are gone. Those of live runs are left, and so are namespaces no testbed owns
+    and folders another program marked."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError
-    from pipeline.runtime.scratch import remove_orphaned
+    from pipeline.runtime.scratch import remove_orphaned, stop_orphaned_torchruns
 
+    torchruns = stop_orphaned_torchruns()
+    click.echo(
+        f"stopped {len(torchruns)} torchrun(s) whose launch was killed, with their workers"
+        + (": pid " + ", ".join(map(str, torchruns)) if torchruns else "")
+    )
     folders = remove_orphaned()
     click.echo(
         f"removed {len(folders)} worker pool folder(s)"

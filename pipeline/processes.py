@@ -17,7 +17,13 @@ from typing import IO, Any
 
 from pipeline.signals import held_signals
 
-__all__ = ["WATCH_INTERVAL_S", "PipeReader", "process_start_time", "process_tree"]
+__all__ = [
+    "WATCH_INTERVAL_S",
+    "PipeReader",
+    "process_start_time",
+    "process_tree",
+    "stop_orphan",
+]
 
 _Known = dict[int, int]
 """Processes by pid, each with its start time (what tells it from a later one of its pid)."""
@@ -65,6 +71,33 @@ def process_tree(
             watch.stop()
         if command is not None:
             _stop(command, seen, grace_s)
+
+
+def stop_orphan(pid: int, start_time: int, *, grace_s: float = 10.0) -> bool:
+    """Stop process `pid`, if it is still the one that started at `start_time`, and its tree
+    (descendants and session members, also those in sessions of their own below it), as
+    `process_tree`'s exit stops a command's: SIGTERM to each once, SIGKILL to those left
+    after `grace_s`. For a process whose parent was killed before that exit ran (a killed
+    `launch --run`'s torchrun): nothing here reaps it, so it is polled. Whether it ran."""
+    root = {pid: start_time}
+    if not _running(root):
+        return False
+    signalled: _Known = {}
+    deadline = time.monotonic() + grace_s
+    while True:
+        found = _tree(set(_running({**root, **signalled})))
+        for member in found.keys() - signalled.keys():
+            _kill(member, signal.SIGTERM)
+        signalled.update(found)
+        if not _running(signalled) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for member in _running(signalled):
+        _kill(member, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0  # SIGKILL takes effect soon, not at once
+    while _running(signalled) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return True
 
 
 class _Watch:

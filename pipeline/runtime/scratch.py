@@ -1,6 +1,7 @@
 """A worker pool's folders (its rendezvous, checkpoints, the delegates' slot files; the
 temporary folder `launch --run` gives torchrun), each marked with the process that made it,
-and the removal of those whose process is gone (a killed controller cannot remove its own)."""
+and the removal of those whose process is gone (a killed controller cannot remove its own);
+the stop of a torchrun whose launch is gone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from pipeline.processes import process_start_time
+from pipeline.processes import process_start_time, stop_orphan
 from pipeline.signals import held_signals
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "owned_folder",
     "remove_orphaned",
     "share_folder",
+    "stop_orphaned_torchruns",
 ]
 
 POOL_PREFIX, SLOTS_PREFIX = "adaptra-pool-", "adaptra-slots-"
@@ -102,6 +104,21 @@ def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
     return removed
+
+
+def stop_orphaned_torchruns(parents: Iterable[str] | None = None) -> list[int]:
+    """Stop the torchruns, with their workers, whose `launch --run` is gone (its torchrun
+    folder's first mark; `parents` as `remove_orphaned`'s): a launch killed where no handler
+    ran (SIGKILL) leaves its torchrun running on, its results going nowhere. Their pids."""
+    if parents is None:
+        parents = [tempfile.gettempdir(), "/dev/shm"]
+    stopped = []
+    for parent in parents:
+        for folder in sorted(Path(parent).glob(f"{TORCHRUN_PREFIX}*")):
+            owners = _owners(folder)
+            if owners and process_start_time(owners[0][0]) != owners[0][1]:
+                stopped += [pid for pid, start in owners[1:] if stop_orphan(pid, start)]
+    return stopped
 
 
 def _owners(folder: Path) -> list[tuple[int, int]]:

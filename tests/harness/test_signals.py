@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from injectors.ownership import OwnerRecord, cleanup
-from pipeline.runtime.scratch import CHECKPOINTS_PREFIX, POOL_PREFIX, make_folder, remove_orphaned
+from pipeline.runtime.scratch import (
+    CHECKPOINTS_PREFIX,
+    POOL_PREFIX,
+    make_folder,
+    remove_orphaned,
+    stop_orphaned_torchruns,
+)
 
 
 def _descendants(pid: int) -> set[int]:
@@ -372,17 +378,15 @@ def test_cleanup_removes_a_killed_launch_run_s_torchrun_folder(
     """SIGKILL leaves `launch --run` no chance to remove the temporary folder it gives
     torchrun (its logs, its workers' TMPDIR): that folder was a plain one, which `cleanup`
     left; now it is marked with the launch's process, and `cleanup`'s folder part removes it
-    once the launch is gone (on this test's folder alone, as above)."""
+    once the launch is gone (on this test's folder alone, as above). The torchrun and its
+    workers ran on, sending their results to no one: `cleanup` stops them first."""
     with _launch_run(tmp_path, short_tmp) as (run, started):
-        run.kill()  # the launch first, as a kill -9 of it leaves torchrun to run on
+        run.kill()  # as a kill -9 of it leaves torchrun to run on
         run.wait()
-        for pid in started:  # then what it started: this test's to stop
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while any(_alive(pid) for pid in started) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(pid) for pid in started)
+        (torchrun,) = [p for p in started if _cmdline(p)[1:3] == ["-m", "torch.distributed.run"]]
+        assert _alive(torchrun)
+        assert stop_orphaned_torchruns([str(short_tmp)]) == [torchrun]
+        assert not [_cmdline(pid) for pid in started if _alive(pid)]
         (left,) = short_tmp.glob("adaptra-torchrun-*")
         assert (left / ".owner").read_text().split()[0] == str(run.pid)
         assert remove_orphaned([str(short_tmp)]) == [left]

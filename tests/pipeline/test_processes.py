@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import processes
-from pipeline.processes import PipeReader, process_start_time, process_tree
+from pipeline.processes import PipeReader, process_start_time, process_tree, stop_orphan
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 
@@ -45,6 +45,32 @@ def test_an_exception_stops_the_command_and_a_descendant_in_a_session_of_its_own
     assert command.returncode is not None
     assert [process_start_time(pid) for pid in children] == [None, None]
     assert time.monotonic() - started < 20
+
+
+def test_an_orphan_is_stopped_with_its_tree_and_a_reused_pid_is_left(tmp_path: Path) -> None:
+    """`cleanup`'s stop of a killed launch's torchrun: the process, its child in a session of
+    its own (a worker) and one that ignores SIGTERM (SIGKILL after the grace period); a pid
+    whose start time is not the one recorded is another process: left running."""
+    pids = tmp_path / "pids"
+    script = (
+        f"setsid sh -c 'echo $$ >> {pids}; exec sleep 60' & "
+        f"sh -c 'trap \"\" TERM; echo $$ >> {pids}; while :; do sleep 0.1; done' & "
+        "wait"
+    )
+    with subprocess.Popen(["sh", "-c", script], start_new_session=True) as root:
+        try:
+            children = _pids_written(pids, 2)
+            start_time = process_start_time(root.pid)
+            assert start_time is not None
+            assert not stop_orphan(root.pid, start_time + 1, grace_s=1.0)  # a reused pid
+            assert all(process_start_time(pid) is not None for pid in [root.pid, *children])
+            assert stop_orphan(root.pid, start_time, grace_s=1.0)
+            assert [process_start_time(pid) for pid in [root.pid, *children]] == [None] * 3
+            assert not stop_orphan(root.pid, start_time)  # gone: nothing to stop
+        finally:
+            for pid in [root.pid, *_pids_written(pids, 0)]:
+                if process_start_time(pid) is not None:
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_a_command_that_ends_by_itself_is_only_reaped() -> None:

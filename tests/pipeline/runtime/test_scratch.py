@@ -1,6 +1,7 @@
 """The worker pools' marked folders and `cleanup`'s removal of those whose process is gone."""
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pipeline.runtime.scratch import (
     owned_folder,
     remove_orphaned,
     share_folder,
+    stop_orphaned_torchruns,
 )
 
 
@@ -85,6 +87,29 @@ def test_a_shared_folder_stays_while_any_of_its_processes_runs(tmp_path: Path) -
     assert remove_orphaned([str(tmp_path)]) == [folder]
     share_folder(str(tmp_path), torchrun.pid)  # a process gone: no mark
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_torchrun_is_stopped_once_its_launch_is_gone(tmp_path: Path) -> None:
+    """A launch killed by SIGKILL left its torchrun (and workers) running on, sending its
+    results to no one, and `cleanup` kept its folder for it: now `cleanup` stops it first.
+    One whose launch still runs is that launch's."""
+    live_mark = f"{os.getpid()} {process_start_time(os.getpid())}\n"
+    killed = _folder(tmp_path, f"{TORCHRUN_PREFIX}killed", _gone_mark())
+    live = _folder(tmp_path, f"{TORCHRUN_PREFIX}live", live_mark)
+    with (
+        subprocess.Popen(["sleep", "60"], start_new_session=True) as orphan,
+        subprocess.Popen(["sleep", "60"], start_new_session=True) as running,
+    ):
+        try:
+            share_folder(str(killed), orphan.pid)
+            share_folder(str(live), running.pid)
+            assert stop_orphaned_torchruns([str(tmp_path)]) == [orphan.pid]
+            assert orphan.wait(timeout=30) == -signal.SIGTERM
+            assert running.poll() is None
+            assert remove_orphaned([str(tmp_path)]) == [killed]
+        finally:
+            orphan.kill()
+            running.kill()
 
 
 def test_an_owned_folder_goes_on_an_exception_too(tmp_path: Path) -> None:
