@@ -135,7 +135,9 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
     from adaptra.transport import Delegates
     from pipeline.runtime.calibrate import measure_host_costs
 
-    _warn_if_cores_are_shared(stages)
+    note = shared_cores_note(stages, len(os.sched_getaffinity(0)))
+    if note is not None:
+        click.echo(note, err=True)
     costs = measure_host_costs(
         repeats,
         stages,
@@ -164,6 +166,17 @@ def shared_cores_warning(num_stages: int, num_cores: int) -> str | None:
         f"warning: {num_stages} stages on {num_cores} CPU core(s): the workers share cores, so "
         "the times measured include waiting for one (not results; use --stages "
         f"{num_cores} or fewer, or a larger machine)"
+    )
+
+
+def shared_cores_note(num_stages: int, num_cores: int) -> str | None:
+    """What `calibrate` says where its stages outnumber the CPU cores (None: they do not):
+    no warning, as `profile`'s, since the runs it calibrates for share the cores as much."""
+    if num_stages <= num_cores:
+        return None
+    return (
+        f"note: {num_stages} stages on {num_cores} CPU core(s): the costs measured include "
+        f"waiting for a core, as those of the {num_stages}-stage runs they predict here"
     )
 
 

@@ -326,6 +326,14 @@ def model_cost(
             "node; the model prices a TP all-reduce at NVLink speed, inside one node (use tp "
             f"<= {hw.gpus_per_node}, or set the hardware's gpus_per_node)"
         )
+    if hw.network_gbps * cal.allreduce_efficiency < MIN_BANDWIDTH_GBPS:
+        raise ConfigError(
+            f"hardware {hw.name}: network_gbps must be >= "
+            f"{math.ceil(MIN_BANDWIDTH_GBPS / cal.allreduce_efficiency * 1e6) / 1e6:g} Gbit/s "
+            "for this cost model, "
+            f"got {hw.network_gbps!r}: its DP all-reduce gets {cal.allreduce_efficiency:g} of "
+            f"it, and no link less than {MIN_BANDWIDTH_GBPS:g} Gbit/s (1 Mbit/s)"
+        )
     flops_per_ms = hw.peak_tflops * 1e9 * cal.mfu
     layer_f, layer_b, layer_w = _layer_flops(m)
     tp_ms = _tp_allreduce_ms(m, hw)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -72,13 +73,16 @@ def parse_json_file(path: str | Path, what: str, parse: Callable[[Any], T]) -> T
         raise ConfigError(f"{what} {path}: {err}") from err
 
 
-_YAML_INT = r"[-+]?(?:0|[1-9][0-9]*)"
-"""An unquoted whole number YAML reads as one here: decimal, as a person reads it."""
+_YAML_INT = r"[-+]?[0-9]+"
+"""An unquoted whole number YAML reads as one here: decimal, as a person reads it (010 is
+10, as a fault timeline's reader always took it)."""
 _YAML_FLOAT = (
-    r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+    r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
 )
-"""An unquoted real number YAML reads as one here: PyYAML's forms less base 60 and `_` (a
-point in it, an exponent only with its sign: 1e12 stays a string, as in YAML 1.1)."""
+"""An unquoted real number YAML reads as one here: PyYAML's forms less base 60 and `_`,
+with an exponent also without its sign or a point (1e3 is 1000.0, as in JSON and YAML
+1.2)."""
 
 
 @functools.cache
@@ -86,7 +90,8 @@ def _yaml_loader() -> Any:
     """PyYAML's safe loader, but for a key given twice (refused) and numbers: YAML 1.1 reads
     an unquoted 010 as octal 8, 0x10 as 16, 1:30 as 90 (base 60) and 1_000 as 1000, which a
     file's reader takes for 10, a name, a time and a typo: only decimal forms are numbers
-    here, the others strings (which a number's check then refuses, or reads as written)."""
+    here (010 is 10, 1e3 is 1000.0), the others strings (which a number's check then
+    refuses, or reads as written)."""
     import yaml  # loads slowly; most commands read no YAML
 
     class Loader(yaml.SafeLoader):
@@ -102,6 +107,26 @@ def _yaml_loader() -> Any:
                     seen.add(key)
             return super().construct_mapping(node, deep)
 
+    def decimal_int(loader: Loader, node: Any) -> int:
+        text = loader.construct_scalar(node)
+        try:
+            return int(text, 10)  # not the base's: 010 would be octal 8
+        except ValueError:  # a tag's (!!int 0x10)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is not a decimal whole number", node.start_mark
+            ) from None
+
+    def finite_float(loader: Loader, node: Any) -> float:
+        value = float(loader.construct_yaml_float(node))
+        text = loader.construct_scalar(node)
+        if math.isinf(value) and "inf" not in text.lower():  # 1e999: not `.inf` (a failure)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is too large a number", node.start_mark
+            )
+        return value
+
+    Loader.add_constructor("tag:yaml.org,2002:int", decimal_int)
+    Loader.add_constructor("tag:yaml.org,2002:float", finite_float)
     numbers = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
     Loader.yaml_implicit_resolvers = {
         first: [(tag, rule) for tag, rule in rules if tag not in numbers]

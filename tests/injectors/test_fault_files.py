@@ -132,7 +132,10 @@ def test_targets_and_iterations_are_checked_against_the_run() -> None:
         ("- {start_iteration: 1, links: ['0-1'], down: yes please}", "down takes true"),
         ("- {start_iteration: 1, links: ['0-1'], distribution: {normal: 3}}", "distribution is"),
         ("- [unclosed", "not valid YAML"),
-        ("- {start_iteration: 0, links: ['0-1'], delay_ms: 1e999}", "must be in 0..3600000"),
+        # a number too large for a float is no `inf` (down): refused as YAML is read
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: 1e999}", "'1e999' is too large"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: 1.0e+999}", "too large a number"),
+        ("- {start_iteration: 0, links: ['0-1'], delay_ms: '1e999'}", "must be in 0..3600000"),
         ("- {start_iteration: 0, links: ['0-1'], delay_ms: '+Infinity'}", "not a number or inf"),
         ("- {start_iteration: 0, links: ['0-1'], delay_ms: '1_0'}", "'1_0' is not a number"),
         ("- {start_iteration: 0, links: ['0-1'], delay_ms: 5, 3: 4}", "unknown key\\(s\\) 3;"),

@@ -232,3 +232,20 @@ def test_hardware_fields_are_type_checked_and_rates_have_a_floor(
     floor = {"network_gbps": MIN_BANDWIDTH_GBPS, "copy_gbps": MIN_BANDWIDTH_GBPS}
     slowest = resolve_hardware({"base": "h800-ib400", **floor})
     assert (slowest.network_gbps, slowest.copy_gbps) == (0.001, 0.001)
+
+
+def test_a_network_whose_dp_share_is_under_the_floor_is_refused_by_its_own_name() -> None:
+    """The DP all-reduce gets `allreduce_efficiency` (0.796) of the network: a network at the
+    hardware's floor gave a DP link under it, refused as `dp_bandwidth_gbps`, a field no spec
+    gives. The least network the cost model takes: 0.001 / 0.796 Gbit/s, said rounded up."""
+    model = MODELS["gpt2-7b"]
+    slow = resolve_hardware({"base": "h800-ib400", "network_gbps": 0.001})
+    with pytest.raises(ConfigError) as refused:
+        model_cost(model, slow)
+    assert str(refused.value) == (
+        "hardware h800-ib400-custom: network_gbps must be >= 0.001257 Gbit/s for this cost "
+        "model, got 0.001: its DP all-reduce gets 0.796 of it, and no link less than 0.001 "
+        "Gbit/s (1 Mbit/s)"
+    )
+    least = resolve_hardware({"base": "h800-ib400", "network_gbps": 0.001257})  # as it says
+    assert model_cost(model, least).profile.dp_bandwidth_gbps == pytest.approx(0.001, rel=1e-3)

@@ -133,9 +133,16 @@ def test_a_json_key_given_twice_is_refused_naming_it(tmp_path: Path) -> None:
 def test_yaml_numbers_are_decimal_and_other_forms_strings() -> None:
     """YAML 1.1 read an unquoted 010 as octal 8, 0x10 as 16, 1:30 as 90 (base 60) and 1_000
     as 1000: a fault row's `start_iteration: 010` ran from iteration 8, `hosts: [01, 010]`
-    were hosts 1-8. Only decimal forms are numbers now; the rest stay as written."""
+    were hosts 1-8. Only decimal forms are numbers now; the rest stay as written. A spec's
+    `num_iterations: 010` and `delays_ms: [1e3]` were strings, refused, where a fault
+    timeline's reader took them as numbers (and JSON 1e3): decimal numbers everywhere."""
     text = "[1.5, .5, 1.0e+3, -3, +4, 0, 3., .inf, 010, 0x10, 0o7, 1_000, '1:30', 1:30, 1e3]"
     assert load_yaml(text, "x") == [
-        1.5, 0.5, 1000.0, -3, 4, 0, 3.0, math.inf, "010", "0x10", "0o7", "1_000", "1:30",
-        "1:30", "1e3",
+        1.5, 0.5, 1000.0, -3, 4, 0, 3.0, math.inf, 10, "0x10", "0o7", "1_000", "1:30",
+        "1:30", 1000.0,
     ]  # fmt: skip
+    assert load_yaml("[-007, 1E-2, 2e+1, .5e1, e3, 1e, 1.e, 08.50]", "x") == [
+        -7, 0.01, 20.0, 5.0, "e3", "1e", "1.e", 8.5,
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="'0x10' is not a decimal whole number"):
+        load_yaml("!!int 0x10", "x")
