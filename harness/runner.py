@@ -4,6 +4,7 @@ and the engines it runs on: opened here, shared by an experiment's configuration
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
@@ -143,7 +144,7 @@ def run_configuration(
     if injection == "network" and backend == "sim":
         raise ConfigError("--inject network needs a runtime backend (emulated or megatron)")
     profile = controller.plan(0).profile
-    run = functools.partial(
+    run: Callable[[Engine], RunResult] = functools.partial(
         run_loop,
         controller=controller,
         num_iterations=num_iterations,
@@ -165,6 +166,7 @@ def run_configuration(
         injection=injection,
     )
     check_hold(longest_ms, timeout_s)
+    run = _worker_errors_named(run, num_warmup_iterations, longest_ms)
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
 
@@ -193,6 +195,40 @@ def run_configuration(
         return run(engine_of(engines))
     with RuntimeEngines() as own:
         return run(engine_of(own))
+
+
+def _worker_errors_named(
+    run: Callable[[Engine], RunResult], num_warmup_iterations: int, longest_ms: float
+) -> Callable[[Engine], RunResult]:
+    """`run`, a worker's error counting its iteration as the results and the fault timeline
+    do (from the first measured one; the engine counts the warm-ups too), and where a wait
+    timed out in a run that holds messages, saying so: one wait can span several held
+    messages (`check_hold` bounds one), which the timeout alone reads as a dead link. The
+    same type, the worker's report kept, the original the cause."""
+
+    def named(engine: Engine) -> RunResult:
+        from pipeline.runtime.remote_error import WorkerError, WorkerTimeout  # torch: loaded
+
+        try:
+            return run(engine)
+        except WorkerError as err:
+            message, remote = str(err), err.remote
+            if remote is not None and message == remote.summary():
+                message = remote.summary(num_warmup_iterations)
+            if isinstance(err, WorkerTimeout) and longest_ms > 0:
+                message += (
+                    f"; this run holds a message up to {longest_ms:g} ms, and one wait can "
+                    "span several held ones (a chain of slow links, a delegate's send that "
+                    "does not block, the testbed's handshake): raise the timeout (--timeout, a "
+                    "spec's transport_timeout_s) above the longest wait"
+                )
+            if message == str(err):
+                raise
+            named_err = type(err)(message, rank=err.rank, remote=remote)
+            named_err.noticed_s = err.noticed_s
+            raise named_err from err
+
+    return named
 
 
 def longest_hold_ms(
