@@ -21,7 +21,7 @@ from pipeline.link_terms import NO_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
-from pipeline.topology import LinkKind, Position
+from pipeline.topology import Link, LinkKind, Position
 
 __all__ = [
     "BACKENDS",
@@ -332,26 +332,43 @@ def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
     bandwidth cap where no message has a size (a cap holds bytes only). Their runs would
     look as if the row did not matter (though a controller that reads the fault model,
     `adaptra-oracle`, still sees the row). Not named: a cap on PP links whose messages have
-    no size where some ring has bytes (a rank swap may move a ring onto their hosts)."""
+    no size where some ring has bytes (a rank swap may move a ring onto their hosts). Also
+    named: a `hosts` pair that no link joins in a run of one replica (no rank swap moves a
+    link there): only neighbouring stages talk, and the first and last (megatron's tied
+    embedding)."""
     if not isinstance(faults, FaultModel):
         return None
     ring_bytes = profile.allreduce_bytes or (0,) * profile.num_stages
+    topology = profile.topology
+    ends = (Position(0, 0), Position(topology.num_stages - 1, 0))  # the tied embedding's
+    pp_links = [Link.pp(stage, 0) for stage in range(topology.num_stages - 1)]
+    joined = {tuple(sorted(topology.hosts_of(link))) for link in pp_links}
+    joined.add(tuple(sorted(map(topology.host, ends))))
     idle: list[str] = []
+    sizes = False
     for event in faults.events:
-        links = event.target.links if event.target.kind is TargetKind.LINKS else ()
+        target = event.target
+        links = target.links if target.kind is TargetKind.LINKS else ()
         if links and all(
             link.kind is LinkKind.DP and not ring_bytes[link.group or 0] for link in links
         ):
             idle.append(f"row {event.row} (its stages' rings have no gradient bytes: none runs)")
+            sizes = True
         elif event.effect.kind == "bandwidth" and not (profile.message_bytes or any(ring_bytes)):
             idle.append(f"row {event.row} (a cap holds bytes, and no message has any)")
+            sizes = True
+        elif (
+            target.kind is TargetKind.HOSTS
+            and profile.num_replicas == 1
+            and target.hosts not in joined
+        ):
+            a, b = target.hosts
+            idle.append(f"row {event.row} (no link joins hosts {a} and {b} at DP 1)")
     if not idle:
         return None
     verb = "touches" if len(idle) == 1 else "touch"
-    return (
-        f"warning: fault {'; '.join(idle)} {verb} no message with this profile: give it "
-        "message_bytes and allreduce_bytes (both 0 unless given)"
-    )
+    advice = ": give it message_bytes and allreduce_bytes (both 0 unless given)" if sizes else ""
+    return f"warning: fault {'; '.join(idle)} {verb} no message with this profile{advice}"
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

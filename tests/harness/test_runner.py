@@ -111,3 +111,21 @@ def test_fault_rows_that_touch_no_message_with_the_profile_are_named(
         {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "dp": 2, **sizes}
     )
     assert idle_fault_rows_warning(profile, parse_yaml(_ROWS)) == warning
+
+
+def test_a_host_pair_no_link_joins_at_dp_1_is_named() -> None:
+    """`hosts: [1, 3]` at 4 stages and DP 1: no link joins them, and no rank swap can move
+    one there; the run changed nothing, with nothing said. The first and last stages' pair
+    carries megatron's tied embedding; at DP 2 a swap may put a link on any pair."""
+    rows = """
+- {start_iteration: 0, hosts: [1, 3], delay_ms: 30}
+- {start_iteration: 0, hosts: [0, 3], delay_ms: 30}
+- {start_iteration: 0, hosts: [2, 3], bandwidth_gbps: 1}
+- {start_iteration: 0, hosts: [0, 2], bandwidth_gbps: 1}
+"""
+    shape = {"stages": 4, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "message_bytes": 8}
+    assert idle_fault_rows_warning(Profile.from_dict(shape), parse_yaml(rows)) == (
+        "warning: fault row 1 (no link joins hosts 1 and 3 at DP 1); row 4 (no link joins "
+        "hosts 0 and 2 at DP 1) touch no message with this profile"
+    )
+    assert idle_fault_rows_warning(Profile.from_dict({**shape, "dp": 2}), parse_yaml(rows)) is None
