@@ -313,9 +313,9 @@ def run_warnings(
     backend: str,
 ) -> list[str]:
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
-    gives before it starts: `blind_detector_warning`, `noisy_ring_warning` and
-    `idle_fault_rows_warning`, those that apply."""
-    warnings = [idle_fault_rows_warning(profile, faults)]
+    gives before it starts: `blind_detector_warning`, `noisy_ring_warning`,
+    `idle_fault_rows_warning` and `replaced_rows_warning`, those that apply."""
+    warnings = [idle_fault_rows_warning(profile, faults), replaced_rows_warning(profile, faults)]
     if system is not None:
         warnings[:0] = [
             blind_detector_warning(
@@ -369,6 +369,33 @@ def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
     verb = "touches" if len(idle) == 1 else "touch"
     advice = ": give it message_bytes and allreduce_bytes (both 0 unless given)" if sizes else ""
     return f"warning: fault {'; '.join(idle)} {verb} no message with this profile{advice}"
+
+
+def replaced_rows_warning(profile: Profile, faults: FaultView) -> str | None:
+    """A warning line naming a timeline's rows that a later row of their kind replaces where
+    a reader may not expect it (`FaultModel.replaced_rows`): one kind of effect holds on a
+    link or NIC at a time, so the earlier never applies, or does not come back."""
+    if not isinstance(faults, FaultModel):
+        return None
+    lines = []
+    for earlier, later in faults.replaced_rows(profile.topology):
+        if later.start_iteration == earlier.start_iteration and later.at_ms == earlier.at_ms:
+            lines.append(
+                f"row {later.row} replaces row {earlier.row} as both start: row {earlier.row} "
+                "never applies"
+            )
+        else:
+            lines.append(
+                f"row {later.row} replaces row {earlier.row} from iteration "
+                f"{later.start_iteration}, and row {earlier.row} does not come back when row "
+                f"{later.row} ends at iteration {later.end_iteration} (repeat row {earlier.row} "
+                "from there)"
+            )
+    if not lines:
+        return None
+    return (
+        f"warning: fault {'; '.join(lines)} (one effect of a kind holds on a link or NIC at a time)"
+    )
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

@@ -489,6 +489,33 @@ class FaultModel:
         )
         return tuple((str(link), ms) for link, ms in delays if ms)
 
+    def replaced_rows(self, topology: Topology) -> list[tuple[FaultEvent, FaultEvent]]:
+        """(earlier, later) events where the later replaces the earlier on a unit they share
+        (`_spans_in_force`: one event of a kind per unit) in a way a reader may not mean:
+        both start together (the earlier never applies), or the later starts while the
+        earlier holds and ends before the earlier's own end (the earlier does not come
+        back). A later one without an end, a change of level, is not named."""
+        ordered = sorted(self.events, key=lambda e: (e.start_iteration, e.at_ms))
+        replaced = []
+        for index, earlier in enumerate(ordered):
+            for later in ordered[index + 1 :]:
+                if later.effect == Effect() or later.effect.kind != earlier.effect.kind:
+                    continue
+                together = (later.start_iteration, later.at_ms) == (
+                    earlier.start_iteration,
+                    earlier.at_ms,
+                )
+                inside = (
+                    earlier.end_iteration is not None
+                    and later.start_iteration < earlier.end_iteration
+                    and later.end_iteration is not None
+                    and later.end_iteration < earlier.end_iteration
+                )
+                shared = set(earlier.target.units(topology)) & set(later.target.units(topology))
+                if (together or inside) and shared:
+                    replaced.append((earlier, later))
+        return replaced
+
     def longest_hold_ms(
         self,
         topology: Topology,

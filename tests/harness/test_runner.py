@@ -9,9 +9,10 @@ from harness.runner import (
     idle_fault_rows_warning,
     largest_messages,
     longest_hold_ms,
+    replaced_rows_warning,
     run_configuration,
 )
-from injectors.fault_files import parse_yaml
+from injectors.fault_files import parse_trace, parse_yaml
 from pipeline.profile import Profile
 from pipeline.topology import Position
 
@@ -129,3 +130,26 @@ def test_a_host_pair_no_link_joins_at_dp_1_is_named() -> None:
         "hosts 0 and 2 at DP 1) touch no message with this profile"
     )
     assert idle_fault_rows_warning(Profile.from_dict({**shape, "dp": 2}), parse_yaml(rows)) is None
+
+
+def test_rows_a_later_row_replaces_are_named_in_a_warning() -> None:
+    """Two delay rows nested on link 0-1 gave 0, 30, 10, 0 ms: the outer one did not come
+    back after the inner one's end, and the paper's trace with two delays for one link in
+    one iteration ran the second alone, with nothing said."""
+    profile = Profile.uniform(3, 4, 1, 1, 1)
+    nested = parse_yaml(
+        """
+- {start_iteration: 1, end_iteration: 4, links: ["0-1"], delay_ms: 30}
+- {start_iteration: 2, end_iteration: 3, links: ["0-1"], delay_ms: 10}
+"""
+    )
+    assert replaced_rows_warning(profile, nested) == (
+        "warning: fault row 2 replaces row 1 from iteration 2, and row 1 does not come back "
+        "when row 2 ends at iteration 3 (repeat row 1 from there) (one effect of a kind holds "
+        "on a link or NIC at a time)"
+    )
+    assert replaced_rows_warning(profile, parse_trace("1;1_2;0.03\n1;1_2;0.01\n", 0)) == (
+        "warning: fault row 2 replaces row 1 as both start: row 1 never applies (one effect "
+        "of a kind holds on a link or NIC at a time)"
+    )
+    assert replaced_rows_warning(profile, parse_trace("1;1_2;0.03\n2;1_2;0.01\n", 0)) is None

@@ -466,3 +466,26 @@ def test_a_failure_s_restart_repairs_what_had_failed_by_its_time_in_the_iteratio
     ]
     assert fails == [False, True]
     assert not model.repaired(2).has_failure(2, FOUR)
+
+
+def test_rows_a_later_row_replaces_unexpectedly_are_found() -> None:
+    """One effect of a kind holds on a unit at a time, so a later row replaces an earlier
+    one: where both start together the earlier never applies; where the later ends first
+    the earlier does not come back. A change of level (no end) and rows on other links or
+    of other kinds are no such case."""
+    model = parse_yaml(
+        """
+- {start_iteration: 1, end_iteration: 4, links: ["0-1"], delay_ms: 30}
+- {start_iteration: 2, end_iteration: 3, links: ["0-1"], delay_ms: 10}
+- {start_iteration: 2, end_iteration: 3, links: ["1-2"], delay_ms: 10}
+- {start_iteration: 2, end_iteration: 3, hosts: [0, 1], bandwidth_gbps: 1}
+- {start_iteration: 5, links: ["1-2"], delay_ms: 30}
+- {start_iteration: 5, hosts: [1, 2], delay_ms: 10}
+- {start_iteration: 6, links: ["2-3"], delay_ms: 30}
+- {start_iteration: 7, links: ["2-3"], delay_ms: 10}
+- {start_iteration: 8, end_iteration: 9, links: ["2-3"], delay_ms: 0}
+"""
+    )
+    topology = Topology(4)
+    pairs = [(e.row, later.row) for e, later in model.replaced_rows(topology)]
+    assert pairs == [(1, 2), (5, 6)]
