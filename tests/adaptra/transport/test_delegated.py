@@ -485,7 +485,8 @@ def test_a_sender_ended_before_its_re_point_is_replaced_by_a_new_one(runs_again:
     and it ends. Pointing it fails (the point job's write, if it ran again before the
     rewire; else, mostly, the wait for its READY), so the rewire starts a new delegate in
     its place, pointed as it would have been, and the swap goes through (it failed: "every
-    NIC refused it")."""
+    NIC refused it"). Resumed during the rewire, it may read its point first: pointed, it
+    carries."""
     one_to_one: list[Wiring] = [((), ((D01, 1),)), (((D01, 0),), ()), ((), ())]
     one_to_two: list[Wiring] = [((), ((D01, 2),)), ((), ()), (((D01, 0),), ())]
     with contextlib.ExitStack() as stack:
@@ -505,7 +506,13 @@ def test_a_sender_ended_before_its_re_point_is_replaced_by_a_new_one(runs_again:
             threading.Timer(0.5, _resume, [sender.process.pid]).start()
         trainers.rewire(one_to_two)
         (new,) = t0._outbound[D01].delegates
-        assert new.process.pid != sender.process.pid and new.process.poll() is None
+        assert new.process.poll() is None
+        if runs_again == "before the rewire":
+            assert new.process.pid != sender.process.pid
+        # During it, a sender that reads its point before it notices its receiver gone (a
+        # loaded host: the timer's resume late) is pointed and carries, no new one needed
+        # (a test here asserting a new one failed under load); either way the swap goes
+        # through.
         carry(t0, t2, 1, [2.0], D01)
         assert t0.take_failovers() == []
 
