@@ -35,7 +35,7 @@ from adaptra.control.detector import (
     Thresholds,
     TimelineTimes,
 )
-from adaptra.control.swaps import DpSwaps
+from adaptra.control.swaps import DpSwaps, wall_ms
 from adaptra.plans import AdaptraPlans, adaptra_schedule
 from pipeline.engines import Plan
 from pipeline.link_terms import LinkTerms
@@ -98,7 +98,7 @@ class DetectingController:
         belief = self.detector.believe(iteration, directions)
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
-        self.swaps.update(belief)
+        self.swaps.update(belief, wall_ms(timeline, iteration))
 
     def _update(self, belief: Belief) -> None:
         estimates = tuple(
@@ -120,6 +120,7 @@ class DetectingController:
     def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
         """The job came back on repaired hardware: no route has failed over any more."""
         self._failed_over = False
+        self.swaps.restarted()
 
 
 class DelegatingController:
@@ -157,7 +158,7 @@ class DelegatingController:
         delegated = self._plan.comm is CommMode.DELEGATED
         belief = self.detector.believe(iteration, self._times(timeline, delegated=delegated))
         self._detected = tuple(sorted(belief.detected_ms.items()))
-        self.swaps.update(belief)
+        self.swaps.update(belief, wall_ms(timeline, iteration))
 
     def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
-        pass
+        self.swaps.restarted()

@@ -31,14 +31,59 @@ refusing a swap that would put onto a ring a host pair ever believed slow help: 
 delays PP links in every replica, so every pair a swap could bring onto a ring had been
 slow once, and Adaptra made no swap at all (100.31 s; with hosts freed after 10 quiet
 beliefs as well, Adaptra-CPU 121.77 s).
+
+A swap is checked by what it measured, as Falcon checks its own: where each of the
+`JUDGED_ITERATIONS` whole iterations under the new placement (after the swap's own, whose
+time has the state transfer in it) is more than `UNDO_MARGIN` slower, iteration and DP step
+together, than each of the two before it (those that called the link slow), the next
+iteration swaps back, and the link stays on its ring (it was moved once); no other swap is
+made while one is judged. The paper's premise, that a DP straggler costs every bucket of
+the all-reduce and a PP one only what the schedule cannot hide, fails where the gradient is
+small and the schedule cannot hide a delay: Adaptra-CPU's fixed ZB order over 2 stages x 4
+microbatches of 5 ms ops, DP 2, 256 KiB of gradient, 30 ms on dp0:0-1 took 120 ms a step
+before its swap and 170 ms after it, to the end of the run (the simulator, as the emulated
+runtime: 127 and 181 ms). Every iteration against every one, not one against one: a NIC
+whose delay is drawn anew (15 +- 15 ms) moves a step between 55 and 900 ms from one
+iteration to the next.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from adaptra.control.detector import Belief
+from pipeline.metrics import compute_metrics
+from pipeline.timeline import Timeline
 from pipeline.topology import Link, LinkKind, Topology
 
-__all__ = ["DpSwaps"]
+__all__ = ["JUDGED_ITERATIONS", "UNDO_MARGIN", "DpSwaps", "wall_ms"]
+
+UNDO_MARGIN = 0.10
+"""How much slower (a fraction) an iteration under a swap may be than those before it: more
+than the iteration-to-iteration noise of a loaded host's runtime, far less than what a
+harmful swap costs (+42 % in the module's example)."""
+JUDGED_ITERATIONS = 3
+"""The whole iterations under a swap that judge it."""
+_BEFORE = 2
+"""The iterations before a swap that it is judged against: those that called its link slow
+(DpSwaps waits for two beliefs in a row)."""
+
+
+def wall_ms(timeline: Timeline, iteration: int) -> float:
+    """An iteration's measured time with its DP step (what a swap is judged by)."""
+    metrics = compute_metrics(timeline, iteration)
+    return metrics.iteration_time_ms + metrics.step_time_ms
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Trial:
+    """A swap being judged: the placement before it, the times of the iterations before it,
+    how many to pass over before the judging ones (the swap's own), and theirs so far."""
+
+    before: Topology
+    before_ms: tuple[float, ...]
+    skip: int = 1
+    after_ms: tuple[float, ...] = ()
 
 
 class DpSwaps:
@@ -52,8 +97,20 @@ class DpSwaps:
         """The DP links swapped onto PP edges so far (never again)."""
         self._moved_hosts: set[int] = set()
         """The hosts of the pairs those swaps moved."""
+        self._trial: _Trial | None = None
+        self._recent_ms: tuple[float, ...] = ()
+        """The times of the last `_BEFORE` iterations."""
+        self.num_undone = 0
+        """Swaps undone for what they measured (each also counts in `num_swaps`)."""
 
-    def update(self, belief: Belief) -> None:
+    def update(self, belief: Belief, measured_ms: float) -> None:
+        """After an iteration: `belief`, the detector's; `measured_ms`, its time with its DP
+        step (`wall_ms`). Sets the placement the next iteration runs."""
+        self._recent_ms = (*self._recent_ms, measured_ms)[-_BEFORE:]
+        if self._trial is not None:
+            self._judge(measured_ms)
+            self._slowest = None
+            return
         slow = [Link.parse(name) for name in belief.slow]
         slow_dp = [link for link in slow if link.kind is LinkKind.DP]
         if not slow_dp or self.topology.num_stages < 2:
@@ -67,11 +124,35 @@ class DpSwaps:
         if slowest != self._slowest:
             self._slowest = slowest
             return
+        self._trial = _Trial(self.topology, self._recent_ms)
         self.topology = self.topology.dp_pair_onto_pp(slowest)
         self._moved.add(slowest)
         self._moved_hosts |= hosts
         self.num_swaps += 1
         self._slowest = None
+
+    def _judge(self, measured_ms: float) -> None:
+        """Take `measured_ms` into the swap on trial; once it has its judging iterations,
+        undo it (the next iteration runs the placement before it) where each was slower by
+        more than the margin than each before it."""
+        trial = self._trial
+        assert trial is not None
+        if trial.skip:
+            self._trial = dataclasses.replace(trial, skip=trial.skip - 1)
+            return
+        after_ms = (*trial.after_ms, measured_ms)
+        if len(after_ms) < JUDGED_ITERATIONS:
+            self._trial = dataclasses.replace(trial, after_ms=after_ms)
+            return
+        self._trial = None
+        if min(after_ms) > max(trial.before_ms) * (1 + UNDO_MARGIN):
+            self.topology = trial.before
+            self.num_swaps += 1
+            self.num_undone += 1
+
+    def restarted(self) -> None:
+        """The job restarted: its iterations' times are no swap's to judge."""
+        self._trial, self._recent_ms = None, ()
 
     @property
     def swapped(self) -> Topology | None:

@@ -23,25 +23,76 @@ def _belief(extra_ms: dict[str, float], slow: set[str]) -> Belief:
 def test_the_slowest_dp_link_believed_twice_in_a_row_becomes_a_pp_edge() -> None:
     swaps = DpSwaps(Topology(4, 2))
     for _ in range(2):
-        swaps.update(_belief({"1-2": 30.0, "dp0:0-1": 1.0}, {"1-2"}))  # PP links stay put
+        swaps.update(_belief({"1-2": 30.0, "dp0:0-1": 1.0}, {"1-2"}), 100.0)  # PP links stay put
     assert swaps.swapped is None and swaps.num_swaps == 0
     both = _belief({"dp1:0-1": 20.0, "dp3:0-1": 25.0, "0-1": 0.0}, {"dp1:0-1", "dp3:0-1"})
-    swaps.update(both)
+    swaps.update(both, 100.0)
     assert swaps.swapped is None  # once is not enough
-    swaps.update(both)
+    swaps.update(both, 100.0)
     # The slowest (stage 3's, the last: its replica-1 host moves to stage 2 of replica 0).
     first = Topology(4, 2).swapped(Position(3, 1), Position(2, 0))
     assert swaps.swapped == first and swaps.num_swaps == 1
     a, b = first.hosts_of(Link.pp(2, 0))
     assert {a, b} == set(Topology(4, 2).hosts_of(Link.parse("dp3:0-1")))
-    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))  # the next one, from there
-    swaps.update(_belief({"dp1:0-1": 0.0}, set()))  # ... had gone
-    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))
+    for _ in range(4):  # the swap's iteration and three judging it (no slower: kept)
+        swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}), 100.0)  # no swap meanwhile
+    assert swaps.swapped == first and swaps.num_swaps == 1
+    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}), 100.0)  # the next one, from there
+    swaps.update(_belief({"dp1:0-1": 0.0}, set()), 100.0)  # ... had gone
+    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}), 100.0)
     assert swaps.num_swaps == 1
-    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}))
+    swaps.update(_belief({"dp1:0-1": 20.0}, {"dp1:0-1"}), 100.0)
     assert swaps.swapped == first.dp_pair_onto_pp(Link.parse("dp1:0-1")) and swaps.num_swaps == 2
-    swaps.update(_belief({"dp1:0-1": 0.0}, set()))
+    swaps.update(_belief({"dp1:0-1": 0.0}, set()), 100.0)
     assert swaps.num_swaps == 2  # it stays after the link recovers
+
+
+def test_a_swap_measured_slower_is_undone_and_the_link_left_on_its_ring() -> None:
+    """Each of the 3 whole iterations under a swap (after the swap's own) more than 10 %
+    slower than each of the 2 before it: the next iteration runs the placement before it,
+    and that link is not moved again. One iteration within the margin keeps the swap."""
+    slow, pp = _belief({"dp1:0-1": 30.0}, {"dp1:0-1"}), _belief({"1-2": 30.0}, {"1-2"})
+    swaps = DpSwaps(Topology(4, 2))
+    swaps.update(slow, 110.0)
+    swaps.update(slow, 120.0)  # swaps: the next iteration runs it
+    swapped = swaps.swapped
+    assert swapped is not None and swaps.num_swaps == 1
+    for measured_ms in (500.0, 170.0, 140.0):  # the swap's own (its transfer), then two
+        swaps.update(pp, measured_ms)
+        assert swaps.swapped == swapped
+    swaps.update(pp, 133.0)  # > 132 ms, as each of the three: undone
+    assert swaps.topology == Topology(4, 2) and (swaps.num_swaps, swaps.num_undone) == (2, 1)
+    for _ in range(3):
+        swaps.update(slow, 120.0)
+    assert swaps.topology == Topology(4, 2) and swaps.num_swaps == 2  # moved once
+    kept = DpSwaps(Topology(4, 2))
+    for measured_ms in (110.0, 120.0, 500.0, 170.0, 131.0, 170.0, 500.0, 500.0):
+        kept.update(slow, measured_ms)
+    assert (kept.num_swaps, kept.num_undone) == (1, 0)  # 131 ms: judged once, kept
+
+
+def test_adaptra_cpu_swaps_back_where_its_fixed_order_cannot_hide_the_pp_delay() -> None:
+    """2 stages x 4 microbatches of 5 ms, DP 2, 256 KiB of gradient, 30 ms on dp0:0-1 from
+    iteration 2: Adaptra-CPU's swap made every later step 170 ms against 120 before it, to
+    the end of the run. Now it swaps back after three whole iterations measured so; Adaptra,
+    which plans for the PP delay (115 ms), keeps its swap."""
+    from pipeline.profile import Profile
+
+    profile = Profile.uniform(
+        2, 4, 5, 5, 5, message_bytes=65536, num_replicas=2, allreduce_bytes=(262144,) * 2
+    )
+    faults = parse_yaml('[{start_iteration: 2, links: ["dp0:0-1"], delay_ms: 30}]')
+    steps = {}
+    for system in ("adaptra-cpu", "adaptra"):
+        controller = system_controller(system, profile, faults)
+        run = run_configuration(controller, num_iterations=9, faults=faults)
+        steps[system] = [round(ms) for ms in run.wall_times_ms]
+        assert isinstance(controller, DetectingController | DelegatingController)
+        assert (system, controller.swaps.num_undone) == (system, system == "adaptra-cpu")
+    assert steps == {
+        "adaptra-cpu": [65, 65, 120, 120, 170, 170, 170, 170, 120],
+        "adaptra": [65, 65, 120, 120, 215, 115, 115, 115, 115],
+    }
 
 
 def _fig18_steps_ms(system: str, delay_ms: int) -> tuple[float, object]:
