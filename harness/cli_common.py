@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -242,8 +244,9 @@ def refuse_options(names: set[str], why: str) -> None:
 
 
 def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> Callable[[F], F]:
-    """An output file: its suffix one of `suffixes` and its folder existing, checked before
-    the command does any work (so nothing computed is lost to a bad path)."""
+    """An output file: its suffix one of `suffixes` and its folder existing and writable (a
+    file made there and removed), checked before the command does any work (so nothing
+    computed is lost to a bad path)."""
 
     def check(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
         if value is None:
@@ -263,6 +266,15 @@ def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> C
             raise click.BadParameter(
                 f"{value!r}: the folder {str(path.parent)!r} does not exist", param_hint=flag
             )
+        try:  # as the write will: a file beside it (root writes where access(2) says so)
+            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".adaptra-probe-")
+        except OSError as err:
+            raise click.BadParameter(
+                f"{value!r}: the folder {str(path.parent)!r} cannot be written ({err.strerror})",
+                param_hint=flag,
+            ) from err
+        os.close(fd)
+        os.unlink(probe)
         return value
 
     return click.option(flag, type=click.Path(dir_okay=False), callback=check, **kwargs)

@@ -18,6 +18,7 @@ from typing import Any, TextIO, TypeVar
 from pipeline.errors import ConfigError
 
 __all__ = [
+    "MAX_DEPTH",
     "atomic_writer",
     "leftover_temporaries",
     "load_yaml",
@@ -57,11 +58,34 @@ def read_json(path: str | Path, what: str) -> Any:
     naming the file."""
     text = read_text(path, what)
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
+        return _shallow(json.loads(text, object_pairs_hook=_unique_keys))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
-    except ConfigError as err:  # a key given twice
+    except RecursionError as err:
+        raise ConfigError(f"{what} {path}: {_TOO_DEEP}") from err
+    except ConfigError as err:  # a key given twice, nested too deeply
         raise ConfigError(f"{what} {path}: {err}") from err
+
+
+MAX_DEPTH = 64
+"""The most a file's arrays and objects may nest (every input the tool reads nests a few
+levels; far more made every reader fail in Python's recursion, an internal error)."""
+_TOO_DEEP = f"lists and mappings nested more than {MAX_DEPTH} deep"
+
+
+def _shallow(data: Any) -> Any:
+    """`data`, refused where its lists and mappings nest more than MAX_DEPTH deep."""
+    level = [data] if isinstance(data, list | dict) else []
+    for _ in range(MAX_DEPTH):
+        level = [
+            item
+            for value in level
+            for item in (value.values() if isinstance(value, dict) else value)
+            if isinstance(item, list | dict)
+        ]
+        if not level:
+            return data
+    raise ConfigError(_TOO_DEEP)
 
 
 def parse_json_file(path: str | Path, what: str, parse: Callable[[Any], T]) -> T:
@@ -95,6 +119,17 @@ def _yaml_loader() -> Any:
     import yaml  # loads slowly; most commands read no YAML
 
     class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.events.AliasEvent):  # a few bytes for gigabytes
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"an alias (*{event.anchor}) is not read here: write the value out",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen = set()
             for key_node, _ in node.value:
@@ -148,7 +183,11 @@ def load_yaml(text: str, what: str) -> Any:
     import yaml
 
     try:
-        return yaml.load(text, Loader=_yaml_loader())  # a SafeLoader
+        return _shallow(yaml.load(text, Loader=_yaml_loader()))  # a SafeLoader
+    except RecursionError as err:
+        raise ConfigError(f"{what} is not valid YAML: {_TOO_DEEP}") from err
+    except ConfigError as err:
+        raise ConfigError(f"{what}: {err}") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or type(err).__name__

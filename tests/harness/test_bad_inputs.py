@@ -80,6 +80,9 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["simulate", "--profile", "p.json", "--policy", "1f1b", "--trace", "no/t.json"],
         "the folder 'no' does not exist",
     ),
+    # a folder that cannot be written: found after the whole run, its results lost
+    ("trace folder unwritable", P, [*RUN_P, "--trace", "/proc/t.json"], "'/proc' cannot be"),
+    ("calibrate out unwritable", {}, ["calibrate", "--out", "/proc/c.json"], "cannot be written"),
     ("profile out suffix", {}, ["profile", "--stages", "2", "--out", "p.txt"], "end in .json"),
     ("profile out folder", {}, ["profile", "--stages", "2", "--out", "no/p.json"], "'no' does"),
     (

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.files import (
+    MAX_DEPTH,
     atomic_writer,
     leftover_temporaries,
     load_yaml,
@@ -146,3 +147,28 @@ def test_yaml_numbers_are_decimal_and_other_forms_strings() -> None:
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="'0x10' is not a decimal whole number"):
         load_yaml("!!int 0x10", "x")
+
+
+def test_deep_nesting_and_yaml_aliases_are_refused_as_input(tmp_path: Path) -> None:
+    """A 2 KB file of nested brackets was an internal error (Python's recursion) in every
+    reader, and a 329-byte spec of aliases of aliases expanded into a 254 MB error line.
+    Nesting past MAX_DEPTH and any alias are refused, one line; MAX_DEPTH itself is read."""
+    deep = "[" * 1000 + "]" * 1000
+    at_limit = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    path = tmp_path / "p.json"
+    for text, expected in ((deep, False), ("[" * 65 + "]" * 65, False), (at_limit, True)):
+        path.write_text(text)
+        if expected:
+            assert read_json(path, "profile") is not None and load_yaml(text, "f") is not None
+            continue
+        with pytest.raises(ConfigError, match=f"nested more than {MAX_DEPTH} deep"):
+            read_json(path, "profile")
+        with pytest.raises(ConfigError, match=f"nested more than {MAX_DEPTH} deep"):
+            load_yaml(text, "spec s.yaml")
+    with pytest.raises(ConfigError) as refused:
+        load_yaml("a: &x [1, 2]\nb: [*x, *x]\n", "spec s.yaml")
+    assert str(refused.value) == (
+        "spec s.yaml is not valid YAML at line 2, column 5: an alias (*x) is not read here: "
+        "write the value out"
+    )
+    assert load_yaml("a: &x [1, 2]\n", "f") == {"a": [1, 2]}  # an anchor alone is harmless
