@@ -178,7 +178,7 @@ def read_ring_spans(
     prefixes = {_csv_line((*key, iteration)) + ",": key for key, iteration in iterations.items()}
     index = _MESSAGE_COLUMN
     rows: dict[ConfigurationKey, dict[tuple[str, str, str], list[str]]] = {}
-    with path.open(newline="") as handle:
+    with path.open(newline="") as handle, _damage_named(path):
         starts = tuple(prefixes)
         for row in csv.reader(line for line in handle if line.startswith(starts)):  # cheap
             if len(row) != len(MESSAGES_COLUMNS):
@@ -240,10 +240,20 @@ def drop_stale(
     path = run_dir / MESSAGES_FILE
     if not path.exists():
         return
-    with path.open(newline="") as old, atomic_writer(path) as new:
+    with path.open(newline="") as old, _damage_named(path), atomic_writer(path) as new:
         reader, writer = csv.reader(old), csv.writer(new, lineterminator="\n")
         writer.writerow(next(reader, MESSAGES_COLUMNS))
         writer.writerows(row for row in reader if tuple(row[:4]) in done)
+
+
+@contextlib.contextmanager
+def _damage_named(path: Path) -> Iterator[None]:
+    """messages.csv read within: bytes that are no UTF-8 or a field past csv's limit (what
+    the harness never writes) are a ConfigError naming it, not an internal error."""
+    try:
+        yield
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(f"{path} cannot be read ({err}): damaged?") from err
 
 
 def _renumbered(timeline: Timeline, index: int) -> Timeline:

@@ -58,6 +58,8 @@ def cap(link: str) -> str:
 DP_CAP = cap("dp0:0-1")
 
 # (name, files to write, argv, what the error line must contain)
+REPORT = ["report", "out/s"]
+_MESSAGES = "out/s/messages.csv cannot be read ("
 CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     # output files: suffix and folder, checked before any work
     (
@@ -743,6 +745,10 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("resume other schema", {"@": "schema 999"}, RESUME, "schema version 999"),
     ("resume other experiment", {"@": "other spec"}, RESUME, "holds a different experiment"),
     ("report damaged runs.csv", {"@": "truncate runs.csv"}, ["report", "out/s"], "runs.csv"),
+    # messages.csv that no harness wrote: an internal error (exit 3) in both
+    ("report latin-1 messages.csv", {"@": "latin-1 in messages.csv"}, REPORT, _MESSAGES),
+    ("resume latin-1 messages.csv", {"@": "latin-1 in messages.csv"}, RESUME, _MESSAGES),
+    ("resume huge field messages.csv", {"@": "huge field in messages.csv"}, RESUME, _MESSAGES),
     ("report a word for a number", {"@": "word in runs.csv"}, ["report", "out/s"], "not a num"),
     (
         "report an empty number",
@@ -998,6 +1004,11 @@ def _damage(root: Path, how: str) -> None:
         record.write_text(json.dumps({**json.loads(record.read_text()), "schema_version": 999}))
     elif how == "other spec":
         (root / "s.yaml").write_text(spec(num_iterations=3))
+    elif how in ("latin-1 in messages.csv", "huge field in messages.csv"):
+        messages = run_dir / "messages.csv"
+        header, first, *rest = messages.read_bytes().splitlines(keepends=True)
+        bad = b"caf\xe9" if how.startswith("latin") else b'"' + b"x" * 200_000 + b'"'
+        messages.write_bytes(b"".join([header, first.replace(b",", b"," + bad + b",", 1), *rest]))
     elif how == "compare":
         shutil.copy(runs, root / "a.csv")
         shutil.copy(runs, root / "b.csv")
