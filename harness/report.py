@@ -3,8 +3,9 @@ its CSVs and its timelines (harness.saved). Nothing is planned or simulated agai
 
 from __future__ import annotations
 
+import functools
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,14 +114,15 @@ def _gantt_charts(
     run_dir: Path,
     runs: Sequence[Mapping[str, Any]],
     iterations: Sequence[Mapping[str, Any]],
-) -> tuple[list[tuple[str, str]], list[str]]:
+) -> tuple[list[tuple[str, str, Callable[[], None]]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
     model under its worst static scenario (the highest delay; of those, the one whose
     slowest system's median step was the longest), its last measured iteration, or under a fault
     timeline the iteration its first event starts in (its run after a checkpoint restart, if
     it ran again: then the title says so). The charts share one time axis, each iteration's
     from its start, so a longer iteration draws longer. Only configurations in `runs` are
-    drawn. Returns the figures and, per system, where its chart came from (or why there is
+    drawn. Returns the figures (caption, file name and what draws it: everything is read
+    before anything is drawn) and, per system, where its chart came from (or why there is
     none)."""
     model = resolved.first_model
     rows = [r for r in runs if r["model"] == model and str(r["repeat"]) == "0"]
@@ -179,12 +181,13 @@ def _gantt_charts(
     end_ms = max(
         (drawn_end_ms(timeline, of[system]) for system, *_, timeline in charts), default=1.0
     )
-    figures = []
+    figures: list[tuple[str, str, Callable[[], None]]] = []
     for system, iteration, rerun, timeline in charts:
         comm = comms.get((system, str(iteration)), "")
         name = f"gantt_{system}.png"
         again = ", run again after a restart" if rerun else ""
-        plot_gantt(
+        draw = functools.partial(
+            plot_gantt,
             timeline,
             run_dir / name,
             title=f"{model}: {system} ({comm}), {scenario}, iteration {iteration}{again}, "
@@ -192,7 +195,7 @@ def _gantt_charts(
             end_ms=end_ms,
             rings=of[system],
         )
-        figures.append((f"Gantt chart, {system}", name))
+        figures.append((f"Gantt chart, {system}", name, draw))
     return figures, sources
 
 
@@ -299,6 +302,11 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     recorded = read_spec_record(run_dir)
     resolved = resolved_from_record(recorded, run_dir / "spec.json")
     done = coverage(resolved, runs)
+    # Everything read (and so checked) before anything is drawn: a refused report leaves
+    # the figures of the last one, beside its report.md.
+    finished = {_key(r) for r in runs}
+    iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
+    gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations)
     figures: list[tuple[str, str]] = []
     not_drawn: list[str] = []
     static = [r for r in runs if not _traced(r)]
@@ -313,15 +321,14 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
             )
         if plot_slowdown(static, run_dir / "slowdown.png"):
             figures.append(("slowdown against each system's fault-free step", "slowdown.png"))
-    finished = {_key(r) for r in runs}
-    iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
     traced = [r for r in iterations if _traced(r)]
     if traced:
         samples = resolved.samples_per_iteration
         plot_throughput_over_time(traced, samples, run_dir / "throughput_over_time.png")
         figures.append((_throughput_caption(runs), "throughput_over_time.png"))
-    gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations)
-    figures += gantt
+    for caption, name, draw in gantt:
+        draw()
+        figures.append((caption, name))
     _remove_stale_charts(run_dir, {name for _, name in figures})
     resumed = ", ".join(f"`{r}`" for r in recorded["resumed_git_revisions"])
     lines = [

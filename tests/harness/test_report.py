@@ -364,6 +364,29 @@ def test_report_refuses_a_run_directory_a_run_still_writes(
     assert "12 of 16 configurations" in (run_dir / "report.md").read_text()
 
 
+def test_a_refused_report_draws_nothing(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model cell of runs.csv edited: the report drew the delay and slowdown plots from it
+    before iterations.csv refused it, so the figures no longer matched report.md. Every
+    file is read before anything is drawn."""
+    run_dir = tmp_path / "out" / "r"
+    shutil.copytree(default_run[0], run_dir)
+    runs = run_dir / "runs.csv"
+    header, first, *rest = runs.read_text().splitlines()
+    fields = first.split(",")
+    fields[RUNS_COLUMNS.index("model")] = "renamed"
+    runs.write_text("\n".join([header, ",".join(fields), *rest]) + "\n")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert {"iteration_time_vs_delay.png", "slowdown.png"} <= before.keys()
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(run_dir)])
+    assert exit_.value.code == 1
+    assert "iterations.csv has 0 rows of renamed 1f1b fault-free" in capsys.readouterr().err
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".lock"}
+    assert after == {name: data for name, data in before.items() if name != ".lock"}
+
+
 def test_a_report_removes_the_gantt_charts_it_no_longer_draws(
     default_run: tuple[Path, list[Any]], tmp_path: Path
 ) -> None:
