@@ -8,6 +8,7 @@ import signal
 import sys
 import tempfile
 import traceback
+from typing import Any
 
 import click
 
@@ -22,7 +23,20 @@ from pipeline.signals import Terminated, handled_shutdown, wait_for_redelivery
 __all__ = ["cli", "main"]
 
 
-@click.group()
+class _Interrupted(BaseException):
+    """A KeyboardInterrupt in a command, past click's `main`: that prints a blank line to
+    stderr before it raises Abort (for a terminal's ^C echo), a second line of stderr."""
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as err:
+            raise _Interrupted from err
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="adaptra-bench")
 def cli() -> None:
     """Fault-injection benchmarking of pipeline-parallel training schedules."""
@@ -63,7 +77,9 @@ def _main(argv: list[str] | None) -> None:
         # A signal that a finalizer swallowed as the command ended is handled here, as one
         # not swallowed is (else it came once the handlers were gone: no line, no 128 + n).
         wait_for_redelivery()
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted) as err:
+        if isinstance(err, _Interrupted) and sys.stderr.isatty():
+            click.echo(err=True)  # past the terminal's ^C
         click.echo("interrupted (SIGINT)", err=True)
         sys.exit(128 + signal.SIGINT)
     except Terminated as err:
