@@ -4,6 +4,7 @@ and the engines it runs on: opened here, shared by an experiment's configuration
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 
 from baselines.fixed_plan import FixedPlan
@@ -166,6 +167,7 @@ def run_configuration(
         injection=injection,
     )
     check_hold(longest_ms, timeout_s)
+    check_processes(profile, delegated=delegated)
     run = _worker_errors_named(run, num_warmup_iterations, longest_ms)
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
@@ -396,6 +398,32 @@ def replaced_rows_warning(profile: Profile, faults: FaultView) -> str | None:
     return (
         f"warning: fault {'; '.join(lines)} (one effect of a kind holds on a link or NIC at a time)"
     )
+
+
+def max_processes() -> int:
+    """The most processes a runtime run starts on this host (workers and delegates): 16 a
+    core, at least 512 (a 512-stage profile started 519 processes, 6.8 GB, here, and would
+    have waited up to 2 hours for them; a delegate rule's 4,096 a link direction and side
+    would be thousands more)."""
+    return max(512, 16 * (os.cpu_count() or 1))
+
+
+def check_processes(profile: Profile, *, delegated: bool) -> None:
+    """A ConfigError where a runtime run of `profile` would start more than `max_processes`
+    processes: a worker per stage and replica, and, `delegated`, the profile's delegate
+    count at both ends of every PP and DP ring link direction."""
+    topology = profile.topology
+    num_workers = topology.num_positions
+    num_links = (profile.num_stages - 1) * profile.num_replicas
+    num_links += sum(len(topology.dp_ring(stage)) for stage in range(profile.num_stages))
+    num_delegates = 2 * 2 * num_links * profile.delegate_count() if delegated else 0
+    limit = max_processes()
+    if num_workers + num_delegates > limit:
+        raise ConfigError(
+            f"this run would start {num_workers} worker(s) and {num_delegates} delegate "
+            f"process(es), more than the {limit} one host takes here: fewer stages or "
+            "replicas, or fewer delegates (a profile's num_delegates)"
+        )
 
 
 def check_hold(longest_ms: float, timeout_s: float) -> None:

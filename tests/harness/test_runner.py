@@ -5,6 +5,7 @@ import pytest
 from baselines import one_f_one_b
 from harness.runner import (
     RuntimeEngines,
+    check_processes,
     fixed_plan,
     idle_fault_rows_warning,
     largest_messages,
@@ -13,6 +14,7 @@ from harness.runner import (
     run_configuration,
 )
 from injectors.fault_files import parse_trace, parse_yaml
+from pipeline.errors import ConfigError
 from pipeline.profile import Profile
 from pipeline.topology import Position
 
@@ -153,3 +155,34 @@ def test_rows_a_later_row_replaces_are_named_in_a_warning() -> None:
         "of a kind holds on a link or NIC at a time)"
     )
     assert replaced_rows_warning(profile, parse_trace("1;1_2;0.03\n2;1_2;0.01\n", 0)) is None
+
+
+def test_a_runtime_run_of_more_processes_than_a_host_takes_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 512-stage profile started 519 processes (6.8 GB here) and would have waited up to 2
+    hours for them; 2 stages with the paper's delegate rule at 1,000 delegates a link
+    direction and side, 4,000 delegate processes. Counted: a worker per position, and
+    delegated, the delegates at both ends of every PP and DP ring link direction."""
+    monkeypatch.setattr("os.cpu_count", lambda: 2)  # the limit: max(512, 16 a core)
+    many = Profile.from_dict(
+        {"stages": 2, "microbatches": 2048, "t_f": 1, "t_b": 1, "t_w": 1, "delay_ms": [1000]}
+    )
+    assert many.delegate_count() == 1000
+    with pytest.raises(ConfigError) as refused:
+        check_processes(many, delegated=True)
+    assert str(refused.value) == (
+        "this run would start 2 worker(s) and 4000 delegate process(es), more than the 512 one "
+        "host takes here: fewer stages or replicas, or fewer delegates (a profile's "
+        "num_delegates)"
+    )
+    check_processes(many, delegated=False)  # 2 workers
+    # 4 stages x DP 2, 12 delegates: 8 workers, (3 x 2 PP + 4 ring links) x 2 ends x 2 ways x 12
+    fig18 = Profile.uniform(4, 16, 1, 1, 1, num_replicas=2, num_delegates=12)
+    check_processes(fig18, delegated=True)  # 8 + 480 = 488
+    with pytest.raises(ConfigError, match="8 worker\\(s\\) and 520 delegate"):
+        check_processes(
+            Profile.uniform(4, 16, 1, 1, 1, num_replicas=2, num_delegates=13), delegated=True
+        )
+    with pytest.raises(ConfigError, match="1024 worker\\(s\\) and 0 delegate"):
+        check_processes(Profile.uniform(512, 512, 1, 1, 1, num_replicas=2), delegated=False)
