@@ -236,7 +236,7 @@ def _few_chunks(engines: RuntimeEngines, num_iterations: int) -> None:
     slow, and swaps."""
     print(
         f"\n| DP bucket MiB | chunks per direction (MiB each) | of {num_iterations} iterations: "
-        "a link called slow | rank swaps |"
+        "a link called slow | rank swaps (of them undone) |"
     )
     print("|---|---|---|---|")
     for bucket_mib in (16, 4, 1):
@@ -246,9 +246,10 @@ def _few_chunks(engines: RuntimeEngines, num_iterations: int) -> None:
         )  # fmt: skip
         result, _, controller = _run("adaptra", profile, NO_FAULTS, num_iterations, engines)
         alarms = sum(1 for d in result.decisions if d.detected_ms)
-        swaps = controller.swaps.num_swaps if isinstance(controller, DetectingController) else 0
+        assert isinstance(controller, DetectingController)
+        swaps, undone = controller.swaps.num_swaps, controller.swaps.num_undone
         chunks = 2 * (16 // bucket_mib)
-        print(f"| {bucket_mib} | {chunks} ({bucket_mib / 2:g}) | {alarms} | {swaps} |")
+        print(f"| {bucket_mib} | {chunks} ({bucket_mib / 2:g}) | {alarms} | {swaps} ({undone}) |")
 
 
 def main() -> None:
