@@ -89,10 +89,10 @@ def _main(argv: list[str] | None) -> None:
         click.echo(err.format_message(), err=True)  # the help, as asked for by giving nothing
         sys.exit(err.exit_code)
     except click.ClickException as err:
-        click.echo(f"error: {_one_line(err)}", err=True)
+        click.echo(f"error: {_clipped(_one_line(err))}", err=True)
         sys.exit(err.exit_code)
     except (AdaptraBenchError, OSError) as err:  # OSError: a file or the system said no
-        click.echo(f"error: {err}", err=True)
+        click.echo(f"error: {_clipped(str(err))}", err=True)
         sys.exit(1)
     except Exception as err:
         log = _write_crash_log(argv)
@@ -104,6 +104,17 @@ def _main(argv: list[str] | None) -> None:
             # Its exit then skips collecting what it imported (torch): about 0.13 s where it
             # took 0.5 s here, after the last line (BENCHMARKS.md, "Shutdown").
             gc.freeze()
+
+
+MAX_ERROR_CHARS = 2000
+"""The most of an error's message the command line prints: a message quotes the value it
+refuses, which may be as long as the input (a spec's list of 100,000 models)."""
+
+
+def _clipped(message: str) -> str:
+    if len(message) <= MAX_ERROR_CHARS:
+        return message
+    return f"{message[:MAX_ERROR_CHARS]}... ({len(message):,} characters in all)"
 
 
 def _one_line(err: click.ClickException) -> str:

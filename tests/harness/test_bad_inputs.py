@@ -543,6 +543,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("spec string seed", {"s.yaml": spec(seed="x")}, RUN_SPEC, "seed must be an integer"),
     ("spec seed past 32 bits", {"s.yaml": spec(seed=2**32)}, RUN_SPEC, "seed must be in 0.."),
     ("spec no delays", {"s.yaml": spec(delays_ms=[])}, RUN_SPEC, "delays_ms is empty"),
+    # the refused value quoted whole: a 100,000-character line
+    ("spec a long bad list", {"s.yaml": spec(model=[[1]] * 20000)}, RUN_SPEC, "in all)"),
     (
         "spec YAML 1e999",
         {
@@ -1057,5 +1059,5 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(
     assert exit_.value.code in (1, 2), (exit_.value.code, err)  # not 0, not 3 (a bug)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert message in lines[0], lines[0]
+    assert message in lines[0] and len(lines[0]) < 2100, lines[0]
     assert _files(tmp_path) == before  # nothing written, nothing changed
