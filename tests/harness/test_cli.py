@@ -881,23 +881,24 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
 def test_a_worker_s_timeout_counts_measured_iterations_and_names_the_holds(
     tmp_path: Path,
 ) -> None:
-    """600 ms on link 0-1 passes the check against a 1.1 s timeout (one message's hold), but
+    """2 s on link 0-1 passes the check against a 3.5 s timeout (one message's hold), but
     Adaptra-CPU's delegate sends do not block: stage 0's wait for B0 spans F0's hold and
     B0's, and times out. The error read as a dead link, and counted the warm-up in its
     iteration, where the fault timeline and the results count from the first measured."""
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
     faults = tmp_path / "f.yaml"
-    faults.write_text('- {start_iteration: 0, links: ["0-1"], delay_ms: 600}\n')
+    faults.write_text('- {start_iteration: 0, links: ["0-1"], delay_ms: 2000}\n')
+    # 3.5 s is gloo's connect timeout at the start too: room for a loaded host
     out = cli(
         "run", "--backend", "emulated", "--profile", str(profile), "--system", "adaptra-cpu",
-        "--faults", str(faults), "--iterations", "2", "--timeout", "1.1",
+        "--faults", str(faults), "--iterations", "2", "--timeout", "3.5",
     )  # fmt: skip
     assert out.returncode == 1
     (line,) = out.stderr.splitlines()
     assert line.startswith("error: rank ") and ", iteration 0, op " in line, line
     assert line.endswith(
-        "nothing came within 1.1 s; this run holds a message up to 600 ms, and one wait can "
+        "nothing came within 3.5 s; this run holds a message up to 2000 ms, and one wait can "
         "span several held ones (a chain of slow links, a delegate's send that does not "
         "block, the testbed's handshake): raise the timeout (--timeout, a spec's "
         "transport_timeout_s) above the longest wait"
