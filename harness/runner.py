@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 
 from baselines.fixed_plan import FixedPlan
@@ -199,14 +200,23 @@ def run_configuration(
         return run(engine_of(own))
 
 
+_ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b")
+"""An iteration a worker's or the pool's error names: counted by the engine, warm-ups too."""
+
+
 def _worker_errors_named(
     run: Callable[[Engine], RunResult], num_warmup_iterations: int, longest_ms: float
 ) -> Callable[[Engine], RunResult]:
-    """`run`, a worker's error counting its iteration as the results and the fault timeline
-    do (from the first measured one; the engine counts the warm-ups too), and where a wait
-    timed out in a run that holds messages, saying so: one wait can span several held
-    messages (`check_hold` bounds one), which the timeout alone reads as a dead link. The
-    same type, the worker's report kept, the original the cause."""
+    """`run`, a worker's or its pool's error counting iterations as the results and the
+    fault timeline do (from the first measured one, "warm-up iteration N" before it; the
+    engine counts the warm-ups too), and where a wait timed out in a run that holds
+    messages, saying so: one wait can span several held messages (`check_hold` bounds one),
+    which the timeout alone reads as a dead link. The same type, the worker's report kept,
+    the original the cause."""
+
+    def measured(match: re.Match[str]) -> str:
+        index = int(match.group(1)) - num_warmup_iterations
+        return f"iteration {index}" if index >= 0 else f"warm-up iteration {match.group(1)}"
 
     def named(engine: Engine) -> RunResult:
         from pipeline.runtime.remote_error import WorkerError, WorkerTimeout  # torch: loaded
@@ -214,9 +224,7 @@ def _worker_errors_named(
         try:
             return run(engine)
         except WorkerError as err:
-            message, remote = str(err), err.remote
-            if remote is not None and message == remote.summary():
-                message = remote.summary(num_warmup_iterations)
+            message = _ENGINE_ITERATION.sub(measured, str(err))
             if isinstance(err, WorkerTimeout) and longest_ms > 0:
                 message += (
                     f"; this run holds a message up to {longest_ms:g} ms, and one wait can "
@@ -226,7 +234,7 @@ def _worker_errors_named(
                 )
             if message == str(err):
                 raise
-            named_err = type(err)(message, rank=err.rank, remote=remote)
+            named_err = type(err)(message, rank=err.rank, remote=err.remote)
             named_err.noticed_s = err.noticed_s
             raise named_err from err
 

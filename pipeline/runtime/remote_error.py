@@ -108,20 +108,15 @@ class RemoteError:
         name = qualified_name(kind)
         return name == self.type_name or name in self.type_names
 
-    def summary(self, num_warmup_iterations: int = 0) -> str:
+    def summary(self) -> str:
         """One line: "rank 2 (stage 2), iteration 5, op F3: LinkFailure: link 1-2 ...";
-        only the message's first line. `num_warmup_iterations`: the run's, so that the
-        iteration is counted as its fault timeline and results count them (from the first
-        measured one; "warm-up iteration 0" before it)."""
+        only the message's first line."""
         who = f"rank {self.rank} (stage {self.stage}"
         who += f", replica {self.replica})" if self.replica else ")"
         if self.iteration is None:
             where = f"{who} could not start" if self.op is None else f"{who}, {self.op}"
         else:
-            measured = self.iteration - num_warmup_iterations
-            where = f"{who}, iteration {measured}"
-            if measured < 0:
-                where = f"{who}, warm-up iteration {self.iteration}"
+            where = f"{who}, iteration {self.iteration}"
             if self.op is not None:
                 where += f", op {self.op}"
         lines = self.message.strip().splitlines()

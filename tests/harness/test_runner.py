@@ -186,3 +186,35 @@ def test_a_runtime_run_of_more_processes_than_a_host_takes_is_refused(
         )
     with pytest.raises(ConfigError, match="1024 worker\\(s\\) and 0 delegate"):
         check_processes(Profile.uniform(512, 512, 1, 1, 1, num_replicas=2), delegated=False)
+
+
+def test_a_worker_s_or_its_pool_s_error_counts_iterations_as_the_results_do() -> None:
+    """The engine counts warm-ups: a worker killed in the warm-up read "iteration 0", as
+    the first measured one reads in the results; one in the third measured "iteration 3".
+    Both the worker's report and the pool's own words are counted from the first measured
+    iteration now, the type and the report kept, the original the cause."""
+    from harness.runner import _worker_errors_named
+    from pipeline.runtime.remote_error import WorkerCrash, WorkerTimeout
+
+    def failing(err: Exception) -> object:
+        def run(engine: object) -> object:
+            raise err
+
+        return run
+
+    killed = WorkerCrash("rank 1 (stage 1) exited with code -9 during iteration 0", rank=1)
+    with pytest.raises(WorkerCrash) as raised:
+        _worker_errors_named(failing(killed), 1, 0.0)(None)  # type: ignore[arg-type]
+    assert str(raised.value) == "rank 1 (stage 1) exited with code -9 during warm-up iteration 0"
+    assert raised.value.__cause__ is killed and raised.value.rank == 1
+    late = WorkerTimeout("rank 0 (stage 0), iteration 3, op B0: TimeoutError: nothing came")
+    with pytest.raises(WorkerTimeout) as raised:
+        _worker_errors_named(failing(late), 1, 20.0)(None)  # type: ignore[arg-type]
+    assert str(raised.value).startswith(
+        "rank 0 (stage 0), iteration 2, op B0: TimeoutError: nothing came; this run holds a "
+        "message up to 20 ms"
+    )
+    untouched = WorkerCrash("rank 0 (stage 0) could not start: ValueError: boom")
+    with pytest.raises(WorkerCrash) as raised:
+        _worker_errors_named(failing(untouched), 1, 20.0)(None)  # type: ignore[arg-type]
+    assert raised.value is untouched

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
+
 from adaptra.control import Belief, DelegatingController, DetectingController
-from adaptra.control.swaps import DpSwaps
+from adaptra.control.swaps import DpSwaps, wall_ms
 from baselines.falcon import FalconController
 from harness.policies import system_controller
 from harness.runner import run_configuration
@@ -69,6 +71,47 @@ def test_a_swap_measured_slower_is_undone_and_the_link_left_on_its_ring() -> Non
     for measured_ms in (110.0, 120.0, 500.0, 170.0, 131.0, 170.0, 500.0, 500.0):
         kept.update(slow, measured_ms)
     assert (kept.num_swaps, kept.num_undone) == (1, 0)  # 131 ms: judged once, kept
+
+
+def test_wall_ms_is_the_metrics_iteration_plus_step_without_reading_the_ops() -> None:
+    """A swap is judged by each iteration's time with its DP step: computed from the metrics
+    it made an Adaptra run in the simulator 40 % slower; the iteration's record says it."""
+    from pipeline.metrics import compute_metrics
+    from pipeline.profile import Profile
+
+    profile = Profile.uniform(
+        2, 4, 5, 5, 5, message_bytes=65536, num_replicas=2, allreduce_bytes=(262144,) * 2
+    )
+    faults = parse_yaml('[{start_iteration: 2, links: ["dp0:0-1"], delay_ms: 30}]')
+    run = run_configuration(
+        system_controller("adaptra-cpu", profile, faults), num_iterations=6, faults=faults
+    )
+    assert run.timeline is not None
+    for record in run.timeline.iterations:
+        metrics = compute_metrics(run.timeline, record.iteration)
+        expected = metrics.iteration_time_ms + metrics.step_time_ms
+        assert wall_ms(run.timeline, record.iteration) == pytest.approx(expected, abs=1e-9)
+
+
+def test_an_undo_measured_worse_than_the_swap_is_itself_undone_for_good() -> None:
+    """Times tell moments apart, not placements: the link's delay grew while its swap was
+    judged, and the swap, which helped, was undone for the rest of the run (Adaptra-CPU,
+    10 ms growing to 80: 31.5 s against 7.5 s). The undo's first whole iteration is judged
+    against the swap's last two: measured worse, the swap is made again, and stays."""
+    slow, pp = _belief({"dp1:0-1": 30.0}, {"dp1:0-1"}), _belief({"1-2": 30.0}, {"1-2"})
+    swaps = DpSwaps(Topology(4, 2))
+    swaps.update(slow, 100.0)
+    swaps.update(slow, 100.0)
+    swapped = swaps.swapped
+    for measured_ms in (300.0, 370.0, 370.0, 370.0):  # its own, then 3 over 110 ms: undone
+        swaps.update(pp, measured_ms)
+    assert swaps.topology == Topology(4, 2) and swaps.num_undone == 1
+    swaps.update(slow, 900.0)  # the undo's own
+    swaps.update(slow, 1970.0)  # worse than 370 ms by far: the swap again
+    assert (swaps.swapped, swaps.num_swaps, swaps.num_undone) == (swapped, 3, 0)
+    for _ in range(10):
+        swaps.update(pp, 5000.0)
+    assert (swaps.swapped, swaps.num_swaps) == (swapped, 3)  # for good
 
 
 def test_adaptra_cpu_swaps_back_where_its_fixed_order_cannot_hide_the_pp_delay() -> None:
