@@ -168,7 +168,7 @@ def run_configuration(
         injection=injection,
     )
     check_hold(longest_ms, timeout_s)
-    check_processes(profile, delegated=delegated)
+    check_processes(profile, delegated=delegated, tied=backend == "megatron")
     run = _worker_errors_named(run, num_warmup_iterations, longest_ms)
     if injection == "network":
         from harness.network import network_engine  # pyroute2, torch: only when needed
@@ -416,15 +416,18 @@ def max_processes() -> int:
     return max(512, 16 * (os.cpu_count() or 1))
 
 
-def check_processes(profile: Profile, *, delegated: bool) -> None:
+def check_processes(profile: Profile, *, delegated: bool, tied: bool = False) -> None:
     """A ConfigError where a runtime run of `profile` would start more than `max_processes`
     processes: a worker per stage and replica, and, `delegated`, the profile's delegate
-    count at both ends of every PP and DP ring link direction."""
-    topology = profile.topology
-    num_workers = topology.num_positions
-    num_links = (profile.num_stages - 1) * profile.num_replicas
-    num_links += sum(len(topology.dp_ring(stage)) for stage in range(profile.num_stages))
-    num_delegates = 2 * 2 * num_links * profile.delegate_count() if delegated else 0
+    count at both ends of every link direction a worker sends on (both ways of each PP link,
+    one per replica of each stage's DP ring, and `tied`, megatron's tied embedding's route
+    between a replica's first and last stages, both ways)."""
+    num_stages, num_replicas = profile.num_stages, profile.num_replicas
+    num_directions = 2 * (num_stages - 1) * num_replicas
+    num_directions += num_stages * num_replicas if num_replicas > 1 else 0
+    num_directions += 2 * num_replicas if tied and num_stages > 1 else 0
+    num_workers = num_stages * num_replicas
+    num_delegates = 2 * num_directions * profile.delegate_count() if delegated else 0
     limit = max_processes()
     if num_workers + num_delegates > limit:
         raise ConfigError(

@@ -177,13 +177,23 @@ def test_a_runtime_run_of_more_processes_than_a_host_takes_is_refused(
         "num_delegates)"
     )
     check_processes(many, delegated=False)  # 2 workers
-    # 4 stages x DP 2, 12 delegates: 8 workers, (3 x 2 PP + 4 ring links) x 2 ends x 2 ways x 12
+    # 4 stages x DP 2, 12 delegates: 8 workers, (3 x 2 PP links x 2 ways + 4 rings x 2
+    # replicas) x 2 ends x 12
     fig18 = Profile.uniform(4, 16, 1, 1, 1, num_replicas=2, num_delegates=12)
     check_processes(fig18, delegated=True)  # 8 + 480 = 488
     with pytest.raises(ConfigError, match="8 worker\\(s\\) and 520 delegate"):
         check_processes(
             Profile.uniform(4, 16, 1, 1, 1, num_replicas=2, num_delegates=13), delegated=True
         )
+    # DP 4: a ring sends one way round (each replica to the next), so 4 directions a stage
+    # (counted both ways of 4 links, 672 delegates, it refused 496 processes)
+    dp4 = Profile.uniform(4, 16, 1, 1, 1, num_replicas=4, num_delegates=6)
+    check_processes(dp4, delegated=True)  # 16 + 2 x (24 + 16) x 6 = 496
+    # megatron's tied embedding: both ways between each replica's first and last stage
+    tied = Profile.uniform(2, 256, 1, 1, 1, num_delegates=127)
+    check_processes(tied, delegated=True)  # 2 + 2 x 2 x 127 = 510
+    with pytest.raises(ConfigError, match="2 worker\\(s\\) and 1016 delegate"):
+        check_processes(tied, delegated=True, tied=True)
     with pytest.raises(ConfigError, match="1024 worker\\(s\\) and 0 delegate"):
         check_processes(Profile.uniform(512, 512, 1, 1, 1, num_replicas=2), delegated=False)
 
