@@ -325,7 +325,10 @@ def run_warnings(
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
     gives before it starts: `blind_detector_warning`, `noisy_ring_warning`,
     `idle_fault_rows_warning` and `replaced_rows_warning`, those that apply."""
-    warnings = [idle_fault_rows_warning(profile, faults), replaced_rows_warning(profile, faults)]
+    warnings = [
+        idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
+        replaced_rows_warning(profile, faults),
+    ]
     if system is not None:
         warnings[:0] = [
             blind_detector_warning(
@@ -336,7 +339,9 @@ def run_warnings(
     return [warning for warning in warnings if warning is not None]
 
 
-def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
+def idle_fault_rows_warning(
+    profile: Profile, faults: FaultView, *, tied: bool = False
+) -> str | None:
     """A warning line naming a timeline's rows that touch no message on `profile`: a fault
     on DP ring links of stages whose gradient has no bytes (no ring runs there), and a
     bandwidth cap where no message has a size (a cap holds bytes only). Their runs would
@@ -344,16 +349,17 @@ def idle_fault_rows_warning(profile: Profile, faults: FaultView) -> str | None:
     `adaptra-oracle`, still sees the row). Not named: a cap on PP links whose messages have
     no size where some ring has bytes (a rank swap may move a ring onto their hosts). Also
     named: a `hosts` pair that no link joins in a run of one replica (no rank swap moves a
-    link there): only neighbouring stages talk, and the first and last (megatron's tied
-    embedding)."""
+    link there): only neighbouring stages talk, and, `tied` (megatron), the first and last
+    (its tied embedding)."""
     if not isinstance(faults, FaultModel):
         return None
     ring_bytes = profile.allreduce_bytes or (0,) * profile.num_stages
     topology = profile.topology
-    ends = (Position(0, 0), Position(topology.num_stages - 1, 0))  # the tied embedding's
     pp_links = [Link.pp(stage, 0) for stage in range(topology.num_stages - 1)]
     joined = {tuple(sorted(topology.hosts_of(link))) for link in pp_links}
-    joined.add(tuple(sorted(map(topology.host, ends))))
+    if tied:
+        ends = (Position(0, 0), Position(topology.num_stages - 1, 0))
+        joined.add(tuple(sorted(map(topology.host, ends))))
     idle: list[str] = []
     sizes = False
     for event in faults.events:
@@ -388,15 +394,16 @@ def replaced_rows_warning(profile: Profile, faults: FaultView) -> str | None:
     if not isinstance(faults, FaultModel):
         return None
     lines = []
-    for earlier, later in faults.replaced_rows(profile.topology):
+    for earlier, later, where in faults.replaced_rows(profile.topology):
+        on = f" on {where}" if where else ""
         if later.start_iteration == earlier.start_iteration and later.at_ms == earlier.at_ms:
             lines.append(
                 f"row {later.row} replaces row {earlier.row} as both start: row {earlier.row} "
-                "never applies"
+                f"never applies{on}"
             )
         else:
             lines.append(
-                f"row {later.row} replaces row {earlier.row} from iteration "
+                f"row {later.row} replaces row {earlier.row}{on} from iteration "
                 f"{later.start_iteration}, and row {earlier.row} does not come back when row "
                 f"{later.row} ends at iteration {later.end_iteration} (repeat row {earlier.row} "
                 "from there)"

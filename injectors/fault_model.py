@@ -138,6 +138,12 @@ _HEALTHY = MessageFault()
 _FAILED = MessageFault(failed=True)
 
 
+def _unit_name(unit: _Unit) -> str:
+    """A unit as a fault row names it: "hosts 1-2" (a host pair), "host1:rnic0" (a NIC)."""
+    kind, first, second = unit
+    return f"hosts {first}-{second}" if kind == "pair" else f"host{first}:{second}"
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Held:
     """An effect in force on a unit during (part of) one iteration: from `from_ms` into it
@@ -489,15 +495,18 @@ class FaultModel:
         )
         return tuple((str(link), ms) for link, ms in delays if ms)
 
-    def replaced_rows(self, topology: Topology) -> list[tuple[FaultEvent, FaultEvent]]:
-        """(earlier, later) events where the later replaces the earlier on a unit they share
-        (`_spans_in_force`: one event of a kind per unit) in a way a reader may not mean:
-        both start together (the earlier never applies), or the later starts while the
-        earlier holds and ends before the earlier's own end (the earlier does not come
-        back). A later one without an end, a change of level, is not named."""
+    def replaced_rows(self, topology: Topology) -> list[tuple[FaultEvent, FaultEvent, str]]:
+        """(earlier, later, where) events where the later replaces the earlier on units they
+        share (`_spans_in_force`: one event of a kind per unit) in a way a reader may not
+        mean: both start together (the earlier never applies there), or the later starts
+        while the earlier holds and ends before the earlier's own end (the earlier does not
+        come back there). A later one without an end, a change of level, is not named.
+        `where`: "" where they share every unit of the earlier, else the shared units
+        ("hosts 1-2", "host1:rnic0")."""
         ordered = sorted(self.events, key=lambda e: (e.start_iteration, e.at_ms))
         replaced = []
         for index, earlier in enumerate(ordered):
+            units = set(earlier.target.units(topology))
             for later in ordered[index + 1 :]:
                 if later.effect == Effect() or later.effect.kind != earlier.effect.kind:
                     continue
@@ -511,9 +520,10 @@ class FaultModel:
                     and later.end_iteration is not None
                     and later.end_iteration < earlier.end_iteration
                 )
-                shared = set(earlier.target.units(topology)) & set(later.target.units(topology))
+                shared = units & set(later.target.units(topology))
                 if (together or inside) and shared:
-                    replaced.append((earlier, later))
+                    where = "" if shared == units else ", ".join(map(_unit_name, sorted(shared)))
+                    replaced.append((earlier, later, where))
         return replaced
 
     def longest_hold_ms(

@@ -127,9 +127,13 @@ def test_a_host_pair_no_link_joins_at_dp_1_is_named() -> None:
 - {start_iteration: 0, hosts: [0, 2], bandwidth_gbps: 1}
 """
     shape = {"stages": 4, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "message_bytes": 8}
-    assert idle_fault_rows_warning(Profile.from_dict(shape), parse_yaml(rows)) == (
+    assert idle_fault_rows_warning(Profile.from_dict(shape), parse_yaml(rows), tied=True) == (
         "warning: fault row 1 (no link joins hosts 1 and 3 at DP 1); row 4 (no link joins "
         "hosts 0 and 2 at DP 1) touch no message with this profile"
+    )
+    # without megatron's tied embedding, nothing joins the first and last stages either
+    assert "row 2 (no link joins hosts 0 and 3 at DP 1)" in str(
+        idle_fault_rows_warning(Profile.from_dict(shape), parse_yaml(rows))
     )
     assert idle_fault_rows_warning(Profile.from_dict({**shape, "dp": 2}), parse_yaml(rows)) is None
 
@@ -155,6 +159,12 @@ def test_rows_a_later_row_replaces_are_named_in_a_warning() -> None:
         "of a kind holds on a link or NIC at a time)"
     )
     assert replaced_rows_warning(profile, parse_trace("1;1_2;0.03\n2;1_2;0.01\n", 0)) is None
+    # row 1 still applies on 0-1, where row 2 is not: named where it does not
+    partial = parse_trace("1;0_1,1_2;0.01\n1;1_2;0.03\n", 0)
+    assert replaced_rows_warning(profile, partial) == (
+        "warning: fault row 2 replaces row 1 as both start: row 1 never applies on hosts 1-2 "
+        "(one effect of a kind holds on a link or NIC at a time)"
+    )
 
 
 def test_a_runtime_run_of_more_processes_than_a_host_takes_is_refused(

@@ -487,5 +487,15 @@ def test_rows_a_later_row_replaces_unexpectedly_are_found() -> None:
 """
     )
     topology = Topology(4)
-    pairs = [(e.row, later.row) for e, later in model.replaced_rows(topology)]
-    assert pairs == [(1, 2), (5, 6)]
+    rows = [(e.row, later.row, where) for e, later, where in model.replaced_rows(topology)]
+    assert rows == [(1, 2, ""), (5, 6, "")]
+    # a later row on part of the earlier's links replaces it there only
+    partial = parse_yaml(
+        """
+- {start_iteration: 2, links: ["0-1", "1-2", "2-3"], delay_ms: 10}
+- {start_iteration: 2, links: ["1-2"], delay_ms: 30}
+"""
+    )
+    assert [(e.row, later.row, where) for e, later, where in partial.replaced_rows(topology)] == [
+        (1, 2, "hosts 1-2")
+    ]
