@@ -622,6 +622,13 @@ class ExperimentSpec:
         values = dict(data)
         if not recorded and values.get("faults") is not None:  # whatever their values
             _refuse_with_faults([k for k in ("links", "link_sets", "delays_ms") if k in values])
+        if isinstance(values.get("links"), list) and any(
+            isinstance(link, list) for link in values["links"]
+        ):
+            raise ConfigError(
+                "links is one set of links, all slowed in one scenario (links: ['0-1', "
+                "'2-3']); for several scenarios give link_sets, a list of such sets"
+            )
         for single, plural in (("model", "models"), ("links", "link_sets")):
             if single in values:
                 if plural in values:
@@ -648,9 +655,14 @@ class ExperimentSpec:
                 raise ConfigError(
                     f"link_sets must be a list of link lists, got {values['link_sets']!r}"
                 )
-            values["link_sets"] = tuple(
-                tuple(s) if isinstance(s, (list, tuple)) else (s,) for s in values["link_sets"]
-            )
+            flat = [s for s in values["link_sets"] if not isinstance(s, (list, tuple))]
+            if flat:
+                raise ConfigError(
+                    f"link_sets is a list of link sets, one scenario each, got {flat[0]!r} "
+                    "in it: [['0-1'], ['2-3']] for two scenarios of one slow link each, or "
+                    "links: ['0-1', '2-3'] for one scenario slowing both"
+                )
+            values["link_sets"] = tuple(tuple(s) for s in values["link_sets"])
         for key in ("faults", "calibration"):  # another type: refused as not a file name
             if isinstance(values.get(key), str) and base_dir is not None:
                 values[key] = str((base_dir / values[key]).resolve())

@@ -656,6 +656,9 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "a spec's profile takes no delay_ms",
     ),
     ("spec link sets a number", {"s.yaml": spec(link_sets=5)}, RUN_SPEC, "a list of link lists"),
+    # a flat list under link_sets was a scenario per link, under links one slowing them all
+    ("spec link sets flat", {"s.yaml": spec(link_sets=["0-1"])}, RUN_SPEC, "got '0-1' in it"),
+    ("spec links nested", {"s.yaml": spec(links=[["0-1"]])}, RUN_SPEC, "links is one set"),
     ("spec too many iterations", {"s.yaml": spec(num_iterations=100_001)}, RUN_SPEC, "1..100000"),
     ("run too many iterations", P, [*RUN_P, "--iterations", "100001"], "1<=x<=100000"),
     (
