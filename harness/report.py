@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["paper_comparison", "paper_experiment", "write_report"]
+__all__ = ["paper_comparison", "paper_experiment", "uncompared_slowdowns", "write_report"]
 
 _DELAY_PLOT = "iteration_time_vs_delay.png"
 _PLOTS = (_DELAY_PLOT, "slowdown.png", "throughput_over_time.png")
@@ -74,8 +74,13 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
         for key in ours.keys() | theirs.keys()
         if key not in _SELECTION | {"models"} and ours.get(key) != theirs.get(key)
     )
-    if not all(model in preset.models for model in spec.models):
-        changed.insert(0, "models")
+    picked = {  # a selection picks among the preset's: a value of its own is another run
+        "models": (spec.models, preset.models),
+        "systems": (spec.systems, preset.systems),
+        "link sets": (spec.link_sets, preset.link_sets),
+        "delays": (spec.delays_ms, preset.delays_ms),
+    }
+    changed[:0] = [name for name, (mine, its) in picked.items() if any(v not in its for v in mine)]
     if not changed:
         return spec.name, None
     return None, (
@@ -88,24 +93,50 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
 def paper_comparison(
     experiment: str, runs: Sequence[Mapping[str, Any]]
 ) -> list[tuple[Mapping[str, Any], PaperValue, float]]:
-    """(row, the paper's value, ours in the same unit) for every row the paper reports."""
+    """(row, the paper's value, ours in the same unit) for every configuration the paper
+    reports: ours the median over its repeats (the row its first repeat's). A slowdown
+    whose fault-free run is not in `runs` is left out (`uncompared_slowdowns`)."""
     reference = PAPER.get(experiment, {})
     base = fault_free_wall_ms(runs)
-    out = []
+    repeats: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for row in runs:
-        paper = reference.get((row["model"], row["system"], row["scenario"]))
+        repeats.setdefault((row["model"], row["system"], row["scenario"]), []).append(row)
+    out = []
+    for key, rows in repeats.items():
+        paper = reference.get(key)
         if paper is None:
             continue
         if paper.kind == "seconds":
-            ours = float(row["median_wall_ms"]) / 1000.0
+            values = [float(r["median_wall_ms"]) / 1000.0 for r in rows]
         elif paper.kind == "slowdown":
-            if (row["model"], row["system"]) not in base:
+            if key[:2] not in base:
                 continue
-            ours = float(row["median_wall_ms"]) / base[row["model"], row["system"]]
+            values = [float(r["median_wall_ms"]) / base[key[:2]] for r in rows]
         else:
-            ours = float(row["throughput_samples_per_s"])
-        out.append((row, paper, ours))
+            values = [float(r["throughput_samples_per_s"]) for r in rows]
+        out.append((rows[0], paper, statistics.median(values)))
     return out
+
+
+def uncompared_slowdowns(experiment: str, runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """A line naming the configurations whose paper value is a slowdown but whose fault-free
+    run `runs` lacks (a subset of the preset without delay 0), or None."""
+    reference, base = PAPER.get(experiment, {}), fault_free_wall_ms(runs)
+    missing = sorted(
+        {
+            f"{r['model']} {r['system']} {r['scenario']}"
+            for r in runs
+            if (paper := reference.get((r["model"], r["system"], r["scenario"])))
+            and paper.kind == "slowdown"
+            and (r["model"], r["system"]) not in base
+        }
+    )
+    if not missing:
+        return None
+    return (
+        f"Not compared with the paper: {', '.join(missing)}: the paper's values there are "
+        "slowdowns against the fault-free run, which this run did not make (add delay 0)."
+    )
 
 
 def _gantt_charts(
@@ -369,6 +400,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     ]
     experiment, not_compared = paper_experiment(spec)
     compared = [] if experiment is None else paper_comparison(experiment, runs)
+    if experiment is not None:
+        not_compared = uncompared_slowdowns(experiment, runs)
     if not_compared is not None:
         lines += ["", not_compared]
     if compared:

@@ -486,6 +486,33 @@ def test_only_a_run_of_the_paper_s_preset_is_compared_with_the_paper(tmp_path: P
     )
 
 
+def test_a_preset_s_subset_is_compared_once_per_configuration_or_says_why_not() -> None:
+    """A fig16 at a delay the preset lacks (45 ms) was taken for the preset, and then
+    compared nothing, saying nothing; each repeat made a row of the paper table (and a
+    value of its median); Fig. 15 run at 60 ms alone, its values slowdowns with no
+    fault-free run to divide by, compared nothing, saying nothing."""
+    fig16 = load_spec(harness.paper.PRESETS_DIR / "fig16_models.yaml")
+    other_delay = dataclasses.replace(fig16, delays_ms=(45.0,))
+    assert harness.report.paper_experiment(other_delay)[1] == (
+        "Not compared with the paper: this spec is named fig16, as the preset "
+        "`harness/presets/fig16_models.yaml` is, but its delays differs from the preset's."
+    )
+    repeats = [
+        _row("1f1b", "0-1@30ms", ms, repeat, model="gpt2-7b")
+        for repeat, ms in enumerate((1000.0, 1200.0, 1100.0))
+    ]
+    ((row, _, ours),) = harness.report.paper_comparison("fig16", repeats)
+    assert (row["repeat"], ours) == ("0", 1.1)  # the median of 1.0, 1.2 and 1.1 s
+    slowed = [_row("adaptra", "6-7@60ms", 900.0, 0, model="gpt2-14b")]
+    assert harness.report.paper_comparison("fig15", slowed) == []
+    assert harness.report.uncompared_slowdowns("fig15", slowed) == (
+        "Not compared with the paper: gpt2-14b adaptra 6-7@60ms: the paper's values there "
+        "are slowdowns against the fault-free run, which this run did not make (add delay 0)."
+    )
+    with_base = [*slowed, _row("adaptra", "fault-free", 800.0, 0, model="gpt2-14b")]
+    assert harness.report.uncompared_slowdowns("fig15", with_base) is None
+
+
 def test_many_scenarios_get_upright_labels_and_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
