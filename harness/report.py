@@ -323,6 +323,25 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
     return caption
 
 
+def _calibration_note(spec: ExperimentSpec) -> str:
+    """What a calibrated run's simulator ran with (a report's numbers under a host's costs
+    read like the cost-free model's otherwise); empty without a calibration."""
+    costs = spec.calibration_costs
+    if costs is None:
+        return ""
+    given = {key: costs.get(key) for key in ("host", "measured_at", "num_stages", "op_ms")}
+    parts = [
+        f"host `{given['host']}`" if given["host"] else "",
+        f"measured {given['measured_at']}" if given["measured_at"] else "",
+        f"{given['num_stages']} stages" if given["num_stages"] else "",
+        f"{given['op_ms']:g} ms ops" if given["op_ms"] else "",
+    ]
+    said = ", ".join(part for part in parts if part)
+    return " The simulator ran with a host's measured costs (`calibrate`" + (
+        f": {said})." if said else ")."
+    )
+
+
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> Coverage:
     """report.md and its figures from `runs` (runs.csv's rows) and the files beside it, what
     spec.json says its spec resolved to; returns how many of its configurations they cover.
@@ -370,7 +389,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         f"after {spec.num_warmup_iterations} warm-up; seed {spec.seed}; git revision "
         f"`{recorded.get('git_revision', 'unknown')}`"
         + (f" (resumed at {resumed})" if resumed else "")
-        + ".",
+        + "."
+        + _calibration_note(spec),
         "",
         *_headline(runs),
     ]

@@ -10,6 +10,7 @@ import pytest
 
 from harness.cli import main
 from harness.experiment import new_run_dir, run_experiment
+from harness.report import _calibration_note
 from harness.results import (
     ITERATIONS_COLUMNS,
     MESSAGES_COLUMNS,
@@ -253,9 +254,23 @@ def test_report_rebuilds_from_spec_json_without_the_fault_timeline_file(tmp_path
     (tmp_path / "host.json").unlink()
     (moved / "report.md").unlink()
     main(["report", str(moved)])  # an error would exit (SystemExit)
-    assert "| m | 1f1b | direct | fixed | trace:f |" in (moved / "report.md").read_text()
+    report = (moved / "report.md").read_text()
+    assert "| m | 1f1b | direct | fixed | trace:f |" in report
+    # a calibrated run's numbers read like the cost-free model's: the report says which
+    assert (
+        "; git revision" in report
+        and report.count(". The simulator ran with a host's measured costs (`calibrate`).") == 1
+    )  # the file gives no host, time or shape
     spec = spec_from_record(read_spec_record(moved))
     assert spec.host_costs().op_overhead_ms == 0.5
+    said = HostCosts(
+        op_overhead_ms=0.5, host="h1", measured_at="2026-12-06T10:00", op_ms=10.0, num_stages=4
+    )
+    calibrated = dataclasses.replace(spec, calibration_costs=said.to_dict())
+    assert _calibration_note(calibrated) == (
+        " The simulator ran with a host's measured costs (`calibrate`: host `h1`, measured "
+        "2026-12-06T10:00, 4 stages, 10 ms ops)."
+    )
     (scenario,) = spec.scenarios(spec.targets()[0])
     assert scenario.faults is not None and scenario.faults.events[0].effect.delay_ms == 5
 
