@@ -77,10 +77,10 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
     picked = {  # a selection picks among the preset's: a value of its own is another run
         "models": (spec.models, preset.models),
         "systems": (spec.systems, preset.systems),
-        "link sets": (spec.link_sets, preset.link_sets),
-        "delays": (spec.delays_ms, preset.delays_ms),
     }
     changed[:0] = [name for name, (mine, its) in picked.items() if any(v not in its for v in mine)]
+    if not changed and not _scenarios(spec) <= _scenarios(preset):
+        changed.append("scenarios")  # its links or delays, as they resolve per model
     if not changed:
         return spec.name, None
     return None, (
@@ -88,6 +88,12 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
         f"`harness/presets/{file}` is, but its {', '.join(changed)} "
         f"{'differs' if len(changed) == 1 else 'differ'} from the preset's."
     )
+
+
+def _scenarios(spec: ExperimentSpec) -> set[tuple[str, str]]:
+    """Each model's scenarios as `spec` names them (`first` and `last` resolved), as the
+    paper's values are keyed."""
+    return {(target.label, s.name) for target in spec.targets() for s in spec.scenarios(target)}
 
 
 def paper_comparison(

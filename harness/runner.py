@@ -200,7 +200,7 @@ def run_configuration(
         return run(engine_of(own))
 
 
-_ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b")
+_ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")
 """An iteration a worker's or the pool's error names: counted by the engine, warm-ups too."""
 
 

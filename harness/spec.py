@@ -629,6 +629,8 @@ class ExperimentSpec:
                 "links is one set of links, all slowed in one scenario (links: ['0-1', "
                 "'2-3']); for several scenarios give link_sets, a list of such sets"
             )
+        if isinstance(values.get("links"), str):  # one link: `links: last`
+            values["links"] = [values["links"]]
         for single, plural in (("model", "models"), ("links", "link_sets")):
             if single in values:
                 if plural in values:

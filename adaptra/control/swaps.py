@@ -110,7 +110,10 @@ class DpSwaps:
         """The hosts of the pairs those swaps moved."""
         self._trial: _Trial | None = None
         self._recent_ms: tuple[float, ...] = ()
-        """The times of the last `_BEFORE` iterations."""
+        """The times of the last `_BEFORE` iterations under the placement in force, the one
+        that moved the workers there left out."""
+        self._moving = False
+        """The next iteration runs a new placement (its time is not a placement's)."""
         self.num_undone = 0
         """Swaps undone for what they measured and left undone (each undo, and each swap made
         again, also counts in `num_swaps`)."""
@@ -118,7 +121,10 @@ class DpSwaps:
     def update(self, belief: Belief, measured_ms: float) -> None:
         """After an iteration: `belief`, the detector's; `measured_ms`, its time with its DP
         step (`wall_ms`). Sets the placement the next iteration runs."""
-        self._recent_ms = (*self._recent_ms, measured_ms)[-_BEFORE:]
+        if self._moving:  # the iteration that moved the workers: its time has the transfer
+            self._moving = False
+        else:
+            self._recent_ms = (*self._recent_ms, measured_ms)[-_BEFORE:]
         if self._trial is not None:
             self._judge(measured_ms)
             self._slowest = None
@@ -137,6 +143,7 @@ class DpSwaps:
             self._slowest = slowest
             return
         self._trial = _Trial(self.topology, self._recent_ms)
+        self._recent_ms, self._moving = (), True
         self.topology = self.topology.dp_pair_onto_pp(slowest)
         self._moved.add(slowest)
         self._moved_hosts |= hosts
@@ -157,10 +164,10 @@ class DpSwaps:
             self._trial = dataclasses.replace(trial, after_ms=after_ms)
             return
         self._trial = None
-        if min(after_ms) <= max(trial.before_ms) * (1 + UNDO_MARGIN):
-            return
+        if not trial.before_ms or min(after_ms) <= max(trial.before_ms) * (1 + UNDO_MARGIN):
+            return  # (none before it: a swap in a restart's first iterations, kept)
         undone = self.topology
-        self.topology = trial.before
+        self.topology, self._recent_ms, self._moving = trial.before, (), True
         self.num_swaps += 1
         if trial.undoing:  # the swap was better after all (its slowness grew meanwhile)
             self.num_undone -= 1
@@ -169,8 +176,9 @@ class DpSwaps:
         self._trial = _Trial(undone, after_ms[-_BEFORE:], undoing=True)
 
     def restarted(self) -> None:
-        """The job restarted: its iterations' times are no swap's to judge."""
-        self._trial, self._recent_ms = None, ()
+        """The job restarted: its iterations' times are no swap's to judge, nor is a belief
+        before it the first of two in a row."""
+        self._trial, self._recent_ms, self._moving, self._slowest = None, (), False, None
 
     @property
     def swapped(self) -> Topology | None:

@@ -646,6 +646,23 @@ def test_a_profile_s_throughput_counts_every_dp_replica_s_microbatches(
     )
 
 
+def test_links_and_link_sets_read_one_form_each() -> None:
+    """`links` is one set of links (a scenario slowing them all), a single link too (`links:
+    last`); `link_sets` a list of such sets. A flat list under link_sets made a scenario per
+    link, where under links it made one slowing them all."""
+    base = {"name": "s", "models": ["gpt2-7b"], "systems": ["zb"]}
+    assert ExperimentSpec.from_dict({**base, "links": "last"}).link_sets == (("last",),)
+    assert ExperimentSpec.from_dict({**base, "links": ["0-1", "2-3"]}).link_sets == (
+        ("0-1", "2-3"),
+    )
+    sets = ExperimentSpec.from_dict({**base, "link_sets": [["0-1"], ["2-3"]]})
+    assert sets.link_sets == (("0-1",), ("2-3",))
+    with pytest.raises(ConfigError, match="got '0-1' in it"):
+        ExperimentSpec.from_dict({**base, "link_sets": ["0-1", "2-3"]})
+    with pytest.raises(ConfigError, match="links is one set of links"):
+        ExperimentSpec.from_dict({**base, "links": [["0-1"], ["2-3"]]})
+
+
 def test_dp_links_must_exist() -> None:
     with pytest.raises(ConfigError, match="link dp1:1-2 does not exist"):
         ExperimentSpec(

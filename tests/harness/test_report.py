@@ -495,8 +495,13 @@ def test_a_preset_s_subset_is_compared_once_per_configuration_or_says_why_not() 
     other_delay = dataclasses.replace(fig16, delays_ms=(45.0,))
     assert harness.report.paper_experiment(other_delay)[1] == (
         "Not compared with the paper: this spec is named fig16, as the preset "
-        "`harness/presets/fig16_models.yaml` is, but its delays differs from the preset's."
+        "`harness/presets/fig16_models.yaml` is, but its scenarios differs from the preset's."
     )
+    # the preset's scenarios named another way are the preset's: `last` is 6-7 at 14B
+    one_model = dataclasses.replace(fig16, models=("gpt2-14b",), link_sets=(("6-7",),))
+    assert harness.report.paper_experiment(one_model) == ("fig16", None)
+    fig15 = load_spec(harness.paper.PRESETS_DIR / "fig15_slowdown.yaml")
+    assert harness.report.paper_experiment(dataclasses.replace(fig15, link_sets=(("last",),)))[0]
     repeats = [
         _row("1f1b", "0-1@30ms", ms, repeat, model="gpt2-7b")
         for repeat, ms in enumerate((1000.0, 1200.0, 1100.0))

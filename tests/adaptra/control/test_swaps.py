@@ -112,6 +112,20 @@ def test_an_undo_measured_worse_than_the_swap_is_itself_undone_for_good() -> Non
     for _ in range(10):
         swaps.update(pp, 5000.0)
     assert (swaps.swapped, swaps.num_swaps) == (swapped, 3)  # for good
+    # Another slow DP link: its swap is judged against the iterations before it under the
+    # placement in force, neither the re-swap's own (its transfer) nor the undone
+    # placement's (900 ms made 600 ms look no slower)
+    again = DpSwaps(Topology(4, 2))
+    for measured_ms in (100.0, 100.0, 300.0, 370.0, 370.0, 370.0, 100.0, 900.0):
+        again.update(slow if measured_ms == 100.0 else pp, measured_ms)
+    assert (again.num_swaps, again.num_undone) == (3, 0)  # swapped, undone, swapped again
+    other = _belief({"dp3:0-1": 30.0}, {"dp3:0-1"})
+    again.update(other, 1500.0)  # the re-swap's own (its transfer), calling dp3:0-1 slow
+    again.update(other, 150.0)  # again: swapped, judged against this one alone
+    assert again.num_swaps == 4
+    for measured_ms in (400.0, 300.0, 600.0, 600.0):  # its own, then three 2-4x slower
+        again.update(pp, measured_ms)
+    assert (again.num_swaps, again.num_undone) == (5, 1)
 
 
 def test_adaptra_cpu_swaps_back_where_its_fixed_order_cannot_hide_the_pp_delay() -> None:
