@@ -86,11 +86,10 @@ def wall_ms(timeline: Timeline, iteration: int) -> float:
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Trial:
     """A swap being judged: the placement before it, the times of the iterations before it,
-    how many to pass over before the judging ones (the swap's own), and theirs so far."""
+    and those of the judging ones so far (its own, with the transfer, is not one)."""
 
     before: Topology
     before_ms: tuple[float, ...]
-    skip: int = 1
     after_ms: tuple[float, ...] = ()
     undoing: bool = False
     """An undo on trial: judged by one whole iteration (a wrong verdict only keeps the swap,
@@ -121,12 +120,12 @@ class DpSwaps:
     def update(self, belief: Belief, measured_ms: float) -> None:
         """After an iteration: `belief`, the detector's; `measured_ms`, its time with its DP
         step (`wall_ms`). Sets the placement the next iteration runs."""
-        if self._moving:  # the iteration that moved the workers: its time has the transfer
-            self._moving = False
-        else:
+        moved, self._moving = self._moving, False  # its time has the state transfer in it
+        if not moved:
             self._recent_ms = (*self._recent_ms, measured_ms)[-_BEFORE:]
         if self._trial is not None:
-            self._judge(measured_ms)
+            if not moved:
+                self._judge(measured_ms)
             self._slowest = None
             return
         slow = [Link.parse(name) for name in belief.slow]
@@ -156,9 +155,6 @@ class DpSwaps:
         more than the margin than each before it."""
         trial = self._trial
         assert trial is not None
-        if trial.skip:
-            self._trial = dataclasses.replace(trial, skip=trial.skip - 1)
-            return
         after_ms = (*trial.after_ms, measured_ms)
         if len(after_ms) < (1 if trial.undoing else JUDGED_ITERATIONS):
             self._trial = dataclasses.replace(trial, after_ms=after_ms)
