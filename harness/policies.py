@@ -62,8 +62,11 @@ def _static(build: Callable[[Profile], Schedule], method: str) -> Builder:
 
 
 def _adaptra(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
+    """Adaptra's plan; `method` says what was proven, as `milp`'s does: a search that
+    reached the lower bound is optimal (a CP-SAT proof says so itself)."""
     planned = plan_adaptra(profile, exact_time_limit_s=time_limit_s)
-    return planned.schedule, planned.method
+    at_bound = planned.optimal and "cp-sat" not in planned.method
+    return planned.schedule, planned.method + (": at the lower bound, optimal" if at_bound else "")
 
 
 def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
