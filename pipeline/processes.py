@@ -92,11 +92,7 @@ def stop_orphan(pid: int, start_time: int, *, grace_s: float = 10.0) -> bool:
         if not _running(signalled) or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    for member in _running(signalled):
-        _kill(member, signal.SIGKILL)
-    deadline = time.monotonic() + 5.0  # SIGKILL takes effect soon, not at once
-    while _running(signalled) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _kill_the_rest(signalled)
     return True
 
 
@@ -199,12 +195,8 @@ def _stop(command: subprocess.Popen[Any], seen: _Known, grace_s: float) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(command.pid, signal.SIGKILL)
     _signal_new(command, seen, signalled, signal.SIGKILL)
-    for pid in _running(signalled):
-        _kill(pid, signal.SIGKILL)
+    _kill_the_rest(signalled)
     command.wait()
-    deadline = time.monotonic() + 5.0  # SIGKILL takes effect soon, not at once
-    while _running(signalled) and time.monotonic() < deadline:
-        time.sleep(0.01)
 
 
 def _signal_new(
@@ -231,6 +223,16 @@ def _members(command: subprocess.Popen[Any], seen: _Known) -> _Known:
     found = _tree(roots)
     seen.update(found)
     return found
+
+
+def _kill_the_rest(signalled: _Known) -> None:
+    """SIGKILL to the processes of `signalled` that still run, and a wait for them to go
+    (SIGKILL takes effect soon, not at once; at most 5 s)."""
+    for pid in _running(signalled):
+        _kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while _running(signalled) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _kill(pid: int, signum: int) -> None:
