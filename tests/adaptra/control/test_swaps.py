@@ -229,3 +229,48 @@ def test_a_slow_nic_whose_delay_is_drawn_low_at_times_is_swapped_once() -> None:
         run_configuration(controller, num_iterations=40, faults=faults, delegated=True)
         assert isinstance(controller, DetectingController | DelegatingController)
         assert controller.swaps.num_swaps == 1, system
+
+
+def test_a_link_moved_once_does_not_keep_another_slow_dp_link_on_its_ring() -> None:
+    """The slowest DP link that may still move is moved: one moved already, or on a host a
+    swap moved, is passed over, not a stop (a slow NIC's link, or a swap undone, hid every
+    other slow DP link for good)."""
+    slow, pp = (
+        _belief({"dp1:0-1": 30.0, "dp3:0-1": 20.0}, {"dp1:0-1", "dp3:0-1"}),
+        _belief({"1-2": 30.0}, {"1-2"}),
+    )
+    swaps = DpSwaps(Topology(4, 2))
+    swaps.update(slow, 100.0)
+    swaps.update(slow, 100.0)
+    first = Topology(4, 2).dp_pair_onto_pp(Link.parse("dp1:0-1"))
+    assert swaps.swapped == first
+    for measured_ms in (500.0, 170.0, 170.0, 170.0, 900.0, 100.0):  # undone, the undo kept
+        swaps.update(pp, measured_ms)
+    assert (swaps.topology, swaps.num_swaps, swaps.num_undone) == (Topology(4, 2), 2, 1)
+    swaps.update(slow, 100.0)
+    swaps.update(slow, 100.0)  # dp1:0-1 moved once: dp3:0-1, the slowest after it
+    assert swaps.swapped == Topology(4, 2).dp_pair_onto_pp(Link.parse("dp3:0-1"))
+    assert swaps.num_swaps == 3
+
+
+def test_a_slow_nic_moved_once_leaves_room_for_another_slow_dp_link() -> None:
+    """A slow NIC on host 5 (30 ms) stays on some ring after its swap, believed the slowest DP
+    link; 15 ms on dp3:0-1 (hosts 3 and 7) was never moved: 409 ms a step to the end for
+    Adaptra, 495 for Adaptra-CPU. Now it is the second swap, and the steps fall."""
+    from pipeline.profile import Profile
+
+    profile = Profile.uniform(
+        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
+    )  # fmt: skip
+    faults = parse_yaml(
+        '[{start_iteration: 2, nic: "host5:rnic0", delay_ms: 30},'
+        ' {start_iteration: 2, links: ["dp3:0-1"], delay_ms: 15}]'
+    )
+    for system, one_swap_ms in (("adaptra", 409.0), ("adaptra-cpu", 495.0)):
+        controller = system_controller(system, profile, faults)
+        run = run_configuration(controller, num_iterations=16, faults=faults)
+        assert isinstance(controller, DetectingController | DelegatingController)
+        assert (controller.swaps.num_swaps, controller.swaps.num_undone) == (2, 0), system
+        assert round(run.wall_times_ms[8]) == one_swap_ms  # under the first swap alone
+        assert run.wall_times_ms[-1] < 0.9 * one_swap_ms, (system, run.wall_times_ms)
