@@ -29,6 +29,7 @@ from injectors.fault_files import load_faults, parse_yaml
 from injectors.fault_model import FaultModel
 from pipeline.profile import Profile
 from pipeline.signals import run_script
+from pipeline.topology import is_dp_link
 
 PROFILE = Profile.uniform(
     4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
@@ -50,7 +51,7 @@ def _dp_beliefs(result: RunResult) -> str:
     rerun, last = 0, -1
     for k, decision in zip(result.iterations, result.decisions, strict=True):
         rerun, last = rerun + (k <= last), k
-        for name in sorted(n for n in decision.detected_ms if n.startswith("dp")):
+        for name in sorted(n for n in decision.detected_ms if is_dp_link(n)):
             match = next(
                 (i for i, r in enumerate(runs) if r[:1] == (name,) and r[2:] == (k - 1, rerun)),
                 None,

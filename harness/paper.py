@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from pipeline.topology import Link
+
 __all__ = ["PAPER", "PAPER_PRESETS", "PRESETS_DIR", "PaperValue"]
 
 PRESETS_DIR = Path(__file__).parent / "presets"
@@ -45,7 +47,7 @@ def _fig16() -> dict:
     table = {}
     for (which, delay), per_system in rows.items():
         for col, (model, stages) in enumerate(models):
-            link = "0-1" if which == "first" else f"{stages - 2}-{stages - 1}"
+            link = Link.from_spec(which, stages)
             values = tuple(v[col] for v in per_system)
             table.update(_seconds(model, f"{link}@{delay}ms", values))
     return table

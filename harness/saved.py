@@ -26,7 +26,7 @@ from pipeline.errors import ConfigError
 from pipeline.files import atomic_writer, leftover_temporaries, parse_json_file
 from pipeline.gantt import RingSpan
 from pipeline.timeline import Timeline
-from pipeline.topology import Link
+from pipeline.topology import Link, is_dp_link
 
 __all__ = [
     "MESSAGES_FILE",
@@ -183,7 +183,7 @@ def read_ring_spans(
         for row in csv.reader(line for line in handle if line.startswith(starts)):  # cheap
             if len(row) != len(MESSAGES_COLUMNS):
                 raise ConfigError(f"{path}: a row has {len(row)} fields, not {len(index)}")
-            if row[index["link"]].startswith("dp"):
+            if is_dp_link(row[index["link"]]):
                 key = prefixes[_csv_line(row[:5]) + ","]
                 link_way = (row[index["link"]], row[index["direction"]], row[index["replica"]])
                 rows.setdefault(key, {})[link_way] = row  # a rerun's: the later rows

@@ -22,7 +22,7 @@ from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
-from pipeline.topology import Link
+from pipeline.topology import Link, is_dp_link
 
 __all__ = ["HOST_COST_COMMS", "CommMode", "LinkComm", "check_takes_host_costs", "simulate"]
 
@@ -69,6 +69,11 @@ class LinkComm:
             raise ConfigError(
                 f"a link comm is a PP link's direction (forward or backward), not "
                 f"{self.link} {self.direction}"
+            )
+        if self.link.group is not None:  # the runtimes and the simulator set every replica's
+            raise ConfigError(
+                f"a link comm sets every replica's link: "
+                f"{Link.pp(self.link.first)}, not {self.link}"
             )
 
 
@@ -454,7 +459,7 @@ def simulate(
     step_end_ms = end_ms
     dp_messages: list[MessageRecord] = []
     if profile.has_dp_step:
-        dp_nics = {key: nic for key, nic in in_use.items() if key[1].startswith("dp")}
+        dp_nics = {key: nic for key, nic in in_use.items() if is_dp_link(key[1])}
         step_end_ms = _step_end_ms(
             profile, stage_ends, host, faults, iteration, origin_ms,
             _DpFailover(comm is CommMode.DELEGATED, dp_nics, failovers, nics),

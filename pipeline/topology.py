@@ -31,6 +31,7 @@ __all__ = [
     "LinkKind",
     "Position",
     "Topology",
+    "is_dp_link",
     "is_tied_link",
     "link_name",
     "tied_link",
@@ -155,6 +156,12 @@ def tied_link(num_stages: int, replica: int | None = None) -> str:
     if num_stages < 2:
         raise ConfigError(f"a pipeline of {num_stages} stage has no tied route")
     return f"tied{'' if replica is None else replica}:0-{num_stages - 1}"
+
+
+def is_dp_link(text: str) -> bool:
+    """Whether `text`, a link's name as `Link` prints it, names a DP ring link ("dp1:0-1"):
+    without parsing it, for loops over many messages' rows."""
+    return text.startswith(LinkKind.DP.value)
 
 
 def is_tied_link(text: str, num_stages: int | None = None) -> bool:

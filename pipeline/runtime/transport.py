@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
-from pipeline.topology import is_tied_link
+from pipeline.topology import is_dp_link, is_tied_link
 
 __all__ = [
     "Arrival",
@@ -68,7 +68,7 @@ def dp_tag(index: int) -> int:
 def route_kind(link: str) -> str:
     """What a link direction's link names: "tied" (the tied route, pipeline.topology's
     `tied_link`), "dp" (a DP ring link, "dp1:0-1") or "pp"."""
-    return "tied" if is_tied_link(link) else "dp" if link.startswith("dp") else "pp"
+    return "tied" if is_tied_link(link) else "dp" if is_dp_link(link) else "pp"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

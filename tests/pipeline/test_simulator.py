@@ -403,6 +403,9 @@ def test_a_link_comm_is_a_pp_link_direction() -> None:
         LinkComm(Link.parse("dp2:0-1"), "forward", CommMode.DELEGATED)
     with pytest.raises(ConfigError, match="not 0-1 sideways"):
         LinkComm(Link.pp(0), "sideways", CommMode.DELEGATED)
+    # One replica's link: the simulator set every replica's, the runtimes none (direct).
+    with pytest.raises(ConfigError, match="every replica's link: 0-1, not pp1:0-1"):
+        LinkComm(Link.pp(0, 1), "forward", CommMode.DELEGATED)
 
 
 def test_a_library_simulate_charges_a_cap_over_the_profile_s_own_rate() -> None:
