@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
-import os
-import re
-import shlex
-import shutil
-import subprocess
 from pathlib import Path
 
 import click
@@ -29,10 +23,6 @@ from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
-from pipeline.processes import PipeReader, process_tree
-from pipeline.timeline import Timeline
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["cleanup", "doctor", "launch"]
 
@@ -159,7 +149,7 @@ def launch(
             f"sbatch {script.path}"
         )
         return
-    from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder, share_folder
+    from pipeline.runtime.local_launch import run_local
     from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
 
     refuse_options(
@@ -217,59 +207,11 @@ def launch(
             err=True,
         )
         return
-    argv = shlex.split(commands[0])
-    if master_addr in (None, "127.0.0.1", "localhost", "::1"):
-        argv = _loopback_only(argv)
-    # torchrun leaves a log folder in the temporary directory: give it one that goes (marked
-    # as this process's: `cleanup` removes it if a kill leaves it).
-    with owned_folder(TORCHRUN_PREFIX) as scratch:
-        env = {
-            **os.environ,
-            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-            "TMPDIR": scratch,
-        }
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        # Its workers, in sessions of their own, stop with it whatever ends the wait. The wait
-        # is for torchrun's exit, not its pipes' end: the workers of a torchrun that crashed
-        # hold them until the exit stops them.
-        with process_tree(argv, env=env, **pipes) as torchrun:
-            share_folder(scratch, torchrun.pid)  # a kill of this process leaves it running
-            output = PipeReader(torchrun)
-            try:
-                torchrun.wait(timeout=run_timeout_s)
-            except subprocess.TimeoutExpired as err:
-                raise ConfigError(
-                    f"torchrun did not finish within {run_timeout_s:g} s (--run-timeout-s)"
-                ) from err
-        _, stderr = output.result()
-    if torchrun.returncode != 0:
-        reason = _failure_reason(stderr)
-        raise ConfigError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")
-    timeline = Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
+    timeline = run_local(commands[0], out_dir, master_addr=master_addr, timeout_s=run_timeout_s)
     times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
     click.echo(
         json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})
     )
-
-
-_ERROR_LINE = re.compile(
-    r"(?:\[rank(?P<rank>\d+)\]:\s*)?(?P<error>[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*)"
-)
-"""A traceback's last line, as a worker prints it: once its process group exists, torch
-prefixes each of its lines with "[rankN]: "."""
-
-
-def _failure_reason(stderr: str) -> str:
-    """What a failed torchrun's workers said last of their error (a traceback's last line,
-    with the rank that said it where torch named it; torchrun's own summary, a banner of "=",
-    ends its output), else its last line."""
-    lines = [line.strip() for line in stderr.strip().splitlines()]
-    for line in reversed(lines):
-        found = _ERROR_LINE.fullmatch(line)
-        if found and "ChildFailedError" not in line:
-            rank = found["rank"]
-            return found["error"] if rank is None else f"rank {rank}: {found['error']}"
-    return (lines or ["no output"])[-1]
 
 
 @click.command()
@@ -322,21 +264,3 @@ def cleanup() -> None:
         click.echo(f"could not remove {name}: {error}", err=True)
     if report.failed:
         raise TestbedError(f"{len(report.failed)} namespace(s) could not be removed (see above)")
-
-
-def _loopback_only(argv: list[str]) -> list[str]:
-    """`argv` in a network namespace of its own with only loopback, where the machine allows
-    one (a user namespace: no root needed): torchrun's store listens on every interface
-    whatever address it is given, and a local run must not be reachable from outside."""
-    unshare, ip = shutil.which("unshare"), shutil.which("ip")
-    if unshare is None or ip is None:
-        logger.warning("no unshare or ip here: torchrun's store listens on every interface")
-        return argv
-    probe = [unshare, "--user", "--map-root-user", "--net", ip, "link", "set", "lo", "up"]
-    if subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
-        logger.warning(
-            "no network namespace allowed here: torchrun's store listens on every interface"
-        )
-        return argv
-    script = f'{shlex.quote(ip)} link set lo up && exec "$@"'
-    return [unshare, "--user", "--map-root-user", "--net", "sh", "-c", script, "sh", *argv]

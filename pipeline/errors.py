@@ -7,6 +7,7 @@ __all__ = [
     "BackendError",
     "ConfigError",
     "DeadlockError",
+    "LaunchError",
     "LinkFailure",
     "MemoryLimitError",
     "ScheduleError",
@@ -35,6 +36,10 @@ class MemoryLimitError(ScheduleError):
 
 class BackendError(AdaptraBenchError, RuntimeError):
     """A compute backend was driven out of order (e.g. W before its B) or cannot run here."""
+
+
+class LaunchError(AdaptraBenchError, RuntimeError):
+    """A torchrun run on this machine (`launch --run`) failed or ran past its time."""
 
 
 class LinkFailure(AdaptraBenchError, ConnectionError):

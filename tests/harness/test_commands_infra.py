@@ -7,37 +7,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from harness.commands_infra import _failure_reason, launch
+from harness.commands_infra import launch
 
 ASSETS = Path(__file__).parents[1] / "assets"
-
-
-def test_a_worker_s_error_after_start_up_is_the_reason_not_torchrun_s_banner() -> None:
-    """torch 2.13 prefixes a worker's lines with "[rankN]: " once its process group exists:
-    the real stderr of a 2-rank torchrun whose rank 1 timed out (its output ends in
-    torchrun's summary, a row of "=")."""
-    stderr = (ASSETS / "torchrun_rank1_timeout_stderr.txt").read_text()
-    assert stderr.strip().splitlines()[-1].startswith("=====")
-    assert _failure_reason(stderr) == (
-        "rank 1: TimeoutError: waiting for the activation of microbatch 0 from rank 0 failed: "
-        "nothing came within 2 s"
-    )
-
-
-def test_a_start_up_error_has_no_rank_and_no_error_gives_the_last_line() -> None:
-    """Before the process group exists a worker's lines have no prefix; torchrun's own
-    ChildFailedError is never the reason; without any error line, the last line is."""
-    stderr = (
-        "Traceback (most recent call last):\n"
-        '  File "x.py", line 1, in <module>\n'
-        "    raise RuntimeError('no address')\n"
-        "RuntimeError: Unable to find address for: no-such-nic\n"
-        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
-        "============================================================\n"
-    )
-    assert _failure_reason(stderr) == "RuntimeError: Unable to find address for: no-such-nic"
-    assert _failure_reason("starting\nkilled by a signal\n") == "killed by a signal"
-    assert _failure_reason("") == "no output"
 
 
 class _Stop(Exception):

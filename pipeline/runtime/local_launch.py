@@ -1,0 +1,97 @@
+"""A torchrun command run on this machine (`launch --run`): kept on loopback, its log folder
+marked as this process's, its workers stopped with it whatever ends the wait, and its
+failure told by what its workers said last."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+from pipeline.errors import LaunchError
+from pipeline.processes import PipeReader, process_tree
+from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder, share_folder
+from pipeline.timeline import Timeline
+
+__all__ = ["failure_reason", "loopback_only", "run_local"]
+
+logger = logging.getLogger(__name__)
+
+_LOOPBACK = (None, "127.0.0.1", "localhost", "::1")
+_ERROR_LINE = re.compile(
+    r"(?:\[rank(?P<rank>\d+)\]:\s*)?(?P<error>[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*)"
+)
+"""A traceback's last line, as a worker prints it: once its process group exists, torch
+prefixes each of its lines with "[rankN]: "."""
+
+
+def run_local(
+    command: str, out_dir: Path, *, master_addr: str | None, timeout_s: float
+) -> Timeline:
+    """Run `command` (one node's, from `torchrun_commands`) and return the timeline its
+    workers wrote to `out_dir`; a run past `timeout_s` or a failed one raises `LaunchError`."""
+    argv = shlex.split(command)
+    if master_addr in _LOOPBACK:
+        argv = loopback_only(argv)
+    # torchrun leaves a log folder in the temporary directory: give it one that goes (marked
+    # as this process's: `cleanup` removes it if a kill leaves it).
+    with owned_folder(TORCHRUN_PREFIX) as scratch:
+        env = {
+            **os.environ,
+            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+            "TMPDIR": scratch,
+        }
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        # Its workers, in sessions of their own, stop with it whatever ends the wait. The wait
+        # is for torchrun's exit, not its pipes' end: the workers of a torchrun that crashed
+        # hold them until the exit stops them.
+        with process_tree(argv, env=env, **pipes) as torchrun:
+            share_folder(scratch, torchrun.pid)  # a kill of this process leaves it running
+            output = PipeReader(torchrun)
+            try:
+                torchrun.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired as err:
+                raise LaunchError(
+                    f"torchrun did not finish within {timeout_s:g} s (--run-timeout-s)"
+                ) from err
+        _, stderr = output.result()
+    if torchrun.returncode != 0:
+        reason = failure_reason(stderr)
+        raise LaunchError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")
+    return Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
+
+
+def failure_reason(stderr: str) -> str:
+    """What a failed torchrun's workers said last of their error (a traceback's last line,
+    with the rank that said it where torch named it; torchrun's own summary, a banner of "=",
+    ends its output), else its last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines()]
+    for line in reversed(lines):
+        found = _ERROR_LINE.fullmatch(line)
+        if found and "ChildFailedError" not in line:
+            rank = found["rank"]
+            return found["error"] if rank is None else f"rank {rank}: {found['error']}"
+    return (lines or ["no output"])[-1]
+
+
+def loopback_only(argv: list[str]) -> list[str]:
+    """`argv` in a network namespace of its own with only loopback, where the machine allows
+    one (a user namespace: no root needed): torchrun's store listens on every interface
+    whatever address it is given, and a local run must not be reachable from outside."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if unshare is None or ip is None:
+        logger.warning("no unshare or ip here: torchrun's store listens on every interface")
+        return argv
+    probe = [unshare, "--user", "--map-root-user", "--net", ip, "link", "set", "lo", "up"]
+    if subprocess.run(probe, capture_output=True, timeout=30).returncode != 0:
+        logger.warning(
+            "no network namespace allowed here: torchrun's store listens on every interface"
+        )
+        return argv
+    script = f'{shlex.quote(ip)} link set lo up && exec "$@"'
+    return [unshare, "--user", "--map-root-user", "--net", "sh", "-c", script, "sh", *argv]
