@@ -111,9 +111,9 @@ class Hardware:
     """The GPU's memory in GiB (2**30 bytes): an "80 GB" H800 or H100 has 80 GiB, 85.9e9
     bytes (nvidia-smi shows 81559 MiB of it); the model's weights and activations are in
     decimal GB (1e9 bytes) and are compared with it in bytes."""
-    hbm_gbps: float
+    hbm_gbyte_s: float
     """Memory bandwidth in GB/s (the optimizer step is memory-bound)."""
-    nvlink_gbps: float
+    nvlink_gbyte_s: float
     """Per-direction NVLink bandwidth in GB/s (TP all-reduces stay inside a node)."""
     network_gbps: float
     """Per-GPU network bandwidth in Gbit/s (PP messages and DP all-reduce: every stage's
@@ -143,11 +143,15 @@ class Hardware:
         check_count(f"hardware {self.name}: gpus_per_node", self.gpus_per_node, 1)
 
 
+_GBYTE_S_RENAMED = frozenset({"hbm_gbps", "nvlink_gbps"})
+"""The names `hbm_gbyte_s` and `nvlink_gbyte_s` had, refused by name: a `_gbps` in GB/s
+beside those in Gbit/s took a speed given in Gbit/s as 8 times faster."""
+
 _HARDWARE_FLOORS: dict[str, tuple[float, str]] = {
     "peak_tflops": (0.001, "TFLOPS"),  # 1 GFLOP/s
     "memory_gib": (0.0, "GiB"),  # > 0: a model that does not fit is refused by its stages
-    "hbm_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
-    "nvlink_gbps": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
+    "hbm_gbyte_s": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
+    "nvlink_gbyte_s": (MIN_BANDWIDTH_GBPS / 8, "GB/s"),
     "network_gbps": (MIN_BANDWIDTH_GBPS, "Gbit/s"),
     "copy_gbps": (MIN_BANDWIDTH_GBPS, "Gbit/s"),
 }
@@ -160,8 +164,8 @@ H800_IB400 = Hardware(
     name="h800-ib400",
     peak_tflops=989.0,
     memory_gib=80.0,
-    hbm_gbps=3350.0,
-    nvlink_gbps=200.0,
+    hbm_gbyte_s=3350.0,
+    nvlink_gbyte_s=200.0,
     network_gbps=400.0,
     link_latency_ms=0.01,
     copy_gbps=200.0,
@@ -222,6 +226,11 @@ def resolve_hardware(entry: str | Mapping[str, Any]) -> Hardware:
         raise ConfigError(
             "hardware memory_gb is memory_gib now: the card's memory in GiB (an 80 GB card "
             "has 80 GiB)"
+        )
+    for old in _GBYTE_S_RENAMED.intersection(entry if isinstance(entry, Mapping) else ()):
+        new = old.replace("_gbps", "_gbyte_s")
+        raise ConfigError(
+            f"hardware {old} is {new} now: its speed in GB/s, where every *_gbps is in Gbit/s"
         )
     hardware: Hardware = _resolve(entry, HARDWARE, "hardware")
     return hardware
@@ -306,7 +315,7 @@ def _tp_allreduce_ms(m: GPTModel, hw: Hardware) -> float:
     if m.tp == 1:
         return 0.0
     num_bytes = m.seq_len * m.microbatch_size * m.hidden * _BYTES_PER_ELEMENT
-    return 2 * (m.tp - 1) / m.tp * num_bytes / (hw.nvlink_gbps * 1e6)
+    return 2 * (m.tp - 1) / m.tp * num_bytes / (hw.nvlink_gbyte_s * 1e6)
 
 
 def _one_f_one_b_in_flight(num_stages: int, num_microbatches: int, stage_idx: int) -> int:
@@ -359,7 +368,7 @@ def model_cost(
         params_per_gpu = params / m.tp
         weights_gb.append(params_per_gpu * _BYTES_PER_PARAM_STATE / 1e9)
         grad_bytes.append(int(params_per_gpu * _BYTES_PER_ELEMENT))
-        optimizer_ms.append(params_per_gpu * _ADAM_BYTES_MOVED_PER_PARAM / (hw.hbm_gbps * 1e6))
+        optimizer_ms.append(params_per_gpu * _ADAM_BYTES_MOVED_PER_PARAM / (hw.hbm_gbyte_s * 1e6))
         s, b, h, a = m.seq_len, m.microbatch_size, m.hidden, m.num_heads
         # Tensor parallelism without sequence parallelism (the authors' artifact passes no
         # --sequence-parallel, megatron's default): a layer's LayerNorm and dropout inputs,

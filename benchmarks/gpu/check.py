@@ -101,10 +101,10 @@ from pipeline.signals import Terminated, run_script
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
 H100 = dataclasses.replace(
-    H800_IB400, name="h100", memory_gib=80.0, hbm_gbps=3350.0, nvlink_gbps=450.0
+    H800_IB400, name="h100", memory_gib=80.0, hbm_gbyte_s=3350.0, nvlink_gbyte_s=450.0
 )
 H200 = dataclasses.replace(
-    H800_IB400, name="h200", memory_gib=141.0, hbm_gbps=4800.0, nvlink_gbps=450.0
+    H800_IB400, name="h200", memory_gib=141.0, hbm_gbyte_s=4800.0, nvlink_gbyte_s=450.0
 )
 LAYERS_7B = 6
 """The 7B stage's layers: a middle stage of the paper's gpt2-7b (22 layers at PP 4: 5 with

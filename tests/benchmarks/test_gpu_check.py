@@ -279,8 +279,8 @@ def test_the_summary_sets_the_message_copies_apart_from_the_op_times() -> None:
 def test_the_cost_model_prices_the_gpu_found() -> None:
     h100, _ = check.hardware("NVIDIA H100 80GB HBM3")
     h200, _ = check.hardware("NVIDIA H200")
-    assert (h100.name, h100.memory_gib, h100.hbm_gbps) == ("h100", 80.0, 3350.0)
-    assert (h200.name, h200.memory_gib, h200.hbm_gbps) == ("h200", 141.0, 4800.0)
+    assert (h100.name, h100.memory_gib, h100.hbm_gbyte_s) == ("h100", 80.0, 3350.0)
+    assert (h200.name, h200.memory_gib, h200.hbm_gbyte_s) == ("h200", 141.0, 4800.0)
     assert h100.peak_tflops == h200.peak_tflops == 989.0
     assert check.hardware("NVIDIA H100 PCIe")[0].name == "h800-ib400"
     assert check.hardware(None) == (

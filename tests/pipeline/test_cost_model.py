@@ -196,6 +196,13 @@ def test_hardware_is_configurable() -> None:
         ({"base": "h800-ib400", "network_gbps": 0}, "network_gbps must be finite and >= 0.001"),
         ({"base": "h800-ib400", "warp": 9}, "unknown hardware field"),
         ({"base": "h800-ib400", "memory_gb": 80}, "memory_gb is memory_gib now"),
+        # GB/s beside Gbit/s under one suffix: NVLink given in Gbit/s ran 8 times too fast
+        (
+            {"base": "h800-ib400", "nvlink_gbps": 3600},
+            "nvlink_gbps is nvlink_gbyte_s now: its speed in GB/s, where every [*]_gbps is in "
+            "Gbit/s",
+        ),
+        ({"hbm_gbps": 3350}, "hbm_gbps is hbm_gbyte_s now"),
         ({"base": "h800-ib400", "memory_gib": "lots"}, "memory_gib must be a number, got 'lots'"),
     ],
 )
@@ -215,8 +222,8 @@ def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
         # 1.0e-300 ran: a median iteration of hundreds of digits in ms.
         ("network_gbps", 1e-300, "network_gbps must be finite and >= 0.001 Gbit/s, got 1e-300"),
         ("copy_gbps", 0.0009, "copy_gbps must be finite and >= 0.001 Gbit/s, got 0.0009"),
-        ("nvlink_gbps", 1e-5, "nvlink_gbps must be finite and >= 0.000125 GB/s, got 1e-05"),
-        ("hbm_gbps", math.inf, "hbm_gbps must be finite and >= 0.000125 GB/s, got inf"),
+        ("nvlink_gbyte_s", 1e-5, "nvlink_gbyte_s must be finite and >= 0.000125 GB/s, got 1e-05"),
+        ("hbm_gbyte_s", math.inf, "hbm_gbyte_s must be finite and >= 0.000125 GB/s, got inf"),
         ("peak_tflops", 1e-6, "peak_tflops must be finite and >= 0.001 TFLOPS, got 1e-06"),
         ("memory_gib", 0, "memory_gib must be finite and > 0 GiB, got 0"),
         ("link_latency_ms", math.nan, "link_latency_ms must be finite and in 0..3600000 ms"),
