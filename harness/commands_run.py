@@ -218,8 +218,14 @@ def run(
             "simulator models every delay itself"
         )
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
+    host = load_host_costs(calibration_path)
     for warning in run_warnings(
-        system, profile, faults, num_warmup_iterations=warmup_iterations, backend=backend
+        system,
+        profile,
+        faults,
+        num_warmup_iterations=warmup_iterations,
+        backend=backend,
+        host=host,
     ):
         click.echo(warning, err=True)
     controller: Controller
@@ -249,7 +255,7 @@ def run(
         recovery=recovery,
         injection=injection,
         model=model,
-        host=load_host_costs(calibration_path),
+        host=host,
         on_iteration=None if progress is None else lambda k, *_: progress.step(k),
         delegated=comm == "delegated",
         seed=seed,

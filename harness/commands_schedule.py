@@ -13,6 +13,7 @@ from harness.cli_common import (
     schedule_options,
 )
 from harness.policies import GIVEN_POLICY
+from harness.runner import calibration_shape_warning
 from pipeline.gantt import plot_gantt
 from pipeline.metrics import compute_metrics
 from pipeline.simulator import CommMode, check_takes_host_costs, simulate
@@ -98,6 +99,9 @@ def simulate_cmd(
         check_takes_host_costs(comm, "--calibration")
     host = load_host_costs(calibration_path)
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
+    shape_warning = calibration_shape_warning(host, profile)
+    if shape_warning is not None:
+        click.echo(shape_warning, err=True)
     timeline = simulate(planned.schedule, profile, CommMode(comm), validate=False, host=host)
     metrics = compute_metrics(timeline)
     if trace:

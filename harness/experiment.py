@@ -154,7 +154,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     for config, key in zip(configs, keys, strict=True):
         if key in done:
             continue
-        for warning in _warnings(config, spec.num_warmup_iterations, spec.backend):
+        for warning in _warnings(config, spec):
             if warning not in warned:
                 warned.add(warning)
                 progress(warning)
@@ -211,15 +211,16 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     return run_dir
 
 
-def _warnings(config: Configuration, num_warmup_iterations: int, backend: str) -> list[str]:
+def _warnings(config: Configuration, spec: ExperimentSpec) -> list[str]:
     """`run_warnings` for a configuration, naming its model and scenario."""
     target, system, scenario, _ = config
     warnings = run_warnings(
         system,
         scenario.apply(target.profile),
         scenario.faults or NO_FAULTS,
-        num_warmup_iterations=num_warmup_iterations,
-        backend=backend,
+        num_warmup_iterations=spec.num_warmup_iterations,
+        backend=spec.backend,
+        host=spec.host_costs(),
     )
     return [f"{target.label} {scenario.name}: {warning}" for warning in warnings]
 

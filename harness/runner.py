@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import statistics
 from collections.abc import Callable
 
 from baselines.fixed_plan import FixedPlan
@@ -321,13 +322,16 @@ def run_warnings(
     *,
     num_warmup_iterations: int,
     backend: str,
+    host: HostCosts = FREE,
 ) -> list[str]:
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
     gives before it starts: `blind_detector_warning`, `noisy_ring_warning`,
-    `idle_fault_rows_warning` and `replaced_rows_warning`, those that apply."""
+    `idle_fault_rows_warning`, `replaced_rows_warning` and, with `host` costs, their
+    `calibration_shape_warning`, those that apply."""
     warnings = [
         idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
         replaced_rows_warning(profile, faults),
+        calibration_shape_warning(host, profile),
     ]
     if system is not None:
         warnings[:0] = [
@@ -337,6 +341,11 @@ def run_warnings(
             noisy_ring_warning(system, profile, backend),
         ]
     return [warning for warning in warnings if warning is not None]
+
+
+def calibration_shape_warning(host: HostCosts, profile: Profile) -> str | None:
+    """`HostCosts.shape_warning` for a run of `profile` (its median forward)."""
+    return host.shape_warning(profile.num_stages, statistics.median(profile.t_f_ms))
 
 
 def idle_fault_rows_warning(

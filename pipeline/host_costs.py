@@ -429,6 +429,25 @@ class HostCosts:
             f"({here!r}): its costs predict runs there"
         )
 
+    def shape_warning(self, num_stages: int, forward_ms: float) -> str | None:
+        """One line where the runs to predict, of `num_stages` stages with forwards of
+        `forward_ms` (their median), differ in shape from the calibration's: its per-op
+        overhead depends on how long an op sleeps, and its transfers' costs on how many
+        workers share the host's cores; None where they match (ops within 2x), or the file
+        did not record its shape."""
+        if self.op_ms is None or self.num_stages is None:
+            return None
+        stages_differ = num_stages >= 2 and num_stages != self.num_stages
+        ops_differ = not 0.5 <= forward_ms / self.op_ms <= 2
+        if not (stages_differ or ops_differ):
+            return None
+        return (
+            f"warning: the calibration ran {self.num_stages} stages with {self.op_ms:g} ms "
+            f"ops, this run {num_stages} with {forward_ms:g} ms forwards: its costs predict "
+            f"runs of its own shape (calibrate --stages {max(num_stages, 2)} --op-ms "
+            f"{forward_ms:g})"
+        )
+
     @classmethod
     def from_dict(cls, data: Any) -> HostCosts:
         if not isinstance(data, dict):

@@ -696,6 +696,10 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
     )  # fmt: skip
     assert ran.returncode == 0
     assert json.loads(ran.stdout)["median_iteration_ms"] == pytest.approx(calibrated)
+    assert (
+        "warning: the calibration ran 2 stages with 3 ms ops, this run 4 with 10 ms forwards"
+        in ran.stderr
+    )
     refused = cli(
         "run", "--backend", "emulated", "--profile", profile, "--policy", "1f1b",
         "--calibration", str(host),

@@ -238,3 +238,29 @@ def test_a_worker_s_or_its_pool_s_error_counts_iterations_as_the_results_do() ->
     with pytest.raises(WorkerCrash) as raised:
         _worker_errors_named(failing(untouched), 1, 20.0)(None)  # type: ignore[arg-type]
     assert raised.value is untouched
+
+
+def test_a_run_with_a_calibration_of_another_shape_is_warned() -> None:
+    """`run`, `simulate` and a spec's configurations each warn where the calibration's
+    stages or op length are not the run's (its median forward)."""
+    from harness.runner import run_warnings
+    from pipeline.faults import NO_FAULTS
+    from pipeline.host_costs import FREE, HostCosts
+
+    costs = HostCosts(op_ms=10.0, num_stages=4)
+    profile = Profile.uniform(4, 8, 2, 1, 1)  # forwards of 2 ms, not 10
+    warnings = run_warnings(None, profile, NO_FAULTS, num_warmup_iterations=0, backend="sim")
+    assert warnings == []  # no calibration
+    warned = run_warnings(
+        None, profile, NO_FAULTS, num_warmup_iterations=0, backend="sim", host=costs
+    )
+    assert warned == [
+        "warning: the calibration ran 4 stages with 10 ms ops, this run 4 with 2 ms forwards: "
+        "its costs predict runs of its own shape (calibrate --stages 4 --op-ms 2)"
+    ]
+    same = Profile.uniform(4, 8, 10, 5, 5)
+    assert (
+        run_warnings(None, same, NO_FAULTS, num_warmup_iterations=0, backend="sim", host=costs)
+        == []
+    )
+    assert FREE.shape_warning(4, 2.0) is None

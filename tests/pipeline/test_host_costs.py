@@ -360,3 +360,20 @@ def test_a_calibration_from_another_host_is_named() -> None:
         "costs predict runs there"
     )
     assert FREE.other_host_warning("box") is None
+
+
+def test_a_calibration_of_another_shape_is_named() -> None:
+    """Its per-op overhead depends on how long an op sleeps and its transfers' costs on how
+    many workers share the cores: a run of other stages, or of ops over 2x longer or shorter,
+    is warned of (not refused: the costs are still this host's); a file that recorded no
+    shape (version 3) says nothing."""
+    costs = HostCosts.from_dict({**COSTS, "schema_version": 4, **MEASURED})  # 2 stages, 2 ms
+    assert costs.shape_warning(2, 2.0) is None
+    assert costs.shape_warning(2, 4.0) is None and costs.shape_warning(2, 1.0) is None
+    assert costs.shape_warning(1, 2.0) is None  # calibrate runs 2 stages at least
+    assert costs.shape_warning(2, 4.1) == (
+        "warning: the calibration ran 2 stages with 2 ms ops, this run 2 with 4.1 ms "
+        "forwards: its costs predict runs of its own shape (calibrate --stages 2 --op-ms 4.1)"
+    )
+    assert costs.shape_warning(4, 2.0) is not None and costs.shape_warning(2, 0.9) is not None
+    assert HostCosts.from_dict(COSTS).shape_warning(8, 50.0) is None
