@@ -101,9 +101,12 @@ def main() -> int:
         ratio = measured / predicted
         verdict = "ok" if low <= ratio <= high else "FAILED"
         ok = ok and verdict == "ok"
+        shown = f"{ratio:.3f}"
+        if verdict == "FAILED" and low <= float(shown) <= high:  # past the band by < 0.0005
+            shown = f"{ratio:.6f}"
         print(
             f"emulated/calibrated sim gate ({case.name}, 1 MiB; load "
-            f"{os.getloadavg()[0]:.2f}): {measured:.1f} ms / {predicted:.1f} ms = {ratio:.3f} "
+            f"{os.getloadavg()[0]:.2f}): {measured:.1f} ms / {predicted:.1f} ms = {shown} "
             f"(allowed {low:.2f}-{high:.2f}): {verdict}"
         )
     return 0 if ok else 1

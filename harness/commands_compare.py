@@ -175,9 +175,14 @@ def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
 
 def _cells(change: Change) -> tuple[str, str, str, str]:
     base, new = _numbers(change.base, change.new)
+    flagged = change.worse or change.better
     pct = f"{change.change_pct:+.2f}%"
     if change.change_pct and float(pct[:-1]) == 0:  # under 0.005 %: its first digits
         pct = f"{change.change_pct:+.2g}%"
+    for digits in range(3, 17):  # a change of the tolerance passes: one flagged is beyond it
+        if not flagged or abs(float(pct[:-1])) != change.limit_pct:
+            break
+        pct = f"{change.change_pct:+.{digits}f}%"
     return base, new, pct, "WORSE" if change.worse else "BETTER" if change.better else ""
 
 

@@ -108,6 +108,8 @@ class Change:
     """Beyond its tolerance in its bad direction."""
     better: bool = False
     """Beyond its tolerance in its good direction (a failure with `both_ways`)."""
+    limit_pct: float = math.inf
+    """Its tolerance, %."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -314,6 +316,9 @@ def _check_tolerance(metric: str, pct: float) -> None:
 
 
 _SLACK = 1e-9
+_ZERO_NOISE = 1e-12
+"""A metric whose base is 0 (a bubble ratio: 1 - busy / span, clamped at 0) that is no more
+than this in the new results has not changed: a sum's rounding, not a regression."""
 """Relative to the tolerance: a change of exactly it (104 -> 109.2 at 5 %) computes as
 5.000000000000002 %, which is within it. A tolerance of 0 has no slack: only equal passes."""
 
@@ -421,11 +426,10 @@ def _changes(
         if after_row.get(metric) in (None, ""):
             raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
         before, after = float(before_row[metric]), float(after_row[metric])
-        pct = (
-            0.0
-            if after == before
-            else (100.0 * (after - before) / abs(before) if before else math.inf)
-        )
+        if before:
+            pct = 100.0 * (after - before) / abs(before)
+        else:  # of nothing, any change is infinite: not a float sum's last bit (a bubble ratio)
+            pct = 0.0 if abs(after) <= _ZERO_NOISE else math.copysign(math.inf, after)
         worse_by = -pct if higher_is_better else pct
         limit = tolerances.get(metric, tolerance_pct)
         changes.append(
@@ -437,6 +441,7 @@ def _changes(
                 pct,
                 worse=_beyond(worse_by, limit),
                 better=_beyond(-worse_by, limit),
+                limit_pct=limit,
             )
         )
     return changes

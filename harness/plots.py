@@ -83,11 +83,14 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
             for r in runs
         ]
     )
-    # The fault-free point belongs to every link set's line.
+    # A model's fault-free point belongs to each of its link sets' lines (`last` names another
+    # link in a pipeline of other depth: one model's is not another's).
     free = frame[frame["delay (ms)"] == 0]
-    faulty = frame[frame["delay (ms)"] > 0]
-    for links in faulty["links"].unique():
-        frame = pd.concat([frame, free.assign(links=links)])
+    faulty = frame[frame["delay (ms)"] > 0][["model", "links"]].drop_duplicates()
+    frame = pd.concat(
+        [frame]
+        + [free[free["model"] == model].assign(links=links) for model, links in faulty.values]
+    )
     frame = frame[frame["links"] != "none"]
     grid = sns.relplot(
         data=frame,

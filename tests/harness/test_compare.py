@@ -1,6 +1,7 @@
 import csv
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -383,6 +384,39 @@ def test_a_worse_metric_prints_the_digits_that_tell_it_apart(tmp_path: Path) -> 
     assert "| median_wall_ms | 450 | 450.0001 | +2.2e-05% | WORSE |" in markdown
     # equal numbers keep 4 digits; a change of 0.005 % or more keeps 2 decimals
     assert "| mean_iteration_ms | 450 | 450 | +0.00% |  |" in markdown
+
+
+def test_a_change_just_past_the_tolerance_prints_past_it(tmp_path: Path) -> None:
+    """+5.004 % at --tolerance 5 printed as "+5.00%  WORSE", where a change of exactly 5 %
+    passes: flagged, it keeps the decimals that put it past the tolerance."""
+    rows = _rows()
+    rows[0]["median_wall_ms"] = repr(450.0 * 1.05004)
+    out = _compare(BASELINE, _write(tmp_path / "past.csv", rows), "--tolerance", "5")
+    assert out.returncode == 1
+    (worse,) = [line for line in out.stdout.splitlines() if line.endswith("WORSE")]
+    assert worse.split()[-3:] == ["472.5", "+5.004%", "WORSE"]
+    rows[0]["median_wall_ms"] = repr(450.0 * 1.04996)  # not flagged: 2 decimals
+    out = _compare(BASELINE, _write(tmp_path / "within.csv", rows), "--tolerance", "5")
+    assert out.returncode == 0 and "472.5    +5.00%\n" in out.stdout
+
+
+def test_a_metric_of_0_that_moves_by_a_rounding_has_not_changed() -> None:
+    """A bubble ratio of 0 (a 1-stage pipeline) that came out 2.2e-16 failed as "+inf%" at
+    any tolerance; a count of 0 that becomes 1 still fails at any tolerance."""
+    (noise,) = [
+        c
+        for c in compare_runs(
+            [_one("bubble_ratio", 0.0)], [_one("bubble_ratio", 2.220446049250313e-16)], 50.0
+        ).changes
+        if c.metric == "bubble_ratio"
+    ]
+    assert (noise.change_pct, noise.worse) == (0.0, False)
+    (restart,) = [
+        c
+        for c in compare_runs([_one("restarts", 0)], [_one("restarts", 1)], 1000.0).changes
+        if c.metric == "restarts"
+    ]
+    assert (restart.change_pct, restart.worse) == (math.inf, True)
 
 
 def _small_run(

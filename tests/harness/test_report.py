@@ -219,6 +219,34 @@ def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
     assert ax.get_ylim() == pytest.approx((0.0, 108.0))  # the top point's marker inside
 
 
+def test_time_per_step_vs_delay_joins_a_model_s_fault_free_point_to_its_own_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`last` is link 2-3 of a 4-stage model and 6-7 of an 8-stage one: each panel drew a
+    stray one-point line of the other model's link set at its fault-free step."""
+    grids: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda grid, *_, **__: grids.append(grid))
+    runs = [
+        {**_row("1f1b", scenario, ms, 0), "model": model, "links": links, "delay_ms": delay}
+        for model, last, free_ms in (("a", "2-3", 50.0), ("b", "6-7", 70.0))
+        for scenario, links, delay, ms in (
+            ("fault-free", "", "0", free_ms),
+            (f"{last}@10ms", last, "10", 2 * free_ms),
+        )
+    ]
+    harness.plots.plot_iteration_time_vs_delay(runs, tmp_path / "t.png")
+    (grid,) = grids
+    panels = {
+        ax.get_title(): [[tuple(xy) for xy in line.get_xydata()] for line in ax.lines]
+        for ax in grid.axes.flat
+    }
+    drawn = {title: [points for points in lines if points] for title, lines in panels.items()}
+    assert drawn == {
+        "model = a": [[(0.0, 50.0), (10.0, 100.0)]],
+        "model = b": [[(0.0, 70.0), (10.0, 140.0)]],
+    }
+
+
 @pytest.mark.parametrize(
     ("delays_ms", "delay"), [((0.0,), "0"), ((20.0,), "20")], ids=["fault-free", "one-delay"]
 )
