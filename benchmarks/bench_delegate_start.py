@@ -22,8 +22,9 @@ from adaptra.transport.delegate import PORT
 from adaptra.transport.delegated import DELEGATE_FILE, _Process, _read_note
 from pipeline.runtime.transport import LinkDirection
 from pipeline.signals import run_script
+from pipeline.topology import Direction
 
-_DIRECTION = LinkDirection("0-1", "forward")
+_DIRECTION = LinkDirection("0-1", Direction.FORWARD)
 
 
 def _started(num: int) -> float:

@@ -31,10 +31,10 @@ from pipeline.runtime import IterationConfig, WorkerPool
 from pipeline.runtime.calibrate import measure_host_costs
 from pipeline.signals import run_script
 from pipeline.timeline import Timeline
+from pipeline.topology import Direction
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
-ALL = (("0-1", "forward"), ("0-1", "backward"), ("1-2", "forward"), ("1-2", "backward"),
-       ("2-3", "forward"), ("2-3", "backward"))  # fmt: skip
+ALL = tuple((link, direction) for link in ("0-1", "1-2", "2-3") for direction in Direction)
 
 
 def _profile(num_bytes: int, delay_ms: float = 0.0, num_delegates: int = 3) -> Profile:

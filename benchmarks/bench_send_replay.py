@@ -42,7 +42,7 @@ from pipeline.schedule import Schedule
 from pipeline.signals import run_script
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, Timeline
-from pipeline.topology import Link
+from pipeline.topology import Direction, Link
 
 SIZES = {"64 KiB": 64 << 10, "1 MiB": 1 << 20, "8 MiB": 8 << 20}
 VARIANTS = ("calibrated", "own mean", "shuffled", "replayed")
@@ -58,7 +58,7 @@ class _SendTimes:
     def message_fault(
         self,
         link: Link,
-        direction: str,
+        direction: Direction,
         kind: str,
         microbatch: int,
         num_bytes: int = 0,

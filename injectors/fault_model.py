@@ -34,7 +34,7 @@ from typing import NamedTuple
 from pipeline.errors import ConfigError
 from pipeline.faults import MessageFault
 from pipeline.link_rates import NO_RATES, LinkRates
-from pipeline.topology import Link, Position, Topology
+from pipeline.topology import Direction, Link, Position, Topology
 
 __all__ = ["Effect", "FaultEvent", "FaultModel", "Held", "InForce", "Target", "TargetKind"]
 
@@ -213,7 +213,7 @@ class InForce:
     def message_fault(
         self,
         link: Link,
-        direction: str,
+        direction: Direction,
         kind: str,
         microbatch: int,
         num_bytes: int = 0,
@@ -249,7 +249,7 @@ class InForce:
         return redraws
 
     def _delay_ms(
-        self, effect: Effect, unit: _Unit, link: Link, direction: str, kind: str, m: int
+        self, effect: Effect, unit: _Unit, link: Link, direction: Direction, kind: str, m: int
     ) -> float:
         if effect.stall_ms:
             sender = (unit, direction, link.sender(direction))

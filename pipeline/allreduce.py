@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from pipeline.errors import ConfigError
-from pipeline.topology import Link
+from pipeline.topology import Direction, Link
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -136,19 +136,19 @@ def check_ring_messages(grad_bytes: Sequence[int], bucket_bytes: int, num_replic
         )
 
 
-def ring_peer(stage: int, replica: int, num_replicas: int) -> tuple[int, Link, str]:
+def ring_peer(stage: int, replica: int, num_replicas: int) -> tuple[int, Link, Direction]:
     """Where `replica` sends on its stage's ring: the receiving replica, the link and the
-    direction ("forward" from the link's lower replica)."""
+    direction (forward from the link's lower replica)."""
     receiver = (replica + 1) % num_replicas
     link = Link.dp(stage, replica, receiver)
-    return receiver, link, "forward" if replica < receiver else "backward"
+    return receiver, link, Direction.between(replica, receiver)
 
 
 class RingMessage(NamedTuple):
     """One message of a ring, as `ring_done_ms` timed it (ms)."""
 
     link: Link
-    direction: str
+    direction: Direction
     number: int
     """Its index among its link direction's messages (`message_index`)."""
     num_bytes: int
@@ -174,7 +174,7 @@ class SendDelay(NamedTuple):
     """Time the sender is held besides, injected by no one (a failover's move, ms)."""
 
 
-MessageDelay = Callable[[Link, str, int, int, float], SendDelay]
+MessageDelay = Callable[[Link, Direction, int, int, float], SendDelay]
 """(link, direction, index, bytes, when the send starts in ms) -> what holds its sender."""
 ChunkCost = Callable[[int, int], tuple[float, float]]
 """(bytes, rings running at once) -> (how long a send holds its sender besides its delay,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from pipeline.link_rates import LinkRates
-from pipeline.topology import Link, Topology
+from pipeline.topology import Direction, Link, Topology
 
 __all__ = [
     "NO_FAULTS",
@@ -62,7 +62,7 @@ class IterationFaults(Protocol):
     def message_fault(
         self,
         link: Link,
-        direction: str,
+        direction: Direction,
         kind: str,
         microbatch: int,
         num_bytes: int = 0,
@@ -142,7 +142,7 @@ class NoFaults:
     def message_fault(
         self,
         link: Link,
-        direction: str,
+        direction: Direction,
         kind: str,
         microbatch: int,
         num_bytes: int = 0,
@@ -224,7 +224,7 @@ def route_over(
     nic: int,
     num_nics: int,
     link: Link,
-    direction: str,
+    direction: Direction,
     kind: str,
     microbatch: int,
     num_bytes: int = 0,

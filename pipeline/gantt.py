@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from pipeline.files import pyplot, save_figure
 from pipeline.ops import OpKind
 from pipeline.timeline import OpRecord, Timeline
-from pipeline.topology import Link
+from pipeline.topology import Direction, Link
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -143,7 +143,8 @@ def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
         link = Link.parse(m.link)
         if not link.is_pp:
             continue
-        ends = (link.first, link.second) if m.direction == "forward" else (link.second, link.first)
+        forward = m.direction == Direction.FORWARD
+        ends = (link.first, link.second) if forward else (link.second, link.first)
         out.append(SlowMessage(m.send_start_ms, ends[0], m.arrival_ms, ends[1], m.fault_ms))
     return out
 

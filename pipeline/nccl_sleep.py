@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pipeline.errors import ScheduleError
 from pipeline.ops import Op, OpKind
+from pipeline.topology import Direction
 
 __all__ = [
     "FaultFreeTimes",
@@ -50,8 +51,8 @@ __all__ = [
 Message = tuple[str, int]
 """A message's name: ("F", m) an activation, ("B", m) a gradient of microbatch m."""
 
-LinkDirection = tuple[int, str]
-"""A PP link direction: (link index, "forward" or "backward")."""
+LinkDirection = tuple[int, Direction]
+"""A PP link direction: (link index, its direction)."""
 
 SleepFor = Callable[[LinkDirection, LinkDirection | None, Message, float], tuple[float, float]]
 """(the send's own link direction, the one the injector counts it on (None: none), message,
@@ -275,7 +276,7 @@ def _zero_bubble_program(
 
 def _own_link(sender: int, receiver: int) -> LinkDirection:
     """The link direction a send between neighbours goes over."""
-    return min(sender, receiver), "forward" if receiver > sender else "backward"
+    return min(sender, receiver), Direction.between(sender, receiver)
 
 
 def _injected_link(

@@ -22,7 +22,7 @@ from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.timeline import FailoverRecord, IterationRecord, MessageRecord, OpRecord, Timeline
-from pipeline.topology import Link, is_dp_link
+from pipeline.topology import Direction, Link, is_dp_link
 
 __all__ = ["HOST_COST_COMMS", "CommMode", "LinkComm", "check_takes_host_costs", "simulate"]
 
@@ -60,8 +60,8 @@ class LinkComm:
     """One PP link direction's comm mode (every replica), where a plan mixes modes."""
 
     link: Link
-    direction: str
-    """"forward" (activations) or "backward" (gradients)."""
+    direction: Direction
+    """Forward (activations) or backward (gradients)."""
     comm: CommMode
 
     def __post_init__(self) -> None:
@@ -87,7 +87,8 @@ def _durations(profile: Profile) -> dict[OpKind, tuple[float, ...]]:
     }
 
 
-_DIRECTIONS = ("forward", "backward")
+_DIRECTIONS = tuple(Direction)
+"""Indexed by a message's direction number (0 forward, 1 backward) in the hot loop."""
 
 
 def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
@@ -104,7 +105,7 @@ def _records(messages: list[list[Any]]) -> tuple[MessageRecord, ...]:
 
 
 def _pp_link_down(
-    iteration: int, direction: str, microbatch: int, link: Link, at_ms: float
+    iteration: int, direction: Direction, microbatch: int, link: Link, at_ms: float
 ) -> LinkFailure:
     return LinkFailure(
         f"iteration {iteration}: the {direction} message of microbatch {microbatch} on link "
@@ -417,7 +418,7 @@ def simulate(
             [
                 iteration,
                 links[min(m.sender, m.receiver)],
-                "forward" if m.receiver > m.sender else "backward",
+                Direction.between(m.sender, m.receiver),
                 m.message[1],
                 message_bytes,
                 m.sent_ms,
@@ -522,13 +523,13 @@ def _step_end_ms(
     num_nics = len(failover.nics) if failover.delegated else 1  # gloo: the first NIC only
 
     def message_delay(
-        link: Link, direction: str, index: int, num_bytes: int, sent_at_ms: float
+        link: Link, direction: Direction, index: int, num_bytes: int, sent_at_ms: float
     ) -> SendDelay:
         delay_ms = static_ms.get(link, 0.0) if static_ms else 0.0
         hold_ms = 0.0  # a failover's move: it holds the sender, nobody injected it
         if ask:
             offset_ms = sent_at_ms - origin_ms
-            sender = link.first if direction == "forward" else link.second
+            sender = link.sender(direction).replica
             here = (sender, str(link), direction)
             nic = failover.on_nic.get(here, 0) if failover.delegated else 0
             route = route_over(

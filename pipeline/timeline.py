@@ -13,7 +13,7 @@ from typing import Any, Generic, NamedTuple, TypeVar, get_type_hints
 
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
-from pipeline.topology import Link, is_tied_link
+from pipeline.topology import Direction, Link, is_tied_link
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -74,7 +74,7 @@ class MessageRecord(NamedTuple):
 
     iteration: int
     link: str
-    direction: str  # "forward" (activation) or "backward" (gradient)
+    direction: Direction  # forward (activation) or backward (gradient)
     microbatch: int
     num_bytes: int
     send_start_ms: float
@@ -107,7 +107,7 @@ class FailoverRecord(NamedTuple):
 
     iteration: int
     link: str
-    direction: str
+    direction: Direction
     replica: int
     cause: str
     nic_from: str
@@ -199,12 +199,19 @@ class Timeline:
         return cls(
             num_stages=num_stages,
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in rows["ops"]),
-            messages=tuple(MessageRecord(*r) for r in rows["messages"]),
+            messages=tuple(
+                MessageRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]]) for r in rows["messages"]
+            ),
             iterations=tuple(
                 IterationRecord._make([*r[:4], tuple(r[4])]) for r in rows["iterations"]
             ),
-            failovers=tuple(FailoverRecord(*r) for r in rows["failovers"]),
-            dp_messages=tuple(MessageRecord(*r) for r in rows["dp_messages"]),
+            failovers=tuple(
+                FailoverRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]]) for r in rows["failovers"]
+            ),
+            dp_messages=tuple(
+                MessageRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]])
+                for r in rows["dp_messages"]
+            ),
             swaps=tuple(SwapRecord(*r) for r in rows["swaps"]),
         )
 
@@ -296,6 +303,7 @@ _FIELD_CHECKS: dict[object, tuple[Callable[[Any], bool], str]] = {
     int: (lambda v: type(v) is int, "a whole number"),
     float: (lambda v: type(v) in (float, int) and math.isfinite(v), "a finite number"),
     str: (lambda v: type(v) is str, "a string"),
+    Direction: (lambda v: isinstance(v, str), "a string"),  # which: `_check_links`
     OpKind: (lambda v: type(v) is str and v in _OP_KINDS, "an op kind F, B, W or BW"),
     tuple[int, ...]: (
         lambda v: type(v) is list and all(type(p) is int for p in v),
@@ -333,6 +341,10 @@ def _check_rows(name: str, rows: Any) -> None:
             )
 
 
+_DIRECTIONS = {direction.value: direction for direction in Direction}
+"""A direction by its text (a dict: a long timeline's every message row reads one)."""
+
+
 def _check_links(name: str, rows: list[list[Any]], num_stages: int) -> None:
     """Each row's `link` (its second field) is a link's name, or for a failover also the
     tied route's of `num_stages` stages (a delegate on it fails over like any other:
@@ -346,7 +358,7 @@ def _check_links(name: str, rows: list[list[Any]], num_stages: int) -> None:
         except ConfigError as err:
             index = next(i for i, row in enumerate(rows) if row[1] == link)
             raise ConfigError(f"timeline {name}[{index}]: link {err}: damaged?") from err
-    for direction in {row[2] for row in rows} - {"forward", "backward"}:
+    for direction in {row[2] for row in rows} - _DIRECTIONS.keys():
         index = next(i for i, row in enumerate(rows) if row[2] == direction)
         raise ConfigError(
             f"timeline {name}[{index}]: direction is {direction!r}, not forward or backward: "

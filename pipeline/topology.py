@@ -27,6 +27,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "DEFAULT_NICS",
+    "Direction",
     "Link",
     "LinkKind",
     "Position",
@@ -51,6 +52,21 @@ class LinkKind(StrEnum):
     """Between neighbouring stages of one replica: activations down, gradients up."""
     DP = "dp"
     """Between two replicas of one stage on its gradient all-reduce ring."""
+
+
+class Direction(StrEnum):
+    """Which way a link's messages go (its text is a timeline's and a CSV's `direction`)."""
+
+    FORWARD = "forward"
+    """PP: activations, from the upstream stage; DP: from the link's lower replica."""
+    BACKWARD = "backward"
+    """PP: gradients, from the downstream stage; DP: from the higher replica (the message
+    that closes the ring)."""
+
+    @classmethod
+    def between(cls, sender: int, receiver: int) -> Direction:
+        """The direction from stage (or replica) `sender` to its neighbour `receiver`."""
+        return cls.FORWARD if receiver > sender else cls.BACKWARD
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)
@@ -124,10 +140,15 @@ class Link:
         link (and a PP link of one replica) as it is."""
         return Link.pp(self.first, replica) if self.is_pp and self.group is None else self
 
-    def sender(self, direction: str) -> Position:
-        """The position sending its messages in `direction`: "forward" from the upstream
-        stage (PP) or the lower replica (DP), "backward" from the other end."""
-        end = self.first if direction == "forward" else self.second
+    def sender(self, direction: Direction) -> Position:
+        """The position sending its messages in `direction`: forward from the upstream stage
+        (PP) or the lower replica (DP), backward from the other end."""
+        if direction == Direction.FORWARD:
+            end = self.first
+        elif direction == Direction.BACKWARD:
+            end = self.second
+        else:  # not read as the other end
+            raise ConfigError(f"a direction is forward or backward, not {direction!r}")
         if self.kind is LinkKind.PP:
             return Position(end, self.group or 0)
         assert self.group is not None

@@ -24,7 +24,7 @@ from typing import Any
 
 from pipeline.files import write_atomic
 from pipeline.timeline import FailoverRecord, MessageRecord, Timeline
-from pipeline.topology import Link, Position, Topology, is_tied_link, tied_link
+from pipeline.topology import Direction, Link, Position, Topology, is_tied_link, tied_link
 
 __all__ = ["to_chrome_trace", "write_chrome_trace"]
 
@@ -85,7 +85,7 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
     events += _step_events(timeline)
     tracks: dict[str, int] = {}
 
-    def track(link_name: str, replica: int, direction: str) -> int:
+    def track(link_name: str, replica: int, direction: Direction) -> int:
         """The link direction's track (a PP link of replica r named "ppr:i-(i+1)", the tied
         route of replica r "tiedr:0-(S-1)")."""
         if is_tied_link(link_name, timeline.num_stages):

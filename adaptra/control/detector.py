@@ -129,7 +129,7 @@ from pipeline.link_terms import LinkTerms
 from pipeline.message_sizes import size_classes
 from pipeline.profile import Profile
 from pipeline.timeline import MessageRecord, PerSource, Timeline
-from pipeline.topology import Link, link_name
+from pipeline.topology import Direction, Link, link_name
 
 __all__ = [
     "DEFAULT_THRESHOLDS",
@@ -249,7 +249,7 @@ class DirectionTimes(NamedTuple):
         return cls(statistics.median(spent_ms), lower, size, delegated)
 
 
-Directions = Mapping[tuple[str, str, int], DirectionTimes]
+Directions = Mapping[tuple[str, Direction, int], DirectionTimes]
 """Per (link, direction, replica) of an iteration: its `DirectionTimes`."""
 
 FloorClass = tuple[bool, bool, int]
@@ -300,14 +300,14 @@ class LinkDetector:
 
     def direction_times(
         self, messages: Iterable[MessageRecord], *, delegated: bool = False
-    ) -> dict[tuple[str, str, int], DirectionTimes]:
+    ) -> dict[tuple[str, Direction, int], DirectionTimes]:
         """Per (link, direction, replica): the `DirectionTimes` over `messages` of arrival -
         wire start less what the link model expects (`delegated`: for PP messages over
         delegates). A function of the messages' times alone (the same for a timeline moved
         in time: `Timeline.repeats`)."""
         pp_expected_ms = self._delegated_expected_ms if delegated else self._pp_expected_ms
-        spent: dict[tuple[str, str, int], list[float]] = {}
-        sizes: dict[tuple[str, str, int], list[int]] = {}
+        spent: dict[tuple[str, Direction, int], list[float]] = {}
+        sizes: dict[tuple[str, Direction, int], list[int]] = {}
         for m in messages:
             key = (m.link, m.direction, m.replica)
             expected_ms = pp_expected_ms.get(m.link)
@@ -346,7 +346,7 @@ class LinkDetector:
         return self.belief
 
     def _raise_dp_floors(
-        self, directions: Directions, floors_ms: Mapping[tuple[str, str, int], float]
+        self, directions: Directions, floors_ms: Mapping[tuple[str, Direction, int], float]
     ) -> bool:
         """Raise each DP class's kept floor to the least median of its directions now where
         two or more of its links are not believed slow and every one of their directions'
@@ -354,7 +354,7 @@ class LinkDetector:
         more at once than where it was set, the module); whether one was."""
         recovery_ms = self.thresholds.recovery_ms
         size_class = size_classes(self._sizes.get(False, ()))
-        by_class: dict[FloorClass, list[tuple[tuple[str, str, int], DirectionTimes]]] = {}
+        by_class: dict[FloorClass, list[tuple[tuple[str, Direction, int], DirectionTimes]]] = {}
         for key, times in directions.items():
             if key[0] not in self._pp_expected_ms and key[0] not in self._slow:
                 of = (False, times.delegated, size_class[times.num_bytes])
@@ -377,7 +377,7 @@ class LinkDetector:
         return raised
 
     def _excess_ms(
-        self, directions: Directions, floors_ms: Mapping[tuple[str, str, int], float]
+        self, directions: Directions, floors_ms: Mapping[tuple[str, Direction, int], float]
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Each link's estimate and evidence against `floors_ms`: its evidence is its
         directions' (every replica's) largest lower quartile; its estimate the mean of the
@@ -400,7 +400,7 @@ class LinkDetector:
 
     def _floors_ms(
         self, directions: Directions, *, first: bool
-    ) -> dict[tuple[str, str, int], float]:
+    ) -> dict[tuple[str, Direction, int], float]:
         """Each direction's floor, its class's as kept so far; for a class none has set, the
         direct path's of its kind and size over delegates (at the `first` look a PP class's
         only), else the least median of its directions now (the module)."""
@@ -409,7 +409,7 @@ class LinkDetector:
         for (is_pp, delegated, num_bytes), least_ms in self._floor_ms.items():
             of = (is_pp, delegated, size_class[is_pp][num_bytes])
             kept_ms[of] = min(kept_ms.get(of, math.inf), least_ms)
-        classes: dict[tuple[str, str, int], FloorClass] = {}
+        classes: dict[tuple[str, Direction, int], FloorClass] = {}
         least_now_ms: dict[FloorClass, float] = {}
         for key, times in directions.items():
             is_pp = key[0] in self._pp_expected_ms
@@ -434,7 +434,9 @@ class TimelineTimes:
     simulator's repeated iterations: `pipeline.timeline.PerSource`)."""
 
     def __init__(self, detector: LinkDetector, *, dp_only: bool = False) -> None:
-        def times(source: Timeline, delegated: bool) -> dict[tuple[str, str, int], DirectionTimes]:
+        def times(
+            source: Timeline, delegated: bool
+        ) -> dict[tuple[str, Direction, int], DirectionTimes]:
             messages: Iterable[MessageRecord] = source.dp_messages
             if not dp_only:
                 messages = itertools.chain(source.messages, messages)
@@ -447,6 +449,6 @@ class TimelineTimes:
 
     def __call__(
         self, timeline: Timeline, *, delegated: bool = False
-    ) -> dict[tuple[str, str, int], DirectionTimes]:
+    ) -> dict[tuple[str, Direction, int], DirectionTimes]:
         """`delegated`: the timeline's PP messages went over delegates."""
         return self._times[delegated](timeline)

@@ -20,7 +20,7 @@ from pipeline.profile import Profile
 from pipeline.schedule import ReplicaSchedules, Schedule, validate_schedule
 from pipeline.simulator import CommMode, LinkComm
 from pipeline.timeline import Timeline
-from pipeline.topology import Link, Topology
+from pipeline.topology import Direction, Link, Topology
 
 __all__ = [
     "Action",
@@ -105,7 +105,7 @@ class Plan:
         delegates, else its directions' mode (where they differ, the one its last
         `link_comms` entry gives). A direction's mode is `comm` but where a `link_comms`
         entry gives another (the last one for it, as the simulator runs it)."""
-        directions: dict[str, dict[str, CommMode]] = {}
+        directions: dict[str, dict[Direction, CommMode]] = {}
         last: dict[str, CommMode] = {}
         for override in self.link_comms:
             link = str(Link.pp(override.link.first))
@@ -114,11 +114,11 @@ class Plan:
         modes: dict[str, str] = {}
         for i in range(self.schedule.num_stages - 1):
             link = str(Link.pp(i))
-            ways = {"forward": self.comm, "backward": self.comm} | directions.get(link, {})
+            ways = dict.fromkeys(Direction, self.comm) | directions.get(link, {})
             if CommMode.DELEGATED in ways.values():
                 modes[link] = CommMode.DELEGATED.value
-            elif ways["forward"] is ways["backward"]:
-                modes[link] = ways["forward"].value
+            elif ways[Direction.FORWARD] is ways[Direction.BACKWARD]:
+                modes[link] = ways[Direction.FORWARD].value
             else:
                 modes[link] = last[link].value
         return modes

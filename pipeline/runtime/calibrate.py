@@ -60,7 +60,7 @@ from pipeline.runtime.pool import IterationConfig, WorkerPool
 from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
-from pipeline.topology import Link
+from pipeline.topology import Direction, Link
 
 __all__ = [
     "RING_CHUNK_SIZES",
@@ -143,7 +143,7 @@ def receive_lags_ms(timeline: Timeline, from_arrival: bool = False) -> list[floa
         if message.needed_ms > since_ms:
             continue
         link = Link.parse(message.link)
-        forward = message.direction == "forward"
+        forward = message.direction == Direction.FORWARD
         stage = link.second if forward else link.first
         for kind in ("F",) if forward else ("B", "BW"):
             start = starts.get((stage, message.replica, kind, message.microbatch))
@@ -397,7 +397,7 @@ class _EveryRouteDown:
     def message_fault(
         self,
         link: Link,
-        direction: str,
+        direction: Direction,
         kind: str,
         microbatch: int,
         num_bytes: int = 0,

@@ -12,7 +12,7 @@ from pipeline.faults import NO_FAULTS, IterationFaults
 from pipeline.profile import Profile
 from pipeline.runtime.hooks import FaultHook
 from pipeline.schedule import ReplicaSchedules, Schedule
-from pipeline.topology import Topology
+from pipeline.topology import Direction, Topology
 
 if TYPE_CHECKING:  # torch with it: the controller's side needs not import it for this
     from pipeline.runtime.transport import Failover
@@ -32,7 +32,7 @@ class IterationConfig:
     comm: str = "direct"
     """How PP messages go ("direct" or "delegated"), but on the link directions of
     `link_comms`."""
-    link_comms: tuple[tuple[str, str, str], ...] = ()
+    link_comms: tuple[tuple[str, Direction, str], ...] = ()
     """(link, direction, comm) where a link direction goes another way than `comm`."""
     topology: Topology | None = None
     """Which worker plays which position this iteration (None: the default placement)."""
@@ -81,7 +81,7 @@ class IterationConfig:
             return self.profile.num_replicas * self.schedule.num_microbatches
         return sum(split.counts)
 
-    def comm_of(self, link: str, direction: str) -> str:
+    def comm_of(self, link: str, direction: Direction) -> str:
         """How the messages of `link` ("0-1", every replica) in `direction` go."""
         for named, way, comm in self.link_comms:
             if (named, way) == (link, direction):
@@ -127,12 +127,12 @@ class RankResult:
     pid: int
     ops: list[tuple[str, int, float, float]]
     """(kind, microbatch, start, end)."""
-    sends: list[tuple[str, str, int, int, float, float, float, float, int]]
+    sends: list[tuple[str, Direction, int, int, float, float, float, float, int]]
     """(link, direction, microbatch, bytes, send start, send end, fault ms, wire start,
     carrier pid): the sender is busy from send start to send end (direct: the whole send;
     delegated: the copy out), the wire carries it from wire start (direct: the send start;
     delegated: when a delegate picked it up) in the process `carrier pid`."""
-    receives: list[tuple[str, str, int, float, float, float]]
+    receives: list[tuple[str, Direction, int, float, float, float]]
     """(link, direction, microbatch, arrived, needed, copy in) per message an op took in:
     when it arrived (receiver.py; delegated: the receiver delegate's stamp), when the op began
     to wait for it, and how long its copy into the op's buffer took (delegated; 0 direct)."""

@@ -64,7 +64,7 @@ from pipeline.profile import Profile
 from pipeline.runtime.compute import GradientLayout
 from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.transport import RingTransport
-from pipeline.topology import Position, Topology
+from pipeline.topology import Direction, Position, Topology
 
 __all__ = ["Ring", "RingRecords"]
 
@@ -77,10 +77,10 @@ class RingRecords:
     """A worker's ring chunks, in `RankResult`'s forms (the index in place of a microbatch;
     a delegated chunk's wire start is its send's start until the worker fills it in)."""
 
-    sends: list[tuple[str, str, int, int, float, float, float, float, int]] = dataclasses.field(
-        default_factory=list
+    sends: list[tuple[str, Direction, int, int, float, float, float, float, int]] = (
+        dataclasses.field(default_factory=list)
     )
-    receives: list[tuple[str, str, int, float, float, float]] = dataclasses.field(
+    receives: list[tuple[str, Direction, int, float, float, float]] = dataclasses.field(
         default_factory=list
     )
 

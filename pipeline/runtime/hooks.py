@@ -30,7 +30,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
-from pipeline.topology import Link
+from pipeline.topology import Direction, Link
 
 __all__ = [
     "FaultHook",
@@ -55,7 +55,7 @@ class FaultHook(Protocol):
     def __call__(
         self,
         link: str,
-        direction: str,
+        direction: Direction,
         iteration: int,
         kind: str,
         microbatch: int,
@@ -67,7 +67,7 @@ class FaultHook(Protocol):
     def route(
         self,
         link: str,
-        direction: str,
+        direction: Direction,
         iteration: int,
         kind: str,
         microbatch: int,
@@ -101,7 +101,7 @@ class FaultViewHook:
     def __call__(
         self,
         link: str,
-        direction: str,
+        direction: Direction,
         iteration: int,
         kind: str,
         microbatch: int,
@@ -117,7 +117,7 @@ class FaultViewHook:
     def route(
         self,
         link: str,
-        direction: str,
+        direction: Direction,
         iteration: int,
         kind: str,
         microbatch: int,

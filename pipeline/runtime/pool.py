@@ -52,7 +52,7 @@ from pipeline.timeline import (
     SwapRecord,
     Timeline,
 )
-from pipeline.topology import DEFAULT_NICS, Link, Position, Topology
+from pipeline.topology import DEFAULT_NICS, Direction, Link, Position, Topology
 
 __all__ = ["BACKSTOP", "IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
 
@@ -548,7 +548,7 @@ def assemble_timeline(
     )
 
 
-def _sender_replica(link: str, direction: str, receiver: int) -> int:
+def _sender_replica(link: str, direction: Direction, receiver: int) -> int:
     """The replica that sent a message `receiver` took in: its own on a PP link; on a DP
     link, the link's lower replica forward, its upper one backward (`Link.sender`)."""
     if route_kind(link) != "dp":

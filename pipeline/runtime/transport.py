@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from pipeline.allreduce import KIND
 from pipeline.runtime.hooks import FaultHook
-from pipeline.topology import is_dp_link, is_tied_link
+from pipeline.topology import Direction, is_dp_link, is_tied_link
 
 __all__ = [
     "Arrival",
@@ -135,14 +135,14 @@ class PendingReceive(Protocol):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LinkDirection:
-    """One direction of a PP link: "forward" carries activations, "backward" gradients."""
+    """One direction of a PP link: forward carries activations, backward gradients."""
 
     link: str
-    direction: str
+    direction: Direction
 
     @classmethod
     def of(cls, link: str, kind: int) -> LinkDirection:
-        return cls(link, "forward" if kind == ACTIVATION else "backward")
+        return cls(link, Direction.FORWARD if kind == ACTIVATION else Direction.BACKWARD)
 
 
 class WireRecord(NamedTuple):
@@ -271,7 +271,7 @@ class RingTransport(Protocol):
     def post_dp_receive(self, peer: int, index: int, buffer: torch.Tensor) -> PendingReceive: ...
 
     def send_dp(
-        self, peer: int, link: str, direction: str, iteration: int, index: int,
+        self, peer: int, link: str, direction: Direction, iteration: int, index: int,
         payload: torch.Tensor,
     ) -> float: ...  # fmt: skip
 
@@ -320,7 +320,7 @@ class DirectTransport:
         return _GlooReceive(work, what)
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
-        direction = "forward" if message.kind == ACTIVATION else "backward"
+        direction = Direction.FORWARD if message.kind == ACTIVATION else Direction.BACKWARD
         num_bytes = payload.numel() * payload.element_size()
         fault_ms = self.fault_hook(
             link, direction, message.iteration, message.hook_kind, message.microbatch, num_bytes
@@ -334,7 +334,7 @@ class DirectTransport:
         self,
         peer: int,
         link: str,
-        direction: str,
+        direction: Direction,
         iteration: int,
         index: int,
         payload: torch.Tensor,

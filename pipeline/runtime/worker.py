@@ -63,7 +63,7 @@ from pipeline.runtime.transport import (
     describe,
     route_kind,
 )
-from pipeline.topology import Position, Topology, link_name, tied_link
+from pipeline.topology import Direction, Position, Topology, link_name, tied_link
 
 __all__ = [
     "DOING",
@@ -97,7 +97,7 @@ _MESSAGE_KIND = {OpKind.F: ACTIVATION, OpKind.B: GRADIENT, OpKind.BW: GRADIENT}
 """What an op takes in and sends on: F an activation (from upstream, on downstream), B and BW a
 gradient (from downstream, on upstream); W neither."""
 
-_DIRECTION = {ACTIVATION: "forward", GRADIENT: "backward"}
+_DIRECTION = {ACTIVATION: Direction.FORWARD, GRADIENT: Direction.BACKWARD}
 
 _WAITING, _COMPUTING, _SENDING = "waiting", "computing", "sending"
 """An op's phases (`_Worker.doing`)."""
@@ -127,7 +127,7 @@ class _Inbound:
     receiving them, and their buffers by microbatch."""
 
     link: str
-    direction: str
+    direction: Direction
     receiver: Receiver
     buffers: dict[int, torch.Tensor]
 
@@ -137,10 +137,10 @@ class _Records:
     """A rank's records of its ops, in `RankResult`'s forms."""
 
     ops: list[tuple[str, int, float, float]] = dataclasses.field(default_factory=list)
-    sends: list[tuple[str, str, int, int, float, float, float, float, int]] = dataclasses.field(
-        default_factory=list
+    sends: list[tuple[str, Direction, int, int, float, float, float, float, int]] = (
+        dataclasses.field(default_factory=list)
     )
-    receives: list[tuple[str, str, int, float, float, float]] = dataclasses.field(
+    receives: list[tuple[str, Direction, int, float, float, float]] = dataclasses.field(
         default_factory=list
     )
     failovers: list[Failover] = dataclasses.field(default_factory=list)
@@ -328,7 +328,8 @@ class _Worker:
         if self.compute.ties(self.stage, self.num_stages):
             other = Position(self.num_stages - 1 if self.stage == 0 else 0, self.replica)
             link = tied_link(self.num_stages)
-            mine, theirs = ("forward", "backward") if self.stage == 0 else ("backward", "forward")
+            forward, backward = Direction.FORWARD, Direction.BACKWARD
+            mine, theirs = (forward, backward) if self.stage == 0 else (backward, forward)
             route = (LinkDirection(link, mine), LinkDirection(link, theirs))
             self.tied = _Route(topology.worker(other), *route)
         self.ring = None
@@ -546,12 +547,12 @@ class _Worker:
         out = []
         if self.up is not None:
             peer, link = self.up
-            out += [(LinkDirection(link, "forward"), peer, True)]
-            out += [(LinkDirection(link, "backward"), peer, False)]
+            out += [(LinkDirection(link, Direction.FORWARD), peer, True)]
+            out += [(LinkDirection(link, Direction.BACKWARD), peer, False)]
         if self.down is not None:
             peer, link = self.down
-            out += [(LinkDirection(link, "backward"), peer, True)]
-            out += [(LinkDirection(link, "forward"), peer, False)]
+            out += [(LinkDirection(link, Direction.BACKWARD), peer, True)]
+            out += [(LinkDirection(link, Direction.FORWARD), peer, False)]
         return out
 
     def _begin_delegated(self, config: IterationConfig) -> None:
@@ -793,7 +794,7 @@ class _DelegatedRing:
         return self._delegates.post_receive(self._inbound, message, buffer)
 
     def send_dp(
-        self, peer: int, link: str, direction: str, iteration: int, index: int,
+        self, peer: int, link: str, direction: Direction, iteration: int, index: int,
         payload: torch.Tensor,
     ) -> float:  # fmt: skip
         outbound = LinkDirection(link, direction)
@@ -871,7 +872,7 @@ def _ports_tag(direction: LinkDirection) -> int:
     """Each kind of route and direction its own tag: a worker may swap the ports of a PP
     link, the tied route and a DP ring link with one peer (S = 2 or D = 2)."""
     route = {"pp": 0, "tied": 2, "dp": 4}[route_kind(direction.link)]
-    return PORTS_TAG + route + (direction.direction == "backward")
+    return PORTS_TAG + route + (direction.direction == Direction.BACKWARD)
 
 
 def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> DelegateSetup:

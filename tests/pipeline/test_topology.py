@@ -149,3 +149,19 @@ def test_a_missing_link_or_position_names_the_grid_in_words() -> None:
     with pytest.raises(ConfigError) as refused:
         Topology(1, 2).check_position(Position(1, 0))
     assert str(refused.value).endswith("does not exist: 1 stage x 2 replicas")
+
+
+def test_a_direction_is_a_value_and_a_link_refuses_any_other() -> None:
+    """A direction was a bare string, and `Link.sender` read anything but "forward" as
+    backward: "fwd" named the other end."""
+    from pipeline.topology import Direction
+
+    assert (
+        Direction.between(0, 1) is Direction.FORWARD
+        and Direction.between(1, 0) is Direction.BACKWARD
+    )
+    assert Direction.FORWARD == "forward" and f"{Direction.BACKWARD}" == "backward"  # its text
+    assert Link.pp(0).sender(Direction.FORWARD) == Position(0, 0)
+    assert Link.parse("dp2:0-1").sender(Direction.BACKWARD) == Position(2, 1)
+    with pytest.raises(ConfigError, match="a direction is forward or backward, not 'fwd'"):
+        Link.pp(0).sender("fwd")  # type: ignore[arg-type]
