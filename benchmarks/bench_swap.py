@@ -3,7 +3,7 @@
 PP 2 x DP 2 (4 workers), 1F1B, 4 microbatches; the placement `dp_pair_onto_pp(dp0:0-1)`
 from measured iteration 2 on (worker 2, stage 0 of replica 1, and worker 1, stage 1 of
 replica 0, trade places). Per configuration: the state each mover sent, the swap's time
-(from its start to its end on the slower mover: regroup, delegates, build, state exchange,
+(from its start to its end on the slower mover: delegates, build, state exchange,
 then the iteration's set-up under the new position: receives, the DP ring's buffers,
 `begin_iteration`),
 and the swap iteration's time against the median of the others. megatron: the tiny and

@@ -26,7 +26,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import IterationFaults
 from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
-from pipeline.runtime.config import IterationConfig
+from pipeline.runtime.config import IterationConfig, replicas_loss
 from pipeline.runtime.devices import describe_pool
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.hooks import LaunchHook, local_launch, preload_in_workers
@@ -178,10 +178,9 @@ class RuntimeEngine(Closing):
             self._drop_checkpoint()
             self._committed = config.save_checkpoint
         results = self._pool.last_results
-        losses = [r.step_output.loss for r in results if r.step_output.loss is not None]
         return Outcome(
             timeline,
-            loss=losses[0] if losses else None,
+            loss=replicas_loss(results),
             params_sha256=params_sha256(whole_model_params(results)) if digest else "",
             devices=describe_pool(self._pool.devices),
         )

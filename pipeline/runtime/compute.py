@@ -13,7 +13,6 @@ from pipeline.profile import Profile
 from pipeline.runtime.config import IterationConfig, StepOutput
 from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.sleep import PreciseSleep
-from pipeline.topology import Topology
 
 __all__ = ["ComputeBackend", "EmulatedCompute", "GradientLayout"]
 
@@ -69,11 +68,6 @@ class ComputeBackend(Protocol):
 
     def import_state(self, state: torch.Tensor) -> None:
         """Take the state its last player exported for the position played now."""
-        ...
-
-    def regroup(self, topology: Topology) -> None:
-        """On every worker whenever the placement changes (a rank swap), before any move:
-        the backend's own groups of workers (megatron's DP groups) follow it."""
         ...
 
     def ties(self, stage: int, num_stages: int) -> bool:
@@ -146,9 +140,6 @@ class EmulatedCompute:
         return torch.empty(0, dtype=torch.uint8)
 
     def import_state(self, state: torch.Tensor) -> None:
-        pass
-
-    def regroup(self, topology: Topology) -> None:
         pass
 
     def ties(self, stage: int, num_stages: int) -> bool:

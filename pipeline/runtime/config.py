@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +19,7 @@ from pipeline.topology import Direction, Topology
 if TYPE_CHECKING:  # torch with it: the controller's side needs not import it for this
     from pipeline.runtime.transport import Failover
 
-__all__ = ["COMMS", "IterationConfig", "RankResult", "StateMove", "StepOutput"]
+__all__ = ["COMMS", "IterationConfig", "RankResult", "StateMove", "StepOutput", "replicas_loss"]
 
 COMMS = ("direct", "delegated")
 
@@ -94,7 +96,8 @@ class StepOutput:
     """What a compute backend reports after an iteration's step (emulated: nothing)."""
 
     loss: float | None = None
-    """The iteration's mean loss over the global batch (last stages of a training backend)."""
+    """A last stage's replica's part of the iteration's mean loss over the global batch (a
+    training backend; `replicas_loss` sums the parts)."""
     grads: dict[str, np.ndarray] | None = None
     """Parameter gradients by the whole model's parameter names, if asked for."""
     params: tuple[tuple[str, np.ndarray], ...] | None = None
@@ -146,3 +149,14 @@ class RankResult:
     """Its sender delegates' moves to another NIC (delegated)."""
     moved: StateMove | None = None
     """Its move to another position at the start of the iteration (a rank swap)."""
+
+
+def replicas_loss(results: Sequence[RankResult]) -> float | None:
+    """The iteration's mean loss over the global batch: the sum of its replicas' parts (each
+    last stage's `StepOutput.loss`), summed here rather than by a collective among the last
+    stages, outside the transport, which a failed NIC the delegates fail over would hang.
+    None where no rank gave one (the emulated backend)."""
+    parts = sorted(
+        (r.replica, r.step_output.loss) for r in results if r.step_output.loss is not None
+    )
+    return math.fsum(loss for _, loss in parts) if parts else None

@@ -259,7 +259,7 @@ class WorkerPool:
         """Every worker back on the default placement, where a fresh pool's workers start, if the
         last iteration left them on another: between runs (a new run's iteration 0 starts
         there, from the initial state), outside any iteration, so nothing is timed or
-        recorded and no state moves (`_Worker.place`: the backend regroups, the delegates
+        recorded and no state moves (`_Worker.place`: the delegates
         whose peer changes are rewired, a worker that moves builds its stage). A failure
         ends the pool with a `WorkerError`, as in an iteration."""
         if not self._processes or self._placement.workers == self._grid.workers:

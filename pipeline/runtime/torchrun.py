@@ -27,7 +27,7 @@ from pipeline.checks import MAX_SEED
 from pipeline.files import write_atomic
 from pipeline.profile import Profile
 from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
-from pipeline.runtime.config import IterationConfig, RankResult
+from pipeline.runtime.config import IterationConfig, RankResult, replicas_loss
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.pool import assemble_timeline
 from pipeline.runtime.worker import configure_threads, join
@@ -199,11 +199,8 @@ def main(argv: list[str] | None = None) -> None:
             if measured >= 0:
                 parts.append(part)
             offset = part.iterations[0].end_ms / 1000.0
-            losses += [
-                r.step_output.loss
-                for r in results
-                if r.step_output.loss is not None and r.replica == 0
-            ]
+            loss = replicas_loss(results)
+            losses += [] if loss is None else [loss]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "timeline.json", json.dumps(Timeline.concat(parts).to_dict()))

@@ -489,7 +489,7 @@ class _Worker:
         )
 
     def _swap(self, topology: Topology, transport: DirectTransport | None) -> StateMove | None:
-        """Play `topology` from now on, on every worker at once: the backend regroups, the
+        """Play `topology` from now on, on every worker at once: the
         delegates of each link direction whose peer changed are wired to the new one, and a
         worker that plays another position builds it and, over `transport`, sends the left
         one's state to its new player and takes the new one's from its last (a permutation:
@@ -499,7 +499,6 @@ class _Worker:
         moved; its end is the state exchange's (`start` extends it over the set-up)."""
         start = time.monotonic()
         left, before = self.position, self.topology
-        self.compute.regroup(topology)
         self._place(topology)
         if self.delegates is not None:
             with self.progress.kept_up():  # its waits have limits of their own

@@ -8,10 +8,13 @@ batch's microbatch count, so the sum is the DP average), then the worker sums th
 embedding's gradient of the first and the last stage (`tied_weight`: megatron's embedding
 group, over the plan's transport; after the DP sum, megatron's order, so both copies keep
 the same bits), and plain SGD steps. In a rank swap a worker builds the stage
-it takes over and gets that stage's state from its last player (`export_state`, `import_state`);
-the DP groups follow the placement (`regroup`). A replica computes its microbatches of the
-global batch (`IterationConfig.microbatch_offset`: a rebalance gives replicas unequal
-counts) and scales each loss by 1 / the global count, so the DP sum stays the batch's mean.
+it takes over and gets that stage's state from its last player (`export_state`, `import_state`).
+A replica computes its microbatches of the global batch (`IterationConfig.microbatch_offset`:
+a rebalance gives replicas unequal counts) and scales each loss by 1 / the global count, so
+the DP sum stays the batch's mean. Its last stage reports its replica's part of the loss, and
+the driver sums the parts (`replicas_loss`): no collective runs outside the transport, where
+a NIC that the delegates fail over would hang it (a gloo all-reduce among the last stages
+did, until the run restarted).
 On a CPU, megatron's CUDA-only spots are patched around every call into megatron
 (`shim.cpu_shim`); on a GPU nothing is patched. A worker on a GPU builds its stage there
 (`build_initial_stage`: megatron's RNG tracker seeded first, then the model, moved whole to
@@ -52,7 +55,6 @@ from pipeline.runtime.megatron.model import (
 )
 from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
-from pipeline.topology import Position, Topology
 
 __all__ = ["MegatronCompute", "build_initial_stage", "seed_rng_tracker"]
 
@@ -90,9 +92,6 @@ class MegatronCompute:
         self._num_replicas = 1
         self._first_microbatch = 0
         """The global batch index of this replica's microbatch 0 this iteration."""
-        self._dp_groups: dict[tuple[int, ...], Any] = {}
-        self._dp_group: Any = None
-        """This stage's replicas' group: the loss's DP sum (the gradients go over the ring)."""
         self._dp_sums: torch.Tensor | None = None
         """The flat gradient handed to the DP ring this iteration (`dp_gradient`)."""
         self._step_grads: dict[str, torch.Tensor] | None = None
@@ -128,12 +127,6 @@ class MegatronCompute:
                 f"{(stage, replica)}"
             )
         self._num_replicas = dist.get_world_size() // num_stages
-        grid = Topology(num_stages, self._num_replicas)
-        self._dp_groups = {_stage_ranks(grid, s): None for s in range(num_stages)}
-        """Every stage's DP group by its ranks, where this worker is in it (None: elsewhere)."""
-        self._dp_group = self._dp_groups[_stage_ranks(grid, stage)] = (
-            parallel_state.get_data_parallel_group() if self._num_replicas > 1 else None
-        )
         self._build(stage, replica)
 
     def _build(self, stage: int, replica: int) -> None:
@@ -156,19 +149,6 @@ class MegatronCompute:
 
     def ties(self, stage: int, num_stages: int) -> bool:
         return num_stages > 1 and stage in (0, num_stages - 1)
-
-    def regroup(self, topology: Topology) -> None:
-        """The DP all-reduce's group of this worker's stage under `topology`: a group for
-        every stage whose players are new is made here, on every worker, in stage order
-        (torch.distributed's rule for `new_group`)."""
-        if self._num_replicas == 1:
-            return
-        for stage in range(self._num_stages):
-            ranks = _stage_ranks(topology, stage)
-            if ranks not in self._dp_groups:
-                self._dp_groups[ranks] = dist.new_group(list(ranks))
-        mine = topology.position_of_worker(dist.get_rank()).stage
-        self._dp_group = self._dp_groups[_stage_ranks(topology, mine)]
 
     @contextlib.contextmanager
     def _shim(self) -> Iterator[None]:
@@ -327,17 +307,9 @@ class MegatronCompute:
         runner = self.runner
         runner.check_drained()
         model = runner.model
-        dp_group = self._dp_group
         loss = None
-        if runner.last:
-            total = torch.tensor(
-                [sum(runner.losses.values()) * runner.loss_scale],
-                dtype=torch.float64,
-                device=self.device,
-            )
-            if dp_group is not None:
-                dist.all_reduce(total, group=dp_group)
-            loss = float(total.item())
+        if runner.last:  # this replica's part: the driver sums the replicas' (`replicas_loss`)
+            loss = float(sum(runner.losses.values()) * runner.loss_scale)
         self._step_grads = None
         if config.collect_grads:
             self._step_grads = {
@@ -407,11 +379,6 @@ def seed_rng_tracker(seed: int, device: torch.device) -> None:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def _stage_ranks(topology: Topology, stage: int) -> tuple[int, ...]:
-    """The workers playing `stage`'s replicas under `topology`, in rank order."""
-    return tuple(sorted(topology.worker(Position(stage, r)) for r in range(topology.num_replicas)))
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -330,6 +330,44 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
 )
+def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_failed() -> None:
+    """PP 2 x DP 2 on the namespace testbed, the tiny megatron GPT, Adaptra over delegates:
+    rnic0 of host 1 (the last stage of replica 0) goes down in iteration 2. The last stages
+    summed the loss over their replicas with a gloo all-reduce, outside the transport and its
+    failover: it hung on the dead NIC for three timeouts and the run restarted from its
+    checkpoint. Now each reports its replica's part and the driver sums them: no restart,
+    and the losses and parameters of the healthy run."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+    from pipeline.runtime.megatron.model import get_preset, with_model_bytes
+
+    profile = with_model_bytes(
+        Profile.uniform(2, 4, 1, 1, 1, num_delegates=1, num_replicas=2), get_preset("tiny")
+    )
+    healthy = run_configuration(
+        system_controller("adaptra-oracle", profile),
+        backend="megatron",
+        num_iterations=4,
+        num_warmup_iterations=1,
+    )
+    faults = parse_yaml('[{start_iteration: 2, nic: "host1:rnic0", down: true}]')
+    with network_engine(profile, delegated=True, model="tiny") as engine:
+        result = run_loop(
+            engine,
+            system_controller("adaptra-oracle", profile, faults),
+            num_iterations=4,
+            num_warmup_iterations=1,
+            faults=faults,
+        )
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.timeline is not None and result.timeline.failovers
+    assert len(result.losses) == 4 and result.losses == healthy.losses
+    assert result.params_sha256 == healthy.params_sha256 != ""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
 def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> None:
     """PP 4 x DP 2 on the namespace testbed (a host per worker), Adaptra over delegates: rnic0
     of host 5 (stage 1 of replica 1) goes down 8 ms into iteration 2. Its PP link directions

@@ -22,6 +22,7 @@ from pipeline.allreduce import buckets, chunk_bytes
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
+from pipeline.runtime.config import replicas_loss
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.megatron import MegatronCompute, get_preset
 from pipeline.runtime.megatron.reference import (
@@ -114,12 +115,10 @@ def test_pipelined_training_equals_one_process(
                 pool.run_iteration(config)
                 results = pool.last_results
                 last = [r for r in results if r.stage == num_stages - 1]
-                for r in last:
-                    assert r.step_output.loss is not None
-                    torch.testing.assert_close(
-                        r.step_output.loss, reference[it].loss, rtol=1e-5, atol=1e-6
-                    )
-                losses.append(last[0].step_output.loss)
+                assert all(r.step_output.loss is not None for r in last)  # each its part
+                loss = replicas_loss(results)
+                torch.testing.assert_close(loss, reference[it].loss, rtol=1e-5, atol=1e-6)
+                losses.append(loss)
                 seen: set[str] = set()
                 for r in results:
                     assert r.step_output.grads is not None
@@ -176,8 +175,8 @@ def test_a_rebalanced_global_batch_trains_like_the_balanced_one() -> None:
                 assert forwards == ([4, 4] if replica_schedules is None else [3, 5])
                 results = pool.last_results
                 last = [r.step_output.loss for r in results if r.stage == num_stages - 1]
-                assert last[0] is not None and last[0] == last[1]  # the DP-summed mean
-                losses.append(last[0])
+                assert None not in last and len(last) == num_replicas  # each replica's part
+                losses.append(replicas_loss(results))
                 for r in results:
                     assert r.step_output.grads is not None
                     for param, grad in r.step_output.grads.items():
@@ -227,11 +226,11 @@ def test_the_dp_ring_sums_real_gradients_through_its_faults() -> None:
                 assert [m.num_bytes for m in sent] == [c for c in chunks for _ in range(4)]
                 for m in sent:
                     assert m.fault_ms == (5.0 if m.link == str(slow_link) else 0.0)
+            torch.testing.assert_close(
+                replicas_loss(results), reference[it].loss, rtol=1e-5, atol=1e-6
+            )
             for r in results:
                 assert r.step_output.loss is not None
-                torch.testing.assert_close(
-                    r.step_output.loss, reference[it].loss, rtol=1e-5, atol=1e-6
-                )
                 assert r.step_output.grads is not None
                 assert r.step_output.grads.keys() == reference[it].grads.keys()
                 for param, grad in r.step_output.grads.items():
