@@ -38,23 +38,26 @@ beliefs as well, Adaptra-CPU 121.77 s).
 A swap is checked by what it measured, as Falcon checks its own: where each of the
 `JUDGED_ITERATIONS` whole iterations under the new placement (after the swap's own, whose
 time has the state transfer in it) is more than `UNDO_MARGIN` slower, iteration and DP step
-together, than each of the two before it (those that called the link slow), the next
-iteration swaps back, and the link stays on its ring (it was moved once); no other swap is
-made while one is judged. Times tell moments apart, not placements: a slowness that grows
-while a swap is judged (10 ms ramping to 80), or another fault starting then, makes a good
-swap look bad. So the undo is judged too, by its first whole iteration against the swap's
-last two, and one measured worse is itself undone: the swap made again, for good (the cost:
-two iterations on the worse placement and two more state transfers; Adaptra-CPU, 10 ms on
-a DP link growing to 80 while its swap was judged, 25 iterations in the simulator: 10.7 s,
-against 7.5 s without any undo and 31.5 s with an undo not judged).
+together, than the iteration just before it (the second that called the link slow; not the
+first, which may carry the fault's onset: on the namespace testbed the pair's first use of
+its delayed wire, a step of 221 ms against 129 after it, against which a swap that made
+every step 178 ms was kept for good), the next iteration swaps back, and the link stays on
+its ring (it was moved once); no other swap is made while one is judged. Times tell moments
+apart, not placements: a slowness that grows while a swap is judged (10 ms ramping to 80),
+or another fault starting then, makes a good swap look bad. So the undo is judged too, by
+its first whole iteration against the swap's last, and one measured worse is itself undone:
+the swap made again, for good (the cost: two iterations on the worse placement and two more
+state transfers; Adaptra-CPU, 10 ms on a DP link growing to 80 while its swap was judged,
+25 iterations in the simulator: 10.7 s, against 7.5 s without any undo and 31.5 s with an
+undo not judged).
 
 The paper's premise, that a DP straggler costs every bucket of the all-reduce and a PP one
 only what the schedule cannot hide, fails where the gradient is small and the schedule
 cannot hide a delay: Adaptra-CPU's fixed ZB order over 2 stages x 4 microbatches of 5 ms
 ops, DP 2, 256 KiB of gradient, 30 ms on dp0:0-1 took 120 ms a step before its swap and 170
 ms after it, to the end of the run (the simulator, as the emulated runtime: 127 and 181 ms).
-Every iteration against every one, not one against one: a NIC whose delay is drawn anew (15
-+- 15 ms) moves a step between 55 and 900 ms from one iteration to the next.
+Every judging iteration, not one: a NIC whose delay is drawn anew (15 +- 15 ms) moves a step
+between 55 and 900 ms from one iteration to the next.
 """
 
 from __future__ import annotations
@@ -68,14 +71,11 @@ from pipeline.topology import Link, LinkKind, Topology
 __all__ = ["JUDGED_ITERATIONS", "UNDO_MARGIN", "DpSwaps", "wall_ms"]
 
 UNDO_MARGIN = 0.10
-"""How much slower (a fraction) an iteration under a swap may be than those before it: more
+"""How much slower (a fraction) an iteration under a swap may be than the one before it: more
 than the iteration-to-iteration noise of a loaded host's runtime, far less than what a
 harmful swap costs (+42 % in the module's example)."""
 JUDGED_ITERATIONS = 3
 """The whole iterations under a swap that judge it."""
-_BEFORE = 2
-"""The iterations before a swap that it is judged against: those that called its link slow
-(DpSwaps waits for two beliefs in a row)."""
 
 
 def wall_ms(timeline: Timeline, iteration: int) -> float:
@@ -88,11 +88,12 @@ def wall_ms(timeline: Timeline, iteration: int) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Trial:
-    """A swap being judged: the placement before it, the times of the iterations before it,
-    and those of the judging ones so far (its own, with the transfer, is not one)."""
+    """A swap being judged: the placement before it, the time of the iteration just before it
+    (None: none since a restart), and those of the judging ones so far (its own, with the
+    transfer, is not one)."""
 
     before: Topology
-    before_ms: tuple[float, ...]
+    before_ms: float | None
     after_ms: tuple[float, ...] = ()
     undoing: bool = False
     """An undo on trial: judged by one whole iteration (a wrong verdict only keeps the swap,
@@ -111,9 +112,9 @@ class DpSwaps:
         self._moved_hosts: set[int] = set()
         """The hosts of the pairs those swaps moved."""
         self._trial: _Trial | None = None
-        self._recent_ms: tuple[float, ...] = ()
-        """The times of the last `_BEFORE` iterations under the placement in force, the one
-        that moved the workers there left out."""
+        self._last_ms: float | None = None
+        """The time of the last iteration under the placement in force (None: none yet, the
+        one that moved the workers there left out)."""
         self._moving = False
         """The next iteration runs a new placement (its time is not a placement's)."""
         self.num_undone = 0
@@ -125,7 +126,7 @@ class DpSwaps:
         step (`wall_ms`). Sets the placement the next iteration runs."""
         moved, self._moving = self._moving, False  # its time has the state transfer in it
         if not moved:
-            self._recent_ms = (*self._recent_ms, measured_ms)[-_BEFORE:]
+            self._last_ms = measured_ms
         if self._trial is not None:
             if not moved:
                 self._judge(measured_ms)
@@ -146,8 +147,8 @@ class DpSwaps:
         if slowest != self._slowest:
             self._slowest = slowest
             return
-        self._trial = _Trial(self.topology, self._recent_ms)
-        self._recent_ms, self._moving = (), True
+        self._trial = _Trial(self.topology, self._last_ms)
+        self._last_ms, self._moving = None, True
         self._moved.add(slowest)
         self._moved_hosts |= set(self.topology.hosts_of(slowest))
         self.topology = self.topology.dp_pair_onto_pp(slowest)
@@ -157,7 +158,7 @@ class DpSwaps:
     def _judge(self, measured_ms: float) -> None:
         """Take `measured_ms` into the swap on trial; once it has its judging iterations,
         undo it (the next iteration runs the placement before it) where each was slower by
-        more than the margin than each before it."""
+        more than the margin than the one before it."""
         trial = self._trial
         assert trial is not None
         after_ms = (*trial.after_ms, measured_ms)
@@ -165,21 +166,21 @@ class DpSwaps:
             self._trial = dataclasses.replace(trial, after_ms=after_ms)
             return
         self._trial = None
-        if not trial.before_ms or min(after_ms) <= max(trial.before_ms) * (1 + UNDO_MARGIN):
+        if trial.before_ms is None or min(after_ms) <= trial.before_ms * (1 + UNDO_MARGIN):
             return  # (none before it: a swap in a restart's first iterations, kept)
         undone = self.topology
-        self.topology, self._recent_ms, self._moving = trial.before, (), True
+        self.topology, self._last_ms, self._moving = trial.before, None, True
         self.num_swaps += 1
         if trial.undoing:  # the swap was better after all (its slowness grew meanwhile)
             self.num_undone -= 1
             return
         self.num_undone += 1
-        self._trial = _Trial(undone, after_ms[-_BEFORE:], undoing=True)
+        self._trial = _Trial(undone, after_ms[-1], undoing=True)
 
     def restarted(self) -> None:
         """The job restarted: its iterations' times are no swap's to judge, nor is a belief
         before it the first of two in a row."""
-        self._trial, self._recent_ms, self._moving, self._slowest = None, (), False, None
+        self._trial, self._last_ms, self._moving, self._slowest = None, None, False, None
 
     @property
     def swapped(self) -> Topology | None:

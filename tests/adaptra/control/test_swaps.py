@@ -73,6 +73,20 @@ def test_a_swap_measured_slower_is_undone_and_the_link_left_on_its_ring() -> Non
     assert (kept.num_swaps, kept.num_undone) == (1, 0)  # 131 ms: judged once, kept
 
 
+def test_a_swap_is_judged_against_the_iteration_just_before_it_not_the_fault_s_onset() -> None:
+    """On the namespace testbed the first iteration of a delay carries the pair's first use
+    of its delayed wire (221 ms against 129 after it): against the slower of the two before
+    it, a swap that made every step 178 ms (+38 %) was kept to the end of the run."""
+    slow, pp = _belief({"dp0:0-1": 30.0}, {"dp0:0-1"}), _belief({"0-1": 30.0}, {"0-1"})
+    swaps = DpSwaps(Topology(2, 2))
+    for measured_ms in (72.0, 221.0, 129.0):  # healthy, the onset, then steady
+        swaps.update(slow if measured_ms != 72.0 else _belief({}, set()), measured_ms)
+    assert swaps.num_swaps == 1
+    for measured_ms in (380.0, 178.0, 178.0, 179.0):  # its own (the transfer), then three
+        swaps.update(pp, measured_ms)
+    assert (swaps.topology, swaps.num_swaps, swaps.num_undone) == (Topology(2, 2), 2, 1)
+
+
 def test_wall_ms_is_the_metrics_iteration_plus_step_without_reading_the_ops() -> None:
     """A swap is judged by each iteration's time with its DP step: computed from the metrics
     it made an Adaptra run in the simulator 40 % slower; the iteration's record says it."""
