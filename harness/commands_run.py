@@ -317,6 +317,7 @@ def run(
                 "lost_iterations": result.lost_iterations,
                 "restart_wall_ms": result.restart_wall_ms,
                 "restart_model_ms": result.restart_model_ms,
+                "restart_causes": list(result.restart_causes),
                 **(megatron if backend == "megatron" else {}),
             }
         )
@@ -337,6 +338,8 @@ def run(
             f"{result.restarts} checkpoint-restart(s), {result.lost_iterations} iteration(s) "
             f"run again, {result.restart_model_ms:.0f} ms of modelled restart cost"
         )
+        for cause in result.restart_causes:
+            click.echo(f"  restarted after {cause}")
     if any(result.num_failovers):
         click.echo(_failovers_line(result.iterations, result.num_failovers))
     if any(result.num_moved_workers):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -118,6 +119,9 @@ class RunResult:
     """One per measured iteration run, as the times: its timeline's `swaps`, the workers a
     rank swap moved to another position at its start (0 in the first iteration after a
     restart, which places the workers anew: `restarts` says it)."""
+    restart_causes: tuple[str, ...] = ()
+    """One line per restart, in order: what failed (the `LinkFailure`, its iterations counted
+    from the first measured one), or the controller that asked, and when."""
 
     @property
     def comms_run(self) -> str:
@@ -193,6 +197,7 @@ class _Restarts:
     again."""
     rerun: set[int] = dataclasses.field(default_factory=set)
     """Measured iterations (from 0) run again."""
+    causes: list[str] = dataclasses.field(default_factory=list)
 
 
 def run_loop(
@@ -242,6 +247,10 @@ def run_loop(
                     + ("in the warm-up" if not asked else "again, before any iteration ran")
                 )
             _restart(engine, restarts, recovery, None, lost=k - checkpoint)
+            restarts.causes.append(
+                f"controller {controller.name}'s request before iteration "
+                f"{k - num_warmup_iterations}"
+            )
             remembered.clear()  # the indices run again, under other faults
             view = view.repaired(k, stragglers=True)
             controller.restarted(k, stragglers=True)
@@ -264,6 +273,8 @@ def run_loop(
             if k < num_warmup_iterations or not engine.capabilities.restarts:
                 raise
             _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
+            named = measured_numbering(str(failure), num_warmup_iterations)
+            restarts.causes.append(f"{type(failure).__name__}: {named}")
             remembered.clear()
             at_ms = math.inf if failure.at_ms is None else failure.at_ms
             view = view.repaired(k, at_ms=at_ms)  # what had failed by then
@@ -331,7 +342,23 @@ def run_loop(
         rerun_iterations=frozenset(restarts.rerun),
         num_failovers=tuple(num_failovers),
         num_moved_workers=tuple(num_moved_workers),
+        restart_causes=tuple(restarts.causes),
     )
+
+
+_ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")
+"""An iteration an engine's error names: counted by the engine, warm-ups too."""
+
+
+def measured_numbering(text: str, num_warmup_iterations: int) -> str:
+    """`text`, an engine's error, counting iterations as the results and the fault timeline
+    do: from the first measured one, "warm-up iteration N" before it."""
+
+    def measured(match: re.Match[str]) -> str:
+        index = int(match.group(1)) - num_warmup_iterations
+        return f"iteration {index}" if index >= 0 else f"warm-up iteration {match.group(1)}"
+
+    return _ENGINE_ITERATION.sub(measured, text)
 
 
 def _restart(

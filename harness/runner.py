@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import statistics
 from collections.abc import Callable
 
 from baselines.fixed_plan import FixedPlan
-from harness.loop import CHECKPOINT_RESTART, OnIteration, Recovery, RunResult, run_loop
+from harness.loop import (
+    CHECKPOINT_RESTART,
+    OnIteration,
+    Recovery,
+    RunResult,
+    measured_numbering,
+    run_loop,
+)
 from harness.policies import blind_detector_warning, noisy_ring_warning
 from injectors.fault_model import Effect, FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
@@ -201,10 +207,6 @@ def run_configuration(
         return run(engine_of(own))
 
 
-_ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")
-"""An iteration a worker's or the pool's error names: counted by the engine, warm-ups too."""
-
-
 def _worker_errors_named(
     run: Callable[[Engine], RunResult], num_warmup_iterations: int, longest_ms: float
 ) -> Callable[[Engine], RunResult]:
@@ -215,17 +217,13 @@ def _worker_errors_named(
     which the timeout alone reads as a dead link. The same type, the worker's report kept,
     the original the cause."""
 
-    def measured(match: re.Match[str]) -> str:
-        index = int(match.group(1)) - num_warmup_iterations
-        return f"iteration {index}" if index >= 0 else f"warm-up iteration {match.group(1)}"
-
     def named(engine: Engine) -> RunResult:
         from pipeline.runtime.remote_error import WorkerError, WorkerTimeout  # torch: loaded
 
         try:
             return run(engine)
         except WorkerError as err:
-            message = _ENGINE_ITERATION.sub(measured, str(err))
+            message = measured_numbering(str(err), num_warmup_iterations)
             if isinstance(err, WorkerTimeout) and longest_ms > 0:
                 message += (
                     f"; this run holds a message up to {longest_ms:g} ms, and one wait can "

@@ -885,6 +885,10 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     data = json.loads(cli(*falcon, "--iterations", "9", "--format", "json").stdout)
     moved = [(i["iteration"], i["moved_workers"]) for i in data["iterations"] if i["moved_workers"]]
     assert (data["restarts"], moved) == (1, [(5, 2)])
+    (cause,) = data["restart_causes"]  # and what it followed, as the text says it
+    assert cause.startswith("LinkFailure: iteration 6: ") and "dp0:0-1" in cause
+    text = cli(*falcon, "--iterations", "9").stdout
+    assert f"  restarted after {cause}\n" in text
 
 
 @pytest.mark.multiprocess

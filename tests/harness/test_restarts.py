@@ -215,6 +215,11 @@ def test_faults_that_start_in_the_iteration_a_restart_comes_before_still_happen(
     result = run_configuration(controller, num_iterations=4, faults=faults)
     assert controller.restarted_at == [(3, True), (3, False)]
     assert (result.restarts, result.lost_iterations) == (2, 4)
+    assert result.restart_causes == (  # what `run` says of each, iterations as measured
+        "controller restarter's request before iteration 2",
+        "LinkFailure: iteration 2: the backward message of microbatch 1 on link pp0:0-1 cannot "
+        "go: its link or a NIC on its route is down (27.000 ms into the iteration)",
+    )
     assert result.iterations == (0, 1, 0, 1, 0, 1, 2, 3)
     assert result.iteration_times_ms == (215.0, 215.0, *(15.0,) * 4, 65.0, 65.0)
 
