@@ -332,13 +332,15 @@ class _NetworkEngine(Closing):
                 *pair, plane=0, forward=forward, backward=backward, scheduled=not steady
             )
             self._wires[pair] = changes if lasting else ()  # (): set it again next time
+        # The repaired NICs up before the new failures go down: a host whose rnic0 comes back
+        # as its rnic1 fails would have none for a moment, and its delegates no NIC to move to.
+        for host, plane in sorted(_nics_up(self._nics_down, network)):
+            self.bed.set_link(host, plane, up=True)
+            self._nics_down.discard((host, plane))
         for (host, plane), (outage, *_) in network.nics_down.items():  # after the wires: a
             if outage.from_ms == 0.0 and (host, plane) not in self._nics_down:  # new one too
                 self._nics_down.add((host, plane))
                 self.bed.set_link(host, plane, up=False)
-        for host, plane in sorted(_nics_up(self._nics_down, network)):
-            self.bed.set_link(host, plane, up=True)
-            self._nics_down.discard((host, plane))
         self._pending, self._started_at, self._timer_error = network, None, None
         self._iteration = iteration
         quiet = dataclasses.replace(plan, profile=plan.profile.with_delays((), ()))

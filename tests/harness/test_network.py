@@ -142,6 +142,27 @@ def test_the_testbed_takes_a_nic_down_twice_and_brings_it_up_between() -> None:
     ]
 
 
+def test_a_nic_repaired_as_its_sibling_fails_comes_up_first() -> None:
+    """rnic0 down in iteration 3, back up at 4 as rnic1 goes down: the testbed took rnic1
+    down before bringing rnic0 up, the host had no NIC for a moment, its delegates none to
+    move to, and the Adaptra systems restarted where the simulator and the hook fail over."""
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    faults = parse_yaml(
+        '[{start_iteration: 3, end_iteration: 4, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 4, end_iteration: 5, nic: "host1:rnic1", down: true}]'
+    )
+    bed = _RecordingBed(2)
+    engine = _NetworkEngine(bed, profile, timeout_s=1.0)  # type: ignore[arg-type]
+    engine._inner = _PlanRecorder()  # type: ignore[assignment]
+    for iteration in (3, 4, 5):
+        engine.run(
+            Plan(one_f_one_b(profile), profile),
+            iteration,
+            faults.at(iteration, Topology(2), rates=NO_RATES),
+        )
+    assert bed.links == [(1, 0, False), (1, 0, True), (1, 1, False), (1, 1, True)]
+
+
 def test_a_nic_takes_down_only() -> None:
     faults = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", delay_ms: 5}]')
     with pytest.raises(ConfigError, match="takes a NIC down, not another effect"):
