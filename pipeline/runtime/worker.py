@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import signal
 import sys
@@ -27,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -39,6 +41,7 @@ from pipeline.allreduce import (
     ring_peer,
 )
 from pipeline.errors import ConfigError
+from pipeline.files import write_atomic
 from pipeline.ops import Op, OpKind
 from pipeline.runtime.compute import ComputeBackend
 from pipeline.runtime.config import IterationConfig, RankResult, StateMove
@@ -269,6 +272,9 @@ class _Worker:
         """This worker's delegate processes, if the pool has them (adaptra.transport)."""
         self.delegate_files = (0, "")
         """Its delegates per link direction and side, and their slot files' folder."""
+        self.num_wirings = 0
+        """The delegates' wirings so far (at start-up, then at every rank swap, on every
+        worker at once): their port exchanges' files are told apart by it."""
         self.topology = self._grid = topology
         """The placement played now; `_grid`: the default one (an iteration's None)."""
         self.position = topology.position_of_worker(rank)
@@ -863,43 +869,48 @@ def join(
     return worker
 
 
-PORTS_TAG = 1 << 21
-"""The tag (plus `_ports_tag`'s number) of the delegates' ports, swapped once at start-up."""
-
-
-def _ports_tag(direction: LinkDirection) -> int:
-    """Each kind of route and direction its own tag: a worker may swap the ports of a PP
-    link, the tied route and a DP ring link with one peer (S = 2 or D = 2)."""
-    route = {"pp": 0, "tied": 2, "dp": 4}[route_kind(direction.link)]
-    return PORTS_TAG + route + (direction.direction == Direction.BACKWARD)
+_PORTS_POLL_S = 0.001
+"""How often a sending side looks for its receiver's ports file."""
 
 
 def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> DelegateSetup:
     """What this worker's delegates are wired to: its neighbours under its placement. Their
-    `exchange` swaps ports with the neighbours over the process group: each receiving side
-    sends its delegates' ports, each sending side takes the far end's."""
+    `exchange` swaps ports with the neighbours through files in the pool's slot folder: each
+    receiving side writes its delegates' ports, each sending side reads the far end's. Not
+    over the process group: gloo is bound to one NIC (on the testbed rnic0), and a rank swap
+    that rewired a worker whose NIC had failed waited there for the whole timeout, although
+    its delegates had failed over."""
     directions = worker._directions()
     inbound = tuple((d, peer) for d, peer, receives in directions if receives)
     outbound = tuple((d, peer) for d, peer, receives in directions if not receives)
     peer_in, peer_out = dict(inbound), dict(outbound)
+    wiring = worker.num_wirings
+    worker.num_wirings += 1
+
+    def ports_file(direction: LinkDirection, sender: int, receiver: int) -> Path:
+        way = f"{direction.link}.{direction.direction}".replace(":", "_")
+        return Path(slot_dir) / f"ports-{wiring}-{way}-{sender}-to-{receiver}.json"
 
     def exchange(
         mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
     ) -> dict[LinkDirection, list[int]]:
-        # Host tensors, told apart by tag: gloo's point-to-point (devices.WHY_NOT_NCCL).
-        works, theirs = [], {}
         for direction, ports in mine.items():
-            sent = torch.tensor(ports, dtype=torch.int64)
-            works.append(dist.isend(sent, dst=peer_in[direction], tag=_ports_tag(direction)))
+            write_atomic(ports_file(direction, peer_in[direction], worker.rank), json.dumps(ports))
+        deadline = time.monotonic() + worker.timeout_s
+        theirs = {}
         for direction in wanted:
-            theirs[direction] = torch.zeros(num_delegates, dtype=torch.int64)
-            works.append(
-                dist.irecv(theirs[direction], src=peer_out[direction], tag=_ports_tag(direction))
-            )
-        for work in works:
-            if work is not None:
-                work.wait()
-        return {d: [int(p) for p in ports] for d, ports in theirs.items()}
+            path = ports_file(direction, worker.rank, peer_out[direction])
+            while not path.exists():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"rank {peer_out[direction]}'s delegate ports for "
+                        f"{direction.link} ({direction.direction}) did not come within "
+                        f"{worker.timeout_s:g} s"
+                    )
+                time.sleep(_PORTS_POLL_S)
+            theirs[direction] = [int(port) for port in json.loads(path.read_text())]
+            path.unlink()
+        return theirs
 
     return DelegateSetup(
         worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange

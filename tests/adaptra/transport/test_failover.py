@@ -368,6 +368,41 @@ def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_fai
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
 )
+def test_a_rank_swap_rewires_a_host_whose_rnic0_is_down_on_the_testbed() -> None:
+    """PP 2 x DP 2 on the namespace testbed, Adaptra-CPU: host 1's rnic0 is down from the
+    start (its delegates fail over at once) and dp0:0-1 is 25 ms slow from iteration 1, so
+    Adaptra-CPU swaps that pair onto a PP edge. The swap's port exchange went over the
+    process group, which gloo binds to rnic0: it waited the whole timeout there and the run
+    restarted. Through the pool's slot folder, the swap is made and the run goes on."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+
+    profile = Profile.uniform(
+        2, 4, 10, 10, 10, message_bytes=65536, num_delegates=1, num_replicas=2,
+        allreduce_bytes=(262144,) * 2,
+    )  # fmt: skip
+    faults = parse_yaml(
+        '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 1, links: ["dp0:0-1"], delay_ms: 25}]'
+    )
+    with network_engine(profile, delegated=True, transport_timeout_s=10) as engine:
+        result = run_loop(
+            engine,
+            system_controller(
+                "adaptra-cpu", profile, faults, link_terms=link_terms("emulated", "network")
+            ),
+            num_iterations=8,
+            num_warmup_iterations=1,
+            faults=faults,
+        )
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert sum(result.num_moved_workers) >= 2  # the swap (an undo may follow: 2 more)
+    assert sum(result.num_failovers) > 0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
 def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> None:
     """PP 4 x DP 2 on the namespace testbed (a host per worker), Adaptra over delegates: rnic0
     of host 5 (stage 1 of replica 1) goes down 8 ms into iteration 2. Its PP link directions
