@@ -27,6 +27,7 @@ from pipeline.faults import NO_FAULTS, AfterWarmup, FaultView
 from pipeline.metrics import Metrics, compute_metrics
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
+from pipeline.topology import Topology
 
 __all__ = [
     "CHECKPOINT_RESTART",
@@ -117,8 +118,9 @@ class RunResult:
     link direction in the simulator)."""
     num_moved_workers: tuple[int, ...] = ()
     """One per measured iteration run, as the times: its timeline's `swaps`, the workers a
-    rank swap moved to another position at its start (0 in the first iteration after a
-    restart, which places the workers anew: `restarts` says it)."""
+    rank swap moved to another position at its start (in the first iteration after a
+    restart, which places the workers anew, those playing another position than in the last
+    iteration that ran: a swap made in the failed iteration)."""
     restart_causes: tuple[str, ...] = ()
     """One line per restart, in order: what failed (the `LinkFailure`, its iterations counted
     from the first measured one), or the controller that asked, and when."""
@@ -237,6 +239,8 @@ def run_loop(
     checkpoint = num_warmup_iterations
     k = 0
     asked = restarted = False
+    placed: Topology | None = None
+    """The placement of the last iteration that ran."""
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
@@ -282,9 +286,12 @@ def run_loop(
             k, restarted = checkpoint, True
             continue
         controller.observe(k, outcome.timeline)
-        # the first iteration after a restart places the workers anew: no rank swap
-        moved_workers = 0 if restarted else len(outcome.timeline.swaps)
-        restarted = False
+        # The first iteration after a restart places the workers anew, its swaps no rank
+        # swap's; but a swap made in the failed iteration stays: its workers moved.
+        moved_workers = len(outcome.timeline.swaps)
+        if restarted:
+            moved_workers = _num_moved(placed, topology)
+        placed, restarted = topology, False
         params_sha256 = outcome.params_sha256 or params_sha256
         devices = outcome.devices or devices
         reused += outcome.same_as is not None
@@ -344,6 +351,13 @@ def run_loop(
         num_moved_workers=tuple(num_moved_workers),
         restart_causes=tuple(restarts.causes),
     )
+
+
+def _num_moved(before: Topology | None, after: Topology) -> int:
+    """The workers playing another position under `after` than under `before` (None: the
+    default placement, where every run starts)."""
+    old = tuple(range(after.num_positions)) if before is None else before.workers
+    return sum(a != b for a, b in zip(old, after.workers, strict=True))
 
 
 _ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")

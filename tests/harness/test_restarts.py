@@ -288,3 +288,25 @@ def test_runs_share_a_pool_whatever_names_its_default_model() -> None:
         assert engines.get("megatron", 2, None) is engines.get("megatron", 2, "tiny")
         assert engines.get("emulated", 2, None) is engines.get("emulated", 2, "tiny")
         assert engines.get("emulated", 2, None) is not engines.get("megatron", 2, None)
+
+
+def test_a_swap_made_in_an_iteration_that_failed_is_counted_where_the_rerun_takes_it() -> None:
+    """Adaptra swaps dp0:0-1's pair onto a PP edge at measured iteration 4, the iteration a
+    NIC failure restarts; the rerun (from the checkpoint after the warm-up) plays the swapped
+    placement. Its 2 moved workers were counted nowhere: the first iteration after a restart
+    counted none, and the failed one records nothing."""
+    from harness.policies import system_controller
+
+    profile = Profile.uniform(
+        4, 8, 10, 10, 10, message_bytes=1 << 20, num_replicas=2, allreduce_bytes=(4 << 20,) * 4
+    )
+    faults = parse_yaml(
+        '[{start_iteration: 2, links: ["dp0:0-1"], delay_ms: 30},'
+        ' {start_iteration: 4, at_ms: 2, end_iteration: 6, nic: "host1:rnic0", down: true}]'
+    )
+    result = run_configuration(
+        system_controller("adaptra", profile, faults), num_iterations=8, faults=faults
+    )
+    assert result.restarts == 1
+    moved = [(k, n) for k, n in zip(result.iterations, result.num_moved_workers, strict=True) if n]
+    assert moved == [(0, 2)]  # the rerun's first iteration, where its workers take the swap
