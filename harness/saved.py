@@ -167,8 +167,8 @@ def read_timeline(run_dir: Path, key: ConfigurationKey) -> Timeline | None:
 def read_ring_spans(
     run_dir: Path, iterations: Mapping[ConfigurationKey, int]
 ) -> dict[ConfigurationKey, list[RingSpan]]:
-    """Per configuration, replica 0's DP all-reduce per stage (`pipeline.gantt.RingSpan`) in
-    its measured iteration `iterations[key]`, from messages.csv's DP rows (a saved timeline
+    """Per configuration, each replica's DP all-reduce per stage (`pipeline.gantt.RingSpan`)
+    in its measured iteration `iterations[key]`, from messages.csv's DP rows (a saved timeline
     has no ring messages: these rows are their record), read once for all; of its run after
     a restart where it ran twice (the later rows). Empty for a configuration without ring
     messages."""
@@ -193,22 +193,25 @@ def read_ring_spans(
 def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
     """`read_ring_spans` of one configuration's DP rows."""
     index = _MESSAGE_COLUMN
-    spans: dict[int, RingSpan] = {}
+    spans: dict[tuple[int, int], RingSpan] = {}
     try:
         for row in rows:
             link = Link.parse(row[index["link"]])
-            if link.group is None or 0 not in (link.first, link.second):
+            if link.group is None:
                 continue
             start = float(row[index["first_send_start_ms"]])
             end = float(row[index["last_arrival_ms"]])
             fault = float(row[index["fault_ms"]]) / max(1, int(row[index["num_messages"]]))
-            span = spans.get(link.group)
-            spans[link.group] = (
-                span.widened(start, end, fault) if span else RingSpan(link.group, start, end, fault)
-            )
+            for replica in (link.first, link.second):  # each end's ring takes part in it
+                span = spans.get((replica, link.group))
+                spans[replica, link.group] = (
+                    span.widened(start, end, fault)
+                    if span
+                    else RingSpan(link.group, start, end, fault, replica)
+                )
     except (ValueError, ConfigError) as err:
         raise ConfigError(f"{path}: a DP row is not as written: {err}") from err
-    return [spans[stage] for stage in sorted(spans)]
+    return [spans[key] for key in sorted(spans)]
 
 
 def _saved_timeline(data: Any) -> SavedTimeline:

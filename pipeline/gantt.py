@@ -1,7 +1,7 @@
-"""Gantt chart of a timeline as a PNG: one row per stage, F/B/W coloured as in the paper, the
-messages of the links with an injected delay drawn from their send to their arrival, and
-each stage's DP all-reduce (its ring's span, hatched where a ring message was delayed; where
-no ring messages are sent, the iteration's step)."""
+"""Gantt chart of a timeline as a PNG: one row per stage of each replica, F/B/W coloured as in
+the paper, the messages of the links with an injected delay drawn from their send to their
+arrival, and each stage's DP all-reduce (its ring's span, hatched where a ring message was
+delayed; where no ring messages are sent, the iteration's step)."""
 
 from __future__ import annotations
 
@@ -39,33 +39,34 @@ _MESSAGE_ZORDER = 2.5
 
 class SlowMessage(NamedTuple):
     """A message with an injected delay, as the chart draws it: from its sending stage's row
-    at its send's start to its receiving stage's row at its arrival."""
+    at its send's start to its receiving stage's row at its arrival (of `replica`)."""
 
     send_start_ms: float
     sender: int
     arrival_ms: float
     receiver: int
     fault_ms: float
+    replica: int = 0
 
 
 class RingSpan(NamedTuple):
-    """A stage's DP all-reduce as the chart draws it: from the first send of its ring's
-    messages to or from replica 0 to the last one's arrival; `fault_ms`, the mean delay
-    injected into a message of its most delayed link direction (messages.csv keeps the
-    sums)."""
+    """A stage's DP all-reduce as the chart draws it on `replica`'s row: from the first send
+    of its ring's messages to or from that replica to the last one's arrival; `fault_ms`, the
+    mean delay injected into a message of its most delayed link direction (messages.csv
+    keeps the sums)."""
 
     stage: int
     start_ms: float
     end_ms: float
     fault_ms: float
+    replica: int = 0
 
     def widened(self, start_ms: float, end_ms: float, fault_ms: float) -> RingSpan:
         """This span and another of its stage's ring links, as one."""
-        return RingSpan(
-            self.stage,
-            min(self.start_ms, start_ms),
-            max(self.end_ms, end_ms),
-            max(self.fault_ms, fault_ms),
+        return self._replace(
+            start_ms=min(self.start_ms, start_ms),
+            end_ms=max(self.end_ms, end_ms),
+            fault_ms=max(self.fault_ms, fault_ms),
         )
 
 
@@ -81,6 +82,11 @@ def _end_ms(timeline: Timeline, spans: Sequence[RingSpan]) -> float:
     return max([r.end_ms for r in timeline.ops] + [span.end_ms for span in spans], default=1.0)
 
 
+def _replicas_of(timeline: Timeline) -> list[int]:
+    """The replicas whose ops the timeline holds, in order (replica 0 where it has none)."""
+    return sorted({op.replica for op in timeline.ops}) or [0]
+
+
 def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
     """Per stage whose ring `replica` takes part in, its `RingSpan` from the timeline's ring
     messages, by iteration (a timeline of several: each iteration's ring apart) and stage."""
@@ -92,7 +98,8 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
             continue
         where = (m.iteration, link.group)
         delays.setdefault((*where, m.link, m.direction, m.replica), []).append(m.fault_ms)
-        span = spans.get(where, RingSpan(link.group, m.send_start_ms, m.arrival_ms, 0.0))
+        first = RingSpan(link.group, m.send_start_ms, m.arrival_ms, 0.0, replica)
+        span = spans.get(where, first)
         spans[where] = span.widened(m.send_start_ms, m.arrival_ms, 0.0)
     for (iteration, stage, *_), faults in delays.items():
         span = spans[iteration, stage]
@@ -103,11 +110,12 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
 def step_spans(timeline: Timeline) -> list[RingSpan]:
     """Each iteration's step after the pipeline (`IterationRecord.step_time_ms`: the
     all-reduce and the optimizer, the cost model's where no ring messages are sent) on every
-    stage; its delay unknown (0)."""
+    stage of every replica; its delay unknown (0)."""
     return [
-        RingSpan(stage, r.end_ms - r.step_time_ms, r.end_ms, 0.0)
+        RingSpan(stage, r.end_ms - r.step_time_ms, r.end_ms, 0.0, replica)
         for r in timeline.iterations
         if r.step_time_ms > 0
+        for replica in _replicas_of(timeline)
         for stage in range(timeline.num_stages)
     ]
 
@@ -115,20 +123,21 @@ def step_spans(timeline: Timeline) -> list[RingSpan]:
 def _after_the_pipeline(
     timeline: Timeline, rings: Sequence[RingSpan] | None
 ) -> tuple[Sequence[RingSpan], bool]:
-    """What a chart draws after the ops: the rings (`rings`, else the timeline's), each from
-    its stage's last op before it on (the other replica's chunks may reach replica 0 while
-    it still computes: they wait for it), True; or where there are none, the iterations'
-    steps, False."""
-    rings = ring_spans(timeline) if rings is None else rings
+    """What a chart draws after the ops: the rings (`rings`, else every replica's of the
+    timeline), each from its stage's last op before it on (another replica's chunks may
+    reach this one while it still computes: they wait for it), True; or where there are
+    none, the iterations' steps, False."""
+    if rings is None:
+        rings = [span for r in _replicas_of(timeline) for span in ring_spans(timeline, r)]
     if not rings:
         return step_spans(timeline), False
-    ends_ms: dict[int, list[float]] = {}
+    ends_ms: dict[tuple[int, int], list[float]] = {}
     for op in timeline.ops:
-        if op.replica == 0:
-            ends_ms.setdefault(op.stage, []).append(op.end_ms)
+        ends_ms.setdefault((op.replica, op.stage), []).append(op.end_ms)
 
     def last_op_ms(span: RingSpan) -> float:
-        return max((e for e in ends_ms.get(span.stage, ()) if e <= span.end_ms), default=0.0)
+        ends = ends_ms.get((span.replica, span.stage), ())
+        return max((e for e in ends if e <= span.end_ms), default=0.0)
 
     return [span._replace(start_ms=max(span.start_ms, last_op_ms(span))) for span in rings], True
 
@@ -145,7 +154,9 @@ def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
             continue
         forward = m.direction == Direction.FORWARD
         ends = (link.first, link.second) if forward else (link.second, link.first)
-        out.append(SlowMessage(m.send_start_ms, ends[0], m.arrival_ms, ends[1], m.fault_ms))
+        out.append(
+            SlowMessage(m.send_start_ms, ends[0], m.arrival_ms, ends[1], m.fault_ms, replica)
+        )
     return out
 
 
@@ -156,24 +167,26 @@ def plot_gantt(
     end_ms: float | None = None,
     rings: Sequence[RingSpan] | None = None,
 ) -> None:
-    """Write the chart of replica 0, its time axis from 0 to `end_ms` (default
-    `drawn_end_ms`: charts to compare share one); the microbatch index is printed in every
-    box wide enough to hold it. The legend sits right of the axes, off the ops. After each
-    stage's ops, its all-reduce: `rings` (default `ring_spans`: a timeline saved without its
-    ring messages has them elsewhere), or where there are none the iteration's step."""
+    """Write the chart of every replica (a row per stage of each; replica 1's slow link made
+    replica 0's wait for it look like a long all-reduce, replica 1 not drawn), its time axis
+    from 0 to `end_ms` (default `drawn_end_ms`: charts to compare share one); the microbatch
+    index is printed in every box wide enough to hold it. The legend sits right of the axes,
+    off the ops. After each stage's ops, its all-reduce: `rings` (default `ring_spans` of
+    every replica: a timeline saved without its ring messages has them elsewhere), or where
+    there are none the iteration's step."""
     plt = pyplot()
     spans, of_rings = _after_the_pipeline(timeline, rings)
     end_ms = _end_ms(timeline, spans) if end_ms is None else end_ms
-    fig, ax = plt.subplots(
-        figsize=(12, 0.5 * timeline.num_stages + 1.2), dpi=_DPI, layout="constrained"
-    )
-    ops = [op for op in timeline.ops if op.replica == 0]
-    _draw_rings(ax, spans)
-    _draw_ops(ax, ops)
-    slow = slow_messages(timeline)
-    _draw_slow_messages(ax, slow)
-    ax.set_yticks(range(timeline.num_stages), [f"stage {i}" for i in range(timeline.num_stages)])
-    ax.set_ylim(timeline.num_stages - 0.5, -0.5)  # stage 0 on top
+    replicas = _replicas_of(timeline)
+    rows = _Rows(timeline.num_stages, replicas)
+    fig, ax = plt.subplots(figsize=(12, 0.5 * rows.count + 1.2), dpi=_DPI, layout="constrained")
+    ops = list(timeline.ops)
+    _draw_rings(ax, spans, rows)
+    _draw_ops(ax, ops, rows)
+    slow = [m for replica in replicas for m in slow_messages(timeline, replica)]
+    _draw_slow_messages(ax, slow, rows)
+    ax.set_yticks(range(rows.count), rows.labels())
+    ax.set_ylim(rows.count - 0.5, -0.5)  # stage 0 on top
     ax.set_xlim(0, end_ms)
     ax.set_xlabel("time (ms)")
     kinds = sorted({r.kind for r in timeline.ops}, key=list(OpKind).index)
@@ -184,27 +197,46 @@ def plot_gantt(
     # it, and laid out with the figure they were drawn three times over (half the time).
     fig.draw_without_rendering()
     fig.set_layout_engine(None)  # "none" would keep a placeholder that savefig lays out for
-    _label_ops(ax, ops, min_label_ms=end_ms / 150)
+    _label_ops(ax, ops, rows, min_label_ms=end_ms / 150)
     save_figure(fig, path, dpi=_DPI)
     plt.close(fig)
 
 
-def _draw_ops(ax: Axes, ops: list[OpRecord]) -> None:
+class _Rows:
+    """A row per stage of each replica drawn, replica by replica (only "stage i" with one)."""
+
+    def __init__(self, num_stages: int, replicas: Sequence[int]) -> None:
+        self.num_stages, self.replicas = num_stages, list(replicas)
+        self.count = num_stages * len(self.replicas)
+
+    def of(self, replica: int, stage: int) -> int:
+        return self.replicas.index(replica) * self.num_stages + stage
+
+    def labels(self) -> list[str]:
+        if len(self.replicas) == 1:
+            return [f"stage {s}" for s in range(self.num_stages)]
+        return [f"r{r} stage {s}" for r in self.replicas for s in range(self.num_stages)]
+
+
+def _draw_ops(ax: Axes, ops: list[OpRecord], rows: _Rows) -> None:
     boxes: dict[tuple[int, OpKind], list[tuple[float, float]]] = {}
     for r in ops:
-        boxes.setdefault((r.stage, r.kind), []).append((r.start_ms, r.end_ms - r.start_ms))
-    for (stage, kind), spans in boxes.items():  # one collection per row and kind: fast
+        row = rows.of(r.replica, r.stage)
+        boxes.setdefault((row, r.kind), []).append((r.start_ms, r.end_ms - r.start_ms))
+    for (row, kind), spans in boxes.items():  # one collection per row and kind: fast
         ax.broken_barh(
-            spans, (stage - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white", linewidth=0.5
+            spans, (row - 0.4, 0.8), facecolors=_COLOURS[kind], edgecolor="white", linewidth=0.5
         )
 
 
-def _draw_rings(ax: Axes, rings: Sequence[RingSpan]) -> None:
+def _draw_rings(ax: Axes, rings: Sequence[RingSpan], rows: _Rows) -> None:
     """Each stage's all-reduce as a grey box under its row's ops, hatched where delayed."""
     for span in rings:
+        if span.replica not in rows.replicas:
+            continue
         ax.broken_barh(
             [(span.start_ms, span.end_ms - span.start_ms)],
-            (span.stage - 0.25, 0.5),
+            (rows.of(span.replica, span.stage) - 0.25, 0.5),
             facecolors=_RING_COLOUR,
             edgecolor=_SLOW_COLOUR if span.fault_ms > 0 else "white",
             hatch="///" if span.fault_ms > 0 else None,
@@ -212,14 +244,14 @@ def _draw_rings(ax: Axes, rings: Sequence[RingSpan]) -> None:
         )
 
 
-def _label_ops(ax: Axes, ops: list[OpRecord], min_label_ms: float) -> None:
+def _label_ops(ax: Axes, ops: list[OpRecord], rows: _Rows, min_label_ms: float) -> None:
     """The microbatch index in every box at least `min_label_ms` wide."""
     for r in ops:
         width = r.end_ms - r.start_ms
         if width >= min_label_ms:
             ax.text(
                 r.start_ms + width / 2,
-                r.stage,
+                rows.of(r.replica, r.stage),
                 str(r.microbatch),
                 ha="center",
                 va="center",
@@ -228,19 +260,25 @@ def _label_ops(ax: Axes, ops: list[OpRecord], min_label_ms: float) -> None:
             )
 
 
-def _draw_slow_messages(ax: Axes, slow: list[SlowMessage]) -> None:
+def _draw_slow_messages(ax: Axes, slow: list[SlowMessage], rows: _Rows) -> None:
     """One line collection for every message and one scatter for their arrivals: fast."""
     if not slow:
         return
     from matplotlib.collections import LineCollection
 
-    segments = [[(m.send_start_ms, m.sender), (m.arrival_ms, m.receiver)] for m in slow]
+    segments = [
+        [
+            (m.send_start_ms, rows.of(m.replica, m.sender)),
+            (m.arrival_ms, rows.of(m.replica, m.receiver)),
+        ]
+        for m in slow
+    ]
     ax.add_collection(
         LineCollection(segments, colors=_SLOW_COLOUR, linewidths=1.0, zorder=_MESSAGE_ZORDER)
     )
     ax.scatter(
         [m.arrival_ms for m in slow],
-        [m.receiver for m in slow],
+        [rows.of(m.replica, m.receiver) for m in slow],
         s=8,
         color=_SLOW_COLOUR,
         zorder=_MESSAGE_ZORDER,

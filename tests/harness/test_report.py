@@ -710,11 +710,14 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
     )
     run_dir = run_experiment(spec, tmp_path / "r")
     slow = Profile.from_dict({**fields, "dp_delay_ms": {"dp1:0-1": 30}})
-    simulated = ring_spans(simulate(one_f_one_b(slow), slow))
+    timeline = simulate(one_f_one_b(slow), slow)
+    simulated = [*ring_spans(timeline), *ring_spans(timeline, replica=1)]
     assert simulated[1].fault_ms == 30.0 and simulated[0].fault_ms == 0.0
     (rings,) = [c.rings for c in charts]
-    assert rings is not None
-    assert [(r.stage, r.fault_ms) for r in rings] == [(0, 0.0), (1, 30.0)]
+    assert rings is not None  # each replica's
+    assert [(r.replica, r.stage, r.fault_ms) for r in rings] == [
+        (0, 0, 0.0), (0, 1, 30.0), (1, 0, 0.0), (1, 1, 30.0)
+    ]  # fmt: skip
     for got, want in zip(rings, simulated, strict=True):  # messages.csv keeps 1 us
         assert got.start_ms == pytest.approx(want.start_ms, abs=1e-3)
         assert got.end_ms == pytest.approx(want.end_ms, abs=1e-3)

@@ -21,7 +21,7 @@ from pipeline.gantt import (
 )
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
-from pipeline.simulator import simulate
+from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import IterationRecord, MessageRecord, OpRecord, Timeline
 
 
@@ -46,7 +46,7 @@ def test_slow_messages_are_replica_0_s_delayed_ones() -> None:
 
     timeline = Timeline(2, (), (message(0, 0.0), message(1, 30.0), message(0, 30.0)), ())
     assert slow_messages(timeline) == [SlowMessage(5.0, 1, 35.0, 0, 30.0)]
-    assert slow_messages(timeline, replica=1) == [SlowMessage(5.0, 1, 35.0, 0, 30.0)]
+    assert slow_messages(timeline, replica=1) == [SlowMessage(5.0, 1, 35.0, 0, 30.0, 1)]
 
 
 def _drawn(
@@ -159,7 +159,7 @@ def test_ring_spans_are_replica_0_s_rings_each_iteration_apart() -> None:
     )  # fmt: skip
     timeline = Timeline(2, (), (), (), dp_messages=dp)
     assert ring_spans(timeline) == [RingSpan(0, 5.0, 40.0, 0.0), RingSpan(0, 105.0, 135.0, 0.0)]
-    assert ring_spans(timeline, replica=2) == [RingSpan(1, 7.0, 37.0, 0.0)]
+    assert ring_spans(timeline, replica=2) == [RingSpan(1, 7.0, 37.0, 0.0, 2)]
 
 
 def test_a_ring_span_s_delay_is_the_mean_of_its_most_delayed_link_direction() -> None:
@@ -196,3 +196,34 @@ def test_a_stage_s_all_reduce_is_drawn_from_its_last_op_on(
     ring = _drawn(monkeypatch, tmp_path, timeline).axes[0].collections[0]
     xs = [x for path in ring.get_paths() for x, _ in path.vertices]
     assert (min(xs), max(xs)) == (50.0, 80.0)
+
+
+def test_every_replica_has_its_rows_and_its_slow_messages(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """40 ms on replica 1's link 0-1: the chart drew replica 0 alone, whose all-reduce then
+    waits for replica 1's ring chunks, a long grey bar blamed on the all-reduce while the
+    slow PP link was not drawn. Each replica now has a row per stage, its slow messages on
+    them, and its ring from its own last op on."""
+    from injectors.fault_files import parse_yaml
+    from pipeline.link_rates import NO_RATES
+    from pipeline.topology import Topology
+
+    profile = Profile.uniform(2, 4, 10, 10, 5, num_replicas=2, allreduce_bytes=(1_000_000,) * 2)
+    faults = parse_yaml('[{start_iteration: 0, links: ["pp1:0-1"], delay_ms: 40}]')
+    timeline = simulate(
+        one_f_one_b(profile),
+        profile,
+        CommMode.DIRECT,
+        faults=faults.at(0, Topology(2, 2), rates=NO_RATES),
+    )
+    (ax,) = _drawn(monkeypatch, tmp_path, timeline).axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "r0 stage 0", "r0 stage 1", "r1 stage 0", "r1 stage 1"
+    ]  # fmt: skip
+    (lines,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    rows = {(round(a[1]), round(b[1])) for a, b in lines.get_segments()}
+    assert rows == {(2, 3), (3, 2)}  # replica 1's link, both ways
+    replica_0_ends = max(op.end_ms for op in timeline.ops if op.replica == 0)
+    replica_1_ends = max(op.end_ms for op in timeline.ops if op.replica == 1)
+    assert replica_1_ends > replica_0_ends + 100  # its 40 ms messages held it back
