@@ -329,6 +329,19 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
     return caption
 
 
+def _actions(row: Mapping[str, Any]) -> str:
+    """What a configuration's run did about its faults (runs.csv's counts): "1 restart, 8
+    failovers, 2 moved", or "none"."""
+    counts = (
+        (int(float(row.get("restarts") or 0)), "restart"),
+        (int(float(row.get("failovers") or 0)), "failover"),
+    )
+    said = [f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n]
+    moved = int(float(row.get("moved_workers") or 0))
+    said += [f"{moved} moved"] if moved else []
+    return ", ".join(said) or "none"
+
+
 def _calibration_note(spec: ExperimentSpec) -> str:
     """What a calibrated run's simulator ran with (a report's numbers under a host's costs
     read like the cost-free model's otherwise); empty without a calibration."""
@@ -405,14 +418,15 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     lines += [
         "| "
         + " | ".join(columns)
-        + " | median step (ms) | median iteration (ms) | samples/s | bubble ratio |",
-        "|---" * (len(columns) + 4) + "|",
+        + " | median step (ms) | median iteration (ms) | samples/s | bubble ratio | actions |",
+        "|---" * (len(columns) + 5) + "|",
     ]
     lines += [
         "| "
         + " | ".join(str(r[c]) for c in columns)
         + f" | {float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
-        f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} |"
+        f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} | "
+        f"{_actions(r)} |"
         for r in runs
     ]
     lines += [
@@ -422,7 +436,9 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         "measured iterations' samples (each once) over the time of every step run, lost ones "
         "run again after a restart included, plus the modelled restart cost. Bubble ratio: "
         "1 - (time the stages spent in ops) / (stages x iteration time), replica 0's, the "
-        "mean over the measured iterations.",
+        "mean over the measured iterations. Actions: the checkpoint restarts, the delegates' "
+        "moves to another NIC (failovers) and the workers rank swaps moved, over the "
+        "configuration's iterations.",
     ]
     experiment, not_compared = paper_experiment(spec)
     compared = [] if experiment is None else paper_comparison(experiment, runs)
