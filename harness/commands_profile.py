@@ -14,7 +14,7 @@ from harness.loop import MAX_ITERATIONS
 from harness.results import git_revision
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
-from pipeline.host_costs import DEFAULT_CALIBRATION_OP_MS, CostCurve
+from pipeline.host_costs import CALIBRATION_STAGES, DEFAULT_CALIBRATION_OP_MS, CostCurve
 from pipeline.profile import MAX_MICROBATCHES
 
 __all__ = ["calibrate", "profile"]
@@ -112,7 +112,7 @@ def profile(
 )
 @click.option(
     "--stages",
-    type=click.IntRange(min=2, max=16),
+    type=click.IntRange(*CALIBRATION_STAGES),
     default=4,
     show_default=True,
     help="Workers passing messages: as many as the runs to predict (each a process with its "

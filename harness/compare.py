@@ -316,11 +316,12 @@ def _check_tolerance(metric: str, pct: float) -> None:
 
 
 _SLACK = 1e-9
-_ZERO_NOISE = 1e-12
-"""A metric whose base is 0 (a bubble ratio: 1 - busy / span, clamped at 0) that is no more
-than this in the new results has not changed: a sum's rounding, not a regression."""
 """Relative to the tolerance: a change of exactly it (104 -> 109.2 at 5 %) computes as
 5.000000000000002 %, which is within it. A tolerance of 0 has no slack: only equal passes."""
+_ZERO_NOISE = 1e-12
+"""A metric no more than this on both sides (a bubble ratio: 1 - busy / span, clamped at 0)
+has not changed: a sum's rounding, not a regression (of 0 or of 2.2e-16, any change is
+infinite or 100 %)."""
 
 
 def _beyond(worse_by_pct: float, limit_pct: float) -> bool:
@@ -426,10 +427,12 @@ def _changes(
         if after_row.get(metric) in (None, ""):
             raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
         before, after = float(before_row[metric]), float(after_row[metric])
-        if before:
+        if max(abs(before), abs(after)) <= _ZERO_NOISE:
+            pct = 0.0
+        elif before:
             pct = 100.0 * (after - before) / abs(before)
-        else:  # of nothing, any change is infinite: not a float sum's last bit (a bubble ratio)
-            pct = 0.0 if abs(after) <= _ZERO_NOISE else math.copysign(math.inf, after)
+        else:  # of nothing, any change is infinite
+            pct = math.copysign(math.inf, after)
         worse_by = -pct if higher_is_better else pct
         limit = tolerances.get(metric, tolerance_pct)
         changes.append(

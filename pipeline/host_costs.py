@@ -31,6 +31,7 @@ from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 
 __all__ = [
+    "CALIBRATION_STAGES",
     "DEFAULT_CALIBRATION_OP_MS",
     "FREE",
     "HOST_COSTS_SCHEMA_VERSION",
@@ -43,6 +44,8 @@ __all__ = [
 
 DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
+CALIBRATION_STAGES = (2, 16)
+"""The fewest and most stages a calibration runs (`calibrate --stages`)."""
 
 HOST_COSTS_SCHEMA_VERSION = 5
 """5: the DP ring's lag is by the chunk's size too, at each number of rings (a chunk of
@@ -433,19 +436,20 @@ class HostCosts:
         """One line where the runs to predict, of `num_stages` stages with forwards of
         `forward_ms` (their median), differ in shape from the calibration's: its per-op
         overhead depends on how long an op sleeps, and its transfers' costs on how many
-        workers share the host's cores; None where they match (ops within 2x), or the file
-        did not record its shape."""
+        workers share the host's cores; None where they match as well as `calibrate` can
+        (its stages, `CALIBRATION_STAGES`; ops within 2x, where the run's take time), or the
+        file did not record its shape."""
         if self.op_ms is None or self.num_stages is None:
             return None
-        stages_differ = num_stages >= 2 and num_stages != self.num_stages
-        ops_differ = not 0.5 <= forward_ms / self.op_ms <= 2
-        if not (stages_differ or ops_differ):
+        fewest, most = CALIBRATION_STAGES
+        stages = min(max(num_stages, fewest), most)
+        op_ms = forward_ms if forward_ms > 0 else self.op_ms
+        if stages == self.num_stages and 0.5 <= op_ms / self.op_ms <= 2:
             return None
         return (
             f"warning: the calibration ran {self.num_stages} stages with {self.op_ms:g} ms "
             f"ops, this run {num_stages} with {forward_ms:g} ms forwards: its costs predict "
-            f"runs of its own shape (calibrate --stages {max(num_stages, 2)} --op-ms "
-            f"{forward_ms:g})"
+            f"runs of its own shape (calibrate --stages {stages} --op-ms {op_ms:g})"
         )
 
     @classmethod

@@ -411,6 +411,15 @@ def test_a_metric_of_0_that_moves_by_a_rounding_has_not_changed() -> None:
         if c.metric == "bubble_ratio"
     ]
     assert (noise.change_pct, noise.worse) == (0.0, False)
+    for base, new in ((2.220446049250313e-16, 4.440892098500626e-16), (2.2e-16, 0.0)):
+        (both,) = [  # noise on both sides: was +100 % WORSE, or -100 % BETTER
+            c
+            for c in compare_runs(
+                [_one("bubble_ratio", base)], [_one("bubble_ratio", new)], 0.0, both_ways=True
+            ).changes
+            if c.metric == "bubble_ratio"
+        ]
+        assert (both.change_pct, both.worse, both.better) == (0.0, False, False)
     (restart,) = [
         c
         for c in compare_runs([_one("restarts", 0)], [_one("restarts", 1)], 1000.0).changes

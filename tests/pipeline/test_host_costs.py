@@ -377,3 +377,8 @@ def test_a_calibration_of_another_shape_is_named() -> None:
     )
     assert costs.shape_warning(4, 2.0) is not None and costs.shape_warning(2, 0.9) is not None
     assert HostCosts.from_dict(COSTS).shape_warning(8, 50.0) is None
+    # what calibrate can do: 16 stages at most, ops longer than 0 ms
+    most = HostCosts(op_ms=2.0, num_stages=16)
+    assert most.shape_warning(20, 2.0) is None and most.shape_warning(16, 0.0) is None
+    warned = HostCosts(op_ms=2.0, num_stages=4).shape_warning(20, 0.0)
+    assert warned is not None and warned.endswith("(calibrate --stages 16 --op-ms 2)")
