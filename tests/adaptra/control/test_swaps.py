@@ -15,7 +15,14 @@ from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
+from pipeline.profile import Profile
 from pipeline.topology import Link, Position, Topology
+
+_FOUR_BY_TWO = Profile.uniform(
+    4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
+    allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
+)  # fmt: skip
+"""PP 4 x DP 2, 2 ms ops, 8 MB of gradient a stage in 2 MB buckets at 100 Gbit/s."""
 
 
 def _belief(extra_ms: dict[str, float], slow: set[str]) -> Belief:
@@ -91,7 +98,6 @@ def test_wall_ms_is_the_metrics_iteration_plus_step_without_reading_the_ops() ->
     """A swap is judged by each iteration's time with its DP step: computed from the metrics
     it made an Adaptra run in the simulator 40 % slower; the iteration's record says it."""
     from pipeline.metrics import compute_metrics
-    from pipeline.profile import Profile
 
     profile = Profile.uniform(
         2, 4, 5, 5, 5, message_bytes=65536, num_replicas=2, allreduce_bytes=(262144,) * 2
@@ -147,7 +153,6 @@ def test_adaptra_cpu_swaps_back_where_its_fixed_order_cannot_hide_the_pp_delay()
     iteration 2: Adaptra-CPU's swap made every later step 170 ms against 120 before it, to
     the end of the run. Now it swaps back after three whole iterations measured so; Adaptra,
     which plans for the PP delay (115 ms), keeps its swap."""
-    from pipeline.profile import Profile
 
     profile = Profile.uniform(
         2, 4, 5, 5, 5, message_bytes=65536, num_replicas=2, allreduce_bytes=(262144,) * 2
@@ -208,12 +213,8 @@ def test_a_dp_link_whose_slowness_stays_on_the_ring_is_moved_once() -> None:
     from dataclasses import replace
 
     from pipeline.faults import NO_FAULTS
-    from pipeline.profile import Profile
 
-    profile = Profile.uniform(
-        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
-        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
-    )  # fmt: skip
+    profile = _FOUR_BY_TWO
     nic = parse_yaml('[{start_iteration: 2, nic: "host5:rnic0", delay_ms: 30}]')
     static = replace(profile, dp_delay_ms=((Link.parse("dp1:0-1"), 30.0),))
     for system in ("adaptra", "adaptra-cpu"):
@@ -228,12 +229,8 @@ def test_a_slow_nic_whose_delay_is_drawn_low_at_times_is_swapped_once() -> None:
     """A NIC slow for good, its delay drawn anew every 0.1-1 s (15 +- 15 ms: at times under
     the detector's recovery): a rule that freed a moved host after one belief calling nothing
     on it slow chased the NIC around the rings (7 swaps in 40 iterations)."""
-    from pipeline.profile import Profile
 
-    profile = Profile.uniform(
-        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
-        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
-    )  # fmt: skip
+    profile = _FOUR_BY_TWO
     faults = parse_yaml(
         '[{start_iteration: 2, nic: "host5:rnic0", distribution: {normal: {mean_ms: 15,'
         " std_ms: 15}, redraw_every_ms: [100, 1000]}}]"
@@ -271,12 +268,8 @@ def test_a_slow_nic_moved_once_leaves_room_for_another_slow_dp_link() -> None:
     """A slow NIC on host 5 (30 ms) stays on some ring after its swap, believed the slowest DP
     link; 15 ms on dp3:0-1 (hosts 3 and 7) was never moved: 409 ms a step to the end for
     Adaptra, 495 for Adaptra-CPU. Now it is the second swap, and the steps fall."""
-    from pipeline.profile import Profile
 
-    profile = Profile.uniform(
-        4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
-        allreduce_bytes=(8_000_000,) * 4, dp_bucket_bytes=2_000_000, dp_bandwidth_gbps=100,
-    )  # fmt: skip
+    profile = _FOUR_BY_TWO
     faults = parse_yaml(
         '[{start_iteration: 2, nic: "host5:rnic0", delay_ms: 30},'
         ' {start_iteration: 2, links: ["dp3:0-1"], delay_ms: 15}]'
