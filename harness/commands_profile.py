@@ -14,7 +14,12 @@ from harness.loop import MAX_ITERATIONS
 from harness.results import git_revision
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
-from pipeline.host_costs import CALIBRATION_STAGES, DEFAULT_CALIBRATION_OP_MS, CostCurve
+from pipeline.host_costs import (
+    CALIBRATION_STAGES,
+    DEFAULT_CALIBRATION_OP_MS,
+    MAX_CALIBRATION_OP_MS,
+    CostCurve,
+)
 from pipeline.profile import MAX_MICROBATCHES
 
 __all__ = ["calibrate", "profile"]
@@ -120,7 +125,7 @@ def profile(
 )
 @click.option(
     "--op-ms",
-    type=FiniteFloatRange(min=0, max=60_000, min_open=True),
+    type=FiniteFloatRange(min=0, max=MAX_CALIBRATION_OP_MS, min_open=True),
     default=DEFAULT_CALIBRATION_OP_MS,
     show_default=True,
     help="How long the microbenchmarks' ops last: as long as those of the runs to predict.",

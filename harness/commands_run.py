@@ -32,6 +32,7 @@ from harness.policies import (
 from harness.runner import (
     BACKENDS,
     INJECTIONS,
+    check_calibrated,
     fixed_plan,
     link_terms,
     run_configuration,
@@ -218,6 +219,8 @@ def run(
             "simulator models every delay itself"
         )
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
+    if calibration_path is not None:  # before its file's warnings
+        check_calibrated(backend)
     host = load_host_costs(calibration_path)
     for warning in run_warnings(
         system,

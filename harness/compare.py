@@ -319,9 +319,9 @@ _SLACK = 1e-9
 """Relative to the tolerance: a change of exactly it (104 -> 109.2 at 5 %) computes as
 5.000000000000002 %, which is within it. A tolerance of 0 has no slack: only equal passes."""
 _ZERO_NOISE = 1e-12
-"""A metric no more than this on both sides (a bubble ratio: 1 - busy / span, clamped at 0)
-has not changed: a sum's rounding, not a regression (of 0 or of 2.2e-16, any change is
-infinite or 100 %)."""
+"""A bubble ratio (1 - busy / span, clamped at 0) no more than this on both sides has not
+changed: a sum's rounding, not a regression (of 0 or of 2.2e-16, any change is infinite or
+100 %). Every other metric is compared as written."""
 
 
 def _beyond(worse_by_pct: float, limit_pct: float) -> bool:
@@ -427,7 +427,8 @@ def _changes(
         if after_row.get(metric) in (None, ""):
             raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
         before, after = float(before_row[metric]), float(after_row[metric])
-        if max(abs(before), abs(after)) <= _ZERO_NOISE:
+        rounding = metric == "bubble_ratio" and max(abs(before), abs(after)) <= _ZERO_NOISE
+        if after == before or rounding:
             pct = 0.0
         elif before:
             pct = 100.0 * (after - before) / abs(before)

@@ -145,11 +145,8 @@ def run_configuration(
         raise ConfigError(f"--model applies to --backend megatron only, not {backend!r}")
     if injection not in INJECTIONS:
         raise ConfigError(f"unknown injection {injection!r}; valid: {', '.join(INJECTIONS)}")
-    if host != FREE and backend != "sim":
-        raise ConfigError(
-            f"a calibration is for the simulator (backend sim); the {backend} runtime is "
-            "what it is calibrated on"
-        )
+    if host != FREE:
+        check_calibrated(backend)
     if injection == "network" and backend == "sim":
         raise ConfigError("--inject network needs a runtime backend (emulated or megatron)")
     profile = controller.plan(0).profile
@@ -339,6 +336,15 @@ def run_warnings(
             noisy_ring_warning(system, profile, backend),
         ]
     return [warning for warning in warnings if warning is not None]
+
+
+def check_calibrated(backend: str) -> None:
+    """A calibration (host costs) is the simulator's: refused for a runtime `backend`."""
+    if backend != "sim":
+        raise ConfigError(
+            f"a calibration is for the simulator (backend sim); the {backend} runtime is "
+            "what it is calibrated on"
+        )
 
 
 def calibration_shape_warning(host: HostCosts, profile: Profile) -> str | None:

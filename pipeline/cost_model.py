@@ -392,28 +392,33 @@ def model_cost(
                 f"{max(fit, 0)} microbatches of {activation_gb[stage]:.2f} GB, but needs "
                 f"{needed}; use more stages or more tensor parallelism"
             )
-    fused_profile = Profile(
-        num_stages=m.pp,
-        num_microbatches=m.microbatches,
-        t_f_ms=tuple(t_f),
-        t_b_ms=tuple(t_b),
-        t_w_ms=tuple(t_w),
-        message_bytes=m.seq_len * m.microbatch_size * m.hidden * _BYTES_PER_ELEMENT,
-        link_latency_ms=hw.link_latency_ms,
-        link_bandwidth_gbps=hw.network_gbps,
-        copy_gbps=hw.copy_gbps,
-        delegate_gbps=cal.host_delegate_gbps / min(m.tp * m.dp, hw.gpus_per_node),
-        num_replicas=m.dp,
-        allreduce_bytes=tuple(grad_bytes),
-        dp_bandwidth_gbps=hw.network_gbps * cal.allreduce_efficiency,
-        optimizer_ms=tuple(optimizer_ms),
-    )
-    split = 1.0 + cal.split_backward_overhead
-    profile = dataclasses.replace(
-        fused_profile,
-        t_b_ms=tuple(t * split for t in t_b),
-        t_w_ms=tuple(t * split for t in t_w),
-    )
+    try:
+        fused_profile = Profile(
+            num_stages=m.pp,
+            num_microbatches=m.microbatches,
+            t_f_ms=tuple(t_f),
+            t_b_ms=tuple(t_b),
+            t_w_ms=tuple(t_w),
+            message_bytes=m.seq_len * m.microbatch_size * m.hidden * _BYTES_PER_ELEMENT,
+            link_latency_ms=hw.link_latency_ms,
+            link_bandwidth_gbps=hw.network_gbps,
+            copy_gbps=hw.copy_gbps,
+            delegate_gbps=cal.host_delegate_gbps / min(m.tp * m.dp, hw.gpus_per_node),
+            num_replicas=m.dp,
+            allreduce_bytes=tuple(grad_bytes),
+            dp_bandwidth_gbps=hw.network_gbps * cal.allreduce_efficiency,
+            optimizer_ms=tuple(optimizer_ms),
+        )
+        split = 1.0 + cal.split_backward_overhead
+        profile = dataclasses.replace(
+            fused_profile,
+            t_b_ms=tuple(t * split for t in t_b),
+            t_w_ms=tuple(t * split for t in t_w),
+        )
+    except ConfigError as err:  # e.g. a time past an hour, of a rate given too low
+        raise ConfigError(
+            f"the cost model's profile of {m.name} on hardware {hw.name}: {err}"
+        ) from err
     return ModelCost(
         m,
         profile,

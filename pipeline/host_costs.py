@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_CALIBRATION_OP_MS",
     "FREE",
     "HOST_COSTS_SCHEMA_VERSION",
+    "MAX_CALIBRATION_OP_MS",
     "NO_COST",
     "NO_RING_LAG",
     "CostCurve",
@@ -46,6 +47,8 @@ DEFAULT_CALIBRATION_OP_MS = 10.0
 """How long a calibration's ops last unless asked (pipeline.runtime.calibrate: why)."""
 CALIBRATION_STAGES = (2, 16)
 """The fewest and most stages a calibration runs (`calibrate --stages`)."""
+MAX_CALIBRATION_OP_MS = 60_000.0
+"""The longest ops a calibration runs (`calibrate --op-ms`)."""
 
 HOST_COSTS_SCHEMA_VERSION = 5
 """5: the DP ring's lag is by the chunk's size too, at each number of rings (a chunk of
@@ -443,7 +446,7 @@ class HostCosts:
             return None
         fewest, most = CALIBRATION_STAGES
         stages = min(max(num_stages, fewest), most)
-        op_ms = forward_ms if forward_ms > 0 else self.op_ms
+        op_ms = min(forward_ms, MAX_CALIBRATION_OP_MS) if forward_ms > 0 else self.op_ms
         if stages == self.num_stages and 0.5 <= op_ms / self.op_ms <= 2:
             return None
         return (

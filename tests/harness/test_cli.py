@@ -705,6 +705,7 @@ def test_calibrate_then_simulate_a_real_host(tmp_path: Path) -> None:
         "--calibration", str(host),
     )  # fmt: skip
     assert refused.returncode == 1 and "a calibration is for the simulator" in refused.stderr
+    assert "warning" not in refused.stderr  # refused before its file's warnings
 
 
 def test_a_delay_past_the_worker_timeout_is_refused_up_front(tmp_path: Path) -> None:

@@ -420,6 +420,14 @@ def test_a_metric_of_0_that_moves_by_a_rounding_has_not_changed() -> None:
             if c.metric == "bubble_ratio"
         ]
         assert (both.change_pct, both.worse, both.better) == (0.0, False, False)
+    (exact,) = [  # any other metric as written: 0 % passes only equal values
+        c
+        for c in compare_runs(
+            [_one("median_wall_ms", 0.0)], [_one("median_wall_ms", 1e-13)], 0.0
+        ).changes
+        if c.metric == "median_wall_ms"
+    ]
+    assert exact.worse and exact.change_pct == math.inf
     (restart,) = [
         c
         for c in compare_runs([_one("restarts", 0)], [_one("restarts", 1)], 1000.0).changes

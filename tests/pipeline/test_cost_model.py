@@ -256,3 +256,15 @@ def test_a_network_whose_dp_share_is_under_the_floor_is_refused_by_its_own_name(
     )
     least = resolve_hardware({"base": "h800-ib400", "network_gbps": 0.001257})  # as it says
     assert model_cost(model, least).profile.dp_bandwidth_gbps == pytest.approx(0.001, rel=1e-3)
+
+
+def test_a_rate_too_low_for_a_model_names_the_model_and_the_hardware() -> None:
+    """hbm_gbyte_s at its least (1 Mbit/s) makes gpt2-14b's optimizer step take days: refused
+    naming `optimizer_ms[0]`, a field the user never wrote; now the model and hardware too."""
+    slow = resolve_hardware({"base": "h800-ib400", "hbm_gbyte_s": 0.000125})
+    with pytest.raises(
+        ConfigError,
+        match=r"^the cost model's profile of gpt2-14b on hardware h800-ib400-custom: "
+        r"optimizer_ms\[0\] must be finite",
+    ):
+        model_cost(MODELS["gpt2-14b"], slow)

@@ -382,3 +382,5 @@ def test_a_calibration_of_another_shape_is_named() -> None:
     assert most.shape_warning(20, 2.0) is None and most.shape_warning(16, 0.0) is None
     warned = HostCosts(op_ms=2.0, num_stages=4).shape_warning(20, 0.0)
     assert warned is not None and warned.endswith("(calibrate --stages 16 --op-ms 2)")
+    longest = HostCosts(op_ms=2.0, num_stages=4).shape_warning(4, 70_000.0)
+    assert longest is not None and longest.endswith("--op-ms 60000)")  # calibrate's longest
