@@ -207,6 +207,8 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                 + (f", {reused} identical iterations reused" if reused else "")
                 + f" ({elapsed_s:.0f} s elapsed, ~{left_s:.0f} s left)"
             )
+            for cause in result.restart_causes:
+                progress(f"  restarted after {cause}")
     write_report(spec, run_dir, runs)
     return run_dir
 

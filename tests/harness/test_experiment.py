@@ -922,3 +922,25 @@ def test_the_run_plans_nothing_its_spec_s_check_planned(
     run_experiment(spec, tmp_path / "run", progress=lambda _: None)
     assert made == [] and len(_rows(tmp_path / "run" / "runs.csv")) == 4
     assert "planner" not in json.loads((tmp_path / "run" / "spec.json").read_text())["spec"]
+
+
+def test_a_spec_run_says_what_each_restart_followed(tmp_path: Path) -> None:
+    """A NIC down from iteration 1 restarts 1F1B: the progress line gave the count alone,
+    where `run` says what failed (the spec path's restarts were unexplained)."""
+    faults = tmp_path / "f.yaml"
+    faults.write_text('- {start_iteration: 1, nic: "host1:rnic0", down: true}\n')
+    spec = ExperimentSpec(
+        name="a",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("1f1b",),
+        num_iterations=3,
+        faults=str(faults),
+    )
+    lines: list[str] = []
+    run_experiment(spec, tmp_path / "run", progress=lines.append)
+    (counted,) = [i for i, line in enumerate(lines) if "1 restart(s)" in line]
+    assert lines[counted + 1].startswith(
+        "  restarted after LinkFailure: iteration 1: the forward message of microbatch 0 on "
+        "link pp0:0-1 cannot go"
+    )
