@@ -456,7 +456,9 @@ class _NetworkEngine(Closing):
         self.nic_changes.append(NicChange(self._iteration, host, plane, at_ms, up))
 
     def restart(self) -> None:
-        """The failed hardware replaced: every NIC up, every wire at its base; a fresh pool."""
+        """The failed hardware replaced: every NIC up, every wire at its base, the hosts'
+        neighbour entries forgotten (an outage left some unresolved, which the fresh pool's
+        first connects met); a fresh pool."""
         for host, plane in sorted(self._nics_down):
             self.bed.set_link(host, plane, up=True)
         self._nics_down.clear()
@@ -464,6 +466,7 @@ class _NetworkEngine(Closing):
             state = self._base.get(pair, HEALTHY)
             self.bed.set_wire(*pair, plane=0, forward=state, backward=state)
             self._wires[pair] = ((0.0, state, state),)
+        self.bed.forget_neighbours()
         self._inner.restart()
 
     def close(self) -> None:

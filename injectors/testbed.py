@@ -156,6 +156,10 @@ def _enter_and_run(
     target(*args)
 
 
+_NUD_PERMANENT = 0x80
+"""A neighbour entry's state bit of one set by hand, kept (linux/neighbour.h)."""
+
+
 class Testbed:
     """`num_hosts` hosts; use as a context manager (it builds on enter, tears down on exit)."""
 
@@ -334,6 +338,20 @@ class Testbed:
 
         with IPRoute(netns=self.hosts[host], flags=0) as ipr:
             yield ipr
+
+    def forget_neighbours(self) -> int:
+        """Every host's neighbour (ARP) entries gone, as a restarted host's would be, but any
+        permanent; how many. An outage leaves entries unresolved (INCOMPLETE, FAILED) that a
+        fresh pool's first connect met: "No route to host" from gloo, which retried."""
+        forgotten = 0
+        for host in range(self.num_hosts):
+            with _refusal(f"forgetting host {host}'s neighbours"), self._host(host) as ipr:
+                for entry in ipr.neigh("dump"):
+                    if entry["state"] & _NUD_PERMANENT:
+                        continue
+                    ipr.neigh("del", dst=entry.get_attr("NDA_DST"), ifindex=entry["ifindex"])
+                    forgotten += 1
+        return forgotten
 
     def set_link(self, host: int, plane: int, up: bool) -> float:
         """A NIC failure (up=False) or its repair, on one host's interface of one plane, and

@@ -163,6 +163,16 @@ def test_a_nic_repaired_as_its_sibling_fails_comes_up_first() -> None:
     assert bed.links == [(1, 0, False), (1, 0, True), (1, 1, False), (1, 1, True)]
 
 
+def test_a_restart_forgets_the_hosts_neighbours_before_the_fresh_pool() -> None:
+    """An outage leaves neighbour entries unresolved: the fresh pool's first connects met
+    them (gloo's "No route to host", a retry, a slower restart)."""
+    bed = _RecordingBed(2)
+    engine = _NetworkEngine(bed, Profile.uniform(2, 4, 1, 1, 1), timeout_s=1.0)  # type: ignore[arg-type]
+    engine._inner = _PlanRecorder()  # type: ignore[assignment]
+    engine.restart()
+    assert bed.forgotten == 1
+
+
 def test_a_nic_takes_down_only() -> None:
     faults = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", delay_ms: 5}]')
     with pytest.raises(ConfigError, match="takes a NIC down, not another effect"):
@@ -326,6 +336,8 @@ class _RecordingBed:
         self.wires: dict[tuple[int, int, int], WireState] = {}
         self.links: list[tuple[int, int, bool]] = []
         """Every NIC taken down (False) or brought up (True), in order: (host, plane, up)."""
+        self.forgotten = 0
+        """How often the hosts' neighbour entries were forgotten (a restart)."""
 
     def address(self, host: int, plane: int = 0) -> str:
         return f"10.{plane}.0.{host + 1}"
@@ -358,6 +370,10 @@ class _RecordingBed:
 
     def check_wires(self) -> None:
         pass
+
+    def forget_neighbours(self) -> int:
+        self.forgotten += 1
+        return 0
 
     def rnic1(self, pair: tuple[int, int]) -> tuple[float, float | None]:
         """(delay, rate) of the pair's traffic on rnic1: its wire's state rules where it has
@@ -407,6 +423,9 @@ class _PlanRecorder:
     ) -> None:
         self.plans: list[Plan] = []
         self.on_start, self.done = on_start, done
+
+    def restart(self) -> None:
+        self.plans.clear()
 
     def run(self, plan: Plan, iteration: int, faults: object, **_: object) -> Outcome:
         self.plans.append(plan)

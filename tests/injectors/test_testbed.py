@@ -37,6 +37,33 @@ def test_build_addresses_and_teardown() -> None:
     assert not any(name in present for name in names)
 
 
+def _neighbours(bed: Testbed, host: int) -> list[str]:
+    return subprocess.run(
+        ["ip", "-n", bed.hosts[host], "neigh", "show"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+
+
+def test_a_restart_forgets_the_neighbours_an_outage_left_unresolved() -> None:
+    """A peer unreachable in an outage leaves its entry unresolved (FAILED here, INCOMPLETE
+    mid-way), which a fresh pool's first connect met: gloo's "No route to host", then a
+    retry. `forget_neighbours` leaves each host as a restarted one; a permanent entry stays."""
+    with Testbed(2) as bed:
+        bed.set_link(1, 0, up=False)
+        connect = (
+            "import socket; s = socket.socket(); s.settimeout(1); "
+            f"s.connect_ex(({bed.address(1, 0)!r}, 9))"
+        )  # its ARP request goes unanswered
+        subprocess.run([*bed.exec_prefix(0), sys.executable, "-c", connect], check=True)
+        assert any(bed.address(1, 0) in line for line in _neighbours(bed, 0))
+        kept = ["ip", "-n", bed.hosts[0], "neigh", "add", "10.0.0.99", "lladdr"]
+        subprocess.run(
+            [*kept, "02:11:22:33:44:55", "dev", PLANES[0], "nud", "permanent"], check=True
+        )
+        assert bed.forget_neighbours() >= 1
+        assert [line.split()[0] for line in _neighbours(bed, 0)] == ["10.0.0.99"]
+        assert _neighbours(bed, 1) == []
+
+
 def _routes(bed: Testbed, host: int) -> str:
     return subprocess.run(
         ["ip", "-n", bed.hosts[host], "route"], capture_output=True, text=True, check=True
