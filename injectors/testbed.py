@@ -156,8 +156,9 @@ def _enter_and_run(
     target(*args)
 
 
-_NUD_PERMANENT = 0x80
-"""A neighbour entry's state bit of one set by hand, kept (linux/neighbour.h)."""
+_NUD_UNRESOLVED = 0x01 | 0x20
+"""A neighbour entry's state bits while its address is not known: INCOMPLETE, FAILED
+(linux/neighbour.h)."""
 
 
 class Testbed:
@@ -340,14 +341,15 @@ class Testbed:
             yield ipr
 
     def forget_neighbours(self) -> int:
-        """Every host's neighbour (ARP) entries gone, as a restarted host's would be, but any
-        permanent; how many. An outage leaves entries unresolved (INCOMPLETE, FAILED) that a
-        fresh pool's first connect met: "No route to host" from gloo, which retried."""
+        """Every host's unresolved neighbour (ARP) entries gone; how many. An outage leaves
+        some (INCOMPLETE, FAILED) that a fresh pool's first connect met: "No route to host"
+        from gloo, which retried. Resolved ones stay: a new ARP over a delayed wire pays its
+        delay."""
         forgotten = 0
         for host in range(self.num_hosts):
             with _refusal(f"forgetting host {host}'s neighbours"), self._host(host) as ipr:
                 for entry in ipr.neigh("dump"):
-                    if entry["state"] & _NUD_PERMANENT:
+                    if not entry["state"] & _NUD_UNRESOLVED:
                         continue
                     ipr.neigh("del", dst=entry.get_attr("NDA_DST"), ifindex=entry["ifindex"])
                     forgotten += 1

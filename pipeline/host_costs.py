@@ -446,13 +446,14 @@ class HostCosts:
             return None
         fewest, most = CALIBRATION_STAGES
         stages = min(max(num_stages, fewest), most)
-        op_ms = min(forward_ms, MAX_CALIBRATION_OP_MS) if forward_ms > 0 else self.op_ms
+        op_ms = forward_ms if forward_ms > 0 else self.op_ms
         if stages == self.num_stages and 0.5 <= op_ms / self.op_ms <= 2:
             return None
         return (
             f"warning: the calibration ran {self.num_stages} stages with {self.op_ms:g} ms "
             f"ops, this run {num_stages} with {forward_ms:g} ms forwards: its costs predict "
-            f"runs of its own shape (calibrate --stages {stages} --op-ms {op_ms:g})"
+            f"runs of its own shape (calibrate --stages {stages} --op-ms "
+            f"{min(op_ms, MAX_CALIBRATION_OP_MS):g})"
         )
 
     @classmethod

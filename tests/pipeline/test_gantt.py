@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from matplotlib.collections import LineCollection
+from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from baselines import one_f_one_b
@@ -227,3 +228,20 @@ def test_every_replica_has_its_rows_and_its_slow_messages(
     replica_0_ends = max(op.end_ms for op in timeline.ops if op.replica == 0)
     replica_1_ends = max(op.end_ms for op in timeline.ops if op.replica == 1)
     assert replica_1_ends > replica_0_ends + 100  # its 40 ms messages held it back
+    grey = to_rgba("#b0b0b0")
+    rings = {}  # each ring box's row and start
+    for collection in ax.collections:
+        if (
+            not isinstance(collection, LineCollection)
+            and tuple(collection.get_facecolor()[0]) == grey
+        ):
+            (path,) = collection.get_paths()
+            rings[round(float(path.vertices[:, 1].mean()))] = float(path.vertices[:, 0].min())
+    last_op_ms = {
+        2 * r + s: max(op.end_ms for op in timeline.ops if (op.replica, op.stage) == (r, s))
+        for r in (0, 1)
+        for s in (0, 1)
+    }
+    assert rings.keys() == last_op_ms.keys()  # a ring on each replica's own rows
+    assert all(rings[row] >= last_op_ms[row] for row in rings)  # after its own last op
+    assert rings[2] == last_op_ms[2] > last_op_ms[0]  # replica 1 waited: not replica 0's end

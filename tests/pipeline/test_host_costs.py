@@ -384,3 +384,4 @@ def test_a_calibration_of_another_shape_is_named() -> None:
     assert warned is not None and warned.endswith("(calibrate --stages 16 --op-ms 2)")
     longest = HostCosts(op_ms=2.0, num_stages=4).shape_warning(4, 70_000.0)
     assert longest is not None and longest.endswith("--op-ms 60000)")  # calibrate's longest
+    assert HostCosts(op_ms=30_000.0, num_stages=4).shape_warning(4, 200_000.0) is not None
