@@ -31,6 +31,7 @@ from pipeline.cost_model import MODELS, model_cost
 from pipeline.errors import ConfigError
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
+from tests.harness.specs import nic_down_spec
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -927,16 +928,7 @@ def test_the_run_plans_nothing_its_spec_s_check_planned(
 def test_a_spec_run_says_what_each_restart_followed(tmp_path: Path) -> None:
     """A NIC down from iteration 1 restarts 1F1B: the progress line gave the count alone,
     where `run` says what failed (the spec path's restarts were unexplained)."""
-    faults = tmp_path / "f.yaml"
-    faults.write_text('- {start_iteration: 1, nic: "host1:rnic0", down: true}\n')
-    spec = ExperimentSpec(
-        name="a",
-        models=("m",),
-        profile=Profile.uniform(2, 4, 1, 1, 1),
-        systems=("1f1b",),
-        num_iterations=3,
-        faults=str(faults),
-    )
+    spec = nic_down_spec(tmp_path, ("1f1b",))
     lines: list[str] = []
     run_experiment(spec, tmp_path / "run", progress=lines.append)
     (counted,) = [i for i, line in enumerate(lines) if "1 restart(s)" in line]

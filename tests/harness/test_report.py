@@ -22,12 +22,13 @@ from harness.experiment import run_experiment
 from harness.paper import PRESETS_DIR
 from harness.results import RUNS_COLUMNS, read_csv_rows, run_dir_held
 from harness.saved import read_ring_spans
-from harness.spec import ExperimentSpec, default_experiment, load_spec, resume_command
+from harness.spec import default_experiment, load_spec, resume_command
 from pipeline.errors import ConfigError
 from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt, ring_spans
 from pipeline.profile import Profile
 from pipeline.simulator import simulate
 from pipeline.timeline import Timeline
+from tests.harness.specs import nic_down_spec
 
 
 class GanttCall(NamedTuple):
@@ -734,16 +735,7 @@ def test_a_report_s_gantt_chart_draws_each_stage_s_ring_from_messages_csv(
 def test_the_table_names_what_each_system_did_about_its_faults(tmp_path: Path) -> None:
     """A NIC down from iteration 1: 1F1B restarts from its checkpoint, Adaptra-CPU's delegates
     fail over. report.md's table gave their times alone; runs.csv counted the actions."""
-    faults = tmp_path / "f.yaml"
-    faults.write_text('- {start_iteration: 1, nic: "host1:rnic0", down: true}\n')
-    spec = ExperimentSpec(
-        name="a",
-        models=("m",),
-        profile=Profile.uniform(2, 4, 1, 1, 1),
-        systems=("1f1b", "adaptra-cpu"),
-        num_iterations=3,
-        faults=str(faults),
-    )
+    spec = nic_down_spec(tmp_path, ("1f1b", "adaptra-cpu"))
     rows = [
         line.split(" | ")[1::8]  # the system and its actions
         for line in (run_experiment(spec, tmp_path / "r") / "report.md").read_text().splitlines()
