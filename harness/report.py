@@ -331,14 +331,13 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
 
 def _actions(row: Mapping[str, Any]) -> str:
     """What a configuration's run did about its faults (runs.csv's counts): "1 restart, 8
-    failovers, 2 moved", or "none"."""
+    failovers, 2 workers moved", or "none"."""
     counts = (
-        (int(float(row.get("restarts") or 0)), "restart"),
-        (int(float(row.get("failovers") or 0)), "failover"),
+        (int(float(row.get("restarts") or 0)), "restart", ""),
+        (int(float(row.get("failovers") or 0)), "failover", ""),
+        (int(float(row.get("moved_workers") or 0)), "worker", " moved"),
     )
-    said = [f"{n} {what}{'s' * (n != 1)}" for n, what in counts if n]
-    moved = int(float(row.get("moved_workers") or 0))
-    said += [f"{moved} moved"] if moved else []
+    said = [f"{n} {what}{'s' * (n != 1)}{done}" for n, what, done in counts if n]
     return ", ".join(said) or "none"
 
 
