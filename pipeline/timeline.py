@@ -199,19 +199,12 @@ class Timeline:
         return cls(
             num_stages=num_stages,
             ops=tuple(OpRecord(r[0], r[1], OpKind(r[2]), *r[3:]) for r in rows["ops"]),
-            messages=tuple(
-                MessageRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]]) for r in rows["messages"]
-            ),
+            messages=tuple(map(MessageRecord._make, _directed(rows["messages"]))),
             iterations=tuple(
                 IterationRecord._make([*r[:4], tuple(r[4])]) for r in rows["iterations"]
             ),
-            failovers=tuple(
-                FailoverRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]]) for r in rows["failovers"]
-            ),
-            dp_messages=tuple(
-                MessageRecord._make([*r[:2], _DIRECTIONS[r[2]], *r[3:]])
-                for r in rows["dp_messages"]
-            ),
+            failovers=tuple(map(FailoverRecord._make, _directed(rows["failovers"]))),
+            dp_messages=tuple(map(MessageRecord._make, _directed(rows["dp_messages"]))),
             swaps=tuple(SwapRecord(*r) for r in rows["swaps"]),
         )
 
@@ -343,6 +336,12 @@ def _check_rows(name: str, rows: Any) -> None:
 
 _DIRECTIONS = {direction.value: direction for direction in Direction}
 """A direction by its text (a dict: a long timeline's every message row reads one)."""
+
+
+def _directed(rows: list[list[Any]]) -> list[list[Any]]:
+    """`rows` (checked: `_check_links`), each third field, its direction's text, as the
+    `Direction`."""
+    return [[*row[:2], _DIRECTIONS[row[2]], *row[3:]] for row in rows]
 
 
 def _check_links(name: str, rows: list[list[Any]], num_stages: int) -> None:

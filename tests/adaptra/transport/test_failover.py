@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from harness.loop import RunResult
 from harness.policies import system_controller
 from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
+from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
 from pipeline.errors import LinkFailure
 from pipeline.host_costs import HostCosts
@@ -247,6 +249,24 @@ def test_both_nics_of_a_host_down_leave_no_route_to_fail_over_to(backend: str) -
     assert result.timeline is not None and not result.timeline.failovers
 
 
+def _on_testbed(
+    profile: Profile,
+    controller: Controller,
+    faults: FaultModel,
+    num_iterations: int,
+    **engine_options: Any,
+) -> RunResult:
+    """`controller`'s run on the namespace testbed, over delegates, after one warm-up."""
+    from harness.loop import run_loop
+    from harness.network import network_engine
+
+    with network_engine(profile, delegated=True, **engine_options) as engine:
+        return run_loop(
+            engine, controller, num_iterations=num_iterations, num_warmup_iterations=1,
+            faults=faults,
+        )  # fmt: skip
+
+
 MEGATRON = Profile.uniform(4, 8, 1, 1, 1, num_delegates=2)
 """The megatron runs' profile: the tiny GPT's stages, 8 microbatches, 2 delegates."""
 
@@ -337,8 +357,6 @@ def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_fai
     failover: it hung on the dead NIC for three timeouts and the run restarted from its
     checkpoint. Now each reports its replica's part and the driver sums them: no restart,
     and the losses and parameters of the healthy run."""
-    from harness.loop import run_loop
-    from harness.network import network_engine
     from pipeline.runtime.megatron.model import get_preset, with_model_bytes
 
     profile = with_model_bytes(
@@ -351,14 +369,8 @@ def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_fai
         num_warmup_iterations=1,
     )
     faults = parse_yaml('[{start_iteration: 2, nic: "host1:rnic0", down: true}]')
-    with network_engine(profile, delegated=True, model="tiny") as engine:
-        result = run_loop(
-            engine,
-            system_controller("adaptra-oracle", profile, faults),
-            num_iterations=4,
-            num_warmup_iterations=1,
-            faults=faults,
-        )
+    controller = system_controller("adaptra-oracle", profile, faults)
+    result = _on_testbed(profile, controller, faults, 4, model="tiny")
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert result.timeline is not None and result.timeline.failovers
     assert len(result.losses) == 4 and result.losses == healthy.losses
@@ -374,8 +386,6 @@ def test_a_rank_swap_rewires_a_host_whose_rnic0_is_down_on_the_testbed() -> None
     Adaptra-CPU swaps that pair onto a PP edge. The swap's port exchange went over the
     process group, which gloo binds to rnic0: it waited the whole timeout there and the run
     restarted. Through the pool's slot folder, the swap is made and the run goes on."""
-    from harness.loop import run_loop
-    from harness.network import network_engine
 
     profile = Profile.uniform(
         2, 4, 10, 10, 10, message_bytes=65536, num_delegates=1, num_replicas=2,
@@ -385,16 +395,10 @@ def test_a_rank_swap_rewires_a_host_whose_rnic0_is_down_on_the_testbed() -> None
         '[{start_iteration: 0, nic: "host1:rnic0", down: true},'
         ' {start_iteration: 1, links: ["dp0:0-1"], delay_ms: 25}]'
     )
-    with network_engine(profile, delegated=True, transport_timeout_s=10) as engine:
-        result = run_loop(
-            engine,
-            system_controller(
-                "adaptra-cpu", profile, faults, link_terms=link_terms("emulated", "network")
-            ),
-            num_iterations=8,
-            num_warmup_iterations=1,
-            faults=faults,
-        )
+    controller = system_controller(
+        "adaptra-cpu", profile, faults, link_terms=link_terms("emulated", "network")
+    )
+    result = _on_testbed(profile, controller, faults, 8, transport_timeout_s=10)
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert sum(result.num_moved_workers) >= 2  # the swap (an undo may follow: 2 more)
     assert sum(result.num_failovers) > 0
@@ -479,19 +483,11 @@ def test_rnic0_of_a_dp_ring_host_down_on_the_testbed_moves_its_ring_too() -> Non
 def test_a_link_direction_that_failed_over_keeps_the_profiles_delay() -> None:
     """The profile's 20 ms on link 0-1 is the link's, on both of a host's NICs: after rnic0
     of host 1 goes down, the messages that moved to rnic1 still take 20 ms on the wire."""
-    from harness.loop import run_loop
-    from harness.network import network_engine
 
     profile = Profile.uniform(2, 4, 1, 1, 1, delay_ms=[20], message_bytes=4096, num_delegates=2)
     faults = parse_yaml('[{start_iteration: 1, at_ms: 5, nic: "host1:rnic0", down: true}]')
-    with network_engine(profile, delegated=True, longest_hold_ms=20) as engine:
-        result = run_loop(
-            engine,
-            system_controller("adaptra-oracle", profile, faults),
-            num_iterations=3,
-            num_warmup_iterations=1,
-            faults=faults,
-        )
+    controller = system_controller("adaptra-oracle", profile, faults)
+    result = _on_testbed(profile, controller, faults, 3, longest_hold_ms=20)
     assert (result.restarts, result.lost_iterations) == (0, 0)
     timeline = result.timeline
     assert timeline is not None
