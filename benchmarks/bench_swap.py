@@ -7,10 +7,12 @@ replica 0, trade places). Per configuration: the state each mover sent, the swap
 then the iteration's set-up under the new position: receives, the DP ring's buffers,
 `begin_iteration`),
 and the swap iteration's time against the median of the others. megatron: the tiny and
-small GPT presets over direct; emulated: no state, over direct and over delegates (whose
-link directions with a new peer are rewired: running delegates re-pointed, or new ones),
-also at the Fig. 18 test's shape (PP 4 x DP 2, 8 microbatches, 8 delegates per link
-direction and side; the same pair of workers trades places).
+small GPT presets over direct (the state over gloo), the small one over delegates too (the
+state over a connection of the movers' own, `adaptra.transport.state_wire`); emulated: no
+state, over direct and over delegates (whose link directions with a new peer are rewired:
+running delegates re-pointed, or new ones), also at the Fig. 18 test's shape (PP 4 x DP 2,
+8 microbatches, 8 delegates per link direction and side; the same pair of workers trades
+places).
 
 Run: python benchmarks/bench_swap.py [--repeats 3] [--backend emulated]
 """
@@ -73,6 +75,7 @@ def main() -> None:
     settings = [
         ("megatron", "tiny", CommMode.DIRECT, small),
         ("megatron", "small", CommMode.DIRECT, small),
+        ("megatron", "small", CommMode.DELEGATED, small),
         ("emulated", None, CommMode.DIRECT, small),
         ("emulated", None, CommMode.DELEGATED, small),
         ("emulated", None, CommMode.DELEGATED, fig18),

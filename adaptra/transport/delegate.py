@@ -153,7 +153,7 @@ HUNG_UP_RETRY_S = 0.1
 then closed before answering (a receiver ending closes its listeners a moment after)."""
 
 _PR_SET_PDEATHSIG = 1
-_TCP_USER_TIMEOUT = 18  # linux/tcp.h
+TCP_USER_TIMEOUT = 18  # linux/tcp.h
 _RTMGRP_LINK, _RTM_NEWLINK = 1, 16
 _IFF_UP, _IFF_RUNNING = 0x1, 0x40
 _NLMSG = struct.Struct("=IHHII")  # length, type, flags, seq, pid
@@ -273,7 +273,7 @@ class TcpWire:
     def __init__(self, sock: socket.socket, timeout_ms: int = 0) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if timeout_ms:  # data unacked this long breaks the connection (ETIMEDOUT)
-            sock.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, timeout_ms)
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, timeout_ms)
         self._sock = sock
 
     @classmethod
@@ -336,7 +336,7 @@ class TcpWire:
         self._sock.close()
 
 
-def _running(index: int) -> bool:
+def nic_running(index: int) -> bool:
     """Whether interface `index` is up and running now (one gone is not)."""
     try:
         name = socket.if_indextoname(index)
@@ -391,7 +391,7 @@ class _LinkWatch:
         down: set[int] = set()
         up: set[int] = set()
         for index in self.indices:
-            (up if _running(index) else down).add(index)
+            (up if nic_running(index) else down).add(index)
         return down, up
 
 
@@ -565,7 +565,7 @@ class _Sender:
 
     def down_here(self) -> set[int]:
         """This host's NICs (those watched) that are down now."""
-        return {k for k, index in enumerate(self.indices) if index and not _running(index)}
+        return {k for k, index in enumerate(self.indices) if index and not nic_running(index)}
 
 
 def run_sender(
@@ -814,7 +814,7 @@ def _time_left(callers: dict[TcpWire, _Caller]) -> float | None:
     return max(0.0, min(c.deadline_s for c in callers.values()) - time.monotonic())
 
 
-def _listen(addresses: list[str]) -> list[socket.socket]:
+def listen(addresses: list[str]) -> list[socket.socket]:
     """A listener on each address, all on one port (a few tries for a port free on all)."""
     for _ in range(20):
         first = socket.create_server((addresses[0], 0))
@@ -839,7 +839,7 @@ def run_receiver(
     named); `notice_address`: its management-plane address, where its sender's notice
     connection comes ("": none)."""
     slots = _SlotFile()
-    listeners = _listen([*addresses, notice_address] if notice_address else addresses)
+    listeners = listen([*addresses, notice_address] if notice_address else addresses)
     pid = os.getpid()
     _note(notify, PORT, 0, 0, 0, listeners[0].getsockname()[1], 0, 0.0, 0.0, pid)
     selector = selectors.DefaultSelector()

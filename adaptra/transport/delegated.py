@@ -59,6 +59,7 @@ from adaptra.transport.delegate import (
     move_limit_s,
     point_job,
 )
+from adaptra.transport.state_wire import move_state
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
     Arrival,
@@ -67,6 +68,7 @@ from pipeline.runtime.transport import (
     LinkDirection,
     Message,
     PendingReceive,
+    StateRoute,
     WireRecord,
     describe,
 )
@@ -758,6 +760,7 @@ class DelegateTransport:
         self._outbound: dict[LinkDirection, _Outbound] = {}
         self._inbound: dict[LinkDirection, _Inbound] = {}
         self.timeout_s = setup.timeout_s
+        self._rank = setup.rank
         self._delegates = delegates
         self._closed_moves: list[tuple[LinkDirection, tuple]] = []  # type: ignore[type-arg]
         """FAILOVER notes of sender sides closed or re-pointed at a rewire, read then, and
@@ -846,6 +849,19 @@ class DelegateTransport:
                 side.close()
             self.close()
             raise
+
+    def move_state(self, outgoing: torch.Tensor, incoming: torch.Tensor, route: StateRoute) -> None:
+        delegates = self._delegates
+        move_state(
+            outgoing,
+            incoming,
+            route,
+            here=delegates.nics(self._rank),
+            taker_nics=delegates.nics(route.taker),
+            ifnames=delegates.ifname_list().split(","),
+            timeout_s=self.timeout_s,
+            user_timeout_ms=delegates.timeout_ms,
+        )
 
     def _close(self, side: _Outbound) -> None:
         """Close a sender side a rewire no longer uses, keeping its failovers: those not yet

@@ -37,6 +37,8 @@ __all__ = [
     "Message",
     "PendingReceive",
     "RingTransport",
+    "StateOffer",
+    "StateRoute",
     "Transport",
     "WireRecord",
     "describe",
@@ -181,6 +183,27 @@ class Failover(NamedTuple):
     carrier_pid: int
 
 
+class StateOffer(NamedTuple):
+    """Where a rank swap's mover takes its new position's state: the port it listens on (on
+    each of its data-plane NICs), and which of its NICs are down (by index)."""
+
+    port: int
+    nics_down: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRoute:
+    """A rank swap's model state for one mover: it sends the state of the position it left
+    to rank `taker` (that position's new player) and takes its new position's from rank
+    `giver` (the last player). `offer` tells the giver where this worker listens; `offer_of`
+    waits for the taker's until a deadline (monotonic s) and raises `TimeoutError` after."""
+
+    taker: int
+    giver: int
+    offer: Callable[[StateOffer], None]
+    offer_of: Callable[[float], StateOffer]
+
+
 @dataclasses.dataclass(frozen=True)
 class DelegateSetup:
     """What a worker's delegates are wired to: the link directions it sends and receives on,
@@ -248,6 +271,12 @@ class DelegatedLinks(Protocol):
         """Raise `LinkFailure` if a sender delegate has found no NIC left to carry its link
         direction: called while the worker waits on a message, so that the failure, not the
         wait's timeout, ends the iteration."""
+        ...
+
+    def move_state(self, outgoing: torch.Tensor, incoming: torch.Tensor, route: StateRoute) -> None:
+        """A rank swap's model state (host tensors of bytes): `outgoing` to `route.taker`,
+        `incoming` filled from `route.giver`, over the data-plane NIC the delegates would
+        take (the first up at both ends), not the process group."""
         ...
 
     def rewire(self, setup: DelegateSetup) -> None:

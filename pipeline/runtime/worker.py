@@ -62,6 +62,8 @@ from pipeline.runtime.transport import (
     Message,
     PendingReceive,
     RingTransport,
+    StateOffer,
+    StateRoute,
     WireRecord,
     describe,
     route_kind,
@@ -520,12 +522,35 @@ class _Worker:
             incoming = torch.empty(
                 self.compute.state_bytes(), dtype=torch.uint8, device=self.compute.device
             )
-            pending = transport.post_state_receive(before.worker(self.position), incoming)
-            transport.send_state(topology.worker(left), outgoing)
-            pending.wait(self.timeout_s)
+            giver, taker = before.worker(self.position), topology.worker(left)
+            if self.delegates is None:
+                pending = transport.post_state_receive(giver, incoming)
+                transport.send_state(taker, outgoing)
+                pending.wait(self.timeout_s)
+            else:  # not over gloo, which is bound to one NIC: where the delegates would go
+                self.delegates.move_state(outgoing, incoming, self._state_route(giver, taker))
             self.compute.import_state(incoming)
             num_bytes = outgoing.numel()
         return StateMove(left.stage, left.replica, num_bytes, start, time.monotonic())
+
+    def _state_route(self, giver: int, taker: int) -> StateRoute:
+        """A rank swap's state move (`DelegatedLinks.move_state`): the movers' offers go
+        through files in the pool's slot folder, as the delegates' ports do."""
+        swap = self.num_wirings  # every worker's count of rewires: the same on all
+
+        def path(sender: int, receiver: int) -> Path:
+            return Path(self.delegate_files[1]) / f"state-{swap}-{sender}-to-{receiver}.json"
+
+        def offer(mine: StateOffer) -> None:
+            write_atomic(path(giver, self.rank), json.dumps(mine))
+
+        def offer_of(deadline: float) -> StateOffer:
+            what = f"rank {taker}'s port for the model state"
+            text = _wait_for_file(path(self.rank, taker), deadline, what, self.timeout_s)
+            port, down = json.loads(text)
+            return StateOffer(int(port), tuple(int(nic) for nic in down))
+
+        return StateRoute(taker, giver, offer, offer_of)
 
     def place(self, topology: Topology) -> None:
         """Play `topology` from now on, outside any iteration and moving no state, on every
@@ -873,6 +898,19 @@ _PORTS_POLL_S = 0.001
 """How often a sending side looks for its receiver's ports file."""
 
 
+def _wait_for_file(path: Path, deadline: float, what: str, timeout_s: float) -> str:
+    """The text of `path`, another worker's word in the pool's slot folder (written
+    atomically, read once: removed), once it is there; `TimeoutError` naming `what` if it is
+    not by `deadline` (monotonic s: `timeout_s` after the wait's start)."""
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come within {timeout_s:g} s")
+        time.sleep(_PORTS_POLL_S)
+    text = path.read_text()
+    path.unlink()
+    return text
+
+
 def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> DelegateSetup:
     """What this worker's delegates are wired to: its neighbours under its placement. Their
     `exchange` swaps ports with the neighbours through files in the pool's slot folder: each
@@ -900,16 +938,12 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
         theirs = {}
         for direction in wanted:
             path = ports_file(direction, worker.rank, peer_out[direction])
-            while not path.exists():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"rank {peer_out[direction]}'s delegate ports for "
-                        f"{direction.link} ({direction.direction}) did not come within "
-                        f"{worker.timeout_s:g} s"
-                    )
-                time.sleep(_PORTS_POLL_S)
-            theirs[direction] = [int(port) for port in json.loads(path.read_text())]
-            path.unlink()
+            what = (
+                f"rank {peer_out[direction]}'s delegate ports for {direction.link} "
+                f"({direction.direction})"
+            )
+            text = _wait_for_file(path, deadline, what, worker.timeout_s)
+            theirs[direction] = [int(port) for port in json.loads(text)]
         return theirs
 
     return DelegateSetup(

@@ -5,6 +5,7 @@ in force, which is what these tests need; the failover is the transport's own.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -15,9 +16,10 @@ from typing import Any
 
 import pytest
 
+from baselines import one_f_one_b
 from harness.loop import RunResult
 from harness.policies import system_controller
-from harness.runner import RuntimeEngines, link_terms, run_configuration
+from harness.runner import RuntimeEngines, fixed_plan, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import FaultModel
 from pipeline.engines import Controller, Plan
@@ -26,7 +28,9 @@ from pipeline.host_costs import HostCosts
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import WorkerLinkFailure
+from pipeline.runtime.megatron.model import get_preset, with_model_bytes
 from pipeline.timeline import FailoverRecord, Timeline
+from pipeline.topology import Link, Topology
 
 pytestmark = pytest.mark.multiprocess
 
@@ -297,7 +301,6 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
     carries the receivers' notices only)."""
     from harness.loop import run_loop
     from harness.network import network_engine
-    from pipeline.runtime.megatron import get_preset
 
     faults = parse_yaml(f'[{{start_iteration: 2, at_ms: 40, nic: "host{host}:rnic0", down: true}}]')
     with network_engine(MEGATRON, delegated=True, model="tiny") as engine:
@@ -347,34 +350,39 @@ def test_rnic0_of_a_host_down_mid_iteration_leaves_megatron_training_as_if_nothi
     assert not alive  # every delegate ended with its pool
 
 
+DP_MEGATRON = with_model_bytes(
+    Profile.uniform(2, 4, 1, 1, 1, num_delegates=1, num_replicas=2), get_preset("tiny")
+)
+"""PP 2 x DP 2 of the tiny megatron GPT, 4 microbatches, a delegate per link direction."""
+
+
+@pytest.fixture(scope="module")
+def healthy_dp_megatron() -> RunResult:
+    """The run `DP_MEGATRON`'s failed ones must equal: 4 iterations after one warm-up."""
+    return run_configuration(
+        system_controller("adaptra-oracle", DP_MEGATRON), backend="megatron", num_iterations=4
+    )
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
 )
-def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_failed() -> None:
+def test_a_last_stage_s_rnic0_down_leaves_megatron_dp_training_as_if_nothing_failed(
+    healthy_dp_megatron: RunResult,
+) -> None:
     """PP 2 x DP 2 on the namespace testbed, the tiny megatron GPT, Adaptra over delegates:
     rnic0 of host 1 (the last stage of replica 0) goes down in iteration 2. The last stages
     summed the loss over their replicas with a gloo all-reduce, outside the transport and its
     failover: it hung on the dead NIC for three timeouts and the run restarted from its
     checkpoint. Now each reports its replica's part and the driver sums them: no restart,
     and the losses and parameters of the healthy run."""
-    from pipeline.runtime.megatron.model import get_preset, with_model_bytes
-
-    profile = with_model_bytes(
-        Profile.uniform(2, 4, 1, 1, 1, num_delegates=1, num_replicas=2), get_preset("tiny")
-    )
-    healthy = run_configuration(
-        system_controller("adaptra-oracle", profile),
-        backend="megatron",
-        num_iterations=4,
-        num_warmup_iterations=1,
-    )
     faults = parse_yaml('[{start_iteration: 2, nic: "host1:rnic0", down: true}]')
-    controller = system_controller("adaptra-oracle", profile, faults)
-    result = _on_testbed(profile, controller, faults, 4, model="tiny")
+    controller = system_controller("adaptra-oracle", DP_MEGATRON, faults)
+    result = _on_testbed(DP_MEGATRON, controller, faults, 4, model="tiny")
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert result.timeline is not None and result.timeline.failovers
-    assert len(result.losses) == 4 and result.losses == healthy.losses
-    assert result.params_sha256 == healthy.params_sha256 != ""
+    assert len(result.losses) == 4 and result.losses == healthy_dp_megatron.losses
+    assert result.params_sha256 == healthy_dp_megatron.params_sha256 != ""
 
 
 @pytest.mark.skipif(
@@ -402,6 +410,44 @@ def test_a_rank_swap_rewires_a_host_whose_rnic0_is_down_on_the_testbed() -> None
     assert (result.restarts, result.lost_iterations) == (0, 0)
     assert sum(result.num_moved_workers) >= 2  # the swap (an undo may follow: 2 more)
     assert sum(result.num_failovers) > 0
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_megatron_rank_swap_moves_its_state_off_a_dead_rnic0_on_the_testbed(
+    healthy_dp_megatron: RunResult,
+) -> None:
+    """PP 2 x DP 2 on the namespace testbed, the tiny megatron GPT over delegates: host 1's
+    rnic0 is down from the start, and in iteration 2 its worker trades places with host 2's
+    (a fixed plan's swap). The movers' model state went over the process group, which gloo
+    binds to rnic0: the swap waited the whole timeout and the run restarted. Over the NIC the
+    delegates' rules pick (rnic1 here), the swap is made once, nothing restarts, and training
+    goes on as the healthy run's without a swap: the same losses and parameters."""
+    fixed = fixed_plan(one_f_one_b(DP_MEGATRON), DP_MEGATRON, "delegated").fixed
+    swapped = Topology(2, 2).dp_pair_onto_pp(Link.parse("dp0:0-1"))
+
+    class _SwapAtTwo:
+        name = "swap"
+
+        def plan(self, iteration: int) -> Plan:
+            return dataclasses.replace(fixed, topology=swapped if iteration >= 2 else None)
+
+        def observe(self, iteration: int, timeline: Timeline) -> None:
+            pass
+
+        def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
+            pass
+
+    faults = parse_yaml('[{start_iteration: 0, nic: "host1:rnic0", down: true}]')
+    result = _on_testbed(DP_MEGATRON, _SwapAtTwo(), faults, 4, model="tiny", transport_timeout_s=10)
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+    assert result.timeline is not None
+    swaps = result.timeline.swaps
+    assert {(s.iteration, s.stage_from, s.replica_from) for s in swaps} == {(2, 1, 0), (2, 0, 1)}
+    assert all(s.num_bytes > 0 for s in swaps)
+    assert len(result.losses) == 4 and result.losses == healthy_dp_megatron.losses
+    assert result.params_sha256 == healthy_dp_megatron.params_sha256 != ""
 
 
 @pytest.mark.skipif(

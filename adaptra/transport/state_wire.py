@@ -1,0 +1,217 @@
+"""A rank swap's model state between two trainers, over a TCP connection of their own on the
+first data-plane NIC up at both ends (the delegates' rule), not over the process group: gloo
+is bound to one NIC (on the testbed rnic0), and a megatron swap on a host whose rnic0 was down
+waited there for the whole timeout and restarted, although its delegates had failed over.
+
+Each mover sends one state and takes one: it listens on each of its NICs (one port) and offers
+that port with its NICs down (`StateRoute.offer`), connects to its taker over the first NIC up
+at both ends, sends the length and the bytes and waits for the taker's one-byte ack, while a
+thread of its own takes its giver's state. A connection that breaks (a NIC going down
+mid-way: a reset, or TCP's user timeout) is given up and the next NIC tried from the first
+byte; the taker drops a connection a newer one replaces. No delegate process carries it: a
+one-off transfer, the iteration's first work, has no compute to overlap."""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import struct
+import threading
+import time
+import typing
+from collections.abc import Sequence
+
+import torch
+
+from adaptra.transport.delegate import CONNECT_TIMEOUT_S, TCP_USER_TIMEOUT, listen, nic_running
+from pipeline.errors import LinkFailure
+from pipeline.runtime.transport import StateOffer, StateRoute
+
+__all__ = ["move_state", "nics_down"]
+
+_LENGTH = struct.Struct("<q")
+"""On the wire before the state's bytes: how many there are."""
+_ACK = b"\x06"
+"""The taker's word that every byte is in."""
+
+
+def nics_down(ifnames: Sequence[str]) -> tuple[int, ...]:
+    """This host's NICs (by index; those named: a loopback run names none) that are down now
+    (one that is gone is down too)."""
+    down = []
+    for nic, name in enumerate(ifnames):
+        if not name:
+            continue
+        try:
+            running = nic_running(socket.if_nametoindex(name))
+        except OSError:
+            running = False
+        if not running:
+            down.append(nic)
+    return tuple(down)
+
+
+def move_state(
+    outgoing: torch.Tensor,
+    incoming: torch.Tensor,
+    route: StateRoute,
+    *,
+    here: Sequence[str],
+    taker_nics: Sequence[str],
+    ifnames: Sequence[str],
+    timeout_s: float,
+    user_timeout_ms: int,
+) -> int:
+    """`outgoing` (host bytes) to `route.taker`, whose NICs' addresses are `taker_nics`, and
+    `incoming` filled from `route.giver`, within `timeout_s`; `here`: this host's NICs'
+    addresses (`ifnames`: their interfaces, whose link state says which are down). The NIC
+    that carried `outgoing`. `LinkFailure` (naming each NIC's error) if none did,
+    `TimeoutError` if the giver's state did not come."""
+    deadline = time.monotonic() + timeout_s
+    listeners = listen(list(here))
+    taking = _Taking(listeners, _bytes_of(incoming), route.giver, deadline)
+    try:
+        route.offer(StateOffer(listeners[0].getsockname()[1], nics_down(ifnames)))
+        taking.start()
+        offer = route.offer_of(deadline)
+        down = set(nics_down(ifnames)) | set(offer.nics_down)
+        order = [k for k in range(len(here)) if k not in down] + sorted(down)
+        nic = _give(_bytes_of(outgoing), route.taker, here, taker_nics, offer.port,
+                    order, deadline, user_timeout_ms)  # fmt: skip
+        taking.join(deadline)
+        return nic
+    finally:
+        taking.stop()
+        for listener in listeners:
+            listener.close()
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """A host tensor's bytes, in place."""
+    return memoryview(tensor.numpy()).cast("B")  # type: ignore[arg-type]
+
+
+def _give(
+    payload: memoryview,
+    taker: int,
+    here: Sequence[str],
+    taker_nics: Sequence[str],
+    port: int,
+    order: list[int],
+    deadline: float,
+    user_timeout_ms: int,
+) -> int:
+    """`payload` to the taker over the first NIC in `order` that carries it whole."""
+    errors: dict[int, OSError] = {}
+    for nic in order:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms)
+            sock.settimeout(max(min(CONNECT_TIMEOUT_S, deadline - time.monotonic()), 0.001))
+            sock.bind((here[nic], 0))
+            sock.connect((taker_nics[nic], port))
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.sendall(_LENGTH.pack(len(payload)))
+            sock.sendall(payload)
+            if sock.recv(1) != _ACK:
+                raise ConnectionError("the connection closed before the taker's ack")
+            return nic
+        except OSError as err:
+            errors[nic] = err
+        finally:
+            sock.close()
+    said = "; ".join(f"NIC {nic}: {err or type(err).__name__}" for nic, err in errors.items())
+    raise LinkFailure(f"no NIC carried the model state to rank {taker} ({said})")
+
+
+class _Taking:
+    """The thread that takes the giver's state into `target`: it accepts on every listener and
+    reads the newest connection (an older one's sender has given it up)."""
+
+    def __init__(
+        self, listeners: list[socket.socket], target: memoryview, giver: int, deadline: float
+    ) -> None:
+        self._listeners, self._target, self._giver = listeners, target, giver
+        self._deadline = deadline
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._taken = False
+        self._thread = threading.Thread(target=self._run, name="state-taker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, deadline: float) -> None:
+        """Wait for the whole state; its error if it failed."""
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        if self._error is not None:
+            raise self._error
+        if not self._taken:
+            raise TimeoutError(f"the model state from rank {self._giver} did not come in time")
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(1.0)
+
+    def _run(self) -> None:
+        try:
+            self._take()
+        except BaseException as err:  # the trainer's thread raises it (`join`)
+            self._error = err
+
+    def _take(self) -> None:
+        conn: socket.socket | None = None
+        try:
+            with selectors.DefaultSelector() as selector:
+                for listener in self._listeners:
+                    selector.register(listener, selectors.EVENT_READ)
+                header, got = b"", 0
+                while not self._stopped.is_set():
+                    left_s = self._deadline - time.monotonic()
+                    if left_s <= 0:
+                        return  # `join` says it timed out
+                    for key, _ in selector.select(min(left_s, 0.1)):
+                        if key.fileobj is not conn:  # a listener: a newer connection
+                            if conn is not None:
+                                selector.unregister(conn)
+                                conn.close()
+                            conn, _ = typing.cast(socket.socket, key.fileobj).accept()
+                            header, got = b"", 0
+                            conn.setblocking(False)
+                            selector.register(conn, selectors.EVENT_READ)
+                            continue
+                        try:
+                            if len(header) < _LENGTH.size:
+                                data = conn.recv(_LENGTH.size - len(header))
+                                num_read = len(data)
+                                header += data
+                                if len(header) == _LENGTH.size:
+                                    self._check_size(_LENGTH.unpack(header)[0])
+                            else:
+                                num_read = conn.recv_into(self._target[got:])
+                                got += num_read
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError:
+                            num_read = 0  # broken: its sender tries another NIC
+                        if num_read == 0:  # closed before the end
+                            selector.unregister(conn)
+                            conn.close()
+                            conn = None
+                        elif len(header) == _LENGTH.size and got == len(self._target):
+                            conn.setblocking(True)
+                            with contextlib.suppress(OSError):  # its sender gave up meanwhile
+                                conn.sendall(_ACK)
+                            self._taken = True
+                            return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _check_size(self, size: int) -> None:
+        if size != len(self._target):
+            raise ValueError(
+                f"rank {self._giver} sent {size} bytes of model state, where this "
+                f"position's are {len(self._target)}"
+            )

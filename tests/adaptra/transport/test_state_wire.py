@@ -1,0 +1,140 @@
+"""A rank swap's model state between two movers over a NIC of their own choosing (two threads
+on loopback addresses standing for two hosts' NICs)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from adaptra.transport.state_wire import move_state, nics_down
+from pipeline.errors import LinkFailure
+from pipeline.runtime.transport import StateOffer, StateRoute
+
+HOSTS = {0: ("127.0.0.11", "127.0.0.12"), 1: ("127.0.0.21", "127.0.0.22")}
+"""Each mover's two NICs' addresses."""
+
+
+class _Board:
+    """The slot folder's offer files, in memory: one offer per (giver, taker)."""
+
+    def __init__(self) -> None:
+        self._offers: dict[tuple[int, int], StateOffer] = {}
+        self._changed = threading.Condition()
+
+    def route(self, rank: int, down: tuple[int, ...] = ()) -> StateRoute:
+        peer = 1 - rank
+
+        def offer(mine: StateOffer) -> None:
+            with self._changed:
+                self._offers[(peer, rank)] = mine._replace(nics_down=down)
+                self._changed.notify_all()
+
+        def offer_of(deadline: float) -> StateOffer:
+            with self._changed:
+                assert self._changed.wait_for(lambda: (rank, peer) in self._offers, 30)
+                return self._offers.pop((rank, peer))
+
+        return StateRoute(peer, peer, offer, offer_of)
+
+
+def _swap(
+    sizes: tuple[int, int],
+    *,
+    seen_nics: dict[int, tuple[str, str]] | None = None,
+    down: dict[int, tuple[int, ...]] | None = None,
+    timeout_s: float = 30.0,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[object]]:
+    """Two movers trade states of `sizes` bytes at once (`seen_nics`: the addresses each
+    mover dials for the other's NICs; `down`: the NICs each offers as down). What each sent,
+    what each took, and what each `move_state` returned or raised."""
+    board = _Board()
+    generator = torch.Generator().manual_seed(7)
+    sent = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=generator) for n in sizes]
+    taken = [torch.zeros(sizes[1 - rank], dtype=torch.uint8) for rank in (0, 1)]
+    outcome: list[object] = [None, None]
+    dialled = seen_nics or HOSTS
+
+    def mover(rank: int) -> None:
+        try:
+            outcome[rank] = move_state(
+                sent[rank], taken[rank], board.route(rank, (down or {}).get(rank, ())),
+                here=HOSTS[rank], taker_nics=dialled[1 - rank], ifnames=("", ""),
+                timeout_s=timeout_s, user_timeout_ms=2000,
+            )  # fmt: skip
+        except Exception as err:
+            outcome[rank] = err
+
+    threads = [threading.Thread(target=mover, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return sent, taken, outcome
+
+
+def test_each_mover_takes_the_other_s_state_whole_over_the_first_nic() -> None:
+    sent, taken, outcome = _swap((3 << 20, 1 << 20))  # more than a socket buffer each way
+    assert outcome == [0, 0]
+    assert torch.equal(taken[0], sent[1]) and torch.equal(taken[1], sent[0])
+
+
+def test_a_nic_down_at_the_taker_s_end_sends_over_the_next() -> None:
+    sent, taken, outcome = _swap((4096, 4096), down={1: (0,)})
+    assert outcome == [1, 0]  # mover 0 sends to mover 1, whose NIC 0 is down
+    assert torch.equal(taken[1], sent[0])
+
+
+def test_a_nic_that_does_not_connect_is_passed_over() -> None:
+    unreachable = {0: HOSTS[0], 1: ("127.0.0.29", HOSTS[1][1])}  # nothing listens there
+    sent, taken, outcome = _swap((4096, 4096), seen_nics=unreachable)
+    assert outcome == [1, 0]
+    assert torch.equal(taken[1], sent[0]) and torch.equal(taken[0], sent[1])
+
+
+def test_no_nic_left_is_a_link_failure_naming_each_nic_s_error() -> None:
+    nowhere = {0: HOSTS[0], 1: ("127.0.0.29", "127.0.0.28")}
+    _, _, outcome = _swap((4096, 4096), seen_nics=nowhere, timeout_s=2.0)
+    assert isinstance(outcome[0], LinkFailure)
+    assert str(outcome[0]).startswith("no NIC carried the model state to rank 1 (NIC 0: ")
+    assert "; NIC 1: " in str(outcome[0])
+    # Its state never came: the other mover, gone, reset its connection, or took its state
+    # and ended before sending its own.
+    assert isinstance(outcome[1], LinkFailure | TimeoutError)
+
+
+def test_a_state_of_another_size_is_refused() -> None:
+    board = _Board()
+    outcome: list[object] = [None, None]
+
+    def mover(rank: int, size: int, expected: int) -> None:
+        try:
+            outcome[rank] = move_state(
+                torch.zeros(size, dtype=torch.uint8), torch.zeros(expected, dtype=torch.uint8),
+                board.route(rank), here=HOSTS[rank], taker_nics=HOSTS[1 - rank],
+                ifnames=("", ""), timeout_s=5.0, user_timeout_ms=2000,
+            )  # fmt: skip
+        except Exception as err:
+            outcome[rank] = err
+
+    threads = [
+        threading.Thread(target=mover, args=(0, 100, 100)),
+        threading.Thread(target=mover, args=(1, 100, 99)),  # expects 99, is sent 100
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert isinstance(outcome[1], ValueError)
+    assert str(outcome[1]) == ("rank 0 sent 100 bytes of model state, where this position's are 99")
+
+
+def test_named_nics_that_do_not_exist_are_down_and_unnamed_ones_are_not() -> None:
+    assert nics_down(("", "lo", "no-such-nic0")) == (2,)
+
+
+@pytest.mark.parametrize("size", [0])
+def test_an_empty_state_is_acked_at_once(size: int) -> None:
+    _, taken, outcome = _swap((size, size))
+    assert outcome == [0, 0] and taken[0].numel() == 0
