@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -204,19 +205,33 @@ def _static_delays(profile: Profile) -> tuple[tuple[float, ...], dict[Link, floa
     return profile.delay_ms, dict(profile.dp_delay_ms)
 
 
+_GLOO_TEXT = re.compile(
+    r"\.cc:\d+\]|timed out|timeout|pair closure|connection (reset|closed|refused)", re.IGNORECASE
+)
+"""What gloo's own RuntimeErrors say ("[.../pair.cc:598] Connection reset by peer", "Timed out
+waiting 2000ms for recv", "Application timeout caused pair closure")."""
+
+
 def _gloo_gave_up(err: WorkerError) -> bool:
     """How a dead NIC or link shows in a worker: a wait or a send timed out (a TimeoutError:
     "Timed out waiting ...", "Application timeout caused pair closure"), or its connection
     broke (the transport's ConnectionError, "Connection reset by peer" in a send or a wait,
-    or gloo's bare RuntimeError from a call the transport does not wrap); a worker that died
-    without a word is a crash, not this, and so is any other exception."""
+    or gloo's bare RuntimeError, by its text, from a call the transport does not wrap); a
+    worker that died without a word is a crash, not this, and so is any other exception
+    (another RuntimeError too: a model's shape error is a bug, whatever the network did)."""
     if isinstance(err, WorkerTimeout):
         return True
     remote = err.remote
     return (
         isinstance(err, WorkerCrash)
         and remote is not None
-        and (remote.is_a(ConnectionError) or remote.type_name == "builtins.RuntimeError")
+        and (
+            remote.is_a(ConnectionError)
+            or (
+                remote.type_name == "builtins.RuntimeError"
+                and _GLOO_TEXT.search(remote.message) is not None
+            )
+        )
     )
 
 

@@ -267,8 +267,9 @@ def test_a_cap_on_a_link_the_profile_caps_holds_the_lower_rate_in_sim_and_networ
 
 def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
     """A timed-out wait or send, a connection the transport saw break (its ConnectionError,
-    chained from gloo's), or gloo's bare RuntimeError in a worker; a worker that died without
-    a word, or raised something else, is not a link failure."""
+    chained from gloo's), or gloo's bare RuntimeError (by its text) in a worker; a worker that
+    died without a word, or raised something else (a RuntimeError of the model's too), is not
+    a link failure."""
     bare = RemoteError.from_exception(
         RuntimeError("Application timeout caused pair closure"), rank=0, stage=0, replica=0
     )
@@ -283,11 +284,20 @@ def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
     except ConnectionError as err:
         sent = RemoteError.from_exception(err, rank=0, stage=0, replica=0, iteration=0, op="F0")
     bug = RemoteError.from_exception(KeyError("x"), rank=0, stage=0, replica=0)
+    shape = RemoteError.from_exception(
+        RuntimeError("shape '[2, 3]' is invalid for input of size 5"), rank=0, stage=0, replica=0
+    )
+    gloo_bare = RemoteError.from_exception(
+        RuntimeError("[../gloo/transport/tcp/pair.cc:598] Connection closed by peer"),
+        rank=0, stage=0, replica=0,
+    )  # fmt: skip
     assert _gloo_gave_up(WorkerTimeout("no answer", rank=1))
     assert _gloo_gave_up(worker_error(sent))  # a WorkerCrash naming the send
     assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=bare))
     assert not _gloo_gave_up(WorkerCrash("rank 0 exited with code -9", rank=0))
     assert not _gloo_gave_up(WorkerCrash("rank 0: KeyError", rank=0, remote=bug))
+    assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=gloo_bare))
+    assert not _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=shape))
 
 
 @pytest.mark.multiprocess
