@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.experiment import run_experiment
+from harness.spec import load_spec
 from pipeline.profile import Profile
 from pipeline.runtime.devices import choose_devices, describe_pool, num_visible_gpus
 from pipeline.runtime.megatron.model import get_preset
@@ -40,8 +42,10 @@ def test_the_same_model_trains_alike_at_any_stage_count(tmp_path: Path, fig4_pat
                 }
             )
         )
-        out = cli("run", "--spec", str(spec), "--out", str(tmp_path), "--run-id", f"s{stages}")
-        assert out.returncode == 0, out.stderr
+        # In this process: its workers' fork server has megatron-core imported already
+        # (conftest.py), where each CLI process's own server imported it again (3-4 s of CPU
+        # each); `run --spec` through the CLI is test_cli.py's, the fig4 run's below.
+        run_experiment(load_spec(spec), tmp_path / f"s{stages}", progress=lambda _: None)
         with (tmp_path / f"s{stages}" / "iterations.csv").open() as rows:
             for row in csv.DictReader(rows):
                 losses.setdefault(f"S={stages} {row['system']}", []).append(float(row["loss"]))

@@ -700,10 +700,14 @@ class _Stuck(EmulatedCompute):
         return None
 
 
-def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> None:
+def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """One stage alone (no neighbour's wait can time out first), its op stuck: the pool waits
-    twice the 0.5 s timeout plus 5 s, says so, what it waited for and what the worker said
-    it did last (its progress thread speaks while the op runs), and ends the worker."""
+    twice the 0.5 s timeout plus its grace (1 s here), says so, what it waited for and what
+    the worker said it did last (its progress thread speaks while the op runs), and ends the
+    worker."""
+    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 1.0)  # read by the pool, at its wait
     profile = Profile.uniform(1, 1, 1, 1, 1)
     with WorkerPool(1, compute_factory=_Stuck, timeout_s=0.5) as pool:
         pids = list(pool.pids)
@@ -711,8 +715,8 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for() -> N
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     message = re.sub(r"said \d+\.\d s before", "said N s before", str(info.value))
     assert message == (
-        "no progress from rank(s) [0] for 6 s during iteration 0 (2 x the workers' 0.5 s "
-        "wait for one message, plus 5 s): neither records, progress nor an error came from "
+        "no progress from rank(s) [0] for 2 s during iteration 0 (2 x the workers' 0.5 s "
+        "wait for one message, plus 1 s): neither records, progress nor an error came from "
         "them, and they did not exit; by their last word, rank 0 (stage 0): op F0, computing "
         "(said N s before)"
     )
@@ -736,12 +740,15 @@ def test_a_long_healthy_iteration_is_no_timeout() -> None:
     assert len(timeline.ops) == 2 * 2 * 102
 
 
-def test_a_rank_swap_s_rewiring_longer_than_the_pool_s_wait_is_no_timeout() -> None:
+def test_a_rank_swap_s_rewiring_longer_than_the_pool_s_wait_is_no_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The delegates' rewiring at a rank swap waits for the delegates' connections with limits
     of its own (a minute, however short the timeout: a loaded host's delegates may not run
-    for seconds), longer than the pool's wait for word (2 x 2 s + 5 s here): here it takes
+    for seconds), longer than the pool's wait for word (2 x 2 s + 1 s here): here it takes
     2 s longer than that, and the swap's iteration goes through, its messages carried by
     the rewired delegates (the two workers trade places: each re-points all of its own)."""
+    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", _SlowToRewire.grace_s)
     profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
     swapped = Topology(2).swapped(Position(0, 0), Position(1, 0))
     with WorkerPool(2, delegates=_SlowToRewire(), num_delegates=1, timeout_s=2.0) as pool:
@@ -765,7 +772,9 @@ class _SlowToRewire(Delegates):
     """Delegates whose rewiring at a rank swap first waits 2 s longer than the pool waits
     for word (`timeout_s` 2 s), as a loaded host's new delegates may take to start."""
 
-    extra_s: ClassVar[float] = BACKSTOP * 2.0 + 5.0 + 2.0
+    grace_s: ClassVar[float] = 1.0
+    """The pool's grace in the test (monkeypatched there; the delegates read only this)."""
+    extra_s: ClassVar[float] = BACKSTOP * 2.0 + grace_s + 2.0
 
     def connect(self, setup: DelegateSetup) -> DelegateTransport:
         return _SlowRewire(setup, self)
