@@ -81,7 +81,14 @@ Thresholds (`Thresholds`), and why:
   assumed, in two iterations in a row (the same link's; the controller's margin): smaller
   moves change Adaptra's schedule little, while each re-plan costs a search, and one
   iteration's spike (a fresh connection's first messages) is not a change, nor are spikes
-  on two links in turn.
+  on two links in turn;
+- a straggler for a rank swap (`Belief.outliers`): a slow link whose evidence reaches the
+  onset in the iteration itself (the hysteresis holds a link slow, not a swap's case) and
+  one of whose directions' lower quartile is 4 ms (`slow_direction_ms`) or more above the
+  median of its class's other links' medians in that iteration (every link alone in its
+  class): load slows a class's rings together, a slow link or host pair its own ring, and
+  at two chunks per ring direction the lower quartile is the smaller plus a quarter of the
+  gap, at the onset after one chunk late by 24 ms.
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
 direction, or every stage's DP ring whose chunks are in one size class) leave their class
@@ -217,6 +224,11 @@ class Belief:
     as pipeline.topology names them ("1-2"), DP ring links too ("dp0:0-1")."""
     slow: frozenset[str]
     """The links it calls slow."""
+    outliers: frozenset[str] = frozenset()
+    """The slow links that this iteration's messages alone call slow (their evidence at the
+    onset, not held slow by the hysteresis) and that stand out from the other links of their
+    class in it (`LinkDetector._standing_out`): what a rank swap takes as a straggler
+    (adaptra.control.swaps). Load, which slows a class's rings together, is not that."""
 
     @property
     def detected_ms(self) -> dict[str, float]:
@@ -342,8 +354,36 @@ class LinkDetector:
                 self._slow.add(link)
             elif extra_ms < recovery:
                 self._slow.discard(link)
-        self.belief = Belief(iteration, extra, frozenset(self._slow & set(extra)))
+        fresh = {link for link, evidence_ms in evidence.items() if evidence_ms >= onset}
+        outliers = frozenset(fresh) & self._standing_out(directions)
+        self.belief = Belief(iteration, extra, frozenset(self._slow & set(extra)), outliers)
         return self.belief
+
+    def _standing_out(self, directions: Directions) -> frozenset[str]:
+        """The links one of whose directions' lower quartile is `slow_direction_ms` or more
+        above the median of the other links' directions' medians in its class now (every
+        link alone in its class). Measured against the least median ever seen (the floor),
+        the rings of a loaded host reach the onset together, iteration after iteration; a
+        slow link or host pair slows its own ring. Not by the onset: in the simulator a 10 ms
+        fault on one of four rings of 8 MB chunks, whose healthy rings lag apart by their
+        concurrency, is 4.5 ms above them."""
+        size_class = {is_pp: size_classes(sizes) for is_pp, sizes in self._sizes.items()}
+        by_class: dict[FloorClass, list[tuple[str, DirectionTimes]]] = {}
+        for (link, _, _), times in directions.items():
+            is_pp = link in self._pp_expected_ms
+            of = (is_pp, times.delegated, size_class[is_pp][times.num_bytes])
+            by_class.setdefault(of, []).append((link, times))
+        margin_ms = self.thresholds.slow_direction_ms
+        out = set()
+        for members in by_class.values():
+            for link, times in members:
+                others_ms = [t.median_ms for other, t in members if other != link]
+                if (
+                    not others_ms
+                    or times.lower_quartile_ms - statistics.median(others_ms) >= margin_ms
+                ):
+                    out.add(link)
+        return frozenset(out)
 
     def _raise_dp_floors(
         self, directions: Directions, floors_ms: Mapping[tuple[str, Direction, int], float]

@@ -7,9 +7,13 @@ next iteration runs a placement where those two hosts are PP neighbours instead
 (`Topology.dp_pair_onto_pp`, the rank swap both Adaptra and Falcon use): the slow pair then
 carries a PP link of the lower replica, which the detector sees slow from the iteration
 after, and the controller plans for like any slow PP link. A swap moves model state, so it
-waits for the same DP link to be the slowest believed in two iterations in a row (one
+waits for the same DP link to be the slowest straggler in two iterations in a row (one
 iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
-under a new placement, does not move anything); at most one swap per iteration; the
+under a new placement, does not move anything): a link that iteration's own evidence calls
+slow, standing out from the other links of its class (`Belief.outliers`; a link slow by the
+detector's hysteresis alone, or with every ring of a loaded host, is none: one chunk of two
+late by 24 ms or more, then an ordinary iteration that the hysteresis held slow, swapped a
+healthy ring; benchmarks/bench_false_swaps.py); at most one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
 gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
 hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
@@ -106,7 +110,7 @@ class DpSwaps:
         """The placement the next iteration runs."""
         self.num_swaps = 0
         self._slowest: Link | None = None
-        """The slowest DP link of the last belief (under the placement in force)."""
+        """The slowest DP straggler of the last belief (under the placement in force)."""
         self._moved: set[Link] = set()
         """The DP links swapped onto PP edges so far (never again)."""
         self._moved_hosts: set[int] = set()
@@ -134,7 +138,7 @@ class DpSwaps:
             return
         movable = [
             link
-            for link in map(Link.parse, belief.slow)
+            for link in map(Link.parse, belief.outliers)
             if link.kind is LinkKind.DP
             and link not in self._moved
             # (a slowness on a moved host is not its pair's)

@@ -8,15 +8,17 @@ import statistics
 
 import pytest
 
-from adaptra.control import Belief, DelegatingController, DetectingController
+from adaptra.control import Belief, DelegatingController, DetectingController, LinkDetector
+from adaptra.control.detector import DirectionTimes
 from adaptra.control.swaps import DpSwaps, wall_ms
 from baselines.falcon import FalconController
 from harness.policies import system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
 from pipeline.cost_model import MODELS, model_cost
+from pipeline.link_terms import NO_LINK_TERMS
 from pipeline.profile import Profile
-from pipeline.topology import Link, Position, Topology
+from pipeline.topology import Direction, Link, Position, Topology
 
 _FOUR_BY_TWO = Profile.uniform(
     4, 8, 2, 2, 2, message_bytes=4096, num_delegates=3, num_replicas=2,
@@ -26,7 +28,8 @@ _FOUR_BY_TWO = Profile.uniform(
 
 
 def _belief(extra_ms: dict[str, float], slow: set[str]) -> Belief:
-    return Belief(0, extra_ms, frozenset(slow))
+    """A belief whose slow links are slow on the iteration's own evidence, standing out."""
+    return Belief(0, extra_ms, frozenset(slow), frozenset(slow))
 
 
 def test_the_slowest_dp_link_believed_twice_in_a_row_becomes_a_pp_edge() -> None:
@@ -281,3 +284,63 @@ def test_a_slow_nic_moved_once_leaves_room_for_another_slow_dp_link() -> None:
         assert (controller.swaps.num_swaps, controller.swaps.num_undone) == (2, 0), system
         assert round(run.wall_times_ms[8]) == one_swap_ms  # under the first swap alone
         assert run.wall_times_ms[-1] < 0.9 * one_swap_ms, (system, run.wall_times_ms)
+
+
+_TWO_MIB = 2 << 20
+
+
+def _ring_times(
+    chunks_ms: dict[tuple[str, Direction], list[float]], default_ms: list[float]
+) -> dict[tuple[str, Direction, int], DirectionTimes]:
+    """PP 4 x DP 2's ring link directions in an iteration, two 2 MiB chunks each: their
+    times over the link model (`chunks_ms` by link and direction, else `default_ms`)."""
+    out = {}
+    for stage in range(4):
+        link = f"dp{stage}:0-1"
+        for direction, replica in ((Direction.FORWARD, 0), (Direction.BACKWARD, 1)):
+            times = chunks_ms.get((link, direction), default_ms)
+            out[link, direction, replica] = DirectionTimes.of(
+                times, [_TWO_MIB] * len(times), delegated=False
+            )
+    return out
+
+
+def _swaps_after(iterations: list[dict[tuple[str, Direction, int], DirectionTimes]]) -> int:
+    """The swaps `DpSwaps` makes on the detector's beliefs of these iterations."""
+    profile = Profile.uniform(
+        4, 8, 5, 5, 5, message_bytes=1 << 20, num_replicas=2, allreduce_bytes=4 << 20
+    )
+    detector = LinkDetector(profile, link_terms=NO_LINK_TERMS)
+    swaps = DpSwaps(profile.topology)
+    for iteration, directions in enumerate(iterations):
+        swaps.update(detector.believe(iteration, directions), 200.0)
+    return swaps.num_swaps
+
+
+LATE = ("dp1:0-1", Direction.BACKWARD)
+
+
+def test_one_late_chunk_then_the_hysteresis_is_no_dp_straggler() -> None:
+    """One of a direction's two chunks 38 ms late (a loaded host) puts its lower quartile, the
+    smaller plus a quarter of the gap, at the onset; in the next iteration, an ordinary loaded
+    one, the link is slow by the hysteresis alone (lower quartile 5.75 ms, median 6 ms over a
+    2 ms floor). The swap took those for two beliefs in a row and moved a healthy link (2 of 8
+    fault-free emulated runs under load did); it now needs each iteration's own evidence."""
+    quiet = _ring_times({}, [2.0, 2.0])
+    spike = _ring_times({LATE: [2.0, 40.0]}, [2.0, 2.0])
+    loaded = _ring_times({LATE: [7.5, 8.5]}, [4.0, 5.0])
+    assert _swaps_after([quiet, spike, loaded]) == 0
+    late = _ring_times({LATE: [20.0, 21.0]}, [3.0, 4.0])  # a slow link, twice
+    assert _swaps_after([quiet, late, late]) == 1
+
+
+def test_rings_that_a_load_slows_together_are_no_dp_straggler() -> None:
+    """Every ring's one direction 8.5-10.5 ms over the floor for two iterations (its other
+    direction not: the floor stays): every link is slow, none stands out from the others,
+    and nothing is swapped; the same on one ring alone is a straggler."""
+    quiet = _ring_times({}, [2.0, 2.0])
+    ways = {(f"dp{stage}:0-1", Direction.BACKWARD): [10.0, 12.0] for stage in range(4)}
+    together = _ring_times(ways, [2.0, 3.0])
+    assert _swaps_after([quiet, together, together]) == 0
+    alone = _ring_times({LATE: [10.0, 12.0]}, [2.0, 3.0])
+    assert _swaps_after([quiet, alone, alone]) == 1
