@@ -14,12 +14,11 @@ one-off transfer, the iteration's first work, has no compute to overlap."""
 from __future__ import annotations
 
 import contextlib
-import selectors
+import select
 import socket
 import struct
 import threading
 import time
-import typing
 from collections.abc import Sequence
 
 import torch
@@ -34,6 +33,9 @@ _LENGTH = struct.Struct("<q")
 """On the wire before the state's bytes: how many there are."""
 _ACK = b"\x06"
 """The taker's word that every byte is in."""
+_LOOK_S = 0.1
+"""How long the taker waits on a read (or, with no connection, for one) before it looks for
+a newer connection and at its deadline."""
 
 
 def nics_down(ifnames: Sequence[str]) -> tuple[int, ...]:
@@ -162,49 +164,45 @@ class _Taking:
 
     def _take(self) -> None:
         conn: socket.socket | None = None
+        header, got = b"", 0
         try:
-            with selectors.DefaultSelector() as selector:
-                for listener in self._listeners:
-                    selector.register(listener, selectors.EVENT_READ)
-                header, got = b"", 0
-                while not self._stopped.is_set():
-                    left_s = self._deadline - time.monotonic()
-                    if left_s <= 0:
-                        return  # `join` says it timed out
-                    for key, _ in selector.select(min(left_s, 0.1)):
-                        if key.fileobj is not conn:  # a listener: a newer connection
-                            if conn is not None:
-                                selector.unregister(conn)
-                                conn.close()
-                            conn, _ = typing.cast(socket.socket, key.fileobj).accept()
-                            header, got = b"", 0
-                            conn.setblocking(False)
-                            selector.register(conn, selectors.EVENT_READ)
-                            continue
-                        try:
-                            if len(header) < _LENGTH.size:
-                                data = conn.recv(_LENGTH.size - len(header))
-                                num_read = len(data)
-                                header += data
-                                if len(header) == _LENGTH.size:
-                                    self._check_size(_LENGTH.unpack(header)[0])
-                            else:
-                                num_read = conn.recv_into(self._target[got:])
-                                got += num_read
-                        except (BlockingIOError, InterruptedError):
-                            continue
-                        except OSError:
-                            num_read = 0  # broken: its sender tries another NIC
-                        if num_read == 0:  # closed before the end
-                            selector.unregister(conn)
-                            conn.close()
-                            conn = None
-                        elif len(header) == _LENGTH.size and got == len(self._target):
-                            conn.setblocking(True)
-                            with contextlib.suppress(OSError):  # its sender gave up meanwhile
-                                conn.sendall(_ACK)
-                            self._taken = True
-                            return
+            while not self._stopped.is_set():
+                left_s = self._deadline - time.monotonic()
+                if left_s <= 0:
+                    return  # `join` says it timed out
+                # A newer connection replaces the one read (its sender gave that one up).
+                wait_s = 0.0 if conn is not None else min(left_s, _LOOK_S)
+                ready, _, _ = select.select(self._listeners, [], [], wait_s)
+                if ready:
+                    if conn is not None:
+                        conn.close()
+                    conn, _ = ready[0].accept()
+                    conn.settimeout(_LOOK_S)
+                    header, got = b"", 0
+                if conn is None:
+                    continue
+                try:
+                    if len(header) < _LENGTH.size:
+                        data = conn.recv(_LENGTH.size - len(header))
+                        num_read = len(data)
+                        header += data
+                        if len(header) == _LENGTH.size:
+                            self._check_size(_LENGTH.unpack(header)[0])
+                    else:
+                        num_read = conn.recv_into(self._target[got:])
+                        got += num_read
+                except TimeoutError:
+                    continue  # nothing for a while: look for a newer connection
+                except OSError:
+                    num_read = 0  # broken: its sender tries another NIC
+                if num_read == 0:  # closed before the end
+                    conn.close()
+                    conn = None
+                elif len(header) == _LENGTH.size and got == len(self._target):
+                    with contextlib.suppress(OSError):  # its sender gave up meanwhile
+                        conn.sendall(_ACK)
+                    self._taken = True
+                    return
         finally:
             if conn is not None:
                 conn.close()
