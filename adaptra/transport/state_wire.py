@@ -5,15 +5,18 @@ waited there for the whole timeout and restarted, although its delegates had fai
 
 Each mover sends one state and takes one: it listens on each of its NICs (one port) and offers
 that port with its NICs down (`StateRoute.offer`), connects to its taker over the first NIC up
-at both ends, sends the length and the bytes and waits for the taker's one-byte ack, while a
-thread of its own takes its giver's state. A connection that breaks (a NIC going down
+at both ends, sends the length and the bytes and waits until the taker's host has
+acknowledged every byte (TCP's acks: a word of the taker's own could be lost with a NIC going
+down once the state was in, and its giver waited for the whole timeout), while a thread of
+its own takes its giver's state. A connection that breaks (a NIC going down
 mid-way: a reset, or TCP's user timeout) is given up and the next NIC tried from the first
 byte; the taker drops a connection a newer one replaces. No delegate process carries it: a
 one-off transfer, the iteration's first work, has no compute to overlap."""
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
+import os
 import select
 import socket
 import struct
@@ -31,8 +34,10 @@ __all__ = ["move_state", "nics_down"]
 
 _LENGTH = struct.Struct("<q")
 """On the wire before the state's bytes: how many there are."""
-_ACK = b"\x06"
-"""The taker's word that every byte is in."""
+_SIOCOUTQ = 0x5411
+"""linux/sockios.h: a TCP socket's bytes not yet acknowledged (sent or not)."""
+_ACKED_POLL_S = 0.001
+"""How often a giver looks whether its last bytes are acknowledged."""
 _LOOK_S = 0.1
 """How long the taker waits on a read (or, with no connection, for one) before it looks for
 a newer connection and at its deadline."""
@@ -116,8 +121,7 @@ def _give(
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
             sock.sendall(_LENGTH.pack(len(payload)))
             sock.sendall(payload)
-            if sock.recv(1) != _ACK:
-                raise ConnectionError("the connection closed before the taker's ack")
+            _wait_acked(sock, deadline)
             return nic
         except OSError as err:
             errors[nic] = err
@@ -125,6 +129,22 @@ def _give(
             sock.close()
     said = "; ".join(f"NIC {nic}: {err or type(err).__name__}" for nic, err in errors.items())
     raise LinkFailure(f"no NIC carried the model state to rank {taker} ({said})")
+
+
+def _wait_acked(sock: socket.socket, deadline: float) -> None:
+    """Until the far host has acknowledged every byte sent on `sock` (its taker then reads
+    them, whatever its NICs do next); the connection's error if it broke (a reset, or TCP's
+    user timeout: bytes unacknowledged that long), `TimeoutError` at `deadline`."""
+    while True:
+        (unacked,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, bytes(4)))
+        if not unacked:
+            return
+        error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if error:
+            raise OSError(error, os.strerror(error))
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{unacked} bytes of the state unacknowledged at the deadline")
+        time.sleep(_ACKED_POLL_S)
 
 
 class _Taking:
@@ -199,8 +219,6 @@ class _Taking:
                     conn.close()
                     conn = None
                 elif len(header) == _LENGTH.size and got == len(self._target):
-                    with contextlib.suppress(OSError):  # its sender gave up meanwhile
-                        conn.sendall(_ACK)
                     self._taken = True
                     return
         finally:

@@ -288,7 +288,11 @@ def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
         RuntimeError("shape '[2, 3]' is invalid for input of size 5"), rank=0, stage=0, replica=0
     )
     gloo_bare = RemoteError.from_exception(
-        RuntimeError("[../gloo/transport/tcp/pair.cc:598] Connection closed by peer"),
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed"),
+        rank=0, stage=0, replica=0,
+    )  # fmt: skip
+    disk_full = RemoteError.from_exception(
+        RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed"),
         rank=0, stage=0, replica=0,
     )  # fmt: skip
     assert _gloo_gave_up(WorkerTimeout("no answer", rank=1))
@@ -298,6 +302,7 @@ def test_what_counts_as_gloo_giving_up_on_a_dead_nic() -> None:
     assert not _gloo_gave_up(WorkerCrash("rank 0: KeyError", rank=0, remote=bug))
     assert _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=gloo_bare))
     assert not _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=shape))
+    assert not _gloo_gave_up(WorkerCrash("rank 0: RuntimeError", rank=0, remote=disk_full))
 
 
 @pytest.mark.multiprocess

@@ -344,3 +344,19 @@ def test_rings_that_a_load_slows_together_are_no_dp_straggler() -> None:
     assert _swaps_after([quiet, together, together]) == 0
     alone = _ring_times({LATE: [10.0, 12.0]}, [2.0, 3.0])
     assert _swaps_after([quiet, alone, alone]) == 1
+
+
+def test_a_fault_on_most_of_a_class_s_rings_is_swapped_ring_by_ring() -> None:
+    """Fig. 18's 7B (DP 2 x PP 4), 20 ms on three of the four rings (one size class) from
+    measured iteration 1: each slow ring stands out against the healthy one (against the
+    median of the others, itself a slow ring, none did: no swap, 2412 ms a step to the end),
+    and each is moved in turn, for good: the steps of one slow ring swapped, 530 ms."""
+    profile = model_cost(MODELS["gpt2-7b-dp2"]).profile
+    faults = parse_yaml(
+        '[{start_iteration: 1, links: ["dp0:0-1", "dp1:0-1", "dp2:0-1"], delay_ms: 20}]'
+    )
+    controller = system_controller("adaptra", profile, faults)
+    run = run_configuration(controller, num_iterations=20, faults=faults)
+    assert (controller.swaps.num_swaps, controller.swaps.num_undone) == (3, 0)
+    assert run.wall_times_ms[1] > 4 * run.wall_times_ms[-1]
+    assert run.wall_times_ms[-1] == pytest.approx(530, abs=1)

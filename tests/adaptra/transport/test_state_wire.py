@@ -3,12 +3,16 @@ on loopback addresses standing for two hosts' NICs)."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import threading
+import time
 
 import pytest
 import torch
 
-from adaptra.transport.state_wire import move_state, nics_down
+from adaptra.transport.delegate import listen
+from adaptra.transport.state_wire import _give, _Taking, move_state, nics_down
 from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import StateOffer, StateRoute
 
@@ -138,3 +142,53 @@ def test_named_nics_that_do_not_exist_are_down_and_unnamed_ones_are_not() -> Non
 def test_an_empty_state_is_acked_at_once(size: int) -> None:
     _, taken, outcome = _swap((size, size))
     assert outcome == [0, 0] and taken[0].numel() == 0
+
+
+def test_a_giver_is_done_once_the_taker_s_host_has_every_byte() -> None:
+    """The taker's host takes every byte and its taker says nothing (a word back could be
+    lost with a NIC going down once the state is in: the giver waited for the whole timeout
+    and failed the swap). TCP's acks are the giver's word: it is done."""
+    (listener,) = listen([HOSTS[1][0]])
+    with listener:
+        payload = bytes(range(256)) * 64
+        done: list[object] = []
+        port, deadline = listener.getsockname()[1], time.monotonic() + 5.0
+
+        def give_state() -> None:
+            nic = _give(memoryview(payload), 1, HOSTS[0], HOSTS[1], port, [0], deadline, 2000)
+            done.append(nic)
+
+        give = threading.Thread(target=give_state)
+        give.start()
+        conn, _ = listener.accept()
+        with conn:
+            received = b""
+            while len(received) < 8 + len(payload):
+                received += conn.recv(1 << 16)
+            give.join(30)
+            assert done == [0]  # without a word from the far end
+    assert received[8:] == payload
+
+
+def test_a_connection_broken_mid_state_is_taken_again_whole_from_the_first_byte() -> None:
+    """A giver's first connection breaks after part of the state (its NIC went down); it
+    sends the whole state again over the next NIC. The taker drops what the first brought
+    and takes the second's from its first byte."""
+    listeners = listen(list(HOSTS[1]))
+    target = torch.zeros(1 << 16, dtype=torch.uint8)
+    state = torch.randint(0, 256, (1 << 16,), dtype=torch.uint8, generator=torch.Generator())
+    taking = _Taking(listeners, memoryview(target.numpy()), 0, time.monotonic() + 30.0)
+    taking.start()
+    try:
+        port = listeners[0].getsockname()[1]
+        with socket.create_connection((HOSTS[1][0], port)) as first:
+            first.sendall(struct.pack("<q", state.numel()) + bytes(20000))  # zeros, cut short
+            first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        assert _give(memoryview(state.numpy()), 1, HOSTS[0], HOSTS[1], port, [1],
+                     time.monotonic() + 30.0, 2000) == 1  # fmt: skip
+        taking.join(time.monotonic() + 30.0)
+    finally:
+        taking.stop()
+        for listener in listeners:
+            listener.close()
+    assert torch.equal(target, state)
