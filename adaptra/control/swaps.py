@@ -9,11 +9,11 @@ carries a PP link of the lower replica, which the detector sees slow from the it
 after, and the controller plans for like any slow PP link. A swap moves model state, so it
 waits for the same DP link to be the slowest straggler in two iterations in a row (one
 iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
-under a new placement, does not move anything): a link that iteration's own evidence calls
-slow, standing out from the other links of its class (`Belief.outliers`; a link slow by the
-detector's hysteresis alone, or with every ring of a loaded host, is none: one chunk of two
-late by 24 ms or more, then an ordinary iteration that the hysteresis held slow, swapped a
-healthy ring; benchmarks/bench_false_swaps.py); at most one swap per iteration; the
+under a new placement, does not move anything): a slow link standing out from the other
+links of its class (`Belief.outliers`; one slow with every ring of a loaded host is none:
+one chunk of two late by 24 ms or more, then an ordinary iteration that the detector's
+hysteresis held slow, swapped a healthy ring; benchmarks/bench_false_swaps.py); at most
+one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
 gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
 hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
