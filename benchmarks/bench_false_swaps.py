@@ -18,6 +18,7 @@ import argparse
 from harness.policies import system_controller
 from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import parse_yaml
+from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
 from pipeline.signals import run_script
 
@@ -37,7 +38,7 @@ def main() -> None:
     swapped = {"fault-free": 0, "straggler": 0}
     with RuntimeEngines() as engines:
         for k in range(args.runs):
-            for kind, faults in (("fault-free", None), ("straggler", STRAGGLER)):
+            for kind, faults in (("fault-free", NO_FAULTS), ("straggler", STRAGGLER)):
                 controller = system_controller(
                     args.system, PROFILE, link_terms=link_terms("emulated", "hook")
                 )
@@ -47,7 +48,7 @@ def main() -> None:
                     num_iterations=10,
                     engines=engines,
                     delegated=True,
-                    **({} if faults is None else {"faults": faults}),
+                    faults=faults,
                 )
                 moved = result.num_moved_workers
                 swapped[kind] += any(moved)

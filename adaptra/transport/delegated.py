@@ -146,9 +146,13 @@ class Delegates:
     def notice_address(self, rank: int) -> str:
         return self.notice_addresses[rank] if self.notice_addresses else ""
 
+    def nic_ifnames(self) -> tuple[str, ...]:
+        """The NICs' interface names, one per NIC ("" for each where none is watched)."""
+        return self.ifnames or tuple("" for _ in self.nics(0))
+
     def ifname_list(self) -> str:
-        """The NICs' interface names as the delegates take them (one per NIC, maybe "")."""
-        return ",".join(self.ifnames or ["" for _ in self.nics(0)])
+        """The NICs' interface names as the delegates take them (comma-separated)."""
+        return ",".join(self.nic_ifnames())
 
     def connect(self, setup: DelegateSetup) -> DelegateTransport:
         return DelegateTransport(setup, self)
@@ -858,7 +862,7 @@ class DelegateTransport:
             route,
             here=delegates.nics(self._rank),
             taker_nics=delegates.nics(route.taker),
-            ifnames=delegates.ifname_list().split(","),
+            ifnames=delegates.nic_ifnames(),
             timeout_s=self.timeout_s,
             user_timeout_ms=delegates.timeout_ms,
         )
