@@ -23,7 +23,7 @@ import tempfile
 import time
 from typing import IO
 
-from pipeline.signals import run_script
+from pipeline.signals import held_signals, run_script
 
 _SPIN = "while True: pass"
 _GRACE_S = 30.0
@@ -34,11 +34,16 @@ def _run(command: list[str], stdout: IO[bytes], stderr: IO[bytes]) -> int:
     """`command`'s exit status. It runs in a process group of its own, and this script
     passes its stop on to that group, once: a Ctrl-C (or any SIGINT) as SIGINT, which pytest
     answers with its teardown, SIGTERM and SIGHUP as SIGTERM; then `_GRACE_S` for it to end,
-    then SIGKILL."""
-    process = subprocess.Popen(command, stdout=stdout, stderr=stderr, process_group=0)
+    then SIGKILL. A stop that comes while the command starts is held until it has a handle
+    (it came before `Popen` returned, and the command, in a group of its own, went untold)."""
+    process: subprocess.Popen[bytes] | None = None
     try:
+        with held_signals():
+            process = subprocess.Popen(command, stdout=stdout, stderr=stderr, process_group=0)
         return process.wait()
     except BaseException as err:
+        if process is None:
+            raise
         stop = signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, stop)

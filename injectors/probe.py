@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 from injectors.testbed import Testbed
+from pipeline.signals import held_signals
 
 __all__ = ["measure"]
 
@@ -49,12 +50,14 @@ def measure(
 ) -> float:
     """Median RTT in ms ("rtt") or throughput in Mbit/s (a count of MiB) from src to dst."""
     address = bed.address(dst, plane)
-    server = subprocess.Popen(
-        [*bed.exec_prefix(dst), *_ISOLATED, _SERVER, address],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    server: subprocess.Popen[str] | None = None
     try:
+        with held_signals():  # a server started is a server recorded (the end stops it)
+            server = subprocess.Popen(
+                [*bed.exec_prefix(dst), *_ISOLATED, _SERVER, address],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
         if server.stdout is None or server.stdout.readline().strip() != "ready":
             raise ConnectionError(f"the probe server on host {dst} did not start")
         out = subprocess.run(
@@ -68,5 +71,6 @@ def measure(
             raise ConnectionError(f"the probe client on host {src}: {said[-1]}")
         return float(out.stdout)
     finally:
-        server.kill()
-        server.wait()
+        if server is not None:
+            server.kill()
+            server.wait()

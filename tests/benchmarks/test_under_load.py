@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import ROOT, load_script
 
 
 def test_a_run_ends_with_its_command_not_with_a_child_it_left_behind(tmp_path: Path) -> None:
@@ -97,3 +98,41 @@ def test_a_stopped_run_lets_its_command_end_by_itself(tmp_path: Path, stop: str)
         for fd in (terminal, its_side):
             if fd >= 0:
                 os.close(fd)
+
+
+def test_a_stop_as_the_command_starts_is_passed_on_once_it_has_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that comes after the command has started but before `Popen` has returned
+    (a loaded host can leave the script unscheduled that long): the script passes it on to
+    the command's group, once, and ends by it. (It ended at once, and the command, in a
+    group of its own, was left running untold: a CI run saw that.)"""
+    under_load = load_script("under_load")
+    ready, ended = tmp_path / "ready", tmp_path / "ended"
+    started: list[subprocess.Popen[bytes]] = []
+
+    class StoppedAsItStarts(subprocess.Popen[bytes]):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[call-overload]
+            started.append(self)
+            deadline = time.monotonic() + 60  # start-up under load: a hang bound
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            signal.raise_signal(signal.SIGINT)  # Python's default handler: KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", StoppedAsItStarts)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # xdist's may differ
+    trap = f"trap 'echo $$ >> {ended}; exit 1' INT TERM"
+    try:
+        with pytest.raises(KeyboardInterrupt), tempfile.TemporaryFile() as out:
+            under_load._run(
+                ["sh", "-c", f"{trap}; echo $$ > {ready}; while :; do sleep 0.1; done"], out, out
+            )
+        assert ended.read_text() == ready.read_text()  # the command took the stop, once
+        assert started[0].returncode == 1  # and ended by its own handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for command in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(command.pid, signal.SIGKILL)
+            command.wait()
