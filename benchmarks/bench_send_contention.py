@@ -57,7 +57,7 @@ def send_samples(timeline: Timeline) -> list[SendSample]:
             if other is not message and other.send_start_ms < end and other.send_end_ms > start
         )
         link = Link.parse(message.link)
-        sender = link.first if message.direction == "forward" else link.second
+        sender = link.sender(message.direction).stage
         in_ops = sum(
             _inside(ops, start, end) > 0.5 for stage, ops in ops_by_stage.items() if stage != sender
         )

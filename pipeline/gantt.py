@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from pipeline.files import pyplot, save_figure
 from pipeline.ops import OpKind
 from pipeline.timeline import OpRecord, Timeline
-from pipeline.topology import Direction, Link
+from pipeline.topology import Link
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -152,10 +152,11 @@ def slow_messages(timeline: Timeline, replica: int = 0) -> list[SlowMessage]:
         link = Link.parse(m.link)
         if not link.is_pp:
             continue
-        forward = m.direction == Direction.FORWARD
-        ends = (link.first, link.second) if forward else (link.second, link.first)
+        sender, receiver = link.sender(m.direction), link.receiver(m.direction)
         out.append(
-            SlowMessage(m.send_start_ms, ends[0], m.arrival_ms, ends[1], m.fault_ms, replica)
+            SlowMessage(
+                m.send_start_ms, sender.stage, m.arrival_ms, receiver.stage, m.fault_ms, replica
+            )
         )
     return out
 

@@ -154,6 +154,11 @@ class Link:
         assert self.group is not None
         return Position(self.group, end)
 
+    def receiver(self, direction: Direction) -> Position:
+        """The position receiving its messages in `direction`: the other end's."""
+        other_way = {Direction.FORWARD: Direction.BACKWARD, Direction.BACKWARD: Direction.FORWARD}
+        return self.sender(other_way.get(direction, direction))  # (sender refuses a bad one)
+
     @property
     def dp_stage(self) -> int:
         """The stage whose replicas a DP link joins."""

@@ -143,8 +143,10 @@ def receive_lags_ms(timeline: Timeline, from_arrival: bool = False) -> list[floa
         if message.needed_ms > since_ms:
             continue
         link = Link.parse(message.link)
+        if not link.is_pp:  # a ring's chunk: no op takes it in
+            continue
         forward = message.direction == Direction.FORWARD
-        stage = link.second if forward else link.first
+        stage = link.receiver(message.direction).stage
         for kind in ("F",) if forward else ("B", "BW"):
             start = starts.get((stage, message.replica, kind, message.microbatch))
             if start is not None:

@@ -163,5 +163,10 @@ def test_a_direction_is_a_value_and_a_link_refuses_any_other() -> None:
     assert Direction.FORWARD == "forward" and f"{Direction.BACKWARD}" == "backward"  # its text
     assert Link.pp(0).sender(Direction.FORWARD) == Position(0, 0)
     assert Link.parse("dp2:0-1").sender(Direction.BACKWARD) == Position(2, 1)
+    assert Link.pp(0).receiver(Direction.FORWARD) == Position(1, 0)
+    assert Link.pp(2, 1).receiver(Direction.BACKWARD) == Position(2, 1)
+    assert Link.parse("dp2:0-1").receiver(Direction.FORWARD) == Position(2, 1)
     with pytest.raises(ConfigError, match="a direction is forward or backward, not 'fwd'"):
         Link.pp(0).sender("fwd")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="a direction is forward or backward, not 'fwd'"):
+        Link.pp(0).receiver("fwd")  # type: ignore[arg-type]
