@@ -121,7 +121,8 @@ after what it sent again), pid."""
 MAP, MESSAGE, MOVE, POINT, LEAVE = 1, 2, 3, 4, 5
 """Jobs. A point's iteration is the pair's epoch; a sender's also carries its receiver's port
 (in the seq's place) and, after the job, "<its addresses, comma-separated>;<its
-management-plane address>" (as many bytes as the nbytes' place says: `point_job`)."""
+management-plane address>;<its host's NICs down, comma-separated>" (as many bytes as the
+nbytes' place says: `point_job`)."""
 PORT, READY, SENT, ARRIVED, FAILED, FAILOVER, ENDED = 1, 2, 3, 4, 5, 6, 7
 UNREACHED, REFUSED, BROKEN = 1, 2, 3
 """Why a delegate ended (an ENDED note): no data-plane NIC reaches its receiver; every NIC
@@ -243,22 +244,29 @@ class _SlotFile:
 
 
 def point_job(
-    epoch: int, port: int = 0, peers: tuple[str, ...] = (), notice_peer: str = ""
+    epoch: int,
+    port: int = 0,
+    peers: tuple[str, ...] = (),
+    notice_peer: str = "",
+    peer_nics_down: tuple[int, ...] = (),
 ) -> bytes:
     """A point job, for pair `epoch`: a sender's names its receiver, at `peers` (one address
-    per NIC) on `port`, its notices from `notice_peer` ("": none); a receiver's, nothing
-    more. Written whole (one write, under PIPE_BUF: a job is never split by another)."""
-    target = f"{','.join(peers)};{notice_peer}".encode() if peers else b""
+    per NIC) on `port`, its notices from `notice_peer` ("": none), and the NICs down at the
+    receiver's host when it offered its port (by index: the sender starts on the first NIC
+    up at both ends); a receiver's, nothing more. Written whole (one write, under PIPE_BUF:
+    a job is never split by another)."""
+    down = ",".join(str(nic) for nic in peer_nics_down)
+    target = f"{','.join(peers)};{notice_peer};{down}".encode() if peers else b""
     if JOB.size + len(target) > select.PIPE_BUF:
         raise ValueError(f"a point job holds {select.PIPE_BUF - JOB.size} bytes of addresses")
     return JOB.pack(POINT, epoch, 0, port, 0, len(target), 0.0, 0, b"") + target
 
 
-def _target(job: tuple, control: int) -> tuple[int, list[str], str]:  # type: ignore[type-arg]
-    """(port, addresses per NIC, management-plane address) of a sender's point job, its
-    addresses read from the job pipe `control`."""
-    peers, notice_peer = _read_exactly(control, job[5]).decode().split(";")
-    return job[3], peers.split(","), notice_peer
+def _target(job: tuple, control: int) -> tuple[int, list[str], str, set[int]]:  # type: ignore[type-arg]
+    """(port, addresses per NIC, management-plane address, NICs down at the receiver's host)
+    of a sender's point job, its addresses read from the job pipe `control`."""
+    peers, notice_peer, down = _read_exactly(control, job[5]).decode().split(";")
+    return job[3], peers.split(","), notice_peer, {int(nic) for nic in down.split(",") if nic}
 
 
 def _note(fd: int, *fields: object) -> None:
@@ -346,6 +354,22 @@ def nic_running(index: int) -> bool:
         return False
     flags = _IFREQ.unpack(answer)[1]
     return bool(flags & _IFF_UP and flags & _IFF_RUNNING)
+
+
+def nics_down(ifnames: tuple[str, ...] | list[str]) -> tuple[int, ...]:
+    """This host's NICs (by index; those named: a loopback run names none) that are down now
+    (one that is gone is down too)."""
+    down = []
+    for nic, name in enumerate(ifnames):
+        if not name:
+            continue
+        try:
+            running = nic_running(socket.if_nametoindex(name))
+        except OSError:
+            running = False
+        if not running:
+            down.append(nic)
+    return tuple(down)
 
 
 class _LinkWatch:
@@ -556,12 +580,16 @@ class _Sender:
             self.wire.close()
             self.wire = None
 
-    def point(self, port: int, peers: list[str], epoch: int) -> None:
-        """A receiver, a new pair (the old one left): connect next, over the first NIC not
-        down here (the old receiver's failures were another host's)."""
+    def point(self, port: int, peers: list[str], epoch: int, down_there: set[int]) -> None:
+        """A receiver, a new pair (the old one left): connect next, over the first NIC up
+        here and at the receiver's host (`down_there`: those down there when it offered its
+        port; the old receiver's failures were another host's). Without that, a NIC down
+        there was tried first and its connect waited `CONNECT_TIMEOUT_S`: a rank swap next
+        to a host whose rnic0 had failed took 5 s."""
         self.leave()
         self.port, self.peers, self.epoch = port, peers, epoch
-        self.active, self.num_connections, self.failed = 0, 0, self.down_here()
+        self.active, self.num_connections = 0, 0
+        self.failed = self.down_here() | down_there
 
     def down_here(self) -> set[int]:
         """This host's NICs (those watched) that are down now."""
@@ -668,8 +696,8 @@ def run_sender(
                     if notices is not None:
                         selector.unregister(notices)
                         notices.close()
-                    port, peers, notice_peer = _target(job, control)
-                    link.point(port, peers, iteration)
+                    port, peers, notice_peer, down_there = _target(job, control)
+                    link.point(port, peers, iteration, down_there)
                     slots.unmap()
                     retained.clear()
                     num_sent = 0

@@ -57,12 +57,14 @@ from adaptra.transport.delegate import (
     START_REPLY_TIMEOUT_S,
     UNREACHED,
     move_limit_s,
+    nics_down,
     point_job,
 )
 from adaptra.transport.state_wire import move_state
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
     Arrival,
+    DelegateOffer,
     DelegateSetup,
     Failover,
     LinkDirection,
@@ -536,27 +538,28 @@ class _Outbound(_Side):
         self,
         direction: LinkDirection,
         peer: int,
-        ports: list[int],
+        offer: DelegateOffer,
         addresses: tuple[str, ...],
         notice_address: str,
         epoch: int,
     ) -> None:
         """Carry `direction` to `peer` from now on, as pair `epoch`: delegate k to the
-        receiver delegate at `ports[k]` (`addresses`: the peer's per NIC; `notice_address`:
-        its management plane's, "" for none). A side's first pair, or its next at a rewire
-        (its failovers not yet taken are then the caller's to keep)."""
+        receiver delegate at `offer.ports[k]`, starting on the first NIC up at both ends
+        (`addresses`: the peer's per NIC; `notice_address`: its management plane's, "" for
+        none). A side's first pair, or its next at a rewire (its failovers not yet taken are
+        then the caller's to keep)."""
         self.re_pointed, self.moves_of = self.pointed, self.direction
         self.pointed = True
         self.new_pair(direction, peer)
-        for delegate, port in zip(list(self.delegates), ports, strict=True):
+        for delegate, port in zip(list(self.delegates), offer.ports, strict=True):
+            job = point_job(epoch, port, addresses, notice_address, offer.nics_down)
             try:
-                delegate.point(point_job(epoch, port, addresses, notice_address), direction,
-                               peer, addresses)  # fmt: skip
+                delegate.point(job, direction, peer, addresses)
             except ConnectionError:
                 if not self.re_pointed:
                     raise
                 self.replace(delegate)  # (`DelegateTransport._wait_ready`)
-        self.failovers, self.nic_of, self.route_nic = [], [0] * len(ports), 0
+        self.failovers, self.nic_of, self.route_nic = [], [0] * len(offer.ports), 0
 
     def replace(self, delegate: _Process) -> _Process:
         """A new delegate in `delegate`'s place (which is closed), pointed as it was."""
@@ -714,8 +717,9 @@ class _Inbound(_Side):
         """(iteration, seq) -> (offset, arrival s) of messages in, not yet taken."""
         self._ports: list[int] = []
 
-    def ports(self, timeout_s: float) -> list[int]:
-        """Where its delegates listen (their first notes)."""
+    def offer(self, timeout_s: float, ifnames: tuple[str, ...]) -> DelegateOffer:
+        """Where its delegates listen (their first notes), and this host's NICs down now
+        (`ifnames`: their interfaces)."""
         deadline = time.monotonic() + timeout_s
         while len(self._ports) < len(self.delegates):
             delegate = self.delegates[len(self._ports)]
@@ -723,7 +727,7 @@ class _Inbound(_Side):
             if kind != PORT:
                 raise ConnectionError(f"the {delegate.name} did not report its port")
             self._ports.append(port)
-        return self._ports
+        return DelegateOffer(tuple(self._ports), nics_down(ifnames))
 
     def point(self, direction: LinkDirection, peer: int, epoch: int) -> None:
         """Take `direction` from `peer` from now on (a rewire): its delegates say farewell
@@ -816,7 +820,7 @@ class DelegateTransport:
             self._outbound[direction] = _Outbound(
                 direction, peer, setup.num_delegates, sender_args, setup.slot_dir
             )
-        mine = {d: self._inbound[d].ports(start_s) for d, _ in inbound}
+        mine = {d: self._inbound[d].offer(start_s, delegates.nic_ifnames()) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
         for direction, peer in outbound:
             if direction not in self._outbound:

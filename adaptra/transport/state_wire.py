@@ -26,11 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from adaptra.transport.delegate import CONNECT_TIMEOUT_S, TCP_USER_TIMEOUT, listen, nic_running
+from adaptra.transport.delegate import CONNECT_TIMEOUT_S, TCP_USER_TIMEOUT, listen, nics_down
 from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import StateOffer, StateRoute
 
-__all__ = ["move_state", "nics_down"]
+__all__ = ["move_state"]
 
 _LENGTH = struct.Struct("<q")
 """On the wire before the state's bytes: how many there are."""
@@ -43,22 +43,6 @@ _LOOK_S = 0.1
 a newer connection and at its deadline."""
 
 
-def nics_down(ifnames: Sequence[str]) -> tuple[int, ...]:
-    """This host's NICs (by index; those named: a loopback run names none) that are down now
-    (one that is gone is down too)."""
-    down = []
-    for nic, name in enumerate(ifnames):
-        if not name:
-            continue
-        try:
-            running = nic_running(socket.if_nametoindex(name))
-        except OSError:
-            running = False
-        if not running:
-            down.append(nic)
-    return tuple(down)
-
-
 def move_state(
     outgoing: torch.Tensor,
     incoming: torch.Tensor,
@@ -66,7 +50,7 @@ def move_state(
     *,
     here: Sequence[str],
     taker_nics: Sequence[str],
-    ifnames: Sequence[str],
+    ifnames: tuple[str, ...],
     timeout_s: float,
     user_timeout_ms: int,
 ) -> int:

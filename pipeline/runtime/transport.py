@@ -29,6 +29,7 @@ from pipeline.topology import Direction, is_dp_link, is_tied_link
 __all__ = [
     "Arrival",
     "DelegateFactory",
+    "DelegateOffer",
     "DelegateSetup",
     "DelegatedLinks",
     "DirectTransport",
@@ -204,13 +205,22 @@ class StateRoute:
     offer_of: Callable[[float], StateOffer]
 
 
+class DelegateOffer(NamedTuple):
+    """Where a link direction's receiver delegates take their senders: one port per delegate
+    (each listening on every data-plane NIC of its host), and which of that host's NICs are
+    down (by index) when offered: the senders start on the first NIC up at both ends."""
+
+    ports: tuple[int, ...]
+    nics_down: tuple[int, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class DelegateSetup:
     """What a worker's delegates are wired to: the link directions it sends and receives on,
     each with its peer rank, D delegates per direction and side, and `exchange`, which swaps
-    the receiving delegates' ports with the neighbours (over the process group): it takes
-    this worker's ports by inbound direction (the ones being wired) and the outbound
-    directions being wired, and returns the neighbours' ports for those."""
+    the receiving delegates' offers with the neighbours (through the pool's folder): it
+    takes this worker's offers by inbound direction (the ones being wired) and the outbound
+    directions being wired, and returns the neighbours' offers for those."""
 
     rank: int
     slot_dir: str
@@ -220,7 +230,8 @@ class DelegateSetup:
     num_delegates: int
     timeout_s: float
     exchange: Callable[
-        [dict[LinkDirection, list[int]], tuple[LinkDirection, ...]], dict[LinkDirection, list[int]]
+        [dict[LinkDirection, DelegateOffer], tuple[LinkDirection, ...]],
+        dict[LinkDirection, DelegateOffer],
     ]
 
 

@@ -55,6 +55,7 @@ from pipeline.runtime.transport import (
     GRADIENT,
     DelegatedLinks,
     DelegateFactory,
+    DelegateOffer,
     DelegateSetup,
     DirectTransport,
     Failover,
@@ -930,10 +931,10 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
         return Path(slot_dir) / f"ports-{wiring}-{way}-{sender}-to-{receiver}.json"
 
     def exchange(
-        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
-        for direction, ports in mine.items():
-            write_atomic(ports_file(direction, peer_in[direction], worker.rank), json.dumps(ports))
+        mine: dict[LinkDirection, DelegateOffer], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, DelegateOffer]:
+        for direction, offer in mine.items():
+            write_atomic(ports_file(direction, peer_in[direction], worker.rank), json.dumps(offer))
         deadline = time.monotonic() + worker.timeout_s
         theirs = {}
         for direction in wanted:
@@ -943,7 +944,8 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
                 f"({direction.direction})"
             )
             text = _wait_for_file(path, deadline, what, worker.timeout_s)
-            theirs[direction] = [int(port) for port in json.loads(text)]
+            ports, down = json.loads(text)
+            theirs[direction] = DelegateOffer(tuple(ports), tuple(down))
         return theirs
 
     return DelegateSetup(

@@ -20,6 +20,7 @@ from adaptra.transport import Delegates
 from adaptra.transport.delegated import DelegateTransport
 from pipeline.runtime.transport import (
     ACTIVATION,
+    DelegateOffer,
     DelegateSetup,
     LinkDirection,
     Message,
@@ -92,7 +93,7 @@ class Trainers:
     ) -> None:
         self.namespace, self.num_delegates = namespace, num_delegates
         self._lock = threading.Lock()
-        self._ports: dict[LinkDirection, queue.Queue[list[int]]] = {}
+        self._ports: dict[LinkDirection, queue.Queue[DelegateOffer]] = {}
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.folder = stack.enter_context(tempfile.TemporaryDirectory(dir=shm))
         self._threads = stack.enter_context(ThreadPoolExecutor(len(wirings)))
@@ -142,13 +143,13 @@ class Trainers:
 
         return self._threads.submit(there)
 
-    def _queue(self, direction: LinkDirection) -> queue.Queue[list[int]]:
+    def _queue(self, direction: LinkDirection) -> queue.Queue[DelegateOffer]:
         with self._lock:
             return self._ports.setdefault(direction, queue.Queue())
 
     def _exchange(
-        self, mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
+        self, mine: dict[LinkDirection, DelegateOffer], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, DelegateOffer]:
         for direction, ports in mine.items():  # to the direction's sender, on its thread
             self._queue(direction).put(ports)
         return {d: self._queue(d).get(timeout=30.0) for d in wanted}

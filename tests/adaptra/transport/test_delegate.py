@@ -509,12 +509,16 @@ def test_a_slot_file_path_longer_than_a_job_holds_is_refused_and_removed() -> No
 
 @contextlib.contextmanager
 def _two_nic_direction(
-    num_delegates: int, nics: str = "127.0.0.1,127.0.0.2", ifnames: str = ","
+    num_delegates: int,
+    nics: str = "127.0.0.1,127.0.0.2",
+    ifnames: str = ",",
+    far_nics_down: tuple[int, ...] = (),
 ) -> Iterator[tuple[_Inbound, _Outbound]]:
     """One link direction's receiver and sender delegates, `num_delegates` a side, each
     sender on NIC 0 of two (`nics`: their addresses, both sides on one host; by default
     loopback's 127.0.0.1 and .2; `ifnames`: their interfaces, watched by the senders),
-    ready."""
+    ready; `far_nics_down`: NICs the receivers' offer says are down at their host (both
+    sides are on one here: only the offer says so), the senders then on NIC 1."""
     direction = LinkDirection("0-1", "forward")
     folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     sides: list[_Inbound | _Outbound] = []
@@ -523,11 +527,18 @@ def _two_nic_direction(
         sides.append(inbound)
         outbound = _Outbound(direction, 1, num_delegates, ["2000", nics, ifnames], folder)
         sides.append(outbound)
-        outbound.point(direction, 1, inbound.ports(30), tuple(nics.split(",")), "", 0)
+        offer = inbound.offer(30, tuple(ifnames.split(",")))
+        if far_nics_down:
+            offer = offer._replace(nics_down=far_nics_down)
+        outbound.point(direction, 1, offer, tuple(nics.split(",")), "", 0)
         deadline = time.monotonic() + 30
-        for process in (*inbound.delegates, *outbound.delegates):
+        for process in inbound.delegates:
             assert _read_note(process, deadline)[0] == READY
-        assert outbound.nic_of == [0] * num_delegates
+        first_up = 1 if far_nics_down == (0,) else 0
+        for process in outbound.delegates:
+            kind, *_, nic, _, _, _ = _read_note(process, deadline)
+            assert (kind, nic) == (READY, first_up)  # connected over that NIC
+        outbound.nic_of = [first_up] * num_delegates  # (as `_wait_ready` takes the notes)
         yield inbound, outbound
     finally:
         for side in sides:
@@ -596,6 +607,26 @@ def test_a_move_is_the_iteration_s_its_trainer_learns_of_it_in() -> None:
         moves = sorted((f.cause, f.nic_from, f.nic_to, f.iteration) for f in outbound.failovers)
         assert moves == [("fault hook", 0, 1, 1), ("sibling", 0, 1, 1), ("sibling", 0, 1, 1)]
         assert outbound.nic_of == [1, 1, 1]
+
+
+def test_a_sender_starts_on_the_first_nic_up_at_its_receiver_s_host_too() -> None:
+    """Its receiver's offer says NIC 0 is down at the receiver's host, its own host's is up:
+    the senders connect over NIC 1 at once (`_two_nic_direction` reads their READY notes),
+    and messages go over it with no failover. They started on NIC 0, the first up at their
+    own host only: on the testbed its connect to a host whose rnic0 had failed waited the
+    connect timeout, and a rank swap next to that host took 5 s."""
+    with _two_nic_direction(2, far_nics_down=(0,)) as (inbound, outbound):
+        for side in (inbound, outbound):
+            side.begin(2, 8)
+        for seq in (0, 1):
+            payload = torch.full((8,), seq, dtype=torch.uint8)
+            outbound.send(Message(0, ACTIVATION, seq, seq), payload, fault_ms=0.0, nic=None)
+        assert sorted(r.microbatch for r in outbound.finish(0, 30)) == [0, 1]
+        for seq in (0, 1):
+            buffer = torch.empty(8, dtype=torch.uint8)
+            inbound.take(Message(0, ACTIVATION, seq, seq), buffer, 30)
+            assert buffer.tolist() == [seq] * 8
+        assert outbound.failovers == [] and outbound.nic_of == [1, 1]
 
 
 def test_a_delegate_goes_over_the_nic_the_fault_hook_names_back_to_the_first_too() -> None:

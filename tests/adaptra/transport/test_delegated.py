@@ -33,7 +33,13 @@ from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
 from pipeline.runtime.calibrate import busy_both_ways
-from pipeline.runtime.transport import ACTIVATION, DelegateSetup, LinkDirection, Message
+from pipeline.runtime.transport import (
+    ACTIVATION,
+    DelegateOffer,
+    DelegateSetup,
+    LinkDirection,
+    Message,
+)
 from pipeline.timeline import Timeline
 from tests.adaptra.transport.one_host import (
     A_TO_B,
@@ -223,11 +229,11 @@ def test_a_worker_that_now_sends_where_it_received_gets_sender_delegates() -> No
     undone in one step, A sends d to B: each must drop its old side of d (same peer, other
     role) and carry the message over new delegates."""
     d = LinkDirection("0-1", "forward")
-    ports: queue.Queue[dict[LinkDirection, list[int]]] = queue.Queue()
+    ports: queue.Queue[dict[LinkDirection, DelegateOffer]] = queue.Queue()
 
     def exchange(
-        mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
+        mine: dict[LinkDirection, DelegateOffer], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, DelegateOffer]:
         if mine:  # the receiving side's ports, to the sending side's wiring
             ports.put(mine)
         return ports.get(timeout=30.0) if wanted else {}
@@ -436,8 +442,8 @@ class _NicDownBeforeRank0Points(Trainers):
     """At a swap, the pid of rank 0's sender."""
 
     def _exchange(
-        self, mine: dict[LinkDirection, list[int]], wanted: tuple[LinkDirection, ...]
-    ) -> dict[LinkDirection, list[int]]:
+        self, mine: dict[LinkDirection, DelegateOffer], wanted: tuple[LinkDirection, ...]
+    ) -> dict[LinkDirection, DelegateOffer]:
         if not mine and self.armed and self.namespace is not None:
             self.armed = False
             if (pid := self.swapping) is not None:  # rank 1 pointed its receiver: a farewell

@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from adaptra.transport.delegate import listen
-from adaptra.transport.state_wire import _give, _Taking, move_state, nics_down
+from adaptra.transport.delegate import listen, nics_down
+from adaptra.transport.state_wire import _give, _Taking, move_state
 from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import StateOffer, StateRoute
 
