@@ -196,15 +196,15 @@ def main(argv: list[str] | None = None) -> None:
             results = on_one_clock([g for g in gathered if g is not None], offset)
             measured = iteration - args.warmup_iterations  # < 0: a warm-up, only moves the clock
             part = assemble_timeline(profile.num_stages, measured, 0.0, offset, results)
-            if measured >= 0:
-                parts.append(part)
             offset = part.iterations[0].end_ms / 1000.0
             loss = replicas_loss(results)
-            losses += [] if loss is None else [loss]
+            if measured >= 0:  # as `run` reports them: the measured iterations' alone
+                parts.append(part)
+                losses += [] if loss is None else [loss]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         write_atomic(args.out / "timeline.json", json.dumps(Timeline.concat(parts).to_dict()))
-        if losses:  # a training backend: one loss per iteration, the trained model's digest
+        if losses:  # a training backend: one loss per measured iteration, the model's digest
             write_atomic(args.out / "losses.json", json.dumps(losses))
             digest = params_sha256(whole_model_params(results))
             write_atomic(args.out / "params_sha256.txt", digest + "\n")

@@ -212,7 +212,9 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
     assert timeline.iterations[0].start_ms > 0 and {op.iteration for op in timeline.ops} == {0, 1}
     if backend == "megatron":
         losses = json.loads((step / "losses.json").read_text())
-        assert len(losses) == 3 and losses[2] < losses[1] < losses[0]  # the warm-up trains too
+        # one per measured iteration, as `run` reports them (the warm-up's was first too,
+        # one off from the timeline's iterations)
+        assert len(losses) == 2 and losses[1] < losses[0]
         assert len((step / "params_sha256.txt").read_text().strip()) == 64
     else:
         assert not (step / "losses.json").exists()
