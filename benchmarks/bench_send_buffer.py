@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -119,34 +120,62 @@ def main() -> None:
 def _run_arm(argv: list[str]) -> None:
     """An arm in a process of its own, stopped on the way out (a signal's too: SIGTERM, then
     SIGKILL after a grace: it closes its pool first). Its stderr is passed on as it comes,
-    until this script is stopped: the arm's line on that SIGTERM is not the news."""
+    until this script is stopped (what came by then too): the arm's line on that SIGTERM is
+    not the news."""
     with process_tree(argv, stderr=subprocess.PIPE) as arm:
         assert arm.stderr is not None
-        passing = threading.Event()
-        passing.set()
-        fd = os.dup(arm.stderr.fileno())  # the relay's own, closed by it
-        relay = threading.Thread(target=_relay, args=(fd, passing), daemon=True)
-        relay.start()
+        relay = _Relay(os.dup(arm.stderr.fileno()))  # the relay's own, closed by it
         try:
             arm.wait()
         except BaseException:
-            passing.clear()
+            relay.stop()
             raise
         relay.join(5.0)  # to the pipe's end (bounded: a stray holder of it aside)
         if arm.returncode != 0:
             raise subprocess.CalledProcessError(arm.returncode, argv)
 
 
-def _relay(fd: int, passing: threading.Event) -> None:
-    """What pipe `fd` gives, to this process's stderr while `passing` is set."""
-    try:
+class _Relay:
+    """What a pipe gives, to this process's stderr, from a thread of its own, until `stop`:
+    the pipe is read only under a lock, by the thread as data comes and by `stop`, which
+    passes on what is there when it is called (a thread not yet scheduled since the data
+    came lost it: the hang's diagnosis), and nothing after."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd, self._lock, self._passing = fd, threading.Lock(), True
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _pass_what_is_there(self) -> bool:
+        """Under the lock: what the pipe holds now, passed on; False at its end."""
+        while select.select([self._fd], [], [], 0)[0]:
+            chunk = os.read(self._fd, 65536)
+            if not chunk:
+                return False
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+        return True
+
+    def _run(self) -> None:
         with contextlib.suppress(OSError):
-            while chunk := os.read(fd, 65536):
-                if passing.is_set():
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.buffer.flush()
-    finally:
-        os.close(fd)
+            while True:
+                select.select([self._fd], [], [])  # data, or the pipe's end
+                with self._lock:
+                    if not self._passing or not self._pass_what_is_there():
+                        break
+        with self._lock:
+            self._passing = False
+            os.close(self._fd)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._passing:
+                with contextlib.suppress(OSError):
+                    self._pass_what_is_there()
+                self._passing = False
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
 
 
 def _tcp_wmem() -> str:

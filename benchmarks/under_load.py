@@ -71,9 +71,12 @@ def main() -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.runs < 1 or args.busy < 0:
         parser.error("give --runs >= 1, --busy >= 0 and a command after --")
-    busy = [subprocess.Popen([sys.executable, "-c", _SPIN]) for _ in range(args.busy)]
+    busy: list[subprocess.Popen[bytes]] = []
     failures = num_run = 0
     try:
+        for _ in range(args.busy):
+            with held_signals():  # a busy process started is one stopped at the end
+                busy.append(subprocess.Popen([sys.executable, "-c", _SPIN]))
         for run in range(1, args.runs + 1):
             num_run = run
             start = time.monotonic()

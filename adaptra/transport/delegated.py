@@ -434,6 +434,30 @@ def _start(
     return started
 
 
+def _check_reachable(
+    rank: int,
+    ifnames: tuple[str, ...],
+    theirs: dict[LinkDirection, DelegateOffer],
+    peers: dict[LinkDirection, int],
+) -> None:
+    """A `LinkFailure` where a pair being wired has every data-plane NIC down at one end:
+    this host's (`ifnames`: its NICs' interfaces) or a receiver's (`theirs`: its offer;
+    `peers`: each direction's rank). No delegate could connect, and a peer waited for it
+    the delegates' whole start-up wait (60 s) whatever the workers' timeout: a rank swap
+    onto a host with both NICs down was noticed a minute late."""
+    if len(nics_down(ifnames)) == len(ifnames):  # (unwatched NICs, named "", are up)
+        raise LinkFailure(
+            f"rank {rank}: every data-plane NIC of its host is down ({', '.join(ifnames)}): "
+            "its delegates reach no peer"
+        )
+    for direction, offer in theirs.items():
+        if len(offer.nics_down) == len(ifnames):
+            raise LinkFailure(
+                f"rank {peers[direction]}: every data-plane NIC of its host is down: rank "
+                f"{rank}'s delegates cannot reach it on {direction.link} ({direction.direction})"
+            )
+
+
 def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
     """The next note of `process`, waiting until `deadline` (monotonic s); a FAILED or ENDED
     note is raised (`_Process.error`), a closed pipe or an ended process as `_Process.gone`
@@ -822,6 +846,7 @@ class DelegateTransport:
             )
         mine = {d: self._inbound[d].offer(start_s, delegates.nic_ifnames()) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
+        _check_reachable(setup.rank, delegates.nic_ifnames(), theirs, dict(outbound))
         for direction, peer in outbound:
             if direction not in self._outbound:
                 self._outbound[direction] = spare_out.pop()

@@ -29,6 +29,7 @@ from adaptra.transport import Delegates, delegated
 from adaptra.transport.delegate import HEADER, NOTE, RESUME
 from adaptra.transport.delegated import DelegateTransport
 from baselines import zb_h2
+from pipeline.errors import LinkFailure
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerError, WorkerPool
@@ -480,6 +481,46 @@ def test_a_sender_without_a_receiver_takes_its_nic_going_down_for_no_failure(whe
         else:
             carry(t0, t1, 0, [2.0], D01)
         assert t0._outbound[D01].nic_of == [1] and t0.take_failovers() == []
+
+
+@NEEDS_NAMESPACES
+def test_a_rewire_on_a_host_with_every_nic_down_fails_at_once_naming_them() -> None:
+    """A sends D0 to B on one host with two NICs; both go down, then a rank swap has B send
+    D0 to A: each trainer's rewire is a `LinkFailure` naming the host's NICs, once the
+    offers are exchanged (a peer waits for none that never comes). A rewire waited for its
+    delegates' whole start-up wait (60 s) whatever the workers' timeout: on the testbed a
+    megatron swap onto a host with both NICs down was noticed a minute late."""
+    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
+    with contextlib.ExitStack() as stack:
+        namespace = stack.enter_context(one_host_namespace())
+        stack.enter_context(entered(namespace))
+        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+        a, b = trainers.transports
+        carry(a, b, 0, [1.0])
+        ip_batch(namespace, ["link set nic0 down", "link set nic1 down"])
+        rewires = [trainers.rewire_one(rank, wiring) for rank, wiring in enumerate(B_TO_A)]
+        errors = [rewire.exception(timeout=60) for rewire in rewires]
+    for rank, error in enumerate(errors):
+        assert isinstance(error, LinkFailure), errors
+        assert str(error) == (
+            f"rank {rank}: every data-plane NIC of its host is down (nic0, nic1): its "
+            "delegates reach no peer"
+        )
+
+
+def test_a_receiver_s_host_with_every_nic_down_is_a_link_failure_of_its_senders() -> None:
+    """The offers of the receivers being wired say which NICs are down at their hosts: all
+    of one (here both of two) fails the wiring, naming that rank; some, or none, do not.
+    (This host's NICs are named "": unwatched, never down.)"""
+    offers = {D0: DelegateOffer((5001,), (0, 1))}
+    with pytest.raises(LinkFailure) as failed:
+        delegated._check_reachable(0, ("", ""), offers, {D0: 1})
+    assert str(failed.value) == (
+        "rank 1: every data-plane NIC of its host is down: rank 0's delegates cannot reach "
+        "it on 0-1 (forward)"
+    )
+    for down in ((1,), ()):
+        delegated._check_reachable(0, ("", ""), {D0: DelegateOffer((5001,), down)}, {D0: 1})
 
 
 @pytest.mark.parametrize("runs_again", ["before the rewire", "during it"])

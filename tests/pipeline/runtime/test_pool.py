@@ -507,14 +507,17 @@ def test_a_signal_while_a_worker_starts_still_ends_that_worker() -> None:
 
 
 def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> None:
-    """Stage 1 spends 400 ms on F0 while F1's activation has long arrived; stage 0 asks for
+    """Stage 1 spends 2 s on F0 while F1's activation has long arrived; stage 0 asks for
     BW0's gradient long before stage 1 sends it. Load only makes things later, so the test
-    asserts orderings and at least half of each known gap."""
-    profile = _profile(1.0, 1.0, 1.0, stage_1_t_f_ms=400.0)
+    asserts orderings and at least half of each known gap: a loaded host may hold a
+    worker, or the thread that stamps, for a second (at 400 ms, a 250 ms hold of stage 0
+    failed it)."""
+    profile = _profile(1.0, 1.0, 1.0, stage_1_t_f_ms=2000.0)
     schedule = one_f_one_b(profile)
     assert schedule.stages[1] == tuple(Op.parse(t) for t in ("F0", "BW0", "F1", "BW1"))
     with WorkerPool(2, timeout_s=30) as pool:
-        pool.run_iteration(IterationConfig(0, schedule, profile))  # gloo connects the pair
+        quick = _profile(1.0, 1.0, 1.0)  # the same schedule, without the 2 s F0
+        pool.run_iteration(IterationConfig(0, schedule, quick))  # gloo connects the pair
         timeline = pool.run_iteration(IterationConfig(1, schedule, profile))
     ops = {(r.stage, str(Op(r.kind, r.microbatch))): r for r in timeline.ops}
     msgs = {(m.direction, m.microbatch): m for m in timeline.messages}
@@ -525,20 +528,20 @@ def test_a_message_s_arrival_and_the_moment_it_is_needed_are_both_recorded() -> 
     f1 = msgs["forward", 1]
     assert f1.arrival_ms < ops[1, "F0"].end_ms
     assert f1.needed_ms >= ops[1, "BW0"].end_ms
-    assert f1.needed_ms - f1.arrival_ms >= 0.5 * (400.0 + 2.0)
+    assert f1.needed_ms - f1.arrival_ms >= 0.5 * (2000.0 + 2.0)
     assert ops[1, "F1"].start_ms >= f1.needed_ms
     # BW0's gradient: stage 0 asked for it after F1, and waited for it.
     grad0 = msgs["backward", 0]
     assert grad0.needed_ms <= ops[0, "BW0"].start_ms
     assert grad0.arrival_ms >= ops[1, "BW0"].end_ms
-    assert grad0.arrival_ms - grad0.needed_ms >= 0.5 * (400.0 + 2.0)
+    assert grad0.arrival_ms - grad0.needed_ms >= 0.5 * (2000.0 + 2.0)
     assert ops[0, "BW0"].start_ms >= grad0.arrival_ms
     # The trace shows both: the slice ends at the arrival, the instant marks the need.
     events = [e for e in to_chrome_trace(timeline)["traceEvents"] if e.get("name", "")[:2] == "m1"]
     forward = [e for e in events if e.get("cat") == "forward"]
     (in_flight,) = [e for e in forward if e["ph"] == "X"]
     (needed,) = [e for e in forward if e["ph"] == "i"]
-    assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 402_000  # us
+    assert needed["ts"] - (in_flight["ts"] + in_flight["dur"]) >= 0.5 * 2_002_000  # us
 
 
 class _SlowToReport(EmulatedCompute):
@@ -704,10 +707,11 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One stage alone (no neighbour's wait can time out first), its op stuck: the pool waits
-    twice the 0.5 s timeout plus its grace (1 s here), says so, what it waited for and what
-    the worker said it did last (its progress thread speaks while the op runs), and ends the
-    worker."""
-    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 1.0)  # read by the pool, at its wait
+    twice the 0.5 s timeout plus its grace (5 s here), says so, what it waited for and what
+    the worker said it did last (its progress thread speaks while the op runs, first 1 s into
+    it: with a 1 s grace, a worker held 1 s on a loaded host said nothing in the pool's 2 s),
+    and ends the worker."""
+    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 5.0)  # read by the pool, at its wait
     profile = Profile.uniform(1, 1, 1, 1, 1)
     with WorkerPool(1, compute_factory=_Stuck, timeout_s=0.5) as pool:
         pids = list(pool.pids)
@@ -715,8 +719,8 @@ def test_a_silent_worker_is_the_pool_s_timeout_stating_what_it_waited_for(
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     message = re.sub(r"said \d+\.\d s before", "said N s before", str(info.value))
     assert message == (
-        "no progress from rank(s) [0] for 2 s during iteration 0 (2 x the workers' 0.5 s "
-        "wait for one message, plus 1 s): neither records, progress nor an error came from "
+        "no progress from rank(s) [0] for 6 s during iteration 0 (2 x the workers' 0.5 s "
+        "wait for one message, plus 5 s): neither records, progress nor an error came from "
         "them, and they did not exit; by their last word, rank 0 (stage 0): op F0, computing "
         "(said N s before)"
     )
