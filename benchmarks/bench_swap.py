@@ -14,7 +14,13 @@ running delegates re-pointed, or new ones), also at the Fig. 18 test's shape (PP
 8 microbatches, 8 delegates per link direction and side; the same pair of workers trades
 places).
 
-Run: python benchmarks/bench_swap.py [--repeats 3] [--backend emulated]
+`--testbed` (root: the namespace testbed, `--inject network`): emulated over delegates at the
+small shape, healthy and with host 1's rnic0 down from measured iteration 1 (host 1 plays
+stage 1 of replica 0: a mover), each a run of its own: a swap next to a failed NIC costs what
+a healthy one does (its new pairs start on the first NIC up at both hosts; they tried the far
+rnic0 first and waited the 5 s connect timeout).
+
+Run: python benchmarks/bench_swap.py [--repeats 3] [--backend emulated | --testbed]
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import statistics
 
 from baselines import one_f_one_b
 from harness.runner import RuntimeEngines, fixed_plan, run_configuration
+from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
+from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
 from pipeline.signals import run_script
 from pipeline.simulator import CommMode
@@ -64,9 +72,15 @@ def main() -> None:
     parser.add_argument(
         "--backend", choices=("megatron", "emulated"), help="only this backend's rows"
     )
+    parser.add_argument(
+        "--testbed", action="store_true", help="emulated on the namespace testbed (root)"
+    )
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.testbed:
+        _testbed(args.repeats)
+        return
     print("| backend | model / comm | PP x DP, delegates | state sent per mover (MiB) | swap ms "
           "| swap iteration ms | other iterations ms |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -113,6 +127,37 @@ def main() -> None:
                 f"{statistics.median(others_ms):.1f} |",
                 flush=True,
             )
+
+
+def _testbed(repeats: int) -> None:
+    """The `--testbed` rows: a fresh testbed per run (its NIC down goes with it)."""
+    print("| injection | faults | swap ms | swap iteration ms | other iterations ms |")
+    print("|---|---|---|---|---|")
+    profile = Profile.uniform(2, 4, 2, 2, 2, num_replicas=2, num_delegates=2, message_bytes=1 << 16)
+    nic_down = parse_yaml('[{start_iteration: 1, nic: "host1:rnic0", down: true}]')
+    for name, faults in (("none", NO_FAULTS), ("host1:rnic0 down from 1", nic_down)):
+        swap_ms, swap_iteration_ms, others_ms = [], [], []
+        for _ in range(repeats):
+            run = run_configuration(
+                _SwapAt(profile, CommMode.DELEGATED),
+                backend="emulated",
+                num_iterations=NUM_ITERATIONS,
+                faults=faults,
+                injection="network",
+                delegated=True,
+            )
+            assert run.timeline is not None and run.restarts == 0, run.restart_causes
+            swaps = [r for r in run.timeline.swaps if r.iteration == 1 + SWAP_AT]
+            assert len(swaps) == 2
+            swap_ms.append(max(r.end_ms for r in swaps) - min(r.start_ms for r in swaps))
+            times = run.wall_times_ms
+            swap_iteration_ms.append(times[SWAP_AT])
+            others_ms += [t for k, t in enumerate(times) if k != SWAP_AT]
+        print(
+            f"| network | {name} | {statistics.median(swap_ms):.1f} | "
+            f"{statistics.median(swap_iteration_ms):.1f} | {statistics.median(others_ms):.1f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
