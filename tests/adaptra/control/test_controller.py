@@ -60,16 +60,26 @@ def _slow(decisions: tuple[IterationDecision, ...]) -> list[set[str]]:
 
 
 def _false_alarms(
-    real: list[set[str]], expected: list[set[str]], skip: frozenset[int] = frozenset()
+    real: list[set[str]],
+    expected: list[set[str]],
+    skip: frozenset[int] = frozenset(),
+    held: bool = False,
 ) -> set[int]:
     """The iterations (but those in `skip`) where a real run names more links slow than
     expected: a load's late stamps may make one false alarm in a run (the detector's median
-    makes more unlikely), which the controller may act on. Load only adds time, so nothing
-    expected is ever missed."""
+    makes more unlikely), which the controller may act on; with `held`, also the iteration
+    after it where it names no more than that alarm did (the detector holds a link until its
+    estimate is below 4 ms, which a load's late stamps may delay by an iteration). Load only
+    adds time, so nothing expected is ever missed."""
     pairs = [(i, r, e) for i, (r, e) in enumerate(zip(real, expected, strict=True))]
     assert all(r >= e for i, r, e in pairs if i not in skip), (real, expected)
     alarms = {i for i, r, e in pairs if i not in skip and r != e}
-    assert len(alarms) <= 1, (real, expected)
+    first = min(alarms, default=0)
+    hold = (
+        first + 1 in alarms
+        and real[first + 1] - expected[first + 1] <= real[first] - expected[first]
+    )
+    assert len(alarms) <= 1 or (held and len(alarms) == 2 and hold), (real, expected)
     return alarms
 
 
@@ -248,18 +258,20 @@ def test_a_healthy_ring_of_unequal_chunks_is_no_straggler_on_the_runtime() -> No
     the detector holds a link until its estimate is below 4 ms: the warm-up's own beliefs
     may reach the first plan, so its decision and the warm-up are left out."""
     profile = Profile.uniform(
-        2, 4, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
+        2, 8, 2, 2, 2, message_bytes=4096, num_delegates=2, num_replicas=2,
         allreduce_bytes=(1_000_000, 100_000), link_bandwidth_gbps=0.1,
     )  # fmt: skip
-    # A ring direction has two chunks here: one chunk a loaded host stamps 32 ms late puts
-    # its lower quartile at the onset (adaptra/control/detector.py), a false alarm that the
-    # defect, a healthy ring called slow in every iteration, is not: one at most, and never
-    # twice in a row (no swap), in 4 measured decisions.
-    result = _run(profile, NO_FAULTS, 5, "emulated", "hook", num_warmup_iterations=3)
-    alarms = _false_alarms(_slow(result.decisions)[1:], [set()] * 4)
+    # Each ring direction has two chunks (stage 1's gradient is one bucket): one chunk that a
+    # loaded host stamps 32 ms late puts its lower quartile at the onset (adaptra/control/
+    # detector.py), and 3 of a PP direction's 4 messages 11 ms late did (3 of 12 runs beside
+    # two busy processes in CI's load; 8 microbatches now). The defect, a healthy ring called
+    # slow in every iteration and swapped, is no such alarm: one at most (and its hold).
+    result = _run(profile, NO_FAULTS, 4, "emulated", "hook", num_warmup_iterations=3)
+    measured = _slow(result.decisions)[1:]
+    alarms = _false_alarms(measured, [set()] * 3, held=True)
     assert result.timeline is not None
     assert [r for r in result.timeline.swaps if r.iteration >= 3] == []
-    kept = [i for i in range(1, 5) if i - 1 not in alarms and i - 2 not in alarms]
+    kept = [i for i in range(1, 4) if i - 1 not in alarms and i - 2 not in alarms]
     assert all(result.decisions[i].comm == {"0-1": "direct"} for i in kept), result.decisions
 
 
