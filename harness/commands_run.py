@@ -46,7 +46,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
-from pipeline.trace import write_chrome_trace
+from pipeline.trace import RestartMark, write_chrome_trace
 
 __all__ = ["report", "run"]
 
@@ -123,7 +123,9 @@ __all__ = ["report", "run"]
     "--trace",
     (".json",),
     help="Write a Chrome/Perfetto trace (JSON) of every iteration run, the warm-ups first "
-    "(numbered as run: with one warm-up, the trace's iteration 1 is measured iteration 0).",
+    "(numbered as run: with one warm-up, the trace's iteration 1 is measured iteration 0); "
+    "a checkpoint-restart is an instant 'restart' across the tracks, where the iterations "
+    "it runs again start.",
 )
 @click.option(
     "--faults",
@@ -267,7 +269,8 @@ def run(
         progress.done()
     assert result.timeline is not None  # kept by default
     if trace:
-        write_chrome_trace(result.timeline, trace)
+        restarts = map(RestartMark, result.restarted_before, result.restart_causes)
+        write_chrome_trace(result.timeline, trace, tuple(restarts))
     if plot:
         last = result.timeline.iterations[-1]  # numbered as run, warm-ups first
         plot_gantt(

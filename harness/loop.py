@@ -124,6 +124,9 @@ class RunResult:
     restart_causes: tuple[str, ...] = ()
     """One line per restart, in order: what failed (the `LinkFailure`, its iterations counted
     from the first measured one), or the controller that asked, and when."""
+    restarted_before: tuple[int, ...] = ()
+    """One per restart, in order: the index in `timeline.iterations` (warm-ups too) of the
+    first iteration run after it (`pipeline.trace.RestartMark`)."""
 
     @property
     def comms_run(self) -> str:
@@ -200,6 +203,8 @@ class _Restarts:
     rerun: set[int] = dataclasses.field(default_factory=set)
     """Measured iterations (from 0) run again."""
     causes: list[str] = dataclasses.field(default_factory=list)
+    before: list[int] = dataclasses.field(default_factory=list)
+    """Per restart: how many iterations had ended by then, warm-ups too (`restarted_before`)."""
 
 
 def run_loop(
@@ -234,7 +239,7 @@ def run_loop(
     decisions: list[IterationDecision] = []
     params_sha256 = devices = ""
     restarts = _Restarts()
-    reused = 0
+    reused = num_ended = 0
     remembered: dict[int, Metrics] = {}
     checkpoint = num_warmup_iterations
     k = 0
@@ -250,7 +255,7 @@ def run_loop(
                     f"controller {controller.name} asked for a restart at iteration {k}: "
                     + ("in the warm-up" if not asked else "again, before any iteration ran")
                 )
-            _restart(engine, restarts, recovery, None, lost=k - checkpoint)
+            _restart(engine, restarts, recovery, None, k - checkpoint, num_ended)
             restarts.causes.append(
                 f"controller {controller.name}'s request before iteration "
                 f"{k - num_warmup_iterations}"
@@ -276,7 +281,7 @@ def run_loop(
         except LinkFailure as failure:
             if k < num_warmup_iterations or not engine.capabilities.restarts:
                 raise
-            _restart(engine, restarts, recovery, failure, lost=k - checkpoint)
+            _restart(engine, restarts, recovery, failure, k - checkpoint, num_ended)
             named = measured_numbering(str(failure), num_warmup_iterations)
             restarts.causes.append(f"{type(failure).__name__}: {named}")
             remembered.clear()
@@ -299,6 +304,7 @@ def run_loop(
             on_iteration(k, outcome.timeline, k >= num_warmup_iterations, outcome.same_as)
         if keep_timeline:
             parts.append(outcome.timeline)
+        num_ended += 1
         k += 1
         if k <= num_warmup_iterations:
             continue
@@ -350,6 +356,7 @@ def run_loop(
         num_failovers=tuple(num_failovers),
         num_moved_workers=tuple(num_moved_workers),
         restart_causes=tuple(restarts.causes),
+        restarted_before=tuple(restarts.before),
     )
 
 
@@ -381,12 +388,15 @@ def _restart(
     recovery: Recovery,
     failure: LinkFailure | None,
     lost: int,
+    num_ended: int,
 ) -> None:
-    """`failure`: what failed (None: a controller asked for the restart)."""
+    """`failure`: what failed (None: a controller asked for the restart); `num_ended`: the
+    iterations that had ended by then (warm-ups too)."""
     started = time.monotonic()
     engine.restart()
     restarts.wall_ms += (time.monotonic() - started) * 1000.0
     restarts.count += 1
+    restarts.before.append(num_ended)
     restarts.lost_iterations += lost
     restarts.model_ms += recovery.restart_ms
     if failure is not None:

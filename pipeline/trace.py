@@ -14,31 +14,43 @@ args); a failover on the tied route (pipeline.topology's `tied_link`) has a trac
 "tied:0-3 forward" ("tied1:0-3 forward": replica 1's). A message's args have the delay
 injected into it (`fault_ms`). A worker's move in a rank swap (`SwapRecord`) is a slice
 "swap from stage 1 replica 1" on the track of the position it took, before its ops there.
+A checkpoint-restart (`RestartMark`) is an instant "restart" across every track where the
+iteration after it starts (the iterations it runs again have their numbers again; the failed
+attempt's ops never came back), its cause in its args.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pipeline.files import write_atomic
 from pipeline.timeline import FailoverRecord, MessageRecord, Timeline
 from pipeline.topology import Direction, Link, Position, Topology, is_tied_link, tied_link
 
-__all__ = ["to_chrome_trace", "write_chrome_trace"]
+__all__ = ["RestartMark", "to_chrome_trace", "write_chrome_trace"]
 
 _STAGES_PID, _LINKS_PID, _STEPS_PID = 0, 1, 2
+
+
+class RestartMark(NamedTuple):
+    """A checkpoint-restart in a run: before the timeline's iteration record `before` (an
+    index into `Timeline.iterations`, the first run after it), and what it followed."""
+
+    before: int
+    cause: str
 
 
 def _us(ms: float) -> float:
     return round(ms * 1000.0, 3)
 
 
-def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
+def to_chrome_trace(timeline: Timeline, restarts: Sequence[RestartMark] = ()) -> dict[str, Any]:
     """Processes "stages" (a track per stage and replica: ops), "links" (a track per link
     direction: messages, PP links' then DP links') and "steps" (where an iteration has one);
-    replica 0 keeps the plain names ("stage 2", "2-3 forward")."""
+    replica 0 keeps the plain names ("stage 2", "2-3 forward"); `restarts`: the run's."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
@@ -83,6 +95,24 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
             }
         )
     events += _step_events(timeline)
+    records = timeline.iterations
+    for mark in restarts:  # where the next run starts (a restart in the last: its end)
+        after = records[mark.before] if mark.before < len(records) else None
+        events.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "pid": _STAGES_PID,
+                "tid": 0,
+                "name": "restart",
+                "cat": "restart",
+                "ts": _us(records[-1].end_ms if after is None else after.start_ms),
+                "args": {
+                    "cause": mark.cause,
+                    "runs again from iteration": None if after is None else after.iteration,
+                },
+            }
+        )
     tracks: dict[str, int] = {}
 
     def track(link_name: str, replica: int, direction: Direction) -> int:
@@ -118,8 +148,10 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(timeline: Timeline, path: str | Path) -> None:
-    write_atomic(path, json.dumps(to_chrome_trace(timeline)))
+def write_chrome_trace(
+    timeline: Timeline, path: str | Path, restarts: Sequence[RestartMark] = ()
+) -> None:
+    write_atomic(path, json.dumps(to_chrome_trace(timeline, restarts)))
 
 
 def _step_events(timeline: Timeline) -> list[dict[str, Any]]:

@@ -883,11 +883,18 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
         '- {start_iteration: 6, links: ["dp0:0-1"], down: true}\n'
     )
     falcon = ["run", "--profile", str(profile), "--system", "falcon", "--faults", str(faults)]
-    data = json.loads(cli(*falcon, "--iterations", "9", "--format", "json").stdout)
+    trace = tmp_path / "restart.json"
+    ran = cli(*falcon, "--iterations", "9", "--format", "json", "--trace", str(trace))
+    data = json.loads(ran.stdout)
     moved = [(i["iteration"], i["moved_workers"]) for i in data["iterations"] if i["moved_workers"]]
     assert (data["restarts"], moved) == (1, [(5, 2)])
     (cause,) = data["restart_causes"]  # and what it followed, as the text says it
     assert cause.startswith("LinkFailure: iteration 6: ") and "dp0:0-1" in cause
+    # the trace marks it, with its cause, where the run goes on from its checkpoint (the
+    # warm-up's end: measured iteration 0 is the trace's 1)
+    events = json.loads(trace.read_text())["traceEvents"]
+    (restart,) = [e for e in events if e.get("cat") == "restart"]
+    assert restart["args"] == {"cause": cause, "runs again from iteration": 1}
     text = cli(*falcon, "--iterations", "9").stdout
     assert f"  restarted after {cause}\n" in text
 

@@ -222,6 +222,11 @@ def test_faults_that_start_in_the_iteration_a_restart_comes_before_still_happen(
     )
     assert result.iterations == (0, 1, 0, 1, 0, 1, 2, 3)
     assert result.iteration_times_ms == (215.0, 215.0, *(15.0,) * 4, 65.0, 65.0)
+    # The first timeline iteration after each (the warm-up, then measured 0-1, ended before
+    # the first; 0-1 again before the second), where its trace marks it
+    assert result.restarted_before == (3, 5)
+    assert result.timeline is not None
+    assert [r.iteration for r in result.timeline.iterations[3:6]] == [1, 2, 1]
 
 
 def test_a_restart_back_to_iteration_0_runs_it_again_later_on_the_sim_clock() -> None:

@@ -4,9 +4,9 @@ from baselines import one_f_one_b
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
-from pipeline.timeline import FailoverRecord
+from pipeline.timeline import FailoverRecord, Timeline
 from pipeline.topology import Link, tied_link
-from pipeline.trace import to_chrome_trace
+from pipeline.trace import RestartMark, to_chrome_trace
 
 
 def test_a_message_is_a_slice_to_its_arrival_and_an_instant_when_needed() -> None:
@@ -121,3 +121,28 @@ def test_a_run_without_a_step_has_no_steps_process() -> None:
     assert timeline.iterations[0].step_time_ms == 0 and not timeline.dp_messages
     names = [e["args"]["name"] for e in to_chrome_trace(timeline)["traceEvents"] if e["ph"] == "M"]
     assert names == ["stages", "links", "stage 0", "stage 1", "0-1 forward", "0-1 backward"]
+
+
+def test_a_restart_is_an_instant_across_the_tracks_where_the_next_run_starts() -> None:
+    """Three iterations of a timeline, a restart before the third (the first two ended
+    before it) and one after the last: each an instant of global scope at the start of
+    the iteration after it (the last's at its end), its cause in its args."""
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    schedule = one_f_one_b(profile)
+    parts = [
+        simulate(schedule, profile, iteration=k, start_ms=start_ms)
+        for k, start_ms in ((0, 0.0), (1, 100.0), (1, 200.0))
+    ]
+    timeline = Timeline.concat(parts)
+    marks = [RestartMark(2, "LinkFailure: iteration 1: down"), RestartMark(3, "asked")]
+    events = to_chrome_trace(timeline, marks)["traceEvents"]
+    restarts = [e for e in events if e.get("cat") == "restart"]
+    assert [(e["ph"], e["s"], e["name"], e["ts"]) for e in restarts] == [
+        ("i", "g", "restart", 200_000.0),
+        ("i", "g", "restart", timeline.iterations[2].end_ms * 1000.0),
+    ]
+    assert [e["args"] for e in restarts] == [
+        {"cause": "LinkFailure: iteration 1: down", "runs again from iteration": 1},
+        {"cause": "asked", "runs again from iteration": None},
+    ]
+    assert not [e for e in to_chrome_trace(timeline)["traceEvents"] if e.get("cat") == "restart"]
