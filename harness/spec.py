@@ -212,16 +212,22 @@ def _check_scenario_names(scenarios: Sequence[Scenario]) -> None:
             )
 
 
+class _MemoisedPlanner:
+    """Plans each (policy, profile) once: an experiment's configurations share them. A class,
+    not a closure: a spec that holds one pickles (a user's process pool)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, Profile], Schedule] = {}
+
+    def __call__(self, policy: str, profile: Profile) -> Schedule:
+        if (policy, profile) not in self._cache:
+            self._cache[policy, profile] = plan(policy, profile).schedule
+        return self._cache[policy, profile]
+
+
 def memoised_planner() -> Planner:
-    """Plans each (policy, profile) once: an experiment's configurations share them."""
-    cache: dict[tuple[str, Profile], Schedule] = {}
-
-    def planner(policy: str, profile: Profile) -> Schedule:
-        if (policy, profile) not in cache:
-            cache[policy, profile] = plan(policy, profile).schedule
-        return cache[policy, profile]
-
-    return planner
+    """A planner that plans each (policy, profile) once (`_MemoisedPlanner`)."""
+    return _MemoisedPlanner()
 
 
 _SETUP = (

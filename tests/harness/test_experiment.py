@@ -1,6 +1,7 @@
 import csv
 import dataclasses
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -923,6 +924,16 @@ def test_the_run_plans_nothing_its_spec_s_check_planned(
     run_experiment(spec, tmp_path / "run", progress=lambda _: None)
     assert made == [] and len(_rows(tmp_path / "run" / "runs.csv")) == 4
     assert "planner" not in json.loads((tmp_path / "run" / "spec.json").read_text())["spec"]
+
+
+def test_a_spec_pickles_with_the_plans_its_check_made() -> None:
+    """A spec goes to another process whole (a user's process pool): its memoised planner
+    was a closure, which pickle refused; the copy keeps the plans already made."""
+    spec = dataclasses.replace(default_experiment(), systems=("1f1b",), delays_ms=(0.0,))
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy == spec
+    made = vars(spec.planner)["_cache"]
+    assert len(made) == 1 and vars(copy.planner)["_cache"] == made
 
 
 def test_a_spec_run_says_what_each_restart_followed(tmp_path: Path) -> None:
