@@ -31,7 +31,7 @@ from injectors.testbed import HOST_TCP
 from pipeline.processes import process_tree
 from pipeline.profile import Profile
 from pipeline.runtime import IterationConfig, WorkerPool
-from pipeline.signals import run_script
+from pipeline.signals import held_signals, run_script
 
 
 @contextlib.contextmanager
@@ -122,13 +122,19 @@ def _run_arm(argv: list[str]) -> None:
     SIGKILL after a grace: it closes its pool first). Its stderr is passed on as it comes,
     until this script is stopped (what came by then too): the arm's line on that SIGTERM is
     not the news."""
-    with process_tree(argv, stderr=subprocess.PIPE) as arm:
-        assert arm.stderr is not None
-        relay = _Relay(os.dup(arm.stderr.fileno()))  # the relay's own, closed by it
+    with contextlib.ExitStack() as stack:
+        relay: _Relay | None = None
         try:
+            # A stop while the arm and the relay start (a thread's start waits for it to run:
+            # long, on a loaded host) comes once the relay is there to pass on what came.
+            with held_signals():
+                arm = stack.enter_context(process_tree(argv, stderr=subprocess.PIPE))
+                assert arm.stderr is not None
+                relay = _Relay(os.dup(arm.stderr.fileno()))  # the relay's own, closed by it
             arm.wait()
         except BaseException:
-            relay.stop()
+            if relay is not None:
+                relay.stop()
             raise
         relay.join(5.0)  # to the pipe's end (bounded: a stray holder of it aside)
         if arm.returncode != 0:

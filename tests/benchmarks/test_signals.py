@@ -101,10 +101,16 @@ def test_a_benchmark_interrupted_while_an_arm_runs_says_so_once() -> None:
     assert (status, err.splitlines()) == (130, ["interrupted (SIGINT)"]), err
 
 
-def test_an_arm_s_stderr_before_the_script_s_signal_is_passed_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("thread_start_s", [0.0, 1.0])
+def test_an_arm_s_stderr_before_the_script_s_signal_is_passed_on(
+    tmp_path: Path, thread_start_s: float
+) -> None:
     """bench_send_buffer.py's `_run_arm` on an arm that wrote a warning, then hangs; SIGINT
     to the script: the warning was passed on as it came (the hang's diagnosis), the
-    arm's own line on being stopped is not, the script's is."""
+    arm's own line on being stopped is not, the script's is. Also where the script's
+    threads take `thread_start_s` to start (a loaded host: the SIGINT came while the arm's
+    watch or its relay started, before anything could pass the warning on, and it was
+    lost)."""
     ready = tmp_path / "ready"
     arm = (
         "import signal, sys, time\n"
@@ -117,7 +123,13 @@ def test_an_arm_s_stderr_before_the_script_s_signal_is_passed_on(tmp_path: Path)
         "time.sleep(120)\n"
     )
     driver = (
-        "import sys; sys.path.insert(0, sys.argv[1]); from tests.benchmarks.scripts import "
+        "import sys, threading, time\n"
+        "real_start = threading.Thread.start\n"
+        "def start(thread):\n"
+        f"    time.sleep({thread_start_s})\n"
+        "    real_start(thread)\n"
+        "threading.Thread.start = start\n"
+        "sys.path.insert(0, sys.argv[1]); from tests.benchmarks.scripts import "
         "load_script; from pipeline.signals import run_script; "
         "run = load_script('bench_send_buffer')._run_arm; "
         f"run_script(lambda: run([sys.executable, '-c', {arm!r}]))"
