@@ -139,8 +139,9 @@ class Delegates:
             raise ValueError("every rank needs one address per NIC, and one name per NIC")
         if self.notice_addresses and len(self.notice_addresses) != len(self.addresses):
             raise ValueError("every rank needs a management-plane address, or none does")
+        every_nic = tuple(range(len(self.nics(0))))
         for rank in range(len(self.addresses)):  # a sender's point job carries them
-            point_job(0, 0, self.nics(rank), self.notice_address(rank))
+            point_job(0, 0, self.nics(rank), self.notice_address(rank), every_nic)
 
     def nics(self, rank: int) -> tuple[str, ...]:
         return self.addresses[rank] if self.addresses else LOOPBACK_NICS
@@ -440,22 +441,37 @@ def _check_reachable(
     theirs: dict[LinkDirection, DelegateOffer],
     peers: dict[LinkDirection, int],
 ) -> None:
-    """A `LinkFailure` where a pair being wired has every data-plane NIC down at one end:
-    this host's (`ifnames`: its NICs' interfaces) or a receiver's (`theirs`: its offer;
-    `peers`: each direction's rank). No delegate could connect, and a peer waited for it
-    the delegates' whole start-up wait (60 s) whatever the workers' timeout: a rank swap
-    onto a host with both NICs down was noticed a minute late."""
-    if len(nics_down(ifnames)) == len(ifnames):  # (unwatched NICs, named "", are up)
+    """A `LinkFailure` where a pair being wired has no data-plane NIC up at both ends: every
+    one down at this host (`ifnames`: its NICs' interfaces; unwatched ones, named "", are
+    up), or each down here or at a receiver's host (`theirs`: its offer; `peers`: each
+    direction's rank). No delegate could connect, and a peer waited for it the delegates'
+    whole start-up wait (60 s) whatever the workers' timeout: a rank swap onto a host with
+    both NICs down was noticed a minute late."""
+    every = set(range(len(ifnames)))
+    here = set(nics_down(ifnames))
+    if here == every:
         raise LinkFailure(
             f"rank {rank}: every data-plane NIC of its host is down ({', '.join(ifnames)}): "
             "its delegates reach no peer"
         )
     for direction, offer in theirs.items():
-        if len(offer.nics_down) == len(ifnames):
+        there, on = set(offer.nics_down), f"{direction.link} ({direction.direction})"
+        if there == every:
             raise LinkFailure(
                 f"rank {peers[direction]}: every data-plane NIC of its host is down: rank "
-                f"{rank}'s delegates cannot reach it on {direction.link} ({direction.direction})"
+                f"{rank}'s delegates cannot reach it on {on}"
             )
+        if here | there == every:
+            raise LinkFailure(
+                f"ranks {rank} and {peers[direction]}: no data-plane NIC is up at both hosts "
+                f"({_named(here, ifnames)} down at rank {rank}'s, "
+                f"{_named(there, ifnames)} at rank {peers[direction]}'s): {on} cannot connect"
+            )
+
+
+def _named(nics: set[int], ifnames: tuple[str, ...]) -> str:
+    """NICs by their interfaces' names (by index where unnamed)."""
+    return ", ".join(ifnames[nic] or f"NIC {nic}" for nic in sorted(nics))
 
 
 def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -191,6 +192,14 @@ class StateOffer(NamedTuple):
     port: int
     nics_down: tuple[int, ...]
 
+    def to_json(self) -> str:
+        return json.dumps([self.port, self.nics_down])
+
+    @classmethod
+    def from_json(cls, text: str) -> StateOffer:
+        port, down = json.loads(text)
+        return cls(int(port), tuple(int(nic) for nic in down))
+
 
 @dataclasses.dataclass(frozen=True)
 class StateRoute:
@@ -212,6 +221,14 @@ class DelegateOffer(NamedTuple):
 
     ports: tuple[int, ...]
     nics_down: tuple[int, ...]
+
+    def to_json(self) -> str:
+        return json.dumps([self.ports, self.nics_down])
+
+    @classmethod
+    def from_json(cls, text: str) -> DelegateOffer:
+        ports, down = json.loads(text)
+        return cls(tuple(int(port) for port in ports), tuple(int(nic) for nic in down))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 import os
 import signal
 import sys
@@ -543,13 +542,12 @@ class _Worker:
             return Path(self.delegate_files[1]) / f"state-{swap}-{sender}-to-{receiver}.json"
 
         def offer(mine: StateOffer) -> None:
-            write_atomic(path(giver, self.rank), json.dumps(mine))
+            write_atomic(path(giver, self.rank), mine.to_json())
 
         def offer_of(deadline: float) -> StateOffer:
             what = f"rank {taker}'s port for the model state"
             text = _wait_for_file(path(self.rank, taker), deadline, what, self.timeout_s)
-            port, down = json.loads(text)
-            return StateOffer(int(port), tuple(int(nic) for nic in down))
+            return StateOffer.from_json(text)
 
         return StateRoute(taker, giver, offer, offer_of)
 
@@ -934,7 +932,7 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
         mine: dict[LinkDirection, DelegateOffer], wanted: tuple[LinkDirection, ...]
     ) -> dict[LinkDirection, DelegateOffer]:
         for direction, offer in mine.items():
-            write_atomic(ports_file(direction, peer_in[direction], worker.rank), json.dumps(offer))
+            write_atomic(ports_file(direction, peer_in[direction], worker.rank), offer.to_json())
         deadline = time.monotonic() + worker.timeout_s
         theirs = {}
         for direction in wanted:
@@ -944,8 +942,7 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
                 f"({direction.direction})"
             )
             text = _wait_for_file(path, deadline, what, worker.timeout_s)
-            ports, down = json.loads(text)
-            theirs[direction] = DelegateOffer(tuple(ports), tuple(down))
+            theirs[direction] = DelegateOffer.from_json(text)
         return theirs
 
     return DelegateSetup(

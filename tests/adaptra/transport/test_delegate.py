@@ -716,6 +716,29 @@ def test_a_sender_whose_link_events_overflowed_reads_its_nics_state_afresh() -> 
         assert buffer.tolist() == [7] * 8
 
 
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root"
+)
+def test_a_receiver_side_offers_its_ports_with_its_host_s_nics_down() -> None:
+    """What goes to the senders of a link direction: its receiver delegates' ports, and the
+    NICs of their host down now by link state (nic0 here), which the senders start on the
+    first NIC up at both hosts by."""
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        with one_host_namespace() as namespace, entered(namespace):
+            ip_batch(namespace, ["link set nic0 down"])
+            direction = LinkDirection("0-1", "forward")
+            listen = ["10.77.0.1,10.77.1.1", "", "nic0,nic1"]
+            inbound = _Inbound(direction, 0, 2, listen, folder)
+            try:
+                offer = inbound.offer(30, ("nic0", "nic1"))
+            finally:
+                inbound.close()
+    finally:
+        shutil.rmtree(folder)
+    assert offer.nics_down == (0,) and len(offer.ports) == 2 and all(offer.ports)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_slot_file_a_full_tmpfs_cannot_hold_is_refused_not_a_bus_error_later() -> None:
     """A slot file was sized, not allocated: writing a slot a full tmpfs could not back was

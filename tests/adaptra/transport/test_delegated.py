@@ -508,10 +508,11 @@ def test_a_rewire_on_a_host_with_every_nic_down_fails_at_once_naming_them() -> N
         )
 
 
-def test_a_receiver_s_host_with_every_nic_down_is_a_link_failure_of_its_senders() -> None:
+def test_a_pair_with_no_nic_up_at_both_hosts_is_a_link_failure_of_its_sender() -> None:
     """The offers of the receivers being wired say which NICs are down at their hosts: all
-    of one (here both of two) fails the wiring, naming that rank; some, or none, do not.
-    (This host's NICs are named "": unwatched, never down.)"""
+    of one (here both of two) fails the wiring, naming that rank; some, or none, do not
+    (this host's NICs named "": unwatched, never down), unless the others are down here:
+    a pair with no NIC up at both ends waited the 60 s start-up wait too."""
     offers = {D0: DelegateOffer((5001,), (0, 1))}
     with pytest.raises(LinkFailure) as failed:
         delegated._check_reachable(0, ("", ""), offers, {D0: 1})
@@ -521,6 +522,15 @@ def test_a_receiver_s_host_with_every_nic_down_is_a_link_failure_of_its_senders(
     )
     for down in ((1,), ()):
         delegated._check_reachable(0, ("", ""), {D0: DelegateOffer((5001,), down)}, {D0: 1})
+    # No NIC up at both: rnic0 down here (an interface that is gone is down), rnic1 there.
+    gone_and_up = ("no-such-nic", "lo")
+    with pytest.raises(LinkFailure) as failed:
+        delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (1,))}, {D0: 1})
+    assert str(failed.value) == (
+        "ranks 0 and 1: no data-plane NIC is up at both hosts (no-such-nic down at rank 0's, "
+        "lo at rank 1's): 0-1 (forward) cannot connect"
+    )
+    delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (0,))}, {D0: 1})
 
 
 @pytest.mark.parametrize("runs_again", ["before the rewire", "during it"])

@@ -6,6 +6,8 @@ import datetime as dt
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.runtime import transport as transport_module
 from pipeline.runtime.remote_error import (
@@ -14,7 +16,14 @@ from pipeline.runtime.remote_error import (
     WorkerTimeout,
     worker_error,
 )
-from pipeline.runtime.transport import ACTIVATION, GRADIENT, DirectTransport, Message
+from pipeline.runtime.transport import (
+    ACTIVATION,
+    GRADIENT,
+    DelegateOffer,
+    DirectTransport,
+    Message,
+    StateOffer,
+)
 
 RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:39"
 TIMED_OUT = "[../gloo/transport/tcp/unbound_buffer.cc:133] Timed out waiting 2000ms for send"
@@ -120,3 +129,23 @@ def test_a_send_s_failure_keeps_its_kind_across_processes(
             f"rank 1 (stage 1), iteration 0, op F3: {remote.short_type_name}: sending the "
             f"activation of microbatch 3 to rank 2 on link 1-2 failed: {text}"
         )
+
+
+_PORTS = st.integers(1, 65535)
+_NICS = st.lists(st.integers(0, 7), unique=True, max_size=8).map(tuple)
+
+
+@given(st.lists(_PORTS, max_size=16).map(tuple), _NICS)
+def test_a_delegate_offer_reads_back_as_it_was_written(
+    ports: tuple[int, ...], nics_down: tuple[int, ...]
+) -> None:
+    """The receivers' offer, as it goes between workers (a file of the pool's folder): its
+    ports and its host's NICs down, both (the NICs were once dropped on the way)."""
+    offer = DelegateOffer(ports, nics_down)
+    assert DelegateOffer.from_json(offer.to_json()) == offer
+
+
+@given(_PORTS, _NICS)
+def test_a_state_offer_reads_back_as_it_was_written(port: int, nics_down: tuple[int, ...]) -> None:
+    offer = StateOffer(port, nics_down)
+    assert StateOffer.from_json(offer.to_json()) == offer
