@@ -199,13 +199,20 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         python=f'exec {sys.executable} "$@"',
     )
     env["GLOO_SOCKET_IFNAME"] = "lo"
-    env["TMPDIR"] = str(tmp_path)  # torchrun's log folder goes with the test's
+    env["TMPDIR"] = str(tmp_path / "tmp")  # where torchrun left its log folder
+    (tmp_path / "tmp").mkdir()
     done = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=180
     )
     assert done.returncode == 0, done.stderr[-2000:]
     step = tmp_path / "job" / "tiny_1f1b_fault-free"
     timeline = Timeline.from_dict(json.loads((step / "timeline.json").read_text()))
+    # torchrun's logs are the step's (its agent's folder, named by the rendezvous: job 7's
+    # step), none left in the node's temporary directory
+    (logs,) = (step / "torchrun-logs").iterdir()
+    assert logs.name.startswith("7-tiny_1f1b_fault-free_") and any(logs.rglob("*"))
+    assert list((tmp_path / "tmp").glob("torchelastic_*")) == []  # (megatron's inductor
+    # cache may be there)
     assert len(timeline.iterations) == 2 and len(timeline.ops) == 2 * 2 * 2 * 2
     # The warm-up ran first, unreported: the measured iterations start after it.
     assert [r.iteration for r in timeline.iterations] == [0, 1]
