@@ -356,7 +356,7 @@ def nic_running(index: int) -> bool:
     return bool(flags & _IFF_UP and flags & _IFF_RUNNING)
 
 
-def nics_down(ifnames: tuple[str, ...] | list[str]) -> tuple[int, ...]:
+def nics_down(ifnames: tuple[str, ...]) -> tuple[int, ...]:
     """This host's NICs (by index; those named: a loopback run names none) that are down now
     (one that is gone is down too)."""
     down = []
