@@ -89,7 +89,7 @@ def _main(argv: list[str] | None) -> None:
         click.echo(err.format_message(), err=True)  # the help, as asked for by giving nothing
         sys.exit(err.exit_code)
     except click.ClickException as err:
-        click.echo(f"error: {_clipped(_one_line(err))}", err=True)
+        click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)
     except (AdaptraBenchError, OSError) as err:  # OSError: a file or the system said no
         click.echo(f"error: {_clipped(str(err))}", err=True)
@@ -118,9 +118,10 @@ def _clipped(message: str) -> str:
 
 
 def _one_line(err: click.ClickException) -> str:
-    """click's message on one line; a usage error names the help to read (click's own form
-    prints the usage and a hint on lines of their own)."""
-    message = " ".join(err.format_message().split())
+    """click's message on one line, clipped; a usage error then names the help to read
+    (click's own form prints the usage and a hint on lines of their own; clipped after it,
+    a long message cut the hint)."""
+    message = _clipped(" ".join(err.format_message().split()))
     if isinstance(err, click.UsageError) and err.ctx is not None:
         message += f" (see {err.ctx.command_path} --help)"
     return message

@@ -257,6 +257,17 @@ def test_errors_are_one_line_and_non_zero(
     assert "Traceback" not in out.stderr
 
 
+def test_a_long_usage_error_is_cut_before_the_help_it_names() -> None:
+    """A usage error quoting a 3,000-character value: its message is cut after 2,000
+    characters, saying how long it was, and the help to read still ends the line (it was
+    cut off with the rest)."""
+    out = cli("run", "--backend", "x" * 3000)
+    assert out.returncode == 2
+    (line,) = out.stderr.splitlines()
+    assert line.endswith(" characters in all) (see adaptra-bench run --help)")
+    assert len(line) < 2000 + 100
+
+
 def test_torch_csv_imports_back(tmp_path: Path) -> None:
     profile = str(write_profile(tmp_path, delay_ms=[10, 0, 0]))
     exported = cli("schedule", "--profile", profile, "--policy", "zb-h1", "--format", "torch-csv")
