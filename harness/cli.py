@@ -18,7 +18,12 @@ from harness.commands_profile import calibrate, profile
 from harness.commands_run import report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
-from pipeline.signals import Terminated, handled_shutdown, wait_for_redelivery
+from pipeline.signals import (
+    Terminated,
+    handled_shutdown,
+    raised_by_a_signal,
+    wait_for_redelivery,
+)
 
 __all__ = ["cli", "main"]
 
@@ -73,10 +78,18 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     try:
-        cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
-        # A signal that a finalizer swallowed as the command ended is handled here, as one
-        # not swallowed is (else it came once the handlers were gone: no line, no 128 + n).
-        wait_for_redelivery()
+        try:
+            cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
+            # A signal that a finalizer swallowed as the command ended is handled here, as
+            # one not swallowed is (else it came once the handlers were gone: no line, no
+            # 128 + n).
+            wait_for_redelivery()
+        except Exception as err:
+            # The signal's own exception, where code it met turned it into another (a C
+            # extension's import: an "internal error", exit 3, for a Ctrl-C).
+            if (stop := raised_by_a_signal(err)) is None:
+                raise
+            raise stop from None
     except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted) as err:
         if isinstance(err, _Interrupted) and sys.stderr.isatty():
             click.echo(err=True)  # past the terminal's ^C

@@ -22,6 +22,7 @@ __all__ = [
     "catch_swallowed",
     "handled_shutdown",
     "held_signals",
+    "raised_by_a_signal",
     "redelivered_if_swallowed",
     "run_script",
     "shutdown_handler",
@@ -98,10 +99,15 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     + the signal."""
     try:
         with handled_shutdown(put_back=False):
-            status = main()
-            # A signal a finalizer swallowed as `main` ended is handled here, as one not
-            # swallowed is.
-            wait_for_redelivery()
+            try:
+                status = main()
+                # A signal a finalizer swallowed as `main` ended is handled here, as one not
+                # swallowed is.
+                wait_for_redelivery()
+            except Exception as err:  # the signal's, turned into another by code it met
+                if (stop := raised_by_a_signal(err)) is None:
+                    raise
+                raise stop from None
     except KeyboardInterrupt:
         print("interrupted (SIGINT)", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
@@ -159,6 +165,21 @@ def redelivered_if_swallowed(
     setattr(exc, _MARK, (signum, on_swallowed))
     catch_swallowed()
     return exc
+
+
+def raised_by_a_signal(err: BaseException) -> BaseException | None:
+    """The exception a shutdown signal's handler raised (`shutdown_handler`'s, marked) that
+    `err` was raised from or while handling, else None: a C extension's import that met the
+    handler's KeyboardInterrupt raises `ImportError: initialization failed` from it
+    (matplotlib's, pybind11's), which is the signal, not a bug."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if getattr(cause, _MARK, None) is not None:
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def catch_swallowed() -> None:

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -622,6 +624,36 @@ def test_a_spec_name_is_one_folder_inside_out(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert "spec name '../../escaped' must be a single path component" in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["spec.yaml"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_an_extension_turned_into_another_error_still_ends_the_command(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stop: signal.Signals,
+) -> None:
+    """A shutdown signal whose exception a C extension's import met and raised another
+    from (matplotlib's `_image`: `ImportError: initialization failed`, seen under load): the
+    command ends as the signal ends it, one line and 128 + n, not as an internal error (exit
+    3, "a bug")."""
+    from harness.cli import main
+
+    def met_by_an_extension(*args: object, **kwargs: object) -> None:
+        try:
+            os.kill(os.getpid(), stop)  # its handler raises at the next bytecode
+            time.sleep(30)  # (a hang bound: it came before)
+        except BaseException as err:
+            raise ImportError("initialization failed") from err
+
+    monkeypatch.setattr("harness.commands_schedule.resolve", met_by_an_extension)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # no crash log may be written
+    with pytest.raises(SystemExit) as exited:
+        main(["schedule", "--profile", str(write_profile(tmp_path)), "--policy", "1f1b"])
+    assert exited.value.code == 128 + stop
+    said = "interrupted (SIGINT)" if stop == signal.SIGINT else "terminated (SIGTERM)"
+    assert capsys.readouterr().err.splitlines() == [said]
+    assert list(tmp_path.glob("adaptra-bench-internal-error-*")) == []
 
 
 def test_a_bug_is_an_internal_error_with_a_log(

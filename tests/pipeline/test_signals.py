@@ -228,8 +228,13 @@ def main():
         return 3
     with contextlib.ExitStack() as stack:
         stack.callback(marker.write_text, "cleaned up")
-        print("started", flush=True)
-        time.sleep(60)
+        try:
+            print("started", flush=True)
+            time.sleep(60)
+        except BaseException as err:
+            if sys.argv[2] == "wrapped":  # as a C extension's import meeting it does
+                raise ImportError("initialization failed") from err
+            raise
 
 run_script(main)
 """
@@ -272,3 +277,25 @@ def test_run_script_ends_a_script_on_a_shutdown_signal_as_on_ctrl_c(
         assert cleaned.read() == "cleaned up"
     returned = subprocess.run([*command, "return"], capture_output=True, text=True, timeout=60)
     assert (returned.returncode, returned.stderr) == (3, "")
+
+
+def test_run_script_ends_by_a_signal_that_code_it_met_turned_into_another_error(
+    tmp_path: "os.PathLike[str]",
+) -> None:
+    """The handler's exception met by code that raises another from it (a C extension's
+    import: `ImportError: initialization failed`): the script still ends as the signal
+    ends it, not with that error's traceback."""
+    marker = os.path.join(tmp_path, "marker")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT, marker, "wrapped"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "started\n"
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=60)  # a hang bound, not a timing
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert (child.returncode, err) == (128 + signal.SIGTERM, "terminated (SIGTERM)\n")
