@@ -136,23 +136,36 @@ def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
 
 def parse_trace(text: str, seed: int = 0) -> FaultModel:
     """The paper's trace: rows separated by newlines or spaces, fields by ';'; lines that
-    start with '#' are comments."""
-    rows = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    start with '#' are comments. A row's error names its row and its line in the file."""
+    rows = [
+        (number, row_text)
+        for number, line in enumerate(text.splitlines(), 1)
+        if not line.lstrip().startswith("#")
+        for row_text in line.split()
+    ]
     events = []
-    for row, line in enumerate(rows.split(), 1):
-        fields = line.split(";")
-        if len(fields) != 3:
-            raise ConfigError(
-                f"fault row {row}: {line!r} needs 3 fields 'start_iteration;links;delay_s'"
-            )
-        links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
-        delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s")
-        if not links and delay_ms != math.inf:
-            raise ConfigError(f"fault row {row}: a delay needs at least one link")
-        target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
-        effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
-        events.append(FaultEvent(_iteration(row, fields[0]), target, effect, row=row))
+    for row, (line, row_text) in enumerate(rows, 1):
+        try:
+            events.append(_trace_event(row, row_text))
+        except ConfigError as err:
+            raise ConfigError(f"{err} (line {line})") from None
     return _timeline(events, seed)
+
+
+def _trace_event(row: int, text: str) -> FaultEvent:
+    fields = text.split(";")
+    if len(fields) != 3:
+        raise ConfigError(
+            f"fault row {row}: {text!r} needs 3 fields 'start_iteration;links;delay_s' "
+            "(spaces separate rows: none inside one)"
+        )
+    links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
+    delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s")
+    if not links and delay_ms != math.inf:
+        raise ConfigError(f"fault row {row}: a delay needs at least one link")
+    target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
+    effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
+    return FaultEvent(_iteration(row, fields[0]), target, effect, row=row)
 
 
 def _target(row: int, item: dict[str, Any], failure: bool) -> Target:

@@ -91,6 +91,13 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
         ("\u0663;0_1;0.01", "fault row 1: start iteration '\u0663' is not an integer"),
         ("1_0;0_1;0.01", "fault row 1: start iteration '1_0' is not an integer"),
         ("3;\u0661_\u0662;0.01", "is not a PP link"),
+        # its line too, past comments and blank lines; a space inside a row splits it
+        ("# a\n\n# b\n1;0_1;0.01\n\n2;0_9;0.01", r"fault row 2: '0_9' .* \(line 6\)$"),
+        (
+            "1;0_1, 1_2;0.02",
+            r"fault row 1: '1;0_1,' needs 3 fields .* \(spaces separate rows: none inside one\)"
+            r" \(line 1\)$",
+        ),
     ],
 )
 def test_bad_trace_rows_are_named(text: str, message: str) -> None:
