@@ -351,7 +351,10 @@ def run(
     if any(result.num_moved_workers):
         click.echo(_moves_line(result.iterations, result.num_moved_workers))
     if result.reused_iterations:
-        click.echo(f"{result.reused_iterations} identical iterations reused (same plan and faults)")
+        reused = result.reused_iterations
+        click.echo(
+            f"{reused} identical iteration{'s' * (reused != 1)} reused (same plan and faults)"
+        )
     if result.devices:
         click.echo(f"workers: {result.devices}")
     if backend == "megatron":

@@ -204,7 +204,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                 f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}: "
                 f"{result.median_wall_ms:.1f} ms median"
                 + (f", {result.restarts} restart(s)" if result.restarts else "")
-                + (f", {reused} identical iterations reused" if reused else "")
+                + (f", {reused} identical iteration{'s' * (reused != 1)} reused" if reused else "")
                 + f" ({elapsed_s:.0f} s elapsed, ~{left_s:.0f} s left)"
             )
             for cause in result.restart_causes:
