@@ -169,16 +169,17 @@ def redelivered_if_swallowed(
 
 def raised_by_a_signal(err: BaseException) -> BaseException | None:
     """The exception a shutdown signal's handler raised (`shutdown_handler`'s, marked) that
-    `err` was raised from or while handling, else None: a C extension's import that met the
-    handler's KeyboardInterrupt raises `ImportError: initialization failed` from it
-    (matplotlib's, pybind11's), which is the signal, not a bug."""
+    `err` was raised from (its `__cause__` chain), else None: a C extension's import that met
+    the handler's KeyboardInterrupt raises `ImportError: initialization failed` from it
+    (matplotlib's, pybind11's), which is the signal, not a bug. An error merely raised while
+    handling one (a cleanup's, on the way out) is not: it stays an error."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
         if getattr(cause, _MARK, None) is not None:
             return cause
         seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        cause = cause.__cause__
     return None
 
 

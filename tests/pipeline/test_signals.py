@@ -7,7 +7,12 @@ import threading
 
 import pytest
 
-from pipeline.signals import HELD_SIGNALS, held_signals
+from pipeline.signals import (
+    HELD_SIGNALS,
+    held_signals,
+    raised_by_a_signal,
+    redelivered_if_swallowed,
+)
 
 
 class _Handled(BaseException):
@@ -299,3 +304,22 @@ def test_run_script_ends_by_a_signal_that_code_it_met_turned_into_another_error(
             child.kill()
             child.wait()
     assert (child.returncode, err) == (128 + signal.SIGTERM, "terminated (SIGTERM)\n")
+
+
+def test_an_error_raised_from_a_signal_s_exception_is_the_signal() -> None:
+    """What the command line takes for the signal: an error raised from the handler's own
+    (marked) exception, however deep; not one merely raised while it was handled (a
+    cleanup's bug on the way out stays a bug), nor any other."""
+    stop = redelivered_if_swallowed(KeyboardInterrupt(), signal.SIGINT)
+    wrapped = ImportError("initialization failed")
+    wrapped.__cause__ = stop
+    outer = RuntimeError("again")
+    outer.__cause__ = wrapped
+    assert raised_by_a_signal(wrapped) is stop and raised_by_a_signal(outer) is stop
+    cleanup = OSError("a cleanup's bug")
+    cleanup.__context__ = stop
+    assert raised_by_a_signal(cleanup) is None
+    assert raised_by_a_signal(ImportError("a real one")) is None
+    unmarked = ValueError()
+    unmarked.__cause__ = KeyboardInterrupt()  # not the handler's
+    assert raised_by_a_signal(unmarked) is None
