@@ -21,7 +21,7 @@ from pipeline.errors import AdaptraBenchError
 from pipeline.signals import (
     Terminated,
     handled_shutdown,
-    raised_by_a_signal,
+    signals_unwrapped,
     wait_for_redelivery,
 )
 
@@ -78,18 +78,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def _main(argv: list[str] | None) -> None:
     try:
-        try:
+        with signals_unwrapped():
             cli.main(args=argv, prog_name="adaptra-bench", standalone_mode=False)
             # A signal that a finalizer swallowed as the command ended is handled here, as
             # one not swallowed is (else it came once the handlers were gone: no line, no
             # 128 + n).
             wait_for_redelivery()
-        except Exception as err:
-            # The signal's own exception, where code it met turned it into another (a C
-            # extension's import: an "internal error", exit 3, for a Ctrl-C).
-            if (stop := raised_by_a_signal(err)) is None:
-                raise
-            raise stop from None
     except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted) as err:
         if isinstance(err, _Interrupted) and sys.stderr.isatty():
             click.echo(err=True)  # past the terminal's ^C

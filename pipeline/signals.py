@@ -26,6 +26,7 @@ __all__ = [
     "redelivered_if_swallowed",
     "run_script",
     "shutdown_handler",
+    "signals_unwrapped",
     "wait_for_redelivery",
 ]
 
@@ -98,16 +99,11 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
     (worker pools, delegates, shared memory, namespaces), one line on stderr, exit status 128
     + the signal."""
     try:
-        with handled_shutdown(put_back=False):
-            try:
-                status = main()
-                # A signal a finalizer swallowed as `main` ended is handled here, as one not
-                # swallowed is.
-                wait_for_redelivery()
-            except Exception as err:  # the signal's, turned into another by code it met
-                if (stop := raised_by_a_signal(err)) is None:
-                    raise
-                raise stop from None
+        with handled_shutdown(put_back=False), signals_unwrapped():
+            status = main()
+            # A signal a finalizer swallowed as `main` ended is handled here, as one not
+            # swallowed is.
+            wait_for_redelivery()
     except KeyboardInterrupt:
         print("interrupted (SIGINT)", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
@@ -181,6 +177,19 @@ def raised_by_a_signal(err: BaseException) -> BaseException | None:
         seen.add(id(cause))
         cause = cause.__cause__
     return None
+
+
+@contextlib.contextmanager
+def signals_unwrapped() -> Iterator[None]:
+    """Within, an error raised from a shutdown signal's own exception (`raised_by_a_signal`)
+    comes out as that exception, to be handled as the signal is (a Ctrl-C that met a C
+    extension's import ended a command as an "internal error")."""
+    try:
+        yield
+    except Exception as err:
+        if (stop := raised_by_a_signal(err)) is None:
+            raise
+        raise stop from None
 
 
 def catch_swallowed() -> None:
