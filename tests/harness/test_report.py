@@ -62,10 +62,13 @@ def _charts(patch: pytest.MonkeyPatch, draw: bool = True) -> list[GanttCall]:
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[GanttCall]]]:
-    """The default experiment's run directory, and every chart its report drew."""
+    """The default experiment's run directory, and every chart its report drew: the patch is
+    undone before the tests run (left in place while they ran, another test's report on the
+    same worker, a zb-h1 one, drew into these calls too: a flaky "gantt_zb-h1.png")."""
     with pytest.MonkeyPatch.context() as patch:
         calls = _charts(patch)
-        yield run_experiment(default_experiment(), tmp_path_factory.mktemp("r") / "r"), calls
+        run_dir = run_experiment(default_experiment(), tmp_path_factory.mktemp("r") / "r")
+    yield run_dir, calls
 
 
 def test_the_default_experiment_s_report_leads_with_its_headline(
