@@ -367,6 +367,18 @@ TWO_NICS = (("10.77.0.1", "10.77.1.1"),) * 2
 """Both trainers' NICs: one host's (`one_host_namespace`)."""
 
 
+def _a_to_b_on_one_host(stack: contextlib.ExitStack) -> tuple[str, Trainers]:
+    """A sends D0 to B over delegates on one host with two NICs, both watched (a namespace
+    of the test's, entered; closed with `stack`), iteration 0 carried: the namespace and
+    the trainers."""
+    namespace = stack.enter_context(one_host_namespace())
+    stack.enter_context(entered(namespace))
+    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
+    trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+    carry(*trainers.transports, 0, [1.0])
+    return namespace, trainers
+
+
 @NEEDS_NAMESPACES
 def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded() -> None:
     """Two trainers' delegate transports on one host (a namespace of the test's) with two
@@ -374,13 +386,9 @@ def test_a_move_between_iterations_by_a_side_closed_at_a_rank_swap_is_recorded()
     to nic1 (netlink) between iterations, its trainer not looking. Then a rank swap has A
     receive d from B, and A's sender side is closed: the move is A's failover of
     iteration 1, the one it learns of it in (it was dropped with the side's pipe)."""
-    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
-        namespace = stack.enter_context(one_host_namespace())
-        stack.enter_context(entered(namespace))
-        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+        namespace, trainers = _a_to_b_on_one_host(stack)
         a, b = trainers.transports
-        carry(a, b, 0, [1.0])
         assert a.take_failovers() == []
         mover = a._outbound[D0].delegates[0]
         ip_batch(namespace, ["link set nic0 down"])
@@ -490,13 +498,8 @@ def test_a_rewire_on_a_host_with_every_nic_down_fails_at_once_naming_them() -> N
     offers are exchanged (a peer waits for none that never comes). A rewire waited for its
     delegates' whole start-up wait (60 s) whatever the workers' timeout: on the testbed a
     megatron swap onto a host with both NICs down was noticed a minute late."""
-    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
-        namespace = stack.enter_context(one_host_namespace())
-        stack.enter_context(entered(namespace))
-        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
-        a, b = trainers.transports
-        carry(a, b, 0, [1.0])
+        namespace, trainers = _a_to_b_on_one_host(stack)
         ip_batch(namespace, ["link set nic0 down", "link set nic1 down"])
         rewires = [trainers.rewire_one(rank, wiring) for rank, wiring in enumerate(B_TO_A)]
         errors = [rewire.exception(timeout=60) for rewire in rewires]
@@ -627,13 +630,9 @@ def test_a_move_in_progress_when_a_rank_swap_closes_its_side_is_recorded(
     a loaded host may take longer to run the test to A's close: the mover is stopped too,
     from its hello until the receiver's answer is in its socket, which it then finds at
     once whenever it runs again.)"""
-    delegates = Delegates(addresses=TWO_NICS, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
-        namespace = stack.enter_context(one_host_namespace())
-        stack.enter_context(entered(namespace))
-        trainers = Trainers(stack, delegates, 1, A_TO_B, namespace)
+        namespace, trainers = _a_to_b_on_one_host(stack)
         a, b = trainers.transports
-        carry(a, b, 0, [1.0])
         mover = a._outbound[D0].delegates[0]
         receiver = b._inbound[D0].delegates[0].process.pid
         os.kill(receiver, signal.SIGSTOP)
