@@ -4,6 +4,7 @@ import dataclasses
 import os
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 
@@ -182,20 +183,10 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
 
     from injectors.ownership import OwnerRecord
 
-    profile = tmp_path / "p.json"
-    profile.write_text(
-        json.dumps(
-            {
-                "stages": 2,
-                "microbatches": 4,
-                "t_f": 5,
-                "t_b": 5,
-                "t_w": 5,
-                "delay_ms": [20],
-                "message_bytes": 8192,
-            }
-        )
-    )
+    shape = {"stages": 2, "microbatches": 4, "t_f": 5, "t_b": 5, "t_w": 5, "message_bytes": 8192}
+    delayed, free = tmp_path / "p.json", tmp_path / "free.json"
+    delayed.write_text(json.dumps({**shape, "delay_ms": [20]}))
+    free.write_text(json.dumps({**shape, "delay_ms": [0]}))
 
     def namespaces() -> set[str]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -206,7 +197,7 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
         testbeds, and another run's leftovers, are not this run's)."""
         return {n for r in OwnerRecord.read_all() if r.pid == pid for n in r.namespaces}
 
-    def measured_ms(injection: str) -> tuple[list[float], set[str]]:
+    def measured_ms(injection: str, profile: Path = delayed) -> tuple[list[float], set[str]]:
         """The run's measured iterations, and the namespaces its testbed made (seen while
         it ran); checks that they are gone, with their owner record, once it ends."""
         run = subprocess.Popen(
@@ -238,7 +229,15 @@ def test_run_injects_a_profile_delay_in_the_network_like_the_hook(tmp_path) -> N
     assert {"sw", "h0", "h1"} <= {n.rsplit("-", 1)[1] for n in made} and none == set(), made
     assert len(by_network) == len(by_hook) == 5
     slow = Profile.uniform(2, 4, 5, 5, 5, message_bytes=8192).with_delays([20.0])
-    _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow)
+    try:
+        _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow)
+    except AssertionError:
+        # Load that lasts through a run's five iterations lifts its fastest over the bound
+        # (393 ms against 235 once, beside two busy processes): delay-free runs of both
+        # injections measure what load adds now, which widens it; a quiet run is not made to
+        # pay for them (about 30 s).
+        undelayed = measured_ms("network", free)[0] + measured_ms("hook", free)[0]
+        _assert_delayed_alike(by_network, by_hook, one_f_one_b(slow), slow, undelayed)
 
 
 def test_run_caps_the_network_at_a_profile_s_float_bandwidth(tmp_path) -> None:

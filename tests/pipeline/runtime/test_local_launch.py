@@ -43,17 +43,35 @@ def test_a_start_up_error_has_no_rank_and_no_error_gives_the_last_line() -> None
     assert failure_reason("") == "no output"
 
 
+def _marked(marker: bytes) -> list[str]:
+    """The processes whose environment holds `marker` (an exited one's is empty)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(proc.name)
+            except OSError:
+                continue  # gone, or not ours to read
+    return found
+
+
 def test_a_run_past_its_time_or_failing_is_a_launch_error_and_leaves_no_process(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A runtime failure, not a malformed option: it was raised as ConfigError (a ValueError).
-    The process is stopped and waited for either way."""
+    The process is stopped and waited for either way. Each process the command started
+    inherits a marker in its environment: found, whether or not it got as far as its pid
+    file within the 2 s (a loaded host once started it later)."""
+    monkeypatch.setenv("ADB_TEST_LAUNCH_MARK", str(tmp_path))
     pid_file = tmp_path / "pid"
     sleeper = shlex.join(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"])  # starts fast
     with pytest.raises(LaunchError, match=r"did not finish within 2 s") as caught:
         run_local(sleeper, tmp_path, master_addr="", timeout_s=2)
     assert not isinstance(caught.value, ValueError)
-    assert not Path(f"/proc/{pid_file.read_text()}").exists()
+    assert _marked(f"ADB_TEST_LAUNCH_MARK={tmp_path}".encode()) == []
+    if pid_file.exists():
+        assert not Path(f"/proc/{pid_file.read_text().strip()}").exists()
     failing = f"{sys.executable} -c 'raise RuntimeError(\"no address for: nic9\")'"
     with pytest.raises(
         LaunchError, match=r"^torchrun failed with exit code 1: RuntimeError: no address for: nic9$"
