@@ -257,8 +257,9 @@ def _setups(record: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
 
 def _timeline_digest(spec: Mapping[str, Any]) -> str | None:
     """The digest of the fault timeline a spec record holds (`TIMELINE`): of the events its
-    text parses to, their rows left out (a comment or a blank line changes no measurement),
-    or of the text where this version cannot parse it; None where it holds no text."""
+    text parses to, their rows and lines left out (a comment or a blank line changes no
+    measurement), or of the text where this version cannot parse it; None where it holds no
+    text."""
     text, path = spec.get("faults_text"), spec.get("faults")
     if not isinstance(text, str) or not isinstance(path, str):
         return None
@@ -266,7 +267,7 @@ def _timeline_digest(spec: Mapping[str, Any]) -> str | None:
         events = parse_faults(text, path).events
     except ConfigError:
         return _digest(text)
-    return _digest(repr(tuple(dataclasses.replace(event, row=0) for event in events)))
+    return _digest(repr(tuple(dataclasses.replace(event, row=0, line=0) for event in events)))
 
 
 def _digest(text: str) -> str:

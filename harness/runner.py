@@ -296,17 +296,18 @@ def largest_messages(
 
 
 def check_injectable(faults: FaultView, injection: str) -> None:
-    """A ConfigError, naming the row, for a timeline's fault that `injection` cannot put on
-    the messages: the testbed's network (`network`) takes a NIC down, no other effect on a
-    NIC (harness.network), and said so only once the row's iteration ran."""
+    """A ConfigError, naming the file, row and line, for a timeline's fault that `injection`
+    cannot put on the messages: the testbed's network (`network`) takes a NIC down, no other
+    effect on a NIC (harness.network), and said so only once the row's iteration ran."""
     if injection != "network" or not isinstance(faults, FaultModel):
         return
     for event in faults.events:
         effect = event.effect
         if event.target.kind is TargetKind.NIC and not effect.down and effect != Effect():
-            raise ConfigError(  # (an effect of none: a repair)
-                f"fault row {event.row}: --inject network takes a NIC down, not another "
-                f"effect on a NIC ({event.target}); replay it with --inject hook"
+            raise faults.row_error(  # (an effect of none: a repair)
+                event,
+                "--inject network takes a NIC down, not another effect on a NIC "
+                f"({event.target}); replay it with --inject hook",
             )
 
 

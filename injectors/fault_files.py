@@ -1,5 +1,6 @@
 """Fault timeline files, read into a FaultModel (injectors.fault_model). Every error names its
-row.
+row and the row's line in the file, those found later against a run too
+(`FaultModel.row_error`).
 
 - The paper's trace: rows `start_iteration;links;delay_s` separated by newlines or spaces,
   links "i_j" joined by commas; lines starting with `#` are comments. A delay of 0 ends
@@ -25,7 +26,7 @@ from typing import Any, Literal
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
 from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS
 from pipeline.errors import ConfigError
-from pipeline.files import load_yaml, read_text
+from pipeline.files import load_yaml_lines, read_text
 from pipeline.topology import Link
 
 __all__ = ["fault_file_form", "load_faults", "parse_faults", "parse_trace", "parse_yaml"]
@@ -113,6 +114,7 @@ def _timeline(events: list[FaultEvent], seed: int) -> FaultModel:
                 f"fault row {after.row} starts before row {before.row} (iteration "
                 f"{after.start_iteration} at {after.at_ms:g} ms after iteration "
                 f"{before.start_iteration} at {before.at_ms:g} ms): order rows by when they start"
+                f" (lines {before.line} and {after.line})"
             )
     return FaultModel(tuple(events), seed)
 
@@ -146,7 +148,7 @@ def parse_trace(text: str, seed: int = 0) -> FaultModel:
     events = []
     for row, (line, row_text) in enumerate(rows, 1):
         try:
-            events.append(_trace_event(row, row_text))
+            events.append(dataclasses.replace(_trace_event(row, row_text), line=line))
         except ConfigError as err:
             raise ConfigError(f"{err} (line {line})") from None
     return _timeline(events, seed)
@@ -247,32 +249,38 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
 
 
 def parse_yaml(text: str, seed: int = 0) -> FaultModel:
-    data = load_yaml(text, "the timeline")
+    """YAML rows; a row's error names its row and the line it starts on in the file."""
+    data, lines = load_yaml_lines(text, "the timeline")
     if not isinstance(data, list):
         raise ConfigError("a YAML fault timeline is a list of rows {start_iteration, ...}")
     events = []
-    for row, item in enumerate(data, 1):
-        if not isinstance(item, dict) or "start_iteration" not in item:
-            raise ConfigError(f"fault row {row}: a mapping with start_iteration")
-        unknown = sorted(str(key) for key in set(item) - set(_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"fault row {row}: unknown key(s) {', '.join(unknown)}; keys: {', '.join(_KEYS)}"
-            )
-        effect = _effect(row, item)
-        start = _iteration(row, item["start_iteration"])
-        end = item.get("end_iteration")
-        end_iteration = None if end is None else _iteration(row, end, "end iteration")
-        if end_iteration is not None and end_iteration <= start:
-            raise ConfigError(f"fault row {row}: end_iteration must come after start_iteration")
-        events.append(
-            FaultEvent(
-                start,
-                _target(row, item, effect.down),
-                effect,
-                at_ms=_ms(row, item.get("at_ms", 0), "at_ms"),
-                end_iteration=end_iteration,
-                row=row,
-            )
-        )
+    for row, (item, line) in enumerate(zip(data, lines, strict=True), 1):
+        try:
+            events.append(dataclasses.replace(_yaml_event(row, item), line=line))
+        except ConfigError as err:
+            raise ConfigError(f"{err} (line {line})") from None
     return _timeline(events, seed)
+
+
+def _yaml_event(row: int, item: Any) -> FaultEvent:
+    if not isinstance(item, dict) or "start_iteration" not in item:
+        raise ConfigError(f"fault row {row}: a mapping with start_iteration")
+    unknown = sorted(str(key) for key in set(item) - set(_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"fault row {row}: unknown key(s) {', '.join(unknown)}; keys: {', '.join(_KEYS)}"
+        )
+    effect = _effect(row, item)
+    start = _iteration(row, item["start_iteration"])
+    end = item.get("end_iteration")
+    end_iteration = None if end is None else _iteration(row, end, "end iteration")
+    if end_iteration is not None and end_iteration <= start:
+        raise ConfigError(f"fault row {row}: end_iteration must come after start_iteration")
+    return FaultEvent(
+        start,
+        _target(row, item, effect.down),
+        effect,
+        at_ms=_ms(row, item.get("at_ms", 0), "at_ms"),
+        end_iteration=end_iteration,
+        row=row,
+    )

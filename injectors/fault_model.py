@@ -131,6 +131,9 @@ class FaultEvent:
     end_iteration: int | None = None
     row: int = 0
     """Its row in the file it came from (for errors)."""
+    line: int = 0
+    """The line of that file its row is on (for errors; 0: none, as for a timeline built in
+    code)."""
 
 
 _Unit = tuple[str, int, int | str]
@@ -394,18 +397,24 @@ class FaultModel:
 
     def validate(self, topology: Topology, num_iterations: int) -> None:
         """Targets must exist and every event must start within the run."""
-        where = f"fault timeline {self.source}: " if self.source else ""
         for event in self.events:
             try:
                 event.target.units(topology)
             except ConfigError as err:
-                raise ConfigError(f"{where}fault row {event.row}: {err}") from None
+                raise self.row_error(event, str(err)) from None
             if event.start_iteration >= num_iterations:
-                raise ConfigError(
-                    f"{where}fault row {event.row}: starts at iteration {event.start_iteration}"
-                    f" but the run has {num_iterations} iterations (0.."
-                    f"{num_iterations - 1})"
+                raise self.row_error(
+                    event,
+                    f"starts at iteration {event.start_iteration} but the run has "
+                    f"{num_iterations} iterations (0..{num_iterations - 1})",
                 )
+
+    def row_error(self, event: FaultEvent, why: str) -> ConfigError:
+        """The error for `event`'s row, found after the file was read: it names the file, the
+        row and its line, as an error found reading the file does."""
+        where = f"fault timeline {self.source}: " if self.source else ""
+        line = f" (line {event.line})" if event.line else ""
+        return ConfigError(f"{where}fault row {event.row}: {why}{line}")
 
     def change_iterations(self) -> tuple[int, ...]:
         """The iterations in which what is in force changes, in order: each event's start and,

@@ -22,6 +22,7 @@ __all__ = [
     "atomic_writer",
     "leftover_temporaries",
     "load_yaml",
+    "load_yaml_lines",
     "parse_json_file",
     "pyplot",
     "read_json",
@@ -180,10 +181,18 @@ def load_yaml(text: str, what: str) -> Any:
     """YAML (JSON too) read safely; a syntax error, or a key given twice in one mapping (YAML
     would keep the last silently), is one line with its place in the file. Only decimal
     forms are numbers (`_yaml_loader`)."""
+    return load_yaml_lines(text, what)[0]
+
+
+def load_yaml_lines(text: str, what: str) -> tuple[Any, tuple[int, ...]]:
+    """`load_yaml`'s data and, where it is a list, the line (from 1) each of its items starts
+    on (for a later error about an item to name its place in the file)."""
     import yaml
 
     try:
-        return _shallow(yaml.load(text, Loader=_yaml_loader()))  # a SafeLoader
+        data, node = _load_yaml_node(text)
+        items = node.value if isinstance(node, yaml.SequenceNode) else []
+        return _shallow(data), tuple(item.start_mark.line + 1 for item in items)
     except RecursionError as err:
         raise ConfigError(f"{what} is not valid YAML: {_TOO_DEEP}") from err
     except ConfigError as err:
@@ -193,6 +202,17 @@ def load_yaml(text: str, what: str) -> Any:
         problem = getattr(err, "problem", None) or type(err).__name__
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
+
+
+def _load_yaml_node(text: str) -> tuple[Any, Any]:
+    """The data of `text`'s YAML document and its node (None for an empty one): yaml.load's
+    steps with `_yaml_loader`, a SafeLoader, keeping the node and its marks."""
+    loader = _yaml_loader()(text)
+    try:
+        node = loader.get_single_node()
+        return (None if node is None else loader.construct_document(node)), node
+    finally:
+        loader.dispose()
 
 
 def _readable_mode() -> int:

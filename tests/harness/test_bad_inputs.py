@@ -331,7 +331,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "network NIC delay",
         {"p.json": json.dumps(SMALL), "f.yaml": NIC_DELAY},
         [*RUN_P, "--backend", "emulated", "--inject", "network", *NIC_RUN],
-        "fault row 2: --inject network takes a NIC down, not another effect on a NIC",
+        "error: fault timeline f.yaml: fault row 2: --inject network takes a NIC down, not "
+        "another effect on a NIC (host1:rnic0); replay it with --inject hook (line 1)",
     ),
     (
         "spec network NIC delay",
@@ -342,7 +343,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
             "f.yaml": NIC_DELAY,
         },
         RUN_SPEC,
-        "fault row 2: --inject network takes a NIC down, not another effect on a NIC",
+        "f.yaml: fault row 2: --inject network takes a NIC down, not another effect on a NIC "
+        "(host1:rnic0); replay it with --inject hook (line 1)",
     ),
     ("hook in sim", P, [*RUN_P, "--inject", "hook"], "--inject hook needs a runtime backend"),
     ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
@@ -514,6 +516,25 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         {**P, "f.yaml": row(start_iteration=50)},
         [*RUN_P, "--faults", "f.yaml"],
         "fault timeline f.yaml: fault row 1: starts at iteration 50 but the run has 5",
+    ),
+    (  # named the row only, not the line, as an error found reading the file does
+        "faults past the run names the line",
+        {
+            **P,
+            "f.yaml": "# late\n- {start_iteration: 0, links: ['0-1'], delay_ms: 5}\n"
+            "- {start_iteration: 50, links: ['0-1'], delay_ms: 0}\n",
+        },
+        [*RUN_P, "--faults", "f.yaml"],
+        "error: fault timeline f.yaml: fault row 2: starts at iteration 50 but the run has 5 "
+        "iterations (0..4) (line 3)",
+    ),
+    (
+        "trace link the run lacks names the line",
+        {**P, "f.txt": "# late\n0;0_1;0.005\n\n1;5_6;0.005\n"},
+        [*RUN_P, "--faults", "f.txt"],
+        "error: fault timeline f.txt: fault row 2: link 5-6 does not exist with 3 stages and 1 "
+        "replica (PP links i-(i+1) < 3, DP ring links dp<stage>:a-(a+1) and dp<stage>:0-(D-1)) "
+        "(line 4)",
     ),
     (
         "faults unknown key",

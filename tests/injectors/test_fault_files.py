@@ -93,6 +93,7 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
         ("3;\u0661_\u0662;0.01", "is not a PP link"),
         # its line too, past comments and blank lines; a space inside a row splits it
         ("# a\n\n# b\n1;0_1;0.01\n\n2;0_9;0.01", r"fault row 2: '0_9' .* \(line 6\)$"),
+        ("3;0_1;0.01\n\n1;1_2;0.01", r"fault row 2 starts before row 1 .* \(lines 1 and 3\)$"),
         (
             "1;0_1, 1_2;0.02",
             r"fault row 1: '1;0_1,' needs 3 fields .* \(spaces separate rows: none inside one\)"
@@ -103,6 +104,64 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
 def test_bad_trace_rows_are_named(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_trace(text)
+
+
+_LACKS = (
+    "link 5-6 does not exist with 4 stages and 1 replica (PP links i-(i+1) < 4, DP ring links "
+    "dp<stage>:a-(a+1) and dp<stage>:0-(D-1))"
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "lines"),
+    [
+        ("slow.txt", "# a comment\n1;0_1;0.01\n\n2;5_6;0.01 9;0_1;0\n", (2, 4, 4)),
+        (
+            "slow.yaml",
+            "# a comment\n- {start_iteration: 1, links: ['0-1'], delay_ms: 10}\n\n"
+            "- start_iteration: 2\n  links: ['5-6']\n  delay_ms: 10\n"
+            "- {start_iteration: 9, links: ['0-1'], delay_ms: 0}\n",
+            (2, 4, 7),
+        ),
+    ],
+)
+def test_an_error_found_against_the_run_names_the_file_and_the_line(
+    name: str, text: str, lines: tuple[int, ...]
+) -> None:
+    """A link the run lacks, or a start after its last iteration, named the row but not its
+    line, as an error found reading the file does (a trace's), in both forms."""
+    model = parse_faults(text, name)
+    assert [(event.row, event.line) for event in model.events] == list(
+        zip((1, 2, 3), lines, strict=True)
+    )
+    with pytest.raises(ConfigError) as lacks:
+        model.validate(Topology(4), num_iterations=20)
+    assert str(lacks.value) == f"fault timeline {name}: fault row 2: {_LACKS} (line {lines[1]})"
+    with pytest.raises(ConfigError) as late:
+        model.validate(Topology(8), num_iterations=5)
+    assert str(late.value) == (
+        f"fault timeline {name}: fault row 3: starts at iteration 9 but the run has 5 "
+        f"iterations (0..4) (line {lines[2]})"
+    )
+
+
+def test_a_yaml_rows_error_names_its_line() -> None:
+    """As a trace's does: the line its row starts on (YAML's own errors name theirs)."""
+    first = "- {start_iteration: 1, links: ['0-1'], delay_ms: 10}\n\n"
+    with pytest.raises(ConfigError) as refused:
+        parse_faults(f"{first}- start_iteration: 2\n  links: '0-1'\n  delay_ms: 10\n", "f.yaml")
+    assert str(refused.value) == (
+        "fault timeline f.yaml: fault row 2: links must be a list like ['0-1'] (line 3)"
+    )
+    earlier = "- {start_iteration: 0, links: ['0-1'], delay_ms: 0}"
+    with pytest.raises(ConfigError) as unordered:
+        parse_faults(
+            f"{first}- start_iteration: 2\n  links: ['0-1']\n  stall_ms: 5\n\n{earlier}", "f.yaml"
+        )
+    assert str(unordered.value) == (
+        "fault timeline f.yaml: fault row 3 starts before row 2 (iteration 0 at 0 ms after "
+        "iteration 2 at 0 ms): order rows by when they start (lines 3 and 7)"
+    )
 
 
 def test_targets_and_iterations_are_checked_against_the_run() -> None:

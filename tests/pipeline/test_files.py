@@ -15,6 +15,7 @@ from pipeline.files import (
     atomic_writer,
     leftover_temporaries,
     load_yaml,
+    load_yaml_lines,
     read_json,
     save_figure,
     write_atomic,
@@ -147,6 +148,17 @@ def test_yaml_numbers_are_decimal_and_other_forms_strings() -> None:
     ]  # fmt: skip
     with pytest.raises(ConfigError, match="'0x10' is not a decimal whole number"):
         load_yaml("!!int 0x10", "x")
+
+
+def test_a_yaml_lists_items_come_with_the_lines_they_start_on() -> None:
+    """For a later error about an item to name its line (a fault row's, found against a run)."""
+    text = "# rows\n- {a: 1}\n\n- a: 2\n  b: 3\n-   [4]\n"
+    assert load_yaml_lines(text, "x") == ([{"a": 1}, {"a": 2, "b": 3}, [4]], (2, 4, 6))
+    assert load_yaml_lines("[{a: 1},\n {a: 2}]", "x") == ([{"a": 1}, {"a": 2}], (1, 2))
+    assert load_yaml_lines("{a: [1, 2]}", "x") == ({"a": [1, 2]}, ())  # not a list: no lines
+    assert load_yaml_lines("", "x") == (None, ())
+    with pytest.raises(ConfigError, match="^x is not valid YAML at line 2, column 2: "):
+        load_yaml_lines("- [1\n-", "x")
 
 
 def test_deep_nesting_and_yaml_aliases_are_refused_as_input(tmp_path: Path) -> None:
