@@ -11,7 +11,8 @@ row and the row's line in the file, those found later against a run too
   target `links: ["2-3", "pp1:0-1", "dp0:0-1"]`, `hosts: [a, b]` or `nic: "host1:rnic0"`;
   effect `delay_ms` (with optional `jitter_ms`), `distribution: {normal: {mean_ms, std_ms},
   redraw_every_ms: [lo, hi]}`, `bandwidth_gbps`, `stall_ms` or `down: true`.
-  `delay_ms: inf` is `down: true`; `links: []` with it is the paper's NIC failure.
+  `delay_ms: inf` is `down: true`; `links: []` with it is the paper's NIC failure. Numbers
+  are YAML's: a quoted one (`"5"`) is refused, as specs and profiles refuse it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
-from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS
+from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS, is_number
 from pipeline.errors import ConfigError
 from pipeline.files import load_yaml_lines, read_text
 from pipeline.topology import Link
@@ -74,9 +75,12 @@ def parse_faults(text: str, path: str | Path, seed: int = 0) -> FaultModel:
     return dataclasses.replace(timeline, source=str(path))
 
 
-def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
+def _iteration(row: int, value: Any, name: str = "start iteration", *, trace: bool = False) -> int:
+    """A whole number >= 0: a trace's field as written, a YAML value as YAML read it."""
+    if not trace and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ConfigError(f"fault row {row}: {name} must be an integer, got {value!r}")
     text = str(value).strip()
-    if isinstance(value, bool) or not _INTEGER.fullmatch(text):
+    if not _INTEGER.fullmatch(text):
         raise ConfigError(f"fault row {row}: {name} {value!r} is not an integer")
     number = int(text)
     if number < 0:
@@ -85,13 +89,26 @@ def _iteration(row: int, value: Any, name: str = "start iteration") -> int:
 
 
 def _ms(
-    row: int, value: Any, name: str, scale: float = 1.0, *, inf: bool = False, unit: str = "ms"
+    row: int,
+    value: Any,
+    name: str,
+    scale: float = 1.0,
+    *,
+    inf: bool = False,
+    unit: str = "ms",
+    trace: bool = False,
 ) -> float:
+    """A number in 0..MAX_DURATION_MS (after `scale`), or `inf` where `inf` is allowed: a
+    trace's field as written; a YAML value as YAML read it, a number, not a string of one
+    (`"5"` is refused, as the specs and profiles refuse it), but for `inf` (YAML reads it as
+    a string; `.inf`, the float, is `inf` too)."""
     text = str(value).strip().lower()
     if inf and text == "inf":  # `inf` itself: a huge number is an error, not a failure
         return math.inf
-    if isinstance(value, bool) or not _NUMBER.fullmatch(text):
-        what = "a number or inf" if inf else "a number"
+    what = "a number or inf" if inf else "a number"
+    if not trace and not is_number(value):  # a bool too (YAML's `yes`)
+        raise ConfigError(f"fault row {row}: {name} must be {what}, got {value!r}")
+    if not _NUMBER.fullmatch(text):  # a trace's `1_0`, YAML's `.nan`
         raise ConfigError(f"fault row {row}: {name} {value!r} is not {what}")
     number = float(text) * scale
     if not 0 <= number <= MAX_DURATION_MS:  # inf too (1e999, an overflow by `scale`)
@@ -162,12 +179,12 @@ def _trace_event(row: int, text: str) -> FaultEvent:
             "(spaces separate rows: none inside one)"
         )
     links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
-    delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s")
+    delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s", trace=True)
     if not links and delay_ms != math.inf:
         raise ConfigError(f"fault row {row}: a delay needs at least one link")
     target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
     effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
-    return FaultEvent(_iteration(row, fields[0]), target, effect, row=row)
+    return FaultEvent(_iteration(row, fields[0], trace=True), target, effect, row=row)
 
 
 def _target(row: int, item: dict[str, Any], failure: bool) -> Target:

@@ -497,19 +497,26 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "faults string delay",
         {**P, "f.yaml": row(delay_ms="abc")},
         [*RUN_P, "--faults", "f.yaml"],
-        "delay_ms 'abc' is not a number",
+        "delay_ms must be a number or inf, got 'abc'",
+    ),
+    (  # was read as 5, where a spec refuses a string for a number
+        "faults quoted delay",
+        {**P, "f.yaml": row(delay_ms="5")},
+        [*RUN_P, "--faults", "f.yaml"],
+        "error: fault timeline f.yaml: fault row 1: delay_ms must be a number or inf, got '5' "
+        "(line 1)",
     ),
     (
         "faults NaN at_ms",
         {**P, "f.yaml": row(at_ms=float("nan"))},
         [*RUN_P, "--faults", "f.yaml"],
-        "at_ms 'NaN' is not a number",
+        "at_ms must be a number, got 'NaN'",
     ),
     (
         "faults float start",
         {**P, "f.yaml": row(start_iteration=1.5)},
         [*RUN_P, "--faults", "f.yaml"],
-        "start iteration 1.5 is not an integer",
+        "start iteration must be an integer, got 1.5",
     ),
     (
         "faults past the run",
