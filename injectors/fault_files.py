@@ -3,7 +3,8 @@ row and the row's line in the file, those found later against a run too
 (`FaultModel.row_error`).
 
 - The paper's trace: rows `start_iteration;links;delay_s` separated by newlines or spaces,
-  links "i_j" joined by commas; lines starting with `#` are comments. A delay of 0 ends
+  links "i_j" joined by commas; a `#` starts a comment, to the end of its line (a line of its
+  own, or after a line's rows). A delay of 0 ends
   what is in force on those links; `inf` with links fails those logical links (both ways);
   `inf` with no link fails `rnic0` of the host of stage floor(S/2), replica 0 (the paper's
   NIC failure).
@@ -154,13 +155,12 @@ def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
 
 
 def parse_trace(text: str, seed: int = 0) -> FaultModel:
-    """The paper's trace: rows separated by newlines or spaces, fields by ';'; lines that
-    start with '#' are comments. A row's error names its row and its line in the file."""
+    """The paper's trace: rows separated by newlines or spaces, fields by ';'; a '#' starts
+    a comment, to the end of its line. A row's error names its row and its line in the file."""
     rows = [
         (number, row_text)
         for number, line in enumerate(text.splitlines(), 1)
-        if not line.lstrip().startswith("#")
-        for row_text in line.split()
+        for row_text in line.partition("#")[0].split()
     ]
     events = []
     for row, (line, row_text) in enumerate(rows, 1):

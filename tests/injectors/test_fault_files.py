@@ -106,6 +106,24 @@ def test_bad_trace_rows_are_named(text: str, message: str) -> None:
         parse_trace(text)
 
 
+def test_a_comment_runs_to_the_end_of_its_line() -> None:
+    """A row with a trailing `# comment` was refused as a row a space split ("fault row 2:
+    '#' needs 3 fields ... (spaces separate rows: none inside one)"): a `#` starts a comment
+    after a row as on a line of its own."""
+    commented = parse_trace("# link 0-1\n1;0_1;0.02  # 20 ms\n3;0_1;0 5;1_2;0.01#one\n  # end\n")
+    plain = parse_trace("1;0_1;0.02\n3;0_1;0\n5;1_2;0.01")
+    assert [(e.row, e.start_iteration, e.target, e.effect) for e in commented.events] == [
+        (e.row, e.start_iteration, e.target, e.effect) for e in plain.events
+    ]
+    assert [e.line for e in commented.events] == [2, 3, 3]
+    with pytest.raises(ConfigError) as split:  # a space inside a row is still one, named
+        parse_trace("1;0_1, 1_2;0.02  # two links")
+    assert str(split.value) == (
+        "fault row 1: '1;0_1,' needs 3 fields 'start_iteration;links;delay_s' (spaces separate "
+        "rows: none inside one) (line 1)"
+    )
+
+
 _LACKS = (
     "link 5-6 does not exist with 4 stages and 1 replica (PP links i-(i+1) < 4, DP ring links "
     "dp<stage>:a-(a+1) and dp<stage>:0-(D-1))"
