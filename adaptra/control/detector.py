@@ -82,14 +82,16 @@ Thresholds (`Thresholds`), and why:
   moves change Adaptra's schedule little, while each re-plan costs a search, and one
   iteration's spike (a fresh connection's first messages) is not a change, nor are spikes
   on two links in turn;
-- a straggler for a rank swap (`Belief.outliers`): a slow link one of whose directions'
-  lower quartile is 4 ms (`slow_direction_ms`) or more above the least of its class's other
-  links' times in that iteration (every link alone in its class): load slows a class's
-  rings together, a slow link or host pair its own ring. At two chunks per ring direction
-  the lower quartile is the smaller plus a quarter of the gap: one chunk late by 24 ms puts
-  a healthy ring at the onset, and the hysteresis held it slow through the next, ordinary,
-  iteration, where it no longer stands out. Asking for the onset in that iteration too
-  kept a jittered slow ring (10 +- 10 ms: 9.2, 7.6, 4.3, 3.6 ms) from ever being swapped.
+- a straggler's evidence for a rank swap (`Belief.outlying`): the directions of a slow
+  link whose lower quartile is 4 ms (`slow_direction_ms`) or more above the least of its
+  class's other links' times in that iteration (every link alone in its class): load slows
+  a class's rings together, a slow link or host pair its own ring. At two chunks per ring
+  direction the lower quartile is the smaller plus a quarter of the gap: one chunk late by
+  24 ms puts a healthy ring at the onset, and the hysteresis held it slow through the next,
+  ordinary, iteration, where it no longer stands out. Asking for the onset in that
+  iteration too kept a jittered slow ring (10 +- 10 ms: 9.2, 7.6, 4.3, 3.6 ms) from ever
+  being swapped. The directions are kept apart because a loaded host's late stamps are a
+  worker's, one direction of a ring link of two replicas (adaptra.control.swaps).
 
 Known limit: links of a kind that are all slow from the first iteration on (every PP link
 direction, or every stage's DP ring whose chunks are in one size class) leave their class
@@ -142,6 +144,7 @@ from pipeline.topology import Direction, Link, link_name
 __all__ = [
     "DEFAULT_THRESHOLDS",
     "Belief",
+    "DirectionKey",
     "DirectionTimes",
     "LinkDetector",
     "Thresholds",
@@ -215,6 +218,10 @@ class Thresholds:
 DEFAULT_THRESHOLDS = Thresholds()
 
 
+DirectionKey = tuple[str, Direction, int]
+"""A link direction of one replica: (link name, direction, replica)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Belief:
     """What the detector believes after an iteration."""
@@ -225,10 +232,16 @@ class Belief:
     as pipeline.topology names them ("1-2"), DP ring links too ("dp0:0-1")."""
     slow: frozenset[str]
     """The links it calls slow."""
-    outliers: frozenset[str] = frozenset()
-    """The slow links that stand out from the other links of their class in this iteration
-    (`LinkDetector._standing_out`): what a rank swap takes as a straggler
-    (adaptra.control.swaps). Load, which slows a class's rings together, is not that."""
+    outlying: frozenset[DirectionKey] = frozenset()
+    """The directions (link, direction, replica) of slow links that stand out from the other
+    links of their class in this iteration (`LinkDetector._standing_out`): what a rank swap
+    takes as a straggler's evidence (adaptra.control.swaps). Load, which slows a class's
+    rings together, is not that."""
+
+    @property
+    def outliers(self) -> frozenset[str]:
+        """The slow links with a direction that stands out (`outlying`)."""
+        return frozenset(link for link, _, _ in self.outlying)
 
     @property
     def detected_ms(self) -> dict[str, float]:
@@ -261,8 +274,8 @@ class DirectionTimes(NamedTuple):
         return cls(statistics.median(spent_ms), lower, size, delegated)
 
 
-Directions = Mapping[tuple[str, Direction, int], DirectionTimes]
-"""Per (link, direction, replica) of an iteration: its `DirectionTimes`."""
+Directions = Mapping[DirectionKey, DirectionTimes]
+"""Per link direction of an iteration: its `DirectionTimes`."""
 
 FloorClass = tuple[bool, bool, int]
 """What a floor is kept per: (a PP link's, over delegates, the median message size's class:
@@ -312,14 +325,14 @@ class LinkDetector:
 
     def direction_times(
         self, messages: Iterable[MessageRecord], *, delegated: bool = False
-    ) -> dict[tuple[str, Direction, int], DirectionTimes]:
+    ) -> dict[DirectionKey, DirectionTimes]:
         """Per (link, direction, replica): the `DirectionTimes` over `messages` of arrival -
         wire start less what the link model expects (`delegated`: for PP messages over
         delegates). A function of the messages' times alone (the same for a timeline moved
         in time: `Timeline.repeats`)."""
         pp_expected_ms = self._delegated_expected_ms if delegated else self._pp_expected_ms
-        spent: dict[tuple[str, Direction, int], list[float]] = {}
-        sizes: dict[tuple[str, Direction, int], list[int]] = {}
+        spent: dict[DirectionKey, list[float]] = {}
+        sizes: dict[DirectionKey, list[int]] = {}
         for m in messages:
             key = (m.link, m.direction, m.replica)
             expected_ms = pp_expected_ms.get(m.link)
@@ -355,13 +368,14 @@ class LinkDetector:
             elif extra_ms < recovery:
                 self._slow.discard(link)
         slow = frozenset(self._slow & set(extra))
-        self.belief = Belief(iteration, extra, slow, slow & self._standing_out(directions))
+        outlying = frozenset(key for key in self._standing_out(directions) if key[0] in slow)
+        self.belief = Belief(iteration, extra, slow, outlying)
         return self.belief
 
-    def _standing_out(self, directions: Directions) -> frozenset[str]:
-        """The links one of whose directions' lower quartile is `slow_direction_ms` or more
-        above the least of the other links' times in its class now (a link's time: the
-        median of its directions' medians; every link alone in its class stands out).
+    def _standing_out(self, directions: Directions) -> frozenset[DirectionKey]:
+        """The link directions whose lower quartile is `slow_direction_ms` or more above the
+        least of the other links' times in their class now (a link's time: the median of
+        its directions' medians; every direction of a link alone in its class stands out).
         Measured against the least median ever seen (the floor), the rings of a loaded host
         reach the onset together, iteration after iteration; a slow link or host pair slows
         its own ring, and a fault on most of a class's rings leaves one healthy (against the
@@ -370,27 +384,30 @@ class LinkDetector:
         fault on one of four rings of 8 MB chunks, whose healthy rings lag apart by their
         concurrency, is 4.5 ms above them."""
         size_class = {is_pp: size_classes(sizes) for is_pp, sizes in self._sizes.items()}
-        by_class: dict[FloorClass, dict[str, list[DirectionTimes]]] = {}
-        for (link, _, _), times in directions.items():
-            is_pp = link in self._pp_expected_ms
+        by_class: dict[FloorClass, dict[str, dict[DirectionKey, DirectionTimes]]] = {}
+        for key, times in directions.items():
+            is_pp = key[0] in self._pp_expected_ms
             of = (is_pp, times.delegated, size_class[is_pp][times.num_bytes])
-            by_class.setdefault(of, {}).setdefault(link, []).append(times)
+            by_class.setdefault(of, {}).setdefault(key[0], {})[key] = times
         margin_ms = self.thresholds.slow_direction_ms
-        out = set()
+        out: set[DirectionKey] = set()
         for links in by_class.values():
             link_ms = {
-                link: statistics.median(t.median_ms for t in of_link)
+                link: statistics.median(t.median_ms for t in of_link.values())
                 for link, of_link in links.items()
             }
             for link, of_link in links.items():
                 others_ms = [ms for other, ms in link_ms.items() if other != link]
                 least_ms = min(others_ms, default=-math.inf)
-                if any(t.lower_quartile_ms - least_ms >= margin_ms for t in of_link):
-                    out.add(link)
+                out.update(
+                    key
+                    for key, times in of_link.items()
+                    if times.lower_quartile_ms - least_ms >= margin_ms
+                )
         return frozenset(out)
 
     def _raise_dp_floors(
-        self, directions: Directions, floors_ms: Mapping[tuple[str, Direction, int], float]
+        self, directions: Directions, floors_ms: Mapping[DirectionKey, float]
     ) -> bool:
         """Raise each DP class's kept floor to the least median of its directions now where
         two or more of its links are not believed slow and every one of their directions'
@@ -398,7 +415,7 @@ class LinkDetector:
         more at once than where it was set, the module); whether one was."""
         recovery_ms = self.thresholds.recovery_ms
         size_class = size_classes(self._sizes.get(False, ()))
-        by_class: dict[FloorClass, list[tuple[tuple[str, Direction, int], DirectionTimes]]] = {}
+        by_class: dict[FloorClass, list[tuple[DirectionKey, DirectionTimes]]] = {}
         for key, times in directions.items():
             if key[0] not in self._pp_expected_ms and key[0] not in self._slow:
                 of = (False, times.delegated, size_class[times.num_bytes])
@@ -421,7 +438,7 @@ class LinkDetector:
         return raised
 
     def _excess_ms(
-        self, directions: Directions, floors_ms: Mapping[tuple[str, Direction, int], float]
+        self, directions: Directions, floors_ms: Mapping[DirectionKey, float]
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Each link's estimate and evidence against `floors_ms`: its evidence is its
         directions' (every replica's) largest lower quartile; its estimate the mean of the
@@ -442,9 +459,7 @@ class LinkDetector:
             extra[link] = statistics.fmean(slow) if slow else max(0.0, *(m for m, _ in of_link))
         return extra, evidence
 
-    def _floors_ms(
-        self, directions: Directions, *, first: bool
-    ) -> dict[tuple[str, Direction, int], float]:
+    def _floors_ms(self, directions: Directions, *, first: bool) -> dict[DirectionKey, float]:
         """Each direction's floor, its class's as kept so far; for a class none has set, the
         direct path's of its kind and size over delegates (at the `first` look a PP class's
         only), else the least median of its directions now (the module)."""
@@ -453,7 +468,7 @@ class LinkDetector:
         for (is_pp, delegated, num_bytes), least_ms in self._floor_ms.items():
             of = (is_pp, delegated, size_class[is_pp][num_bytes])
             kept_ms[of] = min(kept_ms.get(of, math.inf), least_ms)
-        classes: dict[tuple[str, Direction, int], FloorClass] = {}
+        classes: dict[DirectionKey, FloorClass] = {}
         least_now_ms: dict[FloorClass, float] = {}
         for key, times in directions.items():
             is_pp = key[0] in self._pp_expected_ms
@@ -478,9 +493,7 @@ class TimelineTimes:
     simulator's repeated iterations: `pipeline.timeline.PerSource`)."""
 
     def __init__(self, detector: LinkDetector, *, dp_only: bool = False) -> None:
-        def times(
-            source: Timeline, delegated: bool
-        ) -> dict[tuple[str, Direction, int], DirectionTimes]:
+        def times(source: Timeline, delegated: bool) -> dict[DirectionKey, DirectionTimes]:
             messages: Iterable[MessageRecord] = source.dp_messages
             if not dp_only:
                 messages = itertools.chain(source.messages, messages)
@@ -493,6 +506,6 @@ class TimelineTimes:
 
     def __call__(
         self, timeline: Timeline, *, delegated: bool = False
-    ) -> dict[tuple[str, Direction, int], DirectionTimes]:
+    ) -> dict[DirectionKey, DirectionTimes]:
         """`delegated`: the timeline's PP messages went over delegates."""
         return self._times[delegated](timeline)

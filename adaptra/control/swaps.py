@@ -7,13 +7,23 @@ next iteration runs a placement where those two hosts are PP neighbours instead
 (`Topology.dp_pair_onto_pp`, the rank swap both Adaptra and Falcon use): the slow pair then
 carries a PP link of the lower replica, which the detector sees slow from the iteration
 after, and the controller plans for like any slow PP link. A swap moves model state, so it
-waits for the same DP link to be the slowest straggler in two iterations in a row (one
-iteration's belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration
-under a new placement, does not move anything): a slow link standing out from the other
-links of its class (`Belief.outliers`; one slow with every ring of a loaded host is none:
-one chunk of two late by 24 ms or more, then an ordinary iteration that the detector's
-hysteresis held slow, swapped a healthy ring; benchmarks/bench_false_swaps.py); at most
-one swap per iteration; the
+waits for the same DP link to be the slowest straggler in `STRAGGLER_BELIEFS` (3) beliefs
+in a row, one of its directions standing out in each of them (one iteration's belief, e.g.
+as a fault starts or ends mid-iteration, or in the first iteration under a new placement,
+does not move anything): a slow link standing out from the other links of its class
+(`Belief.outlying`; one slow with every ring of a loaded host is none: one chunk of two late
+by 24 ms or more, then an ordinary iteration that the detector's hysteresis held slow,
+swapped a healthy ring). A slow link delays every message it carries, in every iteration;
+a loaded host delays what a worker that was not scheduled receives, one direction of a ring
+link of two replicas, then another worker's, the other direction. On the times recorded in
+fault-free emulated runs beside two busy processes, two beliefs in a row, in any
+directions, swapped healthy rings in 18 of 30 runs and 6 of 12 (two recordings); three with
+a direction common to them in none of 30 and 1 of 12 (a receiver late three iterations in
+a row), while 15 ms or 10 +- 10 ms on a ring link was swapped in every run, an iteration
+later (BENCHMARKS.md, "False DP swaps on a loaded host, the second rule"; tests/adaptra/
+control/test_swaps.py replays the second recording). On a ring of
+three or more replicas each link carries one direction, and only the third belief is
+asked. At most one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
 gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
 hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
@@ -37,12 +47,14 @@ no slow DP link on its hosts, the same trace took Adaptra 97.20 s (56.78 held). 
 refusing a swap that would put onto a ring a host pair ever believed slow help: the trace
 delays PP links in every replica, so every pair a swap could bring onto a ring had been
 slow once, and Adaptra made no swap at all (100.31 s; with hosts freed after 10 quiet
-beliefs as well, Adaptra-CPU 121.77 s).
+beliefs as well, Adaptra-CPU 121.77 s). The figures of these two paragraphs were measured
+while a swap waited for two beliefs in a row (the trace with the rule kept: Adaptra 56.78 s
+then, 58.63 s with three; Adaptra-CPU 64.37 s, 66.27 s).
 
 A swap is checked by what it measured, as Falcon checks its own: where each of the
 `JUDGED_ITERATIONS` whole iterations under the new placement (after the swap's own, whose
 time has the state transfer in it) is more than `UNDO_MARGIN` slower, iteration and DP step
-together, than the iteration just before it (the second that called the link slow; not the
+together, than the iteration just before it (the last that called the link slow; not the
 first, which may carry the fault's onset: on the namespace testbed the pair's first use of
 its delayed wire, a step of 221 ms against 129 after it, against which a swap that made
 every step 178 ms was kept for good), the next iteration swaps back, and the link stays on
@@ -70,9 +82,13 @@ import dataclasses
 
 from adaptra.control.detector import Belief
 from pipeline.timeline import Timeline
-from pipeline.topology import Link, LinkKind, Topology
+from pipeline.topology import Direction, Link, LinkKind, Topology
 
-__all__ = ["JUDGED_ITERATIONS", "UNDO_MARGIN", "DpSwaps", "wall_ms"]
+__all__ = ["JUDGED_ITERATIONS", "STRAGGLER_BELIEFS", "UNDO_MARGIN", "DpSwaps", "wall_ms"]
+
+STRAGGLER_BELIEFS = 3
+"""The beliefs in a row in which a DP link is the slowest straggler, with one of its
+directions standing out in each, before it is swapped (the module)."""
 
 UNDO_MARGIN = 0.10
 """How much slower (a fraction) an iteration under a swap may be than the one before it: more
@@ -88,6 +104,16 @@ def wall_ms(timeline: Timeline, iteration: int) -> float:
     without going over its ops: that made an Adaptra run in the simulator 40 % slower)."""
     (record,) = (r for r in timeline.iterations if r.iteration == iteration)
     return record.end_ms - record.start_ms
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Streak:
+    """The slowest DP straggler of the last beliefs in a row, and its directions (direction,
+    replica) that stood out in each of them."""
+
+    link: Link
+    directions: frozenset[tuple[Direction, int]]
+    num_beliefs: int = 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,8 +135,8 @@ class DpSwaps:
         self.topology = topology
         """The placement the next iteration runs."""
         self.num_swaps = 0
-        self._slowest: Link | None = None
-        """The slowest DP straggler of the last belief (under the placement in force)."""
+        self._streak: _Streak | None = None
+        """The slowest DP straggler of the last beliefs (under the placement in force)."""
         self._moved: set[Link] = set()
         """The DP links swapped onto PP edges so far (never again)."""
         self._moved_hosts: set[int] = set()
@@ -134,7 +160,7 @@ class DpSwaps:
         if self._trial is not None:
             if not moved:
                 self._judge(measured_ms)
-            self._slowest = None
+            self._streak = None
             return
         movable = [
             link
@@ -145,11 +171,17 @@ class DpSwaps:
             and not set(self.topology.hosts_of(link)) & self._moved_hosts
         ]
         if not movable or self.topology.num_stages < 2:
-            self._slowest = None
+            self._streak = None
             return
         slowest = max(movable, key=lambda link: (belief.extra_ms[str(link)], link))
-        if slowest != self._slowest:
-            self._slowest = slowest
+        directions = frozenset((d, r) for link, d, r in belief.outlying if link == str(slowest))
+        streak = self._streak
+        if streak is not None and streak.link == slowest and streak.directions & directions:
+            streak = _Streak(slowest, streak.directions & directions, streak.num_beliefs + 1)
+        else:
+            streak = _Streak(slowest, directions)
+        self._streak = streak
+        if streak.num_beliefs < STRAGGLER_BELIEFS:
             return
         self._trial = _Trial(self.topology, self._last_ms)
         self._last_ms, self._moving = None, True
@@ -157,7 +189,7 @@ class DpSwaps:
         self._moved_hosts |= set(self.topology.hosts_of(slowest))
         self.topology = self.topology.dp_pair_onto_pp(slowest)
         self.num_swaps += 1
-        self._slowest = None
+        self._streak = None
 
     def _judge(self, measured_ms: float) -> None:
         """Take `measured_ms` into the swap on trial; once it has its judging iterations,
@@ -184,7 +216,7 @@ class DpSwaps:
     def restarted(self) -> None:
         """The job restarted: its iterations' times are no swap's to judge, nor is a belief
         before it the first of two in a row."""
-        self._trial, self._last_ms, self._moving, self._slowest = None, None, False, None
+        self._trial, self._last_ms, self._moving, self._streak = None, None, False, None
 
     @property
     def swapped(self) -> Topology | None:

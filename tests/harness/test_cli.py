@@ -905,20 +905,20 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     text = cli(*common, "--trace", str(tmp_path / "t.json"))
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines()[1] == (
-        "rank swaps moved 2 worker(s): 2 at the start of iteration 4 (--trace shows them)"
+        "rank swaps moved 2 worker(s): 2 at the start of iteration 5 (--trace shows them)"
     )
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     moves = [e for e in events if e.get("cat") == "swap"]
     swaps = [(e["name"], e["tid"], e["args"]["iteration"]) for e in moves]
     # positions replica x 4 + stage: stage 1 of replica 1 (5) and stage 2 of replica 0 (2)
     assert sorted(swaps) == [
-        ("swap from stage 1 replica 1", 2, 5),  # iteration 4 after the warm-up one
-        ("swap from stage 2 replica 0", 5, 5),
+        ("swap from stage 1 replica 1", 2, 6),  # iteration 5 after the warm-up one
+        ("swap from stage 2 replica 0", 5, 6),
     ]
     delayed = {e["args"]["fault_ms"] for e in events if e.get("name", "").startswith("c")}
     assert delayed == {0.0, 20.0}  # the ring's chunks, those over the slow pair 20 ms late
     data = json.loads(cli(*common, "--format", "json").stdout)
-    assert [i["moved_workers"] for i in data["iterations"]] == [0, 0, 0, 0, 2, 0]
+    assert [i["moved_workers"] for i in data["iterations"]] == [0, 0, 0, 0, 0, 2]
     # Falcon swaps too, and restarts where a link fails: a restart places the workers anew
     # in its first iteration, which is no rank swap (its line says the restart).
     faults.write_text(

@@ -895,7 +895,7 @@ def test_runs_and_iterations_csv_count_the_workers_rank_swaps_moved(tmp_path: Pa
     }
     steps = read_csv_rows(run_dir / "iterations.csv", ITERATIONS_COLUMNS)
     moved = [r["moved_workers"] for r in steps if r["system"] == "adaptra-cpu"]
-    assert moved == ["0", "0", "0", "0", "2", "0"]
+    assert moved == ["0", "0", "0", "0", "0", "2"]
 
 
 def test_the_run_plans_nothing_its_spec_s_check_planned(

@@ -296,7 +296,7 @@ def test_runs_share_a_pool_whatever_names_its_default_model() -> None:
 
 
 def test_a_swap_made_in_an_iteration_that_failed_is_counted_where_the_rerun_takes_it() -> None:
-    """Adaptra swaps dp0:0-1's pair onto a PP edge at measured iteration 4, the iteration a
+    """Adaptra swaps dp0:0-1's pair onto a PP edge at measured iteration 5, the iteration a
     NIC failure restarts; the rerun (from the checkpoint after the warm-up) plays the swapped
     placement. Its 2 moved workers were counted nowhere: the first iteration after a restart
     counted none, and the failed one records nothing."""
@@ -307,10 +307,10 @@ def test_a_swap_made_in_an_iteration_that_failed_is_counted_where_the_rerun_take
     )
     faults = parse_yaml(
         '[{start_iteration: 2, links: ["dp0:0-1"], delay_ms: 30},'
-        ' {start_iteration: 4, at_ms: 2, end_iteration: 6, nic: "host1:rnic0", down: true}]'
+        ' {start_iteration: 5, at_ms: 2, end_iteration: 7, nic: "host1:rnic0", down: true}]'
     )
     result = run_configuration(
-        system_controller("adaptra", profile, faults), num_iterations=8, faults=faults
+        system_controller("adaptra", profile, faults), num_iterations=9, faults=faults
     )
     assert result.restarts == 1
     moved = [(k, n) for k, n in zip(result.iterations, result.num_moved_workers, strict=True) if n]

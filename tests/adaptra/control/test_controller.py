@@ -198,21 +198,21 @@ link slow): each stage's ring sends 6 chunks of 125 kB each way."""
 def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     injection: str,
 ) -> None:
-    """20 ms on stage 1's ring link (dp1:0-1, a host pair) in measured iterations 2-6: the
+    """20 ms on stage 1's ring link (dp1:0-1, a host pair) in measured iterations 2-7: the
     detector names that link at 19-40 ms (its delay, and what load adds) from the iteration
-    after; believed twice in a row, the controller swaps ranks (measured iteration 4) so
+    after; believed three times in a row, the controller swaps ranks (measured iteration 5) so
     that the pair becomes PP link 0-1 of replica 0 (`Topology.dp_pair_onto_pp`), where the
     detector then finds the delay and Adaptra plans for it over the delegates; after the
     fault it goes back to the initial plan over `direct` (the placement stays). The
     simulator decides the same, at exactly 20 ms."""
     faults = parse_yaml(
-        '[{start_iteration: 2, end_iteration: 7, links: ["dp1:0-1"], delay_ms: 20}]'
+        '[{start_iteration: 2, end_iteration: 8, links: ["dp1:0-1"], delay_ms: 20}]'
     )
     # Two warm-up iterations: a fresh pool of processes on a loaded machine may take its
     # first iteration slowly anywhere (first use of every path); the detector sees both.
-    real = _run(DP_PROFILE, faults, 10, "emulated", injection, num_warmup_iterations=2)
-    sim = _run(DP_PROFILE, faults, 10, "sim", "hook", num_warmup_iterations=2)
-    slow = [set()] * 3 + [{"dp1:0-1"}] * 2 + [{"0-1"}] * 3 + [set()] * 2
+    real = _run(DP_PROFILE, faults, 11, "emulated", injection, num_warmup_iterations=2)
+    sim = _run(DP_PROFILE, faults, 11, "sim", "hook", num_warmup_iterations=2)
+    slow = [set()] * 3 + [{"dp1:0-1"}] * 3 + [{"0-1"}] * 3 + [set()] * 2
     assert _slow(sim.decisions) == slow
     # Real runs: recovered within 2 iterations (load may keep a recovered link's estimate
     # above the 4 ms of recovery for an iteration). The first iteration after the swap runs
@@ -220,29 +220,29 @@ def test_a_slow_dp_ring_link_is_named_moved_onto_a_pp_edge_and_absorbed_there(
     # detector may still hold the ring link then, beside the PP link it now finds. Load's
     # late stamps may make one false alarm elsewhere.
     real_slow = _slow(real.decisions)
-    alarms = _false_alarms(real_slow, slow, skip=frozenset({5, 8}))
-    assert real_slow[5] in ({"0-1"}, {"0-1", "dp1:0-1"}) and "0-1" not in real_slow[9]
-    assert [d.detected_ms["dp1:0-1"] for d in sim.decisions[3:5]] == [20.0] * 2
-    assert [d.detected_ms["0-1"] for d in sim.decisions[5:8]] == [20.0] * 3
+    alarms = _false_alarms(real_slow, slow, skip=frozenset({6, 9}))
+    assert real_slow[6] in ({"0-1"}, {"0-1", "dp1:0-1"}) and "0-1" not in real_slow[10]
+    assert [d.detected_ms["dp1:0-1"] for d in sim.decisions[3:6]] == [20.0] * 3
+    assert [d.detected_ms["0-1"] for d in sim.decisions[6:9]] == [20.0] * 3
     # Real runs: 20.2-20.7 ms on a quiet machine; load only adds (a 125 kB chunk crosses more
     # of the host than a 4 KiB message: 23.5 ms seen beside two busy processes), so above
     # the delay only the smallest is bounded, by twice it, and each by a hang guard.
-    estimates = [d.detected_ms["dp1:0-1"] for d in real.decisions[3:5]]
-    estimates += [d.detected_ms["0-1"] for d in real.decisions[5:8]]
+    estimates = [d.detected_ms["dp1:0-1"] for d in real.decisions[3:6]]
+    estimates += [d.detected_ms["0-1"] for d in real.decisions[6:9]]
     assert all(19.0 <= e <= 10 * 20.0 for e in estimates) and min(estimates) < 40.0, estimates
-    expected = [False] * 5 + [True] * 3 + [False] * 2
-    for result in (real, sim):  # (a real run's recovery may take iteration 8 as well)
+    expected = [False] * 6 + [True] * 3 + [False] * 2
+    for result in (real, sim):  # (a real run's recovery may take iteration 9 as well)
         adapted = [
             d.policy == "adaptra" and d.comm == {"0-1": "delegated"} for d in result.decisions
         ]
-        kept = [i for i in range(10) if result is sim or i not in alarms | {8}]
+        kept = [i for i in range(11) if result is sim or i not in alarms | {9}]
         assert [adapted[i] for i in kept] == [expected[i] for i in kept], adapted
-    # The swap: at measured iteration 4, hosts 3 (stage 1 of replica 1) and 0 (stage 0 of
+    # The swap: at measured iteration 5, hosts 3 (stage 1 of replica 1) and 0 (stage 0 of
     # replica 0) trade places, and stay so: hosts 3 and 1 (the slow pair) carry pp0:0-1.
     assert real.timeline is not None
     iterations = real.timeline.iterations
-    assert {r.iteration for r in real.timeline.swaps} == {2 + 4}
-    before, after = iterations[2 + 3].pids, iterations[2 + 4].pids
+    assert {r.iteration for r in real.timeline.swaps} == {2 + 5}
+    before, after = iterations[2 + 4].pids, iterations[2 + 5].pids
     assert (after[0], after[3]) == (before[3], before[0]) and iterations[-1].pids == after
 
 

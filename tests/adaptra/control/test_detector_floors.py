@@ -249,15 +249,15 @@ def test_rings_whose_chunks_differ_by_0_6_percent_share_a_floor() -> None:
     for system in ("adaptra-cpu", "adaptra"):
         controller = system_controller(system, profile, faults)
         result = run_configuration(
-            controller, num_iterations=4, num_warmup_iterations=0, faults=faults
+            controller, num_iterations=5, num_warmup_iterations=0, faults=faults
         )
         detected[system] = [d.detected_ms for d in result.decisions]
         assert controller.swaps.num_swaps == 1  # type: ignore[attr-defined]
         assert blind_detector_warning(system, profile, faults, num_warmup_iterations=0) is None
     slow = {"dp0:0-1": 20.0}
     assert detected == {
-        "adaptra-cpu": [{}, slow, slow, {}],  # it reads the DP ring's messages only
-        "adaptra": [{}, slow, slow, {"0-1": 20.0}],
+        "adaptra-cpu": [{}, slow, slow, slow, {}],  # it reads the DP ring's messages only
+        "adaptra": [{}, slow, slow, slow, {"0-1": 20.0}],
     }
     assert unmeasurable_kinds(profile.with_delays([0.0], {Link.dp(0, 0): 20.0})) == ()
 
@@ -285,11 +285,11 @@ FOUR_RINGS = Profile.uniform(
 @pytest.mark.parametrize(
     ("faults_yaml", "expected", "num_swaps"),
     [
-        ('[{start_iteration: 3, end_iteration: 8, links: ["1-2"], delay_ms: 30}]', [{}] * 5, 0),
+        ('[{start_iteration: 3, end_iteration: 8, links: ["1-2"], delay_ms: 30}]', [{}] * 6, 0),
         (
             '[{start_iteration: 3, end_iteration: 8, links: ["1-2"], delay_ms: 30},'
             ' {start_iteration: 11, links: ["dp2:0-1"], delay_ms: 10}]',
-            [{}, {}, {"dp2:0-1": 10.0}, {"dp2:0-1": 10.0}, {"2-3": 10.0}],
+            [{}, {}, {"dp2:0-1": 10.0}, {"dp2:0-1": 10.0}, {"dp2:0-1": 10.0}, {"2-3": 10.0}],
             1,
         ),
     ],
@@ -310,6 +310,6 @@ def test_rings_back_at_once_after_a_pp_fault_are_no_stragglers(
         controller, num_iterations=16, faults=faults, delegated=True, host=CONCURRENT_RINGS_HOST
     )
     assert [d.detected_ms for d in run.decisions[4:10]] == [{"1-2": 30.0}] * 5 + [{}]
-    assert [d.detected_ms for d in run.decisions[10:15]] == expected
+    assert [d.detected_ms for d in run.decisions[10:16]] == expected
     assert isinstance(controller, DetectingController)
     assert controller.swaps.num_swaps == num_swaps
