@@ -36,6 +36,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, check_memory, validate_schedule
+from pipeline.signals import held_signals
 from pipeline.simulator import CommMode, simulate
 
 __all__ = ["ExactResult", "solve_exact", "solve_exact_deterministic"]
@@ -357,10 +358,16 @@ def _search(solver: cp_model.CpSolver, model: cp_model.CpModel) -> cp_model.CpSo
             ended.set()
 
     thread = threading.Thread(target=search, name="cp-sat")
-    thread.start()
     try:
+        # A signal as the thread starts goes up once it has started, where the search stops
+        # with it: raised from `start`, it left the search running to its time limit (600 s
+        # in a test on a loaded host), the process's exit waiting for it.
+        with held_signals():
+            thread.start()
         ended.wait()  # not thread.join(): interrupted, 3.11's marks a running thread stopped
     except BaseException:
+        if thread.ident is None:  # it never started
+            raise
         try:
             _stop_search(solver, ended)
         finally:

@@ -29,6 +29,11 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 # (pipeline.signals), so those tests would see their processes live on. They test the default.
 if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+# So is SIGINT for a background job of a shell without job control (`pytest &` in a script):
+# the processes the Ctrl-C tests start ignored it, and a solve they interrupt ran on to its
+# time limit.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ASSETS = Path(__file__).parent / "assets"
 

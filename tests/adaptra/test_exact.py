@@ -352,6 +352,26 @@ def test_a_second_signal_while_the_search_stops_still_stops_it() -> None:
     assert _python(code) == ["interrupted", "second", "['MainThread']"]
 
 
+def test_a_signal_as_the_search_thread_starts_stops_the_search() -> None:
+    """SIGINT right after the search's thread had started, before `start` returned (a loaded
+    host leaves the caller unscheduled that long): the KeyboardInterrupt came out of `start`,
+    before the solve could stop the search, which ran on to its time limit (CI timed out at
+    60 s of 600). Now the search stops with it and no solver thread is left."""
+    code = (
+        "import os, signal, threading; from adaptra.exact import solve_exact; "
+        "from pipeline.profile import Profile\n"
+        "original = threading.Thread.start\n"
+        "def start(self):\n"
+        "    original(self)\n"
+        "    if self.name == 'cp-sat': os.kill(os.getpid(), signal.SIGINT)\n"
+        "threading.Thread.start = start\n"
+        "try: solve_exact(Profile.uniform(8, 32, 10, 10, 10, mem_limit=4.0), time_limit_s=20)\n"
+        "except KeyboardInterrupt as err: print('interrupted', err)\n"
+        "print([t.name for t in threading.enumerate()])"
+    )
+    assert _python(code) == ["interrupted", "['MainThread']"]
+
+
 def test_a_schedule_at_the_release_time_bound_is_proven_optimal_at_once() -> None:
     """The model's makespan starts at adaptra.bounds' release-time bound where that is
     higher than its static one, and a schedule meeting the bound is optimal however little
