@@ -19,9 +19,12 @@ link of two replicas, then another worker's, the other direction. On the times r
 fault-free emulated runs beside two busy processes, two beliefs in a row, in any
 directions, swapped healthy rings in 18 of 30 runs and 6 of 12 (two recordings); three with
 a direction common to them in none of 30 and 1 of 12 (a receiver late three iterations in
-a row), while 15 ms or 10 +- 10 ms on a ring link was swapped in every run, an iteration
-later (BENCHMARKS.md, "False DP swaps on a loaded host, the second rule"; tests/adaptra/
-control/test_swaps.py replays the second recording). On a ring of
+a row), while 15 ms or 10 +- 10 ms on a ring link was swapped in every run. The price: a
+fixed delay is swapped an iteration later; a jittered or redrawn one stands out in fewer
+iterations in a row (and with jitter in one direction at a time), so in the simulator its
+swap came a median 1-1.5 iterations later, up to 20 in one of 20 draws of a redrawn 15 +-
+15 ms, up to 7 % more time in all (BENCHMARKS.md, "False DP swaps on a loaded host, the
+second rule"; tests/adaptra/control/test_swaps.py replays the second recording). On a ring of
 three or more replicas each link carries one direction, and only the third belief is
 asked. At most one swap per iteration; the
 placement stays after the link recovers (swapping back costs another state transfer and
@@ -65,7 +68,8 @@ its first whole iteration against the swap's last, and one measured worse is its
 the swap made again, for good (the cost: two iterations on the worse placement and two more
 state transfers; Adaptra-CPU, 10 ms on a DP link growing to 80 while its swap was judged,
 25 iterations in the simulator: 10.7 s, against 7.5 s without any undo and 31.5 s with an
-undo not judged).
+undo not judged; measured while a swap took two beliefs in a row: 10.88 s with three, its
+swaps an iteration later).
 
 The paper's premise, that a DP straggler costs every bucket of the all-reduce and a PP one
 only what the schedule cannot hide, fails where the gradient is small and the schedule
@@ -215,7 +219,7 @@ class DpSwaps:
 
     def restarted(self) -> None:
         """The job restarted: its iterations' times are no swap's to judge, nor is a belief
-        before it the first of two in a row."""
+        before it the first of those in a row that a swap waits for."""
         self._trial, self._last_ms, self._moving, self._streak = None, None, False, None
 
     @property

@@ -69,6 +69,21 @@ def test_the_slowest_dp_link_believed_three_times_in_a_row_becomes_a_pp_edge() -
     assert swaps.num_swaps == 2  # it stays after the link recovers
 
 
+def test_a_restart_begins_the_beliefs_a_swap_waits_for_anew() -> None:
+    """Two beliefs before a restart and one after it are not three in a row: the iterations
+    before it were lost, and the rerun's placement is judged from its own beliefs."""
+    slow = _belief({"dp1:0-1": 30.0}, {"dp1:0-1"})
+    swaps = DpSwaps(Topology(4, 2))
+    for _ in range(2):
+        swaps.update(slow, 100.0)
+    swaps.restarted()
+    for _ in range(2):
+        swaps.update(slow, 100.0)
+    assert swaps.num_swaps == 0
+    swaps.update(slow, 100.0)
+    assert swaps.swapped == Topology(4, 2).dp_pair_onto_pp(Link.parse("dp1:0-1"))
+
+
 def test_a_swap_measured_slower_is_undone_and_the_link_left_on_its_ring() -> None:
     """Each of the 3 whole iterations under a swap (after the swap's own) more than 10 %
     slower than each of the 2 before it: the next iteration runs the placement before it,
