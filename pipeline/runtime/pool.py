@@ -42,7 +42,7 @@ from pipeline.runtime.remote_error import (
 )
 from pipeline.runtime.scratch import POOL_PREFIX, SLOTS_PREFIX, make_folder
 from pipeline.runtime.transport import DelegateFactory, Failover, route_kind
-from pipeline.runtime.worker import DOING, PLACING, PROGRESS, worker_main
+from pipeline.runtime.worker import DOING, PLACING, PROGRESS, start_up_limit_s, worker_main
 from pipeline.signals import held_signals
 from pipeline.timeline import (
     FailoverRecord,
@@ -68,13 +68,6 @@ DP ring's wait for its first chunks, which spans the peer replicas' pipelines (d
 their peers' progress (an op or a ring chunk done) restarts it."""
 
 BACKSTOP_GRACE_S = 5.0
-
-START_UP_S = 120.0
-START_UP_PER_RANK_S = 15.0
-"""How long workers may take to start (join the group; megatron imports megatron-core and
-builds its stage): START_UP_S, or START_UP_PER_RANK_S per rank for larger pools (their start
-shares the machine's cores); load stretches it, and it does not depend on the pool's per-wait
-timeout."""
 
 DEATH_GRACE_S = 1.0
 """How long a broken connection's report (what a neighbour's death looks like) waits for a
@@ -194,7 +187,7 @@ class WorkerPool:
                     self._processes.append(self._launch(rank, worker_main, args))
                 self._conns.append(parent)
                 child.close()
-            limit_s = max(START_UP_S, START_UP_PER_RANK_S * self.num_ranks)
+            limit_s = start_up_limit_s(self.num_ranks)
             answers = self._gather(
                 "start-up", "a ready message (group joined, stage set up)", limit_s
             )

@@ -57,7 +57,7 @@ __all__ = ["CHECK_EVERY_S", "THREAD_WAIT_S", "Receiver", "wait_checking"]
 THREAD_WAIT_S = 30 * 24 * 3600.0
 """The limit the thread gives its wait for a message: 30 days, none in practice (the
 module's docstring: why it has none). It must be given: gloo's wait without one (or with 0)
-takes the process group's timeout, the workers' `timeout_s` (`init_process_group`'s)."""
+takes the process group's timeout (`init_process_group`'s: a pool's start-up bound)."""
 
 CHECK_EVERY_S = 0.1
 """How often `take`, while it waits, calls its `check`."""

@@ -357,8 +357,10 @@ class _GlooReceive:
 class DirectTransport:
     """gloo point-to-point on the caller's thread, receives pre-posted (`irecv`)."""
 
-    def __init__(self, fault_hook: FaultHook) -> None:
+    def __init__(self, fault_hook: FaultHook, timeout_s: float | None = None) -> None:
+        """`timeout_s`: how long a send may wait (None: the process group's timeout)."""
         self.fault_hook = fault_hook
+        self.timeout_s = timeout_s
         self.bytes_sent = 0
 
     def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive:
@@ -383,7 +385,7 @@ class DirectTransport:
             link, direction, message.iteration, message.hook_kind, message.microbatch, num_bytes
         )
         what = describe(peer, message.kind, message.microbatch, sending=True)
-        _send(payload, peer, message.tag, f"sending {what} on link {link}")
+        _send(payload, peer, message.tag, f"sending {what} on link {link}", self.timeout_s)
         self.bytes_sent += num_bytes
         return fault_ms
 
@@ -401,7 +403,7 @@ class DirectTransport:
         num_bytes = payload.numel() * payload.element_size()
         fault_ms = self.fault_hook(link, direction, iteration, KIND, index, num_bytes)
         what = describe_chunk(peer, index, sending=True)
-        _send(payload, peer, dp_tag(index), f"sending {what} on link {link}")
+        _send(payload, peer, dp_tag(index), f"sending {what} on link {link}", self.timeout_s)
         self.bytes_sent += num_bytes
         return fault_ms
 
@@ -413,7 +415,7 @@ class DirectTransport:
         """The tied weight's gradient to rank `peer`: no fault hook (pipeline.topology's
         `tied_link`)."""
         what = f"the tied weight's gradient to rank {peer}"
-        _send(payload, peer, TIED_TAG, f"sending {what} on {link}")
+        _send(payload, peer, TIED_TAG, f"sending {what} on {link}", self.timeout_s)
         self.bytes_sent += payload.numel() * payload.element_size()
 
     def post_state_receive(self, peer: int, buffer: torch.Tensor) -> PendingReceive:
@@ -424,13 +426,19 @@ class DirectTransport:
 
     def send_state(self, peer: int, payload: torch.Tensor) -> None:
         """The model state of the position this worker left, to its new player `peer`."""
-        _send(payload, peer, STATE_TAG, f"sending the model state to rank {peer}")
+        _send(payload, peer, STATE_TAG, f"sending the model state to rank {peer}", self.timeout_s)
         self.bytes_sent += payload.numel() * payload.element_size()
 
 
-def _send(payload: torch.Tensor, peer: int, tag: int, doing: str) -> None:
-    """A blocking gloo send; its failure as `gloo_failure` says, naming what it sent."""
+def _send(payload: torch.Tensor, peer: int, tag: int, doing: str, timeout_s: float | None) -> None:
+    """A blocking gloo send (for up to `timeout_s`; None: the process group's timeout); its
+    failure as `gloo_failure` says, naming what it sent."""
     try:
-        dist.send(payload, dst=peer, tag=tag)
+        if timeout_s is None:
+            dist.send(payload, dst=peer, tag=tag)
+        else:
+            work = dist.isend(payload, dst=peer, tag=tag)
+            assert work is not None
+            work.wait(dt.timedelta(seconds=timeout_s))
     except RuntimeError as err:
         raise gloo_failure(doing, err) from err

@@ -92,6 +92,20 @@ DOING = "doing"
 """The status of a worker's word to the pool that is neither an answer nor progress: what it
 does now, in words (`Progress`); the pool's wait for progress goes on."""
 
+START_UP_S = 120.0
+START_UP_PER_RANK_S = 15.0
+"""How long workers may take to start (join the group; megatron imports megatron-core and
+builds its stage): START_UP_S, or START_UP_PER_RANK_S per rank for larger pools (their start
+shares the machine's cores); load stretches it, and it does not depend on the pool's per-wait
+timeout: the pool waits that long for their ready messages, and each worker that long for the
+others to join its process group (`join`)."""
+
+
+def start_up_limit_s(num_ranks: int) -> float:
+    """How long `num_ranks` workers may take to start (START_UP_S)."""
+    return max(START_UP_S, START_UP_PER_RANK_S * num_ranks)
+
+
 SWITCH_INTERVAL_S = 0.0005
 """A worker's GIL switch interval (Python's default: 5 ms). A receiver thread that must stamp
 an arrival while the compute thread runs Python waits about this long for the GIL; it costs
@@ -377,7 +391,7 @@ class _Worker:
             replica = topology.position_of_worker(self.rank).replica
             hook = own = FaultViewHook(delays, config.faults, replica)
         swaps = topology.workers != self.topology.workers
-        prepared = _Prepared(config, hook, own, DirectTransport(hook), swaps)
+        prepared = _Prepared(config, hook, own, DirectTransport(hook, self.timeout_s), swaps)
         self.current_op = None
         if not swaps:
             self._set_up(prepared)
@@ -863,13 +877,19 @@ def join(
     num_delegates: int = 0,
     slot_dir: str = "",
     on_host: tuple[int, int] | None = None,
+    join_timeout_s: float | None = None,
 ) -> _Worker:
     """Join the process group (pipeline.runtime.devices: gloo, with messages through host
     copies where the worker computes on a GPU); the worker for this rank (under the default
     placement: pipeline.topology), with `num_delegates` delegates per link direction and
     side from `delegates` if given (their slot files in `slot_dir`). `on_host`: this
     worker's index among the workers on its host and their number (torchrun's LOCAL_RANK and
-    LOCAL_WORLD_SIZE: a job over several hosts); None: every worker is on this host."""
+    LOCAL_WORLD_SIZE: a job over several hosts); None: every worker is on this host.
+    `join_timeout_s`: how long the join waits for the other ranks where that is longer than
+    `timeout_s` (the group's timeout, which gloo's rendezvous takes: a pool's worker that a
+    loaded host started some 2 x `timeout_s` after another failed the pool's start-up, which
+    may take START_UP_S); the worker's sends take `timeout_s` all the same
+    (`DirectTransport`)."""
     grid = Topology(num_stages, num_replicas)
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
@@ -882,7 +902,7 @@ def join(
         init_method=init_method,
         rank=rank,
         world_size=grid.num_workers,
-        timeout=dt.timedelta(seconds=timeout_s),
+        timeout=dt.timedelta(seconds=max(timeout_s, join_timeout_s or 0.0)),
     )
     compute.setup(stage, num_stages, replica, devices)
     worker = _Worker(rank, grid, compute, timeout_s)
@@ -892,6 +912,14 @@ def join(
         worker.delegates = delegates.connect(_delegate_setup(worker, num_delegates, slot_dir))
     return worker
 
+
+DELEGATE_START_S = 60.0
+"""How long a worker waits for a neighbour's delegate ports (`_delegate_setup`, at its start
+and at a rank swap's rewiring), however short its timeout for one message: the neighbour
+writes them once its own delegates have started, which the delegate transport waits for as
+long (adaptra.transport.delegate's START_REPLY_TIMEOUT_S: a loaded host may not run a
+delegate for seconds). With the workers' timeout, a host whose delegates started 3 s after
+its neighbour's failed a pool of a 2 s timeout at its start, or its swap."""
 
 _PORTS_POLL_S = 0.001
 """How often a sending side looks for its receiver's ports file."""
@@ -933,7 +961,8 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
     ) -> dict[LinkDirection, DelegateOffer]:
         for direction, offer in mine.items():
             write_atomic(ports_file(direction, peer_in[direction], worker.rank), offer.to_json())
-        deadline = time.monotonic() + worker.timeout_s
+        limit_s = max(worker.timeout_s, DELEGATE_START_S)
+        deadline = time.monotonic() + limit_s
         theirs = {}
         for direction in wanted:
             path = ports_file(direction, worker.rank, peer_out[direction])
@@ -941,7 +970,7 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
                 f"rank {peer_out[direction]}'s delegate ports for {direction.link} "
                 f"({direction.direction})"
             )
-            text = _wait_for_file(path, deadline, what, worker.timeout_s)
+            text = _wait_for_file(path, deadline, what, limit_s)
             theirs[direction] = DelegateOffer.from_json(text)
         return theirs
 
@@ -981,6 +1010,7 @@ def worker_main(
             delegates,
             num_delegates,
             slot_dir,
+            join_timeout_s=start_up_limit_s(num_stages * num_replicas),
         )
     except Exception as err:
         remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)
