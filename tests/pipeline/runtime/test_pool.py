@@ -790,6 +790,47 @@ class _SlowRewire(DelegateTransport):
         super().rewire(setup)
 
 
+def test_a_worker_started_seconds_after_the_others_joins_however_short_the_timeout() -> None:
+    """A loaded host starts a pool's workers seconds apart (here rank 1, 3 s after rank 0):
+    they joined their process group with the per-message timeout (1 s), and rank 0 gave up
+    on the rendezvous ("Wait timeout"), although a start-up may take 120 s. Now the join
+    takes the start-up bound, and a send still the timeout (test_a_send_gloo_gives_up_...)."""
+
+    def launch(rank: int, target, args):  # type: ignore[no-untyped-def]
+        if rank == 1:
+            time.sleep(3.0)
+        return local_launch(rank, target, args)
+
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
+    with WorkerPool(2, launch=launch, timeout_s=1.0) as pool:
+        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    assert len(timeline.messages) == 2 * 2  # the activations and gradients of 2 microbatches
+
+
+def test_a_neighbour_whose_delegates_start_late_is_waited_for_however_short_the_timeout() -> None:
+    """One host's delegates start 3 s after its neighbour's (a loaded host may not run them
+    for seconds): the neighbour waited for their ports the per-message timeout (2 s) and
+    failed the pool's start ("rank 1's delegate ports ... did not come within 2 s"), though
+    the delegates themselves may take a minute to start. Now it waits as long."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
+    with WorkerPool(2, delegates=_LateOnRank1(), num_delegates=1, timeout_s=2.0) as pool:
+        config = IterationConfig(0, one_f_one_b(profile), profile, comm="delegated")
+        timeline = pool.run_iteration(config)
+        carriers = {pid for pids in pool.delegate_pids for pid in pids}
+    assert len(timeline.messages) == 2 * 2
+    assert {m.carrier_pid for m in timeline.messages} <= carriers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LateOnRank1(Delegates):
+    """Rank 1's delegates start 3 s late."""
+
+    def connect(self, setup: DelegateSetup) -> DelegateTransport:
+        if setup.rank == 1:
+            time.sleep(3.0)
+        return DelegateTransport(setup, self)
+
+
 def test_a_clean_close_ends_every_worker_by_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
