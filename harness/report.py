@@ -15,6 +15,7 @@ from harness.resolved import Coverage, ResolvedSpec, coverage
 from harness.results import fault_free_wall_ms, read_iterations, read_spec_record
 from harness.saved import TIMELINES_DIR, read_ring_spans, read_saved_timeline, timeline_name
 from pipeline.cost_model import hardware_fields
+from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.gantt import drawn_end_ms, plot_gantt
 
@@ -176,7 +177,15 @@ def _gantt_charts(
     )
     scenario = str(worst["scenario"])
     finished = {r["system"] for r in rows if r["scenario"] == scenario}
-    faults = spec.fault_timeline()
+    sources = []
+    try:
+        faults = spec.fault_timeline()
+    except ConfigError as err:  # saved by a version that read what this one refuses
+        faults = None
+        sources.append(
+            f"- the run's fault timeline no longer reads (each chart of its first saved "
+            f"iteration): {err}"
+        )
     first_fault = min((e.start_iteration for e in faults.events), default=0) if faults else 0
     comms = {
         (r["system"], str(r["iteration"])): r["comm"]
@@ -184,7 +193,6 @@ def _gantt_charts(
         if r["model"] == model and r["scenario"] == scenario and str(r["repeat"]) == "0"
     }
     charts: list[tuple[str, int, bool, Timeline]] = []
-    sources = []
     for system in spec.systems:
         key = (model, system, scenario, "0")
         saved = read_saved_timeline(run_dir, key) if system in finished else None

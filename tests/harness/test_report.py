@@ -22,7 +22,7 @@ from harness.experiment import run_experiment
 from harness.paper import PRESETS_DIR
 from harness.results import RUNS_COLUMNS, read_csv_rows, run_dir_held
 from harness.saved import read_ring_spans
-from harness.spec import default_experiment, load_spec, resume_command
+from harness.spec import ExperimentSpec, default_experiment, load_spec, resume_command
 from pipeline.errors import ConfigError
 from pipeline.gantt import RingSpan, drawn_end_ms, plot_gantt, ring_spans
 from pipeline.profile import Profile
@@ -745,3 +745,29 @@ def test_the_table_names_what_each_system_did_about_its_faults(tmp_path: Path) -
         if line.startswith("| m |")
     ]
     assert rows == [["1f1b", "1 restart |"], ["adaptra-cpu", "2 failovers |"]]
+
+
+def test_a_run_whose_saved_fault_timeline_this_version_refuses_still_reports(
+    tmp_path: Path,
+) -> None:
+    """A run saved by a version that read `delay_ms: "20"` as 20 (now refused, as the specs
+    refuse a quoted number): `report` failed on it. It reports, its charts of the first saved
+    iteration, and says why."""
+    faults = tmp_path / "f.yaml"
+    faults.write_text('- {start_iteration: 1, links: ["0-1"], delay_ms: 20}\n')
+    spec = ExperimentSpec(
+        name="a", models=("m",), profile=Profile.uniform(2, 4, 1, 1, 1), systems=("1f1b",),
+        num_iterations=3, faults=str(faults),
+    )  # fmt: skip
+    run_dir = run_experiment(spec, tmp_path / "r")
+    record = json.loads((run_dir / "spec.json").read_text())
+    record["spec"]["faults_text"] = record["spec"]["faults_text"].replace("20", '"20"')
+    (run_dir / "spec.json").write_text(json.dumps(record))
+    main(["report", str(run_dir)])  # an error would exit (SystemExit)
+    lines = (run_dir / "report.md").read_text().splitlines()
+    assert any(
+        line.startswith("- the run's fault timeline no longer reads")
+        and "delay_ms must be a number or inf, got '20' (line 1)" in line
+        for line in lines
+    ), lines
+    assert "- 1f1b: `timelines/" in "\n".join(lines)
