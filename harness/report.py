@@ -183,8 +183,8 @@ def _gantt_charts(
     except ConfigError as err:  # saved by a version that read what this one refuses
         faults = None
         sources.append(
-            f"- the run's fault timeline no longer reads (each chart of its first saved "
-            f"iteration): {err}"
+            "- the fault timeline saved in spec.json does not read with this version (each "
+            f"chart of its first saved iteration): {err}"
         )
     first_fault = min((e.start_iteration for e in faults.events), default=0) if faults else 0
     comms = {

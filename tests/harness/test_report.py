@@ -766,7 +766,7 @@ def test_a_run_whose_saved_fault_timeline_this_version_refuses_still_reports(
     main(["report", str(run_dir)])  # an error would exit (SystemExit)
     lines = (run_dir / "report.md").read_text().splitlines()
     assert any(
-        line.startswith("- the run's fault timeline no longer reads")
+        line.startswith("- the fault timeline saved in spec.json does not read with this")
         and "delay_ms must be a number or inf, got '20' (line 1)" in line
         for line in lines
     ), lines
