@@ -342,9 +342,9 @@ class WorkerPool:
         """What `ranks` last said they did, for the timeout's message: "; by their last word,
         rank 1 (stage 0): in the DP ring of stage 0, waiting for chunk 0 (of chunks 0-1) from
         rank 0 over dp0:0-1 (said 0.4 s before)"; "" where none of them said anything (a
-        start-up or a set-up: only an iteration's run speaks, `worker.Progress`). A worker
-        speaks every PROGRESS_INTERVAL_S while it waits, so its word is that old at most,
-        unless its process itself stood still."""
+        set-up: an iteration's run speaks, `worker.Progress`, and a start-up once, as each
+        worker begins its join). A worker speaks every PROGRESS_INTERVAL_S while an iteration
+        waits, so its word is that old at most, unless its process itself stood still."""
         if not any(rank in self._doing for rank in ranks):
             return ""
         now = time.monotonic()

@@ -1000,6 +1000,9 @@ def worker_main(
     configure_threads()
     stage, replica = rank % num_stages, rank // num_stages
     try:
+        # (a rank that never joins leaves the others waiting the start-up bound: the pool's
+        # timeout then tells it, silent, from those that reached the join)
+        conn.send((DOING, "joining the process group (its rendezvous waits for every rank)"))
         worker = join(
             rank,
             num_stages,

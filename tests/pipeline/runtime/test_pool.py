@@ -821,6 +821,30 @@ def test_a_neighbour_whose_delegates_start_late_is_waited_for_however_short_the_
     assert {m.carrier_pid for m in timeline.messages} <= carriers
 
 
+def test_a_worker_that_never_joins_is_told_from_those_waiting_at_the_join(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1 hangs before it joins its process group: the others wait in the rendezvous as
+    long as a start-up may take (120 s; 3 s for the pool here), and the timeout named every
+    rank alike ("no progress from rank(s) [0, 1]"). Now each worker says it is joining, and
+    the timeout's last words tell the silent one."""
+    monkeypatch.setattr(pool_module, "start_up_limit_s", lambda num_ranks: 3.0)
+
+    def launch(rank: int, target, args):  # type: ignore[no-untyped-def]
+        return local_launch(rank, _never_joins if rank == 1 else target, args)
+
+    with pytest.raises(WorkerTimeout) as info:
+        WorkerPool(2, launch=launch, timeout_s=1.0).start()
+    message = str(info.value)
+    assert message.startswith("no progress from rank(s) [0, 1] for 3 s during start-up")
+    assert "rank 0 (stage 0): joining the process group" in message
+    assert "rank 1 (stage 1): nothing said" in message
+
+
+def _never_joins(*args: object) -> None:
+    time.sleep(60)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _LateOnRank1(Delegates):
     """Rank 1's delegates start 3 s late."""
