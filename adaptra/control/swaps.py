@@ -22,12 +22,12 @@ a direction common to them in none of 30 and 1 of 12 (a receiver late three iter
 a row), while 15 ms or 10 +- 10 ms on a ring link was swapped in every run. The price: a
 fixed delay is swapped an iteration later; a jittered or redrawn one stands out in fewer
 iterations in a row (and with jitter in one direction at a time), so in the simulator its
-swap came a median 1-1.5 iterations later, up to 20 in one of 20 draws of a redrawn 15 +-
-15 ms, up to 7 % more time in all (BENCHMARKS.md, "False DP swaps on a loaded host, the
-second rule"; tests/adaptra/control/test_swaps.py replays the second recording). On a ring of
-three or more replicas each link carries one direction, and only the third belief is
-asked. At most one swap per iteration; the
-placement stays after the link recovers (swapping back costs another state transfer and
+swap came a median 1-1.5 iterations later (4.5 at 6 +- 6 ms, which 4 of 20 draws ever
+swapped), up to 20 in one of 20 draws of a redrawn 15 +- 15 ms, up to 7 % more time in all
+(BENCHMARKS.md, "False DP swaps on a loaded host, the second rule"; tests/adaptra/control/
+test_swaps.py replays the second recording). On a ring of three or more replicas each link
+carries one direction, and only the third belief is asked. At most one swap per iteration;
+the placement stays after the link recovers (swapping back costs another state transfer and
 gains nothing while the pair is a PP edge). Each DP link is moved once, and none whose
 hosts a swap has moved: a link still believed slow after its swap, or a slow one on a host
 moved already, has a slowness that did not stay with the pair (a delay on the logical link;
