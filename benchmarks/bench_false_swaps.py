@@ -94,8 +94,8 @@ def main() -> None:
                     args.system, PROFILE, link_terms=link_terms("emulated", "hook")
                 )
                 assert isinstance(controller, DetectingController | DelegatingController)
-                recorder = _RingRecorder(controller.detector)
                 if args.record:
+                    recorder = _RingRecorder(controller.detector)
                     controller.detector = recorder  # type: ignore[assignment]
                     controller.swaps = _NoSwaps(PROFILE.topology)
                 result = run_configuration(
@@ -109,8 +109,9 @@ def main() -> None:
                 moved = result.num_moved_workers
                 swapped[fault] += any(moved)
                 print(f"run {k + 1} {fault}: moved {' '.join(map(str, moved))}", flush=True)
-                recorded.append([fault, recorder.iterations])
-                keys = keys or recorder.keys
+                if args.record:
+                    recorded.append([fault, recorder.iterations])
+                    keys = keys or recorder.keys
     if args.record:
         with atomic_writer(args.record) as out:
             json.dump({"directions": keys, "runs": recorded}, out, separators=(",", ":"))

@@ -54,7 +54,6 @@ from adaptra.transport.delegate import (
     READY,
     REFUSED,
     SENT,
-    START_REPLY_TIMEOUT_S,
     UNREACHED,
     move_limit_s,
     nics_down,
@@ -63,6 +62,7 @@ from adaptra.transport.delegate import (
 from adaptra.transport.state_wire import move_state
 from pipeline.errors import ConfigError, LinkFailure
 from pipeline.runtime.transport import (
+    DELEGATE_START_S,
     Arrival,
     DelegateOffer,
     DelegateSetup,
@@ -837,10 +837,10 @@ class DelegateTransport:
         else over new ones (new senders start before the ports are exchanged, the
         receivers' starts meanwhile); the spares left over are closed once the ports are
         exchanged (no other trainer waits for that). The delegates are waited for at least
-        `START_REPLY_TIMEOUT_S` however short the workers' timeout for one message (the
+        `DELEGATE_START_S` however short the workers' timeout for one message (the
         pool's start-up is given longer still): many start at once, and a loaded host may
         not run one for seconds."""
-        start_s = max(setup.timeout_s, START_REPLY_TIMEOUT_S)
+        start_s = max(setup.timeout_s, DELEGATE_START_S)
         delegates = self._delegates
         here = ",".join(delegates.nics(setup.rank))
         ifnames = delegates.ifname_list()

@@ -28,6 +28,7 @@ from pipeline.runtime.hooks import FaultHook
 from pipeline.topology import Direction, is_dp_link, is_tied_link
 
 __all__ = [
+    "DELEGATE_START_S",
     "Arrival",
     "DelegateFactory",
     "DelegateOffer",
@@ -51,6 +52,14 @@ __all__ = [
 ]
 
 ACTIVATION, GRADIENT = 0, 1
+
+DELEGATE_START_S = 60.0
+"""How long delegates may take to start, however short the workers' timeout for one message
+(a `DelegateFactory`'s transport waits that long for its own; a worker as long for a
+neighbour's ports, written once the neighbour's delegates have started): many start at
+once, and a loaded host may not run one for seconds. With the workers' timeout, a host whose
+delegates started 3 s after its neighbour's failed a pool of a 2 s timeout at its start, or
+its swap."""
 
 DP_TAG_BASE = 1 << 20
 """DP chunks' tags start here, above every PP message's (2 x microbatch + kind)."""
@@ -357,8 +366,9 @@ class _GlooReceive:
 class DirectTransport:
     """gloo point-to-point on the caller's thread, receives pre-posted (`irecv`)."""
 
-    def __init__(self, fault_hook: FaultHook, timeout_s: float | None = None) -> None:
-        """`timeout_s`: how long a send may wait (None: the process group's timeout)."""
+    def __init__(self, fault_hook: FaultHook, timeout_s: float) -> None:
+        """`timeout_s`: how long a send may wait (the process group's own timeout is longer:
+        a pool's start-up bound, for its rendezvous)."""
         self.fault_hook = fault_hook
         self.timeout_s = timeout_s
         self.bytes_sent = 0
@@ -430,15 +440,12 @@ class DirectTransport:
         self.bytes_sent += payload.numel() * payload.element_size()
 
 
-def _send(payload: torch.Tensor, peer: int, tag: int, doing: str, timeout_s: float | None) -> None:
-    """A blocking gloo send (for up to `timeout_s`; None: the process group's timeout); its
-    failure as `gloo_failure` says, naming what it sent."""
+def _send(payload: torch.Tensor, peer: int, tag: int, doing: str, timeout_s: float) -> None:
+    """A blocking gloo send, for up to `timeout_s`; its failure as `gloo_failure` says,
+    naming what it sent."""
     try:
-        if timeout_s is None:
-            dist.send(payload, dst=peer, tag=tag)
-        else:
-            work = dist.isend(payload, dst=peer, tag=tag)
-            assert work is not None
-            work.wait(dt.timedelta(seconds=timeout_s))
+        work = dist.isend(payload, dst=peer, tag=tag)
+        assert work is not None
+        work.wait(dt.timedelta(seconds=timeout_s))
     except RuntimeError as err:
         raise gloo_failure(doing, err) from err

@@ -51,6 +51,7 @@ from pipeline.runtime.receiver import Receiver, wait_checking
 from pipeline.runtime.remote_error import RemoteError
 from pipeline.runtime.transport import (
     ACTIVATION,
+    DELEGATE_START_S,
     GRADIENT,
     DelegatedLinks,
     DelegateFactory,
@@ -912,14 +913,6 @@ def join(
         worker.delegates = delegates.connect(_delegate_setup(worker, num_delegates, slot_dir))
     return worker
 
-
-DELEGATE_START_S = 60.0
-"""How long a worker waits for a neighbour's delegate ports (`_delegate_setup`, at its start
-and at a rank swap's rewiring), however short its timeout for one message: the neighbour
-writes them once its own delegates have started, which the delegate transport waits for as
-long (adaptra.transport.delegate's START_REPLY_TIMEOUT_S: a loaded host may not run a
-delegate for seconds). With the workers' timeout, a host whose delegates started 3 s after
-its neighbour's failed a pool of a 2 s timeout at its start, or its swap."""
 
 _PORTS_POLL_S = 0.001
 """How often a sending side looks for its receiver's ports file."""

@@ -42,10 +42,10 @@ class _Hook:
 
 
 def _failing_send(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-    def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+    def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
         raise RuntimeError(text)
 
-    monkeypatch.setattr(transport_module.dist, "send", send)
+    monkeypatch.setattr(transport_module.dist, "isend", isend)
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_a_failed_send_names_the_message_its_peer_and_link(
 ) -> None:
     _failing_send(monkeypatch, text)
     hook = _Hook()
-    transport = DirectTransport(hook)
+    transport = DirectTransport(hook, 30.0)
     payload = torch.zeros(8)
     with pytest.raises(kind) as info:
         transport.send(2, "1-2", Message(4, ACTIVATION, 3, 1), payload)
@@ -75,7 +75,7 @@ def test_a_failed_gradient_and_all_reduce_send_are_named_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _failing_send(monkeypatch, RESET)
-    transport = DirectTransport(_Hook())
+    transport = DirectTransport(_Hook(), 30.0)
     with pytest.raises(ConnectionError, match=r"^sending the gradient of microbatch 0 to rank 1 "):
         transport.send(1, "1-2", Message(0, GRADIENT, 0, 0), torch.zeros(1))
     with pytest.raises(
@@ -101,7 +101,7 @@ def test_a_failed_wait_names_what_it_waited_for(
         return _FailingWork(text)  # type: ignore[return-value]
 
     monkeypatch.setattr(transport_module.dist, "irecv", irecv)
-    transport = DirectTransport(_Hook())
+    transport = DirectTransport(_Hook(), 30.0)
     pending = transport.post_receive(3, Message(0, GRADIENT, 2, 0), torch.zeros(1))
     with pytest.raises(kind, match=r"^waiting for the gradient of microbatch 2 from rank 3 failed"):
         pending.wait(2.0)
@@ -116,7 +116,7 @@ def test_a_send_s_failure_keeps_its_kind_across_processes(
     """What the worker reports (strings and ints) and what the controller raises for it."""
     for text, expected in ((RESET, WorkerCrash), (TIMED_OUT, WorkerTimeout)):
         _failing_send(monkeypatch, text)
-        transport = DirectTransport(_Hook())
+        transport = DirectTransport(_Hook(), 30.0)
         with pytest.raises(OSError) as info:
             transport.send(2, "1-2", Message(0, ACTIVATION, 3, 0), torch.zeros(1))
         remote = RemoteError.from_exception(
