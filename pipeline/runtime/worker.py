@@ -972,6 +972,29 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
     )
 
 
+@contextlib.contextmanager
+def _ended_if_orphaned(conn: Connection) -> Iterator[None]:
+    """Within, the process ends once the controller's end of `conn` closes: its join may wait
+    the start-up bound in gloo's rendezvous (a rank that never comes, a testbed's wires gone
+    with the killed controller), and nothing waits for it any more. The pool says nothing
+    before a worker's ready answer, so whatever `conn` has to read then is its end."""
+    joined = threading.Event()
+
+    def watch() -> None:
+        try:
+            while not joined.is_set():
+                if conn.poll(0.2) and not joined.is_set():
+                    os._exit(1)
+        except OSError:  # its end closed as it looked
+            os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
+
+
 def worker_main(
     rank: int,
     num_stages: int,
@@ -996,18 +1019,19 @@ def worker_main(
         # (a rank that never joins leaves the others waiting the start-up bound: the pool's
         # timeout then tells it, silent, from those that reached the join)
         conn.send((DOING, "joining the process group (its rendezvous waits for every rank)"))
-        worker = join(
-            rank,
-            num_stages,
-            num_replicas,
-            f"file://{init_file}",
-            timeout_s,
-            compute,
-            delegates,
-            num_delegates,
-            slot_dir,
-            join_timeout_s=start_up_limit_s(num_stages * num_replicas),
-        )
+        with _ended_if_orphaned(conn):
+            worker = join(
+                rank,
+                num_stages,
+                num_replicas,
+                f"file://{init_file}",
+                timeout_s,
+                compute,
+                delegates,
+                num_delegates,
+                slot_dir,
+                join_timeout_s=start_up_limit_s(num_stages * num_replicas),
+            )
     except Exception as err:
         remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)
         conn.send(("error", remote))

@@ -6,6 +6,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -844,6 +846,59 @@ def test_a_worker_that_never_joins_is_told_from_those_waiting_at_the_join(
 
 def _never_joins(*args: object) -> None:
     time.sleep(60)
+
+
+_CONTROLLER_OF_A_STUCK_JOIN = """
+import sys, time
+from pipeline.runtime import WorkerPool
+from pipeline.runtime.hooks import local_launch
+from tests.pipeline.runtime.test_pool import _never_joins
+
+def launch(rank, target, args):
+    process = local_launch(rank, _never_joins if rank == 1 else target, args)
+    print(process.pid, flush=True)
+    return process
+
+WorkerPool(2, launch=launch, timeout_s=1.0).start()
+"""
+
+
+def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller() -> None:
+    """Rank 0 waits in gloo's rendezvous for a rank 1 that never comes (since 5d8429d up to
+    the start-up bound, 120 s), and the controller is killed: nothing waits for rank 0 any
+    more, and it lived on to the bound, holding the killed run's output pipes (a CI run's
+    kill test timed out on them). It ends with its controller now."""
+    controller = subprocess.Popen(
+        [sys.executable, "-c", _CONTROLLER_OF_A_STUCK_JOIN],
+        cwd=Path(__file__).parents[3],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert controller.stdout is not None
+    pids = []
+    try:
+        pids = [int(controller.stdout.readline()) for _ in range(2)]
+        time.sleep(1.0)  # rank 0 in its join (its word said so: the never-joining test)
+        controller.kill()
+        controller.wait()
+        deadline = time.monotonic() + 30  # a hang bound, far under the start-up bound
+        while _alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids[0])
+    finally:
+        controller.kill()
+        controller.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (not a zombie: an ended child of the fork server)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
