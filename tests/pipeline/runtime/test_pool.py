@@ -863,14 +863,16 @@ WorkerPool(2, launch=launch, timeout_s=1.0).start()
 """
 
 
-def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller() -> None:
+def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp: Path) -> None:
     """Rank 0 waits in gloo's rendezvous for a rank 1 that never comes (since 5d8429d up to
     the start-up bound, 120 s), and the controller is killed: nothing waits for rank 0 any
     more, and it lived on to the bound, holding the killed run's output pipes (a CI run's
-    kill test timed out on them). It ends with its controller now."""
+    kill test timed out on them). It ends with its controller now. (The killed controller's
+    pool and fork server folders go with `short_tmp`.)"""
     controller = subprocess.Popen(
         [sys.executable, "-c", _CONTROLLER_OF_A_STUCK_JOIN],
         cwd=Path(__file__).parents[3],
+        env={**os.environ, "TMPDIR": str(short_tmp)},
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -885,6 +887,7 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller() -> None:
         while _alive(pids[0]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not _alive(pids[0])
+        assert sorted(p.name.split("-")[0] for p in short_tmp.iterdir()) == ["adaptra", "pymp"]
     finally:
         controller.kill()
         controller.wait()
