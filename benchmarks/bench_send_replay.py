@@ -69,6 +69,9 @@ class _SendTimes:
             self.extra_ms.get((f"{link.first}-{link.second}", direction, microbatch), 0.0)
         )
 
+    def route_failed(self, link: Link, nic: int, offset_ms: float = 0.0) -> bool:
+        return False
+
     def affects(self, link: Link) -> bool:
         return True
 

@@ -205,6 +205,10 @@ class InForce:
     def affects(self, link: Link) -> bool:
         return any(self._route(link, nic) for nic in range(len(self.topology.nics)))
 
+    def route_failed(self, link: Link, nic: int, offset_ms: float = 0.0) -> bool:
+        route = self._route(link, nic)
+        return any(h.effect.down and h.holds_at(offset_ms) for _, effects in route for h in effects)
+
     def _route(self, link: Link, nic: int) -> list[tuple[_Unit, tuple[Held, ...]]]:
         route = self._routes.get((link, nic))
         if route is None:
@@ -225,9 +229,9 @@ class InForce:
     ) -> MessageFault:
         if not self.effects:
             return _HEALTHY
-        route = self._route(link, nic)
-        if any(h.effect.down and h.holds_at(offset_ms) for _, effects in route for h in effects):
+        if self.route_failed(link, nic, offset_ms):
             return _FAILED  # (before any stall is paid: a failed route changes no state)
+        route = self._route(link, nic)
         delay_ms, cap_gbit_s = 0.0, math.inf
         for unit, effects in route:
             for held in effects:

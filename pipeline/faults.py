@@ -24,6 +24,7 @@ __all__ = [
     "MessageFault",
     "NoFaults",
     "Route",
+    "first_route_up",
     "route_over",
 ]
 
@@ -80,6 +81,13 @@ class IterationFaults(Protocol):
         iteration (pipeline.allreduce). Asked about each message in each sender's send
         order, once per NIC tried (`route_over`): a view may keep per-sender state, changed
         only where the route is up (the NIC the message takes)."""
+        ...
+
+    def route_failed(self, link: Link, nic: int, offset_ms: float = 0.0) -> bool:
+        """Whether the route of the concrete `link` over data-plane NIC `nic` has failed
+        `offset_ms` into the iteration (as `message_fault` says `failed` for any message on
+        it; asked without a message, it changes no state): what a new pair of delegates
+        finds as it connects (`first_route_up`)."""
         ...
 
     def affects(self, link: Link) -> bool:
@@ -150,6 +158,9 @@ class NoFaults:
         nic: int = 0,
     ) -> MessageFault:
         return NONE
+
+    def route_failed(self, link: Link, nic: int, offset_ms: float = 0.0) -> bool:
+        return False
 
     def affects(self, link: Link) -> bool:
         return False
@@ -245,3 +256,16 @@ def route_over(
             if not moved.failed:
                 return Route(other, moved)
     return Route(nic, fault)
+
+
+def first_route_up(
+    faults: IterationFaults, link: Link, num_nics: int, offset_ms: float = 0.0
+) -> int:
+    """The NIC (by index, of `num_nics`) a new pair of delegates of the concrete `link` starts
+    on when it connects `offset_ms` into the iteration: the first whose route is up (as
+    adaptra.transport's do, knowing the NICs down at both hosts), so that it meets no
+    failover; the first NIC where none is up (its first message fails)."""
+    for nic in range(num_nics):
+        if not faults.route_failed(link, nic, offset_ms):
+            return nic
+    return 0

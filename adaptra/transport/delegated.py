@@ -440,13 +440,15 @@ def _check_reachable(
     ifnames: tuple[str, ...],
     theirs: dict[LinkDirection, DelegateOffer],
     peers: dict[LinkDirection, int],
+    routes_down: Mapping[LinkDirection, tuple[int, ...]],
 ) -> None:
     """A `LinkFailure` where a pair being wired has no data-plane NIC up at both ends: every
     one down at this host (`ifnames`: its NICs' interfaces; unwatched ones, named "", are
     up), or each down here or at a receiver's host (`theirs`: its offer; `peers`: each
-    direction's rank). No delegate could connect, and a peer waited for it the delegates'
-    whole start-up wait (60 s) whatever the workers' timeout: a rank swap onto a host with
-    both NICs down was noticed a minute late."""
+    direction's rank), or its route failed by the fault hook (`routes_down`). No delegate
+    could connect, and a peer waited for it the delegates' whole start-up wait (60 s)
+    whatever the workers' timeout: a rank swap onto a host with both NICs down was noticed
+    a minute late."""
     every = set(range(len(ifnames)))
     here = set(nics_down(ifnames))
     if here == every:
@@ -460,6 +462,14 @@ def _check_reachable(
             raise LinkFailure(
                 f"rank {peers[direction]}: every data-plane NIC of its host is down: rank "
                 f"{rank}'s delegates cannot reach it on {on}"
+            )
+        failed = set(routes_down.get(direction, ()))
+        if failed and here | there | failed == every:
+            raise LinkFailure(
+                f"ranks {rank} and {peers[direction]}: no data-plane NIC's route is up "
+                f"between them (the fault timeline fails {_named(failed, ifnames)}"
+                + (f"; {_named(here | there, ifnames)} down" if here | there else "")
+                + f"): {on} cannot connect"
             )
         if here | there == every:
             raise LinkFailure(
@@ -572,7 +582,8 @@ class _Outbound(_Side):
         self.nic_of = [0] * len(self.delegates)
         """The NIC each of its delegates is on."""
         self.route_nic = 0
-        """The NIC the last message's fault hook routed it over (hook injection)."""
+        """The NIC the last message's fault hook routed it over (hook injection); before
+        any since it was pointed, the NIC its delegates connected over."""
 
     def point(
         self,
@@ -862,7 +873,15 @@ class DelegateTransport:
             )
         mine = {d: self._inbound[d].offer(start_s, delegates.nic_ifnames()) for d, _ in inbound}
         theirs = setup.exchange(mine, tuple(d for d, _ in outbound))
-        _check_reachable(setup.rank, delegates.nic_ifnames(), theirs, dict(outbound))
+        _check_reachable(
+            setup.rank, delegates.nic_ifnames(), theirs, dict(outbound), setup.routes_down
+        )
+        theirs = {  # a route the fault hook failed is passed over as a NIC down
+            d: offer._replace(nics_down=tuple(sorted({*offer.nics_down, *setup.routes_down[d]})))
+            if setup.routes_down.get(d)
+            else offer
+            for d, offer in theirs.items()
+        }
         for direction, peer in outbound:
             if direction not in self._outbound:
                 self._outbound[direction] = spare_out.pop()
@@ -945,7 +964,7 @@ class DelegateTransport:
                 if kind != READY:
                     raise ConnectionError(f"the {process.name} did not connect")
                 if isinstance(side, _Outbound):  # a NIC that failed to answer is left
-                    side.nic_of[process.index] = nic
+                    side.nic_of[process.index] = side.route_nic = nic
 
     def _ready_note(self, side: _Side, process: _Process, deadline: float) -> tuple:  # type: ignore[type-arg]
         """The note `process` writes once connected; a sender's moves noted before it are

@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.engines.base import Capabilities, Closing, Outcome, Plan
-from pipeline.faults import IterationFaults
+from pipeline.faults import IterationFaults, first_route_up
 from pipeline.host_costs import FREE, HostCosts
 from pipeline.link_terms import ALL_LINK_TERMS
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import SwapRecord, Timeline
-from pipeline.topology import Link, Topology
+from pipeline.topology import Direction, Link, Topology
 
 __all__ = ["SimEngine"]
 
@@ -38,9 +38,9 @@ class SimEngine(Closing):
         self.host = host
         self._clock_ms = 0.0
         self._nics_in_use: dict[tuple[int, str, str], int] = {}
-        """The NIC (by index) of each (replica, link, direction) whose delegates a failover
-        moved off the first: until a restart, or a rank swap that gives the direction
-        another worker at either end (new delegates start on the first NIC)."""
+        """The NIC (by index) of each (replica, link, direction) whose delegates are off the
+        first (a failover moved them, or a rank swap's new pair started there): until a
+        restart, or a rank swap that gives the direction another worker at either end."""
         self._validated: dict[int, Schedule] = {}
         self._cache: dict[tuple[Any, ...], tuple[Plan, Timeline, int]] = {}
         self._placement: Topology | None = None
@@ -77,7 +77,9 @@ class SimEngine(Closing):
         self._placement = placement
         swaps: tuple[SwapRecord, ...] = ()
         if before.workers != placement.workers:
-            self._nics_in_use = _kept_delegates(self._nics_in_use, before, placement)
+            self._nics_in_use = _nics_after_swap(
+                self._nics_in_use, before, placement, faults, len(placement.nics)
+            )
             swaps = _swap_records(
                 plan.profile,
                 before,
@@ -194,18 +196,35 @@ def _swap_records(
     )
 
 
-def _kept_delegates(
-    nics_in_use: dict[tuple[int, str, str], int], before: Topology, after: Topology
+def _nics_after_swap(
+    nics_in_use: dict[tuple[int, str, str], int],
+    before: Topology,
+    after: Topology,
+    faults: IterationFaults,
+    num_nics: int,
 ) -> dict[tuple[int, str, str], int]:
-    """The link directions of `nics_in_use` that keep their delegates through a rank swap
-    from `before` to `after`: the same workers at both ends (as the runtimes rewire)."""
+    """`nics_in_use` after a rank swap from `before` to `after`, at the start of the
+    iteration under `faults`: a link direction with the same workers at both ends keeps its
+    delegates and their NIC (as the runtimes rewire); one with another worker at either end
+    gets a new pair, which starts on the first NIC whose route is up (`first_route_up`, as
+    the runtimes' delegates do: no failover)."""
 
     def ends(topology: Topology, link: Link) -> tuple[int, ...]:
         return tuple(topology.worker(position) for position in topology.ends(link))
 
-    kept = {}
-    for (replica, name, direction), nic in nics_in_use.items():
-        concrete = Link.parse(name).in_replica(replica)
-        if ends(before, concrete) == ends(after, concrete):
-            kept[replica, name, direction] = nic
+    pp = [
+        (str(Link.pp(i)), Link.pp(i, r))
+        for r in range(after.num_replicas)
+        for i in range(after.num_stages - 1)
+    ]
+    dp = [(str(link), link) for stage in range(after.num_stages) for link in after.dp_ring(stage)]
+    kept: dict[tuple[int, str, str], int] = {}
+    for name, link in pp + dp:
+        new_pair = ends(before, link) != ends(after, link)
+        nic = first_route_up(faults, link, num_nics) if new_pair else None
+        for direction in Direction:
+            key = (link.sender(direction).replica, name, direction)
+            start = nics_in_use.get(key, 0) if nic is None else nic
+            if start:
+                kept[key] = start
     return kept

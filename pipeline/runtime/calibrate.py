@@ -406,7 +406,10 @@ class _EveryRouteDown:
         offset_ms: float = 0.0,
         nic: int = 0,
     ) -> MessageFault:
-        return MessageFault(failed=link.is_pp and nic == 0)
+        return MessageFault(failed=self.route_failed(link, nic))
+
+    def route_failed(self, link: Link, nic: int, offset_ms: float = 0.0) -> bool:
+        return link.is_pp and nic == 0
 
     def affects(self, link: Link) -> bool:
         return True

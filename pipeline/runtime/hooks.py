@@ -30,7 +30,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
-from pipeline.topology import Direction, Link
+from pipeline.topology import Direction, Link, is_tied_link
 
 __all__ = [
     "FaultHook",
@@ -147,6 +147,17 @@ class FaultViewHook:
                 at_ms=offset_ms,
             )
         return HookRoute(routed.nic, delay_ms + routed.fault.delay_ms)
+
+    def routes_down(self, link: str, num_nics: int) -> tuple[int, ...]:
+        """The NICs (by index, of `num_nics`) over which the view has the route of `link`
+        (concrete as in `route`) failed now: those a new pair of delegates passes over as it
+        connects, as over a NIC down at either host, so that it meets no failover (none on
+        the tied route, which no fault names)."""
+        if self.faults is NO_FAULTS or is_tied_link(link):
+            return ()
+        concrete = Link.parse(link).in_replica(self.replica)
+        offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
+        return tuple(n for n in range(num_nics) if self.faults.route_failed(concrete, n, offset_ms))
 
 
 class LaunchHook(Protocol):

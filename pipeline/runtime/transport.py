@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 import torch
@@ -246,7 +246,10 @@ class DelegateSetup:
     each with its peer rank, D delegates per direction and side, and `exchange`, which swaps
     the receiving delegates' offers with the neighbours (through the pool's folder): it
     takes this worker's offers by inbound direction (the ones being wired) and the outbound
-    directions being wired, and returns the neighbours' offers for those."""
+    directions being wired, and returns the neighbours' offers for those. `routes_down`:
+    per outbound direction, the NICs (by index) whose route the fault hook has failed as
+    the rewire starts (hook injection: a new pair starts past them, as past the NICs down
+    at either host; none on the testbed, where the NICs are down for real)."""
 
     rank: int
     slot_dir: str
@@ -259,6 +262,7 @@ class DelegateSetup:
         [dict[LinkDirection, DelegateOffer], tuple[LinkDirection, ...]],
         dict[LinkDirection, DelegateOffer],
     ]
+    routes_down: Mapping[LinkDirection, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 class DelegatedLinks(Protocol):
@@ -292,8 +296,8 @@ class DelegatedLinks(Protocol):
         ...
 
     def route_nic(self, direction: LinkDirection) -> int:
-        """The NIC the last `send` on outbound `direction` named (0 before any: new
-        delegates start on the first NIC)."""
+        """The NIC the last `send` on outbound `direction` named (before any since its
+        delegates were wired: the NIC they started on)."""
         ...
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:

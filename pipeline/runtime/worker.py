@@ -453,7 +453,7 @@ class _Worker:
                 self.current_op = "swap"  # a failure in it names it
                 self._doing = "the rank swap"
                 moves_state = config.iteration > 0 and config.load_checkpoint is None
-                moved = self._swap(topology, transport if moves_state else None)
+                moved = self._swap(topology, transport if moves_state else None, prepared.own_hook)
                 self.current_op = None
                 self._doing = "setting up the iteration after the rank swap"
                 self._set_up(prepared)
@@ -511,9 +511,15 @@ class _Worker:
             moved,
         )
 
-    def _swap(self, topology: Topology, transport: DirectTransport | None) -> StateMove | None:
+    def _swap(
+        self,
+        topology: Topology,
+        transport: DirectTransport | None,
+        hook: FaultViewHook | None = None,
+    ) -> StateMove | None:
         """Play `topology` from now on, on every worker at once: the
-        delegates of each link direction whose peer changed are wired to the new one, and a
+        delegates of each link direction whose peer changed are wired to the new one (a new
+        pair past the NICs whose route `hook`'s faults have failed), and a
         worker that plays another position builds it and, over `transport`, sends the left
         one's state to its new player and takes the new one's from its last (a permutation:
         every mover sends one and takes one). None for `transport`: no state moves (the
@@ -525,7 +531,7 @@ class _Worker:
         self._place(topology)
         if self.delegates is not None:
             with self.progress.kept_up():  # its waits have limits of their own
-                self.delegates.rewire(_delegate_setup(self, *self.delegate_files))
+                self.delegates.rewire(_delegate_setup(self, *self.delegate_files, hook))
         if self.position == left:
             return None
         outgoing = (
@@ -931,7 +937,9 @@ def _wait_for_file(path: Path, deadline: float, what: str, timeout_s: float) -> 
     return text
 
 
-def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> DelegateSetup:
+def _delegate_setup(
+    worker: _Worker, num_delegates: int, slot_dir: str, hook: FaultViewHook | None = None
+) -> DelegateSetup:
     """What this worker's delegates are wired to: its neighbours under its placement. Their
     `exchange` swaps ports with the neighbours through files in the pool's slot folder: each
     receiving side writes its delegates' ports, each sending side reads the far end's. Not
@@ -967,9 +975,12 @@ def _delegate_setup(worker: _Worker, num_delegates: int, slot_dir: str) -> Deleg
             theirs[direction] = DelegateOffer.from_json(text)
         return theirs
 
+    num_nics = len(worker.topology.nics)
+    routes_down = {} if hook is None else {d: hook.routes_down(d.link, num_nics) for d in peer_out}
     return DelegateSetup(
-        worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange
-    )
+        worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange,
+        routes_down,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ import pytest
 
 from injectors.fault_files import parse_yaml
 from injectors.fault_model import InForce
-from pipeline.faults import route_over
+from pipeline.faults import first_route_up, route_over
 from pipeline.link_rates import NO_RATES
 from pipeline.profile import Profile
 from pipeline.topology import Link, Position, Topology
@@ -181,7 +181,9 @@ def test_a_route_is_over_one_nic_at_both_ends_and_a_host_pair_is_on_the_first() 
     """Link 1-2 runs between hosts 1 and 2. A NIC's failure or delay is on the routes over
     that NIC; a host pair's (a link's) on the route over rnic0 only, as on the testbed, so a
     failover to rnic1 leaves it. `route_over` keeps a NIC while its route is up, else takes
-    the first NIC whose route is up, and fails where none is (from 5 ms here)."""
+    the first NIC whose route is up, and fails where none is (from 5 ms here). A new pair of
+    delegates starts on the first NIC whose route is up (`first_route_up`, at 1 and 6 ms; 0
+    where none is), as `route_failed` tells without a message."""
     rows = {
         "rnic0 of host 2 down": '[{start_iteration: 0, nic: "host2:rnic0", down: true}]',
         "host pair down": '[{start_iteration: 0, links: ["1-2"], down: true}]',
@@ -202,21 +204,35 @@ def test_a_route_is_over_one_nic_at_both_ends_and_a_host_pair_is_on_the_first() 
             for t in (1, 6)
         }
         seen[name] = {key: "down" if f.failed else f.delay_ms for key, f in over.items()}
+        assert {key: in_force.route_failed(link, *key) for key in over} == {
+            key: f.failed for key, f in over.items()
+        }
+        seen[name]["start"] = tuple(first_route_up(in_force, link, 2, t) for t in (1, 6))
         routes = [route_over(in_force, nic, 2, link, "forward", "F", 0, 0, 6) for nic in (0, 1)]
         seen[name]["route"] = tuple(None if r.fault.failed else r.nic for r in routes)
     assert seen == {
         "rnic0 of host 2 down": {
-            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1)
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1),
+            "start": (1, 1),
         },
-        "host pair down": {(0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1)},
+        "host pair down": {
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): 0, "route": (1, 1),
+            "start": (1, 1),
+        },
         "both of host 2 down": {
-            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None)
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None),
+            "start": (1, 0),
         },
         "rnic0 of 1, rnic1 of 2 down": {
-            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None)
+            (0, 1): "down", (0, 6): "down", (1, 1): 0, (1, 6): "down", "route": (None, None),
+            "start": (1, 0),
         },
-        "rnic1 of host 1 slow": {(0, 1): 0, (0, 6): 0, (1, 1): 3, (1, 6): 3, "route": (0, 1)},
-        "host pair slow": {(0, 1): 4, (0, 6): 4, (1, 1): 0, (1, 6): 0, "route": (0, 1)},
+        "rnic1 of host 1 slow": {
+            (0, 1): 0, (0, 6): 0, (1, 1): 3, (1, 6): 3, "route": (0, 1), "start": (0, 0)
+        },
+        "host pair slow": {
+            (0, 1): 4, (0, 6): 4, (1, 1): 0, (1, 6): 0, "route": (0, 1), "start": (0, 0)
+        },
     }  # fmt: skip
     one_nic = Topology(4, nics=("rnic0",))
     lone = _model(rows["rnic0 of host 2 down"]).at(0, one_nic, rates=NO_RATES)

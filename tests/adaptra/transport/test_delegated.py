@@ -518,22 +518,35 @@ def test_a_pair_with_no_nic_up_at_both_hosts_is_a_link_failure_of_its_sender() -
     a pair with no NIC up at both ends waited the 60 s start-up wait too."""
     offers = {D0: DelegateOffer((5001,), (0, 1))}
     with pytest.raises(LinkFailure) as failed:
-        delegated._check_reachable(0, ("", ""), offers, {D0: 1})
+        delegated._check_reachable(0, ("", ""), offers, {D0: 1}, {})
     assert str(failed.value) == (
         "rank 1: every data-plane NIC of its host is down: rank 0's delegates cannot reach "
         "it on 0-1 (forward)"
     )
     for down in ((1,), ()):
-        delegated._check_reachable(0, ("", ""), {D0: DelegateOffer((5001,), down)}, {D0: 1})
+        delegated._check_reachable(0, ("", ""), {D0: DelegateOffer((5001,), down)}, {D0: 1}, {})
     # No NIC up at both: rnic0 down here (an interface that is gone is down), rnic1 there.
     gone_and_up = ("no-such-nic", "lo")
     with pytest.raises(LinkFailure) as failed:
-        delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (1,))}, {D0: 1})
+        delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (1,))}, {D0: 1}, {})
     assert str(failed.value) == (
         "ranks 0 and 1: no data-plane NIC is up at both hosts (no-such-nic down at rank 0's, "
         "lo at rank 1's): 0-1 (forward) cannot connect"
     )
-    delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (0,))}, {D0: 1})
+    delegated._check_reachable(0, gone_and_up, {D0: DelegateOffer((5001,), (0,))}, {D0: 1}, {})
+    # Hook injection: the routes the fault view has failed count as NICs down.
+    for routes, message in [
+        ((0, 1), "the fault timeline fails NIC 0, NIC 1"),
+        ((1,), "the fault timeline fails NIC 1; NIC 0 down"),
+    ]:
+        offer = DelegateOffer((5001,), (0,) if len(routes) == 1 else ())
+        with pytest.raises(LinkFailure) as failed:
+            delegated._check_reachable(0, ("", ""), {D0: offer}, {D0: 1}, {D0: routes})
+        assert str(failed.value) == (
+            f"ranks 0 and 1: no data-plane NIC's route is up between them ({message}): "
+            "0-1 (forward) cannot connect"
+        )
+    delegated._check_reachable(0, ("", ""), {D0: DelegateOffer((5001,), ())}, {D0: 1}, {D0: (0,)})
 
 
 @pytest.mark.parametrize("runs_again", ["before the rewire", "during it"])

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from adaptra.transport import Delegates
 from baselines import one_f_one_b
 from injectors.fault_files import parse_yaml
 from pipeline.engines import Plan
@@ -23,7 +24,7 @@ from pipeline.runtime import EmulatedCompute, WorkerTimeout
 from pipeline.runtime import pool as pool_module
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
-from pipeline.topology import Link, Topology
+from pipeline.topology import Link, Position, Topology
 from tests.pipeline.runtime.test_pool import interrupt_the_first_join
 
 pytestmark = pytest.mark.multiprocess
@@ -131,6 +132,38 @@ def test_a_new_run_on_a_reused_engine_starts_on_the_default_placement_as_in_sim(
     assert [t.iterations[0].pids == pids for t in timelines] == [True, False, True, False, True]
 
 
+def test_a_rank_swap_s_new_delegates_start_on_the_first_nic_up_as_in_sim() -> None:
+    """rnic0 of host 1 down until iteration 3, 3 ms on its rnic1: link 0-1 moves to rnic1 in
+    iteration 0; a swap of the two stages' workers in iteration 2 gives both directions new
+    delegates, which start on rnic1 (past the route the fault view has failed, as the
+    testbed's pass a NIC down) and stay there after rnic0's repair, as in the simulator.
+    With hook injection they started on rnic0 and moved again (a failover per direction
+    the testbed never recorded)."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=4096, num_delegates=1)
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    swapped = dataclasses.replace(
+        plain, topology=profile.topology.swapped(Position(0, 0), Position(1, 0))
+    )
+    view = parse_yaml(
+        '[{start_iteration: 0, end_iteration: 3, nic: "host1:rnic0", down: true},'
+        ' {start_iteration: 0, nic: "host1:rnic1", delay_ms: 3}]'
+    )
+    runs = [(plain, 0), (plain, 1), (swapped, 2), (swapped, 3)]
+
+    def seen(engine: SimEngine | RuntimeEngine, plan: Plan, k: int) -> tuple[set, set]:  # type: ignore[type-arg]
+        faults = view.at(k, plan.topology or profile.topology, rates=NO_RATES)
+        timeline = engine.run(plan, k, faults).timeline
+        moves = {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers}
+        return moves, {m.fault_ms for m in timeline.messages}
+
+    sim = SimEngine()
+    expected = [seen(sim, plan, k) for plan, k in runs]
+    moved = {("0-1", d, "rnic0", "rnic1") for d in ("forward", "backward")}
+    assert expected == [(moved, {3.0}), (set(), {3.0}), (set(), {3.0}), (set(), {3.0})]
+    with emulated_engine(2, timeout_s=20, delegates=Delegates()) as engine:
+        assert [seen(engine, plan, k) for plan, k in runs] == expected
+
+
 def _delegated_plans(*counts: int) -> list[Plan]:
     profiles = [dataclasses.replace(PROFILE, num_delegates=n) for n in counts]
     return [Plan(one_f_one_b(p), p, CommMode.DELEGATED) for p in profiles]
@@ -138,8 +171,6 @@ def _delegated_plans(*counts: int) -> list[Plan]:
 
 def test_an_emulated_engine_restarts_its_pool_for_a_new_delegate_count() -> None:
     """No state in its workers: a fresh pool, with 2 delegates per link direction and side."""
-    from adaptra.transport import Delegates
-
     one, two = _delegated_plans(1, 2)
     with emulated_engine(2, timeout_s=20, delegates=Delegates()) as engine:
         engine.run(one, 0, NO_FAULTS)
@@ -155,8 +186,6 @@ def test_a_training_engine_refuses_a_new_delegate_count_mid_run() -> None:
     data every iteration); a new run (iteration 0) may take the other count, and starts from
     the initial weights as the first one did."""
     pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
-    from adaptra.transport import Delegates
-
     one, two = _delegated_plans(1, 2)
     with megatron_engine(2, "tiny", timeout_s=60, delegates=Delegates()) as engine:
         losses = [engine.run(one, k, NO_FAULTS).loss for k in range(2)]
