@@ -85,7 +85,7 @@ def compare(
     """Gate NEW against BASE (run directories or runs.csv files): the metrics of the
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
     regression (a metric worse than its tolerance, or with --both-ways better than it too;
-    a configuration run another way: its
+    a configuration run another way: its backend,
     policy, comm, controller, links, delay, seed or iterations, or, where both are run
     directories, fault timeline, calibration or another input of its spec: its profile, model,
     hardware, injection, warm-up iterations or recovery; or one of BASE missing from NEW) or a
@@ -143,8 +143,9 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
     if result.mismatches:
         runs = len({m.configuration for m in result.mismatches})
         failures.append(
-            f"{_configurations(runs)} run another way in NEW (policy, comm, controller, links, "
-            "delay, fault timeline, seed, iterations or its spec's other inputs; listed above): "
+            f"{_configurations(runs)} run another way in NEW (backend, policy, comm, "
+            "controller, links, delay, fault timeline, seed, iterations or its spec's other "
+            "inputs; listed above): "
             "not the same measurement"
         )
     if result.missing:

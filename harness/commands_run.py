@@ -335,9 +335,15 @@ def run(
         if any(result.step_times_ms)
         else ""
     )
+    counted = f"{iterations} iterations"
+    if result.lost_iterations:  # the medians are over every iteration run
+        counted = (
+            f"{len(result.iteration_times_ms)} iterations run ({iterations} measured, "
+            f"{result.lost_iterations} run again after a restart)"
+        )
     click.echo(
         f"{label} over {result.comms_run} ({backend}, {result.controller} plan): median iteration "
-        f"{result.median_iteration_ms:.3f} ms{step} over {iterations} iterations"
+        f"{result.median_iteration_ms:.3f} ms{step} over {counted}"
     )
     if result.restarts:
         click.echo(

@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -356,8 +356,11 @@ def compare_runs(
     base_by_key = {_key(r): r for r in base}
     new_by_key = {_key(r): r for r in new}
     changes, mismatches = [], []
+    other_backend = _on_another_backend(base_by_key.keys(), new_by_key.keys())
     for key, row in base_by_key.items():
-        if key in new_by_key:
+        if key in other_backend:
+            mismatches.append(Mismatch(_name(key), "backend", key[0], other_backend[key][0]))
+        elif key in new_by_key:
             other = new_by_key[key]
             changes += _changes(key, row, other, tolerance_pct, tolerances)
             mismatches += [
@@ -373,12 +376,27 @@ def compare_runs(
             mismatches += _setup_mismatches(_name(key), row, other)
     return Comparison(
         changes=changes,
-        missing=[_name(key) for key in base_by_key if key not in new_by_key],
-        added=[_name(key) for key in new_by_key if key not in base_by_key],
+        missing=[_name(k) for k in base_by_key if k not in new_by_key and k not in other_backend],
+        added=[
+            _name(k) for k in new_by_key if k not in base_by_key and k not in other_backend.values()
+        ],
         allow_new=allow_new,
         mismatches=mismatches,
         both_ways=both_ways,
     )
+
+
+def _on_another_backend(
+    base: Iterable[tuple[str, ...]], new: Iterable[tuple[str, ...]]
+) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """The configurations of `base` that `new` has under its own name on another backend
+    only (`KEY` leads with the backend, which `_name` leaves out): each with its new key.
+    Run another way, not missing on one side and added on the other under one name."""
+    base_keys, new_keys = set(base), set(new)
+    only_new = {key[1:]: key for key in new_keys - base_keys}
+    return {
+        key: only_new.pop(key[1:]) for key in sorted(base_keys - new_keys) if key[1:] in only_new
+    }
 
 
 def _setup_mismatches(name: str, base: Mapping[str, Any], new: Mapping[str, Any]) -> list[Mismatch]:

@@ -45,6 +45,7 @@ from harness.spec import (
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
+from pipeline.timeline import Timeline
 
 __all__ = ["fault_free_step_ms", "new_run_dir", "run_experiment"]
 
@@ -139,6 +140,14 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     # another file holds of a configuration it lacks is stale.
     saved = read_iterations(run_dir, runs)  # each configuration in runs.csv has its rows
     iterations = [r for r in saved if _row_key(r) in done]
+    host_warning = spec.host_costs().other_host_warning()
+    warnings = {  # by configuration, and all of them, in order, once each, for report.md
+        key: _warnings(config, spec) for config, key in zip(configs, keys, strict=True)
+    }
+    every = [host_warning] if host_warning else []
+    spec_record["warnings"] = list(
+        dict.fromkeys(every + [w for ws in warnings.values() for w in ws])
+    )
     write_json_atomic(spec_path, spec_record)
     drop_stale(run_dir, done, (key for key in keys if key not in done))
     planner = spec.planner  # the spec's check made the first plans
@@ -147,17 +156,11 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         for config, key in zip(configs, keys, strict=True)
     ]
     pace = _Pace(sum(weights))
-    host_warning = spec.host_costs().other_host_warning()
     if host_warning is not None:
         progress(host_warning)
-    warned = set()
-    for config, key in zip(configs, keys, strict=True):
-        if key in done:
-            continue
-        for warning in _warnings(config, spec):
-            if warning not in warned:
-                warned.add(warning)
-                progress(warning)
+    undone = (w for key in keys if key not in done for w in warnings[key])
+    for warning in dict.fromkeys(undone):
+        progress(warning)
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
         for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
             target, system, scenario, repeat = config
@@ -167,6 +170,13 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             with messages_writer(run_dir) as messages:
                 drawn = drawn_iterations(spec.num_iterations, changes)
                 recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
+                heard = _Heartbeat(
+                    recorder,
+                    progress,
+                    f"[{count}/{len(configs)}] {target.label} {system} {scenario.name}",
+                    spec.num_warmup_iterations,
+                    spec.num_iterations,
+                )
                 controller = controller_for(
                     system,
                     target,
@@ -188,7 +198,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                     host=spec.host_costs(),
                     engines=engines,
                     recovery=spec.recovery(),
-                    on_iteration=recorder,
+                    on_iteration=heard,
                     delegated=SYSTEMS[system][1] == "delegated",
                     seed=spec.seed,
                 )
@@ -307,6 +317,42 @@ def _revisions(previous: dict[str, Any], now: str) -> dict[str, Any]:
         "git_revision": first,
         "resumed_git_revisions": later + ([now] if now not in (first, *later) else []),
     }
+
+
+HEARTBEAT_S = 30.0
+"""How often a configuration still running says how far it is, at most."""
+
+
+class _Heartbeat:
+    """Each iteration to `recorder`, and a progress line at most every `HEARTBEAT_S` while
+    the configuration (`label`) runs: a runtime's may run for minutes between the lines
+    that end configurations."""
+
+    def __init__(
+        self,
+        recorder: ConfigurationRecorder,
+        progress: Callable[[str], None],
+        label: str,
+        num_warmup_iterations: int,
+        num_iterations: int,
+    ) -> None:
+        self._recorder, self._progress, self._label = recorder, progress, label
+        self._num_warmup, self._num_iterations = num_warmup_iterations, num_iterations
+        self._started = self._said = time.monotonic()
+
+    def __call__(
+        self, iteration: int, timeline: Timeline, measured: bool, same_as: int | None = None
+    ) -> None:
+        self._recorder(iteration, timeline, measured, same_as)
+        now = time.monotonic()
+        if now - self._said < HEARTBEAT_S:
+            return
+        self._said = now
+        if measured:
+            which = f"iteration {iteration - self._num_warmup + 1}/{self._num_iterations}"
+        else:
+            which = f"warm-up {iteration + 1}/{self._num_warmup}"
+        self._progress(f"  {self._label}: {which} done ({now - self._started:.0f} s)")
 
 
 class _Pace:

@@ -37,6 +37,7 @@ __all__ = [
     "noisy_ring_warning",
     "plan",
     "resolve_system",
+    "static_dp_delay_warning",
     "system_controller",
     "with_delegate_count",
 ]
@@ -195,6 +196,27 @@ def noisy_ring_warning(system: str, profile: Profile, backend: str) -> str | Non
         "rings of 8 MiB chunks were called slow in 32-38 of 40 fault-free iterations, of 2 MiB "
         "chunks in none: BENCHMARKS.md); smaller DP buckets (dp_bucket_bytes) make smaller "
         "chunks"
+    )
+
+
+_SWAPPING = ("adaptra", "adaptra-cpu")
+"""The systems that move a DP ring link they find slow onto a PP edge (a rank swap) from the
+start (Falcon waits for a change in iteration time, which a profile's delay never makes:
+`_falcon_blind_warning`)."""
+
+
+def static_dp_delay_warning(system: str, profile: Profile) -> str | None:
+    """A warning line where `system` swaps a slow DP ring link (`_SWAPPING`) and the delay
+    is `profile`'s own: that goes with its logical link through a swap (pipeline.profile;
+    a fault timeline's stays on its hosts), so a swap pays its cost and moves nothing."""
+    delayed = sorted(str(link) for link, delay_ms in profile.dp_delay_ms if delay_ms)
+    if system not in _SWAPPING or not delayed or profile.num_stages < 2:
+        return None
+    return (
+        f"warning: {system} moves a DP ring link it finds slow onto a PP edge (a rank swap), "
+        f"but the profile's own delay on {', '.join(delayed)} goes with the logical link "
+        "through a swap: a swap cannot move it, and costs its time (a fault timeline's delay "
+        "stays on its hosts: give it as a timeline row to see a swap move it)"
     )
 
 

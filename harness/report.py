@@ -319,6 +319,14 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _warned(warnings: Sequence[str]) -> list[str]:
+    """The warnings the run gave before it started (spec.json's), under the headline they
+    may qualify (a speed-up of 1.00x where a detector could see nothing); none if none."""
+    if not warnings:
+        return []
+    return ["The run warned:", "", *(f"- {w}" for w in warnings), ""]
+
+
 def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
     """The fault timeline's plot draws iterations only: a checkpoint restart (its time is no
     iteration's) is named under it, with the table's samples/s that count it."""
@@ -419,6 +427,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         + _calibration_note(spec),
         "",
         *_headline(runs),
+        *_warned(recorded["warnings"]),
     ]
     repeated = spec.num_repeats > 1  # a row per repeat, told apart by their number
     columns = ["model", "system", "comm", "controller", "scenario", *(["repeat"] * repeated)]
@@ -439,7 +448,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     lines += [
         "",
         "A step is the pipeline iteration plus the DP all-reduce and the optimizer; the "
-        "iteration is the pipeline alone (its start to its last op's end). samples/s: the "
+        "iteration is the pipeline alone (its start to its last op's end); their medians are "
+        "over every one run, one lost to a restart as often as it ran. samples/s: the "
         "measured iterations' samples (each once) over the time of every step run, lost ones "
         "run again after a restart included, plus the modelled restart cost. Bubble ratio: "
         "1 - (time the stages spent in ops) / (stages x iteration time), replica 0's, the "

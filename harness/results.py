@@ -376,9 +376,10 @@ def _configuration_name(row: Mapping[str, Any]) -> str:
 
 def read_spec_record(run_dir: Path) -> dict[str, Any]:
     """The run directory's spec.json (its spec, schema version, spec version, run id and git
-    revision, and the revisions a resume ran at); one of another schema version or a later
-    spec version is refused. The record returned always has its `spec_version` (1 where the
-    file has none) and `resumed_git_revisions` (none where the file has none)."""
+    revision, the revisions a resume ran at, and the warnings the run gave); one of another
+    schema version or a later spec version is refused. The record returned always has its
+    `spec_version` (1 where the file has none), `resumed_git_revisions` and `warnings`
+    (none where the file has none)."""
     path = run_dir / "spec.json"
     try:
         record = json.loads(path.read_text())
@@ -396,6 +397,9 @@ def read_spec_record(run_dir: Path) -> dict[str, Any]:
     resumed = record.setdefault("resumed_git_revisions", [])
     if not isinstance(resumed, list) or not all(isinstance(r, str) for r in resumed):
         raise ConfigError(f"{path}: resumed_git_revisions is not a list of revisions: damaged?")
+    warnings = record.setdefault("warnings", [])
+    if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+        raise ConfigError(f"{path}: warnings is not a list of lines: damaged?")
     version = record.setdefault("spec_version", 1)
     if version not in range(1, SPEC_VERSION + 1) or isinstance(version, bool):
         raise ConfigError(

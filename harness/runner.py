@@ -17,7 +17,7 @@ from harness.loop import (
     measured_numbering,
     run_loop,
 )
-from harness.policies import blind_detector_warning, noisy_ring_warning
+from harness.policies import blind_detector_warning, noisy_ring_warning, static_dp_delay_warning
 from injectors.fault_model import Effect, FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
@@ -322,8 +322,8 @@ def run_warnings(
 ) -> list[str]:
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
     gives before it starts: `blind_detector_warning`, `noisy_ring_warning`,
-    `idle_fault_rows_warning`, `replaced_rows_warning` and, with `host` costs, their
-    `calibration_shape_warning`, those that apply."""
+    `static_dp_delay_warning`, `idle_fault_rows_warning`, `replaced_rows_warning` and, with
+    `host` costs, their `calibration_shape_warning`, those that apply."""
     warnings = [
         idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
         replaced_rows_warning(profile, faults),
@@ -335,6 +335,7 @@ def run_warnings(
                 system, profile, faults, num_warmup_iterations=num_warmup_iterations
             ),
             noisy_ring_warning(system, profile, backend),
+            static_dp_delay_warning(system, profile),
         ]
     return [warning for warning in warnings if warning is not None]
 

@@ -181,7 +181,11 @@ def _trace_event(row: int, text: str) -> FaultEvent:
     links = _trace_links(row, [n for n in fields[1].split(",") if n.strip()])
     delay_ms = _ms(row, fields[2], "delay", 1000.0, inf=True, unit="s", trace=True)
     if not links and delay_ms != math.inf:
-        raise ConfigError(f"fault row {row}: a delay needs at least one link")
+        raise ConfigError(
+            f"fault row {row}: a delay needs at least one link (a row with none fails a NIC, "
+            "`;;inf`, for the rest of the run in this format: a YAML row's end_iteration ends "
+            "a failure)"
+        )
     target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
     effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)
     return FaultEvent(_iteration(row, fields[0], trace=True), target, effect, row=row)

@@ -940,6 +940,12 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     assert restart["args"] == {"cause": cause, "runs again from iteration": 1}
     text = cli(*falcon, "--iterations", "9").stdout
     assert f"  restarted after {cause}\n" in text
+    # its medians are over every iteration run: it said "over 9 iterations" (a user review)
+    assert text.splitlines()[0].endswith(
+        f" over {len(data['iteration_times_ms'])} iterations run (9 measured, "
+        f"{data['lost_iterations']} run again after a restart)"
+    )
+    assert data["lost_iterations"] > 0
 
 
 @pytest.mark.multiprocess

@@ -313,6 +313,25 @@ def test_a_configuration_run_another_way_fails_with_equal_metrics(
     assert _compare(_write(tmp_path / "older.csv", older), tmp_path / "other.csv").returncode == 0
 
 
+def test_a_configuration_on_another_backend_is_run_another_way(tmp_path: Path) -> None:
+    """The backend is in a configuration's key but not its name: a configuration run on
+    another backend was listed both as missing from NEW and as only in NEW, under one name
+    (a user review)."""
+    rows = _rows()
+    fault_free = next(r for r in rows if r["system"] == "1f1b" and r["scenario"] == "fault-free")
+    fault_free["backend"] = "emulated"
+    out = _compare(BASELINE, _write(tmp_path / "other.csv", rows), "--tolerance", "100")
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[-1] == (
+        "run another way in NEW: fig4-uniform-10ms 1f1b fault-free: backend 'sim' -> 'emulated'"
+    )
+    assert out.stderr.strip() == (
+        "error: 1 configuration run another way in NEW (backend, policy, comm, controller, "
+        "links, delay, fault timeline, seed, iterations or its spec's other inputs; listed "
+        "above): not the same measurement"
+    )
+
+
 def test_more_restarts_or_lost_iterations_are_worse(tmp_path: Path) -> None:
     rows = _rows()
     rows[3]["restarts"], rows[3]["lost_iterations"] = "1", "4"

@@ -2,6 +2,7 @@ import csv
 import dataclasses
 import json
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -782,12 +783,69 @@ def test_an_experiment_warns_once_where_adaptra_s_detector_has_no_healthy_link(
         num_repeats=2,
     )
     lines: list[str] = []
-    run_experiment(spec, tmp_path / "run", progress=lines.append)
+    run_dir = run_experiment(spec, tmp_path / "run", progress=lines.append)
     warnings = [line for line in lines if "warning" in line]
     assert warnings == [
         "m 0-1@10ms: warning: adaptra finds slow links by comparing them with healthy ones, and "
         "every PP link here is delayed from the first iteration: it will see none slow (delay "
         "some of the links only, or start the delay later with a fault timeline)"
+    ]
+    # spec.json and report.md keep them (they went to the terminal only, and report.md said
+    # "1.00x over zb" with nothing to qualify it); a resume with nothing left warns no more.
+    assert json.loads((run_dir / "spec.json").read_text())["warnings"] == warnings
+    report = (run_dir / "report.md").read_text()
+    assert f"The run warned:\n\n- {warnings[0]}\n" in report
+    assert report.index("The run warned:") > report.index("Adaptra's speed-up")
+    lines.clear()
+    run_experiment(spec, run_dir, progress=lines.append)
+    assert not [line for line in lines if "warning" in line]
+    assert json.loads((run_dir / "spec.json").read_text())["warnings"] == warnings
+
+
+def test_a_long_configuration_says_how_far_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A configuration said nothing until it ended (minutes of silence in a long runtime
+    run, a user review): now a line at most every `HEARTBEAT_S` (here each iteration)."""
+    monkeypatch.setattr("harness.experiment.HEARTBEAT_S", 0.0)
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("zb",),
+        num_iterations=2,
+    )
+    lines: list[str] = []
+    run_experiment(spec, tmp_path / "run", progress=lines.append)
+    said = [re.sub(r"\(\d+ s\)", "(N s)", line) for line in lines if line.startswith("  [")]
+    assert said == [
+        f"  [1/1] m zb fault-free: {which} done (N s)"
+        for which in ("warm-up 1/1", "iteration 1/2", "iteration 2/2")
+    ]
+
+
+def test_a_swap_that_cannot_move_a_profile_s_dp_delay_is_warned(tmp_path: Path) -> None:
+    """A spec's delay on a DP link is the profile's own, which goes with the logical link
+    through a rank swap: adaptra and adaptra-cpu swapped for nothing, report.md saying "2
+    workers moved" and 1.00x, and nothing why (a user review). (Falcon never sees a change
+    from a profile's delay, and says so.)"""
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1, num_replicas=2, allreduce_bytes=(1 << 20,) * 2),
+        systems=("zb", "adaptra-cpu", "adaptra"),
+        link_sets=(("dp1:0-1",),),
+        delays_ms=(30.0,),
+        num_iterations=1,
+    )
+    lines: list[str] = []
+    run_experiment(spec, tmp_path / "run", progress=lines.append)
+    assert [line for line in lines if "warning" in line] == [
+        f"m dp1:0-1@30ms: warning: {system} moves a DP ring link it finds slow onto a PP edge "
+        "(a rank swap), but the profile's own delay on dp1:0-1 goes with the logical link "
+        "through a swap: a swap cannot move it, and costs its time (a fault timeline's delay "
+        "stays on its hosts: give it as a timeline row to see a swap move it)"
+        for system in ("adaptra-cpu", "adaptra")
     ]
 
 
