@@ -19,6 +19,7 @@ from pipeline.simulator import CommMode, simulate
 from pipeline.timeline import MessageRecord, Timeline
 from pipeline.topology import Link, Topology
 from tests.fidelity import check_fidelity
+from tests.pipeline.runtime.test_pool import an_op_s_wait_timed_out
 
 pytestmark = pytest.mark.multiprocess
 
@@ -111,18 +112,39 @@ def _last_op_end_ms(timeline: Timeline, stage: int, replica: int) -> float:
     return max(r.end_ms for r in timeline.ops if (r.stage, r.replica) == (stage, replica))
 
 
+_TRIES = 5
+_LANDING_MS = 100.0
+"""How long before its receiver's last op a chunk's send must start for the iteration to
+show where its arrival is stamped (a chunk's transit, and its stamping, take a few ms)."""
+
+
 def test_a_chunk_that_lands_while_its_receiver_runs_its_pipeline_is_stamped_as_it_lands() -> None:
     """Replica 0's ring sends its first chunk (forward on dp<s>:0-1) as its pipeline ends,
     some 40 ms in; replica 1, slowed by 150 ms on each message of its PP link, runs its
     pipeline for 450 ms and more. The ring's receiver thread waits from the iteration's
     start, so the chunk's arrival is stamped before replica 1's last op ended: started with
     replica 1's ring, after that op, it stamped the chunk then, and the detector took the
-    skew for a slow DP link. The chunk the other way is sent after replica 1's pipeline."""
+    skew for a slow DP link. The chunk the other way is sent after replica 1's pipeline.
+    Replica 1's stage 1 ends some 300 ms before replica 0's chunk would have to wait for it:
+    a loaded host that holds replica 0 that long sends the chunk after it, and the iteration
+    shows nothing (the chunk landed after the op, as it should be stamped); such an iteration
+    is run again, up to _TRIES in all, until one sent each forward chunk _LANDING_MS or more
+    before its receiver's last op ended (with the defect, no such iteration passes)."""
     config = _skewed(150.0)
     with WorkerPool(2, 2, timeout_s=30) as pool:
-        timeline = pool.run_iteration(config)
+        for iteration in range(_TRIES):
+            timeline = pool.run_iteration(dataclasses.replace(config, iteration=iteration))
+            first = {(m.link, m.direction): m for m in timeline.dp_messages if m.microbatch == 0}
+            if all(
+                first[f"dp{stage}:0-1", "forward"].wire_start_ms + _LANDING_MS
+                < _last_op_end_ms(timeline, stage, 1)
+                for stage in (0, 1)
+                if (f"dp{stage}:0-1", "forward") in first
+            ):
+                break
+        else:
+            pytest.fail(f"replica 0 was held past replica 1's pipeline in all {_TRIES} tries")
     assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {150.0}
-    first = {(m.link, m.direction): m for m in timeline.dp_messages if m.microbatch == 0}
     assert sorted(first) == [
         (f"dp{stage}:0-1", direction) for stage in (0, 1) for direction in ("backward", "forward")
     ]
@@ -143,10 +165,18 @@ def test_the_ring_s_first_chunk_waits_out_a_peer_replica_s_longer_pipeline() -> 
     for one message and failed the iteration ("waiting for all-reduce chunk 0 from rank 3
     failed: nothing came within 1 s", with a 1 s timeout); it has none now (the pool's bound
     on a time without progress: replica 1's ranks report their ops), and the iteration runs,
-    every chunk recorded as in the simulator."""
+    every chunk recorded as in the simulator. A worker held more than those 1.2 s fails an
+    op's wait (its own timeout, not the ring's): the iteration is run again on a new pool, up
+    to 3 in all."""
     config = _skewed(800.0)
-    with WorkerPool(2, 2, timeout_s=2.0) as pool:
-        timeline = pool.run_iteration(config)
+    for attempt in range(3):
+        try:
+            with WorkerPool(2, 2, timeout_s=2.0) as pool:
+                timeline = pool.run_iteration(config)
+            break
+        except WorkerTimeout as err:
+            if attempt == 2 or not an_op_s_wait_timed_out(err):
+                raise
     assert {m.fault_ms for m in timeline.messages if m.replica == 1} == {800.0}
     assert {m.fault_ms for m in timeline.messages if m.replica == 0} == {0.0}
     predicted = simulate(config.schedule, config.profile, CommMode.DIRECT)

@@ -796,7 +796,10 @@ def test_a_worker_started_seconds_after_the_others_joins_however_short_the_timeo
     """A loaded host starts a pool's workers seconds apart (here rank 1, 3 s after rank 0):
     they joined their process group with the per-message timeout (1 s), and rank 0 gave up
     on the rendezvous ("Wait timeout"), although a start-up may take 120 s. Now the join
-    takes the start-up bound, and a send still the timeout (test_a_send_gloo_gives_up_...)."""
+    takes the start-up bound, and a send still the timeout (test_a_send_gloo_gives_up_...).
+    The iteration's ops wait for their messages under that 1 s timeout too, a few ms each: a
+    worker held 1 s on a loaded host fails one of them, which is no start-up's failure, and
+    the pool is started again (up to 3 starts)."""
 
     def launch(rank: int, target, args):  # type: ignore[no-untyped-def]
         if rank == 1:
@@ -804,9 +807,27 @@ def test_a_worker_started_seconds_after_the_others_joins_however_short_the_timeo
         return local_launch(rank, target, args)
 
     profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
-    with WorkerPool(2, launch=launch, timeout_s=1.0) as pool:
-        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    for start in range(3):
+        with WorkerPool(2, launch=launch, timeout_s=1.0) as pool:
+            try:
+                timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+                break
+            except WorkerTimeout as err:
+                if start == 2 or not an_op_s_wait_timed_out(err):
+                    raise
     assert len(timeline.messages) == 2 * 2  # the activations and gradients of 2 microbatches
+
+
+def an_op_s_wait_timed_out(err: WorkerTimeout) -> bool:
+    """Whether `err` is a rank's own timeout in a pipeline op (F3, BW0: its wait for a
+    message, or its send), what a worker held up past the timeout on a loaded host causes;
+    not a start-up's, the pool's, or the DP ring's ("AR") or the tied sum's."""
+    remote = err.remote
+    return (
+        remote is not None
+        and remote.type_name == "builtins.TimeoutError"
+        and re.fullmatch(r"(F|B|W|BW)\d+", remote.op or "") is not None
+    )
 
 
 def test_a_neighbour_whose_delegates_start_late_is_waited_for_however_short_the_timeout() -> None:
