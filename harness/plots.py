@@ -15,6 +15,7 @@ __all__ = [
     "plot_lines",
     "plot_slowdown",
     "plot_throughput_over_time",
+    "same_line_labels",
     "throughput_rows",
 ]
 
@@ -92,6 +93,7 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
         + [free[free["model"] == model].assign(links=links) for model, links in faulty.values]
     )
     frame = frame[frame["links"] != "none"]
+    frame["system"] = frame["system"].map(same_line_labels(frame))
     grid = sns.relplot(
         data=frame,
         x="delay (ms)",
@@ -117,6 +119,23 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
     save_figure(grid, path, dpi=110)
     plt.close(grid.figure)
     return True
+
+
+def same_line_labels(frame: Any) -> dict[str, str]:
+    """Each system's legend label: its name, and where another system's line is the same
+    (every point equal: Falcon's under a delay it cannot see is ZB's), which: "zb (= falcon)".
+    A line drawn exactly over another hides it."""
+    lines = {
+        system: tuple(
+            rows.groupby(["model", "links", "delay (ms)"])["median step (ms)"].median().items()
+        )
+        for system, rows in frame.groupby("system", sort=False)
+    }
+    labels = {}
+    for system, line in lines.items():
+        same = [other for other, points in lines.items() if other != system and points == line]
+        labels[system] = f"{system} (= {', '.join(same)})" if same else system
+    return labels
 
 
 def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:

@@ -485,6 +485,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         lines += sources
     lines.append("")
     lines += [f"{note}\n" for note in not_drawn]
-    lines += [f"![{caption}]({name})\n" for caption, name in figures]
+    # Each caption under its figure too: a Markdown viewer shows no alt text.
+    lines += [f"![{caption}]({name})\n\n*{caption}*\n" for caption, name in figures]
     write_atomic(run_dir / "report.md", "\n".join(lines))
     return done

@@ -223,6 +223,31 @@ def test_time_per_step_vs_delay_plots_the_median_over_the_repeats(
     assert ax.get_ylim() == pytest.approx((0.0, 108.0))  # the top point's marker inside
 
 
+def test_a_line_drawn_over_another_s_says_so_in_the_legend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Falcon's line under a delay it cannot see is ZB's, point for point: drawn over it, ZB's
+    could not be seen, though the legend listed it (a user review)."""
+    grids: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda grid, *_, **__: grids.append(grid))
+    steps = {"zb": (50.0, 90.0), "falcon": (50.0, 90.0), "adaptra": (50.0, 60.0)}
+    runs = [
+        {**_row(system, scenario, ms[i], 0), "links": links, "delay_ms": delay_ms}
+        for system, ms in steps.items()
+        for i, (scenario, links, delay_ms) in enumerate(
+            (("fault-free", "", "0.0"), ("0-1@10ms", "0-1", "10.0"))
+        )
+    ]
+    assert harness.plots.plot_iteration_time_vs_delay(runs, tmp_path / "t.png")
+    (grid,) = grids
+    labels = [text.get_text() for text in grid.legend.get_texts()]
+    assert [label for label in labels if label.split()[0] in steps] == [
+        "zb (= falcon)",
+        "falcon (= zb)",
+        "adaptra",
+    ]
+
+
 def test_time_per_step_vs_delay_joins_a_model_s_fault_free_point_to_its_own_links(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
