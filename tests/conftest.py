@@ -37,6 +37,21 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 ASSETS = Path(__file__).parent / "assets"
 
+# torch's inductor cache in a folder of this session's, removed at its end: an import of
+# megatron-core (torch.compile at its import) makes `<TMPDIR>/torchinductor_<user>` in the
+# process that imports it, and the suite left it behind. Set here, before any conftest below
+# imports megatron-core; xdist's workers and the tests' children inherit it.
+_INDUCTOR_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _INDUCTOR_CACHE = tempfile.mkdtemp(prefix="adb-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _INDUCTOR_CACHE is not None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def megatron_in_the_worker_fork_server() -> None:

@@ -463,15 +463,21 @@ def test_a_swap_undone_in_real_processes_moves_the_workers_back() -> None:
     # by 3, to the run's 7, at a load of 5 beside 4 busy processes): the undo still runs
     # for a climb as late as 21.
     num_iterations = 24
-    result, falcon = _run(
-        40,
-        num_iterations,
-        swap_ms=20.0,
-        backend="emulated",
-        profile=two_buckets,
-        delay_ms=40.0,
-        also=", {start_iteration: 3, end_iteration: 40, hosts: [3, 5], delay_ms: 80}",
-    )
+    # A loaded host's noisy healthy stretch (3 measured iterations) can hide the change for
+    # the whole run (a full suite beside other tenants' load of 5-10 saw none, once): what
+    # this test shows comes after a climb, so a run without one runs again (3 in all).
+    for _ in range(3):
+        result, falcon = _run(
+            40,
+            num_iterations,
+            swap_ms=20.0,
+            backend="emulated",
+            profile=two_buckets,
+            delay_ms=40.0,
+            also=", {start_iteration: 3, end_iteration: 40, hosts: [3, 5], delay_ms: 80}",
+        )
+        if falcon.climbs:
+            break
     ((at, level),) = falcon.climbs
     assert at + 3 <= num_iterations, falcon.climbs  # the placement after the undo ran
     assert level is Level.SWAP and falcon.undone == [at + 2]
