@@ -226,9 +226,13 @@ def test_two_runs_started_in_the_same_second_get_a_directory_each(
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == names
 
 
-def test_the_git_revision_says_when_tracked_files_differ_from_it(tmp_path: Path) -> None:
+def test_the_git_revision_says_when_tracked_files_differ_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A results file names the code that made it: the commit, "-dirty" where a tracked file
-    was changed since (an untracked one is not the code's), "unknown" outside a checkout."""
+    was changed since (an untracked one is not the code's), "unknown" outside a checkout.
+    (git looks no higher than the test's folder: a TMPDIR inside a checkout is no failure.)"""
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     assert git_revision(tmp_path) == "unknown"
 
     def git(*args: str) -> str:
