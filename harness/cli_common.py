@@ -142,9 +142,12 @@ def resolve(
     elif schedule_path is None:
         raise ConfigError("--profile is required: give the profile file (its format: the README)")
     else:
-        raise ConfigError(
-            f"--profile is required: the schedule file {schedule_path} has no 'profile' key"
+        carries = (
+            "is a torch CSV, which carries no profile"
+            if schedule_path.lower().endswith(".csv")
+            else "has no 'profile' key"
         )
+        raise ConfigError(f"--profile is required: the schedule file {schedule_path} {carries}")
     if schedule is None or schedule_path is None:
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)
     ordered = schedule  # its order's errors name the file too

@@ -19,6 +19,9 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 class PaperValue(NamedTuple):
     kind: Literal["seconds", "slowdown", "samples_per_s"]
     value: float
+    fitted: bool = False
+    """One the cost model is fitted on (docs/paper.md): no prediction, so a report marks it
+    and leaves it out of its error summary."""
 
 
 _SYSTEMS = ("1f1b", "zb", "adaptra-cpu", "adaptra")
@@ -57,7 +60,7 @@ def _fig3() -> dict:
     """Fig. 3/18: ZB's step on 7B at DP 2 x PP 4, fault-free and with a slow DP or PP link at
     10/20/30 ms. The paper does not say which link was slow: each candidate link of the
     preset is compared with its kind's value."""
-    table = {("gpt2-7b-dp2", "zb", "fault-free"): PaperValue("seconds", 0.49)}
+    table = {("gpt2-7b-dp2", "zb", "fault-free"): PaperValue("seconds", 0.49, fitted=True)}
     kinds = (
         (("dp0:0-1", "dp1:0-1", "dp2:0-1", "dp3:0-1"), (1.87, 2.79, 3.94)),
         (("0-1", "1-2", "2-3"), (0.64, 0.86, 1.10)),
@@ -71,7 +74,10 @@ def _fig3() -> dict:
 
 PAPER: dict[str, dict[tuple[str, str, str], PaperValue]] = {
     "fig1": {
-        **_seconds("gpt2-14b", "fault-free", (0.86, 0.79)),
+        **{  # the cost model's fit targets
+            key: value._replace(fitted=True)
+            for key, value in _seconds("gpt2-14b", "fault-free", (0.86, 0.79)).items()
+        },
         **_seconds("gpt2-14b", "6-7@20ms", (1.33, 1.36)),
         **_seconds("gpt2-14b", "6-7@40ms", (1.83, 2.30)),
         **_seconds("gpt2-14b", "6-7@60ms", (2.33, 3.26)),

@@ -86,8 +86,7 @@ def paper_experiment(spec: ExperimentSpec) -> tuple[str | None, str | None]:
         return spec.name, None
     return None, (
         f"Not compared with the paper: this spec is named {spec.name}, as the preset "
-        f"`harness/presets/{file}` is, but its {', '.join(changed)} "
-        f"{'differs' if len(changed) == 1 else 'differ'} from the preset's."
+        f"`harness/presets/{file}` is, but differs from it in {', '.join(changed)}."
     )
 
 
@@ -319,6 +318,25 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
+def _error_summary(compared: Sequence[tuple[Any, PaperValue, float]]) -> str:
+    """The median and largest relative error of the predictions (a value the cost model is
+    fitted on is none: counted apart)."""
+    errors = [abs(ours - p.value) / p.value for _, p, ours in compared if not p.fitted]
+    num_fitted = len(compared) - len(errors)
+    fitted = (
+        f" {num_fitted} value{'s' * (num_fitted != 1)} the cost model is fitted on, marked "
+        "(fitted), not counted."
+        if num_fitted
+        else ""
+    )
+    if not errors:
+        return fitted.strip()
+    return (
+        f"Median relative error {100 * statistics.median(errors):.1f} % over {len(errors)} "
+        f"predicted values (max {100 * max(errors):.1f} %).{fitted}"
+    )
+
+
 def _warned(warnings: Sequence[str]) -> list[str]:
     """The warnings the run gave before it started (spec.json's), under the headline they
     may qualify (a speed-up of 1.00x where a detector could see nothing); none if none."""
@@ -464,20 +482,16 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     if not_compared is not None:
         lines += ["", not_compared]
     if compared:
-        errors = [abs(ours - paper.value) / paper.value for _, paper, ours in compared]
+        lines += ["", "## Against the paper", "", _error_summary(compared), ""]
         lines += [
-            "",
-            "## Against the paper",
-            "",
-            f"Median relative error {100 * statistics.median(errors):.1f} % over "
-            f"{len(errors)} values (max {100 * max(errors):.1f} %).",
-            "",
             "| model | system | scenario | unit | paper | ours | error |",
             "|---|---|---|---|---|---|---|",
         ]
         lines += [
             f"| {r['model']} | {r['system']} | {r['scenario']} | {paper.kind} | "
-            f"{paper.value:.2f} | {ours:.2f} | {100 * (ours - paper.value) / paper.value:+.1f} % |"
+            f"{paper.value:.2f} | {ours:.2f} | {100 * (ours - paper.value) / paper.value:+.1f} %"
+            + (" (fitted)" if paper.fitted else "")
+            + " |"
             for r, paper, ours in compared
         ]
     if sources:

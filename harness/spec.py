@@ -558,7 +558,13 @@ class ExperimentSpec:
                         f"(link_sets[{i}][{k}], {link_set[k]!r}); list each link once"
                     )
             link_sets.append(links)
-        _check_unique("link_sets", [frozenset(links) for links in link_sets])
+        resolved = [frozenset(links) for links in link_sets]
+        for i, chosen in enumerate(resolved):
+            if (j := resolved.index(chosen)) != i:  # `first` and `last` of 2 stages are one
+                raise ConfigError(
+                    f"link_sets[{i}] repeats link_sets[{j}] in model {target.label} (both "
+                    f"{', '.join(sorted(map(str, chosen)))}); list each once"
+                )
         for links in link_sets:
             scenarios += [Scenario(links, d) for d in slow]
         return scenarios

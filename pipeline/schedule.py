@@ -202,7 +202,8 @@ def validate_schedule(schedule: Schedule, num_stages: int, num_microbatches: int
     """Raise ScheduleError unless every op appears exactly once and all can run."""
     if schedule.num_stages != num_stages:
         raise ScheduleError(
-            f"schedule has {schedule.num_stages} stages but the profile has {num_stages}"
+            f"schedule has {schedule.num_stages} stage{'s' * (schedule.num_stages != 1)} but "
+            f"the profile has {num_stages}"
         )
     for stage_idx, ops in enumerate(schedule.stages):
         _check_coverage(stage_idx, ops, num_microbatches)

@@ -114,6 +114,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["simulate", "--schedule", "s.json"],
         "--profile is required: the schedule file s.json has no 'profile' key",
     ),
+    (
+        "a torch CSV schedule without a profile",  # said it "has no 'profile' key"
+        {"s.csv": "0F0,0I0,0W0\n"},
+        ["simulate", "--schedule", "s.csv"],
+        "--profile is required: the schedule file s.csv is a torch CSV, which carries no profile",
+    ),
     # an empty path: "cannot read profile : Is a directory"; --spec "" ran the default
     # experiment and --faults "" ran no faults
     ("profile path empty", {}, ["run", "--profile", "", "--policy", "1f1b"], "the path is empty"),
@@ -186,7 +192,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "schedule stages",
         {**P, "s.json": json.dumps({"stages": [["F0"]]})},
         ["simulate", "--profile", "p.json", "--schedule", "s.json"],
-        "schedule has 1 stages",
+        "schedule has 1 stage but the profile has 3",
     ),
     (
         "schedule unknown op",
@@ -657,7 +663,8 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "spec twice a link set",
         {"s.yaml": spec(link_sets=[["0-1"], ["first"]], delays_ms=[5])},
         RUN_SPEC,
-        "link_sets[1] repeats link_sets[0]",
+        # which model, and what both resolved to: `first` is 0-1 there
+        "link_sets[1] repeats link_sets[0] in model m (both 0-1); list each once",
     ),
     (
         "spec twice a model",

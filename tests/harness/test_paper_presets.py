@@ -82,7 +82,7 @@ def test_fig16_adaptra_beats_every_system_in_every_cell(tmp_path: Path) -> None:
     compared = paper_comparison("fig16", runs)
     assert len(compared) == 64
     report = (tmp_path / "fig16" / "report.md").read_text()  # the preset's: compared
-    assert "## Against the paper\n\nMedian relative error 6.1 % over 64 values" in report
+    assert "## Against the paper\n\nMedian relative error 6.1 % over 64 predicted values" in report
     errors: dict[str, list[float]] = {}
     for row, paper, ours in compared:
         errors.setdefault(row["system"], []).append(abs(ours - paper.value) / paper.value)

@@ -41,6 +41,8 @@ def test_mixed_fused_and_split_backward_is_rejected() -> None:
 def test_wrong_stage_count_and_microbatch_range() -> None:
     with pytest.raises(ScheduleError, match="schedule has 2 stages but the profile has 3"):
         validate_schedule(Schedule.from_text(TWO_STAGES), 3, 2)
+    with pytest.raises(ScheduleError, match="^schedule has 1 stage but the profile has 2$"):
+        validate_schedule(Schedule.from_text(TWO_STAGES[:1]), 2, 2)
     bad = Schedule.from_text([["F0", "F5", "BW0", "BW5"], TWO_STAGES[1]])
     with pytest.raises(ScheduleError, match="microbatch 5 outside 0..1"):
         validate_schedule(bad, 2, 2)
