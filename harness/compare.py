@@ -393,7 +393,9 @@ def _on_another_backend(
     only (`KEY` leads with the backend, which `_name` leaves out): each with its new key.
     Run another way, not missing on one side and added on the other under one name."""
     base_keys, new_keys = set(base), set(new)
-    only_new = {key[1:]: key for key in new_keys - base_keys}
+    only_new: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for key in sorted(new_keys - base_keys):  # the first backend by name, on every run
+        only_new.setdefault(key[1:], key)
     return {
         key: only_new.pop(key[1:]) for key in sorted(base_keys - new_keys) if key[1:] in only_new
     }

@@ -150,14 +150,14 @@ class FaultViewHook:
 
     def routes_down(self, link: str, num_nics: int) -> tuple[int, ...]:
         """The NICs (by index, of `num_nics`) over which the view has the route of `link`
-        (concrete as in `route`) failed now: those a new pair of delegates passes over as it
-        connects, as over a NIC down at either host, so that it meets no failover (none on
-        the tied route, which no fault names)."""
+        (concrete as in `route`) failed at the iteration's start, where a rank swap is its
+        first work (as the simulator asks, whatever each worker's clock says by then): those
+        a new pair of delegates passes over as it connects, as over a NIC down at either
+        host, so that it meets no failover (none on the tied route, which no fault names)."""
         if self.faults is NO_FAULTS or is_tied_link(link):
             return ()
         concrete = Link.parse(link).in_replica(self.replica)
-        offset_ms = (time.monotonic() - self.iteration_start) * 1000.0
-        return tuple(n for n in range(num_nics) if self.faults.route_failed(concrete, n, offset_ms))
+        return tuple(n for n in range(num_nics) if self.faults.route_failed(concrete, n, 0.0))
 
 
 class LaunchHook(Protocol):

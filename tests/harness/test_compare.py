@@ -330,6 +330,12 @@ def test_a_configuration_on_another_backend_is_run_another_way(tmp_path: Path) -
         "links, delay, fault timeline, seed, iterations or its spec's other inputs; listed "
         "above): not the same measurement"
     )
+    # On two other backends in NEW: paired with the first by name, whatever the hash seed
+    # (the pairing followed a set's order); the other is only in NEW.
+    rows.append({**fault_free, "backend": "megatron"})
+    out = _compare(BASELINE, _write(tmp_path / "two.csv", rows), "--tolerance", "100")
+    assert "fault-free: backend 'sim' -> 'emulated'" in out.stdout
+    assert "only in NEW, not compared: fig4-uniform-10ms 1f1b fault-free" in out.stdout
 
 
 def test_more_restarts_or_lost_iterations_are_worse(tmp_path: Path) -> None:

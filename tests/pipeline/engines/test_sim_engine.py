@@ -392,3 +392,33 @@ def test_a_new_run_on_a_reused_engine_starts_afresh_as_on_a_new_one() -> None:
     assert again.timeline.iterations[0][:3] == (0, 0.0, 23.0)
     assert engine.run(ideal, 1, NO_FAULTS).same_as is None
     assert engine.run(ideal, 0, NO_FAULTS).same_as is None  # a new run: not the last one's 1
+
+
+def test_a_rank_swap_keeps_a_pair_whose_workers_stay_on_the_nic_it_moved_to() -> None:
+    """PP 3 x DP 2 over delegates; host 5 (stage 2 of replica 1) has rnic0 down in
+    iteration 0 (repaired after it) and 3 ms on rnic1: replica 1's link 1-2 moves to rnic1.
+    Falcon's swap of dp0:0-1 in iteration 1 moves the workers of stage 0 of replica 1 and
+    stage 1 of replica 0: link 1-2 of replica 1 keeps its workers, so its pair stays on
+    rnic1 (3 ms, no move), where a new pair would start on the repaired rnic0."""
+    profile = Profile.uniform(3, 3, 1, 1, 1, message_bytes=4096, num_delegates=1, num_replicas=2)
+    plan = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    swapped = dataclasses.replace(
+        plan, topology=profile.topology.dp_pair_onto_pp(Link.parse("dp0:0-1"))
+    )
+    view = parse_yaml(
+        '[{start_iteration: 0, end_iteration: 1, nic: "host5:rnic0", down: true},'
+        ' {start_iteration: 0, nic: "host5:rnic1", delay_ms: 3}]'
+    )
+    engine = SimEngine()
+    seen = []
+    for k, p in enumerate((plan, swapped)):
+        faults = view.at(k, p.topology or profile.topology, rates=NO_RATES)
+        timeline = engine.run(p, k, faults).timeline
+        moves = {(f.link, f.direction, f.replica, f.nic_to) for f in timeline.failovers}
+        delays = {(m.link, m.replica, m.fault_ms) for m in timeline.messages if m.fault_ms}
+        seen.append((bool(timeline.swaps), moves, delays))
+    both = ("forward", "backward")
+    assert seen == [
+        (False, {("1-2", d, 1, "rnic1") for d in both}, {("1-2", 1, 3.0)}),
+        (True, set(), {("1-2", 1, 3.0)}),
+    ]
