@@ -741,13 +741,19 @@ def _changed(
     return [d for d, side in sides.items() if peers.get(d) != side.peer]
 
 
-def _failover(direction: LinkDirection, iteration: int, note: tuple) -> Failover:  # type: ignore[type-arg]
+def _failover(
+    direction: LinkDirection,
+    iteration: int,
+    note: tuple,  # type: ignore[type-arg]
+    replica: int | None = None,
+) -> Failover:
     """A delegate's FAILOVER note, as the failover of `iteration` (the one its trainer learns
-    of it in)."""
+    of it in), made while its trainer played `replica` (None: the one it plays then)."""
     _, _, cause, first_seq, left, took, noticed_s, resumed_s, pid = note
     return Failover(
-        direction, iteration, CAUSES[cause], left, took, noticed_s, resumed_s, first_seq, pid
-    )
+        direction, iteration, CAUSES[cause], left, took, noticed_s, resumed_s, first_seq, pid,
+        replica,
+    )  # fmt: skip
 
 
 class _DelegatedReceive:
@@ -821,9 +827,12 @@ class DelegateTransport:
         self.timeout_s = setup.timeout_s
         self._rank = setup.rank
         self._delegates = delegates
-        self._closed_moves: list[tuple[LinkDirection, tuple]] = []  # type: ignore[type-arg]
-        """FAILOVER notes of sender sides closed or re-pointed at a rewire, read then, and
-        their direction: the next `finish_iteration`'s failovers."""
+        self._closed_moves: list[tuple[LinkDirection, int | None, tuple]] = []  # type: ignore[type-arg]
+        """FAILOVER notes of sender sides closed or re-pointed at a rewire, read then, with
+        their direction and the replica the trainer played: the next `finish_iteration`'s
+        failovers."""
+        self._replica = setup.replica
+        """The replica the trainer plays under its last wiring."""
         self._closed_failovers: list[Failover] = []
         """Failovers of sender sides closed or re-pointed at a rewire, not yet taken."""
         self._epoch = 0
@@ -885,7 +894,7 @@ class DelegateTransport:
         for direction, peer in outbound:
             if direction not in self._outbound:
                 self._outbound[direction] = spare_out.pop()
-                self._closed_failovers += self._outbound[direction].failovers
+                self._closed_failovers += self._played(self._outbound[direction].failovers)
             outbound_side = self._outbound[direction]
             outbound_side.point(
                 direction, peer, theirs[direction], delegates.nics(peer),
@@ -917,6 +926,14 @@ class DelegateTransport:
                 side.close()
             self.close()
             raise
+        self._replica = setup.replica
+
+    def _played(self, failovers: list[Failover]) -> list[Failover]:
+        """`failovers` of a side closed or re-pointed now, made under the last wiring: each
+        names the replica its trainer played then."""
+        return [
+            f if f.replica is not None else f._replace(replica=self._replica) for f in failovers
+        ]
 
     def move_state(self, outgoing: torch.Tensor, incoming: torch.Tensor, route: StateRoute) -> None:
         delegates = self._delegates
@@ -937,9 +954,10 @@ class DelegateTransport:
         closes (`_Outbound.hang_up`), read now (a rewire is an iteration's first work: they
         are the failovers of the iteration finished next, the one its trainer learns of
         them in)."""
-        self._closed_failovers += side.failovers
+        self._closed_failovers += self._played(side.failovers)
         num_nics = len(self._delegates.nics(side.peer))
-        self._closed_moves += [(side.direction, note) for note in side.hang_up(num_nics)]
+        moves = side.hang_up(num_nics)
+        self._closed_moves += [(side.direction, self._replica, note) for note in moves]
 
     def _sides(self) -> dict[LinkDirection, _Side]:
         """Every link direction this trainer sends or receives on (each has one side)."""
@@ -971,7 +989,8 @@ class DelegateTransport:
         kept, as its side's before the rewire (`moves_of`)."""
         note = _read_note(process, deadline)
         while note[0] == FAILOVER and isinstance(side, _Outbound):
-            self._closed_moves.append((side.moves_of, note))
+            played = self._replica if side.re_pointed else None  # a new side's: its own
+            self._closed_moves.append((side.moves_of, played, note))
             note = _read_note(process, deadline)
         return note
 
@@ -1010,7 +1029,7 @@ class DelegateTransport:
         return self._outbound[direction].route_nic
 
     def finish_iteration(self, iteration: int) -> list[WireRecord]:
-        self._closed_failovers += [_failover(d, iteration, n) for d, n in self._closed_moves]
+        self._closed_failovers += [_failover(d, iteration, n, r) for d, r, n in self._closed_moves]
         self._closed_moves.clear()
         records: list[WireRecord] = []
         for outbound in self._outbound.values():

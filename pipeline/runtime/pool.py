@@ -535,7 +535,11 @@ def assemble_timeline(
         tuple(ops),
         tuple(messages),
         (IterationRecord(iteration, ms(start_at), step_end, step_end - end, _pids(results)),),
-        tuple(_failover_record(f, r.replica, nics, ms) for r in results for f in r.failovers),
+        tuple(
+            _failover_record(f, r.replica if f.replica is None else f.replica, nics, ms)
+            for r in results
+            for f in r.failovers
+        ),
         tuple(dp_messages),
         tuple(_swap_record(iteration, r, ms) for r in results if r.moved is not None),
     )

@@ -192,6 +192,10 @@ class Failover(NamedTuple):
     resume_seq: int
     """The first seq it sent again (-1: the receiver had everything)."""
     carrier_pid: int
+    replica: int | None = None
+    """The replica its trainer played when its delegate carried `direction`, where a rank
+    swap has moved the trainer since (a side closed or re-pointed then: a PP link's name is
+    every replica's); None: the one it plays now."""
 
 
 class StateOffer(NamedTuple):
@@ -263,6 +267,9 @@ class DelegateSetup:
         dict[LinkDirection, DelegateOffer],
     ]
     routes_down: Mapping[LinkDirection, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    replica: int = 0
+    """The replica the worker plays under the placement wired (its failovers' records name
+    the concrete PP link by it)."""
 
 
 class DelegatedLinks(Protocol):

@@ -979,7 +979,7 @@ def _delegate_setup(
     routes_down = {} if hook is None else {d: hook.routes_down(d.link, num_nics) for d in peer_out}
     return DelegateSetup(
         worker.rank, slot_dir, inbound, outbound, num_delegates, worker.timeout_s, exchange,
-        routes_down,
+        routes_down, worker.replica,
     )  # fmt: skip
 
 

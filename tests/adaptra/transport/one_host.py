@@ -92,6 +92,8 @@ class Trainers:
         namespace: str | None = None,
     ) -> None:
         self.namespace, self.num_delegates = namespace, num_delegates
+        self.replicas: dict[int, int] = {}
+        """The replica each rank's next wiring plays (0 unless set)."""
         self._lock = threading.Lock()
         self._ports: dict[LinkDirection, queue.Queue[DelegateOffer]] = {}
         shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -157,8 +159,9 @@ class Trainers:
     def _setup(self, rank: int, wiring: Wiring) -> DelegateSetup:
         inbound, outbound = wiring
         return DelegateSetup(
-            rank, self.folder, inbound, outbound, self.num_delegates, 30.0, self._exchange
-        )
+            rank, self.folder, inbound, outbound, self.num_delegates, 30.0, self._exchange,
+            replica=self.replicas.get(rank, 0),
+        )  # fmt: skip
 
 
 def carry(

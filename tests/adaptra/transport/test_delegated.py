@@ -412,7 +412,9 @@ def test_a_move_between_iterations_by_a_side_re_pointed_at_a_rank_swap_is_record
     iteration 1, of the link direction it carried then; the new pair starts on nic1 (its
     own NIC 0 is down: no try there), and carries. Rank 1's sender, on the same NIC, moved
     too: its side is closed at the swap, and its move is rank 1's failover of iteration 1;
-    rank 2's new senders start on nic1 (no move)."""
+    rank 2's new senders start on nic1 (no move). Both moves name the replica their trainers
+    played before the swap (here every rank plays replica 1 after it): the pool named a PP
+    link's move after the replica played since, another concrete link."""
     delegates = Delegates(addresses=(TWO_NICS[0],) * 3, ifnames=("nic0", "nic1"))
     with contextlib.ExitStack() as stack:
         namespace = stack.enter_context(one_host_namespace())
@@ -427,15 +429,19 @@ def test_a_move_between_iterations_by_a_side_re_pointed_at_a_rank_swap_is_record
         for delegate in (mover, closed):
             readable, _, _ = select.select([delegate.notify], [], [], 30.0)
             assert readable, "a sender delegate did not note its move"  # then noted, unread
+        trainers.replicas = {0: 1, 1: 1, 2: 1}
         trainers.rewire(SWAPPED)
         assert t0._outbound[D01].delegates == [mover]
         carry(t0, t2, 1, [3.0], D01)
         carry(t2, t1, 1, [4.0], D12)
-        moves = [[(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.carrier_pid)
-                  for f in t.take_failovers()] for t in trainers.transports]  # fmt: skip
+        moves = [
+            [(f.direction, f.iteration, f.cause, f.nic_from, f.nic_to, f.carrier_pid, f.replica)
+             for f in t.take_failovers()]
+            for t in trainers.transports
+        ]  # fmt: skip
         assert moves == [
-            [(D01, 1, "link state", 0, 1, mover.process.pid)],
-            [(D12, 1, "link state", 0, 1, closed.process.pid)],
+            [(D01, 1, "link state", 0, 1, mover.process.pid, 0)],
+            [(D12, 1, "link state", 0, 1, closed.process.pid, 0)],
             [],
         ]
         assert [t._outbound[d].nic_of for t, d in ((t0, D01), (t2, D12))] == [[1], [1]]
