@@ -123,18 +123,28 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
 
 def same_line_labels(frame: Any) -> dict[str, str]:
     """Each system's legend label: its name, and where another system's line is the same
-    (every point equal: Falcon's under a delay it cannot see is ZB's), which: "zb (= falcon)".
-    A line drawn exactly over another hides it."""
-    lines = {
-        system: tuple(
-            rows.groupby(["model", "links", "delay (ms)"])["median step (ms)"].median().items()
-        )
-        for system, rows in frame.groupby("system", sort=False)
-    }
+    (every point equal: Falcon's under a delay it cannot see is ZB's), which, and on which
+    link sets (and models) where not on all of them: "zb (= falcon)", "zb (= falcon on
+    dp0:0-1)". A line drawn exactly over another hides it."""
+    medians = frame.groupby(["system", "model", "links", "delay (ms)"], sort=False)[
+        "median step (ms)"
+    ].median()
+    lines: dict[str, dict[tuple[str, str], tuple[Any, ...]]] = {}
+    for (system, model, links, delay_ms), ms in medians.items():
+        lines.setdefault(system, {}).setdefault((model, links), ())
+        lines[system][model, links] += ((delay_ms, ms),)
+    several_models = frame["model"].nunique() > 1
     labels = {}
-    for system, line in lines.items():
-        same = [other for other, points in lines.items() if other != system and points == line]
-        labels[system] = f"{system} (= {', '.join(same)})" if same else system
+    for system, panels in lines.items():
+        same = []
+        for other, theirs in lines.items():
+            equal = [p for p, line in panels.items() if other != system and theirs.get(p) == line]
+            if equal and len(equal) == len(panels):
+                same.append(other)
+            elif equal:
+                where = ", ".join(f"{m} {k}" if several_models else k for m, k in equal)
+                same.append(f"{other} on {where}")
+        labels[system] = f"{system} (= {'; '.join(same)})" if same else system
     return labels
 
 

@@ -800,6 +800,12 @@ def test_an_experiment_warns_once_where_adaptra_s_detector_has_no_healthy_link(
     run_experiment(spec, run_dir, progress=lines.append)
     assert not [line for line in lines if "warning" in line]
     assert json.loads((run_dir / "spec.json").read_text())["warnings"] == warnings
+    # A spec.json from before (no `warnings`) reports, with no such section.
+    record = json.loads((run_dir / "spec.json").read_text())
+    del record["warnings"]
+    (run_dir / "spec.json").write_text(json.dumps(record))
+    main(["report", str(run_dir)])  # an error would exit (SystemExit)
+    assert "The run warned:" not in (run_dir / "report.md").read_text()
 
 
 def test_a_long_configuration_says_how_far_it_is(

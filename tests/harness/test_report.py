@@ -239,11 +239,22 @@ def test_a_line_drawn_over_another_s_says_so_in_the_legend(
         )
     ]
     assert harness.plots.plot_iteration_time_vs_delay(runs, tmp_path / "t.png")
-    (grid,) = grids
-    labels = [text.get_text() for text in grid.legend.get_texts()]
+    labels = [text.get_text() for text in grids[-1].legend.get_texts()]
     assert [label for label in labels if label.split()[0] in steps] == [
         "zb (= falcon)",
         "falcon (= zb)",
+        "adaptra",
+    ]
+    # Over one link set of two: said where (a line hidden on one link set was not named)
+    runs += [
+        {**_row(system, "1-2@10ms", ms, 0), "links": "1-2", "delay_ms": "10.0"}
+        for system, ms in (("zb", 95.0), ("falcon", 99.0), ("adaptra", 60.0))
+    ]
+    assert harness.plots.plot_iteration_time_vs_delay(runs, tmp_path / "t.png")
+    labels = [text.get_text() for text in grids[-1].legend.get_texts()]
+    assert [label for label in labels if label.split()[0] in steps] == [
+        "zb (= falcon on 0-1)",
+        "falcon (= zb on 0-1)",
         "adaptra",
     ]
 
