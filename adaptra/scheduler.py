@@ -46,10 +46,10 @@ small problem time tens of thousands (41,666 at S=2, N=4), each a few us, where 
 has long run out of new policies."""
 
 MAX_CANDIDATES_BEFORE_EXACT = 240
-"""Where CP-SAT follows the search by default (see EXACT_AUTO_MAX_OPS), at most this many
-candidates: the solver proves such a problem's optimum in tens of ms. Not with a time limit
-given: CP-SAT may not better a large problem's start within it, and a plan with more time
-was worse than one without (1081 against 1069 ms at S=8, N=24)."""
+"""Where CP-SAT follows the search on a small problem (EXACT_AUTO_MAX_OPS ops at most), at
+most this many candidates: the solver proves such a problem's optimum in tens of ms. Not on
+a larger one with a time limit given: CP-SAT may not better its start within the limit, and
+a plan with more time was worse than one without (1081 against 1069 ms at S=8, N=24)."""
 
 EXACT_AUTO_MAX_OPS = 150
 EXACT_AUTO_DETERMINISTIC_TIME_S = 1.0
@@ -94,13 +94,13 @@ def plan_adaptra(
 ) -> AdaptraPlan:
     """Alg. 1 with no delay, otherwise Alg. 2; then the search over per-stage warm-ups and
     in-flight caps within `search_ops` and `max_candidates` (MAX_CANDIDATES_BEFORE_EXACT
-    where CP-SAT follows), from the plan and the published rules (`starts`), and the
-    generator; ZeroBubble's orders where faster (`_zero_bubble_orders`); then, unless a
-    candidate meets the lower bound (`adaptra.bounds`: it is optimal), CP-SAT within
-    `exact_time_limit_s` of wall-clock time (None: only for small problems, see
-    EXACT_AUTO_MAX_OPS, and within a deterministic limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so
-    the result never depends on load; 0: never). Never worse than any of those rules'
-    schedules."""
+    where CP-SAT follows on a small problem), from the plan and the published rules
+    (`starts`), and the generator; ZeroBubble's orders where faster
+    (`_zero_bubble_orders`); then, unless a candidate meets the lower bound
+    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` of wall-clock
+    time (None: only for small problems, see EXACT_AUTO_MAX_OPS, and within a deterministic
+    limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so the result never depends on load; 0: never).
+    Never worse than any of those rules' schedules."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
     x_cap = _warmup_cap(profile)
@@ -108,7 +108,7 @@ def plan_adaptra(
     lower_bound_ms = iteration_lower_bound_ms(profile)
     auto_exact = exact_time_limit_s is None and num_ops <= EXACT_AUTO_MAX_OPS
     max_candidates = min(search_ops // num_ops, max_candidates)
-    if auto_exact:  # CP-SAT proves the optimum next (a time limit of one's own may not)
+    if exact_time_limit_s != 0 and num_ops <= EXACT_AUTO_MAX_OPS:  # CP-SAT proves it next
         max_candidates = min(max_candidates, MAX_CANDIDATES_BEFORE_EXACT)
     found = search_policy(
         profile,

@@ -93,15 +93,16 @@ def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:
     return FiniteFloatRange(min=0, min_open=True, max=max_s)
 
 
-def _load_schedule(path: str) -> tuple[Schedule, object]:
-    """A schedule file (JSON with `stages`, or a torch CSV: known by its first character)
-    and the `profile` value it embeds, if any (None: none); its errors name the file."""
+def _load_schedule(path: str) -> tuple[Schedule, object, bool]:
+    """A schedule file (JSON with `stages`, or a torch CSV: known by its first character),
+    the `profile` value it embeds, if any (None: none), and whether it is a torch CSV (which
+    embeds none); its errors name the file."""
     text = read_text(path, "schedule")
     if not text.lstrip().startswith(("{", "[")):
-        return _named(path, "", lambda: from_torch_csv(text)), None
+        return _named(path, "", lambda: from_torch_csv(text)), None, True
     data = read_json(path, "schedule")
     schedule = _named(path, "", lambda: Schedule.from_dict(data))
-    return schedule, data.get("profile") if isinstance(data, dict) else None
+    return schedule, data.get("profile") if isinstance(data, dict) else None, False
 
 
 def _named(path: str, part: str, parse: Callable[[], T]) -> T:
@@ -134,7 +135,9 @@ def resolve(
         raise ConfigError("give exactly one of --policy and --schedule")
     if schedule_path is not None and time_limit_s is not None:
         refuse_options({"time_limit_s"}, "a --schedule is run as given, nothing is solved")
-    schedule, embedded = _load_schedule(schedule_path) if schedule_path else (None, None)
+    schedule, embedded, csv = (
+        _load_schedule(schedule_path) if schedule_path else (None, None, False)
+    )
     if profile_path is not None:
         profile = Profile.from_file(profile_path)
     elif schedule_path is not None and embedded is not None:
@@ -142,11 +145,7 @@ def resolve(
     elif schedule_path is None:
         raise ConfigError("--profile is required: give the profile file (its format: the README)")
     else:
-        carries = (
-            "is a torch CSV, which carries no profile"
-            if schedule_path.lower().endswith(".csv")
-            else "has no 'profile' key"
-        )
+        carries = "is a torch CSV, which carries no profile" if csv else "has no 'profile' key"
         raise ConfigError(f"--profile is required: the schedule file {schedule_path} {carries}")
     if schedule is None or schedule_path is None:
         return profile, plan(str(policy), profile, time_limit_s=time_limit_s)

@@ -333,7 +333,7 @@ def _error_summary(compared: Sequence[tuple[Any, PaperValue, float]]) -> str:
         return fitted.strip()
     return (
         f"Median relative error {100 * statistics.median(errors):.1f} % over {len(errors)} "
-        f"predicted values (max {100 * max(errors):.1f} %).{fitted}"
+        f"predicted value{'s' * (len(errors) != 1)} (max {100 * max(errors):.1f} %).{fitted}"
     )
 
 

@@ -116,9 +116,15 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ),
     (
         "a torch CSV schedule without a profile",  # said it "has no 'profile' key"
-        {"s.csv": "0F0,0I0,0W0\n"},
+        {"s.txt": "0F0,0I0,0W0\n"},  # known by its text, as it is read, not its suffix
+        ["simulate", "--schedule", "s.txt"],
+        "--profile is required: the schedule file s.txt is a torch CSV, which carries no profile",
+    ),
+    (
+        "a JSON schedule named .csv without a profile",
+        {"s.csv": json.dumps({"stages": [["F0"]] * 3})},
         ["simulate", "--schedule", "s.csv"],
-        "--profile is required: the schedule file s.csv is a torch CSV, which carries no profile",
+        "--profile is required: the schedule file s.csv has no 'profile' key",
     ),
     # an empty path: "cannot read profile : Is a directory"; --spec "" ran the default
     # experiment and --faults "" ran no faults

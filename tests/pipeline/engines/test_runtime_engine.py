@@ -164,6 +164,31 @@ def test_a_rank_swap_s_new_delegates_start_on_the_first_nic_up_as_in_sim() -> No
         assert [seen(engine, plan, k) for plan, k in runs] == expected
 
 
+def test_a_nic_failing_just_after_a_swap_s_start_moves_its_new_pairs_as_in_sim() -> None:
+    """rnic0 of host 1 fails 0.05 ms into the iteration that swaps the two stages' workers:
+    the new pairs start on rnic0, up when the iteration (and its swap) started, and move at
+    their first message, in the simulator and with hook injection alike (the hook asked by
+    each worker's clock, some ms into the swap, and started them on rnic1: no move)."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=4096, num_delegates=1)
+    plain = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    swapped = dataclasses.replace(
+        plain, topology=profile.topology.swapped(Position(0, 0), Position(1, 0))
+    )
+    view = parse_yaml('[{start_iteration: 1, at_ms: 0.05, nic: "host1:rnic0", down: true}]')
+    runs = [(plain, 0), (swapped, 1)]
+
+    def moves(engine: SimEngine | RuntimeEngine, plan: Plan, k: int) -> set[tuple[str, ...]]:
+        faults = view.at(k, plan.topology or profile.topology, rates=NO_RATES)
+        timeline = engine.run(plan, k, faults).timeline
+        return {(f.link, f.direction, f.nic_from, f.nic_to) for f in timeline.failovers}
+
+    sim = SimEngine()
+    expected = [moves(sim, plan, k) for plan, k in runs]
+    assert expected == [set(), {("0-1", d, "rnic0", "rnic1") for d in ("forward", "backward")}]
+    with emulated_engine(2, timeout_s=20, delegates=Delegates()) as engine:
+        assert [moves(engine, plan, k) for plan, k in runs] == expected
+
+
 def _delegated_plans(*counts: int) -> list[Plan]:
     profiles = [dataclasses.replace(PROFILE, num_delegates=n) for n in counts]
     return [Plan(one_f_one_b(p), p, CommMode.DELEGATED) for p in profiles]
