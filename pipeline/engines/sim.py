@@ -218,7 +218,7 @@ def _nics_after_swap(
         for i in range(after.num_stages - 1)
     ]
     dp = [(str(link), link) for stage in range(after.num_stages) for link in after.dp_ring(stage)]
-    kept: dict[tuple[int, str, str], int] = {}
+    on_nic: dict[tuple[int, str, str], int] = {}
     for name, link in pp + dp:
         new_pair = ends(before, link) != ends(after, link)
         nic = first_route_up(faults, link, num_nics) if new_pair else None
@@ -226,5 +226,5 @@ def _nics_after_swap(
             key = (link.sender(direction).replica, name, direction)
             start = nics_in_use.get(key, 0) if nic is None else nic
             if start:
-                kept[key] = start
-    return kept
+                on_nic[key] = start
+    return on_nic
