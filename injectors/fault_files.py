@@ -183,8 +183,8 @@ def _trace_event(row: int, text: str) -> FaultEvent:
     if not links and delay_ms != math.inf:
         raise ConfigError(
             f"fault row {row}: a delay needs at least one link (a row with none fails a NIC, "
-            "`;;inf`, for the rest of the run in this format: a YAML row's end_iteration ends "
-            "a failure)"
+            "`;;inf`, and no row of this format ends a failure: a YAML row's end_iteration "
+            "does)"
         )
     target = Target(TargetKind.LINKS, links=links) if links else _PAPER_NIC
     effect = Effect(down=True) if delay_ms == math.inf else Effect(delay_ms=delay_ms)

@@ -84,7 +84,7 @@ def test_every_target_and_effect_of_the_yaml_contract(tmp_path) -> None:
         ("5;2_3;slow", "fault row 1: delay 'slow' is not a number"),
         ("-1;2_3;0.01", "fault row 1: start iteration must be >= 0"),
         ("5;;0.03", r"fault row 1: a delay needs at least one link \(a row with none fails "),
-        ("9;;0", "for the rest of the run in this format: a YAML row's end_iteration ends"),
+        ("9;;0", "no row of this format ends a failure: a YAML row's end_iteration does"),
         # A huge number is no failure (only `inf` is): 1e306 s overflowed to inf in ms.
         ("0;0_1;1e306", r"fault row 1: delay must be in 0..3600 s \(inf: down\), got '1e306'"),
         ("0;0_1;Infinity", "fault row 1: delay 'Infinity' is not a number or inf"),
