@@ -374,11 +374,18 @@ def compare_runs(
                 if column in row and column in other and row[column] != other[column]
             ]
             mismatches += _setup_mismatches(_name(key), row, other)
+    backends = {key[0] for key in (*base_by_key, *new_by_key)}
+
+    def listed(key: tuple[str, ...]) -> str:  # one name may be on several backends
+        return f"{key[0]} {_name(key)}" if len(backends) > 1 else _name(key)
+
     return Comparison(
         changes=changes,
-        missing=[_name(k) for k in base_by_key if k not in new_by_key and k not in other_backend],
+        missing=[listed(k) for k in base_by_key if k not in new_by_key and k not in other_backend],
         added=[
-            _name(k) for k in new_by_key if k not in base_by_key and k not in other_backend.values()
+            listed(k)
+            for k in new_by_key
+            if k not in base_by_key and k not in other_backend.values()
         ],
         allow_new=allow_new,
         mismatches=mismatches,

@@ -335,7 +335,7 @@ def test_a_configuration_on_another_backend_is_run_another_way(tmp_path: Path) -
     rows.append({**fault_free, "backend": "megatron"})
     out = _compare(BASELINE, _write(tmp_path / "two.csv", rows), "--tolerance", "100")
     assert "fault-free: backend 'sim' -> 'emulated'" in out.stdout
-    assert "only in NEW, not compared: fig4-uniform-10ms 1f1b fault-free" in out.stdout
+    assert "only in NEW, not compared: megatron fig4-uniform-10ms 1f1b fault-free" in out.stdout
 
 
 def test_more_restarts_or_lost_iterations_are_worse(tmp_path: Path) -> None:
