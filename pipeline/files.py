@@ -192,7 +192,7 @@ def load_yaml_lines(text: str, what: str) -> tuple[Any, tuple[int, ...]]:
     try:
         data, node = _load_yaml_node(text)
         items = node.value if isinstance(node, yaml.SequenceNode) else []
-        return _shallow(data), tuple(item.start_mark.line + 1 for item in items)
+        return _shallow(data), tuple(_entry_line(text, item.start_mark) for item in items)
     except RecursionError as err:
         raise ConfigError(f"{what} is not valid YAML: {_TOO_DEEP}") from err
     except ConfigError as err:
@@ -202,6 +202,16 @@ def load_yaml_lines(text: str, what: str) -> tuple[Any, tuple[int, ...]]:
         problem = getattr(err, "problem", None) or type(err).__name__
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
+
+
+def _entry_line(text: str, mark: Any) -> int:
+    """The line (from 1) of a list item that starts at `mark`: its `-`'s where the dash
+    stands alone on a line above it (a block mapping's item starts at its first key), else
+    the item's own."""
+    i = mark.index - 1
+    while i >= 0 and text[i] in " \t\r\n":
+        i -= 1
+    return text.count("\n", 0, i) + 1 if i >= 0 and text[i] == "-" else mark.line + 1
 
 
 def _load_yaml_node(text: str) -> tuple[Any, Any]:

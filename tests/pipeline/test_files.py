@@ -155,6 +155,9 @@ def test_a_yaml_lists_items_come_with_the_lines_they_start_on() -> None:
     text = "# rows\n- {a: 1}\n\n- a: 2\n  b: 3\n-   [4]\n"
     assert load_yaml_lines(text, "x") == ([{"a": 1}, {"a": 2, "b": 3}, [4]], (2, 4, 6))
     assert load_yaml_lines("[{a: 1},\n {a: 2}]", "x") == ([{"a": 1}, {"a": 2}], (1, 2))
+    # a dash alone on its line: the item is named by it, not its first key's line below
+    alone = "- a: 1\n-\n  a: 2\n-\n\n  [3]\n"
+    assert load_yaml_lines(alone, "x") == ([{"a": 1}, {"a": 2}, [3]], (1, 2, 4))
     assert load_yaml_lines("{a: [1, 2]}", "x") == ({"a": [1, 2]}, ())  # not a list: no lines
     assert load_yaml_lines("", "x") == (None, ())
     with pytest.raises(ConfigError, match="^x is not valid YAML at line 2, column 2: "):
