@@ -97,10 +97,11 @@ def plan_adaptra(
     where CP-SAT follows on a small problem), from the plan and the published rules
     (`starts`), and the generator; ZeroBubble's orders where faster
     (`_zero_bubble_orders`); then, unless a candidate meets the lower bound
-    (`adaptra.bounds`: it is optimal), CP-SAT within `exact_time_limit_s` of wall-clock
-    time (None: only for small problems, see EXACT_AUTO_MAX_OPS, and within a deterministic
-    limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so the result never depends on load; 0: never).
-    Never worse than any of those rules' schedules."""
+    (`adaptra.bounds`: it is optimal), CP-SAT: on small problems (EXACT_AUTO_MAX_OPS) within
+    a deterministic limit, EXACT_AUTO_DETERMINISTIC_TIME_S, so the result never depends on
+    load; then, unless that proved it optimal, within `exact_time_limit_s` of wall-clock
+    time from the best so far (None: not; 0: no CP-SAT at all). Never worse than any of
+    those rules' schedules, nor than the plan without a time limit."""
     delayed = any(profile.delay_ms)
     plan = algorithm2(profile) if delayed else algorithm1(profile)
     x_cap = _warmup_cap(profile)
@@ -132,12 +133,15 @@ def plan_adaptra(
         return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates, at_bound)
     from adaptra.exact import solve_exact, solve_exact_deterministic  # OR-Tools loads slowly
 
-    if exact_time_limit_s:
-        exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=schedule)
-    else:
+    exact = None
+    if num_ops <= EXACT_AUTO_MAX_OPS:  # the default's solve, a time limit's from its result
         exact = solve_exact_deterministic(
             profile, deterministic_time_s=EXACT_AUTO_DETERMINISTIC_TIME_S, warm_start=schedule
         )
+    if exact_time_limit_s and not (exact is not None and exact.optimal):
+        start = schedule if exact is None else exact.schedule
+        exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=start)
+    assert exact is not None  # (a time limit, or a small problem)
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
     if not exact.exact_in_ms:  # the proof is of the model with times rounded to 1 us
         proof += " to 1 us"
