@@ -15,13 +15,11 @@ import argparse
 import itertools
 import statistics
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from harness.experiment import run_experiment
-from harness.paper import PAPER, PaperValue
-from harness.report import paper_comparison
+from harness.paper import PAPER
+from harness.report import PaperComparison, paper_comparison, paper_table, prediction_errors
 from harness.results import RUNS_COLUMNS, read_csv_rows
 from harness.spec import load_spec
 from pipeline.signals import run_script
@@ -37,17 +35,15 @@ def main() -> None:
         _compare(args.out or Path(scratch))
 
 
-Compared = list[tuple[Mapping[str, Any], PaperValue, float]]
 ORDER_MARGIN = 0.10
 """Two paper values this far apart (relative to the smaller) make an ordering to keep."""
 
 
-def _by_system(compared: Compared) -> list[str]:
+def _by_system(compared: PaperComparison) -> list[str]:
     """Median and max relative error per system, in the preset's order, then over all."""
     errors: dict[str, list[float]] = {}
     for row, paper, ours in compared:
-        if not paper.fitted:
-            errors.setdefault(row["system"], []).append(abs(ours - paper.value) / paper.value)
+        errors.setdefault(row["system"], []).extend(prediction_errors([(row, paper, ours)]))
     groups = [*errors.items(), ("all", [e for found in errors.values() for e in found])]
     return [
         f"| {system} | {len(found)} | {100 * statistics.median(found):.1f} % | "
@@ -56,7 +52,7 @@ def _by_system(compared: Compared) -> list[str]:
     ]
 
 
-def _orderings(compared: Compared) -> tuple[int, int]:
+def _orderings(compared: PaperComparison) -> tuple[int, int]:
     """(pairs of systems in the same model and scenario whose paper values differ by at least
     ORDER_MARGIN, how many of them ours put in the same order)."""
     groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -80,9 +76,7 @@ def _compare(out: Path) -> None:
             continue
         run_dir = run_experiment(spec, out / spec.name, progress=lambda _: None)
         compared = paper_comparison(spec.name, read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS))
-        errors = [  # the predictions: not the values the cost model is fitted on
-            abs(ours - paper.value) / paper.value for _, paper, ours in compared if not paper.fitted
-        ]
+        errors = prediction_errors(compared)
         if spec.name == "fig16":
             by_system = _by_system(compared)
         found, same = _orderings(compared)
@@ -91,15 +85,7 @@ def _compare(out: Path) -> None:
             f"| {spec.name} | {path.name} | {len(errors)} | "
             f"{100 * statistics.median(errors):.1f} % | {100 * max(errors):.1f} % |"
         )
-        details += [f"\n{spec.name}", "| model | system | scenario | unit | paper | ours | error |"]
-        details.append("|---|---|---|---|---|---|---|")
-        details += [
-            f"| {r['model']} | {r['system']} | {r['scenario']} | {p.kind} | {p.value:.2f} | "
-            f"{ours:.2f} | {100 * (ours - p.value) / p.value:+.1f} %"
-            + (" (fitted)" if p.fitted else "")
-            + " |"
-            for r, p, ours in compared
-        ]
+        details += [f"\n{spec.name}", *paper_table(compared)]
     print("| preset | file | predicted values | median error | max error |")
     print("|---|---|---|---|---|")
     print("\n".join(summary))

@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     from harness.spec import ExperimentSpec  # a spec is read, never run: no runner here
     from pipeline.timeline import Timeline
 
-__all__ = ["paper_comparison", "paper_experiment", "uncompared_slowdowns", "write_report"]
+__all__ = [
+    "PaperComparison",
+    "paper_comparison",
+    "paper_experiment",
+    "paper_table",
+    "prediction_errors",
+    "uncompared_slowdowns",
+    "write_report",
+]
 
 _DELAY_PLOT = "iteration_time_vs_delay.png"
 _PLOTS = (_DELAY_PLOT, "slowdown.png", "throughput_over_time.png")
@@ -96,9 +104,11 @@ def _scenarios(spec: ExperimentSpec) -> set[tuple[str, str]]:
     return {(target.label, s.name) for target in spec.targets() for s in spec.scenarios(target)}
 
 
-def paper_comparison(
-    experiment: str, runs: Sequence[Mapping[str, Any]]
-) -> list[tuple[Mapping[str, Any], PaperValue, float]]:
+PaperComparison = list[tuple[Mapping[str, Any], PaperValue, float]]
+"""(row, the paper's value, ours in the same unit) per configuration (`paper_comparison`)."""
+
+
+def paper_comparison(experiment: str, runs: Sequence[Mapping[str, Any]]) -> PaperComparison:
     """(row, the paper's value, ours in the same unit) for every configuration the paper
     reports: ours the median over its repeats (the row its first repeat's). A slowdown
     whose fault-free run is not in `runs` is left out (`uncompared_slowdowns`)."""
@@ -318,10 +328,31 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""] if lines else []
 
 
-def _error_summary(compared: Sequence[tuple[Any, PaperValue, float]]) -> str:
+def prediction_errors(compared: PaperComparison) -> list[float]:
+    """The relative errors of the predictions among `compared` (a value the cost model is
+    fitted on is none)."""
+    return [abs(ours - p.value) / p.value for _, p, ours in compared if not p.fitted]
+
+
+def paper_table(compared: PaperComparison) -> list[str]:
+    """`compared` as a Markdown table (header first), each fit target marked (fitted)."""
+    return [
+        "| model | system | scenario | unit | paper | ours | error |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['model']} | {r['system']} | {r['scenario']} | {p.kind} | {p.value:.2f} | "
+            f"{ours:.2f} | {100 * (ours - p.value) / p.value:+.1f} %"
+            + (" (fitted)" if p.fitted else "")
+            + " |"
+            for r, p, ours in compared
+        ),
+    ]
+
+
+def _error_summary(compared: PaperComparison) -> str:
     """The median and largest relative error of the predictions (a value the cost model is
     fitted on is none: counted apart)."""
-    errors = [abs(ours - p.value) / p.value for _, p, ours in compared if not p.fitted]
+    errors = prediction_errors(compared)
     num_fitted = len(compared) - len(errors)
     fitted = (
         f" {num_fitted} value{'s' * (num_fitted != 1)} the cost model is fitted on, marked "
@@ -483,17 +514,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         lines += ["", not_compared]
     if compared:
         lines += ["", "## Against the paper", "", _error_summary(compared), ""]
-        lines += [
-            "| model | system | scenario | unit | paper | ours | error |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r['model']} | {r['system']} | {r['scenario']} | {paper.kind} | "
-            f"{paper.value:.2f} | {ours:.2f} | {100 * (ours - paper.value) / paper.value:+.1f} %"
-            + (" (fitted)" if paper.fitted else "")
-            + " |"
-            for r, paper, ours in compared
-        ]
+        lines += paper_table(compared)
     if sources:
         lines += ["", "## Gantt charts", "", "Drawn from the timelines the run saved:", ""]
         lines += sources
