@@ -15,7 +15,7 @@ import click
 from harness.commands_compare import compare
 from harness.commands_infra import cleanup, doctor, launch
 from harness.commands_profile import calibrate, profile
-from harness.commands_run import report, run
+from harness.commands_run import collect, report, run
 from harness.commands_schedule import schedule, simulate_cmd
 from pipeline.errors import AdaptraBenchError
 from pipeline.signals import (
@@ -54,6 +54,7 @@ for _command in (
     profile,
     calibrate,
     report,
+    collect,
     compare,
     launch,
     doctor,

@@ -144,8 +144,8 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
         runs = len({m.configuration for m in result.mismatches})
         failures.append(
             f"{_configurations(runs)} run another way in NEW (backend, policy, comm, "
-            "controller, links, delay, fault timeline, seed, iterations or its spec's other "
-            "inputs; listed above): "
+            "controller, links, delay, fault timeline, seed, iterations, what ran it or its "
+            "spec's other inputs; listed above): "
             "not the same measurement"
         )
     if result.missing:

@@ -398,6 +398,38 @@ def report(run_dir: str) -> None:
     click.echo(f"report written to {path / 'report.md'}{incomplete}")
 
 
+@click.command()
+@click.argument("job_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out",
+    type=OutputFolder(),
+    default="results",
+    show_default=True,
+    help="Where the run directory goes.",
+)
+@click.option(
+    "--run-id",
+    callback=lambda _ctx, param, value: _run_name(param, value),
+    help="The run directory's name inside --out (a new one; default: the spec's name and "
+    "the time).",
+)
+def collect(job_dir: str, out: str, run_id: str | None) -> None:
+    """Turn a cluster job's results (the folder `launch --spec` wrote, after its run.sbatch
+    ran) into a run directory, as `run --spec` writes one: runs.csv, iterations.csv and
+    report.md, for `report` and `compare`. Steps without results are left out and named."""
+    from harness.collect import collect_job
+
+    collected = collect_job(
+        Path(job_dir), Path(out), run_id, progress=lambda line: click.echo(line, err=True)
+    )
+    left = f"; {len(collected.not_run)} without results left out" if collected.not_run else ""
+    skipped = f"; {collected.num_skipped} the launch skipped" if collected.num_skipped else ""
+    click.echo(
+        f"collected {collected.num_collected} configuration run(s){left}{skipped}: "
+        f"{collected.run_dir} (report.md in it)"
+    )
+
+
 def _run_name(param: click.Parameter, value: str | None) -> str | None:
     try:
         return None if value is None else check_run_name(value, "the run id")

@@ -41,6 +41,7 @@ __all__ = [
     "IDENTITY",
     "KEY",
     "METRICS",
+    "RAN_BY",
     "RECORDED",
     "TIMELINE",
     "Change",
@@ -79,6 +80,11 @@ CALIBRATION = "calibration sha256"
 with (`calibration_costs`, the SHA-256's first 12 hex digits of their JSON; "none" without a
 calibration), on every row: the same configuration under other costs measured something
 else. Compared as `TIMELINE` is."""
+RAN_BY = "ran by"
+"""Not a runs.csv column: what a run directory's spec.json says ran its configurations, on
+every row: `adaptra-bench run` (no `ran_by`), or a cluster job whose results `collect`
+gathered (harness.collect): a configuration run on a cluster measured something else than
+one run here. Compared as `TIMELINE` is."""
 SETUP = "spec "
 """Not runs.csv columns: a run directory's spec.json adds, under names of this prefix, the
 inputs a configuration's numbers depend on besides its `IDENTITY` (the fields of the profile
@@ -87,7 +93,7 @@ with its model's bytes; and the run's warm-up iterations, recovery and, in a run
 injection and transport timeout: `ExperimentSpec.setups`), e.g. `spec profile t_f`. Compared
 where both sides have them (a spec.json of spec version 1 whose files this version cannot
 read again has none)."""
-RECORDED = (TIMELINE, CALIBRATION)
+RECORDED = (TIMELINE, CALIBRATION, RAN_BY)
 """What a run directory's spec.json adds to a configuration's identity, besides `SETUP`."""
 
 
@@ -231,6 +237,9 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
             for row in rows:
                 row[CALIBRATION] = digest
+        ran_by = record.get("ran_by")
+        for row in rows:
+            row[RAN_BY] = ran_by if isinstance(ran_by, str) else "adaptra-bench run"
         setups = _setups(record, path)
         for row in rows:
             for name, value in setups.get(str(row["model"]), {}).items():

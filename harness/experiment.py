@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.policies import SYSTEMS, Planner, resolve_system
+from harness.policies import SYSTEMS, Planner
+from harness.result_rows import configuration_rows
 from harness.results import (
     ITERATIONS_COLUMNS,
     RESULTS_SCHEMA_VERSION,
@@ -25,7 +26,7 @@ from harness.results import (
     write_csv_atomic,
     write_json_atomic,
 )
-from harness.runner import RunResult, RuntimeEngines, run_configuration, run_warnings
+from harness.runner import RuntimeEngines, run_configuration, run_warnings
 from harness.saved import (
     ConfigurationKey,
     ConfigurationRecorder,
@@ -126,6 +127,10 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     }
     if spec_path.exists():
         previous = read_spec_record(run_dir)
+        if "ran_by" in previous:  # harness.collect's: no run here can add to it
+            raise ConfigError(
+                f"{run_dir} holds what {previous['ran_by']} ran (collected): pick a new run id"
+            )
         _check_same_experiment(run_dir, previous, spec_record)
         spec_record.update(_revisions(previous, revision))
         spec_record["run_id"] = _first_run_id(run_dir, previous, progress)
@@ -163,7 +168,7 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
         progress(warning)
     with RuntimeEngines() as engines:  # one pool per shape, shared by the configurations
         for count, (config, key) in enumerate(zip(configs, keys, strict=True), start=1):
-            target, system, scenario, repeat = config
+            target, system, scenario, _ = config
             if key in done:
                 continue
             changes = scenario.faults.change_iterations() if scenario.faults else ()
@@ -203,9 +208,9 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
                     seed=spec.seed,
                 )
             write_timeline(run_dir, key, recorder.timeline(), result.rerun_iterations)
-            common = _row_keys(run_id, spec, target, system, scenario, repeat, result)
-            runs.append(_run_row(common, spec, target, scenario, result))
-            iterations += _iteration_rows(common, result)
+            run_row, iteration_rows = configuration_rows(run_id, spec, config, result)
+            runs.append(run_row)
+            iterations += iteration_rows
             write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
             write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
             elapsed_s, left_s = pace.done(weights[count - 1])
@@ -398,105 +403,3 @@ def _expected_cost(spec: ExperimentSpec, config: Configuration, planner: Planner
 
 def _row_key(row: dict[str, Any]) -> ConfigurationKey:
     return (row["model"], row["system"], row["scenario"], row["repeat"])
-
-
-def _row_keys(
-    run_id: str,
-    spec: ExperimentSpec,
-    target: Target,
-    system: str,
-    scenario: Scenario,
-    repeat: int,
-    result: RunResult,
-) -> dict[str, Any]:
-    """The columns runs.csv and iterations.csv share (iterations.csv's own comm and policy
-    are each iteration's)."""
-    profile = scenario.apply(target.profile)
-    policy, _ = SYSTEMS[system] if scenario.faults else resolve_system(system, profile)
-    return {
-        "run_id": run_id,
-        "backend": spec.backend,
-        "model": target.label,
-        "policy": policy,
-        "comm": result.comms_run,
-        "system": system,
-        "controller": result.controller,
-        "scenario": scenario.name,
-        "repeat": repeat,
-    }
-
-
-def _run_row(
-    common: dict[str, Any],
-    spec: ExperimentSpec,
-    target: Target,
-    scenario: Scenario,
-    result: RunResult,
-) -> dict[str, Any]:
-    return {
-        **common,
-        "links": scenario.link_names,
-        "delay_ms": scenario.delay_ms,
-        "seed": spec.seed,
-        "iterations": len(result.iteration_times_ms) - result.lost_iterations,
-        "mean_iteration_ms": result.mean_iteration_ms,
-        "median_iteration_ms": result.median_iteration_ms,
-        "median_wall_ms": result.median_wall_ms,
-        # useful samples over the whole run's time: slow steps, lost steps and restarts count
-        "throughput_samples_per_s": target.samples_per_iteration
-        * 1000.0
-        / (result.total_ms / spec.num_iterations),
-        "bubble_ratio": sum(result.bubble_ratios) / len(result.bubble_ratios),
-        "restarts": result.restarts,
-        "lost_iterations": result.lost_iterations,
-        "restart_wall_ms": result.restart_wall_ms,
-        "restart_model_ms": result.restart_model_ms,
-        "failovers": sum(result.num_failovers),
-        "moved_workers": sum(result.num_moved_workers),
-        "params_sha256": result.params_sha256,
-        "schema_version": RESULTS_SCHEMA_VERSION,
-    }
-
-
-def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str, Any]]:
-    """One row per measured iteration run (after a restart, the lost ones again)."""
-    losses = result.losses or (None,) * len(result.iteration_times_ms)
-    return [
-        {
-            **common,
-            "policy": decision.policy or common["policy"],
-            "comm": comm.value,
-            "loss": "" if loss is None else loss,
-            "iteration": index,
-            "iteration_time_ms": time_ms,
-            "step_time_ms": step_ms,
-            "bubble_ratio": bubble,
-            "detected_ms": json.dumps(decision.detected_ms, sort_keys=True),
-            "link_comms": json.dumps(decision.comm, sort_keys=True),
-            "microbatches": decision.microbatches,
-            "failovers": num_failovers,
-            "moved_workers": num_moved_workers,
-        }
-        for (
-            index,
-            time_ms,
-            step_ms,
-            bubble,
-            comm,
-            loss,
-            decision,
-            num_failovers,
-            num_moved_workers,
-        ) in zip(
-            result.iterations,
-            result.iteration_times_ms,
-            result.step_times_ms,
-            result.bubble_ratios,
-            result.comms,
-            losses,
-            result.decisions,
-            result.num_failovers,
-            result.num_moved_workers,
-            strict=True,
-        )
-    ]

@@ -425,6 +425,18 @@ def _calibration_note(spec: ExperimentSpec) -> str:
     )
 
 
+def _collected_note(recorded: dict[str, Any]) -> list[str]:
+    """Where spec.json says the runs ran elsewhere (harness.collect), what ran and where from."""
+    ran_by, source = recorded.get("ran_by"), recorded.get("collected_from")
+    if not isinstance(ran_by, str):
+        return []
+    return [
+        "",
+        f"Ran by {ran_by}, collected from `{source}`: each configuration's first plan, fixed "
+        "(no fault timeline, no re-planning, no delegates on that path).",
+    ]
+
+
 def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]) -> Coverage:
     """report.md and its figures from `runs` (runs.csv's rows) and the files beside it, what
     spec.json says its spec resolved to; returns how many of its configurations they cover.
@@ -474,6 +486,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         + (f" (resumed at {resumed})" if resumed else "")
         + "."
         + _calibration_note(spec),
+        *_collected_note(recorded),
         "",
         *_headline(runs),
         *_warned(recorded["warnings"]),

@@ -10,10 +10,16 @@ from typing import Any
 
 from pipeline.errors import ConfigError
 
-__all__ = ["ConfigurationKey", "Coverage", "ResolvedSpec", "coverage"]
+__all__ = ["ConfigurationKey", "Coverage", "ResolvedSpec", "configuration_name", "coverage"]
 
 ConfigurationKey = tuple[str, str, str, str]
 """(model, system, scenario, repeat) as runs.csv writes them: what names a configuration."""
+
+
+def configuration_name(key: ConfigurationKey) -> str:
+    """A configuration as messages name it: "fig4 zb 0-1@10ms (repeat 0)"."""
+    model, system, scenario, repeat = key
+    return f"{model} {system} {scenario} (repeat {repeat})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

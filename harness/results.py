@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.resolved import configuration_name
 from pipeline.errors import ConfigError
 from pipeline.files import atomic_writer, write_atomic
 
@@ -370,8 +371,7 @@ def _configuration(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
 
 
 def _configuration_name(row: Mapping[str, Any]) -> str:
-    model, system, scenario, repeat = _configuration(row)
-    return f"{model} {system} {scenario} (repeat {repeat})"
+    return configuration_name(_configuration(row))
 
 
 def read_spec_record(run_dir: Path) -> dict[str, Any]:

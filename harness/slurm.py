@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.cluster_job import ClusterJob, ClusterStep
 from harness.names import slug
+from harness.results import git_revision
 from harness.runner import check_hold, longest_hold_ms
 from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
@@ -67,6 +69,7 @@ def write_slurm_script(
     if spec.backend == "megatron":  # a megatron spec names its GPT preset as its model
         compute_args = ["--compute", "megatron", "--model", str(spec.models[0])]
     steps: list[str] = []
+    job_steps: list[ClusterStep] = []
     skipped: list[str] = []
     reasons: dict[_Skip, int] = {}  # why configurations are skipped, and how many for each
     plans: dict[Path, tuple[Profile, Schedule]] = {}  # written once the spec is not refused
@@ -79,12 +82,13 @@ def write_slurm_script(
                 # One fixed schedule per step: Adaptra's is the one it runs once it has found
                 # the scenario's delays (its oracle's plan).
                 known = "adaptra-oracle" if system == "adaptra" else system
-                planned = controller_for(known, target, scenario).plan(0)
+                controller = controller_for(known, target, scenario)
+                planned = controller.plan(0)
                 schedule, profile = planned.schedule, planned.profile
                 why = _unsupported(model.tp if model else 1, scenario.faults is not None)
                 why = why or _unrunnable(profile, planned.comm, spec.transport_timeout_s)
                 if why:
-                    skipped.append(_comment(f"skipped {name}: {why}"))
+                    skipped.append(f"skipped {name}: {why}")
                     reasons[why] = reasons.get(why, 0) + 1
                     continue
                 config = slug((target.label, system, scenario.name), "configuration name")
@@ -99,6 +103,17 @@ def write_slurm_script(
                     step_dir, step_name = config_dir, config
                     if spec.num_repeats > 1:
                         step_dir, step_name = config_dir / f"repeat-{repeat}", f"{config}-{repeat}"
+                    job_steps.append(
+                        ClusterStep(
+                            (target.label, system, scenario.name, str(repeat)),
+                            str(step_dir.relative_to(out_dir)),
+                            controller.name,
+                            planned.policy,
+                            planned.comm.value,
+                            planned.comm_by_link(),
+                            dict(planned.believed_ms),
+                        )
+                    )
                     worker_args = [
                         "--profile",
                         str(config_dir / "profile.json"),
@@ -154,9 +169,18 @@ def write_slurm_script(
             '    --log-dir="$folder/torchrun-logs" -m pipeline.runtime.torchrun "$@"',
             "}",
             *steps,
-            *skipped,
+            *map(_comment, skipped),
+            _comment(
+                f"Then `adaptra-bench collect {out_dir}` turns the steps' timelines into a run "
+                "directory (runs.csv, iterations.csv, report.md) for report and compare."
+            ),
             "",
         ]
+    )
+    # What the steps run: a sim spec's configurations run the emulated workers.
+    ran = spec.to_dict() | {"backend": "megatron" if spec.backend == "megatron" else "emulated"}
+    ClusterJob(json.loads(json.dumps(ran)), git_revision(), tuple(job_steps), tuple(skipped)).write(
+        out_dir
     )
     path = out_dir / "run.sbatch"
     write_atomic(path, script)

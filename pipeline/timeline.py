@@ -277,6 +277,28 @@ class Timeline:
             swaps=tuple(r for part in parts for r in part.swaps),
         )
 
+    def split(self) -> list[Timeline]:
+        """Each iteration alone, in the order of `iterations`, times as they are (`concat`
+        undone), in one pass over the records."""
+        index = {r.iteration: k for k, r in enumerate(self.iterations)}
+        if len(index) != len(self.iterations):
+            raise ValueError("timeline has an iteration twice: it cannot be split")
+        fields = ("ops", "messages", "failovers", "dp_messages", "swaps")
+        parts: list[dict[str, list[Any]]] = [{f: [] for f in fields} for _ in index]
+        for name in fields:
+            for record in getattr(self, name):
+                if record.iteration not in index:
+                    raise ValueError(f"a record of iteration {record.iteration}, which it lacks")
+                parts[index[record.iteration]][name].append(record)
+        return [
+            Timeline(
+                self.num_stages,
+                iterations=(bounds,),
+                **{name: tuple(records) for name, records in part.items()},
+            )
+            for bounds, part in zip(self.iterations, parts, strict=True)
+        ]
+
 
 _REQUIRED_KEYS = ("num_stages", "ops", "messages", "iterations")
 """The keys every timeline has (the others came in later schema versions; missing: none)."""

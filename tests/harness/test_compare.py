@@ -327,8 +327,8 @@ def test_a_configuration_on_another_backend_is_run_another_way(tmp_path: Path) -
     )
     assert out.stderr.strip() == (
         "error: 1 configuration run another way in NEW (backend, policy, comm, controller, "
-        "links, delay, fault timeline, seed, iterations or its spec's other inputs; listed "
-        "above): not the same measurement"
+        "links, delay, fault timeline, seed, iterations, what ran it or its spec's other "
+        "inputs; listed above): not the same measurement"
     )
     # On two other backends in NEW: paired with the first by name, whatever the hash seed
     # (the pairing followed a set's order); the other is only in NEW.

@@ -10,9 +10,12 @@ from typing import Any
 
 import pytest
 
+from harness.collect import collect_job
+from harness.results import ITERATIONS_COLUMNS, RUNS_COLUMNS, read_csv_rows
 from harness.slurm import write_slurm_script
 from harness.spec import ExperimentSpec, load_spec
 from pipeline.errors import ConfigError
+from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.timeline import Timeline
 
@@ -225,6 +228,16 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         assert len((step / "params_sha256.txt").read_text().strip()) == 64
     else:
         assert not (step / "losses.json").exists()
+    # `collect` makes the job's results a run directory, measured as `run` measures
+    collected = collect_job(tmp_path / "job", tmp_path / "results", "cluster")
+    (run,) = read_csv_rows(collected.run_dir / "runs.csv", RUNS_COLUMNS)
+    iterations = read_csv_rows(collected.run_dir / "iterations.csv", ITERATIONS_COLUMNS)
+    assert (run["backend"], run["system"], run["controller"]) == (backend, "1f1b", "fixed")
+    times = [compute_metrics(timeline, k).iteration_time_ms for k in range(2)]
+    assert [float(r["iteration_time_ms"]) for r in iterations] == pytest.approx(times)
+    if backend == "megatron":
+        assert [float(r["loss"]) for r in iterations] == losses
+        assert run["params_sha256"] == (step / "params_sha256.txt").read_text().strip()
 
 
 INJECTIONS = ["'; touch PWNED; echo '", "$(touch PWNED)", "`touch PWNED`", '"; touch PWNED; "']

@@ -248,3 +248,22 @@ def test_one_iteration_counts_from_its_own_start() -> None:
     assert alone.messages == tuple(r._replace(iteration=1) for r in first.messages)
     with pytest.raises(ValueError, match="timeline has no iteration 2"):
         alone.one_iteration(2)
+
+
+def test_split_undoes_concat_records_of_every_kind_included() -> None:
+    first = _timeline()
+    moved = FailoverRecord(1, "0-1", "forward", 1, "link state", "rnic0", "rnic1", 4.0, 9.5, 3, 7)
+    swap = SwapRecord(1, 4242, 1, 0, 0, 1, 65536, 2.0, 7.5)
+    moved_copy = first.one_iteration(0).moved(1, 500.0)
+    later = Timeline(  # made, not a moved copy: its records then compare as tuples
+        moved_copy.num_stages, moved_copy.ops, moved_copy.messages, moved_copy.iterations,
+        (moved,), moved_copy.dp_messages, (swap,),
+    )  # fmt: skip
+    parts = Timeline.concat([first, later]).split()
+    assert parts == [first, later]
+    assert parts[1].dp_messages and parts[1].failovers == (moved,)
+    with pytest.raises(ValueError, match="timeline has an iteration twice"):
+        Timeline.concat([first, first]).split()
+    stray = dataclasses.replace(first, swaps=(swap,))  # of iteration 1, which it lacks
+    with pytest.raises(ValueError, match="a record of iteration 1, which it lacks"):
+        stray.split()

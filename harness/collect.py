@@ -1,0 +1,255 @@
+"""A cluster job's results (`launch --spec`: harness.slurm, its folder's launch.json) as a run
+directory: each step's timeline.json (and a megatron step's losses and parameter digest)
+measured as `run` measures its iterations, into the files `run` writes (runs.csv,
+iterations.csv, messages.csv, timelines/, spec.json, report.md), so that `report` and
+`compare` read a cluster's numbers as they read a run's."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.cluster_job import JOB_FILE, ClusterJob, ClusterStep
+from harness.experiment import new_run_dir
+from harness.loop import IterationDecision, RunResult
+from harness.resolved import ConfigurationKey, configuration_name
+from harness.result_rows import configuration_rows
+from harness.results import (
+    ITERATIONS_COLUMNS,
+    RESULTS_SCHEMA_VERSION,
+    RUNS_COLUMNS,
+    SPEC_VERSION,
+    run_dir_held,
+    write_csv_atomic,
+    write_json_atomic,
+)
+from harness.saved import ConfigurationRecorder, drawn_iterations, messages_writer, write_timeline
+from harness.spec import Configuration, ExperimentSpec, spec_from_record
+from pipeline.errors import ConfigError
+from pipeline.files import parse_json_file
+from pipeline.metrics import compute_metrics
+from pipeline.simulator import CommMode
+from pipeline.timeline import Timeline
+
+__all__ = ["CLUSTER", "Collected", "collect_job"]
+
+CLUSTER = "a cluster job (launch --spec)"
+"""How a collected run directory's runs ran (spec.json's `ran_by`; `run`'s: absent)."""
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Collected:
+    run_dir: Path
+    num_collected: int
+    not_run: tuple[str, ...]
+    """The steps without results, a line each: the configuration and why."""
+    num_skipped: int
+    """Configurations the launch skipped (the cluster path cannot run them)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _StepRun:
+    config: Configuration
+    result: RunResult
+    iterations: list[Timeline]
+
+
+def collect_job(
+    job_dir: Path,
+    out: Path,
+    run_id: str | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> Collected:
+    """`job_dir`'s steps that ran into a new run directory in `out`: `run_id`, or the spec's
+    name and the time (`new_run_dir`). One that holds anything is refused; all is read and
+    checked before it is made, and what it holds is removed again if writing fails. A step
+    without a timeline.json (the job stopped before it, or is still running) or with one
+    older than launch.json (an earlier launch's) is left out and named; a step's files that
+    are not what its workers write (cut short, another run's) are refused."""
+    job = ClusterJob.read(job_dir)
+    try:
+        spec = spec_from_record({"spec": job.spec, "spec_version": SPEC_VERSION})
+        configs = {config.key: config for config in spec.configurations()}
+    except (ConfigError, TypeError) as err:
+        raise ConfigError(f"{job_dir / JOB_FILE}: its spec: {err}") from err
+    launched_at = (job_dir / JOB_FILE).stat().st_mtime
+    ran: dict[ConfigurationKey, _StepRun] = {}
+    not_run: list[str] = []
+    for step in job.steps:
+        config = configs.get(step.configuration)
+        if config is None:
+            raise ConfigError(
+                f"{job_dir / JOB_FILE}: step {step.folder!r} runs "
+                f"{configuration_name(step.configuration)}, which its spec lacks: damaged?"
+            )
+        timeline_path = job_dir / step.folder / "timeline.json"
+        if not timeline_path.is_file():
+            not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
+            continue
+        if timeline_path.stat().st_mtime < launched_at:
+            not_run.append(
+                f"{configuration_name(step.configuration)}: {timeline_path} is older than "
+                f"{JOB_FILE} (an earlier launch's)"
+            )
+            continue
+        iterations = _measured_iterations(timeline_path, spec.num_iterations)
+        result = _step_result(job_dir / step.folder, step, spec, iterations)
+        ran[step.configuration] = _StepRun(config, result, iterations)
+    if not ran:
+        raise ConfigError(
+            f"no step of {job_dir} has results yet ({len(not_run)} without: "
+            f"{not_run[0]}{', ...' if len(not_run) > 1 else ''}); run its "
+            f"{job_dir / 'run.sbatch'} first"
+        )
+    run_dir = new_run_dir(out, spec.name) if run_id is None else out / run_id
+    if run_dir.is_dir() and any(p.name != ".lock" for p in run_dir.iterdir()):
+        raise ConfigError(f"{run_dir} is not empty: pick another --run-id")
+    for line in not_run:
+        progress(f"not collected: {line}")
+    order = [ran[key] for key in configs if key in ran]  # the spec's order, as a run's
+    with run_dir_held(run_dir):
+        try:
+            _write_run_dir(run_dir, job_dir, job, spec, order, not_run)
+        except BaseException:
+            _remove_partial(run_dir)
+            raise
+    return Collected(run_dir, len(order), tuple(not_run), len(job.skipped))
+
+
+def _measured_iterations(path: Path, num_iterations: int) -> list[Timeline]:
+    """A step's timeline.json, each measured iteration alone; one that does not hold the
+    spec's measured iterations 0..N-1 in order is refused (cut short, or another run's)."""
+    timeline = parse_json_file(path, "timeline", Timeline.from_dict)
+    numbers = [r.iteration for r in timeline.iterations]
+    if numbers != list(range(num_iterations)):
+        raise ConfigError(
+            f"{path} holds iterations {_ranges(numbers)}, not the spec's measured iterations "
+            f"0-{num_iterations - 1}: another run's, or damaged?"
+        )
+    return timeline.split()
+
+
+def _step_result(
+    step_dir: Path, step: ClusterStep, spec: ExperimentSpec, iterations: list[Timeline]
+) -> RunResult:
+    """A step's measured iterations as `run` measures them (harness.loop): each one's
+    metrics, its plan's comm and what its plan was made for, and a training backend's losses
+    and parameter digest."""
+    metrics = [compute_metrics(part, k) for k, part in enumerate(iterations)]
+    losses: tuple[float, ...] = ()
+    digest = ""
+    if spec.backend == "megatron":
+        losses = _losses(step_dir / "losses.json", len(iterations))
+        digest = _digest(step_dir / "params_sha256.txt")
+    decision = IterationDecision(dict(step.believed_ms), step.policy, dict(step.link_comms))
+    num = len(iterations)
+    return RunResult(
+        iteration_times_ms=tuple(m.iteration_time_ms for m in metrics),
+        step_times_ms=tuple(m.step_time_ms for m in metrics),
+        bubble_ratios=tuple(m.bubble_ratio for m in metrics),
+        comms=(CommMode(step.comm),) * num,
+        timeline=None,
+        losses=losses,
+        params_sha256=digest,
+        iterations=tuple(range(num)),
+        decisions=(decision,) * num,
+        num_failovers=tuple(len(part.failovers) for part in iterations),
+        num_moved_workers=tuple(len(part.swaps) for part in iterations),
+    )
+
+
+def _losses(path: Path, num_iterations: int) -> tuple[float, ...]:
+    def parse(data: Any) -> tuple[float, ...]:
+        if (
+            not isinstance(data, list)
+            or len(data) != num_iterations
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in data)
+        ):
+            raise ConfigError(f"not {num_iterations} losses, one per measured iteration")
+        return tuple(float(v) for v in data)
+
+    return parse_json_file(path, "losses", parse)
+
+
+def _digest(path: Path) -> str:
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from err
+    if not _SHA256.fullmatch(text):
+        raise ConfigError(f"{path} does not hold a SHA-256 (64 hex digits): damaged?")
+    return text
+
+
+def _write_run_dir(
+    run_dir: Path,
+    job_dir: Path,
+    job: ClusterJob,
+    spec: ExperimentSpec,
+    ran: list[_StepRun],
+    not_run: list[str],
+) -> None:
+    """The run directory's files in the order a run writes them (spec.json first, runs.csv
+    last), then its report."""
+    from harness.report import write_report  # plotting libraries load slowly
+
+    warnings = []
+    if not_run:
+        warnings.append(
+            f"{len(not_run)} of the job's {len(job.steps)} steps have no results and are left "
+            "out (not run, or the job stopped before them)"
+        )
+    if job.skipped:
+        warnings.append(
+            f"the launch skipped {len(job.skipped)} configuration(s) the cluster path cannot "
+            f"run (its run.sbatch says why each)"
+        )
+    write_json_atomic(
+        run_dir / "spec.json",
+        {
+            "schema_version": RESULTS_SCHEMA_VERSION,
+            "spec_version": SPEC_VERSION,
+            "run_id": run_dir.name,
+            "git_revision": job.git_revision,
+            "resumed_git_revisions": [],
+            "spec": job.spec,
+            "resolved": spec.resolve([step.config for step in ran]).to_dict(),
+            "warnings": warnings,
+            "ran_by": CLUSTER,
+            "collected_from": str(job_dir.resolve()),
+        },
+    )
+    runs: list[dict[str, Any]] = []
+    iteration_rows: list[dict[str, Any]] = []
+    for step in ran:
+        key = step.config.key
+        with messages_writer(run_dir) as messages:
+            drawn = drawn_iterations(spec.num_iterations)
+            recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
+            for k, part in enumerate(step.iterations):
+                recorder(spec.num_warmup_iterations + k, part, True)
+        write_timeline(run_dir, key, recorder.timeline())
+        run_row, rows = configuration_rows(run_dir.name, spec, step.config, step.result)
+        runs.append(run_row)
+        iteration_rows += rows
+    write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iteration_rows)
+    write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
+    write_report(spec, run_dir, runs)
+
+
+def _remove_partial(run_dir: Path) -> None:
+    """`run_dir` and what a failed collect wrote in it (it held nothing but its `.lock`)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _ranges(numbers: list[int]) -> str:
+    if not numbers:
+        return "none"
+    shown = ", ".join(map(str, numbers[:6]))
+    return shown + (f", ... ({len(numbers)} in all)" if len(numbers) > 6 else "")
