@@ -45,6 +45,19 @@ _PAPER_NIC = Target(TargetKind.NIC, hosts=(-1, 0), nic="rnic0")
 _TARGETS = ("links", "hosts", "nic")
 _EFFECTS = ("delay_ms", "distribution", "bandwidth_gbps", "stall_ms", "down")
 _KEYS = ("start_iteration", "at_ms", "end_iteration", "jitter_ms", *_TARGETS, *_EFFECTS)
+_LINE_BREAKS = {
+    "\r": "carriage return",
+    "\v": "vertical tab",
+    "\f": "form feed",
+    "\x1c": "file separator",
+    "\x1d": "group separator",
+    "\x1e": "record separator",
+    "\x85": "next line",
+    "\u2028": "line separator",
+    "\u2029": "paragraph separator",
+}
+"""The characters str.splitlines breaks a line at besides "\n" (a "\r" before one is the
+line's end)."""
 
 
 def fault_file_form(path: str | Path) -> Literal["trace", "yaml"]:
@@ -156,10 +169,12 @@ def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
 
 def parse_trace(text: str, seed: int = 0) -> FaultModel:
     """The paper's trace: rows separated by newlines or spaces, fields by ';'; a '#' starts
-    a comment, to the end of its line. A row's error names its row and its line in the file."""
+    a comment, to the end of its line. A row's error names its row and its line in the file,
+    lines counted by their newlines ("\n", "\r\n"): another character that breaks a line
+    for some readers (a form feed, U+2028) is refused, naming its line."""
     rows = [
         (number, row_text)
-        for number, line in enumerate(text.splitlines(), 1)
+        for number, line in enumerate(_trace_lines(text), 1)
         for row_text in line.partition("#")[0].split()
     ]
     events = []
@@ -169,6 +184,20 @@ def parse_trace(text: str, seed: int = 0) -> FaultModel:
         except ConfigError as err:
             raise ConfigError(f"{err} (line {line})") from None
     return _timeline(events, seed)
+
+
+def _trace_lines(text: str) -> list[str]:
+    """`text`'s lines, split at newlines only (str.splitlines also splits at a form feed,
+    U+2028 and the like, so a line's number was not the one an editor shows)."""
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    for number, line in enumerate(lines, 1):
+        odd = next((char for char in line if char in _LINE_BREAKS), None)
+        if odd is not None:
+            raise ConfigError(
+                f"line {number} holds a {_LINE_BREAKS[odd]} (U+{ord(odd):04X}), which breaks "
+                "a line for some readers and not for others: end lines with a newline only"
+            )
+    return lines
 
 
 def _trace_event(row: int, text: str) -> FaultEvent:

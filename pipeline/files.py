@@ -197,11 +197,28 @@ def load_yaml_lines(text: str, what: str) -> tuple[Any, tuple[int, ...]]:
         raise ConfigError(f"{what} is not valid YAML: {_TOO_DEEP}") from err
     except ConfigError as err:
         raise ConfigError(f"{what}: {err}") from err
+    except yaml.reader.ReaderError as err:  # a character YAML refuses (a form feed)
+        where = _place(text, err.position)
+        problem = f"{err.reason}: U+{err.character:04X}"
+        raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or type(err).__name__
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        where = _place(text, mark.index) if mark else ""
         raise ConfigError(f"{what} is not valid YAML{where}: {problem}") from err
+
+
+def _line(text: str, index: int) -> int:
+    """The line (from 1) of `text`'s character `index`, counting newlines only: YAML breaks
+    lines at U+0085, U+2028 and U+2029 too, which an editor may show on one line."""
+    return text.count("\n", 0, index) + 1
+
+
+def _place(text: str, index: int) -> str:
+    """Where `text`'s character `index` is, as an error says it: " at line L, column C"
+    (both from 1; `_line`)."""
+    column = index - text.rfind("\n", 0, index)
+    return f" at line {_line(text, index)}, column {column}"
 
 
 def _entry_line(text: str, mark: Any) -> int:
@@ -211,7 +228,7 @@ def _entry_line(text: str, mark: Any) -> int:
     i = mark.index - 1
     while i >= 0 and text[i] in " \t\r\n":
         i -= 1
-    return text.count("\n", 0, i) + 1 if i >= 0 and text[i] == "-" else mark.line + 1
+    return _line(text, i) if i >= 0 and text[i] == "-" else _line(text, mark.index)
 
 
 def _load_yaml_node(text: str) -> tuple[Any, Any]:

@@ -125,6 +125,37 @@ def test_a_comment_runs_to_the_end_of_its_line() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("char", "name"),
+    [
+        ("\f", "form feed"),
+        ("\v", "vertical tab"),
+        ("\u2028", "line separator"),
+        ("\x85", "next line"),
+    ],
+)
+def test_a_trace_counts_lines_by_newlines_and_refuses_other_line_breaks(
+    char: str, name: str
+) -> None:
+    """str.splitlines broke a line at a form feed, U+2028 and the like: a row's error named a
+    line below the one an editor shows ("line 3" for a row on line 2), and a comment ended
+    there, its rest read as rows. Such a character is refused, naming its line."""
+    with pytest.raises(ConfigError) as odd:
+        parse_faults(f"1;0_1;0.01\n2;0_1;0 # ends{char}3;9_9;1\n", "t.txt")
+    assert str(odd.value) == (
+        f"fault timeline t.txt: line 2 holds a {name} (U+{ord(char):04X}), which breaks a line "
+        "for some readers and not for others: end lines with a newline only"
+    )
+
+
+def test_a_trace_with_crlf_line_ends_reads_as_with_newlines() -> None:
+    crlf = parse_trace("1;0_1;0.01\r\n\r\n2;0_1;0 # end\r\n")
+    assert [(e.row, e.line, e.start_iteration) for e in crlf.events] == [(1, 1, 1), (2, 3, 2)]
+    with pytest.raises(ConfigError) as bad:
+        parse_trace("1;0_1;0.01\r\nx;0_1;0\r\n")
+    assert str(bad.value) == "fault row 2: start iteration 'x' is not an integer (line 2)"
+
+
 _LACKS = (
     "link 5-6 does not exist with 4 stages and 1 replica (PP links i-(i+1) < 4, DP ring links "
     "dp<stage>:a-(a+1) and dp<stage>:0-(D-1))"

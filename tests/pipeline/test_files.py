@@ -164,6 +164,22 @@ def test_a_yaml_lists_items_come_with_the_lines_they_start_on() -> None:
         load_yaml_lines("- [1\n-", "x")
 
 
+def test_yaml_lines_count_newlines_only() -> None:
+    """YAML breaks lines at U+0085, U+2028 and U+2029 too, and PyYAML's marks count them:
+    an item on an editor's line 3 was named line 4, an error's line so too; a character
+    YAML refuses (a form feed) was "is not valid YAML: ReaderError", with no place at all."""
+    text = "- {a: 1}  # one\u2028# two\n\n- {a: 2}\n- [3\n"
+    with pytest.raises(ConfigError) as broken:
+        load_yaml_lines(text, "x")
+    assert str(broken.value).startswith("x is not valid YAML at line 5, column 1: ")
+    assert load_yaml_lines(text[:-5], "x") == ([{"a": 1}, {"a": 2}], (1, 3))
+    with pytest.raises(ConfigError) as feed:
+        load_yaml_lines("- {a: 1}\n- {a: 2}\f\n", "x")
+    assert str(feed.value) == (
+        "x is not valid YAML at line 2, column 9: special characters are not allowed: U+000C"
+    )
+
+
 def test_deep_nesting_and_yaml_aliases_are_refused_as_input(tmp_path: Path) -> None:
     """A 2 KB file of nested brackets was an internal error (Python's recursion) in every
     reader, and a 329-byte spec of aliases of aliases expanded into a 254 MB error line.
