@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from harness.loop import iteration_name
 from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
 from pipeline.checks import MAX_WAIT_S
 from pipeline.errors import ConfigError, ScheduleError
@@ -288,7 +289,8 @@ def emit_json(data: dict[str, Any]) -> None:
 
 class IterationProgress:
     """One line on a terminal's stderr, rewritten as each iteration ends: which (the
-    warm-ups first, counted apart from the measured ones; one run again after a restart
+    warm-ups first, numbered apart from the measured ones, each from 0 as the fault timeline,
+    the results and the errors number them: `iteration_name`; one run again after a restart
     says so), how long so far, about how long left (at the mean pace so far)."""
 
     def __init__(self, num_iterations: int, num_warmup_iterations: int = 0) -> None:
@@ -305,10 +307,7 @@ class IterationProgress:
         total = self.num_warmup_iterations + self.num_iterations
         elapsed_s = time.monotonic() - self.started
         left_s = elapsed_s / self.num_ended * max(total - number, 0)
-        if number <= self.num_warmup_iterations:
-            which = f"warm-up {number}/{self.num_warmup_iterations}"
-        else:
-            which = f"iteration {number - self.num_warmup_iterations}/{self.num_iterations}"
+        which = iteration_name(number - 1, self.num_warmup_iterations, self.num_iterations)
         if again:
             which += " again (after a restart)"
         click.echo(f"\r{which}, {elapsed_s:.0f} s, ~{left_s:.0f} s left ", err=True, nl=False)

@@ -125,7 +125,8 @@ __all__ = ["report", "run"]
     help="Write a Chrome/Perfetto trace (JSON) of every iteration run, the warm-ups first "
     "(numbered as run: with one warm-up, the trace's iteration 1 is measured iteration 0); "
     "a checkpoint-restart is an instant 'restart' across the tracks, where the iterations "
-    "it runs again start.",
+    "it runs again start, its cause and the measured iteration it runs again from (both "
+    "counted from measured iteration 0) in its args.",
 )
 @click.option(
     "--faults",
@@ -270,7 +271,7 @@ def run(
     assert result.timeline is not None  # kept by default
     if trace:
         restarts = map(RestartMark, result.restarted_before, result.restart_causes)
-        write_chrome_trace(result.timeline, trace, tuple(restarts))
+        write_chrome_trace(result.timeline, trace, tuple(restarts), warmup_iterations)
     if plot:
         last = result.timeline.iterations[-1]  # numbered as run, warm-ups first
         plot_gantt(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.loop import iteration_name
 from harness.policies import SYSTEMS, Planner
 from harness.result_rows import configuration_rows
 from harness.results import (
@@ -353,10 +354,7 @@ class _Heartbeat:
         if now - self._said < HEARTBEAT_S:
             return
         self._said = now
-        if measured:
-            which = f"iteration {iteration - self._num_warmup + 1}/{self._num_iterations}"
-        else:
-            which = f"warm-up {iteration + 1}/{self._num_warmup}"
+        which = iteration_name(iteration, self._num_warmup, self._num_iterations)
         self._progress(f"  {self._label}: {which} done ({now - self._started:.0f} s)")
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "OnIteration",
     "Recovery",
     "RunResult",
+    "iteration_name",
     "run_loop",
 ]
 
@@ -369,6 +370,16 @@ def _num_moved(before: Topology | None, after: Topology) -> int:
 
 _ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")
 """An iteration an engine's error names: counted by the engine, warm-ups too."""
+
+
+def iteration_name(index: int, num_warmup_iterations: int, num_iterations: int) -> str:
+    """The engine's iteration `index` (warm-ups first) as progress names it: "warm-up
+    iteration 0 of 0-0", "iteration 6 of 0-11", from 0 among the measured ones, as the
+    fault timeline, the results and a failure's message count them (a failure in "iteration
+    7" comes after "iteration 6 of 0-11")."""
+    if index < num_warmup_iterations:
+        return f"warm-up iteration {index} of 0-{num_warmup_iterations - 1}"
+    return f"iteration {index - num_warmup_iterations} of 0-{num_iterations - 1}"
 
 
 def measured_numbering(text: str, num_warmup_iterations: int) -> str:

@@ -16,7 +16,10 @@ injected into it (`fault_ms`). A worker's move in a rank swap (`SwapRecord`) is 
 "swap from stage 1 replica 1" on the track of the position it took, before its ops there.
 A checkpoint-restart (`RestartMark`) is an instant "restart" across every track where the
 iteration after it starts (the iterations it runs again have their numbers again; the failed
-attempt's ops never came back), its cause in its args.
+attempt's ops never came back), its cause in its args. Args number iterations as the
+timeline does, a run's warm-ups first; a restart's cause and where it runs again from count
+from the first measured one, as `run`'s output, the results and the fault timeline do, so
+its args also say where that is in the trace's numbering.
 """
 
 from __future__ import annotations
@@ -47,10 +50,13 @@ def _us(ms: float) -> float:
     return round(ms * 1000.0, 3)
 
 
-def to_chrome_trace(timeline: Timeline, restarts: Sequence[RestartMark] = ()) -> dict[str, Any]:
+def to_chrome_trace(
+    timeline: Timeline, restarts: Sequence[RestartMark] = (), num_warmup_iterations: int = 0
+) -> dict[str, Any]:
     """Processes "stages" (a track per stage and replica: ops), "links" (a track per link
     direction: messages, PP links' then DP links') and "steps" (where an iteration has one);
-    replica 0 keeps the plain names ("stage 2", "2-3 forward"); `restarts`: the run's."""
+    replica 0 keeps the plain names ("stage 2", "2-3 forward"); `restarts`: the run's, whose
+    first `num_warmup_iterations` iterations were warm-ups."""
     events: list[dict[str, Any]] = [
         {"ph": "M", "pid": _STAGES_PID, "name": "process_name", "args": {"name": "stages"}},
         {"ph": "M", "pid": _LINKS_PID, "name": "process_name", "args": {"name": "links"}},
@@ -109,7 +115,12 @@ def to_chrome_trace(timeline: Timeline, restarts: Sequence[RestartMark] = ()) ->
                 "ts": _us(records[-1].end_ms if after is None else after.start_ms),
                 "args": {
                     "cause": mark.cause,
-                    "runs again from iteration": None if after is None else after.iteration,
+                    "runs again from measured iteration": (
+                        None if after is None else after.iteration - num_warmup_iterations
+                    ),
+                    "runs again from iteration (as ops' args: warm-ups first)": (
+                        None if after is None else after.iteration
+                    ),
                 },
             }
         )
@@ -149,9 +160,12 @@ def to_chrome_trace(timeline: Timeline, restarts: Sequence[RestartMark] = ()) ->
 
 
 def write_chrome_trace(
-    timeline: Timeline, path: str | Path, restarts: Sequence[RestartMark] = ()
+    timeline: Timeline,
+    path: str | Path,
+    restarts: Sequence[RestartMark] = (),
+    num_warmup_iterations: int = 0,
 ) -> None:
-    write_atomic(path, json.dumps(to_chrome_trace(timeline, restarts)))
+    write_atomic(path, json.dumps(to_chrome_trace(timeline, restarts, num_warmup_iterations)))
 
 
 def _step_events(timeline: Timeline) -> list[dict[str, Any]]:

@@ -937,7 +937,11 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     # warm-up's end: measured iteration 0 is the trace's 1)
     events = json.loads(trace.read_text())["traceEvents"]
     (restart,) = [e for e in events if e.get("cat") == "restart"]
-    assert restart["args"] == {"cause": cause, "runs again from iteration": 1}
+    assert restart["args"] == {
+        "cause": cause,
+        "runs again from measured iteration": 0,
+        "runs again from iteration (as ops' args: warm-ups first)": 1,
+    }
     text = cli(*falcon, "--iterations", "9").stdout
     assert f"  restarted after {cause}\n" in text
     # its medians are over every iteration run: it said "over 9 iterations" (a user review)

@@ -826,7 +826,7 @@ def test_a_long_configuration_says_how_far_it_is(
     said = [re.sub(r"\(\d+ s\)", "(N s)", line) for line in lines if line.startswith("  [")]
     assert said == [
         f"  [1/1] m zb fault-free: {which} done (N s)"
-        for which in ("warm-up 1/1", "iteration 1/2", "iteration 2/2")
+        for which in ("warm-up iteration 0 of 0-0", "iteration 0 of 0-1", "iteration 1 of 0-1")
     ]
 
 

@@ -134,15 +134,27 @@ def test_a_restart_is_an_instant_across_the_tracks_where_the_next_run_starts() -
         for k, start_ms in ((0, 0.0), (1, 100.0), (1, 200.0))
     ]
     timeline = Timeline.concat(parts)
-    marks = [RestartMark(2, "LinkFailure: iteration 1: down"), RestartMark(3, "asked")]
-    events = to_chrome_trace(timeline, marks)["traceEvents"]
+    marks = [RestartMark(2, "LinkFailure: iteration 0: down"), RestartMark(3, "asked")]
+    events = to_chrome_trace(timeline, marks, num_warmup_iterations=1)["traceEvents"]
     restarts = [e for e in events if e.get("cat") == "restart"]
     assert [(e["ph"], e["s"], e["name"], e["ts"]) for e in restarts] == [
         ("i", "g", "restart", 200_000.0),
         ("i", "g", "restart", timeline.iterations[2].end_ms * 1000.0),
     ]
+    # The cause counts from the first measured iteration (as `run` says it), the ops from
+    # the warm-up: it said "iteration 0" and "runs again from iteration: 1" of one iteration.
     assert [e["args"] for e in restarts] == [
-        {"cause": "LinkFailure: iteration 1: down", "runs again from iteration": 1},
-        {"cause": "asked", "runs again from iteration": None},
+        {
+            "cause": "LinkFailure: iteration 0: down",
+            "runs again from measured iteration": 0,
+            "runs again from iteration (as ops' args: warm-ups first)": 1,
+        },
+        {
+            "cause": "asked",
+            "runs again from measured iteration": None,
+            "runs again from iteration (as ops' args: warm-ups first)": None,
+        },
     ]
+    again = [e for e in events if e.get("cat") == "F" and e["ts"] >= 200_000.0]
+    assert {e["args"]["iteration"] for e in again} == {1}
     assert not [e for e in to_chrome_trace(timeline)["traceEvents"] if e.get("cat") == "restart"]
