@@ -7,14 +7,18 @@ Each mover sends one state and takes one: it listens on each of its NICs (one po
 that port with its NICs down (`StateRoute.offer`), connects to its taker over the first NIC up
 at both ends, sends the length and the bytes and waits until the taker's host has
 acknowledged every byte (TCP's acks: a word of the taker's own could be lost with a NIC going
-down once the state was in, and its giver waited for the whole timeout), while a thread of
-its own takes its giver's state. A connection that breaks (a NIC going down
+down once the state was in, and its giver waited for the whole timeout), and then for the
+taker's close, up to TCP's user timeout: a taker that read every byte closes at once, one
+that closes with bytes unread resets the connection (a failure of its own: the giver raises
+`NotRead`, not "given"), and a close that does not come is taken as lost with a NIC. Meanwhile
+a thread of its own takes its giver's state. A connection that breaks (a NIC going down
 mid-way: a reset, or TCP's user timeout) is given up and the next NIC tried from the first
 byte; the taker drops a connection a newer one replaces. No delegate process carries it: a
 one-off transfer, the iteration's first work, has no compute to overlap."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -30,7 +34,7 @@ from adaptra.transport.delegate import CONNECT_TIMEOUT_S, TCP_USER_TIMEOUT, list
 from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import StateOffer, StateRoute
 
-__all__ = ["move_state"]
+__all__ = ["NotRead", "move_state"]
 
 _LENGTH = struct.Struct("<q")
 """On the wire before the state's bytes: how many there are."""
@@ -41,6 +45,13 @@ _ACKED_POLL_S = 0.001
 _LOOK_S = 0.1
 """How long the taker waits on a read (or, with no connection, for one) before it looks for
 a newer connection and at its deadline."""
+
+
+class NotRead(ConnectionResetError):
+    """The taker closed the connection with the state's bytes unread (its host had them all):
+    a failure on the taker's side, not of a NIC, so no other NIC is tried; a ConnectionError
+    (not a `LinkFailure`), so the pool names the taker's own error as the cause where it
+    reports one."""
 
 
 def move_state(
@@ -57,8 +68,8 @@ def move_state(
     """`outgoing` (host bytes) to `route.taker`, whose NICs' addresses are `taker_nics`, and
     `incoming` filled from `route.giver`, within `timeout_s`; `here`: this host's NICs'
     addresses (`ifnames`: their interfaces, whose link state says which are down). The NIC
-    that carried `outgoing`. `LinkFailure` (naming each NIC's error) if none did,
-    `TimeoutError` if the giver's state did not come."""
+    that carried `outgoing`. `LinkFailure` (naming each NIC's error) if none did, `NotRead`
+    if the taker closed with it unread, `TimeoutError` if the giver's state did not come."""
     deadline = time.monotonic() + timeout_s
     listeners = listen(list(here))
     taking = _Taking(listeners, _bytes_of(incoming), route.giver, deadline)
@@ -68,8 +79,16 @@ def move_state(
         offer = route.offer_of(deadline)
         down = set(nics_down(ifnames)) | set(offer.nics_down)
         order = [k for k in range(len(here)) if k not in down] + sorted(down)
-        nic = _give(_bytes_of(outgoing), route.taker, here, taker_nics, offer.port,
-                    order, deadline, user_timeout_ms)  # fmt: skip
+        try:
+            nic = _give(_bytes_of(outgoing), route.taker, here, taker_nics, offer.port,
+                        order, deadline, user_timeout_ms)  # fmt: skip
+        except NotRead as unread:
+            # Its own state may still come, and a failure of its own (a state of another
+            # size) is the news, not this echo of the taker's: the taker of this one stops
+            # only then (stopping at once failed the other mover's send in turn).
+            with contextlib.suppress(TimeoutError):  # it did not come: `unread` says why
+                taking.join(deadline)
+            raise unread from None
         taking.join(deadline)
         return nic
     finally:
@@ -106,7 +125,11 @@ def _give(
             sock.sendall(_LENGTH.pack(len(payload)))
             sock.sendall(payload)
             _wait_acked(sock, deadline)
+            closed_by = min(deadline, time.monotonic() + user_timeout_ms / 1000.0)
+            _wait_closed(sock, taker, nic, closed_by)
             return nic
+        except NotRead:
+            raise
         except OSError as err:
             errors[nic] = err
         finally:
@@ -129,6 +152,23 @@ def _wait_acked(sock: socket.socket, deadline: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{unacked} bytes of the state unacknowledged at the deadline")
         time.sleep(_ACKED_POLL_S)
+
+
+def _wait_closed(sock: socket.socket, taker: int, nic: int, until: float) -> None:
+    """Until the taker closes `sock`, every byte acknowledged: an orderly close (it read them
+    all) returns, a reset (it closed with bytes unread: it failed or dropped the connection)
+    is `NotRead`; none by `until` returns too (its close may be lost with a NIC going down
+    once the state was in)."""
+    sock.settimeout(max(until - time.monotonic(), 0.001))
+    try:
+        sock.recv(1)  # the taker sends nothing: b"" at its close
+    except TimeoutError:
+        return
+    except ConnectionResetError:
+        raise NotRead(
+            f"rank {taker} closed the connection over NIC {nic} without reading the whole "
+            "model state"
+        ) from None
 
 
 class _Taking:

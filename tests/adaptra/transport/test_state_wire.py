@@ -3,8 +3,10 @@ on loopback addresses standing for two hosts' NICs)."""
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 import threading
 import time
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from adaptra.transport.delegate import listen, nics_down
-from adaptra.transport.state_wire import _give, _Taking, move_state
+from adaptra.transport.state_wire import NotRead, _give, _Taking, move_state
 from pipeline.errors import LinkFailure
 from pipeline.runtime.transport import StateOffer, StateRoute
 
@@ -103,9 +105,11 @@ def test_no_nic_left_is_a_link_failure_naming_each_nic_s_error() -> None:
     assert isinstance(outcome[0], LinkFailure)
     assert str(outcome[0]).startswith("no NIC carried the model state to rank 1 (NIC 0: ")
     assert "; NIC 1: " in str(outcome[0])
-    # Its state never came: the other mover, gone, reset its connection, or took its state
-    # and ended before sending its own.
-    assert isinstance(outcome[1], LinkFailure | TimeoutError)
+    # Its state never came: the other mover, gone, closed its connection with the state
+    # unread (NotRead: it was "given", and the giver waited for the whole timeout for a
+    # state of its own that could not come), reset it mid-way, or took its state and ended
+    # before sending its own.
+    assert isinstance(outcome[1], NotRead | LinkFailure | TimeoutError)
 
 
 def test_a_state_of_another_size_is_refused() -> None:
@@ -147,7 +151,8 @@ def test_an_empty_state_is_acked_at_once(size: int) -> None:
 def test_a_giver_is_done_once_the_taker_s_host_has_every_byte() -> None:
     """The taker's host takes every byte and its taker says nothing (a word back could be
     lost with a NIC going down once the state is in: the giver waited for the whole timeout
-    and failed the swap). TCP's acks are the giver's word: it is done."""
+    and failed the swap). TCP's acks, and no reset within TCP's user timeout (here 0.3 s),
+    are the giver's word: it is done."""
     (listener,) = listen([HOSTS[1][0]])
     with listener:
         payload = bytes(range(256)) * 64
@@ -155,7 +160,7 @@ def test_a_giver_is_done_once_the_taker_s_host_has_every_byte() -> None:
         port, deadline = listener.getsockname()[1], time.monotonic() + 5.0
 
         def give_state() -> None:
-            nic = _give(memoryview(payload), 1, HOSTS[0], HOSTS[1], port, [0], deadline, 2000)
+            nic = _give(memoryview(payload), 1, HOSTS[0], HOSTS[1], port, [0], deadline, 300)
             done.append(nic)
 
         give = threading.Thread(target=give_state)
@@ -192,3 +197,44 @@ def test_a_connection_broken_mid_state_is_taken_again_whole_from_the_first_byte(
         for listener in listeners:
             listener.close()
     assert torch.equal(target, state)
+
+
+def test_a_state_the_taker_closes_unread_is_not_given() -> None:
+    """The taker's host acknowledged every byte, then the taker closed without reading them
+    (a failure of its own): the giver said "given" (`_give` returned its NIC) and went on,
+    and the error named the taker's side only, or, where the taker had dropped that
+    connection for another, its timeout for a state that "did not come". The close resets
+    the connection: `NotRead`, a ConnectionError (the pool then names the taker's own error),
+    and no other NIC tried (it is no NIC's failure)."""
+    (listener,) = listen([HOSTS[1][0]])
+    with listener:
+        payload = bytes(range(256)) * 64
+        outcome: list[object] = []
+        port, deadline = listener.getsockname()[1], time.monotonic() + 5.0
+
+        def give_state() -> None:
+            try:
+                outcome.append(
+                    _give(memoryview(payload), 1, HOSTS[0], HOSTS[1], port, [0, 1], deadline, 2000)
+                )
+            except Exception as err:
+                outcome.append(err)
+
+        give = threading.Thread(target=give_state)
+        give.start()
+        conn, _ = listener.accept()
+        with conn:  # every byte in its host, none read
+            while _unread(conn) < 8 + len(payload) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert _unread(conn) == 8 + len(payload)
+        give.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], NotRead), outcome
+    assert isinstance(outcome[0], ConnectionError) and not isinstance(outcome[0], LinkFailure)
+    assert str(outcome[0]) == (
+        "rank 1 closed the connection over NIC 0 without reading the whole model state"
+    )
+
+
+def _unread(conn: socket.socket) -> int:
+    """The bytes in `conn`'s receive queue (FIONREAD)."""
+    return int(struct.unpack("i", fcntl.ioctl(conn.fileno(), termios.FIONREAD, bytes(4)))[0])
