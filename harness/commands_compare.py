@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from harness.compare import Change, Comparison, UnusableResults, compare_runs, load_runs
+from harness.compare import (
+    Change,
+    Comparison,
+    Mismatch,
+    UnusableResults,
+    compare_runs,
+    load_runs,
+)
 from pipeline.errors import ConfigError
 
 __all__ = ["compare"]
@@ -88,7 +95,8 @@ def compare(
     a configuration run another way: its backend,
     policy, comm, controller, links, delay, seed or iterations, or, where both are run
     directories, fault timeline, calibration or another input of its spec: its profile, model,
-    hardware, injection, warm-up iterations or recovery; or one of BASE missing from NEW) or a
+    hardware, injection, warm-up iterations or recovery; one whose saved fault timeline this
+    version does not read cannot be matched; or one of BASE missing from NEW) or a
     configuration only in NEW (unless --allow-new), 2 inputs that cannot be compared
     (empty, unreadable, not a runs.csv, NaN or negative values or tolerances, another schema
     version, a repeated configuration, a run directory of an unfinished run or one a run
@@ -140,8 +148,15 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
             f"tolerance, which --both-ways fails too ({tolerance:g} % unless given per metric; "
             "flagged BETTER above)"
         )
-    if result.mismatches:
-        runs = len({m.configuration for m in result.mismatches})
+    unmatched = {m.configuration for m in result.mismatches if m.unreadable}
+    if unmatched:
+        failures.append(
+            f"{_configurations(len(unmatched))} cannot be matched: a fault timeline saved by an "
+            "older version does not read with this one (listed above)"
+        )
+    another_way = {m.configuration for m in result.mismatches if not m.unreadable}
+    if another_way:
+        runs = len(another_way)
         failures.append(
             f"{_configurations(runs)} run another way in NEW (backend, policy, comm, "
             "controller, links, delay, fault timeline, seed, iterations, what ran it or its "
@@ -164,14 +179,21 @@ def _failures(result: Comparison, tolerance: float) -> list[str]:
 def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
     """A line per configuration run another way or on one side only, after the table."""
     start = "- " if bullet else ""
-    lines = [
-        f"{start}run another way in NEW: {m.configuration}: {m.column} {m.base!r} -> {m.new!r}"
-        for m in result.mismatches
-    ]
+    lines = [start + _mismatch_line(m) for m in result.mismatches]
     lines += [f"{start}missing from NEW (a regression): {name}" for name in result.missing]
     allowed = " (allowed by --allow-new)" if result.allow_new else ""
     lines += [f"{start}only in NEW, not compared{allowed}: {name}" for name in result.added]
     return ["", *lines] if lines else []
+
+
+def _mismatch_line(m: Mismatch) -> str:
+    """A configuration run another way, or one whose fault timelines cannot be matched."""
+    if m.unreadable:
+        return (
+            f"cannot be matched: {m.configuration}: the fault timeline saved in spec.json does "
+            f"not read with this version, so whether both ran the same is unknown ({m.unreadable})"
+        )
+    return f"run another way in NEW: {m.configuration}: {m.column} {m.base!r} -> {m.new!r}"
 
 
 def _cells(change: Change) -> tuple[str, str, str, str]:

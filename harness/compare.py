@@ -95,6 +95,10 @@ where both sides have them (a spec.json of spec version 1 whose files this versi
 read again has none)."""
 RECORDED = (TIMELINE, CALIBRATION, RAN_BY)
 """What a run directory's spec.json adds to a configuration's identity, besides `SETUP`."""
+_UNREAD = "faults_text unread"
+"""Not a runs.csv column: on the rows that have `TIMELINE`, why this version cannot read the
+timeline's text (saved by an older version that took what this one refuses: its digest is the
+text's, which no timeline this version reads has)."""
 
 
 class UnusableResults(ConfigError):
@@ -126,6 +130,10 @@ class Mismatch:
     column: str
     base: str
     new: str
+    unreadable: str = ""
+    """Where this version cannot read a side's fault timeline (`TIMELINE`, saved by an older
+    version that took what this one refuses): which side's and why. The sides then cannot be
+    matched (not known to be run another way): a failure all the same."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -227,11 +235,13 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     if path.is_dir() and (path / "spec.json").is_file():
         record = _check_finished(path, rows)
         spec = record["spec"]
-        timeline = _timeline_digest(spec)
+        timeline, unread = _timeline_digest(spec)
         if timeline is not None:
             for row in rows:
                 if str(row["scenario"]).startswith("trace:"):
                     row[TIMELINE] = timeline
+                    if unread is not None:
+                        row[_UNREAD] = unread
         costs = spec.get("calibration_costs")
         if isinstance(costs, dict) or spec.get("calibration") is None:
             digest = _digest(json.dumps(costs, sort_keys=True)) if costs else "none"
@@ -264,19 +274,20 @@ def _setups(record: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
         ) from None
 
 
-def _timeline_digest(spec: Mapping[str, Any]) -> str | None:
+def _timeline_digest(spec: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """The digest of the fault timeline a spec record holds (`TIMELINE`): of the events its
     text parses to, their rows and lines left out (a comment or a blank line changes no
-    measurement), or of the text where this version cannot parse it; None where it holds no
-    text."""
+    measurement), or of the text where this version cannot parse it, then with the error
+    (`_UNREAD`); None where it holds no text."""
     text, path = spec.get("faults_text"), spec.get("faults")
     if not isinstance(text, str) or not isinstance(path, str):
-        return None
+        return None, None
     try:
         events = parse_faults(text, path).events
-    except ConfigError:
-        return _digest(text)
-    return _digest(repr(tuple(dataclasses.replace(event, row=0, line=0) for event in events)))
+    except ConfigError as err:
+        return _digest(text), str(err)
+    digest = _digest(repr(tuple(dataclasses.replace(event, row=0, line=0) for event in events)))
+    return digest, None
 
 
 def _digest(text: str) -> str:
@@ -378,7 +389,9 @@ def compare_runs(
                 if column in row and not _same(row[column], other.get(column))
             ]
             mismatches += [
-                Mismatch(_name(key), column, row[column], other[column])
+                Mismatch(
+                    _name(key), column, row[column], other[column], _unread(column, row, other)
+                )
                 for column in RECORDED
                 if column in row and column in other and row[column] != other[column]
             ]
@@ -400,6 +413,14 @@ def compare_runs(
         mismatches=mismatches,
         both_ways=both_ways,
     )
+
+
+def _unread(column: str, base: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """`Mismatch.unreadable` of a configuration whose `column` differs: where it is the
+    `TIMELINE`, which side's timeline this version cannot read, and why; else, or where it
+    reads both, ""."""
+    sides = [("BASE", base), ("NEW", new)] if column == TIMELINE else []
+    return "; ".join(f"{side}'s: {row[_UNREAD]}" for side, row in sides if _UNREAD in row)
 
 
 def _on_another_backend(

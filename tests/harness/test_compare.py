@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from harness.cli import main
 from harness.compare import KEY, METRICS, compare_runs
 from harness.experiment import run_experiment
 from harness.results import run_dir_held
@@ -608,6 +609,37 @@ def test_a_configuration_under_another_fault_timeline_fails(tmp_path: Path) -> N
     assert (alone.returncode, alone.stdout.splitlines()[-1]) == (
         0,
         "no regression: 9 metrics within 100 %",
+    )
+
+
+def test_a_saved_fault_timeline_this_version_refuses_cannot_be_matched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run saved by a version that read `delay_ms: "20"` as 20 (now refused) against a new
+    run of the same timeline unquoted: compare said "run another way in NEW: ...
+    faults_text sha256 'x' -> 'y'" (the old text's digest against the new events'), which
+    it cannot know. It says, on one line naming the configuration, that the two cannot be
+    matched, and why; still a failure (exit 1), a line of its own in the error."""
+    faults = tmp_path / "trace.yaml"
+    faults.write_text('- {start_iteration: 1, links: ["0-1"], delay_ms: 20}\n')
+    base = _small_run(tmp_path / "out" / "base", faults=faults)
+    new = _small_run(tmp_path / "out" / "new", faults=faults)
+    record = json.loads((base / "spec.json").read_text())
+    record["spec"]["faults_text"] = record["spec"]["faults_text"].replace("20", '"20"')
+    (base / "spec.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as failed:
+        main(["compare", str(base), str(new), "--tolerance", "100"])
+    out, err = capsys.readouterr()
+    assert failed.value.code == 1
+    assert out.splitlines()[-1] == (
+        "cannot be matched: m 1f1b trace:trace: the fault timeline saved in spec.json does not "
+        "read with this version, so whether both ran the same is unknown (BASE's: fault "
+        f"timeline {record['spec']['faults']}: fault row 1: delay_ms must be a number or inf, "
+        "got '20' (line 1))"
+    )
+    assert err == (
+        "error: 1 configuration cannot be matched: a fault timeline saved by an older version "
+        "does not read with this one (listed above)\n"
     )
 
 
