@@ -22,7 +22,7 @@ from harness.cli_common import (
     terminal_progress,
 )
 from harness.experiment import new_run_dir, run_experiment
-from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery
+from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery, RunResult
 from harness.names import check_run_name
 from harness.policies import (
     SYSTEMS,
@@ -280,55 +280,69 @@ def run(
             title=f"{label}, {result.comms[-1].value}, {backend}, iteration "
             f"{result.iterations[-1]}",
         )
+    if fmt == "json":
+        _print_run_json(result, backend, label, system, seed, model)
+    else:
+        _print_run_text(result, backend, label, iterations, model)
+
+
+def _print_run_json(
+    result: RunResult, backend: str, label: str, system: str | None, seed: int, model: str | None
+) -> None:
+    """`run --format json`'s one configuration."""
     megatron = {
         "model": model or "tiny",
         "losses": list(result.losses),
         "params_sha256": result.params_sha256,
     }
-    if fmt == "json":
-        emit_json(
-            {
-                "backend": backend,
-                "policy": label if system is None else SYSTEMS[system][0],
-                **({"system": system} if system else {}),
-                "comm": result.comms_run,
-                "controller": result.controller,
-                "seed": seed,
-                "iteration_times_ms": list(result.iteration_times_ms),
-                "iterations": [
-                    {
-                        "iteration": index,
-                        "iteration_ms": time_ms,
-                        "detected_ms": decision.detected_ms,
-                        "policy": decision.policy or label,
-                        "comm": decision.comm,
-                        "microbatches": decision.microbatches,
-                        "failovers": num_failovers,
-                        "moved_workers": num_moved,
-                    }
-                    for index, time_ms, decision, num_failovers, num_moved in zip(
-                        result.iterations,
-                        result.iteration_times_ms,
-                        result.decisions,
-                        result.num_failovers,
-                        result.num_moved_workers,
-                        strict=True,
-                    )
-                ],
-                "median_iteration_ms": result.median_iteration_ms,
-                "median_wall_ms": result.median_wall_ms,
-                **({"devices": result.devices} if result.devices else {}),
-                "step_times_ms": list(result.step_times_ms),
-                "reused_iterations": result.reused_iterations,
-                "restarts": result.restarts,
-                "lost_iterations": result.lost_iterations,
-                "restart_wall_ms": result.restart_wall_ms,
-                "restart_model_ms": result.restart_model_ms,
-                "restart_causes": list(result.restart_causes),
-                **(megatron if backend == "megatron" else {}),
-            }
-        )
-        return
+    emit_json(
+        {
+            "backend": backend,
+            "policy": label if system is None else SYSTEMS[system][0],
+            **({"system": system} if system else {}),
+            "comm": result.comms_run,
+            "controller": result.controller,
+            "seed": seed,
+            "iteration_times_ms": list(result.iteration_times_ms),
+            "iterations": [
+                {
+                    "iteration": index,
+                    "iteration_ms": time_ms,
+                    "detected_ms": decision.detected_ms,
+                    "policy": decision.policy or label,
+                    "comm": decision.comm,
+                    "microbatches": decision.microbatches,
+                    "failovers": num_failovers,
+                    "moved_workers": num_moved,
+                }
+                for index, time_ms, decision, num_failovers, num_moved in zip(
+                    result.iterations,
+                    result.iteration_times_ms,
+                    result.decisions,
+                    result.num_failovers,
+                    result.num_moved_workers,
+                    strict=True,
+                )
+            ],
+            "median_iteration_ms": result.median_iteration_ms,
+            "median_wall_ms": result.median_wall_ms,
+            **({"devices": result.devices} if result.devices else {}),
+            "step_times_ms": list(result.step_times_ms),
+            "reused_iterations": result.reused_iterations,
+            "restarts": result.restarts,
+            "lost_iterations": result.lost_iterations,
+            "restart_wall_ms": result.restart_wall_ms,
+            "restart_model_ms": result.restart_model_ms,
+            "restart_causes": list(result.restart_causes),
+            **(megatron if backend == "megatron" else {}),
+        }
+    )
+
+
+def _print_run_text(
+    result: RunResult, backend: str, label: str, iterations: int, model: str | None
+) -> None:
+    """`run`'s one configuration, for people."""
     # With a DP step the time per training step is the iteration and the step (a slow DP
     # link shows in the step only).
     step = (
@@ -365,7 +379,7 @@ def run(
     if result.devices:
         click.echo(f"workers: {result.devices}")
     if backend == "megatron":
-        click.echo(f"losses ({megatron['model']}): {', '.join(f'{x:.6f}' for x in result.losses)}")
+        click.echo(f"losses ({model or 'tiny'}): {', '.join(f'{x:.6f}' for x in result.losses)}")
         click.echo(f"params_sha256: {result.params_sha256}")
 
 

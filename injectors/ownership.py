@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from pipeline.files import write_atomic
 from pipeline.processes import process_start_time
 
 __all__ = [
@@ -51,11 +52,7 @@ class OwnerRecord:
         return directory / f"{self.testbed}.json"
 
     def write(self, directory: Path = OWNER_DIR) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        path = self.path(directory)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(dataclasses.asdict(self)))
-        os.replace(partial, path)
+        write_atomic(self.path(directory), json.dumps(dataclasses.asdict(self)))
 
     def remove(self, directory: Path = OWNER_DIR) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -642,19 +642,16 @@ class Testbed:
         """Argv prefix that runs a command inside a host (for subprocesses)."""
         return ["ip", "netns", "exec", self.hosts[host]]
 
-    def launcher(self, ranks_per_host: int = 1, plane: int = 0) -> Callable[..., BaseProcess]:
-        """The launch hook: rank r runs on host r // ranks_per_host, gloo bound to the plane."""
+    def launcher(self) -> Callable[..., BaseProcess]:
+        """The launch hook: rank r runs on host r, gloo bound to the first data plane."""
 
         from pipeline.runtime.hooks import start_worker  # torch: only for workers
 
         def launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
-            host = rank // ranks_per_host
-            if host >= self.num_hosts:
+            if rank >= self.num_hosts:
                 raise TestbedError(
-                    f"rank {rank} needs host {host}, the testbed has {self.num_hosts}"
+                    f"rank {rank} needs host {rank}, the testbed has {self.num_hosts}"
                 )
-            return start_worker(
-                rank, _enter_and_run, (self.hosts[host], PLANES[plane], target, args)
-            )
+            return start_worker(rank, _enter_and_run, (self.hosts[rank], PLANES[0], target, args))
 
         return launch

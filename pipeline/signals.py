@@ -17,7 +17,6 @@ from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "HELD_SIGNALS",
-    "SHUTDOWN_SIGNALS",
     "Terminated",
     "catch_swallowed",
     "handled_shutdown",
@@ -35,12 +34,9 @@ _MARK = "_adaptra_signal"
 """The attribute that marks a handler's exception: (its signal, what to do if swallowed)."""
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-"""The signals that end a run (the harness unwinds every context manager on each)."""
-
-SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""Signals that end a command the way Ctrl-C does (SIGINT): every context manager unwinds
-(worker pools, temporary files, namespaces), one line, exit status 128 + the signal. These and
-SIGINT are handled even where the process inherited them ignored (`nohup`'s SIGHUP, a
+"""The signals that end a run, each the way Ctrl-C (SIGINT) does: every context manager
+unwinds (worker pools, temporary files, namespaces), one line, exit status 128 + the signal.
+They are handled even where the process inherited them ignored (`nohup`'s SIGHUP, a
 background job's SIGINT)."""
 
 
@@ -54,7 +50,7 @@ class Terminated(BaseException):
 
 
 def shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
-    """The handler of SIGINT and `SHUTDOWN_SIGNALS`: the first raises KeyboardInterrupt or
+    """The handler of `HELD_SIGNALS`: the first raises KeyboardInterrupt or
     `Terminated`; every later one is ignored while that exception is on its way out (one
     shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short). One that a
     finalizer swallows (`redelivered_if_swallowed`) did not start the shutdown: its signal
@@ -78,7 +74,7 @@ def shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
 
 @contextlib.contextmanager
 def handled_shutdown(put_back: bool = True) -> Iterator[None]:
-    """Within, SIGINT and `SHUTDOWN_SIGNALS` end the program as Ctrl-C does
+    """Within, `HELD_SIGNALS` end the program as Ctrl-C does
     (`shutdown_handler`), SIGINT too where the process started with it ignored, as a shell
     starts a script's background job (there too `kill -INT` ends it, after every cleanup).
     After it, the handlers before are put back, or with `put_back` False the defaults (a

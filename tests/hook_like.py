@@ -19,9 +19,7 @@ from pipeline.simulator import CommMode
 class HookLikeSim(SimEngine):
     """The simulator imposing no link model (`NO_LINK_TERMS`)."""
 
-    capabilities = Capabilities(
-        comms=frozenset(CommMode), link_terms=NO_LINK_TERMS, dp_step=True, restarts=True
-    )
+    capabilities = Capabilities(comms=frozenset(CommMode), link_terms=NO_LINK_TERMS, restarts=True)
 
     def run(self, plan: Plan, iteration: int, faults: IterationFaults, **kwargs: Any) -> Outcome:
         bare = dataclasses.replace(plan, profile=NO_LINK_TERMS.kept_in(plan.profile))

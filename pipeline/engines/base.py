@@ -131,8 +131,6 @@ class Capabilities:
     link_terms: LinkTerms
     """The link-model terms it imposes on every message (pipeline.link_terms): what a
     detector reading its timelines subtracts from a message's measured time."""
-    dp_step: bool = False
-    """It times the DP all-reduce and optimizer step after the pipeline."""
     trains: bool = False
     """It computes a real model: losses and a parameter digest."""
     restarts: bool = False

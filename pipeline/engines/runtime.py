@@ -64,7 +64,6 @@ class RuntimeEngine(Closing):
         self.capabilities = Capabilities(
             comms=frozenset({CommMode.DIRECT, *([CommMode.DELEGATED] if delegates else [])}),
             link_terms=NO_LINK_TERMS,  # its fault hook sleeps the delays and faults only
-            dp_step=True,
             trains=trains,
             restarts=True,
         )

@@ -30,9 +30,7 @@ class SimEngine(Closing):
     (a calibration)."""
 
     name = "sim"
-    capabilities = Capabilities(
-        comms=frozenset(CommMode), link_terms=ALL_LINK_TERMS, dp_step=True, restarts=True
-    )
+    capabilities = Capabilities(comms=frozenset(CommMode), link_terms=ALL_LINK_TERMS, restarts=True)
 
     def __init__(self, *, host: HostCosts = FREE) -> None:
         self.host = host

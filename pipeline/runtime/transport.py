@@ -42,7 +42,6 @@ __all__ = [
     "RingTransport",
     "StateOffer",
     "StateRoute",
-    "Transport",
     "WireRecord",
     "describe",
     "describe_chunk",
@@ -353,15 +352,6 @@ class RingTransport(Protocol):
     ) -> float: ...  # fmt: skip
 
 
-class Transport(Protocol):
-    def post_receive(self, peer: int, message: Message, buffer: torch.Tensor) -> PendingReceive: ...
-
-    def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
-        """Send through the fault hook; the delay it injected, in ms. TimeoutError or
-        ConnectionError (`gloo_failure`) if the send fails, naming the message."""
-        ...
-
-
 class _GlooReceive:
     def __init__(self, work: dist.Work, what: str) -> None:
         self._work = work
@@ -400,6 +390,8 @@ class DirectTransport:
         return _GlooReceive(work, what)
 
     def send(self, peer: int, link: str, message: Message, payload: torch.Tensor) -> float:
+        """Send through the fault hook; the delay it injected, in ms. TimeoutError or
+        ConnectionError (`gloo_failure`) if the send fails, naming the message."""
         direction = Direction.FORWARD if message.kind == ACTIVATION else Direction.BACKWARD
         num_bytes = payload.numel() * payload.element_size()
         fault_ms = self.fault_hook(
