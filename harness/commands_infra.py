@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -23,6 +24,7 @@ from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
+from pipeline.runtime.torchrun_launch import STEP_RESULTS, check_master_addr, torchrun_commands
 
 __all__ = ["cleanup", "doctor", "launch"]
 
@@ -146,11 +148,10 @@ def launch(
         plural = "" if script.num_configurations == 1 else "s"
         click.echo(
             f"wrote {script.path} ({script.num_configurations} configuration{plural}{skipped}): "
-            f"sbatch {script.path}"
+            f"sbatch {shlex.quote(str(script.path))}"
         )
         return
-    from pipeline.runtime.local_launch import run_local
-    from pipeline.runtime.torchrun import torchrun_commands  # torch: only when needed
+    from pipeline.runtime.local_launch import check_local_address, run_local
 
     refuse_options(
         given_options() & {"gpus_per_node", "job_time"}, "it is the Slurm script's (with --spec)"
@@ -169,9 +170,16 @@ def launch(
         raise ConfigError("--master-addr is empty: give the address of node 0")
     if master_addr is None and nodes > 1:
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
+    if master_addr is not None:
+        check_master_addr(master_addr)
+        if run_here:
+            check_local_address(master_addr)
     check_hold(longest_hold_ms(profile), timeout_s)  # before anything is written or run
     out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in STEP_RESULTS:  # an earlier run's: a run that fails must not leave them
+        if not (out_dir / name).is_dir():  # (a folder in the way: rank 0's write fails)
+            (out_dir / name).unlink(missing_ok=True)
     write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))
     write_atomic(out_dir / "schedule.json", json.dumps(planned.schedule.to_dict()))
     worker_args = [
@@ -197,6 +205,7 @@ def launch(
         master_addr=master_addr or "127.0.0.1",
         master_port=port,
         worker_args=worker_args,
+        log_dir=None if run_here else out_dir / "torchrun-logs",
     )
     if not run_here:
         for command in commands:

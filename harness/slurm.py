@@ -23,6 +23,7 @@ from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.profile import Profile
+from pipeline.runtime.torchrun_launch import STEP_RESULTS
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
@@ -155,21 +156,32 @@ def write_slurm_script(
             "# One srun step per configuration and repeat (folders repeat-K if the spec repeats),",
             "# each a torchrun of pipeline.runtime.torchrun; each step's folder gets its measured",
             "# iterations' timeline (warm-ups run first, unreported), and torchrun's logs (in",
-            "# torchrun-logs/, not a folder of the nodes' temporary directory left behind).",
+            "# torchrun-logs/, each worker's output too, not a folder of the nodes' temporary",
+            "# directory left behind).",
             "set -euo pipefail",
             'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             "# The Python that wrote this script (its torch, adaptra-bench), unless PYTHON says.",
             f"PYTHON=${{PYTHON:-{shlex.quote(sys.executable)}}}",
+            "# A step that fails is named at the end (the job then exits 1); the others run.",
+            "failed=()",
             "run_step() {  # nodes, ranks per node, step name, its folder, worker arguments...",
             "  local nodes=$1 per_node=$2 name=$3 folder=$4; shift 4",
-            '  rm -f "$folder/timeline.json" "$folder/losses.json" "$folder/params_sha256.txt"',
-            '  srun --nodes="$nodes" --ntasks-per-node=1 "$PYTHON" -m torch.distributed.run \\',
+            "  rm -f " + " ".join(f'"$folder/{name}"' for name in STEP_RESULTS),
+            '  if ! srun --nodes="$nodes" --ntasks-per-node=1 \\',
+            '    "$PYTHON" -m torch.distributed.run \\',
             '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
             f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',
-            '    --log-dir="$folder/torchrun-logs" -m pipeline.runtime.torchrun "$@"',
+            '    --log-dir="$folder/torchrun-logs" --tee=3 -m pipeline.runtime.torchrun "$@"; then',
+            '    echo "step $name failed (its torchrun-logs/ say why)" >&2',
+            '    failed+=("$name")',
+            "  fi",
             "}",
             *steps,
             *map(_comment, skipped),
+            "if (( ${#failed[@]} )); then",
+            '  echo "${#failed[@]} step(s) failed: ${failed[*]}" >&2',
+            "  exit 1",
+            "fi",
             _comment(
                 f"Then `adaptra-bench collect {out_dir}` turns the steps' timelines into a run "
                 "directory (runs.csv, iterations.csv, report.md) for report and compare."
@@ -235,7 +247,7 @@ def node_count(num_ranks: int, gpus_per_node: int) -> int:
 
 def _unrunnable(profile: Profile, comm: CommMode, transport_timeout_s: float) -> _Skip | None:
     """Why a configuration's plan cannot run as a step: its comm, or a delay its receiver
-    would time out on (the step's error would end the job, as `set -e` stops it)."""
+    would time out on (a step known to fail: the job's time is not spent on it)."""
     # (the paper's injected sleeps are the simulator's; a step runs the direct path)
     if comm not in (CommMode.DIRECT, CommMode.NCCL_SLEEP):
         return _Skip(f"{comm.value} comm", "the torchrun path has no delegate transport yet")

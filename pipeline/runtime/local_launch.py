@@ -4,25 +4,26 @@ failure told by what its workers said last."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
-from pipeline.errors import LaunchError
+from pipeline.errors import ConfigError, LaunchError
 from pipeline.processes import PipeReader, process_tree
 from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder, share_folder
 from pipeline.timeline import Timeline
 
-__all__ = ["failure_reason", "loopback_only", "run_local"]
+__all__ = ["check_local_address", "failure_reason", "loopback_only", "run_local"]
 
 logger = logging.getLogger(__name__)
 
-_LOOPBACK = (None, "127.0.0.1", "localhost", "::1")
 _ERROR_LINE = re.compile(
     r"(?:\[rank(?P<rank>\d+)\]:\s*)?(?P<error>[A-Za-z_][\w.]*(Error|Exception|Failure)\b.*)"
 )
@@ -36,8 +37,14 @@ def run_local(
     """Run `command` (one node's, from `torchrun_commands`) and return the timeline its
     workers wrote to `out_dir`; a run past `timeout_s` or a failed one raises `LaunchError`."""
     argv = shlex.split(command)
-    if master_addr in _LOOPBACK:
+    if master_addr is None or check_local_address(master_addr):
         argv = loopback_only(argv)
+    else:
+        logger.warning(
+            "--master-addr %s is not a loopback address: torchrun's store listens on every "
+            "interface of this host (no loopback-only namespace for it)",
+            master_addr,
+        )
     # torchrun leaves a log folder in the temporary directory: give it one that goes (marked
     # as this process's: `cleanup` removes it if a kill leaves it).
     with owned_folder(TORCHRUN_PREFIX) as scratch:
@@ -64,6 +71,35 @@ def run_local(
         reason = failure_reason(stderr)
         raise LaunchError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")
     return Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
+
+
+def check_local_address(address: str) -> bool:
+    """Whether `address`, `launch --run`'s --master-addr, is a loopback one ("localhost" or an
+    IP address of loopback, which a loopback-only namespace has too); a ConfigError where it
+    is not an IP address of this host (the one node it starts would wait for a store that is
+    not there until --run-timeout-s). A host name other than "localhost" is refused too: it
+    is not looked up (no traffic off this host)."""
+    if address == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(
+            f"--run takes an IP address of this host as --master-addr (or none: loopback), "
+            f"not the host name {address!r}"
+        ) from None
+    if ip.is_loopback:
+        return True
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))  # binds only an address this host has; sends nothing
+        except OSError as err:
+            raise ConfigError(
+                f"--master-addr {address} is not an address of this host ({err.strerror}): "
+                "--run starts its one node here"
+            ) from None
+    return False
 
 
 def failure_reason(stderr: str) -> str:

@@ -1,7 +1,8 @@
 """Multi-node launch: torchrun starts one worker per rank on every node; each runs the same
 iterations on its own, and rank 0 gathers the records into a timeline.
 
-`torchrun_commands` writes the command line for each node; torchrun runs this module:
+`pipeline.runtime.torchrun_launch` writes the command line for each node; torchrun runs this
+module:
 `python -m torch.distributed.run ... -m pipeline.runtime.torchrun --profile P --schedule S`.
 Hosts' clocks are not shared: rank 0 puts every rank's records on one clock per iteration,
 each host's ranks counting from the first of them to leave the barrier that opens the
@@ -15,8 +16,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +29,7 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult, replicas_loss
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.pool import assemble_timeline
+from pipeline.runtime.torchrun_launch import STEP_RESULTS
 from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
@@ -40,49 +40,7 @@ __all__ = [
     "main",
     "on_one_clock",
     "parse_worker_args",
-    "torchrun_commands",
 ]
-
-
-def torchrun_commands(
-    *,
-    num_nodes: int,
-    procs_per_node: int,
-    master_addr: str,
-    master_port: int | None,
-    worker_args: list[str],
-) -> list[str]:
-    """The command to run on node k (k = 0 .. num_nodes - 1), as shell text. `master_port`
-    None (one node only): torchrun's store binds a free port itself, at `master_addr`, and
-    tells its workers which; a port chosen before torchrun starts may be taken by another
-    process (a second launch, a gloo connection) before its store binds it."""
-    if master_port is None and num_nodes != 1:
-        raise ValueError(f"{num_nodes} nodes need node 0's port: only one node finds its own")
-    if master_port is None:  # c10d rendezvous: its store binds port 0, the kernel picks
-        address = f"[{master_addr}]" if ":" in master_addr else master_addr
-        store = [
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={address}:0",
-            f"--local-addr={master_addr}",  # the workers' MASTER_ADDR (not the host's name)
-        ]
-    else:
-        store = [f"--master-addr={master_addr}", f"--master-port={master_port}"]
-    commands = []
-    for node_rank in range(num_nodes):
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nnodes={num_nodes}",
-            f"--nproc-per-node={procs_per_node}",
-            f"--node-rank={node_rank}",
-            *store,
-            "-m",
-            "pipeline.runtime.torchrun",
-            *worker_args,
-        ]
-        commands.append(shlex.join(argv))
-    return commands
 
 
 def _shift(result: RankResult, delta: float) -> RankResult:
@@ -203,11 +161,12 @@ def main(argv: list[str] | None = None) -> None:
                 losses += [] if loss is None else [loss]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        write_atomic(args.out / "timeline.json", json.dumps(Timeline.concat(parts).to_dict()))
+        timeline_file, losses_file, digest_file = STEP_RESULTS
+        write_atomic(args.out / timeline_file, json.dumps(Timeline.concat(parts).to_dict()))
         if losses:  # a training backend: one loss per measured iteration, the model's digest
-            write_atomic(args.out / "losses.json", json.dumps(losses))
+            write_atomic(args.out / losses_file, json.dumps(losses))
             digest = params_sha256(whole_model_params(results))
-            write_atomic(args.out / "params_sha256.txt", digest + "\n")
+            write_atomic(args.out / digest_file, digest + "\n")
     dist.destroy_process_group()
 
 

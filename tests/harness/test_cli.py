@@ -444,6 +444,8 @@ def test_launch_prints_one_torchrun_command_per_node(tmp_path: Path) -> None:
         assert "-m torch.distributed.run --nnodes=2 --nproc-per-node=2" in command
         assert f"--node-rank={node_rank} --master-addr=10.1.2.3" in command
         assert "-m pipeline.runtime.torchrun" in command
+        # its logs and its workers' output in OUT, not a temporary folder left on each node
+        assert f"--log-dir={folder / 'torchrun-logs'} --tee=3 " in command
         assert f"--profile {folder / 'profile.json'} " in command
         assert "--warmup-iterations 1 --iterations 3 --timeout 60.0 " in command
     assert out.stderr.strip() == (

@@ -1,6 +1,7 @@
 """The infrastructure commands' helpers (launch, doctor, cleanup), called directly."""
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from harness.commands_infra import launch
+from pipeline.errors import ConfigError
+from pipeline.runtime.local_launch import check_local_address
+from pipeline.runtime.torchrun_launch import check_master_addr
 
 ASSETS = Path(__file__).parents[1] / "assets"
 
@@ -24,7 +28,7 @@ def test_launch_uses_the_master_port_it_is_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: list[str], expected_port: int
 ) -> None:
     """`launch --run --master-port 29777` silently took a random free port instead."""
-    import pipeline.runtime.torchrun as torchrun
+    import harness.commands_infra as commands_infra
 
     given: dict[str, Any] = {}
 
@@ -32,7 +36,7 @@ def test_launch_uses_the_master_port_it_is_given(
         given.update(kwargs)
         raise _Stop
 
-    monkeypatch.setattr(torchrun, "torchrun_commands", stand_in)
+    monkeypatch.setattr(commands_infra, "torchrun_commands", stand_in)
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
     args = ["--profile", str(profile), "--policy", "1f1b", "--out", str(tmp_path / "out")]
@@ -72,3 +76,69 @@ def test_launch_refuses_non_finite_and_unbounded_numbers_as_usage_errors(
     assert result.exit_code == 2, result.output
     assert said in result.output
     assert not (tmp_path / "out").exists()
+
+
+def _launch(tmp_path: Path, *options: str) -> Any:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
+    args = ["--profile", str(profile), "--policy", "1f1b", "--out", str(tmp_path / "out")]
+    return CliRunner().invoke(launch, [*args, *options])
+
+
+def test_a_launch_removes_an_earlier_run_s_results_first(tmp_path: Path) -> None:
+    """A launch into a folder an earlier run wrote left its timeline.json beside the new
+    schedule: a run that then failed (or was stopped) looked like it had run."""
+    (tmp_path / "out").mkdir()
+    for name in ("timeline.json", "losses.json", "params_sha256.txt"):
+        (tmp_path / "out" / name).write_text("an earlier run's")
+    (tmp_path / "out" / "mine.txt").write_text("kept")
+    result = _launch(tmp_path, "--nodes", "2", "--master-addr", "node0.cluster")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "mine.txt",
+        "profile.json",
+        "schedule.json",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--master-addr", "not_an_address!"], "'not_an_address!' is neither an IP address nor"),
+        (["--master-addr", "999.1.1.1"], "'999.1.1.1' is neither an IP address nor a host name"),
+        (["--master-addr", "a b"], "'a b' is neither an IP address nor a host name"),
+        (["--run", "--master-addr", "203.0.113.9"], "203.0.113.9 is not an address of this host"),
+        (["--run", "--master-addr", "vm"], "--run takes an IP address of this host as"),
+    ],
+)
+def test_a_master_address_that_cannot_be_one_is_refused_before_anything_runs(
+    tmp_path: Path, options: list[str], said: str
+) -> None:
+    """Each printed torchrun lines (exit 0); with --run, an address not of this host waited
+    the whole --run-timeout-s for a store that was not there, and a host name (or this
+    host's address) ran torchrun's store on every interface, out of the loopback-only
+    namespace, without a word."""
+    nodes = [] if "--run" in options else ["--nodes", "2"]
+    result = _launch(tmp_path, *nodes, *options)
+    assert result.exit_code == 1 and isinstance(result.exception, ConfigError)
+    assert said in str(result.exception)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_host_name_or_an_ip_address_is_a_master_address() -> None:
+    for address in ("10.1.2.3", "::1", "node-0", "node0.cluster.example", "localhost"):
+        check_master_addr(address)
+    assert check_local_address("localhost") and check_local_address("127.0.0.2")
+    assert check_local_address("::1")
+
+
+def test_an_address_of_this_host_off_loopback_is_local_but_not_loopback() -> None:
+    """`launch --run` runs torchrun's store on every interface there (no loopback-only
+    namespace has that address), and says so (`run_local`'s warning)."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    addresses = [
+        line.split()[3].split("/")[0] for line in shown.stdout.splitlines() if " lo " not in line
+    ]
+    if not addresses:
+        pytest.skip("this host has no IPv4 address off loopback")
+    assert check_local_address(addresses[0]) is False

@@ -123,7 +123,7 @@ def test_a_fault_timeline_or_a_delay_the_workers_time_out_on_is_counted_too(
 def test_a_delay_the_workers_would_time_out_on_is_a_skipped_configuration(
     tmp_path: Path,
 ) -> None:
-    """The script ran it, its step failed with a TimeoutError and `set -e` ended the job:
+    """The script ran it, its step failed with a TimeoutError (and ended the job, then):
     now it is listed as skipped, and the rest run. A delay just under the timeout runs. (A
     sim spec: one of a runtime backend refuses the delay when it is made, as `run` would.)"""
     spec = _two_stages(delays_ms=(0, 1999, 2000), transport_timeout_s=2)
@@ -405,3 +405,30 @@ def test_every_step_runs_with_the_spec_s_seed(tmp_path: Path) -> None:
     assert len(steps) == 2
     for step in steps:
         assert step[step.index("--seed") + 1] == "11"
+
+
+def test_a_failed_step_is_named_and_the_others_still_run(tmp_path: Path) -> None:
+    """One failed step ended the whole job (`set -e`): the configurations after it never ran.
+    Now each runs; the job names the failed ones and exits 1."""
+    spec = _two_stages(systems=("1f1b", "zb"), delays_ms=(0, 5))
+    script, num_configurations, _ = write_slurm_script(spec, tmp_path / "job")
+    assert num_configurations == 4
+    fails_zb = f'case "$*" in *tiny_zb_*) exit 3;; esac\n{_RECORD_SRUN}'
+    done = subprocess.run(
+        ["bash", str(script)],
+        env=_stand_in_slurm(tmp_path, srun=fails_zb),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "step tiny_zb_fault-free failed (its torchrun-logs/ say why)",
+        "step tiny_zb_0-1-5ms failed (its torchrun-logs/ say why)",
+        "2 step(s) failed: tiny_zb_fault-free tiny_zb_0-1-5ms",
+    ]
+    ran = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert [Path(argv[argv.index("--out") + 1]).name for argv in ran] == [
+        "tiny_1f1b_fault-free",
+        "tiny_1f1b_0-1-5ms",
+    ]
+    assert all("--tee=3" in argv for argv in ran)  # the workers' output in torchrun-logs/

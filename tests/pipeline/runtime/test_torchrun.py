@@ -16,12 +16,8 @@ from pipeline.metrics import compute_metrics
 from pipeline.runtime.compute import EmulatedCompute
 from pipeline.runtime.config import RankResult
 from pipeline.runtime.pool import assemble_timeline
-from pipeline.runtime.torchrun import (
-    compute_backend,
-    on_one_clock,
-    parse_worker_args,
-    torchrun_commands,
-)
+from pipeline.runtime.torchrun import compute_backend, on_one_clock, parse_worker_args
+from pipeline.runtime.torchrun_launch import torchrun_commands
 from pipeline.timeline import Timeline
 
 PLAN = ["--profile", "p.json", "--schedule", "s.json", "--out", "out"]

@@ -1,0 +1,82 @@
+"""A torchrun launch's command lines (one per node, each running
+`pipeline.runtime.torchrun`'s workers), node 0's address checked, and the files its rank 0
+writes: what `launch` needs without importing torch."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+__all__ = ["STEP_RESULTS", "check_master_addr", "torchrun_commands"]
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+STEP_RESULTS = ("timeline.json", "losses.json", "params_sha256.txt")
+"""What `main` writes to its --out folder (rank 0): a launch removes an earlier run's first,
+so that a run that fails leaves none that look like its own."""
+
+
+def check_master_addr(address: str) -> None:
+    """A ConfigError unless `address` (node 0's, as torchrun takes it) is an IP address or a
+    host name (dot-separated labels of letters, digits and inner hyphens, the last not all
+    digits: "999.1.1.1" is neither)."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(address)
+        return
+    labels = address.split(".")
+    if (
+        len(address) > 253
+        or not all(_HOST_LABEL.fullmatch(label) for label in labels)
+        or labels[-1].isdigit()
+    ):
+        raise ConfigError(f"--master-addr {address!r} is neither an IP address nor a host name")
+
+
+def torchrun_commands(
+    *,
+    num_nodes: int,
+    procs_per_node: int,
+    master_addr: str,
+    master_port: int | None,
+    worker_args: list[str],
+    log_dir: Path | None = None,
+) -> list[str]:
+    """The command to run on node k (k = 0 .. num_nodes - 1), as shell text. `master_port`
+    None (one node only): torchrun's store binds a free port itself, at `master_addr`, and
+    tells its workers which; a port chosen before torchrun starts may be taken by another
+    process (a second launch, a gloo connection) before its store binds it. `log_dir`:
+    where each node's torchrun keeps its logs, its workers' output too (else a folder of its
+    own in the node's temporary directory, left behind)."""
+    if master_port is None and num_nodes != 1:
+        raise ValueError(f"{num_nodes} nodes need node 0's port: only one node finds its own")
+    if master_port is None:  # c10d rendezvous: its store binds port 0, the kernel picks
+        address = f"[{master_addr}]" if ":" in master_addr else master_addr
+        store = [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={address}:0",
+            f"--local-addr={master_addr}",  # the workers' MASTER_ADDR (not the host's name)
+        ]
+    else:
+        store = [f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    commands = []
+    for node_rank in range(num_nodes):
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={num_nodes}",
+            f"--nproc-per-node={procs_per_node}",
+            f"--node-rank={node_rank}",
+            *store,
+            *([] if log_dir is None else [f"--log-dir={log_dir}", "--tee=3"]),
+            "-m",
+            "pipeline.runtime.torchrun",
+            *worker_args,
+        ]
+        commands.append(shlex.join(argv))
+    return commands
