@@ -148,7 +148,8 @@ def launch(
         plural = "" if script.num_configurations == 1 else "s"
         click.echo(
             f"wrote {script.path} ({script.num_configurations} configuration{plural}{skipped}): "
-            f"sbatch {shlex.quote(str(script.path))}"
+            f"sbatch {shlex.quote(str(script.path))}, then adaptra-bench collect "
+            f"{shlex.quote(str(script.path.parent))} for its results"
         )
         return
     from pipeline.runtime.local_launch import check_local_address, run_local

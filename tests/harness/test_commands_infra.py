@@ -142,3 +142,19 @@ def test_an_address_of_this_host_off_loopback_is_local_but_not_loopback() -> Non
     if not addresses:
         pytest.skip("this host has no IPv4 address off loopback")
     assert check_local_address(addresses[0]) is False
+
+
+def test_launch_spec_says_how_to_run_the_script_and_collect_its_results(tmp_path: Path) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "name: s\nmodels: [two]\nprofile: {stages: 2, microbatches: 2, t_f: 1, t_b: 1, t_w: 1}\n"
+        "systems: [1f1b, adaptra]\nlink_sets: [['0-1']]\ndelays_ms: [0, 5]\n"
+    )
+    out = tmp_path / "my job"
+    result = CliRunner().invoke(launch, ["--spec", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    script = out.resolve() / "run.sbatch"
+    assert result.output == (
+        f"wrote {script} (3 configurations; 1 skipped, listed in it): sbatch '{script}', then "
+        f"adaptra-bench collect '{script.parent}' for its results\n"
+    )
