@@ -57,7 +57,8 @@ class Collected:
 class _StepRun:
     config: Configuration
     result: RunResult
-    iterations: list[Timeline]
+    timeline_path: Path
+    """Read again as the run directory is written: a job's timelines are not all held."""
 
 
 def collect_job(
@@ -100,7 +101,7 @@ def collect_job(
             continue
         iterations = _measured_iterations(timeline_path, spec.num_iterations)
         result = _step_result(job_dir / step.folder, step, spec, iterations)
-        ran[step.configuration] = _StepRun(config, result, iterations)
+        ran[step.configuration] = _StepRun(config, result, timeline_path)
     if not ran:
         raise ConfigError(
             f"no step of {job_dir} has results yet ({len(not_run)} without: "
@@ -115,7 +116,7 @@ def collect_job(
     order = [ran[key] for key in configs if key in ran]  # the spec's order, as a run's
     with run_dir_held(run_dir):
         try:
-            _write_run_dir(run_dir, job_dir, job, spec, order, not_run)
+            _write_run_dir(run_dir, job_dir, job, spec, order, not_run, progress)
         except BaseException:
             _remove_partial(run_dir)
             raise
@@ -194,6 +195,7 @@ def _write_run_dir(
     spec: ExperimentSpec,
     ran: list[_StepRun],
     not_run: list[str],
+    progress: Callable[[str], None],
 ) -> None:
     """The run directory's files in the order a run writes them (spec.json first, runs.csv
     last), then its report."""
@@ -227,17 +229,22 @@ def _write_run_dir(
     )
     runs: list[dict[str, Any]] = []
     iteration_rows: list[dict[str, Any]] = []
-    for step in ran:
+    for count, step in enumerate(ran, start=1):
         key = step.config.key
         with messages_writer(run_dir) as messages:
             drawn = drawn_iterations(spec.num_iterations)
             recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
-            for k, part in enumerate(step.iterations):
+            iterations = _measured_iterations(step.timeline_path, spec.num_iterations)
+            for k, part in enumerate(iterations):
                 recorder(spec.num_warmup_iterations + k, part, True)
         write_timeline(run_dir, key, recorder.timeline())
         run_row, rows = configuration_rows(run_dir.name, spec, step.config, step.result)
         runs.append(run_row)
         iteration_rows += rows
+        progress(
+            f"[{count}/{len(ran)}] {' '.join(key[:3])}: {step.result.median_wall_ms:.1f} ms "
+            "median step"
+        )
     write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iteration_rows)
     write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
     write_report(spec, run_dir, runs)

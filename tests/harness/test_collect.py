@@ -87,8 +87,12 @@ def test_collected_steps_are_measured_as_a_run_measures_them(tmp_path: Path) -> 
     collected = collect_job(job_dir, tmp_path / "results", "c", progress=said.append)
     run_dir = tmp_path / "results" / "c"
     assert (collected.run_dir, collected.num_collected, collected.not_run) == (run_dir, 5, ())
-    assert collected.num_skipped == 1 and said == []
     runs = _rows(run_dir / "runs.csv")
+    assert collected.num_skipped == 1 and said == [
+        f"[{k}/5] two {r['system']} {r['scenario']}: {float(r['median_wall_ms']):.1f} ms median "
+        "step"
+        for k, r in enumerate(runs, start=1)
+    ]
     # the spec's order, as a run writes them (systems, then scenarios)
     assert [(r["system"], r["scenario"]) for r in runs] == [
         ("1f1b", "fault-free"),
@@ -164,7 +168,7 @@ def test_steps_without_results_are_left_out_and_named(tmp_path: Path) -> None:
     said: list[str] = []
     collected = collect_job(job_dir, tmp_path / "out", "c", progress=said.append)
     assert collected.num_collected == 3
-    assert said == [
+    assert said[:2] == [
         f"not collected: two 1f1b fault-free (repeat 0): no {job_dir / first.folder}/timeline.json",
         f"not collected: two zb fault-free (repeat 0): {job_dir / stale.folder}/timeline.json "
         f"is older than {JOB_FILE} (an earlier launch's)",
