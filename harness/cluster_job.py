@@ -24,13 +24,12 @@ JOB_VERSION = 1
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterStep:
     """One srun step: a configuration's repeat, the folder its timeline goes to (relative to
-    the job's folder), and what its fixed plan is, as a run's iterations.csv reports it."""
+    the job's folder), and what its plan is (its controller's first, run fixed), as a run's
+    iterations.csv reports it."""
 
     configuration: ConfigurationKey
     """(model, system, scenario, repeat) as runs.csv names it."""
     folder: str
-    controller: str
-    """The controller whose first plan the step runs (the cluster runs it fixed)."""
     policy: str
     comm: str
     """The plan's comm mode (`pipeline.simulator.CommMode` value)."""
@@ -47,7 +46,7 @@ class ClusterStep:
         if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(cls)}:
             raise ConfigError("a step is not what launch writes: damaged?")
         key = data["configuration"]
-        texts = (data["folder"], data["controller"], data["policy"], data["comm"])
+        texts = (data["folder"], data["policy"], data["comm"])
         if (
             not (isinstance(key, list) and len(key) == 4 and all(isinstance(v, str) for v in key))
             or not all(isinstance(text, str) for text in texts)
@@ -62,7 +61,6 @@ class ClusterStep:
         return cls(
             (model, system, scenario, repeat),
             data["folder"],
-            data["controller"],
             data["policy"],
             data["comm"],
             dict(data["link_comms"]),

@@ -70,16 +70,15 @@ def collect_job(
     """`job_dir`'s steps that ran into a new run directory in `out`: `run_id`, or the spec's
     name and the time (`new_run_dir`). One that holds anything is refused; all is read and
     checked before it is made, and what it holds is removed again if writing fails. A step
-    without a timeline.json (the job stopped before it, or is still running) or with one
-    older than launch.json (an earlier launch's) is left out and named; a step's files that
-    are not what its workers write (cut short, another run's) are refused."""
+    without a timeline.json (the job stopped before it, or is still running: a launch removes
+    its steps' earlier results, harness.slurm) is left out and named; a step's files that are
+    not what its workers write (cut short, another run's, damaged) are refused."""
     job = ClusterJob.read(job_dir)
     try:
         spec = spec_from_record({"spec": job.spec, "spec_version": SPEC_VERSION})
         configs = {config.key: config for config in spec.configurations()}
     except (ConfigError, TypeError) as err:
         raise ConfigError(f"{job_dir / JOB_FILE}: its spec: {err}") from err
-    launched_at = (job_dir / JOB_FILE).stat().st_mtime
     ran: dict[ConfigurationKey, _StepRun] = {}
     not_run: list[str] = []
     for step in job.steps:
@@ -93,13 +92,8 @@ def collect_job(
         if not timeline_path.is_file():
             not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
             continue
-        if timeline_path.stat().st_mtime < launched_at:
-            not_run.append(
-                f"{configuration_name(step.configuration)}: {timeline_path} is older than "
-                f"{JOB_FILE} (an earlier launch's)"
-            )
-            continue
-        iterations = _measured_iterations(timeline_path, spec.num_iterations)
+        num_stages = config.target.profile.num_stages
+        iterations = _measured_iterations(timeline_path, spec.num_iterations, num_stages)
         result = _step_result(job_dir / step.folder, step, spec, iterations)
         ran[step.configuration] = _StepRun(config, result, timeline_path)
     if not ran:
@@ -123,9 +117,11 @@ def collect_job(
     return Collected(run_dir, len(order), tuple(not_run), len(job.skipped))
 
 
-def _measured_iterations(path: Path, num_iterations: int) -> list[Timeline]:
+def _measured_iterations(path: Path, num_iterations: int, num_stages: int) -> list[Timeline]:
     """A step's timeline.json, each measured iteration alone; one that does not hold the
-    spec's measured iterations 0..N-1 in order is refused (cut short, or another run's)."""
+    spec's measured iterations 0..N-1 in order, each with ops of its `num_stages` stages
+    only, and no record of another iteration, is refused (cut short, another run's, damaged):
+    `Timeline.from_dict` checks each record, not how they add up."""
     timeline = parse_json_file(path, "timeline", Timeline.from_dict)
     numbers = [r.iteration for r in timeline.iterations]
     if numbers != list(range(num_iterations)):
@@ -133,7 +129,23 @@ def _measured_iterations(path: Path, num_iterations: int) -> list[Timeline]:
             f"{path} holds iterations {_ranges(numbers)}, not the spec's measured iterations "
             f"0-{num_iterations - 1}: another run's, or damaged?"
         )
-    return timeline.split()
+    if timeline.num_stages != num_stages:
+        raise ConfigError(
+            f"{path} is a timeline of {timeline.num_stages} stages, the step's profile has "
+            f"{num_stages}: another run's, or damaged?"
+        )
+    try:
+        parts = timeline.split()
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}: damaged?") from None
+    for k, part in enumerate(parts):
+        stages = {op.stage for op in part.ops}
+        if not stages or not stages <= set(range(num_stages)):
+            raise ConfigError(
+                f"{path}: iteration {k} has ops of stages {sorted(stages)}, not of stages "
+                f"0-{num_stages - 1}: damaged?"
+            )
+    return parts
 
 
 def _step_result(
@@ -143,6 +155,8 @@ def _step_result(
     metrics, its plan's comm and what its plan was made for, and a training backend's losses
     and parameter digest."""
     metrics = [compute_metrics(part, k) for k, part in enumerate(iterations)]
+    if not all(m.iteration_time_ms > 0 for m in metrics):  # every op at its start: no run
+        raise ConfigError(f"{step_dir / 'timeline.json'}: an iteration of 0 ms: damaged?")
     losses: tuple[float, ...] = ()
     digest = ""
     if spec.backend == "megatron":
@@ -234,7 +248,8 @@ def _write_run_dir(
         with messages_writer(run_dir) as messages:
             drawn = drawn_iterations(spec.num_iterations)
             recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
-            iterations = _measured_iterations(step.timeline_path, spec.num_iterations)
+            num_stages = step.config.target.profile.num_stages
+            iterations = _measured_iterations(step.timeline_path, spec.num_iterations, num_stages)
             for k, part in enumerate(iterations):
                 recorder(spec.num_warmup_iterations + k, part, True)
         write_timeline(run_dir, key, recorder.timeline())

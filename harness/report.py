@@ -207,12 +207,16 @@ def _gantt_charts(
         saved = read_saved_timeline(run_dir, key) if system in finished else None
         where = f"{TIMELINES_DIR}/{timeline_name(key)}"
         if saved is None:
-            sources.append(
-                f"- {system}: no chart, unfinished (not in runs.csv)"
-                if system not in finished
-                else f"- {system}: no chart, the run directory has no saved timeline `{where}` "
-                "(a run of an older version, or one that did not finish)"
-            )
+            if key not in resolved.configurations:  # a cluster job's launch skipped it
+                why = "not run (not a configuration of this run)"
+            elif system not in finished:
+                why = "unfinished (not in runs.csv)"
+            else:
+                why = (
+                    f"the run directory has no saved timeline `{where}` (a run of an older "
+                    "version, or one that did not finish)"
+                )
+            sources.append(f"- {system}: no chart, {why}")
             continue
         drawn = sorted(r.iteration for r in saved.timeline.iterations)
         iteration = drawn[-1]

@@ -83,8 +83,7 @@ def write_slurm_script(
                 # One fixed schedule per step: Adaptra's is the one it runs once it has found
                 # the scenario's delays (its oracle's plan).
                 known = "adaptra-oracle" if system == "adaptra" else system
-                controller = controller_for(known, target, scenario)
-                planned = controller.plan(0)
+                planned = controller_for(known, target, scenario).plan(0)
                 schedule, profile = planned.schedule, planned.profile
                 why = _unsupported(model.tp if model else 1, scenario.faults is not None)
                 why = why or _unrunnable(profile, planned.comm, spec.transport_timeout_s)
@@ -108,7 +107,6 @@ def write_slurm_script(
                         ClusterStep(
                             (target.label, system, scenario.name, str(repeat)),
                             str(step_dir.relative_to(out_dir)),
-                            controller.name,
                             planned.policy,
                             planned.comm.value,
                             planned.comm_by_link(),
@@ -144,6 +142,10 @@ def write_slurm_script(
         config_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
         write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
+    for step in job_steps:  # an earlier launch's results: `collect` must not take them
+        for name in STEP_RESULTS:
+            if not (out_dir / step.folder / name).is_dir():
+                (out_dir / step.folder / name).unlink(missing_ok=True)
     script = "\n".join(
         [
             "#!/bin/bash",

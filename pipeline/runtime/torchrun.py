@@ -162,11 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         timeline_file, losses_file, digest_file = STEP_RESULTS
-        write_atomic(args.out / timeline_file, json.dumps(Timeline.concat(parts).to_dict()))
         if losses:  # a training backend: one loss per measured iteration, the model's digest
             write_atomic(args.out / losses_file, json.dumps(losses))
             digest = params_sha256(whole_model_params(results))
             write_atomic(args.out / digest_file, digest + "\n")
+        # last: a timeline says the step's results are all there (`adaptra-bench collect`)
+        write_atomic(args.out / timeline_file, json.dumps(Timeline.concat(parts).to_dict()))
     dist.destroy_process_group()
 
 

@@ -3,7 +3,6 @@ wrote) into a run directory that `report` and `compare` read as they read a run'
 
 import csv
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from harness.runner import fixed_plan, run_configuration
 from harness.slurm import write_slurm_script
 from harness.spec import ExperimentSpec
 from pipeline.errors import ConfigError
+from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
@@ -144,6 +144,8 @@ def test_collected_steps_are_measured_as_a_run_measures_them(tmp_path: Path) -> 
     report = (run_dir / "report.md").read_text()
     assert f"Ran by {CLUSTER}, collected from `{job_dir.resolve()}`" in report
     assert "| two | zb | direct | fixed | 0-1@10ms |" in report
+    # the Gantt charts' scenario, 0-1@10ms: Adaptra's was skipped, not left unfinished
+    assert "- adaptra: no chart, not run (not a configuration of this run)" in report
 
 
 def _plan(job_dir: Path, row: dict[str, str]) -> tuple[Schedule, Profile]:
@@ -159,19 +161,15 @@ def _plan(job_dir: Path, row: dict[str, str]) -> tuple[Schedule, Profile]:
 
 def test_steps_without_results_are_left_out_and_named(tmp_path: Path) -> None:
     job_dir, job = _job(tmp_path)
-    first, stale, *rest = job.steps
+    first, second, *rest = job.steps
     for step in rest:
         _ran_in_sim(job_dir / step.folder)
-    _ran_in_sim(job_dir / stale.folder)
-    launched = (job_dir / JOB_FILE).stat().st_mtime
-    os.utime(job_dir / stale.folder / "timeline.json", (launched - 60, launched - 60))
     said: list[str] = []
     collected = collect_job(job_dir, tmp_path / "out", "c", progress=said.append)
     assert collected.num_collected == 3
     assert said[:2] == [
         f"not collected: two 1f1b fault-free (repeat 0): no {job_dir / first.folder}/timeline.json",
-        f"not collected: two zb fault-free (repeat 0): {job_dir / stale.folder}/timeline.json "
-        f"is older than {JOB_FILE} (an earlier launch's)",
+        f"not collected: two zb fault-free (repeat 0): no {job_dir / second.folder}/timeline.json",
     ]
     record = json.loads((collected.run_dir / "spec.json").read_text())
     assert record["warnings"][0] == (
@@ -183,6 +181,19 @@ def test_steps_without_results_are_left_out_and_named(tmp_path: Path) -> None:
         "zb",
         "adaptra",
     ]
+
+
+def test_a_launch_again_removes_its_steps_earlier_results(tmp_path: Path) -> None:
+    """An earlier launch's results in a step's folder were collected as the new launch's
+    (collect told them apart by their files' times, which a copy of the folder rewrites)."""
+    job_dir, job = _job(tmp_path)
+    for step in job.steps:
+        _ran_in_sim(job_dir / step.folder)
+        (job_dir / step.folder / "losses.json").write_text("[]")
+    write_slurm_script(_spec(), job_dir)
+    assert not list(job_dir.rglob("timeline.json")) and not list(job_dir.rglob("losses.json"))
+    with pytest.raises(ConfigError, match=r"no step of .* has results yet"):
+        collect_job(job_dir, tmp_path / "out", "c")
 
 
 def test_a_job_with_no_results_writes_nothing(tmp_path: Path) -> None:
@@ -341,12 +352,63 @@ def test_the_command_names_what_it_collected_and_refuses_in_one_line(tmp_path: P
         f"skipped: {run_dir} (report.md in it)\n"
     )
     assert done.stderr.startswith("not collected: two 1f1b fault-free (repeat 0): no ")
-    again = cli("collect", str(job_dir), "--out", str(tmp_path / "out"), "--run-id", run_dir.name)
-    assert again.returncode == 1
-    assert again.stderr == f"error: {run_dir} is not empty: pick another --run-id\n"
     assert cli("report", str(run_dir)).returncode == 0  # `report` reads it as a run's
     none = cli("collect", str(tmp_path))
     assert none.returncode == 1 and none.stderr == (
         f"error: {tmp_path} is not a cluster job's folder: it has no launch.json "
         "(`adaptra-bench launch --spec FILE --out DIR` writes one)\n"
     )
+
+
+def _damage(data: dict[str, Any], how: str) -> None:
+    if how == "a record of an iteration it lacks":
+        data["ops"][0][0] = 7
+    elif how == "no ops":
+        data["ops"] = []
+    else:  # an op on stage 5 of 2
+        data["ops"][0][1] = 5
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("a record of an iteration it lacks", r"a record of iteration 7, which it lacks: damaged"),
+        ("no ops", r"iteration 0 has ops of stages \[\], not of stages 0-1: damaged"),
+        ("an op on stage 5", r"iteration 0 has ops of stages \[0, 1, 5\], not of stages 0-1"),
+    ],
+)
+def test_a_timeline_whose_records_do_not_add_up_is_refused(
+    tmp_path: Path, how: str, said: str
+) -> None:
+    """Each passed `Timeline.from_dict` (which checks each record on its own) and then
+    crashed collect: an internal error, exit 3."""
+    job_dir, job = _job(tmp_path)
+    for step in job.steps:
+        _ran_in_sim(job_dir / step.folder)
+    path = job_dir / job.steps[-1].folder / "timeline.json"
+    data = json.loads(path.read_text())
+    _damage(data, how)
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=rf"{path}: {said}"):
+        collect_job(job_dir, tmp_path / "out", "c")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dp_step_s_all_reduce_is_in_its_step_and_bubble_ratio(tmp_path: Path) -> None:
+    """PP 2 x DP 2 with a gradient: each iteration's step time (its DP all-reduce and
+    optimizer) and bubble ratio as `compute_metrics` gives them for the step's timeline."""
+    dp = Profile.uniform(2, 4, 2, 2, 2, message_bytes=1024, num_replicas=2,
+                         allreduce_bytes=4_000_000, dp_bandwidth_gbps=1.0)  # fmt: skip
+    job_dir, job = _job(tmp_path, _spec(profile=dp, systems=("zb",), delays_ms=(0.0,)))
+    (step,) = job.steps
+    timeline = _ran_in_sim(job_dir / step.folder)
+    run_dir = collect_job(job_dir, tmp_path / "out", "c").run_dir
+    measured = [compute_metrics(timeline, k) for k in range(NUM_ITERATIONS)]
+    rows = _rows(run_dir / "iterations.csv")
+    assert [float(r["step_time_ms"]) for r in rows] == [m.step_time_ms for m in measured]
+    assert [float(r["bubble_ratio"]) for r in rows] == [m.bubble_ratio for m in measured]
+    assert all(m.step_time_ms > 0 for m in measured)
+    (run,) = _rows(run_dir / "runs.csv")
+    walls = sorted(m.iteration_time_ms + m.step_time_ms for m in measured)
+    assert float(run["median_wall_ms"]) == walls[1]
+    assert float(run["throughput_samples_per_s"]) == pytest.approx(8 * 1000 / (sum(walls) / 3))
