@@ -219,7 +219,7 @@ def _write_run_dir(
     if not_run:
         warnings.append(
             f"{len(not_run)} of the job's {len(job.steps)} steps have no results and are left "
-            "out (not run, or the job stopped before them)"
+            "out (failed, or not run: the job stopped before them)"
         )
     if job.skipped:
         warnings.append(

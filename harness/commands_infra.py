@@ -173,8 +173,7 @@ def launch(
         raise ConfigError(f"--nodes {nodes} needs --master-addr: the address of node 0")
     if master_addr is not None:
         check_master_addr(master_addr)
-        if run_here:
-            check_local_address(master_addr)
+    loopback = not run_here or master_addr is None or check_local_address(master_addr)
     check_hold(longest_hold_ms(profile), timeout_s)  # before anything is written or run
     out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -217,7 +216,7 @@ def launch(
             err=True,
         )
         return
-    timeline = run_local(commands[0], out_dir, master_addr=master_addr, timeout_s=run_timeout_s)
+    timeline = run_local(commands[0], out_dir, loopback=loopback, timeout_s=run_timeout_s)
     times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
     click.echo(
         json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})

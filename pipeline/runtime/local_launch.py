@@ -31,19 +31,18 @@ _ERROR_LINE = re.compile(
 prefixes each of its lines with "[rankN]: "."""
 
 
-def run_local(
-    command: str, out_dir: Path, *, master_addr: str | None, timeout_s: float
-) -> Timeline:
+def run_local(command: str, out_dir: Path, *, loopback: bool, timeout_s: float) -> Timeline:
     """Run `command` (one node's, from `torchrun_commands`) and return the timeline its
-    workers wrote to `out_dir`; a run past `timeout_s` or a failed one raises `LaunchError`."""
+    workers wrote to `out_dir`; a run past `timeout_s` or a failed one raises `LaunchError`.
+    `loopback`: its node 0's address is a loopback one (`check_local_address`), so it runs
+    in a loopback-only namespace where the machine allows one; else it says it does not."""
     argv = shlex.split(command)
-    if master_addr is None or check_local_address(master_addr):
+    if loopback:
         argv = loopback_only(argv)
     else:
         logger.warning(
-            "--master-addr %s is not a loopback address: torchrun's store listens on every "
-            "interface of this host (no loopback-only namespace for it)",
-            master_addr,
+            "node 0's address is not a loopback one: torchrun's store listens on every "
+            "interface of this host (no loopback-only namespace for it)"
         )
     # torchrun leaves a log folder in the temporary directory: give it one that goes (marked
     # as this process's: `cleanup` removes it if a kill leaves it).

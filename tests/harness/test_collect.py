@@ -173,8 +173,8 @@ def test_steps_without_results_are_left_out_and_named(tmp_path: Path) -> None:
     ]
     record = json.loads((collected.run_dir / "spec.json").read_text())
     assert record["warnings"][0] == (
-        "2 of the job's 5 steps have no results and are left out (not run, or the job stopped "
-        "before them)"
+        "2 of the job's 5 steps have no results and are left out (failed, or not run: the job "
+        "stopped before them)"
     )
     assert [r["system"] for r in _rows(collected.run_dir / "runs.csv")] == [
         "1f1b",

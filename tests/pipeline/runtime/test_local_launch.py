@@ -67,7 +67,7 @@ def test_a_run_past_its_time_or_failing_is_a_launch_error_and_leaves_no_process(
     pid_file = tmp_path / "pid"
     sleeper = shlex.join(["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"])  # starts fast
     with pytest.raises(LaunchError, match=r"did not finish within 2 s") as caught:
-        run_local(sleeper, tmp_path, master_addr="", timeout_s=2)
+        run_local(sleeper, tmp_path, loopback=False, timeout_s=2)
     assert not isinstance(caught.value, ValueError)
     assert _marked(f"ADB_TEST_LAUNCH_MARK={tmp_path}".encode()) == []
     if pid_file.exists():
@@ -76,7 +76,7 @@ def test_a_run_past_its_time_or_failing_is_a_launch_error_and_leaves_no_process(
     with pytest.raises(
         LaunchError, match=r"^torchrun failed with exit code 1: RuntimeError: no address for: nic9$"
     ):
-        run_local(failing, tmp_path, master_addr="", timeout_s=60)
+        run_local(failing, tmp_path, loopback=False, timeout_s=60)
 
 
 @pytest.mark.skipif(
