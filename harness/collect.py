@@ -81,6 +81,7 @@ def collect_job(
         raise ConfigError(f"{job_dir / JOB_FILE}: its spec: {err}") from err
     ran: dict[ConfigurationKey, _StepRun] = {}
     not_run: list[str] = []
+    left_out: list[ConfigurationKey] = []
     for step in job.steps:
         config = configs.get(step.configuration)
         if config is None:
@@ -91,6 +92,7 @@ def collect_job(
         timeline_path = job_dir / step.folder / "timeline.json"
         if not timeline_path.is_file():
             not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
+            left_out.append(step.configuration)
             continue
         num_stages = config.target.profile.num_stages
         iterations = _measured_iterations(timeline_path, spec.num_iterations, num_stages)
@@ -110,7 +112,7 @@ def collect_job(
     order = [ran[key] for key in configs if key in ran]  # the spec's order, as a run's
     with run_dir_held(run_dir):
         try:
-            _write_run_dir(run_dir, job_dir, job, spec, order, not_run, progress)
+            _write_run_dir(run_dir, job_dir, job, spec, order, left_out, progress)
         except BaseException:
             _remove_partial(run_dir)
             raise
@@ -155,8 +157,12 @@ def _step_result(
     metrics, its plan's comm and what its plan was made for, and a training backend's losses
     and parameter digest."""
     metrics = [compute_metrics(part, k) for k, part in enumerate(iterations)]
-    if not all(m.iteration_time_ms > 0 for m in metrics):  # every op at its start: no run
-        raise ConfigError(f"{step_dir / 'timeline.json'}: an iteration of 0 ms: damaged?")
+    for k, m in enumerate(metrics):  # what a run's files never hold: refused when read back
+        if not (m.iteration_time_ms > 0 and m.step_time_ms >= 0 and 0 <= m.bubble_ratio <= 1):
+            raise ConfigError(
+                f"{step_dir / 'timeline.json'}: iteration {k} of {m.iteration_time_ms:g} ms, a "
+                f"step of {m.step_time_ms:g} ms, bubble ratio {m.bubble_ratio:g}: damaged?"
+            )
     losses: tuple[float, ...] = ()
     digest = ""
     if spec.backend == "megatron":
@@ -208,7 +214,7 @@ def _write_run_dir(
     job: ClusterJob,
     spec: ExperimentSpec,
     ran: list[_StepRun],
-    not_run: list[str],
+    left_out: list[ConfigurationKey],
     progress: Callable[[str], None],
 ) -> None:
     """The run directory's files in the order a run writes them (spec.json first, runs.csv
@@ -216,9 +222,9 @@ def _write_run_dir(
     from harness.report import write_report  # plotting libraries load slowly
 
     warnings = []
-    if not_run:
+    if left_out:
         warnings.append(
-            f"{len(not_run)} of the job's {len(job.steps)} steps have no results and are left "
+            f"{len(left_out)} of the job's {len(job.steps)} steps have no results and are left "
             "out (failed, or not run: the job stopped before them)"
         )
     if job.skipped:
@@ -239,6 +245,7 @@ def _write_run_dir(
             "warnings": warnings,
             "ran_by": CLUSTER,
             "collected_from": str(job_dir.resolve()),
+            "left_out": [list(key) for key in left_out],
         },
     )
     runs: list[dict[str, Any]] = []

@@ -161,6 +161,7 @@ def _gantt_charts(
     run_dir: Path,
     runs: Sequence[Mapping[str, Any]],
     iterations: Sequence[Mapping[str, Any]],
+    left_out: frozenset[tuple[str, ...]] = frozenset(),
 ) -> tuple[list[tuple[str, str, Callable[[], None]]], list[str]]:
     """One Gantt chart per system, drawn from its saved timeline (harness.saved): the first
     model under its worst static scenario (the highest delay; of those, the one whose
@@ -207,8 +208,10 @@ def _gantt_charts(
         saved = read_saved_timeline(run_dir, key) if system in finished else None
         where = f"{TIMELINES_DIR}/{timeline_name(key)}"
         if saved is None:
-            if key not in resolved.configurations:  # a cluster job's launch skipped it
-                why = "not run (not a configuration of this run)"
+            if key in left_out:  # a cluster job's step without results (harness.collect)
+                why = "its cluster job's step has no results (it failed, or did not run)"
+            elif key not in resolved.configurations:  # a cluster job's launch skipped it
+                why = "not run (the launch skipped it: its run.sbatch says why)"
             elif system not in finished:
                 why = "unfinished (not in runs.csv)"
             else:
@@ -455,7 +458,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     # the figures of the last one, beside its report.md.
     finished = {_key(r) for r in runs}
     iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
-    gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations)
+    left_out = frozenset(tuple(key) for key in recorded.get("left_out", []))
+    gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations, left_out)
     figures: list[tuple[str, str]] = []
     not_drawn: list[str] = []
     static = [r for r in runs if not _traced(r)]

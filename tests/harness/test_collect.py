@@ -145,7 +145,7 @@ def test_collected_steps_are_measured_as_a_run_measures_them(tmp_path: Path) -> 
     assert f"Ran by {CLUSTER}, collected from `{job_dir.resolve()}`" in report
     assert "| two | zb | direct | fixed | 0-1@10ms |" in report
     # the Gantt charts' scenario, 0-1@10ms: Adaptra's was skipped, not left unfinished
-    assert "- adaptra: no chart, not run (not a configuration of this run)" in report
+    assert "- adaptra: no chart, not run (the launch skipped it: its run.sbatch says why)" in report
 
 
 def _plan(job_dir: Path, row: dict[str, str]) -> tuple[Schedule, Profile]:
@@ -161,26 +161,30 @@ def _plan(job_dir: Path, row: dict[str, str]) -> tuple[Schedule, Profile]:
 
 def test_steps_without_results_are_left_out_and_named(tmp_path: Path) -> None:
     job_dir, job = _job(tmp_path)
-    first, second, *rest = job.steps
-    for step in rest:
+    first, _, _, _, failed = job.steps  # (1f1b fault-free, zb 0-1@10ms)
+    for step in job.steps[1:4]:
         _ran_in_sim(job_dir / step.folder)
     said: list[str] = []
     collected = collect_job(job_dir, tmp_path / "out", "c", progress=said.append)
     assert collected.num_collected == 3
     assert said[:2] == [
         f"not collected: two 1f1b fault-free (repeat 0): no {job_dir / first.folder}/timeline.json",
-        f"not collected: two zb fault-free (repeat 0): no {job_dir / second.folder}/timeline.json",
+        f"not collected: two zb 0-1@10ms (repeat 0): no {job_dir / failed.folder}/timeline.json",
     ]
     record = json.loads((collected.run_dir / "spec.json").read_text())
     assert record["warnings"][0] == (
         "2 of the job's 5 steps have no results and are left out (failed, or not run: the job "
         "stopped before them)"
     )
-    assert [r["system"] for r in _rows(collected.run_dir / "runs.csv")] == [
-        "1f1b",
-        "zb",
-        "adaptra",
+    assert record["left_out"] == [list(first.configuration), list(failed.configuration)]
+    assert [(r["system"], r["scenario"]) for r in _rows(collected.run_dir / "runs.csv")] == [
+        ("1f1b", "0-1@10ms"),
+        ("zb", "fault-free"),
+        ("adaptra", "fault-free"),
     ]
+    report = (collected.run_dir / "report.md").read_text()  # its charts: at 0-1@10ms
+    assert "- zb: no chart, its cluster job's step has no results (it failed, or did" in report
+    assert "- adaptra: no chart, not run (the launch skipped it: its run.sbatch says" in report
 
 
 def test_a_launch_again_removes_its_steps_earlier_results(tmp_path: Path) -> None:
@@ -365,6 +369,8 @@ def _damage(data: dict[str, Any], how: str) -> None:
         data["ops"][0][0] = 7
     elif how == "no ops":
         data["ops"] = []
+    elif how == "a negative step":
+        data["iterations"][1][3] = -5.0
     else:  # an op on stage 5 of 2
         data["ops"][0][1] = 5
 
@@ -375,13 +381,15 @@ def _damage(data: dict[str, Any], how: str) -> None:
         ("a record of an iteration it lacks", r"a record of iteration 7, which it lacks: damaged"),
         ("no ops", r"iteration 0 has ops of stages \[\], not of stages 0-1: damaged"),
         ("an op on stage 5", r"iteration 0 has ops of stages \[0, 1, 5\], not of stages 0-1"),
+        ("a negative step", r"iteration 1 of [0-9.]+ ms, a step of -5 ms, bubble ratio"),
     ],
 )
 def test_a_timeline_whose_records_do_not_add_up_is_refused(
     tmp_path: Path, how: str, said: str
 ) -> None:
     """Each passed `Timeline.from_dict` (which checks each record on its own) and then
-    crashed collect: an internal error, exit 3."""
+    crashed collect (an internal error, exit 3) or, a negative step, was written and then
+    refused as the report read the run directory's own iterations.csv back."""
     job_dir, job = _job(tmp_path)
     for step in job.steps:
         _ran_in_sim(job_dir / step.folder)
