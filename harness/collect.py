@@ -32,6 +32,7 @@ from harness.spec import Configuration, ExperimentSpec, spec_from_record
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 from pipeline.metrics import compute_metrics
+from pipeline.profile import Profile
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
 
@@ -94,8 +95,8 @@ def collect_job(
             not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
             left_out.append(step.configuration)
             continue
-        num_stages = config.target.profile.num_stages
-        iterations = _measured_iterations(timeline_path, spec.num_iterations, num_stages)
+        profile = config.target.profile
+        iterations = _measured_iterations(timeline_path, spec.num_iterations, profile)
         result = _step_result(job_dir / step.folder, step, spec, iterations)
         ran[step.configuration] = _StepRun(config, result, timeline_path)
     if not ran:
@@ -119,11 +120,12 @@ def collect_job(
     return Collected(run_dir, len(order), tuple(not_run), len(job.skipped))
 
 
-def _measured_iterations(path: Path, num_iterations: int, num_stages: int) -> list[Timeline]:
+def _measured_iterations(path: Path, num_iterations: int, profile: Profile) -> list[Timeline]:
     """A step's timeline.json, each measured iteration alone; one that does not hold the
-    spec's measured iterations 0..N-1 in order, each with ops of its `num_stages` stages
-    only, and no record of another iteration, is refused (cut short, another run's, damaged):
-    `Timeline.from_dict` checks each record, not how they add up."""
+    spec's measured iterations 0..N-1 in order, each with ops of the step's `profile`'s stages
+    and replicas only, none ending before it starts, and no record of another iteration, is
+    refused (cut short, another run's, damaged): `Timeline.from_dict` checks each record, not
+    how they add up."""
     timeline = parse_json_file(path, "timeline", Timeline.from_dict)
     numbers = [r.iteration for r in timeline.iterations]
     if numbers != list(range(num_iterations)):
@@ -131,9 +133,10 @@ def _measured_iterations(path: Path, num_iterations: int, num_stages: int) -> li
             f"{path} holds iterations {_ranges(numbers)}, not the spec's measured iterations "
             f"0-{num_iterations - 1}: another run's, or damaged?"
         )
+    num_stages, num_replicas = profile.num_stages, profile.num_replicas
     if timeline.num_stages != num_stages:
         raise ConfigError(
-            f"{path} is a timeline of {timeline.num_stages} stages, the step's profile has "
+            f"{path}: a timeline of {timeline.num_stages} stages, the step's profile has "
             f"{num_stages}: another run's, or damaged?"
         )
     try:
@@ -146,6 +149,14 @@ def _measured_iterations(path: Path, num_iterations: int, num_stages: int) -> li
             raise ConfigError(
                 f"{path}: iteration {k} has ops of stages {sorted(stages)}, not of stages "
                 f"0-{num_stages - 1}: damaged?"
+            )
+        odd = next(
+            (op for op in part.ops if op.replica >= num_replicas or op.end_ms < op.start_ms), None
+        )
+        if odd is not None:
+            raise ConfigError(
+                f"{path}: iteration {k} has an op of replica {odd.replica} (of {num_replicas}) "
+                f"from {odd.start_ms:g} to {odd.end_ms:g} ms: damaged?"
             )
     return parts
 
@@ -255,8 +266,8 @@ def _write_run_dir(
         with messages_writer(run_dir) as messages:
             drawn = drawn_iterations(spec.num_iterations)
             recorder = ConfigurationRecorder(messages, key, drawn, spec.num_warmup_iterations)
-            num_stages = step.config.target.profile.num_stages
-            iterations = _measured_iterations(step.timeline_path, spec.num_iterations, num_stages)
+            profile = step.config.target.profile
+            iterations = _measured_iterations(step.timeline_path, spec.num_iterations, profile)
             for k, part in enumerate(iterations):
                 recorder(spec.num_warmup_iterations + k, part, True)
         write_timeline(run_dir, key, recorder.timeline())

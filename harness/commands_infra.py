@@ -24,7 +24,11 @@ from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
-from pipeline.runtime.torchrun_launch import STEP_RESULTS, check_master_addr, torchrun_commands
+from pipeline.runtime.torchrun_launch import (
+    check_master_addr,
+    remove_step_results,
+    torchrun_commands,
+)
 
 __all__ = ["cleanup", "doctor", "launch"]
 
@@ -177,9 +181,7 @@ def launch(
     check_hold(longest_hold_ms(profile), timeout_s)  # before anything is written or run
     out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in STEP_RESULTS:  # an earlier run's: a run that fails must not leave them
-        if not (out_dir / name).is_dir():  # (a folder in the way: rank 0's write fails)
-            (out_dir / name).unlink(missing_ok=True)
+    remove_step_results(out_dir)  # an earlier run's: a run that fails must not leave them
     write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))
     write_atomic(out_dir / "schedule.json", json.dumps(planned.schedule.to_dict()))
     worker_args = [

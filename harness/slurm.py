@@ -23,7 +23,7 @@ from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.profile import Profile
-from pipeline.runtime.torchrun_launch import STEP_RESULTS
+from pipeline.runtime.torchrun_launch import STEP_RESULTS, remove_step_results
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
 
@@ -143,9 +143,7 @@ def write_slurm_script(
         write_atomic(config_dir / "profile.json", json.dumps(profile.to_dict()))
         write_atomic(config_dir / "schedule.json", json.dumps(schedule.to_dict()))
     for step in job_steps:  # an earlier launch's results: `collect` must not take them
-        for name in STEP_RESULTS:
-            if not (out_dir / step.folder / name).is_dir():
-                (out_dir / step.folder / name).unlink(missing_ok=True)
+        remove_step_results(out_dir / step.folder)
     script = "\n".join(
         [
             "#!/bin/bash",

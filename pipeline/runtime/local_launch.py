@@ -87,7 +87,7 @@ def check_local_address(address: str) -> bool:
             f"--run takes an IP address of this host as --master-addr (or none: loopback), "
             f"not the host name {address!r}"
         ) from None
-    if ip.is_loopback:
+    if ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped and ip.ipv4_mapped.is_loopback):
         return True
     family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:

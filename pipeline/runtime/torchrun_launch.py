@@ -4,7 +4,6 @@ writes: what `launch` needs without importing torch."""
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import re
 import shlex
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError
 
-__all__ = ["STEP_RESULTS", "check_master_addr", "torchrun_commands"]
+__all__ = ["STEP_RESULTS", "check_master_addr", "remove_step_results", "torchrun_commands"]
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 STEP_RESULTS = ("timeline.json", "losses.json", "params_sha256.txt")
@@ -21,12 +20,26 @@ STEP_RESULTS = ("timeline.json", "losses.json", "params_sha256.txt")
 so that a run that fails leaves none that look like its own."""
 
 
+def remove_step_results(folder: Path) -> None:
+    """An earlier run's `STEP_RESULTS` in `folder` removed (a folder in the way stays: rank 0's
+    write then fails, saying so)."""
+    for name in STEP_RESULTS:
+        if not (folder / name).is_dir():
+            (folder / name).unlink(missing_ok=True)
+
+
 def check_master_addr(address: str) -> None:
-    """A ConfigError unless `address` (node 0's, as torchrun takes it) is an IP address or a
-    host name (dot-separated labels of letters, digits and inner hyphens, the last not all
-    digits: "999.1.1.1" is neither)."""
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(address)
+    """A ConfigError unless `address` (node 0's, as torchrun takes it) is an IP address of one
+    host (not 0.0.0.0 or ::, nor a multicast or the broadcast address) or a host name
+    (dot-separated labels of letters, digits and inner hyphens, the last not all digits:
+    "999.1.1.1" is neither)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        if ip.is_unspecified or ip.is_multicast or address == "255.255.255.255":
+            raise ConfigError(f"--master-addr {address} is not the address of one host")
         return
     labels = address.split(".")
     if (
@@ -60,6 +73,9 @@ def torchrun_commands(
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={address}:0",
             f"--local-addr={master_addr}",  # the workers' MASTER_ADDR (not the host's name)
+            # It hosts the store: torchrun decides so only where the host's name resolves to
+            # the address (an address of this host off loopback waited as a client of port 0).
+            "--rdzv-conf=is_host=1",
         ]
     else:
         store = [f"--master-addr={master_addr}", f"--master-port={master_port}"]

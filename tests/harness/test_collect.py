@@ -371,6 +371,15 @@ def _damage(data: dict[str, Any], how: str) -> None:
         data["ops"] = []
     elif how == "a negative step":
         data["iterations"][1][3] = -5.0
+    elif how == "an op ending before it starts":
+        data["ops"][0][5] = data["ops"][0][4] - 1.0
+    elif how == "an op of replica 3":
+        data["ops"][0][6] = 3
+    elif how == "3 stages":
+        data["num_stages"] = 3
+    elif how == "every op at its start":
+        for op in data["ops"]:
+            op[4] = op[5] = data["iterations"][op[0]][1]
     else:  # an op on stage 5 of 2
         data["ops"][0][1] = 5
 
@@ -382,6 +391,10 @@ def _damage(data: dict[str, Any], how: str) -> None:
         ("no ops", r"iteration 0 has ops of stages \[\], not of stages 0-1: damaged"),
         ("an op on stage 5", r"iteration 0 has ops of stages \[0, 1, 5\], not of stages 0-1"),
         ("a negative step", r"iteration 1 of [0-9.]+ ms, a step of -5 ms, bubble ratio"),
+        ("an op ending before it starts", r"iteration 0 has an op of replica 0 \(of 1\) from"),
+        ("an op of replica 3", r"iteration 0 has an op of replica 3 \(of 1\) from"),
+        ("3 stages", r"a timeline of 3 stages, the step's profile has 2"),
+        ("every op at its start", r"iteration 0 of 0 ms, a step of 0 ms"),
     ],
 )
 def test_a_timeline_whose_records_do_not_add_up_is_refused(

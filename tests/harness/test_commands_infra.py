@@ -107,6 +107,10 @@ def test_a_launch_removes_an_earlier_run_s_results_first(tmp_path: Path) -> None
         (["--master-addr", "not_an_address!"], "'not_an_address!' is neither an IP address nor"),
         (["--master-addr", "999.1.1.1"], "'999.1.1.1' is neither an IP address nor a host name"),
         (["--master-addr", "a b"], "'a b' is neither an IP address nor a host name"),
+        (["--master-addr", "0.0.0.0"], "0.0.0.0 is not the address of one host"),
+        (["--master-addr", "::"], ":: is not the address of one host"),
+        (["--master-addr", "224.0.0.1"], "224.0.0.1 is not the address of one host"),
+        (["--master-addr", "255.255.255.255"], "255.255.255.255 is not the address of one"),
         (["--run", "--master-addr", "203.0.113.9"], "203.0.113.9 is not an address of this host"),
         (["--run", "--master-addr", "vm"], "--run takes an IP address of this host as"),
     ],
@@ -129,7 +133,7 @@ def test_a_host_name_or_an_ip_address_is_a_master_address() -> None:
     for address in ("10.1.2.3", "::1", "node-0", "node0.cluster.example", "localhost"):
         check_master_addr(address)
     assert check_local_address("localhost") and check_local_address("127.0.0.2")
-    assert check_local_address("::1")
+    assert check_local_address("::1") and check_local_address("::ffff:127.0.0.1")
 
 
 def test_an_address_of_this_host_off_loopback_is_local_but_not_loopback() -> None:

@@ -57,7 +57,7 @@ def _marked(marker: bytes) -> list[str]:
 
 
 def test_a_run_past_its_time_or_failing_is_a_launch_error_and_leaves_no_process(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A runtime failure, not a malformed option: it was raised as ConfigError (a ValueError).
     The process is stopped and waited for either way. Each process the command started
@@ -77,6 +77,8 @@ def test_a_run_past_its_time_or_failing_is_a_launch_error_and_leaves_no_process(
         LaunchError, match=r"^torchrun failed with exit code 1: RuntimeError: no address for: nic9$"
     ):
         run_local(failing, tmp_path, loopback=False, timeout_s=60)
+    # off loopback, it says its store listens on every interface
+    assert "torchrun's store listens on every interface of this host" in caplog.text
 
 
 @pytest.mark.skipif(

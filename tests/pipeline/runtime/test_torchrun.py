@@ -92,6 +92,9 @@ def test_one_node_without_a_port_has_its_store_bind_a_free_one_itself() -> None:
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=127.0.0.1:0",
         "--local-addr=127.0.0.1",
+        # it hosts the store whatever its host's name resolves to (an address of this host
+        # off loopback, where the name resolves to 127.0.0.1, waited as a client of port 0)
+        "--rdzv-conf=is_host=1",
     ]
     (command,) = torchrun_commands(
         num_nodes=1, procs_per_node=2, master_addr="::1", master_port=None, worker_args=[]
