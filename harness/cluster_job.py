@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.resolved import ConfigurationKey
 from harness.results import write_json_atomic
+from pipeline.checks import is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 
@@ -141,8 +142,5 @@ def _mapping_of(value: Any, kind: type) -> bool:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         return False
     if kind is float:
-        return all(
-            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            for v in value.values()
-        )
+        return all(is_number(v) and math.isfinite(v) for v in value.values())
     return all(isinstance(v, kind) for v in value.values())

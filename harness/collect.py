@@ -29,12 +29,14 @@ from harness.results import (
 )
 from harness.saved import ConfigurationRecorder, drawn_iterations, messages_writer, write_timeline
 from harness.spec import Configuration, ExperimentSpec, spec_from_record
+from pipeline.checks import is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
+from pipeline.torchrun_launch import DIGEST_FILE, LOSSES_FILE, TIMELINE_FILE
 
 __all__ = ["CLUSTER", "Collected", "collect_job"]
 
@@ -90,7 +92,7 @@ def collect_job(
                 f"{job_dir / JOB_FILE}: step {step.folder!r} runs "
                 f"{configuration_name(step.configuration)}, which its spec lacks: damaged?"
             )
-        timeline_path = job_dir / step.folder / "timeline.json"
+        timeline_path = job_dir / step.folder / TIMELINE_FILE
         if not timeline_path.is_file():
             not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
             left_out.append(step.configuration)
@@ -114,8 +116,8 @@ def collect_job(
     with run_dir_held(run_dir):
         try:
             _write_run_dir(run_dir, job_dir, job, spec, order, left_out, progress)
-        except BaseException:
-            _remove_partial(run_dir)
+        except BaseException:  # it held nothing but its `.lock` before
+            shutil.rmtree(run_dir, ignore_errors=True)
             raise
     return Collected(run_dir, len(order), tuple(not_run), len(job.skipped))
 
@@ -171,14 +173,14 @@ def _step_result(
     for k, m in enumerate(metrics):  # what a run's files never hold: refused when read back
         if not (m.iteration_time_ms > 0 and m.step_time_ms >= 0 and 0 <= m.bubble_ratio <= 1):
             raise ConfigError(
-                f"{step_dir / 'timeline.json'}: iteration {k} of {m.iteration_time_ms:g} ms, a "
+                f"{step_dir / TIMELINE_FILE}: iteration {k} of {m.iteration_time_ms:g} ms, a "
                 f"step of {m.step_time_ms:g} ms, bubble ratio {m.bubble_ratio:g}: damaged?"
             )
     losses: tuple[float, ...] = ()
     digest = ""
     if spec.backend == "megatron":
-        losses = _losses(step_dir / "losses.json", len(iterations))
-        digest = _digest(step_dir / "params_sha256.txt")
+        losses = _losses(step_dir / LOSSES_FILE, len(iterations))
+        digest = _digest(step_dir / DIGEST_FILE)
     decision = IterationDecision(dict(step.believed_ms), step.policy, dict(step.link_comms))
     num = len(iterations)
     return RunResult(
@@ -201,7 +203,7 @@ def _losses(path: Path, num_iterations: int) -> tuple[float, ...]:
         if (
             not isinstance(data, list)
             or len(data) != num_iterations
-            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in data)
+            or not all(is_number(v) for v in data)
         ):
             raise ConfigError(f"not {num_iterations} losses, one per measured iteration")
         return tuple(float(v) for v in data)
@@ -281,11 +283,6 @@ def _write_run_dir(
     write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iteration_rows)
     write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
     write_report(spec, run_dir, runs)
-
-
-def _remove_partial(run_dir: Path) -> None:
-    """`run_dir` and what a failed collect wrote in it (it held nothing but its `.lock`)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _ranges(numbers: list[int]) -> str:

@@ -24,7 +24,8 @@ from harness.runner import check_hold, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
-from pipeline.runtime.torchrun_launch import (
+from pipeline.torchrun_launch import (
+    TIMELINE_FILE,
     check_master_addr,
     remove_step_results,
     torchrun_commands,
@@ -220,9 +221,7 @@ def launch(
         return
     timeline = run_local(commands[0], out_dir, loopback=loopback, timeout_s=run_timeout_s)
     times = [compute_metrics(timeline, i).iteration_time_ms for i in range(iterations)]
-    click.echo(
-        json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / "timeline.json")})
-    )
+    click.echo(json.dumps({"iteration_times_ms": times, "timeline": str(out_dir / TIMELINE_FILE)}))
 
 
 @click.command()

@@ -23,9 +23,9 @@ from harness.spec import ExperimentSpec, controller_for
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.profile import Profile
-from pipeline.runtime.torchrun_launch import STEP_RESULTS, remove_step_results
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
+from pipeline.torchrun_launch import STEP_RESULTS, remove_step_results
 
 __all__ = ["SlurmScript", "node_count", "write_slurm_script"]
 

@@ -19,6 +19,7 @@ from pipeline.errors import ConfigError, LaunchError
 from pipeline.processes import PipeReader, process_tree
 from pipeline.runtime.scratch import TORCHRUN_PREFIX, owned_folder, share_folder
 from pipeline.timeline import Timeline
+from pipeline.torchrun_launch import TIMELINE_FILE
 
 __all__ = ["check_local_address", "failure_reason", "loopback_only", "run_local"]
 
@@ -69,7 +70,7 @@ def run_local(command: str, out_dir: Path, *, loopback: bool, timeout_s: float) 
     if torchrun.returncode != 0:
         reason = failure_reason(stderr)
         raise LaunchError(f"torchrun failed with exit code {torchrun.returncode}: {reason}")
-    return Timeline.from_dict(json.loads((out_dir / "timeline.json").read_text()))
+    return Timeline.from_dict(json.loads((out_dir / TIMELINE_FILE).read_text()))
 
 
 def check_local_address(address: str) -> bool:

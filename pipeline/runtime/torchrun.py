@@ -1,7 +1,7 @@
 """Multi-node launch: torchrun starts one worker per rank on every node; each runs the same
 iterations on its own, and rank 0 gathers the records into a timeline.
 
-`pipeline.runtime.torchrun_launch` writes the command line for each node; torchrun runs this
+`pipeline.torchrun_launch` writes the command line for each node; torchrun runs this
 module:
 `python -m torch.distributed.run ... -m pipeline.runtime.torchrun --profile P --schedule S`.
 Hosts' clocks are not shared: rank 0 puts every rank's records on one clock per iteration,
@@ -29,10 +29,10 @@ from pipeline.runtime.compute import ComputeBackend, EmulatedCompute
 from pipeline.runtime.config import IterationConfig, RankResult, replicas_loss
 from pipeline.runtime.digest import params_sha256, whole_model_params
 from pipeline.runtime.pool import assemble_timeline
-from pipeline.runtime.torchrun_launch import STEP_RESULTS
 from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
+from pipeline.torchrun_launch import DIGEST_FILE, LOSSES_FILE, TIMELINE_FILE
 
 __all__ = [
     "compute_backend",
@@ -161,13 +161,12 @@ def main(argv: list[str] | None = None) -> None:
                 losses += [] if loss is None else [loss]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        timeline_file, losses_file, digest_file = STEP_RESULTS
         if losses:  # a training backend: one loss per measured iteration, the model's digest
-            write_atomic(args.out / losses_file, json.dumps(losses))
+            write_atomic(args.out / LOSSES_FILE, json.dumps(losses))
             digest = params_sha256(whole_model_params(results))
-            write_atomic(args.out / digest_file, digest + "\n")
+            write_atomic(args.out / DIGEST_FILE, digest + "\n")
         # last: a timeline says the step's results are all there (`adaptra-bench collect`)
-        write_atomic(args.out / timeline_file, json.dumps(Timeline.concat(parts).to_dict()))
+        write_atomic(args.out / TIMELINE_FILE, json.dumps(Timeline.concat(parts).to_dict()))
     dist.destroy_process_group()
 
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from harness.commands_infra import launch
 from pipeline.errors import ConfigError
 from pipeline.runtime.local_launch import check_local_address
-from pipeline.runtime.torchrun_launch import check_master_addr
+from pipeline.torchrun_launch import check_master_addr
 
 ASSETS = Path(__file__).parents[1] / "assets"
 

@@ -17,8 +17,8 @@ from pipeline.runtime.compute import EmulatedCompute
 from pipeline.runtime.config import RankResult
 from pipeline.runtime.pool import assemble_timeline
 from pipeline.runtime.torchrun import compute_backend, on_one_clock, parse_worker_args
-from pipeline.runtime.torchrun_launch import torchrun_commands
 from pipeline.timeline import Timeline
+from pipeline.torchrun_launch import torchrun_commands
 
 PLAN = ["--profile", "p.json", "--schedule", "s.json", "--out", "out"]
 

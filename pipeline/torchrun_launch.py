@@ -12,10 +12,19 @@ from pathlib import Path
 
 from pipeline.errors import ConfigError
 
-__all__ = ["STEP_RESULTS", "check_master_addr", "remove_step_results", "torchrun_commands"]
+__all__ = [
+    "DIGEST_FILE",
+    "LOSSES_FILE",
+    "STEP_RESULTS",
+    "TIMELINE_FILE",
+    "check_master_addr",
+    "remove_step_results",
+    "torchrun_commands",
+]
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-STEP_RESULTS = ("timeline.json", "losses.json", "params_sha256.txt")
+TIMELINE_FILE, LOSSES_FILE, DIGEST_FILE = "timeline.json", "losses.json", "params_sha256.txt"
+STEP_RESULTS = (TIMELINE_FILE, LOSSES_FILE, DIGEST_FILE)
 """What `main` writes to its --out folder (rank 0): a launch removes an earlier run's first,
 so that a run that fails leaves none that look like its own."""
 
