@@ -225,20 +225,32 @@ def _posting_order(stages: Sequence[Sequence[Op]], times: FaultFreeTimes) -> lis
     return order
 
 
+def _by_stage(posting: Sequence[_Node], num_stages: int) -> list[list[_Node]]:
+    """Each stage's share of a replica's posting order: its ops and the messages it sends or
+    takes in, in that order."""
+    shares: list[list[_Node]] = [[] for _ in range(num_stages)]
+    for node in posting:
+        if isinstance(node, _Passing):
+            shares[node.sender].append(node)
+            shares[node.receiver].append(node)
+        else:
+            shares[node[0]].append(node)
+    return shares
+
+
 def _zero_bubble_program(
     posting: Sequence[_Node], stage: int, num_stages: int, times: FaultFreeTimes
 ) -> list[_Item]:
-    """ZeroBubble's runtime order for one stage: its ops, sends and receives in the replica's
-    posting order, a receive overlapping the op before it posted before that op."""
+    """ZeroBubble's runtime order for one stage, from its share of the replica's posting order
+    (`_by_stage`): its ops, sends and receives in that order, a receive overlapping the op
+    before it posted before that op."""
     nodes: list[tuple[float, Op | _Comm]] = []
     for posted_node in posting:
         if isinstance(posted_node, _Passing):
-            sender, receiver = posted_node.sender, posted_node.receiver
-            if stage in (sender, receiver):
-                peer = receiver if sender == stage else sender
-                comm = _Comm(stage, peer, sender == stage, posted_node.message, 0)
-                nodes.append((posted_node.sent_ms, comm))
-        elif posted_node[0] == stage:
+            sending = posted_node.sender == stage
+            peer = posted_node.receiver if sending else posted_node.sender
+            nodes.append((posted_node.sent_ms, _Comm(stage, peer, sending, posted_node.message, 0)))
+        else:
             nodes.append((times[posted_node][0], posted_node[1]))
     for k in range(1, len(nodes)):  # a receive overlapping the op before it is posted first
         (_, before), (when, current) = nodes[k - 1], nodes[k]
@@ -414,8 +426,10 @@ def time_replica(
         programs = [_megatron_program(ops, s, num_stages) for s, ops in enumerate(stages)]
     else:
         times = fault_free()
-        posting = _posting_order(stages, times)
-        programs = [_zero_bubble_program(posting, s, num_stages, times) for s in range(num_stages)]
+        shares = _by_stage(_posting_order(stages, times), num_stages)
+        programs = [
+            _zero_bubble_program(share, s, num_stages, times) for s, share in enumerate(shares)
+        ]
     _execute(programs, duration_ms, wire_ms, sleep_for, start_ms, synchronize=fused)
     ops: list[tuple[int, Op, float, float]] = []
     sent: dict[tuple[int, Message], float] = {}
