@@ -16,6 +16,7 @@ import click
 from click.core import ParameterSource
 
 from harness.loop import iteration_name
+from harness.paper import preset_files
 from harness.policies import GIVEN_POLICY, POLICIES, PlannedSchedule, plan
 from pipeline.checks import MAX_WAIT_S
 from pipeline.errors import ConfigError, ScheduleError
@@ -29,6 +30,7 @@ __all__ = [
     "FiniteFloatRange",
     "InputFile",
     "OutputFolder",
+    "SpecFile",
     "calibration_option",
     "emit_json",
     "given_options",
@@ -77,6 +79,24 @@ class InputFile(_GivenPath):
 
     def __init__(self) -> None:
         super().__init__(dir_okay=False)
+
+
+class SpecFile(InputFile):
+    """An experiment spec's path or, where no such file is, a bundled preset's name (its
+    `name:` or its file's stem: `--spec fig16`); a name that is neither is refused, listing
+    the presets."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        if os.path.lexists(path):
+            return path
+        presets = preset_files()
+        if path in presets:
+            return str(presets[path])
+        if os.sep not in path and not path.endswith((".yaml", ".yml", ".json")):
+            names = ", ".join(sorted(name for name, file in presets.items() if name != file.stem))
+            self.fail(f"{path!r} is no file, nor a bundled preset's name ({names})", param, ctx)
+        return path  # the spec's reader says it cannot read it
 
 
 class OutputFolder(_GivenPath):

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from harness.cli_common import (
-    InputFile,
     OutputFolder,
+    SpecFile,
     emit_json,
     given_options,
     refuse_options,
@@ -85,8 +85,9 @@ MAX_GPUS_PER_NODE = 1024
 @click.option(
     "--spec",
     "spec_path",
-    type=InputFile(),
-    help="Write a Slurm script (OUT/run.sbatch) running this experiment spec instead.",
+    type=SpecFile(),
+    help="Write a Slurm script (OUT/run.sbatch) running this experiment spec (or bundled "
+    "preset, as `run --spec` takes it) instead.",
 )
 @click.option(
     "--run-timeout-s",

@@ -10,6 +10,7 @@ import click
 from harness.cli_common import (
     InputFile,
     OutputFolder,
+    SpecFile,
     calibration_option,
     emit_json,
     given_options,
@@ -116,8 +117,9 @@ __all__ = ["report", "run"]
 @click.option(
     "--spec",
     "spec_path",
-    type=InputFile(),
-    help="Experiment spec (YAML) to run instead of the default experiment.",
+    type=SpecFile(),
+    help="Experiment spec (YAML) to run instead of the default experiment, or a bundled "
+    "preset's name (`--spec fig16`; an unknown name lists them).",
 )
 @output_file_option(
     "--trace",

@@ -9,11 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from pipeline.files import load_yaml, read_text
 from pipeline.topology import Link
 
-__all__ = ["PAPER", "PAPER_PRESETS", "PRESETS_DIR", "PaperValue"]
+__all__ = ["PAPER", "PAPER_PRESETS", "PRESETS_DIR", "PaperValue", "preset_files"]
 
 PRESETS_DIR = Path(__file__).parent / "presets"
+
+
+def preset_files() -> dict[str, Path]:
+    """The bundled presets' spec files, each under its `name:` and its file's stem
+    (`fig16` and `fig16_models`): what `--spec` takes instead of a path."""
+    files: dict[str, Path] = {}
+    for path in sorted(PRESETS_DIR.glob("*.yaml")):
+        data = load_yaml(read_text(path, "spec"), f"spec {path}")
+        files[path.stem] = path
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            files[data["name"]] = path
+    return files
 
 
 class PaperValue(NamedTuple):

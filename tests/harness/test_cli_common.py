@@ -78,3 +78,39 @@ def test_a_schedule_file_s_profile_is_read_only_without_profile(
                                           "profile": "elsewhere"}))  # fmt: skip
     profile, planned = resolve("p.json", None, "s.json")
     assert (profile.num_stages, planned.method) == (2, "schedule file s.json")
+
+
+def test_a_spec_is_a_file_or_a_bundled_preset_s_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--spec fig16` (the preset's `name:`) and `--spec fig16_models` (its file's stem) are
+    the bundled preset, wherever the command runs (an installed package keeps them in its
+    own folder); a file of that name here is the file; an unknown name is a usage error
+    listing the presets' names; a missing path is left to the spec's reader."""
+    from harness.cli_common import SpecFile
+    from harness.paper import PRESETS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    take = SpecFile().convert
+    assert take("fig16", None, None) == str(PRESETS_DIR / "fig16_models.yaml")
+    assert take("fig16_models", None, None) == str(PRESETS_DIR / "fig16_models.yaml")
+    assert take("table3-trace", None, None) == str(PRESETS_DIR / "table3_trace.yaml")
+    Path("fig16").write_text("name: mine\n")
+    assert take("fig16", None, None) == "fig16"
+    assert take("missing.yaml", None, None) == "missing.yaml"
+    assert take("sub/fig1", None, None) == "sub/fig1"
+    result = CliRunner().invoke(cli, ["launch", "--spec", "fig99", "--out", "job"])
+    assert result.exit_code == 2, result.output
+    assert (
+        "'fig99' is no file, nor a bundled preset's name (fig1, fig15, fig16, fig17, fig3, "
+        "fig5-straggler-sweep, table3-trace)" in result.output
+    )
+    assert not Path("job").exists()
+
+
+def test_launch_writes_a_bundled_preset_s_job(tmp_path: Path) -> None:
+    """A preset's name reaches the command as its file: its steps are its configurations."""
+    result = CliRunner().invoke(cli, ["launch", "--spec", "fig1", "--out", str(tmp_path / "j")])
+    assert result.exit_code == 0, result.output
+    job = json.loads((tmp_path / "j" / "launch.json").read_text())
+    assert job["spec"]["name"] == "fig1" and len(job["steps"]) == 8
