@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -94,9 +95,15 @@ class SpecFile(InputFile):
         if path in presets:
             return str(presets[path])
         if os.sep not in path and not path.endswith((".yaml", ".yml", ".json")):
-            names = ", ".join(sorted(name for name, file in presets.items() if name != file.stem))
+            named = (name for name, file in presets.items() if name != file.stem)
+            names = ", ".join(sorted(named, key=_in_number_order))
             self.fail(f"{path!r} is no file, nor a bundled preset's name ({names})", param, ctx)
         return path  # the spec's reader says it cannot read it
+
+
+def _in_number_order(name: str) -> list[str | int]:
+    """A sort key: fig3 before fig15."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 class OutputFolder(_GivenPath):

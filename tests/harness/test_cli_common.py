@@ -102,8 +102,8 @@ def test_a_spec_is_a_file_or_a_bundled_preset_s_name(
     result = CliRunner().invoke(cli, ["launch", "--spec", "fig99", "--out", "job"])
     assert result.exit_code == 2, result.output
     assert (
-        "'fig99' is no file, nor a bundled preset's name (fig1, fig15, fig16, fig17, fig3, "
-        "fig5-straggler-sweep, table3-trace)" in result.output
+        "'fig99' is no file, nor a bundled preset's name (fig1, fig3, fig5-straggler-sweep, "
+        "fig15, fig16, fig17, table3-trace)" in result.output
     )
     assert not Path("job").exists()
 
