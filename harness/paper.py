@@ -1,7 +1,7 @@
 """The bundled presets (`preset_files`), and the paper's published numbers (the paper's section
 6) for those that reproduce them.
 
-Keyed by preset name, then (model, system, scenario) as the results name them. A value is
+PAPER is keyed by preset name, then (model, system, scenario) as the results name them. A value is
 seconds per iteration, a slowdown against the same system's fault-free run, or samples/s.
 """
 
