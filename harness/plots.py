@@ -230,7 +230,10 @@ def plot_throughput_over_time(
     ax.set_ylabel("samples/s")
     if ax.lines:
         ax.legend(title="model, system" if _several_models(iterations) else "system")
-    ax.set_ylim(bottom=0)
+    # From 0, the top 8 % above the highest point (as the delay plot's): a line that never
+    # dropped sat on the axes' top edge, hidden by it.
+    top = max((max(line.get_ydata(), default=0.0) for line in ax.lines), default=0.0)
+    ax.set_ylim(0, 1.08 * top if top > 0 else 1.0)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

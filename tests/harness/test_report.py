@@ -182,6 +182,25 @@ def test_throughput_over_time_draws_the_median_repeat_and_the_run_that_counted(
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_ylim()[0]) == ("iteration", "samples/s", 0)
 
 
+def test_throughput_over_time_leaves_room_above_its_highest_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system at a steady 12 samples/s through a run that its fault timeline never slowed
+    (Adaptra-CPU failing over a NIC) drew its line on the axes' top edge, hidden by it (the
+    axis ended 1 % above it): the top is 8 % above the highest point, as the delay plot's."""
+    figures: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda fig, *_, **__: figures.append(fig))
+    rows = [
+        {"model": "m", "system": system, "iteration": str(k), "iteration_time_ms": str(ms),
+         "step_time_ms": "0", "repeat": "0"}
+        for system, ms in (("adaptra-cpu", 1000.0), ("1f1b", 1200.0))
+        for k in range(4)
+    ]  # fmt: skip
+    harness.plots.plot_throughput_over_time(rows, {"m": 12}, tmp_path / "t.png")
+    (ax,) = figures[0].axes
+    assert ax.get_ylim() == pytest.approx((0.0, 12.0 * 1.08))
+
+
 def test_the_slowdown_bars_are_the_median_repeat_with_no_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
