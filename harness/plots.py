@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -123,9 +124,9 @@ def plot_iteration_time_vs_delay(runs: Sequence[Mapping[str, Any]], path: Path) 
 
 def same_line_labels(frame: Any) -> dict[str, str]:
     """Each system's legend label: its name, and where another system's line is the same
-    (every point equal: Falcon's under a delay it cannot see is ZB's), which, and on which
-    link sets (and models) where not on all of them: "zb (= falcon)", "zb (= falcon on
-    dp0:0-1)". A line drawn exactly over another hides it."""
+    (every point equal, `_same_line`: Falcon's under a delay it cannot see is ZB's), which,
+    and on which link sets (and models) where not on all of them: "zb (= falcon)", "zb (=
+    falcon on dp0:0-1)". A line drawn exactly over another hides it."""
     medians = frame.groupby(["system", "model", "links", "delay (ms)"], sort=False)[
         "median step (ms)"
     ].median()
@@ -138,7 +139,11 @@ def same_line_labels(frame: Any) -> dict[str, str]:
     for system, panels in lines.items():
         same = []
         for other, theirs in lines.items():
-            equal = [p for p, line in panels.items() if other != system and theirs.get(p) == line]
+            equal = [
+                p
+                for p, line in panels.items()
+                if other != system and _same_line(theirs.get(p, ()), line)
+            ]
             if equal and len(equal) == len(panels):
                 same.append(other)
             elif equal:
@@ -146,6 +151,16 @@ def same_line_labels(frame: Any) -> dict[str, str]:
                 same.append(f"{other} on {where}")
         labels[system] = f"{system} (= {'; '.join(same)})" if same else system
     return labels
+
+
+def _same_line(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Two lines' (delay, step) points are the same as drawn: the same delays, each step
+    equal but for a float sum's last bits (290.8000000000002 ms and 290.79999999999995
+    ms hide each other)."""
+    return len(a) == len(b) and all(
+        x_a == x_b and math.isclose(y_a, y_b, rel_tol=1e-9)
+        for (x_a, y_a), (x_b, y_b) in zip(a, b, strict=True)
+    )
 
 
 def plot_slowdown(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:

@@ -278,6 +278,30 @@ def test_a_line_drawn_over_another_s_says_so_in_the_legend(
     ]
 
 
+def test_a_line_equal_to_another_but_for_float_rounding_says_so_in_the_legend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adaptra's step under a DP ring delay it cannot move (a profile's own) was ZB's but for
+    the last bits (290.8000000000002 against 290.79999999999995 ms, another sum's order):
+    drawn over ZB's line, which the legend did not say."""
+    grids: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda grid, *_, **__: grids.append(grid))
+    steps = {"zb": (270.79999999999995, 290.79999999999995), "adaptra": (270.8, 290.8000000000002)}
+    runs = [
+        {**_row(system, scenario, ms[i], 0), "links": links, "delay_ms": delay_ms}
+        for system, ms in steps.items()
+        for i, (scenario, links, delay_ms) in enumerate(
+            (("fault-free", "", "0.0"), ("dp1:0-1@20ms", "dp1:0-1", "20.0"))
+        )
+    ]
+    assert harness.plots.plot_iteration_time_vs_delay(runs, tmp_path / "t.png")
+    labels = [text.get_text() for text in grids[-1].legend.get_texts()]
+    assert [label for label in labels if label.split()[0] in steps] == [
+        "zb (= adaptra)",
+        "adaptra (= zb)",
+    ]
+
+
 def test_time_per_step_vs_delay_joins_a_model_s_fault_free_point_to_its_own_links(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
