@@ -5,6 +5,7 @@ delayed; where no ring messages are sent, the iteration's step)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from statistics import fmean
@@ -317,7 +318,23 @@ def _legend(
 
 
 def _delay_text(delays_ms: Iterable[float]) -> str:
-    """ "+40 ms", or "+10-40 ms" when the messages were delayed by different amounts."""
+    """ "+40 ms", or "+10-40 ms" when the messages were delayed by different amounts: to 3
+    significant digits (a jitter's draws, 15.361930 ms, are not read to the microsecond),
+    whole ms at least, or as many more as tell a range's ends apart."""
     values = sorted(set(delays_ms))
     low, high = values[0], values[-1]
-    return f"+{low:g} ms" if low == high else f"+{low:g}-{high:g} ms"
+    if low == high:
+        return f"+{_ms_text(low, 3)} ms"
+    for digits in range(3, 18):  # 17 digits tell any two doubles apart
+        ends = _ms_text(low, digits), _ms_text(high, digits)
+        if ends[0] != ends[1]:
+            break
+    return f"+{ends[0]}-{ends[1]} ms"
+
+
+def _ms_text(ms: float, digits: int) -> str:
+    """`ms` to `digits` significant digits, its whole ms at least, never in an exponent's
+    form: 15.4, 25, 1235, 600000, 0.0423."""
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(ms)))) if ms else 0
+    text = f"{ms:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

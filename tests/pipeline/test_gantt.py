@@ -245,3 +245,29 @@ def test_every_replica_has_its_rows_and_its_slow_messages(
     assert rings.keys() == last_op_ms.keys()  # a ring on each replica's own rows
     assert all(rings[row] >= last_op_ms[row] for row in rings)  # after its own last op
     assert rings[2] == last_op_ms[2] > last_op_ms[0]  # replica 1 waited: not replica 0's end
+
+
+def test_the_legend_gives_a_jittered_delay_s_range_to_three_significant_digits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A link under 20 +- 5 ms of jitter: its messages' delays drawn from the seed are
+    15.361930... to 24.952348... ms, which the legend printed to six digits ("+15.3619-24.9523
+    ms"); a range it rounds alike keeps the digits that tell its ends apart, and a long delay
+    its whole ms."""
+
+    def message(microbatch: int, fault_ms: float) -> MessageRecord:
+        return MessageRecord(0, "0-1", "forward", microbatch, 8, 10.0, 10.0, 10.0 + fault_ms,
+                             10.0, 0, fault_ms)  # fmt: skip
+
+    def labels(*delays_ms: float) -> list[str]:
+        ops = (OpRecord(0, 0, OpKind.F, 0, 0.0, 10.0, 0),)
+        messages = tuple(message(k, ms) for k, ms in enumerate(delays_ms))
+        fig = _drawn(monkeypatch, tmp_path, Timeline(2, ops, messages, ()), end_ms=50.0)
+        legend = fig.axes[0].get_legend()
+        assert legend is not None
+        return [t.get_text() for t in legend.get_texts()]
+
+    assert labels(15.361930457, 20.4, 24.952348101)[-1] == "message on a slow link (+15.4-25 ms)"
+    assert labels(20.01, 20.04)[-1] == "message on a slow link (+20.01-20.04 ms)"
+    assert labels(40.0)[-1] == "message on a slow link (+40 ms)"
+    assert labels(1234.56, 600000.0)[-1] == "message on a slow link (+1235-600000 ms)"
