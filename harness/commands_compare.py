@@ -124,10 +124,15 @@ def compare(
         if result.added
         else ""
     )
-    either = " either way" if both_ways else ""
-    click.echo(
-        f"no regression: {len(result.changes)} metrics within {tolerance:g} %{either}{given}{added}"
-    )
+    num = len(result.changes)
+    if result.better and not both_ways:  # "within" read as none moved more, under those that did
+        said = (
+            f"none of {num} metrics worse than {tolerance:g} %{given} ({len(result.better)} "
+            "better by more: flagged BETTER above)"
+        )
+    else:
+        said = f"{num} metrics within {tolerance:g} %{' either way' if both_ways else ''}{given}"
+    click.echo(f"no regression: {said}{added}")
 
 
 def _configurations(count: int) -> str:

@@ -73,8 +73,9 @@ def test_a_better_metric_fails_both_ways_only(tmp_path: Path) -> None:
     new = _write(tmp_path / "better.csv", rows)
     one_way = _compare(BASELINE, new)
     assert (one_way.returncode, one_way.stdout.splitlines()[-1]) == (
-        0,
-        "no regression: 144 metrics within 0 %",
+        0,  # (it said "within 0 %" right under the row flagged BETTER by 50 %)
+        "no regression: none of 144 metrics worse than 0 % (1 better by more: flagged BETTER "
+        "above)",
     )
     out = _compare(BASELINE, new, "--both-ways")
     assert out.returncode == 1
@@ -276,7 +277,10 @@ def test_each_metric_has_its_direction_and_may_have_its_own_tolerance(tmp_path: 
     assert _compare(BASELINE, slower).returncode == 1
     allowed = _compare(BASELINE, slower, "--metric-tolerance", "median_wall_ms=15")
     assert allowed.returncode == 0
-    assert "within 0 % (median_wall_ms 15 %)" in allowed.stdout.splitlines()[-1]
+    assert allowed.stdout.splitlines()[-1] == (
+        "no regression: none of 144 metrics worse than 0 % (median_wall_ms 15 %) (2 better by "
+        "more: flagged BETTER above)"
+    )
     row["throughput_samples_per_s"] = str(float(row["throughput_samples_per_s"]) * 0.5)
     worse = _write(tmp_path / "worse.csv", rows)
     assert _compare(BASELINE, worse, "--metric-tolerance", "median_wall_ms=15").returncode == 1
