@@ -42,7 +42,8 @@ iteration run (at its start), runs.csv's over the configuration's. 7: `failovers
 delegates' moves to another NIC: iterations.csv's per iteration run, runs.csv's over the
 configuration's. 6: iterations.csv's `microbatches`: the global batch's split over the DP
 replicas where a rebalance made it uneven ("12+4"; empty: equal). 5: iterations.csv says what
-the controller believed and ran: `detected_ms` and `link_comms` (JSON objects by PP link),
+the controller believed and ran: `detected_ms` (a JSON object by link: `0-1`, `pp0:0-1`,
+`dp1:0-1`) and `link_comms` (one by PP link),
 `policy` the iteration's (adaptra: "adaptra"; files written before 2026-12-05 also "adaptra-
 initial"). 4: the saved timelines are of timeline schema 4 (messages' wire start, copy in and
 carrier: pipeline.timeline). 3: a run directory keeps what its engines measured: messages.csv

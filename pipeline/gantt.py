@@ -108,6 +108,11 @@ def ring_spans(timeline: Timeline, replica: int = 0) -> list[RingSpan]:
     return [spans[key] for key in sorted(spans)]
 
 
+_STEP_LABEL = "step after the pipeline (all-reduce, optimizer, the runtime's own time)"
+"""A step's legend: a runtime's holds its own time after the last op too (a fraction of a ms
+where a run has neither an all-reduce nor an optimizer)."""
+
+
 def step_spans(timeline: Timeline) -> list[RingSpan]:
     """Each iteration's step after the pipeline (`IterationRecord.step_time_ms`: the
     all-reduce and the optimizer, the cost model's where no ring messages are sent) on every
@@ -299,7 +304,7 @@ def _legend(
 
     handles: list[Patch | Line2D] = [Patch(color=_COLOURS[k], label=k.value) for k in kinds]
     if rings:
-        label = "DP all-reduce" if of_rings else "step after the pipeline (all-reduce, optimizer)"
+        label = "DP all-reduce" if of_rings else _STEP_LABEL
         handles.append(Patch(color=_RING_COLOUR, label=label))
     delayed = [span.fault_ms for span in rings if span.fault_ms > 0]
     if delayed:

@@ -158,7 +158,8 @@ def test_table3_trace_adaptra_keeps_throughput(tmp_path: Path) -> None:
     model = runs["zb"]["model"]
     caption = (
         "throughput over the fault timeline; checkpoint restarts, not drawn (their time is in "
-        f"the table's samples/s): {model} 1f1b 1, {model} zb 1, {model} adaptra 1"
+        f"the table's samples/s): {model} 1f1b: 1 restart, {model} zb: 1 restart, {model} "
+        "adaptra: 1 restart"
     )  # shown under the image too: a Markdown viewer hides alt text (a user review)
     report = (run_dir / "report.md").read_text()
     assert f"![{caption}](throughput_over_time.png)\n\n*{caption}*\n" in report

@@ -141,6 +141,24 @@ def test_over_a_fault_timeline_the_speed_up_is_in_samples_per_second() -> None:
     ]
 
 
+def test_a_fault_timeline_s_speed_up_says_what_the_best_baseline_s_restarts_cost() -> None:
+    """In sim a restart costs the collective's modelled 10-min timeout: a 12-iteration run's
+    108x was almost all of it, and the headline did not say so (the report review)."""
+    runs = [
+        {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.08",
+         "restarts": "1", "restart_model_ms": "600150.5"},
+        {**_row("falcon", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.07",
+         "restarts": "2", "restart_model_ms": "1200301"},
+        {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "8.0",
+         "restarts": "0", "restart_model_ms": "0"},
+    ]  # fmt: skip
+    assert harness.report._headline(runs) == [
+        "Adaptra's speed-up over the best baseline: m trace:f 100.00x over zb (samples/s over "
+        "the timeline; zb restarted 1 time: 600 s of its time, restart_model_ms).",
+        "",
+    ]
+
+
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     rows = [
         {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",

@@ -145,7 +145,7 @@ def test_a_step_without_ring_messages_is_drawn_after_the_pipeline_on_every_stage
     legend = _drawn(monkeypatch, tmp_path, timeline).axes[0].get_legend()
     assert legend is not None
     assert [t.get_text() for t in legend.get_texts()][-1] == (
-        "step after the pipeline (all-reduce, optimizer)"
+        "step after the pipeline (all-reduce, optimizer, the runtime's own time)"
     )
 
 
