@@ -625,7 +625,8 @@ class ExperimentSpec:
         cls, data: Any, base_dir: Path | None = None, *, recorded: bool = False
     ) -> ExperimentSpec:
         """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
-        accepted for one model and one link set); `faults` is relative to `base_dir`. Only a
+        accepted for one model and one link set); `faults`, `calibration` and a `profile` given as
+        a file's path are relative to `base_dir`. Only a
         `recorded` spec (spec.json's) may give what the spec read from its files
         (`faults_text`, `calibration_costs`): a spec file names the files; its models are not
         resolved (`resolve_models`)."""
@@ -659,8 +660,11 @@ class ExperimentSpec:
         missing = [k for k in ("name", "models", "systems") if k not in values]
         if missing:
             raise ConfigError(f"the spec is missing {', '.join(missing)}")
-        if values.get("profile") is not None:
-            values["profile"] = Profile.from_dict(values["profile"])
+        profile = values.get("profile")
+        if isinstance(profile, str) and base_dir is not None:  # a profile file, as `run` takes
+            values["profile"] = Profile.from_file(base_dir / profile)  # (its errors name it)
+        elif profile is not None:
+            values["profile"] = Profile.from_dict(profile)
         for key in ("models", "systems", "delays_ms"):
             if key in values:
                 values[key] = tuple(values[key] if isinstance(values[key], list) else [values[key]])

@@ -247,6 +247,34 @@ def test_resuming_after_the_fault_timeline_or_calibration_changed_is_refused(
         run_experiment(load_spec(tmp_path / "s.yaml"), run_dir)
 
 
+def test_a_spec_s_profile_may_be_a_profile_file_s_path(tmp_path: Path) -> None:
+    """`profile: p.json` (what `adaptra-bench profile` writes), relative to the spec as
+    `faults:` is, runs as the same profile given inline; spec.json keeps its values, so an
+    edited file is another experiment; a missing one is named."""
+    profile = {"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 2, "t_w": 1}
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "p.json").write_text(json.dumps(profile))
+    text = "name: t\nmodel: m\nsystems: [1f1b]\nnum_iterations: 2\nprofile: "
+    (tmp_path / "specs" / "s.yaml").write_text(text + "p.json\n")
+    (tmp_path / "inline.yaml").write_text(text + json.dumps(profile) + "\n")
+    from_file, inline = (
+        load_spec(tmp_path / "specs" / "s.yaml"),
+        load_spec(tmp_path / "inline.yaml"),
+    )
+    assert from_file.profile == inline.profile and from_file.profile is not None
+    assert from_file.profile.t_b_ms == (2.0, 2.0)
+    run_dir = run_experiment(from_file, tmp_path / "out" / "a")
+    record = json.loads((run_dir / "spec.json").read_text())
+    assert record["spec"]["profile"]["t_b"] == [2.0, 2.0]
+    run_experiment(load_spec(tmp_path / "specs" / "s.yaml"), run_dir)  # unchanged: resumes
+    (tmp_path / "specs" / "p.json").write_text(json.dumps({**profile, "t_b": 3}))
+    with pytest.raises(ConfigError, match="holds a different experiment"):
+        run_experiment(load_spec(tmp_path / "specs" / "s.yaml"), run_dir)
+    (tmp_path / "specs" / "p.json").unlink()
+    with pytest.raises(ConfigError, match=r"spec .*s\.yaml: cannot read profile .*p\.json"):
+        load_spec(tmp_path / "specs" / "s.yaml")
+
+
 def test_report_rebuilds_from_spec_json_without_the_fault_timeline_file(tmp_path: Path) -> None:
     """A run directory copied elsewhere, its fault timeline and calibration gone: report
     rebuilds from what spec.json kept."""
