@@ -625,11 +625,10 @@ class ExperimentSpec:
         cls, data: Any, base_dir: Path | None = None, *, recorded: bool = False
     ) -> ExperimentSpec:
         """The `to_dict` form, which is also the YAML spec file's (`model` and `links` are
-        accepted for one model and one link set); `faults`, `calibration` and a `profile` given as
-        a file's path are relative to `base_dir`. Only a
-        `recorded` spec (spec.json's) may give what the spec read from its files
-        (`faults_text`, `calibration_costs`): a spec file names the files; its models are not
-        resolved (`resolve_models`)."""
+        accepted for one model and one link set); `faults`, `calibration` and a `profile`
+        given as a file's path are relative to `base_dir`. Only a `recorded` spec (spec.json's)
+        may give what the spec read from its files (`faults_text`, `calibration_costs`): a
+        spec file names the files; its models are not resolved (`resolve_models`)."""
         if not isinstance(data, dict):
             raise ConfigError("an experiment spec is a mapping of its fields")
         values = dict(data)
