@@ -85,9 +85,14 @@ class InputFile(_GivenPath):
 class SpecFile(InputFile):
     """An experiment spec's path or, where no such file is, a bundled preset's name (its
     `name:` or its file's stem: `--spec fig16`); a name that is neither is refused, listing
-    the presets."""
+    the presets. A folder of a preset's name is no spec: the preset (`--out fig16` made one,
+    and resuming that run with `--spec fig16` was refused as "a directory")."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and os.path.isdir(value):
+            preset = preset_files().get(value)
+            if preset is not None:
+                return str(preset)
         path = super().convert(value, param, ctx)
         if os.path.lexists(path):
             return path

@@ -114,3 +114,21 @@ def test_launch_writes_a_bundled_preset_s_job(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     job = json.loads((tmp_path / "j" / "launch.json").read_text())
     assert job["spec"]["name"] == "fig1" and len(job["steps"]) == 8
+
+
+def test_a_folder_of_a_preset_s_name_is_not_the_spec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --spec fig1 --out fig1` made a folder `fig1`, and the same command again (with its
+    `--run-id`, to resume it) was refused: "File 'fig1' is a directory". A folder is no spec
+    file: the name is the preset's (a folder of another name is still refused)."""
+    from harness.cli_common import SpecFile
+    from harness.paper import PRESETS_DIR
+
+    monkeypatch.chdir(tmp_path)
+    Path("fig1", "a").mkdir(parents=True)
+    Path("mine").mkdir()
+    take = SpecFile().convert
+    assert take("fig1", None, None) == str(PRESETS_DIR / "fig1_14b_last_link.yaml")
+    result = CliRunner().invoke(cli, ["launch", "--spec", "mine", "--out", "job"])
+    assert result.exit_code == 2 and "'mine' is a directory" in result.output, result.output
