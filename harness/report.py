@@ -340,14 +340,20 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
                     count = statistics.median(count for count, _ in restarted)
                     cost_s = statistics.median(ms for _, ms in restarted) / 1000.0
                     measure += (
-                        f"; {best} restarted {count:g} time{'s' * (count != 1)}: {cost_s:.3g} s "
-                        "of its time, restart_model_ms"
+                        f"; {best} restarted {count:g} time{'s' * (count != 1)}: "
+                        f"{_seconds_text(cost_s)} s of its time, restart_model_ms"
                     )
                 measure += ")"
             speedups.append(f"{model} {scenario} {others[best] / ours:.2f}x over {best}{measure}")
     if speedups:
         lines.append("Adaptra's speed-up over the best baseline: " + "; ".join(speedups) + ".")
     return [*lines, ""] if lines else []
+
+
+def _seconds_text(seconds: float) -> str:
+    """3 significant digits, whole seconds at least, never an exponent's form: 0.0108, 12.3,
+    600, 1,200 (two of sim's 10-min restarts read "1.2e+03")."""
+    return f"{round(seconds):,}" if seconds >= 100 else f"{seconds:.3g}"
 
 
 def prediction_errors(compared: PaperComparison) -> list[float]:

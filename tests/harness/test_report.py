@@ -159,6 +159,23 @@ def test_a_fault_timeline_s_speed_up_says_what_the_best_baseline_s_restarts_cost
     ]
 
 
+def test_a_restarts_cost_of_a_thousand_seconds_or_more_has_no_exponent() -> None:
+    """Two of sim's restarts (each the collective's 10-min timeout) cost 1,200 s: the headline
+    said "1.2e+03 s"."""
+    runs = [
+        {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.08",
+         "restarts": "2", "restart_model_ms": "1200301"},
+        {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "8.0",
+         "restarts": "0", "restart_model_ms": "0"},
+    ]  # fmt: skip
+    assert harness.report._headline(runs)[0] == (
+        "Adaptra's speed-up over the best baseline: m trace:f 100.00x over zb (samples/s over "
+        "the timeline; zb restarted 2 times: 1,200 s of its time, restart_model_ms)."
+    )
+    runs[0]["restart_model_ms"] = "10.8"  # an emulated run's: the failed iteration's time
+    assert "zb restarted 2 times: 0.0108 s of its time" in harness.report._headline(runs)[0]
+
+
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     rows = [
         {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",
