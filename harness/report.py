@@ -336,8 +336,8 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             if _is_trace(scenario):
                 measure = " (samples/s over the timeline"
                 restarted = restart_repeats[model, scenario, best]
-                if any(count for count, _ in restarted):  # its cost may be most of the ratio
-                    count = statistics.median(count for count, _ in restarted)
+                count = statistics.median(count for count, _ in restarted)  # as its samples/s
+                if count:  # its cost may be most of the ratio
                     cost_s = statistics.median(ms for _, ms in restarted) / 1000.0
                     measure += (
                         f"; {best} restarted {count:g} time{'s' * (count != 1)}: "

@@ -176,6 +176,24 @@ def test_a_restarts_cost_of_a_thousand_seconds_or_more_has_no_exponent() -> None
     assert "zb restarted 2 times: 0.0108 s of its time" in harness.report._headline(runs)[0]
 
 
+def test_a_restart_in_a_minority_of_repeats_is_not_said_as_0_times() -> None:
+    """The headline's restarts are the repeats' median, as its samples/s: one repeat of three
+    restarting read "zb restarted 0 times: 0 s of its time"."""
+    runs = [
+        {**_row(system, "trace:f", 355.0, k), "throughput_samples_per_s": rate,
+         "restarts": str(int(k == 2 and system == "zb")),
+         "restart_model_ms": "600150" if k == 2 and system == "zb" else "0"}
+        for k in range(3)
+        for system, rate in (("zb", "0.08"), ("adaptra", "8.0"))
+    ]  # fmt: skip
+    assert harness.report._headline(runs)[0] == (
+        "Adaptra's speed-up over the best baseline: m trace:f 100.00x over zb (samples/s over "
+        "the timeline)."
+    )
+    runs[2]["restarts"], runs[2]["restart_model_ms"] = "1", "600150"  # 2 of 3: said
+    assert "zb restarted 1 time: 600 s of its time" in harness.report._headline(runs)[0]
+
+
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     rows = [
         {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",
