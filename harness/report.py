@@ -291,7 +291,7 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     baseline = fault_free_wall_ms(runs)
     repeats: dict[tuple[str, str], dict[str, list[float]]] = {}  # by (model, scenario)
     rate_repeats: dict[tuple[str, str], dict[str, list[float]]] = {}
-    restart_repeats: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    restart_repeats: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
     for r in runs:
         if r["scenario"] != "fault-free":
             case = repeats.setdefault((r["model"], r["scenario"]), {})
@@ -299,7 +299,11 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             rates = rate_repeats.setdefault((r["model"], r["scenario"]), {})
             rates.setdefault(r["system"], []).append(float(r["throughput_samples_per_s"]))
             restart_repeats.setdefault((r["model"], r["scenario"], r["system"]), []).append(
-                (float(r.get("restarts") or 0), float(r.get("restart_model_ms") or 0))
+                (
+                    float(r.get("restarts") or 0),
+                    float(r.get("lost_iterations") or 0),
+                    float(r.get("restart_model_ms") or 0),
+                )
             )
     by_case = {  # each system's median step over its repeats
         case: {system: statistics.median(ms) for system, ms in systems.items()}
@@ -336,12 +340,12 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             if _is_trace(scenario):
                 measure = " (samples/s over the timeline"
                 restarted = restart_repeats[model, scenario, best]
-                count = statistics.median(count for count, _ in restarted)  # as its samples/s
-                if count:  # its cost may be most of the ratio
-                    cost_s = statistics.median(ms for _, ms in restarted) / 1000.0
+                count, lost, cost_ms = (statistics.median(c) for c in zip(*restarted, strict=True))
+                if count:  # as its samples/s: the median repeat's; its cost may be most of it
                     measure += (
-                        f"; {best} restarted {count:g} time{'s' * (count != 1)}: "
-                        f"{_seconds_text(cost_s)} s of its time, restart_model_ms"
+                        f"; {best} restarted {count:g} time{'s' * (count != 1)}, ran {lost:g} "
+                        f"lost iteration{'s' * (lost != 1)} again and lost "
+                        f"{_seconds_text(cost_ms / 1000.0)} s more: restart_model_ms"
                     )
                 measure += ")"
             speedups.append(f"{model} {scenario} {others[best] / ours:.2f}x over {best}{measure}")

@@ -146,7 +146,7 @@ def test_a_fault_timeline_s_speed_up_says_what_the_best_baseline_s_restarts_cost
     108x was almost all of it, and the headline did not say so (the report review)."""
     runs = [
         {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.08",
-         "restarts": "1", "restart_model_ms": "600150.5"},
+         "restarts": "1", "lost_iterations": "3", "restart_model_ms": "600150.5"},
         {**_row("falcon", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.07",
          "restarts": "2", "restart_model_ms": "1200301"},
         {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "8.0",
@@ -154,7 +154,8 @@ def test_a_fault_timeline_s_speed_up_says_what_the_best_baseline_s_restarts_cost
     ]  # fmt: skip
     assert harness.report._headline(runs) == [
         "Adaptra's speed-up over the best baseline: m trace:f 100.00x over zb (samples/s over "
-        "the timeline; zb restarted 1 time: 600 s of its time, restart_model_ms).",
+        "the timeline; zb restarted 1 time, ran 3 lost iterations again and lost 600 s more: "
+        "restart_model_ms).",
         "",
     ]
 
@@ -164,21 +165,22 @@ def test_a_restarts_cost_of_a_thousand_seconds_or_more_has_no_exponent() -> None
     said "1.2e+03 s"."""
     runs = [
         {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.08",
-         "restarts": "2", "restart_model_ms": "1200301"},
+         "restarts": "2", "lost_iterations": "1", "restart_model_ms": "1200301"},
         {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "8.0",
          "restarts": "0", "restart_model_ms": "0"},
     ]  # fmt: skip
     assert harness.report._headline(runs)[0] == (
         "Adaptra's speed-up over the best baseline: m trace:f 100.00x over zb (samples/s over "
-        "the timeline; zb restarted 2 times: 1,200 s of its time, restart_model_ms)."
+        "the timeline; zb restarted 2 times, ran 1 lost iteration again and lost 1,200 s more: "
+        "restart_model_ms)."
     )
     runs[0]["restart_model_ms"] = "10.8"  # an emulated run's: the failed iteration's time
-    assert "zb restarted 2 times: 0.0108 s of its time" in harness.report._headline(runs)[0]
+    assert "again and lost 0.0108 s more" in harness.report._headline(runs)[0]
 
 
 def test_a_restart_in_a_minority_of_repeats_is_not_said_as_0_times() -> None:
     """The headline's restarts are the repeats' median, as its samples/s: one repeat of three
-    restarting read "zb restarted 0 times: 0 s of its time"."""
+    restarting read "zb restarted 0 times"."""
     runs = [
         {**_row(system, "trace:f", 355.0, k), "throughput_samples_per_s": rate,
          "restarts": str(int(k == 2 and system == "zb")),
@@ -191,7 +193,10 @@ def test_a_restart_in_a_minority_of_repeats_is_not_said_as_0_times() -> None:
         "the timeline)."
     )
     runs[2]["restarts"], runs[2]["restart_model_ms"] = "1", "600150"  # 2 of 3: said
-    assert "zb restarted 1 time: 600 s of its time" in harness.report._headline(runs)[0]
+    assert (
+        "zb restarted 1 time, ran 0 lost iterations again and lost 600 s more"
+        in (harness.report._headline(runs)[0])
+    )
 
 
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
