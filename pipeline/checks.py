@@ -11,11 +11,13 @@ __all__ = [
     "MAX_DURATION_MS",
     "MAX_SEED",
     "MAX_WAIT_S",
+    "MAX_WHOLE_DIGITS",
     "MIN_BANDWIDTH_GBPS",
     "check_count",
     "check_ms",
     "check_wait_s",
     "is_number",
+    "whole_number",
 ]
 
 MAX_DURATION_MS = 3_600_000.0
@@ -31,6 +33,11 @@ limit, every option in seconds (--timeout, launch's --run-timeout-s:
 harness.cli_common.seconds) and a spec's `transport_timeout_s` take no more."""
 MAX_SEED = 2**32 - 1
 """The largest seed a run takes (a spec's `seed`, `run --seed`): 32 bits, as numpy's."""
+MAX_WHOLE_DIGITS = 308
+"""The most digits (leading zeros aside) a whole number an input writes may have: every
+number an input gives is a count, a size or a time, which a float holds, and more digits
+overflowed a float where a check converted it (`mem_limit: 1e400` written out was an
+internal error) or passed Python's limit on reading one (4,300 digits: another)."""
 
 
 def is_number(value: object) -> bool:
@@ -65,3 +72,18 @@ def check_wait_s(name: str, value: object) -> float:
     if not 0 < number <= MAX_WAIT_S:  # NaN fails it too
         raise ConfigError(f"{name} must be in (0, {MAX_WAIT_S}] s, got {value!r}")
     return number
+
+
+def whole_number(text: str) -> int:
+    """A whole number an input writes in decimal (`text`, its sign first if any): a file's
+    (pipeline.files), a link's or an op's; one of more than MAX_WHOLE_DIGITS digits is a
+    ConfigError saying so."""
+    sign = text[0] if text.startswith(("+", "-")) else ""
+    body = text[len(sign) :]
+    if not (body.isascii() and body.isdigit()):
+        return int(text, 10)  # a ValueError (a tag's `!!int 0x10`)
+    digits = body.lstrip("0") or "0"
+    if len(digits) > MAX_WHOLE_DIGITS:
+        shown = text if len(text) <= 24 else f"{text[:20]}..."
+        raise ConfigError(f"{shown} ({len(digits)} digits) is too large a number")
+    return int(sign + digits, 10)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from pipeline.checks import whole_number
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -55,16 +56,16 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """The file's JSON; a syntax error or a key given twice in one object is a ConfigError
-    naming the file."""
+    """The file's JSON; a syntax error, a key given twice in one object or a whole number
+    too large for a float (`whole_number`) is a ConfigError naming the file."""
     text = read_text(path, what)
     try:
-        return _shallow(json.loads(text, object_pairs_hook=_unique_keys))
+        return _shallow(json.loads(text, object_pairs_hook=_unique_keys, parse_int=whole_number))
     except json.JSONDecodeError as err:
         raise ConfigError(f"{what} {path} is not valid JSON: {err}") from err
     except RecursionError as err:
         raise ConfigError(f"{what} {path}: {_TOO_DEEP}") from err
-    except ConfigError as err:  # a key given twice, nested too deeply
+    except ConfigError as err:  # a key given twice, nested too deeply, too large a number
         raise ConfigError(f"{what} {path}: {err}") from err
 
 
@@ -146,7 +147,9 @@ def _yaml_loader() -> Any:
     def decimal_int(loader: Loader, node: Any) -> int:
         text = loader.construct_scalar(node)
         try:
-            return int(text, 10)  # not the base's: 010 would be octal 8
+            return whole_number(text)  # not the base's: 010 would be octal 8
+        except ConfigError as err:  # too large a number
+            raise yaml.constructor.ConstructorError(None, None, str(err), node.start_mark) from None
         except ValueError:  # a tag's (!!int 0x10)
             raise yaml.constructor.ConstructorError(
                 None, None, f"{text!r} is not a decimal whole number", node.start_mark

@@ -174,6 +174,18 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("profile huge time", {"p.json": profile(t_b=1e300)}, RUN_P, "t_b must be finite and in"),
     ("profile string time", {"p.json": profile(t_w="5")}, RUN_P, "t_w must be a number"),
     (
+        "profile a whole number past a float",  # an internal error (OverflowError)
+        {"p.json": profile(mem_limit=10**400)},
+        RUN_P,
+        "profile p.json: 10000000000000000000... (401 digits) is too large a number",
+    ),
+    (
+        "spec a whole number past a float",  # an internal error (OverflowError)
+        {"s.yaml": spec(restart_ms=10**400)},
+        RUN_SPEC,
+        "spec s.yaml is not valid YAML at line 1, column ",
+    ),
+    (
         "profile short delays",
         {"p.json": profile(delay_ms=[1])},
         RUN_P,

@@ -9,6 +9,7 @@ from typing import BinaryIO
 import matplotlib
 import pytest
 
+from pipeline.checks import MAX_WHOLE_DIGITS
 from pipeline.errors import ConfigError
 from pipeline.files import (
     MAX_DEPTH,
@@ -203,3 +204,37 @@ def test_deep_nesting_and_yaml_aliases_are_refused_as_input(tmp_path: Path) -> N
         "write the value out"
     )
     assert load_yaml("a: &x [1, 2]\n", "f") == {"a": [1, 2]}  # an anchor alone is harmless
+
+
+def test_a_whole_number_too_large_for_a_float_is_refused_as_input(tmp_path: Path) -> None:
+    """`"mem_limit": 1e400` written out (400 digits) passed the reader and overflowed the
+    profile's check converting it to a float, an internal error (OverflowError), as in every
+    check of a spec, calibration or cluster job; 5,000 digits were one in the reader itself
+    (Python's limit on reading a whole number). A whole number of over MAX_WHOLE_DIGITS
+    digits is refused where it is read, with the file (and in YAML its line)."""
+    path = tmp_path / "p.json"
+    big = "1" * 400
+    path.write_text(
+        f'{{"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1, "mem_limit": {big}}}'
+    )
+    with pytest.raises(ConfigError) as refused:
+        Profile.from_file(path)
+    assert str(refused.value) == (
+        f"profile {path}: 11111111111111111111... (400 digits) is too large a number"
+    )
+    for digits in (MAX_WHOLE_DIGITS + 1, 5000):
+        path.write_text(f"[-{'9' * digits}]")
+        with pytest.raises(ConfigError, match=rf"\({digits} digits\) is too large a number"):
+            read_json(path, "file")
+        with pytest.raises(ConfigError) as in_yaml:
+            load_yaml(f"a: 1\nb: [2, {'9' * digits}]\n", "spec s.yaml")
+        assert str(in_yaml.value) == (
+            f"spec s.yaml is not valid YAML at line 2, column 8: 99999999999999999999... "
+            f"({digits} digits) is too large a number"
+        )
+    most = "9" * MAX_WHOLE_DIGITS
+    path.write_text(f"[{most}, -{most}, 0, -0]")
+    assert read_json(path, "file") == [int(most), -int(most), 0, 0]
+    assert load_yaml(f"[{most}, +{most}, -{'0' * 400}7, 007]", "x") == [
+        int(most), int(most), -7, 7,
+    ]  # fmt: skip
