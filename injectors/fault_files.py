@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from injectors.fault_model import Effect, FaultEvent, FaultModel, Target, TargetKind
-from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS, is_number
+from pipeline.checks import MAX_DURATION_MS, MIN_BANDWIDTH_GBPS, is_number, whole_number
 from pipeline.errors import ConfigError
 from pipeline.files import load_yaml_lines, read_text
 from pipeline.topology import Link
@@ -96,7 +96,10 @@ def _iteration(row: int, value: Any, name: str = "start iteration", *, trace: bo
     text = str(value).strip()
     if not _INTEGER.fullmatch(text):
         raise ConfigError(f"fault row {row}: {name} {value!r} is not an integer")
-    number = int(text)
+    try:  # (thousands of digits were past Python's limit on reading a number)
+        number = whole_number(text)
+    except ConfigError as err:
+        raise ConfigError(f"fault row {row}: {name} {err}") from None
     if number < 0:
         raise ConfigError(f"fault row {row}: {name} must be >= 0, got {number}")
     return number
@@ -245,7 +248,11 @@ def _target(row: int, item: dict[str, Any], failure: bool) -> Target:
     match = _NIC.fullmatch(str(value))
     if match is None:
         raise ConfigError(f"fault row {row}: nic {value!r} is not like 'host1:rnic0'")
-    return Target(TargetKind.NIC, hosts=(int(match.group(1)), 0), nic=match.group(2))
+    try:
+        host = whole_number(match.group(1))
+    except ConfigError as err:
+        raise ConfigError(f"fault row {row}: nic host {err}") from None
+    return Target(TargetKind.NIC, hosts=(host, 0), nic=match.group(2))
 
 
 def _effect(row: int, item: dict[str, Any]) -> Effect:

@@ -6,7 +6,8 @@ import re
 from enum import StrEnum
 from typing import NamedTuple
 
-from pipeline.errors import ScheduleError
+from pipeline.checks import whole_number
+from pipeline.errors import ConfigError, ScheduleError
 
 __all__ = ["MEMORY_DELTA", "Op", "OpKind"]
 
@@ -46,4 +47,8 @@ class Op(NamedTuple):
                 f"cannot read op {text!r}: expected a kind F, B, W or BW followed by a "
                 "microbatch index, e.g. 'F3' or 'BW0'"
             )
-        return cls(OpKind(match.group(1)), int(match.group(2)))
+        try:  # (thousands of digits were past Python's limit on reading a number)
+            microbatch = whole_number(match.group(2))
+        except ConfigError as err:
+            raise ScheduleError(f"cannot read op {text[:40]!r}...: {err}") from None
+        return cls(OpKind(match.group(1)), microbatch)

@@ -23,6 +23,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from pipeline.checks import whole_number
 from pipeline.errors import ConfigError
 
 __all__ = [
@@ -107,7 +108,12 @@ class Link:
             )
         prefix, group, first, second = match.groups()
         kind = LinkKind(prefix) if prefix else LinkKind.PP
-        return cls(kind, None if group is None else int(group), int(first), int(second))
+        try:  # (thousands of digits were past Python's limit on reading a number)
+            lower, upper = whole_number(first), whole_number(second)
+            replica_or_stage = None if group is None else whole_number(group)
+        except ConfigError as err:
+            raise ConfigError(f"link {str(text)[:40]!r}...: {err}") from None
+        return cls(kind, replica_or_stage, lower, upper)
 
     @classmethod
     def from_spec(cls, value: Any, num_stages: int) -> Link:

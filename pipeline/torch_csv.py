@@ -11,7 +11,8 @@ import csv
 import io
 import re
 
-from pipeline.errors import ScheduleError
+from pipeline.checks import whole_number
+from pipeline.errors import ConfigError, ScheduleError
 from pipeline.ops import Op, OpKind
 from pipeline.schedule import Schedule
 
@@ -46,13 +47,16 @@ def _read_action(rank: int, position: int, cell: str) -> Op:
                 "communication, FSDP and overlapped actions are not supported"
             )
         raise ScheduleError(f"{where}: expected <stage><F|I|W|B><microbatch>, e.g. '{rank}F3'")
-    stage_idx = int(match.group(1))
+    try:  # (thousands of digits were past Python's limit on reading a number)
+        stage_idx, microbatch = whole_number(match.group(1)), whole_number(match.group(3))
+    except ConfigError as err:
+        raise ScheduleError(f"{where[:120]}...: {err}") from None
     if stage_idx != rank:
         raise ScheduleError(
             f"{where} names stage {stage_idx}, but rank {rank} must run stage {rank} only "
             "(one stage per rank)"
         )
-    return Op(_FROM_TORCH[match.group(2)], int(match.group(3)))
+    return Op(_FROM_TORCH[match.group(2)], microbatch)
 
 
 def from_torch_csv(text: str) -> Schedule:

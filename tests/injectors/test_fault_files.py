@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from injectors.fault_files import load_faults, parse_faults, parse_trace, parse_yaml
@@ -337,3 +339,21 @@ def test_a_leading_zero_is_decimal_and_base_60_is_refused() -> None:
     assert (event.start_iteration, str(event.target)) == (10, "hosts 1-10")
     with pytest.raises(ConfigError, match="at_ms must be a number, got '12:30'"):
         parse_yaml("- {start_iteration: 1, at_ms: 12:30, links: ['0-1'], delay_ms: 10}")
+
+
+def test_a_number_of_thousands_of_digits_is_refused_naming_its_row() -> None:
+    """A trace's start iteration, a link or a NIC's host of 5,000 digits was an internal
+    error (ValueError: past Python's limit on reading a whole number)."""
+    many = "1" * 5000
+    for text, said in (
+        (f"{many};0_1;0.01", "fault row 1: start iteration 11111111111111111111..."),
+        (f"0;0_{many};0.01", "fault row 1: '0_1111111"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            parse_trace(text)
+    for row, said in (
+        (f"links: ['0-{many}'], delay_ms: 5", "fault row 1: link '0-11111"),
+        (f"nic: 'host{many}:rnic0', delay_ms: 5", "fault row 1: nic host 11111"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            parse_yaml(f"- {{start_iteration: 0, {row}}}\n")

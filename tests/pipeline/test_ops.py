@@ -29,3 +29,10 @@ def test_bad_op_text_is_rejected_with_the_text(text: str) -> None:
 def test_memory_accounting_is_zero_bubble_s() -> None:
     assert MEMORY_DELTA[OpKind.F] == 1.0
     assert MEMORY_DELTA[OpKind.B] + MEMORY_DELTA[OpKind.W] == MEMORY_DELTA[OpKind.BW] == -1.0
+
+
+def test_an_op_of_thousands_of_digits_is_refused_as_too_large() -> None:
+    """A schedule file's op "F111..." of 5,000 digits was an internal error (ValueError:
+    past Python's limit on reading a whole number)."""
+    with pytest.raises(ScheduleError, match=r"^cannot read op 'F1{39}'\.\.\.: .* \(5000 digits\)"):
+        Op.parse("F" + "1" * 5000)

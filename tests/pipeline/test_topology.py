@@ -170,3 +170,12 @@ def test_a_direction_is_a_value_and_a_link_refuses_any_other() -> None:
         Link.pp(0).sender("fwd")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="a direction is forward or backward, not 'fwd'"):
         Link.pp(0).receiver("fwd")  # type: ignore[arg-type]
+
+
+def test_a_link_of_thousands_of_digits_is_refused_as_too_large() -> None:
+    """A spec's, a fault timeline's or a profile's link of 5,000 digits ("0-111...") was
+    an internal error (ValueError: past Python's limit on reading a whole number)."""
+    for text in ("0-" + "1" * 5000, "dp" + "1" * 5000 + ":0-1", "pp0:" + "1" * 400 + "-2"):
+        with pytest.raises(ConfigError, match=r"^link '.{1,40}'\.\.\.: .* is too large a number"):
+            Link.parse(text)
+    assert Link.parse("0" * 5000 + "-1") == Link.pp(0)  # leading zeros are no digits of it

@@ -305,3 +305,11 @@ def test_torch_runtime_runs_export_with_reference_grads(name: str, tmp_path: Pat
     losses = results[NUM_STAGES - 1]["losses"]
     assert isinstance(losses, list)
     torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses))
+
+
+def test_import_refuses_an_action_of_thousands_of_digits() -> None:
+    """A torch CSV's cell "0F111..." (or a stage of as many digits) was an internal error
+    (ValueError: past Python's limit on reading a whole number)."""
+    for cell in ("0F" + "1" * 5000, "1" * 5000 + "F0"):
+        with pytest.raises(ScheduleError, match=r"^torch CSV line 1 \(rank 0\), .* is too large"):
+            from_torch_csv(cell + "\n")
