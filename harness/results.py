@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.resolved import configuration_name
 from pipeline.errors import ConfigError
-from pipeline.files import atomic_writer, write_atomic
+from pipeline.files import atomic_writer, read_json, write_atomic
 
 __all__ = [
     "ITERATIONS_COLUMNS",
@@ -382,12 +382,7 @@ def read_spec_record(run_dir: Path) -> dict[str, Any]:
     `spec_version` (1 where the file has none), `resumed_git_revisions` and `warnings`
     (none where the file has none)."""
     path = run_dir / "spec.json"
-    try:
-        record = json.loads(path.read_text())
-    except OSError as err:
-        raise ConfigError(f"cannot read {path}: {err.strerror}") from err
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConfigError(f"{path} is not valid JSON (damaged?): {err}") from err
+    record = read_json(path, "run record")  # as any input: nesting, a key twice, huge numbers
     if not isinstance(record, dict) or not isinstance(record.get("spec"), dict):
         raise ConfigError(f"{path} is not a spec record (an object with a `spec`)")
     if record.get("schema_version") != RESULTS_SCHEMA_VERSION:

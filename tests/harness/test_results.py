@@ -2,6 +2,7 @@
 
 import datetime as dt
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from harness.results import (
     git_revision,
     read_csv_rows,
     read_iterations,
+    read_spec_record,
     run_dir_held,
     run_dir_holder,
     write_csv_atomic,
@@ -250,3 +252,20 @@ def test_the_git_revision_says_when_tracked_files_differ_from_it(
     assert git_revision(tmp_path) == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_revision(tmp_path) == f"{head}-dirty"
+
+
+def test_a_damaged_spec_json_is_refused_as_any_input_file(tmp_path: Path) -> None:
+    """spec.json was read with a bare json.loads: nested brackets were an internal error
+    (RecursionError) for `report`, `run --run-id` and `compare`, a 5,000-digit number one too
+    (Python's limit on reading one), and a key given twice kept the last, where every other
+    input file refuses all three. It is read as they are now, one line naming it."""
+    path = tmp_path / "spec.json"
+    for text, said in (
+        ("[" * 100_000 + "]" * 100_000, "lists and mappings nested more than 64 deep"),
+        ('{"spec": {}, "n": ' + "1" * 5000 + "}", r"\(5000 digits\) is too large a number"),
+        ('{"spec": {"a": 1}, "spec": {}}', "key 'spec' given twice in one object"),
+        ("{garb", "is not valid JSON"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=f"^run record {re.escape(str(path))}.*{said}"):
+            read_spec_record(tmp_path)
