@@ -20,7 +20,7 @@ from harness.cli_common import (
     seconds,
 )
 from harness.loop import MAX_ITERATIONS
-from harness.runner import check_hold, longest_hold_ms
+from harness.runner import check_hold, check_processes, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
@@ -173,6 +173,8 @@ def launch(
         raise ConfigError(f"{world} ranks do not split evenly over {nodes} nodes")
     if run_here and nodes != 1:
         raise ConfigError("--run starts one node only; run the printed commands on each node")
+    if run_here:  # every rank a process here, as `run --backend emulated` starts them
+        check_processes(profile, delegated=False)
     if master_addr is not None and not master_addr.strip():
         raise ConfigError("--master-addr is empty: give the address of node 0")
     if master_addr is None and nodes > 1:

@@ -162,3 +162,29 @@ def test_launch_spec_says_how_to_run_the_script_and_collect_its_results(tmp_path
         f"wrote {script} (3 configurations; 1 skipped, listed in it): sbatch '{script}', then "
         f"adaptra-bench collect '{script.parent}' for its results\n"
     )
+
+
+def test_launch_run_refuses_more_ranks_than_this_host_takes_before_anything_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --run` started a worker process here per rank, however many: `--replicas
+    1024` of a 4-stage profile was a torchrun of 4,096 workers on this host, where `run
+    --backend emulated` refuses more than `max_processes()` processes. It is refused the
+    same way now, before anything is written or run."""
+    import harness.runner as runner
+    import pipeline.runtime.local_launch as local_launch
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("torchrun was started")
+
+    monkeypatch.setattr(local_launch, "run_local", started)
+    monkeypatch.setattr(runner, "max_processes", lambda: 6)
+    result = _launch(tmp_path, "--run", "--replicas", "4")  # 2 stages x 4: 8 workers
+    assert isinstance(result.exception, ConfigError), result.output
+    assert str(result.exception).startswith(
+        "this run would start 8 worker(s) and 0 delegate process(es), more than the 6 one "
+        "host takes here"
+    )
+    assert not (tmp_path / "out").exists()
+    result = _launch(tmp_path, "--replicas", "4")  # printed for a cluster's nodes: no limit
+    assert result.exit_code == 0, result.output
