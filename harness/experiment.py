@@ -92,6 +92,7 @@ def run_experiment(
     fresh = not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {".lock"}
     with run_dir_held(run_dir):
         try:
+            spec.check_processes_here()  # before spec.json: not after the other configurations
             return _run_experiment(spec, run_dir, progress)
         except BaseException:
             if fresh:

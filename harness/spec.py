@@ -22,6 +22,7 @@ from harness.runner import (
     INJECTIONS,
     check_hold,
     check_injectable,
+    check_processes,
     link_terms,
     longest_hold_ms,
 )
@@ -444,6 +445,38 @@ class ExperimentSpec:
                     raise ConfigError(
                         f"model {target.label}, system {system}, scenario {scenario.name}: {err}"
                     ) from err
+
+    def check_processes_here(self) -> None:
+        """A ConfigError naming the first configuration whose run on this host would start
+        more processes than it takes (harness.runner.check_processes, as `run_configuration`
+        counts them from its first plan: a delay's delegates); none for the simulator. Not
+        part of the spec's own check: a cluster job (`launch --spec`) spreads its ranks over
+        nodes, while `run` starts them all here, so it checks before it writes anything."""
+        if self.backend == "sim":
+            return
+        for target in self.targets():
+            for scenario in self.scenarios(target):
+                for system in self.systems:
+                    first = controller_for(
+                        system,
+                        target,
+                        scenario,
+                        self.planner,  # the plans the spec's check made
+                        self.num_warmup_iterations,
+                        self.recovery(),
+                        link_terms=self.link_terms(),
+                    ).plan(0)
+                    try:
+                        check_processes(
+                            first.profile,
+                            delegated=SYSTEMS[system][1] == "delegated",
+                            tied=self.backend == "megatron",
+                        )
+                    except ConfigError as err:
+                        raise ConfigError(
+                            f"model {target.label}, system {system}, scenario "
+                            f"{scenario.name}: {err}"
+                        ) from err
 
     def _check_hold(self, target: Target, scenario: Scenario) -> None:
         """A runtime's workers receive each of `scenario`'s messages within their

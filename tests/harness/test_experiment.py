@@ -502,6 +502,34 @@ def test_a_runtime_spec_refuses_a_delay_its_workers_would_time_out_on_before_any
     assert [c.scenario.delay_ms for c in longer.configurations()] == [0.0, 5.0, 2000.0]
 
 
+def test_a_runtime_run_refuses_a_configuration_of_too_many_processes_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An emulated spec whose adaptra-cpu configuration at a 10 ms delay needs 10 delegates
+    per link direction and side (4 workers and 120 delegates at 4 stages of 1 ms ops) ran:
+    spec.json written and the configurations before it run, that one failed on
+    `run_configuration`'s count of processes, and the rest never ran (a spec of that one
+    alone left a run directory of a spec.json). Each configuration's first plan is counted
+    before anything is written now; a cluster job of the spec (`launch --spec`) spreads its
+    ranks over nodes and is not limited by this host's count."""
+    import harness.runner as runner
+
+    monkeypatch.setattr(runner, "max_processes", lambda: 100)
+    spec = {"name": "t", "models": ("m",), "profile": Profile.uniform(4, 64, 1, 1, 1)}
+    spec |= {"backend": "emulated", "systems": ("1f1b", "adaptra-cpu"), "num_iterations": 1}
+    run_dir = tmp_path / "out" / "t"
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(ExperimentSpec(**spec, delays_ms=(0.0, 10.0)), run_dir)
+    assert str(refused.value).startswith(
+        "model m, system adaptra-cpu, scenario 0-1@10ms: this run would start 4 worker(s) "
+        "and 120 delegate process(es), more than the 100 one host takes here"
+    )
+    assert not run_dir.exists()
+    ExperimentSpec(**spec, delays_ms=(0.0, 5.0)).check_processes_here()  # 4 + 60 processes
+    sim = {**spec, "backend": "sim"}
+    ExperimentSpec(**sim, delays_ms=(10.0,)).check_processes_here()  # no process at all
+
+
 def test_changed_copies_of_one_model_need_a_name_each_and_one_listed_twice_is_refused() -> None:
     """Both were labelled gpt2-7b-custom and refused as a model listed twice."""
     base = {"name": "t", "profile": None, "systems": ("1f1b",)}
