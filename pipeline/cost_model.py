@@ -24,6 +24,7 @@ __all__ = [
     "CALIBRATED",
     "H800_IB400",
     "HARDWARE",
+    "MAX_MODEL_COUNT",
     "MODELS",
     "Calibration",
     "GPTModel",
@@ -33,6 +34,13 @@ __all__ = [
     "resolve_hardware",
     "resolve_model",
 ]
+
+
+MAX_MODEL_COUNT = 2**40
+"""The most any count of a model may be (its layers, hidden size, sequence, vocabulary,
+TP, DP, PP): far beyond any model's, and small enough that its FLOPs and bytes, products of
+a few of them, stay within a float (a spec's `hidden` of 300 digits overflowed one converting
+them: an internal error)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,9 +65,11 @@ class GPTModel:
             raise ConfigError(f"a model's name must be a string, got {self.name!r}")
         counts = ("num_layers", "hidden", "num_heads", "seq_len", "microbatch_size", "vocab_size")
         for field in (*counts, "tp", "dp", "pp"):
-            check_count(f"model {self.name}: {field}", getattr(self, field), 1)
+            check_count(f"model {self.name}: {field}", getattr(self, field), 1, MAX_MODEL_COUNT)
         if self.num_microbatches is not None:
-            check_count(f"model {self.name}: num_microbatches", self.num_microbatches, 1)
+            check_count(
+                f"model {self.name}: num_microbatches", self.num_microbatches, 1, MAX_MODEL_COUNT
+            )
         if (self.num_layers + 2) % self.pp:
             raise ConfigError(
                 f"model {self.name}: {self.num_layers} layers + embedding + head = "

@@ -8,6 +8,7 @@ from pipeline.checks import MIN_BANDWIDTH_GBPS
 from pipeline.cost_model import (
     CALIBRATED,
     H800_IB400,
+    MAX_MODEL_COUNT,
     MODELS,
     GPTModel,
     model_cost,
@@ -121,6 +122,20 @@ def test_the_dp_step_is_in_the_profile() -> None:
 def test_bad_models_are_clear_errors(entry: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         resolve_model(entry)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("field", ["hidden", "seq_len", "microbatch_size", "num_heads"])
+def test_a_model_count_past_any_model_s_is_refused_before_it_is_priced(field: str) -> None:
+    """A spec's model of `hidden: 111...` (300 digits; seq_len, microbatch_size too) was an
+    internal error (OverflowError) pricing its FLOPs, products of its counts past a float.
+    Each count is at most MAX_MODEL_COUNT (far beyond any model's), whose products stay
+    within a float: such a model is priced, and refused as one that does not fit."""
+    with pytest.raises(ConfigError, match=f"{field} must be in 1..{MAX_MODEL_COUNT}, got 1111"):
+        resolve_model({"base": "gpt2-7b", field: int("1" * 300)})
+    most = {f: MAX_MODEL_COUNT for f in ("hidden", "seq_len", "microbatch_size", "num_heads")}
+    largest = resolve_model({"base": "gpt2-7b", **most, "num_layers": MAX_MODEL_COUNT - 2})
+    with pytest.raises(ConfigError, match="does not fit 4 stages"):
+        model_cost(largest)
 
 
 def test_a_model_that_does_not_fit_its_stages_is_refused() -> None:
