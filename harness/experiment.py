@@ -47,6 +47,7 @@ from harness.spec import (
 from pipeline.cost_model import CALIBRATED, Calibration, model_cost, resolve_model
 from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS
+from pipeline.files import leftover_temporaries
 from pipeline.timeline import Timeline
 
 __all__ = ["fault_free_step_ms", "new_run_dir", "run_experiment"]
@@ -90,6 +91,8 @@ def run_experiment(
     anything leaves no folder behind where `run_dir` was absent or empty (but for a `.lock`)
     before it."""
     fresh = not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {".lock"}
+    if not fresh and not (run_dir / "spec.json").exists():  # before the hold's `.lock`
+        _check_not_another_folder(run_dir)
     with run_dir_held(run_dir):
         try:
             spec.check_processes_here()  # before spec.json: not after the other configurations
@@ -273,6 +276,22 @@ def _check_same_experiment(run_dir: Path, previous: dict[str, Any], record: dict
 _RESULTS = ("runs.csv", "iterations.csv", "messages.csv", "timelines")
 """What a run writes after spec.json: a directory holding any of them but no spec.json holds
 no run of this experiment (copied or left there by something else)."""
+
+
+def _check_not_another_folder(run_dir: Path) -> None:
+    """A ConfigError if `run_dir`, without a spec.json, holds anything but its lock, a
+    killed write's temporary file and results (`_check_no_results` refuses those): not a run
+    directory (a run writes spec.json first), but a folder of other files (--run-id naming
+    one of the user's), among which the run would write its own (report.md and the plots
+    over any of those names), as `collect` refuses."""
+    ours = {".lock", *_RESULTS}.union(p.name for p in leftover_temporaries(run_dir))
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in ours)
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise ConfigError(
+            f"{run_dir} holds {others[0]!r}{more} but no spec.json: not a run directory (a run "
+            "writes spec.json first); pick a new run id, or an empty folder"
+        )
 
 
 def _check_no_results(run_dir: Path) -> None:

@@ -140,9 +140,39 @@ def test_a_run_that_fails_before_its_first_file_leaves_no_folder(
     kept = tmp_path / "out" / "kept"
     (kept / "notes.txt").parent.mkdir()
     (kept / "notes.txt").write_text("mine")
-    with pytest.raises(MemoryError):
-        run_experiment(spec, kept)  # a folder that held something before stays
-    assert sorted(p.name for p in kept.iterdir()) == [".lock", "notes.txt"]
+    with pytest.raises(ConfigError, match="holds 'notes.txt' but no spec.json"):
+        run_experiment(spec, kept)  # a folder of someone's files: refused, and it stays
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+
+
+def test_a_run_id_naming_a_folder_of_other_files_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """`run --spec S --out . --run-id NOTES` ran into a folder of the user's files: its
+    spec.json, CSVs, timelines/, plots and report.md went among them, over their report.md,
+    where `collect` refuses a folder that is not empty. A folder without a spec.json is
+    refused now unless it holds nothing but a lock and a killed write's temporary file."""
+    spec = ExperimentSpec(
+        name="t", models=("m",), profile=Profile.uniform(2, 4, 1, 1, 1), systems=("1f1b",)
+    )
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    (mine / "figures").mkdir()
+    with pytest.raises(ConfigError) as refused:
+        run_experiment(spec, mine)
+    assert str(refused.value) == (
+        f"{mine} holds 'figures' and 1 more but no spec.json: not a run directory (a run "
+        "writes spec.json first); pick a new run id, or an empty folder"
+    )
+    assert sorted(p.name for p in mine.iterdir()) == ["figures", "report.md"]
+    assert (mine / "report.md").read_text() == "my notes"
+    killed = tmp_path / "killed"  # as it wrote its spec.json: a run of it goes on
+    killed.mkdir()
+    (killed / ".lock").write_text("")
+    (killed / ".spec.json.k3x_q0ab.tmp").write_text("{")
+    run_experiment(spec, killed)
+    assert (killed / "spec.json").is_file() and (killed / "report.md").is_file()
 
 
 def test_a_resume_refuses_results_that_are_not_this_run_s(tmp_path: Path) -> None:
