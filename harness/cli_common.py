@@ -38,6 +38,7 @@ __all__ = [
     "load_host_costs",
     "output_file_option",
     "refuse_options",
+    "refuse_outputs_over_inputs",
     "resolve",
     "schedule_options",
     "seconds",
@@ -312,7 +313,30 @@ def output_file_option(flag: str, suffixes: tuple[str, ...], **kwargs: Any) -> C
         os.unlink(probe)
         return value
 
-    return click.option(flag, type=click.Path(dir_okay=False), callback=check, **kwargs)
+    return click.option(flag, type=_OutputFile(dir_okay=False), callback=check, **kwargs)
+
+
+class _OutputFile(click.Path):
+    """The type of `output_file_option`'s options (`refuse_outputs_over_inputs` finds them
+    by it)."""
+
+
+def refuse_outputs_over_inputs() -> None:
+    """A ConfigError where an output file the running command was given (`output_file_option`)
+    is one of its input files (an `InputFile`: the same file, by any path or link): `simulate
+    --profile p.json --trace p.json` wrote its trace over the profile, and exited 0."""
+    ctx = click.get_current_context()
+    given = [(p, ctx.params.get(p.name or "")) for p in ctx.command.params]
+    inputs = [(p, path) for p, path in given if isinstance(p.type, InputFile) and path]
+    for param, out in given:
+        if not isinstance(param.type, _OutputFile) or not out or not os.path.exists(out):
+            continue
+        for source, path in inputs:
+            if os.path.exists(path) and os.path.samefile(out, path):
+                raise ConfigError(
+                    f"{param.opts[0]} {out} is the {source.opts[0]} file it reads: writing it "
+                    "would overwrite that input; give another file name"
+                )
 
 
 def emit_json(data: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from harness.cli_common import (
     load_host_costs,
     output_file_option,
     refuse_options,
+    refuse_outputs_over_inputs,
     resolve,
     schedule_options,
     seconds,
@@ -189,6 +190,7 @@ def run(
         click.echo(f"results written to {run_dir}")
         return
     refuse_options(given & {"out", "run_id"}, "one configuration writes no run directory")
+    refuse_outputs_over_inputs()
     if system is not None:
         if policy is not None or schedule_path is not None or comm is not None:
             raise ConfigError(

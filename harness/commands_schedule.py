@@ -9,6 +9,7 @@ from harness.cli_common import (
     emit_json,
     load_host_costs,
     output_file_option,
+    refuse_outputs_over_inputs,
     resolve,
     schedule_options,
 )
@@ -36,6 +37,7 @@ def schedule(
     plot: str | None,
 ) -> None:
     """Produce a schedule and time it in `ideal` mode under the profile's delays."""
+    refuse_outputs_over_inputs()
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     timeline = simulate(planned.schedule, profile, CommMode.IDEAL, validate=False)
     metrics = compute_metrics(timeline)
@@ -95,6 +97,7 @@ def simulate_cmd(
     calibration_path: str | None,
 ) -> None:
     """Simulate one iteration of a schedule and print its metrics."""
+    refuse_outputs_over_inputs()
     if calibration_path is not None:
         check_takes_host_costs(comm, "--calibration")
     host = load_host_costs(calibration_path)

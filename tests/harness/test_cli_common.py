@@ -132,3 +132,38 @@ def test_a_folder_of_a_preset_s_name_is_not_the_spec(
     assert take("fig1", None, None) == str(PRESETS_DIR / "fig1_14b_last_link.yaml")
     result = CliRunner().invoke(cli, ["launch", "--spec", "mine", "--out", "job"])
     assert result.exit_code == 2 and "'mine' is a directory" in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--profile", "p.json", "--policy", "1f1b", "--trace", "p.json"],
+        ["simulate", "--policy", "1f1b", "--profile", "./p.json", "--trace", "link.json"],
+        ["run", "--profile", "p.json", "--system", "1f1b", "--trace", "p.json"],
+        ["run", "--profile", "p.json", "--schedule", "s.json", "--trace", "s.json"],
+        ["schedule", "--profile", "p.png", "--policy", "1f1b", "--plot", "p.png"],
+    ],
+)
+def test_an_output_file_that_is_an_input_file_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """`simulate --profile p.json --trace p.json` wrote its trace over the profile (exit 0:
+    the next command then refused the profile as unknown keys traceEvents, ...). An output
+    file that is one of the command's input files, by any path or link, is refused."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("p.json", "p.png"):
+        Path(name).write_text(json.dumps(PROFILE))
+    Path("s.json").write_text(json.dumps({"stages": [["F0", "F1", "BW0", "BW1"]] * 2}))
+    Path("link.json").symlink_to("p.json")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = CliRunner().invoke(cli, argv)
+    assert isinstance(result.exception, AdaptraBenchError), result.output
+    output, source = (
+        argv[-2:],
+        argv[argv.index("--schedule" if "s.json" in argv[-1] else "--profile")],
+    )
+    assert str(result.exception) == (
+        f"{output[0]} {output[1]} is the {source} file it reads: writing it would overwrite "
+        "that input; give another file name"
+    )
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
