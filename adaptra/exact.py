@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from ortools.sat.python import cp_model
 
 from adaptra.bounds import iteration_lower_bound_ms
+from pipeline.checks import MAX_DURATION_MS
 from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
 from pipeline.ops import Op, OpKind
@@ -39,7 +40,7 @@ from pipeline.schedule import Schedule, check_memory, validate_schedule
 from pipeline.signals import held_signals
 from pipeline.simulator import CommMode, simulate
 
-__all__ = ["ExactResult", "solve_exact", "solve_exact_deterministic"]
+__all__ = ["ExactModelError", "ExactResult", "solve_exact", "solve_exact_deterministic"]
 
 _SCALES = (1, 10, 100, 1000)
 _KINDS = (OpKind.F, OpKind.B, OpKind.W)
@@ -63,7 +64,25 @@ class ExactResult:
     status: str
     """CP-SAT's status name (OPTIMAL, FEASIBLE, UNKNOWN)."""
     exact_in_ms: bool = True
-    """False when times had to be rounded to 1 us: bound and optimality refer to that model."""
+    """False when times had to be rounded (to `unit_ms`): bound and optimality refer to that
+    model."""
+    unit_ms: float = 0.001
+    """The model's time unit: 1 us, or more where the profile's longest time in 1 us units
+    would be longer than a profile's times may be (`_choose_scale`)."""
+
+
+class ExactModelError(ScheduleError):
+    """The profile's longest time (a link's delay with its wire time) is longer than the exact
+    model's times may be, MAX_DURATION_MS in whole ms: the model cannot hold it."""
+
+
+def rounded_to(result: ExactResult) -> str:
+    """What an inexact model's proof is of, for a method's text: "" where its times are the
+    profile's exactly, else " to 1 us" (or the coarser unit it rounded to)."""
+    if result.exact_in_ms:
+        return ""
+    unit = {0.001: "1 us", 0.01: "10 us", 0.1: "100 us"}.get(result.unit_ms, "1 ms")
+    return f" to {unit}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -79,11 +98,22 @@ class _Scaled:
 
 
 def _choose_scale(values: Sequence[float]) -> tuple[int, bool]:
-    """The smallest scale making every value integral (1e-9), else 1000 and rounding."""
-    for scale in _SCALES:
+    """The smallest scale making every value integral (1e-9), else the largest and rounding,
+    of those at which every value is at most MAX_DURATION_MS (the scaled problem is a
+    profile: a delay of 3600.001 ms at 1000 was refused as a delay over an hour, naming a
+    value no input gave); ExactModelError where none is."""
+    longest = max(values, default=0.0)
+    scales = [scale for scale in _SCALES if longest * scale <= MAX_DURATION_MS]
+    if not scales:
+        raise ExactModelError(
+            f"the exact model takes times of at most {MAX_DURATION_MS:.0f} ms, and a link's "
+            f"transfer (its delay and wire time) of {longest:.10g} ms is longer (the adaptra "
+            "policy plans it without the exact model)"
+        )
+    for scale in scales:
         if all(abs(v * scale - round(v * scale)) <= 1e-9 * max(1.0, v * scale) for v in values):
             return scale, True
-    return _SCALES[-1], False
+    return scales[-1], False
 
 
 def _scale_problem(profile: Profile) -> _Scaled:
@@ -478,4 +508,5 @@ def _solve_exact(profile: Profile, limit: _Limit, warm_start: Schedule | None) -
         solve_ms=(time.perf_counter() - began) * 1e3,
         status=solver.status_name(status),
         exact_in_ms=sc.exact,
+        unit_ms=1 / sc.scale,
     )

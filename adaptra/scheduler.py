@@ -76,7 +76,7 @@ class AdaptraPlan:
     num_candidates: int
     optimal: bool = False
     """Proven optimal: at the lower bound (`adaptra.bounds`), or by CP-SAT (of the model
-    with times rounded to 1 us where `method` says so)."""
+    with times rounded to 1 us, or a coarser unit, where `method` says so)."""
 
 
 def plan_initial(profile: Profile) -> Schedule:
@@ -131,20 +131,27 @@ def plan_adaptra(
     if not (exact_time_limit_s or auto_exact) or time_ms <= lower_bound_ms + 1e-9:
         at_bound = time_ms <= lower_bound_ms + 1e-9
         return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates, at_bound)
-    from adaptra.exact import solve_exact, solve_exact_deterministic  # OR-Tools loads slowly
+    from adaptra.exact import (  # OR-Tools loads slowly
+        ExactModelError,
+        rounded_to,
+        solve_exact,
+        solve_exact_deterministic,
+    )
 
     exact = None
-    if num_ops <= EXACT_AUTO_MAX_OPS:  # the default's solve, a time limit's from its result
-        exact = solve_exact_deterministic(
-            profile, deterministic_time_s=EXACT_AUTO_DETERMINISTIC_TIME_S, warm_start=schedule
-        )
-    if exact_time_limit_s and not (exact is not None and exact.optimal):
-        start = schedule if exact is None else exact.schedule
-        exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=start)
+    try:
+        if num_ops <= EXACT_AUTO_MAX_OPS:  # the default's solve, a time limit's from its result
+            exact = solve_exact_deterministic(
+                profile, deterministic_time_s=EXACT_AUTO_DETERMINISTIC_TIME_S, warm_start=schedule
+            )
+        if exact_time_limit_s and not (exact is not None and exact.optimal):
+            start = schedule if exact is None else exact.schedule
+            exact = solve_exact(profile, time_limit_s=exact_time_limit_s, warm_start=start)
+    except ExactModelError:  # a transfer longer than its times may be: the search's plan
+        return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates, False)
     assert exact is not None  # (a time limit, or a small problem)
     proof = "optimal" if exact.optimal else f"bound {exact.lower_bound_ms:g} ms"
-    if not exact.exact_in_ms:  # the proof is of the model with times rounded to 1 us
-        proof += " to 1 us"
+    proof += rounded_to(exact)  # the proof is of the model with its times rounded
     return AdaptraPlan(
         exact.schedule,
         f"{method}+cp-sat {proof}",

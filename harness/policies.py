@@ -74,15 +74,16 @@ def _milp(profile: Profile, time_limit_s: float | None) -> tuple[Schedule, str]:
     """The exact solver, warm-started from `adaptra`'s plan (its heuristic and, on a small
     problem, its own short solve: a start never worse than `adaptra`); `method` says what
     was proven."""
-    from adaptra.exact import solve_exact  # OR-Tools loads slowly: only when it is used
+    from adaptra.exact import rounded_to, solve_exact  # OR-Tools loads slowly: when used
 
     limit = DEFAULT_MILP_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     warm = plan_adaptra(profile)
     if warm.optimal:  # nothing left to search (a short limit might not prove it again)
         return warm.schedule, f"adaptra's, proven optimal ({warm.method}): no solve"
     result = solve_exact(profile, time_limit_s=limit, warm_start=warm.schedule)
-    # A profile's times not whole microseconds: the proof is of the model rounded to 1 us.
-    rounded = "" if result.exact_in_ms else " to 1 us"
+    # A profile's times not whole microseconds: the proof is of the model rounded to 1 us
+    # (or coarser, where 1 us units would be longer than a profile's times may be).
+    rounded = rounded_to(result)
     if result.optimal:
         return result.schedule, f"cp-sat optimal{rounded}"
     return result.schedule, (

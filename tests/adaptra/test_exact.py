@@ -19,7 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adaptra.bounds import iteration_lower_bound_ms
-from adaptra.exact import ExactResult, solve_exact, solve_exact_deterministic
+from adaptra.exact import (
+    ExactModelError,
+    ExactResult,
+    rounded_to,
+    solve_exact,
+    solve_exact_deterministic,
+)
 from adaptra.scheduler import plan_adaptra
 from pipeline.errors import DeadlockError, MemoryLimitError, ScheduleError
 from pipeline.metrics import compute_metrics
@@ -250,6 +256,27 @@ def test_fractional_times_scale_exactly_or_round() -> None:
     rounded = solve_exact(thirds, time_limit_s=5)
     check_result(rounded, thirds)
     assert not rounded.exact_in_ms
+
+
+def test_times_past_an_hour_in_1_us_units_round_to_a_coarser_unit() -> None:
+    """A delay of 3600.001 ms (or 360000.5, 1000000.25: a detector's estimate of a long
+    delay has one decimal) scaled to 1 us units is more than an hour of them, which the
+    scaled problem's profile refused: `--policy adaptra`, `milp` and `run --system adaptra`
+    failed with "delay_ms[0] must be finite and in 0..3600000 ms, got 3600001.0", a value
+    no input gave. The model rounds to the finest unit that holds them now; a transfer
+    longer than an hour in whole ms is no model's: `milp` says so, `adaptra` plans without
+    it."""
+    for delay_ms, unit in ((3600.001, " to 10 us"), (360000.5, " to 1 ms"), (3600.5, "")):
+        profile = Profile.uniform(2, 3, 1.0, 1.0, 1.0, delay_ms=(delay_ms,))
+        result = solve_exact_deterministic(profile, deterministic_time_s=5)
+        check_result(result, profile)
+        assert rounded_to(result) == unit and result.optimal
+    three = Profile.uniform(3, 6, 10.0, 10.0, 5.0, delay_ms=(1_000_000.25, 0.0))
+    assert plan_adaptra(three).method == "alg2+generator+search+cp-sat optimal to 1 ms"
+    longest = Profile.uniform(2, 3, 1.0, 1.0, 1.0, delay_ms=(3_600_000.0,), link_latency_ms=1)
+    with pytest.raises(ExactModelError, match="a link's transfer .* of 3600001 ms is longer"):
+        solve_exact(longest, time_limit_s=5)
+    assert "cp-sat" not in plan_adaptra(longest).method
 
 
 def test_the_deterministic_solve_gives_the_same_schedule_every_time() -> None:
