@@ -24,6 +24,7 @@ from harness.runner import check_hold, check_processes, longest_hold_ms
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.metrics import compute_metrics
+from pipeline.profile import MAX_REPLICAS
 from pipeline.torchrun_launch import (
     TIMELINE_FILE,
     check_master_addr,
@@ -41,7 +42,10 @@ MAX_GPUS_PER_NODE = 1024
 @schedule_options
 @click.option("--nodes", type=click.IntRange(min=1), default=1, help="Hosts to run on.")
 @click.option(
-    "--replicas", type=click.IntRange(min=1), default=None, help="DP replicas [the profile's dp]."
+    "--replicas",
+    type=click.IntRange(min=1, max=MAX_REPLICAS),
+    default=None,
+    help="DP replicas [the profile's dp].",
 )
 @click.option(
     "--master-addr",

@@ -60,6 +60,7 @@ def test_launch_uses_the_master_port_it_is_given(
         (["--iterations", "100001"], "100001 is not in the range 1<=x<=100000"),
         (["--warmup-iterations", str(10**20)], "is not in the range 0<=x<=100000"),
         (["--gpus-per-node", str(10**20)], "is not in the range 1<=x<=1024"),
+        (["--replicas", "2000"], "'--replicas': 2000 is not in the range 1<=x<=1024"),
     ],
 )
 def test_launch_refuses_non_finite_and_unbounded_numbers_as_usage_errors(
@@ -67,8 +68,9 @@ def test_launch_refuses_non_finite_and_unbounded_numbers_as_usage_errors(
 ) -> None:
     """`launch --timeout nan` printed a torchrun command with `--timeout nan` (exit 0) and
     `--run --run-timeout-s nan`/`inf` ended in an internal ValueError/OverflowError (exit 3);
-    --iterations, --warmup-iterations and --gpus-per-node had no upper bound. Each is now a
-    usage error (exit 2) before anything is written, as `run` refuses them."""
+    --iterations, --warmup-iterations and --gpus-per-node had no upper bound, and
+    --replicas 2000 was refused as "dp must be in 1..1024" (a profile key not given: exit 1).
+    Each is now a usage error (exit 2) before anything is written, as `run` refuses them."""
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}))
     args = ["--profile", str(profile), "--policy", "1f1b", "--out", str(tmp_path / "out")]
