@@ -113,7 +113,11 @@ def profile(
     help="Where to write this host's costs (a calibration JSON for --calibration).",
 )
 @click.option(
-    "--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Per point."
+    "--repeats",
+    type=click.IntRange(min=1, max=MAX_ITERATIONS),
+    default=3,
+    show_default=True,
+    help="Per point.",
 )
 @click.option(
     "--stages",

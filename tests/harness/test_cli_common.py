@@ -23,6 +23,7 @@ PROFILE = {"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}
         (["profile", "--stages", "2", "--out", "p.json", "--iterations", "100001"], "100001 is"),
         (["profile", "--stages", "2", "--out", "p.json", "--microbatches", "4097"], "4097 is"),
         (["calibrate", "--out", "c.json", "--op-ms", "nan"], "'--op-ms': nan is not a finite"),
+        (["calibrate", "--out", "c.json", "--repeats", "100001"], "'--repeats': 100001 is"),
     ],
 )
 def test_a_non_finite_or_unbounded_number_is_a_usage_error(
@@ -30,7 +31,8 @@ def test_a_non_finite_or_unbounded_number_is_a_usage_error(
 ) -> None:
     """`run --timeout nan` was refused later, by the experiment (exit 1), and `--time-limit
     nan` by the planner (exit 1), while `inf` was a usage error (exit 2); `profile
-    --iterations 100000000000` started measuring. All are usage errors now (exit 2)."""
+    --iterations 100000000000` started measuring, as `calibrate --repeats 1000000000` did
+    (three pools of workers, that many iterations a point). All are usage errors now."""
     monkeypatch.chdir(tmp_path)
     Path("p.json").write_text(json.dumps(PROFILE))
     if argv[0] in ("run", "simulate", "schedule"):
