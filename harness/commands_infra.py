@@ -169,6 +169,14 @@ def launch(
     )
     if not run_here:
         refuse_options(given_options() & {"run_timeout_s"}, "it limits a launch with --run")
+    out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
+    written = {out_dir / "profile.json", out_dir / "schedule.json"}
+    for flag, given in (("--profile", profile_path), ("--schedule", schedule_path)):
+        if given is not None and Path(given).resolve() in written:  # (a link to one too)
+            raise ConfigError(
+                f"{flag} {given} is a file this launch writes in --out {out}, over it: "
+                "give another --out"
+            )
     profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if replicas is not None:
         profile = dataclasses.replace(profile, num_replicas=replicas)
@@ -187,7 +195,6 @@ def launch(
         check_master_addr(master_addr)
     loopback = not run_here or master_addr is None or check_local_address(master_addr)
     check_hold(longest_hold_ms(profile), timeout_s)  # before anything is written or run
-    out_dir = Path(out).resolve()  # the commands name it: any node, any working directory
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_step_results(out_dir)  # an earlier run's: a run that fails must not leave them
     write_atomic(out_dir / "profile.json", json.dumps(profile.to_dict()))

@@ -103,6 +103,33 @@ def test_a_launch_removes_an_earlier_run_s_results_first(tmp_path: Path) -> None
     ]
 
 
+def test_a_launch_refuses_to_write_its_profile_over_the_one_it_was_given(tmp_path: Path) -> None:
+    """`launch --profile out/profile.json --replicas 2 --out out` wrote the profile of 2
+    replicas over the user's file (a review), and a schedule file given from --out was
+    overwritten the same way; both are refused before anything is written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    given = {"stages": 2, "microbatches": 2, "t_f": 1, "t_b": 1, "t_w": 1}
+    (out / "profile.json").write_text(json.dumps(given))
+    args = ["--profile", str(out / "profile.json"), "--policy", "1f1b", "--replicas", "2"]
+    result = CliRunner().invoke(launch, [*args, "--out", str(out), "--nodes", "2",
+                                         "--master-addr", "node0.cluster"])  # fmt: skip
+    assert result.exit_code == 1
+    assert isinstance(result.exception, ConfigError)
+    assert f"--profile {out / 'profile.json'} is a file this launch writes" in str(result.exception)
+    assert json.loads((out / "profile.json").read_text()) == given
+    assert sorted(p.name for p in out.iterdir()) == ["profile.json"]
+    (tmp_path / "p.json").write_text(json.dumps(given))
+    schedule = out / "schedule.json"
+    schedule.write_text(json.dumps({"stages": [["F0", "BW0"], ["F0", "BW0"]]}))
+    args = ["--profile", str(tmp_path / "p.json"), "--schedule", str(schedule)]
+    result = CliRunner().invoke(launch, [*args, "--out", str(out), "--nodes", "2",
+                                         "--master-addr", "node0.cluster"])  # fmt: skip
+    assert result.exit_code == 1
+    assert f"--schedule {schedule} is a file this launch writes" in str(result.exception)
+    assert sorted(p.name for p in out.iterdir()) == ["profile.json", "schedule.json"]
+
+
 @pytest.mark.parametrize(
     ("options", "said"),
     [
