@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -9,7 +10,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +35,7 @@ __all__ = [
     "SpecFile",
     "calibration_option",
     "emit_json",
+    "folder_made_for",
     "given_options",
     "load_host_costs",
     "output_file_option",
@@ -120,6 +122,20 @@ class OutputFolder(_GivenPath):
 
     def __init__(self) -> None:
         super().__init__(file_okay=False)
+
+
+@contextlib.contextmanager
+def folder_made_for(folder: Path) -> Iterator[None]:
+    """A command's output folder (`--out`), removed again where the command made it (it was
+    absent) and fails with it still empty: a refused run left an empty folder."""
+    absent = not os.path.lexists(folder)
+    try:
+        yield
+    except BaseException:
+        if absent:
+            with contextlib.suppress(OSError):  # not empty, or not ours after all: it stays
+                folder.rmdir()
+        raise
 
 
 def seconds(max_s: float = MAX_WAIT_S) -> FiniteFloatRange:

@@ -13,6 +13,7 @@ from harness.cli_common import (
     SpecFile,
     calibration_option,
     emit_json,
+    folder_made_for,
     given_options,
     load_host_costs,
     output_file_option,
@@ -185,8 +186,9 @@ def run(
             "run one configuration)",
         )
         spec = load_spec(Path(spec_path)) if spec_path else default_experiment()
-        run_dir = Path(out) / run_id if run_id else new_run_dir(Path(out), spec.name)
-        run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
+        with folder_made_for(Path(out)):
+            run_dir = Path(out) / run_id if run_id else new_run_dir(Path(out), spec.name)
+            run_experiment(spec, run_dir, progress=lambda line: click.echo(line, err=True))
         click.echo(f"results written to {run_dir}")
         return
     refuse_options(given & {"out", "run_id"}, "one configuration writes no run directory")
@@ -438,9 +440,10 @@ def collect(job_dir: str, out: str, run_id: str | None) -> None:
     report.md, for `report` and `compare`. Steps without results are left out and named."""
     from harness.collect import collect_job
 
-    collected = collect_job(
-        Path(job_dir), Path(out), run_id, progress=lambda line: click.echo(line, err=True)
-    )
+    with folder_made_for(Path(out)):
+        collected = collect_job(
+            Path(job_dir), Path(out), run_id, progress=lambda line: click.echo(line, err=True)
+        )
     left = f"; {len(collected.not_run)} without results left out" if collected.not_run else ""
     skipped = f"; {collected.num_skipped} the launch skipped" if collected.num_skipped else ""
     click.echo(

@@ -169,3 +169,31 @@ def test_an_output_file_that_is_an_input_file_is_refused_before_any_work(
         "that input; give another file name"
     )
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("run_id", [None, "named"])
+def test_a_refused_run_leaves_no_output_folder_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run_id: str | None
+) -> None:
+    """A spec refused once its run directory was made (here: more processes than this host
+    takes) removed that directory, and left the empty --out folder it had made for it (the
+    bad-input review); an --out that was there stays."""
+    from harness import experiment
+    from pipeline.errors import ConfigError
+
+    def refused(self: object) -> None:
+        raise ConfigError("too many processes")
+
+    monkeypatch.setattr(experiment.ExperimentSpec, "check_processes_here", refused)
+    monkeypatch.chdir(tmp_path)
+    Path("s.yaml").write_text(
+        "name: t\nmodel: m\nsystems: [1f1b]\nprofile: " + json.dumps(PROFILE) + "\n"
+    )
+    named = [] if run_id is None else ["--run-id", run_id]
+    result = CliRunner().invoke(cli, ["run", "--spec", "s.yaml", "--out", "new/out", *named])
+    assert result.exit_code == 1 and "too many processes" in str(result.exception)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new", "s.yaml"]
+    assert list(Path("new").iterdir()) == []  # (only the folder it was told to make: removed)
+    Path("kept").mkdir()
+    result = CliRunner().invoke(cli, ["run", "--spec", "s.yaml", "--out", "kept", *named])
+    assert result.exit_code == 1 and Path("kept").is_dir()
