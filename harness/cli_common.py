@@ -103,8 +103,8 @@ class SpecFile(InputFile):
         if path in presets:
             return str(presets[path])
         if os.sep not in path and not path.endswith((".yaml", ".yml", ".json")):
-            named = (name for name, file in presets.items() if name != file.stem)
-            names = ", ".join(sorted(named, key=_in_number_order))
+            shown = {file: name for name, file in presets.items()}  # its `name:`, else stem
+            names = ", ".join(sorted(shown.values(), key=_in_number_order))
             self.fail(f"{path!r} is no file, nor a bundled preset's name ({names})", param, ctx)
         return path  # the spec's reader says it cannot read it
 

@@ -19,8 +19,8 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 
 
 def preset_files() -> dict[str, Path]:
-    """The bundled presets' spec files, each under its `name:` and its file's stem
-    (`fig16` and `fig16_models`): what `--spec` takes instead of a path."""
+    """The bundled presets' spec files, each under its file's stem and then its `name:`
+    (`fig16_models`, `fig16`): what `--spec` takes instead of a path."""
     files: dict[str, Path] = {}
     for path in sorted(PRESETS_DIR.glob("*.yaml")):
         data = load_yaml(read_text(path, "spec"), f"spec {path}")
