@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,7 +31,7 @@ from injectors.fault_files import fault_file_form, parse_faults
 from injectors.fault_model import FaultModel
 from pipeline.checks import MAX_SEED, check_count, check_ms, check_wait_s
 from pipeline.cost_model import GPTModel, ModelCost, model_cost, resolve_hardware, resolve_model
-from pipeline.engines import Controller
+from pipeline.engines import Controller, Plan
 from pipeline.errors import AdaptraBenchError, ConfigError
 from pipeline.faults import NO_FAULTS
 from pipeline.files import load_yaml, read_text
@@ -422,17 +422,25 @@ class ExperimentSpec:
 
     def _check_first_plans(self, target: Target, scenarios: Sequence[Scenario]) -> None:
         """Each system plans its first iteration of `target` in each scenario, as its run
-        will (`controller_for`, then its plan for iteration 0): a system that cannot plan for
-        the profile (ZB-H2 needs 2S - 1 microbatches of activation memory, more than a
-        `mem_limit` 1F1B meets) is refused here, naming its configuration, not when its turn
-        comes after the others have run. Later plans (a re-plan under the delays a detector
-        sees) are not made here. The spec's `planner` keeps them for the run: a plan is made
-        once per policy and profile (about 0.1 s for the Fig. 16 preset's 80
-        configurations)."""
+        will (`_first_plans`): a system that cannot plan for the profile (ZB-H2 needs 2S - 1
+        microbatches of activation memory, more than a `mem_limit` 1F1B meets) is refused
+        here, naming its configuration, not when its turn comes after the others have run.
+        Later plans (a re-plan under the delays a detector sees) are not made here. The
+        spec's `planner` keeps them for the run: a plan is made once per policy and profile
+        (about 0.1 s for the Fig. 16 preset's 80 configurations)."""
+        for _ in self._first_plans(target, scenarios):
+            pass
+
+    def _first_plans(
+        self, target: Target, scenarios: Sequence[Scenario]
+    ) -> Iterator[tuple[str, Scenario, Plan]]:
+        """Each system's plan for its first iteration of `target` in each scenario, as its
+        run makes it (`controller_for`, then its plan for iteration 0; the spec's `planner`
+        makes each once); a ConfigError naming the configuration where one cannot plan."""
         for scenario in scenarios:
             for system in self.systems:
                 try:
-                    controller_for(
+                    first = controller_for(
                         system,
                         target,
                         scenario,
@@ -442,9 +450,8 @@ class ExperimentSpec:
                         link_terms=self.link_terms(),
                     ).plan(0)
                 except AdaptraBenchError as err:  # a ScheduleError too (a memory limit)
-                    raise ConfigError(
-                        f"model {target.label}, system {system}, scenario {scenario.name}: {err}"
-                    ) from err
+                    raise ConfigError(_configuration_error(target, system, scenario, err)) from err
+                yield system, scenario, first
 
     def check_processes_here(self) -> None:
         """A ConfigError naming the first configuration whose run on this host would start
@@ -455,28 +462,15 @@ class ExperimentSpec:
         if self.backend == "sim":
             return
         for target in self.targets():
-            for scenario in self.scenarios(target):
-                for system in self.systems:
-                    first = controller_for(
-                        system,
-                        target,
-                        scenario,
-                        self.planner,  # the plans the spec's check made
-                        self.num_warmup_iterations,
-                        self.recovery(),
-                        link_terms=self.link_terms(),
-                    ).plan(0)
-                    try:
-                        check_processes(
-                            first.profile,
-                            delegated=SYSTEMS[system][1] == "delegated",
-                            tied=self.backend == "megatron",
-                        )
-                    except ConfigError as err:
-                        raise ConfigError(
-                            f"model {target.label}, system {system}, scenario "
-                            f"{scenario.name}: {err}"
-                        ) from err
+            for system, scenario, first in self._first_plans(target, self.scenarios(target)):
+                try:
+                    check_processes(
+                        first.profile,
+                        delegated=SYSTEMS[system][1] == "delegated",
+                        tied=self.backend == "megatron",
+                    )
+                except ConfigError as err:
+                    raise ConfigError(_configuration_error(target, system, scenario, err)) from err
 
     def _check_hold(self, target: Target, scenario: Scenario) -> None:
         """A runtime's workers receive each of `scenario`'s messages within their
@@ -720,6 +714,13 @@ class ExperimentSpec:
         if not recorded:  # spec.json writes every key, its defaults too
             _refuse_what_changes_nothing(spec, values)
         return spec
+
+
+def _configuration_error(
+    target: Target, system: str, scenario: Scenario, err: BaseException
+) -> str:
+    """An error of one configuration, naming it."""
+    return f"model {target.label}, system {system}, scenario {scenario.name}: {err}"
 
 
 def _refuse_what_changes_nothing(spec: ExperimentSpec, given: dict[str, Any]) -> None:
