@@ -138,8 +138,11 @@ def gloo_ms(sizes: list[int], repeats: int) -> dict[int, list[float]]:
     for mover in movers:
         mover.start()
     try:
-        if not reader.poll(TIMEOUT_S * len(sizes) * repeats):
-            raise TimeoutError("the gloo movers did not finish")
+        deadline = time.monotonic() + TIMEOUT_S * len(sizes) * repeats
+        while not reader.poll(0.5):  # a mover that died is named at once, not at the deadline
+            failed = [m.exitcode for m in movers if m.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise RuntimeError(f"the gloo movers did not finish (exit codes {failed})")
         times: dict[int, list[float]] = reader.recv()
     finally:
         for mover in movers:
