@@ -396,7 +396,7 @@ def report(run_dir: str) -> None:
     still writes it; an interrupted run's report says how many configurations it lacks)."""
     from harness.report import write_report
     from harness.results import RUNS_COLUMNS, read_csv_rows, read_spec_record, run_dir_held
-    from harness.spec import resolved_from_record, resume_advice, spec_from_record
+    from harness.spec import finish_advice, resolved_from_record, spec_from_record
 
     path = Path(run_dir)
     if not (path / "spec.json").is_file():  # before the hold, whose lock file would stay
@@ -411,8 +411,8 @@ def report(run_dir: str) -> None:
         if not runs:  # stopped before its first configuration ended
             listed = len(resolved_from_record(record, path / "spec.json").configurations)
             raise ConfigError(
-                f"{path} is an unfinished run (0 of {listed} configurations): resume it with "
-                f"{resume_advice(spec, path)}"
+                f"{path} is an unfinished run (0 of {listed} configurations): "
+                f"{finish_advice(record, spec, path)}"
             )
         coverage = write_report(spec, path, runs)
     incomplete = "" if coverage.complete else f" ({coverage}: incomplete)"

@@ -304,8 +304,8 @@ def _check_finished(
     try:
         record = read_spec_record(run_dir)
         from harness.spec import (  # loads the engines
+            finish_advice,
             resolved_from_record,
-            resume_advice,
             spec_from_record,
         )
 
@@ -316,14 +316,13 @@ def _check_finished(
             spec = spec_from_record(record)
         except ConfigError as err:  # a field of its spec refused: name the file
             raise ConfigError(f"{run_dir / 'spec.json'}: {err}") from err
-        command = resume_advice(spec, run_dir)
+        advice = finish_advice(record, spec, run_dir)
     except (ConfigError, TypeError) as err:  # spec.json damaged, or too old to resolve
         where = "" if isinstance(err, ConfigError) else f"{run_dir / 'spec.json'}: "
         alone = " (its runs.csv, given alone, is compared without this check)" if has_runs else ""
         raise UnusableResults(f"{where}{err}{alone}") from None
     raise UnusableResults(
-        f"{run_dir} is an unfinished run ({done}): resume it with {command} and compare it "
-        "once finished"
+        f"{run_dir} is an unfinished run ({done}): {advice} and compare it once finished"
     )
 
 

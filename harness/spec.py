@@ -49,6 +49,7 @@ __all__ = [
     "Target",
     "controller_for",
     "default_experiment",
+    "finish_advice",
     "load_spec",
     "memoised_planner",
     "resolved_from_record",
@@ -797,6 +798,23 @@ def resume_advice(spec: ExperimentSpec, run_dir: Path) -> str:
     command = resume_command(spec, run_dir)
     spec_file = " --spec SPEC " in command
     return f"`{command}`" + (" (SPEC: the spec file it was started with)" if spec_file else "")
+
+
+def finish_advice(record: dict[str, Any], spec: ExperimentSpec, run_dir: Path) -> str:
+    """How to finish the unfinished run in `run_dir` (spec.json's `record`): "resume it with
+    `resume_advice`", or, for a directory `collect` began (`ran_by`: a `collect` killed
+    before it wrote runs.csv, which no run may resume), "remove it and collect again with
+    `adaptra-bench collect JOB --out D --run-id ID`"."""
+    source = record.get("collected_from")
+    if "ran_by" not in record:
+        return f"resume it with {resume_advice(spec, run_dir)}"
+    run_dir = run_dir.resolve()
+    job = shlex.quote(source) if isinstance(source, str) else "JOB"
+    out, run_id = shlex.quote(str(run_dir.parent)), shlex.quote(run_dir.name)
+    return (
+        "its collect was cut short (a run cannot resume it): remove it and collect again with "
+        f"`adaptra-bench collect {job} --out {out} --run-id {run_id}`"
+    )
 
 
 def load_spec(path: Path) -> ExperimentSpec:

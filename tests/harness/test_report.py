@@ -926,3 +926,34 @@ def test_the_paper_s_values_the_cost_model_is_fitted_on_are_no_predictions() -> 
         "Median relative error 3.0 % over 2 predicted values (max 4.0 %). 1 value the cost "
         "model is fitted on, marked (fitted), not counted."
     )
+
+
+def test_a_collect_cut_short_is_not_sent_to_a_run_that_refuses_it(
+    default_run: tuple[Path, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A collected run directory with spec.json and no runs.csv (its `collect` killed by
+    SIGKILL between the two): `report` said "resume it with `adaptra-bench run ... --run-id
+    ID`", which refuses a collected directory ("holds what a cluster job ran"); it says to
+    collect it again instead, as `compare` does."""
+    run_dir = tmp_path / "out" / "cut"
+    run_dir.mkdir(parents=True)
+    record = json.loads((default_run[0] / "spec.json").read_text())
+    job = tmp_path / "the job"
+    record.update(ran_by="a cluster job (launch --spec)", collected_from=str(job))
+    (run_dir / "spec.json").write_text(json.dumps(record))
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", str(run_dir)])
+    assert exit_.value.code == 1
+    advice = (
+        f"its collect was cut short (a run cannot resume it): remove it and collect again "
+        f"with `adaptra-bench collect '{job}' --out {run_dir.parent} --run-id cut`"
+    )
+    assert capsys.readouterr().err == (
+        f"error: {run_dir} is an unfinished run (0 of 16 configurations): {advice}\n"
+    )
+    with pytest.raises(ConfigError, match="holds what a cluster job"):  # as it said: no resume
+        run_experiment(default_experiment(), run_dir)
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(default_run[0]), str(run_dir)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(f"{advice} and compare it once finished\n")
