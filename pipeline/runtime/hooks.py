@@ -201,13 +201,15 @@ def local_launch(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
 def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) -> BaseProcess:
     """Rank `rank`'s worker process, started from the fork server (`worker_context`), whose
     socket's folder is marked as this process's (`adaptra-bench cleanup` removes it once this
-    process is gone: a killed run leaves it)."""
+    process is gone: a killed run leaves it). The mark comes first: the first start makes
+    the folder and then waits for the server to import its preloads (about a second, torch),
+    and a SIGKILL then left an unmarked folder, which cleanup leaves as another program's."""
     process = worker_context().Process(  # type: ignore[attr-defined]
         target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
     )
     try:
-        process.start()
         mark_folder(multiprocessing.util.get_temp_dir())
+        process.start()
     except OSError as err:  # the fork server's socket lives under the temporary folder
         if "AF_UNIX path too long" not in str(err):
             raise

@@ -117,3 +117,34 @@ def test_an_owned_folder_goes_on_an_exception_too(tmp_path: Path) -> None:
         Path(folder, "log").write_text("torchrun wrote this")
         raise RuntimeError("inside")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fork_server_s_folder_is_marked_before_the_server_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first worker's start makes the fork server's `pymp-` folder and waits while the
+    server imports torch (about a second): a SIGKILL then left it unmarked (the mark came
+    after the start), and `cleanup` left it as another program's. It is marked before."""
+    import multiprocessing.util
+
+    from pipeline.runtime import hooks
+
+    folder = tmp_path / f"{FORK_SERVER_PREFIX}x"
+    folder.mkdir()
+    monkeypatch.setattr(multiprocessing.util, "get_temp_dir", lambda: str(folder))
+    marked_at_start = []
+
+    class Started:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        def start(self) -> None:  # where a SIGKILL may come, for a second or so
+            marked_at_start.append((folder / ".owner").exists())
+
+    class Context:
+        Process = Started
+
+    monkeypatch.setattr(hooks, "worker_context", Context)
+    hooks.start_worker(0, print, ())
+    assert marked_at_start == [True]
+    assert (folder / ".owner").read_text() == (f"{os.getpid()} {process_start_time(os.getpid())}\n")
