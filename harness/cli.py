@@ -21,6 +21,7 @@ from pipeline.errors import AdaptraBenchError
 from pipeline.signals import (
     Terminated,
     handled_shutdown,
+    say_ending,
     signals_unwrapped,
     wait_for_redelivery,
 )
@@ -86,12 +87,11 @@ def _main(argv: list[str] | None) -> None:
             # 128 + n).
             wait_for_redelivery()
     except (click.exceptions.Abort, KeyboardInterrupt, _Interrupted) as err:
-        if isinstance(err, _Interrupted) and sys.stderr.isatty():
-            click.echo(err=True)  # past the terminal's ^C
-        click.echo("interrupted (SIGINT)", err=True)
+        past_the_echo = "\n" if isinstance(err, _Interrupted) and sys.stderr.isatty() else ""
+        say_ending(past_the_echo + "interrupted (SIGINT)")  # past the terminal's ^C
         sys.exit(128 + signal.SIGINT)
     except Terminated as err:
-        click.echo(f"terminated ({err})", err=True)
+        say_ending(f"terminated ({err})")
         sys.exit(128 + err.signum)
     except click.exceptions.NoArgsIsHelpError as err:
         click.echo(err.format_message(), err=True)  # the help, as asked for by giving nothing

@@ -24,6 +24,7 @@ __all__ = [
     "raised_by_a_signal",
     "redelivered_if_swallowed",
     "run_script",
+    "say_ending",
     "shutdown_handler",
     "signals_unwrapped",
     "wait_for_redelivery",
@@ -101,12 +102,23 @@ def run_script(main: Callable[[], int | None]) -> NoReturn:
             # swallowed is.
             wait_for_redelivery()
     except KeyboardInterrupt:
-        print("interrupted (SIGINT)", file=sys.stderr)
+        say_ending("interrupted (SIGINT)")
         sys.exit(128 + signal.SIGINT)
     except Terminated as err:
-        print(f"terminated ({err})", file=sys.stderr)
+        say_ending(f"terminated ({err})")
         sys.exit(128 + err.signum)
     sys.exit(status or 0)
+
+
+def say_ending(line: str) -> None:
+    """A shutdown signal's one line on stderr, where stderr still goes: a closed terminal
+    (its SIGHUP) or a pipe whose reader the Ctrl-C ended too (`2>&1 | tee log`) made the
+    write fail (EIO, EPIPE), and that error ended the program with exit status 1, not 128 +
+    the signal. stderr then goes to /dev/null: Python's flush of it at exit fails too."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (open until the process ends)
 
 
 @contextlib.contextmanager

@@ -609,3 +609,35 @@ def test_a_signal_while_the_program_loads_its_modules_ends_it_in_one_line(
         f"{name} ({signal.Signals(signum).name})\n",
     )
     assert list(tmp_path.iterdir()) == []
+
+
+_WAITS = """
+import sys, time
+import click
+from harness.cli import cli
+from harness.program import main
+@cli.command("wait")
+def wait():
+    click.echo("ready")
+    time.sleep(30)
+sys.argv = ["adaptra-bench", "wait"]
+main()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_a_command_whose_stderr_is_gone_with_128_plus_n(
+    signum: signal.Signals,
+) -> None:
+    """A closed terminal's SIGHUP, or a Ctrl-C that also ended the pipe's reader (`2>&1 | tee
+    log`): the command's one line could not be written (EIO, EPIPE), that error escaped the
+    signal's exit and the command ended with exit status 1, a failed run, not 128 + n."""
+    read, write = os.pipe()
+    command = subprocess.Popen(
+        [sys.executable, "-c", _WAITS], stdout=write, stderr=write, start_new_session=True
+    )
+    os.close(write)
+    with os.fdopen(read, "rb") as out:
+        assert out.readline() == b"ready\n"
+    command.send_signal(signum)  # its stdout and stderr now go nowhere
+    assert command.wait(timeout=60) == 128 + signum
