@@ -92,21 +92,17 @@ class SpecFile(InputFile):
     and resuming that run with `--spec fig16` was refused as "a directory")."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and os.path.isdir(value):
-            preset = preset_files().get(value)
-            if preset is not None:
-                return str(preset)
-        path = super().convert(value, param, ctx)
-        if os.path.lexists(path):
-            return path
-        presets = preset_files()
-        if path in presets:
-            return str(presets[path])
-        if os.sep not in path and not path.endswith((".yaml", ".yml", ".json")):
-            shown = {file: name for name, file in presets.items()}  # its `name:`, else stem
-            names = ", ".join(sorted(shown.values(), key=_in_number_order))
-            self.fail(f"{path!r} is no file, nor a bundled preset's name ({names})", param, ctx)
-        return path  # the spec's reader says it cannot read it
+        if isinstance(value, str) and value and not os.path.isfile(value):
+            presets = preset_files()
+            if value in presets:
+                return str(presets[value])
+            if not os.path.lexists(value) and os.sep not in value and "." not in value:
+                shown = {file: name for name, file in presets.items()}  # its `name:`, else stem
+                names = ", ".join(sorted(shown.values(), key=_in_number_order))
+                self.fail(
+                    f"{value!r} is no file, nor a bundled preset's name ({names})", param, ctx
+                )
+        return super().convert(value, param, ctx)  # a file (or what its reader refuses)
 
 
 def _in_number_order(name: str) -> list[str | int]:
