@@ -40,8 +40,10 @@ stage each), each replica its own schedule of the policy for its count
 again, whose first iteration judges the slowdown (the split's own, its healthy replica given
 more microbatches, is over 1.1 x the baseline however healthy the links): back within 10 %,
 it is over; the link suspect again, the split is made again from that iteration, the time
-lost counting on; else the straggler is forgotten. A swap is judged on the first
-iteration after its own: no faster than the median of those before it (a DP link's delay
+lost counting on; else the straggler is forgotten. A swap kept, the straggler is gone once
+the time is back or the PP link the slow pair now carries is no longer suspect while
+another link is (a fault that moved elsewhere is another straggler). A swap is judged on
+the first iteration after its own: no faster than the median of those before it (a DP link's delay
 can cost a step less than the same delay on a PP link, where the ring has few chunks and
 the pipeline many messages), it is undone, and the time lost goes on counting toward the
 restart. The restart is a plan with `Action.RESTART`:
@@ -160,6 +162,8 @@ class _Straggler:
     """The iteration times since it took the current level."""
     unswapped: tuple[Topology, float] | None = None
     """After a swap: the placement before it and the median iteration time there."""
+    carried: str = ""
+    """After a swap: the PP link the slow pair carries now (`Topology.dp_pair_onto_pp`)."""
     undone: bool = False
     """The swap did not pay and was undone: the link is a DP link again."""
     split_dropped: bool = False
@@ -258,8 +262,11 @@ class FalconController:
             Level.IGNORE: back or straggler.link not in suspected,
             # the split's iterations are not the healthy level's: judged once it is dropped
             Level.REBALANCE: not split and (back or straggler.link not in suspected),
-            # swapped, the slow pair carries a PP link: its DP time says nothing
-            Level.SWAP: back if swapped else back or straggler.link not in suspected,
+            # swapped, the slow pair carries a PP link: its DP time says nothing, that PP
+            # link's does (no longer slow while another link is, the slowdown is that one's)
+            Level.SWAP: back or (bool(suspected) and straggler.carried not in suspected)
+            if swapped
+            else back or straggler.link not in suspected,
         }.get(straggler.level, False)
         if gone:  # it went away (or a swap absorbed it); a placement stays
             self.straggler = None
@@ -349,7 +356,9 @@ class FalconController:
                     continue
                 before = statistics.median(straggler.level_times_ms)
                 straggler.unswapped = (self.topology, before)
-                self.topology = self.topology.dp_pair_onto_pp(Link.parse(straggler.link))
+                slow = Link.parse(straggler.link)
+                self.topology = self.topology.dp_pair_onto_pp(slow)
+                straggler.carried = str(_carried(slow, self.topology.num_stages))
             straggler.level, straggler.lost_ms = level, 0.0
             straggler.level_times_ms = []
             self.climbs.append((iteration, level))
@@ -400,3 +409,12 @@ class FalconController:
             )
             self._schedules[num_microbatches] = self._planner(profile)
         return self._schedules[num_microbatches]
+
+
+def _carried(link: Link, num_stages: int) -> Link:
+    """The PP link that DP ring link `link`'s pair carries after `Topology.dp_pair_onto_pp`:
+    its lower replica's, between its stage and the next one (the previous one for the last
+    stage)."""
+    stage = link.dp_stage
+    neighbour = stage + 1 if stage + 1 < num_stages else stage - 1
+    return Link.pp(min(stage, neighbour), link.first)

@@ -283,6 +283,30 @@ def test_a_swap_that_brings_the_time_back_leaves_no_phantom_straggler() -> None:
     assert times[7:] == [swapped] * 23
 
 
+def test_a_slow_link_that_moves_after_a_kept_swap_is_found_and_swapped() -> None:
+    """20 ms on dp1:0-1 in iterations 3-11, swapped at 8 (its pair carries PP link 1-2 of
+    replica 0: 350 ms steps); from 12 the pair is healthy and dp0:0-1 slow instead (1,080
+    ms). Falcon kept dp1:0-1 as its straggler until the time came back, which it never did:
+    it named dp1:0-1 slow to the end and lost 945 ms an iteration toward the restart,
+    dp0:0-1 never swapped. The pair's PP link no longer slow, the straggler is gone: dp0:0-1
+    is validated (15) and swapped once its time lost pays for it (18)."""
+    result, falcon = _run(
+        12,
+        24,
+        swap_ms=2000.0,
+        restart_ms=20_000.0,
+        also=', {start_iteration: 12, links: ["dp0:0-1"], delay_ms: 20}',
+    )
+    assert falcon.climbs == [(8, Level.SWAP), (18, Level.SWAP)]
+    assert [set(d.detected_ms) for d in result.decisions] == (
+        [set()] * 5 + [{"dp1:0-1"}] * 8 + [set()] * 2 + [{"dp0:0-1"}] * 9
+    )
+    times = _with_step(result)
+    assert max(times[8:12]) < 0.4 * times[3] and min(times[12:18]) > 0.9 * times[3]
+    assert max(times[18:]) < 0.4 * times[12]  # the second pair on a PP edge too
+    assert (result.restarts, result.lost_iterations) == (0, 0)
+
+
 MB = 1_000_000
 
 RING_HOST = HostCosts(ring_lag_ms_by_rings=RingLag(((1, CostCurve(((MB, 0.8), (40 * MB, 32.0)))),)))
