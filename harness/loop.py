@@ -120,8 +120,10 @@ class RunResult:
     num_moved_workers: tuple[int, ...] = ()
     """One per measured iteration run, as the times: its timeline's `swaps`, the workers a
     rank swap moved to another position at its start (in the first iteration after a
-    restart, which places the workers anew, those playing another position than in the last
-    iteration that ran: a swap made in the failed iteration)."""
+    failure's restart, which places the workers anew, those playing another position than
+    in the last iteration that ran: a swap made in the failed iteration; after a restart a
+    controller asked for, none: no iteration failed, and Falcon's return to the default
+    placement there is the restart's, no rank swap)."""
     restart_causes: tuple[str, ...] = ()
     """One line per restart, in order: what failed (the `LinkFailure`, its iterations counted
     from the first measured one), or the controller that asked, and when."""
@@ -246,7 +248,8 @@ def run_loop(
     k = 0
     asked = restarted = False
     placed: Topology | None = None
-    """The placement of the last iteration that ran."""
+    """The placement of the last iteration that ran (None: none since the start or a restart
+    the controller asked for)."""
     while k < total:
         plan = controller.plan(k)
         check_plan(engine, plan)
@@ -265,6 +268,7 @@ def run_loop(
             view = view.repaired(k, stragglers=True)
             controller.restarted(k, stragglers=True)
             k, asked, restarted = checkpoint, True, True
+            placed = None  # no iteration failed: none of its swaps went uncounted
             continue
         asked = False
         topology = plan.topology or plan.profile.topology
@@ -293,10 +297,11 @@ def run_loop(
             continue
         controller.observe(k, outcome.timeline)
         # The first iteration after a restart places the workers anew, its swaps no rank
-        # swap's; but a swap made in the failed iteration stays: its workers moved.
+        # swap's; but a swap made in the failed iteration stays: its workers moved. After a
+        # restart the controller asked for (`placed` None) none failed: none moved.
         moved_workers = len(outcome.timeline.swaps)
         if restarted:
-            moved_workers = _num_moved(placed, topology)
+            moved_workers = 0 if placed is None else _num_moved(placed, topology)
         placed, restarted = topology, False
         params_sha256 = outcome.params_sha256 or params_sha256
         devices = outcome.devices or devices
@@ -361,11 +366,9 @@ def run_loop(
     )
 
 
-def _num_moved(before: Topology | None, after: Topology) -> int:
-    """The workers playing another position under `after` than under `before` (None: the
-    default placement, where every run starts)."""
-    old = tuple(range(after.num_positions)) if before is None else before.workers
-    return sum(a != b for a, b in zip(old, after.workers, strict=True))
+def _num_moved(before: Topology, after: Topology) -> int:
+    """The workers playing another position under `after` than under `before`."""
+    return sum(a != b for a, b in zip(before.workers, after.workers, strict=True))
 
 
 _ENGINE_ITERATION = re.compile(r"\biteration (\d+)\b(?!\.\d)")

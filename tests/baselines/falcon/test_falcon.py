@@ -105,6 +105,9 @@ def test_a_fault_the_swap_leaves_costly_is_restarted_away() -> None:
     assert sum(t - healthy for t in swapped) >= 1000.0 > sum(t - healthy for t in swapped[:4])
     assert len(times) == 13 + 16 and times[13:] == [healthy] * 16
     assert result.iterations == (*range(13), *range(16))
+    # The swap moved 2 workers; the restart's return to the default placement is no rank
+    # swap (it counted 2 more: "rank swaps moved 4 worker(s)")
+    assert result.num_moved_workers == (0,) * 8 + (2,) + (0,) * 20
 
 
 def test_a_link_failure_s_restart_keeps_the_swap_and_what_falcon_knows() -> None:
