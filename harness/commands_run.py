@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -51,7 +53,25 @@ from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
 from pipeline.trace import RestartMark, write_chrome_trace
 
-__all__ = ["report", "run"]
+__all__ = ["collect", "report", "run"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _run_dir_options(*, out_help: str, run_id_help: str) -> Callable[[F], F]:
+    """A command's --out (the folder its run directory goes in) and --run-id (its name)."""
+
+    def options(command: F) -> F:
+        command = click.option(
+            "--run-id",
+            callback=lambda _ctx, param, value: _run_name(param, value),
+            help=run_id_help,
+        )(command)
+        return click.option(
+            "--out", type=OutputFolder(), default="results", show_default=True, help=out_help
+        )(command)
+
+    return options
 
 
 @click.command()
@@ -104,17 +124,9 @@ __all__ = ["report", "run"]
     help="Iterations run first and not reported.",
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-@click.option(
-    "--out",
-    type=OutputFolder(),
-    default="results",
-    show_default=True,
-    help="Where an experiment (--spec, or the default one) writes its run directory.",
-)
-@click.option(
-    "--run-id",
-    callback=lambda _ctx, param, value: _run_name(param, value),
-    help="Resume (or name) an experiment's run directory: one name inside --out.",
+@_run_dir_options(
+    out_help="Where an experiment (--spec, or the default one) writes its run directory.",
+    run_id_help="Resume (or name) an experiment's run directory: one name inside --out.",
 )
 @click.option(
     "--spec",
@@ -421,18 +433,10 @@ def report(run_dir: str) -> None:
 
 @click.command()
 @click.argument("job_dir", type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--out",
-    type=OutputFolder(),
-    default="results",
-    show_default=True,
-    help="Where the run directory goes.",
-)
-@click.option(
-    "--run-id",
-    callback=lambda _ctx, param, value: _run_name(param, value),
-    help="The run directory's name inside --out (a new one; default: the spec's name and "
-    "the time).",
+@_run_dir_options(
+    out_help="Where the run directory goes.",
+    run_id_help="The run directory's name inside --out (a new one; default: the spec's name "
+    "and the time).",
 )
 def collect(job_dir: str, out: str, run_id: str | None) -> None:
     """Turn a cluster job's results (the folder `launch --spec` wrote, after its run.sbatch
