@@ -286,7 +286,7 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
                 "redraw_every_ms: [lo, hi]}"
             )
         lo, hi = (_ms(row, v, "redraw_every_ms") for v in every)
-        if not 1.0 <= lo <= hi:  # each redraw is kept: a shorter interval grows without end
+        if not 1.0 <= lo <= hi:  # (a shorter one draws up to 1024 hi / lo values per block)
             raise ConfigError(f"fault row {row}: redraw_every_ms needs 1 <= lo <= hi (ms)")
         mean, std = _ms(row, normal["mean_ms"], "mean_ms"), _ms(row, normal["std_ms"], "std_ms")
         return Effect(normal_ms=(mean, std), redraw_every_ms=(lo, hi))

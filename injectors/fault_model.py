@@ -269,32 +269,65 @@ class InForce:
         return max(0.0, effect.delay_ms + effect.jitter_ms * draw.uniform(-1.0, 1.0))
 
 
+_REDRAW_BLOCK_INTERVALS = 1024
+"""A redrawn delay's values are drawn in blocks of this many longest intervals, each from its
+own seed: a message late in a long iteration draws its own block, not every value before it."""
+_REDRAW_BLOCKS_KEPT = 4
+
+
 @dataclasses.dataclass(slots=True)
 class _Redraws:
     """A redrawn normal delay on one unit in one iteration: values held for seeded U[lo, hi]
-    ms intervals from the iteration's start, drawn as far into it as asked (once: a later
-    message looks its interval up)."""
+    ms intervals. The iteration is cut into blocks of `_REDRAW_BLOCK_INTERVALS` longest
+    intervals; each block's values run from its start, from its own seed, as far into it as
+    asked (an interval that crosses a block's end ends there). A message asks its block only
+    (kept for a later message: the last few blocks), so memory and time stay bounded however
+    far into an iteration it is sent."""
 
     effect: Effect
+    seed: str
+    block_ms: float
+    blocks: dict[int, _RedrawBlock] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def start(cls, effect: Effect, seed: int, unit: _Unit, iteration: int) -> _Redraws:
+        block_ms = _REDRAW_BLOCK_INTERVALS * effect.redraw_every_ms[1]
+        return cls(effect, f"{seed}:{unit}:{iteration}:redraw", block_ms)
+
+    def at(self, offset_ms: float) -> float:
+        """The delay in force `offset_ms` into the iteration (clipped at 0)."""
+        index = int(max(0.0, offset_ms) // self.block_ms)
+        block = self.blocks.pop(index, None)
+        if block is None:
+            # block 0 keeps the iteration's seed: within its span the values are those of
+            # one unbroken draw
+            seed = self.seed if index == 0 else f"{self.seed}:{index}"
+            block = _RedrawBlock.start(self.effect, random.Random(seed), index * self.block_ms)
+            if len(self.blocks) >= _REDRAW_BLOCKS_KEPT:
+                del self.blocks[next(iter(self.blocks))]  # the least recently asked
+        self.blocks[index] = block
+        return block.at(self.effect, offset_ms)
+
+
+@dataclasses.dataclass(slots=True)
+class _RedrawBlock:
     rng: random.Random
     ends_ms: list[float]
     """Where each value's interval ends (ms into the iteration), increasing."""
     values_ms: list[float]
 
     @classmethod
-    def start(cls, effect: Effect, seed: int, unit: _Unit, iteration: int) -> _Redraws:
+    def start(cls, effect: Effect, rng: random.Random, start_ms: float) -> _RedrawBlock:
         assert effect.normal_ms is not None
-        rng = random.Random(f"{seed}:{unit}:{iteration}:redraw")
-        first_end_ms = rng.uniform(*effect.redraw_every_ms)
-        return cls(effect, rng, [first_end_ms], [rng.gauss(*effect.normal_ms)])
+        first_end_ms = start_ms + rng.uniform(*effect.redraw_every_ms)
+        return cls(rng, [first_end_ms], [rng.gauss(*effect.normal_ms)])
 
-    def at(self, offset_ms: float) -> float:
-        """The delay in force `offset_ms` into the iteration (clipped at 0)."""
-        assert self.effect.normal_ms is not None
-        lo, hi = self.effect.redraw_every_ms
+    def at(self, effect: Effect, offset_ms: float) -> float:
+        assert effect.normal_ms is not None
+        lo, hi = effect.redraw_every_ms
         while self.ends_ms[-1] <= offset_ms:
             self.ends_ms.append(self.ends_ms[-1] + max(self.rng.uniform(lo, hi), 1e-3))
-            self.values_ms.append(self.rng.gauss(*self.effect.normal_ms))
+            self.values_ms.append(self.rng.gauss(*effect.normal_ms))
         return max(0.0, self.values_ms[bisect.bisect_right(self.ends_ms, offset_ms)])
 
 

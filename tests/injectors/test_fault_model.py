@@ -292,6 +292,33 @@ def test_a_redrawn_delay_does_not_depend_on_which_messages_asked_before() -> Non
     )  # a new iteration's
 
 
+def test_a_redrawn_delay_an_hour_into_an_iteration_draws_only_its_own_block() -> None:
+    """A message an hour into an iteration under 1 ms redraws asks for one block of values,
+    not the 3.6 million before it (which took seconds and hundreds of MB per worker); a
+    block dropped from the few kept is drawn again the same."""
+    model = _model(
+        '[{start_iteration: 0, links: ["0-1"], distribution: {normal: {mean_ms: 20, std_ms: 4},'
+        " redraw_every_ms: [1, 1]}}]"
+    )
+    in_force = model.at(0, FOUR, rates=NO_RATES)
+
+    def delay_ms(offset_ms: float) -> float:
+        return in_force.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, offset_ms).delay_ms
+
+    early = [delay_ms(t) for t in (0.5, 10.5, 1000.5)]
+    late = [delay_ms(3_600_000.0 + t) for t in range(0, 10 * 1024, 1024)]  # ten blocks
+    (redraws,) = in_force._redraws.values()
+    drawn = sum(len(block.values_ms) for block in redraws.blocks.values())
+    assert len(redraws.blocks) == 4 and drawn <= 4 * 1025
+    assert len(set(late)) > 1 and all(v >= 0 for v in late)
+    assert [delay_ms(t) for t in (0.5, 10.5, 1000.5)] == early  # block 0, drawn again
+    alone = model.at(0, FOUR, rates=NO_RATES)
+    assert early == [
+        alone.message_fault(Link.pp(0, 0), "forward", "F", 0, 0, t).delay_ms
+        for t in (0.5, 10.5, 1000.5)
+    ]
+
+
 def test_an_event_replaced_inside_an_iteration_holds_until_its_replacement_starts() -> None:
     """Messages sent before the new event's `at_ms` still meet the old one."""
     model = _model(
