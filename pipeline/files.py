@@ -20,6 +20,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "MAX_DEPTH",
+    "MAX_INPUT_CHARACTERS",
     "atomic_writer",
     "leftover_temporaries",
     "load_yaml",
@@ -35,9 +36,18 @@ __all__ = [
 T = TypeVar("T")
 
 
+MAX_INPUT_CHARACTERS = 64 << 20
+"""The longest input the tool reads (its inputs are a few KiB to a few MiB; a device or a
+pipe with no end, /dev/zero, was read until memory ran out)."""
+
+
 def read_text(path: str | Path, what: str) -> str:
     try:
-        return Path(path).read_text()
+        with Path(path).open() as handle:
+            text = handle.read(MAX_INPUT_CHARACTERS + 1)
+        if len(text) > MAX_INPUT_CHARACTERS:
+            raise ConfigError(f"{what} {path} is longer than {MAX_INPUT_CHARACTERS:,} characters")
+        return text
     except OSError as err:
         raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from err
     except UnicodeDecodeError as err:

@@ -13,11 +13,13 @@ from pipeline.checks import MAX_WHOLE_DIGITS
 from pipeline.errors import ConfigError
 from pipeline.files import (
     MAX_DEPTH,
+    MAX_INPUT_CHARACTERS,
     atomic_writer,
     leftover_temporaries,
     load_yaml,
     load_yaml_lines,
     read_json,
+    read_text,
     save_figure,
     write_atomic,
 )
@@ -238,3 +240,16 @@ def test_a_whole_number_too_large_for_a_float_is_refused_as_input(tmp_path: Path
     assert load_yaml(f"[{most}, +{most}, -{'0' * 400}7, 007]", "x") == [
         int(most), int(most), -7, 7,
     ]  # fmt: skip
+
+
+def test_an_input_with_no_end_is_refused_past_the_longest_input(tmp_path: Path) -> None:
+    """`run --spec /dev/zero` read until memory ran out; an input is read up to
+    MAX_INPUT_CHARACTERS, one more is refused naming it."""
+    with pytest.raises(ConfigError) as refused:
+        read_text("/dev/zero", "spec")
+    assert str(refused.value) == "spec /dev/zero is longer than 67,108,864 characters"
+    path = tmp_path / "longest.yaml"
+    path.write_text("#" * MAX_INPUT_CHARACTERS)
+    assert len(read_text(path, "spec")) == MAX_INPUT_CHARACTERS
+    path.write_text("a: 1\r\nb: 2\r")  # text as open reads it (newlines translated)
+    assert read_text(path, "spec") == "a: 1\nb: 2\n"
