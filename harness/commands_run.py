@@ -27,7 +27,7 @@ from harness.cli_common import (
     terminal_progress,
 )
 from harness.experiment import new_run_dir, run_experiment
-from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, Recovery, RunResult
+from harness.loop import CHECKPOINT_RESTART, MAX_ITERATIONS, IterationDecision, Recovery, RunResult
 from harness.names import check_run_name
 from harness.policies import (
     SYSTEMS,
@@ -389,6 +389,8 @@ def _print_run_text(
         click.echo(_failovers_line(result.iterations, result.num_failovers))
     if any(result.num_moved_workers):
         click.echo(_moves_line(result.iterations, result.num_moved_workers))
+    if any(decision.microbatches for decision in result.decisions):
+        click.echo(_splits_line(result.iterations, result.decisions))
     if result.reused_iterations:
         reused = result.reused_iterations
         click.echo(
@@ -469,6 +471,25 @@ def _moves_line(iterations: tuple[int, ...], num_moved: tuple[int, ...]) -> str:
     moves = zip(iterations, num_moved, strict=True)
     where = [f"{n} at the start of iteration {k}" for k, n in moves if n]
     return f"rank swaps moved {sum(num_moved)} worker(s): {', '.join(where)} (--trace shows them)"
+
+
+def _splits_line(iterations: tuple[int, ...], decisions: tuple[IterationDecision, ...]) -> str:
+    """The iterations run on an uneven split of the global batch (a rebalance), in runs of
+    one split: "the global batch rebalanced over the DP replicas in 7 iteration(s): 8-14
+    as 12+4"."""
+    runs: list[tuple[int, int, str]] = []  # first, last iteration, split
+    for k, decision in zip(iterations, decisions, strict=True):
+        split = decision.microbatches
+        if runs and split and runs[-1][2] == split and runs[-1][1] + 1 == k:
+            runs[-1] = (runs[-1][0], k, split)
+        elif split:
+            runs.append((k, k, split))
+    where = [f"{a}{f'-{b}' * (b != a)} as {split}" for a, b, split in runs]
+    num_split = sum(1 for d in decisions if d.microbatches)
+    return (
+        f"the global batch rebalanced over the DP replicas in {num_split} iteration(s): "
+        + ", ".join(where)
+    )
 
 
 def _failovers_line(iterations: tuple[int, ...], num_failovers: tuple[int, ...]) -> str:

@@ -3,6 +3,7 @@ its CSVs and its timelines (harness.saved). Nothing is planned or simulated agai
 
 from __future__ import annotations
 
+import collections
 import functools
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -426,13 +427,15 @@ def _throughput_caption(runs: Sequence[Mapping[str, Any]]) -> str:
     return caption
 
 
-def _actions(row: Mapping[str, Any]) -> str:
-    """What a configuration's run did about its faults (runs.csv's counts): "1 restart, 8
-    failovers, 2 workers moved", or "none"."""
+def _actions(row: Mapping[str, Any], num_rebalanced: int = 0) -> str:
+    """What a configuration's run did about its faults (runs.csv's counts, and the
+    iterations it ran on a rebalanced split of the global batch, iterations.csv's): "1
+    restart, 8 failovers, 2 workers moved, 7 iterations rebalanced", or "none"."""
     counts = (
         (int(float(row.get("restarts") or 0)), "restart", ""),
         (int(float(row.get("failovers") or 0)), "failover", ""),
         (int(float(row.get("moved_workers") or 0)), "worker", " moved"),
+        (num_rebalanced, "iteration", " rebalanced"),
     )
     said = [f"{n} {what}{'s' * (n != 1)}{done}" for n, what, done in counts if n]
     return ", ".join(said) or "none"
@@ -483,6 +486,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     # the figures of the last one, beside its report.md.
     finished = {_key(r) for r in runs}
     iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
+    rebalanced = collections.Counter(_key(r) for r in iterations if r.get("microbatches"))
     left_out = frozenset(tuple(key) for key in recorded.get("left_out", []))
     gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations, left_out)
     figures: list[tuple[str, str]] = []
@@ -537,7 +541,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         + " | ".join(str(r[c]) for c in columns)
         + f" | {float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
         f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} | "
-        f"{_actions(r)} |"
+        f"{_actions(r, rebalanced[_key(r)])} |"
         for r in runs
     ]
     lines += [
@@ -549,7 +553,8 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         "run again after a restart included, plus the modelled restart cost. Bubble ratio: "
         "1 - (time the stages spent in ops) / (stages x iteration time), replica 0's, the "
         "mean over the measured iterations. Actions: the checkpoint restarts, the delegates' "
-        "moves to another NIC (failovers) and the workers rank swaps moved, over the "
+        "moves to another NIC (failovers), the workers rank swaps moved and the iterations "
+        "run on a rebalanced split of the global batch over the DP replicas, over the "
         "configuration's iterations.",
     ]
     experiment, not_compared = paper_experiment(spec)

@@ -954,6 +954,26 @@ def test_run_shows_the_workers_a_rank_swap_moved(tmp_path: Path) -> None:
     assert data["lost_iterations"] > 0
 
 
+def test_run_says_which_iterations_falcon_ran_on_a_rebalanced_split(tmp_path: Path) -> None:
+    """20 ms on replica 1's PP link 1-2 in iterations 3-13: Falcon gives replica 0 12 of the
+    16 microbatches from iteration 6 until the link is fast again; `run` said nothing of it
+    (its JSON records did: `microbatches`)."""
+    profile = write_profile(
+        tmp_path, stages=4, microbatches=8, t_f=5, t_b=5, t_w=5, message_bytes=4096, dp=2,
+        allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+    )  # fmt: skip
+    faults = tmp_path / "f.yaml"
+    faults.write_text(
+        '- {start_iteration: 3, end_iteration: 14, links: ["pp1:1-2"], delay_ms: 20}\n'
+    )
+    falcon = ["run", "--profile", str(profile), "--system", "falcon", "--faults", str(faults)]
+    lines = cli(*falcon, "--iterations", "20").stdout.splitlines()
+    assert lines[1] == (
+        "the global batch rebalanced over the DP replicas in 9 iteration(s): 6-14 as 12+4"
+    )
+    assert "rebalanced" not in cli(*falcon, "--iterations", "5").stdout  # not yet
+
+
 @pytest.mark.multiprocess
 def test_a_worker_s_timeout_counts_measured_iterations_and_names_the_holds(
     tmp_path: Path,

@@ -882,6 +882,31 @@ def test_the_table_names_what_each_system_did_about_its_faults(tmp_path: Path) -
     assert rows == [["1f1b", "1 restart |"], ["adaptra-cpu", "2 failovers |"]]
 
 
+def test_the_table_names_falcon_s_rebalance(tmp_path: Path) -> None:
+    """20 ms on replica 1's PP link 1-2 in iterations 3-13: Falcon rebalances the global
+    batch away from that replica for 9 iterations (iterations.csv's `microbatches`): the
+    table said "none" for it."""
+    faults = tmp_path / "f.yaml"
+    faults.write_text(
+        '- {start_iteration: 3, end_iteration: 14, links: ["pp1:1-2"], delay_ms: 20}\n'
+    )
+    profile = Profile.uniform(
+        4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
+        allreduce_bytes=3_000_000, dp_bucket_bytes=125_000,
+    )  # fmt: skip
+    spec = ExperimentSpec(
+        name="a", models=("m",), profile=profile, systems=("zb", "falcon"),
+        num_iterations=20, faults=str(faults),
+    )  # fmt: skip
+    run_dir = run_experiment(spec, tmp_path / "r")
+    rows = [
+        line.split(" | ")[1::8]
+        for line in (run_dir / "report.md").read_text().splitlines()
+        if line.startswith("| m |")
+    ]
+    assert rows == [["zb", "none |"], ["falcon", "9 iterations rebalanced |"]]
+
+
 def test_a_run_whose_saved_fault_timeline_this_version_refuses_still_reports(
     tmp_path: Path,
 ) -> None:
