@@ -81,6 +81,8 @@ class DetectingController:
         self._delegating = False
         """The last plan's PP messages go over delegates."""
         self._times = TimelineTimes(self.detector)
+        self._cold = True
+        """The next iteration is the first of freshly started workers (`LinkDetector.believe`)."""
         self.swaps = DpSwaps(profile.topology)
         self.num_replans = 0
         """How often the planned delays changed (onsets, changes and recoveries)."""
@@ -95,7 +97,8 @@ class DetectingController:
     def observe(self, iteration: int, timeline: Timeline) -> None:
         """`timeline`: the iteration's alone (an engine's `Outcome.timeline`)."""
         directions = self._times(timeline, delegated=self._delegating)
-        belief = self.detector.believe(iteration, directions)
+        belief = self.detector.believe(iteration, directions, cold=self._cold)
+        self._cold = False
         self._failed_over = self._failed_over or bool(timeline.failovers)
         self._update(belief)
         self.swaps.update(belief, wall_ms(timeline, iteration))
@@ -118,8 +121,10 @@ class DetectingController:
         self._detected = belief.detected_ms
 
     def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
-        """The job came back on repaired hardware: no route has failed over any more."""
+        """The job came back on repaired hardware, in fresh workers: no route has failed
+        over any more."""
         self._failed_over = False
+        self._cold = True
         self.swaps.restarted()
 
 
@@ -146,6 +151,7 @@ class DelegatingController:
             profile.with_delays(()), link_terms=link_terms, thresholds=thresholds
         )
         self._times = TimelineTimes(self.detector, dp_only=True)
+        self._cold = True
         self.swaps = DpSwaps(profile.topology)
         self._detected: tuple[tuple[str, float], ...] = ()
 
@@ -156,9 +162,12 @@ class DelegatingController:
 
     def observe(self, iteration: int, timeline: Timeline) -> None:
         delegated = self._plan.comm is CommMode.DELEGATED
-        belief = self.detector.believe(iteration, self._times(timeline, delegated=delegated))
+        directions = self._times(timeline, delegated=delegated)
+        belief = self.detector.believe(iteration, directions, cold=self._cold)
+        self._cold = False
         self._detected = tuple(sorted(belief.detected_ms.items()))
         self.swaps.update(belief, wall_ms(timeline, iteration))
 
     def restarted(self, iteration: int, *, stragglers: bool, at_ms: float = math.inf) -> None:
+        self._cold = True
         self.swaps.restarted()

@@ -50,6 +50,14 @@ replica), its estimate the mean of the medians of its slow directions (those who
 quartile reaches 4 ms: all of a link slow as a whole, one of a link slow one way or in one
 replica), from its latest iteration.
 
+A fresh job's first iteration (`believe(cold=True)`: the run's first, the first after a
+restart) is judged on a link's least lower quartile over its directions, not the largest: a
+receiver still starting on a loaded host stamped most of one direction's messages 60-90 ms
+late there (a review's emulated runs at load 8-20: 2 warm-ups of about 10, none of about 60
+later iterations), which called a healthy link slow. A delay in the network slows every
+direction of its link, a profile's static one included, and is still found in that
+iteration.
+
 Why two statistics: load only ever adds time (a receiver that is not scheduled stamps late;
 nothing stamps early), while a slow link delays every message, or with a fault's jitter
 most of them. The median estimates a jittered delay without bias, but load moves it: in 60
@@ -345,11 +353,13 @@ class LinkDetector:
             for key, times in spent.items()
         }
 
-    def believe(self, iteration: int, directions: Directions) -> Belief:
+    def believe(self, iteration: int, directions: Directions, *, cold: bool = False) -> Belief:
         """The belief after iteration `iteration`, from its `direction_times`: a first look
         against the floors the iterations before left; the directions of the links neither
         believed slow nor slow there lower their classes' floors; the iteration is judged
-        against those (the module)."""
+        against those (the module). `cold`: the first iteration of freshly started workers
+        (the job's first, or the first after a restart), where a link turns slow only on
+        every one of its directions' evidence (the module)."""
         for (link, _, _), times in directions.items():
             self._sizes.setdefault(link in self._pp_expected_ms, set()).add(times.num_bytes)
         first_floors_ms = self._floors_ms(directions, first=True)
@@ -361,7 +371,8 @@ class LinkDetector:
             if link not in self._slow and first_evidence[link] < onset:
                 at = (link in self._pp_expected_ms, times.delegated, times.num_bytes)
                 self._floor_ms[at] = min(self._floor_ms.get(at, math.inf), times.median_ms)
-        extra, evidence = self._excess_ms(directions, self._floors_ms(directions, first=False))
+        floors_ms = self._floors_ms(directions, first=False)
+        extra, evidence = self._excess_ms(directions, floors_ms, cold=cold)
         for link, extra_ms in extra.items():
             if evidence[link] >= onset:
                 self._slow.add(link)
@@ -438,12 +449,13 @@ class LinkDetector:
         return raised
 
     def _excess_ms(
-        self, directions: Directions, floors_ms: Mapping[DirectionKey, float]
+        self, directions: Directions, floors_ms: Mapping[DirectionKey, float], *, cold: bool = False
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Each link's estimate and evidence against `floors_ms`: its evidence is its
-        directions' (every replica's) largest lower quartile; its estimate the mean of the
-        medians of its directions whose lower quartile reaches `slow_direction_ms` (its slow
-        ones), where none does the largest median (0 at least)."""
+        directions' (every replica's) largest lower quartile (`cold`: their least); its
+        estimate the mean of the medians of its directions whose lower quartile reaches
+        `slow_direction_ms` (its slow ones), where none does the largest median (0 at
+        least)."""
         medians: dict[str, list[tuple[float, float]]] = {}
         for (link, direction, replica), times in directions.items():
             floor_ms = floors_ms[link, direction, replica]
@@ -454,7 +466,8 @@ class LinkDetector:
         extra: dict[str, float] = {}
         evidence: dict[str, float] = {}
         for link, of_link in medians.items():
-            evidence[link] = max(0.0, *(lower_ms for _, lower_ms in of_link))
+            lowers_ms = [lower_ms for _, lower_ms in of_link]
+            evidence[link] = max(0.0, min(lowers_ms) if cold else max(lowers_ms))
             slow = [median_ms for median_ms, lower_ms in of_link if lower_ms >= slow_ms]
             extra[link] = statistics.fmean(slow) if slow else max(0.0, *(m for m, _ in of_link))
         return extra, evidence

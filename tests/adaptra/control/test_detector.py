@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from adaptra.control import LinkDetector, Thresholds, unmeasurable_kinds
+from adaptra.control import DetectingController, LinkDetector, Thresholds, unmeasurable_kinds
 from harness.policies import blind_detector_warning, system_controller
 from harness.runner import run_configuration
 from injectors.fault_files import parse_yaml
@@ -165,6 +165,50 @@ def test_late_stamps_on_most_of_a_direction_s_messages_are_no_straggler() -> Non
     assert times.median_ms - times.lower_quartile_ms == pytest.approx(20.0, abs=1e-6)
     assert _beliefs(stamped_late) == [{}] * 5  # the warm-up iteration, then 4 measured
     assert _beliefs(_late(timeline, 2, 8, 20.0))[2] == {"1-2": pytest.approx(20.0, abs=1e-6)}
+
+
+def test_a_fresh_job_s_first_iteration_calls_a_link_slow_on_every_direction_only() -> None:
+    """The first iteration of freshly started workers: one direction of one replica stamped
+    late throughout (a receiver still starting, on a loaded host: 60-90 ms, a review's
+    emulated runs, 2 of 10 warm-ups) was a slow link, and Adaptra ran the next iteration on
+    the delegates with a plan for it. Cold, a link is slow on its every direction's evidence
+    (a delay in the network, as a profile's, slows them all); the same late stamps in a
+    later iteration are a slow link still."""
+    healthy = _sim_timeline('[{start_iteration: 0, links: ["0-1"], delay_ms: 0}]', 2)
+    static = _sim_timeline(  # the profile's delay, from the warm-up on
+        '[{start_iteration: 0, links: ["0-1"], delay_ms: 0}]', 1, PROFILE.with_delays([0, 30, 0])
+    )
+
+    def belief(timeline: Timeline, iteration: int, *, cold: bool) -> dict[str, float]:
+        detector = LinkDetector(PROFILE, link_terms=ALL_LINK_TERMS)
+        for k in range(iteration + 1):
+            directions = detector.direction_times(m for m in timeline.messages if m.iteration == k)
+            seen = detector.believe(k, directions, cold=cold and k == 0)
+        return seen.detected_ms
+
+    assert belief(_late(healthy, 0, 8, 60.0), 0, cold=True) == {}
+    assert belief(_late(healthy, 0, 8, 60.0), 0, cold=False) == {"1-2": pytest.approx(60.0)}
+    assert belief(_late(healthy, 1, 8, 60.0), 1, cold=True) == {"1-2": pytest.approx(60.0)}
+    assert belief(static, 0, cold=True) == {"1-2": pytest.approx(30.0)}
+
+
+def test_the_controllers_judge_the_first_iteration_after_a_start_or_a_restart_cold() -> None:
+    """The workers start fresh at the run's start and at each restart: Adaptra's controller
+    judges the first iteration after either cold (one late direction is no slow link), the
+    next not."""
+    healthy = _sim_timeline('[{start_iteration: 0, links: ["0-1"], delay_ms: 0}]', 3)
+    late = healthy
+    for k in (0, 2, 3):
+        late = _late(late, k, 8, 60.0)
+    parts = late.split()
+    controller = DetectingController(PROFILE, link_terms=ALL_LINK_TERMS)
+    believed = []
+    for k, part in enumerate(parts):
+        if k == 2:
+            controller.restarted(2, stragglers=False)
+        controller.observe(k, part)
+        believed.append(dict(controller.plan(k + 1).believed_ms))
+    assert believed == [{}, {}, {}, {"1-2": pytest.approx(60.0, abs=1e-6)}]
 
 
 def test_a_jittered_delay_is_estimated_without_bias_over_every_replica_or_one() -> None:
