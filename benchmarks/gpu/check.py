@@ -324,7 +324,9 @@ def _sync(device: str) -> None:
 
 def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
     """The whole model as one stage (S = 1) fed a random stage input, one microbatch, in this
-    process: fused backward against B then W (medians of `repeats`, after two warm-ups)."""
+    process: fused backward against B then W (medians of `repeats`, after two warm-ups), each
+    from no gradients (W on the fused backward's would add to them: a pass over every
+    gradient that the fused backward, handing its results over, does not make)."""
     with single_process_megatron(device):
         model = build_whole_model(preset, SEED)
         if device != "cpu":
@@ -346,6 +348,7 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
             runner.backward_fused(0, None)
             _sync(device)
             t1 = time.perf_counter()
+            _clear_grads(runner)
             runner.forward(0, labels=labels, stage_input=x)
             _sync(device)
             t2 = time.perf_counter()
@@ -359,8 +362,7 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
                 fused.append((t1 - t0) * 1e3)
                 b_ms.append((t3 - t2) * 1e3)
                 w_ms.append((t4 - t3) * 1e3)
-            for param in runner.params:
-                param.grad = None
+            _clear_grads(runner)
     fused_ms, b, w = statistics.median(fused), statistics.median(b_ms), statistics.median(w_ms)
     return {
         "model": preset.name,
@@ -369,6 +371,11 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
         "w_ms": w,
         "ratio": (b + w) / fused_ms,
     }
+
+
+def _clear_grads(runner: StageRunner) -> None:
+    for param in runner.params:
+        param.grad = None
 
 
 def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int, hw: Hardware) -> Profile:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -293,3 +294,32 @@ def test_the_cost_model_prices_the_gpu_found() -> None:
     for times in ("t_f_ms", "t_b_ms", "t_w_ms"):
         assert getattr(on_h100, times) == getattr(on_h200, times)
     assert on_h100.optimizer_ms[0] > on_h200.optimizer_ms[0]  # the step: memory-bound
+
+
+def test_the_split_times_b_and_w_from_no_gradients_as_the_fused_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(B + W) / fused compares like with like: W starts from no gradients, as the fused
+    backward does. W used to run on the fused backward's gradients, so it added its weight
+    gradients to them (an extra pass over every gradient: on a GPU about half a weight
+    GEMM's time again) where the fused backward's autograd only handed its results over."""
+    runner_class = check.StageRunner
+    fused, weight = runner_class.backward_fused, runner_class.backward_weight
+    seen: list[tuple[str, bool]] = []
+
+    def had_grads(runner: Any) -> bool:
+        return any(p.grad is not None for p in runner.params)
+
+    def backward_fused(runner: Any, *args: Any) -> Any:
+        seen.append(("fused", had_grads(runner)))
+        return fused(runner, *args)
+
+    def backward_weight(runner: Any, *args: Any) -> None:
+        seen.append(("W", had_grads(runner)))
+        weight(runner, *args)
+
+    monkeypatch.setattr(runner_class, "backward_fused", backward_fused)
+    monkeypatch.setattr(runner_class, "backward_weight", backward_weight)
+    result = check.split_ratio(get_preset("tiny"), "cpu", repeats=1)
+    assert seen == [("fused", False), ("W", False)] * 3  # two warm-ups, one repeat
+    assert result["ratio"] > 0
