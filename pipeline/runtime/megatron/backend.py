@@ -220,6 +220,8 @@ class MegatronCompute:
         if config.load_checkpoint is not None or config.iteration == 0:
             for param in runner.params:
                 param.grad = None
+            if self._compute_device.type == "cuda":  # the loads' copies run asynchronously:
+                torch.cuda.synchronize(self._compute_device)  # not in the first op's record
         runner.loss_scale = 1.0 / config.num_global_microbatches
         self._first_microbatch = config.microbatch_offset(self._replica)
 

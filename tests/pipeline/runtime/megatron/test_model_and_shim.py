@@ -222,6 +222,33 @@ def test_every_backward_op_on_a_gpu_ends_by_waiting_for_its_kernels(
     assert calls == [torch.device("cuda")] * 3
 
 
+def test_an_iteration_that_loads_a_state_on_a_gpu_waits_for_it_before_its_first_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Iteration 0 (the initial state) and the first after a restart (a checkpoint) load the
+    stage's parameters with copies that a GPU runs asynchronously: `begin_iteration`, before
+    the iteration's start, waits for them, so that the first op's record holds its own
+    kernels only (it held the copies of the whole stage: every parameter). Any other
+    iteration loads nothing and waits for nothing. As above: on a CPU, the compute device
+    is then said to be a GPU and the synchronisations are counted."""
+    profile = Profile.uniform(1, 1, 1, 1, 1)
+    with single_process_megatron():
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()  # the set-up makes its own
+        compute = MegatronCompute("tiny")
+        compute.setup(0, 1, 0, RankDevices("gloo", "cpu", "cpu"))
+        calls: list[object] = []
+        monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
+        compute._compute_device = torch.device("cuda")
+        counts = []
+        for iteration in (0, 1):
+            compute.begin_iteration(IterationConfig(iteration, one_f_one_b(profile), profile))
+            counts.append(len(calls))
+    assert counts == [1, 1]
+    assert calls == [torch.device("cuda")]
+
+
 def test_the_loss_is_scaled_by_the_microbatches_the_schedules_run() -> None:
     """The loss and gradient scale and each replica's first microbatch follow the schedules
     that run, not the profile's count (a 2-microbatch schedule under a 4-microbatch profile
