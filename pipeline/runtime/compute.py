@@ -38,6 +38,11 @@ class ComputeBackend(Protocol):
     """Where messages live (`RankDevices.message_device`): the host, where gloo sends from;
     a backend that computes elsewhere (a GPU) copies its messages here and back."""
 
+    uses_gpu: bool
+    """Whether the backend computes on a GPU where the host has one: only then does its
+    worker take one (`pipeline.runtime.devices`), whose CUDA context it would otherwise
+    make for nothing (memory, start-up time, and on an exclusive-process GPU a refusal)."""
+
     def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None: ...
 
     def run(
@@ -113,6 +118,8 @@ class ComputeBackend(Protocol):
 
 class EmulatedCompute:
     """Each op sleeps its profiled duration; messages have the profile's size in bytes."""
+
+    uses_gpu = False
 
     def __init__(self) -> None:
         self._stage = 0

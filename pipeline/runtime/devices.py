@@ -1,7 +1,8 @@
 """Where a worker computes, where its messages live, and which process-group backend carries
 them: chosen once per pool from the number of workers and of GPUs.
 
-Every pool talks over gloo, which sends host memory: with GPUs, worker r computes on
+Every pool talks over gloo, which sends host memory: with GPUs, a worker whose backend
+computes on one (`ComputeBackend.uses_gpu`: megatron's, not the emulated one's) computes on
 cuda:(r mod G) and its messages (and the DP ring's chunks, the tied gradient, a rank swap's
 state, the delegates' port exchange) are copied between the GPU and the host on each side.
 NCCL is not used, even where every worker has a GPU of its own, until its path is proven

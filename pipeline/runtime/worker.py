@@ -79,6 +79,7 @@ __all__ = [
     "Progress",
     "configure_threads",
     "join",
+    "worker_devices",
     "worker_main",
 ]
 
@@ -901,7 +902,7 @@ def join(
     position = grid.position_of_worker(rank)
     stage, replica = position.stage, position.replica
     local_rank, num_local = on_host or (rank, grid.num_workers)
-    devices = choose_devices(local_rank, num_local, num_visible_gpus())
+    devices = worker_devices(compute, local_rank, num_local)
     if devices.compute_device != "cpu":
         torch.cuda.set_device(torch.device(devices.compute_device))
     dist.init_process_group(
@@ -918,6 +919,15 @@ def join(
         worker.delegate_files = (num_delegates, slot_dir)
         worker.delegates = delegates.connect(_delegate_setup(worker, num_delegates, slot_dir))
     return worker
+
+
+def worker_devices(compute: ComputeBackend, local_rank: int, num_local: int) -> RankDevices:
+    """The devices of the worker `local_rank` of `num_local` on this host: a GPU of the host's
+    only for a backend that computes on one (`ComputeBackend.uses_gpu`); the emulated one,
+    which sleeps, takes none (a CUDA context in each worker would be memory and start-up
+    for nothing)."""
+    num_gpus = num_visible_gpus() if compute.uses_gpu else 0
+    return choose_devices(local_rank, num_local, num_gpus)
 
 
 _PORTS_POLL_S = 0.001

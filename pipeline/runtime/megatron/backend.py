@@ -67,6 +67,8 @@ class MegatronCompute:
     (TF32); off by default, so a GPU run computes in float32 as a CPU run does. On a GPU
     every op ends by waiting for its kernels, so that its record is its compute time."""
 
+    uses_gpu = True
+
     def __init__(
         self,
         model: str | GPTPreset = "tiny",

@@ -71,3 +71,20 @@ def test_a_job_over_several_hosts_chooses_per_host() -> None:
     environ = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
     assert host_placement(environ) == (1, 2)
     assert choose_devices(*host_placement(environ), 4) == RankDevices("gloo", "cuda:1", "cpu")
+
+
+def test_only_a_backend_that_computes_on_a_gpu_takes_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a host with GPUs the emulated backend's workers (which sleep) stay off them: each
+    made a CUDA context there all the same (memory and start-up for nothing, a refusal on an
+    exclusive-process GPU), and its pool's line said it computed on the GPU. The megatron
+    backend's take one."""
+    from pipeline.runtime import worker
+    from pipeline.runtime.compute import EmulatedCompute
+    from pipeline.runtime.megatron import MegatronCompute
+
+    monkeypatch.setattr(worker, "num_visible_gpus", lambda: 1)
+    emulated = [worker.worker_devices(EmulatedCompute(), r, 2) for r in range(2)]
+    assert emulated == [RankDevices("gloo", "cpu", "cpu")] * 2
+    assert describe_pool(emulated) == "gloo: 2 worker(s) on the CPU"
+    megatron = worker.worker_devices(MegatronCompute("tiny"), 1, 2)
+    assert megatron == RankDevices("gloo", "cuda:0", "cpu")
