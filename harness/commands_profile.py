@@ -67,7 +67,8 @@ def profile(
 ) -> None:
     """Run MODEL split into STAGES worker processes and write its median tF/tB/tW per stage
     (ms) and message bytes as a profile file for `schedule`, `simulate` and `run`. Times from
-    a machine with fewer cores than stages are not results."""
+    a machine with fewer cores than stages, or with GPUs but fewer than stages, are not
+    results."""
     from pipeline.runtime.devices import num_visible_gpus
     from pipeline.runtime.megatron.model import get_preset
     from pipeline.runtime.megatron.profiling import measure_profile
@@ -77,6 +78,9 @@ def profile(
     if num_microbatches < stages:
         raise ConfigError(f"--microbatches ({num_microbatches}) must be >= --stages ({stages})")
     _warn_if_cores_are_shared(stages)
+    gpus_warning = shared_gpus_warning(stages, num_visible_gpus())
+    if gpus_warning is not None:
+        click.echo(gpus_warning, err=True)
     if tf32 and num_visible_gpus() == 0:
         click.echo("warning: --tf32 has no effect without a GPU (none is visible)", err=True)
     progress = terminal_progress(iterations, 1, fmt)  # measure_profile's one warm-up first
@@ -175,6 +179,19 @@ def shared_cores_warning(num_stages: int, num_cores: int) -> str | None:
         f"warning: {num_stages} stages on {num_cores} CPU core(s): the workers share cores, so "
         "the times measured include waiting for one (not results; use --stages "
         f"{num_cores} or fewer, or a larger machine)"
+    )
+
+
+def shared_gpus_warning(num_stages: int, num_gpus: int) -> str | None:
+    """What `profile` says where its stages outnumber the GPUs they compute on (None: no GPU,
+    where the cores' warning speaks, or a GPU per stage): stages on one GPU time-slice it, and
+    the measuring order (every F, then every B, then every W) runs their ops side by side."""
+    if num_gpus == 0 or num_stages <= num_gpus:
+        return None
+    return (
+        f"warning: {num_stages} stages on {num_gpus} GPU(s): the stages that share a GPU "
+        "time-slice it, so an op's time includes the kernels of the other stages' ops that run "
+        f"beside it (not results; use --stages {num_gpus} or fewer, or a GPU per stage)"
     )
 
 

@@ -1,6 +1,18 @@
-"""`profile` warns, and `calibrate` notes, when their stages outnumber the CPU cores."""
+"""`profile` warns, and `calibrate` notes, when their stages outnumber the CPU cores; `profile`
+warns when they outnumber the GPUs."""
 
-from harness.commands_profile import shared_cores_note, shared_cores_warning
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness.commands_profile import (
+    profile,
+    shared_cores_note,
+    shared_cores_warning,
+    shared_gpus_warning,
+)
+from pipeline.profile import Profile
 
 
 def test_more_stages_than_cores_is_a_warning_and_as_many_is_none() -> None:
@@ -21,3 +33,30 @@ def test_calibrate_notes_shared_cores_without_calling_its_costs_no_results() -> 
         "note: 4 stages on 2 CPU core(s): the costs measured include waiting for a core, as "
         "those of the 4-stage runs they predict here"
     )
+
+
+def test_more_stages_than_gpus_is_a_warning_and_a_gpu_each_is_none() -> None:
+    assert shared_gpus_warning(4, 0) is None  # on the CPU: the cores' warning's
+    assert shared_gpus_warning(2, 2) is None
+    assert shared_gpus_warning(2, 1) == (
+        "warning: 2 stages on 1 GPU(s): the stages that share a GPU time-slice it, so an "
+        "op's time includes the kernels of the other stages' ops that run beside it (not "
+        "results; use --stages 1 or fewer, or a GPU per stage)"
+    )
+
+
+def test_profile_on_a_shared_gpu_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`profile --stages 2` on a one-GPU machine measured both stages on the one GPU, each
+    op beside the other stage's (every F, then every B, then every W), and said nothing:
+    its times held the other stage's kernels."""
+    from pipeline.runtime import devices
+    from pipeline.runtime.megatron import profiling
+
+    monkeypatch.setattr(devices, "num_visible_gpus", lambda: 1)
+    measured = Profile.uniform(2, 4, 1.0, 1.0, 1.0)
+    monkeypatch.setattr(profiling, "measure_profile", lambda *args, **kwargs: measured)
+    out = tmp_path / "p.json"
+    result = CliRunner().invoke(profile, ["--stages", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "warning: 2 stages on 1 GPU(s)" in result.output
+    assert out.is_file()
