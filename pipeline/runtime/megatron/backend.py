@@ -56,7 +56,7 @@ from pipeline.runtime.megatron.model import (
 from pipeline.runtime.megatron.shim import cpu_shim, quiet_megatron, seed_cpu_rng_tracker
 from pipeline.runtime.megatron.stage import StageRunner, sgd_step
 
-__all__ = ["MegatronCompute", "build_initial_stage", "seed_rng_tracker"]
+__all__ = ["MegatronCompute", "build_initial_stage", "seed_rng_tracker", "set_initial_parameters"]
 
 
 class MegatronCompute:
@@ -89,7 +89,11 @@ class MegatronCompute:
         """Where the model runs: messages are copied between the two where they differ."""
         self._stage = self._num_stages = self._replica = 0
         self._runner: StageRunner | None = None
-        self._initial: dict[str, Any] = {}
+        self._initial: dict[str, Any] | None = None
+        """The position's initial state (parameters and buffers), once drawn."""
+        self._holds_state = False
+        """Whether the model holds a state (initial, imported, loaded): not after a `move`
+        until `import_state` or `begin_iteration` gives it one."""
         self._layer_offset = 0
         self._num_replicas = 1
         self._first_microbatch = 0
@@ -131,8 +135,9 @@ class MegatronCompute:
         self._num_replicas = dist.get_world_size() // num_stages
         self._build(stage, replica)
 
-    def _build(self, stage: int, replica: int) -> None:
-        """The model of position (stage, replica), at its initial parameters."""
+    def _build(self, stage: int, replica: int, *, initialise: bool = True) -> None:
+        """The model of position (stage, replica), at its initial parameters (`initialise`)
+        or at none yet."""
         self._stage, self._replica = stage, replica
         self._layer_offset = stage_layer_offset(self.preset, stage, self._num_stages)
         model = build_initial_stage(
@@ -142,12 +147,22 @@ class MegatronCompute:
             seed=self.seed,
             device=self._compute_device,
             init_state=self.init_state,
+            initialise=initialise,
         )
-        self._initial = {
-            k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-            for k, v in model.state_dict().items()
-        }
         self._runner = StageRunner(model)
+        self._initial = _state_copy(model) if initialise else None
+        self._holds_state = initialise
+
+    def _initial_state(self) -> dict[str, Any]:
+        """The position's initial state, drawn into the model the first time."""
+        if self._initial is None:
+            model = self.runner.model
+            set_initial_parameters(
+                model, self.preset, self._stage, self._num_stages,
+                seed=self.seed, init_state=self.init_state,
+            )  # fmt: skip
+            self._initial = _state_copy(model)
+        return self._initial
 
     def ties(self, stage: int, num_stages: int) -> bool:
         return num_stages > 1 and stage in (0, num_stages - 1)
@@ -171,9 +186,11 @@ class MegatronCompute:
 
     def move(self, stage: int, replica: int) -> None:
         """Play position (stage, replica): its model, at its initial parameters until
-        `import_state` gives it the state its last player had."""
+        `import_state` gives it the state its last player had. They are drawn only where
+        that does not follow (the next `begin_iteration` draws them): in a rank swap, drawing
+        a whole stage's weights to overwrite them was wasted time inside the swap's record."""
         with quiet_megatron():
-            self._build(stage, replica)
+            self._build(stage, replica, initialise=False)
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._state_tensors())
@@ -201,6 +218,7 @@ class MegatronCompute:
             part = state[offset : offset + size].view(tensor.dtype).view(tensor.shape)
             tensor.copy_(part)
             offset += size
+        self._holds_state = True
 
     def _state_tensors(self) -> list[torch.Tensor]:
         return [v for v in self.runner.model.state_dict(keep_vars=True).values()
@@ -210,16 +228,21 @@ class MegatronCompute:
         runner = self.runner
         runner.reset()
         self._dp_sums = None  # a failed iteration's
-        if config.load_checkpoint is not None:  # after a restart: the last checkpoint
+        # After a restart the last checkpoint; in a new run, or after a move that no state
+        # followed, the initial weights.
+        checkpoint = config.load_checkpoint
+        loads = checkpoint is not None or config.iteration == 0 or not self._holds_state
+        if checkpoint is not None:
             state = torch.load(
-                self._checkpoint_file(config.load_checkpoint),
+                self._checkpoint_file(checkpoint),
                 map_location=self._compute_device,
                 weights_only=True,
             )
             runner.model.load_state_dict(state)
-        elif config.iteration == 0:  # a new run: start from the initial weights again
-            runner.model.load_state_dict(self._initial)
-        if config.load_checkpoint is not None or config.iteration == 0:
+        elif loads:
+            runner.model.load_state_dict(self._initial_state())
+        if loads:
+            self._holds_state = True
             for param in runner.params:
                 param.grad = None
             if self._compute_device.type == "cuda":  # the loads' copies run asynchronously:
@@ -352,24 +375,40 @@ def build_initial_stage(
     seed: int,
     device: torch.device,
     init_state: str | None = None,
+    initialise: bool = True,
 ) -> Any:
     """Stage `stage` of `num_stages` as a worker builds it, whole on `device` (its GPU's
     index must be `torch.cuda.current_device()`): megatron's RNG tracker seeded first (what
-    forks it then finds its states), the model built, then its initial parameters set from
-    `seed` (`initialize_parameters`) or from the whole model's state in file `init_state`.
-    Inside megatron's parallel state (`setup`, `single_process_megatron`)."""
+    forks it then finds its states), the model built, then, if `initialise`, its initial
+    parameters set (`set_initial_parameters`). Inside megatron's parallel state (`setup`,
+    `single_process_megatron`)."""
     torch.manual_seed(seed)  # torch's own modules draw an initialisation that is replaced
     seed_rng_tracker(seed, device)
     on_cpu = device.type == "cpu"
     with cpu_shim(building=True) if on_cpu else contextlib.nullcontext():
         model = build_stage_model(preset, stage, num_stages, device=device)
+    if initialise:
+        set_initial_parameters(model, preset, stage, num_stages, seed=seed, init_state=init_state)
+    return model
+
+
+def set_initial_parameters(
+    model: Any,
+    preset: GPTPreset,
+    stage: int,
+    num_stages: int,
+    *,
+    seed: int,
+    init_state: str | None = None,
+) -> None:
+    """Stage `stage`'s initial parameters into its `model`: from `seed`
+    (`initialize_parameters`) or from the whole model's state in file `init_state`."""
     layer_offset = stage_layer_offset(preset, stage, num_stages)
     if init_state is not None:
         reference = torch.load(init_state, map_location="cpu", weights_only=True)
         model.load_state_dict(stage_state_from_reference(model, reference, layer_offset))
     else:
         initialize_parameters(model, seed, layer_offset)
-    return model
 
 
 def seed_rng_tracker(seed: int, device: torch.device) -> None:
@@ -383,6 +422,13 @@ def seed_rng_tracker(seed: int, device: torch.device) -> None:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def _state_copy(model: Any) -> dict[str, Any]:
+    return {
+        k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+        for k, v in model.state_dict().items()
+    }
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
