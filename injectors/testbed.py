@@ -202,15 +202,10 @@ class Testbed:
         return f"10.{plane + 1}.0.{host + 1}"
 
     def __enter__(self) -> Testbed:
-        # pyroute2 loaded before the handlers: a signal in its first import left it half
-        # initialised, and the teardown's own import of it then failed.
+        # pyroute2 loaded before the handlers (`build` sets them): a signal in its first
+        # import left it half initialised, and the teardown's own import of it then failed.
         from pyroute2 import IPRoute, netns  # noqa: F401
 
-        if threading.current_thread() is threading.main_thread():  # else none can be set
-            catch_swallowed()  # before the first signal (redelivered_if_swallowed)
-            for signum in HELD_SIGNALS:  # SIGINT's default already unwinds (KeyboardInterrupt)
-                if signal.getsignal(signum) in (signal.SIG_DFL, None):  # else its owner unwinds
-                    self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
         try:
             self.build()
         except BaseException:
@@ -235,9 +230,24 @@ class Testbed:
         # Unwinds through __exit__, which tears down (sent again if a finalizer swallows it).
         raise redelivered_if_swallowed(SystemExit(128 + signum), signum)
 
+    def _handle_signals(self) -> None:
+        """The shutdown signals that would end the process outright (their default) unwind
+        through the teardown while the testbed exists (`teardown` puts the defaults back)."""
+        if threading.current_thread() is not threading.main_thread():  # none can be set
+            return
+        catch_swallowed()  # before the first signal (redelivered_if_swallowed)
+        for signum in HELD_SIGNALS:  # SIGINT's default already unwinds (KeyboardInterrupt)
+            if signal.getsignal(signum) in (signal.SIG_DFL, None):  # else its owner unwinds
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
     def build(self) -> None:
+        """Make the namespaces and their links (`__enter__` does; so may a testbed that was
+        torn down: its signal handlers back)."""
         from pyroute2 import IPRoute, netns
 
+        # pyroute2 loaded before the handlers (`__enter__`); a build after a teardown
+        # handles the shutdown signals again, which that teardown gave back.
+        self._handle_signals()
         self._owner = OwnerRecord.for_this_process(self.name, (self.switch, *self.hosts))
         self._owner.write()  # before any namespace exists: none is ever without an owner
         for name in (self.switch, *self.hosts):

@@ -340,6 +340,37 @@ def test_teardown_after_a_shutdown_signal(signum: int) -> None:
         cleanup(prefix=prefix)
 
 
+def test_a_testbed_built_again_after_its_teardown_still_tears_down_on_a_signal() -> None:
+    """bench_injectors.py tears a testbed down and builds it again inside its `with`: the
+    teardown gave back the signal handlers, and the second build once set none, so a
+    SIGTERM then ended the process outright and left every namespace."""
+    script = textwrap.dedent("""
+        import sys, time
+        from injectors.testbed import Testbed
+        with Testbed(2, prefix=sys.argv[1]) as bed:
+            bed.teardown()
+            bed.build()
+            print(bed.name, flush=True)
+            time.sleep(60)
+    """)
+    prefix = f"adb-rb{os.getpid()}-"
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, prefix], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        name = child.stdout.readline().strip()
+        assert name.startswith(prefix)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not any(name in n for n in _namespaces())
+        assert not (OWNER_DIR / f"{name}.json").exists()
+    finally:
+        child.kill()
+        child.wait()
+        cleanup(prefix=prefix)
+
+
 def test_a_shutdown_signal_handled_inside_a_finalizer_still_tears_down() -> None:
     """A SIGTERM whose handler ran inside a finalizer (pyroute2 drops an asyncio loop per
     namespace it opens) raised its SystemExit there, Python printed "Exception ignored" and
