@@ -242,7 +242,7 @@ class Testbed:
 
     def build(self) -> None:
         """Make the namespaces and their links (`__enter__` does; so may a testbed that was
-        torn down: its signal handlers back)."""
+        torn down, which starts afresh: its signal handlers back, no NIC down)."""
         from pyroute2 import IPRoute, netns
 
         # pyroute2 loaded before the handlers (`__enter__`); a build after a teardown
@@ -315,7 +315,7 @@ class Testbed:
         from pyroute2 import netns
 
         self._netem_of, self._netem_classes, self._caps = {}, set(), set()  # gone with them
-        self._cap_bit_s = {}
+        self._cap_bit_s, self._down = {}, set()
         for name in reversed(list(self._created)):
             try:
                 netns.remove(name)

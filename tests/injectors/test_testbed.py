@@ -371,6 +371,18 @@ def test_a_testbed_built_again_after_its_teardown_still_tears_down_on_a_signal()
         cleanup(prefix=prefix)
 
 
+def test_a_testbed_built_again_has_every_nic_up_for_its_wires() -> None:
+    """A NIC taken down before a teardown is up in the next build, and so are the ends of a
+    wire made there (they once came up down, as for a NIC still down: the pair was cut)."""
+    with Testbed(2) as bed:
+        bed.set_link(1, plane=0, up=False)
+        bed.teardown()
+        bed.build()
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))
+        assert _link(bed, 1, "w0")[1] == "UP"
+        assert _measure(bed, 0, 1, 0, "rtt") < FREE_RTT_MS
+
+
 def test_a_shutdown_signal_handled_inside_a_finalizer_still_tears_down() -> None:
     """A SIGTERM whose handler ran inside a finalizer (pyroute2 drops an asyncio loop per
     namespace it opens) raised its SystemExit there, Python printed "Exception ignored" and
