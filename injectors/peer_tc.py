@@ -4,7 +4,8 @@ An htb root 1: whose unmatched traffic leaves unshaped (default 0), and per dest
 an htb class that a u32 filter on the destination's address feeds: a bandwidth cap's class
 (`Testbed.cap_bandwidth`), or netem's, an uncapped class with a netem qdisc as its leaf
 (its state from injectors.netem). netem's filters come first (a lower prio), so a pair on
-netem bypasses a cap as a pair on the userspace wire does: the pair's state alone rules it.
+netem bypasses its cap's class, as a pair on the userspace wire does: the testbed gives the
+pair's netem leaves its caps (the lower of a cap and the state's rate), as it gives a wire.
 
 Every class gets an explicit burst (`htb_burst_bytes`): pyroute2's default, one 1,600-byte
 MTU plus rate/HZ (HZ is 10^9 with high-resolution timers), is less than one 9,000-byte frame,

@@ -35,6 +35,7 @@ it for the testbed's life.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import math
@@ -419,8 +420,9 @@ class Testbed:
     def cap_bandwidth(self, src: int, dst: int, plane: int, rate_mbit: float) -> None:
         """Cap traffic from host `src` to host `dst` on one plane (htb class, u32 on dst); a
         pair's second cap replaces its first. A pair with a wire on that plane, now or later,
-        has the cap on its wire too (its traffic takes the wire, not the NIC's classes):
-        there the lower of the cap and the wire's own rate (`set_wire`) holds."""
+        has the cap on its wire too (its traffic takes the wire, not the NIC's classes), and
+        a pair on netem in its netem leaves (their class comes before the cap's): there the
+        lower of the cap and the state's own rate (`set_wire`) holds."""
         self._check_host(src)
         self._check_host(dst)
         if src == dst:
@@ -459,10 +461,13 @@ class Testbed:
             self._cap_wire(src, dst, plane)
 
     def _cap_wire(self, src: int, dst: int, plane: int) -> None:
-        """The pair's caps on `plane` to its wire, where it has one."""
+        """The pair's caps on `plane` to its wire, where it has one, or to its netem leaves
+        (with the states in force), where it is on netem: its netem class bypasses the cap's."""
         key = (min(src, dst), max(src, dst), plane)
         if key in self._wire_of:
             self._send(key, self._wire_caps(key))
+        elif key in self._netem_of:
+            self.set_wire(*key, *self._netem_of[key])  # the wire, if netem cannot take it
 
     def _wire_caps(self, key: tuple[int, int, int]) -> tuple[str, float | None, float | None]:
         """The word that gives a pair's wire its caps (injectors.wire)."""
@@ -510,8 +515,9 @@ class Testbed:
             and not (at or scheduled)
             and self._netem_serves(key, forward, backward)
         ):
-            self._set_netem(host_a, host_b, plane, forward)
-            self._set_netem(host_b, host_a, plane, backward)
+            # Under the pair's caps: its netem class bypasses theirs (injectors.peer_tc).
+            self._set_netem(host_a, host_b, plane, self._capped(host_a, host_b, plane, forward))
+            self._set_netem(host_b, host_a, plane, self._capped(host_b, host_a, plane, backward))
             self._netem_of[key] = (forward, backward)
             return
         if key not in self._wire_of:
@@ -534,7 +540,10 @@ class Testbed:
         """Whether netem is in use and expresses both directions' states."""
         if not self.uses_netem:
             return False
-        why = netem_cannot(forward) or netem_cannot(backward)
+        a, b, plane = key
+        why = netem_cannot(self._capped(a, b, plane, forward)) or netem_cannot(
+            self._capped(b, a, plane, backward)
+        )
         if why is not None:
             logger.debug("hosts %d-%d on plane %d take the userspace wire: %s", *key, why)
         return why is None
@@ -548,6 +557,15 @@ class Testbed:
                 add_netem_class(ipr, index, dst, self.address(dst, plane), mtu_bytes=MTU)
                 self._netem_classes.add((src, dst, plane))
             set_netem(ipr, index, dst, state)
+
+    def _capped(self, src: int, dst: int, plane: int, state: WireState) -> WireState:
+        """`state` under the cap on the traffic from host `src` to host `dst` on `plane`
+        (`cap_bandwidth`): the lower rate holds, as on the wire."""
+        cap_bit_s = self._cap_bit_s.get((src, dst, plane))
+        if cap_bit_s is None or state.down:
+            return state
+        rate_bit_s = min(cap_bit_s, state.rate_bit_s or math.inf)
+        return dataclasses.replace(state, rate_bit_s=rate_bit_s)
 
     def _send_state(
         self, key: tuple[int, int, int], at: float, forward: WireState, backward: WireState

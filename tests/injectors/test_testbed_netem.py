@@ -125,6 +125,44 @@ def test_the_netem_path_with_its_leaves_recorded_moves_a_pair_to_the_wire_in_its
         assert classes == {0x10201}  # host 0's netem class for host 1 (none for host 2)
 
 
+def test_a_pair_on_netem_keeps_its_caps_in_its_netem_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its netem class bypasses its caps' classes (above), so the caps go into its leaves,
+    set before or after its state, as a wired pair's go on its wire (the leaves once had
+    the state's rate alone: a capped pair on netem ran uncapped). The leaves are recorded,
+    not sent (the netem path where netem cannot be tried: here)."""
+    import injectors.testbed
+
+    sent: list[tuple[int, WireState]] = []
+    monkeypatch.setattr(
+        injectors.testbed,
+        "kernel_features",
+        lambda: dict.fromkeys(("netem", "htb", "u32"), (True, "")),
+    )
+    monkeypatch.setattr(
+        injectors.testbed,
+        "set_netem",
+        lambda ipr, index, dst, state: sent.append((dst, state)),
+    )
+    delayed = WireState(delay_ms=20.0)
+    with Testbed(3, netem=True) as bed:
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
+        bed.set_wire(0, 1, plane=0, forward=delayed, backward=HEALTHY)
+        assert sent == [(1, WireState(delay_ms=20.0, rate_bit_s=100e6)), (0, HEALTHY)]
+        bed.cap_bandwidth(1, 0, plane=0, rate_mbit=50)
+        assert sent[2:] == [
+            (1, WireState(delay_ms=20.0, rate_bit_s=100e6)),
+            (0, WireState(rate_bit_s=50e6)),
+        ]
+        bed.uncap_bandwidth(0, 1, plane=0)
+        assert sent[4:] == [(1, delayed), (0, WireState(rate_bit_s=50e6))]
+        bed.set_wire(0, 2, plane=0, forward=WireState(rate_bit_s=10e6))
+        bed.cap_bandwidth(2, 0, plane=0, rate_mbit=20)  # the state's own rate is lower
+        assert sent[6:] == [(2, WireState(rate_bit_s=10e6)), (0, WireState(rate_bit_s=10e6))] * 2
+        assert bed._wire_of == {}
+
+
 def test_netem_delays_its_pair_only() -> None:
     """As the wire's test: 2 x 20 ms one way, on netem, and no wire made."""
     _needs_netem()
