@@ -39,12 +39,11 @@ import select
 import signal
 import struct
 import time
-from collections.abc import Iterator
-from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from typing import Any
 
 from pipeline.errors import AdaptraBenchError
+from pipeline.signals import sigint_blocked
 
 __all__ = [
     "GLOO_CONTROL_BYTES",
@@ -380,20 +379,6 @@ def run_wire(ns_a: str, ns_b: str, ifname: str, conn: Connection) -> None:
                 os.write(destination, frame)
 
 
-@contextlib.contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread within (one that arrives is handled after, not lost);
-    a process started within inherits the block through its exec."""
-    # A spawn starts multiprocessing's resource tracker first if it is not running, and
-    # that start unblocks SIGINT as it ends: started here, before the block, it keeps it.
-    resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class WireError(AdaptraBenchError, RuntimeError):
     """A wire process that is gone, silent, or answers what it should not."""
 
@@ -412,7 +397,7 @@ class WireProcess:
         self.what = what
 
     def start(self) -> None:
-        with _sigint_blocked():  # the wire is born with it blocked, until it ignores it
+        with sigint_blocked():  # the wire is born with it blocked, until it ignores it
             self.process.start()
         assert self._child is not None
         self._child.close()  # the wire's end: held by the wire alone, so its exit is an EOF

@@ -26,6 +26,7 @@ __all__ = [
     "run_script",
     "say_ending",
     "shutdown_handler",
+    "sigint_blocked",
     "signals_unwrapped",
     "wait_for_redelivery",
 ]
@@ -153,6 +154,24 @@ def held_signals() -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for signum in noted:
             signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread within (one that arrives is handled after, not lost);
+    a process started within inherits the block through its exec: one that ignores SIGINT
+    once it has started (a userspace wire, the workers' fork server) is not ended by a
+    terminal's Ctrl-C during its start, which prints a KeyboardInterrupt traceback."""
+    from multiprocessing import resource_tracker
+
+    # A spawn starts multiprocessing's resource tracker first if it is not running, and
+    # that start unblocks SIGINT as it ends: started here, before the block, it keeps it.
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def redelivered_if_swallowed(

@@ -30,6 +30,7 @@ from pipeline.errors import ConfigError, LinkFailure
 from pipeline.faults import NO_FAULTS, IterationFaults, route_over
 from pipeline.runtime.scratch import mark_folder
 from pipeline.runtime.sleep import PreciseSleep
+from pipeline.signals import sigint_blocked
 from pipeline.topology import Direction, Link, is_tied_link
 
 __all__ = [
@@ -209,7 +210,12 @@ def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
     )
     try:
         mark_folder(multiprocessing.util.get_temp_dir())
-        process.start()
+        # The first start spawns the fork server, which ignores SIGINT only once it has
+        # imported its preloads (torch: a second or more): born with SIGINT blocked, a
+        # terminal's Ctrl-C meanwhile does not print its KeyboardInterrupt traceback (its
+        # workers ignore SIGINT too: worker.py).
+        with sigint_blocked():
+            process.start()
     except OSError as err:  # the fork server's socket lives under the temporary folder
         if "AF_UNIX path too long" not in str(err):
             raise

@@ -4,8 +4,10 @@ server imports."""
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,51 @@ def test_a_megatron_core_that_fails_to_import_fails_its_pool_not_the_fork_server
     assert len(lines) == 2 and lines[1] == "emulated ran"
     assert lines[0].startswith("megatron failed: WorkerCrash rank ")
     assert "AttributeError: built for another torch" in lines[0]
+
+
+_CTRL_C_AS_THE_SERVER_STARTS = """
+import time
+from pipeline.runtime.hooks import preload_in_workers, start_worker
+from pipeline.signals import run_script
+
+def main():
+    preload_in_workers(["slow_preload"])
+    start_worker(0, time.sleep, (0.0,)).join()
+
+run_script(main)
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C: a process group")
+def test_ctrl_c_while_the_fork_server_imports_its_preloads_is_one_line(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole job, the fork server too, which ignores SIGINT
+    only once it has imported its preloads (torch: a second or more): it printed a
+    KeyboardInterrupt traceback under the run's one line. Here a preload that takes 3 s."""
+    importing = tmp_path / "importing"
+    (tmp_path / "slow_preload.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(3)\n"
+    )
+    # On the path from the environment: the fork server does not take its parent's sys.path.
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
+    run = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_AS_THE_SERVER_STARTS],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not importing.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert importing.exists(), "the fork server never imported the slow preload"
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signal.SIGINT
+    assert err == "interrupted (SIGINT)\n"
