@@ -132,6 +132,21 @@ def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
         netns.popns()
 
 
+WIRE_UNRESOLVED_BYTES = 64 << 20
+"""What a wire's end holds for the peer while its address is being resolved (ARP, across
+the wire's delay: each end is a new interface, with no neighbour entry): the kernel's
+default, 212,992 bytes (23 of the testbed's frames), dropped the rest of a message sent
+into a wire that had just been made under connections with open windows (a warm-up's
+over the plane: 96 of a 1 MiB message's 118 segments), and Reno then halved its threshold
+for the rest of the run: every later 1 MiB message over a 20 ms wire took two round trips,
+85 ms instead of 45. Enough for several connections' send buffers (`HOST_TCP`)."""
+
+
+def _wire_end_sysctls(ifname: str) -> dict[str, str]:
+    """The sysctls of a wire's end `ifname` (a namespace has no `neigh.default` to set)."""
+    return {f"net.ipv4.neigh.{ifname}.unres_qlen_bytes": str(WIRE_UNRESOLVED_BYTES)}
+
+
 WIRE_ANSWER_S = 60.0
 """How long a wire process may take to start or to answer a state: a hang guard, not a
 timing (quiet, a wire starts in 0.25 s and answers in well under a millisecond; one beside
@@ -611,6 +626,7 @@ class Testbed:
                     IPRoute(netns=self.hosts[here], flags=0) as ipr,
                 ):
                     end = ipr.link_lookup(ifname=ifname)[0]
+                    _set_sysctls(self.hosts[here], _wire_end_sysctls(ifname))
                     # The MTU on a down end too: the repair (`set_link`) only brings it up.
                     ipr.link("set", index=end, mtu=MTU, state="up" if up else "down")
                     if up:
