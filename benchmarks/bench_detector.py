@@ -18,27 +18,31 @@ Run: python benchmarks/bench_detector.py [--scenarios 20] [--healthy 1000] [--dp
    iterations).
 4. A DP ring of few, large chunks: fault-free PP 4 x DP 2 with each stage's 16 MiB gradient
    in one, four or sixteen buckets: iterations with a link called slow, and rank swaps.
-5. A fresh job's first iteration (`--fresh-runs` fault-free runs of PP 3 x DP 2, 1 MiB
-   messages, each in a pool of its own, as `run` starts one): the warm-ups and the measured
-   iterations with a PP link called slow, judged cold (the detector's rule for a fresh
-   job's first iteration) and as any other iteration; and the measured iteration 0s that
-   Adaptra ran over delegates. Meant beside busy processes (benchmarks/under_load.py).
+5. A fresh job's first iteration (`--fresh-runs` fault-free `run`s of Adaptra at PP 3 x DP
+   2, 1 MiB messages, each a process of its own): the measured iteration 0s planned for a
+   slow PP link (the warm-up's belief) and run over delegates, and the later iterations
+   planned for one. Meant beside busy processes (benchmarks/under_load.py); with
+   PYTHONPATH at another checkout, its runs are that code's.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from adaptra.control import DetectingController, LinkDetector
+from adaptra.control import DetectingController
 from adaptra.scheduler import plan_adaptra
-from harness.loop import OnIteration, Recovery, RunResult
+from harness.loop import Recovery, RunResult
 from harness.policies import system_controller
 from harness.runner import RuntimeEngines, link_terms, run_configuration
 from injectors.fault_files import load_faults, parse_yaml
@@ -46,8 +50,6 @@ from pipeline.engines import Controller, Plan
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.profile import Profile
 from pipeline.signals import run_script
-from pipeline.simulator import CommMode
-from pipeline.timeline import Timeline
 from pipeline.topology import Link, Topology
 
 PRESETS = Path(__file__).parents[1] / "harness" / "presets"
@@ -61,7 +63,6 @@ def _run(
     num_iterations: int,
     engines: RuntimeEngines,
     placements: set[Topology] | None = None,
-    on_iteration: OnIteration | None = None,
 ) -> tuple[RunResult, float, Controller]:
     """One run; `placements`, if given, gets every placement its plans ran (rank swaps)."""
     started = time.monotonic()
@@ -85,7 +86,6 @@ def _run(
         recovery=Recovery(checkpoint_every=50),
         keep_timeline=False,
         engines=engines,
-        on_iteration=on_iteration,
         delegated=system.startswith("adaptra"),
     )
     return result, time.monotonic() - started, controller
@@ -261,46 +261,37 @@ def _few_chunks(engines: RuntimeEngines, num_iterations: int) -> None:
         print(f"| {bucket_mib} | {chunks} ({bucket_mib / 2:g}) | {alarms} | {swaps} ({undone}) |")
 
 
-def _warmups_into(kept: list[Timeline]) -> OnIteration:
-    def keep(_index: int, timeline: Timeline, measured: bool, _same: int | None) -> None:
-        if not measured:
-            kept.append(timeline)
-
-    return keep
-
-
 def _fresh_jobs(num_runs: int) -> None:
-    """Section 5: per fault-free run in a pool of its own, its warm-up judged cold and hot
-    by detectors of their own (the run's controller judged it cold), and its measured
-    iterations as the run's controller judged them."""
-    profile = Profile.uniform(
-        3, 6, 10, 10, 10, message_bytes=1 << 20, num_delegates=3, num_replicas=2,
-        allreduce_bytes=2 << 20,
-    )  # fmt: skip
+    """Section 5: fault-free `run`s, each a process of its own (its pool, fork server and
+    imports cold, as a user's run): the measured iteration 0s planned for a slow PP link
+    (what the warm-up was believed to show) and run over delegates, and the later
+    iterations planned for one."""
+    profile = {
+        "stages": 3, "microbatches": 6, "t_f": 10, "t_b": 10, "t_w": 10,
+        "message_bytes": 1 << 20, "dp": 2, "allreduce_bytes": [2 << 20] * 3,
+    }  # fmt: skip
     pp_links = {"0-1", "1-2"}
-    warm_cold = warm_hot = measured_slow = num_measured = delegated_first = 0
-    for _ in range(num_runs):
-        warmups: list[Timeline] = []
-        with RuntimeEngines() as engines:  # a pool of its own
-            result, _, controller = _run(
-                "adaptra", profile, NO_FAULTS, 4, engines, on_iteration=_warmups_into(warmups)
-            )
-        assert isinstance(controller, DetectingController)
-        (warmup,) = warmups
-        for cold in (True, False):
-            detector = LinkDetector(profile, link_terms=link_terms("emulated", "hook"))
-            directions = detector.direction_times([*warmup.messages, *warmup.dp_messages])
-            if detector.believe(0, directions, cold=cold).slow & pp_links:
-                warm_cold, warm_hot = warm_cold + cold, warm_hot + (not cold)
-        slow = [set(d.detected_ms) & pp_links for d in result.decisions]
-        measured_slow += sum(1 for links in slow[:-1] if links)  # (the last plans nothing)
-        num_measured += len(slow) - 1
-        delegated_first += result.comms[0] is not CommMode.DIRECT
+    first_slow = first_delegated = later_slow = num_later = 0
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder, "profile.json")
+        path.write_text(json.dumps(profile))
+        for _ in range(num_runs):
+            ran = subprocess.run(
+                [sys.executable, "-m", "harness", "run", "--backend", "emulated",
+                 "--profile", str(path), "--system", "adaptra", "--iterations", "3",
+                 "--format", "json"],
+                capture_output=True, text=True, check=True, timeout=600,
+            )  # fmt: skip
+            records = json.loads(ran.stdout)["iterations"]
+            slow = [bool(set(r["detected_ms"]) & pp_links) for r in records]
+            first_slow += slow[0]
+            first_delegated += "delegated" in records[0]["comm"].values()
+            later_slow += sum(slow[1:])
+            num_later += len(slow) - 1
     print(
-        f"\n{num_runs} fresh runs: warm-ups with a PP link called slow judged cold "
-        f"{warm_cold}, judged as any iteration {warm_hot}; measured iterations with one "
-        f"{measured_slow} of {num_measured}; measured iteration 0 over delegates in "
-        f"{delegated_first}"
+        f"\n{num_runs} fresh runs: measured iteration 0 planned for a slow PP link in "
+        f"{first_slow}, run over delegates in {first_delegated}; later iterations planned "
+        f"for one: {later_slow} of {num_later}"
     )
 
 
