@@ -25,26 +25,64 @@ class Check:
     consequence: str
 
 
+_TESTBED_CAPABILITIES = {"CAP_NET_ADMIN": 12, "CAP_SYS_ADMIN": 21}
+"""What the testbed needs besides euid 0 (linux/capability.h's bit numbers): links and
+qdiscs, and its namespaces' mounts. Root in a container made without them has neither."""
+
+
+def _effective_capabilities() -> int:
+    """This process's effective capability set (/proc/self/status's CapEff; 0 where it
+    cannot be read)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def _root_check() -> Check:
+    euid = os.geteuid()
+    if euid != 0:
+        return Check(
+            "root",
+            False,
+            f"euid {euid}",
+            "no network testbed: namespaces, qdiscs and link faults need root",
+        )
+    held = _effective_capabilities()
+    missing = [name for name, bit in _TESTBED_CAPABILITIES.items() if not held >> bit & 1]
+    if not missing:
+        return Check("root", True, "euid 0", "")
+    return Check(
+        "root",
+        False,
+        f"euid 0 without {' and '.join(missing)}",
+        "no network testbed: root in a container needs them (docker run --cap-add)",
+    )
+
+
 def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Check]:
     root = os.geteuid() == 0
     kernel = probe_kernel() if root else {}
     # As root a feature the probe did not report went untried: it had no namespace to try
     # it in (the probe answers with "namespaces" alone then).
     unprobed = (False, "untested: no namespace to try it in" if root else "needs root")
+    no_testbed = not kernel.get("namespaces", (False, ""))[0]
 
     def kernel_check(key: str, consequence: str) -> Check:
+        """`consequence`: where a testbed can be made (where none can, that is the one)."""
         ok, detail = kernel.get(key, unprobed)
+        if not ok and no_testbed and key != "namespaces":
+            consequence = "no network testbed"
         return Check(key, ok, detail, "" if ok else consequence)
 
     cuda = _cuda()
     rdma = sorted(p.name for p in Path("/sys/class/infiniband").glob("*"))
     return [
-        Check(
-            "root",
-            root,
-            f"euid {os.geteuid()}",
-            "" if root else "no network testbed: namespaces, qdiscs and link faults need root",
-        ),
+        _root_check(),
         kernel_check("namespaces", "no network testbed; transport-level faults still work"),
         kernel_check(
             "netem", "the testbed's per-link faults all go through the userspace delay wire"

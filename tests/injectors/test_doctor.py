@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from injectors.doctor import run_checks
+from injectors import doctor
+from injectors.doctor import Check, run_checks
 
 
 def _namespaces() -> set[str]:
@@ -100,10 +101,35 @@ def test_root_whose_probe_made_no_namespace_hears_untested_not_needs_root(
     )
 
 
+def test_root_without_the_testbed_s_capabilities_hears_it_and_no_path_of_a_testbed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Root in a container made without CAP_NET_ADMIN and CAP_SYS_ADMIN: doctor said "ok
+    root", and of the kernel modules it could not try that per-link faults would go
+    through the userspace wire, where no testbed can be made at all."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "_effective_capabilities", lambda: 1 << 12)  # NET_ADMIN only
+    denied = {"namespaces": (False, "could not create one (mount rundir failed)")}
+    checks = {c.name: c for c in run_checks(probe_kernel=lambda: denied)}
+    assert checks["root"] == Check(
+        "root",
+        False,
+        "euid 0 without CAP_SYS_ADMIN",
+        "no network testbed: root in a container needs them (docker run --cap-add)",
+    )
+    assert checks["netem"].consequence == "no network testbed"
+    assert checks["namespaces"].consequence == (
+        "no network testbed; transport-level faults still work"
+    )
+    monkeypatch.setattr(doctor, "_effective_capabilities", lambda: (1 << 12) | (1 << 21))
+    assert {c.name: c for c in run_checks(probe_kernel=lambda: denied)}["root"].ok
+
+
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
     """Caps are htb classes fed by u32 filters and random loss is netem's or the wire's:
     neither tbf nor iptables is used anywhere, so the doctor does not ask for them."""
-    checks = {c.name: c for c in run_checks(probe_kernel=dict)}
+    namespaces_only = {"namespaces": (True, "created and removed one")}
+    checks = {c.name: c for c in run_checks(probe_kernel=lambda: namespaces_only)}
     assert "tbf" not in checks and "iptables" not in checks
     assert not any("packet loss" in c.consequence for c in checks.values())
     if os.geteuid() == 0:  # else every kernel check says "needs root" and names no qdisc
