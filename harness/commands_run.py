@@ -480,12 +480,14 @@ def _splits_line(iterations: tuple[int, ...], decisions: tuple[IterationDecision
     runs: list[tuple[int, int, str]] = []  # first, last iteration, split
     for k, decision in zip(iterations, decisions, strict=True):
         split = decision.microbatches
-        if runs and split and runs[-1][2] == split and runs[-1][1] + 1 == k:
+        if not split:
+            continue
+        if runs and runs[-1][2] == split and runs[-1][1] + 1 == k:
             runs[-1] = (runs[-1][0], k, split)
-        elif split:
+        else:
             runs.append((k, k, split))
     where = [f"{a}{f'-{b}' * (b != a)} as {split}" for a, b, split in runs]
-    num_split = sum(1 for d in decisions if d.microbatches)
+    num_split = sum(b - a + 1 for a, b, _ in runs)
     return (
         f"the global batch rebalanced over the DP replicas in {num_split} iteration(s): "
         + ", ".join(where)
