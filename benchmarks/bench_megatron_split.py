@@ -5,8 +5,9 @@ Run: python benchmarks/bench_megatron_split.py [--repeats 10] [--models tiny sma
 One process, one thread, the whole model as one stage fed a random stage input (so B has an
 input gradient to return), one microbatch. Per repeat, interleaved: a forward with megatron's
 own linear Function and its backward (fused), and a forward with the deferring linear, B, then
-W. Medians of the backward times only. The ratio (B + W) / fused is a property of the split
-(about 1: nothing recomputed), not a speed claim: 2 CPU cores are no training machine.
+W, each backward from no gradients. Medians of the backward times only. The ratio
+(B + W) / fused is a property of the split (about 1: nothing recomputed), not a speed claim:
+2 CPU cores are no training machine.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ def _measure(model_name: str, repeats: int) -> tuple[float, float, float]:
     x = torch.randn(preset.message_shape(), generator=torch.Generator().manual_seed(1))
     fused, b_times, w_times = [], [], []
     for k in range(repeats + 2):  # two warm-ups
+        _clear_grads(runner)  # each backward from no gradients (benchmarks/gpu/check.py)
         runner.forward(0, labels=labels, stage_input=x, deferred=False)
         start = time.perf_counter()
         runner.backward_fused(0, None)
         fused_s = time.perf_counter() - start
+        _clear_grads(runner)
         runner.forward(0, labels=labels, stage_input=x)
         start = time.perf_counter()
         runner.backward_input(0, None)
@@ -45,6 +48,13 @@ def _measure(model_name: str, repeats: int) -> tuple[float, float, float]:
             b_times.append(mid - start)
             w_times.append(end - mid)
     return statistics.median(fused), statistics.median(b_times), statistics.median(w_times)
+
+
+def _clear_grads(runner: StageRunner) -> None:
+    """No gradients: a backward onto earlier ones adds to them, a pass over every gradient
+    that one from none (autograd handing its results over) does not make."""
+    for param in runner.params:
+        param.grad = None
 
 
 def main() -> None:
