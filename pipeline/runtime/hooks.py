@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
 import multiprocessing.util
 import tempfile
 import time
@@ -205,7 +207,8 @@ def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
     process is gone: a killed run leaves it). The mark comes first: the first start makes
     the folder and then waits for the server to import its preloads (about a second, torch),
     and a SIGKILL then left an unmarked folder, which cleanup leaves as another program's."""
-    process = worker_context().Process(  # type: ignore[attr-defined]
+    context = worker_context()
+    process = context.Process(  # type: ignore[attr-defined]
         target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
     )
     try:
@@ -213,9 +216,12 @@ def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
         # The first start spawns the fork server, which ignores SIGINT only once it has
         # imported its preloads (torch: a second or more): born with SIGINT blocked, a
         # terminal's Ctrl-C meanwhile does not print its KeyboardInterrupt traceback (its
-        # workers ignore SIGINT too: worker.py).
-        with sigint_blocked():
-            process.start()
+        # workers ignore SIGINT too: worker.py). Blocked here across its spawn only: the
+        # start then waits for those imports, which a Ctrl-C still interrupts.
+        if isinstance(context, multiprocessing.context.ForkServerContext):
+            with sigint_blocked():
+                multiprocessing.forkserver.ensure_running()
+        process.start()
     except OSError as err:  # the fork server's socket lives under the temporary folder
         if "AF_UNIX path too long" not in str(err):
             raise

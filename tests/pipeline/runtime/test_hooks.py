@@ -2,6 +2,7 @@
 asked with the concrete link, PP or DP. Then, in fresh interpreters, what the workers' fork
 server imports."""
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -216,5 +217,45 @@ def test_ctrl_c_while_the_fork_server_imports_its_preloads_is_one_line(tmp_path:
         if run.poll() is None:
             run.kill()
             run.wait()
+    assert run.returncode == 128 + signal.SIGINT
+    assert err == "interrupted (SIGINT)\n"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="the run's fork server: its process group")
+def test_ctrl_c_to_the_run_alone_ends_it_while_the_fork_server_imports(tmp_path: Path) -> None:
+    """SIGINT is blocked where the fork server is spawned, not while the run then waits for
+    it to import its preloads: a Ctrl-C there (here to the run alone, as `kill -INT`) ended
+    the run only once they were imported, and never where an import hung. Here a preload
+    that takes 60 s; the run ends long before."""
+    importing, imported = tmp_path / "importing", tmp_path / "imported"
+    (tmp_path / "slow_preload.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(60)\n"
+        f"pathlib.Path({str(imported)!r}).touch()\n"
+    )
+    root = str(Path(__file__).resolve().parents[3])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
+    run = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_AS_THE_SERVER_STARTS],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not importing.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert importing.exists(), "the fork server never imported the slow preload"
+        run.send_signal(signal.SIGINT)
+        run.wait(timeout=45)  # (its stderr stays open in the fork server)
+        assert not imported.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # the fork server, still importing
+        run.wait()
+    assert run.stderr is not None
+    err = run.stderr.read()
+    run.stderr.close()
     assert run.returncode == 128 + signal.SIGINT
     assert err == "interrupted (SIGINT)\n"
