@@ -475,8 +475,8 @@ def _moves_line(iterations: tuple[int, ...], num_moved: tuple[int, ...]) -> str:
 
 def _splits_line(iterations: tuple[int, ...], decisions: tuple[IterationDecision, ...]) -> str:
     """The iterations run on an uneven split of the global batch (a rebalance), in runs of
-    one split: "the global batch rebalanced over the DP replicas in 7 iteration(s): 8-14
-    as 12+4"."""
+    one split, each counted once (one run again after a restart is listed again): "the
+    global batch rebalanced over the DP replicas in 7 iteration(s): 8-14 as 12+4"."""
     runs: list[tuple[int, int, str]] = []  # first, last iteration, split
     for k, decision in zip(iterations, decisions, strict=True):
         split = decision.microbatches
@@ -487,7 +487,7 @@ def _splits_line(iterations: tuple[int, ...], decisions: tuple[IterationDecision
         else:
             runs.append((k, k, split))
     where = [f"{a}{f'-{b}' * (b != a)} as {split}" for a, b, split in runs]
-    num_split = sum(b - a + 1 for a, b, _ in runs)
+    num_split = len({k for a, b, _ in runs for k in range(a, b + 1)})  # (runs again: once)
     return (
         f"the global batch rebalanced over the DP replicas in {num_split} iteration(s): "
         + ", ".join(where)

@@ -486,7 +486,9 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     # the figures of the last one, beside its report.md.
     finished = {_key(r) for r in runs}
     iterations = [r for r in read_iterations(run_dir, runs) if _key(r) in finished]
-    rebalanced = collections.Counter(_key(r) for r in iterations if r.get("microbatches"))
+    rebalanced = collections.Counter(  # an iteration run again after a restart counts once
+        key for key, _ in {(_key(r), r["iteration"]) for r in iterations if r.get("microbatches")}
+    )
     left_out = frozenset(tuple(key) for key in recorded.get("left_out", []))
     gantt, sources = _gantt_charts(spec, resolved, run_dir, runs, iterations, left_out)
     figures: list[tuple[str, str]] = []

@@ -972,6 +972,15 @@ def test_run_says_which_iterations_falcon_ran_on_a_rebalanced_split(tmp_path: Pa
         "the global batch rebalanced over the DP replicas in 9 iteration(s): 6-14 as 12+4"
     )
     assert "rebalanced" not in cli(*falcon, "--iterations", "5").stdout  # not yet
+    # a link down in iteration 9 restarts the run from its start: Falcon keeps its split,
+    # and the iterations run again are listed again but counted once
+    with faults.open("a") as more:
+        more.write('- {start_iteration: 9, end_iteration: 10, links: ["dp0:0-1"], down: true}\n')
+    lines = cli(*falcon, "--iterations", "20").stdout.splitlines()
+    assert lines[-2] == (
+        "the global batch rebalanced over the DP replicas in 10 iteration(s): 6-8 as 12+4, "
+        "0 as 12+4, 6-14 as 12+4"
+    )
 
 
 @pytest.mark.multiprocess

@@ -884,11 +884,13 @@ def test_the_table_names_what_each_system_did_about_its_faults(tmp_path: Path) -
 
 def test_the_table_names_falcon_s_rebalance(tmp_path: Path) -> None:
     """20 ms on replica 1's PP link 1-2 in iterations 3-13: Falcon rebalances the global
-    batch away from that replica for 9 iterations (iterations.csv's `microbatches`): the
-    table said "none" for it."""
+    batch away from that replica (iterations.csv's `microbatches`): the table said "none"
+    for it. A link down in iteration 9 restarts the run from its start: Falcon keeps its
+    split, and iterations 0 and 6-8 run rebalanced twice, each counted once (10 of 20)."""
     faults = tmp_path / "f.yaml"
     faults.write_text(
         '- {start_iteration: 3, end_iteration: 14, links: ["pp1:1-2"], delay_ms: 20}\n'
+        '- {start_iteration: 9, end_iteration: 10, links: ["dp0:0-1"], down: true}\n'
     )
     profile = Profile.uniform(
         4, 8, 5, 5, 5, message_bytes=4096, num_replicas=2,
@@ -904,7 +906,7 @@ def test_the_table_names_falcon_s_rebalance(tmp_path: Path) -> None:
         for line in (run_dir / "report.md").read_text().splitlines()
         if line.startswith("| m |")
     ]
-    assert rows == [["zb", "none |"], ["falcon", "9 iterations rebalanced |"]]
+    assert rows == [["zb", "1 restart |"], ["falcon", "1 restart, 10 iterations rebalanced |"]]
 
 
 def test_a_run_whose_saved_fault_timeline_this_version_refuses_still_reports(
