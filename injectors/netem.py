@@ -28,6 +28,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "NETEM_LIMIT_PACKETS",
+    "NETEM_MAX_RATE_BIT_S",
     "NETEM_TICK_NS",
     "netem_cannot",
     "netem_message",
@@ -46,6 +47,8 @@ _MAX_JITTER_US = ((1 << 31) - 1) // 1000
 """About 2147 ms: the kernel clips netem's jitter at 2^31 - 1 ns."""
 _MAX_RATE_BYTES_S = _U32_MAX
 """About 34.4 Gbit/s: netem's 32-bit byte rate (pyroute2 encodes no TCA_NETEM_RATE64)."""
+NETEM_MAX_RATE_BIT_S = _MAX_RATE_BYTES_S * 8
+"""The fastest rate netem holds (bit/s)."""
 
 
 def netem_cannot(state: WireState) -> str | None:
@@ -63,8 +66,8 @@ def netem_cannot(state: WireState) -> str | None:
         return f"a delay over {_MAX_DELAY_US / 1e6:.1f} s: netem's latency is 32 bits of ticks"
     if state.jitter_ms * 1000 > _MAX_JITTER_US:
         return f"a jitter over {_MAX_JITTER_US / 1e3:.0f} ms: the kernel clips netem's there"
-    if state.rate_bit_s is not None and state.rate_bit_s / 8 > _MAX_RATE_BYTES_S:
-        return f"a cap over {_MAX_RATE_BYTES_S * 8 / 1e9:.1f} Gbit/s: netem's byte rate is 32 bits"
+    if state.rate_bit_s is not None and state.rate_bit_s > NETEM_MAX_RATE_BIT_S:
+        return f"a cap over {NETEM_MAX_RATE_BIT_S / 1e9:.1f} Gbit/s: netem's byte rate is 32 bits"
     return None
 
 

@@ -51,7 +51,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from injectors.kernel_probe import error_code, error_reason, kernel_features, per_link_path
-from injectors.netem import netem_cannot
+from injectors.netem import NETEM_MAX_RATE_BIT_S, netem_cannot
 from injectors.ownership import OwnerRecord
 from injectors.peer_tc import (
     CAP_FILTER_PRIO,
@@ -575,8 +575,20 @@ class Testbed:
 
     def _capped(self, src: int, dst: int, plane: int, state: WireState) -> WireState:
         """`state` under the cap on the traffic from host `src` to host `dst` on `plane`
-        (`cap_bandwidth`): the lower rate holds, as on the wire."""
+        (`cap_bandwidth`), for its netem leaves: the lower rate holds, as on the wire. A cap
+        over netem's fastest rate (34.4 Gbit/s) is left out, and logged: it moved the pair to
+        the userspace wire, whose one process carries far less than the cap."""
         cap_bit_s = self._cap_bit_s.get((src, dst, plane))
+        if cap_bit_s is not None and cap_bit_s > NETEM_MAX_RATE_BIT_S:
+            logger.warning(
+                "cap of %.1f Gbit/s from host %d to host %d left out of its netem (at most "
+                "%.1f Gbit/s there)",
+                cap_bit_s / 1e9,
+                src,
+                dst,
+                NETEM_MAX_RATE_BIT_S / 1e9,
+            )
+            cap_bit_s = None
         if cap_bit_s is None or state.down:
             return state
         rate_bit_s = min(cap_bit_s, state.rate_bit_s or math.inf)

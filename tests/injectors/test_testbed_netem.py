@@ -160,6 +160,9 @@ def test_a_pair_on_netem_keeps_its_caps_in_its_netem_leaves(
         bed.set_wire(0, 2, plane=0, forward=WireState(rate_bit_s=10e6))
         bed.cap_bandwidth(2, 0, plane=0, rate_mbit=20)  # the state's own rate is lower
         assert sent[6:] == [(2, WireState(rate_bit_s=10e6)), (0, WireState(rate_bit_s=10e6))] * 2
+        # a cap netem cannot hold is left out of its leaves: it moved the pair to the wire
+        bed.cap_bandwidth(0, 1, plane=0, rate_mbit=40_000)
+        assert sent[10:] == [(1, delayed), (0, WireState(rate_bit_s=50e6))]
         assert bed._wire_of == {}
 
 
