@@ -15,11 +15,13 @@ from harness.results import write_json_atomic
 from pipeline.checks import is_number
 from pipeline.errors import ConfigError
 from pipeline.files import parse_json_file
+from pipeline.torchrun_launch import LAUNCH_ID
 
 __all__ = ["JOB_FILE", "JOB_VERSION", "ClusterJob", "ClusterStep"]
 
 JOB_FILE = "launch.json"
-JOB_VERSION = 1
+JOB_VERSION = 2
+"""2: a launch's id (its steps' workers write it beside their results)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -72,11 +74,14 @@ class ClusterStep:
 @dataclasses.dataclass(frozen=True, slots=True)
 class ClusterJob:
     """A cluster job's record: the spec it runs (`ExperimentSpec.to_dict`), the revision of
-    the code that wrote it, its steps, and the configurations it skipped (a line each, with
-    why)."""
+    the code that wrote it, the launch's id (its steps give it their workers, which write it
+    beside their results: a job of an earlier launch into the same folder, queued or running
+    when this one was written, writes its own), its steps, and the configurations it skipped
+    (a line each, with why)."""
 
     spec: dict[str, Any]
     git_revision: str
+    launch_id: str
     steps: tuple[ClusterStep, ...]
     skipped: tuple[str, ...] = ()
 
@@ -84,6 +89,7 @@ class ClusterJob:
         return {
             "job_version": JOB_VERSION,
             "git_revision": self.git_revision,
+            "launch_id": self.launch_id,
             "spec": self.spec,
             "steps": [step.to_dict() for step in self.steps],
             "skipped": list(self.skipped),
@@ -99,25 +105,29 @@ class ClusterJob:
                 f"job version {version!r}; this version reads {JOB_VERSION} only "
                 "(launch the spec again with this version)"
             )
-        spec, revision, steps, skipped = (
+        spec, revision, launch_id, steps, skipped = (
             data.get("spec"),
             data.get("git_revision"),
+            data.get("launch_id"),
             data.get("steps"),
             data.get("skipped"),
         )
         if (
             not isinstance(spec, dict)
             or not isinstance(revision, str)
+            or not (isinstance(launch_id, str) and LAUNCH_ID.fullmatch(launch_id))
             or not isinstance(steps, list)
             or not steps
             or not isinstance(skipped, list)
             or not all(isinstance(line, str) for line in skipped)
         ):
-            raise ConfigError("not what launch writes (spec, revision, steps, skipped): damaged?")
+            raise ConfigError(
+                "not what launch writes (spec, revision, launch id, steps, skipped): damaged?"
+            )
         parsed = tuple(ClusterStep.from_dict(step) for step in steps)
         if len({step.configuration for step in parsed}) != len(parsed):
             raise ConfigError("a configuration has two steps: damaged?")
-        return cls(spec, revision, parsed, tuple(skipped))
+        return cls(spec, revision, launch_id, parsed, tuple(skipped))
 
     def write(self, job_dir: Path) -> Path:
         path = job_dir / JOB_FILE

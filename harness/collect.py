@@ -36,7 +36,13 @@ from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.simulator import CommMode
 from pipeline.timeline import Timeline
-from pipeline.torchrun_launch import DIGEST_FILE, LOSSES_FILE, TIMELINE_FILE
+from pipeline.torchrun_launch import (
+    DIGEST_FILE,
+    LAUNCH_ID,
+    LAUNCH_ID_FILE,
+    LOSSES_FILE,
+    TIMELINE_FILE,
+)
 
 __all__ = ["CLUSTER", "Collected", "collect_job"]
 
@@ -97,6 +103,7 @@ def collect_job(
             not_run.append(f"{configuration_name(step.configuration)}: no {timeline_path}")
             left_out.append(step.configuration)
             continue
+        _check_launch(job_dir, job.launch_id, job_dir / step.folder)
         profile = config.target.profile
         iterations = _measured_iterations(timeline_path, spec.num_iterations, profile)
         result = _step_result(job_dir / step.folder, step, spec, iterations)
@@ -120,6 +127,32 @@ def collect_job(
             shutil.rmtree(run_dir, ignore_errors=True)
             raise
     return Collected(run_dir, len(order), tuple(not_run), len(job.skipped))
+
+
+def _check_launch(job_dir: Path, launch_id: str, step_dir: Path) -> None:
+    """A ConfigError unless the results in `step_dir` are of the launch `launch_id`, the
+    folder's (launch.json): a job of an earlier launch into it (queued or still running when
+    the spec was launched again: sbatch keeps the script it was given) ran its own command
+    lines there after this launch, and its workers wrote their launch's id."""
+    path = step_dir / LAUNCH_ID_FILE
+    try:
+        ran = path.read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{step_dir}: results without the {LAUNCH_ID_FILE} a step's workers write first "
+            f"(another version's, or damaged?); run {job_dir / 'run.sbatch'} again"
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read {path}: {err}") from err
+    if not LAUNCH_ID.fullmatch(ran):
+        raise ConfigError(f"{path} does not hold a launch's id (32 hex digits): damaged?")
+    if ran != launch_id:
+        raise ConfigError(
+            f"{step_dir}: the results of another launch into {job_dir} (its {ran}, not "
+            f"{launch_id}): a job of an earlier launch, queued or running when the spec was "
+            f"launched again, ran the step after it; run {job_dir / 'run.sbatch'} again "
+            "once that job has ended"
+        )
 
 
 def _measured_iterations(path: Path, num_iterations: int, profile: Profile) -> list[Timeline]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
 import shlex
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ def write_slurm_script(
             "(its delays are the workers' fault hook); use injection: hook"
         )
     out_dir = out_dir.resolve()  # the script may run from anywhere
+    launch_id = secrets.token_hex(16)  # its steps' results are this launch's (harness.collect)
     compute_args = ["--compute", "emulated"]
     if spec.backend == "megatron":  # a megatron spec names its GPT preset as its model
         compute_args = ["--compute", "megatron", "--model", str(spec.models[0])]
@@ -129,6 +131,8 @@ def write_slurm_script(
                         str(spec.seed),
                         "--out",
                         str(step_dir),
+                        "--launch-id",
+                        launch_id,
                     ]
                     steps.append(
                         f"run_step {num_nodes} {world // num_nodes} {shlex.quote(step_name)} "
@@ -191,9 +195,9 @@ def write_slurm_script(
     )
     # What the steps run: a sim spec's configurations run the emulated workers.
     ran = spec.to_dict() | {"backend": "megatron" if spec.backend == "megatron" else "emulated"}
-    ClusterJob(json.loads(json.dumps(ran)), git_revision(), tuple(job_steps), tuple(skipped)).write(
-        out_dir
-    )
+    ClusterJob(
+        json.loads(json.dumps(ran)), git_revision(), launch_id, tuple(job_steps), tuple(skipped)
+    ).write(out_dir)
     path = out_dir / "run.sbatch"
     write_atomic(path, script)
     path.chmod(0o755)

@@ -14,6 +14,8 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "DIGEST_FILE",
+    "LAUNCH_ID",
+    "LAUNCH_ID_FILE",
     "LOSSES_FILE",
     "STEP_RESULTS",
     "TIMELINE_FILE",
@@ -24,7 +26,12 @@ __all__ = [
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 TIMELINE_FILE, LOSSES_FILE, DIGEST_FILE = "timeline.json", "losses.json", "params_sha256.txt"
-STEP_RESULTS = (TIMELINE_FILE, LOSSES_FILE, DIGEST_FILE)
+LAUNCH_ID_FILE = "launch_id.txt"
+"""The --launch-id its command line gave (a cluster job's step: `launch --spec`), written
+first: its results are that launch's, not another's into the same folder."""
+LAUNCH_ID = re.compile(r"[0-9a-f]{32}")
+"""A launch's id, as `launch --spec` draws it (harness.slurm)."""
+STEP_RESULTS = (LAUNCH_ID_FILE, TIMELINE_FILE, LOSSES_FILE, DIGEST_FILE)
 """What `main` writes to its --out folder (rank 0): a launch removes an earlier run's first,
 so that a run that fails leaves none that look like its own."""
 

@@ -32,7 +32,13 @@ from pipeline.runtime.pool import assemble_timeline
 from pipeline.runtime.worker import configure_threads, join
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
-from pipeline.torchrun_launch import DIGEST_FILE, LOSSES_FILE, TIMELINE_FILE
+from pipeline.torchrun_launch import (
+    DIGEST_FILE,
+    LAUNCH_ID,
+    LAUNCH_ID_FILE,
+    LOSSES_FILE,
+    TIMELINE_FILE,
+)
 
 __all__ = [
     "compute_backend",
@@ -109,7 +115,14 @@ def parse_worker_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--launch-id",
+        help="The cluster job's launch (`launch --spec`): written to the --out folder first, "
+        "so that `collect` takes its results for that launch's only.",
+    )
     args = parser.parse_args(argv)
+    if args.launch_id is not None and not LAUNCH_ID.fullmatch(args.launch_id):
+        parser.error(f"--launch-id must be 32 hex digits, got {args.launch_id!r}")
     if args.iterations < 1 or args.warmup_iterations < 0:
         parser.error("--iterations must be >= 1 and --warmup-iterations >= 0")
     if not 0 <= args.seed <= MAX_SEED:
@@ -161,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
                 losses += [] if loss is None else [loss]
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
+        if args.launch_id is not None:  # whose results these are: written before them
+            write_atomic(args.out / LAUNCH_ID_FILE, args.launch_id + "\n")
         if losses:  # a training backend: one loss per measured iteration, the model's digest
             write_atomic(args.out / LOSSES_FILE, json.dumps(losses))
             digest = params_sha256(whole_model_params(results))

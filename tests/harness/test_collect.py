@@ -21,6 +21,7 @@ from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
+from pipeline.torchrun_launch import LAUNCH_ID_FILE
 from tests.harness.test_cli import cli
 
 NUM_ITERATIONS = 3
@@ -42,9 +43,13 @@ def _spec(**changes: Any) -> ExperimentSpec:
     return ExperimentSpec(**(fields | changes))
 
 
-def _ran_in_sim(step_dir: Path) -> Timeline:
+def _ran_in_sim(step_dir: Path, job: ClusterJob | None = None) -> Timeline:
     """What a step's workers write, the simulator standing in for the cluster: its measured
-    iterations' timeline (numbered from 0), of the profile and schedule the launch wrote."""
+    iterations' timeline (numbered from 0), of the profile and schedule the launch wrote, and
+    the id of the launch (`job`, else the one its folder holds now) whose command it ran."""
+    if job is None:
+        job = ClusterJob.read(next(p for p in step_dir.parents if (p / JOB_FILE).is_file()))
+    (step_dir / LAUNCH_ID_FILE).write_text(job.launch_id + "\n")
     profile = Profile.from_file(step_dir / "profile.json")
     schedule = Schedule.from_dict(json.loads((step_dir / "schedule.json").read_text()))
     result = run_configuration(
@@ -200,6 +205,31 @@ def test_a_launch_again_removes_its_steps_earlier_results(tmp_path: Path) -> Non
         collect_job(job_dir, tmp_path / "out", "c")
 
 
+def test_an_earlier_launch_s_job_that_ran_after_a_launch_again_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A job of an earlier launch into the folder, still queued or running when the spec was
+    launched again (sbatch keeps the script it was given), ran its steps after that launch:
+    collect took their results as the new launch's, though their command lines were the
+    earlier launch's (here one warm-up, where the spec now says three)."""
+    spec = _spec(systems=("1f1b",), delays_ms=(0.0,))
+    job_dir, earlier = _job(tmp_path, spec)
+    _, job = _job(tmp_path, _spec(systems=("1f1b",), delays_ms=(0.0,), num_warmup_iterations=3))
+    assert [s.folder for s in job.steps] == [s.folder for s in earlier.steps]
+    for step in job.steps:  # the earlier job's steps, run after the launch again
+        _ran_in_sim(job_dir / step.folder, earlier)
+    with pytest.raises(
+        ConfigError,
+        match=rf"{job_dir / job.steps[0].folder}: the results of another launch into "
+        rf"{job_dir} \(its {earlier.launch_id}, not {job.launch_id}\)",
+    ):
+        collect_job(job_dir, tmp_path / "out", "c")
+    assert not (tmp_path / "out").exists()
+    for step in job.steps:  # this launch's job ran them again: collected
+        _ran_in_sim(job_dir / step.folder, job)
+    assert collect_job(job_dir, tmp_path / "out", "c").num_collected == 1
+
+
 def test_a_job_with_no_results_writes_nothing(tmp_path: Path) -> None:
     job_dir, _ = _job(tmp_path)
     with pytest.raises(ConfigError, match=r"no step of .* has results yet \(5 without: two 1f1b"):
@@ -305,8 +335,15 @@ def test_a_megatron_step_needs_its_losses_and_digest(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda d: d.pop("steps"), r"not what launch writes \(spec, revision, steps, skipped\)"),
-        (lambda d: d.update(job_version=2), r"job version 2; this version reads 1 only"),
+        (
+            lambda d: d.pop("steps"),
+            r"not what launch writes \(spec, revision, launch id, steps, skipped\)",
+        ),
+        (
+            lambda d: d.update(launch_id="../x"),
+            r"not what launch writes \(spec, revision, launch id, steps, skipped\)",
+        ),
+        (lambda d: d.update(job_version=1), r"job version 1; this version reads 2 only"),
         (
             lambda d: d["steps"][0].update(folder="../elsewhere"),
             r"step folder '../elsewhere' is not inside the job's folder",

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from harness.cluster_job import ClusterJob
 from harness.collect import collect_job
 from harness.results import ITERATIONS_COLUMNS, RUNS_COLUMNS, read_csv_rows
 from harness.slurm import write_slurm_script
@@ -217,6 +218,9 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
     assert list((tmp_path / "tmp").glob("torchelastic_*")) == []  # (megatron's inductor
     # cache may be there)
     assert len(timeline.iterations) == 2 and len(timeline.ops) == 2 * 2 * 2 * 2
+    # the launch's id, which collect checks (not an earlier launch's job into the folder)
+    launch_id = ClusterJob.read(tmp_path / "job").launch_id
+    assert (step / "launch_id.txt").read_text() == launch_id + "\n"
     # The warm-up ran first, unreported: the measured iterations start after it.
     assert [r.iteration for r in timeline.iterations] == [0, 1]
     assert timeline.iterations[0].start_ms > 0 and {op.iteration for op in timeline.ops} == {0, 1}

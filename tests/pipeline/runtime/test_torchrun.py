@@ -50,6 +50,15 @@ def test_the_emulated_worker_takes_a_seed_and_a_seed_out_of_range_is_refused(
         assert f"--seed must be in 0..{MAX_SEED}" in capsys.readouterr().err
 
 
+def test_a_launch_id_is_32_hex_digits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_worker_args([*PLAN, "--launch-id", "0f" * 16]).launch_id == "0f" * 16
+    assert parse_worker_args(PLAN).launch_id is None  # `launch` without --spec: none
+    for bad in ("0f" * 15, "../x", "0F" * 16):
+        with pytest.raises(SystemExit):
+            parse_worker_args([*PLAN, "--launch-id", bad])
+        assert "--launch-id must be 32 hex digits" in capsys.readouterr().err
+
+
 def _result(rank: int, op_start_s: float, op_end_s: float) -> RankResult:
     """Stage `rank`'s records: one forward of microbatch 0 and its step, in host seconds."""
     return RankResult(
