@@ -366,6 +366,23 @@ def test_the_steps_run_the_python_that_wrote_the_script_and_leave_no_stale_resul
     assert argv[argv.index("-m") - 1] == "/opt/other/python"
 
 
+def test_node_0_is_the_first_of_a_long_node_list(tmp_path: Path) -> None:
+    """`scontrol show hostnames | head -n 1` under pipefail: head left after the first line,
+    scontrol's later writes met a closed pipe (SIGPIPE), and the job ended there, at its
+    second line, without a word, whenever the node list was longer than the pipe holds."""
+    spec = _two_stages()
+    script, _, _ = write_slurm_script(spec, tmp_path / "job", master_port=29511)
+    scontrol = "seq 1 200000 | sed 's/^/node/'"  # 2 MB of names: more than a pipe holds
+    env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN, scontrol=scontrol)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (argv,) = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert "--rdzv-endpoint=node1:29511" in argv
+    env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN, scontrol="exit 1")  # no node: said
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "no node to run on" in done.stderr
+
+
 def test_the_spec_s_timeout_reaches_the_workers_and_network_injection_is_refused(
     tmp_path: Path,
 ) -> None:
