@@ -158,9 +158,10 @@ def _check_launch(job_dir: Path, launch_id: str, step_dir: Path) -> None:
 def _measured_iterations(path: Path, num_iterations: int, profile: Profile) -> list[Timeline]:
     """A step's timeline.json, each measured iteration alone; one that does not hold the
     spec's measured iterations 0..N-1 in order, each with ops of the step's `profile`'s stages
-    and replicas only, none ending before it starts, and no record of another iteration, is
-    refused (cut short, another run's, damaged): `Timeline.from_dict` checks each record, not
-    how they add up."""
+    and replicas only, none ending before it starts, each microbatch's forward and backward
+    once on every stage of every replica, and no record of another iteration, is refused (cut
+    short, another run's, damaged): `Timeline.from_dict` checks each record, not how they add
+    up."""
     timeline = parse_json_file(path, "timeline", Timeline.from_dict)
     numbers = [r.iteration for r in timeline.iterations]
     if numbers != list(range(num_iterations)):
@@ -193,7 +194,39 @@ def _measured_iterations(path: Path, num_iterations: int, profile: Profile) -> l
                 f"{path}: iteration {k} has an op of replica {odd.replica} (of {num_replicas}) "
                 f"from {odd.start_ms:g} to {odd.end_ms:g} ms: damaged?"
             )
+        _check_every_op(path, k, part, profile)
     return parts
+
+
+_WHOLE = (("F", "B", "W"), ("F", "BW"))
+"""A microbatch's ops on a stage: its forward, then its backward split or fused."""
+
+
+def _check_every_op(path: Path, k: int, part: Timeline, profile: Profile) -> None:
+    """A ConfigError unless iteration `k` (`part`) ran each microbatch of `profile` on each
+    stage of each replica once, forward and backward (B and W, or BW), and nothing else: a
+    timeline missing a rank's records, or with an op twice, measured another iteration time
+    and bubble ratio than the step ran."""
+    order = {kind: n for n, kind in enumerate(("F", "B", "W", "BW"))}
+    ran: dict[tuple[int, int, int], list[str]] = {}
+    for op in part.ops:
+        ran.setdefault((op.stage, op.replica, op.microbatch), []).append(str(op.kind))
+    num_microbatches = profile.num_microbatches
+    if any(m >= num_microbatches for _, _, m in ran):
+        raise ConfigError(
+            f"{path}: iteration {k} has ops of microbatches outside 0-{num_microbatches - 1}: "
+            "damaged?"
+        )
+    for replica in range(profile.num_replicas):
+        for stage in range(profile.num_stages):
+            for m in range(num_microbatches):
+                kinds = tuple(sorted(ran.get((stage, replica, m), []), key=order.__getitem__))
+                if kinds not in _WHOLE:
+                    raise ConfigError(
+                        f"{path}: iteration {k}: stage {stage} (replica {replica}) ran "
+                        f"microbatch {m} as {', '.join(kinds) or 'nothing'}, not F and B, W "
+                        "(or BW) once each: cut short, or damaged?"
+                    )
 
 
 def _step_result(

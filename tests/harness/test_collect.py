@@ -412,6 +412,13 @@ def _damage(data: dict[str, Any], how: str) -> None:
         data["ops"][0][5] = data["ops"][0][4] - 1.0
     elif how == "an op of replica 3":
         data["ops"][0][6] = 3
+    elif how == "a rank's ops of iteration 1 lost":
+        data["ops"] = [op for op in data["ops"] if op[:2] != [1, 1]]
+        data["messages"] = [m for m in data["messages"] if m[0] != 1]
+    elif how == "an op twice":
+        data["ops"].append(data["ops"][0])
+    elif how == "an op of microbatch 9":
+        data["ops"].append([*data["ops"][0][:3], 9, *data["ops"][0][4:]])
     elif how == "3 stages":
         data["num_stages"] = 3
     elif how == "every op at its start":
@@ -431,6 +438,13 @@ def _damage(data: dict[str, Any], how: str) -> None:
         ("an op ending before it starts", r"iteration 0 has an op of replica 0 \(of 1\) from"),
         ("an op of replica 3", r"iteration 0 has an op of replica 3 \(of 1\) from"),
         ("3 stages", r"a timeline of 3 stages, the step's profile has 2"),
+        (
+            "a rank's ops of iteration 1 lost",
+            r"iteration 1: stage 1 \(replica 0\) ran microbatch 0 as nothing, not F and B, W "
+            r"\(or BW\) once each: cut short, or damaged",
+        ),
+        ("an op twice", r"iteration 0: stage 0 \(replica 0\) ran microbatch 0 as F, F, B, W"),
+        ("an op of microbatch 9", r"iteration 0 has ops of microbatches outside 0-3: damaged"),
         ("every op at its start", r"iteration 0 of 0 ms, a step of 0 ms"),
     ],
 )
