@@ -179,7 +179,9 @@ def write_slurm_script(
             "run_step() {  # nodes, ranks per node, step name, its folder, worker arguments...",
             "  local nodes=$1 per_node=$2 name=$3 folder=$4; shift 4",
             "  rm -f " + " ".join(f'"$folder/{name}"' for name in STEP_RESULTS),
-            '  if ! srun --nodes="$nodes" --ntasks-per-node=1 \\',
+            # One torchrun on each of the job's first nodes, node 0 (its rendezvous) among
+            # them: srun takes the job's SLURM_NTASKS (all its nodes) as its -n unless given one.
+            '  if ! srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --relative=0 \\',
             '    "$PYTHON" -m torch.distributed.run \\',
             '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
             f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',

@@ -366,6 +366,40 @@ def test_the_steps_run_the_python_that_wrote_the_script_and_leave_no_stale_resul
     assert argv[argv.index("-m") - 1] == "/opt/other/python"
 
 
+_SRUN_AS_SLURM = (
+    f'exec {sys.executable} -c "import json, os, sys; '
+    "opts = dict(a[2:].split('=', 1) for a in sys.argv[1:] if a.startswith('--') and '=' in a); "
+    "step = [opts['nodes'], opts.get('ntasks', os.environ.get('SLURM_NTASKS')), "
+    "opts.get('relative')]; "
+    "open(os.environ['SRUN_LOG'], 'a').write(json.dumps(step) + '\\n')\" \"$@\""
+)
+"""An srun that records a step's nodes, its tasks as srun takes them (its --ntasks, else the
+job's SLURM_NTASKS, as srun reads its environment) and the node it starts from (--relative)."""
+
+
+def test_a_step_on_fewer_nodes_than_the_job_runs_one_torchrun_on_each_of_the_first(
+    tmp_path: Path,
+) -> None:
+    """sbatch sets SLURM_NTASKS (the job's nodes x --ntasks-per-node: 2 here) and srun takes
+    it as its -n unless given one: a 1-node step of a 2-node job asked for 2 tasks on 1 node
+    (two torchruns of one node each), and on whichever node srun picked, where node 0 of the
+    job hosts its rendezvous."""
+    two_sizes = (
+        {"base": "gpt2-7b", "name": "a", "pp": 2},
+        {"base": "gpt2-7b", "name": "b", "pp": 4},
+    )
+    spec = ExperimentSpec(
+        name="x", models=two_sizes, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0
+    )
+    script, _, _ = write_slurm_script(spec, tmp_path / "job", gpus_per_node=2)
+    assert "\n#SBATCH --nodes=2\n" in script.read_text()
+    env = {**_stand_in_slurm(tmp_path, srun=_SRUN_AS_SLURM), "SLURM_NTASKS": "2"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    steps = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    assert steps == [["1", "1", "0"], ["2", "2", "0"]]
+
+
 def test_node_0_is_the_first_of_a_long_node_list(tmp_path: Path) -> None:
     """`scontrol show hostnames | head -n 1` under pipefail: head left after the first line,
     scontrol's later writes met a closed pipe (SIGPIPE), and the job ended there, at its
