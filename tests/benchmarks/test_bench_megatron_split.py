@@ -1,11 +1,9 @@
 """bench_megatron_split times each backward from no gradients, as the GPU check does."""
 
-from typing import Any
-
 import pytest
 
 from pipeline.runtime.megatron.reference import single_process_megatron
-from tests.benchmarks.scripts import load_script
+from tests.benchmarks.scripts import load_script, record_backwards
 
 pytest.importorskip("megatron.core", reason="the megatron backend needs megatron-core")
 
@@ -16,23 +14,7 @@ def test_every_backward_starts_from_no_gradients(monkeypatch: pytest.MonkeyPatch
     """The fused backward ran onto the last repeat's W's gradients and W onto the fused
     backward's: each added to gradients there (a pass over every gradient), so BENCHMARKS.md's
     ratio compared two accumulating backwards, unlike benchmarks/gpu/check.py's split_ratio."""
-    runner_class = bench.StageRunner
-    fused, weight = runner_class.backward_fused, runner_class.backward_weight
-    seen: list[tuple[str, bool]] = []
-
-    def had_grads(runner: Any) -> bool:
-        return any(p.grad is not None for p in runner.params)
-
-    def backward_fused(runner: Any, *args: Any) -> Any:
-        seen.append(("fused", had_grads(runner)))
-        return fused(runner, *args)
-
-    def backward_weight(runner: Any, *args: Any) -> None:
-        seen.append(("W", had_grads(runner)))
-        weight(runner, *args)
-
-    monkeypatch.setattr(runner_class, "backward_fused", backward_fused)
-    monkeypatch.setattr(runner_class, "backward_weight", backward_weight)
+    seen = record_backwards(monkeypatch, bench.StageRunner)
     with single_process_megatron():
         fused_s, b_s, w_s = bench._measure("tiny", 1)
     assert seen == [("fused", False), ("W", False)] * 3  # two warm-ups, one repeat

@@ -9,12 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pipeline.runtime.megatron import get_preset
 from pipeline.signals import Terminated
+from tests.benchmarks.scripts import record_backwards
 
 pytest.importorskip("megatron.core", reason="the GPU check runs the megatron backend")
 pytestmark = pytest.mark.multiprocess
@@ -303,23 +303,7 @@ def test_the_split_times_b_and_w_from_no_gradients_as_the_fused_backward(
     backward does. W used to run on the fused backward's gradients, so it added its weight
     gradients to them (an extra pass over every gradient: on a GPU about half a weight
     GEMM's time again) where the fused backward's autograd only handed its results over."""
-    runner_class = check.StageRunner
-    fused, weight = runner_class.backward_fused, runner_class.backward_weight
-    seen: list[tuple[str, bool]] = []
-
-    def had_grads(runner: Any) -> bool:
-        return any(p.grad is not None for p in runner.params)
-
-    def backward_fused(runner: Any, *args: Any) -> Any:
-        seen.append(("fused", had_grads(runner)))
-        return fused(runner, *args)
-
-    def backward_weight(runner: Any, *args: Any) -> None:
-        seen.append(("W", had_grads(runner)))
-        weight(runner, *args)
-
-    monkeypatch.setattr(runner_class, "backward_fused", backward_fused)
-    monkeypatch.setattr(runner_class, "backward_weight", backward_weight)
+    seen = record_backwards(monkeypatch, check.StageRunner)
     result = check.split_ratio(get_preset("tiny"), "cpu", repeats=1)
     assert seen == [("fused", False), ("W", False)] * 3  # two warm-ups, one repeat
     assert result["ratio"] > 0

@@ -186,15 +186,14 @@ run_script(main)
 """
 
 
-@pytest.mark.multiprocess
-@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C: a process group")
-def test_ctrl_c_while_the_fork_server_imports_its_preloads_is_one_line(tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches the whole job, the fork server too, which ignores SIGINT
-    only once it has imported its preloads (torch: a second or more): it printed a
-    KeyboardInterrupt traceback under the run's one line. Here a preload that takes 3 s."""
-    importing = tmp_path / "importing"
+def _run_importing_slowly(tmp_path: Path, import_s: float) -> subprocess.Popen[str]:
+    """`_CTRL_C_AS_THE_SERVER_STARTS` in a session of its own, its fork server's preload
+    taking `import_s` (it touches `importing` as it starts and `imported` as it ends),
+    returned once the server is importing it."""
+    importing, imported = tmp_path / "importing", tmp_path / "imported"
     (tmp_path / "slow_preload.py").write_text(
-        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(3)\n"
+        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\n"
+        f"time.sleep({import_s})\npathlib.Path({str(imported)!r}).touch()\n"
     )
     # On the path from the environment: the fork server does not take its parent's sys.path.
     root = str(Path(__file__).resolve().parents[3])
@@ -206,11 +205,25 @@ def test_ctrl_c_while_the_fork_server_imports_its_preloads_is_one_line(tmp_path:
         text=True,
         start_new_session=True,
     )
+    deadline = time.monotonic() + 120
+    while not importing.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not importing.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # the run and its fork server
+        run.wait()
+        raise AssertionError("the fork server never imported the slow preload")
+    return run
+
+
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="a terminal's Ctrl-C: a process group")
+def test_ctrl_c_while_the_fork_server_imports_its_preloads_is_one_line(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole job, the fork server too, which ignores SIGINT
+    only once it has imported its preloads (torch: a second or more): it printed a
+    KeyboardInterrupt traceback under the run's one line. Here a preload that takes 3 s."""
+    run = _run_importing_slowly(tmp_path, 3.0)
     try:
-        deadline = time.monotonic() + 120
-        while not importing.exists() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert importing.exists(), "the fork server never imported the slow preload"
         os.killpg(run.pid, signal.SIGINT)
         _, err = run.communicate(timeout=60)
     finally:
@@ -228,28 +241,11 @@ def test_ctrl_c_to_the_run_alone_ends_it_while_the_fork_server_imports(tmp_path:
     it to import its preloads: a Ctrl-C there (here to the run alone, as `kill -INT`) ended
     the run only once they were imported, and never where an import hung. Here a preload
     that takes 60 s; the run ends long before."""
-    importing, imported = tmp_path / "importing", tmp_path / "imported"
-    (tmp_path / "slow_preload.py").write_text(
-        f"import pathlib, time\npathlib.Path({str(importing)!r}).touch()\ntime.sleep(60)\n"
-        f"pathlib.Path({str(imported)!r}).touch()\n"
-    )
-    root = str(Path(__file__).resolve().parents[3])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), root])}
-    run = subprocess.Popen(
-        [sys.executable, "-c", _CTRL_C_AS_THE_SERVER_STARTS],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    run = _run_importing_slowly(tmp_path, 60.0)
     try:
-        deadline = time.monotonic() + 120
-        while not importing.exists() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert importing.exists(), "the fork server never imported the slow preload"
         run.send_signal(signal.SIGINT)
         run.wait(timeout=45)  # (its stderr stays open in the fork server)
-        assert not imported.exists()
+        assert not (tmp_path / "imported").exists()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(run.pid, signal.SIGKILL)  # the fork server, still importing
