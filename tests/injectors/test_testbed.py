@@ -309,20 +309,20 @@ def test_teardown_after_an_exception() -> None:
     assert not any(name in present for name in names)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
-def test_teardown_after_a_shutdown_signal(signum: int) -> None:
-    """Outside the CLI too: the testbed's own handler takes SIGHUP as it takes SIGTERM (a
-    closed terminal once killed the process and left every namespace)."""
-    script = textwrap.dedent("""
-        import sys, time
-        from injectors.testbed import Testbed
-        with Testbed(2, prefix=sys.argv[1]) as bed:
-            print(bed.name, flush=True)
-            time.sleep(60)
-    """)
-    # The full pid: two test workers' prefixes never collide (a pid modulo 1000 could), and
-    # no interface name carries a prefix (namespace names have no 15-character limit).
-    prefix = f"adb-sig{os.getpid()}-"
+def _signalled_testbed(body: tuple[str, ...], prefix: str, signum: int) -> None:
+    """A process that builds a testbed of prefix `prefix` (`bed`), runs `body`'s lines inside
+    its `with`, says its name and sleeps, sent `signum`: it ends with 128 + `signum` and
+    leaves neither its namespaces nor its owner record."""
+    script = "\n".join(
+        [
+            "import sys, time",
+            "from injectors.testbed import Testbed",
+            "with Testbed(2, prefix=sys.argv[1]) as bed:",
+            *(f"    {line}" for line in body),
+            "    print(bed.name, flush=True)",
+            "    time.sleep(60)",
+        ]
+    )
     child = subprocess.Popen(
         [sys.executable, "-c", script, prefix], stdout=subprocess.PIPE, text=True
     )
@@ -340,35 +340,21 @@ def test_teardown_after_a_shutdown_signal(signum: int) -> None:
         cleanup(prefix=prefix)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["TERM", "HUP"])
+def test_teardown_after_a_shutdown_signal(signum: int) -> None:
+    """Outside the CLI too: the testbed's own handler takes SIGHUP as it takes SIGTERM (a
+    closed terminal once killed the process and left every namespace)."""
+    # The full pid: two test workers' prefixes never collide (a pid modulo 1000 could), and
+    # no interface name carries a prefix (namespace names have no 15-character limit).
+    _signalled_testbed((), f"adb-sig{os.getpid()}-", signum)
+
+
 def test_a_testbed_built_again_after_its_teardown_still_tears_down_on_a_signal() -> None:
     """bench_injectors.py tears a testbed down and builds it again inside its `with`: the
     teardown gave back the signal handlers, and the second build once set none, so a
     SIGTERM then ended the process outright and left every namespace."""
-    script = textwrap.dedent("""
-        import sys, time
-        from injectors.testbed import Testbed
-        with Testbed(2, prefix=sys.argv[1]) as bed:
-            bed.teardown()
-            bed.build()
-            print(bed.name, flush=True)
-            time.sleep(60)
-    """)
-    prefix = f"adb-rb{os.getpid()}-"
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, prefix], stdout=subprocess.PIPE, text=True
-    )
-    try:
-        assert child.stdout is not None
-        name = child.stdout.readline().strip()
-        assert name.startswith(prefix)
-        child.send_signal(signal.SIGTERM)
-        assert child.wait(timeout=30) == 128 + signal.SIGTERM
-        assert not any(name in n for n in _namespaces())
-        assert not (OWNER_DIR / f"{name}.json").exists()
-    finally:
-        child.kill()
-        child.wait()
-        cleanup(prefix=prefix)
+    body = ("bed.teardown()", "bed.build()")
+    _signalled_testbed(body, f"adb-rb{os.getpid()}-", signal.SIGTERM)
 
 
 def test_a_testbed_built_again_has_every_nic_up_for_its_wires() -> None:

@@ -3,6 +3,7 @@ measured with real TCP traffic where the kernel has sch_netem (needs root)."""
 
 import os
 import time
+from typing import Any
 
 import pytest
 from pyroute2 import IPRoute
@@ -83,17 +84,12 @@ def test_a_netem_class_bypasses_a_cap_as_the_wire_does() -> None:
     assert capped <= 105 and freed > 2 * capped, (freed, capped)
 
 
-def test_the_netem_path_with_its_leaves_recorded_moves_a_pair_to_the_wire_in_its_state(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The netem path where netem cannot be tried (here): the leaves are recorded, not sent;
-    their classes are real. A change at a later time moves the pair to a wire that starts in
-    the netem states in force (a round trip of 2 x 20 ms while the change is an hour off), and
-    the leaves go back to healthy; a pair whose iteration has later changes (`scheduled`)
-    takes the wire at once."""
+def _netem_leaves_recorded(monkeypatch: pytest.MonkeyPatch, *, with_index: bool) -> list[Any]:
+    """The testbed takes netem as there (its kernel features said present) and records each
+    netem leaf it would set, as (the NIC's index,) the destination host and the state."""
     import injectors.testbed
 
-    sent: list[tuple[int, int, WireState]] = []
+    sent: list[Any] = []
     monkeypatch.setattr(
         injectors.testbed,
         "kernel_features",
@@ -102,8 +98,22 @@ def test_the_netem_path_with_its_leaves_recorded_moves_a_pair_to_the_wire_in_its
     monkeypatch.setattr(
         injectors.testbed,
         "set_netem",
-        lambda ipr, index, dst, state: sent.append((index, dst, state)),
+        lambda ipr, index, dst, state: sent.append(
+            (index, dst, state) if with_index else (dst, state)
+        ),
     )
+    return sent
+
+
+def test_the_netem_path_with_its_leaves_recorded_moves_a_pair_to_the_wire_in_its_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The netem path where netem cannot be tried (here): the leaves are recorded, not sent;
+    their classes are real. A change at a later time moves the pair to a wire that starts in
+    the netem states in force (a round trip of 2 x 20 ms while the change is an hour off), and
+    the leaves go back to healthy; a pair whose iteration has later changes (`scheduled`)
+    takes the wire at once."""
+    sent = _netem_leaves_recorded(monkeypatch, with_index=True)
     delayed = WireState(delay_ms=20.0)
     with Testbed(3, netem=True) as bed:
         bed.set_wire(0, 1, plane=0, forward=delayed, backward=HEALTHY)
@@ -132,19 +142,7 @@ def test_a_pair_on_netem_keeps_its_caps_in_its_netem_leaves(
     set before or after its state, as a wired pair's go on its wire (the leaves once had
     the state's rate alone: a capped pair on netem ran uncapped). The leaves are recorded,
     not sent (the netem path where netem cannot be tried: here)."""
-    import injectors.testbed
-
-    sent: list[tuple[int, WireState]] = []
-    monkeypatch.setattr(
-        injectors.testbed,
-        "kernel_features",
-        lambda: dict.fromkeys(("netem", "htb", "u32"), (True, "")),
-    )
-    monkeypatch.setattr(
-        injectors.testbed,
-        "set_netem",
-        lambda ipr, index, dst, state: sent.append((dst, state)),
-    )
+    sent = _netem_leaves_recorded(monkeypatch, with_index=False)
     delayed = WireState(delay_ms=20.0)
     with Testbed(3, netem=True) as bed:
         bed.cap_bandwidth(0, 1, plane=0, rate_mbit=100)
