@@ -185,7 +185,7 @@ def shared_cores_warning(num_stages: int, num_cores: int) -> str | None:
 def shared_gpus_warning(num_stages: int, num_gpus: int) -> str | None:
     """What `profile` says where its stages outnumber the GPUs they compute on (None: no GPU,
     where the cores' warning speaks, or a GPU per stage): stages on one GPU time-slice it, and
-    the measuring order (every F, then every B, then every W) runs their ops side by side."""
+    the measuring order (ZB-H1's) runs their ops side by side."""
     if num_gpus == 0 or num_stages <= num_gpus:
         return None
     return (

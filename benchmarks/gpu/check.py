@@ -95,6 +95,7 @@ from pipeline.runtime.megatron.reference import (
     train_reference,
 )
 from pipeline.runtime.megatron.shim import STAND_IN_DEVICE, gpu_stand_in, quiet_megatron
+from pipeline.runtime.megatron.split_timing import time_backwards
 from pipeline.runtime.megatron.stage import StageRunner
 from pipeline.schedule import Schedule
 from pipeline.signals import Terminated, run_script
@@ -317,16 +318,10 @@ def _worst_relative(losses: list[float], against: list[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, against, strict=True))
 
 
-def _sync(device: str) -> None:
-    if device != "cpu":
-        torch.cuda.synchronize()
-
-
 def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
     """The whole model as one stage (S = 1) fed a random stage input, one microbatch, in this
-    process: fused backward against B then W (medians of `repeats`, after two warm-ups), each
-    from no gradients (W on the fused backward's would add to them: a pass over every
-    gradient that the fused backward, handing its results over, does not make)."""
+    process: fused backward against B then W (`time_backwards`: medians of `repeats`, each
+    backward from no gradients)."""
     with single_process_megatron(device):
         model = build_whole_model(preset, SEED)
         if device != "cpu":
@@ -335,47 +330,16 @@ def split_ratio(preset: GPTPreset, device: str, repeats: int) -> dict[str, Any]:
             with quiet_megatron():
                 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
             model_parallel_cuda_manual_seed(SEED)
-        runner = StageRunner(model)
         _, labels = microbatch_tokens(preset, SEED, 0)
-        labels = labels.to(device)
         x = torch.randn(preset.message_shape(), generator=torch.Generator().manual_seed(1))
-        x = x.to(device)
-        fused, b_ms, w_ms = [], [], []
-        for k in range(repeats + 2):
-            runner.forward(0, labels=labels, stage_input=x, deferred=False)
-            _sync(device)
-            t0 = time.perf_counter()
-            runner.backward_fused(0, None)
-            _sync(device)
-            t1 = time.perf_counter()
-            _clear_grads(runner)
-            runner.forward(0, labels=labels, stage_input=x)
-            _sync(device)
-            t2 = time.perf_counter()
-            runner.backward_input(0, None)
-            _sync(device)
-            t3 = time.perf_counter()
-            runner.backward_weight(0)
-            _sync(device)
-            t4 = time.perf_counter()
-            if k >= 2:
-                fused.append((t1 - t0) * 1e3)
-                b_ms.append((t3 - t2) * 1e3)
-                w_ms.append((t4 - t3) * 1e3)
-            _clear_grads(runner)
-    fused_ms, b, w = statistics.median(fused), statistics.median(b_ms), statistics.median(w_ms)
+        times = time_backwards(StageRunner(model), labels.to(device), x.to(device), repeats)
     return {
         "model": preset.name,
-        "fused_ms": fused_ms,
-        "b_ms": b,
-        "w_ms": w,
-        "ratio": (b + w) / fused_ms,
+        "fused_ms": times.fused_ms,
+        "b_ms": times.b_ms,
+        "w_ms": times.w_ms,
+        "ratio": times.split_over_fused,
     }
-
-
-def _clear_grads(runner: StageRunner) -> None:
-    for param in runner.params:
-        param.grad = None
 
 
 def predicted(preset: GPTPreset, num_stages: int, num_microbatches: int, hw: Hardware) -> Profile:
@@ -401,8 +365,8 @@ def serialised_two_stages(num_microbatches: int) -> Schedule:
     stage 1's last W overlaps an op of stage 0 (its last B, and its last W where stage 1's
     W outlasts that B): one in `num_microbatches` of each of those ops, which the medians
     pass over while that is under half. On one GPU two processes' kernels are time-sliced,
-    so an op timed while the other stage computes would count the other's kernels too (all
-    F, then all B, then all W, the default, overlaps most ops)."""
+    so an op timed while the other stage computes would count the other's kernels too (the
+    default, ZB-H1's order, overlaps most ops)."""
     first = tuple(Op(k, m) for m in range(num_microbatches) for k in (OpKind.F, OpKind.B, OpKind.W))
     last = [Op(OpKind.F, 0), Op(OpKind.B, 0)]
     for m in range(1, num_microbatches):

@@ -14,7 +14,6 @@ import pytest
 
 from pipeline.runtime.megatron import get_preset
 from pipeline.signals import Terminated
-from tests.benchmarks.scripts import record_backwards
 
 pytest.importorskip("megatron.core", reason="the GPU check runs the megatron backend")
 pytestmark = pytest.mark.multiprocess
@@ -207,7 +206,7 @@ def _overlaps(timeline) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def
 
 def test_the_two_stage_profile_schedule_runs_one_stage_at_a_time() -> None:
     from pipeline.profile import Profile
-    from pipeline.runtime.megatron.profiling import split_backward_gpipe
+    from pipeline.runtime.megatron.profiling import measuring_order
     from pipeline.schedule import validate_schedule
     from pipeline.simulator import simulate
 
@@ -222,7 +221,7 @@ def test_the_two_stage_profile_schedule_runs_one_stage_at_a_time() -> None:
     validate_schedule(schedule, 2, 4)
     # only stage 1's last W runs beside an op of stage 0: its last B (0.8 ms within 1.2 ms)
     assert _overlaps(simulate(schedule, profile)) == [("0B3", "1W3")]
-    assert len(_overlaps(simulate(split_backward_gpipe(2, 4), profile))) > 8  # the default
+    assert len(_overlaps(simulate(measuring_order(2, 4), profile))) > 8  # the default
 
 
 def test_the_summary_sets_the_message_copies_apart_from_the_op_times() -> None:
@@ -294,16 +293,3 @@ def test_the_cost_model_prices_the_gpu_found() -> None:
     for times in ("t_f_ms", "t_b_ms", "t_w_ms"):
         assert getattr(on_h100, times) == getattr(on_h200, times)
     assert on_h100.optimizer_ms[0] > on_h200.optimizer_ms[0]  # the step: memory-bound
-
-
-def test_the_split_times_b_and_w_from_no_gradients_as_the_fused_backward(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """(B + W) / fused compares like with like: W starts from no gradients, as the fused
-    backward does. W used to run on the fused backward's gradients, so it added its weight
-    gradients to them (an extra pass over every gradient: on a GPU about half a weight
-    GEMM's time again) where the fused backward's autograd only handed its results over."""
-    seen = record_backwards(monkeypatch, check.StageRunner)
-    result = check.split_ratio(get_preset("tiny"), "cpu", repeats=1)
-    assert seen == [("fused", False), ("W", False)] * 3  # two warm-ups, one repeat
-    assert result["ratio"] > 0

@@ -47,7 +47,7 @@ def test_more_stages_than_gpus_is_a_warning_and_a_gpu_each_is_none() -> None:
 
 def test_profile_on_a_shared_gpu_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`profile --stages 2` on a one-GPU machine measured both stages on the one GPU, each
-    op beside the other stage's (every F, then every B, then every W), and said nothing:
+    op beside the other stage's, and said nothing:
     its times held the other stage's kernels."""
     from pipeline.runtime import devices
     from pipeline.runtime.megatron import profiling

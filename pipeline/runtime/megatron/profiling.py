@@ -2,8 +2,9 @@
 simulator and the schedulers.
 
 The stages run as real workers (one process each) on a schedule with separate F, B and W ops
-(by default every F, then every B, then every W); each op's duration is its median over the
-measured iterations. On a machine with fewer cores than stages the workers share cores, so
+(by default ZB-H1's: a stage holds at most as many microbatches' activations as 1F1B, S on the
+first, whatever the microbatch count); each op's duration is its median over the measured
+iterations. On a machine with fewer cores than stages the workers share cores, so
 the times there say little about any real machine (no performance claim comes from them).
 """
 
@@ -14,21 +15,22 @@ import statistics
 from collections.abc import Callable
 
 from pipeline.errors import BackendError, ConfigError
-from pipeline.ops import Op, OpKind
+from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.runtime.megatron.model import GPTPreset, get_preset
 from pipeline.schedule import Schedule, validate_schedule
 from pipeline.timeline import Timeline
+from pipeline.zero_bubble import zb_h1
 
-__all__ = ["measure_profile", "split_backward_gpipe"]
+__all__ = ["measure_profile", "measuring_order"]
 
 
-def split_backward_gpipe(num_stages: int, num_microbatches: int) -> Schedule:
-    """Every F, then every B, then every W, on each stage (valid for any S <= N)."""
-    order = tuple(
-        Op(kind, m) for kind in (OpKind.F, OpKind.B, OpKind.W) for m in range(num_microbatches)
-    )
-    return Schedule((order,) * num_stages)
+def measuring_order(num_stages: int, num_microbatches: int) -> Schedule:
+    """ZB-H1 (valid for any S <= N): separate F, B and W ops, with a memory bounded by the
+    stage count. Every F, then every B, then every W (the default before) held every
+    microbatch's activations at once: about 31 MiB more per microbatch for `small` at S = 2
+    (benchmarks/bench_profile_memory.py)."""
+    return zb_h1(Profile.uniform(num_stages, num_microbatches, 1.0, 1.0, 1.0))
 
 
 def measure_profile(
@@ -57,7 +59,7 @@ def measure_profile(
     if num_iterations < 1 or num_warmup_iterations < 0:
         raise ConfigError("iterations must be >= 1 and warm-up iterations >= 0")
     placeholder = Profile.uniform(num_stages, num_microbatches, 1.0, 1.0, 1.0)
-    order = schedule or split_backward_gpipe(num_stages, num_microbatches)
+    order = schedule or measuring_order(num_stages, num_microbatches)
     validate_schedule(order, num_stages, num_microbatches)
     factory = functools.partial(MegatronCompute, preset, seed=seed, allow_tf32=allow_tf32)
     total = num_warmup_iterations + num_iterations
