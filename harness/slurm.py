@@ -110,8 +110,8 @@ def write_slurm_script(
                             (target.label, system, scenario.name, str(repeat)),
                             str(step_dir.relative_to(out_dir)),
                             planned.policy,
-                            planned.comm.value,
-                            planned.comm_by_link(),
+                            _as_stepped(planned.comm.value),
+                            {link: _as_stepped(c) for link, c in planned.comm_by_link().items()},
                             dict(planned.believed_ms),
                         )
                     )
@@ -275,6 +275,13 @@ def _unrunnable(profile: Profile, comm: CommMode, transport_timeout_s: float) ->
             "message, the spec's transport_timeout_s: its step would fail",
         )
     return None
+
+
+def _as_stepped(comm: str) -> str:
+    """The comm mode a step runs for a plan's `comm`: the paper's injected sleeps
+    (`nccl-sleep`) are the simulator's; a step runs them as direct sends (its workers' fault
+    hook sleeping the delays), and its results say so."""
+    return CommMode.DIRECT.value if comm == CommMode.NCCL_SLEEP.value else comm
 
 
 def _unsupported(tp: int, has_faults: bool) -> _Skip | None:

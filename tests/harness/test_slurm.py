@@ -53,6 +53,12 @@ def test_a_preset_becomes_one_srun_step_per_runnable_configuration(tmp_path: Pat
     profile = Profile.from_file(step / "profile.json")
     assert profile.delay_ms[6] == 60.0 and profile.num_stages == 8
     assert json.loads((step / "schedule.json").read_text())["stages"]
+    # The cost models' plans send `nccl-sleep` (the paper's injected sleeps, in the
+    # simulator); the steps send direct, and collect's results used to say `nccl-sleep`.
+    steps = ClusterJob.read(tmp_path).steps
+    assert len(steps) == num_configurations
+    assert {step.comm for step in steps} == {"direct"}
+    assert {c for step in steps for c in step.link_comms.values()} == {"direct"}
 
 
 def test_each_repeat_is_a_step_of_its_own_in_a_folder_of_its_own(tmp_path: Path) -> None:
