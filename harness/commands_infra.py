@@ -106,6 +106,9 @@ MAX_GPUS_PER_NODE = 1024
     type=click.IntRange(min=1, max=MAX_GPUS_PER_NODE),
     default=8,
     show_default=True,
+    help="With --spec: ranks per node (a step's go on the fewest nodes that take the same "
+    "number each); a megatron spec's job requests as many GPUs per node, an emulated one's "
+    "none.",
 )
 @click.option(
     "--job-time",

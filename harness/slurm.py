@@ -154,7 +154,10 @@ def write_slurm_script(
             f"#SBATCH --job-name={_job_name(spec.name)}",
             f"#SBATCH --nodes={max_nodes}",
             "#SBATCH --ntasks-per-node=1",
-            f"#SBATCH --gpus-per-node={gpus_per_node}",
+            # An emulated step computes on the CPU (sleeps): its GPUs would be held for nothing.
+            f"#SBATCH --gpus-per-node={gpus_per_node}"
+            if spec.backend == "megatron"
+            else f"# (emulated compute: no GPU; --gpus-per-node {gpus_per_node} places the ranks)",
             f"#SBATCH --time={time_limit}",
             _comment(f"Written by adaptra-bench from spec {spec.name!r}."),
             "# One srun step per configuration and repeat (folders repeat-K if the spec repeats),",
