@@ -67,7 +67,7 @@ METRICS: dict[str, bool] = {
 KEY = ("backend", "model", "system", "scenario", "repeat")
 """What names a configuration (with its repeat)."""
 IDENTITY = ("policy", "comm", "controller", "links", "delay_ms", "seed", "iterations")
-"""How a configuration was run: equal on both sides (a column the base predates: not read)."""
+"""How a configuration was run: equal on both sides."""
 TIMELINE = "faults_text sha256"
 """Not a runs.csv column: what a run directory's spec.json says its fault timeline held
 (`faults_text`: the SHA-256's first 12 hex digits of the events it parses to, so that a
@@ -173,10 +173,10 @@ class Comparison:
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
-    """runs.csv of a run directory, or a runs.csv file itself: every row with its key columns
-    and every metric a finite number >= 0 (a metric column a baseline predates may be
-    absent); a run directory's run has ended and run every configuration its spec.json
-    lists."""
+    """runs.csv of a run directory, or a runs.csv file itself: every row with its key columns,
+    its `IDENTITY` columns and every metric a finite number >= 0 (a column missing is damage:
+    this schema version's runs.csv has them all, and one left out would not be compared); a
+    run directory's run has ended and run every configuration its spec.json lists."""
     if path.is_dir():
         holder = run_dir_holder(path)
         if holder is not None:
@@ -196,11 +196,12 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             columns = list(reader.fieldnames or [])
     except (csv.Error, UnicodeDecodeError, OSError) as err:
         raise UnusableResults(f"{csv_path} is not a readable CSV file: {err}") from None
-    missing = [c for c in (*KEY, "schema_version") if c not in columns]
-    if columns and (missing or not any(metric in columns for metric in METRICS)):
-        absent = ", ".join(missing) if missing else "every metric"
+    missing = [c for c in (*KEY, *IDENTITY, *METRICS, "schema_version") if c not in columns]
+    if columns and missing:  # every runs.csv of this schema version has them all
+        if all(metric in missing for metric in METRICS):
+            missing = [*(c for c in missing if c not in METRICS), "every metric"]
         raise UnusableResults(
-            f"{csv_path} is not a runs.csv (nor a run directory): it lacks {absent}"
+            f"{csv_path} is not a runs.csv (nor a run directory): it lacks {', '.join(missing)}"
         )
     if not rows:
         raise UnusableResults(f"{csv_path} holds no results (a header at most)")
@@ -476,11 +477,11 @@ def _changes(
     tolerance_pct: float,
     tolerances: Mapping[str, float],
 ) -> list[Change]:
-    """One configuration's metrics, base against new (a metric the base predates: none)."""
+    """One configuration's metrics, base against new (one the base row lacks: none)."""
     changes = []
     for metric, higher_is_better in METRICS.items():
         if before_row.get(metric) in (None, ""):
-            continue  # a baseline older than the metric
+            continue  # rows given without it (`load_runs` gives every metric)
         if after_row.get(metric) in (None, ""):
             raise UnusableResults(f"the new results have no {metric} for {_name(key)}")
         before, after = float(before_row[metric]), float(after_row[metric])

@@ -302,7 +302,7 @@ def test_a_configuration_run_another_way_fails_with_equal_metrics(
     tmp_path: Path, column: str, value: str
 ) -> None:
     """Its metrics measured something else: the gate names the column and fails (exit 1),
-    whatever the tolerance; a baseline that predates the column does not read it."""
+    whatever the tolerance."""
     rows = _rows()
     fault_free = next(r for r in rows if r["system"] == "1f1b" and r["scenario"] == "fault-free")
     old = fault_free[column]
@@ -314,8 +314,29 @@ def test_a_configuration_run_another_way_fails_with_equal_metrics(
         f"run another way in NEW: fig4-uniform-10ms 1f1b fault-free: {column} {old!r} -> {value!r}"
     )
     assert "1 configuration run another way in NEW" in out.stderr
-    older = [{k: v for k, v in r.items() if k != column} for r in _rows()]
-    assert _compare(_write(tmp_path / "older.csv", older), tmp_path / "other.csv").returncode == 0
+
+
+@pytest.mark.parametrize("column", ["bubble_ratio", "median_iteration_ms", "iterations", "comm"])
+@pytest.mark.parametrize("side", ["base", "new"])
+def test_a_runs_csv_without_a_metric_or_identity_column_is_unusable(
+    tmp_path: Path, column: str, side: str
+) -> None:
+    """Every runs.csv of this schema version has each of them: a baseline with one left out
+    (renamed, dropped by an edit) passed the gate with that column not compared, 16 of 144
+    metrics fewer, whatever NEW held there."""
+    rows = _rows()
+    for row in rows:  # NEW worse (or run another way) in the column
+        row[column] = str(float(row[column]) * 2 + 1) if column != "comm" else "delegated"
+    worse = _write(tmp_path / "worse.csv", rows)
+    lacking = _write(
+        tmp_path / "lacking.csv", [{k: v for k, v in r.items() if k != column} for r in _rows()]
+    )
+    base, new = (lacking, worse) if side == "base" else (BASELINE, lacking)
+    out = _compare(base, new)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr == (
+        f"error: {lacking} is not a runs.csv (nor a run directory): it lacks {column}\n"
+    )
 
 
 def test_a_configuration_on_another_backend_is_run_another_way(tmp_path: Path) -> None:
