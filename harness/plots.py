@@ -240,7 +240,11 @@ def plot_throughput_over_time(
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for line, points in _median_by_iteration(throughput_rows(iterations, samples_per_iteration)):
-        ax.plot([x for x, _ in points], [y for _, y in points], linewidth=1, label=line)
+        # a line of one point (one measured iteration) is a marker: a line alone draws nothing
+        marker = "o" if len(points) == 1 else ""
+        ax.plot(
+            [x for x, _ in points], [y for _, y in points], linewidth=1, marker=marker, label=line
+        )
     ax.set_xlabel("iteration")
     ax.set_ylabel("samples/s")
     if ax.lines:

@@ -259,6 +259,28 @@ def test_throughput_over_time_leaves_room_above_its_highest_line(
     assert ax.get_ylim() == pytest.approx((0.0, 12.0 * 1.08))
 
 
+def test_throughput_over_time_draws_a_one_iteration_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault timeline run for one measured iteration drew an empty chart (a line of one
+    point draws nothing), which report.md embedded as its throughput over the timeline: a
+    line of one point gets a marker; longer lines none."""
+    figures: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda fig, *_, **__: figures.append(fig))
+    rows = [
+        {"model": "m", "system": system, "iteration": str(k), "iteration_time_ms": "1000",
+         "step_time_ms": "0", "repeat": "0"}
+        for system, iterations in (("1f1b", 1), ("zb", 2))
+        for k in range(iterations)
+    ]  # fmt: skip
+    harness.plots.plot_throughput_over_time(rows, {"m": 12}, tmp_path / "t.png")
+    (ax,) = figures[0].axes
+    assert [(line.get_label(), line.get_marker()) for line in ax.lines] == [
+        ("1f1b", "o"),
+        ("zb", ""),
+    ]
+
+
 def test_the_slowdown_bars_are_the_median_repeat_with_no_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
