@@ -14,6 +14,7 @@ from harness.compare import (
     compare_runs,
     load_runs,
 )
+from harness.names import markdown_cell
 from pipeline.errors import ConfigError
 
 __all__ = ["compare"]
@@ -238,5 +239,8 @@ def _text(changes: list[Change]) -> list[str]:
 
 def _markdown(changes: list[Change]) -> list[str]:
     lines = ["| configuration | metric | base | new | change | |", "|---|---|---|---|---|---|"]
-    lines += [f"| {c.configuration} | {c.metric} | {' | '.join(_cells(c))} |" for c in changes]
+    lines += [
+        f"| {markdown_cell(c.configuration)} | {c.metric} | {' | '.join(_cells(c))} |"
+        for c in changes
+    ]
     return lines

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 
 from pipeline.errors import ConfigError
 
-__all__ = ["MAX_LABEL_CHARS", "MAX_RUN_NAME_BYTES", "check_label", "check_run_name", "slug"]
+__all__ = [
+    "MAX_LABEL_CHARS",
+    "MAX_RUN_NAME_BYTES",
+    "check_label",
+    "check_run_name",
+    "markdown_cell",
+    "slug",
+]
 
 MAX_LABEL_CHARS = 100
 """The longest name or label: result files are named after several of them, and a file
@@ -50,6 +57,12 @@ def check_run_name(text: str, what: str, max_bytes: int = MAX_RUN_NAME_BYTES) ->
             f"(UTF-8); at most {max_bytes}"
         )
     return text
+
+
+def markdown_cell(text: object) -> str:
+    """`text` as a Markdown table's cell: a label may hold a '|', which would end the cell
+    (a model "a|b" put each of its rows' values one column to the right)."""
+    return str(text).replace("|", "\\|")
 
 
 def slug(parts: Sequence[str], what: str) -> str:

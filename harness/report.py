@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.names import markdown_cell
 from harness.paper import PAPER, PAPER_PRESETS, PRESETS_DIR, PaperValue
 from harness.plots import plot_iteration_time_vs_delay, plot_slowdown, plot_throughput_over_time
 from harness.resolved import Coverage, ResolvedSpec, coverage
@@ -540,7 +541,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
     ]
     lines += [
         "| "
-        + " | ".join(str(r[c]) for c in columns)
+        + " | ".join(markdown_cell(r[c]) for c in columns)
         + f" | {float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
         f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} | "
         f"{_actions(r, rebalanced[_key(r)])} |"

@@ -437,6 +437,17 @@ def test_a_worse_metric_prints_the_digits_that_tell_it_apart(tmp_path: Path) -> 
     assert "| mean_iteration_ms | 450 | 450 | +0.00% |  |" in markdown
 
 
+def test_a_configuration_with_a_pipe_stays_in_its_markdown_cell(tmp_path: Path) -> None:
+    """A model "a|b" ended the configuration's cell: its rows' WORSE flags sat under no
+    header in a CI job summary."""
+    rows = [{**r, "model": "a|b"} for r in _rows()]
+    out = _compare(
+        _write(tmp_path / "pipe.csv", rows), tmp_path / "pipe.csv", "--format", "markdown"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "| a\\|b 1f1b fault-free | median_wall_ms | 450 | 450 | +0.00% |  |" in out.stdout
+
+
 def test_a_change_just_past_the_tolerance_prints_past_it(tmp_path: Path) -> None:
     """+5.004 % at --tolerance 5 printed as "+5.00%  WORSE", where a change of exactly 5 %
     passes: flagged, it keeps the decimals that put it past the tolerance."""

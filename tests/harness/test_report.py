@@ -471,6 +471,16 @@ def test_a_label_with_dollar_signs_is_drawn_as_written_not_as_a_formula(
         assert (run_dir / figure).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_label_with_a_pipe_stays_in_its_table_cell(tmp_path: Path) -> None:
+    """A '|' ended the model's cell: every value of its rows sat a column to the right of its
+    header, and the actions under no header at all."""
+    spec = dataclasses.replace(
+        default_experiment(), models=("a|b",), systems=("1f1b",), delays_ms=(0.0,)
+    )
+    report = (run_experiment(spec, tmp_path / "r") / "report.md").read_text()
+    assert "| a\\|b | 1f1b | direct | fixed | fault-free | 450.0 |" in report
+
+
 def _interrupted(default_run: tuple[Path, list[Any]], tmp_path: Path) -> Path:
     """A copy of the default run cut off after its first 12 of 16 configurations, as an
     interrupted run leaves it (runs.csv is written last)."""
