@@ -215,9 +215,27 @@ def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
 
 
 def _saved_timeline(data: Any) -> SavedTimeline:
+    """A saved timeline as `write_timeline` wrote it: at least one iteration, and each op on
+    one of its stages, ending no earlier than it starts (`Timeline.from_dict` checks each
+    field's type, not this; the report's chart left an op of another stage out, and drew
+    one ending before its start backwards)."""
     timeline = Timeline.from_dict(data)
     if not timeline.iterations:  # `write_timeline` saves at least one drawn iteration
         raise ConfigError("holds no iteration: damaged?")
+    odd = next(
+        (
+            (k, op)
+            for k, op in enumerate(timeline.ops)
+            if op.stage >= timeline.num_stages or op.end_ms < op.start_ms
+        ),
+        None,
+    )
+    if odd is not None:
+        k, op = odd
+        raise ConfigError(
+            f"ops[{k}] is of stage {op.stage} (of {timeline.num_stages}) from {op.start_ms:g} "
+            f"to {op.end_ms:g} ms: damaged?"
+        )
     rerun = data.get(_RERUN_KEY, [])
     if not isinstance(rerun, list) or not all(
         isinstance(k, int) and not isinstance(k, bool) for k in rerun

@@ -5,6 +5,7 @@ import ast
 import dataclasses
 import io
 import itertools
+import json
 import re
 import signal
 import subprocess
@@ -210,6 +211,38 @@ def test_report_without_saved_timelines_says_so(
         "`timelines/m_1f1b_fault-free_r0.json`" in report
     )
     assert "gantt_" not in report and not list(run_dir.glob("gantt_*.png"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ({1: 5}, r"ops\[7\] is of stage 5 \(of 2\) from 52 to 54 ms: damaged\?"),
+        ({4: 54.0, 5: 52.0}, r"ops\[7\] is of stage 0 \(of 2\) from 54 to 52 ms: damaged\?"),
+    ],
+)
+def test_a_report_refuses_a_saved_timeline_with_an_op_it_cannot_draw(
+    tmp_path: Path, damage: dict[int, Any], message: str
+) -> None:
+    """An op of a stage the timeline lacks was left out of the chart without a word, one
+    ending before its start drawn backwards; the report said it drew the saved timeline."""
+    spec = ExperimentSpec(
+        name="t", models=("m",), profile=Profile.uniform(2, 2, 1, 1, 1), systems=("1f1b",)
+    )
+    run_dir = run_experiment(spec, tmp_path / "t")
+    path = run_dir / "timelines" / "m_1f1b_fault-free_r0.json"
+    data = read_json(path, "timeline")
+    assert data["ops"][7] == [4, 0, "BW", 1, 52.0, 54.0, 0]  # iteration 4, the last
+    for field, value in damage.items():
+        data["ops"][7][field] = value
+    path.write_text(json.dumps(data))
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    assert re.search(message, out.stderr) and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_the_report_imports_no_runner() -> None:
