@@ -238,6 +238,8 @@ def plot_throughput_over_time(
     repeats; an iteration run twice (lost to a restart) as it was run again, the run that
     counted. Plain matplotlib: seaborn and pandas took most of this plot's time."""
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, ax = plt.subplots(figsize=(9, 3.8))
     for line, points in _median_by_iteration(throughput_rows(iterations, samples_per_iteration)):
         # a line of one point (one measured iteration) is a marker: a line alone draws nothing
@@ -246,6 +248,7 @@ def plot_throughput_over_time(
             [x for x, _ in points], [y for _, y in points], linewidth=1, marker=marker, label=line
         )
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # 0.25 is no iteration
     ax.set_ylabel("samples/s")
     if ax.lines:
         ax.legend(title="model, system" if _several_models(iterations) else "system")

@@ -281,6 +281,23 @@ def test_throughput_over_time_draws_a_one_iteration_run(
     ]
 
 
+def test_throughput_over_time_marks_whole_iterations_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of 3 iterations had its axis marked 0.00, 0.25, ... 2.00: no iteration is 0.25."""
+    figures: list[Any] = []
+    monkeypatch.setattr(harness.plots, "save_figure", lambda fig, *_, **__: figures.append(fig))
+    rows = [
+        {"model": "m", "system": "1f1b", "iteration": str(k), "iteration_time_ms": "1000",
+         "step_time_ms": "0", "repeat": "0"}
+        for k in range(3)
+    ]  # fmt: skip
+    harness.plots.plot_throughput_over_time(rows, {"m": 12}, tmp_path / "t.png")
+    (ax,) = figures[0].axes
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
 def test_the_slowdown_bars_are_the_median_repeat_with_no_interval(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
