@@ -144,7 +144,7 @@ _NUMBER_COLUMNS = frozenset(
 )  # fmt: skip
 """The result tables' columns that hold a number. In those `read_csv_rows` reads (runs.csv,
 iterations.csv): a finite one >= 0 (the harness writes no other), except `_ANY_NUMBER`'s; a
-whole one in `_COUNT_COLUMNS`."""
+whole one in `_COUNT_COLUMNS`, one > 0 in `_POSITIVE`."""
 _COUNT_COLUMNS = frozenset(
     {
         "repeat", "seed", "iterations", "restarts", "lost_iterations", "iteration", "replica",
@@ -155,6 +155,10 @@ _COUNT_COLUMNS = frozenset(
 _ANY_NUMBER = frozenset({"loss"})
 """Number columns that may hold any number, nan and inf too: the loss a training computed
 (a diverged one's is nan or inf)."""
+_POSITIVE = frozenset({"iteration_time_ms"})
+"""Number columns that are above 0 in every file the harness writes (an iteration takes
+time: a profile's ops are not all 0 ms, and `collect` refuses one that took none): the
+throughput over a fault timeline divides by it."""
 _MAY_BE_EMPTY = frozenset({"loss"})
 """Number columns that may hold nothing: iterations.csv's loss (a run without a model has
 none). Any other empty number cell is damage: a report or a resume must not build on it."""
@@ -174,6 +178,8 @@ def _number_problem(column: str, text: str) -> str | None:
         return None
     if not (math.isfinite(value) and value >= 0):
         return f"{text!r}, not a finite number >= 0"
+    if column in _POSITIVE and not value > 0:
+        return f"{text!r}, not a number > 0"
     if column in _COUNT_COLUMNS and not value.is_integer():
         return f"{text!r}, not a whole number"
     return None

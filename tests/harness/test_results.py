@@ -109,6 +109,10 @@ def test_runs_csv_holds_each_configuration_once(tmp_path: Path) -> None:
         ("iterations.csv", "bubble_ratio", "-0.1", "'-0.1', not a finite number >= 0"),
         ("iterations.csv", "iteration_time_ms", "", "empty, not a number"),
         ("iterations.csv", "iteration_time_ms", "fast", "'fast', not a number"),
+        # an iteration of no time: the report's throughput over a fault timeline divided by
+        # it (an internal error, exit 3)
+        ("iterations.csv", "iteration_time_ms", "0", "'0', not a number > 0"),
+        ("iterations.csv", "iteration_time_ms", "-0.0", "'-0.0', not a number > 0"),
     ],
 )
 def test_a_damaged_number_is_refused_naming_the_file_and_line(
