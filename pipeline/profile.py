@@ -444,6 +444,8 @@ class Profile:
         needed = 1
         for link in range(self.num_stages - 1):
             held_ms = self.delay_ms[link] + extra_delay_ms + self.delegated_wire_ms()
+            if held_ms <= 0:  # (against a stage whose op takes 0 ms: 0 >= 0 asked for N)
+                continue  # a message that holds its delegate no time: one keeps up
             for made_every_ms in (self.t_f_ms[link], self.t_b_ms[link + 1]):
                 # (compared, not divided, first: an op of 5e-324 ms made the ratio inf)
                 if held_ms >= made_every_ms * self.num_microbatches:

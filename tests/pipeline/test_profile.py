@@ -220,6 +220,10 @@ def test_the_delegate_count_rule_keeps_sending_up_with_production() -> None:
     # an op of 5e-324 ms made the ratio inf: an internal OverflowError; one per microbatch
     tiny = Profile.from_dict({**slow_b.to_dict(), "t_b": [20, 20, 5e-324]})
     assert tiny.delegates_needed() == 6
+    # a stage whose op takes 0 ms, on a link whose message holds its delegate no time: one
+    # delegate keeps up (the rule asked for one per microbatch)
+    free = Profile.from_dict({**slow_b.to_dict(), "t_f": [0, 10, 10], "delay_ms": [0, 0]})
+    assert free.delegates_needed() == 1
     assert base.with_delays([60, 0, 0]).delegate_count() == 6
     assert dataclasses.replace(base, num_delegates=2).with_delays([60, 0, 0]).delegate_count() == 2
 
