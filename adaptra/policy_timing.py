@@ -7,8 +7,10 @@ order (stage 0's forwards are ordered, a link delays all its messages alike, and
 takes the lowest ready microbatch), so a stage's state is three counters and the arrival
 times of its inputs. This module replays the generator's event order on that state: at each
 event time, all ends and arrivals first, then every woken idle stage in index order, seeing
-only what had arrived before its pass began. Its schedules equal `generate_policy`'s and its
-times `simulate`'s in `ideal` mode exactly (tests/adaptra/test_policy_timing.py).
+only what had arrived before its pass began; events just after an instant are at it
+(`pipeline.generator.tie_limit_ms`), and an op starts when its stage is free and its input
+is there. Its schedules equal `generate_policy`'s and its times `simulate`'s in `ideal` mode
+exactly (tests/adaptra/test_policy_timing.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import math
 
 from adaptra.generator import Policy, check_policy
 from pipeline.errors import ScheduleError
+from pipeline.generator import TIE_TOLERANCE as _TIE
 from pipeline.ops import Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
@@ -85,18 +88,20 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
         # An arrival at `now` itself (zero op and transfer time) is seen from the next pass
         # on, as in the generator, where it is an event of its own.
         deferred: list[tuple[list[float], float, int]] | None = None
+        limit = now + _TIE * (now if now > 1.0 else 1.0)  # tie_limit_ms(now), inlined
         for stage_idx in woken:
-            if busy_until[stage_idx] > now:
+            free_ms = busy_until[stage_idx]
+            if free_ms > limit:
                 continue
             nf, nb, nw = num_f[stage_idx], num_b[stage_idx], num_w[stage_idx]
             grads = bwd_arrival[stage_idx]
-            if nf >= warmup[stage_idx] and nb < len(grads) and grads[nb] <= now:
+            arrived = fwd_arrival[stage_idx]
+            if nf >= warmup[stage_idx] and nb < len(grads) and grads[nb] <= limit:
                 kind = 1
             else:
-                arrived = fwd_arrival[stage_idx]
                 if (
                     nf < len(arrived)
-                    and arrived[nf] <= now
+                    and arrived[nf] <= limit
                     and nf - 0.5 * (nb + nw) + 1 <= memory_cap
                     and (nf < warmup[stage_idx] or nf - nb < caps[stage_idx])
                 ):
@@ -106,7 +111,7 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
                 else:
                     kind = 2
             if kind == 0:
-                end = now + t_f[stage_idx]
+                end = (free_ms if free_ms > arrived[nf] else arrived[nf]) + t_f[stage_idx]
                 num_f[stage_idx] = nf + 1
                 if stage_idx == last:
                     dest, times, arrival = stage_idx, grads, end
@@ -114,7 +119,7 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
                     dest = stage_idx + 1
                     times, arrival = fwd_arrival[dest], end + transfer[stage_idx]
             elif kind == 1:
-                end = now + t_b[stage_idx]
+                end = (free_ms if free_ms > grads[nb] else grads[nb]) + t_b[stage_idx]
                 num_b[stage_idx] = nb + 1
                 if nb == 0:
                     counts[stage_idx] = nf
@@ -122,7 +127,7 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
                 if dest >= 0:
                     times, arrival = bwd_arrival[dest], end + transfer[dest]
             else:
-                end = now + t_w[stage_idx]
+                end = free_ms + t_w[stage_idx]  # (its B ran before, on this stage)
                 num_w[stage_idx] = nw + 1
                 dest = -1
             kinds[stage_idx].append(kind)
@@ -130,13 +135,13 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
             push(wakeups, (end, stage_idx))
             if dest < 0:
                 continue
-            if arrival <= now:
+            if arrival <= limit:
                 deferred = [] if deferred is None else deferred
                 deferred.append((times, arrival, dest))
                 continue
             times.append(arrival)
-            free_ms = busy_until[dest]
-            if free_ms <= now or free_ms < arrival:  # else the end of its op wakes it
+            dest_free_ms = busy_until[dest]
+            if dest_free_ms <= limit or dest_free_ms < arrival:  # else its op's end wakes it
                 push(wakeups, (arrival, dest))
         for times, arrival, dest in deferred or ():
             times.append(arrival)
@@ -145,7 +150,8 @@ def time_policy(profile: Profile, policy: Policy) -> PolicyTiming:
             break
         now, stage_idx = pop(wakeups)
         woken = [stage_idx]
-        while wakeups and wakeups[0][0] <= now:
+        limit = now + _TIE * (now if now > 1.0 else 1.0)  # tie_limit_ms(now), inlined
+        while wakeups and wakeups[0][0] <= limit:
             stage_idx = pop(wakeups)[1]
             if stage_idx not in woken:
                 woken.append(stage_idx)

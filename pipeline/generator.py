@@ -5,6 +5,13 @@ The engine behind Algorithm 4 and the ZeroBubble heuristic. It simulates the `id
 first, then every idle stage, in stage-index order, asks its chooser which kind of op to run;
 the lowest ready microbatch of that kind starts. What a chooser decides is the policy; this
 module knows none.
+
+Event times are sums of the profile's times in floating point, so two events at one instant
+in exact arithmetic can differ in their last bits (0.9 + 0.3 + 0.6 and 0.9 + 0.9 ms are 2e-16
+apart), and which came first was rounding's choice: a profile written in tenths of a ms got
+another order than the same profile in ms (8 % slower on one). Events up to `tie_limit_ms`
+after an instant are at it, and an op starts when its stage is free and its input is there,
+as the simulator times it, not at the instant.
 """
 
 from __future__ import annotations
@@ -17,7 +24,17 @@ from pipeline.ops import MEMORY_DELTA, Op, OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 
-__all__ = ["Chooser", "StageState", "generate"]
+__all__ = ["TIE_TOLERANCE", "Chooser", "StageState", "generate", "tie_limit_ms"]
+
+TIE_TOLERANCE = 1e-9
+"""Events within this fraction of the time after an instant (at least 1e-9 ms) are at it: far
+above the rounding of a sum of an iteration's times (about 1e-16 of it per term), far below
+any two times a profile means to be apart."""
+
+
+def tie_limit_ms(now_ms: float) -> float:
+    """The latest event time that is at the instant `now_ms` (the module's docstring)."""
+    return now_ms + TIE_TOLERANCE * max(1.0, now_ms)
 
 
 class StageState:
@@ -51,6 +68,8 @@ def generate(profile: Profile, choosers: Sequence[Chooser]) -> Schedule:
     states[0].ready_f = list(range(num_microbatches))
     orders: list[list[Op]] = [[] for _ in range(num_stages)]
     busy_until = [0.0] * num_stages
+    # ready_at[stage][kind][m]: when op (kind, m) may start on the stage as far as its input goes
+    ready_at = [{kind: [0.0] * num_microbatches for kind in duration} for _ in range(num_stages)]
     events: list[tuple[float, int, int, int, OpKind, int]] = []  # (t, seq, type, stage, kind, m)
     seq = 0
     now = 0.0
@@ -58,30 +77,34 @@ def generate(profile: Profile, choosers: Sequence[Chooser]) -> Schedule:
     started = 0
     while True:
         woken: set[int] = set()  # only stages with news may decide differently than before
-        while events and events[0][0] <= now:
-            _, _, event, stage_idx, kind, m = heapq.heappop(events)
+        limit = tie_limit_ms(now)
+        while events and events[0][0] <= limit:
+            at, _, event, stage_idx, kind, m = heapq.heappop(events)
             woken.add(stage_idx)
             state = states[stage_idx]
             if event == _ARRIVAL:
+                ready_at[stage_idx][kind][m] = at
                 heapq.heappush(state.ready_f if kind is OpKind.F else state.ready_b, m)
                 continue
             if kind is OpKind.F:
                 if stage_idx == num_stages - 1:
+                    ready_at[stage_idx][OpKind.B][m] = at
                     heapq.heappush(state.ready_b, m)
                 else:
                     seq += 1
                     heapq.heappush(
                         events,
-                        (now + transfer[stage_idx], seq, _ARRIVAL, stage_idx + 1, OpKind.F, m),
+                        (at + transfer[stage_idx], seq, _ARRIVAL, stage_idx + 1, OpKind.F, m),
                     )
             elif kind is OpKind.B:
+                ready_at[stage_idx][OpKind.W][m] = at
                 heapq.heappush(state.ready_w, m)
                 if stage_idx > 0:
                     seq += 1
-                    arrival = now + transfer[stage_idx - 1]
+                    arrival = at + transfer[stage_idx - 1]
                     heapq.heappush(events, (arrival, seq, _ARRIVAL, stage_idx - 1, OpKind.B, m))
         for stage_idx in sorted(woken) if now else range(num_stages):
-            if busy_until[stage_idx] > now:
+            if busy_until[stage_idx] > limit:
                 continue
             state = states[stage_idx]
             choice = choosers[stage_idx](state)
@@ -103,7 +126,8 @@ def generate(profile: Profile, choosers: Sequence[Chooser]) -> Schedule:
                 state.num_w += 1
             state.memory += MEMORY_DELTA[choice]
             orders[stage_idx].append(Op(choice, m))
-            end = now + duration[choice][stage_idx]
+            start = max(busy_until[stage_idx], ready_at[stage_idx][choice][m])
+            end = start + duration[choice][stage_idx]
             busy_until[stage_idx] = end
             seq += 1
             heapq.heappush(events, (end, seq, _END, stage_idx, choice, m))

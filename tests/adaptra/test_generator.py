@@ -10,6 +10,8 @@ from pipeline.generator import generate
 from pipeline.ops import OpKind
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule, peak_memory, validate_schedule
+from pipeline.simulator import simulate
+from pipeline.zb_auto import zb_order
 from tests.strategies import profiles
 
 
@@ -92,3 +94,41 @@ def test_a_warmup_count_no_stage_can_reach_is_refused_alike_by_both_engines(
         time_policy(profile, Policy.uncapped(warmup))
     with pytest.raises(ConfigError, match="the policy has 1 caps for the profile's 2 stages"):
         time_policy(profile, Policy((1, 1), (None,)))
+
+
+def _in_tenths(profile: Profile) -> Profile:
+    """`profile`'s op times and delays, read as tenths of a ms (its wire free)."""
+    data = profile.to_dict()
+    for key in ("t_f", "t_b", "t_w", "delay_ms"):
+        data[key] = [ms / 10 for ms in data[key]]
+    return Profile.from_dict({**data, "message_bytes": 0, "link_latency_ms": 0.0,
+                              "link_bandwidth_gbps": None})  # fmt: skip
+
+
+def test_events_at_one_instant_are_at_one_instant_in_floating_point() -> None:
+    """Stage 1's B0 ends at 0.9 + 0.3 + 0.6 ms and F1 arrives at 0.9 + 0.9 ms: one instant, 2e-16
+    apart in floating point. The arrival counts first, as at 9 + 3 + 6 and 9 + 9 ms: stage 1
+    runs F1 (ZB's F after a B) before W0, and the iteration takes 3.8 ms, not 4.1."""
+    in_ms = Profile.from_dict({"stages": 2, "microbatches": 2, "t_f": [9, 3], "t_b": [8, 6],
+                               "t_w": [2, 4]})  # fmt: skip
+    in_tenths = _in_tenths(in_ms)
+    assert zb_order(in_tenths) == zb_order(in_ms)
+    stage_1 = Schedule.from_text([["F0", "B0", "F1", "B1", "W0", "W1"]]).stages[0]
+    assert zb_order(in_tenths).stages[1] == stage_1
+    assert simulate(zb_order(in_tenths), in_tenths).iterations[0].end_ms == pytest.approx(3.8)
+
+
+@given(profiles(max_stages=5), st.data())
+def test_a_profile_in_tenths_of_a_ms_gets_the_order_it_gets_in_ms(profile: Profile, data) -> None:
+    """Integer times and delays have exact ties; the same in tenths (not binary fractions) has
+    them only up to rounding: both generators order them alike."""
+    in_ms = Profile.from_dict({**profile.to_dict(), "message_bytes": 0, "link_latency_ms": 0.0,
+                               "link_bandwidth_gbps": None})  # fmt: skip
+    in_tenths = _in_tenths(in_ms)
+    num_stages = profile.num_stages
+    counts = st.integers(1, profile.num_microbatches)
+    warmup = data.draw(st.lists(counts, min_size=num_stages, max_size=num_stages))
+    policy = Policy.uncapped(tuple(warmup))
+    assert generate_policy(in_tenths, policy) == generate_policy(in_ms, policy)
+    assert time_policy(in_tenths, policy).op_kinds == time_policy(in_ms, policy).op_kinds
+    assert zb_order(in_tenths) == zb_order(in_ms)
