@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from ortools.sat.python import cp_model
 
-from adaptra.bounds import iteration_lower_bound_ms
+from adaptra.bounds import iteration_lower_bound_ms, meets_bound
 from pipeline.checks import MAX_DURATION_MS
 from pipeline.errors import ScheduleError
 from pipeline.metrics import compute_metrics
@@ -504,7 +504,7 @@ def _solve_exact(profile: Profile, limit: _Limit, warm_start: Schedule | None) -
         iteration_time_ms=times[best],
         lower_bound_ms=bound / sc.scale,
         optimal=(status == cp_model.OPTIMAL and solved is not None)
-        or (sc.exact and times[best] <= bound / sc.scale + 1e-9),  # a schedule at a bound
+        or (sc.exact and meets_bound(times[best], bound / sc.scale)),  # a schedule at a bound
         solve_ms=(time.perf_counter() - began) * 1e3,
         status=solver.status_name(status),
         exact_in_ms=sc.exact,

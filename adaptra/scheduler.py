@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from adaptra.bounds import iteration_lower_bound_ms
+from adaptra.bounds import iteration_lower_bound_ms, meets_bound
 from adaptra.generator import Policy, generate_schedule
 from adaptra.planning import WarmupPlan, algorithm1, algorithm2, authors_warmup, max_warmup
 from adaptra.search import search_policy
@@ -128,8 +128,8 @@ def plan_adaptra(
             ).iteration_time_ms
             if zb_ms < time_ms - 1e-9:
                 schedule, time_ms, method = zb, zb_ms, name
-    if not (exact_time_limit_s or auto_exact) or time_ms <= lower_bound_ms + 1e-9:
-        at_bound = time_ms <= lower_bound_ms + 1e-9
+    if not (exact_time_limit_s or auto_exact) or meets_bound(time_ms, lower_bound_ms):
+        at_bound = meets_bound(time_ms, lower_bound_ms)
         return AdaptraPlan(schedule, method, plan, time_ms, found.num_candidates, at_bound)
     from adaptra.exact import (  # OR-Tools loads slowly
         ExactModelError,

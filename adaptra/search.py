@@ -24,6 +24,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Iterator, Sequence
 
+from adaptra.bounds import meets_bound
 from adaptra.generator import Policy
 from adaptra.policy_timing import PolicyTiming, time_policy
 from pipeline.profile import Profile
@@ -110,18 +111,18 @@ def search_policy(
 
     def result(best: Policy) -> SearchResult:
         timing = timed[best]
-        at_bound = timing.iteration_time_ms <= lower_bound_ms + _TOLERANCE_MS
+        at_bound = meets_bound(timing.iteration_time_ms, lower_bound_ms)
         return SearchResult(best, timing, len(timed), at_bound)
 
     seeds: list[Policy] = []
     for start in starts:
-        if time_of(start) <= lower_bound_ms + _TOLERANCE_MS:
+        if meets_bound(time_of(start), lower_bound_ms):
             return result(start)
         twin = Policy(
             tuple(min(x, x_cap) for x in timed[start].warmup_counts),
             tuple(None if x >= profile.num_microbatches else x for x in start.warmup),
         )
-        if time_of(twin) <= lower_bound_ms + _TOLERANCE_MS:
+        if meets_bound(time_of(twin), lower_bound_ms):
             return result(twin)
         seeds += [twin, start]
 
@@ -135,7 +136,7 @@ def search_policy(
     incumbent = _climb(min(seeds, key=time_of), neighbours, time_of, spent, lower_bound_ms)
     kicks = random.Random(_KICK_SEED)
     for _ in range(max_candidates):  # (bounds the kicks that find only timed policies)
-        if spent() or time_of(incumbent) <= lower_bound_ms + _TOLERANCE_MS:
+        if spent() or meets_bound(time_of(incumbent), lower_bound_ms):
             break
         kicked = incumbent
         for _ in range(_KICK_MOVES):
@@ -155,7 +156,7 @@ def _climb(
 ) -> Policy:
     """First improvement from `policy` until a local optimum, the bound or the budget."""
     improved = True
-    while improved and not spent() and time_of(policy) > lower_bound_ms + _TOLERANCE_MS:
+    while improved and not spent() and not meets_bound(time_of(policy), lower_bound_ms):
         improved = False
         for neighbour in neighbours(policy):
             if spent():

@@ -300,3 +300,14 @@ def test_a_short_time_limit_on_a_small_problem_gives_no_worse_a_plan_than_none()
         untimed = plan_adaptra(profile)
         timed = plan_adaptra(profile, exact_time_limit_s=0.02)
         assert timed.iteration_time_ms <= untimed.iteration_time_ms + 1e-9
+
+
+def test_a_long_iteration_at_the_bound_up_to_rounding_is_proven_optimal() -> None:
+    """S=8, N=256, ops of 123.4/137.9/91.3 ms: Algorithm 1's order meets the lower bound,
+    91129.4 ms, which its time passes by 1.2e-9 ms in floating point (the same profile in
+    integers, 10x, meets it exactly). An absolute 1e-9 ms tolerance searched on: 162
+    candidates, 3.7 s, for the same time, not proven optimal."""
+    profile = Profile.uniform(8, 256, 123.4, 137.9, 91.3)
+    planned = plan_adaptra(profile)
+    assert (planned.optimal, planned.num_candidates) == (True, 1)
+    assert planned.iteration_time_ms == pytest.approx(91129.4)
