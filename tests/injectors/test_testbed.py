@@ -282,6 +282,49 @@ def test_a_downed_nic_fails_its_plane_only() -> None:
                 time.sleep(0.5)
 
 
+def test_a_nic_s_timer_takes_it_down_and_up_forking_no_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A NIC's failure and repair come from a timer's thread `at_ms` into an iteration:
+    `set_link` there makes its netlink socket inside the host's namespace, forking no helper
+    (pyroute2's way for a namespace named: 40-65 ms in a process that has imported torch,
+    before the NIC went down), changes the NIC there, and leaves the thread where it was."""
+    import threading
+
+    import pyroute2.netns
+
+    helpers: list[object] = []
+    create_socket = pyroute2.netns.create_socket
+
+    def creating(netns: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if netns is not None:
+            helpers.append(netns)  # (a socket in a namespace named: a helper forked)
+        return create_socket(netns, *args, **kwargs)
+
+    def states(bed: Testbed) -> str:
+        out = subprocess.run(
+            ["ip", "-n", bed.hosts[1], "-o", "link", "show", PLANES[0]],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return "DOWN" if "state DOWN" in out else "UP"
+
+    with Testbed(2) as bed:
+        monkeypatch.setattr(pyroute2.netns, "create_socket", creating)
+        seen: list[tuple[str, int]] = []
+
+        def timer(up: bool) -> None:
+            bed.set_link(1, plane=0, up=up)
+            seen.append((states(bed), os.stat("/proc/thread-self/ns/net").st_ino))
+
+        for up in (False, True):
+            thread = threading.Thread(target=timer, args=(up,))
+            thread.start()
+            thread.join()
+        here = os.stat("/proc/thread-self/ns/net").st_ino
+        assert seen == [("DOWN", here), ("UP", here)]
+        assert helpers == []
+
+
 def test_a_wire_whose_process_ended_is_named_and_forgotten() -> None:
     """A pair's wire process killed: its delay is gone (its TAPs went with it) and the
     testbed says so, naming the wire, instead of failing later on its missing interfaces;
