@@ -230,6 +230,8 @@ class Testbed:
         """The handlers ours replaced, by signal (`_on_signal`; teardown puts them back)."""
         self._owner_pid = os.getpid()
         self._owner: OwnerRecord | None = None
+        self._indices: dict[tuple[int, str], int] = {}
+        """(host, interface name) -> the interface's index in the host (`_index`)."""
 
     @staticmethod
     def address(host: int, plane: int = 0) -> str:
@@ -317,6 +319,7 @@ class Testbed:
                 for plane, ifname in enumerate(PLANES):
                     index = ipr.link_lookup(ifname=f"t{host}p{plane}")[0]
                     ipr.link("set", index=index, ifname=ifname, mtu=MTU, gso_max_size=MTU)
+                    self._indices[host, ifname] = index
                     ipr.addr("add", index=index, address=self.address(host, plane), prefixlen=24)
                     ipr.link("set", index=index, state="up")
                     self._route_plane(ipr, index, host, plane)
@@ -349,7 +352,7 @@ class Testbed:
         from pyroute2 import netns
 
         self._netem_of, self._netem_classes, self._caps = {}, set(), set()  # gone with them
-        self._cap_bit_s, self._down = {}, set()
+        self._cap_bit_s, self._down, self._indices = {}, set(), {}
         for name in reversed(list(self._created)):
             try:
                 netns.remove(name)
@@ -391,6 +394,17 @@ class Testbed:
         with ipr:
             yield ipr
 
+    def _index(self, ipr: Any, host: int, ifname: str) -> int:
+        """Interface `ifname`'s index in `host` (`ipr`: a handle there), looked up once: a
+        lookup dumps and parses every link of the host, 1 ms here between iterations but
+        about 33 ms inside a busy one, which a NIC's timer paid before the NIC went down. No
+        name is given to another interface in a testbed's life (a new wire's ends have new
+        names; a teardown forgets them all)."""
+        key = (host, ifname)
+        if key not in self._indices:
+            self._indices[key] = ipr.link_lookup(ifname=ifname)[0]
+        return self._indices[key]
+
     def forget_neighbours(self) -> int:
         """Every host's unresolved neighbour (ARP) entries gone; how many. An outage leaves
         some (INCOMPLETE, FAILED) that a fresh pool's first connect met: "No route to host"
@@ -420,7 +434,7 @@ class Testbed:
         with _refusal(f"{doing} {PLANES[plane]} of host {host}"), self._host(host) as ipr:
             ends = [(PLANES[plane], None), *self._wire_ends(host, plane)]
             for ifname, there in ends:
-                index = ipr.link_lookup(ifname=ifname)[0]
+                index = self._index(ipr, host, ifname)
                 set_at = set_at or time.monotonic()
                 ipr.link("set", index=index, state="up" if up else "down")
                 if not up:
@@ -662,7 +676,7 @@ class Testbed:
                     _refusal(f"routing {what} in host {here}"),
                     IPRoute(netns=self.hosts[here], flags=0) as ipr,
                 ):
-                    end = ipr.link_lookup(ifname=ifname)[0]
+                    end = self._index(ipr, here, ifname)
                     _set_sysctls(self.hosts[here], _wire_end_sysctls(ifname))
                     # The MTU on a down end too: the repair (`set_link`) only brings it up.
                     ipr.link("set", index=end, mtu=MTU, state="up" if up else "down")

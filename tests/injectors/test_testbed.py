@@ -325,6 +325,44 @@ def test_a_nic_s_timer_takes_it_down_and_up_forking_no_helper(
         assert helpers == []
 
 
+def test_a_nic_s_timer_looks_up_no_interface(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NIC's timer looks up neither the NIC nor the host's wire ends on its plane (a
+    lookup dumps every link of the host: about 33 ms inside a busy iteration, before the NIC
+    went down): the build and the wire's start knew their indices. The NIC still goes down
+    and comes back with its wire end."""
+    import threading
+
+    from pyroute2 import IPRoute
+
+    with Testbed(2, netem=False) as bed:
+        bed.set_wire(0, 1, plane=0, forward=WireState(delay_ms=1.0))  # a wire end on plane 0
+        looked_up: list[object] = []
+
+        def looking_up(self: Any, **kwargs: Any) -> Any:
+            looked_up.append(kwargs)
+            return IPRoute.__getattr__(self, "link_lookup")(**kwargs)
+
+        monkeypatch.setattr(IPRoute, "link_lookup", looking_up, raising=False)
+        for up in (False, True):
+            thread = threading.Thread(target=bed.set_link, args=(1, 0, up))
+            thread.start()
+            thread.join()
+            out = subprocess.run(
+                ["ip", "-n", bed.hosts[1], "-o", "link", "show"],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            names = {PLANES[0], "w0"}  # the NIC and its wire end
+            ends = [
+                line
+                for line in out.splitlines()
+                if line.split()[1].split("@")[0].rstrip(":") in names
+            ]
+            assert len(ends) == 2 and all(("state DOWN" in e) != up for e in ends), out
+        assert looked_up == []
+        monkeypatch.undo()
+        assert _measure(bed, 0, 1, 0, "rtt") >= 1.0  # through the wire again
+
+
 def test_a_wire_whose_process_ended_is_named_and_forgotten() -> None:
     """A pair's wire process killed: its delay is gone (its TAPs went with it) and the
     testbed says so, naming the wire, instead of failing later on its missing interfaces;
