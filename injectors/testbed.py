@@ -120,7 +120,7 @@ def _refusal(what: str, capability: str = "CAP_NET_ADMIN") -> Iterator[None]:
 def _entered(namespace: str) -> Iterator[None]:
     """This thread in network namespace `namespace`, then back where it was (setns moves the
     calling thread only: the process's other threads, a NIC's timer or the controller's,
-    stay where they are)."""
+    stay where they are; pyroute2's `pushns`/`popns` keep one stack for every thread)."""
     from pyroute2 import netns
 
     back = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
@@ -137,17 +137,12 @@ def _entered(namespace: str) -> Iterator[None]:
 def _set_sysctls(namespace: str, values: dict[str, str]) -> None:
     """Write `values` (key: value, as sysctl names them) in `namespace`: this thread enters it
     for the writes (/proc/sys/net is the opener's namespace's) and comes back."""
-    from pyroute2 import netns
-
-    netns.pushns(namespace)
-    try:
+    with _entered(namespace):
         for key, value in values.items():
             path = Path("/proc/sys", *key.split("."))
             if key.startswith("net.ipv6.") and not path.exists():
                 continue  # a kernel without IPv6: nothing to turn off
             path.write_text(value)
-    finally:
-        netns.popns()
 
 
 WIRE_UNRESOLVED_BYTES = 64 << 20
