@@ -217,8 +217,8 @@ def _ring_spans(path: Path, rows: list[list[str]]) -> list[RingSpan]:
 def _saved_timeline(data: Any) -> SavedTimeline:
     """A saved timeline as `write_timeline` wrote it: at least one iteration, and each op on
     one of its stages, ending no earlier than it starts (`Timeline.from_dict` checks each
-    field's type, not this; the report's chart left an op of another stage out, and drew
-    one ending before its start backwards)."""
+    field's type, not this; the report's chart left an op of another stage out, a negative
+    one too, and drew one ending before its start backwards)."""
     timeline = Timeline.from_dict(data)
     if not timeline.iterations:  # `write_timeline` saves at least one drawn iteration
         raise ConfigError("holds no iteration: damaged?")
@@ -226,7 +226,7 @@ def _saved_timeline(data: Any) -> SavedTimeline:
         (
             (k, op)
             for k, op in enumerate(timeline.ops)
-            if op.stage >= timeline.num_stages or op.end_ms < op.start_ms
+            if not 0 <= op.stage < timeline.num_stages or op.end_ms < op.start_ms
         ),
         None,
     )

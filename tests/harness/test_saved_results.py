@@ -217,6 +217,7 @@ def test_report_without_saved_timelines_says_so(
     ("damage", "message"),
     [
         ({1: 5}, r"ops\[7\] is of stage 5 \(of 2\) from 52 to 54 ms: damaged\?"),
+        ({1: -1}, r"ops\[7\] is of stage -1 \(of 2\) from 52 to 54 ms: damaged\?"),
         ({4: 54.0, 5: 52.0}, r"ops\[7\] is of stage 0 \(of 2\) from 54 to 52 ms: damaged\?"),
     ],
 )
