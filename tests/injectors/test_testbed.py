@@ -282,6 +282,35 @@ def test_a_downed_nic_fails_its_plane_only() -> None:
                 time.sleep(0.5)
 
 
+def test_the_sysctl_writes_leave_their_thread_where_it_was() -> None:
+    """A thread writing a host's sysctls comes back to its own namespace, not to the main
+    thread's: pyroute2's `pushns` saved `/proc/self/ns/net`, the main thread's, so a timer's
+    thread that wrote them while the main thread was inside a host stayed in that host."""
+    import threading
+
+    from injectors.testbed import _entered, _set_sysctls
+
+    def namespace() -> int:
+        return os.stat("/proc/thread-self/ns/net").st_ino
+
+    here = namespace()
+    with Testbed(2) as bed:
+        seen: list[int] = []
+        go = threading.Event()
+
+        def write() -> None:
+            go.wait(10)
+            _set_sysctls(bed.hosts[1], {})
+            seen.append(namespace())
+
+        thread = threading.Thread(target=write)  # (a thread starts in its maker's namespace)
+        thread.start()
+        with _entered(bed.hosts[0]):  # the main thread inside host 0 meanwhile
+            go.set()
+            thread.join()
+        assert seen == [here] and namespace() == here
+
+
 def test_a_nic_s_timer_takes_it_down_and_up_forking_no_helper(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
