@@ -223,7 +223,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             problem = "repeats a configuration" if key in seen else "has more fields than columns"
             raise UnusableResults(f"{csv_path} line {number} {problem}")
         seen.add(key)
-        for metric in (m for m in METRICS if m in columns):
+        for metric in METRICS:
             try:
                 value = float(row[metric])
             except (TypeError, ValueError):
