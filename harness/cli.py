@@ -100,7 +100,7 @@ def _main(argv: list[str] | None) -> None:
         click.echo(f"error: {_one_line(err)}", err=True)
         sys.exit(err.exit_code)
     except (AdaptraBenchError, OSError) as err:  # OSError: a file or the system said no
-        click.echo(f"error: {_clipped(str(err))}", err=True)
+        click.echo(f"error: {_clipped(_escaped_line_breaks(str(err)))}", err=True)
         sys.exit(1)
     except Exception as err:
         log = _write_crash_log(argv)
@@ -123,6 +123,16 @@ def _clipped(message: str) -> str:
     if len(message) <= MAX_ERROR_CHARS:
         return message
     return f"{message[:MAX_ERROR_CHARS]}... ({len(message):,} characters in all)"
+
+
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+"""What str.splitlines breaks a line at, each to its escape as repr writes it ("\\n")."""
+
+
+def _escaped_line_breaks(message: str) -> str:
+    """`message` on one line: an error may quote an input's value as it is (an unknown system
+    or spec key), and a line break in that value would start a line of its own."""
+    return message.translate(_LINE_BREAKS)
 
 
 def _one_line(err: click.ClickException) -> str:

@@ -259,6 +259,19 @@ def test_errors_are_one_line_and_non_zero(
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("name", ["1f1b\nzb", "1f1b\u2028zb", "1f1b\rzb"])
+def test_an_error_quoting_an_input_s_line_break_stays_one_line(tmp_path: Path, name: str) -> None:
+    """A refused value with a line break in it (a YAML string's "\\n"), quoted as it is by the
+    error (an unknown system, spec key or model field), is one line still: the break is
+    written escaped, as repr writes it, so nothing after it looks like a line of its own."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(json.dumps({"name": "x", "models": ["gpt2-7b"], "systems": [name]}))
+    out = cli("run", "--spec", str(spec))
+    assert out.returncode == 1
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("error: ") and f"unknown system {repr(name)[1:-1]};" in line
+
+
 def test_a_long_usage_error_is_cut_before_the_help_it_names() -> None:
     """A usage error quoting a 3,000-character value: its message is cut after 2,000
     characters, saying how long it was, and the help to read still ends the line (it was
