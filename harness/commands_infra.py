@@ -268,18 +268,20 @@ def cleanup() -> None:
     and folders another program marked."""
     from injectors.ownership import cleanup as remove_leftovers
     from injectors.testbed import PREFIX, TestbedError
-    from pipeline.runtime.scratch import remove_orphaned, stop_orphaned_torchruns
+    from pipeline.runtime.scratch import clean_orphaned, stop_orphaned_torchruns
 
     torchruns = stop_orphaned_torchruns()
     click.echo(
         f"stopped {len(torchruns)} torchrun(s) whose launch was killed, with their workers"
         + (": pid " + ", ".join(map(str, torchruns)) if torchruns else "")
     )
-    folders = remove_orphaned()
+    folders = clean_orphaned()
     click.echo(
-        f"removed {len(folders)} worker pool folder(s)"
-        + (": " + ", ".join(map(str, folders)) if folders else "")
+        f"removed {len(folders.removed)} worker pool folder(s)"
+        + (": " + ", ".join(map(str, folders.removed)) if folders.removed else "")
     )
+    for folder, why in folders.failed:
+        click.echo(f"could not remove {folder}: {why}", err=True)
     report = remove_leftovers(PREFIX)
     click.echo(
         f"removed {len(report.removed)} namespace(s)"
@@ -289,5 +291,8 @@ def cleanup() -> None:
         click.echo(f"left {name}: {why}")
     for name, error in report.failed:
         click.echo(f"could not remove {name}: {error}", err=True)
-    if report.failed:
-        raise TestbedError(f"{len(report.failed)} namespace(s) could not be removed (see above)")
+    if report.failed or folders.failed:
+        raise TestbedError(
+            f"{len(folders.failed)} folder(s) and {len(report.failed)} namespace(s) could not "
+            "be removed (see above)"
+        )

@@ -6,6 +6,7 @@ the stop of a torchrun whose launch is gone."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ __all__ = [
     "POOL_PREFIX",
     "SLOTS_PREFIX",
     "TORCHRUN_PREFIX",
+    "FolderCleanup",
+    "clean_orphaned",
     "make_folder",
     "mark_folder",
     "owned_folder",
@@ -87,23 +90,60 @@ def share_folder(folder: str, pid: int) -> None:
             mark.write(f"{pid} {start_time}\n")
 
 
-def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class FolderCleanup:
+    """What `clean_orphaned` did: the folders it removed, and those it could not, with why."""
+
+    removed: tuple[Path, ...]
+    failed: tuple[tuple[Path, str], ...]
+
+
+def clean_orphaned(parents: Iterable[str] | None = None) -> FolderCleanup:
     """Remove the pools' folders in `parents` (default: the temporary folder and /dev/shm),
-    the fork server's and launch's torchrun's, whose process no longer runs; the removed
-    ones. A folder without its mark, or whose mark is not one of ours (being made, of
-    another version, another program's `pymp-`), is left."""
+    the fork server's and launch's torchrun's, whose process no longer runs. A folder without
+    its mark, or whose mark is not one of ours (being made, of another version, another
+    program's `pymp-`), is left; one that cannot be removed whole is named, with why, and
+    keeps its mark (removed last), so that a later cleanup tries it again."""
     if parents is None:
         parents = [tempfile.gettempdir(), "/dev/shm"]
     prefixes = (POOL_PREFIX, SLOTS_PREFIX, CHECKPOINTS_PREFIX, FORK_SERVER_PREFIX, TORCHRUN_PREFIX)
-    removed = []
+    removed, failed = [], []
     for parent in parents:
         for prefix in prefixes:
             for folder in sorted(Path(parent).glob(f"{prefix}*")):
                 owners = _owners(folder)
                 if owners and all(process_start_time(pid) != start for pid, start in owners):
-                    shutil.rmtree(folder, ignore_errors=True)
-                    removed.append(folder)
-    return removed
+                    why = _remove(folder)
+                    if why is None:
+                        removed.append(folder)
+                    else:
+                        failed.append((folder, why))
+    return FolderCleanup(tuple(removed), tuple(failed))
+
+
+def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
+    """`clean_orphaned`'s removed folders."""
+    return list(clean_orphaned(parents).removed)
+
+
+def _remove(folder: Path) -> str | None:
+    """Remove `folder`, its mark last; why it could not be, or None (also where another
+    cleanup removed it first)."""
+    try:
+        for entry in folder.iterdir():
+            if entry.name == _OWNER:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        Path(folder, _OWNER).unlink(missing_ok=True)
+        folder.rmdir()
+    except OSError as err:
+        if not os.path.lexists(folder):
+            return None
+        return f"{err.filename}: {err.strerror}" if err.filename else str(err)
+    return None
 
 
 def stop_orphaned_torchruns(parents: Iterable[str] | None = None) -> list[int]:

@@ -13,6 +13,7 @@ from pipeline.runtime.scratch import (
     POOL_PREFIX,
     SLOTS_PREFIX,
     TORCHRUN_PREFIX,
+    clean_orphaned,
     owned_folder,
     remove_orphaned,
     share_folder,
@@ -54,6 +55,31 @@ def test_a_mark_that_is_not_ours_is_left_and_the_rest_still_removed(tmp_path: Pa
     live = _folder(tmp_path, f"{POOL_PREFIX}live", f"{os.getpid()} {start_time}\n")
     assert sorted(remove_orphaned([str(tmp_path)])) == sorted(orphaned)
     assert sorted(tmp_path.iterdir()) == sorted([*foreign, live])
+
+
+def test_a_folder_that_cannot_be_removed_is_not_said_removed_and_keeps_its_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file in an orphaned folder that cannot be deleted (another user's, a busy mount):
+    the folder was said removed (rmtree ignored the error), `cleanup` exited 0, and its
+    mark was gone with the rest, so no later cleanup looked at it again. Now it is named
+    with why, the others still removed, and it keeps its mark."""
+    stuck = _folder(tmp_path, f"{POOL_PREFIX}stuck", _gone_mark())
+    (stuck / "held").write_text("x")
+    removable = _folder(tmp_path, f"{SLOTS_PREFIX}removable", _gone_mark())
+    unlink = os.unlink
+
+    def refuse_held(path: str | os.PathLike[str], *args: object, **kwargs: object) -> None:
+        if Path(path).name == "held":
+            raise PermissionError(1, "Operation not permitted", str(path))
+        unlink(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "unlink", refuse_held)
+    assert remove_orphaned([str(tmp_path)]) == [removable]
+    assert sorted(p.name for p in stuck.iterdir()) == [".owner", "held"]
+    cleaned = clean_orphaned([str(tmp_path)])
+    assert cleaned.removed == ()
+    assert cleaned.failed == ((stuck, f"{stuck / 'held'}: Operation not permitted"),)
 
 
 def test_launch_s_torchrun_folder_is_marked_and_removed_once_its_process_is_gone(
