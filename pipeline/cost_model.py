@@ -202,6 +202,20 @@ def _resolve(entry: Any, table: Mapping[str, Any], kind: str) -> Any:
         raise ConfigError(
             f"unknown {kind} field(s) {', '.join(unknown)}; valid: base, {', '.join(sorted(valid))}"
         )
+    if base_name is None:
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.init
+            and f.name not in fields
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        )
+        if missing:  # (else Python's "__init__() missing 3 required keyword-only arguments")
+            raise ConfigError(
+                f"{kind} {entry!r} names no base: give base (one of {', '.join(table)}) and the "
+                f"fields to change, or every field (missing: {', '.join(missing)})"
+            )
     try:
         if base_name is None:
             return cls(**fields)

@@ -117,6 +117,12 @@ def test_the_dp_step_is_in_the_profile() -> None:
         ({"base": "gpt2-14b", 1: 2, "x": 3}, r"unknown model field\(s\) 1, x; valid: base, "),
         ({"base": "gpt2-14b", "pp": 7}, "do not split evenly over 7 stages"),
         ({"base": "gpt2-14b", "num_microbatches": 4}, "4 microbatches < 8 stages"),
+        # (said as Python's "GPTModel.__init__() missing 3 required keyword-only arguments")
+        (
+            {"dp": 2},
+            r"model \{'dp': 2\} names no base: give base \(one of gpt2-7b, .*\) and the fields "
+            r"to change, or every field \(missing: hidden, name, num_layers\)",
+        ),
     ],
 )
 def test_bad_models_are_clear_errors(entry: object, message: str) -> None:
@@ -219,6 +225,11 @@ def test_hardware_is_configurable() -> None:
         ),
         ({"hbm_gbps": 3350}, "hbm_gbps is hbm_gbyte_s now"),
         ({"base": "h800-ib400", "memory_gib": "lots"}, "memory_gib must be a number, got 'lots'"),
+        (
+            {"network_gbps": 200},
+            r"names no base: give base \(one of h800-ib400\) and the fields to change, or every "
+            r"field \(missing: copy_gbps, hbm_gbyte_s, link_latency_ms, memory_gib, name, ",
+        ),
     ],
 )
 def test_bad_hardware_is_a_clear_error(entry: object, message: str) -> None:
