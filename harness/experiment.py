@@ -19,6 +19,7 @@ from harness.results import (
     RESULTS_SCHEMA_VERSION,
     RUNS_COLUMNS,
     SPEC_VERSION,
+    append_csv_atomic,
     git_revision,
     read_csv_rows,
     read_iterations,
@@ -160,6 +161,14 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
     )
     write_json_atomic(spec_path, spec_record)
     drop_stale(run_dir, done, (key for key in keys if key not in done))
+    # A resume writes runs.csv and iterations.csv anew once (the rows of configurations that
+    # runs.csv lacks dropped), then each configuration appends its own rows to them.
+    for name, columns, rows in (
+        ("iterations.csv", ITERATIONS_COLUMNS, iterations),
+        ("runs.csv", RUNS_COLUMNS, runs),
+    ):
+        if (run_dir / name).exists():
+            write_csv_atomic(run_dir / name, columns, rows)
     planner = spec.planner  # the spec's check made the first plans
     weights = [
         _expected_cost(spec, config, planner) if key not in done else 0.0
@@ -215,9 +224,8 @@ def _run_experiment(spec: ExperimentSpec, run_dir: Path, progress: Callable[[str
             write_timeline(run_dir, key, recorder.timeline(), result.rerun_iterations)
             run_row, iteration_rows = configuration_rows(run_id, spec, config, result)
             runs.append(run_row)
-            iterations += iteration_rows
-            write_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iterations)
-            write_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, runs)
+            append_csv_atomic(run_dir / "iterations.csv", ITERATIONS_COLUMNS, iteration_rows)
+            append_csv_atomic(run_dir / "runs.csv", RUNS_COLUMNS, [run_row])
             elapsed_s, left_s = pace.done(weights[count - 1])
             reused = result.reused_iterations
             progress(
