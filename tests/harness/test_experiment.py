@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from harness import experiment
 from harness.cli import main
 from harness.experiment import new_run_dir, run_experiment
 from harness.report import _calibration_note
@@ -1144,3 +1145,33 @@ def test_each_configuration_s_csv_rows_are_written_once_not_again_with_every_lat
     assert sorted(_rows(run_dir / "runs.csv"), key=key) == sorted(
         csv.DictReader(complete.splitlines()), key=key
     )
+
+
+def test_a_configuration_s_repeats_share_its_warnings_made_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before its first progress line a run makes each configuration's warnings: made once per
+    configuration, not per repeat (100,000 configurations' took 15 s of a 20 s silence), and
+    still given, once, for every repeat's configuration."""
+    made: list[str] = []
+    run_warnings = experiment.run_warnings
+
+    def counted(system: str | None, *args: Any, **kwargs: Any) -> list[str]:
+        made.append(str(system))
+        return run_warnings(system, *args, **kwargs)
+
+    monkeypatch.setattr(experiment, "run_warnings", counted)
+    spec = ExperimentSpec(
+        name="t",
+        models=("m",),
+        profile=Profile.uniform(2, 4, 1, 1, 1),
+        systems=("zb", "adaptra"),
+        delays_ms=(0.0, 5.0),
+        num_iterations=1,
+        num_repeats=3,
+    )
+    seen: list[str] = []
+    run_dir = run_experiment(spec, tmp_path / "run", progress=seen.append)
+    assert sorted(made) == ["adaptra", "adaptra", "zb", "zb"]
+    (warning,) = read_spec_record(run_dir)["warnings"]  # adaptra's detector sees no healthy link
+    assert warning.startswith("m 0-1@5ms: warning: adaptra finds slow links") and warning in seen
