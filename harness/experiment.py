@@ -60,7 +60,12 @@ def new_run_dir(out: Path, name: str) -> Path:
     """A new run directory in `out`, made here: `name`-<UTC date-time>, with -2, -3, ... after
     it where a run that started in the same second has that one (two runs never share)."""
     stamp = f"{name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as err:  # as `run_dir_held` says it
+        raise ConfigError(
+            f"{out} cannot hold run directories: a file is in the way (there or above)"
+        ) from err
     k = 1
     while True:
         run_dir = out / (stamp if k == 1 else f"{stamp}-{k}")

@@ -794,6 +794,7 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("run id empty", {}, ["run", "--run-id", ""], "the run id is empty"),
     ("run id too many bytes", {}, ["run", "--run-id", "\U0001f600" * 100], "400 bytes long"),
     ("run id a file", {"x": ""}, ["run", "--out", ".", "--run-id", "x"], "a file is in the way"),
+    ("run out under a file", {"x": ""}, ["run", "--out", "x/y"], "x/y cannot hold run dir"),
     ("run out empty", {}, ["run", "--out", ""], "the path is empty: give a folder"),
     ("launch out empty", P, ["launch", "--profile", "p.json", "--out", ""], "give a folder"),
     # resuming and reporting a damaged run directory (made by the fixture below)
