@@ -443,7 +443,8 @@ class FaultModel:
                 raise self.row_error(
                     event,
                     f"starts at iteration {event.start_iteration} but the run has "
-                    f"{num_iterations} iterations (0..{num_iterations - 1})",
+                    f"{num_iterations} iteration{'s' * (num_iterations != 1)} "
+                    f"(0..{num_iterations - 1})",
                 )
 
     def row_error(self, event: FaultEvent, why: str) -> ConfigError:

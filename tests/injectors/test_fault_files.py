@@ -195,6 +195,9 @@ def test_an_error_found_against_the_run_names_the_file_and_the_line(
         f"fault timeline {name}: fault row 3: starts at iteration 9 but the run has 5 "
         f"iterations (0..4) (line {lines[2]})"
     )
+    with pytest.raises(ConfigError) as one:
+        model.validate(Topology(8), num_iterations=1)
+    assert "but the run has 1 iteration (0..0)" in str(one.value)  # not "1 iterations"
 
 
 def test_a_yaml_rows_error_names_its_line() -> None:
