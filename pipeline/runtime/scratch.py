@@ -27,7 +27,6 @@ __all__ = [
     "make_folder",
     "mark_folder",
     "owned_folder",
-    "remove_orphaned",
     "share_folder",
     "stop_orphaned_torchruns",
 ]
@@ -48,7 +47,7 @@ process that shares it (`share_folder`)."""
 def make_folder(prefix: str, parent: str | None = None) -> str:
     """A new folder (in `parent`, default the temporary folder) marked as this process's; a
     signal is held until it has its mark (a folder without one is never removed by
-    `remove_orphaned`). A caller that must remove it holds signals across the call and
+    `clean_orphaned`). A caller that must remove it holds signals across the call and
     the folder's record too."""
     with held_signals():
         folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
@@ -60,7 +59,7 @@ def make_folder(prefix: str, parent: str | None = None) -> str:
 def owned_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
     """A folder of `make_folder`'s, removed on the way out (an exception, a signal: it is
     recorded before a held one is handled); one its process could not remove (killed) is
-    `remove_orphaned`'s."""
+    `clean_orphaned`'s."""
     folder = None
     try:
         with held_signals():
@@ -73,7 +72,7 @@ def owned_folder(prefix: str, parent: str | None = None) -> Iterator[str]:
 
 def mark_folder(folder: str) -> None:
     """Mark `folder` as this process's (once: a folder marked already keeps its mark), so
-    that `remove_orphaned` removes it once this process is gone."""
+    that `clean_orphaned` removes it once this process is gone."""
     mark = Path(folder, _OWNER)
     if not mark.exists():
         pid = os.getpid()
@@ -82,7 +81,7 @@ def mark_folder(folder: str) -> None:
 
 def share_folder(folder: str, pid: int) -> None:
     """Mark `folder` as process `pid`'s too (a child in a session of its own, which a kill
-    of this process leaves running: launch's torchrun), so that `remove_orphaned` leaves it
+    of this process leaves running: launch's torchrun), so that `clean_orphaned` leaves it
     while either runs. Nothing where `pid` no longer runs."""
     start_time = process_start_time(pid)
     if start_time is not None:
@@ -121,11 +120,6 @@ def clean_orphaned(parents: Iterable[str] | None = None) -> FolderCleanup:
     return FolderCleanup(tuple(removed), tuple(failed))
 
 
-def remove_orphaned(parents: Iterable[str] | None = None) -> list[Path]:
-    """`clean_orphaned`'s removed folders."""
-    return list(clean_orphaned(parents).removed)
-
-
 def _remove(folder: Path) -> str | None:
     """Remove `folder`, its mark last; why it could not be, or None (also where another
     cleanup removed it first)."""
@@ -148,7 +142,7 @@ def _remove(folder: Path) -> str | None:
 
 def stop_orphaned_torchruns(parents: Iterable[str] | None = None) -> list[int]:
     """Stop the torchruns, with their workers, whose `launch --run` is gone (its torchrun
-    folder's first mark; `parents` as `remove_orphaned`'s): a launch killed where no handler
+    folder's first mark; `parents` as `clean_orphaned`'s): a launch killed where no handler
     ran (SIGKILL) leaves its torchrun running on, its results going nowhere. Their pids."""
     if parents is None:
         parents = [tempfile.gettempdir(), "/dev/shm"]

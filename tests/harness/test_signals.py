@@ -17,8 +17,8 @@ from injectors.ownership import OwnerRecord, cleanup
 from pipeline.runtime.scratch import (
     CHECKPOINTS_PREFIX,
     POOL_PREFIX,
+    clean_orphaned,
     make_folder,
-    remove_orphaned,
     stop_orphaned_torchruns,
 )
 
@@ -194,7 +194,7 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     tmp_path: Path, short_tmp: Path
 ) -> None:
     """SIGKILL leaves the controller no chance to clean up: its workers end without a
-    traceback (their pipe to it broke), and `cleanup`'s folder part (`remove_orphaned`, on
+    traceback (their pipe to it broke), and `cleanup`'s folder part (`clean_orphaned`, on
     this test's folder alone: the command's namespace part would race other tests' own
     leftovers) removes its pool's folder and its fork server's, whose process is gone, and
     leaves a live one's."""
@@ -212,7 +212,7 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     other = short_tmp / "pymp-another-program"  # unmarked: not ours to remove
     other.mkdir()
     live = make_folder(POOL_PREFIX, str(short_tmp))  # this process's: it runs
-    assert sorted(remove_orphaned([str(short_tmp)])) == sorted([left, server])
+    assert sorted(clean_orphaned([str(short_tmp)]).removed) == sorted([left, server])
     assert sorted(p.name for p in short_tmp.iterdir()) == sorted([Path(live).name, other.name])
 
 
@@ -236,7 +236,7 @@ def test_cleanup_removes_a_killed_testbed_run_s_fork_server_folder(
                 cleanup(prefix=min(made).rsplit("-", 1)[0] + "-")
     assert len(made) == 3  # switch, 2 hosts
     (server,) = short_tmp.glob("pymp-*")
-    assert server in remove_orphaned([str(short_tmp)])
+    assert server in clean_orphaned([str(short_tmp)]).removed
     assert not server.exists()
 
 
@@ -267,7 +267,7 @@ def test_cleanup_removes_a_killed_megatron_run_s_checkpoints(
     left = saved[0].parents[1]
     assert left.name.startswith("adaptra-checkpoints-megatron-")
     live = make_folder(CHECKPOINTS_PREFIX, str(short_tmp))  # this process's: it runs
-    assert left in remove_orphaned([str(short_tmp)])
+    assert left in clean_orphaned([str(short_tmp)]).removed
     assert not left.exists() and Path(live).is_dir()
 
 
@@ -389,7 +389,7 @@ def test_cleanup_removes_a_killed_launch_run_s_torchrun_folder(
         assert not [_cmdline(pid) for pid in started if _alive(pid)]
         (left,) = short_tmp.glob("adaptra-torchrun-*")
         assert (left / ".owner").read_text().split()[0] == str(run.pid)
-        assert remove_orphaned([str(short_tmp)]) == [left]
+        assert list(clean_orphaned([str(short_tmp)]).removed) == [left]
         assert list(short_tmp.iterdir()) == []
 
 

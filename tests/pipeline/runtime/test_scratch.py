@@ -15,7 +15,6 @@ from pipeline.runtime.scratch import (
     TORCHRUN_PREFIX,
     clean_orphaned,
     owned_folder,
-    remove_orphaned,
     share_folder,
     stop_orphaned_torchruns,
 )
@@ -53,7 +52,7 @@ def test_a_mark_that_is_not_ours_is_left_and_the_rest_still_removed(tmp_path: Pa
     ]
     start_time = process_start_time(os.getpid())
     live = _folder(tmp_path, f"{POOL_PREFIX}live", f"{os.getpid()} {start_time}\n")
-    assert sorted(remove_orphaned([str(tmp_path)])) == sorted(orphaned)
+    assert sorted(clean_orphaned([str(tmp_path)]).removed) == sorted(orphaned)
     assert sorted(tmp_path.iterdir()) == sorted([*foreign, live])
 
 
@@ -75,7 +74,7 @@ def test_a_folder_that_cannot_be_removed_is_not_said_removed_and_keeps_its_mark(
         unlink(path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "unlink", refuse_held)
-    assert remove_orphaned([str(tmp_path)]) == [removable]
+    assert list(clean_orphaned([str(tmp_path)]).removed) == [removable]
     assert sorted(p.name for p in stuck.iterdir()) == [".owner", "held"]
     cleaned = clean_orphaned([str(tmp_path)])
     assert cleaned.removed == ()
@@ -91,10 +90,10 @@ def test_launch_s_torchrun_folder_is_marked_and_removed_once_its_process_is_gone
         start_time = process_start_time(os.getpid())
         assert Path(folder).name.startswith("adaptra-torchrun-")
         assert Path(folder, ".owner").read_text() == f"{os.getpid()} {start_time}\n"
-        assert remove_orphaned([str(tmp_path)]) == []  # its process runs
+        assert clean_orphaned([str(tmp_path)]).removed == ()  # its process runs
     assert list(tmp_path.iterdir()) == []  # gone on the way out
     left = _folder(tmp_path, f"{TORCHRUN_PREFIX}killed", _gone_mark())
-    assert remove_orphaned([str(tmp_path)]) == [left]
+    assert list(clean_orphaned([str(tmp_path)]).removed) == [left]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -106,11 +105,11 @@ def test_a_shared_folder_stays_while_any_of_its_processes_runs(tmp_path: Path) -
     with subprocess.Popen(["sleep", "60"]) as torchrun:
         try:
             share_folder(str(folder), torchrun.pid)
-            assert remove_orphaned([str(tmp_path)]) == []  # the launch is gone, not torchrun
+            assert clean_orphaned([str(tmp_path)]).removed == ()  # the launch is gone, not torchrun
             assert len((folder / ".owner").read_text().splitlines()) == 2
         finally:
             torchrun.kill()
-    assert remove_orphaned([str(tmp_path)]) == [folder]
+    assert list(clean_orphaned([str(tmp_path)]).removed) == [folder]
     share_folder(str(tmp_path), torchrun.pid)  # a process gone: no mark
     assert list(tmp_path.iterdir()) == []
 
@@ -132,7 +131,7 @@ def test_a_torchrun_is_stopped_once_its_launch_is_gone(tmp_path: Path) -> None:
             assert stop_orphaned_torchruns([str(tmp_path)]) == [orphan.pid]
             assert orphan.wait(timeout=30) == -signal.SIGTERM
             assert running.poll() is None
-            assert remove_orphaned([str(tmp_path)]) == [killed]
+            assert list(clean_orphaned([str(tmp_path)]).removed) == [killed]
         finally:
             orphan.kill()
             running.kill()
