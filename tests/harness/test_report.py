@@ -822,10 +822,12 @@ def test_a_report_counts_the_samples_its_run_resolved_not_today_s_preset(
     monkeypatch.setattr(harness.report, "plot_throughput_over_time", spy)
     model = cost_model.MODELS["gpt2-7b"]
     doubled = dataclasses.replace(model, microbatch_size=2 * model.microbatch_size)
-    monkeypatch.setitem(cost_model.MODELS, "gpt2-7b", doubled)
+    # Copies: the presets' own dict keeps its order (monkeypatch's undo of a delitem put
+    # gpt2-7b back last, and an error listing the models read that order in another test).
+    monkeypatch.setattr(cost_model, "MODELS", {**cost_model.MODELS, "gpt2-7b": doubled})
     main(["report", str(run_dir)])
-    monkeypatch.delitem(cost_model.MODELS, "gpt2-7b")
-    monkeypatch.setitem(cost_model.MODELS, "gpt2-7b-v2", model)
+    renamed = {("gpt2-7b-v2" if k == "gpt2-7b" else k): v for k, v in cost_model.MODELS.items()}
+    monkeypatch.setattr(cost_model, "MODELS", renamed | {"gpt2-7b-v2": model})
     main(["report", str(run_dir)])
     assert samples == [{"gpt2-7b": 12}, {"gpt2-7b": 12}]
     gantt = "- 1f1b: `timelines/gpt2-7b_1f1b_trace-f_r0.json`, iteration 1, recorded by"
