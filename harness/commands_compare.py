@@ -94,7 +94,8 @@ def compare(
     configurations in both, then those in one only. Exit status: 0 no regression, 1 a
     regression (a metric worse than its tolerance, or with --both-ways better than it too;
     a configuration run another way: its backend,
-    policy, comm, controller, links, delay, seed or iterations, or, where both are run
+    policy, comm (unless its controller chose it: Adaptra's detector), controller, links,
+    delay, seed or iterations, or, where both are run
     directories, fault timeline, calibration or another input of its spec: its profile, model,
     hardware, injection, warm-up iterations or recovery; one whose saved fault timeline this
     version does not read cannot be matched; or one of BASE missing from NEW) or a
@@ -186,6 +187,11 @@ def _one_side(result: Comparison, *, bullet: bool) -> list[str]:
     """A line per configuration run another way or on one side only, after the table."""
     start = "- " if bullet else ""
     lines = [start + _mismatch_line(m) for m in result.mismatches]
+    lines += [
+        f"{start}ran over another comm, as its controller chose (an outcome, not a failure): "
+        f"{m.configuration}: {m.base!r} -> {m.new!r}"
+        for m in result.outcomes
+    ]
     lines += [f"{start}missing from NEW (a regression): {name}" for name in result.missing]
     allowed = " (allowed by --allow-new)" if result.allow_new else ""
     lines += [f"{start}only in NEW, not compared{allowed}: {name}" for name in result.added]

@@ -12,7 +12,9 @@ and named apart (a `Comparison`). A configuration on both sides must also have b
 same way (`IDENTITY`: its policy, comm, controller, faulted links, delay, seed and iteration
 count; and where both sides are run directories, its fault timeline and its calibration,
 `RECORDED`, and its spec's other inputs, `SETUP`): one that differs is a failure, its
-metrics measured something else.
+metrics measured something else. Under a controller that chooses its comm from what it
+measures (`COMM_MEASURED`), the comm is an outcome, as a metric is: one that differs is
+shown (`Comparison.outcomes`), not a failure.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from adaptra.control import DetectingController
 from harness.resolved import coverage
 from harness.results import (
     RESULTS_SCHEMA_VERSION,
@@ -38,6 +41,7 @@ from pipeline.errors import ConfigError
 
 __all__ = [
     "CALIBRATION",
+    "COMM_MEASURED",
     "IDENTITY",
     "KEY",
     "METRICS",
@@ -68,6 +72,10 @@ KEY = ("backend", "model", "system", "scenario", "repeat")
 """What names a configuration (with its repeat)."""
 IDENTITY = ("policy", "comm", "controller", "links", "delay_ms", "seed", "iterations")
 """How a configuration was run: equal on both sides."""
+COMM_MEASURED = frozenset({DetectingController.name})
+"""The controllers whose `comm` is an outcome, not how the run was set up: Adaptra's
+detector delegates where it measures a slow link, so one noisy run may delegate and another
+not (the oracle chooses from the fault timeline, which is `IDENTITY` already: its comm is)."""
 TIMELINE = "faults_text sha256"
 """Not a runs.csv column: what a run directory's spec.json says its fault timeline held
 (`faults_text`: the SHA-256's first 12 hex digits of the events it parses to, so that a
@@ -150,6 +158,9 @@ class Comparison:
     allow_new: bool
     mismatches: list[Mismatch] = dataclasses.field(default_factory=list)
     both_ways: bool = False
+    outcomes: list[Mismatch] = dataclasses.field(default_factory=list)
+    """The comm of configurations whose controller chose it (`COMM_MEASURED`) where the
+    sides differ: shown, not a failure."""
 
     @property
     def worse(self) -> list[Change]:
@@ -375,7 +386,7 @@ def compare_runs(
         _check_tolerance(metric, pct)
     base_by_key = {_key(r): r for r in base}
     new_by_key = {_key(r): r for r in new}
-    changes, mismatches = [], []
+    changes, mismatches, outcomes = [], [], []
     other_backend = _on_another_backend(base_by_key.keys(), new_by_key.keys())
     for key, row in base_by_key.items():
         if key in other_backend:
@@ -383,11 +394,14 @@ def compare_runs(
         elif key in new_by_key:
             other = new_by_key[key]
             changes += _changes(key, row, other, tolerance_pct, tolerances)
-            mismatches += [
+            differing = [
                 Mismatch(_name(key), column, str(row[column]), str(other.get(column)))
                 for column in IDENTITY
                 if column in row and not _same(row[column], other.get(column))
             ]
+            measured = row.get("controller") in COMM_MEASURED
+            mismatches += [m for m in differing if not (measured and m.column == "comm")]
+            outcomes += [m for m in differing if measured and m.column == "comm"]
             mismatches += [
                 Mismatch(
                     _name(key), column, row[column], other[column], _unread(column, row, other)
@@ -412,6 +426,7 @@ def compare_runs(
         allow_new=allow_new,
         mismatches=mismatches,
         both_ways=both_ways,
+        outcomes=outcomes,
     )
 
 

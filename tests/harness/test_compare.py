@@ -316,6 +316,28 @@ def test_a_configuration_run_another_way_fails_with_equal_metrics(
     assert "1 configuration run another way in NEW" in out.stderr
 
 
+def test_the_comm_adaptras_detector_chose_is_an_outcome_not_another_way(tmp_path: Path) -> None:
+    """The detector delegates where it measures a slow link: a noisy run that delegated
+    where the base did not was "run another way" at any tolerance. Its comm is shown and its
+    metrics gate it; a fixed plan's comm stays how it was run."""
+    rows = _rows()
+    adaptra = next(r for r in rows if r["controller"] == "detector" and r["comm"] == "direct")
+    adaptra["comm"] = "direct+delegated"
+    out = _compare(BASELINE, _write(tmp_path / "delegated.csv", rows), "--tolerance", "0")
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    name = f"{adaptra['model']} adaptra {adaptra['scenario']}"
+    assert out.stdout.splitlines()[-2:] == [
+        "ran over another comm, as its controller chose (an outcome, not a failure): "
+        f"{name}: 'direct' -> 'direct+delegated'",
+        "no regression: 144 metrics within 0 %",
+    ]
+    fixed = next(r for r in rows if r["controller"] == "delegation")
+    fixed["comm"] = "direct"
+    out = _compare(BASELINE, _write(tmp_path / "fixed.csv", rows), "--tolerance", "100")
+    assert out.returncode == 1
+    assert f"adaptra-cpu {fixed['scenario']}: comm 'delegated' -> 'direct'" in out.stdout
+
+
 @pytest.mark.parametrize("column", ["bubble_ratio", "median_iteration_ms", "iterations", "comm"])
 @pytest.mark.parametrize("side", ["base", "new"])
 def test_a_runs_csv_without_a_metric_or_identity_column_is_unusable(
