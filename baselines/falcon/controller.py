@@ -46,7 +46,8 @@ another link is (a fault that moved elsewhere is another straggler). A swap is j
 the first iteration after its own: no faster than the median of those before it (a DP link's delay
 can cost a step less than the same delay on a PP link, where the ring has few chunks and
 the pipeline many messages), it is undone, and the time lost goes on counting toward the
-restart. The restart is a plan with `Action.RESTART`:
+restart (a link whose swap was undone is not swapped again, until Falcon's own restart).
+The restart is a plan with `Action.RESTART`:
 the harness restarts the job from its last checkpoint on hardware without the slow link
 (harness.loop), and Falcon starts afresh. A restart after a link or NIC failure leaves the
 slow links in place: Falcon keeps its placement, split, straggler and detector through it.
@@ -224,6 +225,10 @@ class FalconController:
         """(iteration, level) of every climb, in order."""
         self.undone: list[int] = []
         """The iterations in which a swap was judged not to pay (and undone)."""
+        self._unpaid: set[str] = set()
+        """The DP links whose swap was undone: never swapped again (until Falcon's own
+        restart), so that a straggler forgotten and found again on the same link does not
+        buy the swap already measured not to pay, and undo it, again and again."""
         self._restart = False
         """The next plan asks for a restart."""
 
@@ -315,6 +320,7 @@ class FalconController:
             return
         self.topology, self.split = self.profile.topology, None
         self.straggler, self._suspect, self._slower = None, None, False
+        self._unpaid.clear()
         self._changes = ChangePointDetector(self._changes.config)
 
     def _detect(self, excess_ms: dict[str, float], times: dict[str, LinkTime]) -> None:
@@ -354,6 +360,8 @@ class FalconController:
             if level is Level.SWAP:
                 if self.topology.num_stages < 2:  # no PP edge to put the pair on: the next level
                     continue
+                if straggler.link in self._unpaid:  # measured not to pay: the next level
+                    continue
                 before = statistics.median(straggler.level_times_ms)
                 straggler.unswapped = (self.topology, before)
                 slow = Link.parse(straggler.link)
@@ -376,6 +384,7 @@ class FalconController:
         if straggler.level_times_ms[-1] >= before_ms:
             self.topology, straggler.undone = placement, True
             self.undone.append(iteration)
+            self._unpaid.add(straggler.link)
 
     def _rebalanced(self, timeline: Timeline) -> ReplicaSchedules | None:
         """The split by the replicas' per-microbatch times in `timeline` (None: the equal

@@ -167,6 +167,25 @@ def test_a_swap_that_does_not_pay_is_undone() -> None:
     assert straggler.lost_ms == pytest.approx(sum(t - healthy for t in times[8:]))
 
 
+def test_a_swap_undone_is_not_bought_again_when_its_link_is_slow_again() -> None:
+    """The swap that does not pay (above), then the fault off for one iteration (fault
+    iteration 20: the time back, the straggler forgotten) and on again on the same link:
+    Falcon finds it again, and the time lost pays for the swap again, but that swap was
+    measured not to pay; it is not made (and undone) a second time: the link stays on its
+    ring, the time lost counting toward the restart. (A swap made again was undone again:
+    a swap and an undo, two slow iterations with a state transfer each, per return.)"""
+    one_bucket = dataclasses.replace(PROFILE, allreduce_bytes=125_000)
+    also = ', {start_iteration: 21, links: ["dp1:0-1"], delay_ms: 20.0}'
+    result, falcon = _run(20, 34, swap_ms=80.0, profile=one_bucket, also=also)
+    assert falcon.climbs == [(8, Level.SWAP)] and falcon.undone == [10]
+    assert falcon.topology == one_bucket.topology
+    straggler = falcon.straggler
+    assert straggler is not None and straggler.link == "dp1:0-1"
+    assert straggler.level is Level.IGNORE and straggler.lost_ms > 80.0
+    times = _with_step(result)
+    assert max(times[22:]) == times[4]  # the slow level of the ring, never a swap's
+
+
 @pytest.mark.parametrize("start", [0, 1, 3])
 def test_a_delay_in_force_while_falcon_calibrates_is_warned_of(start: int) -> None:
     """Falcon's change-point detector takes its healthy level from the run's first 3
