@@ -32,7 +32,9 @@ nothing to move) and are all above 0 (a profile with no op times leaves a replic
 no span to weigh), the swap for a slow DP link (where there are two stages or more: one stage
 has no PP edge to put the slow pair on). Ski rental: it stays on a level until the
 time lost on it (the sum, over the iterations since it took that level, of iteration time
-less the baseline) reaches the next level's cost, then climbs. The rebalance gives each
+less the baseline) reaches the next level's cost, then climbs. An ignored straggler forgotten
+with the time not back (its link no suspect in one iteration) and found again in the same
+slowdown takes up the time it lost, and what was lost meanwhile. The rebalance gives each
 replica its share of the global batch by min max_i m_i t_i (baselines.falcon.rebalance;
 t_i: its per-microbatch time in the iteration that climbed, at least one microbatch per
 stage each), each replica its own schedule of the policy for its count
@@ -221,6 +223,10 @@ class FalconController:
         self._slower = False
         """The change-point detector's latest change was to slower iterations."""
         self.straggler: _Straggler | None = None
+        self._forgotten: _Straggler | None = None
+        """An ignored straggler forgotten within its slowdown (the link no suspect in one
+        iteration, the time not back), the time lost since counted on: the same link found
+        again in the same slowdown takes it up (`_detect`)."""
         self.climbs: list[tuple[int, Level]] = []
         """(iteration, level) of every climb, in order."""
         self.undone: list[int] = []
@@ -258,6 +264,9 @@ class FalconController:
         suspected = suspects(times)
         straggler = self.straggler
         if straggler is None:
+            forgotten = self._forgotten
+            if forgotten is not None:
+                forgotten.lost_ms += max(0.0, iteration_ms - forgotten.baseline_ms)
             self._detect(suspected, times)
             return
         back = iteration_ms < straggler.baseline_ms * (1 + self._changes.config.min_relative_change)
@@ -275,8 +284,12 @@ class FalconController:
         }.get(straggler.level, False)
         if gone:  # it went away (or a swap absorbed it); a placement stays
             self.straggler = None
+            if straggler.level is Level.IGNORE and not back:  # (`_detect` may take it up)
+                straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
+                self._forgotten = straggler
             if back:  # the slowdown is over: a new straggler waits for a change up
                 self._slower, self._suspect = False, None
+                self._forgotten = None
                 # the level the slowdown left (so that the slowdown's return is a change)
                 self._changes.start_segment(straggler.slowdown_start)
             return
@@ -320,6 +333,7 @@ class FalconController:
             return
         self.topology, self.split = self.profile.topology, None
         self.straggler, self._suspect, self._slower = None, None, False
+        self._forgotten = None
         self._unpaid.clear()
         self._changes = ChangePointDetector(self._changes.config)
 
@@ -340,6 +354,13 @@ class FalconController:
         self.straggler = _Straggler(
             slowest, changes.baseline_ms, changes.change_index, measured_ms=times[slowest].ms
         )
+        forgotten, self._forgotten = self._forgotten, None
+        if (
+            forgotten is not None
+            and forgotten.link == slowest
+            and forgotten.slowdown_start == changes.change_index
+        ):  # the same slowdown's: its time lost was lost to this link too (ski rental)
+            self.straggler.lost_ms = forgotten.lost_ms
         self._suspect = None
 
     def _climb(self, iteration: int, timeline: Timeline) -> None:
