@@ -7,10 +7,11 @@ next iteration runs a placement where those two hosts are PP neighbours instead
 (`Topology.dp_pair_onto_pp`, the rank swap both Adaptra and Falcon use): the slow pair then
 carries a PP link of the lower replica, which the detector sees slow from the iteration
 after, and the controller plans for like any slow PP link. A swap moves model state, so it
-waits for the same DP link to be the slowest straggler in `STRAGGLER_BELIEFS` (3) beliefs
-in a row, one of its directions standing out in each of them (one iteration's belief, e.g.
-as a fault starts or ends mid-iteration, or in the first iteration under a new placement,
-does not move anything): a slow link standing out from the other links of its class
+waits for a DP link to be a straggler in `STRAGGLER_BELIEFS` (3) beliefs in a row, one of
+its directions standing out in each of them (the slowest of those that were is moved; two
+alike that took turns as the slowest kept a count of the slowest waiting; one iteration's
+belief, e.g. as a fault starts or ends mid-iteration, or in the first iteration under a new
+placement, does not move anything): a slow link standing out from the other links of its class
 (`Belief.outlying`; one slow with every ring of a loaded host is none: one chunk of two late
 by 24 ms or more, then an ordinary iteration that the detector's hysteresis held slow,
 swapped a healthy ring). A slow link delays every message it carries, in every iteration;
@@ -91,8 +92,8 @@ from pipeline.topology import Direction, Link, LinkKind, Topology
 __all__ = ["JUDGED_ITERATIONS", "STRAGGLER_BELIEFS", "UNDO_MARGIN", "DpSwaps", "wall_ms"]
 
 STRAGGLER_BELIEFS = 3
-"""The beliefs in a row in which a DP link is the slowest straggler, with one of its
-directions standing out in each, before it is swapped (the module)."""
+"""The beliefs in a row in which a DP link is a straggler, with one of its directions
+standing out in each, before it (the slowest of such links) is swapped (the module)."""
 
 UNDO_MARGIN = 0.10
 """How much slower (a fraction) an iteration under a swap may be than the one before it: more
@@ -112,8 +113,8 @@ def wall_ms(timeline: Timeline, iteration: int) -> float:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Streak:
-    """The slowest DP straggler of the last beliefs in a row, and its directions (direction,
-    replica) that stood out in each of them."""
+    """A DP straggler of the last beliefs in a row, and its directions (direction, replica)
+    that stood out in each of them."""
 
     link: Link
     directions: frozenset[tuple[Direction, int]]
@@ -139,8 +140,9 @@ class DpSwaps:
         self.topology = topology
         """The placement the next iteration runs."""
         self.num_swaps = 0
-        self._streak: _Streak | None = None
-        """The slowest DP straggler of the last beliefs (under the placement in force)."""
+        self._streaks: dict[Link, _Streak] = {}
+        """Each movable DP straggler's streak of the last beliefs (under the placement in
+        force)."""
         self._moved: set[Link] = set()
         """The DP links swapped onto PP edges so far (never again)."""
         self._moved_hosts: set[int] = set()
@@ -164,7 +166,7 @@ class DpSwaps:
         if self._trial is not None:
             if not moved:
                 self._judge(measured_ms)
-            self._streak = None
+            self._streaks = {}
             return
         movable = [
             link
@@ -174,26 +176,32 @@ class DpSwaps:
             # (a slowness on a moved host is not its pair's)
             and not set(self.topology.hosts_of(link)) & self._moved_hosts
         ]
-        if not movable or self.topology.num_stages < 2:
-            self._streak = None
+        if self.topology.num_stages < 2:
+            movable = []
+        streaks: dict[Link, _Streak] = {}
+        for link in movable:
+            directions = frozenset((d, r) for name, d, r in belief.outlying if name == str(link))
+            streak = self._streaks.get(link)
+            if streak is not None and streak.directions & directions:
+                streaks[link] = _Streak(
+                    link, streak.directions & directions, streak.num_beliefs + 1
+                )
+            else:
+                streaks[link] = _Streak(link, directions)
+        self._streaks = streaks
+        ready = [
+            link for link, streak in streaks.items() if streak.num_beliefs >= STRAGGLER_BELIEFS
+        ]
+        if not ready:
             return
-        slowest = max(movable, key=lambda link: (belief.extra_ms[str(link)], link))
-        directions = frozenset((d, r) for link, d, r in belief.outlying if link == str(slowest))
-        streak = self._streak
-        if streak is not None and streak.link == slowest and streak.directions & directions:
-            streak = _Streak(slowest, streak.directions & directions, streak.num_beliefs + 1)
-        else:
-            streak = _Streak(slowest, directions)
-        self._streak = streak
-        if streak.num_beliefs < STRAGGLER_BELIEFS:
-            return
+        slowest = max(ready, key=lambda link: (belief.extra_ms[str(link)], link))
         self._trial = _Trial(self.topology, self._last_ms)
         self._last_ms, self._moving = None, True
         self._moved.add(slowest)
         self._moved_hosts |= set(self.topology.hosts_of(slowest))
         self.topology = self.topology.dp_pair_onto_pp(slowest)
         self.num_swaps += 1
-        self._streak = None
+        self._streaks = {}
 
     def _judge(self, measured_ms: float) -> None:
         """Take `measured_ms` into the swap on trial; once it has its judging iterations,
@@ -220,7 +228,7 @@ class DpSwaps:
     def restarted(self) -> None:
         """The job restarted: its iterations' times are no swap's to judge, nor is a belief
         before it the first of those in a row that a swap waits for."""
-        self._trial, self._last_ms, self._moving, self._streak = None, None, False, None
+        self._trial, self._last_ms, self._moving, self._streaks = None, None, False, {}
 
     @property
     def swapped(self) -> Topology | None:
