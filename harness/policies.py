@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from adaptra.control import DelegatingController, DetectingController, unmeasurable_kinds
+from adaptra.control.detector import DEFAULT_THRESHOLDS
 from adaptra.oracle import OracleController
 from adaptra.scheduler import plan_adaptra, plan_initial
 from baselines import one_f_one_b, zb_auto, zb_h1, zb_h2
@@ -15,7 +16,7 @@ from baselines.falcon import FalconController
 from baselines.falcon.changepoint import DEFAULT_CHANGES
 from baselines.fixed_plan import FixedPlan
 from harness.loop import CHECKPOINT_RESTART, Recovery
-from injectors.fault_model import FaultModel
+from injectors.fault_model import FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.checks import MAX_WAIT_S
 from pipeline.engines import Controller, Plan
@@ -25,7 +26,7 @@ from pipeline.link_terms import ALL_LINK_TERMS, LinkTerms
 from pipeline.profile import Profile
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode
-from pipeline.topology import Link
+from pipeline.topology import Link, link_name
 
 __all__ = [
     "DEFAULT_MILP_TIME_LIMIT_S",
@@ -38,6 +39,7 @@ __all__ = [
     "plan",
     "resolve_system",
     "static_dp_delay_warning",
+    "sub_onset_delay_warning",
     "system_controller",
     "with_delegate_count",
 ]
@@ -269,6 +271,49 @@ def _adaptra_blind_warning(
         f"warning: {system} finds slow links by comparing them with healthy ones, and every "
         f"{links} here is delayed from the first iteration: it will see none "
         f"{'of them ' if some_rings else ''}slow ({advice})"
+    )
+
+
+def sub_onset_delay_warning(
+    system: str, profile: Profile, faults: FaultView = NO_FAULTS
+) -> str | None:
+    """A warning line where `system`'s detector reads links that a delay slows by less than
+    its onset (`Thresholds.onset_ms`, 8 ms: set clear of a loaded host's noise, not by what a
+    delay costs): the profile's own, or a fault timeline's delay rows (their fixed or mean
+    delay) on links of a kind it reads, or on hosts or a NIC. It never calls such a link
+    slow, and the run goes on over its fault-free plan, however much the delay costs there
+    (0.1 ms ops, 6 ms on one PP link: ZB's and Adaptra's iteration 24x the fault-free one)."""
+    measured = _MEASURED_KINDS.get(system, ())
+    if not measured:
+        return None
+    onset_ms = DEFAULT_THRESHOLDS.onset_ms
+
+    def under(delay_ms: float) -> bool:
+        return 0 < delay_ms < onset_ms
+
+    delays = []
+    if "PP" in measured:
+        delays += [
+            f"{d:g} ms on {link_name(i)}" for i, d in enumerate(profile.delay_ms) if under(d)
+        ]
+    if "DP" in measured:
+        delays += [f"{d:g} ms on {link}" for link, d in profile.dp_delay_ms if under(d)]
+    if isinstance(faults, FaultModel):
+        for event in faults.events:
+            effect, target = event.effect, event.target
+            mean_ms = effect.normal_ms[0] if effect.normal_ms is not None else effect.delay_ms
+            read = target.kind is not TargetKind.LINKS or any(
+                ("PP" if link.is_pp else "DP") in measured for link in target.links
+            )
+            if effect.kind == "delay" and read and under(mean_ms):
+                delays.append(f"{mean_ms:g} ms on {target} (the timeline's row {event.row})")
+    if not delays:
+        return None
+    return (
+        f"warning: {system}'s detector calls a link slow from {onset_ms:g} ms of extra delay "
+        f"(its onset, set clear of a loaded host's noise) and never sees {'; '.join(delays)}: "
+        "it runs them on its fault-free plan, whatever they cost there (adaptra-oracle plans "
+        "for the delays it is told)"
     )
 
 

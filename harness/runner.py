@@ -17,7 +17,12 @@ from harness.loop import (
     measured_numbering,
     run_loop,
 )
-from harness.policies import blind_detector_warning, noisy_ring_warning, static_dp_delay_warning
+from harness.policies import (
+    blind_detector_warning,
+    noisy_ring_warning,
+    static_dp_delay_warning,
+    sub_onset_delay_warning,
+)
 from injectors.fault_model import Effect, FaultModel, TargetKind
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
@@ -321,9 +326,10 @@ def run_warnings(
     host: HostCosts = FREE,
 ) -> list[str]:
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
-    gives before it starts: `blind_detector_warning`, `noisy_ring_warning`,
-    `static_dp_delay_warning`, `idle_fault_rows_warning`, `replaced_rows_warning` and, with
-    `host` costs, their `calibration_shape_warning`, those that apply."""
+    gives before it starts: `blind_detector_warning`, `sub_onset_delay_warning`,
+    `noisy_ring_warning`, `static_dp_delay_warning`, `idle_fault_rows_warning`,
+    `replaced_rows_warning` and, with `host` costs, their `calibration_shape_warning`, those
+    that apply."""
     warnings = [
         idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
         replaced_rows_warning(profile, faults),
@@ -334,6 +340,7 @@ def run_warnings(
             blind_detector_warning(
                 system, profile, faults, num_warmup_iterations=num_warmup_iterations
             ),
+            sub_onset_delay_warning(system, profile, faults),
             noisy_ring_warning(system, profile, backend),
             static_dp_delay_warning(system, profile),
         ]

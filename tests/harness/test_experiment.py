@@ -1166,7 +1166,7 @@ def test_a_configuration_s_repeats_share_its_warnings_made_once(
         models=("m",),
         profile=Profile.uniform(2, 4, 1, 1, 1),
         systems=("zb", "adaptra"),
-        delays_ms=(0.0, 5.0),
+        delays_ms=(0.0, 10.0),
         num_iterations=1,
         num_repeats=3,
     )
@@ -1174,4 +1174,4 @@ def test_a_configuration_s_repeats_share_its_warnings_made_once(
     run_dir = run_experiment(spec, tmp_path / "run", progress=seen.append)
     assert sorted(made) == ["adaptra", "adaptra", "zb", "zb"]
     (warning,) = read_spec_record(run_dir)["warnings"]  # adaptra's detector sees no healthy link
-    assert warning.startswith("m 0-1@5ms: warning: adaptra finds slow links") and warning in seen
+    assert warning.startswith("m 0-1@10ms: warning: adaptra finds slow links") and warning in seen

@@ -1,6 +1,14 @@
-"""The policies a run can name (harness.policies): what each says it did."""
+"""The policies a run can name (harness.policies): what each says it did, and what a run of
+one warns of."""
 
-from harness.policies import POLICIES
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.policies import POLICIES, sub_onset_delay_warning
+from injectors.fault_files import parse_yaml
 from pipeline.metrics import compute_metrics
 from pipeline.profile import Profile
 from pipeline.schedule import validate_schedule
@@ -45,3 +53,67 @@ def test_milp_starts_from_adaptras_plan_and_keeps_its_proof() -> None:
     assert adaptra_method == "alg2+generator+search+cp-sat optimal"
     assert method == f"adaptra's, proven optimal ({adaptra_method}): no solve"
     assert compute_metrics(simulate(schedule, profile)).iteration_time_ms == 438.0
+
+
+def test_a_delay_under_the_detectors_onset_is_warned_of_and_is_not_seen(tmp_path: Path) -> None:
+    """The detector's onset (8 ms) is set against a loaded host's noise, not by what a delay
+    costs: 6 ms on one PP link of 0.1 ms ops made Adaptra's iteration 24x the fault-free
+    one, on the direct path, with nothing said (a review). The run says so; at 9 ms it
+    delegates and says nothing."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: sub-onset\nmodel: tiny-ops\n"
+        "profile: {stages: 4, microbatches: 12, t_f: 0.1, t_b: 0.1, t_w: 0.1}\n"
+        'systems: [adaptra, adaptra-cpu]\nlinks: ["1-2"]\ndelays_ms: [0, 6, 9]\n'
+        "num_iterations: 3\nbackend: sim\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--spec", str(spec), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (run_dir,) = (p for p in tmp_path.iterdir() if p.is_dir())
+    rows = {
+        r["system"] + " " + r["scenario"]: r for r in csv.DictReader((run_dir / "runs.csv").open())
+    }
+    assert rows["adaptra 1-2@6ms"]["comm"] == "direct"
+    slowdown = float(rows["adaptra 1-2@6ms"]["median_iteration_ms"]) / float(
+        rows["adaptra fault-free"]["median_iteration_ms"]
+    )
+    assert slowdown > 20
+    assert rows["adaptra 1-2@9ms"]["comm"] == "delegated"
+    warning = (
+        "tiny-ops 1-2@6ms: warning: adaptra's detector calls a link slow from 8 ms of "
+        "extra delay (its onset, set clear of a loaded host's noise) and never sees 6 ms on "
+        "1-2: it runs them on its fault-free plan, whatever they cost there (adaptra-oracle "
+        "plans for the delays it is told)"
+    )
+    assert json.loads((run_dir / "spec.json").read_text())["warnings"] == [warning]
+    assert warning in out.stderr
+    # adaptra-cpu reads the DP rings only: a PP delay is none of its detector's
+    profile = Profile.uniform(4, 12, 0.1, 0.1, 0.1).with_delays([0.0, 6.0, 0.0], {})
+    assert sub_onset_delay_warning("adaptra-cpu", profile) is None
+    assert sub_onset_delay_warning("zb", profile) is None
+
+
+def test_a_fault_timelines_delay_under_the_onset_is_named_by_its_row() -> None:
+    profile = Profile.uniform(4, 12, 0.1, 0.1, 0.1)
+    faults = parse_yaml(
+        """
+- {start_iteration: 1, links: ["0-1"], delay_ms: 30}
+- start_iteration: 2
+  links: ["dp0:0-1"]
+  distribution: {normal: {mean_ms: 5, std_ms: 1}, redraw_every_ms: [10, 20]}
+- {start_iteration: 3, hosts: [1, 2], delay_ms: 2, jitter_ms: 2}
+- {start_iteration: 4, links: ["1-2"], bandwidth_gbps: 1}
+"""
+    )
+    dp = Profile.uniform(4, 12, 0.1, 0.1, 0.1, num_replicas=2)
+    assert sub_onset_delay_warning("adaptra", dp, faults) == (
+        "warning: adaptra's detector calls a link slow from 8 ms of extra delay (its onset, "
+        "set clear of a loaded host's noise) and never sees 5 ms on dp0:0-1 (the timeline's "
+        "row 2); 2 ms on hosts 1-2 (the timeline's row 3): it runs them on its fault-free "
+        "plan, whatever they cost there (adaptra-oracle plans for the delays it is told)"
+    )
+    assert sub_onset_delay_warning("falcon", profile, faults) is None
