@@ -66,11 +66,14 @@ def _root_check() -> Check:
 
 def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Check]:
     root = os.geteuid() == 0
+    root_check = _root_check()
     kernel = probe_kernel() if root else {}
     # As root a feature the probe did not report went untried: it had no namespace to try
     # it in (the probe answers with "namespaces" alone then).
     unprobed = (False, "untested: no namespace to try it in" if root else "needs root")
-    no_testbed = not kernel.get("namespaces", (False, ""))[0]
+    # Root without CAP_NET_ADMIN can make namespaces (CAP_SYS_ADMIN) but no link in them:
+    # no testbed either (its bridges are refused), though the namespace probe passed.
+    no_testbed = not kernel.get("namespaces", (False, ""))[0] or not root_check.ok
 
     def kernel_check(key: str, consequence: str) -> Check:
         """`consequence`: where a testbed can be made (where none can, that is the one)."""
@@ -82,7 +85,7 @@ def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Chec
     cuda = _cuda()
     rdma = sorted(p.name for p in Path("/sys/class/infiniband").glob("*"))
     return [
-        _root_check(),
+        root_check,
         kernel_check("namespaces", "no network testbed; transport-level faults still work"),
         kernel_check(
             "netem", "the testbed's per-link faults all go through the userspace delay wire"
@@ -97,7 +100,7 @@ def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Chec
             "/dev/net/tun",
             "" if Path("/dev/net/tun").exists() else "no userspace delay wire",
         ),
-        _per_link_check(root, kernel),
+        _per_link_check(root_check, kernel),
         Check(
             "cuda",
             cuda[0],
@@ -123,12 +126,15 @@ def run_checks(probe_kernel: Callable[[], Found] = kernel_features) -> list[Chec
     ]
 
 
-def _per_link_check(root: bool, kernel: Found) -> Check:
+def _per_link_check(root: Check, kernel: Found) -> Check:
     """Which path the testbed's per-link faults take (the wire also takes what netem cannot:
-    a redrawn normal delay, a stall, a change at a later time)."""
+    a redrawn normal delay, a stall, a change at a later time); none where `root` (the root
+    check) failed: no testbed can be built, whatever the kernel has."""
     name = "per-link faults"
-    if not root:
+    if os.geteuid() != 0:
         return Check(name, False, "needs root", "no network testbed")
+    if not root.ok:  # e.g. CAP_SYS_ADMIN without CAP_NET_ADMIN: namespaces, but no links
+        return Check(name, False, root.detail, "no network testbed")
     namespaces_ok, namespaces_detail = kernel.get("namespaces", (False, "not probed"))
     if not namespaces_ok:  # root without CAP_NET_ADMIN: netem and the wire both live in one
         return Check(name, False, f"no namespaces: {namespaces_detail}", "no network testbed")

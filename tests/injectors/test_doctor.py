@@ -125,6 +125,31 @@ def test_root_without_the_testbed_s_capabilities_hears_it_and_no_path_of_a_testb
     assert {c.name: c for c in run_checks(probe_kernel=lambda: denied)}["root"].ok
 
 
+def test_root_with_namespaces_but_without_net_admin_hears_of_no_testbed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Root with CAP_SYS_ADMIN but not CAP_NET_ADMIN: the probe makes its namespace but no
+    veth in it, and the testbed's bridges are refused. Doctor said "ok per-link faults:
+    userspace delay wire (no sch_netem, sch_htb, cls_u32)", and of netem that per-link
+    faults would all go through the wire: there is no testbed for either."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "_effective_capabilities", lambda: 1 << 21)  # SYS_ADMIN only
+    untested = (False, "untested: no veth pair to try it on (Operation not permitted)")
+    probed = {
+        "namespaces": (True, "created and removed one"),
+        "netem": untested,
+        "htb": untested,
+        "u32": untested,
+    }
+    checks = {c.name: c for c in run_checks(probe_kernel=lambda: probed)}
+    assert not checks["root"].ok
+    assert checks["per-link faults"] == Check(
+        "per-link faults", False, "euid 0 without CAP_NET_ADMIN", "no network testbed"
+    )
+    for name in ("netem", "htb", "u32"):
+        assert checks[name].consequence == "no network testbed", checks[name]
+
+
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
     """Caps are htb classes fed by u32 filters and random loss is netem's or the wire's:
     neither tbf nor iptables is used anywhere, so the doctor does not ask for them."""
