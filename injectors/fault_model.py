@@ -561,11 +561,15 @@ class FaultModel:
                     earlier.start_iteration,
                     earlier.at_ms,
                 )
+                # An earlier row without an end holds for ever (a stall: in its iteration
+                # only), so a later one that ends is inside it too.
+                earlier_end = math.inf if earlier.end_iteration is None else earlier.end_iteration
+                if earlier.effect.stall_ms:
+                    earlier_end = min(earlier_end, earlier.start_iteration + 1)
                 inside = (
-                    earlier.end_iteration is not None
-                    and later.start_iteration < earlier.end_iteration
-                    and later.end_iteration is not None
-                    and later.end_iteration < earlier.end_iteration
+                    later.end_iteration is not None
+                    and later.start_iteration < earlier_end
+                    and later.end_iteration < earlier_end
                 )
                 shared = units & set(later.target.units(topology))
                 if (together or inside) and shared:

@@ -532,6 +532,19 @@ def test_rows_a_later_row_replaces_unexpectedly_are_found() -> None:
     topology = Topology(4)
     rows = [(e.row, later.row, where) for e, later, where in model.replaced_rows(topology)]
     assert rows == [(1, 2, ""), (5, 6, "")]
+    # an earlier row without an end does not come back either (it was not named: a delay
+    # of 10 ms held to iteration 2 and 0 ms from 4 on, with no warning); a stall holds in
+    # its own iteration only, so a later one does not replace it
+    endless = parse_yaml(
+        """
+- {start_iteration: 0, links: ["0-1"], delay_ms: 10}
+- {start_iteration: 2, end_iteration: 4, links: ["0-1"], delay_ms: 50}
+- {start_iteration: 5, links: ["1-2"], stall_ms: 100}
+- {start_iteration: 6, end_iteration: 7, links: ["1-2"], stall_ms: 100}
+"""
+    )
+    rows = [(e.row, later.row, where) for e, later, where in endless.replaced_rows(topology)]
+    assert rows == [(1, 2, "")]
     # a later row on part of the earlier's links replaces it there only
     partial = parse_yaml(
         """
