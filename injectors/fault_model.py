@@ -181,8 +181,9 @@ class InForce:
     seed: int
     rates: LinkRates = NO_RATES
     """The links' own rates, which a cap replaces where slower (pipeline.link_rates)."""
-    _stalled: set[tuple[_Unit, str, Position]] = dataclasses.field(default_factory=set)
-    """The senders (and their units and directions) that paid a stall: one per worker."""
+    _stalled: set[tuple[_Unit, str, Position, float]] = dataclasses.field(default_factory=set)
+    """The senders (and their units and directions) that paid a stall, with the offset it
+    started at (a later stall row in the iteration is a stall of its own): one per worker."""
     _routes: dict[tuple[Link, int], list[tuple[_Unit, tuple[Held, ...]]]] = dataclasses.field(
         default_factory=dict
     )
@@ -238,7 +239,7 @@ class InForce:
                 if not held.holds_at(offset_ms):
                     continue
                 effect = held.effect
-                delay_ms += self._delay_ms(effect, unit, link, direction, kind, microbatch)
+                delay_ms += self._delay_ms(held, unit, link, direction, kind, microbatch)
                 if effect.bandwidth_gbps is not None:  # the route's lowest cap holds
                     cap_gbit_s = min(cap_gbit_s, effect.bandwidth_gbps)
                 if effect.normal_ms is not None:
@@ -256,10 +257,11 @@ class InForce:
         return redraws
 
     def _delay_ms(
-        self, effect: Effect, unit: _Unit, link: Link, direction: Direction, kind: str, m: int
+        self, held: Held, unit: _Unit, link: Link, direction: Direction, kind: str, m: int
     ) -> float:
-        if effect.stall_ms:
-            sender = (unit, direction, link.sender(direction))
+        effect = held.effect
+        if effect.stall_ms:  # each stall row once per sender, from its start
+            sender = (unit, direction, link.sender(direction), held.from_ms)
             if sender not in self._stalled:
                 self._stalled.add(sender)
                 return effect.stall_ms

@@ -65,6 +65,31 @@ def test_a_cap_a_stall_and_their_directions() -> None:
     )
 
 
+@pytest.mark.parametrize("second_ms", [50.0, 80.0])
+def test_a_second_stall_row_in_an_iteration_is_paid_from_its_start(second_ms: float) -> None:
+    """Two stall rows on one link in one iteration, the second from 100 ms: the first
+    message at or after each row's start waits that row's stall (once per direction). The
+    second was never paid (the sender had paid "a stall"), where the testbed's wire paid it
+    when its value differed from the first's: 350 ms in the simulator, 484 on the testbed."""
+    model = _model(
+        '[{start_iteration: 1, links: ["0-1"], stall_ms: 50},'
+        f' {{start_iteration: 1, at_ms: 100, links: ["0-1"], stall_ms: {second_ms}}}]'
+    )
+    in_force = model.at(1, FOUR, rates=NO_RATES)
+    link = Link.pp(0, 0)
+    delays = [
+        in_force.message_fault(link, direction, "F", m, offset_ms=offset_ms).delay_ms
+        for direction, m, offset_ms in [
+            ("forward", 0, 10.0),
+            ("forward", 1, 20.0),
+            ("forward", 2, 110.0),
+            ("forward", 3, 120.0),
+            ("backward", 0, 130.0),  # the first backward: after the second row's start
+        ]
+    ]
+    assert delays == [50.0, 0.0, second_ms, 0.0, second_ms]
+
+
 def test_a_cap_on_a_link_the_profile_caps_adds_only_what_the_lower_rate_takes_beyond() -> None:
     """A cap replaces the link's own rate (the profile's) where slower, as on the testbed
     (the pair's htb cap and the wire's both hold): a 1 Mbit message on a 0.1 Gbit/s link
