@@ -87,11 +87,17 @@ def _unwired(base: dict[_Pair, WireState], pair: _Pair) -> _Changes:
     return ((0.0, state, state),)
 
 
-def _wire_state(base: WireState, effects: list[Effect], seed: str) -> WireState:
+def _wire_state(
+    base: WireState, effects: list[Effect], seed: str, stall_since_ms: float = 0.0
+) -> WireState:
     """`base` with `effects` (of different kinds) added: delays add up, the lowest cap holds
-    (the base's, the link's own rate, too: pipeline.link_rates)."""
+    (the base's, the link's own rate, too: pipeline.link_rates); a stall began
+    `stall_since_ms` into the iteration."""
     drawn = any(effect.jitter_ms or effect.normal_ms for effect in effects)
-    state = dataclasses.replace(base, seed=seed if drawn else "")  # plain: equal every time
+    stalls = any(effect.stall_ms for effect in effects)
+    state = dataclasses.replace(  # plain: equal every time
+        base, seed=seed if drawn else "", stall_since_ms=stall_since_ms if stalls else 0.0
+    )
     for effect in effects:
         rate = None if effect.bandwidth_gbps is None else effect.bandwidth_gbps * 1e9
         if rate is not None and state.rate_bit_s is not None:
@@ -112,16 +118,19 @@ def _wire_state(base: WireState, effects: list[Effect], seed: str) -> WireState:
 def _wire_changes(base: WireState, effects: tuple[Held, ...], seed: str) -> _Changes:
     """The states a pair's wire takes through one iteration: one from each offset where an
     effect starts or ends, with the effects that hold from there (a stall is paid once per
-    direction: the wire keeps it paid through the iteration's later changes)."""
+    direction: the wire keeps it paid through the iteration's later changes, until another
+    stall row starts)."""
     changes = []
     ends = {held.until_ms for held in effects if held.until_ms < math.inf}
     for from_ms in sorted({0.0} | {held.from_ms for held in effects} | ends):
-        held = [h.effect for h in effects if h.holds_at(from_ms)]
+        holding = [h for h in effects if h.holds_at(from_ms)]
+        held = [h.effect for h in holding]
+        since_ms = next((h.from_ms for h in holding if h.effect.stall_ms), 0.0)
         changes.append(
             (
                 from_ms,
-                _wire_state(base, held, f"{seed}:forward:{from_ms}"),
-                _wire_state(base, held, f"{seed}:backward:{from_ms}"),
+                _wire_state(base, held, f"{seed}:forward:{from_ms}", since_ms),
+                _wire_state(base, held, f"{seed}:backward:{from_ms}", since_ms),
             )
         )
     return tuple(changes)

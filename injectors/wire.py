@@ -119,6 +119,10 @@ class WireState:
     stall_ms: float = 0.0
     """The first frame of a message (`FrameKind.MESSAGE`) read under this state holds the
     direction this long (once)."""
+    stall_since_ms: float = 0.0
+    """When in the iteration the stall began (ms): a later state of the iteration with the
+    same stall keeps it paid, one whose stall began later (another stall row, of any value)
+    is a new stall (`_Direction.take`)."""
     down: bool = False
     seed: str = ""
     """Seeds the jitter, the losses and the redraws."""
@@ -163,8 +167,12 @@ class _Direction:
 
     def take(self, state: WireState, now: float, *, new_iteration: bool = True) -> None:
         """From `now` on, `state`; inside an iteration (not `new_iteration`) a stall already
-        paid stays paid while the stall stays the same."""
-        paid = self.stalled and not new_iteration and state.stall_ms == self.state.stall_ms
+        paid stays paid while the stall stays the same (its value and its start)."""
+        same = (state.stall_ms, state.stall_since_ms) == (
+            self.state.stall_ms,
+            self.state.stall_since_ms,
+        )
+        paid = self.stalled and not new_iteration and same
         self.state, self.rng, self.stalled = state, random.Random(state.seed), paid
         self.redraw_at, self.redrawn_ms = (now, 0.0) if state.normal_ms else (math.inf, 0.0)
         self.last_read, self.jitter_draw, self.announced = -math.inf, 0.0, False

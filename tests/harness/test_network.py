@@ -54,6 +54,23 @@ def test_a_stall_stays_in_the_iteration_s_later_states() -> None:
     ]
 
 
+def test_a_second_stall_row_begins_a_stall_of_its_own_on_the_wire() -> None:
+    """Two stall rows of 100 ms on 0-1 in iteration 1, from 0 and from 150 ms: the wire's
+    states say where each began, so it pays the second too (it paid a second stall only of
+    another value: 350 ms in the simulator, as many on the testbed, 484 with 120 ms)."""
+    faults = parse_yaml(
+        '[{start_iteration: 1, links: ["0-1"], stall_ms: 100},'
+        ' {start_iteration: 1, at_ms: 150, links: ["0-1"], stall_ms: 100},'
+        ' {start_iteration: 1, at_ms: 200, links: ["0-1"], delay_ms: 5}]'
+    )
+    wires = _network(faults.at(1, Topology(2), rates=NO_RATES), {}, 1).wires
+    assert [(at, f.stall_ms, f.stall_since_ms, b.stall_since_ms) for at, f, b in wires[0, 1]] == [
+        (0.0, 100.0, 0.0, 0.0),
+        (150.0, 100.0, 150.0, 150.0),
+        (200.0, 100.0, 150.0, 150.0),
+    ]
+
+
 def test_a_delay_replaced_inside_an_iteration_holds_on_the_wire_until_then() -> None:
     faults = parse_yaml(
         '[{start_iteration: 0, links: ["0-1"], delay_ms: 50},'

@@ -1,5 +1,6 @@
 """A wire direction's timing of the frames it reads (pure: no namespaces, no clock)."""
 
+import dataclasses
 import struct
 
 import pytest
@@ -158,6 +159,19 @@ def test_a_paid_stall_stays_paid_through_a_change_inside_the_iteration() -> None
     assert direction.due(3.0, 100) == pytest.approx(3.01)  # not stalled again
     direction.take(WireState(stall_ms=300.0), now=4.0)  # the next iteration's: a new stall
     assert direction.due(5.0, 100) == pytest.approx(5.3)
+
+
+def test_a_stall_that_begins_later_in_the_iteration_is_paid_again_whatever_its_value() -> None:
+    """A second stall row in the iteration is a stall of its own, as in the fault model: the
+    wire paid it only where its value differed from the first's."""
+    direction = _Direction()
+    direction.take(WireState(stall_ms=300.0), now=0.0)
+    assert direction.due(1.0, 100) == pytest.approx(1.3)
+    again = WireState(stall_ms=300.0, stall_since_ms=100.0)
+    direction.take(again, now=2.0, new_iteration=False)
+    assert direction.due(3.0, 100) == pytest.approx(3.3)
+    direction.take(dataclasses.replace(again, delay_ms=10.0), now=4.0, new_iteration=False)
+    assert direction.due(5.0, 100) == pytest.approx(5.01)  # the same stall: paid
 
 
 def _ipv4(protocol: int, payload: bytes | int, tcp_header_bytes: int = 20) -> bytes:
