@@ -144,7 +144,7 @@ def _per_link_check(root: Check, kernel: Found) -> Check:
     return Check(
         name,
         False,
-        "none: no sch_netem and no /dev/net/tun",
+        f"none: {path.reason} and no /dev/net/tun",
         "no per-pair delays, jitter, loss or stalls in the testbed (caps still work: htb)",
     )
 

@@ -157,6 +157,8 @@ class PerLinkPath:
 
     netem: bool
     detail: str
+    reason: str = ""
+    """Why not netem, in words ("" where netem): `NETEM_ENV`'s 0, or the modules missing."""
 
 
 def per_link_path(found: Found | None = None) -> PerLinkPath:
@@ -164,10 +166,12 @@ def per_link_path(found: Found | None = None) -> PerLinkPath:
     u32 filters that give each peer its own netem (`found`, default: this process's probe),
     unless ADAPTRA_BENCH_NETEM=0; else the userspace wire."""
     if os.environ.get(NETEM_ENV) == "0":
-        return PerLinkPath(False, f"userspace delay wire ({NETEM_ENV}=0)")
+        reason = f"{NETEM_ENV}=0"
+        return PerLinkPath(False, f"userspace delay wire ({reason})", reason)
     found = kernel_features() if found is None else found
     modules = {"netem": "sch_netem", "htb": "sch_htb", "u32": "cls_u32"}
     missing = [modules[kind] for kind in modules if not found.get(kind, (False, ""))[0]]
     if not missing:
         return PerLinkPath(True, "kernel netem")
-    return PerLinkPath(False, f"userspace delay wire (no {', '.join(missing)})")
+    reason = f"no {', '.join(missing)}"
+    return PerLinkPath(False, f"userspace delay wire ({reason})", reason)

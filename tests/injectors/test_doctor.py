@@ -150,6 +150,35 @@ def test_root_with_namespaces_but_without_net_admin_hears_of_no_testbed(
         assert checks[name].consequence == "no network testbed", checks[name]
 
 
+@pytest.mark.parametrize(
+    ("netem_env", "netem", "detail"),
+    [
+        ("0", True, "none: ADAPTRA_BENCH_NETEM=0 and no /dev/net/tun"),
+        ("", False, "none: no sch_netem and no /dev/net/tun"),
+    ],
+)
+def test_per_link_faults_without_a_tap_device_say_why_not_netem(
+    monkeypatch: pytest.MonkeyPatch, netem_env: str, netem: bool, detail: str
+) -> None:
+    """Without /dev/net/tun and without netem for the testbed, no per-link fault path: with
+    sch_netem present but ADAPTRA_BENCH_NETEM=0, doctor said "no sch_netem" (beside "ok
+    netem")."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "_effective_capabilities", lambda: (1 << 12) | (1 << 21))
+    monkeypatch.setenv("ADAPTRA_BENCH_NETEM", netem_env)
+
+    class NoTun(type(doctor.Path())):  # type: ignore[misc]
+        def exists(self, *, follow_symlinks: bool = True) -> bool:
+            return str(self) != "/dev/net/tun" and super().exists()
+
+    monkeypatch.setattr(doctor, "Path", NoTun)
+    ok = (True, "ok")
+    probed = {"namespaces": ok, "netem": (netem, "probed"), "htb": ok, "u32": ok}
+    checks = {c.name: c for c in run_checks(probe_kernel=lambda: probed)}
+    assert checks["netem"].ok == netem
+    assert (checks["per-link faults"].ok, checks["per-link faults"].detail) == (False, detail)
+
+
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
     """Caps are htb classes fed by u32 filters and random loss is netem's or the wire's:
     neither tbf nor iptables is used anywhere, so the doctor does not ask for them."""
