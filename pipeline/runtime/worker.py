@@ -47,7 +47,7 @@ from pipeline.runtime.config import IterationConfig, RankResult, StateMove
 from pipeline.runtime.devices import RankDevices, choose_devices, num_visible_gpus
 from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
-from pipeline.runtime.receiver import Receiver, wait_checking
+from pipeline.runtime.receiver import Receiver
 from pipeline.runtime.remote_error import RemoteError
 from pipeline.runtime.transport import (
     ACTIVATION,
@@ -193,6 +193,9 @@ class _Prepared:
     """The neighbours' messages, posted; None until set up."""
     ring: Ring | None = None
     """The DP ring, its first bucket posted (a no-op without replicas); None until set up."""
+    tied: _Inbound | None = None
+    """The other tied stage's gradient of the tied weight, posted as the neighbours' messages
+    are (None: no tied weight here, or not set up yet)."""
 
 
 PROGRESS_INTERVAL_S = 1.0
@@ -404,6 +407,7 @@ class _Worker:
         config, transport, hook = prepared.config, prepared.transport, prepared.hook
         self._begin_delegated(config)
         prepared.inbound = self._post_receives(config, transport)
+        prepared.tied = self._post_tied_receive(config, transport)
         prepared.ring = Ring(
             self._ring_transport(config, transport, hook),
             self.topology,
@@ -418,7 +422,7 @@ class _Worker:
         )
         try:
             prepared.ring.post()
-            for inbox in prepared.inbound.values():
+            for inbox in (*prepared.inbound.values(), *_optional(prepared.tied)):
                 inbox.receiver.start()
             self.compute.begin_iteration(config)
         except BaseException:
@@ -429,7 +433,7 @@ class _Worker:
         """Stop a prepared iteration's receiver threads (one still inside a wait on a silent
         peer is a daemon and ends with the process: waiting for it would only hold back the
         report of what failed): an iteration that failed, or that never started."""
-        for inbox in (prepared.inbound or {}).values():
+        for inbox in (*(prepared.inbound or {}).values(), *_optional(prepared.tied)):
             inbox.receiver.stop(0.0)
         if prepared.ring is not None:
             prepared.ring.stop()
@@ -480,7 +484,7 @@ class _Worker:
             self.current_op = "tied"  # a failure in the sum names it
             if self.tied is not None:
                 self._doing = f"the tied-weight sum with rank {self.tied.peer}"
-            self._sum_tied(config, transport)
+            self._sum_tied(config, transport, prepared.tied)
         except BaseException:
             self.abandon(prepared)  # a failed iteration ends the worker (worker_main)
             raise
@@ -642,7 +646,33 @@ class _Worker:
         num_microbatches = config.schedule_of(self.replica).num_microbatches
         return num_microbatches, buffer.numel() * buffer.element_size()
 
-    def _sum_tied(self, config: IterationConfig, transport: DirectTransport) -> None:
+    def _post_tied_receive(
+        self, config: IterationConfig, transport: DirectTransport
+    ) -> _Inbound | None:
+        """The receive of the other tied stage's gradient of the tied weight (`_sum_tied`),
+        posted at set-up as every other receive of the iteration, with a receiver thread (not
+        started): posted only at the sum, the other stage's send waited for it, bounded by
+        the timeout for one message, as long as this stage's pipeline and DP ring still ran
+        (a healthy iteration whose stages ended them more than that apart failed:
+        "sending the tied weight's gradient ... Timed out"). None: no tied weight here."""
+        weight = self.compute.tied_weight()
+        if self.tied is None or weight is None:
+            return None
+        peer, _, receives = self.tied
+        assert receives is not None
+        inbox = torch.empty(weight.shape, dtype=weight.dtype, device=self.compute.device)
+        if config.comm_of(receives.link, receives.direction) == "delegated":
+            assert self.delegates is not None  # _begin_delegated checked
+            message = Message(config.iteration, GRADIENT, 0, 0)
+            pending = self.delegates.post_receive(receives, message, inbox)
+        else:
+            pending = transport.post_tied_receive(peer, inbox)
+        receiver = Receiver(peer, GRADIENT, [(0, pending)], check=self._check_sends())
+        return _Inbound(receives.link, receives.direction, receiver, {0: inbox})
+
+    def _sum_tied(
+        self, config: IterationConfig, transport: DirectTransport, posted: _Inbound | None
+    ) -> None:
         """The tied weight's gradient plus the other stage's, on both (a + b = b + a: both
         hold the same bits), over gloo or the delegates as the plan has the direction. After
         the DP ring (megatron's order: its DDP's gradient sync, then the word embedding's
@@ -650,35 +680,25 @@ class _Worker:
         weight gets the same bits; summed before it, each copy's (a_r + b_r) went round the
         ring in its own order (the ring's order per element follows its chunk, and the
         embedding is at the start of stage 0's gradient but at the end of the last stage's),
-        and with D >= 3 the copies drifted apart."""
+        and with D >= 3 the copies drifted apart. The other stage's gradient comes once that
+        stage has ended its pipeline and its DP ring: the wait for it has no limit of its own
+        (as the DP ring's for its first chunks), the pool's bound on a time without progress
+        bounds it; its receive was posted at set-up (`_post_tied_receive`)."""
         weight = self.compute.tied_weight()
-        if self.tied is None or weight is None or weight.grad is None:
+        if self.tied is None or posted is None or weight is None or weight.grad is None:
             return
-        peer, sends, receives = self.tied
-        assert sends is not None and receives is not None
+        peer, sends, _ = self.tied
+        assert sends is not None
         grad = weight.grad.to(self.compute.device)  # the same tensor unless off the host
-        inbox = torch.empty_like(grad)
-        message = Message(config.iteration, GRADIENT, 0, 0)
-        delegates = self.delegates
-        delegated_in = config.comm_of(receives.link, receives.direction) == "delegated"
-        pending: PendingReceive
-        if delegated_in:
-            assert delegates is not None  # _begin_delegated checked
-            pending = delegates.post_receive(receives, message, inbox)
-        else:
-            pending = transport.post_tied_receive(peer, inbox)
         if config.comm_of(sends.link, sends.direction) == "delegated":
-            assert delegates is not None
-            delegates.send(sends, message, grad, 0.0)
+            assert self.delegates is not None
+            message = Message(config.iteration, GRADIENT, 0, 0)
+            self.delegates.send(sends, message, grad, 0.0)
         else:
             transport.send_tied(peer, sends.link, grad)
-        if delegated_in:
-            assert delegates is not None
-            what = f"the tied weight's gradient from rank {peer}"
-            wait_checking(pending, self.timeout_s, delegates.check, what)
-        else:
-            pending.wait(self.timeout_s)  # over gloo: a wait cut short closes its connections
-        weight.grad.add_(inbox.to(weight.grad.device))
+        posted.receiver.take(0, None)
+        posted.receiver.finish(self.timeout_s)
+        weight.grad.add_(posted.buffers[0].to(weight.grad.device))
 
     def _ring_transport(
         self,
@@ -859,6 +879,11 @@ class _DelegatedRing:
         message = Message(iteration, GRADIENT, index, index)
         self._delegates.send(outbound, message, payload, route.fault_ms, route.nic)
         return route.fault_ms
+
+
+def _optional(inbox: _Inbound | None) -> tuple[_Inbound, ...]:
+    """`inbox` as a tuple of none or one."""
+    return () if inbox is None else (inbox,)
 
 
 def configure_threads() -> None:

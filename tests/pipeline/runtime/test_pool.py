@@ -45,7 +45,7 @@ from pipeline.runtime.pool import BACKSTOP, BACKSTOP_GRACE_S
 from pipeline.runtime.transport import DelegateSetup
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
-from pipeline.topology import Position, Topology
+from pipeline.topology import Link, Position, Topology
 from pipeline.trace import to_chrome_trace
 from tests.fidelity import HANG
 
@@ -649,47 +649,77 @@ def test_a_swap_s_record_spans_the_set_up_that_follows_it() -> None:
         assert ms(starts[1]) <= swap.start_ms < set_up_end <= swap.end_ms <= first_op
 
 
-class _SlowToTakeTied(EmulatedCompute):
-    """Both stages tie a weight (as megatron's embedding): stage 1 takes `STALL_S` before its
-    sum of it, so its receive of stage 0's gradient is posted late: stage 0's send finds no
-    receive on the other side, and gloo gives up on it. (A pipeline message's receive is
-    posted before the iteration starts: its send never waits for one.)"""
-
-    STALL_S = 4.0
+class _Tied(EmulatedCompute):
+    """The first and the last stage tie a weight (as megatron's embedding and output
+    weight), whose gradient they sum after the DP ring."""
 
     def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
         super().setup(stage, num_stages, replica, devices)
+        self._num_stages = num_stages
         self._weight = torch.zeros(256, requires_grad=True)
-        self._weight.grad = torch.ones(256)
+
+    def begin_iteration(self, config: IterationConfig) -> None:
+        self._weight.grad = torch.full((256,), float(1 + self._stage))  # this iteration's
 
     def ties(self, stage: int, num_stages: int) -> bool:
-        return True
+        return stage in (0, num_stages - 1)
 
     def tied_weight(self) -> torch.Tensor | None:
-        return self._weight
+        return self._weight if self.ties(self._stage, self._num_stages) else None
 
-    def take_dp_sums(self) -> None:
+    def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
+        grad = self._weight.grad
+        assert grad is not None
+        return dataclasses.replace(output, params=(("tied grad", grad.numpy().copy()),))
+
+
+def test_a_tied_sum_waits_for_the_other_stage_s_ring_longer_than_the_timeout() -> None:
+    """Stage 0's DP ring is slowed by 700 ms on each of its 2 messages over dp0:0-1 (each
+    delay within the 1 s timeout for one message), stage 1's is not: stage 1 reaches the tied
+    sum 1.4 s before stage 0 does. Its send of the tied gradient found no receive posted at
+    stage 0 and gloo gave up on it after the 1 s timeout: a healthy iteration failed with
+    "sending the tied weight's gradient ... Timed out". Both stages' sums are 1 + 2."""
+    plain = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    slow_ring = dataclasses.replace(plain, dp_delay_ms=((Link.parse("dp0:0-1"), 700.0),))
+    with WorkerPool(2, 2, compute_factory=_Tied, timeout_s=1.0) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(plain), plain))  # gloo connects
+        timeline = pool.run_iteration(IterationConfig(1, one_f_one_b(slow_ring), slow_ring))
+        results = pool.last_results
+    assert timeline.iterations[0].step_time_ms >= 2 * 700.0
+    for result in results:
+        (name, grad), *_ = result.step_output.params or ()
+        assert name == "tied grad" and set(grad.tolist()) == {3.0}
+
+
+class _StopsAtItsFirstOp(EmulatedCompute):
+    """Stage 1 stops its own process (SIGSTOP: gloo's threads too) in its first op: stage 0's
+    next message, larger than the sockets' buffers, cannot go."""
+
+    def run(
+        self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
+    ) -> torch.Tensor | None:
         if self._stage == 1:
-            time.sleep(self.STALL_S)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return super().run(kind, microbatch, inputs, profile)
 
 
 def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
-    profile = _profile(1.0, 1.0, 1.0)
-    with WorkerPool(2, compute_factory=_SlowToTakeTied, timeout_s=1) as pool:
+    profile = dataclasses.replace(_profile(1.0, 1.0, 1.0), message_bytes=32 * MB)
+    with WorkerPool(2, compute_factory=_StopsAtItsFirstOp, timeout_s=1) as pool:
         pids = list(pool.pids)
         with pytest.raises(WorkerTimeout) as info:
             pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     err = info.value
-    # gloo's text: "Timed out waiting 1000ms for send ..." or, where the receiver thread's
-    # wait on the same pair timed out first, "Application timeout caused pair closure".
+    # gloo's text: "Timed out waiting 1000ms for send ..." or, where another wait on the
+    # same pair timed out first, "Application timeout caused pair closure".
     assert re.fullmatch(
-        r"rank 0 \(stage 0\), iteration 0, op tied: TimeoutError: sending the tied weight's "
-        r"gradient to rank 1 on tied:0-1 failed: .*(Timed out|timeout).*",
+        r"rank 0 \(stage 0\), iteration 0, op F1: TimeoutError: sending the activation of "
+        r"microbatch 1 to rank 1 on link 0-1 failed: .*(Timed out|timeout).*",
         str(err),
     ), str(err)
     remote = err.remote
     assert remote is not None and err.rank == 0
-    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "tied")
+    assert (remote.type_name, remote.op) == ("builtins.TimeoutError", "F1")
     assert remote.cause_type_name == "builtins.RuntimeError"  # gloo's, kept as the cause
     assert "in send" in remote.traceback_text  # the transport's frame
     assert not any(_alive(pid) for pid in pids)
