@@ -76,7 +76,6 @@ class RuntimeEngine(Closing):
             delegates=delegates,
         )
         self._on_start = on_start
-        self._started = False
         self._failed_over = False
         """A delegate of the pool moved to another NIC (a new run takes a fresh pool, its
         delegates on the first)."""
@@ -120,21 +119,19 @@ class RuntimeEngine(Closing):
             self._resume = None
             if self._failed_over:  # a new run starts on healthy hardware, its delegates on
                 self._pool.close()  # the first NIC (as in the simulator): fresh ones
-                self._started = self._failed_over = False
+                self._failed_over = False
             # ... and its workers on the default placement, as a fresh pool's (and the
             # simulator's): the last run's swaps are undone outside any iteration.
             self._pool.place_default()
         plan.validate(self._validated)
         if self._pool.delegates is not None:
             wanted = profile.delegate_count()
-            if self._started and wanted != self._pool.num_delegates:
+            if self._pool.running and wanted != self._pool.num_delegates:
                 self._check_restartable(iteration, wanted)
                 self._pool.close()  # its delegates are started with it: a fresh one
-                self._started = False
             self._pool.num_delegates = wanted
-        if not self._started:
+        if not self._pool.running:  # never started, or closed by a failure: a fresh one
             self._pool.start()
-            self._started = True
         saves = checkpoint and self.capabilities.trains
         config = IterationConfig(
             iteration,
@@ -161,9 +158,8 @@ class RuntimeEngine(Closing):
         except BaseException as err:
             if config.save_checkpoint is not None:  # some stages may have saved: not a checkpoint
                 shutil.rmtree(config.save_checkpoint, ignore_errors=True)
-            if not isinstance(err, WorkerError):
+            if not isinstance(err, WorkerError):  # the pool closed itself all the same
                 raise
-            self._started = False  # the pool has closed itself
             if isinstance(err, WorkerLinkFailure):
                 at_ms = None if err.remote is None else err.remote.at_ms
                 if at_ms is None and started:  # noticed, not injected: when the pool heard
@@ -212,7 +208,7 @@ class RuntimeEngine(Closing):
         iteration then loads the run's last checkpoint, if it saved one."""
         self._pool.close()
         self._pool.start()
-        self._started, self._failed_over = True, False
+        self._failed_over = False
         self._resume = self._committed
 
     def close(self) -> None:
@@ -224,7 +220,6 @@ class RuntimeEngine(Closing):
             if self._checkpoints is not None:
                 shutil.rmtree(self._checkpoints, ignore_errors=True)
                 self._checkpoints, self._committed = None, None
-            self._started = False
             self._validated.clear()
 
 

@@ -141,6 +141,12 @@ class WorkerPool:
         """What each rank last said it did in the command waited on (`worker.Progress`), and
         when that came (host monotonic s): what the pool's timeout names."""
 
+    @property
+    def running(self) -> bool:
+        """Whether its workers are up: started, and not closed since (by `close`, or by a
+        failure or an interruption, which close the pool before they are raised)."""
+        return bool(self._processes)
+
     def __enter__(self) -> WorkerPool:
         self.start()
         return self

@@ -251,3 +251,23 @@ def test_a_signal_while_the_pool_closes_still_removes_the_checkpoints(
     finally:
         monkeypatch.undo()
         engine.close()  # what a failed test left
+
+
+def test_after_an_error_that_closed_the_pool_the_next_run_starts_a_fresh_one() -> None:
+    """An error that is no worker's (here the testbed's change at the iteration's start, an
+    `on_start` that raises) closes the pool as a worker's does: the engine's next run starts
+    a fresh pool, as after a `WorkerError` (it took the closed pool for a running one: "the
+    worker pool is not running")."""
+    starts: list[float] = []
+
+    def on_start(start_at: float) -> None:
+        starts.append(start_at)
+        if len(starts) == 1:
+            raise OSError("the testbed's change could not go out")
+
+    with emulated_engine(2, timeout_s=20, on_start=on_start) as engine:
+        with pytest.raises(OSError, match="could not go out"):
+            engine.run(PLAN, 0, NO_FAULTS)
+        timeline = engine.run(PLAN, 0, NO_FAULTS).timeline
+    assert len(timeline.ops) == sum(len(ops) for ops in PLAN.schedule.stages)
+    assert len(starts) == 2
