@@ -683,13 +683,17 @@ class _Worker:
         and with D >= 3 the copies drifted apart. The other stage's gradient comes once that
         stage has ended its pipeline and its DP ring: the wait for it has no limit of its own
         (as the DP ring's for its first chunks), the pool's bound on a time without progress
-        bounds it; its receive was posted at set-up (`_post_tied_receive`)."""
+        bounds it; its receive was posted at set-up (`_post_tied_receive`), so the swap
+        always runs, a weight without a gradient sending zeros and taking the other's (a
+        receive left posted would take the next iteration's message)."""
         weight = self.compute.tied_weight()
-        if self.tied is None or posted is None or weight is None or weight.grad is None:
+        if self.tied is None or posted is None or weight is None:
             return
         peer, sends, _ = self.tied
         assert sends is not None
-        grad = weight.grad.to(self.compute.device)  # the same tensor unless off the host
+        inbox = posted.buffers[0]
+        # the same tensor unless off the host
+        grad = torch.zeros_like(inbox) if weight.grad is None else weight.grad.to(inbox.device)
         if config.comm_of(sends.link, sends.direction) == "delegated":
             assert self.delegates is not None
             message = Message(config.iteration, GRADIENT, 0, 0)
@@ -698,7 +702,10 @@ class _Worker:
             transport.send_tied(peer, sends.link, grad)
         posted.receiver.take(0, None)
         posted.receiver.finish(self.timeout_s)
-        weight.grad.add_(posted.buffers[0].to(weight.grad.device))
+        if weight.grad is None:
+            weight.grad = inbox.to(weight.device)
+        else:
+            weight.grad.add_(inbox.to(weight.grad.device))
 
     def _ring_transport(
         self,

@@ -669,8 +669,8 @@ class _Tied(EmulatedCompute):
 
     def after_step(self, config: IterationConfig, output: StepOutput) -> StepOutput:
         grad = self._weight.grad
-        assert grad is not None
-        return dataclasses.replace(output, params=(("tied grad", grad.numpy().copy()),))
+        kept = np.zeros(0) if grad is None else grad.numpy().copy()  # none: no sum ran
+        return dataclasses.replace(output, params=(("tied grad", kept),))
 
 
 def test_a_tied_sum_waits_for_the_other_stage_s_ring_longer_than_the_timeout() -> None:
@@ -689,6 +689,33 @@ def test_a_tied_sum_waits_for_the_other_stage_s_ring_longer_than_the_timeout() -
     for result in results:
         (name, grad), *_ = result.step_output.params or ()
         assert name == "tied grad" and set(grad.tolist()) == {3.0}
+
+
+class _TiedWithoutGradientAtIteration1(_Tied):
+    """`_Tied`, but in iteration 1 neither tied copy has a gradient."""
+
+    def begin_iteration(self, config: IterationConfig) -> None:
+        super().begin_iteration(config)
+        if config.iteration == 1:
+            self._weight.grad = None
+
+
+def test_tied_copies_without_a_gradient_swap_zeros_and_the_next_iteration_gets_its_own() -> None:
+    """The tied gradient's receive is posted at set-up: where neither copy had a gradient
+    and no swap ran, it stayed posted, took the next iteration's gradient in the old buffer,
+    and that iteration's own receive waited for good. Zeros are swapped instead."""
+    profile = Profile.uniform(2, 2, 1, 1, 1)
+    with WorkerPool(2, compute_factory=_TiedWithoutGradientAtIteration1, timeout_s=1.0) as pool:
+        sums = []
+        for iteration in range(3):
+            pool.run_iteration(IterationConfig(iteration, one_f_one_b(profile), profile))
+            sums.append(
+                [
+                    set(dict(r.step_output.params or ())["tied grad"].tolist())
+                    for r in pool.last_results
+                ]
+            )
+    assert sums == [[{3.0}, {3.0}], [{0.0}, {0.0}], [{3.0}, {3.0}]]
 
 
 class _StopsAtItsFirstOp(EmulatedCompute):
