@@ -47,7 +47,7 @@ from pipeline.runtime.config import IterationConfig, RankResult, StateMove
 from pipeline.runtime.devices import RankDevices, choose_devices, num_visible_gpus
 from pipeline.runtime.dp_ring import Ring
 from pipeline.runtime.hooks import FaultHook, FaultViewHook
-from pipeline.runtime.receiver import Receiver
+from pipeline.runtime.receiver import THREAD_WAIT_S, Receiver
 from pipeline.runtime.remote_error import RemoteError
 from pipeline.runtime.transport import (
     ACTIVATION,
@@ -396,7 +396,11 @@ class _Worker:
             replica = topology.position_of_worker(self.rank).replica
             hook = own = FaultViewHook(delays, config.faults, replica)
         swaps = topology.workers != self.topology.workers
-        prepared = _Prepared(config, hook, own, DirectTransport(hook, self.timeout_s), swaps)
+        # A swap's first messages between two workers wait for the later one's swap and
+        # set-up (a mover builds its new stage): no per-message limit bounds that, as none
+        # bounds a pipeline; the pool's bound on a time without progress does.
+        send_limit_s = THREAD_WAIT_S if swaps else self.timeout_s
+        prepared = _Prepared(config, hook, own, DirectTransport(hook, send_limit_s), swaps)
         self.current_op = None
         if not swaps:
             self._set_up(prepared)
@@ -465,7 +469,7 @@ class _Worker:
                 if moved is not None:  # its record spans the set-up too: no unseen gap
                     moved = dataclasses.replace(moved, end_s=time.monotonic())
             assert prepared.inbound is not None
-            records = self._run_ops(config, transport, prepared.inbound, hook)
+            records = self._run_ops(config, transport, prepared.inbound, hook, prepared.swaps)
             self._doing = "joining its receiver threads after its last op"
             self._finish_receivers(prepared.inbound)
             if self.delegates is not None:
@@ -552,7 +556,7 @@ class _Worker:
             if self.delegates is None:
                 pending = transport.post_state_receive(giver, incoming)
                 transport.send_state(taker, outgoing)
-                pending.wait(self.timeout_s)
+                pending.wait(transport.timeout_s)  # spans the giver's build of its stage
             else:  # not over gloo, which is bound to one NIC: where the delegates would go
                 self.delegates.move_state(outgoing, incoming, self._state_route(giver, taker))
             self.compute.import_state(incoming)
@@ -779,10 +783,16 @@ class _Worker:
         transport: DirectTransport,
         inbound: dict[int, _Inbound],
         hook: FaultHook,
+        swaps: bool = False,
     ) -> _Records:
-        """Run this stage's ops in order: take each op's message, compute, send the result."""
+        """Run this stage's ops in order: take each op's message, compute, send the result.
+        `swaps`: the iteration began with a rank swap, so each neighbour's first message
+        comes after its swap and set-up, which no per-message limit bounds (a mover's build
+        of its new stage longer than the timeout failed the neighbours' first ops)."""
         records = _Records()
         num_sent = {ACTIVATION: 0, GRADIENT: 0}
+        # in a swap's iteration, the message kinds whose first message is yet to be taken
+        unbounded = set(inbound) if swaps else set()
         for op in config.schedule_of(self.replica).stages[self.stage]:
             self.current_op = str(op)
             msg_kind = _MESSAGE_KIND.get(op.kind)
@@ -791,7 +801,9 @@ class _Worker:
             if inbox is not None:
                 self._doing = (_WAITING, op)
                 needed = time.monotonic()
-                arrival = inbox.receiver.take(op.microbatch, self.timeout_s)
+                limit_s = None if msg_kind in unbounded else self.timeout_s
+                unbounded.discard(msg_kind)
+                arrival = inbox.receiver.take(op.microbatch, limit_s)
                 records.receives.append(
                     (
                         inbox.link,

@@ -730,6 +730,37 @@ class _StopsAtItsFirstOp(EmulatedCompute):
         return super().run(kind, microbatch, inputs, profile)
 
 
+class _SlowToMove(EmulatedCompute):
+    """A move to another position takes 2 s (megatron builds the stage it plays next)."""
+
+    MOVE_S = 2.0
+
+    def move(self, stage: int, replica: int) -> None:
+        time.sleep(self.MOVE_S)
+        super().move(stage, replica)
+
+
+def test_a_rank_swap_longer_than_the_timeout_is_no_timeout() -> None:
+    """Two workers trade places, each taking 2 s for it, under a 1 s timeout: the workers
+    that stay send to and wait for the movers' first messages from the iteration's start,
+    and timed out after 1 s ("waiting for the activation of microbatch 0 from rank 1 failed:
+    nothing came within 1 s"). The swap is the iteration's first work: it goes through."""
+    profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
+    with WorkerPool(2, 2, compute_factory=_SlowToMove, timeout_s=1.0) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+        config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped)
+        timeline = pool.run_iteration(config)
+        after = pool.run_iteration(
+            IterationConfig(2, one_f_one_b(profile), profile, topology=swapped)
+        )
+    assert len(timeline.swaps) == 2
+    assert all(s.end_ms - s.start_ms >= 1000 * _SlowToMove.MOVE_S for s in timeline.swaps)
+    assert (
+        len(after.ops) == len(timeline.ops) == 2 * sum(len(o) for o in one_f_one_b(profile).stages)
+    )
+
+
 def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
     profile = dataclasses.replace(_profile(1.0, 1.0, 1.0), message_bytes=32 * MB)
     with WorkerPool(2, compute_factory=_StopsAtItsFirstOp, timeout_s=1) as pool:
