@@ -259,15 +259,19 @@ class WorkerPool:
         last iteration left them on another: between runs (a new run's iteration 0 starts
         there, from the initial state), outside any iteration, so nothing is timed or
         recorded and no state moves (`_Worker.place`: the delegates
-        whose peer changes are rewired, a worker that moves builds its stage). A failure
-        ends the pool with a `WorkerError`, as in an iteration."""
+        whose peer changes are rewired, a worker that moves builds its stage, as at its
+        start-up, and has as long for it: `start_up_limit_s`). A failure ends the pool with a
+        `WorkerError`, as in an iteration."""
         if not self._processes or self._placement.workers == self._grid.workers:
             return
         what = PLACING
         self._busy = True
         try:
             self._send_all(self._grid, what)
-            self._gather(what, "a ready message (the default placement played)")
+            # a mover builds the stage it played at its start-up (megatron's model): as
+            # long as a start-up may take, not an iteration's time without progress
+            limit_s = start_up_limit_s(self.num_ranks)
+            self._gather(what, "a ready message (the default placement played)", limit_s)
         except BaseException:
             if self._processes:  # as in `run_iteration`: answers owed would be misread
                 self.close()

@@ -761,6 +761,41 @@ def test_a_rank_swap_longer_than_the_timeout_is_no_timeout() -> None:
     )
 
 
+class _SlowToMoveBack(EmulatedCompute):
+    """A move back to its own default position takes 2.5 s (megatron builds that stage, as
+    at its start-up); other moves are quick."""
+
+    MOVE_S = 2.5
+
+    def setup(self, stage: int, num_stages: int, replica: int, devices: RankDevices) -> None:
+        super().setup(stage, num_stages, replica, devices)
+        self._default = (stage, replica)
+
+    def move(self, stage: int, replica: int) -> None:
+        if (stage, replica) == self._default:
+            time.sleep(self.MOVE_S)
+        super().move(stage, replica)
+
+
+def test_a_move_back_to_the_default_placement_may_take_as_long_as_a_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Between runs the workers go back to their default positions, untimed: a move there
+    builds the stage a worker played at its start-up, and may take as long (`place_default`
+    waits the start-up bound for it). It waited the pool's bound on an iteration's time
+    without progress (2 x 0.5 s + 0.5 s here) and the pool ended with a WorkerTimeout."""
+    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 0.5)
+    profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
+    swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
+    with WorkerPool(2, 2, compute_factory=_SlowToMoveBack, timeout_s=0.5) as pool:
+        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile, topology=swapped))
+        started = time.monotonic()
+        pool.place_default()
+        assert time.monotonic() - started >= _SlowToMoveBack.MOVE_S
+        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    assert not timeline.swaps
+
+
 def test_a_send_gloo_gives_up_on_is_a_timeout_naming_the_send() -> None:
     profile = dataclasses.replace(_profile(1.0, 1.0, 1.0), message_bytes=32 * MB)
     with WorkerPool(2, compute_factory=_StopsAtItsFirstOp, timeout_s=1) as pool:
