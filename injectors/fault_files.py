@@ -299,7 +299,13 @@ def _effect(row: int, item: dict[str, Any]) -> Effect:
             )
         return Effect(bandwidth_gbps=rate)
     if kind == "stall_ms":
-        return Effect(stall_ms=_ms(row, value, "stall_ms"))
+        stall_ms = _ms(row, value, "stall_ms")
+        if not stall_ms > 0:  # Effect(stall_ms=0) is Effect(): the row would end every effect
+            raise ConfigError(
+                f"fault row {row}: stall_ms must be > 0 (a stall of 0 holds nothing; a row that "
+                "ends the effects on its target is delay_ms: 0)"
+            )
+        return Effect(stall_ms=stall_ms)
     if value is not True:
         raise ConfigError(f"fault row {row}: down takes true")
     return Effect(down=True)

@@ -244,6 +244,8 @@ def test_targets_and_iterations_are_checked_against_the_run() -> None:
         ("- {start_iteration: 1, links: ['0-1']}", "give one effect"),
         ("- {start_iteration: 1, links: ['0-1'], hosts: [0, 1], delay_ms: 1}", "one target"),
         ("- {start_iteration: 1, links: ['0-1'], stall_ms: 5, jitter_ms: 1}", "jitter_ms goes"),
+        # a stall of 0 is no effect, which ends every effect on its target (a cap, a NIC down)
+        ("- {start_iteration: 1, links: ['0-1'], stall_ms: 0}", "stall_ms must be > 0"),
         ("- {start_iteration: 1, links: ['0-1'], bandwidth_gbps: 0}", "must be >= 0.001"),
         ("- {start_iteration: 1, links: ['0-1'], bandwidth_gbps: 1e-300}", "must be >= 0.001"),
         ("- {start_iteration: 1, links: ['0-1'], delay_ms: .inf, jitter_ms: 3}", "cannot go"),
