@@ -250,6 +250,7 @@ def run(
         num_warmup_iterations=warmup_iterations,
         backend=backend,
         host=host,
+        injection=injection,
     ):
         click.echo(warning, err=True)
     controller: Controller
@@ -368,7 +369,7 @@ def _print_run_text(
         if any(result.step_times_ms)
         else ""
     )
-    counted = f"{iterations} iterations"
+    counted = f"{iterations} iteration{'' if iterations == 1 else 's'}"
     if result.lost_iterations:  # the medians are over every iteration run
         counted = (
             f"{len(result.iteration_times_ms)} iterations run ({iterations} measured, "

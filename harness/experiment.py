@@ -261,6 +261,7 @@ def _warnings(config: Configuration, spec: ExperimentSpec) -> list[str]:
         num_warmup_iterations=spec.num_warmup_iterations,
         backend=spec.backend,
         host=spec.host_costs(),
+        injection=spec.injection,
     )
     return [f"{target.label} {scenario.name}: {warning}" for warning in warnings]
 

@@ -4,6 +4,7 @@ and the engines it runs on: opened here, shared by an experiment's configuration
 from __future__ import annotations
 
 import functools
+import math
 import os
 import statistics
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from harness.policies import (
     sub_onset_delay_warning,
 )
 from injectors.fault_model import Effect, FaultModel, TargetKind
+from injectors.kernel_probe import PerLinkPath, per_link_path
 from pipeline.allreduce import largest_chunk_bytes
 from pipeline.engines import Controller, Engine, Plan
 from pipeline.engines.base import Closing
@@ -324,17 +326,20 @@ def run_warnings(
     num_warmup_iterations: int,
     backend: str,
     host: HostCosts = FREE,
+    injection: str = "hook",
 ) -> list[str]:
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
     gives before it starts: `blind_detector_warning`, `sub_onset_delay_warning`,
     `noisy_ring_warning`, `static_dp_delay_warning`, `idle_fault_rows_warning`,
-    `replaced_rows_warning` and, with `host` costs, their `calibration_shape_warning`, those
-    that apply."""
+    `replaced_rows_warning`, with `host` costs their `calibration_shape_warning`, and under
+    `injection` "network" `wire_rate_warning`, those that apply."""
     warnings = [
         idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
         replaced_rows_warning(profile, faults),
         calibration_shape_warning(host, profile),
     ]
+    if injection == "network" and os.geteuid() == 0:  # (the testbed needs root: refused else)
+        warnings.append(wire_rate_warning(profile, faults, per_link_path()))
     if system is not None:
         warnings[:0] = [
             blind_detector_warning(
@@ -345,6 +350,51 @@ def run_warnings(
             static_dp_delay_warning(system, profile),
         ]
     return [warning for warning in warnings if warning is not None]
+
+
+WIRE_GBIT_S = 2.0
+"""About what the testbed's userspace wire carries per host pair (`wire_rate_warning`): 2.0 and
+3.8 Gbit/s measured here idle, 0.8-0.9 on a loaded host (BENCHMARKS.md, bench_injectors)."""
+
+
+def wire_rate_warning(profile: Profile, faults: FaultView, path: PerLinkPath) -> str | None:
+    """A warning line where the testbed's delayed host pairs take its userspace wire (`path`:
+    no kernel netem) and the run's largest message (`largest_messages`: the profile's bytes)
+    takes 1 ms or more at `WIRE_GBIT_S`, where the profile's links are faster: the wire, not
+    the profile's rate or the delay, sets those messages' time. Delayed pairs: a profile's
+    delays, or a fault timeline's delay, stall or redrawn-delay rows."""
+    delayed = (
+        any(profile.delay_ms)
+        or any(delay_ms for _, delay_ms in profile.dp_delay_ms)
+        or (
+            isinstance(faults, FaultModel)
+            and any(
+                e.effect.kind in ("delay", "stall") and e.effect != Effect() for e in faults.events
+            )
+        )
+    )
+    rate_gbit_s = profile.link_bandwidth_gbps or math.inf
+    if path.netem or not delayed or rate_gbit_s <= WIRE_GBIT_S:
+        return None
+    message_bytes, routes = largest_messages(profile)
+    largest = max((message_bytes, *routes.values()))
+    wire_ms = largest * 8 / (WIRE_GBIT_S * 1e6)
+    if wire_ms < 1.0:
+        return None
+    rate_ms = largest * 8 / (rate_gbit_s * 1e6)
+    at_rate = (
+        ""
+        if math.isinf(rate_gbit_s)
+        else f" (at the profile's {rate_gbit_s:g} Gbit/s: {rate_ms:.3g} ms)"
+    )
+    return (
+        f"warning: the testbed's delayed host pairs go through its userspace wire "
+        f"({path.reason}), which carries about {WIRE_GBIT_S:g} Gbit/s (under 1 on a loaded "
+        f"host): a {largest / (1 << 20):.3g} MiB message across one takes about "
+        f"{wire_ms:.3g} ms there besides the delay{at_rate}, so those iterations run slower "
+        "than the simulator's of the same profile (a host with kernel netem carries them at "
+        "its links' rate)"
+    )
 
 
 def check_calibrated(backend: str) -> None:

@@ -1,5 +1,7 @@
 """harness.runner: one configuration on the engines an experiment shares."""
 
+import dataclasses
+
 import pytest
 
 from baselines import one_f_one_b
@@ -12,9 +14,12 @@ from harness.runner import (
     longest_hold_ms,
     replaced_rows_warning,
     run_configuration,
+    wire_rate_warning,
 )
 from injectors.fault_files import parse_trace, parse_yaml
+from injectors.kernel_probe import PerLinkPath
 from pipeline.errors import ConfigError
+from pipeline.faults import NO_FAULTS
 from pipeline.profile import Profile
 from pipeline.topology import Position
 
@@ -264,3 +269,36 @@ def test_a_run_with_a_calibration_of_another_shape_is_warned() -> None:
         == []
     )
     assert FREE.shape_warning(4, 2.0) is None
+
+
+def test_a_testbed_run_whose_delayed_pairs_take_the_wire_is_warned_of_its_rate() -> None:
+    """Without kernel netem a delayed host pair's traffic goes through the userspace wire,
+    about 2 Gbit/s (under 1 on a loaded host): caps of 2, 5 and 10 Gbit/s gave 0.78-0.94, and
+    4 MiB messages with 5 ms ran 330-430 ms iterations against the simulator's 192, with
+    nothing said (the net review)."""
+    wire = PerLinkPath(False, "userspace delay wire (no sch_netem)", "no sch_netem")
+    delayed = Profile.uniform(2, 4, 10, 10, 10, message_bytes=4 << 20).with_delays([5.0], {})
+    assert wire_rate_warning(delayed, NO_FAULTS, wire) == (
+        "warning: the testbed's delayed host pairs go through its userspace wire (no "
+        "sch_netem), which carries about 2 Gbit/s (under 1 on a loaded host): "
+        "a 4 MiB message across one takes about 16.8 ms there besides the delay, so those "
+        "iterations run slower than the simulator's of the same profile (a host with kernel "
+        "netem carries them at its links' rate)"
+    )
+    rated = dataclasses.replace(delayed, link_bandwidth_gbps=100.0)
+    assert "besides the delay (at the profile's 100 Gbit/s: 0.336 ms)," in str(
+        wire_rate_warning(rated, NO_FAULTS, wire)
+    )
+    # kernel netem carries them; no delay, no wire; a rate the wire keeps up with; 64 KiB
+    assert wire_rate_warning(delayed, NO_FAULTS, PerLinkPath(True, "kernel netem")) is None
+    assert wire_rate_warning(dataclasses.replace(delayed, delay_ms=(0.0,)), NO_FAULTS, wire) is None
+    slow = dataclasses.replace(delayed, link_bandwidth_gbps=1.0)
+    assert wire_rate_warning(slow, NO_FAULTS, wire) is None
+    small = dataclasses.replace(delayed, message_bytes=64 << 10)
+    assert wire_rate_warning(small, NO_FAULTS, wire) is None
+    # a fault timeline's delay row sends its pair through the wire too (a cap does not)
+    healthy = dataclasses.replace(delayed, delay_ms=(0.0,))
+    timeline = parse_yaml("- {start_iteration: 2, links: ['0-1'], delay_ms: 30}")
+    assert wire_rate_warning(healthy, timeline, wire) is not None
+    capped = parse_yaml("- {start_iteration: 2, links: ['0-1'], bandwidth_gbps: 50}")
+    assert wire_rate_warning(healthy, capped, wire) is None
