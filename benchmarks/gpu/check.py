@@ -24,7 +24,9 @@ SIGKILL ends it, and every part before it is on file.
   same seed: float32 with TF32 off, within 1e-4 relative on a GPU (its kernels sum in
   another order than the CPU's; 1e-5 on the CPU, the numerics tests' bound), each run's
   difference from the S = 1 1f1b run on the same device (the stages' split alone, no
-  kernels of another device: shown, not gated), and each run's `params_sha256`;
+  kernels of another device: shown, not gated), and each run's `params_sha256`; at each S
+  the 1f1b run again in the same pool, which must give the first one's digest (the design's
+  "the same run gives the same digest", tested on a CPU only until a GPU runs this);
 - profile_gpt2, profile_7b: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores
   a float32 run would use) of gpt2-124m at S = 2, 8 microbatches, and of one stage of the
   paper's 7B shape (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers,
@@ -101,6 +103,9 @@ from pipeline.schedule import Schedule
 from pipeline.signals import Terminated, run_script
 
 SEED, LR, NUM_ITERATIONS, NUM_MICROBATCHES = 0, 0.5, 3, 8
+AGAIN = "1f1b again"
+POLICIES = (("1f1b", one_f_one_b), ("zb-h2", zb_h2), (AGAIN, one_f_one_b))
+"""The numerics runs at each S, in order: the last is the first again (`_digest_repeats`)."""
 H100 = dataclasses.replace(
     H800_IB400, name="h100", memory_gib=80.0, hbm_gbyte_s=3350.0, nvlink_gbyte_s=450.0
 )
@@ -283,7 +288,7 @@ def numerics(shape: Shapes, device: str, partial: dict[str, Any]) -> dict[str, A
     for num_stages in (1, 2, 4):
         profile = Profile.uniform(num_stages, NUM_MICROBATCHES, 1, 1, 1)
         with WorkerPool(num_stages, compute_factory=factory, timeout_s=timeout_s) as pool:
-            for policy, make in (("1f1b", one_f_one_b), ("zb-h2", zb_h2)):
+            for policy, make in POLICIES:
                 schedule, losses = make(profile), []
                 for it in range(NUM_ITERATIONS):
                     last = it == NUM_ITERATIONS - 1
@@ -303,14 +308,22 @@ def numerics(shape: Shapes, device: str, partial: dict[str, Any]) -> dict[str, A
                         "params_sha256": params_sha256(whole_model_params(pool.last_results)),
                     }
                 )
+    repeats = _digest_repeats(runs)
     return {
         "model": preset.name,
         "dtype": "float32 (TF32 off)",
         "tolerance_relative": tolerance,
         "reference_losses": reference,
         "runs": runs,
-        "ok": all(r["max_relative_error"] <= tolerance for r in runs),
+        "digest_repeats": repeats,
+        "ok": repeats and all(r["max_relative_error"] <= tolerance for r in runs),
     }
+
+
+def _digest_repeats(runs: list[dict[str, Any]]) -> bool:
+    """Whether each S's 1f1b run, run again in its pool, gave the same parameter digest."""
+    digests = {(r["stages"], r["policy"]): r["params_sha256"] for r in runs}
+    return all(digests[s, "1f1b"] == digests[s, AGAIN] for s, policy in digests if policy == AGAIN)
 
 
 def _worst_relative(losses: list[float], against: list[float]) -> float:
@@ -660,6 +673,7 @@ def _render(name: str, result: dict[str, Any], results: dict[str, Any]) -> list[
         if "ok" in result:
             lines.append(
                 f"{result['dtype']}, tolerance {result['tolerance_relative']:g} relative; "
+                f"the same run twice, the same digest: {result['digest_repeats']}; "
                 f"ok: {result['ok']}\n"
             )
         lines += [

@@ -76,8 +76,13 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     assert numerics["ok"] and numerics["tolerance_relative"] == 1e-5
     runs = numerics["runs"]
     assert [(r["stages"], r["policy"]) for r in runs] == [
-        (s, p) for s in (1, 2, 4) for p in ("1f1b", "zb-h2")
+        (s, p) for s in (1, 2, 4) for p in ("1f1b", "zb-h2", "1f1b again")
     ]
+    # The same run again in its pool, the same bits: checked on the lent GPU too.
+    assert numerics["digest_repeats"] is True
+    for s in (1, 2, 4):
+        digests = {r["policy"]: r["params_sha256"] for r in runs if r["stages"] == s}
+        assert digests["1f1b again"] == digests["1f1b"]
     assert all(r["max_relative_error"] <= 1e-5 and len(r["params_sha256"]) == 64 for r in runs)
     assert runs[0]["max_relative_error_vs_one_stage"] == 0.0  # the S = 1 run itself
     assert all(r["max_relative_error_vs_one_stage"] <= 1e-5 for r in runs)
@@ -95,6 +100,7 @@ def test_the_gpu_check_runs_to_its_end_on_a_cpu(tmp_path: Path) -> None:
     assert parts["copies"]["result"] == {"skipped": "no GPU (dry run)"}
     summary = (tmp_path / "summary.md").read_text()
     assert "(dry run, CPU)" in summary and "| 4 | zb-h2 |" in summary
+    assert "the same run twice, the same digest: True; ok: True" in summary
     assert "check exit status: 0" in done.stdout
     log = (tmp_path / "log.txt").read_text()  # the machine first, then the check's output
     assert log.startswith("== the machine") and f"cores: {os.cpu_count()}" in log
