@@ -25,8 +25,9 @@ SIGKILL ends it, and every part before it is on file.
   another order than the CPU's; 1e-5 on the CPU, the numerics tests' bound), each run's
   difference from the S = 1 1f1b run on the same device (the stages' split alone, no
   kernels of another device: shown, not gated), and each run's `params_sha256`; at each S
-  the 1f1b run again in the same pool, which must give the first one's digest (the design's
-  "the same run gives the same digest", tested on a CPU only until a GPU runs this);
+  the 1f1b run again in the same pool, whether it gives the first one's digest
+  (`digest_repeats`: the design's "the same run gives the same digest", tested on a CPU only
+  until a GPU runs this; reported beside `ok`, which is the losses' tolerance alone);
 - profile_gpt2, profile_7b: `measure_profile` (F, B, W per stage, TF32 on: the tensor cores
   a float32 run would use) of gpt2-124m at S = 2, 8 microbatches, and of one stage of the
   paper's 7B shape (hidden 5120, 32 heads, seq 1024, micro-batch 1, `--layers-7b` layers,
@@ -316,7 +317,7 @@ def numerics(shape: Shapes, device: str, partial: dict[str, Any]) -> dict[str, A
         "reference_losses": reference,
         "runs": runs,
         "digest_repeats": repeats,
-        "ok": repeats and all(r["max_relative_error"] <= tolerance for r in runs),
+        "ok": all(r["max_relative_error"] <= tolerance for r in runs),
     }
 
 
