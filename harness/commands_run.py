@@ -100,7 +100,9 @@ def _run_dir_options(*, out_help: str, run_id_help: str) -> Callable[[F], F]:
     default="hook",
     show_default=True,
     help="Runtime backends: delays as a sleep before each send (hook) or in a namespace "
-    "testbed's network (network; root).",
+    "testbed's network (network; root). The simulator times them as that injection does: "
+    "network, a message's bytes queue at its link's rate and its delay propagates, holding "
+    "no sender.",
 )
 @click.option(
     "--iterations",
@@ -234,11 +236,6 @@ def run(
         faults = timeline
     if timeout_s is not None and backend == "sim":
         raise ConfigError("--timeout is the runtime workers' (--backend emulated or megatron)")
-    if "injection" in given and backend == "sim":
-        raise ConfigError(
-            f"--inject {injection} needs a runtime backend (emulated or megatron): the "
-            "simulator models every delay itself"
-        )
     recovery = Recovery(transport_timeout_s=timeout_s or CHECKPOINT_RESTART.transport_timeout_s)
     if calibration_path is not None:  # before its file's warnings
         check_calibrated(backend)

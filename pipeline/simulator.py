@@ -129,6 +129,7 @@ def simulate(
     nics_in_use: Mapping[tuple[int, str, str], int] | None = None,
     replica_schedules: ReplicaSchedules | None = None,
     faults_from_ms: float | None = None,
+    delays_in_network: bool = False,
 ) -> Timeline:
     """Time every op and message of one iteration starting at `start_ms` (`faults_from_ms`,
     default `start_ms`: where the iteration began for `faults`' offsets, before a rank swap's
@@ -197,6 +198,9 @@ def simulate(
     lag_ms = host.receive_lag_for_ms(profile.message_bytes)
     durations = _durations(profile)
     transfer = [profile.transfer_ms(i) for i in range(num_stages - 1)]
+    # delays_in_network: a message's bytes at its link's own rate (the rest of a transfer
+    # propagates: the latency and the delays).
+    bytes_ms = profile.wire_ms() - profile.link_latency_ms
     copy_out_ms = profile.copy_ms() + host.copy_out_ms(message_bytes)
     pickup_ms = host.delegate_pickup_ms
     deliver_ms = host.delegate_transfer_ms(message_bytes)
@@ -227,6 +231,8 @@ def simulate(
         stages = schedule_of(replica).stages
         count = counts[replica]
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
+        # bytes_free[link][direction]: when its last byte has left (delays_in_network).
+        bytes_free = [[start_ms, start_ms] for _ in transfer]
         on_nic = {(link, d): nic for (r, link, d), nic in in_use.items() if r == replica}
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
@@ -293,6 +299,7 @@ def simulate(
                     continue
                 transfer_ms = transfer[link_idx]
                 fault_ms = profile.delay_ms[link_idx]
+                cap_ms = 0.0  # what a fault's cap adds to the message's bytes
                 mode = modes[link_idx][direction]
                 if faults is not NO_FAULTS:
                     here = (links[link_idx], _DIRECTIONS[direction])
@@ -318,10 +325,17 @@ def simulate(
                         failovers.append(record)
                     transfer_ms += route.fault.delay_ms
                     fault_ms += route.fault.delay_ms
+                    cap_ms = route.fault.cap_ms
                 wire_start, copied_in, copying_ms = sent, 0.0, 0.0
                 if mode is CommMode.IDEAL:
                     send_end = sent
                     arrival = sent + transfer_ms
+                elif mode is CommMode.DIRECT and delays_in_network:
+                    send_end = sent + send_ms
+                    queue = bytes_free[link_idx]
+                    queue[direction] = max(sent, queue[direction]) + bytes_ms + cap_ms
+                    flight_ms = transfer_ms - bytes_ms - cap_ms  # latency and delays
+                    arrival = max(send_end, queue[direction] + flight_ms) + lag_ms
                 elif mode is CommMode.DIRECT:
                     send_end = sent + transfer_ms + send_ms
                     arrival = send_end + lag_ms
@@ -334,8 +348,15 @@ def simulate(
                     slots = delegate_free[link_idx][direction]
                     slot = seq % num_delegates
                     wire_start = max(send_end + pickup_ms, slots[slot])
-                    carried_ms = transfer_ms + delegated_extra_ms
-                    slots[slot] = arrival = wire_start + carried_ms + deliver_ms
+                    if delays_in_network:  # the delegate is busy with its send only
+                        slots[slot] = wire_start + deliver_ms
+                        queue = bytes_free[link_idx]
+                        queue[direction] = max(wire_start, queue[direction]) + bytes_ms + cap_ms
+                        flight_ms = transfer_ms - bytes_ms - cap_ms
+                        arrival = max(slots[slot], queue[direction] + flight_ms)
+                    else:
+                        carried_ms = transfer_ms + delegated_extra_ms
+                        slots[slot] = arrival = wire_start + carried_ms + deliver_ms
                 free = max(free, send_end)
                 arrivals[dest][m] = arrival + copying_ms
                 fields = [

@@ -27,13 +27,16 @@ _CACHED_ITERATIONS = 64
 class SimEngine(Closing):
     """Every DP replica of a plan's profile runs the pipeline, then each stage's all-reduce
     and optimizer step (the step time: pipeline.simulator). `host`: a host's runtime costs
-    (a calibration)."""
+    (a calibration); `delays_in_network`: time the delays and caps as a network does (a
+    run with `--inject network`), not as the fault hook's sleep before each send
+    (`pipeline.simulator.simulate`)."""
 
     name = "sim"
     capabilities = Capabilities(comms=frozenset(CommMode), link_terms=ALL_LINK_TERMS, restarts=True)
 
-    def __init__(self, *, host: HostCosts = FREE) -> None:
+    def __init__(self, *, host: HostCosts = FREE, delays_in_network: bool = False) -> None:
         self.host = host
+        self.delays_in_network = delays_in_network
         self._clock_ms = 0.0
         self._nics_in_use: dict[tuple[int, str, str], int] = {}
         """The NIC (by index) of each (replica, link, direction) whose delegates are off the
@@ -112,6 +115,7 @@ class SimEngine(Closing):
                 nics_in_use=self._nics_in_use,
                 replica_schedules=plan.replica_schedules,
                 faults_from_ms=iteration_start_ms,  # a swap's transfer is in the iteration
+                delays_in_network=self.delays_in_network,
             )
             same_as = None
             if key is not None:

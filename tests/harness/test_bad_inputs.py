@@ -350,7 +350,6 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
     ("unknown command", {}, ["fly"], "No such command 'fly'"),
     # options a command would ignore
     ("timeout in sim", P, [*RUN_P, "--timeout", "5"], "--timeout is the runtime workers'"),
-    ("network in sim", P, [*RUN_P, "--inject", "network"], "needs a runtime backend"),
     (  # refused only as measured iteration 90 ran, on the testbed
         "network NIC delay",
         {"p.json": json.dumps(SMALL), "f.yaml": NIC_DELAY},
@@ -370,7 +369,6 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         "f.yaml: fault row 2: --inject network takes a NIC down, not another effect on a NIC "
         "(host1:rnic0); replay it with --inject hook (line 1)",
     ),
-    ("hook in sim", P, [*RUN_P, "--inject", "hook"], "--inject hook needs a runtime backend"),
     ("model in sim", P, [*RUN_P, "--model", "tiny"], "--model applies to --backend megatron"),
     (
         "unknown megatron model",

@@ -1031,3 +1031,28 @@ def test_the_command_line_starts_without_torch() -> None:
     probe = "import sys, harness.cli, harness.collect, harness.slurm; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_run_sim_times_the_delays_as_the_injection_named_does(tmp_path: Path) -> None:
+    """`--inject network` with the simulator: a delay propagates and a cap queues the bytes,
+    holding no sender, as on the testbed (257.2 ms measured there for this profile, 258.4 ms
+    through the fault hook, which imposes no bandwidth); `--inject hook`, the default: the
+    hook's sleep before each send holds the sender for the delay and the bytes."""
+    profile = tmp_path / "p.json"
+    profile.write_text(
+        json.dumps(
+            {
+                "stages": 2, "microbatches": 4, "t_f": 10, "t_b": 10, "t_w": 10,
+                "delay_ms": [20], "message_bytes": 65536, "link_bandwidth_gbps": 0.1,
+            }
+        )
+    )  # fmt: skip
+    medians = []
+    for injection in ("network", "hook"):
+        out = cli(
+            "run", "--backend", "sim", "--inject", injection, "--profile", str(profile),
+            "--policy", "1f1b", "--iterations", "1", "--format", "json",
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        medians.append(json.loads(out.stdout)["median_iteration_ms"])
+    assert medians == pytest.approx([250.97152, 276.2144])
