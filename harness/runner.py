@@ -52,6 +52,7 @@ __all__ = [
     "longest_hold_ms",
     "run_configuration",
     "run_warnings",
+    "unimposed_link_terms_warning",
 ]
 
 BACKENDS = ("sim", "emulated", "megatron")
@@ -331,14 +332,16 @@ def run_warnings(
     """The warning lines a run of `system` (None: a fixed plan's) on `profile` under `faults`
     gives before it starts: `blind_detector_warning`, `sub_onset_delay_warning`,
     `noisy_ring_warning`, `static_dp_delay_warning`, `idle_fault_rows_warning`,
-    `replaced_rows_warning`, with `host` costs their `calibration_shape_warning`, and under
-    `injection` "network" `wire_rate_warning`, those that apply."""
+    `replaced_rows_warning`, `unimposed_link_terms_warning` (a runtime `backend` with
+    `injection`), under `injection` "network" on a runtime `wire_rate_warning`, and with
+    `host` costs their `calibration_shape_warning`, those that apply."""
     warnings = [
+        unimposed_link_terms_warning(profile, backend, injection),
         idle_fault_rows_warning(profile, faults, tied=backend == "megatron"),
         replaced_rows_warning(profile, faults),
         calibration_shape_warning(host, profile),
     ]
-    if injection == "network" and os.geteuid() == 0:  # (the testbed needs root: refused else)
+    if injection == "network" and backend != "sim" and os.geteuid() == 0:  # (root: the testbed)
         warnings.append(wire_rate_warning(profile, faults, per_link_path()))
     if system is not None:
         warnings[:0] = [
@@ -394,6 +397,34 @@ def wire_rate_warning(profile: Profile, faults: FaultView, path: PerLinkPath) ->
         f"{wire_ms:.3g} ms there besides the delay{at_rate}, so those iterations run slower "
         "than the simulator's of the same profile (a host with kernel netem carries them at "
         "its links' rate)"
+    )
+
+
+def unimposed_link_terms_warning(profile: Profile, backend: str, injection: str) -> str | None:
+    """A warning line naming the profile's link-model keys that the engine for `backend` and
+    `injection` does not impose (`link_terms`: the fault hook none, the testbed no latency
+    and no delegate rate): its messages take what the host's transport takes instead, where
+    the simulator times them by those keys, and the two part by that much (1F1B at S=2, N=4
+    over 20 ms with 64 KiB messages at 0.1 Gbit/s: 276.2 ms simulated, 258.4 ms through the
+    hook, which imposed the delay but not the bandwidth: 250 ms and this host's costs)."""
+    terms = link_terms(backend, injection)
+    given = [
+        (key, value, imposed)
+        for key, value, imposed in (
+            ("link_latency_ms", profile.link_latency_ms or None, terms.latency),
+            ("link_bandwidth_gbps", profile.link_bandwidth_gbps, terms.bandwidth),
+            ("dp_bandwidth_gbps", profile.dp_bandwidth_gbps, terms.bandwidth),
+            ("delegate_gbps", profile.delegate_gbps, terms.delegate_rate),
+        )
+        if value is not None and not imposed
+    ]
+    if not given:
+        return None
+    keys = ", ".join(f"{key} {value:g}" for key, value, _ in given)
+    return (
+        f"warning: --backend {backend} --inject {injection} does not impose the profile's "
+        f"{keys}: its messages take what this host's transport takes, which the simulator "
+        "does not (compare it with a profile without them)"
     )
 
 

@@ -302,3 +302,30 @@ def test_a_testbed_run_whose_delayed_pairs_take_the_wire_is_warned_of_its_rate()
     assert wire_rate_warning(healthy, timeline, wire) is not None
     capped = parse_yaml("- {start_iteration: 2, links: ['0-1'], bandwidth_gbps: 50}")
     assert wire_rate_warning(healthy, capped, wire) is None
+
+
+def test_a_runtime_warns_of_the_profile_s_link_terms_it_does_not_impose() -> None:
+    """The lead's profile (20 ms, 64 KiB at 0.1 Gbit/s) through the fault hook ran 258.4 ms
+    against the simulator's 276.2: the hook imposes no bandwidth, and said nothing of it. The
+    testbed imposes the bandwidth but no latency; the simulator every term."""
+    from harness.runner import run_warnings, unimposed_link_terms_warning
+    from pipeline.faults import NO_FAULTS
+
+    profile = Profile.uniform(
+        2, 4, 10, 10, 10, message_bytes=65536, link_bandwidth_gbps=0.1, delay_ms=[20.0],
+        link_latency_ms=0.5,
+    )  # fmt: skip
+    hook = unimposed_link_terms_warning(profile, "emulated", "hook")
+    assert hook == (
+        "warning: --backend emulated --inject hook does not impose the profile's "
+        "link_latency_ms 0.5, link_bandwidth_gbps 0.1: its messages take what this host's "
+        "transport takes, which the simulator does not (compare it with a profile without "
+        "them)"
+    )
+    network = unimposed_link_terms_warning(profile, "emulated", "network")
+    assert network is not None and "link_latency_ms 0.5:" in network
+    assert unimposed_link_terms_warning(profile, "sim", "hook") is None
+    plain = Profile.uniform(2, 4, 10, 10, 10, message_bytes=65536, delay_ms=[20.0])
+    assert unimposed_link_terms_warning(plain, "megatron", "hook") is None
+    warned = run_warnings(None, profile, NO_FAULTS, num_warmup_iterations=0, backend="emulated")
+    assert warned == [hook]
