@@ -165,7 +165,20 @@ def simulate(
     None: every replica runs `schedule`). `nccl-sleep` (pipeline.nccl_sleep) takes no host
     costs, mixes with no other mode, and fails a message whose own link's route is down
     and times its own link's cap on its wire (stage 2's gradients too, which its injector
-    counts on link 2-3: their sleep is that link's injected delay)."""
+    counts on link 2-3: their sleep is that link's injected delay).
+
+    `delays_in_network`: the delays and caps are a network's (`--inject network`, the
+    testbed's wires and htb caps), not a sleep before each send (the fault hook's, the
+    paper's artifact's): a `direct` or `delegated` PP message holds its sender (direct) or
+    delegate (delegated) for the host's send cost only; its bytes go through one queue per
+    link direction and replica at the link's rate (the lowest cap on its route), after the
+    bytes of the direction's earlier messages, whatever carried them; then the latency and
+    the delays, a propagation time that messages in flight share (pipelined); it arrives at
+    the later of its send's return and its last byte's propagation, the host's receive lag
+    later, and not before the link direction's earlier direct message (one connection
+    delivers in order: a jitter draw lower than the one before waits for it; a delegate's
+    connection is not held by another's). A delegate's own rate plays no part (its bytes
+    cross the same queue); `ideal`, `nccl-sleep` and the DP ring are timed as without it."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     message_bytes = profile.message_bytes
     origin_ms = start_ms if faults_from_ms is None else faults_from_ms
@@ -233,6 +246,8 @@ def simulate(
         delegate_free = [[[start_ms] * num_delegates for _ in range(2)] for _ in transfer]
         # bytes_free[link][direction]: when its last byte has left (delays_in_network).
         bytes_free = [[start_ms, start_ms] for _ in transfer]
+        # in_order[link][direction]: the last direct arrival there (one stream, in order).
+        in_order = [[start_ms, start_ms] for _ in transfer]
         on_nic = {(link, d): nic for (r, link, d), nic in in_use.items() if r == replica}
         num_sent = [[0, 0] for _ in transfer]
         pp_links = [Link.pp(i, replica) for i in range(num_stages - 1)]  # (faults)
@@ -336,6 +351,11 @@ def simulate(
                     queue[direction] = max(sent, queue[direction]) + bytes_ms + cap_ms
                     flight_ms = transfer_ms - bytes_ms - cap_ms  # latency and delays
                     arrival = max(send_end, queue[direction] + flight_ms) + lag_ms
+                    # one connection delivers in order: a message whose delay drew less
+                    # (jitter) waits for the one before it
+                    arrival = in_order[link_idx][direction] = max(
+                        arrival, in_order[link_idx][direction]
+                    )
                 elif mode is CommMode.DIRECT:
                     send_end = sent + transfer_ms + send_ms
                     arrival = send_end + lag_ms

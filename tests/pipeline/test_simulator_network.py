@@ -112,3 +112,36 @@ def test_without_the_network_nothing_changes() -> None:
     assert _ms(simulate(schedule, profile, CommMode.DIRECT, host=FREE)) == pytest.approx(
         250.0 + 5 * BYTES_MS
     )
+
+
+def test_a_lower_jitter_draw_waits_for_the_message_before_it_on_its_connection() -> None:
+    """Direct messages of one link direction share one connection, which delivers in order:
+    a message whose delay drew 1 ms waits for the one before it, which drew 30 ms (the
+    testbed's wire keeps a direction's frames in order too); timed apart, it came 19 ms
+    before it."""
+    from pipeline.faults import MessageFault
+
+    class Drawn:
+        """30 ms on the first forward message, 1 ms on every other."""
+
+        def message_fault(self, link, direction, kind, microbatch, *args, **kwargs):  # type: ignore[no-untyped-def]
+            first = direction == "forward" and microbatch == 0
+            return MessageFault(30.0 if first else 1.0)
+
+        def route_failed(self, *args: object) -> bool:
+            return False
+
+        def affects(self, link: object) -> bool:
+            return True
+
+        def cache_key(self) -> None:
+            return None
+
+    profile = Profile.uniform(2, 4, 1, 1, 1)
+    timeline = simulate(
+        FORWARDS_FIRST, profile, CommMode.DIRECT, faults=Drawn(), delays_in_network=True
+    )
+    forward = sorted(
+        (m for m in timeline.messages if m.direction == "forward"), key=lambda m: m.microbatch
+    )
+    assert [m.arrival_ms for m in forward] == pytest.approx([31.0, 31.0, 31.0, 31.0])
