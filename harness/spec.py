@@ -60,6 +60,21 @@ __all__ = [
 ]
 
 
+def _failover_alone(costs: HostCosts) -> bool:
+    """Whether `costs` hold no cost but `failover_ms` (a calibration written to price a NIC
+    failure, as bench_failover.py's): the delegated path's move to another NIC, which the
+    direct path never makes (it restarts), so no healthy message of any comm pays it and a
+    cost-model model may take it."""
+    return dataclasses.replace(costs, failover_ms=0.0) == dataclasses.replace(
+        FREE,
+        host=costs.host,
+        measured_at=costs.measured_at,
+        op_ms=costs.op_ms,
+        num_stages=costs.num_stages,
+        git_revision=costs.git_revision,
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Scenario:
     """One fault scenario: a delay on a set of links (PP and DP), or a fault timeline."""
@@ -387,7 +402,7 @@ class ExperimentSpec:
                     "times, which only the sim backend runs; use backend: sim, or give a "
                     "profile of the model instead"
                 )
-            if self.calibration is not None:
+            if self.calibration is not None and not _failover_alone(self.host_costs()):
                 try:  # simulate --comm nccl-sleep --calibration's check
                     check_takes_host_costs(target.direct_comm)
                 except ConfigError as err:

@@ -474,6 +474,23 @@ def test_a_calibration_with_a_cost_model_model_is_refused_as_simulate_refuses_it
     assert spec.host_costs().op_overhead_ms == 0.5
 
 
+def test_a_calibration_of_the_failover_alone_is_taken_with_a_cost_model_model(
+    tmp_path: Path,
+) -> None:
+    """A calibration holding only `failover_ms` (bench_failover.py's part 3: the paper's trace
+    at 140B with the failover measured here) charges no healthy message of any comm, only the
+    delegated path's move to another NIC, which the direct systems never make: accepted with a
+    cost-model model. With any other cost beside it, refused as before."""
+    host = tmp_path / "host.json"
+    fields = {"name": "c", "systems": ("1f1b", "adaptra"), "calibration": str(host)}
+    host.write_text(json.dumps(HostCosts(failover_ms=1.79, host="h").to_dict()))
+    spec = ExperimentSpec(models=("gpt2-7b",), **fields)
+    assert spec.host_costs().failover_ms == 1.79
+    host.write_text(json.dumps(HostCosts(failover_ms=1.79, op_overhead_ms=0.5).to_dict()))
+    with pytest.raises(ConfigError, match="calibration: model gpt2-7b comes from the cost model"):
+        ExperimentSpec(models=("gpt2-7b",), **fields)
+
+
 def test_a_spec_key_that_would_change_nothing_is_refused_as_run_s_option_is(
     tmp_path: Path,
 ) -> None:
