@@ -286,7 +286,9 @@ class ExperimentSpec:
     seed: int = 0
     backend: str = "sim"
     injection: str = "hook"
-    """How an emulated run injects delays (harness.runner.INJECTIONS)."""
+    """How a runtime injects delays (harness.runner.INJECTIONS); the simulator times them as
+    that injection does (`network`: a delay propagates and a cap queues the bytes, holding no
+    sender)."""
     checkpoint_every: int = CHECKPOINT_RESTART.checkpoint_every
     """Iterations between the checkpoints a failure restarts from (harness.loop.Recovery)."""
     restart_ms: float = CHECKPOINT_RESTART.restart_ms
@@ -340,11 +342,6 @@ class ExperimentSpec:
         if self.injection not in INJECTIONS:
             raise ConfigError(
                 f"unknown injection {self.injection!r}; valid: {', '.join(INJECTIONS)}"
-            )
-        if self.injection == "network" and self.backend == "sim":
-            raise ConfigError(
-                "injection network puts the faults in a testbed's network, which the simulator "
-                "has none of: give backend emulated or megatron"
             )
         if not self.models:
             raise ConfigError("the spec names no model")
@@ -628,12 +625,16 @@ class ExperimentSpec:
         as this version resolves it (`profile <field>`: a cost-model model's on its hardware,
         a megatron run's with its model's bytes; a model or hardware spelled out otherwise
         but the same is the same), and the run's `_SETUP` (`_RUNTIME_SETUP` where a runtime
-        backend runs it: the simulator takes neither). Models this version cannot resolve
-        (a preset renamed since): each named one's name and the hardware as written."""
+        backend runs it: the simulator takes neither, but for an injection other than the
+        hook's, which it times as that injection does: `run --backend sim --inject network`).
+        Models this version cannot resolve (a preset renamed since): each named one's name
+        and the hardware as written."""
         run = {
             name: getattr(self, name)
             for name in _SETUP
-            if self.backend != "sim" or name not in _RUNTIME_SETUP
+            if self.backend != "sim"
+            or name not in _RUNTIME_SETUP
+            or (name == "injection" and self.injection != "hook")  # the network's timing
         }
         try:
             targets = self.targets()

@@ -284,12 +284,6 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["schedule", "--profile", "p.json", "--policy", "milp", "--time-limit", "-1"],
         "--time-limit",
     ),
-    (
-        "spec network injection in sim",
-        {"s.yaml": spec(injection="network")},
-        RUN_SPEC,
-        "injection network puts the faults in a testbed's network",
-    ),
     ("seed past 32 bits", P, [*RUN_P, "--seed", str(2**32)], "--seed"),
     ("seed with a spec", P, [*RUN_SPEC, "--seed", "1"], "--seed"),
     ("unknown system", P, ["run", "--profile", "p.json", "--system", "warp"], "'warp'"),
