@@ -54,17 +54,6 @@ pytestmark = pytest.mark.multiprocess
 MB = 1 << 20
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return (
-        Path(f"/proc/{pid}/stat").exists()
-        and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    )
-
-
 def test_one_pool_runs_several_schedules_and_delays_without_restarting() -> None:
     profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=MB)
     schedules = [
@@ -719,14 +708,35 @@ def test_tied_copies_without_a_gradient_swap_zeros_and_the_next_iteration_gets_i
 
 
 class _StopsAtItsFirstOp(EmulatedCompute):
-    """Stage 1 stops its own process (SIGSTOP: gloo's threads too) in its first op: stage 0's
-    next message, larger than the sockets' buffers, cannot go."""
+    """Stage 1 stops its own process (SIGSTOP: gloo's threads too) in its first op, and stage
+    0 sends its next message only once it is stopped: that message, larger than the sockets'
+    buffers, cannot go. (Sent at once, a loaded host's stage 1 could take it whole, its receive
+    posted, before its main thread stopped: stage 0 then timed out waiting for a gradient.)
+    Stage 1 says its pid in a file named after their parent, the fork server."""
+
+    def _stopped_file(self) -> Path:
+        return Path(tempfile.gettempdir()) / f"adb-test-stopped-{os.getppid()}"
 
     def run(
         self, kind: OpKind, microbatch: int, inputs: torch.Tensor | None, profile: Profile
     ) -> torch.Tensor | None:
         if self._stage == 1:
+            told = self._stopped_file().with_suffix(".part")
+            told.write_text(str(os.getpid()))
+            told.rename(self._stopped_file())
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind is OpKind.F and microbatch == 1:  # stage 0's second F, once 1 is stopped
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                try:
+                    pid = int(self._stopped_file().read_text())
+                    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except (FileNotFoundError, ValueError):
+                    state = ""
+                if state == "T":
+                    self._stopped_file().unlink()
+                    break
+                time.sleep(0.01)
         return super().run(kind, microbatch, inputs, profile)
 
 
