@@ -347,10 +347,10 @@ def simulate(
                     arrival = sent + transfer_ms
                 elif mode is CommMode.DIRECT and delays_in_network:
                     send_end = sent + send_ms
-                    queue = bytes_free[link_idx]
-                    queue[direction] = max(sent, queue[direction]) + bytes_ms + cap_ms
-                    flight_ms = transfer_ms - bytes_ms - cap_ms  # latency and delays
-                    arrival = max(send_end, queue[direction] + flight_ms) + lag_ms
+                    landed = _landed_ms(
+                        bytes_free[link_idx], direction, sent, bytes_ms, cap_ms, transfer_ms
+                    )
+                    arrival = max(send_end, landed) + lag_ms
                     # one connection delivers in order: a message whose delay drew less
                     # (jitter) waits for the one before it
                     arrival = in_order[link_idx][direction] = max(
@@ -370,10 +370,15 @@ def simulate(
                     wire_start = max(send_end + pickup_ms, slots[slot])
                     if delays_in_network:  # the delegate is busy with its send only
                         slots[slot] = wire_start + deliver_ms
-                        queue = bytes_free[link_idx]
-                        queue[direction] = max(wire_start, queue[direction]) + bytes_ms + cap_ms
-                        flight_ms = transfer_ms - bytes_ms - cap_ms
-                        arrival = max(slots[slot], queue[direction] + flight_ms)
+                        landed = _landed_ms(
+                            bytes_free[link_idx],
+                            direction,
+                            wire_start,
+                            bytes_ms,
+                            cap_ms,
+                            transfer_ms,
+                        )
+                        arrival = max(slots[slot], landed)
                     else:
                         carried_ms = transfer_ms + delegated_extra_ms
                         slots[slot] = arrival = wire_start + carried_ms + deliver_ms
@@ -613,3 +618,20 @@ def _step_end_ms(
         record,
     )
     return max(max(e) + profile.optimizer_ms[stage] for stage, e in enumerate(ends))
+
+
+def _landed_ms(
+    bytes_free: list[float],
+    direction: int,
+    sent_ms: float,
+    bytes_ms: float,
+    cap_ms: float,
+    transfer_ms: float,
+) -> float:
+    """Under `delays_in_network`: when a message's last byte reaches the far end. Its bytes
+    leave after the link direction's earlier ones (`bytes_free[direction]`, moved on by its
+    bytes at the link's rate and a cap's extra), then propagate for the rest of its
+    `transfer_ms` (the latency and the delays)."""
+    bytes_free[direction] = max(sent_ms, bytes_free[direction]) + bytes_ms + cap_ms
+    flight_ms = transfer_ms - bytes_ms - cap_ms
+    return bytes_free[direction] + flight_ms
