@@ -132,3 +132,33 @@ def test_a_profile_in_tenths_of_a_ms_gets_the_order_it_gets_in_ms(profile: Profi
     assert generate_policy(in_tenths, policy) == generate_policy(in_ms, policy)
     assert time_policy(in_tenths, policy).op_kinds == time_policy(in_ms, policy).op_kinds
     assert zb_order(in_tenths) == zb_order(in_ms)
+
+
+@given(profiles(max_stages=5), st.data())
+def test_a_policy_lemma1_allows_never_stalls_and_keeps_its_limits(profile: Profile, data) -> None:
+    """Any warm-up counts that never grow along the pipeline (Lemma 1), with any in-flight
+    caps, as the search tries them (not only Algorithm 1's): every op runs once, no stage
+    passes the memory limit, each runs at least its x_i forwards first, and after the warm-up
+    it starts a forward only below its cap."""
+    limit = data.draw(st.one_of(st.none(), st.integers(1, 2 * profile.num_stages)))
+    limited = Profile.from_dict({**profile.to_dict(), "mem_limit": limit})
+    n = profile.num_microbatches
+    x_max = n if limit is None else min(n, limit)
+    size = profile.num_stages
+    counts = st.lists(st.integers(1, x_max), min_size=size, max_size=size)
+    warmup = tuple(sorted(data.draw(counts), reverse=True))
+    caps = tuple(data.draw(st.one_of(st.none(), st.integers(1, n))) for _ in warmup)
+    schedule = generate_policy(limited, Policy(warmup, caps))
+    validate_schedule(schedule, profile.num_stages, n)
+    for ops, x, cap, leading in zip(
+        schedule.stages, warmup, caps, schedule.warmup_counts(), strict=True
+    ):
+        assert leading >= x
+        if limit is not None:
+            assert peak_memory(ops) <= limit
+        num_f = num_b = 0
+        for op in ops:
+            if op.kind is OpKind.F and num_f >= x and cap is not None:
+                assert num_f - num_b < cap
+            num_f += op.kind is OpKind.F
+            num_b += op.kind is OpKind.B
