@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaptra.bounds import iteration_lower_bound_ms
 from adaptra.exact import solve_exact_deterministic
@@ -156,6 +157,25 @@ def test_heuristic_is_never_worse_than_its_plan_or_the_authors_rule(profile: Pro
         authors = tuple(min(x, planned.plan.warmup[0]) for x in authors_warmup(profile))
         authors_ms = time_policy(profile, Policy.uncapped(authors)).iteration_time_ms
         assert planned.iteration_time_ms <= authors_ms
+
+
+@settings(max_examples=25)
+@given(profiles(max_stages=5), st.data())
+def test_the_plan_under_a_memory_limit_is_valid_within_it_and_above_the_bound(
+    profile: Profile, data
+) -> None:
+    """Every candidate of the default heuristic (the search's policies, ZeroBubble's orders)
+    under a memory limit: the plan runs every op once, no stage passes the limit, and its
+    time is what the simulator gives and never below the lower bound."""
+    limit = data.draw(st.integers(1, 2 * profile.num_stages))
+    limited = Profile.from_dict({**profile.to_dict(), "mem_limit": limit})
+    planned = plan_adaptra(limited, exact_time_limit_s=0, search_ops=_PROPERTY_SEARCH_OPS)
+    validate_schedule(planned.schedule, profile.num_stages, profile.num_microbatches)
+    assert all(peak_memory(ops) <= limit for ops in planned.schedule.stages)
+    assert all(1 <= x <= min(limit, profile.num_microbatches) for x in planned.plan.warmup)
+    assert planned.iteration_time_ms == _ms(planned.schedule, limited)
+    bound_ms = iteration_lower_bound_ms(limited)
+    assert planned.iteration_time_ms >= bound_ms - 1e-9 * max(1.0, bound_ms)
 
 
 def _ms(schedule: Schedule, profile: Profile) -> float:
