@@ -38,8 +38,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for delta in range(2, 7):
         fault_free = _iteration_ms(delta, 0.0, True)
-        last_exact = max(
-            c for c in range(0, 200) if _iteration_ms(delta, float(c), True) - fault_free == c
+        # the first c whose cost is not c, less one: every c up to it costs exactly c
+        last_exact = (
+            next(c for c in range(1, 200) if _iteration_ms(delta, float(c), True) - fault_free != c)
+            - 1
         )
         low, high = (delta - 1) * OP_MS + 20, (delta - 1) * OP_MS + 60
         slopes = [
