@@ -17,7 +17,7 @@ from typing import Any
 from pipeline.checks import MIN_BANDWIDTH_GBPS, check_count, check_ms, is_number
 from pipeline.errors import ConfigError
 from pipeline.ops import OpKind
-from pipeline.profile import Profile
+from pipeline.profile import MAX_MICROBATCHES, MAX_REPLICAS, MAX_STAGES, Profile
 from pipeline.schedule import Schedule
 
 __all__ = [
@@ -37,10 +37,15 @@ __all__ = [
 
 
 MAX_MODEL_COUNT = 2**40
-"""The most any count of a model may be (its layers, hidden size, sequence, vocabulary,
-TP, DP, PP): far beyond any model's, and small enough that its FLOPs and bytes, products of
-a few of them, stay within a float (a spec's `hidden` of 300 digits overflowed one converting
-them: an internal error)."""
+"""The most any other count of a model may be (its layers, hidden size, sequence,
+vocabulary, TP; its DP, PP and microbatches: `_PROFILE_COUNTS`): far beyond any model's, and
+small enough that its FLOPs and bytes, products of a few of them, stay within a float (a
+spec's `hidden` of 300 digits overflowed one converting them: an internal error)."""
+
+_PROFILE_COUNTS = {"dp": MAX_REPLICAS, "pp": MAX_STAGES, "num_microbatches": MAX_MICROBATCHES}
+"""A model's counts that become its profile's replicas, stages and microbatches: at most what
+a profile takes (a `dp: 0` was refused as 'in 1..1099511627776', then 2,000 as the profile's
+'dp must be in 1..1024')."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -64,12 +69,11 @@ class GPTModel:
         if not isinstance(self.name, str):
             raise ConfigError(f"a model's name must be a string, got {self.name!r}")
         counts = ("num_layers", "hidden", "num_heads", "seq_len", "microbatch_size", "vocab_size")
-        for field in (*counts, "tp", "dp", "pp"):
+        for field in (*counts, "tp"):
             check_count(f"model {self.name}: {field}", getattr(self, field), 1, MAX_MODEL_COUNT)
-        if self.num_microbatches is not None:
-            check_count(
-                f"model {self.name}: num_microbatches", self.num_microbatches, 1, MAX_MODEL_COUNT
-            )
+        for field, most in _PROFILE_COUNTS.items():  # what its profile takes, named as here
+            if field != "num_microbatches" or self.num_microbatches is not None:
+                check_count(f"model {self.name}: {field}", getattr(self, field), 1, most)
         if (self.num_layers + 2) % self.pp:
             raise ConfigError(
                 f"model {self.name}: {self.num_layers} layers + embedding + head = "

@@ -294,3 +294,15 @@ def test_a_rate_too_low_for_a_model_names_the_model_and_the_hardware() -> None:
         r"optimizer_ms\[0\] must be finite",
     ):
         model_cost(MODELS["gpt2-14b"], slow)
+
+
+@pytest.mark.parametrize(("field", "most"), [("dp", 1024), ("pp", 512), ("num_microbatches", 4096)])
+def test_a_model_s_profile_counts_are_refused_in_the_profile_s_range(field: str, most: int) -> None:
+    """A model's DP, PP and microbatches become its profile's replicas, stages and
+    microbatches: `dp: 0` was refused as 'in 1..1099511627776' and then `dp: 2000` as the
+    profile's 'dp must be in 1..1024'; both now say the range a model takes, naming its field."""
+    for value in (0, most + 1):
+        with pytest.raises(
+            ConfigError, match=f"model gpt2-7b-custom: {field} must be in 1..{most},"
+        ):
+            resolve_model({"base": "gpt2-7b", field: value})
