@@ -99,6 +99,7 @@ def run_experiment(
     fresh = not run_dir.is_dir() or {p.name for p in run_dir.iterdir()} <= {".lock"}
     if not fresh and not (run_dir / "spec.json").exists():  # before the hold's `.lock`
         _check_not_another_folder(run_dir)
+        _check_no_results(run_dir)  # (again in the hold: it may have changed meanwhile)
     with run_dir_held(run_dir):
         try:
             spec.check_processes_here()  # before spec.json: not after the other configurations

@@ -199,7 +199,8 @@ def test_a_resume_refuses_results_that_are_not_this_run_s(tmp_path: Path) -> Non
         f"{copied} has runs.csv, iterations.csv but no spec.json: not a run directory of "
         "this experiment (a run writes spec.json first); pick a new run id"
     )
-    assert sorted(p.name for p in copied.iterdir()) == [".lock", "iterations.csv", "runs.csv"]
+    # refused before its hold: no `.lock` left among them (it was)
+    assert sorted(p.name for p in copied.iterdir()) == ["iterations.csv", "runs.csv"]
     # With a spec.json of its own, rows of another run id are not its own either ...
     mine = run_experiment(spec, tmp_path / "mine")
     for name in ("runs.csv", "iterations.csv"):
