@@ -294,7 +294,8 @@ class ExperimentSpec:
     restart_ms: float = CHECKPOINT_RESTART.restart_ms
     """The cluster's cost of one restart, ms (not modelled unless given)."""
     transport_timeout_s: float = CHECKPOINT_RESTART.transport_timeout_s
-    """With injection network: a worker's wait for one message before it gives up, s."""
+    """With backend emulated or megatron (either injection): a worker's wait for one message
+    before it gives up, s; every scenario's longest hold must be shorter (checked when read)."""
     calibration: str | None = None
     """A host's runtime costs for the sim backend (pipeline.host_costs; `adaptra-bench
     calibrate`), relative to the spec file."""
