@@ -141,7 +141,10 @@ def _timeline(events: list[FaultEvent], seed: int) -> FaultModel:
     """The rows as a timeline: at least one, in the order they start (a row out of order is
     a mistake in the file, not something to sort silently)."""
     if not events:
-        raise ConfigError("the timeline has no rows (a run without faults takes no --faults)")
+        raise ConfigError(
+            "the timeline has no rows (a run without faults names no timeline: no run --faults, "
+            "no spec faults)"
+        )
     for before, after in itertools.pairwise(events):
         if (after.start_iteration, after.at_ms) < (before.start_iteration, before.at_ms):
             raise ConfigError(

@@ -362,3 +362,15 @@ def test_a_number_of_thousands_of_digits_is_refused_naming_its_row() -> None:
     ):
         with pytest.raises(ConfigError, match=re.escape(said)):
             parse_yaml(f"- {{start_iteration: 0, {row}}}\n")
+
+
+@pytest.mark.parametrize("trace", [True, False])
+def test_an_empty_timeline_s_error_fits_a_spec_as_well_as_run(trace: bool) -> None:
+    """A spec's `faults:` naming an empty file was told 'a run without faults takes no
+    --faults', an option the spec never gave: the error names both ways of giving one."""
+    with pytest.raises(ConfigError) as refused:
+        parse_trace("# nothing\n") if trace else parse_yaml("[]\n")
+    assert str(refused.value) == (
+        "the timeline has no rows (a run without faults names no timeline: no run --faults, "
+        "no spec faults)"
+    )
