@@ -218,6 +218,8 @@ def run(
         if time_limit_s is not None:
             raise ConfigError("--time-limit goes with --policy milp or adaptra, not --system")
         profile = Profile.from_file(profile_path)
+    elif policy is None and schedule_path is None:
+        raise ConfigError("give one of --system, --policy and --schedule")
     else:
         profile, planned = resolve(profile_path, policy, schedule_path, time_limit_s)
     if backend == "megatron":  # its DP ring sums the model's real gradients

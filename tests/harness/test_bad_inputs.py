@@ -236,6 +236,12 @@ CASES: list[tuple[str, dict[str, str], list[str], str]] = [
         ["simulate", "--profile", "p.json", "--schedule", "s.json", "--policy", "1f1b"],
         "give exactly one of --policy and --schedule",
     ),
+    (
+        "run with a comm and no plan",
+        P,
+        ["run", "--profile", "p.json", "--comm", "delegated"],
+        "give one of --system, --policy and --schedule",
+    ),
     # numbers on the command line
     (
         "time limit NaN",
