@@ -38,7 +38,8 @@ slowdown takes up the time it lost, and what was lost meanwhile. The rebalance g
 replica its share of the global batch by min max_i m_i t_i (baselines.falcon.rebalance;
 t_i: its per-microbatch time in the iteration that climbed, at least one microbatch per
 stage each), each replica its own schedule of the policy for its count
-(`Plan.replica_schedules`), until the link is no longer suspect; then the equal split
+(`Plan.replica_schedules`), until the link is no longer suspect (or, the split made while
+it was slower than its copies in the other replicas, no longer is); then the equal split
 again, whose first iteration judges the slowdown (the split's own, its healthy replica given
 more microbatches, is over 1.1 x the baseline however healthy the links): back within 10 %,
 it is over; the link suspect again, the split is made again from that iteration, the time
@@ -82,6 +83,7 @@ from baselines.falcon.profiling import (
     dp_link_times_ms,
     per_microbatch_ms,
     pp_link_times_ms,
+    suspect_links,
     suspects,
 )
 from baselines.falcon.rebalance import rebalance
@@ -173,6 +175,9 @@ class _Straggler:
     """Rebalanced, the link was no suspect: the equal split runs again, and its iteration
     says whether the slowdown is over (the split's own iteration, its healthy replica given
     more microbatches, is no measure of that)."""
+    split_for_replica: bool = False
+    """The split was made while the link was slower than its copies in the other replicas
+    (`_slower_than_other_replicas`): once it is not, the replicas are alike on it again."""
 
     @property
     def levels(self) -> tuple[Level, ...]:
@@ -294,11 +299,19 @@ class FalconController:
                 self._changes.start_segment(straggler.slowdown_start)
             return
         if straggler.level is Level.REBALANCE:
-            if split and straggler.link not in suspected:  # the equal split again, to judge by
+            # The equal split again, to judge by: the link no suspect, or (a link slow in
+            # every replica, e.g. a profile's delay) no slower than its other replicas' again.
+            alike = straggler.split_for_replica and not _slower_than_other_replicas(
+                straggler.link, times, self.profile.num_replicas
+            )
+            if split and (straggler.link not in suspected or alike):
                 self.split, straggler.split_dropped = None, True
             elif not split:  # the link still slow on the equal split: rebalanced again
                 self.split = self._rebalanced(timeline)
                 straggler.split_dropped = self.split is None
+                straggler.split_for_replica = _slower_than_other_replicas(
+                    straggler.link, times, self.profile.num_replicas
+                )
         straggler.lost_ms += max(0.0, iteration_ms - straggler.baseline_ms)
         straggler.level_times_ms.append(iteration_ms)
         if swapped and len(straggler.level_times_ms) == 2:
@@ -378,6 +391,9 @@ class FalconController:
                 if split is None:  # the replicas are alike: nothing to move, the next level
                     continue
                 self.split = split
+                straggler.split_for_replica = _slower_than_other_replicas(
+                    straggler.link, self._link_times(timeline), self.profile.num_replicas
+                )
             if level is Level.SWAP:
                 if self.topology.num_stages < 2:  # no PP edge to put the pair on: the next level
                     continue
@@ -439,6 +455,20 @@ class FalconController:
             )
             self._schedules[num_microbatches] = self._planner(profile)
         return self._schedules[num_microbatches]
+
+
+def _slower_than_other_replicas(link: str, times: dict[str, LinkTime], num_replicas: int) -> bool:
+    """Whether PP link `link` (one replica's) is suspect among its copies in every replica
+    (`suspect_links`): where it is not, a rebalance has nothing of its own to move away from."""
+    parsed = Link.parse(link)
+    if parsed.kind is not LinkKind.PP:
+        return False
+    copies = {
+        name: times[name].ms
+        for name in (str(Link.pp(parsed.first, replica)) for replica in range(num_replicas))
+        if name in times
+    }
+    return link in suspect_links(copies)
 
 
 def _carried(link: Link, num_stages: int) -> Link:

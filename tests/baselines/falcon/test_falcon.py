@@ -298,6 +298,24 @@ def test_a_long_pp_fault_in_one_replica_is_rebalanced_away_until_it_ends() -> No
     assert (result.restarts, result.lost_iterations) == (0, 0)
 
 
+def test_a_split_goes_once_its_link_is_no_slower_than_in_the_other_replicas() -> None:
+    """Link 1-2 is 15 ms slow in both replicas (the profile's own delay: suspect throughout,
+    against the other PP links), and 20 ms more on replica 1's in iterations 3-13: rebalanced
+    from 8 on. In 14 the link is as slow in both replicas again, leaving nothing to
+    rebalance: the equal split returns (15), and with it the time from before the fault,
+    which ends the slowdown. The split once stayed while the link was suspect: 10+6 to the
+    end, 355 ms a step against 295."""
+    profile = PROFILE.with_delays((0.0, 15.0, 0.0))
+    result, falcon = _run(
+        14, 24, swap_ms=2000.0, link="pp1:1-2", rebalance_ms=500.0, profile=profile
+    )
+    assert falcon.climbs == [(8, Level.REBALANCE)]
+    assert [d.microbatches for d in result.decisions] == [""] * 8 + ["10+6"] * 7 + [""] * 9
+    times = _with_step(result)
+    assert times[15:] == [times[0]] * 9
+    assert (falcon.split, falcon.straggler) == (None, None)
+
+
 def test_a_profile_with_a_delegate_per_microbatch_is_rebalanced_too() -> None:
     """num_delegates 8 of 8 microbatches: the split's replica of 4 is planned with 4 (a
     profile has at most one per microbatch; its plan's profile was refused, a ConfigError)."""
