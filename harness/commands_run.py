@@ -51,6 +51,7 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
+from pipeline.simulator import CommMode
 from pipeline.trace import RestartMark, write_chrome_trace
 
 __all__ = ["collect", "report", "run"]
@@ -298,14 +299,23 @@ def run(
             title=f"{label}, {result.comms[-1].value}, {backend}, iteration "
             f"{result.iterations[-1]}",
         )
+    # the delegates every delegated system ran with, provisioned before the run (not detected)
+    delegated = any(comm is CommMode.DELEGATED for comm in result.comms)
+    num_delegates = with_delegate_count(profile, faults).delegate_count() if delegated else None
     if fmt == "json":
-        _print_run_json(result, backend, label, system, seed, model)
+        _print_run_json(result, backend, label, system, seed, model, num_delegates)
     else:
-        _print_run_text(result, backend, label, iterations, model)
+        _print_run_text(result, backend, label, iterations, model, num_delegates)
 
 
 def _print_run_json(
-    result: RunResult, backend: str, label: str, system: str | None, seed: int, model: str | None
+    result: RunResult,
+    backend: str,
+    label: str,
+    system: str | None,
+    seed: int,
+    model: str | None,
+    num_delegates: int | None,
 ) -> None:
     """`run --format json`'s one configuration."""
     megatron = {
@@ -320,6 +330,7 @@ def _print_run_json(
             **({"system": system} if system else {}),
             "comm": result.comms_run,
             "controller": result.controller,
+            **({"num_delegates": num_delegates} if num_delegates is not None else {}),
             "seed": seed,
             "iteration_times_ms": list(result.iteration_times_ms),
             "iterations": [
@@ -358,7 +369,12 @@ def _print_run_json(
 
 
 def _print_run_text(
-    result: RunResult, backend: str, label: str, iterations: int, model: str | None
+    result: RunResult,
+    backend: str,
+    label: str,
+    iterations: int,
+    model: str | None,
+    num_delegates: int | None,
 ) -> None:
     """`run`'s one configuration, for people."""
     # With a DP step the time per training step is the iteration and the step (a slow DP
@@ -374,9 +390,10 @@ def _print_run_text(
             f"{len(result.iteration_times_ms)} iterations run ({iterations} measured, "
             f"{result.lost_iterations} run again after a restart)"
         )
+    delegates = "" if num_delegates is None else f", {num_delegates} delegate(s) a link direction"
     click.echo(
-        f"{label} over {result.comms_run} ({backend}, {result.controller} plan): median iteration "
-        f"{result.median_iteration_ms:.3f} ms{step} over {counted}"
+        f"{label} over {result.comms_run} ({backend}, {result.controller} plan{delegates}): "
+        f"median iteration {result.median_iteration_ms:.3f} ms{step} over {counted}"
     )
     if result.restarts:
         click.echo(

@@ -87,6 +87,9 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     assert records[1]["comm"] == {"0-1": "direct", "1-2": "direct", "2-3": "direct"}
     assert set(records[2]["comm"].values()) == {"delegated"}
     assert data["comm"] == "direct+delegated"  # what its iterations ran over, in order
+    # its delegates, provisioned for the timeline's longest delay (not detected): 20 ms over
+    # the 10 ms ops, 2 a link direction, said beside the comm they carried
+    assert data["num_delegates"] == 2
     oracle = cli(
         "run", "--profile", str(profile), "--system", "adaptra-oracle", "--iterations", "4",
         "--faults", str(faults), "--format", "json",
@@ -100,6 +103,7 @@ def test_run_faults_with_system_adaptra_replans_like_the_spec(tmp_path: Path) ->
     )  # fmt: skip
     assert fixed.returncode == 0, fixed.stderr
     assert json.loads(fixed.stdout)["controller"] == "fixed"
+    assert "num_delegates" not in json.loads(fixed.stdout)  # ran direct: started none
     spec = ExperimentSpec.from_dict(
         {
             "name": "replan",
