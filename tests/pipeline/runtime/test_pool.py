@@ -1034,7 +1034,13 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp:
     pids = []
     try:
         pids = [int(controller.stdout.readline()) for _ in range(2)]
-        time.sleep(1.0)  # rank 0 in its join (its word said so: the never-joining test)
+        # Rank 0 in its join, its watch started: gloo's file store, which only rank 0 opens,
+        # is there (a sleep was no sign of it: a loaded rank 0 not yet at its join ended on
+        # its broken pipe, and the test passed without a join to end).
+        deadline = time.monotonic() + 120  # a hang bound: the start-up bound
+        while not any(short_tmp.glob("adaptra-pool-*/rendezvous")):
+            assert time.monotonic() < deadline and controller.poll() is None
+            time.sleep(0.05)
         controller.kill()
         controller.wait()
         deadline = time.monotonic() + 30  # a hang bound, far under the start-up bound
