@@ -1084,6 +1084,9 @@ def worker_main(
         # (a rank that never joins leaves the others waiting the start-up bound: the pool's
         # timeout then tells it, silent, from those that reached the join)
         conn.send((DOING, "joining the process group (its rendezvous waits for every rank)"))
+    except (BrokenPipeError, ConnectionResetError):
+        return  # the controller is gone before this worker's first word: nobody to tell
+    try:
         with _ended_if_orphaned(conn):
             worker = join(
                 rank,
@@ -1099,7 +1102,8 @@ def worker_main(
             )
     except Exception as err:
         remote = RemoteError.from_exception(err, rank=rank, stage=stage, replica=replica)
-        conn.send(("error", remote))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # nobody to tell
+            conn.send(("error", remote))
         return
     try:
         _serve(worker, conn, rank)

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import ClassVar
 
@@ -43,6 +44,7 @@ from pipeline.runtime.devices import RankDevices
 from pipeline.runtime.hooks import local_launch
 from pipeline.runtime.pool import BACKSTOP, BACKSTOP_GRACE_S
 from pipeline.runtime.transport import DelegateSetup
+from pipeline.runtime.worker import worker_main
 from pipeline.schedule import Schedule
 from pipeline.simulator import CommMode, simulate
 from pipeline.topology import Link, Position, Topology
@@ -1048,6 +1050,64 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp:
             time.sleep(0.1)
         assert not _alive(pids[0])
         assert sorted(p.name.split("-")[0] for p in short_tmp.iterdir()) == ["adaptra", "pymp"]
+    finally:
+        controller.kill()
+        controller.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+_CONTROLLER_OF_LATE_WORKERS = """
+from pipeline.runtime import WorkerPool
+from pipeline.runtime.hooks import local_launch
+from tests.pipeline.runtime.test_pool import _after_its_controller
+
+def launch(rank, target, args):
+    process = local_launch(rank, _after_its_controller, args)
+    print(process.pid, flush=True)
+    return process
+
+WorkerPool(2, launch=launch, timeout_s=1.0).start()
+"""
+
+
+def _after_its_controller(*args: object) -> None:
+    """`worker_main` once the controller's end of its pipe (its 5th argument) has closed: a
+    worker a loaded host runs only after its controller was killed."""
+    conn = args[4]
+    assert isinstance(conn, Connection)
+    conn.poll(None)  # the pool says nothing before a worker's ready answer: this is its end
+    worker_main(*args)  # type: ignore[arg-type]
+
+
+def test_a_worker_whose_controller_is_gone_before_its_first_word_ends_quietly(
+    short_tmp: Path, tmp_path: Path
+) -> None:
+    """Each worker begins after its killed controller is gone, its first word (that it is
+    joining) into a broken pipe: it ends, as a worker whose pipe breaks later does, without
+    a traceback (one per worker, twice "BrokenPipeError", went to the killed run's stderr)."""
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as err:
+        controller = subprocess.Popen(
+            [sys.executable, "-c", _CONTROLLER_OF_LATE_WORKERS],
+            cwd=Path(__file__).parents[3],
+            env={**os.environ, "TMPDIR": str(short_tmp)},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert controller.stdout is not None
+    pids = []
+    try:
+        pids = [int(controller.stdout.readline()) for _ in range(2)]
+        controller.kill()
+        controller.wait()
+        deadline = time.monotonic() + 60  # a hang bound
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids)
+        assert "Traceback" not in stderr.read_text(), stderr.read_text()
     finally:
         controller.kill()
         controller.wait()
