@@ -226,9 +226,11 @@ class _StallBeforeGradient:
 
 
 def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
-    """Stage 1 stalls 6 s before BW1's gradient. Stage 0 asks for it after its 0.2 s BW0 and
+    """Stage 1 stalls 60 s before BW1's gradient. Stage 0 asks for it after its 0.2 s BW0 and
     gives up 2 s later (its receiver thread, whose wait has no limit, still waits), naming
-    the op and the message."""
+    the op and the message. (The pool then ends stage 1 in its stall: the stall costs no
+    time. At 6 s, a stage 0 whose op thread a loaded host held 4 s past its deadline found
+    the gradient there, its receiver thread having run, and no timeout came.)"""
     profile = _profile(1.0, 100.0, 100.0)
     schedule = one_f_one_b(profile)
     assert schedule.stages[0][2:] == (Op(OpKind.BW, 0), Op(OpKind.BW, 1))
@@ -236,8 +238,8 @@ def test_a_silent_peer_is_a_timeout_naming_the_op() -> None:
         pids = list(pool.pids)
         quick = _profile(1.0, 1.0, 1.0)
         pool.run_iteration(IterationConfig(0, schedule, quick))  # gloo connects the pair
-        # Stage 1 stalls past stage 0's timeout, then carries on (and so ends soon after).
-        config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 6.0))
+        # Stage 1 stalls far past stage 0's timeout (ended in its stall by the pool's close).
+        config = IterationConfig(1, schedule, profile, fault_hook=_StallBeforeGradient(1, 60.0))
         with pytest.raises(
             WorkerTimeout,
             match=r"^rank 0 \(stage 0\), iteration 1, op BW1: TimeoutError: waiting for the "
