@@ -817,16 +817,28 @@ def test_a_move_back_to_the_default_placement_may_take_as_long_as_a_start_up(
     """Between runs the workers go back to their default positions, untimed: a move there
     builds the stage a worker played at its start-up, and may take as long (`place_default`
     waits the start-up bound for it). It waited the pool's bound on an iteration's time
-    without progress (2 x 0.5 s + 0.5 s here) and the pool ended with a WorkerTimeout."""
-    monkeypatch.setattr(pool_module, "BACKSTOP_GRACE_S", 0.5)
+    without progress (2 x 0.5 s + 0.5 s here) and the pool ended with a WorkerTimeout.
+    That short grace is in force for the move back alone: in the iterations around it (the
+    product's 5 s) a worker held 1.5 s on a loaded host ended the pool. A rank's own 0.5 s
+    wait for a message that a held neighbour timed out starts a new pool (up to 3); the
+    move back's failure, the pool's own timeout, fails at once."""
     profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
     swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
-    with WorkerPool(2, 2, compute_factory=_SlowToMoveBack, timeout_s=0.5) as pool:
-        pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile, topology=swapped))
-        started = time.monotonic()
-        pool.place_default()
-        assert time.monotonic() - started >= _SlowToMoveBack.MOVE_S
-        timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+    for start in range(3):
+        try:
+            with WorkerPool(2, 2, compute_factory=_SlowToMoveBack, timeout_s=0.5) as pool:
+                config = IterationConfig(0, one_f_one_b(profile), profile, topology=swapped)
+                pool.run_iteration(config)
+                with monkeypatch.context() as patched:
+                    patched.setattr(pool_module, "BACKSTOP_GRACE_S", 0.5)  # read at its wait
+                    started = time.monotonic()
+                    pool.place_default()
+                    assert time.monotonic() - started >= _SlowToMoveBack.MOVE_S
+                timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+            break
+        except WorkerTimeout as err:
+            if start == 2 or err.remote is None or err.remote.type_name != "builtins.TimeoutError":
+                raise
     assert not timeline.swaps
 
 
