@@ -47,6 +47,41 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+_MARKS_ITS_ITERATIONS = """
+import sys
+from pathlib import Path
+from pipeline.runtime.pool import WorkerPool
+marker = Path(sys.argv.pop(1))
+run_iteration = WorkerPool.run_iteration
+def marked(self, *args, **kwargs):
+    timeline = run_iteration(self, *args, **kwargs)
+    marker.touch()
+    return timeline
+WorkerPool.run_iteration = marked
+from harness.program import main
+main()
+"""
+"""The program as `python -m harness` runs it, which touches the file its first argument
+names each time its worker pool has run an iteration: the sign that a run is inside its
+iterations (a loaded host may hold it in its start-up for seconds after its workers run)."""
+
+
+def _program(marker: Path) -> list[str]:
+    """The command line of the program that touches `marker` after each iteration."""
+    return [sys.executable, "-c", _MARKS_ITS_ITERATIONS, str(marker)]
+
+
+def _wait_for_iterations(run: subprocess.Popen[str], marker: Path) -> None:
+    """Return once `run` has run an iteration (a hang bound of 120 s)."""
+    deadline = time.monotonic() + 120  # start-up under load
+    while time.monotonic() < deadline and run.poll() is None and not marker.exists():
+        time.sleep(0.05)
+    ended = run.poll() is not None
+    assert not ended and marker.exists(), (
+        run.stderr.read() if ended and run.stderr else "no iteration within 120 s"
+    )
+
+
 @contextlib.contextmanager
 def _emulated_run(
     tmp_path: Path,
@@ -54,15 +89,19 @@ def _emulated_run(
     num_stages: int,
     prefix: tuple[str, ...] = (),
     options: tuple[str, ...] = (),
+    *,
+    iterating: bool = False,
 ) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
     """`run --backend emulated` of 1F1B over `num_stages` stages with no end (TMPDIR
     `scratch`; `prefix` before it on the command line, `options` after it), once its pool's
-    folder is made and its fork server, that one's helper and a worker per stage run; killed
-    if still running at the end."""
+    folder is made and its fork server, that one's helper and a worker per stage run, and,
+    if `iterating`, once it has run an iteration (it is then in its iterations: the next
+    ones follow back to back); killed if still running at the end."""
     profile = tmp_path / "p.json"
     op_ms = {"t_f": 5, "t_b": 5, "t_w": 5}
     profile.write_text(json.dumps({"stages": num_stages, "microbatches": num_stages, **op_ms}))
-    command = [*prefix, sys.executable, "-m", "harness", "run", "--backend", "emulated"]
+    marker = tmp_path / "iterated"
+    command = [*prefix, *_program(marker), "run", "--backend", "emulated"]
     command += ["--profile", str(profile), "--policy", "1f1b", "--iterations", "100000"]
     command += options
     run = subprocess.Popen(
@@ -86,6 +125,8 @@ def _emulated_run(
         assert run.poll() is None and pool and len(workers) >= num_stages + 2, (
             run.stderr.read() if run.stderr else ""
         )
+        if iterating:
+            _wait_for_iterations(run, marker)
         yield run, workers
     finally:
         if run.poll() is None:
@@ -107,8 +148,7 @@ def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
     tmp_path: Path, short_tmp: Path, signum: int, line: str
 ) -> None:
     scratch = short_tmp
-    with _emulated_run(tmp_path, scratch, 4) as (run, workers):
-        time.sleep(0.5)  # inside the iterations
+    with _emulated_run(tmp_path, scratch, 4, iterating=True) as (run, workers):
         run.send_signal(signum)
         _, err = run.communicate(timeout=60)
     assert run.returncode == 128 + signum
@@ -125,8 +165,7 @@ def test_a_signal_mid_run_cleans_up_and_exits_128_plus_n(
 def test_ctrl_c_to_the_whole_job_is_one_line(tmp_path: Path, short_tmp: Path) -> None:
     """A terminal's Ctrl-C signals every process of the job, the workers too: they leave the
     ending to the run (each printed a KeyboardInterrupt traceback), which says one line."""
-    with _emulated_run(tmp_path, short_tmp, 2) as (run, workers):
-        time.sleep(0.5)  # inside the iterations
+    with _emulated_run(tmp_path, short_tmp, 2, iterating=True) as (run, workers):
         os.killpg(run.pid, signal.SIGINT)
         _, err = run.communicate(timeout=60)
     assert run.returncode == 128 + signal.SIGINT
@@ -157,7 +196,8 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
     profile.write_text(
         json.dumps({"stages": 2, "microbatches": 2, "t_f": 5, "t_b": 5, "t_w": 5, "delay_ms": [5]})
     )
-    command = [sys.executable, "-m", "harness", "run", "--backend", "emulated", "--inject"]
+    marker = tmp_path / "iterated"
+    command = [*_program(marker), "run", "--backend", "emulated", "--inject"]
     command += ["network", "--profile", str(profile), "--policy", "1f1b"]
     command += ["--iterations", "100000"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -170,7 +210,7 @@ def test_sighup_during_a_testbed_run_removes_its_namespaces(tmp_path: Path) -> N
                 break
             time.sleep(0.2)
         assert run.poll() is None and len(made) == 3
-        time.sleep(1.0)
+        _wait_for_iterations(run, marker)  # inside the iterations
         run.send_signal(signal.SIGHUP)
         _, err = run.communicate(timeout=60)
     finally:
@@ -198,8 +238,7 @@ def test_a_killed_run_s_workers_end_quietly_and_cleanup_removes_its_pool_folder(
     this test's folder alone: the command's namespace part would race other tests' own
     leftovers) removes its pool's folder and its fork server's, whose process is gone, and
     leaves a live one's."""
-    with _emulated_run(tmp_path, short_tmp, 4) as (run, workers):
-        time.sleep(1.0)  # inside the iterations
+    with _emulated_run(tmp_path, short_tmp, 4, iterating=True) as (run, workers):
         run.kill()
         _, err = run.communicate(timeout=60)
     deadline = time.monotonic() + 30  # orphans end as they find the controller gone
@@ -279,10 +318,9 @@ def test_sigint_ends_a_background_run_that_inherited_it_ignored(
     """A shell starts a script's background job (`run ... &`) with SIGINT ignored; `kill -INT`
     of it still ends the run as Ctrl-C does in the foreground: cleanup, one line, 130."""
     ignore_sigint = ("bash", "-c", 'trap "" INT; exec "$@"', "bash")
-    with _emulated_run(tmp_path, short_tmp, 2, ignore_sigint) as (run, workers):
+    with _emulated_run(tmp_path, short_tmp, 2, ignore_sigint, iterating=True) as (run, workers):
         ignored = Path(f"/proc/{run.pid}/status").read_text().split("SigIgn:")[1].split()[0]
         assert not int(ignored, 16) & (1 << (signal.SIGINT - 1))  # the run no longer ignores it
-        time.sleep(0.5)  # inside the iterations
         run.send_signal(signal.SIGINT)
         _, err = run.communicate(timeout=60)
     assert run.returncode == 130
