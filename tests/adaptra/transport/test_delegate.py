@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +114,17 @@ def _wait_stopped(pid: int) -> None:
     _wait_state(pid, "T")
 
 
+def _wait_delivered(sender: socket.socket) -> None:
+    """Until every byte `sender` sent is acknowledged by its peer (nothing left in its send
+    queue, SIOCOUTQ): on loopback the peer's kernel then holds them, and has woken whatever
+    waits to read them (a selector then has the socket's event ready)."""
+    deadline = time.monotonic() + 30
+    outq = termios.TIOCOUTQ  # SIOCOUTQ for a socket: bytes not yet acknowledged
+    while struct.unpack("i", fcntl.ioctl(sender.fileno(), outq, b"\0" * 4))[0] > 0:
+        assert time.monotonic() < deadline, "the receiver's kernel never took the message"
+        time.sleep(0.01)
+
+
 def _noted(fd: int) -> bool:
     """Whether anything waits in the notify pipe `fd` (read end)."""
     return bool(select.select([fd], [], [], 0)[0])
@@ -132,8 +146,8 @@ def test_a_message_whose_map_comes_in_the_same_batch_of_events_is_received(
         _wait_stopped(process.process.pid)
         header = HEADER.pack(0, 3, seq, SLOT_BYTES, 0, SLOT_BYTES, NUM_SLOTS * SLOT_BYTES)
         sender.sendall(header + payload)
-        time.sleep(0.1)  # the message first in the receiver's ready events, then the map job
-        process.write(slots.map_job())
+        _wait_delivered(sender)  # the message first in the receiver's ready events,
+        process.write(slots.map_job())  # then the map job
     finally:
         os.kill(process.process.pid, signal.SIGCONT)
     assert _arrival(process) == (ARRIVED, 0, 3, seq, seq * SLOT_BYTES, SLOT_BYTES)
