@@ -339,6 +339,37 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
+def _main_thread_sleep(pid: int) -> tuple[str, str] | None:
+    """Where process `pid`'s main thread sleeps in the kernel (/proc's wchan: a `time.sleep`
+    is in hrtimer_nanosleep) and how often it has given up the CPU so far; None if gone."""
+    try:
+        task = Path(f"/proc/{pid}/task/{pid}")
+        switches = (task / "status").read_text().split("voluntary_ctxt_switches:")[1].split()[0]
+        return (task / "wchan").read_text(), switches
+    except (OSError, IndexError):
+        return None
+
+
+def _wait_inside_an_op(run: subprocess.Popen[str], workers: set[int]) -> None:
+    """Return once a worker's main thread has been in one `time.sleep` for 2 s (in
+    hrtimer_nanosleep, with no switch since): inside an op of `_launch_run`'s 20 s, its start-up
+    over (a hang bound of 120 s)."""
+    deadline = time.monotonic() + 120  # start-up under load
+    since: dict[int, tuple[tuple[str, str] | None, float]] = {}
+    while time.monotonic() < deadline and run.poll() is None:
+        now = time.monotonic()
+        for pid in workers:
+            asleep = _main_thread_sleep(pid)
+            if pid not in since or since[pid][0] != asleep:
+                since[pid] = (asleep, now)
+            elif (
+                asleep is not None and asleep[0] == "hrtimer_nanosleep" and now - since[pid][1] >= 2
+            ):
+                return
+        time.sleep(0.1)
+    raise AssertionError("no worker was inside an op within 120 s")
+
+
 @contextlib.contextmanager
 def _launch_run(tmp_path: Path, scratch: Path) -> Iterator[tuple[subprocess.Popen[str], set[int]]]:
     """`launch --run` of 1F1B over 2 stages whose ops take 20 s (TMPDIR `scratch`), once
@@ -394,7 +425,8 @@ def test_a_signal_stops_launch_run_s_torchrun_and_its_workers(
     tests/pipeline/test_processes.py shows stopping every process; a run here waited 40 s.)"""
     out = tmp_path / "out"
     with _launch_run(tmp_path, short_tmp) as (run, started):
-        time.sleep(2.0)  # inside their first op
+        workers = {p for p in started if _cmdline(p)[1:4].count("pipeline.runtime.torchrun")}
+        _wait_inside_an_op(run, workers)  # their start-up over, rank 0 inside its first op
         started |= _descendants(run.pid)
         run.send_signal(signum)
         _, err = run.communicate(timeout=120)
