@@ -13,7 +13,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import ClassVar
+from typing import IO, ClassVar
 
 import numpy as np
 import pytest
@@ -1135,14 +1135,7 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp:
     more, and it lived on to the bound, holding the killed run's output pipes (a CI run's
     kill test timed out on them). It ends with its controller now. (The killed controller's
     pool and fork server folders go with `short_tmp`.)"""
-    controller = subprocess.Popen(
-        [sys.executable, "-c", _CONTROLLER_OF_A_STUCK_JOIN],
-        cwd=Path(__file__).parents[3],
-        env={**os.environ, "TMPDIR": str(short_tmp)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert controller.stdout is not None
+    controller = _controller(_CONTROLLER_OF_A_STUCK_JOIN, short_tmp)
     pids = []
     try:
         pids = [int(controller.stdout.readline()) for _ in range(2)]
@@ -1199,15 +1192,7 @@ def test_a_worker_whose_controller_is_gone_before_its_first_word_ends_quietly(
     a traceback (one per worker, twice "BrokenPipeError", went to the killed run's stderr)."""
     stderr = tmp_path / "stderr"
     with stderr.open("w") as err:
-        controller = subprocess.Popen(
-            [sys.executable, "-c", _CONTROLLER_OF_LATE_WORKERS],
-            cwd=Path(__file__).parents[3],
-            env={**os.environ, "TMPDIR": str(short_tmp)},
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
-    assert controller.stdout is not None
+        controller = _controller(_CONTROLLER_OF_LATE_WORKERS, short_tmp, err)
     pids = []
     try:
         pids = [int(controller.stdout.readline()) for _ in range(2)]
@@ -1224,6 +1209,23 @@ def test_a_worker_whose_controller_is_gone_before_its_first_word_ends_quietly(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _controller(
+    script: str, short_tmp: Path, stderr: IO[str] | None = None
+) -> subprocess.Popen[str]:
+    """A controller process running `script`, which prints its workers' pids on stdout, with
+    its temporary folders (its pool's, its fork server's) in `short_tmp`."""
+    controller = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parents[3],
+        env={**os.environ, "TMPDIR": str(short_tmp)},
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+    assert controller.stdout is not None
+    return controller
 
 
 def _alive(pid: int) -> bool:
