@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, ClassVar
@@ -284,15 +285,10 @@ def test_a_neighbour_s_messages_far_apart_are_no_timeout_when_no_op_waits_long()
     )
     timeout_s = 2.0
     hook = _StallBefore((("forward", 1, 4.5), ("backward", 0, 4.0)))
-    for start in range(3):
-        try:
-            with WorkerPool(2, timeout_s=timeout_s) as pool:
-                config = IterationConfig(0, schedule, profile, fault_hook=hook)
-                timeline = pool.run_iteration(config)
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with attempt, WorkerPool(2, timeout_s=timeout_s) as pool:
+            config = IterationConfig(0, schedule, profile, fault_hook=hook)
+            timeline = pool.run_iteration(config)
     assert len(timeline.ops) == 12
     messages = {(m.direction, m.microbatch): m for m in timeline.messages}
     assert sorted(messages) == [("backward", 0), ("backward", 1), ("forward", 0), ("forward", 1)]
@@ -704,17 +700,12 @@ def test_a_tied_sum_waits_for_the_other_stage_s_ring_longer_than_the_timeout() -
     a new pool, up to 3; the old tied send's timeout, every try's, still fails the test.)"""
     plain = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
     slow_ring = dataclasses.replace(plain, dp_delay_ms=((Link.parse("dp0:0-1"), 700.0),))
-    for start in range(3):
-        try:
-            with WorkerPool(2, 2, compute_factory=_Tied, timeout_s=1.0) as pool:
-                pool.run_iteration(IterationConfig(0, one_f_one_b(plain), plain))  # gloo connects
-                config = IterationConfig(1, one_f_one_b(slow_ring), slow_ring)
-                timeline = pool.run_iteration(config)
-                results = pool.last_results
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with attempt, WorkerPool(2, 2, compute_factory=_Tied, timeout_s=1.0) as pool:
+            pool.run_iteration(IterationConfig(0, one_f_one_b(plain), plain))  # gloo connects
+            config = IterationConfig(1, one_f_one_b(slow_ring), slow_ring)
+            timeline = pool.run_iteration(config)
+            results = pool.last_results
     assert timeline.iterations[0].step_time_ms >= 2 * 700.0
     for result in results:
         (name, grad), *_ = result.step_output.params or ()
@@ -738,22 +729,17 @@ def test_tied_copies_without_a_gradient_swap_zeros_and_the_next_iteration_gets_i
     pool, up to 3; a receive that waits for good is the pool's timeout, raised at once.)"""
     profile = Profile.uniform(2, 2, 1, 1, 1)
     compute = _TiedWithoutGradientAtIteration1
-    for start in range(3):
-        try:
-            with WorkerPool(2, compute_factory=compute, timeout_s=1.0) as pool:
-                sums = []
-                for iteration in range(3):
-                    pool.run_iteration(IterationConfig(iteration, one_f_one_b(profile), profile))
-                    sums.append(
-                        [
-                            set(dict(r.step_output.params or ())["tied grad"].tolist())
-                            for r in pool.last_results
-                        ]
-                    )
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with attempt, WorkerPool(2, compute_factory=compute, timeout_s=1.0) as pool:
+            sums = []
+            for iteration in range(3):
+                pool.run_iteration(IterationConfig(iteration, one_f_one_b(profile), profile))
+                sums.append(
+                    [
+                        set(dict(r.step_output.params or ())["tied grad"].tolist())
+                        for r in pool.last_results
+                    ]
+                )
     assert sums == [[{3.0}, {3.0}], [{0.0}, {0.0}], [{3.0}, {3.0}]]
 
 
@@ -809,19 +795,14 @@ def test_a_rank_swap_longer_than_the_timeout_is_no_timeout() -> None:
     out starts a new pool, up to 3; the old failure, every try's, still fails the test.)"""
     profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
     swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
-    for start in range(3):
-        try:
-            with WorkerPool(2, 2, compute_factory=_SlowToMove, timeout_s=1.0) as pool:
-                pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
-                config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped)
-                timeline = pool.run_iteration(config)
-                after = pool.run_iteration(
-                    IterationConfig(2, one_f_one_b(profile), profile, topology=swapped)
-                )
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with attempt, WorkerPool(2, 2, compute_factory=_SlowToMove, timeout_s=1.0) as pool:
+            pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
+            config = IterationConfig(1, one_f_one_b(profile), profile, topology=swapped)
+            timeline = pool.run_iteration(config)
+            after = pool.run_iteration(
+                IterationConfig(2, one_f_one_b(profile), profile, topology=swapped)
+            )
     assert len(timeline.swaps) == 2
     assert all(s.end_ms - s.start_ms >= 1000 * _SlowToMove.MOVE_S for s in timeline.swaps)
     assert (
@@ -858,21 +839,19 @@ def test_a_move_back_to_the_default_placement_may_take_as_long_as_a_start_up(
     move back's failure, the pool's own timeout, fails at once."""
     profile = Profile.uniform(2, 2, 1, 1, 1, num_replicas=2, allreduce_bytes=4096)
     swapped = Topology(2, 2).swapped(Position(0, 1), Position(1, 0))
-    for start in range(3):
-        try:
-            with WorkerPool(2, 2, compute_factory=_SlowToMoveBack, timeout_s=0.5) as pool:
-                config = IterationConfig(0, one_f_one_b(profile), profile, topology=swapped)
-                pool.run_iteration(config)
-                with monkeypatch.context() as patched:
-                    patched.setattr(pool_module, "BACKSTOP_GRACE_S", 0.5)  # read at its wait
-                    started = time.monotonic()
-                    pool.place_default()
-                    assert time.monotonic() - started >= _SlowToMoveBack.MOVE_S
-                timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with (
+            attempt,
+            WorkerPool(2, 2, compute_factory=_SlowToMoveBack, timeout_s=0.5) as pool,
+        ):
+            config = IterationConfig(0, one_f_one_b(profile), profile, topology=swapped)
+            pool.run_iteration(config)
+            with monkeypatch.context() as patched:
+                patched.setattr(pool_module, "BACKSTOP_GRACE_S", 0.5)  # read at its wait
+                started = time.monotonic()
+                pool.place_default()
+                assert time.monotonic() - started >= _SlowToMoveBack.MOVE_S
+            timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     assert not timeline.swaps
 
 
@@ -943,14 +922,9 @@ def test_a_long_healthy_iteration_is_no_timeout() -> None:
     timeout, what is tested, fails at once)."""
     profile = Profile.uniform(2, 102, 30, 30, 30, message_bytes=1024)
     timeout_s = 2.0
-    for start in range(3):
-        try:
-            with WorkerPool(2, timeout_s=timeout_s) as pool:
-                timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with attempt, WorkerPool(2, timeout_s=timeout_s) as pool:
+            timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     (iteration,) = timeline.iterations
     pool_wait_ms = (BACKSTOP * timeout_s + BACKSTOP_GRACE_S) * 1000.0
     assert iteration.end_ms - iteration.start_ms > pool_wait_ms == 9000.0
@@ -971,22 +945,20 @@ def test_a_rank_swap_s_rewiring_longer_than_the_pool_s_wait_is_no_timeout(
     profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
     swapped = Topology(2).swapped(Position(0, 0), Position(1, 0))
     delegates = _SlowToRewire()
-    for start in range(3):
-        try:
-            with WorkerPool(2, delegates=delegates, num_delegates=1, timeout_s=2.0) as pool:
-                config = IterationConfig(0, one_f_one_b(profile), profile, comm="delegated")
-                pool.run_iteration(config)
-                old = {p for pids in pool.delegate_pids for p in pids}
-                config = IterationConfig(
-                    1, one_f_one_b(profile), profile, topology=swapped, comm="delegated"
-                )
-                with monkeypatch.context() as patched:
-                    patched.setattr(pool_module, "BACKSTOP_GRACE_S", _SlowToRewire.grace_s)
-                    timeline = pool.run_iteration(config)
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with (
+            attempt,
+            WorkerPool(2, delegates=delegates, num_delegates=1, timeout_s=2.0) as pool,
+        ):
+            config = IterationConfig(0, one_f_one_b(profile), profile, comm="delegated")
+            pool.run_iteration(config)
+            old = {p for pids in pool.delegate_pids for p in pids}
+            config = IterationConfig(
+                1, one_f_one_b(profile), profile, topology=swapped, comm="delegated"
+            )
+            with monkeypatch.context() as patched:
+                patched.setattr(pool_module, "BACKSTOP_GRACE_S", _SlowToRewire.grace_s)
+                timeline = pool.run_iteration(config)
     assert {(s.pid, s.stage_from, s.stage_to) for s in timeline.swaps} == {
         (pool.pids[0], 0, 1),
         (pool.pids[1], 1, 0),
@@ -1030,14 +1002,9 @@ def test_a_worker_started_seconds_after_the_others_joins_however_short_the_timeo
         return local_launch(rank, target, args)
 
     profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
-    for start in range(3):
-        with WorkerPool(2, launch=launch, timeout_s=1.0) as pool:
-            try:
-                timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
-                break
-            except WorkerTimeout as err:
-                if start == 2 or not an_op_s_wait_timed_out(err):
-                    raise
+    for attempt in fresh_tries(an_op_s_wait_timed_out):
+        with attempt, WorkerPool(2, launch=launch, timeout_s=1.0) as pool:
+            timeline = pool.run_iteration(IterationConfig(0, one_f_one_b(profile), profile))
     assert len(timeline.messages) == 2 * 2  # the activations and gradients of 2 microbatches
 
 
@@ -1051,6 +1018,37 @@ def an_op_s_wait_timed_out(err: WorkerTimeout) -> bool:
         and remote.type_name == "builtins.TimeoutError"
         and re.fullmatch(r"(F|B|W|BW)\d+", remote.op or "") is not None
     )
+
+
+class _Try:
+    """One try of `fresh_tries`: a failure within it that its `retried` accepts ends the try,
+    not the test, unless it is the last."""
+
+    def __init__(self, last: bool, retried: Callable[[WorkerTimeout], bool]) -> None:
+        self.last, self.retried, self.succeeded = last, retried, False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, err: BaseException | None, traceback: object) -> bool:
+        if err is None:
+            self.succeeded = True
+            return False
+        return not self.last and isinstance(err, WorkerTimeout) and self.retried(err)
+
+
+def fresh_tries(
+    retried: Callable[[WorkerTimeout], bool] | None = None, num_tries: int = 3
+) -> Iterator[_Try]:
+    """The tries of a block that starts its own pool (`for attempt in fresh_tries(): with
+    attempt: ...`): another, on a fresh pool, where one failed as `retried` says (default
+    `a_rank_s_own_wait_timed_out`: a worker held past a short timeout on a loaded host), up
+    to `num_tries`; any other failure, and the last try's, is raised."""
+    for index in range(num_tries):
+        attempt = _Try(index == num_tries - 1, retried or a_rank_s_own_wait_timed_out)
+        yield attempt
+        if attempt.succeeded:
+            return
 
 
 def a_rank_s_own_wait_timed_out(err: WorkerTimeout) -> bool:
@@ -1075,16 +1073,14 @@ def test_a_neighbour_whose_delegates_start_late_is_waited_for_however_short_the_
     starts a new pool, up to 3; the start's failure, what is tested, has no iteration and
     fails at once.)"""
     profile = Profile.uniform(2, 2, 1, 1, 1, message_bytes=64)
-    for start in range(3):
-        try:
-            with WorkerPool(2, delegates=_LateOnRank1(), num_delegates=1, timeout_s=2.0) as pool:
-                config = IterationConfig(0, one_f_one_b(profile), profile, comm="delegated")
-                timeline = pool.run_iteration(config)
-                carriers = {pid for pids in pool.delegate_pids for pid in pids}
-            break
-        except WorkerTimeout as err:
-            if start == 2 or not a_rank_s_own_wait_timed_out(err):
-                raise
+    for attempt in fresh_tries():
+        with (
+            attempt,
+            WorkerPool(2, delegates=_LateOnRank1(), num_delegates=1, timeout_s=2.0) as pool,
+        ):
+            config = IterationConfig(0, one_f_one_b(profile), profile, comm="delegated")
+            timeline = pool.run_iteration(config)
+            carriers = {pid for pids in pool.delegate_pids for pid in pids}
     assert len(timeline.messages) == 2 * 2
     assert {m.carrier_pid for m in timeline.messages} <= carriers
 
