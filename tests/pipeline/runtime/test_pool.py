@@ -1131,10 +1131,7 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp:
     more, and it lived on to the bound, holding the killed run's output pipes (a CI run's
     kill test timed out on them). It ends with its controller now. (The killed controller's
     pool and fork server folders go with `short_tmp`.)"""
-    controller = _controller(_CONTROLLER_OF_A_STUCK_JOIN, short_tmp)
-    pids = []
-    try:
-        pids = [int(controller.stdout.readline()) for _ in range(2)]
+    with _controller(_CONTROLLER_OF_A_STUCK_JOIN, short_tmp) as (controller, pids):
         # Rank 0 in its join, its watch started: gloo's file store, which only rank 0 opens,
         # is there (a sleep was no sign of it: a loaded rank 0 not yet at its join ended on
         # its broken pipe, and the test passed without a join to end).
@@ -1149,12 +1146,6 @@ def test_a_worker_waiting_in_its_join_ends_with_its_killed_controller(short_tmp:
             time.sleep(0.1)
         assert not _alive(pids[0])
         assert sorted(p.name.split("-")[0] for p in short_tmp.iterdir()) == ["adaptra", "pymp"]
-    finally:
-        controller.kill()
-        controller.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 _CONTROLLER_OF_LATE_WORKERS = """
@@ -1187,11 +1178,10 @@ def test_a_worker_whose_controller_is_gone_before_its_first_word_ends_quietly(
     joining) into a broken pipe: it ends, as a worker whose pipe breaks later does, without
     a traceback (one per worker, twice "BrokenPipeError", went to the killed run's stderr)."""
     stderr = tmp_path / "stderr"
-    with stderr.open("w") as err:
-        controller = _controller(_CONTROLLER_OF_LATE_WORKERS, short_tmp, err)
-    pids = []
-    try:
-        pids = [int(controller.stdout.readline()) for _ in range(2)]
+    with (
+        stderr.open("w") as err,
+        _controller(_CONTROLLER_OF_LATE_WORKERS, short_tmp, err) as (controller, pids),
+    ):
         controller.kill()
         controller.wait()
         deadline = time.monotonic() + 60  # a hang bound
@@ -1199,19 +1189,15 @@ def test_a_worker_whose_controller_is_gone_before_its_first_word_ends_quietly(
             time.sleep(0.1)
         assert not any(_alive(pid) for pid in pids)
         assert "Traceback" not in stderr.read_text(), stderr.read_text()
-    finally:
-        controller.kill()
-        controller.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
 def _controller(
     script: str, short_tmp: Path, stderr: IO[str] | None = None
-) -> subprocess.Popen[str]:
-    """A controller process running `script`, which prints its workers' pids on stdout, with
-    its temporary folders (its pool's, its fork server's) in `short_tmp`."""
+) -> Iterator[tuple[subprocess.Popen[str], list[int]]]:
+    """A controller process running `script`, with its temporary folders (its pool's, its
+    fork server's) in `short_tmp`, and its two workers' pids, the first lines it prints;
+    killed at the end, with its workers."""
     controller = subprocess.Popen(
         [sys.executable, "-c", script],
         cwd=Path(__file__).parents[3],
@@ -1220,8 +1206,17 @@ def _controller(
         stderr=stderr,
         text=True,
     )
-    assert controller.stdout is not None
-    return controller
+    pids: list[int] = []
+    try:
+        assert controller.stdout is not None
+        pids += [int(controller.stdout.readline()) for _ in range(2)]
+        yield controller, pids
+    finally:
+        controller.kill()
+        controller.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
