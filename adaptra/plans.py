@@ -1,6 +1,7 @@
 """Adaptra's plans for a delay vector: each vector planned once, the run's profile passed
-through (what the engine injects), with a cost model's op times where a schedule has its own.
-The oracle (adaptra.oracle) and the detector-driven controller (adaptra.control) plan here."""
+through (what the engine injects), with a cost model's op times where a schedule has its own,
+and a delegated plan's delegate count sized for the delays believed. The oracle
+(adaptra.oracle) and the detector-driven controller (adaptra.control) plan here."""
 
 from __future__ import annotations
 
@@ -48,6 +49,25 @@ class AdaptraPlans:
         if self._profile_for is not None:
             profile = self._profile_for(schedule).with_delays(profile.delay_ms, profile.dp_delay_ms)
             profile = dataclasses.replace(profile, num_delegates=self.profile.num_delegates)
+        num_delegates = None
+        if comm is CommMode.DELEGATED:
+            num_delegates = self.delegates_for(profile, believed_ms)
         # `adaptra` with no delay too: Algorithm 1's plan, searched (not `adaptra-initial`,
         # Algorithm 1 and the generator alone, which may be slower).
-        return Plan(schedule, profile, comm, policy="adaptra", believed_ms=believed_ms)
+        return Plan(
+            schedule,
+            profile,
+            comm,
+            policy="adaptra",
+            believed_ms=believed_ms,
+            num_delegates=num_delegates,
+        )
+
+    @staticmethod
+    def delegates_for(profile: Profile, believed_ms: tuple[tuple[str, float], ...]) -> int:
+        """The delegates a delegated iteration uses: the paper's rule
+        (`Profile.delegates_needed`) for the longest delay believed on any link (PP or DP
+        ring), at most those started (`profile.delegate_count()`: provisioned for the run)."""
+        longest_ms = max((ms for _, ms in believed_ms), default=0.0)
+        needed = profile.with_delays(()).delegates_needed(longest_ms)
+        return min(needed, profile.delegate_count())

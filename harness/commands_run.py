@@ -51,7 +51,6 @@ from pipeline.errors import ConfigError
 from pipeline.faults import NO_FAULTS, FaultView
 from pipeline.gantt import plot_gantt
 from pipeline.profile import Profile
-from pipeline.simulator import CommMode
 from pipeline.trace import RestartMark, write_chrome_trace
 
 __all__ = ["collect", "report", "run"]
@@ -299,8 +298,9 @@ def run(
             title=f"{label}, {result.comms[-1].value}, {backend}, iteration "
             f"{result.iterations[-1]}",
         )
-    # the delegates every delegated system ran with, provisioned before the run (not detected)
-    delegated = any(comm is CommMode.DELEGATED for comm in result.comms)
+    # the delegates started, provisioned before the run (not detected); each iteration used
+    # its plan's share of them (IterationDecision.num_delegates)
+    delegated = any(decision.num_delegates for decision in result.decisions)
     num_delegates = with_delegate_count(profile, faults).delegate_count() if delegated else None
     if fmt == "json":
         _print_run_json(result, backend, label, system, seed, model, num_delegates)
@@ -341,6 +341,7 @@ def _print_run_json(
                     "policy": decision.policy or label,
                     "comm": decision.comm,
                     "microbatches": decision.microbatches,
+                    "num_delegates": decision.num_delegates,
                     "failovers": num_failovers,
                     "moved_workers": num_moved,
                 }
@@ -390,7 +391,11 @@ def _print_run_text(
             f"{len(result.iteration_times_ms)} iterations run ({iterations} measured, "
             f"{result.lost_iterations} run again after a restart)"
         )
-    delegates = "" if num_delegates is None else f", {num_delegates} delegate(s) a link direction"
+    delegates = ""
+    if num_delegates is not None:
+        used = sorted({d.num_delegates for d in result.decisions if d.num_delegates})
+        counts = str(used[0]) if len(used) == 1 else f"{used[0]}-{used[-1]}"
+        delegates = f", {counts} of {num_delegates} delegate(s) a link direction"
     click.echo(
         f"{label} over {result.comms_run} ({backend}, {result.controller} plan{delegates}): "
         f"median iteration {result.median_iteration_ms:.3f} ms{step} over {counted}"

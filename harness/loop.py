@@ -68,6 +68,9 @@ class IterationDecision:
     microbatches: str = ""
     """How the global batch was split over the DP replicas where unevenly (a rebalance),
     e.g. "12+4" (`ReplicaSchedules`); empty: equally."""
+    num_delegates: int = 0
+    """The delegates per link direction and side its delegated messages went through
+    (`Plan.num_delegates`, else all those started); 0: none went over delegates."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -337,6 +340,7 @@ def run_loop(
                 plan.policy,
                 plan.comm_by_link(),
                 "" if plan.replica_schedules is None else str(plan.replica_schedules),
+                plan.iteration_profile().delegate_count() if plan.delegates() else 0,
             )
         )
         if outcome.loss is not None:

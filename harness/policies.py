@@ -396,8 +396,9 @@ def system_controller(
 ) -> Controller:
     """What runs `system` on `profile` (its op times and static delays) under `faults`:
     Adaptra's controller from measurements (it never reads `faults` or the profile's
-    delays; the harness sizes the delegated systems' delegates, D, for the longest delay
-    `faults` keeps, as the paper's artifact set D per experiment: `with_delegate_count`),
+    delays; the harness provisions the delegated systems' delegates, D started, for the
+    longest delay `faults` keeps, as the paper's artifact set D per experiment:
+    `with_delegate_count`; Adaptra's plans use as many of them as they believe needed),
     Adaptra's oracle (it re-plans where the delays in force change), or for the other
     systems their fixed plan. `num_warmup_iterations`: the run's, which its plans'
     iterations count and `faults` does not. `profile_for`: the op times a schedule runs
@@ -450,10 +451,11 @@ def system_controller(
 
 
 def with_delegate_count(profile: Profile, faults: FaultView = NO_FAULTS) -> Profile:
-    """`profile` with its delegate count settled for a whole run: its `num_delegates`, or
+    """`profile` with the delegates started for a whole run settled: its `num_delegates`, or
     the paper's rule for the longest delay the run will see (the profile's, plus the longest
     a fault timeline keeps on a link), so that every engine (the runtimes start their
-    delegates once, with their pool) runs the same D."""
+    delegates once, with their pool) starts the same D (a plan may use fewer:
+    `Plan.num_delegates`)."""
     if profile.num_delegates is not None:
         return profile
     extra_ms = faults.longest_delay_ms() if isinstance(faults, FaultModel) else 0.0

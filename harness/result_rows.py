@@ -69,6 +69,7 @@ def _run_row(
         "restart_model_ms": result.restart_model_ms,
         "failovers": sum(result.num_failovers),
         "moved_workers": sum(result.num_moved_workers),
+        "num_delegates": max((d.num_delegates for d in result.decisions), default=0),
         "params_sha256": result.params_sha256,
         "schema_version": RESULTS_SCHEMA_VERSION,
     }
@@ -90,6 +91,7 @@ def _iteration_rows(common: dict[str, Any], result: RunResult) -> list[dict[str,
             "detected_ms": json.dumps(decision.detected_ms, sort_keys=True),
             "link_comms": json.dumps(decision.comm, sort_keys=True),
             "microbatches": decision.microbatches,
+            "num_delegates": decision.num_delegates,
             "failovers": num_failovers,
             "moved_workers": num_moved_workers,
         }

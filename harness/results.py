@@ -37,8 +37,10 @@ __all__ = [
     "write_json_atomic",
 ]
 
-RESULTS_SCHEMA_VERSION = 8
-"""8: `moved_workers`, the workers a rank swap moved to another position: iterations.csv's per
+RESULTS_SCHEMA_VERSION = 9
+"""9: `num_delegates`, the delegates per link direction and side that messages went through:
+iterations.csv's per iteration run (0: none delegated), runs.csv's the most of any. 8:
+`moved_workers`, the workers a rank swap moved to another position: iterations.csv's per
 iteration run (at its start), runs.csv's over the configuration's. 7: `failovers`, the
 delegates' moves to another NIC: iterations.csv's per iteration run, runs.csv's over the
 configuration's. 6: iterations.csv's `microbatches`: the global batch's split over the DP
@@ -84,6 +86,7 @@ RUNS_COLUMNS = (
     "restart_model_ms",
     "failovers",
     "moved_workers",
+    "num_delegates",
     "params_sha256",
     "schema_version",
 )
@@ -107,6 +110,7 @@ ITERATIONS_COLUMNS = (
     "microbatches",
     "failovers",
     "moved_workers",
+    "num_delegates",
 )
 MESSAGES_COLUMNS = (
     "model",

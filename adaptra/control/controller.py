@@ -4,7 +4,8 @@ from the fault model.
 It starts with Algorithm 1's plan over `direct` (no straggler known). After each iteration
 it hands the iteration's messages, PP and DP, to the detector (adaptra.control.detector);
 when a PP link is found slow, the next iteration runs over the delegates with Adaptra's plan
-(Algorithm 2, the generator, the search) for the estimated delays; it plans again when the
+(Algorithm 2, the generator, the search) for the estimated delays, through as many of the
+delegates started as the longest estimate needs (adaptra.plans); it plans again when the
 slow set changes or a link's estimate stays past the re-plan margin two iterations in a row, and
 goes back to the initial plan and `direct` once every PP link has recovered. A slow DP ring
 link is moved onto a PP edge by a rank swap (adaptra.control.swaps), where the PP machinery

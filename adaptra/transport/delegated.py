@@ -509,7 +509,7 @@ def _read_note(process: _Process, deadline: float) -> tuple:  # type: ignore[typ
 
 class _Side:
     """One side of a link direction: its slot file and its delegates (message seq k goes
-    through delegate k mod D)."""
+    through delegate k mod D, D those of them the iteration uses)."""
 
     role = ""
     """Its delegates' ("send" or "recv")."""
@@ -528,16 +528,23 @@ class _Side:
         end = "out" if self.role == "send" else "in"
         self.slots = _SlotFile(f"{direction.link}-{direction.direction}-{end}", folder)
         self.delegates = _start(self.role, direction, peer, [args] * num_delegates)
+        self.num_used = num_delegates
+        """The delegates this iteration's messages go through (`begin`), the first so many."""
         self._begin_state()
 
     def _begin_state(self) -> None:
         """The role's own state of a side just started."""
 
     def delegate_of(self, seq: int) -> _Process:
-        return self.delegates[seq % len(self.delegates)]
+        return self.delegates[seq % self.num_used]
 
-    def begin(self, num_messages: int, slot_bytes: int) -> None:
-        """Slots for an iteration's messages; the delegates map a new slot file."""
+    def begin(self, num_messages: int, slot_bytes: int, num_delegates: int | None = None) -> None:
+        """Slots for an iteration's messages, which go through its first `num_delegates`
+        delegates (None: all); the delegates map a new slot file."""
+        started = len(self.delegates)
+        if num_delegates is not None and not 1 <= num_delegates <= started:
+            raise ValueError(f"{num_delegates} delegate(s) asked of the {started} started")
+        self.num_used = started if num_delegates is None else num_delegates
         if self.slots.ensure(num_messages, slot_bytes):
             for delegate in self.delegates:
                 delegate.write(self.slots.map_job())
@@ -999,13 +1006,16 @@ class DelegateTransport:
         """Every delegate process of this trainer."""
         return [d.process.pid for side in self._sides().values() for d in side.delegates]
 
-    def begin_iteration(self, sizes: dict[LinkDirection, tuple[int, int]]) -> None:
-        """Slots for this iteration's delegated directions: (messages, bytes each)."""
+    def begin_iteration(
+        self, sizes: dict[LinkDirection, tuple[int, int]], num_delegates: int | None = None
+    ) -> None:
+        """Slots for this iteration's delegated directions: (messages, bytes each); its
+        messages go through the first `num_delegates` delegates of each (None: all)."""
         sides = self._sides()
         for direction, (num_messages, slot_bytes) in sizes.items():
             if direction not in sides:
                 raise ValueError(f"no delegates for {direction}")
-            sides[direction].begin(num_messages, slot_bytes)
+            sides[direction].begin(num_messages, slot_bytes, num_delegates)
 
     def post_receive(
         self, direction: LinkDirection, message: Message, buffer: torch.Tensor

@@ -13,6 +13,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Protocol, Self
 
+from pipeline.checks import check_count
 from pipeline.errors import ConfigError
 from pipeline.faults import IterationFaults
 from pipeline.link_terms import LinkTerms
@@ -68,8 +69,20 @@ class Plan:
     """The links (PP, DP ring) the controller believed slow when it made this plan, with
     their extra delay in ms (a detector's estimates, an oracle's knowledge): reported, never
     run."""
+    num_delegates: int | None = None
+    """How many of the delegates started per link direction and side (the profile's
+    `delegate_count()`, which the engine starts) this iteration's delegated messages go
+    through: the first so many, message k through delegate k mod this (None: all)."""
 
     def __post_init__(self) -> None:
+        if self.num_delegates is not None:
+            check_count("a plan's num_delegates", self.num_delegates, 1)
+            started = self.profile.delegate_count()
+            if self.num_delegates > started:
+                raise ConfigError(
+                    f"a plan's num_delegates ({self.num_delegates}) must be at most the "
+                    f"delegates started ({started}: the profile's delegate count)"
+                )
         split = self.replica_schedules
         if split is None:
             return
@@ -85,6 +98,18 @@ class Plan:
         """The schedule replica `replica` runs."""
         split = self.replica_schedules
         return self.schedule if split is None else split.schedules[replica]
+
+    def delegates(self) -> bool:
+        """Whether any of its messages go over delegates."""
+        modes = (self.comm, *(c.comm for c in self.link_comms))
+        return CommMode.DELEGATED in modes
+
+    def iteration_profile(self) -> Profile:
+        """`profile` as the iteration runs under it: its `num_delegates` the plan's (the
+        delegates its messages go through) where the plan gives one."""
+        if self.num_delegates is None:
+            return self.profile
+        return dataclasses.replace(self.profile, num_delegates=self.num_delegates)
 
     def validate(self, validated: dict[int, Schedule]) -> None:
         """Validate each replica's schedule for its microbatch count, but those already in

@@ -136,7 +136,7 @@ class RuntimeEngine(Closing):
         config = IterationConfig(
             iteration,
             plan.schedule,
-            profile,
+            plan.iteration_profile(),
             comm=plan.comm.value,
             link_comms=tuple((str(c.link), c.direction, c.comm.value) for c in plan.link_comms),
             topology=plan.topology,

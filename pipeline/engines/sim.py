@@ -104,7 +104,7 @@ class SimEngine(Closing):
             plan.validate(self._validated)
             timeline = simulate(
                 plan.schedule,
-                plan.profile,
+                plan.iteration_profile(),
                 plan.comm,
                 iteration=iteration,
                 start_ms=self._clock_ms,

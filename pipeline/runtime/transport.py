@@ -279,8 +279,11 @@ class DelegatedLinks(Protocol):
         """Its delegate processes."""
         ...
 
-    def begin_iteration(self, sizes: dict[LinkDirection, tuple[int, int]]) -> None:
-        """Slots for this iteration's delegated directions: (messages, bytes each)."""
+    def begin_iteration(
+        self, sizes: dict[LinkDirection, tuple[int, int]], num_delegates: int | None = None
+    ) -> None:
+        """Slots for this iteration's delegated directions: (messages, bytes each); its
+        messages go through the first `num_delegates` delegates of each (None: all)."""
         ...
 
     def post_receive(

@@ -615,7 +615,8 @@ class _Worker:
         return out
 
     def _begin_delegated(self, config: IterationConfig) -> None:
-        """Slots for the link directions this iteration sends over delegates."""
+        """Slots for the link directions this iteration sends over delegates, through the
+        profile's `num_delegates` of each one's delegates (None: all started)."""
         sizes = {
             d: size
             for d, _, _ in self._directions()
@@ -626,7 +627,7 @@ class _Worker:
             return
         if self.delegates is None:
             raise ConfigError("this worker pool has no delegates: the delegated comm needs them")
-        self.delegates.begin_iteration(sizes)
+        self.delegates.begin_iteration(sizes, config.profile.num_delegates)
 
     def _slots_of(self, direction: LinkDirection, config: IterationConfig) -> tuple[int, int]:
         """The messages of one iteration on `direction`, and the bytes of the largest."""

@@ -88,6 +88,9 @@ def test_a_spec_runs_the_delegated_systems_on_the_emulated_runtime(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     runs = {r["system"]: r for r in read_csv_rows(tmp_path / "r" / "runs.csv", RUNS_COLUMNS)}
     assert (runs["zb"]["comm"], runs["adaptra-cpu"]["comm"]) == ("direct", "delegated")
+    # ZB sent nothing over delegates; Adaptra-CPU over all it started: 20 ms held per 5 ms
+    # made, capped at one per microbatch
+    assert (runs["zb"]["num_delegates"], runs["adaptra-cpu"]["num_delegates"]) == ("0", "4")
     # The trainer's sends: over direct each holds the stage for the link's 20 ms; handed to
     # a delegate, the median less than that (a sender that slept the delay would hold each
     # at least that long; load stretches a few holds, not the median: the wall times can

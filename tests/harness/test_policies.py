@@ -117,3 +117,32 @@ def test_a_fault_timelines_delay_under_the_onset_is_named_by_its_row() -> None:
         "plan, whatever they cost there (adaptra-oracle plans for the delays it is told)"
     )
     assert sub_onset_delay_warning("falcon", profile, faults) is None
+
+
+def test_adaptra_uses_as_many_delegates_as_its_detected_delay_needs() -> None:
+    """S=4, 12 microbatches of 10 ms ops; link 0-1 slowed 30 ms from measured iteration 2,
+    60 ms from 5: 6 delegates are started (provisioned for the longest delay, as the paper's
+    artifact did), and Adaptra's detector-driven plans use 3 of them from the iteration
+    after it sees the 30 ms (the paper's rule: a message holds its delegate 30 ms, one is
+    made every 10 ms), 6 from the one after it sees the 60 ms; the oracle the same from
+    each onset; Adaptra-CPU every started one throughout; none goes over delegates before
+    it is needed. (With all 6 from the first detection, its iterations were 0, 0, 0, 6,
+    6, 6, 6, 6, 6.)"""
+    from harness.policies import system_controller
+    from harness.runner import run_configuration
+
+    profile = Profile.uniform(4, 12, 10, 10, 10, message_bytes=1 << 20)
+    faults = parse_yaml(
+        '[{start_iteration: 2, end_iteration: 5, links: ["0-1"], delay_ms: 30},'
+        ' {start_iteration: 5, links: ["0-1"], delay_ms: 60}]'
+    )
+    used = {}
+    for system in ("adaptra", "adaptra-oracle", "adaptra-cpu"):
+        controller = system_controller(system, profile, faults)
+        result = run_configuration(controller, num_iterations=9, faults=faults)
+        used[system] = [d.num_delegates for d in result.decisions]
+    assert used == {
+        "adaptra": [0, 0, 0, 3, 3, 3, 6, 6, 6],
+        "adaptra-oracle": [0, 0, 3, 3, 3, 6, 6, 6, 6],
+        "adaptra-cpu": [6] * 9,
+    }

@@ -209,6 +209,41 @@ def test_an_emulated_engine_restarts_its_pool_for_a_new_delegate_count() -> None
         assert [len(pids) for pids in engine.delegate_pids] == [2 * 2, 2 * 2]
 
 
+def test_a_plan_using_fewer_delegates_than_started_runs_on_the_same_pool() -> None:
+    """3 delegates started per link direction and side (the profile's count); a plan that
+    uses 1, then 2 of them (`Plan.num_delegates`, Adaptra's detected share) runs on the same
+    workers and delegates, its messages carried by the first so many of each direction's
+    senders only; all 3 again without one."""
+    profile = Profile.uniform(2, 4, 5, 5, 5, num_delegates=3)
+    three = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    with emulated_engine(2, timeout_s=20, delegates=Delegates()) as engine:
+        carriers = []
+        for k, used in enumerate([None, 1, 2, None]):
+            plan = dataclasses.replace(three, num_delegates=used)
+            timeline = engine.run(plan, k, NO_FAULTS).timeline
+            carriers.append({m.carrier_pid for m in timeline.messages})
+            if k == 0:
+                pids, delegates = engine.pids, engine.delegate_pids
+            assert (engine.pids, engine.delegate_pids) == (pids, delegates)
+    started = {pid for per_rank in delegates for pid in per_rank}  # senders and receivers
+    assert [len(c) for c in carriers] == [6, 2, 4, 6]  # per direction: 3, 1, 2, 3
+    assert all(c <= started for c in carriers)
+    assert carriers[1] < carriers[2] < carriers[0] == carriers[3]
+
+
+def test_a_plan_may_not_use_more_delegates_than_started() -> None:
+    profile = Profile.uniform(2, 4, 5, 5, 5, num_delegates=3)
+    three = Plan(one_f_one_b(profile), profile, CommMode.DELEGATED)
+    assert dataclasses.replace(three, num_delegates=2).iteration_profile().num_delegates == 2
+    assert three.iteration_profile() is three.profile
+    with pytest.raises(
+        ConfigError, match=r"num_delegates \(4\) must be at most the delegates started \(3"
+    ):
+        dataclasses.replace(three, num_delegates=4)
+    with pytest.raises(ConfigError, match="num_delegates"):
+        dataclasses.replace(three, num_delegates=0)
+
+
 def test_a_training_engine_refuses_a_new_delegate_count_mid_run() -> None:
     """Megatron's workers hold the model: a fresh pool at iteration 2 would start from the
     initial weights again. Refused, the run goes on on its pool (the loss falls on: the same
