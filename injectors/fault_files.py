@@ -170,6 +170,19 @@ def _trace_links(row: int, names: list[str]) -> tuple[Link, ...]:
                 "(e.g. '2_3')"
             ) from None
         links.append(link)
+    return _each_once(row, links, names)
+
+
+def _each_once(row: int, links: list[Link], names: list[str]) -> tuple[Link, ...]:
+    """`links` (as `names` gave them), refused where one repeats another (a spec refuses the
+    same; the row would slow the link once all the same)."""
+    for k, link in enumerate(links):
+        if link in links[:k]:
+            first = links.index(link)
+            raise ConfigError(
+                f"fault row {row}: {names[k]!r} repeats link {link} ({names[first]!r}); "
+                "list each link once"
+            )
     return tuple(links)
 
 
@@ -239,9 +252,10 @@ def _target(row: int, item: dict[str, Any], failure: bool) -> Target:
                 return _PAPER_NIC
             raise ConfigError(f"fault row {row}: a delay needs at least one link")
         try:
-            return Target(TargetKind.LINKS, links=tuple(Link.parse(v) for v in value))
+            links = [Link.parse(v) for v in value]
         except ConfigError as err:
             raise ConfigError(f"fault row {row}: {err}") from None
+        return Target(TargetKind.LINKS, links=_each_once(row, links, value))
     if given[0] == "hosts":
         ok = isinstance(value, list) and len(value) == 2
         hosts = [_iteration(row, h, "host") for h in value] if ok else []

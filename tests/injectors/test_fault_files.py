@@ -374,3 +374,15 @@ def test_an_empty_timeline_s_error_fits_a_spec_as_well_as_run(trace: bool) -> No
         "the timeline has no rows (a run without faults names no timeline: no run --faults, "
         "no spec faults)"
     )
+
+
+def test_a_row_that_names_a_link_twice_is_refused_as_a_spec_refuses_it() -> None:
+    """As a spec's link set (`link_sets[0][1] ('0-1') repeats link 0-1`); it was taken, the
+    link slowed once. Overlapping names of different links (every replica's and one
+    replica's) stay allowed."""
+    with pytest.raises(ConfigError, match=r"^fault row 1: '0-1' repeats link 0-1 \('0-1'\); "):
+        parse_yaml('[{start_iteration: 1, links: ["0-1", "2-3", "0-1"], delay_ms: 5}]')
+    with pytest.raises(ConfigError, match=r"^fault row 2: '2_3' repeats link 2-3 \('2_3'\); "):
+        parse_trace("1;0_1;0.01\n3;2_3,2_3;0.02")
+    model = parse_yaml('[{start_iteration: 1, links: ["0-1", "pp0:0-1"], delay_ms: 5}]')
+    assert model.events[0].target.links == (Link.parse("0-1"), Link.parse("pp0:0-1"))
