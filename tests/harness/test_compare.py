@@ -94,6 +94,66 @@ def test_a_better_metric_fails_both_ways_only(tmp_path: Path) -> None:
     )
 
 
+_CI_RUN = Path(__file__).parents[2] / ".ci" / "run"
+_CI_STUB = """#!/bin/sh
+# `run` writes the rows the test gives as the gate run's; `compare` is the real one.
+if [ "$1" = run ]; then mkdir -p "$3/gate" && exec cp "$GATE_ROWS" "$3/gate/runs.csv"; fi
+exec "$GATE_PYTHON" -m harness "$@"
+"""
+
+
+def _ci_gate(folder: Path, rows: list[dict[str, str]]) -> subprocess.CompletedProcess[str]:
+    """.ci/run's regression gate (its lines from `gate_dir=` to the emulated runtime's gate)
+    in `folder` (new) as its repository, whose `adaptra-bench run` writes `rows`."""
+    lines = _CI_RUN.read_text().splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith("gate_dir="))
+    end = next(k for k, line in enumerate(lines) if "gate_emulated.py" in line)
+    root = folder / "repo"
+    (root / "benchmarks" / "reference").mkdir(parents=True)
+    shutil.copy(BASELINE, root / "benchmarks" / "reference" / BASELINE.name)
+    (root / ".venv" / "bin").mkdir(parents=True)
+    stub = root / ".venv" / "bin" / "adaptra-bench"
+    stub.write_text(_CI_STUB)
+    stub.chmod(0o755)
+    source = str(Path(__file__).parents[2])
+    env = {
+        **os.environ,
+        "GATE_ROWS": str(_write(folder / "gate.csv", rows)),
+        "GATE_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", "\n".join(lines[start:end])],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_ci_gate_shows_what_failed_it(tmp_path: Path) -> None:
+    """.ci/run's gate prints its summary line where it passes, and where it fails the rows
+    that failed it, which its error line points to: it printed the table's last row only
+    (`| tail -1`), another configuration's unchanged moved_workers, under "1 of 144 metrics
+    got worse than their tolerance (...; see the table above)"."""
+    passed = _ci_gate(tmp_path / "passed", _rows())
+    assert (passed.returncode, passed.stdout, passed.stderr) == (
+        0,
+        "no regression: 144 metrics within 0 % either way\n",
+        "",
+    )
+    rows = _rows()
+    slow = next(r for r in rows if r["system"] == "zb" and r["scenario"] == "0-1@10ms")
+    slow["median_wall_ms"] = str(float(slow["median_wall_ms"]) + 1)
+    failed = _ci_gate(tmp_path / "failed", rows)
+    assert failed.returncode == 1
+    lines = failed.stdout.splitlines()
+    worse = [line for line in lines if line.endswith("WORSE")]
+    assert len(worse) == 1 and "zb 0-1@10ms" in worse[0] and "median_wall_ms" in worse[0]
+    assert lines[-1].startswith("error: 1 of 144 metrics got worse than their tolerance (0 %")
+
+
 def test_a_missing_configuration_is_a_regression_named_apart_from_the_metrics(
     tmp_path: Path,
 ) -> None:
