@@ -208,6 +208,10 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
     except (csv.Error, UnicodeDecodeError, OSError) as err:
         raise UnusableResults(f"{csv_path} is not a readable CSV file: {err}") from None
     missing = [c for c in (*KEY, *IDENTITY, *METRICS, "schema_version") if c not in columns]
+    if missing and "schema_version" in columns:  # an older version's lacks later columns
+        said = sorted({r["schema_version"] for r in rows if r.get("schema_version")})
+        if said and said != [str(RESULTS_SCHEMA_VERSION)]:
+            raise UnusableResults(_another_version(csv_path, said))
     if columns and missing:  # every runs.csv of this schema version has them all
         if all(metric in missing for metric in METRICS):
             missing = [*(c for c in missing if c not in METRICS), "every metric"]
@@ -223,10 +227,7 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             )
     versions = sorted({str(r.get("schema_version", "")) for r in rows})
     if versions != [str(RESULTS_SCHEMA_VERSION)]:
-        raise UnusableResults(
-            f"{csv_path} has results schema version {', '.join(versions)}; this version reads "
-            f"{RESULTS_SCHEMA_VERSION} only (run it again)"
-        )
+        raise UnusableResults(_another_version(csv_path, versions))
     seen: set[tuple[str, ...]] = set()
     for number, row in enumerate(rows, start=2):  # line 1 is the header
         key = _key(row)
@@ -267,6 +268,13 @@ def load_runs(path: Path) -> list[dict[str, Any]]:
             for name, value in setups.get(str(row["model"]), {}).items():
                 row[SETUP + name] = value
     return rows
+
+
+def _another_version(csv_path: Path, versions: Sequence[str]) -> str:
+    return (
+        f"{csv_path} has results schema version {', '.join(versions)}; this version reads "
+        f"{RESULTS_SCHEMA_VERSION} only (run it again)"
+    )
 
 
 def _setups(record: dict[str, Any], path: Path) -> dict[str, dict[str, Any]]:
