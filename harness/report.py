@@ -362,6 +362,17 @@ def _seconds_text(seconds: float) -> str:
     return f"{round(seconds):,}" if seconds >= 100 else f"{seconds:.3g}"
 
 
+def _rate_text(samples_per_s: float) -> str:
+    """Two decimals (26.67), or under 1 sample/s three significant digits: a run whose
+    restarts cost most of its time (sim's 10-min timeout) read 0.00, its own and every other
+    restarting system's alike."""
+    return (
+        f"{samples_per_s:.2f}"
+        if samples_per_s >= 1 or not samples_per_s
+        else f"{samples_per_s:.3g}"
+    )
+
+
 def prediction_errors(compared: PaperComparison) -> list[float]:
     """The relative errors of the predictions among `compared` (a value the cost model is
     fitted on is none)."""
@@ -543,7 +554,7 @@ def write_report(spec: ExperimentSpec, run_dir: Path, runs: list[dict[str, Any]]
         "| "
         + " | ".join(markdown_cell(r[c]) for c in columns)
         + f" | {float(r['median_wall_ms']):.1f} | {float(r['median_iteration_ms']):.1f} | "
-        f"{float(r['throughput_samples_per_s']):.2f} | {float(r['bubble_ratio']):.3f} | "
+        f"{_rate_text(float(r['throughput_samples_per_s']))} | {float(r['bubble_ratio']):.3f} | "
         f"{_actions(r, rebalanced[_key(r)])} |"
         for r in runs
     ]

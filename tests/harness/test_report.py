@@ -953,6 +953,32 @@ def test_the_table_names_what_each_system_did_about_its_faults(tmp_path: Path) -
     assert rows == [["1f1b", "1 restart |"], ["adaptra-cpu", "2 failovers |"]]
 
 
+def test_the_table_tells_a_restarting_system_s_samples_per_second_from_0(tmp_path: Path) -> None:
+    """Link 0-1 down in the one measured iteration: 1F1B and Adaptra restart, their 2
+    samples over sim's 10-min restart mostly, 0.00333 samples/s (runs.csv's). The table read
+    0.00 for both: no samples at all."""
+    faults = tmp_path / "f.yaml"
+    faults.write_text('- {start_iteration: 0, links: ["0-1"], down: true}\n')
+    spec = ExperimentSpec(
+        name="a", models=("m",), profile=Profile.uniform(2, 2, 10, 10, 10),
+        systems=("1f1b", "adaptra"), num_iterations=1, num_warmup_iterations=0,
+        faults=str(faults),
+    )  # fmt: skip
+    run_dir = run_experiment(spec, tmp_path / "r")
+    rates = {
+        r["system"]: float(r["throughput_samples_per_s"])
+        for r in read_csv_rows(run_dir / "runs.csv", RUNS_COLUMNS)
+    }
+    assert all(0.003 < rate < 0.004 for rate in rates.values())
+    cells = {
+        line.split(" | ")[1]: line.split(" | ")[7]  # the system and its samples/s
+        for line in (run_dir / "report.md").read_text().splitlines()
+        if line.startswith("| m |")
+    }
+    assert cells == {system: f"{rate:.3g}" for system, rate in rates.items()}
+    assert cells["1f1b"] == "0.00333"
+
+
 def test_the_table_names_falcon_s_rebalance(tmp_path: Path) -> None:
     """20 ms on replica 1's PP link 1-2 in iterations 3-13: Falcon rebalances the global
     batch away from that replica (iterations.csv's `microbatches`): the table said "none"
