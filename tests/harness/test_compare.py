@@ -15,7 +15,7 @@ import pytest
 from harness.cli import main
 from harness.compare import KEY, METRICS, compare_runs
 from harness.experiment import run_experiment
-from harness.results import run_dir_held
+from harness.results import RESULTS_SCHEMA_VERSION, run_dir_held
 from harness.spec import ExperimentSpec, load_spec
 from pipeline.host_costs import HostCosts
 from pipeline.profile import Profile
@@ -208,8 +208,9 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         _write(path, [*rows, rows[0]])
     elif name == "old-schema":
         _write(path, [{**r, "schema_version": "1"} for r in rows])
-    elif name == "schema-7":  # as version 7 wrote it: no moved_workers (results schema 8's)
-        old = [{k: v for k, v in r.items() if k != "moved_workers"} for r in rows]
+    elif name == "schema-7":  # as version 7 wrote it: no moved_workers (8's), num_delegates (9's)
+        later = {"moved_workers", "num_delegates"}
+        old = [{k: v for k, v in r.items() if k not in later} for r in rows]
         _write(path, [{**r, "schema_version": "7"} for r in old])
     elif name == "profile-json":  # a profile given where a run directory belongs
         path.write_text('{"stages": 4, "microbatches": 12, "t_f": 10, "t_b": 10, "t_w": 10}\n')
@@ -238,7 +239,11 @@ def _garbage(tmp_path: Path, name: str) -> Path:
         ("inf", "median_iteration_ms is 'inf'"),
         ("duplicate", "repeats a configuration"),
         ("old-schema", "schema version 1"),
-        ("schema-7", "has results schema version 7; this version reads 8 only \\(run it again\\)"),
+        (
+            "schema-7",
+            f"has results schema version 7; this version reads {RESULTS_SCHEMA_VERSION} only "
+            "\\(run it again\\)",
+        ),
         ("cut-short", "has fewer fields than columns: damaged or cut short"),
         ("profile-json", "profile-json.csv is not a runs.csv \\(nor a run directory\\): it lacks "),
         ("no-runs-csv", "not-a-run is not a run directory: it has no runs.csv"),
