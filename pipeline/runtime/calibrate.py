@@ -70,6 +70,7 @@ __all__ = [
     "busy_profile",
     "lone_stage",
     "measure_host_costs",
+    "message_wait_s",
     "op_overhead_ms_of",
     "receive_lags_ms",
 ]
@@ -78,6 +79,22 @@ SEND_SIZES = (0, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
 RING_CHUNK_SIZES = (125_000, 1_000_000, 4_000_000, 16_000_000, 40_000_000)
 """The DP ring's chunk sizes measured, bytes: up to the default bucket's chunk at DP 2
 (pipeline.allreduce: 80 MB buckets)."""
+
+
+MESSAGE_WAIT_S = 60.0
+"""The margin of a calibration's workers' wait for one message over the longest wait of a
+healthy calibration: the runtime's default wait (`WorkerPool`'s)."""
+
+
+def message_wait_s(num_stages: int, op_ms: float) -> float:
+    """How long the workers of a `busy_both_ways` run of `num_stages` stages with ops of
+    `op_ms` wait for one message: MESSAGE_WAIT_S beyond the longest a healthy stage waits
+    (stage 0's first backward, for the warm-up's forwards to reach the last stage and their
+    gradient to come back: 2 (S - 1) ops), counted as 2 S ops. The pools' default wait alone,
+    60 s, timed out every calibration with ops of 60 s / (2 (S - 1)) or more (4 stages with
+    10 s ops: stage 0's first gradient), after its per-op overhead's run, though `--op-ms`
+    takes up to MAX_CALIBRATION_OP_MS."""
+    return MESSAGE_WAIT_S + 2 * num_stages * op_ms / 1000
 
 
 def busy_both_ways(num_stages: int, num_microbatches: int) -> Schedule:
@@ -207,7 +224,7 @@ def measure_host_costs(
     if not (math.isfinite(op_ms) and op_ms > 0):
         raise ConfigError(f"calibration ops must last > 0 ms, got {op_ms!r}")
     counter = [0]
-    with WorkerPool(1) as pool:
+    with WorkerPool(1, timeout_s=message_wait_s(1, op_ms)) as pool:
         schedule, lone = lone_stage(op_ms)
         timelines = _runs(pool, schedule, lone, repeats, counter)
         op_overhead_ms = op_overhead_ms_of(timelines, op_ms)
@@ -215,7 +232,7 @@ def measure_host_costs(
     sends: dict[int, list[float]] = {}
     lags: dict[int, list[float]] = {}
     counter = [0]
-    with WorkerPool(num_stages) as pool:
+    with WorkerPool(num_stages, timeout_s=message_wait_s(num_stages, op_ms)) as pool:
         schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
         for num_bytes in SEND_SIZES:
             profile = busy_profile(num_stages, num_bytes, op_ms)
@@ -346,7 +363,8 @@ def _with_delegated_costs(
     pickups: list[float] = []
     handed_to_arrival: dict[int, list[float]] = {}
     counter = [0]
-    with WorkerPool(num_stages, delegates=delegates, num_delegates=3) as pool:
+    wait_s = message_wait_s(num_stages, op_ms)
+    with WorkerPool(num_stages, delegates=delegates, num_delegates=3, timeout_s=wait_s) as pool:
         schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
         for num_bytes in SEND_SIZES:
             profile = busy_profile(num_stages, num_bytes, op_ms)

@@ -10,17 +10,22 @@ from hypothesis import strategies as st
 
 from pipeline.host_costs import NO_COST, CostCurve
 from pipeline.ops import OpKind
+from pipeline.runtime import calibrate
 from pipeline.runtime.calibrate import (
+    MESSAGE_WAIT_S,
     _at_least_fewer_rings,
     _curve,
     busy_both_ways,
     busy_microbatches,
     busy_profile,
     lone_stage,
+    measure_host_costs,
+    message_wait_s,
     op_overhead_ms_of,
     receive_lags_ms,
     ring_profile,
 )
+from pipeline.runtime.pool import WorkerPool
 from pipeline.simulator import simulate
 from pipeline.timeline import MessageRecord, OpRecord, Timeline
 
@@ -147,3 +152,51 @@ def test_a_ring_lag_never_falls_with_more_rings() -> None:
     raised = _at_least_fewer_rings(two, [(1, one)])
     assert raised.points == ((125_000, 0.6), (40_000_000, 25.0))
     assert _at_least_fewer_rings(one, []) == one
+
+
+def _longest_wait_ms(timeline: Timeline) -> float:
+    """The longest a stage sat idle (waiting for a message, in an ideal run) before an op."""
+    longest = 0.0
+    for stage in range(timeline.num_stages):
+        ops = sorted((r for r in timeline.ops if r.stage == stage), key=lambda r: r.start_ms)
+        longest = max(longest, ops[0].start_ms)
+        for a, b in itertools.pairwise(ops):
+            longest = max(longest, b.start_ms - a.end_ms)
+    return longest
+
+
+@pytest.mark.parametrize("num_stages", [2, 4, 16])
+@pytest.mark.parametrize("op_ms", [1.0, 10_000.0, 60_000.0])
+def test_the_workers_wait_longer_than_a_healthy_calibration_does(
+    num_stages: int, op_ms: float
+) -> None:
+    """A healthy busy run's longest wait (stage 0's first backward, 2 (S - 1) ops) is
+    MESSAGE_WAIT_S short of the workers' wait at any --op-ms: the pools' 60 s alone failed
+    `calibrate --stages 4 --op-ms 10000` (a 60 s wait for stage 0's first gradient)."""
+    profile = busy_profile(num_stages, 0, op_ms)
+    timeline = simulate(busy_both_ways(num_stages, profile.num_microbatches), profile)
+    longest_s = _longest_wait_ms(timeline) / 1000
+    assert longest_s == pytest.approx(2 * (num_stages - 1) * op_ms / 1000)
+    assert message_wait_s(num_stages, op_ms) >= longest_s + MESSAGE_WAIT_S
+
+
+class _ShortWaitPool(WorkerPool):
+    """A pool whose workers wait 0.25 s for a message unless told (the runtime's 60 s,
+    scaled down with the ops)."""
+
+    def __init__(self, *args: object, timeout_s: float = 0.25, **kwargs: object) -> None:
+        super().__init__(*args, timeout_s=timeout_s, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_calibration_of_ops_longer_than_its_pools_wait_allows_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2 stages, ops of 0.15 s: stage 0 waits 0.3 s for its first gradient, past a pool's
+    own 0.25 s wait (as 4 stages' 10 s ops are past its 60 s): the calibration gives its
+    pools a wait that covers its ops. (Few points: one size, a microbatch per stage.)"""
+    monkeypatch.setattr(calibrate, "WorkerPool", _ShortWaitPool)
+    monkeypatch.setattr(calibrate, "SEND_SIZES", (0,))
+    monkeypatch.setattr(calibrate, "lone_stage", lambda op_ms: lone_stage(op_ms, 2))
+    monkeypatch.setattr(calibrate, "busy_microbatches", lambda num_stages: num_stages)
+    costs = measure_host_costs(1, 2, op_ms=150.0, dp_ring=False)
+    assert costs.send_ms_by_bytes.points[0][0] == 0
