@@ -461,7 +461,14 @@ class HostCosts:
         if not isinstance(data, dict):
             raise ConfigError("a calibration is a JSON object of costs in ms")
         values = dict(data)
-        version = values.pop("schema_version", None)
+        if "schema_version" not in values:  # (it read "must be a whole number, got None")
+            keys = ", ".join(sorted(map(str, values))[:5]) or "none"
+            raise ConfigError(
+                f"a calibration has a schema_version, as `adaptra-bench calibrate` writes it; "
+                f"this has none (its keys: {keys}{', ...' if len(values) > 5 else ''}): not a "
+                "calibration file?"
+            )
+        version = values.pop("schema_version")
         if isinstance(version, bool) or not isinstance(version, int):
             raise ConfigError(
                 f"calibration schema_version must be a whole number, got {version!r} "

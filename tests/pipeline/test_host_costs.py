@@ -141,6 +141,22 @@ def test_bad_calibrations_are_refused(tmp_path: Path, change: dict, message: str
         HostCosts.from_file(path)
 
 
+def test_a_file_without_a_schema_version_is_named_not_a_calibration(tmp_path: Path) -> None:
+    """A profile given as --calibration was 'schema_version must be a whole number, got
+    None': the key is missing, not null, and the file is likely another kind."""
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"stages": 2, "microbatches": 4, "t_f": 1, "t_b": 1, "t_w": 1}))
+    with pytest.raises(
+        ConfigError,
+        match=r"has none \(its keys: microbatches, stages, t_b, "
+        r"t_f, t_w\): not a calibration file\?",
+    ) as caught:
+        HostCosts.from_file(path)
+    assert "got None" not in str(caught.value)
+    with pytest.raises(ConfigError, match="whole number, got None"):
+        HostCosts.from_dict({**COSTS, "schema_version": None})  # given as null: said so
+
+
 def test_curves_that_calibrate_writes_are_read() -> None:
     """Flat stretches (pooled means), one point at the smallest size, and no points at all are
     a measured file's shapes; they are read as written."""
