@@ -12,6 +12,7 @@ import click
 from harness.cli_common import FiniteFloatRange, emit_json, output_file_option, terminal_progress
 from harness.loop import MAX_ITERATIONS
 from harness.results import git_revision
+from harness.runner import check_processes
 from pipeline.errors import ConfigError
 from pipeline.files import write_atomic
 from pipeline.host_costs import (
@@ -146,8 +147,9 @@ def calibrate(out: str, repeats: int, stages: int, op_ms: float, fmt: str) -> No
     write them for `simulate`/`run --calibration`. Takes 1.5-3 min on 2 cores (the longer on a
     loaded host, whose costs it then measures too): run it on an idle host."""
     from adaptra.transport import Delegates
-    from pipeline.runtime.calibrate import measure_host_costs
+    from pipeline.runtime.calibrate import largest_pool, measure_host_costs
 
+    check_processes(largest_pool(stages), delegated=True, remedy="use fewer --stages")
     note = shared_cores_note(stages, len(os.sched_getaffinity(0)))
     if note is not None:
         click.echo(note, err=True)

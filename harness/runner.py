@@ -526,12 +526,19 @@ def max_processes() -> int:
     return max(512, 16 * (os.cpu_count() or 1))
 
 
-def check_processes(profile: Profile, *, delegated: bool, tied: bool = False) -> None:
+def check_processes(
+    profile: Profile,
+    *,
+    delegated: bool,
+    tied: bool = False,
+    remedy: str = "fewer stages or replicas, or fewer delegates (a profile's num_delegates)",
+) -> None:
     """A ConfigError where a runtime run of `profile` would start more than `max_processes`
     processes: a worker per stage and replica, and, `delegated`, the profile's delegate
     count at both ends of every link direction a worker sends on (both ways of each PP link,
     one per replica of each stage's DP ring, and `tied`, megatron's tied embedding's route
-    between a replica's first and last stages, both ways)."""
+    between a replica's first and last stages, both ways). `remedy`: what the error
+    suggests."""
     num_stages, num_replicas = profile.num_stages, profile.num_replicas
     num_directions = 2 * (num_stages - 1) * num_replicas
     num_directions += num_stages * num_replicas if num_replicas > 1 else 0
@@ -542,8 +549,7 @@ def check_processes(profile: Profile, *, delegated: bool, tied: bool = False) ->
     if num_workers + num_delegates > limit:
         raise ConfigError(
             f"this run would start {num_workers} worker(s) and {num_delegates} delegate "
-            f"process(es), more than the {limit} one host takes here: fewer stages or "
-            "replicas, or fewer delegates (a profile's num_delegates)"
+            f"process(es), more than the {limit} one host takes here: {remedy}"
         )
 
 

@@ -63,11 +63,13 @@ from pipeline.timeline import Timeline
 from pipeline.topology import Direction, Link
 
 __all__ = [
+    "NUM_DELEGATES",
     "RING_CHUNK_SIZES",
     "SEND_SIZES",
     "busy_both_ways",
     "busy_microbatches",
     "busy_profile",
+    "largest_pool",
     "lone_stage",
     "measure_host_costs",
     "message_wait_s",
@@ -76,6 +78,8 @@ __all__ = [
 ]
 
 SEND_SIZES = (0, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 23)
+NUM_DELEGATES = 3
+"""Delegates per link direction and side in the runs over delegates."""
 RING_CHUNK_SIZES = (125_000, 1_000_000, 4_000_000, 16_000_000, 40_000_000)
 """The DP ring's chunk sizes measured, bytes: up to the default bucket's chunk at DP 2
 (pipeline.allreduce: 80 MB buckets)."""
@@ -293,6 +297,13 @@ def ring_profile(num_stages: int, num_rings: int, chunk_bytes: int) -> Profile:
     )  # fmt: skip
 
 
+def largest_pool(num_stages: int) -> Profile:
+    """The profile of the calibration's largest pool, the DP ring's lag over delegates (2
+    replicas, `NUM_DELEGATES`): what a host's process limit is held against."""
+    profile = ring_profile(num_stages, num_stages, RING_CHUNK_SIZES[0])
+    return dataclasses.replace(profile, num_delegates=NUM_DELEGATES)
+
+
 def _ring_lag(
     costs: HostCosts, num_stages: int, repeats: int, delegates: DelegateFactory | None = None
 ) -> RingLag:
@@ -302,7 +313,7 @@ def _ring_lag(
     (`RING_CHUNK_SIZES`), made non-decreasing in the size and clamped at 0; with
     `delegates`, of rings over them (3 per link direction and side)."""
     comm = "direct" if delegates is None else "delegated"
-    num_delegates = 0 if delegates is None else 3
+    num_delegates = 0 if delegates is None else NUM_DELEGATES
     by_rings: list[tuple[int, CostCurve]] = []
     counter = [0]
     with WorkerPool(num_stages, 2, delegates=delegates, num_delegates=num_delegates) as pool:
@@ -364,7 +375,9 @@ def _with_delegated_costs(
     handed_to_arrival: dict[int, list[float]] = {}
     counter = [0]
     wait_s = message_wait_s(num_stages, op_ms)
-    with WorkerPool(num_stages, delegates=delegates, num_delegates=3, timeout_s=wait_s) as pool:
+    with WorkerPool(
+        num_stages, delegates=delegates, num_delegates=NUM_DELEGATES, timeout_s=wait_s
+    ) as pool:
         schedule = busy_both_ways(num_stages, busy_microbatches(num_stages))
         for num_bytes in SEND_SIZES:
             profile = busy_profile(num_stages, num_bytes, op_ms)

@@ -60,3 +60,31 @@ def test_profile_on_a_shared_gpu_warns(tmp_path: Path, monkeypatch: pytest.Monke
     assert result.exit_code == 0, result.output
     assert "warning: 2 stages on 1 GPU(s)" in result.output
     assert out.is_file()
+
+
+def test_calibrate_refuses_stages_whose_delegates_pass_the_host_s_process_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its DP ring phase starts 2 replicas of every stage with 3 delegates at both ends of
+    each link direction: at 15 stages 30 workers and 516 delegates, more than the 512 `run`
+    allows a host of up to 32 cores. It started them, after its other phases' minutes; now
+    it refuses before measuring anything, and writes nothing. 14 stages still pass."""
+    from harness import runner
+    from harness.commands_profile import calibrate
+    from pipeline.runtime import calibrate as calibration
+
+    monkeypatch.setattr(runner, "max_processes", lambda: 512)
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("it measured")
+
+    monkeypatch.setattr(calibration, "measure_host_costs", measured)
+    out = tmp_path / "costs.json"
+    refused = CliRunner().invoke(calibrate, ["--stages", "15", "--out", str(out)])
+    assert refused.exit_code != 0 and not out.exists()
+    assert str(refused.exception) == (
+        "this run would start 30 worker(s) and 516 delegate process(es), more than the 512 "
+        "one host takes here: use fewer --stages"
+    )
+    passed = CliRunner().invoke(calibrate, ["--stages", "14", "--out", str(out)])
+    assert str(passed.exception) == "it measured"
