@@ -293,7 +293,7 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
     baseline = fault_free_wall_ms(runs)
     repeats: dict[tuple[str, str], dict[str, list[float]]] = {}  # by (model, scenario)
     rate_repeats: dict[tuple[str, str], dict[str, list[float]]] = {}
-    restart_repeats: dict[tuple[str, str, str], list[tuple[float, float, float]]] = {}
+    restart_repeats: dict[tuple[str, str, str], list[tuple[float, float, float, float]]] = {}
     for r in runs:
         if r["scenario"] != "fault-free":
             case = repeats.setdefault((r["model"], r["scenario"]), {})
@@ -302,6 +302,7 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             rates.setdefault(r["system"], []).append(float(r["throughput_samples_per_s"]))
             restart_repeats.setdefault((r["model"], r["scenario"], r["system"]), []).append(
                 (
+                    float(r["throughput_samples_per_s"]),
                     float(r.get("restarts") or 0),
                     float(r.get("lost_iterations") or 0),
                     float(r.get("restart_model_ms") or 0),
@@ -341,9 +342,11 @@ def _headline(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             measure = ""
             if _is_trace(scenario):
                 measure = " (samples/s over the timeline"
-                restarted = restart_repeats[model, scenario, best]
-                count, lost, cost_ms = (statistics.median(c) for c in zip(*restarted, strict=True))
-                if count:  # as its samples/s: the median repeat's; its cost may be most of it
+                # the median repeat's by samples/s (the slower of the middle two of an even
+                # number: a count of its own, not a median of counts); its cost may be most of it
+                restarted = sorted(restart_repeats[model, scenario, best], key=lambda x: x[0])
+                _, count, lost, cost_ms = restarted[(len(restarted) - 1) // 2]
+                if count:
                     measure += (
                         f"; {best} restarted {count:g} time{'s' * (count != 1)}, ran {lost:g} "
                         f"lost iteration{'s' * (lost != 1)} again and lost "

@@ -199,6 +199,24 @@ def test_a_restart_in_a_minority_of_repeats_is_not_said_as_0_times() -> None:
     )
 
 
+def test_the_restarts_said_are_one_repeat_s_not_a_median_of_each_count() -> None:
+    """Two repeats, one restarting once (3 lost iterations), one twice (4): the headline said
+    "restarted 1.5 times, ran 3.5 lost iterations again", counts no repeat had. It says the
+    median repeat's by samples/s, the slower of the middle two: the one restarting twice."""
+    runs = [
+        {**_row("zb", "trace:f", 355.0, 0), "throughput_samples_per_s": "0.08",
+         "restarts": "1", "lost_iterations": "3", "restart_model_ms": "600000"},
+        {**_row("zb", "trace:f", 355.0, 1), "throughput_samples_per_s": "0.04",
+         "restarts": "2", "lost_iterations": "4", "restart_model_ms": "1200000"},
+        {**_row("adaptra", "trace:f", 355.0, 0), "throughput_samples_per_s": "6.0"},
+        {**_row("adaptra", "trace:f", 355.0, 1), "throughput_samples_per_s": "6.0"},
+    ]  # fmt: skip
+    assert (
+        "zb restarted 2 times, ran 4 lost iterations again and lost 1,200 s more"
+        in harness.report._headline(runs)[0]
+    )
+
+
 def test_throughput_over_time_counts_each_model_s_own_samples() -> None:
     rows = [
         {"model": model, "system": "1f1b", "iteration": "0", "iteration_time_ms": "900",
