@@ -76,7 +76,7 @@ def write_slurm_script(
     skipped: list[str] = []
     reasons: dict[_Skip, int] = {}  # why configurations are skipped, and how many for each
     plans: dict[Path, tuple[Profile, Schedule]] = {}  # written once the spec is not refused
-    max_nodes, num_configurations = 1, 0
+    max_nodes, max_per_node, num_configurations = 1, 1, 0
     for target in spec.targets():
         model = target.cost.model if target.cost else None
         for scenario in spec.scenarios(target):
@@ -99,6 +99,7 @@ def write_slurm_script(
                 world = profile.num_stages * profile.num_replicas
                 num_nodes = node_count(world, gpus_per_node)
                 max_nodes = max(max_nodes, num_nodes)
+                max_per_node = max(max_per_node, world // num_nodes)
                 num_configurations += 1
                 steps.append(_comment(f"{name}: {world} ranks on {num_nodes} node(s)"))
                 for repeat in range(spec.num_repeats):  # a step each, in a folder each
@@ -154,6 +155,9 @@ def write_slurm_script(
             f"#SBATCH --job-name={_job_name(spec.name)}",
             f"#SBATCH --nodes={max_nodes}",
             "#SBATCH --ntasks-per-node=1",
+            # A CPU for each of a node's ranks (each a process of one thread): a task's one
+            # CPU by default, which its torchrun's workers all shared.
+            f"#SBATCH --cpus-per-task={max_per_node}",
             # An emulated step computes on the CPU (sleeps): its GPUs would be held for nothing.
             f"#SBATCH --gpus-per-node={gpus_per_node}"
             if spec.backend == "megatron"
@@ -184,7 +188,9 @@ def write_slurm_script(
             "  rm -f " + " ".join(f'"$folder/{name}"' for name in STEP_RESULTS),
             # One torchrun on each of the job's first nodes, node 0 (its rendezvous) among
             # them: srun takes the job's SLURM_NTASKS (all its nodes) as its -n unless given one.
+            # (--cpus-per-task: srun does not take the job's in every Slurm version)
             '  if ! srun --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 --relative=0 \\',
+            '    --cpus-per-task="$per_node" \\',
             '    "$PYTHON" -m torch.distributed.run \\',
             '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
             f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',

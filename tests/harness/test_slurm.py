@@ -408,6 +408,27 @@ def test_a_step_on_fewer_nodes_than_the_job_runs_one_torchrun_on_each_of_the_fir
     assert steps == [["1", "1", "0"], ["2", "2", "0"]]
 
 
+def test_the_job_and_each_step_have_a_cpu_for_every_rank_of_a_node(tmp_path: Path) -> None:
+    """The job asked for one task a node and no CPUs: Slurm's default, one CPU a task, and
+    every worker of a node's torchrun (8 on an 8-GPU node) shared it."""
+    two_sizes = (
+        {"base": "gpt2-7b", "name": "a", "pp": 2},
+        {"base": "gpt2-7b", "name": "b", "pp": 4},
+    )
+    spec = ExperimentSpec(
+        name="x", models=two_sizes, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0
+    )
+    script, _, _ = write_slurm_script(spec, tmp_path / "job", gpus_per_node=8)
+    assert "\n#SBATCH --cpus-per-task=4\n" in script.read_text()  # the most ranks a node
+    env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    steps = [json.loads(line) for line in (tmp_path / "srun.log").read_text().splitlines()]
+    cpus = [argv[: argv.index("-m")] for argv in steps]
+    assert ["--cpus-per-task=2" in a for a in cpus] == [True, False]
+    assert ["--cpus-per-task=4" in a for a in cpus] == [False, True]
+
+
 def test_node_0_is_the_first_of_a_long_node_list(tmp_path: Path) -> None:
     """`scontrol show hostnames | head -n 1` under pipefail: head left after the first line,
     scontrol's later writes met a closed pipe (SIGPIPE), and the job ended there, at its
