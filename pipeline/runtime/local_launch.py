@@ -105,14 +105,38 @@ def check_local_address(address: str) -> bool:
 def failure_reason(stderr: str) -> str:
     """What a failed torchrun's workers said last of their error (a traceback's last line,
     with the rank that said it where torch named it; torchrun's own summary, a banner of "=",
-    ends its output), else its last line."""
+    ends its output); else, where none said one (a worker killed by a signal: the kernel's
+    OOM killer's SIGKILL), the first failure torchrun's summary names; else its last line."""
     lines = [line.strip() for line in stderr.strip().splitlines()]
     for line in reversed(lines):
         found = _ERROR_LINE.fullmatch(line)
         if found and "ChildFailedError" not in line:
             rank = found["rank"]
             return found["error"] if rank is None else f"rank {rank}: {found['error']}"
-    return (lines or ["no output"])[-1]
+    return _root_cause(lines) or (lines or ["no output"])[-1]
+
+
+def _root_cause(lines: list[str]) -> str | None:
+    """The rank and its signal or exit code in torchrun's summary's "Root Cause (first
+    observed failure)" (its fields "rank : 1 (local_rank: 1)", "exitcode : -9 (pid: 7)
+    (SIGKILL)", "traceback : Signal 9 (SIGKILL) received by PID 7"), None without one."""
+    starts = [k for k, line in enumerate(lines) if line.startswith("Root Cause")]
+    if not starts:
+        return None
+    fields: dict[str, str] = {}
+    for line in lines[starts[-1] + 1 :]:
+        key, colon, value = line.partition(":")
+        if colon:
+            fields.setdefault(key.strip(), value.strip())
+    rank, exit_code = fields.get("rank", "").split(" ")[0], fields.get("exitcode", "").split(" ")[0]
+    traceback = fields.get("traceback", "")
+    if traceback.startswith("Signal "):
+        what = traceback
+    elif exit_code:
+        what = f"exit code {exit_code}"
+    else:
+        return None
+    return f"rank {rank}: {what}" if rank else what
 
 
 def loopback_only(argv: list[str]) -> list[str]:

@@ -27,6 +27,20 @@ def test_a_worker_s_error_after_start_up_is_the_reason_not_torchrun_s_banner() -
     )
 
 
+def test_a_worker_killed_by_a_signal_is_the_reason_torchrun_s_summary_names() -> None:
+    """The real stderr of a 2-rank torchrun whose rank 1 was SIGKILLed (as the OOM killer
+    does) in its first op: no worker says an error, and the reason was the last line,
+    torchrun's banner of "=" ("torchrun failed with exit code 1: =====...")."""
+    stderr = (ASSETS / "torchrun_rank1_sigkill_stderr.txt").read_text()
+    assert stderr.strip().splitlines()[-1].startswith("=====")
+    assert failure_reason(stderr) == "rank 1: Signal 9 (SIGKILL) received by PID 26037"
+    # a worker that exited with a code of its own, saying no error: its code
+    exited = stderr.replace("-9 (pid: 26037)  (SIGKILL)", "3 (pid: 26037)").replace(
+        "Signal 9 (SIGKILL) received by PID 26037", "To enable traceback see: https://x"
+    )
+    assert failure_reason(exited) == "rank 1: exit code 3"
+
+
 def test_a_start_up_error_has_no_rank_and_no_error_gives_the_last_line() -> None:
     """Before the process group exists a worker's lines have no prefix; torchrun's own
     ChildFailedError is never the reason; without any error line, the last line is."""
