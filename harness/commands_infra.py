@@ -56,7 +56,8 @@ MAX_GPUS_PER_NODE = 1024
     type=click.IntRange(1, 65535),
     default=29500,
     help="Node 0's port for torchrun's store [29500; with --run, a free one the store binds "
-    "itself unless given].",
+    "itself unless given; with --spec, a multi-node step's only: a one-node step's store "
+    "binds a free one].",
 )
 @click.option(
     "--iterations", type=click.IntRange(min=1, max=MAX_ITERATIONS), default=3, show_default=True

@@ -185,6 +185,14 @@ def write_slurm_script(
             "failed=()",
             "run_step() {  # nodes, ranks per node, step name, its folder, worker arguments...",
             "  local nodes=$1 per_node=$2 name=$3 folder=$4; shift 4",
+            # A one-node step's store binds a free port itself (as `launch --run`'s): one
+            # that found --master-port taken on node 0 (another job's, any torchrun's
+            # default) joined that store as a client, and failed once its owner ended.
+            f'  local rendezvous=(--rdzv-endpoint="$MASTER_ADDR:{master_port}")',
+            "  if (( nodes == 1 )); then",
+            "    rendezvous=(--rdzv-endpoint=127.0.0.1:0 --local-addr=127.0.0.1"
+            " --rdzv-conf=is_host=1)",
+            "  fi",
             "  rm -f " + " ".join(f'"$folder/{name}"' for name in STEP_RESULTS),
             # One torchrun on each of the job's first nodes, node 0 (its rendezvous) among
             # them: srun takes the job's SLURM_NTASKS (all its nodes) as its -n unless given one.
@@ -193,7 +201,7 @@ def write_slurm_script(
             '    --cpus-per-task="$per_node" \\',
             '    "$PYTHON" -m torch.distributed.run \\',
             '    --nnodes="$nodes" --nproc-per-node="$per_node" --rdzv-backend=c10d \\',
-            f'    --rdzv-endpoint="$MASTER_ADDR:{master_port}" --rdzv-id="$SLURM_JOB_ID-$name" \\',
+            '    "${rendezvous[@]}" --rdzv-id="$SLURM_JOB_ID-$name" \\',
             '    --log-dir="$folder/torchrun-logs" --tee=3 -m pipeline.runtime.torchrun "$@"; then',
             '    echo "step $name failed (its torchrun-logs/ say why)" >&2',
             '    failed+=("$name")',

@@ -252,6 +252,34 @@ def test_the_script_runs_under_a_stand_in_slurm(tmp_path: Path, backend: str) ->
         assert run["params_sha256"] == (step / "params_sha256.txt").read_text().strip()
 
 
+@pytest.mark.multiprocess
+def test_a_one_node_step_does_not_join_whatever_holds_the_port_on_node_0(
+    tmp_path: Path,
+) -> None:
+    """Another job on node 0 (an emulated job holds no GPU: Slurm packs them) or any torchrun
+    there (29500 is torchrun's default) held --master-port: the step's torchrun, failing to
+    bind it, joined that store as a client (torch's c10d backend does so), and ran through
+    another job's store until that job ended, then failed (RendezvousConnectionError). A
+    one-node step's store binds a free port itself, as `launch --run`'s does."""
+    spec = _two_stages(num_iterations=1, num_warmup_iterations=0)
+    with socket.socket() as held:  # another process's listening port on node 0
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        script, _, _ = write_slurm_script(spec, tmp_path / "job", master_port=port)
+        env = _stand_in_slurm(
+            tmp_path, srun='while [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"'
+        )
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+        env["TMPDIR"] = str(tmp_path / "tmp")
+        (tmp_path / "tmp").mkdir()
+        done = subprocess.run(
+            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "job" / "tiny_1f1b_fault-free" / "timeline.json").is_file()
+
+
 INJECTIONS = ["'; touch PWNED; echo '", "$(touch PWNED)", "`touch PWNED`", '"; touch PWNED; "']
 """Shell that runs `touch PWNED` if a field reaches the script unquoted."""
 
@@ -433,8 +461,8 @@ def test_node_0_is_the_first_of_a_long_node_list(tmp_path: Path) -> None:
     """`scontrol show hostnames | head -n 1` under pipefail: head left after the first line,
     scontrol's later writes met a closed pipe (SIGPIPE), and the job ended there, at its
     second line, without a word, whenever the node list was longer than the pipe holds."""
-    spec = _two_stages()
-    script, _, _ = write_slurm_script(spec, tmp_path / "job", master_port=29511)
+    spec = _two_stages()  # on two nodes: a one-node step's store binds a port of its own
+    script, _, _ = write_slurm_script(spec, tmp_path / "job", master_port=29511, gpus_per_node=1)
     scontrol = "seq 1 200000 | sed 's/^/node/'"  # 2 MB of names: more than a pipe holds
     env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN, scontrol=scontrol)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
