@@ -144,7 +144,7 @@ _NUMBER_COLUMNS = frozenset(
         "lost_iterations", "restart_wall_ms", "restart_model_ms", "iteration",
         "iteration_time_ms", "step_time_ms", "loss", "replica", "num_messages",
         "num_bytes", "first_send_start_ms", "last_send_end_ms", "last_arrival_ms", "send_ms",
-        "fault_ms", "waited_ms", "failovers", "moved_workers",
+        "fault_ms", "waited_ms", "failovers", "moved_workers", "num_delegates",
     }
 )  # fmt: skip
 """The result tables' columns that hold a number. In those `read_csv_rows` reads (runs.csv,
@@ -153,7 +153,7 @@ whole one in `_COUNT_COLUMNS`, one > 0 in `_POSITIVE`."""
 _COUNT_COLUMNS = frozenset(
     {
         "repeat", "seed", "iterations", "restarts", "lost_iterations", "iteration", "replica",
-        "num_messages", "num_bytes", "failovers", "moved_workers",
+        "num_messages", "num_bytes", "failovers", "moved_workers", "num_delegates",
     }
 )  # fmt: skip
 """Number columns that hold counts and indices: whole numbers."""

@@ -99,6 +99,10 @@ def test_runs_csv_holds_each_configuration_once(tmp_path: Path) -> None:
         ("runs.csv", "lost_iterations", "-3", "'-3', not a finite number >= 0"),
         ("runs.csv", "restarts", "0.5", "'0.5', not a whole number"),
         ("runs.csv", "failovers", "2.25", "'2.25', not a whole number"),
+        # the delegates messages went through (schema 9): a count like the others
+        ("runs.csv", "num_delegates", "2.5", "'2.5', not a whole number"),
+        ("iterations.csv", "num_delegates", "-1", "'-1', not a finite number >= 0"),
+        ("iterations.csv", "num_delegates", "all", "'all', not a number"),
         # measurements: a nan, inf or negative time was reported as if measured
         ("runs.csv", "median_wall_ms", "nan", "'nan', not a finite number >= 0"),
         ("runs.csv", "median_wall_ms", "inf", "'inf', not a finite number >= 0"),
