@@ -4,7 +4,9 @@ delegates (delegate.py), started with the worker pool and kept for its life.
 
 A send copies the tensor into a slot of the direction's slot file (a file in /dev/shm, mapped
 by the trainer and its delegates: the paper's copy to host memory, the only cost the trainer
-pays) and hands the slot to delegate seq mod D, which waits the link's delay and carries it.
+pays) and hands the slot to delegate seq mod the iteration's count (`begin_iteration`: the
+first so many of the D, the plan's `num_delegates`; the others idle, and move with their
+siblings when a NIC fails), which waits the link's delay and carries it.
 A receive is the receiver delegate's report that the message is in the receiving trainer's
 slot (with when its last byte came), then the copy from the slot into the op's input buffer
 (the paper's copy to the device). Slots are those of the message's sequence number: an
