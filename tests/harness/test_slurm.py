@@ -457,6 +457,21 @@ def test_the_job_and_each_step_have_a_cpu_for_every_rank_of_a_node(tmp_path: Pat
     assert ["--cpus-per-task=4" in a for a in cpus] == [False, True]
 
 
+def test_run_outside_a_slurm_job_the_script_says_to_submit_it(tmp_path: Path) -> None:
+    """`bash run.sbatch` outside a job said "SLURM_JOB_NODELIST: unbound variable"; it says
+    what to do instead, and runs no step."""
+    script, _, _ = write_slurm_script(_two_stages(), tmp_path / "job", gpus_per_node=1)
+    env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN)
+    for unset in ("SLURM_JOB_NODELIST", "SLURM_JOB_ID"):
+        outside = {k: v for k, v in env.items() if k != unset}
+        done = subprocess.run(["bash", str(script)], env=outside, capture_output=True, text=True)
+        assert done.returncode == 2
+        assert done.stderr == (
+            "this is a Slurm batch script: submit it with sbatch (no Slurm job here)\n"
+        )
+    assert not (tmp_path / "srun.log").exists()
+
+
 def test_node_0_is_the_first_of_a_long_node_list(tmp_path: Path) -> None:
     """`scontrol show hostnames | head -n 1` under pipefail: head left after the first line,
     scontrol's later writes met a closed pipe (SIGPIPE), and the job ended there, at its
