@@ -56,8 +56,8 @@ MAX_GPUS_PER_NODE = 1024
     type=click.IntRange(1, 65535),
     default=29500,
     help="Node 0's port for torchrun's store [29500; with --run, a free one the store binds "
-    "itself unless given; with --spec, a multi-node step's only: a one-node step's store "
-    "binds a free one].",
+    "itself unless given; with --spec, a multi-node step's only (default 29500 + the Slurm "
+    "job id mod 1000): a one-node step's store binds a free one].",
 )
 @click.option(
     "--iterations", type=click.IntRange(min=1, max=MAX_ITERATIONS), default=3, show_default=True
@@ -156,7 +156,7 @@ def launch(
             Path(out),
             gpus_per_node=gpus_per_node,
             time_limit=job_time,
-            master_port=master_port,
+            master_port=master_port if "master_port" in given_options() else None,
         )
         skipped = f"; {script.num_skipped} skipped, listed in it" if script.num_skipped else ""
         plural = "" if script.num_configurations == 1 else "s"

@@ -42,18 +42,23 @@ class SlurmScript(NamedTuple):
     """Configurations it lists as skipped (with why, in comments)."""
 
 
+_JOB_PORT = "$((29500 + SLURM_JOB_ID % 1000))"
+"""Node 0's port for a multi-node step's store where none is given: the job's own."""
+
+
 def write_slurm_script(
     spec: ExperimentSpec,
     out_dir: Path,
     *,
     gpus_per_node: int = 8,
     time_limit: str = "01:00:00",
-    master_port: int = 29500,
+    master_port: int | None = None,
 ) -> SlurmScript:
     """Write `out_dir/run.sbatch` and each configuration's files. Configurations the torchrun
     path cannot run (yet: the delegated path, fault timelines, TP; a delay its workers would
     time out on) are listed in the script as skipped, with why. A refused spec writes
-    nothing."""
+    nothing. `master_port`: node 0's port for a multi-node step's store (None: 29500 plus the
+    job's id mod 1000, so that two jobs Slurm puts on one node meet on different ports)."""
     if gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node must be >= 1, got {gpus_per_node}")
     if not SLURM_TIME.fullmatch(time_limit):
@@ -183,6 +188,9 @@ def write_slurm_script(
             ' $SLURM_JOB_NODELIST" >&2',
             "  exit 1",
             "fi",
+            "# A multi-node step's store is on node 0 at this port (torch joins whatever holds",
+            "# it: a job id's own port keeps two of these jobs on one node apart).",
+            f"MASTER_PORT={_JOB_PORT if master_port is None else master_port}",
             "# The Python that wrote this script (its torch, adaptra-bench), unless PYTHON says.",
             f"PYTHON=${{PYTHON:-{shlex.quote(sys.executable)}}}",
             "# A step that fails is named at the end (the job then exits 1); the others run.",
@@ -192,7 +200,7 @@ def write_slurm_script(
             # A one-node step's store binds a free port itself (as `launch --run`'s): one
             # that found --master-port taken on node 0 (another job's, any torchrun's
             # default) joined that store as a client, and failed once its owner ended.
-            f'  local rendezvous=(--rdzv-endpoint="$MASTER_ADDR:{master_port}")',
+            '  local rendezvous=(--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT")',
             "  if (( nodes == 1 )); then",
             "    rendezvous=(--rdzv-endpoint=127.0.0.1:0 --local-addr=127.0.0.1"
             " --rdzv-conf=is_host=1)",

@@ -559,3 +559,24 @@ def test_a_failed_step_is_named_and_the_others_still_run(tmp_path: Path) -> None
         "tiny_1f1b_0-1-5ms",
     ]
     assert all("--tee=3" in argv for argv in ran)  # the workers' output in torchrun-logs/
+
+
+def test_a_multi_node_step_s_store_is_at_the_job_s_own_port_unless_given(tmp_path: Path) -> None:
+    """Every job's multi-node steps met at node 0's 29500: two jobs Slurm put on one node
+    joined one store (torch's fallback to a client where the port is taken). Without
+    --master-port the port is 29500 + the job id mod 1000 (job 7: 29507; job 12345: 29845);
+    a given port stays."""
+    spec = _two_stages()  # on two nodes
+    script, _, _ = write_slurm_script(spec, tmp_path / "job", gpus_per_node=1)
+    for job_id, port in (("7", 29507), ("12345", 29845)):
+        env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN, scontrol="echo node1; echo node2")
+        env["SLURM_JOB_ID"] = job_id
+        done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        argv = json.loads((tmp_path / "srun.log").read_text().splitlines()[-1])
+        assert f"--rdzv-endpoint=node1:{port}" in argv
+    given, _, _ = write_slurm_script(spec, tmp_path / "given", gpus_per_node=1, master_port=29511)
+    done = subprocess.run(["bash", str(given)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    argv = json.loads((tmp_path / "srun.log").read_text().splitlines()[-1])
+    assert "--rdzv-endpoint=node1:29511" in argv
