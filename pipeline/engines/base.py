@@ -99,7 +99,7 @@ class Plan:
         split = self.replica_schedules
         return self.schedule if split is None else split.schedules[replica]
 
-    def delegates(self) -> bool:
+    def uses_delegates(self) -> bool:
         """Whether any of its messages go over delegates."""
         modes = (self.comm, *(c.comm for c in self.link_comms))
         return CommMode.DELEGATED in modes
