@@ -360,20 +360,29 @@ WIRE_GBIT_S = 2.0
 3.8 Gbit/s measured here idle, 0.8-0.9 on a loaded host (BENCHMARKS.md, bench_injectors)."""
 
 
+def _takes_the_wire(effect: Effect) -> bool:
+    """Whether a fault row's `effect` puts its host pairs' traffic through the userspace wire
+    at a rate the wire may not keep up with (`wire_rate_warning`): a delay, a stall, a
+    redrawn delay, or a cap above `WIRE_GBIT_S` (not a row that ends the others)."""
+    if effect.kind == "bandwidth":
+        return effect.bandwidth_gbps is not None and effect.bandwidth_gbps > WIRE_GBIT_S
+    return effect.kind in ("delay", "stall") and effect != Effect()
+
+
 def wire_rate_warning(profile: Profile, faults: FaultView, path: PerLinkPath) -> str | None:
     """A warning line where the testbed's delayed host pairs take its userspace wire (`path`:
     no kernel netem) and the run's largest message (`largest_messages`: the profile's bytes)
     takes 1 ms or more at `WIRE_GBIT_S`, where the profile's links are faster: the wire, not
     the profile's rate or the delay, sets those messages' time. Delayed pairs: a profile's
-    delays, or a fault timeline's delay, stall or redrawn-delay rows."""
+    delays, or a fault timeline's delay, stall or redrawn-delay rows, or its caps faster than
+    the wire (a capped pair takes the wire too: harness.network; a slower cap sets the time
+    itself, as the simulator has it)."""
     delayed = (
         any(profile.delay_ms)
         or any(delay_ms for _, delay_ms in profile.dp_delay_ms)
         or (
             isinstance(faults, FaultModel)
-            and any(
-                e.effect.kind in ("delay", "stall") and e.effect != Effect() for e in faults.events
-            )
+            and any(_takes_the_wire(event.effect) for event in faults.events)
         )
     )
     rate_gbit_s = profile.link_bandwidth_gbps or math.inf
