@@ -145,7 +145,8 @@ def _per_link_check(root: Check, kernel: Found) -> Check:
         name,
         False,
         f"none: {path.reason} and no /dev/net/tun",
-        "no per-pair delays, jitter, loss or stalls in the testbed (caps still work: htb)",
+        "no fault timeline's per-pair delay, jitter, loss, stall or cap in the testbed (each "
+        "is a wire state: harness.network); the profile's link bandwidths still hold (htb)",
     )
 
 

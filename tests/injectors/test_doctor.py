@@ -177,6 +177,10 @@ def test_per_link_faults_without_a_tap_device_say_why_not_netem(
     checks = {c.name: c for c in run_checks(probe_kernel=lambda: probed)}
     assert checks["netem"].ok == netem
     assert (checks["per-link faults"].ok, checks["per-link faults"].detail) == (False, detail)
+    # A timeline's cap is a wire state too: with no wire it fails as a delay does ("the wire
+    # w0 ... could not start: no /dev/net/tun"), where doctor said "caps still work: htb".
+    consequence = checks["per-link faults"].consequence
+    assert "caps still work" not in consequence and "cap in the testbed" in consequence
 
 
 def test_doctor_checks_only_what_the_testbed_uses() -> None:
