@@ -51,14 +51,17 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-def shutdown_handler(owner_pid: int) -> Callable[[int, FrameType | None], None]:
+def shutdown_handler(
+    owner_pid: int, under_way: list[int] | None = None
+) -> Callable[[int, FrameType | None], None]:
     """The handler of `HELD_SIGNALS`: the first raises KeyboardInterrupt or
     `Terminated`; every later one is ignored while that exception is on its way out (one
     shutdown: a second signal, Ctrl-C's too, must not cut its cleanups short). One that a
     finalizer swallows (`redelivered_if_swallowed`) did not start the shutdown: its signal
-    is sent again and handled as a first."""
-    under_way: list[int] = []
-    """The signal whose exception is on its way out (empty: none)."""
+    is sent again and handled as a first. `under_way`: where it keeps the signal whose
+    exception is on its way out (empty: none), for the caller to read."""
+    if under_way is None:
+        under_way = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != owner_pid:  # a forked helper (pyroute2 forks some): it just dies
@@ -80,15 +83,19 @@ def handled_shutdown(put_back: bool = True) -> Iterator[None]:
     (`shutdown_handler`), SIGINT too where the process started with it ignored, as a shell
     starts a script's background job (there too `kill -INT` ends it, after every cleanup).
     After it, the handlers before are put back, or with `put_back` False the defaults (a
-    program that ends there: a signal then ends it by that signal)."""
-    handler = shutdown_handler(os.getpid())
+    program that ends there: a signal then ends it by that signal), but where a signal's
+    shutdown is on its way out: then ignored, so that a second signal as the interpreter
+    exits does not end it by its own (its exit status and its line are the first's)."""
+    under_way: list[int] = []
+    handler = shutdown_handler(os.getpid(), under_way)
     catch_swallowed()  # before the first signal, which may come as a finalizer's error is reported
     previous = {signum: signal.signal(signum, handler) for signum in HELD_SIGNALS}
     try:
         yield
     finally:
+        after = signal.SIG_IGN if under_way else signal.SIG_DFL
         for signum, earlier in previous.items():
-            signal.signal(signum, earlier if put_back else signal.SIG_DFL)
+            signal.signal(signum, earlier if put_back else after)
 
 
 def run_script(main: Callable[[], int | None]) -> NoReturn:

@@ -323,3 +323,45 @@ def test_an_error_raised_from_a_signal_s_exception_is_the_signal() -> None:
     unmarked = ValueError()
     unmarked.__cause__ = KeyboardInterrupt()  # not the handler's
     assert raised_by_a_signal(unmarked) is None
+
+
+_SECOND_SIGNAL_AS_IT_EXITS = """
+import os, signal, sys
+from pipeline.signals import Terminated, handled_shutdown
+try:
+    with handled_shutdown(put_back=False):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()  # the handler raises here
+except Terminated:
+    print("terminated", flush=True)
+os.kill(os.getpid(), signal.SIGHUP)  # a second signal as the program ends (atexit, teardown)
+print("still ending", flush=True)
+sys.exit(128 + signal.SIGTERM)
+"""
+
+
+_CALM_EXIT_THEN_A_SIGNAL = """
+import os, signal
+from pipeline.signals import handled_shutdown
+with handled_shutdown(put_back=False):
+    pass
+os.kill(os.getpid(), signal.SIGHUP)
+print("not reached")
+"""
+
+
+def test_a_second_signal_as_a_signal_s_shutdown_exits_does_not_end_it_by_its_own() -> None:
+    """SIGTERM, then SIGHUP once the cleanups had run and the program was exiting: the
+    defaults put back, the SIGHUP killed it (exit status -1, after "terminated (SIGTERM)"
+    was said; 2 of 6 tries by hand). A shutdown on its way out leaves the signals ignored;
+    a program that ends without one still gets the defaults (a signal then ends it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SECOND_SIGNAL_AS_IT_EXITS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (out.returncode, out.stdout, out.stderr) == (143, "terminated\nstill ending\n", "")
+    calm = _CALM_EXIT_THEN_A_SIGNAL
+    out = subprocess.run([sys.executable, "-c", calm], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (-signal.SIGHUP, "")
