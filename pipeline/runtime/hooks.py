@@ -206,13 +206,17 @@ def start_worker(rank: int, target: Callable[..., None], args: tuple[Any, ...]) 
     socket's folder is marked as this process's (`adaptra-bench cleanup` removes it once this
     process is gone: a killed run leaves it). The mark comes first: the first start makes
     the folder and then waits for the server to import its preloads (about a second, torch),
-    and a SIGKILL then left an unmarked folder, which cleanup leaves as another program's."""
+    and a SIGKILL then left an unmarked folder, which cleanup leaves as another program's.
+    The folder is made before the process object, which takes this process's multiprocessing
+    settings as they are then: made after, the process's first worker knew of no folder and
+    made one of its own wherever it needed one (unmarked, and left where the worker is
+    terminated or killed, as a failed pool's busy workers are)."""
     context = worker_context()
-    process = context.Process(  # type: ignore[attr-defined]
-        target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
-    )
     try:
         mark_folder(multiprocessing.util.get_temp_dir())
+        process = context.Process(  # type: ignore[attr-defined]
+            target=target, args=args, name=f"adaptra-worker-{rank}", daemon=True
+        )
         # The first start spawns the fork server, which ignores SIGINT only once it has
         # imported its preloads (torch: a second or more): born with SIGINT blocked, a
         # terminal's Ctrl-C meanwhile does not print its KeyboardInterrupt traceback (its

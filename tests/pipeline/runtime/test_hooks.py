@@ -125,6 +125,35 @@ def test_the_fork_server_imports_megatron_for_the_workers_when_asked_before_it_s
     assert _python(_PRELOADED) == ["True", "False True"]
 
 
+_TEMP_DIRS = """
+import multiprocessing.util, sys
+from pipeline.runtime.hooks import start_worker
+from tests.pipeline.runtime.test_hooks import _write_temp_dir
+
+for rank, out in enumerate(sys.argv[1:]):
+    start_worker(rank, _write_temp_dir, (out,)).join()
+print(multiprocessing.util.get_temp_dir())
+"""
+
+
+def _write_temp_dir(out: str) -> None:
+    """A worker's target: its multiprocessing temporary folder into file `out`."""
+    import multiprocessing.util
+
+    Path(out).write_text(multiprocessing.util.get_temp_dir())
+
+
+@pytest.mark.multiprocess
+def test_every_worker_shares_its_controller_s_marked_temporary_folder(tmp_path: Path) -> None:
+    """The process's first worker knew of no multiprocessing folder (its process object was
+    made before the folder): one it needed (a listener's socket) was a `pymp-` folder of its
+    own, unmarked, which a terminated or killed worker left behind and `cleanup` never
+    removes. Every worker now has its controller's, which is marked."""
+    outs = [tmp_path / f"rank{rank}" for rank in range(2)]
+    (controller_s,) = _python(_TEMP_DIRS, *map(str, outs))
+    assert [out.read_text() for out in outs] == [controller_s, controller_s]
+
+
 _TWO_POOLS = """
 import functools, sys
 from baselines import one_f_one_b
