@@ -58,10 +58,10 @@ FAULTS = phased_faults(PHASES)
 def test_fig18_systems_in_emulated_runs() -> None:
     """What load cannot change: ZB never swaps and pays the slow ring link in every step (at
     least its 24 chunks one way after one another, each held the delay); Falcon and both
-    Adaptras each find the link from their own measurements and swap once (two workers)
-    while it is at 10 ms; after the swap both Adaptras carry the PP link
-    the slow pair now joins over the delegates, Adaptra with its plan for the delay it
-    detects there and Adaptra-CPU with ZB's.
+    Adaptras each find the link from their own measurements and swap once (two workers),
+    the Adaptras while it is at 10 ms, Falcon while it is slow; after the swap both
+    Adaptras carry the PP link the slow pair now joins over the delegates, Adaptra with its
+    plan for the delay it detects there and Adaptra-CPU with ZB's.
 
     The paper's order of the four (ZB > Falcon > Adaptra-CPU > Adaptra) is a timing result
     that load reorders (an Adaptra-CPU pipeline median came out below Adaptra's at a load
@@ -89,9 +89,14 @@ def test_fig18_systems_in_emulated_runs() -> None:
             # the warm-up: measured k is k + 1), after an iteration of it at least: under
             # load the first iterations' noise may hold a detector back (Falcon swapped at 9
             # at a load average of 5).
+            # Falcon's ski rental weighs the time lost against the swap's cost, and load
+            # stretches its change-point detector's view: at a load average of 11 it swapped
+            # at 15, in the 20 ms phase; it must swap while the link is slow.
             swapped_at = min(r.iteration for r in swaps)
             first = [r for r in swaps if r.iteration == swapped_at]
             _, onset, end = PHASES[0]
+            if system == "falcon":
+                end = PHASES[-1][2]
             times_ms = [round(t) for t in run.wall_times_ms]
             assert len(first) == 2 and 1 + onset < swapped_at < 1 + end, (system, times_ms, swaps)
             later = [r for r in swaps if r.iteration > swapped_at]
