@@ -413,6 +413,17 @@ _SRUN_AS_SLURM = (
 job's SLURM_NTASKS, as srun reads its environment) and the node it starts from (--relative)."""
 
 
+def _two_pipeline_depths() -> ExperimentSpec:
+    """7B at 2 and at 4 stages, one 1F1B configuration each."""
+    two_sizes = (
+        {"base": "gpt2-7b", "name": "a", "pp": 2},
+        {"base": "gpt2-7b", "name": "b", "pp": 4},
+    )
+    return ExperimentSpec(
+        name="x", models=two_sizes, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0
+    )
+
+
 def test_a_step_on_fewer_nodes_than_the_job_runs_one_torchrun_on_each_of_the_first(
     tmp_path: Path,
 ) -> None:
@@ -420,13 +431,7 @@ def test_a_step_on_fewer_nodes_than_the_job_runs_one_torchrun_on_each_of_the_fir
     it as its -n unless given one: a 1-node step of a 2-node job asked for 2 tasks on 1 node
     (two torchruns of one node each), and on whichever node srun picked, where node 0 of the
     job hosts its rendezvous."""
-    two_sizes = (
-        {"base": "gpt2-7b", "name": "a", "pp": 2},
-        {"base": "gpt2-7b", "name": "b", "pp": 4},
-    )
-    spec = ExperimentSpec(
-        name="x", models=two_sizes, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0
-    )
+    spec = _two_pipeline_depths()
     script, _, _ = write_slurm_script(spec, tmp_path / "job", gpus_per_node=2)
     assert "\n#SBATCH --nodes=2\n" in script.read_text()
     env = {**_stand_in_slurm(tmp_path, srun=_SRUN_AS_SLURM), "SLURM_NTASKS": "2"}
@@ -439,13 +444,7 @@ def test_a_step_on_fewer_nodes_than_the_job_runs_one_torchrun_on_each_of_the_fir
 def test_the_job_and_each_step_have_a_cpu_for_every_rank_of_a_node(tmp_path: Path) -> None:
     """The job asked for one task a node and no CPUs: Slurm's default, one CPU a task, and
     every worker of a node's torchrun (8 on an 8-GPU node) shared it."""
-    two_sizes = (
-        {"base": "gpt2-7b", "name": "a", "pp": 2},
-        {"base": "gpt2-7b", "name": "b", "pp": 4},
-    )
-    spec = ExperimentSpec(
-        name="x", models=two_sizes, systems=("1f1b",), num_iterations=1, num_warmup_iterations=0
-    )
+    spec = _two_pipeline_depths()
     script, _, _ = write_slurm_script(spec, tmp_path / "job", gpus_per_node=8)
     assert "\n#SBATCH --cpus-per-task=4\n" in script.read_text()  # the most ranks a node
     env = _stand_in_slurm(tmp_path, srun=_RECORD_SRUN)
