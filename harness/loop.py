@@ -340,7 +340,7 @@ def run_loop(
                 plan.policy,
                 plan.comm_by_link(),
                 "" if plan.replica_schedules is None else str(plan.replica_schedules),
-                plan.iteration_profile().delegate_count() if plan.uses_delegates() else 0,
+                plan.num_delegates_used() if plan.uses_delegates() else 0,
             )
         )
         if outcome.loss is not None:

@@ -104,6 +104,10 @@ class Plan:
         modes = (self.comm, *(c.comm for c in self.link_comms))
         return CommMode.DELEGATED in modes
 
+    def num_delegates_used(self) -> int:
+        """The delegates per link direction and side its delegated messages go through."""
+        return self.profile.delegate_count() if self.num_delegates is None else self.num_delegates
+
     def iteration_profile(self) -> Profile:
         """`profile` as the iteration runs under it: its `num_delegates` the plan's (the
         delegates its messages go through) where the plan gives one."""
