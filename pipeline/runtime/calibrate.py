@@ -56,7 +56,7 @@ from pipeline.host_costs import (
     RingLag,
 )
 from pipeline.profile import Profile
-from pipeline.runtime.pool import IterationConfig, WorkerPool
+from pipeline.runtime.pool import DEFAULT_TIMEOUT_S, IterationConfig, WorkerPool
 from pipeline.runtime.transport import DelegateFactory
 from pipeline.schedule import Schedule
 from pipeline.timeline import Timeline
@@ -85,9 +85,9 @@ RING_CHUNK_SIZES = (125_000, 1_000_000, 4_000_000, 16_000_000, 40_000_000)
 (pipeline.allreduce: 80 MB buckets)."""
 
 
-MESSAGE_WAIT_S = 60.0
+MESSAGE_WAIT_S = DEFAULT_TIMEOUT_S
 """The margin of a calibration's workers' wait for one message over the longest wait of a
-healthy calibration: the runtime's default wait (`WorkerPool`'s)."""
+healthy calibration: the pool's default wait."""
 
 
 def message_wait_s(num_stages: int, op_ms: float) -> float:

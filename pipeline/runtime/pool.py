@@ -54,10 +54,19 @@ from pipeline.timeline import (
 )
 from pipeline.topology import DEFAULT_NICS, Direction, Link, Position, Topology
 
-__all__ = ["BACKSTOP", "IterationConfig", "WorkerError", "WorkerPool", "assemble_timeline"]
+__all__ = [
+    "BACKSTOP",
+    "DEFAULT_TIMEOUT_S",
+    "IterationConfig",
+    "WorkerError",
+    "WorkerPool",
+    "assemble_timeline",
+]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_TIMEOUT_S = 60.0
+"""How long a worker waits for one message unless its pool is told otherwise."""
 BACKSTOP = 2.0
 """The pool's wait for word from its workers during an iteration, in units of their
 `timeout_s` (plus BACKSTOP_GRACE_S): longer than a healthy worker goes without progress while
@@ -97,7 +106,7 @@ class WorkerPool:
         *,
         compute_factory: Callable[[], ComputeBackend] = EmulatedCompute,
         launch: LaunchHook = local_launch,
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         start_margin_s: float = 0.02,
         delegates: DelegateFactory | None = None,
         num_delegates: int = 0,
